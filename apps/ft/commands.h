@@ -1,0 +1,40 @@
+// One function per subcommand; main.cpp parses the command line (CLI11) and calls these.
+// Each returns the process exit code (DESIGN.md §4).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ft::app {
+
+struct TrainArgs {
+  std::string recipe;
+  std::vector<std::string> overrides;
+  std::string resume = "auto";  // auto | never | PATH
+  int nproc = 0;                // 0: not a supervised local launch
+};
+int cmd_train(const TrainArgs& a);
+
+struct ValidateArgs {
+  std::string recipe;
+  std::vector<std::string> overrides;
+};
+int cmd_validate(const ValidateArgs& a);
+
+struct TokenizeArgs {
+  std::string tokenizer;
+  std::vector<std::string> inputs;
+  std::string output;
+  std::string format = "auto";  // auto | text | jsonl (auto: by extension)
+  std::string field = "text";
+  int64_t shard_tokens = 16 * 1024 * 1024;
+  int threads = 0;  // 0: all cores
+};
+int cmd_tokenize(const TokenizeArgs& a);
+
+struct InspectArgs {
+  std::string path;
+};
+int cmd_inspect(const InspectArgs& a);
+
+}  // namespace ft::app

@@ -1,0 +1,101 @@
+// ft: fine-tune transformer language models. This file only parses the command line and maps
+// errors to exit codes; the work is in lib/.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "apps/ft/commands.h"
+#include "core/error.h"
+
+namespace {
+
+// "ft help train" prints the help of one subcommand.
+int print_help(CLI::App& app, const std::vector<std::string>& topic) {
+  if (topic.empty()) {
+    std::printf("%s", app.help().c_str());
+    return 0;
+  }
+  for (auto* sub : app.get_subcommands({})) {
+    if (sub->get_name() == topic[0]) {
+      std::printf("%s", sub->help().c_str());
+      return 0;
+    }
+  }
+  std::fprintf(stderr, "ft: no command '%s'; see `ft help`\n", topic[0].c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ft::app;
+  CLI::App app{
+      "ft: fine-tune transformer language models from a YAML recipe.\n"
+      "Quick start:  ft train recipes/quickstart.yaml\n"
+      "Exit codes: 0 done, 1 runtime failure, 2 usage or recipe error, 75 stopped on a signal "
+      "after a checkpoint"};
+  app.name("ft");
+  app.require_subcommand(0, 1);
+  bool version = false;
+  app.add_flag("--version", version, "Print the version and exit");
+
+  TrainArgs train;
+  auto* t = app.add_subcommand("train", "Train a model from a recipe");
+  t->add_option("recipe", train.recipe, "Recipe YAML file")->required()->check(CLI::ExistingFile);
+  t->add_option("overrides", train.overrides, "Dotted recipe overrides, e.g. training.steps=20");
+  t->add_option("--resume", train.resume,
+                "auto: continue from the latest checkpoint if any (default); never: start afresh; "
+                "PATH: resume from that checkpoint folder");
+  t->add_option("--nproc", train.nproc, "Start and supervise N local ranks (no mpirun needed)");
+
+  ValidateArgs validate;
+  auto* v = app.add_subcommand("validate",
+                               "Check a recipe; print the resolved recipe or every error at once");
+  v->add_option("recipe", validate.recipe, "Recipe YAML file")->required()->check(CLI::ExistingFile);
+  v->add_option("overrides", validate.overrides, "Dotted recipe overrides, e.g. model.dim=512");
+
+  TokenizeArgs tok;
+  auto* k = app.add_subcommand("tokenize", "Tokenize text or JSONL files into HDF5 token shards");
+  k->add_option("--tokenizer", tok.tokenizer, "SentencePiece model file")->required()->check(CLI::ExistingFile);
+  k->add_option("--input", tok.inputs, "Input files (text or JSONL)")->required()->expected(1, -1)->check(CLI::ExistingFile);
+  k->add_option("--output", tok.output, "Output shard folder")->required();
+  k->add_option("--format", tok.format, "text | jsonl | auto (by extension: .jsonl/.json → jsonl)")
+      ->check(CLI::IsMember({"auto", "text", "jsonl"}));
+  k->add_option("--field", tok.field, "JSONL field holding the text (default: text)");
+  k->add_option("--shard-tokens", tok.shard_tokens, "Tokens per shard file (default 16Mi)")
+      ->check(CLI::PositiveNumber);
+  k->add_option("--threads", tok.threads, "Tokenizer threads (default: all cores)");
+
+  InspectArgs insp;
+  auto* i = app.add_subcommand("inspect", "Summarise a shard folder, checkpoint or HF folder");
+  i->add_option("path", insp.path, "Folder to inspect")->required();
+
+  std::vector<std::string> help_topic;
+  auto* h = app.add_subcommand("help", "Show help for ft or one command");
+  h->add_option("command", help_topic, "Command name");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (version) {
+    std::printf("ft %s\n", FT_VERSION);
+    return 0;
+  }
+  try {
+    if (t->parsed()) return cmd_train(train);
+    if (v->parsed()) return cmd_validate(validate);
+    if (k->parsed()) return cmd_tokenize(tok);
+    if (i->parsed()) return cmd_inspect(insp);
+    if (h->parsed()) return print_help(app, help_topic);
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const ft::Error& e) {
+    std::fprintf(stderr, "ft: error: %s\n", e.what());
+    return int(e.code());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ft: error: %s\n", e.what());
+    return 1;
+  }
+}

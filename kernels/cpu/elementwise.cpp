@@ -1,0 +1,205 @@
+// Embedding, RMSNorm, RoPE, SwiGLU, cross-entropy, reductions and AdamW on the CPU.
+// Loops over rows run under OpenMP with static schedules, so results are bit-identical from run
+// to run for a fixed thread count (resume tests rely on this).
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/kernels.h"
+
+namespace ft::kernels {
+
+void embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n)
+    std::memcpy(out + size_t(n) * C, table + size_t(ids[n]) * C, sizeof(float) * C);
+}
+
+void embedding_backward(float* dtable, const int32_t* ids, const float* dout, int N, int C) {
+  // Parallel over columns: each thread owns a column range, rows stay in order, so duplicate
+  // ids accumulate in the same order every time.
+#pragma omp parallel for schedule(static)
+  for (int c0 = 0; c0 < C; c0 += 64) {
+    int c1 = c0 + 64 < C ? c0 + 64 : C;
+    for (int n = 0; n < N; ++n) {
+      float* dst = dtable + size_t(ids[n]) * C;
+      const float* src = dout + size_t(n) * C;
+      for (int c = c0; c < c1; ++c) dst[c] += src[c];
+    }
+  }
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C,
+                     float eps) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const float* xr = x + size_t(n) * C;
+    float* o = out + size_t(n) * C;
+    float ss = 0.f;
+    for (int c = 0; c < C; ++c) ss += xr[c] * xr[c];
+    float r = 1.0f / std::sqrt(ss / float(C) + eps);
+    rstd[n] = r;
+    // HF: weight * (x * rstd)
+    for (int c = 0; c < C; ++c) o[c] = w[c] * (xr[c] * r);
+  }
+}
+
+void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
+                      const float* rstd, int N, int C) {
+  // y = w ∘ x r, r = (mean(x²)+eps)^(-1/2)
+  // dx = r (w∘dy) − x r³/C Σ_c (w∘dy∘x);  dw += Σ_n dy ∘ x r
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const float* xr = x + size_t(n) * C;
+    const float* dy = dout + size_t(n) * C;
+    float* d = dx + size_t(n) * C;
+    float r = rstd[n];
+    float dot = 0.f;
+    for (int c = 0; c < C; ++c) dot += w[c] * dy[c] * xr[c];
+    float k = dot * r * r * r / float(C);
+    for (int c = 0; c < C; ++c) d[c] = r * w[c] * dy[c] - k * xr[c];
+  }
+#pragma omp parallel for schedule(static)
+  for (int c0 = 0; c0 < C; c0 += 64) {
+    int c1 = c0 + 64 < C ? c0 + 64 : C;
+    for (int n = 0; n < N; ++n) {
+      const float* xr = x + size_t(n) * C;
+      const float* dy = dout + size_t(n) * C;
+      float r = rstd[n];
+      for (int c = c0; c < c1; ++c) dw[c] += dy[c] * xr[c] * r;
+    }
+  }
+}
+
+namespace {
+// cos/sin tables (T, D/2), computed in float the way HF's rotary embedding does:
+// inv_freq_i = 1 / theta^(2i/D); angle = t * inv_freq_i (float).
+void rope_tables(std::vector<float>& cosv, std::vector<float>& sinv, int T, int D, float theta) {
+  int half = D / 2;
+  cosv.resize(size_t(T) * half);
+  sinv.resize(size_t(T) * half);
+  for (int i = 0; i < half; ++i) {
+    float inv = 1.0f / std::pow(theta, float(2 * i) / float(D));
+    for (int t = 0; t < T; ++t) {
+      float a = float(t) * inv;
+      cosv[size_t(t) * half + i] = std::cos(a);
+      sinv[size_t(t) * half + i] = std::sin(a);
+    }
+  }
+}
+
+void rope_apply(float* x, int B, int T, int nh, int D, float theta, float sign) {
+  std::vector<float> cosv, sinv;
+  rope_tables(cosv, sinv, T, D, theta);
+  int half = D / 2;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      const float* cs = cosv.data() + size_t(t) * half;
+      const float* sn = sinv.data() + size_t(t) * half;
+      for (int h = 0; h < nh; ++h) {
+        float* v = x + ((size_t(b) * T + t) * nh + h) * D;
+        for (int i = 0; i < half; ++i) {
+          // forward: (x1, x2) → (x1 c − x2 s, x2 c + x1 s); backward: the transpose (s → −s)
+          float x1 = v[i], x2 = v[i + half];
+          float s = sign * sn[i];
+          v[i] = x1 * cs[i] - x2 * s;
+          v[i + half] = x2 * cs[i] + x1 * s;
+        }
+      }
+    }
+}
+}  // namespace
+
+void rope_forward(float* x, int B, int T, int nh, int D, float theta) {
+  rope_apply(x, B, T, nh, D, theta, 1.0f);
+}
+void rope_backward(float* dx, int B, int T, int nh, int D, float theta) {
+  rope_apply(dx, B, T, nh, D, theta, -1.0f);
+}
+
+void swiglu_forward(float* h, const float* g, const float* u, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    float s = 1.0f / (1.0f + std::exp(-g[i]));
+    h[i] = g[i] * s * u[i];
+  }
+}
+
+void swiglu_backward(float* dg, float* du, const float* dh, const float* g, const float* u,
+                     size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    float s = 1.0f / (1.0f + std::exp(-g[i]));
+    float silu = g[i] * s;
+    du[i] = dh[i] * silu;
+    dg[i] = dh[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+  }
+}
+
+double cross_entropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets,
+                                      const uint8_t* mask, int N, int V, float scale) {
+  double total = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+  for (int n = 0; n < N; ++n) {
+    const float* l = logits + size_t(n) * V;
+    float* d = dlogits ? dlogits + size_t(n) * V : nullptr;
+    if (!mask[n]) {
+      if (d) std::memset(d, 0, sizeof(float) * V);
+      continue;
+    }
+    float mx = l[0];
+    for (int j = 1; j < V; ++j) mx = l[j] > mx ? l[j] : mx;
+    double se = 0.0;
+    for (int j = 0; j < V; ++j) se += std::exp(double(l[j] - mx));
+    double lse = double(mx) + std::log(se);
+    int t = targets[n];
+    total += lse - double(l[t]);
+    if (d) {
+      float inv = float(1.0 / se);
+      for (int j = 0; j < V; ++j) d[j] = scale * (std::exp(l[j] - mx) * inv);
+      d[t] -= scale;
+    }
+  }
+  return total;
+}
+
+void add_inplace(float* y, const float* x, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void scale_inplace(float* y, float s, size_t n) {
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) y[i] *= s;
+}
+
+double sum_squares(const float* x, size_t n) {
+  double s = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : s)
+  for (size_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
+  return s;
+}
+
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t t) {
+  // Mirrors torch.optim.AdamW (single-tensor path): step_size and the bias corrections are
+  // computed in double on the host, the element math in float.
+  const double bc1 = 1.0 - std::pow(double(beta1), double(t));
+  const double bc2 = 1.0 - std::pow(double(beta2), double(t));
+  const float step_size = float(double(lr) / bc1);
+  const float bc2_sqrt = float(std::sqrt(bc2));
+  const float decay = 1.0f - lr * weight_decay;
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    float pi = p[i] * decay;
+    float mi = m[i] * beta1 + (1.0f - beta1) * g[i];
+    float vi = v[i] * beta2 + (1.0f - beta2) * g[i] * g[i];
+    m[i] = mi;
+    v[i] = vi;
+    float denom = std::sqrt(vi) / bc2_sqrt + eps;
+    p[i] = pi - step_size * (mi / denom);
+  }
+}
+
+}  // namespace ft::kernels

@@ -1,0 +1,89 @@
+// Compute kernels. Raw pointers, sizes and (later) a stream; no tensors, recipes or
+// communicators. Every op exists once per backend with the same contract; the CPU versions in
+// kernels/cpu/ are the reference that other backends are tested against.
+//
+// Shape letters: B batch, T sequence, C model dim, H query heads, K kv heads, D head dim,
+// F ffn dim, V vocab, N = B*T rows.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ft::kernels {
+
+// ---- GEMM (BLAS) -----------------------------------------------------------------------------
+// C(M,N) = alpha * op(A) · op(B) + beta * C, row-major, leading dimensions in elements.
+void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+              int lda, const float* B, int ldb, float beta, float* C, int ldc);
+
+// Linear layer y = x · Wᵀ with W (out, in) row-major (the HF layout).
+// x (N, in), y (N, out). accumulate: y += instead of y =.
+void linear_forward(float* y, const float* x, const float* W, int N, int in, int out,
+                    bool accumulate = false);
+// dx (N, in) (+)= dy · W; dW (out, in) += dyᵀ · x. Either output may be null to skip it.
+void linear_backward(float* dx, float* dW, const float* dy, const float* x, const float* W,
+                     int N, int in, int out, bool accumulate_dx = false);
+
+// ---- Embedding -------------------------------------------------------------------------------
+// out (N, C) = table[ids[n]]. ids must be < V (checked by the caller).
+void embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C);
+// dtable[ids[n]] += dout[n]   (serial over n so duplicate ids accumulate deterministically)
+void embedding_backward(float* dtable, const int32_t* ids, const float* dout, int N, int C);
+
+// ---- RMSNorm (HF: x * rsqrt(mean(x²) + eps) * w) ----------------------------------------------
+// out (N, C); rstd (N) saved for backward.
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C,
+                     float eps);
+// dx (N, C) = ...; dw (C) += ... (accumulated)
+void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
+                      const float* rstd, int N, int C);
+
+// ---- RoPE, rotate-half pairing (i with i + D/2) ----------------------------------------------
+// x (B, T, nh, D) rotated in place; position of (b, t) is t. Angles θ_i = theta^(-2i/D).
+void rope_forward(float* x, int B, int T, int nh, int D, float theta);
+// Inverse rotation, in place, applied to the gradient.
+void rope_backward(float* dx, int B, int T, int nh, int D, float theta);
+
+// ---- Causal grouped-query attention ----------------------------------------------------------
+// q (B, T, H, D), k and v (B, T, K, D), with H a multiple of K (query head h uses kv head h/(H/K)).
+// out (B, T, H, D); probs (B, H, T, T) saved softmax (upper triangle zero).
+void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
+                       int B, int T, int H, int K, int D);
+// Gradients of q, k, v (overwritten). scratch: B*H*T*T floats.
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* probs,
+                        const float* q, const float* k, const float* v, float* scratch, int B,
+                        int T, int H, int K, int D);
+
+// ---- SwiGLU: h = silu(g) * u --------------------------------------------------------------------
+void swiglu_forward(float* h, const float* g, const float* u, size_t n);
+// dg, du from dh (overwritten)
+void swiglu_backward(float* dg, float* du, const float* dh, const float* g, const float* u,
+                     size_t n);
+
+// ---- Cross-entropy over the vocabulary -------------------------------------------------------
+// logits (N, V). For each row with mask[n] != 0: loss_n = logsumexp(logits_n) - logits_n[t_n].
+// Returns the *sum* of loss_n over masked rows (double, for accurate token-weighted means).
+// If dlogits is non-null, writes dlogits = scale * (softmax - onehot) on masked rows, 0 elsewhere
+// (dlogits may alias logits).
+double cross_entropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets,
+                                      const uint8_t* mask, int N, int V, float scale);
+
+// ---- Elementwise / reductions ----------------------------------------------------------------
+void add_inplace(float* y, const float* x, size_t n);  // y += x
+void scale_inplace(float* y, float s, size_t n);       // y *= s
+double sum_squares(const float* x, size_t n);          // Σ x² in double
+
+// ---- AdamW (torch.optim.AdamW semantics) -----------------------------------------------------
+// p ← p(1 − lr·wd); m ← β1 m + (1−β1) g; v ← β2 v + (1−β2) g²;
+// p ← p − lr · (m / bc1) / (sqrt(v / bc2) + eps), bc1 = 1 − β1^t, bc2 = 1 − β2^t.
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t t);
+
+}  // namespace ft::kernels
+
+namespace ft::kernels {
+// BLAS thread count (OpenBLAS keeps its own pool). Kernels that run many small GEMMs in an
+// OpenMP loop set it to 1 for the loop's duration and restore it.
+int blas_threads();
+void set_blas_threads(int n);
+}  // namespace ft::kernels

@@ -1,0 +1,49 @@
+// Errors: one exception type that carries a message already written for the user
+// (what failed, where, and what to try). Code throws; apps/ft catches, prints, and maps to
+// the exit codes of DESIGN.md §4.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace ft {
+
+enum class ExitCode : int { kOk = 0, kRuntime = 1, kUsage = 2, kPreempted = 75 };
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& msg, ExitCode code = ExitCode::kRuntime)
+      : std::runtime_error(msg), code_(code) {}
+  ExitCode code() const { return code_; }
+
+ private:
+  ExitCode code_;
+};
+
+// A usage or recipe error (exit code 2).
+class UsageError : public Error {
+ public:
+  explicit UsageError(const std::string& msg) : Error(msg, ExitCode::kUsage) {}
+};
+
+namespace detail {
+template <typename... Args>
+std::string concat(Args&&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+}  // namespace detail
+
+}  // namespace ft
+
+// FT_CHECK(cond, parts...): throws ft::Error with file:line and the streamed parts.
+#define FT_CHECK(cond, ...)                                                             \
+  do {                                                                                  \
+    if (!(cond))                                                                        \
+      throw ::ft::Error(::ft::detail::concat(__VA_ARGS__, " [", __FILE__, ":", __LINE__, \
+                                             ", check `", #cond, "`]"));               \
+  } while (0)
+
+#define FT_FAIL(...) throw ::ft::Error(::ft::detail::concat(__VA_ARGS__))

@@ -1,0 +1,26 @@
+// Logging to stderr. Messages from ranks other than 0 carry the rank prefix set by the comm
+// layer, so a multi-rank failure names where it happened.
+#pragma once
+
+#include <string>
+
+#include "core/error.h"
+
+namespace ft {
+
+enum class LogLevel { kDebug, kInfo, kWarn, kError };
+
+void set_log_prefix(const std::string& prefix);  // e.g. "[rank 3 d1 p0 t1] "
+void set_log_level(LogLevel level);
+void log_message(LogLevel level, const std::string& msg);
+
+template <typename... Args>
+void log_info(Args&&... args) { log_message(LogLevel::kInfo, detail::concat(args...)); }
+template <typename... Args>
+void log_warn(Args&&... args) { log_message(LogLevel::kWarn, detail::concat(args...)); }
+template <typename... Args>
+void log_error(Args&&... args) { log_message(LogLevel::kError, detail::concat(args...)); }
+template <typename... Args>
+void log_debug(Args&&... args) { log_message(LogLevel::kDebug, detail::concat(args...)); }
+
+}  // namespace ft

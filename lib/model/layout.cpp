@@ -1,0 +1,73 @@
+#include "model/layout.h"
+
+#include "core/error.h"
+
+namespace ft {
+namespace {
+void add(ParamGroup& g, const std::string& name, std::vector<int64_t> shape) {
+  ParamEntry e;
+  e.name = name;
+  e.shape = std::move(shape);
+  e.numel = 1;
+  for (auto d : e.shape) e.numel *= size_t(d);
+  e.offset = g.numel;
+  e.weight_decay = e.shape.size() >= 2;
+  g.numel += e.numel;
+  g.entries.push_back(std::move(e));
+}
+}  // namespace
+
+ParamLayout::ParamLayout(const ModelConfig& c) {
+  FT_CHECK(c.n_heads > 0 && c.dim % c.n_heads == 0, "dim must be divisible by n_heads");
+  head_dim_ = c.dim / c.n_heads;
+  const int64_t C = c.dim, V = c.vocab_size, F = c.ffn_dim;
+  const int64_t HD = int64_t(c.n_heads) * head_dim_, KVD = int64_t(c.n_kv_heads) * head_dim_;
+
+  ParamGroup embed{"embed", {}, 0};
+  add(embed, "model.embed_tokens.weight", {V, C});
+  groups_.push_back(std::move(embed));
+
+  for (int i = 0; i < c.n_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    ParamGroup g{"layers." + std::to_string(i), {}, 0};
+    add(g, p + "input_layernorm.weight", {C});
+    add(g, p + "self_attn.q_proj.weight", {HD, C});
+    add(g, p + "self_attn.k_proj.weight", {KVD, C});
+    add(g, p + "self_attn.v_proj.weight", {KVD, C});
+    add(g, p + "self_attn.o_proj.weight", {C, HD});
+    add(g, p + "post_attention_layernorm.weight", {C});
+    add(g, p + "mlp.gate_proj.weight", {F, C});
+    add(g, p + "mlp.up_proj.weight", {F, C});
+    add(g, p + "mlp.down_proj.weight", {C, F});
+    if (i == 0) {
+      const auto& e = g.entries;
+      block_offsets_ = {e[0].offset, e[1].offset, e[2].offset, e[3].offset, e[4].offset,
+                        e[5].offset, e[6].offset, e[7].offset, e[8].offset, g.numel};
+    }
+    groups_.push_back(std::move(g));
+  }
+
+  ParamGroup head{"head", {}, 0};
+  add(head, "model.norm.weight", {C});
+  if (!c.tie_embeddings) add(head, "lm_head.weight", {V, C});
+  groups_.push_back(std::move(head));
+}
+
+size_t ParamLayout::total_numel() const {
+  size_t n = 0;
+  for (const auto& g : groups_) n += g.numel;
+  return n;
+}
+
+bool ParamLayout::find(const std::string& name, int* group, const ParamEntry** entry) const {
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    for (const auto& e : groups_[gi].entries)
+      if (e.name == name) {
+        *group = int(gi);
+        *entry = &e;
+        return true;
+      }
+  return false;
+}
+
+}  // namespace ft

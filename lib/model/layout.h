@@ -1,0 +1,68 @@
+// Parameter layout: the fixed order in which parameters sit in flat buffers. Gradients and
+// AdamW moments mirror it exactly. ZeRO shards these buffers, checkpoints slice them, and HF
+// import/export maps names through it — so this order is part of the checkpoint format.
+//
+// Groups (one flat f32 buffer each):
+//   group 0        "embed"     model.embed_tokens.weight            (V, C)
+//   group 1 + i    "layers.i"  in order:
+//       model.layers.i.input_layernorm.weight            (C)
+//       model.layers.i.self_attn.q_proj.weight           (H*D, C)
+//       model.layers.i.self_attn.k_proj.weight           (KV*D, C)
+//       model.layers.i.self_attn.v_proj.weight           (KV*D, C)
+//       model.layers.i.self_attn.o_proj.weight           (C, H*D)
+//       model.layers.i.post_attention_layernorm.weight   (C)
+//       model.layers.i.mlp.gate_proj.weight              (F, C)
+//       model.layers.i.mlp.up_proj.weight                (F, C)
+//       model.layers.i.mlp.down_proj.weight              (C, F)
+//   group 1 + L    "head"      model.norm.weight (C), then lm_head.weight (V, C) unless tied
+// Names are the Hugging Face LlamaForCausalLM names; matrices are (out, in) row-major, so a
+// linear layer computes y = x · Wᵀ.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "recipe/recipe.h"
+
+namespace ft {
+
+struct ParamEntry {
+  std::string name;            // Hugging Face name
+  std::vector<int64_t> shape;  // (out, in) for matrices
+  size_t offset = 0;           // in elements, within the group's flat buffer
+  size_t numel = 0;
+  bool weight_decay = false;   // true for tensors of two or more dimensions
+};
+
+struct ParamGroup {
+  std::string name;  // "embed", "layers.3", "head"
+  std::vector<ParamEntry> entries;
+  size_t numel = 0;
+};
+
+// Offsets of the tensors inside one transformer block's flat buffer (elements).
+struct BlockOffsets {
+  size_t attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down, total;
+};
+
+class ParamLayout {
+ public:
+  explicit ParamLayout(const ModelConfig& cfg);
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  const ParamGroup& embed() const { return groups_.front(); }
+  const ParamGroup& block(int i) const { return groups_[1 + i]; }
+  const ParamGroup& head() const { return groups_.back(); }
+  const BlockOffsets& block_offsets() const { return block_offsets_; }
+  size_t total_numel() const;
+  // Finds a tensor by HF name; returns false if absent.
+  bool find(const std::string& name, int* group, const ParamEntry** entry) const;
+  int head_dim() const { return head_dim_; }
+
+ private:
+  std::vector<ParamGroup> groups_;
+  BlockOffsets block_offsets_{};
+  int head_dim_ = 0;
+};
+
+}  // namespace ft

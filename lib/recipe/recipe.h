@@ -1,0 +1,145 @@
+// The resolved recipe: every key of DESIGN.md §5 with its default. The one place recipe keys are
+// defined is the schema in recipe.cpp; this struct is what the rest of ft reads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ft {
+
+struct RunConfig {
+  std::string name = "run";
+  std::string output_dir = "runs/run";
+  uint64_t seed = 0;
+};
+
+struct ModelConfig {
+  std::string arch = "llama";  // llama | gpt2 (gpt2 not yet implemented: refused by validation)
+  std::string from;            // optional Hugging Face folder
+  int dim = 256;
+  int n_layers = 4;
+  int n_heads = 4;
+  int n_kv_heads = 4;
+  int ffn_dim = 688;
+  int vocab_size = 32000;
+  int max_seq_len = 2048;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  bool tie_embeddings = false;
+  double init_std = 0.02;  // std of the seeded random initialisation (without model.from)
+};
+
+struct TokenizerConfig {
+  std::string path;  // SentencePiece .model file; optional, but shards' hash is checked against it
+};
+
+struct DataConfig {
+  std::string train;
+  std::string valid;  // optional
+  int seq_len = 256;
+  bool shuffle = true;
+  int prefetch = 4;  // batches the background loader keeps ready
+};
+
+struct TrainingConfig {
+  int64_t steps = 100;
+  int micro_batch_size = 1;
+  int global_batch_size = 1;
+  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  double grad_clip = 1.0;          // 0 disables clipping
+  bool activation_checkpointing = false;
+  int64_t eval_every_steps = 0;    // 0: no evaluation (needs data.valid)
+  int64_t eval_batches = 8;
+};
+
+struct OptimizerConfig {
+  std::string name = "adamw";
+  double lr = 3e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.999;  // recipe key: betas: [b1, b2]
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+struct SchedulerConfig {
+  std::string name = "constant";  // constant | linear | cosine
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+};
+
+struct ParallelConfig {
+  int tensor = 1;
+  int pipeline = 1;
+  int zero_stage = 0;
+};
+
+struct CheckpointConfig {
+  std::string dir;  // default: <run.output_dir>/checkpoints
+  int64_t every_steps = 0;
+  double every_minutes = 0;
+  int keep_last = 3;
+  bool async = false;
+};
+
+struct LoggingConfig {
+  int64_t every_steps = 1;
+  std::string metrics;  // default: <run.output_dir>/metrics.jsonl
+};
+
+struct RuntimeConfig {
+  std::string device = "auto";  // auto | cpu | cuda
+  int threads = 0;              // 0: all cores
+};
+
+struct Recipe {
+  std::string source_path;  // the YAML file it came from
+  RunConfig run;
+  ModelConfig model;
+  TokenizerConfig tokenizer;
+  DataConfig data;
+  TrainingConfig training;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  ParallelConfig parallel;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+  RuntimeConfig runtime;
+};
+
+// One problem found in a recipe, with enough context to fix it.
+struct RecipeIssue {
+  std::string file;      // recipe path, or "<command line>" for an override
+  int line = 0;          // 1-based; 0 when unknown
+  int column = 0;        // 1-based; 0 when unknown
+  std::string key_path;  // e.g. "model.n_heads"
+  std::string message;   // what is wrong
+  std::string hint;      // what would fix it (may be empty)
+  std::string format() const;  // "file:line:col: key: message (hint: ...)"
+};
+
+// Loads a recipe file, applies dotted KEY=VALUE overrides, fills defaults, and validates
+// everything, including cross-field rules and a model.from config.json. Collects every issue
+// instead of stopping at the first. world_size is used for batch divisibility (data ranks =
+// world / (tensor * pipeline)).
+struct RecipeResult {
+  Recipe recipe;
+  std::vector<RecipeIssue> issues;
+  bool ok() const { return issues.empty(); }
+};
+RecipeResult load_recipe(const std::string& path, const std::vector<std::string>& overrides,
+                         int world_size = 1);
+
+// Throws ft::UsageError listing every issue, one per line, if the recipe is not valid.
+Recipe load_recipe_or_throw(const std::string& path, const std::vector<std::string>& overrides,
+                            int world_size = 1);
+
+// The resolved recipe as YAML (all keys, defaults filled), for printing and for saving
+// into run.output_dir.
+std::string recipe_to_yaml(const Recipe& r);
+
+// Derived quantities.
+int data_parallel_size(const Recipe& r, int world_size);
+int grad_accum_steps(const Recipe& r, int world_size);  // global / (micro * data)
+
+}  // namespace ft

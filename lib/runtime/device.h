@@ -1,0 +1,84 @@
+// Device: where buffers live and kernels run. Every buffer in the model, optimizer and loader
+// comes from a Device's allocator, so that `mem_peak_bytes` in the metrics is the real peak and
+// a CUDA backend can slot in behind the same interface.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ft {
+
+enum class DeviceKind { kCpu, kCuda };
+
+struct AllocatorStats {
+  size_t current_bytes = 0;  // live allocations
+  size_t peak_bytes = 0;     // high-water mark of current_bytes
+  size_t num_allocs = 0;     // calls to alloc() so far
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual std::string name() const = 0;
+  // Returns memory aligned to 64 bytes; throws ft::Error when out of memory.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* ptr, size_t bytes) = 0;
+  virtual void memset_zero(void* ptr, size_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+  virtual AllocatorStats stats() const = 0;
+  virtual void reset_peak() = 0;
+};
+
+// The CPU device; threads for kernels come from OpenMP (runtime.threads).
+std::unique_ptr<Device> make_cpu_device();
+
+// "auto" | "cpu" | "cuda". Without a CUDA backend in this build, "cuda" is an error and "auto"
+// gives the CPU.
+std::unique_ptr<Device> make_device(const std::string& spec);
+
+// A typed, owning allocation on a Device. Move-only.
+template <typename T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Device* dev, size_t count) : dev_(dev), count_(count) {
+    if (count_) ptr_ = static_cast<T*>(dev_->alloc(count_ * sizeof(T)));
+  }
+  ~Buffer() { release(); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      dev_ = o.dev_; ptr_ = o.ptr_; count_ = o.count_;
+      o.ptr_ = nullptr; o.count_ = 0;
+    }
+    return *this;
+  }
+  T* data() { return ptr_; }
+  const T* data() const { return ptr_; }
+  size_t size() const { return count_; }
+  size_t bytes() const { return count_ * sizeof(T); }
+  T& operator[](size_t i) { return ptr_[i]; }
+  const T& operator[](size_t i) const { return ptr_[i]; }
+  void zero() { if (ptr_) dev_->memset_zero(ptr_, bytes()); }
+  Device* device() const { return dev_; }
+
+ private:
+  void release() {
+    if (ptr_) dev_->free(ptr_, bytes());
+    ptr_ = nullptr;
+    count_ = 0;
+  }
+  Device* dev_ = nullptr;
+  T* ptr_ = nullptr;
+  size_t count_ = 0;
+};
+
+}  // namespace ft
