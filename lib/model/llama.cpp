@@ -1,0 +1,269 @@
+// Forward: x0 = E[ids]; for each layer
+//   a = rmsnorm(x, w1); q,k,v = a·Wqᵀ, a·Wkᵀ, a·Wvᵀ; rope(q, k); o = attn(q, k, v)
+//   y = x + o·Woᵀ; b = rmsnorm(y, w2); g, u = b·Wgᵀ, b·Wuᵀ; x' = y + (silu(g)∘u)·Wdᵀ
+// then f = rmsnorm(x_L, wf); logits = f·Whᵀ (Wh = E when tied); cross-entropy.
+// Backward walks the same steps in reverse. With activation checkpointing only each layer's
+// input x is kept; the layer's forward is recomputed into one shared set of buffers before its
+// backward.
+#include "model/llama.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+
+namespace ft {
+namespace k = kernels;
+
+// Activations of one layer, (N = B*T rows).
+struct LayerActs {
+  Buffer<float> ln1, rstd1;  // (N, C), (N)
+  Buffer<float> q, kk, v;    // (N, H*D), (N, K*D), (N, K*D) — q and k after RoPE
+  Buffer<float> probs;       // (B, H, T, T)
+  Buffer<float> att;         // (N, H*D) attention output before o_proj
+  Buffer<float> mid;         // (N, C) residual after attention
+  Buffer<float> ln2, rstd2;  // (N, C), (N)
+  Buffer<float> g, u, h;     // (N, F) each
+};
+
+struct LlamaModel::Acts {
+  int B = 0, T = 0;
+  bool backward = false;
+  const int32_t* inputs = nullptr;
+  std::vector<Buffer<float>> resid;  // L+1 of (N, C): resid[l] is layer l's input
+  std::vector<LayerActs> layers;     // L, or 1 with activation checkpointing
+  Buffer<float> lnf, rstdf;          // (N, C), (N)
+  Buffer<float> logits;              // (N, V); becomes dlogits in backward
+  // backward scratch
+  Buffer<float> dresid, dtmp;        // (N, C)
+  Buffer<float> dq, dk, dv, datt;    // (N, H*D), (N, K*D), (N, K*D), (N, H*D)
+  Buffer<float> dg, du, dh;          // (N, F)
+  Buffer<float> dscores;             // (B, H, T, T)
+};
+
+LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing)
+    : cfg_(cfg), dev_(dev), ckpt_(activation_checkpointing), layout_(cfg) {
+  for (const auto& g : layout_.groups()) {
+    params_.emplace_back(dev_, g.numel);
+    grads_.emplace_back(dev_, g.numel);
+    params_.back().zero();
+    grads_.back().zero();
+  }
+}
+
+LlamaModel::~LlamaModel() = default;
+
+std::vector<float*> LlamaModel::param_ptrs() {
+  std::vector<float*> p;
+  for (auto& b : params_) p.push_back(b.data());
+  return p;
+}
+
+namespace {
+// splitmix64: a small, well-defined generator so that initialisation is identical on every
+// platform and standard library (std::normal_distribution is implementation-defined).
+struct SplitMix64 {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return double((next() >> 11) + 1) * (1.0 / 9007199254740993.0); }  // (0,1)
+};
+}  // namespace
+
+void LlamaModel::init_random(uint64_t seed, double std) {
+  const auto& groups = layout_.groups();
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    for (const auto& e : groups[gi].entries) {
+      float* p = params_[gi].data() + e.offset;
+      if (e.shape.size() < 2) {
+        for (size_t i = 0; i < e.numel; ++i) p[i] = 1.0f;
+        continue;
+      }
+      // One stream per tensor, keyed by its name, so adding a tensor never shifts the others.
+      uint64_t h = seed * 0x100000001b3ull + 0xcbf29ce484222325ull;
+      for (char c : e.name) h = (h ^ uint8_t(c)) * 0x100000001b3ull;
+      SplitMix64 rng{h};
+      for (size_t i = 0; i < e.numel; i += 2) {  // Box–Muller
+        double r = std::sqrt(-2.0 * std::log(rng.uniform()));
+        double t = 2.0 * M_PI * rng.uniform();
+        p[i] = float(std * r * std::cos(t));
+        if (i + 1 < e.numel) p[i + 1] = float(std * r * std::sin(t));
+      }
+    }
+  }
+}
+
+void LlamaModel::zero_grads() {
+  for (auto& g : grads_) g.zero();
+}
+
+void LlamaModel::ensure_acts(int B, int T, bool need_backward) {
+  if (acts_ && acts_->B == B && acts_->T == T && (acts_->backward || !need_backward)) return;
+  acts_.reset();  // free the old set first so the peak is not two sets
+  auto a = std::make_unique<Acts>();
+  a->B = B;
+  a->T = T;
+  a->backward = need_backward;
+  const size_t N = size_t(B) * T, C = cfg_.dim, F = cfg_.ffn_dim, V = cfg_.vocab_size;
+  const size_t HD = size_t(cfg_.n_heads) * layout_.head_dim();
+  const size_t KD = size_t(cfg_.n_kv_heads) * layout_.head_dim();
+  const size_t S = size_t(B) * cfg_.n_heads * T * T;
+  const int L = cfg_.n_layers;
+  for (int l = 0; l <= L; ++l) a->resid.emplace_back(dev_, N * C);
+  int nsets = (ckpt_ || !need_backward) ? 1 : L;
+  for (int i = 0; i < nsets; ++i) {
+    LayerActs la;
+    la.ln1 = Buffer<float>(dev_, N * C);
+    la.rstd1 = Buffer<float>(dev_, N);
+    la.q = Buffer<float>(dev_, N * HD);
+    la.kk = Buffer<float>(dev_, N * KD);
+    la.v = Buffer<float>(dev_, N * KD);
+    la.probs = Buffer<float>(dev_, S);
+    la.att = Buffer<float>(dev_, N * HD);
+    la.mid = Buffer<float>(dev_, N * C);
+    la.ln2 = Buffer<float>(dev_, N * C);
+    la.rstd2 = Buffer<float>(dev_, N);
+    la.g = Buffer<float>(dev_, N * F);
+    la.u = Buffer<float>(dev_, N * F);
+    la.h = Buffer<float>(dev_, N * F);
+    a->layers.push_back(std::move(la));
+  }
+  a->lnf = Buffer<float>(dev_, N * C);
+  a->rstdf = Buffer<float>(dev_, N);
+  a->logits = Buffer<float>(dev_, N * V);
+  if (need_backward) {
+    a->dresid = Buffer<float>(dev_, N * C);
+    a->dtmp = Buffer<float>(dev_, N * C);
+    a->dq = Buffer<float>(dev_, N * HD);
+    a->dk = Buffer<float>(dev_, N * KD);
+    a->dv = Buffer<float>(dev_, N * KD);
+    a->datt = Buffer<float>(dev_, N * HD);
+    a->dg = Buffer<float>(dev_, N * F);
+    a->du = Buffer<float>(dev_, N * F);
+    a->dh = Buffer<float>(dev_, N * F);
+    a->dscores = Buffer<float>(dev_, S);
+  }
+  acts_ = std::move(a);
+}
+
+void LlamaModel::layer_forward(int l, int B, int T) {
+  Acts& a = *acts_;
+  LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : l];
+  const int N = B * T, C = cfg_.dim, F = cfg_.ffn_dim, H = cfg_.n_heads, K = cfg_.n_kv_heads;
+  const int D = layout_.head_dim();
+  const BlockOffsets& o = layout_.block_offsets();
+  const float* w = params_[1 + l].data();
+  const float* x = a.resid[l].data();
+  float* y = a.resid[l + 1].data();
+
+  k::rmsnorm_forward(la.ln1.data(), la.rstd1.data(), x, w + o.attn_norm, N, C, float(cfg_.norm_eps));
+  k::linear_forward(la.q.data(), la.ln1.data(), w + o.wq, N, C, H * D);
+  k::linear_forward(la.kk.data(), la.ln1.data(), w + o.wk, N, C, K * D);
+  k::linear_forward(la.v.data(), la.ln1.data(), w + o.wv, N, C, K * D);
+  k::rope_forward(la.q.data(), B, T, H, D, float(cfg_.rope_theta));
+  k::rope_forward(la.kk.data(), B, T, K, D, float(cfg_.rope_theta));
+  k::attention_forward(la.att.data(), la.probs.data(), la.q.data(), la.kk.data(), la.v.data(), B,
+                       T, H, K, D);
+  std::memcpy(la.mid.data(), x, sizeof(float) * size_t(N) * C);
+  k::linear_forward(la.mid.data(), la.att.data(), w + o.wo, N, H * D, C, /*accumulate=*/true);
+
+  k::rmsnorm_forward(la.ln2.data(), la.rstd2.data(), la.mid.data(), w + o.mlp_norm, N, C,
+                     float(cfg_.norm_eps));
+  k::linear_forward(la.g.data(), la.ln2.data(), w + o.w_gate, N, C, F);
+  k::linear_forward(la.u.data(), la.ln2.data(), w + o.w_up, N, C, F);
+  k::swiglu_forward(la.h.data(), la.g.data(), la.u.data(), size_t(N) * F);
+  std::memcpy(y, la.mid.data(), sizeof(float) * size_t(N) * C);
+  k::linear_forward(y, la.h.data(), w + o.w_down, N, F, C, /*accumulate=*/true);
+}
+
+// On entry a.dresid holds dL/d(resid[l+1]); on exit dL/d(resid[l]).
+void LlamaModel::layer_backward(int l, int B, int T) {
+  Acts& a = *acts_;
+  if (ckpt_) layer_forward(l, B, T);  // recompute this layer's activations
+  LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : l];
+  const int N = B * T, C = cfg_.dim, F = cfg_.ffn_dim, H = cfg_.n_heads, K = cfg_.n_kv_heads;
+  const int D = layout_.head_dim();
+  const BlockOffsets& o = layout_.block_offsets();
+  const float* w = params_[1 + l].data();
+  float* dw = grads_[1 + l].data();
+  const float* x = a.resid[l].data();
+  float* dy = a.dresid.data();
+
+  // MLP: x' = mid + h·Wdᵀ
+  k::linear_backward(a.dh.data(), dw + o.w_down, dy, la.h.data(), w + o.w_down, N, F, C);
+  k::swiglu_backward(a.dg.data(), a.du.data(), a.dh.data(), la.g.data(), la.u.data(), size_t(N) * F);
+  // d ln2 = dg·Wg + du·Wu  (into dtmp)
+  k::linear_backward(a.dtmp.data(), dw + o.w_gate, a.dg.data(), la.ln2.data(), w + o.w_gate, N, C, F);
+  k::linear_backward(a.dtmp.data(), dw + o.w_up, a.du.data(), la.ln2.data(), w + o.w_up, N, C, F,
+                     /*accumulate_dx=*/true);
+  // rmsnorm_backward may not write in place, so d mid lands in la.ln2, whose forward value is
+  // no longer needed once the gate/up weight gradients above are done.
+  k::rmsnorm_backward(la.ln2.data(), dw + o.mlp_norm, a.dtmp.data(), la.mid.data(), w + o.mlp_norm,
+                      la.rstd2.data(), N, C);
+  k::add_inplace(dy, la.ln2.data(), size_t(N) * C);  // dy is now dL/d mid
+
+  // Attention: mid = x + att·Woᵀ
+  k::linear_backward(a.datt.data(), dw + o.wo, dy, la.att.data(), w + o.wo, N, H * D, C);
+  k::attention_backward(a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), la.probs.data(),
+                        la.q.data(), la.kk.data(), la.v.data(), a.dscores.data(), B, T, H, K, D);
+  k::rope_backward(a.dq.data(), B, T, H, D, float(cfg_.rope_theta));
+  k::rope_backward(a.dk.data(), B, T, K, D, float(cfg_.rope_theta));
+  k::linear_backward(a.dtmp.data(), dw + o.wq, a.dq.data(), la.ln1.data(), w + o.wq, N, C, H * D);
+  k::linear_backward(a.dtmp.data(), dw + o.wk, a.dk.data(), la.ln1.data(), w + o.wk, N, C, K * D, true);
+  k::linear_backward(a.dtmp.data(), dw + o.wv, a.dv.data(), la.ln1.data(), w + o.wv, N, C, K * D, true);
+  k::rmsnorm_backward(la.ln1.data(), dw + o.attn_norm, a.dtmp.data(), x, w + o.attn_norm,
+                      la.rstd1.data(), N, C);
+  k::add_inplace(dy, la.ln1.data(), size_t(N) * C);  // dL/d x
+}
+
+double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
+                           int B, int T, float loss_scale, bool backward) {
+  FT_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len ", cfg_.max_seq_len);
+  ensure_acts(B, T, backward);
+  Acts& a = *acts_;
+  const int N = B * T, C = cfg_.dim, V = cfg_.vocab_size, L = cfg_.n_layers;
+  for (int n = 0; n < N; ++n) {
+    FT_CHECK(inputs[n] >= 0 && inputs[n] < V, "input token id ", inputs[n],
+             " out of range for vocab_size ", V);
+    FT_CHECK(!mask[n] || (targets[n] >= 0 && targets[n] < V), "target token id ", targets[n],
+             " out of range for vocab_size ", V);
+  }
+  const float* E = params_[0].data();
+  const int hg = L + 1;  // head group
+  const float* wf = params_[hg].data();
+  const float* Wh = cfg_.tie_embeddings ? E : params_[hg].data() + C;
+
+  k::embedding_forward(a.resid[0].data(), inputs, E, N, C);
+  for (int l = 0; l < L; ++l) layer_forward(l, B, T);
+  k::rmsnorm_forward(a.lnf.data(), a.rstdf.data(), a.resid[L].data(), wf, N, C, float(cfg_.norm_eps));
+  k::linear_forward(a.logits.data(), a.lnf.data(), Wh, N, C, V);
+  double loss_sum = k::cross_entropy_forward_backward(backward ? a.logits.data() : nullptr,
+                                                      a.logits.data(), targets, mask, N, V, loss_scale);
+  if (!backward) return loss_sum;
+
+  // logits = f·Whᵀ
+  float* dWh = cfg_.tie_embeddings ? grads_[0].data() : grads_[hg].data() + C;
+  k::linear_backward(a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N, C, V);
+  k::rmsnorm_backward(a.dresid.data(), grads_[hg].data(), a.dtmp.data(), a.resid[L].data(), wf,
+                      a.rstdf.data(), N, C);
+  for (int l = L - 1; l >= 0; --l) layer_backward(l, B, T);
+  k::embedding_backward(grads_[0].data(), inputs, a.dresid.data(), N, C);
+  return loss_sum;
+}
+
+double LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets,
+                                    const uint8_t* mask, int B, int T, float loss_scale) {
+  return forward(inputs, targets, mask, B, T, loss_scale, true);
+}
+
+double LlamaModel::forward_loss(const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
+                                int B, int T) {
+  return forward(inputs, targets, mask, B, T, 0.0f, false);
+}
+
+}  // namespace ft

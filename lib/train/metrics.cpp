@@ -1,0 +1,86 @@
+#include "train/metrics.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace ft {
+
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+  std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  f_ = std::fopen(path.c_str(), "w");
+  if (!f_) throw Error("cannot open metrics file '" + path + "' for writing; check logging.metrics");
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (f_) std::fclose(f_);
+}
+
+void MetricsWriter::write(const nlohmann::json& line) {
+  if (!f_) return;
+  std::string s = line.dump();
+  std::fprintf(f_, "%s\n", s.c_str());
+  std::fflush(f_);
+}
+
+Progress::Progress(bool enabled) : enabled_(enabled), tty_(isatty(STDOUT_FILENO)) {}
+
+std::string Progress::human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024.0 && u < 4) { b /= 1024.0; ++u; }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return buf;
+}
+
+std::string Progress::human_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  long t = long(s + 0.5);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
+  return buf;
+}
+
+void Progress::step(const StepReport& r) {
+  if (!enabled_) return;
+  const int64_t done = r.step + 1;
+  const double eta = r.elapsed_s / double(done) * double(r.total_steps - done);
+  if (tty_) {
+    const int width = 24;
+    int filled = int(double(width) * double(done) / double(r.total_steps));
+    std::string bar(size_t(filled), '=');
+    if (filled < width) bar += '>';
+    bar.resize(width, ' ');
+    std::printf("\r\033[Kstep %lld/%lld [%s] loss %.4f | %.0f tok/s | ETA %s", (long long)done,
+                (long long)r.total_steps, bar.c_str(), r.loss, r.tokens_per_s,
+                human_duration(eta).c_str());
+    bar_open_ = true;
+  } else {
+    std::printf("step %lld/%lld loss %.4f lr %.3e grad_norm %.4f tok/s %.0f mem %s eta %s\n",
+                (long long)done, (long long)r.total_steps, r.loss, r.lr, r.grad_norm,
+                r.tokens_per_s, human_bytes(double(r.mem_peak_bytes)).c_str(),
+                human_duration(eta).c_str());
+  }
+  std::fflush(stdout);
+}
+
+void Progress::eval(int64_t step, double eval_loss) {
+  if (!enabled_) return;
+  if (bar_open_) { std::printf("\n"); bar_open_ = false; }
+  std::printf("eval at step %lld: loss %.4f\n", (long long)(step + 1), eval_loss);
+  std::fflush(stdout);
+}
+
+void Progress::finish() {
+  if (bar_open_) std::printf("\n");
+  bar_open_ = false;
+  std::fflush(stdout);
+}
+
+}  // namespace ft

@@ -1,0 +1,50 @@
+// Metrics (DESIGN.md §7): a JSON Lines file written by rank 0, and progress for people — a live
+// bar when stdout is a terminal, plain lines otherwise (logs, SLURM output files).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace ft {
+
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;
+  explicit MetricsWriter(const std::string& path);  // truncates; creates parent folders
+  ~MetricsWriter();
+  void write(const nlohmann::json& line);  // one object per line, flushed
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* f_ = nullptr;
+};
+
+struct StepReport {
+  int64_t step = 0;          // 0-based
+  int64_t total_steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double tokens_per_s = 0;
+  double elapsed_s = 0;      // since training started
+  size_t mem_peak_bytes = 0;
+};
+
+class Progress {
+ public:
+  explicit Progress(bool enabled);
+  void step(const StepReport& r);  // called every logged step
+  void eval(int64_t step, double eval_loss);
+  void finish();                   // ends the live bar's line
+  static std::string human_bytes(double bytes);
+  static std::string human_duration(double seconds);
+
+ private:
+  bool enabled_;
+  bool tty_;
+  bool bar_open_ = false;
+};
+
+}  // namespace ft

@@ -1,0 +1,236 @@
+// The step loop. Each step s:
+//   1. take this rank's samples of global batch s from the loader (prefetched);
+//   2. count the trained target tokens of the whole global batch (all-reduced), so that every
+//      micro-batch scales its loss gradient by 1/that count: the step's loss is the token-weighted
+//      mean over the global batch, not a mean of micro-batch means (DESIGN.md §6);
+//   3. forward/backward each micro-batch, gradients accumulating in the flat buffers;
+//   4. global gradient norm, clipping, learning rate for step s, AdamW;
+//   5. metrics and progress on rank 0.
+#include "train/trainer.h"
+
+#include <omp.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "ckpt/hf.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/loader.h"
+#include "data/sha256.h"
+#include "kernels/kernels.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "optim/schedule.h"
+#include "runtime/device.h"
+#include "train/metrics.h"
+
+namespace ft {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+int configure_threads(int threads) {
+  int n = threads > 0 ? threads : int(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  omp_set_num_threads(n);
+  kernels::set_blas_threads(n);
+  return n;
+}
+
+namespace {
+
+size_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return size_t(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Mean loss of `batches` micro-batches of the validation set, from its start (no shuffle), so
+// every evaluation sees the same tokens.
+double evaluate(LlamaModel& model, const Recipe& r, const std::string& tokenizer_sha) {
+  LoaderOptions o;
+  o.dir = r.data.valid;
+  o.seq_len = r.data.seq_len;
+  o.shuffle = false;
+  o.seed = r.run.seed;
+  o.global_batch = r.training.micro_batch_size;
+  o.rank_count = r.training.micro_batch_size;
+  o.prefetch = 2;
+  o.expected_vocab = r.model.vocab_size;
+  o.expected_tokenizer_sha256 = tokenizer_sha;
+  DataLoader loader(o);
+  int64_t batches = std::min<int64_t>(r.training.eval_batches,
+                                      int64_t(loader.samples_per_epoch()) / o.global_batch);
+  batches = std::max<int64_t>(batches, 1);
+  double loss_sum = 0, tokens = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    StepSamples b = loader.next();
+    loss_sum += model.forward_loss(b.inputs.data(), b.targets.data(), b.mask.data(), b.count, b.seq_len);
+    for (uint8_t m : b.mask) tokens += m;
+  }
+  return tokens > 0 ? loss_sum / tokens : 0.0;
+}
+
+}  // namespace
+
+TrainSummary train(const Recipe& r, Communicator& comm) {
+  const bool is_root = comm.rank() == 0;
+  const int threads = configure_threads(r.runtime.threads);
+  std::unique_ptr<Device> dev = make_device(r.runtime.device);
+
+  const int world = comm.size();
+  const int data_ranks = data_parallel_size(r, world);
+  FT_CHECK(data_ranks == world, "tensor and pipeline parallelism are not implemented yet");
+  const int accum = grad_accum_steps(r, world);
+  const int micro = r.training.micro_batch_size;
+  const int T = r.data.seq_len;
+
+  // Outputs first, so a bad output_dir fails before any compute.
+  if (is_root) {
+    fs::create_directories(r.run.output_dir);
+    std::ofstream(fs::path(r.run.output_dir) / "recipe.yaml") << recipe_to_yaml(r);
+  }
+
+  std::string tokenizer_sha;
+  if (!r.tokenizer.path.empty()) tokenizer_sha = sha256_file_hex(r.tokenizer.path);
+
+  // Model and optimizer.
+  LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing);
+  if (!r.model.from.empty()) {
+    if (is_root) log_info("loading weights from ", r.model.from);
+    load_hf_weights(r.model.from, model.layout(), model.param_ptrs());
+  } else {
+    model.init_random(r.run.seed, r.model.init_std);
+  }
+  AdamW optim(model.layout(), r.optimizer, dev.get());
+
+  // Data: this rank's slice of every global batch.
+  LoaderOptions lo;
+  lo.dir = r.data.train;
+  lo.seq_len = T;
+  lo.shuffle = r.data.shuffle;
+  lo.seed = r.run.seed;
+  lo.global_batch = r.training.global_batch_size;
+  lo.rank_count = int64_t(micro) * accum;
+  lo.rank_offset = int64_t(comm.rank()) * lo.rank_count;
+  lo.prefetch = r.data.prefetch;
+  lo.expected_vocab = r.model.vocab_size;
+  lo.expected_tokenizer_sha256 = tokenizer_sha;
+  DataLoader loader(lo);
+
+  if (is_root) {
+    std::printf("ft: model %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, vocab %d)\n",
+                double(model.num_params()) / 1e6, r.model.n_layers, r.model.dim, r.model.n_heads,
+                r.model.n_kv_heads, r.model.vocab_size);
+    std::printf("ft: data %s: %llu samples of %d tokens per epoch; %lld steps of %d samples "
+                "(%d micro-batches of %d); %s, %d threads\n",
+                r.data.train.c_str(), (unsigned long long)loader.samples_per_epoch(), T,
+                (long long)r.training.steps, r.training.global_batch_size, accum, micro,
+                dev->name().c_str(), threads);
+    std::fflush(stdout);
+  }
+
+  MetricsWriter metrics;
+  if (is_root) metrics = MetricsWriter(r.logging.metrics);
+  Progress progress(is_root);
+  const bool do_eval = !r.data.valid.empty() && r.training.eval_every_steps > 0;
+
+  TrainSummary sum;
+  const auto t_start = Clock::now();
+  int64_t tokens_seen = 0;
+  const size_t row = size_t(T);
+  for (int64_t s = 0; s < r.training.steps; ++s) {
+    const auto t_step = Clock::now();
+    StepSamples batch = loader.next();
+    FT_CHECK(batch.step == s, "data loader out of step: got ", batch.step, ", expected ", s);
+
+    double count = 0;
+    for (uint8_t m : batch.mask) count += m;
+    comm.all_reduce_sum(&count, 1);
+    const float scale = count > 0 ? float(1.0 / count) : 0.0f;
+
+    model.zero_grads();
+    double loss_sum = 0;
+    for (int m = 0; m < accum; ++m) {
+      const size_t off = size_t(m) * micro * row;
+      loss_sum += model.forward_backward(batch.inputs.data() + off, batch.targets.data() + off,
+                                         batch.mask.data() + off, micro, T, scale);
+    }
+    comm.all_reduce_sum(&loss_sum, 1);
+    for (auto& g : model.grads()) comm.all_reduce_sum(g.data(), g.size());
+
+    const double grad_norm = std::sqrt(grad_sum_squares(model.grads()));
+    clip_grads(model.grads(), grad_norm, r.training.grad_clip);
+    const double lr = lr_at_step(r.scheduler, r.optimizer.lr, s, r.training.steps);
+    optim.step(model.params(), model.grads(), lr);
+
+    const double loss = count > 0 ? loss_sum / count : 0.0;
+    const double step_time = seconds_since(t_step);
+    const int64_t step_tokens = int64_t(r.training.global_batch_size) * T;
+    tokens_seen += step_tokens;
+    sum.final_loss = loss;
+    if (!std::isfinite(loss))
+      throw Error(detail::concat("loss is ", loss, " at step ", s,
+                                 "; try a lower optimizer.lr, more warmup, or grad_clip"));
+
+    const bool last = s + 1 == r.training.steps;
+    if (is_root && (s % r.logging.every_steps == 0 || last)) {
+      const size_t mem_peak = dev->stats().peak_bytes;
+      metrics.write({{"step", s},
+                     {"loss", loss},
+                     {"lr", lr},
+                     {"grad_norm", grad_norm},
+                     {"tokens", tokens_seen},
+                     {"tokens_per_s", double(step_tokens) / step_time},
+                     {"step_time_s", step_time},
+                     {"mem_peak_bytes", mem_peak}});
+      StepReport rep;
+      rep.step = s;
+      rep.total_steps = r.training.steps;
+      rep.loss = loss;
+      rep.lr = lr;
+      rep.grad_norm = grad_norm;
+      rep.tokens_per_s = double(tokens_seen) / seconds_since(t_start);
+      rep.elapsed_s = seconds_since(t_start);
+      rep.mem_peak_bytes = mem_peak;
+      progress.step(rep);
+    }
+    if (do_eval && ((s + 1) % r.training.eval_every_steps == 0 || last)) {
+      const double eval_loss = evaluate(model, r, tokenizer_sha);
+      if (is_root) {
+        metrics.write({{"step", s}, {"eval_loss", eval_loss}});
+        progress.eval(s, eval_loss);
+      }
+    }
+  }
+  progress.finish();
+
+  sum.steps = r.training.steps;
+  sum.tokens = tokens_seen;
+  sum.wall_s = seconds_since(t_start);
+  sum.tokens_per_s = sum.wall_s > 0 ? double(tokens_seen) / sum.wall_s : 0;
+  sum.mem_peak_bytes = dev->stats().peak_bytes;
+  sum.peak_rss_bytes = peak_rss_bytes();
+  if (is_root) {
+    std::printf(
+        "ft: done: %lld steps, %lld tokens in %s (%.0f tokens/s); final loss %.4f\n"
+        "ft: peak memory: %s device allocator, %s process RSS\n"
+        "ft: outputs: %s (resolved recipe: %s/recipe.yaml, metrics: %s)\n",
+        (long long)sum.steps, (long long)sum.tokens, Progress::human_duration(sum.wall_s).c_str(),
+        sum.tokens_per_s, sum.final_loss, Progress::human_bytes(double(sum.mem_peak_bytes)).c_str(),
+        Progress::human_bytes(double(sum.peak_rss_bytes)).c_str(), r.run.output_dir.c_str(),
+        r.run.output_dir.c_str(), r.logging.metrics.c_str());
+    std::fflush(stdout);
+  }
+  return sum;
+}
+
+}  // namespace ft

@@ -1,0 +1,201 @@
+"""A small Llama in PyTorch that follows Hugging Face LlamaForCausalLM's math, written here as
+the numeric reference for ft (transformers is not a test dependency). Also: safetensors
+reading/writing and token-shard writing in plain Python, so the reference tests need only
+Debian's python3-torch, python3-numpy and python3-h5py."""
+
+import json
+import math
+import struct
+
+import numpy as np
+import torch
+
+
+class Config:
+    def __init__(self, dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size,
+                 max_seq_len=64, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False):
+        self.dim, self.n_layers, self.n_heads, self.n_kv_heads = dim, n_layers, n_heads, n_kv_heads
+        self.ffn_dim, self.vocab_size, self.max_seq_len = ffn_dim, vocab_size, max_seq_len
+        self.rope_theta, self.norm_eps, self.tie_embeddings = rope_theta, norm_eps, tie_embeddings
+        self.head_dim = dim // n_heads
+
+    def hf_json(self):
+        return {
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": self.dim, "num_hidden_layers": self.n_layers,
+            "num_attention_heads": self.n_heads, "num_key_value_heads": self.n_kv_heads,
+            "intermediate_size": self.ffn_dim, "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_seq_len, "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.norm_eps, "tie_word_embeddings": self.tie_embeddings,
+            "hidden_act": "silu", "torch_dtype": "float32",
+        }
+
+
+def rms_norm(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class Llama:
+    """Parameters in a plain dict keyed by HF name (nn.Module names cannot hold dots)."""
+
+    def __init__(self, cfg, seed=0, std=0.1):
+        self.cfg = cfg
+        g = torch.Generator().manual_seed(seed)
+        C, F, V = cfg.dim, cfg.ffn_dim, cfg.vocab_size
+        HD, KD = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+
+        def mat(*shape):
+            return torch.nn.Parameter(torch.randn(*shape, generator=g) * std)
+
+        def norm():  # not all ones, so the norm weights' gradients are exercised
+            return torch.nn.Parameter(1.0 + 0.1 * torch.randn(C, generator=g))
+
+        self.p = {}
+        self.p["model.embed_tokens.weight"] = mat(V, C)
+        for i in range(cfg.n_layers):
+            pre = f"model.layers.{i}."
+            self.p[pre + "input_layernorm.weight"] = norm()
+            self.p[pre + "self_attn.q_proj.weight"] = mat(HD, C)
+            self.p[pre + "self_attn.k_proj.weight"] = mat(KD, C)
+            self.p[pre + "self_attn.v_proj.weight"] = mat(KD, C)
+            self.p[pre + "self_attn.o_proj.weight"] = mat(C, HD)
+            self.p[pre + "post_attention_layernorm.weight"] = norm()
+            self.p[pre + "mlp.gate_proj.weight"] = mat(F, C)
+            self.p[pre + "mlp.up_proj.weight"] = mat(F, C)
+            self.p[pre + "mlp.down_proj.weight"] = mat(C, F)
+        self.p["model.norm.weight"] = norm()
+        if not cfg.tie_embeddings:
+            self.p["lm_head.weight"] = mat(V, C)
+
+    def named(self):
+        return dict(self.p)
+
+    def forward(self, ids):
+        cfg, P = self.cfg, self.p
+        B, T = ids.shape
+        D, H, K = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2).float() / D))
+        freqs = torch.outer(torch.arange(T).float(), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()  # (T, D)
+        mask = torch.full((T, T), float("-inf")).triu(1)
+        x = P["model.embed_tokens.weight"][ids]
+        for i in range(cfg.n_layers):
+            pre = f"model.layers.{i}."
+            a = rms_norm(x, P[pre + "input_layernorm.weight"], cfg.norm_eps)
+            q = (a @ P[pre + "self_attn.q_proj.weight"].T).view(B, T, H, D).transpose(1, 2)
+            k = (a @ P[pre + "self_attn.k_proj.weight"].T).view(B, T, K, D).transpose(1, 2)
+            v = (a @ P[pre + "self_attn.v_proj.weight"].T).view(B, T, K, D).transpose(1, 2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            k = k.repeat_interleave(H // K, dim=1)  # query head h uses kv head h // (H/K)
+            v = v.repeat_interleave(H // K, dim=1)
+            s = q @ k.transpose(-1, -2) / math.sqrt(D) + mask
+            o = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, H * D)
+            x = x + o @ P[pre + "self_attn.o_proj.weight"].T
+            b = rms_norm(x, P[pre + "post_attention_layernorm.weight"], cfg.norm_eps)
+            g = b @ P[pre + "mlp.gate_proj.weight"].T
+            u = b @ P[pre + "mlp.up_proj.weight"].T
+            x = x + (torch.nn.functional.silu(g) * u) @ P[pre + "mlp.down_proj.weight"].T
+        f = rms_norm(x, P["model.norm.weight"], cfg.norm_eps)
+        head = P["model.embed_tokens.weight"] if cfg.tie_embeddings else P["lm_head.weight"]
+        return f @ head.T
+
+    def loss_sum(self, ids, targets, mask):
+        """Sum of per-token cross-entropy over targets where mask is 1."""
+        logits = self.forward(ids)
+        ce = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+        return (ce * mask.reshape(-1).float()).sum()
+
+
+# ---- safetensors ---------------------------------------------------------------------------
+
+_DT = {"F32": (np.float32, 4), "F16": (np.float16, 2)}
+
+
+def write_safetensors(path, tensors, dtype="F32"):
+    """tensors: dict name -> torch tensor. dtype F32 or BF16 or F16."""
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().contiguous()
+        if dtype == "BF16":
+            raw = t.to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+        elif dtype == "F16":
+            raw = t.to(torch.float16).numpy().tobytes()
+        else:
+            raw = t.to(torch.float32).numpy().tobytes()
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        raw = data[8 + n + b: 8 + n + end]
+        if e["dtype"] == "BF16":
+            arr = np.frombuffer(raw, dtype=np.int16).copy()
+            out[name] = torch.from_numpy(arr).view(torch.bfloat16).float().reshape(e["shape"])
+        else:
+            np_dt, _ = _DT[e["dtype"]]
+            out[name] = torch.from_numpy(np.frombuffer(raw, dtype=np_dt).copy()).float().reshape(e["shape"])
+    return out
+
+
+def save_hf_folder(model, folder, dtype="F32"):
+    import os
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(model.cfg.hf_json(), f, indent=2)
+    write_safetensors(os.path.join(folder, "model.safetensors"), model.named(), dtype)
+
+
+# ---- token shards (DESIGN.md §6) -----------------------------------------------------------
+
+def write_shard(path, tokens, vocab_size, doc_offsets=None, loss_mask=None):
+    import h5py
+    with h5py.File(path, "w") as f:
+        dt = "uint16" if vocab_size <= 65535 else "uint32"
+        f.create_dataset("tokens", data=np.asarray(tokens, dtype=dt))
+        f.create_dataset("doc_offsets", data=np.asarray(doc_offsets or [0], dtype="uint64"))
+        if loss_mask is not None:
+            f.create_dataset("loss_mask", data=np.asarray(loss_mask, dtype="uint8"))
+        f.attrs["format"] = "ft-tokens"
+        f.attrs["version"] = 1
+        f.attrs["vocab_size"] = vocab_size
+        f.attrs["bos_id"] = 1
+        f.attrs["eos_id"] = 2
+        f.attrs["tokenizer_sha256"] = "0" * 64
+
+
+def samples_no_shuffle(shards, T):
+    """Samples of a shard list (token arrays, mask arrays or None) in stream order, shuffle off:
+    sample k of a shard is tokens[k*T : k*T+T+1]."""
+    out = []
+    for toks, mask in shards:
+        n = (len(toks) - 1) // T
+        for k in range(n):
+            w = np.asarray(toks[k * T: k * T + T + 1], dtype=np.int64)
+            m = np.ones(T, dtype=np.uint8) if mask is None else np.asarray(mask[k * T + 1: k * T + T + 1], dtype=np.uint8)
+            out.append((w[:-1], w[1:], m))
+    return out
