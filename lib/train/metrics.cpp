@@ -20,6 +20,15 @@ MetricsWriter::~MetricsWriter() {
   if (f_) std::fclose(f_);
 }
 
+MetricsWriter& MetricsWriter::operator=(MetricsWriter&& o) noexcept {
+  if (this != &o) {
+    if (f_) std::fclose(f_);
+    f_ = std::exchange(o.f_, nullptr);
+    path_ = std::move(o.path_);
+  }
+  return *this;
+}
+
 void MetricsWriter::write(const nlohmann::json& line) {
   if (!f_) return;
   std::string s = line.dump();

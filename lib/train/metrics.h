@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +16,10 @@ class MetricsWriter {
   MetricsWriter() = default;
   explicit MetricsWriter(const std::string& path);  // truncates; creates parent folders
   ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  MetricsWriter(MetricsWriter&& o) noexcept { *this = std::move(o); }
+  MetricsWriter& operator=(MetricsWriter&& o) noexcept;
   void write(const nlohmann::json& line);  // one object per line, flushed
   const std::string& path() const { return path_; }
 

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Sets up ft on a fresh Debian 12 machine: installs the Debian packages the build and tests need,
+# configures and builds a Release build/ft, and prepares the quickstart data (a generated corpus,
+# a SentencePiece model trained on it, and token shards). Safe to run again: it skips what is done.
+#   scripts/setup.sh            # packages + build + quickstart data
+#   scripts/setup.sh --no-data  # packages + build only
+# Environment: BUILD_DIR (default build), FT_CMAKE_ARGS (extra cmake arguments).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+with_data=1
+[[ "${1:-}" == "--no-data" ]] && with_data=0
+
+packages=(
+  build-essential cmake pkg-config git
+  libcli11-dev libyaml-cpp-dev nlohmann-json3-dev doctest-dev
+  libsentencepiece-dev sentencepiece
+  libhdf5-dev
+  libopenmpi-dev openmpi-bin
+  libopenblas-dev libdnnl-dev
+  python3 python3-torch python3-numpy python3-h5py python3-sentencepiece
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${#missing[@]} Debian packages: ${missing[*]}"
+  sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+build_dir="${BUILD_DIR:-build}"
+echo "setup: building $build_dir (Release)"
+# shellcheck disable=SC2086
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release ${FT_CMAKE_ARGS:-} >/dev/null
+cmake --build "$build_dir" -j"$(nproc)"
+
+if ((with_data)); then
+  scripts/quickstart_data.sh "$build_dir"
+fi
+echo "setup: done. Next: $build_dir/ft train recipes/quickstart.yaml"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: installs what is missing and builds (scripts/setup.sh --no-data),
+# runs every test with ctest on the Release build, then rebuilds with AddressSanitizer +
+# UndefinedBehaviorSanitizer (FT_SANITIZE=ON) and runs the suite again there.
+#   scripts/test.sh              # both passes
+#   FT_TEST_SANITIZE=0 scripts/test.sh   # Release pass only
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+jobs="$(nproc)"
+
+scripts/setup.sh --no-data
+echo "test: Release suite"
+ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
+
+if [[ "${FT_TEST_SANITIZE:-1}" == "1" ]]; then
+  echo "test: AddressSanitizer + UndefinedBehaviorSanitizer suite"
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFT_SANITIZE=ON >/dev/null
+  cmake --build build-asan -j"$jobs"
+  # halt_on_error: any report fails the test. Leak checking stays on.
+  ASAN_OPTIONS="halt_on_error=1:abort_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+    ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 1800
+fi
