@@ -1,0 +1,431 @@
+// Hugging Face weight import: a tiny Llama (dim 8, 2 layers, 2 heads, 1 KV head, ffn 12,
+// vocab 11) written as safetensors by the test in BF16, F32, F16 and mixed, single-file and
+// sharded, tied and untied; then every way a checkpoint can disagree with the layout.
+#include <doctest/doctest.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "ckpt/hf.h"
+#include "ckpt/safetensors.h"
+#include "core/error.h"
+#include "model/layout.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+doctest::Contains has(const std::string& s) { return doctest::Contains(s.c_str()); }
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "ft_hf_import_XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+ft::ModelConfig tiny_config(bool tie) {
+  ft::ModelConfig c;
+  c.dim = 8;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.ffn_dim = 12;
+  c.vocab_size = 11;
+  c.tie_embeddings = tie;
+  return c;
+}
+
+// One tensor as the test writes it: f32 values, stored on disk in `dtype`.
+struct TensorSpec {
+  std::string name;
+  ft::DType dtype = ft::DType::kBF16;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+
+// Values with at most 7 significant bits, so BF16 and F16 hold them exactly; distinct per tensor
+// (k) and position (i) so that a misplaced copy shows.
+float exact_value(size_t k, size_t i) { return float(int((k * 37 + i * 11) % 255) - 127) / 16.0f; }
+// Values that no 16-bit type holds exactly.
+float inexact_value(size_t k, size_t i) { return std::sin(float(k * 1000 + i) * 0.37f) * 3.0f; }
+
+// Every tensor the layout expects, in layout order.
+std::vector<TensorSpec> layout_tensors(const ft::ParamLayout& layout, ft::DType dtype,
+                                       bool exact = true) {
+  std::vector<TensorSpec> out;
+  for (const auto& g : layout.groups())
+    for (const auto& e : g.entries) {
+      TensorSpec t{e.name, dtype, e.shape, std::vector<float>(e.numel)};
+      for (size_t i = 0; i < e.numel; ++i)
+        t.values[i] = exact ? exact_value(out.size(), i) : inexact_value(out.size(), i);
+      out.push_back(std::move(t));
+    }
+  return out;
+}
+
+// What the reader should produce for a value stored in `dtype`.
+float stored(ft::DType dtype, float v) {
+  if (dtype == ft::DType::kBF16) return ft::bf16_to_f32(ft::f32_to_bf16(v));
+  if (dtype == ft::DType::kF16) return ft::f16_to_f32(ft::f32_to_f16(v));
+  return v;
+}
+
+void write_file(const std::string& path, const std::vector<TensorSpec>& tensors) {
+  std::vector<std::vector<uint8_t>> bytes;  // keeps each tensor's encoding alive until written
+  std::vector<ft::SafetensorsTensorOut> outs;
+  for (const auto& t : tensors) {
+    std::vector<uint8_t> b(t.values.size() * ft::dtype_size(t.dtype));
+    for (size_t i = 0; i < t.values.size(); ++i) {
+      const float v = t.values[i];
+      switch (t.dtype) {
+        case ft::DType::kF32:
+          std::memcpy(&b[i * 4], &v, 4);
+          break;
+        case ft::DType::kBF16: {
+          const uint16_t h = ft::f32_to_bf16(v);
+          std::memcpy(&b[i * 2], &h, 2);
+          break;
+        }
+        case ft::DType::kF16: {
+          const uint16_t h = ft::f32_to_f16(v);
+          std::memcpy(&b[i * 2], &h, 2);
+          break;
+        }
+        case ft::DType::kI32: {
+          const int32_t x = int32_t(v);
+          std::memcpy(&b[i * 4], &x, 4);
+          break;
+        }
+        default:
+          FAIL("test writes no " << ft::dtype_name(t.dtype));
+      }
+    }
+    bytes.push_back(std::move(b));
+    outs.push_back({t.name, t.dtype, t.shape, bytes.back().data()});
+  }
+  ft::write_safetensors(path, outs, {{"format", "pt"}});
+}
+
+// Group buffers filled with NaN, so a parameter that is never written shows.
+struct Buffers {
+  std::vector<std::vector<float>> data;
+  std::vector<float*> ptrs;
+  explicit Buffers(const ft::ParamLayout& layout) {
+    for (const auto& g : layout.groups())
+      data.emplace_back(g.numel, std::numeric_limits<float>::quiet_NaN());
+    for (auto& d : data) ptrs.push_back(d.data());
+  }
+  bool untouched() const {
+    for (const auto& d : data)
+      for (float v : d)
+        if (!std::isnan(v)) return false;
+    return true;
+  }
+};
+
+// Every layout entry in `buf` holds what `tensors` wrote (after the dtype's rounding).
+void check_loaded(const ft::ParamLayout& layout, const Buffers& buf,
+                  const std::vector<TensorSpec>& tensors) {
+  size_t checked = 0;
+  for (const auto& t : tensors) {
+    int g;
+    const ft::ParamEntry* e;
+    if (!layout.find(t.name, &g, &e)) continue;
+    const float* p = buf.data[size_t(g)].data() + e->offset;
+    size_t wrong = 0;
+    for (size_t i = 0; i < e->numel; ++i) wrong += p[i] != stored(t.dtype, t.values[i]);
+    INFO(t.name);
+    CHECK(wrong == 0);
+    ++checked;
+  }
+  size_t params = 0;
+  for (const auto& g : layout.groups()) params += g.entries.size();
+  CHECK(checked == params);
+  for (const auto& d : buf.data)
+    for (float v : d) REQUIRE_FALSE(std::isnan(v));  // nothing left unwritten
+}
+
+void write_index(const std::string& dir,
+                 const std::vector<std::pair<std::string, std::string>>& map) {
+  nlohmann::json j;
+  j["metadata"] = {{"total_size", 1234}};
+  j["weight_map"] = nlohmann::json::object();
+  for (const auto& [name, file] : map) j["weight_map"][name] = file;
+  std::ofstream(dir + "/model.safetensors.index.json") << j.dump(2);
+}
+
+std::vector<TensorSpec> without(std::vector<TensorSpec> t, const std::string& name) {
+  std::erase_if(t, [&](const TensorSpec& s) { return s.name == name; });
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("hf import: single BF16 file, rotary inv_freq ignored") {
+  TempDir dir;
+  const ft::ParamLayout layout(tiny_config(false));
+  auto tensors = layout_tensors(layout, ft::DType::kBF16);
+  REQUIRE(tensors.size() == 1 + 2 * 9 + 2);
+  // Older Llama checkpoints carry the RoPE table; it is recomputed, not loaded.
+  tensors.push_back(
+      {"model.layers.0.self_attn.rotary_emb.inv_freq", ft::DType::kF32, {2}, {1, 0.5f}});
+  write_file(dir.file("model.safetensors"), tensors);
+  Buffers buf(layout);
+  ft::load_hf_weights(dir.path, layout, buf.ptrs);
+  check_loaded(layout, buf, tensors);
+  // A spot check in plain terms: embed row 0 starts with exact_value(0, 0).
+  CHECK(buf.data[0][0] == exact_value(0, 0));
+}
+
+TEST_CASE("hf import: F32, F16 and mixed dtypes") {
+  const ft::ParamLayout layout(tiny_config(false));
+  SUBCASE("F32, values no 16-bit type holds") {
+    TempDir dir;
+    const auto tensors = layout_tensors(layout, ft::DType::kF32, /*exact=*/false);
+    write_file(dir.file("model.safetensors"), tensors);
+    Buffers buf(layout);
+    ft::load_hf_weights(dir.path, layout, buf.ptrs);
+    check_loaded(layout, buf, tensors);
+  }
+  SUBCASE("F16") {
+    TempDir dir;
+    const auto tensors = layout_tensors(layout, ft::DType::kF16, /*exact=*/false);
+    write_file(dir.file("model.safetensors"), tensors);
+    Buffers buf(layout);
+    ft::load_hf_weights(dir.path, layout, buf.ptrs);
+    check_loaded(layout, buf, tensors);
+  }
+  SUBCASE("mixed: each tensor its own dtype, rounded values") {
+    TempDir dir;
+    auto tensors = layout_tensors(layout, ft::DType::kF32, /*exact=*/false);
+    const ft::DType cycle[] = {ft::DType::kF32, ft::DType::kBF16, ft::DType::kF16};
+    for (size_t i = 0; i < tensors.size(); ++i) tensors[i].dtype = cycle[i % 3];
+    write_file(dir.file("model.safetensors"), tensors);
+    Buffers buf(layout);
+    ft::load_hf_weights(dir.path, layout, buf.ptrs);
+    check_loaded(layout, buf, tensors);
+  }
+}
+
+TEST_CASE("hf import: sharded checkpoint with an index") {
+  TempDir dir;
+  const ft::ParamLayout layout(tiny_config(false));
+  const auto tensors = layout_tensors(layout, ft::DType::kBF16);
+  // Three shards, tensors dealt round-robin, so every shard holds pieces of several groups.
+  std::vector<std::vector<TensorSpec>> shards(3);
+  std::vector<std::pair<std::string, std::string>> map;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    shards[i % 3].push_back(tensors[i]);
+    map.emplace_back(tensors[i].name,
+                     "model-0000" + std::to_string(i % 3 + 1) + "-of-00003.safetensors");
+  }
+  shards[1].push_back({"model.layers.1.self_attn.rotary_emb.inv_freq", ft::DType::kF32, {1}, {1}});
+  map.emplace_back("model.layers.1.self_attn.rotary_emb.inv_freq",
+                   "model-00002-of-00003.safetensors");
+  for (size_t s = 0; s < 3; ++s)
+    write_file(dir.file("model-0000" + std::to_string(s + 1) + "-of-00003.safetensors"), shards[s]);
+  write_index(dir.path, map);
+
+  Buffers buf(layout);
+  ft::load_hf_weights(dir.path, layout, buf.ptrs);
+  check_loaded(layout, buf, tensors);
+
+  SUBCASE("index points at a missing shard") {
+    fs::remove(dir.file("model-00003-of-00003.safetensors"));
+    Buffers b2(layout);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, b2.ptrs),
+                         has("lists shard 'model-00003-of-00003.safetensors'"), ft::Error);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, b2.ptrs),
+                         has("model-00003-of-00003.safetensors' does not exist"), ft::Error);
+  }
+  SUBCASE("index places a tensor in a shard that lacks it") {
+    map[0].second = "model-00002-of-00003.safetensors";  // embed actually lives in shard 1
+    write_index(dir.path, map);
+    Buffers b2(layout);
+    CHECK_THROWS_WITH_AS(
+        ft::load_hf_weights(dir.path, layout, b2.ptrs),
+        has("places tensor 'model.embed_tokens.weight' in '" +
+            dir.file("model-00002-of-00003.safetensors") + "', but that file has no such tensor"),
+        ft::Error);
+  }
+  SUBCASE("a single model.safetensors wins over the index") {
+    fs::remove(dir.file("model-00003-of-00003.safetensors"));  // the index is now broken
+    auto single = layout_tensors(layout, ft::DType::kF32, /*exact=*/false);
+    write_file(dir.file("model.safetensors"), single);
+    Buffers b2(layout);
+    ft::load_hf_weights(dir.path, layout, b2.ptrs);
+    check_loaded(layout, b2, single);
+  }
+}
+
+TEST_CASE("hf import: malformed index and missing folder contents") {
+  TempDir dir;
+  const ft::ParamLayout layout(tiny_config(false));
+  Buffers buf(layout);
+  CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, buf.ptrs),
+                       has("no model.safetensors or model.safetensors.index.json "
+                           "in '" +
+                           dir.path + "'"),
+                       ft::Error);
+  CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.file("nope"), layout, buf.ptrs),
+                       has("in '" + dir.file("nope") + "'"), ft::Error);
+
+  const std::string index = dir.file("model.safetensors.index.json");
+  std::ofstream(index) << "{\"weight_map\": {";
+  CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, buf.ptrs),
+                       has(index + "' is not valid JSON"), ft::Error);
+  std::ofstream(index) << "{\"metadata\": {}}";
+  CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, buf.ptrs),
+                       has(index + "' has no \"weight_map\""), ft::Error);
+  std::ofstream(index) << "{\"weight_map\": {\"model.norm.weight\": 3}}";
+  CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, buf.ptrs),
+                       has("weight_map entry 'model.norm.weight' is not a file name"), ft::Error);
+
+  // A corrupt model.safetensors: the safetensors reader's error, naming the file, comes through.
+  fs::remove(index);
+  std::ofstream(dir.file("model.safetensors")) << "garbage";
+  CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, buf.ptrs),
+                       has("model.safetensors': file is 7 bytes"), ft::Error);
+  CHECK(buf.untouched());
+
+  std::vector<float*> too_few(buf.ptrs.begin(), buf.ptrs.end() - 1);
+  CHECK_THROWS_AS(ft::load_hf_weights(dir.path, layout, too_few), ft::Error);
+}
+
+TEST_CASE("hf import: tied embeddings") {
+  const ft::ParamLayout tied(tiny_config(true));
+  const ft::ParamLayout untied(tiny_config(false));
+  REQUIRE(tied.head().entries.size() == 1);  // model.norm.weight only
+  const auto with_head = layout_tensors(untied, ft::DType::kBF16);
+  const auto no_head = without(with_head, "lm_head.weight");
+
+  SUBCASE("tied layout, checkpoint without lm_head: loads") {
+    TempDir dir;
+    write_file(dir.file("model.safetensors"), no_head);
+    Buffers buf(tied);
+    ft::load_hf_weights(dir.path, tied, buf.ptrs);
+    check_loaded(tied, buf, no_head);
+  }
+  SUBCASE("tied layout, checkpoint with its own lm_head: error with a hint") {
+    TempDir dir;
+    write_file(dir.file("model.safetensors"), with_head);
+    Buffers buf(tied);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, tied, buf.ptrs),
+                         has("unexpected 1 tensor(s): lm_head.weight"), ft::Error);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, tied, buf.ptrs),
+                         has("tie_embeddings is on; set tie_embeddings "
+                             "(tie_word_embeddings in config.json) to false"),
+                         ft::Error);
+    CHECK(buf.untouched());
+  }
+  SUBCASE("untied layout, checkpoint without lm_head: error with a hint") {
+    TempDir dir;
+    write_file(dir.file("model.safetensors"), no_head);
+    Buffers buf(untied);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, untied, buf.ptrs),
+                         has("missing 1 tensor(s): lm_head.weight"), ft::Error);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, untied, buf.ptrs),
+                         has("embeddings are probably tied"), ft::Error);
+    CHECK(buf.untouched());
+  }
+}
+
+TEST_CASE("hf import: checkpoint and layout disagree") {
+  TempDir dir;
+  const ft::ParamLayout layout(tiny_config(false));
+  const auto tensors = layout_tensors(layout, ft::DType::kBF16);
+  const std::string file = dir.file("model.safetensors");
+  Buffers buf(layout);
+
+  SUBCASE("missing tensor") {
+    write_file(file, without(tensors, "model.layers.1.mlp.up_proj.weight"));
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, buf.ptrs),
+                         has("Hugging Face checkpoint in '" + dir.path +
+                             "' does not match the model:\n  missing 1 tensor(s): "
+                             "model.layers.1.mlp.up_proj.weight"),
+                         ft::Error);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, buf.ptrs),
+                         has("is this a LlamaForCausalLM checkpoint"), ft::Error);
+  }
+  SUBCASE("many missing tensors: the list is cut at 10") {
+    write_file(file, tensors);
+    ft::ModelConfig deeper = tiny_config(false);
+    deeper.n_layers = 4;  // the checkpoint has 2 layers; layers 2 and 3 (18 tensors) are missing
+    const ft::ParamLayout deep(deeper);
+    Buffers b4(deep);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, deep, b4.ptrs),
+                         has("missing 18 tensor(s): model.layers.2.input_layernorm."
+                             "weight, "),
+                         ft::Error);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, deep, b4.ptrs), has("(and 8 more)"),
+                         ft::Error);
+  }
+  SUBCASE("missing and unexpected together, names without the model. prefix") {
+    auto bare = tensors;
+    for (auto& t : bare)
+      if (t.name.rfind("model.", 0) == 0) t.name = t.name.substr(6);
+    write_file(file, bare);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, buf.ptrs),
+                         has("unexpected 20 tensor(s): embed_tokens.weight, "), ft::Error);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, buf.ptrs),
+                         has("without the 'model.' prefix"), ft::Error);
+  }
+  SUBCASE("unexpected tensor") {
+    auto extra = tensors;
+    extra.push_back(
+        {"model.layers.0.self_attn.q_proj.bias", ft::DType::kBF16, {8}, std::vector<float>(8)});
+    write_file(file, extra);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, buf.ptrs),
+                         has("unexpected 1 tensor(s): "
+                             "model.layers.0.self_attn.q_proj.bias"),
+                         ft::Error);
+  }
+  SUBCASE("wrong shape") {
+    auto bad = tensors;
+    for (auto& t : bad)
+      if (t.name == "model.layers.0.self_attn.k_proj.weight") {
+        t.shape = {8, 8};  // an MHA checkpoint where the recipe says one KV head
+        t.values.assign(64, 0.5f);
+      }
+    write_file(file, bad);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, buf.ptrs),
+                         has("tensor 'model.layers.0.self_attn.k_proj.weight' in '" + file +
+                             "' has shape [8, 8], expected [4, 8]"),
+                         ft::Error);
+  }
+  SUBCASE("same element count, transposed shape") {
+    auto bad = tensors;
+    for (auto& t : bad)
+      if (t.name == "model.layers.1.mlp.down_proj.weight") t.shape = {12, 8};
+    write_file(file, bad);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, buf.ptrs),
+                         has("has shape [12, 8], expected [8, 12]"), ft::Error);
+  }
+  SUBCASE("integer dtype") {
+    auto bad = tensors;
+    for (auto& t : bad)
+      if (t.name == "model.norm.weight") t.dtype = ft::DType::kI32;
+    write_file(file, bad);
+    CHECK_THROWS_WITH_AS(
+        ft::load_hf_weights(dir.path, layout, buf.ptrs),
+        has("tensor 'model.norm.weight' in '" + file + "' has dtype I32; only F32, BF16 and F16"),
+        ft::Error);
+  }
+  // Every check runs before the first copy: a rejected checkpoint leaves the buffers alone.
+  CHECK(buf.untouched());
+}
