@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# ft train end to end on the real binary: a tiny model on generated shards.
+# Checks the metrics contract (DESIGN.md §7), the saved resolved recipe, the closing summary,
+# plain progress lines off a terminal and a live bar on one, evaluation lines, activation
+# checkpointing giving the same losses, and clear refusals.
+#   bash tests/cli/test_train.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
+ft="$build/ft"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+/usr/bin/python3 - "$tmp" "$src" <<'PY'
+import sys, os
+tmp, src = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(src, "tests", "ref"))
+import numpy as np, llama_ref as ref
+rng = np.random.default_rng(0)
+for name, n in (("train", 3), ("valid", 1)):
+    os.makedirs(f"{tmp}/{name}")
+    for i in range(n):
+        ref.write_shard(f"{tmp}/{name}/shard_{i:05d}.h5", rng.integers(0, 97, 40 * 16 + 1), 97)
+PY
+
+cat > "$tmp/r.yaml" <<YAML
+run: {name: t, output_dir: $tmp/out, seed: 3}
+model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 48, vocab_size: 97, max_seq_len: 32}
+data: {train: $tmp/train, valid: $tmp/valid, seq_len: 16, shuffle: true}
+training: {steps: 12, micro_batch_size: 2, global_batch_size: 4, eval_every_steps: 5, eval_batches: 2}
+optimizer: {lr: 0.01}
+scheduler: {name: linear, warmup_steps: 2}
+logging: {every_steps: 1}
+runtime: {threads: 2}
+YAML
+
+# 1. Off a terminal: plain lines, summary, metrics, saved recipe.
+"$ft" train "$tmp/r.yaml" > "$tmp/out.txt" 2> "$tmp/err.txt" || fail "ft train exited $? : $(cat "$tmp/err.txt")"
+grep -q '^step 12/12 loss ' "$tmp/out.txt" || fail "no plain progress line for the last step"
+if grep -q $'\r' "$tmp/out.txt"; then fail "carriage returns in non-terminal output"; fi
+grep -q '^ft: done: 12 steps, 768 tokens' "$tmp/out.txt" || fail "summary line missing: $(tail -3 "$tmp/out.txt")"
+grep -q 'peak memory: .* device allocator, .* process RSS' "$tmp/out.txt" || fail "peak memory not in summary"
+grep -q "outputs: $tmp/out" "$tmp/out.txt" || fail "output location not in summary"
+test -s "$tmp/out/recipe.yaml" || fail "resolved recipe not saved"
+"$ft" validate "$tmp/out/recipe.yaml" > /dev/null 2>&1 || fail "saved recipe does not validate"
+
+/usr/bin/python3 - "$tmp/out/metrics.jsonl" <<'PY' || fail "metrics check"
+import json, math, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+steps = [l for l in lines if "loss" in l]
+evals = [l for l in lines if "eval_loss" in l]
+need = {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "mem_peak_bytes"}
+assert [l["step"] for l in steps] == list(range(12)), [l["step"] for l in steps]
+for l in steps:
+    assert need <= set(l), need - set(l)
+    assert math.isfinite(l["loss"]) and l["loss"] > 0 and l["grad_norm"] > 0
+    assert l["mem_peak_bytes"] > 0 and l["tokens_per_s"] > 0
+assert [l["tokens"] for l in steps] == [64 * (i + 1) for i in range(12)]
+# linear schedule with 2 warmup steps: lr_0 = lr/2, lr_1 = lr, then decaying to 0
+assert abs(steps[0]["lr"] - 0.005) < 1e-12 and abs(steps[1]["lr"] - 0.01) < 1e-12
+assert abs(steps[11]["lr"] - 0.01 * (1 - 9 / 10)) < 1e-12, steps[11]["lr"]
+assert [e["step"] for e in evals] == [4, 9, 11], evals
+assert all(math.isfinite(e["eval_loss"]) for e in evals)
+print("metrics ok")
+PY
+
+# 2. Activation checkpointing recomputes, so the losses are the same numbers.
+"$ft" train "$tmp/r.yaml" training.activation_checkpointing=true run.output_dir="$tmp/ckpt" > /dev/null 2>&1 \
+  || fail "activation checkpointing run failed"
+/usr/bin/python3 - "$tmp/out/metrics.jsonl" "$tmp/ckpt/metrics.jsonl" <<'PY' || fail "activation checkpointing changed the losses"
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:])
+assert a == b, (a, b)
+PY
+
+# 3. On a terminal: a live bar redrawn with carriage returns.
+script -qec "\"$ft\" train \"$tmp/r.yaml\" run.output_dir=\"$tmp/tty\"" /dev/null > "$tmp/tty.txt" 2>&1 \
+  || fail "ft train under a pseudo-terminal failed: $(tail -5 "$tmp/tty.txt")"
+grep -q $'\r.*step 12/12 \[=*\] loss' "$tmp/tty.txt" || fail "no live progress bar on a terminal"
+grep -q 'ETA' "$tmp/tty.txt" || fail "no ETA on the live bar"
+
+# 4. Clear refusals, exit code 2, before any work.
+rc=0; "$ft" train "$tmp/r.yaml" --nproc 2 > /dev/null 2> "$tmp/e1.txt" || rc=$?
+[[ $rc == 2 ]] || fail "--nproc 2 should exit 2, got $rc"
+grep -q 'not implemented yet' "$tmp/e1.txt" || fail "--nproc 2 message: $(cat "$tmp/e1.txt")"
+rc=0; "$ft" train "$tmp/r.yaml" model.n_heads=5 data.train="$tmp/nowhere" run.output_dir="$tmp/out2" \
+  > /dev/null 2> "$tmp/e2.txt" || rc=$?
+[[ $rc == 2 ]] || fail "bad recipe should exit 2, got $rc"
+grep -q 'model.n_heads' "$tmp/e2.txt" && grep -q 'data.train' "$tmp/e2.txt" \
+  || fail "not every problem reported: $(cat "$tmp/e2.txt")"
+if test -e "$tmp/out2"; then fail "work started despite a bad recipe"; fi
+
+echo "test_train: all checks passed"
