@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# `ft validate` as a user runs it: exit codes, what goes to stdout and stderr, and that the
+# resolved recipe it prints is itself a valid recipe giving the same output.
+# Usage: test_validate.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+
+BUILD_DIR=${1:?usage: test_validate.sh BUILD_DIR SOURCE_DIR}
+FT="$(cd "$BUILD_DIR" && pwd)/ft"  # absolute: the test runs in a scratch directory
+[[ -x "$FT" ]] || { echo "FAIL: $FT is not an executable" >&2; exit 1; }
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK"  # relative paths in recipes resolve against the current directory
+mkdir shards
+
+fail() {
+  echo "FAIL: $*" >&2
+  echo "--- stdout ---" >&2; cat out.txt >&2 || true
+  echo "--- stderr ---" >&2; cat err.txt >&2 || true
+  exit 1
+}
+
+# run_ft EXPECTED_RC ARGS...: runs ft, keeping stdout/stderr in out.txt/err.txt.
+run_ft() {
+  local want=$1; shift
+  local rc=0
+  "$FT" "$@" >out.txt 2>err.txt || rc=$?
+  [[ $rc -eq $want ]] || fail "ft $* exited $rc, expected $want"
+}
+
+expect_err() { grep -qF -- "$1" err.txt || fail "stderr lacks: $1"; }
+expect_out() { grep -qF -- "$1" out.txt || fail "stdout lacks: $1"; }
+
+cat >good.yaml <<'EOF'
+run:
+  name: cli
+model:
+  dim: 64
+  n_layers: 2
+  n_heads: 4
+  ffn_dim: 172
+  vocab_size: 256
+data:
+  train: shards
+  seq_len: 32
+training:
+  steps: 10
+  micro_batch_size: 2
+  global_batch_size: 4
+optimizer:
+  betas: [0.9, 0.95]
+EOF
+
+# 1. A good recipe: resolved YAML on stdout, "recipe OK" on stderr, exit 0.
+run_ft 0 validate good.yaml
+expect_err "recipe OK"
+expect_out "steps: 10"
+expect_out "betas: [0.9, 0.95]"
+expect_out "output_dir: runs/cli"
+expect_out "dir: runs/cli/checkpoints"
+expect_out "metrics: runs/cli/metrics.jsonl"
+[[ $(wc -l <err.txt) -eq 1 ]] || fail "a valid recipe should print only 'recipe OK' on stderr"
+
+# 2. Overrides apply on top of the file.
+run_ft 0 validate good.yaml training.steps=20 'optimizer.betas=[0.8,0.99]' run.name=other
+expect_out "steps: 20"
+expect_out "betas: [0.8, 0.99]"
+expect_out "output_dir: runs/other"
+
+# 3. The printed recipe is a recipe: validating it prints the same thing again.
+run_ft 0 validate good.yaml training.steps=20
+grep -v '^# resolved from' out.txt >resolved.yaml
+cp out.txt first.txt
+run_ft 0 validate resolved.yaml
+diff <(grep -v '^# resolved from' first.txt) <(grep -v '^# resolved from' out.txt) \
+  || fail "resolved recipe does not reproduce itself"
+
+# 4. Every problem at once, each as FILE:LINE:COL: KEY: MESSAGE (hint: ...), then a count; exit 2.
+cat >bad.yaml <<'EOF'
+run:
+  name: cli
+model:
+  dim: 64
+  n_layers: 2
+  n_heads: 5
+  ffn_dim: 172
+  vocab_size: 256
+  arch: gpt2
+data:
+  train: no_such_dir
+training:
+  stpes: 10
+  micro_batch_size: 2.5
+  precision: bf16
+optimizer:
+  lr: 0
+scheduler:
+  name: cosin
+EOF
+run_ft 2 validate bad.yaml training.bogus=1 nonsense
+[[ ! -s out.txt ]] || fail "nothing should be printed on stdout for a bad recipe"
+expect_err "bad.yaml:6:12: model.n_heads: model.dim 64 is not divisible by model.n_heads 5"
+expect_err "bad.yaml:9:9: model.arch: gpt2 is not implemented yet (hint: use llama)"
+expect_err 'bad.yaml:11:10: data.train: "no_such_dir" does not exist'
+expect_err "bad.yaml:13:3: training.stpes: unknown key (hint: did you mean training.steps?)"
+expect_err "bad.yaml:14:21: training.micro_batch_size: expected an integer, got the number 2.5"
+expect_err "bad.yaml:15:14: training.precision: bf16 is not available: the CPU backend trains in fp32 only for now (hint: use fp32)"
+expect_err "bad.yaml:17:7: optimizer.lr: 0 is out of range: must be > 0"
+expect_err "bad.yaml:19:9: scheduler.name: \"cosin\" is not one of constant, linear, cosine (hint: did you mean cosine?)"
+expect_err "<command line>: training.bogus: unknown key in override"
+expect_err "<command line>: nonsense: not a KEY=VALUE override"
+expect_err "ft validate: 10 problems in bad.yaml"
+[[ $(wc -l <err.txt) -eq 11 ]] || fail "expected 10 issue lines and a count line"
+
+# 5. A YAML syntax error is one issue with its position.
+printf 'run:\n  name: x\noptimizer:\n  betas: [0.9, 0.95\n  lr: 0.1\n' >syntax.yaml
+run_ft 2 validate syntax.yaml
+expect_err "syntax.yaml:5:5: YAML syntax error"
+expect_err "ft validate: 1 problem in syntax.yaml"
+
+# 6. model.from: sizes come from config.json; a disagreeing recipe value is refused.
+mkdir hf
+cat >hf/config.json <<'EOF'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+ "intermediate_size": 344, "vocab_size": 300, "max_position_embeddings": 256,
+ "rms_norm_eps": 1e-06}
+EOF
+printf 'model:\n  from: hf\ndata:\n  train: shards\n  seq_len: 64\n' >from.yaml
+run_ft 0 validate from.yaml
+expect_out "dim: 128"
+expect_out "n_kv_heads: 2"
+expect_out "norm_eps: 1e-06"
+run_ft 2 validate from.yaml model.dim=512
+expect_err "<command line>: model.dim: model.dim = 512 but hf/config.json has hidden_size 128 (hint: remove model.dim or make it match)"
+
+# 7. A recipe file that does not exist is a usage error too.
+run_ft 2 validate no_such_recipe.yaml
+
+echo "test_validate: OK"
