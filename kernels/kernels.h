@@ -85,5 +85,11 @@ namespace ft::kernels {
 // BLAS thread count (OpenBLAS keeps its own pool). Kernels that run many small GEMMs in an
 // OpenMP loop set it to 1 for the loop's duration and restore it.
 int blas_threads();
+// The name of the BLAS kernel set in use (e.g. "SkylakeX").
+const char* blas_kernel_name();
+// When the BLAS fell back to generic kernels on a CPU it does not recognise, the OPENBLAS_CORETYPE
+// value that fits this CPU; nullptr when the choice is already right. OpenBLAS reads that
+// variable only when it loads, so the caller sets it and re-executes the process.
+const char* blas_better_coretype();
 void set_blas_threads(int n);
 }  // namespace ft::kernels

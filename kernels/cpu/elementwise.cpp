@@ -89,14 +89,24 @@ void rope_tables(std::vector<float>& cosv, std::vector<float>& sinv, int T, int 
 }
 
 void rope_apply(float* x, int B, int T, int nh, int D, float theta, float sign) {
-  std::vector<float> cosv, sinv;
-  rope_tables(cosv, sinv, T, D, theta);
+  // The tables depend only on (T, D, theta), which stay fixed through a run, so the last ones are
+  // kept (per thread: kernels may be called from several threads later).
+  thread_local std::vector<float> cosv, sinv;
+  thread_local int cached_T = -1, cached_D = -1;
+  thread_local float cached_theta = 0.f;
+  if (T != cached_T || D != cached_D || theta != cached_theta) {
+    rope_tables(cosv, sinv, T, D, theta);
+    cached_T = T, cached_D = D, cached_theta = theta;
+  }
+  // Plain pointers for the OpenMP threads: inside the loop `cosv` would name *their* copies.
+  const float* cos_table = cosv.data();
+  const float* sin_table = sinv.data();
   int half = D / 2;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
-      const float* cs = cosv.data() + size_t(t) * half;
-      const float* sn = sinv.data() + size_t(t) * half;
+      const float* cs = cos_table + size_t(t) * half;
+      const float* sn = sin_table + size_t(t) * half;
       for (int h = 0; h < nh; ++h) {
         float* v = x + ((size_t(b) * T + t) * nh + h) * D;
         for (int i = 0; i < half; ++i) {
@@ -148,16 +158,22 @@ double cross_entropy_forward_backward(float* dlogits, const float* logits, const
       if (d) std::memset(d, 0, sizeof(float) * V);
       continue;
     }
+    const int t = targets[n];
+    const float lt = l[t];  // read before d (which may alias l) is written
     float mx = l[0];
     for (int j = 1; j < V; ++j) mx = l[j] > mx ? l[j] : mx;
+    // exp in float (vectorised), the sum in double: the sum of V terms is where precision is lost.
     double se = 0.0;
-    for (int j = 0; j < V; ++j) se += std::exp(double(l[j] - mx));
-    double lse = double(mx) + std::log(se);
-    int t = targets[n];
-    total += lse - double(l[t]);
     if (d) {
-      float inv = float(1.0 / se);
-      for (int j = 0; j < V; ++j) d[j] = scale * (std::exp(l[j] - mx) * inv);
+      for (int j = 0; j < V; ++j) d[j] = std::exp(l[j] - mx);  // d may alias l: l[j] is read first
+      for (int j = 0; j < V; ++j) se += d[j];
+    } else {
+      for (int j = 0; j < V; ++j) se += std::exp(l[j] - mx);
+    }
+    total += double(mx) + std::log(se) - double(lt);
+    if (d) {
+      const float s = float(double(scale) / se);
+      for (int j = 0; j < V; ++j) d[j] *= s;
       d[t] -= scale;
     }
   }

@@ -121,7 +121,8 @@ struct RecipeIssue {
 // Loads a recipe file, applies dotted KEY=VALUE overrides, fills defaults, and validates
 // everything, including cross-field rules and a model.from config.json. Collects every issue
 // instead of stopping at the first. world_size is used for batch divisibility (data ranks =
-// world / (tensor * pipeline)).
+// world / (tensor * pipeline)); world_size <= 0 means "unknown" (ft validate): the layout is then
+// checked for the smallest world, tensor × pipeline ranks with one data rank.
 struct RecipeResult {
   Recipe recipe;
   std::vector<RecipeIssue> issues;
