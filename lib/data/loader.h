@@ -33,7 +33,7 @@ struct LoaderOptions {
   int64_t global_batch = 1;  // G
   int64_t rank_offset = 0;   // this rank's first sample within each global batch
   int64_t rank_count = 1;    // samples this rank takes per step
-  int prefetch = 4;          // steps kept ready by the background thread
+  int prefetch = 4;          // steps kept ready by the background thread (0: next() reads)
   int64_t expected_vocab = 0;        // 0: not checked; else shards' vocab_size must be <= this
   std::string expected_tokenizer_sha256;  // empty: not checked
 };

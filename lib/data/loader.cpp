@@ -1,0 +1,244 @@
+// Streaming loader (see loader.h for the sample-stream contract, DESIGN.md §6 for samples).
+//
+// Invariants:
+//   - N = sum over shards of floor((n_tokens - 1) / T); sample i lives in the shard s with
+//     first_sample[s] <= i < first_sample[s+1], at token offset (i - first_sample[s]) * T.
+//   - Steps come out of next() strictly in order; the prefetch thread produces steps
+//     position_, position_+1, ... into a queue of at most `prefetch` entries, so memory is
+//     prefetch * rank_count * T * 9 bytes plus the ShardSet's open files, whatever N is.
+//   - An exception in the prefetch thread is stored and rethrown by next() once the steps
+//     produced before it have been handed out; the loader then stays failed until seek().
+#include "data/loader.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "data/shard.h"
+
+namespace ft {
+
+// ---- sample_order ------------------------------------------------------------------------
+//
+// Exact algorithm (reference scripts reproduce it bit for bit; tests/unit/test_data_loader.cpp
+// pins some values):
+//   splitmix64(z): z += 0x9E3779B97F4A7C15;
+//                  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9;
+//                  z = (z ^ (z >> 27)) * 0x94D049BB133111EB;
+//                  return z ^ (z >> 31)                      (all arithmetic mod 2^64)
+//   Without shuffle, or n <= 1: return index.
+//   b = bit length of n - 1, at least 2; h = ceil(b / 2); mask = 2^h - 1. The Feistel network
+//   permutes [0, 4^h), the smallest even-bit power of two >= n (so 4^h < 4n).
+//   Round keys: base = splitmix64(splitmix64(seed) ^ epoch); key_r = splitmix64(base + r),
+//   r = 0..5.
+//   One pass over x: for r in 0..5: L = x >> h, R = x & mask;
+//                                   x = (R << h) | (L ^ (splitmix64(R ^ key_r) & mask)).
+//   Cycle walking: x = index; repeat one pass until x < n; return x.
+// Each round is invertible, so a pass is a bijection of [0, 4^h); walking the cycle of that
+// bijection until it re-enters [0, n) restricts it to a bijection of [0, n). Expected passes
+// per index are 4^h / n < 4. Six rounds of a strong mixing function give orders that look
+// random to any training run; no cryptographic strength is claimed or needed.
+
+namespace {
+
+uint64_t splitmix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+constexpr int kFeistelRounds = 6;
+
+}  // namespace
+
+uint64_t sample_order(uint64_t index, uint64_t n, bool shuffle, uint64_t seed, uint64_t epoch) {
+  FT_CHECK(index < n, "sample index ", index, " out of range for ", n, " samples");
+  if (!shuffle || n <= 1) return index;
+  int bits = 64 - __builtin_clzll(n - 1);  // n >= 2, so n - 1 >= 1
+  bits = std::max(bits, 2);
+  const int h = (bits + 1) / 2;
+  const uint64_t mask = (uint64_t(1) << h) - 1;
+  const uint64_t base = splitmix64(splitmix64(seed) ^ epoch);
+  uint64_t keys[kFeistelRounds];
+  for (int r = 0; r < kFeistelRounds; ++r) keys[r] = splitmix64(base + uint64_t(r));
+  uint64_t x = index;
+  do {
+    for (int r = 0; r < kFeistelRounds; ++r) {
+      const uint64_t left = x >> h, right = x & mask;
+      x = (right << h) | (left ^ (splitmix64(right ^ keys[r]) & mask));
+    }
+  } while (x >= n);
+  return x;
+}
+
+// ---- DataLoader --------------------------------------------------------------------------
+
+struct DataLoader::Impl {
+  LoaderOptions opt;
+  std::unique_ptr<ShardSet> set;
+  std::vector<uint64_t> first_sample;  // (shards + 1,) prefix sums of samples per shard
+  uint64_t n = 0;                      // samples per epoch
+  std::vector<int32_t> window;         // (T + 1,) scratch of the prefetch thread
+  std::vector<uint8_t> window_mask;    // (T + 1,)
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<StepSamples> ready;  // steps position .. position + ready.size() - 1
+  int64_t position = 0;           // the step next() returns next
+  std::exception_ptr error;       // from the prefetch thread
+  bool stop = false;
+  std::thread worker;
+
+  // Fills rank slice of step `step`. Reads happen on the calling thread.
+  StepSamples produce(int64_t step) {
+    const int T = opt.seq_len;
+    StepSamples out;
+    out.step = step;
+    out.count = int(opt.rank_count);
+    out.seq_len = T;
+    out.inputs.resize(size_t(opt.rank_count) * T);
+    out.targets.resize(size_t(opt.rank_count) * T);
+    out.mask.resize(size_t(opt.rank_count) * T);
+    for (int64_t r = 0; r < opt.rank_count; ++r) {
+      const uint64_t j =
+          uint64_t(step) * uint64_t(opt.global_batch) + uint64_t(opt.rank_offset + r);
+      const uint64_t epoch = j / n, entry = j % n;
+      const uint64_t sample = sample_order(entry, n, opt.shuffle, opt.seed, epoch);
+      // The shard holding `sample`: the last s with first_sample[s] <= sample.
+      const auto after = std::upper_bound(first_sample.begin(), first_sample.end(), sample);
+      const size_t s = size_t(after - first_sample.begin()) - 1;
+      const uint64_t start = (sample - first_sample[s]) * uint64_t(T);
+      set->read(s, start, uint64_t(T) + 1, window.data(), window_mask.data());
+      const size_t row = size_t(r) * T;
+      std::copy(window.begin(), window.begin() + T, out.inputs.begin() + row);
+      std::copy(window.begin() + 1, window.end(), out.targets.begin() + row);
+      // Target i is token start+1+i; its mask is loss_mask at that position.
+      std::copy(window_mask.begin() + 1, window_mask.end(), out.mask.begin() + row);
+    }
+    return out;
+  }
+
+  void run(int64_t from) {
+    int64_t step = from;
+    try {
+      for (;;) {
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return stop || int(ready.size()) < opt.prefetch; });
+          if (stop) return;
+        }
+        StepSamples s = produce(step);
+        std::lock_guard<std::mutex> lock(mu);
+        if (stop) return;
+        ready.push_back(std::move(s));
+        ++step;
+        cv.notify_all();
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      error = std::current_exception();
+      cv.notify_all();
+    }
+  }
+
+  void start() {
+    stop = false;
+    const int64_t from = position + int64_t(ready.size());
+    worker = std::thread([this, from] { run(from); });
+  }
+
+  void halt() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    if (worker.joinable()) worker.join();
+  }
+};
+
+DataLoader::DataLoader(const LoaderOptions& opt) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.opt = opt;
+  if (opt.seq_len < 1)
+    throw UsageError(detail::concat("data.seq_len must be >= 1, got ", opt.seq_len));
+  if (opt.global_batch < 1)
+    throw UsageError(detail::concat("global batch size must be >= 1, got ", opt.global_batch));
+  if (opt.rank_count < 1 || opt.rank_offset < 0 ||
+      opt.rank_offset + opt.rank_count > opt.global_batch)
+    throw UsageError(detail::concat("rank slice [", opt.rank_offset, ", ",
+                                    opt.rank_offset + opt.rank_count,
+                                    ") does not fit in the global batch of ", opt.global_batch));
+  m.opt.prefetch = std::max(0, opt.prefetch);
+  m.set = std::make_unique<ShardSet>(opt.dir);
+  const ShardAttributes& a = m.set->attrs();
+  const std::string& first = m.set->shards().front().path;
+  if (opt.expected_vocab > 0 && a.vocab_size > opt.expected_vocab)
+    FT_FAIL(first, ": shards have vocab_size ", a.vocab_size, " but the model's vocab_size is ",
+            opt.expected_vocab, "; tokenize with the model's tokenizer or raise model.vocab_size");
+  if (!opt.expected_tokenizer_sha256.empty() && a.tokenizer_sha256 != opt.expected_tokenizer_sha256)
+    FT_FAIL(first, ": tokenizer_sha256 ", a.tokenizer_sha256,
+            " differs from the sha256 of the recipe's tokenizer (", opt.expected_tokenizer_sha256,
+            "); the shards were written with another tokenizer: re-run `ft tokenize` with it");
+
+  const uint64_t T = uint64_t(opt.seq_len);
+  m.first_sample.push_back(0);
+  int short_shards = 0;
+  constexpr int kMaxShortWarnings = 3;  // a folder of many tiny shards should not flood the log
+  for (const ShardInfo& s : m.set->shards()) {
+    const uint64_t k = s.num_tokens >= T + 1 ? (s.num_tokens - 1) / T : 0;
+    if (k == 0 && ++short_shards <= kMaxShortWarnings)
+      log_warn(s.path, ": ", s.num_tokens, " tokens is fewer than seq_len + 1 = ", T + 1,
+               "; this shard contributes no samples");
+    m.first_sample.push_back(m.first_sample.back() + k);
+  }
+  if (short_shards > kMaxShortWarnings)
+    log_warn(opt.dir, ": ", short_shards, " shards in all are shorter than seq_len + 1 = ", T + 1,
+             " tokens and contribute no samples");
+  m.n = m.first_sample.back();
+  if (m.n == 0)
+    FT_FAIL(opt.dir, ": no samples at seq_len ", T, ": every shard is shorter than ", T + 1,
+            " tokens (", m.set->total_tokens(), " tokens in all); lower data.seq_len or add data");
+  m.window.resize(T + 1);
+  m.window_mask.resize(T + 1);
+}
+
+DataLoader::~DataLoader() { impl_->halt(); }
+
+uint64_t DataLoader::samples_per_epoch() const { return impl_->n; }
+
+void DataLoader::seek(int64_t step) {
+  FT_CHECK(step >= 0, "cannot seek the loader to step ", step);
+  Impl& m = *impl_;
+  m.halt();
+  m.ready.clear();
+  m.error = nullptr;
+  m.position = step;
+}
+
+StepSamples DataLoader::next() {
+  Impl& m = *impl_;
+  if (m.opt.prefetch == 0) return m.produce(m.position++);  // synchronous: no thread at all
+  if (!m.worker.joinable()) m.start();
+  std::unique_lock<std::mutex> lock(m.mu);
+  m.cv.wait(lock, [&] { return !m.ready.empty() || m.error; });
+  if (m.ready.empty()) std::rethrow_exception(m.error);
+  StepSamples s = std::move(m.ready.front());
+  m.ready.pop_front();
+  ++m.position;
+  m.cv.notify_all();
+  return s;
+}
+
+int64_t DataLoader::position() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->position;
+}
+
+}  // namespace ft

@@ -1,0 +1,55 @@
+// Text / JSONL files -> a folder of ft-tokens shards (the library side of `ft tokenize`).
+//
+// Documents:
+//   text   a document is a block of lines separated by one or more blank (whitespace-only)
+//          lines; its text is its lines joined with "\n" (a trailing "\r" is dropped from each
+//          line, so CRLF files give the same tokens as LF files).
+//   jsonl  every non-blank line is one JSON object whose string field `field` is the
+//          document; a line that is not JSON, not an object, or lacks the field is an error
+//          naming file:line.
+// Each document becomes BOS + encode(text) + EOS; a tokenizer without BOS (or EOS) id, i.e.
+// -1, gets none, and the shard records -1 in bos_id (eos_id).
+//
+// Shards: documents never span shards, so every shard is self-contained (doc_offsets[0] = 0
+// and each offset starts a whole document). A shard is closed when the next document would
+// take it past `shard_tokens`; a single document longer than that gets a shard of its own.
+// Files are named shard_00000.h5, shard_00001.h5, ... (sortable) and each is written under a
+// .tmp name and renamed when complete.
+//
+// Parallelism: documents are read in batches on the calling thread, encoded by `threads`
+// workers, and written in input order, so the output is identical for any thread count.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ft {
+
+struct TokenizeOptions {
+  std::string tokenizer;            // SentencePiece model file
+  std::vector<std::string> inputs;  // files, in order
+  std::string output_dir;           // created if missing; must not already hold *.h5
+  std::string format = "auto";      // auto (by extension: .jsonl/.json -> jsonl) | text | jsonl
+  std::string field = "text";       // JSONL field
+  int64_t shard_tokens = 16 * 1024 * 1024;
+  int threads = 0;       // 0: all cores
+  bool progress = true;  // progress lines on stderr every few seconds
+};
+
+struct TokenizeSummary {
+  int files = 0;
+  uint64_t documents = 0;
+  uint64_t tokens = 0;
+  int shards = 0;
+  double seconds = 0;
+  std::vector<std::string> shard_paths;
+};
+
+TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt);
+
+// Name of shard i in a folder: shard_%05d.h5. Names must sort in write order, so more than
+// 100000 shards is an error (raise --shard-tokens instead).
+std::string shard_file_name(int64_t index);
+
+}  // namespace ft

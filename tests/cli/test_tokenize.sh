@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# ft tokenize + ft inspect end to end: a small corpus from scripts/make_corpus.py, tokenized
+# from text and JSONL; the shards checked independently with h5py + python sentencepiece
+# + hashlib (tokens, doc_offsets, attributes, sha256); then the error cases.
+#   bash tests/cli/test_tokenize.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+BUILD="$1"
+SRC="$2"
+FT="$BUILD/ft"
+PY=/usr/bin/python3  # Debian's, with h5py and sentencepiece (DESIGN.md §9)
+T="$(mktemp -d "${TMPDIR:-/tmp}/ft_test_tokenize.XXXXXX")"
+trap 'rm -rf "$T"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+# expect_fail NAME PATTERN CMD...: CMD must exit non-zero and print PATTERN on stderr.
+expect_fail() {
+  local name="$1" pattern="$2"; shift 2
+  if "$@" >"$T/out.txt" 2>"$T/err.txt"; then fail "$name: exited 0"; fi
+  grep -qF -- "$pattern" "$T/err.txt" || { cat "$T/err.txt" >&2; fail "$name: stderr lacks '$pattern'"; }
+  echo "ok: $name"
+}
+
+# ---- corpus and tokenizer ------------------------------------------------------------------
+"$PY" "$SRC/scripts/make_corpus.py" --out "$T/corpus.txt" --size-mb 0.25 --jsonl "$T/corpus.jsonl" \
+  --tokenizer "$T/tok.model" --vocab-size 1024 >/dev/null
+# A hand-written file for the document rule: several blank lines, a whitespace-only line,
+# CRLF line ends, a multi-line document, no final newline.
+printf 'First document, one line.\n\n\n   \nSecond document\nhas two lines.\r\n\r\nThird\tdocument.' > "$T/edge.txt"
+
+# ---- tokenize: text, several files, shards small enough to split the corpus ----------------
+"$FT" tokenize --tokenizer "$T/tok.model" --input "$T/corpus.txt" "$T/edge.txt" \
+  --output "$T/text" --shard-tokens 20000 --threads 2 >"$T/summary.txt"
+grep -q "tokenized 2 files" "$T/summary.txt" || fail "summary: $(cat "$T/summary.txt")"
+[[ -f "$T/text/shard_00000.h5" && -f "$T/text/shard_00001.h5" ]] || fail "expected several shards"
+ls "$T/text" | grep -qv '\.h5$' && fail "stray files in the output: $(ls "$T/text")"
+
+# Same inputs on one thread: byte-identical shards (output order is input order).
+"$FT" tokenize --tokenizer "$T/tok.model" --input "$T/corpus.txt" "$T/edge.txt" \
+  --output "$T/text1" --shard-tokens 20000 --threads 1 >/dev/null
+for f in "$T"/text/*.h5; do cmp -s "$f" "$T/text1/$(basename "$f")" || fail "threads 1 vs 2 differ: $f"; done
+echo "ok: deterministic across thread counts"
+
+# JSONL (format from the extension) with the default field, and another field name.
+"$FT" tokenize --tokenizer "$T/tok.model" --input "$T/corpus.jsonl" --output "$T/jsonl" \
+  --shard-tokens 20000 >/dev/null
+"$PY" -c "
+import json, sys
+with open('$T/corpus.jsonl') as f, open('$T/body.data', 'w') as out:
+    for line in f:
+        out.write(json.dumps({'id': 1, 'body': json.loads(line)['text']}) + '\n')
+"
+"$FT" tokenize --tokenizer "$T/tok.model" --input "$T/body.data" --format jsonl --field body \
+  --output "$T/body" --shard-tokens 1000000 >/dev/null
+
+# ---- independent check of the shards -------------------------------------------------------
+"$PY" - "$T" <<'EOF'
+import glob, hashlib, os, sys
+import h5py, numpy as np, sentencepiece as spm
+
+t = sys.argv[1]
+sp = spm.SentencePieceProcessor(model_file=f"{t}/tok.model")
+sha = hashlib.sha256(open(f"{t}/tok.model", "rb").read()).hexdigest()
+bos, eos = sp.bos_id(), sp.eos_id()
+assert (bos, eos) == (1, 2), (bos, eos)
+
+def text_docs(path):
+    # The rule of lib/data/tokenize.h: blank (whitespace-only) lines separate documents;
+    # lines lose one trailing \r and are joined with \n.
+    docs, cur = [], []
+    for line in open(path, encoding="utf-8", newline="").read().split("\n"):
+        if line.endswith("\r"):
+            line = line[:-1]
+        if line.strip(" \t\r\f\v") == "":
+            if cur:
+                docs.append("\n".join(cur)); cur = []
+        else:
+            cur.append(line)
+    if cur:
+        docs.append("\n".join(cur))
+    return docs
+
+def load(folder, shard_tokens):
+    files = sorted(glob.glob(f"{folder}/*.h5"))
+    assert files and [os.path.basename(f) for f in files] == [f"shard_{i:05d}.h5" for i in range(len(files))], files
+    tokens, starts = [], []
+    for path in files:
+        with h5py.File(path, "r") as f:
+            a = f.attrs
+            assert a["format"] == "ft-tokens" and int(a["version"]) == 1, dict(a)
+            assert int(a["vocab_size"]) == sp.get_piece_size() == 1024
+            assert int(a["bos_id"]) == bos and int(a["eos_id"]) == eos
+            assert a["tokenizer_sha256"] == sha, (a["tokenizer_sha256"], sha)
+            assert f["tokens"].dtype == np.uint16 and f["doc_offsets"].dtype == np.uint64
+            assert "loss_mask" not in f
+            assert f["tokens"].chunks is not None, "tokens must be chunked"
+            tok = f["tokens"][:].astype(np.int64)
+            off = f["doc_offsets"][:].astype(np.int64)
+        # Documents never span shards: the shard starts a document, and each document ends
+        # with EOS right before the next offset (or the shard end).
+        assert off[0] == 0 and np.all(np.diff(off) > 0) and off[-1] < len(tok)
+        ends = list(off[1:]) + [len(tok)]
+        assert all(tok[o] == bos for o in off) and all(tok[e - 1] == eos for e in ends)
+        # A shard goes past shard_tokens only when it is a single document.
+        assert len(tok) <= shard_tokens or len(off) == 1, (path, len(tok))
+        starts += [len(tokens) + int(o) for o in off]
+        tokens += tok.tolist()
+    return tokens, starts
+
+def expected(docs):
+    tokens, starts = [], []
+    for ids in sp.encode(docs):
+        starts.append(len(tokens))
+        tokens += [bos] + ids + [eos]
+    return tokens, starts
+
+docs = text_docs(f"{t}/corpus.txt")
+edge = text_docs(f"{t}/edge.txt")
+assert edge == ["First document, one line.", "Second document\nhas two lines.", "Third\tdocument."], edge
+want = expected(docs + edge)
+got = load(f"{t}/text", 20000)
+assert got[1] == want[1], "doc_offsets differ from python's"
+assert got[0] == want[0], "tokens differ from python sentencepiece's"
+assert load(f"{t}/jsonl", 20000) == expected(docs), "JSONL shards differ"
+assert load(f"{t}/body", 10**6) == expected(docs), "--field body shards differ"
+print(f"ok: shards match python ({len(docs) + len(edge)} documents, {len(want[0])} tokens)")
+open(f"{t}/expect.txt", "w").write(f"{len(want[0])} {len(want[1])} {sha}\n")
+EOF
+
+# ---- ft inspect ----------------------------------------------------------------------------
+read -r ntok ndoc sha < "$T/expect.txt"
+nfiles=$(ls "$T"/text/*.h5 | wc -l)
+"$FT" inspect "$T/text" > "$T/inspect.txt"
+for want in "files: *$nfiles\$" "tokens: *$ntok\$" "documents: *$ndoc\$" "vocab_size: *1024\$" \
+            "token dtype: *uint16\$" "bos_id: *1\$" "eos_id: *2\$" "tokenizer_sha256: *$sha\$" \
+            "loss_mask: *no\$" "shard_00000.h5"; do
+  grep -Eq "^ *$want" "$T/inspect.txt" || { cat "$T/inspect.txt"; fail "inspect lacks /$want/"; }
+done
+echo "ok: inspect"
+
+# ---- errors --------------------------------------------------------------------------------
+expect_fail "missing input" "$T/nope.txt" \
+  "$FT" tokenize --tokenizer "$T/tok.model" --input "$T/nope.txt" --output "$T/e1"
+printf '{"text": "fine"}\n{"text": "also fine"}\nnot json\n' > "$T/bad.jsonl"
+expect_fail "bad JSONL line" "$T/bad.jsonl:3" \
+  "$FT" tokenize --tokenizer "$T/tok.model" --input "$T/bad.jsonl" --output "$T/e2"
+[[ -z "$(ls "$T/e2" 2>/dev/null)" ]] || fail "a failed tokenize left files: $(ls "$T/e2")"
+printf '{"text": "fine"}\n{"other": "x"}\n' > "$T/nofield.jsonl"
+expect_fail "JSONL without the field" "$T/nofield.jsonl:2: no field \"text\"" \
+  "$FT" tokenize --tokenizer "$T/tok.model" --input "$T/nofield.jsonl" --output "$T/e3"
+expect_fail "output already holds shards" "already holds shards" \
+  "$FT" tokenize --tokenizer "$T/tok.model" --input "$T/edge.txt" --output "$T/text"
+expect_fail "not a tokenizer" "$T/edge.txt" \
+  "$FT" tokenize --tokenizer "$T/edge.txt" --input "$T/edge.txt" --output "$T/e4"
+
+cp -r "$T/text" "$T/corrupt"
+head -c 3000 "$T/text/shard_00001.h5" > "$T/corrupt/shard_00001.h5"  # truncated
+expect_fail "inspect truncated shard" "$T/corrupt/shard_00001.h5" "$FT" inspect "$T/corrupt"
+echo "garbage" > "$T/corrupt/shard_00001.h5"
+expect_fail "inspect corrupt shard" "$T/corrupt/shard_00001.h5" "$FT" inspect "$T/corrupt"
+mkdir "$T/empty"
+expect_fail "inspect other folder" "not a shard folder, checkpoint or Hugging Face folder" \
+  "$FT" inspect "$T/empty"
+expect_fail "inspect missing path" "$T/missing" "$FT" inspect "$T/missing"
+echo "PASS test_tokenize"
