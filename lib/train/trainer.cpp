@@ -53,27 +53,33 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Mean loss of `batches` micro-batches of the validation set, from its start (no shuffle), so
-// every evaluation sees the same tokens.
+// Token-weighted mean loss over the first training.eval_batches global batches of the validation
+// set (no shuffle), so every evaluation sees the same tokens.
 double evaluate(LlamaModel& model, const Recipe& r, const std::string& tokenizer_sha) {
+  const int micro = r.training.micro_batch_size;
   LoaderOptions o;
   o.dir = r.data.valid;
   o.seq_len = r.data.seq_len;
   o.shuffle = false;
   o.seed = r.run.seed;
-  o.global_batch = r.training.micro_batch_size;
-  o.rank_count = r.training.micro_batch_size;
+  o.global_batch = r.training.global_batch_size;
+  o.rank_count = o.global_batch;
   o.prefetch = 2;
   o.expected_vocab = r.model.vocab_size;
   o.expected_tokenizer_sha256 = tokenizer_sha;
   DataLoader loader(o);
+  // Never more than one epoch of the validation set, and at least one batch.
   int64_t batches = std::min<int64_t>(r.training.eval_batches,
                                       int64_t(loader.samples_per_epoch()) / o.global_batch);
   batches = std::max<int64_t>(batches, 1);
   double loss_sum = 0, tokens = 0;
   for (int64_t i = 0; i < batches; ++i) {
     StepSamples b = loader.next();
-    loss_sum += model.forward_loss(b.inputs.data(), b.targets.data(), b.mask.data(), b.count, b.seq_len);
+    for (int m = 0; m < b.count / micro; ++m) {
+      const size_t off = size_t(m) * micro * b.seq_len;
+      loss_sum += model.forward_loss(b.inputs.data() + off, b.targets.data() + off,
+                                     b.mask.data() + off, micro, b.seq_len);
+    }
     for (uint8_t m : b.mask) tokens += m;
   }
   return tokens > 0 ? loss_sum / tokens : 0.0;

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The quickstart path a new user takes: set-up's data step (generated corpus, SentencePiece model,
+# ft tokenize) and the quickstart recipe, shortened to 100 steps for the suite (the README's
+# command runs all 300). The loss must fall clearly: below half its first value.
+#   bash tests/cli/test_quickstart.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+cd "$src"
+scripts/quickstart_data.sh "$build" > "$tmp/data.log"
+"$build/ft" train recipes/quickstart.yaml training.steps=100 training.eval_every_steps=50 \
+  run.output_dir="$tmp/run" > "$tmp/train.log"
+/usr/bin/python3 - "$tmp/run/metrics.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+loss = [l["loss"] for l in lines if "loss" in l]
+ev = [l["eval_loss"] for l in lines if "eval_loss" in l]
+print(f"quickstart: loss {loss[0]:.3f} -> {loss[-1]:.3f}, eval {ev}")
+assert loss[-1] < 0.5 * loss[0], "loss did not fall clearly"
+assert len(ev) == 2 and ev[-1] < ev[0], "validation loss did not fall"
+PY
+grep -q "^ft: done: 100 steps" "$tmp/train.log"
