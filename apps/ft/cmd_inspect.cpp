@@ -1,13 +1,19 @@
 // ft inspect PATH: says what a folder holds. It recognises the folder kind first and then
 // hands it to that kind's summary, so checkpoints and Hugging Face folders slot in beside
 // shard folders.
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "apps/ft/commands.h"
+#include "ckpt/hf.h"
 #include "core/error.h"
 #include "data/shard.h"
+#include "train/metrics.h"
 
 namespace ft::app {
 namespace {
@@ -71,6 +77,174 @@ int inspect_shards(const std::string& dir) {
   return 0;
 }
 
+// 1234567 → "1.23M": the size people quote for a model.
+std::string short_count(uint64_t n) {
+  const char* units[] = {"", "K", "M", "B", "T"};
+  double v = double(n);
+  int u = 0;
+  while (u < 4 && v >= 999.995) {  // what %.2f would print as 1000.00 moves up a unit
+    v /= 1000.0;
+    ++u;
+  }
+  if (u == 0) return std::to_string(n);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f%s", v, units[u]);
+  return buf;
+}
+
+// 1234567 → "1,234,567": the exact number, still readable.
+std::string grouped(uint64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// What makes two layers "the same" in the tensor table: names after the layer prefix, dtypes
+// and shapes (not files: a layer may straddle two shards).
+using LayerSignature = std::vector<std::tuple<std::string, DType, std::vector<int64_t>>>;
+
+LayerSignature signature(const std::vector<const HfTensorInfo*>& layer_tensors) {
+  LayerSignature sig;
+  for (const HfTensorInfo* t : layer_tensors) {
+    const size_t dot = t->name.find('.', std::string("model.layers.").size());
+    sig.emplace_back(t->name.substr(dot), t->dtype, t->shape);
+  }
+  return sig;
+}
+
+// Prints up to kListed problems of one kind ("missing: NAME", or a whole message when `what` is
+// empty), then how many more there are.
+void print_problems(const std::string& what, const std::vector<std::string>& items) {
+  constexpr size_t kListed = 10;  // enough to see the pattern; a wrong layer count lists hundreds
+  const std::string label = what.empty() ? "" : what + ": ";
+  for (size_t i = 0; i < items.size() && i < kListed; ++i)
+    std::printf("    %s%s\n", label.c_str(), items[i].c_str());
+  if (items.size() > kListed)
+    std::printf("    %s... and %zu more\n", label.c_str(), items.size() - kListed);
+}
+
+// Exit code 1 when ft could not use the folder as model.from, so that a script can test with
+// `ft inspect DIR`; the summary is printed first either way, since it shows what is wrong.
+int inspect_hf(const std::string& dir) {
+  const HfFolderSummary s = summarize_hf_folder(dir);  // malformed files throw, naming the file
+  const ModelConfig& m = s.config;
+  std::printf("Hugging Face folder %s\n", dir.c_str());
+  std::string head_dim = m.dim % m.n_heads == 0 ? std::to_string(m.dim / m.n_heads) : "-";
+  std::printf(
+      "  architecture: llama, dim %d, %d layer%s, %d head%s, %d kv head%s, head_dim %s, ffn %d, "
+      "vocab %d, max_seq_len %d, rope_theta %.10g, %s embeddings\n",
+      m.dim, m.n_layers, m.n_layers == 1 ? "" : "s", m.n_heads, m.n_heads == 1 ? "" : "s",
+      m.n_kv_heads, m.n_kv_heads == 1 ? "" : "s", head_dim.c_str(), m.ffn_dim, m.vocab_size,
+      m.max_seq_len, m.rope_theta, m.tie_embeddings ? "tied" : "untied");
+
+  uint64_t file_bytes = 0;
+  size_t name_width = 0;
+  for (const HfFileInfo& f : s.files) {
+    file_bytes += f.bytes;
+    name_width = std::max(name_width, f.name.size());
+  }
+  std::printf("  files:        %zu (%s)\n", s.files.size(),
+              Progress::human_bytes(double(file_bytes)).c_str());
+  for (const HfFileInfo& f : s.files)
+    std::printf("    %-*s %10s  %zu tensor%s\n", int(name_width), f.name.c_str(),
+                Progress::human_bytes(double(f.bytes)).c_str(), f.tensors,
+                f.tensors == 1 ? "" : "s");
+  std::printf("  parameters:   %s (%s)\n", short_count(s.parameters).c_str(),
+              grouped(s.parameters).c_str());
+  std::printf("  bytes:        %s of tensor data (%s bytes)\n",
+              Progress::human_bytes(double(s.tensor_bytes)).c_str(),
+              grouped(s.tensor_bytes).c_str());
+  std::string dtypes;
+  for (const auto& [dt, n] : s.dtypes)
+    dtypes += (dtypes.empty() ? "" : ", ") + dtype_name(dt) + " (" + std::to_string(n) +
+              (n == 1 ? " tensor)" : " tensors)");
+  std::printf("  dtypes:       %s\n", dtypes.empty() ? "-" : dtypes.c_str());
+
+  // The tensor table. Layers usually repeat one another, so a layer identical to the layer just
+  // printed is folded into a count; a layer that differs (a missing tensor, another dtype) is
+  // printed in full, which is where a reader wants to look.
+  const bool show_file = s.files.size() > 1;
+  size_t width = 4;
+  for (const HfTensorInfo& t : s.tensors) width = std::max(width, t.name.size());
+  std::printf("  tensors:      %zu\n", s.tensors.size());
+  // The shape column is padded only when a file column follows it: no trailing blanks.
+  if (show_file)
+    std::printf("    %-*s %-5s %-16s %s\n", int(width), "name", "dtype", "shape", "file");
+  else
+    std::printf("    %-*s %-5s %s\n", int(width), "name", "dtype", "shape");
+  auto print_row = [&](const HfTensorInfo& t) {
+    if (show_file)
+      std::printf("    %-*s %-5s %-16s %s\n", int(width), t.name.c_str(),
+                  dtype_name(t.dtype).c_str(), shape_text(t.shape).c_str(), t.file.c_str());
+    else
+      std::printf("    %-*s %-5s %s\n", int(width), t.name.c_str(), dtype_name(t.dtype).c_str(),
+                  shape_text(t.shape).c_str());
+  };
+  LayerSignature shown;  // of the last layer printed in full
+  int shown_layer = -1, folded_from = -1, folded_to = -1;
+  auto flush_folded = [&] {
+    if (folded_from < 0) return;
+    const int n = folded_to - folded_from + 1;
+    if (n == 1)
+      std::printf("    ... 1 more layer with the same tensors (layer %d)\n", folded_from);
+    else
+      std::printf("    ... %d more layers with the same tensors (layers %d-%d)\n", n, folded_from,
+                  folded_to);
+    folded_from = folded_to = -1;
+  };
+  for (size_t i = 0; i < s.tensors.size();) {
+    const HfTensorInfo& t = s.tensors[i];
+    if (t.layer < 0) {
+      flush_folded();
+      print_row(t);
+      ++i;
+      continue;
+    }
+    std::vector<const HfTensorInfo*> layer;  // tensors are grouped by layer (hf.h)
+    for (; i < s.tensors.size() && s.tensors[i].layer == t.layer; ++i)
+      layer.push_back(&s.tensors[i]);
+    LayerSignature sig = signature(layer);
+    const int previous = folded_to >= 0 ? folded_to : shown_layer;
+    if (shown_layer >= 0 && t.layer == previous + 1 && sig == shown) {
+      if (folded_from < 0) folded_from = t.layer;
+      folded_to = t.layer;
+      continue;
+    }
+    flush_folded();
+    for (const HfTensorInfo* lt : layer) print_row(*lt);
+    shown = std::move(sig);
+    shown_layer = t.layer;
+  }
+  flush_folded();
+
+  if (!s.check.ignored.empty())
+    std::printf(
+        "  note: %zu rotary_emb.inv_freq buffer%s ignored; ft computes RoPE from "
+        "rope_theta\n",
+        s.check.ignored.size(), s.check.ignored.size() == 1 ? " is" : "s are");
+  if (s.compatible()) {
+    std::printf("  compatible with ft: yes\n");
+    return 0;
+  }
+  std::printf("  compatible with ft: no\n");
+  for (const std::string& p : s.config_problems) std::printf("    config.json: %s\n", p.c_str());
+  print_problems("missing", s.check.missing);
+  print_problems("unexpected", s.check.unexpected);
+  print_problems("", s.check.bad_tensors);
+  for (const std::string& h : s.check.hints) std::printf("    hint: %s\n", h.c_str());
+  std::fflush(stdout);  // the summary before the error line when both go to one terminal
+  throw Error(dir + ": not usable by ft as model.from; the problems are listed above");
+}
+
 }  // namespace
 
 int cmd_inspect(const InspectArgs& a) {
@@ -87,8 +261,7 @@ int cmd_inspect(const InspectArgs& a) {
       throw Error(a.path +
                   ": looks like a checkpoint; inspecting checkpoints is not supported yet");
     case FolderKind::kHuggingFace:
-      throw Error(a.path +
-                  ": looks like a Hugging Face folder; inspecting those is not supported yet");
+      return inspect_hf(a.path);
     case FolderKind::kUnknown:
       break;
   }

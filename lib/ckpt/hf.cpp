@@ -1,11 +1,16 @@
-// Hugging Face weight import: safetensors tensors → ParamLayout's flat f32 group buffers.
+// Hugging Face folders: weight import (safetensors tensors → ParamLayout's flat f32 group
+// buffers) and the header-only summary behind ft inspect.
 //
-// Everything is checked before the first byte is copied (names both ways, shapes, dtypes), so a
-// mismatched checkpoint fails with one message listing what is wrong instead of leaving the
-// buffers half-filled. The layout's entries carry the HF names, so there is no name table here.
+// Both go through the same two steps, open_weights and check_against_layout, so that inspect
+// says "compatible" exactly when the import would accept the folder. The import checks
+// everything before the first byte is copied (names both ways, shapes, dtypes), so a mismatched
+// checkpoint fails with one message listing what is wrong instead of leaving the buffers
+// half-filled. The layout's entries carry the HF names, so there is no name table here.
 #include "ckpt/hf.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "ckpt/safetensors.h"
 #include "core/error.h"
@@ -78,36 +84,35 @@ std::map<std::string, std::vector<std::string>> read_index(const std::string& in
   return shards;
 }
 
-}  // namespace
-
-void load_hf_weights(const std::string& dir, const ParamLayout& layout,
-                     const std::vector<float*>& group_ptrs) {
-  FT_CHECK(group_ptrs.size() == layout.groups().size(), "load_hf_weights: ", group_ptrs.size(),
-           " buffers for ", layout.groups().size(), " parameter groups");
-
-  // 1. Open the checkpoint: one file, or the shards an index names. Like transformers, a single
-  //    model.safetensors wins when both exist.
+// The folder's weights: its safetensors files with validated headers, and every tensor they
+// offer by name. Like transformers, a single model.safetensors wins when an index exists too.
+struct OpenedWeights {
   std::vector<std::unique_ptr<SafetensorsFile>> files;
-  std::map<std::string, Source> tensors;  // every tensor the checkpoint offers, by name
+  std::map<std::string, Source> tensors;
+};
+
+OpenedWeights open_weights(const std::string& dir) {
+  OpenedWeights w;
   const std::string single = dir + "/" + kSingleFile;
   const std::string index = dir + "/" + kIndexFile;
   if (is_file(single)) {
-    files.push_back(std::make_unique<SafetensorsFile>(single));
-    for (const auto& [name, e] : files.back()->entries()) tensors[name] = {files.back().get(), &e};
+    w.files.push_back(std::make_unique<SafetensorsFile>(single));
+    for (const auto& [name, e] : w.files.back()->entries())
+      w.tensors[name] = {w.files.back().get(), &e};
   } else if (is_file(index)) {
     for (const auto& [shard, names] : read_index(index)) {
       const std::string shard_path = dir + "/" + shard;
       if (!is_file(shard_path))
         FT_FAIL("'", index, "' lists shard '", shard, "' (for tensor '", names.front(), "'), but '",
                 shard_path, "' does not exist; is the download complete?");
-      files.push_back(std::make_unique<SafetensorsFile>(shard_path));
-      const SafetensorsFile& f = *files.back();
+      w.files.push_back(std::make_unique<SafetensorsFile>(shard_path));
+      const SafetensorsFile& f = *w.files.back();
       for (const auto& name : names) {
         auto it = f.entries().find(name);
         if (it == f.entries().end())
           FT_FAIL("'", index, "' places tensor '", name, "' in '", shard_path,
                   "', but that file has no such tensor");
-        tensors[name] = {&f, &it->second};
+        w.tensors[name] = {&f, &it->second};
       }
     }
   } else {
@@ -115,70 +120,115 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
             "' (model.from must be a Hugging Face model folder with safetensors weights; "
             "convert .bin/.pth checkpoints to safetensors first)");
   }
+  return w;
+}
 
-  // 2. Names, both ways.
+// Older checkpoints store each layer's RoPE frequency table; ft recomputes it from rope_theta.
+bool is_rope_buffer(const std::string& name) { return ends_with(name, "rotary_emb.inv_freq"); }
+
+// Names both ways, then shapes and dtypes of the tensors that are there, in layout order.
+HfLayoutCheck check_against_layout(const std::map<std::string, Source>& tensors,
+                                   const ParamLayout& layout) {
+  HfLayoutCheck c;
   std::set<std::string> expected;
-  std::vector<std::string> missing;  // in layout order, so the first one shown is the first wanted
   for (const auto& g : layout.groups())
-    for (const auto& e : g.entries) {
-      expected.insert(e.name);
-      if (!tensors.count(e.name)) missing.push_back(e.name);
+    for (const auto& pe : g.entries) {
+      expected.insert(pe.name);
+      auto it = tensors.find(pe.name);
+      if (it == tensors.end()) {
+        c.missing.push_back(pe.name);
+        continue;
+      }
+      const Source& src = it->second;
+      if (src.entry->shape != pe.shape)
+        c.bad_tensors.push_back(detail::concat("tensor '", pe.name, "' in '", src.file->path(),
+                                               "' has shape ", shape_str(src.entry->shape),
+                                               ", expected ", shape_str(pe.shape),
+                                               " (does config.json match the model sizes?)"));
+      const DType dt = src.entry->dtype;
+      if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
+        c.bad_tensors.push_back(detail::concat("tensor '", pe.name, "' in '", src.file->path(),
+                                               "' has dtype ", dtype_name(dt),
+                                               "; only F32, BF16 and F16 weights can be imported"));
     }
-  std::vector<std::string> unexpected;
-  // Older checkpoints store each layer's RoPE frequency table; ft recomputes it from rope_theta.
   for (const auto& [name, src] : tensors)
-    if (!expected.count(name) && !ends_with(name, "rotary_emb.inv_freq"))
-      unexpected.push_back(name);
-  if (!missing.empty() || !unexpected.empty()) {
+    if (!expected.count(name)) (is_rope_buffer(name) ? c.ignored : c.unexpected).push_back(name);
+  if (c.missing.empty() && c.unexpected.empty()) return c;
+
+  auto listed = [](const std::vector<std::string>& v, const char* name) {
+    return std::find(v.begin(), v.end(), name) != v.end();
+  };
+  if (listed(c.missing, "lm_head.weight"))
+    c.hints.push_back(
+        "the checkpoint has no lm_head.weight, so its embeddings are probably tied; set "
+        "tie_embeddings (tie_word_embeddings in config.json) to true");
+  if (listed(c.unexpected, "lm_head.weight"))
+    c.hints.push_back(
+        "the checkpoint has its own lm_head.weight but tie_embeddings is on; set tie_embeddings "
+        "(tie_word_embeddings in config.json) to false");
+  const std::string first = c.missing.empty() ? std::string() : c.missing.front();
+  if (first.rfind("model.", 0) == 0 && tensors.count(first.substr(6)))
+    c.hints.push_back(
+        "the checkpoint names tensors without the 'model.' prefix (a LlamaModel rather than a "
+        "LlamaForCausalLM checkpoint?)");
+  c.hints.push_back(
+      "is this a LlamaForCausalLM checkpoint whose config.json matches the model sizes "
+      "(n_layers, dim, heads, vocab)?");
+  return c;
+}
+
+// N for "model.layers.N.<rest>", else -1.
+int layer_of(const std::string& name) {
+  static const std::string prefix = "model.layers.";
+  if (name.rfind(prefix, 0) != 0) return -1;
+  size_t i = prefix.size();
+  long long n = 0;
+  // Nine digits at most, so that n fits in an int; a longer number is no layer of ours.
+  for (; i < name.size() && i < prefix.size() + 9 && std::isdigit((unsigned char)name[i]); ++i)
+    n = n * 10 + (name[i] - '0');
+  return i > prefix.size() && i < name.size() && name[i] == '.' ? int(n) : -1;
+}
+
+}  // namespace
+
+void load_hf_weights(const std::string& dir, const ParamLayout& layout,
+                     const std::vector<float*>& group_ptrs) {
+  FT_CHECK(group_ptrs.size() == layout.groups().size(), "load_hf_weights: ", group_ptrs.size(),
+           " buffers for ", layout.groups().size(), " parameter groups");
+  for (size_t g = 0; g < layout.groups().size(); ++g)
+    FT_CHECK(group_ptrs[g] != nullptr || layout.groups()[g].numel == 0,
+             "load_hf_weights: no buffer for group '", layout.groups()[g].name, "'");
+
+  // 1. Open the checkpoint: one file, or the shards an index names.
+  const OpenedWeights w = open_weights(dir);
+
+  // 2. Names both ways, then shapes and dtypes: all before anything is copied. Name problems are
+  //    reported together; of the shape and dtype problems only the first in layout order, which
+  //    keeps the message short when a wrong size in config.json makes every layer disagree.
+  const HfLayoutCheck check = check_against_layout(w.tensors, layout);
+  if (!check.missing.empty() || !check.unexpected.empty()) {
     std::ostringstream msg;
     msg << "Hugging Face checkpoint in '" << dir << "' does not match the model:";
-    if (!missing.empty())
-      msg << "\n  missing " << missing.size() << " tensor(s): " << join_names(missing);
-    if (!unexpected.empty())
-      msg << "\n  unexpected " << unexpected.size() << " tensor(s): " << join_names(unexpected);
-    const bool lm_head_missing =
-        std::find(missing.begin(), missing.end(), "lm_head.weight") != missing.end();
-    const bool lm_head_extra =
-        std::find(unexpected.begin(), unexpected.end(), "lm_head.weight") != unexpected.end();
-    if (lm_head_missing)
-      msg << "\n  hint: the checkpoint has no lm_head.weight, so its embeddings are probably "
-             "tied; set tie_embeddings (tie_word_embeddings in config.json) to true";
-    if (lm_head_extra)
-      msg << "\n  hint: the checkpoint has its own lm_head.weight but tie_embeddings is on; set "
-             "tie_embeddings (tie_word_embeddings in config.json) to false";
-    const std::string first = missing.empty() ? std::string() : missing.front();
-    if (first.rfind("model.", 0) == 0 && tensors.count(first.substr(6)))
-      msg << "\n  hint: the checkpoint names tensors without the 'model.' prefix (a LlamaModel "
-             "rather than a LlamaForCausalLM checkpoint?)";
-    msg << "\n  hint: is this a LlamaForCausalLM checkpoint whose config.json matches the "
-           "model sizes (n_layers, dim, heads, vocab)?";
+    if (!check.missing.empty())
+      msg << "\n  missing " << check.missing.size() << " tensor(s): " << join_names(check.missing);
+    if (!check.unexpected.empty())
+      msg << "\n  unexpected " << check.unexpected.size()
+          << " tensor(s): " << join_names(check.unexpected);
+    for (const auto& h : check.hints) msg << "\n  hint: " << h;
     throw Error(msg.str());
   }
+  if (!check.bad_tensors.empty()) throw Error(check.bad_tensors.front());
 
-  // 3. Shapes and dtypes, in layout order, before anything is copied.
+  // 3. Plan the copies.
   struct Copy {
     const Source* src;
     float* dst;  // (numel) inside the group's flat buffer
     const ParamEntry* param;
   };
   std::vector<Copy> plan;
-  for (size_t g = 0; g < layout.groups().size(); ++g) {
-    const ParamGroup& group = layout.groups()[g];
-    FT_CHECK(group_ptrs[g] != nullptr || group.numel == 0, "load_hf_weights: no buffer for group '",
-             group.name, "'");
-    for (const auto& pe : group.entries) {
-      const Source& src = tensors.at(pe.name);
-      if (src.entry->shape != pe.shape)
-        FT_FAIL("tensor '", pe.name, "' in '", src.file->path(), "' has shape ",
-                shape_str(src.entry->shape), ", expected ", shape_str(pe.shape),
-                " (does config.json match the model sizes?)");
-      const DType dt = src.entry->dtype;
-      if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
-        FT_FAIL("tensor '", pe.name, "' in '", src.file->path(), "' has dtype ", dtype_name(dt),
-                "; only F32, BF16 and F16 weights can be imported");
-      plan.push_back({&src, group_ptrs[g] + pe.offset, &pe});
-    }
-  }
+  for (size_t g = 0; g < layout.groups().size(); ++g)
+    for (const auto& pe : layout.groups()[g].entries)
+      plan.push_back({&w.tensors.at(pe.name), group_ptrs[g] + pe.offset, &pe});
 
   // 4. Copy, file by file in data order, so that reads on a spinning or network disk are
   //    sequential.
@@ -187,6 +237,91 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
     return a.src->entry->begin < b.src->entry->begin;
   });
   for (const Copy& c : plan) c.src->file->read_f32(c.param->name, c.dst, c.param->numel);
+}
+
+HfFolderSummary summarize_hf_folder(const std::string& dir) {
+  HfFolderSummary s;
+  try {
+    s.config = read_hf_config(dir);
+  } catch (const UsageError& e) {
+    throw Error(e.what());  // see hf.h: a bad config.json here is bad input, exit code 1
+  }
+  const ModelConfig& m = s.config;
+  const OpenedWeights w = open_weights(dir);
+
+  // The same size rules recipe validation applies to model.* keys, so that "compatible" here
+  // means `model.from: DIR` validates too.
+  const bool heads_split = m.dim % m.n_heads == 0;
+  if (!heads_split)
+    s.config_problems.push_back(detail::concat(
+        "hidden_size ", m.dim, " is not divisible by num_attention_heads ", m.n_heads));
+  else if ((m.dim / m.n_heads) % 2 != 0)
+    s.config_problems.push_back(
+        detail::concat("head_dim = hidden_size / num_attention_heads = ", m.dim / m.n_heads,
+                       " is odd; RoPE rotates pairs of channels"));
+  if (m.n_heads % m.n_kv_heads != 0)
+    s.config_problems.push_back(detail::concat("num_attention_heads ", m.n_heads,
+                                               " is not divisible by num_key_value_heads ",
+                                               m.n_kv_heads));
+
+  // Where each expected name sits in the layout, for the display order promised in hf.h.
+  std::map<std::string, std::pair<size_t, size_t>> position;  // name → (group, entry)
+  // Without whole heads there is no layout (ParamLayout refuses it); config_problems says why.
+  if (heads_split) {
+    const ParamLayout layout(m);
+    s.check = check_against_layout(w.tensors, layout);
+    for (size_t g = 0; g < layout.groups().size(); ++g)
+      for (size_t e = 0; e < layout.groups()[g].entries.size(); ++e)
+        position[layout.groups()[g].entries[e].name] = {g, e};
+  }
+
+  // File paths were built as dir + "/" + name by open_weights.
+  auto relative = [&](const std::string& path) { return path.substr(dir.size() + 1); };
+  for (const auto& f : w.files) {
+    std::error_code ec;
+    const uint64_t bytes = fs::file_size(f->path(), ec);
+    if (ec) FT_FAIL("cannot read the size of '", f->path(), "': ", ec.message());
+    s.files.push_back({relative(f->path()), bytes, 0});
+  }
+  std::map<std::string, size_t> tensors_in;  // file name → tensor count
+  for (const auto& [name, src] : w.tensors) {
+    HfTensorInfo t;
+    t.name = name;
+    t.dtype = src.entry->dtype;
+    t.shape = src.entry->shape;
+    t.file = relative(src.file->path());
+    t.numel = 1;
+    for (int64_t d : t.shape) t.numel *= uint64_t(d);  // the reader checked it fits in 64 bits
+    t.bytes = src.entry->end - src.entry->begin;
+    t.layer = layer_of(name);
+    if (!is_rope_buffer(name)) s.parameters += t.numel;
+    s.tensor_bytes += t.bytes;
+    ++s.dtypes[t.dtype];
+    ++tensors_in[t.file];
+    s.tensors.push_back(std::move(t));
+  }
+
+  for (auto& f : s.files) f.tensors = tensors_in[f.name];
+  std::sort(s.files.begin(), s.files.end(),
+            [](const HfFileInfo& a, const HfFileInfo& b) { return a.name < b.name; });
+
+  // Display order: embeddings, then layer by layer, then the head and anything else; within a
+  // part, layout order first and unknown names after them by name.
+  auto key = [&](const HfTensorInfo& t) {
+    auto it = position.find(t.name);
+    const size_t entry = it == position.end() ? SIZE_MAX : it->second.second;
+    int part;
+    if (t.layer >= 0)
+      part = 1;
+    else if (it != position.end() && it->second.first == 0)
+      part = 0;  // the embedding group
+    else
+      part = 2;
+    return std::make_tuple(part, t.layer, entry, std::cref(t.name));
+  };
+  std::stable_sort(s.tensors.begin(), s.tensors.end(),
+                   [&](const HfTensorInfo& a, const HfTensorInfo& b) { return key(a) < key(b); });
+  return s;
 }
 
 }  // namespace ft

@@ -3,9 +3,12 @@
 // ParamLayout, whose entries carry the HF names).
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "model/layout.h"
 #include "recipe/recipe.h"
 
@@ -24,5 +27,54 @@ ModelConfig read_hf_config(const std::string& dir);
 // (rotary inv_freq buffers are ignored). Errors name the file and the tensor.
 void load_hf_weights(const std::string& dir, const ParamLayout& layout,
                      const std::vector<float*>& group_ptrs);
+
+// How a folder's tensors compare with the ParamLayout of its config; load_hf_weights refuses a
+// folder unless compatible(), and ft inspect prints the lists.
+struct HfLayoutCheck {
+  std::vector<std::string> missing;      // layout names the folder lacks, in layout order
+  std::vector<std::string> unexpected;   // folder names the layout lacks, in name order
+  std::vector<std::string> ignored;      // rotary_emb.inv_freq buffers: ft recomputes them
+  std::vector<std::string> bad_tensors;  // one message per wrong shape or dtype, layout order
+  std::vector<std::string> hints;        // likely causes of the missing/unexpected names
+  bool compatible() const { return missing.empty() && unexpected.empty() && bad_tensors.empty(); }
+};
+
+struct HfFileInfo {
+  std::string name;  // relative to the folder
+  uint64_t bytes = 0;
+  size_t tensors = 0;
+};
+
+struct HfTensorInfo {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::string file;  // relative to the folder
+  uint64_t numel = 0;
+  uint64_t bytes = 0;
+  int layer = -1;  // N for model.layers.N.*, else -1
+};
+
+struct HfFolderSummary {
+  ModelConfig config;
+  std::vector<HfFileInfo> files;  // in name order
+  // Layout order (embeddings, layer 0, layer 1, ..., head); a tensor the layout lacks sits after
+  // its layer's expected ones (or after the head when it belongs to no layer), in name order.
+  std::vector<HfTensorInfo> tensors;
+  uint64_t parameters = 0;         // elements of every tensor except the ignored RoPE buffers
+  uint64_t tensor_bytes = 0;       // data bytes of every tensor
+  std::map<DType, size_t> dtypes;  // dtype → number of tensors stored in it
+  // Sizes that read_hf_config accepts but ft's model cannot run (head_dim not a whole even
+  // number, query heads not a multiple of KV heads); recipe validation refuses them too.
+  std::vector<std::string> config_problems;
+  HfLayoutCheck check;  // empty when hidden_size does not split into heads: there is no layout
+  bool compatible() const { return config_problems.empty() && check.compatible(); }
+};
+
+// Reads a folder's config.json and the headers of its safetensors (no tensor data) and compares
+// the tensors with the layout of that config. A mismatch is reported in `check`, not thrown. An
+// unreadable or malformed config.json, index or safetensors file throws ft::Error (exit code 1:
+// here the folder is the input under examination, not the user's configuration) naming the file.
+HfFolderSummary summarize_hf_folder(const std::string& dir);
 
 }  // namespace ft

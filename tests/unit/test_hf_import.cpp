@@ -429,3 +429,221 @@ TEST_CASE("hf import: checkpoint and layout disagree") {
   // Every check runs before the first copy: a rejected checkpoint leaves the buffers alone.
   CHECK(buf.untouched());
 }
+
+// ---- summarize_hf_folder (ft inspect) --------------------------------------------------------
+
+namespace {
+
+void write_config(const std::string& dir, const ft::ModelConfig& c) {
+  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
+                      {"model_type", "llama"},
+                      {"hidden_size", c.dim},
+                      {"num_hidden_layers", c.n_layers},
+                      {"num_attention_heads", c.n_heads},
+                      {"num_key_value_heads", c.n_kv_heads},
+                      {"intermediate_size", c.ffn_dim},
+                      {"vocab_size", c.vocab_size},
+                      {"max_position_embeddings", c.max_seq_len},
+                      {"rms_norm_eps", c.norm_eps},
+                      {"tie_word_embeddings", c.tie_embeddings}};
+  std::ofstream(dir + "/config.json") << j.dump(2);
+}
+
+std::vector<std::string> names_of(const ft::HfFolderSummary& s) {
+  std::vector<std::string> n;
+  for (const auto& t : s.tensors) n.push_back(t.name);
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("hf summary: sharded folder in layout order, counts, files, RoPE buffer") {
+  TempDir dir;
+  const ft::ModelConfig cfg = tiny_config(false);
+  const ft::ParamLayout layout(cfg);
+  auto tensors = layout_tensors(layout, ft::DType::kBF16);
+  const ft::DType cycle[] = {ft::DType::kF32, ft::DType::kBF16, ft::DType::kF16};
+  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].dtype = cycle[i % 3];
+  tensors.push_back(
+      {"model.layers.1.self_attn.rotary_emb.inv_freq", ft::DType::kF32, {2}, {1, 0.5f}});
+  // Two shards, dealt round-robin, so that the files' order says nothing about layout order.
+  std::vector<std::vector<TensorSpec>> shards(2);
+  std::vector<std::pair<std::string, std::string>> map;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string file = "model-0000" + std::to_string(2 - i % 2) + "-of-00002.safetensors";
+    shards[1 - i % 2].push_back(tensors[i]);
+    map.emplace_back(tensors[i].name, file);
+  }
+  write_file(dir.file("model-00001-of-00002.safetensors"), shards[0]);
+  write_file(dir.file("model-00002-of-00002.safetensors"), shards[1]);
+  write_index(dir.path, map);
+  write_config(dir.path, cfg);
+
+  const ft::HfFolderSummary s = ft::summarize_hf_folder(dir.path);
+  CHECK(s.config.dim == 8);
+  CHECK(s.config.n_kv_heads == 1);
+  REQUIRE(s.files.size() == 2);
+  CHECK(s.files[0].name == "model-00001-of-00002.safetensors");
+  CHECK(s.files[0].tensors == shards[0].size());
+  CHECK(s.files[1].tensors == shards[1].size());
+  CHECK(s.files[1].bytes == fs::file_size(dir.file("model-00002-of-00002.safetensors")));
+
+  // Layout order, the RoPE buffer after its layer's expected tensors.
+  std::vector<std::string> want;
+  for (const auto& g : layout.groups()) {
+    for (const auto& e : g.entries) want.push_back(e.name);
+    if (g.name == "layers.1") want.push_back("model.layers.1.self_attn.rotary_emb.inv_freq");
+  }
+  CHECK(names_of(s) == want);
+  CHECK(s.tensors[1].layer == 0);
+  CHECK(s.tensors.front().layer == -1);
+  CHECK(s.tensors.back().layer == -1);
+
+  // Parameters: the layout's, not counting the RoPE buffer; bytes: each dtype's size.
+  CHECK(s.parameters == layout.total_numel());
+  uint64_t bytes = 0;
+  std::map<ft::DType, size_t> dtypes;
+  for (const auto& t : tensors) {
+    bytes += t.values.size() * ft::dtype_size(t.dtype);
+    ++dtypes[t.dtype];
+  }
+  CHECK(s.tensor_bytes == bytes);
+  CHECK(s.dtypes == dtypes);
+  for (const auto& t : s.tensors)
+    if (t.name == "model.norm.weight") {
+      CHECK(t.file == map[map.size() - 3].second);  // norm is third from last (RoPE appended)
+      CHECK(t.shape == std::vector<int64_t>{8});
+      CHECK(t.numel == 8);
+    }
+  CHECK(s.check.ignored ==
+        std::vector<std::string>{"model.layers.1.self_attn.rotary_emb.inv_freq"});
+  CHECK(s.config_problems.empty());
+  CHECK(s.compatible());
+}
+
+TEST_CASE("hf summary: mismatches are listed, not thrown, with load_hf_weights' messages") {
+  TempDir dir;
+  const ft::ModelConfig cfg = tiny_config(true);
+  const ft::ParamLayout layout(cfg);
+  // An untied checkpoint (lm_head.weight) under a tied config, a missing tensor, a wrong shape,
+  // an integer dtype, an extra per-layer tensor and an extra top-level one.
+  auto tensors = without(layout_tensors(ft::ParamLayout(tiny_config(false)), ft::DType::kBF16),
+                         "model.layers.1.mlp.up_proj.weight");
+  for (auto& t : tensors) {
+    if (t.name == "model.layers.0.self_attn.k_proj.weight") t.shape = {2, 16};
+    if (t.name == "model.layers.1.input_layernorm.weight") t.dtype = ft::DType::kI32;
+  }
+  tensors.push_back(
+      {"model.layers.0.self_attn.q_proj.bias", ft::DType::kBF16, {8}, std::vector<float>(8)});
+  tensors.push_back({"model.layers.7", ft::DType::kBF16, {1}, {1}});  // no layer: no '.' after
+  write_file(dir.file("model.safetensors"), tensors);
+  write_config(dir.path, cfg);
+
+  const ft::HfFolderSummary s = ft::summarize_hf_folder(dir.path);
+  CHECK_FALSE(s.compatible());
+  CHECK(s.check.missing == std::vector<std::string>{"model.layers.1.mlp.up_proj.weight"});
+  CHECK(s.check.unexpected == std::vector<std::string>{"lm_head.weight",
+                                                       "model.layers.0.self_attn.q_proj.bias",
+                                                       "model.layers.7"});
+  REQUIRE(s.check.bad_tensors.size() == 2);
+  CHECK(s.check.bad_tensors[0] == "tensor 'model.layers.0.self_attn.k_proj.weight' in '" +
+                                      dir.file("model.safetensors") +
+                                      "' has shape [2, 16], expected [4, 8] (does config.json "
+                                      "match the model sizes?)");
+  CHECK(doctest::String(s.check.bad_tensors[1].c_str()) ==
+        has("'model.layers.1.input_layernorm.weight'"));
+  CHECK(doctest::String(s.check.bad_tensors[1].c_str()) == has("has dtype I32"));
+  CHECK(doctest::String(s.check.hints.front().c_str()) == has("tie_embeddings is on"));
+  // The extra layer-0 tensor sits after layer 0's expected ones; the unplaceable one at the end.
+  const auto names = names_of(s);
+  const auto at = [&](const std::string& n) {
+    return std::find(names.begin(), names.end(), n) - names.begin();
+  };
+  CHECK(at("model.layers.0.self_attn.q_proj.bias") ==
+        at("model.layers.0.mlp.down_proj.weight") + 1);
+  CHECK(names.back() == "model.layers.7");
+  // The parameter count is what the folder holds, whether or not ft can use it.
+  uint64_t numel = 0;
+  for (const auto& t : tensors) numel += t.values.size();
+  CHECK(s.parameters == numel);
+
+  // With the names right, the import refuses the folder with the summary's first tensor problem.
+  TempDir dir2;
+  const ft::ParamLayout untied(tiny_config(false));
+  auto shape_only = layout_tensors(untied, ft::DType::kBF16);
+  for (auto& t : shape_only)
+    if (t.name == "model.layers.1.mlp.down_proj.weight") t.shape = {12, 8};
+  write_file(dir2.file("model.safetensors"), shape_only);
+  write_config(dir2.path, tiny_config(false));
+  const ft::HfFolderSummary s2 = ft::summarize_hf_folder(dir2.path);
+  REQUIRE(s2.check.missing.empty());
+  REQUIRE(s2.check.unexpected.empty());
+  REQUIRE(s2.check.bad_tensors.size() == 1);
+  Buffers buf(untied);
+  CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir2.path, untied, buf.ptrs),
+                       s2.check.bad_tensors[0].c_str(), ft::Error);
+}
+
+TEST_CASE("hf summary: sizes ft cannot run are config problems") {
+  TempDir dir;
+  ft::ModelConfig cfg = tiny_config(false);
+  const ft::ParamLayout layout(cfg);
+  write_file(dir.file("model.safetensors"), layout_tensors(layout, ft::DType::kBF16));
+  SUBCASE("query heads not a multiple of KV heads") {
+    cfg.n_heads = 2;
+    cfg.n_kv_heads = 3;
+    write_config(dir.path, cfg);
+    const auto s = ft::summarize_hf_folder(dir.path);
+    CHECK(s.config_problems ==
+          std::vector<std::string>{
+              "num_attention_heads 2 is not divisible by num_key_value_heads 3"});
+    CHECK_FALSE(s.compatible());
+  }
+  SUBCASE("hidden size not a multiple of the heads: no layout, no tensor check") {
+    cfg.n_heads = 3;
+    cfg.n_kv_heads = 3;
+    write_config(dir.path, cfg);
+    const auto s = ft::summarize_hf_folder(dir.path);
+    CHECK(s.config_problems ==
+          std::vector<std::string>{"hidden_size 8 is not divisible by num_attention_heads 3"});
+    CHECK(s.check.missing.empty());
+    CHECK(s.tensors.size() == layout_tensors(layout, ft::DType::kBF16).size());
+    CHECK_FALSE(s.compatible());
+  }
+  SUBCASE("odd head_dim") {
+    cfg.n_heads = 8;
+    cfg.n_kv_heads = 8;
+    write_config(dir.path, cfg);
+    const auto s = ft::summarize_hf_folder(dir.path);
+    REQUIRE(s.config_problems.size() == 1);
+    CHECK(doctest::String(s.config_problems[0].c_str()) ==
+          has("head_dim = hidden_size / num_attention_heads = 1 is odd"));
+  }
+}
+
+TEST_CASE("hf summary: malformed files throw ft::Error naming the file, exit code 1") {
+  TempDir dir;
+  const ft::ModelConfig cfg = tiny_config(false);
+  const ft::ParamLayout layout(cfg);
+  write_file(dir.file("model.safetensors"), layout_tensors(layout, ft::DType::kBF16));
+
+  // read_hf_config's usage error becomes a runtime one: here config.json is the input.
+  std::ofstream(dir.file("config.json")) << "{\"hidden_size\": 8,";
+  try {
+    ft::summarize_hf_folder(dir.path);
+    FAIL("no error for a malformed config.json");
+  } catch (const ft::Error& e) {
+    CHECK(doctest::String(e.what()) == has(dir.file("config.json") + ": not valid JSON"));
+    CHECK(e.code() == ft::ExitCode::kRuntime);
+  }
+
+  write_config(dir.path, cfg);
+  std::ofstream(dir.file("model.safetensors")) << "garbage";
+  try {
+    ft::summarize_hf_folder(dir.path);
+    FAIL("no error for a corrupt model.safetensors");
+  } catch (const ft::Error& e) {
+    CHECK(doctest::String(e.what()) == has(dir.file("model.safetensors") + "': file is 7 bytes"));
+    CHECK(e.code() == ft::ExitCode::kRuntime);
+  }
+}

@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# ft inspect on Hugging Face folders written by the PyTorch reference (tests/ref/llama_ref.py):
+# a BF16 single file, a two-shard folder with an index (mixed dtypes, a RoPE buffer), a tied
+# one; then folders ft cannot use (missing tensor, wrong shapes, lm_head against tie) and
+# malformed files (safetensors header, config.json, index), with their exit codes.
+#   bash tests/cli/test_inspect_hf.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+BUILD="$1"
+SRC="$2"
+FT="$(cd "$BUILD" && pwd)/ft"
+PY=/usr/bin/python3  # Debian's, with torch and numpy (DESIGN.md §9)
+T="$(mktemp -d "${TMPDIR:-/tmp}/ft_test_inspect_hf.XXXXXX")"
+trap 'rm -rf "$T"' EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  echo "--- stdout ---" >&2; cat "$T/out.txt" >&2 || true
+  echo "--- stderr ---" >&2; cat "$T/err.txt" >&2 || true
+  exit 1
+}
+# inspect WANT_RC DIR: runs ft inspect DIR into out.txt/err.txt and checks the exit code.
+inspect() {
+  local want="$1" rc=0
+  "$FT" inspect "$2" >"$T/out.txt" 2>"$T/err.txt" || rc=$?
+  [[ $rc -eq $want ]] || fail "ft inspect $2 exited $rc, expected $want"
+}
+has_out() { grep -qF -- "$1" "$T/out.txt" || fail "stdout lacks: $1"; }
+lacks_out() { if grep -qF -- "$1" "$T/out.txt"; then fail "stdout has: $1"; fi; }
+has_err() { grep -qF -- "$1" "$T/err.txt" || fail "stderr lacks: $1"; }
+
+# ---- folders -------------------------------------------------------------------------------
+# Each folder's expected parameter and byte counts are written beside it, counted by PyTorch.
+"$PY" - "$T" "$SRC/tests/ref" <<'EOF'
+import json, os, sys
+sys.path.insert(0, sys.argv[2])
+import llama_ref as ref
+
+t = sys.argv[1]
+
+def params(model, bytes_per_param=4):
+    n = sum(p.numel() for p in model.named().values())
+    base = f"{t}/{os.path.basename(folder)}"
+    open(base + ".params", "w").write(f"{n:,}\n")
+    open(base + ".bytes", "w").write(f"{n * bytes_per_param:,}\n")
+
+# BF16, GQA, 4 layers: the table folds layers 1-3.
+folder = f"{t}/bf16"
+m = ref.Llama(ref.Config(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=172,
+                         vocab_size=256, max_seq_len=128, rope_theta=500000.0))
+ref.save_hf_folder(m, folder, "BF16")
+params(m, 2)
+
+# Two shards with an index, BF16 and F32, plus an old-style RoPE buffer that ft ignores.
+folder = f"{t}/sharded"
+m = ref.Llama(ref.Config(dim=32, n_layers=3, n_heads=2, n_kv_heads=2, ffn_dim=48, vocab_size=50))
+ref.save_hf_folder(m, folder)
+os.remove(f"{folder}/model.safetensors")
+named = m.named()
+names = list(named)
+first, second = names[:10], names[10:]
+import torch
+ref.write_safetensors(f"{folder}/model-00001-of-00002.safetensors",
+                      {n: named[n] for n in first}, "BF16")
+extra = {n: named[n] for n in second}
+extra["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+ref.write_safetensors(f"{folder}/model-00002-of-00002.safetensors", extra)
+weight_map = {n: "model-00001-of-00002.safetensors" for n in first}
+weight_map.update({n: "model-00002-of-00002.safetensors" for n in extra})
+json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map},
+          open(f"{folder}/model.safetensors.index.json", "w"), indent=2)
+params(m)
+
+# Tied embeddings: no lm_head.weight.
+folder = f"{t}/tied"
+m = ref.Llama(ref.Config(dim=8, n_layers=2, n_heads=2, n_kv_heads=1, ffn_dim=12, vocab_size=11,
+                         tie_embeddings=True))
+ref.save_hf_folder(m, folder, "BF16")
+params(m)
+
+# A tensor missing from layer 1 of 3.
+folder = f"{t}/missing"
+m = ref.Llama(ref.Config(dim=8, n_layers=3, n_heads=2, n_kv_heads=1, ffn_dim=12, vocab_size=11))
+ref.save_hf_folder(m, folder)
+named = m.named()
+del named["model.layers.1.mlp.up_proj.weight"]
+ref.write_safetensors(f"{folder}/model.safetensors", named)
+EOF
+
+# ---- BF16, one file ------------------------------------------------------------------------
+inspect 0 "$T/bf16"
+has_out "Hugging Face folder $T/bf16"
+has_out "architecture: llama, dim 64, 4 layers, 4 heads, 2 kv heads, head_dim 16, ffn 172, vocab 256, max_seq_len 128, rope_theta 500000, untied embeddings"
+has_out "files:        1 ("
+has_out "model.safetensors"
+has_out "parameters:   214.59K ($(cat "$T/bf16.params"))"
+has_out "of tensor data ($(cat "$T/bf16.bytes") bytes)"
+has_out "dtypes:       BF16 (39 tensors)"
+has_out "tensors:      39"
+grep -Eq '^ +model\.layers\.0\.self_attn\.k_proj\.weight +BF16 +\[32, 64\]$' "$T/out.txt" ||
+  fail "no k_proj row for layer 0"
+grep -Eq '^ +lm_head\.weight +BF16 +\[256, 64\]$' "$T/out.txt" || fail "no lm_head row"
+lacks_out "model.layers.1."
+has_out "... 3 more layers with the same tensors (layers 1-3)"
+has_out "compatible with ft: yes"
+[[ ! -s "$T/err.txt" ]] || fail "stderr not empty"
+grep -q ' $' "$T/out.txt" && fail "trailing blanks in the output"
+echo "ok: bf16 single file"
+
+# ---- sharded, mixed dtypes -----------------------------------------------------------------
+inspect 0 "$T/sharded"
+has_out "architecture: llama, dim 32, 3 layers, 2 heads, 2 kv heads, head_dim 16, ffn 48, vocab 50, max_seq_len 64, rope_theta 10000, untied embeddings"
+has_out "files:        2 ("
+grep -Eq '^ +model-00001-of-00002\.safetensors +[0-9.]+ KiB +10 tensors$' "$T/out.txt" ||
+  fail "shard 1 line"
+grep -Eq '^ +model-00002-of-00002\.safetensors +[0-9.]+ KiB +21 tensors$' "$T/out.txt" ||
+  fail "shard 2 line"
+# The RoPE buffer is not a parameter.
+has_out "($(cat "$T/sharded.params"))"
+has_out "dtypes:       F32 (21 tensors), BF16 (10 tensors)"
+# Shard 1 holds layer 0 in BF16 (with the RoPE buffer), shard 2 the other layers in F32: layer 1
+# differs from layer 0 and is printed, layer 2 is folded into it.
+grep -Eq '^ +name +dtype +shape +file$' "$T/out.txt" || fail "no file column"
+grep -Eq '^ +model\.embed_tokens\.weight +BF16 +\[50, 32\] +model-00001-of-00002\.safetensors$' \
+  "$T/out.txt" || fail "embed row with its file"
+grep -Eq '^ +model\.layers\.0\.self_attn\.rotary_emb\.inv_freq +F32 +\[8\] ' "$T/out.txt" ||
+  fail "no RoPE buffer row"
+grep -Eq '^ +model\.layers\.1\.mlp\.down_proj\.weight +F32 +\[32, 48\] ' "$T/out.txt" ||
+  fail "no layer 1 row"
+lacks_out "model.layers.2."
+has_out "... 1 more layer with the same tensors (layer 2)"
+has_out "note: 1 rotary_emb.inv_freq buffer is ignored"
+has_out "compatible with ft: yes"
+echo "ok: sharded"
+
+# ---- tied ----------------------------------------------------------------------------------
+inspect 0 "$T/tied"
+has_out "1 kv head, head_dim 4"
+has_out "tied embeddings"
+has_out "($(cat "$T/tied.params"))"
+lacks_out "lm_head.weight"
+has_out "... 1 more layer with the same tensors (layer 1)"
+has_out "compatible with ft: yes"
+echo "ok: tied"
+
+# ---- folders ft cannot use: summary, the problems, exit 1 ----------------------------------
+inspect 1 "$T/missing"
+has_out "tensors:      29"
+# Layer 1 differs from layer 0, so it is printed in full; layer 2 differs from layer 1, the
+# layer printed before it, so it is printed too.
+has_out "model.layers.1.mlp.gate_proj.weight"
+has_out "model.layers.2.mlp.up_proj.weight"
+has_out "compatible with ft: no"
+has_out "missing: model.layers.1.mlp.up_proj.weight"
+has_out "hint: is this a LlamaForCausalLM checkpoint"
+has_err "$T/missing: not usable by ft as model.from"
+echo "ok: missing tensor"
+
+# config.json says 4 KV heads where the weights have 2: wrong shapes, listed together.
+cp -r "$T/bf16" "$T/shape"
+"$PY" -c "
+import json, sys
+p = sys.argv[1] + '/config.json'
+c = json.load(open(p)); c['num_key_value_heads'] = 4; json.dump(c, open(p, 'w'))" "$T/shape"
+inspect 1 "$T/shape"
+has_out "4 heads, 4 kv heads"
+has_out "compatible with ft: no"
+has_out "tensor 'model.layers.0.self_attn.k_proj.weight' in '$T/shape/model.safetensors' has shape [32, 64], expected [64, 64]"
+has_out "tensor 'model.layers.3.self_attn.v_proj.weight' in '$T/shape/model.safetensors' has shape [32, 64], expected [64, 64]"
+echo "ok: wrong shapes"
+
+# The weights have lm_head.weight, config.json says tied: unexpected, with the hint.
+cp -r "$T/bf16" "$T/untie"
+"$PY" -c "
+import json, sys
+p = sys.argv[1] + '/config.json'
+c = json.load(open(p)); c['tie_word_embeddings'] = True; json.dump(c, open(p, 'w'))" "$T/untie"
+inspect 1 "$T/untie"
+has_out "unexpected: lm_head.weight"
+has_out "hint: the checkpoint has its own lm_head.weight but tie_embeddings is on"
+echo "ok: lm_head against tie_word_embeddings"
+
+# A config ft's model cannot run: 4 query heads over 3 KV heads.
+cp -r "$T/tied" "$T/gqa"
+"$PY" -c "
+import json, sys
+p = sys.argv[1] + '/config.json'
+c = json.load(open(p)); c['num_key_value_heads'] = 3; json.dump(c, open(p, 'w'))" "$T/gqa"
+inspect 1 "$T/gqa"
+has_out "config.json: num_attention_heads 2 is not divisible by num_key_value_heads 3"
+echo "ok: config sizes"
+
+# ---- malformed files: an error naming the file, exit 1 -------------------------------------
+cp -r "$T/tied" "$T/garbage"
+echo "garbage" >"$T/garbage/model.safetensors"
+inspect 1 "$T/garbage"
+has_err "$T/garbage/model.safetensors"
+[[ ! -s "$T/out.txt" ]] || fail "a summary was printed for a corrupt file"
+echo "ok: safetensors too short"
+
+cp -r "$T/tied" "$T/header"
+"$PY" -c "
+import struct, sys
+h = b'{\"model.norm.weight\": {\"dtype\": \"F32\", \"shape\": [8], '
+with open(sys.argv[1] + '/model.safetensors', 'wb') as f:
+    f.write(struct.pack('<Q', len(h))); f.write(h)" "$T/header"
+inspect 1 "$T/header"
+has_err "safetensors file '$T/header/model.safetensors': header is not valid JSON"
+echo "ok: corrupt safetensors header"
+
+cp -r "$T/sharded" "$T/shard_header"
+printf '\xff\xff\xff\xff\xff\xff\xff\x7f{}' >"$T/shard_header/model-00002-of-00002.safetensors"
+inspect 1 "$T/shard_header"
+has_err "$T/shard_header/model-00002-of-00002.safetensors"
+echo "ok: corrupt shard header"
+
+cp -r "$T/sharded" "$T/lost_shard"
+rm "$T/lost_shard/model-00002-of-00002.safetensors"
+inspect 1 "$T/lost_shard"
+has_err "lists shard 'model-00002-of-00002.safetensors'"
+echo "ok: index names a missing shard"
+
+cp -r "$T/tied" "$T/bad_config"
+echo '{"hidden_size": 8,' >"$T/bad_config/config.json"
+inspect 1 "$T/bad_config"
+has_err "$T/bad_config/config.json: not valid JSON"
+echo "ok: malformed config.json"
+
+cp -r "$T/tied" "$T/mistral"
+"$PY" -c "
+import json, sys
+p = sys.argv[1] + '/config.json'
+c = json.load(open(p)); c['model_type'] = 'mistral'; json.dump(c, open(p, 'w'))" "$T/mistral"
+inspect 1 "$T/mistral"
+has_err "$T/mistral/config.json: model_type is \"mistral\""
+echo "ok: another architecture"
+
+mkdir "$T/no_weights"
+cp "$T/tied/config.json" "$T/no_weights/"
+inspect 1 "$T/no_weights"
+has_err "no model.safetensors or model.safetensors.index.json in '$T/no_weights'"
+echo "ok: config.json without weights"
+
+echo "PASS test_inspect_hf"
