@@ -53,10 +53,9 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Token-weighted mean loss over the first training.eval_batches global batches of the validation
-// set (no shuffle), so every evaluation sees the same tokens.
-double evaluate(LlamaModel& model, const Recipe& r, const std::string& tokenizer_sha) {
-  const int micro = r.training.micro_batch_size;
+// The validation loader: the first training.eval_batches global batches of data.valid, no
+// shuffle. Opened before training starts, so a broken validation set is reported up front.
+std::unique_ptr<DataLoader> open_eval_loader(const Recipe& r, const std::string& tokenizer_sha) {
   LoaderOptions o;
   o.dir = r.data.valid;
   o.seq_len = r.data.seq_len;
@@ -64,14 +63,20 @@ double evaluate(LlamaModel& model, const Recipe& r, const std::string& tokenizer
   o.seed = r.run.seed;
   o.global_batch = r.training.global_batch_size;
   o.rank_count = o.global_batch;
-  o.prefetch = 2;
+  o.prefetch = 0;  // evaluation is rare: read on demand, no background thread
   o.expected_vocab = r.model.vocab_size;
   o.expected_tokenizer_sha256 = tokenizer_sha;
-  DataLoader loader(o);
+  return std::make_unique<DataLoader>(o);
+}
+
+// Token-weighted mean loss over the validation batches; every evaluation sees the same tokens.
+double evaluate(LlamaModel& model, DataLoader& loader, const Recipe& r) {
+  const int micro = r.training.micro_batch_size;
+  const int64_t G = r.training.global_batch_size;
   // Never more than one epoch of the validation set, and at least one batch.
-  int64_t batches = std::min<int64_t>(r.training.eval_batches,
-                                      int64_t(loader.samples_per_epoch()) / o.global_batch);
+  int64_t batches = std::min<int64_t>(r.training.eval_batches, int64_t(loader.samples_per_epoch()) / G);
   batches = std::max<int64_t>(batches, 1);
+  loader.seek(0);
   double loss_sum = 0, tokens = 0;
   for (int64_t i = 0; i < batches; ++i) {
     StepSamples b = loader.next();
@@ -148,6 +153,8 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   if (is_root) metrics = MetricsWriter(r.logging.metrics);
   Progress progress(is_root);
   const bool do_eval = !r.data.valid.empty() && r.training.eval_every_steps > 0;
+  std::unique_ptr<DataLoader> eval_loader;
+  if (do_eval) eval_loader = open_eval_loader(r, tokenizer_sha);
 
   TrainSummary sum;
   const auto t_start = Clock::now();
@@ -210,7 +217,7 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
       progress.step(rep);
     }
     if (do_eval && ((s + 1) % r.training.eval_every_steps == 0 || last)) {
-      const double eval_loss = evaluate(model, r, tokenizer_sha);
+      const double eval_loss = evaluate(model, *eval_loader, r);
       if (is_root) {
         metrics.write({{"step", s}, {"eval_loss", eval_loss}});
         progress.eval(s, eval_loss);
