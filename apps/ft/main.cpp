@@ -76,8 +76,16 @@ int main(int argc, char** argv) {
   t->add_option("overrides", train.overrides, "Dotted recipe overrides, e.g. training.steps=20");
   t->add_option("--resume", train.resume,
                 "auto: continue from the latest checkpoint if any (default); never: start afresh; "
-                "PATH: resume from that checkpoint folder");
-  t->add_option("--nproc", train.nproc, "Start and supervise N local ranks (no mpirun needed)");
+                "PATH: resume from that checkpoint folder (this build has no checkpoints yet: "
+                "auto and never only)");
+  t->add_option("--nproc", train.nproc,
+                "Start and supervise N local ranks (no mpirun needed; this build: 1 only)");
+  t->footer(
+      "Recipe sections: run, model, tokenizer, data, training, optimizer, scheduler, parallel,\n"
+      "checkpoint, logging, runtime. `ft validate RECIPE` prints every key with its resolved value\n"
+      "and meaning. Overrides use dotted paths: ft train r.yaml training.steps=50 optimizer.lr=1e-3\n"
+      "Outputs: <run.output_dir>/recipe.yaml (resolved recipe) and logging.metrics (JSON Lines,\n"
+      "default <run.output_dir>/metrics.jsonl).");
 
   ValidateArgs validate;
   auto* v = app.add_subcommand("validate",
