@@ -30,6 +30,29 @@ def flops_per_token(c, T):
     return 6 * n_matmul + 12 * L * T * C
 
 
+def torch_steps(a):
+    """The PyTorch side, in its own process (so OPENBLAS_CORETYPE applies before torch loads)."""
+    cfg = ref.Config(dim=512, n_layers=8, n_heads=8, n_kv_heads=8, ffn_dim=1408, vocab_size=32000,
+                     max_seq_len=256)
+    T, B = 256, 4
+    torch.set_num_threads(a.threads)
+    model = ref.Llama(cfg, seed=0, std=0.02)
+    params = list(model.named().values())
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
+    ids = torch.randint(0, cfg.vocab_size, (B, T + 1))
+    mask = torch.ones(B, T)
+    times = []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = model.loss_sum(ids[:, :-1], ids[:, 1:], mask) / (B * T)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    print(f"pytorch {torch.__version__} {statistics.median(times[a.warmup:])}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ft", default="build/ft")
@@ -37,7 +60,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.torch_only:
+        return torch_steps(a)
 
     cfg = ref.Config(dim=512, n_layers=8, n_heads=8, n_kv_heads=8, ffn_dim=1408, vocab_size=32000,
                      max_seq_len=256)
@@ -64,29 +90,26 @@ optimizer: {{lr: 1.0e-4, weight_decay: 0.1}}
 logging: {{every_steps: 1, metrics: {metrics}}}
 runtime: {{threads: {a.threads}}}
 """)
-        subprocess.run([a.ft, "train", recipe], check=True, stdout=subprocess.DEVNULL)
+        out = subprocess.run([a.ft, "train", recipe], check=True, capture_output=True, text=True).stdout
+        # ft corrects OpenBLAS's kernel choice on CPUs that OpenBLAS 0.3.21 does not know (see
+        # kernels::blas_better_coretype); PyTorch uses the same OpenBLAS, so it gets the same
+        # kernels, or the comparison would measure the BLAS choice instead of the two programs.
+        kernels = out.split("BLAS kernels ")[1].split()[0] if "BLAS kernels " in out else None
         lines = [json.loads(l) for l in open(metrics) if '"loss"' in l]
         ft_times = [l["step_time_s"] for l in lines][a.warmup:]
         ft_mem = max(l["mem_peak_bytes"] for l in lines)
         rows.append(("ft", statistics.median(ft_times), ft_mem))
 
         if not a.skip_torch:
-            torch.set_num_threads(a.threads)
-            model = ref.Llama(cfg, seed=0, std=0.02)
-            params = list(model.named().values())
-            opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
-            ids = torch.randint(0, cfg.vocab_size, (B, T + 1))
-            mask = torch.ones(B, T)
-            times = []
-            for s in range(a.steps):
-                t0 = time.perf_counter()
-                opt.zero_grad()
-                loss = model.loss_sum(ids[:, :-1], ids[:, 1:], mask) / (B * T)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                opt.step()
-                times.append(time.perf_counter() - t0)
-            rows.append((f"pytorch {torch.__version__}", statistics.median(times[a.warmup:]), None))
+            env = dict(os.environ)
+            if kernels and "OPENBLAS_CORETYPE" not in env:
+                env["OPENBLAS_CORETYPE"] = kernels
+            res = subprocess.run([sys.executable, __file__, "--torch-only", "--steps", str(a.steps),
+                                  "--warmup", str(a.warmup), "--threads", str(a.threads)],
+                                 env=env, check=True, capture_output=True, text=True)
+            name, t = res.stdout.strip().rsplit(" ", 1)
+            rows.append((name, float(t), None))
+        print(f"BLAS kernels: {kernels or 'as detected'} (both programs)")
 
     print(f"{'':24s} {'s/step':>8s} {'tokens/s':>10s} {'GFLOP/s':>9s}")
     for name, t, mem in rows:
