@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/system.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 
@@ -165,7 +166,7 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
   if (opt.inputs.empty()) throw UsageError("ft tokenize: no --input files");
   if (opt.shard_tokens < 1) throw UsageError("--shard-tokens must be positive");
   const int threads =
-      opt.threads > 0 ? opt.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+      opt.threads > 0 ? opt.threads : available_cores();
 
   // Check everything cheap before the long part: inputs exist, output is not an old shard set.
   uint64_t total_bytes = 0;

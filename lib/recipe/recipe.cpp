@@ -434,7 +434,8 @@ struct Setting {
 
 class Loader {
  public:
-  Loader(std::string path, int world_size) : path_(std::move(path)), world_size_(world_size) {}
+  Loader(std::string path, int world_size, bool refuse_unbuilt)
+      : path_(std::move(path)), world_size_(world_size), refuse_unbuilt_(refuse_unbuilt) {}
 
   RecipeResult run(const std::vector<std::string>& overrides) {
     r_.source_path = path_;
@@ -448,6 +449,7 @@ class Loader {
     take_model_from();
     check_paths();
     check_unimplemented();
+    if (refuse_unbuilt_) check_unbuilt();
     check_cross_rules();
     sort_issues();
     return {std::move(r_), std::move(issues_)};
@@ -894,6 +896,36 @@ class Loader {
     }
   }
 
+  // Features the recipe format defines (DESIGN.md §5) but this build cannot run yet. Refused
+  // here, so `ft validate` and `ft train` agree and nothing a recipe asks for is silently
+  // skipped. Tests of the format's own rules (e.g. layout divisibility) switch this off.
+  void check_unbuilt() {
+    if (r_.runtime.device == "cuda" && usable("runtime.device")) {
+      issue(locate("runtime.device"), "runtime.device",
+            "cuda is not available: this build of ft has no CUDA backend yet", "use auto or cpu");
+    }
+    const std::pair<const char*, int> model_parallel[] = {{"parallel.tensor", r_.parallel.tensor},
+                                                          {"parallel.pipeline", r_.parallel.pipeline}};
+    for (const auto& [key, v] : model_parallel) {
+      if (v > 1 && usable(key)) {
+        issue(locate(key), key,
+              std::to_string(v) + " ranks asked for, but tensor and pipeline parallelism are not "
+              "implemented yet in this build (it trains in one process)",
+              "set it to 1");
+      }
+    }
+    if (r_.checkpoint.every_steps > 0 && usable("checkpoint.every_steps")) {
+      issue(locate("checkpoint.every_steps"), "checkpoint.every_steps",
+            "periodic checkpoints are not implemented yet in this build",
+            "set it to 0 (no checkpoints are written)");
+    }
+    if (r_.checkpoint.every_minutes > 0 && usable("checkpoint.every_minutes")) {
+      issue(locate("checkpoint.every_minutes"), "checkpoint.every_minutes",
+            "periodic checkpoints are not implemented yet in this build",
+            "set it to 0 (no checkpoints are written)");
+    }
+  }
+
   // Stage 5c: rules across keys, each checked only when every key it reads is usable.
   void check_cross_rules() {
     const ModelConfig& m = r_.model;
@@ -1014,6 +1046,7 @@ class Loader {
 
   std::string path_;
   int world_size_;
+  bool refuse_unbuilt_;
   Recipe r_;
   std::vector<RecipeIssue> issues_;
   std::map<std::string, Origin> sections_;   // section name → where its header is
@@ -1034,13 +1067,13 @@ std::string RecipeIssue::format() const {
 }
 
 RecipeResult load_recipe(const std::string& path, const std::vector<std::string>& overrides,
-                         int world_size) {
-  return Loader(path, world_size).run(overrides);
+                         int world_size, bool refuse_unbuilt) {
+  return Loader(path, world_size, refuse_unbuilt).run(overrides);
 }
 
 Recipe load_recipe_or_throw(const std::string& path, const std::vector<std::string>& overrides,
-                            int world_size) {
-  RecipeResult res = load_recipe(path, overrides, world_size);
+                            int world_size, bool refuse_unbuilt) {
+  RecipeResult res = load_recipe(path, overrides, world_size, refuse_unbuilt);
   if (res.ok()) return std::move(res.recipe);
   std::string msg;
   for (const RecipeIssue& i : res.issues) msg += i.format() + "\n";

@@ -128,12 +128,14 @@ struct RecipeResult {
   std::vector<RecipeIssue> issues;
   bool ok() const { return issues.empty(); }
 };
+// refuse_unbuilt: also refuse what the recipe format allows but this build cannot run yet
+// (CUDA, tensor/pipeline parallelism, periodic checkpoints). Off only in tests of the format.
 RecipeResult load_recipe(const std::string& path, const std::vector<std::string>& overrides,
-                         int world_size = 1);
+                         int world_size = 1, bool refuse_unbuilt = true);
 
 // Throws ft::UsageError listing every issue, one per line, if the recipe is not valid.
 Recipe load_recipe_or_throw(const std::string& path, const std::vector<std::string>& overrides,
-                            int world_size = 1);
+                            int world_size = 1, bool refuse_unbuilt = true);
 
 // The resolved recipe as YAML (all keys, defaults filled), for printing and for saving
 // into run.output_dir.

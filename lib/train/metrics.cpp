@@ -11,7 +11,8 @@ namespace ft {
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
   std::filesystem::path p(path);
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  std::error_code ec;
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
   f_ = std::fopen(path.c_str(), "w");
   if (!f_) throw Error("cannot open metrics file '" + path + "' for writing; check logging.metrics");
 }

@@ -21,6 +21,7 @@
 #include "ckpt/hf.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/system.h"
 #include "data/loader.h"
 #include "data/sha256.h"
 #include "kernels/kernels.h"
@@ -35,7 +36,7 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 int configure_threads(int threads) {
-  int n = threads > 0 ? threads : int(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  const int n = threads > 0 ? threads : available_cores();
   omp_set_num_threads(n);
   kernels::set_blas_threads(n);
   return n;
@@ -98,31 +99,14 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   std::unique_ptr<Device> dev = make_device(r.runtime.device);
 
   const int world = comm.size();
-  const int data_ranks = data_parallel_size(r, world);
-  FT_CHECK(data_ranks == world, "tensor and pipeline parallelism are not implemented yet");
   const int accum = grad_accum_steps(r, world);
   const int micro = r.training.micro_batch_size;
   const int T = r.data.seq_len;
 
-  // Outputs first, so a bad output_dir fails before any compute.
-  if (is_root) {
-    fs::create_directories(r.run.output_dir);
-    std::ofstream(fs::path(r.run.output_dir) / "recipe.yaml") << recipe_to_yaml(r);
-  }
-
+  // Everything that can be wrong with the inputs is checked before the model is built or any
+  // output is written: the tokenizer, every training and validation shard.
   std::string tokenizer_sha;
   if (!r.tokenizer.path.empty()) tokenizer_sha = sha256_file_hex(r.tokenizer.path);
-
-  // Model and optimizer.
-  LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing);
-  if (!r.model.from.empty()) {
-    if (is_root) log_info("loading weights from ", r.model.from);
-    load_hf_weights(r.model.from, model.layout(), model.param_ptrs());
-  } else {
-    model.init_random(r.run.seed, r.model.init_std);
-  }
-  AdamW optim(model.layout(), r.optimizer, dev.get());
-
   // Data: this rank's slice of every global batch.
   LoaderOptions lo;
   lo.dir = r.data.train;
@@ -136,6 +120,35 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   lo.expected_vocab = r.model.vocab_size;
   lo.expected_tokenizer_sha256 = tokenizer_sha;
   DataLoader loader(lo);
+  if (is_root && int64_t(loader.samples_per_epoch()) < r.training.global_batch_size)
+    log_warn("data.train has ", loader.samples_per_epoch(), " samples of ", T,
+             " tokens, fewer than one global batch (", r.training.global_batch_size,
+             "): every step repeats samples");
+  const bool do_eval = !r.data.valid.empty() && r.training.eval_every_steps > 0;
+  std::unique_ptr<DataLoader> eval_loader;
+  if (do_eval) eval_loader = open_eval_loader(r, tokenizer_sha);
+
+  if (is_root) {
+    std::error_code ec;
+    fs::create_directories(r.run.output_dir, ec);
+    if (ec || !fs::is_directory(r.run.output_dir))
+      throw Error("cannot create run.output_dir '" + r.run.output_dir + "': " +
+                  (ec ? ec.message() : "a file of that name exists") +
+                  "; choose another run.output_dir");
+    const fs::path saved = fs::path(r.run.output_dir) / "recipe.yaml";
+    std::ofstream(saved) << recipe_to_yaml(r);
+    if (!fs::exists(saved)) throw Error("cannot write " + saved.string());
+  }
+
+  // Model and optimizer.
+  LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing);
+  if (!r.model.from.empty()) {
+    if (is_root) log_info("loading weights from ", r.model.from);
+    load_hf_weights(r.model.from, model.layout(), model.param_ptrs());
+  } else {
+    model.init_random(r.run.seed, r.model.init_std);
+  }
+  AdamW optim(model.layout(), r.optimizer, dev.get());
 
   if (is_root) {
     std::printf("ft: model %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, vocab %d)\n",
@@ -152,9 +165,11 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   MetricsWriter metrics;
   if (is_root) metrics = MetricsWriter(r.logging.metrics);
   Progress progress(is_root);
-  const bool do_eval = !r.data.valid.empty() && r.training.eval_every_steps > 0;
-  std::unique_ptr<DataLoader> eval_loader;
-  if (do_eval) eval_loader = open_eval_loader(r, tokenizer_sha);
+  // Close the live bar's line on any exit, so an error message starts on a line of its own.
+  struct FinishProgress {
+    Progress& p;
+    ~FinishProgress() { p.finish(); }
+  } finish_progress{progress};
 
   TrainSummary sum;
   const auto t_start = Clock::now();
@@ -169,6 +184,9 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
     for (uint8_t m : batch.mask) count += m;
     comm.all_reduce_sum(&count, 1);
     const float scale = count > 0 ? float(1.0 / count) : 0.0f;
+    if (count == 0 && is_root)
+      log_warn("step ", s, ": every target of the global batch is masked out (loss_mask); the "
+               "loss is reported as 0 and only weight decay changes the parameters");
 
     model.zero_grads();
     double loss_sum = 0;
