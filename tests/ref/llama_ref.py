@@ -1,7 +1,7 @@
 """A small Llama in PyTorch that follows Hugging Face LlamaForCausalLM's math, written here as
-the numeric reference for ft (transformers is not a test dependency). Also: safetensors
-reading/writing and token-shard writing in plain Python, so the reference tests need only
-Debian's python3-torch, python3-numpy and python3-h5py."""
+the numeric reference for ft (transformers is not a test dependency). Also, in plain Python:
+safetensors reading/writing, token-shard writing and ft's epoch sample order, so the reference
+tests need only Debian's python3-torch, python3-numpy and python3-h5py."""
 
 import json
 import math
@@ -186,6 +186,45 @@ def write_shard(path, tokens, vocab_size, doc_offsets=None, loss_mask=None):
         f.attrs["bos_id"] = 1
         f.attrs["eos_id"] = 2
         f.attrs["tokenizer_sha256"] = "0" * 64
+
+
+# ---- sample order (DESIGN.md §6; lib/data/loader.cpp documents the exact algorithm) -------
+
+_M64 = (1 << 64) - 1
+
+
+def splitmix64(z):
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def sample_order(index, n, shuffle, seed, epoch):
+    """Entry `index` of epoch `epoch`'s order of n samples, as ft's sample_order: the identity
+    without shuffle; with it, a 6-round Feistel network over [0, 4^h) (h = ceil(b/2), b the bit
+    length of n - 1, at least 2) keyed by splitmix64, restricted to [0, n) by cycle walking."""
+    if not 0 <= index < n:
+        raise ValueError(f"sample index {index} out of range for {n} samples")
+    if not shuffle or n <= 1:
+        return index
+    bits = max((n - 1).bit_length(), 2)
+    h = (bits + 1) // 2
+    mask = (1 << h) - 1
+    base = splitmix64(splitmix64(seed & _M64) ^ (epoch & _M64))
+    keys = [splitmix64((base + r) & _M64) for r in range(6)]
+    x = index
+    while True:
+        for k in keys:
+            left, right = x >> h, x & mask
+            x = (right << h) | (left ^ (splitmix64(right ^ k) & mask))
+        if x < n:
+            return x
+
+
+def stream_sample(j, n, shuffle, seed):
+    """(epoch, sample index) at position j of the sample stream: entry j mod n of epoch j div n."""
+    return j // n, sample_order(j % n, n, shuffle, seed, j // n)
 
 
 def samples_no_shuffle(shards, T):

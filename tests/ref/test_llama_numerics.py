@@ -1,4 +1,4 @@
-"""ft against a PyTorch reference (DESIGN.md §5 semantics), run by ctest:
+"""ft against a PyTorch reference (DESIGN.md §5-§7 semantics), run by ctest:
     /usr/bin/python3 tests/ref/test_llama_numerics.py BUILD_DIR SOURCE_DIR
 
 1. Loss and every parameter gradient of one global batch (two micro-batches accumulated,
@@ -6,10 +6,22 @@
    with one layer; seq_len 1; tied embeddings loaded from bf16; a loss mask.
    Tolerances (fp32 on both sides, different summation orders): loss relative error <= 1e-5;
    each gradient tensor max|g_ft - g_pt| / max|g_pt| <= 1e-4.
-2. 20 optimizer steps of `ft train` (warmup, cosine decay, clipping that is active, weight decay,
-   accumulation, batches straddling epochs) against torch.optim.AdamW + clip_grad_norm_:
-   per-step losses within 1e-4 relative (Adam's normalisation amplifies rounding differences a
-   little each step, so this is looser than the single-step check).
+2. The epoch permutation: llama_ref.sample_order, a Python transcription of ft's (Feistel
+   network, splitmix64 round keys, cycle walking), gives the values that
+   tests/unit/test_data_loader.cpp pins, and is a permutation (identity without shuffle).
+3. 20 optimizer steps of `ft train` against torch.optim.AdamW + clip_grad_norm_, twice: with
+   data.shuffle false and with data.shuffle true (order from llama_ref.sample_order seeded by
+   run.seed and the epoch). Covered: warmup then cosine decay, clipping active on some steps and
+   not others, weight decay on matrices only, accumulation of two micro-batches, shards of
+   unequal size (one with a tail too short for a sample), 26 samples per epoch over 80 stream
+   positions (epochs 0-3; asserted: some global batches straddle two epochs; with shuffle,
+   asserted: the epoch orders differ from the identity and from each other).
+   Per-step losses and grad norms within 1e-4 relative (Adam's normalisation amplifies rounding
+   differences a little each step, so this is looser than the single-step check).
+   Evaluation: data.valid (other random tokens, with a loss mask, two shards), eval_every_steps
+   10, eval_batches 2: ft must log eval_loss after steps 9 and 19 only (after that step's
+   update), equal to torch's token-weighted mean loss (no grad) over the first 2 global batches
+   of data.valid in order, within 1e-5 relative (fp32, forward only).
 """
 
 import json
@@ -37,25 +49,31 @@ def check(cond, msg):
         failures.append(msg)
 
 
-def recipe_yaml(path, hf_dir, data_dir, T, micro, glob, extra="", optimizer="optimizer: {lr: 0.001}"):
+def recipe_yaml(path, hf_dir, data_dir, T, micro, glob, extra="", optimizer="optimizer: {lr: 0.001}",
+                seed=1, shuffle=False, valid=None, training_extra=""):
+    valid_key = f", valid: {valid}" if valid else ""
     with open(path, "w") as f:
-        f.write(f"""run: {{name: ref, output_dir: {os.path.dirname(path)}/run, seed: 1}}
+        f.write(f"""run: {{name: ref, output_dir: {os.path.dirname(path)}/run, seed: {seed}}}
 model: {{from: {hf_dir}}}
-data: {{train: {data_dir}, seq_len: {T}, shuffle: false}}
-training: {{steps: 1, micro_batch_size: {micro}, global_batch_size: {glob}, grad_clip: 0}}
+data: {{train: {data_dir}{valid_key}, seq_len: {T}, shuffle: {str(shuffle).lower()}}}
+training: {{steps: 1, micro_batch_size: {micro}, global_batch_size: {glob}, grad_clip: 0{training_extra}}}
 {optimizer}
 runtime: {{threads: 2}}
 {extra}""")
 
 
 def make_data(tmp, name, vocab, n_tokens_per_shard, n_shards, seed, with_mask=False):
+    """n_tokens_per_shard: one count for every shard, or a list with one count per shard."""
     rng = np.random.default_rng(seed)
     d = os.path.join(tmp, name)
     os.makedirs(d, exist_ok=True)
+    sizes = n_tokens_per_shard
+    if not isinstance(sizes, list):
+        sizes = [sizes] * n_shards
     shards = []
-    for i in range(n_shards):
-        toks = rng.integers(0, vocab, n_tokens_per_shard)
-        mask = (rng.random(n_tokens_per_shard) < 0.7).astype(np.uint8) if with_mask else None
+    for i, n in enumerate(sizes):
+        toks = rng.integers(0, vocab, n)
+        mask = (rng.random(n) < 0.7).astype(np.uint8) if with_mask else None
         ref.write_shard(os.path.join(d, f"shard_{i:05d}.h5"), toks, vocab, loss_mask=mask)
         shards.append((toks, mask))
     return d, shards
@@ -106,8 +124,25 @@ def grad_case(tmp, label, cfg, T, micro, glob, weights_dtype="F32", with_mask=Fa
     check(worst[0] <= 1e-4, f"{label}: all {len(model.p)} gradients, worst {worst[1]} {worst[0]:.2e}")
 
 
-def training_case(tmp):
-    label = "train20"
+def sample_order_case():
+    """The Python transcription of ft's epoch permutation against the values that
+    tests/unit/test_data_loader.cpp pins for the C++ one, plus its basic properties."""
+    got0 = [ref.sample_order(i, 10, True, 1234, 0) for i in range(10)]
+    got1 = [ref.sample_order(i, 10, True, 1234, 1) for i in range(10)]
+    big, ones = (1 << 40) + 3, (1 << 64) - 1
+    pinned = (got0 == [1, 8, 9, 2, 0, 5, 4, 3, 7, 6] and got1 == [5, 4, 8, 6, 1, 9, 3, 2, 7, 0]
+              and ref.sample_order(999, 1000, True, 42, 7) == 244
+              and ref.sample_order(5, big, True, ones, 123456) == 202106758956
+              and ref.sample_order(big - 1, big, True, ones, 123456) == 996158138026)
+    check(pinned, "sample_order: Python transcription gives the values test_data_loader.cpp pins")
+    perm = all(sorted(ref.sample_order(i, n, True, 5, e) for i in range(n)) == list(range(n))
+               and [ref.sample_order(i, n, False, 5, e) for i in range(n)] == list(range(n))
+               for n in range(1, 40) for e in range(3))
+    check(perm, "sample_order: a permutation with shuffle, the identity without, n = 1..39")
+
+
+def training_case(tmp, label, shuffle, seed):
+    """`ft train` for 20 steps against torch, with evaluation after steps 9 and 19."""
     case = os.path.join(tmp, label)
     os.makedirs(case)
     cfg = ref.Config(dim=48, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=80, vocab_size=67)
@@ -115,16 +150,24 @@ def training_case(tmp):
     hf = os.path.join(case, "hf")
     ref.save_hf_folder(model, hf)
     T, micro, glob, steps = 8, 2, 4, 20
-    # 2 shards of 14*8+1 tokens -> 28 samples per epoch: 20 steps x 4 samples roll over twice,
-    # and step 7's batch straddles epochs 0 and 1.
-    data, shards = make_data(case, "data", cfg.vocab_size, 14 * T + 1, 2, 11)
+    # Shards of 12 and 14 samples (the first with 5 tokens too few for a 13th, which must go
+    # unused) -> N = 26 samples per epoch. 20 steps x 4 = 80 stream positions: epochs 0..3,
+    # and since 26 is not a multiple of 4, some global batches straddle two epochs (asserted).
+    data, shards = make_data(case, "data", cfg.vocab_size, [12 * T + 1 + 5, 14 * T + 1], 2, 11)
+    # Validation: other random tokens, with a loss mask (so the token weighting matters), in
+    # shards of 5 and 4 samples; eval_batches x G = 8 of its 9 samples are evaluated.
+    eval_every, eval_batches = 10, 2
+    valid, vshards = make_data(case, "valid", cfg.vocab_size, [5 * T + 1, 4 * T + 1], 2, 12,
+                               with_mask=True)
     metrics = os.path.join(case, "metrics.jsonl")
     lr, wd, clip, warm, min_lr = 3e-3, 0.1, 2.5, 3, 3e-4
     optimizer = f"optimizer: {{lr: {lr}, betas: [0.9, 0.95], eps: 1.0e-8, weight_decay: {wd}}}"
     extra = (f"scheduler: {{name: cosine, warmup_steps: {warm}, min_lr: {min_lr}}}\n"
              f"logging: {{every_steps: 1, metrics: {metrics}}}\n")
     rpath = os.path.join(case, "recipe.yaml")
-    recipe_yaml(rpath, hf, data, T, micro, glob, extra, optimizer)
+    recipe_yaml(rpath, hf, data, T, micro, glob, extra, optimizer, seed=seed, shuffle=shuffle,
+                valid=valid,
+                training_extra=f", eval_every_steps: {eval_every}, eval_batches: {eval_batches}")
     res = subprocess.run([FT, "train", rpath, f"training.steps={steps}", f"training.grad_clip={clip}"],
                          capture_output=True, text=True)
     if res.returncode != 0:
@@ -133,6 +176,27 @@ def training_case(tmp):
     lines = [json.loads(l) for l in open(metrics)]
     ft_loss = {l["step"]: l["loss"] for l in lines if "loss" in l}
     ft_norm = {l["step"]: l["grad_norm"] for l in lines if "grad_norm" in l}
+    ft_eval = {l["step"]: l["eval_loss"] for l in lines if "eval_loss" in l}
+
+    # The reference's sample stream: position j -> sample order(j mod N) of epoch j div N.
+    samples = ref.samples_no_shuffle(shards, T)
+    N = len(samples)
+    stream = [ref.stream_sample(j, N, shuffle, seed) for j in range(steps * glob)]
+    straddling = [s for s in range(steps)
+                  if len({e for e, _ in stream[s * glob:(s + 1) * glob]}) > 1]
+    epochs = stream[-1][0] + 1
+    check(N == 26 and epochs == 4 and len(straddling) > 0,
+          f"{label}: N {N}, {steps} steps cover {epochs} epochs; "
+          f"steps {straddling} straddle two epochs")
+    if shuffle:  # otherwise the shuffled run would prove nothing the plain one does not
+        orders = [[i for e, i in stream[k * N:(k + 1) * N]] for k in range(3)]
+        check(orders[0] != list(range(N)) and orders[0] != orders[1] != orders[2],
+              f"{label}: shuffled epoch orders differ from the identity and from each other")
+
+    vsamples = ref.samples_no_shuffle(vshards, T)[:eval_batches * glob]  # in order, no shuffle
+    v_ids = torch.tensor(np.stack([b[0] for b in vsamples]))
+    v_tgt = torch.tensor(np.stack([b[1] for b in vsamples]))
+    v_msk = torch.tensor(np.stack([b[2] for b in vsamples]))
 
     params = model.named()
     decay = [p for p in params.values() if p.dim() >= 2]
@@ -140,10 +204,9 @@ def training_case(tmp):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.95), eps=1e-8)
-    samples = ref.samples_no_shuffle(shards, T)
-    N = len(samples)
     clipped = 0
     worst = 0.0
+    evals = []
     for s in range(steps):
         if s < warm:
             lr_s = lr * (s + 1) / warm
@@ -153,7 +216,7 @@ def training_case(tmp):
         for g in opt.param_groups:
             g["lr"] = lr_s
         opt.zero_grad()
-        batch = [samples[(s * glob + j) % N] for j in range(glob)]
+        batch = [samples[i] for _, i in stream[s * glob:(s + 1) * glob]]
         ids = torch.tensor(np.stack([b[0] for b in batch]))
         tgt = torch.tensor(np.stack([b[1] for b in batch]))
         msk = torch.tensor(np.stack([b[2] for b in batch]))
@@ -177,6 +240,18 @@ def training_case(tmp):
         nrel = abs(ft_norm[s] - norm) / norm
         if nrel > 1e-4:
             check(False, f"{label}: step {s} grad_norm ft {ft_norm[s]:.6f} torch {norm:.6f}")
+        if (s + 1) % eval_every == 0 or s + 1 == steps:  # after this step's update
+            with torch.no_grad():
+                ev = (model.loss_sum(v_ids, v_tgt, v_msk) / v_msk.sum()).item()
+            evals.append(s)
+            if s not in ft_eval:
+                check(False, f"{label}: ft metrics lack an eval_loss at step {s}")
+                continue
+            erel = abs(ft_eval[s] - ev) / abs(ev)
+            check(erel <= 1e-5, f"{label}: eval_loss after step {s}: ft {ft_eval[s]:.7f} "
+                                f"torch {ev:.7f} rel {erel:.2e}")
+    check(sorted(ft_eval) == evals,
+          f"{label}: ft evaluated after steps {sorted(ft_eval)}, expected {evals}")
     check(0 < clipped < steps, f"{label}: clipping was active on {clipped} of {steps} steps (both branches)")
     check(worst <= 1e-4, f"{label}: {steps} per-step losses match, worst rel {worst:.2e}")
 
@@ -190,7 +265,9 @@ def main():
                   T=9, micro=2, glob=2, weights_dtype="BF16")
         grad_case(tmp, "loss_mask", ref.Config(32, 2, 2, 1, 48, 31), T=12, micro=2, glob=4,
                   with_mask=True)
-        training_case(tmp)
+        sample_order_case()
+        training_case(tmp, "train20", shuffle=False, seed=1)
+        training_case(tmp, "train20_shuffle", shuffle=True, seed=20240611)
     print(f"numerics: {len(failures)} failed check(s)")
     sys.exit(1 if failures else 0)
 
