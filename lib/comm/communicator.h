@@ -1,6 +1,5 @@
 // Communicator: the collective operations training needs, behind one interface so that the
-// single-process run, MPI and NCCL are interchangeable. Only the single-process implementation
-// exists so far; the MPI one comes with the parallelism work and plugs in here.
+// single-process run, MPI and (later) NCCL are interchangeable.
 #pragma once
 
 #include <cstddef>
@@ -17,11 +16,25 @@ class Communicator {
   // In-place sum over all ranks of the group.
   virtual void all_reduce_sum(float* data, size_t n) = 0;
   virtual void all_reduce_sum(double* data, size_t n) = 0;
+  // in: size() * shard floats; out: this rank's shard (entries [rank*shard, (rank+1)*shard)) of
+  // the sum over ranks.
+  virtual void reduce_scatter_sum(const float* in, float* out, size_t shard) = 0;
+  // in: this rank's shard; out: size() * shard floats, rank r's shard at r*shard.
+  virtual void all_gather(const float* in, float* out, size_t shard) = 0;
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   virtual void barrier() = 0;
+  // Ends every rank of the job (after a fatal error on this one), with this exit code.
+  virtual void abort(int code) = 0;
   virtual std::string describe() const = 0;  // e.g. "single process", "mpi world 8"
 };
 
 std::unique_ptr<Communicator> make_single_process_communicator();
+
+// True when this process was started by an MPI launcher (mpirun, srun with PMIx/PMI).
+bool launched_by_mpi();
+
+// The world: MPI when launched by an MPI launcher (and built with FT_MPI), else one process.
+// Call once, early; the MPI communicator finalizes MPI when destroyed.
+std::unique_ptr<Communicator> init_world_communicator(int* argc, char*** argv);
 
 }  // namespace ft

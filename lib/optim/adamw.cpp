@@ -1,14 +1,20 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
+
 #include "kernels/kernels.h"
 
 namespace ft {
 
-AdamW::AdamW(const ParamLayout& layout, const OptimizerConfig& cfg, Device* dev)
-    : layout_(layout), cfg_(cfg) {
-  for (const auto& g : layout.groups()) {
-    m_.emplace_back(dev, g.numel);
-    v_.emplace_back(dev, g.numel);
+AdamW::AdamW(const ParamLayout& layout, const OptimizerConfig& cfg, Device* dev,
+             std::vector<ShardRange> ranges)
+    : layout_(layout), cfg_(cfg), ranges_(std::move(ranges)) {
+  const auto& groups = layout.groups();
+  if (ranges_.empty())
+    for (const auto& g : groups) ranges_.push_back({0, g.numel});
+  for (const auto& r : ranges_) {
+    m_.emplace_back(dev, r.size());
+    v_.emplace_back(dev, r.size());
     m_.back().zero();
     v_.back().zero();
   }
@@ -18,13 +24,20 @@ void AdamW::step(std::vector<Buffer<float>>& params, const std::vector<Buffer<fl
                  double lr) {
   ++t_;
   const auto& groups = layout_.groups();
-  for (size_t gi = 0; gi < groups.size(); ++gi)
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const ShardRange& r = ranges_[gi];
+    // The range may cut through tensors: update each tensor's overlap with it, so weight decay
+    // still follows the tensor it belongs to.
     for (const auto& e : groups[gi].entries) {
+      const size_t lo = std::max(r.begin, e.offset), hi = std::min(r.end, e.offset + e.numel);
+      if (lo >= hi) continue;
       const float wd = e.weight_decay ? float(cfg_.weight_decay) : 0.0f;
-      kernels::adamw_update(params[gi].data() + e.offset, grads[gi].data() + e.offset,
-                            m_[gi].data() + e.offset, v_[gi].data() + e.offset, e.numel, float(lr),
-                            float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), wd, t_);
+      kernels::adamw_update(params[gi].data() + lo, grads[gi].data() + lo,
+                            m_[gi].data() + (lo - r.begin), v_[gi].data() + (lo - r.begin),
+                            hi - lo, float(lr), float(cfg_.beta1), float(cfg_.beta2),
+                            float(cfg_.eps), wd, t_);
     }
+  }
 }
 
 size_t AdamW::state_bytes() const {

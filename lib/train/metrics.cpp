@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 
 namespace ft {
@@ -37,7 +39,18 @@ void MetricsWriter::write(const nlohmann::json& line) {
   std::fflush(f_);
 }
 
-Progress::Progress(bool enabled) : enabled_(enabled), tty_(isatty(STDOUT_FILENO)) {}
+namespace {
+// A live bar only on a real terminal. Under an MPI launcher stdout is often a pseudo-terminal of
+// the launcher's even when the job's output goes to a file, so ranks started by a launcher print
+// plain lines unless FT_PROGRESS says otherwise (`--nproc` sets it from its own stdout).
+bool use_live_bar() {
+  if (const char* p = std::getenv("FT_PROGRESS")) return std::string(p) == "bar";
+  if (launched_by_mpi()) return false;
+  return isatty(STDOUT_FILENO);
+}
+}  // namespace
+
+Progress::Progress(bool enabled) : enabled_(enabled), tty_(use_live_bar()) {}
 
 std::string Progress::human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

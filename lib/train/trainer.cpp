@@ -36,7 +36,15 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 int configure_threads(int threads) {
-  const int n = threads > 0 ? threads : available_cores();
+  int n = threads > 0 ? threads : available_cores();
+  // Ranks started on one node by a launcher that did not bind them to cores each see every
+  // core: share the cores among them instead of oversubscribing.
+  if (threads <= 0) {
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!local) local = std::getenv("SLURM_NTASKS_PER_NODE");
+    const int local_ranks = local ? std::max(1, std::atoi(local)) : 1;
+    if (local_ranks > 1 && n == int(sysconf(_SC_NPROCESSORS_ONLN))) n = std::max(1, n / local_ranks);
+  }
   omp_set_num_threads(n);
   kernels::set_blas_threads(n);
   return n;
@@ -148,7 +156,26 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   } else {
     model.init_random(r.run.seed, r.model.init_std);
   }
-  AdamW optim(model.layout(), r.optimizer, dev.get());
+  // ZeRO over the data group (DESIGN.md §3; Rajbhandari et al. 2020). Stage 1: each data rank
+  // keeps AdamW moments for only its contiguous 1/D slice of every flat group buffer, updates
+  // that slice after the gradient all-reduce, and all-gathers the updated parameters.
+  const int data_ranks = world;  // tensor = pipeline = 1 in this build
+  const bool zero1 = r.parallel.zero_stage >= 1 && data_ranks > 1;
+  std::vector<ShardRange> ranges;
+  size_t max_shard = 0;
+  for (const auto& g : model.layout().groups()) {
+    const size_t shard = (g.numel + data_ranks - 1) / data_ranks;
+    max_shard = std::max(max_shard, shard);
+    const size_t begin = std::min(g.numel, size_t(comm.rank()) * shard);
+    ranges.push_back(zero1 ? ShardRange{begin, std::min(g.numel, begin + shard)}
+                           : ShardRange{0, g.numel});
+  }
+  AdamW optim(model.layout(), r.optimizer, dev.get(), ranges);
+  // Communication buffer for the parameter all-gather: D shards of the largest group.
+  Buffer<float> gather_buf = zero1 ? Buffer<float>(dev.get(), max_shard * data_ranks) : Buffer<float>();
+  size_t params_bytes = 0, grads_bytes = 0;
+  for (const auto& b : model.params()) params_bytes += b.bytes();
+  for (const auto& b : model.grads()) grads_bytes += b.bytes();
 
   if (is_root) {
     std::printf("ft: model %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, vocab %d)\n",
@@ -202,6 +229,17 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
     clip_grads(model.grads(), grad_norm, r.training.grad_clip);
     const double lr = lr_at_step(r.scheduler, r.optimizer.lr, s, r.training.steps);
     optim.step(model.params(), model.grads(), lr);
+    if (zero1) {
+      const auto& groups = model.layout().groups();
+      for (size_t g = 0; g < groups.size(); ++g) {
+        const size_t n = groups[g].numel, shard = (n + data_ranks - 1) / data_ranks;
+        float* own = gather_buf.data() + size_t(comm.rank()) * shard;
+        std::copy(model.params()[g].data() + ranges[g].begin,
+                  model.params()[g].data() + ranges[g].end, own);
+        comm.all_gather(own, gather_buf.data(), shard);
+        std::copy(gather_buf.data(), gather_buf.data() + n, model.params()[g].data());
+      }
+    }
 
     const double loss = count > 0 ? loss_sum / count : 0.0;
     const double step_time = seconds_since(t_step);
@@ -222,7 +260,10 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
                      {"tokens", tokens_seen},
                      {"tokens_per_s", double(step_tokens) / step_time},
                      {"step_time_s", step_time},
-                     {"mem_peak_bytes", mem_peak}});
+                     {"mem_peak_bytes", mem_peak},
+                     {"mem_params_bytes", params_bytes},
+                     {"mem_grads_bytes", grads_bytes},
+                     {"mem_optim_bytes", optim.state_bytes()}});
       StepReport rep;
       rep.step = s;
       rep.total_steps = r.training.steps;

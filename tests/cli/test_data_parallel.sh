@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Data parallelism over MPI: every data-parallel layout and ZeRO stage trains the same model as
+# one process (DESIGN.md §3: the layout changes how a step is computed, never what).
+#  - single process vs `--nproc 2` (ft starts mpirun itself) vs `mpirun -np 4 --mca btl tcp,self`
+#    (TCP only, standing in for separate nodes), each with ZeRO stages 0 and 1: per-step losses
+#    within 1e-5 relative (float sums in a different order: ~1e-7 seen).
+#  - ZeRO-1 optimizer state per rank = full state / data ranks, within 5% plus padding.
+#  - Only rank 0 writes metrics and prints progress.
+#  - A rank killed with SIGKILL ends the whole job, non-zero, within 60 s, naming the rank.
+#   bash tests/cli/test_data_parallel.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
+ft="$build/ft"
+tmp=$(mktemp -d); trap '[[ -n ${KEEP:-} ]] || rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+mpirun_args=(--oversubscribe)
+[[ $(id -u) == 0 ]] && mpirun_args+=(--allow-run-as-root)
+
+/usr/bin/python3 - "$tmp" "$src" <<'PY'
+import sys, os
+tmp, src = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(src, "tests", "ref"))
+import numpy as np, llama_ref as ref
+rng = np.random.default_rng(5)
+os.makedirs(f"{tmp}/data")
+for i in range(2):
+    toks = rng.integers(0, 61, 37 * 12 + 1)
+    mask = (rng.random(toks.size) < 0.8).astype(np.uint8)
+    ref.write_shard(f"{tmp}/data/shard_{i:05d}.h5", toks, 61, loss_mask=mask)
+PY
+
+cat > "$tmp/r.yaml" <<YAML
+run: {name: dp, output_dir: $tmp/out, seed: 7}
+model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 40, vocab_size: 61, max_seq_len: 16}
+data: {train: $tmp/data, seq_len: 12, shuffle: true}
+training: {steps: 10, micro_batch_size: 1, global_batch_size: 8, grad_clip: 0.3}
+optimizer: {lr: 0.01, weight_decay: 0.1}
+scheduler: {name: cosine, warmup_steps: 2}
+logging: {every_steps: 1}
+runtime: {threads: 1}
+YAML
+
+"$ft" train "$tmp/r.yaml" run.output_dir="$tmp/single" > /dev/null 2>&1 || fail "single-process run"
+for z in 0 1; do
+  "$ft" train "$tmp/r.yaml" parallel.zero_stage=$z run.output_dir="$tmp/nproc2_z$z" --nproc 2 \
+    > "$tmp/nproc2_z$z.log" 2>&1 || fail "--nproc 2 zero $z: $(tail -5 "$tmp/nproc2_z$z.log")"
+  mpirun "${mpirun_args[@]}" -np 4 --mca btl tcp,self "$ft" train "$tmp/r.yaml" \
+    parallel.zero_stage=$z run.output_dir="$tmp/tcp4_z$z" > "$tmp/tcp4_z$z.log" 2>&1 \
+    || fail "mpirun -np 4 tcp zero $z: $(tail -5 "$tmp/tcp4_z$z.log")"
+done
+[[ $(grep -c '^step 10/10' "$tmp/tcp4_z0.log") == 1 ]] || fail "progress printed by more than rank 0"
+
+/usr/bin/python3 - "$tmp" <<'PY' || fail "layouts disagree"
+import json, sys
+tmp = sys.argv[1]
+def metrics(name):
+    return [json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl") if '"loss"' in l]
+ref = metrics("single")
+assert len(ref) == 10
+for name, ranks in (("nproc2_z0", 2), ("nproc2_z1", 2), ("tcp4_z0", 4), ("tcp4_z1", 4)):
+    got = metrics(name)
+    worst = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(got, ref))
+    assert len(got) == 10 and worst <= 1e-5, (name, worst)
+    full = ref[0]["mem_optim_bytes"]
+    per_rank = got[0]["mem_optim_bytes"]
+    expect = full / ranks if name.endswith("z1") else full
+    pad = 8 * 4 * ranks * 4  # up to one float of padding per group, two moments
+    assert abs(per_rank - expect) <= 0.05 * expect + pad, (name, per_rank, expect)
+    assert got[0]["mem_params_bytes"] == ref[0]["mem_params_bytes"]
+    print(f"{name}: losses match (worst rel {worst:.1e}), optimizer state {per_rank} bytes/rank")
+PY
+
+# A rank killed mid-run: the job ends, non-zero, within 60 s, and the failed rank is named.
+start=$(date +%s)
+set +e
+"$ft" train "$tmp/r.yaml" training.steps=100000 run.output_dir="$tmp/killed" --nproc 2 \
+  > "$tmp/killed.log" 2>&1 &
+job=$!
+set -e
+victim=""
+for _ in $(seq 100); do
+  sleep 0.2
+  victim=$(pgrep -f "$tmp/killed" | while read -r p; do
+    [[ $(tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -c '^OMPI_COMM_WORLD_RANK=1$') == 1 ]] && echo "$p"
+  done | head -1)
+  [[ -n $victim && -s $tmp/killed/metrics.jsonl ]] && break
+done
+[[ -n $victim ]] || fail "could not find rank 1"
+kill -9 "$victim"
+rc=0
+timeout 60 tail --pid=$job -f /dev/null || fail "job still running 60 s after rank 1 was killed"
+wait $job || rc=$?
+[[ $rc != 0 ]] || fail "job exited 0 after a rank was killed"
+grep -q -i 'rank 1' "$tmp/killed.log" || fail "failed rank not named: $(tail -5 "$tmp/killed.log")"
+echo "killed rank 1: job ended with $rc after $(( $(date +%s) - start )) s"
+echo "test_data_parallel: all checks passed"
