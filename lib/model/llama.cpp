@@ -46,10 +46,17 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_chec
     : cfg_(cfg), dev_(dev), ckpt_(activation_checkpointing), layout_(cfg) {
   for (const auto& g : layout_.groups()) {
     params_.emplace_back(dev_, g.numel);
-    grads_.emplace_back(dev_, g.numel);
     params_.back().zero();
-    grads_.back().zero();
   }
+}
+
+std::vector<Buffer<float>>& LlamaModel::grads() {
+  if (grads_.empty())
+    for (const auto& g : layout_.groups()) {
+      grads_.emplace_back(dev_, g.numel);
+      grads_.back().zero();
+    }
+  return grads_;
 }
 
 LlamaModel::~LlamaModel() = default;
@@ -99,7 +106,7 @@ void LlamaModel::init_random(uint64_t seed, double std) {
 }
 
 void LlamaModel::zero_grads() {
-  for (auto& g : grads_) g.zero();
+  for (auto& g : grads_) g.zero();  // hooks zero their own working buffers
 }
 
 void LlamaModel::ensure_acts(int B, int T, bool need_backward) {
@@ -157,7 +164,7 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   const int N = B * T, C = cfg_.dim, F = cfg_.ffn_dim, H = cfg_.n_heads, K = cfg_.n_kv_heads;
   const int D = layout_.head_dim();
   const BlockOffsets& o = layout_.block_offsets();
-  const float* w = params_[1 + l].data();
+  const float* w = P(1 + l);
   const float* x = a.resid[l].data();
   float* y = a.resid[l + 1].data();
 
@@ -179,6 +186,7 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   k::swiglu_forward(la.h.data(), la.g.data(), la.u.data(), size_t(N) * F);
   std::memcpy(y, la.mid.data(), sizeof(float) * size_t(N) * C);
   k::linear_forward(y, la.h.data(), w + o.w_down, N, F, C, /*accumulate=*/true);
+  release(1 + l);
 }
 
 // On entry a.dresid holds dL/d(resid[l+1]); on exit dL/d(resid[l]).
@@ -189,8 +197,8 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   const int N = B * T, C = cfg_.dim, F = cfg_.ffn_dim, H = cfg_.n_heads, K = cfg_.n_kv_heads;
   const int D = layout_.head_dim();
   const BlockOffsets& o = layout_.block_offsets();
-  const float* w = params_[1 + l].data();
-  float* dw = grads_[1 + l].data();
+  const float* w = P(1 + l);
+  float* dw = G(1 + l);
   const float* x = a.resid[l].data();
   float* dy = a.dresid.data();
 
@@ -219,6 +227,8 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   k::rmsnorm_backward(la.ln1.data(), dw + o.attn_norm, a.dtmp.data(), x, w + o.attn_norm,
                       la.rstd1.data(), N, C);
   k::add_inplace(dy, la.ln1.data(), size_t(N) * C);  // dL/d x
+  release(1 + l);
+  grads_ready(1 + l);
 }
 
 double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
@@ -233,26 +243,35 @@ double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, const 
     FT_CHECK(!mask[n] || (targets[n] >= 0 && targets[n] < V), "target token id ", targets[n],
              " out of range for vocab_size ", V);
   }
-  const float* E = params_[0].data();
   const int hg = L + 1;  // head group
-  const float* wf = params_[hg].data();
-  const float* Wh = cfg_.tie_embeddings ? E : params_[hg].data() + C;
 
-  k::embedding_forward(a.resid[0].data(), inputs, E, N, C);
+  k::embedding_forward(a.resid[0].data(), inputs, P(0), N, C);
+  if (!cfg_.tie_embeddings) release(0);
   for (int l = 0; l < L; ++l) layer_forward(l, B, T);
+  const float* wf = P(hg);
+  const float* Wh = cfg_.tie_embeddings ? P(0) : wf + C;  // tied: E was kept acquired
   k::rmsnorm_forward(a.lnf.data(), a.rstdf.data(), a.resid[L].data(), wf, N, C, float(cfg_.norm_eps));
   k::linear_forward(a.logits.data(), a.lnf.data(), Wh, N, C, V);
   double loss_sum = k::cross_entropy_forward_backward(backward ? a.logits.data() : nullptr,
                                                       a.logits.data(), targets, mask, N, V, loss_scale);
-  if (!backward) return loss_sum;
+  if (!backward) {
+    release(hg);
+    if (cfg_.tie_embeddings) { release(0); release(0); }  // the acquire for the head, and the first
+    return loss_sum;
+  }
 
   // logits = f·Whᵀ
-  float* dWh = cfg_.tie_embeddings ? grads_[0].data() : grads_[hg].data() + C;
+  float* dhead = G(hg);
+  float* dWh = cfg_.tie_embeddings ? G(0) : dhead + C;
   k::linear_backward(a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N, C, V);
-  k::rmsnorm_backward(a.dresid.data(), grads_[hg].data(), a.dtmp.data(), a.resid[L].data(), wf,
+  k::rmsnorm_backward(a.dresid.data(), dhead, a.dtmp.data(), a.resid[L].data(), wf,
                       a.rstdf.data(), N, C);
+  release(hg);
+  grads_ready(hg);
+  if (cfg_.tie_embeddings) { release(0); release(0); }
   for (int l = L - 1; l >= 0; --l) layer_backward(l, B, T);
-  k::embedding_backward(grads_[0].data(), inputs, a.dresid.data(), N, C);
+  k::embedding_backward(G(0), inputs, a.dresid.data(), N, C);
+  grads_ready(0);
   return loss_sum;
 }
 

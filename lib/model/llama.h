@@ -13,6 +13,20 @@
 
 namespace ft {
 
+// Where a group's parameters and gradients live while the model runs. Without hooks, in the
+// model's own full flat buffers. ZeRO stages 2 and 3 (lib/parallel/zero.h) supply hooks: the
+// parameters of a group are gathered just before the group runs and released after; a group's
+// gradient accumulates in a working buffer that is reduce-scattered as soon as the group's
+// backward for the micro-batch is complete.
+class GroupHooks {
+ public:
+  virtual ~GroupHooks() = default;
+  virtual const float* acquire_params(int group) = 0;  // full parameters of the group
+  virtual void release_params(int group) = 0;
+  virtual float* grads(int group) = 0;                 // full-size, accumulate into it
+  virtual void grads_ready(int group) = 0;             // this micro-batch's gradient is complete
+};
+
 class LlamaModel {
  public:
   LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing = false);
@@ -22,7 +36,11 @@ class LlamaModel {
   const ParamLayout& layout() const { return layout_; }
   // Flat parameter and gradient buffers, one per layout group. (numel of group g)
   std::vector<Buffer<float>>& params() { return params_; }
-  std::vector<Buffer<float>>& grads() { return grads_; }
+  // Full gradient buffers (allocated on first use: ZeRO-2/3 runs never need them).
+  std::vector<Buffer<float>>& grads();
+  void set_hooks(GroupHooks* hooks) { hooks_ = hooks; }
+  // Frees the full parameter buffers once ZeRO-3 hooks own the parameters.
+  void drop_params() { params_.clear(); }
   std::vector<float*> param_ptrs();
   size_t num_params() const { return layout_.total_numel(); }
 
@@ -53,6 +71,11 @@ class LlamaModel {
   ParamLayout layout_;
   std::vector<Buffer<float>> params_, grads_;
   std::unique_ptr<Acts> acts_;
+  GroupHooks* hooks_ = nullptr;
+  const float* P(int g) { return hooks_ ? hooks_->acquire_params(g) : params_[g].data(); }
+  void release(int g) { if (hooks_) hooks_->release_params(g); }
+  float* G(int g) { return hooks_ ? hooks_->grads(g) : grads()[g].data(); }
+  void grads_ready(int g) { if (hooks_) hooks_->grads_ready(g); }
 };
 
 }  // namespace ft

@@ -20,7 +20,7 @@ AdamW::AdamW(const ParamLayout& layout, const OptimizerConfig& cfg, Device* dev,
   }
 }
 
-void AdamW::step(std::vector<Buffer<float>>& params, const std::vector<Buffer<float>>& grads,
+void AdamW::step(const std::vector<float*>& params, const std::vector<const float*>& grads,
                  double lr) {
   ++t_;
   const auto& groups = layout_.groups();
@@ -32,7 +32,7 @@ void AdamW::step(std::vector<Buffer<float>>& params, const std::vector<Buffer<fl
       const size_t lo = std::max(r.begin, e.offset), hi = std::min(r.end, e.offset + e.numel);
       if (lo >= hi) continue;
       const float wd = e.weight_decay ? float(cfg_.weight_decay) : 0.0f;
-      kernels::adamw_update(params[gi].data() + lo, grads[gi].data() + lo,
+      kernels::adamw_update(params[gi] + (lo - r.begin), grads[gi] + (lo - r.begin),
                             m_[gi].data() + (lo - r.begin), v_[gi].data() + (lo - r.begin),
                             hi - lo, float(lr), float(cfg_.beta1), float(cfg_.beta2),
                             float(cfg_.eps), wd, t_);
@@ -45,20 +45,6 @@ size_t AdamW::state_bytes() const {
   for (const auto& x : m_) b += x.bytes();
   for (const auto& x : v_) b += x.bytes();
   return b;
-}
-
-double grad_sum_squares(const std::vector<Buffer<float>>& grads) {
-  double s = 0.0;
-  for (const auto& g : grads) s += kernels::sum_squares(g.data(), g.size());
-  return s;
-}
-
-double clip_grads(std::vector<Buffer<float>>& grads, double norm, double max_norm) {
-  if (max_norm <= 0) return 1.0;
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef >= 1.0) return 1.0;
-  for (auto& g : grads) kernels::scale_inplace(g.data(), float(coef), g.size());
-  return coef;
 }
 
 }  // namespace ft

@@ -914,12 +914,6 @@ class Loader {
               "set it to 1");
       }
     }
-    if (r_.parallel.zero_stage >= 2 && usable("parallel.zero_stage")) {
-      issue(locate("parallel.zero_stage"), "parallel.zero_stage",
-            "ZeRO stage " + std::to_string(r_.parallel.zero_stage) +
-                " is not implemented yet in this build (stages 0 and 1 are)",
-            "use zero_stage: 1 (optimizer state sharded over the data ranks)");
-    }
     if (r_.checkpoint.every_steps > 0 && usable("checkpoint.every_steps")) {
       issue(locate("checkpoint.every_steps"), "checkpoint.every_steps",
             "periodic checkpoints are not implemented yet in this build",

@@ -28,6 +28,7 @@
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
+#include "parallel/zero.h"
 #include "runtime/device.h"
 #include "train/metrics.h"
 
@@ -156,26 +157,11 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   } else {
     model.init_random(r.run.seed, r.model.init_std);
   }
-  // ZeRO over the data group (DESIGN.md §3; Rajbhandari et al. 2020). Stage 1: each data rank
-  // keeps AdamW moments for only its contiguous 1/D slice of every flat group buffer, updates
-  // that slice after the gradient all-reduce, and all-gathers the updated parameters.
-  const int data_ranks = world;  // tensor = pipeline = 1 in this build
-  const bool zero1 = r.parallel.zero_stage >= 1 && data_ranks > 1;
-  std::vector<ShardRange> ranges;
-  size_t max_shard = 0;
-  for (const auto& g : model.layout().groups()) {
-    const size_t shard = (g.numel + data_ranks - 1) / data_ranks;
-    max_shard = std::max(max_shard, shard);
-    const size_t begin = std::min(g.numel, size_t(comm.rank()) * shard);
-    ranges.push_back(zero1 ? ShardRange{begin, std::min(g.numel, begin + shard)}
-                           : ShardRange{0, g.numel});
-  }
-  AdamW optim(model.layout(), r.optimizer, dev.get(), ranges);
-  // Communication buffer for the parameter all-gather: D shards of the largest group.
-  Buffer<float> gather_buf = zero1 ? Buffer<float>(dev.get(), max_shard * data_ranks) : Buffer<float>();
-  size_t params_bytes = 0, grads_bytes = 0;
-  for (const auto& b : model.params()) params_bytes += b.bytes();
-  for (const auto& b : model.grads()) grads_bytes += b.bytes();
+  // ZeRO over the data group (lib/parallel/zero.h). Takes over the parameters (stage 3) and
+  // gradients (stages 2, 3) from the model.
+  ZeroSharding zero(r.parallel.zero_stage, model, comm, dev.get());
+  AdamW optim(model.layout(), r.optimizer, dev.get(), zero.ranges());
+  const size_t params_bytes = zero.params_bytes(), grads_bytes = zero.grads_bytes();
 
   if (is_root) {
     std::printf("ft: model %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, vocab %d)\n",
@@ -215,7 +201,7 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
       log_warn("step ", s, ": every target of the global batch is masked out (loss_mask); the "
                "loss is reported as 0 and only weight decay changes the parameters");
 
-    model.zero_grads();
+    zero.begin_step();
     double loss_sum = 0;
     for (int m = 0; m < accum; ++m) {
       const size_t off = size_t(m) * micro * row;
@@ -223,24 +209,15 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
                                          batch.mask.data() + off, micro, T, scale);
     }
     comm.all_reduce_sum(&loss_sum, 1);
-    for (auto& g : model.grads()) comm.all_reduce_sum(g.data(), g.size());
+    zero.finish_backward();
 
-    const double grad_norm = std::sqrt(grad_sum_squares(model.grads()));
-    clip_grads(model.grads(), grad_norm, r.training.grad_clip);
+    // clip_grad_norm_ semantics over every gradient of the model, whichever rank holds it.
+    const double grad_norm = std::sqrt(zero.grad_sum_squares());
+    const double clip = r.training.grad_clip > 0 ? r.training.grad_clip / (grad_norm + 1e-6) : 1.0;
+    if (clip < 1.0) zero.scale_grads(float(clip));
     const double lr = lr_at_step(r.scheduler, r.optimizer.lr, s, r.training.steps);
-    optim.step(model.params(), model.grads(), lr);
-    if (zero1) {
-      const auto& groups = model.layout().groups();
-      for (size_t g = 0; g < groups.size(); ++g) {
-        const size_t n = groups[g].numel, shard = (n + data_ranks - 1) / data_ranks;
-        float* own = gather_buf.data() + size_t(comm.rank()) * shard;
-        std::copy(model.params()[g].data() + ranges[g].begin,
-                  model.params()[g].data() + ranges[g].end, own);
-        comm.all_gather(own, gather_buf.data(), shard);
-        std::copy(gather_buf.data(), gather_buf.data() + n, model.params()[g].data());
-      }
-    }
-
+    optim.step(zero.param_bases(), zero.grad_bases(), lr);
+    zero.finish_update();
     const double loss = count > 0 ? loss_sum / count : 0.0;
     const double step_time = seconds_since(t_step);
     const int64_t step_tokens = int64_t(r.training.global_batch_size) * T;

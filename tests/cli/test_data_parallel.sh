@@ -2,9 +2,11 @@
 # Data parallelism over MPI: every data-parallel layout and ZeRO stage trains the same model as
 # one process (DESIGN.md §3: the layout changes how a step is computed, never what).
 #  - single process vs `--nproc 2` (ft starts mpirun itself) vs `mpirun -np 4 --mca btl tcp,self`
-#    (TCP only, standing in for separate nodes), each with ZeRO stages 0 and 1: per-step losses
-#    within 1e-5 relative (float sums in a different order: ~1e-7 seen).
-#  - ZeRO-1 optimizer state per rank = full state / data ranks, within 5% plus padding.
+#    (TCP only, standing in for separate nodes), each with ZeRO stages 0–3: per-step losses
+#    within 1e-5 relative (float sums in a different order: ~1e-7 seen). Also tied embeddings
+#    with activation checkpointing under ZeRO-3 (parameters gathered twice per layer).
+#  - Resident bytes per rank match the ZeRO formulas within 5% plus padding: stage 1 optimizer
+#    state ÷ N, stage 2 also gradients ÷ N, stage 3 also parameters ÷ N.
 #  - Only rank 0 writes metrics and prints progress.
 #  - A rank killed with SIGKILL ends the whole job, non-zero, within 60 s, naming the rank.
 #   bash tests/cli/test_data_parallel.sh BUILD_DIR SOURCE_DIR
@@ -45,7 +47,7 @@ runtime: {threads: 1}
 YAML
 
 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/single" > /dev/null 2>&1 || fail "single-process run"
-for z in 0 1; do
+for z in 0 1 2 3; do
   "$ft" train "$tmp/r.yaml" parallel.zero_stage=$z run.output_dir="$tmp/nproc2_z$z" --nproc 2 \
     > "$tmp/nproc2_z$z.log" 2>&1 || fail "--nproc 2 zero $z: $(tail -5 "$tmp/nproc2_z$z.log")"
   mpirun "${mpirun_args[@]}" -np 4 --mca btl tcp,self "$ft" train "$tmp/r.yaml" \
@@ -53,25 +55,36 @@ for z in 0 1; do
     || fail "mpirun -np 4 tcp zero $z: $(tail -5 "$tmp/tcp4_z$z.log")"
 done
 [[ $(grep -c '^step 10/10' "$tmp/tcp4_z0.log") == 1 ]] || fail "progress printed by more than rank 0"
+tied=(model.tie_embeddings=true training.activation_checkpointing=true)
+"$ft" train "$tmp/r.yaml" "${tied[@]}" run.output_dir="$tmp/tied_single" > /dev/null 2>&1 || fail "tied single"
+"$ft" train "$tmp/r.yaml" "${tied[@]}" parallel.zero_stage=3 run.output_dir="$tmp/tied_nproc2_z3" \
+  --nproc 2 > "$tmp/tied.log" 2>&1 || fail "tied zero 3: $(tail -5 "$tmp/tied.log")"
 
 /usr/bin/python3 - "$tmp" <<'PY' || fail "layouts disagree"
 import json, sys
 tmp = sys.argv[1]
 def metrics(name):
     return [json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl") if '"loss"' in l]
-ref = metrics("single")
-assert len(ref) == 10
-for name, ranks in (("nproc2_z0", 2), ("nproc2_z1", 2), ("tcp4_z0", 4), ("tcp4_z1", 4)):
-    got = metrics(name)
+def compare(name, ref_name):
+    ref, got = metrics(ref_name), metrics(name)
     worst = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(got, ref))
-    assert len(got) == 10 and worst <= 1e-5, (name, worst)
-    full = ref[0]["mem_optim_bytes"]
-    per_rank = got[0]["mem_optim_bytes"]
-    expect = full / ranks if name.endswith("z1") else full
-    pad = 8 * 4 * ranks * 4  # up to one float of padding per group, two moments
-    assert abs(per_rank - expect) <= 0.05 * expect + pad, (name, per_rank, expect)
-    assert got[0]["mem_params_bytes"] == ref[0]["mem_params_bytes"]
-    print(f"{name}: losses match (worst rel {worst:.1e}), optimizer state {per_rank} bytes/rank")
+    assert len(ref) == 10 and len(got) == 10 and worst <= 1e-5, (name, worst)
+    return ref[0], got[0], worst
+
+for ranks, launch in ((2, "nproc2"), (4, "tcp4")):
+    for z in range(4):
+        name = f"{launch}_z{z}"
+        ref, got, worst = compare(name, "single")
+        # ZeRO formulas: which of (params, grads, optimizer state) are divided by N at stage z.
+        pad = 4 * 4 * ranks * 2  # at most one padding float per rank per group (4 groups here), x2 moments
+        for key, divided in (("mem_params_bytes", z >= 3), ("mem_grads_bytes", z >= 2),
+                             ("mem_optim_bytes", z >= 1)):
+            expect = ref[key] / ranks if divided else ref[key]
+            assert abs(got[key] - expect) <= 0.05 * expect + pad, (name, key, got[key], expect)
+        print(f"{name}: losses match (worst rel {worst:.1e}); bytes/rank params "
+              f"{got['mem_params_bytes']} grads {got['mem_grads_bytes']} optim {got['mem_optim_bytes']}")
+_, _, worst = compare("tied_nproc2_z3", "tied_single")
+print(f"tied embeddings + activation checkpointing, ZeRO-3 on 2 ranks: losses match (worst rel {worst:.1e})")
 PY
 
 # A rank killed mid-run: the job ends, non-zero, within 60 s, and the failed rank is named.

@@ -1,0 +1,64 @@
+// ZeRO over the data-parallel group (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
+// Training Trillion Parameter Models", 2020), on the model's flat group buffers. Each group of
+// n elements is cut into D contiguous shards of s = ceil(n / D) (the last padded); data rank r
+// owns [r·s, min(n, (r+1)·s)).
+//   stage 0: full gradients all-reduced; every rank updates everything.
+//   stage 1: optimizer moments for the owned shard only; update the shard, all-gather params.
+//   stage 2: also gradients: each group's micro-batch gradient is reduce-scattered as soon as its
+//            backward is done (working buffer freed), accumulating into the owned shard.
+//   stage 3: also parameters: only the shard is resident; a group's parameters are all-gathered
+//            just before it runs and freed after.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "runtime/device.h"
+
+namespace ft {
+
+class ZeroSharding final : public GroupHooks {
+ public:
+  ZeroSharding(int stage, LlamaModel& model, Communicator& data_comm, Device* dev);
+  ~ZeroSharding() override;
+
+  const std::vector<ShardRange>& ranges() const { return ranges_; }
+  void begin_step();                // zero the gradients of the step
+  void finish_backward();           // stage 0/1: all-reduce the full gradients
+  double grad_sum_squares();        // over the whole model, all ranks
+  void scale_grads(float s);        // clipping
+  std::vector<float*> param_bases();        // at ranges()[g].begin, for AdamW
+  std::vector<const float*> grad_bases();
+  void finish_update();             // stage 1/2: all-gather the updated parameters
+
+  // Resident bytes on this rank (for the metrics): parameters, gradients.
+  size_t params_bytes() const;
+  size_t grads_bytes() const;
+
+  // GroupHooks (stages 2 and 3)
+  const float* acquire_params(int group) override;
+  void release_params(int group) override;
+  float* grads(int group) override;
+  void grads_ready(int group) override;
+
+ private:
+  size_t shard(int g) const { return shard_[size_t(g)]; }
+  int stage_;
+  LlamaModel& model_;
+  Communicator& comm_;
+  Device* dev_;
+  int D_, rank_;
+  std::vector<size_t> numel_, shard_;
+  std::vector<ShardRange> ranges_;
+  std::vector<Buffer<float>> param_shards_;  // stage 3: (s) per group
+  std::vector<Buffer<float>> grad_shards_;   // stage ≥ 2: (s) per group
+  std::vector<Buffer<float>> gathered_;      // stage 3: full params of groups in use (D·s)
+  std::vector<int> refs_;                    // stage 3: acquire count per group
+  std::vector<Buffer<float>> working_grads_; // stage ≥ 2: (D·s) per group while in backward
+  Buffer<float> scratch_;                    // stage 1/2: all-gather buffer (D·max s)
+};
+
+}  // namespace ft
