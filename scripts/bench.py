@@ -60,6 +60,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--data-parallel", type=int, default=0, metavar="N",
+                    help="also run ft with N data-parallel ranks (--nproc N), the cores split "
+                         "between them, micro-batch 4 per rank")
     ap.add_argument("--torch-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.torch_only:
@@ -77,7 +80,8 @@ def main():
         data = os.path.join(tmp, "data")
         os.makedirs(data)
         ref.write_shard(os.path.join(data, "shard_00000.h5"),
-                        rng.integers(0, cfg.vocab_size, (a.steps + 1) * B * T + 1), cfg.vocab_size)
+                        rng.integers(0, cfg.vocab_size, (a.steps + 1) * B * max(1, a.data_parallel) * T + 1),
+                        cfg.vocab_size)
         metrics = os.path.join(tmp, "metrics.jsonl")
         recipe = os.path.join(tmp, "bench.yaml")
         with open(recipe, "w") as f:
@@ -99,6 +103,17 @@ runtime: {{threads: {a.threads}}}
         ft_times = [l["step_time_s"] for l in lines][a.warmup:]
         ft_mem = max(l["mem_peak_bytes"] for l in lines)
         rows.append(("ft", statistics.median(ft_times), ft_mem))
+
+        if a.data_parallel > 1:
+            n = a.data_parallel
+            dp_metrics = os.path.join(tmp, "metrics_dp.jsonl")
+            subprocess.run([a.ft, "train", recipe, "--nproc", str(n), f"training.global_batch_size={B * n}",
+                            f"runtime.threads={max(1, a.threads // n)}", f"logging.metrics={dp_metrics}",
+                            f"run.output_dir={tmp}/run_dp"], check=True, capture_output=True)
+            lines = [json.loads(l) for l in open(dp_metrics) if '"loss"' in l]
+            t = statistics.median([l["step_time_s"] for l in lines][a.warmup:])
+            # n ranks each process B samples per step: report per-step time normalised to B samples.
+            rows.append((f"ft data {n} (ZeRO 0)", t / n, max(l["mem_peak_bytes"] for l in lines)))
 
         if not a.skip_torch:
             env = dict(os.environ)
