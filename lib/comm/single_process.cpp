@@ -13,6 +13,7 @@ class SingleProcessCommunicator final : public Communicator {
   int size() const override { return 1; }
   void all_reduce_sum(float*, size_t) override {}
   void all_reduce_sum(double*, size_t) override {}
+  void all_reduce_max(float*, size_t) override {}
   void reduce_scatter_sum(const float* in, float* out, size_t shard) override {
     if (in != out) std::memmove(out, in, shard * sizeof(float));
   }
@@ -23,11 +24,36 @@ class SingleProcessCommunicator final : public Communicator {
   void barrier() override {}
   void abort(int code) override { std::_Exit(code); }
   std::string describe() const override { return "single process"; }
+  std::unique_ptr<Communicator> split(int, int) override {
+    return std::make_unique<SingleProcessCommunicator>();
+  }
 };
 }  // namespace
 
 std::unique_ptr<Communicator> make_single_process_communicator() {
   return std::make_unique<SingleProcessCommunicator>();
+}
+
+std::string Mesh::describe() const {
+  return detail::concat("d", d, " p", p, " t", t);
+}
+
+Mesh make_mesh(Communicator& world, int tensor, int pipeline) {
+  FT_CHECK(tensor >= 1 && pipeline >= 1 && world.size() % (tensor * pipeline) == 0,
+           "world size ", world.size(), " is not divisible by tensor × pipeline = ", tensor * pipeline);
+  Mesh m;
+  m.tensor = tensor;
+  m.pipeline = pipeline;
+  m.data = world.size() / (tensor * pipeline);
+  const int r = world.rank();
+  m.t = r % tensor;
+  m.p = (r / tensor) % pipeline;
+  m.d = r / (tensor * pipeline);
+  // Colors name the group; every rank calls split three times in the same order.
+  m.data_comm = world.split(m.p * tensor + m.t, m.d);
+  m.tensor_comm = world.split(m.d * pipeline + m.p, m.t);
+  m.pipeline_comm = world.split(m.d * tensor + m.t, m.p);
+  return m;
 }
 
 bool launched_by_mpi() {
