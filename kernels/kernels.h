@@ -25,10 +25,14 @@ void linear_backward(float* dx, float* dW, const float* dy, const float* x, cons
                      int N, int in, int out, bool accumulate_dx = false);
 
 // ---- Embedding -------------------------------------------------------------------------------
-// out (N, C) = table[ids[n]]. ids must be < V (checked by the caller).
-void embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C);
-// dtable[ids[n]] += dout[n]   (serial over n so duplicate ids accumulate deterministically)
-void embedding_backward(float* dtable, const int32_t* ids, const float* dout, int N, int C);
+// out (N, C) = table[ids[n] − v_begin] for ids in [v_begin, v_begin + v_count), zero rows for
+// other ids (a vocabulary-parallel shard of the table; v_count < 0: the whole table).
+void embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C,
+                       int v_begin = 0, int v_count = -1);
+// dtable[ids[n] − v_begin] += dout[n] for ids in the shard (rows in order: duplicate ids
+// accumulate deterministically)
+void embedding_backward(float* dtable, const int32_t* ids, const float* dout, int N, int C,
+                        int v_begin = 0, int v_count = -1);
 
 // ---- RMSNorm (HF: x * rsqrt(mean(x²) + eps) * w) ----------------------------------------------
 // out (N, C); rstd (N) saved for backward.
@@ -67,6 +71,19 @@ void swiglu_backward(float* dg, float* du, const float* dh, const float* g, cons
 // (dlogits may alias logits).
 double cross_entropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets,
                                       const uint8_t* mask, int N, int V, float scale);
+
+// ---- Vocabulary-parallel cross-entropy (Megatron-LM): each tensor rank holds logits for
+// columns [v_begin, v_begin + V) of the vocabulary. The caller all-reduces between the steps:
+//   1. row_max (N) of local logits → all-reduce max;
+//   2. ce_partial: sumexp (N) = Σ exp(l − max) and target_logit (N) (0 off this shard) →
+//      all-reduce sum of both;
+//   3. ce_finish: loss sum over masked rows (the same on every rank) and this shard's dlogits.
+void row_max(float* out, const float* x, int N, int V);
+void ce_partial(double* sumexp, double* target_logit, const float* logits, const int32_t* targets,
+                const uint8_t* mask, const float* row_max, int N, int V, int v_begin);
+double ce_finish(float* dlogits, const float* logits, const int32_t* targets, const uint8_t* mask,
+                 const float* row_max, const double* sumexp, const double* target_logit, int N,
+                 int V, int v_begin, float scale);
 
 // ---- Elementwise / reductions ----------------------------------------------------------------
 void add_inplace(float* y, const float* x, size_t n);  // y += x

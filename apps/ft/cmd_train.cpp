@@ -50,7 +50,7 @@ int cmd_train(const TrainArgs& a) {
 
   auto comm = init_world_communicator(nullptr, nullptr);
   const bool is_root = comm->rank() == 0;
-  if (!is_root) set_log_prefix("[rank " + std::to_string(comm->rank()) + "] ");
+  if (!is_root) set_log_prefix(detail::concat("[rank ", comm->rank(), "] "));
   // Every problem in the recipe is reported before any work starts (exit code 2). Every rank
   // finds the same problems; only rank 0 prints them.
   Recipe recipe;

@@ -9,20 +9,29 @@
 
 namespace ft::kernels {
 
-void embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C) {
+void embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C,
+                       int v_begin, int v_count) {
 #pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n)
-    std::memcpy(out + size_t(n) * C, table + size_t(ids[n]) * C, sizeof(float) * C);
+  for (int n = 0; n < N; ++n) {
+    const int row = ids[n] - v_begin;
+    if (v_count < 0 || (row >= 0 && row < v_count))
+      std::memcpy(out + size_t(n) * C, table + size_t(row) * C, sizeof(float) * C);
+    else
+      std::memset(out + size_t(n) * C, 0, sizeof(float) * C);
+  }
 }
 
-void embedding_backward(float* dtable, const int32_t* ids, const float* dout, int N, int C) {
+void embedding_backward(float* dtable, const int32_t* ids, const float* dout, int N, int C,
+                        int v_begin, int v_count) {
   // Parallel over columns: each thread owns a column range, rows stay in order, so duplicate
   // ids accumulate in the same order every time.
 #pragma omp parallel for schedule(static)
   for (int c0 = 0; c0 < C; c0 += 64) {
     int c1 = c0 + 64 < C ? c0 + 64 : C;
     for (int n = 0; n < N; ++n) {
-      float* dst = dtable + size_t(ids[n]) * C;
+      const int row = ids[n] - v_begin;
+      if (v_count >= 0 && (row < 0 || row >= v_count)) continue;
+      float* dst = dtable + size_t(row) * C;
       const float* src = dout + size_t(n) * C;
       for (int c = c0; c < c1; ++c) dst[c] += src[c];
     }
@@ -175,6 +184,55 @@ double cross_entropy_forward_backward(float* dlogits, const float* logits, const
       const float s = float(double(scale) / se);
       for (int j = 0; j < V; ++j) d[j] *= s;
       d[t] -= scale;
+    }
+  }
+  return total;
+}
+
+void row_max(float* out, const float* x, int N, int V) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const float* l = x + size_t(n) * V;
+    float mx = l[0];
+    for (int j = 1; j < V; ++j) mx = l[j] > mx ? l[j] : mx;
+    out[n] = mx;
+  }
+}
+
+void ce_partial(double* sumexp, double* target_logit, const float* logits, const int32_t* targets,
+                const uint8_t* mask, const float* rmax, int N, int V, int v_begin) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    sumexp[n] = 0.0;
+    target_logit[n] = 0.0;
+    if (!mask[n]) continue;
+    const float* l = logits + size_t(n) * V;
+    double se = 0.0;
+    for (int j = 0; j < V; ++j) se += std::exp(l[j] - rmax[n]);
+    sumexp[n] = se;
+    const int t = targets[n] - v_begin;
+    if (t >= 0 && t < V) target_logit[n] = l[t];
+  }
+}
+
+double ce_finish(float* dlogits, const float* logits, const int32_t* targets, const uint8_t* mask,
+                 const float* rmax, const double* sumexp, const double* target_logit, int N,
+                 int V, int v_begin, float scale) {
+  double total = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+  for (int n = 0; n < N; ++n) {
+    const float* l = logits + size_t(n) * V;
+    float* d = dlogits ? dlogits + size_t(n) * V : nullptr;
+    if (!mask[n]) {
+      if (d) std::memset(d, 0, sizeof(float) * V);
+      continue;
+    }
+    total += double(rmax[n]) + std::log(sumexp[n]) - target_logit[n];
+    if (d) {
+      const float s = float(double(scale) / sumexp[n]);
+      for (int j = 0; j < V; ++j) d[j] = std::exp(l[j] - rmax[n]) * s;
+      const int t = targets[n] - v_begin;
+      if (t >= 0 && t < V) d[t] -= scale;
     }
   }
   return total;

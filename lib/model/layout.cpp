@@ -1,12 +1,19 @@
 #include "model/layout.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace ft {
 namespace {
-void add(ParamGroup& g, const std::string& name, std::vector<int64_t> shape) {
+void add(ParamGroup& g, const std::string& name, std::vector<int64_t> shape, int tensor = 1,
+         TensorSplit split = TensorSplit::kReplicated) {
   ParamEntry e;
   e.name = name;
+  e.global_shape = shape;
+  e.split = split;
+  if (split == TensorSplit::kRows) shape[0] /= tensor;
+  if (split == TensorSplit::kCols) shape[1] /= tensor;
   e.shape = std::move(shape);
   e.numel = 1;
   for (auto d : e.shape) e.numel *= size_t(d);
@@ -17,28 +24,33 @@ void add(ParamGroup& g, const std::string& name, std::vector<int64_t> shape) {
 }
 }  // namespace
 
-ParamLayout::ParamLayout(const ModelConfig& c) {
+ParamLayout::ParamLayout(const ModelConfig& c, int tensor) : tensor_(tensor) {
   FT_CHECK(c.n_heads > 0 && c.dim % c.n_heads == 0, "dim must be divisible by n_heads");
+  FT_CHECK(tensor >= 1 && c.n_heads % tensor == 0 && c.n_kv_heads % tensor == 0 &&
+               c.ffn_dim % tensor == 0 && c.vocab_size % tensor == 0,
+           "heads, kv heads, ffn_dim and vocab_size must be divisible by parallel.tensor");
   head_dim_ = c.dim / c.n_heads;
+  const int T = tensor;
+  constexpr auto kRows = TensorSplit::kRows, kCols = TensorSplit::kCols;
   const int64_t C = c.dim, V = c.vocab_size, F = c.ffn_dim;
   const int64_t HD = int64_t(c.n_heads) * head_dim_, KVD = int64_t(c.n_kv_heads) * head_dim_;
 
   ParamGroup embed{"embed", {}, 0};
-  add(embed, "model.embed_tokens.weight", {V, C});
+  add(embed, "model.embed_tokens.weight", {V, C}, T, kRows);
   groups_.push_back(std::move(embed));
 
   for (int i = 0; i < c.n_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     ParamGroup g{"layers." + std::to_string(i), {}, 0};
     add(g, p + "input_layernorm.weight", {C});
-    add(g, p + "self_attn.q_proj.weight", {HD, C});
-    add(g, p + "self_attn.k_proj.weight", {KVD, C});
-    add(g, p + "self_attn.v_proj.weight", {KVD, C});
-    add(g, p + "self_attn.o_proj.weight", {C, HD});
+    add(g, p + "self_attn.q_proj.weight", {HD, C}, T, kRows);
+    add(g, p + "self_attn.k_proj.weight", {KVD, C}, T, kRows);
+    add(g, p + "self_attn.v_proj.weight", {KVD, C}, T, kRows);
+    add(g, p + "self_attn.o_proj.weight", {C, HD}, T, kCols);
     add(g, p + "post_attention_layernorm.weight", {C});
-    add(g, p + "mlp.gate_proj.weight", {F, C});
-    add(g, p + "mlp.up_proj.weight", {F, C});
-    add(g, p + "mlp.down_proj.weight", {C, F});
+    add(g, p + "mlp.gate_proj.weight", {F, C}, T, kRows);
+    add(g, p + "mlp.up_proj.weight", {F, C}, T, kRows);
+    add(g, p + "mlp.down_proj.weight", {C, F}, T, kCols);
     if (i == 0) {
       const auto& e = g.entries;
       block_offsets_ = {e[0].offset, e[1].offset, e[2].offset, e[3].offset, e[4].offset,
@@ -49,7 +61,7 @@ ParamLayout::ParamLayout(const ModelConfig& c) {
 
   ParamGroup head{"head", {}, 0};
   add(head, "model.norm.weight", {C});
-  if (!c.tie_embeddings) add(head, "lm_head.weight", {V, C});
+  if (!c.tie_embeddings) add(head, "lm_head.weight", {V, C}, T, kRows);
   groups_.push_back(std::move(head));
 }
 
@@ -68,6 +80,32 @@ bool ParamLayout::find(const std::string& name, int* group, const ParamEntry** e
         return true;
       }
   return false;
+}
+
+void slice_for_tensor_rank(const ParamLayout& global, const std::vector<const float*>& global_params,
+                           const ParamLayout& local, const std::vector<float*>& local_params, int t) {
+  const auto& gg = global.groups();
+  const auto& lg = local.groups();
+  FT_CHECK(gg.size() == lg.size(), "layouts of different models");
+  for (size_t g = 0; g < gg.size(); ++g)
+    for (size_t i = 0; i < lg[g].entries.size(); ++i) {
+      const ParamEntry& le = lg[g].entries[i];
+      const ParamEntry& ge = gg[g].entries[i];
+      const float* src = global_params[g] + ge.offset;
+      float* dst = local_params[g] + le.offset;
+      if (le.split == TensorSplit::kReplicated) {
+        std::copy(src, src + ge.numel, dst);
+      } else if (le.split == TensorSplit::kRows) {  // a contiguous block of rows
+        const size_t block = le.numel;
+        std::copy(src + size_t(t) * block, src + size_t(t + 1) * block, dst);
+      } else {  // kCols: in every row, a contiguous block of columns
+        const size_t rows = size_t(le.shape[0]), cols = size_t(le.shape[1]);
+        const size_t gcols = size_t(ge.shape[1]);
+        for (size_t r = 0; r < rows; ++r)
+          std::copy(src + r * gcols + size_t(t) * cols, src + r * gcols + size_t(t + 1) * cols,
+                    dst + r * cols);
+      }
+    }
 }
 
 }  // namespace ft

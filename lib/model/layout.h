@@ -27,9 +27,17 @@
 
 namespace ft {
 
+// How a tensor is divided over the tensor-parallel ranks (Megatron-LM, Shoeybi et al. 2019):
+// column-parallel layers (q, k, v, gate, up) and the vocabulary-parallel embedding and lm_head
+// split their output rows; row-parallel layers (o, down) split their input columns; norm weights
+// are replicated.
+enum class TensorSplit { kReplicated, kRows, kCols };
+
 struct ParamEntry {
   std::string name;            // Hugging Face name
-  std::vector<int64_t> shape;  // (out, in) for matrices
+  std::vector<int64_t> shape;  // this rank's shape, (out, in) for matrices
+  std::vector<int64_t> global_shape;  // the whole tensor's shape
+  TensorSplit split = TensorSplit::kReplicated;
   size_t offset = 0;           // in elements, within the group's flat buffer
   size_t numel = 0;
   bool weight_decay = false;   // true for tensors of two or more dimensions
@@ -48,7 +56,9 @@ struct BlockOffsets {
 
 class ParamLayout {
  public:
-  explicit ParamLayout(const ModelConfig& cfg);
+  // tensor: the tensor-parallel size; shapes are then one tensor rank's slices.
+  explicit ParamLayout(const ModelConfig& cfg, int tensor = 1);
+  int tensor() const { return tensor_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   const ParamGroup& embed() const { return groups_.front(); }
   const ParamGroup& block(int i) const { return groups_[1 + i]; }
@@ -63,6 +73,12 @@ class ParamLayout {
   std::vector<ParamGroup> groups_;
   BlockOffsets block_offsets_{};
   int head_dim_ = 0;
+  int tensor_ = 1;
 };
+
+// Copies tensor rank t's slices of a whole model (params laid out by `global`, tensor 1) into
+// the flat buffers of `local` (the same model at tensor size T).
+void slice_for_tensor_rank(const ParamLayout& global, const std::vector<const float*>& global_params,
+                           const ParamLayout& local, const std::vector<float*>& local_params, int t);
 
 }  // namespace ft

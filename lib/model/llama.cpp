@@ -34,7 +34,10 @@ struct LlamaModel::Acts {
   std::vector<Buffer<float>> resid;  // L+1 of (N, C): resid[l] is layer l's input
   std::vector<LayerActs> layers;     // L, or 1 with activation checkpointing
   Buffer<float> lnf, rstdf;          // (N, C), (N)
-  Buffer<float> logits;              // (N, V); becomes dlogits in backward
+  Buffer<float> logits;              // (N, V / tensor); becomes dlogits in backward
+  // tensor parallelism: a row-parallel layer's partial output (N, C); cross-entropy statistics
+  Buffer<float> tp_partial, row_max;         // (N, C), (N)
+  Buffer<double> sumexp, target_logit;       // (N), (N)
   // backward scratch
   Buffer<float> dresid, dtmp;        // (N, C)
   Buffer<float> dq, dk, dv, datt;    // (N, H*D), (N, K*D), (N, K*D), (N, H*D)
@@ -42,8 +45,20 @@ struct LlamaModel::Acts {
   Buffer<float> dscores;             // (B, H, T, T)
 };
 
-LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing)
-    : cfg_(cfg), dev_(dev), ckpt_(activation_checkpointing), layout_(cfg) {
+LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing,
+                       Communicator* tensor_comm)
+    : cfg_(cfg),
+      dev_(dev),
+      ckpt_(activation_checkpointing),
+      tp_comm_(tensor_comm),
+      tp_(tensor_comm ? tensor_comm->size() : 1),
+      tp_rank_(tensor_comm ? tensor_comm->rank() : 0),
+      H_(cfg.n_heads / tp_),
+      K_(cfg.n_kv_heads / tp_),
+      F_(cfg.ffn_dim / tp_),
+      V_(cfg.vocab_size / tp_),
+      v_begin_(tp_rank_ * V_),
+      layout_(cfg, tp_) {
   for (const auto& g : layout_.groups()) {
     params_.emplace_back(dev_, g.numel);
     params_.back().zero();
@@ -116,10 +131,10 @@ void LlamaModel::ensure_acts(int B, int T, bool need_backward) {
   a->B = B;
   a->T = T;
   a->backward = need_backward;
-  const size_t N = size_t(B) * T, C = cfg_.dim, F = cfg_.ffn_dim, V = cfg_.vocab_size;
-  const size_t HD = size_t(cfg_.n_heads) * layout_.head_dim();
-  const size_t KD = size_t(cfg_.n_kv_heads) * layout_.head_dim();
-  const size_t S = size_t(B) * cfg_.n_heads * T * T;
+  const size_t N = size_t(B) * T, C = cfg_.dim, F = F_, V = V_;
+  const size_t HD = size_t(H_) * layout_.head_dim();
+  const size_t KD = size_t(K_) * layout_.head_dim();
+  const size_t S = size_t(B) * H_ * T * T;
   const int L = cfg_.n_layers;
   for (int l = 0; l <= L; ++l) a->resid.emplace_back(dev_, N * C);
   int nsets = (ckpt_ || !need_backward) ? 1 : L;
@@ -143,6 +158,12 @@ void LlamaModel::ensure_acts(int B, int T, bool need_backward) {
   a->lnf = Buffer<float>(dev_, N * C);
   a->rstdf = Buffer<float>(dev_, N);
   a->logits = Buffer<float>(dev_, N * V);
+  if (tp_ > 1) {
+    a->tp_partial = Buffer<float>(dev_, N * C);
+    a->row_max = Buffer<float>(dev_, N);
+    a->sumexp = Buffer<double>(dev_, N);
+    a->target_logit = Buffer<double>(dev_, N);
+  }
   if (need_backward) {
     a->dresid = Buffer<float>(dev_, N * C);
     a->dtmp = Buffer<float>(dev_, N * C);
@@ -158,10 +179,24 @@ void LlamaModel::ensure_acts(int B, int T, bool need_backward) {
   acts_ = std::move(a);
 }
 
+// y += x·Wᵀ for a row-parallel layer (o_proj, down_proj): with tensor parallelism each rank
+// multiplies its slice of the input features and the partial sums are all-reduced (Megatron's g).
+void LlamaModel::row_parallel_forward(float* y, const float* x, const float* W, int N, int in,
+                                      int out) {
+  if (tp_ == 1) {
+    k::linear_forward(y, x, W, N, in, out, /*accumulate=*/true);
+    return;
+  }
+  float* partial = acts_->tp_partial.data();
+  k::linear_forward(partial, x, W, N, in, out);
+  tp_comm_->all_reduce_sum(partial, size_t(N) * out);
+  k::add_inplace(y, partial, size_t(N) * out);
+}
+
 void LlamaModel::layer_forward(int l, int B, int T) {
   Acts& a = *acts_;
   LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : l];
-  const int N = B * T, C = cfg_.dim, F = cfg_.ffn_dim, H = cfg_.n_heads, K = cfg_.n_kv_heads;
+  const int N = B * T, C = cfg_.dim, F = F_, H = H_, K = K_;
   const int D = layout_.head_dim();
   const BlockOffsets& o = layout_.block_offsets();
   const float* w = P(1 + l);
@@ -177,7 +212,7 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   k::attention_forward(la.att.data(), la.probs.data(), la.q.data(), la.kk.data(), la.v.data(), B,
                        T, H, K, D);
   std::memcpy(la.mid.data(), x, sizeof(float) * size_t(N) * C);
-  k::linear_forward(la.mid.data(), la.att.data(), w + o.wo, N, H * D, C, /*accumulate=*/true);
+  row_parallel_forward(la.mid.data(), la.att.data(), w + o.wo, N, H * D, C);
 
   k::rmsnorm_forward(la.ln2.data(), la.rstd2.data(), la.mid.data(), w + o.mlp_norm, N, C,
                      float(cfg_.norm_eps));
@@ -185,7 +220,7 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   k::linear_forward(la.u.data(), la.ln2.data(), w + o.w_up, N, C, F);
   k::swiglu_forward(la.h.data(), la.g.data(), la.u.data(), size_t(N) * F);
   std::memcpy(y, la.mid.data(), sizeof(float) * size_t(N) * C);
-  k::linear_forward(y, la.h.data(), w + o.w_down, N, F, C, /*accumulate=*/true);
+  row_parallel_forward(y, la.h.data(), w + o.w_down, N, F, C);
   release(1 + l);
 }
 
@@ -194,7 +229,7 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   Acts& a = *acts_;
   if (ckpt_) layer_forward(l, B, T);  // recompute this layer's activations
   LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : l];
-  const int N = B * T, C = cfg_.dim, F = cfg_.ffn_dim, H = cfg_.n_heads, K = cfg_.n_kv_heads;
+  const int N = B * T, C = cfg_.dim, F = F_, H = H_, K = K_;
   const int D = layout_.head_dim();
   const BlockOffsets& o = layout_.block_offsets();
   const float* w = P(1 + l);
@@ -209,6 +244,7 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   k::linear_backward(a.dtmp.data(), dw + o.w_gate, a.dg.data(), la.ln2.data(), w + o.w_gate, N, C, F);
   k::linear_backward(a.dtmp.data(), dw + o.w_up, a.du.data(), la.ln2.data(), w + o.w_up, N, C, F,
                      /*accumulate_dx=*/true);
+  tensor_all_reduce(a.dtmp.data(), size_t(N) * C);  // column-parallel backward: sum the partials
   // rmsnorm_backward may not write in place, so d mid lands in la.ln2, whose forward value is
   // no longer needed once the gate/up weight gradients above are done.
   k::rmsnorm_backward(la.ln2.data(), dw + o.mlp_norm, a.dtmp.data(), la.mid.data(), w + o.mlp_norm,
@@ -224,6 +260,7 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   k::linear_backward(a.dtmp.data(), dw + o.wq, a.dq.data(), la.ln1.data(), w + o.wq, N, C, H * D);
   k::linear_backward(a.dtmp.data(), dw + o.wk, a.dk.data(), la.ln1.data(), w + o.wk, N, C, K * D, true);
   k::linear_backward(a.dtmp.data(), dw + o.wv, a.dv.data(), la.ln1.data(), w + o.wv, N, C, K * D, true);
+  tensor_all_reduce(a.dtmp.data(), size_t(N) * C);
   k::rmsnorm_backward(la.ln1.data(), dw + o.attn_norm, a.dtmp.data(), x, w + o.attn_norm,
                       la.rstd1.data(), N, C);
   k::add_inplace(dy, la.ln1.data(), size_t(N) * C);  // dL/d x
@@ -236,24 +273,40 @@ double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, const 
   FT_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len ", cfg_.max_seq_len);
   ensure_acts(B, T, backward);
   Acts& a = *acts_;
-  const int N = B * T, C = cfg_.dim, V = cfg_.vocab_size, L = cfg_.n_layers;
+  const int N = B * T, C = cfg_.dim, V = V_, L = cfg_.n_layers;
   for (int n = 0; n < N; ++n) {
-    FT_CHECK(inputs[n] >= 0 && inputs[n] < V, "input token id ", inputs[n],
-             " out of range for vocab_size ", V);
-    FT_CHECK(!mask[n] || (targets[n] >= 0 && targets[n] < V), "target token id ", targets[n],
-             " out of range for vocab_size ", V);
+    FT_CHECK(inputs[n] >= 0 && inputs[n] < cfg_.vocab_size, "input token id ", inputs[n],
+             " out of range for vocab_size ", cfg_.vocab_size);
+    FT_CHECK(!mask[n] || (targets[n] >= 0 && targets[n] < cfg_.vocab_size), "target token id ",
+             targets[n], " out of range for vocab_size ", cfg_.vocab_size);
   }
   const int hg = L + 1;  // head group
 
-  k::embedding_forward(a.resid[0].data(), inputs, P(0), N, C);
+  // Vocabulary-parallel embedding: each tensor rank looks up the ids in its rows, zeros
+  // elsewhere, and the all-reduce assembles the rows.
+  k::embedding_forward(a.resid[0].data(), inputs, P(0), N, C, v_begin_, tp_ > 1 ? V : -1);
+  tensor_all_reduce(a.resid[0].data(), size_t(N) * C);
   if (!cfg_.tie_embeddings) release(0);
   for (int l = 0; l < L; ++l) layer_forward(l, B, T);
   const float* wf = P(hg);
   const float* Wh = cfg_.tie_embeddings ? P(0) : wf + C;  // tied: E was kept acquired
   k::rmsnorm_forward(a.lnf.data(), a.rstdf.data(), a.resid[L].data(), wf, N, C, float(cfg_.norm_eps));
-  k::linear_forward(a.logits.data(), a.lnf.data(), Wh, N, C, V);
-  double loss_sum = k::cross_entropy_forward_backward(backward ? a.logits.data() : nullptr,
-                                                      a.logits.data(), targets, mask, N, V, loss_scale);
+  k::linear_forward(a.logits.data(), a.lnf.data(), Wh, N, C, V);  // (N, V / tensor)
+  float* dlogits = backward ? a.logits.data() : nullptr;
+  double loss_sum;
+  if (tp_ == 1) {
+    loss_sum = k::cross_entropy_forward_backward(dlogits, a.logits.data(), targets, mask, N, V,
+                                                 loss_scale);
+  } else {  // vocabulary-parallel cross-entropy: no rank ever holds full-vocabulary logits
+    k::row_max(a.row_max.data(), a.logits.data(), N, V);
+    tp_comm_->all_reduce_max(a.row_max.data(), size_t(N));
+    k::ce_partial(a.sumexp.data(), a.target_logit.data(), a.logits.data(), targets, mask,
+                  a.row_max.data(), N, V, v_begin_);
+    tp_comm_->all_reduce_sum(a.sumexp.data(), size_t(N));
+    tp_comm_->all_reduce_sum(a.target_logit.data(), size_t(N));
+    loss_sum = k::ce_finish(dlogits, a.logits.data(), targets, mask, a.row_max.data(),
+                            a.sumexp.data(), a.target_logit.data(), N, V, v_begin_, loss_scale);
+  }
   if (!backward) {
     release(hg);
     if (cfg_.tie_embeddings) { release(0); release(0); }  // the acquire for the head, and the first
@@ -264,13 +317,14 @@ double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, const 
   float* dhead = G(hg);
   float* dWh = cfg_.tie_embeddings ? G(0) : dhead + C;
   k::linear_backward(a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N, C, V);
+  tensor_all_reduce(a.dtmp.data(), size_t(N) * C);  // each rank saw only its vocabulary columns
   k::rmsnorm_backward(a.dresid.data(), dhead, a.dtmp.data(), a.resid[L].data(), wf,
                       a.rstdf.data(), N, C);
   release(hg);
   grads_ready(hg);
   if (cfg_.tie_embeddings) { release(0); release(0); }
   for (int l = L - 1; l >= 0; --l) layer_backward(l, B, T);
-  k::embedding_backward(G(0), inputs, a.dresid.data(), N, C);
+  k::embedding_backward(G(0), inputs, a.dresid.data(), N, C, v_begin_, tp_ > 1 ? V : -1);
   grads_ready(0);
   return loss_sum;
 }

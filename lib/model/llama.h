@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "model/layout.h"
 #include "recipe/recipe.h"
 #include "runtime/device.h"
@@ -29,7 +30,10 @@ class GroupHooks {
 
 class LlamaModel {
  public:
-  LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing = false);
+  // tensor_comm: the tensor-parallel group (Megatron layers, DESIGN.md §3); null = no tensor
+  // parallelism. Parameters are then this tensor rank's slices (layout().tensor() > 1).
+  LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing = false,
+             Communicator* tensor_comm = nullptr);
   ~LlamaModel();
 
   const ModelConfig& config() const { return cfg_; }
@@ -63,11 +67,19 @@ class LlamaModel {
   double forward(const int32_t* inputs, const int32_t* targets, const uint8_t* mask, int B,
                  int T, float loss_scale, bool backward);
   void layer_forward(int l, int B, int T);
+  void row_parallel_forward(float* y, const float* x, const float* W, int N, int in, int out);
   void layer_backward(int l, int B, int T);
+
+  // Megatron's f and g: identity one way, all-reduce over the tensor group the other.
+  void tensor_all_reduce(float* x, size_t n) { if (tp_ > 1) tp_comm_->all_reduce_sum(x, n); }
 
   ModelConfig cfg_;
   Device* dev_;
   bool ckpt_;
+  Communicator* tp_comm_;
+  int tp_ = 1, tp_rank_ = 0;
+  int H_, K_, F_, V_;  // this tensor rank's query heads, kv heads, ffn columns, vocabulary rows
+  int v_begin_ = 0;    // first vocabulary row of this rank's shard
   ParamLayout layout_;
   std::vector<Buffer<float>> params_, grads_;
   std::unique_ptr<Acts> acts_;

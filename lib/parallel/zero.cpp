@@ -7,8 +7,15 @@
 
 namespace ft {
 
-ZeroSharding::ZeroSharding(int stage, LlamaModel& model, Communicator& comm, Device* dev)
-    : stage_(stage), model_(model), comm_(comm), dev_(dev), D_(comm.size()), rank_(comm.rank()) {
+ZeroSharding::ZeroSharding(int stage, LlamaModel& model, Communicator& comm, Device* dev,
+                           Communicator* tensor_comm)
+    : stage_(stage),
+      model_(model),
+      comm_(comm),
+      dev_(dev),
+      tensor_comm_(tensor_comm),
+      D_(comm.size()),
+      rank_(comm.rank()) {
   FT_CHECK(stage >= 0 && stage <= 3, "ZeRO stage must be 0..3");
   size_t max_shard = 0;
   for (const auto& g : model.layout().groups()) {
@@ -57,15 +64,32 @@ void ZeroSharding::finish_backward() {
   for (auto& g : model_.grads()) comm_.all_reduce_sum(g.data(), g.size());
 }
 
+double ZeroSharding::weighted_sum_squares(int g, const float* x, size_t base, size_t begin,
+                                          size_t end) const {
+  const int T = tensor_comm_ ? tensor_comm_->size() : 1;
+  double s = 0;
+  for (const auto& e : model_.layout().groups()[size_t(g)].entries) {
+    const size_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
+    if (lo >= hi) continue;
+    const double sq = kernels::sum_squares(x + (lo - base), hi - lo);
+    s += e.split == TensorSplit::kReplicated ? sq / T : sq;
+  }
+  return s;
+}
+
 double ZeroSharding::grad_sum_squares() {
   double s = 0;
+  const int G = int(numel_.size());
   if (stage_ >= 2) {
-    for (size_t g = 0; g < grad_shards_.size(); ++g)
-      s += kernels::sum_squares(grad_shards_[g].data(), ranges_[g].size());
+    for (int g = 0; g < G; ++g)
+      s += weighted_sum_squares(g, grad_shards_[size_t(g)].data(), ranges_[size_t(g)].begin,
+                                ranges_[size_t(g)].begin, ranges_[size_t(g)].end);
     comm_.all_reduce_sum(&s, 1);
   } else {
-    for (const auto& g : model_.grads()) s += kernels::sum_squares(g.data(), g.size());
+    for (int g = 0; g < G; ++g)
+      s += weighted_sum_squares(g, model_.grads()[size_t(g)].data(), 0, 0, numel_[size_t(g)]);
   }
+  if (tensor_comm_) tensor_comm_->all_reduce_sum(&s, 1);
   return s;
 }
 

@@ -22,13 +22,15 @@ namespace ft {
 
 class ZeroSharding final : public GroupHooks {
  public:
-  ZeroSharding(int stage, LlamaModel& model, Communicator& data_comm, Device* dev);
+  // tensor_comm (may be null): the tensor group, for the gradient norm over tensor shards.
+  ZeroSharding(int stage, LlamaModel& model, Communicator& data_comm, Device* dev,
+               Communicator* tensor_comm = nullptr);
   ~ZeroSharding() override;
 
   const std::vector<ShardRange>& ranges() const { return ranges_; }
   void begin_step();                // zero the gradients of the step
   void finish_backward();           // stage 0/1: all-reduce the full gradients
-  double grad_sum_squares();        // over the whole model, all ranks
+  double grad_sum_squares();        // over the whole model: every data and tensor shard
   void scale_grads(float s);        // clipping
   std::vector<float*> param_bases();        // at ranges()[g].begin, for AdamW
   std::vector<const float*> grad_bases();
@@ -50,6 +52,10 @@ class ZeroSharding final : public GroupHooks {
   LlamaModel& model_;
   Communicator& comm_;
   Device* dev_;
+  Communicator* tensor_comm_;
+  // Σ x² over [begin, end) of group g's buffer `x` (which starts at element `base`), with
+  // tensor-replicated tensors weighted 1/T so the tensor all-reduce counts them once.
+  double weighted_sum_squares(int g, const float* x, size_t base, size_t begin, size_t end) const;
   int D_, rank_;
   std::vector<size_t> numel_, shard_;
   std::vector<ShardRange> ranges_;

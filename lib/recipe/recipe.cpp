@@ -904,15 +904,11 @@ class Loader {
       issue(locate("runtime.device"), "runtime.device",
             "cuda is not available: this build of ft has no CUDA backend yet", "use auto or cpu");
     }
-    const std::pair<const char*, int> model_parallel[] = {{"parallel.tensor", r_.parallel.tensor},
-                                                          {"parallel.pipeline", r_.parallel.pipeline}};
-    for (const auto& [key, v] : model_parallel) {
-      if (v > 1 && usable(key)) {
-        issue(locate(key), key,
-              std::to_string(v) + " ranks asked for, but tensor and pipeline parallelism are not "
-              "implemented yet in this build (it trains in one process)",
-              "set it to 1");
-      }
+    if (r_.parallel.pipeline > 1 && usable("parallel.pipeline")) {
+      issue(locate("parallel.pipeline"), "parallel.pipeline",
+            std::to_string(r_.parallel.pipeline) +
+                " stages asked for, but pipeline parallelism is not implemented yet in this build",
+            "set it to 1 (data and tensor parallelism are available)");
     }
     if (r_.checkpoint.every_steps > 0 && usable("checkpoint.every_steps")) {
       issue(locate("checkpoint.every_steps"), "checkpoint.every_steps",
@@ -1005,13 +1001,15 @@ class Loader {
               "use a multiple of " + std::to_string(per_step) + ", e.g. " + std::to_string(up));
       }
     }
-    // Tensor parallelism splits heads, KV heads and the MLP across tensor ranks.
+    // Tensor parallelism splits heads, KV heads, the MLP and the vocabulary (embedding, lm_head
+    // and cross-entropy) across tensor ranks. The vocabulary is not padded: a vocab_size that
+    // does not divide is refused rather than silently changing the model's shapes.
     struct Split {
       const char* key;
       int value;
     };
     for (Split s : {Split{"model.n_heads", m.n_heads}, Split{"model.n_kv_heads", m.n_kv_heads},
-                    Split{"model.ffn_dim", m.ffn_dim}}) {
+                    Split{"model.ffn_dim", m.ffn_dim}, Split{"model.vocab_size", m.vocab_size}}) {
       if (usable(s.key) && s.value % p.tensor != 0) {
         issue(locate("parallel.tensor"), "parallel.tensor",
               std::string(s.key) + " " + std::to_string(s.value) +

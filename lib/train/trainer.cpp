@@ -108,6 +108,13 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   std::unique_ptr<Device> dev = make_device(r.runtime.device);
 
   const int world = comm.size();
+  // The mesh (DESIGN.md §3): data-parallel ranks split the batch, tensor-parallel ranks split
+  // each layer and see the same samples.
+  Mesh mesh = make_mesh(comm, r.parallel.tensor, r.parallel.pipeline);
+  if (comm.size() > 1 && !is_root)
+    set_log_prefix(detail::concat("[rank ", comm.rank(), " ", mesh.describe(), "] "));
+  Communicator& data_comm = *mesh.data_comm;
+  Communicator* tensor_comm = mesh.tensor > 1 ? mesh.tensor_comm.get() : nullptr;
   const int accum = grad_accum_steps(r, world);
   const int micro = r.training.micro_batch_size;
   const int T = r.data.seq_len;
@@ -124,7 +131,7 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   lo.seed = r.run.seed;
   lo.global_batch = r.training.global_batch_size;
   lo.rank_count = int64_t(micro) * accum;
-  lo.rank_offset = int64_t(comm.rank()) * lo.rank_count;
+  lo.rank_offset = int64_t(mesh.d) * lo.rank_count;
   lo.prefetch = r.data.prefetch;
   lo.expected_vocab = r.model.vocab_size;
   lo.expected_tokenizer_sha256 = tokenizer_sha;
@@ -150,16 +157,31 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   }
 
   // Model and optimizer.
-  LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing);
-  if (!r.model.from.empty()) {
-    if (is_root) log_info("loading weights from ", r.model.from);
-    load_hf_weights(r.model.from, model.layout(), model.param_ptrs());
-  } else {
-    model.init_random(r.run.seed, r.model.init_std);
+  LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing, tensor_comm);
+  {
+    // The whole model is initialised (or loaded) the same way for every layout, then each
+    // tensor rank keeps its slices: so every layout starts from the same weights.
+    std::unique_ptr<LlamaModel> whole;
+    LlamaModel* init = &model;
+    if (tensor_comm) {
+      whole = std::make_unique<LlamaModel>(r.model, dev.get());
+      init = whole.get();
+    }
+    if (!r.model.from.empty()) {
+      if (is_root) log_info("loading weights from ", r.model.from);
+      load_hf_weights(r.model.from, init->layout(), init->param_ptrs());
+    } else {
+      init->init_random(r.run.seed, r.model.init_std);
+    }
+    if (whole) {
+      const std::vector<float*> ptrs = whole->param_ptrs();
+      const std::vector<const float*> src(ptrs.begin(), ptrs.end());
+      slice_for_tensor_rank(whole->layout(), src, model.layout(), model.param_ptrs(), mesh.t);
+    }
   }
   // ZeRO over the data group (lib/parallel/zero.h). Takes over the parameters (stage 3) and
   // gradients (stages 2, 3) from the model.
-  ZeroSharding zero(r.parallel.zero_stage, model, comm, dev.get());
+  ZeroSharding zero(r.parallel.zero_stage, model, data_comm, dev.get(), tensor_comm);
   AdamW optim(model.layout(), r.optimizer, dev.get(), zero.ranges());
   const size_t params_bytes = zero.params_bytes(), grads_bytes = zero.grads_bytes();
 
@@ -195,7 +217,7 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
 
     double count = 0;
     for (uint8_t m : batch.mask) count += m;
-    comm.all_reduce_sum(&count, 1);
+    data_comm.all_reduce_sum(&count, 1);  // tensor ranks hold the same samples
     const float scale = count > 0 ? float(1.0 / count) : 0.0f;
     if (count == 0 && is_root)
       log_warn("step ", s, ": every target of the global batch is masked out (loss_mask); the "
@@ -208,7 +230,7 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
       loss_sum += model.forward_backward(batch.inputs.data() + off, batch.targets.data() + off,
                                          batch.mask.data() + off, micro, T, scale);
     }
-    comm.all_reduce_sum(&loss_sum, 1);
+    data_comm.all_reduce_sum(&loss_sum, 1);  // the same on every tensor rank
     zero.finish_backward();
 
     // clip_grad_norm_ semantics over every gradient of the model, whichever rank holds it.

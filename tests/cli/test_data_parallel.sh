@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Data parallelism over MPI: every data-parallel layout and ZeRO stage trains the same model as
+# Data and tensor parallelism over MPI: every layout and ZeRO stage trains the same model as
 # one process (DESIGN.md §3: the layout changes how a step is computed, never what).
+#  - tensor 2, data 2 × tensor 2 (ZeRO 1, and ZeRO 3 over TCP), tensor 2 with tied embeddings
+#    and activation checkpointing: per-step losses and grad norms within 1e-5 relative.
 #  - single process vs `--nproc 2` (ft starts mpirun itself) vs `mpirun -np 4 --mca btl tcp,self`
 #    (TCP only, standing in for separate nodes), each with ZeRO stages 0–3: per-step losses
 #    within 1e-5 relative (float sums in a different order: ~1e-7 seen). Also tied embeddings
@@ -30,14 +32,14 @@ import numpy as np, llama_ref as ref
 rng = np.random.default_rng(5)
 os.makedirs(f"{tmp}/data")
 for i in range(2):
-    toks = rng.integers(0, 61, 37 * 12 + 1)
+    toks = rng.integers(0, 64, 37 * 12 + 1)
     mask = (rng.random(toks.size) < 0.8).astype(np.uint8)
-    ref.write_shard(f"{tmp}/data/shard_{i:05d}.h5", toks, 61, loss_mask=mask)
+    ref.write_shard(f"{tmp}/data/shard_{i:05d}.h5", toks, 64, loss_mask=mask)
 PY
 
 cat > "$tmp/r.yaml" <<YAML
 run: {name: dp, output_dir: $tmp/out, seed: 7}
-model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 40, vocab_size: 61, max_seq_len: 16}
+model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 40, vocab_size: 64, max_seq_len: 16}
 data: {train: $tmp/data, seq_len: 12, shuffle: true}
 training: {steps: 10, micro_batch_size: 1, global_batch_size: 8, grad_clip: 0.3}
 optimizer: {lr: 0.01, weight_decay: 0.1}
@@ -55,7 +57,17 @@ for z in 0 1 2 3; do
     || fail "mpirun -np 4 tcp zero $z: $(tail -5 "$tmp/tcp4_z$z.log")"
 done
 [[ $(grep -c '^step 10/10' "$tmp/tcp4_z0.log") == 1 ]] || fail "progress printed by more than rank 0"
+# Tensor parallelism, alone and with data parallelism.
+"$ft" train "$tmp/r.yaml" parallel.tensor=2 run.output_dir="$tmp/t2" --nproc 2 > "$tmp/t2.log" 2>&1 \
+  || fail "tensor 2: $(tail -5 "$tmp/t2.log")"
+"$ft" train "$tmp/r.yaml" parallel.tensor=2 parallel.zero_stage=1 run.output_dir="$tmp/d2t2_z1" \
+  --nproc 4 > "$tmp/d2t2.log" 2>&1 || fail "data 2 x tensor 2: $(tail -5 "$tmp/d2t2.log")"
+mpirun "${mpirun_args[@]}" -np 4 --mca btl tcp,self "$ft" train "$tmp/r.yaml" parallel.tensor=2 \
+  parallel.zero_stage=3 run.output_dir="$tmp/d2t2_z3_tcp" > "$tmp/d2t2_tcp.log" 2>&1 \
+  || fail "data 2 x tensor 2 zero 3 tcp: $(tail -5 "$tmp/d2t2_tcp.log")"
 tied=(model.tie_embeddings=true training.activation_checkpointing=true)
+"$ft" train "$tmp/r.yaml" "${tied[@]}" parallel.tensor=2 run.output_dir="$tmp/tied_t2" --nproc 2 \
+  > "$tmp/tied_t2.log" 2>&1 || fail "tied tensor 2: $(tail -5 "$tmp/tied_t2.log")"
 "$ft" train "$tmp/r.yaml" "${tied[@]}" run.output_dir="$tmp/tied_single" > /dev/null 2>&1 || fail "tied single"
 "$ft" train "$tmp/r.yaml" "${tied[@]}" parallel.zero_stage=3 run.output_dir="$tmp/tied_nproc2_z3" \
   --nproc 2 > "$tmp/tied.log" 2>&1 || fail "tied zero 3: $(tail -5 "$tmp/tied.log")"
@@ -68,7 +80,8 @@ def metrics(name):
 def compare(name, ref_name):
     ref, got = metrics(ref_name), metrics(name)
     worst = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(got, ref))
-    assert len(ref) == 10 and len(got) == 10 and worst <= 1e-5, (name, worst)
+    norm = max(abs(a["grad_norm"] - b["grad_norm"]) / b["grad_norm"] for a, b in zip(got, ref))
+    assert len(ref) == 10 and len(got) == 10 and worst <= 1e-5 and norm <= 1e-5, (name, worst, norm)
     return ref[0], got[0], worst
 
 for ranks, launch in ((2, "nproc2"), (4, "tcp4")):
@@ -83,6 +96,11 @@ for ranks, launch in ((2, "nproc2"), (4, "tcp4")):
             assert abs(got[key] - expect) <= 0.05 * expect + pad, (name, key, got[key], expect)
         print(f"{name}: losses match (worst rel {worst:.1e}); bytes/rank params "
               f"{got['mem_params_bytes']} grads {got['mem_grads_bytes']} optim {got['mem_optim_bytes']}")
+for name in ("t2", "d2t2_z1", "d2t2_z3_tcp"):
+    _, _, worst = compare(name, "single")
+    print(f"{name}: losses and grad norms match (worst rel {worst:.1e})")
+_, _, worst = compare("tied_t2", "tied_single")
+print(f"tied embeddings + activation checkpointing, tensor 2: losses match (worst rel {worst:.1e})")
 _, _, worst = compare("tied_nproc2_z3", "tied_single")
 print(f"tied embeddings + activation checkpointing, ZeRO-3 on 2 ranks: losses match (worst rel {worst:.1e})")
 PY
