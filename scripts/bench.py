@@ -60,6 +60,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--skip-torch", action="store_true")
+    ap.add_argument("--tensor-parallel", type=int, default=0, metavar="N",
+                    help="also run ft with N tensor-parallel ranks (--nproc N), the cores split "
+                         "between them")
     ap.add_argument("--data-parallel", type=int, default=0, metavar="N",
                     help="also run ft with N data-parallel ranks (--nproc N), the cores split "
                          "between them, micro-batch 4 per rank")
@@ -114,6 +117,16 @@ runtime: {{threads: {a.threads}}}
             t = statistics.median([l["step_time_s"] for l in lines][a.warmup:])
             # n ranks each process B samples per step: report per-step time normalised to B samples.
             rows.append((f"ft data {n} (ZeRO 0)", t / n, max(l["mem_peak_bytes"] for l in lines)))
+
+        if a.tensor_parallel > 1:
+            n = a.tensor_parallel
+            tp_metrics = os.path.join(tmp, "metrics_tp.jsonl")
+            subprocess.run([a.ft, "train", recipe, "--nproc", str(n), f"parallel.tensor={n}",
+                            f"runtime.threads={max(1, a.threads // n)}", f"logging.metrics={tp_metrics}",
+                            f"run.output_dir={tmp}/run_tp"], check=True, capture_output=True)
+            lines = [json.loads(l) for l in open(tp_metrics) if '"loss"' in l]
+            t = statistics.median([l["step_time_s"] for l in lines][a.warmup:])
+            rows.append((f"ft tensor {n}", t, max(l["mem_peak_bytes"] for l in lines)))
 
         if not a.skip_torch:
             env = dict(os.environ)

@@ -106,26 +106,28 @@ print(f"tied embeddings + activation checkpointing, ZeRO-3 on 2 ranks: losses ma
 PY
 
 # A rank killed mid-run: the job ends, non-zero, within 60 s, and the failed rank is named.
-start=$(date +%s)
-set +e
-"$ft" train "$tmp/r.yaml" training.steps=100000 run.output_dir="$tmp/killed" --nproc 2 \
-  > "$tmp/killed.log" 2>&1 &
-job=$!
-set -e
-victim=""
-for _ in $(seq 100); do
-  sleep 0.2
-  victim=$(pgrep -f "$tmp/killed" | while read -r p; do
-    [[ $(tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -c '^OMPI_COMM_WORLD_RANK=1$') == 1 ]] && echo "$p"
-  done | head -1)
-  [[ -n $victim && -s $tmp/killed/metrics.jsonl ]] && break
-done
-[[ -n $victim ]] || fail "could not find rank 1"
-kill -9 "$victim"
-rc=0
-timeout 60 tail --pid=$job -f /dev/null || fail "job still running 60 s after rank 1 was killed"
-wait $job || rc=$?
-[[ $rc != 0 ]] || fail "job exited 0 after a rank was killed"
-grep -q -i 'rank 1' "$tmp/killed.log" || fail "failed rank not named: $(tail -5 "$tmp/killed.log")"
-echo "killed rank 1: job ended with $rc after $(( $(date +%s) - start )) s"
+# Once under `--nproc 2`, once under a plain mpirun.
+kill_rank_1() {  # label, command...
+  local label=$1; shift
+  local out="$tmp/killed_$label"
+  local start=$(date +%s) victim="" rc=0
+  "$@" training.steps=100000 run.output_dir="$out" > "$out.log" 2>&1 &
+  local job=$!
+  for _ in $(seq 150); do
+    sleep 0.2
+    victim=$(pgrep -f "$out" | while read -r p; do
+      [[ $(tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -c '^OMPI_COMM_WORLD_RANK=1$') == 1 ]] && echo "$p"
+    done | head -1)
+    [[ -n $victim && -s $out/metrics.jsonl ]] && break
+  done
+  [[ -n $victim ]] || fail "$label: could not find rank 1"
+  kill -9 "$victim"
+  timeout 60 tail --pid=$job -f /dev/null || fail "$label: job still running 60 s after rank 1 was killed"
+  wait $job || rc=$?
+  [[ $rc != 0 ]] || fail "$label: job exited 0 after a rank was killed"
+  grep -q -i 'rank 1' "$out.log" || fail "$label: failed rank not named: $(tail -5 "$out.log")"
+  echo "$label: rank 1 killed, job ended with $rc after $(( $(date +%s) - start )) s"
+}
+kill_rank_1 nproc "$ft" train "$tmp/r.yaml" --nproc 2
+kill_rank_1 mpirun mpirun "${mpirun_args[@]}" -np 2 "$ft" train "$tmp/r.yaml"
 echo "test_data_parallel: all checks passed"
