@@ -11,6 +11,7 @@ jobs="$(nproc)"
 scripts/setup.sh --no-data
 echo "test: Release suite"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
+if [[ "${FT_TEST_SLURM:-0}" == "1" ]]; then echo "test: SLURM (tests/slurm, local one-node cluster)"; bash tests/slurm/test_slurm.sh build .; fi
 
 if [[ "${FT_TEST_SANITIZE:-1}" == "1" ]]; then
   echo "test: AddressSanitizer + UndefinedBehaviorSanitizer suite"
