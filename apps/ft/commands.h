@@ -37,4 +37,12 @@ struct InspectArgs {
 };
 int cmd_inspect(const InspectArgs& a);
 
+struct PlanArgs {
+  std::string recipe;
+  std::vector<std::string> overrides;
+  int world = 1;      // ranks of the run: data × pipeline × tensor
+  bool json = false;  // print the plan as JSON instead of tables
+};
+int cmd_plan(const PlanArgs& a);
+
 }  // namespace ft::app

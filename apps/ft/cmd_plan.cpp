@@ -1,0 +1,177 @@
+// ft plan RECIPE [KEY=VALUE...] [--world N] [--json]: per-rank memory and communication estimate
+// (lib/parallel/plan.h). One table per distinct rank role, then the formulas it used. Nothing
+// is allocated, trained or written.
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "apps/ft/commands.h"
+#include "parallel/plan.h"
+#include "recipe/recipe.h"
+
+namespace ft::app {
+namespace {
+
+std::string human_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double b = double(bytes);
+  int u = 0;
+  while (b >= 1024.0 && u < 5) {
+    b /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return buf;
+}
+
+std::string ranks_word(const std::vector<int>& r) {
+  return (r.size() == 1 ? "rank " : "ranks ") + format_rank_list(r);
+}
+
+// "data rank 0", "data ranks 0-1", over the ranks of a role.
+std::string coordinate(const std::vector<int>& values, const char* what) {
+  std::vector<int> v(values);
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return std::string(what) + (v.size() == 1 ? " rank " : " ranks ") + format_rank_list(v);
+}
+
+void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& roles,
+                const std::string& recipe) {
+  using nlohmann::ordered_json;
+  ordered_json j;
+  j["recipe"] = recipe;
+  j["world"] = plan.world;
+  j["data"] = plan.data;
+  j["pipeline"] = plan.pipeline;
+  j["tensor"] = plan.tensor;
+  j["zero_stage"] = plan.zero_stage;
+  j["micro_batch_size"] = plan.micro_batch;
+  j["grad_accum_steps"] = plan.accum;
+  j["seq_len"] = plan.seq_len;
+  j["activation_checkpointing"] = plan.activation_checkpointing;
+  j["runnable_in_this_build"] = plan.runnable;
+  j["model_params"] = plan.model_params;
+  j["roles"] = ordered_json::array();
+  for (const auto& ranks : roles) {
+    const RankPlan& r = plan.ranks[size_t(ranks.front())];
+    ordered_json o;
+    o["ranks"] = ranks;
+    o["pipeline_stage"] = r.stage;
+    o["layers"] = {r.first_layer, r.first_layer + r.num_layers};  // [first, end)
+    o["embed"] = r.embed;
+    o["head"] = r.head;
+    o["holds"] = r.holds;
+    o["param_elems"] = r.param_elems;
+    o["params_bytes"] = r.params.bytes;
+    o["grads_bytes"] = r.grads.bytes;
+    o["optim_bytes"] = r.optim.bytes;
+    o["activation_bytes"] = r.activations.bytes;
+    o["comm_buffer_bytes"] = r.comm_buffers.bytes;
+    o["total_bytes"] = r.total_bytes;
+    o["startup_bytes"] = r.startup_bytes;
+    o["startup_how"] = r.startup_how;
+    o["peak_bytes"] = r.peak_bytes;
+    o["sent_bytes_per_step"] = r.sent_bytes;
+    o["sent_data_bytes"] = r.sent_data.bytes;
+    o["sent_tensor_bytes"] = r.sent_tensor.bytes;
+    o["sent_pipeline_bytes"] = r.sent_pipeline.bytes;
+    o["how"] = {{"params", r.params.how},           {"grads", r.grads.how},
+                {"optim", r.optim.how},             {"activations", r.activations.how},
+                {"comm_buffers", r.comm_buffers.how}, {"sent_data", r.sent_data.how},
+                {"sent_tensor", r.sent_tensor.how}, {"sent_pipeline", r.sent_pipeline.how}};
+    j["roles"].push_back(std::move(o));
+  }
+  j["symbols"] = plan.symbols;
+  ordered_json f = ordered_json::object();
+  for (const auto& [name, formula] : plan.formulas) f[name] = formula;
+  j["formulas"] = f;
+  j["notes"] = plan.notes;
+  std::printf("%s\n", j.dump(2).c_str());
+}
+
+void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& roles,
+                  const Recipe& r, const std::string& recipe) {
+  const ModelConfig& m = r.model;
+  std::printf("ft plan: %s on %d rank%s = %d data × %d pipeline × %d tensor; ZeRO stage %d\n",
+              recipe.c_str(), plan.world, plan.world == 1 ? "" : "s", plan.data, plan.pipeline,
+              plan.tensor, plan.zero_stage);
+  std::printf("model: %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, ffn %d, vocab "
+              "%d%s), fp32\n",
+              double(plan.model_params) / 1e6, m.n_layers, m.dim, m.n_heads, m.n_kv_heads,
+              m.ffn_dim, m.vocab_size, m.tie_embeddings ? ", tied embeddings" : "");
+  std::printf("step: %d samples of %d tokens = %d data rank%s × %d micro-batch%s × %d sample%s; "
+              "activation checkpointing %s\n",
+              r.training.global_batch_size, plan.seq_len, plan.data, plan.data == 1 ? "" : "s",
+              plan.accum, plan.accum == 1 ? "" : "es", plan.micro_batch,
+              plan.micro_batch == 1 ? "" : "s", plan.activation_checkpointing ? "on" : "off");
+  if (!plan.runnable)
+    std::printf("note: this build cannot run pipeline layouts yet; the plan is the Megatron-style "
+                "estimate\n");
+
+  for (const auto& ranks : roles) {
+    const RankPlan& p = plan.ranks[size_t(ranks.front())];
+    std::vector<int> ds, ts;
+    for (int k : ranks) {
+      ds.push_back(plan.ranks[size_t(k)].data_rank);
+      ts.push_back(plan.ranks[size_t(k)].tensor_rank);
+    }
+    std::printf("\n%s (%s, pipeline stage %d, %s)\n", ranks_word(ranks).c_str(),
+                coordinate(ds, "data").c_str(), p.stage, coordinate(ts, "tensor").c_str());
+    std::printf("  holds: %s\n", p.holds.c_str());
+    auto row = [](const char* name, int64_t bytes, const std::string& how) {
+      std::printf("  %-17s %11s   %s\n", name, human_bytes(bytes).c_str(), how.c_str());
+    };
+    row("parameters", p.params.bytes, p.params.how);
+    row("gradients", p.grads.bytes, p.grads.how);
+    row("optimizer state", p.optim.bytes, p.optim.how);
+    row("activations", p.activations.bytes, p.activations.how);
+    row("comm buffers", p.comm_buffers.bytes, p.comm_buffers.how);
+    row("total", p.total_bytes, "the sum: peak during a step");
+    if (p.startup_bytes > 0)
+      row("startup", p.startup_bytes,
+          p.startup_how + (p.startup_bytes > p.total_bytes ? ": this is the peak" : " (below the step)"));
+    row("sent per step", p.sent_bytes, "data + tensor + pipeline:");
+    row("  data", p.sent_data.bytes, p.sent_data.how);
+    row("  tensor", p.sent_tensor.bytes, p.sent_tensor.how);
+    row("  pipeline", p.sent_pipeline.bytes, p.sent_pipeline.how);
+  }
+
+  std::printf("\nFormulas\n");
+  for (const auto& s : plan.symbols) std::printf("  %s\n", s.c_str());
+  for (const auto& [name, formula] : plan.formulas)
+    std::printf("  %-15s = %s\n", name.c_str(), formula.c_str());
+  std::printf("Notes\n");
+  for (const auto& n : plan.notes) std::printf("  - %s\n", n.c_str());
+}
+
+}  // namespace
+
+int cmd_plan(const PlanArgs& a) {
+  // Layouts this build cannot run are planned all the same (refuse_unbuilt = false). The data
+  // and tokenizer paths play no part in a plan: problems with them are not reported.
+  RecipeResult res = load_recipe(a.recipe, a.overrides, a.world, /*refuse_unbuilt=*/false);
+  const std::set<std::string> irrelevant = {"data.train", "data.valid", "tokenizer.path"};
+  std::vector<RecipeIssue> issues;
+  for (const RecipeIssue& i : res.issues)
+    if (!irrelevant.count(i.key_path)) issues.push_back(i);
+  if (!issues.empty()) {
+    for (const RecipeIssue& i : issues) std::fprintf(stderr, "%s\n", i.format().c_str());
+    std::fprintf(stderr, "ft plan: %zu %s in %s (with --world %d)\n", issues.size(),
+                 issues.size() == 1 ? "problem" : "problems", a.recipe.c_str(), a.world);
+    return 2;
+  }
+  const MemoryPlan plan = plan_memory(res.recipe, a.world);
+  const auto roles = plan_roles(plan);
+  if (a.json)
+    print_json(plan, roles, a.recipe);
+  else
+    print_tables(plan, roles, res.recipe, a.recipe);
+  return 0;
+}
+
+}  // namespace ft::app

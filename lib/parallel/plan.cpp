@@ -1,0 +1,429 @@
+#include "parallel/plan.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "core/error.h"
+
+namespace ft {
+namespace {
+
+constexpr int64_t kF32 = 4;  // bytes per element: this build trains in fp32
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// 1234567 -> "1,234,567"
+std::string count(int64_t v) {
+  std::string s = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i > 0 && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+// One flat parameter group as a rank holds it (after the tensor split, before ZeRO).
+struct Group {
+  enum Kind { kEmbed, kLayer, kHead } kind;
+  int64_t n = 0;  // elements
+  int64_t s = 0;  // ZeRO shard: ⌈n / D⌉
+  int64_t own = 0;  // elements of the shard this data rank owns (AdamW state)
+  int gathers = 0;  // ZeRO-3 all-gathers per micro-batch
+};
+
+std::string layer_range(int first, int n) {
+  return n == 1 ? "layer " + std::to_string(first)
+                : "layers " + std::to_string(first) + "-" + std::to_string(first + n - 1);
+}
+
+}  // namespace
+
+std::string format_rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    out += std::to_string(ranks[i]);
+    if (j > i) {
+      out += '-';
+      out += std::to_string(ranks[j]);
+    }
+    i = j + 1;
+  }
+  return out;
+}
+
+MemoryPlan plan_memory(const Recipe& r, int world) {
+  const ModelConfig& m = r.model;
+  MemoryPlan plan;
+  plan.world = world;
+  plan.tensor = r.parallel.tensor;
+  plan.pipeline = r.parallel.pipeline;
+  plan.zero_stage = r.parallel.zero_stage;
+  FT_CHECK(world > 0 && plan.tensor > 0 && plan.pipeline > 0 &&
+               world % (plan.tensor * plan.pipeline) == 0,
+           "world size ", world, " is not divisible by tensor × pipeline = ",
+           plan.tensor * plan.pipeline);
+  plan.data = world / (plan.tensor * plan.pipeline);
+  plan.micro_batch = r.training.micro_batch_size;
+  plan.seq_len = r.data.seq_len;
+  plan.accum = grad_accum_steps(r, world);
+  plan.activation_checkpointing = r.training.activation_checkpointing;
+  plan.runnable = plan.pipeline == 1;
+
+  const int64_t D = plan.data, P = plan.pipeline, T = plan.tensor, M = plan.accum;
+  const int64_t B = plan.micro_batch, S = plan.seq_len, N = B * S;
+  const int64_t C = m.dim, H = m.n_heads, KV = m.n_kv_heads, F = m.ffn_dim, V = m.vocab_size;
+  const int64_t L = m.n_layers, hd = C / H;
+  FT_CHECK(H % T == 0 && KV % T == 0 && F % T == 0 && V % T == 0,
+           "heads, KV heads, ffn_dim and vocab_size must split over ", T, " tensor ranks");
+  FT_CHECK(L >= P, "pipeline ", P, " stages for only ", L, " layers");
+  const int64_t Ht = H / T, HDt = Ht * hd, KDt = (KV / T) * hd, Ft = F / T, Vt = V / T;
+  const bool tied = m.tie_embeddings;
+  const int zs = plan.zero_stage;
+  const bool ckpt = plan.activation_checkpointing;
+
+  // Group sizes per tensor rank (layout.h order; Megatron split).
+  const int64_t n_embed = Vt * C;
+  const int64_t n_layer = 2 * C + 2 * HDt * C + 2 * KDt * C + 3 * Ft * C;
+  // Tied with P > 1: the last stage keeps its own copy of the embedding for the head (Megatron).
+  const bool head_has_matrix = !tied || P > 1;
+  const int64_t n_head = C + (head_has_matrix ? Vt * C : 0);
+  plan.model_params = V * C + L * (2 * C + 2 * H * hd * C + 2 * KV * hd * C + 3 * F * C) + C +
+                      (tied ? 0 : V * C);
+
+  // Activation elements (ensure_acts in lib/model/llama.cpp, split per tensor rank).
+  const int64_t a_layer = 3 * N * C + 2 * N + 2 * N * HDt + 2 * N * KDt + B * Ht * S * S + 3 * N * Ft;
+  const int64_t a_head = N * C + N + N * Vt;
+  const int64_t a_bwd = 2 * N * C + 2 * N * HDt + 2 * N * KDt + 3 * N * Ft + B * Ht * S * S;
+  // Tensor parallelism: a row-parallel layer's partial output (N·C); on the last stage the
+  // vocabulary-parallel cross-entropy's row max (N f32), sum-exp and target logit (N f64 each).
+  const int64_t a_tp = T > 1 ? N * C : 0, a_tp_head = T > 1 ? 5 * N : 0;
+
+  auto all_reduce = [&](int64_t bytes, int64_t ranks) { return 2 * (ranks - 1) * bytes / ranks; };
+  const std::string mbs = std::to_string(M) + (M == 1 ? " micro-batch" : " micro-batches");
+
+  for (int rank = 0; rank < world; ++rank) {
+    RankPlan rp;
+    rp.rank = rank;
+    rp.tensor_rank = int(rank % T);
+    rp.stage = int((rank / T) % P);
+    rp.data_rank = int(rank / (T * P));
+    const int64_t p = rp.stage, d = rp.data_rank;
+    const int64_t base = L / P, extra = L % P;
+    const int64_t Lp = base + (p < extra ? 1 : 0);
+    rp.first_layer = int(p * base + std::min(p, extra));
+    rp.num_layers = int(Lp);
+    rp.embed = p == 0;
+    rp.head = p == P - 1;
+    const bool tied_local = tied && rp.embed && rp.head;  // the head reads the embedding group
+
+    // Groups this rank holds, with ZeRO shards over the D data ranks.
+    std::vector<Group> groups;
+    auto add = [&](Group::Kind k, int64_t n, int gathers) {
+      Group g{k, n, ceil_div(n, D), 0, gathers};
+      const int64_t begin = std::min(n, d * g.s);
+      g.own = std::min(n, begin + g.s) - begin;
+      groups.push_back(g);
+    };
+    if (rp.embed) add(Group::kEmbed, n_embed, 1);
+    for (int64_t l = 0; l < Lp; ++l) add(Group::kLayer, n_layer, ckpt ? 3 : 2);
+    if (rp.head) add(Group::kHead, n_head, 1);
+
+    int64_t sum_n = 0, sum_s = 0, sum_own = 0, max_s = 0, sum_gather = 0;
+    for (const Group& g : groups) {
+      sum_n += g.n;
+      sum_s += g.s;
+      sum_own += g.own;
+      max_s = std::max(max_s, g.s);
+      sum_gather += g.gathers * g.s;
+    }
+    rp.param_elems = sum_n;
+    {
+      std::string h;
+      if (rp.embed) h += "embedding " + count(n_embed);
+      if (!h.empty()) h += " + ";
+      h += layer_range(rp.first_layer, int(Lp)) + " (" + std::to_string(Lp) + " × " +
+           count(n_layer) + ")";
+      if (rp.head)
+        h += std::string(head_has_matrix ? " + norm and lm_head " : " + final norm ") + count(n_head);
+      if (tied && rp.head && P > 1) h += " (a copy of the tied embedding)";
+      if (tied_local) h += " (lm_head tied to the embedding)";
+      rp.holds = h + " = " + count(sum_n) + " elements";
+    }
+
+    // Parameters, gradients, optimizer state.
+    const std::string Ds = std::to_string(D);
+    if (zs >= 3)
+      rp.params = {kF32 * sum_s, "4 B × " + count(sum_s) + " (own shards, Σ ⌈n_g/" + Ds + "⌉)"};
+    else
+      rp.params = {kF32 * sum_n, "4 B × " + count(sum_n) + " (every element held)"};
+    if (zs >= 2)
+      rp.grads = {kF32 * sum_s, "4 B × " + count(sum_s) + " (own shards, Σ ⌈n_g/" + Ds + "⌉)"};
+    else
+      rp.grads = {kF32 * sum_n, "4 B × " + count(sum_n) + " (full gradients)"};
+    if (zs >= 1)
+      rp.optim = {2 * kF32 * sum_own,
+                  "2 × 4 B × " + count(sum_own) + " (AdamW m and v of the owned ranges)"};
+    else
+      rp.optim = {2 * kF32 * sum_n, "2 × 4 B × " + count(sum_n) + " (AdamW m and v of everything)"};
+
+    // Activations.
+    const int64_t inflight = std::min(P - p, M);
+    const int64_t kept = (Lp + 1) * N * C + (ckpt ? 0 : Lp * a_layer);
+    const int64_t shared = ckpt ? a_layer : 0;
+    const int64_t head_acts = rp.head ? a_head + a_tp_head : 0;
+    const int64_t acts = inflight * kept + shared + head_acts + a_tp + a_bwd;
+    {
+      std::string h = "4 B × (" + std::to_string(inflight) + " micro-batch" +
+                      (inflight == 1 ? "" : "es") + " in flight × " + count(kept) +
+                      (ckpt ? " layer inputs" : " kept");
+      if (ckpt) h += " + " + count(shared) + " one recomputed layer";
+      if (rp.head) h += " + " + count(head_acts) + " final norm, logits" + (T > 1 ? ", cross-entropy statistics" : "");
+      if (T > 1) h += " + " + count(a_tp) + " row-parallel partial output";
+      h += " + " + count(a_bwd) + " backward scratch)";
+      rp.activations = {kF32 * acts, h};
+    }
+
+    // Communication buffers on the device (ZeRO): the persistent all-gather buffer of stages
+    // 1/2, and the largest set of transient gathered parameters / working gradients.
+    int64_t persistent = (zs == 1 || zs == 2) && D > 1 ? D * max_s : 0;
+    int64_t transient = 0;
+    std::string worst;
+    auto phase = [&](int64_t elems, const std::string& what) {
+      if (elems > transient) {
+        transient = elems;
+        worst = what;
+      }
+    };
+    const Group* ge = rp.embed ? &groups.front() : nullptr;
+    const Group* gh = rp.head ? &groups.back() : nullptr;
+    const int64_t We = ge ? D * ge->s : 0;
+    if (zs == 2) {
+      // A group's working gradient (D·s) lives through its backward; the reduce-scatter result
+      // (s) is allocated before it is freed. Tied: the embedding's gradient is opened by the
+      // head's backward and stays until the embedding's own.
+      const int64_t hold = tied_local ? We : 0;
+      const std::string hs = tied_local ? " + the tied embedding's working gradient" : "";
+      if (gh) phase(D * gh->s + gh->s + hold, "head's working gradient + its reduce-scatter result" + hs);
+      if (Lp > 0) phase(D * ceil_div(n_layer, D) + ceil_div(n_layer, D) + hold,
+                        "a layer's working gradient + its reduce-scatter result" + hs);
+      if (ge) phase(We + ge->s, "embedding's working gradient + its reduce-scatter result");
+    } else if (zs == 3) {
+      // Gathered parameters (D·s) of the group running; in backward also its working gradient.
+      // Tied: the embedding stays gathered from the forward through the head's backward.
+      const int64_t Wl = D * ceil_div(n_layer, D);
+      if (ge) phase(We, "the gathered embedding");
+      if (Lp > 0) phase(Wl + (tied_local ? We : 0), "a gathered layer" +
+                                                        std::string(tied_local ? " + the gathered tied embedding" : ""));
+      if (gh) phase(2 * D * gh->s + (tied_local ? 2 * We : 0),
+                    "the gathered head + its working gradient" +
+                        std::string(tied_local ? " + the tied embedding gathered and its working gradient" : ""));
+      if (Lp > 0) phase(2 * Wl + (tied_local ? We : 0),
+                        "a gathered layer + its working gradient" +
+                            std::string(tied_local ? " + the tied embedding's working gradient" : ""));
+      if (ge) phase(We + ge->s, "the embedding's working gradient + its reduce-scatter result");
+    }
+    {
+      std::string h;
+      if (persistent == 0 && transient == 0) {
+        h = zs == 0 ? "none: gradients are all-reduced in place" : "none: one data rank";
+      } else {
+        h = "4 B × (";
+        if (persistent) h += count(persistent) + " all-gather buffer, " + Ds + " × max_g ⌈n_g/" + Ds + "⌉";
+        if (persistent && transient) h += " + ";
+        if (transient) h += count(transient) + " at most at once: " + worst;
+        h += ")";
+      }
+      rp.comm_buffers = {kF32 * (persistent + transient), h};
+    }
+
+    rp.total_bytes = rp.params.bytes + rp.grads.bytes + rp.optim.bytes + rp.activations.bytes +
+                     rp.comm_buffers.bytes;
+    // Startup transients: with T > 1 the whole model is initialised once on every rank and
+    // sliced; ZeRO-3 holds the full parameters and both shard sets until it drops the former.
+    const int64_t slicing = T > 1 ? kF32 * (plan.model_params + sum_n) : 0;
+    const int64_t sharding = zs == 3 ? kF32 * (sum_n + 2 * sum_s) : 0;
+    rp.startup_bytes = std::max(slicing, sharding);
+    if (slicing >= sharding && slicing > 0)
+      rp.startup_how = "4 B × (" + count(plan.model_params) + " whole model + " + count(sum_n) +
+                       " this rank's slices), while the whole model is initialised and sliced";
+    else if (sharding > 0)
+      rp.startup_how = "4 B × (" + count(sum_n) + " full + 2 × " + count(sum_s) +
+                       " shards), while ZeRO-3 shards the parameters";
+    rp.peak_bytes = std::max(rp.total_bytes, rp.startup_bytes);
+
+    // Bytes sent per step.
+    if (D > 1) {
+      const int64_t full = kF32 * sum_n, shards = kF32 * sum_s;
+      const std::string f = "(" + Ds + "−1)";
+      if (zs <= 1) {
+        int64_t b = all_reduce(full, D);
+        std::string h = "all-reduce of the gradients, 2·" + f + "/" + Ds + " × " + count(full) + " B";
+        if (zs == 1) {
+          b += (D - 1) * shards;
+          h += " + all-gather of the updated parameters, " + f + " × " + count(shards) + " B";
+        }
+        rp.sent_data = {b, h};
+      } else if (zs == 2) {
+        rp.sent_data = {M * (D - 1) * shards + (D - 1) * shards,
+                        mbs + " × reduce-scatter " + f + " × " +
+                            count(shards) + " B + all-gather of the updated parameters " + f +
+                            " × " + count(shards) + " B"};
+      } else {
+        rp.sent_data = {M * (D - 1) * shards + M * (D - 1) * kF32 * sum_gather,
+                        mbs + " × (reduce-scatter " + f + " × " +
+                            count(shards) + " B + all-gathers " + f + " × " +
+                            count(kF32 * sum_gather) + " B: embedding and head once, each layer " +
+                            (ckpt ? "3 times (forward, recompute, backward)" : "twice (forward, backward)") +
+                            ")"};
+      }
+    } else {
+      rp.sent_data = {0, "one data rank"};
+    }
+    if (T > 1) {
+      // Per layer: two row-parallel outputs in forward (again in the recompute with activation
+      // checkpointing) and two column-parallel input gradients in backward.
+      const int64_t per_mb_ar = (ckpt ? 6 : 4) * Lp + (rp.embed ? 1 : 0) + (rp.head ? 1 : 0);
+      const int64_t ce = rp.head ? all_reduce(kF32 * N, T) + 2 * all_reduce(8 * N, T) : 0;
+      const int64_t b = M * (per_mb_ar * all_reduce(kF32 * N * C, T) + ce);
+      std::string h = mbs + " × (" +
+                      std::to_string(per_mb_ar) + " all-reduces × 2·(" + std::to_string(T) +
+                      "−1)/" + std::to_string(T) + " × " + count(kF32 * N * C) + " B";
+      if (rp.head)
+        h += " + cross-entropy all-reduces of " + count(kF32 * N) + " B (max) and 2 × " +
+             count(8 * N) + " B (f64 sums)";
+      rp.sent_tensor = {b, h + ")"};
+    } else {
+      rp.sent_tensor = {0, "one tensor rank"};
+    }
+    if (P > 1) {
+      const int64_t dirs = (p < P - 1 ? 1 : 0) + (p > 0 ? 1 : 0);
+      int64_t b = M * dirs * kF32 * N * C;
+      std::string h = mbs + " × " + count(kF32 * N * C) + " B (" +
+                      (p < P - 1 ? "activations to the next stage" : "") + (dirs == 2 ? ", " : "") +
+                      (p > 0 ? "gradients to the previous stage" : "") + ")";
+      if (tied && (rp.embed || rp.head)) {
+        b += kF32 * n_embed;
+        h += " + tied-embedding gradient all-reduce with the " +
+             std::string(rp.embed ? "last" : "first") + " stage, " + count(kF32 * n_embed) + " B";
+      }
+      rp.sent_pipeline = {b, h};
+    } else {
+      rp.sent_pipeline = {0, "one pipeline stage"};
+    }
+    rp.sent_bytes = rp.sent_data.bytes + rp.sent_tensor.bytes + rp.sent_pipeline.bytes;
+    plan.ranks.push_back(std::move(rp));
+  }
+
+  // The symbols the formulas use, with this recipe's values.
+  auto str = [](int64_t v) { return std::to_string(v); };
+  plan.symbols = {
+      "B = " + str(B) + " (micro_batch_size), S = " + str(S) + " (seq_len), N = B·S = " + count(N) +
+          " tokens per micro-batch",
+      "C = " + str(C) + ", H = " + str(H) + ", KV = " + str(KV) + ", hd = C/H = " + str(hd) +
+          ", F = " + str(F) + ", V = " + str(V) + ", L = " + str(L) + " layers" +
+          (tied ? ", tied embeddings" : ""),
+      "D = " + str(D) + " data, P = " + str(P) + " pipeline, T = " + str(T) +
+          " tensor ranks; M = " + str(M) + " micro-batch" + (M == 1 ? "" : "es") +
+          " per step per data rank",
+      "n_g: elements of parameter group g held by the rank; s_g = ⌈n_g/D⌉ its ZeRO shard",
+      "p: the rank's pipeline stage, L_p its layers, m = min(P − p, M) micro-batches in flight (1F1B)",
+  };
+
+  // The formulas, for this ZeRO stage.
+  auto& fm = plan.formulas;
+  fm.push_back({"groups", "n_embed = (V/T)·C (first stage); n_layer = 2·C + 2·(H/T)·hd·C + "
+                          "2·(KV/T)·hd·C + 3·(F/T)·C; n_head = C + (V/T)·C (last stage; only C when "
+                          "embeddings are tied and P = 1)"});
+  fm.push_back({"parameters", zs >= 3 ? "4 B · Σ_g s_g (own shard; a group is gathered to D·s_g only while it runs)"
+                                      : "4 B · Σ_g n_g"});
+  fm.push_back({"gradients", zs >= 2 ? "4 B · Σ_g s_g (own shard; each micro-batch's group gradient is "
+                                       "reduce-scattered into it)"
+                                     : "4 B · Σ_g n_g (all-reduced after the last micro-batch)"});
+  fm.push_back({"optimizer", zs >= 1 ? "2 · 4 B · Σ_g |[d·s_g, min(n_g, (d+1)·s_g))| (AdamW m and v of "
+                                       "data rank d's owned range; the last ranks may own less)"
+                                     : "2 · 4 B · Σ_g n_g (AdamW m and v)"});
+  fm.push_back({"activations",
+                ckpt ? "4 B · [m·(L_p+1)·N·C + A_layer + A_head + A_tp + A_bwd] (checkpointing: "
+                       "layer inputs kept, one layer recomputed at a time)"
+                     : "4 B · [m·((L_p+1)·N·C + L_p·A_layer) + A_head + A_tp + A_bwd]"});
+  fm.push_back({"A_layer", "3·N·C + 2·N + 2·N·(H/T)·hd + 2·N·(KV/T)·hd + B·(H/T)·S² + 3·N·(F/T) "
+                           "(ln1, mid, ln2; two rstd; q, att; k, v; attention probabilities; gate, "
+                           "up, silu(gate)·up)"});
+  fm.push_back({"A_head", "N·C + N + N·(V/T) on the last stage (final norm, its rstd, logits); "
+                          "T > 1: + 5·N (cross-entropy row max f32, sum-exp and target logit f64)"});
+  if (T > 1) fm.push_back({"A_tp", "N·C when T > 1 (a row-parallel layer's partial output before its all-reduce)"});
+  fm.push_back({"A_bwd", "2·N·C + 2·N·(H/T)·hd + 2·N·(KV/T)·hd + 3·N·(F/T) + B·(H/T)·S² "
+                         "(backward scratch)"});
+  const char* comm_formula[] = {
+      "0 (gradients all-reduced in place)",
+      "4 B · D·max_g s_g (all-gather buffer for the updated parameters; 0 when D = 1)",
+      "4 B · [D·max_g s_g + max_g (D·s_g + s_g)] (all-gather buffer + a group's full working "
+      "gradient and its reduce-scatter result; tied: + D·s_embed, whose gradient stays open from "
+      "the head's backward to the embedding's)",
+      "4 B · max over the step of the gathered groups and working gradients alive at once: a "
+      "layer or the head in backward 2·D·s_g (tied: + the embedding gathered from the forward "
+      "through the head, and its working gradient until the end), the embedding's backward "
+      "D·s_embed + s_embed"};
+  fm.push_back({"comm buffers", comm_formula[zs]});
+  fm.push_back({"total", "parameters + gradients + optimizer + activations + comm buffers (all "
+                         "alive together in a step's backward)"});
+  if (zs == 3 || T > 1)
+    fm.push_back({"startup", "max(T > 1: 4 B · (whole model + Σ_g n_g), the whole model initialised "
+                             "on every rank and sliced; ZeRO-3: 4 B · (Σ_g n_g + 2·Σ_g s_g), the full "
+                             "parameters kept until both shard sets exist); peak = max(total, startup)"});
+  const char* data_formula[] = {
+      "2·(D−1)/D · 4 B·Σ_g n_g (ring all-reduce of the gradients, once per step)",
+      "2·(D−1)/D · 4 B·Σ_g n_g + (D−1) · 4 B·Σ_g s_g (gradient all-reduce + parameter all-gather)",
+      "M·(D−1) · 4 B·Σ_g s_g + (D−1) · 4 B·Σ_g s_g (per micro-batch reduce-scatter of each group's "
+      "gradient + parameter all-gather after the update)",
+      "M·(D−1) · 4 B·Σ_g s_g + M·(D−1) · 4 B·Σ_g k_g·s_g (reduce-scatters + all-gathers: k = 1 for "
+      "the embedding and head, 2 for a layer, 3 with activation checkpointing)"};
+  if (D > 1) fm.push_back({"sent, data", data_formula[zs]});
+  if (T > 1) fm.push_back({"sent, tensor", "M · [(k·L_p + [first] + [last]) · R(4 B·N·C) + [last]·(R(4 B·N) + "
+                                "2·R(8 B·N))], R(b) = 2·(T−1)/T·b (ring all-reduce); k = 4 per layer: "
+                                "two in forward (o and down outputs) and two in backward (QKV and "
+                                "gate/up input gradients), k = 6 with activation checkpointing (the "
+                                "recompute repeats the forward's); the vocabulary-parallel embedding; "
+                                "the lm_head input gradient; the cross-entropy's row max (f32), "
+                                "sum-exp and target logit (f64)"});
+  if (P > 1) fm.push_back({"sent, pipeline", "M · 4 B·N·C · ([p < P−1] activations forward + [p > 0] gradients "
+                                  "backward) (+ 4 B·(V/T)·C: tied-embedding gradient all-reduce "
+                                  "between first and last stage when P > 1)"});
+
+  plan.notes.push_back("fp32 throughout: 4 bytes per element.");
+  plan.notes.push_back(
+      "Only device-allocator memory is counted, as mem_peak_bytes counts it: the data loader, MPI "
+      "and the process itself come on top.");
+  plan.notes.push_back("Scalars sent each step (token count, loss, gradient norm) are left out.");
+  if (!plan.runnable)
+    plan.notes.push_back(
+        "Pipeline parallelism is not in this build yet: its figures are the Megatron-style "
+        "estimate (1F1B schedule; with tied embeddings the last stage keeps a copy of the "
+        "embedding and its gradient is all-reduced with the first stage).");
+  return plan;
+}
+
+std::vector<std::vector<int>> plan_roles(const MemoryPlan& plan) {
+  auto key = [](const RankPlan& r) {
+    return std::make_tuple(r.stage, r.first_layer, r.num_layers, r.embed, r.head, r.holds,
+                           r.params.bytes, r.params.how, r.grads.bytes, r.grads.how, r.optim.bytes,
+                           r.optim.how, r.activations.bytes, r.activations.how,
+                           r.comm_buffers.bytes, r.comm_buffers.how, r.startup_bytes,
+                           r.sent_data.bytes, r.sent_data.how, r.sent_tensor.bytes,
+                           r.sent_tensor.how, r.sent_pipeline.bytes, r.sent_pipeline.how);
+  };
+  std::vector<std::vector<int>> roles;
+  std::map<decltype(key(plan.ranks.front())), size_t> index;
+  for (const RankPlan& r : plan.ranks) {
+    auto [it, fresh] = index.emplace(key(r), roles.size());
+    if (fresh) roles.emplace_back();
+    roles[it->second].push_back(r.rank);
+  }
+  return roles;
+}
+
+}  // namespace ft

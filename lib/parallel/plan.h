@@ -1,0 +1,75 @@
+// `ft plan`: per-rank memory and communication estimate for a recipe on a world of N ranks
+// (DESIGN.md §3, §4). A pure function of the recipe: nothing is allocated or run.
+//
+// For the layouts this build runs (data × tensor, ZeRO 0–3 over the data ranks) the figures
+// follow what the code allocates on the device (lib/model/llama.cpp ensure_acts, the ZeRO
+// buffers of lib/parallel/zero.cpp, AdamW moments), so they match the measured
+// mem_params/grads/optim_bytes and mem_peak_bytes (tests/cli/test_plan.sh). Tensor parallelism
+// is Megatron's: column-split QKV/gate/up, row-split o/down, vocabulary-split embedding and
+// lm_head (V/T rows each), norms replicated. Pipeline parallelism, which this build cannot run
+// yet, is the Megatron-style estimate: stage p holds a contiguous even split of the layers (the
+// first L mod P stages one extra), the embedding on the first stage and the final norm + head on
+// the last, and 1F1B keeps min(P − p, M) micro-batches of activations in flight.
+//
+// Everything is fp32 (4 bytes per element), as this build trains.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "recipe/recipe.h"
+
+namespace ft {
+
+// One figure of a rank's plan: bytes, and how they were computed with this recipe's numbers.
+struct PlanFigure {
+  int64_t bytes = 0;
+  std::string how;
+};
+
+struct RankPlan {
+  int rank = 0, data_rank = 0, stage = 0, tensor_rank = 0;
+  int first_layer = 0, num_layers = 0;  // the layers this rank's pipeline stage holds
+  bool embed = false, head = false;     // holds the embedding / the final norm and head
+  std::string holds;                    // the parameter groups held, with element counts
+  int64_t param_elems = 0;              // elements of the groups held (before ZeRO)
+
+  // Memory resident during a training step (device allocator bytes).
+  PlanFigure params, grads, optim, activations, comm_buffers;
+  int64_t total_bytes = 0;    // the sum of the five: the peak during a step
+  int64_t startup_bytes = 0;  // before the first step: whole model being sliced (T > 1), or
+                              // full params + shards while ZeRO-3 shards them
+  std::string startup_how;
+  int64_t peak_bytes = 0;     // max(total, startup)
+
+  // Bytes this rank sends per optimizer step.
+  PlanFigure sent_data, sent_tensor, sent_pipeline;
+  int64_t sent_bytes = 0;  // the sum of the three
+};
+
+struct MemoryPlan {
+  int world = 1, data = 1, tensor = 1, pipeline = 1, zero_stage = 0;
+  int micro_batch = 1, accum = 1, seq_len = 1;
+  bool activation_checkpointing = false;
+  bool runnable = true;  // this build can run the layout (pipeline = 1)
+  int64_t model_params = 0;              // elements of the whole model
+  std::vector<RankPlan> ranks;           // one per rank, in rank order
+  std::vector<std::string> symbols;      // "N = B·S = 1·12 = 12 tokens per micro-batch", ...
+  std::vector<std::pair<std::string, std::string>> formulas;  // (quantity, formula)
+  std::vector<std::string> notes;        // what the estimate leaves out or assumes
+};
+
+// The plan for recipe r on `world` ranks (data = world / (tensor · pipeline)). Throws ft::Error
+// if the world does not divide into the recipe's layout.
+MemoryPlan plan_memory(const Recipe& r, int world);
+
+// Ranks whose figures are all identical (same stage, same groups, same bytes), each list in rank
+// order, lists ordered by their first rank.
+std::vector<std::vector<int>> plan_roles(const MemoryPlan& plan);
+
+// "0", "0-3", "0-1, 4-5": a sorted rank list in ranges.
+std::string format_rank_list(const std::vector<int>& ranks);
+
+}  // namespace ft

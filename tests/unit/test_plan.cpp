@@ -1,0 +1,250 @@
+// ft plan's formulas (lib/parallel/plan.h) on small cases worked out by hand: ZeRO stages 0–3
+// with even and uneven shards, tied embeddings, the tensor split, an uneven pipeline split, and
+// the rank layout rank = (d·P + p)·T + t. tests/cli/test_plan.sh checks the same figures against
+// what a real run measures.
+#include <doctest/doctest.h>
+
+#include "core/error.h"
+#include "model/layout.h"
+#include "parallel/plan.h"
+#include "recipe/recipe.h"
+
+using ft::MemoryPlan;
+using ft::plan_memory;
+using ft::RankPlan;
+using ft::Recipe;
+
+namespace {
+
+// C = 8, H = 2 (hd = 4), KV = 1, F = 12, V = 10, L = 2; B = 1, S = 4 (N = 4).
+// Groups: embed V·C = 80; layer 2·8 + q 8·8 + k 4·8 + v 4·8 + o 8·8 + 3·12·8 = 496;
+// head 8 + 80 = 88 (8 when tied). Total 1160 (1080 tied).
+Recipe small(int zero = 0, bool tied = false) {
+  Recipe r;
+  r.model.dim = 8;
+  r.model.n_heads = 2;
+  r.model.n_kv_heads = 1;
+  r.model.ffn_dim = 12;
+  r.model.vocab_size = 10;
+  r.model.n_layers = 2;
+  r.model.tie_embeddings = tied;
+  r.data.seq_len = 4;
+  r.training.micro_batch_size = 1;
+  r.training.global_batch_size = 1;
+  r.parallel.zero_stage = zero;
+  return r;
+}
+
+// Activations of the small model on one rank, elements:
+//   A_layer = 3·N·C 96 + 2·N 8 + 2·N·HD 64 + 2·N·KD 32 + B·H·S² 32 + 3·N·F 144 = 376
+//   kept = (L+1)·N·C 96 + L·A_layer 752 = 848; A_head = 32 + 4 + 40 = 76;
+//   A_bwd = 2·N·C 64 + 2·N·HD 64 + 2·N·KD 32 + 3·N·F 144 + B·H·S² 32 = 336
+constexpr int64_t kActs = 848 + 76 + 336;
+
+}  // namespace
+
+TEST_CASE("plan: one rank, no ZeRO: everything full, matching the parameter layout") {
+  for (bool tied : {false, true}) {
+    const Recipe r = small(0, tied);
+    const MemoryPlan p = plan_memory(r, 1);
+    REQUIRE(p.ranks.size() == 1);
+    const RankPlan& k = p.ranks[0];
+    const int64_t n = tied ? 1080 : 1160;
+    CHECK(int64_t(ft::ParamLayout(r.model).total_numel()) == n);
+    CHECK(p.model_params == n);
+    CHECK(k.param_elems == n);
+    CHECK(k.params.bytes == 4 * n);
+    CHECK(k.grads.bytes == 4 * n);
+    CHECK(k.optim.bytes == 8 * n);
+    CHECK(k.activations.bytes == 4 * kActs);
+    CHECK(k.comm_buffers.bytes == 0);
+    CHECK(k.total_bytes == 4 * n + 4 * n + 8 * n + 4 * kActs);
+    CHECK(k.peak_bytes == k.total_bytes);
+    CHECK(k.sent_bytes == 0);
+    CHECK(k.embed);
+    CHECK(k.head);
+    CHECK(k.num_layers == 2);
+  }
+}
+
+TEST_CASE("plan: activation checkpointing keeps layer inputs and one recomputed layer") {
+  Recipe r = small();
+  r.training.activation_checkpointing = true;
+  const RankPlan k = plan_memory(r, 1).ranks[0];
+  CHECK(k.activations.bytes == 4 * (96 + 376 + 76 + 336));
+}
+
+TEST_CASE("plan: ZeRO stages on 2 data ranks (even shards: 40, 248, 248, 44)") {
+  // Σ s_g = 580; max s_g = 248; M = 1 micro-batch per step.
+  auto plan = [](int z, bool tied = false) {
+    Recipe r = small(z, tied);
+    r.training.global_batch_size = 2;
+    MemoryPlan p = plan_memory(r, 2);
+    REQUIRE(p.data == 2);
+    REQUIRE(p.accum == 1);
+    REQUIRE(ft::plan_roles(p).size() == 1);  // both ranks alike
+    return p.ranks[1];
+  };
+  const RankPlan z0 = plan(0), z1 = plan(1), z2 = plan(2), z3 = plan(3);
+  CHECK(z0.params.bytes == 4640);
+  CHECK(z0.grads.bytes == 4640);
+  CHECK(z0.optim.bytes == 9280);
+  CHECK(z0.comm_buffers.bytes == 0);
+  CHECK(z0.sent_data.bytes == 4640);  // ring all-reduce: 2·(2−1)/2 × 4640 B
+
+  CHECK(z1.params.bytes == 4640);
+  CHECK(z1.grads.bytes == 4640);
+  CHECK(z1.optim.bytes == 8 * 580);
+  CHECK(z1.comm_buffers.bytes == 4 * 2 * 248);     // all-gather buffer D·max s
+  CHECK(z1.sent_data.bytes == 4640 + 4 * 580);     // + all-gather (D−1)·Σs
+
+  CHECK(z2.params.bytes == 4640);
+  CHECK(z2.grads.bytes == 4 * 580);
+  CHECK(z2.optim.bytes == 8 * 580);
+  // all-gather buffer 496 + a layer's working gradient 496 and its reduce-scatter result 248
+  CHECK(z2.comm_buffers.bytes == 4 * (496 + 496 + 248));
+  CHECK(z2.sent_data.bytes == 4 * 580 + 4 * 580);  // reduce-scatter per micro-batch + all-gather
+
+  CHECK(z3.params.bytes == 4 * 580);
+  CHECK(z3.grads.bytes == 4 * 580);
+  CHECK(z3.optim.bytes == 8 * 580);
+  CHECK(z3.comm_buffers.bytes == 4 * 2 * 496);  // a gathered layer + its working gradient
+  CHECK(z3.startup_bytes == 4 * (1160 + 2 * 580));
+  CHECK(z3.peak_bytes == std::max(z3.total_bytes, z3.startup_bytes));
+  // reduce-scatter Σs + all-gathers: embedding 40 once, layers twice, head 44 once
+  CHECK(z3.sent_data.bytes == 4 * 580 + 4 * (40 + 2 * 2 * 248 + 44));
+
+  // Tied: head = the final norm only (8, shard 4); Σ s = 40 + 496 + 4 = 540.
+  const RankPlan t2 = plan(2, true), t3 = plan(3, true);
+  CHECK(t2.grads.bytes == 4 * 540);
+  // all-gather buffer 496 + a layer's working gradient and result 744 + the embedding's open
+  // working gradient 80
+  CHECK(t2.comm_buffers.bytes == 4 * (496 + 744 + 80));
+  CHECK(t3.params.bytes == 4 * 540);
+  // a gathered layer + its working gradient 992 + the tied embedding's working gradient 80
+  CHECK(t3.comm_buffers.bytes == 4 * (992 + 80));
+}
+
+TEST_CASE("plan: uneven ZeRO shards on 3 data ranks: the last rank owns less") {
+  Recipe r = small(1);
+  r.training.global_batch_size = 3;
+  const MemoryPlan p = plan_memory(r, 3);
+  // s = ⌈80/3⌉ 27, ⌈496/3⌉ 166, ⌈88/3⌉ 30; rank 2 owns 80−54 = 26, 496−332 = 164, 88−60 = 28.
+  CHECK(p.ranks[0].optim.bytes == 8 * (27 + 166 + 166 + 30));
+  CHECK(p.ranks[1].optim.bytes == 8 * (27 + 166 + 166 + 30));
+  CHECK(p.ranks[2].optim.bytes == 8 * (26 + 164 + 164 + 28));
+  const auto roles = ft::plan_roles(p);
+  REQUIRE(roles.size() == 2);
+  CHECK(roles[0] == std::vector<int>{0, 1});
+  CHECK(roles[1] == std::vector<int>{2});
+  // ZeRO-3 params: padded shards on every rank.
+  r.parallel.zero_stage = 3;
+  const MemoryPlan p3 = plan_memory(r, 3);
+  CHECK(p3.ranks[2].params.bytes == 4 * (27 + 166 + 166 + 30));
+}
+
+TEST_CASE("plan: tensor split (Megatron): heads, KV heads, MLP and vocabulary over T") {
+  Recipe r = small();
+  r.model.n_kv_heads = 2;
+  r.parallel.tensor = 2;
+  const MemoryPlan p = plan_memory(r, 2);
+  CHECK(p.data == 1);
+  CHECK(p.runnable);
+  REQUIRE(ft::plan_roles(p).size() == 1);
+  const RankPlan& k = p.ranks[1];
+  CHECK(k.tensor_rank == 1);
+  // embed 5·8 = 40; layer 2·8 + q 4·8 + k 4·8 + v 4·8 + o 8·4 + 3·6·8 = 16 + 128 + 144 = 288;
+  // head 8 + 40 = 48: the same as the model's own tensor-rank layout.
+  CHECK(k.param_elems == 40 + 2 * 288 + 48);
+  CHECK(k.param_elems == int64_t(ft::ParamLayout(r.model, 2).total_numel()));
+  CHECK(k.params.bytes == 4 * (40 + 576 + 48));
+  // Per tensor rank: HD = KD = 4, H = 1, F = 6, V = 5:
+  //   A_layer = 96 + 8 + 32 + 32 + 16 + 72 = 256; kept = 96 + 512 = 608;
+  //   A_head = 32 + 4 + 20 + cross-entropy statistics 5·4 = 76; A_tp = N·C = 32;
+  //   A_bwd = 64 + 32 + 32 + 72 + 16 = 216
+  CHECK(k.activations.bytes == 4 * (608 + 76 + 32 + 216));
+  // M = 1: (4 per layer × 2 + embedding + lm_head input gradient) all-reduces of N·C·4 = 128 B,
+  // of which a ring sends 2·(2−1)/2; cross-entropy: max 16 B, two f64 sums of 32 B.
+  CHECK(k.sent_tensor.bytes == 10 * 128 + 16 + 2 * 32);
+  CHECK(k.sent_data.bytes == 0);
+  CHECK(k.sent_pipeline.bytes == 0);
+  // The whole model (with KV = 2: layers of 560, 80 + 2·560 + 88 = 1288) is initialised on
+  // every rank before it is sliced.
+  CHECK(p.model_params == 1288);
+  CHECK(k.startup_bytes == 4 * (1288 + 664));
+
+  // Activation checkpointing: the recompute repeats the forward's two all-reduces per layer.
+  r.training.activation_checkpointing = true;
+  CHECK(plan_memory(r, 2).ranks[0].sent_tensor.bytes == 14 * 128 + 16 + 2 * 32);
+}
+
+TEST_CASE("plan: uneven pipeline split, 1F1B in-flight micro-batches, tied embedding copy") {
+  Recipe r = small(0, /*tied=*/true);
+  r.model.n_layers = 5;
+  r.parallel.pipeline = 2;
+  r.training.global_batch_size = 4;  // D = 1, M = 4
+  const MemoryPlan p = plan_memory(r, 2);
+  REQUIRE(p.ranks.size() == 2);
+  const RankPlan &s0 = p.ranks[0], &s1 = p.ranks[1];
+  CHECK(s0.stage == 0);
+  CHECK(s1.stage == 1);
+  CHECK(s0.first_layer == 0);
+  CHECK(s0.num_layers == 3);  // the first stage takes the extra layer
+  CHECK(s1.first_layer == 3);
+  CHECK(s1.num_layers == 2);
+  CHECK(s0.embed);
+  CHECK_FALSE(s0.head);
+  CHECK(s1.head);
+  CHECK_FALSE(s1.embed);
+  CHECK(s0.param_elems == 80 + 3 * 496);
+  CHECK(s1.param_elems == 2 * 496 + 8 + 80);  // the last stage keeps a copy of the tied embedding
+  // Stage 0 keeps min(P − 0, M) = 2 micro-batches: (3+1)·32 + 3·376 = 1256 each, no head.
+  CHECK(s0.activations.bytes == 4 * (2 * 1256 + 336));
+  // Stage 1 keeps 1: (2+1)·32 + 2·376 = 848, plus the head.
+  CHECK(s1.activations.bytes == 4 * (848 + 76 + 336));
+  // M × 4·N·C = 4 × 128 B one way, plus the tied-embedding gradient all-reduce 4·80 B.
+  CHECK(s0.sent_pipeline.bytes == 4 * 128 + 320);
+  CHECK(s1.sent_pipeline.bytes == 4 * 128 + 320);
+
+  r.model.n_layers = 4;  // even: 2 + 2
+  r.model.tie_embeddings = false;
+  const MemoryPlan q = plan_memory(r, 2);
+  CHECK(q.ranks[0].num_layers == 2);
+  CHECK(q.ranks[1].first_layer == 2);
+  CHECK(q.ranks[0].sent_pipeline.bytes == 4 * 128);
+}
+
+TEST_CASE("plan: rank layout rank = (d·P + p)·T + t") {
+  Recipe r = small();
+  r.model.n_kv_heads = 2;
+  r.model.n_layers = 4;
+  r.parallel.tensor = 2;
+  r.parallel.pipeline = 2;
+  r.training.global_batch_size = 2;
+  const MemoryPlan p = plan_memory(r, 8);
+  CHECK(p.data == 2);
+  for (const RankPlan& k : p.ranks)
+    CHECK(k.rank == (k.data_rank * 2 + k.stage) * 2 + k.tensor_rank);
+  CHECK(p.ranks[5].tensor_rank == 1);
+  CHECK(p.ranks[5].stage == 0);
+  CHECK(p.ranks[5].data_rank == 1);
+  const auto roles = ft::plan_roles(p);
+  REQUIRE(roles.size() == 2);  // one per pipeline stage
+  CHECK(roles[0] == std::vector<int>{0, 1, 4, 5});
+  CHECK(ft::format_rank_list(roles[1]) == "2-3, 6-7");
+}
+
+TEST_CASE("plan: rank lists") {
+  CHECK(ft::format_rank_list({0}) == "0");
+  CHECK(ft::format_rank_list({0, 1, 2, 3}) == "0-3");
+  CHECK(ft::format_rank_list({0, 2, 3, 7}) == "0, 2-3, 7");
+}
+
+TEST_CASE("plan: a world or a model that does not fit the layout is an error") {
+  Recipe r = small();
+  r.parallel.tensor = 2;
+  r.model.n_kv_heads = 2;
+  CHECK_THROWS_AS(plan_memory(r, 3), ft::Error);
+  r.model.vocab_size = 11;  // the vocabulary is not padded
+  CHECK_THROWS_AS(plan_memory(r, 2), ft::Error);
+}
