@@ -4,6 +4,8 @@
 # UndefinedBehaviorSanitizer (FT_SANITIZE=ON) and runs the suite again there.
 #   scripts/test.sh              # both passes
 #   FT_TEST_SANITIZE=0 scripts/test.sh   # Release pass only
+# As root it also brings up a local one-node SLURM and runs tests/slurm/test_slurm.sh (srun and
+# sbatch against mpirun, ~25 s); FT_TEST_SLURM=0 skips that, FT_TEST_SLURM=1 asks for it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 jobs="$(nproc)"
@@ -11,7 +13,12 @@ jobs="$(nproc)"
 scripts/setup.sh --no-data
 echo "test: Release suite"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
-if [[ "${FT_TEST_SLURM:-0}" == "1" ]]; then echo "test: SLURM (tests/slurm, local one-node cluster)"; bash tests/slurm/test_slurm.sh build .; fi
+slurm_default=0
+[[ $(id -u) == 0 ]] && slurm_default=1  # the local cluster's daemons need root
+if [[ "${FT_TEST_SLURM:-$slurm_default}" == "1" ]]; then
+  echo "test: SLURM (tests/slurm, local one-node cluster)"
+  bash tests/slurm/test_slurm.sh build .
+fi
 
 if [[ "${FT_TEST_SANITIZE:-1}" == "1" ]]; then
   echo "test: AddressSanitizer + UndefinedBehaviorSanitizer suite"
