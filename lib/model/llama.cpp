@@ -46,7 +46,7 @@ struct LlamaModel::Acts {
 };
 
 LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing,
-                       Communicator* tensor_comm)
+                       Communicator* tensor_comm, StageSpec stage)
     : cfg_(cfg),
       dev_(dev),
       ckpt_(activation_checkpointing),
@@ -58,17 +58,36 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_chec
       F_(cfg.ffn_dim / tp_),
       V_(cfg.vocab_size / tp_),
       v_begin_(tp_rank_ * V_),
-      layout_(cfg, tp_) {
-  for (const auto& g : layout_.groups()) {
-    params_.emplace_back(dev_, g.numel);
+      layout_(cfg, tp_),
+      stage_(stage) {
+  if (stage_.last_layer < 0) stage_.last_layer = cfg.n_layers;
+  FT_CHECK(0 <= stage_.first_layer && stage_.first_layer <= stage_.last_layer &&
+               stage_.last_layer <= cfg.n_layers,
+           "bad pipeline stage layers [", stage_.first_layer, ", ", stage_.last_layer, ")");
+  const auto& groups = layout_.groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    params_.emplace_back(dev_, owns_group(int(g)) ? groups[g].numel : 0);
     params_.back().zero();
   }
 }
 
+bool LlamaModel::owns_group(int g) const {
+  const int L = cfg_.n_layers;
+  if (g == 0) return stage_.embed || (stage_.head && cfg_.tie_embeddings);
+  if (g == L + 1) return stage_.head;
+  return g - 1 >= stage_.first_layer && g - 1 < stage_.last_layer;
+}
+
+const float* LlamaModel::stage_output(int slot) const {
+  return slots_[size_t(slot)]->resid[size_t(stage_.last_layer)].data();
+}
+
+const float* LlamaModel::input_grad() const { return acts_->dresid.data(); }
+
 std::vector<Buffer<float>>& LlamaModel::grads() {
   if (grads_.empty())
-    for (const auto& g : layout_.groups()) {
-      grads_.emplace_back(dev_, g.numel);
+    for (size_t g = 0; g < layout_.groups().size(); ++g) {
+      grads_.emplace_back(dev_, owns_group(int(g)) ? layout_.groups()[g].numel : 0);
       grads_.back().zero();
     }
   return grads_;
@@ -100,6 +119,7 @@ struct SplitMix64 {
 void LlamaModel::init_random(uint64_t seed, double std) {
   const auto& groups = layout_.groups();
   for (size_t gi = 0; gi < groups.size(); ++gi) {
+    if (!owns_group(int(gi))) continue;
     for (const auto& e : groups[gi].entries) {
       float* p = params_[gi].data() + e.offset;
       if (e.shape.size() < 2) {
@@ -124,9 +144,12 @@ void LlamaModel::zero_grads() {
   for (auto& g : grads_) g.zero();  // hooks zero their own working buffers
 }
 
-void LlamaModel::ensure_acts(int B, int T, bool need_backward) {
-  if (acts_ && acts_->B == B && acts_->T == T && (acts_->backward || !need_backward)) return;
-  acts_.reset();  // free the old set first so the peak is not two sets
+void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
+  if (size_t(slot) >= slots_.size()) slots_.resize(size_t(slot) + 1);
+  std::unique_ptr<Acts>& cur = slots_[size_t(slot)];
+  acts_ = cur.get();
+  if (cur && cur->B == B && cur->T == T && (cur->backward || !need_backward)) return;
+  cur.reset();  // free the old set first so the peak is not two sets
   auto a = std::make_unique<Acts>();
   a->B = B;
   a->T = T;
@@ -136,8 +159,11 @@ void LlamaModel::ensure_acts(int B, int T, bool need_backward) {
   const size_t KD = size_t(K_) * layout_.head_dim();
   const size_t S = size_t(B) * H_ * T * T;
   const int L = cfg_.n_layers;
-  for (int l = 0; l <= L; ++l) a->resid.emplace_back(dev_, N * C);
-  int nsets = (ckpt_ || !need_backward) ? 1 : L;
+  // Residual stream: resid[l] is layer l's input; only this stage's [first, last] exist.
+  for (int l = 0; l <= L; ++l)
+    a->resid.emplace_back(dev_, l >= stage_.first_layer && l <= stage_.last_layer ? N * C : 0);
+  const int stage_layers = stage_.last_layer - stage_.first_layer;
+  int nsets = (ckpt_ || !need_backward) ? std::min(1, stage_layers) : stage_layers;
   for (int i = 0; i < nsets; ++i) {
     LayerActs la;
     la.ln1 = Buffer<float>(dev_, N * C);
@@ -155,9 +181,11 @@ void LlamaModel::ensure_acts(int B, int T, bool need_backward) {
     la.h = Buffer<float>(dev_, N * F);
     a->layers.push_back(std::move(la));
   }
-  a->lnf = Buffer<float>(dev_, N * C);
-  a->rstdf = Buffer<float>(dev_, N);
-  a->logits = Buffer<float>(dev_, N * V);
+  if (stage_.head) {
+    a->lnf = Buffer<float>(dev_, N * C);
+    a->rstdf = Buffer<float>(dev_, N);
+    a->logits = Buffer<float>(dev_, N * V);
+  }
   if (tp_ > 1) {
     a->tp_partial = Buffer<float>(dev_, N * C);
     a->row_max = Buffer<float>(dev_, N);
@@ -176,7 +204,8 @@ void LlamaModel::ensure_acts(int B, int T, bool need_backward) {
     a->dh = Buffer<float>(dev_, N * F);
     a->dscores = Buffer<float>(dev_, S);
   }
-  acts_ = std::move(a);
+  cur = std::move(a);
+  acts_ = cur.get();
 }
 
 // y += x·Wᵀ for a row-parallel layer (o_proj, down_proj): with tensor parallelism each rank
@@ -195,7 +224,7 @@ void LlamaModel::row_parallel_forward(float* y, const float* x, const float* W, 
 
 void LlamaModel::layer_forward(int l, int B, int T) {
   Acts& a = *acts_;
-  LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : l];
+  LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : size_t(l - stage_.first_layer)];
   const int N = B * T, C = cfg_.dim, F = F_, H = H_, K = K_;
   const int D = layout_.head_dim();
   const BlockOffsets& o = layout_.block_offsets();
@@ -228,7 +257,7 @@ void LlamaModel::layer_forward(int l, int B, int T) {
 void LlamaModel::layer_backward(int l, int B, int T) {
   Acts& a = *acts_;
   if (ckpt_) layer_forward(l, B, T);  // recompute this layer's activations
-  LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : l];
+  LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : size_t(l - stage_.first_layer)];
   const int N = B * T, C = cfg_.dim, F = F_, H = H_, K = K_;
   const int D = layout_.head_dim();
   const BlockOffsets& o = layout_.block_offsets();
@@ -268,28 +297,37 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   grads_ready(1 + l);
 }
 
-double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
-                           int B, int T, float loss_scale, bool backward) {
+double LlamaModel::forward_part(int slot, const int32_t* inputs, const float* x_in,
+                                const int32_t* targets, const uint8_t* mask, int B, int T,
+                                float loss_scale, bool backward) {
   FT_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len ", cfg_.max_seq_len);
-  ensure_acts(B, T, backward);
+  ensure_acts(slot, B, T, backward);
   Acts& a = *acts_;
+  a.inputs = inputs;
   const int N = B * T, C = cfg_.dim, V = V_, L = cfg_.n_layers;
-  for (int n = 0; n < N; ++n) {
-    FT_CHECK(inputs[n] >= 0 && inputs[n] < cfg_.vocab_size, "input token id ", inputs[n],
-             " out of range for vocab_size ", cfg_.vocab_size);
+  const int hg = L + 1;  // head group
+  const int first = stage_.first_layer, last = stage_.last_layer;
+
+  if (stage_.embed) {
+    for (int n = 0; n < N; ++n)
+      FT_CHECK(inputs[n] >= 0 && inputs[n] < cfg_.vocab_size, "input token id ", inputs[n],
+               " out of range for vocab_size ", cfg_.vocab_size);
+    // Vocabulary-parallel embedding: each tensor rank looks up the ids in its rows, zeros
+    // elsewhere, and the all-reduce assembles the rows.
+    k::embedding_forward(a.resid[0].data(), inputs, P(0), N, C, v_begin_, tp_ > 1 ? V : -1);
+    release(0);
+    tensor_all_reduce(a.resid[0].data(), size_t(N) * C);
+  } else {
+    std::memcpy(a.resid[size_t(first)].data(), x_in, sizeof(float) * size_t(N) * C);
+  }
+  for (int l = first; l < last; ++l) layer_forward(l, B, T);
+  if (!stage_.head) return 0.0;
+
+  for (int n = 0; n < N; ++n)
     FT_CHECK(!mask[n] || (targets[n] >= 0 && targets[n] < cfg_.vocab_size), "target token id ",
              targets[n], " out of range for vocab_size ", cfg_.vocab_size);
-  }
-  const int hg = L + 1;  // head group
-
-  // Vocabulary-parallel embedding: each tensor rank looks up the ids in its rows, zeros
-  // elsewhere, and the all-reduce assembles the rows.
-  k::embedding_forward(a.resid[0].data(), inputs, P(0), N, C, v_begin_, tp_ > 1 ? V : -1);
-  tensor_all_reduce(a.resid[0].data(), size_t(N) * C);
-  if (!cfg_.tie_embeddings) release(0);
-  for (int l = 0; l < L; ++l) layer_forward(l, B, T);
   const float* wf = P(hg);
-  const float* Wh = cfg_.tie_embeddings ? P(0) : wf + C;  // tied: E was kept acquired
+  const float* Wh = cfg_.tie_embeddings ? P(0) : wf + C;
   k::rmsnorm_forward(a.lnf.data(), a.rstdf.data(), a.resid[L].data(), wf, N, C, float(cfg_.norm_eps));
   k::linear_forward(a.logits.data(), a.lnf.data(), Wh, N, C, V);  // (N, V / tensor)
   float* dlogits = backward ? a.logits.data() : nullptr;
@@ -307,36 +345,52 @@ double LlamaModel::forward(const int32_t* inputs, const int32_t* targets, const 
     loss_sum = k::ce_finish(dlogits, a.logits.data(), targets, mask, a.row_max.data(),
                             a.sumexp.data(), a.target_logit.data(), N, V, v_begin_, loss_scale);
   }
-  if (!backward) {
-    release(hg);
-    if (cfg_.tie_embeddings) { release(0); release(0); }  // the acquire for the head, and the first
-    return loss_sum;
-  }
-
-  // logits = f·Whᵀ
-  float* dhead = G(hg);
-  float* dWh = cfg_.tie_embeddings ? G(0) : dhead + C;
-  k::linear_backward(a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N, C, V);
-  tensor_all_reduce(a.dtmp.data(), size_t(N) * C);  // each rank saw only its vocabulary columns
-  k::rmsnorm_backward(a.dresid.data(), dhead, a.dtmp.data(), a.resid[L].data(), wf,
-                      a.rstdf.data(), N, C);
   release(hg);
-  grads_ready(hg);
-  if (cfg_.tie_embeddings) { release(0); release(0); }
-  for (int l = L - 1; l >= 0; --l) layer_backward(l, B, T);
-  k::embedding_backward(G(0), inputs, a.dresid.data(), N, C, v_begin_, tp_ > 1 ? V : -1);
-  grads_ready(0);
+  if (cfg_.tie_embeddings) release(0);
   return loss_sum;
+}
+
+void LlamaModel::backward_part(int slot, const float* dy_in) {
+  acts_ = slots_[size_t(slot)].get();
+  Acts& a = *acts_;
+  const int B = a.B, T = a.T, N = B * T, C = cfg_.dim, V = V_, L = cfg_.n_layers;
+  const int hg = L + 1;
+  if (stage_.head) {
+    // logits = f·Whᵀ; a.logits holds dlogits since forward_part.
+    const float* wf = P(hg);
+    const float* Wh = cfg_.tie_embeddings ? P(0) : wf + C;
+    float* dhead = G(hg);
+    float* dWh = cfg_.tie_embeddings ? G(0) : dhead + C;
+    k::linear_backward(a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N, C, V);
+    tensor_all_reduce(a.dtmp.data(), size_t(N) * C);  // each rank saw only its vocabulary columns
+    k::rmsnorm_backward(a.dresid.data(), dhead, a.dtmp.data(), a.resid[L].data(), wf,
+                        a.rstdf.data(), N, C);
+    release(hg);
+    grads_ready(hg);
+    if (cfg_.tie_embeddings) {
+      release(0);
+      if (!stage_.embed) grads_ready(0);  // the embedding's other half is on the first stage
+    }
+  } else {
+    std::memcpy(a.dresid.data(), dy_in, sizeof(float) * size_t(N) * C);
+  }
+  for (int l = stage_.last_layer - 1; l >= stage_.first_layer; --l) layer_backward(l, B, T);
+  if (stage_.embed) {
+    k::embedding_backward(G(0), a.inputs, a.dresid.data(), N, C, v_begin_, tp_ > 1 ? V : -1);
+    grads_ready(0);
+  }
 }
 
 double LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets,
                                     const uint8_t* mask, int B, int T, float loss_scale) {
-  return forward(inputs, targets, mask, B, T, loss_scale, true);
+  const double loss = forward_part(0, inputs, nullptr, targets, mask, B, T, loss_scale, true);
+  backward_part(0, nullptr);
+  return loss;
 }
 
 double LlamaModel::forward_loss(const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
                                 int B, int T) {
-  return forward(inputs, targets, mask, B, T, 0.0f, false);
+  return forward_part(0, inputs, nullptr, targets, mask, B, T, 0.0f, false);
 }
 
 }  // namespace ft

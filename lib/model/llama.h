@@ -28,12 +28,20 @@ class GroupHooks {
   virtual void grads_ready(int group) = 0;             // this micro-batch's gradient is complete
 };
 
+// The part of the model one pipeline stage runs: layers [first_layer, last_layer), plus the
+// embedding on the first stage and the final norm, head and loss on the last (DESIGN.md §3).
+struct StageSpec {
+  int first_layer = 0, last_layer = -1;  // -1: up to the last layer
+  bool embed = true, head = true;
+};
+
 class LlamaModel {
  public:
   // tensor_comm: the tensor-parallel group (Megatron layers, DESIGN.md §3); null = no tensor
   // parallelism. Parameters are then this tensor rank's slices (layout().tensor() > 1).
+  // stage: the layers (and ends) this rank holds; parameter groups it does not hold are empty.
   LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing = false,
-             Communicator* tensor_comm = nullptr);
+             Communicator* tensor_comm = nullptr, StageSpec stage = {});
   ~LlamaModel();
 
   const ModelConfig& config() const { return cfg_; }
@@ -61,11 +69,23 @@ class LlamaModel {
   double forward_loss(const int32_t* inputs, const int32_t* targets, const uint8_t* mask, int B,
                       int T);
 
+  // Pipeline stages run a micro-batch in two halves, and keep several micro-batches in flight,
+  // each in its own activation slot.
+  // forward_part: the first stage embeds `inputs`; others start from x_in (B·T, C). The last
+  // stage returns the summed loss (and, with backward, keeps dlogits for backward_part); others
+  // return 0 and leave their output at stage_output(slot).
+  double forward_part(int slot, const int32_t* inputs, const float* x_in, const int32_t* targets,
+                      const uint8_t* mask, int B, int T, float loss_scale, bool backward);
+  // backward_part: the last stage starts from its loss; others from dy_in (B·T, C), the gradient
+  // of their output. Leaves the gradient of the stage's input at input_grad() (not on the first).
+  void backward_part(int slot, const float* dy_in);
+  const float* stage_output(int slot) const;
+  const float* input_grad() const;
+  const StageSpec& stage() const { return stage_; }
+  bool owns_group(int g) const;
  private:
   struct Acts;
-  void ensure_acts(int B, int T, bool need_backward);
-  double forward(const int32_t* inputs, const int32_t* targets, const uint8_t* mask, int B,
-                 int T, float loss_scale, bool backward);
+  void ensure_acts(int slot, int B, int T, bool need_backward);
   void layer_forward(int l, int B, int T);
   void row_parallel_forward(float* y, const float* x, const float* W, int N, int in, int out);
   void layer_backward(int l, int B, int T);
@@ -82,7 +102,9 @@ class LlamaModel {
   int v_begin_ = 0;    // first vocabulary row of this rank's shard
   ParamLayout layout_;
   std::vector<Buffer<float>> params_, grads_;
-  std::unique_ptr<Acts> acts_;
+  StageSpec stage_;
+  std::vector<std::unique_ptr<Acts>> slots_;
+  Acts* acts_ = nullptr;  // the slot in use
   GroupHooks* hooks_ = nullptr;
   const float* P(int g) { return hooks_ ? hooks_->acquire_params(g) : params_[g].data(); }
   void release(int g) { if (hooks_) hooks_->release_params(g); }
