@@ -23,6 +23,11 @@ class Communicator {
   // in: this rank's shard; out: size() * shard floats, rank r's shard at r*shard.
   virtual void all_gather(const float* in, float* out, size_t shard) = 0;
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  // Point to point (pipeline stages). send() does not block: the buffer must stay untouched
+  // until wait_sends() returns. recv() blocks until the data is there.
+  virtual void send(const float* data, size_t n, int peer, int tag) = 0;
+  virtual void recv(float* data, size_t n, int peer, int tag) = 0;
+  virtual void wait_sends() = 0;
   virtual void barrier() = 0;
   // Ends every rank of the job (after a fatal error on this one), with this exit code.
   virtual void abort(int code) = 0;

@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -83,6 +84,21 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Bcast(data, int(bytes), MPI_BYTE, root, comm_), "broadcast");
   }
   void barrier() override { check(MPI_Barrier(comm_), "barrier"); }
+  void send(const float* data, size_t n, int peer, int tag) override {
+    FT_CHECK(n < kMaxCount, "send too large");
+    MPI_Request req;
+    check(MPI_Isend(data, int(n), MPI_FLOAT, peer, tag, comm_, &req), "isend");
+    pending_.push_back(req);
+  }
+  void recv(float* data, size_t n, int peer, int tag) override {
+    FT_CHECK(n < kMaxCount, "recv too large");
+    check(MPI_Recv(data, int(n), MPI_FLOAT, peer, tag, comm_, MPI_STATUS_IGNORE), "recv");
+  }
+  void wait_sends() override {
+    if (pending_.empty()) return;
+    check(MPI_Waitall(int(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE), "waitall");
+    pending_.clear();
+  }
   void abort(int code) override { MPI_Abort(MPI_COMM_WORLD, code); }
   std::string describe() const override { return "mpi world " + std::to_string(size_); }
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -94,6 +110,7 @@ class MpiCommunicator final : public Communicator {
  private:
   MPI_Comm comm_;
   bool owns_mpi_;
+  std::vector<MPI_Request> pending_;
   int rank_ = 0, size_ = 1;
 };
 

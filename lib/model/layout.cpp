@@ -87,7 +87,8 @@ void slice_for_tensor_rank(const ParamLayout& global, const std::vector<const fl
   const auto& gg = global.groups();
   const auto& lg = local.groups();
   FT_CHECK(gg.size() == lg.size(), "layouts of different models");
-  for (size_t g = 0; g < gg.size(); ++g)
+  for (size_t g = 0; g < gg.size(); ++g) {
+    if (!local_params[g]) continue;  // a group of another pipeline stage
     for (size_t i = 0; i < lg[g].entries.size(); ++i) {
       const ParamEntry& le = lg[g].entries[i];
       const ParamEntry& ge = gg[g].entries[i];
@@ -106,6 +107,7 @@ void slice_for_tensor_rank(const ParamLayout& global, const std::vector<const fl
                     dst + r * cols);
       }
     }
+  }
 }
 
 }  // namespace ft

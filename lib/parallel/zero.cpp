@@ -8,18 +8,21 @@
 namespace ft {
 
 ZeroSharding::ZeroSharding(int stage, LlamaModel& model, Communicator& comm, Device* dev,
-                           Communicator* tensor_comm)
+                           Communicator* tensor_comm, Communicator* pipeline_comm)
     : stage_(stage),
       model_(model),
       comm_(comm),
       dev_(dev),
       tensor_comm_(tensor_comm),
+      pipeline_comm_(pipeline_comm),
       D_(comm.size()),
       rank_(comm.rank()) {
   FT_CHECK(stage >= 0 && stage <= 3, "ZeRO stage must be 0..3");
   size_t max_shard = 0;
-  for (const auto& g : model.layout().groups()) {
-    const size_t n = g.numel, s = (n + size_t(D_) - 1) / size_t(D_);
+  for (size_t gi = 0; gi < model.layout().groups().size(); ++gi) {
+    // Groups of other pipeline stages are empty here.
+    const size_t n = model.owns_group(int(gi)) ? model.layout().groups()[gi].numel : 0;
+    const size_t s = (n + size_t(D_) - 1) / size_t(D_);
     numel_.push_back(n);
     shard_.push_back(s);
     max_shard = std::max(max_shard, s);
@@ -74,6 +77,8 @@ double ZeroSharding::weighted_sum_squares(int g, const float* x, size_t base, si
     const double sq = kernels::sum_squares(x + (lo - base), hi - lo);
     s += e.split == TensorSplit::kReplicated ? sq / T : sq;
   }
+  for (const auto& [shared, holders] : shared_)
+    if (shared == g) s /= holders->size();
   return s;
 }
 
@@ -90,7 +95,21 @@ double ZeroSharding::grad_sum_squares() {
       s += weighted_sum_squares(g, model_.grads()[size_t(g)].data(), 0, 0, numel_[size_t(g)]);
   }
   if (tensor_comm_) tensor_comm_->all_reduce_sum(&s, 1);
+  if (pipeline_comm_) pipeline_comm_->all_reduce_sum(&s, 1);
   return s;
+}
+
+void ZeroSharding::share_group(int group, Communicator* holders) {
+  shared_.emplace_back(group, holders);
+}
+
+void ZeroSharding::reduce_shared_groups() {
+  for (const auto& [g, holders] : shared_) {
+    if (stage_ >= 2)
+      holders->all_reduce_sum(grad_shards_[size_t(g)].data(), grad_shards_[size_t(g)].size());
+    else
+      holders->all_reduce_sum(model_.grads()[size_t(g)].data(), model_.grads()[size_t(g)].size());
+  }
 }
 
 void ZeroSharding::scale_grads(float f) {

@@ -22,9 +22,14 @@ namespace ft {
 
 class ZeroSharding final : public GroupHooks {
  public:
-  // tensor_comm (may be null): the tensor group, for the gradient norm over tensor shards.
+  // tensor_comm, pipeline_comm (may be null): the other groups that hold parts of the model,
+  // for the gradient norm over every part.
   ZeroSharding(int stage, LlamaModel& model, Communicator& data_comm, Device* dev,
-               Communicator* tensor_comm = nullptr);
+               Communicator* tensor_comm = nullptr, Communicator* pipeline_comm = nullptr);
+  // A group held by two pipeline stages (tied embeddings on the first and last): its gradient is
+  // summed between them, and it counts half on each in the norm.
+  void share_group(int group, Communicator* holders);
+  void reduce_shared_groups();  // after finish_backward
   ~ZeroSharding() override;
 
   const std::vector<ShardRange>& ranges() const { return ranges_; }
@@ -53,6 +58,8 @@ class ZeroSharding final : public GroupHooks {
   Communicator& comm_;
   Device* dev_;
   Communicator* tensor_comm_;
+  Communicator* pipeline_comm_;
+  std::vector<std::pair<int, Communicator*>> shared_;  // groups held by two stages
   // Σ x² over [begin, end) of group g's buffer `x` (which starts at element `base`), with
   // tensor-replicated tensors weighted 1/T so the tensor all-reduce counts them once.
   double weighted_sum_squares(int g, const float* x, size_t base, size_t begin, size_t end) const;

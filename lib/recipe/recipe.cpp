@@ -904,12 +904,6 @@ class Loader {
       issue(locate("runtime.device"), "runtime.device",
             "cuda is not available: this build of ft has no CUDA backend yet", "use auto or cpu");
     }
-    if (r_.parallel.pipeline > 1 && usable("parallel.pipeline")) {
-      issue(locate("parallel.pipeline"), "parallel.pipeline",
-            std::to_string(r_.parallel.pipeline) +
-                " stages asked for, but pipeline parallelism is not implemented yet in this build",
-            "set it to 1 (data and tensor parallelism are available)");
-    }
     if (r_.checkpoint.every_steps > 0 && usable("checkpoint.every_steps")) {
       issue(locate("checkpoint.every_steps"), "checkpoint.every_steps",
             "periodic checkpoints are not implemented yet in this build",

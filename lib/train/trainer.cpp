@@ -28,6 +28,7 @@
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
+#include "parallel/pipeline.h"
 #include "parallel/zero.h"
 #include "runtime/device.h"
 #include "train/metrics.h"
@@ -80,7 +81,8 @@ std::unique_ptr<DataLoader> open_eval_loader(const Recipe& r, const std::string&
 }
 
 // Token-weighted mean loss over the validation batches; every evaluation sees the same tokens.
-double evaluate(LlamaModel& model, DataLoader& loader, const Recipe& r) {
+double evaluate(PipelineSchedule& pipeline, Communicator* pipe_comm, DataLoader& loader,
+                const Recipe& r) {
   const int micro = r.training.micro_batch_size;
   const int64_t G = r.training.global_batch_size;
   // Never more than one epoch of the validation set, and at least one batch.
@@ -90,13 +92,10 @@ double evaluate(LlamaModel& model, DataLoader& loader, const Recipe& r) {
   double loss_sum = 0, tokens = 0;
   for (int64_t i = 0; i < batches; ++i) {
     StepSamples b = loader.next();
-    for (int m = 0; m < b.count / micro; ++m) {
-      const size_t off = size_t(m) * micro * b.seq_len;
-      loss_sum += model.forward_loss(b.inputs.data() + off, b.targets.data() + off,
-                                     b.mask.data() + off, micro, b.seq_len);
-    }
+    loss_sum += pipeline.eval_batch(b, micro);
     for (uint8_t m : b.mask) tokens += m;
   }
+  if (pipe_comm) pipe_comm->all_reduce_sum(&loss_sum, 1);  // the loss is on the last stage
   return tokens > 0 ? loss_sum / tokens : 0.0;
 }
 
@@ -157,13 +156,15 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   }
 
   // Model and optimizer.
-  LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing, tensor_comm);
+  Communicator* pipe_comm = mesh.pipeline > 1 ? mesh.pipeline_comm.get() : nullptr;
+  const StageSpec stage = pipeline_stage(r.model.n_layers, mesh.p, mesh.pipeline);
+  LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing, tensor_comm, stage);
   {
     // The whole model is initialised (or loaded) the same way for every layout, then each
     // tensor rank keeps its slices: so every layout starts from the same weights.
     std::unique_ptr<LlamaModel> whole;
     LlamaModel* init = &model;
-    if (tensor_comm) {
+    if (tensor_comm || pipe_comm) {
       whole = std::make_unique<LlamaModel>(r.model, dev.get());
       init = whole.get();
     }
@@ -181,7 +182,17 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   }
   // ZeRO over the data group (lib/parallel/zero.h). Takes over the parameters (stage 3) and
   // gradients (stages 2, 3) from the model.
-  ZeroSharding zero(r.parallel.zero_stage, model, data_comm, dev.get(), tensor_comm);
+  ZeroSharding zero(r.parallel.zero_stage, model, data_comm, dev.get(), tensor_comm, pipe_comm);
+  // Tied embeddings across stages: the first stage's embedding and the last stage's head are one
+  // matrix held twice; their gradients are summed between the two (DESIGN.md §3).
+  std::unique_ptr<Communicator> tied_holders;
+  if (pipe_comm && r.model.tie_embeddings) {
+    const bool holder = mesh.p == 0 || mesh.p == mesh.pipeline - 1;
+    const int pairs = mesh.data * mesh.tensor;
+    tied_holders = comm.split(holder ? mesh.d * mesh.tensor + mesh.t : pairs + comm.rank(), mesh.p);
+    if (holder) zero.share_group(0, tied_holders.get());
+  }
+  PipelineSchedule pipeline(model, pipe_comm, dev.get());
   AdamW optim(model.layout(), r.optimizer, dev.get(), zero.ranges());
   const size_t params_bytes = zero.params_bytes(), grads_bytes = zero.grads_bytes();
 
@@ -209,7 +220,6 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   TrainSummary sum;
   const auto t_start = Clock::now();
   int64_t tokens_seen = 0;
-  const size_t row = size_t(T);
   for (int64_t s = 0; s < r.training.steps; ++s) {
     const auto t_step = Clock::now();
     StepSamples batch = loader.next();
@@ -224,14 +234,11 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
                "loss is reported as 0 and only weight decay changes the parameters");
 
     zero.begin_step();
-    double loss_sum = 0;
-    for (int m = 0; m < accum; ++m) {
-      const size_t off = size_t(m) * micro * row;
-      loss_sum += model.forward_backward(batch.inputs.data() + off, batch.targets.data() + off,
-                                         batch.mask.data() + off, micro, T, scale);
-    }
+    double loss_sum = pipeline.train_step(batch, micro, scale);
+    if (pipe_comm) pipe_comm->all_reduce_sum(&loss_sum, 1);  // the loss is on the last stage
     data_comm.all_reduce_sum(&loss_sum, 1);  // the same on every tensor rank
     zero.finish_backward();
+    zero.reduce_shared_groups();
 
     // clip_grad_norm_ semantics over every gradient of the model, whichever rank holds it.
     const double grad_norm = std::sqrt(zero.grad_sum_squares());
@@ -275,7 +282,7 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
       progress.step(rep);
     }
     if (do_eval && ((s + 1) % r.training.eval_every_steps == 0 || last)) {
-      const double eval_loss = evaluate(model, *eval_loader, r);
+      const double eval_loss = evaluate(pipeline, pipe_comm, *eval_loader, r);
       if (is_root) {
         metrics.write({{"step", s}, {"eval_loss", eval_loss}});
         progress.eval(s, eval_loss);

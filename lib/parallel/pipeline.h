@@ -1,0 +1,50 @@
+// Pipeline parallelism: contiguous blocks of layers per stage, the embedding on the first stage
+// and the final norm, head and loss on the last, and the one-forward-one-backward (1F1B)
+// schedule over the micro-batches of a step (Narayanan et al., "Efficient Large-Scale Language
+// Model Training on GPU Clusters Using Megatron-LM", 2021, §2.2). Stage p runs
+//   1. warm-up: min(P − p − 1, M) forwards,
+//   2. steady state: one forward, then one backward, until every forward is done,
+//   3. cool-down: the remaining backwards,
+// so at most P − p micro-batches are in flight on stage p, each in its own activation slot.
+// Activations go forward and their gradients backward with point-to-point messages; sends do not
+// block (each micro-batch has its own send buffer) and are completed at the end of the step.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "data/loader.h"
+#include "model/llama.h"
+#include "runtime/device.h"
+
+namespace ft {
+
+// Layers [first, last) of stage p of P for L layers: an even split, the first L mod P stages
+// taking one layer more (3 layers on 2 stages: [0, 2), [2, 3)).
+StageSpec pipeline_stage(int n_layers, int p, int P);
+
+class PipelineSchedule {
+ public:
+  // pipe: the pipeline group (rank = stage); null for a single stage.
+  PipelineSchedule(LlamaModel& model, Communicator* pipe, Device* dev);
+  // Forward and backward of every micro-batch of `b` (micro samples each); gradients accumulate.
+  // Returns the summed loss of the step's micro-batches (0 except on the last stage).
+  double train_step(const StepSamples& b, int micro, float loss_scale);
+  // Forward only; the summed loss on the last stage, 0 elsewhere.
+  double eval_batch(const StepSamples& b, int micro);
+
+ private:
+  void forward(const StepSamples& b, int i, int micro, float scale, bool backward, double* loss);
+  void backward(int i, int micro, int T);
+  int slot(int i) const { return i % slots_; }
+
+  LlamaModel& model_;
+  Communicator* pipe_;
+  Device* dev_;
+  int p_ = 0, P_ = 1, slots_ = 1;
+  Buffer<float> recv_buf_;                    // (micro·T, C)
+  std::vector<Buffer<float>> send_bufs_;      // per micro-batch: output or input gradient
+};
+
+}  // namespace ft
