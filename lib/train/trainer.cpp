@@ -17,8 +17,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "ckpt/hf.h"
+#include "ckpt/safetensors.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/system.h"
@@ -97,6 +99,37 @@ double evaluate(PipelineSchedule& pipeline, Communicator* pipe_comm, DataLoader&
   }
   if (pipe_comm) pipe_comm->all_reduce_sum(&loss_sum, 1);  // the loss is on the last stage
   return tokens > 0 ? loss_sum / tokens : 0.0;
+}
+
+// Test support, not a user feature (checkpoints and export come with their own issue): with
+// FT_TEST_DUMP_PARAMS=DIR, the ranks of data rank 0 write the parameters they hold after the
+// last step to DIR/rank_<world rank>.safetensors — their tensor slices, with metadata saying
+// the split of each tensor and the rank's mesh coordinates — so that tests can reassemble the
+// whole model of any layout and compare it with a one-process run.
+void dump_final_params(const std::string& dir, LlamaModel& model, ZeroSharding& zero,
+                       const Mesh& mesh, int world_rank) {
+  std::vector<SafetensorsTensorOut> out;
+  std::map<std::string, std::string> meta = {{"tensor_rank", std::to_string(mesh.t)},
+                                             {"tensor_size", std::to_string(mesh.tensor)},
+                                             {"stage", std::to_string(mesh.p)}};
+  const auto& groups = model.layout().groups();
+  std::vector<int> held;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (!model.owns_group(int(g))) continue;
+    const float* p = zero.acquire_params(int(g));  // ZeRO-3 gathers: every data rank takes part
+    held.push_back(int(g));
+    for (const auto& e : groups[g].entries) {
+      out.push_back({e.name, DType::kF32, e.shape, p + e.offset});
+      meta["split:" + e.name] = e.split == TensorSplit::kRows   ? "rows"
+                                : e.split == TensorSplit::kCols ? "cols"
+                                                                : "replicated";
+    }
+  }
+  if (mesh.d == 0) {
+    fs::create_directories(dir);
+    write_safetensors(detail::concat(dir, "/rank_", world_rank, ".safetensors"), out, meta);
+  }
+  for (int g : held) zero.release_params(g);
 }
 
 }  // namespace
@@ -290,6 +323,8 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
     }
   }
   progress.finish();
+  if (const char* dir = std::getenv("FT_TEST_DUMP_PARAMS"))
+    dump_final_params(dir, model, zero, mesh, comm.rank());
 
   sum.steps = r.training.steps;
   sum.tokens = tokens_seen;
