@@ -5,20 +5,31 @@
 # must match within 1e-5 relative, and the final parameters (reassembled from every rank's
 # slices) within 1e-5 of the largest entry of each tensor.
 #   scripts/test_layouts.sh [BUILD_DIR]          # the whole matrix (24 runs, about a minute)
-#   scripts/test_layouts.sh --ci [BUILD_DIR]     # the CI subset: every axis, every ZeRO stage,
+#   scripts/test_layouts.sh --ci [BUILD_DIR]     # a subset: every axis, every ZeRO stage,
 #                                                # one 3-D layout
+#   scripts/test_layouts.sh --tcp ...            # ranks talk over TCP only (--mca btl tcp,self),
+#                                                # standing in for separate nodes
 # Layouts (data × tensor × pipeline, ZeRO stage for data > 1): data 2, data 4, tensor 2,
 # pipeline 2, pipeline 3 (4 layers: 2+1+1), data 2 × tensor 2, data 2 × pipeline 2,
 # tensor 2 × pipeline 2, data 2 × tensor 2 × pipeline 2.
 set -euo pipefail
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 subset=all
-if [[ ${1:-} == --ci ]]; then subset=ci; shift; fi
+tcp=0
+while [[ ${1:-} == --* ]]; do
+  case $1 in
+    --ci) subset=ci ;;
+    --tcp) tcp=1 ;;
+    *) echo "usage: scripts/test_layouts.sh [--ci] [--tcp] [BUILD_DIR]" >&2; exit 2 ;;
+  esac
+  shift
+done
 build=$(cd "${1:-$src/build}" && pwd)
 ft="$build/ft"
 tmp=$(mktemp -d); trap '[[ -n ${KEEP:-} ]] || rm -rf "$tmp"' EXIT
 mpirun_args=(--oversubscribe)
 [[ $(id -u) == 0 ]] && mpirun_args+=(--allow-run-as-root)
+((tcp)) && mpirun_args+=(--mca btl tcp,self)
 # Sanitizer builds: Open MPI's plugins keep allocations until exit (see test_data_parallel.sh).
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
 

@@ -256,6 +256,11 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   for (int64_t s = 0; s < r.training.steps; ++s) {
     const auto t_step = Clock::now();
     StepSamples batch = loader.next();
+    // Test support: FT_TEST_FAIL_RANK=r fails world rank r at step 2, to test that the other
+    // ranks are stopped rather than left waiting in a collective.
+    if (const char* fail_rank = std::getenv("FT_TEST_FAIL_RANK"))
+      if (std::atoi(fail_rank) == comm.rank() && s == 2)
+        throw Error("injected failure (FT_TEST_FAIL_RANK) at step 2");
     FT_CHECK(batch.step == s, "data loader out of step: got ", batch.step, ", expected ", s);
 
     double count = 0;

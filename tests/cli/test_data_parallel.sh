@@ -129,5 +129,15 @@ kill_rank_1() {  # label, command...
   echo "$label: rank 1 killed, job ended with $rc after $(( $(date +%s) - start )) s"
 }
 kill_rank_1 nproc "$ft" train "$tmp/r.yaml" --nproc 2
+
+# A rank that fails with an error (injected at step 2 on rank 1): every rank stops, non-zero,
+# and the message names the rank and its mesh coordinates.
+rc=0
+FT_TEST_FAIL_RANK=1 timeout 60 "$ft" train "$tmp/r.yaml" parallel.tensor=2 training.steps=1000 \
+  run.output_dir="$tmp/failed" --nproc 4 > "$tmp/failed.log" 2>&1 || rc=$?
+[[ $rc != 0 && $rc != 124 ]] || fail "a failing rank: job exited $rc (124: still running after 60 s)"
+grep -q '\[rank 1 d0 p0 t1\] error: injected failure' "$tmp/failed.log" \
+  || fail "failing rank not named with its mesh coordinates: $(tail -5 "$tmp/failed.log")"
+echo "failing rank 1: job ended with $rc"
 kill_rank_1 mpirun mpirun "${mpirun_args[@]}" -np 2 "$ft" train "$tmp/r.yaml"
 echo "test_data_parallel: all checks passed"

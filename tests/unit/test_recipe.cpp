@@ -824,3 +824,12 @@ TEST_CASE("recipe: what this build cannot run is refused, so validate and train 
   // The same recipe is fine as far as the format goes (world 4 = tensor 2 x pipeline 2).
   CHECK(load_recipe(path, {}, 4, /*refuse_unbuilt=*/false).ok());
 }
+
+TEST_CASE("recipe: the vocabulary must split over the tensor ranks (no silent padding)") {
+  Scratch s;
+  RecipeResult res = s.load(s.base(), {"parallel.tensor=2", "model.vocab_size=255"}, 2);
+  REQUIRE(res.issues.size() == 1);
+  CHECK(res.issues[0].key_path == "parallel.tensor");
+  CHECK(res.issues[0].message == "model.vocab_size 255 does not split evenly over parallel.tensor 2");
+  CHECK(s.load(s.base(), {"parallel.tensor=2"}, 2).ok());  // vocab 256
+}
