@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
                 "PATH: resume from that checkpoint folder (this build has no checkpoints yet: "
                 "auto and never only)");
   t->add_option("--nproc", train.nproc,
-                "Start and supervise N local ranks through mpirun (data parallel; no mpirun to type)")
+                "Start and supervise N local ranks (ft runs mpirun itself); the layout comes from parallel.*")
       ->check(CLI::Range(1, 1 << 20));
   t->footer(
       "Recipe sections: run, model, tokenizer, data, training, optimizer, scheduler, parallel,\n"
