@@ -54,7 +54,6 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
   j["grad_accum_steps"] = plan.accum;
   j["seq_len"] = plan.seq_len;
   j["activation_checkpointing"] = plan.activation_checkpointing;
-  j["runnable_in_this_build"] = plan.runnable;
   j["model_params"] = plan.model_params;
   j["roles"] = ordered_json::array();
   for (const auto& ranks : roles) {
@@ -70,6 +69,7 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
     o["params_bytes"] = r.params.bytes;
     o["grads_bytes"] = r.grads.bytes;
     o["optim_bytes"] = r.optim.bytes;
+    o["activation_slots"] = r.slots;
     o["activation_bytes"] = r.activations.bytes;
     o["comm_buffer_bytes"] = r.comm_buffers.bytes;
     o["total_bytes"] = r.total_bytes;
@@ -109,9 +109,6 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
               r.training.global_batch_size, plan.seq_len, plan.data, plan.data == 1 ? "" : "s",
               plan.accum, plan.accum == 1 ? "" : "es", plan.micro_batch,
               plan.micro_batch == 1 ? "" : "s", plan.activation_checkpointing ? "on" : "off");
-  if (!plan.runnable)
-    std::printf("note: this build cannot run pipeline layouts yet; the plan is the Megatron-style "
-                "estimate\n");
 
   for (const auto& ranks : roles) {
     const RankPlan& p = plan.ranks[size_t(ranks.front())];
@@ -152,8 +149,9 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
 }  // namespace
 
 int cmd_plan(const PlanArgs& a) {
-  // Layouts this build cannot run are planned all the same (refuse_unbuilt = false). The data
-  // and tokenizer paths play no part in a plan: problems with them are not reported.
+  // Settings this build cannot run yet (a CUDA device, periodic checkpoints) do not change the
+  // plan: they are not refused here (refuse_unbuilt = false). The data and tokenizer paths play
+  // no part in a plan: problems with them are not reported.
   RecipeResult res = load_recipe(a.recipe, a.overrides, a.world, /*refuse_unbuilt=*/false);
   const std::set<std::string> irrelevant = {"data.train", "data.valid", "tokenizer.path"};
   std::vector<RecipeIssue> issues;

@@ -71,8 +71,6 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
   plan.seq_len = r.data.seq_len;
   plan.accum = grad_accum_steps(r, world);
   plan.activation_checkpointing = r.training.activation_checkpointing;
-  plan.runnable = plan.pipeline == 1;
-
   const int64_t D = plan.data, P = plan.pipeline, T = plan.tensor, M = plan.accum;
   const int64_t B = plan.micro_batch, S = plan.seq_len, N = B * S;
   const int64_t C = m.dim, H = m.n_heads, KV = m.n_kv_heads, F = m.ffn_dim, V = m.vocab_size;
@@ -85,22 +83,22 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
   const int zs = plan.zero_stage;
   const bool ckpt = plan.activation_checkpointing;
 
-  // Group sizes per tensor rank (layout.h order; Megatron split).
+  // Group sizes per tensor rank (layout.h order; Megatron split). With tied embeddings the head
+  // group is the final norm alone: the lm_head is the embedding group, which the last stage then
+  // holds as well as the first (LlamaModel::owns_group).
   const int64_t n_embed = Vt * C;
   const int64_t n_layer = 2 * C + 2 * HDt * C + 2 * KDt * C + 3 * Ft * C;
-  // Tied with P > 1: the last stage keeps its own copy of the embedding for the head (Megatron).
-  const bool head_has_matrix = !tied || P > 1;
-  const int64_t n_head = C + (head_has_matrix ? Vt * C : 0);
+  const int64_t n_head = C + (tied ? 0 : Vt * C);
   plan.model_params = V * C + L * (2 * C + 2 * H * hd * C + 2 * KV * hd * C + 3 * F * C) + C +
                       (tied ? 0 : V * C);
 
-  // Activation elements (ensure_acts in lib/model/llama.cpp, split per tensor rank).
+  // Activation elements of one slot (LlamaModel::ensure_acts, split per tensor rank).
   const int64_t a_layer = 3 * N * C + 2 * N + 2 * N * HDt + 2 * N * KDt + B * Ht * S * S + 3 * N * Ft;
   const int64_t a_head = N * C + N + N * Vt;
   const int64_t a_bwd = 2 * N * C + 2 * N * HDt + 2 * N * KDt + 3 * N * Ft + B * Ht * S * S;
-  // Tensor parallelism: a row-parallel layer's partial output (N·C); on the last stage the
+  // Tensor parallelism, on every stage: a row-parallel layer's partial output (N·C), the
   // vocabulary-parallel cross-entropy's row max (N f32), sum-exp and target logit (N f64 each).
-  const int64_t a_tp = T > 1 ? N * C : 0, a_tp_head = T > 1 ? 5 * N : 0;
+  const int64_t a_tp = T > 1 ? N * C + 5 * N : 0;
 
   auto all_reduce = [&](int64_t bytes, int64_t ranks) { return 2 * (ranks - 1) * bytes / ranks; };
   const std::string mbs = std::to_string(M) + (M == 1 ? " micro-batch" : " micro-batches");
@@ -112,15 +110,22 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
     rp.stage = int((rank / T) % P);
     rp.data_rank = int(rank / (T * P));
     const int64_t p = rp.stage, d = rp.data_rank;
+    // pipeline_stage (lib/parallel/pipeline.cpp): an even split, the first L mod P stages take
+    // one layer more.
     const int64_t base = L / P, extra = L % P;
     const int64_t Lp = base + (p < extra ? 1 : 0);
     rp.first_layer = int(p * base + std::min(p, extra));
     rp.num_layers = int(Lp);
     rp.embed = p == 0;
     rp.head = p == P - 1;
-    const bool tied_local = tied && rp.embed && rp.head;  // the head reads the embedding group
+    const bool holds_embed = rp.embed || (tied && rp.head);
+    const bool tied_head = tied && rp.head;               // the head reads the embedding group
+    const bool tied_local = tied && rp.embed && rp.head;  // ... which this stage also embeds with
 
-    // Groups this rank holds, with ZeRO shards over the D data ranks.
+    // Groups this rank holds, with ZeRO shards over the D data ranks and the all-gathers ZeRO-3
+    // makes of each per micro-batch: a layer in its forward and backward (and the recompute with
+    // activation checkpointing), the head in the forward and backward halves, the embedding in
+    // the embedding's forward and, tied, again in both halves of the head.
     std::vector<Group> groups;
     auto add = [&](Group::Kind k, int64_t n, int gathers) {
       Group g{k, n, ceil_div(n, D), 0, gathers};
@@ -128,9 +133,9 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
       g.own = std::min(n, begin + g.s) - begin;
       groups.push_back(g);
     };
-    if (rp.embed) add(Group::kEmbed, n_embed, 1);
+    if (holds_embed) add(Group::kEmbed, n_embed, (rp.embed ? 1 : 0) + (tied_head ? 2 : 0));
     for (int64_t l = 0; l < Lp; ++l) add(Group::kLayer, n_layer, ckpt ? 3 : 2);
-    if (rp.head) add(Group::kHead, n_head, 1);
+    if (rp.head) add(Group::kHead, n_head, 2);
 
     int64_t sum_n = 0, sum_s = 0, sum_own = 0, max_s = 0, sum_gather = 0;
     for (const Group& g : groups) {
@@ -143,13 +148,14 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
     rp.param_elems = sum_n;
     {
       std::string h;
-      if (rp.embed) h += "embedding " + count(n_embed);
-      if (!h.empty()) h += " + ";
+      if (holds_embed) {
+        h += "embedding " + count(n_embed);
+        if (!rp.embed) h += " (the tied lm_head, also held by the first stage)";
+        h += " + ";
+      }
       h += layer_range(rp.first_layer, int(Lp)) + " (" + std::to_string(Lp) + " × " +
            count(n_layer) + ")";
-      if (rp.head)
-        h += std::string(head_has_matrix ? " + norm and lm_head " : " + final norm ") + count(n_head);
-      if (tied && rp.head && P > 1) h += " (a copy of the tied embedding)";
+      if (rp.head) h += std::string(tied ? " + final norm " : " + norm and lm_head ") + count(n_head);
       if (tied_local) h += " (lm_head tied to the embedding)";
       rp.holds = h + " = " + count(sum_n) + " elements";
     }
@@ -170,26 +176,33 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
     else
       rp.optim = {2 * kF32 * sum_n, "2 × 4 B × " + count(sum_n) + " (AdamW m and v of everything)"};
 
-    // Activations.
-    const int64_t inflight = std::min(P - p, M);
-    const int64_t kept = (Lp + 1) * N * C + (ckpt ? 0 : Lp * a_layer);
-    const int64_t shared = ckpt ? a_layer : 0;
-    const int64_t head_acts = rp.head ? a_head + a_tp_head : 0;
-    const int64_t acts = inflight * kept + shared + head_acts + a_tp + a_bwd;
+    // Activations: one full slot per micro-batch in flight (PipelineSchedule::train_step: 1F1B
+    // uses min(P − p, M) slots on stage p; one without pipeline parallelism), each with the
+    // stage's residual stream, its layers' sets (one with checkpointing), the head's buffers on
+    // the last stage, and its own backward scratch.
+    rp.slots = int(std::min(P - p, M));
+    const int64_t nsets = ckpt ? 1 : Lp;
+    const int64_t resid = (Lp + 1) * N * C;
+    const int64_t head_acts = rp.head ? a_head : 0;
+    const int64_t per_slot = resid + nsets * a_layer + head_acts + a_tp + a_bwd;
     {
-      std::string h = "4 B × (" + std::to_string(inflight) + " micro-batch" +
-                      (inflight == 1 ? "" : "es") + " in flight × " + count(kept) +
-                      (ckpt ? " layer inputs" : " kept");
-      if (ckpt) h += " + " + count(shared) + " one recomputed layer";
-      if (rp.head) h += " + " + count(head_acts) + " final norm, logits" + (T > 1 ? ", cross-entropy statistics" : "");
-      if (T > 1) h += " + " + count(a_tp) + " row-parallel partial output";
+      std::string h = "4 B × ";
+      if (P > 1)
+        h += std::to_string(rp.slots) + (rp.slots == 1 ? " slot" : " slots") + " (micro-batches in flight) × ";
+      h += "(" + count(resid) + " residual stream + " +
+           (ckpt ? "one recomputed layer " + count(a_layer)
+                 : std::to_string(Lp) + (Lp == 1 ? " layer × " : " layers × ") + count(a_layer));
+      if (rp.head) h += " + " + count(a_head) + " final norm, logits";
+      if (T > 1) h += " + " + count(a_tp) + " row-parallel partial output, cross-entropy statistics";
       h += " + " + count(a_bwd) + " backward scratch)";
-      rp.activations = {kF32 * acts, h};
+      rp.activations = {kF32 * rp.slots * per_slot, h};
     }
 
-    // Communication buffers on the device (ZeRO): the persistent all-gather buffer of stages
-    // 1/2, and the largest set of transient gathered parameters / working gradients.
-    int64_t persistent = (zs == 1 || zs == 2) && D > 1 ? D * max_s : 0;
+    // Communication buffers on the device. ZeRO: the persistent all-gather buffer of stages 1/2,
+    // and the largest set of transient gathered parameters / working gradients. Pipeline: a
+    // receive buffer and one send buffer per micro-batch (PipelineSchedule), N·C each.
+    const int64_t persistent = (zs == 1 || zs == 2) && D > 1 ? D * max_s : 0;
+    const int64_t pipe_bufs = P > 1 ? (M + 1) * N * C : 0;
     int64_t transient = 0;
     std::string worst;
     auto phase = [&](int64_t elems, const std::string& what) {
@@ -198,58 +211,62 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
         worst = what;
       }
     };
-    const Group* ge = rp.embed ? &groups.front() : nullptr;
+    const Group* ge = holds_embed ? &groups.front() : nullptr;
     const Group* gh = rp.head ? &groups.back() : nullptr;
     const int64_t We = ge ? D * ge->s : 0;
+    const int64_t sl = ceil_div(n_layer, D), Wl = D * sl;
+    // One stage with tied embeddings: the embedding's working gradient, opened by the head's
+    // backward, stays until the embedding's own. On the last of several stages it is complete
+    // (reduce-scattered) at the end of the head's backward.
+    const int64_t hold = zs >= 2 && tied_local ? We : 0;
     if (zs == 2) {
       // A group's working gradient (D·s) lives through its backward; the reduce-scatter result
-      // (s) is allocated before it is freed. Tied: the embedding's gradient is opened by the
-      // head's backward and stays until the embedding's own.
-      const int64_t hold = tied_local ? We : 0;
+      // (s) is allocated before it is freed.
       const std::string hs = tied_local ? " + the tied embedding's working gradient" : "";
-      if (gh) phase(D * gh->s + gh->s + hold, "head's working gradient + its reduce-scatter result" + hs);
-      if (Lp > 0) phase(D * ceil_div(n_layer, D) + ceil_div(n_layer, D) + hold,
-                        "a layer's working gradient + its reduce-scatter result" + hs);
-      if (ge) phase(We + ge->s, "embedding's working gradient + its reduce-scatter result");
+      if (gh) phase(D * gh->s + gh->s + (tied_head ? We : 0),
+                    "the head's working gradient + its reduce-scatter result" +
+                        std::string(tied_head ? " + the tied embedding's working gradient" : ""));
+      phase(Wl + sl + hold, "a layer's working gradient + its reduce-scatter result" + hs);
+      if (ge) phase(We + ge->s, "the embedding's working gradient + its reduce-scatter result");
     } else if (zs == 3) {
       // Gathered parameters (D·s) of the group running; in backward also its working gradient.
-      // Tied: the embedding stays gathered from the forward through the head's backward.
-      const int64_t Wl = D * ceil_div(n_layer, D);
-      if (ge) phase(We, "the gathered embedding");
-      if (Lp > 0) phase(Wl + (tied_local ? We : 0), "a gathered layer" +
-                                                        std::string(tied_local ? " + the gathered tied embedding" : ""));
-      if (gh) phase(2 * D * gh->s + (tied_local ? 2 * We : 0),
+      if (rp.embed) phase(We, "the gathered embedding");
+      if (gh) phase(2 * D * gh->s + (tied_head ? 2 * We : 0),
                     "the gathered head + its working gradient" +
-                        std::string(tied_local ? " + the tied embedding gathered and its working gradient" : ""));
-      if (Lp > 0) phase(2 * Wl + (tied_local ? We : 0),
-                        "a gathered layer + its working gradient" +
-                            std::string(tied_local ? " + the tied embedding's working gradient" : ""));
+                        std::string(tied_head ? " + the tied embedding gathered and its working gradient" : ""));
+      phase(2 * Wl + hold, "a gathered layer + its working gradient" +
+                               std::string(tied_local ? " + the tied embedding's working gradient" : ""));
       if (ge) phase(We + ge->s, "the embedding's working gradient + its reduce-scatter result");
     }
     {
       std::string h;
-      if (persistent == 0 && transient == 0) {
+      if (persistent == 0 && transient == 0 && pipe_bufs == 0) {
         h = zs == 0 ? "none: gradients are all-reduced in place" : "none: one data rank";
       } else {
+        std::vector<std::string> parts;
+        if (persistent)
+          parts.push_back(count(persistent) + " all-gather buffer (" + Ds + " × max_g ⌈n_g/" + Ds + "⌉)");
+        if (transient) parts.push_back(count(transient) + " at most at once (" + worst + ")");
+        if (pipe_bufs)
+          parts.push_back(count(pipe_bufs) + " pipeline buffers (a receive buffer and " +
+                          std::to_string(M) + " send buffers of N·C)");
         h = "4 B × (";
-        if (persistent) h += count(persistent) + " all-gather buffer, " + Ds + " × max_g ⌈n_g/" + Ds + "⌉";
-        if (persistent && transient) h += " + ";
-        if (transient) h += count(transient) + " at most at once: " + worst;
+        for (size_t i = 0; i < parts.size(); ++i) h += (i ? " + " : "") + parts[i];
         h += ")";
       }
-      rp.comm_buffers = {kF32 * (persistent + transient), h};
+      rp.comm_buffers = {kF32 * (persistent + transient + pipe_bufs), h};
     }
 
     rp.total_bytes = rp.params.bytes + rp.grads.bytes + rp.optim.bytes + rp.activations.bytes +
                      rp.comm_buffers.bytes;
-    // Startup transients: with T > 1 the whole model is initialised once on every rank and
-    // sliced; ZeRO-3 holds the full parameters and both shard sets until it drops the former.
-    const int64_t slicing = T > 1 ? kF32 * (plan.model_params + sum_n) : 0;
+    // Startup transients: with T > 1 or P > 1 the whole model is initialised once on every rank
+    // and sliced; ZeRO-3 holds the full parameters and both shard sets until it drops the former.
+    const int64_t slicing = T > 1 || P > 1 ? kF32 * (plan.model_params + sum_n) : 0;
     const int64_t sharding = zs == 3 ? kF32 * (sum_n + 2 * sum_s) : 0;
     rp.startup_bytes = std::max(slicing, sharding);
     if (slicing >= sharding && slicing > 0)
       rp.startup_how = "4 B × (" + count(plan.model_params) + " whole model + " + count(sum_n) +
-                       " this rank's slices), while the whole model is initialised and sliced";
+                       " this rank's part), while the whole model is initialised and sliced";
     else if (sharding > 0)
       rp.startup_how = "4 B × (" + count(sum_n) + " full + 2 × " + count(sum_s) +
                        " shards), while ZeRO-3 shards the parameters";
@@ -273,12 +290,14 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
                             count(shards) + " B + all-gather of the updated parameters " + f +
                             " × " + count(shards) + " B"};
       } else {
+        std::string k;
+        if (ge) k += "embedding " + std::to_string(ge->gathers) + "×, ";
+        k += std::string("each layer ") + (ckpt ? "3× (forward, recompute, backward)" : "2× (forward, backward)");
+        if (gh) k += ", head 2×";
         rp.sent_data = {M * (D - 1) * shards + M * (D - 1) * kF32 * sum_gather,
-                        mbs + " × (reduce-scatter " + f + " × " +
-                            count(shards) + " B + all-gathers " + f + " × " +
-                            count(kF32 * sum_gather) + " B: embedding and head once, each layer " +
-                            (ckpt ? "3 times (forward, recompute, backward)" : "twice (forward, backward)") +
-                            ")"};
+                        mbs + " × (reduce-scatter " + f + " × " + count(shards) +
+                            " B + all-gathers " + f + " × " + count(kF32 * sum_gather) + " B: " +
+                            k + ")"};
       }
     } else {
       rp.sent_data = {0, "one data rank"};
@@ -305,11 +324,19 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
       std::string h = mbs + " × " + count(kF32 * N * C) + " B (" +
                       (p < P - 1 ? "activations to the next stage" : "") + (dirs == 2 ? ", " : "") +
                       (p > 0 ? "gradients to the previous stage" : "") + ")";
-      if (tied && (rp.embed || rp.head)) {
-        b += kF32 * n_embed;
+      if (tied && ge) {
+        // ZeroSharding::reduce_shared_groups: the full gradient, or with ZeRO ≥ 2 the shard,
+        // all-reduced by the two holders (a ring of two sends it once).
+        const int64_t e = kF32 * (zs >= 2 ? ge->s : ge->n);
+        b += e;
         h += " + tied-embedding gradient all-reduce with the " +
-             std::string(rp.embed ? "last" : "first") + " stage, " + count(kF32 * n_embed) + " B";
+             std::string(rp.embed ? "last" : "first") + " stage, " + count(e) + " B";
       }
+      // The step's loss and the gradient norm's sum of squares, one f64 each over the stages.
+      const int64_t scalars = 2 * all_reduce(8, P);
+      b += scalars;
+      h += " + loss and gradient-norm all-reduces, 2 × 2·(" + std::to_string(P) + "−1)/" +
+           std::to_string(P) + " × 8 B";
       rp.sent_pipeline = {b, h};
     } else {
       rp.sent_pipeline = {0, "one pipeline stage"};
@@ -330,14 +357,16 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
           " tensor ranks; M = " + str(M) + " micro-batch" + (M == 1 ? "" : "es") +
           " per step per data rank",
       "n_g: elements of parameter group g held by the rank; s_g = ⌈n_g/D⌉ its ZeRO shard",
-      "p: the rank's pipeline stage, L_p its layers, m = min(P − p, M) micro-batches in flight (1F1B)",
+      "p: the rank's pipeline stage, L_p its layers (L/P, one more on the first L mod P stages); "
+      "m = min(P − p, M) activation slots, the micro-batches 1F1B keeps in flight (1 when P = 1)",
   };
 
   // The formulas, for this ZeRO stage.
   auto& fm = plan.formulas;
-  fm.push_back({"groups", "n_embed = (V/T)·C (first stage); n_layer = 2·C + 2·(H/T)·hd·C + "
-                          "2·(KV/T)·hd·C + 3·(F/T)·C; n_head = C + (V/T)·C (last stage; only C when "
-                          "embeddings are tied and P = 1)"});
+  fm.push_back({"groups", "n_embed = (V/T)·C (first stage; with tied embeddings also the last, "
+                          "whose lm_head it is); n_layer = 2·C + 2·(H/T)·hd·C + 2·(KV/T)·hd·C + "
+                          "3·(F/T)·C; n_head = C + (V/T)·C (last stage; only C, the final norm, "
+                          "when embeddings are tied)"});
   fm.push_back({"parameters", zs >= 3 ? "4 B · Σ_g s_g (own shard; a group is gathered to D·s_g only while it runs)"
                                       : "4 B · Σ_g n_g"});
   fm.push_back({"gradients", zs >= 2 ? "4 B · Σ_g s_g (own shard; each micro-batch's group gradient is "
@@ -347,41 +376,53 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
                                        "data rank d's owned range; the last ranks may own less)"
                                      : "2 · 4 B · Σ_g n_g (AdamW m and v)"});
   fm.push_back({"activations",
-                ckpt ? "4 B · [m·(L_p+1)·N·C + A_layer + A_head + A_tp + A_bwd] (checkpointing: "
-                       "layer inputs kept, one layer recomputed at a time)"
-                     : "4 B · [m·((L_p+1)·N·C + L_p·A_layer) + A_head + A_tp + A_bwd]"});
+                ckpt ? "4 B · m · [(L_p+1)·N·C + A_layer + [last]·A_head + A_tp + A_bwd] (each slot: "
+                       "the stage's layer inputs and output, one layer recomputed at a time, its own "
+                       "backward scratch)"
+                     : "4 B · m · [(L_p+1)·N·C + L_p·A_layer + [last]·A_head + A_tp + A_bwd] (each "
+                       "slot: the stage's residual stream, its layers' activations, its own backward "
+                       "scratch)"});
   fm.push_back({"A_layer", "3·N·C + 2·N + 2·N·(H/T)·hd + 2·N·(KV/T)·hd + B·(H/T)·S² + 3·N·(F/T) "
                            "(ln1, mid, ln2; two rstd; q, att; k, v; attention probabilities; gate, "
                            "up, silu(gate)·up)"});
-  fm.push_back({"A_head", "N·C + N + N·(V/T) on the last stage (final norm, its rstd, logits); "
-                          "T > 1: + 5·N (cross-entropy row max f32, sum-exp and target logit f64)"});
-  if (T > 1) fm.push_back({"A_tp", "N·C when T > 1 (a row-parallel layer's partial output before its all-reduce)"});
+  fm.push_back({"A_head", "N·C + N + N·(V/T) on the last stage (final norm, its rstd, logits)"});
+  if (T > 1)
+    fm.push_back({"A_tp", "N·C + 5·N when T > 1, on every stage (a row-parallel layer's partial "
+                          "output before its all-reduce; the cross-entropy's row max f32, sum-exp "
+                          "and target logit f64)"});
   fm.push_back({"A_bwd", "2·N·C + 2·N·(H/T)·hd + 2·N·(KV/T)·hd + 3·N·(F/T) + B·(H/T)·S² "
                          "(backward scratch)"});
   const char* comm_formula[] = {
       "0 (gradients all-reduced in place)",
       "4 B · D·max_g s_g (all-gather buffer for the updated parameters; 0 when D = 1)",
       "4 B · [D·max_g s_g + max_g (D·s_g + s_g)] (all-gather buffer + a group's full working "
-      "gradient and its reduce-scatter result; tied: + D·s_embed, whose gradient stays open from "
-      "the head's backward to the embedding's)",
+      "gradient and its reduce-scatter result; tied: + D·s_embed during the head's backward, and "
+      "on a single stage until the embedding's backward, the embedding's gradient being open)",
       "4 B · max over the step of the gathered groups and working gradients alive at once: a "
-      "layer or the head in backward 2·D·s_g (tied: + the embedding gathered from the forward "
-      "through the head, and its working gradient until the end), the embedding's backward "
-      "D·s_embed + s_embed"};
-  fm.push_back({"comm buffers", comm_formula[zs]});
+      "layer or the head in backward 2·D·s_g (tied: the head's backward + the embedding gathered "
+      "and its working gradient 2·D·s_embed; on a single stage that working gradient stays open "
+      "through the layers' backward), the embedding's backward D·s_embed + s_embed"};
+  fm.push_back({"comm buffers",
+                std::string(comm_formula[zs]) +
+                    (P > 1 ? " + 4 B · (M+1)·N·C (PipelineSchedule's receive buffer and one send "
+                             "buffer per micro-batch)"
+                           : "")});
   fm.push_back({"total", "parameters + gradients + optimizer + activations + comm buffers (all "
                          "alive together in a step's backward)"});
-  if (zs == 3 || T > 1)
-    fm.push_back({"startup", "max(T > 1: 4 B · (whole model + Σ_g n_g), the whole model initialised "
-                             "on every rank and sliced; ZeRO-3: 4 B · (Σ_g n_g + 2·Σ_g s_g), the full "
-                             "parameters kept until both shard sets exist); peak = max(total, startup)"});
+  if (zs == 3 || T > 1 || P > 1)
+    fm.push_back({"startup", "max(T > 1 or P > 1: 4 B · (whole model + Σ_g n_g), the whole model "
+                             "initialised on every rank and sliced; ZeRO-3: 4 B · (Σ_g n_g + 2·Σ_g s_g), "
+                             "the full parameters kept until both shard sets exist); peak = max(total, "
+                             "startup)"});
   const char* data_formula[] = {
       "2·(D−1)/D · 4 B·Σ_g n_g (ring all-reduce of the gradients, once per step)",
       "2·(D−1)/D · 4 B·Σ_g n_g + (D−1) · 4 B·Σ_g s_g (gradient all-reduce + parameter all-gather)",
       "M·(D−1) · 4 B·Σ_g s_g + (D−1) · 4 B·Σ_g s_g (per micro-batch reduce-scatter of each group's "
       "gradient + parameter all-gather after the update)",
-      "M·(D−1) · 4 B·Σ_g s_g + M·(D−1) · 4 B·Σ_g k_g·s_g (reduce-scatters + all-gathers: k = 1 for "
-      "the embedding and head, 2 for a layer, 3 with activation checkpointing)"};
+      "M·(D−1) · 4 B·Σ_g s_g + M·(D−1) · 4 B·Σ_g k_g·s_g (reduce-scatters + all-gathers per "
+      "micro-batch: k = 2 for a layer (forward, backward), 3 with activation checkpointing; 2 for "
+      "the head (its forward and backward halves); 1 for the embedding on the first stage, + 2 "
+      "where the tied lm_head reads it)"};
   if (D > 1) fm.push_back({"sent, data", data_formula[zs]});
   if (T > 1) fm.push_back({"sent, tensor", "M · [(k·L_p + [first] + [last]) · R(4 B·N·C) + [last]·(R(4 B·N) + "
                                 "2·R(8 B·N))], R(b) = 2·(T−1)/T·b (ring all-reduce); k = 4 per layer: "
@@ -390,20 +431,25 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
                                 "recompute repeats the forward's); the vocabulary-parallel embedding; "
                                 "the lm_head input gradient; the cross-entropy's row max (f32), "
                                 "sum-exp and target logit (f64)"});
-  if (P > 1) fm.push_back({"sent, pipeline", "M · 4 B·N·C · ([p < P−1] activations forward + [p > 0] gradients "
-                                  "backward) (+ 4 B·(V/T)·C: tied-embedding gradient all-reduce "
-                                  "between first and last stage when P > 1)"});
+  if (P > 1) fm.push_back({"sent, pipeline", "M · 4 B·N·C · ([p < P−1] activations forward + [p > 0] "
+                                             "gradients backward) + [tied, first or last stage] "
+                                             "4 B·n_embed (4 B·s_embed with ZeRO ≥ 2): the embedding "
+                                             "gradient all-reduced between its two holders + "
+                                             "2·R_P(8 B): the loss and the gradient norm over the "
+                                             "stages, R_P(b) = 2·(P−1)/P·b"});
 
   plan.notes.push_back("fp32 throughout: 4 bytes per element.");
   plan.notes.push_back(
       "Only device-allocator memory is counted, as mem_peak_bytes counts it: the data loader, MPI "
       "and the process itself come on top.");
-  plan.notes.push_back("Scalars sent each step (token count, loss, gradient norm) are left out.");
-  if (!plan.runnable)
+  plan.notes.push_back(P > 1 ? "Scalars sent over the data and tensor groups (token count, loss, "
+                               "gradient norm) are left out."
+                             : "Scalars sent each step (token count, loss, gradient norm) are left out.");
+  if (P > 1)
     plan.notes.push_back(
-        "Pipeline parallelism is not in this build yet: its figures are the Megatron-style "
-        "estimate (1F1B schedule; with tied embeddings the last stage keeps a copy of the "
-        "embedding and its gradient is all-reduced with the first stage).");
+        "Evaluation (data.valid) is not planned: with P > 1 it holds one send buffer per "
+        "validation micro-batch, global_batch_size / micro_batch_size of them in place of the "
+        "step's M (D times as many).");
   return plan;
 }
 

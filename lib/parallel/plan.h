@@ -1,15 +1,17 @@
 // `ft plan`: per-rank memory and communication estimate for a recipe on a world of N ranks
 // (DESIGN.md §3, §4). A pure function of the recipe: nothing is allocated or run.
 //
-// For the layouts this build runs (data × tensor, ZeRO 0–3 over the data ranks) the figures
-// follow what the code allocates on the device (lib/model/llama.cpp ensure_acts, the ZeRO
-// buffers of lib/parallel/zero.cpp, AdamW moments), so they match the measured
+// The figures follow what the code allocates on the device for every layout it runs (data ×
+// pipeline × tensor, ZeRO 0–3 over the data ranks): lib/model/llama.cpp (owns_group,
+// ensure_acts), the ZeRO buffers of lib/parallel/zero.cpp, the pipeline buffers of
+// lib/parallel/pipeline.cpp and the AdamW moments, so they match the measured
 // mem_params/grads/optim_bytes and mem_peak_bytes (tests/cli/test_plan.sh). Tensor parallelism
 // is Megatron's: column-split QKV/gate/up, row-split o/down, vocabulary-split embedding and
-// lm_head (V/T rows each), norms replicated. Pipeline parallelism, which this build cannot run
-// yet, is the Megatron-style estimate: stage p holds a contiguous even split of the layers (the
-// first L mod P stages one extra), the embedding on the first stage and the final norm + head on
-// the last, and 1F1B keeps min(P − p, M) micro-batches of activations in flight.
+// lm_head (V/T rows each), norms replicated. Pipeline stage p holds pipeline_stage's contiguous
+// even split of the layers (the first L mod P stages one extra), the embedding on the first
+// stage and the final norm + head on the last (with tied embeddings the last stage holds the
+// embedding group too); 1F1B keeps min(P − p, M) micro-batches in flight, each in a full
+// activation slot of its own.
 //
 // Everything is fp32 (4 bytes per element), as this build trains.
 #pragma once
@@ -32,14 +34,15 @@ struct PlanFigure {
 struct RankPlan {
   int rank = 0, data_rank = 0, stage = 0, tensor_rank = 0;
   int first_layer = 0, num_layers = 0;  // the layers this rank's pipeline stage holds
-  bool embed = false, head = false;     // holds the embedding / the final norm and head
+  bool embed = false, head = false;     // first stage (embeds) / last stage (norm, head, loss)
   std::string holds;                    // the parameter groups held, with element counts
   int64_t param_elems = 0;              // elements of the groups held (before ZeRO)
 
   // Memory resident during a training step (device allocator bytes).
   PlanFigure params, grads, optim, activations, comm_buffers;
   int64_t total_bytes = 0;    // the sum of the five: the peak during a step
-  int64_t startup_bytes = 0;  // before the first step: whole model being sliced (T > 1), or
+  int slots = 1;              // activation slots: micro-batches in flight (1F1B)
+  int64_t startup_bytes = 0;  // before the first step: whole model being sliced (T or P > 1), or
                               // full params + shards while ZeRO-3 shards them
   std::string startup_how;
   int64_t peak_bytes = 0;     // max(total, startup)
@@ -53,7 +56,6 @@ struct MemoryPlan {
   int world = 1, data = 1, tensor = 1, pipeline = 1, zero_stage = 0;
   int micro_batch = 1, accum = 1, seq_len = 1;
   bool activation_checkpointing = false;
-  bool runnable = true;  // this build can run the layout (pipeline = 1)
   int64_t model_params = 0;              // elements of the whole model
   std::vector<RankPlan> ranks;           // one per rank, in rank order
   std::vector<std::string> symbols;      // "N = B·S = 1·12 = 12 tokens per micro-batch", ...

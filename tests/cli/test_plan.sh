@@ -2,13 +2,18 @@
 # ft plan (DESIGN.md §4): its memory figures against what real runs measure.
 #  - `--nproc 2` runs for ZeRO stages 0–3, tied embeddings + activation checkpointing under
 #    ZeRO-3, and tensor parallelism (2 tensor ranks; 2 data × 2 tensor under ZeRO-3 with
-#    `--nproc 4`): rank 0's planned params/grads/optimizer bytes within 10% of the metrics'
-#    mem_params/grads/optim_bytes, and the planned step total (params + grads + optimizer +
-#    activations + comm buffers) within 10% of mem_peak_bytes, the device allocator's peak.
-#    (Today all match to the byte; 10% is DESIGN's bound, so an allocation added elsewhere does
-#    not fail this test as long as the plan stays that close.)
-#  - The tables: one per rank role, formulas printed; pipeline layouts, which this build cannot
-#    run, are still planned; a world that does not fit the layout is a usage error (exit 2).
+#    `--nproc 4`); pipeline layouts: 3 layers on 2 stages (uneven split), tied embeddings +
+#    activation checkpointing, 2 data × 2 pipeline under ZeRO 1, 2 and 3, 2 tensor × 2 pipeline,
+#    3 stages with fewer micro-batches than stages, and 2 × 2 × 2 under ZeRO-3: rank 0's planned
+#    params/grads/optimizer bytes within 10% of the metrics' mem_params/grads/optim_bytes, and the
+#    planned step total (params + grads + optimizer + activations + comm buffers) within 10% of
+#    mem_peak_bytes, the device allocator's peak. (Today all match to the byte; 10% is DESIGN's
+#    bound, so an allocation added elsewhere does not fail this test as long as the plan stays
+#    that close.) Only rank 0 writes metrics and it is always on the first pipeline stage: the
+#    other stages' parameter counts are checked against the tensors every rank of data rank 0
+#    writes with FT_TEST_DUMP_PARAMS, and their memory arithmetic in tests/unit/test_plan.cpp.
+#  - The tables: one per rank role, formulas printed; a world that does not fit the layout is a
+#    usage error (exit 2).
 #   bash tests/cli/test_plan.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
@@ -42,11 +47,20 @@ runs=()
 for z in 0 1 2 3; do runs+=("z$z:2:parallel.zero_stage=$z"); done
 runs+=("tied_ckpt_z3:2:parallel.zero_stage=3 model.tie_embeddings=true training.activation_checkpointing=true"
        "tensor2:2:parallel.tensor=2"
-       "data2_tensor2_z3:4:parallel.tensor=2 parallel.zero_stage=3")
+       "data2_tensor2_z3:4:parallel.tensor=2 parallel.zero_stage=3"
+       "pipe2_uneven:2:parallel.pipeline=2 model.n_layers=3"
+       "pipe2_tied_ckpt:2:parallel.pipeline=2 model.n_layers=3 model.tie_embeddings=true training.activation_checkpointing=true"
+       "data2_pipe2_z1:4:parallel.pipeline=2 parallel.zero_stage=1 model.n_layers=3"
+       "data2_pipe2_z2_tied:4:parallel.pipeline=2 parallel.zero_stage=2 model.n_layers=3 model.tie_embeddings=true"
+       "data2_pipe2_z3_tied:4:parallel.pipeline=2 parallel.zero_stage=3 model.n_layers=3 model.tie_embeddings=true"
+       "tensor2_pipe2:4:parallel.tensor=2 parallel.pipeline=2 model.n_layers=3"
+       "pipe3_m2:3:parallel.pipeline=3 model.n_layers=4 training.global_batch_size=4"
+       "data2_pipe2_tensor2_z3:8:parallel.tensor=2 parallel.pipeline=2 parallel.zero_stage=3 model.tie_embeddings=true")
 names=()
 for run in "${runs[@]}"; do
   IFS=: read -r name n overrides <<< "$run"; read -r -a ov <<< "$overrides"
-  "$ft" train "$tmp/r.yaml" "${ov[@]}" run.output_dir="$tmp/$name" --nproc "$n" > "$tmp/$name.log" 2>&1 \
+  FT_TEST_DUMP_PARAMS="$tmp/$name.params" \
+    "$ft" train "$tmp/r.yaml" "${ov[@]}" run.output_dir="$tmp/$name" --nproc "$n" > "$tmp/$name.log" 2>&1 \
     || fail "train $name: $(tail -5 "$tmp/$name.log")"
   "$ft" plan "$tmp/r.yaml" "${ov[@]}" --world "$n" --json > "$tmp/$name.plan.json" \
     || fail "plan $name"
@@ -54,9 +68,16 @@ for run in "${runs[@]}"; do
 done
 
 /usr/bin/python3 - "$tmp" "${names[@]}" <<'PY' || fail "plan disagrees with the measured metrics"
-import json, sys
+import glob, json, math, os, struct, sys
 tmp, names = sys.argv[1], sys.argv[2:]
 TOL = 0.10
+
+def dumped_elements(path):  # elements of the tensors in a safetensors file
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+
 for name in names:
     m = [json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl") if '"loss"' in l][-1]
     plan = json.load(open(f"{tmp}/{name}.plan.json"))
@@ -69,6 +90,17 @@ for name in names:
         assert dev <= TOL, (name, what, planned, measured, dev)
         line.append(f"{what} {planned}/{measured} ({dev:.1%})")
     assert role["peak_bytes"] >= role["total_bytes"]
+    # Every rank of data rank 0 (every stage and tensor rank) dumped the parameters it holds.
+    dumps = glob.glob(f"{tmp}/{name}.params/rank_*.safetensors")
+    assert dumps, (name, "no FT_TEST_DUMP_PARAMS files")
+    held = []
+    for path in sorted(dumps):
+        rank = int(os.path.basename(path)[5:-12])
+        role = next(r for r in plan["roles"] if rank in r["ranks"])
+        got = dumped_elements(path)
+        assert got == role["param_elems"], (name, rank, "param elements", role["param_elems"], got)
+        held.append(f"{rank}:{got}")
+    line.append("elements held " + " ".join(held))
     print(f"{name}: planned/measured bytes: " + ", ".join(line))
 PY
 
@@ -79,13 +111,16 @@ for want in 'ranks 0-1 ' parameters gradients 'optimizer state' activations 'com
   grep -q "$want" "$tmp/table.txt" || fail "table lacks '$want': $(cat "$tmp/table.txt")"
 done
 
-# Tensor and pipeline layouts are planned though this build cannot run them: 8 ranks as
-# 2 data × 2 pipeline × 2 tensor give one role per pipeline stage.
+# 8 ranks as 2 data × 2 pipeline × 2 tensor give one role per pipeline stage, with the stage's
+# activation slots and pipeline buffers; pipeline figures are no longer called estimates.
 "$ft" plan "$tmp/r.yaml" parallel.tensor=2 parallel.pipeline=2 --world 8 > "$tmp/tp.txt" \
   || fail "tensor/pipeline plan: $(cat "$tmp/tp.txt")"
 grep -q '^ranks 0-1, 4-5 ' "$tmp/tp.txt" || fail "stage 0 role: $(cat "$tmp/tp.txt")"
 grep -q '^ranks 2-3, 6-7 ' "$tmp/tp.txt" || fail "stage 1 role: $(cat "$tmp/tp.txt")"
-grep -q 'Megatron' "$tmp/tp.txt" || fail "no note that tensor/pipeline figures are estimates"
+grep -q '2 slots (micro-batches in flight)' "$tmp/tp.txt" || fail "no activation slots: $(cat "$tmp/tp.txt")"
+grep -q 'pipeline buffers' "$tmp/tp.txt" || fail "no pipeline buffers: $(cat "$tmp/tp.txt")"
+grep -q 'sent, pipeline' "$tmp/tp.txt" || fail "no pipeline formula: $(cat "$tmp/tp.txt")"
+! grep -qi 'estimate\|cannot run' "$tmp/tp.txt" || fail "pipeline still called an estimate: $(cat "$tmp/tp.txt")"
 
 # The data paths play no part in a plan; a world that does not fit the layout does (exit 2).
 "$ft" plan "$tmp/r.yaml" data.train="$tmp/nowhere" > /dev/null || fail "plan needs the data"

@@ -1,6 +1,8 @@
 // ft plan's formulas (lib/parallel/plan.h) on small cases worked out by hand: ZeRO stages 0–3
-// with even and uneven shards, tied embeddings, the tensor split, an uneven pipeline split, and
-// the rank layout rank = (d·P + p)·T + t. tests/cli/test_plan.sh checks the same figures against
+// with even and uneven shards, tied embeddings, the tensor split, pipeline stages (uneven
+// split, 1F1B activation slots, the tied embedding on the first and last stage, ZeRO with
+// pipeline), and the rank layout rank = (d·P + p)·T + t. The last stage's figures are worked out
+// here; rank 0, which writes the metrics, is always on the first. tests/cli/test_plan.sh checks the same figures against
 // what a real run measures.
 #include <doctest/doctest.h>
 
@@ -111,8 +113,9 @@ TEST_CASE("plan: ZeRO stages on 2 data ranks (even shards: 40, 248, 248, 44)") {
   CHECK(z3.comm_buffers.bytes == 4 * 2 * 496);  // a gathered layer + its working gradient
   CHECK(z3.startup_bytes == 4 * (1160 + 2 * 580));
   CHECK(z3.peak_bytes == std::max(z3.total_bytes, z3.startup_bytes));
-  // reduce-scatter Σs + all-gathers: embedding 40 once, layers twice, head 44 once
-  CHECK(z3.sent_data.bytes == 4 * 580 + 4 * (40 + 2 * 2 * 248 + 44));
+  // reduce-scatter Σs + all-gathers: embedding 40 once, layers twice, the head 44 twice (its
+  // forward and backward halves)
+  CHECK(z3.sent_data.bytes == 4 * 580 + 4 * (40 + 2 * 2 * 248 + 2 * 44));
 
   // Tied: head = the final norm only (8, shard 4); Σ s = 40 + 496 + 4 = 540.
   const RankPlan t2 = plan(2, true), t3 = plan(3, true);
@@ -123,6 +126,9 @@ TEST_CASE("plan: ZeRO stages on 2 data ranks (even shards: 40, 248, 248, 44)") {
   CHECK(t3.params.bytes == 4 * 540);
   // a gathered layer + its working gradient 992 + the tied embedding's working gradient 80
   CHECK(t3.comm_buffers.bytes == 4 * (992 + 80));
+  // The embedding is gathered three times: its own forward, and for the tied lm_head in the
+  // head's forward and backward halves.
+  CHECK(t3.sent_data.bytes == 4 * 540 + 4 * (3 * 40 + 2 * 2 * 248 + 2 * 4));
 }
 
 TEST_CASE("plan: uneven ZeRO shards on 3 data ranks: the last rank owns less") {
@@ -149,7 +155,6 @@ TEST_CASE("plan: tensor split (Megatron): heads, KV heads, MLP and vocabulary ov
   r.parallel.tensor = 2;
   const MemoryPlan p = plan_memory(r, 2);
   CHECK(p.data == 1);
-  CHECK(p.runnable);
   REQUIRE(ft::plan_roles(p).size() == 1);
   const RankPlan& k = p.ranks[1];
   CHECK(k.tensor_rank == 1);
@@ -178,7 +183,7 @@ TEST_CASE("plan: tensor split (Megatron): heads, KV heads, MLP and vocabulary ov
   CHECK(plan_memory(r, 2).ranks[0].sent_tensor.bytes == 14 * 128 + 16 + 2 * 32);
 }
 
-TEST_CASE("plan: uneven pipeline split, 1F1B in-flight micro-batches, tied embedding copy") {
+TEST_CASE("plan: uneven pipeline split, 1F1B activation slots, the tied embedding on both ends") {
   Recipe r = small(0, /*tied=*/true);
   r.model.n_layers = 5;
   r.parallel.pipeline = 2;
@@ -189,7 +194,7 @@ TEST_CASE("plan: uneven pipeline split, 1F1B in-flight micro-batches, tied embed
   CHECK(s0.stage == 0);
   CHECK(s1.stage == 1);
   CHECK(s0.first_layer == 0);
-  CHECK(s0.num_layers == 3);  // the first stage takes the extra layer
+  CHECK(s0.num_layers == 3);  // the first stage takes the extra layer (pipeline_stage)
   CHECK(s1.first_layer == 3);
   CHECK(s1.num_layers == 2);
   CHECK(s0.embed);
@@ -197,21 +202,106 @@ TEST_CASE("plan: uneven pipeline split, 1F1B in-flight micro-batches, tied embed
   CHECK(s1.head);
   CHECK_FALSE(s1.embed);
   CHECK(s0.param_elems == 80 + 3 * 496);
-  CHECK(s1.param_elems == 2 * 496 + 8 + 80);  // the last stage keeps a copy of the tied embedding
-  // Stage 0 keeps min(P − 0, M) = 2 micro-batches: (3+1)·32 + 3·376 = 1256 each, no head.
-  CHECK(s0.activations.bytes == 4 * (2 * 1256 + 336));
-  // Stage 1 keeps 1: (2+1)·32 + 2·376 = 848, plus the head.
-  CHECK(s1.activations.bytes == 4 * (848 + 76 + 336));
-  // M × 4·N·C = 4 × 128 B one way, plus the tied-embedding gradient all-reduce 4·80 B.
-  CHECK(s0.sent_pipeline.bytes == 4 * 128 + 320);
-  CHECK(s1.sent_pipeline.bytes == 4 * 128 + 320);
+  // The last stage holds the embedding group (its lm_head) and the head group, the final norm.
+  CHECK(s1.param_elems == 80 + 2 * 496 + 8);
+  CHECK(s1.holds.find("embedding 80") != std::string::npos);
+  CHECK(s1.params.bytes == 4 * (80 + 2 * 496 + 8));
+  CHECK(s1.optim.bytes == 8 * (80 + 2 * 496 + 8));
+  // Stage 0: min(P − 0, M) = 2 slots, each (3+1)·32 residual + 3·376 layers + 336 backward
+  // scratch = 1592; no head.
+  CHECK(s0.slots == 2);
+  CHECK(s0.activations.bytes == 4 * 2 * 1592);
+  // Stage 1: one slot, (2+1)·32 + 2·376 + head 76 + 336 = 1260.
+  CHECK(s1.slots == 1);
+  CHECK(s1.activations.bytes == 4 * 1260);
+  // Receive buffer + M send buffers of N·C on both stages; nothing for ZeRO 0.
+  CHECK(s0.comm_buffers.bytes == 4 * 5 * 32);
+  CHECK(s1.comm_buffers.bytes == 4 * 5 * 32);
+  CHECK(s0.total_bytes == 4 * (1568 + 1568 + 2 * 1568) + 4 * 2 * 1592 + 4 * 160);
+  // The whole model (80 + 5·496 + 8 = 2568) is built once and sliced.
+  CHECK(p.model_params == 2568);
+  CHECK(s0.startup_bytes == 4 * (2568 + 1568));
+  CHECK(s1.startup_bytes == 4 * (2568 + 1080));
+  // M × 4·N·C = 4 × 128 B one way, the tied-embedding gradient all-reduce 4·80 B, and the loss
+  // and gradient norm (8 B each, a ring of 2 sends each once).
+  CHECK(s0.sent_pipeline.bytes == 4 * 128 + 320 + 16);
+  CHECK(s1.sent_pipeline.bytes == 4 * 128 + 320 + 16);
+
+  // Activation checkpointing: each slot keeps the layer inputs and one recomputed layer.
+  r.training.activation_checkpointing = true;
+  CHECK(plan_memory(r, 2).ranks[0].activations.bytes == 4 * 2 * (4 * 32 + 376 + 336));
+  r.training.activation_checkpointing = false;
 
   r.model.n_layers = 4;  // even: 2 + 2
   r.model.tie_embeddings = false;
   const MemoryPlan q = plan_memory(r, 2);
   CHECK(q.ranks[0].num_layers == 2);
   CHECK(q.ranks[1].first_layer == 2);
-  CHECK(q.ranks[0].sent_pipeline.bytes == 4 * 128);
+  CHECK(q.ranks[1].param_elems == 2 * 496 + 88);  // norm and lm_head
+  CHECK(q.ranks[0].sent_pipeline.bytes == 4 * 128 + 16);
+}
+
+TEST_CASE("plan: fewer micro-batches than stages: slots = min(P − p, M)") {
+  Recipe r = small();
+  r.model.n_layers = 3;
+  r.parallel.pipeline = 3;
+  r.training.global_batch_size = 2;  // M = 2
+  const MemoryPlan p = plan_memory(r, 3);
+  CHECK(p.accum == 2);
+  CHECK(p.ranks[0].slots == 2);
+  CHECK(p.ranks[1].slots == 2);
+  CHECK(p.ranks[2].slots == 1);
+  // The middle stage: 2 × ((1+1)·32 + 376 + 336); receive + 2 send buffers.
+  CHECK(p.ranks[1].activations.bytes == 4 * 2 * (64 + 376 + 336));
+  CHECK(p.ranks[1].comm_buffers.bytes == 4 * 3 * 32);
+  CHECK(p.ranks[1].param_elems == 496);
+  // Activations forward and gradients backward, 2 × 128 B each; 2 · R_3(8 B) = 2 · 10 B.
+  CHECK(p.ranks[1].sent_pipeline.bytes == 2 * 2 * 128 + 2 * (2 * 2 * 8 / 3));
+}
+
+TEST_CASE("plan: ZeRO over 2 data ranks × 2 pipeline stages, tied embeddings") {
+  // V = 100: n_embed = 800 (shard 400), a layer 496 (248), the head the final norm 8 (4).
+  // Stage 0: embedding + layer 0; stage 1: embedding + layer 1 + final norm. M = 1.
+  auto plan = [](int z) {
+    Recipe r = small(z, /*tied=*/true);
+    r.model.vocab_size = 100;
+    r.parallel.pipeline = 2;
+    r.training.global_batch_size = 2;
+    MemoryPlan p = plan_memory(r, 4);
+    REQUIRE(p.data == 2);
+    REQUIRE(p.accum == 1);
+    REQUIRE(p.ranks[1].stage == 1);
+    return p;
+  };
+  const MemoryPlan z2 = plan(2), z3 = plan(3);
+  const RankPlan &a2 = z2.ranks[0], &b2 = z2.ranks[1], &a3 = z3.ranks[0], &b3 = z3.ranks[1];
+  CHECK(a2.grads.bytes == 4 * (400 + 248));
+  CHECK(b2.grads.bytes == 4 * (400 + 248 + 4));
+  CHECK(b2.params.bytes == 4 * (800 + 496 + 8));
+  CHECK(b3.params.bytes == 4 * (400 + 248 + 4));
+  CHECK(b3.optim.bytes == 8 * (400 + 248 + 4));
+  // ZeRO-2, stage 0: all-gather buffer 2·400 + the embedding's working gradient and result
+  // 800 + 400 (no embedding gradient held open: the head is on the other stage); pipeline
+  // buffers (M+1)·N·C = 64.
+  CHECK(a2.comm_buffers.bytes == 4 * (800 + 1200 + 64));
+  // Stage 1: the head's backward holds its working gradient 8 + result 4 + the embedding's
+  // working gradient 800 (opened by the tied lm_head) = 812 < the embedding's own 800 + 400.
+  CHECK(b2.comm_buffers.bytes == 4 * (800 + 1200 + 64));
+  // ZeRO-3, stage 0: the embedding's backward 800 + 400 beats a gathered layer and its working
+  // gradient 2·496.
+  CHECK(a3.comm_buffers.bytes == 4 * (1200 + 64));
+  // Stage 1: the head's backward gathers the head 8 and the embedding 800, with both working
+  // gradients: 2·8 + 2·800.
+  CHECK(b3.comm_buffers.bytes == 4 * (1616 + 64));
+  // Sent over the data group (ZeRO-3): reduce-scatter Σs, and all-gathers, the embedding once on
+  // stage 0, twice on stage 1 (the head's forward and backward halves), layers and head twice.
+  CHECK(a3.sent_data.bytes == 4 * (400 + 248) + 4 * (400 + 2 * 248));
+  CHECK(b3.sent_data.bytes == 4 * (400 + 248 + 4) + 4 * (2 * 400 + 2 * 248 + 2 * 4));
+  // The tied embedding's gradient shard (400) all-reduced between the stages.
+  CHECK(a3.sent_pipeline.bytes == 128 + 4 * 400 + 16);
+  CHECK(b3.sent_pipeline.bytes == 128 + 4 * 400 + 16);
+  CHECK(z3.model_params == 800 + 2 * 496 + 8);
+  CHECK(b3.startup_bytes == 4 * (1800 + 1304));  // slicing beats sharding (1304 + 2·652)
 }
 
 TEST_CASE("plan: rank layout rank = (d·P + p)·T + t") {
@@ -228,6 +318,10 @@ TEST_CASE("plan: rank layout rank = (d·P + p)·T + t") {
   CHECK(p.ranks[5].tensor_rank == 1);
   CHECK(p.ranks[5].stage == 0);
   CHECK(p.ranks[5].data_rank == 1);
+  // Tensor statistics on every stage: A_tp = N·C + 5·N = 52 per slot (one slot, M = 1).
+  // Stage 0: 3·32 residual + 2·256 layers + 52 + 216 backward scratch; stage 1: + A_head 56.
+  CHECK(p.ranks[0].activations.bytes == 4 * (96 + 512 + 52 + 216));
+  CHECK(p.ranks[2].activations.bytes == 4 * (96 + 512 + 56 + 52 + 216));
   const auto roles = ft::plan_roles(p);
   REQUIRE(roles.size() == 2);  // one per pipeline stage
   CHECK(roles[0] == std::vector<int>{0, 1, 4, 5});
