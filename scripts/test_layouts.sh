@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every layout trains the same model (DESIGN.md §3): one recipe (a small Llama with GQA, fp32,
 # 10 steps, AdamW with weight decay, active clipping, gradient accumulation, a loss mask,
-# shuffled data) run in one process and under each layout; per-step losses and gradient norms
-# must match within 1e-5 relative, and the final parameters (reassembled from every rank's
-# slices) within 1e-5 of the largest entry of each tensor.
+# shuffled data, evaluation after steps 4 and 9) run in one process and under each layout;
+# tests/ref/compare_layouts.py compares losses, evaluation losses, gradient norms and the final
+# parameters (reassembled from every rank's slices) with the one-process run.
 #   scripts/test_layouts.sh [BUILD_DIR]          # the whole matrix (24 runs, about a minute)
 #   scripts/test_layouts.sh --ci [BUILD_DIR]     # a subset: every axis, every ZeRO stage,
 #                                                # one 3-D layout
@@ -48,8 +48,9 @@ PY
 cat > "$tmp/r.yaml" <<YAML
 run: {name: layouts, output_dir: $tmp/out, seed: 5}
 model: {dim: 32, n_layers: 4, n_heads: 4, n_kv_heads: 2, ffn_dim: 40, vocab_size: 64, max_seq_len: 16}
-data: {train: $tmp/data, seq_len: 12, shuffle: true}
-training: {steps: 10, micro_batch_size: 1, global_batch_size: 8, grad_clip: 0.3}
+data: {train: $tmp/data, valid: $tmp/data, seq_len: 12, shuffle: true}
+training: {steps: 10, micro_batch_size: 1, global_batch_size: 8, grad_clip: 0.3, eval_every_steps: 5,
+           eval_batches: 2}
 optimizer: {lr: 0.01, weight_decay: 0.1}
 scheduler: {name: cosine, warmup_steps: 2}
 logging: {every_steps: 1}

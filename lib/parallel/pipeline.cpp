@@ -36,7 +36,7 @@ void PipelineSchedule::forward(const StepSamples& b, int i, int micro, float sca
                                b.targets.data() + off, b.mask.data() + off, micro, T, scale,
                                backward);
   if (p_ < P_ - 1) {
-    float* out = send_bufs_[size_t(i)].data();
+    float* out = send_bufs_[size_t(i) % send_bufs_.size()].data();
     std::memcpy(out, model_.stage_output(slot(i)), n * sizeof(float));
     pipe_->send(out, n, p_ + 1, 2 * i);
   }
@@ -96,13 +96,17 @@ double PipelineSchedule::eval_batch(const StepSamples& b, int micro) {
   }
   const size_t n = size_t(micro) * T * size_t(model_.config().dim);
   if (recv_buf_.size() != n) recv_buf_ = Buffer<float>(dev_, n);
-  if (send_bufs_.size() < size_t(M) || send_bufs_[0].size() != n) {
+  if (send_bufs_.empty() || send_bufs_[0].size() != n) {
     send_bufs_.clear();
-    for (int i = 0; i < M; ++i) send_bufs_.emplace_back(dev_, n);
+    send_bufs_.emplace_back(dev_, n);
   }
+  // Forward only: one micro-batch at a time, so the step's buffers serve (each send completes
+  // before the buffer is reused; the next stage is already waiting for it).
   slots_ = 1;
-  for (int i = 0; i < M; ++i) forward(b, i, micro, 0.0f, false, &loss);
-  pipe_->wait_sends();
+  for (int i = 0; i < M; ++i) {
+    forward(b, i, micro, 0.0f, false, &loss);
+    pipe_->wait_sends();
+  }
   return loss;
 }
 

@@ -1,7 +1,7 @@
 """Compares every layout run by scripts/test_layouts.sh with the one-process run.
 
 Per step: loss within 1e-5 relative (the issue's bound; ≤ 3e-7 seen), grad_norm within 1e-4
-relative. Final parameters: each layout's ranks wrote their slices (FT_TEST_DUMP_PARAMS);
+relative; evaluation losses within 1e-5 relative. Final parameters: each layout's ranks wrote their slices (FT_TEST_DUMP_PARAMS);
 tensor slices are put back together along the split axis, tensors held by several ranks
 (replicated norms, tied embeddings on two stages) must agree exactly, and every element must
 match the one-process run within 1e-5 absolute (parameters here are O(0.01–1)).
@@ -29,6 +29,10 @@ tmp = sys.argv[1]
 
 def metrics(name):
     return [json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl") if '"loss"' in l]
+
+
+def evals(name):
+    return [json.loads(l)["eval_loss"] for l in open(f"{tmp}/{name}/metrics.jsonl") if '"eval_loss"' in l]
 
 
 def header_metadata(path):
@@ -72,6 +76,10 @@ for name in names:
     got = metrics(name)
     loss = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(got, ref_metrics))
     norm = max(abs(a["grad_norm"] - b["grad_norm"]) / b["grad_norm"] for a, b in zip(got, ref_metrics))
+    ev_ref, ev = evals("single"), evals(name)
+    ev_err = max(abs(a - b) / b for a, b in zip(ev, ev_ref)) if ev_ref else 0.0
+    if len(ev) != 2 or len(ev_ref) != 2:
+        failures.append(f"{name}: expected 2 evaluations, got {len(ev)} (one process: {len(ev_ref)})")
     params = assemble(name)
     worst, worst_name = 0.0, ""
     if set(params) != set(ref_params):
@@ -84,8 +92,8 @@ for name in names:
             err = (params[k] - v).abs().max().item()
             if err > worst:
                 worst, worst_name = err, k
-    ok = len(got) == 10 and loss <= 1e-5 and norm <= 1e-4 and worst <= 1e-5
-    print(f"{'ok  ' if ok else 'FAIL'} {name:28s} loss {loss:.1e}  grad_norm {norm:.1e}  "
+    ok = len(got) == 10 and loss <= 1e-5 and norm <= 1e-4 and worst <= 1e-5 and ev_err <= 1e-5
+    print(f"{'ok  ' if ok else 'FAIL'} {name:28s} loss {loss:.1e}  eval {ev_err:.1e}  grad_norm {norm:.1e}  "
           f"params max |diff| {worst:.1e} ({worst_name})")
     if not ok:
         failures.append(name)
