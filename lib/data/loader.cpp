@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/random.h"
 #include "data/shard.h"
 
 namespace ft {
@@ -45,13 +46,6 @@ namespace ft {
 // random to any training run; no cryptographic strength is claimed or needed.
 
 namespace {
-
-uint64_t splitmix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 constexpr int kFeistelRounds = 6;
 

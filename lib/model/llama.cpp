@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/random.h"
 #include "kernels/kernels.h"
 
 namespace ft {
@@ -100,21 +101,6 @@ std::vector<float*> LlamaModel::param_ptrs() {
   for (auto& b : params_) p.push_back(b.data());
   return p;
 }
-
-namespace {
-// splitmix64: a small, well-defined generator so that initialisation is identical on every
-// platform and standard library (std::normal_distribution is implementation-defined).
-struct SplitMix64 {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return double((next() >> 11) + 1) * (1.0 / 9007199254740993.0); }  // (0,1)
-};
-}  // namespace
 
 void LlamaModel::init_random(uint64_t seed, double std) {
   const auto& groups = layout_.groups();

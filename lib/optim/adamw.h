@@ -27,7 +27,6 @@ class AdamW {
   // count first (t ≥ 1). params[g] and grads[g] point at element ranges()[g].begin of group g:
   // into the full buffers, or at the start of this rank's shards.
   void step(const std::vector<float*>& params, const std::vector<const float*>& grads, double lr);
-  int64_t steps_taken() const { return t_; }
   const std::vector<ShardRange>& ranges() const { return ranges_; }
   size_t state_bytes() const;
 

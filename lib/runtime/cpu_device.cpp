@@ -37,7 +37,6 @@ class CpuDevice final : public Device {
   AllocatorStats stats() const override {
     return AllocatorStats{current_.load(), peak_.load(), num_allocs_.load()};
   }
-  void reset_peak() override { peak_ = current_.load(); }
 
  private:
   std::atomic<size_t> current_{0}, peak_{0}, num_allocs_{0};

@@ -31,7 +31,6 @@ class Device {
   virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
   virtual AllocatorStats stats() const = 0;
-  virtual void reset_peak() = 0;
 };
 
 // The CPU device; threads for kernels come from OpenMP (runtime.threads).
