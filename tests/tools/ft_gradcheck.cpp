@@ -1,5 +1,5 @@
-// Test tool: runs ft's forward and backward on the first global batch of a recipe (exactly the
-// path `ft train` takes for step 0: loader, token-weighted scale, micro-batch accumulation) and
+// Test tool: runs ft's forward and backward on the first global batch of a recipe (the path
+// `ft train` takes for step 0: loader, token-weighted scale, the same micro-batch schedule) and
 // writes the loss and every parameter gradient (HF names) to a safetensors file, so that a
 // PyTorch reference script can compare them tensor by tensor.
 //   ft_gradcheck RECIPE OUT.safetensors [KEY=VALUE ...]
@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "data/loader.h"
 #include "model/llama.h"
+#include "parallel/pipeline.h"
 #include "recipe/recipe.h"
 #include "train/trainer.h"
 
@@ -43,14 +44,10 @@ int main(int argc, char** argv) {
     StepSamples b = loader.next();
     double count = 0;
     for (uint8_t m : b.mask) count += m;
-    const int micro = r.training.micro_batch_size, T = r.data.seq_len;
-    double loss_sum = 0;
+    // The trainer's own micro-batch loop (one stage: forward and backward per micro-batch).
     model.zero_grads();
-    for (int m = 0; m < b.count / micro; ++m) {
-      size_t off = size_t(m) * micro * T;
-      loss_sum += model.forward_backward(b.inputs.data() + off, b.targets.data() + off,
-                                         b.mask.data() + off, micro, T, float(1.0 / count));
-    }
+    PipelineSchedule schedule(model, nullptr, dev.get());
+    const double loss_sum = schedule.train_step(b, r.training.micro_batch_size, float(1.0 / count));
     const float loss = float(loss_sum / count);
     std::printf("loss %.9g over %.0f tokens\n", loss_sum / count, count);
 
