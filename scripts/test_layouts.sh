@@ -33,18 +33,7 @@ mpirun_args=(--oversubscribe)
 # Sanitizer builds: Open MPI's plugins keep allocations until exit (see test_data_parallel.sh).
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
 
-/usr/bin/python3 - "$tmp" "$src" <<'PY'
-import sys, os
-tmp, src = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.path.join(src, "tests", "ref"))
-import numpy as np, llama_ref as ref
-rng = np.random.default_rng(11)
-os.makedirs(f"{tmp}/data")
-for i in range(2):
-    toks = rng.integers(0, 64, 41 * 12 + 1)
-    mask = (rng.random(toks.size) < 0.8).astype(np.uint8)
-    ref.write_shard(f"{tmp}/data/shard_{i:05d}.h5", toks, 64, loss_mask=mask)
-PY
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --samples 41 --seq-len 12 --seed 11 --mask 0.8
 cat > "$tmp/r.yaml" <<YAML
 run: {name: layouts, output_dir: $tmp/out, seed: 5}
 model: {dim: 32, n_layers: 4, n_heads: 4, n_kv_heads: 2, ffn_dim: 40, vocab_size: 64, max_seq_len: 16}

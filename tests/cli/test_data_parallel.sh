@@ -24,18 +24,7 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
 mpirun_args=(--oversubscribe)
 [[ $(id -u) == 0 ]] && mpirun_args+=(--allow-run-as-root)
 
-/usr/bin/python3 - "$tmp" "$src" <<'PY'
-import sys, os
-tmp, src = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.path.join(src, "tests", "ref"))
-import numpy as np, llama_ref as ref
-rng = np.random.default_rng(5)
-os.makedirs(f"{tmp}/data")
-for i in range(2):
-    toks = rng.integers(0, 64, 37 * 12 + 1)
-    mask = (rng.random(toks.size) < 0.8).astype(np.uint8)
-    ref.write_shard(f"{tmp}/data/shard_{i:05d}.h5", toks, 64, loss_mask=mask)
-PY
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --samples 37 --seq-len 12 --seed 5 --mask 0.8
 
 cat > "$tmp/r.yaml" <<YAML
 run: {name: dp, output_dir: $tmp/out, seed: 7}

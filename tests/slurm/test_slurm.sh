@@ -37,18 +37,7 @@ t=$(now)
 "$src/scripts/slurm/local_cluster.sh" start || fail "local cluster did not come up"
 timings+=("bring-up (local_cluster.sh start): $(took "$t") s")
 
-/usr/bin/python3 - "$tmp" "$src" <<'PY'
-import sys, os
-tmp, src = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.path.join(src, "tests", "ref"))
-import numpy as np, llama_ref as ref
-rng = np.random.default_rng(5)
-os.makedirs(f"{tmp}/data")
-for i in range(2):
-    toks = rng.integers(0, 61, 37 * 12 + 1)
-    mask = (rng.random(toks.size) < 0.8).astype(np.uint8)
-    ref.write_shard(f"{tmp}/data/shard_{i:05d}.h5", toks, 61, loss_mask=mask)
-PY
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 61 --samples 37 --seq-len 12 --seed 5 --mask 0.8
 
 cat > "$tmp/r.yaml" <<YAML
 run: {name: slurm, output_dir: $tmp/out, seed: 7}
