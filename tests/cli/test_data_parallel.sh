@@ -96,6 +96,18 @@ PY
 
 # A rank killed mid-run: the job ends, non-zero, within 60 s, and the failed rank is named.
 # Once under `--nproc 2`, once under a plain mpirun.
+# The pid of the process whose command line names $1 and whose environment says it is MPI rank 1;
+# empty if there is none (yet). Never fails: the loop below polls it under `set -e -o pipefail`.
+rank_1_of() {
+  local p
+  for p in $(pgrep -f "$1" || true); do
+    if grep -qx 'OMPI_COMM_WORLD_RANK=1' < <(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null); then
+      echo "$p"
+      return 0
+    fi
+  done
+  return 0
+}
 kill_rank_1() {  # label, command...
   local label=$1; shift
   local out="$tmp/killed_$label"
@@ -104,9 +116,7 @@ kill_rank_1() {  # label, command...
   local job=$!
   for _ in $(seq 150); do
     sleep 0.2
-    victim=$(pgrep -f "$out" | while read -r p; do
-      [[ $(tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -c '^OMPI_COMM_WORLD_RANK=1$') == 1 ]] && echo "$p"
-    done | head -1)
+    victim=$(rank_1_of "$out")
     [[ -n $victim && -s $out/metrics.jsonl ]] && break
   done
   [[ -n $victim ]] || fail "$label: could not find rank 1"
