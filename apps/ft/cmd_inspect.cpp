@@ -1,18 +1,24 @@
 // ft inspect PATH: says what a folder holds. It recognises the folder kind first and then
 // hands it to that kind's summary, so checkpoints and Hugging Face folders slot in beside
 // shard folders.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "apps/ft/commands.h"
+#include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
 #include "core/error.h"
 #include "data/shard.h"
+#include "model/layout.h"
 #include "train/metrics.h"
 
 namespace ft::app {
@@ -245,6 +251,220 @@ int inspect_hf(const std::string& dir) {
   throw Error(dir + ": not usable by ft as model.from; the problems are listed above");
 }
 
+
+// ---- checkpoints (DESIGN.md §8, lib/ckpt/checkpoint.h) -------------------------------------
+
+// "k v, k v" for the scalar members of a manifest object (scheduler, optimizer, data).
+std::string scalar_members(const nlohmann::json& j, const std::vector<std::string>& skip = {}) {
+  if (!j.is_object()) return j.is_null() ? "-" : j.dump();
+  std::string out;
+  for (const auto& [k, v] : j.items()) {
+    if (v.is_structured() || std::find(skip.begin(), skip.end(), k) != skip.end()) continue;
+    out += (out.empty() ? "" : ", ") + k + " " + (v.is_string() ? v.get<std::string>() : v.dump());
+  }
+  return out.empty() ? "-" : out;
+}
+
+void print_verify_progress(size_t i, size_t n, const std::string& file) {
+  std::fprintf(stderr, "\r  verifying %zu/%zu %s\033[K", i + 1, n, file.c_str());
+  if (i + 1 == n) std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+}
+
+// The model line shared with the HF summary's wording.
+void print_model(const ModelConfig& m) {
+  std::string head_dim = m.dim % m.n_heads == 0 ? std::to_string(m.dim / m.n_heads) : "-";
+  std::printf(
+      "  model:        %s, dim %d, %d layer%s, %d head%s, %d kv head%s, head_dim %s, ffn %d, "
+      "vocab %d, max_seq_len %d, rope_theta %.10g, norm_eps %.6g, %s embeddings\n",
+      m.arch.c_str(), m.dim, m.n_layers, m.n_layers == 1 ? "" : "s", m.n_heads,
+      m.n_heads == 1 ? "" : "s", m.n_kv_heads, m.n_kv_heads == 1 ? "" : "s", head_dim.c_str(),
+      m.ffn_dim, m.vocab_size, m.max_seq_len, m.rope_theta, m.norm_eps,
+      m.tie_embeddings ? "tied" : "untied");
+}
+
+// The manifest's tensor table, with repeated layers folded as in the HF summary.
+void print_checkpoint_tensors(const nlohmann::json& tensors) {
+  struct Row {
+    std::string name, dtype, shape, split;
+    int layer = -1;
+  };
+  std::vector<Row> rows;
+  size_t width = 4;
+  for (const auto& t : tensors) {
+    Row r;
+    r.name = t.value("name", std::string("?"));
+    r.dtype = t.value("dtype", std::string("?"));
+    r.split = t.value("split", std::string("?"));
+    r.shape = t.contains("shape") && t["shape"].is_array()
+                  ? shape_text(t["shape"].get<std::vector<int64_t>>())
+                  : "?";
+    const std::string prefix = "model.layers.";
+    if (r.name.rfind(prefix, 0) == 0) r.layer = std::atoi(r.name.c_str() + prefix.size());
+    width = std::max(width, r.name.size());
+    rows.push_back(std::move(r));
+  }
+  std::printf("  tensors:      %zu\n", rows.size());
+  std::printf("    %-*s %-5s %-16s %s\n", int(width), "name", "dtype", "shape", "split");
+  auto suffix = [](const Row& r) { return r.name.substr(r.name.find('.', 13)); };
+  using Sig = std::vector<std::tuple<std::string, std::string, std::string, std::string>>;
+  Sig shown;
+  int shown_layer = -1, folded_from = -1, folded_to = -1;
+  auto flush_folded = [&] {
+    if (folded_from < 0) return;
+    const int n = folded_to - folded_from + 1;
+    if (n == 1)
+      std::printf("    ... 1 more layer with the same tensors (layer %d)\n", folded_from);
+    else
+      std::printf("    ... %d more layers with the same tensors (layers %d-%d)\n", n,
+                  folded_from, folded_to);
+    folded_from = folded_to = -1;
+  };
+  auto print_row = [&](const Row& r) {
+    std::printf("    %-*s %-5s %-16s %s\n", int(width), r.name.c_str(), r.dtype.c_str(),
+                r.shape.c_str(), r.split.c_str());
+  };
+  for (size_t i = 0; i < rows.size();) {
+    if (rows[i].layer < 0) {
+      flush_folded();
+      print_row(rows[i++]);
+      continue;
+    }
+    const int layer = rows[i].layer;
+    size_t end = i;
+    Sig sig;
+    for (; end < rows.size() && rows[end].layer == layer; ++end)
+      sig.emplace_back(suffix(rows[end]), rows[end].dtype, rows[end].shape, rows[end].split);
+    const int previous = folded_to >= 0 ? folded_to : shown_layer;
+    if (shown_layer >= 0 && layer == previous + 1 && sig == shown) {
+      if (folded_from < 0) folded_from = layer;
+      folded_to = layer;
+    } else {
+      flush_folded();
+      for (size_t k = i; k < end; ++k) print_row(rows[k]);
+      shown = std::move(sig);
+      shown_layer = layer;
+    }
+    i = end;
+  }
+  flush_folded();
+}
+
+// One step folder: what it holds, then every checksum. Exit code 1 (by throwing, after the
+// summary) when it is incomplete or any check fails, so a script can test `ft inspect STEP`.
+int inspect_checkpoint_step(const std::string& dir) {
+  std::error_code ec;
+  const bool complete = fs::exists(fs::path(dir) / "COMPLETE", ec);
+  const ckpt::Manifest m = ckpt::read_manifest(dir, /*allow_incomplete=*/true);
+  const nlohmann::json& j = m.json;
+  std::printf("checkpoint %s\n", dir.c_str());
+  std::printf("  status:       %s\n",
+              complete ? "complete" : "incomplete: COMPLETE is missing; never resumed from");
+  std::printf("  step:         %lld (optimizer steps completed; training resumes at step index "
+              "%lld)\n",
+              (long long)m.step, (long long)m.step);
+  if (j.contains("saved_at") || j.contains("ft_version"))
+    std::printf("  saved:        %s by ft %s\n", j.value("saved_at", std::string("?")).c_str(),
+                j.value("ft_version", std::string("?")).c_str());
+  std::printf("  layout:       world %d = data %d × pipeline %d × tensor %d, ZeRO stage %d\n",
+              m.world, m.data, m.pipeline, m.tensor, m.zero_stage);
+  print_model(m.model);
+  const ParamLayout layout(m.model, 1);
+  const uint64_t params = layout.total_numel();
+  std::printf("  parameters:   %s (%s)\n", short_count(params).c_str(), grouped(params).c_str());
+  const nlohmann::json none;
+  const nlohmann::json& opt = j.contains("optimizer") ? j["optimizer"] : none;
+  std::printf("  optimizer:    %s (step %lld)\n", scalar_members(opt, {"step"}).c_str(),
+              (long long)m.optimizer_step);
+  std::printf("  scheduler:    %s\n",
+              scalar_members(j.contains("scheduler") ? j["scheduler"] : none).c_str());
+  std::printf("  data:         %s\n",
+              scalar_members(j.contains("data") ? j["data"] : none).c_str());
+  const nlohmann::json& tok = j.contains("tokenizer") ? j["tokenizer"] : none;
+  if (tok.is_object())
+    std::printf("  tokenizer:    %s (sha256 %s)\n", tok.value("file", std::string("?")).c_str(),
+                tok.value("sha256", std::string("?")).c_str());
+  else
+    std::printf("  tokenizer:    none (the recipe named no tokenizer.path)\n");
+  if (j.contains("tensors") && j["tensors"].is_array()) print_checkpoint_tensors(j["tensors"]);
+
+  uint64_t total = 0;
+  size_t width = 4;
+  for (const ckpt::ShardRecord& s : m.shards) {
+    total += s.bytes;
+    width = std::max(width, s.file.size());
+  }
+  std::map<ckpt::State, size_t> per_state;
+  for (const ckpt::PieceRecord& p : m.pieces) ++per_state[p.state];
+  std::string states;
+  for (const auto& [st, n] : per_state)
+    states += (states.empty() ? "" : ", ") + std::to_string(n) + " " + ckpt::state_name(st);
+  std::printf("  shard files:  %zu (%s), %zu pieces (%s)\n", m.shards.size(),
+              Progress::human_bytes(double(total)).c_str(), m.pieces.size(), states.c_str());
+  for (const ckpt::ShardRecord& s : m.shards)
+    std::printf("    %-*s rank %-4d %10s  crc32 %08x\n", int(width), s.file.c_str(), s.rank,
+                Progress::human_bytes(double(s.bytes)).c_str(), s.crc32);
+  std::printf("  total bytes:  %s (%s bytes)\n", Progress::human_bytes(double(total)).c_str(),
+              grouped(total).c_str());
+  std::fflush(stdout);
+
+  const std::vector<std::string> problems =
+      ckpt::verify(m, isatty(STDERR_FILENO) ? print_verify_progress : nullptr);
+  if (problems.empty()) {
+    std::printf("  checksums:    all %zu pieces in %zu files verified\n", m.pieces.size(),
+                m.shards.size());
+  } else {
+    std::printf("  checksums:    %zu problem%s\n", problems.size(), problems.size() == 1 ? "" : "s");
+    for (const std::string& p : problems) std::printf("    %s\n", p.c_str());
+  }
+  std::fflush(stdout);  // the summary before the error line when both go to one terminal
+  if (!problems.empty())
+    throw Error(dir + ": checkpoint is damaged (" + problems.front() +
+                (problems.size() > 1 ? "; and " + std::to_string(problems.size() - 1) + " more" : "") +
+                "); resume from an older step folder");
+  if (!complete)
+    throw Error(dir + ": incomplete checkpoint (no COMPLETE file): the save was interrupted, and "
+                      "ft never resumes from it");
+  return 0;
+}
+
+// A checkpoint.dir: its step folders, which one `latest` names, then that one in detail.
+int inspect_checkpoint_root(const std::string& dir) {
+  std::vector<std::string> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0)
+      steps.push_back(e.path().filename().string());
+  std::sort(steps.begin(), steps.end());
+  const std::string latest = ckpt::latest_checkpoint(dir);
+  const std::string latest_name = latest.empty() ? "" : fs::path(latest).filename().string();
+  std::printf("checkpoint folder %s\n", dir.c_str());
+  std::printf("  step folders: %zu\n", steps.size());
+  for (const std::string& s : steps) {
+    const fs::path p = fs::path(dir) / s;
+    const char* state = fs::exists(p / "COMPLETE", ec)        ? "complete"
+                        : fs::exists(p / "manifest.json", ec) ? "incomplete (no COMPLETE)"
+                                                              : "incomplete (no manifest.json)";
+    std::printf("    %s  %s%s\n", s.c_str(), state, s == latest_name ? "  <- latest" : "");
+  }
+  std::string target = latest;
+  if (latest.empty()) {
+    std::printf("  latest:       none (no complete checkpoint was recorded)\n");
+    const std::vector<std::string> complete = ckpt::complete_checkpoints(dir);
+    if (!complete.empty())
+      target = complete.front();
+    else if (!steps.empty())
+      target = (fs::path(dir) / steps.back()).string();
+  } else {
+    std::printf("  latest:       %s\n", latest_name.c_str());
+  }
+  std::printf("\n");
+  if (target.empty()) throw Error(dir + ": holds no step folders; nothing to inspect");
+  // Without `latest`, the newest complete folder (a crash between COMPLETE and `latest`), else
+  // the newest folder, which then reports itself incomplete.
+  return inspect_checkpoint_step(target);
+}
+
 }  // namespace
 
 int cmd_inspect(const InspectArgs& a) {
@@ -258,8 +478,9 @@ int cmd_inspect(const InspectArgs& a) {
     case FolderKind::kShards:
       return inspect_shards(a.path);
     case FolderKind::kCheckpoint:
-      throw Error(a.path +
-                  ": looks like a checkpoint; inspecting checkpoints is not supported yet");
+      if (fs::exists(fs::path(a.path) / "manifest.json", ec))
+        return inspect_checkpoint_step(a.path);
+      return inspect_checkpoint_root(a.path);
     case FolderKind::kHuggingFace:
       return inspect_hf(a.path);
     case FolderKind::kUnknown:

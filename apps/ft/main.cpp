@@ -75,9 +75,10 @@ int main(int argc, char** argv) {
   t->add_option("recipe", train.recipe, "Recipe YAML file")->required()->check(CLI::ExistingFile);
   t->add_option("overrides", train.overrides, "Dotted recipe overrides, e.g. training.steps=20");
   t->add_option("--resume", train.resume,
-                "auto: continue from the latest checkpoint if any (default); never: start afresh; "
-                "PATH: resume from that checkpoint folder (this build has no checkpoints yet: "
-                "auto and never only)");
+                "auto: continue from the newest complete checkpoint in checkpoint.dir if there is "
+                "one (default); never: start afresh (refuses a checkpoint.dir that already holds "
+                "checkpoints unless checkpoint.overwrite=true); PATH: resume from that checkpoint "
+                "(a step folder, or a checkpoint dir with `latest`)");
   t->add_option("--nproc", train.nproc,
                 "Start and supervise N local ranks (ft runs mpirun itself); the layout comes from parallel.*")
       ->check(CLI::Range(1, 1 << 20));
@@ -125,10 +126,22 @@ int main(int argc, char** argv) {
       "state, activations and communication buffers, and the bytes each rank sends per step, with\n"
       "the formulas used. Pipeline layouts are planned though this build cannot run them yet.");
 
-  // In the command line contract (DESIGN.md §4) but not in this build yet: say so plainly
-  // instead of CLI11's "arguments were not expected".
-  auto* exp = app.add_subcommand("export", "Write a Hugging Face folder from a checkpoint (not in this build yet)");
-  exp->allow_extras()->prefix_command();
+  ExportArgs export_args;
+  auto* exp = app.add_subcommand("export", "Write a Hugging Face folder from a checkpoint");
+  exp->add_option("checkpoint", export_args.checkpoint,
+                  "Checkpoint step folder (step_*), or checkpoint.dir (exports what `latest` names)")
+      ->required();
+  exp->add_option("--output,-o", export_args.output, "Hugging Face folder to write")->required();
+  exp->add_option("--dtype", export_args.dtype, "Tensor dtype of the output: f32 (default), bf16, f16")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  exp->add_option("--max-shard-size", export_args.max_shard_size,
+                  "Largest safetensors file before splitting into model-0000K-of-0000N files with "
+                  "an index: bytes, or 500MB, 5GB (default), 2GiB");
+  exp->add_flag("--overwrite", export_args.overwrite, "Replace a non-empty output folder");
+  exp->footer(
+      "Writes config.json, model.safetensors (or shards plus model.safetensors.index.json) and the\n"
+      "checkpoint's tokenizer.model: a folder transformers loads as LlamaForCausalLM and ft takes\n"
+      "as model.from. The folder appears only when complete (written as DIR.tmp-<pid>, renamed).");
 
   std::vector<std::string> help_topic;
   auto* h = app.add_subcommand("help", "Show help for ft or one command");
@@ -150,9 +163,7 @@ int main(int argc, char** argv) {
     if (i->parsed()) return cmd_inspect(insp);
     if (plan->parsed()) return cmd_plan(plan_args);
     if (h->parsed()) return print_help(app, help_topic);
-    if (exp->parsed())
-      throw ft::UsageError(
-          "ft export is not implemented yet in this build; it arrives with the checkpoint work");
+    if (exp->parsed()) return cmd_export(export_args);
     std::printf("%s", app.help().c_str());
     return 0;
   } catch (const ft::Error& e) {

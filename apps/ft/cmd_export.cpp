@@ -1,0 +1,88 @@
+// ft export CHECKPOINT --output DIR: a checkpoint's parameters as a Hugging Face folder
+// (DESIGN.md §4, §8). The work is in lib/ckpt/hf_export.cpp; this resolves the checkpoint,
+// checks the arguments and reports what was written.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "apps/ft/commands.h"
+#include "ckpt/checkpoint.h"
+#include "ckpt/hf_export.h"
+#include "core/error.h"
+#include "train/metrics.h"
+
+namespace ft::app {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A step folder (manifest.json), or a checkpoint dir whose `latest` names one.
+std::string resolve_step_folder(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw UsageError(path + ": no such file or folder");
+  if (!fs::is_directory(path, ec))
+    throw UsageError(path + ": not a folder; give a checkpoint step folder or checkpoint.dir");
+  if (fs::exists(fs::path(path) / "manifest.json", ec)) return path;
+  if (fs::exists(fs::path(path) / "latest", ec)) {
+    const std::string step = ckpt::latest_checkpoint(path);
+    if (step.empty())
+      throw Error(path + "/latest: names no checkpoint; give a step folder (" + path +
+                  "/step_*) instead");
+    return step;
+  }
+  if (ckpt::has_checkpoints(path))
+    throw Error(path +
+                ": has step folders but no `latest`, so no checkpoint was completed here; give "
+                "a step folder (" + path + "/step_*) to export it anyway");
+  throw UsageError(path +
+                   ": not a checkpoint (no manifest.json or latest); give a step folder such as "
+                   "<checkpoint.dir>/step_00000100, or the checkpoint.dir holding `latest`");
+}
+
+// main.cpp limits --dtype to these three.
+DType parse_dtype(const std::string& s) {
+  if (s == "bf16") return DType::kBF16;
+  if (s == "f16") return DType::kF16;
+  if (s == "f32") return DType::kF32;
+  throw UsageError("--dtype '" + s + "': expected f32, bf16 or f16");
+}
+
+void report_file(const std::string& name, uint64_t bytes) {
+  std::printf("  wrote %s (%s)\n", name.c_str(), Progress::human_bytes(double(bytes)).c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int cmd_export(const ExportArgs& a) {
+  HfExportOptions o;
+  o.dtype = parse_dtype(a.dtype);
+  o.max_shard_bytes = parse_byte_size(a.max_shard_size, "--max-shard-size");
+  o.overwrite = a.overwrite;
+  // Refuse a wrong --output before reading a possibly large checkpoint.
+  check_export_target(a.output, a.overwrite);
+  const std::string step_dir = resolve_step_folder(a.checkpoint);
+  // Export only what a resumed run could start from: COMPLETE is required.
+  const ckpt::Manifest m = ckpt::read_manifest(step_dir);
+  std::printf("ft export: checkpoint %s (step %lld) → %s, %s\n", step_dir.c_str(),
+              (long long)m.step, a.output.c_str(), dtype_name(o.dtype).c_str());
+  std::fflush(stdout);
+  const HfExportResult r = export_hf_folder(m, a.output, o, report_file);
+  uint64_t file_bytes = 0;
+  for (const HfFileInfo& f : r.files) file_bytes += f.bytes;
+  std::printf("  wrote config.json (torch_dtype %s)\n", torch_dtype_name(o.dtype).c_str());
+  if (r.sharded) std::printf("  wrote model.safetensors.index.json\n");
+  if (r.tokenizer) std::printf("  copied tokenizer.model\n");
+  std::printf("ft export: done: %zu tensors, %llu parameters, %s of %s tensor data in %zu "
+              "safetensors file%s (%s on disk) in %s\n",
+              r.tensors, (unsigned long long)r.parameters,
+              Progress::human_bytes(double(r.tensor_bytes)).c_str(),
+              dtype_name(o.dtype).c_str(), r.files.size(), r.files.size() == 1 ? "" : "s",
+              Progress::human_bytes(double(file_bytes)).c_str(), r.dir.c_str());
+  if (!r.tokenizer)
+    std::printf("  note: the checkpoint has no tokenizer (the recipe named no tokenizer.path); "
+                "add tokenizer.model to the folder yourself\n");
+  return 0;
+}
+
+}  // namespace ft::app

@@ -1,0 +1,349 @@
+// Hugging Face export (hf_export.h).
+//
+// Steps of export_hf_folder:
+//   1. plan: every tensor of ParamLayout(model, 1) in layout order, with its bytes in the output
+//      dtype, assigned to shards as save_pretrained does (a new shard when the next tensor would
+//      take the current one over max_shard_bytes; a tensor larger than that gets its own shard);
+//   2. write into DIR.tmp-<pid>: each parameter group read whole (ckpt::read_global_group, which
+//      checks every piece's CRC-32), converted, appended to the shard being assembled; a shard
+//      is written (write_safetensors: temp name, fsync, rename) as soon as its last tensor is in;
+//   3. config.json, model.safetensors.index.json when sharded, tokenizer.model when the
+//      checkpoint has one (its sha256 checked against the manifest);
+//   4. rename DIR.tmp-<pid> to DIR (after moving an old DIR aside with --overwrite).
+#include "ckpt/hf_export.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/safetensors.h"
+#include "core/error.h"
+#include "data/sha256.h"
+#include "model/layout.h"
+
+namespace ft {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+// Writes a small text file and fsyncs it, so that the final rename publishes durable contents.
+void write_text_file(const fs::path& path, const std::string& text) {
+  const std::string p = path.string();
+  int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(p + ": cannot create: " + std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      throw Error(p + ": write failed: " + std::strerror(err));
+    }
+    done += size_t(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0)
+    throw Error(p + ": cannot flush to disk: " + std::strerror(errno));
+}
+
+void fsync_dir(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;  // best effort: some file systems refuse directory fsync
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// The output folder without a trailing separator, so that "out/" and "out" name one folder and
+// the temporary sibling is "out.tmp-<pid>", not "out/.tmp-<pid>".
+fs::path clean_dir(const std::string& dir) {
+  fs::path p = fs::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p;
+}
+
+// Raw bytes of n floats in `dtype` (F32 copied; BF16 and F16 rounded to nearest even).
+std::vector<char> convert(const float* src, size_t n, DType dtype) {
+  std::vector<char> out(n * dtype_size(dtype));
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(out.data(), src, n * 4);
+      break;
+    case DType::kBF16: {
+      auto* dst = reinterpret_cast<uint16_t*>(out.data());
+      for (size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+      break;
+    }
+    case DType::kF16: {
+      auto* dst = reinterpret_cast<uint16_t*>(out.data());
+      for (size_t i = 0; i < n; ++i) dst[i] = f32_to_f16(src[i]);
+      break;
+    }
+    default:
+      FT_FAIL("export: unsupported output dtype ", dtype_name(dtype));
+  }
+  return out;
+}
+
+std::string shard_file_name(int k, int n) {
+  if (n == 1) return "model.safetensors";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05d-of-%05d.safetensors", k + 1, n);
+  return buf;
+}
+
+struct PlannedTensor {
+  int group = 0;
+  const ParamEntry* entry = nullptr;
+  uint64_t bytes = 0;
+  int shard = 0;
+};
+
+bool is_checkpoint_folder(const fs::path& p) {
+  std::error_code ec;
+  return fs::exists(p / "manifest.json", ec) || fs::exists(p / "latest", ec);
+}
+
+}  // namespace
+
+std::string torch_dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "float32";
+    case DType::kBF16: return "bfloat16";
+    case DType::kF16: return "float16";
+    default: FT_FAIL("no torch_dtype for ", dtype_name(t));
+  }
+}
+
+void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string& path) {
+  // The keys LlamaConfig reads, in the order save_pretrained writes the common ones. head_dim is
+  // written explicitly because transformers ≥ 4.45 reads it; it is always dim / n_heads here.
+  ordered_json j;
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  j["hidden_size"] = m.dim;
+  j["intermediate_size"] = m.ffn_dim;
+  j["num_hidden_layers"] = m.n_layers;
+  j["num_attention_heads"] = m.n_heads;
+  j["num_key_value_heads"] = m.n_kv_heads;
+  j["head_dim"] = m.dim / m.n_heads;
+  j["vocab_size"] = m.vocab_size;
+  j["max_position_embeddings"] = m.max_seq_len;
+  j["rope_theta"] = m.rope_theta;
+  j["rope_scaling"] = nullptr;
+  j["rms_norm_eps"] = m.norm_eps;
+  j["tie_word_embeddings"] = m.tie_embeddings;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  j["torch_dtype"] = torch_dtype_name(torch_dtype);
+  j["use_cache"] = true;
+  write_text_file(path, j.dump(2) + "\n");
+}
+
+uint64_t parse_byte_size(const std::string& text, const std::string& what) {
+  auto bad = [&]() -> UsageError {
+    return UsageError(what + " '" + text +
+                      "': expected a byte count or a size such as 500MB, 5GB or 2GiB");
+  };
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit((unsigned char)text[i]) || text[i] == '.')) ++i;
+  if (i == 0) throw bad();
+  double value;
+  try {
+    size_t used = 0;
+    value = std::stod(text.substr(0, i), &used);
+    if (used != i) throw bad();
+  } catch (const std::logic_error&) {
+    throw bad();
+  }
+  std::string unit;
+  for (size_t k = i; k < text.size(); ++k) unit += char(std::toupper((unsigned char)text[k]));
+  static const std::map<std::string, double> kUnits = {
+      {"", 1},          {"B", 1},         {"KB", 1e3},      {"MB", 1e6},
+      {"GB", 1e9},      {"TB", 1e12},     {"KIB", 1024.0},  {"MIB", 1048576.0},
+      {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
+  auto it = kUnits.find(unit);
+  if (it == kUnits.end()) throw bad();
+  const double bytes = std::floor(value * it->second);
+  if (!(bytes >= 1) || bytes > 1.8e19) throw bad();
+  return uint64_t(bytes);
+}
+
+void check_export_target(const std::string& dir, bool overwrite) {
+  const fs::path p = clean_dir(dir);
+  std::error_code ec;
+  if (!fs::exists(p, ec)) return;
+  if (!fs::is_directory(p, ec))
+    throw UsageError(dir + ": exists and is not a folder; choose another --output");
+  if (fs::is_empty(p, ec)) return;
+  if (is_checkpoint_folder(p))
+    throw UsageError(dir +
+                     ": holds a checkpoint (manifest.json or latest); ft export never replaces "
+                     "one, choose another --output");
+  if (!overwrite)
+    throw UsageError(dir +
+                     ": exists and is not empty; choose another --output, or add --overwrite to "
+                     "replace it");
+}
+
+HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
+                                const HfExportOptions& o,
+                                void (*on_file)(const std::string&, uint64_t)) {
+  if (o.dtype != DType::kF32 && o.dtype != DType::kBF16 && o.dtype != DType::kF16)
+    throw UsageError("export dtype must be f32, bf16 or f16, got " + dtype_name(o.dtype));
+  FT_CHECK(o.max_shard_bytes > 0, "max_shard_bytes must be positive");
+  check_export_target(dir, o.overwrite);
+  const fs::path out = clean_dir(dir);
+  {
+    // An output inside the checkpoint (or the checkpoint inside the output) would have the
+    // rename at the end move or delete what is being read.
+    std::error_code ec;
+    const fs::path a = fs::weakly_canonical(out, ec), b = fs::weakly_canonical(m.dir, ec);
+    auto inside = [](const fs::path& x, const fs::path& y) {  // x == y or x under y
+      auto [xi, yi] = std::mismatch(x.begin(), x.end(), y.begin(), y.end());
+      return yi == y.end();
+    };
+    if (!ec && (inside(a, b) || inside(b, a)))
+      throw UsageError(dir + ": the output folder and the checkpoint " + m.dir +
+                       " overlap; choose an --output outside the checkpoint");
+  }
+
+  // 1. Plan.
+  const ParamLayout layout(m.model, 1);
+  std::vector<PlannedTensor> plan;
+  for (size_t g = 0; g < layout.groups().size(); ++g)
+    for (const ParamEntry& e : layout.groups()[g].entries)
+      plan.push_back({int(g), &e, uint64_t(e.numel) * dtype_size(o.dtype), 0});
+  int shards = 1;
+  uint64_t in_shard = 0;
+  bool shard_empty = true;
+  for (PlannedTensor& t : plan) {
+    if (!shard_empty && in_shard + t.bytes > o.max_shard_bytes) {
+      ++shards;
+      in_shard = 0;
+    }
+    t.shard = shards - 1;
+    in_shard += t.bytes;
+    shard_empty = false;
+  }
+
+  HfExportResult res;
+  res.dir = dir;
+  res.sharded = shards > 1;
+  const fs::path tmp = out.string() + ".tmp-" + std::to_string(::getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (!out.parent_path().empty()) fs::create_directories(out.parent_path(), ec);
+  if (!fs::create_directory(tmp, ec) || ec)
+    throw Error(tmp.string() + ": cannot create the output folder: " +
+                (ec ? ec.message() : "it exists"));
+  try {
+    // 2. Tensors, group by group; a shard is written once its last tensor is converted.
+    struct Pending {
+      const ParamEntry* entry;
+      std::vector<char> bytes;
+    };
+    std::vector<Pending> pending;
+    int current = 0;
+    json weight_map = json::object();
+    auto flush = [&] {
+      if (pending.empty()) return;
+      const std::string name = shard_file_name(current, shards);
+      std::vector<SafetensorsTensorOut> tensors;
+      uint64_t bytes = 0;
+      for (const Pending& p : pending) {
+        tensors.push_back({p.entry->name, o.dtype, p.entry->global_shape, p.bytes.data()});
+        bytes += p.bytes.size();
+        weight_map[p.entry->name] = name;
+      }
+      // "format": "pt" is what transformers checks in the metadata before loading a file.
+      write_safetensors((tmp / name).string(), tensors, {{"format", "pt"}});
+      std::error_code size_ec;
+      const uint64_t file_bytes = fs::file_size(tmp / name, size_ec);
+      res.files.push_back({name, size_ec ? bytes : file_bytes, tensors.size()});
+      if (on_file) on_file(name, res.files.back().bytes);
+      pending.clear();
+    };
+    size_t next = 0;  // into plan
+    for (size_t g = 0; g < layout.groups().size(); ++g) {
+      const ParamGroup& group = layout.groups()[g];
+      const std::vector<float> values = ckpt::read_global_group(m, ckpt::State::kParam, int(g));
+      if (values.size() != group.numel)
+        FT_FAIL(m.dir, ": group ", group.name, " read back ", values.size(),
+                " values, the layout of the manifest's model has ", group.numel);
+      for (; next < plan.size() && plan[next].group == int(g); ++next) {
+        const PlannedTensor& t = plan[next];
+        if (t.shard != current) {
+          flush();
+          current = t.shard;
+        }
+        pending.push_back({t.entry, convert(values.data() + t.entry->offset, t.entry->numel, o.dtype)});
+        res.tensors += 1;
+        res.parameters += t.entry->numel;
+        res.tensor_bytes += t.bytes;
+      }
+    }
+    flush();
+
+    // 3. config.json, the index, the tokenizer.
+    write_hf_config(m.model, o.dtype, (tmp / "config.json").string());
+    if (res.sharded) {
+      json index = {{"metadata", {{"total_size", res.tensor_bytes}}}, {"weight_map", weight_map}};
+      write_text_file(tmp / "model.safetensors.index.json", index.dump(2) + "\n");
+    }
+    const json tok = m.json.value("tokenizer", json());
+    if (tok.is_object() && tok.contains("file")) {
+      const fs::path src = fs::path(m.dir) / tok["file"].get<std::string>();
+      if (!fs::exists(src, ec))
+        throw Error(src.string() +
+                    ": missing; the manifest names this tokenizer copy but the checkpoint "
+                    "lacks it");
+      fs::copy_file(src, tmp / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
+      if (ec) throw Error(src.string() + ": cannot copy to the output: " + ec.message());
+      if (tok.contains("sha256") && tok["sha256"].is_string() &&
+          sha256_file_hex(src.string()) != tok["sha256"].get<std::string>())
+        throw Error(src.string() +
+                    ": sha256 differs from the manifest's; the checkpoint's tokenizer copy is "
+                    "corrupt");
+      res.tokenizer = true;
+    }
+    fsync_dir(tmp);
+
+    // 4. Into place.
+    fs::path old;
+    if (fs::exists(out, ec) && !fs::is_empty(out, ec)) {
+      old = out.string() + ".old-" + std::to_string(::getpid());
+      fs::remove_all(old, ec);
+      fs::rename(out, old, ec);
+      if (ec) throw Error(out.string() + ": cannot move the old folder aside: " + ec.message());
+    } else if (fs::exists(out, ec)) {
+      fs::remove(out, ec);  // an empty folder
+    }
+    fs::rename(tmp, out, ec);
+    if (ec) {
+      if (!old.empty()) fs::rename(old, out, ec);
+      throw Error(out.string() + ": cannot rename " + tmp.string() + " into place: " +
+                  ec.message());
+    }
+    if (!out.parent_path().empty()) fsync_dir(out.parent_path());
+    if (!old.empty()) fs::remove_all(old, ec);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return res;
+}
+
+}  // namespace ft

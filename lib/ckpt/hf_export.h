@@ -1,0 +1,61 @@
+// Hugging Face export: a checkpoint's parameters → a folder `transformers` loads as
+// LlamaForCausalLM (DESIGN.md §8): config.json, model.safetensors or shards
+// model-0000K-of-0000N.safetensors with model.safetensors.index.json, and the checkpoint's
+// tokenizer.model. The folder is written under a temporary name beside the output and renamed
+// into place at the end, so an interrupted export never leaves a half folder behind.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/hf.h"
+#include "core/dtype.h"
+#include "recipe/recipe.h"
+
+namespace ft {
+
+// Writes a LlamaForCausalLM config.json to `path` that read_hf_config reads back to the same
+// sizes (every field of ModelConfig but arch, from and init_std). torch_dtype: F32, BF16 or F16.
+void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string& path);
+
+// "float32", "bfloat16", "float16": torch_dtype in config.json.
+std::string torch_dtype_name(DType t);
+
+// Parses a shard size as transformers' save_pretrained(max_shard_size=...) does: a plain byte
+// count, or a number with KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024),
+// case-insensitive ("5GB", "500MB", "1.5GiB"). Throws UsageError naming `what`.
+uint64_t parse_byte_size(const std::string& text, const std::string& what);
+
+struct HfExportOptions {
+  DType dtype = DType::kF32;                   // F32, BF16 or F16 (round to nearest even)
+  uint64_t max_shard_bytes = 5'000'000'000;    // save_pretrained's default, "5GB"
+  bool overwrite = false;                      // replace an existing non-empty output folder
+};
+
+struct HfExportResult {
+  std::string dir;
+  std::vector<HfFileInfo> files;  // safetensors files in write order (config and tokenizer aside)
+  size_t tensors = 0;
+  uint64_t parameters = 0;    // elements
+  uint64_t tensor_bytes = 0;  // data bytes in the output dtype (the index's total_size)
+  bool sharded = false;       // wrote model.safetensors.index.json
+  bool tokenizer = false;     // copied tokenizer.model
+};
+
+// Checks that `dir` may be written (absent, an empty folder, or overwrite). Throws UsageError
+// with a hint otherwise. export_hf_folder calls it too; the command calls it first so that a
+// wrong --output is refused before any checkpoint is read.
+void check_export_target(const std::string& dir, bool overwrite);
+
+// Writes the Hugging Face folder `dir` from the parameters of checkpoint `m`, one parameter
+// group in memory at a time (plus the safetensors file being assembled). Tensor names are
+// ParamLayout's (so a tied model has no lm_head.weight). Errors reading the checkpoint
+// (missing, short or corrupt shards) are ft::Error naming the file; nothing is left at `dir`.
+// on_file(file, bytes) is called after each safetensors file is written.
+HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
+                                const HfExportOptions& o,
+                                void (*on_file)(const std::string&, uint64_t) = nullptr);
+
+}  // namespace ft
