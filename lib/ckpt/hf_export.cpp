@@ -1,6 +1,7 @@
 // Hugging Face export (hf_export.h).
 //
 // Steps of export_hf_folder:
+//   0. check that every shard file has the size the manifest records;
 //   1. plan: every tensor of ParamLayout(model, 1) in layout order, with its bytes in the output
 //      dtype, assigned to shards as save_pretrained does (a new shard when the next tensor would
 //      take the current one over max_shard_bytes; a tensor larger than that gets its own shard);
@@ -218,6 +219,22 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
     if (!ec && (inside(a, b) || inside(b, a)))
       throw UsageError(dir + ": the output folder and the checkpoint " + m.dir +
                        " overlap; choose an --output outside the checkpoint");
+  }
+
+  // A shard of the wrong size means a damaged checkpoint even where the parameters read back
+  // intact (the optimizer state sits after them): say so now rather than export it quietly.
+  // Cheap: sizes only; the parameters' CRC-32s are checked as they are read.
+  for (const ckpt::ShardRecord& s : m.shards) {
+    std::error_code size_ec;
+    const fs::path f = fs::path(m.dir) / s.file;
+    const uint64_t size = fs::file_size(f, size_ec);
+    if (size_ec)
+      throw Error(f.string() + ": cannot read it (" + size_ec.message() +
+                  "); the checkpoint is incomplete or damaged, export an older step folder");
+    if (size != s.bytes)
+      throw Error(f.string() + ": " + std::to_string(size) + " bytes, the manifest says " +
+                  std::to_string(s.bytes) +
+                  "; the checkpoint is damaged (truncated?), export an older step folder");
   }
 
   // 1. Plan.
