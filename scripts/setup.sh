@@ -15,7 +15,7 @@ packages=(
   build-essential cmake pkg-config git procps
   libcli11-dev libyaml-cpp-dev nlohmann-json3-dev doctest-dev
   libsentencepiece-dev sentencepiece
-  libhdf5-dev
+  libhdf5-dev zlib1g-dev
   libopenmpi-dev openmpi-bin
   libopenblas-dev libdnnl-dev
   python3 python3-torch python3-numpy python3-h5py python3-sentencepiece

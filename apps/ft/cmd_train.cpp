@@ -42,10 +42,6 @@ namespace {
 }  // namespace
 
 int cmd_train(const TrainArgs& a) {
-  if (a.resume != "auto" && a.resume != "never")
-    throw UsageError("--resume " + a.resume +
-                     ": resuming from a checkpoint is not implemented yet in this build; use "
-                     "--resume auto or never");
   if (a.nproc > 1 && !launched_by_mpi()) launch_local_ranks(a);
 
   auto comm = init_world_communicator(nullptr, nullptr);
@@ -66,7 +62,8 @@ int cmd_train(const TrainArgs& a) {
     std::fflush(stdout);
   }
   try {
-    train(recipe, *comm);
+    const TrainSummary sum = train(recipe, *comm, a.resume);
+    if (sum.preempted) return int(ExitCode::kPreempted);
   } catch (const Error& e) {
     // A failure on one rank must not leave the others waiting in a collective: report it here,
     // naming the rank, and end the whole job.

@@ -29,6 +29,11 @@ class AdamW {
   void step(const std::vector<float*>& params, const std::vector<const float*>& grads, double lr);
   const std::vector<ShardRange>& ranges() const { return ranges_; }
   size_t state_bytes() const;
+  // For checkpoints: the moments of group g (ranges()[g].size() floats) and the step count.
+  float* exp_avg(int g) { return m_[size_t(g)].data(); }
+  float* exp_avg_sq(int g) { return v_[size_t(g)].data(); }
+  int64_t step_count() const { return t_; }
+  void set_step_count(int64_t t) { t_ = t; }
 
  private:
   const ParamLayout& layout_;

@@ -203,7 +203,8 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(data, shuffle, kBool, "shuffle samples each epoch (seeded by run.seed)"),
         FT_KEY(data, prefetch, kInt, "batches the background loader keeps ready", positive),
 
-        FT_KEY(training, steps, kInt64, "optimizer steps", positive),
+        FT_KEY(training, steps, kInt64,
+               "optimizer steps (0: only load/initialise and save a checkpoint)", non_negative),
         FT_KEY(training, micro_batch_size, kInt, "samples per data rank per micro-step", positive),
         FT_KEY(training, global_batch_size, kInt, "samples per optimizer step", positive),
         FT_KEY(training, precision, kChoice, "compute precision",
@@ -239,6 +240,8 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(checkpoint, every_minutes, kFloat, "save every N minutes; 0: off", non_negative),
         FT_KEY(checkpoint, keep_last, kInt, "complete checkpoints kept", positive),
         FT_KEY(checkpoint, async, kBool, "write checkpoints in the background"),
+        FT_KEY(checkpoint, overwrite, kBool,
+               "with --resume never: delete the checkpoints already in checkpoint.dir"),
 
         FT_KEY(logging, every_steps, kInt64, "log metrics every N steps", positive),
         FT_KEY(logging, metrics, kString,
@@ -903,16 +906,6 @@ class Loader {
     if (r_.runtime.device == "cuda" && usable("runtime.device")) {
       issue(locate("runtime.device"), "runtime.device",
             "cuda is not available: this build of ft has no CUDA backend yet", "use auto or cpu");
-    }
-    if (r_.checkpoint.every_steps > 0 && usable("checkpoint.every_steps")) {
-      issue(locate("checkpoint.every_steps"), "checkpoint.every_steps",
-            "periodic checkpoints are not implemented yet in this build",
-            "set it to 0 (no checkpoints are written)");
-    }
-    if (r_.checkpoint.every_minutes > 0 && usable("checkpoint.every_minutes")) {
-      issue(locate("checkpoint.every_minutes"), "checkpoint.every_minutes",
-            "periodic checkpoints are not implemented yet in this build",
-            "set it to 0 (no checkpoints are written)");
     }
   }
 

@@ -80,6 +80,7 @@ struct CheckpointConfig {
   double every_minutes = 0;
   int keep_last = 3;
   bool async = false;
+  bool overwrite = false;  // --resume never may delete existing checkpoints
 };
 
 struct LoggingConfig {
@@ -129,7 +130,7 @@ struct RecipeResult {
   bool ok() const { return issues.empty(); }
 };
 // refuse_unbuilt: also refuse what the recipe format allows but this build cannot run yet
-// (CUDA, tensor/pipeline parallelism, periodic checkpoints). Off only in tests of the format.
+// (today: the CUDA device). Off only in tests of the format.
 RecipeResult load_recipe(const std::string& path, const std::vector<std::string>& overrides,
                          int world_size = 1, bool refuse_unbuilt = true);
 

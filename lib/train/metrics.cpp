@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -11,11 +12,11 @@
 
 namespace ft {
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   std::filesystem::path p(path);
   std::error_code ec;
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
-  f_ = std::fopen(path.c_str(), "w");
+  f_ = std::fopen(path.c_str(), append ? "a" : "w");
   if (!f_) throw Error("cannot open metrics file '" + path + "' for writing; check logging.metrics");
 }
 
@@ -73,7 +74,8 @@ std::string Progress::human_duration(double s) {
 void Progress::step(const StepReport& r) {
   if (!enabled_) return;
   const int64_t done = r.step + 1;
-  const double eta = r.elapsed_s / double(done) * double(r.total_steps - done);
+  const double eta =
+      r.elapsed_s / double(std::max<int64_t>(1, done - r.first_step)) * double(r.total_steps - done);
   if (tty_) {
     const int width = 24;
     int filled = int(double(width) * double(done) / double(r.total_steps));
@@ -97,6 +99,13 @@ void Progress::eval(int64_t step, double eval_loss) {
   if (!enabled_) return;
   if (bar_open_) { std::printf("\n"); bar_open_ = false; }
   std::printf("eval at step %lld: loss %.4f\n", (long long)(step + 1), eval_loss);
+  std::fflush(stdout);
+}
+
+void Progress::note(const std::string& line) {
+  if (!enabled_) return;
+  if (bar_open_) { std::printf("\n"); bar_open_ = false; }
+  std::printf("%s\n", line.c_str());
   std::fflush(stdout);
 }
 

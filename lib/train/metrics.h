@@ -14,7 +14,8 @@ namespace ft {
 class MetricsWriter {
  public:
   MetricsWriter() = default;
-  explicit MetricsWriter(const std::string& path);  // truncates; creates parent folders
+  // Creates parent folders; truncates unless append (a resumed run continues its file).
+  explicit MetricsWriter(const std::string& path, bool append = false);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
@@ -31,6 +32,7 @@ class MetricsWriter {
 struct StepReport {
   int64_t step = 0;          // 0-based
   int64_t total_steps = 0;
+  int64_t first_step = 0;    // where this process started (resumed runs), for the ETA
   double loss = 0, lr = 0, grad_norm = 0;
   double tokens_per_s = 0;
   double elapsed_s = 0;      // since training started
@@ -42,6 +44,7 @@ class Progress {
   explicit Progress(bool enabled);
   void step(const StepReport& r);  // called every logged step
   void eval(int64_t step, double eval_loss);
+  void note(const std::string& line);  // a line of its own (checkpoints, signals)
   void finish();                   // ends the live bar's line
   static std::string human_bytes(double bytes);
   static std::string human_duration(double seconds);

@@ -5,7 +5,11 @@
 //      mean over the global batch, not a mean of micro-batch means (DESIGN.md §6);
 //   3. forward/backward each micro-batch, gradients accumulating in the flat buffers;
 //   4. global gradient norm, clipping, learning rate for step s, AdamW;
-//   5. metrics and progress on rank 0.
+//   5. metrics and progress on rank 0;
+//   6. one small all-reduce over the world that agrees on a stop signal (SIGTERM/SIGUSR1 on any
+//      rank) and on a time-based save; then a checkpoint when one is due (lib/ckpt/checkpoint.h).
+// A run resumes from a checkpoint of any layout: parameters, AdamW moments and step count, the
+// schedule (a function of the step) and the loader position (the step) are all restored.
 #include "train/trainer.h"
 
 #include <omp.h>
@@ -13,12 +17,16 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
+#include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
 #include "ckpt/safetensors.h"
 #include "core/error.h"
@@ -34,10 +42,12 @@
 #include "parallel/zero.h"
 #include "runtime/device.h"
 #include "train/metrics.h"
+#include "train/train_state.h"
 
 namespace ft {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using nlohmann::json;
 
 int configure_threads(int threads) {
   int n = threads > 0 ? threads : available_cores();
@@ -134,7 +144,7 @@ void dump_final_params(const std::string& dir, LlamaModel& model, ZeroSharding& 
 
 }  // namespace
 
-TrainSummary train(const Recipe& r, Communicator& comm) {
+TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resume) {
   const bool is_root = comm.rank() == 0;
   const int threads = configure_threads(r.runtime.threads);
   std::unique_ptr<Device> dev = make_device(r.runtime.device);
@@ -150,6 +160,22 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   const int accum = grad_accum_steps(r, world);
   const int micro = r.training.micro_batch_size;
   const int T = r.data.seq_len;
+  install_stop_handlers();
+
+  // Which checkpoint to resume from, decided before any work (`--resume never` on a folder
+  // that holds checkpoints is refused here).
+  const std::vector<std::string> candidates = resume_candidates(r, resume, is_root);
+  if (resume == "never" && r.checkpoint.overwrite && ckpt::has_checkpoints(r.checkpoint.dir)) {
+    comm.barrier();  // every rank has looked before rank 0 deletes
+    if (is_root) {
+      log_warn("checkpoint.overwrite: deleting the checkpoints in ", r.checkpoint.dir);
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(r.checkpoint.dir, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name == "latest" || name.rfind("step_", 0) == 0) fs::remove_all(e.path(), ec);
+      }
+    }
+  }
 
   // Everything that can be wrong with the inputs is checked before the model is built or any
   // output is written: the tokenizer, every training and validation shard.
@@ -201,7 +227,7 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
       whole = std::make_unique<LlamaModel>(r.model, dev.get());
       init = whole.get();
     }
-    if (!r.model.from.empty()) {
+    if (!r.model.from.empty() && candidates.empty()) {
       if (is_root) log_info("loading weights from ", r.model.from);
       load_hf_weights(r.model.from, init->layout(), init->param_ptrs());
     } else {
@@ -229,6 +255,78 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   AdamW optim(model.layout(), r.optimizer, dev.get(), zero.ranges());
   const size_t params_bytes = zero.params_bytes(), grads_bytes = zero.grads_bytes();
 
+  // Resume: the newest usable candidate. A damaged one (a shard that fails its checksum, a
+  // truncated file) falls back to the previous complete checkpoint under --resume auto; every
+  // rank must load the same one, so they agree after each attempt.
+  int64_t start_step = 0;
+  int64_t tokens_seen = 0;
+  std::string resumed_from;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    std::string err;
+    std::optional<ckpt::Manifest> m;
+    try {
+      m = ckpt::read_manifest(candidates[i]);
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    if (m) {
+      check_same_model(*m, r);  // a usage error on every rank alike, no fallback
+      const auto t0 = Clock::now();
+      try {
+        load_state(*m, model, zero, optim, mesh, r.parallel.zero_stage);
+      } catch (const Error& e) {
+        err = e.what();
+      }
+      if (err.empty() && is_root)
+        log_info("resumed from ", candidates[i], " (step ", m->step, ", saved by ", m->data, " data x ",
+                 m->pipeline, " pipeline x ", m->tensor, " tensor ranks, ZeRO ", m->zero_stage,
+                 ") in ", seconds_since(t0), " s");
+    }
+    float bad = err.empty() ? 0.0f : 1.0f;
+    comm.all_reduce_max(&bad, 1);
+    if (bad == 0.0f) {
+      start_step = m->step;
+      tokens_seen = m->json.at("data").value("tokens", int64_t(0));
+      resumed_from = candidates[i];
+      const json& d = m->json.at("data");
+      if (is_root && (d.value("global_batch_size", 0) != r.training.global_batch_size ||
+                      d.value("seq_len", 0) != r.data.seq_len ||
+                      d.value("seed", uint64_t(0)) != r.run.seed ||
+                      d.value("shuffle", true) != r.data.shuffle))
+        log_warn("the data settings differ from the checkpoint's (global_batch_size, seq_len, "
+                 "run.seed or data.shuffle): the run continues at step ", start_step,
+                 " of the new order, not where the saved run would have gone");
+      break;
+    }
+    if (!err.empty()) log_warn("cannot resume from ", candidates[i], ": ", err);
+    if (resume != "auto")
+      throw Error("cannot resume from " + candidates[i] +
+                  (err.empty() ? std::string(" (another rank could not read it)") : ": " + err));
+    if (i + 1 < candidates.size()) {
+      if (is_root)
+        log_warn("falling back to the previous complete checkpoint, ", candidates[i + 1]);
+    } else {
+      throw Error("no usable checkpoint in " + r.checkpoint.dir +
+                  " (every complete one is damaged, see above); restore the files, or start "
+                  "afresh with --resume never checkpoint.overwrite=true");
+    }
+  }
+  if (start_step > 0) loader.seek(start_step);
+
+  const bool ckpt_on = r.checkpoint.every_steps > 0 || r.checkpoint.every_minutes > 0;
+  ckpt::CheckpointWriter::Options wo;
+  wo.dir = r.checkpoint.dir;
+  wo.rank = comm.rank();
+  wo.world = world;
+  wo.tensor_rank = mesh.t;
+  wo.async = r.checkpoint.async;
+  wo.keep_last = r.checkpoint.keep_last;
+  wo.tokenizer = r.tokenizer.path;
+  ckpt::CheckpointWriter writer(wo);
+  const std::vector<ckpt::PieceSource> pieces = state_pieces(model, zero, optim, mesh);
+  json manifest;
+  if (is_root) manifest = manifest_base(r, mesh, tokenizer_sha);
+
   if (is_root) {
     std::printf("ft: model %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, vocab %d)\n",
                 double(model.num_params()) / 1e6, r.model.n_layers, r.model.dim, r.model.n_heads,
@@ -242,7 +340,7 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
   }
 
   MetricsWriter metrics;
-  if (is_root) metrics = MetricsWriter(r.logging.metrics);
+  if (is_root) metrics = MetricsWriter(r.logging.metrics, /*append=*/!resumed_from.empty());
   Progress progress(is_root);
   // Close the live bar's line on any exit, so an error message starts on a line of its own.
   struct FinishProgress {
@@ -250,10 +348,56 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
     ~FinishProgress() { p.finish(); }
   } finish_progress{progress};
 
+  if (is_root && ckpt_on)
+    std::printf("ft: checkpoints to %s: %s%s%s%s, keep %d\n", r.checkpoint.dir.c_str(),
+                r.checkpoint.every_steps > 0
+                    ? detail::concat("every ", r.checkpoint.every_steps, " steps").c_str()
+                    : "",
+                r.checkpoint.every_steps > 0 && r.checkpoint.every_minutes > 0 ? " and " : "",
+                r.checkpoint.every_minutes > 0
+                    ? detail::concat("every ", r.checkpoint.every_minutes, " minutes").c_str()
+                    : "",
+                r.checkpoint.async ? " (async)" : "", r.checkpoint.keep_last);
+
   TrainSummary sum;
+  sum.resumed_from = resumed_from;
+  sum.start_step = start_step;
   const auto t_start = Clock::now();
-  int64_t tokens_seen = 0;
-  for (int64_t s = 0; s < r.training.steps; ++s) {
+  auto t_last_save = t_start;
+  int64_t last_saved = resumed_from.empty() ? -1 : start_step;
+  // A save of step `done` (steps completed); rank 0 reports each commit in the metrics.
+  auto report_commit = [&](int64_t s, const ckpt::CheckpointWriter::Committed& c) {
+    if (!is_root) return;
+    metrics.write({{"step", s},
+                   {"ckpt_step", c.step},
+                   {"ckpt_bytes", c.bytes},
+                   {"ckpt_blocking_s", c.blocking_s},
+                   {"ckpt_write_s", c.total_s},
+                   {"ckpt_async", r.checkpoint.async}});
+    progress.note(detail::concat("checkpoint ", fs::path(c.folder).filename().string(), ": ",
+                                 Progress::human_bytes(double(c.bytes)), " in ",
+                                 c.total_s, " s, training stalled ", c.blocking_s, " s"));
+  };
+  auto save = [&](int64_t done, int64_t s) {
+    if (is_root) {
+      manifest["step"] = done;
+      manifest["optimizer"]["step"] = optim.step_count();
+      manifest["scheduler"]["step"] = done;
+      manifest["data"]["next_step"] = done;
+      manifest["data"]["tokens"] = tokens_seen;
+    }
+    writer.save(done, pieces, manifest);
+    last_saved = done;
+    t_last_save = Clock::now();
+    if (auto c = writer.poll()) report_commit(s, *c);
+  };
+  if (start_step >= r.training.steps && !resumed_from.empty()) {
+    if (is_root)
+      std::printf("ft: the checkpoint is at step %lld and training.steps is %lld: nothing to "
+                  "train (raise training.steps to continue)\n",
+                  (long long)start_step, (long long)r.training.steps);
+  }
+  for (int64_t s = start_step; s < r.training.steps; ++s) {
     const auto t_step = Clock::now();
     StepSamples batch = loader.next();
     // Test support: FT_TEST_FAIL_RANK=r fails world rank r at step 2, to test that the other
@@ -261,6 +405,15 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
     if (const char* fail_rank = std::getenv("FT_TEST_FAIL_RANK"))
       if (std::atoi(fail_rank) == comm.rank() && s == 2)
         throw Error("injected failure (FT_TEST_FAIL_RANK) at step 2");
+    // Test support: FT_TEST_KILL_AT_STEP=s[:r] sends SIGKILL to world rank r (default: every
+    // rank) when it begins step s, to test resuming after a crash.
+    if (const char* kill_at = std::getenv("FT_TEST_KILL_AT_STEP")) {
+      const char* colon = std::strchr(kill_at, ':');
+      if (std::atoll(kill_at) == s && (!colon || std::atoi(colon + 1) == comm.rank())) {
+        std::fflush(stdout);
+        std::raise(SIGKILL);
+      }
+    }
     FT_CHECK(batch.step == s, "data loader out of step: got ", batch.step, ", expected ", s);
 
     double count = 0;
@@ -311,6 +464,7 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
       StepReport rep;
       rep.step = s;
       rep.total_steps = r.training.steps;
+      rep.first_step = start_step;
       rep.loss = loss;
       rep.lr = lr;
       rep.grad_norm = grad_norm;
@@ -326,12 +480,45 @@ TrainSummary train(const Recipe& r, Communicator& comm) {
         progress.eval(s, eval_loss);
       }
     }
+
+    // Checkpoints and stop signals. One all-reduce over the world: any rank's stop signal, and
+    // rank 0's clock for checkpoint.every_minutes, so every rank decides alike.
+    const int64_t done = s + 1;
+    float flags[2] = {stop_signal() != 0 ? 1.0f : 0.0f, 0.0f};
+    if (is_root && r.checkpoint.every_minutes > 0 &&
+        seconds_since(t_last_save) >= r.checkpoint.every_minutes * 60.0)
+      flags[1] = 1.0f;
+    comm.all_reduce_max(flags, 2);
+    const bool stop = flags[0] > 0 && !last;
+    const bool due = ckpt_on && ((r.checkpoint.every_steps > 0 && done % r.checkpoint.every_steps == 0) ||
+                                 flags[1] > 0 || last);
+    if (due || stop) save(done, s);
+    if (auto c = writer.poll()) report_commit(s, *c);
+    if (stop) {
+      writer.wait();  // this rank's shard durable; on rank 0, the checkpoint committed
+      if (auto c = writer.poll()) report_commit(s, *c);
+      comm.barrier();  // no rank exits (and has its launcher stop the others) before the commit
+      sum.preempted = true;
+      sum.steps_done = done;
+      if (is_root)
+        progress.note(detail::concat("stopped by a signal after step ", done, " of ",
+                                     r.training.steps, "; checkpoint ",
+                                     ckpt::step_folder_name(done), " saved: exiting with code 75"));
+      break;
+    }
   }
+  // A run that trained no steps (training.steps 0: a checkpoint of the initial or imported
+  // weights) still leaves its checkpoint.
+  if (ckpt_on && !sum.preempted && last_saved < 0 && start_step >= r.training.steps)
+    save(start_step, std::max<int64_t>(0, start_step - 1));
+  writer.wait();
+  if (auto c = writer.poll()) report_commit(r.training.steps - 1, *c);
   progress.finish();
   if (const char* dir = std::getenv("FT_TEST_DUMP_PARAMS"))
     dump_final_params(dir, model, zero, mesh, comm.rank());
 
-  sum.steps = r.training.steps;
+  sum.steps = sum.preempted ? sum.steps_done - start_step : r.training.steps - start_step;
+  if (sum.steps < 0) sum.steps = 0;
   sum.tokens = tokens_seen;
   sum.wall_s = seconds_since(t_start);
   sum.tokens_per_s = sum.wall_s > 0 ? double(tokens_seen) / sum.wall_s : 0;

@@ -79,9 +79,9 @@ grep -q $'\r.*step 12/12 \[=*\] loss' "$tmp/tty.txt" || fail "no live progress b
 grep -q 'ETA' "$tmp/tty.txt" || fail "no ETA on the live bar"
 
 # 4. Clear refusals, exit code 2, before any work.
-rc=0; "$ft" train "$tmp/r.yaml" checkpoint.every_steps=5 > /dev/null 2> "$tmp/e1.txt" || rc=$?
-[[ $rc == 2 ]] || fail "checkpoint.every_steps=5 should exit 2 in this build, got $rc"
-grep -q 'not implemented yet' "$tmp/e1.txt" || fail "checkpoint.every_steps=5 message: $(cat "$tmp/e1.txt")"
+rc=0; "$ft" train "$tmp/r.yaml" checkpoint.keep_last=0 > /dev/null 2> "$tmp/e1.txt" || rc=$?
+[[ $rc == 2 ]] || fail "checkpoint.keep_last=0 should exit 2, got $rc"
+grep -q 'checkpoint.keep_last' "$tmp/e1.txt" || fail "checkpoint.keep_last=0 message: $(cat "$tmp/e1.txt")"
 rc=0; "$ft" train "$tmp/r.yaml" parallel.pipeline=2 > /dev/null 2> "$tmp/e3.txt" || rc=$?
 [[ $rc == 2 ]] || fail "pipeline 2 in one process should exit 2, got $rc"
 grep -q 'launch a multiple of 2 ranks' "$tmp/e3.txt" || fail "pipeline 2 message: $(cat "$tmp/e3.txt")"

@@ -1,0 +1,177 @@
+// Distributed checkpoints (DESIGN.md §8).
+//
+// A checkpoint is one folder per saved step under checkpoint.dir:
+//   step_00000100/rank_00003.bin    this rank's pieces of the training state, raw f32 little-endian
+//   step_00000100/rank_00003.json   what that file holds and its checksums; written after the
+//                                   .bin is durable, so its presence says "rank 3 is done"
+//   step_00000100/manifest.json     everything (model, layout, step, optimizer and scheduler state,
+//                                   data position, recipe, every piece with its CRC-32), written by
+//                                   rank 0 once every rank's .json is there
+//   step_00000100/tokenizer.model   a copy of tokenizer.path (when the recipe names one), so
+//                                   `ft export` needs nothing outside the checkpoint
+//   step_00000100/COMPLETE          written last, after all of the above is durable
+//   latest                          names the newest complete step folder; replaced atomically
+// The step in a folder's name is the number of optimizer steps completed: training resumes at
+// step index `step` (0-based), with the data loader at that position.
+//
+// What is saved is layout-free: a "piece" is a contiguous range [begin, end) of one parameter
+// group's flat buffer (lib/model/layout.h) at a given tensor-parallel size and tensor rank, for
+// one kind of state: the parameters, AdamW's first moment (exp_avg) or second moment
+// (exp_avg_sq). Each rank writes the ZeRO shard ranges of the groups it holds — the same
+// ranges at every ZeRO stage, so the write is spread over the data ranks even at stage 0 — and
+// for every (group, tensor rank) the pieces of all data ranks cover the whole buffer exactly
+// once. A reader under another layout rebuilds any range it needs from those pieces: directly
+// when the tensor-parallel size is unchanged, else through the whole (tensor size 1) tensors.
+// ft draws no random numbers after initialisation (no dropout) and the data order is a function
+// of (run.seed, position), so step, optimizer step and loader position are the whole RNG state.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "recipe/recipe.h"
+
+namespace ft {
+
+class Communicator;
+
+namespace ckpt {
+
+enum class State { kParam = 0, kExpAvg = 1, kExpAvgSq = 2 };
+const char* state_name(State s);  // "param", "exp_avg", "exp_avg_sq"
+
+std::string step_folder_name(int64_t step);  // "step_00000100"
+
+// One piece this rank saves, pointing at live memory (valid until save() returns).
+struct PieceSource {
+  State state;
+  int group;
+  uint64_t begin, end;  // elements of the group's flat buffer at this rank's tensor size
+  const float* data;    // end - begin floats
+};
+
+// A piece as recorded in a manifest.
+struct PieceRecord {
+  std::string file;
+  State state;
+  int group = 0;
+  int tensor_rank = 0;
+  uint64_t begin = 0, end = 0;  // elements
+  uint64_t offset = 0;          // bytes into the file
+  uint32_t crc32 = 0;           // of the piece's bytes
+};
+
+struct ShardRecord {
+  std::string file;
+  int rank = 0;
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;  // of the whole file
+};
+
+// A parsed manifest.json.
+struct Manifest {
+  std::string dir;  // the step folder
+  int64_t step = 0;
+  int world = 1, data = 1, tensor = 1, pipeline = 1, zero_stage = 0;
+  ModelConfig model;
+  int64_t optimizer_step = 0;
+  std::vector<ShardRecord> shards;
+  std::vector<PieceRecord> pieces;
+  nlohmann::json json;  // the whole document
+};
+
+// Reads and checks step_dir/manifest.json (and that COMPLETE is there unless allow_incomplete).
+// Errors name the file and say what is wrong.
+Manifest read_manifest(const std::string& step_dir, bool allow_incomplete = false);
+
+// Complete checkpoints (folders with COMPLETE) under dir, newest first.
+std::vector<std::string> complete_checkpoints(const std::string& dir);
+// The folder `latest` names (empty if there is no `latest`).
+std::string latest_checkpoint(const std::string& dir);
+// True when dir holds a `latest` file or any step_* folder.
+bool has_checkpoints(const std::string& dir);
+
+// Checks every shard's size and every piece's CRC-32. Returns one line per problem (file name
+// and what is wrong); empty when the checkpoint is sound. on_file(i, n, file) reports progress.
+std::vector<std::string> verify(const Manifest& m,
+                                void (*on_file)(size_t, size_t, const std::string&) = nullptr);
+
+// Reads values of one state kind into out[0, end - begin): elements [begin, end) of group
+// `group`'s flat buffer at tensor-parallel size `tensor`, tensor rank `tensor_rank` — under any
+// layout the checkpoint was saved with. Each piece read has its CRC-32 checked; a mismatch or a
+// short file throws Error naming the file.
+void read_range(const Manifest& m, State state, int group, int tensor, int tensor_rank,
+                uint64_t begin, uint64_t end, float* out);
+
+// The whole tensors (tensor size 1) of one group, laid out as ParamLayout(m.model, 1) lays
+// the group out. For export and inspection.
+std::vector<float> read_global_group(const Manifest& m, State state, int group);
+
+// Writes this rank's part of checkpoints; rank 0 also commits them (manifest, COMPLETE,
+// `latest`, keep_last). Synchronous: save() returns when this rank's shard is durable and, on
+// rank 0, the checkpoint is committed. Asynchronous: save() copies the pieces into a host
+// staging buffer and returns; a background thread writes them (and, on rank 0, waits for the
+// other ranks' shards and commits). Only one save is in flight per rank: save() first waits
+// for the previous one. No communicator is used off the main thread: ranks tell rank 0 they
+// are done through their rank_*.json files.
+class CheckpointWriter {
+ public:
+  struct Options {
+    std::string dir;        // checkpoint.dir
+    int rank = 0, world = 1;
+    int tensor_rank = 0;
+    bool async = false;
+    int keep_last = 3;
+    std::string tokenizer;  // file copied into each checkpoint by rank 0 (may be empty)
+  };
+  // What rank 0 reports once a checkpoint is committed.
+  struct Committed {
+    int64_t step = 0;
+    std::string folder;
+    uint64_t bytes = 0;      // all ranks' shard files
+    double blocking_s = 0;   // how long save() held up training on rank 0
+    double total_s = 0;      // from save() to the commit
+  };
+
+  explicit CheckpointWriter(Options o);
+  // Finishes writing this rank's shard of a save in flight, but commits nothing that wait()
+  // has not: call wait() first on the normal path. Errors are logged, not thrown.
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Saves step `step`. manifest: rank 0's description of the run (model, layout, optimizer,
+  // scheduler, data, recipe; ignored on other ranks); shards and pieces are added at commit.
+  // Throws Error on a write failure of this rank (synchronous, or a previous async save).
+  void save(int64_t step, const std::vector<PieceSource>& pieces, const nlohmann::json& manifest);
+  // Non-blocking: a checkpoint committed since the last call (rank 0), if any. Throws the error
+  // of a failed background save.
+  std::optional<Committed> poll();
+  // Blocks until the save in flight is written (and committed, on rank 0); throws its error.
+  void wait();
+  bool busy() const;
+
+ private:
+  struct Job;
+  void run_job(Job& job);  // writes (and commits on rank 0); throws on failure
+  void worker();
+  Options o_;
+  std::vector<char> staging_;  // async: the pieces copied to host memory
+  std::unique_ptr<Job> job_;
+  std::thread thread_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool has_job_ = false, stop_ = false, done_ = true;
+  std::string error_;
+  std::optional<Committed> committed_;
+};
+
+}  // namespace ckpt
+}  // namespace ft

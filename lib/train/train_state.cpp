@@ -1,0 +1,204 @@
+#include "train/train_state.h"
+
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "model/layout.h"
+
+namespace ft {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// The ZeRO shard of data rank d among D of a buffer of n elements (lib/parallel/zero.h): the
+// same cut at every stage, so even at stage 0 each data rank writes 1/D of the state.
+ShardRange data_shard(size_t n, int D, int d) {
+  const size_t s = (n + size_t(D) - 1) / size_t(D);
+  const size_t begin = std::min(n, size_t(d) * s);
+  return {begin, std::min(n, begin + s)};
+}
+
+const char* split_name(TensorSplit s) {
+  return s == TensorSplit::kRows ? "rows" : s == TensorSplit::kCols ? "cols" : "replicated";
+}
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void on_stop_signal(int sig) {
+  if (g_stop_signal == 0) {
+    g_stop_signal = sig;
+    const char msg[] =
+        "ft: stop signal received: finishing this step, saving a checkpoint, then exiting with "
+        "code 75\n";
+    [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+  }
+}
+
+}  // namespace
+
+std::vector<ckpt::PieceSource> state_pieces(LlamaModel& model, ZeroSharding& zero, AdamW& optim,
+                                            const Mesh& mesh) {
+  std::vector<ckpt::PieceSource> out;
+  const auto& groups = model.layout().groups();
+  const std::vector<float*> params = zero.param_bases();
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const int g = int(gi);
+    if (!model.owns_group(g)) continue;
+    if (g == 0 && mesh.p != 0) continue;  // the tied embedding held by the last stage too
+    const ShardRange w = data_shard(groups[gi].numel, mesh.data, mesh.d);
+    if (w.size() == 0) continue;
+    // param_bases()[g] and the moments start at ranges()[g].begin: the whole buffer at stage 0,
+    // this data rank's shard (= w) from stage 1 on.
+    const size_t pskip = w.begin - zero.ranges()[gi].begin;
+    const size_t oskip = w.begin - optim.ranges()[gi].begin;
+    out.push_back({ckpt::State::kParam, g, w.begin, w.end, params[gi] + pskip});
+    out.push_back({ckpt::State::kExpAvg, g, w.begin, w.end, optim.exp_avg(g) + oskip});
+    out.push_back({ckpt::State::kExpAvgSq, g, w.begin, w.end, optim.exp_avg_sq(g) + oskip});
+  }
+  return out;
+}
+
+void load_state(const ckpt::Manifest& m, LlamaModel& model, ZeroSharding& zero, AdamW& optim,
+                const Mesh& mesh, int zero_stage) {
+  const auto& groups = model.layout().groups();
+  const std::vector<float*> params = zero.param_bases();
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const int g = int(gi);
+    if (!model.owns_group(g)) continue;
+    const size_t n = groups[gi].numel;
+    if (zero_stage == 3) {
+      const ShardRange& r = zero.ranges()[gi];
+      ckpt::read_range(m, ckpt::State::kParam, g, mesh.tensor, mesh.t, r.begin, r.end, params[gi]);
+    } else {
+      ckpt::read_range(m, ckpt::State::kParam, g, mesh.tensor, mesh.t, 0, n,
+                       model.params()[gi].data());
+    }
+    const ShardRange& o = optim.ranges()[gi];
+    ckpt::read_range(m, ckpt::State::kExpAvg, g, mesh.tensor, mesh.t, o.begin, o.end,
+                     optim.exp_avg(g));
+    ckpt::read_range(m, ckpt::State::kExpAvgSq, g, mesh.tensor, mesh.t, o.begin, o.end,
+                     optim.exp_avg_sq(g));
+  }
+  optim.set_step_count(m.optimizer_step);
+}
+
+json manifest_base(const Recipe& r, const Mesh& mesh, const std::string& tokenizer_sha) {
+  const ModelConfig& c = r.model;
+  json j;
+  j["layout"] = {{"world", mesh.data * mesh.tensor * mesh.pipeline},
+                 {"data", mesh.data},
+                 {"tensor", mesh.tensor},
+                 {"pipeline", mesh.pipeline},
+                 {"zero_stage", r.parallel.zero_stage}};
+  j["model"] = {{"arch", c.arch},           {"dim", c.dim},
+                {"n_layers", c.n_layers},   {"n_heads", c.n_heads},
+                {"n_kv_heads", c.n_kv_heads}, {"ffn_dim", c.ffn_dim},
+                {"vocab_size", c.vocab_size}, {"max_seq_len", c.max_seq_len},
+                {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps},
+                {"tie_embeddings", c.tie_embeddings}};
+  json tensors = json::array();
+  const ParamLayout whole(c, 1);
+  for (size_t g = 0; g < whole.groups().size(); ++g)
+    for (const auto& e : whole.groups()[g].entries)
+      tensors.push_back({{"name", e.name},
+                         {"shape", e.global_shape},
+                         {"dtype", "f32"},
+                         {"group", g},
+                         {"group_name", whole.groups()[g].name},
+                         {"split", split_name(e.split)}});
+  j["tensors"] = tensors;
+  j["optimizer"] = {{"name", r.optimizer.name},
+                    {"lr", r.optimizer.lr},
+                    {"betas", {r.optimizer.beta1, r.optimizer.beta2}},
+                    {"eps", r.optimizer.eps},
+                    {"weight_decay", r.optimizer.weight_decay}};
+  j["scheduler"] = {{"name", r.scheduler.name},
+                    {"warmup_steps", r.scheduler.warmup_steps},
+                    {"min_lr", r.scheduler.min_lr},
+                    {"total_steps", r.training.steps}};
+  j["data"] = {{"train", r.data.train},
+               {"seq_len", r.data.seq_len},
+               {"shuffle", r.data.shuffle},
+               {"seed", r.run.seed},
+               {"global_batch_size", r.training.global_batch_size}};
+  // ft draws no random numbers after initialisation (no dropout); the data order is a function
+  // of (seed, position). So the seed and the positions above are the whole random state.
+  j["rng"] = {{"seed", r.run.seed}, {"draws_after_init", 0}};
+  j["tokenizer"] = r.tokenizer.path.empty() ? json(nullptr) : json{{"sha256", tokenizer_sha}};
+  j["recipe"] = recipe_to_yaml(r);
+  return j;
+}
+
+void check_same_model(const ckpt::Manifest& m, const Recipe& r) {
+  const ModelConfig& a = m.model;
+  const ModelConfig& b = r.model;
+  std::string diff;
+  auto cmp = [&](const char* key, double x, double y) {
+    if (x != y) diff += detail::concat(diff.empty() ? "" : ", ", "model.", key, " ", x, " in the checkpoint, ", y, " in the recipe");
+  };
+  cmp("dim", a.dim, b.dim);
+  cmp("n_layers", a.n_layers, b.n_layers);
+  cmp("n_heads", a.n_heads, b.n_heads);
+  cmp("n_kv_heads", a.n_kv_heads, b.n_kv_heads);
+  cmp("ffn_dim", a.ffn_dim, b.ffn_dim);
+  cmp("vocab_size", a.vocab_size, b.vocab_size);
+  cmp("tie_embeddings", a.tie_embeddings, b.tie_embeddings);
+  if (!diff.empty())
+    throw UsageError(m.dir + " holds another model: " + diff +
+                     "; resume with the recipe that saved it, point checkpoint.dir elsewhere, or "
+                     "start afresh with --resume never");
+}
+
+std::vector<std::string> resume_candidates(const Recipe& r, const std::string& resume,
+                                           bool is_root) {
+  const std::string& dir = r.checkpoint.dir;
+  if (resume == "never") {
+    if (!ckpt::has_checkpoints(dir)) return {};
+    if (!r.checkpoint.overwrite)
+      throw UsageError("--resume never: checkpoint.dir " + dir +
+                       " already holds checkpoints of a run; continue it with --resume auto (the "
+                       "default), choose another checkpoint.dir, or add checkpoint.overwrite=true "
+                       "to delete them");
+    return {};
+  }
+  if (resume == "auto") {
+    std::vector<std::string> c = ckpt::complete_checkpoints(dir);
+    std::string latest;
+    try {
+      latest = ckpt::latest_checkpoint(dir);
+    } catch (const Error& e) {
+      if (is_root) log_warn(e.what());
+    }
+    if (!latest.empty() && is_root && (c.empty() || fs::path(c.front()) != fs::path(latest)))
+      log_warn(dir, "/latest names ", fs::path(latest).filename().string(),
+               ", which is not the newest complete checkpoint; using ",
+               c.empty() ? std::string("none") : fs::path(c.front()).filename().string());
+    if (c.empty() && ckpt::has_checkpoints(dir) && is_root)
+      log_warn(dir, " holds no complete checkpoint (only interrupted saves): starting afresh");
+    return c;
+  }
+  // A PATH: a step folder, or a checkpoint dir with `latest`.
+  if (fs::exists(fs::path(resume) / "manifest.json")) return {resume};
+  if (fs::exists(fs::path(resume) / "latest")) return {ckpt::latest_checkpoint(resume)};
+  throw UsageError("--resume " + resume +
+                   ": not a checkpoint (no manifest.json) nor a checkpoint folder (no `latest`); "
+                   "give a step_* folder or the run's checkpoint.dir");
+}
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
+}
+
+int stop_signal() { return g_stop_signal; }
+
+}  // namespace ft
