@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "apps/ft/commands.h"
 #include "ckpt/checkpoint.h"
@@ -30,10 +31,18 @@ std::string resolve_step_folder(const std::string& path) {
                   "/step_*) instead");
     return step;
   }
-  if (ckpt::has_checkpoints(path))
-    throw Error(path +
-                ": has step folders but no `latest`, so no checkpoint was completed here; give "
-                "a step folder (" + path + "/step_*) to export it anyway");
+  if (ckpt::has_checkpoints(path)) {
+    // No `latest`: a run stopped between COMPLETE and `latest`, or a pruned folder. The newest
+    // complete step folder is what --resume auto would take.
+    const std::vector<std::string> complete = ckpt::complete_checkpoints(path);
+    if (complete.empty())
+      throw Error(path +
+                  ": has step folders but none is complete (no COMPLETE file): no save finished "
+                  "here; see `ft inspect " + path + "`");
+    std::printf("ft export: %s has no `latest`; taking the newest complete step folder\n",
+                path.c_str());
+    return complete.front();
+  }
   throw UsageError(path +
                    ": not a checkpoint (no manifest.json or latest); give a step folder such as "
                    "<checkpoint.dir>/step_00000100, or the checkpoint.dir holding `latest`");

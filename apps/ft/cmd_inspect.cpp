@@ -36,11 +36,11 @@ bool has_file_with_extension(const fs::path& dir, const std::string& ext) {
 }
 
 // DESIGN.md §6 and §8 tell the kinds apart: *.h5 shards; a checkpoint step folder
-// (manifest.json) or checkpoint root (latest); an HF folder (config.json).
+// (manifest.json) or checkpoint root (latest, or step_* folders); an HF folder (config.json).
 FolderKind classify(const fs::path& dir) {
   std::error_code ec;
   if (has_file_with_extension(dir, ".h5")) return FolderKind::kShards;
-  if (fs::exists(dir / "manifest.json", ec) || fs::exists(dir / "latest", ec))
+  if (fs::exists(dir / "manifest.json", ec) || ckpt::has_checkpoints(dir.string()))
     return FolderKind::kCheckpoint;
   if (fs::exists(dir / "config.json", ec)) return FolderKind::kHuggingFace;
   return FolderKind::kUnknown;
@@ -449,12 +449,15 @@ int inspect_checkpoint_root(const std::string& dir) {
   }
   std::string target = latest;
   if (latest.empty()) {
-    std::printf("  latest:       none (no complete checkpoint was recorded)\n");
     const std::vector<std::string> complete = ckpt::complete_checkpoints(dir);
-    if (!complete.empty())
+    if (!complete.empty()) {
       target = complete.front();
-    else if (!steps.empty())
+      std::printf("  latest:       missing; below, the newest complete step folder (what --resume "
+                  "auto takes)\n");
+    } else if (!steps.empty()) {
       target = (fs::path(dir) / steps.back()).string();
+      std::printf("  latest:       missing, and no step folder is complete; below, the newest\n");
+    }
   } else {
     std::printf("  latest:       %s\n", latest_name.c_str());
   }
@@ -488,7 +491,7 @@ int cmd_inspect(const InspectArgs& a) {
   }
   throw UsageError(a.path +
                    ": not a shard folder, checkpoint or Hugging Face folder (found no "
-                   "*.h5 files, manifest.json, latest or config.json)");
+                   "*.h5 files, manifest.json, latest, step_* folders or config.json)");
 }
 
 }  // namespace ft::app
