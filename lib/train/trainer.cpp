@@ -312,6 +312,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     }
   }
   if (start_step > 0) loader.seek(start_step);
+  const int64_t tokens_at_start = tokens_seen;
 
   const bool ckpt_on = r.checkpoint.every_steps > 0 || r.checkpoint.every_minutes > 0;
   ckpt::CheckpointWriter::Options wo;
@@ -468,7 +469,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       rep.loss = loss;
       rep.lr = lr;
       rep.grad_norm = grad_norm;
-      rep.tokens_per_s = double(tokens_seen) / seconds_since(t_start);
+      rep.tokens_per_s = double(tokens_seen - tokens_at_start) / seconds_since(t_start);
       rep.elapsed_s = seconds_since(t_start);
       rep.mem_peak_bytes = mem_peak;
       progress.step(rep);
@@ -519,20 +520,24 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
 
   sum.steps = sum.preempted ? sum.steps_done - start_step : r.training.steps - start_step;
   if (sum.steps < 0) sum.steps = 0;
-  sum.tokens = tokens_seen;
+  sum.tokens = tokens_seen - tokens_at_start;
   sum.wall_s = seconds_since(t_start);
-  sum.tokens_per_s = sum.wall_s > 0 ? double(tokens_seen) / sum.wall_s : 0;
+  sum.tokens_per_s = sum.wall_s > 0 ? double(sum.tokens) / sum.wall_s : 0;
   sum.mem_peak_bytes = dev->stats().peak_bytes;
   sum.peak_rss_bytes = peak_rss_bytes();
   if (is_root) {
     std::printf(
-        "ft: done: %lld steps, %lld tokens in %s (%.0f tokens/s); final loss %.4f\n"
+        "ft: %s: %lld steps, %lld tokens in %s (%.0f tokens/s); final loss %.4f\n"
         "ft: peak memory: %s device allocator, %s process RSS\n"
         "ft: outputs: %s (resolved recipe: %s/recipe.yaml, metrics: %s)\n",
-        (long long)sum.steps, (long long)sum.tokens, Progress::human_duration(sum.wall_s).c_str(),
+        sum.preempted ? "stopped early" : "done", (long long)sum.steps, (long long)sum.tokens, Progress::human_duration(sum.wall_s).c_str(),
         sum.tokens_per_s, sum.final_loss, Progress::human_bytes(double(sum.mem_peak_bytes)).c_str(),
         Progress::human_bytes(double(sum.peak_rss_bytes)).c_str(), r.run.output_dir.c_str(),
         r.run.output_dir.c_str(), r.logging.metrics.c_str());
+    if (last_saved >= 0)
+      std::printf("ft: last checkpoint: %s/%s%s\n", r.checkpoint.dir.c_str(),
+                  ckpt::step_folder_name(last_saved).c_str(),
+                  sum.preempted ? " (run the same command again to continue)" : "");
     std::fflush(stdout);
   }
   return sum;
