@@ -2,7 +2,7 @@
 # ft export and ft inspect on checkpoints, end to end on the real binary.
 #   a. HF folder → model.from → training.steps=0 checkpoint → ft export: every tensor bit-identical
 #      to the input (f32 untied; bf16 tied exported with --dtype bf16), config.json round-trips,
-#      the checkpoint's tokenizer.model is copied.
+#      the checkpoint's tokenizer.model is copied; f32 → bf16/f16 rounds as torch does.
 #   b. A model trained under data 2 × tensor 2 with ZeRO-3 (--nproc 4), exported as several
 #      shards with an index: the PyTorch reference on the exported folder gives ft's final
 #      eval_loss (tests/ref/export_check.py).
@@ -123,6 +123,28 @@ EOF
   has_out "compatible with ft: yes"
   echo "ok: a. $kind import → checkpoint → export is bit-identical"
 done
+# The f32 checkpoint to bf16 and f16: the same bits as torch's rounding (nearest even).
+for dt in bf16 f16; do
+  run 0 "$ft" export "$tmp/run_f32/checkpoints" --output "$tmp/out_f32_$dt" --dtype "$dt"
+done
+"$PY" - "$tmp" <<'EOF2' || fail "bf16/f16 conversion differs from torch's"
+import json, struct, sys
+import numpy as np, torch
+t = sys.argv[1]
+def raw(path):
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    h = json.loads(data[8:8 + n]); h.pop("__metadata__", None)
+    return {k: (e["dtype"], data[8 + n + e["data_offsets"][0]: 8 + n + e["data_offsets"][1]])
+            for k, e in h.items()}
+src = raw(f"{t}/hf_f32/model.safetensors")
+for dt, tdt, name in (("bf16", torch.bfloat16, "BF16"), ("f16", torch.float16, "F16")):
+    out = raw(f"{t}/out_f32_{dt}/model.safetensors")
+    assert list(out) == list(src)
+    for k, (d, b) in out.items():
+        want = torch.from_numpy(np.frombuffer(src[k][1], dtype=np.float32).copy()).to(tdt)
+        assert d == name and b == want.view(torch.int16).numpy().tobytes(), f"{dt} {k}"
+EOF2
 if ls "$tmp" | grep -q '\.tmp-'; then fail "temporary export folder left behind"; fi
 
 # ---- b. data 2 × tensor 2, ZeRO-3; export sharded; reference loss = ft's eval_loss ----------
