@@ -414,13 +414,15 @@ int inspect_checkpoint_step(const std::string& dir) {
     std::printf("  checksums:    all %zu pieces in %zu files verified\n", m.pieces.size(),
                 m.shards.size());
   } else {
-    std::printf("  checksums:    %zu problem%s\n", problems.size(), problems.size() == 1 ? "" : "s");
+    std::printf("  checksums:    %zu problem%s\n", problems.size(),
+                problems.size() == 1 ? "" : "s");
     for (const std::string& p : problems) std::printf("    %s\n", p.c_str());
   }
   std::fflush(stdout);  // the summary before the error line when both go to one terminal
   if (!problems.empty())
     throw Error(dir + ": checkpoint is damaged (" + problems.front() +
-                (problems.size() > 1 ? "; and " + std::to_string(problems.size() - 1) + " more" : "") +
+                (problems.size() > 1 ? "; and " + std::to_string(problems.size() - 1) + " more"
+                                     : "") +
                 "); resume from an older step folder");
   if (!complete)
     throw Error(dir + ": incomplete checkpoint (no COMPLETE file): the save was interrupted, and "

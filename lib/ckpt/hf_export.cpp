@@ -306,7 +306,8 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
           flush();
           current = t.shard;
         }
-        pending.push_back({t.entry, convert(values.data() + t.entry->offset, t.entry->numel, o.dtype)});
+        pending.push_back(
+            {t.entry, convert(values.data() + t.entry->offset, t.entry->numel, o.dtype)});
         res.tensors += 1;
         res.parameters += t.entry->numel;
         res.tensor_bytes += t.bytes;
