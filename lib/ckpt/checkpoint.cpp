@@ -483,6 +483,18 @@ std::optional<CheckpointWriter::Committed> CheckpointWriter::poll() {
   return std::exchange(committed_, std::nullopt);
 }
 
+void CheckpointWriter::reserve(uint64_t bytes) {
+  if (!o_.async || bytes <= staging_bytes_) return;
+  wait();  // the staging buffer may be in use
+  staging_.reset(new char[bytes]);
+  // Touch every page now (in parallel, as the copies will be), not during the first save.
+  const int64_t pages = int64_t((bytes + 4095) / 4096);
+  char* p = staging_.get();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < pages; ++i) p[uint64_t(i) * 4096] = 0;
+  staging_bytes_ = bytes;
+}
+
 void CheckpointWriter::save(int64_t step, const std::vector<PieceSource>& pieces,
                             const json& manifest) {
   const auto t0 = Clock::now();
@@ -508,11 +520,11 @@ void CheckpointWriter::save(int64_t step, const std::vector<PieceSource>& pieces
   // Asynchronous: copy to host memory, then let the worker write.
   uint64_t total = 0;
   for (const auto& p : pieces) total += (p.end - p.begin) * sizeof(float);
-  if (staging_.size() < total) staging_.resize(total);
+  reserve(total);
   uint64_t off = 0;
   for (const auto& p : pieces) {
     const uint64_t n = p.end - p.begin;
-    float* dst = reinterpret_cast<float*>(staging_.data() + off);
+    float* dst = reinterpret_cast<float*>(staging_.get() + off);
     // Large pieces are copied by every thread at once.
     const int64_t chunks = int64_t((n + (1u << 20) - 1) >> 20);
 #pragma omp parallel for schedule(static) if (chunks > 1)

@@ -157,13 +157,17 @@ class CheckpointWriter {
   // Blocks until the save in flight is written (and committed, on rank 0); throws its error.
   void wait();
   bool busy() const;
+  // Async: allocates and touches the staging buffer for pieces of this many bytes now, so that
+  // the first save's stall is the copy alone.
+  void reserve(uint64_t bytes);
 
  private:
   struct Job;
   void run_job(Job& job);  // writes (and commits on rank 0); throws on failure
   void worker();
   Options o_;
-  std::vector<char> staging_;  // async: the pieces copied to host memory
+  std::unique_ptr<char[]> staging_;  // async: the pieces copied to host memory
+  uint64_t staging_bytes_ = 0;
   std::unique_ptr<Job> job_;
   std::thread thread_;
   mutable std::mutex mu_;

@@ -325,6 +325,11 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   wo.tokenizer = r.tokenizer.path;
   ckpt::CheckpointWriter writer(wo);
   const std::vector<ckpt::PieceSource> pieces = state_pieces(model, zero, optim, mesh);
+  if (ckpt_on && r.checkpoint.async) {
+    uint64_t bytes = 0;
+    for (const auto& p : pieces) bytes += (p.end - p.begin) * sizeof(float);
+    writer.reserve(bytes);
+  }
   json manifest;
   if (is_root) manifest = manifest_base(r, mesh, tokenizer_sha);
 
