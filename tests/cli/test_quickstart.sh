@@ -20,3 +20,13 @@ assert loss[-1] < 0.5 * loss[0], "loss did not fall clearly"
 assert len(ev) == 2 and ev[-1] < ev[0], "validation loss did not fall"
 PY
 grep -q "^ft: done: 100 steps" "$tmp/train.log"
+# Its checkpoint verifies, and exports to a Hugging Face folder.
+"$build/ft" inspect "$tmp/run/checkpoints" > "$tmp/inspect.log"
+"$build/ft" export "$tmp/run/checkpoints" --output "$tmp/hf" > "$tmp/export.log"
+for f in config.json model.safetensors tokenizer.model; do
+  [[ -s $tmp/hf/$f ]] || { echo "FAIL: export wrote no $f" >&2; exit 1; }
+done
+# Running the same command again resumes from it: nothing left to train at step 100.
+"$build/ft" train recipes/quickstart.yaml training.steps=100 training.eval_every_steps=50 \
+  run.output_dir="$tmp/run" > "$tmp/again.log"
+grep -q "nothing to train" "$tmp/again.log" || { echo "FAIL: rerun did not resume" >&2; exit 1; }
