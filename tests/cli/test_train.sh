@@ -92,4 +92,19 @@ grep -q 'model.n_heads' "$tmp/e2.txt" && grep -q 'data.train' "$tmp/e2.txt" \
   || fail "not every problem reported: $(cat "$tmp/e2.txt")"
 if test -e "$tmp/out2"; then fail "work started despite a bad recipe"; fi
 
+# 5. Time-based checkpoints: checkpoint.every_minutes=0.0005 (30 ms) over a run of 400 steps
+# (well over 30 ms) gives saves before the last step, each complete, plus the final one.
+"$ft" train "$tmp/r.yaml" training.steps=400 training.eval_every_steps=0 checkpoint.every_minutes=0.0005 \
+  checkpoint.keep_last=100 run.output_dir="$tmp/minutes" > "$tmp/minutes.txt" 2>&1 \
+  || fail "every_minutes run failed: $(tail -3 "$tmp/minutes.txt")"
+/usr/bin/python3 - "$tmp/minutes" <<'PY' || fail "time-based checkpoints"
+import json, os, sys
+d = sys.argv[1]
+saves = [json.loads(l)["ckpt_step"] for l in open(f"{d}/metrics.jsonl") if "ckpt_step" in l]
+assert len(saves) >= 2 and saves[-1] == 400 and saves == sorted(saves), saves
+for s in saves:
+    assert os.path.exists(f"{d}/checkpoints/step_{s:08d}/COMPLETE"), s
+print(f"every_minutes: {len(saves)} saves at steps {saves[:5]}...")
+PY
+
 echo "test_train: all checks passed"
