@@ -1,4 +1,9 @@
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
 
 #include <cstdio>
 #include <cstdlib>
@@ -17,7 +22,24 @@ namespace {
 
 // `--nproc N` on a workstation: ft starts the N ranks itself through Open MPI's mpirun (which
 // supervises them: if one fails, the others are stopped and mpirun exits non-zero), so the user
-// types no mpirun. This process becomes mpirun; each rank runs the same command without --nproc.
+// types no mpirun. Each rank runs the same command without --nproc.
+//
+// This process stays mpirun's parent rather than becoming it, to turn a stop request into a
+// checkpoint: mpirun answers SIGTERM by killing the ranks (after 1 s) and no longer relaying
+// their output, but it forwards SIGUSR1 to every rank — which ft treats as "finish the step,
+// save, exit 75". So SIGTERM or SIGUSR1 here becomes SIGUSR1 to mpirun; a second SIGTERM is
+// passed on as SIGTERM (stop now). Ctrl-C (SIGINT) reaches mpirun directly and ends the job.
+volatile std::sig_atomic_t g_mpirun_pid = 0;
+volatile std::sig_atomic_t g_stop_requests = 0;
+
+void forward_stop(int sig) {
+  if (g_mpirun_pid <= 0) return;
+  const int before = g_stop_requests;
+  if (sig == SIGTERM) g_stop_requests = before + 1;
+  const bool again = sig == SIGTERM && before > 0;
+  kill(pid_t(g_mpirun_pid), again ? SIGTERM : SIGUSR1);
+}
+
 [[noreturn]] void launch_local_ranks(const TrainArgs& a) {
   char self[4096];
   const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -34,9 +56,29 @@ namespace {
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
-  execvp("mpirun", argv.data());
-  throw Error("--nproc " + std::to_string(a.nproc) +
-              ": cannot start mpirun (Open MPI); install openmpi-bin (scripts/setup.sh does)");
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) throw Error(std::string("--nproc: fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    execvp("mpirun", argv.data());
+    std::fprintf(stderr, "ft: error: --nproc %d: cannot start mpirun (Open MPI): %s; install "
+                 "openmpi-bin (scripts/setup.sh does)\n", a.nproc, std::strerror(errno));
+    _exit(int(ExitCode::kRuntime));
+  }
+  g_mpirun_pid = pid;
+  struct sigaction sa {};
+  sa.sa_handler = forward_stop;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
+  signal(SIGINT, SIG_IGN);  // the terminal sends it to mpirun too
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) std::exit(int(ExitCode::kRuntime));
+  }
+  std::fflush(nullptr);
+  std::exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
 }
 
 }  // namespace
