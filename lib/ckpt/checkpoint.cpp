@@ -593,6 +593,7 @@ void CheckpointWriter::run_job(Job& job) {
     if (::close(fd) != 0) throw Error("closing " + bin + ": " + errno_text());
   }
   const json rank_json = {{"rank", o_.rank},
+                          {"attempt", o_.attempt},
                           {"file", bin_name},
                           {"bytes", offset},
                           {"crc32", file_crc},
@@ -606,10 +607,24 @@ void CheckpointWriter::run_job(Job& job) {
   }
   if (o_.rank != 0) return;
 
-  // Rank 0 commits once every rank's shard is durable (its rank_*.json exists).
+  // Rank 0 commits once every rank's shard is durable: its rank_*.json of this attempt exists
+  // (written atomically, so a file that exists is whole).
+  std::vector<json> rank_jsons(size_t(o_.world));
+  rank_jsons[0] = rank_json;
   for (int r = 1; r < o_.world; ++r) {
-    const fs::path p = folder / rank_file(r, "json");
-    while (!fs::exists(p)) {
+    const std::string path = (folder / rank_file(r, "json")).string();
+    for (;;) {
+      if (fs::exists(path)) {
+        try {
+          json rj = json::parse(read_text(path));
+          if (rj.value("attempt", uint64_t(0)) == o_.attempt) {
+            rank_jsons[size_t(r)] = std::move(rj);
+            break;
+          }
+        } catch (const std::exception&) {
+          // replaced while being read: look again
+        }
+      }
       {
         std::lock_guard<std::mutex> lk(mu_);
         if (stop_) return;
@@ -617,17 +632,17 @@ void CheckpointWriter::run_job(Job& job) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   }
+  // Leftovers of an earlier attempt with more ranks do not belong to this checkpoint.
+  for (const auto& e : fs::directory_iterator(folder, ec)) {
+    const std::string name = e.path().filename().string();
+    int r = -1;
+    if (std::sscanf(name.c_str(), "rank_%d.", &r) == 1 && r >= o_.world) fs::remove(e.path(), ec);
+  }
   json m = job.manifest;
   json shards = json::array(), all_pieces = json::array();
   uint64_t total = 0;
   for (int r = 0; r < o_.world; ++r) {
-    const std::string path = (folder / rank_file(r, "json")).string();
-    json rj;
-    try {
-      rj = json::parse(read_text(path));
-    } catch (const json::exception& e) {
-      throw Error(path + ": unreadable (" + e.what() + ")");
-    }
+    const json& rj = rank_jsons[size_t(r)];
     shards.push_back({{"file", rj.at("file")}, {"rank", r}, {"bytes", rj.at("bytes")},
                       {"crc32", rj.at("crc32")}});
     total += rj.at("bytes").get<uint64_t>();

@@ -130,6 +130,10 @@ class CheckpointWriter {
     bool async = false;
     int keep_last = 3;
     std::string tokenizer;  // file copied into each checkpoint by rank 0 (may be empty)
+    // The same on every rank of this run, different for every run (rank 0's clock and pid,
+    // broadcast): rank 0 commits only rank_*.json files of this attempt, never the leftovers
+    // of a crashed earlier attempt at the same step.
+    uint64_t attempt = 0;
   };
   // What rank 0 reports once a checkpoint is committed.
   struct Committed {

@@ -323,6 +323,13 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   wo.async = r.checkpoint.async;
   wo.keep_last = r.checkpoint.keep_last;
   wo.tokenizer = r.tokenizer.path;
+  {
+    uint64_t attempt = is_root ? (uint64_t(std::chrono::system_clock::now().time_since_epoch().count()) ^
+                                  (uint64_t(getpid()) << 48))
+                               : 0;
+    comm.broadcast(&attempt, sizeof attempt, 0);
+    wo.attempt = attempt;
+  }
   ckpt::CheckpointWriter writer(wo);
   const std::vector<ckpt::PieceSource> pieces = state_pieces(model, zero, optim, mesh);
   if (ckpt_on && r.checkpoint.async) {
