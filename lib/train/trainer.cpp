@@ -312,6 +312,25 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     }
   }
   if (start_step > 0) loader.seek(start_step);
+  // Checkpoint folders past the starting step belong to a timeline this run replaces (a damaged
+  // one fallen back from, one newer than the PATH resumed from, or an interrupted save): this
+  // run's saves must not meet them, half-overwritten, under the same names.
+  if (is_root) {
+    std::error_code ec;
+    if (fs::is_directory(r.checkpoint.dir, ec))
+      for (const auto& e : fs::directory_iterator(r.checkpoint.dir, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind("step_", 0) != 0 || name.size() != 13) continue;
+        const int64_t step = std::atoll(name.c_str() + 5);
+        if (step <= start_step && !(step == start_step && resumed_from.empty())) continue;
+        const bool complete = fs::exists(e.path() / "COMPLETE");
+        if (complete)
+          log_warn("removing ", e.path().string(), ": it is past the step this run starts from (",
+                   start_step, ") and would be overwritten by this run's saves");
+        fs::remove_all(e.path(), ec);
+      }
+  }
+  comm.barrier();
   const int64_t tokens_at_start = tokens_seen;
 
   const bool ckpt_on = r.checkpoint.every_steps > 0 || r.checkpoint.every_minutes > 0;
