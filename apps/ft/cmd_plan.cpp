@@ -149,7 +149,7 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
 }  // namespace
 
 int cmd_plan(const PlanArgs& a) {
-  // Settings this build cannot run yet (a CUDA device, periodic checkpoints) do not change the
+  // Settings this build cannot run yet (a CUDA device) do not change the
   // plan: they are not refused here (refuse_unbuilt = false). The data and tokenizer paths play
   // no part in a plan: problems with them are not reported.
   RecipeResult res = load_recipe(a.recipe, a.overrides, a.world, /*refuse_unbuilt=*/false);

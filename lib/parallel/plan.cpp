@@ -1,6 +1,7 @@
 #include "parallel/plan.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <tuple>
 
@@ -445,6 +446,22 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
   plan.notes.push_back(P > 1 ? "Scalars sent over the data and tensor groups (token count, loss, "
                                "gradient norm) are left out."
                              : "Scalars sent each step (token count, loss, gradient norm) are left out.");
+  {
+    // Checkpoints: every rank writes 1/D of the groups it holds, 12 bytes per element (f32
+    // parameters + two AdamW moments), at any ZeRO stage; async saves stage that in host memory.
+    int64_t largest = 0;
+    for (const RankPlan& rp : plan.ranks) largest = std::max(largest, rp.param_elems);
+    const int64_t share = 12 * ((largest + D - 1) / D);
+    const int64_t whole = 12 * plan.model_params;
+    char sizes[96];
+    std::snprintf(sizes, sizeof sizes, "%.1f MiB in all, up to %.1f MiB", double(whole) / 1048576.0,
+                  double(share) / 1048576.0);
+    plan.notes.push_back(detail::concat(
+        "A checkpoint holds 12 B per parameter (f32 weights + AdamW moments): ", sizes,
+        " written by one rank", r.checkpoint.async
+            ? "; checkpoint.async keeps a host (not device) staging buffer of that share per rank."
+            : "."));
+  }
   if (P > 1)
     plan.notes.push_back(
         "Evaluation (data.valid) is not planned: with P > 1 it holds one send buffer per "
