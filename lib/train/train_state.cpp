@@ -197,6 +197,10 @@ void install_stop_handlers() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGUSR1, &sa, nullptr);
+  // Past a file-size limit (ulimit -f, a quota-like cap) write() would otherwise kill the process
+  // with SIGXFSZ mid-save; ignored, write() fails with EFBIG and the save reports the file and
+  // that the previous checkpoint is untouched, like a full disk.
+  std::signal(SIGXFSZ, SIG_IGN);
 }
 
 int stop_signal() { return g_stop_signal; }
