@@ -679,6 +679,9 @@ void CheckpointWriter::run_job(Job& job) {
     if (step > job.step) continue;  // a newer save another rank has begun
     if (complete && ++kept <= o_.keep_last) continue;
     if (!complete && step == job.step) continue;
+    // COMPLETE goes first: a crash part-way through the removal must not leave a folder that
+    // claims to be complete with some of its shards gone.
+    if (complete) fs::remove(fs::path(path) / "COMPLETE", ec);
     fs::remove_all(path, ec);
     if (ec) log_warn("keep_last: cannot remove ", path, ": ", ec.message());
   }
