@@ -2,11 +2,12 @@
 # Preemption (DESIGN.md §4, §8): SIGTERM or SIGUSR1 to any one rank stops the whole run at the end
 # of the step in progress, with a checkpoint of the steps done and exit code 75; running the same
 # command again (default --resume auto) finishes the run with the losses of a run never stopped.
-#  - `--nproc 4 parallel.tensor=2` (data 2 x tensor 2): SIGTERM to rank 1, SIGUSR1 to rank 3,
-#    SIGTERM to the `ft --nproc` launcher itself (it passes the stop on to every rank);
-#    one process: SIGTERM.
-#  - Each stopped run: exit 75; exactly one checkpoint, step_K, complete and named by `latest`,
-#    where K - 1 is the last step in metrics.jsonl and 0 < K < training.steps (stopped mid-run);
+#  - `--nproc 4 parallel.tensor=2` (data 2 x tensor 2): SIGTERM to rank 1, SIGUSR1 to rank 3
+#    (with async checkpoints every 4 steps, so a save may be in flight), SIGTERM to the
+#    `ft --nproc` launcher itself (it passes the stop on to every rank); one process: SIGTERM.
+#  - Each stopped run: exit 75; `latest` names step_K, complete and the newest checkpoint (the
+#    only one without periodic checkpoints), where K - 1 is the last step in metrics.jsonl and
+#    0 < K < training.steps (stopped mid-run);
 #    the output says it stopped on a signal after step K and saved step_K.
 #  - The rerun: exit 0, "resumed from .../step_K", metrics.jsonl then holds every step once, and
 #    every loss and grad norm is == the unsignalled run's of the same layout (resume restores
@@ -91,10 +92,10 @@ stop_and_resume() {
     else
       [[ -n $victim ]] || victim=$(rank_pid "$out" "$rank")
     fi
-    [[ -n $victim && $(loss_lines "$out/metrics.jsonl") -ge 3 ]] && break
+    [[ -n $victim && $(loss_lines "$out/metrics.jsonl") -ge ${wait_lines:-3} ]] && break
     sleep 0.05
   done
-  [[ -n $victim && $(loss_lines "$out/metrics.jsonl") -ge 3 ]] ||
+  [[ -n $victim && $(loss_lines "$out/metrics.jsonl") -ge ${wait_lines:-3} ]] ||
     fail "$label: no progress to signal (rank ${rank} pid '${victim}'): $(tail -5 "$out.log")"
   kill -s "$sig" "$victim"
   timeout 60 tail --pid="$job" -f /dev/null || fail "$label: still running 60 s after SIG$sig"
@@ -107,8 +108,13 @@ stop_and_resume() {
   [[ $latest =~ ^step_[0-9]{8}$ ]] || fail "$label: latest names '$latest', not a step folder"
   [[ -f $ckdir/$latest/COMPLETE && -f $ckdir/$latest/manifest.json ]] ||
     fail "$label: $latest is not complete: $(ls "$ckdir/$latest")"
-  [[ $(find "$ckdir" -maxdepth 1 -name 'step_*' | wc -l) == 1 ]] ||
+  # The stop's checkpoint is the newest; without periodic checkpoints, the only one.
+  [[ $(find "$ckdir" -maxdepth 1 -name 'step_*' -printf '%f\n' | sort | tail -1) == "$latest" ]] ||
+    fail "$label: latest ($latest) is not the newest checkpoint: $(ls "$ckdir")"
+  [[ "$*" == *checkpoint.every_steps* || $(find "$ckdir" -maxdepth 1 -name 'step_*' | wc -l) == 1 ]] ||
     fail "$label: expected only the stop's checkpoint: $(ls "$ckdir")"
+  local saved
+  saved=$(cd "$ckdir" && echo step_*)
   k=$((10#${latest#step_}))
   last=$(grep '"loss"' "$out/metrics.jsonl" | tail -1 | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])')
   [[ $k == $((last + 1)) ]] || fail "$label: checkpoint $latest, but the last step logged is $last"
@@ -139,12 +145,15 @@ PY
     fail "$label: stopped + resumed run differs from the unsignalled one"
   local whom="rank $rank"
   [[ $rank == - ]] && whom="the process started"
-  echo "$label: SIG$sig to $whom -> exit 75 at step $k of $steps; rerun resumed," \
+  echo "$label: SIG$sig to $whom -> exit 75 at step $k of $steps (saved: $saved);" \
+       "rerun resumed," \
        "$steps losses == unsignalled ($((SECONDS - t0)) s)"
 }
 
 stop_and_resume term4 TERM 1 ref4 "${nproc4[@]}"
-stop_and_resume usr4 USR1 3 ref4 "${nproc4[@]}"
+# With asynchronous checkpoints every 4 steps, signalled after step 6: step_4 saved before the
+# stop's, and the stop's save may find one in flight.
+wait_lines=6 stop_and_resume usr4_async USR1 3 ref4 "${nproc4[@]}" checkpoint.every_steps=4 checkpoint.async=true
 stop_and_resume term4_launcher TERM - ref4 "${nproc4[@]}"
 stop_and_resume term1 TERM - ref1
 echo "time: whole test: $((SECONDS - t_all)) s"
