@@ -20,8 +20,8 @@
 #     naming the file, falls back to the previous one and still reproduces the uninterrupted
 #     losses; --resume PATH of a damaged checkpoint: exit 1 naming the file. A step folder
 #     without COMPLETE is never resumed from (auto skips it; PATH refuses it).
-#  g. Disk full (ulimit -f): the save fails with exit 1 naming the shard file and saying the
-#     previous checkpoint is untouched; `latest` still names step_10, which `ft inspect` verifies
+#  g. Disk full (ulimit -f; sync and async saves): the save fails with exit 1 naming the shard
+#     file and saying the previous checkpoint is untouched; `latest` still names step_10, which `ft inspect` verifies
 #     and a rerun resumes from, reproducing the uninterrupted losses.
 #   bash tests/cli/test_checkpoint.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -281,13 +281,18 @@ t0=$SECONDS
 # dfull: the killed run, with step_10. A file-size limit (ulimit -f, 1024-byte blocks) of half a
 # shard: the step-20 save cannot write its shard (write() fails with EFBIG, or the process gets
 # SIGXFSZ if ft did not ignore it: exit 153).
+# Single-process only: under a file-size limit Open MPI's own shared-memory files fail too.
+# Once with async saves (the writer thread's error ends the run at the next save or poll).
 shard=$(stat -c %s "$(ckpts dfull)/step_00000010/rank_00000.bin")
-rc=0
-(ulimit -f $((shard / 2048)); exec "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/dfull") \
-  > "$tmp/dfull_1.log" 2>&1 || rc=$?
-[[ $rc == 1 ]] || fail "disk full: exit $rc, expected 1: $(tail -5 "$tmp/dfull_1.log")"
-has dfull_1 "$(ckpts dfull)/step_00000020/rank_00000.bin: File too large.*the previous complete checkpoint is untouched"
-latest_is dfull step_00000010
+cp -a "$tmp/dfull" "$tmp/dfull_async"
+for run in dfull dfull_async; do
+  rc=0
+  (ulimit -f $((shard / 2048)); exec "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/$run" \
+    checkpoint.async=$([[ $run == dfull_async ]] && echo true || echo false)) > "$tmp/${run}_1.log" 2>&1 || rc=$?
+  [[ $rc == 1 ]] || fail "$run: disk full: exit $rc, expected 1: $(tail -5 "$tmp/${run}_1.log")"
+  has ${run}_1 "$(ckpts $run)/step_00000020/rank_00000.bin: File too large.*the previous complete checkpoint is untouched"
+  latest_is $run step_00000010
+done
 "$ft" inspect "$(ckpts dfull)" > "$tmp/dfull_inspect.log" 2>&1 || fail "disk full: ft inspect: $(tail -5 "$tmp/dfull_inspect.log")"
 has dfull_inspect step_00000010
 train dfull
