@@ -93,7 +93,7 @@ PY
 # One trial: NPROC (1 or 2), ASYNC (true/false), VICTIM (rank0, rank1, mpirun or process).
 trials=0
 trial() {
-  local nproc=$1 async=$2 victim=$3 out="$tmp/t$((trials + 1))"
+  local nproc=$1 async=$2 victim=$3 out="$tmp/run$attempts"  # a fresh folder per attempt
   local args=(run.output_dir="$out" checkpoint.async="$async")
   [[ $nproc == 2 ]] && args+=(--nproc 2)
   local job pid="" r0="" r1="" rc=0
