@@ -1,28 +1,30 @@
 #!/usr/bin/env bash
 # Checkpoint speed (DESIGN.md §8) on a model whose training state — parameters and both AdamW
 # moments in f32, 12 bytes a parameter — is over 1 GiB: dim 1024, 6 layers, ffn 2816, vocab
-# 32000 (136M parameters, 1.6 GB of state; `ft plan` shows the sizes). Trains a few steps with a
-# checkpoint after every step, once synchronous and once asynchronous, then resumes from the
-# last checkpoint to time the load. Prints, from metrics.jsonl's checkpoint lines (ckpt_*) and
+# 32000 (136M parameters, 1.6 GB of state; `ft plan` shows the sizes). Trains with a checkpoint
+# every EVERY steps (default 4: more training time between saves than one save takes, as in a
+# real run), once synchronous and once asynchronous, then resumes from the last checkpoint to
+# time the load. Prints, from metrics.jsonl's checkpoint lines (ckpt_*) and
 # the "resumed from ... in X s" line:
 #   - the state bytes (all ranks' shard files of one checkpoint),
 #   - the synchronous save: time from save() to the commit, and GB/s,
 #   - how long each mode stalled training (ckpt_blocking_s), and async / sync; an async save
 #     waits for the previous one, so when a save takes longer than the steps between saves
-#     (here 1) the later async saves stall too: the first one shows the staging copy alone,
+#     (try EVERY=1) the later async saves stall too: the first one shows the staging copy alone,
 #   - the load: time and GB/s (the files were just written, so mostly read from the page cache).
 # Not part of the test suite; builds nothing. Its data and checkpoints (~2 checkpoints on disk at
 # a time) go to a temporary folder under /tmp, removed at the end.
 #   scripts/bench_ckpt.sh [BUILD_DIR]     # default: build
 #   NPROC=2 scripts/bench_ckpt.sh         # 2 data-parallel ranks (each writes half the state)
-#   STEPS=4 scripts/bench_ckpt.sh         # steps (= checkpoints) per mode; default 3
+#   EVERY=4 STEPS=12 scripts/bench_ckpt.sh  # checkpoint every EVERY steps, STEPS per mode (defaults)
 set -euo pipefail
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=$(cd "${1:-$src/build}" && pwd)
 ft="$build/ft"
 [[ -x $ft ]] || { echo "bench_ckpt: no $ft; build first (cmake --build $build)" >&2; exit 1; }
 nproc=${NPROC:-1}
-steps=${STEPS:-3}
+every=${EVERY:-4}
+steps=${STEPS:-$((3 * every))}
 tmp=$(mktemp -d /tmp/ft_bench_ckpt.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
@@ -37,7 +39,7 @@ model: {dim: 1024, n_layers: 6, n_heads: 16, n_kv_heads: 8, ffn_dim: 2816, vocab
 data: {train: $tmp/data, seq_len: 64, shuffle: true}
 training: {steps: $steps, micro_batch_size: 1, global_batch_size: $nproc}
 optimizer: {lr: 1.0e-4}
-checkpoint: {every_steps: 1, keep_last: 1}
+checkpoint: {every_steps: $every, keep_last: 1}
 logging: {every_steps: 1}
 runtime: {threads: $threads}
 YAML
@@ -48,7 +50,7 @@ launch=()
 for mode in sync async; do
   async=false
   [[ $mode == async ]] && async=true
-  echo "bench_ckpt: $steps steps, checkpoint.every_steps=1, checkpoint.async=$async, $nproc process(es)"
+  echo "bench_ckpt: $steps steps, checkpoint.every_steps=$every, checkpoint.async=$async, $nproc process(es)"
   "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/$mode" checkpoint.async=$async "${launch[@]}" \
     > "$tmp/$mode.log" 2>&1 || { tail -20 "$tmp/$mode.log" >&2; exit 1; }
 done
