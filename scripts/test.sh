@@ -5,7 +5,8 @@
 #   scripts/test.sh              # both passes
 #   FT_TEST_SANITIZE=0 scripts/test.sh   # Release pass only
 # As root it also brings up a local one-node SLURM and runs tests/slurm/test_slurm.sh (srun and
-# sbatch against mpirun, ~25 s); FT_TEST_SLURM=0 skips that, FT_TEST_SLURM=1 asks for it.
+# sbatch against mpirun, and a batch job preempted with USR1, requeued and resumed; ~25 s);
+# FT_TEST_SLURM=0 skips that, FT_TEST_SLURM=1 asks for it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 jobs="$(nproc)"
