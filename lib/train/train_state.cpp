@@ -151,7 +151,7 @@ void check_same_model(const ckpt::Manifest& m, const Recipe& r) {
   if (!diff.empty())
     throw UsageError(m.dir + " holds another model: " + diff +
                      "; resume with the recipe that saved it, point checkpoint.dir elsewhere, or "
-                     "start afresh with --resume never");
+                     "start afresh with --resume never checkpoint.overwrite=true");
 }
 
 std::vector<std::string> resume_candidates(const Recipe& r, const std::string& resume,

@@ -11,7 +11,8 @@
 #     2 x pipeline 2 -> data 2 x pipeline 2 ZeRO-3, against a tied one-process run.
 #  c. --resume never on a folder with checkpoints: exit 2 naming checkpoint.overwrite, nothing
 #     deleted; with checkpoint.overwrite=true a fresh run (old step folders gone). --resume PATH
-#     of step_10 while latest is step_20 resumes from step 10. A PATH that is no checkpoint: exit 2.
+#     of step_10 while latest is step_20 resumes from step 10. A PATH that is no checkpoint, or a
+#     checkpoint.dir holding another model: exit 2.
 #  d. keep_last 2, every 5 steps over 20 (data 2): step_15, step_20 and `latest` naming step_20
 #     remain; one metrics line per save with ckpt_step, ckpt_bytes (= the rank_*.bin sizes),
 #     ckpt_blocking_s and ckpt_write_s.
@@ -206,6 +207,9 @@ same_shards path ref step_00000020
 train_rc 2 path path_2 --resume "$tmp/data"
 has path_2 "not a checkpoint"
 train_rc 2 path path_3 --resume "$tmp/no_such_folder"
+# Another model in checkpoint.dir: a usage error naming the difference, never a silent restart.
+train_rc 2 path path_4 model.ffn_dim=48
+has path_4 "holds another model: model.ffn_dim"
 echo "c. --resume never refused (exit 2) / overwrite starts afresh; --resume PATH of step_10;" \
   "PATH not a checkpoint: exit 2 ($((SECONDS - t0)) s)"
 
