@@ -87,7 +87,11 @@ int main(int argc, char** argv) {
       "checkpoint, logging, runtime. `ft validate RECIPE` prints every key with its resolved value\n"
       "and meaning. Overrides use dotted paths: ft train r.yaml training.steps=50 optimizer.lr=1e-3\n"
       "Outputs: <run.output_dir>/recipe.yaml (resolved recipe) and logging.metrics (JSON Lines,\n"
-      "default <run.output_dir>/metrics.jsonl).");
+      "default <run.output_dir>/metrics.jsonl).\n"
+      "Checkpoints: checkpoint.every_steps / every_minutes (and at the end) into checkpoint.dir\n"
+      "(default <run.output_dir>/checkpoints), async with checkpoint.async, keep_last kept. They\n"
+      "resume under any layout. SIGTERM or SIGUSR1 (to any rank, or to ft --nproc): finish the\n"
+      "step, save, exit 75; the same command then continues. ft inspect / ft export read them.");
 
   ValidateArgs validate;
   auto* v = app.add_subcommand("validate",
