@@ -18,26 +18,12 @@
 #include "ckpt/checkpoint.h"
 #include "core/error.h"
 #include "model/layout.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using ft::ckpt::State;
 
 namespace {
-
-// A fresh folder under the system temp dir, removed with everything in it at scope exit.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ft_checkpoint_XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

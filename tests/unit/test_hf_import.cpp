@@ -17,26 +17,13 @@
 #include "ckpt/safetensors.h"
 #include "core/error.h"
 #include "model/layout.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
 doctest::Contains has(const std::string& s) { return doctest::Contains(s.c_str()); }
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ft_hf_import_XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
 
 ft::ModelConfig tiny_config(bool tie) {
   ft::ModelConfig c;

@@ -15,25 +15,11 @@
 
 #include "ckpt/safetensors.h"
 #include "core/error.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh folder under the system temp dir, removed with everything in it at scope exit.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ft_safetensors_XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
