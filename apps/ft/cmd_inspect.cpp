@@ -24,6 +24,16 @@
 namespace ft::app {
 namespace {
 
+// Tensor tables print the first layer of a run of identical layers and fold the rest into one
+// line.
+void print_folded_layers(int from, int to) {
+  if (from == to)
+    std::printf("    ... 1 more layer with the same tensors (layer %d)\n", from);
+  else
+    std::printf("    ... %d more layers with the same tensors (layers %d-%d)\n", to - from + 1,
+                from, to);
+}
+
 namespace fs = std::filesystem;
 
 enum class FolderKind { kShards, kCheckpoint, kHuggingFace, kUnknown };
@@ -199,12 +209,7 @@ int inspect_hf(const std::string& dir) {
   int shown_layer = -1, folded_from = -1, folded_to = -1;
   auto flush_folded = [&] {
     if (folded_from < 0) return;
-    const int n = folded_to - folded_from + 1;
-    if (n == 1)
-      std::printf("    ... 1 more layer with the same tensors (layer %d)\n", folded_from);
-    else
-      std::printf("    ... %d more layers with the same tensors (layers %d-%d)\n", n, folded_from,
-                  folded_to);
+    print_folded_layers(folded_from, folded_to);
     folded_from = folded_to = -1;
   };
   for (size_t i = 0; i < s.tensors.size();) {
@@ -312,12 +317,7 @@ void print_checkpoint_tensors(const nlohmann::json& tensors) {
   int shown_layer = -1, folded_from = -1, folded_to = -1;
   auto flush_folded = [&] {
     if (folded_from < 0) return;
-    const int n = folded_to - folded_from + 1;
-    if (n == 1)
-      std::printf("    ... 1 more layer with the same tensors (layer %d)\n", folded_from);
-    else
-      std::printf("    ... %d more layers with the same tensors (layers %d-%d)\n", n,
-                  folded_from, folded_to);
+    print_folded_layers(folded_from, folded_to);
     folded_from = folded_to = -1;
   };
   auto print_row = [&](const Row& r) {
