@@ -44,18 +44,7 @@ runtime: {threads: 1}
 YAML
 
 # Helpers that cannot fail: they are polled under `set -e -o pipefail`.
-# The pid of the process whose command line names $1 and whose environment says it is MPI rank
-# $2; empty if there is none (yet).
-rank_pid() {
-  local p
-  for p in $(pgrep -f -- "$1" || true); do
-    if grep -qx "OMPI_COMM_WORLD_RANK=$2" < <(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null); then
-      echo "$p"
-      return 0
-    fi
-  done
-  return 0
-}
+source "$src/tests/cli/mpi_ranks.sh"  # rank_pid
 alive() {  # PID: running (a zombie has ended)
   local state
   state=$(sed -n 's/^State:\s*\(.\).*/\1/p' "/proc/$1/status" 2>/dev/null || true)

@@ -96,18 +96,7 @@ PY
 
 # A rank killed mid-run: the job ends, non-zero, within 60 s, and the failed rank is named.
 # Once under `--nproc 2`, once under a plain mpirun.
-# The pid of the process whose command line names $1 and whose environment says it is MPI rank 1;
-# empty if there is none (yet). Never fails: the loop below polls it under `set -e -o pipefail`.
-rank_1_of() {
-  local p
-  for p in $(pgrep -f "$1" || true); do
-    if grep -qx 'OMPI_COMM_WORLD_RANK=1' < <(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null); then
-      echo "$p"
-      return 0
-    fi
-  done
-  return 0
-}
+source "$src/tests/cli/mpi_ranks.sh"  # rank_pid PATTERN RANK
 kill_rank_1() {  # label, command...
   local label=$1; shift
   local out="$tmp/killed_$label"
@@ -116,7 +105,7 @@ kill_rank_1() {  # label, command...
   local job=$!
   for _ in $(seq 150); do
     sleep 0.2
-    victim=$(rank_1_of "$out")
+    victim=$(rank_pid "$out" 1)
     [[ -n $victim && -s $out/metrics.jsonl ]] && break
   done
   [[ -n $victim ]] || fail "$label: could not find rank 1"

@@ -54,18 +54,7 @@ YAML
 # Steps (the "step" of each loss line) in a metrics.jsonl; never fails (0 lines when absent).
 loss_lines() { grep -c '"loss"' "$1" 2> /dev/null || true; }
 
-# The pid of the process whose command line names $1 and whose environment says it is MPI rank
-# $2; empty if there is none (yet). Never fails under `set -e -o pipefail`.
-rank_pid() {
-  local p
-  for p in $(pgrep -f "$1" || true); do
-    if grep -qx "OMPI_COMM_WORLD_RANK=$2" < <(tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null); then
-      echo "$p"
-      return 0
-    fi
-  done
-  return 0
-}
+source "$src/tests/cli/mpi_ranks.sh"  # rank_pid PATTERN RANK
 
 # Unsignalled references, one per layout.
 nproc4=(parallel.tensor=2 --nproc 4)
