@@ -101,13 +101,19 @@ grep -q 'mpi world 4' "$tmp/srun.log" || fail "srun: not 4 MPI ranks: $(head -3 
 compare_losses srun 1e-5 || fail "srun disagrees with mpirun"
 
 # Waits for job $1 to end (its JobState then in $state, `scontrol show job` in $info). SLURM
-# holds a requeued job back (BeginTime, about 2 min): let it start again at once.
+# holds a requeued job back (BeginTime, about 2 min): let it start again in 3 s instead. Not at
+# once: slurmd must first finish tearing down the previous attempt, or it refuses the new one
+# ("Job credential revoked", job FAILED) — a race seen in CI with StartTime=now.
 wait_job() {
   state=""
+  local hurried=""
   for _ in $(seq 600); do
     info=$(scontrol show job "$1" -o 2> /dev/null || true)
     state=$(grep -o 'JobState=[A-Z_]*' <<< "$info" | cut -d= -f2)
-    [[ $state == PENDING && $info == *Reason=BeginTime* ]] && scontrol update JobId="$1" StartTime=now
+    if [[ -z $hurried && $state == PENDING && $info == *Reason=BeginTime* ]]; then
+      scontrol update JobId="$1" StartTime=now+3
+      hurried=1
+    fi
     [[ $state == COMPLETED || $state == FAILED || $state == CANCELLED* || $state == TIMEOUT ]] && return
     sleep 0.2
   done
