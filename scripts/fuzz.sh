@@ -67,5 +67,10 @@ for t in "${targets[@]}"; do
   if ((${#pids[@]} >= jobs)); then wait "${pids[0]}" || status=1; pids=("${pids[@]:1}"); fi
 done
 for p in "${pids[@]}"; do wait "$p" || status=1; done
-for t in "${targets[@]}"; do cat "$build/fuzz_$t.result"; done
+passed=0
+for t in "${targets[@]}"; do
+  cat "$build/fuzz_$t.result"
+  grep -q ' ok$' "$build/fuzz_$t.result" && passed=$((passed + 1))
+done
+echo "fuzz: $passed passed, $((${#targets[@]} - passed)) failed"
 exit $status
