@@ -6,7 +6,8 @@
 //      control characters vanish)                          → normalizer Precompiled;
 //   2. remove_extra_whitespaces: runs of ' ' become one, a leading and a trailing ' ' go
 //                                                           → Replace " {2,}" → " ", "^ | $" → "";
-//   3. add_dummy_prefix, ' ' → '▁', words split at '▁'    → pre-tokenizer Metaspace;
+//   3. add_dummy_prefix                                     → normalizer Prepend '▁';
+//      ' ' → '▁', words split at '▁'                         → pre-tokenizer Metaspace;
 //   4. BPE: repeatedly merge the adjacent pair whose concatenation is the highest-scoring piece
 //                                                           → BPE merges ranked by that score;
 //      or Unigram: the Viterbi segmentation                 → Unigram with the same scores;
@@ -284,12 +285,16 @@ std::string hf_tokenizer_json(const SpModelInfo& sp) {
     norms.push_back({{"type", "Replace"}, {"pattern", {{"Regex", " {2,}"}}}, {"content", " "}});
     norms.push_back({{"type", "Replace"}, {"pattern", {{"Regex", "^ | $"}}}, {"content", ""}});
   }
+  const std::string kSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's visible space
+  // The dummy prefix as a normalizer, not as Metaspace's prepend_scheme "always": that one adds
+  // nothing to a text that already starts with a space, where SentencePiece adds its '▁'
+  // regardless (" a" is "▁", "▁a" when whitespace is kept). Prepend leaves an empty text empty.
+  if (sp.add_dummy_prefix) norms.push_back({{"type", "Prepend"}, {"prepend", kSpace}});
   j["normalizer"] =
       norms.empty() ? ordered_json(nullptr) : ordered_json{{"type", "Sequence"}, {"normalizers", norms}};
-  const std::string kSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's visible space
   j["pre_tokenizer"] = {{"type", "Metaspace"},
                         {"replacement", kSpace},
-                        {"prepend_scheme", sp.add_dummy_prefix ? "always" : "never"},
+                        {"prepend_scheme", "never"},
                         {"split", sp.split_by_whitespace}};
 
   // BOS before each sequence, as ft tokenize; no EOS (hf_tokenizer.h says why).
@@ -331,8 +336,17 @@ std::string hf_tokenizer_json(const SpModelInfo& sp) {
                   {"vocab", vocab},
                   {"merges", bpe_merges(sp)}};
   } else {
+    // SentencePiece leaves <unk> and control pieces out of the Unigram search; `tokenizers`
+    // searches every entry, so text such as "<s>" would become the control piece (score 0, the
+    // best there is). A score 1000 below the lowest normal one keeps them out of any segmentation
+    // that can avoid them; where a character has no piece, every path takes the <unk> node, so
+    // the lower minimum (tokenizers' <unk> score is the minimum minus 10) changes no choice.
+    float min_normal = 0;
+    for (const SpModelInfo::Piece& p : sp.pieces)
+      if (p.type == kNormal) min_normal = std::min(min_normal, p.score);
     ordered_json vocab = ordered_json::array();
-    for (const SpModelInfo::Piece& p : sp.pieces) vocab.push_back({p.text, p.score});
+    for (const SpModelInfo::Piece& p : sp.pieces)
+      vocab.push_back({p.text, p.type == kNormal || p.type == kByte ? p.score : min_normal - 1000});
     j["model"] = {{"type", "Unigram"},
                   {"unk_id", sp.unk_id},
                   {"vocab", vocab},
@@ -369,6 +383,9 @@ std::string hf_tokenizer_config_json(const SpModelInfo& sp, int64_t model_max_le
   j["split_special_tokens"] = true;
   j["clean_up_tokenization_spaces"] = false;
   j["model_max_length"] = model_max_length;
+  // A Llama takes no token_type_ids: without this, model(**tokenizer(text)) and generate refuse
+  // the extra key PreTrainedTokenizerFast returns by default.
+  j["model_input_names"] = {"input_ids", "attention_mask"};
   return j.dump(2) + "\n";
 }
 
