@@ -126,8 +126,9 @@ bool is_checkpoint_folder(const fs::path& p) {
 // ids for config.json. A file SentencePiece cannot load, or a model whose tokenization the
 // export cannot reproduce, gets no tokenizer files and a note instead (the weights are still
 // worth exporting; the report says what is missing).
-void write_tokenizer_files(const fs::path& tmp, int64_t max_seq_len, HfExportResult* res) {
-  const fs::path model = tmp / "tokenizer.model";
+// `model`: the checkpoint's tokenizer copy (errors name it, not the temporary output folder).
+void write_tokenizer_files(const fs::path& model, const fs::path& tmp, int64_t max_seq_len,
+                           HfExportResult* res) {
   std::unique_ptr<Tokenizer> tok;
   try {
     tok = std::make_unique<Tokenizer>(model.string());
@@ -398,7 +399,7 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
                     ": sha256 differs from the manifest's; the checkpoint's tokenizer copy is "
                     "corrupt");
       res.tokenizer = true;
-      write_tokenizer_files(tmp, m.model.max_seq_len, &res);
+      write_tokenizer_files(src, tmp, m.model.max_seq_len, &res);
     }
     write_hf_config(m.model, o.dtype, (tmp / "config.json").string(), res.ids);
     if (res.ids.bos >= 0 || res.ids.eos >= 0)

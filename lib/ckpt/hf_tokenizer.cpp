@@ -17,6 +17,7 @@
 #include "ckpt/hf_tokenizer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string_view>
@@ -171,6 +172,32 @@ std::string base64(const std::string& in) {
   return out;
 }
 
+// Strict UTF-8 (no overlong forms, surrogates or values past U+10FFFF): every piece must be, as
+// SentencePiece requires, and JSON output needs it.
+bool valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const uint8_t c = uint8_t(s[i]);
+    int n;
+    uint32_t cp;
+    if (c < 0x80) { ++i; continue; }
+    if ((c & 0xe0) == 0xc0) { n = 1; cp = c & 0x1f; }
+    else if ((c & 0xf0) == 0xe0) { n = 2; cp = c & 0x0f; }
+    else if ((c & 0xf8) == 0xf0) { n = 3; cp = c & 0x07; }
+    else return false;
+    if (s.size() - i <= size_t(n)) return false;
+    for (int k = 1; k <= n; ++k) {
+      const uint8_t d = uint8_t(s[i + size_t(k)]);
+      if ((d & 0xc0) != 0x80) return false;
+      cp = cp << 6 | (d & 0x3f);
+    }
+    static const uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += size_t(n) + 1;
+  }
+  return true;
+}
+
 constexpr int kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6;
 
 const std::string& piece_text(const SpModelInfo& sp, int32_t id) {
@@ -230,6 +257,16 @@ SpModelInfo parse_sp_model(const std::string& bytes, const std::string& path) {
     else r.skip(wire);
   }
   if (sp.pieces.empty()) r.bad("no pieces");
+  std::unordered_map<std::string_view, size_t> seen;
+  for (size_t i = 0; i < sp.pieces.size(); ++i) {
+    const std::string& t = sp.pieces[i].text;
+    if (t.empty() || !valid_utf8(t)) r.bad("piece " + std::to_string(i) + " is empty or not UTF-8");
+    // A NaN would break the merge sort's ordering; SentencePiece writes finite log-probabilities.
+    if (!std::isfinite(sp.pieces[i].score))
+      r.bad("piece " + std::to_string(i) + " has a non-finite score");
+    if (!seen.emplace(t, i).second)
+      r.bad("piece " + std::to_string(i) + " repeats piece " + std::to_string(seen[t]));
+  }
   for (int32_t id : {sp.unk_id, sp.bos_id, sp.eos_id, sp.pad_id})
     if (id < -1 || id >= int32_t(sp.pieces.size()))
       r.bad("special id " + std::to_string(id) + " outside the " +
@@ -279,7 +316,8 @@ std::string hf_tokenizer_json(const SpModelInfo& sp) {
 
   ordered_json norms = ordered_json::array();
   if (!sp.precompiled_charsmap.empty())
-    norms.push_back({{"type", "Precompiled"}, {"precompiled_charsmap", base64(sp.precompiled_charsmap)}});
+    norms.push_back(
+        {{"type", "Precompiled"}, {"precompiled_charsmap", base64(sp.precompiled_charsmap)}});
   if (sp.remove_extra_whitespaces) {
     // Only ' ' (after the charsmap), as SentencePiece: a tab survives the identity normalization.
     norms.push_back({{"type", "Replace"}, {"pattern", {{"Regex", " {2,}"}}}, {"content", " "}});
@@ -290,8 +328,8 @@ std::string hf_tokenizer_json(const SpModelInfo& sp) {
   // nothing to a text that already starts with a space, where SentencePiece adds its '▁'
   // regardless (" a" is "▁", "▁a" when whitespace is kept). Prepend leaves an empty text empty.
   if (sp.add_dummy_prefix) norms.push_back({{"type", "Prepend"}, {"prepend", kSpace}});
-  j["normalizer"] =
-      norms.empty() ? ordered_json(nullptr) : ordered_json{{"type", "Sequence"}, {"normalizers", norms}};
+  j["normalizer"] = norms.empty() ? ordered_json(nullptr)
+                                  : ordered_json{{"type", "Sequence"}, {"normalizers", norms}};
   j["pre_tokenizer"] = {{"type", "Metaspace"},
                         {"replacement", kSpace},
                         {"prepend_scheme", "never"},

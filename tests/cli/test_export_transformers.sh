@@ -83,7 +83,8 @@ run 0 "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/train.jsonl" --o
 run 0 "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/valid.txt" --output "$tmp/valid"
 cat > "$tmp/r.yaml" <<YAML
 run: {name: tf, output_dir: $tmp/run, seed: 0}
-model: {arch: llama, dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 160, vocab_size: 512, max_seq_len: 64}
+model: {arch: llama, dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 160,
+        vocab_size: 512, max_seq_len: 64}
 tokenizer: {path: $tmp/tok.model}
 data: {train: $tmp/train, seq_len: 32, shuffle: true}
 training: {steps: 150, micro_batch_size: 16, global_batch_size: 16, grad_clip: 1.0}
@@ -163,7 +164,8 @@ EOF
 # The pure-Python protobuf: Debian's sentencepiece_model_pb2 predates the protobuf 4+ C runtime.
 run 1 env PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python \
   "$tf5" "$check" "$tmp/llama_tok" --shards "$tmp/train" --docs "$tmp/train.jsonl"
-grep -qF "FAIL: document" "$tmp/err.txt" "$tmp/out.txt" || fail "LlamaTokenizer conversion not caught"
+grep -qF "FAIL: document" "$tmp/err.txt" "$tmp/out.txt" ||
+  fail "LlamaTokenizer conversion not caught"
 echo "ok: c. missing eos_token_id and transformers' own conversion are caught"
 
 echo "test_export_transformers: all checks passed"
