@@ -116,6 +116,9 @@ tc = json.load(open(f"{d}/tokenizer_config.json"))
 assert tc["tokenizer_class"] == "PreTrainedTokenizerFast" and tc["add_bos_token"] is True
 assert tc["add_eos_token"] is False and tc["split_special_tokens"] is True, tc
 EOF
+# The extra files do not upset ft's own reading of the folder (model.from).
+run 0 "$ft" inspect "$tmp/out"
+has_out "compatible with ft: yes"
 echo "ok: a. export writes the tokenizer files and the special ids"
 
 # ---- b. transformers 5 and 4 read it as ft does ----------------------------------------------
