@@ -12,6 +12,12 @@
 // Why tokenizer.json is written here: transformers' own conversion of tokenizer.model (the
 // Llama converter) drops SentencePiece's normalization, so runs of spaces, newlines, tabs,
 // NFKC forms and unknown characters tokenize differently from ft's shards.
+// Known differences left (tokenizers' Precompiled normalizer looks a whole grapheme cluster up
+// in the charsmap and keeps only its longest matching prefix's replacement, where SentencePiece
+// goes on after that prefix): a character the charsmap rewrites followed by a combining mark
+// ("Ａ\u0301", "ﬁ\u0301": the mark is dropped), and "\r\n" in a model that keeps repeated
+// whitespace (remove_extra_whitespaces=false: one space instead of two). tests/cli/
+// test_export_transformers.sh covers everything else listed in its header.
 #pragma once
 
 #include <cstdint>
