@@ -19,6 +19,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev libdnnl-dev
   python3 python3-torch python3-numpy python3-h5py python3-sentencepiece
+  python3-venv  # tests/cli/test_export_transformers.sh: transformers from PyPI in a venv
 )
 missing=()
 for p in "${packages[@]}"; do

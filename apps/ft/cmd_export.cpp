@@ -79,9 +79,16 @@ int cmd_export(const ExportArgs& a) {
   const HfExportResult r = export_hf_folder(m, a.output, o, report_file);
   uint64_t file_bytes = 0;
   for (const HfFileInfo& f : r.files) file_bytes += f.bytes;
-  std::printf("  wrote config.json (torch_dtype %s)\n", torch_dtype_name(o.dtype).c_str());
+  std::printf("  wrote config.json (torch_dtype %s", torch_dtype_name(o.dtype).c_str());
+  if (r.ids.bos >= 0) std::printf(", bos_token_id %lld", (long long)r.ids.bos);
+  if (r.ids.eos >= 0) std::printf(", eos_token_id %lld", (long long)r.ids.eos);
+  if (r.ids.pad >= 0) std::printf(", pad_token_id %lld", (long long)r.ids.pad);
+  std::printf(")\n");
+  if (r.ids.bos >= 0 || r.ids.eos >= 0) std::printf("  wrote generation_config.json\n");
   if (r.sharded) std::printf("  wrote model.safetensors.index.json\n");
   if (r.tokenizer) std::printf("  copied tokenizer.model\n");
+  if (r.hf_tokenizer)
+    std::printf("  wrote tokenizer.json, tokenizer_config.json, special_tokens_map.json\n");
   std::printf("ft export: done: %zu tensors, %llu parameters, %s of %s tensor data in %zu "
               "safetensors file%s (%s on disk) in %s\n",
               r.tensors, (unsigned long long)r.parameters,
@@ -91,6 +98,10 @@ int cmd_export(const ExportArgs& a) {
   if (!r.tokenizer)
     std::printf("  note: the checkpoint has no tokenizer (the recipe named no tokenizer.path); "
                 "add tokenizer.model to the folder yourself\n");
+  // On stderr as well as in the summary: a folder AutoTokenizer cannot read as ft does must not
+  // pass unnoticed in a script that keeps only the exit code and the errors.
+  if (!r.tokenizer_note.empty())
+    std::fprintf(stderr, "ft export: warning: %s\n", r.tokenizer_note.c_str());
   return 0;
 }
 

@@ -8,8 +8,10 @@
 //   2. write into DIR.tmp-<pid>: each parameter group read whole (ckpt::read_global_group, which
 //      checks every piece's CRC-32), converted, appended to the shard being assembled; a shard
 //      is written (write_safetensors: temp name, fsync, rename) as soon as its last tensor is in;
-//   3. config.json, model.safetensors.index.json when sharded, tokenizer.model when the
-//      checkpoint has one (its sha256 checked against the manifest);
+//   3. tokenizer.model when the checkpoint has one (its sha256 checked against the manifest)
+//      with tokenizer.json, tokenizer_config.json, special_tokens_map.json (hf_tokenizer.h);
+//      config.json and generation_config.json with the tokenizer's special ids;
+//      model.safetensors.index.json when sharded;
 //   4. rename DIR.tmp-<pid> to DIR (after moving an old DIR aside with --overwrite).
 #include "ckpt/hf_export.h"
 
@@ -23,12 +25,17 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
+#include "ckpt/hf_tokenizer.h"
 #include "ckpt/safetensors.h"
 #include "core/error.h"
 #include "data/sha256.h"
+#include "data/tokenizer.h"
 #include "model/layout.h"
 
 namespace ft {
@@ -115,6 +122,62 @@ bool is_checkpoint_folder(const fs::path& p) {
   return fs::exists(p / "manifest.json", ec) || fs::exists(p / "latest", ec);
 }
 
+// Beside the copied tokenizer.model (in `tmp`): the Hugging Face tokenizer files, and the special
+// ids for config.json. A file SentencePiece cannot load, or a model whose tokenization the
+// export cannot reproduce, gets no tokenizer files and a note instead (the weights are still
+// worth exporting; the report says what is missing).
+// `model`: the checkpoint's tokenizer copy (errors name it, not the temporary output folder).
+void write_tokenizer_files(const fs::path& model, const fs::path& tmp, int64_t max_seq_len,
+                           HfExportResult* res) {
+  std::unique_ptr<Tokenizer> tok;
+  try {
+    tok = std::make_unique<Tokenizer>(model.string());
+  } catch (const Error& e) {
+    res->tokenizer_note = std::string("the checkpoint's tokenizer is not a SentencePiece model (") +
+                          e.what() + "); wrote no tokenizer files and no special token ids";
+    return;
+  }
+  std::string bytes;
+  {
+    std::ifstream in(model, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) throw Error(model.string() + ": cannot read it back");
+  }
+  const SpModelInfo sp = parse_sp_model(bytes, model.string());
+  // ft tokenize frames documents with the library's ids (tokenize.cpp); the ids written here
+  // come from the same file by another reader, so they must agree.
+  if (sp.bos_id != tok->bos_id() || sp.eos_id != tok->eos_id() ||
+      int64_t(sp.pieces.size()) != tok->vocab_size())
+    throw Error(model.string() + ": read as bos " + std::to_string(sp.bos_id) + ", eos " +
+                std::to_string(sp.eos_id) + ", " + std::to_string(sp.pieces.size()) +
+                " pieces, but SentencePiece says bos " + std::to_string(tok->bos_id()) +
+                ", eos " + std::to_string(tok->eos_id()) + ", " +
+                std::to_string(tok->vocab_size()) + " pieces; please report this model file");
+  res->ids = {sp.bos_id, sp.eos_id, sp.pad_id};
+  const std::string unsupported = unsupported_sp_settings(sp);
+  if (!unsupported.empty()) {
+    res->tokenizer_note = "the tokenizer uses SentencePiece settings the export cannot reproduce "
+                          "for transformers (" + unsupported +
+                          "); wrote no tokenizer.json or tokenizer_config.json: load it with "
+                          "sentencepiece, not AutoTokenizer";
+    return;
+  }
+  write_text_file(tmp / "tokenizer.json", hf_tokenizer_json(sp));
+  write_text_file(tmp / "tokenizer_config.json", hf_tokenizer_config_json(sp, max_seq_len));
+  write_text_file(tmp / "special_tokens_map.json", hf_special_tokens_map_json(sp));
+  res->hf_tokenizer = true;
+}
+
+// generate's defaults: it stops at eos_token_id and pads finished rows with pad_token_id (eos
+// when the tokenizer has no pad).
+void write_generation_config(const fs::path& path, const HfTokenIds& ids) {
+  ordered_json j = ordered_json::object();
+  if (ids.bos >= 0) j["bos_token_id"] = ids.bos;
+  if (ids.eos >= 0) j["eos_token_id"] = ids.eos;
+  if (ids.pad >= 0) j["pad_token_id"] = ids.pad;
+  write_text_file(path, j.dump(2) + "\n");
+}
+
 }  // namespace
 
 std::string torch_dtype_name(DType t) {
@@ -126,7 +189,8 @@ std::string torch_dtype_name(DType t) {
   }
 }
 
-void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string& path) {
+void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string& path,
+                     const HfTokenIds& ids) {
   // The keys LlamaConfig reads, in the order save_pretrained writes the common ones. head_dim is
   // written explicitly because transformers ≥ 4.45 reads it; it is always dim / n_heads here.
   ordered_json j;
@@ -150,6 +214,10 @@ void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string&
   j["attention_dropout"] = 0.0;
   j["torch_dtype"] = torch_dtype_name(torch_dtype);
   j["use_cache"] = true;
+  // Without eos_token_id, generate never stops at the end of a document.
+  if (ids.bos >= 0) j["bos_token_id"] = ids.bos;
+  if (ids.eos >= 0) j["eos_token_id"] = ids.eos;
+  if (ids.pad >= 0) j["pad_token_id"] = ids.pad;
   write_text_file(path, j.dump(2) + "\n");
 }
 
@@ -315,12 +383,7 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
     }
     flush();
 
-    // 3. config.json, the index, the tokenizer.
-    write_hf_config(m.model, o.dtype, (tmp / "config.json").string());
-    if (res.sharded) {
-      json index = {{"metadata", {{"total_size", res.tensor_bytes}}}, {"weight_map", weight_map}};
-      write_text_file(tmp / "model.safetensors.index.json", index.dump(2) + "\n");
-    }
+    // 3. The tokenizer, config.json, generation_config.json, the index.
     const json tok = m.json.value("tokenizer", json());
     if (tok.is_object() && tok.contains("file")) {
       const fs::path src = fs::path(m.dir) / tok["file"].get<std::string>();
@@ -336,6 +399,14 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
                     ": sha256 differs from the manifest's; the checkpoint's tokenizer copy is "
                     "corrupt");
       res.tokenizer = true;
+      write_tokenizer_files(src, tmp, m.model.max_seq_len, &res);
+    }
+    write_hf_config(m.model, o.dtype, (tmp / "config.json").string(), res.ids);
+    if (res.ids.bos >= 0 || res.ids.eos >= 0)
+      write_generation_config(tmp / "generation_config.json", res.ids);
+    if (res.sharded) {
+      json index = {{"metadata", {{"total_size", res.tensor_bytes}}}, {"weight_map", weight_map}};
+      write_text_file(tmp / "model.safetensors.index.json", index.dump(2) + "\n");
     }
     fsync_dir(tmp);
 

@@ -1,8 +1,10 @@
 // Hugging Face export: a checkpoint's parameters → a folder `transformers` loads as
 // LlamaForCausalLM (DESIGN.md §8): config.json, model.safetensors or shards
 // model-0000K-of-0000N.safetensors with model.safetensors.index.json, and the checkpoint's
-// tokenizer.model. The folder is written under a temporary name beside the output and renamed
-// into place at the end, so an interrupted export never leaves a half folder behind.
+// tokenizer.model with the files AutoTokenizer and generate need to treat it as ft does
+// (tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json).
+// The folder is written under a temporary name beside the output and renamed into place at the
+// end, so an interrupted export never leaves a half folder behind.
 #pragma once
 
 #include <cstdint>
@@ -16,9 +18,17 @@
 
 namespace ft {
 
+// The tokenizer's special token ids as config.json and generation_config.json carry them; -1:
+// the tokenizer has none (the key is left out).
+struct HfTokenIds {
+  int64_t bos = -1, eos = -1, pad = -1;
+};
+
 // Writes a LlamaForCausalLM config.json to `path` that read_hf_config reads back to the same
 // sizes (every field of ModelConfig but arch, from and init_std). torch_dtype: F32, BF16 or F16.
-void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string& path);
+// `ids`: bos_token_id, eos_token_id and pad_token_id where the tokenizer defines them.
+void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string& path,
+                     const HfTokenIds& ids = {});
 
 // "float32", "bfloat16", "float16": torch_dtype in config.json.
 std::string torch_dtype_name(DType t);
@@ -42,6 +52,11 @@ struct HfExportResult {
   uint64_t tensor_bytes = 0;  // data bytes in the output dtype (the index's total_size)
   bool sharded = false;       // wrote model.safetensors.index.json
   bool tokenizer = false;     // copied tokenizer.model
+  // Wrote tokenizer.json, tokenizer_config.json and special_tokens_map.json (hf_tokenizer.h);
+  // false with a tokenizer means tokenizer_note says why not.
+  bool hf_tokenizer = false;
+  std::string tokenizer_note;
+  HfTokenIds ids;             // in config.json and generation_config.json
 };
 
 // Checks that `dir` may be written (absent, an empty folder, or overwrite). Throws UsageError

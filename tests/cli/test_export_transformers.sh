@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# ft export read by transformers itself (DESIGN.md §8): AutoTokenizer on the exported folder gives
+# exactly the ids ft tokenize wrote, and generate stops at EOS.
+#   a. A SentencePiece model trained here (scripts/make_corpus.py); documents with the awkward
+#      cases (leading, trailing and repeated spaces, newlines, tabs, CRLF, digits, accents, CJK,
+#      emoji, NFKC forms, control characters, empty documents, the special tokens' text) plus
+#      generated stories, as JSONL and as text; ft tokenize; a short training on short documents
+#      that end in EOS; ft export.
+#   b. tests/ref/hf_tokenizer_check.py under transformers 5 (tokenizer only: it needs torch ≥ 2.6,
+#      Debian has 1.13) and transformers 4.46 (the last line that runs Debian's torch 1.13):
+#      every document's ids equal the shards'; greedy generate from two prompts ends with EOS.
+#   c. The check can fail: without eos_token_id generate runs to max_new_tokens, and with
+#      transformers' own LlamaTokenizer conversion the awkward documents differ.
+# The two virtual environments are made under BUILD_DIR once (pip from PyPI; --system-site-packages
+# for Debian's torch, numpy, h5py and sentencepiece) and reused; without PyPI this test fails.
+#   bash tests/cli/test_export_transformers.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
+ft="$build/ft"
+PY=/usr/bin/python3  # Debian's, with numpy, h5py, torch and sentencepiece (DESIGN.md §9)
+check="$src/tests/ref/hf_tokenizer_check.py"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/ft_test_export_tf.XXXXXX"); trap 'rm -rf "$tmp"' EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  echo "--- stdout ---" >&2; cat "$tmp/out.txt" >&2 || true
+  echo "--- stderr ---" >&2; cat "$tmp/err.txt" >&2 || true
+  exit 1
+}
+run() {
+  local want="$1" rc=0; shift
+  "$@" >"$tmp/out.txt" 2>"$tmp/err.txt" || rc=$?
+  [[ $rc -eq $want ]] || fail "$* exited $rc, expected $want"
+}
+has_out() { grep -qF -- "$1" "$tmp/out.txt" || fail "stdout lacks: $1"; }
+
+# venv DIR SPEC...: a cached virtual environment with the pip requirements SPEC; a stamp file
+# records them, so that a changed list makes a new one. Pinned versions: a new transformers
+# release must not change what this test means without an edit here.
+venv() {
+  local dir="$1"; shift
+  if [[ -x "$dir/bin/python" && "$(cat "$dir/ft_requirements" 2>/dev/null)" == "$*" ]]; then
+    return
+  fi
+  rm -rf "$dir"
+  echo "making $dir ($* from PyPI)"
+  "$PY" -m venv --system-site-packages "$dir"
+  "$dir/bin/pip" install -q --disable-pip-version-check "$@" ||
+    { echo "FAIL: pip install $* failed (is PyPI reachable?)" >&2; exit 1; }
+  echo "$*" > "$dir/ft_requirements"
+}
+# protobuf: for part c, where transformers 5 converts tokenizer.model itself.
+venv "$build/hf_venv_tf5" "transformers==5.23.0" "protobuf==7.36.2"
+venv "$build/hf_venv_tf4" "transformers==4.46.3"
+
+# ---- a. tokenizer, documents, shards, a short training, the export --------------------------
+"$PY" "$src/scripts/make_corpus.py" --out "$tmp/corpus.txt" --size-mb 0.3 \
+  --tokenizer "$tmp/tok.model" --vocab-size 512 >/dev/null
+"$PY" "$src/scripts/make_corpus.py" --out "$tmp/valid.txt" --size-mb 0.03 --seed 7 >/dev/null
+"$PY" - "$tmp" <<'EOF'
+import json, random, sys
+t = sys.argv[1]
+awkward = [
+    "Hello world.", " leading space", "trailing space ", "two  spaces", "   three lead",
+    "line one\nline two", "para\n\nbreak", "tab\there", "a\r\nb", "end with newline\n",
+    "digits 12345 and 3.14", "ümlaut café naïve", "日本語のテキスト", "emoji 😀 ok",
+    "ﬁ ligature ＡＢＣ fullwidth", "nbsp\u00a0here", "zero\u200bwidth", "ctrl\x07bell",
+    "", " ", "\n", "<unk> <s> </s>", "x", "  many    spaces   inside  ",
+    "The fox said, \"Hi!\" (quietly)",
+]
+stories = open(f"{t}/corpus.txt").read().split("\n\n")[:100]
+# Short documents that end with a full stop: after a short training the model closes them with
+# EOS, which is what generate must stop at.
+rng = random.Random(0)
+names = ["Tom", "Mia", "Sam", "Lily", "Ben", "Anna"]
+verbs = ["saw a fox", "ate an apple", "ran home", "found a key", "liked the park"]
+short = [f"{rng.choice(names)} {rng.choice(verbs)}." for _ in range(3000)]
+with open(f"{t}/train.jsonl", "w") as f:
+    for d in awkward + stories + short:
+        f.write(json.dumps({"text": d}) + "\n")
+EOF
+run 0 "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/train.jsonl" --output "$tmp/train"
+run 0 "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/valid.txt" --output "$tmp/valid"
+cat > "$tmp/r.yaml" <<YAML
+run: {name: tf, output_dir: $tmp/run, seed: 0}
+model: {arch: llama, dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 160,
+        vocab_size: 512, max_seq_len: 64}
+tokenizer: {path: $tmp/tok.model}
+data: {train: $tmp/train, seq_len: 32, shuffle: true}
+training: {steps: 150, micro_batch_size: 16, global_batch_size: 16, grad_clip: 1.0}
+optimizer: {name: adamw, lr: 1.0e-2, weight_decay: 0.0}
+scheduler: {name: cosine, warmup_steps: 10, min_lr: 1.0e-3}
+checkpoint: {every_steps: 150}
+logging: {every_steps: 50}
+runtime: {threads: 2}
+YAML
+run 0 "$ft" train "$tmp/r.yaml"
+run 0 "$ft" export "$tmp/run/checkpoints" --output "$tmp/out"
+has_out "wrote config.json (torch_dtype float32, bos_token_id 1, eos_token_id 2)"
+has_out "wrote generation_config.json"
+has_out "wrote tokenizer.json, tokenizer_config.json, special_tokens_map.json"
+"$PY" - "$tmp/out" <<'EOF' || fail "exported tokenizer files"
+import json, os, sys
+d = sys.argv[1]
+names = sorted(os.listdir(d))
+assert names == ["config.json", "generation_config.json", "model.safetensors",
+                 "special_tokens_map.json", "tokenizer.json", "tokenizer.model",
+                 "tokenizer_config.json"], names
+c = json.load(open(f"{d}/config.json"))
+assert (c["bos_token_id"], c["eos_token_id"]) == (1, 2) and "pad_token_id" not in c, c
+g = json.load(open(f"{d}/generation_config.json"))
+assert g == {"bos_token_id": 1, "eos_token_id": 2}, g
+s = json.load(open(f"{d}/special_tokens_map.json"))
+assert s == {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, s
+tc = json.load(open(f"{d}/tokenizer_config.json"))
+assert tc["tokenizer_class"] == "PreTrainedTokenizerFast" and tc["add_bos_token"] is True
+assert tc["add_eos_token"] is False and tc["split_special_tokens"] is True, tc
+EOF
+# The extra files do not upset ft's own reading of the folder (model.from).
+run 0 "$ft" inspect "$tmp/out"
+has_out "compatible with ft: yes"
+echo "ok: a. export writes the tokenizer files and the special ids"
+
+# ---- b. transformers 5 and 4 read it as ft does ----------------------------------------------
+tf5="$build/hf_venv_tf5/bin/python" tf4="$build/hf_venv_tf4/bin/python"
+run 0 "$tf5" "$check" "$tmp/out" --shards "$tmp/train" --docs "$tmp/train.jsonl"
+has_out "transformers 5.23.0"
+has_out "gives ft's ids for all 3125 documents"
+run 0 "$tf5" "$check" "$tmp/out" --shards "$tmp/valid" --docs "$tmp/valid.txt"
+has_out "gives ft's ids for all"
+run 0 "$tf4" "$check" "$tmp/out" --shards "$tmp/train" --docs "$tmp/train.jsonl" \
+  --prompt "Tom ran" --prompt "Mia" --max-new-tokens 20 --require-generate
+has_out "transformers 4.46.3"
+has_out "gives ft's ids for all 3125 documents"
+grep -Eq "^ok: generate 'Tom ran' -> 'Tom [a-z ]+\\.', stopped at EOS after [0-9]+ tokens$" \
+  "$tmp/out.txt" || fail "generate from 'Tom ran' did not end a sentence with EOS"
+has_out "ok: generate 'Mia'"
+cat "$tmp/out.txt" | grep '^ok: generate'
+echo "ok: b. transformers 5.23.0 and 4.46.3 tokenize as ft; generate stops at EOS"
+
+# ---- c. the check fails where it should ------------------------------------------------------
+cp -r "$tmp/out" "$tmp/no_eos"
+"$PY" - "$tmp/no_eos" <<'EOF'
+import json, sys
+for name in ("config.json", "generation_config.json"):
+    p = f"{sys.argv[1]}/{name}"
+    j = json.load(open(p)); j.pop("eos_token_id"); json.dump(j, open(p, "w"))
+EOF
+# config.json without eos_token_id is refused first; with it back, generate runs on.
+run 1 "$tf4" "$check" "$tmp/no_eos" --shards "$tmp/train" --docs "$tmp/train.jsonl"
+grep -qF "config.json eos_token_id None" "$tmp/err.txt" "$tmp/out.txt" || fail "no eos refusal"
+cp "$tmp/out/config.json" "$tmp/no_eos/config.json"
+run 1 "$tf4" "$check" "$tmp/no_eos" --shards "$tmp/train" --docs "$tmp/train.jsonl" \
+  --prompt "Tom ran" --max-new-tokens 20 --require-generate
+grep -qF "did not stop at EOS" "$tmp/err.txt" "$tmp/out.txt" || \
+  grep -qF "generation_config eos_token_id None" "$tmp/err.txt" "$tmp/out.txt" || \
+  fail "generate without eos_token_id was not caught"
+# transformers' own conversion of tokenizer.model (LlamaTokenizer, no tokenizer.json) drops
+# SentencePiece's normalization: the awkward documents come out differently.
+cp -r "$tmp/out" "$tmp/llama_tok"
+rm "$tmp/llama_tok/tokenizer.json"
+"$PY" - "$tmp/llama_tok/tokenizer_config.json" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1])); j["tokenizer_class"] = "LlamaTokenizer"; j["legacy"] = False
+json.dump(j, open(sys.argv[1], "w"))
+EOF
+# The pure-Python protobuf: Debian's sentencepiece_model_pb2 predates the protobuf 4+ C runtime.
+run 1 env PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python \
+  "$tf5" "$check" "$tmp/llama_tok" --shards "$tmp/train" --docs "$tmp/train.jsonl"
+grep -qF "FAIL: document" "$tmp/err.txt" "$tmp/out.txt" ||
+  fail "LlamaTokenizer conversion not caught"
+echo "ok: c. missing eos_token_id and transformers' own conversion are caught"
+
+echo "test_export_transformers: all checks passed"
