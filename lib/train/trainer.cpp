@@ -482,8 +482,9 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     }
     throw AgreedError(detail::concat(
         "step ", step, ": ", what, " (", where, "); nothing was updated or saved at this step; ",
-        last.empty() ? "no checkpoint of this run to resume from"
-                     : "the last good checkpoint is " + last + " (the same command resumes from it)",
+        last.empty()
+            ? std::string("no checkpoint of this run to resume from")
+            : "the last good checkpoint is " + last + " (the same command resumes from it)",
         "; try a lower optimizer.lr, more scheduler.warmup_steps or training.grad_clip"));
   };
   if (start_step >= r.training.steps && !resumed_from.empty()) {
@@ -592,8 +593,9 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
 
     // Checkpoints and stop signals, as agreed above.
     const bool stop = flags[1] > 0 && !last;
-    const bool due = ckpt_on && ((r.checkpoint.every_steps > 0 && step % r.checkpoint.every_steps == 0) ||
-                                 flags[2] > 0 || last);
+    const bool due =
+        ckpt_on && ((r.checkpoint.every_steps > 0 && step % r.checkpoint.every_steps == 0) ||
+                    flags[2] > 0 || last);
     if (due || stop) save(step);
     if (auto c = writer.poll()) report_commit(step, *c);
     if (stop) {

@@ -44,7 +44,10 @@ YAML
 
 # metrics_steps DIR: the "step" of every loss line of DIR/metrics.jsonl, space-separated.
 metrics_steps() {
-  /usr/bin/python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for l in open(sys.argv[1]) if "\"loss\"" in l))' "$1/metrics.jsonl"
+  /usr/bin/python3 - "$1/metrics.jsonl" <<'PY'
+import json, sys
+print(" ".join(str(j["step"]) for j in map(json.loads, open(sys.argv[1])) if "loss" in j))
+PY
 }
 
 # broken NAME HOOK MESSAGE [ARGS...]: a run with HOOK (an env assignment) that must stop at step 5
@@ -53,11 +56,14 @@ broken() {
   local name=$1 hook=$2 msg=$3 rc=0
   shift 3
   local out="$tmp/$name" ck="$tmp/$name/checkpoints"
-  env "$hook" "$ft" train "$tmp/r.yaml" run.output_dir="$out" "$@" > "$out.log" 2> "$out.err" || rc=$?
+  env "$hook" "$ft" train "$tmp/r.yaml" run.output_dir="$out" "$@" > "$out.log" 2> "$out.err" \
+    || rc=$?
   [[ $rc == 1 ]] || fail "$name: exit $rc, expected 1: $(tail -5 "$out.err")"
-  grep -Eq "^ft: error: step 5: $msg; nothing was updated or saved at this step; the last good checkpoint is $ck/step_00000004 \(the same command resumes from it\); try a lower optimizer.lr" "$out.err" \
+  local want="^ft: error: step 5: $msg; nothing was updated or saved at this step; the last good"
+  want+=" checkpoint is $ck/step_00000004 \(the same command resumes from it\); try a lower"
+  grep -Eq "$want optimizer.lr" "$out.err" \
     || fail "$name: message: $(cat "$out.err")"
-  [[ $(grep -c 'error' "$out.err") == 1 ]] || fail "$name: more than one error line: $(cat "$out.err")"
+  [[ $(grep -c 'error' "$out.err") == 1 ]] || fail "$name: not one error line: $(cat "$out.err")"
   [[ $(grep '^step ' "$out.log" | tail -1) == "step 4/8 "* ]] \
     || fail "$name: progress does not end at step 4: $(grep '^step ' "$out.log" | tail -2)"
   [[ $(metrics_steps "$out") == "1 2 3 4" ]] || fail "$name: metrics steps $(metrics_steps "$out")"
@@ -66,7 +72,9 @@ broken() {
   [[ $(cd "$ck" && ls -d step_* | tail -1) == step_00000004 ]] \
     || fail "$name: a step folder newer than step_4: $(ls "$ck")"
   "$ft" inspect "$ck/step_00000004" > "$out.inspect" 2>&1 || fail "$name: step_4 does not verify"
-  if grep -q '^ft: done\|^ft: last checkpoint' "$out.log"; then fail "$name: a summary after the failure"; fi
+  if grep -q '^ft: done\|^ft: last checkpoint' "$out.log"; then
+    fail "$name: a summary after the failure"
+  fi
 }
 
 # resumed NAME REF [ARGS...]: the same command resumes from step_00000004 and ends with the losses
@@ -79,7 +87,8 @@ resumed() {
     || fail "$name: resume failed: $(tail -5 "$out.resume.log")"
   grep -q "resumed from $out/checkpoints/step_00000004 (step 4," "$out.resume.log" \
     || fail "$name: did not resume from step 4: $(grep -i resum "$out.resume.log")"
-  /usr/bin/python3 - "$out/metrics.jsonl" "$tmp/$ref/metrics.jsonl" <<'PY' || fail "$name: resumed losses differ from $ref"
+  /usr/bin/python3 - "$out/metrics.jsonl" "$tmp/$ref/metrics.jsonl" <<'PY' \
+    || fail "$name: resumed losses differ from $ref"
 import json, sys
 def last(p):
     return {j["step"]: (j["loss"], j["grad_norm"]) for j in map(json.loads, open(p)) if "loss" in j}
@@ -89,12 +98,15 @@ PY
 }
 
 # One process. The NaN goes into the first element of the first group: the embedding.
-"$ft" train "$tmp/r.yaml" run.output_dir="$tmp/ref1" > "$tmp/ref1.log" 2>&1 || fail "reference: $(tail -3 "$tmp/ref1.log")"
-[[ $(metrics_steps "$tmp/ref1") == "1 2 3 4 5 6 7 8" ]] || fail "reference steps $(metrics_steps "$tmp/ref1")"
+"$ft" train "$tmp/r.yaml" run.output_dir="$tmp/ref1" > "$tmp/ref1.log" 2>&1 \
+  || fail "reference: $(tail -3 "$tmp/ref1.log")"
+[[ $(metrics_steps "$tmp/ref1") == "1 2 3 4 5 6 7 8" ]] \
+  || fail "reference steps $(metrics_steps "$tmp/ref1")"
 broken grad1 FT_TEST_NAN_GRAD_AT_STEP=5 \
   'the gradient norm is nan \(first non-finite gradient: model.embed_tokens.weight in embed\)'
 resumed grad1 ref1
-echo "one process, NaN gradient: exit 1 at step 5, step_4 kept, resumed == unbroken ($((SECONDS - t_all)) s)"
+echo "one process, NaN gradient: exit 1 at step 5, step_4 kept, resumed == unbroken" \
+  "($((SECONDS - t_all)) s)"
 
 # A NaN loss (finite gradients) stops the same way.
 broken loss1 FT_TEST_NAN_LOSS_AT_STEP=5 'the loss is nan \(every gradient element is finite\)'
@@ -123,7 +135,8 @@ broken grad_d2t2 FT_TEST_NAN_GRAD_AT_STEP=5:3 \
   'the gradient norm is nan \(first non-finite gradient: model.embed_tokens.weight in embed\)' \
   "${d2t2[@]}"
 resumed grad_d2t2 ref_d2t2 "${d2t2[@]}"
-echo "data 2 x tensor 2, NaN on rank 3: exit 1 at step 5, step_4 kept, resumed == unbroken ($((SECONDS - t0)) s)"
+echo "data 2 x tensor 2, NaN on rank 3: exit 1 at step 5, step_4 kept, resumed == unbroken" \
+  "($((SECONDS - t0)) s)"
 
 # --nproc 4, data 2 x pipeline 2, ZeRO-3: rank 3 is the last stage's second data rank; its NaN
 # is in the second half of layers.1's flat buffer, a group rank 0 does not hold.
@@ -135,7 +148,8 @@ broken grad_d2p2 FT_TEST_NAN_GRAD_AT_STEP=5:3 \
   'the gradient norm is nan \(first non-finite gradient: model.layers.1.[a-z_.]+ in layers.1\)' \
   "${d2p2[@]}"
 resumed grad_d2p2 ref_d2p2 "${d2p2[@]}"
-echo "data 2 x pipeline 2 ZeRO-3, NaN on rank 3: exit 1 at step 5 naming layers.1, resumed == unbroken ($((SECONDS - t0)) s)"
+echo "data 2 x pipeline 2 ZeRO-3, NaN on rank 3: exit 1 at step 5 naming layers.1," \
+  "resumed == unbroken ($((SECONDS - t0)) s)"
 
 echo "time: whole test: $((SECONDS - t_all)) s"
 echo "test_nonfinite: all checks passed"
