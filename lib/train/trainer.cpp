@@ -630,10 +630,11 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   sum.peak_rss_bytes = peak_rss_bytes();
   if (is_root) {
     std::printf(
-        "ft: %s: %lld steps, %lld tokens in %s (%.0f tokens/s); final loss %.4f\n"
+        "ft: %s: %lld step%s, %lld tokens in %s (%.0f tokens/s); final loss %.4f\n"
         "ft: peak memory: %s device allocator, %s process RSS\n"
         "ft: outputs: %s (resolved recipe: %s/recipe.yaml, metrics: %s)\n",
-        sum.preempted ? "stopped early" : "done", (long long)sum.steps, (long long)sum.tokens,
+        sum.preempted ? "stopped early" : "done", (long long)sum.steps, sum.steps == 1 ? "" : "s",
+        (long long)sum.tokens,
         Progress::human_seconds(sum.wall_s).c_str(),
         sum.tokens_per_s, sum.final_loss, Progress::human_bytes(double(sum.mem_peak_bytes)).c_str(),
         Progress::human_bytes(double(sum.peak_rss_bytes)).c_str(), r.run.output_dir.c_str(),
