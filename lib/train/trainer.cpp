@@ -457,10 +457,12 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     } catch (const Error& e) {
       log_warn("the checkpoint save in flight failed: ", e.what());
     }
+    // "nan", never the "-nan" that printing a NaN with its sign bit set gives.
+    auto name = [](double x) { return std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf"; };
     std::string what;
-    if (!std::isfinite(loss)) what = detail::concat("the loss is ", loss);
+    if (!std::isfinite(loss)) what = detail::concat("the loss is ", name(loss));
     if (!std::isfinite(grad_norm))
-      what += detail::concat(what.empty() ? "" : " and ", "the gradient norm is ", grad_norm);
+      what += detail::concat(what.empty() ? "" : " and ", "the gradient norm is ", name(grad_norm));
     std::string where = "every gradient element is finite";
     if (first > -1e29f) {
       int64_t index = int64_t(-first);
@@ -476,7 +478,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     }
     std::string last;
     try {
-      if (ckpt_on) last = ckpt::latest_checkpoint(r.checkpoint.dir);
+      last = ckpt::latest_checkpoint(r.checkpoint.dir);
     } catch (const Error&) {
       // a damaged `latest`: say there is none known rather than fail while reporting
     }
