@@ -9,6 +9,7 @@
 #    commits;
 #  - the same command resumes from step_00000004 and ends with losses == a run never broken
 #    (so nothing of the broken step reached the saved state).
+# A real divergence (optimizer.lr=1e30) stops the same way at step 2.
 # Layouts: one process; --nproc 4 data 2 x tensor 2 with the NaN on rank 3; --nproc 4 data 2 x
 # pipeline 2 under ZeRO-3 with the NaN on rank 3 (the last stage: rank 0 holds none of it).
 #   bash tests/cli/test_nonfinite.sh BUILD_DIR SOURCE_DIR
@@ -111,6 +112,18 @@ echo "one process, NaN gradient: exit 1 at step 5, step_4 kept, resumed == unbro
 # A NaN loss (finite gradients) stops the same way.
 broken loss1 FT_TEST_NAN_LOSS_AT_STEP=5 'the loss is nan \(every gradient element is finite\)'
 echo "one process, NaN loss: exit 1 at step 5, step_4 kept"
+
+# A real divergence, no hook: lr 1e30 makes step 1's update overflow the forward of step 2.
+rc=0
+"$ft" train "$tmp/r.yaml" run.output_dir="$tmp/lr" optimizer.lr=1e30 scheduler.warmup_steps=0 \
+  checkpoint.every_steps=1 > "$tmp/lr.log" 2> "$tmp/lr.err" || rc=$?
+[[ $rc == 1 ]] || fail "lr 1e30: exit $rc: $(tail -3 "$tmp/lr.err")"
+want="^ft: error: step 2: the loss is nan and the gradient norm is nan (first non-finite gradient:"
+want+=" .*); nothing was updated or saved at this step; the last good checkpoint is"
+grep -q "$want $tmp/lr/checkpoints/step_00000001 " "$tmp/lr.err" || fail "lr 1e30: message: $(cat "$tmp/lr.err")"
+[[ $(cat "$tmp/lr/checkpoints/latest") == step_00000001 && ! -e $tmp/lr/checkpoints/step_00000002 ]] \
+  || fail "lr 1e30: checkpoints $(ls "$tmp/lr/checkpoints")"
+echo "one process, lr 1e30: exit 1 at step 2 (loss and gradient norm nan), step_1 kept"
 
 # Async saves every 4 steps, each slowed to ~0.5 s (FT_TEST_CKPT_DELAY_MS per piece): step 5
 # fails while step 4's save is in flight; that save holds step 4's state and commits.
