@@ -410,7 +410,6 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   const auto t_start = Clock::now();
   auto t_last_save = t_start;
   int64_t last_saved = resumed_from.empty() ? -1 : start_step;
-  // A save of step `done` (steps completed); rank 0 reports each commit in the metrics.
   // Rank 0 reports each commit in the metrics, at `step`: the steps done when it was seen.
   auto report_commit = [&](int64_t step, const ckpt::CheckpointWriter::Committed& c) {
     if (!is_root) return;
@@ -560,7 +559,9 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     tokens_seen += step_tokens;
     sum.final_loss = loss;
 
-    if (is_root && (s % r.logging.every_steps == 0 || last)) {
+    // Steps k, 2k, … of logging.every_steps k, beside the eval lines and checkpoints of those
+    // steps; also the first step of this process (quick sign of life) and the last.
+    if (is_root && (step % r.logging.every_steps == 0 || s == start_step || last)) {
       const size_t mem_peak = dev->stats().peak_bytes;
       metrics.write({{"step", step},
                      {"loss", loss},

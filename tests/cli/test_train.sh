@@ -82,6 +82,18 @@ a, b = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.a
 assert a == b, (a, b)
 PY
 
+# logging.every_steps 5: steps 5 and 10 (beside the evaluations and checkpoints of those steps),
+# plus the first and the last step.
+"$ft" train "$tmp/r.yaml" logging.every_steps=5 training.eval_every_steps=0 run.output_dir="$tmp/log5" \
+  > "$tmp/log5.txt" 2>&1 || fail "logging.every_steps=5 run failed: $(tail -3 "$tmp/log5.txt")"
+/usr/bin/python3 - "$tmp/log5/metrics.jsonl" <<'PY' || fail "logging.every_steps=5: logged steps"
+import json, sys
+steps = [j["step"] for j in map(json.loads, open(sys.argv[1])) if "loss" in j]
+assert steps == [1, 5, 10, 12], steps
+PY
+[[ $(grep '^step ' "$tmp/log5.txt" | cut -d' ' -f2 | tr '\n' ' ') == "1/12 5/12 10/12 12/12 " ]] \
+  || fail "logging.every_steps=5: progress lines $(grep '^step ' "$tmp/log5.txt")"
+
 # 3. On a terminal: a live bar redrawn with carriage returns.
 script -qec "\"$ft\" train \"$tmp/r.yaml\" run.output_dir=\"$tmp/tty\"" /dev/null > "$tmp/tty.txt" 2>&1 \
   || fail "ft train under a pseudo-terminal failed: $(tail -5 "$tmp/tty.txt")"
