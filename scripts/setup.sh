@@ -12,7 +12,7 @@ with_data=1
 [[ "${1:-}" == "--no-data" ]] && with_data=0
 
 packages=(
-  build-essential cmake pkg-config git procps
+  build-essential cmake pkg-config git procps time
   libcli11-dev libyaml-cpp-dev nlohmann-json3-dev doctest-dev
   libsentencepiece-dev sentencepiece
   libhdf5-dev zlib1g-dev

@@ -7,6 +7,8 @@
 # As root it also brings up a local one-node SLURM and runs tests/slurm/test_slurm.sh (srun and
 # sbatch against mpirun, and a batch job preempted with USR1, requeued and resumed; ~25 s);
 # FT_TEST_SLURM=0 skips that, FT_TEST_SLURM=1 asks for it.
+# Last, every libFuzzer harness of tests/fuzz runs for FT_TEST_FUZZ_SECONDS (default 30) from its
+# seed corpus (scripts/fuzz.sh; clang build in build-fuzz/); FT_TEST_FUZZ=0 skips that.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 jobs="$(nproc)"
@@ -28,4 +30,9 @@ if [[ "${FT_TEST_SANITIZE:-1}" == "1" ]]; then
   # halt_on_error: any report fails the test. Leak checking stays on.
   ASAN_OPTIONS="halt_on_error=1:abort_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
     ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 1800
+fi
+
+if [[ "${FT_TEST_FUZZ:-1}" == "1" ]]; then
+  echo "test: fuzzing (tests/fuzz, ${FT_TEST_FUZZ_SECONDS:-30} s per harness)"
+  FUZZ_JOBS="$jobs" scripts/fuzz.sh "${FT_TEST_FUZZ_SECONDS:-30}"
 fi

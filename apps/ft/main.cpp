@@ -69,6 +69,9 @@ int main(int argc, char** argv) {
       "Exit codes: 0 done, 1 runtime failure, 2 usage or recipe error, 75 stopped on a signal "
       "after a checkpoint"};
   app.name("ft");
+  app.footer(
+      "Recipes, data format, metrics, checkpoints and every contract: DESIGN.md at the root of\n"
+      "ft's source tree; a user's guide: README.md beside it.");
   app.require_subcommand(0, 1);
   bool version = false;
   app.add_flag("--version", version, "Print the version and exit");
@@ -131,7 +134,7 @@ int main(int argc, char** argv) {
   plan->footer(
       "Prints, per distinct rank role, the device memory for parameters, gradients, optimizer\n"
       "state, activations and communication buffers, and the bytes each rank sends per step, with\n"
-      "the formulas used. Pipeline layouts are planned though this build cannot run them yet.");
+      "the formulas used (DESIGN.md §3 describes the layouts).");
 
   ExportArgs export_args;
   auto* exp = app.add_subcommand("export", "Write a Hugging Face folder from a checkpoint");

@@ -4,6 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 namespace ft {
 
@@ -12,6 +16,56 @@ int available_cores() {
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
   return int(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+namespace {
+
+// The first number of a one-line file (cgroup's memory.max says "max" when unlimited: nullopt).
+bool read_number(const std::string& path, uint64_t* out) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word.empty() || word.find_first_not_of("0123456789") != std::string::npos)
+    return false;
+  *out = std::strtoull(word.c_str(), nullptr, 10);
+  return true;
+}
+
+}  // namespace
+
+uint64_t available_memory_bytes() {
+  uint64_t avail = 0;
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    uint64_t kib = 0;
+    std::string unit;
+    while (in >> key >> kib) {
+      std::getline(in, unit);
+      if (key == "MemAvailable:") {
+        avail = kib * 1024;
+        break;
+      }
+    }
+  }
+  // cgroup v2: "0::/some/path" names this process's group under /sys/fs/cgroup.
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(cg, line)) {
+    if (line.rfind("0::", 0) != 0) continue;
+    const std::string dir = "/sys/fs/cgroup" + line.substr(3);
+    uint64_t max = 0, current = 0;
+    if (read_number(dir + "/memory.max", &max) && read_number(dir + "/memory.current", &current)) {
+      const uint64_t left = max > current ? max - current : 0;
+      avail = avail ? std::min(avail, left) : left;
+    }
+  }
+  return avail;
+}
+
+int local_rank_count() {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (!local) local = std::getenv("SLURM_NTASKS_PER_NODE");
+  return local ? std::max(1, std::atoi(local)) : 1;
 }
 
 }  // namespace ft

@@ -31,6 +31,8 @@ struct Group {
   int64_t s = 0;  // ZeRO shard: ⌈n / D⌉
   int64_t own = 0;  // elements of the shard this data rank owns (AdamW state)
   int gathers = 0;  // ZeRO-3 all-gathers per micro-batch
+  int64_t count = 1;  // identical groups this entry stands for (a stage's layers: one entry, so
+                      // that a plan of 10^9 layers is arithmetic, not 10^9 entries)
 };
 
 std::string layer_range(int first, int n) {
@@ -128,23 +130,23 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
     // activation checkpointing), the head in the forward and backward halves, the embedding in
     // the embedding's forward and, tied, again in both halves of the head.
     std::vector<Group> groups;
-    auto add = [&](Group::Kind k, int64_t n, int gathers) {
-      Group g{k, n, ceil_div(n, D), 0, gathers};
+    auto add = [&](Group::Kind k, int64_t n, int gathers, int64_t count = 1) {
+      Group g{k, n, ceil_div(n, D), 0, gathers, count};
       const int64_t begin = std::min(n, d * g.s);
       g.own = std::min(n, begin + g.s) - begin;
       groups.push_back(g);
     };
     if (holds_embed) add(Group::kEmbed, n_embed, (rp.embed ? 1 : 0) + (tied_head ? 2 : 0));
-    for (int64_t l = 0; l < Lp; ++l) add(Group::kLayer, n_layer, ckpt ? 3 : 2);
+    if (Lp > 0) add(Group::kLayer, n_layer, ckpt ? 3 : 2, Lp);
     if (rp.head) add(Group::kHead, n_head, 2);
 
     int64_t sum_n = 0, sum_s = 0, sum_own = 0, max_s = 0, sum_gather = 0;
     for (const Group& g : groups) {
-      sum_n += g.n;
-      sum_s += g.s;
-      sum_own += g.own;
+      sum_n += g.count * g.n;
+      sum_s += g.count * g.s;
+      sum_own += g.count * g.own;
       max_s = std::max(max_s, g.s);
-      sum_gather += g.gathers * g.s;
+      sum_gather += g.count * g.gathers * g.s;
     }
     rp.param_elems = sum_n;
     {

@@ -42,11 +42,17 @@
 
 #include "ckpt/hf.h"
 #include "core/error.h"
+#include "core/utf8.h"
 
 namespace ft {
 namespace {
 
 constexpr const char* kCommandLine = "<command line>";
+// A recipe is a page of YAML; anything this large is the wrong file (or /dev/zero), and reading
+// it whole would take the machine's memory.
+constexpr size_t kMaxRecipeBytes = 1 << 20;
+// More threads than any machine has cores; beyond it OpenMP and OpenBLAS fail to start them.
+constexpr int kMaxThreads = 1024;
 
 // ---------------------------------------------------------------------------------------------
 // The schema
@@ -249,7 +255,8 @@ const std::vector<KeySpec>& schema() {
 
         FT_KEY(runtime, device, kChoice, "auto: CUDA when present, else CPU",
                {.choices = {"auto", "cpu", "cuda"}}),
-        FT_KEY(runtime, threads, kInt, "CPU threads; 0: all cores", non_negative),
+        FT_KEY(runtime, threads, kInt, "CPU threads; 0: all cores",
+               {.range = between(0, kMaxThreads)}),
     };
     return t;
   }();
@@ -496,11 +503,25 @@ class Loader {
       issue({path_, 0, 0}, "", "cannot read the recipe file", "check the path and permissions");
       return false;
     }
-    std::stringstream text;
-    text << in.rdbuf();
+    if (std::filesystem::is_directory(path_)) {
+      issue({path_, 0, 0}, "", "this is a folder, not a recipe file",
+            "give the path of a .yaml file, e.g. recipes/quickstart.yaml");
+      return false;
+    }
+    // Read at most one byte past the limit: a device or a pipe has no size to ask for first.
+    std::string text(kMaxRecipeBytes + 1, '\0');
+    in.read(text.data(), std::streamsize(text.size()));
+    text.resize(size_t(in.gcount()));
+    if (text.size() > kMaxRecipeBytes) {
+      issue({path_, 0, 0}, "",
+            "larger than " + std::to_string(kMaxRecipeBytes >> 20) +
+                " MiB: not a recipe (a recipe is a page of YAML)",
+            "check the path: ft validate and ft train take the recipe's .yaml file");
+      return false;
+    }
     YAML::Node root;
     try {
-      root = YAML::Load(text.str());
+      root = YAML::Load(text);
     } catch (const YAML::ParserException& e) {
       // Nothing after a syntax error can be trusted, so it is the one issue of the file.
       issue(origin(e.mark), "", "YAML syntax error: " + e.msg,
@@ -760,6 +781,12 @@ class Loader {
         }
         if (!n.IsNull() && !n.IsScalar()) return wrong("a single value", example(k));
         const std::string text = n.IsNull() ? "" : n.Scalar();
+        // Names and paths are written into JSON (metrics, manifests), which must be UTF-8:
+        // refuse here, naming the key, rather than after the run has trained.
+        if (!is_valid_utf8(text)) {
+          return wrong("UTF-8 text", "the value has bytes that are not UTF-8 (e.g. Latin-1 from "
+                                     "an old editor); re-save the file as UTF-8");
+        }
         if (k.kind == Kind::kChoice &&
             std::find(k.choices.begin(), k.choices.end(), text) == k.choices.end()) {
           auto s2 = first_of({misspelt(text, k.choices), overlapping(text, k.choices)});

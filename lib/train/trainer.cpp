@@ -43,6 +43,7 @@
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 #include "parallel/pipeline.h"
+#include "parallel/plan.h"
 #include "parallel/zero.h"
 #include "runtime/device.h"
 #include "train/metrics.h"
@@ -58,9 +59,7 @@ int configure_threads(int threads) {
   // Ranks started on one node by a launcher that did not bind them to cores each see every
   // core: share the cores among them instead of oversubscribing.
   if (threads <= 0) {
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (!local) local = std::getenv("SLURM_NTASKS_PER_NODE");
-    const int local_ranks = local ? std::max(1, std::atoi(local)) : 1;
+    const int local_ranks = local_rank_count();
     if (local_ranks > 1 && n == int(sysconf(_SC_NPROCESSORS_ONLN))) n = std::max(1, n / local_ranks);
   }
   omp_set_num_threads(n);
@@ -87,6 +86,55 @@ bool test_hook_fires(const char* var, int64_t step, int rank) {
   if (!v) return false;
   const char* colon = std::strchr(v, ':');
   return std::atoll(v) == step && (!colon || std::atoi(colon + 1) == rank);
+}
+
+// Refuses a run whose `ft plan` peak does not fit the memory this node has left, before
+// anything is allocated: growing into the OS's out-of-memory killer loses the run without a
+// word (and a run with n_layers: 1e9 would try). The ranks on one node share its memory.
+void check_memory_fits(const Recipe& r, int world, int rank) {
+  if (const char* skip = std::getenv("FT_SKIP_MEMORY_CHECK"); skip && std::string(skip) == "1")
+    return;
+  const uint64_t avail = available_memory_bytes();
+  if (avail == 0) return;  // nothing to compare with
+  const MemoryPlan plan = plan_memory(r, world);
+  const RankPlan& mine = plan.ranks.at(size_t(rank));
+  const int local = local_rank_count();
+  const double need = double(mine.peak_bytes) * local;
+  if (need <= double(avail)) return;
+  throw Error(detail::concat(
+      "this run needs about ", Progress::human_bytes(double(mine.peak_bytes)), " on rank ", rank,
+      local > 1 ? detail::concat(" (x ", local, " ranks on this node = ",
+                                 Progress::human_bytes(need), ")")
+                : std::string(),
+      " by `ft plan` (model ", plan.model_params, " parameters), but only ",
+      Progress::human_bytes(double(avail)),
+      " of memory is available here; nothing was allocated. Run `ft plan ", r.source_path,
+      "` to see where it goes, then use more ranks with parallel.zero_stage 3 or "
+      "parallel.tensor/pipeline, training.activation_checkpointing, a smaller "
+      "training.micro_batch_size or data.seq_len (FT_SKIP_MEMORY_CHECK=1 starts anyway)"));
+}
+
+// Every rank writes its own shard files into checkpoint.dir: find a folder that cannot be
+// created or written now, not at the first save after hours of training.
+void check_checkpoint_dir_writable(const std::string& dir, int rank) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) {
+    throw Error(detail::concat("checkpoint.dir '", dir, "' cannot be created on rank ", rank, ": ",
+                               ec ? ec.message() : "a file of that name is in the way",
+                               "; choose another checkpoint.dir or fix its permissions"));
+  }
+  const fs::path probe = fs::path(dir) / detail::concat(".ft_write_test.", rank, ".", getpid());
+  FILE* f = std::fopen(probe.c_str(), "wb");
+  const bool ok = f && std::fputc('x', f) != EOF;
+  const int err = errno;
+  if (f) std::fclose(f);
+  fs::remove(probe, ec);
+  if (!ok) {
+    throw Error(detail::concat("checkpoint.dir '", dir, "' is not writable on rank ", rank, ": ",
+                               std::strerror(err),
+                               "; choose another checkpoint.dir or fix its permissions"));
+  }
 }
 
 // The validation loader: the first training.eval_batches global batches of data.valid, no
@@ -174,6 +222,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   const int micro = r.training.micro_batch_size;
   const int T = r.data.seq_len;
   install_stop_handlers();
+  check_memory_fits(r, world, comm.rank());
 
   // Which checkpoint to resume from, decided before any work (`--resume never` on a folder
   // that holds checkpoints is refused here).
@@ -226,6 +275,8 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     std::ofstream(saved) << recipe_to_yaml(r);
     if (!fs::exists(saved)) throw Error("cannot write " + saved.string());
   }
+  if (r.checkpoint.every_steps > 0 || r.checkpoint.every_minutes > 0)
+    check_checkpoint_dir_writable(r.checkpoint.dir, comm.rank());
 
   // Model and optimizer.
   Communicator* pipe_comm = mesh.pipeline > 1 ? mesh.pipeline_comm.get() : nullptr;

@@ -5,7 +5,7 @@
 // bug. Each input goes into one memfd, opened by path through /proc/self/fd, so the fuzzer
 // never touches the disk.
 //
-// Build and run (clang, from the repository root):
+// Build and run: scripts/fuzz.sh (all harnesses), or by hand (clang, from the repository root):
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Ilib \
 //     tests/fuzz/fuzz_safetensors.cpp lib/ckpt/safetensors.cpp lib/core/dtype.cpp \
 //     -o /tmp/fuzz_safetensors
