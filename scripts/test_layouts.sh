@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every layout trains the same model (DESIGN.md §3): one recipe (a small Llama with GQA, fp32,
 # 10 steps, AdamW with weight decay, active clipping, gradient accumulation, a loss mask,
-# shuffled data, evaluation after steps 4 and 9) run in one process and under each layout;
+# shuffled data, evaluation after steps 5 and 10) run in one process and under each layout;
 # tests/ref/compare_layouts.py compares losses, evaluation losses, gradient norms and the final
 # parameters (reassembled from every rank's slices) with the one-process run.
 #   scripts/test_layouts.sh [BUILD_DIR]          # the whole matrix (24 runs, about a minute)

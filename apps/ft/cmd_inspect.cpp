@@ -360,9 +360,9 @@ int inspect_checkpoint_step(const std::string& dir) {
   std::printf("checkpoint %s\n", dir.c_str());
   std::printf("  status:       %s\n",
               complete ? "complete" : "incomplete: COMPLETE is missing; never resumed from");
-  std::printf("  step:         %lld (optimizer steps completed; training resumes at step index "
+  std::printf("  step:         %lld (optimizer steps completed; training continues with step "
               "%lld)\n",
-              (long long)m.step, (long long)m.step);
+              (long long)m.step, (long long)m.step + 1);
   if (j.contains("saved_at") || j.contains("ft_version"))
     std::printf("  saved:        %s by ft %s\n", j.value("saved_at", std::string("?")).c_str(),
                 j.value("ft_version", std::string("?")).c_str());

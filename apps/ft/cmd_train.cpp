@@ -106,6 +106,19 @@ int cmd_train(const TrainArgs& a) {
   try {
     const TrainSummary sum = train(recipe, *comm, a.resume);
     if (sum.preempted) return int(ExitCode::kPreempted);
+  } catch (const AgreedError& e) {
+    // Every rank stopped here alike (e.g. a non-finite gradient norm): rank 0 prints the one
+    // message before any rank exits, since a launcher may kill the others as soon as one exits
+    // non-zero; then every rank ends normally with the same exit code. The stop signal that
+    // launcher sends the ranks still finishing is no request to save: ignore it.
+    std::signal(SIGTERM, SIG_IGN);
+    std::signal(SIGUSR1, SIG_IGN);
+    if (is_root) {
+      std::fprintf(stderr, "ft: error: %s\n", e.what());
+      std::fflush(stderr);
+    }
+    comm->barrier();
+    return int(e.code());
   } catch (const Error& e) {
     // A failure on one rank must not leave the others waiting in a collective: report it here,
     // naming the rank, and end the whole job.

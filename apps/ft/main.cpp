@@ -13,19 +13,22 @@
 
 namespace {
 
-// "ft help train" prints the help of one subcommand.
+// "ft help" prints the command list (as `ft --help`), "ft help train" one command's help; an
+// unknown command is a usage error that still shows the list.
 int print_help(CLI::App& app, const std::vector<std::string>& topic) {
+  // Not app.help(): once `help` is parsed, that prints the help of the `help` subcommand.
+  const std::string list = app.get_formatter()->make_help(&app, "ft", CLI::AppFormatMode::Normal);
   if (topic.empty()) {
-    std::printf("%s", app.help().c_str());
+    std::printf("%s", list.c_str());
     return 0;
   }
   for (auto* sub : app.get_subcommands({})) {
     if (sub->get_name() == topic[0]) {
-      std::printf("%s", sub->help().c_str());
+      std::printf("%s", sub->help("ft").c_str());
       return 0;
     }
   }
-  std::fprintf(stderr, "ft: no command '%s'; see `ft help`\n", topic[0].c_str());
+  std::fprintf(stderr, "ft: no command '%s'\n%s", topic[0].c_str(), list.c_str());
   return 2;
 }
 

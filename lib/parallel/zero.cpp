@@ -1,6 +1,8 @@
 #include "parallel/zero.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "kernels/kernels.h"
@@ -117,6 +119,36 @@ void ZeroSharding::scale_grads(float f) {
     for (auto& b : grad_shards_) kernels::scale_inplace(b.data(), f, b.size());
   else
     for (auto& b : model_.grads()) kernels::scale_inplace(b.data(), f, b.size());
+}
+
+int64_t ZeroSharding::first_nonfinite_grad() const {
+  // Only called once a step has gone wrong, so a plain scan is fast enough.
+  int64_t index = 0;
+  const auto& groups = model_.layout().groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const size_t begin = ranges_[g].begin, end = ranges_[g].end;
+    // x holds elements [base, end) of the group's flat gradient.
+    const float* x = numel_[g] == 0 ? nullptr
+                     : stage_ >= 2  ? grad_shards_[g].data()
+                                    : model_.grads()[g].data();
+    const size_t base = stage_ >= 2 ? begin : 0;
+    for (const auto& e : groups[g].entries) {
+      const size_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
+      for (size_t i = lo; x && i < hi; ++i)
+        if (!std::isfinite(x[i - base])) return index;
+      ++index;
+    }
+  }
+  return -1;
+}
+
+void ZeroSharding::inject_nan_grad_for_test() {
+  for (size_t g = 0; g < numel_.size(); ++g) {
+    if (ranges_[g].begin >= ranges_[g].end) continue;
+    float* x = stage_ >= 2 ? grad_shards_[g].data() : model_.grads()[g].data() + ranges_[g].begin;
+    x[0] = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
 }
 
 std::vector<float*> ZeroSharding::param_bases() {

@@ -37,6 +37,15 @@ class ZeroSharding final : public GroupHooks {
   void finish_backward();           // stage 0/1: all-reduce the full gradients
   double grad_sum_squares();        // over the whole model: every data and tensor shard
   void scale_grads(float s);        // clipping
+  // After finish_backward: the first tensor in layout order (groups, then their entries) whose
+  // gradient, in the part this rank holds (its shard at stage >= 2), has a NaN or inf element.
+  // Returned as the tensor's index counting every entry of the layout's groups from 0, so that
+  // ranks agree on the first one with a min over the world; -1 when every element is finite.
+  int64_t first_nonfinite_grad() const;
+  // Test support (FT_TEST_NAN_GRAD_AT_STEP in trainer.cpp): before finish_backward, writes NaN
+  // into the first gradient element this rank holds (first non-empty group and shard), where a
+  // real NaN from backward would be, so the reductions carry it as they would carry that one.
+  void inject_nan_grad_for_test();
   std::vector<float*> param_bases();        // at ranges()[g].begin, for AdamW
   std::vector<const float*> grad_bases();
   void finish_update();             // stage 1/2: all-gather the updated parameters

@@ -71,9 +71,27 @@ std::string Progress::human_duration(double s) {
   return buf;
 }
 
+std::string Progress::human_seconds(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  char buf[48];
+  // Each format's range ends where rounding would carry into the next one's (9.996 s is
+  // "10.0 s", not "10.00 s"; 59.96 s is "1 min 00 s").
+  if (s < 0.9995) std::snprintf(buf, sizeof buf, "%.3f s", s);
+  else if (s < 9.995) std::snprintf(buf, sizeof buf, "%.2f s", s);
+  else if (s < 59.95) std::snprintf(buf, sizeof buf, "%.1f s", s);
+  else if (s < 3599.5) {
+    const long t = long(s + 0.5);
+    std::snprintf(buf, sizeof buf, "%ld min %02ld s", t / 60, t % 60);
+  } else {
+    const long m = long(s / 60 + 0.5);
+    std::snprintf(buf, sizeof buf, "%ld h %02ld min", m / 60, m % 60);
+  }
+  return buf;
+}
+
 void Progress::step(const StepReport& r) {
   if (!enabled_) return;
-  const int64_t done = r.step + 1;
+  const int64_t done = r.step;
   const double eta =
       r.elapsed_s / double(std::max<int64_t>(1, done - r.first_step)) * double(r.total_steps - done);
   if (tty_) {
@@ -98,7 +116,7 @@ void Progress::step(const StepReport& r) {
 void Progress::eval(int64_t step, double eval_loss) {
   if (!enabled_) return;
   if (bar_open_) { std::printf("\n"); bar_open_ = false; }
-  std::printf("eval at step %lld: loss %.4f\n", (long long)(step + 1), eval_loss);
+  std::printf("eval at step %lld: loss %.4f\n", (long long)step, eval_loss);
   std::fflush(stdout);
 }
 

@@ -30,7 +30,7 @@ class MetricsWriter {
 };
 
 struct StepReport {
-  int64_t step = 0;          // 0-based
+  int64_t step = 0;          // from 1, as people read it (DESIGN.md §7): steps done after it
   int64_t total_steps = 0;
   int64_t first_step = 0;    // where this process started (resumed runs), for the ETA
   double loss = 0, lr = 0, grad_norm = 0;
@@ -43,11 +43,15 @@ class Progress {
  public:
   explicit Progress(bool enabled);
   void step(const StepReport& r);  // called every logged step
-  void eval(int64_t step, double eval_loss);
+  void eval(int64_t step, double eval_loss);  // step: from 1, the step evaluated after
   void note(const std::string& line);  // a line of its own (checkpoints, signals)
   void finish();                   // ends the live bar's line
   static std::string human_bytes(double bytes);
+  // A clock for the ETA: "0:42", "1:02:03".
   static std::string human_duration(double seconds);
+  // A measured time, rounded for people (the metrics file keeps full precision): "0.015 s"
+  // below 1 s (ms resolution), "2.19 s", "42.5 s", "1 min 05 s", "2 h 03 min".
+  static std::string human_seconds(double seconds);
 
  private:
   bool enabled_;

@@ -1,13 +1,16 @@
-// The step loop. Each step s:
+// The step loop. Inside, steps are counted from 0 (s, as in the schedule formulas of DESIGN.md
+// §5); everything a person reads numbers them from 1 (DESIGN.md §7): step s + 1 is the (s+1)-th
+// optimizer step, after which s + 1 steps are done and step_<s+1> is the checkpoint. Each step s:
 //   1. take this rank's samples of global batch s from the loader (prefetched);
 //   2. count the trained target tokens of the whole global batch (all-reduced), so that every
 //      micro-batch scales its loss gradient by 1/that count: the step's loss is the token-weighted
 //      mean over the global batch, not a mean of micro-batch means (DESIGN.md §6);
 //   3. forward/backward each micro-batch, gradients accumulating in the flat buffers;
-//   4. global gradient norm, clipping, learning rate for step s, AdamW;
-//   5. metrics and progress on rank 0;
-//   6. one small all-reduce over the world that agrees on a stop signal (SIGTERM/SIGUSR1 on any
-//      rank) and on a time-based save; then a checkpoint when one is due (lib/ckpt/checkpoint.h).
+//   4. global gradient norm; one small all-reduce over the world that agrees on a non-finite
+//      loss or gradient norm (the run stops there, before anything is changed or saved), on a
+//      stop signal (SIGTERM/SIGUSR1 on any rank) and on a time-based save;
+//   5. clipping, learning rate for step s, AdamW;
+//   6. metrics and progress on rank 0; then a checkpoint when one is due (lib/ckpt/checkpoint.h).
 // A run resumes from a checkpoint of any layout: parameters, AdamW moments and step count, the
 // schedule (a function of the step) and the loader position (the step) are all restored.
 #include "train/trainer.h"
@@ -23,6 +26,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -73,6 +77,15 @@ size_t peak_rss_bytes() {
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Test support, not a user feature: FT_TEST_<WHAT>_AT_STEP=N[:r] fires at step N (numbered as
+// the progress line numbers it, from 1) on world rank r, or on every rank without ":r".
+bool test_hook_fires(const char* var, int64_t step, int rank) {
+  const char* v = std::getenv(var);
+  if (!v) return false;
+  const char* colon = std::strchr(v, ':');
+  return std::atoll(v) == step && (!colon || std::atoi(colon + 1) == rank);
 }
 
 // Refuses a run whose `ft plan` peak does not fit the memory this node has left, before
@@ -331,7 +344,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       if (err.empty() && is_root)
         log_info("resumed from ", candidates[i], " (step ", m->step, ", saved by ", m->data, " data x ",
                  m->pipeline, " pipeline x ", m->tensor, " tensor ranks, ZeRO ", m->zero_stage,
-                 ") in ", seconds_since(t0), " s");
+                 ") in ", Progress::human_seconds(seconds_since(t0)));
     }
     float bad = err.empty() ? 0.0f : 1.0f;
     comm.all_reduce_max(&bad, 1);
@@ -345,7 +358,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
                       d.value("seed", uint64_t(0)) != r.run.seed ||
                       d.value("shuffle", true) != r.data.shuffle))
         log_warn("the data settings differ from the checkpoint's (global_batch_size, seq_len, "
-                 "run.seed or data.shuffle): the run continues at step ", start_step,
+                 "run.seed or data.shuffle): the run continues with step ", start_step + 1,
                  " of the new order, not where the saved run would have gone");
       break;
     }
@@ -448,10 +461,10 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   const auto t_start = Clock::now();
   auto t_last_save = t_start;
   int64_t last_saved = resumed_from.empty() ? -1 : start_step;
-  // A save of step `done` (steps completed); rank 0 reports each commit in the metrics.
-  auto report_commit = [&](int64_t s, const ckpt::CheckpointWriter::Committed& c) {
+  // Rank 0 reports each commit in the metrics, at `step`: the steps done when it was seen.
+  auto report_commit = [&](int64_t step, const ckpt::CheckpointWriter::Committed& c) {
     if (!is_root) return;
-    metrics.write({{"step", s},
+    metrics.write({{"step", step},
                    {"ckpt_step", c.step},
                    {"ckpt_bytes", c.bytes},
                    {"ckpt_blocking_s", c.blocking_s},
@@ -459,9 +472,11 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
                    {"ckpt_async", r.checkpoint.async}});
     progress.note(detail::concat("checkpoint ", fs::path(c.folder).filename().string(), ": ",
                                  Progress::human_bytes(double(c.bytes)), " in ",
-                                 c.total_s, " s, training stalled ", c.blocking_s, " s"));
+                                 Progress::human_seconds(c.total_s), ", training stalled ",
+                                 Progress::human_seconds(c.blocking_s)));
   };
-  auto save = [&](int64_t done, int64_t s) {
+  // A save after `done` steps.
+  auto save = [&](int64_t done) {
     if (is_root) {
       manifest["step"] = done;
       manifest["optimizer"]["step"] = optim.step_count();
@@ -472,7 +487,57 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     writer.save(done, pieces, manifest);
     last_saved = done;
     t_last_save = Clock::now();
-    if (auto c = writer.poll()) report_commit(s, *c);
+    if (auto c = writer.poll()) report_commit(done, *c);
+  };
+  // Step `step` (numbered from 1) found a non-finite loss or gradient norm before its update: the
+  // parameters, the optimizer state and every checkpoint still hold the state after step - 1.
+  // Every rank calls this alike (the finding was all-reduced) and throws AgreedError.
+  auto stop_nonfinite = [&](int64_t step, double loss, double grad_norm) {
+    // Each rank looks at the gradients it holds; the max of the negated indices (a min) names
+    // the same tensor on every rank. Floats hold these small indices exactly.
+    const int64_t mine = zero.first_nonfinite_grad();
+    float first = mine >= 0 ? -float(mine) : -1e30f;
+    comm.all_reduce_max(&first, 1);
+    // A save in flight holds the state of an earlier step (copied before this step's update
+    // could have changed it): let it commit, so it is the last good checkpoint rather than a
+    // half-written folder. A failure of that save only changes which checkpoint is the last.
+    try {
+      writer.wait();
+      if (auto c = writer.poll()) report_commit(step - 1, *c);
+    } catch (const Error& e) {
+      log_warn("the checkpoint save in flight failed: ", e.what());
+    }
+    // "nan", never the "-nan" that printing a NaN with its sign bit set gives.
+    auto name = [](double x) { return std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf"; };
+    std::string what;
+    if (!std::isfinite(loss)) what = detail::concat("the loss is ", name(loss));
+    if (!std::isfinite(grad_norm))
+      what += detail::concat(what.empty() ? "" : " and ", "the gradient norm is ", name(grad_norm));
+    std::string where = "every gradient element is finite";
+    if (first > -1e29f) {
+      int64_t index = int64_t(-first);
+      for (const auto& g : model.layout().groups()) {
+        if (index < int64_t(g.entries.size())) {
+          where = "first non-finite gradient: " + g.entries[size_t(index)].name + " in " + g.name;
+          break;
+        }
+        index -= int64_t(g.entries.size());
+      }
+    } else if (!std::isfinite(grad_norm)) {
+      where += ", but the sum of their squares overflows";
+    }
+    std::string last;
+    try {
+      last = ckpt::latest_checkpoint(r.checkpoint.dir);
+    } catch (const Error&) {
+      // a damaged `latest`: say there is none known rather than fail while reporting
+    }
+    throw AgreedError(detail::concat(
+        "step ", step, ": ", what, " (", where, "); nothing was updated or saved at this step; ",
+        last.empty()
+            ? std::string("no checkpoint of this run to resume from")
+            : "the last good checkpoint is " + last + " (the same command resumes from it)",
+        "; try a lower optimizer.lr, more scheduler.warmup_steps or training.grad_clip"));
   };
   if (start_step >= r.training.steps && !resumed_from.empty()) {
     if (is_root)
@@ -481,21 +546,19 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
                   (long long)start_step, (long long)r.training.steps);
   }
   for (int64_t s = start_step; s < r.training.steps; ++s) {
+    const int64_t step = s + 1;  // as people read it: progress, metrics, messages, checkpoints
     const auto t_step = Clock::now();
     StepSamples batch = loader.next();
-    // Test support: FT_TEST_FAIL_RANK=r fails world rank r at step 2, to test that the other
+    // Test support: FT_TEST_FAIL_RANK=r fails world rank r at step 3, to test that the other
     // ranks are stopped rather than left waiting in a collective.
     if (const char* fail_rank = std::getenv("FT_TEST_FAIL_RANK"))
-      if (std::atoi(fail_rank) == comm.rank() && s == 2)
-        throw Error("injected failure (FT_TEST_FAIL_RANK) at step 2");
-    // Test support: FT_TEST_KILL_AT_STEP=s[:r] sends SIGKILL to world rank r (default: every
-    // rank) when it begins step s, to test resuming after a crash.
-    if (const char* kill_at = std::getenv("FT_TEST_KILL_AT_STEP")) {
-      const char* colon = std::strchr(kill_at, ':');
-      if (std::atoll(kill_at) == s && (!colon || std::atoi(colon + 1) == comm.rank())) {
-        std::fflush(stdout);
-        std::raise(SIGKILL);
-      }
+      if (std::atoi(fail_rank) == comm.rank() && step == 3)
+        throw Error("injected failure (FT_TEST_FAIL_RANK) at step 3");
+    // Test support: FT_TEST_KILL_AT_STEP=N[:r] sends SIGKILL to world rank r (default: every
+    // rank) when it begins step N, to test resuming after a crash.
+    if (test_hook_fires("FT_TEST_KILL_AT_STEP", step, comm.rank())) {
+      std::fflush(stdout);
+      std::raise(SIGKILL);
     }
     FT_CHECK(batch.step == s, "data loader out of step: got ", batch.step, ", expected ", s);
 
@@ -504,11 +567,18 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     data_comm.all_reduce_sum(&count, 1);  // tensor ranks hold the same samples
     const float scale = count > 0 ? float(1.0 / count) : 0.0f;
     if (count == 0 && is_root)
-      log_warn("step ", s, ": every target of the global batch is masked out (loss_mask); the "
-               "loss is reported as 0 and only weight decay changes the parameters");
+      log_warn("step ", step, ": every target of the global batch is masked out (loss_mask); "
+               "the loss is reported as 0 and only weight decay changes the parameters");
 
     zero.begin_step();
     double loss_sum = pipeline.train_step(batch, micro, scale);
+    // Test support: FT_TEST_NAN_LOSS_AT_STEP=N[:r] makes rank r's share of the loss of step N
+    // NaN; FT_TEST_NAN_GRAD_AT_STEP=N[:r] writes NaN into the first gradient element rank r
+    // holds, before the gradient reductions, as a NaN from its backward would be.
+    if (test_hook_fires("FT_TEST_NAN_LOSS_AT_STEP", step, comm.rank()))
+      loss_sum = std::numeric_limits<double>::quiet_NaN();
+    if (test_hook_fires("FT_TEST_NAN_GRAD_AT_STEP", step, comm.rank()))
+      zero.inject_nan_grad_for_test();
     if (pipe_comm) pipe_comm->all_reduce_sum(&loss_sum, 1);  // the loss is on the last stage
     data_comm.all_reduce_sum(&loss_sum, 1);  // the same on every tensor rank
     zero.finish_backward();
@@ -516,24 +586,35 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
 
     // clip_grad_norm_ semantics over every gradient of the model, whichever rank holds it.
     const double grad_norm = std::sqrt(zero.grad_sum_squares());
+    const double loss = count > 0 ? loss_sum / count : 0.0;
+    const bool last = s + 1 == r.training.steps;
+    // One all-reduce over the world before anything is changed: a non-finite loss or gradient
+    // norm on any rank (every rank computes both alike, but one agreement makes a stop
+    // certain to be collective), any rank's stop signal, and rank 0's clock for
+    // checkpoint.every_minutes, so every rank decides alike.
+    float flags[3] = {std::isfinite(loss) && std::isfinite(grad_norm) ? 0.0f : 1.0f,
+                      stop_signal() != 0 ? 1.0f : 0.0f, 0.0f};
+    if (is_root && r.checkpoint.every_minutes > 0 &&
+        seconds_since(t_last_save) >= r.checkpoint.every_minutes * 60.0)
+      flags[2] = 1.0f;
+    comm.all_reduce_max(flags, 3);
+    if (flags[0] > 0) stop_nonfinite(step, loss, grad_norm);
+
     const double clip = r.training.grad_clip > 0 ? r.training.grad_clip / (grad_norm + 1e-6) : 1.0;
     if (clip < 1.0) zero.scale_grads(float(clip));
     const double lr = lr_at_step(r.scheduler, r.optimizer.lr, s, r.training.steps);
     optim.step(zero.param_bases(), zero.grad_bases(), lr);
     zero.finish_update();
-    const double loss = count > 0 ? loss_sum / count : 0.0;
     const double step_time = seconds_since(t_step);
     const int64_t step_tokens = int64_t(r.training.global_batch_size) * T;
     tokens_seen += step_tokens;
     sum.final_loss = loss;
-    if (!std::isfinite(loss))
-      throw Error(detail::concat("loss is ", loss, " at step ", s,
-                                 "; try a lower optimizer.lr, more warmup, or grad_clip"));
 
-    const bool last = s + 1 == r.training.steps;
-    if (is_root && (s % r.logging.every_steps == 0 || last)) {
+    // Steps k, 2k, … of logging.every_steps k, beside the eval lines and checkpoints of those
+    // steps; also the first step of this process (quick sign of life) and the last.
+    if (is_root && (step % r.logging.every_steps == 0 || s == start_step || last)) {
       const size_t mem_peak = dev->stats().peak_bytes;
-      metrics.write({{"step", s},
+      metrics.write({{"step", step},
                      {"loss", loss},
                      {"lr", lr},
                      {"grad_norm", grad_norm},
@@ -545,7 +626,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
                      {"mem_grads_bytes", grads_bytes},
                      {"mem_optim_bytes", optim.state_bytes()}});
       StepReport rep;
-      rep.step = s;
+      rep.step = step;
       rep.total_steps = r.training.steps;
       rep.first_step = start_step;
       rep.loss = loss;
@@ -556,46 +637,40 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       rep.mem_peak_bytes = mem_peak;
       progress.step(rep);
     }
-    if (do_eval && ((s + 1) % r.training.eval_every_steps == 0 || last)) {
+    if (do_eval && (step % r.training.eval_every_steps == 0 || last)) {
       const double eval_loss = evaluate(pipeline, pipe_comm, *eval_loader, r);
       if (is_root) {
-        metrics.write({{"step", s}, {"eval_loss", eval_loss}});
-        progress.eval(s, eval_loss);
+        metrics.write({{"step", step}, {"eval_loss", eval_loss}});
+        progress.eval(step, eval_loss);
       }
     }
 
-    // Checkpoints and stop signals. One all-reduce over the world: any rank's stop signal, and
-    // rank 0's clock for checkpoint.every_minutes, so every rank decides alike.
-    const int64_t done = s + 1;
-    float flags[2] = {stop_signal() != 0 ? 1.0f : 0.0f, 0.0f};
-    if (is_root && r.checkpoint.every_minutes > 0 &&
-        seconds_since(t_last_save) >= r.checkpoint.every_minutes * 60.0)
-      flags[1] = 1.0f;
-    comm.all_reduce_max(flags, 2);
-    const bool stop = flags[0] > 0 && !last;
-    const bool due = ckpt_on && ((r.checkpoint.every_steps > 0 && done % r.checkpoint.every_steps == 0) ||
-                                 flags[1] > 0 || last);
-    if (due || stop) save(done, s);
-    if (auto c = writer.poll()) report_commit(s, *c);
+    // Checkpoints and stop signals, as agreed above.
+    const bool stop = flags[1] > 0 && !last;
+    const bool due =
+        ckpt_on && ((r.checkpoint.every_steps > 0 && step % r.checkpoint.every_steps == 0) ||
+                    flags[2] > 0 || last);
+    if (due || stop) save(step);
+    if (auto c = writer.poll()) report_commit(step, *c);
     if (stop) {
       writer.wait();  // this rank's shard durable; on rank 0, the checkpoint committed
-      if (auto c = writer.poll()) report_commit(s, *c);
+      if (auto c = writer.poll()) report_commit(step, *c);
       comm.barrier();  // no rank exits (and has its launcher stop the others) before the commit
       sum.preempted = true;
-      sum.steps_done = done;
+      sum.steps_done = step;
       if (is_root)
-        progress.note(detail::concat("stopped by a signal after step ", done, " of ",
+        progress.note(detail::concat("stopped by a signal after step ", step, " of ",
                                      r.training.steps, "; checkpoint ",
-                                     ckpt::step_folder_name(done), " saved: exiting with code 75"));
+                                     ckpt::step_folder_name(step), " saved: exiting with code 75"));
       break;
     }
   }
   // A run that trained no steps (training.steps 0: a checkpoint of the initial or imported
   // weights) still leaves its checkpoint.
   if (ckpt_on && !sum.preempted && last_saved < 0 && start_step >= r.training.steps)
-    save(start_step, std::max<int64_t>(0, start_step - 1));
+    save(start_step);
   writer.wait();
-  if (auto c = writer.poll()) report_commit(r.training.steps - 1, *c);
+  if (auto c = writer.poll()) report_commit(sum.preempted ? sum.steps_done : r.training.steps, *c);
   progress.finish();
   if (const char* dir = std::getenv("FT_TEST_DUMP_PARAMS"))
     dump_final_params(dir, model, zero, mesh, comm.rank());
@@ -609,10 +684,12 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   sum.peak_rss_bytes = peak_rss_bytes();
   if (is_root) {
     std::printf(
-        "ft: %s: %lld steps, %lld tokens in %s (%.0f tokens/s); final loss %.4f\n"
+        "ft: %s: %lld step%s, %lld tokens in %s (%.0f tokens/s); final loss %.4f\n"
         "ft: peak memory: %s device allocator, %s process RSS\n"
         "ft: outputs: %s (resolved recipe: %s/recipe.yaml, metrics: %s)\n",
-        sum.preempted ? "stopped early" : "done", (long long)sum.steps, (long long)sum.tokens, Progress::human_duration(sum.wall_s).c_str(),
+        sum.preempted ? "stopped early" : "done", (long long)sum.steps, sum.steps == 1 ? "" : "s",
+        (long long)sum.tokens,
+        Progress::human_seconds(sum.wall_s).c_str(),
         sum.tokens_per_s, sum.final_loss, Progress::human_bytes(double(sum.mem_peak_bytes)).c_str(),
         Progress::human_bytes(double(sum.peak_rss_bytes)).c_str(), r.run.output_dir.c_str(),
         r.run.output_dir.c_str(), r.logging.metrics.c_str());

@@ -65,13 +65,14 @@ train_rc() {
     || fail "$log: exit $rc, expected $want: $(tail -5 "$tmp/$log.log")"
 }
 ckpts() { echo "$tmp/$1/checkpoints"; }
-# same_losses A B FROM: loss, grad_norm and eval_loss of steps FROM..19 are == (the last line of
+# same_losses A B FROM: loss, grad_norm and eval_loss of steps FROM+1..20 (the steps after the
+# checkpoint step_FROM; metrics number steps from 1) are == (the last line of
 # each step counts: a resumed run appends to metrics.jsonl).
 same_losses() {
   /usr/bin/python3 "$tmp/metrics.py" same "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "$3" \
     || fail "$1 vs $2: losses differ"
 }
-# close_losses A B FROM: losses of steps FROM..19 within 1e-5 relative.
+# close_losses A B FROM: losses of steps FROM+1..20 within 1e-5 relative.
 close_losses() {
   /usr/bin/python3 "$tmp/metrics.py" close "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "$3" \
     || fail "$1 vs $2: losses differ by more than 1e-5 relative"
@@ -117,8 +118,8 @@ def last_per_step(path):
                 out[(j["step"], key)] = j[key]
     return out
 A, B = last_per_step(a), last_per_step(b)
-keys = [k for k in sorted(B) if k[0] >= first and (mode == "same" or k[1] == "loss")]
-assert [k for k in keys if k[1] == "loss"] == [(s, "loss") for s in range(first, 20)], keys
+keys = [k for k in sorted(B) if k[0] > first and (mode == "same" or k[1] == "loss")]
+assert [k for k in keys if k[1] == "loss"] == [(s, "loss") for s in range(first + 1, 21)], keys
 worst = 0.0
 for k in keys:
     assert k in A, f"{a} lacks {k}"
@@ -127,36 +128,36 @@ for k in keys:
     else:
         worst = max(worst, abs(A[k] - B[k]) / abs(B[k]))
         assert worst <= 1e-5, (k, A[k], B[k])  # float sums in another order: ~1e-7 seen
-print(f"  steps {first}..19 {'identical' if mode == 'same' else f'within {worst:.1e} relative'}")
+print(f"  steps {first + 1}..20 {'identical' if mode == 'same' else f'within {worst:.1e} relative'}")
 PY
 
 # ---------------------------------------------------------------- a. identical resume
 t0=$SECONDS
 train ref
-FT_TEST_KILL_AT_STEP=12 train_rc 137 killed killed_1  # SIGKILL as step index 12 begins
+FT_TEST_KILL_AT_STEP=13 train_rc 137 killed killed_1  # SIGKILL as step 13 begins, 12 done
 latest_is killed step_00000010
 [[ ! -e $(ckpts killed)/step_00000020 ]] || fail "killed: a step_20 folder before step 20"
-[[ $(grep -c '"loss"' "$tmp/killed/metrics.jsonl") == 12 ]] || fail "killed: did not run to step 11"
+[[ $(grep -c '"loss"' "$tmp/killed/metrics.jsonl") == 12 ]] || fail "killed: did not run to step 12"
 cp -a "$tmp/killed" "$tmp/dfull"  # for g.
 train killed  # --resume auto (the default)
 resumed_from killed "$(ckpts killed)/step_00000010"
 same_losses killed ref 10
 same_shards killed ref step_00000010
 same_shards killed ref step_00000020
-echo "a. one process: killed at step 12, resumed from step 10: identical ($((SECONDS - t0)) s)"
+echo "a. one process: killed as step 13 began, resumed from step 10: identical ($((SECONDS - t0)) s)"
 
 t0=$SECONDS
 d2t2=(parallel.tensor=2 --nproc 4)
 train d2t2 "${d2t2[@]}"
 close_losses d2t2 ref 0
-FT_TEST_KILL_AT_STEP=12:1 train_rc nonzero d2t2_killed d2t2_killed_1 "${d2t2[@]}"  # rank 1 only
+FT_TEST_KILL_AT_STEP=13:1 train_rc nonzero d2t2_killed d2t2_killed_1 "${d2t2[@]}"  # rank 1 only
 latest_is d2t2_killed step_00000010
 train d2t2_killed "${d2t2[@]}"
 resumed_from d2t2_killed "$(ckpts d2t2_killed)/step_00000010" "2 data x 1 pipeline x 2 tensor ranks"
 same_losses d2t2_killed d2t2 10
 same_shards d2t2_killed d2t2 step_00000010
 same_shards d2t2_killed d2t2 step_00000020
-echo "a. data 2 x tensor 2: rank 1 killed at step 12, resumed from step 10: identical ($((SECONDS - t0)) s)"
+echo "a. data 2 x tensor 2: rank 1 killed as step 13 began, resumed from step 10: identical ($((SECONDS - t0)) s)"
 
 # ---------------------------------------------------------------- b. resharding
 t0=$SECONDS
@@ -196,7 +197,7 @@ train_rc 0 never never_2 --resume never checkpoint.overwrite=true training.steps
 import json, sys
 new = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
 ref = [json.loads(l) for l in open(sys.argv[2]) if '"loss"' in l]
-assert [l["step"] for l in new] == list(range(5)), [l["step"] for l in new]  # truncated, not appended
+assert [l["step"] for l in new] == [1, 2, 3, 4, 5], [l["step"] for l in new]  # truncated, not appended
 assert new[0]["loss"] == ref[0]["loss"]  # the same initial weights: started afresh
 PY
 cp -a "$tmp/ref" "$tmp/path"  # step_10 and step_20, latest step_20

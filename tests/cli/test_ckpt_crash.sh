@@ -71,7 +71,7 @@ def last_per_step(path):
                 out[(j["step"], key)] = j[key]
     return out
 got, ref, steps = last_per_step(sys.argv[1]), last_per_step(sys.argv[2]), int(sys.argv[3])
-assert sorted(k[0] for k in ref if k[1] == "loss") == list(range(steps))
+assert sorted(k[0] for k in ref if k[1] == "loss") == list(range(1, steps + 1))  # from 1
 assert got == ref, [(k, got.get(k), ref[k]) for k in ref if got.get(k) != ref[k]][:3]
 PY
 
@@ -168,7 +168,7 @@ trial() {
     cmp -s "$d" "$ck/$last/${d##*/}" || fail "$out: $last/${d##*/} differs from the uninterrupted run's"
   done
   echo "trial $trials: nproc $nproc, async $async: SIGKILL to the $victim (exit $rc) ${delay} ms after" \
-    "step $((at - 1)) was logged; left: latest ${latest},${folders:- no step folders}; resumed from" \
+    "step $at was logged; left: latest ${latest},${folders:- no step folders}; resumed from" \
     "step $from; losses and final checkpoint identical"
 }
 

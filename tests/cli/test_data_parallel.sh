@@ -118,7 +118,7 @@ kill_rank_1() {  # label, command...
 }
 kill_rank_1 nproc "$ft" train "$tmp/r.yaml" --nproc 2
 
-# A rank that fails with an error (injected at step 2 on rank 1): every rank stops, non-zero,
+# A rank that fails with an error (injected at step 3 on rank 1): every rank stops, non-zero,
 # and the message names the rank and its mesh coordinates.
 rc=0
 FT_TEST_FAIL_RANK=1 timeout 60 "$ft" train "$tmp/r.yaml" parallel.tensor=2 training.steps=1000 \

@@ -6,7 +6,7 @@
 #    (with async checkpoints every 4 steps, so a save may be in flight), SIGTERM to the
 #    `ft --nproc` launcher itself (it passes the stop on to every rank); one process: SIGTERM.
 #  - Each stopped run: exit 75; `latest` names step_K, complete and the newest checkpoint (the
-#    only one without periodic checkpoints), where K - 1 is the last step in metrics.jsonl and
+#    only one without periodic checkpoints), where K is the last step in metrics.jsonl and
 #    0 < K < training.steps (stopped mid-run);
 #    the output says it stopped on a signal after step K and saved step_K.
 #  - The rerun: exit 0, "resumed from .../step_K", metrics.jsonl then holds every step once, and
@@ -106,7 +106,7 @@ stop_and_resume() {
   saved=$(cd "$ckdir" && echo step_*)
   k=$((10#${latest#step_}))
   last=$(grep '"loss"' "$out/metrics.jsonl" | tail -1 | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])')
-  [[ $k == $((last + 1)) ]] || fail "$label: checkpoint $latest, but the last step logged is $last"
+  [[ $k == "$last" ]] || fail "$label: checkpoint $latest, but the last step logged is $last"
   ((k > 0 && k < steps)) || fail "$label: stopped at step $k of $steps, not mid-run (too fast?)"
   grep -q 'stop signal received' "$out.log" || fail "$label: the signalled rank said nothing"
   grep -q "stopped by a signal after step $k of $steps; checkpoint $latest saved: exiting with code 75" \
@@ -126,8 +126,9 @@ got_path, ref_path, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def lines(path):
     return [json.loads(l) for l in open(path) if '"loss"' in l]
 got, ref = lines(got_path), lines(ref_path)
-assert [m["step"] for m in ref] == list(range(steps)), "reference steps"
-assert [m["step"] for m in got] == list(range(steps)), ("steps logged", [m["step"] for m in got])
+every = list(range(1, steps + 1))  # steps are numbered from 1 (DESIGN.md §7)
+assert [m["step"] for m in ref] == every, "reference steps"
+assert [m["step"] for m in got] == every, ("steps logged", [m["step"] for m in got])
 for a, b in zip(got, ref):
     assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"], (a, b)
 PY

@@ -2,7 +2,8 @@
 # ft train end to end on the real binary: a tiny model on generated shards.
 # Checks the metrics contract (DESIGN.md §7), the saved resolved recipe, the closing summary,
 # plain progress lines off a terminal and a live bar on one, evaluation lines, activation
-# checkpointing giving the same losses, and clear refusals.
+# checkpointing giving the same losses, clear refusals, one step numbering (from 1: progress,
+# metrics, evaluations and checkpoints agree, DESIGN.md §7), rounded times, and `ft help`.
 #   bash tests/cli/test_train.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
@@ -38,6 +39,14 @@ YAML
 grep -q '^step 12/12 loss ' "$tmp/out.txt" || fail "no plain progress line for the last step"
 if grep -q $'\r' "$tmp/out.txt"; then fail "carriage returns in non-terminal output"; fi
 grep -q '^ft: done: 12 steps, 768 tokens' "$tmp/out.txt" || fail "summary line missing: $(tail -3 "$tmp/out.txt")"
+# The progress and the metrics name the same steps; evaluations are printed with the step after
+# which they ran; the wall time is rounded (0.015 s, 2.19 s, 1 min 05 s), never 0.0147033 s.
+[[ $(grep -c '^step [0-9]*/12 loss ' "$tmp/out.txt") == 12 ]] && grep -q '^step 1/12 loss ' "$tmp/out.txt" \
+  || fail "progress lines not steps 1..12: $(grep '^step ' "$tmp/out.txt" | head -2)"
+[[ $(grep '^eval at step' "$tmp/out.txt" | cut -d: -f1 | tr '\n' ' ') == "eval at step 5 eval at step 10 eval at step 12 " ]] \
+  || fail "eval lines: $(grep '^eval' "$tmp/out.txt")"
+grep -Eq '^ft: done: 12 steps, 768 tokens in ([0-9]\.[0-9]{3}|[0-9]\.[0-9]{2}|[0-9]{2}\.[0-9]|[0-9]+ min [0-9]{2}) s \(' \
+  "$tmp/out.txt" || fail "summary time not rounded: $(grep '^ft: done' "$tmp/out.txt")"
 grep -q 'peak memory: .* device allocator, .* process RSS' "$tmp/out.txt" || fail "peak memory not in summary"
 grep -q "outputs: $tmp/out" "$tmp/out.txt" || fail "output location not in summary"
 test -s "$tmp/out/recipe.yaml" || fail "resolved recipe not saved"
@@ -49,7 +58,7 @@ lines = [json.loads(l) for l in open(sys.argv[1])]
 steps = [l for l in lines if "loss" in l]
 evals = [l for l in lines if "eval_loss" in l]
 need = {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s", "mem_peak_bytes"}
-assert [l["step"] for l in steps] == list(range(12)), [l["step"] for l in steps]
+assert [l["step"] for l in steps] == list(range(1, 13)), [l["step"] for l in steps]  # from 1
 for l in steps:
     assert need <= set(l), need - set(l)
     assert math.isfinite(l["loss"]) and l["loss"] > 0 and l["grad_norm"] > 0
@@ -58,7 +67,8 @@ assert [l["tokens"] for l in steps] == [64 * (i + 1) for i in range(12)]
 # linear schedule with 2 warmup steps: lr_0 = lr/2, lr_1 = lr, then decaying to 0
 assert abs(steps[0]["lr"] - 0.005) < 1e-12 and abs(steps[1]["lr"] - 0.01) < 1e-12
 assert abs(steps[11]["lr"] - 0.01 * (1 - 9 / 10)) < 1e-12, steps[11]["lr"]
-assert [e["step"] for e in evals] == [4, 9, 11], evals
+# eval_every_steps 5 over 12 steps: after steps 5 and 10, and at the end, after step 12
+assert [e["step"] for e in evals] == [5, 10, 12], evals
 assert all(math.isfinite(e["eval_loss"]) for e in evals)
 print("metrics ok")
 PY
@@ -71,6 +81,18 @@ import json, sys
 a, b = ([json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:])
 assert a == b, (a, b)
 PY
+
+# logging.every_steps 5: steps 5 and 10 (beside the evaluations and checkpoints of those steps),
+# plus the first and the last step.
+"$ft" train "$tmp/r.yaml" logging.every_steps=5 training.eval_every_steps=0 run.output_dir="$tmp/log5" \
+  > "$tmp/log5.txt" 2>&1 || fail "logging.every_steps=5 run failed: $(tail -3 "$tmp/log5.txt")"
+/usr/bin/python3 - "$tmp/log5/metrics.jsonl" <<'PY' || fail "logging.every_steps=5: logged steps"
+import json, sys
+steps = [j["step"] for j in map(json.loads, open(sys.argv[1])) if "loss" in j]
+assert steps == [1, 5, 10, 12], steps
+PY
+[[ $(grep '^step ' "$tmp/log5.txt" | cut -d' ' -f2 | tr '\n' ' ') == "1/12 5/12 10/12 12/12 " ]] \
+  || fail "logging.every_steps=5: progress lines $(grep '^step ' "$tmp/log5.txt")"
 
 # 3. On a terminal: a live bar redrawn with carriage returns.
 script -qec "\"$ft\" train \"$tmp/r.yaml\" run.output_dir=\"$tmp/tty\"" /dev/null > "$tmp/tty.txt" 2>&1 \
@@ -102,9 +124,34 @@ import json, os, sys
 d = sys.argv[1]
 saves = [json.loads(l)["ckpt_step"] for l in open(f"{d}/metrics.jsonl") if "ckpt_step" in l]
 assert len(saves) >= 2 and saves[-1] == 400 and saves == sorted(saves), saves
-for s in saves:
+# keep_last 100: on a loaded machine (a slower run, more 30 ms periods) older ones are deleted.
+for s in saves[-100:]:
     assert os.path.exists(f"{d}/checkpoints/step_{s:08d}/COMPLETE"), s
+# Each save is reported on the line of the step after which it was taken (or a later one).
+for j in map(json.loads, open(f"{d}/metrics.jsonl")):
+    if "ckpt_step" in j:
+        assert j["step"] >= j["ckpt_step"], j
 print(f"every_minutes: {len(saves)} saves at steps {saves[:5]}...")
 PY
+# Checkpoint notes round their times: "in 0.004 s, training stalled 0.003 s".
+grep -Eq '^checkpoint step_00000400: .* in [0-9]+\.[0-9]{1,3} s, training stalled [0-9]+\.[0-9]{1,3} s$' \
+  "$tmp/minutes.txt" || fail "checkpoint note: $(grep '^checkpoint ' "$tmp/minutes.txt" | tail -1)"
+if grep -Eq '[0-9]\.[0-9]{4,} s' "$tmp/minutes.txt"; then
+  fail "an unrounded time: $(grep -E '[0-9]\.[0-9]{4,} s' "$tmp/minutes.txt" | head -2)"
+fi
+
+# 6. ft help: with no argument the command list (as ft --help), exit 0; an unknown command
+# exits 2 with the list.
+"$ft" help > "$tmp/help.txt" 2>&1 || fail "ft help exited $?"
+for c in train validate tokenize plan export inspect; do
+  grep -q "^  $c " "$tmp/help.txt" || fail "ft help does not list $c: $(cat "$tmp/help.txt")"
+done
+"$ft" --help > "$tmp/help2.txt" 2>&1 || fail "ft --help exited $?"
+cmp -s "$tmp/help.txt" "$tmp/help2.txt" || fail "ft help and ft --help differ"
+"$ft" help train | grep -q 'Recipe sections' || fail "ft help train"
+rc=0; "$ft" help NOPE > "$tmp/help3.txt" 2>&1 || rc=$?
+[[ $rc == 2 ]] || fail "ft help NOPE: exit $rc, expected 2"
+grep -q "no command 'NOPE'" "$tmp/help3.txt" && grep -q '^  train ' "$tmp/help3.txt" \
+  || fail "ft help NOPE: $(cat "$tmp/help3.txt")"
 
 echo "test_train: all checks passed"

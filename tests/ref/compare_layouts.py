@@ -6,7 +6,7 @@ tensor slices are put back together along the split axis, tensors held by severa
 (replicated norms, tied embeddings on two stages) must agree exactly, and every element must
 match the one-process run within 1e-5 absolute (parameters here are O(0.01–1)).
 Why these bounds: a layout sums the same numbers in another order (all-reduces of partial
-sums), so step 0's gradients differ by ~1e-8 relative. Adam then amplifies such differences
+sums), so step 1's gradients differ by ~1e-8 relative. Adam then amplifies such differences
 for elements whose gradient is tiny (the update is ~lr·sign(g) early on), and they grow about
 tenfold every two steps: by step 10 the grad norm differs by up to ~5e-5 relative and a few
 parameters by ~5e-5 of their tensor's largest entry, while the loss stays within ~3e-7.

@@ -174,9 +174,10 @@ def training_case(tmp, label, shuffle, seed):
         check(False, f"{label}: ft train failed ({res.returncode}): {res.stderr.strip()[-2000:]}")
         return
     lines = [json.loads(l) for l in open(metrics)]
-    ft_loss = {l["step"]: l["loss"] for l in lines if "loss" in l}
-    ft_norm = {l["step"]: l["grad_norm"] for l in lines if "grad_norm" in l}
-    ft_eval = {l["step"]: l["eval_loss"] for l in lines if "eval_loss" in l}
+    # The metrics number steps from 1 (DESIGN.md §7); s below counts from 0 as §5's formulas do.
+    ft_loss = {l["step"] - 1: l["loss"] for l in lines if "loss" in l}
+    ft_norm = {l["step"] - 1: l["grad_norm"] for l in lines if "grad_norm" in l}
+    ft_eval = {l["step"] - 1: l["eval_loss"] for l in lines if "eval_loss" in l}
 
     # The reference's sample stream: position j -> sample order(j mod N) of epoch j div N.
     samples = ref.samples_no_shuffle(shards, T)
