@@ -4,12 +4,17 @@ Per step: loss within 1e-5 relative (the issue's bound; ≤ 3e-7 seen), grad_nor
 relative; evaluation losses within 1e-5 relative. Final parameters: each layout's ranks wrote their slices (FT_TEST_DUMP_PARAMS);
 tensor slices are put back together along the split axis, tensors held by several ranks
 (replicated norms, tied embeddings on two stages) must agree exactly, and every element must
-match the one-process run within 1e-5 absolute (parameters here are O(0.01–1)).
+match the one-process run within 5e-5 absolute (parameters here are O(0.01–1); lr is 0.01).
 Why these bounds: a layout sums the same numbers in another order (all-reduces of partial
 sums), so step 1's gradients differ by ~1e-8 relative. Adam then amplifies such differences
 for elements whose gradient is tiny (the update is ~lr·sign(g) early on), and they grow about
 tenfold every two steps: by step 10 the grad norm differs by up to ~5e-5 relative and a few
 parameters by ~5e-5 of their tensor's largest entry, while the loss stays within ~3e-7.
+How far depends on the BLAS kernels, which set the summation order: with OpenBLAS's SkylakeX
+(AVX-512) kernels the worst parameter differs by 4.9e-6, with its Haswell (AVX2) kernels — what
+OpenBLAS 0.3.21 picks on an AMD EPYC — by 1.9e-5 (tensor-parallel layouts, the same losses within
+2e-7). So the bound is 5e-5 = 0.5% of one step's largest Adam move (lr): far below what a wrong
+slice, a missing all-reduce or a mis-ordered micro-batch does (the loss moves by > 1e-3 at once).
 Layouts that keep the summation order (pipeline only) match bit for bit.
     /usr/bin/python3 tests/ref/compare_layouts.py TMP_DIR SOURCE_DIR
 """
@@ -92,7 +97,7 @@ for name in names:
             err = (params[k] - v).abs().max().item()
             if err > worst:
                 worst, worst_name = err, k
-    ok = len(got) == 10 and loss <= 1e-5 and norm <= 1e-4 and worst <= 1e-5 and ev_err <= 1e-5
+    ok = len(got) == 10 and loss <= 1e-5 and norm <= 1e-4 and worst <= 5e-5 and ev_err <= 1e-5
     print(f"{'ok  ' if ok else 'FAIL'} {name:28s} loss {loss:.1e}  eval {ev_err:.1e}  grad_norm {norm:.1e}  "
           f"params max |diff| {worst:.1e} ({worst_name})")
     if not ok:
