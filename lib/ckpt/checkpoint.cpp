@@ -534,7 +534,8 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
     for (size_t g = 0; g < whole.groups().size(); ++g)
       for (const ParamEntry& e : whole.groups()[g].entries) {
         const std::string tp = detail::concat("tensors[", k, "]");
-        if (k >= ts.size()) r.fail("tensors", detail::concat(ts.size(), " entries; the model has more"));
+        if (k >= ts.size())
+          r.fail("tensors", detail::concat(ts.size(), " entries; the model has more"));
         const json& t = ts[k++];
         if (r.text(r.at(t, tp, "name"), tp + ".name") != e.name)
           r.fail(tp + ".name", "expected " + e.name + " here (the model's tensor order)");

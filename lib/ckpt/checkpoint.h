@@ -182,8 +182,9 @@ class CheckpointWriter {
 
   // Saves step `step`. Refuses (throws Error naming the state, group, tensor, step and rank;
   // nothing committed, `latest` unchanged) when a piece holds a NaN or an infinity: the check
-  // rides along the CRC-32 pass. manifest: rank 0's description of the run (model, layout, optimizer,
-  // scheduler, data, recipe; ignored on other ranks); shards and pieces are added at commit.
+  // rides along the CRC-32 pass. manifest: rank 0's description of the run (model, layout,
+  // optimizer, scheduler, data, recipe; ignored on other ranks); shards and pieces are added at
+  // commit, and rank 0 commits only a manifest that passes parse_manifest.
   // Throws Error on a write failure of this rank (synchronous, or a previous async save).
   void save(int64_t step, const std::vector<PieceSource>& pieces, const nlohmann::json& manifest);
   // Non-blocking: a checkpoint committed since the last call (rank 0), if any. Throws the error
