@@ -856,9 +856,36 @@ void read_range(const Manifest& m, State state, int group, int tensor, int tenso
   std::copy(part.begin() + int64_t(begin), part.begin() + int64_t(end), out);
 }
 
+namespace {
+
+// The shard files holding the pieces of (state, group) are as long as the manifest says, checked
+// before a whole group is allocated: a missing or truncated file is an Error, never an
+// allocation sized by what a damaged manifest claims (its sizes are only known consistent).
+void check_files_hold(const Manifest& m, State state, int group) {
+  std::map<std::string, uint64_t> need;
+  for (const PieceRecord& p : m.pieces)
+    if (p.state == state && p.group == group) {
+      uint64_t& n = need[p.file];
+      n = std::max(n, p.offset + (p.end - p.begin) * sizeof(float));
+    }
+  for (const auto& [file, n] : need) {
+    const std::string path = (fs::path(m.dir) / file).string();
+    std::error_code ec;
+    const uint64_t size = fs::file_size(path, ec);
+    if (ec)
+      throw Error(path + ": missing (" + ec.message() + "); the checkpoint is damaged");
+    if (size < n)
+      throw Error(detail::concat(path, ": ", size, " bytes, the manifest needs ", n,
+                                 " (truncated); the checkpoint is damaged"));
+  }
+}
+
+}  // namespace
+
 std::vector<float> read_global_group(const Manifest& m, State state, int group) {
   const ParamLayout whole_layout(m.model, 1);
   FT_CHECK(group >= 0 && size_t(group) < whole_layout.groups().size(), "no group ", group);
+  check_files_hold(m, state, group);
   const ParamGroup& wg = whole_layout.groups()[size_t(group)];
   std::vector<float> whole(wg.numel);
   if (m.tensor == 1) {

@@ -329,6 +329,11 @@ TEST_CASE("checkpoint: damage is found by verify and by read_range, naming the f
     CHECK_THROWS_WITH_AS(ft::ckpt::read_range(m, last->state, last->group, 2, last->tensor_rank,
                                               last->begin, last->end, out.data()),
                          doctest::Contains(bin1.c_str()), ft::Error);
+    // A whole group is allocated only once its files are known to hold it.
+    const std::string short_file =
+        "rank_00001.bin: " + std::to_string(good.size() - 4) + " bytes, the manifest needs";
+    CHECK_THROWS_WITH_AS(ft::ckpt::read_global_group(m, last->state, last->group),
+                         doctest::Contains(short_file.c_str()), ft::Error);
   }
   SUBCASE("a missing shard") {
     fs::remove(bin1);
