@@ -432,14 +432,22 @@ int inspect_checkpoint_step(const std::string& dir) {
 
 // A checkpoint.dir: its step folders, which one `latest` names, then that one in detail.
 int inspect_checkpoint_root(const std::string& dir) {
-  std::vector<std::string> steps;
+  // Step folders, and those --resume auto set aside as damaged (step_N.damaged[.K]): listed and
+  // labelled, never chosen below.
+  std::vector<std::string> steps, set_aside;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0)
-      steps.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_directory(ec)) continue;
+    if (ckpt::parse_step_folder_name(name) >= 0)
+      steps.push_back(name);
+    else if (ckpt::parse_step_folder_name(name, /*set_aside=*/true) >= 0)
+      set_aside.push_back(name);
+  }
   std::sort(steps.begin(), steps.end());
-  const std::string latest = ckpt::latest_checkpoint(dir);
-  const std::string latest_name = latest.empty() ? "" : fs::path(latest).filename().string();
+  std::sort(set_aside.begin(), set_aside.end());
+  std::string latest = ckpt::latest_checkpoint(dir);
+  std::string latest_name = latest.empty() ? "" : fs::path(latest).filename().string();
   std::printf("checkpoint folder %s\n", dir.c_str());
   std::printf("  step folders: %zu\n", steps.size());
   for (const std::string& s : steps) {
@@ -448,6 +456,16 @@ int inspect_checkpoint_root(const std::string& dir) {
                         : fs::exists(p / "manifest.json", ec) ? "incomplete (no COMPLETE)"
                                                               : "incomplete (no manifest.json)";
     std::printf("    %s  %s%s\n", s.c_str(), state, s == latest_name ? "  <- latest" : "");
+  }
+  for (const std::string& s : set_aside)
+    std::printf("    %s  damaged: set aside by --resume auto, never resumed from (inspect it "
+                "with ft inspect %s/%s; remove it when done)\n",
+                s.c_str(), dir.c_str(), s.c_str());
+  if (!latest.empty() && !fs::exists(fs::path(latest) / "manifest.json", ec)) {
+    std::printf("  latest:       names %s, which is not here (set aside as damaged?); ignored\n",
+                latest_name.c_str());
+    latest.clear();
+    latest_name.clear();
   }
   std::string target = latest;
   if (latest.empty()) {

@@ -7,13 +7,16 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <cmath>
 #include <map>
+#include <tuple>
 #include <sstream>
 
 #include "core/error.h"
@@ -55,6 +58,64 @@ uint32_t crc_of(const void* p, uint64_t n, uint32_t crc = 0) {
     n -= chunk;
   }
   return uint32_t(c);
+}
+
+// The index of the first NaN or infinity among n floats, or n. An integer test of the exponent
+// bits (all ones), so that it vectorises without -ffast-math (which would assume no NaN).
+__attribute__((target_clones("avx2", "default"))) uint64_t first_non_finite(const float* p,
+                                                                            uint64_t n) {
+  uint32_t any = 0;
+  for (uint64_t i = 0; i < n; ++i)
+    any |= uint32_t((std::bit_cast<uint32_t>(p[i]) & 0x7f800000u) == 0x7f800000u);
+  if (any == 0) return n;
+  for (uint64_t i = 0; i < n; ++i)
+    if (!std::isfinite(p[i])) return i;
+  return n;
+}
+
+// CRC-32 of a piece, refusing non-finite values on the way: each chunk is scanned just after
+// zlib has read it, from the cache lines the CRC pass loaded (one pass over memory, not two;
+// scanning first would stall on memory that the CRC's streaming reads otherwise overlap with
+// its arithmetic). Returns the CRC, or sets *bad to the first non-finite element.
+uint32_t crc_of_finite(const float* p, uint64_t n, uint64_t* bad) {
+  constexpr uint64_t kChunk = 65536;  // floats: 256 KiB, inside L2
+  uint32_t crc = 0;
+  *bad = n;
+  for (uint64_t a = 0; a < n; a += kChunk) {
+    const uint64_t m = std::min(kChunk, n - a);
+    crc = crc_of(p + a, m * sizeof(float), crc);
+    const uint64_t i = first_non_finite(p + a, m);
+    if (i < m) {
+      *bad = a + i;
+      return 0;
+    }
+  }
+  return crc;
+}
+
+// Names element `index` of group `group`'s flat buffer at this rank's tensor size, from the
+// manifest's tensor table when this rank has one (rank 0): "model.layers.0.mlp.up_proj.weight
+// (group 1, layers.0)"; else "group 1".
+std::string describe_element(const json& manifest, int group, uint64_t index) {
+  std::string where = detail::concat("group ", group);
+  try {
+    if (!manifest.contains("tensors") || !manifest["tensors"].is_array()) return where;
+    const int64_t T = manifest.at("layout").at("tensor").get<int64_t>();
+    uint64_t at = 0;
+    for (const json& t : manifest["tensors"]) {
+      if (t.at("group").get<int64_t>() != group) continue;
+      uint64_t n = 1;
+      for (const json& d : t.at("shape")) n *= d.get<uint64_t>();
+      if (t.value("split", std::string("replicated")) != "replicated") n /= uint64_t(T);
+      if (index < at + n)
+        return detail::concat(t.at("name").get<std::string>(), " (", where, ", ",
+                              t.value("group_name", std::string("?")), ")");
+      at += n;
+    }
+  } catch (const std::exception&) {
+    // Only a better name is lost.
+  }
+  return where;
 }
 
 void write_all(int fd, const void* p, uint64_t n, const std::string& path) {
@@ -116,23 +177,12 @@ std::string rank_file(int rank, const char* ext) {
   return b;
 }
 
-// step_00000100 → 100; -1 for other names.
-int64_t parse_step_folder(const std::string& name) {
-  if (name.size() <= 5 || name.compare(0, 5, "step_") != 0) return -1;
-  int64_t v = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return -1;
-    v = v * 10 + (name[i] - '0');
-  }
-  return v;
-}
-
 std::vector<std::pair<int64_t, std::string>> step_folders(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> out;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return out;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const int64_t s = parse_step_folder(e.path().filename().string());
+    const int64_t s = parse_step_folder_name(e.path().filename().string());
     if (s >= 0 && e.is_directory(ec)) out.emplace_back(s, e.path().string());
   }
   std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.first > b.first; });
@@ -182,6 +232,12 @@ void read_piece(const Manifest& m, const PieceRecord& p, float* dst) {
   const std::string path = (fs::path(m.dir) / p.file).string();
   OpenFile f(path);
   const uint64_t bytes = (p.end - p.begin) * sizeof(float);
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) throw Error("cannot stat " + path + ": " + errno_text());
+  if (uint64_t(st.st_size) < p.offset + bytes)
+    throw Error(detail::concat(path, ": ", st.st_size, " bytes, but the manifest has a piece at ",
+                               p.offset, "..", p.offset + bytes, " (truncated); the checkpoint "
+                               "is damaged"));
   pread_all(f.fd, dst, bytes, p.offset, path);
   const uint32_t crc = crc_of(dst, bytes);
   if (crc != p.crc32)
@@ -200,6 +256,418 @@ std::string step_folder_name(int64_t step) {
 
 // ---------------------------------------------------------------- reading
 
+namespace {
+
+// Size limits of what a manifest may describe. They are far above any model ft trains on a CPU
+// cluster and far below what would overflow 64-bit byte counts, so that a damaged number is
+// refused before it sizes an allocation, a loop or a file offset.
+constexpr int64_t kMaxStep = int64_t(1) << 40;
+constexpr int64_t kMaxRanks = int64_t(1) << 20;
+constexpr int64_t kMaxModelDim = int64_t(1) << 24;  // dim, ffn_dim, vocab_size, max_seq_len
+constexpr int64_t kMaxLayers = 10000;
+constexpr uint64_t kMaxElements = uint64_t(1) << 40;  // of the whole model (tensor size 1)
+constexpr uint64_t kMaxBytes = kMaxElements * 4 * 3;  // parameters and both moments, f32
+
+// Reads a checkpoint's JSON defensively: each value's JSON type and range are checked before it
+// is converted, so that no damaged number reaches a float-to-int conversion (undefined
+// behaviour), an allocation or a file offset. Errors name the file and the key path
+// ("pieces[3].end"). Only scalars are ever dumped into messages: dump() recurses.
+class JsonReader {
+ public:
+  explicit JsonReader(std::string file) : file_(std::move(file)) {}
+
+  [[noreturn]] void fail(const std::string& path, const std::string& what) const {
+    throw Error(file_ + ": " + path + ": " + what + "; the checkpoint is damaged");
+  }
+  static std::string path_of(const std::string& parent, const char* key) {
+    return parent.empty() ? std::string(key) : parent + "." + key;
+  }
+  static std::string describe(const json& v) {
+    if (v.is_object()) return "an object";
+    if (v.is_array()) return "an array";
+    if (v.is_null()) return "null";
+    if (v.is_boolean()) return std::string("the bool ") + (v.get<bool>() ? "true" : "false");
+    if (v.is_string()) {
+      std::string s = v.dump();
+      if (s.size() > 40) s = s.substr(0, 37) + "...";
+      return "the string " + s;
+    }
+    if (v.is_number_float()) return "the non-integer " + v.dump();
+    return v.dump();
+  }
+
+  const json& object(const json& v, const std::string& path) const {
+    if (!v.is_object()) fail(path, "expected an object, found " + describe(v));
+    return v;
+  }
+  const json& array(const json& v, const std::string& path) const {
+    if (!v.is_array()) fail(path, "expected an array, found " + describe(v));
+    return v;
+  }
+  // obj.key of an object obj (reported as `parent`), which must be there.
+  const json& at(const json& obj, const std::string& parent, const char* key) const {
+    object(obj, parent.empty() ? "the document" : parent);
+    const auto it = obj.find(key);
+    if (it == obj.end()) fail(path_of(parent, key), "missing");
+    return *it;
+  }
+  // A JSON integer (not a float such as 3.0 or 1e30, not a bool, not a string) in [lo, hi].
+  int64_t integer(const json& v, const std::string& path, int64_t lo, int64_t hi) const {
+    if (v.is_number_integer()) {
+      if (v.is_number_unsigned()) {
+        const uint64_t u = v.get<uint64_t>();
+        if (hi >= 0 && u <= uint64_t(hi) && int64_t(u) >= lo) return int64_t(u);
+      } else {
+        const int64_t i = v.get<int64_t>();
+        if (i >= lo && i <= hi) return i;
+      }
+    }
+    fail(path, detail::concat("expected an integer from ", lo, " to ", hi, ", found ",
+                              describe(v)));
+  }
+  uint64_t uinteger(const json& v, const std::string& path, uint64_t lo, uint64_t hi) const {
+    if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) {
+      const uint64_t u = v.get<uint64_t>();
+      if (u >= lo && u <= hi) return u;
+    }
+    fail(path, detail::concat("expected an integer from ", lo, " to ", hi, ", found ",
+                              describe(v)));
+  }
+  double real(const json& v, const std::string& path, double lo, double hi) const {
+    if (v.is_number()) {
+      const double d = v.get<double>();
+      if (std::isfinite(d) && d >= lo && d <= hi) return d;
+    }
+    fail(path, detail::concat("expected a number from ", lo, " to ", hi, ", found ",
+                              describe(v)));
+  }
+  std::string text(const json& v, const std::string& path) const {
+    if (!v.is_string()) fail(path, "expected a string, found " + describe(v));
+    return v.get<std::string>();
+  }
+  bool flag(const json& v, const std::string& path) const {
+    if (!v.is_boolean()) fail(path, "expected true or false, found " + describe(v));
+    return v.get<bool>();
+  }
+  // A file name inside the step folder: no folder part, so nothing outside it is ever read.
+  std::string file_name(const json& v, const std::string& path) const {
+    std::string s = text(v, path);
+    if (s.empty() || s == "." || s == ".." || s.find('/') != std::string::npos ||
+        s.find('\0') != std::string::npos)
+      fail(path, "expected a file name inside the step folder, found " + describe(v));
+    return s;
+  }
+
+  int64_t int_at(const json& o, const std::string& parent, const char* key, int64_t lo,
+                 int64_t hi) const {
+    return integer(at(o, parent, key), path_of(parent, key), lo, hi);
+  }
+  uint64_t uint_at(const json& o, const std::string& parent, const char* key, uint64_t lo,
+                   uint64_t hi) const {
+    return uinteger(at(o, parent, key), path_of(parent, key), lo, hi);
+  }
+
+ private:
+  std::string file_;
+};
+
+// The step number a step folder's path names, or -1 (a folder named otherwise, as a copy the
+// user made for --resume PATH).
+int64_t step_of_dir(const std::string& step_dir) {
+  fs::path p = fs::path(step_dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return parse_step_folder_name(p.filename().string(), /*set_aside=*/true);
+}
+
+// The model config of a manifest, each field range-checked, then checked as a whole: what
+// ParamLayout needs (divisibility) and a total size within kMaxElements, computed in 128 bits
+// so that no product overflows before it is compared.
+ModelConfig parse_model(const JsonReader& r, const json& mc) {
+  ModelConfig c;
+  const std::string p = "model";
+  c.arch = r.text(r.at(mc, p, "arch"), "model.arch");
+  if (c.arch != "llama")
+    r.fail("model.arch", "unknown architecture " + JsonReader::describe(mc.at("arch")));
+  c.dim = int(r.int_at(mc, p, "dim", 1, kMaxModelDim));
+  c.n_layers = int(r.int_at(mc, p, "n_layers", 1, kMaxLayers));
+  c.n_heads = int(r.int_at(mc, p, "n_heads", 1, c.dim));
+  c.n_kv_heads = int(r.int_at(mc, p, "n_kv_heads", 1, c.n_heads));
+  c.ffn_dim = int(r.int_at(mc, p, "ffn_dim", 1, kMaxModelDim));
+  c.vocab_size = int(r.int_at(mc, p, "vocab_size", 1, kMaxModelDim));
+  c.max_seq_len = int(r.int_at(mc, p, "max_seq_len", 1, kMaxModelDim));
+  c.rope_theta = r.real(r.at(mc, p, "rope_theta"), "model.rope_theta", 1e-30, 1e30);
+  c.norm_eps = r.real(r.at(mc, p, "norm_eps"), "model.norm_eps", 0, 1);
+  c.tie_embeddings = r.flag(r.at(mc, p, "tie_embeddings"), "model.tie_embeddings");
+  if (c.dim % c.n_heads != 0)
+    r.fail("model.n_heads", detail::concat(c.n_heads, " does not divide model.dim ", c.dim));
+  if (c.n_heads % c.n_kv_heads != 0)
+    r.fail("model.n_kv_heads",
+           detail::concat(c.n_kv_heads, " does not divide model.n_heads ", c.n_heads));
+  using u128 = unsigned __int128;
+  const u128 C = u128(c.dim), V = u128(c.vocab_size), F = u128(c.ffn_dim);
+  const u128 KVD = u128(c.n_kv_heads) * u128(c.dim / c.n_heads);
+  const u128 block = 2 * C + C * C + 2 * KVD * C + C * C + 3 * F * C;
+  const u128 total = V * C + u128(c.n_layers) * block + C + (c.tie_embeddings ? 0 : V * C);
+  if (total > kMaxElements)
+    r.fail("model", detail::concat("a model of more than ", kMaxElements,
+                                   " parameters (dim ", c.dim, ", n_layers ", c.n_layers,
+                                   ", ffn_dim ", c.ffn_dim, ", vocab_size ", c.vocab_size, ")"));
+  return c;
+}
+
+}  // namespace
+
+int64_t parse_step_folder_name(const std::string& name, bool set_aside) {
+  if (name.size() <= 5 || name.compare(0, 5, "step_") != 0) return -1;
+  size_t i = 5;
+  int64_t v = 0;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) {
+    if (v > kMaxStep) return -1;  // no overflow on a long run of digits
+    v = v * 10 + (name[i] - '0');
+  }
+  if (i == 5) return -1;
+  if (i == name.size()) return v;
+  if (!set_aside || name.compare(i, 8, ".damaged") != 0) return -1;
+  i += 8;
+  if (i == name.size()) return v;
+  if (name[i] != '.' || i + 1 == name.size()) return -1;
+  for (++i; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return -1;
+  return v;
+}
+
+std::string set_aside_damaged(const std::string& step_dir) {
+  fs::path from = fs::path(step_dir).lexically_normal();
+  if (from.filename().empty()) from = from.parent_path();
+  for (int n = 0;; ++n) {
+    fs::path to = from;
+    to += n == 0 ? std::string(".damaged") : ".damaged." + std::to_string(n);
+    std::error_code ec;
+    if (fs::exists(to, ec) || fs::is_symlink(to, ec)) continue;
+    // rename(2) never replaces a non-empty folder, and `to` does not exist: nothing is lost
+    // even if another process races us to the name.
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      if (errno == EEXIST || errno == ENOTEMPTY) continue;
+      throw Error("cannot rename the damaged checkpoint " + from.string() + " to " + to.string() +
+                  ": " + errno_text() + "; nothing was deleted");
+    }
+    return to.string();
+  }
+}
+
+Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / "manifest.json").string();
+  const JsonReader r(path);
+  Manifest m;
+  m.dir = step_dir;
+  try {
+    m.json = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(path + ": not valid JSON (" + e.what() + "); the checkpoint is damaged");
+  }
+  const json& j = r.object(m.json, "the document");
+  if (!j.contains("format") || j["format"] != "ft-checkpoint")
+    throw Error(path + ": not an ft checkpoint manifest (format is not \"ft-checkpoint\")");
+  if (r.int_at(j, "", "version", INT64_MIN, INT64_MAX) != 1)
+    throw Error(path + ": checkpoint format version " + j["version"].dump() +
+                " is not supported by this ft (1)");
+
+  // The step: a count of optimizer steps, and the number in the folder's name.
+  m.step = r.int_at(j, "", "step", 0, kMaxStep);
+  const int64_t named = step_of_dir(step_dir);
+  if (named >= 0 && named != m.step)
+    r.fail("step", detail::concat(m.step, ", but the folder's name says step ", named,
+                                  " (a manifest copied from another folder, or a damaged one)"));
+
+  const json& l = r.at(j, "", "layout");
+  m.world = int(r.int_at(l, "layout", "world", 1, kMaxRanks));
+  m.data = int(r.int_at(l, "layout", "data", 1, kMaxRanks));
+  m.tensor = int(r.int_at(l, "layout", "tensor", 1, kMaxRanks));
+  m.pipeline = int(r.int_at(l, "layout", "pipeline", 1, kMaxRanks));
+  m.zero_stage = int(r.int_at(l, "layout", "zero_stage", 0, 3));
+  if (int64_t(m.data) * m.tensor * m.pipeline != m.world)
+    r.fail("layout", detail::concat("world ", m.world, " is not data ", m.data, " x tensor ",
+                                    m.tensor, " x pipeline ", m.pipeline));
+  m.model = parse_model(r, r.at(j, "", "model"));
+  const ModelConfig& c = m.model;
+  if (c.n_heads % m.tensor || c.n_kv_heads % m.tensor || c.ffn_dim % m.tensor ||
+      c.vocab_size % m.tensor)
+    r.fail("layout.tensor", detail::concat(m.tensor, " does not divide the model's heads (",
+                                           c.n_heads, "), kv heads (", c.n_kv_heads,
+                                           "), ffn_dim (", c.ffn_dim, ") and vocab_size (",
+                                           c.vocab_size, ")"));
+  if (m.pipeline > c.n_layers)
+    r.fail("layout.pipeline",
+           detail::concat(m.pipeline, " stages for ", c.n_layers, " layers"));
+  m.optimizer_step = r.int_at(r.at(j, "", "optimizer"), "optimizer", "step", 0, kMaxStep);
+
+  // Optional sections that the trainer, export and inspect read: typed here, so that they never
+  // meet a conversion that throws something other than Error (or is undefined).
+  if (j.contains("data")) {
+    const json& d = r.object(j["data"], "data");
+    if (d.contains("tokens")) m.tokens = r.int_at(d, "data", "tokens", 0, INT64_MAX);
+    if (d.contains("next_step") && r.int_at(d, "data", "next_step", 0, kMaxStep) != m.step)
+      r.fail("data.next_step", detail::concat(d["next_step"].dump(), ", not the step ", m.step));
+    if (d.contains("global_batch_size"))
+      r.int_at(d, "data", "global_batch_size", 1, INT32_MAX);
+    if (d.contains("seq_len")) r.int_at(d, "data", "seq_len", 1, INT32_MAX);
+    if (d.contains("seed")) r.uint_at(d, "data", "seed", 0, UINT64_MAX);
+    if (d.contains("shuffle")) r.flag(d["shuffle"], "data.shuffle");
+    if (d.contains("train")) r.text(d["train"], "data.train");
+  }
+  if (j.contains("scheduler")) {
+    const json& s = r.object(j["scheduler"], "scheduler");
+    if (s.contains("step") && r.int_at(s, "scheduler", "step", 0, kMaxStep) != m.step)
+      r.fail("scheduler.step", detail::concat(s["step"].dump(), ", not the step ", m.step));
+  }
+  if (j.contains("tokenizer") && !j["tokenizer"].is_null()) {
+    const json& t = r.object(j["tokenizer"], "tokenizer");
+    if (t.contains("file")) r.file_name(t["file"], "tokenizer.file");
+    if (t.contains("sha256")) r.text(t["sha256"], "tokenizer.sha256");
+  }
+
+  // The tensor table (written by the trainer; optional for other writers) must be the model's.
+  const ParamLayout whole(c, 1);
+  if (j.contains("tensors")) {
+    const json& ts = r.array(j["tensors"], "tensors");
+    size_t k = 0;
+    for (size_t g = 0; g < whole.groups().size(); ++g)
+      for (const ParamEntry& e : whole.groups()[g].entries) {
+        const std::string tp = detail::concat("tensors[", k, "]");
+        if (k >= ts.size())
+          r.fail("tensors", detail::concat(ts.size(), " entries; the model has more"));
+        const json& t = ts[k++];
+        if (r.text(r.at(t, tp, "name"), tp + ".name") != e.name)
+          r.fail(tp + ".name", "expected " + e.name + " here (the model's tensor order)");
+        const json& shape = r.array(r.at(t, tp, "shape"), tp + ".shape");
+        bool same = shape.size() == e.global_shape.size();
+        for (size_t i = 0; i < shape.size(); ++i) {
+          const int64_t d = r.integer(shape[i], detail::concat(tp, ".shape[", i, "]"), 1,
+                                      int64_t(kMaxElements));
+          same = same && i < e.global_shape.size() && d == e.global_shape[i];
+        }
+        if (!same) r.fail(tp + ".shape", "differs from " + e.name + "'s shape in the model");
+        if (r.text(r.at(t, tp, "dtype"), tp + ".dtype") != "f32")
+          r.fail(tp + ".dtype", "unknown dtype " + JsonReader::describe(t["dtype"]) +
+                                    " (checkpoints hold f32)");
+        if (r.int_at(t, tp, "group", 0, int64_t(whole.groups().size()) - 1) != int64_t(g))
+          r.fail(tp + ".group", detail::concat("expected ", g, " for ", e.name));
+        if (t.contains("split")) {
+          const std::string s = r.text(t["split"], tp + ".split");
+          const char* want = e.split == TensorSplit::kRows   ? "rows"
+                             : e.split == TensorSplit::kCols ? "cols"
+                                                             : "replicated";
+          if (s != want) r.fail(tp + ".split", std::string("expected ") + want + " for " + e.name);
+        }
+      }
+    if (k != ts.size())
+      r.fail("tensors", detail::concat(ts.size(), " entries; the model has ", k, " tensors"));
+  }
+
+  // Shards: one per rank, in rank order, each a plain file name.
+  const json& shards = r.array(r.at(j, "", "shards"), "shards");
+  if (int64_t(shards.size()) != m.world)
+    r.fail("shards", detail::concat(shards.size(), " shard files for a world of ", m.world));
+  std::map<std::string, size_t> shard_of;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string sp = detail::concat("shards[", i, "]");
+    ShardRecord s;
+    s.file = r.file_name(r.at(shards[i], sp, "file"), sp + ".file");
+    s.rank = int(r.int_at(shards[i], sp, "rank", int64_t(i), int64_t(i)));
+    s.bytes = r.uint_at(shards[i], sp, "bytes", 0, kMaxBytes);
+    s.crc32 = uint32_t(r.uint_at(shards[i], sp, "crc32", 0, UINT32_MAX));
+    if (!shard_of.emplace(s.file, i).second)
+      r.fail(sp + ".file", "names " + s.file + " again");
+    m.shards.push_back(std::move(s));
+  }
+
+  // Pieces: each inside its group (at the saved tensor size) and inside its shard file, checked
+  // before anything is allocated or read for it.
+  const ParamLayout saved(c, m.tensor);
+  const auto& groups = saved.groups();
+  const json& pieces = r.array(r.at(j, "", "pieces"), "pieces");
+  m.pieces.reserve(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const std::string pp = detail::concat("pieces[", i, "]");
+    const json& p = r.object(pieces[i], pp);
+    PieceRecord q;
+    q.file = r.file_name(r.at(p, pp, "file"), pp + ".file");
+    const auto sh = shard_of.find(q.file);
+    if (sh == shard_of.end()) r.fail(pp + ".file", q.file + " is not one of the shards");
+    const std::string st = r.text(r.at(p, pp, "state"), pp + ".state");
+    if (st != "param" && st != "exp_avg" && st != "exp_avg_sq")
+      r.fail(pp + ".state", "unknown state kind " + JsonReader::describe(p["state"]) +
+                                " (param, exp_avg or exp_avg_sq)");
+    q.state = parse_state(st, path);
+    q.group = int(r.int_at(p, pp, "group", 0, int64_t(groups.size()) - 1));
+    q.tensor_rank = int(r.int_at(p, pp, "tensor_rank", 0, m.tensor - 1));
+    const uint64_t numel = groups[size_t(q.group)].numel;
+    q.begin = r.uint_at(p, pp, "begin", 0, numel);
+    q.end = r.uint_at(p, pp, "end", 0, numel);
+    if (q.end <= q.begin)
+      r.fail(pp, detail::concat("an empty or reversed range [", q.begin, ", ", q.end, ")"));
+    const uint64_t file_bytes = m.shards[sh->second].bytes;
+    q.offset = r.uint_at(p, pp, "offset", 0, file_bytes);
+    if ((q.end - q.begin) * sizeof(float) > file_bytes - q.offset)
+      r.fail(pp, detail::concat("bytes ", q.offset, "..", q.offset + (q.end - q.begin) * 4,
+                                " lie past the end of ", q.file, " (", file_bytes, " bytes)"));
+    q.crc32 = uint32_t(r.uint_at(p, pp, "crc32", 0, UINT32_MAX));
+    m.pieces.push_back(std::move(q));
+  }
+
+  // The pieces tile every (state, group, tensor rank) buffer and every shard file exactly: no
+  // gap (a value never read), no overlap (two values for one element).
+  std::vector<size_t> order(m.pieces.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto key = [&](size_t i) {
+    const PieceRecord& q = m.pieces[i];
+    return std::make_tuple(int(q.state), q.group, q.tensor_rank, q.begin);
+  };
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
+  {
+    size_t k = 0;
+    for (int s = 0; s < 3; ++s)
+      for (int g = 0; g < int(groups.size()); ++g)
+        for (int t = 0; t < m.tensor; ++t) {
+          uint64_t at = 0;
+          while (k < order.size()) {
+            const PieceRecord& q = m.pieces[order[k]];
+            if (int(q.state) != s || q.group != g || q.tensor_rank != t) break;
+            if (q.begin != at)
+              r.fail(detail::concat("pieces[", order[k], "]"),
+                     detail::concat(q.begin < at ? "overlaps" : "leaves a gap before", " ",
+                                    state_name(q.state), " of group ", g, " (tensor rank ", t,
+                                    ") at element ", std::min(at, q.begin)));
+            at = q.end;
+            ++k;
+          }
+          if (at != groups[size_t(g)].numel)
+            r.fail("pieces", detail::concat(state_name(State(s)), " of group ", g,
+                                            " (tensor rank ", t, ") is covered up to element ",
+                                            at, " of ", groups[size_t(g)].numel));
+        }
+  }
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const PieceRecord &x = m.pieces[a], &y = m.pieces[b];
+    return std::tie(x.file, x.offset) < std::tie(y.file, y.offset);
+  });
+  std::vector<uint64_t> filled(m.shards.size(), 0);
+  for (size_t k : order) {
+    const PieceRecord& q = m.pieces[k];
+    uint64_t& at = filled[shard_of[q.file]];
+    if (q.offset != at)
+      r.fail(detail::concat("pieces[", k, "].offset"),
+             detail::concat(q.offset < at ? "overlaps another piece" : "leaves a gap", " in ",
+                            q.file, " at byte ", std::min(at, q.offset)));
+    at += (q.end - q.begin) * sizeof(float);
+  }
+  for (size_t i = 0; i < m.shards.size(); ++i)
+    if (filled[i] != m.shards[i].bytes)
+      r.fail(detail::concat("shards[", i, "].bytes"),
+             detail::concat(m.shards[i].bytes, ", but its pieces fill ", filled[i]));
+  return m;
+}
+
 Manifest read_manifest(const std::string& step_dir, bool allow_incomplete) {
   const std::string path = (fs::path(step_dir) / "manifest.json").string();
   if (!fs::exists(path))
@@ -208,59 +676,49 @@ Manifest read_manifest(const std::string& step_dir, bool allow_incomplete) {
   if (!allow_incomplete && !fs::exists(fs::path(step_dir) / "COMPLETE"))
     throw Error(step_dir + ": no COMPLETE marker: the save never finished; resume from an " +
                 "earlier checkpoint");
-  Manifest m;
-  m.dir = step_dir;
+  return parse_manifest(read_text(path), step_dir);
+}
+
+RankRecord parse_rank_json(const std::string& text, const std::string& path) {
+  const JsonReader r(path);
+  json j;
   try {
-    m.json = json::parse(read_text(path));
-    const json& j = m.json;
-    if (j.value("format", "") != "ft-checkpoint")
-      throw Error(path + ": not an ft checkpoint manifest (format is not \"ft-checkpoint\")");
-    if (j.value("version", 0) != 1)
-      throw Error(path + ": checkpoint format version " + j.value("version", json()).dump() +
-                  " is not supported by this ft (1)");
-    m.step = j.at("step").get<int64_t>();
-    const json& l = j.at("layout");
-    m.world = l.at("world");
-    m.data = l.at("data");
-    m.tensor = l.at("tensor");
-    m.pipeline = l.at("pipeline");
-    m.zero_stage = l.at("zero_stage");
-    const json& mc = j.at("model");
-    m.model.arch = mc.at("arch");
-    m.model.dim = mc.at("dim");
-    m.model.n_layers = mc.at("n_layers");
-    m.model.n_heads = mc.at("n_heads");
-    m.model.n_kv_heads = mc.at("n_kv_heads");
-    m.model.ffn_dim = mc.at("ffn_dim");
-    m.model.vocab_size = mc.at("vocab_size");
-    m.model.max_seq_len = mc.at("max_seq_len");
-    m.model.rope_theta = mc.at("rope_theta");
-    m.model.norm_eps = mc.at("norm_eps");
-    m.model.tie_embeddings = mc.at("tie_embeddings");
-    m.optimizer_step = j.at("optimizer").at("step");
-    for (const json& s : j.at("shards"))
-      m.shards.push_back({s.at("file"), s.at("rank"), s.at("bytes"), s.at("crc32")});
-    for (const json& p : j.at("pieces")) {
-      PieceRecord r;
-      r.file = p.at("file");
-      r.state = parse_state(p.at("state"), path);
-      r.group = p.at("group");
-      r.tensor_rank = p.at("tensor_rank");
-      r.begin = p.at("begin");
-      r.end = p.at("end");
-      r.offset = p.at("offset");
-      r.crc32 = p.at("crc32");
-      if (r.end < r.begin || r.group < 0 || r.group > m.model.n_layers + 1 || r.tensor_rank < 0 ||
-          r.tensor_rank >= m.tensor || r.file.find('/') != std::string::npos)
-        throw Error(path + ": a piece of " + r.file + " has an impossible range, group or rank");
-      m.pieces.push_back(std::move(r));
-    }
+    j = json::parse(text);
   } catch (const json::exception& e) {
-    throw Error(path + ": malformed manifest (" + e.what() + "); the checkpoint is damaged");
+    throw Error(path + ": not valid JSON (" + e.what() + "); the checkpoint is damaged");
   }
-  if (m.tensor < 1 || m.data < 1 || m.pipeline < 1 || m.world != m.data * m.tensor * m.pipeline)
-    throw Error(path + ": inconsistent layout in the manifest");
-  return m;
+  RankRecord rr;
+  rr.rank = int(r.int_at(j, "", "rank", 0, kMaxRanks - 1));
+  rr.attempt = r.uint_at(j, "", "attempt", 0, UINT64_MAX);
+  rr.file = r.file_name(r.at(j, "", "file"), "file");
+  rr.bytes = r.uint_at(j, "", "bytes", 0, kMaxBytes);
+  rr.crc32 = uint32_t(r.uint_at(j, "", "crc32", 0, UINT32_MAX));
+  const json& pieces = r.array(r.at(j, "", "pieces"), "pieces");
+  // The group sizes are the manifest's business (parse_manifest checks them at commit); here,
+  // each piece is typed and lies inside this rank's file, back to back as the writer puts them.
+  uint64_t at = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const std::string pp = detail::concat("pieces[", i, "]");
+    const json& p = pieces[i];
+    if (r.file_name(r.at(p, pp, "file"), pp + ".file") != rr.file)
+      r.fail(pp + ".file", "is not this rank's file " + rr.file);
+    const std::string st = r.text(r.at(p, pp, "state"), pp + ".state");
+    if (st != "param" && st != "exp_avg" && st != "exp_avg_sq")
+      r.fail(pp + ".state", "unknown state kind " + JsonReader::describe(p["state"]));
+    r.int_at(p, pp, "group", 0, kMaxLayers + 1);
+    r.int_at(p, pp, "tensor_rank", 0, kMaxRanks - 1);
+    const uint64_t begin = r.uint_at(p, pp, "begin", 0, kMaxElements);
+    const uint64_t end = r.uint_at(p, pp, "end", begin + 1, kMaxElements);
+    if (r.uint_at(p, pp, "offset", 0, kMaxBytes) != at)
+      r.fail(pp + ".offset", detail::concat("expected ", at, " (pieces lie back to back)"));
+    r.uint_at(p, pp, "crc32", 0, UINT32_MAX);
+    at += (end - begin) * sizeof(float);
+    if (at > rr.bytes) r.fail(pp, detail::concat("ends past the file's ", rr.bytes, " bytes"));
+  }
+  if (at != rr.bytes)
+    r.fail("bytes", detail::concat(rr.bytes, ", but the pieces fill ", at));
+  rr.pieces = pieces;
+  return rr;
 }
 
 std::vector<std::string> complete_checkpoints(const std::string& dir) {
@@ -398,9 +856,36 @@ void read_range(const Manifest& m, State state, int group, int tensor, int tenso
   std::copy(part.begin() + int64_t(begin), part.begin() + int64_t(end), out);
 }
 
+namespace {
+
+// The shard files holding the pieces of (state, group) are as long as the manifest says, checked
+// before a whole group is allocated: a missing or truncated file is an Error, never an
+// allocation sized by what a damaged manifest claims (its sizes are only known consistent).
+void check_files_hold(const Manifest& m, State state, int group) {
+  std::map<std::string, uint64_t> need;
+  for (const PieceRecord& p : m.pieces)
+    if (p.state == state && p.group == group) {
+      uint64_t& n = need[p.file];
+      n = std::max(n, p.offset + (p.end - p.begin) * sizeof(float));
+    }
+  for (const auto& [file, n] : need) {
+    const std::string path = (fs::path(m.dir) / file).string();
+    std::error_code ec;
+    const uint64_t size = fs::file_size(path, ec);
+    if (ec)
+      throw Error(path + ": missing (" + ec.message() + "); the checkpoint is damaged");
+    if (size < n)
+      throw Error(detail::concat(path, ": ", size, " bytes, the manifest needs ", n,
+                                 " (truncated); the checkpoint is damaged"));
+  }
+}
+
+}  // namespace
+
 std::vector<float> read_global_group(const Manifest& m, State state, int group) {
   const ParamLayout whole_layout(m.model, 1);
   FT_CHECK(group >= 0 && size_t(group) < whole_layout.groups().size(), "no group ", group);
+  check_files_hold(m, state, group);
   const ParamGroup& wg = whole_layout.groups()[size_t(group)];
   std::vector<float> whole(wg.numel);
   if (m.tensor == 1) {
@@ -418,6 +903,36 @@ std::vector<float> read_global_group(const Manifest& m, State state, int group) 
 }
 
 // ---------------------------------------------------------------- writing
+
+namespace {
+
+// The attempt number in a rank record's text, or 0 when it has none readable.
+uint64_t attempt_of(const std::string& text) {
+  try {
+    const json j = json::parse(text);
+    if (j.is_object() && j.contains("attempt") && j["attempt"].is_number_unsigned())
+      return j["attempt"].get<uint64_t>();
+  } catch (const json::exception&) {
+  }
+  return 0;
+}
+
+// Ends a failed save's error: which checkpoint is still the last good one.
+std::string untouched_note(const std::string& dir) {
+  std::string last;
+  try {
+    last = latest_checkpoint(dir);
+  } catch (const Error&) {
+  }
+  if (last.empty()) {
+    const std::vector<std::string> c = complete_checkpoints(dir);
+    if (!c.empty()) last = c.front();
+  }
+  if (last.empty()) return "; no earlier complete checkpoint exists";
+  return "; the previous complete checkpoint is untouched: " + last;
+}
+
+}  // namespace
 
 struct CheckpointWriter::Job {
   int64_t step = 0;
@@ -569,7 +1084,14 @@ void CheckpointWriter::run_job(Job& job) {
     try {
       for (const PieceSource& p : job.pieces) {
         const uint64_t bytes = (p.end - p.begin) * sizeof(float);
-        const uint32_t crc = crc_of(p.data, bytes);
+        uint64_t bad = 0;
+        const uint32_t crc = crc_of_finite(p.data, p.end - p.begin, &bad);
+        if (bad < p.end - p.begin)
+          throw Error(detail::concat(
+              "rank ", o_.rank, ": refusing to save step ", job.step, ": ", state_name(p.state),
+              " of ", describe_element(job.manifest, p.group, p.begin + bad), " holds ",
+              p.data[bad], " at element ", p.begin + bad, " of the group; a checkpoint never "
+              "holds a non-finite value, so nothing of this step is committed"));
         write_all(fd, p.data, bytes, bin);
         pieces.push_back({{"file", bin_name},
                           {"state", state_name(p.state)},
@@ -588,7 +1110,7 @@ void CheckpointWriter::run_job(Job& job) {
       ::close(fd);
       ::unlink(bin.c_str());  // give the space back; this checkpoint will never complete
       throw Error(detail::concat(e.what(), " (saving ", folder.filename().string(),
-                                 "; the previous complete checkpoint is untouched)"));
+                                 untouched_note(o_.dir), ")"));
     }
     if (::close(fd) != 0) throw Error("closing " + bin + ": " + errno_text());
   }
@@ -603,26 +1125,41 @@ void CheckpointWriter::run_job(Job& job) {
   } catch (const Error& e) {
     ::unlink(bin.c_str());
     throw Error(detail::concat(e.what(), " (saving ", folder.filename().string(),
-                               "; the previous complete checkpoint is untouched)"));
+                               untouched_note(o_.dir), ")"));
   }
   if (o_.rank != 0) return;
 
   // Rank 0 commits once every rank's shard is durable: its rank_*.json of this attempt exists
   // (written atomically, so a file that exists is whole).
-  std::vector<json> rank_jsons(size_t(o_.world));
-  rank_jsons[0] = rank_json;
+  std::vector<RankRecord> ranks(size_t(o_.world));
+  ranks[0] = parse_rank_json(rank_json.dump(), (folder / rank_file(0, "json")).string());
   for (int r = 1; r < o_.world; ++r) {
     const std::string path = (folder / rank_file(r, "json")).string();
     for (;;) {
+      std::string text;
       if (fs::exists(path)) {
         try {
-          json rj = json::parse(read_text(path));
-          if (rj.value("attempt", uint64_t(0)) == o_.attempt) {
-            rank_jsons[size_t(r)] = std::move(rj);
+          text = read_text(path);
+        } catch (const Error&) {
+          // replaced while being opened: look again
+        }
+      }
+      if (!text.empty()) {
+        // Only this attempt's record counts; a leftover of a crashed earlier attempt is waited
+        // past (its rank replaces it), whatever it holds. This attempt's record must be sound.
+        try {
+          RankRecord rr = parse_rank_json(text, path);
+          if (rr.attempt == o_.attempt) {
+            if (rr.rank != r || rr.file != rank_file(r, "bin"))
+              throw Error(path + ": names rank " + std::to_string(rr.rank) + " and file " +
+                          rr.file + "; the checkpoint is damaged");
+            ranks[size_t(r)] = std::move(rr);
             break;
           }
-        } catch (const std::exception&) {
-          // replaced while being read: look again
+        } catch (const Error& e) {
+          if (attempt_of(text) == o_.attempt)
+            throw Error(detail::concat(e.what(), " (committing ", folder.filename().string(),
+                                       ": nothing committed", untouched_note(o_.dir), ")"));
         }
       }
       {
@@ -642,11 +1179,10 @@ void CheckpointWriter::run_job(Job& job) {
   json shards = json::array(), all_pieces = json::array();
   uint64_t total = 0;
   for (int r = 0; r < o_.world; ++r) {
-    const json& rj = rank_jsons[size_t(r)];
-    shards.push_back({{"file", rj.at("file")}, {"rank", r}, {"bytes", rj.at("bytes")},
-                      {"crc32", rj.at("crc32")}});
-    total += rj.at("bytes").get<uint64_t>();
-    for (auto& p : rj.at("pieces")) all_pieces.push_back(p);
+    const RankRecord& rr = ranks[size_t(r)];
+    shards.push_back({{"file", rr.file}, {"rank", r}, {"bytes", rr.bytes}, {"crc32", rr.crc32}});
+    total += rr.bytes;
+    for (const auto& p : rr.pieces) all_pieces.push_back(p);
   }
   m["format"] = "ft-checkpoint";
   m["version"] = 1;
@@ -662,13 +1198,22 @@ void CheckpointWriter::run_job(Job& job) {
       write_file_atomic(dst.string(), data);
       m["tokenizer"]["file"] = "tokenizer.model";
     }
-    write_file_atomic((folder / "manifest.json").string(), m.dump(1));
+    // What is committed must pass every check a reader makes (parse_manifest): a writer bug or
+    // a damaged rank record fails this save instead of leaving a checkpoint no run can load.
+    const std::string text = m.dump(1);
+    try {
+      parse_manifest(text, folder.string());
+    } catch (const Error& e) {
+      throw Error(std::string("refusing to commit a manifest that does not read back: ") +
+                  e.what());
+    }
+    write_file_atomic((folder / "manifest.json").string(), text);
     write_file_atomic((folder / "COMPLETE").string(),
                       detail::concat(step_folder_name(job.step), " complete ", utc_now(), "\n"));
     write_file_atomic((fs::path(o_.dir) / "latest").string(), step_folder_name(job.step) + "\n");
   } catch (const Error& e) {
     throw Error(detail::concat(e.what(), " (committing ", folder.filename().string(),
-                               "; the previous complete checkpoint is untouched)"));
+                               ": nothing committed", untouched_note(o_.dir), ")"));
   }
 
   // keep_last: only now that this one is complete. Incomplete folders older than it are

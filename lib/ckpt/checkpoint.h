@@ -48,6 +48,15 @@ enum class State { kParam = 0, kExpAvg = 1, kExpAvgSq = 2 };
 const char* state_name(State s);  // "param", "exp_avg", "exp_avg_sq"
 
 std::string step_folder_name(int64_t step);  // "step_00000100"
+// The step of a step folder's name: "step_00000100" → 100; -1 for any other name. With
+// set_aside, also the names of folders set aside as damaged ("step_00000100.damaged",
+// "step_00000100.damaged.2").
+int64_t parse_step_folder_name(const std::string& name, bool set_aside = false);
+// Renames a damaged step folder aside to "<name>.damaged" (or ".damaged.1", ".damaged.2", ...
+// when taken), never deleting anything: its damage may be temporary (a slow file system).
+// Returns the new path. keep_last, --resume auto and `ft inspect` ignore such folders; the user
+// removes them.
+std::string set_aside_damaged(const std::string& step_dir);
 
 // One piece this rank saves, pointing at live memory (valid until save() returns).
 struct PieceSource {
@@ -82,6 +91,7 @@ struct Manifest {
   int world = 1, data = 1, tensor = 1, pipeline = 1, zero_stage = 0;
   ModelConfig model;
   int64_t optimizer_step = 0;
+  int64_t tokens = 0;  // data.tokens: tokens trained on up to this step (0 when absent)
   std::vector<ShardRecord> shards;
   std::vector<PieceRecord> pieces;
   nlohmann::json json;  // the whole document
@@ -90,6 +100,25 @@ struct Manifest {
 // Reads and checks step_dir/manifest.json (and that COMPLETE is there unless allow_incomplete).
 // Errors name the file and say what is wrong.
 Manifest read_manifest(const std::string& step_dir, bool allow_incomplete = false);
+// The checks of read_manifest on a manifest's text, touching no file: every number is a JSON
+// integer (never a float, bool or string) within its type's and its field's range; the model
+// and layout are possible and within size limits; the tensor table matches the model; every
+// piece lies inside its group and its shard file, and the pieces tile each group and each file
+// exactly; the step equals the folder name's (when step_dir is named step_N). Throws Error
+// naming the file and the key path; never another exception type.
+Manifest parse_manifest(const std::string& text, const std::string& step_dir);
+
+// A rank_*.json: what one rank wrote into its shard file.
+struct RankRecord {
+  int rank = 0;
+  uint64_t attempt = 0;
+  std::string file;
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;
+  nlohmann::json pieces;  // as written; each piece's numbers checked
+};
+// Parses and range-checks a rank_*.json's text (path names it in errors). Throws Error only.
+RankRecord parse_rank_json(const std::string& text, const std::string& path);
 
 // Complete checkpoints (folders with COMPLETE) under dir, newest first.
 std::vector<std::string> complete_checkpoints(const std::string& dir);
@@ -151,8 +180,11 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-  // Saves step `step`. manifest: rank 0's description of the run (model, layout, optimizer,
-  // scheduler, data, recipe; ignored on other ranks); shards and pieces are added at commit.
+  // Saves step `step`. Refuses (throws Error naming the state, group, tensor, step and rank;
+  // nothing committed, `latest` unchanged) when a piece holds a NaN or an infinity: the check
+  // rides along the CRC-32 pass. manifest: rank 0's description of the run (model, layout,
+  // optimizer, scheduler, data, recipe; ignored on other ranks); shards and pieces are added at
+  // commit, and rank 0 commits only a manifest that passes parse_manifest.
   // Throws Error on a write failure of this rank (synchronous, or a previous async save).
   void save(int64_t step, const std::vector<PieceSource>& pieces, const nlohmann::json& manifest);
   // Non-blocking: a checkpoint committed since the last call (rank 0), if any. Throws the error

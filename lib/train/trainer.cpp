@@ -320,11 +320,15 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   const size_t params_bytes = zero.params_bytes(), grads_bytes = zero.grads_bytes();
 
   // Resume: the newest usable candidate. A damaged one (a shard that fails its checksum, a
-  // truncated file) falls back to the previous complete checkpoint under --resume auto; every
-  // rank must load the same one, so they agree after each attempt.
+  // truncated file, a manifest that fails its checks) falls back to the previous complete
+  // checkpoint under --resume auto; every rank must load the same one, so they agree after each
+  // attempt. Damaged folders fallen back from are set aside (renamed, never deleted: the damage
+  // may be temporary, as on a slow file system) once a fallback has loaded; when none loads,
+  // nothing is renamed, so that a later attempt finds the folders as they were.
   int64_t start_step = 0;
   int64_t tokens_seen = 0;
   std::string resumed_from;
+  std::vector<std::pair<std::string, std::string>> damaged;  // folder, why
   for (size_t i = 0; i < candidates.size(); ++i) {
     std::string err;
     std::optional<ckpt::Manifest> m;
@@ -350,9 +354,9 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     comm.all_reduce_max(&bad, 1);
     if (bad == 0.0f) {
       start_step = m->step;
-      tokens_seen = m->json.at("data").value("tokens", int64_t(0));
+      tokens_seen = m->tokens;
       resumed_from = candidates[i];
-      const json& d = m->json.at("data");
+      const json d = m->json.value("data", json::object());  // typed by read_manifest
       if (is_root && (d.value("global_batch_size", 0) != r.training.global_batch_size ||
                       d.value("seq_len", 0) != r.data.seq_len ||
                       d.value("seed", uint64_t(0)) != r.run.seed ||
@@ -363,6 +367,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       break;
     }
     if (!err.empty()) log_warn("cannot resume from ", candidates[i], ": ", err);
+    damaged.emplace_back(candidates[i], err.empty() ? "another rank could not read it" : err);
     if (resume != "auto")
       throw Error("cannot resume from " + candidates[i] +
                   (err.empty() ? std::string(" (another rank could not read it)") : ": " + err));
@@ -376,16 +381,22 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     }
   }
   if (start_step > 0) loader.seek(start_step);
-  // Checkpoint folders past the starting step belong to a timeline this run replaces (a damaged
-  // one fallen back from, one newer than the PATH resumed from, or an interrupted save): this
-  // run's saves must not meet them, half-overwritten, under the same names.
+  if (is_root && !resumed_from.empty())
+    for (const auto& [folder, why] : damaged) {
+      const std::string aside = ckpt::set_aside_damaged(folder);
+      log_warn("set the damaged checkpoint ", folder, " aside as ", aside, " (", why,
+               "); nothing in it was deleted: inspect it with `ft inspect`, then remove it");
+    }
+  // Checkpoint folders past the starting step belong to a timeline this run replaces (one newer
+  // than the PATH resumed from, or an interrupted save): this run's saves must not meet them,
+  // half-overwritten, under the same names. Only the folder's name decides (a damaged manifest
+  // could say anything), and complete folders at or before the starting step always stay.
   if (is_root) {
     std::error_code ec;
     if (fs::is_directory(r.checkpoint.dir, ec))
       for (const auto& e : fs::directory_iterator(r.checkpoint.dir, ec)) {
-        const std::string name = e.path().filename().string();
-        if (name.rfind("step_", 0) != 0 || name.size() != 13) continue;
-        const int64_t step = std::atoll(name.c_str() + 5);
+        const int64_t step = ckpt::parse_step_folder_name(e.path().filename().string());
+        if (step < 0) continue;  // not a step folder, or one set aside as damaged
         if (step <= start_step && !(step == start_step && resumed_from.empty())) continue;
         const bool complete = fs::exists(e.path() / "COMPLETE");
         if (complete)

@@ -10,9 +10,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
@@ -93,6 +97,22 @@ nlohmann::json manifest_for(const ft::ModelConfig& c, int D, int T, int64_t step
                 {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps},
                 {"tie_embeddings", c.tie_embeddings}};
   j["optimizer"] = {{"step", step * 10}};
+  // The tensor table the trainer writes (lib/train/train_state.cpp), which readers check
+  // against the model.
+  const ft::ParamLayout whole(c, 1);
+  nlohmann::json tensors = nlohmann::json::array();
+  for (size_t g = 0; g < whole.groups().size(); ++g)
+    for (const auto& e : whole.groups()[g].entries)
+      tensors.push_back({{"name", e.name},
+                         {"shape", e.global_shape},
+                         {"dtype", "f32"},
+                         {"group", g},
+                         {"group_name", whole.groups()[g].name},
+                         {"split", e.split == ft::TensorSplit::kRows   ? "rows"
+                                   : e.split == ft::TensorSplit::kCols ? "cols"
+                                                                       : "replicated"}});
+  j["tensors"] = tensors;
+  j["data"] = {{"next_step", step}, {"tokens", step * 96}};
   return j;
 }
 
@@ -309,6 +329,11 @@ TEST_CASE("checkpoint: damage is found by verify and by read_range, naming the f
     CHECK_THROWS_WITH_AS(ft::ckpt::read_range(m, last->state, last->group, 2, last->tensor_rank,
                                               last->begin, last->end, out.data()),
                          doctest::Contains(bin1.c_str()), ft::Error);
+    // A whole group is allocated only once its files are known to hold it.
+    const std::string short_file =
+        "rank_00001.bin: " + std::to_string(good.size() - 4) + " bytes, the manifest needs";
+    CHECK_THROWS_WITH_AS(ft::ckpt::read_global_group(m, last->state, last->group),
+                         doctest::Contains(short_file.c_str()), ft::Error);
   }
   SUBCASE("a missing shard") {
     fs::remove(bin1);
@@ -365,4 +390,259 @@ TEST_CASE("checkpoint: a save that cannot create its folder fails naming it") {
   CHECK_THROWS_WITH_AS(w.save(9, pieces, manifest_for(ws.cfg, 1, 1, 9)),
                        doctest::Contains("step_00000009"), ft::Error);
   CHECK_FALSE(fs::exists(dir.file("latest")));
+}
+
+namespace {
+
+// Every file under dir (relative path → bytes), to show that nothing was changed or removed.
+std::map<std::string, std::string> snapshot(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file())
+      out[fs::relative(e.path(), dir).string()] = read_bytes(e.path().string());
+  return out;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: every number of a manifest is a checked integer, named by its key path") {
+  const WholeState ws(tiny_config(), 11);
+  TempDir dir;
+  save(ws, dir.path, 2, 2, 10, /*async=*/false);
+  const std::string folder = dir.file("step_00000010");
+  const std::string text = read_bytes(folder + "/manifest.json");
+  const nlohmann::json good = nlohmann::json::parse(text);
+  CHECK_NOTHROW(ft::ckpt::parse_manifest(text, folder));
+  CHECK(ft::ckpt::parse_manifest(text, folder).tokens == 960);
+
+  // (mutation of the manifest, the key path the error must name)
+  using J = nlohmann::json;
+  const uint64_t group1 = ft::ParamLayout(ws.cfg, 2).groups()[1].numel;
+  struct Case {
+    const char* what;
+    std::function<void(J&)> edit;
+    std::string key;
+  };
+  size_t last_piece_of_rank0 = 0;
+  for (size_t i = 0; i < good["pieces"].size(); ++i)
+    if (good["pieces"][i]["file"] == "rank_00000.bin") last_piece_of_rank0 = i;
+  const std::vector<Case> cases = {
+      {"step -7", [](J& j) { j["step"] = -7; }, "step"},
+      {"step 1e30", [](J& j) { j["step"] = 1e30; }, "step"},
+      {"step 12.5", [](J& j) { j["step"] = 12.5; }, "step"},
+      {"step 10.0 (a float, even if whole)", [](J& j) { j["step"] = 10.0; }, "step"},
+      {"step \"10\"", [](J& j) { j["step"] = "10"; }, "step"},
+      {"step true", [](J& j) { j["step"] = true; }, "step"},
+      {"step 2^64", [](J& j) { j["step"] = J::parse("18446744073709551616"); }, "step"},
+      {"another step than the folder's", [](J& j) { j["step"] = 11; }, "step"},
+      {"no step", [](J& j) { j.erase("step"); }, "step"},
+      {"world 1e30", [](J& j) { j["layout"]["world"] = 1e30; }, "layout.world"},
+      {"world 0", [](J& j) { j["layout"]["world"] = 0; }, "layout.world"},
+      {"world not data x tensor", [](J& j) { j["layout"]["world"] = 5; }, "layout"},
+      {"zero_stage 4", [](J& j) { j["layout"]["zero_stage"] = 4; }, "layout.zero_stage"},
+      {"tensor -2", [](J& j) { j["layout"]["tensor"] = -2; }, "layout.tensor"},
+      {"dim 0", [](J& j) { j["model"]["dim"] = 0; }, "model.dim"},
+      {"dim 2^31", [](J& j) { j["model"]["dim"] = int64_t(1) << 31; }, "model.dim"},
+      {"2^48 parameters",
+       [](J& j) {
+         j["model"]["dim"] = 1 << 24;
+         j["model"]["vocab_size"] = 1 << 24;
+       },
+       "model"},
+      {"n_layers 1e9", [](J& j) { j["model"]["n_layers"] = 1000000000; }, "model.n_layers"},
+      {"n_heads not dividing dim", [](J& j) { j["model"]["n_heads"] = 3; }, "model.n_heads"},
+      {"rope_theta NaN-ish string", [](J& j) { j["model"]["rope_theta"] = "nan"; },
+       "model.rope_theta"},
+      {"tie_embeddings 1", [](J& j) { j["model"]["tie_embeddings"] = 1; },
+       "model.tie_embeddings"},
+      {"optimizer step 1e30", [](J& j) { j["optimizer"]["step"] = 1e30; }, "optimizer.step"},
+      {"data.tokens -1", [](J& j) { j["data"]["tokens"] = -1; }, "data.tokens"},
+      {"data.next_step another step", [](J& j) { j["data"]["next_step"] = 9; },
+       "data.next_step"},
+      {"a shape of 0 elements", [](J& j) { j["tensors"][1]["shape"][0] = 0; },
+       "tensors[1].shape[0]"},
+      {"a shape of 2^62 elements",
+       [](J& j) { j["tensors"][1]["shape"] = {int64_t(1) << 31, int64_t(1) << 31}; },
+       "tensors[1].shape"},
+      {"a dtype enum", [](J& j) { j["tensors"][0]["dtype"] = "f64"; }, "tensors[0].dtype"},
+      {"a shard of another rank", [](J& j) { j["shards"][1]["rank"] = 3; }, "shards[1].rank"},
+      {"shard bytes 1e30", [](J& j) { j["shards"][0]["bytes"] = 1e30; }, "shards[0].bytes"},
+      {"a shard outside the folder", [](J& j) { j["shards"][0]["file"] = "../x.bin"; },
+       "shards[0].file"},
+      {"crc32 2^32", [](J& j) { j["pieces"][0]["crc32"] = uint64_t(1) << 32; },
+       "pieces[0].crc32"},
+      {"a piece past the tensor end",
+       [&](J& j) {
+         for (auto& p : j["pieces"])
+           if (p["group"] == 1) p["end"] = group1 + 1;
+       },
+       "pieces["},
+      {"a piece past its file's end",
+       [&](J& j) { j["pieces"][last_piece_of_rank0]["offset"] = 1 << 20; },
+       "pieces[" + std::to_string(last_piece_of_rank0) + "].offset"},
+      {"a piece of 2^40 elements", [](J& j) { j["pieces"][0]["end"] = uint64_t(1) << 40; },
+       "pieces[0].end"},
+      {"a reversed piece", [](J& j) { j["pieces"][0]["begin"] = j["pieces"][0]["end"]; },
+       "pieces[0]"},
+      {"a missing piece (a gap)", [](J& j) { j["pieces"].erase(j["pieces"].begin()); },
+       "pieces"},
+      {"a duplicated piece (an overlap)",
+       [](J& j) { j["pieces"].push_back(j["pieces"][0]); }, "pieces["},
+      {"a piece group 1e30", [](J& j) { j["pieces"][0]["group"] = 1e30; }, "pieces[0].group"},
+      {"a piece state enum", [](J& j) { j["pieces"][0]["state"] = "momentum"; },
+       "pieces[0].state"},
+      {"tensor_rank past the layout", [](J& j) { j["pieces"][0]["tensor_rank"] = 2; },
+       "pieces[0].tensor_rank"},
+  };
+  for (const Case& k : cases) {
+    CAPTURE(k.what);
+    J j = good;
+    k.edit(j);
+    try {
+      ft::ckpt::parse_manifest(j.dump(), folder);
+      FAIL("accepted: ", k.what);
+    } catch (const ft::Error& e) {
+      CHECK(contains(e.what(), folder + "/manifest.json: " + k.key));
+    }
+  }
+  // Through the file, as resume and inspect read it; the good files stay as they are.
+  J j = good;
+  j["step"] = -7;
+  write_text(folder + "/manifest.json", j.dump());
+  CHECK_THROWS_WITH_AS(ft::ckpt::read_manifest(folder), doctest::Contains("step: expected an "
+                       "integer from 0"), ft::Error);
+  write_text(folder + "/manifest.json", "{\"format\": \"ft-checkpoint\", \"version\": 1, [");
+  CHECK_THROWS_WITH_AS(ft::ckpt::read_manifest(folder), doctest::Contains("not valid JSON"),
+                       ft::Error);
+  // A manifest copied into another step's folder.
+  write_text(folder + "/manifest.json", text);
+  fs::rename(folder, dir.file("step_00000011"));
+  CHECK_THROWS_WITH_AS(ft::ckpt::read_manifest(dir.file("step_00000011")),
+                       doctest::Contains("the folder's name says step 11"), ft::Error);
+  // A folder the user named otherwise (--resume PATH of a copy) is read by its manifest; one set
+  // aside as damaged keeps its number.
+  fs::rename(dir.file("step_00000011"), dir.file("best"));
+  CHECK(ft::ckpt::read_manifest(dir.file("best")).step == 10);
+  fs::rename(dir.file("best"), dir.file("step_00000010.damaged.2"));
+  CHECK(ft::ckpt::read_manifest(dir.file("step_00000010.damaged.2")).step == 10);
+}
+
+TEST_CASE("checkpoint: rank records are checked integers too") {
+  const std::string path = "/x/step_00000001/rank_00001.json";
+  const std::string ok = R"({"rank":1,"attempt":77,"file":"rank_00001.bin","bytes":8,)"
+                         R"("crc32":5,"pieces":[{"file":"rank_00001.bin","state":"param",)"
+                         R"("group":0,"tensor_rank":0,"begin":0,"end":2,"offset":0,"crc32":5}]})";
+  const auto r = ft::ckpt::parse_rank_json(ok, path);
+  CHECK(r.rank == 1);
+  CHECK(r.attempt == 77);
+  CHECK(r.bytes == 8);
+  for (const auto& [from, to, key] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {R"("attempt":77)", R"("attempt":1e30)", "attempt"},
+           {R"("attempt":77)", R"("attempt":-1)", "attempt"},
+           {R"("rank":1)", R"("rank":1.5)", "rank"},
+           {R"("bytes":8)", R"("bytes":4)", "pieces[0]"},
+           {R"("end":2)", R"("end":0)", "pieces[0].end"},
+           {R"("offset":0)", R"("offset":4)", "pieces[0].offset"},
+           {R"("file":"rank_00001.bin","state")", R"("file":"rank_00002.bin","state")",
+            "pieces[0].file"}}) {
+    std::string bad = ok;
+    bad.replace(bad.find(from), from.size(), to);
+    CAPTURE(bad);
+    CHECK_THROWS_WITH_AS(ft::ckpt::parse_rank_json(bad, path),
+                         doctest::Contains((path + ": " + key).c_str()), ft::Error);
+  }
+  CHECK_THROWS_AS(ft::ckpt::parse_rank_json("[", path), ft::Error);
+  CHECK_THROWS_AS(ft::ckpt::parse_rank_json("[1]", path), ft::Error);
+}
+
+TEST_CASE("checkpoint: step folder names parse strictly; damaged folders are set aside") {
+  using ft::ckpt::parse_step_folder_name;
+  CHECK(parse_step_folder_name("step_00000100") == 100);
+  CHECK(parse_step_folder_name("step_123456789") == 123456789);
+  CHECK(parse_step_folder_name("step_") == -1);
+  CHECK(parse_step_folder_name("step_0000001x") == -1);
+  CHECK(parse_step_folder_name("step_-0000007") == -1);
+  CHECK(parse_step_folder_name("step_99999999999999999999999") == -1);  // no overflow
+  CHECK(parse_step_folder_name("step_00000100.damaged") == -1);
+  CHECK(parse_step_folder_name("step_00000100.damaged", true) == 100);
+  CHECK(parse_step_folder_name("step_00000100.damaged.3", true) == 100);
+  CHECK(parse_step_folder_name("step_00000100.damaged.", true) == -1);
+  CHECK(parse_step_folder_name("step_00000100.damaged.x", true) == -1);
+  CHECK(parse_step_folder_name("step_00000100.old", true) == -1);
+
+  TempDir dir;
+  for (int i = 0; i < 3; ++i) {
+    fs::create_directories(dir.file("step_00000020"));
+    write_text(dir.file("step_00000020/manifest.json"), "copy " + std::to_string(i));
+    const std::string aside = ft::ckpt::set_aside_damaged(dir.file("step_00000020"));
+    CHECK(fs::path(aside).filename() ==
+          (i == 0 ? "step_00000020.damaged" : "step_00000020.damaged." + std::to_string(i)));
+    CHECK(read_bytes(aside + "/manifest.json") == "copy " + std::to_string(i));
+  }
+  CHECK_FALSE(fs::exists(dir.file("step_00000020")));
+  // Set-aside folders are no checkpoints to resume from nor to count.
+  CHECK(ft::ckpt::complete_checkpoints(dir.path).empty());
+  CHECK_FALSE(ft::ckpt::has_checkpoints(dir.path));
+}
+
+TEST_CASE("checkpoint: keep_last never counts or removes folders set aside as damaged") {
+  const WholeState ws(tiny_config(), 12);
+  TempDir dir;
+  save(ws, dir.path, 1, 1, 1, /*async=*/false);
+  ft::ckpt::set_aside_damaged(dir.file("step_00000001"));
+  const auto before = snapshot(dir.file("step_00000001.damaged"));
+  REQUIRE(before.count("COMPLETE") == 1);
+  for (int64_t step : {2, 3, 4}) save(ws, dir.path, 1, 1, step, false, /*keep_last=*/1);
+  CHECK(snapshot(dir.file("step_00000001.damaged")) == before);
+  CHECK(fs::exists(dir.file("step_00000004/COMPLETE")));
+  CHECK_FALSE(fs::exists(dir.file("step_00000003")));
+}
+
+TEST_CASE("checkpoint: a piece holding NaN or infinity is never committed") {
+  WholeState ws(tiny_config(), 13);
+  for (const bool async : {false, true}) {
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::infinity()}) {
+      CAPTURE(async);
+      CAPTURE(bad);
+      TempDir dir;
+      save(ws, dir.path, 1, 2, 8, async);
+      const auto before = snapshot(dir.path);
+      // One value of exp_avg (state 1) of layers.0 (group 1), at element 3 of the group: its
+      // input_layernorm.weight.
+      std::vector<float> g1 = ws.buf[1][1];
+      g1[3] = bad;
+      ft::ckpt::CheckpointWriter::Options o;
+      o.dir = dir.path;
+      o.async = async;
+      ft::ckpt::CheckpointWriter w(o);
+      std::vector<ft::ckpt::PieceSource> pieces;
+      for (size_t g = 0; g < ws.buf[0].size(); ++g)
+        for (int s = 0; s < 3; ++s) {
+          const float* data = s == 1 && g == 1 ? g1.data() : ws.buf[s][g].data();
+          pieces.push_back({kStates[s], int(g), 0, ws.buf[s][g].size(), data});
+        }
+      std::string err;
+      try {
+        w.save(9, pieces, manifest_for(ws.cfg, 1, 1, 9));
+        w.wait();
+      } catch (const ft::Error& e) {
+        err = e.what();
+      }
+      CHECK(contains(err, "rank 0: refusing to save step 9: exp_avg of "
+                          "model.layers.0.input_layernorm.weight (group 1, layers.0) holds "));
+      CHECK(contains(err, "at element 3 of the group"));
+      CHECK(contains(err, "the previous complete checkpoint is untouched: " +
+                              dir.file("step_00000008")));
+      // Nothing of step 9 is committed or left behind but an empty folder; step 8 as it was.
+      CHECK_FALSE(fs::exists(dir.file("step_00000009/COMPLETE")));
+      CHECK_FALSE(fs::exists(dir.file("step_00000009/manifest.json")));
+      CHECK_FALSE(fs::exists(dir.file("step_00000009/rank_00000.bin")));
+      CHECK(snapshot(dir.path) == before);
+    }
+  }
 }
