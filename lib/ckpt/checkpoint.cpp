@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/layout.h"
+#include "model/rope.h"
 
 namespace ft::ckpt {
 namespace fs = std::filesystem;
@@ -237,6 +238,18 @@ Manifest read_manifest(const std::string& step_dir, bool allow_incomplete) {
     m.model.rope_theta = mc.at("rope_theta");
     m.model.norm_eps = mc.at("norm_eps");
     m.model.tie_embeddings = mc.at("tie_embeddings");
+    // Absent from manifests of default-RoPE runs and of builds before RoPE scaling.
+    if (mc.contains("rope_scaling")) {
+      const json& rs = mc.at("rope_scaling");
+      m.model.rope_type = rs.at("rope_type");
+      m.model.rope_factor = rs.at("factor");
+      m.model.rope_low_freq_factor = rs.at("low_freq_factor");
+      m.model.rope_high_freq_factor = rs.at("high_freq_factor");
+      m.model.rope_original_max_seq_len = rs.at("original_max_seq_len");
+      if (!is_rope_type(m.model.rope_type))
+        throw Error(path + ": model.rope_scaling.rope_type \"" + m.model.rope_type +
+                    "\" is not implemented by this ft; use the ft that wrote the checkpoint");
+    }
     m.optimizer_step = j.at("optimizer").at("step");
     for (const json& s : j.at("shards"))
       m.shards.push_back({s.at("file"), s.at("rank"), s.at("bytes"), s.at("crc32")});

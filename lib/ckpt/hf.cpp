@@ -242,7 +242,10 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
 HfFolderSummary summarize_hf_folder(const std::string& dir) {
   HfFolderSummary s;
   try {
-    s.config = read_hf_config(dir);
+    HfConfigRead read = read_hf_config_located(dir);
+    s.config = std::move(read.model);
+    s.config_warnings = std::move(read.warnings);
+    s.config_problems = std::move(read.unsupported);
   } catch (const UsageError& e) {
     throw Error(e.what());  // see hf.h: a bad config.json here is bad input, exit code 1
   }

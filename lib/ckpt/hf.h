@@ -17,9 +17,33 @@ namespace ft {
 // Reads config.json of a LlamaForCausalLM folder into a ModelConfig (dim=hidden_size,
 // n_layers=num_hidden_layers, n_heads=num_attention_heads, n_kv_heads=num_key_value_heads
 // (default n_heads), ffn_dim=intermediate_size, vocab_size, max_seq_len=max_position_embeddings,
-// rope_theta (default 10000), norm_eps=rms_norm_eps, tie_embeddings=tie_word_embeddings
-// (default false)). Throws ft::Error naming the file on a missing or malformed config.
+// norm_eps=rms_norm_eps, tie_embeddings=tie_word_embeddings (default false)). RoPE comes from
+// transformers 5's rope_parameters {rope_type, rope_theta, factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings} or 4's top-level rope_theta (default
+// 10000) and rope_scaling {rope_type or type, ...}; a file with both must agree, and a rope type
+// other than default, linear and llama3 is refused by name. Throws ft::UsageError naming the
+// file and listing every problem on a missing, malformed or unsupported config.
 ModelConfig read_hf_config(const std::string& dir);
+
+// Recipe key path ("model.rope_theta") → the config.json key it was read from
+// ("rope_parameters.rope_theta"); an empty string when the file has no such key and
+// transformers' default applies. Only for keys whose place in the file varies (the RoPE ones).
+using HfConfigOrigins = std::map<std::string, std::string>;
+
+struct HfConfigRead {
+  ModelConfig model;
+  HfConfigOrigins origins;
+  // Fields ft accepts but does not honour exactly, one line each (attention_dropout > 0: ft
+  // trains without dropout). Shown by ft validate, ft train and ft inspect.
+  std::vector<std::string> warnings;
+  // Well-formed values ft does not implement (a rope type such as yarn), one line each, without
+  // the file name. read_hf_config throws on them; ft inspect lists them as config problems.
+  std::vector<std::string> unsupported;
+};
+
+// read_hf_config with where each RoPE value came from, the warnings and the unsupported
+// features (not thrown); throws only on a missing or malformed file.
+HfConfigRead read_hf_config_located(const std::string& dir);
 
 // Loads every parameter of `layout` from the folder's safetensors into the flat f32 group
 // buffers (group_ptrs[g] points at group g's buffer). Checks that every expected name is present
@@ -57,6 +81,7 @@ struct HfTensorInfo {
 
 struct HfFolderSummary {
   ModelConfig config;
+  std::vector<std::string> config_warnings;  // HfConfigRead::warnings
   std::vector<HfFileInfo> files;  // in name order
   // Layout order (embeddings, layer 0, layer 1, ..., head); a tensor the layout lacks sits after
   // its layer's expected ones (or after the head when it belongs to no layer), in name order.

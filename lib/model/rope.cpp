@@ -1,0 +1,81 @@
+// RoPE inverse frequencies as transformers computes them (see rope.h). Every step is an fp32
+// operation like the torch one it mirrors, with Python scalars rounded to float first, as torch
+// does when a Python number meets a float32 tensor; `x / t` of a scalar by a tensor is
+// reciprocal(t) · x in torch (Tensor.__rtruediv__), and is written so here. This file is
+// compiled without -march=native (lib/, not kernels/), so no multiply-add is fused behind our
+// back and each product is rounded as torch rounds it.
+#include "model/rope.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace ft {
+
+const std::vector<std::string>& rope_types() {
+  static const std::vector<std::string> types = {"default", "linear", "llama3"};
+  return types;
+}
+
+bool is_rope_type(const std::string& type) {
+  for (const std::string& t : rope_types())
+    if (t == type) return true;
+  return false;
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& m, int head_dim) {
+  FT_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope_inv_freq: head_dim ", head_dim,
+           " is not a positive even number");
+  FT_CHECK(is_rope_type(m.rope_type), "rope_inv_freq: rope type '", m.rope_type,
+           "' is not implemented");
+  const int half = head_dim / 2;
+  std::vector<float> inv(static_cast<size_t>(half));
+  // _compute_default_rope_parameters: 1.0 / (base ** (arange(0, dim, 2).float() / dim))
+  const float base = float(m.rope_theta);
+  for (int i = 0; i < half; ++i) {
+    const float exponent = float(2 * i) / float(head_dim);
+    inv[size_t(i)] = 1.0f / std::pow(base, exponent);
+  }
+  if (m.rope_type == "linear") {
+    const float factor = float(m.rope_factor);
+    for (float& f : inv) f = f / factor;
+  } else if (m.rope_type == "llama3") {
+    const float factor = float(m.rope_factor);
+    const double orig = double(m.rope_original_max_seq_len);
+    const float low_ff = float(m.rope_low_freq_factor);
+    // Python doubles, compared with the float32 wavelengths after rounding to float.
+    const float low_freq_wavelen = float(orig / m.rope_low_freq_factor);
+    const float high_freq_wavelen = float(orig / m.rope_high_freq_factor);
+    const float band = float(m.rope_high_freq_factor - m.rope_low_freq_factor);
+    const float two_pi = float(2 * M_PI);
+    const float orig_f = float(orig);
+    for (float& f : inv) {
+      const float wavelen = (1.0f / f) * two_pi;
+      const float scaled = wavelen > low_freq_wavelen ? f / factor : f;  // inv_freq_llama
+      if (wavelen < high_freq_wavelen || wavelen > low_freq_wavelen) {
+        f = scaled;
+        continue;
+      }
+      const float smooth = ((1.0f / wavelen) * orig_f - low_ff) / band;
+      const float a = (1.0f - smooth) * scaled / factor;
+      const float b = smooth * scaled;
+      f = a + b;
+    }
+  }
+  return inv;
+}
+
+std::string rope_description(const ModelConfig& m) {
+  std::ostringstream os;
+  os.precision(10);
+  os << m.rope_type;
+  if (m.rope_type == "linear") os << " (factor " << m.rope_factor << ")";
+  if (m.rope_type == "llama3")
+    os << " (factor " << m.rope_factor << ", low/high frequency factors "
+       << m.rope_low_freq_factor << "/" << m.rope_high_freq_factor
+       << ", original max positions " << m.rope_original_max_seq_len << ")";
+  return os.str();
+}
+
+}  // namespace ft
