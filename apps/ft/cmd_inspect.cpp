@@ -250,6 +250,9 @@ int inspect_hf(const std::string& dir) {
         "  note: %zu rotary_emb.inv_freq buffer%s ignored; ft computes RoPE from "
         "config.json\n",
         s.check.ignored.size(), s.check.ignored.size() == 1 ? " is" : "s are");
+  if (!s.check.tied_copy.empty() && s.compatible())
+    std::printf("  note: %s equals model.embed_tokens.weight (tied embeddings); ft loads it once\n",
+                s.check.tied_copy.c_str());
   for (const std::string& w : s.config_warnings) std::printf("  warning: %s\n", w.c_str());
   if (s.compatible()) {
     std::printf("  compatible with ft: yes\n");

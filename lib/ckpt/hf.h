@@ -48,7 +48,9 @@ HfConfigRead read_hf_config_located(const std::string& dir);
 // Loads every parameter of `layout` from the folder's safetensors into the flat f32 group
 // buffers (group_ptrs[g] points at group g's buffer). Checks that every expected name is present
 // with the right shape, that dtypes are F32/BF16/F16, and reports unexpected tensors
-// (rotary inv_freq buffers are ignored). Errors name the file and the tensor.
+// (rotary inv_freq buffers are ignored; so is a tied model's lm_head.weight when it equals the
+// embedding after conversion to f32, and one that differs is refused with the largest
+// difference). Errors name the file and the tensor.
 void load_hf_weights(const std::string& dir, const ParamLayout& layout,
                      const std::vector<float*>& group_ptrs);
 
@@ -58,6 +60,9 @@ struct HfLayoutCheck {
   std::vector<std::string> missing;      // layout names the folder lacks, in layout order
   std::vector<std::string> unexpected;   // folder names the layout lacks, in name order
   std::vector<std::string> ignored;      // rotary_emb.inv_freq buffers: ft recomputes them
+  // "lm_head.weight" when a tied layout's folder stores one of the embedding's shape: loaded
+  // only if it equals the embedding bit for bit (else reported in bad_tensors), then ignored.
+  std::string tied_copy;
   std::vector<std::string> bad_tensors;  // one message per wrong shape or dtype, layout order
   std::vector<std::string> hints;        // likely causes of the missing/unexpected names
   bool compatible() const { return missing.empty() && unexpected.empty() && bad_tensors.empty(); }
