@@ -42,6 +42,8 @@
 
 #include "ckpt/hf.h"
 #include "core/error.h"
+#include "data/shard.h"
+#include "data/tokenizer.h"
 
 namespace ft {
 namespace {
@@ -857,6 +859,7 @@ class Loader {
             "ft cannot train this model as transformers would; use a checkpoint without it");
     }
     warnings_.insert(warnings_.end(), hf.warnings.begin(), hf.warnings.end());
+    check_weight_files();
     Recipe from_hf = r_;
     from_hf.model = hf.model;
     for (const KeySpec& k : schema()) {
@@ -870,6 +873,31 @@ class Loader {
       }
       k.set(r_, theirs);
     }
+  }
+
+  // ft reads safetensors only (ckpt/hf.cpp). Only their presence is checked here, so that
+  // validate refuses what train would: the headers are read when the weights load.
+  void check_weight_files() {
+    namespace fs = std::filesystem;
+    const fs::path dir = r_.model.from;
+    std::error_code ec;
+    if (fs::is_regular_file(dir / "model.safetensors", ec) ||
+        fs::is_regular_file(dir / "model.safetensors.index.json", ec))
+      return;
+    std::string others;  // weights in formats ft does not read
+    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+      const std::string ext = e.path().extension().string();
+      if (ext == ".bin" || ext == ".pth" || ext == ".pt" || ext == ".safetensors" ||
+          e.path().filename() == "pytorch_model.bin.index.json")
+        others += (others.empty() ? "" : ", ") + e.path().filename().string();
+    }
+    issue(locate("model.from"), "model.from",
+          r_.model.from + " has no model.safetensors or model.safetensors.index.json" +
+              (others.empty() ? "" : " (it holds " + others + ")"),
+          others.empty()
+              ? "point model.from at the folder that holds the weights"
+              : "ft reads safetensors only: convert the weights, e.g. in Python "
+                "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(OUT)");
   }
 
   // What config.json says about key k, quoting the place it was read from: "has hidden_size
@@ -989,7 +1017,65 @@ class Loader {
             "set data.valid to a shard folder, or training.eval_every_steps: 0");
     }
     check_rope();
+    check_vocabulary();
     check_layout();
+  }
+
+  // Token ids must be rows of the embedding. ft train refuses shards whose vocab_size attribute
+  // exceeds model.vocab_size (every id of a shard is below its attribute, data/shard.cpp), so
+  // validate checks the same here from the first shard's attributes, without reading tokens;
+  // and a tokenizer with more pieces than the model has rows would produce such ids.
+  void check_vocabulary() {
+    if (!usable("model.vocab_size")) return;
+    const int64_t V = r_.model.vocab_size;
+    const std::string source = r_.model.from.empty()
+                                   ? std::string()
+                                   : " (vocab_size in " + r_.model.from + "/config.json)";
+    for (const char* key : {"data.train", "data.valid"}) {
+      const KeySpec& k = *find_key(key);
+      const std::string dir = std::get<std::string>(k.get(r_));
+      std::error_code ec;
+      if (dir.empty() || !usable(key) || !std::filesystem::is_directory(dir, ec)) continue;
+      std::vector<std::string> files;
+      try {
+        files = list_shard_files(dir);
+      } catch (const Error&) {
+        continue;  // no shards yet: the loader names the folder when training starts
+      }
+      ShardInfo info;
+      try {
+        info = read_shard_info(files.front());
+      } catch (const Error& e) {
+        issue(locate(key), key, e.what(), "re-create the shards with ft tokenize");
+        continue;
+      }
+      if (info.attrs.vocab_size > V) {
+        issue(locate("model.vocab_size"), "model.vocab_size",
+              "model.vocab_size " + std::to_string(V) + source + " is smaller than vocab_size " +
+                  std::to_string(info.attrs.vocab_size) + " of the shards in " + dir + " (" +
+                  files.front() + ")",
+              "tokenize " + std::string(key) + " with the model's tokenizer, or use a model "
+              "whose vocabulary covers it");
+      }
+    }
+    // tokenizer.path is also used as opaque bytes (its hash must match the shards'), so a file
+    // SentencePiece cannot load is left to that check.
+    if (!r_.tokenizer.path.empty() && usable("tokenizer.path")) {
+      std::error_code ec;
+      if (!std::filesystem::is_regular_file(r_.tokenizer.path, ec)) return;
+      int64_t pieces = 0;
+      try {
+        pieces = Tokenizer(r_.tokenizer.path).vocab_size();
+      } catch (const Error&) {
+        return;
+      }
+      if (pieces > V) {
+        issue(locate("model.vocab_size"), "model.vocab_size",
+              "model.vocab_size " + std::to_string(V) + source + " is smaller than the " +
+                  std::to_string(pieces) + " pieces of tokenizer " + r_.tokenizer.path,
+              "use the model's own tokenizer, or a model whose vocabulary covers it");
+      }
+    }
   }
 
   // RoPE scaling written in the recipe (with model.from, read_hf_config has checked the file's

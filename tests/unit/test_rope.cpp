@@ -330,6 +330,7 @@ TEST_CASE("rope: recipe keys, with and without model.from") {
     const std::string hf = tmp.file("hf");
     write("hf/config.json", config_json("\"rope_parameters\": {\"rope_theta\": 500000.0, " +
                                         std::string(kLlama3) + "}, \"attention_dropout\": 0.1"));
+    write("hf/model.safetensors", "");  // validation checks only that the weights are there
     const std::string from = "model:\n  from: " + hf + "\n";
     const ft::RecipeResult ok = ft::load_recipe(write("f.yaml", from + data), {}, 1, false);
     INFO(issues(ok));
@@ -348,6 +349,7 @@ TEST_CASE("rope: recipe keys, with and without model.from") {
                    "/config.json has rope_parameters.factor = 8") != std::string::npos);
 
     write("old/config.json", config_json(""));
+    write("old/model.safetensors", "");
     const ft::RecipeResult absent = ft::load_recipe(
         write("h.yaml", "model:\n  from: " + tmp.file("old") + "\n  rope_theta: 500000\n" + data),
         {}, 1, false);
