@@ -8,14 +8,17 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "ckpt/hf.h"
+#include "ckpt/hf_export.h"
 #include "core/error.h"
 #include "model/rope.h"
 #include "recipe/recipe.h"
 #include "temp_dir.h"
+#include "train/train_state.h"
 
 namespace {
 
@@ -364,4 +367,71 @@ TEST_CASE("rope: recipe keys, with and without model.from") {
                             "/config.json: rope type \"yarn\" (rope_scaling.rope_type) is not "
                             "implemented") != std::string::npos);
   }
+}
+
+TEST_CASE("rope: ft export's config.json reads back as the same RoPE, in both formats") {
+  TempDir tmp;
+  ft::ModelConfig base;
+  base.dim = 64;
+  base.n_layers = 2;
+  base.n_heads = 4;
+  base.n_kv_heads = 2;
+  base.ffn_dim = 96;
+  base.vocab_size = 101;
+  base.rope_theta = 500000.0;
+  for (const char* type : {"default", "linear", "llama3"}) {
+    CAPTURE(type);
+    ft::ModelConfig m = base;
+    m.rope_type = type;
+    if (m.rope_type != "default") m.rope_factor = 8.0;
+    if (m.rope_type == "llama3") {
+      m.rope_low_freq_factor = 2.0;
+      m.rope_high_freq_factor = 5.0;
+      m.rope_original_max_seq_len = 4096;
+    }
+    const std::string dir = tmp.file(type);
+    std::filesystem::create_directories(dir);
+    ft::write_hf_config(m, ft::DType::kBF16, dir + "/config.json");
+    const ft::ModelConfig back = ft::read_hf_config(dir);
+    CHECK(back.rope_type == m.rope_type);
+    CHECK(back.rope_theta == m.rope_theta);
+    CHECK(back.rope_factor == m.rope_factor);
+    CHECK(back.rope_low_freq_factor == m.rope_low_freq_factor);
+    CHECK(back.rope_high_freq_factor == m.rope_high_freq_factor);
+    CHECK(back.rope_original_max_seq_len == m.rope_original_max_seq_len);
+    // transformers 4 reads rope_theta and rope_scaling, 5 rope_parameters: both are written.
+    std::ifstream in(dir + "/config.json");
+    const nlohmann::json j = nlohmann::json::parse(in);
+    CHECK(j.at("rope_theta") == 500000.0);
+    CHECK(j.at("rope_parameters").at("rope_theta") == 500000.0);
+    CHECK(j.at("rope_parameters").at("rope_type") == type);
+    if (m.rope_type == "default")
+      CHECK(j.at("rope_scaling").is_null());
+    else
+      CHECK(j.at("rope_scaling").at("factor") == 8.0);
+  }
+}
+
+TEST_CASE("rope: a checkpoint resumes only with the same RoPE") {
+  ft::ckpt::Manifest m;
+  m.dir = "/ckpt/step_00000002";
+  m.model.rope_type = "llama3";
+  m.model.rope_factor = 8.0;
+  ft::Recipe r;
+  r.model = m.model;
+  CHECK_NOTHROW(ft::check_same_model(m, r));
+  r.model.rope_factor = 4.0;
+  CHECK_THROWS_WITH_AS(ft::check_same_model(m, r),
+                       has("model.rope_factor 8 in the checkpoint, 4 in the recipe"),
+                       ft::UsageError);
+  r.model = m.model;
+  r.model.rope_type = "default";
+  CHECK_THROWS_WITH_AS(ft::check_same_model(m, r),
+                       has("model.rope_type llama3 in the checkpoint, default in the recipe"),
+                       ft::UsageError);
+  r.model = m.model;
+  r.model.rope_theta = 500000.0;
+  CHECK_THROWS_WITH_AS(ft::check_same_model(m, r),
+                       has("model.rope_theta 10000 in the checkpoint, 500000 in the recipe"),
+                       ft::UsageError);
 }
