@@ -327,7 +327,9 @@ HfConfigRead read_hf_config_located(const std::string& dir) {
   json j;
   try {
     j = json::parse(in);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error for bad syntax; out_of_range for a number beyond a double (1e999), which
+    // would otherwise escape as an exception no caller expects.
     throw UsageError(file + ": not valid JSON (" + e.what() + ")");
   }
   if (!j.is_object()) throw UsageError(file + ": expected a JSON object at the top level");
@@ -385,6 +387,9 @@ HfConfigRead read_hf_config_located(const std::string& dir) {
     c.problem("head_dim " + j["head_dim"].dump() +
               " differs from hidden_size / num_attention_heads; not implemented");
   }
+  // A theta or factor that fits a double but not the fp32 table would rotate by inf or NaN.
+  if (m.n_heads > 0 && m.dim % m.n_heads == 0)
+    if (std::string p = rope_table_problem(m, m.dim / m.n_heads); !p.empty()) c.problem(p);
   // ft has no dropout (DESIGN.md §5): trained without it, with one line saying so, since
   // fine-tuning usually turns dropout off anyway and a refusal would send people to edit a
   // downloaded config.json.

@@ -66,6 +66,22 @@ std::vector<float> rope_inv_freq(const ModelConfig& m, int head_dim) {
   return inv;
 }
 
+std::string rope_table_problem(const ModelConfig& m, int head_dim) {
+  if (head_dim <= 0 || head_dim % 2 != 0 || !is_rope_type(m.rope_type)) return "";
+  const std::vector<float> inv = rope_inv_freq(m, head_dim);
+  for (size_t i = 0; i < inv.size(); ++i) {
+    if (std::isfinite(inv[i]) && inv[i] > 0) continue;
+    std::ostringstream os;
+    os.precision(10);
+    os << "RoPE inverse frequency " << i << " of head_dim " << head_dim << " is " << inv[i]
+       << " in fp32 (rope_theta " << m.rope_theta;
+    if (m.rope_type != "default") os << ", factor " << m.rope_factor;
+    os << "): the values are beyond what fp32 angles can represent";
+    return os.str();
+  }
+  return "";
+}
+
 std::string rope_description(const ModelConfig& m) {
   std::ostringstream os;
   os.precision(10);

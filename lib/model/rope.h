@@ -28,6 +28,11 @@ bool is_rope_type(const std::string& type);
 // The attention scaling transformers returns beside inv_freq is 1 for all three types.
 std::vector<float> rope_inv_freq(const ModelConfig& m, int head_dim);
 
+// "" when rope_inv_freq(m, head_dim) is a table of finite positive floats; else what is wrong
+// (a rope_theta or factor beyond float range makes angles of 0, inf or NaN, which transformers
+// would compute too, silently). For validation: the recipe and read_hf_config refuse it.
+std::string rope_table_problem(const ModelConfig& m, int head_dim);
+
 // The scaling in words, for people: "default", "linear (factor 2)" or "llama3 (factor 8,
 // low/high frequency factors 1/4, original max positions 8192)"; theta is not part of it.
 std::string rope_description(const ModelConfig& m);

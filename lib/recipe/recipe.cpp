@@ -44,6 +44,7 @@
 #include "core/error.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
+#include "model/rope.h"
 
 namespace ft {
 namespace {
@@ -1107,6 +1108,12 @@ class Loader {
               "is set but model.rope_type " + type + " does not use it",
               "set model.rope_type to the scaling it belongs to, or remove " + std::string(f.path));
       }
+    }
+    if (all_usable({"model.rope_theta", "model.rope_factor", "model.dim", "model.n_heads"}) &&
+        m.n_heads > 0 && m.dim % m.n_heads == 0) {
+      if (std::string p = rope_table_problem(m, m.dim / m.n_heads); !p.empty())
+        issue(locate("model.rope_theta"), "model.rope_theta", p,
+              "Llama models use rope_theta between 1e4 and 1e6 and factors between 1 and 64");
     }
     if (llama3 && all_usable({"model.rope_low_freq_factor", "model.rope_high_freq_factor"}) &&
         !(m.rope_low_freq_factor < m.rope_high_freq_factor)) {
