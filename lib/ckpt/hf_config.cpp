@@ -262,8 +262,23 @@ void read_rope(ConfigReader& c, const json& j, ModelConfig& m, HfConfigOrigins& 
            at(bool(v4.original_max), "rope_scaling", "original_max_position_embeddings"),
            opt(v4.original_max));
   }
-  const RopeSpec& r = has_v5 ? v5 : v4;
+  RopeSpec& r = has_v5 ? v5 : v4;
   const std::string where = has_v5 ? "rope_parameters" : "rope_scaling";
+  // transformers 5 lets a top-level original_max_position_embeddings (Phi-3 style) override the
+  // mapping's for llama3; 4 reads only the mapping. Agreeing or filling a gap is fine.
+  if (j.contains("original_max_position_embeddings") &&
+      !j["original_max_position_embeddings"].is_null() && r.type == "llama3") {
+    const json& top = j["original_max_position_embeddings"];
+    if (!top.is_number_integer() || top.get<int64_t>() < 1 || top.get<int64_t>() > INT_MAX) {
+      c.problem("original_max_position_embeddings must be a positive integer, got " + top.dump());
+    } else if (!r.original_max) {
+      r.original_max = int(top.get<int64_t>());
+    } else if (*r.original_max != top.get<int64_t>()) {
+      c.problem("original_max_position_embeddings = " + top.dump() + " but " + where +
+                ".original_max_position_embeddings = " + std::to_string(*r.original_max) +
+                "; transformers 5 and 4 would read different RoPE: make them agree");
+    }
+  }
   m.rope_theta = r.theta;
   origins["model.rope_theta"] = r.theta_at;
   origins["model.rope_type"] = r.type_at;

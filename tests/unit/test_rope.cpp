@@ -202,6 +202,12 @@ TEST_CASE("rope: config.json in transformers 5 and 4 formats") {
                               "\"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 4}")));
     CHECK(factor.find("rope_parameters.factor = 4 but rope_scaling.factor = 2") !=
           std::string::npos);
+    // transformers 5 lets a top-level original_max_position_embeddings win for llama3.
+    const std::string orig = read_error(f.write(
+        "orig", config_json("\"original_max_position_embeddings\": 4096, \"rope_scaling\": {" +
+                            std::string(kLlama3) + "}")));
+    CHECK(orig.find("original_max_position_embeddings = 4096 but "
+                    "rope_scaling.original_max_position_embeddings = 8192") != std::string::npos);
   }
   SUBCASE("other rope types are refused by name, with the supported list") {
     for (const char* type : {"yarn", "dynamic", "longrope"}) {
