@@ -3,8 +3,8 @@
 // Invariant: whatever this returns is a model ft computes exactly as transformers would. So a
 // config that asks for something the model code does not do (a RoPE type other than default,
 // linear and llama3, biases, another activation, a head_dim that is not hidden_size / heads) is
-// refused here rather than loaded and then trained with different math. Every problem of the file is collected into one error,
-// so a user fixes them in one pass.
+// refused here rather than loaded and then trained with different math. Every problem of the
+// file is collected into one error, so a user fixes them in one pass.
 #include <climits>
 #include <cmath>
 #include <filesystem>
@@ -232,7 +232,8 @@ void read_rope(ConfigReader& c, const json& j, ModelConfig& m, HfConfigOrigins& 
   auto differ = [&](const std::string& what, const std::string& a_at, const std::string& a,
                     const std::string& b_at, const std::string& b) {
     if (a == b) return;
-    c.problem((a_at.empty() ? "rope_parameters has no " + what + " (" + a + ")" : a_at + " = " + a) +
+    c.problem((a_at.empty() ? "rope_parameters has no " + what + " (" + a + ")"
+                            : a_at + " = " + a) +
               " but " +
               (b_at.empty() ? "rope_scaling has no " + what + " (" + b + ")" : b_at + " = " + b) +
               "; transformers 5 and 4 would read different RoPE: make them agree");

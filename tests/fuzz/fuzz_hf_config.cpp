@@ -4,15 +4,17 @@
 // Contract under test: any byte string as config.json either throws ft::Error (a UsageError
 // naming the file) or gives a ModelConfig whose RoPE, when its type is implemented, yields an
 // inverse-frequency table of finite positive floats for the model's head_dim (when that is a
-// whole even number), so that an accepted file never trains with inf or NaN angles. Anything else (a crash, a sanitizer report, another
-// exception type, a non-finite table) is a bug. read_hf_config takes a folder, so each input is
-// written to config.json in a per-process folder under /dev/shm (memory, not disk).
+// whole even number), so that an accepted file never trains with inf or NaN angles. Anything
+// else (a crash, a sanitizer report, another exception type, a non-finite table) is a bug.
+// read_hf_config takes a folder, so each input is written to config.json in a per-process
+// folder under /dev/shm (memory, not disk).
 //
 // Build and run (clang, from the repository root):
 //   clang++-14 -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Ilib -I. \
 //     tests/fuzz/fuzz_hf_config.cpp lib/ckpt/hf_config.cpp lib/model/rope.cpp \
 //     -o /tmp/fuzz_hf_config
-//   /tmp/fuzz_hf_config -max_total_time=300 -dict=... /tmp/hf_corpus tests/fuzz/corpus/hf_config
+//   mkdir -p /tmp/hf_corpus
+//   /tmp/fuzz_hf_config -max_total_time=300 /tmp/hf_corpus tests/fuzz/corpus/hf_config
 #include <unistd.h>
 
 #include <cmath>

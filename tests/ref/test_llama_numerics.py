@@ -127,8 +127,9 @@ def grad_case(tmp, label, cfg, T, micro, glob, weights_dtype="F32", with_mask=Fa
         with torch.no_grad():
             alt_loss = (alt.loss_sum(ids, tgt, msk) / count).item()
         gap = abs(alt_loss - total) / abs(total)
-        check(gap > 1e-3, f"{label}: the loss with {other.rope_scaling or 'no'} scaling, theta "
-                          f"{other.rope_theta} ({alt_loss:.6f}) is {gap:.1e} away, beyond tolerance")
+        check(gap > 1e-3, f"{label}: the loss with {other.rope_scaling or 'no'} scaling, "
+                          f"theta {other.rope_theta} ({alt_loss:.6f}) is {gap:.1e} away, "
+                          "beyond tolerance")
     worst = (0.0, "")
     for name, p in model.named().items():
         g_ft = got.get(name)
@@ -143,8 +144,8 @@ def grad_case(tmp, label, cfg, T, micro, glob, weights_dtype="F32", with_mask=Fa
 
 
 def rope_cases(tmp):
-    """RoPE scaling as Llama checkpoints state it. head_dim 16, theta 10000: wavelengths 2π/inv_freq
-    are 6.3, 19.9, 62.8, 199, ... so with llama3's original max positions 64 and low/high
+    """RoPE scaling as Llama checkpoints state it. head_dim 16, theta 10000: wavelengths
+    2π/inv_freq are 6.3, 19.9, 62.8, 199, ... so with llama3's original max positions 64 and low/high
     frequency factors 1/4 (band edges 64 and 16) the first frequency is kept, the next two are
     blended and the other five divided by the factor (asserted). T = 40 reaches angles where the
     three rope types give visibly different losses (asserted through differs_from)."""
