@@ -24,60 +24,65 @@ bool is_rope_type(const std::string& type) {
   return false;
 }
 
+namespace {
+
+// Entry i of the table (see rope.h), on its own: every entry depends only on its index.
+float inv_freq_at(const ModelConfig& m, int i, int head_dim) {
+  // _compute_default_rope_parameters: 1.0 / (base ** (arange(0, dim, 2).float() / dim))
+  const float base = float(m.rope_theta);
+  const float exponent = float(2 * i) / float(head_dim);
+  const float f = 1.0f / std::pow(base, exponent);
+  if (m.rope_type == "linear") return f / float(m.rope_factor);
+  if (m.rope_type != "llama3") return f;
+  const float factor = float(m.rope_factor);
+  const double orig = double(m.rope_original_max_seq_len);
+  const float low_ff = float(m.rope_low_freq_factor);
+  // Python doubles, compared with the float32 wavelengths after rounding to float.
+  const float low_freq_wavelen = float(orig / m.rope_low_freq_factor);
+  const float high_freq_wavelen = float(orig / m.rope_high_freq_factor);
+  const float band = float(m.rope_high_freq_factor - m.rope_low_freq_factor);
+  const float wavelen = (1.0f / f) * float(2 * M_PI);
+  const float scaled = wavelen > low_freq_wavelen ? f / factor : f;  // inv_freq_llama
+  if (wavelen < high_freq_wavelen || wavelen > low_freq_wavelen) return scaled;
+  const float smooth = ((1.0f / wavelen) * float(orig) - low_ff) / band;
+  const float a = (1.0f - smooth) * scaled / factor;
+  const float b = smooth * scaled;
+  return a + b;
+}
+
+}  // namespace
+
 std::vector<float> rope_inv_freq(const ModelConfig& m, int head_dim) {
   FT_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope_inv_freq: head_dim ", head_dim,
            " is not a positive even number");
   FT_CHECK(is_rope_type(m.rope_type), "rope_inv_freq: rope type '", m.rope_type,
            "' is not implemented");
-  const int half = head_dim / 2;
-  std::vector<float> inv(static_cast<size_t>(half));
-  // _compute_default_rope_parameters: 1.0 / (base ** (arange(0, dim, 2).float() / dim))
-  const float base = float(m.rope_theta);
-  for (int i = 0; i < half; ++i) {
-    const float exponent = float(2 * i) / float(head_dim);
-    inv[size_t(i)] = 1.0f / std::pow(base, exponent);
-  }
-  if (m.rope_type == "linear") {
-    const float factor = float(m.rope_factor);
-    for (float& f : inv) f = f / factor;
-  } else if (m.rope_type == "llama3") {
-    const float factor = float(m.rope_factor);
-    const double orig = double(m.rope_original_max_seq_len);
-    const float low_ff = float(m.rope_low_freq_factor);
-    // Python doubles, compared with the float32 wavelengths after rounding to float.
-    const float low_freq_wavelen = float(orig / m.rope_low_freq_factor);
-    const float high_freq_wavelen = float(orig / m.rope_high_freq_factor);
-    const float band = float(m.rope_high_freq_factor - m.rope_low_freq_factor);
-    const float two_pi = float(2 * M_PI);
-    const float orig_f = float(orig);
-    for (float& f : inv) {
-      const float wavelen = (1.0f / f) * two_pi;
-      const float scaled = wavelen > low_freq_wavelen ? f / factor : f;  // inv_freq_llama
-      if (wavelen < high_freq_wavelen || wavelen > low_freq_wavelen) {
-        f = scaled;
-        continue;
-      }
-      const float smooth = ((1.0f / wavelen) * orig_f - low_ff) / band;
-      const float a = (1.0f - smooth) * scaled / factor;
-      const float b = smooth * scaled;
-      f = a + b;
-    }
-  }
+  std::vector<float> inv(static_cast<size_t>(head_dim / 2));
+  for (int i = 0; i < head_dim / 2; ++i) inv[size_t(i)] = inv_freq_at(m, i, head_dim);
   return inv;
 }
 
 std::string rope_table_problem(const ModelConfig& m, int head_dim) {
   if (head_dim <= 0 || head_dim % 2 != 0 || !is_rope_type(m.rope_type)) return "";
-  const std::vector<float> inv = rope_inv_freq(m, head_dim);
-  for (size_t i = 0; i < inv.size(); ++i) {
-    if (std::isfinite(inv[i]) && inv[i] > 0) continue;
-    std::ostringstream os;
-    os.precision(10);
-    os << "RoPE inverse frequency " << i << " of head_dim " << head_dim << " is " << inv[i]
-       << " in fp32 (rope_theta " << m.rope_theta;
-    if (m.rope_type != "default") os << ", factor " << m.rope_factor;
-    os << "): the values are beyond what fp32 angles can represent";
-    return os.str();
+  // θ^(-2i/D) is monotonic in i and every type scales it by a factor between 1/factor and 1,
+  // so the extremes sit at the two ends of the unscaled and the scaled table: check those
+  // rather than build a table as large as a hostile config's head_dim.
+  ModelConfig scaled = m, unscaled = m;
+  scaled.rope_type = m.rope_type == "default" ? "default" : "linear";
+  unscaled.rope_type = "default";
+  const ModelConfig* configs[] = {&m, &scaled, &unscaled};
+  for (const ModelConfig* c : configs) {
+    for (int i : {0, head_dim / 2 - 1}) {
+      const float f = inv_freq_at(*c, i, head_dim);
+      if (std::isfinite(f) && f > 0) continue;
+      std::ostringstream os;
+      os.precision(10);
+      os << "RoPE inverse frequency " << i << " of head_dim " << head_dim << " is " << f
+         << " in fp32 (rope_theta " << m.rope_theta;
+      if (m.rope_type != "default") os << ", factor " << m.rope_factor;
+      os << "): the values are beyond what fp32 angles can represent";
+      return os.str();
+    }
   }
   return "";
 }
