@@ -903,7 +903,8 @@ class Loader {
 
   // What config.json says about key k, quoting the place it was read from: "has hidden_size
   // 256", "has rope_parameters.rope_theta = 500000", "has no rope_theta (transformers' default
-  // 10000)". RoPE factors that the file's rope type does not use are "not used by rope type X".
+  // 10000)". For a RoPE factor the file's rope type does not have: "uses rope type X, which
+  // has no factor".
   static std::string hf_says(const KeySpec& k, const HfConfigRead& hf, const std::string& value) {
     const auto it = hf.origins.find(k.path);
     if (it == hf.origins.end()) {
