@@ -1,15 +1,21 @@
 // RoPE inverse frequencies as transformers computes them (see rope.h). Every step is an fp32
 // operation like the torch one it mirrors, with Python scalars rounded to float first, as torch
 // does when a Python number meets a float32 tensor; `x / t` of a scalar by a tensor is
-// reciprocal(t) · x in torch (Tensor.__rtruediv__), and is written so here. This file is
-// compiled without -march=native (lib/, not kernels/), so no multiply-add is fused behind our
-// back and each product is rounded as torch rounds it.
+// reciprocal(t) · x in torch (Tensor.__rtruediv__), and is written so here. Contraction into
+// fused multiply-adds is switched off below, so each product is rounded as torch rounds it
+// whatever -march the file is built with (tests/unit/test_rope.cpp pins the bits).
 #include "model/rope.h"
 
 #include <cmath>
 #include <sstream>
 
 #include "core/error.h"
+
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
 
 namespace ft {
 
