@@ -43,10 +43,12 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
                       const float* rstd, int N, int C);
 
 // ---- RoPE, rotate-half pairing (i with i + D/2) ----------------------------------------------
-// x (B, T, nh, D) rotated in place; position of (b, t) is t. Angles θ_i = theta^(-2i/D).
-void rope_forward(float* x, int B, int T, int nh, int D, float theta);
+// x (B, T, nh, D) rotated in place; position of (b, t) is t. Pair (i, i + D/2) turns by the
+// angle float(t) · inv_freq[i]; inv_freq (D/2) carries the rope type's scaling (lib/model/rope.h
+// computes it; theta^(-2i/D) without scaling).
+void rope_forward(float* x, const float* inv_freq, int B, int T, int nh, int D);
 // Inverse rotation, in place, applied to the gradient.
-void rope_backward(float* dx, int B, int T, int nh, int D, float theta);
+void rope_backward(float* dx, const float* inv_freq, int B, int T, int nh, int D);
 
 // ---- Causal grouped-query attention ----------------------------------------------------------
 // q (B, T, H, D), k and v (B, T, K, D), with H a multiple of K (query head h uses kv head h/(H/K)).

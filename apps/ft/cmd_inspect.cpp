@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "data/shard.h"
 #include "model/layout.h"
+#include "model/rope.h"
 #include "train/metrics.h"
 
 namespace ft::app {
@@ -137,6 +138,13 @@ LayerSignature signature(const std::vector<const HfTensorInfo*>& layer_tensors) 
   return sig;
 }
 
+// "rope_theta 500000", then the scaling when there is one: ", rope llama3 (factor 8, ...)".
+std::string rope_text(const ModelConfig& m) {
+  char theta[64];
+  std::snprintf(theta, sizeof theta, "rope_theta %.10g", m.rope_theta);
+  return theta + (m.rope_type == "default" ? std::string() : ", rope " + rope_description(m));
+}
+
 // Prints up to kListed problems of one kind ("missing: NAME", or a whole message when `what` is
 // empty), then how many more there are.
 void print_problems(const std::string& what, const std::vector<std::string>& items) {
@@ -157,10 +165,10 @@ int inspect_hf(const std::string& dir) {
   std::string head_dim = m.dim % m.n_heads == 0 ? std::to_string(m.dim / m.n_heads) : "-";
   std::printf(
       "  architecture: llama, dim %d, %d layer%s, %d head%s, %d kv head%s, head_dim %s, ffn %d, "
-      "vocab %d, max_seq_len %d, rope_theta %.10g, %s embeddings\n",
+      "vocab %d, max_seq_len %d, %s, %s embeddings\n",
       m.dim, m.n_layers, m.n_layers == 1 ? "" : "s", m.n_heads, m.n_heads == 1 ? "" : "s",
       m.n_kv_heads, m.n_kv_heads == 1 ? "" : "s", head_dim.c_str(), m.ffn_dim, m.vocab_size,
-      m.max_seq_len, m.rope_theta, m.tie_embeddings ? "tied" : "untied");
+      m.max_seq_len, rope_text(m).c_str(), m.tie_embeddings ? "tied" : "untied");
 
   uint64_t file_bytes = 0;
   size_t name_width = 0;
@@ -240,8 +248,12 @@ int inspect_hf(const std::string& dir) {
   if (!s.check.ignored.empty())
     std::printf(
         "  note: %zu rotary_emb.inv_freq buffer%s ignored; ft computes RoPE from "
-        "rope_theta\n",
+        "config.json\n",
         s.check.ignored.size(), s.check.ignored.size() == 1 ? " is" : "s are");
+  if (!s.check.tied_copy.empty() && s.compatible())
+    std::printf("  note: %s equals model.embed_tokens.weight (tied embeddings); ft loads it once\n",
+                s.check.tied_copy.c_str());
+  for (const std::string& w : s.config_warnings) std::printf("  warning: %s\n", w.c_str());
   if (s.compatible()) {
     std::printf("  compatible with ft: yes\n");
     return 0;
@@ -281,10 +293,10 @@ void print_model(const ModelConfig& m) {
   std::string head_dim = m.dim % m.n_heads == 0 ? std::to_string(m.dim / m.n_heads) : "-";
   std::printf(
       "  model:        %s, dim %d, %d layer%s, %d head%s, %d kv head%s, head_dim %s, ffn %d, "
-      "vocab %d, max_seq_len %d, rope_theta %.10g, norm_eps %.6g, %s embeddings\n",
+      "vocab %d, max_seq_len %d, %s, norm_eps %.6g, %s embeddings\n",
       m.arch.c_str(), m.dim, m.n_layers, m.n_layers == 1 ? "" : "s", m.n_heads,
       m.n_heads == 1 ? "" : "s", m.n_kv_heads, m.n_kv_heads == 1 ? "" : "s", head_dim.c_str(),
-      m.ffn_dim, m.vocab_size, m.max_seq_len, m.rope_theta, m.norm_eps,
+      m.ffn_dim, m.vocab_size, m.max_seq_len, rope_text(m).c_str(), m.norm_eps,
       m.tie_embeddings ? "tied" : "untied");
 }
 

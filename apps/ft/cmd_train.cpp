@@ -92,12 +92,15 @@ int cmd_train(const TrainArgs& a) {
   // Every problem in the recipe is reported before any work starts (exit code 2). Every rank
   // finds the same problems; only rank 0 prints them.
   Recipe recipe;
+  std::vector<std::string> warnings;
   try {
-    recipe = load_recipe_or_throw(a.recipe, a.overrides, comm->size());
+    recipe = load_recipe_or_throw(a.recipe, a.overrides, comm->size(), true, &warnings);
   } catch (const UsageError&) {
     if (is_root) throw;
     return int(ExitCode::kUsage);
   }
+  if (is_root)
+    for (const std::string& w : warnings) log_warn(w);
   if (is_root) {
     std::printf("# resolved recipe (%s), %s\n%s\n", a.recipe.c_str(), comm->describe().c_str(),
                 recipe_to_yaml(recipe).c_str());

@@ -11,6 +11,7 @@ int cmd_validate(const ValidateArgs& a) {
   // World size 0: no launcher tells us how many ranks the run will have, so the layout is
   // checked for the smallest world that fits it (tensor × pipeline ranks, one data rank).
   const RecipeResult res = load_recipe(a.recipe, a.overrides, /*world_size=*/0);
+  for (const std::string& w : res.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   if (!res.ok()) {
     for (const RecipeIssue& i : res.issues) std::fprintf(stderr, "%s\n", i.format().c_str());
     std::fprintf(stderr, "ft validate: %zu %s in %s\n", res.issues.size(),

@@ -82,35 +82,38 @@ void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, c
 
 namespace {
 // cos/sin tables (T, D/2), computed in float the way HF's rotary embedding does:
-// inv_freq_i = 1 / theta^(2i/D); angle = t * inv_freq_i (float).
-void rope_tables(std::vector<float>& cosv, std::vector<float>& sinv, int T, int D, float theta) {
+// angle = float(t) · inv_freq_i in fp32, then cos and sin of that float.
+void rope_tables(std::vector<float>& cosv, std::vector<float>& sinv, const float* inv_freq, int T,
+                 int D) {
   int half = D / 2;
   cosv.resize(size_t(T) * half);
   sinv.resize(size_t(T) * half);
   for (int i = 0; i < half; ++i) {
-    float inv = 1.0f / std::pow(theta, float(2 * i) / float(D));
     for (int t = 0; t < T; ++t) {
-      float a = float(t) * inv;
+      float a = float(t) * inv_freq[i];
       cosv[size_t(t) * half + i] = std::cos(a);
       sinv[size_t(t) * half + i] = std::sin(a);
     }
   }
 }
 
-void rope_apply(float* x, int B, int T, int nh, int D, float theta, float sign) {
-  // The tables depend only on (T, D, theta), which stay fixed through a run, so the last ones are
-  // kept (per thread: kernels may be called from several threads later).
-  thread_local std::vector<float> cosv, sinv;
-  thread_local int cached_T = -1, cached_D = -1;
-  thread_local float cached_theta = 0.f;
-  if (T != cached_T || D != cached_D || theta != cached_theta) {
-    rope_tables(cosv, sinv, T, D, theta);
-    cached_T = T, cached_D = D, cached_theta = theta;
+void rope_apply(float* x, const float* inv_freq, int B, int T, int nh, int D, float sign) {
+  // The tables depend only on (T, inv_freq), which stay fixed through a run, so the last ones are
+  // kept (per thread: kernels may be called from several threads later). The key is the table's
+  // contents, not its address: D/2 floats compare in nanoseconds, and a caller's table may be
+  // freed and another allocated at the same address.
+  thread_local std::vector<float> cosv, sinv, cached_inv;
+  thread_local int cached_T = -1;
+  const int half = D / 2;
+  if (T != cached_T || cached_inv.size() != size_t(half) ||
+      std::memcmp(cached_inv.data(), inv_freq, sizeof(float) * half) != 0) {
+    rope_tables(cosv, sinv, inv_freq, T, D);
+    cached_T = T;
+    cached_inv.assign(inv_freq, inv_freq + half);
   }
   // Plain pointers for the OpenMP threads: inside the loop `cosv` would name *their* copies.
   const float* cos_table = cosv.data();
   const float* sin_table = sinv.data();
-  int half = D / 2;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
@@ -130,11 +133,11 @@ void rope_apply(float* x, int B, int T, int nh, int D, float theta, float sign) 
 }
 }  // namespace
 
-void rope_forward(float* x, int B, int T, int nh, int D, float theta) {
-  rope_apply(x, B, T, nh, D, theta, 1.0f);
+void rope_forward(float* x, const float* inv_freq, int B, int T, int nh, int D) {
+  rope_apply(x, inv_freq, B, T, nh, D, 1.0f);
 }
-void rope_backward(float* dx, int B, int T, int nh, int D, float theta) {
-  rope_apply(dx, B, T, nh, D, theta, -1.0f);
+void rope_backward(float* dx, const float* inv_freq, int B, int T, int nh, int D) {
+  rope_apply(dx, inv_freq, B, T, nh, D, -1.0f);
 }
 
 void swiglu_forward(float* h, const float* g, const float* u, size_t n) {

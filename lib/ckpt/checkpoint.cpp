@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/layout.h"
+#include "model/rope.h"
 
 namespace ft::ckpt {
 namespace fs = std::filesystem;
@@ -398,6 +399,24 @@ ModelConfig parse_model(const JsonReader& r, const json& mc) {
   c.rope_theta = r.real(r.at(mc, p, "rope_theta"), "model.rope_theta", 1e-30, 1e30);
   c.norm_eps = r.real(r.at(mc, p, "norm_eps"), "model.norm_eps", 0, 1);
   c.tie_embeddings = r.flag(r.at(mc, p, "tie_embeddings"), "model.tie_embeddings");
+  // Absent from manifests of default-RoPE runs and of builds before RoPE scaling.
+  if (mc.contains("rope_scaling")) {
+    const json& rs = mc.at("rope_scaling");
+    const std::string q = "model.rope_scaling";
+    if (!rs.is_object()) r.fail(q, "expected an object, found " + JsonReader::describe(rs));
+    c.rope_type = r.text(r.at(rs, q, "rope_type"), q + ".rope_type");
+    if (!is_rope_type(c.rope_type))
+      r.fail(q + ".rope_type", "\"" + c.rope_type +
+                                   "\" is not implemented by this ft; use the ft that wrote the "
+                                   "checkpoint");
+    c.rope_factor = r.real(r.at(rs, q, "factor"), q + ".factor", 1e-30, 1e30);
+    c.rope_low_freq_factor =
+        r.real(r.at(rs, q, "low_freq_factor"), q + ".low_freq_factor", 1e-30, 1e30);
+    c.rope_high_freq_factor =
+        r.real(r.at(rs, q, "high_freq_factor"), q + ".high_freq_factor", 1e-30, 1e30);
+    c.rope_original_max_seq_len =
+        int(r.int_at(rs, q, "original_max_seq_len", 1, kMaxModelDim));
+  }
   if (c.dim % c.n_heads != 0)
     r.fail("model.n_heads", detail::concat(c.n_heads, " does not divide model.dim ", c.dim));
   if (c.n_heads % c.n_kv_heads != 0)

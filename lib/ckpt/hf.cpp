@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -31,6 +33,8 @@ namespace fs = std::filesystem;
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 constexpr size_t kMaxListed = 10;  // names shown in an error; the rest are counted
+constexpr const char* kHeadName = "lm_head.weight";
+constexpr const char* kEmbedName = "model.embed_tokens.weight";
 
 // Where one checkpoint tensor lives.
 struct Source {
@@ -151,8 +155,23 @@ HfLayoutCheck check_against_layout(const std::map<std::string, Source>& tensors,
                                                "' has dtype ", dtype_name(dt),
                                                "; only F32, BF16 and F16 weights can be imported"));
     }
-  for (const auto& [name, src] : tensors)
-    if (!expected.count(name)) (is_rope_buffer(name) ? c.ignored : c.unexpected).push_back(name);
+  // A tied model may still store its output matrix (transformers saves one when the checkpoint
+  // was converted or saved untied and then tied): it is the embedding again, loaded once. Whether
+  // it really equals the embedding needs the data; tied_head_difference checks that.
+  int g = 0;
+  const ParamEntry* embed = nullptr;
+  const bool tied = !layout.find(kHeadName, &g, &embed);
+  for (const auto& [name, src] : tensors) {
+    if (expected.count(name)) continue;
+    if (is_rope_buffer(name)) {
+      c.ignored.push_back(name);
+    } else if (tied && name == kHeadName && layout.find(kEmbedName, &g, &embed) &&
+               src.entry->shape == embed->shape) {
+      c.tied_copy = name;
+    } else {
+      c.unexpected.push_back(name);
+    }
+  }
   if (c.missing.empty() && c.unexpected.empty()) return c;
 
   auto listed = [](const std::vector<std::string>& v, const char* name) {
@@ -164,8 +183,8 @@ HfLayoutCheck check_against_layout(const std::map<std::string, Source>& tensors,
         "tie_embeddings (tie_word_embeddings in config.json) to true");
   if (listed(c.unexpected, "lm_head.weight"))
     c.hints.push_back(
-        "the checkpoint has its own lm_head.weight but tie_embeddings is on; set tie_embeddings "
-        "(tie_word_embeddings in config.json) to false");
+        "the checkpoint has its own lm_head.weight (of another shape than the embedding) but "
+        "tie_embeddings is on; set tie_embeddings (tie_word_embeddings in config.json) to false");
   const std::string first = c.missing.empty() ? std::string() : c.missing.front();
   if (first.rfind("model.", 0) == 0 && tensors.count(first.substr(6)))
     c.hints.push_back(
@@ -175,6 +194,46 @@ HfLayoutCheck check_against_layout(const std::map<std::string, Source>& tensors,
       "is this a LlamaForCausalLM checkpoint whose config.json matches the model sizes "
       "(n_layers, dim, heads, vocab)?");
   return c;
+}
+
+// When a tied folder also stores lm_head.weight (check.tied_copy): an error message naming both
+// tensors and the largest difference after conversion to f32, or "" when it equals the
+// embedding bit for bit (as transformers, which loads such a folder by tying the two, would then
+// compute the same model). Reads both tensors; `embedding` may be the already read embedding.
+std::string tied_head_difference(const OpenedWeights& w, const HfLayoutCheck& check,
+                                 const std::vector<float>* embedding = nullptr) {
+  if (check.tied_copy.empty()) return "";
+  const Source& head = w.tensors.at(kHeadName);
+  const Source& emb = w.tensors.at(kEmbedName);
+  size_t numel = 1;
+  for (int64_t d : head.entry->shape) numel *= size_t(d);
+  std::vector<float> e_read;
+  if (!embedding) {
+    e_read.resize(numel);
+    emb.file->read_f32(kEmbedName, e_read.data(), numel);
+    embedding = &e_read;
+  }
+  std::vector<float> h(numel);
+  head.file->read_f32(kHeadName, h.data(), numel);
+  double worst = 0;
+  size_t where = 0, differing = 0;
+  for (size_t i = 0; i < numel; ++i) {
+    const float a = h[i], b = (*embedding)[i];
+    if (std::memcmp(&a, &b, sizeof a) == 0) continue;
+    ++differing;
+    const double d = std::fabs(double(a) - double(b));
+    if (differing == 1 || d > worst || std::isnan(d)) {
+      worst = d;
+      where = i;
+    }
+  }
+  if (differing == 0) return "";
+  const size_t cols = size_t(head.entry->shape.back());
+  return detail::concat(
+      "tensor '", kHeadName, "' in '", head.file->path(), "' differs from '", kEmbedName,
+      "' in ", differing, " of ", numel, " values (max |difference| ", worst, " at [", where / cols,
+      ", ", where % cols, "]) but tie_word_embeddings is true, so ft would train one matrix for "
+      "both; set tie_word_embeddings to false in config.json if the two are meant to differ");
 }
 
 // N for "model.layers.N.<rest>", else -1.
@@ -218,6 +277,7 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
     throw Error(msg.str());
   }
   if (!check.bad_tensors.empty()) throw Error(check.bad_tensors.front());
+  if (std::string diff = tied_head_difference(w, check); !diff.empty()) throw Error(diff);
 
   // 3. Plan the copies.
   struct Copy {
@@ -242,7 +302,10 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
 HfFolderSummary summarize_hf_folder(const std::string& dir) {
   HfFolderSummary s;
   try {
-    s.config = read_hf_config(dir);
+    HfConfigRead read = read_hf_config_located(dir);
+    s.config = std::move(read.model);
+    s.config_warnings = std::move(read.warnings);
+    s.config_problems = std::move(read.unsupported);
   } catch (const UsageError& e) {
     throw Error(e.what());  // see hf.h: a bad config.json here is bad input, exit code 1
   }
@@ -266,10 +329,17 @@ HfFolderSummary summarize_hf_folder(const std::string& dir) {
 
   // Where each expected name sits in the layout, for the display order promised in hf.h.
   std::map<std::string, std::pair<size_t, size_t>> position;  // name → (group, entry)
+  std::string duplicate;  // a tied copy of the embedding: stored twice, one parameter
   // Without whole heads there is no layout (ParamLayout refuses it); config_problems says why.
   if (heads_split) {
     const ParamLayout layout(m);
     s.check = check_against_layout(w.tensors, layout);
+    // The one data read of the summary: only for a tied folder that stores lm_head.weight, so
+    // that "compatible" still means what load_hf_weights accepts.
+    if (std::string diff = tied_head_difference(w, s.check); !diff.empty())
+      s.check.bad_tensors.push_back(diff);
+    else
+      duplicate = s.check.tied_copy;
     for (size_t g = 0; g < layout.groups().size(); ++g)
       for (size_t e = 0; e < layout.groups()[g].entries.size(); ++e)
         position[layout.groups()[g].entries[e].name] = {g, e};
@@ -294,7 +364,7 @@ HfFolderSummary summarize_hf_folder(const std::string& dir) {
     for (int64_t d : t.shape) t.numel *= uint64_t(d);  // the reader checked it fits in 64 bits
     t.bytes = src.entry->end - src.entry->begin;
     t.layer = layer_of(name);
-    if (!is_rope_buffer(name)) s.parameters += t.numel;
+    if (!is_rope_buffer(name) && name != duplicate) s.parameters += t.numel;
     s.tensor_bytes += t.bytes;
     ++s.dtypes[t.dtype];
     ++tensors_in[t.file];

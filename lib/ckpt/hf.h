@@ -17,14 +17,40 @@ namespace ft {
 // Reads config.json of a LlamaForCausalLM folder into a ModelConfig (dim=hidden_size,
 // n_layers=num_hidden_layers, n_heads=num_attention_heads, n_kv_heads=num_key_value_heads
 // (default n_heads), ffn_dim=intermediate_size, vocab_size, max_seq_len=max_position_embeddings,
-// rope_theta (default 10000), norm_eps=rms_norm_eps, tie_embeddings=tie_word_embeddings
-// (default false)). Throws ft::Error naming the file on a missing or malformed config.
+// norm_eps=rms_norm_eps, tie_embeddings=tie_word_embeddings (default false)). RoPE comes from
+// transformers 5's rope_parameters {rope_type, rope_theta, factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings} or 4's top-level rope_theta (default
+// 10000) and rope_scaling {rope_type or type, ...}; a file with both must agree, and a rope type
+// other than default, linear and llama3 is refused by name. Throws ft::UsageError naming the
+// file and listing every problem on a missing, malformed or unsupported config.
 ModelConfig read_hf_config(const std::string& dir);
+
+// Recipe key path ("model.rope_theta") → the config.json key it was read from
+// ("rope_parameters.rope_theta"); an empty string when the file has no such key and
+// transformers' default applies. Only for keys whose place in the file varies (the RoPE ones).
+using HfConfigOrigins = std::map<std::string, std::string>;
+
+struct HfConfigRead {
+  ModelConfig model;
+  HfConfigOrigins origins;
+  // Fields ft accepts but does not honour exactly, one line each (attention_dropout > 0: ft
+  // trains without dropout). Shown by ft validate, ft train and ft inspect.
+  std::vector<std::string> warnings;
+  // Well-formed values ft does not implement (a rope type such as yarn), one line each, without
+  // the file name. read_hf_config throws on them; ft inspect lists them as config problems.
+  std::vector<std::string> unsupported;
+};
+
+// read_hf_config with where each RoPE value came from, the warnings and the unsupported
+// features (not thrown); throws only on a missing or malformed file.
+HfConfigRead read_hf_config_located(const std::string& dir);
 
 // Loads every parameter of `layout` from the folder's safetensors into the flat f32 group
 // buffers (group_ptrs[g] points at group g's buffer). Checks that every expected name is present
 // with the right shape, that dtypes are F32/BF16/F16, and reports unexpected tensors
-// (rotary inv_freq buffers are ignored). Errors name the file and the tensor.
+// (rotary inv_freq buffers are ignored; so is a tied model's lm_head.weight when it equals the
+// embedding after conversion to f32, and one that differs is refused with the largest
+// difference). Errors name the file and the tensor.
 void load_hf_weights(const std::string& dir, const ParamLayout& layout,
                      const std::vector<float*>& group_ptrs);
 
@@ -34,6 +60,9 @@ struct HfLayoutCheck {
   std::vector<std::string> missing;      // layout names the folder lacks, in layout order
   std::vector<std::string> unexpected;   // folder names the layout lacks, in name order
   std::vector<std::string> ignored;      // rotary_emb.inv_freq buffers: ft recomputes them
+  // "lm_head.weight" when a tied layout's folder stores one of the embedding's shape: loaded
+  // only if it equals the embedding bit for bit (else reported in bad_tensors), then ignored.
+  std::string tied_copy;
   std::vector<std::string> bad_tensors;  // one message per wrong shape or dtype, layout order
   std::vector<std::string> hints;        // likely causes of the missing/unexpected names
   bool compatible() const { return missing.empty() && unexpected.empty() && bad_tensors.empty(); }
@@ -57,6 +86,7 @@ struct HfTensorInfo {
 
 struct HfFolderSummary {
   ModelConfig config;
+  std::vector<std::string> config_warnings;  // HfConfigRead::warnings
   std::vector<HfFileInfo> files;  // in name order
   // Layout order (embeddings, layer 0, layer 1, ..., head); a tensor the layout lacks sits after
   // its layer's expected ones (or after the head when it belongs to no layer), in name order.

@@ -1,11 +1,12 @@
 // read_hf_config: a Hugging Face LlamaForCausalLM config.json → ModelConfig.
 //
 // Invariant: whatever this returns is a model ft computes exactly as transformers would. So a
-// config that asks for something the model code does not do (RoPE scaling, biases, another
-// activation, a head_dim that is not hidden_size / heads) is refused here rather than loaded
-// and then trained with different math. Every problem of the file is collected into one error,
-// so a user fixes them in one pass.
+// config that asks for something the model code does not do (a RoPE type other than default,
+// linear and llama3, biases, another activation, a head_dim that is not hidden_size / heads) is
+// refused here rather than loaded and then trained with different math. Every problem of the
+// file is collected into one error, so a user fixes them in one pass.
 #include <climits>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 
 #include "ckpt/hf.h"
 #include "core/error.h"
+#include "model/rope.h"
 
 namespace ft {
 namespace {
@@ -68,6 +70,10 @@ class ConfigReader {
   }
 
   void problem(std::string p) { problems_.push_back(std::move(p)); }
+  // A well-formed value naming a feature ft does not implement: refused by read_hf_config and
+  // recipe validation, reported as a compatibility problem by ft inspect.
+  void unsupported(std::string p) { unsupported_.push_back(std::move(p)); }
+  const std::vector<std::string>& unsupported_list() const { return unsupported_; }
 
   // Throws one error naming the file and listing every problem.
   void throw_if_any() const {
@@ -93,11 +99,240 @@ class ConfigReader {
   const json& j_;
   std::string file_;
   std::vector<std::string> problems_;
+  std::vector<std::string> unsupported_;
 };
+
+// One RoPE description as one of the two formats states it, with where each value was found.
+struct RopeSpec {
+  std::string type = "default";
+  double theta = 10000.0;  // LlamaConfig's default when the file has none
+  std::optional<double> factor, low_freq_factor, high_freq_factor;
+  std::optional<int> original_max;
+  std::string type_at, theta_at;  // config.json key paths; empty: absent (the default applies)
+};
+
+std::string fmt_number(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+
+// The keys a rope mapping may hold for the types ft implements; any other key would change the
+// math in some transformers release (attention_factor, beta_fast, partial_rotary_factor, ...),
+// so it is refused rather than skipped.
+bool known_rope_key(const std::string& k) {
+  for (const char* name : {"rope_type", "type", "rope_theta", "factor", "low_freq_factor",
+                           "high_freq_factor", "original_max_position_embeddings"})
+    if (k == name) return true;
+  return false;
+}
+
+// Reads the rope mapping `m`, found at config.json key `where` (rope_parameters or
+// rope_scaling), into `spec`. theta_allowed: transformers 5's rope_parameters holds rope_theta;
+// 4.x's rope_scaling does not (it sat at the top level).
+void read_rope_mapping(ConfigReader& c, const json& m, const std::string& where, RopeSpec& spec,
+                       bool theta_allowed) {
+  if (!m.is_object()) {
+    c.problem(where + " must be a mapping such as {\"rope_type\": \"llama3\", \"factor\": 8.0}, "
+              "got " + m.dump());
+    return;
+  }
+  // transformers 5 also allows one mapping per attention kind ({"full_attention": {...}});
+  // Llama has one kind of attention, so such a file is from another architecture.
+  for (const auto& [k, v] : m.items()) {
+    if (v.is_object()) {
+      c.problem(where + " holds per-layer-type mappings (\"" + k +
+                "\"); Llama uses one RoPE for every layer");
+      return;
+    }
+  }
+  const bool has_new = m.contains("rope_type") && !m["rope_type"].is_null();
+  const bool has_old = m.contains("type") && !m["type"].is_null();
+  const json* type = has_new ? &m["rope_type"] : has_old ? &m["type"] : nullptr;
+  if (has_new && has_old && m["rope_type"] != m["type"]) {
+    c.problem(where + ".rope_type " + m["rope_type"].dump() + " and " + where + ".type " +
+              m["type"].dump() + " disagree");
+  }
+  if (type) {
+    if (!type->is_string()) {
+      c.problem(where + "." + (has_new ? "rope_type" : "type") + " must be a string, got " +
+                type->dump());
+    } else {
+      spec.type = type->get<std::string>();
+      spec.type_at = where + "." + (has_new ? "rope_type" : "type");
+    }
+  }
+  auto number = [&](const char* key) -> std::optional<double> {
+    if (!m.contains(key) || m[key].is_null()) return std::nullopt;
+    const json& v = m[key];
+    if (!v.is_number() || !(v.get<double>() > 0)) {
+      c.problem(where + "." + key + " must be a number > 0, got " + v.dump());
+      return std::nullopt;
+    }
+    return v.get<double>();
+  };
+  if (auto t = number("rope_theta")) {
+    if (theta_allowed) {
+      spec.theta = *t;
+      spec.theta_at = where + ".rope_theta";
+    } else {
+      // transformers 4 reads only the top-level rope_theta; a value here is ignored there and
+      // read by 5, so the two would train different models.
+      c.problem(where + ".rope_theta is set; transformers 4 reads rope_theta only at the top "
+                "level and 5 only in rope_parameters: move it to one of those");
+    }
+  }
+  spec.factor = number("factor");
+  spec.low_freq_factor = number("low_freq_factor");
+  spec.high_freq_factor = number("high_freq_factor");
+  if (auto o = number("original_max_position_embeddings")) {
+    if (*o != std::floor(*o) || *o > INT_MAX)
+      c.problem(where + ".original_max_position_embeddings must be a whole number, got " +
+                m["original_max_position_embeddings"].dump());
+    else
+      spec.original_max = int(*o);
+  }
+  // Keys the implemented types do not read. transformers ignores some of them too, but which
+  // ones changes between releases, so the file is refused rather than half read. Not checked
+  // for an unimplemented type: that type is refused by name below.
+  if (is_rope_type(spec.type)) {
+    for (const auto& [k, v] : m.items()) {
+      if (k == "partial_rotary_factor" && v.is_number() && v.get<double>() == 1.0) continue;
+      if (!known_rope_key(k) && !v.is_null())
+        c.unsupported(where + "." + k + " = " + v.dump() + " is not implemented by ft's " +
+                      spec.type + " RoPE");
+    }
+  }
+}
+
+// RoPE from either format: transformers ≥ 5 writes rope_parameters {rope_type, rope_theta,
+// factor, ...}; 4.x wrote a top-level rope_theta and rope_scaling {rope_type (before 4.43:
+// "type"), factor, ...} (null without scaling). A file with both must say the same in both,
+// since the two transformers generations would each read one of them.
+void read_rope(ConfigReader& c, const json& j, ModelConfig& m, HfConfigOrigins& origins) {
+  const bool has_v5 = j.contains("rope_parameters") && !j["rope_parameters"].is_null();
+  const bool has_theta = j.contains("rope_theta") && !j["rope_theta"].is_null();
+  const bool has_scaling = j.contains("rope_scaling") && !j["rope_scaling"].is_null();
+  RopeSpec v5, v4;
+  if (has_v5) read_rope_mapping(c, j["rope_parameters"], "rope_parameters", v5, true);
+  if (has_theta) {
+    v4.theta = c.positive_number("rope_theta", 10000.0);
+    v4.theta_at = "rope_theta";
+  }
+  if (has_scaling) read_rope_mapping(c, j["rope_scaling"], "rope_scaling", v4, false);
+
+  // Both formats in one file: read as transformers 5 reads it (rope_scaling, when present,
+  // replaces rope_parameters; a top-level rope_theta fills a rope_parameters without one), and
+  // refused where 4 would read something else, naming both places.
+  if (has_v5 && has_theta && v5.theta_at.empty()) {
+    v5.theta = v4.theta;
+    v5.theta_at = v4.theta_at;
+  }
+  auto differ = [&](const std::string& what, const std::string& a_at, const std::string& a,
+                    const std::string& b_at, const std::string& b) {
+    if (a == b) return;
+    c.problem((a_at.empty() ? "rope_parameters has no " + what + " (" + a + ")"
+                            : a_at + " = " + a) +
+              " but " +
+              (b_at.empty() ? "rope_scaling has no " + what + " (" + b + ")" : b_at + " = " + b) +
+              "; transformers 5 and 4 would read different RoPE: make them agree");
+  };
+  if (has_v5 && has_theta && v5.theta_at != v4.theta_at)
+    differ("rope_theta", v5.theta_at, fmt_number(v5.theta), v4.theta_at, fmt_number(v4.theta));
+  if (has_v5 && has_scaling) {
+    auto opt = [](const auto& o) { return o ? fmt_number(double(*o)) : std::string("unset"); };
+    auto at = [](bool set, const char* where, const char* key) {
+      return set ? std::string(where) + "." + key : std::string();
+    };
+    differ("rope_type", v5.type_at, v5.type, v4.type_at, v4.type);
+    differ("factor", at(bool(v5.factor), "rope_parameters", "factor"), opt(v5.factor),
+           at(bool(v4.factor), "rope_scaling", "factor"), opt(v4.factor));
+    differ("low_freq_factor", at(bool(v5.low_freq_factor), "rope_parameters", "low_freq_factor"),
+           opt(v5.low_freq_factor),
+           at(bool(v4.low_freq_factor), "rope_scaling", "low_freq_factor"),
+           opt(v4.low_freq_factor));
+    differ("high_freq_factor",
+           at(bool(v5.high_freq_factor), "rope_parameters", "high_freq_factor"),
+           opt(v5.high_freq_factor),
+           at(bool(v4.high_freq_factor), "rope_scaling", "high_freq_factor"),
+           opt(v4.high_freq_factor));
+    differ("original_max_position_embeddings",
+           at(bool(v5.original_max), "rope_parameters", "original_max_position_embeddings"),
+           opt(v5.original_max),
+           at(bool(v4.original_max), "rope_scaling", "original_max_position_embeddings"),
+           opt(v4.original_max));
+  }
+  RopeSpec& r = has_v5 ? v5 : v4;
+  const std::string where = has_v5 ? "rope_parameters" : "rope_scaling";
+  // transformers 5 lets a top-level original_max_position_embeddings (Phi-3 style) override the
+  // mapping's for llama3; 4 reads only the mapping. Agreeing or filling a gap is fine.
+  if (j.contains("original_max_position_embeddings") &&
+      !j["original_max_position_embeddings"].is_null() && r.type == "llama3") {
+    const json& top = j["original_max_position_embeddings"];
+    if (!top.is_number_integer() || top.get<int64_t>() < 1 || top.get<int64_t>() > INT_MAX) {
+      c.problem("original_max_position_embeddings must be a positive integer, got " + top.dump());
+    } else if (!r.original_max) {
+      r.original_max = int(top.get<int64_t>());
+    } else if (*r.original_max != top.get<int64_t>()) {
+      c.problem("original_max_position_embeddings = " + top.dump() + " but " + where +
+                ".original_max_position_embeddings = " + std::to_string(*r.original_max) +
+                "; transformers 5 and 4 would read different RoPE: make them agree");
+    }
+  }
+  m.rope_theta = r.theta;
+  origins["model.rope_theta"] = r.theta_at;
+  origins["model.rope_type"] = r.type_at;
+  if (!is_rope_type(r.type)) {
+    std::string list;
+    for (const std::string& t : rope_types()) list += (list.empty() ? "" : ", ") + t;
+    m.rope_type = r.type;  // so that ft inspect shows what the file asks for
+    c.unsupported("rope type \"" + r.type + "\" (" + r.type_at +
+                  ") is not implemented; ft implements " + list);
+    return;
+  }
+  m.rope_type = r.type;
+  // What each type needs, as transformers' rope_config_validation requires it.
+  auto need = [&](const auto& v, const char* key) {
+    if (!v) c.problem(where + "." + key + " is required by rope type \"" + r.type + "\"");
+    return bool(v);
+  };
+  // A factor the type does not use (factor with default, low_freq_factor with linear) is
+  // ignored here as transformers ignores it: both compute the same RoPE.
+  if (r.type == "linear" || r.type == "llama3") {
+    if (need(r.factor, "factor")) m.rope_factor = *r.factor;
+    origins["model.rope_factor"] = where + ".factor";
+  }
+  if (r.type == "llama3") {
+    const bool lo = need(r.low_freq_factor, "low_freq_factor");
+    const bool hi = need(r.high_freq_factor, "high_freq_factor");
+    if (need(r.original_max, "original_max_position_embeddings"))
+      m.rope_original_max_seq_len = *r.original_max;
+    if (lo) m.rope_low_freq_factor = *r.low_freq_factor;
+    if (hi) m.rope_high_freq_factor = *r.high_freq_factor;
+    if (lo && hi && !(*r.low_freq_factor < *r.high_freq_factor))
+      c.problem(where + ".low_freq_factor " + fmt_number(*r.low_freq_factor) +
+                " must be below high_freq_factor " + fmt_number(*r.high_freq_factor) +
+                " (the smooth band between them would be empty or reversed)");
+    origins["model.rope_low_freq_factor"] = where + ".low_freq_factor";
+    origins["model.rope_high_freq_factor"] = where + ".high_freq_factor";
+    origins["model.rope_original_max_seq_len"] = where + ".original_max_position_embeddings";
+  }
+}
 
 }  // namespace
 
 ModelConfig read_hf_config(const std::string& dir) {
+  HfConfigRead r = read_hf_config_located(dir);
+  if (!r.unsupported.empty()) {
+    std::string msg = (std::filesystem::path(dir) / "config.json").string() + ": ";
+    for (size_t i = 0; i < r.unsupported.size(); ++i) msg += (i ? "; " : "") + r.unsupported[i];
+    throw UsageError(msg);
+  }
+  return r.model;
+}
+
+HfConfigRead read_hf_config_located(const std::string& dir) {
   const std::string file = (std::filesystem::path(dir) / "config.json").string();
   std::ifstream in(file);
   if (!in) {
@@ -108,7 +343,9 @@ ModelConfig read_hf_config(const std::string& dir) {
   json j;
   try {
     j = json::parse(in);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error for bad syntax; out_of_range for a number beyond a double (1e999), which
+    // would otherwise escape as an exception no caller expects.
     throw UsageError(file + ": not valid JSON (" + e.what() + ")");
   }
   if (!j.is_object()) throw UsageError(file + ": expected a JSON object at the top level");
@@ -141,14 +378,18 @@ ModelConfig read_hf_config(const std::string& dir) {
   m.ffn_dim = c.positive_int("intermediate_size");
   m.vocab_size = c.positive_int("vocab_size");
   m.max_seq_len = c.positive_int("max_position_embeddings");
-  m.rope_theta = c.positive_number("rope_theta", 10000.0);  // absent before transformers 4.31
   m.norm_eps = c.positive_number("rms_norm_eps", std::nullopt);
   m.tie_embeddings = c.boolean_or("tie_word_embeddings", false);
 
+  HfConfigRead out;
+  read_rope(c, j, m, out.origins);
+  // transformers rotates only head_dim · partial_rotary_factor channels; ft rotates all.
+  if (j.contains("partial_rotary_factor") && !j["partial_rotary_factor"].is_null() &&
+      j["partial_rotary_factor"] != 1.0)
+    c.unsupported("partial_rotary_factor " + j["partial_rotary_factor"].dump() +
+                  " is not implemented (ft rotates every channel of a head)");
+
   // Features of LlamaConfig the model code does not implement: refuse, never ignore.
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    c.problem("rope_scaling " + j["rope_scaling"].dump() + " is not implemented yet");
-  }
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     if (j.contains(key) && j[key] == true) {
       c.problem(std::string(key) + " is true; ft's Llama has no biases");
@@ -162,8 +403,24 @@ ModelConfig read_hf_config(const std::string& dir) {
     c.problem("head_dim " + j["head_dim"].dump() +
               " differs from hidden_size / num_attention_heads; not implemented");
   }
+  // A theta or factor that fits a double but not the fp32 table would rotate by inf or NaN.
+  if (m.n_heads > 0 && m.dim % m.n_heads == 0)
+    if (std::string p = rope_table_problem(m, m.dim / m.n_heads); !p.empty()) c.problem(p);
+  // ft has no dropout (DESIGN.md §5): trained without it, with one line saying so, since
+  // fine-tuning usually turns dropout off anyway and a refusal would send people to edit a
+  // downloaded config.json.
+  if (j.contains("attention_dropout") && !j["attention_dropout"].is_null()) {
+    const json& d = j["attention_dropout"];
+    if (!d.is_number() || d.get<double>() < 0 || d.get<double>() >= 1)
+      c.problem("attention_dropout must be a number in [0, 1), got " + d.dump());
+    else if (d.get<double>() > 0)
+      out.warnings.push_back(file + ": attention_dropout is " + d.dump() +
+                             "; ft has no dropout and trains this model without it");
+  }
   c.throw_if_any();
-  return m;
+  out.model = m;
+  out.unsupported = c.unsupported_list();
+  return out;
 }
 
 }  // namespace ft

@@ -204,8 +204,19 @@ void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string&
   j["head_dim"] = m.dim / m.n_heads;
   j["vocab_size"] = m.vocab_size;
   j["max_position_embeddings"] = m.max_seq_len;
+  // RoPE in both formats, saying the same: transformers 4 reads rope_theta and rope_scaling, 5
+  // reads rope_parameters (and read_hf_config refuses a file where they differ).
   j["rope_theta"] = m.rope_theta;
-  j["rope_scaling"] = nullptr;
+  ordered_json rope = {{"rope_type", m.rope_type}};
+  if (m.rope_type != "default") rope["factor"] = m.rope_factor;
+  if (m.rope_type == "llama3") {
+    rope["low_freq_factor"] = m.rope_low_freq_factor;
+    rope["high_freq_factor"] = m.rope_high_freq_factor;
+    rope["original_max_position_embeddings"] = m.rope_original_max_seq_len;
+  }
+  j["rope_scaling"] = m.rope_type == "default" ? ordered_json(nullptr) : rope;
+  rope["rope_theta"] = m.rope_theta;
+  j["rope_parameters"] = rope;
   j["rms_norm_eps"] = m.norm_eps;
   j["tie_word_embeddings"] = m.tie_embeddings;
   j["hidden_act"] = "silu";

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "kernels/kernels.h"
+#include "model/rope.h"
 
 namespace ft {
 namespace k = kernels;
@@ -60,6 +61,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_chec
       V_(cfg.vocab_size / tp_),
       v_begin_(tp_rank_ * V_),
       layout_(cfg, tp_),
+      rope_inv_freq_(rope_inv_freq(cfg, layout_.head_dim())),
       stage_(stage) {
   if (stage_.last_layer < 0) stage_.last_layer = cfg.n_layers;
   FT_CHECK(0 <= stage_.first_layer && stage_.first_layer <= stage_.last_layer &&
@@ -222,8 +224,8 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   k::linear_forward(la.q.data(), la.ln1.data(), w + o.wq, N, C, H * D);
   k::linear_forward(la.kk.data(), la.ln1.data(), w + o.wk, N, C, K * D);
   k::linear_forward(la.v.data(), la.ln1.data(), w + o.wv, N, C, K * D);
-  k::rope_forward(la.q.data(), B, T, H, D, float(cfg_.rope_theta));
-  k::rope_forward(la.kk.data(), B, T, K, D, float(cfg_.rope_theta));
+  k::rope_forward(la.q.data(), rope_inv_freq_.data(), B, T, H, D);
+  k::rope_forward(la.kk.data(), rope_inv_freq_.data(), B, T, K, D);
   k::attention_forward(la.att.data(), la.probs.data(), la.q.data(), la.kk.data(), la.v.data(), B,
                        T, H, K, D);
   std::memcpy(la.mid.data(), x, sizeof(float) * size_t(N) * C);
@@ -270,8 +272,8 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   k::linear_backward(a.datt.data(), dw + o.wo, dy, la.att.data(), w + o.wo, N, H * D, C);
   k::attention_backward(a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), la.probs.data(),
                         la.q.data(), la.kk.data(), la.v.data(), a.dscores.data(), B, T, H, K, D);
-  k::rope_backward(a.dq.data(), B, T, H, D, float(cfg_.rope_theta));
-  k::rope_backward(a.dk.data(), B, T, K, D, float(cfg_.rope_theta));
+  k::rope_backward(a.dq.data(), rope_inv_freq_.data(), B, T, H, D);
+  k::rope_backward(a.dk.data(), rope_inv_freq_.data(), B, T, K, D);
   k::linear_backward(a.dtmp.data(), dw + o.wq, a.dq.data(), la.ln1.data(), w + o.wq, N, C, H * D);
   k::linear_backward(a.dtmp.data(), dw + o.wk, a.dk.data(), la.ln1.data(), w + o.wk, N, C, K * D, true);
   k::linear_backward(a.dtmp.data(), dw + o.wv, a.dv.data(), la.ln1.data(), w + o.wv, N, C, K * D, true);

@@ -101,6 +101,9 @@ class LlamaModel {
   int H_, K_, F_, V_;  // this tensor rank's query heads, kv heads, ffn columns, vocabulary rows
   int v_begin_ = 0;    // first vocabulary row of this rank's shard
   ParamLayout layout_;
+  // (D/2) RoPE inverse frequencies of cfg_'s rope type (model/rope.h); a host table, read by the
+  // kernels when they build their cos/sin tables.
+  std::vector<float> rope_inv_freq_;
   std::vector<Buffer<float>> params_, grads_;
   StageSpec stage_;
   std::vector<std::unique_ptr<Acts>> slots_;

@@ -43,6 +43,9 @@
 #include "ckpt/hf.h"
 #include "core/error.h"
 #include "core/utf8.h"
+#include "data/shard.h"
+#include "data/tokenizer.h"
+#include "model/rope.h"
 
 namespace ft {
 namespace {
@@ -194,6 +197,18 @@ const std::vector<KeySpec>& schema() {
                {.range = at_least(1), .hf_name = "max_position_embeddings"}),
         FT_KEY(model, rope_theta, kFloat, "RoPE base",
                {.range = above(0), .hf_name = "rope_theta"}),
+        // The RoPE scaling of transformers' rope_parameters (model/rope.h has the formulas).
+        FT_KEY(model, rope_type, kChoice, "RoPE scaling: default (none), linear or llama3",
+               {.choices = {"default", "linear", "llama3"}, .hf_name = "rope_type"}),
+        FT_KEY(model, rope_factor, kFloat, "linear, llama3: how much the context is stretched",
+               {.range = above(0), .hf_name = "factor"}),
+        FT_KEY(model, rope_low_freq_factor, kFloat, "llama3: low_freq_factor",
+               {.range = above(0), .hf_name = "low_freq_factor"}),
+        FT_KEY(model, rope_high_freq_factor, kFloat, "llama3: high_freq_factor",
+               {.range = above(0), .hf_name = "high_freq_factor"}),
+        FT_KEY(model, rope_original_max_seq_len, kInt,
+               "llama3: context length of pretraining (original_max_position_embeddings)",
+               {.range = at_least(1), .hf_name = "original_max_position_embeddings"}),
         FT_KEY(model, norm_eps, kFloat, "RMSNorm epsilon",
                {.range = above(0), .hf_name = "rms_norm_eps"}),
         FT_KEY(model, tie_embeddings, kBool, "share the embedding and output matrices",
@@ -454,7 +469,7 @@ class Loader {
     convert_settings();
     // An unreadable file has no keys to check further; reporting every required key as missing
     // would bury the one real problem.
-    if (!file_ok) return {std::move(r_), std::move(issues_)};
+    if (!file_ok) return {std::move(r_), std::move(issues_), {}};
     derive_defaults();
     take_model_from();
     check_paths();
@@ -462,7 +477,7 @@ class Loader {
     if (refuse_unbuilt_) check_unbuilt();
     check_cross_rules();
     sort_issues();
-    return {std::move(r_), std::move(issues_)};
+    return {std::move(r_), std::move(issues_), std::move(warnings_)};
   }
 
  private:
@@ -858,28 +873,74 @@ class Loader {
   void take_model_from() {
     if (r_.model.from.empty() || !usable("model.from")) return;
     if (!std::filesystem::is_directory(r_.model.from)) return;  // reported by check_paths
-    ModelConfig hf;
+    HfConfigRead hf;
     try {
-      hf = read_hf_config(r_.model.from);
+      hf = read_hf_config_located(r_.model.from);
     } catch (const Error& e) {
       issue(locate("model.from"), "model.from", e.what(),
             "point model.from at a Hugging Face LlamaForCausalLM folder");
       return;
     }
-    Recipe from_hf = r_;
-    from_hf.model = hf;
     const std::string config = (std::filesystem::path(r_.model.from) / "config.json").string();
+    for (const std::string& u : hf.unsupported) {
+      issue(locate("model.from"), "model.from", config + ": " + u,
+            "ft cannot train this model as transformers would; use a checkpoint without it");
+    }
+    warnings_.insert(warnings_.end(), hf.warnings.begin(), hf.warnings.end());
+    check_weight_files();
+    Recipe from_hf = r_;
+    from_hf.model = hf.model;
     for (const KeySpec& k : schema()) {
       if (k.hf_name.empty()) continue;
       const Value theirs = k.get(from_hf);
       if (is_set(k.path) && usable(k.path) && k.get(r_) != theirs) {
         issue(locate(k.path), k.path,
-              k.path + " = " + format_value(k.get(r_)) + " but " + config + " has " + k.hf_name +
-                  " " + format_value(theirs),
+              k.path + " = " + format_value(k.get(r_)) + " but " + config + " " +
+                  hf_says(k, hf, format_value(theirs)),
               "remove " + k.path + " or make it match");
       }
       k.set(r_, theirs);
     }
+  }
+
+  // ft reads safetensors only (ckpt/hf.cpp). Only their presence is checked here, so that
+  // validate refuses what train would: the headers are read when the weights load.
+  void check_weight_files() {
+    namespace fs = std::filesystem;
+    const fs::path dir = r_.model.from;
+    std::error_code ec;
+    if (fs::is_regular_file(dir / "model.safetensors", ec) ||
+        fs::is_regular_file(dir / "model.safetensors.index.json", ec))
+      return;
+    std::string others;  // weights in formats ft does not read
+    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+      const std::string ext = e.path().extension().string();
+      if (ext == ".bin" || ext == ".pth" || ext == ".pt" || ext == ".safetensors" ||
+          e.path().filename() == "pytorch_model.bin.index.json")
+        others += (others.empty() ? "" : ", ") + e.path().filename().string();
+    }
+    issue(locate("model.from"), "model.from",
+          r_.model.from + " has no model.safetensors or model.safetensors.index.json" +
+              (others.empty() ? "" : " (it holds " + others + ")"),
+          others.empty()
+              ? "point model.from at the folder that holds the weights"
+              : "ft reads safetensors only: convert the weights, e.g. in Python "
+                "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(OUT)");
+  }
+
+  // What config.json says about key k, quoting the place it was read from: "has hidden_size
+  // 256", "has rope_parameters.rope_theta = 500000", "has no rope_theta (transformers' default
+  // 10000)". For a RoPE factor the file's rope type does not have: "uses rope type X, which
+  // has no factor".
+  static std::string hf_says(const KeySpec& k, const HfConfigRead& hf, const std::string& value) {
+    const auto it = hf.origins.find(k.path);
+    if (it == hf.origins.end()) {
+      if (k.path.rfind("model.rope_", 0) == 0)
+        return "uses rope type " + hf.model.rope_type + ", which has no " + k.hf_name;
+      return "has " + k.hf_name + " " + value;
+    }
+    if (it->second.empty()) return "has no " + k.hf_name + " (transformers' default " + value + ")";
+    return "has " + it->second + " = " + value;
   }
 
   // Stage 5a: paths that must exist now. Relative paths are resolved against the current
@@ -984,7 +1045,112 @@ class Loader {
             "evaluation is on but data.valid is not set",
             "set data.valid to a shard folder, or training.eval_every_steps: 0");
     }
+    check_rope();
+    check_vocabulary();
     check_layout();
+  }
+
+  // Token ids must be rows of the embedding. ft train refuses shards whose vocab_size attribute
+  // exceeds model.vocab_size (every id of a shard is below its attribute, data/shard.cpp), so
+  // validate checks the same here from the first shard's attributes, without reading tokens;
+  // and a tokenizer with more pieces than the model has rows would produce such ids.
+  void check_vocabulary() {
+    if (!usable("model.vocab_size")) return;
+    const int64_t V = r_.model.vocab_size;
+    const std::string source = r_.model.from.empty()
+                                   ? std::string()
+                                   : " (vocab_size in " + r_.model.from + "/config.json)";
+    for (const char* key : {"data.train", "data.valid"}) {
+      const KeySpec& k = *find_key(key);
+      const std::string dir = std::get<std::string>(k.get(r_));
+      std::error_code ec;
+      if (dir.empty() || !usable(key) || !std::filesystem::is_directory(dir, ec)) continue;
+      std::vector<std::string> files;
+      try {
+        files = list_shard_files(dir);
+      } catch (const Error&) {
+        continue;  // no shards yet: the loader names the folder when training starts
+      }
+      ShardInfo info;
+      try {
+        info = read_shard_info(files.front());
+      } catch (const Error& e) {
+        issue(locate(key), key, e.what(), "re-create the shards with ft tokenize");
+        continue;
+      }
+      if (info.attrs.vocab_size > V) {
+        issue(locate("model.vocab_size"), "model.vocab_size",
+              "model.vocab_size " + std::to_string(V) + source + " is smaller than vocab_size " +
+                  std::to_string(info.attrs.vocab_size) + " of the shards in " + dir + " (" +
+                  files.front() + ")",
+              "tokenize " + std::string(key) + " with the model's tokenizer, or use a model "
+              "whose vocabulary covers it");
+      }
+    }
+    // tokenizer.path is also used as opaque bytes (its hash must match the shards'), so a file
+    // SentencePiece cannot load is left to that check.
+    if (!r_.tokenizer.path.empty() && usable("tokenizer.path")) {
+      std::error_code ec;
+      if (!std::filesystem::is_regular_file(r_.tokenizer.path, ec)) return;
+      int64_t pieces = 0;
+      try {
+        pieces = Tokenizer(r_.tokenizer.path).vocab_size();
+      } catch (const Error&) {
+        return;
+      }
+      if (pieces > V) {
+        issue(locate("model.vocab_size"), "model.vocab_size",
+              "model.vocab_size " + std::to_string(V) + source + " is smaller than the " +
+                  std::to_string(pieces) + " pieces of tokenizer " + r_.tokenizer.path,
+              "use the model's own tokenizer, or a model whose vocabulary covers it");
+      }
+    }
+  }
+
+  // RoPE scaling written in the recipe (with model.from, read_hf_config has checked the file's
+  // and any recipe key that disagrees is already an issue). Each type needs its factors, as
+  // transformers' rope validation requires them; a factor the type does not use is refused when
+  // it is not the neutral default, since the recipe then asks for a scaling it would not get.
+  void check_rope() {
+    const ModelConfig& m = r_.model;
+    if (!m.from.empty() || !usable("model.rope_type")) return;
+    const std::string& type = m.rope_type;
+    const Recipe defaults;
+    struct Factor {
+      const char* path;
+      bool used;
+    };
+    const bool llama3 = type == "llama3";
+    for (Factor f : {Factor{"model.rope_factor", type != "default"},
+                     Factor{"model.rope_low_freq_factor", llama3},
+                     Factor{"model.rope_high_freq_factor", llama3},
+                     Factor{"model.rope_original_max_seq_len", llama3}}) {
+      const KeySpec& k = *find_key(f.path);
+      if (!usable(f.path)) continue;
+      if (f.used && !is_set(f.path)) {
+        issue(locate(f.path), f.path, "is required when model.rope_type is " + type,
+              "set it to the model's " + k.hf_name + " (in config.json's rope_parameters or "
+              "rope_scaling)");
+      } else if (!f.used && is_set(f.path) && k.get(r_) != k.get(defaults)) {
+        issue(locate(f.path), f.path,
+              "is set but model.rope_type " + type + " does not use it",
+              "set model.rope_type to the scaling it belongs to, or remove " + std::string(f.path));
+      }
+    }
+    if (all_usable({"model.rope_theta", "model.rope_factor", "model.dim", "model.n_heads"}) &&
+        m.n_heads > 0 && m.dim % m.n_heads == 0) {
+      if (std::string p = rope_table_problem(m, m.dim / m.n_heads); !p.empty())
+        issue(locate("model.rope_theta"), "model.rope_theta", p,
+              "Llama models use rope_theta between 1e4 and 1e6 and factors between 1 and 64");
+    }
+    if (llama3 && all_usable({"model.rope_low_freq_factor", "model.rope_high_freq_factor"}) &&
+        !(m.rope_low_freq_factor < m.rope_high_freq_factor)) {
+      issue(locate("model.rope_high_freq_factor"), "model.rope_high_freq_factor",
+            "model.rope_low_freq_factor " + format_double(m.rope_low_freq_factor) +
+                " must be below model.rope_high_freq_factor " +
+                format_double(m.rope_high_freq_factor),
+            "llama3 blends the frequencies between the two; Llama 3.1 uses 1 and 4");
+    }
   }
 
   // World = data × pipeline × tensor (DESIGN.md §3). world_size <= 0 means "not known yet"
@@ -1061,6 +1227,7 @@ class Loader {
   bool refuse_unbuilt_;
   Recipe r_;
   std::vector<RecipeIssue> issues_;
+  std::vector<std::string> warnings_;
   std::map<std::string, Origin> sections_;   // section name → where its header is
   std::map<std::string, Setting> settings_;  // "section.key" → as written (file or override)
   std::set<std::string> bad_;                // keys (and sections) that already have an issue
@@ -1084,8 +1251,10 @@ RecipeResult load_recipe(const std::string& path, const std::vector<std::string>
 }
 
 Recipe load_recipe_or_throw(const std::string& path, const std::vector<std::string>& overrides,
-                            int world_size, bool refuse_unbuilt) {
+                            int world_size, bool refuse_unbuilt,
+                            std::vector<std::string>* warnings) {
   RecipeResult res = load_recipe(path, overrides, world_size, refuse_unbuilt);
+  if (warnings) *warnings = res.warnings;
   if (res.ok()) return std::move(res.recipe);
   std::string msg;
   for (const RecipeIssue& i : res.issues) msg += i.format() + "\n";

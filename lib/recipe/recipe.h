@@ -25,6 +25,16 @@ struct ModelConfig {
   int vocab_size = 32000;
   int max_seq_len = 2048;
   double rope_theta = 10000.0;
+  // RoPE frequency scaling, as transformers' rope_parameters / rope_scaling: "default" (none),
+  // "linear" (every inverse frequency / rope_factor) or "llama3" (Llama 3.1: long wavelengths /
+  // rope_factor, short ones kept, a smooth blend between; see model/rope.h). The factors are
+  // only read by the types that use them; the defaults below are neutral (linear with factor 1
+  // is no scaling) so that a resolved recipe written with them reads back unchanged.
+  std::string rope_type = "default";
+  double rope_factor = 1.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int rope_original_max_seq_len = 8192;  // HF: original_max_position_embeddings
   double norm_eps = 1e-5;
   bool tie_embeddings = false;
   double init_std = 0.02;  // std of the seeded random initialisation (without model.from)
@@ -127,6 +137,9 @@ struct RecipeIssue {
 struct RecipeResult {
   Recipe recipe;
   std::vector<RecipeIssue> issues;
+  // What the recipe runs but not exactly as written, one line each (model.from's
+  // attention_dropout > 0: trained without dropout). Commands print them; not an error.
+  std::vector<std::string> warnings;
   bool ok() const { return issues.empty(); }
 };
 // refuse_unbuilt: also refuse what the recipe format allows but this build cannot run yet
@@ -135,8 +148,10 @@ RecipeResult load_recipe(const std::string& path, const std::vector<std::string>
                          int world_size = 1, bool refuse_unbuilt = true);
 
 // Throws ft::UsageError listing every issue, one per line, if the recipe is not valid.
+// warnings, when given, receives RecipeResult::warnings (also when it throws).
 Recipe load_recipe_or_throw(const std::string& path, const std::vector<std::string>& overrides,
-                            int world_size = 1, bool refuse_unbuilt = true);
+                            int world_size = 1, bool refuse_unbuilt = true,
+                            std::vector<std::string>* warnings = nullptr);
 
 // The resolved recipe as YAML (all keys, defaults filled), for printing and for saving
 // into run.output_dir.

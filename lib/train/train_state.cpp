@@ -101,6 +101,14 @@ json manifest_base(const Recipe& r, const Mesh& mesh, const std::string& tokeniz
                 {"vocab_size", c.vocab_size}, {"max_seq_len", c.max_seq_len},
                 {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps},
                 {"tie_embeddings", c.tie_embeddings}};
+  // RoPE scaling: written only when there is some, so a default-RoPE manifest is byte for byte
+  // what older builds wrote, and a manifest without the key reads as default (checkpoint.cpp).
+  if (c.rope_type != "default")
+    j["model"]["rope_scaling"] = {{"rope_type", c.rope_type},
+                                  {"factor", c.rope_factor},
+                                  {"low_freq_factor", c.rope_low_freq_factor},
+                                  {"high_freq_factor", c.rope_high_freq_factor},
+                                  {"original_max_seq_len", c.rope_original_max_seq_len}};
   json tensors = json::array();
   const ParamLayout whole(c, 1);
   for (size_t g = 0; g < whole.groups().size(); ++g)
@@ -148,6 +156,20 @@ void check_same_model(const ckpt::Manifest& m, const Recipe& r) {
   cmp("ffn_dim", a.ffn_dim, b.ffn_dim);
   cmp("vocab_size", a.vocab_size, b.vocab_size);
   cmp("tie_embeddings", a.tie_embeddings, b.tie_embeddings);
+  // RoPE changes what every layer computes: a run resumed with other frequencies would go on
+  // training a different model from the saved weights.
+  cmp("rope_theta", a.rope_theta, b.rope_theta);
+  if (a.rope_type != b.rope_type)
+    diff += detail::concat(diff.empty() ? "" : ", ", "model.rope_type ", a.rope_type,
+                           " in the checkpoint, ", b.rope_type, " in the recipe");
+  if (a.rope_type == b.rope_type && a.rope_type != "default") {
+    cmp("rope_factor", a.rope_factor, b.rope_factor);
+    if (a.rope_type == "llama3") {
+      cmp("rope_low_freq_factor", a.rope_low_freq_factor, b.rope_low_freq_factor);
+      cmp("rope_high_freq_factor", a.rope_high_freq_factor, b.rope_high_freq_factor);
+      cmp("rope_original_max_seq_len", a.rope_original_max_seq_len, b.rope_original_max_seq_len);
+    }
+  }
   if (!diff.empty())
     throw UsageError(m.dir + " holds another model: " + diff +
                      "; resume with the recipe that saved it, point checkpoint.dir elsewhere, or "

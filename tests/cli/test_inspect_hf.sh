@@ -174,10 +174,32 @@ cp -r "$T/bf16" "$T/untie"
 import json, sys
 p = sys.argv[1] + '/config.json'
 c = json.load(open(p)); c['tie_word_embeddings'] = True; json.dump(c, open(p, 'w'))" "$T/untie"
+# Its lm_head.weight has the embedding's shape but other values: refused with the largest
+# difference (ft would train one matrix for both).
 inspect 1 "$T/untie"
-has_out "unexpected: lm_head.weight"
-has_out "hint: the checkpoint has its own lm_head.weight but tie_embeddings is on"
+has_out "compatible with ft: no"
+has_out "tensor 'lm_head.weight' in '$T/untie/model.safetensors' differs from 'model.embed_tokens.weight' in "
+has_out "max |difference| "
+has_out "set tie_word_embeddings to false in config.json"
 echo "ok: lm_head against tie_word_embeddings"
+
+# A tied model that also stores lm_head.weight equal to the embedding (here F32 beside a BF16
+# embedding: equal after conversion) loads as transformers loads it; counted once.
+cp -r "$T/tied" "$T/tied_copy"
+"$PY" - "$T/tied_copy" "$SRC/tests/ref" <<'EOF2'
+import sys
+sys.path.insert(0, sys.argv[2])
+import llama_ref as ref
+p = sys.argv[1] + "/model.safetensors"
+t = ref.read_safetensors(p)
+t["lm_head.weight"] = t["model.embed_tokens.weight"].clone()
+ref.write_safetensors(p, t)
+EOF2
+inspect 0 "$T/tied_copy"
+has_out "($(cat "$T/tied.params"))"
+has_out "note: lm_head.weight equals model.embed_tokens.weight (tied embeddings); ft loads it once"
+has_out "compatible with ft: yes"
+echo "ok: tied lm_head copy"
 
 # A config ft's model cannot run: 4 query heads over 3 KV heads.
 cp -r "$T/tied" "$T/gqa"
@@ -188,6 +210,39 @@ c = json.load(open(p)); c['num_key_value_heads'] = 3; json.dump(c, open(p, 'w'))
 inspect 1 "$T/gqa"
 has_out "config.json: num_attention_heads 2 is not divisible by num_key_value_heads 3"
 echo "ok: config sizes"
+
+# ---- RoPE as config.json states it -----------------------------------------------------------
+# transformers 5: rope_parameters only, llama3 with theta 500000.
+cp -r "$T/bf16" "$T/llama3"
+"$PY" -c "
+import json, sys
+p = sys.argv[1] + '/config.json'
+c = json.load(open(p)); del c['rope_theta']
+c['rope_parameters'] = {'rope_type': 'llama3', 'rope_theta': 500000.0, 'factor': 8.0,
+                        'low_freq_factor': 1.0, 'high_freq_factor': 4.0,
+                        'original_max_position_embeddings': 8192}
+c['attention_dropout'] = 0.1
+json.dump(c, open(p, 'w'))" "$T/llama3"
+inspect 0 "$T/llama3"
+has_out "max_seq_len 128, rope_theta 500000, rope llama3 (factor 8, low/high frequency factors 1/4, original max positions 8192), untied embeddings"
+has_out "warning: $T/llama3/config.json: attention_dropout is 0.1; ft has no dropout and trains this model without it"
+has_out "compatible with ft: yes"
+echo "ok: llama3 rope_parameters"
+
+# A rope type ft does not implement: the summary, then not compatible with the reason.
+cp -r "$T/bf16" "$T/yarn"
+"$PY" -c "
+import json, sys
+p = sys.argv[1] + '/config.json'
+c = json.load(open(p))
+c['rope_scaling'] = {'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 32}
+json.dump(c, open(p, 'w'))" "$T/yarn"
+inspect 1 "$T/yarn"
+has_out "rope_theta 500000, rope yarn, untied"
+has_out "compatible with ft: no"
+has_out "config.json: rope type \"yarn\" (rope_scaling.rope_type) is not implemented; ft implements default, linear, llama3"
+has_err "$T/yarn: not usable by ft as model.from"
+echo "ok: yarn not compatible"
 
 # ---- malformed files: an error naming the file, exit 1 -------------------------------------
 cp -r "$T/tied" "$T/garbage"

@@ -6,6 +6,7 @@ set -euo pipefail
 
 BUILD_DIR=${1:?usage: test_validate.sh BUILD_DIR SOURCE_DIR}
 FT="$(cd "$BUILD_DIR" && pwd)/ft"  # absolute: the test runs in a scratch directory
+SRC="$(cd "${2:?usage: test_validate.sh BUILD_DIR SOURCE_DIR}" && pwd)"
 [[ -x "$FT" ]] || { echo "FAIL: $FT is not an executable" >&2; exit 1; }
 
 WORK=$(mktemp -d)
@@ -126,6 +127,7 @@ cat >hf/config.json <<'EOF'
  "intermediate_size": 344, "vocab_size": 300, "max_position_embeddings": 256,
  "rms_norm_eps": 1e-06}
 EOF
+touch hf/model.safetensors  # validation checks that the weights are there, not their contents
 printf 'model:\n  from: hf\ndata:\n  train: shards\n  seq_len: 64\n' >from.yaml
 run_ft 0 validate from.yaml
 expect_out "dim: 128"
@@ -136,5 +138,87 @@ expect_err "<command line>: model.dim: model.dim = 512 but hf/config.json has hi
 
 # 7. A recipe file that does not exist is a usage error too.
 run_ft 2 validate no_such_recipe.yaml
+
+# 8. RoPE as transformers 5 writes it (rope_parameters); the recipe's rope_theta error quotes it.
+SIZES='"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+ "intermediate_size": 344, "vocab_size": 300, "max_position_embeddings": 256, "rms_norm_eps": 1e-06'
+hf_folder() {  # hf_folder DIR EXTRA_JSON: a config.json and an (empty) model.safetensors
+  mkdir -p "$1"
+  printf '{%s, %s}\n' "$SIZES" "$2" >"$1/config.json"
+  touch "$1/model.safetensors"
+}
+from_recipe() { printf 'model:\n  from: %s\ndata:\n  train: %s\n  seq_len: 64\n' "$1" "${2:-shards}"; }
+hf_folder v5 '"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+ "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}'
+from_recipe v5 >v5.yaml
+run_ft 0 validate v5.yaml
+expect_out "rope_theta: 500000"
+expect_out "rope_type: llama3"
+expect_out "rope_factor: 8"
+expect_out "rope_original_max_seq_len: 8192"
+run_ft 2 validate v5.yaml model.rope_theta=10000
+expect_err "model.rope_theta: model.rope_theta = 10000 but v5/config.json has rope_parameters.rope_theta = 500000"
+# The resolved recipe of a llama3 model is itself a valid recipe.
+run_ft 0 validate v5.yaml
+grep -v '^# resolved from' out.txt >v5_resolved.yaml
+run_ft 0 validate v5_resolved.yaml
+expect_out "rope_type: llama3"
+# Both formats that disagree: refused naming both places.
+hf_folder both '"rope_theta": 10000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}'
+from_recipe both >both.yaml
+run_ft 2 validate both.yaml
+expect_err "rope_parameters.rope_theta = 500000 but rope_theta = 10000"
+echo "ok: rope formats"
+
+# 9. Rope types ft does not implement are refused by name, before any work.
+hf_folder yarn '"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}'
+from_recipe yarn >yarn.yaml
+run_ft 2 validate yarn.yaml
+expect_err 'rope type "yarn" (rope_scaling.rope_type) is not implemented; ft implements default, linear, llama3'
+echo "ok: yarn refused"
+
+# 10. attention_dropout > 0: trained without dropout, said in one line; still valid.
+hf_folder dropout '"attention_dropout": 0.1'
+from_recipe dropout >dropout.yaml
+run_ft 0 validate dropout.yaml
+expect_err "warning: dropout/config.json: attention_dropout is 0.1; ft has no dropout and trains this model without it"
+[[ $(grep -c attention_dropout err.txt) -eq 1 ]] || fail "the dropout warning is not one line"
+echo "ok: attention_dropout warning"
+
+# 11. What ft train refuses about model.from, ft validate refuses too, with exit code 2:
+# PyTorch .bin weights only ...
+mkdir bin
+cp hf/config.json bin/
+touch bin/pytorch_model.bin
+from_recipe bin >bin.yaml
+run_ft 2 validate bin.yaml
+expect_err "model.from: bin has no model.safetensors or model.safetensors.index.json (it holds pytorch_model.bin)"
+# ... shards tokenized with a larger vocabulary than the model's (their vocab_size attribute) ...
+PY=/usr/bin/python3  # Debian's, with h5py and sentencepiece (DESIGN.md §9)
+mkdir big_shards
+"$PY" - "$SRC/tests/ref" <<'PYEOF'
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import llama_ref as ref
+ref.write_shard("big_shards/shard_00000.h5", np.arange(200) % 290, 400)
+import sentencepiece as spm
+words = [f"w{i}x{i * 7 % 13}" for i in range(3000)]
+open("corpus.txt", "w").write("\n".join(" ".join(words[i:i + 12]) for i in range(0, 3000, 12)))
+spm.SentencePieceTrainer.train(input="corpus.txt", model_prefix="tok", vocab_size=320,
+                               model_type="bpe", minloglevel=2)
+PYEOF
+from_recipe hf big_shards >big.yaml
+run_ft 2 validate big.yaml
+expect_err "model.vocab_size 300 (vocab_size in hf/config.json) is smaller than vocab_size 400 of the shards in big_shards (big_shards/shard_00000.h5)"
+# ... and a tokenizer with more pieces than the model has rows (also without model.from).
+printf 'tokenizer:\n  path: tok.model\n' >>from.yaml
+run_ft 2 validate from.yaml
+expect_err "model.vocab_size 300 (vocab_size in hf/config.json) is smaller than the 320 pieces of tokenizer tok.model"
+run_ft 2 validate good.yaml tokenizer.path=tok.model
+expect_err "model.vocab_size 256 is smaller than the 320 pieces of tokenizer tok.model"
+run_ft 0 validate good.yaml tokenizer.path=tok.model model.vocab_size=320
+echo "ok: model.from refusals"
 
 echo "test_validate: OK"

@@ -12,23 +12,79 @@ import torch
 
 
 class Config:
+    """rope_scaling: None, or transformers' mapping without rope_theta, e.g. {"rope_type":
+    "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192}. rope_format: how config.json states RoPE, "v4"
+    (top-level rope_theta and rope_scaling, as transformers 4 writes it) or "v5" (rope_parameters
+    with rope_theta inside, as transformers 5 writes it)."""
+
     def __init__(self, dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size,
-                 max_seq_len=64, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False):
+                 max_seq_len=64, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False,
+                 rope_scaling=None, rope_format="v4"):
         self.dim, self.n_layers, self.n_heads, self.n_kv_heads = dim, n_layers, n_heads, n_kv_heads
         self.ffn_dim, self.vocab_size, self.max_seq_len = ffn_dim, vocab_size, max_seq_len
         self.rope_theta, self.norm_eps, self.tie_embeddings = rope_theta, norm_eps, tie_embeddings
+        self.rope_scaling, self.rope_format = rope_scaling, rope_format
         self.head_dim = dim // n_heads
 
     def hf_json(self):
-        return {
+        j = {
             "architectures": ["LlamaForCausalLM"], "model_type": "llama",
             "hidden_size": self.dim, "num_hidden_layers": self.n_layers,
             "num_attention_heads": self.n_heads, "num_key_value_heads": self.n_kv_heads,
             "intermediate_size": self.ffn_dim, "vocab_size": self.vocab_size,
-            "max_position_embeddings": self.max_seq_len, "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_seq_len,
             "rms_norm_eps": self.norm_eps, "tie_word_embeddings": self.tie_embeddings,
             "hidden_act": "silu", "torch_dtype": "float32",
         }
+        if self.rope_format == "v5":
+            j["rope_parameters"] = dict(self.rope_scaling or {"rope_type": "default"},
+                                        rope_theta=self.rope_theta)
+        else:
+            j["rope_theta"] = self.rope_theta
+            if self.rope_scaling:
+                j["rope_scaling"] = dict(self.rope_scaling)
+        return j
+
+
+def rope_inv_freq(cfg):
+    """(D/2) inverse frequencies, transformers' formulas written out in the same torch ops:
+    _compute_default_rope_parameters, then _compute_linear_scaling_rope_parameters or
+    _compute_llama3_parameters (modeling_rope_utils.py)."""
+    D, base = cfg.head_dim, cfg.rope_theta
+    inv_freq = 1.0 / (base ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+    s = cfg.rope_scaling or {}
+    rope_type = s.get("rope_type", s.get("type", "default"))
+    if rope_type == "default":
+        return inv_freq
+    factor = s["factor"]
+    if rope_type == "linear":
+        return inv_freq / factor
+    assert rope_type == "llama3", rope_type
+    low_freq_factor, high_freq_factor = s["low_freq_factor"], s["high_freq_factor"]
+    old_context_len = s["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    # longer than low_freq_wavelen: divided by factor; shorter than high_freq_wavelen: kept
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor -
+                                                                     low_freq_factor)
+    smoothed = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed, inv_freq_llama)
+
+
+def rope_bands(cfg):
+    """For llama3: how many frequencies fall in each band (kept, blended, divided)."""
+    s = cfg.rope_scaling
+    D, base = cfg.head_dim, cfg.rope_theta
+    inv_freq = 1.0 / (base ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+    wavelen = 2 * math.pi / inv_freq
+    old = s["original_max_position_embeddings"]
+    high = int((wavelen < old / s["high_freq_factor"]).sum())
+    low = int((wavelen > old / s["low_freq_factor"]).sum())
+    return high, len(inv_freq) - high - low, low
 
 
 def rms_norm(x, w, eps):
@@ -79,8 +135,9 @@ class Llama:
         cfg, P = self.cfg, self.p
         B, T = ids.shape
         D, H, K = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2).float() / D))
-        freqs = torch.outer(torch.arange(T).float(), inv_freq)
+        inv_freq = rope_inv_freq(cfg)
+        # as LlamaRotaryEmbedding: inv_freq (D/2, 1) @ positions (1, T) in fp32
+        freqs = (inv_freq[:, None] @ torch.arange(T).float()[None, :]).T
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos(), emb.sin()  # (T, D)
         mask = torch.full((T, T), float("-inf")).triu(1)

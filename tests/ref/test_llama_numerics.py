@@ -3,7 +3,12 @@
 
 1. Loss and every parameter gradient of one global batch (two micro-batches accumulated,
    token-weighted) for several shapes: GQA with untied embeddings; head_dim not a power of two
-   with one layer; seq_len 1; tied embeddings loaded from bf16; a loss mask.
+   with one layer; seq_len 1; tied embeddings loaded from bf16; a loss mask. RoPE scaling
+   (rope_cases): llama3 with frequencies in each of its three bands, linear (stated with the
+   old "type" key), and transformers 5's rope_parameters with theta 500000, default and llama3;
+   each asserted to be far from the loss of the RoPE ft would compute if it ignored the scaling
+   or the theta. The reference computes inv_freq with transformers' formulas in the same fp32
+   torch ops, so the same tolerances hold.
    Tolerances (fp32 on both sides, different summation orders): loss relative error <= 1e-5;
    each gradient tensor max|g_ft - g_pt| / max|g_pt| <= 1e-4.
 2. The epoch permutation: llama_ref.sample_order, a Python transcription of ft's (Feistel
@@ -79,7 +84,11 @@ def make_data(tmp, name, vocab, n_tokens_per_shard, n_shards, seed, with_mask=Fa
     return d, shards
 
 
-def grad_case(tmp, label, cfg, T, micro, glob, weights_dtype="F32", with_mask=False):
+def grad_case(tmp, label, cfg, T, micro, glob, weights_dtype="F32", with_mask=False,
+              differs_from=()):
+    """differs_from: other configs (same sizes, other RoPE) whose loss on the same weights and
+    batch must differ from cfg's by far more than the tolerance, so that the case would fail
+    if ft computed that RoPE instead of cfg's."""
     case = os.path.join(tmp, label)
     os.makedirs(case)
     model = ref.Llama(cfg, seed=sum(map(ord, label)))
@@ -111,6 +120,16 @@ def grad_case(tmp, label, cfg, T, micro, glob, weights_dtype="F32", with_mask=Fa
         total += loss.item()
     rel = abs(got["loss"].item() - total) / abs(total)
     check(rel <= 1e-5, f"{label}: loss ft {got['loss'].item():.8f} torch {total:.8f} rel {rel:.2e}")
+    for other in differs_from:
+        alt = ref.Llama(other, seed=sum(map(ord, label)))
+        for k, v in model.p.items():
+            alt.p[k].data.copy_(v.data)
+        with torch.no_grad():
+            alt_loss = (alt.loss_sum(ids, tgt, msk) / count).item()
+        gap = abs(alt_loss - total) / abs(total)
+        check(gap > 1e-3, f"{label}: the loss with {other.rope_scaling or 'no'} scaling, "
+                          f"theta {other.rope_theta} ({alt_loss:.6f}) is {gap:.1e} away, "
+                          "beyond tolerance")
     worst = (0.0, "")
     for name, p in model.named().items():
         g_ft = got.get(name)
@@ -122,6 +141,36 @@ def grad_case(tmp, label, cfg, T, micro, glob, weights_dtype="F32", with_mask=Fa
         if err > 1e-4:
             check(False, f"{label}: gradient {name} max-norm rel error {err:.2e}")
     check(worst[0] <= 1e-4, f"{label}: all {len(model.p)} gradients, worst {worst[1]} {worst[0]:.2e}")
+
+
+def rope_cases(tmp):
+    """RoPE scaling as Llama checkpoints state it. head_dim 16, theta 10000: wavelengths
+    2π/inv_freq are 6.3, 19.9, 62.8, 199, ... so with llama3's original max positions 64 and low/high
+    frequency factors 1/4 (band edges 64 and 16) the first frequency is kept, the next two are
+    blended and the other five divided by the factor (asserted). T = 40 reaches angles where the
+    three rope types give visibly different losses (asserted through differs_from)."""
+    sizes = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=101)
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    linear = {"type": "linear", "factor": 4.0}  # the key before transformers 4.43
+    plain = ref.Config(**sizes)
+    c_llama3 = ref.Config(**sizes, rope_scaling=llama3)
+    c_linear = ref.Config(**sizes, rope_scaling=linear)
+    bands = ref.rope_bands(c_llama3)
+    check(all(b > 0 for b in bands), f"rope: llama3 bands kept/blended/divided = {bands}")
+    grad_case(tmp, "rope_llama3", c_llama3, T=40, micro=2, glob=4, differs_from=(plain, c_linear))
+    grad_case(tmp, "rope_linear_v4_type", c_linear, T=40, micro=2, glob=4, differs_from=(plain,))
+    # transformers 5's format: everything inside rope_parameters, theta 500000 (the value that
+    # ft once ignored, training with 10000 instead).
+    c5 = ref.Config(**sizes, rope_theta=500000.0, rope_format="v5",
+                    rope_scaling=dict(llama3, factor=32.0))
+    check(all(b > 0 for b in ref.rope_bands(c5)), f"rope: v5 llama3 bands {ref.rope_bands(c5)}")
+    grad_case(tmp, "rope_llama3_v5_theta500000", c5, T=40, micro=2, glob=4,
+              differs_from=(ref.Config(**sizes, rope_scaling=dict(llama3, factor=32.0)),
+                            ref.Config(**sizes, rope_theta=500000.0)))
+    grad_case(tmp, "rope_default_v5_theta500000",
+              ref.Config(**sizes, rope_theta=500000.0, rope_format="v5"), T=40, micro=2, glob=4,
+              differs_from=(plain,))
 
 
 def sample_order_case():
@@ -266,6 +315,7 @@ def main():
                   T=9, micro=2, glob=2, weights_dtype="BF16")
         grad_case(tmp, "loss_mask", ref.Config(32, 2, 2, 1, 48, 31), T=12, micro=2, glob=4,
                   with_mask=True)
+        rope_cases(tmp)
         sample_order_case()
         training_case(tmp, "train20", shuffle=False, seed=1)
         training_case(tmp, "train20_shuffle", shuffle=True, seed=20240611)

@@ -161,6 +161,8 @@ std::vector<TensorSpec> without(std::vector<TensorSpec> t, const std::string& na
   return t;
 }
 
+void write_config(const std::string& dir, const ft::ModelConfig& c);  // with the summary tests
+
 }  // namespace
 
 TEST_CASE("hf import: single BF16 file, rotary inv_freq ignored") {
@@ -308,9 +310,57 @@ TEST_CASE("hf import: tied embeddings") {
     ft::load_hf_weights(dir.path, tied, buf.ptrs);
     check_loaded(tied, buf, no_head);
   }
-  SUBCASE("tied layout, checkpoint with its own lm_head: error with a hint") {
+  SUBCASE("tied layout, checkpoint with an lm_head equal to the embedding: loads") {
+    // As transformers saves a tied model converted from an untied one: the same matrix twice,
+    // here in another dtype (F32 head, BF16 embedding: equal after conversion).
+    auto same = no_head;
+    for (const auto& t : no_head) {
+      if (t.name != "model.embed_tokens.weight") continue;
+      auto head = t;
+      head.name = "lm_head.weight";
+      head.dtype = ft::DType::kF32;
+      for (float& v : head.values) v = stored(ft::DType::kBF16, v);
+      same.push_back(head);
+    }
+    REQUIRE(same.size() == no_head.size() + 1);
+    TempDir dir;
+    write_file(dir.file("model.safetensors"), same);
+    Buffers buf(tied);
+    ft::load_hf_weights(dir.path, tied, buf.ptrs);
+    check_loaded(tied, buf, no_head);
+    write_config(dir.path, tiny_config(true));
+    const ft::HfFolderSummary s = ft::summarize_hf_folder(dir.path);
+    CHECK(s.check.tied_copy == "lm_head.weight");
+    CHECK(s.compatible());
+    size_t expected = 0;
+    for (const auto& t : no_head) expected += t.values.size();
+    CHECK(s.parameters == expected);  // the copy is not counted twice
+  }
+  SUBCASE("tied layout, checkpoint with its own, different lm_head: refused, max difference") {
     TempDir dir;
     write_file(dir.file("model.safetensors"), with_head);
+    Buffers buf(tied);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, tied, buf.ptrs),
+                         has("tensor 'lm_head.weight' in '" + dir.file("model.safetensors") +
+                             "' differs from 'model.embed_tokens.weight' in "),
+                         ft::Error);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, tied, buf.ptrs),
+                         has("max |difference| "), ft::Error);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, tied, buf.ptrs),
+                         has("set tie_word_embeddings to false"), ft::Error);
+    CHECK(buf.untouched());
+    write_config(dir.path, tiny_config(true));
+    const ft::HfFolderSummary s = ft::summarize_hf_folder(dir.path);  // ft inspect agrees
+    CHECK_FALSE(s.compatible());
+    REQUIRE(s.check.bad_tensors.size() == 1);
+    CHECK(s.check.bad_tensors[0].find("differs from 'model.embed_tokens.weight'") !=
+          std::string::npos);
+  }
+  SUBCASE("tied layout, lm_head of another shape: unexpected, with a hint") {
+    auto other = no_head;
+    other.push_back({"lm_head.weight", ft::DType::kF32, {3, 8}, std::vector<float>(24, 0.5f)});
+    TempDir dir;
+    write_file(dir.file("model.safetensors"), other);
     Buffers buf(tied);
     CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, tied, buf.ptrs),
                          has("unexpected 1 tensor(s): lm_head.weight"), ft::Error);
@@ -529,10 +579,14 @@ TEST_CASE("hf summary: mismatches are listed, not thrown, with load_hf_weights' 
   const ft::HfFolderSummary s = ft::summarize_hf_folder(dir.path);
   CHECK_FALSE(s.compatible());
   CHECK(s.check.missing == std::vector<std::string>{"model.layers.1.mlp.up_proj.weight"});
-  CHECK(s.check.unexpected == std::vector<std::string>{"lm_head.weight",
-                                                       "model.layers.0.self_attn.q_proj.bias",
+  // lm_head.weight has the embedding's shape: a tied copy, refused because its values differ.
+  CHECK(s.check.unexpected == std::vector<std::string>{"model.layers.0.self_attn.q_proj.bias",
                                                        "model.layers.7"});
-  REQUIRE(s.check.bad_tensors.size() == 2);
+  CHECK(s.check.tied_copy == "lm_head.weight");
+  REQUIRE(s.check.bad_tensors.size() == 3);
+  CHECK(doctest::String(s.check.bad_tensors[2].c_str()) ==
+        has("tensor 'lm_head.weight' in '" + dir.file("model.safetensors") +
+            "' differs from 'model.embed_tokens.weight'"));
   CHECK(s.check.bad_tensors[0] == "tensor 'model.layers.0.self_attn.k_proj.weight' in '" +
                                       dir.file("model.safetensors") +
                                       "' has shape [2, 16], expected [4, 8] (does config.json "
@@ -540,7 +594,7 @@ TEST_CASE("hf summary: mismatches are listed, not thrown, with load_hf_weights' 
   CHECK(doctest::String(s.check.bad_tensors[1].c_str()) ==
         has("'model.layers.1.input_layernorm.weight'"));
   CHECK(doctest::String(s.check.bad_tensors[1].c_str()) == has("has dtype I32"));
-  CHECK(doctest::String(s.check.hints.front().c_str()) == has("tie_embeddings is on"));
+  CHECK(doctest::String(s.check.hints.front().c_str()) == has("LlamaForCausalLM checkpoint"));
   // The extra layer-0 tensor sits after layer 0's expected ones; the unplaceable one at the end.
   const auto names = names_of(s);
   const auto at = [&](const std::string& n) {

@@ -103,9 +103,16 @@ TEST_CASE("rmsnorm backward matches finite differences and accumulates dw") {
 TEST_CASE("rope: backward is the inverse rotation; positions start at 0") {
   const int B = 2, T = 5, nh = 3, D = 10;
   auto x = randn(size_t(B) * T * nh * D, 8), y = x;
-  k::rope_forward(y.data(), B, T, nh, D, 10000.f);
+  std::vector<float> inv_freq(D / 2);
+  for (int i = 0; i < D / 2; ++i) inv_freq[i] = 1.0f / std::pow(10000.f, float(2 * i) / D);
+  k::rope_forward(y.data(), inv_freq.data(), B, T, nh, D);
   for (int i = 0; i < nh * D; ++i) CHECK(y[i] == x[i]);  // t = 0 is the identity
-  k::rope_backward(y.data(), B, T, nh, D, 10000.f);
+  // t = 1, head 0, pair 1: turned by exactly inv_freq[1] radians.
+  const float* x1 = x.data() + nh * D;
+  const float c = std::cos(inv_freq[1]), s = std::sin(inv_freq[1]);
+  CHECK(y[nh * D + 1] == doctest::Approx(x1[1] * c - x1[1 + D / 2] * s).epsilon(1e-6));
+  CHECK(y[nh * D + 1 + D / 2] == doctest::Approx(x1[1 + D / 2] * c + x1[1] * s).epsilon(1e-6));
+  k::rope_backward(y.data(), inv_freq.data(), B, T, nh, D);
   for (size_t i = 0; i < x.size(); ++i) CHECK(y[i] == doctest::Approx(x[i]).epsilon(1e-5));
 }
 

@@ -642,6 +642,7 @@ TEST_CASE("recipe: recipe_to_yaml round-trips every key") {
 TEST_CASE("recipe: model.from takes sizes from config.json") {
   Scratch s;
   const std::string hf = s.write("hf/config.json", hf_config_json());
+  s.write("hf/model.safetensors", "");  // only its presence is checked at validation
   const std::string hf_dir = (s.dir / "hf").string();
   const std::string yaml =
       "model:\n"  // 1
@@ -687,6 +688,18 @@ TEST_CASE("recipe: model.from takes sizes from config.json") {
           "model.n_kv_heads = 4 but " + hf + " has num_key_value_heads 2");
     CHECK(contains(issue_for(r, "model.tie_embeddings").message, "tie_word_embeddings true"));
     CHECK(r.issues.size() == 2);
+  }
+  SUBCASE("weights ft cannot read: refused at validation, as train would") {
+    s.write("bin/config.json", hf_config_json());
+    s.write("bin/pytorch_model.bin", "");
+    const RecipeResult r = s.load("model:\n  from: " + (s.dir / "bin").string() +
+                                  "\ndata: {train: " + s.shards + "}\n");
+    const RecipeIssue i = issue_for(r, "model.from");
+    CHECK(i.message == (s.dir / "bin").string() +
+                           " has no model.safetensors or model.safetensors.index.json (it holds "
+                           "pytorch_model.bin)");
+    CHECK(contains(i.hint, "ft reads safetensors only"));
+    CHECK(r.issues.size() == 1);
   }
   SUBCASE("rules across keys see the sizes from config.json") {
     // max_position_embeddings is 512 in the file.
