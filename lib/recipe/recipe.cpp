@@ -250,6 +250,9 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(runtime, device, kChoice, "auto: CUDA when present, else CPU",
                {.choices = {"auto", "cpu", "cuda"}}),
         FT_KEY(runtime, threads, kInt, "CPU threads; 0: all cores", non_negative),
+        FT_KEY(runtime, collective_timeout_s, kFloat,
+               "end the job (exit 3) when a step's collective waits this long; 0: never",
+               non_negative),
     };
     return t;
   }();

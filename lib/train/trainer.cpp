@@ -161,6 +161,14 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   const int micro = r.training.micro_batch_size;
   const int T = r.data.seq_len;
   install_stop_handlers();
+  // The collective watchdog (communicator.h): a step's collectives get
+  // runtime.collective_timeout_s; start-up and checkpoint saves, where one rank may be busy
+  // alone for long (loading a large model, writing its shard), get six times that, at least 1 h.
+  {
+    const double t = r.runtime.collective_timeout_s;
+    set_collective_watch({t, t > 0 ? std::max(3600.0, 6 * t) : 0.0});
+    set_watch_step(0, "start-up");
+  }
 
   // Which checkpoint to resume from, decided before any work (`--resume never` on a folder
   // that holds checkpoints is refused here).
@@ -431,6 +439,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   }
   for (int64_t s = start_step; s < r.training.steps; ++s) {
     const auto t_step = Clock::now();
+    set_watch_step(s + 1, "reading the batch");
     StepSamples batch = loader.next();
     // Test support: FT_TEST_FAIL_RANK=r fails world rank r at step 2, to test that the other
     // ranks are stopped rather than left waiting in a collective.
@@ -450,18 +459,22 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
 
     double count = 0;
     for (uint8_t m : batch.mask) count += m;
+    set_watch_step(s + 1, "counting target tokens");
     data_comm.all_reduce_sum(&count, 1);  // tensor ranks hold the same samples
     const float scale = count > 0 ? float(1.0 / count) : 0.0f;
     if (count == 0 && is_root)
       log_warn("step ", s, ": every target of the global batch is masked out (loss_mask); the "
                "loss is reported as 0 and only weight decay changes the parameters");
 
+    set_watch_step(s + 1, "forward/backward");
     zero.begin_step();
     double loss_sum = pipeline.train_step(batch, micro, scale);
     if (pipe_comm) pipe_comm->all_reduce_sum(&loss_sum, 1);  // the loss is on the last stage
     data_comm.all_reduce_sum(&loss_sum, 1);  // the same on every tensor rank
+    set_watch_step(s + 1, "gradient reduction");
     zero.finish_backward();
     zero.reduce_shared_groups();
+    set_watch_step(s + 1, "grad norm and optimizer");
 
     // clip_grad_norm_ semantics over every gradient of the model, whichever rank holds it.
     const double grad_norm = std::sqrt(zero.grad_sum_squares());
@@ -506,6 +519,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       progress.step(rep);
     }
     if (do_eval && ((s + 1) % r.training.eval_every_steps == 0 || last)) {
+      set_watch_step(s + 1, "evaluation");
       const double eval_loss = evaluate(pipeline, pipe_comm, *eval_loader, r);
       if (is_root) {
         metrics.write({{"step", s}, {"eval_loss", eval_loss}});
@@ -516,6 +530,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     // Checkpoints and stop signals. One all-reduce over the world: any rank's stop signal, and
     // rank 0's clock for checkpoint.every_minutes, so every rank decides alike.
     const int64_t done = s + 1;
+    set_watch_step(s + 1, "stop and checkpoint flags");
     float flags[2] = {stop_signal() != 0 ? 1.0f : 0.0f, 0.0f};
     if (is_root && r.checkpoint.every_minutes > 0 &&
         seconds_since(t_last_save) >= r.checkpoint.every_minutes * 60.0)
@@ -524,7 +539,14 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     const bool stop = flags[0] > 0 && !last;
     const bool due = ckpt_on && ((r.checkpoint.every_steps > 0 && done % r.checkpoint.every_steps == 0) ||
                                  flags[1] > 0 || last);
-    if (due || stop) save(done, s);
+    if (due || stop) {
+      // A save can take one rank much longer than the others (a slow disk, rank 0's manifest):
+      // the ranks meet here, under the long allowance, rather than in the next step's first
+      // collective under the step timeout.
+      set_watch_step(s + 1, "checkpoint save", /*long_wait=*/true);
+      save(done, s);
+      comm.barrier();
+    }
     if (auto c = writer.poll()) report_commit(s, *c);
     if (stop) {
       writer.wait();  // this rank's shard durable; on rank 0, the checkpoint committed
@@ -539,6 +561,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       break;
     }
   }
+  set_watch_step(0, "end of run");
   // A run that trained no steps (training.steps 0: a checkpoint of the initial or imported
   // weights) still leaves its checkpoint.
   if (ckpt_on && !sum.preempted && last_saved < 0 && start_step >= r.training.steps)
