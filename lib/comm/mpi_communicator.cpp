@@ -272,23 +272,23 @@ StatusReply my_status() {
   return r;
 }
 
-// Answers every pending status request. Returns true if there was one: another rank is then
-// diagnosing a hang and will end the job, so this one need not report it a second time.
-bool answer_status_requests() {
-  bool any = false;
+// Answers every pending status request. Returns the lowest rank that asked (g_dog.size: none):
+// that rank is diagnosing a hang and will end the job, so this one need not report it again.
+int answer_status_requests() {
+  int lowest = g_dog.size;
   for (;;) {
     int flag = 0;
     MPI_Status st;
     if (MPI_Iprobe(MPI_ANY_SOURCE, kStatusRequestTag, g_dog.status, &flag, &st) != MPI_SUCCESS ||
         !flag)
-      return any;
+      return lowest;
     int ignored = 0;
     MPI_Recv(&ignored, 1, MPI_INT, st.MPI_SOURCE, kStatusRequestTag, g_dog.status,
              MPI_STATUS_IGNORE);
     // Small enough to go eagerly: returns at once, whatever the requester does next.
     const StatusReply r = my_status();
     MPI_Send(&r, sizeof r, MPI_BYTE, st.MPI_SOURCE, kStatusReplyTag, g_dog.status);
-    any = true;
+    lowest = std::min(lowest, st.MPI_SOURCE);
   }
 }
 
@@ -315,6 +315,7 @@ void stop_honouring_stop_signals() {
   std::vector<bool> answered(size_t(n), false);
   const auto t0 = Clock::now();
   int missing = n - 1;
+  int lowest_reporter = n;
   while (missing > 0 && seconds_since(t0) < kGraceS) {
     for (int r = 0; r < n; ++r) {
       if (r == g_dog.rank || answered[size_t(r)]) continue;
@@ -324,8 +325,18 @@ void stop_honouring_stop_signals() {
         --missing;
       }
     }
-    answer_status_requests();  // another rank may be diagnosing at the same time
+    // Another rank may be diagnosing the same hang at the same time.
+    lowest_reporter = std::min(lowest_reporter, answer_status_requests());
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // Of the ranks that timed out together, the lowest reports: one message, not one per rank.
+  // The others wait for it to end the job, and report themselves only if it does not.
+  if (lowest_reporter < g_dog.rank) {
+    const auto t1 = Clock::now();
+    while (seconds_since(t1) < 2 * kGraceS + 5) {
+      answer_status_requests();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
   const StatusReply me = my_status();
   RankStatus self;
@@ -389,7 +400,7 @@ void MpiCommunicator::wait(MPI_Request* reqs, int n, const char* op, int peer) {
     if (waited >= next_poll_s) {
       // Someone else asked: it reports and ends the job; give it time to, rather than racing
       // it with a second report of the same hang.
-      if (answer_status_requests()) {
+      if (answer_status_requests() < g_dog.size) {
         deadline_s = std::max(deadline_s, waited + 2 * kGraceS + 5);
         stop_honouring_stop_signals();
       }
