@@ -2,6 +2,7 @@
 # The collective watchdog (DESIGN.md §4, runtime.collective_timeout_s): a rank that stops
 # answering ends the job with exit code 3 and a message that names the step, the collective
 # and the silent rank, instead of hanging forever.
+#  - The key defaults to 600 s; a negative value is a recipe error (exit 2) naming it.
 #  - `--nproc 4 parallel.tensor=2` (data 2 x tensor 2), timeout 5 s: `kill -STOP` of rank 2
 #    mid-run. The job ends with code 3 no sooner than 5 s and within 20 s of the stop; one
 #    message names the step, a collective "... made no progress for 5.0 s", and "rank 2 did not
@@ -40,6 +41,14 @@ optimizer: {lr: 0.01}
 logging: {every_steps: 1}
 runtime: {threads: 1, collective_timeout_s: 5}
 YAML
+
+# The key: 600 s by default (as NCCL and PyTorch), never negative (exit 2, naming the key).
+"$ft" validate "$tmp/r.yaml" runtime.collective_timeout_s=-1 > "$tmp/neg.log" 2>&1 && fail "a negative timeout was accepted"
+[[ $? == 2 ]] && grep -q 'runtime.collective_timeout_s: -1 is out of range' "$tmp/neg.log" ||
+  fail "a negative timeout: not a recipe error naming the key: $(cat "$tmp/neg.log")"
+sed 's/, collective_timeout_s: 5//' "$tmp/r.yaml" > "$tmp/default.yaml"
+grep -q '^  collective_timeout_s: 600 ' <("$ft" validate "$tmp/default.yaml") ||
+  fail "the default is not 600 s: $("$ft" validate "$tmp/default.yaml" | grep -A3 '^runtime')"
 
 # Starts the job in the background, waits until rank RANK runs and rank 0 has logged a step.
 # Sets job, victim, out.
