@@ -292,20 +292,48 @@ int answer_status_requests() {
   }
 }
 
-// The job is ending: a stop signal (mpirun sends SIGTERM to every rank as it aborts the job) can
-// no longer be turned into a checkpoint, so it must not print that it will be; let it just end
-// the process.
+// While a hang is being reported the job is about to end: a stop signal (mpirun sends SIGTERM
+// to every rank as it aborts the job) can no longer become a checkpoint, so the trainer's handler
+// must not announce one; the default action just ends the process. Restored if the wait
+// completes after all (a slow rank, not a hung one).
+struct sigaction g_saved_term, g_saved_usr1;
+bool g_stop_signals_off = false;
 void stop_honouring_stop_signals() {
-  std::signal(SIGTERM, SIG_DFL);
-  std::signal(SIGUSR1, SIG_DFL);
+  if (g_stop_signals_off) return;
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGTERM, &dfl, &g_saved_term);
+  sigaction(SIGUSR1, &dfl, &g_saved_usr1);
+  g_stop_signals_off = true;
+}
+void restore_stop_signals() {
+  if (!g_stop_signals_off) return;
+  sigaction(SIGTERM, &g_saved_term, nullptr);
+  sigaction(SIGUSR1, &g_saved_usr1, nullptr);
+  g_stop_signals_off = false;
 }
 
-[[noreturn]] void report_hang_and_abort(double timeout_s, double waited_s) {
-  stop_honouring_stop_signals();
+// Withdraws the status requests of a report that was not needed: a late answer must not land
+// in buffers that are gone.
+void withdraw(std::vector<MPI_Request>& recvs, std::vector<MPI_Request>& sends) {
+  for (MPI_Request& r : recvs) {
+    if (r == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(&r);
+    MPI_Wait(&r, MPI_STATUS_IGNORE);
+  }
+  for (MPI_Request& r : sends)
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+}
+
+// Past the deadline of the wait on `reqs`: asks every rank where it is, then reports and ends
+// the job. Returns only if the wait completed meanwhile (the slow rank arrived during the grace
+// period): then it was slow, not hung, and training goes on after a warning.
+void report_hang_or_resume(MPI_Request* reqs, int nreqs, double timeout_s, double waited_s) {
   const int n = g_dog.size;
   std::vector<StatusReply> replies(static_cast<size_t>(n));
   std::vector<MPI_Request> recvs(size_t(n), MPI_REQUEST_NULL), sends(size_t(n), MPI_REQUEST_NULL);
-  int request = 0;
+  static int request = 0;  // the sends may outlive this call (withdraw frees their requests)
   for (int r = 0; r < n; ++r) {
     if (r == g_dog.rank) continue;
     MPI_Irecv(&replies[size_t(r)], sizeof(StatusReply), MPI_BYTE, r, kStatusReplyTag,
@@ -316,7 +344,21 @@ void stop_honouring_stop_signals() {
   const auto t0 = Clock::now();
   int missing = n - 1;
   int lowest_reporter = n;
+  int done = 0;
+  auto resumed = [&] {
+    if (MPI_Testall(nreqs, reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS || !done) return false;
+    withdraw(recvs, sends);
+    char took[64];
+    std::snprintf(took, sizeof took, "%.1f s, more than runtime.collective_timeout_s = %g s",
+                  seconds_since(g_dog.since), timeout_s);
+    log_warn(detail::concat(
+        "step ", watch_step().step, " (", watch_step().phase, "): ",
+        g_dog.comm->label(g_dog.op, g_dog.op_seq, g_dog.peer), " took ", took,
+        ", but completed: going on (raise the timeout if steps are legitimately this slow)"));
+    return true;
+  };
   while (missing > 0 && seconds_since(t0) < kGraceS) {
+    if (resumed()) return;
     for (int r = 0; r < n; ++r) {
       if (r == g_dog.rank || answered[size_t(r)]) continue;
       int flag = 0;
@@ -334,10 +376,14 @@ void stop_honouring_stop_signals() {
   if (lowest_reporter < g_dog.rank) {
     const auto t1 = Clock::now();
     while (seconds_since(t1) < 2 * kGraceS + 5) {
+      if (resumed()) return;
       answer_status_requests();
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
+  if (resumed()) return;
+  // From here the job ends: a stop signal can no longer become a checkpoint.
+  stop_honouring_stop_signals();
   const StatusReply me = my_status();
   RankStatus self;
   self.rank = g_dog.rank;
@@ -406,7 +452,10 @@ void MpiCommunicator::wait(MPI_Request* reqs, int n, const char* op, int peer) {
       }
       next_poll_s = waited + 0.001;
     }
-    if (waited > deadline_s) report_hang_and_abort(timeout_s, waited);
+    if (waited > deadline_s) {
+      report_hang_or_resume(reqs, n, timeout_s, waited);
+      break;  // it returns only once the wait has completed
+    }
     if (waited < kSpinS) {
       sched_yield();
     } else {
@@ -415,6 +464,7 @@ void MpiCommunicator::wait(MPI_Request* reqs, int n, const char* op, int peer) {
     }
   }
   g_dog.op = nullptr;
+  restore_stop_signals();
 }
 
 }  // namespace

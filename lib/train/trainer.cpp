@@ -25,6 +25,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <thread>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
@@ -545,6 +546,13 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       // collective under the step timeout.
       set_watch_step(s + 1, "checkpoint save", /*long_wait=*/true);
       save(done, s);
+      // Test support: FT_TEST_SLOW_SAVE=r:seconds makes world rank r's saves that much longer,
+      // to test that a slow save does not trip the watchdog.
+      if (const char* slow = std::getenv("FT_TEST_SLOW_SAVE"); slow && std::strchr(slow, ':'))
+        if (std::atoi(slow) == comm.rank()) {
+          const double delay_s = std::atof(std::strchr(slow, ':') + 1);
+          std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
+        }
       comm.barrier();
     }
     if (auto c = writer.poll()) report_commit(s, *c);

@@ -3,6 +3,7 @@
 # answering ends the job with exit code 3 and a message that names the step, the collective
 # and the silent rank, instead of hanging forever.
 #  - The key defaults to 600 s; a negative value is a recipe error (exit 2) naming it.
+#  - A checkpoint save that takes one rank 4 s longer than a 2 s timeout does not trip it.
 #  - `--nproc 4 parallel.tensor=2` (data 2 x tensor 2), timeout 5 s: `kill -STOP` of rank 2
 #    mid-run. The job ends with code 3 no sooner than 5 s and within 20 s of the stop; one
 #    message names the step, a collective "... made no progress for 5.0 s", and "rank 2 did not
@@ -47,7 +48,7 @@ YAML
 [[ $? == 2 ]] && grep -q 'runtime.collective_timeout_s: -1 is out of range' "$tmp/neg.log" ||
   fail "a negative timeout: not a recipe error naming the key: $(cat "$tmp/neg.log")"
 sed 's/, collective_timeout_s: 5//' "$tmp/r.yaml" > "$tmp/default.yaml"
-grep -q '^  collective_timeout_s: 600 ' <("$ft" validate "$tmp/default.yaml") ||
+grep -q '^  collective_timeout_s: 600 ' <("$ft" validate "$tmp/default.yaml" 2> /dev/null) ||
   fail "the default is not 600 s: $("$ft" validate "$tmp/default.yaml" | grep -A3 '^runtime')"
 
 # Starts the job in the background, waits until rank RANK runs and rank 0 has logged a step.
@@ -104,9 +105,9 @@ stop_rank() {  # label rank command...
   [[ $msg =~ step\ ([0-9]+)\ \(([a-z /]+)\):\ ([a-z_]+)\ \#[0-9]+\ on\ the\ ([a-z]+) ]] ||
     fail "$label: the message does not name the step, the phase and the collective: $msg"
   local step=${BASH_REMATCH[1]} what="${BASH_REMATCH[3]} on the ${BASH_REMATCH[4]}"
-  # Metrics count steps from 0, the message from 1 (as printed): the hang is in the step after
-  # the last one logged, or the one after that when rank 0 logged before it was stopped.
-  ((step >= last + 1 && step <= last + 3)) ||
+  # Metrics count steps from 0, the message from 1 (as printed): the hang is after the last step
+  # logged when the rank was stopped. (No upper bound: rank 0's metrics file may lag behind.)
+  ((step >= last + 1)) ||
     fail "$label: the message names step $step, but the last step logged was $last: $msg"
   [[ $msg == *"made no progress for 5.0 s"* ]] || fail "$label: timeout not reported as 5.0 s: $msg"
   [[ $msg == *"rank $rank did not answer (rank $rank pid $victim on "* ]] ||
@@ -124,6 +125,20 @@ stop_rank() {  # label rank command...
   [[ -z $state || $state == Z* ]] || fail "$label: the stopped rank (pid $victim) is left: $state"
   echo "$label: rank $rank stopped at step $((last + 1)); job ended with $rc after $took s: $what"
 }
+
+# Legitimately long phases do not trip it: with a 2 s timeout, rank 1 takes 4 s longer than the
+# others over each checkpoint save (saves get the long allowance, the ranks meet after them).
+rc=0
+FT_TEST_SLOW_SAVE=1:4 timeout 120 "$ft" train "$tmp/r.yaml" training.steps=6 \
+  checkpoint.every_steps=3 runtime.collective_timeout_s=2 run.output_dir="$tmp/slow" --nproc 2 \
+  > "$tmp/slow.log" 2>&1 || rc=$?
+[[ $rc == 0 ]] || fail "slow saves: exit $rc, expected 0: $(grep -m1 'no progress' "$tmp/slow.log" || tail -3 "$tmp/slow.log")"
+[[ -f $tmp/slow/checkpoints/step_00000006/COMPLETE ]] || fail "slow saves: no final checkpoint"
+# Not even the watchdog's "slow, but completed" warning: the saves are outside the step timeout.
+if grep -q 'runtime.collective_timeout_s' "$tmp/slow.log"; then
+  fail "slow saves: the watchdog fired: $(grep 'collective_timeout_s' "$tmp/slow.log")"
+fi
+echo "slow saves: 2 checkpoints 4 s slower on rank 1 than the 2 s timeout: run done, exit 0"
 
 stop_rank nproc4 2 "$ft" train "$tmp/r.yaml" parallel.tensor=2 --nproc 4
 # The message lists where the ranks that answered were.
