@@ -22,7 +22,10 @@ victims=()
 cleanup() {
   # A failed check must not leave a stopped rank behind for ever.
   local p
-  for p in "${victims[@]}"; do kill -CONT "$p" 2> /dev/null || true; kill -KILL "$p" 2> /dev/null || true; done
+  for p in "${victims[@]}"; do
+    kill -CONT "$p" 2> /dev/null || true
+    kill -KILL "$p" 2> /dev/null || true
+  done
   [[ -n ${KEEP:-} ]] || rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -44,7 +47,8 @@ runtime: {threads: 1, collective_timeout_s: 5}
 YAML
 
 # The key: 600 s by default (as NCCL and PyTorch), never negative (exit 2, naming the key).
-"$ft" validate "$tmp/r.yaml" runtime.collective_timeout_s=-1 > "$tmp/neg.log" 2>&1 && fail "a negative timeout was accepted"
+"$ft" validate "$tmp/r.yaml" runtime.collective_timeout_s=-1 > "$tmp/neg.log" 2>&1 &&
+  fail "a negative timeout was accepted"
 [[ $? == 2 ]] && grep -q 'runtime.collective_timeout_s: -1 is out of range' "$tmp/neg.log" ||
   fail "a negative timeout: not a recipe error naming the key: $(cat "$tmp/neg.log")"
 sed 's/, collective_timeout_s: 5//' "$tmp/r.yaml" > "$tmp/default.yaml"
@@ -64,7 +68,8 @@ start_job() {  # label rank command...
     victim=$(rank_pid "$out" "$rank")
     [[ -n $victim && -s $out/metrics.jsonl ]] && break
   done
-  [[ -n $victim && -s $out/metrics.jsonl ]] || fail "$label: rank $rank did not start: $(tail -5 "$out.log")"
+  [[ -n $victim && -s $out/metrics.jsonl ]] ||
+    fail "$label: rank $rank did not start: $(tail -5 "$out.log")"
   victims+=("$victim")
 }
 
@@ -83,14 +88,16 @@ no_leftovers() {  # label
   sleep 1
   local left
   left=$(pgrep -f -- "$out" || true)
-  [[ -z $left ]] || fail "$1: processes left after the job ended: $(ps -o pid,stat,args -p "${left//$'\n'/,}")"
+  [[ -z $left ]] ||
+    fail "$1: processes left after the job ended: $(ps -o pid,stat,args -p "${left//$'\n'/,}")"
 }
 
 stop_rank() {  # label rank command...
   local label=$1 rank=$2; shift 2
   start_job "$label" "$rank" "$@"
   local last t0
-  last=$(tail -1 "$out/metrics.jsonl" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])')
+  last=$(tail -1 "$out/metrics.jsonl" |
+           /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])')
   t0=$(date +%s.%N)
   kill -STOP "$victim"
   wait_job "$label" 40 "$t0"
@@ -132,7 +139,9 @@ rc=0
 FT_TEST_SLOW_SAVE=1:4 timeout 120 "$ft" train "$tmp/r.yaml" training.steps=6 \
   checkpoint.every_steps=3 runtime.collective_timeout_s=2 run.output_dir="$tmp/slow" --nproc 2 \
   > "$tmp/slow.log" 2>&1 || rc=$?
-[[ $rc == 0 ]] || fail "slow saves: exit $rc, expected 0: $(grep -m1 'no progress' "$tmp/slow.log" || tail -3 "$tmp/slow.log")"
+[[ $rc == 0 ]] ||
+  fail "slow saves: exit $rc, expected 0: $(grep -m1 'no progress' "$tmp/slow.log" ||
+                                                tail -3 "$tmp/slow.log")"
 [[ -f $tmp/slow/checkpoints/step_00000006/COMPLETE ]] || fail "slow saves: no final checkpoint"
 # Not even the watchdog's "slow, but completed" warning: the saves are outside the step timeout.
 if grep -q 'runtime.collective_timeout_s' "$tmp/slow.log"; then
