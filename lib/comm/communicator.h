@@ -44,7 +44,8 @@ class Communicator {
 // inside the step loop (or for the longer `other_timeout_s` elsewhere: start-up, checkpoint
 // saves, where one rank may legitimately be busy for long), it asks every rank what it is doing,
 // prints which step, which collective and which ranks did not answer, and ends the job with
-// exit code 3. 0 disables it. The one-process communicator never waits, so ignores this.
+// exit code 3 (a wait that completes during those few seconds was slow, not hung: a warning).
+// 0 disables it. The one-process communicator never waits, so ignores this.
 struct CollectiveWatch {
   double step_timeout_s = 600;
   double other_timeout_s = 3600;
