@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -34,7 +35,34 @@ class Communicator {
   virtual std::string describe() const = 0;  // e.g. "single process", "mpi world 8"
   // The sub-group of ranks that pass the same color, ordered by key (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // The group's role ("data", "tensor", ...), for the collective watchdog's messages.
+  virtual void set_name(const std::string&) {}
 };
+
+// The collective watchdog (DESIGN.md §4, exit code 3). A multi-rank communicator waits on each
+// collective and receive with a deadline: when a wait makes no progress for `step_timeout_s`
+// inside the step loop (or for the longer `other_timeout_s` elsewhere: start-up, checkpoint
+// saves, where one rank may legitimately be busy for long), it asks every rank what it is doing,
+// prints which step, which collective and which ranks did not answer, and ends the job with
+// exit code 3 (a wait that completes during those few seconds was slow, not hung: a warning).
+// 0 disables it. The one-process communicator never waits, so ignores this.
+struct CollectiveWatch {
+  double step_timeout_s = 600;
+  double other_timeout_s = 3600;
+};
+void set_collective_watch(const CollectiveWatch& w);
+const CollectiveWatch& collective_watch();
+// What this rank is doing, named in the watchdog's messages: the step (1-based, as printed;
+// 0: outside the step loop) and a phase ("forward/backward"; a string literal, it is kept).
+// The step timeout applies when step > 0 and not `long_wait` (a checkpoint save, where one
+// rank may write much longer than the others); the longer allowance otherwise.
+struct WatchStep {
+  int64_t step = 0;
+  const char* phase = "start-up";
+  bool long_wait = false;
+};
+void set_watch_step(int64_t step, const char* phase, bool long_wait = false);
+WatchStep watch_step();
 
 // The device mesh of DESIGN.md §3: world = data × pipeline × tensor, tensor innermost:
 // rank = (d·P + p)·T + t. Each rank belongs to one data, one pipeline and one tensor group.

@@ -37,6 +37,18 @@ std::unique_ptr<Communicator> make_single_process_communicator() {
   return std::make_unique<SingleProcessCommunicator>();
 }
 
+namespace {
+CollectiveWatch g_watch;
+WatchStep g_watch_step;
+}  // namespace
+
+void set_collective_watch(const CollectiveWatch& w) { g_watch = w; }
+const CollectiveWatch& collective_watch() { return g_watch; }
+void set_watch_step(int64_t step, const char* phase, bool long_wait) {
+  g_watch_step = {step, phase, long_wait};
+}
+WatchStep watch_step() { return g_watch_step; }
+
 std::string Mesh::describe() const {
   return detail::concat("d", d, " p", p, " t", t);
 }
@@ -56,6 +68,9 @@ Mesh make_mesh(Communicator& world, int tensor, int pipeline) {
   m.data_comm = world.split(m.p * tensor + m.t, m.d);
   m.tensor_comm = world.split(m.d * pipeline + m.p, m.t);
   m.pipeline_comm = world.split(m.d * tensor + m.t, m.p);
+  m.data_comm->set_name("data");
+  m.tensor_comm->set_name("tensor");
+  m.pipeline_comm->set_name("pipeline");
   return m;
 }
 

@@ -9,7 +9,8 @@
 
 namespace ft {
 
-enum class ExitCode : int { kOk = 0, kRuntime = 1, kUsage = 2, kPreempted = 75 };
+// DESIGN.md §4. kHung: the collective watchdog ended the job (a rank made no progress).
+enum class ExitCode : int { kOk = 0, kRuntime = 1, kUsage = 2, kHung = 3, kPreempted = 75 };
 
 class Error : public std::runtime_error {
  public:

@@ -272,6 +272,9 @@ const std::vector<KeySpec>& schema() {
                {.choices = {"auto", "cpu", "cuda"}}),
         FT_KEY(runtime, threads, kInt, "CPU threads; 0: all cores",
                {.range = between(0, kMaxThreads)}),
+        FT_KEY(runtime, collective_timeout_s, kFloat,
+               "end the job (exit 3) when a step's collective waits this long; 0: never",
+               non_negative),
     };
     return t;
   }();

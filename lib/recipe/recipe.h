@@ -101,6 +101,8 @@ struct LoggingConfig {
 struct RuntimeConfig {
   std::string device = "auto";  // auto | cpu | cuda
   int threads = 0;              // 0: all cores
+  // A step's collective that makes no progress this long ends the job (exit code 3); 0: never.
+  double collective_timeout_s = 600;
 };
 
 struct Recipe {

@@ -32,9 +32,11 @@ volatile std::sig_atomic_t g_stop_signal = 0;
 void on_stop_signal(int sig) {
   if (g_stop_signal == 0) {
     g_stop_signal = sig;
+    // No promise of a save here: mpirun also sends SIGTERM to the surviving ranks when a peer
+    // died, and those are killed before any checkpoint. Rank 0 reports the save once it is made.
     const char msg[] =
-        "ft: stop signal received: finishing this step, saving a checkpoint, then exiting with "
-        "code 75\n";
+        "ft: stop signal received: stopping after this step, with a checkpoint if every rank is "
+        "still running\n";
     [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, msg, sizeof msg - 1);
   }
 }

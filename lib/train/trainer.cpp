@@ -29,6 +29,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <thread>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
@@ -222,6 +223,14 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   const int micro = r.training.micro_batch_size;
   const int T = r.data.seq_len;
   install_stop_handlers();
+  // The collective watchdog (communicator.h): a step's collectives get
+  // runtime.collective_timeout_s; start-up and checkpoint saves, where one rank may be busy
+  // alone for long (loading a large model, writing its shard), get six times that, at least 1 h.
+  {
+    const double t = r.runtime.collective_timeout_s;
+    set_collective_watch({t, t > 0 ? std::max(3600.0, 6 * t) : 0.0});
+    set_watch_step(0, "start-up");
+  }
   check_memory_fits(r, world, comm.rank());
 
   // Which checkpoint to resume from, decided before any work (`--resume never` on a folder
@@ -559,6 +568,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   for (int64_t s = start_step; s < r.training.steps; ++s) {
     const int64_t step = s + 1;  // as people read it: progress, metrics, messages, checkpoints
     const auto t_step = Clock::now();
+    set_watch_step(step, "reading the batch");
     StepSamples batch = loader.next();
     // Test support: FT_TEST_FAIL_RANK=r fails world rank r at step 3, to test that the other
     // ranks are stopped rather than left waiting in a collective.
@@ -575,12 +585,14 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
 
     double count = 0;
     for (uint8_t m : batch.mask) count += m;
+    set_watch_step(step, "counting target tokens");
     data_comm.all_reduce_sum(&count, 1);  // tensor ranks hold the same samples
     const float scale = count > 0 ? float(1.0 / count) : 0.0f;
     if (count == 0 && is_root)
       log_warn("step ", step, ": every target of the global batch is masked out (loss_mask); "
                "the loss is reported as 0 and only weight decay changes the parameters");
 
+    set_watch_step(step, "forward/backward");
     zero.begin_step();
     double loss_sum = pipeline.train_step(batch, micro, scale);
     // Test support: FT_TEST_NAN_LOSS_AT_STEP=N[:r] makes rank r's share of the loss of step N
@@ -592,8 +604,10 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       zero.inject_nan_grad_for_test();
     if (pipe_comm) pipe_comm->all_reduce_sum(&loss_sum, 1);  // the loss is on the last stage
     data_comm.all_reduce_sum(&loss_sum, 1);  // the same on every tensor rank
+    set_watch_step(step, "gradient reduction");
     zero.finish_backward();
     zero.reduce_shared_groups();
+    set_watch_step(step, "grad norm and optimizer");
 
     // clip_grad_norm_ semantics over every gradient of the model, whichever rank holds it.
     const double grad_norm = std::sqrt(zero.grad_sum_squares());
@@ -649,6 +663,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       progress.step(rep);
     }
     if (do_eval && (step % r.training.eval_every_steps == 0 || last)) {
+      set_watch_step(step, "evaluation");
       const double eval_loss = evaluate(pipeline, pipe_comm, *eval_loader, r);
       if (is_root) {
         metrics.write({{"step", step}, {"eval_loss", eval_loss}});
@@ -661,7 +676,21 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     const bool due =
         ckpt_on && ((r.checkpoint.every_steps > 0 && step % r.checkpoint.every_steps == 0) ||
                     flags[2] > 0 || last);
-    if (due || stop) save(step);
+    if (due || stop) {
+      // A save can take one rank much longer than the others (a slow disk, rank 0's manifest):
+      // the ranks meet here, under the long allowance, rather than in the next step's first
+      // collective under the step timeout.
+      set_watch_step(step, "checkpoint save", /*long_wait=*/true);
+      save(step);
+      // Test support: FT_TEST_SLOW_SAVE=r:seconds makes world rank r's saves that much longer,
+      // to test that a slow save does not trip the watchdog.
+      if (const char* slow = std::getenv("FT_TEST_SLOW_SAVE"); slow && std::strchr(slow, ':'))
+        if (std::atoi(slow) == comm.rank()) {
+          const double delay_s = std::atof(std::strchr(slow, ':') + 1);
+          std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
+        }
+      comm.barrier();
+    }
     if (auto c = writer.poll()) report_commit(step, *c);
     if (stop) {
       writer.wait();  // this rank's shard durable; on rank 0, the checkpoint committed
@@ -676,6 +705,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       break;
     }
   }
+  set_watch_step(0, "end of run");
   // A run that trained no steps (training.steps 0: a checkpoint of the initial or imported
   // weights) still leaves its checkpoint.
   if (ckpt_on && !sum.preempted && last_saved < 0 && start_step >= r.training.steps)
