@@ -466,6 +466,13 @@ void write_all(int fd, const std::string& s) {
 // constructors, so this runs before that program's main() and never returns into it: every
 // program that links this file can check shards without its main() knowing about it.
 constexpr const char* kCheckArg = "__ft_shard_check__";
+#if defined(__SANITIZE_ADDRESS__)  // GCC
+#define FT_UNDER_ASAN 1
+#elif defined(__has_feature)  // clang
+#if __has_feature(address_sanitizer)
+#define FT_UNDER_ASAN 1
+#endif
+#endif
 constexpr rlim_t kCheckMemoryBytes = rlim_t(2) << 30;  // heap of the check child
 
 __attribute__((constructor)) void shard_check_entry(int argc, char** argv, char** /*envp*/) {
@@ -473,7 +480,7 @@ __attribute__((constructor)) void shard_check_entry(int argc, char** argv, char*
   // A corrupt length makes libhdf5 allocate and copy gigabytes (measured: 6 GiB within 16 s on
   // one fuzzed attribute); a data limit turns that into a quick allocation failure, which
   // libhdf5 reports as an error. Not under AddressSanitizer, whose shadow memory is counted.
-#if !defined(__SANITIZE_ADDRESS__) && !defined(FT_SHARD_CHECK_NO_RLIMIT)
+#if !defined(FT_UNDER_ASAN)
   const rlimit data_limit{kCheckMemoryBytes, kCheckMemoryBytes};
   ::setrlimit(RLIMIT_DATA, &data_limit);
 #endif
@@ -896,6 +903,9 @@ std::string run_check_child(const std::vector<std::string>& paths,
             " s (a corrupt shard can make libhdf5 loop forever); re-create it with `ft tokenize`"
             " (on a very slow file system, raise FT_SHARD_CHECK_TIMEOUT_S)");
   }
+  if (WIFSIGNALED(status) && !on_file)  // before any file: not the shards' fault
+    FT_FAIL(who, ": the shard check process (this program, run again through /proc/self/exe) "
+            "died of ", signal_name(WTERMSIG(status)), " before reading any shard");
   if (WIFSIGNALED(status))
     FT_FAIL(who, ": damaged: reading it crashed libhdf5 (", signal_name(WTERMSIG(status)),
             ", in the shard check's child process); re-create it with `ft tokenize`");
