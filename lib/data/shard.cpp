@@ -719,7 +719,8 @@ std::vector<ShardInfo> parse_shard_report(const std::string& report,
   auto expect = [&](const char* tag, size_t i, size_t n_fields) {
     if (!next_line()) bad(detail::concat("ended before '", tag, "'"));
     if (f.empty() || f[0] != tag) bad(detail::concat("expected '", tag, "'"));
-    if (n_fields && f.size() != n_fields) bad(detail::concat("'", tag, "' has ", f.size(), " fields"));
+    if (n_fields && f.size() != n_fields)
+      bad(detail::concat("'", tag, "' has ", f.size(), " fields"));
     if (u64(1) != i) bad("records out of order");
   };
   auto layout = [&](size_t i, const char* name, const ShardInfo& s, int elem_bytes) {

@@ -24,7 +24,8 @@ expect_error() {
   timeout 120 "$@" >"$tmp/out.txt" 2>"$tmp/err.txt" || rc=$?
   local took=$((SECONDS - t0))
   [[ $rc -eq 1 ]] || { cat "$tmp/err.txt" >&2; fail "$name: exit $rc, want 1"; }
-  grep -qF -- "$pattern" "$tmp/err.txt" || { cat "$tmp/err.txt" >&2; fail "$name: stderr lacks '$pattern'"; }
+  grep -qF -- "$pattern" "$tmp/err.txt" ||
+    { cat "$tmp/err.txt" >&2; fail "$name: stderr lacks '$pattern'"; }
   [[ $took -le $max_s ]] || fail "$name: took ${took}s, limit ${max_s}s"
   echo "ok: $name (${took}s)"
 }
@@ -65,7 +66,8 @@ expect_error "inspect: libhdf5 spin" 10 \
 recipe() {
   cat > "$tmp/r_$1.yaml" <<YAML
 run: {name: t, output_dir: $tmp/out_$1, seed: 3}
-model: {dim: 16, n_layers: 1, n_heads: 2, n_kv_heads: 2, ffn_dim: 32, vocab_size: 300, max_seq_len: 16}
+model: {dim: 16, n_layers: 1, n_heads: 2, n_kv_heads: 2, ffn_dim: 32, vocab_size: 300,
+        max_seq_len: 16}
 data: {train: $tmp/$1, seq_len: 16, shuffle: false}
 training: {steps: 4, micro_batch_size: 1, global_batch_size: 2}
 optimizer: {lr: 0.01}
@@ -78,9 +80,11 @@ for d in good crash spin; do recipe "$d"; done
 grep -q '^ft: done: 4 steps' "$tmp/good.txt" || { cat "$tmp/good.txt"; fail "no summary"; }
 echo "ok: train --nproc 2 on every storage kind (each rank spawns its shard check)"
 
-expect_error "train: libhdf5 crash" 20 "$tmp/crash/b_damaged.h5: damaged: reading it crashed libhdf5" \
+expect_error "train: libhdf5 crash" 20 \
+  "$tmp/crash/b_damaged.h5: damaged: reading it crashed libhdf5" \
   "$ft" train "$tmp/r_crash.yaml"
-expect_error "train: libhdf5 spin" 20 "$tmp/spin/b_damaged.h5: damaged: reading it with libhdf5 did" \
+expect_error "train: libhdf5 spin" 20 \
+  "$tmp/spin/b_damaged.h5: damaged: reading it with libhdf5 did not finish in 2 s" \
   "$ft" train "$tmp/r_spin.yaml"
 expect_error "train --nproc 2: libhdf5 crash" 30 "$tmp/crash/b_damaged.h5: damaged" \
   "$ft" train "$tmp/r_crash.yaml" --nproc 2

@@ -23,7 +23,8 @@
 //     -I/usr/include/hdf5/serial tests/fuzz/fuzz_shard.cpp lib/data/shard.cpp \
 //     -L/usr/lib/x86_64-linux-gnu/hdf5/serial -lhdf5 -o /tmp/fuzz_shard
 //   /tmp/fuzz_shard -max_total_time=300 /tmp/shard_corpus tests/fuzz/corpus/shard/report
-//   FT_FUZZ_SHARD_MODE=full /tmp/fuzz_shard -max_total_time=300 /tmp/full tests/fuzz/corpus/shard/full
+//   FT_FUZZ_SHARD_MODE=full /tmp/fuzz_shard -max_total_time=300 /tmp/full \
+//     tests/fuzz/corpus/shard/full
 // The seeds are tiny shards written by the unit tests' writer and by h5py (contiguous, chunked,
 // gzip); report seeds are `ft __ft_shard_check__ FILE` output, a NUL, then FILE.
 #include <sys/mman.h>

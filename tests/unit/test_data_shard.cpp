@@ -400,7 +400,7 @@ TEST_CASE("data/shard: bos_id and eos_id must be -1 or ids of the vocabulary") {
   }
 }
 
-TEST_CASE("data/shard: contiguous, chunked, compressed, compact and big-endian storage read alike") {
+TEST_CASE("data/shard: contiguous, chunked, compressed, compact, big-endian storage read alike") {
   ShardTestDir dir;
   std::vector<uint16_t> tokens(1000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint16_t((i * 37) % 1000);
