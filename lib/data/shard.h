@@ -8,14 +8,16 @@
 // the tokenizer has no such token and documents therefore carry none) and tokenizer_sha256.
 //
 // Why chunked and uncompressed: a training step reads a few hundred tokens at random places.
-// Uncompressed chunks let HDF5 read exactly those bytes (no chunk decode, no chunk cache), so
-// a random window costs one small pread whatever the shard size; chunking (rather than
+// Uncompressed chunks let a reader fetch exactly those bytes (no chunk decode, no chunk cache),
+// so a random window costs one small pread whatever the shard size; chunking (rather than
 // contiguous storage) lets the writer append without knowing the final length.
 //
-// Every HDF5 call in lib/data goes through one process-wide mutex: the loader's prefetch
-// threads and the writers may run at the same time, and not every libhdf5 build is
-// thread-safe. HDF5's own error-stack printing is silenced; failures become ft::Error messages
-// that name the file.
+// Reading is defensive (shard.cpp says how): libhdf5 runs on a shard's bytes only in a child
+// process with a time limit, and the windows of unfiltered datasets are read with pread at the
+// file offsets the child reported, bounds-checked against the file size. Every HDF5 call in
+// this process goes through one process-wide mutex: the loader's prefetch threads and the
+// writers may run at the same time, and not every libhdf5 build is thread-safe. HDF5's own
+// error-stack printing is silenced; failures become ft::Error messages that name the file.
 #pragma once
 
 #include <cstdint>
@@ -69,33 +71,69 @@ class ShardWriter {
   std::unique_ptr<Impl> impl_;
 };
 
-// What one shard holds, read from its metadata (no token data is read).
+// Where the values of one 1-D dataset lie in the file, as the shard check found them.
+struct DatasetLayout {
+  enum class Kind {
+    kContiguous,  // n values from `offset`
+    kChunked,     // unfiltered chunks of `chunk_len` values; chunk k at chunk_offsets[k]
+    kLibrary,     // anything else (compressed, compact, external): read through libhdf5
+  };
+  Kind kind = Kind::kContiguous;
+  int elem_bytes = 1;       // 1, 2 or 4
+  bool big_endian = false;  // as stored; values are swapped on read
+  uint64_t offset = 0;
+  uint64_t chunk_len = 0;
+  std::vector<uint64_t> chunk_offsets;  // (ceil(n / chunk_len),)
+};
+
+// What one shard holds, from its metadata (no token data is read by the caller).
 struct ShardInfo {
   std::string path;
+  uint64_t file_bytes = 0;  // size when checked; a shard that changes afterwards is an error
   uint64_t num_tokens = 0;
   uint64_t num_documents = 0;
   bool has_loss_mask = false;
   int token_bytes = 2;  // 2 or 4, as stored
   ShardAttributes attrs;
+  DatasetLayout tokens, loss_mask;
 };
 
-// Opens `path` and checks it is a complete ft-tokens shard: HDF5 opens it, the datasets and
-// attributes exist with the right types, format and version match. Throws ft::Error naming
-// the file and the problem.
+// Checks that `path` is a complete ft-tokens shard, in a child process (shard.cpp): HDF5 opens
+// it within the time limit without crashing, the datasets and attributes exist with the right
+// types, format and version match, bos_id/eos_id are -1 or < vocab_size, and doc_offsets
+// start at 0, never decrease and stay <= num_tokens. Throws ft::Error naming the file and the
+// problem ("damaged: reading it crashed libhdf5 (SIGSEGV)", "... did not finish in N s").
 ShardInfo read_shard_info(const std::string& path);
+
+// The same check for several files in one child process (cheaper than one child each);
+// returns their infos in order, or throws for the first file that fails.
+std::vector<ShardInfo> check_shards(const std::vector<std::string>& paths);
+
+namespace detail {
+// The parent's side of the check, exposed for the fuzz harness: parses the child's report on
+// `paths` (file sizes `file_bytes`) and checks every offset against the file size. Throws
+// ft::Error on anything malformed or out of bounds.
+std::vector<ShardInfo> parse_shard_report(const std::string& report,
+                                          const std::vector<std::string>& paths,
+                                          const std::vector<uint64_t>& file_bytes);
+// The child's side: checks each path with libhdf5 and writes the report to `fd`. Returns the
+// exit status (0 also when a shard is bad: that is reported, not a failure of the check).
+int run_shard_check(const std::vector<std::string>& paths, int fd);
+}  // namespace detail
 
 // The *.h5 files of a folder in name order. Throws if the folder is missing or holds none.
 std::vector<std::string> list_shard_files(const std::string& dir);
 
 // A folder of shards opened for reading windows of tokens. The constructor validates every
-// shard (read_shard_info) and that all agree on vocab_size, bos/eos ids and tokenizer hash.
-// At most `max_open_files` shards are open at once (least recently used are closed). Measured
-// with libhdf5 1.10: an open shard costs ~0.6 MiB (mostly HDF5's per-file metadata cache
-// index) and reopening one ~100 us, so shuffling over far more shards than stay open is
-// bounded by opens (~10k windows/s with 256 shards) but never by memory.
+// shard (check_shards) and that all agree on vocab_size, bos/eos ids and tokenizer hash.
+// At most `max_open_files` shards are open at once (least recently used are closed): a file
+// descriptor each on the pread path; through libhdf5 (compressed shards) ~0.6 MiB each (HDF5's
+// per-file metadata cache index, measured with libhdf5 1.10) and ~100 us per reopen.
 class ShardSet {
  public:
   explicit ShardSet(const std::string& dir, int max_open_files = 32);
+  // Over shards already checked (by check_shards or detail::parse_shard_report), in order.
+  ShardSet(const std::string& dir, std::vector<ShardInfo> checked, int max_open_files = 32);
   ~ShardSet();
   ShardSet(const ShardSet&) = delete;
   ShardSet& operator=(const ShardSet&) = delete;

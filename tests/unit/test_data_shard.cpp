@@ -4,6 +4,8 @@
 #include <hdf5.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -289,4 +291,224 @@ TEST_CASE("data/shard: reads across more shards than may be open at once") {
       set.read(size_t(s), 1, 2, t.data(), nullptr);
       CHECK(t == std::vector<int32_t>{s + 10, s + 20});
     }
+}
+
+namespace {
+
+// Replaces dataset `name` with a contiguous uint64 one holding `values`.
+void set_u64_dataset(const std::string& path, const char* name, const std::vector<uint64_t>& v) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  H5Ldelete(f, name, H5P_DEFAULT);
+  hsize_t n[1] = {v.size()};
+  hid_t s = H5Screate_simple(1, n, nullptr);
+  hid_t d = H5Dcreate2(f, name, H5T_STD_U64LE, s, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  if (!v.empty()) H5Dwrite(d, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+  H5Dclose(d), H5Sclose(s), H5Fclose(f);
+}
+
+// A shard written with the raw HDF5 API the way other writers (h5py) may store it: `file_type`
+// for tokens (e.g. big-endian), and a dataset creation property list for the storage.
+void write_raw_shard(const std::string& path, const std::vector<uint16_t>& tokens,
+                     hid_t file_type, hid_t dcpl, bool with_mask) {
+  hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  hsize_t n[1] = {tokens.size()};
+  hid_t s = H5Screate_simple(1, n, nullptr);
+  hid_t d = H5Dcreate2(f, "tokens", file_type, s, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  REQUIRE(d >= 0);
+  H5Dwrite(d, H5T_NATIVE_UINT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data());
+  H5Dclose(d);
+  if (with_mask) {
+    std::vector<uint8_t> mask(tokens.size());
+    for (size_t i = 0; i < mask.size(); ++i) mask[i] = uint8_t(i % 3 == 1);
+    d = H5Dcreate2(f, "loss_mask", H5T_STD_U8LE, s, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    H5Dwrite(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, mask.data());
+    H5Dclose(d);
+  }
+  H5Sclose(s), H5Fclose(f);
+  set_u64_dataset(path, "doc_offsets", {0, 5});
+  h5_edit(path, [](hid_t f) {
+    set_fixed_string_attr(f, "format", "ft-tokens");
+    set_int_attr(f, "version", 1);
+    set_int_attr(f, "vocab_size", 1000);
+    set_int_attr(f, "bos_id", 1);
+    set_int_attr(f, "eos_id", 2);
+    set_fixed_string_attr(f, "tokenizer_sha256", std::string(64, 'a'));
+  });
+}
+
+}  // namespace
+
+TEST_CASE("data/shard: doc_offsets must start at 0, never decrease and stay <= num_tokens") {
+  ShardTestDir dir;
+  const std::string path = dir.file("shard_00000.h5");
+  write_simple_shard(path, test_attrs(), 10);
+  SUBCASE("good, with an empty document and one ending the shard") {
+    set_u64_dataset(path, "doc_offsets", {0, 4, 4, 10});
+    CHECK(read_shard_info(path).num_documents == 4);
+  }
+  SUBCASE("not starting at 0") {
+    set_u64_dataset(path, "doc_offsets", {3, 5});
+    CHECK_THROWS_WITH_AS(read_shard_info(path), has(path + ": doc_offsets[0] is 3, must be 0"),
+                         Error);
+  }
+  SUBCASE("decreasing") {
+    set_u64_dataset(path, "doc_offsets", {0, 6, 5});
+    CHECK_THROWS_WITH_AS(read_shard_info(path),
+                         has(path + ": doc_offsets[2] = 5 is below doc_offsets[1] = 6"), Error);
+  }
+  SUBCASE("past the end") {
+    set_u64_dataset(path, "doc_offsets", {0, 11});
+    CHECK_THROWS_WITH_AS(read_shard_info(path),
+                         has(path + ": doc_offsets[1] = 11 is past the end of tokens (10"), Error);
+  }
+  SUBCASE("empty although there are tokens") {
+    set_u64_dataset(path, "doc_offsets", {});
+    CHECK_THROWS_WITH_AS(read_shard_info(path), has(path + ": doc_offsets is empty"), Error);
+  }
+  SUBCASE("past the end in a later block of the streamed check") {
+    std::vector<uint64_t> offsets(70000, 10);  // more than one 64Ki block
+    offsets[0] = 0;
+    offsets[69999] = 12;
+    set_u64_dataset(path, "doc_offsets", offsets);
+    CHECK_THROWS_WITH_AS(read_shard_info(path), has("doc_offsets[69999] = 12 is past the end"),
+                         Error);
+  }
+}
+
+TEST_CASE("data/shard: bos_id and eos_id must be -1 or ids of the vocabulary") {
+  ShardTestDir dir;
+  const std::string path = dir.file("shard_00000.h5");
+  write_simple_shard(path, test_attrs(100), 10);
+  SUBCASE("-1 means none") {
+    h5_edit(path, [](hid_t f) { set_int_attr(f, "bos_id", -1); });
+    CHECK(read_shard_info(path).attrs.bos_id == -1);
+  }
+  SUBCASE("bos_id == vocab_size") {
+    h5_edit(path, [](hid_t f) { set_int_attr(f, "bos_id", 100); });
+    CHECK_THROWS_WITH_AS(read_shard_info(path),
+                         has(path + ": bos_id 100 is not a token id of the vocabulary (vocab_size "
+                                    "100"),
+                         Error);
+  }
+  SUBCASE("eos_id below -1") {
+    h5_edit(path, [](hid_t f) { set_int_attr(f, "eos_id", -7); });
+    CHECK_THROWS_WITH_AS(read_shard_info(path), has(path + ": eos_id -7 is not a token id"),
+                         Error);
+  }
+}
+
+TEST_CASE("data/shard: contiguous, chunked, compressed, compact, big-endian storage read alike") {
+  ShardTestDir dir;
+  std::vector<uint16_t> tokens(1000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint16_t((i * 37) % 1000);
+  hid_t contiguous = H5Pcreate(H5P_DATASET_CREATE);
+  hid_t chunked = H5Pcreate(H5P_DATASET_CREATE);
+  hsize_t chunk[1] = {64};  // 1000 = 15 * 64 + 40: the last chunk is partly used
+  H5Pset_chunk(chunked, 1, chunk);
+  hid_t deflate = H5Pcopy(chunked);
+  H5Pset_shuffle(deflate);
+  H5Pset_deflate(deflate, 4);
+  hid_t compact = H5Pcreate(H5P_DATASET_CREATE);
+  H5Pset_layout(compact, H5D_COMPACT);
+  struct Case {
+    const char* name;
+    hid_t type, dcpl;
+    DatasetLayout::Kind kind;
+    bool big_endian;
+  };
+  const Case cases[] = {
+      {"contiguous.h5", H5T_STD_U16LE, contiguous, DatasetLayout::Kind::kContiguous, false},
+      {"big_endian.h5", H5T_STD_U16BE, contiguous, DatasetLayout::Kind::kContiguous, true},
+      {"chunked.h5", H5T_STD_U16LE, chunked, DatasetLayout::Kind::kChunked, false},
+      {"chunked_be.h5", H5T_STD_U16BE, chunked, DatasetLayout::Kind::kChunked, true},
+      {"deflate.h5", H5T_STD_U16LE, deflate, DatasetLayout::Kind::kLibrary, false},
+      {"compact.h5", H5T_STD_U16LE, compact, DatasetLayout::Kind::kLibrary, false},
+  };
+  for (const Case& c : cases) write_raw_shard(dir.file(c.name), tokens, c.type, c.dcpl, true);
+  for (hid_t p : {contiguous, chunked, deflate, compact}) H5Pclose(p);
+
+  ShardSet set(dir.path.string(), /*max_open_files=*/2);
+  REQUIRE(set.shards().size() == std::size(cases));
+  for (size_t s = 0; s < set.shards().size(); ++s) {
+    const ShardInfo& info = set.shards()[s];
+    const Case& c = *std::find_if(std::begin(cases), std::end(cases), [&](const Case& k) {
+      return fs::path(info.path).filename() == k.name;
+    });
+    CAPTURE(c.name);
+    CHECK(info.tokens.kind == c.kind);
+    CHECK(info.tokens.big_endian == c.big_endian);
+    CHECK(info.loss_mask.kind == c.kind);
+    if (c.kind == DatasetLayout::Kind::kChunked) {
+      CHECK(info.tokens.chunk_len == 64);
+      CHECK(info.tokens.chunk_offsets.size() == 16);
+    }
+    // Windows inside one chunk, across chunk borders, the partly used last chunk, everything.
+    for (auto [start, count] : {std::pair<uint64_t, uint64_t>{0, 1}, {60, 10}, {5, 300},
+                                {950, 50}, {0, 1000}}) {
+      std::vector<int32_t> got(count);
+      std::vector<uint8_t> mask(count);
+      set.read(s, start, count, got.data(), mask.data());
+      for (uint64_t i = 0; i < count; ++i) {
+        REQUIRE(got[i] == tokens[start + i]);
+        REQUIRE(mask[i] == uint8_t((start + i) % 3 == 1));
+      }
+    }
+  }
+}
+
+TEST_CASE("data/shard: inputs that crash libhdf5 or make it spin are errors naming the file") {
+  ShardTestDir dir;
+  const std::string data = std::string(FT_SOURCE_DIR) + "/tests/data/damaged_shards/";
+  SUBCASE("SIGSEGV inside libhdf5") {
+    const std::string path = dir.file("a.h5");
+    fs::copy_file(data + "crash_vlen_attr.h5", path);
+    CHECK_THROWS_WITH_AS(read_shard_info(path),
+                         has(path + ": damaged: reading it crashed libhdf5 (SIGSEGV"), Error);
+  }
+  SUBCASE("libhdf5 never returns: the time limit") {
+    const std::string path = dir.file("b.h5");
+    fs::copy_file(data + "spin_global_heap.h5", path);
+    setenv("FT_SHARD_CHECK_TIMEOUT_S", "1", 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH_AS(read_shard_info(path),
+                         has(path + ": damaged: reading it with libhdf5 did not finish in 1 s"),
+                         Error);
+    unsetenv("FT_SHARD_CHECK_TIMEOUT_S");
+    // 1 s limit plus 1 s per 50 MiB of file; a few seconds of slack for a loaded machine.
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(8));
+  }
+}
+
+TEST_CASE("data/shard: the parent checks every reported offset against the file size") {
+  const std::vector<std::string> paths = {"/x/a.h5"};
+  auto report = [](const std::string& data_line) {
+    return "begin 0\nshard 0 100 1 300 1 2 6162 2 0\n" + data_line + "\nend 0\n";
+  };
+  // 100 uint16 tokens = 200 bytes.
+  auto ok = detail::parse_shard_report(report("data 0 tokens contiguous 2 0 800 0 0"), paths,
+                                       {1000});
+  REQUIRE(ok.size() == 1);
+  CHECK(ok[0].tokens.offset == 800);
+  CHECK(ok[0].attrs.tokenizer_sha256 == "ab");
+  CHECK_THROWS_WITH_AS(
+      detail::parse_shard_report(report("data 0 tokens contiguous 2 0 801 0 0"), paths, {1000}),
+      has("/x/a.h5: tokens (200 bytes at offset 801) lies beyond the end of the file (1000"),
+      Error);
+  // Two chunks of 64 tokens (128 bytes each); the second one runs past the end.
+  CHECK(detail::parse_shard_report(report("data 0 tokens chunked 2 0 0 64 2 0 128"), paths, {256})
+            .front()
+            .tokens.chunk_offsets == std::vector<uint64_t>{0, 128});
+  CHECK_THROWS_WITH_AS(
+      detail::parse_shard_report(report("data 0 tokens chunked 2 0 0 64 2 0 129"), paths, {256}),
+      has("lies beyond the end of the file"), Error);
+  CHECK_THROWS_WITH_AS(
+      detail::parse_shard_report(report("data 0 tokens chunked 2 0 0 64 1 0"), paths, {256}),
+      has("/x/a.h5: the shard check sent a malformed report"), Error);
+  CHECK_THROWS_WITH_AS(
+      detail::parse_shard_report("begin 0\nerror 0 6f6f7073\n", paths, {256}), has("oops"), Error);
+  CHECK_THROWS_WITH_AS(detail::parse_shard_report("begin 0\n", paths, {256}), has("malformed"),
+                       Error);
 }

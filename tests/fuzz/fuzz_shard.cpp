@@ -1,0 +1,123 @@
+// libFuzzer harness for the shard reader (not part of the default build).
+//
+// What runs in this process on a shard's bytes is the parent's side of lib/data/shard.cpp: it
+// parses the check child's report and reads windows with pread at the reported offsets. libhdf5
+// runs only in the child, where a crash or a hang is contained by design and becomes an error.
+// Two modes, chosen by FT_FUZZ_SHARD_MODE:
+//
+//   report (default, fast)  input = REPORT '\0' FILE: the report as the child would send it and
+//     the bytes of the file it describes. parse_shard_report must accept it or throw ft::Error;
+//     when it accepts, every window of the shard reads or throws ft::Error. Datasets that only
+//     libhdf5 can decode ("library" layout) are skipped: the parent opens those with libhdf5
+//     only after the child has read them in full, which this mode cannot vouch for.
+//   full (slow: one child process per input)  input = FILE: check_shards on it (libhdf5 in the
+//     child), then every window through ShardSet. At exit it prints how many inputs crashed
+//     libhdf5 in the child or ran out of time, each of which must have been a clean ft::Error.
+//
+// Contract: any input gives a result or an ft::Error; a crash, a sanitizer report or another
+// exception type is a bug. Each input goes into one memfd, opened by path through
+// /proc/self/fd (the check child inherits the descriptor, so the same path works there).
+//
+// Build and run (clang, from the repository root):
+//   clang++-14 -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Ilib \
+//     -I/usr/include/hdf5/serial tests/fuzz/fuzz_shard.cpp lib/data/shard.cpp \
+//     -L/usr/lib/x86_64-linux-gnu/hdf5/serial -lhdf5 -o /tmp/fuzz_shard
+//   /tmp/fuzz_shard -max_total_time=300 /tmp/shard_corpus tests/fuzz/corpus/shard/report
+//   FT_FUZZ_SHARD_MODE=full /tmp/fuzz_shard -max_total_time=300 /tmp/full \
+//     tests/fuzz/corpus/shard/full
+// The seeds are tiny shards written by the unit tests' writer and by h5py (contiguous, chunked,
+// gzip); report seeds are `ft __ft_shard_check__ FILE` output, a NUL, then FILE.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "data/shard.h"
+
+namespace {
+
+bool full_mode = false;
+long inputs = 0, rejected = 0, accepted = 0, hdf5_crashes = 0, hdf5_timeouts = 0;
+
+void print_stats() {
+  std::fprintf(stderr,
+               "fuzz_shard (%s): %ld inputs, %ld read fully, %ld rejected with ft::Error, of "
+               "which %ld crashed libhdf5 in the child and %ld ran out of time\n",
+               full_mode ? "full" : "report", inputs, accepted, rejected, hdf5_crashes,
+               hdf5_timeouts);
+}
+
+// Reads the whole shard through the set in windows of several sizes, as the loader would.
+void read_everything(ft::ShardSet& set) {
+  for (size_t s = 0; s < set.shards().size(); ++s) {
+    const uint64_t n = set.shards()[s].num_tokens;
+    // Bounded: a report may claim many tokens in a small file only for chunks it has.
+    const uint64_t limit = std::min<uint64_t>(n, 1 << 16);
+    std::vector<int32_t> tokens(std::max<uint64_t>(limit, 1));
+    std::vector<uint8_t> mask(tokens.size());
+    for (uint64_t window : {uint64_t(1), uint64_t(7), uint64_t(64), limit}) {
+      if (window == 0) continue;
+      for (uint64_t start = 0; start + window <= limit; start += std::max<uint64_t>(window, 61))
+        set.read(s, start, window, tokens.data(), mask.data());
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  const char* mode = std::getenv("FT_FUZZ_SHARD_MODE");
+  full_mode = mode && std::strcmp(mode, "full") == 0;
+  // A spinning libhdf5 costs this much per input; the limit itself is what is under test.
+  setenv("FT_SHARD_CHECK_TIMEOUT_S", "2", 0);
+  std::atexit(print_stats);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const int fd = ::memfd_create("fuzz_shard", 0);  // no CLOEXEC: the child reads it too
+  if (fd < 0) std::abort();
+  static const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  const uint8_t* file = data;
+  size_t file_size = size;
+  std::string report;
+  if (!full_mode) {
+    const uint8_t* nul = static_cast<const uint8_t*>(std::memchr(data, 0, size));
+    if (!nul) return 0;
+    report.assign(reinterpret_cast<const char*>(data), size_t(nul - data));
+    file = nul + 1;
+    file_size = size - size_t(nul - data) - 1;
+  }
+  if (::ftruncate(fd, 0) != 0 ||
+      (file_size > 0 && ::pwrite(fd, file, file_size, 0) != ssize_t(file_size)))
+    std::abort();
+  ++inputs;
+  try {
+    std::vector<ft::ShardInfo> infos;
+    if (full_mode) {
+      infos = ft::check_shards({path});
+    } else {
+      infos = ft::detail::parse_shard_report(report, {path}, {uint64_t(file_size)});
+      for (const ft::ShardInfo& s : infos)
+        if (s.tokens.kind == ft::DatasetLayout::Kind::kLibrary ||
+            (s.has_loss_mask && s.loss_mask.kind == ft::DatasetLayout::Kind::kLibrary))
+          return 0;
+    }
+    ft::ShardSet set("fuzz", std::move(infos));
+    read_everything(set);
+    ++accepted;
+  } catch (const ft::Error& e) {
+    ++rejected;
+    const std::string what = e.what();
+    if (what.find("crashed libhdf5") != std::string::npos) ++hdf5_crashes;
+    if (what.find("did not finish") != std::string::npos) ++hdf5_timeouts;
+  }
+  return 0;
+}
