@@ -66,8 +66,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "ft: fine-tune transformer language models from a YAML recipe.\n"
       "Quick start:  ft train recipes/quickstart.yaml\n"
-      "Exit codes: 0 done, 1 runtime failure, 2 usage or recipe error, 75 stopped on a signal "
-      "after a checkpoint"};
+      "Exit codes: 0 done, 1 runtime failure, 2 usage or recipe error, 3 a rank hung (collective\n"
+      "watchdog), 75 stopped on a signal after a checkpoint"};
   app.name("ft");
   app.footer(
       "Recipes, data format, metrics, checkpoints and every contract: DESIGN.md at the root of\n"
