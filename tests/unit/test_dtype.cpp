@@ -9,6 +9,7 @@
 #include <random>
 
 #include "core/dtype.h"
+#include "kernels/half.h"
 
 namespace {
 
@@ -204,4 +205,44 @@ TEST_CASE("dtype: names and sizes") {
   CHECK_FALSE(ft::dtype_from_name("", &t));
   CHECK(ft::dtype_size(ft::DType::kBF16) == 2);
   CHECK(ft::dtype_size(ft::DType::kI64) == 8);
+}
+
+// kernels/half.h carries its own inline conversions (kernels do not link lib/core); they must
+// give the same bits as lib/core's, which the cases above check against the compiler and torch's
+// rounding rule.
+TEST_CASE("dtype: kernels/half.h conversions equal lib/core's, every half and bf16 pattern") {
+  int mismatches = 0;
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    const float a = ft::kernels::to_f32(ft::kernels::f16{uint16_t(h)});
+    const float b = ft::f16_to_f32(uint16_t(h));
+    uint32_t ua, ub;
+    std::memcpy(&ua, &a, 4);
+    std::memcpy(&ub, &b, 4);
+    if (ua != ub && ++mismatches <= 5) FAIL_CHECK("f16 bits " << h << ": " << ua << " vs " << ub);
+    const float c = ft::kernels::to_f32(ft::kernels::bf16{uint16_t(h)});
+    const float d = ft::bf16_to_f32(uint16_t(h));
+    std::memcpy(&ua, &c, 4);
+    std::memcpy(&ub, &d, 4);
+    if (ua != ub && ++mismatches <= 5) FAIL_CHECK("bf16 bits " << h);
+  }
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 2000000; ++i) {
+    uint32_t u = uint32_t(rng());
+    // Half of the draws land near f16's range (2^-27 .. 2^17) where its rounding cases are.
+    if (i % 2) u = (u & 0x807fffffu) | (uint32_t(100 + rng() % 45) << 23);
+    float x;
+    std::memcpy(&x, &u, 4);
+    const uint16_t h1 = ft::kernels::to_f16(x).bits, h2 = ft::f32_to_f16(x);
+    const uint16_t b1 = ft::kernels::to_bf16(x).bits, b2 = ft::f32_to_bf16(x);
+    if (std::isnan(x)) {  // any quiet NaN will do; the sign is kept
+      if (((h1 & 0x7c00u) != 0x7c00u || !(h1 & 0x3ffu) || ((b1 & 0x7f80u) != 0x7f80u)) &&
+          ++mismatches <= 5)
+        FAIL_CHECK("NaN bits " << u << " did not stay NaN");
+      continue;
+    }
+    if ((h1 != h2 || b1 != b2) && ++mismatches <= 5)
+      FAIL_CHECK("bits " << u << ": f16 " << h1 << " vs " << h2 << ", bf16 " << b1 << " vs "
+                         << b2);
+  }
+  CHECK(mismatches == 0);
 }
