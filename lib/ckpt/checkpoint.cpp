@@ -1064,10 +1064,14 @@ void CheckpointWriter::save(int64_t step, const std::vector<PieceSource>& pieces
 #pragma omp parallel for schedule(static) if (chunks > 1)
     for (int64_t c = 0; c < chunks; ++c) {
       const uint64_t a = uint64_t(c) << 20, b = std::min<uint64_t>(n, a + (1u << 20));
-      std::memcpy(dst + a, p.data + a, (b - a) * sizeof(float));
+      if (p.device)
+        p.device->copy_to_host(dst + a, p.data + a, (b - a) * sizeof(float));
+      else
+        std::memcpy(dst + a, p.data + a, (b - a) * sizeof(float));
     }
     PieceSource q = p;
     q.data = dst;
+    q.device = nullptr;
     job->pieces.push_back(q);
     off += n * sizeof(float);
   }
@@ -1101,8 +1105,14 @@ void CheckpointWriter::run_job(Job& job) {
     const int fd = ::open(bin.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) throw Error("creating " + bin + ": " + errno_text());
     try {
-      for (const PieceSource& p : job.pieces) {
+      std::vector<float> host;  // a device piece, copied to the host to be written
+      for (PieceSource p : job.pieces) {
         const uint64_t bytes = (p.end - p.begin) * sizeof(float);
+        if (p.device) {
+          host.resize(p.end - p.begin);
+          p.device->copy_to_host(host.data(), p.data, bytes);
+          p.data = host.data();
+        }
         uint64_t bad = 0;
         const uint32_t crc = crc_of_finite(p.data, p.end - p.begin, &bad);
         if (bad < p.end - p.begin)

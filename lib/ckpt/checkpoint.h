@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "recipe/recipe.h"
+#include "runtime/device.h"
 
 namespace ft {
 
@@ -64,6 +65,8 @@ struct PieceSource {
   int group;
   uint64_t begin, end;  // elements of the group's flat buffer at this rank's tensor size
   const float* data;    // end - begin floats
+  // The Device whose memory `data` is in (read through its copies); null: host memory.
+  Device* device = nullptr;
 };
 
 // A piece as recorded in a manifest.

@@ -12,12 +12,9 @@
 
 #include "core/error.h"
 #include "core/random.h"
-#include "kernels/kernels.h"
 #include "model/rope.h"
 
 namespace ft {
-namespace k = kernels;
-
 // Activations of one layer, (N = B*T rows).
 struct LayerActs {
   Buffer<float> ln1, rstd1;  // (N, C), (N)
@@ -32,7 +29,9 @@ struct LayerActs {
 struct LlamaModel::Acts {
   int B = 0, T = 0;
   bool backward = false;
-  const int32_t* inputs = nullptr;
+  // The micro-batch, copied to the device: token ids (first stage), targets and mask (last).
+  Buffer<int32_t> inputs, targets;   // (N)
+  Buffer<uint8_t> mask;              // (N)
   std::vector<Buffer<float>> resid;  // L+1 of (N, C): resid[l] is layer l's input
   std::vector<LayerActs> layers;     // L, or 1 with activation checkpointing
   Buffer<float> lnf, rstdf;          // (N, C), (N)
@@ -61,8 +60,13 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_chec
       V_(cfg.vocab_size / tp_),
       v_begin_(tp_rank_ * V_),
       layout_(cfg, tp_),
-      rope_inv_freq_(rope_inv_freq(cfg, layout_.head_dim())),
       stage_(stage) {
+  const std::vector<float> inv_freq = rope_inv_freq(cfg, layout_.head_dim());
+  rope_inv_freq_ = Buffer<float>(dev_, inv_freq.size());
+  rope_inv_freq_.upload(inv_freq.data(), inv_freq.size());
+  loss_acc_ = Buffer<double>(dev_, 1);
+  loss_acc_.zero();
+  st_ = dev_->stream();
   if (stage_.last_layer < 0) stage_.last_layer = cfg.n_layers;
   FT_CHECK(0 <= stage_.first_layer && stage_.first_layer <= stage_.last_layer &&
                stage_.last_layer <= cfg.n_layers,
@@ -104,14 +108,36 @@ std::vector<float*> LlamaModel::param_ptrs() {
   return p;
 }
 
+std::vector<std::vector<float>> LlamaModel::params_to_host() const {
+  std::vector<std::vector<float>> host(params_.size());
+  for (size_t g = 0; g < params_.size(); ++g) {
+    host[g].resize(params_[g].size());
+    params_[g].download(host[g].data(), params_[g].size());
+  }
+  return host;
+}
+
+void LlamaModel::params_from_host(const std::vector<std::vector<float>>& host) {
+  FT_CHECK(host.size() == params_.size(), "params_from_host: ", host.size(), " groups for ",
+           params_.size());
+  for (size_t g = 0; g < params_.size(); ++g) {
+    FT_CHECK(host[g].size() == params_[g].size(), "params_from_host: group ", g, " has ",
+             host[g].size(), " elements, expected ", params_[g].size());
+    params_[g].upload(host[g].data(), host[g].size());
+  }
+}
+
 void LlamaModel::init_random(uint64_t seed, double std) {
+  // Drawn on the host, one tensor at a time, then copied to the device.
   const auto& groups = layout_.groups();
+  std::vector<float> host;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     if (!owns_group(int(gi))) continue;
     for (const auto& e : groups[gi].entries) {
-      float* p = params_[gi].data() + e.offset;
+      host.assign(e.numel, 1.0f);
+      float* p = host.data();
       if (e.shape.size() < 2) {
-        for (size_t i = 0; i < e.numel; ++i) p[i] = 1.0f;
+        params_[gi].upload(p, e.numel, e.offset);
         continue;
       }
       // One stream per tensor, keyed by its name, so adding a tensor never shifts the others.
@@ -124,6 +150,7 @@ void LlamaModel::init_random(uint64_t seed, double std) {
         p[i] = float(std * r * std::cos(t));
         if (i + 1 < e.numel) p[i + 1] = float(std * r * std::sin(t));
       }
+      params_[gi].upload(p, e.numel, e.offset);
     }
   }
 }
@@ -143,6 +170,11 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
   a->T = T;
   a->backward = need_backward;
   const size_t N = size_t(B) * T, C = cfg_.dim, F = F_, V = V_;
+  if (stage_.embed) a->inputs = Buffer<int32_t>(dev_, N);
+  if (stage_.head) {
+    a->targets = Buffer<int32_t>(dev_, N);
+    a->mask = Buffer<uint8_t>(dev_, N);
+  }
   const size_t HD = size_t(H_) * layout_.head_dim();
   const size_t KD = size_t(K_) * layout_.head_dim();
   const size_t S = size_t(B) * H_ * T * T;
@@ -201,13 +233,13 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
 void LlamaModel::row_parallel_forward(float* y, const float* x, const float* W, int N, int in,
                                       int out) {
   if (tp_ == 1) {
-    k::linear_forward(y, x, W, N, in, out, /*accumulate=*/true);
+    ops().linear_forward(st_, y, x, W, N, in, out, /*accumulate=*/true);
     return;
   }
   float* partial = acts_->tp_partial.data();
-  k::linear_forward(partial, x, W, N, in, out);
+  ops().linear_forward(st_, partial, x, W, N, in, out, false);
   tp_comm_->all_reduce_sum(partial, size_t(N) * out);
-  k::add_inplace(y, partial, size_t(N) * out);
+  ops().add(st_, y, partial, size_t(N) * out);
 }
 
 void LlamaModel::layer_forward(int l, int B, int T) {
@@ -220,23 +252,23 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   const float* x = a.resid[l].data();
   float* y = a.resid[l + 1].data();
 
-  k::rmsnorm_forward(la.ln1.data(), la.rstd1.data(), x, w + o.attn_norm, N, C, float(cfg_.norm_eps));
-  k::linear_forward(la.q.data(), la.ln1.data(), w + o.wq, N, C, H * D);
-  k::linear_forward(la.kk.data(), la.ln1.data(), w + o.wk, N, C, K * D);
-  k::linear_forward(la.v.data(), la.ln1.data(), w + o.wv, N, C, K * D);
-  k::rope_forward(la.q.data(), rope_inv_freq_.data(), B, T, H, D);
-  k::rope_forward(la.kk.data(), rope_inv_freq_.data(), B, T, K, D);
-  k::attention_forward(la.att.data(), la.probs.data(), la.q.data(), la.kk.data(), la.v.data(), B,
+  ops().rmsnorm_forward(st_, la.ln1.data(), la.rstd1.data(), x, w + o.attn_norm, N, C, float(cfg_.norm_eps));
+  ops().linear_forward(st_, la.q.data(), la.ln1.data(), w + o.wq, N, C, H * D, false);
+  ops().linear_forward(st_, la.kk.data(), la.ln1.data(), w + o.wk, N, C, K * D, false);
+  ops().linear_forward(st_, la.v.data(), la.ln1.data(), w + o.wv, N, C, K * D, false);
+  ops().rope_forward(st_, la.q.data(), rope_inv_freq_.data(), B, T, H, D);
+  ops().rope_forward(st_, la.kk.data(), rope_inv_freq_.data(), B, T, K, D);
+  ops().attention_forward(st_, la.att.data(), la.probs.data(), la.q.data(), la.kk.data(), la.v.data(), B,
                        T, H, K, D);
-  std::memcpy(la.mid.data(), x, sizeof(float) * size_t(N) * C);
+  dev_->copy(st_, la.mid.data(), x, sizeof(float) * size_t(N) * C);
   row_parallel_forward(la.mid.data(), la.att.data(), w + o.wo, N, H * D, C);
 
-  k::rmsnorm_forward(la.ln2.data(), la.rstd2.data(), la.mid.data(), w + o.mlp_norm, N, C,
+  ops().rmsnorm_forward(st_, la.ln2.data(), la.rstd2.data(), la.mid.data(), w + o.mlp_norm, N, C,
                      float(cfg_.norm_eps));
-  k::linear_forward(la.g.data(), la.ln2.data(), w + o.w_gate, N, C, F);
-  k::linear_forward(la.u.data(), la.ln2.data(), w + o.w_up, N, C, F);
-  k::swiglu_forward(la.h.data(), la.g.data(), la.u.data(), size_t(N) * F);
-  std::memcpy(y, la.mid.data(), sizeof(float) * size_t(N) * C);
+  ops().linear_forward(st_, la.g.data(), la.ln2.data(), w + o.w_gate, N, C, F, false);
+  ops().linear_forward(st_, la.u.data(), la.ln2.data(), w + o.w_up, N, C, F, false);
+  ops().swiglu_forward(st_, la.h.data(), la.g.data(), la.u.data(), size_t(N) * F);
+  dev_->copy(st_, y, la.mid.data(), sizeof(float) * size_t(N) * C);
   row_parallel_forward(y, la.h.data(), w + o.w_down, N, F, C);
   release(1 + l);
 }
@@ -255,87 +287,99 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   float* dy = a.dresid.data();
 
   // MLP: x' = mid + h·Wdᵀ
-  k::linear_backward(a.dh.data(), dw + o.w_down, dy, la.h.data(), w + o.w_down, N, F, C);
-  k::swiglu_backward(a.dg.data(), a.du.data(), a.dh.data(), la.g.data(), la.u.data(), size_t(N) * F);
+  ops().linear_backward(st_, a.dh.data(), dw + o.w_down, dy, la.h.data(), w + o.w_down, N, F, C, false);
+  ops().swiglu_backward(st_, a.dg.data(), a.du.data(), a.dh.data(), la.g.data(), la.u.data(), size_t(N) * F);
   // d ln2 = dg·Wg + du·Wu  (into dtmp)
-  k::linear_backward(a.dtmp.data(), dw + o.w_gate, a.dg.data(), la.ln2.data(), w + o.w_gate, N, C, F);
-  k::linear_backward(a.dtmp.data(), dw + o.w_up, a.du.data(), la.ln2.data(), w + o.w_up, N, C, F,
+  ops().linear_backward(st_, a.dtmp.data(), dw + o.w_gate, a.dg.data(), la.ln2.data(), w + o.w_gate, N, C, F, false);
+  ops().linear_backward(st_, a.dtmp.data(), dw + o.w_up, a.du.data(), la.ln2.data(), w + o.w_up, N, C, F,
                      /*accumulate_dx=*/true);
   tensor_all_reduce(a.dtmp.data(), size_t(N) * C);  // column-parallel backward: sum the partials
   // rmsnorm_backward may not write in place, so d mid lands in la.ln2, whose forward value is
   // no longer needed once the gate/up weight gradients above are done.
-  k::rmsnorm_backward(la.ln2.data(), dw + o.mlp_norm, a.dtmp.data(), la.mid.data(), w + o.mlp_norm,
+  ops().rmsnorm_backward(st_, la.ln2.data(), dw + o.mlp_norm, a.dtmp.data(), la.mid.data(), w + o.mlp_norm,
                       la.rstd2.data(), N, C);
-  k::add_inplace(dy, la.ln2.data(), size_t(N) * C);  // dy is now dL/d mid
+  ops().add(st_, dy, la.ln2.data(), size_t(N) * C);  // dy is now dL/d mid
 
   // Attention: mid = x + att·Woᵀ
-  k::linear_backward(a.datt.data(), dw + o.wo, dy, la.att.data(), w + o.wo, N, H * D, C);
-  k::attention_backward(a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), la.probs.data(),
+  ops().linear_backward(st_, a.datt.data(), dw + o.wo, dy, la.att.data(), w + o.wo, N, H * D, C, false);
+  ops().attention_backward(st_, a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), la.probs.data(),
                         la.q.data(), la.kk.data(), la.v.data(), a.dscores.data(), B, T, H, K, D);
-  k::rope_backward(a.dq.data(), rope_inv_freq_.data(), B, T, H, D);
-  k::rope_backward(a.dk.data(), rope_inv_freq_.data(), B, T, K, D);
-  k::linear_backward(a.dtmp.data(), dw + o.wq, a.dq.data(), la.ln1.data(), w + o.wq, N, C, H * D);
-  k::linear_backward(a.dtmp.data(), dw + o.wk, a.dk.data(), la.ln1.data(), w + o.wk, N, C, K * D, true);
-  k::linear_backward(a.dtmp.data(), dw + o.wv, a.dv.data(), la.ln1.data(), w + o.wv, N, C, K * D, true);
+  ops().rope_backward(st_, a.dq.data(), rope_inv_freq_.data(), B, T, H, D);
+  ops().rope_backward(st_, a.dk.data(), rope_inv_freq_.data(), B, T, K, D);
+  ops().linear_backward(st_, a.dtmp.data(), dw + o.wq, a.dq.data(), la.ln1.data(), w + o.wq, N, C, H * D, false);
+  ops().linear_backward(st_, a.dtmp.data(), dw + o.wk, a.dk.data(), la.ln1.data(), w + o.wk, N, C, K * D, true);
+  ops().linear_backward(st_, a.dtmp.data(), dw + o.wv, a.dv.data(), la.ln1.data(), w + o.wv, N, C, K * D, true);
   tensor_all_reduce(a.dtmp.data(), size_t(N) * C);
-  k::rmsnorm_backward(la.ln1.data(), dw + o.attn_norm, a.dtmp.data(), x, w + o.attn_norm,
+  ops().rmsnorm_backward(st_, la.ln1.data(), dw + o.attn_norm, a.dtmp.data(), x, w + o.attn_norm,
                       la.rstd1.data(), N, C);
-  k::add_inplace(dy, la.ln1.data(), size_t(N) * C);  // dL/d x
+  ops().add(st_, dy, la.ln1.data(), size_t(N) * C);  // dL/d x
   release(1 + l);
   grads_ready(1 + l);
 }
 
-double LlamaModel::forward_part(int slot, const int32_t* inputs, const float* x_in,
-                                const int32_t* targets, const uint8_t* mask, int B, int T,
-                                float loss_scale, bool backward) {
+void LlamaModel::forward_part(int slot, const int32_t* inputs, const float* x_in,
+                              const int32_t* targets, const uint8_t* mask, int B, int T,
+                              float loss_scale, bool backward) {
   FT_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len ", cfg_.max_seq_len);
   ensure_acts(slot, B, T, backward);
   Acts& a = *acts_;
-  a.inputs = inputs;
   const int N = B * T, C = cfg_.dim, V = V_, L = cfg_.n_layers;
   const int hg = L + 1;  // head group
   const int first = stage_.first_layer, last = stage_.last_layer;
 
   if (stage_.embed) {
+    // The ids are checked on the host, where they arrive, before they reach the device.
     for (int n = 0; n < N; ++n)
       FT_CHECK(inputs[n] >= 0 && inputs[n] < cfg_.vocab_size, "input token id ", inputs[n],
                " out of range for vocab_size ", cfg_.vocab_size);
+    a.inputs.upload(inputs, size_t(N));
     // Vocabulary-parallel embedding: each tensor rank looks up the ids in its rows, zeros
     // elsewhere, and the all-reduce assembles the rows.
-    k::embedding_forward(a.resid[0].data(), inputs, P(0), N, C, v_begin_, tp_ > 1 ? V : -1);
+    ops().embedding_forward(st_, a.resid[0].data(), a.inputs.data(), P(0), N, C, v_begin_,
+                            tp_ > 1 ? V : -1);
     release(0);
     tensor_all_reduce(a.resid[0].data(), size_t(N) * C);
   } else {
-    std::memcpy(a.resid[size_t(first)].data(), x_in, sizeof(float) * size_t(N) * C);
+    dev_->copy(st_, a.resid[size_t(first)].data(), x_in, sizeof(float) * size_t(N) * C);
   }
   for (int l = first; l < last; ++l) layer_forward(l, B, T);
-  if (!stage_.head) return 0.0;
+  if (!stage_.head) return;
 
   for (int n = 0; n < N; ++n)
     FT_CHECK(!mask[n] || (targets[n] >= 0 && targets[n] < cfg_.vocab_size), "target token id ",
              targets[n], " out of range for vocab_size ", cfg_.vocab_size);
+  a.targets.upload(targets, size_t(N));
+  a.mask.upload(mask, size_t(N));
+  const int32_t* tgt = a.targets.data();
+  const uint8_t* msk = a.mask.data();
   const float* wf = P(hg);
   const float* Wh = cfg_.tie_embeddings ? P(0) : wf + C;
-  k::rmsnorm_forward(a.lnf.data(), a.rstdf.data(), a.resid[L].data(), wf, N, C, float(cfg_.norm_eps));
-  k::linear_forward(a.logits.data(), a.lnf.data(), Wh, N, C, V);  // (N, V / tensor)
-  float* dlogits = backward ? a.logits.data() : nullptr;
-  double loss_sum;
+  ops().rmsnorm_forward(st_, a.lnf.data(), a.rstdf.data(), a.resid[L].data(), wf, N, C,
+                        float(cfg_.norm_eps));
+  ops().linear_forward(st_, a.logits.data(), a.lnf.data(), Wh, N, C, V, false);  // (N, V / tensor)
+  Ref dlogits = backward ? Ref(a.logits.data()) : Ref();
   if (tp_ == 1) {
-    loss_sum = k::cross_entropy_forward_backward(dlogits, a.logits.data(), targets, mask, N, V,
-                                                 loss_scale);
+    ops().cross_entropy(st_, dlogits, a.logits.data(), tgt, msk, N, V, loss_scale,
+                        loss_acc_.data());
   } else {  // vocabulary-parallel cross-entropy: no rank ever holds full-vocabulary logits
-    k::row_max(a.row_max.data(), a.logits.data(), N, V);
+    ops().row_max(st_, a.row_max.data(), a.logits.data(), N, V);
     tp_comm_->all_reduce_max(a.row_max.data(), size_t(N));
-    k::ce_partial(a.sumexp.data(), a.target_logit.data(), a.logits.data(), targets, mask,
-                  a.row_max.data(), N, V, v_begin_);
+    ops().ce_partial(st_, a.sumexp.data(), a.target_logit.data(), a.logits.data(), tgt, msk,
+                     a.row_max.data(), N, V, v_begin_);
     tp_comm_->all_reduce_sum(a.sumexp.data(), size_t(N));
     tp_comm_->all_reduce_sum(a.target_logit.data(), size_t(N));
-    loss_sum = k::ce_finish(dlogits, a.logits.data(), targets, mask, a.row_max.data(),
-                            a.sumexp.data(), a.target_logit.data(), N, V, v_begin_, loss_scale);
+    ops().ce_finish(st_, dlogits, a.logits.data(), tgt, msk, a.row_max.data(), a.sumexp.data(),
+                    a.target_logit.data(), N, V, v_begin_, loss_scale, loss_acc_.data());
   }
   release(hg);
   if (cfg_.tie_embeddings) release(0);
-  return loss_sum;
+}
+
+double LlamaModel::take_loss_sum() {
+  double sum = 0;
+  loss_acc_.download(&sum, 1);
+  loss_acc_.zero();
+  return sum;
 }
 
 void LlamaModel::backward_part(int slot, const float* dy_in) {
@@ -349,9 +393,9 @@ void LlamaModel::backward_part(int slot, const float* dy_in) {
     const float* Wh = cfg_.tie_embeddings ? P(0) : wf + C;
     float* dhead = G(hg);
     float* dWh = cfg_.tie_embeddings ? G(0) : dhead + C;
-    k::linear_backward(a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N, C, V);
+    ops().linear_backward(st_, a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N, C, V, false);
     tensor_all_reduce(a.dtmp.data(), size_t(N) * C);  // each rank saw only its vocabulary columns
-    k::rmsnorm_backward(a.dresid.data(), dhead, a.dtmp.data(), a.resid[L].data(), wf,
+    ops().rmsnorm_backward(st_, a.dresid.data(), dhead, a.dtmp.data(), a.resid[L].data(), wf,
                         a.rstdf.data(), N, C);
     release(hg);
     grads_ready(hg);
@@ -360,25 +404,25 @@ void LlamaModel::backward_part(int slot, const float* dy_in) {
       if (!stage_.embed) grads_ready(0);  // the embedding's other half is on the first stage
     }
   } else {
-    std::memcpy(a.dresid.data(), dy_in, sizeof(float) * size_t(N) * C);
+    dev_->copy(st_, a.dresid.data(), dy_in, sizeof(float) * size_t(N) * C);
   }
   for (int l = stage_.last_layer - 1; l >= stage_.first_layer; --l) layer_backward(l, B, T);
   if (stage_.embed) {
-    k::embedding_backward(G(0), a.inputs, a.dresid.data(), N, C, v_begin_, tp_ > 1 ? V : -1);
+    ops().embedding_backward(st_, G(0), a.inputs.data(), a.dresid.data(), N, C, v_begin_,
+                             tp_ > 1 ? V : -1);
     grads_ready(0);
   }
 }
 
-double LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets,
-                                    const uint8_t* mask, int B, int T, float loss_scale) {
-  const double loss = forward_part(0, inputs, nullptr, targets, mask, B, T, loss_scale, true);
+void LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets,
+                                  const uint8_t* mask, int B, int T, float loss_scale) {
+  forward_part(0, inputs, nullptr, targets, mask, B, T, loss_scale, true);
   backward_part(0, nullptr);
-  return loss;
 }
 
-double LlamaModel::forward_loss(const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
-                                int B, int T) {
-  return forward_part(0, inputs, nullptr, targets, mask, B, T, 0.0f, false);
+void LlamaModel::forward_loss(const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
+                              int B, int T) {
+  forward_part(0, inputs, nullptr, targets, mask, B, T, 0.0f, false);
 }
 
 }  // namespace ft

@@ -45,6 +45,7 @@ class LlamaModel {
   ~LlamaModel();
 
   const ModelConfig& config() const { return cfg_; }
+  Device* device() const { return dev_; }
   const ParamLayout& layout() const { return layout_; }
   // Flat parameter and gradient buffers, one per layout group. (numel of group g)
   std::vector<Buffer<float>>& params() { return params_; }
@@ -53,28 +54,36 @@ class LlamaModel {
   void set_hooks(GroupHooks* hooks) { hooks_ = hooks; }
   // Frees the full parameter buffers once ZeRO-3 hooks own the parameters.
   void drop_params() { params_.clear(); }
-  std::vector<float*> param_ptrs();
+  std::vector<float*> param_ptrs();  // device pointers, one per group (null: not held)
+  // Host copies of the parameter groups (empty for groups this stage does not hold), and back:
+  // for loading and slicing weights at startup, which happens on the host.
+  std::vector<std::vector<float>> params_to_host() const;
+  void params_from_host(const std::vector<std::vector<float>>& host);
   size_t num_params() const { return layout_.total_numel(); }
 
   // Seeded initialisation: matrices ~ N(0, std²), norm weights = 1 (as HF's _init_weights).
   void init_random(uint64_t seed, double std);
   void zero_grads();
 
-  // Forward and backward on one micro-batch. inputs/targets/mask: (B, T). dlogits are scaled by
-  // loss_scale (1 / trained tokens of the whole global batch gives the token-weighted mean).
-  // Returns the SUM of per-token losses over masked targets. Gradients accumulate.
-  double forward_backward(const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
-                          int B, int T, float loss_scale);
-  // Forward only (evaluation): returns the summed loss over masked targets.
-  double forward_loss(const int32_t* inputs, const int32_t* targets, const uint8_t* mask, int B,
-                      int T);
+  // Forward and backward on one micro-batch. inputs/targets/mask: (B, T) host arrays, copied to
+  // the device. dlogits are scaled by loss_scale (1 / trained tokens of the whole global batch
+  // gives the token-weighted mean). The SUM of per-token losses over masked targets accumulates
+  // on the device (take_loss_sum). Gradients accumulate.
+  void forward_backward(const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
+                        int B, int T, float loss_scale);
+  // Forward only (evaluation); the summed loss accumulates as above.
+  void forward_loss(const int32_t* inputs, const int32_t* targets, const uint8_t* mask, int B,
+                    int T);
+  // The loss summed since the last call (over masked targets, on the last stage; 0 elsewhere),
+  // read back from the device once, and reset.
+  double take_loss_sum();
 
   // Pipeline stages run a micro-batch in two halves, and keep several micro-batches in flight,
   // each in its own activation slot.
-  // forward_part: the first stage embeds `inputs`; others start from x_in (B·T, C). The last
-  // stage returns the summed loss (and, with backward, keeps dlogits for backward_part); others
-  // return 0 and leave their output at stage_output(slot).
-  double forward_part(int slot, const int32_t* inputs, const float* x_in, const int32_t* targets,
+  // forward_part: the first stage embeds `inputs` (host ids); others start from x_in (B·T, C,
+  // device memory). The last stage adds its loss to the step's sum (take_loss_sum) and, with
+  // backward, keeps dlogits for backward_part; others leave their output at stage_output(slot).
+  void forward_part(int slot, const int32_t* inputs, const float* x_in, const int32_t* targets,
                       const uint8_t* mask, int B, int T, float loss_scale, bool backward);
   // backward_part: the last stage starts from its loss; others from dy_in (B·T, C), the gradient
   // of their output. Leaves the gradient of the stage's input at input_grad() (not on the first).
@@ -101,9 +110,11 @@ class LlamaModel {
   int H_, K_, F_, V_;  // this tensor rank's query heads, kv heads, ffn columns, vocabulary rows
   int v_begin_ = 0;    // first vocabulary row of this rank's shard
   ParamLayout layout_;
-  // (D/2) RoPE inverse frequencies of cfg_'s rope type (model/rope.h); a host table, read by the
-  // kernels when they build their cos/sin tables.
-  std::vector<float> rope_inv_freq_;
+  // (D/2) RoPE inverse frequencies of cfg_'s rope type (model/rope.h), in device memory.
+  Buffer<float> rope_inv_freq_;
+  Buffer<double> loss_acc_;  // (1) the loss summed since take_loss_sum
+  Stream st_;
+  Ops& ops() { return dev_->ops(); }
   std::vector<Buffer<float>> params_, grads_;
   StageSpec stage_;
   std::vector<std::unique_ptr<Acts>> slots_;

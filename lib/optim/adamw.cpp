@@ -2,13 +2,12 @@
 
 #include <algorithm>
 
-#include "kernels/kernels.h"
 
 namespace ft {
 
 AdamW::AdamW(const ParamLayout& layout, const OptimizerConfig& cfg, Device* dev,
              std::vector<ShardRange> ranges)
-    : layout_(layout), cfg_(cfg), ranges_(std::move(ranges)) {
+    : layout_(layout), cfg_(cfg), dev_(dev), ranges_(std::move(ranges)) {
   const auto& groups = layout.groups();
   if (ranges_.empty())
     for (const auto& g : groups) ranges_.push_back({0, g.numel});
@@ -32,10 +31,10 @@ void AdamW::step(const std::vector<float*>& params, const std::vector<const floa
       const size_t lo = std::max(r.begin, e.offset), hi = std::min(r.end, e.offset + e.numel);
       if (lo >= hi) continue;
       const float wd = e.weight_decay ? float(cfg_.weight_decay) : 0.0f;
-      kernels::adamw_update(params[gi] + (lo - r.begin), grads[gi] + (lo - r.begin),
-                            m_[gi].data() + (lo - r.begin), v_[gi].data() + (lo - r.begin),
-                            hi - lo, float(lr), float(cfg_.beta1), float(cfg_.beta2),
-                            float(cfg_.eps), wd, t_);
+      dev_->ops().adamw_update(dev_->stream(), params[gi] + (lo - r.begin),
+                               grads[gi] + (lo - r.begin), m_[gi].data() + (lo - r.begin),
+                               v_[gi].data() + (lo - r.begin), hi - lo, float(lr),
+                               float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), wd, t_);
     }
   }
 }

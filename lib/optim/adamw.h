@@ -38,6 +38,7 @@ class AdamW {
  private:
   const ParamLayout& layout_;
   OptimizerConfig cfg_;
+  Device* dev_;
   std::vector<ShardRange> ranges_;
   std::vector<Buffer<float>> m_, v_;  // (range size) per group
   int64_t t_ = 0;

@@ -1,7 +1,6 @@
 #include "parallel/pipeline.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "core/error.h"
 
@@ -26,18 +25,17 @@ PipelineSchedule::PipelineSchedule(LlamaModel& model, Communicator* pipe, Device
 }
 
 // Tags: 2i for micro-batch i's activations (forward), 2i + 1 for its gradient (backward).
-void PipelineSchedule::forward(const StepSamples& b, int i, int micro, float scale, bool backward,
-                               double* loss) {
+void PipelineSchedule::forward(const StepSamples& b, int i, int micro, float scale,
+                               bool backward) {
   const int T = b.seq_len;
   const size_t n = size_t(micro) * T * size_t(model_.config().dim);
   const size_t off = size_t(i) * micro * T;
   if (p_ > 0) pipe_->recv(recv_buf_.data(), n, p_ - 1, 2 * i);
-  *loss += model_.forward_part(slot(i), b.inputs.data() + off, recv_buf_.data(),
-                               b.targets.data() + off, b.mask.data() + off, micro, T, scale,
-                               backward);
+  model_.forward_part(slot(i), b.inputs.data() + off, recv_buf_.data(), b.targets.data() + off,
+                      b.mask.data() + off, micro, T, scale, backward);
   if (p_ < P_ - 1) {
     float* out = send_bufs_[size_t(i) % send_bufs_.size()].data();
-    std::memcpy(out, model_.stage_output(slot(i)), n * sizeof(float));
+    dev_->copy(dev_->stream(), out, model_.stage_output(slot(i)), n * sizeof(float));
     pipe_->send(out, n, p_ + 1, 2 * i);
   }
 }
@@ -48,22 +46,21 @@ void PipelineSchedule::backward(int i, int micro, int T) {
   model_.backward_part(slot(i), recv_buf_.data());
   if (p_ > 0) {
     float* out = send_bufs_[size_t(i)].data();
-    std::memcpy(out, model_.input_grad(), n * sizeof(float));
+    dev_->copy(dev_->stream(), out, model_.input_grad(), n * sizeof(float));
     pipe_->send(out, n, p_ - 1, 2 * i + 1);
   }
 }
 
 double PipelineSchedule::train_step(const StepSamples& b, int micro, float scale) {
   const int M = b.count / micro, T = b.seq_len;
-  double loss = 0;
   if (P_ == 1) {
     slots_ = 1;
     for (int i = 0; i < M; ++i) {
       const size_t off = size_t(i) * micro * T;
-      loss += model_.forward_backward(b.inputs.data() + off, b.targets.data() + off,
-                                      b.mask.data() + off, micro, T, scale);
+      model_.forward_backward(b.inputs.data() + off, b.targets.data() + off, b.mask.data() + off,
+                              micro, T, scale);
     }
-    return loss;
+    return model_.take_loss_sum();
   }
   const size_t n = size_t(micro) * T * size_t(model_.config().dim);
   if (recv_buf_.size() != n) recv_buf_ = Buffer<float>(dev_, n);
@@ -73,26 +70,25 @@ double PipelineSchedule::train_step(const StepSamples& b, int micro, float scale
   }
   const int warmup = std::min(P_ - p_ - 1, M);
   slots_ = warmup + 1;
-  for (int i = 0; i < warmup; ++i) forward(b, i, micro, scale, true, &loss);
+  for (int i = 0; i < warmup; ++i) forward(b, i, micro, scale, true);
   for (int j = 0; j < M - warmup; ++j) {
-    forward(b, warmup + j, micro, scale, true, &loss);
+    forward(b, warmup + j, micro, scale, true);
     backward(j, micro, T);
   }
   for (int j = M - warmup; j < M; ++j) backward(j, micro, T);
   pipe_->wait_sends();
-  return loss;
+  return model_.take_loss_sum();
 }
 
 double PipelineSchedule::eval_batch(const StepSamples& b, int micro) {
   const int M = b.count / micro, T = b.seq_len;
-  double loss = 0;
   if (P_ == 1) {
     for (int i = 0; i < M; ++i) {
       const size_t off = size_t(i) * micro * T;
-      loss += model_.forward_loss(b.inputs.data() + off, b.targets.data() + off,
-                                  b.mask.data() + off, micro, T);
+      model_.forward_loss(b.inputs.data() + off, b.targets.data() + off, b.mask.data() + off,
+                          micro, T);
     }
-    return loss;
+    return model_.take_loss_sum();
   }
   const size_t n = size_t(micro) * T * size_t(model_.config().dim);
   if (recv_buf_.size() != n) recv_buf_ = Buffer<float>(dev_, n);
@@ -104,10 +100,10 @@ double PipelineSchedule::eval_batch(const StepSamples& b, int micro) {
   // before the buffer is reused; the next stage is already waiting for it).
   slots_ = 1;
   for (int i = 0; i < M; ++i) {
-    forward(b, i, micro, 0.0f, false, &loss);
+    forward(b, i, micro, 0.0f, false);
     pipe_->wait_sends();
   }
-  return loss;
+  return model_.take_loss_sum();
 }
 
 }  // namespace ft

@@ -5,7 +5,6 @@
 #include <limits>
 
 #include "core/error.h"
-#include "kernels/kernels.h"
 
 namespace ft {
 
@@ -44,13 +43,15 @@ ZeroSharding::ZeroSharding(int stage, LlamaModel& model, Communicator& comm, Dev
       param_shards_.emplace_back(dev_, shard_[g]);
       param_shards_[g].zero();  // the padding of the last shard
       const float* full = model_.params()[g].data();
-      std::copy(full + ranges_[g].begin, full + ranges_[g].end, param_shards_[g].data());
+      dev_->copy(dev_->stream(), param_shards_[g].data(), full + ranges_[g].begin,
+                 ranges_[g].size() * sizeof(float));
     }
     model_.drop_params();
     gathered_.resize(G);
     refs_.assign(G, 0);
   }
   if ((stage_ == 1 || stage_ == 2) && D_ > 1) scratch_ = Buffer<float>(dev_, max_shard * size_t(D_));
+  sumsq_ = Buffer<double>(dev_, 1);
 }
 
 ZeroSharding::~ZeroSharding() {
@@ -69,35 +70,38 @@ void ZeroSharding::finish_backward() {
   for (auto& g : model_.grads()) comm_.all_reduce_sum(g.data(), g.size());
 }
 
-double ZeroSharding::weighted_sum_squares(int g, const float* x, size_t base, size_t begin,
-                                          size_t end) const {
+void ZeroSharding::weighted_sum_squares(double* acc, int g, const float* x, size_t base,
+                                        size_t begin, size_t end) const {
   const int T = tensor_comm_ ? tensor_comm_->size() : 1;
-  double s = 0;
+  double holders_count = 1;
+  for (const auto& [shared, holders] : shared_)
+    if (shared == g) holders_count = holders->size();
   for (const auto& e : model_.layout().groups()[size_t(g)].entries) {
     const size_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
     if (lo >= hi) continue;
-    const double sq = kernels::sum_squares(x + (lo - base), hi - lo);
-    s += e.split == TensorSplit::kReplicated ? sq / T : sq;
+    const double divisor = (e.split == TensorSplit::kReplicated ? T : 1) * holders_count;
+    dev_->ops().sum_squares(dev_->stream(), acc, x + (lo - base), hi - lo, divisor);
   }
-  for (const auto& [shared, holders] : shared_)
-    if (shared == g) s /= holders->size();
-  return s;
 }
 
 double ZeroSharding::grad_sum_squares() {
-  double s = 0;
+  // Accumulated on the device, all-reduced there, read back once.
+  sumsq_.zero();
+  double* acc = sumsq_.data();
   const int G = int(numel_.size());
   if (stage_ >= 2) {
     for (int g = 0; g < G; ++g)
-      s += weighted_sum_squares(g, grad_shards_[size_t(g)].data(), ranges_[size_t(g)].begin,
-                                ranges_[size_t(g)].begin, ranges_[size_t(g)].end);
-    comm_.all_reduce_sum(&s, 1);
+      weighted_sum_squares(acc, g, grad_shards_[size_t(g)].data(), ranges_[size_t(g)].begin,
+                           ranges_[size_t(g)].begin, ranges_[size_t(g)].end);
+    comm_.all_reduce_sum(acc, 1);
   } else {
     for (int g = 0; g < G; ++g)
-      s += weighted_sum_squares(g, model_.grads()[size_t(g)].data(), 0, 0, numel_[size_t(g)]);
+      weighted_sum_squares(acc, g, model_.grads()[size_t(g)].data(), 0, 0, numel_[size_t(g)]);
   }
-  if (tensor_comm_) tensor_comm_->all_reduce_sum(&s, 1);
-  if (pipeline_comm_) pipeline_comm_->all_reduce_sum(&s, 1);
+  if (tensor_comm_) tensor_comm_->all_reduce_sum(acc, 1);
+  if (pipeline_comm_) pipeline_comm_->all_reduce_sum(acc, 1);
+  double s = 0;
+  sumsq_.download(&s, 1);
   return s;
 }
 
@@ -116,21 +120,26 @@ void ZeroSharding::reduce_shared_groups() {
 
 void ZeroSharding::scale_grads(float f) {
   if (stage_ >= 2)
-    for (auto& b : grad_shards_) kernels::scale_inplace(b.data(), f, b.size());
+    for (auto& b : grad_shards_) dev_->ops().scale(dev_->stream(), b.data(), f, b.size());
   else
-    for (auto& b : model_.grads()) kernels::scale_inplace(b.data(), f, b.size());
+    for (auto& b : model_.grads()) dev_->ops().scale(dev_->stream(), b.data(), f, b.size());
 }
 
 int64_t ZeroSharding::first_nonfinite_grad() const {
-  // Only called once a step has gone wrong, so a plain scan is fast enough.
+  // Only called once a step has gone wrong, so a plain scan of a host copy is fast enough.
   int64_t index = 0;
   const auto& groups = model_.layout().groups();
+  std::vector<float> host;
   for (size_t g = 0; g < groups.size(); ++g) {
     const size_t begin = ranges_[g].begin, end = ranges_[g].end;
     // x holds elements [base, end) of the group's flat gradient.
-    const float* x = numel_[g] == 0 ? nullptr
-                     : stage_ >= 2  ? grad_shards_[g].data()
-                                    : model_.grads()[g].data();
+    const float* x = nullptr;
+    if (numel_[g] != 0) {
+      const Buffer<float>& b = stage_ >= 2 ? grad_shards_[g] : model_.grads()[g];
+      host.resize(b.size());
+      b.download(host.data(), b.size());
+      x = host.data();
+    }
     const size_t base = stage_ >= 2 ? begin : 0;
     for (const auto& e : groups[g].entries) {
       const size_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
@@ -145,8 +154,11 @@ int64_t ZeroSharding::first_nonfinite_grad() const {
 void ZeroSharding::inject_nan_grad_for_test() {
   for (size_t g = 0; g < numel_.size(); ++g) {
     if (ranges_[g].begin >= ranges_[g].end) continue;
-    float* x = stage_ >= 2 ? grad_shards_[g].data() : model_.grads()[g].data() + ranges_[g].begin;
-    x[0] = std::numeric_limits<float>::quiet_NaN();
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    if (stage_ >= 2)
+      grad_shards_[g].upload(&nan, 1);
+    else
+      model_.grads()[g].upload(&nan, 1, ranges_[g].begin);
     return;
   }
 }
@@ -171,9 +183,9 @@ void ZeroSharding::finish_update() {
     const size_t s = shard_[g];
     float* own = scratch_.data() + size_t(rank_) * s;
     float* full = model_.params()[g].data();
-    std::copy(full + ranges_[g].begin, full + ranges_[g].end, own);
+    dev_->copy(dev_->stream(), own, full + ranges_[g].begin, ranges_[g].size() * sizeof(float));
     comm_.all_gather(own, scratch_.data(), s);
-    std::copy(scratch_.data(), scratch_.data() + numel_[g], full);
+    dev_->copy(dev_->stream(), full, scratch_.data(), numel_[g] * sizeof(float));
   }
 }
 
@@ -202,7 +214,7 @@ const float* ZeroSharding::acquire_params(int group) {
     const size_t s = shard_[g];
     gathered_[g] = Buffer<float>(dev_, s * size_t(D_));
     float* own = gathered_[g].data() + size_t(rank_) * s;
-    std::copy(param_shards_[g].data(), param_shards_[g].data() + s, own);
+    dev_->copy(dev_->stream(), own, param_shards_[g].data(), s * sizeof(float));
     comm_.all_gather(own, gathered_[g].data(), s);
   }
   return gathered_[g].data();
@@ -228,7 +240,7 @@ void ZeroSharding::grads_ready(int group) {
   const size_t g = size_t(group), s = shard_[g];
   Buffer<float> mine(dev_, s);
   comm_.reduce_scatter_sum(working_grads_[g].data(), mine.data(), s);
-  kernels::add_inplace(grad_shards_[g].data(), mine.data(), s);
+  dev_->ops().add(dev_->stream(), grad_shards_[g].data(), mine.data(), s);
   working_grads_[g] = Buffer<float>();  // freed: at most the groups in flight are full size
 }
 

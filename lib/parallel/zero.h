@@ -69,9 +69,11 @@ class ZeroSharding final : public GroupHooks {
   Communicator* tensor_comm_;
   Communicator* pipeline_comm_;
   std::vector<std::pair<int, Communicator*>> shared_;  // groups held by two stages
-  // Σ x² over [begin, end) of group g's buffer `x` (which starts at element `base`), with
-  // tensor-replicated tensors weighted 1/T so the tensor all-reduce counts them once.
-  double weighted_sum_squares(int g, const float* x, size_t base, size_t begin, size_t end) const;
+  // *acc += Σ x² over [begin, end) of group g's buffer `x` (which starts at element `base`),
+  // with tensor-replicated tensors weighted 1/T so the tensor all-reduce counts them once (and
+  // groups held by two pipeline stages 1/2).
+  void weighted_sum_squares(double* acc, int g, const float* x, size_t base, size_t begin,
+                            size_t end) const;
   int D_, rank_;
   std::vector<size_t> numel_, shard_;
   std::vector<ShardRange> ranges_;
@@ -81,6 +83,7 @@ class ZeroSharding final : public GroupHooks {
   std::vector<int> refs_;                    // stage 3: acquire count per group
   std::vector<Buffer<float>> working_grads_; // stage ≥ 2: (D·s) per group while in backward
   Buffer<float> scratch_;                    // stage 1/2: all-gather buffer (D·max s)
+  Buffer<double> sumsq_;                     // (1) the squared gradient norm being summed
 };
 
 }  // namespace ft

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "runtime/cpu_ops.h"
 #include "runtime/device.h"
 
 namespace ft {
@@ -33,6 +34,10 @@ class CpuDevice final : public Device {
   void memset_zero(void* ptr, size_t bytes) override { std::memset(ptr, 0, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy_from_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy(Stream, void* dst, const void* src, size_t bytes) override {
+    if (bytes && dst != src) std::memmove(dst, src, bytes);
+  }
+  Ops& ops() override { return *ops_; }
   void synchronize() override {}
   AllocatorStats stats() const override {
     return AllocatorStats{current_.load(), peak_.load(), num_allocs_.load()};
@@ -40,6 +45,7 @@ class CpuDevice final : public Device {
 
  private:
   std::atomic<size_t> current_{0}, peak_{0}, num_allocs_{0};
+  std::unique_ptr<Ops> ops_ = make_cpu_ops();
 };
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <memory>
 #include <string>
 
+#include "runtime/ops.h"
+
 namespace ft {
 
 enum class DeviceKind { kCpu, kCuda };
@@ -27,10 +29,17 @@ class Device {
   virtual void* alloc(size_t bytes) = 0;
   virtual void free(void* ptr, size_t bytes) = 0;
   virtual void memset_zero(void* ptr, size_t bytes) = 0;
+  // Copies between host and device wait for the copy (and the work before it) to finish.
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
+  // Device to device, ordered on the stream like an op.
+  virtual void copy(Stream s, void* dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
   virtual AllocatorStats stats() const = 0;
+  // Every op the model, ZeRO and optimizer run on this device (runtime/ops.h).
+  virtual Ops& ops() = 0;
+  // The stream work is issued on by default.
+  virtual Stream stream() { return Stream{}; }
 };
 
 // The CPU device; threads for kernels come from OpenMP (runtime.threads).
@@ -40,7 +49,8 @@ std::unique_ptr<Device> make_cpu_device();
 // gives the CPU.
 std::unique_ptr<Device> make_device(const std::string& spec);
 
-// A typed, owning allocation on a Device. Move-only.
+// A typed, owning allocation on a Device. Move-only. Its memory is device memory: the host
+// reaches it only through upload/download (or the Device's copies), never by indexing.
 template <typename T>
 class Buffer {
  public:
@@ -64,9 +74,14 @@ class Buffer {
   const T* data() const { return ptr_; }
   size_t size() const { return count_; }
   size_t bytes() const { return count_ * sizeof(T); }
-  T& operator[](size_t i) { return ptr_[i]; }
-  const T& operator[](size_t i) const { return ptr_[i]; }
   void zero() { if (ptr_) dev_->memset_zero(ptr_, bytes()); }
+  // Host ↔ device copies of n elements starting at element `at`.
+  void upload(const T* host, size_t n, size_t at = 0) {
+    if (n) dev_->copy_from_host(ptr_ + at, host, n * sizeof(T));
+  }
+  void download(T* host, size_t n, size_t at = 0) const {
+    if (n) dev_->copy_to_host(host, ptr_ + at, n * sizeof(T));
+  }
   Device* device() const { return dev_; }
 
  private:

@@ -58,9 +58,10 @@ std::vector<ckpt::PieceSource> state_pieces(LlamaModel& model, ZeroSharding& zer
     // this data rank's shard (= w) from stage 1 on.
     const size_t pskip = w.begin - zero.ranges()[gi].begin;
     const size_t oskip = w.begin - optim.ranges()[gi].begin;
-    out.push_back({ckpt::State::kParam, g, w.begin, w.end, params[gi] + pskip});
-    out.push_back({ckpt::State::kExpAvg, g, w.begin, w.end, optim.exp_avg(g) + oskip});
-    out.push_back({ckpt::State::kExpAvgSq, g, w.begin, w.end, optim.exp_avg_sq(g) + oskip});
+    Device* dev = model.device();
+    out.push_back({ckpt::State::kParam, g, w.begin, w.end, params[gi] + pskip, dev});
+    out.push_back({ckpt::State::kExpAvg, g, w.begin, w.end, optim.exp_avg(g) + oskip, dev});
+    out.push_back({ckpt::State::kExpAvgSq, g, w.begin, w.end, optim.exp_avg_sq(g) + oskip, dev});
   }
   return out;
 }
@@ -69,22 +70,27 @@ void load_state(const ckpt::Manifest& m, LlamaModel& model, ZeroSharding& zero, 
                 const Mesh& mesh, int zero_stage) {
   const auto& groups = model.layout().groups();
   const std::vector<float*> params = zero.param_bases();
+  // Each range is read on the host, then copied to the device.
+  Device* dev = model.device();
+  std::vector<float> host;
+  auto read = [&](ckpt::State state, int g, size_t begin, size_t end, float* device_dst) {
+    host.resize(end - begin);
+    ckpt::read_range(m, state, g, mesh.tensor, mesh.t, begin, end, host.data());
+    if (end > begin) dev->copy_from_host(device_dst, host.data(), (end - begin) * sizeof(float));
+  };
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const int g = int(gi);
     if (!model.owns_group(g)) continue;
     const size_t n = groups[gi].numel;
     if (zero_stage == 3) {
       const ShardRange& r = zero.ranges()[gi];
-      ckpt::read_range(m, ckpt::State::kParam, g, mesh.tensor, mesh.t, r.begin, r.end, params[gi]);
+      read(ckpt::State::kParam, g, r.begin, r.end, params[gi]);
     } else {
-      ckpt::read_range(m, ckpt::State::kParam, g, mesh.tensor, mesh.t, 0, n,
-                       model.params()[gi].data());
+      read(ckpt::State::kParam, g, 0, n, model.params()[gi].data());
     }
     const ShardRange& o = optim.ranges()[gi];
-    ckpt::read_range(m, ckpt::State::kExpAvg, g, mesh.tensor, mesh.t, o.begin, o.end,
-                     optim.exp_avg(g));
-    ckpt::read_range(m, ckpt::State::kExpAvgSq, g, mesh.tensor, mesh.t, o.begin, o.end,
-                     optim.exp_avg_sq(g));
+    read(ckpt::State::kExpAvg, g, o.begin, o.end, optim.exp_avg(g));
+    read(ckpt::State::kExpAvgSq, g, o.begin, o.end, optim.exp_avg_sq(g));
   }
   optim.set_step_count(m.optimizer_step);
 }

@@ -300,16 +300,26 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       whole = std::make_unique<LlamaModel>(r.model, dev.get());
       init = whole.get();
     }
+    // Weights are read and sliced on the host, then copied to the device.
+    auto host_ptrs = [](std::vector<std::vector<float>>& h) {
+      std::vector<float*> p;
+      for (auto& g : h) p.push_back(g.empty() ? nullptr : g.data());
+      return p;
+    };
     if (!r.model.from.empty() && candidates.empty()) {
       if (is_root) log_info("loading weights from ", r.model.from);
-      load_hf_weights(r.model.from, init->layout(), init->param_ptrs());
+      std::vector<std::vector<float>> host = init->params_to_host();
+      load_hf_weights(r.model.from, init->layout(), host_ptrs(host));
+      init->params_from_host(host);
     } else {
       init->init_random(r.run.seed, r.model.init_std);
     }
     if (whole) {
-      const std::vector<float*> ptrs = whole->param_ptrs();
-      const std::vector<const float*> src(ptrs.begin(), ptrs.end());
-      slice_for_tensor_rank(whole->layout(), src, model.layout(), model.param_ptrs(), mesh.t);
+      std::vector<std::vector<float>> src = whole->params_to_host(), dst = model.params_to_host();
+      const std::vector<float*> sp = host_ptrs(src);
+      slice_for_tensor_rank(whole->layout(), std::vector<const float*>(sp.begin(), sp.end()),
+                            model.layout(), host_ptrs(dst), mesh.t);
+      model.params_from_host(dst);
     }
   }
   // ZeRO over the data group (lib/parallel/zero.h). Takes over the parameters (stage 3) and
