@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "runtime/ops.h"
+
 namespace ft {
 
 class Communicator {
@@ -21,13 +23,15 @@ class Communicator {
   // in: size() * shard floats; out: this rank's shard (entries [rank*shard, (rank+1)*shard)) of
   // the sum over ranks.
   virtual void reduce_scatter_sum(const float* in, float* out, size_t shard) = 0;
-  // in: this rank's shard; out: size() * shard floats, rank r's shard at r*shard.
-  virtual void all_gather(const float* in, float* out, size_t shard) = 0;
+  // in: this rank's shard; out: size() * shard elements, rank r's shard at r*shard. Elements of
+  // any dtype (moved, not combined: bf16/fp16 shards move at 2 bytes per element); in and out
+  // of the same dtype.
+  virtual void all_gather(CRef in, Ref out, size_t shard) = 0;
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
   // Point to point (pipeline stages). send() does not block: the buffer must stay untouched
-  // until wait_sends() returns. recv() blocks until the data is there.
-  virtual void send(const float* data, size_t n, int peer, int tag) = 0;
-  virtual void recv(float* data, size_t n, int peer, int tag) = 0;
+  // until wait_sends() returns. recv() blocks until the data is there. n elements of the dtype.
+  virtual void send(CRef data, size_t n, int peer, int tag) = 0;
+  virtual void recv(Ref data, size_t n, int peer, int tag) = 0;
   virtual void wait_sends() = 0;
   virtual void barrier() = 0;
   // Ends every rank of the job (after a fatal error on this one), with this exit code.

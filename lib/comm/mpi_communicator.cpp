@@ -46,6 +46,17 @@ void check(int rc, const char* what) {
 // MPI counts are int; split larger buffers into pieces below 2^30 elements.
 constexpr size_t kMaxCount = size_t(1) << 30;
 
+// The MPI type that moves elements of a dtype (16-bit floats move as 16-bit integers: MPI has
+// no bf16, and nothing here combines them).
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kBF16:
+    case DType::kF16: return MPI_UINT16_T;
+    default: FT_FAIL("no MPI transfer for dtype ", dtype_name(t));
+  }
+}
+
 // How long the rank that timed out waits for the others' answers. Live ranks answer within
 // milliseconds (they poll every millisecond while they wait); a few seconds cover a loaded node.
 constexpr double kGraceS = 3.0;
@@ -138,14 +149,17 @@ class MpiCommunicator final : public Communicator {
           "reduce_scatter");
     wait(&req, 1, "reduce_scatter_sum");
   }
-  void all_gather(const float* in, float* out, size_t shard) override {
+  void all_gather(CRef in, Ref out, size_t shard) override {
     FT_CHECK(shard < kMaxCount, "all-gather shard too large");
+    FT_CHECK(in.dtype == out.dtype, "all_gather of ", dtype_name(in.dtype), " into ",
+             dtype_name(out.dtype));
+    const MPI_Datatype type = mpi_type(in.dtype);
     MPI_Request req;
-    if (in == out + size_t(rank_) * shard)
-      check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_FLOAT, out, int(shard), MPI_FLOAT, comm_, &req),
+    if (in.ptr == (out + size_t(rank_) * shard).ptr)
+      check(MPI_Iallgather(MPI_IN_PLACE, 0, type, out.ptr, int(shard), type, comm_, &req),
             "allgather");
     else
-      check(MPI_Iallgather(in, int(shard), MPI_FLOAT, out, int(shard), MPI_FLOAT, comm_, &req),
+      check(MPI_Iallgather(in.ptr, int(shard), type, out.ptr, int(shard), type, comm_, &req),
             "allgather");
     wait(&req, 1, "all_gather");
   }
@@ -160,16 +174,16 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Ibarrier(comm_, &req), "barrier");
     wait(&req, 1, "barrier");
   }
-  void send(const float* data, size_t n, int peer, int tag) override {
+  void send(CRef data, size_t n, int peer, int tag) override {
     FT_CHECK(n < kMaxCount, "send too large");
     MPI_Request req;
-    check(MPI_Isend(data, int(n), MPI_FLOAT, peer, tag, comm_, &req), "isend");
+    check(MPI_Isend(data.ptr, int(n), mpi_type(data.dtype), peer, tag, comm_, &req), "isend");
     pending_.push_back(req);
   }
-  void recv(float* data, size_t n, int peer, int tag) override {
+  void recv(Ref data, size_t n, int peer, int tag) override {
     FT_CHECK(n < kMaxCount, "recv too large");
     MPI_Request req;
-    check(MPI_Irecv(data, int(n), MPI_FLOAT, peer, tag, comm_, &req), "recv");
+    check(MPI_Irecv(data.ptr, int(n), mpi_type(data.dtype), peer, tag, comm_, &req), "recv");
     wait(&req, 1, "recv", peer);
   }
   void wait_sends() override {

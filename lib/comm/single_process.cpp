@@ -17,12 +17,14 @@ class SingleProcessCommunicator final : public Communicator {
   void reduce_scatter_sum(const float* in, float* out, size_t shard) override {
     if (in != out) std::memmove(out, in, shard * sizeof(float));
   }
-  void all_gather(const float* in, float* out, size_t shard) override {
-    if (in != out) std::memmove(out, in, shard * sizeof(float));
+  void all_gather(CRef in, Ref out, size_t shard) override {
+    FT_CHECK(in.dtype == out.dtype, "all_gather of ", dtype_name(in.dtype), " into ",
+             dtype_name(out.dtype));
+    if (in.ptr != out.ptr) std::memmove(out.ptr, in.ptr, shard * dtype_size(in.dtype));
   }
   void broadcast(void*, size_t, int) override {}
-  void send(const float*, size_t, int, int) override { FT_FAIL("send in a one-process group"); }
-  void recv(float*, size_t, int, int) override { FT_FAIL("recv in a one-process group"); }
+  void send(CRef, size_t, int, int) override { FT_FAIL("send in a one-process group"); }
+  void recv(Ref, size_t, int, int) override { FT_FAIL("recv in a one-process group"); }
   void wait_sends() override {}
   void barrier() override {}
   void abort(int code) override { std::_Exit(code); }

@@ -16,14 +16,17 @@
 
 namespace ft {
 // Activations of one layer, (N = B*T rows).
+// Activations of one layer, (N = B*T rows), in the compute dtype; statistics in fp32.
 struct LayerActs {
-  Buffer<float> ln1, rstd1;  // (N, C), (N)
-  Buffer<float> q, kk, v;    // (N, H*D), (N, K*D), (N, K*D) — q and k after RoPE
+  DBuffer ln1;               // (N, C)
+  Buffer<float> rstd1;       // (N)
+  DBuffer q, kk, v;          // (N, H*D), (N, K*D), (N, K*D) — q and k after RoPE
   Buffer<float> probs;       // (B, H, T, T)
-  Buffer<float> att;         // (N, H*D) attention output before o_proj
-  Buffer<float> mid;         // (N, C) residual after attention
-  Buffer<float> ln2, rstd2;  // (N, C), (N)
-  Buffer<float> g, u, h;     // (N, F) each
+  DBuffer att;               // (N, H*D) attention output before o_proj
+  DBuffer mid;               // (N, C) residual after attention
+  DBuffer ln2;               // (N, C)
+  Buffer<float> rstd2;       // (N)
+  DBuffer g, u, h;           // (N, F) each
 };
 
 struct LlamaModel::Acts {
@@ -32,22 +35,25 @@ struct LlamaModel::Acts {
   // The micro-batch, copied to the device: token ids (first stage), targets and mask (last).
   Buffer<int32_t> inputs, targets;   // (N)
   Buffer<uint8_t> mask;              // (N)
-  std::vector<Buffer<float>> resid;  // L+1 of (N, C): resid[l] is layer l's input
+  std::vector<DBuffer> resid;        // L+1 of (N, C): resid[l] is layer l's input
   std::vector<LayerActs> layers;     // L, or 1 with activation checkpointing
-  Buffer<float> lnf, rstdf;          // (N, C), (N)
-  Buffer<float> logits;              // (N, V / tensor); becomes dlogits in backward
-  // tensor parallelism: a row-parallel layer's partial output (N, C); cross-entropy statistics
-  Buffer<float> tp_partial, row_max;         // (N, C), (N)
+  DBuffer lnf;                       // (N, C)
+  Buffer<float> rstdf;               // (N)
+  DBuffer logits;                    // (N, V / tensor); becomes dlogits in backward
+  // tensor parallelism: a row-parallel layer's partial output (N, C); cross-entropy statistics;
+  // with a 16-bit compute dtype, the fp32 copy an all-reduce sums in
+  DBuffer tp_partial;                        // (N, C)
+  Buffer<float> row_max, tp_f32;             // (N), (N, C)
   Buffer<double> sumexp, target_logit;       // (N), (N)
   // backward scratch
-  Buffer<float> dresid, dtmp;        // (N, C)
-  Buffer<float> dq, dk, dv, datt;    // (N, H*D), (N, K*D), (N, K*D), (N, H*D)
-  Buffer<float> dg, du, dh;          // (N, F)
+  DBuffer dresid, dtmp;              // (N, C)
+  DBuffer dq, dk, dv, datt;          // (N, H*D), (N, K*D), (N, K*D), (N, H*D)
+  DBuffer dg, du, dh;                // (N, F)
   Buffer<float> dscores;             // (B, H, T, T)
 };
 
 LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing,
-                       Communicator* tensor_comm, StageSpec stage)
+                       Communicator* tensor_comm, StageSpec stage, DType compute_dtype)
     : cfg_(cfg),
       dev_(dev),
       ckpt_(activation_checkpointing),
@@ -60,7 +66,10 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_chec
       V_(cfg.vocab_size / tp_),
       v_begin_(tp_rank_ * V_),
       layout_(cfg, tp_),
+      cdt_(compute_dtype),
       stage_(stage) {
+  FT_CHECK(cdt_ == DType::kF32 || cdt_ == DType::kBF16 || cdt_ == DType::kF16,
+           "compute dtype must be F32, BF16 or F16, not ", dtype_name(cdt_));
   const std::vector<float> inv_freq = rope_inv_freq(cfg, layout_.head_dim());
   rope_inv_freq_ = Buffer<float>(dev_, inv_freq.size());
   rope_inv_freq_.upload(inv_freq.data(), inv_freq.size());
@@ -85,11 +94,54 @@ bool LlamaModel::owns_group(int g) const {
   return g - 1 >= stage_.first_layer && g - 1 < stage_.last_layer;
 }
 
-const float* LlamaModel::stage_output(int slot) const {
+CRef LlamaModel::stage_output(int slot) const {
   return slots_[size_t(slot)]->resid[size_t(stage_.last_layer)].data();
 }
 
-const float* LlamaModel::input_grad() const { return acts_->dresid.data(); }
+CRef LlamaModel::input_grad() const { return acts_->dresid.data(); }
+
+void LlamaModel::make_compute_copy() {
+  if (cdt_ == DType::kF32) return;
+  FT_CHECK(params_.size() == layout_.groups().size(), "make_compute_copy: no fp32 parameters");
+  compute_params_.clear();
+  for (size_t g = 0; g < params_.size(); ++g) {
+    compute_params_.emplace_back(dev_, cdt_, params_[g].size());
+    ops().convert(st_, compute_params_[g].data(), params_[g].data(), params_[g].size());
+    params_[g] = Buffer<float>();  // freed group by group: the peak is one fp32 group more
+  }
+  params_.clear();
+}
+
+size_t LlamaModel::param_bytes() const {
+  size_t b = 0;
+  for (const auto& x : params_) b += x.bytes();
+  for (const auto& x : compute_params_) b += x.bytes();
+  return b;
+}
+
+Ref LlamaModel::compute_params(int g) {
+  if (!compute_params_.empty()) return compute_params_[size_t(g)].data();
+  return params_[size_t(g)].data();
+}
+
+void LlamaModel::copy(Ref dst, CRef src, size_t n) {
+  FT_CHECK(dst.dtype == src.dtype, "copy of ", dtype_name(src.dtype), " into ",
+           dtype_name(dst.dtype));
+  dev_->copy(st_, dst.ptr, src.ptr, n * dtype_size(dst.dtype));
+}
+
+void LlamaModel::tensor_all_reduce(Ref x, size_t n) {
+  if (tp_ == 1) return;
+  if (x.dtype == DType::kF32) {
+    tp_comm_->all_reduce_sum(static_cast<float*>(x.ptr), n);
+    return;
+  }
+  float* f = acts_->tp_f32.data();
+  FT_CHECK(n <= acts_->tp_f32.size(), "tensor all-reduce of ", n, " elements");
+  ops().convert(st_, f, x, n);
+  tp_comm_->all_reduce_sum(f, n);
+  ops().convert(st_, x, f, n);
+}
 
 std::vector<Buffer<float>>& LlamaModel::grads() {
   if (grads_.empty())
@@ -180,48 +232,50 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
   const size_t S = size_t(B) * H_ * T * T;
   const int L = cfg_.n_layers;
   // Residual stream: resid[l] is layer l's input; only this stage's [first, last] exist.
+  const DType ct = cdt_;
   for (int l = 0; l <= L; ++l)
-    a->resid.emplace_back(dev_, l >= stage_.first_layer && l <= stage_.last_layer ? N * C : 0);
+    a->resid.emplace_back(dev_, ct, l >= stage_.first_layer && l <= stage_.last_layer ? N * C : 0);
   const int stage_layers = stage_.last_layer - stage_.first_layer;
   int nsets = (ckpt_ || !need_backward) ? std::min(1, stage_layers) : stage_layers;
   for (int i = 0; i < nsets; ++i) {
     LayerActs la;
-    la.ln1 = Buffer<float>(dev_, N * C);
+    la.ln1 = DBuffer(dev_, ct, N * C);
     la.rstd1 = Buffer<float>(dev_, N);
-    la.q = Buffer<float>(dev_, N * HD);
-    la.kk = Buffer<float>(dev_, N * KD);
-    la.v = Buffer<float>(dev_, N * KD);
+    la.q = DBuffer(dev_, ct, N * HD);
+    la.kk = DBuffer(dev_, ct, N * KD);
+    la.v = DBuffer(dev_, ct, N * KD);
     la.probs = Buffer<float>(dev_, S);
-    la.att = Buffer<float>(dev_, N * HD);
-    la.mid = Buffer<float>(dev_, N * C);
-    la.ln2 = Buffer<float>(dev_, N * C);
+    la.att = DBuffer(dev_, ct, N * HD);
+    la.mid = DBuffer(dev_, ct, N * C);
+    la.ln2 = DBuffer(dev_, ct, N * C);
     la.rstd2 = Buffer<float>(dev_, N);
-    la.g = Buffer<float>(dev_, N * F);
-    la.u = Buffer<float>(dev_, N * F);
-    la.h = Buffer<float>(dev_, N * F);
+    la.g = DBuffer(dev_, ct, N * F);
+    la.u = DBuffer(dev_, ct, N * F);
+    la.h = DBuffer(dev_, ct, N * F);
     a->layers.push_back(std::move(la));
   }
   if (stage_.head) {
-    a->lnf = Buffer<float>(dev_, N * C);
+    a->lnf = DBuffer(dev_, ct, N * C);
     a->rstdf = Buffer<float>(dev_, N);
-    a->logits = Buffer<float>(dev_, N * V);
+    a->logits = DBuffer(dev_, ct, N * V);
   }
   if (tp_ > 1) {
-    a->tp_partial = Buffer<float>(dev_, N * C);
+    a->tp_partial = DBuffer(dev_, ct, N * C);
+    if (ct != DType::kF32) a->tp_f32 = Buffer<float>(dev_, N * C);
     a->row_max = Buffer<float>(dev_, N);
     a->sumexp = Buffer<double>(dev_, N);
     a->target_logit = Buffer<double>(dev_, N);
   }
   if (need_backward) {
-    a->dresid = Buffer<float>(dev_, N * C);
-    a->dtmp = Buffer<float>(dev_, N * C);
-    a->dq = Buffer<float>(dev_, N * HD);
-    a->dk = Buffer<float>(dev_, N * KD);
-    a->dv = Buffer<float>(dev_, N * KD);
-    a->datt = Buffer<float>(dev_, N * HD);
-    a->dg = Buffer<float>(dev_, N * F);
-    a->du = Buffer<float>(dev_, N * F);
-    a->dh = Buffer<float>(dev_, N * F);
+    a->dresid = DBuffer(dev_, ct, N * C);
+    a->dtmp = DBuffer(dev_, ct, N * C);
+    a->dq = DBuffer(dev_, ct, N * HD);
+    a->dk = DBuffer(dev_, ct, N * KD);
+    a->dv = DBuffer(dev_, ct, N * KD);
+    a->datt = DBuffer(dev_, ct, N * HD);
+    a->dg = DBuffer(dev_, ct, N * F);
+    a->du = DBuffer(dev_, ct, N * F);
+    a->dh = DBuffer(dev_, ct, N * F);
     a->dscores = Buffer<float>(dev_, S);
   }
   cur = std::move(a);
@@ -230,15 +284,14 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
 
 // y += x·Wᵀ for a row-parallel layer (o_proj, down_proj): with tensor parallelism each rank
 // multiplies its slice of the input features and the partial sums are all-reduced (Megatron's g).
-void LlamaModel::row_parallel_forward(float* y, const float* x, const float* W, int N, int in,
-                                      int out) {
+void LlamaModel::row_parallel_forward(Ref y, CRef x, CRef W, int N, int in, int out) {
   if (tp_ == 1) {
     ops().linear_forward(st_, y, x, W, N, in, out, /*accumulate=*/true);
     return;
   }
-  float* partial = acts_->tp_partial.data();
+  Ref partial = acts_->tp_partial.data();
   ops().linear_forward(st_, partial, x, W, N, in, out, false);
-  tp_comm_->all_reduce_sum(partial, size_t(N) * out);
+  tensor_all_reduce(partial, size_t(N) * out);
   ops().add(st_, y, partial, size_t(N) * out);
 }
 
@@ -248,9 +301,9 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   const int N = B * T, C = cfg_.dim, F = F_, H = H_, K = K_;
   const int D = layout_.head_dim();
   const BlockOffsets& o = layout_.block_offsets();
-  const float* w = P(1 + l);
-  const float* x = a.resid[l].data();
-  float* y = a.resid[l + 1].data();
+  const CRef w = P(1 + l);
+  const CRef x = a.resid[l].data();
+  const Ref y = a.resid[l + 1].data();
 
   ops().rmsnorm_forward(st_, la.ln1.data(), la.rstd1.data(), x, w + o.attn_norm, N, C, float(cfg_.norm_eps));
   ops().linear_forward(st_, la.q.data(), la.ln1.data(), w + o.wq, N, C, H * D, false);
@@ -260,7 +313,7 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   ops().rope_forward(st_, la.kk.data(), rope_inv_freq_.data(), B, T, K, D);
   ops().attention_forward(st_, la.att.data(), la.probs.data(), la.q.data(), la.kk.data(), la.v.data(), B,
                        T, H, K, D);
-  dev_->copy(st_, la.mid.data(), x, sizeof(float) * size_t(N) * C);
+  copy(la.mid.data(), x, size_t(N) * C);
   row_parallel_forward(la.mid.data(), la.att.data(), w + o.wo, N, H * D, C);
 
   ops().rmsnorm_forward(st_, la.ln2.data(), la.rstd2.data(), la.mid.data(), w + o.mlp_norm, N, C,
@@ -268,7 +321,7 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   ops().linear_forward(st_, la.g.data(), la.ln2.data(), w + o.w_gate, N, C, F, false);
   ops().linear_forward(st_, la.u.data(), la.ln2.data(), w + o.w_up, N, C, F, false);
   ops().swiglu_forward(st_, la.h.data(), la.g.data(), la.u.data(), size_t(N) * F);
-  dev_->copy(st_, y, la.mid.data(), sizeof(float) * size_t(N) * C);
+  copy(y, la.mid.data(), size_t(N) * C);
   row_parallel_forward(y, la.h.data(), w + o.w_down, N, F, C);
   release(1 + l);
 }
@@ -281,10 +334,10 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   const int N = B * T, C = cfg_.dim, F = F_, H = H_, K = K_;
   const int D = layout_.head_dim();
   const BlockOffsets& o = layout_.block_offsets();
-  const float* w = P(1 + l);
+  const CRef w = P(1 + l);
   float* dw = G(1 + l);
-  const float* x = a.resid[l].data();
-  float* dy = a.dresid.data();
+  const CRef x = a.resid[l].data();
+  const Ref dy = a.dresid.data();
 
   // MLP: x' = mid + h·Wdᵀ
   ops().linear_backward(st_, a.dh.data(), dw + o.w_down, dy, la.h.data(), w + o.w_down, N, F, C, false);
@@ -317,7 +370,7 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   grads_ready(1 + l);
 }
 
-void LlamaModel::forward_part(int slot, const int32_t* inputs, const float* x_in,
+void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in,
                               const int32_t* targets, const uint8_t* mask, int B, int T,
                               float loss_scale, bool backward) {
   FT_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len ", cfg_.max_seq_len);
@@ -340,7 +393,7 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, const float* x_in
     release(0);
     tensor_all_reduce(a.resid[0].data(), size_t(N) * C);
   } else {
-    dev_->copy(st_, a.resid[size_t(first)].data(), x_in, sizeof(float) * size_t(N) * C);
+    copy(a.resid[size_t(first)].data(), x_in, size_t(N) * C);
   }
   for (int l = first; l < last; ++l) layer_forward(l, B, T);
   if (!stage_.head) return;
@@ -352,12 +405,12 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, const float* x_in
   a.mask.upload(mask, size_t(N));
   const int32_t* tgt = a.targets.data();
   const uint8_t* msk = a.mask.data();
-  const float* wf = P(hg);
-  const float* Wh = cfg_.tie_embeddings ? P(0) : wf + C;
+  const CRef wf = P(hg);
+  const CRef Wh = cfg_.tie_embeddings ? P(0) : wf + C;
   ops().rmsnorm_forward(st_, a.lnf.data(), a.rstdf.data(), a.resid[L].data(), wf, N, C,
                         float(cfg_.norm_eps));
   ops().linear_forward(st_, a.logits.data(), a.lnf.data(), Wh, N, C, V, false);  // (N, V / tensor)
-  Ref dlogits = backward ? Ref(a.logits.data()) : Ref();
+  const Ref dlogits = backward ? a.logits.data() : Ref(nullptr, cdt_);
   if (tp_ == 1) {
     ops().cross_entropy(st_, dlogits, a.logits.data(), tgt, msk, N, V, loss_scale,
                         loss_acc_.data());
@@ -382,15 +435,15 @@ double LlamaModel::take_loss_sum() {
   return sum;
 }
 
-void LlamaModel::backward_part(int slot, const float* dy_in) {
+void LlamaModel::backward_part(int slot, CRef dy_in) {
   acts_ = slots_[size_t(slot)].get();
   Acts& a = *acts_;
   const int B = a.B, T = a.T, N = B * T, C = cfg_.dim, V = V_, L = cfg_.n_layers;
   const int hg = L + 1;
   if (stage_.head) {
     // logits = f·Whᵀ; a.logits holds dlogits since forward_part.
-    const float* wf = P(hg);
-    const float* Wh = cfg_.tie_embeddings ? P(0) : wf + C;
+    const CRef wf = P(hg);
+    const CRef Wh = cfg_.tie_embeddings ? P(0) : wf + C;
     float* dhead = G(hg);
     float* dWh = cfg_.tie_embeddings ? G(0) : dhead + C;
     ops().linear_backward(st_, a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N, C, V, false);
@@ -404,7 +457,7 @@ void LlamaModel::backward_part(int slot, const float* dy_in) {
       if (!stage_.embed) grads_ready(0);  // the embedding's other half is on the first stage
     }
   } else {
-    dev_->copy(st_, a.dresid.data(), dy_in, sizeof(float) * size_t(N) * C);
+    copy(a.dresid.data(), dy_in, size_t(N) * C);
   }
   for (int l = stage_.last_layer - 1; l >= stage_.first_layer; --l) layer_backward(l, B, T);
   if (stage_.embed) {
@@ -416,13 +469,13 @@ void LlamaModel::backward_part(int slot, const float* dy_in) {
 
 void LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets,
                                   const uint8_t* mask, int B, int T, float loss_scale) {
-  forward_part(0, inputs, nullptr, targets, mask, B, T, loss_scale, true);
-  backward_part(0, nullptr);
+  forward_part(0, inputs, CRef(), targets, mask, B, T, loss_scale, true);
+  backward_part(0, CRef());
 }
 
 void LlamaModel::forward_loss(const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
                               int B, int T) {
-  forward_part(0, inputs, nullptr, targets, mask, B, T, 0.0f, false);
+  forward_part(0, inputs, CRef(), targets, mask, B, T, 0.0f, false);
 }
 
 }  // namespace ft

@@ -34,8 +34,9 @@ void PipelineSchedule::forward(const StepSamples& b, int i, int micro, float sca
   model_.forward_part(slot(i), b.inputs.data() + off, recv_buf_.data(), b.targets.data() + off,
                       b.mask.data() + off, micro, T, scale, backward);
   if (p_ < P_ - 1) {
-    float* out = send_bufs_[size_t(i) % send_bufs_.size()].data();
-    dev_->copy(dev_->stream(), out, model_.stage_output(slot(i)), n * sizeof(float));
+    const Ref out = send_bufs_[size_t(i) % send_bufs_.size()].data();
+    dev_->copy(dev_->stream(), out.ptr, model_.stage_output(slot(i)).ptr,
+               n * dtype_size(out.dtype));
     pipe_->send(out, n, p_ + 1, 2 * i);
   }
 }
@@ -45,9 +46,18 @@ void PipelineSchedule::backward(int i, int micro, int T) {
   if (p_ < P_ - 1) pipe_->recv(recv_buf_.data(), n, p_ + 1, 2 * i + 1);
   model_.backward_part(slot(i), recv_buf_.data());
   if (p_ > 0) {
-    float* out = send_bufs_[size_t(i)].data();
-    dev_->copy(dev_->stream(), out, model_.input_grad(), n * sizeof(float));
+    const Ref out = send_bufs_[size_t(i)].data();
+    dev_->copy(dev_->stream(), out.ptr, model_.input_grad().ptr, n * dtype_size(out.dtype));
     pipe_->send(out, n, p_ - 1, 2 * i + 1);
+  }
+}
+
+void PipelineSchedule::ensure_buffers(size_t n, size_t count) {
+  const DType t = model_.compute_dtype();
+  if (recv_buf_.size() != n) recv_buf_ = DBuffer(dev_, t, n);
+  if (send_bufs_.size() != count || send_bufs_[0].size() != n) {
+    send_bufs_.clear();
+    for (size_t i = 0; i < count; ++i) send_bufs_.emplace_back(dev_, t, n);
   }
 }
 
@@ -62,12 +72,7 @@ double PipelineSchedule::train_step(const StepSamples& b, int micro, float scale
     }
     return model_.take_loss_sum();
   }
-  const size_t n = size_t(micro) * T * size_t(model_.config().dim);
-  if (recv_buf_.size() != n) recv_buf_ = Buffer<float>(dev_, n);
-  if (send_bufs_.size() != size_t(M) || send_bufs_[0].size() != n) {
-    send_bufs_.clear();
-    for (int i = 0; i < M; ++i) send_bufs_.emplace_back(dev_, n);
-  }
+  ensure_buffers(size_t(micro) * T * size_t(model_.config().dim), size_t(M));
   const int warmup = std::min(P_ - p_ - 1, M);
   slots_ = warmup + 1;
   for (int i = 0; i < warmup; ++i) forward(b, i, micro, scale, true);
@@ -90,12 +95,9 @@ double PipelineSchedule::eval_batch(const StepSamples& b, int micro) {
     }
     return model_.take_loss_sum();
   }
-  const size_t n = size_t(micro) * T * size_t(model_.config().dim);
-  if (recv_buf_.size() != n) recv_buf_ = Buffer<float>(dev_, n);
-  if (send_bufs_.empty() || send_bufs_[0].size() != n) {
-    send_bufs_.clear();
-    send_bufs_.emplace_back(dev_, n);
-  }
+  // Forward only needs one send buffer; keep the training step's if they are there.
+  ensure_buffers(size_t(micro) * T * size_t(model_.config().dim),
+                 std::max<size_t>(1, send_bufs_.size()));
   // Forward only: one micro-batch at a time, so the step's buffers serve (each send completes
   // before the buffer is reused; the next stage is already waiting for it).
   slots_ = 1;

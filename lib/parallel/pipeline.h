@@ -44,8 +44,10 @@ class PipelineSchedule {
   Communicator* pipe_;
   Device* dev_;
   int p_ = 0, P_ = 1, slots_ = 1;
-  Buffer<float> recv_buf_;                    // (micro·T, C)
-  std::vector<Buffer<float>> send_bufs_;      // per micro-batch: output or input gradient
+  // In the model's compute dtype: activations travel at their real width.
+  DBuffer recv_buf_;                    // (micro·T, C)
+  std::vector<DBuffer> send_bufs_;      // per micro-batch: output or input gradient
+  void ensure_buffers(size_t n, size_t count);
 };
 
 }  // namespace ft

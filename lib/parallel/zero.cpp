@@ -14,6 +14,7 @@ ZeroSharding::ZeroSharding(int stage, LlamaModel& model, Communicator& comm, Dev
       model_(model),
       comm_(comm),
       dev_(dev),
+      cdt_(model.compute_dtype()),
       tensor_comm_(tensor_comm),
       pipeline_comm_(pipeline_comm),
       D_(comm.size()),
@@ -38,19 +39,29 @@ ZeroSharding::ZeroSharding(int stage, LlamaModel& model, Communicator& comm, Dev
   } else {
     model_.grads();  // full gradient buffers
   }
-  if (stage_ == 3) {
+  // fp32 master weights (DESIGN.md §5 precision policy): this rank's shard at stage 3 (padded to
+  // s; the all-gathers send it whole), or with a 16-bit compute dtype the range AdamW updates.
+  // Otherwise (fp32 at stages 0-2) the model's own fp32 buffers are the master.
+  if (stage_ == 3 || cdt_ != DType::kF32) {
     for (size_t g = 0; g < G; ++g) {
-      param_shards_.emplace_back(dev_, shard_[g]);
-      param_shards_[g].zero();  // the padding of the last shard
+      master_.emplace_back(dev_, stage_ == 3 ? shard_[g] : ranges_[g].size());
+      master_[g].zero();  // the padding of the last shard
       const float* full = model_.params()[g].data();
-      dev_->copy(dev_->stream(), param_shards_[g].data(), full + ranges_[g].begin,
+      dev_->copy(dev_->stream(), master_[g].data(), full + ranges_[g].begin,
                  ranges_[g].size() * sizeof(float));
     }
+  }
+  if (stage_ == 3) {
+    if (cdt_ != DType::kF32)
+      for (size_t g = 0; g < G; ++g) compute_shards_.emplace_back(dev_, cdt_, shard_[g]);
     model_.drop_params();
     gathered_.resize(G);
     refs_.assign(G, 0);
+  } else {
+    model_.make_compute_copy();  // no-op in fp32
   }
-  if ((stage_ == 1 || stage_ == 2) && D_ > 1) scratch_ = Buffer<float>(dev_, max_shard * size_t(D_));
+  if ((stage_ == 1 || stage_ == 2) && D_ > 1) scratch_ = DBuffer(dev_, cdt_, max_shard * size_t(D_));
+  if (cdt_ != DType::kF32) sync_compute_params();  // fp32: the parameters are the masters
   sumsq_ = Buffer<double>(dev_, 1);
 }
 
@@ -166,7 +177,8 @@ void ZeroSharding::inject_nan_grad_for_test() {
 std::vector<float*> ZeroSharding::param_bases() {
   std::vector<float*> p;
   for (size_t g = 0; g < numel_.size(); ++g)
-    p.push_back(stage_ == 3 ? param_shards_[g].data() : model_.params()[g].data() + ranges_[g].begin);
+    p.push_back(!master_.empty() ? master_[g].data()
+                                 : model_.params()[g].data() + ranges_[g].begin);
   return p;
 }
 
@@ -177,24 +189,41 @@ std::vector<const float*> ZeroSharding::grad_bases() {
   return p;
 }
 
-void ZeroSharding::finish_update() {
-  if (!(stage_ == 1 || stage_ == 2) || D_ == 1) return;
+void ZeroSharding::finish_update() { sync_compute_params(); }
+
+void ZeroSharding::sync_compute_params() {
+  const Stream st = dev_->stream();
+  Ops& ops = dev_->ops();
+  const bool fp32 = cdt_ == DType::kF32;
   for (size_t g = 0; g < numel_.size(); ++g) {
+    const size_t own = ranges_[g].size();
+    if (stage_ == 3) {  // the compute copy of the shard is what the all-gathers send
+      if (!fp32) ops.convert(st, compute_shards_[g].data(), master_[g].data(), shard_[g]);
+      continue;
+    }
+    if (stage_ == 0 || D_ == 1) {  // the master covers the whole group
+      if (!fp32) ops.convert(st, model_.compute_params(int(g)) + ranges_[g].begin,
+                             master_[g].data(), own);
+      continue;
+    }
+    // Stages 1 and 2: every rank rounds its updated shard, then all-gather the compute copy (at
+    // the compute dtype's width: half of fp32's bytes in bf16/fp16).
     const size_t s = shard_[g];
-    float* own = scratch_.data() + size_t(rank_) * s;
-    float* full = model_.params()[g].data();
-    dev_->copy(dev_->stream(), own, full + ranges_[g].begin, ranges_[g].size() * sizeof(float));
-    comm_.all_gather(own, scratch_.data(), s);
-    dev_->copy(dev_->stream(), full, scratch_.data(), numel_[g] * sizeof(float));
+    const Ref mine = scratch_.data() + size_t(rank_) * s;
+    if (fp32)
+      dev_->copy(st, mine.ptr, model_.params()[g].data() + ranges_[g].begin, own * sizeof(float));
+    else
+      ops.convert(st, mine, master_[g].data(), own);
+    comm_.all_gather(mine, scratch_.data(), s);
+    const Ref full = model_.compute_params(int(g));
+    dev_->copy(st, full.ptr, scratch_.data().ptr, numel_[g] * dtype_size(cdt_));
   }
 }
 
 size_t ZeroSharding::params_bytes() const {
-  size_t b = 0;
-  if (stage_ == 3)
-    for (const auto& x : param_shards_) b += x.bytes();
-  else
-    for (const auto& x : model_.params()) b += x.bytes();
+  size_t b = model_.param_bytes();
+  for (const auto& x : master_) b += x.bytes();
+  for (const auto& x : compute_shards_) b += x.bytes();
   return b;
 }
 
@@ -207,14 +236,15 @@ size_t ZeroSharding::grads_bytes() const {
   return b;
 }
 
-const float* ZeroSharding::acquire_params(int group) {
+CRef ZeroSharding::acquire_params(int group) {
   const size_t g = size_t(group);
-  if (stage_ < 3) return model_.params()[g].data();
+  if (stage_ < 3) return model_.compute_params(group);
   if (refs_[g]++ == 0) {
     const size_t s = shard_[g];
-    gathered_[g] = Buffer<float>(dev_, s * size_t(D_));
-    float* own = gathered_[g].data() + size_t(rank_) * s;
-    dev_->copy(dev_->stream(), own, param_shards_[g].data(), s * sizeof(float));
+    gathered_[g] = DBuffer(dev_, cdt_, s * size_t(D_));
+    const Ref own = gathered_[g].data() + size_t(rank_) * s;
+    const CRef src = cdt_ == DType::kF32 ? CRef(master_[g].data()) : compute_shards_[g].data();
+    dev_->copy(dev_->stream(), own.ptr, src.ptr, s * dtype_size(cdt_));
     comm_.all_gather(own, gathered_[g].data(), s);
   }
   return gathered_[g].data();
@@ -224,7 +254,7 @@ void ZeroSharding::release_params(int group) {
   const size_t g = size_t(group);
   if (stage_ < 3) return;
   FT_CHECK(refs_[g] > 0, "ZeRO-3: group ", group, " released more often than acquired");
-  if (--refs_[g] == 0) gathered_[g] = Buffer<float>();
+  if (--refs_[g] == 0) gathered_[g] = DBuffer();
 }
 
 float* ZeroSharding::grads(int group) {

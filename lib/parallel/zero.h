@@ -48,14 +48,19 @@ class ZeroSharding final : public GroupHooks {
   void inject_nan_grad_for_test();
   std::vector<float*> param_bases();        // at ranges()[g].begin, for AdamW
   std::vector<const float*> grad_bases();
-  void finish_update();             // stage 1/2: all-gather the updated parameters
+  // After AdamW updated the fp32 masters: refresh the compute copy (round to the compute dtype;
+  // stage 1/2 all-gather the updated shards).
+  void finish_update();
+  // Makes the compute copy of the parameters equal the fp32 masters (after a resume has loaded
+  // them): what finish_update does.
+  void sync_compute_params();
 
   // Resident bytes on this rank (for the metrics): parameters, gradients.
   size_t params_bytes() const;
   size_t grads_bytes() const;
 
   // GroupHooks (stages 2 and 3)
-  const float* acquire_params(int group) override;
+  CRef acquire_params(int group) override;
   void release_params(int group) override;
   float* grads(int group) override;
   void grads_ready(int group) override;
@@ -66,6 +71,7 @@ class ZeroSharding final : public GroupHooks {
   LlamaModel& model_;
   Communicator& comm_;
   Device* dev_;
+  DType cdt_;  // the model's compute dtype
   Communicator* tensor_comm_;
   Communicator* pipeline_comm_;
   std::vector<std::pair<int, Communicator*>> shared_;  // groups held by two stages
@@ -77,12 +83,14 @@ class ZeroSharding final : public GroupHooks {
   int D_, rank_;
   std::vector<size_t> numel_, shard_;
   std::vector<ShardRange> ranges_;
-  std::vector<Buffer<float>> param_shards_;  // stage 3: (s) per group
+  // fp32 master weights: stage 3 (s) per group; 16-bit compute dtype at stages 0-2: the range.
+  std::vector<Buffer<float>> master_;
+  std::vector<DBuffer> compute_shards_;      // stage 3, 16-bit: (s) per group, the compute copy
   std::vector<Buffer<float>> grad_shards_;   // stage ≥ 2: (s) per group
-  std::vector<Buffer<float>> gathered_;      // stage 3: full params of groups in use (D·s)
+  std::vector<DBuffer> gathered_;            // stage 3: full params of groups in use (D·s)
   std::vector<int> refs_;                    // stage 3: acquire count per group
   std::vector<Buffer<float>> working_grads_; // stage ≥ 2: (D·s) per group while in backward
-  Buffer<float> scratch_;                    // stage 1/2: all-gather buffer (D·max s)
+  DBuffer scratch_;                          // stage 1/2: all-gather buffer (D·max s)
   Buffer<double> sumsq_;                     // (1) the squared gradient norm being summed
 };
 

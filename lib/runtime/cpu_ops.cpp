@@ -2,6 +2,8 @@
 // implementation). The stream is ignored: every kernel has finished when it returns.
 #include "runtime/cpu_ops.h"
 
+#include <cstring>
+
 #include "core/error.h"
 #include "kernels/kernels.h"
 
@@ -108,6 +110,34 @@ class CpuOps final : public Ops {
     same_dtype("ce_finish", {dlogits.ptr ? dlogits.dtype : logits.dtype, logits.dtype});
     *loss_acc += k::ce_finish(f(dlogits), f(logits), targets, mask, row_max, sumexp,
                               target_logit, N, V, v_begin, scale);
+  }
+  void convert(Stream, Ref dst, CRef src, size_t n) override {
+    // Until kernels/cpu has vectorised casts: one element at a time, through fp32.
+    if (dst.dtype == src.dtype) {
+      if (n && dst.ptr != src.ptr) std::memmove(dst.ptr, src.ptr, n * dtype_size(dst.dtype));
+      return;
+    }
+    for (DType t : {dst.dtype, src.dtype})
+      FT_CHECK(t == DType::kF32 || t == DType::kBF16 || t == DType::kF16, "convert: dtype ",
+               dtype_name(t), " is not a float type");
+    auto load = [&](size_t i) -> float {
+      switch (src.dtype) {
+        case DType::kF32: return static_cast<const float*>(src.ptr)[i];
+        case DType::kBF16: return k::to_f32(static_cast<const k::bf16*>(src.ptr)[i]);
+        case DType::kF16: return k::to_f32(static_cast<const k::f16*>(src.ptr)[i]);
+        default: return 0.0f;  // excluded above
+      }
+    };
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; ++i) {
+      const float x = load(i);
+      switch (dst.dtype) {
+        case DType::kF32: static_cast<float*>(dst.ptr)[i] = x; break;
+        case DType::kBF16: static_cast<k::bf16*>(dst.ptr)[i] = k::to_bf16(x); break;
+        case DType::kF16: static_cast<k::f16*>(dst.ptr)[i] = k::to_f16(x); break;
+        default: break;
+      }
+    }
   }
   void add(Stream, Ref y, CRef x, size_t n) override {
     same_dtype("add", {y.dtype, x.dtype});

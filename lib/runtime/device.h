@@ -95,4 +95,25 @@ class Buffer {
   size_t count_ = 0;
 };
 
+// An owning allocation whose element type is chosen at run time (the compute dtype of the
+// precision policy: fp32, bf16 or fp16). Move-only; data() gives the typed device pointer.
+class DBuffer {
+ public:
+  DBuffer() = default;
+  DBuffer(Device* dev, DType dtype, size_t count)
+      : raw_(dev, count * dtype_size(dtype)), dtype_(dtype), count_(count) {}
+  Ref data() { return Ref(raw_.data(), dtype_); }
+  CRef data() const { return CRef(raw_.data(), dtype_); }
+  DType dtype() const { return dtype_; }
+  size_t size() const { return count_; }
+  size_t bytes() const { return raw_.bytes(); }
+  void zero() { raw_.zero(); }
+  Device* device() const { return raw_.device(); }
+
+ private:
+  Buffer<std::byte> raw_;
+  DType dtype_ = DType::kF32;
+  size_t count_ = 0;
+};
+
 }  // namespace ft

@@ -110,6 +110,9 @@ class Ops {
                          const double* target_logit, int N, int V, int v_begin, float scale,
                          double* loss_acc) = 0;
 
+  // ---- Casts: dst = src converted to dst's dtype (round to nearest even); same dtype: a copy.
+  virtual void convert(Stream s, Ref dst, CRef src, size_t n) = 0;
+
   // ---- Elementwise and reductions ----
   virtual void add(Stream s, Ref y, CRef x, size_t n) = 0;             // y += x
   virtual void scale(Stream s, float* y, float f, size_t n) = 0;        // y *= f

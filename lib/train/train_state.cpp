@@ -82,7 +82,7 @@ void load_state(const ckpt::Manifest& m, LlamaModel& model, ZeroSharding& zero, 
     const int g = int(gi);
     if (!model.owns_group(g)) continue;
     const size_t n = groups[gi].numel;
-    if (zero_stage == 3) {
+    if (zero_stage == 3 || model.compute_dtype() != DType::kF32) {  // into the fp32 masters
       const ShardRange& r = zero.ranges()[gi];
       read(ckpt::State::kParam, g, r.begin, r.end, params[gi]);
     } else {
@@ -92,6 +92,8 @@ void load_state(const ckpt::Manifest& m, LlamaModel& model, ZeroSharding& zero, 
     read(ckpt::State::kExpAvg, g, o.begin, o.end, optim.exp_avg(g));
     read(ckpt::State::kExpAvgSq, g, o.begin, o.end, optim.exp_avg_sq(g));
   }
+  // 16-bit compute dtype: the compute copy is rounded from the loaded masters.
+  if (model.compute_dtype() != DType::kF32) zero.sync_compute_params();
   optim.set_step_count(m.optimizer_step);
 }
 

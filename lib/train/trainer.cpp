@@ -186,12 +186,17 @@ void dump_final_params(const std::string& dir, LlamaModel& model, ZeroSharding& 
                                              {"stage", std::to_string(mesh.p)}};
   const auto& groups = model.layout().groups();
   std::vector<int> held;
+  // The parameters the model computes with (the compute dtype's copy), copied to the host.
+  const DType t = model.compute_dtype();
+  std::vector<std::vector<char>> host(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     if (!model.owns_group(int(g))) continue;
-    const float* p = zero.acquire_params(int(g));  // ZeRO-3 gathers: every data rank takes part
+    const CRef p = zero.acquire_params(int(g));  // ZeRO-3 gathers: every data rank takes part
     held.push_back(int(g));
+    host[g].resize(groups[g].numel * dtype_size(t));
+    model.device()->copy_to_host(host[g].data(), p.ptr, host[g].size());
     for (const auto& e : groups[g].entries) {
-      out.push_back({e.name, DType::kF32, e.shape, p + e.offset});
+      out.push_back({e.name, t, e.shape, host[g].data() + e.offset * dtype_size(t)});
       meta["split:" + e.name] = e.split == TensorSplit::kRows   ? "rows"
                                 : e.split == TensorSplit::kCols ? "cols"
                                                                 : "replicated";
@@ -290,7 +295,13 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   // Model and optimizer.
   Communicator* pipe_comm = mesh.pipeline > 1 ? mesh.pipeline_comm.get() : nullptr;
   const StageSpec stage = pipeline_stage(r.model.n_layers, mesh.p, mesh.pipeline);
-  LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing, tensor_comm, stage);
+  // Precision policy (DESIGN.md §5): activations and the parameters' compute copy in the compute
+  // dtype; fp32 master weights, moments and gradients.
+  const DType compute_dtype = r.training.precision == "bf16"   ? DType::kBF16
+                              : r.training.precision == "fp16" ? DType::kF16
+                                                               : DType::kF32;
+  LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing, tensor_comm, stage,
+                   compute_dtype);
   {
     // The whole model is initialised (or loaded) the same way for every layout, then each
     // tensor rank keeps its slices: so every layout starts from the same weights.
