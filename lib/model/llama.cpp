@@ -388,8 +388,7 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in,
     a.inputs.upload(inputs, size_t(N));
     // Vocabulary-parallel embedding: each tensor rank looks up the ids in its rows, zeros
     // elsewhere, and the all-reduce assembles the rows.
-    ops().embedding_forward(st_, a.resid[0].data(), a.inputs.data(), P(0), N, C, v_begin_,
-                            tp_ > 1 ? V : -1);
+    ops().embedding_forward(st_, a.resid[0].data(), a.inputs.data(), P(0), N, C, v_begin_, V);
     release(0);
     tensor_all_reduce(a.resid[0].data(), size_t(N) * C);
   } else {
@@ -461,8 +460,7 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
   }
   for (int l = stage_.last_layer - 1; l >= stage_.first_layer; --l) layer_backward(l, B, T);
   if (stage_.embed) {
-    ops().embedding_backward(st_, G(0), a.inputs.data(), a.dresid.data(), N, C, v_begin_,
-                             tp_ > 1 ? V : -1);
+    ops().embedding_backward(st_, G(0), a.inputs.data(), a.dresid.data(), N, C, v_begin_, V);
     grads_ready(0);
   }
 }

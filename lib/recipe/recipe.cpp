@@ -982,11 +982,10 @@ class Loader {
     if (r_.model.arch == "gpt2" && usable("model.arch")) {
       issue(locate("model.arch"), "model.arch", "gpt2 is not implemented yet", "use llama");
     }
-    if (r_.training.precision != "fp32" && usable("training.precision")) {
-      issue(
-          locate("training.precision"), "training.precision",
-          r_.training.precision + " is not available: the CPU backend trains in fp32 only for now",
-          "use fp32");
+    if (r_.training.precision == "fp16" && usable("training.precision")) {
+      issue(locate("training.precision"), "training.precision",
+            "fp16 is not available yet: it needs dynamic loss scaling, which is not built yet",
+            "use bf16 (same speed, fp32's range, no loss scaling) or fp32");
     }
   }
 

@@ -3,6 +3,7 @@
 #include "runtime/cpu_ops.h"
 
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/kernels.h"
@@ -11,137 +12,210 @@ namespace ft {
 namespace k = kernels;
 namespace {
 
-// The element type every typed argument of one op must share. Until the 16-bit kernels are
-// wired in, the CPU ops run fp32 only.
+// The element type every typed argument of one op must share.
 DType same_dtype(const char* op, std::initializer_list<DType> types) {
   DType t = *types.begin();
   for (DType u : types)
     FT_CHECK(u == t, op, ": arguments of different element types (", dtype_name(t), ", ",
              dtype_name(u), ")");
-  FT_CHECK(t == DType::kF32, op, ": element type ", dtype_name(t),
-           " is not implemented on the CPU yet");
+  FT_CHECK(t == DType::kF32 || t == DType::kBF16 || t == DType::kF16, op, ": element type ",
+           dtype_name(t), " is not a float type");
   return t;
 }
 
-float* f(Ref r) { return static_cast<float*>(r.ptr); }
-const float* f(CRef r) { return static_cast<const float*>(r.ptr); }
+void convert_any(Ref dst, CRef src, size_t n) {
+  if (dst.dtype == src.dtype) {
+    if (n && dst.ptr != src.ptr) std::memmove(dst.ptr, src.ptr, n * dtype_size(dst.dtype));
+    return;
+  }
+  for (DType t : {dst.dtype, src.dtype})
+    FT_CHECK(t == DType::kF32 || t == DType::kBF16 || t == DType::kF16, "convert: dtype ",
+             dtype_name(t), " is not a float type");
+  auto load = [&](size_t i) -> float {
+    switch (src.dtype) {
+      case DType::kF32: return static_cast<const float*>(src.ptr)[i];
+      case DType::kBF16: return k::to_f32(static_cast<const k::bf16*>(src.ptr)[i]);
+      case DType::kF16: return k::to_f32(static_cast<const k::f16*>(src.ptr)[i]);
+      default: return 0.0f;  // excluded above
+    }
+  };
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (size_t i = 0; i < n; ++i) {
+    const float x = load(i);
+    switch (dst.dtype) {
+      case DType::kF32: static_cast<float*>(dst.ptr)[i] = x; break;
+      case DType::kBF16: static_cast<k::bf16*>(dst.ptr)[i] = k::to_bf16(x); break;
+      case DType::kF16: static_cast<k::f16*>(dst.ptr)[i] = k::to_f16(x); break;
+      default: break;
+    }
+  }
+}
+
+// The fp32 image of a tensor for an fp32 kernel: the tensor itself in fp32; for a 16-bit tensor
+// a host copy converted exactly (load) and rounded back once after the kernel (store). This is
+// the 16-bit path of every op that has no 16-bit kernel of its own yet: fp32 math, one rounding
+// on store, as the 16-bit kernels do.
+class F32 {
+ public:
+  F32(CRef r, size_t n, bool load = true) : n_(n) {
+    if (r.dtype == DType::kF32 || !r.ptr) {
+      p_ = static_cast<float*>(const_cast<void*>(r.ptr));
+      return;
+    }
+    buf_.resize(n);
+    if (load) convert_any(buf_.data(), r, n);
+    p_ = buf_.data();
+  }
+  float* get() const { return p_; }
+  void store(Ref r) const {
+    if (!buf_.empty() && r.ptr) convert_any(r, buf_.data(), n_);
+  }
+
+ private:
+  std::vector<float> buf_;
+  float* p_ = nullptr;
+  size_t n_;
+};
 
 class CpuOps final : public Ops {
  public:
   void linear_forward(Stream, Ref y, CRef x, CRef W, int N, int in, int out,
                       bool accumulate) override {
     same_dtype("linear_forward", {y.dtype, x.dtype, W.dtype});
-    k::linear_forward(f(y), f(x), f(W), N, in, out, accumulate);
+    const F32 yf(y, size_t(N) * out, accumulate), xf(x, size_t(N) * in), wf(W, size_t(out) * in);
+    k::linear_forward(yf.get(), xf.get(), wf.get(), N, in, out, accumulate);
+    yf.store(y);
   }
   void linear_backward(Stream, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N, int in,
                        int out, bool accumulate_dx) override {
     same_dtype("linear_backward", {dx.ptr ? dx.dtype : dy.dtype, dy.dtype, x.dtype, W.dtype});
-    k::linear_backward(f(dx), dW, f(dy), f(x), f(W), N, in, out, accumulate_dx);
+    const F32 dxf(dx, size_t(N) * in, accumulate_dx), dyf(dy, size_t(N) * out);
+    const F32 xf(dW ? x : CRef(nullptr, x.dtype), size_t(N) * in);
+    const F32 wf(dx.ptr ? W : CRef(nullptr, W.dtype), size_t(out) * in);
+    k::linear_backward(dxf.get(), dW, dyf.get(), xf.get(), wf.get(), N, in, out, accumulate_dx);
+    dxf.store(dx);
   }
   void embedding_forward(Stream, Ref out, const int32_t* ids, CRef table, int N, int C,
                          int v_begin, int v_count) override {
     same_dtype("embedding_forward", {out.dtype, table.dtype});
-    k::embedding_forward(f(out), ids, f(table), N, C, v_begin, v_count);
+    FT_CHECK(v_count >= 0, "embedding_forward: the table's row count is required");
+    const F32 of(out, size_t(N) * C, false), tf(table, size_t(v_count) * C);
+    k::embedding_forward(of.get(), ids, tf.get(), N, C, v_begin, v_count);
+    of.store(out);
   }
   void embedding_backward(Stream, float* dtable, const int32_t* ids, CRef dout, int N, int C,
                           int v_begin, int v_count) override {
     same_dtype("embedding_backward", {dout.dtype});
-    k::embedding_backward(dtable, ids, f(dout), N, C, v_begin, v_count);
+    const F32 df(dout, size_t(N) * C);
+    k::embedding_backward(dtable, ids, df.get(), N, C, v_begin, v_count);
   }
   void rmsnorm_forward(Stream, Ref out, float* rstd, CRef x, CRef w, int N, int C,
                        float eps) override {
     same_dtype("rmsnorm_forward", {out.dtype, x.dtype, w.dtype});
-    k::rmsnorm_forward(f(out), rstd, f(x), f(w), N, C, eps);
+    const F32 of(out, size_t(N) * C, false), xf(x, size_t(N) * C), wf(w, size_t(C));
+    k::rmsnorm_forward(of.get(), rstd, xf.get(), wf.get(), N, C, eps);
+    of.store(out);
   }
   void rmsnorm_backward(Stream, Ref dx, float* dw, CRef dout, CRef x, CRef w, const float* rstd,
                         int N, int C) override {
     same_dtype("rmsnorm_backward", {dx.dtype, dout.dtype, x.dtype, w.dtype});
-    k::rmsnorm_backward(f(dx), dw, f(dout), f(x), f(w), rstd, N, C);
+    const F32 dxf(dx, size_t(N) * C, false), df(dout, size_t(N) * C), xf(x, size_t(N) * C),
+        wf(w, size_t(C));
+    k::rmsnorm_backward(dxf.get(), dw, df.get(), xf.get(), wf.get(), rstd, N, C);
+    dxf.store(dx);
   }
   void rope_forward(Stream, Ref x, const float* inv_freq, int B, int T, int nh, int D) override {
     same_dtype("rope_forward", {x.dtype});
-    k::rope_forward(f(x), inv_freq, B, T, nh, D);
+    const F32 xf(x, size_t(B) * T * nh * D);
+    k::rope_forward(xf.get(), inv_freq, B, T, nh, D);
+    xf.store(x);
   }
   void rope_backward(Stream, Ref dx, const float* inv_freq, int B, int T, int nh,
                      int D) override {
     same_dtype("rope_backward", {dx.dtype});
-    k::rope_backward(f(dx), inv_freq, B, T, nh, D);
+    const F32 xf(dx, size_t(B) * T * nh * D);
+    k::rope_backward(xf.get(), inv_freq, B, T, nh, D);
+    xf.store(dx);
   }
   void attention_forward(Stream, Ref out, float* probs, CRef q, CRef kk, CRef v, int B, int T,
                          int H, int K, int D) override {
     same_dtype("attention_forward", {out.dtype, q.dtype, kk.dtype, v.dtype});
-    k::attention_forward(f(out), probs, f(q), f(kk), f(v), B, T, H, K, D);
+    const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * K * D;
+    const F32 of(out, nq, false), qf(q, nq), kf(kk, nk), vf(v, nk);
+    k::attention_forward(of.get(), probs, qf.get(), kf.get(), vf.get(), B, T, H, K, D);
+    of.store(out);
   }
   void attention_backward(Stream, Ref dq, Ref dk, Ref dv, CRef dout, const float* probs, CRef q,
                           CRef kk, CRef v, float* scratch, int B, int T, int H, int K,
                           int D) override {
     same_dtype("attention_backward",
                {dq.dtype, dk.dtype, dv.dtype, dout.dtype, q.dtype, kk.dtype, v.dtype});
-    k::attention_backward(f(dq), f(dk), f(dv), f(dout), probs, f(q), f(kk), f(v), scratch, B, T,
-                          H, K, D);
+    const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * K * D;
+    const F32 dqf(dq, nq, false), dkf(dk, nk, false), dvf(dv, nk, false), df(dout, nq),
+        qf(q, nq), kf(kk, nk), vf(v, nk);
+    k::attention_backward(dqf.get(), dkf.get(), dvf.get(), df.get(), probs, qf.get(), kf.get(),
+                          vf.get(), scratch, B, T, H, K, D);
+    dqf.store(dq);
+    dkf.store(dk);
+    dvf.store(dv);
   }
   void swiglu_forward(Stream, Ref h, CRef g, CRef u, size_t n) override {
     same_dtype("swiglu_forward", {h.dtype, g.dtype, u.dtype});
-    k::swiglu_forward(f(h), f(g), f(u), n);
+    const F32 hf(h, n, false), gf(g, n), uf(u, n);
+    k::swiglu_forward(hf.get(), gf.get(), uf.get(), n);
+    hf.store(h);
   }
   void swiglu_backward(Stream, Ref dg, Ref du, CRef dh, CRef g, CRef u, size_t n) override {
     same_dtype("swiglu_backward", {dg.dtype, du.dtype, dh.dtype, g.dtype, u.dtype});
-    k::swiglu_backward(f(dg), f(du), f(dh), f(g), f(u), n);
+    const F32 dgf(dg, n, false), duf(du, n, false), dhf(dh, n), gf(g, n), uf(u, n);
+    k::swiglu_backward(dgf.get(), duf.get(), dhf.get(), gf.get(), uf.get(), n);
+    dgf.store(dg);
+    duf.store(du);
   }
   void cross_entropy(Stream, Ref dlogits, CRef logits, const int32_t* targets,
                      const uint8_t* mask, int N, int V, float scale, double* loss_acc) override {
     same_dtype("cross_entropy", {dlogits.ptr ? dlogits.dtype : logits.dtype, logits.dtype});
-    *loss_acc += k::cross_entropy_forward_backward(f(dlogits), f(logits), targets, mask, N, V,
-                                                   scale);
+    FT_CHECK(!dlogits.ptr || dlogits.ptr == logits.ptr || logits.dtype == DType::kF32,
+             "cross_entropy: 16-bit dlogits must alias the logits");
+    const F32 lf(logits, size_t(N) * V);
+    float* dl = dlogits.ptr ? (logits.dtype == DType::kF32 ? static_cast<float*>(dlogits.ptr)
+                                                           : lf.get())
+                            : nullptr;
+    *loss_acc += k::cross_entropy_forward_backward(dl, lf.get(), targets, mask, N, V, scale);
+    if (dlogits.ptr) lf.store(dlogits);
   }
   void row_max(Stream, float* out, CRef x, int N, int V) override {
     same_dtype("row_max", {x.dtype});
-    k::row_max(out, f(x), N, V);
+    const F32 xf(x, size_t(N) * V);
+    k::row_max(out, xf.get(), N, V);
   }
   void ce_partial(Stream, double* sumexp, double* target_logit, CRef logits,
                   const int32_t* targets, const uint8_t* mask, const float* row_max, int N, int V,
                   int v_begin) override {
     same_dtype("ce_partial", {logits.dtype});
-    k::ce_partial(sumexp, target_logit, f(logits), targets, mask, row_max, N, V, v_begin);
+    const F32 lf(logits, size_t(N) * V);
+    k::ce_partial(sumexp, target_logit, lf.get(), targets, mask, row_max, N, V, v_begin);
   }
   void ce_finish(Stream, Ref dlogits, CRef logits, const int32_t* targets, const uint8_t* mask,
                  const float* row_max, const double* sumexp, const double* target_logit, int N,
                  int V, int v_begin, float scale, double* loss_acc) override {
     same_dtype("ce_finish", {dlogits.ptr ? dlogits.dtype : logits.dtype, logits.dtype});
-    *loss_acc += k::ce_finish(f(dlogits), f(logits), targets, mask, row_max, sumexp,
-                              target_logit, N, V, v_begin, scale);
+    FT_CHECK(!dlogits.ptr || dlogits.ptr == logits.ptr || logits.dtype == DType::kF32,
+             "ce_finish: 16-bit dlogits must alias the logits");
+    const F32 lf(logits, size_t(N) * V);
+    float* dl = dlogits.ptr ? (logits.dtype == DType::kF32 ? static_cast<float*>(dlogits.ptr)
+                                                           : lf.get())
+                            : nullptr;
+    *loss_acc += k::ce_finish(dl, lf.get(), targets, mask, row_max, sumexp, target_logit, N, V,
+                              v_begin, scale);
+    if (dlogits.ptr) lf.store(dlogits);
   }
-  void convert(Stream, Ref dst, CRef src, size_t n) override {
-    // Until kernels/cpu has vectorised casts: one element at a time, through fp32.
-    if (dst.dtype == src.dtype) {
-      if (n && dst.ptr != src.ptr) std::memmove(dst.ptr, src.ptr, n * dtype_size(dst.dtype));
-      return;
-    }
-    for (DType t : {dst.dtype, src.dtype})
-      FT_CHECK(t == DType::kF32 || t == DType::kBF16 || t == DType::kF16, "convert: dtype ",
-               dtype_name(t), " is not a float type");
-    auto load = [&](size_t i) -> float {
-      switch (src.dtype) {
-        case DType::kF32: return static_cast<const float*>(src.ptr)[i];
-        case DType::kBF16: return k::to_f32(static_cast<const k::bf16*>(src.ptr)[i]);
-        case DType::kF16: return k::to_f32(static_cast<const k::f16*>(src.ptr)[i]);
-        default: return 0.0f;  // excluded above
-      }
-    };
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; ++i) {
-      const float x = load(i);
-      switch (dst.dtype) {
-        case DType::kF32: static_cast<float*>(dst.ptr)[i] = x; break;
-        case DType::kBF16: static_cast<k::bf16*>(dst.ptr)[i] = k::to_bf16(x); break;
-        case DType::kF16: static_cast<k::f16*>(dst.ptr)[i] = k::to_f16(x); break;
-        default: break;
-      }
-    }
-  }
+  void convert(Stream, Ref dst, CRef src, size_t n) override { convert_any(dst, src, n); }
   void add(Stream, Ref y, CRef x, size_t n) override {
     same_dtype("add", {y.dtype, x.dtype});
-    k::add_inplace(f(y), f(x), n);
+    const F32 yf(y, n), xf(x, n);
+    k::add_inplace(yf.get(), xf.get(), n);
+    yf.store(y);
   }
   void scale(Stream, float* y, float s, size_t n) override { k::scale_inplace(y, s, n); }
   void sum_squares(Stream, double* acc, const float* x, size_t n, double divisor) override {

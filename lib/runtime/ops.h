@@ -67,7 +67,7 @@ class Ops {
   virtual void linear_backward(Stream s, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N,
                                int in, int out, bool accumulate_dx) = 0;
 
-  // ---- Embedding ----
+  // ---- Embedding: the table holds rows [v_begin, v_begin + v_count) of the vocabulary ----
   virtual void embedding_forward(Stream s, Ref out, const int32_t* ids, CRef table, int N, int C,
                                  int v_begin, int v_count) = 0;
   virtual void embedding_backward(Stream s, float* dtable, const int32_t* ids, CRef dout, int N,

@@ -92,7 +92,7 @@ data:
 training:
   stpes: 10
   micro_batch_size: 2.5
-  precision: bf16
+  precision: fp16
 optimizer:
   lr: 0
 scheduler:
@@ -105,7 +105,7 @@ expect_err "bad.yaml:9:9: model.arch: gpt2 is not implemented yet (hint: use lla
 expect_err 'bad.yaml:11:10: data.train: "no_such_dir" does not exist'
 expect_err "bad.yaml:13:3: training.stpes: unknown key (hint: did you mean training.steps?)"
 expect_err "bad.yaml:14:21: training.micro_batch_size: expected an integer, got the number 2.5"
-expect_err "bad.yaml:15:14: training.precision: bf16 is not available: the CPU backend trains in fp32 only for now (hint: use fp32)"
+expect_err "bad.yaml:15:14: training.precision: fp16 is not available yet: it needs dynamic loss scaling, which is not built yet (hint: use bf16 (same speed, fp32's range, no loss scaling) or fp32)"
 expect_err "bad.yaml:17:7: optimizer.lr: 0 is out of range: must be > 0"
 expect_err "bad.yaml:19:9: scheduler.name: \"cosin\" is not one of constant, linear, cosine (hint: did you mean cosine?)"
 expect_err "<command line>: training.bogus: unknown key in override"

@@ -431,16 +431,17 @@ TEST_CASE("recipe: a YAML syntax error is one issue at its position") {
 
 TEST_CASE("recipe: unimplemented features are refused") {
   Scratch s;
-  const RecipeResult r = s.load(s.base() + "training: {precision: bf16}\n", {"model.arch=gpt2"});
+  const RecipeResult r = s.load(s.base() + "training: {precision: fp16}\n", {"model.arch=gpt2"});
   const RecipeIssue arch = issue_for(r, "model.arch");
   CHECK(arch.message == "gpt2 is not implemented yet");
   CHECK(arch.hint == "use llama");
   const RecipeIssue prec = issue_for(r, "training.precision");
   CHECK(prec.line == 10);
   CHECK(prec.column == 23);
-  CHECK(contains(prec.message, "the CPU backend trains in fp32 only for now"));
-  CHECK(prec.hint == "use fp32");
+  CHECK(contains(prec.message, "fp16 is not available yet: it needs dynamic loss scaling"));
+  CHECK(contains(prec.hint, "use bf16"));
   CHECK(s.load(s.base(), {"training.precision=fp16"}).issues.size() == 1);
+  CHECK(s.load(s.base(), {"training.precision=bf16"}).issues.empty());
 }
 
 TEST_CASE("recipe: paths must exist") {
