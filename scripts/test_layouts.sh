@@ -9,6 +9,8 @@
 #                                                # one 3-D layout
 #   scripts/test_layouts.sh --tcp ...            # ranks talk over TCP only (--mca btl tcp,self),
 #                                                # standing in for separate nodes
+#   scripts/test_layouts.sh --precision bf16 ... # every run in that training.precision (the
+#                                                # comparison's bounds follow it)
 # Layouts (data × tensor × pipeline, ZeRO stage for data > 1): data 2, data 4, tensor 2,
 # pipeline 2, pipeline 3 (4 layers: 2+1+1), data 2 × tensor 2, data 2 × pipeline 2,
 # tensor 2 × pipeline 2, data 2 × tensor 2 × pipeline 2.
@@ -16,11 +18,14 @@ set -euo pipefail
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 subset=all
 tcp=0
+precision=fp32
 while [[ ${1:-} == --* ]]; do
   case $1 in
     --ci) subset=ci ;;
     --tcp) tcp=1 ;;
-    *) echo "usage: scripts/test_layouts.sh [--ci] [--tcp] [BUILD_DIR]" >&2; exit 2 ;;
+    --precision) precision=$2; shift ;;
+    *) echo "usage: scripts/test_layouts.sh [--ci] [--tcp] [--precision fp32|bf16] [BUILD_DIR]" >&2
+       exit 2 ;;
   esac
   shift
 done
@@ -39,7 +44,7 @@ run: {name: layouts, output_dir: $tmp/out, seed: 5}
 model: {dim: 32, n_layers: 4, n_heads: 4, n_kv_heads: 2, ffn_dim: 40, vocab_size: 64, max_seq_len: 16}
 data: {train: $tmp/data, valid: $tmp/data, seq_len: 12, shuffle: true}
 training: {steps: 10, micro_batch_size: 1, global_batch_size: 8, grad_clip: 0.3, eval_every_steps: 5,
-           eval_batches: 2}
+           eval_batches: 2, precision: $precision}
 optimizer: {lr: 0.01, weight_decay: 0.1}
 scheduler: {name: cosine, warmup_steps: 2}
 logging: {every_steps: 1}
@@ -85,4 +90,4 @@ for l in "${layouts[@]}"; do
   run $l
 done
 
-/usr/bin/python3 "$src/tests/ref/compare_layouts.py" "$tmp" "$src"
+/usr/bin/python3 "$src/tests/ref/compare_layouts.py" "$tmp" "$src" "$precision"

@@ -31,6 +31,25 @@ import llama_ref as ref  # noqa: E402
 
 tmp = sys.argv[1]
 
+# Relative loss (and evaluation loss) and grad_norm bounds over the 10 steps, the same at step 1
+# (before any update), and an absolute parameter bound. fp32 as explained above.
+# bf16 (training.precision: bf16; the dumped parameters are then the bf16 compute copy): a layout
+# rounds other partial sums to bf16 (tensor parallelism rounds each rank's share, then sums in
+# fp32), so activations differ by a bf16 unit (2^-8 relative) here and there from step 1 on. At
+# step 1 that moves the loss by ~1e-6 and the grad norm by ~4e-5 (seen: 9e-7, 4e-5): bounds 1e-5
+# and 1e-3, where a missing all-reduce or a wrong slice moves the loss by > 1e-2. After an update
+# the masters differ by fp32 rounding, their bf16 copies then by whole bf16 units, and this tiny
+# model (dim 32, lr 0.01, clipping at 0.3) amplifies that as it amplifies fp32 differences, only
+# from a 1e4 times larger start: by step 10 the loss differs by up to 5e-3 relative (seen) and the
+# grad norm by up to 2x at a single step (one-process bf16 against one-process fp32 differs as
+# much: 0.91 vs 1.39 at step 9). So over 10 steps only the loss is bounded tightly (2e-2, the
+# tolerance PyTorch's own bf16 autocast is held to against ft), the grad norm loosely (3x) and the
+# parameters at 0.1 absolute (seen 4.6e-2; parameters are O(0.01-1)).
+BOUNDS = {
+    "fp32": {"loss": 1e-5, "grad_norm": 1e-4, "params": 5e-5, "loss1": 1e-5, "grad_norm1": 1e-4},
+    "bf16": {"loss": 2e-2, "grad_norm": 2.0, "params": 0.1, "loss1": 1e-5, "grad_norm1": 1e-3},
+}
+
 
 def metrics(name):
     return [json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl") if '"loss"' in l]
@@ -72,6 +91,8 @@ def assemble(name):
     return whole
 
 
+precision = sys.argv[3] if len(sys.argv) > 3 else "fp32"
+bound = BOUNDS[precision]
 failures = []
 ref_metrics = metrics("single")
 ref_params = assemble("single")
@@ -97,8 +118,13 @@ for name in names:
             err = (params[k] - v).abs().max().item()
             if err > worst:
                 worst, worst_name = err, k
-    ok = len(got) == 10 and loss <= 1e-5 and norm <= 1e-4 and worst <= 5e-5 and ev_err <= 1e-5
-    print(f"{'ok  ' if ok else 'FAIL'} {name:28s} loss {loss:.1e}  eval {ev_err:.1e}  grad_norm {norm:.1e}  "
+    loss1 = abs(got[0]["loss"] - ref_metrics[0]["loss"]) / abs(ref_metrics[0]["loss"])
+    norm1 = abs(got[0]["grad_norm"] - ref_metrics[0]["grad_norm"]) / ref_metrics[0]["grad_norm"]
+    ok = (len(got) == 10 and loss <= bound["loss"] and norm <= bound["grad_norm"]
+          and worst <= bound["params"] and ev_err <= bound["loss"] and loss1 <= bound["loss1"]
+          and norm1 <= bound["grad_norm1"])
+    print(f"{'ok  ' if ok else 'FAIL'} {name:28s} step 1: loss {loss1:.1e} grad_norm {norm1:.1e}; "
+          f"loss {loss:.1e}  eval {ev_err:.1e}  grad_norm {norm:.1e}  "
           f"params max |diff| {worst:.1e} ({worst_name})")
     if not ok:
         failures.append(name)
