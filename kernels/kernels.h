@@ -24,7 +24,7 @@ void linear_forward(float* y, const float* x, const float* W, int N, int in, int
 void linear_backward(float* dx, float* dW, const float* dy, const float* x, const float* W,
                      int N, int in, int out, bool accumulate_dx = false);
 
-// ---- Embedding -------------------------------------------------------------------------------
+// ---- embedding.cpp: token embedding -------------------------------------------------------------
 // out (N, C) = table[ids[n] − v_begin] for ids in [v_begin, v_begin + v_count), zero rows for
 // other ids (a vocabulary-parallel shard of the table; v_count < 0: the whole table).
 void embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C,
@@ -34,7 +34,7 @@ void embedding_forward(float* out, const int32_t* ids, const float* table, int N
 void embedding_backward(float* dtable, const int32_t* ids, const float* dout, int N, int C,
                         int v_begin = 0, int v_count = -1);
 
-// ---- RMSNorm (HF: x * rsqrt(mean(x²) + eps) * w) ----------------------------------------------
+// ---- rmsnorm.cpp: RMSNorm (HF: x * rsqrt(mean(x²) + eps) * w) -----------------------------------
 // out (N, C); rstd (N) saved for backward.
 void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C,
                      float eps);
@@ -42,7 +42,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, in
 void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
                       const float* rstd, int N, int C);
 
-// ---- RoPE, rotate-half pairing (i with i + D/2) ----------------------------------------------
+// ---- rope.cpp: RoPE, rotate-half pairing (i with i + D/2) ---------------------------------------
 // x (B, T, nh, D) rotated in place; position of (b, t) is t. Pair (i, i + D/2) turns by the
 // angle float(t) · inv_freq[i]; inv_freq (D/2) carries the rope type's scaling (lib/model/rope.h
 // computes it; theta^(-2i/D) without scaling).
@@ -60,13 +60,13 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* q, const float* k, const float* v, float* scratch, int B,
                         int T, int H, int K, int D);
 
-// ---- SwiGLU: h = silu(g) * u --------------------------------------------------------------------
+// ---- swiglu.cpp: SwiGLU, h = silu(g) * u --------------------------------------------------------
 void swiglu_forward(float* h, const float* g, const float* u, size_t n);
 // dg, du from dh (overwritten)
 void swiglu_backward(float* dg, float* du, const float* dh, const float* g, const float* u,
                      size_t n);
 
-// ---- Cross-entropy over the vocabulary -------------------------------------------------------
+// ---- cross_entropy.cpp: cross-entropy over the vocabulary ---------------------------------------
 // logits (N, V). For each row with mask[n] != 0: loss_n = logsumexp(logits_n) - logits_n[t_n].
 // Returns the *sum* of loss_n over masked rows (double, for accurate token-weighted means).
 // If dlogits is non-null, writes dlogits = scale * (softmax - onehot) on masked rows, 0 elsewhere
@@ -74,7 +74,7 @@ void swiglu_backward(float* dg, float* du, const float* dh, const float* g, cons
 double cross_entropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets,
                                       const uint8_t* mask, int N, int V, float scale);
 
-// ---- Vocabulary-parallel cross-entropy (Megatron-LM): each tensor rank holds logits for
+// Vocabulary-parallel cross-entropy (Megatron-LM): each tensor rank holds logits for
 // columns [v_begin, v_begin + V) of the vocabulary. The caller all-reduces between the steps:
 //   1. row_max (N) of local logits → all-reduce max;
 //   2. ce_partial: sumexp (N) = Σ exp(l − max) and target_logit (N) (0 off this shard) →
@@ -87,12 +87,12 @@ double ce_finish(float* dlogits, const float* logits, const int32_t* targets, co
                  const float* row_max, const double* sumexp, const double* target_logit, int N,
                  int V, int v_begin, float scale);
 
-// ---- Elementwise / reductions ----------------------------------------------------------------
+// ---- reduce.cpp: elementwise accumulate / scale, reductions -------------------------------------
 void add_inplace(float* y, const float* x, size_t n);  // y += x
 void scale_inplace(float* y, float s, size_t n);       // y *= s
 double sum_squares(const float* x, size_t n);          // Σ x² in double
 
-// ---- AdamW (torch.optim.AdamW semantics) -----------------------------------------------------
+// ---- adamw.cpp: AdamW (torch.optim.AdamW semantics) ---------------------------------------------
 // p ← p(1 − lr·wd); m ← β1 m + (1−β1) g; v ← β2 v + (1−β2) g²;
 // p ← p − lr · (m / bc1) / (sqrt(v / bc2) + eps), bc1 = 1 − β1^t, bc2 = 1 − β2^t.
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
