@@ -1,7 +1,8 @@
 // Cross-entropy over the vocabulary on the CPU, whole-row and vocabulary-parallel
 // (row_max / ce_partial / ce_finish).
 // Loops over rows run under OpenMP with static schedules, so results are bit-identical from run
-// to run for a fixed thread count (resume tests rely on this).
+// to run for a fixed thread count (resume tests rely on this); the loss sums go through
+// cpu::ThreadSums for that.
 // 16-bit logits are staged in fp32 a row at a time (kernels/cpu/half_vec.h): the max, the
 // exponentials and the loss are fp32 / double whatever T is; dlogits is rounded once on store.
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/half_vec.h"
+#include "kernels/cpu/thread_sums.h"
 #include "kernels/kernels.h"
 
 namespace ft::kernels {
@@ -17,9 +19,10 @@ template <typename T>
 double cross_entropy_forward_backward(std::type_identity_t<T>* dlogits, const T* logits,
                                       const int32_t* targets, const uint8_t* mask, int N, int V,
                                       float scale) {
-  double total = 0.0;
-#pragma omp parallel reduction(+ : total)
+  cpu::ThreadSums sums;
+#pragma omp parallel
   {
+    double total = 0.0;
     std::vector<float> buf(cpu::staging<T>(V));
 #pragma omp for schedule(static)
     for (int n = 0; n < N; ++n) {
@@ -52,8 +55,9 @@ double cross_entropy_forward_backward(std::type_identity_t<T>* dlogits, const T*
         cpu::store_out(drow, d, V);
       }
     }
+    sums.set(total);
   }
-  return total;
+  return sums.total();
 }
 
 template <typename T>
@@ -96,9 +100,10 @@ template <typename T>
 double ce_finish(std::type_identity_t<T>* dlogits, const T* logits, const int32_t* targets,
                  const uint8_t* mask, const float* rmax, const double* sumexp,
                  const double* target_logit, int N, int V, int v_begin, float scale) {
-  double total = 0.0;
-#pragma omp parallel reduction(+ : total)
+  cpu::ThreadSums sums;
+#pragma omp parallel
   {
+    double total = 0.0;
     std::vector<float> buf(cpu::staging<T>(V));
 #pragma omp for schedule(static)
     for (int n = 0; n < N; ++n) {
@@ -119,8 +124,9 @@ double ce_finish(std::type_identity_t<T>* dlogits, const T* logits, const int32_
         cpu::store_out(drow, d, V);
       }
     }
+    sums.set(total);
   }
-  return total;
+  return sums.total();
 }
 
 #define FT_INSTANTIATE(T)                                                                      \

@@ -1,9 +1,11 @@
 // Elementwise accumulate/scale and the squared-norm reduction on the CPU.
 // Elementwise loops and the reduction run under OpenMP with static schedules, so results are
-// bit-identical from run to run for a fixed thread count (resume tests rely on this).
+// bit-identical from run to run for a fixed thread count (resume tests rely on this; the sum
+// goes through cpu::ThreadSums for that).
 #include <algorithm>
 
 #include "kernels/cpu/half_vec.h"
+#include "kernels/cpu/thread_sums.h"
 #include "kernels/kernels.h"
 
 namespace ft::kernels {
@@ -48,10 +50,15 @@ void scale_inplace(float* y, float s, size_t n) {
 }
 
 double sum_squares(const float* x, size_t n) {
-  double s = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : s)
-  for (size_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
-  return s;
+  cpu::ThreadSums sums;
+#pragma omp parallel
+  {
+    double s = 0.0;
+#pragma omp for schedule(static)
+    for (size_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
+    sums.set(s);
+  }
+  return sums.total();
 }
 
 #define FT_INSTANTIATE(T)                                \

@@ -12,6 +12,7 @@
 //     the very same fp32 arithmetic on the very same (rounded) inputs, so it is equal bit for
 //     bit. (A CUDA port, with its own summation order, will need a tolerance there.)
 #include <doctest/doctest.h>
+#include <omp.h>
 
 #include <cfloat>
 #include <cmath>
@@ -384,6 +385,30 @@ TEST_CASE("kernels16: sum_squares is the found-inf check: non-finite exactly whe
   CHECK(std::isinf(k::sum_squares(x.data(), x.size())));  // inf², never inf − inf
   x[500] = std::numeric_limits<float>::quiet_NaN();
   CHECK(std::isnan(k::sum_squares(x.data(), x.size())));
+}
+
+TEST_CASE("kernels16: loss and squared-norm sums are the same bits on every call, any thread count") {
+  // reduction(+) would add the threads' partials in finishing order; from 3 threads on that can
+  // change the last bits from call to call (and a resumed run's gradient clipping with them).
+  // The finishing order is often stable on an idle machine, so a regression to reduction(+) is
+  // caught only on some runs.
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(5);
+  std::vector<float> x = randn(1000003, 80);
+  const int N = 97, V = 1000;
+  std::vector<int32_t> t(N, 3);
+  std::vector<uint8_t> mask(N, 1);
+  const double sq = k::sum_squares(x.data(), x.size());
+  const double loss = k::cross_entropy_forward_backward(nullptr, x.data(), t.data(), mask.data(),
+                                                        N, V, 1.f);
+  bool same = true;
+  for (int r = 0; r < 20; ++r) {
+    same = same && k::sum_squares(x.data(), x.size()) == sq;
+    same = same && k::cross_entropy_forward_backward(nullptr, x.data(), t.data(), mask.data(), N,
+                                                     V, 1.f) == loss;
+  }
+  omp_set_num_threads(saved);
+  CHECK(same);
 }
 
 // ---- f16 overflow -------------------------------------------------------------------------------
