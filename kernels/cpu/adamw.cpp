@@ -18,16 +18,11 @@ struct AdamwStep {
   float step_size, bc2_sqrt, decay;
 };
 
-AdamwStep adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay,
-                     int64_t t) {
+AdamwStep adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t) {
   const double bc1 = 1.0 - std::pow(double(beta1), double(t));
   const double bc2 = 1.0 - std::pow(double(beta2), double(t));
-  return {beta1,
-          beta2,
-          eps,
-          float(double(lr) / bc1),
-          float(std::sqrt(bc2)),
-          1.0f - lr * weight_decay};
+  return {
+      beta1, beta2, eps, float(double(lr) / bc1), float(std::sqrt(bc2)), 1.0f - lr * weight_decay};
 }
 
 // The element update on [lo, hi): the one place AdamW's arithmetic is written.
@@ -70,11 +65,11 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float 
   }
 }
 
-template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float,
-                           float, float, int64_t, float*);
-template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float,
-                           float, float, int64_t, bf16*);
-template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float,
-                           float, float, int64_t, f16*);
+template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, float,
+                           float, int64_t, float*);
+template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, float,
+                           float, int64_t, bf16*);
+template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, float,
+                           float, int64_t, f16*);
 
 }  // namespace ft::kernels

@@ -129,14 +129,14 @@ double ce_finish(std::type_identity_t<T>* dlogits, const T* logits, const int32_
   return sums.total();
 }
 
-#define FT_INSTANTIATE(T)                                                                      \
+#define FT_INSTANTIATE(T)                                                                         \
   template double cross_entropy_forward_backward<T>(T*, const T*, const int32_t*, const uint8_t*, \
-                                                 int, int, float);                             \
-  template void row_max(float*, const T*, int, int);                                           \
-  template void ce_partial(double*, double*, const T*, const int32_t*, const uint8_t*,         \
-                           const float*, int, int, int);                                       \
+                                                    int, int, float);                             \
+  template void row_max(float*, const T*, int, int);                                              \
+  template void ce_partial(double*, double*, const T*, const int32_t*, const uint8_t*,            \
+                           const float*, int, int, int);                                          \
   template double ce_finish<T>(T*, const T*, const int32_t*, const uint8_t*, const float*,        \
-                            const double*, const double*, int, int, int, float);
+                               const double*, const double*, int, int, int, float);
 FT_INSTANTIATE(float)
 FT_INSTANTIATE(bf16)
 FT_INSTANTIATE(f16)

@@ -24,8 +24,8 @@ void embedding_forward(T* out, const int32_t* ids, const T* table, int N, int C,
 }
 
 template <typename T>
-void embedding_backward(float* dtable, const int32_t* ids, const T* dout, int N, int C,
-                        int v_begin, int v_count) {
+void embedding_backward(float* dtable, const int32_t* ids, const T* dout, int N, int C, int v_begin,
+                        int v_count) {
   // Parallel over columns: each thread owns a column range, rows stay in order, so duplicate
   // ids accumulate in the same order every time. dtable stays fp32 (a gradient).
   constexpr int kCols = 64;
@@ -43,8 +43,8 @@ void embedding_backward(float* dtable, const int32_t* ids, const T* dout, int N,
   }
 }
 
-#define FT_INSTANTIATE(T)                                                                      \
-  template void embedding_forward(T*, const int32_t*, const T*, int, int, int, int);           \
+#define FT_INSTANTIATE(T)                                                            \
+  template void embedding_forward(T*, const int32_t*, const T*, int, int, int, int); \
   template void embedding_backward(float*, const int32_t*, const T*, int, int, int, int);
 FT_INSTANTIATE(float)
 FT_INSTANTIATE(bf16)

@@ -47,10 +47,9 @@ inline void load_f32(float* dst, const f16* src, size_t n) {
     // Signalling NaN lanes (exponent all ones, quiet bit clear, payload non-zero): the hardware
     // set the quiet bit (fp32 bit 22); clear it again.
     const __m512i w = _mm512_cvtepu16_epi32(h);
-    const __mmask16 snan =
-        _mm512_cmpeq_epi32_mask(_mm512_and_si512(w, _mm512_set1_epi32(0x7e00)),
-                                _mm512_set1_epi32(0x7c00)) &
-        _mm512_test_epi32_mask(w, _mm512_set1_epi32(0x3ff));
+    const __mmask16 snan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(w, _mm512_set1_epi32(0x7e00)),
+                                                   _mm512_set1_epi32(0x7c00)) &
+                           _mm512_test_epi32_mask(w, _mm512_set1_epi32(0x3ff));
     if (snan) r = _mm512_mask_and_epi32(r, snan, r, _mm512_set1_epi32(~0x400000));
     _mm512_storeu_si512(dst + i, r);
   }
@@ -113,8 +112,10 @@ const float* in_f32(const T* src, size_t n, float* buf) {
 
 template <typename T>
 float* out_f32(T* dst, float* buf) {
-  if constexpr (std::is_same_v<T, float>) return dst;
-  else return buf;
+  if constexpr (std::is_same_v<T, float>)
+    return dst;
+  else
+    return buf;
 }
 
 template <typename T>

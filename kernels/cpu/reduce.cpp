@@ -61,8 +61,8 @@ double sum_squares(const float* x, size_t n) {
   return sums.total();
 }
 
-#define FT_INSTANTIATE(T)                                \
-  template void add_inplace(T*, const T*, size_t);       \
+#define FT_INSTANTIATE(T)                          \
+  template void add_inplace(T*, const T*, size_t); \
   template void accumulate(float*, const T*, size_t);
 FT_INSTANTIATE(float)
 FT_INSTANTIATE(bf16)

@@ -73,10 +73,9 @@ void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, c
   }
 }
 
-#define FT_INSTANTIATE(T)                                                                       \
-  template void rmsnorm_forward(T*, float*, const T*, const T*, int, int, float);               \
-  template void rmsnorm_backward(T*, float*, const T*, const T*, const T*, const float*, int,   \
-                                 int);
+#define FT_INSTANTIATE(T)                                                         \
+  template void rmsnorm_forward(T*, float*, const T*, const T*, int, int, float); \
+  template void rmsnorm_backward(T*, float*, const T*, const T*, const T*, const float*, int, int);
 FT_INSTANTIATE(float)
 FT_INSTANTIATE(bf16)
 FT_INSTANTIATE(f16)

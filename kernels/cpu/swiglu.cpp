@@ -55,7 +55,7 @@ void swiglu_backward(T* dg, T* du, const T* dh, const T* g, const T* u, size_t n
   }
 }
 
-#define FT_INSTANTIATE(T)                                  \
+#define FT_INSTANTIATE(T)                                       \
   template void swiglu_forward(T*, const T*, const T*, size_t); \
   template void swiglu_backward(T*, T*, const T*, const T*, const T*, size_t);
 FT_INSTANTIATE(float)

@@ -177,16 +177,16 @@ TEST_CASE_TEMPLATE("kernels16: convert fp32 -> T gives half.h's bits (NaN, inf, 
       size_t bad = 0, first = 0;
       for (size_t i = 0; i < n; ++i)
         if (got[i].bits != k::from_f32<T>(x[off + i]).bits && bad++ == 0) first = i;
-      INFO(type_name<T>() << " offset " << off << " n " << n << " first mismatch at 0x"
-                          << std::hex << bits_of(x[off + first]));
+      INFO(type_name<T>() << " offset " << off << " n " << n << " first mismatch at 0x" << std::hex
+                          << bits_of(x[off + first]));
       CHECK(bad == 0);
     }
 }
 
 // ---- embedding.cpp ------------------------------------------------------------------------------
 
-TEST_CASE_TEMPLATE("kernels16: embedding forward copies T rows; backward adds T into fp32", T,
-                   bf16, f16) {
+TEST_CASE_TEMPLATE("kernels16: embedding forward copies T rows; backward adds T into fp32", T, bf16,
+                   f16) {
   for (int C : {1, 19, 111, 1000})
     for (int N : kSizes) {
       const int V = 23, v_begin = 5, v_count = 11;  // a vocabulary shard: some ids fall outside
@@ -225,11 +225,11 @@ TEST_CASE_TEMPLATE("kernels16: rmsnorm forward and backward against fp32 on roun
       k::rmsnorm_forward(out_ref.data(), rstd_ref.data(), x.f.data(), w.f.data(), N, C, 1e-5f);
       const std::string at = "N " + std::to_string(N) + " C " + std::to_string(C);
       check_rounded_once(out, out_ref, "rmsnorm out " + at);  // one rounding
-      CHECK(same_bits(rstd, rstd_ref));                        // fp32 statistic
+      CHECK(same_bits(rstd, rstd_ref));                       // fp32 statistic
 
       std::vector<float> dw = randn(C, 13), dw_ref = dw;  // dw accumulates into what is there
-      k::rmsnorm_backward(dx.data(), dw.data(), dy.t.data(), x.t.data(), w.t.data(), rstd.data(),
-                          N, C);
+      k::rmsnorm_backward(dx.data(), dw.data(), dy.t.data(), x.t.data(), w.t.data(), rstd.data(), N,
+                          C);
       k::rmsnorm_backward(dx_ref.data(), dw_ref.data(), dy.f.data(), x.f.data(), w.f.data(),
                           rstd_ref.data(), N, C);
       check_rounded_once(dx, dx_ref, "rmsnorm dx " + at);  // one rounding
@@ -264,10 +264,11 @@ TEST_CASE_TEMPLATE("kernels16: rope forward and backward against fp32 on rounded
 
 // ---- swiglu.cpp ---------------------------------------------------------------------------------
 
-TEST_CASE_TEMPLATE("kernels16: swiglu forward and backward against fp32 on rounded inputs", T,
-                   bf16, f16) {
+TEST_CASE_TEMPLATE("kernels16: swiglu forward and backward against fp32 on rounded inputs", T, bf16,
+                   f16) {
   for (size_t n : {size_t(1), size_t(19), size_t(111), size_t(4099)}) {
-    auto g = rounded_randn<T>(n, 30, 3.f), u = rounded_randn<T>(n, 31), dh = rounded_randn<T>(n, 32);
+    auto g = rounded_randn<T>(n, 30, 3.f), u = rounded_randn<T>(n, 31),
+         dh = rounded_randn<T>(n, 32);
     std::vector<T> h(n), dg(n), du(n);
     std::vector<float> h_ref(n), dg_ref(n), du_ref(n);
     k::swiglu_forward(h.data(), g.t.data(), u.t.data(), n);
@@ -309,8 +310,8 @@ TEST_CASE_TEMPLATE("kernels16: cross-entropy, whole rows and vocabulary-parallel
       CHECK(k::cross_entropy_forward_backward(inplace.data(), inplace.data(), t.data(), mask.data(),
                                               N, V, scale) == loss_ref);
       CHECK(std::memcmp(inplace.data(), d.data(), 2 * NV) == 0);
-      CHECK(k::cross_entropy_forward_backward(nullptr, logits.t.data(), t.data(), mask.data(), N,
-                                              V, scale) == loss_ref);
+      CHECK(k::cross_entropy_forward_backward(nullptr, logits.t.data(), t.data(), mask.data(), N, V,
+                                              scale) == loss_ref);
 
       // Vocabulary-parallel steps on one shard [v_begin, v_begin + V) of a larger vocabulary.
       const int v_begin = 1;
@@ -329,9 +330,9 @@ TEST_CASE_TEMPLATE("kernels16: cross-entropy, whole rows and vocabulary-parallel
       std::vector<float> dp_ref(NV);
       const double lp = k::ce_finish(dp.data(), logits.t.data(), t.data(), mask.data(), mx.data(),
                                      se.data(), tl.data(), N, V, v_begin, scale);
-      const double lp_ref = k::ce_finish(dp_ref.data(), logits.f.data(), t.data(), mask.data(),
-                                         mx_ref.data(), se_ref.data(), tl_ref.data(), N, V,
-                                         v_begin, scale);
+      const double lp_ref =
+          k::ce_finish(dp_ref.data(), logits.f.data(), t.data(), mask.data(), mx_ref.data(),
+                       se_ref.data(), tl_ref.data(), N, V, v_begin, scale);
       CHECK(lp == lp_ref);
       check_rounded_once(dp, dp_ref, "ce_finish dlogits " + at);
     }
@@ -350,8 +351,8 @@ TEST_CASE("kernels16: cross-entropy over bf16 logits of magnitude 1e4 stays fini
   std::vector<float> d_ref(x.size());
   const double loss = k::cross_entropy_forward_backward(d.data(), logits.t.data(), t.data(),
                                                         mask.data(), N, V, 1.0f);
-  const double loss_ref = k::cross_entropy_forward_backward(d_ref.data(), logits.f.data(),
-                                                            t.data(), mask.data(), N, V, 1.0f);
+  const double loss_ref = k::cross_entropy_forward_backward(d_ref.data(), logits.f.data(), t.data(),
+                                                            mask.data(), N, V, 1.0f);
   CHECK(std::isfinite(loss));
   CHECK(loss > 1e4);  // row 1's target is −1.2e4, far below its max; rows 0 and 2 hit theirs
   CHECK(loss == loss_ref);
@@ -387,7 +388,8 @@ TEST_CASE("kernels16: sum_squares is the found-inf check: non-finite exactly whe
   CHECK(std::isnan(k::sum_squares(x.data(), x.size())));
 }
 
-TEST_CASE("kernels16: loss and squared-norm sums are the same bits on every call, any thread count") {
+TEST_CASE(
+    "kernels16: loss and squared-norm sums are the same bits on every call, any thread count") {
   // reduction(+) would add the threads' partials in finishing order; from 3 threads on that can
   // change the last bits from call to call (and a resumed run's gradient clipping with them).
   // The finishing order is often stable on an idle machine, so a regression to reduction(+) is
@@ -399,13 +401,13 @@ TEST_CASE("kernels16: loss and squared-norm sums are the same bits on every call
   std::vector<int32_t> t(N, 3);
   std::vector<uint8_t> mask(N, 1);
   const double sq = k::sum_squares(x.data(), x.size());
-  const double loss = k::cross_entropy_forward_backward(nullptr, x.data(), t.data(), mask.data(),
-                                                        N, V, 1.f);
+  const double loss =
+      k::cross_entropy_forward_backward(nullptr, x.data(), t.data(), mask.data(), N, V, 1.f);
   bool same = true;
   for (int r = 0; r < 20; ++r) {
     same = same && k::sum_squares(x.data(), x.size()) == sq;
-    same = same && k::cross_entropy_forward_backward(nullptr, x.data(), t.data(), mask.data(), N,
-                                                     V, 1.f) == loss;
+    same = same && k::cross_entropy_forward_backward(nullptr, x.data(), t.data(), mask.data(), N, V,
+                                                     1.f) == loss;
   }
   omp_set_num_threads(saved);
   CHECK(same);
@@ -417,7 +419,7 @@ TEST_CASE("kernels16: f16 results beyond 65504 are ±inf, not garbage; bf16 hold
   const size_t n = 37;
   std::vector<float> g(n), u(n);
   for (size_t i = 0; i < n; ++i) {
-    g[i] = 300.f;                                   // silu(300) = 300
+    g[i] = 300.f;                                      // silu(300) = 300
     u[i] = (i % 2 ? -1.f : 1.f) * (200.f + float(i));  // |h| ≥ 60000, most beyond f16's max
   }
   auto g16 = rounded<f16>(g), u16 = rounded<f16>(u);
@@ -443,8 +445,8 @@ TEST_CASE("kernels16: f16 results beyond 65504 are ±inf, not garbage; bf16 hold
 
 // ---- adamw.cpp ----------------------------------------------------------------------------------
 
-TEST_CASE_TEMPLATE("kernels16: fused adamw_update equals the fp32 update plus convert", T, bf16, f16,
-                   float) {
+TEST_CASE_TEMPLATE("kernels16: fused adamw_update equals the fp32 update plus convert", T, bf16,
+                   f16, float) {
   for (size_t n : {size_t(1), size_t(19), size_t(111), size_t(5000)}) {
     std::vector<float> p = randn(n, 70), g = randn(n, 71), m = randn(n, 72, 0.1f),
                        v = randn(n, 73, 0.1f);
