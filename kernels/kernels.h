@@ -4,10 +4,18 @@
 //
 // Shape letters: B batch, T sequence, C model dim, H query heads, K kv heads, D head dim,
 // F ffn dim, V vocab, N = B*T rows.
+//
+// Element types: ops marked "T" are templates over T in {float, bf16, f16} (kernels/half.h),
+// instantiated for those three. They load T, compute in fp32 (or double where noted) and round
+// once on store; the float instantiation is the fp32 reference the others are tested against.
+// Statistics (rstd, row max, sums, the loss) and gradients of parameters stay fp32 or wider.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+
+#include "kernels/half.h"
 
 namespace ft::kernels {
 
@@ -24,31 +32,38 @@ void linear_forward(float* y, const float* x, const float* W, int N, int in, int
 void linear_backward(float* dx, float* dW, const float* dy, const float* x, const float* W,
                      int N, int in, int out, bool accumulate_dx = false);
 
-// ---- Embedding -------------------------------------------------------------------------------
+// ---- embedding.cpp: token embedding -------------------------------------------------------------
 // out (N, C) = table[ids[n] − v_begin] for ids in [v_begin, v_begin + v_count), zero rows for
 // other ids (a vocabulary-parallel shard of the table; v_count < 0: the whole table).
-void embedding_forward(float* out, const int32_t* ids, const float* table, int N, int C,
-                       int v_begin = 0, int v_count = -1);
+// T: table and out (a copy, exact in every type).
+template <typename T>
+void embedding_forward(T* out, const int32_t* ids, const T* table, int N, int C, int v_begin = 0,
+                       int v_count = -1);
 // dtable[ids[n] − v_begin] += dout[n] for ids in the shard (rows in order: duplicate ids
-// accumulate deterministically)
-void embedding_backward(float* dtable, const int32_t* ids, const float* dout, int N, int C,
+// accumulate deterministically). T: dout; dtable (V, C) is fp32.
+template <typename T>
+void embedding_backward(float* dtable, const int32_t* ids, const T* dout, int N, int C,
                         int v_begin = 0, int v_count = -1);
 
-// ---- RMSNorm (HF: x * rsqrt(mean(x²) + eps) * w) ----------------------------------------------
-// out (N, C); rstd (N) saved for backward.
-void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C,
-                     float eps);
-// dx (N, C) = ...; dw (C) += ... (accumulated)
-void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
-                      const float* rstd, int N, int C);
+// ---- rmsnorm.cpp: RMSNorm (HF: x * rsqrt(mean(x²) + eps) * w) -----------------------------------
+// T: x, w, out (N, C); rstd (N) fp32, saved for backward.
+template <typename T>
+void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int N, int C, float eps);
+// T: dout, x, w, dx (N, C) = ...; dw (C) fp32 += ... (accumulated)
+template <typename T>
+void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd,
+                      int N, int C);
 
-// ---- RoPE, rotate-half pairing (i with i + D/2) ----------------------------------------------
+// ---- rope.cpp: RoPE, rotate-half pairing (i with i + D/2) ---------------------------------------
 // x (B, T, nh, D) rotated in place; position of (b, t) is t. Pair (i, i + D/2) turns by the
 // angle float(t) · inv_freq[i]; inv_freq (D/2) carries the rope type's scaling (lib/model/rope.h
-// computes it; theta^(-2i/D) without scaling).
-void rope_forward(float* x, const float* inv_freq, int B, int T, int nh, int D);
+// computes it; theta^(-2i/D) without scaling). E: x (T is the sequence length here); the angles
+// and the rotation are fp32.
+template <typename E>
+void rope_forward(E* x, const float* inv_freq, int B, int T, int nh, int D);
 // Inverse rotation, in place, applied to the gradient.
-void rope_backward(float* dx, const float* inv_freq, int B, int T, int nh, int D);
+template <typename E>
+void rope_backward(E* dx, const float* inv_freq, int B, int T, int nh, int D);
 
 // ---- Causal grouped-query attention ----------------------------------------------------------
 // q (B, T, H, D), k and v (B, T, K, D), with H a multiple of K (query head h uses kv head h/(H/K)).
@@ -60,43 +75,75 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* q, const float* k, const float* v, float* scratch, int B,
                         int T, int H, int K, int D);
 
-// ---- SwiGLU: h = silu(g) * u --------------------------------------------------------------------
-void swiglu_forward(float* h, const float* g, const float* u, size_t n);
+// ---- swiglu.cpp: SwiGLU, h = silu(g) * u --------------------------------------------------------
+// T: all of h, g, u (n).
+template <typename T>
+void swiglu_forward(T* h, const T* g, const T* u, size_t n);
 // dg, du from dh (overwritten)
-void swiglu_backward(float* dg, float* du, const float* dh, const float* g, const float* u,
-                     size_t n);
+template <typename T>
+void swiglu_backward(T* dg, T* du, const T* dh, const T* g, const T* u, size_t n);
 
-// ---- Cross-entropy over the vocabulary -------------------------------------------------------
+// ---- cross_entropy.cpp: cross-entropy over the vocabulary ---------------------------------------
 // logits (N, V). For each row with mask[n] != 0: loss_n = logsumexp(logits_n) - logits_n[t_n].
 // Returns the *sum* of loss_n over masked rows (double, for accurate token-weighted means).
 // If dlogits is non-null, writes dlogits = scale * (softmax - onehot) on masked rows, 0 elsewhere
-// (dlogits may alias logits).
-double cross_entropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets,
-                                      const uint8_t* mask, int N, int V, float scale);
+// (dlogits may alias logits). T: logits and dlogits; the max, exp and softmax are fp32, the sums
+// double. (T is deduced from logits alone, so dlogits may be nullptr.)
+template <typename T>
+double cross_entropy_forward_backward(std::type_identity_t<T>* dlogits, const T* logits,
+                                      const int32_t* targets, const uint8_t* mask, int N, int V,
+                                      float scale);
 
-// ---- Vocabulary-parallel cross-entropy (Megatron-LM): each tensor rank holds logits for
+// Vocabulary-parallel cross-entropy (Megatron-LM): each tensor rank holds logits for
 // columns [v_begin, v_begin + V) of the vocabulary. The caller all-reduces between the steps:
 //   1. row_max (N) of local logits → all-reduce max;
 //   2. ce_partial: sumexp (N) = Σ exp(l − max) and target_logit (N) (0 off this shard) →
 //      all-reduce sum of both;
 //   3. ce_finish: loss sum over masked rows (the same on every rank) and this shard's dlogits.
-void row_max(float* out, const float* x, int N, int V);
-void ce_partial(double* sumexp, double* target_logit, const float* logits, const int32_t* targets,
+// T: logits and dlogits (may alias); row_max fp32, sumexp and target_logit double.
+template <typename T>
+void row_max(float* out, const T* x, int N, int V);
+template <typename T>
+void ce_partial(double* sumexp, double* target_logit, const T* logits, const int32_t* targets,
                 const uint8_t* mask, const float* row_max, int N, int V, int v_begin);
-double ce_finish(float* dlogits, const float* logits, const int32_t* targets, const uint8_t* mask,
-                 const float* row_max, const double* sumexp, const double* target_logit, int N,
-                 int V, int v_begin, float scale);
+template <typename T>
+double ce_finish(std::type_identity_t<T>* dlogits, const T* logits, const int32_t* targets,
+                 const uint8_t* mask, const float* row_max, const double* sumexp,
+                 const double* target_logit, int N, int V, int v_begin, float scale);
 
-// ---- Elementwise / reductions ----------------------------------------------------------------
-void add_inplace(float* y, const float* x, size_t n);  // y += x
-void scale_inplace(float* y, float s, size_t n);       // y *= s
-double sum_squares(const float* x, size_t n);          // Σ x² in double
+// ---- reduce.cpp: elementwise accumulate / scale, reductions -------------------------------------
+// y += x, T: both (the sum in fp32, rounded once)
+template <typename T>
+void add_inplace(T* y, const T* x, size_t n);
+// y (fp32) += x (T): a 16-bit contribution added into an fp32 accumulator
+template <typename T>
+void accumulate(float* y, const T* x, size_t n);
+void scale_inplace(float* y, float s, size_t n);  // y *= s
+// Σ x² in double. Also the found-inf check: the result is finite exactly when every x is
+// (a double holds n·FLT_MAX² for any n < 10^231, so no finite input overflows it), so the
+// gradient norm's all-reduce carries the overflow flag with no extra pass.
+double sum_squares(const float* x, size_t n);
 
-// ---- AdamW (torch.optim.AdamW semantics) -----------------------------------------------------
+// ---- convert.cpp: fp32 master copy ↔ 16-bit compute copy ----------------------------------------
+// dst (n) = src (n) rounded to nearest even / widened exactly: the bits of kernels/half.h's
+// to_bf16 / to_f16 / to_f32, NaN, inf and subnormals included. T: bf16 or f16; the float
+// overload is a copy, so code templated on the compute type can call convert for every T.
+void convert(float* dst, const float* src, size_t n);
+template <typename T>
+void convert(T* dst, const float* src, size_t n);
+template <typename T>
+void convert(float* dst, const T* src, size_t n);
+
+// ---- adamw.cpp: AdamW (torch.optim.AdamW semantics) ---------------------------------------------
 // p ← p(1 − lr·wd); m ← β1 m + (1−β1) g; v ← β2 v + (1−β2) g²;
 // p ← p − lr · (m / bc1) / (sqrt(v / bc2) + eps), bc1 = 1 − β1^t, bc2 = 1 − β2^t.
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t t);
+// The same update (p, m, v bit for bit as above), and p_compute (n) = p converted to T (as
+// convert), in the same pass: the compute copy of the updated shard without a separate cast.
+template <typename T>
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t t, T* p_compute);
 
 }  // namespace ft::kernels
 

@@ -1,0 +1,145 @@
+// Cross-entropy over the vocabulary on the CPU, whole-row and vocabulary-parallel
+// (row_max / ce_partial / ce_finish).
+// Loops over rows run under OpenMP with static schedules, so results are bit-identical from run
+// to run for a fixed thread count (resume tests rely on this); the loss sums go through
+// cpu::ThreadSums for that.
+// 16-bit logits are staged in fp32 a row at a time (kernels/cpu/half_vec.h): the max, the
+// exponentials and the loss are fp32 / double whatever T is; dlogits is rounded once on store.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/half_vec.h"
+#include "kernels/cpu/thread_sums.h"
+#include "kernels/kernels.h"
+
+namespace ft::kernels {
+
+template <typename T>
+double cross_entropy_forward_backward(std::type_identity_t<T>* dlogits, const T* logits,
+                                      const int32_t* targets, const uint8_t* mask, int N, int V,
+                                      float scale) {
+  cpu::ThreadSums sums;
+#pragma omp parallel
+  {
+    double total = 0.0;
+    std::vector<float> buf(cpu::staging<T>(V));
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      T* drow = dlogits ? dlogits + size_t(n) * V : nullptr;
+      if (!mask[n]) {
+        if (drow) std::memset(drow, 0, sizeof(T) * V);
+        continue;
+      }
+      // 16-bit: l and d are the same fp32 row (the float loop below allows d to alias l)
+      const float* l = cpu::in_f32(logits + size_t(n) * V, V, buf.data());
+      float* d = drow ? cpu::out_f32(drow, buf.data()) : nullptr;
+      const int t = targets[n];
+      const float lt = l[t];  // read before d (which may alias l) is written
+      float mx = l[0];
+      for (int j = 1; j < V; ++j) mx = l[j] > mx ? l[j] : mx;
+      // exp in float (vectorised), the sum in double: the sum of V terms is where precision is
+      // lost.
+      double se = 0.0;
+      if (d) {
+        for (int j = 0; j < V; ++j) d[j] = std::exp(l[j] - mx);  // l[j] is read first
+        for (int j = 0; j < V; ++j) se += d[j];
+      } else {
+        for (int j = 0; j < V; ++j) se += std::exp(l[j] - mx);
+      }
+      total += double(mx) + std::log(se) - double(lt);
+      if (d) {
+        const float s = float(double(scale) / se);
+        for (int j = 0; j < V; ++j) d[j] *= s;
+        d[t] -= scale;
+        cpu::store_out(drow, d, V);
+      }
+    }
+    sums.set(total);
+  }
+  return sums.total();
+}
+
+template <typename T>
+void row_max(float* out, const T* x, int N, int V) {
+#pragma omp parallel
+  {
+    std::vector<float> buf(cpu::staging<T>(V));
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      const float* l = cpu::in_f32(x + size_t(n) * V, V, buf.data());
+      float mx = l[0];
+      for (int j = 1; j < V; ++j) mx = l[j] > mx ? l[j] : mx;
+      out[n] = mx;
+    }
+  }
+}
+
+template <typename T>
+void ce_partial(double* sumexp, double* target_logit, const T* logits, const int32_t* targets,
+                const uint8_t* mask, const float* rmax, int N, int V, int v_begin) {
+#pragma omp parallel
+  {
+    std::vector<float> buf(cpu::staging<T>(V));
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      sumexp[n] = 0.0;
+      target_logit[n] = 0.0;
+      if (!mask[n]) continue;
+      const float* l = cpu::in_f32(logits + size_t(n) * V, V, buf.data());
+      double se = 0.0;
+      for (int j = 0; j < V; ++j) se += std::exp(l[j] - rmax[n]);
+      sumexp[n] = se;
+      const int t = targets[n] - v_begin;
+      if (t >= 0 && t < V) target_logit[n] = l[t];
+    }
+  }
+}
+
+template <typename T>
+double ce_finish(std::type_identity_t<T>* dlogits, const T* logits, const int32_t* targets,
+                 const uint8_t* mask, const float* rmax, const double* sumexp,
+                 const double* target_logit, int N, int V, int v_begin, float scale) {
+  cpu::ThreadSums sums;
+#pragma omp parallel
+  {
+    double total = 0.0;
+    std::vector<float> buf(cpu::staging<T>(V));
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      T* drow = dlogits ? dlogits + size_t(n) * V : nullptr;
+      if (!mask[n]) {
+        if (drow) std::memset(drow, 0, sizeof(T) * V);
+        continue;
+      }
+      total += double(rmax[n]) + std::log(sumexp[n]) - target_logit[n];
+      if (drow) {
+        // 16-bit: l and d are the same fp32 row; d[j] is written after l[j] is read
+        const float* l = cpu::in_f32(logits + size_t(n) * V, V, buf.data());
+        float* d = cpu::out_f32(drow, buf.data());
+        const float s = float(double(scale) / sumexp[n]);
+        for (int j = 0; j < V; ++j) d[j] = std::exp(l[j] - rmax[n]) * s;
+        const int t = targets[n] - v_begin;
+        if (t >= 0 && t < V) d[t] -= scale;
+        cpu::store_out(drow, d, V);
+      }
+    }
+    sums.set(total);
+  }
+  return sums.total();
+}
+
+#define FT_INSTANTIATE(T)                                                                         \
+  template double cross_entropy_forward_backward<T>(T*, const T*, const int32_t*, const uint8_t*, \
+                                                    int, int, float);                             \
+  template void row_max(float*, const T*, int, int);                                              \
+  template void ce_partial(double*, double*, const T*, const int32_t*, const uint8_t*,            \
+                           const float*, int, int, int);                                          \
+  template double ce_finish<T>(T*, const T*, const int32_t*, const uint8_t*, const float*,        \
+                               const double*, const double*, int, int, int, float);
+FT_INSTANTIATE(float)
+FT_INSTANTIATE(bf16)
+FT_INSTANTIATE(f16)
+#undef FT_INSTANTIATE
+
+}  // namespace ft::kernels

@@ -1,0 +1,132 @@
+// Vector conversions between fp32 and the 16-bit storage types, and the fp32 staging that lets
+// one fp32 loop body serve T in {float, bf16, f16}. Internal to kernels/cpu/.
+//
+// Every routine here gives exactly the bits of kernels/half.h's scalar conversions (the unit
+// test checks every 16-bit pattern and sampled fp32 patterns, NaN, inf, subnormals and ties
+// included). The hardware instructions differ from those in two corners, fixed up per lane:
+//   - VCVTNEPS2BF16 flushes fp32 subnormal inputs to ±0; torch (and half.h) round them.
+//   - VCVTPH2PS quiets a signalling f16 NaN; half.h keeps the payload as it is.
+// The functions are serial: kernels call them per row or per block inside their own OpenMP
+// loops.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__AVX512F__) || defined(__F16C__)
+// GCC 12 warns inside its own intrinsics (their _mm512_undefined_* self-initialise on purpose).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
+#include "kernels/half.h"
+
+namespace ft::kernels::cpu {
+
+// dst (n) = fp32 values of src (n)
+inline void load_f32(float* dst, const bf16* src, size_t n) {
+  size_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(src + i)));
+    _mm512_storeu_si512(dst + i, _mm512_slli_epi32(w, 16));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = to_f32(src[i]);
+}
+
+inline void load_f32(float* dst, const f16* src, size_t n) {
+  size_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256((const __m256i*)(src + i));
+    __m512i r = _mm512_castps_si512(_mm512_cvtph_ps(h));
+    // Signalling NaN lanes (exponent all ones, quiet bit clear, payload non-zero): the hardware
+    // set the quiet bit (fp32 bit 22); clear it again.
+    const __m512i w = _mm512_cvtepu16_epi32(h);
+    const __mmask16 snan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(w, _mm512_set1_epi32(0x7e00)),
+                                                   _mm512_set1_epi32(0x7c00)) &
+                           _mm512_test_epi32_mask(w, _mm512_set1_epi32(0x3ff));
+    if (snan) r = _mm512_mask_and_epi32(r, snan, r, _mm512_set1_epi32(~0x400000));
+    _mm512_storeu_si512(dst + i, r);
+  }
+#endif
+  for (; i < n; ++i) dst[i] = to_f32(src[i]);
+}
+
+// dst (n) = src (n) rounded to nearest even
+inline void store_f32(bf16* dst, const float* src, size_t n) {
+  size_t i = 0;
+#if defined(__AVX512BF16__)
+  for (; i + 32 <= n; i += 32) {
+    const __m512 lo = _mm512_loadu_ps(src + i), hi = _mm512_loadu_ps(src + i + 16);
+    __m512i r = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    // Subnormal lanes (exponent zero, mantissa non-zero) came out as ±0: round them as half.h.
+    const __m512i e = _mm512_set1_epi32(0x7f800000), m = _mm512_set1_epi32(0x7fffff);
+    const __m512i ulo = _mm512_castps_si512(lo), uhi = _mm512_castps_si512(hi);
+    const __mmask16 sub_lo = _mm512_testn_epi32_mask(ulo, e) & _mm512_test_epi32_mask(ulo, m);
+    const __mmask16 sub_hi = _mm512_testn_epi32_mask(uhi, e) & _mm512_test_epi32_mask(uhi, m);
+    _mm512_storeu_si512(dst + i, r);
+    if (sub_lo | sub_hi)
+      for (size_t j = i; j < i + 32; ++j) dst[j] = to_bf16(src[j]);
+  }
+#endif
+  for (; i < n; ++i) dst[i] = to_bf16(src[i]);
+}
+
+inline void store_f32(f16* dst, const float* src, size_t n) {
+  size_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h =
+        _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_si256((__m256i*)(dst + i), h);
+  }
+#elif defined(__F16C__)
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h =
+        _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128((__m128i*)(dst + i), h);
+  }
+#endif
+  for (; i < n; ++i) dst[i] = to_f16(src[i]);
+}
+
+// ---- fp32 staging -------------------------------------------------------------------------------
+// A kernel written once over fp32 rows runs for every T: in_f32 gives an fp32 view of n inputs
+// (float: the input itself, no copy; 16-bit: converted into buf), out_f32 gives where the fp32
+// results go (float: the output itself; 16-bit: buf), and store_out rounds buf into the output
+// once (float: nothing to do). The float instantiation thus runs exactly the fp32 loop.
+template <typename T>
+const float* in_f32(const T* src, size_t n, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    load_f32(buf, src, n);
+    return buf;
+  }
+}
+
+template <typename T>
+float* out_f32(T* dst, float* buf) {
+  if constexpr (std::is_same_v<T, float>)
+    return dst;
+  else
+    return buf;
+}
+
+template <typename T>
+void store_out(T* dst, const float* buf, size_t n) {
+  if constexpr (!std::is_same_v<T, float>) store_f32(dst, buf, n);
+}
+
+// Scratch size for a staged row: nothing for float.
+template <typename T>
+constexpr size_t staging(size_t n) {
+  return std::is_same_v<T, float> ? 0 : n;
+}
+
+}  // namespace ft::kernels::cpu

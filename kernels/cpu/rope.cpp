@@ -1,0 +1,94 @@
+// Rotary position embedding (rotate-half pairing) on the CPU.
+// Loops over rows run under OpenMP with static schedules, so results are bit-identical from run
+// to run for a fixed thread count (resume tests rely on this).
+// 16-bit heads are rotated in fp32 (one head vector staged at a time) and rounded once.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/half_vec.h"
+#include "kernels/kernels.h"
+
+namespace ft::kernels {
+
+namespace {
+// cos/sin tables (T, D/2), computed in float the way HF's rotary embedding does:
+// angle = float(t) · inv_freq_i in fp32, then cos and sin of that float.
+void rope_tables(std::vector<float>& cosv, std::vector<float>& sinv, const float* inv_freq, int T,
+                 int D) {
+  int half = D / 2;
+  cosv.resize(size_t(T) * half);
+  sinv.resize(size_t(T) * half);
+  for (int i = 0; i < half; ++i) {
+    for (int t = 0; t < T; ++t) {
+      float a = float(t) * inv_freq[i];
+      cosv[size_t(t) * half + i] = std::cos(a);
+      sinv[size_t(t) * half + i] = std::sin(a);
+    }
+  }
+}
+
+// E: the element type (T is the sequence length here).
+template <typename E>
+void rope_apply(E* x, const float* inv_freq, int B, int T, int nh, int D, float sign) {
+  // The tables depend only on (T, inv_freq), which stay fixed through a run, so the last ones are
+  // kept (per thread: kernels may be called from several threads later). The key is the table's
+  // contents, not its address: D/2 floats compare in nanoseconds, and a caller's table may be
+  // freed and another allocated at the same address.
+  thread_local std::vector<float> cosv, sinv, cached_inv;
+  thread_local int cached_T = -1;
+  const int half = D / 2;
+  if (T != cached_T || cached_inv.size() != size_t(half) ||
+      std::memcmp(cached_inv.data(), inv_freq, sizeof(float) * half) != 0) {
+    rope_tables(cosv, sinv, inv_freq, T, D);
+    cached_T = T;
+    cached_inv.assign(inv_freq, inv_freq + half);
+  }
+  // Plain pointers for the OpenMP threads: inside the loop `cosv` would name *their* copies.
+  const float* cos_table = cosv.data();
+  const float* sin_table = sinv.data();
+#pragma omp parallel
+  {
+    std::vector<float> buf(cpu::staging<E>(D));
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) {
+        const float* cs = cos_table + size_t(t) * half;
+        const float* sn = sin_table + size_t(t) * half;
+        for (int h = 0; h < nh; ++h) {
+          E* head = x + ((size_t(b) * T + t) * nh + h) * D;
+          // float: v is the head itself; 16-bit: an fp32 copy, rounded back below
+          float* v = cpu::out_f32(head, buf.data());
+          if constexpr (!std::is_same_v<E, float>) cpu::load_f32(v, head, D);
+          for (int i = 0; i < half; ++i) {
+            // forward: (x1, x2) → (x1 c − x2 s, x2 c + x1 s); backward: the transpose (s → −s)
+            float x1 = v[i], x2 = v[i + half];
+            float s = sign * sn[i];
+            v[i] = x1 * cs[i] - x2 * s;
+            v[i + half] = x2 * cs[i] + x1 * s;
+          }
+          cpu::store_out(head, v, D);
+        }
+      }
+  }
+}
+}  // namespace
+
+template <typename E>
+void rope_forward(E* x, const float* inv_freq, int B, int T, int nh, int D) {
+  rope_apply(x, inv_freq, B, T, nh, D, 1.0f);
+}
+template <typename E>
+void rope_backward(E* dx, const float* inv_freq, int B, int T, int nh, int D) {
+  rope_apply(dx, inv_freq, B, T, nh, D, -1.0f);
+}
+
+#define FT_INSTANTIATE(E)                                           \
+  template void rope_forward(E*, const float*, int, int, int, int); \
+  template void rope_backward(E*, const float*, int, int, int, int);
+FT_INSTANTIATE(float)
+FT_INSTANTIATE(bf16)
+FT_INSTANTIATE(f16)
+#undef FT_INSTANTIATE
+
+}  // namespace ft::kernels
