@@ -77,6 +77,21 @@ class F32 {
   size_t n_;
 };
 
+// Calls f with a value of the element type t stands for (float, bf16 or f16).
+template <typename F>
+void dispatch(DType t, F&& f) {
+  switch (t) {
+    case DType::kF32: f(float{}); return;
+    case DType::kBF16: f(k::bf16{}); return;
+    case DType::kF16: f(k::f16{}); return;
+    default: FT_FAIL("no kernel for element type ", dtype_name(t));
+  }
+}
+template <typename T>
+T* as(Ref r) { return static_cast<T*>(r.ptr); }
+template <typename T>
+const T* as(CRef r) { return static_cast<const T*>(r.ptr); }
+
 class CpuOps final : public Ops {
  public:
   void linear_forward(Stream, Ref y, CRef x, CRef W, int N, int in, int out,
@@ -97,45 +112,44 @@ class CpuOps final : public Ops {
   }
   void embedding_forward(Stream, Ref out, const int32_t* ids, CRef table, int N, int C,
                          int v_begin, int v_count) override {
-    same_dtype("embedding_forward", {out.dtype, table.dtype});
     FT_CHECK(v_count >= 0, "embedding_forward: the table's row count is required");
-    const F32 of(out, size_t(N) * C, false), tf(table, size_t(v_count) * C);
-    k::embedding_forward(of.get(), ids, tf.get(), N, C, v_begin, v_count);
-    of.store(out);
+    dispatch(same_dtype("embedding_forward", {out.dtype, table.dtype}), [&](auto t) {
+      using T = decltype(t);
+      k::embedding_forward(as<T>(out), ids, as<T>(table), N, C, v_begin, v_count);
+    });
   }
   void embedding_backward(Stream, float* dtable, const int32_t* ids, CRef dout, int N, int C,
                           int v_begin, int v_count) override {
-    same_dtype("embedding_backward", {dout.dtype});
-    const F32 df(dout, size_t(N) * C);
-    k::embedding_backward(dtable, ids, df.get(), N, C, v_begin, v_count);
+    dispatch(same_dtype("embedding_backward", {dout.dtype}), [&](auto t) {
+      using T = decltype(t);
+      k::embedding_backward(dtable, ids, as<T>(dout), N, C, v_begin, v_count);
+    });
   }
   void rmsnorm_forward(Stream, Ref out, float* rstd, CRef x, CRef w, int N, int C,
                        float eps) override {
-    same_dtype("rmsnorm_forward", {out.dtype, x.dtype, w.dtype});
-    const F32 of(out, size_t(N) * C, false), xf(x, size_t(N) * C), wf(w, size_t(C));
-    k::rmsnorm_forward(of.get(), rstd, xf.get(), wf.get(), N, C, eps);
-    of.store(out);
+    dispatch(same_dtype("rmsnorm_forward", {out.dtype, x.dtype, w.dtype}), [&](auto t) {
+      using T = decltype(t);
+      k::rmsnorm_forward(as<T>(out), rstd, as<T>(x), as<T>(w), N, C, eps);
+    });
   }
   void rmsnorm_backward(Stream, Ref dx, float* dw, CRef dout, CRef x, CRef w, const float* rstd,
                         int N, int C) override {
-    same_dtype("rmsnorm_backward", {dx.dtype, dout.dtype, x.dtype, w.dtype});
-    const F32 dxf(dx, size_t(N) * C, false), df(dout, size_t(N) * C), xf(x, size_t(N) * C),
-        wf(w, size_t(C));
-    k::rmsnorm_backward(dxf.get(), dw, df.get(), xf.get(), wf.get(), rstd, N, C);
-    dxf.store(dx);
+    dispatch(same_dtype("rmsnorm_backward", {dx.dtype, dout.dtype, x.dtype, w.dtype}),
+             [&](auto t) {
+               using T = decltype(t);
+               k::rmsnorm_backward(as<T>(dx), dw, as<T>(dout), as<T>(x), as<T>(w), rstd, N, C);
+             });
   }
   void rope_forward(Stream, Ref x, const float* inv_freq, int B, int T, int nh, int D) override {
-    same_dtype("rope_forward", {x.dtype});
-    const F32 xf(x, size_t(B) * T * nh * D);
-    k::rope_forward(xf.get(), inv_freq, B, T, nh, D);
-    xf.store(x);
+    dispatch(same_dtype("rope_forward", {x.dtype}), [&](auto t) {
+      k::rope_forward(as<decltype(t)>(x), inv_freq, B, T, nh, D);
+    });
   }
   void rope_backward(Stream, Ref dx, const float* inv_freq, int B, int T, int nh,
                      int D) override {
-    same_dtype("rope_backward", {dx.dtype});
-    const F32 xf(dx, size_t(B) * T * nh * D);
-    k::rope_backward(xf.get(), inv_freq, B, T, nh, D);
-    xf.store(dx);
+    dispatch(same_dtype("rope_backward", {dx.dtype}), [&](auto t) {
+      k::rope_backward(as<decltype(t)>(dx), inv_freq, B, T, nh, D);
+    });
   }
   void attention_forward(Stream, Ref out, float* probs, CRef q, CRef kk, CRef v, int B, int T,
                          int H, int K, int D) override {
@@ -160,62 +174,64 @@ class CpuOps final : public Ops {
     dvf.store(dv);
   }
   void swiglu_forward(Stream, Ref h, CRef g, CRef u, size_t n) override {
-    same_dtype("swiglu_forward", {h.dtype, g.dtype, u.dtype});
-    const F32 hf(h, n, false), gf(g, n), uf(u, n);
-    k::swiglu_forward(hf.get(), gf.get(), uf.get(), n);
-    hf.store(h);
+    dispatch(same_dtype("swiglu_forward", {h.dtype, g.dtype, u.dtype}), [&](auto t) {
+      using T = decltype(t);
+      k::swiglu_forward(as<T>(h), as<T>(g), as<T>(u), n);
+    });
   }
   void swiglu_backward(Stream, Ref dg, Ref du, CRef dh, CRef g, CRef u, size_t n) override {
-    same_dtype("swiglu_backward", {dg.dtype, du.dtype, dh.dtype, g.dtype, u.dtype});
-    const F32 dgf(dg, n, false), duf(du, n, false), dhf(dh, n), gf(g, n), uf(u, n);
-    k::swiglu_backward(dgf.get(), duf.get(), dhf.get(), gf.get(), uf.get(), n);
-    dgf.store(dg);
-    duf.store(du);
+    dispatch(same_dtype("swiglu_backward", {dg.dtype, du.dtype, dh.dtype, g.dtype, u.dtype}),
+             [&](auto t) {
+               using T = decltype(t);
+               k::swiglu_backward(as<T>(dg), as<T>(du), as<T>(dh), as<T>(g), as<T>(u), n);
+             });
   }
   void cross_entropy(Stream, Ref dlogits, CRef logits, const int32_t* targets,
                      const uint8_t* mask, int N, int V, float scale, double* loss_acc) override {
-    same_dtype("cross_entropy", {dlogits.ptr ? dlogits.dtype : logits.dtype, logits.dtype});
-    FT_CHECK(!dlogits.ptr || dlogits.ptr == logits.ptr || logits.dtype == DType::kF32,
-             "cross_entropy: 16-bit dlogits must alias the logits");
-    const F32 lf(logits, size_t(N) * V);
-    float* dl = dlogits.ptr ? (logits.dtype == DType::kF32 ? static_cast<float*>(dlogits.ptr)
-                                                           : lf.get())
-                            : nullptr;
-    *loss_acc += k::cross_entropy_forward_backward(dl, lf.get(), targets, mask, N, V, scale);
-    if (dlogits.ptr) lf.store(dlogits);
+    dispatch(same_dtype("cross_entropy", {dlogits.ptr ? dlogits.dtype : logits.dtype,
+                                          logits.dtype}),
+             [&](auto t) {
+               using T = decltype(t);
+               *loss_acc += k::cross_entropy_forward_backward<T>(
+                   as<T>(dlogits), as<T>(logits), targets, mask, N, V, scale);
+             });
   }
   void row_max(Stream, float* out, CRef x, int N, int V) override {
-    same_dtype("row_max", {x.dtype});
-    const F32 xf(x, size_t(N) * V);
-    k::row_max(out, xf.get(), N, V);
+    dispatch(same_dtype("row_max", {x.dtype}),
+             [&](auto t) { k::row_max(out, as<decltype(t)>(x), N, V); });
   }
   void ce_partial(Stream, double* sumexp, double* target_logit, CRef logits,
                   const int32_t* targets, const uint8_t* mask, const float* row_max, int N, int V,
                   int v_begin) override {
-    same_dtype("ce_partial", {logits.dtype});
-    const F32 lf(logits, size_t(N) * V);
-    k::ce_partial(sumexp, target_logit, lf.get(), targets, mask, row_max, N, V, v_begin);
+    dispatch(same_dtype("ce_partial", {logits.dtype}), [&](auto t) {
+      k::ce_partial(sumexp, target_logit, as<decltype(t)>(logits), targets, mask, row_max, N, V,
+                    v_begin);
+    });
   }
   void ce_finish(Stream, Ref dlogits, CRef logits, const int32_t* targets, const uint8_t* mask,
                  const float* row_max, const double* sumexp, const double* target_logit, int N,
                  int V, int v_begin, float scale, double* loss_acc) override {
-    same_dtype("ce_finish", {dlogits.ptr ? dlogits.dtype : logits.dtype, logits.dtype});
-    FT_CHECK(!dlogits.ptr || dlogits.ptr == logits.ptr || logits.dtype == DType::kF32,
-             "ce_finish: 16-bit dlogits must alias the logits");
-    const F32 lf(logits, size_t(N) * V);
-    float* dl = dlogits.ptr ? (logits.dtype == DType::kF32 ? static_cast<float*>(dlogits.ptr)
-                                                           : lf.get())
-                            : nullptr;
-    *loss_acc += k::ce_finish(dl, lf.get(), targets, mask, row_max, sumexp, target_logit, N, V,
-                              v_begin, scale);
-    if (dlogits.ptr) lf.store(dlogits);
+    dispatch(same_dtype("ce_finish", {dlogits.ptr ? dlogits.dtype : logits.dtype, logits.dtype}),
+             [&](auto t) {
+               using T = decltype(t);
+               *loss_acc += k::ce_finish<T>(as<T>(dlogits), as<T>(logits), targets, mask, row_max,
+                                            sumexp, target_logit, N, V, v_begin, scale);
+             });
   }
-  void convert(Stream, Ref dst, CRef src, size_t n) override { convert_any(dst, src, n); }
+  void convert(Stream, Ref dst, CRef src, size_t n) override {
+    if (dst.dtype == src.dtype || (dst.dtype != DType::kF32 && src.dtype != DType::kF32)) {
+      convert_any(dst, src, n);  // a copy, or 16-bit to 16-bit (unused in training)
+    } else if (src.dtype == DType::kF32) {
+      dispatch(dst.dtype, [&](auto t) { k::convert(as<decltype(t)>(dst), as<float>(src), n); });
+    } else {
+      dispatch(src.dtype, [&](auto t) { k::convert(as<float>(dst), as<decltype(t)>(src), n); });
+    }
+  }
   void add(Stream, Ref y, CRef x, size_t n) override {
-    same_dtype("add", {y.dtype, x.dtype});
-    const F32 yf(y, n), xf(x, n);
-    k::add_inplace(yf.get(), xf.get(), n);
-    yf.store(y);
+    dispatch(same_dtype("add", {y.dtype, x.dtype}), [&](auto t) {
+      using T = decltype(t);
+      k::add_inplace(as<T>(y), as<T>(x), n);
+    });
   }
   void scale(Stream, float* y, float s, size_t n) override { k::scale_inplace(y, s, n); }
   void sum_squares(Stream, double* acc, const float* x, size_t n, double divisor) override {
