@@ -67,9 +67,10 @@ struct TrainingConfig {
   double initial_loss_scale = 65536;  // dynamic: first scale, 2^16 (DeepSpeed's default)
   double min_loss_scale = 1;          // dynamic: floor; an overflow at it stops the run
   int loss_scale_hysteresis = 2;      // dynamic: overflows before the scale halves
-  // Consecutive skipped steps that stop the run (exit 1). Above the 34 overflows that take the
-  // largest customary initial scale (Megatron's 2^32) down to 1 with hysteresis 2, so it never
-  // cuts a dynamic scale's descent short; it bounds the steps wasted when no scale helps.
+  // Consecutive skipped steps that stop the run (exit 1). Above the 34 consecutive overflows in
+  // which a dynamic scale falls from the largest allowed initial scale (2^32) to 1 and stops
+  // there by itself (hysteresis 2), so it never cuts that descent short; it bounds the steps
+  // wasted when no scale helps (a static scale, or a NaN that no scale removes).
   int64_t max_skipped_steps = 100;
 };
 
