@@ -26,7 +26,8 @@ std::string describe(const json& v) {
   return v.dump();
 }
 
-[[noreturn]] void damaged(const std::string& file, const std::string& key, const std::string& what) {
+[[noreturn]] void damaged(const std::string& file, const std::string& key,
+                          const std::string& what) {
   throw Error(file + ": loss_scaler" + (key.empty() ? "" : "." + key) + ": " + what +
               "; the checkpoint is damaged");
 }
