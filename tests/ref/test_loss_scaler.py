@@ -170,8 +170,8 @@ def pattern_of(rng, n, p, burst_p=0.0, burst_len=0):
 def main():
     rng = random.Random(20260511)
     kernel = torch_update_scale()
-    print(f"GradScaler reference: {'torch._amp_update_scale_' if kernel else 'the rule written out'}"
-          f" (torch {torch.__version__})")
+    source = "torch._amp_update_scale_" if kernel else "the rule written out"
+    print(f"GradScaler reference: {source} (torch {torch.__version__})")
 
     # 1. GradScaler: hysteresis 1, window = growth_interval, no minimum in reach.
     compared = grown_to_cap = 0
