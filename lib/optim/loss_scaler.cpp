@@ -151,8 +151,9 @@ LossScaler::Decision LossScaler::update(bool found_inf) {
   if (!d.stop && s_.consecutive_skipped >= cfg_.max_skipped_steps) {
     d.stop = true;
     d.reason = detail::concat(
-        s_.consecutive_skipped, " consecutive steps skipped for gradient overflow "
-        "(training.max_skipped_steps ", cfg_.max_skipped_steps, "), the last at loss scale ",
+        s_.consecutive_skipped, s_.consecutive_skipped == 1 ? " step" : " consecutive steps",
+        " skipped for gradient overflow (training.max_skipped_steps ", cfg_.max_skipped_steps,
+        "), the last at loss scale ",
         used, ": the loss or the gradients are not finite at any scale; check the data and "
         "optimizer.lr, or try precision bf16");
   }

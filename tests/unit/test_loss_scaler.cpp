@@ -184,7 +184,9 @@ TEST_CASE("loss scaler: max_skipped_steps counts consecutive skips only") {
   CHECK(s.total_skipped() == 5);
   // max 1: the first overflow stops.
   LossScaler one(dynamic_config(65536, 1000, 2, 1, 1));
-  CHECK(skips(run(one, "x")) == "S");
+  const auto first = run(one, "x");
+  CHECK(skips(first) == "S");
+  CHECK(first[0].reason.find("1 step skipped for gradient overflow") != std::string::npos);
 }
 
 TEST_CASE("loss scaler: the scale grows only while it stays a finite float") {
