@@ -61,6 +61,17 @@ struct TrainingConfig {
   bool activation_checkpointing = false;
   int64_t eval_every_steps = 0;    // 0: no evaluation (needs data.valid)
   int64_t eval_batches = 8;
+  // fp16 loss scaling (optim/loss_scaler.h, DESIGN.md §5); read only with precision fp16.
+  double loss_scale = 0;              // 0: dynamic; N > 0: static scale N
+  int64_t loss_scale_window = 1000;   // dynamic: clean steps before the scale doubles
+  double initial_loss_scale = 65536;  // dynamic: first scale, 2^16 (DeepSpeed's default)
+  double min_loss_scale = 1;          // dynamic: floor; an overflow at it stops the run
+  int loss_scale_hysteresis = 2;      // dynamic: overflows before the scale halves
+  // Consecutive skipped steps that stop the run (exit 1). Above the 34 consecutive overflows in
+  // which a dynamic scale falls from the largest allowed initial scale (2^32) to 1 and stops
+  // there by itself (hysteresis 2), so it never cuts that descent short; it bounds the steps
+  // wasted when no scale helps (a static scale, or a NaN that no scale removes).
+  int64_t max_skipped_steps = 100;
 };
 
 struct OptimizerConfig {
