@@ -36,7 +36,7 @@
 #include <thread>
 #include <vector>
 
-#include "recipe/recipe.h"
+#include "model/config.h"
 
 namespace ft {
 

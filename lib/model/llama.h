@@ -9,7 +9,7 @@
 
 #include "comm/communicator.h"
 #include "model/layout.h"
-#include "recipe/recipe.h"
+#include "model/config.h"
 #include "runtime/device.h"
 
 namespace ft {
