@@ -4,14 +4,15 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "parallel/partition.h"
 
 namespace ft {
 
 StageSpec pipeline_stage(int L, int p, int P) {
-  const int base = L / P, extra = L % P;
+  const LayerRange layers = stage_layers(L, p, P);
   StageSpec s;
-  s.first_layer = p * base + std::min(p, extra);
-  s.last_layer = s.first_layer + base + (p < extra ? 1 : 0);
+  s.first_layer = layers.first;
+  s.last_layer = layers.last;
   s.embed = p == 0;
   s.head = p == P - 1;
   return s;

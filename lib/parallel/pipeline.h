@@ -20,8 +20,8 @@
 
 namespace ft {
 
-// Layers [first, last) of stage p of P for L layers: an even split, the first L mod P stages
-// taking one layer more (3 layers on 2 stages: [0, 2), [2, 3)).
+// Stage p of P for L layers: the layers of stage_layers (lib/parallel/partition.h), the
+// embedding on the first stage, the head on the last.
 StageSpec pipeline_stage(int n_layers, int p, int P);
 
 class PipelineSchedule {
