@@ -29,13 +29,16 @@ class PipelineSchedule {
   // pipe: the pipeline group (rank = stage); null for a single stage.
   PipelineSchedule(LlamaModel& model, Communicator* pipe, Device* dev);
   // Forward and backward of every micro-batch of `b` (micro samples each); gradients accumulate.
-  // Returns the summed loss of the step's micro-batches (0 except on the last stage).
-  double train_step(const StepSamples& b, int micro, float loss_scale);
+  // token_weight scales each token's loss gradient (1 / the global batch's trained tokens, for
+  // the token-weighted mean). Returns the summed loss of the step's micro-batches (0 except on
+  // the last stage).
+  double train_step(const StepSamples& b, int micro, float token_weight);
   // Forward only; the summed loss on the last stage, 0 elsewhere.
   double eval_batch(const StepSamples& b, int micro);
 
  private:
-  void forward(const StepSamples& b, int i, int micro, float scale, bool backward, double* loss);
+  void forward(const StepSamples& b, int i, int micro, float token_weight, bool backward,
+               double* loss);
   void backward(int i, int micro, int T);
   int slot(int i) const { return i % slots_; }
 

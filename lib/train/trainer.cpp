@@ -587,14 +587,14 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     for (uint8_t m : batch.mask) count += m;
     set_watch_step(step, "counting target tokens");
     data_comm.all_reduce_sum(&count, 1);  // tensor ranks hold the same samples
-    const float scale = count > 0 ? float(1.0 / count) : 0.0f;
+    const float token_weight = count > 0 ? float(1.0 / count) : 0.0f;
     if (count == 0 && is_root)
       log_warn("step ", step, ": every target of the global batch is masked out (loss_mask); "
                "the loss is reported as 0 and only weight decay changes the parameters");
 
     set_watch_step(step, "forward/backward");
     zero.begin_step();
-    double loss_sum = pipeline.train_step(batch, micro, scale);
+    double loss_sum = pipeline.train_step(batch, micro, token_weight);
     // Test support: FT_TEST_NAN_LOSS_AT_STEP=N[:r] makes rank r's share of the loss of step N
     // NaN; FT_TEST_NAN_GRAD_AT_STEP=N[:r] writes NaN into the first gradient element rank r
     // holds, before the gradient reductions, as a NaN from its backward would be.
