@@ -36,8 +36,8 @@
 #include <thread>
 #include <vector>
 
+#include "model/config.h"
 #include "optim/loss_scaler.h"
-#include "recipe/recipe.h"
 
 namespace ft {
 

@@ -287,7 +287,7 @@ void LlamaModel::layer_backward(int l, int B, int T) {
 
 double LlamaModel::forward_part(int slot, const int32_t* inputs, const float* x_in,
                                 const int32_t* targets, const uint8_t* mask, int B, int T,
-                                float loss_scale, bool backward) {
+                                float token_weight, bool backward) {
   FT_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len ", cfg_.max_seq_len);
   ensure_acts(slot, B, T, backward);
   Acts& a = *acts_;
@@ -322,7 +322,7 @@ double LlamaModel::forward_part(int slot, const int32_t* inputs, const float* x_
   double loss_sum;
   if (tp_ == 1) {
     loss_sum = k::cross_entropy_forward_backward(dlogits, a.logits.data(), targets, mask, N, V,
-                                                 loss_scale);
+                                                 token_weight);
   } else {  // vocabulary-parallel cross-entropy: no rank ever holds full-vocabulary logits
     k::row_max(a.row_max.data(), a.logits.data(), N, V);
     tp_comm_->all_reduce_max(a.row_max.data(), size_t(N));
@@ -331,7 +331,7 @@ double LlamaModel::forward_part(int slot, const int32_t* inputs, const float* x_
     tp_comm_->all_reduce_sum(a.sumexp.data(), size_t(N));
     tp_comm_->all_reduce_sum(a.target_logit.data(), size_t(N));
     loss_sum = k::ce_finish(dlogits, a.logits.data(), targets, mask, a.row_max.data(),
-                            a.sumexp.data(), a.target_logit.data(), N, V, v_begin_, loss_scale);
+                            a.sumexp.data(), a.target_logit.data(), N, V, v_begin_, token_weight);
   }
   release(hg);
   if (cfg_.tie_embeddings) release(0);
@@ -370,8 +370,8 @@ void LlamaModel::backward_part(int slot, const float* dy_in) {
 }
 
 double LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets,
-                                    const uint8_t* mask, int B, int T, float loss_scale) {
-  const double loss = forward_part(0, inputs, nullptr, targets, mask, B, T, loss_scale, true);
+                                    const uint8_t* mask, int B, int T, float token_weight) {
+  const double loss = forward_part(0, inputs, nullptr, targets, mask, B, T, token_weight, true);
   backward_part(0, nullptr);
   return loss;
 }

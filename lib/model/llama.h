@@ -9,7 +9,7 @@
 
 #include "comm/communicator.h"
 #include "model/layout.h"
-#include "recipe/recipe.h"
+#include "model/config.h"
 #include "runtime/device.h"
 
 namespace ft {
@@ -61,10 +61,10 @@ class LlamaModel {
   void zero_grads();
 
   // Forward and backward on one micro-batch. inputs/targets/mask: (B, T). dlogits are scaled by
-  // loss_scale (1 / trained tokens of the whole global batch gives the token-weighted mean).
+  // token_weight (1 / trained tokens of the whole global batch gives the token-weighted mean).
   // Returns the SUM of per-token losses over masked targets. Gradients accumulate.
   double forward_backward(const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
-                          int B, int T, float loss_scale);
+                          int B, int T, float token_weight);
   // Forward only (evaluation): returns the summed loss over masked targets.
   double forward_loss(const int32_t* inputs, const int32_t* targets, const uint8_t* mask, int B,
                       int T);
@@ -75,7 +75,7 @@ class LlamaModel {
   // stage returns the summed loss (and, with backward, keeps dlogits for backward_part); others
   // return 0 and leave their output at stage_output(slot).
   double forward_part(int slot, const int32_t* inputs, const float* x_in, const int32_t* targets,
-                      const uint8_t* mask, int B, int T, float loss_scale, bool backward);
+                      const uint8_t* mask, int B, int T, float token_weight, bool backward);
   // backward_part: the last stage starts from its loss; others from dy_in (B·T, C), the gradient
   // of their output. Leaves the gradient of the stage's input at input_grad() (not on the first).
   void backward_part(int slot, const float* dy_in);

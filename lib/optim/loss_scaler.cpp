@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "recipe/recipe.h"
 
 namespace ft {
 using nlohmann::json;

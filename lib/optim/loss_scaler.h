@@ -32,9 +32,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "recipe/recipe.h"
 
 namespace ft {
+
+struct TrainingConfig;  // recipe/recipe.h
 
 // The defaults are the recipe's (recipe.h): loss_scaler_config(TrainingConfig{}).
 struct LossScalerConfig {

@@ -23,6 +23,8 @@
 #include "core/error.h"
 #include "model/layout.h"
 #include "optim/loss_scaler.h"
+#include "parallel/partition.h"
+#include "recipe/recipe.h"
 #include "temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -81,13 +83,6 @@ struct WholeState {
   }
 };
 
-// The range data rank d of D saves (the ZeRO shard cut of lib/train/train_state.cpp).
-std::pair<uint64_t, uint64_t> data_shard(uint64_t n, int D, int d) {
-  const uint64_t s = (n + uint64_t(D) - 1) / uint64_t(D);
-  const uint64_t b = std::min(n, uint64_t(d) * s);
-  return {b, std::min(n, b + s)};
-}
-
 nlohmann::json manifest_for(const ft::ModelConfig& c, int D, int T, int64_t step) {
   nlohmann::json j;
   j["layout"] = {{"world", D * T}, {"data", D}, {"tensor", T}, {"pipeline", 1}, {"zero_stage", 0}};
@@ -144,7 +139,8 @@ ft::ckpt::CheckpointWriter::Committed save(const WholeState& ws, const std::stri
     for (size_t g = 0; g < groups; ++g)
       for (int s = 0; s < 3; ++s) {
         const auto& buf = locals[size_t(rank) * 3 + size_t(s)][g];
-        const auto [b, e] = data_shard(buf.size(), D, d);
+        // The range data rank d of D saves (lib/train/train_state.cpp: the ZeRO cut).
+        const auto [b, e] = ft::zero_shard(buf.size(), D, d);
         if (b == e) continue;
         pieces[size_t(rank)].push_back({kStates[s], int(g), b, e, buf.data() + b});
       }

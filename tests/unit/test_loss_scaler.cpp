@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "optim/loss_scaler.h"
+#include "recipe/recipe.h"
 
 namespace ft {
 namespace {
