@@ -535,10 +535,14 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
     if (d.contains("train")) r.text(d["train"], "data.train");
   }
   if (j.contains("scheduler")) {
+    // The schedule advances with applied steps only (as DeepSpeed's and Megatron's): an fp16
+    // step skipped for overflow leaves it behind the step count, never ahead of it.
     const json& s = r.object(j["scheduler"], "scheduler");
-    if (s.contains("step") && r.int_at(s, "scheduler", "step", 0, kMaxStep) != m.step)
-      r.fail("scheduler.step", detail::concat(s["step"].dump(), ", not the step ", m.step));
+    if (s.contains("step") && r.int_at(s, "scheduler", "step", 0, kMaxStep) > m.step)
+      r.fail("scheduler.step", detail::concat(s["step"].dump(), ", past the step ", m.step));
   }
+  if (j.contains("loss_scaler"))
+    m.loss_scaler = LossScalerState::from_json(j["loss_scaler"], path);
   if (j.contains("tokenizer") && !j["tokenizer"].is_null()) {
     const json& t = r.object(j["tokenizer"], "tokenizer");
     if (t.contains("file")) r.file_name(t["file"], "tokenizer.file");

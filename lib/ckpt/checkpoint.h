@@ -36,7 +36,8 @@
 #include <thread>
 #include <vector>
 
-#include "recipe/recipe.h"
+#include "model/config.h"
+#include "optim/loss_scaler.h"
 #include "runtime/device.h"
 
 namespace ft {
@@ -95,6 +96,9 @@ struct Manifest {
   ModelConfig model;
   int64_t optimizer_step = 0;
   int64_t tokens = 0;  // data.tokens: tokens trained on up to this step (0 when absent)
+  // The fp16 loss scaler's state (key loss_scaler, written by fp16 runs only); absent: a run
+  // resumed in fp16 starts its scaler afresh, as from an fp32 or bf16 checkpoint.
+  std::optional<LossScalerState> loss_scaler;
   std::vector<ShardRecord> shards;
   std::vector<PieceRecord> pieces;
   nlohmann::json json;  // the whole document

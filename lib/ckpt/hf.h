@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "model/config.h"
 #include "model/layout.h"
-#include "recipe/recipe.h"
 
 namespace ft {
 

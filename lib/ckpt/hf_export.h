@@ -14,7 +14,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
 #include "core/dtype.h"
-#include "recipe/recipe.h"
+#include "model/config.h"
 
 namespace ft {
 

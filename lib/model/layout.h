@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "recipe/recipe.h"
+#include "model/config.h"
 
 namespace ft {
 

@@ -372,7 +372,7 @@ void LlamaModel::layer_backward(int l, int B, int T) {
 
 void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in,
                               const int32_t* targets, const uint8_t* mask, int B, int T,
-                              float loss_scale, bool backward) {
+                              float token_weight, bool backward) {
   FT_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len ", cfg_.max_seq_len);
   ensure_acts(slot, B, T, backward);
   Acts& a = *acts_;
@@ -411,7 +411,7 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in,
   ops().linear_forward(st_, a.logits.data(), a.lnf.data(), Wh, N, C, V, false);  // (N, V / tensor)
   const Ref dlogits = backward ? a.logits.data() : Ref(nullptr, cdt_);
   if (tp_ == 1) {
-    ops().cross_entropy(st_, dlogits, a.logits.data(), tgt, msk, N, V, loss_scale,
+    ops().cross_entropy(st_, dlogits, a.logits.data(), tgt, msk, N, V, token_weight,
                         loss_acc_.data());
   } else {  // vocabulary-parallel cross-entropy: no rank ever holds full-vocabulary logits
     ops().row_max(st_, a.row_max.data(), a.logits.data(), N, V);
@@ -421,7 +421,7 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in,
     tp_comm_->all_reduce_sum(a.sumexp.data(), size_t(N));
     tp_comm_->all_reduce_sum(a.target_logit.data(), size_t(N));
     ops().ce_finish(st_, dlogits, a.logits.data(), tgt, msk, a.row_max.data(), a.sumexp.data(),
-                    a.target_logit.data(), N, V, v_begin_, loss_scale, loss_acc_.data());
+                    a.target_logit.data(), N, V, v_begin_, token_weight, loss_acc_.data());
   }
   release(hg);
   if (cfg_.tie_embeddings) release(0);
@@ -466,8 +466,8 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
 }
 
 void LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets,
-                                  const uint8_t* mask, int B, int T, float loss_scale) {
-  forward_part(0, inputs, CRef(), targets, mask, B, T, loss_scale, true);
+                                  const uint8_t* mask, int B, int T, float token_weight) {
+  forward_part(0, inputs, CRef(), targets, mask, B, T, token_weight, true);
   backward_part(0, CRef());
 }
 

@@ -9,7 +9,7 @@
 
 #include "comm/communicator.h"
 #include "model/layout.h"
-#include "recipe/recipe.h"
+#include "model/config.h"
 #include "runtime/device.h"
 
 namespace ft {
@@ -82,11 +82,11 @@ class LlamaModel {
   void zero_grads();
 
   // Forward and backward on one micro-batch. inputs/targets/mask: (B, T) host arrays, copied to
-  // the device. dlogits are scaled by loss_scale (1 / trained tokens of the whole global batch
+  // the device. dlogits are scaled by token_weight (1 / trained tokens of the whole global batch
   // gives the token-weighted mean). The SUM of per-token losses over masked targets accumulates
   // on the device (take_loss_sum). Gradients accumulate.
   void forward_backward(const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
-                        int B, int T, float loss_scale);
+                        int B, int T, float token_weight);
   // Forward only (evaluation); the summed loss accumulates as above.
   void forward_loss(const int32_t* inputs, const int32_t* targets, const uint8_t* mask, int B,
                     int T);
@@ -100,7 +100,7 @@ class LlamaModel {
   // device memory). The last stage adds its loss to the step's sum (take_loss_sum) and, with
   // backward, keeps dlogits for backward_part; others leave their output at stage_output(slot).
   void forward_part(int slot, const int32_t* inputs, CRef x_in, const int32_t* targets,
-                      const uint8_t* mask, int B, int T, float loss_scale, bool backward);
+                      const uint8_t* mask, int B, int T, float token_weight, bool backward);
   // backward_part: the last stage starts from its loss; others from dy_in (B·T, C), the gradient
   // of their output. Leaves the gradient of the stage's input at input_grad() (not on the first).
   void backward_part(int slot, CRef dy_in);

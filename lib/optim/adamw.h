@@ -8,15 +8,11 @@
 #include <vector>
 
 #include "model/layout.h"
+#include "parallel/partition.h"
 #include "recipe/recipe.h"
 #include "runtime/device.h"
 
 namespace ft {
-
-struct ShardRange {
-  size_t begin = 0, end = 0;  // elements of a group's flat buffer
-  size_t size() const { return end - begin; }
-};
 
 class AdamW {
  public:

@@ -3,14 +3,15 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "parallel/partition.h"
 
 namespace ft {
 
 StageSpec pipeline_stage(int L, int p, int P) {
-  const int base = L / P, extra = L % P;
+  const LayerRange layers = stage_layers(L, p, P);
   StageSpec s;
-  s.first_layer = p * base + std::min(p, extra);
-  s.last_layer = s.first_layer + base + (p < extra ? 1 : 0);
+  s.first_layer = layers.first;
+  s.last_layer = layers.last;
   s.embed = p == 0;
   s.head = p == P - 1;
   return s;
@@ -25,14 +26,14 @@ PipelineSchedule::PipelineSchedule(LlamaModel& model, Communicator* pipe, Device
 }
 
 // Tags: 2i for micro-batch i's activations (forward), 2i + 1 for its gradient (backward).
-void PipelineSchedule::forward(const StepSamples& b, int i, int micro, float scale,
+void PipelineSchedule::forward(const StepSamples& b, int i, int micro, float token_weight,
                                bool backward) {
   const int T = b.seq_len;
   const size_t n = size_t(micro) * T * size_t(model_.config().dim);
   const size_t off = size_t(i) * micro * T;
   if (p_ > 0) pipe_->recv(recv_buf_.data(), n, p_ - 1, 2 * i);
   model_.forward_part(slot(i), b.inputs.data() + off, recv_buf_.data(), b.targets.data() + off,
-                      b.mask.data() + off, micro, T, scale, backward);
+                      b.mask.data() + off, micro, T, token_weight, backward);
   if (p_ < P_ - 1) {
     const Ref out = send_bufs_[size_t(i) % send_bufs_.size()].data();
     dev_->copy(dev_->stream(), out.ptr, model_.stage_output(slot(i)).ptr,
@@ -61,23 +62,23 @@ void PipelineSchedule::ensure_buffers(size_t n, size_t count) {
   }
 }
 
-double PipelineSchedule::train_step(const StepSamples& b, int micro, float scale) {
+double PipelineSchedule::train_step(const StepSamples& b, int micro, float token_weight) {
   const int M = b.count / micro, T = b.seq_len;
   if (P_ == 1) {
     slots_ = 1;
     for (int i = 0; i < M; ++i) {
       const size_t off = size_t(i) * micro * T;
       model_.forward_backward(b.inputs.data() + off, b.targets.data() + off, b.mask.data() + off,
-                              micro, T, scale);
+                              micro, T, token_weight);
     }
     return model_.take_loss_sum();
   }
   ensure_buffers(size_t(micro) * T * size_t(model_.config().dim), size_t(M));
   const int warmup = std::min(P_ - p_ - 1, M);
   slots_ = warmup + 1;
-  for (int i = 0; i < warmup; ++i) forward(b, i, micro, scale, true);
+  for (int i = 0; i < warmup; ++i) forward(b, i, micro, token_weight, true);
   for (int j = 0; j < M - warmup; ++j) {
-    forward(b, warmup + j, micro, scale, true);
+    forward(b, warmup + j, micro, token_weight, true);
     backward(j, micro, T);
   }
   for (int j = M - warmup; j < M; ++j) backward(j, micro, T);

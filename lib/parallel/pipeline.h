@@ -20,8 +20,8 @@
 
 namespace ft {
 
-// Layers [first, last) of stage p of P for L layers: an even split, the first L mod P stages
-// taking one layer more (3 layers on 2 stages: [0, 2), [2, 3)).
+// Stage p of P for L layers: the layers of stage_layers (lib/parallel/partition.h), the
+// embedding on the first stage, the head on the last.
 StageSpec pipeline_stage(int n_layers, int p, int P);
 
 class PipelineSchedule {
@@ -29,14 +29,15 @@ class PipelineSchedule {
   // pipe: the pipeline group (rank = stage); null for a single stage.
   PipelineSchedule(LlamaModel& model, Communicator* pipe, Device* dev);
   // Forward and backward of every micro-batch of `b` (micro samples each); gradients accumulate.
-  // Returns the summed loss of the step's micro-batches (0 except on the last stage), read back
-  // from the device once.
-  double train_step(const StepSamples& b, int micro, float loss_scale);
+  // token_weight scales each token's loss gradient (1 / the global batch's trained tokens, for
+  // the token-weighted mean). Returns the summed loss of the step's micro-batches (0 except on
+  // the last stage), read back from the device once.
+  double train_step(const StepSamples& b, int micro, float token_weight);
   // Forward only; the summed loss on the last stage, 0 elsewhere.
   double eval_batch(const StepSamples& b, int micro);
 
  private:
-  void forward(const StepSamples& b, int i, int micro, float scale, bool backward);
+  void forward(const StepSamples& b, int i, int micro, float token_weight, bool backward);
   void backward(int i, int micro, int T);
   int slot(int i) const { return i % slots_; }
 

@@ -6,13 +6,12 @@
 #include <tuple>
 
 #include "core/error.h"
+#include "parallel/partition.h"
 
 namespace ft {
 namespace {
 
 constexpr int64_t kF32 = 4;  // bytes per element: this build trains in fp32
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // 1234567 -> "1,234,567"
 std::string count(int64_t v) {
@@ -113,11 +112,10 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
     rp.stage = int((rank / T) % P);
     rp.data_rank = int(rank / (T * P));
     const int64_t p = rp.stage, d = rp.data_rank;
-    // pipeline_stage (lib/parallel/pipeline.cpp): an even split, the first L mod P stages take
-    // one layer more.
-    const int64_t base = L / P, extra = L % P;
-    const int64_t Lp = base + (p < extra ? 1 : 0);
-    rp.first_layer = int(p * base + std::min(p, extra));
+    // The split the pipeline runs (stage_layers, lib/parallel/partition.h).
+    const LayerRange layers = stage_layers(int(L), int(p), int(P));
+    const int64_t Lp = layers.size();
+    rp.first_layer = layers.first;
     rp.num_layers = int(Lp);
     rp.embed = p == 0;
     rp.head = p == P - 1;
@@ -131,9 +129,9 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
     // the embedding's forward and, tied, again in both halves of the head.
     std::vector<Group> groups;
     auto add = [&](Group::Kind k, int64_t n, int gathers, int64_t count = 1) {
-      Group g{k, n, ceil_div(n, D), 0, gathers, count};
-      const int64_t begin = std::min(n, d * g.s);
-      g.own = std::min(n, begin + g.s) - begin;
+      // The shards ZeRO cuts (zero_shard, lib/parallel/partition.h).
+      Group g{k, n, int64_t(zero_shard_size(size_t(n), int(D))), 0, gathers, count};
+      g.own = int64_t(zero_shard(size_t(n), int(D), int(d)).size());
       groups.push_back(g);
     };
     if (holds_embed) add(Group::kEmbed, n_embed, (rp.embed ? 1 : 0) + (tied_head ? 2 : 0));
@@ -217,7 +215,7 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
     const Group* ge = holds_embed ? &groups.front() : nullptr;
     const Group* gh = rp.head ? &groups.back() : nullptr;
     const int64_t We = ge ? D * ge->s : 0;
-    const int64_t sl = ceil_div(n_layer, D), Wl = D * sl;
+    const int64_t sl = int64_t(zero_shard_size(size_t(n_layer), int(D))), Wl = D * sl;
     // One stage with tied embeddings: the embedding's working gradient, opened by the head's
     // backward, stays until the embedding's own. On the last of several stages it is complete
     // (reduce-scattered) at the end of the head's backward.
@@ -453,7 +451,7 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
     // parameters + two AdamW moments), at any ZeRO stage; async saves stage that in host memory.
     int64_t largest = 0;
     for (const RankPlan& rp : plan.ranks) largest = std::max(largest, rp.param_elems);
-    const int64_t share = 12 * ((largest + D - 1) / D);
+    const int64_t share = 12 * int64_t(zero_shard_size(size_t(largest), int(D)));
     const int64_t whole = 12 * plan.model_params;
     char sizes[96];
     std::snprintf(sizes, sizeof sizes, "%.1f MiB in all, up to %.1f MiB", double(whole) / 1048576.0,

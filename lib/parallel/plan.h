@@ -7,7 +7,7 @@
 // lib/parallel/pipeline.cpp and the AdamW moments, so they match the measured
 // mem_params/grads/optim_bytes and mem_peak_bytes (tests/cli/test_plan.sh). Tensor parallelism
 // is Megatron's: column-split QKV/gate/up, row-split o/down, vocabulary-split embedding and
-// lm_head (V/T rows each), norms replicated. Pipeline stage p holds pipeline_stage's contiguous
+// lm_head (V/T rows each), norms replicated. Pipeline stage p holds stage_layers' contiguous
 // even split of the layers (the first L mod P stages one extra), the embedding on the first
 // stage and the final norm + head on the last (with tied embeddings the last stage holds the
 // embedding group too); 1F1B keeps min(P − p, M) micro-batches in flight, each in a full

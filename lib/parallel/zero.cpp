@@ -24,12 +24,11 @@ ZeroSharding::ZeroSharding(int stage, LlamaModel& model, Communicator& comm, Dev
   for (size_t gi = 0; gi < model.layout().groups().size(); ++gi) {
     // Groups of other pipeline stages are empty here.
     const size_t n = model.owns_group(int(gi)) ? model.layout().groups()[gi].numel : 0;
-    const size_t s = (n + size_t(D_) - 1) / size_t(D_);
+    const size_t s = zero_shard_size(n, D_);
     numel_.push_back(n);
     shard_.push_back(s);
     max_shard = std::max(max_shard, s);
-    const size_t begin = std::min(n, size_t(rank_) * s);
-    ranges_.push_back(stage_ == 0 ? ShardRange{0, n} : ShardRange{begin, std::min(n, begin + s)});
+    ranges_.push_back(stage_ == 0 ? ShardRange{0, n} : zero_shard(n, D_, rank_));
   }
   const size_t G = numel_.size();
   if (stage_ >= 2) {

@@ -1,7 +1,7 @@
 // ZeRO over the data-parallel group (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
 // Training Trillion Parameter Models", 2020), on the model's flat group buffers. Each group of
 // n elements is cut into D contiguous shards of s = ceil(n / D) (the last padded); data rank r
-// owns [r·s, min(n, (r+1)·s)).
+// owns [r·s, min(n, (r+1)·s)) (zero_shard, lib/parallel/partition.h).
 //   stage 0: full gradients all-reduced; every rank updates everything.
 //   stage 1: optimizer moments for the owned shard only; update the shard, all-gather params.
 //   stage 2: also gradients: each group's micro-batch gradient is reduce-scattered as soon as its
@@ -15,7 +15,7 @@
 
 #include "comm/communicator.h"
 #include "model/llama.h"
-#include "optim/adamw.h"
+#include "parallel/partition.h"
 #include "runtime/device.h"
 
 namespace ft {

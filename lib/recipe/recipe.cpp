@@ -56,6 +56,10 @@ constexpr const char* kCommandLine = "<command line>";
 constexpr size_t kMaxRecipeBytes = 1 << 20;
 // More threads than any machine has cores; beyond it OpenMP and OpenBLAS fail to start them.
 constexpr int kMaxThreads = 1024;
+// The largest fp16 loss scale a recipe may ask for: 2^32, Megatron's initial scale and the
+// largest in common use. fp16 tops out at 65504, so the first steps at such a scale overflow
+// and halve it; a larger one only adds skipped steps.
+constexpr double kMaxLossScale = 4294967296.0;
 
 // ---------------------------------------------------------------------------------------------
 // The schema
@@ -236,6 +240,24 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(training, eval_every_steps, kInt64, "evaluate on data.valid every N steps; 0: never",
                non_negative),
         FT_KEY(training, eval_batches, kInt64, "global batches per evaluation", positive),
+        // fp16 loss scaling (optim/loss_scaler.h has the rules). Scales are powers of two
+        // (check_loss_scaling) up to kMaxLossScale.
+        FT_KEY(training, loss_scale, kFloat,
+               "fp16: 0 = dynamic loss scaling; N > 0 = static scale N (a power of two)",
+               {.range = between(0, kMaxLossScale)}),
+        FT_KEY(training, loss_scale_window, kInt64,
+               "fp16 dynamic scaling: clean steps before the scale doubles", positive),
+        FT_KEY(training, initial_loss_scale, kFloat,
+               "fp16 dynamic scaling: first scale, a power of two (2^initial_scale_power)",
+               {.range = Range{0, kMaxLossScale, true, false}}),
+        FT_KEY(training, min_loss_scale, kFloat,
+               "fp16 dynamic scaling: lowest scale (a power of two); an overflow at it stops",
+               {.range = Range{0, kMaxLossScale, true, false}}),
+        FT_KEY(training, loss_scale_hysteresis, kInt,
+               "fp16 dynamic scaling: overflows before the scale halves (DeepSpeed hysteresis)",
+               positive),
+        FT_KEY(training, max_skipped_steps, kInt64,
+               "fp16: consecutive steps skipped for overflow that stop the run (exit 1)", positive),
 
         FT_KEY(optimizer, name, kChoice, "optimizer", {.choices = {"adamw"}}),
         FT_KEY(optimizer, lr, kFloat, "peak learning rate", {.range = above(0)}),
@@ -1050,6 +1072,68 @@ class Loader {
     check_rope();
     check_vocabulary();
     check_layout();
+    check_loss_scaling();
+  }
+
+  // fp16 loss scaling keys (optim/loss_scaler.h). Checked whatever the precision, so that a
+  // recipe's mistakes show before fp16 is switched on; set with another precision, they do
+  // nothing, which one warning line says.
+  void check_loss_scaling() {
+    const TrainingConfig& t = r_.training;
+    // Powers of two, so that scaling the loss and unscaling the gradients are exact (only the
+    // exponent changes) and every scale the dynamic rule reaches by halving and doubling is one.
+    auto power_of_two = [&](const char* key, double v) {
+      int e = 0;
+      if (!usable(key) || v == 0 || std::frexp(v, &e) == 0.5) return;
+      const double below = std::ldexp(1.0, e - 1), above = std::ldexp(1.0, e);
+      issue(locate(key), key, format_double(v) + " is not a power of two",
+            "scaling by a power of two is exact; use " + format_double(below) + " or " +
+                format_double(above));
+    };
+    power_of_two("training.loss_scale", t.loss_scale);
+    power_of_two("training.initial_loss_scale", t.initial_loss_scale);
+    power_of_two("training.min_loss_scale", t.min_loss_scale);
+    if (all_usable({"training.min_loss_scale", "training.initial_loss_scale"}) &&
+        t.min_loss_scale > t.initial_loss_scale) {
+      issue(locate("training.min_loss_scale"), "training.min_loss_scale",
+            "training.min_loss_scale " + format_double(t.min_loss_scale) +
+                " exceeds training.initial_loss_scale " + format_double(t.initial_loss_scale),
+            "the dynamic scale starts at initial_loss_scale and halves down to min_loss_scale; "
+            "make min_loss_scale <= initial_loss_scale");
+    }
+    // Keys set away from their defaults that this run does not read: said once, not refused
+    // (a resolved recipe, which writes every key, must load without a warning).
+    const Recipe defaults;
+    auto changed = [&](std::initializer_list<const char*> keys) {
+      std::vector<std::string> out;
+      for (const char* key : keys) {
+        const KeySpec& k = *find_key(key);
+        if (is_set(key) && usable(key) && k.get(r_) != k.get(defaults)) out.push_back(key);
+      }
+      return out;
+    };
+    // bf16 and fp16 are refused by check_unimplemented today but keep their value, which says
+    // whether these keys act; a precision that failed to convert is left at fp32 and says
+    // nothing.
+    const bool precision_known = usable("training.precision") || t.precision != "fp32";
+    if (precision_known && t.precision != "fp16") {
+      const std::vector<std::string> ignored =
+          changed({"training.loss_scale", "training.loss_scale_window",
+                   "training.initial_loss_scale", "training.min_loss_scale",
+                   "training.loss_scale_hysteresis", "training.max_skipped_steps"});
+      if (!ignored.empty())
+        warnings_.push_back(join(ignored, ", ") + (ignored.size() == 1 ? " acts" : " act") +
+                            " only with training.precision fp16; ignored in this " +
+                            t.precision + " run");
+    } else if (t.precision == "fp16" && t.loss_scale > 0 && usable("training.loss_scale")) {
+      const std::vector<std::string> ignored =
+          changed({"training.loss_scale_window", "training.initial_loss_scale",
+                   "training.min_loss_scale", "training.loss_scale_hysteresis"});
+      if (!ignored.empty())
+        warnings_.push_back(join(ignored, ", ") + (ignored.size() == 1 ? " acts" : " act") +
+                            " only with dynamic loss scaling (training.loss_scale 0); ignored "
+                            "with the static scale " + format_double(t.loss_scale));
+    }
   }
 
   // Token ids must be rows of the embedding. ft train refuses shards whose vocab_size attribute

@@ -6,38 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "model/config.h"
+
 namespace ft {
 
 struct RunConfig {
   std::string name = "run";
   std::string output_dir = "runs/run";
   uint64_t seed = 0;
-};
-
-struct ModelConfig {
-  std::string arch = "llama";  // llama | gpt2 (gpt2 not yet implemented: refused by validation)
-  std::string from;            // optional Hugging Face folder
-  int dim = 256;
-  int n_layers = 4;
-  int n_heads = 4;
-  int n_kv_heads = 4;
-  int ffn_dim = 688;
-  int vocab_size = 32000;
-  int max_seq_len = 2048;
-  double rope_theta = 10000.0;
-  // RoPE frequency scaling, as transformers' rope_parameters / rope_scaling: "default" (none),
-  // "linear" (every inverse frequency / rope_factor) or "llama3" (Llama 3.1: long wavelengths /
-  // rope_factor, short ones kept, a smooth blend between; see model/rope.h). The factors are
-  // only read by the types that use them; the defaults below are neutral (linear with factor 1
-  // is no scaling) so that a resolved recipe written with them reads back unchanged.
-  std::string rope_type = "default";
-  double rope_factor = 1.0;
-  double rope_low_freq_factor = 1.0;
-  double rope_high_freq_factor = 4.0;
-  int rope_original_max_seq_len = 8192;  // HF: original_max_position_embeddings
-  double norm_eps = 1e-5;
-  bool tie_embeddings = false;
-  double init_std = 0.02;  // std of the seeded random initialisation (without model.from)
 };
 
 struct TokenizerConfig {
@@ -61,6 +37,17 @@ struct TrainingConfig {
   bool activation_checkpointing = false;
   int64_t eval_every_steps = 0;    // 0: no evaluation (needs data.valid)
   int64_t eval_batches = 8;
+  // fp16 loss scaling (optim/loss_scaler.h, DESIGN.md §5); read only with precision fp16.
+  double loss_scale = 0;              // 0: dynamic; N > 0: static scale N
+  int64_t loss_scale_window = 1000;   // dynamic: clean steps before the scale doubles
+  double initial_loss_scale = 65536;  // dynamic: first scale, 2^16 (DeepSpeed's default)
+  double min_loss_scale = 1;          // dynamic: floor; an overflow at it stops the run
+  int loss_scale_hysteresis = 2;      // dynamic: overflows before the scale halves
+  // Consecutive skipped steps that stop the run (exit 1). Above the 34 consecutive overflows in
+  // which a dynamic scale falls from the largest allowed initial scale (2^32) to 1 and stops
+  // there by itself (hysteresis 2), so it never cuts that descent short; it bounds the steps
+  // wasted when no scale helps (a static scale, or a NaN that no scale removes).
+  int64_t max_skipped_steps = 100;
 };
 
 struct OptimizerConfig {

@@ -8,20 +8,13 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "model/layout.h"
+#include "parallel/partition.h"
 
 namespace ft {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-// The ZeRO shard of data rank d among D of a buffer of n elements (lib/parallel/zero.h): the
-// same cut at every stage, so even at stage 0 each data rank writes 1/D of the state.
-ShardRange data_shard(size_t n, int D, int d) {
-  const size_t s = (n + size_t(D) - 1) / size_t(D);
-  const size_t begin = std::min(n, size_t(d) * s);
-  return {begin, std::min(n, begin + s)};
-}
 
 const char* split_name(TensorSplit s) {
   return s == TensorSplit::kRows ? "rows" : s == TensorSplit::kCols ? "cols" : "replicated";
@@ -52,7 +45,8 @@ std::vector<ckpt::PieceSource> state_pieces(LlamaModel& model, ZeroSharding& zer
     const int g = int(gi);
     if (!model.owns_group(g)) continue;
     if (g == 0 && mesh.p != 0) continue;  // the tied embedding held by the last stage too
-    const ShardRange w = data_shard(groups[gi].numel, mesh.data, mesh.d);
+    // The ZeRO cut at every stage, so even at stage 0 each data rank writes 1/D of the state.
+    const ShardRange w = zero_shard(groups[gi].numel, mesh.data, mesh.d);
     if (w.size() == 0) continue;
     // param_bases()[g] and the moments start at ranges()[g].begin: the whole buffer at stage 0,
     // this data rank's shard (= w) from stage 1 on.

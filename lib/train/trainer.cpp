@@ -1,16 +1,15 @@
-// The step loop. Inside, steps are counted from 0 (s, as in the schedule formulas of DESIGN.md
-// §5); everything a person reads numbers them from 1 (DESIGN.md §7): step s + 1 is the (s+1)-th
-// optimizer step, after which s + 1 steps are done and step_<s+1> is the checkpoint. Each step s:
-//   1. take this rank's samples of global batch s from the loader (prefetched);
-//   2. count the trained target tokens of the whole global batch (all-reduced), so that every
-//      micro-batch scales its loss gradient by 1/that count: the step's loss is the token-weighted
-//      mean over the global batch, not a mean of micro-batch means (DESIGN.md §6);
-//   3. forward/backward each micro-batch, gradients accumulating in the flat buffers;
-//   4. global gradient norm; one small all-reduce over the world that agrees on a non-finite
-//      loss or gradient norm (the run stops there, before anything is changed or saved), on a
-//      stop signal (SIGTERM/SIGUSR1 on any rank) and on a time-based save;
-//   5. clipping, learning rate for step s, AdamW;
-//   6. metrics and progress on rank 0; then a checkpoint when one is due (lib/ckpt/checkpoint.h).
+// The run around the steps (one step: lib/train/step.h). train() reads as its three parts:
+//   setup: threads, device and mesh; the checkpoint to resume from; the inputs (tokenizer,
+//     training and validation shards), all checked before anything is built or written; the
+//     model (initialised or loaded the same way for every layout, then sliced), ZeRO, the
+//     pipeline schedule and AdamW; then the resumed state, if any;
+//   the loop: one TrainStep per step, then its bookkeeping: metrics and progress (rank 0), an
+//     evaluation when due, a checkpoint when due (every_steps, every_minutes, the last step, a
+//     stop signal), the stop after a signal's save (exit 75), the stop of a non-finite step;
+//   the end: a checkpoint of a run that trained no steps, the last save committed, the summary.
+// Inside, steps are counted from 0 (s, as in the schedule formulas of DESIGN.md §5); everything
+// a person reads numbers them from 1 (DESIGN.md §7): step s + 1 is the (s+1)-th optimizer step,
+// after which s + 1 steps are done and step_<s+1> is the checkpoint.
 // A run resumes from a checkpoint of any layout: parameters, AdamW moments and step count, the
 // schedule (a function of the step) and the loader position (the step) are all restored.
 #include "train/trainer.h"
@@ -19,14 +18,13 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstring>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <map>
 #include <optional>
 #include <thread>
@@ -42,13 +40,14 @@
 #include "kernels/kernels.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
-#include "optim/schedule.h"
 #include "parallel/pipeline.h"
 #include "parallel/plan.h"
 #include "parallel/zero.h"
 #include "runtime/device.h"
 #include "train/metrics.h"
+#include "train/step.h"
 #include "train/train_state.h"
+
 
 namespace ft {
 namespace fs = std::filesystem;
@@ -78,15 +77,6 @@ size_t peak_rss_bytes() {
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Test support, not a user feature: FT_TEST_<WHAT>_AT_STEP=N[:r] fires at step N (numbered as
-// the progress line numbers it, from 1) on world rank r, or on every rank without ":r".
-bool test_hook_fires(const char* var, int64_t step, int rank) {
-  const char* v = std::getenv(var);
-  if (!v) return false;
-  const char* colon = std::strchr(v, ':');
-  return std::atoll(v) == step && (!colon || std::atoi(colon + 1) == rank);
 }
 
 // Refuses a run whose `ft plan` peak does not fit the memory this node has left, before
@@ -209,38 +199,25 @@ void dump_final_params(const std::string& dir, LlamaModel& model, ZeroSharding& 
   for (int g : held) zero.release_params(g);
 }
 
-}  // namespace
 
-TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resume) {
+// ---- Setup ----
+
+// The collective watchdog (communicator.h): a step's collectives get
+// runtime.collective_timeout_s; start-up and checkpoint saves, where one rank may be busy
+// alone for long (loading a large model, writing its shard), get six times that, at least 1 h.
+void start_collective_watch(const Recipe& r) {
+  const double t = r.runtime.collective_timeout_s;
+  set_collective_watch({t, t > 0 ? std::max(3600.0, 6 * t) : 0.0});
+  set_watch_step(0, "start-up");
+}
+
+// Which checkpoints to resume from, newest first (empty: start afresh), decided before any work:
+// `--resume never` on a folder that holds checkpoints is refused here, or with
+// checkpoint.overwrite has them deleted.
+std::vector<std::string> checkpoints_to_resume(const Recipe& r, Communicator& comm,
+                                               const std::string& resume) {
   const bool is_root = comm.rank() == 0;
-  const int threads = configure_threads(r.runtime.threads);
-  std::unique_ptr<Device> dev = make_device(r.runtime.device);
-
-  const int world = comm.size();
-  // The mesh (DESIGN.md §3): data-parallel ranks split the batch, tensor-parallel ranks split
-  // each layer and see the same samples.
-  Mesh mesh = make_mesh(comm, r.parallel.tensor, r.parallel.pipeline);
-  if (comm.size() > 1 && !is_root)
-    set_log_prefix(detail::concat("[rank ", comm.rank(), " ", mesh.describe(), "] "));
-  Communicator& data_comm = *mesh.data_comm;
-  Communicator* tensor_comm = mesh.tensor > 1 ? mesh.tensor_comm.get() : nullptr;
-  const int accum = grad_accum_steps(r, world);
-  const int micro = r.training.micro_batch_size;
-  const int T = r.data.seq_len;
-  install_stop_handlers();
-  // The collective watchdog (communicator.h): a step's collectives get
-  // runtime.collective_timeout_s; start-up and checkpoint saves, where one rank may be busy
-  // alone for long (loading a large model, writing its shard), get six times that, at least 1 h.
-  {
-    const double t = r.runtime.collective_timeout_s;
-    set_collective_watch({t, t > 0 ? std::max(3600.0, 6 * t) : 0.0});
-    set_watch_step(0, "start-up");
-  }
-  check_memory_fits(r, world, comm.rank());
-
-  // Which checkpoint to resume from, decided before any work (`--resume never` on a folder
-  // that holds checkpoints is refused here).
-  const std::vector<std::string> candidates = resume_candidates(r, resume, is_root);
+  std::vector<std::string> candidates = resume_candidates(r, resume, is_root);
   if (resume == "never" && r.checkpoint.overwrite && ckpt::has_checkpoints(r.checkpoint.dir)) {
     comm.barrier();  // every rank has looked before rank 0 deletes
     if (is_root) {
@@ -252,33 +229,31 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       }
     }
   }
+  return candidates;
+}
 
-  // Everything that can be wrong with the inputs is checked before the model is built or any
-  // output is written: the tokenizer, every training and validation shard.
-  std::string tokenizer_sha;
-  if (!r.tokenizer.path.empty()) tokenizer_sha = sha256_file_hex(r.tokenizer.path);
-  // Data: this rank's slice of every global batch.
+// The training loader: this rank's slice of every global batch (its data rank's accum
+// micro-batches; tensor and pipeline ranks of one data rank read the same samples).
+LoaderOptions train_loader_options(const Recipe& r, const Mesh& mesh, int accum,
+                                   const std::string& tokenizer_sha) {
   LoaderOptions lo;
   lo.dir = r.data.train;
-  lo.seq_len = T;
+  lo.seq_len = r.data.seq_len;
   lo.shuffle = r.data.shuffle;
   lo.seed = r.run.seed;
   lo.global_batch = r.training.global_batch_size;
-  lo.rank_count = int64_t(micro) * accum;
+  lo.rank_count = int64_t(r.training.micro_batch_size) * accum;
   lo.rank_offset = int64_t(mesh.d) * lo.rank_count;
   lo.prefetch = r.data.prefetch;
   lo.expected_vocab = r.model.vocab_size;
   lo.expected_tokenizer_sha256 = tokenizer_sha;
-  DataLoader loader(lo);
-  if (is_root && int64_t(loader.samples_per_epoch()) < r.training.global_batch_size)
-    log_warn("data.train has ", loader.samples_per_epoch(), " samples of ", T,
-             " tokens, fewer than one global batch (", r.training.global_batch_size,
-             "): every step repeats samples");
-  const bool do_eval = !r.data.valid.empty() && r.training.eval_every_steps > 0;
-  std::unique_ptr<DataLoader> eval_loader;
-  if (do_eval) eval_loader = open_eval_loader(r, tokenizer_sha);
+  return lo;
+}
 
-  if (is_root) {
+// run.output_dir with the resolved recipe in it (rank 0), and a checkpoint.dir that every rank
+// can write when the run saves.
+void prepare_outputs(const Recipe& r, Communicator& comm) {
+  if (comm.rank() == 0) {
     std::error_code ec;
     fs::create_directories(r.run.output_dir, ec);
     if (ec || !fs::is_directory(r.run.output_dir))
@@ -291,73 +266,73 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   }
   if (r.checkpoint.every_steps > 0 || r.checkpoint.every_minutes > 0)
     check_checkpoint_dir_writable(r.checkpoint.dir, comm.rank());
+}
 
-  // Model and optimizer.
-  Communicator* pipe_comm = mesh.pipeline > 1 ? mesh.pipeline_comm.get() : nullptr;
-  const StageSpec stage = pipeline_stage(r.model.n_layers, mesh.p, mesh.pipeline);
-  // Precision policy (DESIGN.md §5): activations and the parameters' compute copy in the compute
-  // dtype; fp32 master weights, moments and gradients.
-  const DType compute_dtype = r.training.precision == "bf16"   ? DType::kBF16
-                              : r.training.precision == "fp16" ? DType::kF16
-                                                               : DType::kF32;
-  LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing, tensor_comm, stage,
-                   compute_dtype);
-  {
-    // The whole model is initialised (or loaded) the same way for every layout, then each
-    // tensor rank keeps its slices: so every layout starts from the same weights.
-    std::unique_ptr<LlamaModel> whole;
-    LlamaModel* init = &model;
-    if (tensor_comm || pipe_comm) {
-      whole = std::make_unique<LlamaModel>(r.model, dev.get());
-      init = whole.get();
-    }
-    // Weights are read and sliced on the host, then copied to the device.
-    auto host_ptrs = [](std::vector<std::vector<float>>& h) {
-      std::vector<float*> p;
-      for (auto& g : h) p.push_back(g.empty() ? nullptr : g.data());
-      return p;
-    };
-    if (!r.model.from.empty() && candidates.empty()) {
-      if (is_root) log_info("loading weights from ", r.model.from);
-      std::vector<std::vector<float>> host = init->params_to_host();
-      load_hf_weights(r.model.from, init->layout(), host_ptrs(host));
-      init->params_from_host(host);
-    } else {
-      init->init_random(r.run.seed, r.model.init_std);
-    }
-    if (whole) {
-      std::vector<std::vector<float>> src = whole->params_to_host(), dst = model.params_to_host();
-      const std::vector<float*> sp = host_ptrs(src);
-      slice_for_tensor_rank(whole->layout(), std::vector<const float*>(sp.begin(), sp.end()),
-                            model.layout(), host_ptrs(dst), mesh.t);
-      model.params_from_host(dst);
-    }
+// The whole model is initialised (or loaded from model.from) the same way for every layout,
+// then each tensor rank keeps its slices: so every layout starts from the same weights.
+void init_weights(LlamaModel& model, const Recipe& r, Device* dev, const Mesh& mesh,
+                  bool load_from_hf, bool is_root) {
+  std::unique_ptr<LlamaModel> whole;
+  LlamaModel* init = &model;
+  if (mesh.tensor > 1 || mesh.pipeline > 1) {
+    whole = std::make_unique<LlamaModel>(r.model, dev);
+    init = whole.get();
   }
-  // ZeRO over the data group (lib/parallel/zero.h). Takes over the parameters (stage 3) and
-  // gradients (stages 2, 3) from the model.
-  ZeroSharding zero(r.parallel.zero_stage, model, data_comm, dev.get(), tensor_comm, pipe_comm);
-  // Tied embeddings across stages: the first stage's embedding and the last stage's head are one
-  // matrix held twice; their gradients are summed between the two (DESIGN.md §3).
-  std::unique_ptr<Communicator> tied_holders;
-  if (pipe_comm && r.model.tie_embeddings) {
-    const bool holder = mesh.p == 0 || mesh.p == mesh.pipeline - 1;
-    const int pairs = mesh.data * mesh.tensor;
-    tied_holders = comm.split(holder ? mesh.d * mesh.tensor + mesh.t : pairs + comm.rank(), mesh.p);
-    if (holder) zero.share_group(0, tied_holders.get());
+  // Weights are read and sliced on the host, then copied to the device.
+  auto host_ptrs = [](std::vector<std::vector<float>>& h) {
+    std::vector<float*> p;
+    for (auto& g : h) p.push_back(g.empty() ? nullptr : g.data());
+    return p;
+  };
+  if (load_from_hf) {
+    if (is_root) log_info("loading weights from ", r.model.from);
+    std::vector<std::vector<float>> host = init->params_to_host();
+    load_hf_weights(r.model.from, init->layout(), host_ptrs(host));
+    init->params_from_host(host);
+  } else {
+    init->init_random(r.run.seed, r.model.init_std);
   }
-  PipelineSchedule pipeline(model, pipe_comm, dev.get());
-  AdamW optim(model.layout(), r.optimizer, dev.get(), zero.ranges());
-  const size_t params_bytes = zero.params_bytes(), grads_bytes = zero.grads_bytes();
+  if (whole) {
+    std::vector<std::vector<float>> src = whole->params_to_host(), dst = model.params_to_host();
+    const std::vector<float*> sp = host_ptrs(src);
+    slice_for_tensor_rank(whole->layout(), std::vector<const float*>(sp.begin(), sp.end()),
+                          model.layout(), host_ptrs(dst), mesh.t);
+    model.params_from_host(dst);
+  }
+}
 
-  // Resume: the newest usable candidate. A damaged one (a shard that fails its checksum, a
-  // truncated file, a manifest that fails its checks) falls back to the previous complete
-  // checkpoint under --resume auto; every rank must load the same one, so they agree after each
-  // attempt. Damaged folders fallen back from are set aside (renamed, never deleted: the damage
-  // may be temporary, as on a slow file system) once a fallback has loaded; when none loads,
-  // nothing is renamed, so that a later attempt finds the folders as they were.
-  int64_t start_step = 0;
-  int64_t tokens_seen = 0;
-  std::string resumed_from;
+// Tied embeddings across stages: the first stage's embedding and the last stage's head are one
+// matrix held twice; their gradients are summed between the two (DESIGN.md §3). Returns the
+// group of the two holders (null when there is none); it must outlive `zero`'s use of it.
+std::unique_ptr<Communicator> share_tied_embedding(const Recipe& r, Communicator& comm,
+                                                   const Mesh& mesh, ZeroSharding& zero) {
+  if (mesh.pipeline == 1 || !r.model.tie_embeddings) return nullptr;
+  const bool holder = mesh.p == 0 || mesh.p == mesh.pipeline - 1;
+  const int pairs = mesh.data * mesh.tensor;
+  std::unique_ptr<Communicator> holders =
+      comm.split(holder ? mesh.d * mesh.tensor + mesh.t : pairs + comm.rank(), mesh.p);
+  if (holder) zero.share_group(0, holders.get());
+  return holders;
+}
+
+// Where the run starts: after `step` steps (0: afresh), from `folder`.
+struct ResumePoint {
+  int64_t step = 0;
+  int64_t tokens = 0;  // trained by then
+  std::string folder;  // empty: not resumed
+};
+
+// Resume: the newest usable candidate. A damaged one (a shard that fails its checksum, a
+// truncated file, a manifest that fails its checks) falls back to the previous complete
+// checkpoint under --resume auto; every rank must load the same one, so they agree after each
+// attempt. Damaged folders fallen back from are set aside (renamed, never deleted: the damage
+// may be temporary, as on a slow file system) once a fallback has loaded; when none loads,
+// nothing is renamed, so that a later attempt finds the folders as they were.
+ResumePoint resume_state(const Recipe& r, Communicator& comm, const std::string& resume,
+                         const std::vector<std::string>& candidates, LlamaModel& model,
+                         ZeroSharding& zero, AdamW& optim, const Mesh& mesh) {
+  const bool is_root = comm.rank() == 0;
+  ResumePoint at;
   std::vector<std::pair<std::string, std::string>> damaged;  // folder, why
   for (size_t i = 0; i < candidates.size(); ++i) {
     std::string err;
@@ -376,23 +351,23 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
         err = e.what();
       }
       if (err.empty() && is_root)
-        log_info("resumed from ", candidates[i], " (step ", m->step, ", saved by ", m->data, " data x ",
-                 m->pipeline, " pipeline x ", m->tensor, " tensor ranks, ZeRO ", m->zero_stage,
-                 ") in ", Progress::human_seconds(seconds_since(t0)));
+        log_info("resumed from ", candidates[i], " (step ", m->step, ", saved by ", m->data,
+                 " data x ", m->pipeline, " pipeline x ", m->tensor, " tensor ranks, ZeRO ",
+                 m->zero_stage, ") in ", Progress::human_seconds(seconds_since(t0)));
     }
     float bad = err.empty() ? 0.0f : 1.0f;
     comm.all_reduce_max(&bad, 1);
     if (bad == 0.0f) {
-      start_step = m->step;
-      tokens_seen = m->tokens;
-      resumed_from = candidates[i];
+      at.step = m->step;
+      at.tokens = m->tokens;
+      at.folder = candidates[i];
       const json d = m->json.value("data", json::object());  // typed by read_manifest
       if (is_root && (d.value("global_batch_size", 0) != r.training.global_batch_size ||
                       d.value("seq_len", 0) != r.data.seq_len ||
                       d.value("seed", uint64_t(0)) != r.run.seed ||
                       d.value("shuffle", true) != r.data.shuffle))
         log_warn("the data settings differ from the checkpoint's (global_batch_size, seq_len, "
-                 "run.seed or data.shuffle): the run continues with step ", start_step + 1,
+                 "run.seed or data.shuffle): the run continues with step ", at.step + 1,
                  " of the new order, not where the saved run would have gone");
       break;
     }
@@ -410,357 +385,427 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
                   "afresh with --resume never checkpoint.overwrite=true");
     }
   }
-  if (start_step > 0) loader.seek(start_step);
-  if (is_root && !resumed_from.empty())
+  if (is_root && !at.folder.empty())
     for (const auto& [folder, why] : damaged) {
       const std::string aside = ckpt::set_aside_damaged(folder);
       log_warn("set the damaged checkpoint ", folder, " aside as ", aside, " (", why,
                "); nothing in it was deleted: inspect it with `ft inspect`, then remove it");
     }
-  // Checkpoint folders past the starting step belong to a timeline this run replaces (one newer
-  // than the PATH resumed from, or an interrupted save): this run's saves must not meet them,
-  // half-overwritten, under the same names. Only the folder's name decides (a damaged manifest
-  // could say anything), and complete folders at or before the starting step always stay.
-  if (is_root) {
-    std::error_code ec;
-    if (fs::is_directory(r.checkpoint.dir, ec))
-      for (const auto& e : fs::directory_iterator(r.checkpoint.dir, ec)) {
-        const int64_t step = ckpt::parse_step_folder_name(e.path().filename().string());
-        if (step < 0) continue;  // not a step folder, or one set aside as damaged
-        if (step <= start_step && !(step == start_step && resumed_from.empty())) continue;
-        const bool complete = fs::exists(e.path() / "COMPLETE");
-        if (complete)
-          log_warn("removing ", e.path().string(), ": it is past the step this run starts from (",
-                   start_step, ") and would be overwritten by this run's saves");
-        fs::remove_all(e.path(), ec);
-      }
-  }
-  comm.barrier();
-  const int64_t tokens_at_start = tokens_seen;
+  return at;
+}
 
-  const bool ckpt_on = r.checkpoint.every_steps > 0 || r.checkpoint.every_minutes > 0;
-  ckpt::CheckpointWriter::Options wo;
-  wo.dir = r.checkpoint.dir;
-  wo.rank = comm.rank();
-  wo.world = world;
-  wo.tensor_rank = mesh.t;
-  wo.async = r.checkpoint.async;
-  wo.keep_last = r.checkpoint.keep_last;
-  wo.tokenizer = r.tokenizer.path;
-  {
-    uint64_t attempt = is_root ? (uint64_t(std::chrono::system_clock::now().time_since_epoch().count()) ^
-                                  (uint64_t(getpid()) << 48))
-                               : 0;
+// Checkpoint folders past the starting step belong to a timeline this run replaces (one newer
+// than the PATH resumed from, or an interrupted save): this run's saves must not meet them,
+// half-overwritten, under the same names. Only the folder's name decides (a damaged manifest
+// could say anything), and complete folders at or before the starting step always stay.
+void remove_steps_past(const Recipe& r, const ResumePoint& at) {
+  std::error_code ec;
+  if (!fs::is_directory(r.checkpoint.dir, ec)) return;
+  for (const auto& e : fs::directory_iterator(r.checkpoint.dir, ec)) {
+    const int64_t step = ckpt::parse_step_folder_name(e.path().filename().string());
+    if (step < 0) continue;  // not a step folder, or one set aside as damaged
+    if (step <= at.step && !(step == at.step && at.folder.empty())) continue;
+    const bool complete = fs::exists(e.path() / "COMPLETE");
+    if (complete)
+      log_warn("removing ", e.path().string(), ": it is past the step this run starts from (",
+               at.step, ") and would be overwritten by this run's saves");
+    fs::remove_all(e.path(), ec);
+  }
+}
+
+void print_run_header(const Recipe& r, const LlamaModel& model, const DataLoader& loader,
+                      int accum, const Device& dev, int threads) {
+  std::printf("ft: model %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, vocab %d)\n",
+              double(model.num_params()) / 1e6, r.model.n_layers, r.model.dim, r.model.n_heads,
+              r.model.n_kv_heads, r.model.vocab_size);
+  std::printf("ft: data %s: %llu samples of %d tokens per epoch; %lld steps of %d samples "
+              "(%d micro-batches of %d); %s, %d threads, BLAS kernels %s\n",
+              r.data.train.c_str(), (unsigned long long)loader.samples_per_epoch(),
+              r.data.seq_len, (long long)r.training.steps, r.training.global_batch_size, accum,
+              r.training.micro_batch_size, dev.name().c_str(), threads,
+              kernels::blas_kernel_name());
+  std::fflush(stdout);
+}
+
+// ---- The loop's bookkeeping ----
+
+// Rank 0's reports, for machines (the metrics file, DESIGN.md §7) and for people (the progress
+// line); no-ops on the other ranks.
+class RunLog {
+ public:
+  RunLog(const Recipe& r, bool is_root, const ResumePoint& at)
+      : r_(r), is_root_(is_root), progress_(is_root), start_(at), t_start_(Clock::now()) {
+    if (is_root) metrics_ = MetricsWriter(r.logging.metrics, /*append=*/!at.folder.empty());
+  }
+  double elapsed_s() const { return seconds_since(t_start_); }
+
+  // Steps k, 2k, … of logging.every_steps k, beside the eval lines and checkpoints of those
+  // steps; also the first step of this process (quick sign of life) and the last.
+  bool step_due(int64_t step) const {
+    return step % r_.logging.every_steps == 0 || step == start_.step + 1 ||
+           step == r_.training.steps;
+  }
+  void step(const StepResult& res, const RunFigures& figures) {
+    if (!is_root_) return;
+    metrics_.write(step_metrics_line(res, figures));
+    StepReport rep;
+    rep.step = res.step;
+    rep.total_steps = r_.training.steps;
+    rep.first_step = start_.step;
+    rep.loss = res.loss;
+    rep.lr = res.lr;
+    rep.grad_norm = res.grad_norm;
+    rep.tokens_per_s = double(figures.tokens_seen - start_.tokens) / elapsed_s();
+    rep.elapsed_s = elapsed_s();
+    rep.mem_peak_bytes = figures.mem_peak_bytes;
+    progress_.step(rep);
+  }
+  void eval(int64_t step, double eval_loss) {
+    if (!is_root_) return;
+    metrics_.write({{"step", step}, {"eval_loss", eval_loss}});
+    progress_.eval(step, eval_loss);
+  }
+  // A checkpoint's commit, at `step`: the steps done when it was seen.
+  void commit(int64_t step, const ckpt::CheckpointWriter::Committed& c) {
+    if (!is_root_) return;
+    metrics_.write({{"step", step},
+                    {"ckpt_step", c.step},
+                    {"ckpt_bytes", c.bytes},
+                    {"ckpt_blocking_s", c.blocking_s},
+                    {"ckpt_write_s", c.total_s},
+                    {"ckpt_async", r_.checkpoint.async}});
+    progress_.note(detail::concat("checkpoint ", fs::path(c.folder).filename().string(), ": ",
+                                  Progress::human_bytes(double(c.bytes)), " in ",
+                                  Progress::human_seconds(c.total_s), ", training stalled ",
+                                  Progress::human_seconds(c.blocking_s)));
+  }
+  void note(const std::string& line) {
+    if (is_root_) progress_.note(line);
+  }
+  void finish() { progress_.finish(); }
+
+ private:
+  const Recipe& r_;
+  bool is_root_;
+  MetricsWriter metrics_;
+  Progress progress_;
+  ResumePoint start_;
+  Clock::time_point t_start_;
+};
+
+// Checkpoints as the loop sees them: when one is due, the save (with the manifest's fields of
+// that step), and each commit reported once seen.
+class Checkpoints {
+ public:
+  Checkpoints(const Recipe& r, Communicator& comm, const Mesh& mesh, LlamaModel& model,
+              ZeroSharding& zero, AdamW& optim, const std::string& tokenizer_sha,
+              const ResumePoint& at, RunLog& log)
+      : r_(r),
+        comm_(comm),
+        optim_(optim),
+        log_(log),
+        on_(r.checkpoint.every_steps > 0 || r.checkpoint.every_minutes > 0),
+        writer_(writer_options(r, comm, mesh)),
+        pieces_(state_pieces(model, zero, optim, mesh)),
+        last_saved_(at.folder.empty() ? -1 : at.step),
+        t_last_save_(Clock::now()) {
+    if (on_ && r.checkpoint.async) {
+      uint64_t bytes = 0;
+      for (const auto& p : pieces_) bytes += (p.end - p.begin) * sizeof(float);
+      writer_.reserve(bytes);
+    }
+    if (comm.rank() == 0) manifest_ = manifest_base(r, mesh, tokenizer_sha);
+  }
+
+  bool on() const { return on_; }
+  int64_t last_saved() const { return last_saved_; }
+  // Rank 0's clock: checkpoint.every_minutes have passed since the last save (or the start).
+  bool clock_due() const {
+    return r_.checkpoint.every_minutes > 0 &&
+           seconds_since(t_last_save_) >= r_.checkpoint.every_minutes * 60.0;
+  }
+  // After `step`: every_steps, the world's agreement on the clock, or the last step.
+  bool due(int64_t step, bool by_clock, bool last) const {
+    return on_ && ((r_.checkpoint.every_steps > 0 && step % r_.checkpoint.every_steps == 0) ||
+                   by_clock || last);
+  }
+
+  // A save after `done` steps, `tokens` trained.
+  void save(int64_t done, int64_t tokens) {
+    if (comm_.rank() == 0) {
+      manifest_["step"] = done;
+      manifest_["optimizer"]["step"] = optim_.step_count();
+      manifest_["scheduler"]["step"] = done;
+      manifest_["data"]["next_step"] = done;
+      manifest_["data"]["tokens"] = tokens;
+    }
+    writer_.save(done, pieces_, manifest_);
+    last_saved_ = done;
+    t_last_save_ = Clock::now();
+    poll(done);
+  }
+  // The save after step `step` of the loop. A save can take one rank much longer than the
+  // others (a slow disk, rank 0's manifest): the ranks meet here, under the long allowance,
+  // rather than in the next step's first collective under the step timeout.
+  void save_after_step(int64_t step, int64_t tokens) {
+    set_watch_step(step, "checkpoint save", /*long_wait=*/true);
+    save(step, tokens);
+    // Test support: FT_TEST_SLOW_SAVE=r:seconds makes world rank r's saves that much longer,
+    // to test that a slow save does not trip the watchdog.
+    if (const char* slow = std::getenv("FT_TEST_SLOW_SAVE"); slow && std::strchr(slow, ':'))
+      if (std::atoi(slow) == comm_.rank()) {
+        const double delay_s = std::atof(std::strchr(slow, ':') + 1);
+        std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
+      }
+    comm_.barrier();
+  }
+  // Reports a commit seen since the last look, at `step` (the steps done by now).
+  void poll(int64_t step) {
+    if (auto c = writer_.poll()) log_.commit(step, *c);
+  }
+  // Waits for the save in flight: this rank's shard durable; on rank 0, the checkpoint committed.
+  void wait(int64_t step) {
+    writer_.wait();
+    poll(step);
+  }
+
+ private:
+  static ckpt::CheckpointWriter::Options writer_options(const Recipe& r, Communicator& comm,
+                                                        const Mesh& mesh) {
+    ckpt::CheckpointWriter::Options wo;
+    wo.dir = r.checkpoint.dir;
+    wo.rank = comm.rank();
+    wo.world = comm.size();
+    wo.tensor_rank = mesh.t;
+    wo.async = r.checkpoint.async;
+    wo.keep_last = r.checkpoint.keep_last;
+    wo.tokenizer = r.tokenizer.path;
+    uint64_t attempt =
+        comm.rank() == 0
+            ? (uint64_t(std::chrono::system_clock::now().time_since_epoch().count()) ^
+               (uint64_t(getpid()) << 48))
+            : 0;
     comm.broadcast(&attempt, sizeof attempt, 0);
     wo.attempt = attempt;
+    return wo;
   }
-  ckpt::CheckpointWriter writer(wo);
-  const std::vector<ckpt::PieceSource> pieces = state_pieces(model, zero, optim, mesh);
-  if (ckpt_on && r.checkpoint.async) {
-    uint64_t bytes = 0;
-    for (const auto& p : pieces) bytes += (p.end - p.begin) * sizeof(float);
-    writer.reserve(bytes);
-  }
-  json manifest;
-  if (is_root) manifest = manifest_base(r, mesh, tokenizer_sha);
 
-  if (is_root) {
-    std::printf("ft: model %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, vocab %d)\n",
-                double(model.num_params()) / 1e6, r.model.n_layers, r.model.dim, r.model.n_heads,
-                r.model.n_kv_heads, r.model.vocab_size);
-    std::printf("ft: data %s: %llu samples of %d tokens per epoch; %lld steps of %d samples "
-                "(%d micro-batches of %d); %s, %d threads, BLAS kernels %s\n",
-                r.data.train.c_str(), (unsigned long long)loader.samples_per_epoch(), T,
-                (long long)r.training.steps, r.training.global_batch_size, accum, micro,
-                dev->name().c_str(), threads, kernels::blas_kernel_name());
+  const Recipe& r_;
+  Communicator& comm_;
+  const AdamW& optim_;
+  RunLog& log_;
+  bool on_;
+  ckpt::CheckpointWriter writer_;
+  std::vector<ckpt::PieceSource> pieces_;
+  json manifest_;
+  int64_t last_saved_;
+  Clock::time_point t_last_save_;
+};
+
+void print_checkpoint_plan(const Recipe& r) {
+  std::printf("ft: checkpoints to %s: %s%s%s%s, keep %d\n", r.checkpoint.dir.c_str(),
+              r.checkpoint.every_steps > 0
+                  ? detail::concat("every ", r.checkpoint.every_steps, " steps").c_str()
+                  : "",
+              r.checkpoint.every_steps > 0 && r.checkpoint.every_minutes > 0 ? " and " : "",
+              r.checkpoint.every_minutes > 0
+                  ? detail::concat("every ", r.checkpoint.every_minutes, " minutes").c_str()
+                  : "",
+              r.checkpoint.async ? " (async)" : "", r.checkpoint.keep_last);
+}
+
+// Test support: FT_TEST_FAIL_RANK=r fails world rank r at step 3, to test that the other ranks
+// are stopped rather than left waiting in a collective; FT_TEST_KILL_AT_STEP=N[:r] sends
+// SIGKILL to world rank r (default: every rank) when it begins step N, to test resuming after
+// a crash.
+void crash_test_hooks(int64_t step, int rank) {
+  if (const char* fail_rank = std::getenv("FT_TEST_FAIL_RANK"))
+    if (std::atoi(fail_rank) == rank && step == 3)
+      throw Error("injected failure (FT_TEST_FAIL_RANK) at step 3");
+  if (test_hook_fires("FT_TEST_KILL_AT_STEP", step, rank)) {
     std::fflush(stdout);
+    std::raise(SIGKILL);
   }
+}
 
-  MetricsWriter metrics;
-  if (is_root) metrics = MetricsWriter(r.logging.metrics, /*append=*/!resumed_from.empty());
-  Progress progress(is_root);
-  // Close the live bar's line on any exit, so an error message starts on a line of its own.
-  struct FinishProgress {
-    Progress& p;
-    ~FinishProgress() { p.finish(); }
-  } finish_progress{progress};
+// Step res.step found a non-finite loss or gradient norm before its update: the parameters, the
+// optimizer state and every checkpoint still hold the state after the step before. Every rank
+// calls this alike (the finding was agreed) and throws AgreedError.
+[[noreturn]] void stop_nonfinite(const Recipe& r, TrainStep& train_step, const StepResult& res,
+                                 Checkpoints& ckpts) {
+  const std::string why = train_step.describe_nonfinite(res);
+  // A save in flight holds the state of an earlier step (copied before this step's update
+  // could have changed it): let it commit, so it is the last good checkpoint rather than a
+  // half-written folder. A failure of that save only changes which checkpoint is the last.
+  try {
+    ckpts.wait(res.step - 1);
+  } catch (const Error& e) {
+    log_warn("the checkpoint save in flight failed: ", e.what());
+  }
+  std::string last;
+  try {
+    last = ckpt::latest_checkpoint(r.checkpoint.dir);
+  } catch (const Error&) {
+    // a damaged `latest`: say there is none known rather than fail while reporting
+  }
+  throw AgreedError(detail::concat(
+      "step ", res.step, ": ", why, "; nothing was updated or saved at this step; ",
+      last.empty()
+          ? std::string("no checkpoint of this run to resume from")
+          : "the last good checkpoint is " + last + " (the same command resumes from it)",
+      "; try a lower optimizer.lr, more scheduler.warmup_steps or training.grad_clip"));
+}
 
-  if (is_root && ckpt_on)
-    std::printf("ft: checkpoints to %s: %s%s%s%s, keep %d\n", r.checkpoint.dir.c_str(),
-                r.checkpoint.every_steps > 0
-                    ? detail::concat("every ", r.checkpoint.every_steps, " steps").c_str()
-                    : "",
-                r.checkpoint.every_steps > 0 && r.checkpoint.every_minutes > 0 ? " and " : "",
-                r.checkpoint.every_minutes > 0
-                    ? detail::concat("every ", r.checkpoint.every_minutes, " minutes").c_str()
-                    : "",
-                r.checkpoint.async ? " (async)" : "", r.checkpoint.keep_last);
+void print_summary(const Recipe& r, const TrainSummary& sum, int64_t last_saved) {
+  std::printf(
+      "ft: %s: %lld step%s, %lld tokens in %s (%.0f tokens/s); final loss %.4f\n"
+      "ft: peak memory: %s device allocator, %s process RSS\n"
+      "ft: outputs: %s (resolved recipe: %s/recipe.yaml, metrics: %s)\n",
+      sum.preempted ? "stopped early" : "done", (long long)sum.steps, sum.steps == 1 ? "" : "s",
+      (long long)sum.tokens, Progress::human_seconds(sum.wall_s).c_str(), sum.tokens_per_s,
+      sum.final_loss, Progress::human_bytes(double(sum.mem_peak_bytes)).c_str(),
+      Progress::human_bytes(double(sum.peak_rss_bytes)).c_str(), r.run.output_dir.c_str(),
+      r.run.output_dir.c_str(), r.logging.metrics.c_str());
+  if (last_saved >= 0)
+    std::printf("ft: last checkpoint: %s/%s%s\n", r.checkpoint.dir.c_str(),
+                ckpt::step_folder_name(last_saved).c_str(),
+                sum.preempted ? " (run the same command again to continue)" : "");
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resume) {
+  const bool is_root = comm.rank() == 0;
+  const int threads = configure_threads(r.runtime.threads);
+  std::unique_ptr<Device> dev = make_device(r.runtime.device);
+
+  // The mesh (DESIGN.md §3): data-parallel ranks split the batch, tensor-parallel ranks split
+  // each layer and see the same samples.
+  Mesh mesh = make_mesh(comm, r.parallel.tensor, r.parallel.pipeline);
+  if (comm.size() > 1 && !is_root)
+    set_log_prefix(detail::concat("[rank ", comm.rank(), " ", mesh.describe(), "] "));
+  Communicator& data_comm = *mesh.data_comm;
+  Communicator* tensor_comm = mesh.tensor > 1 ? mesh.tensor_comm.get() : nullptr;
+  Communicator* pipe_comm = mesh.pipeline > 1 ? mesh.pipeline_comm.get() : nullptr;
+  const int accum = grad_accum_steps(r, comm.size());
+  install_stop_handlers();
+  start_collective_watch(r);
+  check_memory_fits(r, comm.size(), comm.rank());
+  const std::vector<std::string> candidates = checkpoints_to_resume(r, comm, resume);
+
+  // Everything that can be wrong with the inputs is checked before the model is built or any
+  // output is written: the tokenizer, every training and validation shard.
+  std::string tokenizer_sha;
+  if (!r.tokenizer.path.empty()) tokenizer_sha = sha256_file_hex(r.tokenizer.path);
+  DataLoader loader(train_loader_options(r, mesh, accum, tokenizer_sha));
+  if (is_root && int64_t(loader.samples_per_epoch()) < r.training.global_batch_size)
+    log_warn("data.train has ", loader.samples_per_epoch(), " samples of ", r.data.seq_len,
+             " tokens, fewer than one global batch (", r.training.global_batch_size,
+             "): every step repeats samples");
+  const bool do_eval = !r.data.valid.empty() && r.training.eval_every_steps > 0;
+  std::unique_ptr<DataLoader> eval_loader;
+  if (do_eval) eval_loader = open_eval_loader(r, tokenizer_sha);
+  prepare_outputs(r, comm);
+
+  // Model and optimizer. ZeRO over the data group (lib/parallel/zero.h) takes over the
+  // parameters (stage 3) and gradients (stages 2, 3) from the model.
+  const StageSpec stage = pipeline_stage(r.model.n_layers, mesh.p, mesh.pipeline);
+  // Precision policy (DESIGN.md §5): activations and the parameters' compute copy in the compute
+  // dtype; fp32 master weights, moments and gradients.
+  const DType compute_dtype = r.training.precision == "bf16"   ? DType::kBF16
+                              : r.training.precision == "fp16" ? DType::kF16
+                                                               : DType::kF32;
+  LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing, tensor_comm, stage,
+                   compute_dtype);
+  init_weights(model, r, dev.get(), mesh, !r.model.from.empty() && candidates.empty(), is_root);
+  ZeroSharding zero(r.parallel.zero_stage, model, data_comm, dev.get(), tensor_comm, pipe_comm);
+  const std::unique_ptr<Communicator> tied_holders = share_tied_embedding(r, comm, mesh, zero);
+  PipelineSchedule pipeline(model, pipe_comm, dev.get());
+  AdamW optim(model.layout(), r.optimizer, dev.get(), zero.ranges());
+
+  const ResumePoint at = resume_state(r, comm, resume, candidates, model, zero, optim, mesh);
+  if (at.step > 0) loader.seek(at.step);
+  if (is_root) remove_steps_past(r, at);
+  comm.barrier();
+
+  if (is_root) print_run_header(r, model, loader, accum, *dev, threads);
+  RunLog log(r, is_root, at);
+  Checkpoints ckpts(r, comm, mesh, model, zero, optim, tokenizer_sha, at, log);
+  // Close the live bar's line on any exit, so an error message (or the checkpoint writer's,
+  // as it finishes) starts on a line of its own.
+  struct FinishLog {
+    RunLog& log;
+    ~FinishLog() { log.finish(); }
+  } finish_log{log};
+  if (is_root && ckpts.on()) print_checkpoint_plan(r);
 
   TrainSummary sum;
-  sum.resumed_from = resumed_from;
-  sum.start_step = start_step;
-  const auto t_start = Clock::now();
-  auto t_last_save = t_start;
-  int64_t last_saved = resumed_from.empty() ? -1 : start_step;
-  // Rank 0 reports each commit in the metrics, at `step`: the steps done when it was seen.
-  auto report_commit = [&](int64_t step, const ckpt::CheckpointWriter::Committed& c) {
-    if (!is_root) return;
-    metrics.write({{"step", step},
-                   {"ckpt_step", c.step},
-                   {"ckpt_bytes", c.bytes},
-                   {"ckpt_blocking_s", c.blocking_s},
-                   {"ckpt_write_s", c.total_s},
-                   {"ckpt_async", r.checkpoint.async}});
-    progress.note(detail::concat("checkpoint ", fs::path(c.folder).filename().string(), ": ",
-                                 Progress::human_bytes(double(c.bytes)), " in ",
-                                 Progress::human_seconds(c.total_s), ", training stalled ",
-                                 Progress::human_seconds(c.blocking_s)));
-  };
-  // A save after `done` steps.
-  auto save = [&](int64_t done) {
-    if (is_root) {
-      manifest["step"] = done;
-      manifest["optimizer"]["step"] = optim.step_count();
-      manifest["scheduler"]["step"] = done;
-      manifest["data"]["next_step"] = done;
-      manifest["data"]["tokens"] = tokens_seen;
-    }
-    writer.save(done, pieces, manifest);
-    last_saved = done;
-    t_last_save = Clock::now();
-    if (auto c = writer.poll()) report_commit(done, *c);
-  };
-  // Step `step` (numbered from 1) found a non-finite loss or gradient norm before its update: the
-  // parameters, the optimizer state and every checkpoint still hold the state after step - 1.
-  // Every rank calls this alike (the finding was all-reduced) and throws AgreedError.
-  auto stop_nonfinite = [&](int64_t step, double loss, double grad_norm) {
-    // Each rank looks at the gradients it holds; the max of the negated indices (a min) names
-    // the same tensor on every rank. Floats hold these small indices exactly.
-    const int64_t mine = zero.first_nonfinite_grad();
-    float first = mine >= 0 ? -float(mine) : -1e30f;
-    comm.all_reduce_max(&first, 1);
-    // A save in flight holds the state of an earlier step (copied before this step's update
-    // could have changed it): let it commit, so it is the last good checkpoint rather than a
-    // half-written folder. A failure of that save only changes which checkpoint is the last.
-    try {
-      writer.wait();
-      if (auto c = writer.poll()) report_commit(step - 1, *c);
-    } catch (const Error& e) {
-      log_warn("the checkpoint save in flight failed: ", e.what());
-    }
-    // "nan", never the "-nan" that printing a NaN with its sign bit set gives.
-    auto name = [](double x) { return std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf"; };
-    std::string what;
-    if (!std::isfinite(loss)) what = detail::concat("the loss is ", name(loss));
-    if (!std::isfinite(grad_norm))
-      what += detail::concat(what.empty() ? "" : " and ", "the gradient norm is ", name(grad_norm));
-    std::string where = "every gradient element is finite";
-    if (first > -1e29f) {
-      int64_t index = int64_t(-first);
-      for (const auto& g : model.layout().groups()) {
-        if (index < int64_t(g.entries.size())) {
-          where = "first non-finite gradient: " + g.entries[size_t(index)].name + " in " + g.name;
-          break;
-        }
-        index -= int64_t(g.entries.size());
-      }
-    } else if (!std::isfinite(grad_norm)) {
-      where += ", but the sum of their squares overflows";
-    }
-    std::string last;
-    try {
-      last = ckpt::latest_checkpoint(r.checkpoint.dir);
-    } catch (const Error&) {
-      // a damaged `latest`: say there is none known rather than fail while reporting
-    }
-    throw AgreedError(detail::concat(
-        "step ", step, ": ", what, " (", where, "); nothing was updated or saved at this step; ",
-        last.empty()
-            ? std::string("no checkpoint of this run to resume from")
-            : "the last good checkpoint is " + last + " (the same command resumes from it)",
-        "; try a lower optimizer.lr, more scheduler.warmup_steps or training.grad_clip"));
-  };
-  if (start_step >= r.training.steps && !resumed_from.empty()) {
-    if (is_root)
-      std::printf("ft: the checkpoint is at step %lld and training.steps is %lld: nothing to "
-                  "train (raise training.steps to continue)\n",
-                  (long long)start_step, (long long)r.training.steps);
-  }
-  for (int64_t s = start_step; s < r.training.steps; ++s) {
+  sum.resumed_from = at.folder;
+  sum.start_step = at.step;
+  int64_t tokens_seen = at.tokens;
+  if (is_root && at.step >= r.training.steps && !at.folder.empty())
+    std::printf("ft: the checkpoint is at step %lld and training.steps is %lld: nothing to "
+                "train (raise training.steps to continue)\n",
+                (long long)at.step, (long long)r.training.steps);
+
+  TrainStep train_step(r, comm, data_comm, pipe_comm, model, zero, pipeline, optim);
+  const RunFigures resident{0, 0, zero.params_bytes(), zero.grads_bytes(), optim.state_bytes()};
+  for (int64_t s = at.step; s < r.training.steps; ++s) {
     const int64_t step = s + 1;  // as people read it: progress, metrics, messages, checkpoints
-    const auto t_step = Clock::now();
-    set_watch_step(step, "reading the batch");
-    StepSamples batch = loader.next();
-    // Test support: FT_TEST_FAIL_RANK=r fails world rank r at step 3, to test that the other
-    // ranks are stopped rather than left waiting in a collective.
-    if (const char* fail_rank = std::getenv("FT_TEST_FAIL_RANK"))
-      if (std::atoi(fail_rank) == comm.rank() && step == 3)
-        throw Error("injected failure (FT_TEST_FAIL_RANK) at step 3");
-    // Test support: FT_TEST_KILL_AT_STEP=N[:r] sends SIGKILL to world rank r (default: every
-    // rank) when it begins step N, to test resuming after a crash.
-    if (test_hook_fires("FT_TEST_KILL_AT_STEP", step, comm.rank())) {
-      std::fflush(stdout);
-      std::raise(SIGKILL);
-    }
-    FT_CHECK(batch.step == s, "data loader out of step: got ", batch.step, ", expected ", s);
+    const bool last = step == r.training.steps;
+    crash_test_hooks(step, comm.rank());
+    const StepResult res = train_step.run(s, loader, [&] {
+      return LoopRequests{stop_signal() != 0, is_root && ckpts.clock_due()};
+    });
+    if (res.nonfinite) stop_nonfinite(r, train_step, res, ckpts);
+    tokens_seen += res.tokens;
+    sum.final_loss = res.loss;
 
-    double count = 0;
-    for (uint8_t m : batch.mask) count += m;
-    set_watch_step(step, "counting target tokens");
-    data_comm.all_reduce_sum(&count, 1);  // tensor ranks hold the same samples
-    const float scale = count > 0 ? float(1.0 / count) : 0.0f;
-    if (count == 0 && is_root)
-      log_warn("step ", step, ": every target of the global batch is masked out (loss_mask); "
-               "the loss is reported as 0 and only weight decay changes the parameters");
-
-    set_watch_step(step, "forward/backward");
-    zero.begin_step();
-    double loss_sum = pipeline.train_step(batch, micro, scale);
-    // Test support: FT_TEST_NAN_LOSS_AT_STEP=N[:r] makes rank r's share of the loss of step N
-    // NaN; FT_TEST_NAN_GRAD_AT_STEP=N[:r] writes NaN into the first gradient element rank r
-    // holds, before the gradient reductions, as a NaN from its backward would be.
-    if (test_hook_fires("FT_TEST_NAN_LOSS_AT_STEP", step, comm.rank()))
-      loss_sum = std::numeric_limits<double>::quiet_NaN();
-    if (test_hook_fires("FT_TEST_NAN_GRAD_AT_STEP", step, comm.rank()))
-      zero.inject_nan_grad_for_test();
-    if (pipe_comm) pipe_comm->all_reduce_sum(&loss_sum, 1);  // the loss is on the last stage
-    data_comm.all_reduce_sum(&loss_sum, 1);  // the same on every tensor rank
-    set_watch_step(step, "gradient reduction");
-    zero.finish_backward();
-    zero.reduce_shared_groups();
-    set_watch_step(step, "grad norm and optimizer");
-
-    // clip_grad_norm_ semantics over every gradient of the model, whichever rank holds it.
-    const double grad_norm = std::sqrt(zero.grad_sum_squares());
-    const double loss = count > 0 ? loss_sum / count : 0.0;
-    const bool last = s + 1 == r.training.steps;
-    // One all-reduce over the world before anything is changed: a non-finite loss or gradient
-    // norm on any rank (every rank computes both alike, but one agreement makes a stop
-    // certain to be collective), any rank's stop signal, and rank 0's clock for
-    // checkpoint.every_minutes, so every rank decides alike.
-    float flags[3] = {std::isfinite(loss) && std::isfinite(grad_norm) ? 0.0f : 1.0f,
-                      stop_signal() != 0 ? 1.0f : 0.0f, 0.0f};
-    if (is_root && r.checkpoint.every_minutes > 0 &&
-        seconds_since(t_last_save) >= r.checkpoint.every_minutes * 60.0)
-      flags[2] = 1.0f;
-    comm.all_reduce_max(flags, 3);
-    if (flags[0] > 0) stop_nonfinite(step, loss, grad_norm);
-
-    const double clip = r.training.grad_clip > 0 ? r.training.grad_clip / (grad_norm + 1e-6) : 1.0;
-    if (clip < 1.0) zero.scale_grads(float(clip));
-    const double lr = lr_at_step(r.scheduler, r.optimizer.lr, s, r.training.steps);
-    optim.step(zero.param_bases(), zero.grad_bases(), lr);
-    zero.finish_update();
-    const double step_time = seconds_since(t_step);
-    const int64_t step_tokens = int64_t(r.training.global_batch_size) * T;
-    tokens_seen += step_tokens;
-    sum.final_loss = loss;
-
-    // Steps k, 2k, … of logging.every_steps k, beside the eval lines and checkpoints of those
-    // steps; also the first step of this process (quick sign of life) and the last.
-    if (is_root && (step % r.logging.every_steps == 0 || s == start_step || last)) {
-      const size_t mem_peak = dev->stats().peak_bytes;
-      metrics.write({{"step", step},
-                     {"loss", loss},
-                     {"lr", lr},
-                     {"grad_norm", grad_norm},
-                     {"tokens", tokens_seen},
-                     {"tokens_per_s", double(step_tokens) / step_time},
-                     {"step_time_s", step_time},
-                     {"mem_peak_bytes", mem_peak},
-                     {"mem_params_bytes", params_bytes},
-                     {"mem_grads_bytes", grads_bytes},
-                     {"mem_optim_bytes", optim.state_bytes()}});
-      StepReport rep;
-      rep.step = step;
-      rep.total_steps = r.training.steps;
-      rep.first_step = start_step;
-      rep.loss = loss;
-      rep.lr = lr;
-      rep.grad_norm = grad_norm;
-      rep.tokens_per_s = double(tokens_seen - tokens_at_start) / seconds_since(t_start);
-      rep.elapsed_s = seconds_since(t_start);
-      rep.mem_peak_bytes = mem_peak;
-      progress.step(rep);
+    if (log.step_due(step)) {
+      RunFigures figures = resident;
+      figures.tokens_seen = tokens_seen;
+      figures.mem_peak_bytes = dev->stats().peak_bytes;
+      log.step(res, figures);
     }
     if (do_eval && (step % r.training.eval_every_steps == 0 || last)) {
       set_watch_step(step, "evaluation");
-      const double eval_loss = evaluate(pipeline, pipe_comm, *eval_loader, r);
-      if (is_root) {
-        metrics.write({{"step", step}, {"eval_loss", eval_loss}});
-        progress.eval(step, eval_loss);
-      }
+      log.eval(step, evaluate(pipeline, pipe_comm, *eval_loader, r));
     }
-
-    // Checkpoints and stop signals, as agreed above.
-    const bool stop = flags[1] > 0 && !last;
-    const bool due =
-        ckpt_on && ((r.checkpoint.every_steps > 0 && step % r.checkpoint.every_steps == 0) ||
-                    flags[2] > 0 || last);
-    if (due || stop) {
-      // A save can take one rank much longer than the others (a slow disk, rank 0's manifest):
-      // the ranks meet here, under the long allowance, rather than in the next step's first
-      // collective under the step timeout.
-      set_watch_step(step, "checkpoint save", /*long_wait=*/true);
-      save(step);
-      // Test support: FT_TEST_SLOW_SAVE=r:seconds makes world rank r's saves that much longer,
-      // to test that a slow save does not trip the watchdog.
-      if (const char* slow = std::getenv("FT_TEST_SLOW_SAVE"); slow && std::strchr(slow, ':'))
-        if (std::atoi(slow) == comm.rank()) {
-          const double delay_s = std::atof(std::strchr(slow, ':') + 1);
-          std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
-        }
-      comm.barrier();
-    }
-    if (auto c = writer.poll()) report_commit(step, *c);
+    // Checkpoints and stop signals, as the step's agreement decided.
+    const bool stop = res.stop_requested && !last;
+    if (ckpts.due(step, res.save_by_clock, last) || stop) ckpts.save_after_step(step, tokens_seen);
+    ckpts.poll(step);
     if (stop) {
-      writer.wait();  // this rank's shard durable; on rank 0, the checkpoint committed
-      if (auto c = writer.poll()) report_commit(step, *c);
+      ckpts.wait(step);  // this rank's shard durable; on rank 0, the checkpoint committed
       comm.barrier();  // no rank exits (and has its launcher stop the others) before the commit
       sum.preempted = true;
       sum.steps_done = step;
-      if (is_root)
-        progress.note(detail::concat("stopped by a signal after step ", step, " of ",
-                                     r.training.steps, "; checkpoint ",
-                                     ckpt::step_folder_name(step), " saved: exiting with code 75"));
+      log.note(detail::concat("stopped by a signal after step ", step, " of ", r.training.steps,
+                              "; checkpoint ", ckpt::step_folder_name(step),
+                              " saved: exiting with code 75"));
       break;
     }
   }
+
   set_watch_step(0, "end of run");
   // A run that trained no steps (training.steps 0: a checkpoint of the initial or imported
   // weights) still leaves its checkpoint.
-  if (ckpt_on && !sum.preempted && last_saved < 0 && start_step >= r.training.steps)
-    save(start_step);
-  writer.wait();
-  if (auto c = writer.poll()) report_commit(sum.preempted ? sum.steps_done : r.training.steps, *c);
-  progress.finish();
+  if (ckpts.on() && !sum.preempted && ckpts.last_saved() < 0 && at.step >= r.training.steps)
+    ckpts.save(at.step, tokens_seen);
+  ckpts.wait(sum.preempted ? sum.steps_done : r.training.steps);
+  log.finish();
   if (const char* dir = std::getenv("FT_TEST_DUMP_PARAMS"))
     dump_final_params(dir, model, zero, mesh, comm.rank());
 
-  sum.steps = sum.preempted ? sum.steps_done - start_step : r.training.steps - start_step;
-  if (sum.steps < 0) sum.steps = 0;
-  sum.tokens = tokens_seen - tokens_at_start;
-  sum.wall_s = seconds_since(t_start);
+  sum.steps = std::max<int64_t>(
+      0, (sum.preempted ? sum.steps_done : r.training.steps) - at.step);
+  sum.tokens = tokens_seen - at.tokens;
+  sum.wall_s = log.elapsed_s();
   sum.tokens_per_s = sum.wall_s > 0 ? double(sum.tokens) / sum.wall_s : 0;
   sum.mem_peak_bytes = dev->stats().peak_bytes;
   sum.peak_rss_bytes = peak_rss_bytes();
-  if (is_root) {
-    std::printf(
-        "ft: %s: %lld step%s, %lld tokens in %s (%.0f tokens/s); final loss %.4f\n"
-        "ft: peak memory: %s device allocator, %s process RSS\n"
-        "ft: outputs: %s (resolved recipe: %s/recipe.yaml, metrics: %s)\n",
-        sum.preempted ? "stopped early" : "done", (long long)sum.steps, sum.steps == 1 ? "" : "s",
-        (long long)sum.tokens,
-        Progress::human_seconds(sum.wall_s).c_str(),
-        sum.tokens_per_s, sum.final_loss, Progress::human_bytes(double(sum.mem_peak_bytes)).c_str(),
-        Progress::human_bytes(double(sum.peak_rss_bytes)).c_str(), r.run.output_dir.c_str(),
-        r.run.output_dir.c_str(), r.logging.metrics.c_str());
-    if (last_saved >= 0)
-      std::printf("ft: last checkpoint: %s/%s%s\n", r.checkpoint.dir.c_str(),
-                  ckpt::step_folder_name(last_saved).c_str(),
-                  sum.preempted ? " (run the same command again to continue)" : "");
-    std::fflush(stdout);
-  }
+  if (is_root) print_summary(r, sum, ckpts.last_saved());
   return sum;
 }
 

@@ -12,11 +12,12 @@
 //   clang++-14 -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined \
 //     -fno-sanitize-recover=undefined -DFT_VERSION='"fuzz"' -Ilib \
 //     tests/fuzz/fuzz_checkpoint_manifest.cpp lib/ckpt/checkpoint.cpp lib/model/layout.cpp \
-//     lib/core/log.cpp -lz -o /tmp/fuzz_checkpoint_manifest
+//     lib/optim/loss_scaler.cpp lib/core/log.cpp -lz -o /tmp/fuzz_checkpoint_manifest
 //   mkdir -p /tmp/cm_corpus && /tmp/fuzz_checkpoint_manifest -max_total_time=300 \
 //     /tmp/cm_corpus tests/fuzz/corpus/checkpoint_manifest
 // The seed corpus holds the manifest.json and rank_*.json files of a small real run (data 2 x
 // tensor 2, step 10: the harness's folder is named step_00000010, so the step check passes).
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -32,6 +33,11 @@ namespace {
 void check_accepted(const ft::ckpt::Manifest& m) {
   if (m.step != 10 || m.world < 1 || m.world != m.data * m.tensor * m.pipeline) std::abort();
   if (m.optimizer_step < 0 || m.tokens < 0 || m.zero_stage < 0 || m.zero_stage > 3) std::abort();
+  if (const auto& ls = m.loss_scaler;
+      ls && !(std::isfinite(ls->scale) && ls->scale > 0 && ls->hysteresis_left >= 1 &&
+              ls->clean_steps >= 0 && ls->consecutive_skipped >= 0 &&
+              ls->consecutive_skipped <= ls->total_skipped))
+    std::abort();
   const ft::ParamLayout saved(m.model, m.tensor);
   if (saved.total_numel() > (uint64_t(1) << 40)) std::abort();
   if (m.shards.size() != size_t(m.world)) std::abort();

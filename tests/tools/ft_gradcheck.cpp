@@ -1,5 +1,5 @@
 // Test tool: runs ft's forward and backward on the first global batch of a recipe (the path
-// `ft train` takes for step 0: loader, token-weighted scale, the same micro-batch schedule) and
+// `ft train` takes for step 0: loader, token weight 1/count, the same micro-batch schedule) and
 // writes the loss and every parameter gradient (HF names) to a safetensors file, so that a
 // PyTorch reference script can compare them tensor by tensor.
 //   ft_gradcheck RECIPE OUT.safetensors [KEY=VALUE ...]

@@ -22,6 +22,9 @@
 #include "ckpt/checkpoint.h"
 #include "core/error.h"
 #include "model/layout.h"
+#include "optim/loss_scaler.h"
+#include "parallel/partition.h"
+#include "recipe/recipe.h"
 #include "temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -80,13 +83,6 @@ struct WholeState {
   }
 };
 
-// The range data rank d of D saves (the ZeRO shard cut of lib/train/train_state.cpp).
-std::pair<uint64_t, uint64_t> data_shard(uint64_t n, int D, int d) {
-  const uint64_t s = (n + uint64_t(D) - 1) / uint64_t(D);
-  const uint64_t b = std::min(n, uint64_t(d) * s);
-  return {b, std::min(n, b + s)};
-}
-
 nlohmann::json manifest_for(const ft::ModelConfig& c, int D, int T, int64_t step) {
   nlohmann::json j;
   j["layout"] = {{"world", D * T}, {"data", D}, {"tensor", T}, {"pipeline", 1}, {"zero_stage", 0}};
@@ -120,8 +116,10 @@ nlohmann::json manifest_for(const ft::ModelConfig& c, int D, int T, int64_t step
 // with its own CheckpointWriter. Sync: the other ranks first, rank 0 (which commits once every
 // rank_*.json is there) last. Async: rank 0 first, so its worker must wait for the others.
 // Returns what rank 0 reported.
+// `extra`: keys added to (or replacing those of) the manifest, e.g. the fp16 loss scaler's.
 ft::ckpt::CheckpointWriter::Committed save(const WholeState& ws, const std::string& dir, int D,
-                                           int T, int64_t step, bool async, int keep_last = 3) {
+                                           int T, int64_t step, bool async, int keep_last = 3,
+                                           const nlohmann::json& extra = nlohmann::json::object()) {
   const int world = D * T;
   std::vector<std::unique_ptr<ft::ckpt::CheckpointWriter>> writers;
   std::vector<std::vector<std::vector<float>>> locals(size_t(world) * 3);  // kept alive
@@ -141,12 +139,14 @@ ft::ckpt::CheckpointWriter::Committed save(const WholeState& ws, const std::stri
     for (size_t g = 0; g < groups; ++g)
       for (int s = 0; s < 3; ++s) {
         const auto& buf = locals[size_t(rank) * 3 + size_t(s)][g];
-        const auto [b, e] = data_shard(buf.size(), D, d);
+        // The range data rank d of D saves (lib/train/train_state.cpp: the ZeRO cut).
+        const auto [b, e] = ft::zero_shard(buf.size(), D, d);
         if (b == e) continue;
         pieces[size_t(rank)].push_back({kStates[s], int(g), b, e, buf.data() + b});
       }
   }
-  const nlohmann::json m = manifest_for(ws.cfg, D, T, step);
+  nlohmann::json m = manifest_for(ws.cfg, D, T, step);
+  m.update(extra);
   std::vector<int> order;
   if (async) {
     for (int r = 0; r < world; ++r) order.push_back(r);
@@ -529,6 +529,53 @@ TEST_CASE("checkpoint: every number of a manifest is a checked integer, named by
   CHECK(ft::ckpt::read_manifest(dir.file("best")).step == 10);
   fs::rename(dir.file("best"), dir.file("step_00000010.damaged.2"));
   CHECK(ft::ckpt::read_manifest(dir.file("step_00000010.damaged.2")).step == 10);
+}
+
+TEST_CASE("checkpoint: the fp16 loss scaler's state rides in the manifest; older ones lack it") {
+  const WholeState ws(tiny_config(), 5);
+  TempDir dir;
+  // Six steps at the defaults (2^16, hysteresis 2): x forgiven, x → 2^15, two clean, x → 2^14,
+  // x → 2^13. Two steps applied, so the schedule (which skipped steps do not advance) is at 2.
+  ft::LossScaler scaler(ft::loss_scaler_config(ft::TrainingConfig{}));
+  for (bool inf : {true, true, false, false, true, true}) scaler.update(inf);
+  REQUIRE(scaler.scale() == 8192.0f);
+  const nlohmann::json extra = {{"loss_scaler", scaler.to_json()}, {"scheduler", {{"step", 2}}}};
+  save(ws, dir.path, 1, 1, 6, /*async=*/false, 3, extra);  // rank 0 commits only what parses
+  const ft::ckpt::Manifest m = ft::ckpt::read_manifest(dir.file("step_00000006"));
+  REQUIRE(m.loss_scaler.has_value());
+  CHECK(*m.loss_scaler == scaler.state());
+  CHECK(m.loss_scaler->consecutive_skipped == 2);
+  CHECK(m.loss_scaler->total_skipped == 4);
+  ft::LossScaler resumed(ft::loss_scaler_config(ft::TrainingConfig{}));
+  resumed.restore(*m.loss_scaler);
+  CHECK(resumed.state() == scaler.state());
+
+  // A manifest without the key (fp32, bf16, or written before fp16 existed): no state, so the
+  // scaler of a run resumed in fp16 starts from the recipe's settings.
+  save(ws, dir.path, 1, 1, 7, /*async=*/false);
+  CHECK_FALSE(ft::ckpt::read_manifest(dir.file("step_00000007")).loss_scaler.has_value());
+
+  // The state is checked like every other number of a manifest; the schedule may lag the step
+  // count (skipped steps), never lead it.
+  const std::string folder = dir.file("step_00000006");
+  const nlohmann::json good = nlohmann::json::parse(read_bytes(folder + "/manifest.json"));
+  nlohmann::json bad = good;
+  bad["loss_scaler"]["total_skipped"] = 1.5;
+  CHECK_THROWS_WITH_AS(ft::ckpt::parse_manifest(bad.dump(), folder),
+                       doctest::Contains("manifest.json: loss_scaler.total_skipped: expected an "
+                                         "integer"),
+                       ft::Error);
+  bad = good;
+  bad["loss_scaler"]["scale"] = -1.0;
+  CHECK_THROWS_WITH_AS(ft::ckpt::parse_manifest(bad.dump(), folder),
+                       doctest::Contains("loss_scaler.scale: expected a finite number > 0"),
+                       ft::Error);
+  bad = good;
+  bad["scheduler"]["step"] = 7;
+  CHECK_THROWS_WITH_AS(ft::ckpt::parse_manifest(bad.dump(), folder),
+                       doctest::Contains("scheduler.step: 7, past the step 6"), ft::Error);
+  bad["scheduler"]["step"] = 6;
+  CHECK_NOTHROW(ft::ckpt::parse_manifest(bad.dump(), folder));
 }
 
 TEST_CASE("checkpoint: rank records are checked integers too") {

@@ -444,6 +444,106 @@ TEST_CASE("recipe: unimplemented features are refused") {
   CHECK(s.load(s.base(), {"training.precision=bf16"}).issues.empty());
 }
 
+TEST_CASE("recipe: fp16 loss scaling keys: defaults, ranges, powers of two") {
+  Scratch s;
+  const RecipeResult plain = s.load(s.base());
+  REQUIRE(plain.ok());
+  const ft::TrainingConfig& t = plain.recipe.training;
+  CHECK(t.loss_scale == 0);  // dynamic, as DeepSpeed's fp16.loss_scale 0
+  CHECK(t.loss_scale_window == 1000);
+  CHECK(t.initial_loss_scale == 65536);
+  CHECK(t.min_loss_scale == 1);
+  CHECK(t.loss_scale_hysteresis == 2);
+  CHECK(t.max_skipped_steps == 100);
+  CHECK(plain.warnings.empty());
+
+  const RecipeResult r = s.load(s.base() +
+                                "training:\n"                        // 10
+                                "  loss_scale: 1000\n"               // 11
+                                "  loss_scale_window: 0\n"           // 12
+                                "  initial_loss_scale: 0\n"          // 13
+                                "  min_loss_scale: 0.3\n"            // 14
+                                "  loss_scale_hysteresis: 0\n"       // 15
+                                "  max_skipped_steps: -1\n");        // 16
+  INFO(all_issues(r));
+  auto check = [&](const char* key, int line, const char* message, const char* hint) {
+    const RecipeIssue i = issue_for(r, key);
+    CHECK(i.line == line);
+    CHECK(i.message == message);
+    CHECK(i.hint == hint);
+  };
+  check("training.loss_scale", 11, "1000 is not a power of two",
+        "scaling by a power of two is exact; use 512 or 1024");
+  check("training.loss_scale_window", 12, "0 is out of range: must be >= 1",
+        "e.g. loss_scale_window: 1000");
+  check("training.initial_loss_scale", 13, "0 is out of range: must be in (0, 4294967296]",
+        "e.g. initial_loss_scale: 65536");
+  check("training.min_loss_scale", 14, "0.3 is not a power of two",
+        "scaling by a power of two is exact; use 0.25 or 0.5");
+  check("training.loss_scale_hysteresis", 15, "0 is out of range: must be >= 1",
+        "e.g. loss_scale_hysteresis: 2");
+  check("training.max_skipped_steps", 16, "-1 is out of range: must be >= 1",
+        "e.g. max_skipped_steps: 100");
+  CHECK(r.issues.size() == 6);
+
+  // Beyond 2^32 (Megatron's initial scale), and a negative static scale.
+  const RecipeResult big = s.load(s.base(), {"training.initial_loss_scale=8589934592",
+                                             "training.loss_scale=-2"});
+  CHECK(issue_for(big, "training.initial_loss_scale").message ==
+        "8589934592 is out of range: must be in (0, 4294967296]");
+  CHECK(issue_for(big, "training.loss_scale").message ==
+        "-2 is out of range: must be in [0, 4294967296]");
+  // Powers of two below 1 and at the bound are fine.
+  CHECK(s.load(s.base(), {"training.min_loss_scale=0.0078125",
+                          "training.initial_loss_scale=4294967296", "training.loss_scale=1"})
+            .ok());
+
+  // The dynamic scale falls from initial_loss_scale to min_loss_scale, never below.
+  const RecipeResult order = s.load(s.base() + "training: {initial_loss_scale: 1024, "
+                                               "min_loss_scale: 2048}\n");
+  const RecipeIssue i = issue_for(order, "training.min_loss_scale");
+  CHECK(i.line == 10);
+  CHECK(i.message == "training.min_loss_scale 2048 exceeds training.initial_loss_scale 1024");
+  CHECK(contains(i.hint, "make min_loss_scale <= initial_loss_scale"));
+  CHECK(order.issues.size() == 1);
+  CHECK(s.load(s.base(), {"training.initial_loss_scale=4", "training.min_loss_scale=4"}).ok());
+}
+
+TEST_CASE("recipe: fp16 loss scaling keys act only with fp16, which one warning says") {
+  Scratch s;
+  // Set with fp32 (the default) or bf16: one line naming the keys set away from their defaults.
+  const RecipeResult fp32 = s.load(s.base() + "training: {loss_scale_window: 200, "
+                                              "min_loss_scale: 1, max_skipped_steps: 5}\n");
+  INFO(all_issues(fp32));
+  REQUIRE(fp32.ok());
+  REQUIRE(fp32.warnings.size() == 1);
+  CHECK(fp32.warnings[0] == "training.loss_scale_window, training.max_skipped_steps act only "
+                            "with training.precision fp16; ignored in this fp32 run");
+  const RecipeResult bf16 = s.load(s.base(), {"training.precision=bf16", "training.loss_scale=8"});
+  REQUIRE(bf16.warnings.size() == 1);
+  CHECK(bf16.warnings[0] == "training.loss_scale acts only with training.precision fp16; "
+                            "ignored in this bf16 run");
+  // A resolved recipe writes every key at its value: no warning when loaded again.
+  const RecipeResult again =
+      load_recipe(s.write("resolved.yaml", ft::recipe_to_yaml(s.load(s.base()).recipe)), {}, 1);
+  INFO(all_issues(again));
+  REQUIRE(again.ok());
+  CHECK(again.warnings.empty());
+
+  // fp16 itself is still refused (no 16-bit compute yet), and the keys' own errors show beside
+  // the refusal, so that a recipe is right once fp16 arrives.
+  const RecipeResult fp16 = s.load(s.base() + "training: {precision: fp16, loss_scale_window: 0, "
+                                              "loss_scale: 64, initial_loss_scale: 1024}\n");
+  CHECK(contains(issue_for(fp16, "training.precision").message, "fp32 only for now"));
+  CHECK(issue_for(fp16, "training.loss_scale_window").message ==
+        "0 is out of range: must be >= 1");
+  CHECK(fp16.issues.size() == 2);
+  // A static scale ignores the dynamic keys: said once, for those without an error of their own.
+  REQUIRE(fp16.warnings.size() == 1);
+  CHECK(fp16.warnings[0] == "training.initial_loss_scale acts only with dynamic loss scaling "
+                            "(training.loss_scale 0); ignored with the static scale 64");
+}
+
 TEST_CASE("recipe: paths must exist") {
   Scratch s;
   s.write("tok.model", "not really a tokenizer");
@@ -538,6 +638,12 @@ void check_same(const Recipe& a, const Recipe& b) {
   CHECK(a.training.activation_checkpointing == b.training.activation_checkpointing);
   CHECK(a.training.eval_every_steps == b.training.eval_every_steps);
   CHECK(a.training.eval_batches == b.training.eval_batches);
+  CHECK(a.training.loss_scale == b.training.loss_scale);
+  CHECK(a.training.loss_scale_window == b.training.loss_scale_window);
+  CHECK(a.training.initial_loss_scale == b.training.initial_loss_scale);
+  CHECK(a.training.min_loss_scale == b.training.min_loss_scale);
+  CHECK(a.training.loss_scale_hysteresis == b.training.loss_scale_hysteresis);
+  CHECK(a.training.max_skipped_steps == b.training.max_skipped_steps);
   CHECK(a.optimizer.name == b.optimizer.name);
   CHECK(a.optimizer.lr == b.optimizer.lr);
   CHECK(a.optimizer.beta1 == b.optimizer.beta1);
@@ -593,6 +699,12 @@ TEST_CASE("recipe: recipe_to_yaml round-trips every key") {
                                               "training.activation_checkpointing=on",
                                               "training.eval_every_steps=7",
                                               "training.eval_batches=5",
+                                              "training.loss_scale=256",
+                                              "training.loss_scale_window=50",
+                                              "training.initial_loss_scale=1024",
+                                              "training.min_loss_scale=0.125",
+                                              "training.loss_scale_hysteresis=3",
+                                              "training.max_skipped_steps=7",
                                               "optimizer.lr=0.1",
                                               "optimizer.betas=[0.8, 0.9999]",
                                               "optimizer.eps=1e-12",

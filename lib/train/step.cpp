@@ -1,0 +1,162 @@
+#include "train/step.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "optim/schedule.h"
+
+namespace ft {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+bool test_hook_fires(const char* var, int64_t step, int rank) {
+  const char* v = std::getenv(var);
+  if (!v) return false;
+  const char* colon = std::strchr(v, ':');
+  return std::atoll(v) == step && (!colon || std::atoi(colon + 1) == rank);
+}
+
+TrainStep::TrainStep(const Recipe& r, Communicator& world, Communicator& data_comm,
+                     Communicator* pipe_comm, LlamaModel& model, ZeroSharding& zero,
+                     PipelineSchedule& pipeline, AdamW& optim)
+    : r_(r),
+      world_(world),
+      data_comm_(data_comm),
+      pipe_comm_(pipe_comm),
+      model_(model),
+      zero_(zero),
+      pipeline_(pipeline),
+      optim_(optim) {}
+
+StepResult TrainStep::run(int64_t s, DataLoader& loader,
+                          const std::function<LoopRequests()>& requests) {
+  const auto t_step = Clock::now();
+  StepResult res;
+  res.step = s + 1;
+  const int64_t step = res.step;
+  const int rank = world_.rank();
+
+  // 0. The batch.
+  set_watch_step(step, "reading the batch");
+  const StepSamples batch = loader.next();
+  FT_CHECK(batch.step == s, "data loader out of step: got ", batch.step, ", expected ", s);
+  res.tokens = int64_t(r_.training.global_batch_size) * r_.data.seq_len;
+
+  // 1. Token weight: 1 / the trained targets of the whole global batch.
+  double count = 0;
+  for (uint8_t m : batch.mask) count += m;
+  set_watch_step(step, "counting target tokens");
+  data_comm_.all_reduce_sum(&count, 1);  // tensor ranks hold the same samples
+  const float token_weight = count > 0 ? float(1.0 / count) : 0.0f;  // (fp16: × loss scale)
+  if (count == 0 && rank == 0)
+    log_warn("step ", step, ": every target of the global batch is masked out (loss_mask); "
+             "the loss is reported as 0 and only weight decay changes the parameters");
+
+  // 2. Forward/backward of every micro-batch; gradients accumulate.
+  set_watch_step(step, "forward/backward");
+  zero_.begin_step();
+  double loss_sum = pipeline_.train_step(batch, r_.training.micro_batch_size, token_weight);
+  // Test support: FT_TEST_NAN_LOSS_AT_STEP=N[:r] makes rank r's share of the loss of step N
+  // NaN; FT_TEST_NAN_GRAD_AT_STEP=N[:r] writes NaN into the first gradient element rank r
+  // holds, before the gradient reductions, as a NaN from its backward would be.
+  if (test_hook_fires("FT_TEST_NAN_LOSS_AT_STEP", step, rank))
+    loss_sum = std::numeric_limits<double>::quiet_NaN();
+  if (test_hook_fires("FT_TEST_NAN_GRAD_AT_STEP", step, rank)) zero_.inject_nan_grad_for_test();
+  if (pipe_comm_) pipe_comm_->all_reduce_sum(&loss_sum, 1);  // the loss is on the last stage
+  data_comm_.all_reduce_sum(&loss_sum, 1);  // the same on every tensor rank
+  res.loss = count > 0 ? loss_sum / count : 0.0;
+
+  // 3. Gradient sync.
+  set_watch_step(step, "gradient reduction");
+  zero_.finish_backward();
+  zero_.reduce_shared_groups();
+
+  // 4. Global gradient norm: clip_grad_norm_ semantics over every gradient of the model,
+  // whichever rank holds it.
+  set_watch_step(step, "grad norm and optimizer");
+  res.grad_norm = std::sqrt(zero_.grad_sum_squares());  // (fp16: unscale, found-inf here)
+
+  // 5. One all-reduce over the world before anything is changed: a non-finite loss or gradient
+  // norm on any rank (every rank computes both alike, but one agreement makes a stop certain
+  // to be collective), any rank's stop signal, and rank 0's clock for checkpoint.every_minutes,
+  // so every rank decides alike.
+  const LoopRequests mine = requests();
+  float flags[3] = {std::isfinite(res.loss) && std::isfinite(res.grad_norm) ? 0.0f : 1.0f,
+                    mine.stop_signal ? 1.0f : 0.0f, mine.save_by_clock ? 1.0f : 0.0f};
+  world_.all_reduce_max(flags, 3);
+  res.stop_requested = flags[1] > 0;
+  res.save_by_clock = flags[2] > 0;
+  if (flags[0] > 0) {
+    res.nonfinite = true;  // nothing updated: the loop stops the run (fp16: skip the step)
+    res.time_s = seconds_since(t_step);
+    return res;
+  }
+
+  // 6. Clipping (scale by grad_clip / (norm + 1e-6) when below 1), the learning rate of step s,
+  // AdamW on the owned ranges, then the updated parameters back to every rank that uses them.
+  const double clip = r_.training.grad_clip > 0 ? r_.training.grad_clip / (res.grad_norm + 1e-6)
+                                                : 1.0;
+  if (clip < 1.0) zero_.scale_grads(float(clip));
+  res.lr = lr_at_step(r_.scheduler, r_.optimizer.lr, s, r_.training.steps);
+  optim_.step(zero_.param_bases(), zero_.grad_bases(), res.lr);
+  zero_.finish_update();  // (precision policy: refresh the compute copy from the master)
+  res.time_s = seconds_since(t_step);
+  return res;
+}
+
+std::string TrainStep::describe_nonfinite(const StepResult& res) {
+  // Each rank looks at the gradients it holds; the max of the negated indices (a min) names
+  // the same tensor on every rank. Floats hold these small indices exactly.
+  const int64_t mine = zero_.first_nonfinite_grad();
+  float first = mine >= 0 ? -float(mine) : -1e30f;
+  world_.all_reduce_max(&first, 1);
+  // "nan", never the "-nan" that printing a NaN with its sign bit set gives.
+  auto name = [](double x) { return std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf"; };
+  std::string what;
+  if (!std::isfinite(res.loss)) what = detail::concat("the loss is ", name(res.loss));
+  if (!std::isfinite(res.grad_norm))
+    what += detail::concat(what.empty() ? "" : " and ", "the gradient norm is ",
+                           name(res.grad_norm));
+  std::string where = "every gradient element is finite";
+  if (first > -1e29f) {
+    int64_t index = int64_t(-first);
+    for (const auto& g : model_.layout().groups()) {
+      if (index < int64_t(g.entries.size())) {
+        where = "first non-finite gradient: " + g.entries[size_t(index)].name + " in " + g.name;
+        break;
+      }
+      index -= int64_t(g.entries.size());
+    }
+  } else if (!std::isfinite(res.grad_norm)) {
+    where += ", but the sum of their squares overflows";
+  }
+  return what + " (" + where + ")";
+}
+
+nlohmann::json step_metrics_line(const StepResult& res, const RunFigures& run) {
+  return {{"step", res.step},
+          {"loss", res.loss},
+          {"lr", res.lr},
+          {"grad_norm", res.grad_norm},
+          {"tokens", run.tokens_seen},
+          {"tokens_per_s", double(res.tokens) / res.time_s},
+          {"step_time_s", res.time_s},
+          {"mem_peak_bytes", run.mem_peak_bytes},
+          {"mem_params_bytes", run.mem_params_bytes},
+          {"mem_grads_bytes", run.mem_grads_bytes},
+          {"mem_optim_bytes", run.mem_optim_bytes}};
+}
+
+}  // namespace ft
