@@ -534,7 +534,7 @@ TEST_CASE("recipe: fp16 loss scaling keys act only with fp16, which one warning 
   // the refusal, so that a recipe is right once fp16 arrives.
   const RecipeResult fp16 = s.load(s.base() + "training: {precision: fp16, loss_scale_window: 0, "
                                               "loss_scale: 64, initial_loss_scale: 1024}\n");
-  CHECK(contains(issue_for(fp16, "training.precision").message, "fp32 only for now"));
+  CHECK(contains(issue_for(fp16, "training.precision").message, "fp16 is not available yet"));
   CHECK(issue_for(fp16, "training.loss_scale_window").message ==
         "0 is out of range: must be >= 1");
   CHECK(fp16.issues.size() == 2);
