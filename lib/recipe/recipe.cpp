@@ -1004,11 +1004,6 @@ class Loader {
     if (r_.model.arch == "gpt2" && usable("model.arch")) {
       issue(locate("model.arch"), "model.arch", "gpt2 is not implemented yet", "use llama");
     }
-    if (r_.training.precision == "fp16" && usable("training.precision")) {
-      issue(locate("training.precision"), "training.precision",
-            "fp16 is not available yet: it needs dynamic loss scaling, which is not built yet",
-            "use bf16 (same speed, fp32's range, no loss scaling) or fp32");
-    }
   }
 
   // Features the recipe format defines (DESIGN.md §5) but this build cannot run yet. Refused

@@ -1,5 +1,6 @@
 #include "train/step.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -30,7 +31,7 @@ bool test_hook_fires(const char* var, int64_t step, int rank) {
 
 TrainStep::TrainStep(const Recipe& r, Communicator& world, Communicator& data_comm,
                      Communicator* pipe_comm, LlamaModel& model, ZeroSharding& zero,
-                     PipelineSchedule& pipeline, AdamW& optim)
+                     PipelineSchedule& pipeline, AdamW& optim, LossScaler* scaler)
     : r_(r),
       world_(world),
       data_comm_(data_comm),
@@ -38,7 +39,8 @@ TrainStep::TrainStep(const Recipe& r, Communicator& world, Communicator& data_co
       model_(model),
       zero_(zero),
       pipeline_(pipeline),
-      optim_(optim) {}
+      optim_(optim),
+      scaler_(scaler) {}
 
 StepResult TrainStep::run(int64_t s, DataLoader& loader,
                           const std::function<LoopRequests()>& requests) {
@@ -59,7 +61,11 @@ StepResult TrainStep::run(int64_t s, DataLoader& loader,
   for (uint8_t m : batch.mask) count += m;
   set_watch_step(step, "counting target tokens");
   data_comm_.all_reduce_sum(&count, 1);  // tensor ranks hold the same samples
-  const float token_weight = count > 0 ? float(1.0 / count) : 0.0f;  // (fp16: × loss scale)
+  // fp16: the loss, so every gradient, is multiplied by the loss scale S (a power of two, so
+  // exactly); the gradients are divided by S again in phase 6, in the same pass as clipping.
+  const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+  if (scaler_) res.loss_scale = loss_scale;
+  const float token_weight = count > 0 ? float(1.0 / count) * loss_scale : 0.0f;
   if (count == 0 && rank == 0)
     log_warn("step ", step, ": every target of the global batch is masked out (loss_mask); "
              "the loss is reported as 0 and only weight decay changes the parameters");
@@ -86,7 +92,9 @@ StepResult TrainStep::run(int64_t s, DataLoader& loader,
   // 4. Global gradient norm: clip_grad_norm_ semantics over every gradient of the model,
   // whichever rank holds it.
   set_watch_step(step, "grad norm and optimizer");
-  res.grad_norm = std::sqrt(zero_.grad_sum_squares());  // (fp16: unscale, found-inf here)
+  // Of the unscaled gradients (dividing by the power of two S is exact). fp16: an overflow
+  // makes the norm inf or NaN: that is the found-inf flag phase 5 all-reduces.
+  res.grad_norm = std::sqrt(zero_.grad_sum_squares()) / loss_scale;
 
   // 5. One all-reduce over the world before anything is changed: a non-finite loss or gradient
   // norm on any rank (every rank computes both alike, but one agreement makes a stop certain
@@ -98,18 +106,36 @@ StepResult TrainStep::run(int64_t s, DataLoader& loader,
   world_.all_reduce_max(flags, 3);
   res.stop_requested = flags[1] > 0;
   res.save_by_clock = flags[2] > 0;
-  if (flags[0] > 0) {
-    res.nonfinite = true;  // nothing updated: the loop stops the run (fp16: skip the step)
+  // fp16: an overflow skips the step, or stops the run when the scaler gives up; fp32 and bf16
+  // stop at once. Every rank decides alike (the flag was all-reduced).
+  if (scaler_) {
+    const LossScaler::Decision d = scaler_->update(flags[0] > 0);
+    if (d.stop) {
+      res.nonfinite = true;
+      res.scaler_stop = d.reason;
+    } else if (d.skip) {
+      res.skipped = true;
+      if (rank == 0) log_warn("step ", step, ": ", d.reason);
+    }
+    if (d.skip || d.stop) {
+      res.time_s = seconds_since(t_step);
+      return res;
+    }
+  } else if (flags[0] > 0) {
+    res.nonfinite = true;  // nothing updated: the loop stops the run
     res.time_s = seconds_since(t_step);
     return res;
   }
 
   // 6. Clipping (scale by grad_clip / (norm + 1e-6) when below 1), the learning rate of step s,
   // AdamW on the owned ranges, then the updated parameters back to every rank that uses them.
+  // fp16: unscaling by 1/S folded into the same pass (for S = 1, exactly the clipping alone).
+  // The schedule counts applied steps (AdamW's t): s itself unless fp16 skipped some.
   const double clip = r_.training.grad_clip > 0 ? r_.training.grad_clip / (res.grad_norm + 1e-6)
                                                 : 1.0;
-  if (clip < 1.0) zero_.scale_grads(float(clip));
-  res.lr = lr_at_step(r_.scheduler, r_.optimizer.lr, s, r_.training.steps);
+  const float factor = float(std::min(clip, 1.0) / loss_scale);
+  if (factor != 1.0f) zero_.scale_grads(factor);
+  res.lr = lr_at_step(r_.scheduler, r_.optimizer.lr, optim_.step_count(), r_.training.steps);
   optim_.step(zero_.param_bases(), zero_.grad_bases(), res.lr);
   zero_.finish_update();  // (precision policy: refresh the compute copy from the master)
   res.time_s = seconds_since(t_step);
@@ -146,17 +172,23 @@ std::string TrainStep::describe_nonfinite(const StepResult& res) {
 }
 
 nlohmann::json step_metrics_line(const StepResult& res, const RunFigures& run) {
-  return {{"step", res.step},
-          {"loss", res.loss},
-          {"lr", res.lr},
-          {"grad_norm", res.grad_norm},
-          {"tokens", run.tokens_seen},
-          {"tokens_per_s", double(res.tokens) / res.time_s},
-          {"step_time_s", res.time_s},
-          {"mem_peak_bytes", run.mem_peak_bytes},
-          {"mem_params_bytes", run.mem_params_bytes},
-          {"mem_grads_bytes", run.mem_grads_bytes},
-          {"mem_optim_bytes", run.mem_optim_bytes}};
+  nlohmann::json line = {{"step", res.step},
+                         {"loss", res.loss},
+                         {"lr", res.lr},
+                         {"grad_norm", res.grad_norm},
+                         {"tokens", run.tokens_seen},
+                         {"tokens_per_s", double(res.tokens) / res.time_s},
+                         {"step_time_s", res.time_s},
+                         {"mem_peak_bytes", run.mem_peak_bytes},
+                         {"mem_params_bytes", run.mem_params_bytes},
+                         {"mem_grads_bytes", run.mem_grads_bytes},
+                         {"mem_optim_bytes", run.mem_optim_bytes}};
+  if (res.loss_scale > 0) {  // fp16 (DESIGN.md §7); a skipped step's non-finite norm is null
+    line["loss_scale"] = res.loss_scale;
+    line["skipped"] = res.skipped;
+    if (!std::isfinite(res.grad_norm)) line["grad_norm"] = nullptr;
+  }
+  return line;
 }
 
 }  // namespace ft

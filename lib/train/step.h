@@ -37,6 +37,7 @@
 #include "data/loader.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "optim/loss_scaler.h"
 #include "parallel/pipeline.h"
 #include "parallel/zero.h"
 #include "recipe/recipe.h"
@@ -57,6 +58,12 @@ struct StepResult {
   int64_t tokens = 0;      // input tokens of the global batch, masked or not
   double time_s = 0;       // wall time of the step on this rank
   bool nonfinite = false;  // the loss or the gradient norm is not finite: nothing was updated
+  // fp16 (a loss scaler): the scale this step ran with (0 without one); an overflow skipped the
+  // step (nothing updated, the schedule not advanced); or the scaler gave up, saying why here
+  // (nonfinite is then set too: the run stops).
+  double loss_scale = 0;
+  bool skipped = false;
+  std::string scaler_stop;
   // The loop's requests, agreed over the world: true when any rank asked.
   bool stop_requested = false, save_by_clock = false;
 };
@@ -67,7 +74,7 @@ class TrainStep {
   // stage). The objects are the run's; they must outlive this.
   TrainStep(const Recipe& r, Communicator& world, Communicator& data_comm,
             Communicator* pipe_comm, LlamaModel& model, ZeroSharding& zero,
-            PipelineSchedule& pipeline, AdamW& optim);
+            PipelineSchedule& pipeline, AdamW& optim, LossScaler* scaler = nullptr);
 
   // Step s, on this rank's samples of global batch s, the loader's next. `requests` is called
   // once, at the agreement (phase 5), for this rank's LoopRequests.
@@ -87,6 +94,7 @@ class TrainStep {
   ZeroSharding& zero_;
   PipelineSchedule& pipeline_;
   AdamW& optim_;
+  LossScaler* scaler_;  // fp16 only
 };
 
 // What the metrics line of a step carries besides the step's own figures.

@@ -40,6 +40,7 @@
 #include "kernels/kernels.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "optim/loss_scaler.h"
 #include "parallel/pipeline.h"
 #include "parallel/plan.h"
 #include "parallel/zero.h"
@@ -328,9 +329,12 @@ struct ResumePoint {
 // attempt. Damaged folders fallen back from are set aside (renamed, never deleted: the damage
 // may be temporary, as on a slow file system) once a fallback has loaded; when none loads,
 // nothing is renamed, so that a later attempt finds the folders as they were.
+// scaler (fp16 only, else null) continues from the checkpoint's loss scaler state when it has
+// one (older checkpoints, or one saved in another precision: the recipe's settings).
 ResumePoint resume_state(const Recipe& r, Communicator& comm, const std::string& resume,
                          const std::vector<std::string>& candidates, LlamaModel& model,
-                         ZeroSharding& zero, AdamW& optim, const Mesh& mesh) {
+                         ZeroSharding& zero, AdamW& optim, LossScaler* scaler,
+                         const Mesh& mesh) {
   const bool is_root = comm.rank() == 0;
   ResumePoint at;
   std::vector<std::pair<std::string, std::string>> damaged;  // folder, why
@@ -361,6 +365,7 @@ ResumePoint resume_state(const Recipe& r, Communicator& comm, const std::string&
       at.step = m->step;
       at.tokens = m->tokens;
       at.folder = candidates[i];
+      if (scaler && m->loss_scaler) scaler->restore(*m->loss_scaler);
       const json d = m->json.value("data", json::object());  // typed by read_manifest
       if (is_root && (d.value("global_batch_size", 0) != r.training.global_batch_size ||
                       d.value("seq_len", 0) != r.data.seq_len ||
@@ -498,11 +503,12 @@ class RunLog {
 class Checkpoints {
  public:
   Checkpoints(const Recipe& r, Communicator& comm, const Mesh& mesh, LlamaModel& model,
-              ZeroSharding& zero, AdamW& optim, const std::string& tokenizer_sha,
-              const ResumePoint& at, RunLog& log)
+              ZeroSharding& zero, AdamW& optim, const LossScaler* scaler,
+              const std::string& tokenizer_sha, const ResumePoint& at, RunLog& log)
       : r_(r),
         comm_(comm),
         optim_(optim),
+        scaler_(scaler),
         log_(log),
         on_(r.checkpoint.every_steps > 0 || r.checkpoint.every_minutes > 0),
         writer_(writer_options(r, comm, mesh)),
@@ -535,7 +541,9 @@ class Checkpoints {
     if (comm_.rank() == 0) {
       manifest_["step"] = done;
       manifest_["optimizer"]["step"] = optim_.step_count();
-      manifest_["scheduler"]["step"] = done;
+      // The schedule's position: applied steps (skipped fp16 steps do not advance it).
+      manifest_["scheduler"]["step"] = optim_.step_count();
+      if (scaler_) manifest_["loss_scaler"] = scaler_->to_json();
       manifest_["data"]["next_step"] = done;
       manifest_["data"]["tokens"] = tokens;
     }
@@ -593,6 +601,7 @@ class Checkpoints {
   const Recipe& r_;
   Communicator& comm_;
   const AdamW& optim_;
+  const LossScaler* scaler_;  // fp16: saved with the manifest
   RunLog& log_;
   bool on_;
   ckpt::CheckpointWriter writer_;
@@ -633,7 +642,9 @@ void crash_test_hooks(int64_t step, int rank) {
 // calls this alike (the finding was agreed) and throws AgreedError.
 [[noreturn]] void stop_nonfinite(const Recipe& r, TrainStep& train_step, const StepResult& res,
                                  Checkpoints& ckpts) {
-  const std::string why = train_step.describe_nonfinite(res);
+  // fp16: the loss scaler gave up (its reason says why); otherwise name what is not finite.
+  const std::string why =
+      res.scaler_stop.empty() ? train_step.describe_nonfinite(res) : res.scaler_stop;
   // A save in flight holds the state of an earlier step (copied before this step's update
   // could have changed it): let it commit, so it is the last good checkpoint rather than a
   // half-written folder. A failure of that save only changes which checkpoint is the last.
@@ -653,7 +664,9 @@ void crash_test_hooks(int64_t step, int rank) {
       last.empty()
           ? std::string("no checkpoint of this run to resume from")
           : "the last good checkpoint is " + last + " (the same command resumes from it)",
-      "; try a lower optimizer.lr, more scheduler.warmup_steps or training.grad_clip"));
+      res.scaler_stop.empty()
+          ? "; try a lower optimizer.lr, more scheduler.warmup_steps or training.grad_clip"
+          : "; try a lower optimizer.lr, or training.precision: bf16 (fp32's range)"));
 }
 
 void print_summary(const Recipe& r, const TrainSummary& sum, int64_t last_saved) {
@@ -723,15 +736,20 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   const std::unique_ptr<Communicator> tied_holders = share_tied_embedding(r, comm, mesh, zero);
   PipelineSchedule pipeline(model, pipe_comm, dev.get());
   AdamW optim(model.layout(), r.optimizer, dev.get(), zero.ranges());
+  // fp16 only: the loss scale and its counters (optim/loss_scaler.h, DESIGN.md §5).
+  std::optional<LossScaler> scaler;
+  if (r.training.precision == "fp16") scaler.emplace(loss_scaler_config(r.training));
+  LossScaler* scaler_ptr = scaler ? &*scaler : nullptr;
 
-  const ResumePoint at = resume_state(r, comm, resume, candidates, model, zero, optim, mesh);
+  const ResumePoint at =
+      resume_state(r, comm, resume, candidates, model, zero, optim, scaler_ptr, mesh);
   if (at.step > 0) loader.seek(at.step);
   if (is_root) remove_steps_past(r, at);
   comm.barrier();
 
   if (is_root) print_run_header(r, model, loader, accum, *dev, threads);
   RunLog log(r, is_root, at);
-  Checkpoints ckpts(r, comm, mesh, model, zero, optim, tokenizer_sha, at, log);
+  Checkpoints ckpts(r, comm, mesh, model, zero, optim, scaler_ptr, tokenizer_sha, at, log);
   // Close the live bar's line on any exit, so an error message (or the checkpoint writer's,
   // as it finishes) starts on a line of its own.
   struct FinishLog {
@@ -749,7 +767,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
                 "train (raise training.steps to continue)\n",
                 (long long)at.step, (long long)r.training.steps);
 
-  TrainStep train_step(r, comm, data_comm, pipe_comm, model, zero, pipeline, optim);
+  TrainStep train_step(r, comm, data_comm, pipe_comm, model, zero, pipeline, optim, scaler_ptr);
   const RunFigures resident{0, 0, zero.params_bytes(), zero.grads_bytes(), optim.state_bytes()};
   for (int64_t s = at.step; s < r.training.steps; ++s) {
     const int64_t step = s + 1;  // as people read it: progress, metrics, messages, checkpoints
@@ -762,7 +780,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     tokens_seen += res.tokens;
     sum.final_loss = res.loss;
 
-    if (log.step_due(step)) {
+    if (log.step_due(step) || res.skipped) {  // a skipped fp16 step is always logged
       RunFigures figures = resident;
       figures.tokens_seen = tokens_seen;
       figures.mem_peak_bytes = dev->stats().peak_bytes;

@@ -435,12 +435,8 @@ TEST_CASE("recipe: unimplemented features are refused") {
   const RecipeIssue arch = issue_for(r, "model.arch");
   CHECK(arch.message == "gpt2 is not implemented yet");
   CHECK(arch.hint == "use llama");
-  const RecipeIssue prec = issue_for(r, "training.precision");
-  CHECK(prec.line == 10);
-  CHECK(prec.column == 23);
-  CHECK(contains(prec.message, "fp16 is not available yet: it needs dynamic loss scaling"));
-  CHECK(contains(prec.hint, "use bf16"));
-  CHECK(s.load(s.base(), {"training.precision=fp16"}).issues.size() == 1);
+  CHECK(r.issues.size() == 1);  // every precision trains
+  CHECK(s.load(s.base(), {"training.precision=fp16"}).issues.empty());
   CHECK(s.load(s.base(), {"training.precision=bf16"}).issues.empty());
 }
 
@@ -530,14 +526,12 @@ TEST_CASE("recipe: fp16 loss scaling keys act only with fp16, which one warning 
   REQUIRE(again.ok());
   CHECK(again.warnings.empty());
 
-  // fp16 itself is still refused (no 16-bit compute yet), and the keys' own errors show beside
-  // the refusal, so that a recipe is right once fp16 arrives.
+  // With fp16 the keys' own errors show.
   const RecipeResult fp16 = s.load(s.base() + "training: {precision: fp16, loss_scale_window: 0, "
                                               "loss_scale: 64, initial_loss_scale: 1024}\n");
-  CHECK(contains(issue_for(fp16, "training.precision").message, "fp16 is not available yet"));
   CHECK(issue_for(fp16, "training.loss_scale_window").message ==
         "0 is out of range: must be >= 1");
-  CHECK(fp16.issues.size() == 2);
+  CHECK(fp16.issues.size() == 1);
   // A static scale ignores the dynamic keys: said once, for those without an error of their own.
   REQUIRE(fp16.warnings.size() == 1);
   CHECK(fp16.warnings[0] == "training.initial_loss_scale acts only with dynamic loss scaling "
