@@ -136,8 +136,11 @@ class Llama:
         B, T = ids.shape
         D, H, K = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
         inv_freq = rope_inv_freq(cfg)
-        # as LlamaRotaryEmbedding: inv_freq (D/2, 1) @ positions (1, T) in fp32
-        freqs = (inv_freq[:, None] @ torch.arange(T).float()[None, :]).T
+        # as LlamaRotaryEmbedding: inv_freq (D/2, 1) @ positions (1, T) in fp32, with autocast
+        # off as transformers turns it off (in bf16, angles near 30 rad would be off by up to
+        # 0.06 rad); a no-op outside autocast
+        with torch.autocast("cpu", enabled=False):
+            freqs = (inv_freq[:, None] @ torch.arange(T).float()[None, :]).T
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos(), emb.sin()  # (T, D)
         mask = torch.full((T, T), float("-inf")).triu(1)

@@ -190,6 +190,62 @@ def sample_order_case():
     check(perm, "sample_order: a permutation with shuffle, the identity without, n = 1..39")
 
 
+def ft_train(label, rpath, metrics, *overrides):
+    """Runs `ft train rpath overrides...`; returns the metrics lines (parsed JSON), or None
+    after recording a failed check."""
+    res = subprocess.run([FT, "train", rpath, *overrides], capture_output=True, text=True)
+    if res.returncode != 0:
+        check(False, f"{label}: ft train failed ({res.returncode}): {res.stderr.strip()[-2000:]}")
+        return None
+    return [json.loads(l) for l in open(metrics)]
+
+
+def cosine_lr(s, lr, warm, steps, min_lr):
+    """The learning rate of step s (counted from 0): linear warmup over `warm` steps, then cosine
+    decay to min_lr at step `steps` (DESIGN.md §5)."""
+    if s < warm:
+        return lr * (s + 1) / warm
+    p = (s - warm) / (steps - warm)
+    return min_lr + 0.5 * (lr - min_lr) * (1 + np.cos(np.pi * p))
+
+
+def torch_adamw(params, lr, betas, eps, wd):
+    """torch.optim.AdamW as ft's optimizer applies it: weight decay on matrices only.
+    params: dict name -> parameter."""
+    decay = [p for p in params.values() if p.dim() >= 2]
+    no_decay = [p for p in params.values() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": wd},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=betas, eps=eps)
+
+
+def batch_tensors(batch):
+    """(ids, targets, mask) tensors, each (len(batch), T), of samples from samples_no_shuffle."""
+    return tuple(torch.tensor(np.stack([b[k] for b in batch])) for k in range(3))
+
+
+def torch_step(model, opt, batch, micro, clip, autocast_dtype=None):
+    """One optimizer step of the reference, as ft takes it: the global batch (ids, targets,
+    mask) in micro-batches of `micro` samples, each loss weighted by 1 / (the batch's masked
+    token count) and its gradients accumulated, clip_grad_norm_, opt.step. autocast_dtype: None
+    (fp32), or the dtype torch.autocast runs forward and loss in, as a PyTorch AMP user writes
+    it. Returns (loss, gradient norm before clipping)."""
+    ids, tgt, msk = batch
+    count = msk.sum().item()
+    total = 0.0
+    opt.zero_grad()
+    for m in range(len(ids) // micro):
+        sl = slice(m * micro, (m + 1) * micro)
+        with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16,
+                            enabled=autocast_dtype is not None):
+            loss = model.loss_sum(ids[sl], tgt[sl], msk[sl]) / count
+        loss.backward()
+        total += loss.item()
+    norm = torch.nn.utils.clip_grad_norm_(list(model.p.values()), clip).item()
+    opt.step()
+    return total, norm
+
+
 def training_case(tmp, label, shuffle, seed):
     """`ft train` for 20 steps against torch, with evaluation after steps 9 and 19."""
     case = os.path.join(tmp, label)
@@ -217,12 +273,9 @@ def training_case(tmp, label, shuffle, seed):
     recipe_yaml(rpath, hf, data, T, micro, glob, extra, optimizer, seed=seed, shuffle=shuffle,
                 valid=valid,
                 training_extra=f", eval_every_steps: {eval_every}, eval_batches: {eval_batches}")
-    res = subprocess.run([FT, "train", rpath, f"training.steps={steps}", f"training.grad_clip={clip}"],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        check(False, f"{label}: ft train failed ({res.returncode}): {res.stderr.strip()[-2000:]}")
+    lines = ft_train(label, rpath, metrics, f"training.steps={steps}", f"training.grad_clip={clip}")
+    if lines is None:
         return
-    lines = [json.loads(l) for l in open(metrics)]
     # The metrics number steps from 1 (DESIGN.md §7); s below counts from 0 as §5's formulas do.
     ft_loss = {l["step"] - 1: l["loss"] for l in lines if "loss" in l}
     ft_norm = {l["step"] - 1: l["grad_norm"] for l in lines if "grad_norm" in l}
@@ -244,42 +297,19 @@ def training_case(tmp, label, shuffle, seed):
               f"{label}: shuffled epoch orders differ from the identity and from each other")
 
     vsamples = ref.samples_no_shuffle(vshards, T)[:eval_batches * glob]  # in order, no shuffle
-    v_ids = torch.tensor(np.stack([b[0] for b in vsamples]))
-    v_tgt = torch.tensor(np.stack([b[1] for b in vsamples]))
-    v_msk = torch.tensor(np.stack([b[2] for b in vsamples]))
+    v_ids, v_tgt, v_msk = batch_tensors(vsamples)
 
     params = model.named()
-    decay = [p for p in params.values() if p.dim() >= 2]
-    no_decay = [p for p in params.values() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch_adamw(params, lr, (0.9, 0.95), 1e-8, wd)
     clipped = 0
     worst = 0.0
     evals = []
     for s in range(steps):
-        if s < warm:
-            lr_s = lr * (s + 1) / warm
-        else:
-            p = (s - warm) / (steps - warm)
-            lr_s = min_lr + 0.5 * (lr - min_lr) * (1 + np.cos(np.pi * p))
         for g in opt.param_groups:
-            g["lr"] = lr_s
-        opt.zero_grad()
-        batch = [samples[i] for _, i in stream[s * glob:(s + 1) * glob]]
-        ids = torch.tensor(np.stack([b[0] for b in batch]))
-        tgt = torch.tensor(np.stack([b[1] for b in batch]))
-        msk = torch.tensor(np.stack([b[2] for b in batch]))
-        count = msk.sum().item()
-        total = 0.0
-        for m in range(glob // micro):
-            sl = slice(m * micro, (m + 1) * micro)
-            loss = model.loss_sum(ids[sl], tgt[sl], msk[sl]) / count
-            loss.backward()
-            total += loss.item()
-        norm = torch.nn.utils.clip_grad_norm_(list(params.values()), clip).item()
+            g["lr"] = cosine_lr(s, lr, warm, steps, min_lr)
+        batch = batch_tensors([samples[i] for _, i in stream[s * glob:(s + 1) * glob]])
+        total, norm = torch_step(model, opt, batch, micro, clip)
         clipped += norm > clip
-        opt.step()
         if s not in ft_loss:
             check(False, f"{label}: ft metrics lack step {s}")
             return
