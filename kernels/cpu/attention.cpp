@@ -255,6 +255,10 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
                 const float dl = delta_h[i0 + r];
                 for (int c = 0; c < cols; ++c) ds[c] = p[c] * (ds[c] - dl);
               }
+              // Position 0 sees one key: its softmax is the constant 1 and its gradient exactly
+              // 0 (as PyTorch's math path gives). dP − Δ would leave the rounding difference of
+              // two dot products ordered differently, which for T = 1 is the whole gradient.
+              if (i0 == 0) std::fill(dS, dS + cols, 0.0f);
               // dKa (cols, D) += dSᵀ (cols, rows) · Q (rows, D) / sqrt(D)
               gemm_f32(true, false, cols, D, rows, scale, dS, kTile, Q, ldQ, 1.0f, dKa, D);
               // dQ (rows, D) += dS (rows, cols) · Kt (cols, D) / sqrt(D)
