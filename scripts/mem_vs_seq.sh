@@ -17,7 +17,8 @@ while [[ $# -gt 0 ]]; do
     *) overrides+=("$1"); shift ;;
   esac
 done
-[[ -x $ft ]] || { echo "mem_vs_seq: no ft binary at $ft (build it, or pass --ft PATH)" >&2; exit 2; }
+[[ -x $ft ]] || { echo "mem_vs_seq: no ft binary at $ft (build it, or pass --ft PATH)" >&2
+                  exit 2; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 max=0
 for s in $seqs; do ((s > max)) && max=$s; done
@@ -29,12 +30,14 @@ tmp, src, T = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sys.path.insert(0, os.path.join(src, "tests", "ref"))
 import numpy as np, llama_ref as ref
 os.makedirs(f"{tmp}/data")
-ref.write_shard(f"{tmp}/data/shard_00000.h5", np.random.default_rng(0).integers(0, 512, 4 * (T + 1)), 512)
+tokens = np.random.default_rng(0).integers(0, 512, 4 * (T + 1))
+ref.write_shard(f"{tmp}/data/shard_00000.h5", tokens, 512)
 PY
 
 cat > "$tmp/r.yaml" <<YAML
 run: {name: mem_vs_seq, output_dir: $tmp/out, seed: 1}
-model: {dim: 256, n_layers: 4, n_heads: 4, n_kv_heads: 2, ffn_dim: 688, vocab_size: 512, max_seq_len: $max}
+model: {dim: 256, n_layers: 4, n_heads: 4, n_kv_heads: 2, ffn_dim: 688, vocab_size: 512,
+        max_seq_len: $max}
 data: {train: $tmp/data, seq_len: 512}
 training: {steps: 2, micro_batch_size: 1, global_batch_size: 1}
 logging: {every_steps: 1}

@@ -184,7 +184,8 @@ int main(int argc, char** argv) {
               1e3 * of, 1e3 * ob, 1e3 * (of + ob), 2.0 * np * 4 / (1 << 20));
   std::printf("  flash (tiles of %d):     fwd %8.2f ms  bwd %8.2f ms  fwd+bwd %8.2f ms  "
               "(lse %.3f MiB)\n",
-              k::kAttnTile, 1e3 * nf, 1e3 * nb, 1e3 * (nf + nb), double(lse.size()) * 4 / (1 << 20));
+              k::kAttnTile, 1e3 * nf, 1e3 * nb, 1e3 * (nf + nb),
+              double(lse.size()) * 4 / (1 << 20));
   std::printf("  speedup fwd+bwd: %.2fx   max |dq_flash - dq_materialised| = %.2g\n",
               (of + ob) / (nf + nb), double(diff));
   return 0;

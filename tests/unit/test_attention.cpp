@@ -48,10 +48,14 @@ Reference reference(const Shape& s, const std::vector<float>& q, const std::vect
   r.dk.assign(kk.size(), 0.0);
   r.dv.assign(v.size(), 0.0);
   r.lse.assign(size_t(B) * H * T, 0.0);
-  auto Q = [&](int b, int t, int h, int e) { return double(q[((size_t(b) * T + t) * H + h) * D + e]); };
-  auto Kx = [&](int b, int t, int h, int e) { return double(kk[((size_t(b) * T + t) * K + h) * D + e]); };
-  auto V = [&](int b, int t, int h, int e) { return double(v[((size_t(b) * T + t) * K + h) * D + e]); };
-  auto dO = [&](int b, int t, int h, int e) { return double(dout[((size_t(b) * T + t) * H + h) * D + e]); };
+  // Element (b, t, head, e) of a (B, T, heads, D) tensor.
+  auto at = [&](const std::vector<float>& x, int heads, int b, int t, int h, int e) {
+    return double(x[((size_t(b) * T + t) * heads + h) * D + e]);
+  };
+  auto Q = [&](int b, int t, int h, int e) { return at(q, H, b, t, h, e); };
+  auto Kx = [&](int b, int t, int h, int e) { return at(kk, K, b, t, h, e); };
+  auto V = [&](int b, int t, int h, int e) { return at(v, K, b, t, h, e); };
+  auto dO = [&](int b, int t, int h, int e) { return at(dout, H, b, t, h, e); };
   std::vector<double> P(size_t(T) * T), dS(size_t(T) * T);
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < H; ++h) {
@@ -147,7 +151,7 @@ Result run_f32(const Shape& s, const std::vector<float>& q, const std::vector<fl
 std::vector<double> widen(const std::vector<float>& x) { return {x.begin(), x.end()}; }
 }  // namespace
 
-TEST_CASE("attention (FlashAttention-2) matches the materialising reference, forward and backward") {
+TEST_CASE("attention (FlashAttention-2) matches the materialising reference, forward, backward") {
   const int t = k::kAttnTile;
   // T: one token, odd sizes, one tile, tile ± 1, two tiles ± 1. D 8 and 64. H/K = 1, 2, 4.
   std::vector<Shape> shapes;
