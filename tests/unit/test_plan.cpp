@@ -77,6 +77,21 @@ TEST_CASE("plan: activation checkpointing keeps layer inputs and one recomputed 
   CHECK(k.activations.bytes == 4 * (96 + 352 + 76 + 304));
 }
 
+TEST_CASE("plan: activations are linear in seq_len (attention keeps no (S, S) buffer)") {
+  // Every activation term is a multiple of N = B·S or of B·S (the attention logsumexp), so
+  // doubling S doubles them exactly; an S² term (the probabilities FlashAttention dropped)
+  // would not.
+  for (bool ckpt : {false, true}) {
+    Recipe r = small();
+    r.training.activation_checkpointing = ckpt;
+    const int64_t a4 = plan_memory(r, 1).ranks[0].activations.bytes;
+    r.data.seq_len = 8;
+    CHECK(plan_memory(r, 1).ranks[0].activations.bytes == 2 * a4);
+    r.data.seq_len = 4096;
+    CHECK(plan_memory(r, 1).ranks[0].activations.bytes == 1024 * a4);
+  }
+}
+
 TEST_CASE("plan: ZeRO stages on 2 data ranks (even shards: 40, 248, 248, 44)") {
   // Σ s_g = 580; max s_g = 248; M = 1 micro-batch per step.
   auto plan = [](int z, bool tied = false) {
