@@ -62,8 +62,8 @@ inline constexpr int kAttnTile = 64;
 template <typename E>
 void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, int B, int T,
                        int H, int K, int D);
-// fp32 elements of scratch attention_backward needs: 0 for float, B·T·H·D (dQ accumulated in
-// fp32) for bf16 and f16.
+// fp32 elements of scratch attention_backward needs: B·H·T (Δ = rowsum(dO ∘ O)), plus B·T·H·D
+// for bf16 and f16 (dQ accumulated in fp32).
 template <typename E>
 size_t attention_backward_scratch_elems(int B, int T, int H, int D);
 // Gradients of q, k, v (overwritten) from dout and the forward's out and lse. Deterministic:

@@ -183,8 +183,9 @@ void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, i
 
 template <typename E>
 size_t attention_backward_scratch_elems(int B, int T, int H, int D) {
-  // dQ accumulates over key tiles; a 16-bit dq cannot hold the partial sums, fp32 can.
-  return std::is_same_v<E, float> ? 0 : size_t(B) * T * H * D;
+  // Δ (B, H, T); then, for 16-bit types, the dQ accumulator (B, T, H, D): dQ accumulates over
+  // key tiles and a 16-bit dq cannot hold the partial sums.
+  return size_t(B) * H * T + (std::is_same_v<E, float> ? 0 : size_t(B) * T * H * D);
 }
 
 template <typename E>
@@ -196,28 +197,29 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
   const int ldq = H * D, ldk = K * D;
   const int tiles = (T + kTile - 1) / kTile;
   const size_t tD = size_t(kTile) * D, tt = size_t(kTile) * kTile;
-  // dQ accumulator (B, T, H, D) fp32: dq itself for float.
+  // Δ (B, H, T) and the dQ accumulator (B, T, H, D) fp32, which is dq itself for float.
+  float* const delta = scratch;
   float* dqa;
   if constexpr (std::is_same_v<E, float>) dqa = dq;
-  else dqa = scratch;
+  else dqa = scratch + size_t(B) * H * T;
   BlasSingleThread single;
 #pragma omp parallel
   {
-    // Q, dO, K, V tiles (16-bit only), dK and dV accumulators, P, dS, then Δ (group, T).
-    std::vector<float> buf(6 * tD + 2 * tt + size_t(group) * T);
+    // Q, dO, K, V tiles (16-bit only), dK and dV accumulators, P, dS.
+    std::vector<float> buf(6 * tD + 2 * tt);
     float *qbuf = buf.data(), *dobuf = qbuf + tD, *kbuf = dobuf + tD, *vbuf = kbuf + tD;
-    float *dKa = vbuf + tD, *dVa = dKa + tD, *P = dVa + tD, *dS = P + tt, *delta = dS + tt;
+    float *dKa = vbuf + tD, *dVa = dKa + tD, *P = dVa + tD, *dS = P + tt;
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b)
       for (int kh = 0; kh < K; ++kh) {
-        // Δ (group, T) = rowsum(dO ∘ O); zero this group's rows of the dQ accumulator.
+        // Δ = rowsum(dO ∘ O) of this group's heads; zero their rows of the dQ accumulator.
         for (int g = 0; g < group; ++g) {
           const int h = kh * group + g;
           for (int t = 0; t < T; ++t) {
             const size_t off = (size_t(b) * T + t) * ldq + size_t(h) * D;
             float s = 0.0f;
             for (int e = 0; e < D; ++e) s += to_f32(dout[off + e]) * to_f32(out[off + e]);
-            delta[size_t(g) * T + t] = s;
+            delta[(size_t(b) * H + h) * T + t] = s;
             std::fill(dqa + off, dqa + off + D, 0.0f);
           }
         }
@@ -232,7 +234,7 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
           for (int g = 0; g < group; ++g) {
             const int h = kh * group + g;
             const float* lse_h = lse + (size_t(b) * H + h) * T;
-            const float* delta_h = delta + size_t(g) * T;
+            const float* delta_h = delta + (size_t(b) * H + h) * T;
             // Query tiles from the one holding row j0 on: the tiles above see no key of this one.
             for (int i0 = (j0 / kTile) * kTile; i0 < T; i0 += kTile) {
               const int rows = std::min(kTile, T - i0);

@@ -44,7 +44,7 @@ struct LlamaModel::Acts {
   Buffer<float> dresid, dtmp;        // (N, C)
   Buffer<float> dq, dk, dv, datt;    // (N, H*D), (N, K*D), (N, K*D), (N, H*D)
   Buffer<float> dg, du, dh;          // (N, F)
-  Buffer<float> attn_scratch;        // k::attention_backward_scratch_elems (0 in fp32)
+  Buffer<float> attn_scratch;        // k::attention_backward_scratch_elems: (B, H, T) in fp32
 };
 
 LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing,

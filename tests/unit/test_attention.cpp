@@ -142,9 +142,11 @@ Result run_f32(const Shape& s, const std::vector<float>& q, const std::vector<fl
   r.dv.assign(v.size(), NAN);
   k::attention_forward(r.out.data(), r.lse.data(), q.data(), kk.data(), v.data(), s.B, s.T, s.H,
                        s.K, s.D);
+  // Δ (B, H, T); NaN so that a read before the kernel writes it shows.
+  std::vector<float> work(k::attention_backward_scratch_elems<float>(s.B, s.T, s.H, s.D), NAN);
   k::attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), r.out.data(),
-                        r.lse.data(), q.data(), kk.data(), v.data(), nullptr, s.B, s.T, s.H, s.K,
-                        s.D);
+                        r.lse.data(), q.data(), kk.data(), v.data(), work.data(), s.B, s.T, s.H,
+                        s.K, s.D);
   return r;
 }
 
@@ -254,7 +256,7 @@ void check_16bit(double rel) {
     std::vector<E> out(nq), dq(nq), dk(nk), dv(nk);
     std::vector<float> lse(size_t(s.B) * s.H * s.T);
     const size_t scratch = k::attention_backward_scratch_elems<E>(s.B, s.T, s.H, s.D);
-    CHECK(scratch == nq);  // dQ accumulated in fp32
+    CHECK(scratch == size_t(s.B) * s.H * s.T + nq);  // Δ, and dQ accumulated in fp32
     std::vector<float> work(scratch, NAN);  // the kernel must initialise it
     k::attention_forward(out.data(), lse.data(), q16.data(), k16.data(), v16.data(), s.B, s.T,
                          s.H, s.K, s.D);
@@ -278,9 +280,10 @@ void check_16bit(double rel) {
     ref2.dq.assign(nq, NAN);
     ref2.dk.assign(nk, NAN);
     ref2.dv.assign(nk, NAN);
+    std::vector<float> work32(k::attention_backward_scratch_elems<float>(s.B, s.T, s.H, s.D));
     k::attention_backward(ref2.dq.data(), ref2.dk.data(), ref2.dv.data(), dout.data(),
                           ref_out_rounded.data(), ref.lse.data(), q.data(), kk.data(), v.data(),
-                          nullptr, s.B, s.T, s.H, s.K, s.D);
+                          work32.data(), s.B, s.T, s.H, s.K, s.D);
     check_close("dq", wide(dq), widen(ref2.dq), 1e-6, rel);
     check_close("dk", wide(dk), widen(ref2.dk), 1e-6, rel);
     check_close("dv", wide(dv), widen(ref2.dv), 1e-6, rel);
@@ -289,7 +292,7 @@ void check_16bit(double rel) {
 }  // namespace
 
 TEST_CASE("attention in bf16 and f16: the fp32 kernel's result rounded once, on the same inputs") {
-  CHECK(k::attention_backward_scratch_elems<float>(2, 19, 4, 8) == 0);
+  CHECK(k::attention_backward_scratch_elems<float>(2, 19, 4, 8) == 2 * 4 * 19);  // Δ only
   SUBCASE("bf16") { check_16bit<k::bf16>(std::ldexp(1.0, -8)); }
   SUBCASE("f16") { check_16bit<k::f16>(std::ldexp(1.0, -11)); }
 }

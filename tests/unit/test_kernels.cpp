@@ -72,8 +72,9 @@ TEST_CASE("attention forward matches a plain loop; backward matches finite diffe
         }
     // backward of L = Σ out ∘ R
     std::vector<float> dq(q.size()), dk(kk.size()), dv(v.size());
+    std::vector<float> scratch(k::attention_backward_scratch_elems<float>(B, T, H, D));
     k::attention_backward(dq.data(), dk.data(), dv.data(), R.data(), out.data(), lse.data(),
-                          q.data(), kk.data(), v.data(), nullptr, B, T, H, K, D);
+                          q.data(), kk.data(), v.data(), scratch.data(), B, T, H, K, D);
     auto loss = [&]() {
       std::vector<float> o(q.size()), l(lse.size());
       k::attention_forward(o.data(), l.data(), q.data(), kk.data(), v.data(), B, T, H, K, D);
