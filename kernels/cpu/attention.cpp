@@ -19,9 +19,9 @@
 // Element type E in {float, bf16, f16}: tiles are converted to fp32 scratch and all math is
 // fp32 (lse, Δ, the running max and sum included); each output element is rounded once. The
 // float instantiation reads its inputs in place. Per-thread tile scratch (a few tiles of
-// kAttnTile × max(D, kAttnTile) floats) lives for one parallel region; dQ of a 16-bit type
-// accumulates in fp32 in the caller's scratch (attention_backward_scratch_elems) so every
-// large buffer comes from the Device.
+// kAttnTile × max(D, kAttnTile) floats) lives for one parallel region; what grows with T (Δ,
+// and for a 16-bit type the fp32 dQ accumulator) is in the caller's scratch
+// (attention_backward_scratch_elems), so every large buffer comes from the Device.
 //
 // The tile GEMMs run single-threaded through the BLAS inside the OpenMP loop.
 #include <algorithm>
