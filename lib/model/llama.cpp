@@ -22,7 +22,7 @@ namespace k = kernels;
 struct LayerActs {
   Buffer<float> ln1, rstd1;  // (N, C), (N)
   Buffer<float> q, kk, v;    // (N, H*D), (N, K*D), (N, K*D) — q and k after RoPE
-  Buffer<float> probs;       // (B, H, T, T)
+  Buffer<float> lse;         // (B, H, T) attention logsumexp per row, fp32
   Buffer<float> att;         // (N, H*D) attention output before o_proj
   Buffer<float> mid;         // (N, C) residual after attention
   Buffer<float> ln2, rstd2;  // (N, C), (N)
@@ -44,7 +44,7 @@ struct LlamaModel::Acts {
   Buffer<float> dresid, dtmp;        // (N, C)
   Buffer<float> dq, dk, dv, datt;    // (N, H*D), (N, K*D), (N, K*D), (N, H*D)
   Buffer<float> dg, du, dh;          // (N, F)
-  Buffer<float> dscores;             // (B, H, T, T)
+  Buffer<float> attn_scratch;        // k::attention_backward_scratch_elems: (B, H, T) in fp32
 };
 
 LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing,
@@ -145,7 +145,6 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
   const size_t N = size_t(B) * T, C = cfg_.dim, F = F_, V = V_;
   const size_t HD = size_t(H_) * layout_.head_dim();
   const size_t KD = size_t(K_) * layout_.head_dim();
-  const size_t S = size_t(B) * H_ * T * T;
   const int L = cfg_.n_layers;
   // Residual stream: resid[l] is layer l's input; only this stage's [first, last] exist.
   for (int l = 0; l <= L; ++l)
@@ -159,7 +158,7 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
     la.q = Buffer<float>(dev_, N * HD);
     la.kk = Buffer<float>(dev_, N * KD);
     la.v = Buffer<float>(dev_, N * KD);
-    la.probs = Buffer<float>(dev_, S);
+    la.lse = Buffer<float>(dev_, size_t(B) * H_ * T);
     la.att = Buffer<float>(dev_, N * HD);
     la.mid = Buffer<float>(dev_, N * C);
     la.ln2 = Buffer<float>(dev_, N * C);
@@ -190,7 +189,8 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
     a->dg = Buffer<float>(dev_, N * F);
     a->du = Buffer<float>(dev_, N * F);
     a->dh = Buffer<float>(dev_, N * F);
-    a->dscores = Buffer<float>(dev_, S);
+    a->attn_scratch = Buffer<float>(
+        dev_, k::attention_backward_scratch_elems<float>(B, T, H_, layout_.head_dim()));
   }
   cur = std::move(a);
   acts_ = cur.get();
@@ -226,8 +226,8 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   k::linear_forward(la.v.data(), la.ln1.data(), w + o.wv, N, C, K * D);
   k::rope_forward(la.q.data(), rope_inv_freq_.data(), B, T, H, D);
   k::rope_forward(la.kk.data(), rope_inv_freq_.data(), B, T, K, D);
-  k::attention_forward(la.att.data(), la.probs.data(), la.q.data(), la.kk.data(), la.v.data(), B,
-                       T, H, K, D);
+  k::attention_forward(la.att.data(), la.lse.data(), la.q.data(), la.kk.data(), la.v.data(), B, T,
+                       H, K, D);
   std::memcpy(la.mid.data(), x, sizeof(float) * size_t(N) * C);
   row_parallel_forward(la.mid.data(), la.att.data(), w + o.wo, N, H * D, C);
 
@@ -270,8 +270,9 @@ void LlamaModel::layer_backward(int l, int B, int T) {
 
   // Attention: mid = x + att·Woᵀ
   k::linear_backward(a.datt.data(), dw + o.wo, dy, la.att.data(), w + o.wo, N, H * D, C);
-  k::attention_backward(a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), la.probs.data(),
-                        la.q.data(), la.kk.data(), la.v.data(), a.dscores.data(), B, T, H, K, D);
+  k::attention_backward(a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), la.att.data(),
+                        la.lse.data(), la.q.data(), la.kk.data(), la.v.data(),
+                        a.attn_scratch.data(), B, T, H, K, D);
   k::rope_backward(a.dq.data(), rope_inv_freq_.data(), B, T, H, D);
   k::rope_backward(a.dk.data(), rope_inv_freq_.data(), B, T, K, D);
   k::linear_backward(a.dtmp.data(), dw + o.wq, a.dq.data(), la.ln1.data(), w + o.wq, N, C, H * D);
