@@ -17,6 +17,8 @@
 
 #include "kernels/half.h"
 
+#include "kernels/half.h"
+
 namespace ft::kernels {
 
 // ---- GEMM (BLAS) -----------------------------------------------------------------------------
@@ -65,15 +67,26 @@ void rope_forward(E* x, const float* inv_freq, int B, int T, int nh, int D);
 template <typename E>
 void rope_backward(E* dx, const float* inv_freq, int B, int T, int nh, int D);
 
-// ---- Causal grouped-query attention ----------------------------------------------------------
+// ---- Causal grouped-query attention (FlashAttention-2: no (B, H, T, T) buffer) ----------------
 // q (B, T, H, D), k and v (B, T, K, D), with H a multiple of K (query head h uses kv head h/(H/K)).
-// out (B, T, H, D); probs (B, H, T, T) saved softmax (upper triangle zero).
-void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
-                       int B, int T, int H, int K, int D);
-// Gradients of q, k, v (overwritten). scratch: B*H*T*T floats.
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* probs,
-                        const float* q, const float* k, const float* v, float* scratch, int B,
-                        int T, int H, int K, int D);
+// E in {float, bf16, f16}; statistics and math in fp32.
+// Queries and keys are processed in tiles of kAttnTile.
+inline constexpr int kAttnTile = 64;
+// out (B, T, H, D); lse (B, H, T) fp32: the per-row logsumexp of the scaled scores, saved for
+// backward.
+template <typename E>
+void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, int B, int T,
+                       int H, int K, int D);
+// fp32 elements of scratch attention_backward needs: B·H·T (Δ = rowsum(dO ∘ O)), plus B·T·H·D
+// for bf16 and f16 (dQ accumulated in fp32).
+template <typename E>
+size_t attention_backward_scratch_elems(int B, int T, int H, int D);
+// Gradients of q, k, v (overwritten) from dout and the forward's out and lse. Deterministic:
+// the same bits for any thread count.
+template <typename E>
+void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const float* lse,
+                        const E* q, const E* k, const E* v, float* scratch, int B, int T, int H,
+                        int K, int D);
 
 // ---- swiglu.cpp: SwiGLU, h = silu(g) * u --------------------------------------------------------
 // T: all of h, g, u (n).

@@ -1,12 +1,38 @@
-// Causal grouped-query attention with the score matrix materialised per (batch, head):
-//   S = Q Kᵀ / sqrt(D), P = softmax(S + causal mask), O = P V.
-// Backward (P saved):  dP = dO Vᵀ,  dS = P ∘ (dP − rowsum(dP ∘ P)),
-//   dQ = dS K / sqrt(D),  dK = Σ_heads dSᵀ Q / sqrt(D),  dV = Σ_heads Pᵀ dO.
-// Work is split over (batch, kv head) so the heads that share a kv head accumulate dK, dV in a
-// fixed order without races. The small per-head GEMMs run single-threaded inside the OpenMP loop.
+// Causal grouped-query attention, FlashAttention-2 (Dao 2023) on the CPU: nothing of size
+// (B, H, T, T) is ever stored.
+//
+// Forward, per (batch, head, query tile Q_i): for each key tile j on or below the diagonal,
+//   S = Q_i K_jᵀ / sqrt(D) (causal mask inside the diagonal tile),
+//   m' = max(m, rowmax S), P = exp(S − m'), l = l·exp(m − m') + rowsum P,
+//   O_i = O_i·exp(m − m') + P V_j;
+// then O_i /= l and lse_i = m + log l, the only statistic kept for backward. Key tiles entirely
+// above the diagonal are never visited.
+//
+// Backward, per (batch, kv head): Δ = rowsum(dO ∘ O) per query row; for each key tile j, for
+// each query head of the group and each query tile i that reaches it, recompute
+//   P = exp(S − lse), dV_j += Pᵀ dO_i, dP = dO_i V_jᵀ, dS = P ∘ (dP − Δ),
+//   dK_j += dSᵀ Q_i / sqrt(D), dQ_i += dS K_j / sqrt(D).
+// One thread owns a kv head and every query head that shares it, so dK, dV and dQ accumulate
+// in one fixed order without races or atomics: the results are the same bits run to run and
+// for any thread count.
+//
+// Element type E in {float, bf16, f16}: tiles are converted to fp32 scratch and all math is
+// fp32 (lse, Δ, the running max and sum included); each output element is rounded once. The
+// float instantiation reads its inputs in place. Per-thread tile scratch (a few tiles of
+// kAttnTile × max(D, kAttnTile) floats) lives for one parallel region; what grows with T (Δ,
+// and for a 16-bit type the fp32 dQ accumulator) is in the caller's scratch
+// (attention_backward_scratch_elems), so every large buffer comes from the Device.
+//
+// The tile GEMMs run single-threaded through the BLAS inside the OpenMP loop.
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
+#include "kernels/half.h"
 #include "kernels/kernels.h"
 
 namespace ft::kernels {
@@ -16,83 +42,260 @@ struct BlasSingleThread {
   BlasSingleThread() : saved(blas_threads()) { set_blas_threads(1); }
   ~BlasSingleThread() { set_blas_threads(saved); }
 };
+
+constexpr int kTile = kAttnTile;  // query rows and keys per tile
+
+// exp(x) for x ≤ 0 (scores minus a running max or the logsumexp), as Cephes' expf: x = n·ln 2 + r
+// with |r| ≤ ln 2 / 2, a degree-6 polynomial for e^r, 2^n put into the exponent bits; within
+// 1 ulp of std::exp (checked for every float in [−87, 1]). Written as plain arithmetic so that
+// GCC vectorises the loops that call it (std::exp is a scalar libm call per element, and the
+// backward takes as many exps as the forward). Inputs below −87.3 give ~1e-38 instead of a
+// subnormal or 0: no sum here notices.
+inline float exp_nonpositive(float x) {
+  // The backward's S − lse may round a little above 0; the upper clamp keeps 2^n in range
+  // whatever the input (NaN stays NaN through the polynomial).
+  x = std::min(std::max(x, -87.3f), 88.0f);
+  // n = round(x / ln 2): adding 1.5·2^23 rounds to an integer in the float unit (std::floor
+  // would stop GCC from vectorising the loop).
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = x - n * 0.693359375f;  // ln 2 in two parts, so n·ln2 is exact enough
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * std::bit_cast<float>((int32_t(n) + 127) << 23);
+}
+
+// Max of x[0, n), in 16 independent lanes so that it vectorises (a single running max is a
+// dependency chain the compiler may not reorder).
+inline float row_max(const float* x, int n, float init) {
+  float lane[16];
+  for (float& l : lane) l = init;
+  int c = 0;
+  for (; c + 16 <= n; c += 16)
+    for (int i = 0; i < 16; ++i) lane[i] = std::max(lane[i], x[c + i]);
+  for (; c < n; ++c) lane[0] = std::max(lane[0], x[c]);
+  float m = init;
+  for (float l : lane) m = std::max(m, l);
+  return m;
+}
+
+// x[c] = exp(x[c] − shift) for c < n; returns the sum (16 lanes, as row_max).
+inline float exp_shifted_sum(float* x, int n, float shift) {
+  for (int c = 0; c < n; ++c) x[c] = exp_nonpositive(x[c] - shift);
+  float lane[16] = {};
+  int c = 0;
+  for (; c + 16 <= n; c += 16)
+    for (int i = 0; i < 16; ++i) lane[i] += x[c + i];
+  for (; c < n; ++c) lane[0] += x[c];
+  float sum = 0.0f;
+  for (float l : lane) sum += l;
+  return sum;
+}
+
+// A (rows, D) tile at src (row stride ld) as fp32: in place for float, else converted into buf
+// (row stride D). Returns the pointer and sets ld_out.
+template <typename E>
+const float* tile_f32(const E* src, int rows, int D, int ld, float* buf, int& ld_out) {
+  if constexpr (std::is_same_v<E, float>) {
+    ld_out = ld;
+    return src;
+  } else {
+    for (int r = 0; r < rows; ++r)
+      for (int e = 0; e < D; ++e) buf[size_t(r) * D + e] = to_f32(src[size_t(r) * ld + e]);
+    ld_out = D;
+    return buf;
+  }
+}
 }  // namespace
 
-void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
-                       int B, int T, int H, int K, int D) {
+template <typename E>
+void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, int B, int T,
+                       int H, int K, int D) {
   const int group = H / K;
   const float scale = 1.0f / std::sqrt(float(D));
   const int ldq = H * D, ldk = K * D;
+  const int tiles = (T + kTile - 1) / kTile;
+  const size_t tD = size_t(kTile) * D;
   BlasSingleThread single;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int b = 0; b < B; ++b)
-    for (int kh = 0; kh < K; ++kh) {
-      const float* kb = k + size_t(b) * T * ldk + size_t(kh) * D;
-      const float* vb = v + size_t(b) * T * ldk + size_t(kh) * D;
-      for (int g = 0; g < group; ++g) {
-        int h = kh * group + g;
-        const float* qb = q + size_t(b) * T * ldq + size_t(h) * D;
-        float* P = probs + (size_t(b) * H + h) * T * T;
-        gemm_f32(false, true, T, T, D, scale, qb, ldq, kb, ldk, 0.0f, P, T);
-        for (int i = 0; i < T; ++i) {
-          float* row = P + size_t(i) * T;
-          float mx = -std::numeric_limits<float>::infinity();
-          for (int j = 0; j <= i; ++j) mx = row[j] > mx ? row[j] : mx;
-          float sum = 0.f;
-          for (int j = 0; j <= i; ++j) {
-            row[j] = std::exp(row[j] - mx);
-            sum += row[j];
+#pragma omp parallel
+  {
+    // Q, K, V tiles (16-bit only), the output accumulator, S/P, running max and sum.
+    std::vector<float> buf(4 * tD + size_t(kTile) * kTile + 2 * kTile);
+    float *qbuf = buf.data(), *kbuf = qbuf + tD, *vbuf = kbuf + tD, *acc = vbuf + tD;
+    float *S = acc + tD, *m = S + size_t(kTile) * kTile, *l = m + kTile;
+    // Query tile qi costs qi + 1 key tiles: the last tiles go first so a dynamic schedule ends
+    // evenly. Each work item writes its own rows of out and lse, so the order cannot matter.
+#pragma omp for collapse(3) schedule(dynamic)
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int rev = 0; rev < tiles; ++rev) {
+          const int qi = tiles - 1 - rev, i0 = qi * kTile, rows = std::min(kTile, T - i0);
+          const int kh = h / group;
+          int ldQ, ldK, ldV;
+          const float* Q = tile_f32(q + (size_t(b) * T + i0) * ldq + size_t(h) * D, rows, D, ldq,
+                                    qbuf, ldQ);
+          std::fill(acc, acc + size_t(rows) * D, 0.0f);
+          std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
+          std::fill(l, l + rows, 0.0f);
+          for (int j0 = 0; j0 < i0 + rows; j0 += kTile) {
+            const int cols = std::min(kTile, i0 + rows - j0);  // keys past the last row: masked
+            const size_t koff = (size_t(b) * T + j0) * ldk + size_t(kh) * D;
+            const float* Kt = tile_f32(k + koff, cols, D, ldk, kbuf, ldK);
+            const float* Vt = tile_f32(v + koff, cols, D, ldk, vbuf, ldV);
+            // S (rows, cols) = Q (rows, D) · Ktᵀ (D, cols) / sqrt(D)
+            gemm_f32(false, true, rows, cols, D, scale, Q, ldQ, Kt, ldK, 0.0f, S, kTile);
+            for (int r = 0; r < rows; ++r) {
+              float* s = S + size_t(r) * kTile;
+              const int n = std::min(cols, i0 + r - j0 + 1);  // keys j ≤ query i
+              if (n <= 0) {  // this row sees no key of the tile (above the diagonal)
+                std::fill(s, s + cols, 0.0f);
+                continue;
+              }
+              const float mx = row_max(s, n, m[r]);
+              const float alpha = std::exp(m[r] - mx);  // exp(−inf) = 0 on the first tile
+              const float sum = exp_shifted_sum(s, n, mx);
+              std::fill(s + n, s + cols, 0.0f);
+              l[r] = l[r] * alpha + sum;
+              m[r] = mx;
+              if (alpha != 1.0f) {
+                float* a = acc + size_t(r) * D;
+                for (int e = 0; e < D; ++e) a[e] *= alpha;
+              }
+            }
+            // acc (rows, D) += P (rows, cols) · Vt (cols, D)
+            gemm_f32(false, false, rows, D, cols, 1.0f, S, kTile, Vt, ldV, 1.0f, acc, D);
           }
-          float inv = 1.0f / sum;
-          for (int j = 0; j <= i; ++j) row[j] *= inv;
-          for (int j = i + 1; j < T; ++j) row[j] = 0.f;
+          for (int r = 0; r < rows; ++r) {
+            const float inv = 1.0f / l[r];
+            E* o = out + (size_t(b) * T + i0 + r) * ldq + size_t(h) * D;
+            const float* a = acc + size_t(r) * D;
+            for (int e = 0; e < D; ++e) o[e] = from_f32<E>(a[e] * inv);
+            lse[(size_t(b) * H + h) * T + i0 + r] = m[r] + std::log(l[r]);
+          }
         }
-        float* ob = out + size_t(b) * T * ldq + size_t(h) * D;
-        gemm_f32(false, false, T, D, T, 1.0f, P, T, vb, ldk, 0.0f, ob, ldq);
-      }
-    }
+  }
 }
 
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* probs,
-                        const float* q, const float* k, const float* v, float* scratch, int B,
-                        int T, int H, int K, int D) {
+template <typename E>
+size_t attention_backward_scratch_elems(int B, int T, int H, int D) {
+  // Δ (B, H, T); then, for 16-bit types, the dQ accumulator (B, T, H, D): dQ accumulates over
+  // key tiles and a 16-bit dq cannot hold the partial sums.
+  return size_t(B) * H * T + (std::is_same_v<E, float> ? 0 : size_t(B) * T * H * D);
+}
+
+template <typename E>
+void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const float* lse,
+                        const E* q, const E* k, const E* v, float* scratch, int B, int T, int H,
+                        int K, int D) {
   const int group = H / K;
   const float scale = 1.0f / std::sqrt(float(D));
   const int ldq = H * D, ldk = K * D;
+  const int tiles = (T + kTile - 1) / kTile;
+  const size_t tD = size_t(kTile) * D, tt = size_t(kTile) * kTile;
+  // Δ (B, H, T) and the dQ accumulator (B, T, H, D) fp32, which is dq itself for float.
+  float* const delta = scratch;
+  float* dqa;
+  if constexpr (std::is_same_v<E, float>) dqa = dq;
+  else dqa = scratch + size_t(B) * H * T;
   BlasSingleThread single;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int b = 0; b < B; ++b)
-    for (int kh = 0; kh < K; ++kh) {
-      const float* kb = k + size_t(b) * T * ldk + size_t(kh) * D;
-      const float* vb = v + size_t(b) * T * ldk + size_t(kh) * D;
-      float* dkb = dk + size_t(b) * T * ldk + size_t(kh) * D;
-      float* dvb = dv + size_t(b) * T * ldk + size_t(kh) * D;
-      for (int g = 0; g < group; ++g) {
-        int h = kh * group + g;
-        const float* qb = q + size_t(b) * T * ldq + size_t(h) * D;
-        const float* dob = dout + size_t(b) * T * ldq + size_t(h) * D;
-        float* dqb = dq + size_t(b) * T * ldq + size_t(h) * D;
-        const float* P = probs + (size_t(b) * H + h) * T * T;
-        float* dS = scratch + (size_t(b) * H + h) * T * T;
-        float beta = g == 0 ? 0.0f : 1.0f;  // first head of the group overwrites dK, dV
-        // dV (T, D) (+)= Pᵀ (T, T) · dO (T, D)
-        gemm_f32(true, false, T, D, T, 1.0f, P, T, dob, ldq, beta, dvb, ldk);
-        // dP (T, T) = dO (T, D) · Vᵀ (D, T)
-        gemm_f32(false, true, T, T, D, 1.0f, dob, ldq, vb, ldk, 0.0f, dS, T);
-        for (int i = 0; i < T; ++i) {
-          const float* pr = P + size_t(i) * T;
-          float* dr = dS + size_t(i) * T;
-          float dot = 0.f;
-          for (int j = 0; j <= i; ++j) dot += pr[j] * dr[j];
-          for (int j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot);
-          for (int j = i + 1; j < T; ++j) dr[j] = 0.f;
+#pragma omp parallel
+  {
+    // Q, dO, K, V tiles (16-bit only), dK and dV accumulators, P, dS.
+    std::vector<float> buf(6 * tD + 2 * tt);
+    float *qbuf = buf.data(), *dobuf = qbuf + tD, *kbuf = dobuf + tD, *vbuf = kbuf + tD;
+    float *dKa = vbuf + tD, *dVa = dKa + tD, *P = dVa + tD, *dS = P + tt;
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < B; ++b)
+      for (int kh = 0; kh < K; ++kh) {
+        // Δ = rowsum(dO ∘ O) of this group's heads; zero their rows of the dQ accumulator.
+        for (int g = 0; g < group; ++g) {
+          const int h = kh * group + g;
+          for (int t = 0; t < T; ++t) {
+            const size_t off = (size_t(b) * T + t) * ldq + size_t(h) * D;
+            float s = 0.0f;
+            for (int e = 0; e < D; ++e) s += to_f32(dout[off + e]) * to_f32(out[off + e]);
+            delta[(size_t(b) * H + h) * T + t] = s;
+            std::fill(dqa + off, dqa + off + D, 0.0f);
+          }
         }
-        // dQ (T, D) = dS (T, T) · K (T, D) · scale
-        gemm_f32(false, false, T, D, T, scale, dS, T, kb, ldk, 0.0f, dqb, ldq);
-        // dK (T, D) (+)= dSᵀ (T, T) · Q (T, D) · scale
-        gemm_f32(true, false, T, D, T, scale, dS, T, qb, ldq, beta, dkb, ldk);
+        for (int kj = 0; kj < tiles; ++kj) {
+          const int j0 = kj * kTile, cols = std::min(kTile, T - j0);
+          const size_t koff = (size_t(b) * T + j0) * ldk + size_t(kh) * D;
+          int ldK, ldV, ldQ, ldO;
+          const float* Kt = tile_f32(k + koff, cols, D, ldk, kbuf, ldK);
+          const float* Vt = tile_f32(v + koff, cols, D, ldk, vbuf, ldV);
+          std::fill(dKa, dKa + size_t(cols) * D, 0.0f);
+          std::fill(dVa, dVa + size_t(cols) * D, 0.0f);
+          for (int g = 0; g < group; ++g) {
+            const int h = kh * group + g;
+            const float* lse_h = lse + (size_t(b) * H + h) * T;
+            const float* delta_h = delta + (size_t(b) * H + h) * T;
+            // Query tiles from the one holding row j0 on: the tiles above see no key of this one.
+            for (int i0 = (j0 / kTile) * kTile; i0 < T; i0 += kTile) {
+              const int rows = std::min(kTile, T - i0);
+              const size_t qoff = (size_t(b) * T + i0) * ldq + size_t(h) * D;
+              const float* Q = tile_f32(q + qoff, rows, D, ldq, qbuf, ldQ);
+              const float* dO = tile_f32(dout + qoff, rows, D, ldq, dobuf, ldO);
+              // P (rows, cols) = exp(Q Ktᵀ / sqrt(D) − lse), 0 above the diagonal
+              gemm_f32(false, true, rows, cols, D, scale, Q, ldQ, Kt, ldK, 0.0f, P, kTile);
+              for (int r = 0; r < rows; ++r) {
+                float* p = P + size_t(r) * kTile;
+                const int n = std::clamp(i0 + r - j0 + 1, 0, cols);
+                const float m = lse_h[i0 + r];
+                for (int c = 0; c < n; ++c) p[c] = exp_nonpositive(p[c] - m);
+                std::fill(p + n, p + cols, 0.0f);
+              }
+              // dVa (cols, D) += Pᵀ (cols, rows) · dO (rows, D)
+              gemm_f32(true, false, cols, D, rows, 1.0f, P, kTile, dO, ldO, 1.0f, dVa, D);
+              // dP (rows, cols) = dO (rows, D) · Vtᵀ (D, cols); dS = P ∘ (dP − Δ)
+              gemm_f32(false, true, rows, cols, D, 1.0f, dO, ldO, Vt, ldV, 0.0f, dS, kTile);
+              for (int r = 0; r < rows; ++r) {
+                const float* p = P + size_t(r) * kTile;
+                float* ds = dS + size_t(r) * kTile;
+                const float dl = delta_h[i0 + r];
+                for (int c = 0; c < cols; ++c) ds[c] = p[c] * (ds[c] - dl);
+              }
+              // Position 0 sees one key: its softmax is the constant 1 and its gradient exactly
+              // 0 (as PyTorch's math path gives). dP − Δ would leave the rounding difference of
+              // two dot products ordered differently, which for T = 1 is the whole gradient.
+              if (i0 == 0) std::fill(dS, dS + cols, 0.0f);
+              // dKa (cols, D) += dSᵀ (cols, rows) · Q (rows, D) / sqrt(D)
+              gemm_f32(true, false, cols, D, rows, scale, dS, kTile, Q, ldQ, 1.0f, dKa, D);
+              // dQ (rows, D) += dS (rows, cols) · Kt (cols, D) / sqrt(D)
+              gemm_f32(false, false, rows, D, cols, scale, dS, kTile, Kt, ldK, 1.0f, dqa + qoff,
+                       ldq);
+            }
+          }
+          for (int c = 0; c < cols; ++c)
+            for (int e = 0; e < D; ++e) {
+              dk[koff + size_t(c) * ldk + e] = from_f32<E>(dKa[size_t(c) * D + e]);
+              dv[koff + size_t(c) * ldk + e] = from_f32<E>(dVa[size_t(c) * D + e]);
+            }
+        }
+        if constexpr (!std::is_same_v<E, float>)
+          for (int g = 0; g < group; ++g)
+            for (int t = 0; t < T; ++t) {
+              const size_t off = (size_t(b) * T + t) * ldq + size_t(kh * group + g) * D;
+              for (int e = 0; e < D; ++e) dq[off + e] = from_f32<E>(dqa[off + e]);
+            }
       }
-    }
+  }
 }
+
+#define FT_ATTENTION_INSTANTIATE(E)                                                              \
+  template void attention_forward<E>(E*, float*, const E*, const E*, const E*, int, int, int,   \
+                                     int, int);                                                  \
+  template size_t attention_backward_scratch_elems<E>(int, int, int, int);                       \
+  template void attention_backward<E>(E*, E*, E*, const E*, const E*, const float*, const E*,    \
+                                      const E*, const E*, float*, int, int, int, int, int);
+FT_ATTENTION_INSTANTIATE(float)
+FT_ATTENTION_INSTANTIATE(bf16)
+FT_ATTENTION_INSTANTIATE(f16)
+#undef FT_ATTENTION_INSTANTIATE
 
 }  // namespace ft::kernels

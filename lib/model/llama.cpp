@@ -21,7 +21,7 @@ struct LayerActs {
   DBuffer ln1;               // (N, C)
   Buffer<float> rstd1;       // (N)
   DBuffer q, kk, v;          // (N, H*D), (N, K*D), (N, K*D) — q and k after RoPE
-  Buffer<float> probs;       // (B, H, T, T)
+  Buffer<float> lse;         // (B, H, T) attention logsumexp per row, fp32
   DBuffer att;               // (N, H*D) attention output before o_proj
   DBuffer mid;               // (N, C) residual after attention
   DBuffer ln2;               // (N, C)
@@ -49,7 +49,7 @@ struct LlamaModel::Acts {
   DBuffer dresid, dtmp;              // (N, C)
   DBuffer dq, dk, dv, datt;          // (N, H*D), (N, K*D), (N, K*D), (N, H*D)
   DBuffer dg, du, dh;                // (N, F)
-  Buffer<float> dscores;             // (B, H, T, T)
+  Buffer<float> attn_scratch;        // Ops::attention_backward_scratch_elems, fp32
 };
 
 LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing,
@@ -229,7 +229,6 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
   }
   const size_t HD = size_t(H_) * layout_.head_dim();
   const size_t KD = size_t(K_) * layout_.head_dim();
-  const size_t S = size_t(B) * H_ * T * T;
   const int L = cfg_.n_layers;
   // Residual stream: resid[l] is layer l's input; only this stage's [first, last] exist.
   const DType ct = cdt_;
@@ -244,7 +243,7 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
     la.q = DBuffer(dev_, ct, N * HD);
     la.kk = DBuffer(dev_, ct, N * KD);
     la.v = DBuffer(dev_, ct, N * KD);
-    la.probs = Buffer<float>(dev_, S);
+    la.lse = Buffer<float>(dev_, size_t(B) * H_ * T);
     la.att = DBuffer(dev_, ct, N * HD);
     la.mid = DBuffer(dev_, ct, N * C);
     la.ln2 = DBuffer(dev_, ct, N * C);
@@ -276,7 +275,8 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
     a->dg = DBuffer(dev_, ct, N * F);
     a->du = DBuffer(dev_, ct, N * F);
     a->dh = DBuffer(dev_, ct, N * F);
-    a->dscores = Buffer<float>(dev_, S);
+    a->attn_scratch = Buffer<float>(
+        dev_, ops().attention_backward_scratch_elems(ct, B, T, H_, layout_.head_dim()));
   }
   cur = std::move(a);
   acts_ = cur.get();
@@ -311,8 +311,8 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   ops().linear_forward(st_, la.v.data(), la.ln1.data(), w + o.wv, N, C, K * D, false);
   ops().rope_forward(st_, la.q.data(), rope_inv_freq_.data(), B, T, H, D);
   ops().rope_forward(st_, la.kk.data(), rope_inv_freq_.data(), B, T, K, D);
-  ops().attention_forward(st_, la.att.data(), la.probs.data(), la.q.data(), la.kk.data(), la.v.data(), B,
-                       T, H, K, D);
+  ops().attention_forward(st_, la.att.data(), la.lse.data(), la.q.data(), la.kk.data(),
+                          la.v.data(), B, T, H, K, D);
   copy(la.mid.data(), x, size_t(N) * C);
   row_parallel_forward(la.mid.data(), la.att.data(), w + o.wo, N, H * D, C);
 
@@ -355,8 +355,9 @@ void LlamaModel::layer_backward(int l, int B, int T) {
 
   // Attention: mid = x + att·Woᵀ
   ops().linear_backward(st_, a.datt.data(), dw + o.wo, dy, la.att.data(), w + o.wo, N, H * D, C, false);
-  ops().attention_backward(st_, a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), la.probs.data(),
-                        la.q.data(), la.kk.data(), la.v.data(), a.dscores.data(), B, T, H, K, D);
+  ops().attention_backward(st_, a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(),
+                           la.att.data(), la.lse.data(), la.q.data(), la.kk.data(), la.v.data(),
+                           a.attn_scratch.data(), B, T, H, K, D);
   ops().rope_backward(st_, a.dq.data(), rope_inv_freq_.data(), B, T, H, D);
   ops().rope_backward(st_, a.dk.data(), rope_inv_freq_.data(), B, T, K, D);
   ops().linear_backward(st_, a.dtmp.data(), dw + o.wq, a.dq.data(), la.ln1.data(), w + o.wq, N, C, H * D, false);

@@ -95,9 +95,11 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
                       (tied ? 0 : V * C);
 
   // Activation elements of one slot (LlamaModel::ensure_acts, split per tensor rank).
-  const int64_t a_layer = 3 * N * C + 2 * N + 2 * N * HDt + 2 * N * KDt + B * Ht * S * S + 3 * N * Ft;
+  // Attention keeps only its per-row logsumexp (B·(H/T)·S fp32), not the (S, S) probabilities;
+  // its fp32 backward's scratch is Δ, B·(H/T)·S (kernels::attention_backward_scratch_elems).
+  const int64_t a_layer = 3 * N * C + 2 * N + 2 * N * HDt + 2 * N * KDt + B * Ht * S + 3 * N * Ft;
   const int64_t a_head = N * C + N + N * Vt;
-  const int64_t a_bwd = 2 * N * C + 2 * N * HDt + 2 * N * KDt + 3 * N * Ft + B * Ht * S * S;
+  const int64_t a_bwd = 2 * N * C + 2 * N * HDt + 2 * N * KDt + 3 * N * Ft + B * Ht * S;
   // Tensor parallelism, on every stage: a row-parallel layer's partial output (N·C), the
   // vocabulary-parallel cross-entropy's row max (N f32), sum-exp and target logit (N f64 each).
   const int64_t a_tp = T > 1 ? N * C + 5 * N : 0;
@@ -383,16 +385,16 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
                      : "4 B · m · [(L_p+1)·N·C + L_p·A_layer + [last]·A_head + A_tp + A_bwd] (each "
                        "slot: the stage's residual stream, its layers' activations, its own backward "
                        "scratch)"});
-  fm.push_back({"A_layer", "3·N·C + 2·N + 2·N·(H/T)·hd + 2·N·(KV/T)·hd + B·(H/T)·S² + 3·N·(F/T) "
-                           "(ln1, mid, ln2; two rstd; q, att; k, v; attention probabilities; gate, "
+  fm.push_back({"A_layer", "3·N·C + 2·N + 2·N·(H/T)·hd + 2·N·(KV/T)·hd + B·(H/T)·S + 3·N·(F/T) "
+                           "(ln1, mid, ln2; two rstd; q, att; k, v; attention logsumexp; gate, "
                            "up, silu(gate)·up)"});
   fm.push_back({"A_head", "N·C + N + N·(V/T) on the last stage (final norm, its rstd, logits)"});
   if (T > 1)
     fm.push_back({"A_tp", "N·C + 5·N when T > 1, on every stage (a row-parallel layer's partial "
                           "output before its all-reduce; the cross-entropy's row max f32, sum-exp "
                           "and target logit f64)"});
-  fm.push_back({"A_bwd", "2·N·C + 2·N·(H/T)·hd + 2·N·(KV/T)·hd + 3·N·(F/T) + B·(H/T)·S² "
-                         "(backward scratch)"});
+  fm.push_back({"A_bwd", "2·N·C + 2·N·(H/T)·hd + 2·N·(KV/T)·hd + 3·N·(F/T) + B·(H/T)·S "
+                         "(backward scratch; the last: attention's rowsum(dO ∘ O))"});
   const char* comm_formula[] = {
       "0 (gradients all-reduced in place)",
       "4 B · D·max_g s_g (all-gather buffer for the updated parameters; 0 when D = 1)",

@@ -151,27 +151,32 @@ class CpuOps final : public Ops {
       k::rope_backward(as<decltype(t)>(dx), inv_freq, B, T, nh, D);
     });
   }
-  void attention_forward(Stream, Ref out, float* probs, CRef q, CRef kk, CRef v, int B, int T,
+  void attention_forward(Stream, Ref out, float* lse, CRef q, CRef kk, CRef v, int B, int T,
                          int H, int K, int D) override {
-    same_dtype("attention_forward", {out.dtype, q.dtype, kk.dtype, v.dtype});
-    const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * K * D;
-    const F32 of(out, nq, false), qf(q, nq), kf(kk, nk), vf(v, nk);
-    k::attention_forward(of.get(), probs, qf.get(), kf.get(), vf.get(), B, T, H, K, D);
-    of.store(out);
+    dispatch(same_dtype("attention_forward", {out.dtype, q.dtype, kk.dtype, v.dtype}),
+             [&](auto t) {
+               using E = decltype(t);
+               k::attention_forward(as<E>(out), lse, as<E>(q), as<E>(kk), as<E>(v), B, T, H, K,
+                                    D);
+             });
   }
-  void attention_backward(Stream, Ref dq, Ref dk, Ref dv, CRef dout, const float* probs, CRef q,
-                          CRef kk, CRef v, float* scratch, int B, int T, int H, int K,
+  size_t attention_backward_scratch_elems(DType t, int B, int T, int H, int D) override {
+    size_t n = 0;
+    dispatch(t, [&](auto e) {
+      n = k::attention_backward_scratch_elems<decltype(e)>(B, T, H, D);
+    });
+    return n;
+  }
+  void attention_backward(Stream, Ref dq, Ref dk, Ref dv, CRef dout, CRef out, const float* lse,
+                          CRef q, CRef kk, CRef v, float* scratch, int B, int T, int H, int K,
                           int D) override {
-    same_dtype("attention_backward",
-               {dq.dtype, dk.dtype, dv.dtype, dout.dtype, q.dtype, kk.dtype, v.dtype});
-    const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * K * D;
-    const F32 dqf(dq, nq, false), dkf(dk, nk, false), dvf(dv, nk, false), df(dout, nq),
-        qf(q, nq), kf(kk, nk), vf(v, nk);
-    k::attention_backward(dqf.get(), dkf.get(), dvf.get(), df.get(), probs, qf.get(), kf.get(),
-                          vf.get(), scratch, B, T, H, K, D);
-    dqf.store(dq);
-    dkf.store(dk);
-    dvf.store(dv);
+    dispatch(same_dtype("attention_backward", {dq.dtype, dk.dtype, dv.dtype, dout.dtype,
+                                               out.dtype, q.dtype, kk.dtype, v.dtype}),
+             [&](auto t) {
+               using E = decltype(t);
+               k::attention_backward(as<E>(dq), as<E>(dk), as<E>(dv), as<E>(dout), as<E>(out),
+                                     lse, as<E>(q), as<E>(kk), as<E>(v), scratch, B, T, H, K, D);
+             });
   }
   void swiglu_forward(Stream, Ref h, CRef g, CRef u, size_t n) override {
     dispatch(same_dtype("swiglu_forward", {h.dtype, g.dtype, u.dtype}), [&](auto t) {

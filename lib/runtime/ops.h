@@ -85,12 +85,15 @@ class Ops {
   virtual void rope_backward(Stream s, Ref dx, const float* inv_freq, int B, int T, int nh,
                              int D) = 0;
 
-  // ---- Causal grouped-query attention ----
-  virtual void attention_forward(Stream s, Ref out, float* probs, CRef q, CRef k, CRef v, int B,
+  // ---- Causal grouped-query attention (FlashAttention-2): lse (B, H, T) fp32 per-row
+  // logsumexp saved by forward; backward recomputes the probabilities from q, k, out and lse.
+  virtual void attention_forward(Stream s, Ref out, float* lse, CRef q, CRef k, CRef v, int B,
                                  int T, int H, int K, int D) = 0;
-  virtual void attention_backward(Stream s, Ref dq, Ref dk, Ref dv, CRef dout, const float* probs,
-                                  CRef q, CRef k, CRef v, float* scratch, int B, int T, int H,
-                                  int K, int D) = 0;
+  // fp32 elements of the scratch attention_backward needs for this dtype and shape.
+  virtual size_t attention_backward_scratch_elems(DType t, int B, int T, int H, int D) = 0;
+  virtual void attention_backward(Stream s, Ref dq, Ref dk, Ref dv, CRef dout, CRef out,
+                                  const float* lse, CRef q, CRef k, CRef v, float* scratch,
+                                  int B, int T, int H, int K, int D) = 0;
 
   // ---- SwiGLU ----
   virtual void swiglu_forward(Stream s, Ref h, CRef g, CRef u, size_t n) = 0;

@@ -46,8 +46,8 @@ TEST_CASE("attention forward matches a plain loop; backward matches finite diffe
     CAPTURE(B); CAPTURE(T); CAPTURE(H); CAPTURE(K); CAPTURE(D);
     auto q = randn(size_t(B) * T * H * D, 1), kk = randn(size_t(B) * T * K * D, 2),
          v = randn(size_t(B) * T * K * D, 3), R = randn(size_t(B) * T * H * D, 4);
-    std::vector<float> out(q.size()), probs(size_t(B) * H * T * T);
-    k::attention_forward(out.data(), probs.data(), q.data(), kk.data(), v.data(), B, T, H, K, D);
+    std::vector<float> out(q.size()), lse(size_t(B) * H * T);
+    k::attention_forward(out.data(), lse.data(), q.data(), kk.data(), v.data(), B, T, H, K, D);
     // plain loop
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < H; ++h)
@@ -71,12 +71,13 @@ TEST_CASE("attention forward matches a plain loop; backward matches finite diffe
           }
         }
     // backward of L = Σ out ∘ R
-    std::vector<float> dq(q.size()), dk(kk.size()), dv(v.size()), scratch(probs.size());
-    k::attention_backward(dq.data(), dk.data(), dv.data(), R.data(), probs.data(), q.data(),
-                          kk.data(), v.data(), scratch.data(), B, T, H, K, D);
+    std::vector<float> dq(q.size()), dk(kk.size()), dv(v.size());
+    std::vector<float> scratch(k::attention_backward_scratch_elems<float>(B, T, H, D));
+    k::attention_backward(dq.data(), dk.data(), dv.data(), R.data(), out.data(), lse.data(),
+                          q.data(), kk.data(), v.data(), scratch.data(), B, T, H, K, D);
     auto loss = [&]() {
-      std::vector<float> o(q.size()), p(probs.size());
-      k::attention_forward(o.data(), p.data(), q.data(), kk.data(), v.data(), B, T, H, K, D);
+      std::vector<float> o(q.size()), l(lse.size());
+      k::attention_forward(o.data(), l.data(), q.data(), kk.data(), v.data(), B, T, H, K, D);
       return dot(o, R);
     };
     for (size_t i = 0; i < q.size(); i += 3) CHECK(dq[i] == doctest::Approx(fd(q, i, loss)).epsilon(2e-2).scale(1));

@@ -38,10 +38,11 @@ Recipe small(int zero = 0, bool tied = false) {
 }
 
 // Activations of the small model on one rank, elements:
-//   A_layer = 3·N·C 96 + 2·N 8 + 2·N·HD 64 + 2·N·KD 32 + B·H·S² 32 + 3·N·F 144 = 376
-//   kept = (L+1)·N·C 96 + L·A_layer 752 = 848; A_head = 32 + 4 + 40 = 76;
-//   A_bwd = 2·N·C 64 + 2·N·HD 64 + 2·N·KD 32 + 3·N·F 144 + B·H·S² 32 = 336
-constexpr int64_t kActs = 848 + 76 + 336;
+//   A_layer = 3·N·C 96 + 2·N 8 + 2·N·HD 64 + 2·N·KD 32 + attention lse B·H·S 8 + 3·N·F 144
+//           = 352
+//   kept = (L+1)·N·C 96 + L·A_layer 704 = 800; A_head = 32 + 4 + 40 = 76;
+//   A_bwd = 2·N·C 64 + 2·N·HD 64 + 2·N·KD 32 + 3·N·F 144 + attention's Δ B·H·S 8 = 312
+constexpr int64_t kActs = 800 + 76 + 312;
 
 }  // namespace
 
@@ -73,7 +74,22 @@ TEST_CASE("plan: activation checkpointing keeps layer inputs and one recomputed 
   Recipe r = small();
   r.training.activation_checkpointing = true;
   const RankPlan k = plan_memory(r, 1).ranks[0];
-  CHECK(k.activations.bytes == 4 * (96 + 376 + 76 + 336));
+  CHECK(k.activations.bytes == 4 * (96 + 352 + 76 + 312));
+}
+
+TEST_CASE("plan: activations are linear in seq_len (attention keeps no (S, S) buffer)") {
+  // Every activation term is a multiple of N = B·S or of B·S (the attention logsumexp), so
+  // doubling S doubles them exactly; an S² term (the probabilities FlashAttention dropped)
+  // would not.
+  for (bool ckpt : {false, true}) {
+    Recipe r = small();
+    r.training.activation_checkpointing = ckpt;
+    const int64_t a4 = plan_memory(r, 1).ranks[0].activations.bytes;
+    r.data.seq_len = 8;
+    CHECK(plan_memory(r, 1).ranks[0].activations.bytes == 2 * a4);
+    r.data.seq_len = 4096;
+    CHECK(plan_memory(r, 1).ranks[0].activations.bytes == 1024 * a4);
+  }
 }
 
 TEST_CASE("plan: ZeRO stages on 2 data ranks (even shards: 40, 248, 248, 44)") {
@@ -164,10 +180,10 @@ TEST_CASE("plan: tensor split (Megatron): heads, KV heads, MLP and vocabulary ov
   CHECK(k.param_elems == int64_t(ft::ParamLayout(r.model, 2).total_numel()));
   CHECK(k.params.bytes == 4 * (40 + 576 + 48));
   // Per tensor rank: HD = KD = 4, H = 1, F = 6, V = 5:
-  //   A_layer = 96 + 8 + 32 + 32 + 16 + 72 = 256; kept = 96 + 512 = 608;
+  //   A_layer = 96 + 8 + 32 + 32 + lse 4 + 72 = 244; kept = 96 + 488 = 584;
   //   A_head = 32 + 4 + 20 + cross-entropy statistics 5·4 = 76; A_tp = N·C = 32;
-  //   A_bwd = 64 + 32 + 32 + 72 + 16 = 216
-  CHECK(k.activations.bytes == 4 * (608 + 76 + 32 + 216));
+  //   A_bwd = 64 + 32 + 32 + 72 + Δ 4 = 204
+  CHECK(k.activations.bytes == 4 * (584 + 76 + 32 + 204));
   // M = 1: (4 per layer × 2 + embedding + lm_head input gradient) all-reduces of N·C·4 = 128 B,
   // of which a ring sends 2·(2−1)/2; cross-entropy: max 16 B, two f64 sums of 32 B.
   CHECK(k.sent_tensor.bytes == 10 * 128 + 16 + 2 * 32);
@@ -207,17 +223,17 @@ TEST_CASE("plan: uneven pipeline split, 1F1B activation slots, the tied embeddin
   CHECK(s1.holds.find("embedding 80") != std::string::npos);
   CHECK(s1.params.bytes == 4 * (80 + 2 * 496 + 8));
   CHECK(s1.optim.bytes == 8 * (80 + 2 * 496 + 8));
-  // Stage 0: min(P − 0, M) = 2 slots, each (3+1)·32 residual + 3·376 layers + 336 backward
-  // scratch = 1592; no head.
+  // Stage 0: min(P − 0, M) = 2 slots, each (3+1)·32 residual + 3·352 layers + 312 backward
+  // scratch = 1496; no head.
   CHECK(s0.slots == 2);
-  CHECK(s0.activations.bytes == 4 * 2 * 1592);
-  // Stage 1: one slot, (2+1)·32 + 2·376 + head 76 + 336 = 1260.
+  CHECK(s0.activations.bytes == 4 * 2 * 1496);
+  // Stage 1: one slot, (2+1)·32 + 2·352 + head 76 + 312 = 1188.
   CHECK(s1.slots == 1);
-  CHECK(s1.activations.bytes == 4 * 1260);
+  CHECK(s1.activations.bytes == 4 * 1188);
   // Receive buffer + M send buffers of N·C on both stages; nothing for ZeRO 0.
   CHECK(s0.comm_buffers.bytes == 4 * 5 * 32);
   CHECK(s1.comm_buffers.bytes == 4 * 5 * 32);
-  CHECK(s0.total_bytes == 4 * (1568 + 1568 + 2 * 1568) + 4 * 2 * 1592 + 4 * 160);
+  CHECK(s0.total_bytes == 4 * (1568 + 1568 + 2 * 1568) + 4 * 2 * 1496 + 4 * 160);
   // The whole model (80 + 5·496 + 8 = 2568) is built once and sliced.
   CHECK(p.model_params == 2568);
   CHECK(s0.startup_bytes == 4 * (2568 + 1568));
@@ -229,7 +245,7 @@ TEST_CASE("plan: uneven pipeline split, 1F1B activation slots, the tied embeddin
 
   // Activation checkpointing: each slot keeps the layer inputs and one recomputed layer.
   r.training.activation_checkpointing = true;
-  CHECK(plan_memory(r, 2).ranks[0].activations.bytes == 4 * 2 * (4 * 32 + 376 + 336));
+  CHECK(plan_memory(r, 2).ranks[0].activations.bytes == 4 * 2 * (4 * 32 + 352 + 312));
   r.training.activation_checkpointing = false;
 
   r.model.n_layers = 4;  // even: 2 + 2
@@ -251,8 +267,8 @@ TEST_CASE("plan: fewer micro-batches than stages: slots = min(P − p, M)") {
   CHECK(p.ranks[0].slots == 2);
   CHECK(p.ranks[1].slots == 2);
   CHECK(p.ranks[2].slots == 1);
-  // The middle stage: 2 × ((1+1)·32 + 376 + 336); receive + 2 send buffers.
-  CHECK(p.ranks[1].activations.bytes == 4 * 2 * (64 + 376 + 336));
+  // The middle stage: 2 × ((1+1)·32 + 352 + 312); receive + 2 send buffers.
+  CHECK(p.ranks[1].activations.bytes == 4 * 2 * (64 + 352 + 312));
   CHECK(p.ranks[1].comm_buffers.bytes == 4 * 3 * 32);
   CHECK(p.ranks[1].param_elems == 496);
   // Activations forward and gradients backward, 2 × 128 B each; 2 · R_3(8 B) = 2 · 10 B.
@@ -319,9 +335,9 @@ TEST_CASE("plan: rank layout rank = (d·P + p)·T + t") {
   CHECK(p.ranks[5].stage == 0);
   CHECK(p.ranks[5].data_rank == 1);
   // Tensor statistics on every stage: A_tp = N·C + 5·N = 52 per slot (one slot, M = 1).
-  // Stage 0: 3·32 residual + 2·256 layers + 52 + 216 backward scratch; stage 1: + A_head 56.
-  CHECK(p.ranks[0].activations.bytes == 4 * (96 + 512 + 52 + 216));
-  CHECK(p.ranks[2].activations.bytes == 4 * (96 + 512 + 56 + 52 + 216));
+  // Stage 0: 3·32 residual + 2·244 layers + 52 + 204 backward scratch; stage 1: + A_head 56.
+  CHECK(p.ranks[0].activations.bytes == 4 * (96 + 488 + 52 + 204));
+  CHECK(p.ranks[2].activations.bytes == 4 * (96 + 488 + 56 + 52 + 204));
   const auto roles = ft::plan_roles(p);
   REQUIRE(roles.size() == 2);  // one per pipeline stage
   CHECK(roles[0] == std::vector<int>{0, 1, 4, 5});
