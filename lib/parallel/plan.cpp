@@ -11,7 +11,7 @@
 namespace ft {
 namespace {
 
-constexpr int64_t kF32 = 4;  // bytes per element: this build trains in fp32
+constexpr int64_t kF32 = 4;  // bytes of an fp32 element: master weights, gradients, moments
 
 // 1234567 -> "1,234,567"
 std::string count(int64_t v) {
@@ -97,12 +97,27 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
   // Activation elements of one slot (LlamaModel::ensure_acts, split per tensor rank).
   // Attention keeps only its per-row logsumexp (B·(H/T)·S fp32), not the (S, S) probabilities;
   // its fp32 backward's scratch is Δ, B·(H/T)·S (kernels::attention_backward_scratch_elems).
-  const int64_t a_layer = 3 * N * C + 2 * N + 2 * N * HDt + 2 * N * KDt + B * Ht * S + 3 * N * Ft;
-  const int64_t a_head = N * C + N + N * Vt;
-  const int64_t a_bwd = 2 * N * C + 2 * N * HDt + 2 * N * KDt + 3 * N * Ft + B * Ht * S;
+  // The precision policy (DESIGN.md §5): activations and the parameters' compute copy take cb
+  // bytes an element (4 fp32, 2 bf16/fp16); statistics (RMSNorm rstd, attention logsumexp and
+  // backward scratch, cross-entropy) and everything of the optimizer stay fp32.
+  const std::string& prec = r.training.precision;
+  const int64_t cb = prec == "fp32" ? 4 : 2;
+  const bool mixed = cb != 4;
+  // Per slot, compute-dtype elements (…_c) and fp32 elements (…_f).
+  const int64_t a_layer_c = 3 * N * C + 2 * N * HDt + 2 * N * KDt + 3 * N * Ft;
+  const int64_t a_layer_f = 2 * N + B * Ht * S;  // rstd ×2, lse
+  const int64_t a_head_c = N * C + N * Vt, a_head_f = N;
+  const int64_t a_bwd_c = 2 * N * C + 2 * N * HDt + 2 * N * KDt + 3 * N * Ft;
+  // attention_backward's scratch: Δ (B, H, T), and with a 16-bit dtype dQ's fp32 accumulator.
+  const int64_t a_bwd_f = B * Ht * S + (mixed ? N * HDt : 0);
+  const int64_t a_layer = a_layer_c + a_layer_f, a_head = a_head_c + a_head_f;
+  const int64_t a_bwd = a_bwd_c + a_bwd_f;
   // Tensor parallelism, on every stage: a row-parallel layer's partial output (N·C), the
   // vocabulary-parallel cross-entropy's row max (N f32), sum-exp and target logit (N f64 each).
-  const int64_t a_tp = T > 1 ? N * C + 5 * N : 0;
+  // With a 16-bit dtype, also the fp32 copy its all-reduces sum in (N·C).
+  const int64_t a_tp_c = T > 1 ? N * C : 0;
+  const int64_t a_tp_f = T > 1 ? 5 * N + (mixed ? N * C : 0) : 0;
+  const int64_t a_tp = a_tp_c + a_tp_f;
 
   auto all_reduce = [&](int64_t bytes, int64_t ranks) { return 2 * (ranks - 1) * bytes / ranks; };
   const std::string mbs = std::to_string(M) + (M == 1 ? " micro-batch" : " micro-batches");
@@ -165,10 +180,21 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
 
     // Parameters, gradients, optimizer state.
     const std::string Ds = std::to_string(D);
-    if (zs >= 3)
+    if (!mixed && zs >= 3)
       rp.params = {kF32 * sum_s, "4 B × " + count(sum_s) + " (own shards, Σ ⌈n_g/" + Ds + "⌉)"};
-    else
+    else if (!mixed)
       rp.params = {kF32 * sum_n, "4 B × " + count(sum_n) + " (every element held)"};
+    else if (zs >= 3)  // fp32 master shards and their compute copy, both padded to s
+      rp.params = {(kF32 + cb) * sum_s, "(4 + " + std::to_string(cb) + ") B × " + count(sum_s) +
+                                            " (fp32 master shards and their " + prec +
+                                            " copy, Σ ⌈n_g/" + Ds + "⌉)"};
+    else if (zs >= 1)  // fp32 masters of the owned ranges; the compute copy of everything
+      rp.params = {kF32 * sum_own + cb * sum_n,
+                   "4 B × " + count(sum_own) + " fp32 masters of the owned ranges + " +
+                       std::to_string(cb) + " B × " + count(sum_n) + " " + prec + " copy"};
+    else
+      rp.params = {(kF32 + cb) * sum_n, "(4 + " + std::to_string(cb) + ") B × " + count(sum_n) +
+                                            " (fp32 masters and their " + prec + " copy)"};
     if (zs >= 2)
       rp.grads = {kF32 * sum_s, "4 B × " + count(sum_s) + " (own shards, Σ ⌈n_g/" + Ds + "⌉)"};
     else
@@ -188,6 +214,10 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
     const int64_t resid = (Lp + 1) * N * C;
     const int64_t head_acts = rp.head ? a_head : 0;
     const int64_t per_slot = resid + nsets * a_layer + head_acts + a_tp + a_bwd;
+    const int64_t per_slot_f = nsets * a_layer_f + (rp.head ? a_head_f : 0) + a_tp_f + a_bwd_f;
+    const int64_t per_slot_c = per_slot - per_slot_f;
+    // The micro-batch on the device: token ids (first stage), targets and mask (last stage).
+    const int64_t ids_bytes = (rp.embed ? 4 * N : 0) + (rp.head ? 5 * N : 0);
     {
       std::string h = "4 B × ";
       if (P > 1)
@@ -198,7 +228,11 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
       if (rp.head) h += " + " + count(a_head) + " final norm, logits";
       if (T > 1) h += " + " + count(a_tp) + " row-parallel partial output, cross-entropy statistics";
       h += " + " + count(a_bwd) + " backward scratch)";
-      rp.activations = {kF32 * rp.slots * per_slot, h};
+      if (mixed)
+        h += "; " + std::to_string(cb) + " B for the " + count(per_slot_c) + " " + prec +
+             " elements of a slot, 4 B for its " + count(per_slot_f) +
+             " fp32 ones (norm statistics, attention logsumexp and scratch)";
+      rp.activations = {rp.slots * (cb * per_slot_c + kF32 * per_slot_f + ids_bytes), h};
     }
 
     // Communication buffers on the device. ZeRO: the persistent all-gather buffer of stages 1/2,
@@ -206,11 +240,13 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
     // receive buffer and one send buffer per micro-batch (PipelineSchedule), N·C each.
     const int64_t persistent = (zs == 1 || zs == 2) && D > 1 ? D * max_s : 0;
     const int64_t pipe_bufs = P > 1 ? (M + 1) * N * C : 0;
-    int64_t transient = 0;
+    // Transient buffers in bytes: gathered parameters are in the compute dtype (cb), working
+    // gradients and reduce-scatter results fp32.
+    int64_t transient_bytes = 0;
     std::string worst;
-    auto phase = [&](int64_t elems, const std::string& what) {
-      if (elems > transient) {
-        transient = elems;
+    auto phase = [&](int64_t bytes, const std::string& what) {
+      if (bytes > transient_bytes) {
+        transient_bytes = bytes;
         worst = what;
       }
     };
@@ -226,38 +262,43 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
       // A group's working gradient (D·s) lives through its backward; the reduce-scatter result
       // (s) is allocated before it is freed.
       const std::string hs = tied_local ? " + the tied embedding's working gradient" : "";
-      if (gh) phase(D * gh->s + gh->s + (tied_head ? We : 0),
+      if (gh) phase(kF32 * (D * gh->s + gh->s + (tied_head ? We : 0)),
                     "the head's working gradient + its reduce-scatter result" +
                         std::string(tied_head ? " + the tied embedding's working gradient" : ""));
-      phase(Wl + sl + hold, "a layer's working gradient + its reduce-scatter result" + hs);
-      if (ge) phase(We + ge->s, "the embedding's working gradient + its reduce-scatter result");
+      phase(kF32 * (Wl + sl + hold),
+            "a layer's working gradient + its reduce-scatter result" + hs);
+      if (ge) phase(kF32 * (We + ge->s),
+                    "the embedding's working gradient + its reduce-scatter result");
     } else if (zs == 3) {
       // Gathered parameters (D·s) of the group running; in backward also its working gradient.
-      if (rp.embed) phase(We, "the gathered embedding");
-      if (gh) phase(2 * D * gh->s + (tied_head ? 2 * We : 0),
+      if (rp.embed) phase(cb * We, "the gathered embedding");
+      if (gh) phase((cb + kF32) * (D * gh->s + (tied_head ? We : 0)),
                     "the gathered head + its working gradient" +
                         std::string(tied_head ? " + the tied embedding gathered and its working gradient" : ""));
-      phase(2 * Wl + hold, "a gathered layer + its working gradient" +
-                               std::string(tied_local ? " + the tied embedding's working gradient" : ""));
-      if (ge) phase(We + ge->s, "the embedding's working gradient + its reduce-scatter result");
+      phase((cb + kF32) * Wl + kF32 * hold,
+            "a gathered layer + its working gradient" +
+                std::string(tied_local ? " + the tied embedding's working gradient" : ""));
+      if (ge) phase(kF32 * (We + ge->s),
+                    "the embedding's working gradient + its reduce-scatter result");
     }
     {
       std::string h;
-      if (persistent == 0 && transient == 0 && pipe_bufs == 0) {
+      if (persistent == 0 && transient_bytes == 0 && pipe_bufs == 0) {
         h = zs == 0 ? "none: gradients are all-reduced in place" : "none: one data rank";
       } else {
+        const std::string cbs = std::to_string(cb) + " B × ";
         std::vector<std::string> parts;
         if (persistent)
-          parts.push_back(count(persistent) + " all-gather buffer (" + Ds + " × max_g ⌈n_g/" + Ds + "⌉)");
-        if (transient) parts.push_back(count(transient) + " at most at once (" + worst + ")");
+          parts.push_back(cbs + count(persistent) + " all-gather buffer (" + Ds + " × max_g ⌈n_g/" +
+                          Ds + "⌉)");
+        if (transient_bytes)
+          parts.push_back(count(transient_bytes) + " B at most at once (" + worst + ")");
         if (pipe_bufs)
-          parts.push_back(count(pipe_bufs) + " pipeline buffers (a receive buffer and " +
+          parts.push_back(cbs + count(pipe_bufs) + " pipeline buffers (a receive buffer and " +
                           std::to_string(M) + " send buffers of N·C)");
-        h = "4 B × (";
         for (size_t i = 0; i < parts.size(); ++i) h += (i ? " + " : "") + parts[i];
-        h += ")";
       }
-      rp.comm_buffers = {kF32 * (persistent + transient + pipe_bufs), h};
+      rp.comm_buffers = {cb * (persistent + pipe_bufs) + transient_bytes, h};
     }
 
     rp.total_bytes = rp.params.bytes + rp.grads.bytes + rp.optim.bytes + rp.activations.bytes +
@@ -265,14 +306,28 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
     // Startup transients: with T > 1 or P > 1 the whole model is initialised once on every rank
     // and sliced; ZeRO-3 holds the full parameters and both shard sets until it drops the former.
     const int64_t slicing = T > 1 || P > 1 ? kF32 * (plan.model_params + sum_n) : 0;
-    const int64_t sharding = zs == 3 ? kF32 * (sum_n + 2 * sum_s) : 0;
-    rp.startup_bytes = std::max(slicing, sharding);
+    // ZeRO-3: the full fp32 parameters, the gradient shards and the fp32 master shards (and with
+    // a 16-bit dtype their compute copy) before the full parameters are dropped.
+    const int64_t sharding = zs == 3 ? kF32 * (sum_n + 2 * sum_s) + (mixed ? cb * sum_s : 0) : 0;
+    // 16-bit dtype at stages 0-2: the full fp32 parameters, the gradients, the fp32 masters,
+    // while the compute copy is made group by group (each fp32 group freed once converted).
+    int64_t max_n = 0;
+    for (const Group& g : groups) max_n = std::max(max_n, g.n);
+    const int64_t converting =
+        mixed && zs < 3
+            ? kF32 * sum_n + rp.grads.bytes + kF32 * (zs == 0 ? sum_n : sum_own) + cb * max_n
+            : 0;
+    rp.startup_bytes = std::max({slicing, sharding, converting});
     if (slicing >= sharding && slicing > 0)
       rp.startup_how = "4 B × (" + count(plan.model_params) + " whole model + " + count(sum_n) +
                        " this rank's part), while the whole model is initialised and sliced";
-    else if (sharding > 0)
-      rp.startup_how = "4 B × (" + count(sum_n) + " full + 2 × " + count(sum_s) +
-                       " shards), while ZeRO-3 shards the parameters";
+    else if (sharding >= converting && sharding > 0)
+      rp.startup_how = "4 B × (" + count(sum_n) + " full + 2 × " + count(sum_s) + " shards)" +
+                       (mixed ? " + " + std::to_string(cb) + " B × " + count(sum_s) : "") +
+                       ", while ZeRO-3 shards the parameters";
+    else if (converting > 0)
+      rp.startup_how = "fp32 parameters, gradients and masters + one group's " + prec +
+                       " copy, while the compute copy is made";
     rp.peak_bytes = std::max(rp.total_bytes, rp.startup_bytes);
 
     // Bytes sent per step.
@@ -441,7 +496,12 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
                                              "2·R_P(8 B): the loss and the gradient norm over the "
                                              "stages, R_P(b) = 2·(P−1)/P·b"});
 
-  plan.notes.push_back("fp32 throughout: 4 bytes per element.");
+  plan.notes.push_back(
+      r.training.precision == "fp32"
+          ? std::string("training.precision fp32: 4 bytes per element throughout.")
+          : "training.precision " + r.training.precision +
+                ": activations and the parameters' compute copy 2 bytes per element; fp32 "
+                "master weights, gradients, AdamW moments, norm and attention statistics 4.");
   plan.notes.push_back(
       "Only device-allocator memory is counted, as mem_peak_bytes counts it: the data loader, MPI "
       "and the process itself come on top.");

@@ -56,6 +56,14 @@ runs+=("tied_ckpt_z3:2:parallel.zero_stage=3 model.tie_embeddings=true training.
        "tensor2_pipe2:4:parallel.tensor=2 parallel.pipeline=2 model.n_layers=3"
        "pipe3_m2:3:parallel.pipeline=3 model.n_layers=4 training.global_batch_size=4"
        "data2_pipe2_tensor2_z3:8:parallel.tensor=2 parallel.pipeline=2 parallel.zero_stage=3 model.tie_embeddings=true")
+# The precision policy (fp32 masters, a 16-bit compute copy and activations): ZeRO 0 and 3, and
+# tensor x pipeline.
+for p in bf16 fp16; do
+  runs+=("${p}_z0:2:parallel.zero_stage=0 training.precision=$p"
+         "${p}_z3:2:parallel.zero_stage=3 training.precision=$p")
+done
+runs+=("bf16_z1:2:parallel.zero_stage=1 training.precision=bf16"
+       "bf16_tensor2_pipe2:4:parallel.tensor=2 parallel.pipeline=2 model.n_layers=3 training.precision=bf16")
 names=()
 for run in "${runs[@]}"; do
   IFS=: read -r name n overrides <<< "$run"; read -r -a ov <<< "$overrides"

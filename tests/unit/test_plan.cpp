@@ -43,6 +43,9 @@ Recipe small(int zero = 0, bool tied = false) {
 //   kept = (L+1)·N·C 96 + L·A_layer 704 = 800; A_head = 32 + 4 + 40 = 76;
 //   A_bwd = 2·N·C 64 + 2·N·HD 64 + 2·N·KD 32 + 3·N·F 144 + attention's Δ B·H·S 8 = 312
 constexpr int64_t kActs = 800 + 76 + 312;
+// Bytes of the micro-batch on the device per slot (N = 4): token ids on the first stage (4·N),
+// targets (4·N) and mask (N) on the last.
+constexpr int64_t kIdsFirst = 16, kIdsLast = 20, kIds = kIdsFirst + kIdsLast;
 
 }  // namespace
 
@@ -59,9 +62,9 @@ TEST_CASE("plan: one rank, no ZeRO: everything full, matching the parameter layo
     CHECK(k.params.bytes == 4 * n);
     CHECK(k.grads.bytes == 4 * n);
     CHECK(k.optim.bytes == 8 * n);
-    CHECK(k.activations.bytes == 4 * kActs);
+    CHECK(k.activations.bytes == 4 * kActs + kIds);
     CHECK(k.comm_buffers.bytes == 0);
-    CHECK(k.total_bytes == 4 * n + 4 * n + 8 * n + 4 * kActs);
+    CHECK(k.total_bytes == 4 * n + 4 * n + 8 * n + 4 * kActs + kIds);
     CHECK(k.peak_bytes == k.total_bytes);
     CHECK(k.sent_bytes == 0);
     CHECK(k.embed);
@@ -74,7 +77,7 @@ TEST_CASE("plan: activation checkpointing keeps layer inputs and one recomputed 
   Recipe r = small();
   r.training.activation_checkpointing = true;
   const RankPlan k = plan_memory(r, 1).ranks[0];
-  CHECK(k.activations.bytes == 4 * (96 + 352 + 76 + 312));
+  CHECK(k.activations.bytes == 4 * (96 + 352 + 76 + 312) + kIds);
 }
 
 TEST_CASE("plan: activations are linear in seq_len (attention keeps no (S, S) buffer)") {
@@ -183,7 +186,7 @@ TEST_CASE("plan: tensor split (Megatron): heads, KV heads, MLP and vocabulary ov
   //   A_layer = 96 + 8 + 32 + 32 + lse 4 + 72 = 244; kept = 96 + 488 = 584;
   //   A_head = 32 + 4 + 20 + cross-entropy statistics 5·4 = 76; A_tp = N·C = 32;
   //   A_bwd = 64 + 32 + 32 + 72 + Δ 4 = 204
-  CHECK(k.activations.bytes == 4 * (584 + 76 + 32 + 204));
+  CHECK(k.activations.bytes == 4 * (584 + 76 + 32 + 204) + kIds);
   // M = 1: (4 per layer × 2 + embedding + lm_head input gradient) all-reduces of N·C·4 = 128 B,
   // of which a ring sends 2·(2−1)/2; cross-entropy: max 16 B, two f64 sums of 32 B.
   CHECK(k.sent_tensor.bytes == 10 * 128 + 16 + 2 * 32);
@@ -226,14 +229,14 @@ TEST_CASE("plan: uneven pipeline split, 1F1B activation slots, the tied embeddin
   // Stage 0: min(P − 0, M) = 2 slots, each (3+1)·32 residual + 3·352 layers + 312 backward
   // scratch = 1496; no head.
   CHECK(s0.slots == 2);
-  CHECK(s0.activations.bytes == 4 * 2 * 1496);
+  CHECK(s0.activations.bytes == 2 * (4 * 1496 + kIdsFirst));
   // Stage 1: one slot, (2+1)·32 + 2·352 + head 76 + 312 = 1188.
   CHECK(s1.slots == 1);
-  CHECK(s1.activations.bytes == 4 * 1188);
+  CHECK(s1.activations.bytes == 4 * 1188 + kIdsLast);
   // Receive buffer + M send buffers of N·C on both stages; nothing for ZeRO 0.
   CHECK(s0.comm_buffers.bytes == 4 * 5 * 32);
   CHECK(s1.comm_buffers.bytes == 4 * 5 * 32);
-  CHECK(s0.total_bytes == 4 * (1568 + 1568 + 2 * 1568) + 4 * 2 * 1496 + 4 * 160);
+  CHECK(s0.total_bytes == 4 * (1568 + 1568 + 2 * 1568) + 2 * (4 * 1496 + kIdsFirst) + 4 * 160);
   // The whole model (80 + 5·496 + 8 = 2568) is built once and sliced.
   CHECK(p.model_params == 2568);
   CHECK(s0.startup_bytes == 4 * (2568 + 1568));
@@ -245,7 +248,7 @@ TEST_CASE("plan: uneven pipeline split, 1F1B activation slots, the tied embeddin
 
   // Activation checkpointing: each slot keeps the layer inputs and one recomputed layer.
   r.training.activation_checkpointing = true;
-  CHECK(plan_memory(r, 2).ranks[0].activations.bytes == 4 * 2 * (4 * 32 + 352 + 312));
+  CHECK(plan_memory(r, 2).ranks[0].activations.bytes == 2 * (4 * (4 * 32 + 352 + 312) + kIdsFirst));
   r.training.activation_checkpointing = false;
 
   r.model.n_layers = 4;  // even: 2 + 2
@@ -336,8 +339,8 @@ TEST_CASE("plan: rank layout rank = (d·P + p)·T + t") {
   CHECK(p.ranks[5].data_rank == 1);
   // Tensor statistics on every stage: A_tp = N·C + 5·N = 52 per slot (one slot, M = 1).
   // Stage 0: 3·32 residual + 2·244 layers + 52 + 204 backward scratch; stage 1: + A_head 56.
-  CHECK(p.ranks[0].activations.bytes == 4 * (96 + 488 + 52 + 204));
-  CHECK(p.ranks[2].activations.bytes == 4 * (96 + 488 + 56 + 52 + 204));
+  CHECK(p.ranks[0].activations.bytes == 4 * (96 + 488 + 52 + 204) + kIdsFirst);
+  CHECK(p.ranks[2].activations.bytes == 4 * (96 + 488 + 56 + 52 + 204) + kIdsLast);
   const auto roles = ft::plan_roles(p);
   REQUIRE(roles.size() == 2);  // one per pipeline stage
   CHECK(roles[0] == std::vector<int>{0, 1, 4, 5});
