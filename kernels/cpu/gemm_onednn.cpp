@@ -20,6 +20,9 @@
 // and accumulate flag. oneDNN's OpenMP threads are ft's (it reads omp_get_max_threads() at
 // each call, which the trainer sets from runtime.threads).
 #include <oneapi/dnnl/dnnl.hpp>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include <cstring>
 #include <map>
@@ -119,13 +122,37 @@ const GemmPrimitive& cached_primitive(const GemmKey& k) {
   return it->second;
 }
 
-// dst[i] = float(src[i]), exact.
+// dst[i] = float(src[i]), exact. One thread: the copies are a few percent of the GEMM's time
+// and an OpenMP team here would compete with OpenBLAS's pool, still spinning from the last call.
 template <typename T>
 void widen(std::vector<float>& dst, const T* src, size_t n) {
   if (dst.size() < n) dst.resize(n);
   float* d = dst.data();
-#pragma omp parallel for simd schedule(static) if (n > (1u << 16))
-  for (size_t i = 0; i < n; ++i) d[i] = to_f32(src[i]);
+  size_t i = 0;
+#if defined(__F16C__)
+  // vcvtph2ps gives the bits of to_f32 (it is exact), except that a signalling NaN comes back
+  // quiet; NaN stays NaN either way.
+  if constexpr (std::is_same_v<T, f16>)
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                  reinterpret_cast<const __m128i*>(src + i))));
+#endif
+  for (; i < n; ++i) d[i] = to_f32(src[i]);
+}
+
+// dst[i] = T(src[i]), round to nearest even.
+template <typename T>
+void narrow(T* dst, const float* src, size_t n) {
+  size_t i = 0;
+#if defined(__F16C__)
+  // vcvtps2ph with round-to-nearest-even: the same bits as to_f16, NaN and overflow included.
+  if constexpr (std::is_same_v<T, f16>)
+    for (; i + 8 <= n; i += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                       _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; ++i) dst[i] = from_f32<T>(src[i]);
 }
 
 // The fallback: the fp32 GEMM of the widened operands, then one rounding to the output type.
@@ -145,10 +172,9 @@ void gemm_via_f32(const GemmKey& k, const T* A, const T* B, Tc* C) {
   } else {
     if (k.accumulate) widen(c32, C, MN);
     else if (c32.size() < MN) c32.resize(MN);
-    float* c = c32.data();
-    gemm_f32(k.ta, k.tb, k.M, k.N, k.K, 1.0f, a32.data(), lda, b32.data(), ldb, beta, c, k.N);
-#pragma omp parallel for simd schedule(static) if (MN > (1u << 16))
-    for (size_t i = 0; i < MN; ++i) C[i] = from_f32<Tc>(c[i]);
+    gemm_f32(k.ta, k.tb, k.M, k.N, k.K, 1.0f, a32.data(), lda, b32.data(), ldb, beta,
+             c32.data(), k.N);
+    narrow(C, c32.data(), MN);
   }
 }
 
