@@ -24,6 +24,7 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -122,22 +123,19 @@ const GemmPrimitive& cached_primitive(const GemmKey& k) {
   return it->second;
 }
 
-// dst[i] = float(src[i]), exact. One thread: the copies are a few percent of the GEMM's time
-// and an OpenMP team here would compete with OpenBLAS's pool, still spinning from the last call.
+// dst[i] = float(src[i]), exact.
 template <typename T>
-void widen(std::vector<float>& dst, const T* src, size_t n) {
-  if (dst.size() < n) dst.resize(n);
-  float* d = dst.data();
+void widen(float* dst, const T* src, size_t n) {
   size_t i = 0;
 #if defined(__F16C__)
   // vcvtph2ps gives the bits of to_f32 (it is exact), except that a signalling NaN comes back
   // quiet; NaN stays NaN either way.
   if constexpr (std::is_same_v<T, f16>)
     for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(
-                                  reinterpret_cast<const __m128i*>(src + i))));
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                    reinterpret_cast<const __m128i*>(src + i))));
 #endif
-  for (; i < n; ++i) d[i] = to_f32(src[i]);
+  for (; i < n; ++i) dst[i] = to_f32(src[i]);
 }
 
 // dst[i] = T(src[i]), round to nearest even.
@@ -155,26 +153,54 @@ void narrow(T* dst, const float* src, size_t n) {
   for (; i < n; ++i) dst[i] = from_f32<T>(src[i]);
 }
 
-// The fallback: the fp32 GEMM of the widened operands, then one rounding to the output type.
-// Scratch is kept per thread (it grows to the largest shape seen: for the bench model's
-// vocabulary projection in f16, the fp32 copies of W and the logits, ~200 MB) because freeing
-// and refaulting it every call costs more than the widening.
+// The fallback: C (+)= op(A) · op(B) as fp32 GEMMs of widened tiles, then one rounding of each
+// C tile to the output type. Tiles of kTile³ bound the scratch to 3 MB per thread whatever the
+// shape (widening whole operands would hold ~200 MB of fp32 copies for the bench model's
+// vocabulary projection); re-widening A and B once per tile costs ~2/kTile conversions per
+// multiply-add, a few percent. K is tiled too, so a C tile stays in fp32 across all of K and is
+// rounded once. The widening runs on one thread: it is cheap, and an OpenMP team here would
+// compete with OpenBLAS's pool, still spinning from the last tile.
 template <typename T, typename Tc>
 void gemm_via_f32(const GemmKey& k, const T* A, const T* B, Tc* C) {
-  thread_local std::vector<float> a32, b32, c32;
-  const size_t MK = size_t(k.M) * k.K, KN = size_t(k.K) * k.N, MN = size_t(k.M) * k.N;
-  widen(a32, A, MK);
-  widen(b32, B, KN);
-  const int lda = k.ta ? k.M : k.K, ldb = k.tb ? k.K : k.N;
-  const float beta = k.accumulate ? 1.0f : 0.0f;
-  if constexpr (std::is_same_v<Tc, float>) {
-    gemm_f32(k.ta, k.tb, k.M, k.N, k.K, 1.0f, a32.data(), lda, b32.data(), ldb, beta, C, k.N);
-  } else {
-    if (k.accumulate) widen(c32, C, MN);
-    else if (c32.size() < MN) c32.resize(MN);
-    gemm_f32(k.ta, k.tb, k.M, k.N, k.K, 1.0f, a32.data(), lda, b32.data(), ldb, beta,
-             c32.data(), k.N);
-    narrow(C, c32.data(), MN);
+  constexpr int kTile = 512;
+  thread_local std::vector<float> a32(size_t(kTile) * kTile), b32(size_t(kTile) * kTile),
+      c32(size_t(kTile) * kTile);
+  for (int j0 = 0; j0 < k.N; j0 += kTile) {
+    const int nb = std::min(kTile, k.N - j0);
+    for (int i0 = 0; i0 < k.M; i0 += kTile) {
+      const int mb = std::min(kTile, k.M - i0);
+      // C tile (mb, nb): in place when C is fp32, else widened (accumulate) into c32.
+      float* c = c32.data();
+      int ldc = nb;
+      if constexpr (std::is_same_v<Tc, float>) {
+        c = C + size_t(i0) * k.N + j0;
+        ldc = k.N;
+      } else if (k.accumulate) {
+        for (int i = 0; i < mb; ++i) widen(c + size_t(i) * nb, C + size_t(i0 + i) * k.N + j0, nb);
+      }
+      for (int p0 = 0; p0 < k.K; p0 += kTile) {
+        const int kb = std::min(kTile, k.K - p0);
+        // op(A) tile (mb, kb): rows of A (M, K), or columns of A stored (K, M) when ta.
+        if (!k.ta)
+          for (int i = 0; i < mb; ++i)
+            widen(a32.data() + size_t(i) * kb, A + size_t(i0 + i) * k.K + p0, kb);
+        else
+          for (int p = 0; p < kb; ++p)
+            widen(a32.data() + size_t(p) * mb, A + size_t(p0 + p) * k.M + i0, mb);
+        // op(B) tile (kb, nb): B (K, N), or B stored (N, K) when tb.
+        if (!k.tb)
+          for (int p = 0; p < kb; ++p)
+            widen(b32.data() + size_t(p) * nb, B + size_t(p0 + p) * k.N + j0, nb);
+        else
+          for (int j = 0; j < nb; ++j)
+            widen(b32.data() + size_t(j) * kb, B + size_t(j0 + j) * k.K + p0, kb);
+        const float beta = (p0 > 0 || k.accumulate) ? 1.0f : 0.0f;
+        gemm_f32(k.ta, k.tb, mb, nb, kb, 1.0f, a32.data(), k.ta ? mb : kb, b32.data(),
+                 k.tb ? kb : nb, beta, c, ldc);
+      }
+      if constexpr (!std::is_same_v<Tc, float>)
+        for (int i = 0; i < mb; ++i) narrow(C + size_t(i0 + i) * k.N + j0, c + size_t(i) * nb, nb);
+    }
   }
 }
 

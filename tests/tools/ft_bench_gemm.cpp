@@ -3,7 +3,7 @@
 //
 //   ft_bench_gemm [THREADS=2] [REPEATS=5] [N=1024]
 //
-// For each shape (in → out) and op (forward y = x·Wᵀ, dx = dy·W, dW += dyᵀ·x) it prints the
+// Per shape (in → out) and op (forward y = x·Wᵀ, dx = dy·W, dW += dyᵀ·x) it prints the
 // best GFLOP/s of REPEATS timings (each ≥ 0.1 s of calls): the best, because other processes on
 // a shared machine only ever slow a run down. Then the cost of a first call (which creates the
 // oneDNN primitive) against a cached one, on a tiny shape where creation dominates.
