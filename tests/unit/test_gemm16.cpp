@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <string>
@@ -188,4 +189,10 @@ TEST_CASE("gemm_isa names the instruction set oneDNN dispatches to") {
   const std::string isa = k::gemm_isa();
   CHECK(isa != "unknown");
   CHECK(!isa.empty());
+  // tests/cli/test_gemm_isa.sh caps oneDNN with ONEDNN_MAX_CPU_ISA; the name follows the cap.
+  if (const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA")) {
+    CAPTURE(cap);
+    if (std::string(cap) == "AVX2") CHECK((isa == "avx2" || isa == "avx" || isa == "sse41"));
+    if (std::string(cap) == "AVX512_CORE") CHECK(isa.find("bf16") == std::string::npos);
+  }
 }
