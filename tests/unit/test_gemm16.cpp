@@ -16,6 +16,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -145,6 +146,33 @@ TEST_CASE_TEMPLATE("linear bf16/f16: forward and backward match fp32 on the same
   k::linear_forward(y1.data(), x.data(), W.data(), N, in, out);
   k::linear_forward(y2.data(), x.data(), W.data(), N, in, out);
   CHECK(widen(y1) == widen(y2));
+}
+
+TEST_CASE_TEMPLATE("linear bf16/f16: concurrent callers share the primitive cache", T, k::bf16,
+                   k::f16) {
+  // Two threads run the same new shapes at once (one creating what the other looks up); each
+  // result must equal the one computed alone.
+  const int shapes[][3] = {{5, 23, 17}, {23, 17, 5}, {17, 5, 23}};
+  std::vector<std::vector<T>> together(2 * 3);  // thread a: 0..2, thread b: 3..5
+  auto run = [&](int s, std::vector<T>& y) {
+    const int N = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+    const auto x = round_to<T>(uniform(size_t(N) * in, 30 + s));
+    const auto W = round_to<T>(uniform(size_t(out) * in, 40 + s));
+    y.assign(size_t(N) * out, T{});
+    k::linear_forward(y.data(), x.data(), W.data(), N, in, out);
+  };
+  {
+    std::thread a([&] { for (int s = 0; s < 3; ++s) run(s, together[s]); });
+    std::thread b([&] { for (int s = 2; s >= 0; --s) run(s, together[3 + s]); });
+    a.join();
+    b.join();
+  }
+  for (int s = 0; s < 3; ++s) {
+    std::vector<T> y;
+    run(s, y);
+    CHECK(widen(together[s]) == widen(y));
+    CHECK(widen(together[3 + s]) == widen(y));
+  }
 }
 
 TEST_CASE("linear f16 keeps f16's mantissa, overflows to inf, and propagates NaN") {
