@@ -19,6 +19,8 @@
 
 #include "kernels/half.h"
 
+#include "kernels/half.h"
+
 namespace ft::kernels {
 
 // ---- GEMM (BLAS) -----------------------------------------------------------------------------
@@ -26,13 +28,24 @@ namespace ft::kernels {
 void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
               int lda, const float* B, int ldb, float beta, float* C, int ldc);
 
-// Linear layer y = x · Wᵀ with W (out, in) row-major (the HF layout).
-// x (N, in), y (N, out). accumulate: y += instead of y =.
-void linear_forward(float* y, const float* x, const float* W, int N, int in, int out,
+// Linear layer y = x · Wᵀ with W (out, in) row-major (the HF layout), T in {float, bf16, f16}.
+// x (N, in), y (N, out). accumulate: y += instead of y =. Products are summed in fp32 and y is
+// rounded to T once (after the += when accumulating).
+// float: OpenBLAS sgemm (gemm.cpp), the reference. bf16, f16: oneDNN matmul (gemm_onednn.cpp).
+template <typename T>
+void linear_forward(T* y, const T* x, const T* W, int N, int in, int out,
                     bool accumulate = false);
-// dx (N, in) (+)= dy · W; dW (out, in) += dyᵀ · x. Either output may be null to skip it.
-void linear_backward(float* dx, float* dW, const float* dy, const float* x, const float* W,
-                     int N, int in, int out, bool accumulate_dx = false);
+// dx (N, in) (+)= dy · W, in T; dW (out, in) += dyᵀ · x, always fp32 (gradients are fp32 in
+// every precision). Either output may be null to skip it.
+template <typename T>
+void linear_backward(T* dx, float* dW, const T* dy, const T* x, const T* W, int N, int in,
+                     int out, bool accumulate_dx = false);
+template <>
+void linear_forward<float>(float* y, const float* x, const float* W, int N, int in, int out,
+                           bool accumulate);
+template <>
+void linear_backward<float>(float* dx, float* dW, const float* dy, const float* x,
+                            const float* W, int N, int in, int out, bool accumulate_dx);
 
 // ---- embedding.cpp: token embedding -------------------------------------------------------------
 // out (N, C) = table[ids[n] − v_begin] for ids in [v_begin, v_begin + v_count), zero rows for
@@ -171,4 +184,7 @@ const char* blas_kernel_name();
 // variable only when it loads, so the caller sets it and re-executes the process.
 const char* blas_better_coretype();
 void set_blas_threads(int n);
+// The instruction set oneDNN dispatches its bf16/f16 GEMMs to on this CPU (e.g.
+// "avx512_core_amx", "avx512_core_bf16", "avx2"; ONEDNN_MAX_CPU_ISA caps it).
+const char* gemm_isa();
 }  // namespace ft::kernels

@@ -1,4 +1,5 @@
-// GEMMs go through OpenBLAS; never a hand-written GEMM in the training path.
+// fp32 GEMMs go through OpenBLAS; never a hand-written GEMM in the training path. The bf16/f16
+// linear layers are in gemm_onednn.cpp.
 #include <cblas.h>
 
 #include <cstring>
@@ -13,14 +14,16 @@ void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
               M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-void linear_forward(float* y, const float* x, const float* W, int N, int in, int out,
-                    bool accumulate) {
+template <>
+void linear_forward<float>(float* y, const float* x, const float* W, int N, int in, int out,
+                           bool accumulate) {
   // y (N, out) = x (N, in) · Wᵀ (in, out)
   gemm_f32(false, true, N, out, in, 1.0f, x, in, W, in, accumulate ? 1.0f : 0.0f, y, out);
 }
 
-void linear_backward(float* dx, float* dW, const float* dy, const float* x, const float* W,
-                     int N, int in, int out, bool accumulate_dx) {
+template <>
+void linear_backward<float>(float* dx, float* dW, const float* dy, const float* x,
+                            const float* W, int N, int in, int out, bool accumulate_dx) {
   // dx (N, in) = dy (N, out) · W (out, in)
   if (dx) gemm_f32(false, false, N, in, out, 1.0f, dy, out, W, in, accumulate_dx ? 1.0f : 0.0f, dx, in);
   // dW (out, in) += dyᵀ (out, N) · x (N, in)

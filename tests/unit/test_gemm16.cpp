@@ -1,0 +1,226 @@
+// bf16 and f16 linear layers (oneDNN, or the widened-fp32 fallback) against the fp32 reference
+// (OpenBLAS) on the same rounded inputs, at awkward sizes, with and without accumulation.
+//
+// Tolerance, per output element, with r the fp32 reference and A = Σ|terms| (the same sum over
+// absolute values, including the accumulated old output):
+//   |out − r| ≤ u_T·|r| + (1 + u_T)·2K·2^-24·A
+// u_T·|r| is the single rounding of the output to T (round to nearest: half an ulp, u = 2^-8
+// for bf16's 8-bit significand, 2^-11 for f16's 11 bits); the second term bounds two fp32 sums
+// of K terms added in different orders (K·2^-24·A each, the classic worst case). dW is fp32, so
+// only the second term. A lost or doubled term moves a sum by about A/K, far above 2K·2^-24·A
+// for every K here (K ≤ 1408: 2K·2^-24 ≤ 1.7e-4, A/K ≥ 7e-4·A), so the tests can fail.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/half.h"
+#include "kernels/kernels.h"
+
+namespace k = ft::kernels;
+
+namespace {
+
+std::vector<float> uniform(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+template <typename T>
+std::vector<T> round_to(const std::vector<float>& v) {
+  std::vector<T> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = k::from_f32<T>(v[i]);
+  return r;
+}
+
+template <typename T>
+std::vector<float> widen(const std::vector<T>& v) {
+  std::vector<float> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = k::to_f32(v[i]);
+  return r;
+}
+
+std::vector<float> absolute(const std::vector<float>& v) {
+  std::vector<float> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = std::fabs(v[i]);
+  return r;
+}
+
+template <typename T>
+constexpr double unit_roundoff() {
+  return std::is_same_v<T, k::bf16> ? 0x1p-8 : 0x1p-11;
+}
+
+// Checks every element of out against ref within the tolerance above; abs_sum is A.
+void check_close(const std::vector<float>& out, const std::vector<float>& ref,
+                 const std::vector<float>& abs_sum, double u, int K, const std::string& what) {
+  CAPTURE(what);
+  double worst = 0;  // largest error / tolerance
+  size_t worst_i = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double tol =
+        u * std::fabs(ref[i]) + (1 + u) * 2.0 * K * 0x1p-24 * abs_sum[i] + 1e-30;
+    const double ratio = std::fabs(double(out[i]) - ref[i]) / tol;
+    if (!(ratio <= worst)) {  // NaN counts as the worst
+      worst = std::isnan(ratio) ? INFINITY : ratio;
+      worst_i = i;
+    }
+  }
+  CAPTURE(worst_i);
+  CAPTURE(out[worst_i]);
+  CAPTURE(ref[worst_i]);
+  CHECK(worst <= 1.0);
+}
+
+template <typename T>
+void check_linear(int N, int in, int out, bool accumulate, uint32_t seed) {
+  CAPTURE(N); CAPTURE(in); CAPTURE(out); CAPTURE(accumulate);
+  const double u = unit_roundoff<T>();
+  // Inputs rounded to T once; the reference sees exactly the same values in fp32.
+  const auto x = round_to<T>(uniform(size_t(N) * in, seed));      // (N, in)
+  const auto W = round_to<T>(uniform(size_t(out) * in, seed + 1));  // (out, in)
+  const auto dy = round_to<T>(uniform(size_t(N) * out, seed + 2));  // (N, out)
+  const auto y0 = round_to<T>(uniform(size_t(N) * out, seed + 3));  // (N, out) old y
+  const auto dx0 = round_to<T>(uniform(size_t(N) * in, seed + 4));  // (N, in) old dx
+  const auto dW0 = uniform(size_t(out) * in, seed + 5);             // (out, in) old dW, fp32
+  const auto x32 = widen(x), W32 = widen(W), dy32 = widen(dy);
+  const auto ax = absolute(x32), aW = absolute(W32), ady = absolute(dy32);
+
+  // forward: y (N, out) (+)= x · Wᵀ
+  std::vector<T> y = y0;
+  k::linear_forward(y.data(), x.data(), W.data(), N, in, out, accumulate);
+  std::vector<float> yr = accumulate ? widen(y0) : std::vector<float>(y.size());
+  std::vector<float> ya = absolute(yr);
+  k::linear_forward(yr.data(), x32.data(), W32.data(), N, in, out, accumulate);
+  k::linear_forward(ya.data(), ax.data(), aW.data(), N, in, out, accumulate);
+  check_close(widen(y), yr, ya, u, in, "y");
+
+  // backward: dx (N, in) (+)= dy · W in T; dW (out, in) += dyᵀ · x in fp32
+  std::vector<T> dx = dx0;
+  std::vector<float> dW = dW0;
+  k::linear_backward(dx.data(), dW.data(), dy.data(), x.data(), W.data(), N, in, out,
+                     accumulate);
+  std::vector<float> dxr = accumulate ? widen(dx0) : std::vector<float>(dx.size());
+  std::vector<float> dxa = absolute(dxr), dWr = dW0, dWa = absolute(dW0);
+  k::linear_backward(dxr.data(), dWr.data(), dy32.data(), x32.data(), W32.data(), N, in, out,
+                     accumulate);
+  k::linear_backward(dxa.data(), dWa.data(), ady.data(), ax.data(), aW.data(), N, in, out,
+                     accumulate);
+  check_close(widen(dx), dxr, dxa, u, out, "dx");
+  check_close(dW, dWr, dWa, 0.0, N, "dW");
+
+  // A null output is skipped, and the other one is the same as when both are computed.
+  std::vector<float> dW_only = dW0;
+  k::linear_backward<T>(nullptr, dW_only.data(), dy.data(), x.data(), W.data(), N, in, out);
+  CHECK(dW_only == dW);
+  std::vector<T> dx_only = dx0;
+  k::linear_backward(dx_only.data(), nullptr, dy.data(), x.data(), W.data(), N, in, out,
+                     accumulate);
+  CHECK(widen(dx_only) == widen(dx));
+}
+
+// (N, in, out): single elements, odd sizes each way round, and a bench-model MLP shape.
+const int kShapes[][3] = {{1, 1, 1},     {1, 19, 111}, {19, 111, 1},   {111, 19, 19},
+                          {19, 1, 111},  {7, 111, 19}, {64, 512, 1408}, {111, 1408, 19}};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("linear bf16/f16: forward and backward match fp32 on the same inputs", T,
+                   k::bf16, k::f16) {
+  uint32_t seed = 10;
+  for (const auto& s : kShapes)
+    for (bool acc : {false, true}) check_linear<T>(s[0], s[1], s[2], acc, seed += 10);
+  // The same shape again hits the primitive cache and must give the same bits.
+  const int N = 19, in = 111, out = 19;
+  const auto x = round_to<T>(uniform(size_t(N) * in, 1)), W = round_to<T>(uniform(out * in, 2));
+  std::vector<T> y1(N * out), y2(N * out);
+  k::linear_forward(y1.data(), x.data(), W.data(), N, in, out);
+  k::linear_forward(y2.data(), x.data(), W.data(), N, in, out);
+  CHECK(widen(y1) == widen(y2));
+}
+
+TEST_CASE_TEMPLATE("linear bf16/f16: concurrent callers share the primitive cache", T, k::bf16,
+                   k::f16) {
+  // Two threads run the same new shapes at once (one creating what the other looks up); each
+  // result must equal the one computed alone.
+  const int shapes[][3] = {{5, 23, 17}, {23, 17, 5}, {17, 5, 23}};
+  std::vector<std::vector<T>> together(2 * 3);  // thread a: 0..2, thread b: 3..5
+  auto run = [&](int s, std::vector<T>& y) {
+    const int N = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+    const auto x = round_to<T>(uniform(size_t(N) * in, 30 + s));
+    const auto W = round_to<T>(uniform(size_t(out) * in, 40 + s));
+    y.assign(size_t(N) * out, T{});
+    k::linear_forward(y.data(), x.data(), W.data(), N, in, out);
+  };
+  {
+    std::thread a([&] { for (int s = 0; s < 3; ++s) run(s, together[s]); });
+    std::thread b([&] { for (int s = 2; s >= 0; --s) run(s, together[3 + s]); });
+    a.join();
+    b.join();
+  }
+  for (int s = 0; s < 3; ++s) {
+    std::vector<T> y;
+    run(s, y);
+    CHECK(widen(together[s]) == widen(y));
+    CHECK(widen(together[3 + s]) == widen(y));
+  }
+}
+
+TEST_CASE("linear f16 keeps f16's mantissa, overflows to inf, and propagates NaN") {
+  // 1 + 2^-10 is exact in f16 but not in bf16 (it rounds to 1 there): an f16 GEMM that went
+  // through bf16 would lose it.
+  const float fine = 1.0f + 0x1p-10f;
+  std::vector<k::f16> x = {k::to_f16(fine), k::to_f16(300.0f), k::to_f16(NAN)};  // (3, 1)
+  std::vector<k::f16> W = {k::to_f16(1.0f)};                                     // (1, 1)
+  std::vector<k::f16> y(3);
+  k::linear_forward(y.data(), x.data(), W.data(), 3, 1, 1);
+  CHECK(k::to_f32(y[0]) == fine);
+  CHECK(k::to_f32(y[1]) == 300.0f);
+  CHECK(std::isnan(k::to_f32(y[2])));
+  // 300 · 300 = 90000 > 65504: inf, as torch.half gives, so fp16 loss scaling sees the overflow.
+  W[0] = k::to_f16(300.0f);
+  k::linear_forward(y.data(), x.data(), W.data(), 3, 1, 1);
+  CHECK(std::isinf(k::to_f32(y[1])));
+  // dW is fp32: the same product does not overflow there.
+  std::vector<float> dW = {0.0f};
+  std::vector<k::f16> dy = {k::to_f16(0.0f), k::to_f16(300.0f), k::to_f16(0.0f)};  // (3, 1)
+  x[2] = k::to_f16(0.0f);
+  k::linear_backward<k::f16>(nullptr, dW.data(), dy.data(), x.data(), W.data(), 3, 1, 1);
+  CHECK(dW[0] == 90000.0f);
+}
+
+TEST_CASE("linear bf16 propagates NaN and inf into every output they touch") {
+  const int N = 3, in = 19, out = 5;
+  auto x = round_to<k::bf16>(uniform(N * in, 7));
+  const auto W = round_to<k::bf16>(uniform(out * in, 8));
+  x[1 * in + 4] = k::to_bf16(NAN);        // row 1 of y is all NaN
+  x[2 * in + 0] = k::to_bf16(INFINITY);  // row 2 is ±inf or NaN, never finite
+  std::vector<k::bf16> y(N * out);
+  k::linear_forward(y.data(), x.data(), W.data(), N, in, out);
+  for (int o = 0; o < out; ++o) {
+    CHECK(std::isfinite(k::to_f32(y[0 * out + o])));
+    CHECK(std::isnan(k::to_f32(y[1 * out + o])));
+    CHECK(!std::isfinite(k::to_f32(y[2 * out + o])));
+  }
+}
+
+TEST_CASE("gemm_isa names the instruction set oneDNN dispatches to") {
+  const std::string isa = k::gemm_isa();
+  CHECK(isa != "unknown");
+  CHECK(!isa.empty());
+  // tests/cli/test_gemm_isa.sh caps oneDNN with ONEDNN_MAX_CPU_ISA; the name follows the cap.
+  if (const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA")) {
+    CAPTURE(cap);
+    if (std::string(cap) == "AVX2") CHECK((isa == "avx2" || isa == "avx" || isa == "sse41"));
+    if (std::string(cap) == "AVX512_CORE") CHECK(isa.find("bf16") == std::string::npos);
+  }
+}
