@@ -1,5 +1,6 @@
 // The CPU backend's ops: each forwards to its kernel in kernels/cpu/ (the reference
-// implementation). The stream is ignored: every kernel has finished when it returns.
+// implementation), the instance for the tensors' element type (float, bf16 or f16). The stream
+// is ignored: every kernel has finished when it returns.
 #include "runtime/cpu_ops.h"
 
 #include <cstring>
@@ -51,32 +52,6 @@ void convert_any(Ref dst, CRef src, size_t n) {
   }
 }
 
-// The fp32 image of a tensor for an fp32 kernel: the tensor itself in fp32; for a 16-bit tensor
-// a host copy converted exactly (load) and rounded back once after the kernel (store). This is
-// the 16-bit path of every op that has no 16-bit kernel of its own yet: fp32 math, one rounding
-// on store, as the 16-bit kernels do.
-class F32 {
- public:
-  F32(CRef r, size_t n, bool load = true) : n_(n) {
-    if (r.dtype == DType::kF32 || !r.ptr) {
-      p_ = static_cast<float*>(const_cast<void*>(r.ptr));
-      return;
-    }
-    buf_.resize(n);
-    if (load) convert_any(buf_.data(), r, n);
-    p_ = buf_.data();
-  }
-  float* get() const { return p_; }
-  void store(Ref r) const {
-    if (!buf_.empty() && r.ptr) convert_any(r, buf_.data(), n_);
-  }
-
- private:
-  std::vector<float> buf_;
-  float* p_ = nullptr;
-  size_t n_;
-};
-
 // Calls f with a value of the element type t stands for (float, bf16 or f16).
 template <typename F>
 void dispatch(DType t, F&& f) {
@@ -96,19 +71,20 @@ class CpuOps final : public Ops {
  public:
   void linear_forward(Stream, Ref y, CRef x, CRef W, int N, int in, int out,
                       bool accumulate) override {
-    same_dtype("linear_forward", {y.dtype, x.dtype, W.dtype});
-    const F32 yf(y, size_t(N) * out, accumulate), xf(x, size_t(N) * in), wf(W, size_t(out) * in);
-    k::linear_forward(yf.get(), xf.get(), wf.get(), N, in, out, accumulate);
-    yf.store(y);
+    dispatch(same_dtype("linear_forward", {y.dtype, x.dtype, W.dtype}), [&](auto t) {
+      using T = decltype(t);
+      k::linear_forward<T>(as<T>(y), as<T>(x), as<T>(W), N, in, out, accumulate);
+    });
   }
   void linear_backward(Stream, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N, int in,
                        int out, bool accumulate_dx) override {
-    same_dtype("linear_backward", {dx.ptr ? dx.dtype : dy.dtype, dy.dtype, x.dtype, W.dtype});
-    const F32 dxf(dx, size_t(N) * in, accumulate_dx), dyf(dy, size_t(N) * out);
-    const F32 xf(dW ? x : CRef(nullptr, x.dtype), size_t(N) * in);
-    const F32 wf(dx.ptr ? W : CRef(nullptr, W.dtype), size_t(out) * in);
-    k::linear_backward(dxf.get(), dW, dyf.get(), xf.get(), wf.get(), N, in, out, accumulate_dx);
-    dxf.store(dx);
+    dispatch(same_dtype("linear_backward",
+                        {dx.ptr ? dx.dtype : dy.dtype, dy.dtype, x.dtype, W.dtype}),
+             [&](auto t) {
+               using T = decltype(t);
+               k::linear_backward<T>(as<T>(dx), dW, as<T>(dy), as<T>(x), as<T>(W), N, in, out,
+                                     accumulate_dx);
+             });
   }
   void embedding_forward(Stream, Ref out, const int32_t* ids, CRef table, int N, int C,
                          int v_begin, int v_count) override {
