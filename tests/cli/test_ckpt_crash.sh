@@ -13,8 +13,9 @@
 # sequence of trials (the seed is printed).
 # Then, when strace can inject faults here: SIGKILL at each file removal of keep_last's clean-up
 # never leaves a folder with COMPLETE and a shard gone.
-# FT_CRASH_PRECISION (default fp32) sets training.precision; FT_CRASH_TRIALS (default 12) the
-# number of trials; FT_CRASH_KEEP_LAST=0 skips the keep_last part.
+# FT_CRASH_PRECISION (default fp32) sets training.precision, FT_CRASH_TRAINING adds training
+# keys ("loss_scale_window: 3"); FT_CRASH_TRIALS (default 12) the number of trials;
+# FT_CRASH_KEEP_LAST=0 skips the keep_last part.
 #   bash tests/cli/test_ckpt_crash.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
@@ -38,7 +39,7 @@ run: {name: crash, output_dir: $tmp/out, seed: 7}
 model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 40, vocab_size: 64, max_seq_len: 16}
 data: {train: $tmp/data, valid: $tmp/valid, seq_len: 12, shuffle: true}
 training: {steps: $steps, micro_batch_size: 2, global_batch_size: 8, grad_clip: 0.3, eval_every_steps: 4, eval_batches: 2,
-           precision: ${FT_CRASH_PRECISION:-fp32}}
+           precision: ${FT_CRASH_PRECISION:-fp32}${FT_CRASH_TRAINING:+, $FT_CRASH_TRAINING}}
 optimizer: {lr: 0.01, weight_decay: 0.1}
 scheduler: {name: cosine, warmup_steps: 3}
 checkpoint: {every_steps: 1, keep_last: 3}
@@ -69,7 +70,7 @@ def last_per_step(path):
     out = {}
     for line in open(path):
         j = json.loads(line)
-        for key in ("loss", "grad_norm", "eval_loss"):
+        for key in ("loss", "grad_norm", "eval_loss", "loss_scale", "skipped"):
             if key in j:
                 out[(j["step"], key)] = j[key]
     return out
@@ -81,6 +82,18 @@ PY
 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/ref1" > "$tmp/ref1.log" 2>&1 || fail "reference run: $(tail -3 "$tmp/ref1.log")"
 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/ref2" --nproc 2 > "$tmp/ref2.log" 2>&1 \
   || fail "reference run --nproc 2: $(tail -3 "$tmp/ref2.log")"
+
+# fp16 with a forced overflow: the reference runs did skip that step and changed the scale later.
+if [[ ${FT_CRASH_PRECISION:-fp32} == fp16 && -n ${FT_TEST_NAN_GRAD_AT_STEP:-} ]]; then
+  /usr/bin/python3 - "$tmp/ref1/metrics.jsonl" "$FT_TEST_NAN_GRAD_AT_STEP" <<'PY' \
+    || fail "the fp16 reference run did not skip the overflowing step"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+skipped = [l["step"] for l in lines if l.get("skipped")]
+assert skipped == [int(sys.argv[2])], skipped
+assert len({l["loss_scale"] for l in lines}) > 1, "the loss scale never changed"
+PY
+fi
 
 # One trial: NPROC (1 or 2), ASYNC (true/false), VICTIM (rank0, rank1, mpirun or process).
 trials=0
