@@ -664,9 +664,9 @@ void crash_test_hooks(int64_t step, int rank) {
       last.empty()
           ? std::string("no checkpoint of this run to resume from")
           : "the last good checkpoint is " + last + " (the same command resumes from it)",
-      res.scaler_stop.empty()
+      res.scaler_stop.empty()  // the scaler's reason has its own hint
           ? "; try a lower optimizer.lr, more scheduler.warmup_steps or training.grad_clip"
-          : "; try a lower optimizer.lr, or training.precision: bf16 (fp32's range)"));
+          : ""));
 }
 
 void print_summary(const Recipe& r, const TrainSummary& sum, int64_t last_saved) {

@@ -115,6 +115,40 @@ echo "one process, NaN gradient: exit 1 at step 5, step_4 kept, resumed == unbro
 broken loss1 FT_TEST_NAN_LOSS_AT_STEP=5 'the loss is nan \(every gradient element is finite\)'
 echo "one process, NaN loss: exit 1 at step 5, step_4 kept"
 
+# bf16 (the precision policy): the same stop, and the resume is exact there too.
+"$ft" train "$tmp/r.yaml" run.output_dir="$tmp/ref_bf16" training.precision=bf16 \
+  > "$tmp/ref_bf16.log" 2>&1 || fail "bf16 reference: $(tail -3 "$tmp/ref_bf16.log")"
+broken grad_bf16 FT_TEST_NAN_GRAD_AT_STEP=5 \
+  'the gradient norm is nan \(first non-finite gradient: model.embed_tokens.weight in embed\)' \
+  training.precision=bf16
+resumed grad_bf16 ref_bf16 training.precision=bf16
+echo "bf16, NaN gradient: exit 1 at step 5, step_4 kept, resumed == unbroken"
+
+# fp16: an overflow skips the step instead (nothing updated; the run goes on), and
+# training.max_skipped_steps consecutive skips stop the run like a non-finite step: a static
+# scale of 2^32 overflows fp16 in every backward, so steps 1-3 are skipped and step 3 stops it.
+rc=0
+"$ft" train "$tmp/r.yaml" run.output_dir="$tmp/fp16" training.precision=fp16 \
+  training.loss_scale=4294967296 training.max_skipped_steps=3 checkpoint.every_steps=1 \
+  > "$tmp/fp16.log" 2> "$tmp/fp16.err" || rc=$?
+[[ $rc == 1 ]] || fail "fp16 skips: exit $rc: $(tail -3 "$tmp/fp16.err")"
+[[ $(grep -c 'step skipped' "$tmp/fp16.err") == 2 ]] || fail "fp16: two skip warnings expected: $(cat "$tmp/fp16.err")"
+want="^ft: error: step 3: 3 consecutive steps skipped for gradient overflow (training.max_skipped_steps 3)"
+grep -q "$want" "$tmp/fp16.err" || fail "fp16 skips: message: $(cat "$tmp/fp16.err")"
+grep -q "the last good checkpoint is $tmp/fp16/checkpoints/step_00000002 " "$tmp/fp16.err" \
+  || fail "fp16 skips: last good checkpoint: $(cat "$tmp/fp16.err")"
+/usr/bin/python3 - "$tmp/fp16/metrics.jsonl" <<'PY' || fail "fp16 skips: metrics"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
+assert [l["step"] for l in lines] == [1, 2], lines
+assert all(l["skipped"] and l["grad_norm"] is None and l["loss_scale"] == 2.0**32 for l in lines), lines
+PY
+# Nothing was applied: the step_2 checkpoint's weights are the initial ones (step_1's too).
+cmp -s "$tmp/fp16/checkpoints/step_00000001/rank_00000.bin" \
+  "$tmp/fp16/checkpoints/step_00000002/rank_00000.bin" \
+  || fail "fp16 skips: a skipped step changed the saved state"
+echo "fp16, every step overflowing: steps skipped, nothing applied, exit 1 at max_skipped_steps"
+
 # A real divergence, no hook: lr 1e30 makes step 1's update overflow the forward of step 2.
 rc=0
 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/lr" optimizer.lr=1e30 scheduler.warmup_steps=0 \
