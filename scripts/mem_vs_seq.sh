@@ -4,7 +4,7 @@
 # seq_len. With FlashAttention (no (B, H, T, T) buffers) both grow linearly in T. Not a test:
 # seconds to a minute per length on 2 cores.
 #   scripts/mem_vs_seq.sh [--ft BUILD/ft] [--seq "512 1024 2048 4096"] [KEY=VALUE ...]
-# KEY=VALUE are recipe overrides (e.g. training.precision=bf16 once it exists).
+# KEY=VALUE are recipe overrides (e.g. training.precision=bf16).
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 ft="$src/build/ft"
