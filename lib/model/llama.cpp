@@ -154,12 +154,6 @@ std::vector<Buffer<float>>& LlamaModel::grads() {
 
 LlamaModel::~LlamaModel() = default;
 
-std::vector<float*> LlamaModel::param_ptrs() {
-  std::vector<float*> p;
-  for (auto& b : params_) p.push_back(b.data());
-  return p;
-}
-
 std::vector<std::vector<float>> LlamaModel::params_to_host() const {
   std::vector<std::vector<float>> host(params_.size());
   for (size_t g = 0; g < params_.size(); ++g) {

@@ -68,7 +68,6 @@ class LlamaModel {
     params_.clear();
     compute_params_.clear();
   }
-  std::vector<float*> param_ptrs();  // device pointers, one per group (null: not held)
   // Host copies of the parameter groups (empty for groups this stage does not hold), and back:
   // for loading and slicing weights at startup, which happens on the host.
   std::vector<std::vector<float>> params_to_host() const;

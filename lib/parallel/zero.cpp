@@ -267,9 +267,13 @@ float* ZeroSharding::grads(int group) {
 
 void ZeroSharding::grads_ready(int group) {
   const size_t g = size_t(group), s = shard_[g];
-  Buffer<float> mine(dev_, s);
-  comm_.reduce_scatter_sum(working_grads_[g].data(), mine.data(), s);
-  dev_->ops().add(dev_->stream(), grad_shards_[g].data(), mine.data(), s);
+  if (D_ == 1) {  // the working gradient is the whole shard: no collective to go through
+    dev_->ops().add(dev_->stream(), grad_shards_[g].data(), working_grads_[g].data(), s);
+  } else {
+    Buffer<float> mine(dev_, s);
+    comm_.reduce_scatter_sum(working_grads_[g].data(), mine.data(), s);
+    dev_->ops().add(dev_->stream(), grad_shards_[g].data(), mine.data(), s);
+  }
   working_grads_[g] = Buffer<float>();  // freed: at most the groups in flight are full size
 }
 

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "runtime/cpu_ops.h"
+#include "runtime/guard_device.h"
 #include "runtime/device.h"
 
 namespace ft {
@@ -53,7 +54,12 @@ class CpuDevice final : public Device {
 std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
 
 std::unique_ptr<Device> make_device(const std::string& spec) {
-  if (spec == "cpu" || spec == "auto") return make_cpu_device();
+  if (spec == "cpu" || spec == "auto") {
+    // Test support (runtime/guard_device.h): device memory the host cannot touch.
+    if (const char* g = std::getenv("FT_TEST_GUARD_DEVICE"); g && std::string(g) == "1")
+      return make_guard_device();
+    return make_cpu_device();
+  }
   if (spec == "cuda")
     throw UsageError(
         "runtime.device: cuda requested, but this build of ft has no CUDA backend yet; "

@@ -28,8 +28,15 @@ int main(int argc, char** argv) {
     configure_threads(r.runtime.threads);
     auto dev = make_device(r.runtime.device);
     LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing);
-    if (!r.model.from.empty()) load_hf_weights(r.model.from, model.layout(), model.param_ptrs());
-    else model.init_random(r.run.seed, r.model.init_std);
+    if (!r.model.from.empty()) {  // read on the host, then copied to the device
+      std::vector<std::vector<float>> host = model.params_to_host();
+      std::vector<float*> ptrs;
+      for (auto& g : host) ptrs.push_back(g.data());
+      load_hf_weights(r.model.from, model.layout(), ptrs);
+      model.params_from_host(host);
+    } else {
+      model.init_random(r.run.seed, r.model.init_std);
+    }
 
     LoaderOptions lo;
     lo.dir = r.data.train;
@@ -54,9 +61,13 @@ int main(int argc, char** argv) {
     std::vector<SafetensorsTensorOut> out;
     out.push_back({"loss", DType::kF32, {1}, &loss});
     const auto& groups = model.layout().groups();
-    for (size_t g = 0; g < groups.size(); ++g)
+    std::vector<std::vector<float>> grads(groups.size());  // copied to the host
+    for (size_t g = 0; g < groups.size(); ++g) {
+      grads[g].resize(model.grads()[g].size());
+      model.grads()[g].download(grads[g].data(), grads[g].size());
       for (const auto& e : groups[g].entries)
-        out.push_back({e.name, DType::kF32, e.shape, model.grads()[g].data() + e.offset});
+        out.push_back({e.name, DType::kF32, e.shape, grads[g].data() + e.offset});
+    }
     write_safetensors(argv[2], out);
     return 0;
   } catch (const Error& e) {
