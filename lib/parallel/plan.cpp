@@ -332,29 +332,30 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
 
     // Bytes sent per step.
     if (D > 1) {
-      const int64_t full = kF32 * sum_n, shards = kF32 * sum_s;
+      // Gradients move in fp32; parameters (all-gathers) in the compute dtype (cb bytes).
+      const int64_t full = kF32 * sum_n, shards = kF32 * sum_s, pshards = cb * sum_s;
       const std::string f = "(" + Ds + "−1)";
       if (zs <= 1) {
         int64_t b = all_reduce(full, D);
         std::string h = "all-reduce of the gradients, 2·" + f + "/" + Ds + " × " + count(full) + " B";
         if (zs == 1) {
-          b += (D - 1) * shards;
-          h += " + all-gather of the updated parameters, " + f + " × " + count(shards) + " B";
+          b += (D - 1) * pshards;
+          h += " + all-gather of the updated parameters, " + f + " × " + count(pshards) + " B";
         }
         rp.sent_data = {b, h};
       } else if (zs == 2) {
-        rp.sent_data = {M * (D - 1) * shards + (D - 1) * shards,
+        rp.sent_data = {M * (D - 1) * shards + (D - 1) * pshards,
                         mbs + " × reduce-scatter " + f + " × " +
                             count(shards) + " B + all-gather of the updated parameters " + f +
-                            " × " + count(shards) + " B"};
+                            " × " + count(pshards) + " B"};
       } else {
         std::string k;
         if (ge) k += "embedding " + std::to_string(ge->gathers) + "×, ";
         k += std::string("each layer ") + (ckpt ? "3× (forward, recompute, backward)" : "2× (forward, backward)");
         if (gh) k += ", head 2×";
-        rp.sent_data = {M * (D - 1) * shards + M * (D - 1) * kF32 * sum_gather,
+        rp.sent_data = {M * (D - 1) * shards + M * (D - 1) * cb * sum_gather,
                         mbs + " × (reduce-scatter " + f + " × " + count(shards) +
-                            " B + all-gathers " + f + " × " + count(kF32 * sum_gather) + " B: " +
+                            " B + all-gathers " + f + " × " + count(cb * sum_gather) + " B: " +
                             k + ")"};
       }
     } else {
@@ -378,8 +379,8 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
     }
     if (P > 1) {
       const int64_t dirs = (p < P - 1 ? 1 : 0) + (p > 0 ? 1 : 0);
-      int64_t b = M * dirs * kF32 * N * C;
-      std::string h = mbs + " × " + count(kF32 * N * C) + " B (" +
+      int64_t b = M * dirs * cb * N * C;  // activations travel in the compute dtype
+      std::string h = mbs + " × " + count(cb * N * C) + " B (" +
                       (p < P - 1 ? "activations to the next stage" : "") + (dirs == 2 ? ", " : "") +
                       (p > 0 ? "gradients to the previous stage" : "") + ")";
       if (tied && ge) {

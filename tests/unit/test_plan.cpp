@@ -150,6 +150,42 @@ TEST_CASE("plan: ZeRO stages on 2 data ranks (even shards: 40, 248, 248, 44)") {
   CHECK(t3.sent_data.bytes == 4 * 540 + 4 * (3 * 40 + 2 * 2 * 248 + 2 * 4));
 }
 
+TEST_CASE("plan: bf16 and fp16: fp32 masters + a 2-byte copy, parameters move at 2 bytes") {
+  // The model above on 2 data ranks: n = 1160, Σ s_g = 580, max s_g = 248; owned ranges here
+  // equal the shards (even split).
+  for (const char* prec : {"bf16", "fp16"}) {
+    auto plan = [&](int z) {
+      Recipe r = small(z);
+      r.training.global_batch_size = 2;
+      r.training.precision = prec;
+      return plan_memory(r, 2).ranks[1];
+    };
+    const RankPlan z0 = plan(0), z1 = plan(1), z2 = plan(2), z3 = plan(3);
+    CHECK(z0.params.bytes == (4 + 2) * 1160);       // masters of everything + the copy
+    CHECK(z0.grads.bytes == 4 * 1160);              // gradients stay fp32
+    CHECK(z0.optim.bytes == 8 * 1160);
+    CHECK(z0.sent_data.bytes == 4640);              // the fp32 gradient all-reduce
+    CHECK(z1.params.bytes == 4 * 580 + 2 * 1160);   // owned masters + the whole copy
+    CHECK(z1.comm_buffers.bytes == 2 * 2 * 248);    // the all-gather buffer, in bf16/fp16
+    CHECK(z1.sent_data.bytes == 4640 + 2 * 580);    // + the all-gather at 2 bytes
+    CHECK(z2.sent_data.bytes == 4 * 580 + 2 * 580); // fp32 reduce-scatter, 2-byte all-gather
+    CHECK(z3.params.bytes == (4 + 2) * 580);        // master shards + their copy
+    // a gathered layer (2 B) + its working gradient (4 B)
+    CHECK(z3.comm_buffers.bytes == (2 + 4) * 496);
+    CHECK(z3.sent_data.bytes == 4 * 580 + 2 * (40 + 2 * 2 * 248 + 2 * 44));
+    // Activations: the compute-dtype elements at 2 B, statistics at 4 B; less than fp32's.
+    Recipe r = small(0);
+    const RankPlan f32 = plan_memory(r, 1).ranks[0];
+    r.training.precision = prec;
+    const RankPlan h = plan_memory(r, 1).ranks[0];
+    // Of kActs: 16-bit: residual 96 + 2 layers × 336 + head 72 + backward 304 = 1144 elements;
+    // fp32: 2 × (two rstd 8 + lse 8) + the final rstd 4 + attention's Δ 8 + its fp32 dQ
+    // accumulator N·HD 32 = 76.
+    CHECK(h.activations.bytes == 2 * 1144 + 4 * 76 + kIds);
+    CHECK(f32.activations.bytes == 4 * kActs + kIds);
+  }
+}
+
 TEST_CASE("plan: uneven ZeRO shards on 3 data ranks: the last rank owns less") {
   Recipe r = small(1);
   r.training.global_batch_size = 3;
