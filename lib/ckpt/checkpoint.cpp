@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_describe.h"
 #include "core/log.h"
 #include "model/layout.h"
 #include "model/rope.h"
@@ -283,19 +284,7 @@ class JsonReader {
   static std::string path_of(const std::string& parent, const char* key) {
     return parent.empty() ? std::string(key) : parent + "." + key;
   }
-  static std::string describe(const json& v) {
-    if (v.is_object()) return "an object";
-    if (v.is_array()) return "an array";
-    if (v.is_null()) return "null";
-    if (v.is_boolean()) return std::string("the bool ") + (v.get<bool>() ? "true" : "false");
-    if (v.is_string()) {
-      std::string s = v.dump();
-      if (s.size() > 40) s = s.substr(0, 37) + "...";
-      return "the string " + s;
-    }
-    if (v.is_number_float()) return "the non-integer " + v.dump();
-    return v.dump();
-  }
+  static std::string describe(const json& v) { return describe_json_value(v); }
 
   const json& object(const json& v, const std::string& path) const {
     if (!v.is_object()) fail(path, "expected an object, found " + describe(v));

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/json_describe.h"
 #include "recipe/recipe.h"
 
 namespace ft {
@@ -12,20 +13,7 @@ using nlohmann::json;
 
 namespace {
 
-// How a JSON value reads in an error (as the checkpoint reader says it).
-std::string describe(const json& v) {
-  if (v.is_object()) return "an object";
-  if (v.is_array()) return "an array";
-  if (v.is_null()) return "null";
-  if (v.is_boolean()) return std::string("the bool ") + (v.get<bool>() ? "true" : "false");
-  if (v.is_string()) {
-    std::string s = v.dump();
-    if (s.size() > 40) s = s.substr(0, 37) + "...";
-    return "the string " + s;
-  }
-  if (v.is_number_float()) return "the non-integer " + v.dump();
-  return v.dump();
-}
+std::string describe(const json& v) { return describe_json_value(v); }
 
 [[noreturn]] void damaged(const std::string& file, const std::string& key,
                           const std::string& what) {

@@ -207,9 +207,9 @@ TEST_CASE("dtype: names and sizes") {
   CHECK(ft::dtype_size(ft::DType::kI64) == 8);
 }
 
-// kernels/half.h carries its own inline conversions (kernels do not link lib/core); they must
-// give the same bits as lib/core's, which the cases above check against the compiler and torch's
-// rounding rule.
+// kernels/half.h carries its own inline f16 conversions (kernels do not link lib/core); they
+// must give the same bits as lib/core's, which the cases above check against the compiler.
+// (bf16: lib/core calls kernels/half.h, so the cases above test that one implementation.)
 TEST_CASE("dtype: kernels/half.h conversions equal lib/core's, every half and bf16 pattern") {
   int mismatches = 0;
   for (uint32_t h = 0; h < 0x10000u; ++h) {
