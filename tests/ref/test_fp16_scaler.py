@@ -6,43 +6,49 @@ with GradScaler's semantics (issue 8, 7b), run by ctest:
 gqa_untied's shape, seq 32, a loss mask, 2 micro-batches accumulated, clipping at 2.0), in fp16
 with loss_scale 0 (dynamic), loss_scale_hysteresis 1 and loss_scale_window 4 (GradScaler's rule
 with growth_interval 4), initial_loss_scale 2^24 and min_loss_scale 1. Two kinds of overflow:
-  real:    at S = 2^24 and 2^23 the scaled gradient of the logits, (p - onehot) * S / (masked
-           target count, about 90), exceeds fp16's largest value 65504 and becomes inf; at 2^22
-           it fits. So steps 1 and 2 overflow, the scale settles at 2^22, and each growth to
-           2^23 after 4 clean steps overflows again (asserted: some skipped steps are real);
-  forced:  FT_TEST_NAN_GRAD_AT_STEP=FORCED_STEP writes a NaN into a gradient, at a step whose
-           scale does not overflow; the reference writes a NaN into its gradient at that step.
+  real:    the largest activation gradient (that of the embedding output: the residual stream's
+           gradient at the bottom, about 0.1 at S = 1) times S exceeds fp16's largest value and
+           becomes inf: steps 1-5 at S = 2^24 .. 2^20 overflow (2^24 also in the logits'
+           gradient), the scale settles at 2^19, and growths after 4 clean steps overflow again
+           as the gradients grow (asserted: at step 1 and after a growth);
+  forced:  FT_TEST_NAN_GRAD_AT_STEP=FORCED_STEP writes a NaN into the first gradient element,
+           at a step that does not overflow; the reference writes a NaN into the same element.
 
 The reference. torch 1.13 has no fp16 autocast and no GradScaler on the CPU, so both are
-emulated on fp32 tensors (values rounded through x.half().float(), which is exact in both
-directions for what fp16 can hold, and whose autograd rounds the incoming gradient to fp16):
-  - master weights, gradients (dW) and AdamW moments fp32 (torch.optim.AdamW, weight decay on
+emulated on fp32 tensors: a value rounded through x.half().float() is what fp16 holds, and the
+autograd of that round trip rounds the incoming gradient to fp16 in backward, so a gradient
+beyond fp16's range becomes inf there, as in ft's fp16 activation gradients.
+  - master weights, weight gradients and AdamW moments fp32 (torch.optim.AdamW, weight decay on
     matrices only, as ft);
-  - Fp16Matmuls: every GEMM of llama_ref's forward (projections, QKᵀ, PV, head) reads its
-    operands rounded to fp16 and its output is rounded to fp16. An activation operand is
-    rounded with its gradient (the gradient that reaches it is rounded to fp16 in backward, so
-    an activation gradient above 65504 becomes inf, as in ft's fp16 activation gradients); a
-    weight operand is rounded straight-through (value rounded, gradient passed on in fp32, as
-    ft's fp32 dW). The RoPE angle product (no operand needs a gradient) stays fp32. Everything
-    else (residual stream, RMSNorm, RoPE, softmax, SiLU) is fp32; the loss (cross-entropy of the
-    fp16-rounded logits) is fp32, multiplied by S before backward;
-  - GradScaler's step: unscale_ (gradients divided by S), found_inf = any non-finite gradient,
-    then, if clean, clip_grad_norm_ and optimizer.step(); update(): on overflow S *= 0.5 and the
-    growth tracker restarts, on a clean step the tracker counts and at the window S *= 2.
-  - ft's skip semantics (DESIGN.md §5), which GradScaler's loop does not fix by itself: a
-    skipped step takes no optimizer.step (parameters, moments and AdamW's step count untouched)
-    and the learning-rate schedule does not advance (the schedule's s counts applied steps, as
-    DeepSpeed and Megatron step their scheduler only after an applied update; a GradScaler loop
-    that calls scheduler.step() every iteration would advance it). The batch is consumed.
-ft's fp16 policy rounds more than this (every activation, the residual stream included, is
-stored in fp16, and its attention keeps the scores and probabilities fp32 between fp16 q, k, v
-and output); these differences act as rounding noise, bounded below with measured figures.
+  - Fp16Matmuls (a torch function mode around llama_ref's unchanged forward) rounds, with
+    their gradients, the tensors ft stores in fp16 and its gradients flow through: every GEMM's
+    activation operands and output (projections, QKᵀ, PV, head), the residual stream (the
+    embedding lookup's output and each residual add) and RoPE's outputs. Weight operands are
+    rounded straight-through (the fp16 compute copy's values; the gradient reaches the fp32
+    master unrounded, as ft's fp32 dW). The RoPE angle product stays fp32, as do RMSNorm,
+    softmax, SiLU and their internals; the loss (cross-entropy of the fp16 logits) is fp32 and
+    multiplied by S before backward. Without the residual stream (first try: GEMMs only) the
+    reference overflowed one power of two later than ft: the residual stream's gradient at the
+    embedding is the largest, about 3x any GEMM output's;
+  - GradScaler's step: unscale_ (gradients divided by S, exact), found_inf = any non-finite
+    gradient, then, if clean, clip_grad_norm_ and optimizer.step(); update(): on overflow
+    S *= 0.5 and the growth tracker restarts, on a clean step the tracker counts and at the
+    window S *= 2 (tests/ref/test_loss_scaler.py checks ft's rule against GradScaler's kernel);
+  - ft's skip semantics (DESIGN.md §5), which GradScaler's loop leaves to its user: a skipped
+    step takes no optimizer.step (parameters, moments and AdamW's step count untouched) and the
+    learning-rate schedule does not advance (its s counts applied steps, as DeepSpeed and
+    Megatron step their scheduler only after an applied update; a GradScaler loop that calls
+    scheduler.step() every iteration would advance it). The batch is consumed, not retried.
+ft rounds at more places than this (RMSNorm and SwiGLU outputs and every activation gradient
+buffer are fp16; its attention keeps scores and probabilities fp32 between fp16 q, k, v and
+output); the differences act as rounding noise, bounded below with measured figures.
 
-Checked: the loss_scale and skipped sequences exactly (ft's metrics against the reference); the
-learning rate of every step (the schedule holds on skips); the loss per step and the gradient
-norm of applied steps within stated tolerances; final parameters (ft's checkpoint, the fp32
-master weights) relative to how far training moved them; and that fp16 is really in effect (ft's
-first loss is away from fp32's, and the real overflows happen, which fp32 would not have).
+Checked: the loss_scale and skipped sequences exactly (ft's metrics against the reference),
+with a margin from fp16's limit on every step so that the comparison is well posed; the
+learning rate of every step, skipped ones included; the loss per step and the gradient norm of
+applied steps within stated tolerances; final parameters (ft's checkpoint: fp32 master weights,
+checked) relative to how far training moved them; that fp16 is in effect (the same gradients
+in fp32 do not overflow at step 1's scale, so ft running fp32 would not skip it).
 """
 
 import contextlib
@@ -64,13 +70,29 @@ STEPS = 20
 INITIAL_SCALE = 2.0**24
 WINDOW = 4
 FORCED_STEP = 14  # counted from 1, as ft's metrics and FT_TEST_NAN_GRAD_AT_STEP
-# Bounds: see the figures beside each (measured with run(tmp, seed) over weight seeds 1-6).
-LOSS_STEP_TOL = 1e-2
-LOSS_MEAN_TOL = 2e-3
-NORM_TOL = 5e-2
-PARAM_TOL = 5e-2
-MIN_LOSS_EFFECT = 1e-4
-MIN_PARAM_EFFECT = 1e-3
+# The bounds come from this setup run with weight seeds 1-8 (run(tmp, seed) re-measures them;
+# this machine, 2 threads). ft and the reference differ by rounding only (ft stores more in fp16,
+# see the module docstring): per-step loss, worst 3.5e-5 to 2.2e-4 (seed 5, this test),
+# mean over the steps 1.2e-5 to 3.6e-5; gradient norm of the applied steps, worst 3.8e-4 to
+# 1.6e-3; final parameters 4.5e-3 to 7.6e-3 of |reference - init|. Bounds about 2x the worst.
+LOSS_STEP_TOL = 5e-4
+LOSS_MEAN_TOL = 8e-5
+NORM_TOL = 4e-3
+PARAM_TOL = 1.5e-2
+# Not checked: that ft's loss or parameters are farther from an fp32 run than from the fp16
+# reference. At this size fp16's rounding moves them as much as the ft/reference differences do
+# (loss vs the same loop in fp32 with the same skips: worst 4.2e-5 to 1.1e-4; parameters 3.8e-3
+# to 6.5e-3), so such a check could not fail reliably. What shows fp16 in effect is the
+# overflows: fp32 gradients at 2^24 are finite (checked), so ft running fp32 would not skip.
+#
+# Overflow is a threshold: a step whose largest scaled activation gradient is within a few
+# percent of fp16's limit may overflow in one implementation and not in the other, from
+# rounding alone (seed 7 has one at 0.99 of the limit at step 20 and ft and the reference split
+# there). So the reference's margin is checked: every step at least PEAK_MARGIN away, relative
+# (seed 5: nearest 0.92 at step 9 and 1.14 at step 11). The per-step ft/reference differences
+# above are ~1e-3 relative, far inside it.
+PEAK_MARGIN = 0.05
+FP16_OVERFLOW = 65520.0  # the smallest magnitude that rounds to inf in fp16 (65504 + half ulp)
 
 
 def fp16(x):
@@ -99,6 +121,21 @@ class Fp16Matmuls(TorchFunctionMode):
         super().__init__()
         self.rounded = 0
         self.lookups = []  # (embedding lookup output, its rounded copy)
+        self.peak = 0.0  # backward: the largest finite |gradient| that was rounded to fp16
+
+    def fp16(self, x):
+        """fp16(x), recording in self.peak the largest finite magnitude of the gradient that
+        reaches it in backward (before that gradient is rounded)."""
+        out = fp16(x)
+        if out.requires_grad:
+            out.register_hook(self.record_peak)
+        return out
+
+    def record_peak(self, g):
+        a = g.abs()
+        finite = a[torch.isfinite(a)]
+        if finite.numel():
+            self.peak = max(self.peak, finite.max().item())
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -106,8 +143,8 @@ class Fp16Matmuls(TorchFunctionMode):
         if name in ("matmul", "__matmul__") and len(args) == 2 and \
                 any(a.requires_grad for a in args):
             self.rounded += 1
-            a, b = (fp16_straight_through(t) if is_weight(t) else fp16(t) for t in args)
-            return fp16(torch.matmul(a, b))
+            a, b = (fp16_straight_through(t) if is_weight(t) else self.fp16(t) for t in args)
+            return self.fp16(torch.matmul(a, b))
         # The embedding lookup's output (Parameters bypass torch function modes, so the lookup
         # itself is not seen): rounded once where it is first used, the same rounded tensor for
         # every use, so that its gradients are summed before they are rounded, as ft's.
@@ -116,7 +153,7 @@ class Fp16Matmuls(TorchFunctionMode):
         if name in ("add", "__add__") and len(args) == 2 and \
                 all(isinstance(a, torch.Tensor) and a.dim() >= 3 for a in args) and \
                 args[0].shape == args[1].shape:
-            return fp16(out)
+            return self.fp16(out)
         return out
 
     def embedding_fp16(self, a):
@@ -125,7 +162,7 @@ class Fp16Matmuls(TorchFunctionMode):
         for x, rounded in self.lookups:
             if x is a:
                 return rounded
-        self.lookups.append((a, fp16(a)))
+        self.lookups.append((a, self.fp16(a)))
         return self.lookups[-1][1]
 
 
@@ -231,7 +268,8 @@ def reference_run(model, opt, batches, micro, clip, lr, warm, min_lr, cfg, skips
         if skips is not None:
             found_inf = skips[s - 1]
         row = {"loss": total, "loss_scale": scale, "skipped": found_inf, "lr": step_lr,
-               "real": real, "grad_norm": None}
+               "real": real, "grad_norm": None,
+               "peak": mode.peak / FP16_OVERFLOW if skips is None else None}
         if not found_inf:
             row["grad_norm"] = torch.nn.utils.clip_grad_norm_(list(model.p.values()),
                                                               clip).item()
@@ -256,7 +294,7 @@ def compare(ft, pt, pt32):
     ft/fp32, grad norm ft/reference of the applied steps) to re-measure the bounds."""
     print(f"{'step':>4} {'S ft':>4} {'S pt':>4} {'skip ft':>7} {'skip pt':>7} {'loss ft':>10} "
           f"{'loss pt':>10} {'rel':>8} {'rel fp32':>8} {'norm ft':>8} {'norm pt':>8} "
-          f"{'lr ft':>9} {'lr pt':>9}")
+          f"{'lr ft':>9} {'lr pt':>9} {'peak pt':>7}")
     rel_loss, rel_fp32, rel_norm = [], [], []
     for s in range(1, STEPS + 1):
         f, p = ft[s], pt[s]
@@ -270,7 +308,7 @@ def compare(ft, pt, pt32):
         print(f"{s:>4} {np.log2(f['loss_scale']):>4.0f} {np.log2(p['loss_scale']):>4.0f} "
               f"{str(f['skipped']):>7} {str(p['skipped']):>7} {f['loss']:>10.6f} "
               f"{p['loss']:>10.6f} {rel_loss[-1]:>8.1e} {rel_fp32[-1]:>8.1e} {norms[0]} "
-              f"{norms[1]} {f['lr']:>9.3e} {p['lr']:>9.3e}{kind}")
+              f"{norms[1]} {f['lr']:>9.3e} {p['lr']:>9.3e} {p['peak']:>7.2f}{kind}")
     print(f"(S as log2) rel loss ft vs reference: max {max(rel_loss):.2e}, mean "
           f"{np.mean(rel_loss):.2e}; ft vs fp32: max {max(rel_fp32):.2e}; rel grad_norm ft vs "
           f"reference: max {max(rel_norm):.2e}")
@@ -298,9 +336,10 @@ def compare(ft, pt, pt32):
                                               f"(mean {np.mean(rel_loss):.2e})")
     check(max(rel_norm) <= NORM_TOL, f"grad_norm of applied steps ft vs reference within "
                                      f"{NORM_TOL:.0e} relative (worst {max(rel_norm):.2e})")
-    check(max(rel_fp32) > MIN_LOSS_EFFECT, f"ft's loss differs from fp32's by more than "
-                                           f"{MIN_LOSS_EFFECT:.0e} on some step "
-                                           f"(worst {max(rel_fp32):.2e})")
+    near = [(s, round(pt[s]["peak"], 3)) for s in pt
+            if 1 - PEAK_MARGIN < pt[s]["peak"] < 1 + PEAK_MARGIN]
+    check(not near, f"reference: no step's largest scaled activation gradient within "
+                    f"{PEAK_MARGIN:.0%} of fp16's limit (steps, fraction of it: {near})")
     return rel_loss, rel_fp32, rel_norm
 
 
@@ -310,14 +349,18 @@ def compare_params(ft_params, pt, pt32, init):
     def dist(x, y):
         return sum(((x[k] - y[k]) ** 2).sum().item() for k in pt) ** 0.5
 
+    # fp32 master weights after 15 Adam steps are almost never fp16 values (about 1 in 2^13 by
+    # chance); the fp16 compute copy saved in their place would be nothing else.
+    total = sum(p.numel() for p in pt.values())
+    exact = sum(int((ft_params[k].half().float() == ft_params[k]).sum()) for k in pt)
+    check(exact < 0.01 * total, f"ft fp16's checkpoint holds fp32 master weights: {exact} of "
+                                f"{total} values are fp16-representable")
     moved = dist(pt, init)
     rel = (dist(ft_params, pt) / moved, dist(ft_params, pt32) / moved)
     print(f"final parameters, |a - b| / |reference - init| ({moved:.3f}): ft vs reference "
           f"{rel[0]:.2e}, ft vs fp32 {rel[1]:.2e}")
-    check(rel[0] <= PARAM_TOL, f"final parameters ft vs reference within {PARAM_TOL:.0e} of the "
+    check(rel[0] <= PARAM_TOL, f"final parameters ft vs reference within {PARAM_TOL:.1e} of the "
                                f"distance training moved them ({rel[0]:.2e})")
-    check(rel[1] > MIN_PARAM_EFFECT, f"final parameters ft vs fp32 more than "
-                                     f"{MIN_PARAM_EFFECT:.0e} apart ({rel[1]:.2e})")
     return rel
 
 
