@@ -256,8 +256,10 @@ def reference_run(model, opt, batches, micro, clip, lr, warm, min_lr, cfg, skips
             total += loss.item()
         if s == 1 and skips is None:  # per micro-batch: 7 projections, 2 attention GEMMs per
             want = len(ids) // micro * (9 * cfg.n_layers + 1)  # layer, the head
-            check(mode.rounded == want,
-                  f"reference: {mode.rounded} GEMMs of step 1 rounded to fp16 (expected {want})")
+            n_micro = len(ids) // micro
+            check(mode.rounded == want and len(mode.lookups) == n_micro,
+                  f"reference: {mode.rounded} GEMMs (expected {want}) and {len(mode.lookups)} "
+                  f"embedding outputs (expected {n_micro}) of step 1 rounded to fp16")
         grads = [p.grad for p in model.p.values()]
         for g in grads:  # GradScaler.unscale_ (S is a power of two: exact)
             g.div_(scale)
