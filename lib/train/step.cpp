@@ -106,6 +106,11 @@ StepResult TrainStep::run(int64_t s, DataLoader& loader,
   world_.all_reduce_max(flags, 3);
   res.stop_requested = flags[1] > 0;
   res.save_by_clock = flags[2] > 0;
+  // The learning rate of step s: the schedule counts applied steps (AdamW's t), so s itself
+  // unless fp16 skipped some. Set before the skip below: a skipped step's metrics line reports
+  // the rate it would have used (DESIGN.md §7), which is the next applied step's.
+  res.lr = lr_at_step(r_.scheduler, r_.optimizer.lr, optim_.step_count(), r_.training.steps);
+
   // fp16: an overflow skips the step, or stops the run when the scaler gives up; fp32 and bf16
   // stop at once. Every rank decides alike (the flag was all-reduced).
   if (scaler_) {
@@ -127,15 +132,13 @@ StepResult TrainStep::run(int64_t s, DataLoader& loader,
     return res;
   }
 
-  // 6. Clipping (scale by grad_clip / (norm + 1e-6) when below 1), the learning rate of step s,
-  // AdamW on the owned ranges, then the updated parameters back to every rank that uses them.
+  // 6. Clipping (scale by grad_clip / (norm + 1e-6) when below 1), AdamW at the rate above on
+  // the owned ranges, then the updated parameters back to every rank that uses them.
   // fp16: unscaling by 1/S folded into the same pass (for S = 1, exactly the clipping alone).
-  // The schedule counts applied steps (AdamW's t): s itself unless fp16 skipped some.
   const double clip = r_.training.grad_clip > 0 ? r_.training.grad_clip / (res.grad_norm + 1e-6)
                                                 : 1.0;
   const float factor = float(std::min(clip, 1.0) / loss_scale);
   if (factor != 1.0f) zero_.scale_grads(factor);
-  res.lr = lr_at_step(r_.scheduler, r_.optimizer.lr, optim_.step_count(), r_.training.steps);
   optim_.step(zero_.param_bases(), zero_.grad_bases(), res.lr);
   zero_.finish_update();  // (precision policy: refresh the compute copy from the master)
   res.time_s = seconds_since(t_step);
