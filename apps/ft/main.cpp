@@ -97,7 +97,9 @@ int main(int argc, char** argv) {
       "Checkpoints: checkpoint.every_steps / every_minutes (and at the end) into checkpoint.dir\n"
       "(default <run.output_dir>/checkpoints), async with checkpoint.async, keep_last kept. They\n"
       "resume under any layout. SIGTERM or SIGUSR1 (to any rank, or to ft --nproc): finish the\n"
-      "step, save, exit 75; the same command then continues. ft inspect / ft export read them.");
+      "step, save, exit 75; the same command then continues. ft inspect / ft export read them.\n"
+      "FT_PROFILE=1 (environment): time every op and device copy; rank 0 prints a table by op\n"
+      "family (seconds, share of step time, calls) at the end of the run.");
 
   ValidateArgs validate;
   auto* v = app.add_subcommand("validate",
