@@ -40,6 +40,9 @@ int print_help(CLI::App& app, const std::vector<std::string>& topic) {
 //  - OMP_WAIT_POLICY=passive: OpenMP threads sleep between parallel regions instead of spinning,
 //    so they do not take cores from OpenBLAS's own threads during GEMMs (measured: ~20% of all
 //    cycles went to libgomp spinning on the bench shape with 2 cores).
+//  - OPENBLAS_THREAD_TIMEOUT=4: the converse. OpenBLAS's idle threads spin 2^N cycles before
+//    sleeping (default N = 28, ~0.1 s), so after every GEMM they hold cores that ft's OpenMP
+//    kernels need; 4 is OpenBLAS's smallest N (scripts/bench.sh figures in the commit message).
 void prepare_thread_environment(char** argv) {
   if (std::getenv("FT_NO_REEXEC")) return;
   bool changed = false;
@@ -48,6 +51,10 @@ void prepare_thread_environment(char** argv) {
       setenv("OPENBLAS_CORETYPE", core, 1);
       changed = true;
     }
+  }
+  if (!std::getenv("OPENBLAS_THREAD_TIMEOUT")) {
+    setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
+    changed = true;
   }
   if (!std::getenv("OMP_WAIT_POLICY")) {
     setenv("OMP_WAIT_POLICY", "passive", 1);

@@ -128,13 +128,6 @@ void ZeroSharding::reduce_shared_groups() {
   }
 }
 
-void ZeroSharding::scale_grads(float f) {
-  if (stage_ >= 2)
-    for (auto& b : grad_shards_) dev_->ops().scale(dev_->stream(), b.data(), f, b.size());
-  else
-    for (auto& b : model_.grads()) dev_->ops().scale(dev_->stream(), b.data(), f, b.size());
-}
-
 int64_t ZeroSharding::first_nonfinite_grad() const {
   // Only called once a step has gone wrong, so a plain scan of a host copy is fast enough.
   int64_t index = 0;

@@ -36,7 +36,6 @@ class ZeroSharding final : public GroupHooks {
   void begin_step();                // zero the gradients of the step
   void finish_backward();           // stage 0/1: all-reduce the full gradients
   double grad_sum_squares();        // over the whole model: every data and tensor shard
-  void scale_grads(float s);        // clipping
   // After finish_backward: the first tensor in layout order (groups, then their entries) whose
   // gradient, in the part this rank holds (its shard at stage >= 2), has a NaN or inf element.
   // Returned as the tensor's index counting every entry of the layout's groups from 0, so that
