@@ -120,9 +120,10 @@ class ProfilingOps final : public Ops {
   }
   void adamw_update(Stream s, float* p, const float* g, float* m, float* v, size_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                    float grad_scale) override {
+                    float grad_scale, Ref p_compute) override {
     ProfileScope t(&p_, OpFamily::kAdamw);
-    in_.adamw_update(s, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+    in_.adamw_update(s, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale,
+                     p_compute);
   }
 
  private:

@@ -137,7 +137,7 @@ StepResult TrainStep::run(int64_t s, DataLoader& loader,
                                                 : 1.0;
   const float factor = float(std::min(clip, 1.0) / loss_scale);
   res.lr = lr_at_step(r_.scheduler, r_.optimizer.lr, optim_.step_count(), r_.training.steps);
-  optim_.step(zero_.param_bases(), zero_.grad_bases(), res.lr, factor);
+  optim_.step(zero_.param_bases(), zero_.grad_bases(), res.lr, factor, zero_.compute_bases());
   zero_.finish_update();  // (precision policy: refresh the compute copy from the master)
   res.time_s = seconds_since(t_step);
   return res;

@@ -88,7 +88,7 @@ struct RecordingOps final : Ops {
     note("sum_squares", acc, n);
   }
   void adamw_update(Stream, float* p, const float*, float*, float*, size_t n, float, float, float,
-                    float, float, int64_t, float) override {
+                    float, float, int64_t, float, Ref) override {
     note("adamw_update", p, n);
   }
 };
@@ -120,7 +120,7 @@ void call_every_op(Ops& ops, float* a, float* b) {
   ops.add(s, a, b, 19);
   ops.scale(s, b, 0.5f, 1);
   ops.sum_squares(s, &acc, a, 111, 1.0);
-  ops.adamw_update(s, a, b, a, b, 19, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.5f);
+  ops.adamw_update(s, a, b, a, b, 19, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.5f, Ref());
 }
 
 TEST_CASE("profile: the wrapper forwards every op unchanged and counts it by family") {
@@ -188,7 +188,8 @@ TEST_CASE("profile: nothing is counted while not recording; the table names what
   CHECK(inner.calls.size() == 24);  // still forwarded
 
   prof.recording = true;
-  wrapped->adamw_update(Stream{}, a, b, a, b, 19, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f);
+  wrapped->adamw_update(Stream{}, a, b, a, b, 19, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f,
+                        Ref());
   { ProfileScope copy(&prof, OpFamily::kCopyHost); }
   { ProfileScope none(nullptr, OpFamily::kCopyHost); }  // no profile: a no-op
   prof.step_seconds = 2.0;
