@@ -22,7 +22,8 @@ ref.write_shard(f"{tmp}/train/shard_00000.h5", np.random.default_rng(1).integers
 PY
 cat > "$tmp/r.yaml" <<YAML
 run: {name: prof, output_dir: $tmp/out, seed: 5}
-model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 48, vocab_size: 96, max_seq_len: 16}
+model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 48, vocab_size: 96,
+        max_seq_len: 16}
 data: {train: $tmp/train, seq_len: 16, shuffle: false}
 training: {steps: 3, micro_batch_size: 2, global_batch_size: 2, grad_clip: 1.0}
 logging: {every_steps: 1}
@@ -41,7 +42,8 @@ grep -q "ft: FT_PROFILE, rank 0: 3 steps" "$tmp/prof.txt" || fail "no table: $(c
 calls() { awk -v f="$1" 'index($0, "  " f " ") == 1 { print $NF }' "$tmp/prof.txt"; }
 # 2 layers x 7 linear layers + the LM head = 15 GEMMs per step and direction, over 3 steps.
 for fam in "GEMM forward" "GEMM backward dx" "GEMM backward dW"; do
-  [[ "$(calls "$fam")" == 45 ]] || fail "$fam: $(calls "$fam") calls, expected 45: $(cat "$tmp/prof.txt")"
+  [[ "$(calls "$fam")" == 45 ]] \
+    || fail "$fam: $(calls "$fam") calls, expected 45: $(cat "$tmp/prof.txt")"
 done
 # AdamW: one call per tensor (embedding, 2 x 9 per layer, final norm, head = 21) per step.
 [[ "$(calls adamw)" == 63 ]] || fail "adamw: $(calls adamw) calls, expected 63"
