@@ -163,13 +163,16 @@ void convert(float* dst, const T* src, size_t n);
 // ---- adamw.cpp: AdamW (torch.optim.AdamW semantics) ---------------------------------------------
 // p ← p(1 − lr·wd); m ← β1 m + (1−β1) g; v ← β2 v + (1−β2) g²;
 // p ← p − lr · (m / bc1) / (sqrt(v / bc2) + eps), bc1 = 1 − β1^t, bc2 = 1 − β2^t.
+// g is read as float(g · grad_scale): clipping (and fp16's unscaling) folded into the update,
+// bit for bit what scale_inplace(g, grad_scale) before it gives, without a pass over g.
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t t);
+                  float beta2, float eps, float weight_decay, int64_t t, float grad_scale = 1.0f);
 // The same update (p, m, v bit for bit as above), and p_compute (n) = p converted to T (as
 // convert), in the same pass: the compute copy of the updated shard without a separate cast.
 template <typename T>
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t t, T* p_compute);
+                  float beta2, float eps, float weight_decay, int64_t t, T* p_compute,
+                  float grad_scale = 1.0f);
 
 }  // namespace ft::kernels
 

@@ -40,6 +40,11 @@ int print_help(CLI::App& app, const std::vector<std::string>& topic) {
 //  - OMP_WAIT_POLICY=passive: OpenMP threads sleep between parallel regions instead of spinning,
 //    so they do not take cores from OpenBLAS's own threads during GEMMs (measured: ~20% of all
 //    cycles went to libgomp spinning on the bench shape with 2 cores).
+//  - OPENBLAS_THREAD_TIMEOUT=4: the converse. OpenBLAS's idle threads spin 2^N cycles before
+//    sleeping (default N = 28, ~0.1 s), so after every GEMM they hold cores that ft's OpenMP
+//    kernels need; 4 is OpenBLAS's smallest N. Measured on the bench shape, 2 cores, with
+//    OMP_WAIT_POLICY=passive already set: about 1-3% per step (fp32 1.45 -> 1.41 s, bf16
+//    0.588 -> 0.583 s, medians of 3-6 interleaved runs), within the noise of one run.
 void prepare_thread_environment(char** argv) {
   if (std::getenv("FT_NO_REEXEC")) return;
   bool changed = false;
@@ -48,6 +53,10 @@ void prepare_thread_environment(char** argv) {
       setenv("OPENBLAS_CORETYPE", core, 1);
       changed = true;
     }
+  }
+  if (!std::getenv("OPENBLAS_THREAD_TIMEOUT")) {
+    setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1);
+    changed = true;
   }
   if (!std::getenv("OMP_WAIT_POLICY")) {
     setenv("OMP_WAIT_POLICY", "passive", 1);
@@ -97,7 +106,9 @@ int main(int argc, char** argv) {
       "Checkpoints: checkpoint.every_steps / every_minutes (and at the end) into checkpoint.dir\n"
       "(default <run.output_dir>/checkpoints), async with checkpoint.async, keep_last kept. They\n"
       "resume under any layout. SIGTERM or SIGUSR1 (to any rank, or to ft --nproc): finish the\n"
-      "step, save, exit 75; the same command then continues. ft inspect / ft export read them.");
+      "step, save, exit 75; the same command then continues. ft inspect / ft export read them.\n"
+      "FT_PROFILE=1 (environment): time every op and device copy; rank 0 prints a table by op\n"
+      "family (seconds, share of step time, calls) at the end of the run.");
 
   ValidateArgs validate;
   auto* v = app.add_subcommand("validate",

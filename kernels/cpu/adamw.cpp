@@ -27,11 +27,12 @@ AdamwStep adamw_step(float lr, float beta1, float beta2, float eps, float weight
 
 // The element update on [lo, hi): the one place AdamW's arithmetic is written.
 inline void adamw_range(float* p, const float* g, float* m, float* v, size_t lo, size_t hi,
-                        const AdamwStep& k) {
+                        const AdamwStep& k, float grad_scale) {
   for (size_t i = lo; i < hi; ++i) {
+    const float gi = g[i] * grad_scale;  // rounded as scale_inplace would store it
     float pi = p[i] * k.decay;
-    float mi = m[i] * k.beta1 + (1.0f - k.beta1) * g[i];
-    float vi = v[i] * k.beta2 + (1.0f - k.beta2) * g[i] * g[i];
+    float mi = m[i] * k.beta1 + (1.0f - k.beta1) * gi;
+    float vi = v[i] * k.beta2 + (1.0f - k.beta2) * gi * gi;
     m[i] = mi;
     v[i] = vi;
     float denom = std::sqrt(vi) / k.bc2_sqrt + k.eps;
@@ -44,20 +45,22 @@ constexpr size_t kBlock = 2048;
 }  // namespace
 
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t t) {
+                  float beta2, float eps, float weight_decay, int64_t t, float grad_scale) {
   const AdamwStep k = adamw_step(lr, beta1, beta2, eps, weight_decay, t);
 #pragma omp parallel for schedule(static)
-  for (size_t b = 0; b < n; b += kBlock) adamw_range(p, g, m, v, b, std::min(b + kBlock, n), k);
+  for (size_t b = 0; b < n; b += kBlock)
+    adamw_range(p, g, m, v, b, std::min(b + kBlock, n), k, grad_scale);
 }
 
 template <typename T>
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t t, T* p_compute) {
+                  float beta2, float eps, float weight_decay, int64_t t, T* p_compute,
+                  float grad_scale) {
   const AdamwStep k = adamw_step(lr, beta1, beta2, eps, weight_decay, t);
 #pragma omp parallel for schedule(static)
   for (size_t b = 0; b < n; b += kBlock) {
     const size_t e = std::min(b + kBlock, n);
-    adamw_range(p, g, m, v, b, e, k);
+    adamw_range(p, g, m, v, b, e, k, grad_scale);
     if constexpr (std::is_same_v<T, float>)
       std::memcpy(p_compute + b, p + b, sizeof(float) * (e - b));
     else
@@ -66,10 +69,10 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float 
 }
 
 template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, float,
-                           float, int64_t, float*);
+                           float, int64_t, float*, float);
 template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, float,
-                           float, int64_t, bf16*);
+                           float, int64_t, bf16*, float);
 template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, float,
-                           float, int64_t, f16*);
+                           float, int64_t, f16*, float);
 
 }  // namespace ft::kernels

@@ -20,7 +20,7 @@ AdamW::AdamW(const ParamLayout& layout, const OptimizerConfig& cfg, Device* dev,
 }
 
 void AdamW::step(const std::vector<float*>& params, const std::vector<const float*>& grads,
-                 double lr) {
+                 double lr, float grad_scale, const std::vector<Ref>& compute) {
   ++t_;
   const auto& groups = layout_.groups();
   for (size_t gi = 0; gi < groups.size(); ++gi) {
@@ -31,10 +31,12 @@ void AdamW::step(const std::vector<float*>& params, const std::vector<const floa
       const size_t lo = std::max(r.begin, e.offset), hi = std::min(r.end, e.offset + e.numel);
       if (lo >= hi) continue;
       const float wd = e.weight_decay ? float(cfg_.weight_decay) : 0.0f;
+      const Ref pc = gi < compute.size() && compute[gi].ptr ? compute[gi] + (lo - r.begin) : Ref();
       dev_->ops().adamw_update(dev_->stream(), params[gi] + (lo - r.begin),
                                grads[gi] + (lo - r.begin), m_[gi].data() + (lo - r.begin),
                                v_[gi].data() + (lo - r.begin), hi - lo, float(lr),
-                               float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), wd, t_);
+                               float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), wd, t_,
+                               grad_scale, pc);
     }
   }
 }

@@ -21,8 +21,12 @@ class AdamW {
         std::vector<ShardRange> ranges = {});
   // One update of the owned range of every group at learning rate lr; increments the step
   // count first (t ≥ 1). params[g] and grads[g] point at element ranges()[g].begin of group g:
-  // into the full buffers, or at the start of this rank's shards.
-  void step(const std::vector<float*>& params, const std::vector<const float*>& grads, double lr);
+  // into the full buffers, or at the start of this rank's shards. The gradients are read as
+  // g · grad_scale (clipping, fp16's unscaling) and left as they are. compute[g], where given
+  // and not null, is where the updated range of group g is also written rounded to its dtype
+  // (ZeroSharding::compute_bases: the compute copy, refreshed in the same pass).
+  void step(const std::vector<float*>& params, const std::vector<const float*>& grads, double lr,
+            float grad_scale = 1.0f, const std::vector<Ref>& compute = {});
   const std::vector<ShardRange>& ranges() const { return ranges_; }
   size_t state_bytes() const;
   // For checkpoints: the moments of group g (ranges()[g].size() floats) and the step count.

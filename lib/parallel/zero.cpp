@@ -128,13 +128,6 @@ void ZeroSharding::reduce_shared_groups() {
   }
 }
 
-void ZeroSharding::scale_grads(float f) {
-  if (stage_ >= 2)
-    for (auto& b : grad_shards_) dev_->ops().scale(dev_->stream(), b.data(), f, b.size());
-  else
-    for (auto& b : model_.grads()) dev_->ops().scale(dev_->stream(), b.data(), f, b.size());
-}
-
 int64_t ZeroSharding::first_nonfinite_grad() const {
   // Only called once a step has gone wrong, so a plain scan of a host copy is fast enough.
   int64_t index = 0;
@@ -188,21 +181,37 @@ std::vector<const float*> ZeroSharding::grad_bases() {
   return p;
 }
 
-void ZeroSharding::finish_update() { sync_compute_params(); }
+std::vector<Ref> ZeroSharding::compute_bases() {
+  std::vector<Ref> c(numel_.size());
+  if (cdt_ == DType::kF32) return c;
+  for (size_t g = 0; g < numel_.size(); ++g) {
+    if (stage_ == 3)
+      c[g] = compute_shards_[g].data();
+    else if (stage_ == 0 || D_ == 1)
+      c[g] = model_.compute_params(int(g)) + ranges_[g].begin;
+  }
+  return c;
+}
 
-void ZeroSharding::sync_compute_params() {
+void ZeroSharding::finish_update() { refresh_compute_params(/*after_adamw=*/true); }
+
+void ZeroSharding::sync_compute_params() { refresh_compute_params(/*after_adamw=*/false); }
+
+void ZeroSharding::refresh_compute_params(bool after_adamw) {
   const Stream st = dev_->stream();
   Ops& ops = dev_->ops();
   const bool fp32 = cdt_ == DType::kF32;
   for (size_t g = 0; g < numel_.size(); ++g) {
     const size_t own = ranges_[g].size();
     if (stage_ == 3) {  // the compute copy of the shard is what the all-gathers send
-      if (!fp32) ops.convert(st, compute_shards_[g].data(), master_[g].data(), shard_[g]);
+      if (!fp32 && !after_adamw)
+        ops.convert(st, compute_shards_[g].data(), master_[g].data(), shard_[g]);
       continue;
     }
     if (stage_ == 0 || D_ == 1) {  // the master covers the whole group
-      if (!fp32) ops.convert(st, model_.compute_params(int(g)) + ranges_[g].begin,
-                             master_[g].data(), own);
+      if (!fp32 && !after_adamw)
+        ops.convert(st, model_.compute_params(int(g)) + ranges_[g].begin, master_[g].data(),
+                    own);
       continue;
     }
     // Stages 1 and 2: every rank rounds its updated shard, then all-gather the compute copy (at

@@ -36,7 +36,6 @@ class ZeroSharding final : public GroupHooks {
   void begin_step();                // zero the gradients of the step
   void finish_backward();           // stage 0/1: all-reduce the full gradients
   double grad_sum_squares();        // over the whole model: every data and tensor shard
-  void scale_grads(float s);        // clipping
   // After finish_backward: the first tensor in layout order (groups, then their entries) whose
   // gradient, in the part this rank holds (its shard at stage >= 2), has a NaN or inf element.
   // Returned as the tensor's index counting every entry of the layout's groups from 0, so that
@@ -48,8 +47,13 @@ class ZeroSharding final : public GroupHooks {
   void inject_nan_grad_for_test();
   std::vector<float*> param_bases();        // at ranges()[g].begin, for AdamW
   std::vector<const float*> grad_bases();
-  // After AdamW updated the fp32 masters: refresh the compute copy (round to the compute dtype;
-  // stage 1/2 all-gather the updated shards).
+  // Where AdamW writes the compute copy of what it updates, aligned with param_bases(): with a
+  // 16-bit compute dtype at stage 0 (or one data rank) and stage 3; null elsewhere (fp32: the
+  // parameters are the masters; stages 1/2: the rounded shards go through one all-gather
+  // buffer shared by the groups, filled group by group in finish_update).
+  std::vector<Ref> compute_bases();
+  // After AdamW updated the fp32 masters, through compute_bases(): refresh the rest of the
+  // compute copy (stages 1/2 round and all-gather the updated shards).
   void finish_update();
   // Makes the compute copy of the parameters equal the fp32 masters (after a resume has loaded
   // them): what finish_update does.
@@ -67,6 +71,8 @@ class ZeroSharding final : public GroupHooks {
 
  private:
   size_t shard(int g) const { return shard_[size_t(g)]; }
+  // sync_compute_params, or after AdamW (which wrote compute_bases()): the rest of it.
+  void refresh_compute_params(bool after_adamw);
   int stage_;
   LlamaModel& model_;
   Communicator& comm_;

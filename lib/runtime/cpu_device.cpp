@@ -6,6 +6,7 @@
 #include "runtime/cpu_ops.h"
 #include "runtime/guard_device.h"
 #include "runtime/device.h"
+#include "runtime/profile.h"
 
 namespace ft {
 namespace {
@@ -32,13 +33,24 @@ class CpuDevice final : public Device {
     std::free(ptr);
     current_ -= bytes;
   }
-  void memset_zero(void* ptr, size_t bytes) override { std::memset(ptr, 0, bytes); }
-  void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void copy_from_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void memset_zero(void* ptr, size_t bytes) override {
+    ProfileScope t(profile_.get(), OpFamily::kMemset);
+    std::memset(ptr, 0, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    ProfileScope t(profile_.get(), OpFamily::kCopyHost);
+    std::memcpy(dst, src, bytes);
+  }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    ProfileScope t(profile_.get(), OpFamily::kCopyHost);
+    std::memcpy(dst, src, bytes);
+  }
   void copy(Stream, void* dst, const void* src, size_t bytes) override {
+    ProfileScope t(profile_.get(), OpFamily::kCopyDevice);
     if (bytes && dst != src) std::memmove(dst, src, bytes);
   }
-  Ops& ops() override { return *ops_; }
+  Ops& ops() override { return profiling_ops_ ? *profiling_ops_ : *ops_; }
+  OpProfile* profile() override { return profile_.get(); }
   void synchronize() override {}
   AllocatorStats stats() const override {
     return AllocatorStats{current_.load(), peak_.load(), num_allocs_.load()};
@@ -47,6 +59,11 @@ class CpuDevice final : public Device {
  private:
   std::atomic<size_t> current_{0}, peak_{0}, num_allocs_{0};
   std::unique_ptr<Ops> ops_ = make_cpu_ops();
+  // FT_PROFILE only (runtime/profile.h); without it both stay null and nothing is timed.
+  std::unique_ptr<OpProfile> profile_ =
+      profile_requested() ? std::make_unique<OpProfile>() : nullptr;
+  std::unique_ptr<Ops> profiling_ops_ =
+      profile_ ? make_profiling_ops(*ops_, *profile_) : nullptr;
 };
 
 }  // namespace

@@ -220,8 +220,16 @@ class CpuOps final : public Ops {
     *acc += divisor == 1.0 ? sq : sq / divisor;
   }
   void adamw_update(Stream, float* p, const float* g, float* m, float* v, size_t n, float lr,
-                    float beta1, float beta2, float eps, float weight_decay, int64_t t) override {
-    k::adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+                    float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                    float grad_scale, Ref p_compute) override {
+    if (!p_compute.ptr) {
+      k::adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
+      return;
+    }
+    dispatch(p_compute.dtype, [&](auto e) {
+      k::adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
+                      as<decltype(e)>(p_compute), grad_scale);
+    });
   }
 };
 

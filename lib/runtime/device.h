@@ -13,6 +13,7 @@
 namespace ft {
 
 enum class DeviceKind { kCpu, kCuda };
+struct OpProfile;  // runtime/profile.h
 
 struct AllocatorStats {
   size_t current_bytes = 0;  // live allocations
@@ -40,6 +41,8 @@ class Device {
   virtual Ops& ops() = 0;
   // The stream work is issued on by default.
   virtual Stream stream() { return Stream{}; }
+  // The per-op timings when FT_PROFILE is set (runtime/profile.h), else null.
+  virtual OpProfile* profile() { return nullptr; }
 };
 
 // The CPU device; threads for kernels come from OpenMP (runtime.threads).

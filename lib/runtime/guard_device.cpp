@@ -128,9 +128,11 @@ class GuardOps final : public Ops {
     inner_.sum_squares(s, acc, x, n, divisor);
   }
   void adamw_update(Stream s, float* p, const float* g, float* m, float* v, size_t n, float lr,
-                    float beta1, float beta2, float eps, float weight_decay, int64_t t) override {
+                    float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                    float grad_scale, Ref p_compute) override {
     const Open open(dev_);
-    inner_.adamw_update(s, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t);
+    inner_.adamw_update(s, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale,
+                        p_compute);
   }
 
  private:

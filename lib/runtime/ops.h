@@ -122,10 +122,12 @@ class Ops {
   // *acc += Σ x² / divisor (in double).
   virtual void sum_squares(Stream s, double* acc, const float* x, size_t n, double divisor) = 0;
 
-  // ---- AdamW (kernels.h; t is the step count after increment) ----
+  // ---- AdamW (kernels.h; t is the step count after increment; g is read as g · grad_scale,
+  // clipping folded into the update). p_compute (n), unless null: the updated p rounded to its
+  // dtype in the same pass (the compute copy of the precision policy, without a convert).
   virtual void adamw_update(Stream s, float* p, const float* g, float* m, float* v, size_t n,
                             float lr, float beta1, float beta2, float eps, float weight_decay,
-                            int64_t t) = 0;
+                            int64_t t, float grad_scale, Ref p_compute) = 0;
 };
 
 }  // namespace ft

@@ -134,12 +134,13 @@ StepResult TrainStep::run(int64_t s, DataLoader& loader,
 
   // 6. Clipping (scale by grad_clip / (norm + 1e-6) when below 1), AdamW at the rate above on
   // the owned ranges, then the updated parameters back to every rank that uses them.
-  // fp16: unscaling by 1/S folded into the same pass (for S = 1, exactly the clipping alone).
+  // fp16: unscaling by 1/S folded into the same factor (for S = 1, exactly the clipping alone).
+  // AdamW reads the gradients times the factor (bit for bit a scaling pass before it), so the
+  // gradients are not rewritten: one pass over them fewer per step.
   const double clip = r_.training.grad_clip > 0 ? r_.training.grad_clip / (res.grad_norm + 1e-6)
                                                 : 1.0;
   const float factor = float(std::min(clip, 1.0) / loss_scale);
-  if (factor != 1.0f) zero_.scale_grads(factor);
-  optim_.step(zero_.param_bases(), zero_.grad_bases(), res.lr);
+  optim_.step(zero_.param_bases(), zero_.grad_bases(), res.lr, factor, zero_.compute_bases());
   zero_.finish_update();  // (precision policy: refresh the compute copy from the master)
   res.time_s = seconds_since(t_step);
   return res;

@@ -45,6 +45,7 @@
 #include "parallel/plan.h"
 #include "parallel/zero.h"
 #include "runtime/device.h"
+#include "runtime/profile.h"
 #include "train/metrics.h"
 #include "train/step.h"
 #include "train/train_state.h"
@@ -769,13 +770,21 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
 
   TrainStep train_step(r, comm, data_comm, pipe_comm, model, zero, pipeline, optim, scaler_ptr);
   const RunFigures resident{0, 0, zero.params_bytes(), zero.grads_bytes(), optim.state_bytes()};
+  OpProfile* const profile = dev->profile();
   for (int64_t s = at.step; s < r.training.steps; ++s) {
     const int64_t step = s + 1;  // as people read it: progress, metrics, messages, checkpoints
     const bool last = step == r.training.steps;
     crash_test_hooks(step, comm.rank());
+    // FT_PROFILE: only the steps' ops count (not evaluation, saving or initialisation).
+    if (profile) profile->recording = true;
     const StepResult res = train_step.run(s, loader, [&] {
       return LoopRequests{stop_signal() != 0, is_root && ckpts.clock_due()};
     });
+    if (profile) {
+      profile->recording = false;
+      profile->step_seconds += res.time_s;
+      profile->steps++;
+    }
     if (res.nonfinite) stop_nonfinite(r, train_step, res, ckpts);
     tokens_seen += res.tokens;
     sum.final_loss = res.loss;
@@ -824,6 +833,10 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   sum.mem_peak_bytes = dev->stats().peak_bytes;
   sum.peak_rss_bytes = peak_rss_bytes();
   if (is_root) print_summary(r, sum, ckpts.last_saved());
+  if (is_root && profile) {
+    std::fputs(format_profile(*profile).c_str(), stdout);
+    std::fflush(stdout);
+  }
   return sum;
 }
 

@@ -99,6 +99,8 @@ def rotate_half(x):
 class Llama:
     """Parameters in a plain dict keyed by HF name (nn.Module names cannot hold dots)."""
 
+    sdpa = False  # attention through F.scaled_dot_product_attention (PyTorch >= 2.0)
+
     def __init__(self, cfg, seed=0, std=0.1):
         self.cfg = cfg
         g = torch.Generator().manual_seed(seed)
@@ -155,8 +157,11 @@ class Llama:
             k = k * cos + rotate_half(k) * sin
             k = k.repeat_interleave(H // K, dim=1)  # query head h uses kv head h // (H/K)
             v = v.repeat_interleave(H // K, dim=1)
-            s = q @ k.transpose(-1, -2) / math.sqrt(D) + mask
-            o = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, H * D)
+            if self.sdpa:  # scripts/bench.py on PyTorch 2.x: what a user of it would run
+                o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                o = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D) + mask, dim=-1) @ v
+            o = o.transpose(1, 2).reshape(B, T, H * D)
             x = x + o @ P[pre + "self_attn.o_proj.weight"].T
             b = rms_norm(x, P[pre + "post_attention_layernorm.weight"], cfg.norm_eps)
             g = b @ P[pre + "mlp.gate_proj.weight"].T

@@ -1,0 +1,76 @@
+// FT_PROFILE=1: the wall time of every op and device copy, by op family, measured at the one
+// dispatch point (runtime/ops.h). The CPU device installs ProfilingOps in front of its ops only
+// when the variable is set, so an unprofiled run pays nothing, not even a branch per op.
+// ft train prints the table on rank 0 at the end of the run (format_profile).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/ops.h"
+
+namespace ft {
+
+enum class OpFamily : int {
+  kGemmForward, kGemmDx, kGemmDw, kAttentionForward, kAttentionBackward, kRmsnorm, kRope,
+  kSwiglu, kCrossEntropy, kEmbedding, kAdamw, kConvert, kAdd, kScale, kSumSquares,
+  kCopyDevice, kCopyHost, kMemset, kCount
+};
+const char* op_family_name(OpFamily f);
+
+// Totals per family. Atomic because the checkpoint writer copies to the host from its own
+// thread; only what runs while `recording` is set counts (the trainer sets it around each step,
+// so initialisation, evaluation and saving stay out of the figures).
+struct OpProfile {
+  std::array<std::atomic<int64_t>, size_t(OpFamily::kCount)> ns{}, calls{};
+  std::atomic<bool> recording{false};
+  double step_seconds = 0;  // wall time of the recorded steps, summed (the trainer's)
+  int64_t steps = 0;
+
+  void add(OpFamily f, int64_t nanoseconds) {
+    ns[size_t(f)].fetch_add(nanoseconds, std::memory_order_relaxed);
+    calls[size_t(f)].fetch_add(1, std::memory_order_relaxed);
+  }
+  double seconds(OpFamily f) const { return double(ns[size_t(f)].load()) * 1e-9; }
+  int64_t count(OpFamily f) const { return calls[size_t(f)].load(); }
+};
+
+// Times its own lifetime into `p` as one call of `f`; does nothing when p is null or not
+// recording.
+class ProfileScope {
+ public:
+  ProfileScope(OpProfile* p, OpFamily f)
+      : p_(p && p->recording.load(std::memory_order_relaxed) ? p : nullptr), f_(f) {
+    if (p_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~ProfileScope() {
+    if (p_)
+      p_->add(f_, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - t0_).count());
+  }
+  ProfileScope(const ProfileScope&) = delete;
+  ProfileScope& operator=(const ProfileScope&) = delete;
+
+ private:
+  OpProfile* p_;
+  OpFamily f_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// True when FT_PROFILE is set to anything but "" or "0".
+bool profile_requested();
+
+// Ops that time each call to `inner` into `profile` (while it records) and forward it
+// unchanged. linear_backward with both outputs is forwarded as two calls, dx then dW (the
+// contract allows either output null), so the two GEMMs are timed apart.
+std::unique_ptr<Ops> make_profiling_ops(Ops& inner, OpProfile& profile);
+
+// The table: family, seconds, share of the summed step time, calls; "other" is step time
+// outside ops and copies (communication, the loader, host work).
+std::string format_profile(const OpProfile& p);
+
+}  // namespace ft

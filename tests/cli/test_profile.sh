@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# FT_PROFILE=1 (DESIGN.md §7): rank 0 prints one table at the end of the run, with the op
+# families a training step runs, their call counts (per step: the GEMMs of every linear layer,
+# once forward, once dx, once dW; one AdamW call per tensor), and the same losses as without it
+# (the wrapper only forwards). Without FT_PROFILE there is no table. Times are not checked.
+# One process, and --nproc 2 (data 2, ZeRO 3, bf16): still one table (rank 0's).
+#   bash tests/cli/test_profile.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
+ft="$build/ft"
+tmp=$(mktemp -d); trap '[[ -n ${KEEP_TMP:-} ]] || rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+
+/usr/bin/python3 - "$tmp" "$src" <<'PY'
+import sys, os
+tmp, src = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(src, "tests", "ref"))
+import numpy as np, llama_ref as ref
+os.makedirs(f"{tmp}/train")
+ref.write_shard(f"{tmp}/train/shard_00000.h5", np.random.default_rng(1).integers(0, 96, 2000), 96)
+PY
+cat > "$tmp/r.yaml" <<YAML
+run: {name: prof, output_dir: $tmp/out, seed: 5}
+model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 48, vocab_size: 96,
+        max_seq_len: 16}
+data: {train: $tmp/train, seq_len: 16, shuffle: false}
+training: {steps: 3, micro_batch_size: 2, global_batch_size: 2, grad_clip: 1.0}
+logging: {every_steps: 1}
+runtime: {threads: 1}
+YAML
+
+losses() { grep -o '"loss":[^,]*' "$1"; }
+"$ft" train "$tmp/r.yaml" run.output_dir="$tmp/plain" > "$tmp/plain.txt" 2>&1 \
+  || fail "plain run: $(cat "$tmp/plain.txt")"
+! grep -q "FT_PROFILE" "$tmp/plain.txt" || fail "a table without FT_PROFILE"
+FT_PROFILE=1 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/prof" > "$tmp/prof.txt" 2>&1 \
+  || fail "profiled run: $(cat "$tmp/prof.txt")"
+[[ "$(losses "$tmp/plain/metrics.jsonl")" == "$(losses "$tmp/prof/metrics.jsonl")" ]] \
+  || fail "FT_PROFILE changed the losses"
+grep -q "ft: FT_PROFILE, rank 0: 3 steps" "$tmp/prof.txt" || fail "no table: $(cat "$tmp/prof.txt")"
+calls() { awk -v f="$1" 'index($0, "  " f " ") == 1 { print $NF }' "$tmp/prof.txt"; }
+# 2 layers x 7 linear layers + the LM head = 15 GEMMs per step and direction, over 3 steps.
+for fam in "GEMM forward" "GEMM backward dx" "GEMM backward dW"; do
+  [[ "$(calls "$fam")" == 45 ]] \
+    || fail "$fam: $(calls "$fam") calls, expected 45: $(cat "$tmp/prof.txt")"
+done
+# AdamW: one call per tensor (embedding, 2 x 9 per layer, final norm, head = 21) per step.
+[[ "$(calls adamw)" == 63 ]] || fail "adamw: $(calls adamw) calls, expected 63"
+[[ "$(calls "attention forward")" == 6 ]] || fail "attention forward: $(calls "attention forward")"
+grep -q "other (comm, loader, host)" "$tmp/prof.txt" || fail "no 'other' row"
+
+FT_PROFILE=1 "$ft" train "$tmp/r.yaml" --nproc 2 training.precision=bf16 parallel.zero_stage=3 \
+  training.global_batch_size=4 run.output_dir="$tmp/dp" > "$tmp/dp.txt" 2>&1 \
+  || fail "--nproc 2: $(cat "$tmp/dp.txt")"
+[[ $(grep -c "ft: FT_PROFILE" "$tmp/dp.txt") == 1 ]] || fail "--nproc 2: not one table"
+echo "ok"
