@@ -12,7 +12,8 @@ tenfold every two steps: by step 10 the grad norm differs by up to ~5e-5 relativ
 parameters by ~5e-5 of their tensor's largest entry, while the loss stays within ~3e-7.
 How far depends on the BLAS kernels, which set the summation order: with OpenBLAS's SkylakeX
 (AVX-512) kernels the worst parameter differs by 4.9e-6, with its Haswell (AVX2) kernels — what
-OpenBLAS 0.3.21 picks on an AMD EPYC — by 1.9e-5 (tensor-parallel layouts, the same losses within
+an environment's OPENBLAS_CORETYPE=Haswell selects, as the development sandbox sets — by 1.9e-5
+(tensor-parallel layouts, the same losses within
 2e-7). So the bound is 5e-5 = 0.5% of one step's largest Adam move (lr): far below what a wrong
 slice, a missing all-reduce or a mis-ordered micro-batch does (the loss moves by > 1e-3 at once).
 Layouts that keep the summation order (pipeline only) match bit for bit.
