@@ -17,10 +17,6 @@
 
 #include "kernels/half.h"
 
-#include "kernels/half.h"
-
-#include "kernels/half.h"
-
 namespace ft::kernels {
 
 // ---- GEMM (BLAS) -----------------------------------------------------------------------------

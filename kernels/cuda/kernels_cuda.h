@@ -1,0 +1,108 @@
+// CUDA kernels, host-side entry points: one launcher per op of kernels/kernels.h with the same
+// contract, queued on `stream` (a cudaStream_t passed as void*, so this header needs no CUDA
+// headers and lib/runtime/cuda/ can include it from plain C++). Pointers are device pointers.
+//
+// Element types: T in {float, bf16, f16} of kernels/half.h (2-byte storage structs with the
+// same bits as __nv_bfloat16 / __half; the .cu files reinterpret them). fp32 math inside, one
+// rounding on store, as the CPU kernels (kernels/cpu/, the reference these are tested against).
+//
+// Differences from kernels.h, all forced by the device:
+//   - Scalars the step needs are accumulated in device memory (`double* acc += ...`), never
+//     returned to the host.
+//   - Reductions are deterministic: no floating-point atomics. A kernel that reduces across
+//     blocks writes per-block partials into caller-provided `scratch` and sums them in a fixed
+//     order; `*_scratch_bytes` says how much it needs. The same inputs give the same bits on
+//     every run and every schedule (tests vary the emulator's schedule seed).
+//
+// Built twice from the same sources: by nvcc for the GPU (FT_CUDA), and by g++ against the CUDA
+// emulation header (tests/cuda_emu/, FT_CUDA_EMU: a test tool that runs every CUDA thread as a
+// fiber on the CPU) so CI executes these kernels without a GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/half.h"
+
+namespace ft::kernels::cuda {
+
+// ---- embedding.cu ----
+template <typename T>
+void embedding_forward(T* out, const int32_t* ids, const T* table, int N, int C, int v_begin,
+                       int v_count, void* stream);
+// Deterministic: each table row sums its tokens' gradients in token order (no atomics).
+template <typename T>
+void embedding_backward(float* dtable, const int32_t* ids, const T* dout, int N, int C,
+                        int v_begin, int v_count, void* stream);
+
+// ---- rmsnorm.cu ----
+template <typename T>
+void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int N, int C, float eps,
+                     void* stream);
+// dw (C) += Σ over rows, summed in a fixed order (per-block partials in scratch).
+size_t rmsnorm_backward_scratch_bytes(int N, int C);
+template <typename T>
+void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd,
+                      int N, int C, void* scratch, void* stream);
+
+// ---- rope.cu ----
+template <typename T>
+void rope_forward(T* x, const float* inv_freq, int B, int T_, int nh, int D, void* stream);
+template <typename T>
+void rope_backward(T* dx, const float* inv_freq, int B, int T_, int nh, int D, void* stream);
+
+// ---- attention.cu: causal GQA, logsumexp contract of kernels.h ----
+template <typename T>
+void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, int B, int T_,
+                       int H, int K, int D, void* stream);
+template <typename T>
+size_t attention_backward_scratch_bytes(int B, int T_, int H, int K, int D);
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse,
+                        const T* q, const T* k, const T* v, void* scratch, int B, int T_, int H,
+                        int K, int D, void* stream);
+
+// ---- swiglu.cu ----
+template <typename T>
+void swiglu_forward(T* h, const T* g, const T* u, size_t n, void* stream);
+template <typename T>
+void swiglu_backward(T* dg, T* du, const T* dh, const T* g, const T* u, size_t n, void* stream);
+
+// ---- cross_entropy.cu: *loss_acc += Σ loss over masked rows (fixed-order sum) ----
+size_t cross_entropy_scratch_bytes(int N, int V);
+template <typename T>
+void cross_entropy(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask,
+                   int N, int V, float scale, double* loss_acc, void* scratch, void* stream);
+// Vocabulary-parallel pieces (kernels.h row_max, ce_partial, ce_finish).
+template <typename T>
+void row_max(float* out, const T* x, int N, int V, void* stream);
+template <typename T>
+void ce_partial(double* sumexp, double* target_logit, const T* logits, const int32_t* targets,
+                const uint8_t* mask, const float* row_max, int N, int V, int v_begin,
+                void* stream);
+template <typename T>
+void ce_finish(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask,
+               const float* row_max, const double* sumexp, const double* target_logit, int N,
+               int V, int v_begin, float scale, double* loss_acc, void* scratch, void* stream);
+
+// ---- convert.cu: the bits of kernels/half.h's conversions (NaN, inf, subnormals) ----
+template <typename Dst, typename Src>
+void convert(Dst* dst, const Src* src, size_t n, void* stream);
+
+// ---- reduce.cu ----
+template <typename T>
+void add_inplace(T* y, const T* x, size_t n, void* stream);
+void scale_inplace(float* y, float s, size_t n, void* stream);
+// *acc += Σ x² / divisor in double, summed in a fixed order.
+size_t sum_squares_scratch_bytes(size_t n);
+void sum_squares(double* acc, const float* x, size_t n, double divisor, void* scratch,
+                 void* stream);
+
+// ---- adamw.cu: kernels.h adamw_update (to rounding: where nvcc contracts into FMAs the bits
+// may differ from the CPU's); p_compute (T) may be null ----
+template <typename T>
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t t, float grad_scale,
+                  T* p_compute, void* stream);
+
+}  // namespace ft::kernels::cuda
