@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/vec_math.h"
 #include "kernels/half.h"
 #include "kernels/kernels.h"
 
@@ -44,58 +45,6 @@ struct BlasSingleThread {
 };
 
 constexpr int kTile = kAttnTile;  // query rows and keys per tile
-
-// exp(x) for x ≤ 0 (scores minus a running max or the logsumexp), as Cephes' expf: x = n·ln 2 + r
-// with |r| ≤ ln 2 / 2, a degree-6 polynomial for e^r, 2^n put into the exponent bits; within
-// 1 ulp of std::exp (checked for every float in [−87, 1]). Written as plain arithmetic so that
-// GCC vectorises the loops that call it (std::exp is a scalar libm call per element, and the
-// backward takes as many exps as the forward). Inputs below −87.3 give ~1e-38 instead of a
-// subnormal or 0: no sum here notices.
-inline float exp_nonpositive(float x) {
-  // The backward's S − lse may round a little above 0; the upper clamp keeps 2^n in range
-  // whatever the input (NaN stays NaN through the polynomial).
-  x = std::min(std::max(x, -87.3f), 88.0f);
-  // n = round(x / ln 2): adding 1.5·2^23 rounds to an integer in the float unit (std::floor
-  // would stop GCC from vectorising the loop).
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  float r = x - n * 0.693359375f;  // ln 2 in two parts, so n·ln2 is exact enough
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return p * std::bit_cast<float>((int32_t(n) + 127) << 23);
-}
-
-// Max of x[0, n), in 16 independent lanes so that it vectorises (a single running max is a
-// dependency chain the compiler may not reorder).
-inline float row_max(const float* x, int n, float init) {
-  float lane[16];
-  for (float& l : lane) l = init;
-  int c = 0;
-  for (; c + 16 <= n; c += 16)
-    for (int i = 0; i < 16; ++i) lane[i] = std::max(lane[i], x[c + i]);
-  for (; c < n; ++c) lane[0] = std::max(lane[0], x[c]);
-  float m = init;
-  for (float l : lane) m = std::max(m, l);
-  return m;
-}
-
-// x[c] = exp(x[c] − shift) for c < n; returns the sum (16 lanes, as row_max).
-inline float exp_shifted_sum(float* x, int n, float shift) {
-  for (int c = 0; c < n; ++c) x[c] = exp_nonpositive(x[c] - shift);
-  float lane[16] = {};
-  int c = 0;
-  for (; c + 16 <= n; c += 16)
-    for (int i = 0; i < 16; ++i) lane[i] += x[c + i];
-  for (; c < n; ++c) lane[0] += x[c];
-  float sum = 0.0f;
-  for (float l : lane) sum += l;
-  return sum;
-}
 
 // A (rows, D) tile at src (row stride ld) as fp32: in place for float, else converted into buf
 // (row stride D). Returns the pointer and sets ld_out.
@@ -156,9 +105,9 @@ void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, i
                 std::fill(s, s + cols, 0.0f);
                 continue;
               }
-              const float mx = row_max(s, n, m[r]);
+              const float mx = cpu::lane_max(s, n, m[r]);
               const float alpha = std::exp(m[r] - mx);  // exp(−inf) = 0 on the first tile
-              const float sum = exp_shifted_sum(s, n, mx);
+              const float sum = cpu::exp_shifted_sum(s, n, mx);
               std::fill(s + n, s + cols, 0.0f);
               l[r] = l[r] * alpha + sum;
               m[r] = mx;
@@ -247,7 +196,7 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
                 float* p = P + size_t(r) * kTile;
                 const int n = std::clamp(i0 + r - j0 + 1, 0, cols);
                 const float m = lse_h[i0 + r];
-                for (int c = 0; c < n; ++c) p[c] = exp_nonpositive(p[c] - m);
+                for (int c = 0; c < n; ++c) p[c] = cpu::exp_nonpositive(p[c] - m);
                 std::fill(p + n, p + cols, 0.0f);
               }
               // dVa (cols, D) += Pᵀ (cols, rows) · dO (rows, D)
