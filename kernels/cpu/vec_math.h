@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -35,6 +36,14 @@ inline float exp_nonpositive(float x) {
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
   return p * std::bit_cast<float>((int32_t(n) + 127) << 23);
+}
+
+// 1 / (1 + exp(−x)) through exp_nonpositive(−|x|), so that it vectorises: e/(1 + e) for x < 0
+// is the same quantity without an exp of a positive argument (within 2 ulp of the libm form).
+inline float sigmoid(float x) {
+  const float e = exp_nonpositive(-std::abs(x));
+  const float r = 1.0f / (1.0f + e);
+  return x >= 0.0f ? r : e * r;
 }
 
 // Max of x[0, n), in 16 independent lanes so that it vectorises (a single running max is a
