@@ -30,6 +30,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import flops_per_token  # noqa: E402  (6N + 12·L·T·C per token)
+
 # Dense bf16 tensor-core peaks (FLOP/s, without sparsity) by device-name substring, for MFU.
 # NVIDIA's data sheets: H100 SXM 989.4 T, H100 PCIe 756 T, H200 as H100 SXM, A100 312 T.
 PEAKS = [("H200", 989.4e12), ("H100 PCIe", 756e12), ("H100", 989.4e12), ("A100", 312e12),
@@ -37,15 +40,6 @@ PEAKS = [("H200", 989.4e12), ("H100 PCIe", 756e12), ("H100", 989.4e12), ("A100",
 
 TINY = dict(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=704, vocab_size=512)
 BIG = dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=5632, vocab_size=32000)
-
-
-def flops_per_token(c, T):
-    """6·N (matmul parameters: every linear layer and the LM head) + 12·L·T·C (attention)."""
-    C, L, F, V = c["dim"], c["n_layers"], c["ffn_dim"], c["vocab_size"]
-    hd = C // c["n_heads"]
-    HD, KD = c["n_heads"] * hd, c["n_kv_heads"] * hd
-    n_matmul = L * (C * HD + 2 * C * KD + HD * C + 3 * C * F) + V * C
-    return 6 * n_matmul + 12 * L * T * C
 
 
 class Check:

@@ -18,10 +18,12 @@
 
 namespace ft::kernels {
 
-template <typename T>
-double cross_entropy_forward_backward(std::type_identity_t<T>* dlogits, const T* logits,
-                                      const int32_t* targets, const uint8_t* mask, int N, int V,
-                                      float scale) {
+namespace {
+// Σ body(n, staging) over the rows with mask[n] != 0, under OpenMP with a static schedule and a
+// per-thread fp32 staging row (16-bit logits); rows masked out get zero dlogits (if any). The
+// rows' values are summed per thread in row order, the threads' sums in thread order.
+template <typename T, typename Body>
+double sum_masked_rows(T* dlogits, const uint8_t* mask, int N, int V, Body body) {
   cpu::ThreadSums sums;
 #pragma omp parallel
   {
@@ -29,31 +31,41 @@ double cross_entropy_forward_backward(std::type_identity_t<T>* dlogits, const T*
     std::vector<float> buf(cpu::staging<T>(V));
 #pragma omp for schedule(static)
     for (int n = 0; n < N; ++n) {
-      T* drow = dlogits ? dlogits + size_t(n) * V : nullptr;
       if (!mask[n]) {
-        if (drow) std::memset(drow, 0, sizeof(T) * V);
+        if (dlogits) std::memset(dlogits + size_t(n) * V, 0, sizeof(T) * V);
         continue;
       }
-      // 16-bit: l and d are the same fp32 row (the float loop below allows d to alias l)
-      const float* l = cpu::in_f32(logits + size_t(n) * V, V, buf.data());
-      float* d = drow ? cpu::out_f32(drow, buf.data()) : nullptr;
-      const int t = targets[n];
-      const float lt = l[t];  // read before d (which may alias l) is written
-      const float mx = cpu::lane_max(l, V, l[0]);
-      // exp in float, the sum in double (the sum of V terms is where precision is lost), both
-      // vectorised (vec_math.h)
-      const double se = cpu::exp_shifted_sum_f64(d, l, size_t(V), mx);
-      total += double(mx) + std::log(se) - double(lt);
-      if (d) {
-        const float s = float(double(scale) / se);
-        for (int j = 0; j < V; ++j) d[j] *= s;
-        d[t] -= scale;
-        cpu::store_out(drow, d, V);
-      }
+      total += body(n, buf.data());
     }
     sums.set(total);
   }
   return sums.total();
+}
+}  // namespace
+
+template <typename T>
+double cross_entropy_forward_backward(std::type_identity_t<T>* dlogits, const T* logits,
+                                      const int32_t* targets, const uint8_t* mask, int N, int V,
+                                      float scale) {
+  return sum_masked_rows(dlogits, mask, N, V, [&](int n, float* buf) {
+    T* drow = dlogits ? dlogits + size_t(n) * V : nullptr;
+    // 16-bit: l and d are the same fp32 row (the float loop below allows d to alias l)
+    const float* l = cpu::in_f32(logits + size_t(n) * V, V, buf);
+    float* d = drow ? cpu::out_f32(drow, buf) : nullptr;
+    const int t = targets[n];
+    const float lt = l[t];  // read before d (which may alias l) is written
+    const float mx = cpu::lane_max(l, V, l[0]);
+    // exp in float, the sum in double (the sum of V terms is where precision is lost), both
+    // vectorised (vec_math.h)
+    const double se = cpu::exp_shifted_sum_f64(d, l, size_t(V), mx);
+    if (d) {
+      const float s = float(double(scale) / se);
+      for (int j = 0; j < V; ++j) d[j] *= s;
+      d[t] -= scale;
+      cpu::store_out(drow, d, V);
+    }
+    return double(mx) + std::log(se) - double(lt);
+  });
 }
 
 template <typename T>
@@ -92,34 +104,20 @@ template <typename T>
 double ce_finish(std::type_identity_t<T>* dlogits, const T* logits, const int32_t* targets,
                  const uint8_t* mask, const float* rmax, const double* sumexp,
                  const double* target_logit, int N, int V, int v_begin, float scale) {
-  cpu::ThreadSums sums;
-#pragma omp parallel
-  {
-    double total = 0.0;
-    std::vector<float> buf(cpu::staging<T>(V));
-#pragma omp for schedule(static)
-    for (int n = 0; n < N; ++n) {
-      T* drow = dlogits ? dlogits + size_t(n) * V : nullptr;
-      if (!mask[n]) {
-        if (drow) std::memset(drow, 0, sizeof(T) * V);
-        continue;
-      }
-      total += double(rmax[n]) + std::log(sumexp[n]) - target_logit[n];
-      if (drow) {
-        // 16-bit: l and d are the same fp32 row; d[j] is written after l[j] is read
-        const float* l = cpu::in_f32(logits + size_t(n) * V, V, buf.data());
-        float* d = cpu::out_f32(drow, buf.data());
-        const float s = float(double(scale) / sumexp[n]);
-        const float mx = rmax[n];
-        for (int j = 0; j < V; ++j) d[j] = cpu::exp_nonpositive(l[j] - mx) * s;
-        const int t = targets[n] - v_begin;
-        if (t >= 0 && t < V) d[t] -= scale;
-        cpu::store_out(drow, d, V);
-      }
+  return sum_masked_rows(dlogits, mask, N, V, [&](int n, float* buf) {
+    if (T* drow = dlogits ? dlogits + size_t(n) * V : nullptr) {
+      // 16-bit: l and d are the same fp32 row; d[j] is written after l[j] is read
+      const float* l = cpu::in_f32(logits + size_t(n) * V, V, buf);
+      float* d = cpu::out_f32(drow, buf);
+      const float s = float(double(scale) / sumexp[n]);
+      const float mx = rmax[n];
+      for (int j = 0; j < V; ++j) d[j] = cpu::exp_nonpositive(l[j] - mx) * s;
+      const int t = targets[n] - v_begin;
+      if (t >= 0 && t < V) d[t] -= scale;
+      cpu::store_out(drow, d, V);
     }
-    sums.set(total);
-  }
-  return sums.total();
+    return double(rmax[n]) + std::log(sumexp[n]) - target_logit[n];
+  });
 }
 
 #define FT_INSTANTIATE(T)                                                                         \

@@ -73,18 +73,6 @@ inline float exp_shifted_sum(float* x, int n, float shift) {
   return sum;
 }
 
-// Σ x[c] for c < n in double, 16 lanes (as lane_max).
-inline double lane_sum_f64(const float* x, size_t n) {
-  double lane[16] = {};
-  size_t c = 0;
-  for (; c + 16 <= n; c += 16)
-    for (int i = 0; i < 16; ++i) lane[i] += double(x[c + i]);
-  for (; c < n; ++c) lane[0] += double(x[c]);
-  double sum = 0.0;
-  for (double l : lane) sum += l;
-  return sum;
-}
-
 // Σ x[c]² for c < n in double, 16 lanes (as lane_max).
 inline double lane_sum_squares_f64(const float* x, size_t n) {
   double lane[16] = {};
