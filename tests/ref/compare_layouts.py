@@ -1,15 +1,17 @@
 """Compares every layout run by scripts/test_layouts.sh with the one-process run.
 
-Per step: loss within 1e-5 relative (the issue's bound; ≤ 3e-7 seen), grad_norm within 1e-4
-relative; evaluation losses within 1e-5 relative. Final parameters: each layout's ranks wrote their slices (FT_TEST_DUMP_PARAMS);
+Per step: loss within 1e-5 relative (the issue's bound; ≤ 7e-7 seen), grad_norm within 1e-4
+relative at step 1 and 5e-4 over the 10 steps; evaluation losses within 1e-5 relative. Final parameters: each layout's ranks wrote their slices (FT_TEST_DUMP_PARAMS);
 tensor slices are put back together along the split axis, tensors held by several ranks
 (replicated norms, tied embeddings on two stages) must agree exactly, and every element must
 match the one-process run within 5e-5 absolute (parameters here are O(0.01–1); lr is 0.01).
 Why these bounds: a layout sums the same numbers in another order (all-reduces of partial
 sums), so step 1's gradients differ by ~1e-8 relative. Adam then amplifies such differences
 for elements whose gradient is tiny (the update is ~lr·sign(g) early on), and they grow about
-tenfold every two steps: by step 10 the grad norm differs by up to ~5e-5 relative and a few
-parameters by ~5e-5 of their tensor's largest entry, while the loss stays within ~3e-7.
+tenfold every two steps: by step 10 the grad norm differs by up to ~1.3e-4 relative (seen with
+the vectorised SwiGLU sigmoid; 5e-5 with libm's exp before it: which elements get amplified
+depends on the last bits of every op) and a few parameters by ~5e-5 of their tensor's largest
+entry, while the loss stays within ~7e-7.
 How far depends on the BLAS kernels, which set the summation order: with OpenBLAS's SkylakeX
 (AVX-512) kernels the worst parameter differs by 4.9e-6, with its Haswell (AVX2) kernels — what
 an environment's OPENBLAS_CORETYPE=Haswell selects, as the development sandbox sets — by 1.9e-5
@@ -47,7 +49,7 @@ tmp = sys.argv[1]
 # tolerance PyTorch's own bf16 autocast is held to against ft), the grad norm loosely (3x) and the
 # parameters at 0.1 absolute (seen 4.6e-2; parameters are O(0.01-1)).
 BOUNDS = {
-    "fp32": {"loss": 1e-5, "grad_norm": 1e-4, "params": 5e-5, "loss1": 1e-5, "grad_norm1": 1e-4},
+    "fp32": {"loss": 1e-5, "grad_norm": 5e-4, "params": 5e-5, "loss1": 1e-5, "grad_norm1": 1e-4},
     "bf16": {"loss": 2e-2, "grad_norm": 2.0, "params": 0.1, "loss1": 1e-5, "grad_norm1": 1e-3},
 }
 
