@@ -176,7 +176,9 @@ TEST_CASE("lt_gemm_cuda_emu: the heuristic runs once per problem; null outputs a
   std::vector<unsigned char> workspace(ft::cuda_emu::kCublasLtEmuWorkspaceBytes);
   LtGemm lt(workspace.data(), workspace.size(), false);
   const int N = 19, in = 111, out = 19;
-  alignas(256) static k::bf16 x[N * in], W[out * in], y[N * out], dy[N * out], dx[N * in];
+  // One spare element each, for the misaligned views below.
+  alignas(256) static k::bf16 x[N * in + 1], W[out * in], y[N * out + 1], dy[N * out],
+      dx[N * in];
   alignas(256) static float dW[out * in];
   const auto before = ft::cuda_emu::cublaslt_emu_stats();
   for (int step = 0; step < 3; ++step) {
@@ -194,9 +196,11 @@ TEST_CASE("lt_gemm_cuda_emu: the heuristic runs once per problem; null outputs a
   CHECK(ft::cuda_emu::cublaslt_emu_stats().matmuls - after.matmuls == 1);
   CHECK(lt.cached_problems() == 4);
 
-  // The same shapes on a 2-byte aligned slice are new problems (the algorithm chosen for
-  // 256-byte alignment may not run on them), and they run.
-  lt.linear_forward(y + 1, x + 1, W, DType::kBF16, N - 1, in, out, false, nullptr);
+  // The same shape on 2-byte aligned views is a new problem (an algorithm chosen for 256-byte
+  // alignment may not run on it: the emulator refuses that, see below), and it runs.
+  lt.linear_forward(y + 1, x + 1, W, DType::kBF16, N, in, out, false, nullptr);
+  CHECK(lt.cached_problems() == 5);
+  lt.linear_forward(y + 1, x + 1, W, DType::kBF16, N, in, out, false, nullptr);
   CHECK(lt.cached_problems() == 5);
 }
 
