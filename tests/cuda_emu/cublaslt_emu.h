@@ -1,7 +1,8 @@
 // Emulated cuBLASLt (a test tool, never a claim about a GPU): host definitions of the cuBLASLt
-// functions lib/runtime/cuda/lt_gemm.cpp calls, declared by the real <cublasLt.h> (which g++
-// compiles without the library), linked instead of libcublasLt in the emulated build so CI runs
-// lt_gemm without a GPU.
+// functions lib/runtime/cuda/lt_gemm.cpp calls, linked instead of libcublasLt in the emulated
+// build (FT_CUDA_EMU) so CI runs lt_gemm without a GPU. Declared by the real <cublasLt.h> where
+// the CUDA toolkit is installed (g++ compiles it without the library), else by
+// cublaslt_decls.h (FT_CUBLASLT_EMU_OWN_DECLS; checked against the real header where both are).
 //
 // cublasLtMatmul is a naive reference GEMM that reads the descriptors exactly as cuBLASLt
 // defines them: column-major layouts (rows, cols as stored, column stride ld), op(A) and op(B)
@@ -22,7 +23,11 @@
 // else returns CUBLAS_STATUS_NOT_SUPPORTED with the reason in cublaslt_emu_last_error().
 #pragma once
 
+#ifdef FT_CUBLASLT_EMU_OWN_DECLS
+#include "tests/cuda_emu/cublaslt_decls.h"
+#else
 #include <cublasLt.h>
+#endif
 
 #include <cstdint>
 #include <string>

@@ -3,7 +3,11 @@
 // cublasLtMatmul on the caller's stream with the caller's workspace.
 #include "runtime/cuda/lt_gemm.h"
 
+#ifdef FT_CUDA_EMU
+#include "tests/cuda_emu/cublaslt_emu.h"  // the emulated cuBLASLt: a test tool for CI
+#else
 #include <cublasLt.h>
+#endif
 
 #include <compare>
 #include <map>
