@@ -103,8 +103,8 @@ void check_close(const char* what, const std::vector<T>& got, const std::vector<
       ++bad;
     }
   }
-  INFO(std::string(what) << ": " << bad << " of " << got.size() << " outside the bound, first off by "
-            << worst);
+  INFO(std::string(what) << ": " << bad << " of " << got.size()
+                         << " outside the bound, first off by " << worst);
   CHECK(bad == 0);
 }
 
