@@ -5,9 +5,11 @@
 //
 // Numerics, as the CPU reference: bf16/fp16 inputs with fp32 accumulation and one rounding to
 // the output type (y, dx) or fp32 output (dW, accumulating); fp32 with TF32 off unless the
-// LtGemm is built with allow_tf32 (runtime.tf32: true). cuBLASLt's result for one algorithm is
-// bit-reproducible on one GPU model and toolkit; the algorithm is chosen once per problem and
-// cached, so every step of a run uses the same one.
+// LtGemm is built with allow_tf32 (runtime.tf32: true). Determinism: one toolkit gives the
+// same bits on every run on GPUs of one architecture and SM count (cuBLAS guide, "Results
+// reproducibility"; with a caller-owned workspace, as here, no hidden per-stream workspace can
+// change the choice); the algorithm is chosen once per problem and cached, so every step of a
+// run uses the same one.
 //
 // Built twice: against libcublasLt for the GPU, and against tests/cuda_emu/cublaslt_emu.cpp (a
 // test tool: the same API with a naive reference GEMM) so CI runs this file without a GPU.
@@ -27,9 +29,10 @@
 
 namespace ft::cuda {
 
-// cuBLASLt workspace for a GPU of compute capability `sm_major`.x: NVIDIA's cuBLAS guide
-// recommends 32 MiB on Hopper and later (its TMA/warp-specialized kernels and split-K use more)
-// and 4 MiB before. The Device's allocator provides it once, at start-up.
+// cuBLASLt workspace for a GPU of compute capability `sm_major`.x: the cuBLAS API reference
+// (cublasSetWorkspace) recommends 32 MiB on Hopper and 4 MiB on other architectures; sm_90 and
+// later get 32 MiB. The Device's allocator provides it once, at start-up, and `ft plan` should
+// count it.
 size_t lt_workspace_bytes(int sm_major);
 
 class LtGemm {
