@@ -2,7 +2,12 @@
 // tool that reads the descriptors as cuBLASLt defines them; emulation, no claim about a GPU)
 // against the CPU reference kernels::linear_forward / linear_backward<float> on the same
 // rounded inputs: fp32, bf16, f16, every mix of N, in, out in {1, 19, 111}, with and without
-// accumulation. A wrong mapping (a swapped transpose, a wrong ld) fails these by O(1).
+// accumulation, on aligned buffers and on views one element in. A wrong mapping (a swapped
+// transpose, a wrong ld) fails these by O(1).
+//
+// The same file, built with FT_LT_GEMM_GPU against the real cuBLASLt and CUDA runtime
+// (lt_gemm_gpu_tests, for the GPU machine), runs the sweeps on the GPU: buffers then live in
+// device memory (Buffer below) and the emulator-only cases are left out.
 //
 // Tolerance per element, with r the fp32 reference and A = Σ|terms| (including the old output
 // when accumulating), as tests/unit/test_gemm16.cpp:
@@ -16,6 +21,7 @@
 // above 2K·2^-24·A for K ≤ 112.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -25,13 +31,61 @@
 #include "kernels/half.h"
 #include "kernels/kernels.h"
 #include "runtime/cuda/lt_gemm.h"
+#ifdef FT_LT_GEMM_GPU
+#include <cuda_runtime.h>
+#else
 #include "tests/cuda_emu/cublaslt_emu.h"
+#endif
 
 namespace k = ft::kernels;
 using ft::DType;
 using ft::cuda::LtGemm;
 
 namespace {
+
+// `n` elements of T where lt_gemm reads and writes them, starting `offset` elements into the
+// allocation (offset 1 makes a view aligned to only the element size). Emulated build: host
+// memory; GPU build: device memory.
+template <typename T>
+class Buffer {
+ public:
+  Buffer(const std::vector<T>& host, size_t offset) : n_(host.size()), offset_(offset) {
+#ifdef FT_LT_GEMM_GPU
+    REQUIRE(cudaMalloc(&base_, (n_ + offset_) * sizeof(T)) == cudaSuccess);
+    REQUIRE(cudaMemcpy(base_ + offset_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice) ==
+            cudaSuccess);
+#else
+    storage_.resize(n_ + offset_);
+    std::copy(host.begin(), host.end(), storage_.begin() + offset_);
+    base_ = storage_.data();
+#endif
+  }
+  ~Buffer() {
+#ifdef FT_LT_GEMM_GPU
+    cudaFree(base_);
+#endif
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  T* get() { return base_ + offset_; }
+  std::vector<T> download() const {
+    std::vector<T> h(n_);
+#ifdef FT_LT_GEMM_GPU
+    REQUIRE(cudaMemcpy(h.data(), base_ + offset_, n_ * sizeof(T), cudaMemcpyDeviceToHost) ==
+            cudaSuccess);
+#else
+    std::copy(storage_.begin() + offset_, storage_.end(), h.begin());
+#endif
+    return h;
+  }
+
+ private:
+  size_t n_, offset_;
+  T* base_ = nullptr;
+#ifndef FT_LT_GEMM_GPU
+  std::vector<T> storage_;
+#endif
+};
 
 template <typename T>
 constexpr DType dtype_of() {
@@ -109,7 +163,9 @@ void check_close(const char* what, const std::vector<T>& got, const std::vector<
 }
 
 template <typename T>
-void compare_with_cpu(LtGemm& lt, int N, int in, int out, bool acc, uint32_t seed) {
+void compare_with_cpu(LtGemm& lt, int N, int in, int out, bool acc, size_t offset,
+                      uint32_t seed) {
+  CAPTURE(offset);
   CAPTURE(N);
   CAPTURE(in);
   CAPTURE(out);
@@ -128,12 +184,15 @@ void compare_with_cpu(LtGemm& lt, int N, int in, int out, bool acc, uint32_t see
   k::linear_backward<float>(dx_ref.data(), dW_ref.data(), dy.f.data(), x.f.data(), W.f.data(),
                             N, in, out, acc);
 
-  std::vector<T> y = y0.t, dx = dx0.t;
-  std::vector<float> dW = dW0;
+  Buffer<T> x_d(x.t, offset), W_d(W.t, offset), dy_d(dy.t, offset), y_d(y0.t, offset),
+      dx_d(dx0.t, offset);
+  Buffer<float> dW_d(dW0, offset);
   const DType t = dtype_of<T>();
-  lt.linear_forward(y.data(), x.t.data(), W.t.data(), t, N, in, out, acc, nullptr);
-  lt.linear_backward(dx.data(), dW.data(), dy.t.data(), x.t.data(), W.t.data(), t, N, in, out,
+  lt.linear_forward(y_d.get(), x_d.get(), W_d.get(), t, N, in, out, acc, nullptr);
+  lt.linear_backward(dx_d.get(), dW_d.get(), dy_d.get(), x_d.get(), W_d.get(), t, N, in, out,
                      acc, nullptr);
+  const std::vector<T> y = y_d.download(), dx = dx_d.download();
+  const std::vector<float> dW = dW_d.download();
 
   const auto& xf = x.f;
   const auto& Wf = W.f;
@@ -156,21 +215,41 @@ void compare_with_cpu(LtGemm& lt, int N, int in, int out, bool acc, uint32_t see
 
 template <typename T>
 void sweep() {
-  std::vector<unsigned char> workspace(ft::cuda_emu::kCublasLtEmuWorkspaceBytes);
-  LtGemm lt(workspace.data(), workspace.size(), /*allow_tf32=*/false);
+#ifdef FT_LT_GEMM_GPU
+  int dev = 0, major = 0;
+  REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
+  Buffer<unsigned char> workspace(std::vector<unsigned char>(ft::cuda::lt_workspace_bytes(major)),
+                                  0);
+  const size_t workspace_bytes = ft::cuda::lt_workspace_bytes(major);
+#else
+  Buffer<unsigned char> workspace(
+      std::vector<unsigned char>(ft::cuda_emu::kCublasLtEmuWorkspaceBytes), 0);
+  const size_t workspace_bytes = ft::cuda_emu::kCublasLtEmuWorkspaceBytes;
+#endif
+  LtGemm lt(workspace.get(), workspace_bytes, /*allow_tf32=*/false);
   const int sizes[] = {1, 19, 111};
   uint32_t seed = 7;
-  for (int N : sizes)
-    for (int in : sizes)
-      for (int out : sizes)
-        for (bool acc : {false, true}) compare_with_cpu<T>(lt, N, in, out, acc, seed += 10);
+  for (size_t offset : {0, 1})
+    for (int N : sizes)
+      for (int in : sizes)
+        for (int out : sizes)
+          for (bool acc : {false, true})
+            compare_with_cpu<T>(lt, N, in, out, acc, offset, seed += 10);
 }
 
 }  // namespace
 
+TEST_CASE("lt_gemm_cuda_emu: the cuBLASLt workspace follows NVIDIA's recommendation") {
+  CHECK(ft::cuda::lt_workspace_bytes(8) == size_t{4} << 20);   // Ampere
+  CHECK(ft::cuda::lt_workspace_bytes(9) == size_t{32} << 20);  // Hopper
+}
+
 TEST_CASE("lt_gemm_cuda_emu: fp32 linear layers equal the CPU reference") { sweep<float>(); }
 TEST_CASE("lt_gemm_cuda_emu: bf16 linear layers equal the CPU reference") { sweep<k::bf16>(); }
 TEST_CASE("lt_gemm_cuda_emu: f16 linear layers equal the CPU reference") { sweep<k::f16>(); }
+
+#ifndef FT_LT_GEMM_GPU  // the rest reads the emulator's counters or runs host buffers
 
 TEST_CASE("lt_gemm_cuda_emu: the heuristic runs once per problem; null outputs are skipped") {
   std::vector<unsigned char> workspace(ft::cuda_emu::kCublasLtEmuWorkspaceBytes);
@@ -285,3 +364,5 @@ TEST_CASE("lt_gemm_cuda_emu: a failing cuBLASLt call is an ft::Error naming the 
                      nullptr);
   CHECK(dW[2] == 3);
 }
+
+#endif  // FT_LT_GEMM_GPU
