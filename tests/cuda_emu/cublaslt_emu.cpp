@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/half.h"
@@ -199,6 +201,13 @@ float to_tf32(float x) {
   if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
   std::memcpy(&x, &u, 4);
   return x;
+}
+
+// The bytes a column-major matrix spans: [first, last element + 1).
+std::pair<uintptr_t, uintptr_t> extent(const void* ptr, const LayoutState& l) {
+  const auto lo = reinterpret_cast<uintptr_t>(ptr);
+  const uint64_t elems = (l.cols - 1) * static_cast<uint64_t>(l.ld) + l.rows;
+  return {lo, lo + elems * type_size(l.type)};
 }
 
 uint32_t alignment_of(const void* ptr) {
@@ -469,6 +478,16 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                     "-byte workspace, given " + std::to_string(workspace_bytes));
   if (!alpha_p || !beta_p || !A_p || !B_p || !D_p)
     return fail(CUBLAS_STATUS_INVALID_VALUE, "Matmul: a null pointer");
+  // In place (C == D) needs one layout for both; D overlapping an input is undefined in the
+  // library (its tiles would read what others already wrote), so the emulator refuses it.
+  if (C_p == D_p && (p.c.ld != p.d.ld || p.c.type != p.d.type))
+    return fail(CUBLAS_STATUS_INVALID_VALUE, "Matmul: C == D with different layouts");
+  const auto [d_lo, d_hi] = extent(D_p, p.d);
+  for (auto [ptr, l, name] : {std::tuple{A_p, &p.a, "A"}, std::tuple{B_p, &p.b, "B"}}) {
+    const auto [lo, hi] = extent(ptr, *l);
+    if (lo < d_hi && d_lo < hi)
+      return fail(CUBLAS_STATUS_INVALID_VALUE, std::string("Matmul: D overlaps ") + name);
+  }
   if (ws_needed) std::memset(workspace, 0xA5, ws_needed);  // touch it: ASan checks the size
 
   const float alpha = *static_cast<const float*>(alpha_p);

@@ -283,7 +283,7 @@ TEST_CASE("lt_gemm_cuda_emu: the heuristic runs once per problem; null outputs a
   CHECK(lt.cached_problems() == 5);
 }
 
-TEST_CASE("lt_gemm_cuda_emu: the emulator refuses pointers less aligned than the algorithm's") {
+TEST_CASE("lt_gemm_cuda_emu: the emulator refuses what the library leaves undefined") {
   // Why the alignment is part of lt_gemm's cache key: the library's default assumes 256 bytes.
   cublasLtHandle_t h;
   REQUIRE(cublasLtCreate(&h) == CUBLAS_STATUS_SUCCESS);
@@ -318,6 +318,10 @@ TEST_CASE("lt_gemm_cuda_emu: the emulator refuses pointers less aligned than the
   CHECK(cublasLtMatmul(h, desc, &one, buf + 1, l, buf + 4, l, &zero, buf + 8, l, buf + 8, l,
                        &r.algo, nullptr, 0, nullptr) == CUBLAS_STATUS_INVALID_VALUE);
   CHECK(ft::cuda_emu::cublaslt_emu_last_error().find("4-byte aligned") != std::string::npos);
+  // An output overlapping an input is refused (undefined in the library).
+  CHECK(cublasLtMatmul(h, desc, &one, buf, l, buf + 4, l, &zero, buf + 4, l, buf + 4, l, &r.algo,
+                       nullptr, 0, nullptr) == CUBLAS_STATUS_INVALID_VALUE);
+  CHECK(ft::cuda_emu::cublaslt_emu_last_error().find("D overlaps B") != std::string::npos);
   // An attribute of the wrong size is refused, as by the library.
   const int64_t wide = CUBLAS_OP_T;
   CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &wide, sizeof wide) ==
