@@ -11,8 +11,9 @@
 // CUBLAS_COMPUTE_32F_FAST_TF32) and one rounding to D's type. It is stricter than the library
 // where the library's behaviour is undefined: it refuses layouts that do not fit m, n, k,
 // attribute buffers of the wrong size, an algorithm used with other descriptors than the ones
-// it was chosen for, pointers less aligned than the heuristic was told, and a workspace smaller
-// than the algorithm asked for (it writes that many bytes, so ASan catches a short buffer).
+// it was chosen for, pointers less aligned than the heuristic was told, D overlapping A or B,
+// C == D with different layouts, and a workspace smaller than the algorithm asked for (it
+// writes that many bytes, so ASan catches a short buffer).
 // "Device" pointers are host pointers; the stream is ignored and every call completes at once.
 //
 // Supported: cublasLtCreate/Destroy, GetStatusName/String, MatmulDescCreate/Destroy/
