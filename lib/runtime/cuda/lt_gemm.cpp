@@ -10,8 +10,10 @@
 #endif
 
 #include <compare>
+#include <cstdint>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "core/error.h"
 
@@ -70,7 +72,6 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  size_t workspace = 0;
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -165,8 +166,7 @@ struct LtGemm::Impl {
               describe(call, p), " with a ", workspace_bytes, "-byte workspace and alignments ",
               key.align_a, '/', key.align_b, '/', key.align_c, '/', key.align_d,
               " bytes (A/B/C/D). A larger cuBLASLt workspace or 16-byte aligned buffers may help.");
-    plan->algo = result.algo;
-    plan->workspace = result.workspaceSize;
+    plan->algo = result.algo;  // its workspaceSize is at most ours (MAX_WORKSPACE_BYTES)
     return *plans.emplace(key, std::move(plan)).first->second;
   }
 
