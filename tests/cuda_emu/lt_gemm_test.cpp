@@ -9,16 +9,15 @@
 // (lt_gemm_gpu_tests, for the GPU machine), runs the sweeps on the GPU: buffers then live in
 // device memory (Buffer below) and the emulator-only cases are left out.
 //
-// Tolerance per element, with r the fp32 reference and A = Σ|terms| (including the old output
-// when accumulating), as tests/unit/test_gemm16.cpp:
-//   |out − r| ≤ u_T·|r| + (1 + u_T)·2K·2^-24·A
-//                + h_T
-// u_T·|r|: the one rounding of the output to T (half an ulp: 2^-8 bf16, 2^-11 f16, 0 for fp32
-// outputs), and h_T the same below T's normal range, where the spacing is absolute (half the
-// smallest subnormal: 2^-25 f16, 2^-134 bf16; f16 outputs of small sums land there); the second
-// term bounds two fp32 sums of K terms in different orders (the emulator
-// sums in index order, OpenBLAS in blocks). A lost or doubled term moves a sum by ~A/K, far
-// above 2K·2^-24·A for K ≤ 112.
+// Tolerance per element, with r the fp32 reference, A = Σ|terms| (with the old output when
+// accumulating) and K the inner dimension, as tests/unit/test_gemm16.cpp:
+//   |out − r| ≤ u_T·|r| + h_T + (1 + u_T)·2(K + 1)·2^-24·A
+// u_T·|r| is the one rounding of the output to T (half an ulp: 2^-8 bf16, 2^-11 f16, 0 for
+// fp32 outputs); h_T is that rounding below T's normal range, where the spacing is absolute
+// (half the smallest subnormal: 2^-25 f16, 2^-134 bf16; f16 outputs of small sums land there);
+// the last term bounds two fp32 sums of K + 1 terms added in different orders (the emulator in
+// index order, OpenBLAS in blocks, a GPU in tiles). A lost or doubled term moves a sum by ~A/K,
+// far above 2(K + 1)·2^-24·A for K ≤ 111.
 #include <doctest/doctest.h>
 
 #include <algorithm>
