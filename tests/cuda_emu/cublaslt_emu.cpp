@@ -102,8 +102,8 @@ struct Problem {
 };
 
 cublasStatus_t resolve(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t A,
-                       cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C,
-                       cublasLtMatrixLayout_t D, Problem* p) {
+                       cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
+                       Problem* p) {
   if (!load(desc, kDescMagic, &p->desc))
     return fail(CUBLAS_STATUS_INVALID_VALUE, "matmul descriptor missing or destroyed");
   const char* names[4] = {"A", "B", "C", "D"};
@@ -118,9 +118,9 @@ cublasStatus_t resolve(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t A,
                                                    ": the emulator runs column-major, unbatched");
     if (ls[i]->rows == 0 || ls[i]->cols == 0 || ls[i]->ld < static_cast<int64_t>(ls[i]->rows))
       return fail(CUBLAS_STATUS_INVALID_VALUE,
-                  std::string("layout of ") + names[i] + ": rows " +
-                      std::to_string(ls[i]->rows) + ", cols " + std::to_string(ls[i]->cols) +
-                      ", ld " + std::to_string(ls[i]->ld) + " (needs rows, cols > 0, ld >= rows)");
+                  std::string("layout of ") + names[i] + ": rows " + std::to_string(ls[i]->rows) +
+                      ", cols " + std::to_string(ls[i]->cols) + ", ld " +
+                      std::to_string(ls[i]->ld) + " (needs rows, cols > 0, ld >= rows)");
   }
   const DescState& s = p->desc;
   if (s.pointer_mode != CUBLASLT_POINTER_MODE_HOST || s.epilogue != CUBLASLT_EPILOGUE_DEFAULT ||
@@ -138,9 +138,8 @@ cublasStatus_t resolve(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t A,
     return fail(CUBLAS_STATUS_INVALID_VALUE,
                 "layouts do not fit: D is " + std::to_string(p->m) + "x" + std::to_string(p->n) +
                     ", op(A) " + std::to_string(ta ? p->a.cols : p->a.rows) + "x" +
-                    std::to_string(p->k) + ", op(B) " +
-                    std::to_string(tb ? p->b.cols : p->b.rows) + "x" +
-                    std::to_string(tb ? p->b.rows : p->b.cols));
+                    std::to_string(p->k) + ", op(B) " + std::to_string(tb ? p->b.cols : p->b.rows) +
+                    "x" + std::to_string(tb ? p->b.rows : p->b.cols));
   // The type combinations cuBLASLt lists for CUBLAS_COMPUTE_32F[_FAST_TF32] with fp32 scale.
   const bool tf32 = s.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
   if (s.compute != CUBLAS_COMPUTE_32F && !tf32)
@@ -220,9 +219,7 @@ uint32_t alignment_of(const void* ptr) {
 }  // namespace
 
 namespace ft::cuda_emu {
-CublasLtEmuStats cublaslt_emu_stats() {
-  return {g_heuristic_queries.load(), g_matmuls.load()};
-}
+CublasLtEmuStats cublaslt_emu_stats() { return {g_heuristic_queries.load(), g_matmuls.load()}; }
 std::string cublaslt_emu_last_error() { return g_last_error; }
 }  // namespace ft::cuda_emu
 
@@ -265,8 +262,8 @@ const char* cublasLtGetStatusString(cublasStatus_t s) {
   }
 }
 
-cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc,
-                                        cublasComputeType_t compute, cudaDataType_t scale) {
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale) {
   if (!desc) return fail(CUBLAS_STATUS_INVALID_VALUE, "MatmulDescCreate: null pointer");
   *desc = new cublasLtMatmulDescOpaque_t{};
   store(*desc, DescState{kDescMagic, compute, scale, CUBLASLT_POINTER_MODE_HOST, CUBLAS_OP_N,
@@ -285,8 +282,8 @@ cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
 }
 
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
-                                              cublasLtMatmulDescAttributes_t attr,
-                                              const void* buf, size_t bytes) {
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t bytes) {
   DescState s;
   if (!load(desc, kDescMagic, &s))
     return fail(CUBLAS_STATUS_INVALID_VALUE, "MatmulDescSetAttribute: not a live descriptor");
@@ -301,8 +298,7 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
     case CUBLASLT_MATMUL_DESC_EPILOGUE: good = take(buf, bytes, &s.epilogue); break;
     default:
       return fail(CUBLAS_STATUS_NOT_SUPPORTED,
-                  "MatmulDescSetAttribute: attribute " + std::to_string(attr) +
-                      " is not emulated");
+                  "MatmulDescSetAttribute: attribute " + std::to_string(attr) + " is not emulated");
   }
   if (!good)
     return fail(CUBLAS_STATUS_INVALID_VALUE, "MatmulDescSetAttribute: attribute " +
@@ -316,8 +312,8 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDa
                                           uint64_t rows, uint64_t cols, int64_t ld) {
   if (!layout) return fail(CUBLAS_STATUS_INVALID_VALUE, "MatrixLayoutCreate: null pointer");
   *layout = new cublasLtMatrixLayoutOpaque_t{};
-  store(*layout, LayoutState{kLayoutMagic, static_cast<uint32_t>(type), CUBLASLT_ORDER_COL, 1,
-                             rows, cols, ld});
+  store(*layout, LayoutState{kLayoutMagic, static_cast<uint32_t>(type), CUBLASLT_ORDER_COL, 1, rows,
+                             cols, ld});
   return ok();
 }
 
@@ -346,9 +342,8 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout,
     case CUBLASLT_MATRIX_LAYOUT_LD: good = take(buf, bytes, &s.ld); break;
     case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: good = take(buf, bytes, &s.batch_count); break;
     default:
-      return fail(CUBLAS_STATUS_NOT_SUPPORTED,
-                  "MatrixLayoutSetAttribute: attribute " + std::to_string(attr) +
-                      " is not emulated");
+      return fail(CUBLAS_STATUS_NOT_SUPPORTED, "MatrixLayoutSetAttribute: attribute " +
+                                                   std::to_string(attr) + " is not emulated");
   }
   if (!good)
     return fail(CUBLAS_STATUS_INVALID_VALUE, "MatrixLayoutSetAttribute: attribute " +
@@ -381,8 +376,7 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
                                                     const void* buf, size_t bytes) {
   PrefState s;
   if (!load(pref, kPrefMagic, &s))
-    return fail(CUBLAS_STATUS_INVALID_VALUE,
-                "MatmulPreferenceSetAttribute: not a live preference");
+    return fail(CUBLAS_STATUS_INVALID_VALUE, "MatmulPreferenceSetAttribute: not a live preference");
   bool good;
   switch (attr) {
     case CUBLASLT_MATMUL_PREF_SEARCH_MODE:
@@ -394,21 +388,20 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES: good = take(buf, bytes, &s.align[2]); break;
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: good = take(buf, bytes, &s.align[3]); break;
     default:
-      return fail(CUBLAS_STATUS_NOT_SUPPORTED,
-                  "MatmulPreferenceSetAttribute: attribute " + std::to_string(attr) +
-                      " is not emulated");
+      return fail(CUBLAS_STATUS_NOT_SUPPORTED, "MatmulPreferenceSetAttribute: attribute " +
+                                                   std::to_string(attr) + " is not emulated");
   }
   if (!good)
     return fail(CUBLAS_STATUS_INVALID_VALUE, "MatmulPreferenceSetAttribute: attribute " +
                                                  std::to_string(attr) + " given " +
-                                                 std::to_string(bytes) + " bytes or a value "
+                                                 std::to_string(bytes) +
+                                                 " bytes or a value "
                                                  "the emulator does not support");
   store(pref, s);
   return ok();
 }
 
-cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle,
-                                              cublasLtMatmulDesc_t desc,
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
                                               cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
                                               cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
                                               cublasLtMatmulPreference_t pref, int requested,
@@ -424,12 +417,11 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle,
   ++g_heuristic_queries;
   *returned = 0;
   Problem p;
-  if (const cublasStatus_t s = resolve(desc, A, B, C, D, &p); s != CUBLAS_STATUS_SUCCESS)
-    return s;
+  if (const cublasStatus_t s = resolve(desc, A, B, C, D, &p); s != CUBLAS_STATUS_SUCCESS) return s;
   for (uint32_t a : ps.align)
     if (a == 0 || (a & (a - 1)) != 0)
-      return fail(CUBLAS_STATUS_INVALID_VALUE, "AlgoGetHeuristic: alignment " +
-                                                   std::to_string(a) + " is not a power of 2");
+      return fail(CUBLAS_STATUS_INVALID_VALUE,
+                  "AlgoGetHeuristic: alignment " + std::to_string(a) + " is not a power of 2");
   // One algorithm, whatever the shape: the naive loop of cublasLtMatmul below.
   cublasLtMatmulHeuristicResult_t& r = results[0];
   r = cublasLtMatmulHeuristicResult_t{};
@@ -453,8 +445,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if (!handle || handle->magic != kHandleMagic)
     return fail(CUBLAS_STATUS_NOT_INITIALIZED, "Matmul: not a live handle");
   Problem p;
-  if (const cublasStatus_t s = resolve(desc, A, B, C, D, &p); s != CUBLAS_STATUS_SUCCESS)
-    return s;
+  if (const cublasStatus_t s = resolve(desc, A, B, C, D, &p); s != CUBLAS_STATUS_SUCCESS) return s;
   // The library picks an algorithm itself when algo is null; lt_gemm always passes one, and
   // the emulator insists, so a missing heuristic step cannot hide here.
   if (!algo || algo->data[0] != kAlgoMagic)
@@ -467,10 +458,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const char* names = "ABCD";
   for (int i = 0; i < 4; ++i)
     if (alignment_of(ptrs[i]) < algo->data[2 + i])
-      return fail(CUBLAS_STATUS_INVALID_VALUE,
-                  std::string("Matmul: ") + names[i] + " is " +
-                      std::to_string(alignment_of(ptrs[i])) + "-byte aligned but the algorithm "
-                      "was chosen for " + std::to_string(algo->data[2 + i]) + " bytes");
+      return fail(CUBLAS_STATUS_INVALID_VALUE, std::string("Matmul: ") + names[i] + " is " +
+                                                   std::to_string(alignment_of(ptrs[i])) +
+                                                   "-byte aligned but the algorithm "
+                                                   "was chosen for " +
+                                                   std::to_string(algo->data[2 + i]) + " bytes");
   const size_t ws_needed = algo->data[6];
   if (workspace_bytes < ws_needed || (ws_needed && !workspace))
     return fail(CUBLAS_STATUS_INVALID_VALUE,

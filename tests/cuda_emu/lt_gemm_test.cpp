@@ -18,6 +18,8 @@
 // the last term bounds two fp32 sums of K + 1 terms added in different orders (the emulator in
 // index order, OpenBLAS in blocks, a GPU in tiles). A lost or doubled term moves a sum by ~A/K,
 // far above 2(K + 1)·2^-24·A for K ≤ 111.
+#include "runtime/cuda/lt_gemm.h"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -29,7 +31,6 @@
 #include "core/error.h"
 #include "kernels/half.h"
 #include "kernels/kernels.h"
-#include "runtime/cuda/lt_gemm.h"
 #ifdef FT_LT_GEMM_GPU
 #include <cuda_runtime.h>
 #else
@@ -162,8 +163,7 @@ void check_close(const char* what, const std::vector<T>& got, const std::vector<
 }
 
 template <typename T>
-void compare_with_cpu(LtGemm& lt, int N, int in, int out, bool acc, size_t offset,
-                      uint32_t seed) {
+void compare_with_cpu(LtGemm& lt, int N, int in, int out, bool acc, size_t offset, uint32_t seed) {
   CAPTURE(offset);
   CAPTURE(N);
   CAPTURE(in);
@@ -180,35 +180,38 @@ void compare_with_cpu(LtGemm& lt, int N, int in, int out, bool acc, size_t offse
   // The CPU reference on the widened inputs.
   std::vector<float> y_ref = y0.f, dx_ref = dx0.f, dW_ref = dW0;
   k::linear_forward<float>(y_ref.data(), x.f.data(), W.f.data(), N, in, out, acc);
-  k::linear_backward<float>(dx_ref.data(), dW_ref.data(), dy.f.data(), x.f.data(), W.f.data(),
-                            N, in, out, acc);
+  k::linear_backward<float>(dx_ref.data(), dW_ref.data(), dy.f.data(), x.f.data(), W.f.data(), N,
+                            in, out, acc);
 
   Buffer<T> x_d(x.t, offset), W_d(W.t, offset), dy_d(dy.t, offset), y_d(y0.t, offset),
       dx_d(dx0.t, offset);
   Buffer<float> dW_d(dW0, offset);
   const DType t = dtype_of<T>();
   lt.linear_forward(y_d.get(), x_d.get(), W_d.get(), t, N, in, out, acc, nullptr);
-  lt.linear_backward(dx_d.get(), dW_d.get(), dy_d.get(), x_d.get(), W_d.get(), t, N, in, out,
-                     acc, nullptr);
+  lt.linear_backward(dx_d.get(), dW_d.get(), dy_d.get(), x_d.get(), W_d.get(), t, N, in, out, acc,
+                     nullptr);
   const std::vector<T> y = y_d.download(), dx = dx_d.download();
   const std::vector<float> dW = dW_d.download();
 
   const auto& xf = x.f;
   const auto& Wf = W.f;
   const auto& dyf = dy.f;
-  check_close("y", y, y_ref,
-              abs_sums(N, out, in, [&](int r, int l) { return xf[size_t(r) * in + l]; },
-                       [&](int l, int o) { return Wf[size_t(o) * in + l]; },
-                       acc ? y0.f.data() : nullptr),
-              in, u, h);
-  check_close("dx", dx, dx_ref,
-              abs_sums(N, in, out, [&](int r, int l) { return dyf[size_t(r) * out + l]; },
-                       [&](int l, int i) { return Wf[size_t(l) * in + i]; },
-                       acc ? dx0.f.data() : nullptr),
-              out, u, h);
+  check_close(
+      "y", y, y_ref,
+      abs_sums(
+          N, out, in, [&](int r, int l) { return xf[size_t(r) * in + l]; },
+          [&](int l, int o) { return Wf[size_t(o) * in + l]; }, acc ? y0.f.data() : nullptr),
+      in, u, h);
+  check_close(
+      "dx", dx, dx_ref,
+      abs_sums(
+          N, in, out, [&](int r, int l) { return dyf[size_t(r) * out + l]; },
+          [&](int l, int i) { return Wf[size_t(l) * in + i]; }, acc ? dx0.f.data() : nullptr),
+      out, u, h);
   check_close("dW", dW, dW_ref,
-              abs_sums(out, in, N, [&](int o, int l) { return dyf[size_t(l) * out + o]; },
-                       [&](int l, int i) { return xf[size_t(l) * in + i]; }, dW0.data()),
+              abs_sums(
+                  out, in, N, [&](int o, int l) { return dyf[size_t(l) * out + o]; },
+                  [&](int l, int i) { return xf[size_t(l) * in + i]; }, dW0.data()),
               N, 0.0, 0.0);  // dW is fp32: no output rounding
 }
 
@@ -255,8 +258,7 @@ TEST_CASE("lt_gemm_cuda_emu: the heuristic runs once per problem; null outputs a
   LtGemm lt(workspace.data(), workspace.size(), false);
   const int N = 19, in = 111, out = 19;
   // One spare element each, for the misaligned views below.
-  alignas(256) static k::bf16 x[N * in + 1], W[out * in], y[N * out + 1], dy[N * out],
-      dx[N * in];
+  alignas(256) static k::bf16 x[N * in + 1], W[out * in], y[N * out + 1], dy[N * out], dx[N * in];
   alignas(256) static float dW[out * in];
   const auto before = ft::cuda_emu::cublaslt_emu_stats();
   for (int step = 0; step < 3; ++step) {
@@ -287,18 +289,16 @@ TEST_CASE("lt_gemm_cuda_emu: the emulator refuses what the library leaves undefi
   cublasLtHandle_t h;
   REQUIRE(cublasLtCreate(&h) == CUBLAS_STATUS_SUCCESS);
   cublasLtMatmulDesc_t desc;
-  REQUIRE(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) ==
-          CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
   cublasLtMatrixLayout_t l;
   REQUIRE(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, 2, 2, 2) == CUBLAS_STATUS_SUCCESS);
   cublasLtMatmulPreference_t pref;
   REQUIRE(cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS);
   // Tell the heuristic the buffers are 16-byte aligned; then hand it a 4-byte aligned one.
   const uint32_t sixteen = 16;
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
     REQUIRE(cublasLtMatmulPreferenceSetAttribute(pref, attr, &sixteen, sizeof sixteen) ==
             CUBLAS_STATUS_SUCCESS);
   cublasLtMatmulHeuristicResult_t r;
@@ -327,8 +327,8 @@ TEST_CASE("lt_gemm_cuda_emu: the emulator refuses what the library leaves undefi
         CUBLAS_STATUS_INVALID_VALUE);
   // An algorithm used with other descriptors is refused.
   const int32_t trans = CUBLAS_OP_T;
-  REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans,
-                                         sizeof trans) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof trans) ==
+          CUBLAS_STATUS_SUCCESS);
   CHECK(cublasLtMatmul(h, desc, &one, buf, l, buf + 4, l, &zero, buf + 8, l, buf + 8, l, &r.algo,
                        nullptr, 0, nullptr) == CUBLAS_STATUS_INVALID_VALUE);
   cublasLtMatmulPreferenceDestroy(pref);
@@ -363,8 +363,7 @@ TEST_CASE("lt_gemm_cuda_emu: a failing cuBLASLt call is an ft::Error naming the 
   // Nothing to multiply: an empty output is a no-op, an empty sum into += too.
   lt.linear_forward(y, nullptr, nullptr, DType::kF32, 0, 3, 7, false, nullptr);
   float dW[3] = {1, 2, 3};
-  lt.linear_backward(nullptr, dW, nullptr, nullptr, nullptr, DType::kF32, 0, 3, 1, false,
-                     nullptr);
+  lt.linear_backward(nullptr, dW, nullptr, nullptr, nullptr, DType::kF32, 0, 3, 1, false, nullptr);
   CHECK(dW[2] == 3);
 }
 

@@ -204,8 +204,8 @@ TEST_CASE("lt_layout: the column-major problems reproduce the row-major products
           std::vector<float> y(y0), dx(dx0), dW(dW0);
           interpret(map_linear(call_of(LinearGemm::kForward, DType::kF32, y.data(), x.data(),
                                        W.data(), N, in, out, acc)));
-          interpret(map_linear(call_of(LinearGemm::kBackwardData, DType::kF32, dx.data(),
-                                       dy.data(), W.data(), N, in, out, acc)));
+          interpret(map_linear(call_of(LinearGemm::kBackwardData, DType::kF32, dx.data(), dy.data(),
+                                       W.data(), N, in, out, acc)));
           interpret(map_linear(call_of(LinearGemm::kBackwardWeight, DType::kF32, dW.data(),
                                        dy.data(), x.data(), N, in, out, acc)));
           REQUIRE(y == y_ref);

@@ -59,12 +59,25 @@ struct Key {
 };
 
 Key key_of(const LtProblem& p) {
-  return Key{static_cast<int32_t>(p.transa), static_cast<int32_t>(p.transb),
-             static_cast<int32_t>(p.compute), p.m, p.n, p.k,
-             static_cast<int32_t>(p.A.type), static_cast<int32_t>(p.B.type),
-             static_cast<int32_t>(p.C.type), static_cast<int32_t>(p.D.type),
-             p.A.ld, p.B.ld, p.C.ld, p.D.ld, p.beta != 0.0f,
-             alignment(p.A.ptr), alignment(p.B.ptr), alignment(p.C.ptr), alignment(p.D.ptr)};
+  return Key{static_cast<int32_t>(p.transa),
+             static_cast<int32_t>(p.transb),
+             static_cast<int32_t>(p.compute),
+             p.m,
+             p.n,
+             p.k,
+             static_cast<int32_t>(p.A.type),
+             static_cast<int32_t>(p.B.type),
+             static_cast<int32_t>(p.C.type),
+             static_cast<int32_t>(p.D.type),
+             p.A.ld,
+             p.B.ld,
+             p.C.ld,
+             p.D.ld,
+             p.beta != 0.0f,
+             alignment(p.A.ptr),
+             alignment(p.B.ptr),
+             alignment(p.C.ptr),
+             alignment(p.D.ptr)};
 }
 
 // The descriptors and algorithm of one problem, created once and reused for every call.
@@ -102,11 +115,10 @@ struct LtGemm::Impl {
   }
 
   // Fails with the call, the problem and the status; `hint` says what to try.
-  static void check(cublasStatus_t s, const char* fn, const LinearCall& call,
-                    const LtProblem& p, const char* hint) {
+  static void check(cublasStatus_t s, const char* fn, const LinearCall& call, const LtProblem& p,
+                    const char* hint) {
     if (s == CUBLAS_STATUS_SUCCESS) return;
-    FT_FAIL(fn, " failed for the linear ", describe(call, p), ": ", status_text(s), ". ",
-            hint);
+    FT_FAIL(fn, " failed for the linear ", describe(call, p), ": ", status_text(s), ". ", hint);
   }
 
   const Plan& plan_for(const LinearCall& call, const LtProblem& p) {
@@ -182,8 +194,8 @@ struct LtGemm::Impl {
     }
     const Plan& plan = plan_for(call, p);
     check(cublasLtMatmul(handle, plan.desc, &p.alpha, p.A.ptr, plan.a, p.B.ptr, plan.b, &p.beta,
-                         p.C.ptr, plan.c, const_cast<void*>(p.D.ptr), plan.d, &plan.algo,
-                         workspace, workspace_bytes, static_cast<cudaStream_t>(stream)),
+                         p.C.ptr, plan.c, const_cast<void*>(p.D.ptr), plan.d, &plan.algo, workspace,
+                         workspace_bytes, static_cast<cudaStream_t>(stream)),
           "cublasLtMatmul", call, p,
           "Check that every buffer is device memory of the current GPU and large enough.");
   }
@@ -211,8 +223,8 @@ void LtGemm::linear(LinearCall call, void* stream) {
   impl_->run(call, stream);
 }
 
-void LtGemm::linear_forward(void* y, const void* x, const void* W, DType t, int N, int in,
-                            int out, bool accumulate, void* stream) {
+void LtGemm::linear_forward(void* y, const void* x, const void* W, DType t, int N, int in, int out,
+                            bool accumulate, void* stream) {
   LinearCall call;
   call.gemm = LinearGemm::kForward;
   call.dtype = t;

@@ -49,8 +49,8 @@ class LtGemm {
   void linear_forward(void* y, const void* x, const void* W, DType t, int N, int in, int out,
                       bool accumulate, void* stream);
   // dx (N, in) (+)= dy · W; dW (out, in) += dyᵀ · x in fp32. Either output may be null.
-  void linear_backward(void* dx, float* dW, const void* dy, const void* x, const void* W,
-                       DType t, int N, int in, int out, bool accumulate_dx, void* stream);
+  void linear_backward(void* dx, float* dW, const void* dy, const void* x, const void* W, DType t,
+                       int N, int in, int out, bool accumulate_dx, void* stream);
 
   // One product; `call.allow_tf32` is replaced by this LtGemm's setting.
   void linear(LinearCall call, void* stream);

@@ -41,9 +41,8 @@ LtMatrix row_major(const void* ptr, LtType type, int r, int c) {
 }  // namespace
 
 LtProblem map_linear(const LinearCall& call) {
-  FT_CHECK(call.N >= 0 && call.in >= 0 && call.out >= 0, "cuBLASLt linear ",
-           gemm_name(call.gemm), ": negative size N=", call.N, " in=", call.in,
-           " out=", call.out);
+  FT_CHECK(call.N >= 0 && call.in >= 0 && call.out >= 0, "cuBLASLt linear ", gemm_name(call.gemm),
+           ": negative size N=", call.N, " in=", call.in, " out=", call.out);
   const LtType t = lt_type(call.dtype, call.gemm);
   LtProblem p;
   // Inputs in fp32 with runtime.tf32: cuBLASLt may round them to TF32 (10-bit mantissa) for

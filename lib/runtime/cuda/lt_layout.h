@@ -21,9 +21,9 @@
 
 namespace ft::cuda {
 
-enum class LtOp : int32_t { kN = 0, kT = 1 };                         // cublasOperation_t
-enum class LtType : int32_t { kF32 = 0, kF16 = 2, kBF16 = 14 };       // cudaDataType_t
-enum class LtCompute : int32_t { k32F = 68, k32FFastTF32 = 77 };      // cublasComputeType_t
+enum class LtOp : int32_t { kN = 0, kT = 1 };                     // cublasOperation_t
+enum class LtType : int32_t { kF32 = 0, kF16 = 2, kBF16 = 14 };   // cudaDataType_t
+enum class LtCompute : int32_t { k32F = 68, k32FFastTF32 = 77 };  // cublasComputeType_t
 
 // One matrix as cuBLASLt sees it: column-major, `rows` x `cols` as stored, column stride `ld`.
 struct LtMatrix {
