@@ -11,6 +11,11 @@
 // change the choice); the algorithm is chosen once per problem and cached, so every step of a
 // run uses the same one.
 //
+// Use from the CUDA Ops: one LtGemm per Device, created once the allocator can give it
+// lt_workspace_bytes(major) bytes; Ops::linear_forward(s, y, x, W, ...) becomes
+// linear_forward(y.ptr, x.ptr, W.ptr, y.dtype, ..., stream) after checking that x and W (and dy
+// in backward) carry y's dtype, since this interface takes one element type for all of them.
+//
 // Built twice: against libcublasLt for the GPU, and against tests/cuda_emu/cublaslt_emu.cpp (a
 // test tool: the same API with a naive reference GEMM) so CI runs this file without a GPU.
 // Standalone check that it compiles and links against the real library (no GPU needed; one
