@@ -1,0 +1,272 @@
+// cuBLASLt calls for lt_gemm.h. Per call: find the problem's cached descriptors and algorithm
+// (created and chosen by the heuristic the first time the problem is seen), then one
+// cublasLtMatmul on the caller's stream with the caller's workspace.
+#include "runtime/cuda/lt_gemm.h"
+
+#ifdef FT_CUDA_EMU
+#include "tests/cuda_emu/cublaslt_emu.h"  // the emulated cuBLASLt: a test tool for CI
+#else
+#include <cublasLt.h>
+#endif
+
+#include <compare>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "core/error.h"
+
+namespace ft::cuda {
+
+// lt_layout.h's enums carry CUDA's values, so they convert by cast.
+static_assert(static_cast<int>(LtOp::kN) == CUBLAS_OP_N);
+static_assert(static_cast<int>(LtOp::kT) == CUBLAS_OP_T);
+static_assert(static_cast<int>(LtType::kF32) == CUDA_R_32F);
+static_assert(static_cast<int>(LtType::kF16) == CUDA_R_16F);
+static_assert(static_cast<int>(LtType::kBF16) == CUDA_R_16BF);
+static_assert(static_cast<int>(LtCompute::k32F) == CUBLAS_COMPUTE_32F);
+static_assert(static_cast<int>(LtCompute::k32FFastTF32) == CUBLAS_COMPUTE_32F_FAST_TF32);
+
+namespace {
+
+cudaDataType_t cuda_type(LtType t) { return static_cast<cudaDataType_t>(t); }
+
+// cuBLASLt's heuristic assumes 256-byte aligned buffers unless told less; a sub-matrix (a
+// tensor-parallel slice, a micro-batch offset) can be aligned to as little as its element size,
+// and an algorithm chosen for 256 bytes may then fail or read wrongly. So the alignment each
+// pointer actually has is both a preference of the heuristic and part of the cache key.
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  if (a == 0) return 256;
+  const uintptr_t low = a & (~a + 1);  // the largest power of two dividing the address
+  return low >= 256 ? 256u : static_cast<uint32_t>(low);
+}
+
+std::string status_text(cublasStatus_t s) {
+  return detail::concat(cublasLtGetStatusName(s), " (", cublasLtGetStatusString(s), ")");
+}
+
+// Everything the algorithm choice depends on; pointers enter only through their alignment.
+struct Key {
+  int32_t transa, transb, compute;
+  int64_t m, n, k;
+  int32_t ta, tb, tc, td;
+  int64_t lda, ldb, ldc, ldd;
+  bool beta_nonzero;
+  uint32_t align_a, align_b, align_c, align_d;
+  auto operator<=>(const Key&) const = default;
+};
+
+Key key_of(const LtProblem& p) {
+  return Key{static_cast<int32_t>(p.transa),
+             static_cast<int32_t>(p.transb),
+             static_cast<int32_t>(p.compute),
+             p.m,
+             p.n,
+             p.k,
+             static_cast<int32_t>(p.A.type),
+             static_cast<int32_t>(p.B.type),
+             static_cast<int32_t>(p.C.type),
+             static_cast<int32_t>(p.D.type),
+             p.A.ld,
+             p.B.ld,
+             p.C.ld,
+             p.D.ld,
+             p.beta != 0.0f,
+             alignment(p.A.ptr),
+             alignment(p.B.ptr),
+             alignment(p.C.ptr),
+             alignment(p.D.ptr)};
+}
+
+// The descriptors and algorithm of one problem, created once and reused for every call.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    // Destroy calls only free host memory; their status is of no use in a destructor.
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+}  // namespace
+
+struct LtGemm::Impl {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  bool allow_tf32 = false;
+  std::mutex mu;  // guards plans (one LtGemm may serve more than one host thread)
+  std::map<Key, std::unique_ptr<Plan>> plans;
+
+  ~Impl() {
+    plans.clear();
+    if (handle) cublasLtDestroy(handle);
+  }
+
+  // Fails with the call, the problem and the status; `hint` says what to try.
+  static void check(cublasStatus_t s, const char* fn, const LinearCall& call, const LtProblem& p,
+                    const char* hint) {
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    FT_FAIL(fn, " failed for the linear ", describe(call, p), ": ", status_text(s), ". ", hint);
+  }
+
+  const Plan& plan_for(const LinearCall& call, const LtProblem& p) {
+    const Key key = key_of(p);
+    std::lock_guard<std::mutex> lk(mu);
+    auto it = plans.find(key);
+    if (it != plans.end()) return *it->second;
+
+    const char* bad_desc = "A descriptor attribute has the wrong type or size (a bug in lt_gemm).";
+    auto plan = std::make_unique<Plan>();
+    check(cublasLtMatmulDescCreate(&plan->desc, static_cast<cublasComputeType_t>(p.compute),
+                                   cuda_type(p.scale_type)),
+          "cublasLtMatmulDescCreate", call, p, bad_desc);
+    const int32_t ta = static_cast<int32_t>(p.transa), tb = static_cast<int32_t>(p.transb);
+    check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
+          "cublasLtMatmulDescSetAttribute(TRANSA)", call, p, bad_desc);
+    check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
+          "cublasLtMatmulDescSetAttribute(TRANSB)", call, p, bad_desc);
+    auto layout = [&](cublasLtMatrixLayout_t* out, const LtMatrix& mat, const char* name) {
+      check(cublasLtMatrixLayoutCreate(out, cuda_type(mat.type), static_cast<uint64_t>(mat.rows),
+                                       static_cast<uint64_t>(mat.cols), mat.ld),
+            name, call, p, "The layout is invalid: a bug in lt_layout's map_linear.");
+    };
+    layout(&plan->a, p.A, "cublasLtMatrixLayoutCreate(A)");
+    layout(&plan->b, p.B, "cublasLtMatrixLayoutCreate(B)");
+    layout(&plan->c, p.C, "cublasLtMatrixLayoutCreate(C)");
+    layout(&plan->d, p.D, "cublasLtMatrixLayoutCreate(D)");
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", call, p,
+          "Out of host memory?");
+    // The preference is only needed for the query; destroy it however the query ends.
+    struct PrefGuard {
+      cublasLtMatmulPreference_t p;
+      ~PrefGuard() { cublasLtMatmulPreferenceDestroy(p); }
+    } guard{pref};
+    const uint64_t ws = workspace_bytes;
+    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                               sizeof ws),
+          "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", call, p, bad_desc);
+    const uint32_t align[4] = {key.align_a, key.align_b, key.align_c, key.align_d};
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i)
+      check(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof align[i]),
+            "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)", call, p, bad_desc);
+
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    check(cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c, plan->d,
+                                         pref, 1, &result, &found),
+          "cublasLtMatmulAlgoGetHeuristic", call, p,
+          "cuBLASLt has no algorithm for these types on this GPU (bf16 needs sm_80 or newer).");
+    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
+      FT_FAIL("cublasLtMatmulAlgoGetHeuristic found no algorithm for the linear ",
+              describe(call, p), " with a ", workspace_bytes, "-byte workspace and alignments ",
+              key.align_a, '/', key.align_b, '/', key.align_c, '/', key.align_d,
+              " bytes (A/B/C/D). A larger cuBLASLt workspace or 16-byte aligned buffers may help.");
+    plan->algo = result.algo;  // its workspaceSize is at most ours (MAX_WORKSPACE_BYTES)
+    return *plans.emplace(key, std::move(plan)).first->second;
+  }
+
+  void run(const LinearCall& call, void* stream) {
+    const LtProblem p = map_linear(call);
+    if (p.m == 0 || p.n == 0) return;  // an empty output: nothing to write
+    if (p.k == 0) {
+      // D = beta · C: in place with beta = 1 that leaves D as it is (a dW of zero tokens).
+      // Zero-filling D for beta = 0 would need a memset on the stream; no layer has in = 0.
+      FT_CHECK(p.beta != 0.0f, "cuBLASLt linear ", describe(call, p),
+               ": an inner dimension of 0 with a non-accumulating output is not supported");
+      return;
+    }
+    const Plan& plan = plan_for(call, p);
+    check(cublasLtMatmul(handle, plan.desc, &p.alpha, p.A.ptr, plan.a, p.B.ptr, plan.b, &p.beta,
+                         p.C.ptr, plan.c, const_cast<void*>(p.D.ptr), plan.d, &plan.algo, workspace,
+                         workspace_bytes, static_cast<cudaStream_t>(stream)),
+          "cublasLtMatmul", call, p,
+          "Check that every buffer is device memory of the current GPU and large enough.");
+  }
+};
+
+size_t lt_workspace_bytes(int sm_major) {
+  return sm_major >= 9 ? size_t{32} << 20 : size_t{4} << 20;
+}
+
+LtGemm::LtGemm(void* workspace, size_t workspace_bytes, bool allow_tf32)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->workspace = workspace;
+  impl_->workspace_bytes = workspace ? workspace_bytes : 0;
+  impl_->allow_tf32 = allow_tf32;
+  const cublasStatus_t s = cublasLtCreate(&impl_->handle);
+  if (s != CUBLAS_STATUS_SUCCESS)
+    FT_FAIL("cublasLtCreate failed: ", status_text(s),
+            ". Is a CUDA device visible (nvidia-smi) and its driver as new as the CUDA runtime?");
+}
+
+LtGemm::~LtGemm() = default;
+
+void LtGemm::linear(LinearCall call, void* stream) {
+  call.allow_tf32 = impl_->allow_tf32;
+  impl_->run(call, stream);
+}
+
+void LtGemm::linear_forward(void* y, const void* x, const void* W, DType t, int N, int in, int out,
+                            bool accumulate, void* stream) {
+  LinearCall call;
+  call.gemm = LinearGemm::kForward;
+  call.dtype = t;
+  call.out_ptr = y;
+  call.a = x;
+  call.b = W;
+  call.N = N;
+  call.in = in;
+  call.out = out;
+  call.accumulate = accumulate;
+  linear(call, stream);
+}
+
+void LtGemm::linear_backward(void* dx, float* dW, const void* dy, const void* x, const void* W,
+                             DType t, int N, int in, int out, bool accumulate_dx, void* stream) {
+  LinearCall call;
+  call.dtype = t;
+  call.N = N;
+  call.in = in;
+  call.out = out;
+  call.a = dy;
+  if (dx) {
+    call.gemm = LinearGemm::kBackwardData;
+    call.out_ptr = dx;
+    call.b = W;
+    call.accumulate = accumulate_dx;
+    linear(call, stream);
+  }
+  if (dW) {
+    call.gemm = LinearGemm::kBackwardWeight;
+    call.out_ptr = dW;
+    call.b = x;
+    call.accumulate = true;
+    linear(call, stream);
+  }
+}
+
+size_t LtGemm::cached_problems() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->plans.size();
+}
+
+size_t LtGemm::workspace_bytes() const { return impl_->workspace_bytes; }
+
+}  // namespace ft::cuda

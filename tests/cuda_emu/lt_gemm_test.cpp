@@ -1,0 +1,370 @@
+// lib/runtime/cuda/lt_gemm through the emulated cuBLASLt (tests/cuda_emu/cublaslt_emu: a test
+// tool that reads the descriptors as cuBLASLt defines them; emulation, no claim about a GPU)
+// against the CPU reference kernels::linear_forward / linear_backward<float> on the same
+// rounded inputs: fp32, bf16, f16, every mix of N, in, out in {1, 19, 111}, with and without
+// accumulation, on aligned buffers and on views one element in. A wrong mapping (a swapped
+// transpose, a wrong ld) fails these by O(1).
+//
+// The same file, built with FT_LT_GEMM_GPU against the real cuBLASLt and CUDA runtime
+// (lt_gemm_gpu_tests, for the GPU machine), runs the sweeps on the GPU: buffers then live in
+// device memory (Buffer below) and the emulator-only cases are left out.
+//
+// Tolerance per element, with r the fp32 reference, A = Σ|terms| (with the old output when
+// accumulating) and K the inner dimension, as tests/unit/test_gemm16.cpp:
+//   |out − r| ≤ u_T·|r| + h_T + (1 + u_T)·2(K + 1)·2^-24·A
+// u_T·|r| is the one rounding of the output to T (half an ulp: 2^-8 bf16, 2^-11 f16, 0 for
+// fp32 outputs); h_T is that rounding below T's normal range, where the spacing is absolute
+// (half the smallest subnormal: 2^-25 f16, 2^-134 bf16; f16 outputs of small sums land there);
+// the last term bounds two fp32 sums of K + 1 terms added in different orders (the emulator in
+// index order, OpenBLAS in blocks, a GPU in tiles). A lost or doubled term moves a sum by ~A/K,
+// far above 2(K + 1)·2^-24·A for K ≤ 111.
+#include "runtime/cuda/lt_gemm.h"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/half.h"
+#include "kernels/kernels.h"
+#ifdef FT_LT_GEMM_GPU
+#include <cuda_runtime.h>
+#else
+#include "tests/cuda_emu/cublaslt_emu.h"
+#endif
+
+namespace k = ft::kernels;
+using ft::DType;
+using ft::cuda::LtGemm;
+
+namespace {
+
+// `n` elements of T where lt_gemm reads and writes them, starting `offset` elements into the
+// allocation (offset 1 makes a view aligned to only the element size). Emulated build: host
+// memory; GPU build: device memory.
+template <typename T>
+class Buffer {
+ public:
+  Buffer(const std::vector<T>& host, size_t offset) : n_(host.size()), offset_(offset) {
+#ifdef FT_LT_GEMM_GPU
+    REQUIRE(cudaMalloc(&base_, (n_ + offset_) * sizeof(T)) == cudaSuccess);
+    REQUIRE(cudaMemcpy(base_ + offset_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice) ==
+            cudaSuccess);
+#else
+    storage_.resize(n_ + offset_);
+    std::copy(host.begin(), host.end(), storage_.begin() + offset_);
+    base_ = storage_.data();
+#endif
+  }
+  ~Buffer() {
+#ifdef FT_LT_GEMM_GPU
+    cudaFree(base_);
+#endif
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  T* get() { return base_ + offset_; }
+  std::vector<T> download() const {
+    std::vector<T> h(n_);
+#ifdef FT_LT_GEMM_GPU
+    REQUIRE(cudaMemcpy(h.data(), base_ + offset_, n_ * sizeof(T), cudaMemcpyDeviceToHost) ==
+            cudaSuccess);
+#else
+    std::copy(storage_.begin() + offset_, storage_.end(), h.begin());
+#endif
+    return h;
+  }
+
+ private:
+  size_t n_, offset_;
+  T* base_ = nullptr;
+#ifndef FT_LT_GEMM_GPU
+  std::vector<T> storage_;
+#endif
+};
+
+template <typename T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::kF32;
+  if constexpr (std::is_same_v<T, k::bf16>) return DType::kBF16;
+  return DType::kF16;
+}
+
+// Half the smallest subnormal of T: the rounding error of outputs below T's normal range.
+template <typename T>
+double subnormal_half_step() {
+  if constexpr (std::is_same_v<T, float>) return 0.0;
+  if constexpr (std::is_same_v<T, k::bf16>) return std::ldexp(1.0, -134);
+  return std::ldexp(1.0, -25);
+}
+
+template <typename T>
+constexpr double unit_roundoff() {
+  if constexpr (std::is_same_v<T, float>) return 0.0;
+  if constexpr (std::is_same_v<T, k::bf16>) return 1.0 / 256;
+  return 1.0 / 2048;
+}
+
+// Values in [-1, 1] rounded to T, and their exact fp32 widening for the reference.
+template <typename T>
+struct Operand {
+  std::vector<T> t;
+  std::vector<float> f;
+};
+
+template <typename T>
+Operand<T> make(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  Operand<T> o;
+  o.t.resize(n);
+  o.f.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    o.t[i] = k::from_f32<T>(d(g));
+    o.f[i] = k::to_f32(o.t[i]);
+  }
+  return o;
+}
+
+// Σ|terms| of each output of P (rows, K) · Q (K, cols) given as element accessors, plus |old|.
+template <typename PA, typename QA>
+std::vector<double> abs_sums(int rows, int cols, int K, PA p, QA q, const float* old) {
+  std::vector<double> s(size_t(rows) * cols);
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) {
+      double a = old ? std::fabs(old[size_t(i) * cols + j]) : 0.0;
+      for (int l = 0; l < K; ++l) a += std::fabs(double(p(i, l)) * q(l, j));
+      s[size_t(i) * cols + j] = a;
+    }
+  return s;
+}
+
+template <typename T>
+void check_close(const char* what, const std::vector<T>& got, const std::vector<float>& ref,
+                 const std::vector<double>& abs_sum, int K, double u, double h) {
+  size_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = k::to_f32(got[i]), r = ref[i];
+    const double tol =
+        u * std::fabs(r) + h + (1 + u) * 2.0 * (K + 1) * std::ldexp(1.0, -24) * abs_sum[i];
+    if (!(std::fabs(g - r) <= tol)) {
+      if (bad == 0) worst = g - r;
+      ++bad;
+    }
+  }
+  INFO(std::string(what) << ": " << bad << " of " << got.size()
+                         << " outside the bound, first off by " << worst);
+  CHECK(bad == 0);
+}
+
+template <typename T>
+void compare_with_cpu(LtGemm& lt, int N, int in, int out, bool acc, size_t offset, uint32_t seed) {
+  CAPTURE(offset);
+  CAPTURE(N);
+  CAPTURE(in);
+  CAPTURE(out);
+  CAPTURE(acc);
+  const double u = unit_roundoff<T>(), h = subnormal_half_step<T>();
+  const auto x = make<T>(size_t(N) * in, seed);
+  const auto W = make<T>(size_t(out) * in, seed + 1);
+  const auto dy = make<T>(size_t(N) * out, seed + 2);
+  const auto y0 = make<T>(size_t(N) * out, seed + 3);
+  const auto dx0 = make<T>(size_t(N) * in, seed + 4);
+  std::vector<float> dW0 = make<float>(size_t(out) * in, seed + 5).f;
+
+  // The CPU reference on the widened inputs.
+  std::vector<float> y_ref = y0.f, dx_ref = dx0.f, dW_ref = dW0;
+  k::linear_forward<float>(y_ref.data(), x.f.data(), W.f.data(), N, in, out, acc);
+  k::linear_backward<float>(dx_ref.data(), dW_ref.data(), dy.f.data(), x.f.data(), W.f.data(), N,
+                            in, out, acc);
+
+  Buffer<T> x_d(x.t, offset), W_d(W.t, offset), dy_d(dy.t, offset), y_d(y0.t, offset),
+      dx_d(dx0.t, offset);
+  Buffer<float> dW_d(dW0, offset);
+  const DType t = dtype_of<T>();
+  lt.linear_forward(y_d.get(), x_d.get(), W_d.get(), t, N, in, out, acc, nullptr);
+  lt.linear_backward(dx_d.get(), dW_d.get(), dy_d.get(), x_d.get(), W_d.get(), t, N, in, out, acc,
+                     nullptr);
+  const std::vector<T> y = y_d.download(), dx = dx_d.download();
+  const std::vector<float> dW = dW_d.download();
+
+  const auto& xf = x.f;
+  const auto& Wf = W.f;
+  const auto& dyf = dy.f;
+  check_close(
+      "y", y, y_ref,
+      abs_sums(
+          N, out, in, [&](int r, int l) { return xf[size_t(r) * in + l]; },
+          [&](int l, int o) { return Wf[size_t(o) * in + l]; }, acc ? y0.f.data() : nullptr),
+      in, u, h);
+  check_close(
+      "dx", dx, dx_ref,
+      abs_sums(
+          N, in, out, [&](int r, int l) { return dyf[size_t(r) * out + l]; },
+          [&](int l, int i) { return Wf[size_t(l) * in + i]; }, acc ? dx0.f.data() : nullptr),
+      out, u, h);
+  check_close("dW", dW, dW_ref,
+              abs_sums(
+                  out, in, N, [&](int o, int l) { return dyf[size_t(l) * out + o]; },
+                  [&](int l, int i) { return xf[size_t(l) * in + i]; }, dW0.data()),
+              N, 0.0, 0.0);  // dW is fp32: no output rounding
+}
+
+template <typename T>
+void sweep() {
+#ifdef FT_LT_GEMM_GPU
+  int dev = 0, major = 0;
+  REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess);
+  Buffer<unsigned char> workspace(std::vector<unsigned char>(ft::cuda::lt_workspace_bytes(major)),
+                                  0);
+  const size_t workspace_bytes = ft::cuda::lt_workspace_bytes(major);
+#else
+  Buffer<unsigned char> workspace(
+      std::vector<unsigned char>(ft::cuda_emu::kCublasLtEmuWorkspaceBytes), 0);
+  const size_t workspace_bytes = ft::cuda_emu::kCublasLtEmuWorkspaceBytes;
+#endif
+  LtGemm lt(workspace.get(), workspace_bytes, /*allow_tf32=*/false);
+  const int sizes[] = {1, 19, 111};
+  uint32_t seed = 7;
+  for (size_t offset : {0, 1})
+    for (int N : sizes)
+      for (int in : sizes)
+        for (int out : sizes)
+          for (bool acc : {false, true})
+            compare_with_cpu<T>(lt, N, in, out, acc, offset, seed += 10);
+}
+
+}  // namespace
+
+TEST_CASE("lt_gemm_cuda_emu: the cuBLASLt workspace follows NVIDIA's recommendation") {
+  CHECK(ft::cuda::lt_workspace_bytes(8) == size_t{4} << 20);   // Ampere
+  CHECK(ft::cuda::lt_workspace_bytes(9) == size_t{32} << 20);  // Hopper
+}
+
+TEST_CASE("lt_gemm_cuda_emu: fp32 linear layers equal the CPU reference") { sweep<float>(); }
+TEST_CASE("lt_gemm_cuda_emu: bf16 linear layers equal the CPU reference") { sweep<k::bf16>(); }
+TEST_CASE("lt_gemm_cuda_emu: f16 linear layers equal the CPU reference") { sweep<k::f16>(); }
+
+#ifndef FT_LT_GEMM_GPU  // the rest reads the emulator's counters or runs host buffers
+
+TEST_CASE("lt_gemm_cuda_emu: the heuristic runs once per problem; null outputs are skipped") {
+  std::vector<unsigned char> workspace(ft::cuda_emu::kCublasLtEmuWorkspaceBytes);
+  LtGemm lt(workspace.data(), workspace.size(), false);
+  const int N = 19, in = 111, out = 19;
+  // One spare element each, for the misaligned views below.
+  alignas(256) static k::bf16 x[N * in + 1], W[out * in], y[N * out + 1], dy[N * out], dx[N * in];
+  alignas(256) static float dW[out * in];
+  const auto before = ft::cuda_emu::cublaslt_emu_stats();
+  for (int step = 0; step < 3; ++step) {
+    lt.linear_forward(y, x, W, DType::kBF16, N, in, out, false, nullptr);
+    lt.linear_forward(y, x, W, DType::kBF16, N, in, out, true, nullptr);  // beta differs
+    lt.linear_backward(dx, dW, dy, x, W, DType::kBF16, N, in, out, false, nullptr);
+  }
+  const auto after = ft::cuda_emu::cublaslt_emu_stats();
+  CHECK(lt.cached_problems() == 4);
+  CHECK(after.heuristic_queries - before.heuristic_queries == 4);
+  CHECK(after.matmuls - before.matmuls == 12);
+
+  // Only dW: one more matmul, no new problem.
+  lt.linear_backward(nullptr, dW, dy, x, W, DType::kBF16, N, in, out, false, nullptr);
+  CHECK(ft::cuda_emu::cublaslt_emu_stats().matmuls - after.matmuls == 1);
+  CHECK(lt.cached_problems() == 4);
+
+  // The same shape on 2-byte aligned views is a new problem (an algorithm chosen for 256-byte
+  // alignment may not run on it: the emulator refuses that, see below), and it runs.
+  lt.linear_forward(y + 1, x + 1, W, DType::kBF16, N, in, out, false, nullptr);
+  CHECK(lt.cached_problems() == 5);
+  lt.linear_forward(y + 1, x + 1, W, DType::kBF16, N, in, out, false, nullptr);
+  CHECK(lt.cached_problems() == 5);
+}
+
+TEST_CASE("lt_gemm_cuda_emu: the emulator refuses what the library leaves undefined") {
+  // Why the alignment is part of lt_gemm's cache key: the library's default assumes 256 bytes.
+  cublasLtHandle_t h;
+  REQUIRE(cublasLtCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulDesc_t desc;
+  REQUIRE(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatrixLayout_t l;
+  REQUIRE(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, 2, 2, 2) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulPreference_t pref;
+  REQUIRE(cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS);
+  // Tell the heuristic the buffers are 16-byte aligned; then hand it a 4-byte aligned one.
+  const uint32_t sixteen = 16;
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    REQUIRE(cublasLtMatmulPreferenceSetAttribute(pref, attr, &sixteen, sizeof sixteen) ==
+            CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulHeuristicResult_t r;
+  int found = 0;
+  REQUIRE(cublasLtMatmulAlgoGetHeuristic(h, desc, l, l, l, l, pref, 1, &r, &found) ==
+          CUBLAS_STATUS_SUCCESS);
+  REQUIRE(found == 1);
+  alignas(256) float buf[16] = {1, 2, 3, 4, 1, 0, 0, 1};
+  const float one = 1, zero = 0;
+  CHECK(cublasLtMatmul(h, desc, &one, buf, l, buf + 4, l, &zero, buf + 8, l, buf + 8, l, &r.algo,
+                       nullptr, 0, nullptr) == CUBLAS_STATUS_SUCCESS);
+  CHECK(buf[8] == 1);  // A (column-major [[1, 3], [2, 4]]) · I
+  CHECK(buf[9] == 2);
+  CHECK(buf[10] == 3);
+  CHECK(buf[11] == 4);
+  CHECK(cublasLtMatmul(h, desc, &one, buf + 1, l, buf + 4, l, &zero, buf + 8, l, buf + 8, l,
+                       &r.algo, nullptr, 0, nullptr) == CUBLAS_STATUS_INVALID_VALUE);
+  CHECK(ft::cuda_emu::cublaslt_emu_last_error().find("4-byte aligned") != std::string::npos);
+  // An output overlapping an input is refused (undefined in the library).
+  CHECK(cublasLtMatmul(h, desc, &one, buf, l, buf + 4, l, &zero, buf + 4, l, buf + 4, l, &r.algo,
+                       nullptr, 0, nullptr) == CUBLAS_STATUS_INVALID_VALUE);
+  CHECK(ft::cuda_emu::cublaslt_emu_last_error().find("D overlaps B") != std::string::npos);
+  // An attribute of the wrong size is refused, as by the library.
+  const int64_t wide = CUBLAS_OP_T;
+  CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &wide, sizeof wide) ==
+        CUBLAS_STATUS_INVALID_VALUE);
+  // An algorithm used with other descriptors is refused.
+  const int32_t trans = CUBLAS_OP_T;
+  REQUIRE(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof trans) ==
+          CUBLAS_STATUS_SUCCESS);
+  CHECK(cublasLtMatmul(h, desc, &one, buf, l, buf + 4, l, &zero, buf + 8, l, buf + 8, l, &r.algo,
+                       nullptr, 0, nullptr) == CUBLAS_STATUS_INVALID_VALUE);
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(l);
+  cublasLtMatmulDescDestroy(desc);
+  cublasLtDestroy(h);
+}
+
+TEST_CASE("lt_gemm_cuda_emu: fp32 rounds inputs to TF32 only when allowed") {
+  // x = 1 + 2^-20 has bits below TF32's 10-bit mantissa: TF32 rounds it to 1.
+  const float x[1] = {1.0f + std::ldexp(1.0f, -20)}, W[1] = {1.0f};
+  float y[1] = {0};
+  LtGemm exact(nullptr, 0, false);
+  exact.linear_forward(y, x, W, DType::kF32, 1, 1, 1, false, nullptr);
+  CHECK(y[0] == x[0]);
+  LtGemm tf32(nullptr, 0, true);
+  tf32.linear_forward(y, x, W, DType::kF32, 1, 1, 1, false, nullptr);
+  CHECK(y[0] == 1.0f);
+}
+
+TEST_CASE("lt_gemm_cuda_emu: a failing cuBLASLt call is an ft::Error naming the shape") {
+  LtGemm lt(nullptr, 0, false);
+  float y[19 * 7];
+  // A null input passes the heuristic (which never sees pointers) and fails in the matmul.
+  CHECK_THROWS_WITH_AS(
+      lt.linear_forward(y, nullptr, nullptr, DType::kF32, 19, 3, 7, false, nullptr),
+      doctest::Contains("cublasLtMatmul failed for the linear forward F32 N=19 in=3 out=7"),
+      ft::Error);
+  CHECK_THROWS_WITH_AS(
+      lt.linear_forward(y, nullptr, nullptr, DType::kF32, 19, 3, 7, false, nullptr),
+      doctest::Contains("CUBLAS_STATUS_INVALID_VALUE"), ft::Error);
+  // Nothing to multiply: an empty output is a no-op, an empty sum into += too.
+  lt.linear_forward(y, nullptr, nullptr, DType::kF32, 0, 3, 7, false, nullptr);
+  float dW[3] = {1, 2, 3};
+  lt.linear_backward(nullptr, dW, nullptr, nullptr, nullptr, DType::kF32, 0, 3, 1, false, nullptr);
+  CHECK(dW[2] == 3);
+}
+
+#endif  // FT_LT_GEMM_GPU
