@@ -18,7 +18,7 @@ namespace k = ft::kernels;
 
 template <typename T>
 void check_adamw(size_t n, size_t offset, int64_t t, float grad_scale, bool with_copy) {
-  INFO(type_name<T>() << " n=" << n << " offset=" << offset << " t=" << t
+  INFO(std::string(type_name<T>()) << " n=" << n << " offset=" << offset << " t=" << t
                       << " grad_scale=" << grad_scale << " copy=" << with_copy);
   const float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f;
   const uint32_t s = uint32_t(n * 7 + offset);

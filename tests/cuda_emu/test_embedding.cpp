@@ -21,7 +21,7 @@ namespace k = ft::kernels;
 
 template <typename T>
 void check_embedding(int N, int C, int v_begin, int v_count, size_t offset) {
-  INFO(type_name<T>() << " N=" << N << " C=" << C << " shard=[" << v_begin << ", +" << v_count
+  INFO(std::string(type_name<T>()) << " N=" << N << " C=" << C << " shard=[" << v_begin << ", +" << v_count
                       << ") offset=" << offset);
   const int V = 37;  // the full vocabulary; the shard's table has v_count (or V) rows
   const int rows = v_count < 0 ? V : v_count;

@@ -17,7 +17,7 @@ namespace k = ft::kernels;
 
 template <typename T>
 void check_rmsnorm(int N, int C, size_t offset) {
-  INFO(type_name<T>() << " N=" << N << " C=" << C << " offset=" << offset);
+  INFO(std::string(type_name<T>()) << " N=" << N << " C=" << C << " offset=" << offset);
   const size_t nc = size_t(N) * C;
   const uint32_t s = uint32_t(N * 1000 + C);
   const auto x = random_values<T>(nc, -2.f, 2.f, s);
@@ -36,7 +36,7 @@ void check_rmsnorm(int N, int C, size_t offset) {
   const auto out = run_all_seeds([&] {
     DeviceBuf<T> dx_in(x, offset), dw_in(w), ddy(dy, offset);
     DeviceBuf<T> dout(std::vector<T>(nc), offset), ddx(std::vector<T>(nc), offset);
-    DeviceBuf<float> drstd(std::vector<float>(N)), ddw(dw0);
+    DeviceBuf<float> drstd{std::vector<float>(N)}, ddw(dw0);
     // Filled with NaN: the kernels must write every partial they read.
     DeviceBuf<float> scratch(std::vector<float>(scratch_floats, std::nanf("")));
     k::cuda::rmsnorm_forward(dout.get(), drstd.get(), dx_in.get(), dw_in.get(), N, C, eps,
@@ -50,11 +50,13 @@ void check_rmsnorm(int N, int C, size_t offset) {
                                              to_bytes(ddw.download())};
   });
 
-  // rstd: Σx² summed in another order (a block tree, not a running sum): relative error of a
-  // sum of positive terms, a few ulp for these C (1e-6 ≈ 8 ulp).
-  check_close(from_bytes<float>(out[1]), rstd_ref, 1e-6f, 0.f, {}, "rstd");
-  // out = w · (x · r): r's error carries through two roundings: 2e-6.
-  check_output(from_bytes<T>(out[0]), out_ref, 2e-6f, 0.f, {}, "out");
+  // rstd: Σx² summed in another order (a block tree, not the CPU's running sum). The running
+  // sum of C squares carries ~√C · u relative error (a random walk of roundings, u = 2^-24):
+  // 2e-7 · √C is ~3√C u, over a floor of 1e-6 (8 u) for the division and square root.
+  const float sum_rel = 1e-6f + 2e-7f * std::sqrt(float(C));
+  check_close(from_bytes<float>(out[1]), rstd_ref, sum_rel, 0.f, {}, "rstd");
+  // out = w · (x · r): r's error plus two roundings.
+  check_output(from_bytes<T>(out[0]), out_ref, sum_rel + 1e-6f, 0.f, {}, "out");
   // dx = r w dy − k x cancels: the error is bounded against the terms' size r (|w dy| + |k x|),
   // which the test bounds by r · (|w dy| + |x| · mean |w dy x| r²) ≈ r · (|w dy| + |x|).
   std::vector<float> dx_scale(nc), dw_scale(C);
@@ -65,11 +67,13 @@ void check_rmsnorm(int N, int C, size_t offset) {
       dx_scale[i] = rstd_ref[n] * (std::fabs(k::to_f32(w[c]) * dyv) + std::fabs(xv));
       dw_scale[c] += std::fabs(dyv * xv * rstd_ref[n]);
     }
-  check_output(from_bytes<T>(out[2]), dx_ref, 2e-6f, 2e-6f, dx_scale, "dx");
+  // The dot Σ w dy x is another sum of C terms: the same √C allowance.
+  check_output(from_bytes<T>(out[2]), dx_ref, 0.f, sum_rel + 1e-6f, dx_scale, "dx");
   // dw: N terms summed per block and then across blocks instead of row by row: the error of a
-  // sum of mixed signs is bounded by ~ulp · Σ|terms| (the term sizes, plus the initial dw).
+  // sum of mixed signs is ~√N u · Σ|terms| (the term sizes, plus the initial dw).
   for (int c = 0; c < C; ++c) dw_scale[c] += std::fabs(dw0[c]);
-  check_close(from_bytes<float>(out[3]), dw_ref, 0.f, 2e-6f, dw_scale, "dw");
+  const float rows_rel = 1e-6f + 2e-7f * std::sqrt(float(N));
+  check_close(from_bytes<float>(out[3]), dw_ref, 0.f, rows_rel, dw_scale, "dw");
 }
 
 template <typename T>

@@ -17,7 +17,7 @@ namespace k = ft::kernels;
 
 template <typename T>
 void check_rope(int B, int T_, int nh, int D, float freq_scale) {
-  INFO(type_name<T>() << " B=" << B << " T=" << T_ << " nh=" << nh << " D=" << D
+  INFO(std::string(type_name<T>()) << " B=" << B << " T=" << T_ << " nh=" << nh << " D=" << D
                       << " freq_scale=" << freq_scale);
   const int half = D / 2;
   std::vector<float> inv_freq(half);

@@ -16,7 +16,7 @@ namespace k = ft::kernels;
 
 template <typename T>
 void check_swiglu(size_t n, size_t offset) {
-  INFO(type_name<T>() << " n=" << n << " offset=" << offset);
+  INFO(std::string(type_name<T>()) << " n=" << n << " offset=" << offset);
   // g in [-8, 8]: both saturated ends of the sigmoid and the cancellation in
   // 1 + g(1 − s) near g ≈ −1.28.
   const auto g = random_values<T>(n, -8.f, 8.f, 1 + uint32_t(n));
