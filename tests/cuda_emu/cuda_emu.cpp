@@ -226,6 +226,76 @@ struct Stack {
   char* base = nullptr;  // usable region [base, base + kStackBytes)
 };
 
+// Execution contexts. On x86-64 a switch saves the callee-saved registers and the stack
+// pointer (ft_emu_switch below): glibc's swapcontext also saves the signal mask with a system
+// call per switch, which made the emulator several times slower. Elsewhere, ucontext.
+#if defined(__x86_64__)
+struct Context {
+  void* sp = nullptr;
+};
+}  // namespace
+}  // namespace detail
+}  // namespace ft::emu
+
+extern "C" void ft_emu_switch(void** save_sp, void* new_sp);
+// ft_emu_switch(save, next): pushes rbp, rbx, r12-r15, stores rsp in *save, loads next as rsp,
+// pops the same registers from it and returns into the code that switched away from it.
+asm(R"(
+  .text
+  .p2align 4
+  .globl ft_emu_switch
+  .hidden ft_emu_switch
+  .type ft_emu_switch, @function
+ft_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size ft_emu_switch, .-ft_emu_switch
+)");
+
+namespace ft::emu {
+namespace detail {
+namespace {
+
+void switch_context(Context& from, Context& to) { ft_emu_switch(&from.sp, to.sp); }
+
+// A fresh context that starts in entry() on the stack [base, base + bytes): the frame that
+// ft_emu_switch pops (six registers, rbp = 0 to end frame-pointer walks) and entry as the
+// return address, placed so that entry starts with the stack aligned as after a call.
+void make_context(Context& c, char* base, size_t bytes, void (*entry)()) {
+  auto top = reinterpret_cast<uintptr_t>(base + bytes) & ~uintptr_t(15);
+  auto* slot = reinterpret_cast<void**>(top - 64);
+  for (int i = 0; i < 6; ++i) slot[i] = nullptr;
+  slot[6] = reinterpret_cast<void*>(entry);
+  slot[7] = nullptr;  // entry's return address: it never returns
+  c.sp = slot;
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+void make_context(Context& c, char* base, size_t bytes, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = base;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+#endif
+
 Stack new_stack() {
   const size_t page = size_t(sysconf(_SC_PAGESIZE));
   void* m = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
@@ -236,7 +306,7 @@ Stack new_stack() {
 }
 
 struct Fiber {
-  ucontext_t ctx;
+  Context ctx;
   Stack stack;
   uint3 tid;
   int linear = 0;
@@ -266,7 +336,7 @@ struct Runner {
   std::vector<Fiber>* fibers = nullptr;
   std::deque<int> ready;
   bool random_order = false;
-  ucontext_t sched_ctx;
+  Context sched_ctx;
   Fiber* current = nullptr;
   bool aborting = false;
   std::optional<Error> error;
@@ -325,7 +395,7 @@ void yield(Runner& r) {
   Fiber& f = *r.current;
   void* fake = nullptr;
   start_switch(&fake, r.sched_bottom, r.sched_size);
-  swapcontext(&f.ctx, &r.sched_ctx);
+  switch_context(f.ctx, r.sched_ctx);
   finish_switch(fake, nullptr, nullptr);
   if (r.aborting) throw FiberAbort{};
 }
@@ -344,7 +414,7 @@ void fiber_entry() {
   }
   f.state = State::kDone;
   start_switch(nullptr, r.sched_bottom, r.sched_size);  // nullptr: this fiber's frames are gone
-  swapcontext(&f.ctx, &r.sched_ctx);
+  switch_context(f.ctx, r.sched_ctx);
   std::abort();  // a finished fiber is never resumed
 }
 
@@ -356,7 +426,7 @@ void run_fiber(Runner& r, Fiber& f) {
   f.started = true;
   void* fake = nullptr;
   start_switch(&fake, f.stack.base, kStackBytes);
-  swapcontext(&r.sched_ctx, &f.ctx);
+  switch_context(r.sched_ctx, f.ctx);
   finish_switch(fake, nullptr, nullptr);
   r.current = nullptr;
 }
@@ -438,11 +508,7 @@ void run_block(Runner& r) {
     f.linear = i;
     f.tid = thread_of(i, bd);
     f.started = false;
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack.base;
-    f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = nullptr;
-    makecontext(&f.ctx, fiber_entry, 0);
+    make_context(f.ctx, f.stack.base, kStackBytes, fiber_entry);
     make_ready(r, f);
   }
   int done = 0;
