@@ -28,8 +28,7 @@ struct AdamwStep {
   float step_size, bc2_sqrt, decay;
 };
 
-AdamwStep adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay,
-                     int64_t t) {
+AdamwStep adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t) {
   const double bc1 = 1.0 - std::pow(double(beta1), double(t));
   const double bc2 = 1.0 - std::pow(double(beta2), double(t));
   return {
@@ -52,8 +51,8 @@ __device__ __forceinline__ float adamw_element(float& p, float g, float& m, floa
 
 // W = 4: float4 packs of p, g, m, v; W = 1: scalars. D: the compute copy's element type.
 template <typename D, int W>
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, size_t n,
-                             AdamwStep k, float grad_scale, D* p_compute) {
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, size_t n, AdamwStep k,
+                             float grad_scale, D* p_compute) {
   const size_t tid = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t packs = n / W;
@@ -87,17 +86,17 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float 
   using D = device_t<T>;
   constexpr int W = 4;
   if (all_aligned({p, g, m, v}, 16) && all_aligned({p_compute}, W * sizeof(T)))
-    FT_LAUNCH((adamw_kernel<D, W>), grid_for(n / W + 1, kThreads), kThreads, 0, stream)(
-        p, g, m, v, n, k, grad_scale, dev(p_compute));
+    FT_LAUNCH((adamw_kernel<D, W>), grid_blocks(n / W + 1, kThreads, 1), kThreads, 0, stream)
+    (p, g, m, v, n, k, grad_scale, dev(p_compute));
   else
-    FT_LAUNCH((adamw_kernel<D, 1>), grid_for(n, kThreads), kThreads, 0, stream)(
-        p, g, m, v, n, k, grad_scale, dev(p_compute));
+    FT_LAUNCH((adamw_kernel<D, 1>), grid_blocks(n, kThreads, 1), kThreads, 0, stream)
+    (p, g, m, v, n, k, grad_scale, dev(p_compute));
   FT_CUDA_CHECK_LAUNCH();
 }
 
-#define FT_INSTANTIATE(T)                                                                 \
-  template void adamw_update(float*, const float*, float*, float*, size_t, float, float, \
-                             float, float, float, int64_t, float, T*, void*);
+#define FT_INSTANTIATE(T)                                                                       \
+  template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, \
+                             float, float, int64_t, float, T*, void*);
 FT_INSTANTIATE(float)
 FT_INSTANTIATE(bf16)
 FT_INSTANTIATE(f16)

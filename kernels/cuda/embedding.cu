@@ -53,8 +53,8 @@ __global__ void embedding_forward_kernel(D* out, const int32_t* ids, const D* ta
 // grid (N, column chunks of kBackwardThreads · kBackwardCols); W = kBackwardCols (packs) or 1
 // (columns strided by blockDim, the scalar path for rows that are not whole aligned packs).
 template <typename D, int W>
-__global__ void embedding_backward_kernel(float* dtable, const int32_t* ids, const D* dout,
-                                          int N, int C, int v_begin, int v_count) {
+__global__ void embedding_backward_kernel(float* dtable, const int32_t* ids, const D* dout, int N,
+                                          int C, int v_begin, int v_count) {
   const int n = int(blockIdx.x);
   const int id = ids[n];
   const int row = id - v_begin;
@@ -115,32 +115,32 @@ void embedding_forward(T* out, const int32_t* ids, const T* table, int N, int C,
   const int needed = ((C + per_thread - 1) / per_thread + 31) / 32 * 32;
   const int threads = needed < kThreads ? needed : kThreads;
   if (packed)
-    FT_LAUNCH((embedding_forward_kernel<D, W>), unsigned(N), threads, 0, stream)(
-        dev(out), ids, dev(table), C, v_begin, v_count);
+    FT_LAUNCH((embedding_forward_kernel<D, W>), unsigned(N), threads, 0, stream)
+    (dev(out), ids, dev(table), C, v_begin, v_count);
   else
-    FT_LAUNCH((embedding_forward_kernel<D, 1>), unsigned(N), threads, 0, stream)(
-        dev(out), ids, dev(table), C, v_begin, v_count);
+    FT_LAUNCH((embedding_forward_kernel<D, 1>), unsigned(N), threads, 0, stream)
+    (dev(out), ids, dev(table), C, v_begin, v_count);
   FT_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
-void embedding_backward(float* dtable, const int32_t* ids, const T* dout, int N, int C,
-                        int v_begin, int v_count, void* stream) {
+void embedding_backward(float* dtable, const int32_t* ids, const T* dout, int N, int C, int v_begin,
+                        int v_count, void* stream) {
   if (N <= 0 || C <= 0) return;
   using D = device_t<T>;
   constexpr int W = kBackwardCols;
   const int per_block = kBackwardThreads * kBackwardCols;
   const dim3 grid(unsigned(N), unsigned((C + per_block - 1) / per_block));
   if (C % W == 0 && aligned_to(dtable, 16) && aligned_to(dout, W * sizeof(T)))
-    FT_LAUNCH((embedding_backward_kernel<D, W>), grid, kBackwardThreads, 0, stream)(
-        dtable, ids, dev(dout), N, C, v_begin, v_count);
+    FT_LAUNCH((embedding_backward_kernel<D, W>), grid, kBackwardThreads, 0, stream)
+    (dtable, ids, dev(dout), N, C, v_begin, v_count);
   else
-    FT_LAUNCH((embedding_backward_kernel<D, 1>), grid, kBackwardThreads, 0, stream)(
-        dtable, ids, dev(dout), N, C, v_begin, v_count);
+    FT_LAUNCH((embedding_backward_kernel<D, 1>), grid, kBackwardThreads, 0, stream)
+    (dtable, ids, dev(dout), N, C, v_begin, v_count);
   FT_CUDA_CHECK_LAUNCH();
 }
 
-#define FT_INSTANTIATE(T)                                                                    \
+#define FT_INSTANTIATE(T)                                                                   \
   template void embedding_forward(T*, const int32_t*, const T*, int, int, int, int, void*); \
   template void embedding_backward(float*, const int32_t*, const T*, int, int, int, int, void*);
 FT_INSTANTIATE(float)

@@ -45,12 +45,4 @@ inline bool all_aligned(std::initializer_list<const void*> ptrs, size_t bytes) {
   return true;
 }
 
-// Blocks for a grid-stride loop over `work` items: enough to cover it, capped so that a huge
-// range reuses threads (each thread then walks several items) instead of launching blocks that
-// live for one item. 4096 blocks of 256 threads are ~8 waves of resident threads on an H100.
-inline unsigned grid_for(size_t work, int threads) {
-  const size_t blocks = (work + size_t(threads) - 1) / size_t(threads);
-  return unsigned(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
-}
-
 }  // namespace ft::kernels::cuda

@@ -66,7 +66,8 @@ __global__ void rmsnorm_forward_kernel(D* out, float* rstd, const D* x, const D*
     const Pack<D, W> xp = load_pack<W>(xr + c), wp = load_pack<W>(w + c);
     Pack<D, W> op;
     // HF: weight * (x * rstd)
-    for (int j = 0; j < W; ++j) op.v[j] = from_float<D>(to_float(wp.v[j]) * (to_float(xp.v[j]) * r));
+    for (int j = 0; j < W; ++j)
+      op.v[j] = from_float<D>(to_float(wp.v[j]) * (to_float(xp.v[j]) * r));
     store_pack<W>(o + c, op);
   }
 }
@@ -90,8 +91,7 @@ __global__ void rmsnorm_backward_kernel(D* dx, float* partial, const D* dout, co
     for (int c = c_begin; c < C; c += step) {
       const Pack<D, W> dyp = load_pack<W>(dout + off + c), xp = load_pack<W>(x + off + c),
                        wp = load_pack<W>(w + c);
-      for (int j = 0; j < W; ++j)
-        dot += to_float(wp.v[j]) * to_float(dyp.v[j]) * to_float(xp.v[j]);
+      for (int j = 0; j < W; ++j) dot += to_float(wp.v[j]) * to_float(dyp.v[j]) * to_float(xp.v[j]);
     }
     dot = block_sum(dot);
     const float k = dot * r * r * r / float(C);
@@ -126,8 +126,8 @@ __global__ void column_sum_kernel(float* dw, const float* partial, int G, int C)
 template <typename D, int W>
 void launch_forward(D* out, float* rstd, const D* x, const D* w, int N, int C, float eps,
                     void* stream) {
-  FT_LAUNCH((rmsnorm_forward_kernel<D, W>), unsigned(N), row_threads(C, W), 0, stream)(
-      out, rstd, x, w, C, eps);
+  FT_LAUNCH((rmsnorm_forward_kernel<D, W>), unsigned(N), row_threads(C, W), 0, stream)
+  (out, rstd, x, w, C, eps);
 }
 
 template <typename D, int W>
@@ -136,10 +136,10 @@ void launch_backward(D* dx, float* dw, const D* dout, const D* x, const D* w, co
   const int G = N < kBackwardBlocks ? N : kBackwardBlocks;
   const bool shared_acc = C <= kSharedCols;
   FT_LAUNCH((rmsnorm_backward_kernel<D, W>), unsigned(G), row_threads(C, W),
-            shared_acc ? sizeof(float) * size_t(C) : 0, stream)(dx, partial, dout, x, w, rstd, N,
-                                                               C, shared_acc);
-  FT_LAUNCH(column_sum_kernel, grid_for(size_t(C), kThreads), kThreads, 0, stream)(dw, partial,
-                                                                                  G, C);
+            shared_acc ? sizeof(float) * size_t(C) : 0, stream)
+  (dx, partial, dout, x, w, rstd, N, C, shared_acc);
+  FT_LAUNCH(column_sum_kernel, grid_blocks(size_t(C), kThreads, 1), kThreads, 0, stream)
+  (dw, partial, G, C);
 }
 
 }  // namespace
@@ -149,8 +149,7 @@ void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int N, int C, 
                      void* stream) {
   if (N <= 0 || C <= 0) return;
   if (row_pack<T>(C, {out, x, w}) > 1)
-    launch_forward<device_t<T>, kPack16<T>>(dev(out), rstd, dev(x), dev(w), N, C, eps,
-                                         stream);
+    launch_forward<device_t<T>, kPack16<T>>(dev(out), rstd, dev(x), dev(w), N, C, eps, stream);
   else
     launch_forward<device_t<T>, 1>(dev(out), rstd, dev(x), dev(w), N, C, eps, stream);
   FT_CUDA_CHECK_LAUNCH();
@@ -168,18 +167,18 @@ void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, c
   if (N <= 0 || C <= 0) return;
   float* partial = static_cast<float*>(scratch);
   if (row_pack<T>(C, {dx, dout, x, w}) > 1)
-    launch_backward<device_t<T>, kPack16<T>>(dev(dx), dw, dev(dout), dev(x), dev(w),
-                                          rstd, N, C, partial, stream);
+    launch_backward<device_t<T>, kPack16<T>>(dev(dx), dw, dev(dout), dev(x), dev(w), rstd, N, C,
+                                             partial, stream);
   else
-    launch_backward<device_t<T>, 1>(dev(dx), dw, dev(dout), dev(x), dev(w), rstd, N,
-                                 C, partial, stream);
+    launch_backward<device_t<T>, 1>(dev(dx), dw, dev(dout), dev(x), dev(w), rstd, N, C, partial,
+                                    stream);
   FT_CUDA_CHECK_LAUNCH();
 }
 
-#define FT_INSTANTIATE(T)                                                                     \
-  template void rmsnorm_forward(T*, float*, const T*, const T*, int, int, float, void*);      \
-  template void rmsnorm_backward(T*, float*, const T*, const T*, const T*, const float*, int, \
-                                 int, void*, void*);
+#define FT_INSTANTIATE(T)                                                                          \
+  template void rmsnorm_forward(T*, float*, const T*, const T*, int, int, float, void*);           \
+  template void rmsnorm_backward(T*, float*, const T*, const T*, const T*, const float*, int, int, \
+                                 void*, void*);
 FT_INSTANTIATE(float)
 FT_INSTANTIATE(bf16)
 FT_INSTANTIATE(f16)

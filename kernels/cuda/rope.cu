@@ -39,10 +39,18 @@ __device__ __forceinline__ void sincos_of_angle(float a, float& s, float& c) {
   for (int n = 18; n >= 2; n -= 2) cp = 1.0 - cp * r2 * (1.0 / double((n - 1) * n));
   const double sr = r * sp, cr = cp;
   switch (int(k & 3)) {  // a = k·π/2 + r
-    case 0: s = float(sr), c = float(cr); break;
-    case 1: s = float(cr), c = float(-sr); break;
-    case 2: s = float(-sr), c = float(-cr); break;
-    default: s = float(-cr), c = float(sr); break;
+    case 0:
+      s = float(sr), c = float(cr);
+      break;
+    case 1:
+      s = float(cr), c = float(-sr);
+      break;
+    case 2:
+      s = float(-sr), c = float(-cr);
+      break;
+    default:
+      s = float(-cr), c = float(sr);
+      break;
   }
 }
 
@@ -74,8 +82,9 @@ void rope_apply(T* x, const float* inv_freq, int B, int T_, int nh, int D, float
                 void* stream) {
   if (B <= 0 || T_ <= 0 || nh <= 0 || D < 2) return;
   const size_t tokens = size_t(B) * size_t(T_);
-  FT_LAUNCH((rope_kernel<device_t<T>>), grid_for(tokens * size_t(D / 2), kThreads), kThreads, 0,
-            stream)(dev(x), inv_freq, T_, nh, D, tokens, sign);
+  FT_LAUNCH((rope_kernel<device_t<T>>), grid_blocks(tokens * size_t(D / 2), kThreads, 1), kThreads,
+            0, stream)
+  (dev(x), inv_freq, T_, nh, D, tokens, sign);
 }
 
 }  // namespace

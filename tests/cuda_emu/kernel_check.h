@@ -1,7 +1,8 @@
-// Helpers of the CUDA kernel tests (tests/cuda_emu/test_<op>.cpp): device buffers through the
-// CUDA runtime API (the emulator's on the CPU, the real one on a GPU), inputs rounded to the
-// element type so the CPU reference and the CUDA kernel read the same values, closeness checks,
-// and runs under several emulator schedule seeds that must give the same bits.
+// Helpers of the CUDA kernel tests of rmsnorm, swiglu, embedding, rope and adamw
+// (tests/cuda_emu/test_<op>.cpp), on top of emu_test_util.h: device buffers at a chosen
+// misalignment, inputs rounded to the element type so the CPU reference and the CUDA kernel read
+// the same values, closeness checks with per-op bounds, and runs under two schedule seeds that
+// must give the same bits.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,10 +19,7 @@
 #include <vector>
 
 #include "kernels/half.h"
-
-#if defined(FT_CUDA_EMU)
-#include "tests/cuda_emu/cuda_emu.h"
-#endif
+#include "tests/cuda_emu/emu_test_util.h"
 
 namespace ft::cuda_test {
 
@@ -30,47 +28,42 @@ using ft::kernels::f16;
 
 template <typename T>
 const char* type_name() {
-  if constexpr (std::is_same_v<T, float>) return "float";
-  else if constexpr (std::is_same_v<T, bf16>) return "bf16";
-  else return "f16";
+  if constexpr (std::is_same_v<T, float>)
+    return "float";
+  else if constexpr (std::is_same_v<T, bf16>)
+    return "bf16";
+  else
+    return "f16";
 }
 
-inline void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) FAIL(what << ": " << cudaGetErrorString(e));
-}
-
-// A device copy of a host vector; download() brings it back. `offset` elements of slack in
-// front let a test hand the kernel a pointer that is not 16-byte aligned (the scalar paths).
+// A device copy of a host vector (emu_test_util.h's DeviceBuffer) with `offset` elements of
+// slack in front, so a test can hand the kernel a pointer that is not 16-byte aligned (the
+// scalar paths); download() waits for the kernels and brings it back.
 template <typename T>
 class DeviceBuf {
  public:
-  explicit DeviceBuf(const std::vector<T>& host, size_t offset = 0) : n_(host.size()) {
-    cuda_ok(cudaMalloc(reinterpret_cast<void**>(&base_), sizeof(T) * (n_ + offset + 1)),
-            "cudaMalloc");
-    ptr_ = base_ + offset;
+  explicit DeviceBuf(const std::vector<T>& host, size_t offset = 0)
+      : buf_(host.size() + offset), offset_(offset), n_(host.size()) {
     upload(host);
   }
-  DeviceBuf(const DeviceBuf&) = delete;
-  DeviceBuf& operator=(const DeviceBuf&) = delete;
-  ~DeviceBuf() { cudaFree(base_); }
-  T* get() const { return ptr_; }
+  T* get() const { return buf_.get() + offset_; }
   void upload(const std::vector<T>& host) {
     REQUIRE(host.size() == n_);
     if (n_ > 0)
-      cuda_ok(cudaMemcpy(ptr_, host.data(), sizeof(T) * n_, cudaMemcpyHostToDevice), "upload");
+      REQUIRE(cudaMemcpy(get(), host.data(), sizeof(T) * n_, cudaMemcpyHostToDevice) ==
+              cudaSuccess);
   }
   std::vector<T> download() const {
-    cuda_ok(cudaDeviceSynchronize(), "kernel");
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     std::vector<T> out(n_);
     if (n_ > 0)
-      cuda_ok(cudaMemcpy(out.data(), ptr_, sizeof(T) * n_, cudaMemcpyDeviceToHost), "download");
+      REQUIRE(cudaMemcpy(out.data(), get(), sizeof(T) * n_, cudaMemcpyDeviceToHost) == cudaSuccess);
     return out;
   }
 
  private:
-  T* base_ = nullptr;
-  T* ptr_ = nullptr;
-  size_t n_;
+  ft::emu::test::DeviceBuffer<T> buf_;
+  size_t offset_, n_;
 };
 
 // n values uniform in [lo, hi), rounded to T (the values both sides then read exactly).
@@ -132,9 +125,8 @@ void check_within_one_ulp(const std::vector<T>& got, const std::vector<T>& want,
 
 // fp32 outputs: |got − want| ≤ rel · |want| + abs · scale[i] (scale: the size of the terms
 // that produced want[i], for values that arise from cancellation; empty: 1).
-inline void check_close(const std::vector<float>& got, const std::vector<float>& want,
-                        float rel, float abs, const std::vector<float>& scale,
-                        const std::string& what) {
+inline void check_close(const std::vector<float>& got, const std::vector<float>& want, float rel,
+                        float abs, const std::vector<float>& scale, const std::string& what) {
   REQUIRE(got.size() == want.size());
   double worst = 0.0;
   size_t at = 0;
@@ -187,42 +179,31 @@ void check_output(const std::vector<T>& got, const std::vector<T>& want, float r
   }
 }
 
-// The schedule seeds each CUDA kernel runs under. Seed 0 is the emulator's in-order schedule;
-// 1 and 2 shuffle the order of threads and blocks. On a GPU the "seeds" are plain reruns.
-inline const std::vector<uint64_t>& schedule_seeds() {
-  static const std::vector<uint64_t> seeds = {0, 1, 2};
-  return seeds;
-}
-
-inline void set_schedule_seed(uint64_t seed) {
-#if defined(FT_CUDA_EMU)
-  ft::emu::set_seed(seed);
-#else
-  (void)seed;
-#endif
-}
-
-// Runs `run` (which launches the kernel on fresh inputs and returns its outputs, as bytes)
-// under every schedule seed; returns the first run's outputs and checks every other run gave
-// the same bits (determinism: no result may depend on the order threads run in).
+// Runs `run` (which launches the kernels on fresh inputs and returns their outputs, as bytes)
+// under each of emu_test_util.h's test_seeds() (two schedules per process; ctest runs the binary
+// under two FT_CUDA_EMU_SEED values); returns the first run's outputs and checks the other run
+// gave the same bits (determinism: no result may depend on the order threads run in).
 inline std::vector<std::vector<uint8_t>> run_all_seeds(
     const std::function<std::vector<std::vector<uint8_t>>()>& run) {
   std::vector<std::vector<uint8_t>> first;
-  for (uint64_t seed : schedule_seeds()) {
-    set_schedule_seed(seed);
-    std::vector<std::vector<uint8_t>> out = run();
+  const std::vector<uint64_t> seeds = ft::emu::test::test_seeds();
+  for (uint64_t seed : seeds) {
+    std::vector<std::vector<uint8_t>> out;
+    {
+      ft::emu::test::SeedScope scope(seed);
+      out = run();
+    }
     if (first.empty()) {
       first = std::move(out);
       continue;
     }
-    INFO("schedule seed " << seed << " against seed " << schedule_seeds()[0]);
+    INFO("schedule seed " << seed << " against seed " << seeds[0]);
     REQUIRE(out.size() == first.size());
     for (size_t i = 0; i < out.size(); ++i) {
       INFO("output " << i);
       CHECK(out[i] == first[i]);
     }
   }
-  set_schedule_seed(0);
   return first;
 }
 

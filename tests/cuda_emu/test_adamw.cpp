@@ -19,7 +19,7 @@ namespace k = ft::kernels;
 template <typename T>
 void check_adamw(size_t n, size_t offset, int64_t t, float grad_scale, bool with_copy) {
   INFO(std::string(type_name<T>()) << " n=" << n << " offset=" << offset << " t=" << t
-                      << " grad_scale=" << grad_scale << " copy=" << with_copy);
+                                   << " grad_scale=" << grad_scale << " copy=" << with_copy);
   const float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f;
   const uint32_t s = uint32_t(n * 7 + offset);
   const auto p0 = random_values<float>(n, -1.f, 1.f, s);
@@ -30,15 +30,14 @@ void check_adamw(size_t n, size_t offset, int64_t t, float grad_scale, bool with
 
   std::vector<float> p_ref = p0, m_ref = m0, v_ref = v0;
   std::vector<T> pc_ref(n);
-  k::adamw_update(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, lr, beta1, beta2, eps,
-                  wd, t, pc_ref.data(), grad_scale);
+  k::adamw_update(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, lr, beta1, beta2, eps, wd,
+                  t, pc_ref.data(), grad_scale);
 
   const auto out = run_all_seeds([&] {
     DeviceBuf<float> dp(p0, offset), dg(g, offset), dm(m0, offset), dv(v0, offset);
     DeviceBuf<T> dpc(std::vector<T>(n, k::from_f32<T>(7.f)), offset);
-    k::cuda::adamw_update(dp.get(), dg.get(), dm.get(), dv.get(), n, lr, beta1, beta2, eps, wd,
-                          t, grad_scale, with_copy ? dpc.get() : static_cast<T*>(nullptr),
-                          nullptr);
+    k::cuda::adamw_update(dp.get(), dg.get(), dm.get(), dv.get(), n, lr, beta1, beta2, eps, wd, t,
+                          grad_scale, with_copy ? dpc.get() : static_cast<T*>(nullptr), nullptr);
     return std::vector<std::vector<uint8_t>>{to_bytes(dp.download()), to_bytes(dm.download()),
                                              to_bytes(dv.download()), to_bytes(dpc.download())};
   });

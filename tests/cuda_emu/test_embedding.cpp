@@ -21,8 +21,8 @@ namespace k = ft::kernels;
 
 template <typename T>
 void check_embedding(int N, int C, int v_begin, int v_count, size_t offset) {
-  INFO(std::string(type_name<T>()) << " N=" << N << " C=" << C << " shard=[" << v_begin << ", +" << v_count
-                      << ") offset=" << offset);
+  INFO(std::string(type_name<T>()) << " N=" << N << " C=" << C << " shard=[" << v_begin << ", +"
+                                   << v_count << ") offset=" << offset);
   const int V = 37;  // the full vocabulary; the shard's table has v_count (or V) rows
   const int rows = v_count < 0 ? V : v_count;
   const uint32_t s = uint32_t(N * 100 + C);
@@ -52,8 +52,7 @@ void check_embedding(int N, int C, int v_begin, int v_count, size_t offset) {
                                nullptr);
     k::cuda::embedding_backward(ddt.get(), dids.get(), ddout.get(), N, C, v_begin, v_count,
                                 nullptr);
-    return std::vector<std::vector<uint8_t>>{to_bytes(dout_.download()),
-                                             to_bytes(ddt.download())};
+    return std::vector<std::vector<uint8_t>>{to_bytes(dout_.download()), to_bytes(ddt.download())};
   });
   CHECK(same_bits(from_bytes<T>(out[0]), out_ref));
   const auto dtable = from_bytes<float>(out[1]);

@@ -29,8 +29,8 @@ void check_rmsnorm(int N, int C, size_t offset) {
   std::vector<T> out_ref(nc), dx_ref(nc);
   std::vector<float> rstd_ref(N), dw_ref = dw0;
   k::rmsnorm_forward(out_ref.data(), rstd_ref.data(), x.data(), w.data(), N, C, eps);
-  k::rmsnorm_backward(dx_ref.data(), dw_ref.data(), dy.data(), x.data(), w.data(),
-                      rstd_ref.data(), N, C);
+  k::rmsnorm_backward(dx_ref.data(), dw_ref.data(), dy.data(), x.data(), w.data(), rstd_ref.data(),
+                      N, C);
 
   const size_t scratch_floats = k::cuda::rmsnorm_backward_scratch_bytes(N, C) / sizeof(float);
   const auto out = run_all_seeds([&] {
@@ -39,15 +39,13 @@ void check_rmsnorm(int N, int C, size_t offset) {
     DeviceBuf<float> drstd{std::vector<float>(N)}, ddw(dw0);
     // Filled with NaN: the kernels must write every partial they read.
     DeviceBuf<float> scratch(std::vector<float>(scratch_floats, std::nanf("")));
-    k::cuda::rmsnorm_forward(dout.get(), drstd.get(), dx_in.get(), dw_in.get(), N, C, eps,
-                             nullptr);
+    k::cuda::rmsnorm_forward(dout.get(), drstd.get(), dx_in.get(), dw_in.get(), N, C, eps, nullptr);
     // Backward from the CPU's rstd, so dx and dw are checked on their own.
     DeviceBuf<float> rstd_in(rstd_ref);
     k::cuda::rmsnorm_backward(ddx.get(), ddw.get(), ddy.get(), dx_in.get(), dw_in.get(),
                               rstd_in.get(), N, C, scratch.get(), nullptr);
-    return std::vector<std::vector<uint8_t>>{to_bytes(dout.download()),
-                                             to_bytes(drstd.download()), to_bytes(ddx.download()),
-                                             to_bytes(ddw.download())};
+    return std::vector<std::vector<uint8_t>>{to_bytes(dout.download()), to_bytes(drstd.download()),
+                                             to_bytes(ddx.download()), to_bytes(ddw.download())};
   });
 
   // rstd: Σx² summed in another order (a block tree, not the CPU's running sum). The running

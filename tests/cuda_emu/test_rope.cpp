@@ -17,12 +17,11 @@ namespace k = ft::kernels;
 
 template <typename T>
 void check_rope(int B, int T_, int nh, int D, float freq_scale) {
-  INFO(std::string(type_name<T>()) << " B=" << B << " T=" << T_ << " nh=" << nh << " D=" << D
-                      << " freq_scale=" << freq_scale);
+  INFO(std::string(type_name<T>())
+       << " B=" << B << " T=" << T_ << " nh=" << nh << " D=" << D << " freq_scale=" << freq_scale);
   const int half = D / 2;
   std::vector<float> inv_freq(half);
-  for (int i = 0; i < half; ++i)
-    inv_freq[i] = freq_scale * float(std::pow(10000.0, -2.0 * i / D));
+  for (int i = 0; i < half; ++i) inv_freq[i] = freq_scale * float(std::pow(10000.0, -2.0 * i / D));
   const size_t n = size_t(B) * T_ * nh * D;
   const auto x = random_values<T>(n, -2.f, 2.f, uint32_t(T_ * 100 + nh * 10 + D));
   std::vector<T> fwd_ref = x, bwd_ref = x;
@@ -42,7 +41,8 @@ void check_rope(int B, int T_, int nh, int D, float freq_scale) {
   std::vector<float> scale(n);
   for (size_t h = 0; h < n / D; ++h)
     for (int i = 0; i < half; ++i) {
-      const float m = std::fabs(k::to_f32(x[h * D + i])) + std::fabs(k::to_f32(x[h * D + i + half]));
+      const float m =
+          std::fabs(k::to_f32(x[h * D + i])) + std::fabs(k::to_f32(x[h * D + i + half]));
       scale[h * D + i] = scale[h * D + i + half] = m;
     }
   check_output(from_bytes<T>(out[0]), fwd_ref, 0.f, 1e-6f, scale, "forward");
