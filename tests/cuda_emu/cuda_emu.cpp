@@ -500,7 +500,8 @@ void run_block(Runner& r) {
   r.barrier_waiting = 0;
   r.exited = 0;
   const int nwarps = (r.nthreads + 31) / 32;
-  r.warps.assign(size_t(nwarps), {});
+  r.warps.resize(size_t(nwarps));  // keeps the groups' capacity from block to block
+  for (auto& groups : r.warps) groups.clear();
   r.exited_lanes.assign(size_t(nwarps), 0u);
   if (r.dynamic_shared) std::memset(r.dynamic_shared, 0xff, r.config->shared_bytes);
   for (int i = 0; i < r.nthreads; ++i) {
@@ -521,10 +522,15 @@ void run_block(Runner& r) {
       record(r, *first, "deadlock: no thread can run while some wait: " + waiting_list(r));
       break;
     }
-    size_t pick = 0;
-    if (r.random_order) pick = g_rng.below(r.ready.size());
-    const int idx = r.ready[pick];
-    r.ready.erase(r.ready.begin() + std::ptrdiff_t(pick));
+    int idx;
+    if (r.random_order) {  // any ready thread; the ready list's order does not matter then
+      std::swap(r.ready[g_rng.below(r.ready.size())], r.ready.back());
+      idx = r.ready.back();
+      r.ready.pop_back();
+    } else {  // seed 0: first come, first served
+      idx = r.ready.front();
+      r.ready.pop_front();
+    }
     Fiber& f = fibers[idx];
     run_fiber(r, f);
     if (f.state == State::kDone) {
@@ -597,20 +603,20 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
   const int warp = f.linear / 32, lane = f.linear % 32, base = warp * 32;
   const int lanes = std::min(32, r.nthreads - base);
   const unsigned exist = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
-  const std::string site = std::string(op_name(op)) + " (" + loc_str(where) + ")";
+  const auto site = [&] { return std::string(op_name(op)) + " (" + loc_str(where) + ")"; };
   if (!(mask & (1u << lane)))
-    report(r, f, site + ": mask " + hex(mask) + " does not name the calling lane " +
+    report(r, f, site() + ": mask " + hex(mask) + " does not name the calling lane " +
                      std::to_string(lane));
   if (mask & ~exist)
-    report(r, f, site + ": mask " + hex(mask) + " names lane " +
+    report(r, f, site() + ": mask " + hex(mask) + " names lane " +
                      std::to_string(__builtin_ctz(mask & ~exist)) + ", which does not exist (warp " +
                      std::to_string(warp) + " has " + std::to_string(lanes) + " lanes)");
   if (mask & r.exited_lanes[warp])
-    report(r, f, site + ": mask " + hex(mask) + " names lane " +
+    report(r, f, site() + ": mask " + hex(mask) + " names lane " +
                      std::to_string(__builtin_ctz(mask & r.exited_lanes[warp])) +
                      ", which has exited");
   if (width < 1 || width > 32 || (width & (width - 1)))
-    report(r, f, site + ": width " + std::to_string(width) + " is not a power of two up to 32");
+    report(r, f, site() + ": width " + std::to_string(width) + " is not a power of two up to 32");
 
   std::vector<WarpGroup>& groups = r.warps[warp];
   WarpGroup* group = nullptr;
@@ -620,7 +626,7 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
       group = &g;
     } else if (g.mask & mask) {
       report(r, f, "lanes of warp " + std::to_string(warp) + " meet at different warp "
-                       "operations: this lane at " + site + " with mask " + hex(mask) +
+                       "operations: this lane at " + site() + " with mask " + hex(mask) +
                        ", lane " + std::to_string(g.first_lane) + " at " + op_name(g.op) + " (" +
                        loc_str(w.where) + ") with mask " + hex(g.mask));
     }
@@ -710,6 +716,9 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
   std::unique_ptr<unsigned char[]> shared(new unsigned char[config.shared_bytes]);
   r.dynamic_shared = shared.get();
   g_runner = &r;
+  struct Reset {  // no dangling runner if anything below throws
+    ~Reset() { g_runner = nullptr; }
+  } reset;
   g_block_dim = b;
   g_grid_dim = g;
 
@@ -724,7 +733,6 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
     run_block(r);
     if (r.error) break;
   }
-  g_runner = nullptr;
   if (r.error) throw *r.error;
 }
 
