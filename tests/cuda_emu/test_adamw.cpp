@@ -87,3 +87,10 @@ TEST_CASE("cuda_emu adamw: fused update against the CPU, every seed bit-identica
   check_adamw_cases<bf16>();
   check_adamw_cases<f16>();
 }
+
+TEST_CASE("cuda_emu adamw: n = 0 launches nothing") {
+  // An empty grid is a launch error; the launcher must return before it.
+  CHECK_NOTHROW(k::cuda::adamw_update<bf16>(nullptr, nullptr, nullptr, nullptr, 0, 1e-3f, 0.9f,
+                                            0.95f, 1e-8f, 0.1f, 1, 1.0f, nullptr, nullptr));
+  CHECK(cudaGetLastError() == cudaSuccess);
+}

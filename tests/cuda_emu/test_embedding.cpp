@@ -77,3 +77,12 @@ TEST_CASE("cuda_emu embedding: forward and backward against the CPU, every seed 
   check_embedding_shapes<bf16>();
   check_embedding_shapes<f16>();
 }
+
+TEST_CASE("cuda_emu embedding: no tokens launch nothing") {
+  // An empty grid is a launch error; the launchers must return before it.
+  CHECK_NOTHROW(
+      k::cuda::embedding_forward<bf16>(nullptr, nullptr, nullptr, 0, 64, 0, -1, nullptr));
+  CHECK_NOTHROW(
+      k::cuda::embedding_backward<bf16>(nullptr, nullptr, nullptr, 0, 64, 0, -1, nullptr));
+  CHECK(cudaGetLastError() == cudaSuccess);
+}

@@ -90,3 +90,15 @@ TEST_CASE("cuda_emu rmsnorm: forward and backward against the CPU, every seed bi
   check_rmsnorm_shapes<bf16>();
   check_rmsnorm_shapes<f16>();
 }
+
+TEST_CASE("cuda_emu rmsnorm: no rows or no columns launch nothing") {
+  // An empty grid is a launch error; the launchers must return before it.
+  CHECK(k::cuda::rmsnorm_backward_scratch_bytes(0, 64) == 0);
+  CHECK_NOTHROW(k::cuda::rmsnorm_forward<bf16>(nullptr, nullptr, nullptr, nullptr, 0, 64, 1e-5f,
+                                               nullptr));
+  CHECK_NOTHROW(k::cuda::rmsnorm_backward<bf16>(nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                nullptr, 0, 64, nullptr, nullptr));
+  CHECK_NOTHROW(k::cuda::rmsnorm_forward<float>(nullptr, nullptr, nullptr, nullptr, 3, 0, 1e-5f,
+                                                nullptr));
+  CHECK(cudaGetLastError() == cudaSuccess);
+}

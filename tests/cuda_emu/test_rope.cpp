@@ -66,3 +66,10 @@ TEST_CASE("cuda_emu rope: forward and backward against the CPU, every seed bit-i
   check_rope_shapes<bf16>();
   check_rope_shapes<f16>();
 }
+
+TEST_CASE("cuda_emu rope: no tokens launch nothing") {
+  // An empty grid is a launch error; the launchers must return before it.
+  CHECK_NOTHROW(k::cuda::rope_forward<bf16>(nullptr, nullptr, 0, 19, 2, 64, nullptr));
+  CHECK_NOTHROW(k::cuda::rope_backward<bf16>(nullptr, nullptr, 2, 0, 2, 64, nullptr));
+  CHECK(cudaGetLastError() == cudaSuccess);
+}

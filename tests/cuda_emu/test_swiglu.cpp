@@ -58,3 +58,11 @@ TEST_CASE("cuda_emu swiglu: forward and backward against the CPU, every seed bit
   check_swiglu_sizes<bf16>();
   check_swiglu_sizes<f16>();
 }
+
+TEST_CASE("cuda_emu swiglu: n = 0 launches nothing") {
+  // An empty grid is a launch error; the launchers must return before it.
+  CHECK_NOTHROW(k::cuda::swiglu_forward<f16>(nullptr, nullptr, nullptr, 0, nullptr));
+  CHECK_NOTHROW(
+      k::cuda::swiglu_backward<f16>(nullptr, nullptr, nullptr, nullptr, nullptr, 0, nullptr));
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
