@@ -9,8 +9,8 @@
 // Each row needs the block-wide dot Σ w·dy·x for dx. dw is summed without atomics: each thread
 // owns the same columns in every row, so it adds its rows' dy·x·r into a per-block partial row
 // (shared memory when C fits, else the block's row of scratch) with no barrier; a second kernel
-// then adds the G partial rows to dw column by column, in block order. The bits depend only on
-// (N, C) and the inputs, never on the schedule or the GPU.
+// then adds the G partial rows to dw column by column, in block order. The bits depend on the
+// inputs, (N, C) and the pack width (the pointers' alignment), never on the schedule.
 #include <initializer_list>
 
 #include "kernels/cuda/common.cuh"
