@@ -151,7 +151,11 @@ class Launch {
       std::tuple<std::decay_t<P>...> params;
     } ctx{kernel_, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
     detail::run_launch(
-        config_, [](void* c) { std::apply(static_cast<Ctx*>(c)->kernel, static_cast<Ctx*>(c)->params); },
+        config_,
+        [](void* c) {
+          Ctx& k = *static_cast<Ctx*>(c);
+          std::apply(k.kernel, k.params);  // a copy of the parameters per thread, as on a GPU
+        },
         &ctx);
   }
 

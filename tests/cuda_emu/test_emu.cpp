@@ -236,7 +236,8 @@ TEST_CASE("cuda_emu: barriers in divergent code and early returns are reported")
   for (uint64_t seed : {0ull, 3ull, 11ull}) {
     SeedScope scope(seed);
     DeviceBuffer<int> out(64);
-    std::string r = report_of([&] { FT_LAUNCH(divergent_barrier_kernel, 2, 64, 0, nullptr)(out.get()); });
+    std::string r =
+        report_of([&] { FT_LAUNCH(divergent_barrier_kernel, 2, 64, 0, nullptr)(out.get()); });
     CHECK(r.find("different barriers") != std::string::npos);
     CHECK(r.find("divergent_barrier_kernel") != std::string::npos);
     r = report_of([&] { FT_LAUNCH(partial_barrier_kernel, 1, 64, 0, nullptr)(out.get()); });
@@ -337,7 +338,8 @@ TEST_CASE("cuda_emu: bad launch configurations set the last error, as the runtim
   FT_LAUNCH(noop_kernel, 1, 32, 64 << 10, nullptr)(out.get());
   CHECK(cudaGetLastError() == cudaErrorInvalidValue);
   REQUIRE(cudaFuncSetAttribute(reinterpret_cast<const void*>(noop_kernel),
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10) == cudaSuccess);
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               64 << 10) == cudaSuccess);
   FT_LAUNCH(noop_kernel, 1, 32, 64 << 10, nullptr)(out.get());
   CHECK(cudaGetLastError() == cudaSuccess);
   // A destroyed stream is not a stream.
