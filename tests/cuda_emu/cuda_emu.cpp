@@ -564,7 +564,7 @@ void atomic_point() {
   yield(r);
 }
 
-void syncthreads(const std::source_location& where) {
+int syncthreads(int predicate, const std::source_location& where) {
   Runner& r = current_runner("__syncthreads");
   Fiber& f = *r.current;
   if (r.exited > 0) {
@@ -586,14 +586,19 @@ void syncthreads(const std::source_location& where) {
     r.barrier_first = f.linear;
   }
   f.state = State::kBarrier;
+  f.value = uint64_t(predicate);
   if (++r.barrier_waiting == r.nthreads) {
     r.barrier_waiting = 0;
+    int count = 0;
+    for (int i = 0; i < r.nthreads; ++i) count += int((*r.fibers)[i].value);
     for (int i = 0; i < r.nthreads; ++i) {
       Fiber& w = (*r.fibers)[i];
-      if (w.state == State::kBarrier) make_ready(r, w);
+      w.result = uint64_t(count);
+      make_ready(r, w);
     }
   }
   yield(r);
+  return int(f.result);
 }
 
 uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,

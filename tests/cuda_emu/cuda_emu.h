@@ -48,6 +48,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <math.h>  // the C math names in the global namespace, as device code calls them
+
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -62,6 +64,10 @@
 // Under g++ the CUDA headers define __shared__ as an empty attribute; here it is `static`.
 #undef __shared__
 #define __shared__ static
+// Occupancy hints mean nothing here (the CUDA headers leave it undefined for host compilers).
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
 
 // ---- the execution model -----------------------------------------------------------------
 namespace ft::emu {
@@ -109,7 +115,8 @@ const dim3& grid_dim();
 enum class WarpOp { kSync, kShfl, kShflUp, kShflDown, kShflXor, kBallot, kAll, kAny };
 uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
                  const std::source_location& where);
-void syncthreads(const std::source_location& where);
+// Returns the number of threads of the block that passed a non-zero `predicate`.
+int syncthreads(int predicate, const std::source_location& where);
 unsigned active_mask();
 // Atomics may be preempted here (seeded), as other threads may run first on a GPU.
 void atomic_point();
@@ -175,7 +182,29 @@ class Launch {
 inline constexpr int warpSize = 32;
 
 inline void __syncthreads(const std::source_location& where = std::source_location::current()) {
-  ::ft::emu::detail::syncthreads(where);
+  ::ft::emu::detail::syncthreads(0, where);
+}
+inline int __syncthreads_count(
+    int predicate, const std::source_location& where = std::source_location::current()) {
+  return ::ft::emu::detail::syncthreads(predicate != 0, where);
+}
+inline int __syncthreads_and(
+    int predicate, const std::source_location& where = std::source_location::current()) {
+  return ::ft::emu::detail::syncthreads(predicate != 0, where) == int(blockDim.x * blockDim.y *
+                                                                        blockDim.z);
+}
+inline int __syncthreads_or(
+    int predicate, const std::source_location& where = std::source_location::current()) {
+  return ::ft::emu::detail::syncthreads(predicate != 0, where) > 0;
+}
+// Memory fences order a thread's writes on a GPU; threads here interleave only at
+// synchronisation points, where all earlier writes are visible.
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+// Read-only cache loads are plain loads.
+template <typename T>
+inline T __ldg(const T* p) {
+  return *p;
 }
 inline void __syncwarp(unsigned mask = 0xffffffffu,
                        const std::source_location& where = std::source_location::current()) {
@@ -292,6 +321,7 @@ inline double __dadd_rn(double x, double y) { return x + y; }
 inline double __dmul_rn(double x, double y) { return x * y; }
 inline double __fma_rn(double x, double y, double z) { return std::fma(x, y, z); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline float __frsqrt_rn(float x) { return 1.0f / std::sqrt(x); }
 
 // CUDA's device min/max overloads for same-typed arguments.
 #define FT_EMU_MINMAX(T)                             \
@@ -304,3 +334,7 @@ FT_EMU_MINMAX(unsigned long)
 FT_EMU_MINMAX(long long)
 FT_EMU_MINMAX(unsigned long long)
 #undef FT_EMU_MINMAX
+inline float min(float a, float b) { return std::fmin(a, b); }  // CUDA's: fminf, fmaxf
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }

@@ -122,6 +122,23 @@ __global__ void shuffle_flavours_kernel(int* out) {
   out[5 * 32 + t] = __all_sync(0xffffffffu, t < 32) + 2 * __any_sync(0xffffffffu, t == 7);
 }
 
+// Barrier votes; also compiles nvcc's annotations (__launch_bounds__, #pragma unroll).
+__global__ void __launch_bounds__(96) barrier_vote_kernel(int* out) {
+  const int t = threadIdx.x;
+  int v[3];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) v[i] = __ldg(out + i);
+  const int count = __syncthreads_count(t % 5 == 0);
+  const int all = __syncthreads_and(t < 1000);
+  const int any = __syncthreads_or(t == 95);
+  const int none = __syncthreads_or(0);
+  __threadfence();
+  if (t == 0) {
+    out[0] = count + v[0];
+    out[1] = all + 2 * any + 4 * none + v[1];
+  }
+}
+
 __global__ void atomic_count_kernel(unsigned* count, int* max_seen) {
   atomicAdd(count, 1u);
   atomicMax(max_seen, int(blockIdx.x * blockDim.x + threadIdx.x));
@@ -301,6 +318,17 @@ TEST_CASE("cuda_emu: shuffle flavours, widths and votes follow CUDA's definition
     CHECK(got[size_t(96 + t)] == (t ^ 5));
     CHECK(unsigned(got[size_t(128 + t)]) == ballot);
     CHECK(got[size_t(160 + t)] == 3);
+  }
+}
+
+TEST_CASE("cuda_emu: __syncthreads_count, _and, _or") {
+  for (uint64_t seed : {0ull, 10ull}) {
+    SeedScope scope(seed);
+    DeviceBuffer<int> out(std::vector<int>{100, 200, 0});
+    FT_LAUNCH(barrier_vote_kernel, 1, 96, 0, nullptr)(out.get());
+    const std::vector<int> got = out.to_host();
+    CHECK(got[0] == 100 + 20);  // t = 0, 5, ..., 95
+    CHECK(got[1] == 200 + 1 + 2);
   }
 }
 
