@@ -210,6 +210,9 @@ inline void __syncwarp(unsigned mask = 0xffffffffu,
                        const std::source_location& where = std::source_location::current()) {
   ::ft::emu::detail::warp_op(::ft::emu::detail::WarpOp::kSync, mask, 0, 0, 32, where);
 }
+// The lanes of the caller's warp that exist and have not exited. Threads between
+// synchronisation points run one at a time here, so lanes that a GPU would run converged may
+// already have finished: do not build on __activemask beyond "which lanes can still be named".
 inline unsigned __activemask() { return ::ft::emu::detail::active_mask(); }
 
 // The shuffles take `width` before the source location, as CUDA's default argument.

@@ -159,6 +159,18 @@ __global__ void dynamic_shared_kernel(float* out, int n) {
 
 __global__ void noop_kernel(int*) {}
 
+// Thread (3, 1) of block (2, 0) waits at a barrier nobody else reaches.
+__global__ void lonely_barrier_kernel(int* out) {
+  if (blockIdx.x == 2 && threadIdx.x == 3 && threadIdx.y == 1) __syncthreads();
+  out[0] = 1;
+}
+
+// Lanes 0-9 return; the others record which lanes are still active.
+__global__ void active_mask_kernel(unsigned* out) {
+  if (threadIdx.x < 10) return;
+  out[threadIdx.x] = __activemask();
+}
+
 // ---- helpers --------------------------------------------------------------------------------
 
 // Runs `launch` and returns the emulator's report (CHECKs that there is one).
@@ -262,6 +274,33 @@ TEST_CASE("cuda_emu: barriers in divergent code and early returns are reported")
     r = report_of([&] { FT_LAUNCH(early_return_kernel, 1, 64, 0, nullptr)(out.get()); });
     CHECK(r.find("every thread of a block must reach every barrier") != std::string::npos);
   }
+}
+
+TEST_CASE("cuda_emu: a report names the kernel, the block and the thread") {
+  // Seed 0: threads in index order, so (0, 0) .. (2, 1) have exited when (3, 1) arrives.
+  SeedScope scope(0);
+  DeviceBuffer<int> out(1);
+  try {
+    FT_LAUNCH(lonely_barrier_kernel, 4, dim3(8, 2), 0, nullptr)(out.get());
+    FAIL_CHECK("the emulator reported nothing");
+  } catch (const ft::emu::Error& e) {
+    CHECK(e.kernel() == "lonely_barrier_kernel");
+    CHECK(e.block().x == 2);
+    CHECK(e.thread().x == 3);
+    CHECK(e.thread().y == 1);
+    CHECK(e.problem().find("reached after thread (0,0,0) of the block exited") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("cuda_emu: __activemask names the lanes that have not exited") {
+  DeviceBuffer<unsigned> out(48);
+  FT_LAUNCH(active_mask_kernel, 1, 48, 0, nullptr)(out.get());
+  const std::vector<unsigned> got = out.to_host();
+  // Seed 0 runs threads in order: lanes 0-9 have exited when the others ask, and so have the
+  // lanes before the caller (a GPU would run them together; the emulator cannot know).
+  for (int t = 10; t < 32; ++t) CHECK(got[size_t(t)] == (0xffffffffu << t));
+  for (int t = 32; t < 48; ++t) CHECK(got[size_t(t)] == (0x0000ffffu << (t - 32) & 0xffffu));
 }
 
 TEST_CASE("cuda_emu: shuffles naming an exited, missing or non-participating lane are reported") {
