@@ -6,7 +6,8 @@
 //   - Each CUDA thread is a fiber (ucontext) with its own stack; the blocks of a grid run one
 //     after another, the threads of a block interleave only at synchronisation points
 //     (__syncthreads, __syncwarp, shuffles, ballots, atomics). Between two such points a thread
-//     runs alone, so a race shows up only as a dependence on the order threads are resumed in.
+//     runs alone, so a race shows up only as a dependence on the order threads are resumed in,
+//     and a thread spinning on a flag that another thread sets never ends.
 //   - The schedule seed (env FT_CUDA_EMU_SEED, or set_seed) picks that order: seed 0 resumes
 //     threads in index order and runs blocks in index order; any other seed draws both from a
 //     pseudo-random generator, so a kernel whose result depends on the order (a missing barrier,

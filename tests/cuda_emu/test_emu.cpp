@@ -10,6 +10,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -216,6 +217,28 @@ TEST_CASE("cuda_emu: block reductions with shared memory and shuffles, every see
       }
     }
   }
+}
+
+TEST_CASE("cuda_emu: launches from several host threads keep their __shared__ apart") {
+  // __shared__ is a static variable: per block only because launches are serialised.
+  auto run = [](float offset, int* failures) {
+    const int n = 1000, blocks = 4;
+    std::vector<float> x = iota_floats(n);
+    for (float& v : x) v += offset;
+    std::vector<float> want(blocks, 0.0f);
+    for (int i = 0; i < n; ++i) want[size_t(i / 256)] += x[size_t(i)];
+    for (int rep = 0; rep < 10; ++rep) {
+      DeviceBuffer<float> dx(x), out{size_t(blocks)};
+      FT_LAUNCH(tree_sum_kernel, blocks, 256, 0, nullptr)(out.get(), dx.get(), n);
+      *failures += out.to_host() != want;
+    }
+  };
+  int failures_a = 0, failures_b = 0;
+  std::thread a(run, 0.0f, &failures_a), b(run, 1000.0f, &failures_b);
+  a.join();
+  b.join();
+  CHECK(failures_a == 0);
+  CHECK(failures_b == 0);
 }
 
 TEST_CASE("cuda_emu: threads of a 2-D block are numbered x fastest, warps of 32") {
