@@ -122,18 +122,19 @@ unsigned active_mask();
 // Atomics may be preempted here (seeded), as other threads may run first on a GPU.
 void atomic_point();
 
+// Values travel as their bytes (CUDA's __nv_bfloat162 / __half2 are not trivially copyable
+// by the letter of C++, but are plain bits).
 template <typename T>
-uint64_t to_raw(T v) {
-  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8,
-                "warp shuffles move values of at most 8 bytes");
+uint64_t to_raw(const T& v) {
+  static_assert(sizeof(T) <= 8, "warp shuffles move values of at most 8 bytes");
   uint64_t r = 0;
-  std::memcpy(&r, &v, sizeof(T));
+  std::memcpy(&r, static_cast<const void*>(&v), sizeof(T));
   return r;
 }
 template <typename T>
 T from_raw(uint64_t r) {
   T v;
-  std::memcpy(&v, &r, sizeof(T));
+  std::memcpy(static_cast<void*>(&v), &r, sizeof(T));
   return v;
 }
 }  // namespace detail

@@ -121,6 +121,11 @@ __global__ void shuffle_flavours_kernel(int* out) {
   out[3 * 32 + t] = __shfl_xor_sync(0xffffffffu, t, 5, 8);
   out[4 * 32 + t] = int(__ballot_sync(0xffffffffu, t % 3 == 0));
   out[5 * 32 + t] = __all_sync(0xffffffffu, t < 32) + 2 * __any_sync(0xffffffffu, t == 7);
+  // 2- and 4-byte CUDA types move as their bits.
+  const __nv_bfloat16 b = __shfl_xor_sync(0xffffffffu, __float2bfloat16_rn(float(t)), 1);
+  const __half2 h = __shfl_down_sync(0xffffffffu, __floats2half2_rn(float(t), -float(t)), 1);
+  const float2 hf = __half22float2(h);
+  out[6 * 32 + t] = int(__bfloat162float(b)) * 1000 + int(hf.x) * 10 - int(hf.y);
 }
 
 // Barrier votes; also compiles nvcc's annotations (__launch_bounds__, #pragma unroll).
@@ -317,6 +322,7 @@ TEST_CASE("cuda_emu: a report names the kernel, the block and the thread") {
 }
 
 TEST_CASE("cuda_emu: __activemask names the lanes that have not exited") {
+  SeedScope scope(0);
   DeviceBuffer<unsigned> out(48);
   FT_LAUNCH(active_mask_kernel, 1, 48, 0, nullptr)(out.get());
   const std::vector<unsigned> got = out.to_host();
@@ -367,7 +373,7 @@ TEST_CASE("cuda_emu: a deadlock is reported") {
 
 TEST_CASE("cuda_emu: shuffle flavours, widths and votes follow CUDA's definitions") {
   SeedScope scope(8);
-  DeviceBuffer<int> out(6 * 32);
+  DeviceBuffer<int> out(7 * 32);
   FT_LAUNCH(shuffle_flavours_kernel, 1, 32, 0, nullptr)(out.get());
   const std::vector<int> got = out.to_host();
   unsigned ballot = 0;
@@ -380,6 +386,8 @@ TEST_CASE("cuda_emu: shuffle flavours, widths and votes follow CUDA's definition
     CHECK(got[size_t(96 + t)] == (t ^ 5));
     CHECK(unsigned(got[size_t(128 + t)]) == ballot);
     CHECK(got[size_t(160 + t)] == 3);
+    const int down = t + 1 < 32 ? t + 1 : t;
+    CHECK(got[size_t(192 + t)] == (t ^ 1) * 1000 + down * 11);
   }
 }
 
