@@ -103,7 +103,8 @@ inline const device_t<T>* dev(const T* p) {
 // to_float / from_float<T>: the load and the rounding store of every kernel, bit for bit
 // kernels/half.h's to_f32 / to_bf16 / to_f16 (round to nearest even, subnormals kept). The
 // hardware conversions agree with half.h except on NaN (they return a canonical NaN, half.h keeps
-// the payload), so NaN takes half.h's rule explicitly.
+// the payload), so NaN takes half.h's rule explicitly. Not with nvcc's --use_fast_math: its
+// flush-to-zero would drop the fp32 subnormals that bf16 keeps.
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) {
   return __uint_as_float(unsigned(__bfloat16_as_ushort(x)) << 16);  // exact, NaN payload kept

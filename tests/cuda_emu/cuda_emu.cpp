@@ -564,7 +564,7 @@ void atomic_point() {
   yield(r);
 }
 
-void syncthreads(const std::source_location& where) {
+int syncthreads(int predicate, const std::source_location& where) {
   Runner& r = current_runner("__syncthreads");
   Fiber& f = *r.current;
   if (r.exited > 0) {
@@ -586,14 +586,19 @@ void syncthreads(const std::source_location& where) {
     r.barrier_first = f.linear;
   }
   f.state = State::kBarrier;
+  f.value = uint64_t(predicate);
   if (++r.barrier_waiting == r.nthreads) {
     r.barrier_waiting = 0;
+    int count = 0;
+    for (int i = 0; i < r.nthreads; ++i) count += int((*r.fibers)[i].value);
     for (int i = 0; i < r.nthreads; ++i) {
       Fiber& w = (*r.fibers)[i];
-      if (w.state == State::kBarrier) make_ready(r, w);
+      w.result = uint64_t(count);
+      make_ready(r, w);
     }
   }
   yield(r);
+  return int(f.result);
 }
 
 uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
@@ -609,8 +614,9 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
                      std::to_string(lane));
   if (mask & ~exist)
     report(r, f, site() + ": mask " + hex(mask) + " names lane " +
-                     std::to_string(__builtin_ctz(mask & ~exist)) + ", which does not exist (warp " +
-                     std::to_string(warp) + " has " + std::to_string(lanes) + " lanes)");
+                     std::to_string(__builtin_ctz(mask & ~exist)) +
+                     ", which does not exist (warp " + std::to_string(warp) + " has " +
+                     std::to_string(lanes) + " lanes)");
   if (mask & r.exited_lanes[warp])
     report(r, f, site() + ": mask " + hex(mask) + " names lane " +
                      std::to_string(__builtin_ctz(mask & r.exited_lanes[warp])) +
@@ -728,7 +734,8 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
   if (r.random_order)
     for (unsigned long long i = blocks; i > 1; --i) std::swap(order[i - 1], order[g_rng.below(i)]);
   for (unsigned long long id : order) {
-    r.block = uint3{unsigned(id % g.x), unsigned(id / g.x % g.y), unsigned(id / (1ull * g.x * g.y))};
+    r.block = uint3{unsigned(id % g.x), unsigned(id / g.x % g.y),
+                    unsigned(id / (1ull * g.x * g.y))};
     g_block_idx = r.block;
     run_block(r);
     if (r.error) break;
@@ -846,7 +853,9 @@ cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t stream) {
   return device_free(devPtr);
 }
 cudaError_t cudaMallocHost(void** ptr, size_t size) { return host_alloc(ptr, size); }
-cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) { return host_alloc(pHost, size); }
+cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) {
+  return host_alloc(pHost, size);
+}
 cudaError_t cudaFreeHost(void* ptr) {
   if (!ptr) return cudaSuccess;
   std::lock_guard<std::mutex> lock(rt().mutex);

@@ -6,7 +6,8 @@
 //   - Each CUDA thread is a fiber (ucontext) with its own stack; the blocks of a grid run one
 //     after another, the threads of a block interleave only at synchronisation points
 //     (__syncthreads, __syncwarp, shuffles, ballots, atomics). Between two such points a thread
-//     runs alone, so a race shows up only as a dependence on the order threads are resumed in.
+//     runs alone, so a race shows up only as a dependence on the order threads are resumed in,
+//     and a thread spinning on a flag that another thread sets never ends.
 //   - The schedule seed (env FT_CUDA_EMU_SEED, or set_seed) picks that order: seed 0 resumes
 //     threads in index order and runs blocks in index order; any other seed draws both from a
 //     pseudo-random generator, so a kernel whose result depends on the order (a missing barrier,
@@ -48,6 +49,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <math.h>  // the C math names in the global namespace, as device code calls them
+
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -62,6 +65,10 @@
 // Under g++ the CUDA headers define __shared__ as an empty attribute; here it is `static`.
 #undef __shared__
 #define __shared__ static
+// Occupancy hints mean nothing here (the CUDA headers leave it undefined for host compilers).
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
 
 // ---- the execution model -----------------------------------------------------------------
 namespace ft::emu {
@@ -109,23 +116,25 @@ const dim3& grid_dim();
 enum class WarpOp { kSync, kShfl, kShflUp, kShflDown, kShflXor, kBallot, kAll, kAny };
 uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
                  const std::source_location& where);
-void syncthreads(const std::source_location& where);
+// Returns the number of threads of the block that passed a non-zero `predicate`.
+int syncthreads(int predicate, const std::source_location& where);
 unsigned active_mask();
 // Atomics may be preempted here (seeded), as other threads may run first on a GPU.
 void atomic_point();
 
+// Values travel as their bytes (CUDA's __nv_bfloat162 / __half2 are not trivially copyable
+// by the letter of C++, but are plain bits).
 template <typename T>
-uint64_t to_raw(T v) {
-  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8,
-                "warp shuffles move values of at most 8 bytes");
+uint64_t to_raw(const T& v) {
+  static_assert(sizeof(T) <= 8, "warp shuffles move values of at most 8 bytes");
   uint64_t r = 0;
-  std::memcpy(&r, &v, sizeof(T));
+  std::memcpy(&r, static_cast<const void*>(&v), sizeof(T));
   return r;
 }
 template <typename T>
 T from_raw(uint64_t r) {
   T v;
-  std::memcpy(&v, &r, sizeof(T));
+  std::memcpy(static_cast<void*>(&v), &r, sizeof(T));
   return v;
 }
 }  // namespace detail
@@ -151,7 +160,11 @@ class Launch {
       std::tuple<std::decay_t<P>...> params;
     } ctx{kernel_, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
     detail::run_launch(
-        config_, [](void* c) { std::apply(static_cast<Ctx*>(c)->kernel, static_cast<Ctx*>(c)->params); },
+        config_,
+        [](void* c) {
+          Ctx& k = *static_cast<Ctx*>(c);
+          std::apply(k.kernel, k.params);  // a copy of the parameters per thread, as on a GPU
+        },
         &ctx);
   }
 
@@ -171,12 +184,37 @@ class Launch {
 inline constexpr int warpSize = 32;
 
 inline void __syncthreads(const std::source_location& where = std::source_location::current()) {
-  ::ft::emu::detail::syncthreads(where);
+  ::ft::emu::detail::syncthreads(0, where);
+}
+inline int __syncthreads_count(
+    int predicate, const std::source_location& where = std::source_location::current()) {
+  return ::ft::emu::detail::syncthreads(predicate != 0, where);
+}
+inline int __syncthreads_and(
+    int predicate, const std::source_location& where = std::source_location::current()) {
+  return ::ft::emu::detail::syncthreads(predicate != 0, where) == int(blockDim.x * blockDim.y *
+                                                                        blockDim.z);
+}
+inline int __syncthreads_or(
+    int predicate, const std::source_location& where = std::source_location::current()) {
+  return ::ft::emu::detail::syncthreads(predicate != 0, where) > 0;
+}
+// Memory fences order a thread's writes on a GPU; threads here interleave only at
+// synchronisation points, where all earlier writes are visible.
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+// Read-only cache loads are plain loads.
+template <typename T>
+inline T __ldg(const T* p) {
+  return *p;
 }
 inline void __syncwarp(unsigned mask = 0xffffffffu,
                        const std::source_location& where = std::source_location::current()) {
   ::ft::emu::detail::warp_op(::ft::emu::detail::WarpOp::kSync, mask, 0, 0, 32, where);
 }
+// The lanes of the caller's warp that exist and have not exited. Threads between
+// synchronisation points run one at a time here, so lanes that a GPU would run converged may
+// already have finished: do not build on __activemask beyond "which lanes can still be named".
 inline unsigned __activemask() { return ::ft::emu::detail::active_mask(); }
 
 // The shuffles take `width` before the source location, as CUDA's default argument.
@@ -288,6 +326,7 @@ inline double __dadd_rn(double x, double y) { return x + y; }
 inline double __dmul_rn(double x, double y) { return x * y; }
 inline double __fma_rn(double x, double y, double z) { return std::fma(x, y, z); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline float __frsqrt_rn(float x) { return 1.0f / std::sqrt(x); }
 
 // CUDA's device min/max overloads for same-typed arguments.
 #define FT_EMU_MINMAX(T)                             \
@@ -300,3 +339,7 @@ FT_EMU_MINMAX(unsigned long)
 FT_EMU_MINMAX(long long)
 FT_EMU_MINMAX(unsigned long long)
 #undef FT_EMU_MINMAX
+inline float min(float a, float b) { return std::fmin(a, b); }  // CUDA's: fminf, fmaxf
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }

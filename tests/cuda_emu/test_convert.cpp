@@ -48,7 +48,7 @@ std::vector<float> float_inputs(size_t n) {
       0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7fbfffffu,  // NaNs: quiet, signalling, payloads
       0x7f812345u, 0xff9fe001u, 0x00000001u, 0x807fffffu,  // fp32 subnormals
       0x7f7fffffu, 0x477fe000u, 0x477ff000u, 0x477fefffu,  // max float; f16 max, 65520, below
-      0x33000000u, 0x33000001u, 0x32ffffffu, 0x33800000u,  // around 2^-25 and 2^-24 (f16 subnormals)
+      0x33000000u, 0x33000001u, 0x32ffffffu, 0x33800000u,  // 2^-25, 2^-24: f16 subnormals
       0x387fc000u, 0x387fe000u, 0x38800000u, 0x387ff000u,  // f16's subnormal/normal boundary
       0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u,  // bf16 ties to even and around them
       0x3f801000u, 0x3f803000u, 0x3f800fffu, 0x3f801001u,  // f16 ties to even and around them
@@ -61,7 +61,8 @@ std::vector<float> float_inputs(size_t n) {
   std::uniform_real_distribution<float> near(-70000.0f, 70000.0f);
   while (v.size() < n) {
     const uint32_t u = rng();
-    v.push_back(v.size() % 2 ? from_bits(u) : near(rng) * from_bits(0x3f800000u + (u & 0x007fffffu)));
+    const float scaled = near(rng) * from_bits(0x3f800000u + (u & 0x007fffffu));
+    v.push_back(v.size() % 2 ? from_bits(u) : scaled);
   }
   return v;
 }

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -120,6 +121,28 @@ __global__ void shuffle_flavours_kernel(int* out) {
   out[3 * 32 + t] = __shfl_xor_sync(0xffffffffu, t, 5, 8);
   out[4 * 32 + t] = int(__ballot_sync(0xffffffffu, t % 3 == 0));
   out[5 * 32 + t] = __all_sync(0xffffffffu, t < 32) + 2 * __any_sync(0xffffffffu, t == 7);
+  // 2- and 4-byte CUDA types move as their bits.
+  const __nv_bfloat16 b = __shfl_xor_sync(0xffffffffu, __float2bfloat16_rn(float(t)), 1);
+  const __half2 h = __shfl_down_sync(0xffffffffu, __floats2half2_rn(float(t), -float(t)), 1);
+  const float2 hf = __half22float2(h);
+  out[6 * 32 + t] = int(__bfloat162float(b)) * 1000 + int(hf.x) * 10 - int(hf.y);
+}
+
+// Barrier votes; also compiles nvcc's annotations (__launch_bounds__, #pragma unroll).
+__global__ void __launch_bounds__(96) barrier_vote_kernel(int* out) {
+  const int t = threadIdx.x;
+  int v[3];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) v[i] = __ldg(out + i);
+  const int count = __syncthreads_count(t % 5 == 0);
+  const int all = __syncthreads_and(t < 1000);
+  const int any = __syncthreads_or(t == 95);
+  const int none = __syncthreads_or(0);
+  __threadfence();
+  if (t == 0) {
+    out[0] = count + v[0];
+    out[1] = all + 2 * any + 4 * none + v[1];
+  }
 }
 
 __global__ void atomic_count_kernel(unsigned* count, int* max_seen) {
@@ -141,6 +164,18 @@ __global__ void dynamic_shared_kernel(float* out, int n) {
 }
 
 __global__ void noop_kernel(int*) {}
+
+// Thread (3, 1) of block (2, 0) waits at a barrier nobody else reaches.
+__global__ void lonely_barrier_kernel(int* out) {
+  if (blockIdx.x == 2 && threadIdx.x == 3 && threadIdx.y == 1) __syncthreads();
+  out[0] = 1;
+}
+
+// Lanes 0-9 return; the others record which lanes are still active.
+__global__ void active_mask_kernel(unsigned* out) {
+  if (threadIdx.x < 10) return;
+  out[threadIdx.x] = __activemask();
+}
 
 // ---- helpers --------------------------------------------------------------------------------
 
@@ -187,6 +222,28 @@ TEST_CASE("cuda_emu: block reductions with shared memory and shuffles, every see
       }
     }
   }
+}
+
+TEST_CASE("cuda_emu: launches from several host threads keep their __shared__ apart") {
+  // __shared__ is a static variable: per block only because launches are serialised.
+  auto run = [](float offset, int* failures) {
+    const int n = 1000, blocks = 4;
+    std::vector<float> x = iota_floats(n);
+    for (float& v : x) v += offset;
+    std::vector<float> want(blocks, 0.0f);
+    for (int i = 0; i < n; ++i) want[size_t(i / 256)] += x[size_t(i)];
+    for (int rep = 0; rep < 10; ++rep) {
+      DeviceBuffer<float> dx(x), out{size_t(blocks)};
+      FT_LAUNCH(tree_sum_kernel, blocks, 256, 0, nullptr)(out.get(), dx.get(), n);
+      *failures += out.to_host() != want;
+    }
+  };
+  int failures_a = 0, failures_b = 0;
+  std::thread a(run, 0.0f, &failures_a), b(run, 1000.0f, &failures_b);
+  a.join();
+  b.join();
+  CHECK(failures_a == 0);
+  CHECK(failures_b == 0);
 }
 
 TEST_CASE("cuda_emu: threads of a 2-D block are numbered x fastest, warps of 32") {
@@ -236,7 +293,8 @@ TEST_CASE("cuda_emu: barriers in divergent code and early returns are reported")
   for (uint64_t seed : {0ull, 3ull, 11ull}) {
     SeedScope scope(seed);
     DeviceBuffer<int> out(64);
-    std::string r = report_of([&] { FT_LAUNCH(divergent_barrier_kernel, 2, 64, 0, nullptr)(out.get()); });
+    std::string r =
+        report_of([&] { FT_LAUNCH(divergent_barrier_kernel, 2, 64, 0, nullptr)(out.get()); });
     CHECK(r.find("different barriers") != std::string::npos);
     CHECK(r.find("divergent_barrier_kernel") != std::string::npos);
     r = report_of([&] { FT_LAUNCH(partial_barrier_kernel, 1, 64, 0, nullptr)(out.get()); });
@@ -244,6 +302,34 @@ TEST_CASE("cuda_emu: barriers in divergent code and early returns are reported")
     r = report_of([&] { FT_LAUNCH(early_return_kernel, 1, 64, 0, nullptr)(out.get()); });
     CHECK(r.find("every thread of a block must reach every barrier") != std::string::npos);
   }
+}
+
+TEST_CASE("cuda_emu: a report names the kernel, the block and the thread") {
+  // Seed 0: threads in index order, so (0, 0) .. (2, 1) have exited when (3, 1) arrives.
+  SeedScope scope(0);
+  DeviceBuffer<int> out(1);
+  try {
+    FT_LAUNCH(lonely_barrier_kernel, 4, dim3(8, 2), 0, nullptr)(out.get());
+    FAIL_CHECK("the emulator reported nothing");
+  } catch (const ft::emu::Error& e) {
+    CHECK(e.kernel() == "lonely_barrier_kernel");
+    CHECK(e.block().x == 2);
+    CHECK(e.thread().x == 3);
+    CHECK(e.thread().y == 1);
+    CHECK(e.problem().find("reached after thread (0,0,0) of the block exited") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("cuda_emu: __activemask names the lanes that have not exited") {
+  SeedScope scope(0);
+  DeviceBuffer<unsigned> out(48);
+  FT_LAUNCH(active_mask_kernel, 1, 48, 0, nullptr)(out.get());
+  const std::vector<unsigned> got = out.to_host();
+  // Seed 0 runs threads in order: lanes 0-9 have exited when the others ask, and so have the
+  // lanes before the caller (a GPU would run them together; the emulator cannot know).
+  for (int t = 10; t < 32; ++t) CHECK(got[size_t(t)] == (0xffffffffu << t));
+  for (int t = 32; t < 48; ++t) CHECK(got[size_t(t)] == (0x0000ffffu << (t - 32) & 0xffffu));
 }
 
 TEST_CASE("cuda_emu: shuffles naming an exited, missing or non-participating lane are reported") {
@@ -287,7 +373,7 @@ TEST_CASE("cuda_emu: a deadlock is reported") {
 
 TEST_CASE("cuda_emu: shuffle flavours, widths and votes follow CUDA's definitions") {
   SeedScope scope(8);
-  DeviceBuffer<int> out(6 * 32);
+  DeviceBuffer<int> out(7 * 32);
   FT_LAUNCH(shuffle_flavours_kernel, 1, 32, 0, nullptr)(out.get());
   const std::vector<int> got = out.to_host();
   unsigned ballot = 0;
@@ -300,6 +386,19 @@ TEST_CASE("cuda_emu: shuffle flavours, widths and votes follow CUDA's definition
     CHECK(got[size_t(96 + t)] == (t ^ 5));
     CHECK(unsigned(got[size_t(128 + t)]) == ballot);
     CHECK(got[size_t(160 + t)] == 3);
+    const int down = t + 1 < 32 ? t + 1 : t;
+    CHECK(got[size_t(192 + t)] == (t ^ 1) * 1000 + down * 11);
+  }
+}
+
+TEST_CASE("cuda_emu: __syncthreads_count, _and, _or") {
+  for (uint64_t seed : {0ull, 10ull}) {
+    SeedScope scope(seed);
+    DeviceBuffer<int> out(std::vector<int>{100, 200, 0});
+    FT_LAUNCH(barrier_vote_kernel, 1, 96, 0, nullptr)(out.get());
+    const std::vector<int> got = out.to_host();
+    CHECK(got[0] == 100 + 20);  // t = 0, 5, ..., 95
+    CHECK(got[1] == 200 + 1 + 2);
   }
 }
 
@@ -337,7 +436,8 @@ TEST_CASE("cuda_emu: bad launch configurations set the last error, as the runtim
   FT_LAUNCH(noop_kernel, 1, 32, 64 << 10, nullptr)(out.get());
   CHECK(cudaGetLastError() == cudaErrorInvalidValue);
   REQUIRE(cudaFuncSetAttribute(reinterpret_cast<const void*>(noop_kernel),
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10) == cudaSuccess);
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               64 << 10) == cudaSuccess);
   FT_LAUNCH(noop_kernel, 1, 32, 64 << 10, nullptr)(out.get());
   CHECK(cudaGetLastError() == cudaSuccess);
   // A destroyed stream is not a stream.
