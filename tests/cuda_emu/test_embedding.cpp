@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <random>
+#include <utility>
 
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/kernels.h"
@@ -61,11 +62,10 @@ void check_embedding(int N, int C, int v_begin, int v_count, size_t offset) {
 
 template <typename T>
 void check_embedding_shapes() {
-  for (int N : {1, 19, 111})
-    for (int C : {1, 19, 111, 64}) {
-      check_embedding<T>(N, C, 0, -1, 0);   // the whole table
-      check_embedding<T>(N, C, 10, 20, 0);  // a shard: ids below 10 and from 30 are skipped
-    }
+  for (auto [N, C] : {std::pair{1, 19}, {19, 1}, {19, 64}, {111, 111}, {111, 64}}) {
+    check_embedding<T>(N, C, 0, -1, 0);   // the whole table
+    check_embedding<T>(N, C, 10, 20, 0);  // a shard: ids below 10 and from 30 are skipped
+  }
   check_embedding<T>(19, 64, 3, 30, 1);   // whole packs, misaligned: the scalar paths
   check_embedding<T>(19, 600, 0, -1, 0);  // two column chunks of the backward
 }
@@ -80,8 +80,7 @@ TEST_CASE("cuda_emu embedding: forward and backward against the CPU, every seed 
 
 TEST_CASE("cuda_emu embedding: no tokens launch nothing") {
   // An empty grid is a launch error; the launchers must return before it.
-  CHECK_NOTHROW(
-      k::cuda::embedding_forward<bf16>(nullptr, nullptr, nullptr, 0, 64, 0, -1, nullptr));
+  CHECK_NOTHROW(k::cuda::embedding_forward<bf16>(nullptr, nullptr, nullptr, 0, 64, 0, -1, nullptr));
   CHECK_NOTHROW(
       k::cuda::embedding_backward<bf16>(nullptr, nullptr, nullptr, 0, 64, 0, -1, nullptr));
   CHECK(cudaGetLastError() == cudaSuccess);

@@ -51,9 +51,11 @@ void check_rope(int B, int T_, int nh, int D, float freq_scale) {
 
 template <typename T>
 void check_rope_shapes() {
-  for (int T_ : {1, 19, 111})
-    for (int nh : {1, 3})
-      for (int D : {2, 6, 64}) check_rope<T>(2, T_, nh, D, 1.0f);
+  // Sequence lengths 1, 19, 111 with one and several heads, head sizes 2 (one pair), 6 (pairs
+  // that do not fill a warp) and 64.
+  const int shapes[][3] = {{1, 1, 2},   {1, 3, 64},  {19, 3, 6},
+                           {19, 1, 64}, {111, 3, 2}, {111, 2, 64}};
+  for (const auto& s : shapes) check_rope<T>(2, s[0], s[1], s[2], 1.0f);
   check_rope<T>(1, 111, 2, 128, 1.0f);
   // inv_freq up to 1000: angles up to 1.1e5 radians, many turns of range reduction.
   check_rope<T>(1, 111, 1, 16, 1000.0f);
