@@ -77,13 +77,6 @@ std::vector<T> random_values(size_t n, float lo, float hi, uint32_t seed) {
 }
 
 template <typename T>
-std::vector<float> as_f32(const std::vector<T>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = ft::kernels::to_f32(v[i]);
-  return out;
-}
-
-template <typename T>
 uint32_t bits_of(T x) {
   uint32_t b = 0;
   std::memcpy(&b, &x, sizeof(T));
