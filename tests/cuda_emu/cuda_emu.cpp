@@ -99,6 +99,18 @@ bool in_device(const void* p, size_t n) {
 }
 bool touches_device(const void* p) { return in_device(p, 1); }
 
+// Can a kernel be handed p: null, or in [base, base + size] of a device or pinned allocation?
+bool kernel_reachable(const void* p) {
+  if (!p) return true;
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  const char* c = static_cast<const char*>(p);
+  for (const auto* m : {&rt().device, &rt().pinned}) {
+    auto it = m->upper_bound(c);
+    if (it != m->begin() && c <= std::prev(it)->first + std::prev(it)->second) return true;
+  }
+  return false;
+}
+
 size_t max_dynamic_shared(const void* kernel) {
   std::lock_guard<std::mutex> lock(rt().mutex);
   auto it = rt().max_shared.find(kernel);
@@ -707,6 +719,17 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
   if (!stream_is_valid(config.stream)) {
     set_last_error(cudaErrorInvalidResourceHandle);
     return;
+  }
+  for (int i = 0; i < config.pointer_count; ++i) {
+    const auto [index, pointer] = config.pointers[i];
+    if (!kernel_reachable(pointer)) {
+      char where[32];
+      std::snprintf(where, sizeof where, "%p", pointer);
+      throw Error(config.name, dim3(0, 0, 0), dim3(0, 0, 0),
+                  "argument " + std::to_string(index + 1) + " (" + where +
+                      ") is not device memory: not inside a cudaMalloc or cudaMallocHost "
+                      "allocation (a host pointer passed to a kernel?)");
+    }
   }
   while (g_fibers.size() < threads) {
     g_fibers.emplace_back();

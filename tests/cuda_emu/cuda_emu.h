@@ -103,6 +103,10 @@ struct LaunchConfig {
   dim3 grid, block;
   size_t shared_bytes;
   const void* stream;
+  // The kernel's pointer arguments (index, value): each must be null or point into memory a
+  // GPU can reach (cudaMalloc or cudaMallocHost, up to one past the end).
+  const std::pair<int, const void*>* pointers = nullptr;
+  int pointer_count = 0;
 };
 // Runs `body(ctx)` as every thread of the grid; throws Error on a report.
 void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx);
@@ -159,8 +163,24 @@ class Launch {
       void (*kernel)(P...);
       std::tuple<std::decay_t<P>...> params;
     } ctx{kernel_, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+    std::pair<int, const void*> pointers[sizeof...(P) + 1];
+    int count = 0;
+    std::apply(
+        [&](const auto&... p) {
+          int index = 0;
+          auto note = [&](const auto& v) {
+            if constexpr (std::is_pointer_v<std::decay_t<decltype(v)>>)
+              pointers[count++] = {index, static_cast<const void*>(v)};
+            ++index;
+          };
+          (note(p), ...);
+        },
+        ctx.params);
+    detail::LaunchConfig config = config_;
+    config.pointers = pointers;
+    config.pointer_count = count;
     detail::run_launch(
-        config_,
+        config,
         [](void* c) {
           Ctx& k = *static_cast<Ctx*>(c);
           std::apply(k.kernel, k.params);  // a copy of the parameters per thread, as on a GPU

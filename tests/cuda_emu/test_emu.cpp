@@ -450,6 +450,24 @@ TEST_CASE("cuda_emu: bad launch configurations set the last error, as the runtim
   CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
 }
 
+TEST_CASE("cuda_emu: a host pointer passed to a kernel is reported") {
+  std::vector<int> host(32);
+  const std::string r =
+      report_of([&] { FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(host.data()); });
+  CHECK(r.find("argument 1") != std::string::npos);
+  CHECK(r.find("noop_kernel") != std::string::npos);
+  // Null, one past the end of an allocation, and pinned host memory are fine.
+  DeviceBuffer<int> out(8);
+  FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(nullptr);
+  FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(out.get() + 8);
+  void* pinned = nullptr;
+  REQUIRE(cudaMallocHost(&pinned, 64) == cudaSuccess);
+  FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(static_cast<int*>(pinned));
+  CHECK(cudaFreeHost(pinned) == cudaSuccess);
+  int* past = reinterpret_cast<int*>(reinterpret_cast<uintptr_t>(out.get()) + 9 * sizeof(int));
+  CHECK(report_of([&] { FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(past); }) != "");
+}
+
 TEST_CASE("cuda_emu: the runtime API checks where copies point and counts device memory") {
   size_t free0 = 0, total = 0;
   REQUIRE(cudaMemGetInfo(&free0, &total) == cudaSuccess);
