@@ -29,7 +29,9 @@
 //         a lane outside the mask, a width that is not a power of two up to 32;
 //       * deadlock: no thread can run while some wait (e.g. lanes at a shuffle whose partner
 //         waits at a barrier);
-//       * an exception escaping the kernel.
+//       * an exception escaping the kernel;
+//       * a pointer argument that is neither null nor inside (or one past) a cudaMalloc or
+//         cudaMallocHost allocation: a host pointer handed to a kernel (thrown at launch).
 //     Bad launch configurations (empty grid, more than 1024 threads, too much shared memory)
 //     set the last error (cudaErrorInvalidConfiguration / cudaErrorInvalidValue) as the runtime
 //     does, for FT_CUDA_CHECK_LAUNCH to find.
@@ -39,7 +41,12 @@
 // Device code may use: __global__/__device__/__host__/__forceinline__, threadIdx/blockIdx/
 // blockDim/gridDim, warpSize, __syncthreads, __syncwarp, __shfl_sync/_up/_down/_xor, __ballot_sync,
 // __all_sync, __any_sync, __activemask, integer atomics, the math and bit-cast intrinsics declared
-// below, and the host paths of cuda_bf16.h / cuda_fp16.h. No float atomics (determinism).
+// below, and what cuda_bf16.h / cuda_fp16.h compile to for a host compiler: their host
+// implementations of __float2bfloat16_rn, __bfloat162float, __float2half_rn, __half2float, the
+// 2-wide forms (__floats2bfloat162_rn, __bfloat1622float2, __half22float2, ...), the bit casts
+// (__bfloat16_as_ushort, __ushort_as_half, ...) and the __h* arithmetic, compiled by g++ without
+// __CUDACC__ (tests/cuda_emu/test_convert.cpp checks the conversions' bits against
+// kernels/half.h). No float atomics (determinism).
 //
 // The CUDA runtime API subset the backend uses is emulated synchronously on host memory
 // (cuda_emu.cpp), against the real declarations of <cuda_runtime.h>.
