@@ -78,6 +78,7 @@ struct Runtime {
   std::mutex mutex;
   std::map<const char*, size_t> device;  // cudaMalloc'd ranges: base -> bytes
   std::map<const char*, size_t> pinned;  // cudaMallocHost'd ranges
+  std::map<const char*, size_t> registered;  // cudaHostRegister'd ranges (the caller's memory)
   size_t device_bytes = 0;
   std::set<const CUstream_st*> streams;
   std::set<const CUevent_st*> events;
@@ -104,7 +105,7 @@ bool kernel_reachable(const void* p) {
   if (!p) return true;
   std::lock_guard<std::mutex> lock(rt().mutex);
   const char* c = static_cast<const char*>(p);
-  for (const auto* m : {&rt().device, &rt().pinned}) {
+  for (const auto* m : {&rt().device, &rt().pinned, &rt().registered}) {
     auto it = m->upper_bound(c);
     if (it != m->begin() && c <= std::prev(it)->first + std::prev(it)->second) return true;
   }
@@ -992,6 +993,9 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+    case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
     default: return "cudaErrorUnknown";
   }
 }
@@ -1005,6 +1009,11 @@ const char* cudaGetErrorString(cudaError_t error) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDeviceFunction: return "invalid device function";
+    case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range "
+                                                      "is already mapped";
+    case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered "
+                                                  "memory region";
     default: return "unrecognized error code (CUDA emulation)";
   }
 }
@@ -1082,3 +1091,59 @@ cudaError_t cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr, 
   rt().max_shared[func] = size_t(value);
   return cudaSuccess;
 }
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* pStream, unsigned int flags, int) {
+  return cudaStreamCreateWithFlags(pStream, flags);
+}
+cudaError_t cudaDeviceGetStreamPriorityRange(int* leastPriority, int* greatestPriority) {
+  if (leastPriority) *leastPriority = 0;
+  if (greatestPriority) *greatestPriority = 0;  // one priority, as a device without priorities
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int) {
+  return cudaEventRecord(event, stream);
+}
+// The stream is always drained, so the host function runs now, on the calling thread.
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
+  if (!fn) return fail(cudaErrorInvalidValue);
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  fn(userData);
+  return cudaSuccess;
+}
+cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int) {
+  if (!ptr || size == 0) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  if (!rt().registered.emplace(static_cast<char*>(ptr), size).second)
+    return fail(cudaErrorHostMemoryAlreadyRegistered);
+  return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void* ptr) {
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  if (!rt().registered.erase(static_cast<char*>(ptr)))
+    return fail(cudaErrorHostMemoryNotRegistered);
+  return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes, const void* ptr) {
+  if (!attributes) return fail(cudaErrorInvalidValue);
+  std::memset(attributes, 0, sizeof *attributes);
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  const char* c = static_cast<const char*>(ptr);
+  auto inside = [&](const std::map<const char*, size_t>& m) {
+    auto it = m.upper_bound(c);
+    return it != m.begin() && c < std::prev(it)->first + std::prev(it)->second;
+  };
+  if (ft::emu::in_device(ptr, 1)) {
+    attributes->type = cudaMemoryTypeDevice;
+    attributes->devicePointer = const_cast<void*>(ptr);
+  } else if (inside(rt().pinned) || inside(rt().registered)) {
+    attributes->type = cudaMemoryTypeHost;
+    attributes->devicePointer = attributes->hostPointer = const_cast<void*>(ptr);
+  } else {
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->hostPointer = const_cast<void*>(ptr);
+  }
+  attributes->device = ft::emu::t_device;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDeviceFlags(unsigned int) { return cudaSuccess; }
+cudaError_t cudaDeviceReset(void) { return cudaSuccess; }  // allocations stay: tests own them

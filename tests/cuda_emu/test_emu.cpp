@@ -500,7 +500,22 @@ TEST_CASE("cuda_emu: the runtime API checks where copies point and counts device
 
   void* pinned = nullptr;
   CHECK(cudaMallocHost(&pinned, 64) == cudaSuccess);
+  cudaPointerAttributes attr;
+  CHECK(cudaPointerGetAttributes(&attr, static_cast<char*>(pinned) + 63) == cudaSuccess);
+  CHECK(attr.type == cudaMemoryTypeHost);
   CHECK(cudaFreeHost(pinned) == cudaSuccess);
+  CHECK(cudaPointerGetAttributes(&attr, h.data()) == cudaSuccess);
+  CHECK(attr.type == cudaMemoryTypeUnregistered);
+  CHECK(cudaHostRegister(h.data(), h.size(), cudaHostRegisterDefault) == cudaSuccess);
+  CHECK(cudaPointerGetAttributes(&attr, h.data()) == cudaSuccess);
+  CHECK(attr.type == cudaMemoryTypeHost);
+  CHECK(cudaHostUnregister(h.data()) == cudaSuccess);
+  CHECK(cudaHostUnregister(h.data()) == cudaErrorHostMemoryNotRegistered);
+  cudaGetLastError();
+  int ran = 0;
+  CHECK(cudaLaunchHostFunc(nullptr, [](void* p) { ++*static_cast<int*>(p); }, &ran) ==
+        cudaSuccess);
+  CHECK(ran == 1);
 
   cudaDeviceProp prop;
   REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
