@@ -3,11 +3,12 @@
 // It says nothing about speed on a GPU and does not model the GPU's memory system.
 //
 // Execution model:
-//   - Each CUDA thread is a fiber (ucontext) with its own stack; the blocks of a grid run one
-//     after another, the threads of a block interleave only at synchronisation points
-//     (__syncthreads, __syncwarp, shuffles, ballots, atomics). Between two such points a thread
-//     runs alone, so a race shows up only as a dependence on the order threads are resumed in,
-//     and a thread spinning on a flag that another thread sets never ends.
+//   - Each CUDA thread is a fiber (a register-only context switch on x86-64, ucontext elsewhere)
+//     with its own stack; the blocks of a grid run one after another, the threads of a block
+//     interleave only at synchronisation points (__syncthreads, __syncwarp, shuffles, ballots,
+//     atomics). Between two such points a thread runs alone, so a race shows up only as a
+//     dependence on the order threads are resumed in, and a thread spinning on a flag that
+//     another thread sets never ends.
 //   - The schedule seed (env FT_CUDA_EMU_SEED, or set_seed) picks that order: seed 0 resumes
 //     threads in index order and runs blocks in index order; any other seed draws both from a
 //     pseudo-random generator, so a kernel whose result depends on the order (a missing barrier,
@@ -49,7 +50,12 @@
 // kernels/half.h). No float atomics (determinism).
 //
 // The CUDA runtime API subset the backend uses is emulated synchronously on host memory
-// (cuda_emu.cpp), against the real declarations of <cuda_runtime.h>.
+// (cuda_emu.cpp), against the real declarations of <cuda_runtime.h>: every stream is idle when
+// a call returns. Copies and memsets check that their kind matches where the pointers live
+// (cudaErrorInvalidValue otherwise); cudaMalloc'd bytes count against a fake device of
+// FT_CUDA_EMU_MEMORY_MIB (default 16384) for cudaMemGetInfo and out-of-memory errors;
+// FT_CUDA_EMU_DEVICES (default 1) sets the device count. The device calls itself
+// "CUDA emulation (test tool)".
 #pragma once
 
 #include <cuda_bf16.h>
