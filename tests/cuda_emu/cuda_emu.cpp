@@ -252,7 +252,8 @@ struct Context {
 
 extern "C" void ft_emu_switch(void** save_sp, void* new_sp);
 // ft_emu_switch(save, next): pushes rbp, rbx, r12-r15, stores rsp in *save, loads next as rsp,
-// pops the same registers from it and returns into the code that switched away from it.
+// pops the same registers from it and returns into the code that switched away from it. The
+// other callee-saved state (MXCSR, the x87 control word) is shared: nothing here changes it.
 asm(R"(
   .text
   .p2align 4
