@@ -134,8 +134,9 @@ std::string dim_str(dim3 d) {
   std::snprintf(buf, sizeof buf, "(%u,%u,%u)", d.x, d.y, d.z);
   return buf;
 }
-std::string loc_str(const std::source_location& w) {
-  return std::string(w.file_name()) + ":" + std::to_string(w.line());
+std::string loc_str(const std::source_location& w) {  // file:line:column
+  return std::string(w.file_name()) + ":" + std::to_string(w.line()) + ":" +
+         std::to_string(w.column());
 }
 bool same_loc(const std::source_location& a, const std::source_location& b) {
   return a.line() == b.line() && a.column() == b.column() &&
