@@ -171,6 +171,13 @@ __global__ void lonely_barrier_kernel(int* out) {
   out[0] = 1;
 }
 
+// Thread 7 throws (host code a kernel calls, say) while the others wait at the barrier.
+__global__ void throwing_kernel(int* out) {
+  if (threadIdx.x == 7) throw std::runtime_error("from the kernel");
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
 // Lanes 0-9 return; the others record which lanes are still active.
 __global__ void active_mask_kernel(unsigned* out) {
   if (threadIdx.x < 10) return;
@@ -319,6 +326,19 @@ TEST_CASE("cuda_emu: a report names the kernel, the block and the thread") {
     CHECK(e.problem().find("reached after thread (0,0,0) of the block exited") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("cuda_emu: an exception in a kernel and device calls from the host are reported") {
+  for (uint64_t seed : {0ull, 13ull}) {
+    SeedScope scope(seed);
+    DeviceBuffer<int> out(32);
+    const std::string r =
+        report_of([&] { FT_LAUNCH(throwing_kernel, 2, 32, 0, nullptr)(out.get()); });
+    CHECK(r.find("the kernel threw: from the kernel") != std::string::npos);
+  }
+  CHECK_THROWS_WITH_AS(__syncthreads(), doctest::Contains("outside a kernel launch"),
+                       ft::emu::Error);
+  CHECK_THROWS_AS(__shfl_xor_sync(0xffffffffu, 1, 1), ft::emu::Error);
 }
 
 TEST_CASE("cuda_emu: __activemask names the lanes that have not exited") {
