@@ -78,6 +78,7 @@ struct Runtime {
   std::mutex mutex;
   std::map<const char*, size_t> device;  // cudaMalloc'd ranges: base -> bytes
   std::map<const char*, size_t> pinned;  // cudaMallocHost'd ranges
+  std::map<const char*, size_t> registered;  // cudaHostRegister'd ranges (the caller's memory)
   size_t device_bytes = 0;
   std::set<const CUstream_st*> streams;
   std::set<const CUevent_st*> events;
@@ -98,6 +99,18 @@ bool in_device(const void* p, size_t n) {
   return c >= it->first && c + n <= it->first + std::max<size_t>(it->second, 1);
 }
 bool touches_device(const void* p) { return in_device(p, 1); }
+
+// Can a kernel be handed p: null, or in [base, base + size] of a device or pinned allocation?
+bool kernel_reachable(const void* p) {
+  if (!p) return true;
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  const char* c = static_cast<const char*>(p);
+  for (const auto* m : {&rt().device, &rt().pinned, &rt().registered}) {
+    auto it = m->upper_bound(c);
+    if (it != m->begin() && c <= std::prev(it)->first + std::prev(it)->second) return true;
+  }
+  return false;
+}
 
 size_t max_dynamic_shared(const void* kernel) {
   std::lock_guard<std::mutex> lock(rt().mutex);
@@ -121,8 +134,9 @@ std::string dim_str(dim3 d) {
   std::snprintf(buf, sizeof buf, "(%u,%u,%u)", d.x, d.y, d.z);
   return buf;
 }
-std::string loc_str(const std::source_location& w) {
-  return std::string(w.file_name()) + ":" + std::to_string(w.line());
+std::string loc_str(const std::source_location& w) {  // file:line:column
+  return std::string(w.file_name()) + ":" + std::to_string(w.line()) + ":" +
+         std::to_string(w.column());
 }
 bool same_loc(const std::source_location& a, const std::source_location& b) {
   return a.line() == b.line() && a.column() == b.column() &&
@@ -239,7 +253,8 @@ struct Context {
 
 extern "C" void ft_emu_switch(void** save_sp, void* new_sp);
 // ft_emu_switch(save, next): pushes rbp, rbx, r12-r15, stores rsp in *save, loads next as rsp,
-// pops the same registers from it and returns into the code that switched away from it.
+// pops the same registers from it and returns into the code that switched away from it. The
+// other callee-saved state (MXCSR, the x87 control word) is shared: nothing here changes it.
 asm(R"(
   .text
   .p2align 4
@@ -708,6 +723,17 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
     set_last_error(cudaErrorInvalidResourceHandle);
     return;
   }
+  for (int i = 0; i < config.pointer_count; ++i) {
+    const auto [index, pointer] = config.pointers[i];
+    if (!kernel_reachable(pointer)) {
+      char where[32];
+      std::snprintf(where, sizeof where, "%p", pointer);
+      throw Error(config.name, dim3(0, 0, 0), dim3(0, 0, 0),
+                  "argument " + std::to_string(index + 1) + " (" + where +
+                      ") is not device memory: not inside a cudaMalloc or cudaMallocHost "
+                      "allocation (a host pointer passed to a kernel?)");
+    }
+  }
   while (g_fibers.size() < threads) {
     g_fibers.emplace_back();
     g_fibers.back().stack = new_stack();
@@ -969,6 +995,9 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+    case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
     default: return "cudaErrorUnknown";
   }
 }
@@ -982,6 +1011,11 @@ const char* cudaGetErrorString(cudaError_t error) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDeviceFunction: return "invalid device function";
+    case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range "
+                                                      "is already mapped";
+    case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered "
+                                                  "memory region";
     default: return "unrecognized error code (CUDA emulation)";
   }
 }
@@ -1059,3 +1093,59 @@ cudaError_t cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr, 
   rt().max_shared[func] = size_t(value);
   return cudaSuccess;
 }
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* pStream, unsigned int flags, int) {
+  return cudaStreamCreateWithFlags(pStream, flags);
+}
+cudaError_t cudaDeviceGetStreamPriorityRange(int* leastPriority, int* greatestPriority) {
+  if (leastPriority) *leastPriority = 0;
+  if (greatestPriority) *greatestPriority = 0;  // one priority, as a device without priorities
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int) {
+  return cudaEventRecord(event, stream);
+}
+// The stream is always drained, so the host function runs now, on the calling thread.
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
+  if (!fn) return fail(cudaErrorInvalidValue);
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  fn(userData);
+  return cudaSuccess;
+}
+cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int) {
+  if (!ptr || size == 0) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  if (!rt().registered.emplace(static_cast<char*>(ptr), size).second)
+    return fail(cudaErrorHostMemoryAlreadyRegistered);
+  return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void* ptr) {
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  if (!rt().registered.erase(static_cast<char*>(ptr)))
+    return fail(cudaErrorHostMemoryNotRegistered);
+  return cudaSuccess;
+}
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes, const void* ptr) {
+  if (!attributes) return fail(cudaErrorInvalidValue);
+  std::memset(attributes, 0, sizeof *attributes);
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  const char* c = static_cast<const char*>(ptr);
+  auto inside = [&](const std::map<const char*, size_t>& m) {
+    auto it = m.upper_bound(c);
+    return it != m.begin() && c < std::prev(it)->first + std::prev(it)->second;
+  };
+  if (ft::emu::in_device(ptr, 1)) {
+    attributes->type = cudaMemoryTypeDevice;
+    attributes->devicePointer = const_cast<void*>(ptr);
+  } else if (inside(rt().pinned) || inside(rt().registered)) {
+    attributes->type = cudaMemoryTypeHost;
+    attributes->devicePointer = attributes->hostPointer = const_cast<void*>(ptr);
+  } else {
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->hostPointer = const_cast<void*>(ptr);
+  }
+  attributes->device = ft::emu::t_device;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDeviceFlags(unsigned int) { return cudaSuccess; }
+cudaError_t cudaDeviceReset(void) { return cudaSuccess; }  // allocations stay: tests own them

@@ -3,11 +3,12 @@
 // It says nothing about speed on a GPU and does not model the GPU's memory system.
 //
 // Execution model:
-//   - Each CUDA thread is a fiber (ucontext) with its own stack; the blocks of a grid run one
-//     after another, the threads of a block interleave only at synchronisation points
-//     (__syncthreads, __syncwarp, shuffles, ballots, atomics). Between two such points a thread
-//     runs alone, so a race shows up only as a dependence on the order threads are resumed in,
-//     and a thread spinning on a flag that another thread sets never ends.
+//   - Each CUDA thread is a fiber (a register-only context switch on x86-64, ucontext elsewhere)
+//     with its own stack; the blocks of a grid run one after another, the threads of a block
+//     interleave only at synchronisation points (__syncthreads, __syncwarp, shuffles, ballots,
+//     atomics). Between two such points a thread runs alone, so a race shows up only as a
+//     dependence on the order threads are resumed in, and a thread spinning on a flag that
+//     another thread sets never ends.
 //   - The schedule seed (env FT_CUDA_EMU_SEED, or set_seed) picks that order: seed 0 resumes
 //     threads in index order and runs blocks in index order; any other seed draws both from a
 //     pseudo-random generator, so a kernel whose result depends on the order (a missing barrier,
@@ -29,7 +30,9 @@
 //         a lane outside the mask, a width that is not a power of two up to 32;
 //       * deadlock: no thread can run while some wait (e.g. lanes at a shuffle whose partner
 //         waits at a barrier);
-//       * an exception escaping the kernel.
+//       * an exception escaping the kernel;
+//       * a pointer argument that is neither null nor inside (or one past) a cudaMalloc or
+//         cudaMallocHost allocation: a host pointer handed to a kernel (thrown at launch).
 //     Bad launch configurations (empty grid, more than 1024 threads, too much shared memory)
 //     set the last error (cudaErrorInvalidConfiguration / cudaErrorInvalidValue) as the runtime
 //     does, for FT_CUDA_CHECK_LAUNCH to find.
@@ -39,10 +42,20 @@
 // Device code may use: __global__/__device__/__host__/__forceinline__, threadIdx/blockIdx/
 // blockDim/gridDim, warpSize, __syncthreads, __syncwarp, __shfl_sync/_up/_down/_xor, __ballot_sync,
 // __all_sync, __any_sync, __activemask, integer atomics, the math and bit-cast intrinsics declared
-// below, and the host paths of cuda_bf16.h / cuda_fp16.h. No float atomics (determinism).
+// below, and what cuda_bf16.h / cuda_fp16.h compile to for a host compiler: their host
+// implementations of __float2bfloat16_rn, __bfloat162float, __float2half_rn, __half2float, the
+// 2-wide forms (__floats2bfloat162_rn, __bfloat1622float2, __half22float2, ...), the bit casts
+// (__bfloat16_as_ushort, __ushort_as_half, ...) and the __h* arithmetic, compiled by g++ without
+// __CUDACC__ (tests/cuda_emu/test_convert.cpp checks the conversions' bits against
+// kernels/half.h). No float atomics (determinism).
 //
 // The CUDA runtime API subset the backend uses is emulated synchronously on host memory
-// (cuda_emu.cpp), against the real declarations of <cuda_runtime.h>.
+// (cuda_emu.cpp), against the real declarations of <cuda_runtime.h>: every stream is idle when
+// a call returns. Copies and memsets check that their kind matches where the pointers live
+// (cudaErrorInvalidValue otherwise); cudaMalloc'd bytes count against a fake device of
+// FT_CUDA_EMU_MEMORY_MIB (default 16384) for cudaMemGetInfo and out-of-memory errors;
+// FT_CUDA_EMU_DEVICES (default 1) sets the device count. The device calls itself
+// "CUDA emulation (test tool)".
 #pragma once
 
 #include <cuda_bf16.h>
@@ -103,6 +116,10 @@ struct LaunchConfig {
   dim3 grid, block;
   size_t shared_bytes;
   const void* stream;
+  // The kernel's pointer arguments (index, value): each must be null or point into memory a
+  // GPU can reach (cudaMalloc or cudaMallocHost, up to one past the end).
+  const std::pair<int, const void*>* pointers = nullptr;
+  int pointer_count = 0;
 };
 // Runs `body(ctx)` as every thread of the grid; throws Error on a report.
 void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx);
@@ -159,8 +176,24 @@ class Launch {
       void (*kernel)(P...);
       std::tuple<std::decay_t<P>...> params;
     } ctx{kernel_, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+    std::pair<int, const void*> pointers[sizeof...(P) + 1];
+    int count = 0;
+    std::apply(
+        [&](const auto&... p) {
+          int index = 0;
+          auto note = [&](const auto& v) {
+            if constexpr (std::is_pointer_v<std::decay_t<decltype(v)>>)
+              pointers[count++] = {index, static_cast<const void*>(v)};
+            ++index;
+          };
+          (note(p), ...);
+        },
+        ctx.params);
+    detail::LaunchConfig config = config_;
+    config.pointers = pointers;
+    config.pointer_count = count;
     detail::run_launch(
-        config_,
+        config,
         [](void* c) {
           Ctx& k = *static_cast<Ctx*>(c);
           std::apply(k.kernel, k.params);  // a copy of the parameters per thread, as on a GPU

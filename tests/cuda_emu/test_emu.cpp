@@ -171,6 +171,13 @@ __global__ void lonely_barrier_kernel(int* out) {
   out[0] = 1;
 }
 
+// Thread 7 throws (host code a kernel calls, say) while the others wait at the barrier.
+__global__ void throwing_kernel(int* out) {
+  if (threadIdx.x == 7) throw std::runtime_error("from the kernel");
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
 // Lanes 0-9 return; the others record which lanes are still active.
 __global__ void active_mask_kernel(unsigned* out) {
   if (threadIdx.x < 10) return;
@@ -321,6 +328,19 @@ TEST_CASE("cuda_emu: a report names the kernel, the block and the thread") {
   }
 }
 
+TEST_CASE("cuda_emu: an exception in a kernel and device calls from the host are reported") {
+  for (uint64_t seed : {0ull, 13ull}) {
+    SeedScope scope(seed);
+    DeviceBuffer<int> out(32);
+    const std::string r =
+        report_of([&] { FT_LAUNCH(throwing_kernel, 2, 32, 0, nullptr)(out.get()); });
+    CHECK(r.find("the kernel threw: from the kernel") != std::string::npos);
+  }
+  CHECK_THROWS_WITH_AS(__syncthreads(), doctest::Contains("outside a kernel launch"),
+                       ft::emu::Error);
+  CHECK_THROWS_AS(__shfl_xor_sync(0xffffffffu, 1, 1), ft::emu::Error);
+}
+
 TEST_CASE("cuda_emu: __activemask names the lanes that have not exited") {
   SeedScope scope(0);
   DeviceBuffer<unsigned> out(48);
@@ -450,6 +470,24 @@ TEST_CASE("cuda_emu: bad launch configurations set the last error, as the runtim
   CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
 }
 
+TEST_CASE("cuda_emu: a host pointer passed to a kernel is reported") {
+  std::vector<int> host(32);
+  const std::string r =
+      report_of([&] { FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(host.data()); });
+  CHECK(r.find("argument 1") != std::string::npos);
+  CHECK(r.find("noop_kernel") != std::string::npos);
+  // Null, one past the end of an allocation, and pinned host memory are fine.
+  DeviceBuffer<int> out(8);
+  FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(nullptr);
+  FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(out.get() + 8);
+  void* pinned = nullptr;
+  REQUIRE(cudaMallocHost(&pinned, 64) == cudaSuccess);
+  FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(static_cast<int*>(pinned));
+  CHECK(cudaFreeHost(pinned) == cudaSuccess);
+  int* past = reinterpret_cast<int*>(reinterpret_cast<uintptr_t>(out.get()) + 9 * sizeof(int));
+  CHECK(report_of([&] { FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(past); }) != "");
+}
+
 TEST_CASE("cuda_emu: the runtime API checks where copies point and counts device memory") {
   size_t free0 = 0, total = 0;
   REQUIRE(cudaMemGetInfo(&free0, &total) == cudaSuccess);
@@ -482,7 +520,22 @@ TEST_CASE("cuda_emu: the runtime API checks where copies point and counts device
 
   void* pinned = nullptr;
   CHECK(cudaMallocHost(&pinned, 64) == cudaSuccess);
+  cudaPointerAttributes attr;
+  CHECK(cudaPointerGetAttributes(&attr, static_cast<char*>(pinned) + 63) == cudaSuccess);
+  CHECK(attr.type == cudaMemoryTypeHost);
   CHECK(cudaFreeHost(pinned) == cudaSuccess);
+  CHECK(cudaPointerGetAttributes(&attr, h.data()) == cudaSuccess);
+  CHECK(attr.type == cudaMemoryTypeUnregistered);
+  CHECK(cudaHostRegister(h.data(), h.size(), cudaHostRegisterDefault) == cudaSuccess);
+  CHECK(cudaPointerGetAttributes(&attr, h.data()) == cudaSuccess);
+  CHECK(attr.type == cudaMemoryTypeHost);
+  CHECK(cudaHostUnregister(h.data()) == cudaSuccess);
+  CHECK(cudaHostUnregister(h.data()) == cudaErrorHostMemoryNotRegistered);
+  cudaGetLastError();
+  int ran = 0;
+  CHECK(cudaLaunchHostFunc(nullptr, [](void* p) { ++*static_cast<int*>(p); }, &ran) ==
+        cudaSuccess);
+  CHECK(ran == 1);
 
   cudaDeviceProp prop;
   REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);

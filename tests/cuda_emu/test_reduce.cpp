@@ -109,6 +109,26 @@ TEST_CASE("cuda_emu reduce: sum_squares matches the CPU and is bit-identical acr
   }
 }
 
+TEST_CASE("cuda_emu reduce: sum_squares carries inf and NaN (the non-finite gradient check)") {
+  const size_t n = 5000;
+  for (float bad : {INFINITY, -INFINITY, NAN}) {
+    std::vector<float> x = random_values<float>(n, 5, 1.0f);
+    x[4321] = bad;
+    const double want = sum_squares(x.data(), n);
+    for (uint64_t seed : test_seeds()) {
+      SeedScope scope(seed);
+      DeviceBuffer<float> dx(x);
+      DeviceBuffer<double> acc(std::vector<double>{0.0});
+      DeviceBuffer<char> scratch(cuda::sum_squares_scratch_bytes(n));
+      cuda::sum_squares(acc.get(), dx.get(), n, 1.0, scratch.get(), nullptr);
+      const double got = acc.to_host()[0];
+      CHECK(std::isnan(got) == std::isnan(want));
+      CHECK(std::isinf(got) == std::isinf(want));
+      CHECK(std::isfinite(got) == false);
+    }
+  }
+}
+
 TEST_CASE("cuda_emu reduce: sum_squares with n = 0 adds nothing and needs no scratch") {
   CHECK(cuda::sum_squares_scratch_bytes(0) == 0);
   DeviceBuffer<double> acc(std::vector<double>{-0.0});
