@@ -27,7 +27,8 @@
 // (a cudaStream_t passed as void*). A template kernel goes in parentheses so the preprocessor
 // keeps its commas: FT_LAUNCH((convert_kernel<Dst, Src>), grid, 256, 0, stream)(dst, src, n).
 // Under the emulator the call runs the whole grid before it returns and throws ft::emu::Error
-// on a reported misuse (barrier divergence, bad shuffle mask, deadlock).
+// on a reported misuse (barrier divergence, bad shuffle mask, deadlock, a host pointer
+// argument); a bad configuration sets the last error, as on a GPU.
 #if defined(FT_CUDA_EMU)
 #define FT_LAUNCH(kernel, grid, block, shared_bytes, stream) \
   ::ft::emu::Launch(#kernel, kernel, dim3(grid), dim3(block), size_t(shared_bytes), stream)
@@ -195,8 +196,8 @@ __device__ __forceinline__ size_t grid_thread_index() {
 __device__ __forceinline__ size_t grid_thread_count() { return size_t(gridDim.x) * blockDim.x; }
 
 // Blocks for a grid-stride loop over n items: about items_per_thread items per thread, at most
-// max_blocks (1024 blocks of 256 threads fill an H100's 132 SMs; more only adds blocks that
-// each do less). At least 1: callers skip the launch for n == 0 (an empty grid is an error).
+// max_blocks (1024 blocks of 256 threads are about what an H100's 132 SMs hold at once, 2048
+// threads each). At least 1: callers skip the launch for n == 0 (an empty grid is an error).
 inline unsigned grid_blocks(size_t n, unsigned threads, unsigned items_per_thread,
                             unsigned max_blocks = 1024) {
   const size_t per_block = size_t(threads) * items_per_thread;
