@@ -84,6 +84,14 @@ void* Device::alloc_host(size_t bytes) {
 
 void Device::free_host(void* ptr, size_t) { std::free(ptr); }
 
+std::string built_backends() {
+#if FT_HAVE_CUDA
+  return "cpu, cuda (" + cuda_runtime_description() + ")";
+#else
+  return "cpu";
+#endif
+}
+
 std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
 
 std::unique_ptr<Device> make_device(const std::string& spec) {

@@ -62,6 +62,9 @@ std::unique_ptr<Device> make_cpu_device();
 // in a CUDA build says why in one line on stderr.
 std::unique_ptr<Device> make_device(const std::string& spec);
 
+// The backends this build has, for `ft --version`: "cpu", or "cpu, cuda (runtime 13.0)".
+std::string built_backends();
+
 // A typed, owning allocation on a Device. Move-only. Its memory is device memory: the host
 // reaches it only through upload/download (or the Device's copies), never by indexing.
 template <typename T>

@@ -126,6 +126,10 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
+std::string cuda_runtime_description() {
+  return "runtime " + cuda_version(CUDART_VERSION);
+}
+
 std::string cuda_unusable_reason() {
   int driver = 0, runtime = 0;
   cudaDriverGetVersion(&driver);  // 0 when no driver is installed
@@ -135,7 +139,7 @@ std::string cuda_unusable_reason() {
   cudaGetLastError();  // the probe's error is ours to report, not the next call's
   if (driver == 0)
     return detail::concat("no NVIDIA driver is loaded (libcuda.so.1 was not found; "
-                          "cudaGetDeviceCount: ", cudaGetErrorString(e), ")");
+                          "cudaGetDeviceCount says \"", cudaGetErrorString(e), "\")");
   if (e == cudaErrorInsufficientDriver || driver < runtime)
     return detail::concat("the NVIDIA driver supports CUDA ", cuda_version(driver),
                           ", older than the CUDA ", cuda_version(runtime),

@@ -17,6 +17,9 @@ namespace ft {
 // visible (CUDA_VISIBLE_DEVICES=''); ...", "GPU 0 has compute capability 7.5; ...").
 std::string cuda_unusable_reason();
 
+// "runtime 13.0": the CUDA runtime ft was built with (for `ft --version`).
+std::string cuda_runtime_description();
+
 // The GPU of this rank (node-local rank modulo the visible GPUs). Throws ft::Error when it
 // cannot be set up; call cuda_unusable_reason() first for the friendly answer.
 std::unique_ptr<Device> make_cuda_device();
