@@ -15,6 +15,7 @@
 #include "runtime/cuda/cuda_device.h"
 #endif
 
+#if FT_HAVE_CUDA
 namespace {
 
 int failures = 0;
@@ -24,6 +25,7 @@ void check(bool ok, const std::string& what) {
 }
 
 }  // namespace
+#endif
 
 int main() {
 #if !FT_HAVE_CUDA
