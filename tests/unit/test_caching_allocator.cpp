@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -229,7 +230,9 @@ TEST_CASE("caching allocator: out of memory says what was asked, used and reserv
   CHECK(msg.find("zero_stage") != std::string::npos);
   CHECK(msg.find("activation_checkpointing") != std::string::npos);
   CHECK(msg.find("micro_batch_size") != std::string::npos);
-  // The failed request left nothing behind.
+  // A size whose rounding would wrap around is out of memory too, not a tiny block.
+  CHECK_THROWS_WITH_AS(a.allocate(SIZE_MAX), doctest::Contains("out of memory"), ft::Error);
+  // The failed requests left nothing behind.
   CHECK(a.stats().current_bytes == 5 * kMiB);
   CHECK(a.stats().num_segments == 1);
   a.deallocate(p);

@@ -99,6 +99,8 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t size, bool small, 
 
 void* CachingAllocator::allocate(size_t bytes, void* stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Beyond any device (and where rounding up would wrap around): out of memory as it is.
+  if (bytes > (size_t(1) << 60)) throw_oom(bytes, bytes);
   const size_t size = round_size(bytes);
   const bool small = size <= kSmallLimit;
   FreeSet& pool = small ? small_free_ : large_free_;
