@@ -32,14 +32,16 @@ build=$(realpath -m "${1:-${BUILD_DIR:-build}}")
 out=$(realpath -m "${FT_BUNDLE_OUT:-ft-bundle.tar.xz}")
 max_bytes=$((40 * 1024 * 1024))
 fail() { echo "bundle: FAIL: $*" >&2; exit 1; }
-command -v patchelf >/dev/null || fail "patchelf is missing: apt-get install patchelf (scripts/setup.sh installs it)"
+command -v patchelf >/dev/null ||
+  fail "patchelf is missing: apt-get install patchelf (scripts/setup.sh installs it)"
 
 if [[ "${FT_BUNDLE_BUILD:-1}" == "1" ]]; then
   [[ -f "$build/CMakeCache.txt" ]] || cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
   echo "bundle: building $build"
   cmake --build "$build" -j"$(nproc)" >/dev/null
 fi
-[[ -x "$build/ft" ]] || fail "$build/ft does not exist; build it (cmake --build $build) or drop FT_BUNDLE_BUILD=0"
+[[ -x "$build/ft" ]] ||
+  fail "$build/ft does not exist; build it (cmake --build $build) or drop FT_BUNDLE_BUILD=0"
 
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 stage="$work/ft-bundle"
@@ -58,10 +60,13 @@ done
 
 # Libraries not shipped (see the top). Matched on the soname.
 system_lib() {
-  [[ "$1" =~ ^(linux-vdso|ld-linux-x86-64|libc|libm|libdl|libpthread|librt|libresolv|libutil|libgcc_s|libmvec)\.so ]]
+  local glibc='linux-vdso|ld-linux-x86-64|libc|libm|libdl|libpthread|librt|libresolv|libutil'
+  [[ "$1" =~ ^($glibc|libmvec|libgcc_s)\.so ]]
 }
 cuda_lib() {
-  [[ "$1" =~ ^lib(cuda|cudart|cublas|cublasLt|nccl|cudnn[a-z_]*|nvrtc[a-z.-]*|nvJitLink|cufft[a-z]*|curand|cusolver[A-Za-z]*|cusparse|cupti|nvToolsExt|nvidia-[a-z-]+)\.so ]]
+  local names='cuda|cudart|cublas|cublasLt|nccl|cudnn[a-z_]*|nvrtc[a-z.-]*|nvJitLink|cufft[a-z]*'
+  names+='|curand|cusolver[A-Za-z]*|cusparse|cupti|nvToolsExt|nvidia-[a-z-]+'
+  [[ "$1" =~ ^lib($names)\.so ]]
 }
 
 # ldd gives the transitive closure; a "not found" here would be missing on the GPU too.
@@ -91,7 +96,8 @@ for d in scripts tests/cli tests/ref tests/data recipes; do
 done
 {
   echo "ft bundle: $("$build/ft" --version)"
-  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+  dirty=$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$dirty"
   echo "built on: $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | head -1)"
   echo "executables: ${exes[*]}"
   echo "libraries: $(cd "$stage/lib" && ls | tr '\n' ' ')"
@@ -102,7 +108,8 @@ echo "bundle: compressing ${#exes[@]} executables and ${#libs[@]} libraries"
 mkdir -p "$(dirname "$out")"; rm -f "$out"
 tar -C "$work" -cf - ft-bundle | xz -T"$(nproc)" -6 > "$out"
 size=$(stat -c %s "$out")
-echo "bundle: $out: $((size / 1048576)).$((size % 1048576 * 10 / 1048576)) MiB ($size bytes; limit 40 MiB)"
+mib="$((size / 1048576)).$((size % 1048576 * 10 / 1048576))"
+echo "bundle: $out: $mib MiB ($size bytes; limit 40 MiB)"
 ((size <= max_bytes)) || fail "$out is $size bytes, over the 40 MiB limit"
 
 # ---- The check: the archive alone, with no library path ----
@@ -131,13 +138,15 @@ ref.write_shard(f"{tmp}/train/shard_00000.h5",
 PY
 cat > "$check/r.yaml" <<YAML
 run: {name: bundle, output_dir: $check/out, seed: 3}
-model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 48, vocab_size: 97, max_seq_len: 32}
+model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 48, vocab_size: 97,
+        max_seq_len: 32}
 data: {train: $check/train, seq_len: 16}
 training: {steps: 3, micro_batch_size: 2, global_batch_size: 2}
 optimizer: {lr: 0.01}
 runtime: {threads: 2, device: cpu}
 YAML
-(cd "$check" && "$b/ft" train r.yaml > train.out 2>&1) || fail "3-step training: $(cat "$check/train.out")"
+(cd "$check" && "$b/ft" train r.yaml > train.out 2>&1) ||
+  fail "3-step training: $(cat "$check/train.out")"
 grep -q '^ft: done: 3 steps' "$check/train.out" || fail "no summary: $(cat "$check/train.out")"
 grep '^ft: done' "$check/train.out"
 echo "bundle: ok: $out"

@@ -32,7 +32,8 @@ PY
 recipe() {  # DEVICE OUT
   cat <<YAML
 run: {name: d, output_dir: $2, seed: 3}
-model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 48, vocab_size: 97, max_seq_len: 32}
+model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 48, vocab_size: 97,
+        max_seq_len: 32}
 data: {train: $tmp/train, seq_len: 16}
 training: {steps: 3, micro_batch_size: 2, global_batch_size: 2}
 optimizer: {lr: 0.01}

@@ -35,11 +35,13 @@ __global__ void clean(float* out, const float* in, int n) {
 }
 CU
 # shellcheck disable=SC2086
-if "$nvcc" -c "$tmp/spills.cu" -o "$tmp/spills.o" "${gencode[@]}" $flags > "$tmp/spills.log" 2>&1; then
+if "$nvcc" -c "$tmp/spills.cu" -o "$tmp/spills.o" "${gencode[@]}" $flags \
+    > "$tmp/spills.log" 2>&1; then
   fail "a kernel using local memory compiled with $flags"
 fi
 grep -q 'Local memory used' "$tmp/spills.log" || fail "unexpected error: $(cat "$tmp/spills.log")"
 # shellcheck disable=SC2086
 "$nvcc" -c "$tmp/clean.cu" -o "$tmp/clean.o" "${gencode[@]}" $flags > "$tmp/clean.log" 2>&1 ||
   fail "a clean kernel did not compile: $(cat "$tmp/clean.log")"
-echo "ok: ptxas $flags fails a kernel with local memory ($(grep -m1 'Local memory' "$tmp/spills.log"))"
+echo "ok: ptxas $flags fails a kernel with local memory:"
+grep -m1 'Local memory' "$tmp/spills.log"
