@@ -10,6 +10,7 @@
 # tree's, so the CLI tests run from it as `bash tests/cli/test_X.sh . .`:
 #   ft, and any other executable of the build folder's top level     RPATH $ORIGIN/lib
 #   tests/<test binaries of build/tests>                              RPATH $ORIGIN/../lib
+#   (both followed by /usr/local/cuda/lib64, for the toolkit's libraries)
 #   lib/   the shared libraries, each with RPATH $ORIGIN (they find one another there)
 #   scripts/, tests/{cli,ref,data}/, recipes/   from the source tree
 #   BUNDLE.txt   what it was built from
@@ -85,9 +86,11 @@ for name in "${!libs[@]}"; do
   # loads, so the whole closure resolves inside lib/ with LD_LIBRARY_PATH empty.
   patchelf --force-rpath --set-rpath '$ORIGIN' "$stage/lib/$name"
 done
+# After lib/, the toolkit's usual folder: CUDA images normally list it for ld.so, and where one
+# does not, libcudart and libcublasLt are still found.
 for rel in "${exes[@]}"; do
   if [[ "$rel" == */* ]]; then rpath='$ORIGIN/../lib'; else rpath='$ORIGIN/lib'; fi
-  patchelf --force-rpath --set-rpath "$rpath" "$stage/$rel"
+  patchelf --force-rpath --set-rpath "$rpath:/usr/local/cuda/lib64" "$stage/$rel"
 done
 
 # The sources the checks run (shell and Python), and the recipes.
