@@ -20,6 +20,7 @@ packages=(
   libopenblas-dev libdnnl-dev
   python3 python3-torch python3-numpy python3-h5py python3-sentencepiece
   python3-venv  # tests/cli/test_export_transformers.sh: transformers from PyPI in a venv
+  patchelf xz-utils  # scripts/bundle.sh: RPATH $ORIGIN/lib and the .tar.xz
 )
 missing=()
 for p in "${packages[@]}"; do

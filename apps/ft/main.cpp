@@ -10,6 +10,7 @@
 #include "apps/ft/commands.h"
 #include "core/error.h"
 #include "kernels/kernels.h"
+#include "runtime/device.h"
 
 namespace {
 
@@ -174,7 +175,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (version) {
-    std::printf("ft %s\n", FT_VERSION);
+    std::printf("ft %s (backends: %s)\n", FT_VERSION, ft::built_backends().c_str());
     return 0;
   }
   try {

@@ -3,10 +3,15 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "runtime/cpu_ops.h"
 #include "runtime/guard_device.h"
 #include "runtime/device.h"
 #include "runtime/profile.h"
+#if FT_HAVE_CUDA
+#include "runtime/cuda/cuda_device.h"
+#include "runtime/cuda/gpu_choice.h"
+#endif
 
 namespace ft {
 namespace {
@@ -53,7 +58,8 @@ class CpuDevice final : public Device {
   OpProfile* profile() override { return profile_.get(); }
   void synchronize() override {}
   AllocatorStats stats() const override {
-    return AllocatorStats{current_.load(), peak_.load(), num_allocs_.load()};
+    const size_t cur = current_.load();
+    return AllocatorStats{cur, peak_.load(), num_allocs_.load(), cur};
   }
 
  private:
@@ -68,20 +74,53 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
+void* Device::alloc_host(size_t bytes) {
+  void* p = std::aligned_alloc(64, bytes ? (bytes + 63) / 64 * 64 : 64);
+  if (!p)
+    throw Error(detail::concat("out of host memory allocating a ", bytes,
+                               "-byte staging buffer; try checkpoint.async: false"));
+  return p;
+}
+
+void Device::free_host(void* ptr, size_t) { std::free(ptr); }
+
+std::string built_backends() {
+#if FT_HAVE_CUDA
+  return "cpu, cuda (" + cuda_runtime_description() + ")";
+#else
+  return "cpu";
+#endif
+}
+
 std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
 
 std::unique_ptr<Device> make_device(const std::string& spec) {
-  if (spec == "cpu" || spec == "auto") {
-    // Test support (runtime/guard_device.h): device memory the host cannot touch.
-    if (const char* g = std::getenv("FT_TEST_GUARD_DEVICE"); g && std::string(g) == "1")
-      return make_guard_device();
-    return make_cpu_device();
+  if (spec != "auto" && spec != "cpu" && spec != "cuda")
+    throw UsageError("runtime.device: unknown device '" + spec +
+                     "' (expected auto, cpu or cuda)");
+  // Test support (runtime/guard_device.h): device memory the host cannot touch.
+  const char* guard = std::getenv("FT_TEST_GUARD_DEVICE");
+  const bool use_guard = guard && std::string(guard) == "1";
+#if FT_HAVE_CUDA
+  // The guard device stands in for a GPU in tests, so "auto" under it never probes one.
+  if (spec == "cuda" || (spec == "auto" && !use_guard)) {
+    const std::string why = cuda_unusable_reason();
+    if (why.empty()) return make_cuda_device();
+    if (spec == "cuda")
+      throw Error("runtime.device: cuda requested, but " + why +
+                  "; use runtime.device: cpu (or auto) to train on the CPU");
+    if (cuda::world_rank_hint() == 0)
+      log_info("ft: runtime.device: auto: training on the CPU, no usable GPU (", why, ")");
   }
+#else
   if (spec == "cuda")
     throw UsageError(
-        "runtime.device: cuda requested, but this build of ft has no CUDA backend yet; "
-        "use runtime.device: cpu (or auto)");
-  throw UsageError("runtime.device: unknown device '" + spec + "' (expected auto, cpu or cuda)");
+        "runtime.device: cuda requested, but this build of ft has no CUDA backend (it was "
+        "configured with FT_CUDA=OFF or without nvcc); use runtime.device: cpu (or auto), or "
+        "rebuild with the CUDA toolkit installed");
+#endif
+  if (use_guard) return make_guard_device();
+  return make_cpu_device();
 }
 
 }  // namespace ft

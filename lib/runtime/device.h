@@ -19,6 +19,9 @@ struct AllocatorStats {
   size_t current_bytes = 0;  // live allocations
   size_t peak_bytes = 0;     // high-water mark of current_bytes
   size_t num_allocs = 0;     // calls to alloc() so far
+  // Held from the system by the device's allocator (CUDA: segments cached for reuse); the CPU
+  // allocates exactly what is asked and reports current_bytes.
+  size_t reserved_bytes = 0;
 };
 
 class Device {
@@ -37,6 +40,11 @@ class Device {
   virtual void copy(Stream s, void* dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;
   virtual AllocatorStats stats() const = 0;
+  // Host memory for staging device ↔ host copies (checkpoint saves copy device → host
+  // staging, then write): page-locked on CUDA, so copies run at full bandwidth; plain aligned
+  // memory on the CPU. The host reads and writes it directly.
+  virtual void* alloc_host(size_t bytes);
+  virtual void free_host(void* ptr, size_t bytes);
   // Every op the model, ZeRO and optimizer run on this device (runtime/ops.h).
   virtual Ops& ops() = 0;
   // The stream work is issued on by default.
@@ -48,9 +56,14 @@ class Device {
 // The CPU device; threads for kernels come from OpenMP (runtime.threads).
 std::unique_ptr<Device> make_cpu_device();
 
-// "auto" | "cpu" | "cuda". Without a CUDA backend in this build, "cuda" is an error and "auto"
-// gives the CPU.
+// "auto" | "cpu" | "cuda". "cuda" is the GPU of this rank's node-local rank (runtime/cuda/
+// gpu_choice.h), or an ft::Error naming why there is none (no CUDA backend in this build, no
+// device, a driver older than the runtime). "auto" is that GPU when usable, else the CPU, and
+// in a CUDA build says why in one line on stderr.
 std::unique_ptr<Device> make_device(const std::string& spec);
+
+// The backends this build has, for `ft --version`: "cpu", or "cpu, cuda (runtime 13.0)".
+std::string built_backends();
 
 // A typed, owning allocation on a Device. Move-only. Its memory is device memory: the host
 // reaches it only through upload/download (or the Device's copies), never by indexing.

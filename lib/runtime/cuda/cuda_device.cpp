@@ -1,0 +1,180 @@
+// The CUDA device (cuda_device.h). Every op, memset and device-to-device copy is queued on one
+// non-blocking stream; host copies wait for it (the Device contract: a host copy sees the work
+// before it and is finished on return).
+#include "runtime/cuda/cuda_device.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "runtime/cuda/caching_allocator.h"
+#include "runtime/cuda/cuda_ops.h"
+#include "runtime/cuda/gpu_choice.h"
+
+namespace ft {
+namespace {
+
+// Throws ft::Error naming the call, the CUDA error and where: errors from the device are rare
+// and usually fatal (a bad launch, an ECC fault), so they are reported, not recovered from.
+#define FT_CUDA_CHECK(call)                                                                   \
+  do {                                                                                        \
+    const cudaError_t ft_cuda_err_ = (call);                                                  \
+    if (ft_cuda_err_ != cudaSuccess)                                                          \
+      throw ::ft::Error(::ft::detail::concat(#call, " failed: ",                              \
+                                             cudaGetErrorName(ft_cuda_err_), ": ",            \
+                                             cudaGetErrorString(ft_cuda_err_), " [", __FILE__, \
+                                             ":", __LINE__, "]"));                            \
+  } while (0)
+
+// "13.0" from CUDA's 13000 encoding.
+std::string cuda_version(int v) {
+  return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+}
+
+std::string visible_devices() {
+  const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+  return v ? detail::concat(" (CUDA_VISIBLE_DEVICES='", v, "')") : std::string();
+}
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+    FT_CUDA_CHECK(cudaSetDevice(ordinal_));
+    cudaDeviceProp prop{};
+    FT_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal_));
+    name_ = detail::concat("cuda:", ordinal_, " (", prop.name, ", ",
+                           (prop.totalGlobalMem + (size_t(1) << 29)) >> 30, " GiB, sm_",
+                           prop.major, prop.minor, ")");
+    FT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    allocator_ = std::make_unique<cuda::CachingAllocator>(
+        [this](size_t bytes) -> void* {
+          void* p = nullptr;
+          const cudaError_t e = cudaMalloc(&p, bytes);
+          if (e == cudaErrorMemoryAllocation) {
+            cudaGetLastError();  // clear it: out of memory is reported by the allocator
+            return nullptr;
+          }
+          FT_CUDA_CHECK(e);
+          return p;
+        },
+        [](void* p, size_t) { cudaFree(p); }, name_);
+    ops_ = make_cuda_ops(stream_);
+  }
+  ~CudaDevice() override {
+    // Nothing may still run on memory about to be freed; errors here cannot be thrown.
+    cudaStreamSynchronize(stream_);
+    ops_.reset();
+    allocator_.reset();
+    cudaStreamDestroy(stream_);
+  }
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string name() const override { return name_; }
+
+  void* alloc(size_t bytes) override { return allocator_->allocate(bytes, stream_); }
+  void free(void* ptr, size_t) override { allocator_->deallocate(ptr); }
+  void memset_zero(void* ptr, size_t bytes) override {
+    if (bytes) FT_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream_));
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    FT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    // Waited for: the host buffer may be reused or freed as soon as this returns.
+    FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    FT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void copy(Stream s, void* dst, const void* src, size_t bytes) override {
+    if (!bytes || dst == src) return;
+    FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                  s.handle ? static_cast<cudaStream_t>(s.handle) : stream_));
+  }
+  void synchronize() override { FT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  AllocatorStats stats() const override {
+    const cuda::CachingAllocatorStats s = allocator_->stats();
+    return AllocatorStats{s.current_bytes, s.peak_bytes, s.num_allocs, s.reserved_bytes};
+  }
+  void* alloc_host(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw Error(detail::concat("cannot allocate ", bytes, " bytes of page-locked host memory "
+                                 "for checkpoint staging on ", name_, ": ",
+                                 cudaGetErrorString(e), "; try checkpoint.async: false or "
+                                 "raise the locked-memory limit (ulimit -l)"));
+    }
+    return p;
+  }
+  void free_host(void* ptr, size_t) override { cudaFreeHost(ptr); }
+  Ops& ops() override { return *ops_; }
+  Stream stream() override { return Stream{stream_}; }
+
+ private:
+  int ordinal_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::CachingAllocator> allocator_;
+  std::unique_ptr<Ops> ops_;
+};
+
+}  // namespace
+
+std::string cuda_runtime_description() {
+  return "runtime " + cuda_version(CUDART_VERSION);
+}
+
+std::string cuda_unusable_reason() {
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);  // 0 when no driver is installed
+  cudaRuntimeGetVersion(&runtime);
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  cudaGetLastError();  // the probe's error is ours to report, not the next call's
+  if (driver == 0)
+    return detail::concat("no NVIDIA driver is loaded (libcuda.so.1 was not found; "
+                          "cudaGetDeviceCount says \"", cudaGetErrorString(e), "\")");
+  if (e == cudaErrorInsufficientDriver || driver < runtime)
+    return detail::concat("the NVIDIA driver supports CUDA ", cuda_version(driver),
+                          ", older than the CUDA ", cuda_version(runtime),
+                          " runtime ft was built with; update the driver");
+  if (e == cudaErrorNoDevice || (e == cudaSuccess && count == 0))
+    return detail::concat("no CUDA device is visible", visible_devices(),
+                          " (cudaGetDeviceCount: ", cudaGetErrorString(e), ")");
+  if (e != cudaSuccess)
+    return detail::concat("cudaGetDeviceCount failed: ", cudaGetErrorName(e), ": ",
+                          cudaGetErrorString(e), visible_devices());
+  // ft's kernels carry code for sm_80 and later (CMAKE_CUDA_ARCHITECTURES); an older GPU
+  // would fail at the first launch, so it is refused here, before any work. Every visible GPU
+  // is checked: which one is this rank's needs the node-local rank, an MPI collective.
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (const cudaError_t pe = cudaGetDeviceProperties(&prop, i); pe != cudaSuccess)
+      return detail::concat("cudaGetDeviceProperties(", i, ") failed: ",
+                            cudaGetErrorString(pe));
+    if (prop.major < 8)
+      return detail::concat("GPU ", i, " (", prop.name, ") has compute capability ",
+                            prop.major, ".", prop.minor, "; ft's CUDA kernels need 8.0 "
+                            "(Ampere) or newer (hide it with CUDA_VISIBLE_DEVICES)");
+  }
+  return "";
+}
+
+std::unique_ptr<Device> make_cuda_device() {
+  int count = 0;
+  FT_CUDA_CHECK(cudaGetDeviceCount(&count));
+  const cuda::LocalRank local = cuda::node_local_rank();
+  const int ordinal = cuda::pick_gpu(local.rank, count);
+  auto dev = std::make_unique<CudaDevice>(ordinal);
+  log_debug("device: ", dev->name(), " for node-local rank ", local.rank, " (", local.source,
+            ") of ", count, " visible GPU", count == 1 ? "" : "s");
+  return dev;
+}
+
+}  // namespace ft

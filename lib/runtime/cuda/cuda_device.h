@@ -1,0 +1,27 @@
+// The CUDA device (issue 9): ft::Device over one GPU, with the caching allocator
+// (caching_allocator.h) over cudaMalloc, one non-blocking stream that every op and copy is
+// queued on, page-locked host staging buffers, and the GPU chosen from the node-local rank
+// (gpu_choice.h). Built only with FT_CUDA (FT_HAVE_CUDA); make_device (device.h) is the way in.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "runtime/device.h"
+
+namespace ft {
+
+// Empty when this process can use a GPU; else why not, in words fit for an error message
+// ("no NVIDIA driver is loaded (libcuda.so.1 not found): ...", "the NVIDIA driver supports
+// CUDA 12.2, older than the CUDA 13.0 runtime ft was built with; ...", "no CUDA device is
+// visible (CUDA_VISIBLE_DEVICES=''); ...", "GPU 0 has compute capability 7.5; ...").
+std::string cuda_unusable_reason();
+
+// "runtime 13.0": the CUDA runtime ft was built with (for `ft --version`).
+std::string cuda_runtime_description();
+
+// The GPU of this rank (node-local rank modulo the visible GPUs). Throws ft::Error when it
+// cannot be set up; call cuda_unusable_reason() first for the friendly answer.
+std::unique_ptr<Device> make_cuda_device();
+
+}  // namespace ft

@@ -1,0 +1,15 @@
+// The ops of the CUDA device: each method of runtime/ops.h launches its kernels/cuda/ kernel
+// (kernels/cuda/kernels_cuda.h) on the op's stream, or cuBLASLt for the GEMMs. A null Stream
+// means the device's own stream (`default_stream`, a cudaStream_t), never CUDA's legacy
+// default stream, which the device's non-blocking stream does not wait for.
+#pragma once
+
+#include <memory>
+
+#include "runtime/ops.h"
+
+namespace ft {
+
+std::unique_ptr<Ops> make_cuda_ops(void* default_stream);
+
+}  // namespace ft

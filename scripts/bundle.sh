@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Makes ft-bundle.tar.xz: ft, the test binaries and the scripts a GPU check runs, with every
+# shared library they need that a CUDA 13 Ubuntu image does not bring, so the archive runs on
+# a machine with no package manager and no network (issue 9: the GPU machine receives only
+# files carried from the repository, at most 64 MiB).
+#   scripts/bundle.sh [BUILD_DIR]     # default build/; builds it first (FT_BUNDLE_BUILD=0: as is)
+# Environment: FT_BUNDLE_OUT (default ft-bundle.tar.xz in the repository root).
+#
+# Layout of the archive (one folder, ft-bundle/), the build folder's layout over the source
+# tree's, so the CLI tests run from it as `bash tests/cli/test_X.sh . .`:
+#   ft, and any other executable of the build folder's top level     RPATH $ORIGIN/lib
+#   tests/<test binaries of build/tests>                              RPATH $ORIGIN/../lib
+#   (both followed by /usr/local/cuda/lib64, for the toolkit's libraries)
+#   lib/   the shared libraries, each with RPATH $ORIGIN (they find one another there)
+#   scripts/, tests/{cli,ref,data}/, recipes/   from the source tree
+#   BUNDLE.txt   what it was built from
+# Not shipped: the base system's C runtime (glibc's libraries, libgcc_s: every image has
+# them; ft needs glibc 2.34 or newer, which the CUDA 13 images have) and the CUDA toolkit and
+# driver (libcuda, libcudart, libcublas*, libnccl, libcudnn*, ...: the GPU image has its own,
+# matched to its driver). libstdc++ and libgomp ARE shipped: the C++ libraries in lib/
+# (yaml-cpp, sentencepiece, oneDNN) were built against this machine's libstdc++, and an image
+# with an older one would fail to load them; every C++ user in the process comes from lib/,
+# so a newer system libstdc++ is never needed instead.
+#
+# Then it checks the archive: unpacked into a temporary folder with LD_LIBRARY_PATH empty,
+# `ft --version` runs, a 3-step training on the CPU finishes, and ldd resolves every library
+# that is not base system or CUDA to the bundle's lib/. It prints the archive's size and fails
+# above 40 MiB.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+src=$(pwd)
+build=$(realpath -m "${1:-${BUILD_DIR:-build}}")
+out=$(realpath -m "${FT_BUNDLE_OUT:-ft-bundle.tar.xz}")
+max_bytes=$((40 * 1024 * 1024))
+fail() { echo "bundle: FAIL: $*" >&2; exit 1; }
+command -v patchelf >/dev/null ||
+  fail "patchelf is missing: apt-get install patchelf (scripts/setup.sh installs it)"
+
+if [[ "${FT_BUNDLE_BUILD:-1}" == "1" ]]; then
+  [[ -f "$build/CMakeCache.txt" ]] || cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  echo "bundle: building $build"
+  cmake --build "$build" -j"$(nproc)" >/dev/null
+fi
+[[ -x "$build/ft" ]] ||
+  fail "$build/ft does not exist; build it (cmake --build $build) or drop FT_BUNDLE_BUILD=0"
+
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+stage="$work/ft-bundle"
+mkdir -p "$stage/lib" "$stage/tests"
+
+# Executables: the top level of the build folder (ft, and whatever else a helper puts there)
+# and build/tests/; never CMake's own files.
+is_exe() { [[ -f "$1" && -x "$1" && $(head -c 4 "$1" | tr -d '\0') == $'\x7fELF' ]]; }
+exes=()
+for f in "$build"/* "$build"/tests/*; do
+  is_exe "$f" || continue
+  rel=${f#"$build"/}
+  cp "$f" "$stage/$rel"
+  exes+=("$rel")
+done
+
+# Libraries not shipped (see the top). Matched on the soname.
+system_lib() {
+  local glibc='linux-vdso|ld-linux-x86-64|libc|libm|libdl|libpthread|librt|libresolv|libutil'
+  [[ "$1" =~ ^($glibc|libmvec|libgcc_s)\.so ]]
+}
+cuda_lib() {
+  local names='cuda|cudart|cublas|cublasLt|nccl|cudnn[a-z_]*|nvrtc[a-z.-]*|nvJitLink|cufft[a-z]*'
+  names+='|curand|cusolver[A-Za-z]*|cusparse|cupti|nvToolsExt|nvidia-[a-z-]+'
+  [[ "$1" =~ ^lib($names)\.so ]]
+}
+
+# ldd gives the transitive closure; a "not found" here would be missing on the GPU too.
+declare -A libs=()
+for rel in "${exes[@]}"; do
+  while read -r name arrow path _; do
+    [[ "$arrow" == "=>" ]] || continue
+    [[ "$path" == "not" ]] && fail "$rel needs $name, which ldd cannot find here"
+    system_lib "$name" || cuda_lib "$name" || libs[$name]=$path
+  done < <(ldd "$build/$rel")
+done
+for name in "${!libs[@]}"; do
+  cp -L "${libs[$name]}" "$stage/lib/$name"
+  chmod u+w "$stage/lib/$name"
+  # DT_RPATH rather than RUNPATH (--force-rpath): it also applies to the libraries a library
+  # loads, so the whole closure resolves inside lib/ with LD_LIBRARY_PATH empty.
+  patchelf --force-rpath --set-rpath '$ORIGIN' "$stage/lib/$name"
+done
+# After lib/, the toolkit's usual folder: CUDA images normally list it for ld.so, and where one
+# does not, libcudart and libcublasLt are still found.
+for rel in "${exes[@]}"; do
+  if [[ "$rel" == */* ]]; then rpath='$ORIGIN/../lib'; else rpath='$ORIGIN/lib'; fi
+  patchelf --force-rpath --set-rpath "$rpath:/usr/local/cuda/lib64" "$stage/$rel"
+done
+
+# The sources the checks run (shell and Python), and the recipes.
+for d in scripts tests/cli tests/ref tests/data recipes; do
+  [[ -d "$d" ]] && mkdir -p "$stage/$(dirname "$d")" && cp -r "$d" "$stage/$d"
+done
+{
+  echo "ft bundle: $("$build/ft" --version)"
+  dirty=$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$dirty"
+  echo "built on: $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | head -1)"
+  echo "executables: ${exes[*]}"
+  echo "libraries: $(cd "$stage/lib" && ls | tr '\n' ' ')"
+  echo "not shipped: glibc, libgcc_s, the CUDA toolkit and driver (the GPU image has them)"
+} > "$stage/BUNDLE.txt"
+
+echo "bundle: compressing ${#exes[@]} executables and ${#libs[@]} libraries"
+mkdir -p "$(dirname "$out")"; rm -f "$out"
+tar -C "$work" -cf - ft-bundle | xz -T"$(nproc)" -6 > "$out"
+size=$(stat -c %s "$out")
+mib="$((size / 1048576)).$((size % 1048576 * 10 / 1048576))"
+echo "bundle: $out: $mib MiB ($size bytes; limit 40 MiB)"
+((size <= max_bytes)) || fail "$out is $size bytes, over the 40 MiB limit"
+
+# ---- The check: the archive alone, with no library path ----
+check="$work/check"
+mkdir -p "$check"
+tar -C "$check" -xJf "$out"
+b="$check/ft-bundle"
+export LD_LIBRARY_PATH=
+"$b/ft" --version || fail "the bundled ft does not start"
+# Every library is the bundle's, the base system's or CUDA's.
+bad=$(ldd "$b/ft" | awk '$2 == "=>" {print $1, $3}' | while read -r name path; do
+  system_lib "$name" || cuda_lib "$name" || [[ "$path" == "$b/lib/"* ]] || echo "$name => $path"
+done)
+[[ -z "$bad" ]] || fail "the bundled ft loads libraries from outside the bundle: $bad"
+echo "bundle: ldd of the unpacked ft, libraries from the bundle's lib/:"
+ldd "$b/ft" | awk -v lib="$b/lib/" 'index($3, lib) == 1 {print "  " $1}' | sort | tr '\n' ' '
+echo
+/usr/bin/python3 - "$check" "$b" <<'PY'
+import sys, os
+tmp, b = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(b, "tests", "ref"))
+import numpy as np, llama_ref as ref
+os.makedirs(f"{tmp}/train")
+ref.write_shard(f"{tmp}/train/shard_00000.h5",
+                np.random.default_rng(0).integers(0, 97, 40 * 16 + 1), 97)
+PY
+cat > "$check/r.yaml" <<YAML
+run: {name: bundle, output_dir: $check/out, seed: 3}
+model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 48, vocab_size: 97,
+        max_seq_len: 32}
+data: {train: $check/train, seq_len: 16}
+training: {steps: 3, micro_batch_size: 2, global_batch_size: 2}
+optimizer: {lr: 0.01}
+runtime: {threads: 2, device: cpu}
+YAML
+(cd "$check" && "$b/ft" train r.yaml > train.out 2>&1) ||
+  fail "3-step training: $(cat "$check/train.out")"
+grep -q '^ft: done: 3 steps' "$check/train.out" || fail "no summary: $(cat "$check/train.out")"
+grep '^ft: done' "$check/train.out"
+echo "bundle: ok: $out"

@@ -1,0 +1,116 @@
+// The CUDA device on a real GPU (lib/runtime/cuda/cuda_device.h), for the GPU check: what the
+// CPU-only CI cannot run. Allocations through the caching allocator, host and device copies,
+// memset, stats, reuse, page-locked staging, the out-of-memory error and recovery after it.
+//
+//   ft_cuda_device_check        exit 0: all held; 1: a check failed; 77: no usable GPU here
+//                               (or a build without the CUDA backend), with the reason
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "runtime/device.h"
+#if FT_HAVE_CUDA
+#include "runtime/cuda/cuda_device.h"
+#endif
+
+#if FT_HAVE_CUDA
+namespace {
+
+int failures = 0;
+void check(bool ok, const std::string& what) {
+  std::printf("%s %s\n", ok ? "ok  " : "FAIL", what.c_str());
+  if (!ok) failures++;
+}
+
+}  // namespace
+#endif
+
+int main() {
+#if !FT_HAVE_CUDA
+  std::printf("ft_cuda_device_check: skipped, this build has no CUDA backend\n");
+  return 77;
+#else
+  using namespace ft;
+  if (std::string why = cuda_unusable_reason(); !why.empty()) {
+    std::printf("ft_cuda_device_check: skipped, no usable GPU: %s\n", why.c_str());
+    return 77;
+  }
+  try {
+    std::unique_ptr<Device> dev = make_device("cuda");
+    check(dev->kind() == DeviceKind::kCuda, "make_device(\"cuda\") is a CUDA device");
+    std::printf("     device: %s\n", dev->name().c_str());
+
+    // Odd sizes: not multiples of the allocator's 512-byte granule.
+    const size_t n = 1000003;
+    std::vector<float> host(n), back(n, -1.0f);
+    for (size_t i = 0; i < n; ++i) host[i] = float(i) * 0.5f - 7.0f;
+    {
+      Buffer<float> a(dev.get(), n), b(dev.get(), n);
+      const AllocatorStats s = dev->stats();
+      check(s.current_bytes == 2 * n * sizeof(float), "current_bytes counts what was asked");
+      check(s.reserved_bytes >= s.current_bytes, "reserved_bytes covers what is in use");
+      a.upload(host.data(), n);
+      dev->copy(dev->stream(), b.data(), a.data(), n * sizeof(float));
+      b.download(back.data(), n);
+      check(back == host, "upload, device-to-device copy, download round trip");
+      b.zero();
+      b.download(back.data(), n);
+      bool zero = true;
+      for (float x : back) zero = zero && x == 0.0f;
+      check(zero, "memset_zero");
+      // Same-dtype convert is a device copy and needs no kernel.
+      dev->ops().convert(dev->stream(), b.data(), a.data(), n);
+      b.download(back.data(), n, 0);
+      check(back == host, "ops().convert with one dtype copies");
+    }
+    const AllocatorStats freed = dev->stats();
+    check(freed.current_bytes == 0, "current_bytes back to 0 after the buffers are freed");
+    check(freed.peak_bytes == 2 * n * sizeof(float), "peak_bytes kept the high-water mark");
+    {
+      Buffer<float> c(dev.get(), n);  // the same size again: served from the cache
+      check(dev->stats().reserved_bytes == freed.reserved_bytes,
+            "a freed block is reused without a new cudaMalloc");
+    }
+
+    // Page-locked staging: the host reads and writes it, copies go through it.
+    {
+      Buffer<float> a(dev.get(), n);
+      a.upload(host.data(), n);
+      auto* staging = static_cast<float*>(dev->alloc_host(n * sizeof(float)));
+      std::memset(staging, 0, n * sizeof(float));
+      dev->copy_to_host(staging, a.data(), n * sizeof(float));
+      check(std::memcmp(staging, host.data(), n * sizeof(float)) == 0,
+            "copy_to_host into page-locked staging");
+      dev->free_host(staging, n * sizeof(float));
+    }
+
+    // Out of memory: a clear ft::Error, and the device still works afterwards.
+    std::string msg;
+    try {
+      void* p = dev->alloc(size_t(1) << 50);  // 1 PiB
+      dev->free(p, size_t(1) << 50);
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    std::printf("     out-of-memory message: %s\n", msg.c_str());
+    check(msg.find("out of memory on cuda:") != std::string::npos &&
+              msg.find("ft plan") != std::string::npos,
+          "asking for 1 PiB is an out-of-memory error naming the device and ft plan");
+    {
+      Buffer<float> d(dev.get(), 19);
+      d.upload(host.data(), 19);
+      d.download(back.data(), 19);
+      check(std::memcmp(back.data(), host.data(), 19 * sizeof(float)) == 0,
+            "allocations work after an out-of-memory error");
+    }
+    dev->synchronize();
+  } catch (const std::exception& e) {
+    std::printf("FAIL exception: %s\n", e.what());
+    return 1;
+  }
+  std::printf("ft_cuda_device_check: %s\n", failures ? "FAILED" : "all held");
+  return failures ? 1 : 0;
+#endif
+}
