@@ -193,4 +193,14 @@ __device__ __forceinline__ size_t grid_thread_index() {
 }
 __device__ __forceinline__ size_t grid_thread_count() { return size_t(gridDim.x) * blockDim.x; }
 
+// Blocks for a grid-stride loop over n items: about items_per_thread items per thread, at most
+// max_blocks (1024 blocks of 256 threads fill an H100's 132 SMs; more only adds blocks that
+// each do less). At least 1: callers skip the launch for n == 0 (an empty grid is an error).
+inline unsigned grid_blocks(size_t n, unsigned threads, unsigned items_per_thread,
+                            unsigned max_blocks = 1024) {
+  const size_t per_block = size_t(threads) * items_per_thread;
+  const size_t blocks = (n + per_block - 1) / per_block;
+  return unsigned(blocks < 1 ? 1 : (blocks > max_blocks ? max_blocks : blocks));
+}
+
 }  // namespace ft::kernels::cuda

@@ -1,0 +1,89 @@
+// Elementwise accumulate/scale and the squared-norm reduction on the GPU, as kernels/cpu/
+// reduce.cpp: fp32 math, one rounding on store. sum_squares is deterministic: per-block partial
+// sums in double go to caller scratch, then one block adds them in index order; the grid size
+// depends only on n, so the same input gives the same bits on every run.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels_cuda.h"
+
+namespace ft::kernels::cuda {
+
+namespace {
+
+constexpr unsigned kThreads = 256;  // a multiple of 32: block_sum's requirement
+constexpr unsigned kItemsPerThread = 4;
+// sum_squares: at least 8 items per thread before adding blocks (each block costs one partial
+// and a block reduction), at most kMaxPartials blocks (the scratch it needs).
+constexpr unsigned kSquaresPerThread = 8;
+constexpr unsigned kMaxPartials = 1024;
+
+template <typename T>
+__global__ void add_kernel(T* y, const T* x, size_t n) {
+  for (size_t i = grid_thread_index(); i < n; i += grid_thread_count())
+    y[i] = from_float<T>(to_float(y[i]) + to_float(x[i]));
+}
+
+__global__ void scale_kernel(float* y, float s, size_t n) {
+  for (size_t i = grid_thread_index(); i < n; i += grid_thread_count()) y[i] *= s;
+}
+
+// partials (gridDim.x) = Σ x² over this block's grid-stride share, in double.
+__global__ void sum_squares_partial_kernel(double* partials, const float* x, size_t n) {
+  double s = 0.0;
+  for (size_t i = grid_thread_index(); i < n; i += grid_thread_count()) {
+    const double v = x[i];
+    s += v * v;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// *acc += Σ partials (count) / divisor: one block, thread t adds partials t, t + blockDim.x, ...
+__global__ void sum_squares_final_kernel(double* acc, const double* partials, unsigned count,
+                                         double divisor) {
+  double s = 0.0;
+  for (unsigned i = threadIdx.x; i < count; i += blockDim.x) s += partials[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) *acc += s / divisor;
+}
+
+unsigned sum_squares_blocks(size_t n) {
+  return grid_blocks(n, kThreads, kSquaresPerThread, kMaxPartials);
+}
+
+}  // namespace
+
+template <typename T>
+void add_inplace(T* y, const T* x, size_t n, void* stream) {
+  if (n == 0) return;
+  FT_LAUNCH(add_kernel<device_t<T>>, grid_blocks(n, kThreads, kItemsPerThread), kThreads, 0,
+            stream)(dev(y), dev(x), n);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+void scale_inplace(float* y, float s, size_t n, void* stream) {
+  if (n == 0) return;
+  FT_LAUNCH(scale_kernel, grid_blocks(n, kThreads, kItemsPerThread), kThreads, 0, stream)(y, s,
+                                                                                          n);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+size_t sum_squares_scratch_bytes(size_t n) {
+  return n == 0 ? 0 : sizeof(double) * sum_squares_blocks(n);
+}
+
+void sum_squares(double* acc, const float* x, size_t n, double divisor, void* scratch,
+                 void* stream) {
+  if (n == 0) return;  // adds nothing
+  const unsigned blocks = sum_squares_blocks(n);
+  double* partials = static_cast<double*>(scratch);  // (blocks)
+  FT_LAUNCH(sum_squares_partial_kernel, blocks, kThreads, 0, stream)(partials, x, n);
+  FT_CUDA_CHECK_LAUNCH();
+  FT_LAUNCH(sum_squares_final_kernel, 1, kThreads, 0, stream)(acc, partials, blocks, divisor);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+template void add_inplace(float*, const float*, size_t, void*);
+template void add_inplace(bf16*, const bf16*, size_t, void*);
+template void add_inplace(f16*, const f16*, size_t, void*);
+
+}  // namespace ft::kernels::cuda

@@ -1,0 +1,978 @@
+// CUDA emulation (a test tool; see cuda_emu.h): the fiber scheduler that runs a grid, the warp
+// and block synchronisation with its checks, and the CUDA runtime API subset on host memory.
+#include "tests/cuda_emu/cuda_emu.h"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define FT_EMU_ASAN 1
+#else
+#define FT_EMU_ASAN 0
+#endif
+
+
+// The runtime's opaque handles (only declared by driver_types.h; cudart defines them).
+struct CUstream_st {
+  unsigned flags = 0;
+};
+struct CUevent_st {
+  unsigned flags = 0;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point time;
+};
+
+namespace ft::emu {
+
+// ---- runtime state (the API itself is at the end of this file) -------------------------------
+namespace {
+
+// As the runtime: per host thread, returned and cleared by cudaGetLastError.
+thread_local cudaError_t t_last_error = cudaSuccess;
+thread_local int t_device = 0;
+
+cudaError_t set_last_error(cudaError_t e) {
+  if (e != cudaSuccess) t_last_error = e;
+  return e;
+}
+
+size_t env_size(const char* name, size_t fallback) {
+  const char* s = std::getenv(name);
+  if (!s || !*s) return fallback;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s, &end, 10);
+  return *end == '\0' ? size_t(v) : fallback;
+}
+
+// The fake device's memory: FT_CUDA_EMU_MEMORY_MIB (default 16 GiB), so the allocator's out of
+// memory path can be tested with a small value.
+size_t total_memory() {
+  static const size_t total = env_size("FT_CUDA_EMU_MEMORY_MIB", 16384) << 20;
+  return total;
+}
+int device_count() {
+  static const int n = int(std::max<size_t>(1, env_size("FT_CUDA_EMU_DEVICES", 1)));
+  return n;
+}
+
+constexpr size_t kDefaultSharedBytes = 48 << 10;  // without cudaFuncSetAttribute, as the GPU
+constexpr size_t kOptinSharedBytes = 227 << 10;   // sm_90's opt-in limit per block
+
+struct Runtime {
+  std::mutex mutex;
+  std::map<const char*, size_t> device;  // cudaMalloc'd ranges: base -> bytes
+  std::map<const char*, size_t> pinned;  // cudaMallocHost'd ranges
+  size_t device_bytes = 0;
+  std::set<const CUstream_st*> streams;
+  std::set<const CUevent_st*> events;
+  std::map<const void*, size_t> max_shared;  // per kernel, set by cudaFuncSetAttribute
+};
+Runtime& rt() {
+  static Runtime* r = new Runtime;  // never destroyed: frees may come from static destructors
+  return *r;
+}
+
+// Is [p, p + n) inside one device allocation? (rt().mutex held)
+bool in_device(const void* p, size_t n) {
+  const auto& m = rt().device;
+  const char* c = static_cast<const char*>(p);
+  auto it = m.upper_bound(c);
+  if (it == m.begin()) return false;
+  --it;
+  return c >= it->first && c + n <= it->first + std::max<size_t>(it->second, 1);
+}
+bool touches_device(const void* p) { return in_device(p, 1); }
+
+size_t max_dynamic_shared(const void* kernel) {
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  auto it = rt().max_shared.find(kernel);
+  return it == rt().max_shared.end() ? kDefaultSharedBytes : it->second;
+}
+
+// The null stream, the legacy and per-thread handles, and live streams.
+bool stream_is_valid(const void* s) {
+  if (reinterpret_cast<uintptr_t>(s) <= 2) return true;
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  return rt().streams.count(static_cast<const CUstream_st*>(s)) > 0;
+}
+
+}  // namespace
+
+namespace {
+
+std::string dim_str(dim3 d) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "(%u,%u,%u)", d.x, d.y, d.z);
+  return buf;
+}
+std::string loc_str(const std::source_location& w) {
+  return std::string(w.file_name()) + ":" + std::to_string(w.line());
+}
+bool same_loc(const std::source_location& a, const std::source_location& b) {
+  return a.line() == b.line() && a.column() == b.column() &&
+         std::strcmp(a.file_name(), b.file_name()) == 0;
+}
+std::string hex(unsigned m) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", m);
+  return buf;
+}
+
+}  // namespace
+
+Error::Error(const std::string& kernel, dim3 block, dim3 thread, const std::string& what)
+    : std::runtime_error("CUDA emulation: kernel " + kernel + ", block " + dim_str(block) +
+                         ", thread " + dim_str(thread) + ": " + what),
+      kernel_(kernel),
+      block_(block),
+      thread_(thread),
+      problem_(what) {}
+
+// ---- schedule seed ---------------------------------------------------------------------------
+namespace {
+
+struct Rng {
+  uint64_t state = 0;
+  uint64_t next() {  // splitmix64
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  size_t below(size_t n) { return size_t(next() % n); }
+};
+
+uint64_t seed_from_env() {
+  const char* s = std::getenv("FT_CUDA_EMU_SEED");
+  if (!s || !*s) return 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s, &end, 10);
+  if (*end != '\0') {
+    std::fprintf(stderr, "FT_CUDA_EMU_SEED=%s is not a non-negative integer; using 0\n", s);
+    return 0;
+  }
+  return v;
+}
+
+// Guarded by g_launch_mutex (set_seed takes it too).
+std::mutex g_launch_mutex;
+uint64_t g_seed = seed_from_env();
+Rng g_rng{g_seed};
+
+}  // namespace
+
+void set_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  g_seed = seed;
+  g_rng = Rng{seed};
+}
+
+uint64_t seed() {
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  return g_seed;
+}
+
+// ---- fibers and the scheduler ---------------------------------------------------------------
+namespace detail {
+namespace {
+
+using detail::WarpOp;
+
+const char* op_name(WarpOp op) {
+  switch (op) {
+    case WarpOp::kSync: return "__syncwarp";
+    case WarpOp::kShfl: return "__shfl_sync";
+    case WarpOp::kShflUp: return "__shfl_up_sync";
+    case WarpOp::kShflDown: return "__shfl_down_sync";
+    case WarpOp::kShflXor: return "__shfl_xor_sync";
+    case WarpOp::kBallot: return "__ballot_sync";
+    case WarpOp::kAll: return "__all_sync";
+    case WarpOp::kAny: return "__any_sync";
+  }
+  return "?";
+}
+
+// Thrown inside a fiber to unwind it when the launch is abandoned; not a std::exception, so
+// nothing in a kernel catches it by accident.
+struct FiberAbort {};
+
+enum class State { kReady, kRunning, kBarrier, kWarp, kDone };
+
+// Stack per fiber: mmap'd with a guard page below (an overflow faults instead of corrupting the
+// neighbour), kept for the next launch.
+#if FT_EMU_ASAN
+constexpr size_t kStackBytes = 512 << 10;  // ASan's redzones make frames larger
+#else
+constexpr size_t kStackBytes = 256 << 10;
+#endif
+
+struct Stack {
+  char* base = nullptr;  // usable region [base, base + kStackBytes)
+};
+
+Stack new_stack() {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  void* m = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) throw std::runtime_error("CUDA emulation: cannot map a fiber stack");
+  mprotect(m, page, PROT_NONE);
+  return Stack{static_cast<char*>(m) + page};
+}
+
+struct Fiber {
+  ucontext_t ctx;
+  Stack stack;
+  uint3 tid;
+  int linear = 0;
+  State state = State::kDone;
+  bool started = false;
+  // At a warp operation:
+  WarpOp op = WarpOp::kSync;
+  unsigned mask = 0;
+  uint64_t value = 0, result = 0;
+  int arg = 0, width = 32;
+  std::source_location where;
+};
+
+// Lanes of one warp waiting at one warp operation with one mask.
+struct WarpGroup {
+  unsigned mask = 0, arrived = 0;
+  WarpOp op = WarpOp::kSync;
+  int first_lane = 0;
+};
+
+struct Runner {
+  const LaunchConfig* config = nullptr;
+  void (*body)(void*) = nullptr;
+  void* body_ctx = nullptr;
+  int nthreads = 0;
+  uint3 block{0, 0, 0};
+  std::vector<Fiber>* fibers = nullptr;
+  std::deque<int> ready;
+  bool random_order = false;
+  ucontext_t sched_ctx;
+  Fiber* current = nullptr;
+  bool aborting = false;
+  std::optional<Error> error;
+  // __syncthreads
+  int barrier_waiting = 0, barrier_first = 0;
+  std::source_location barrier_where;
+  int exited = 0, first_exited = 0;
+  // warp operations, per warp
+  std::vector<std::vector<WarpGroup>> warps;
+  std::vector<unsigned> exited_lanes;
+  unsigned char* dynamic_shared = nullptr;
+  // ASan: the scheduler's stack, learnt when the first fiber starts.
+  const void* sched_bottom = nullptr;
+  size_t sched_size = 0;
+};
+
+// Launches are serialised by g_launch_mutex, so one Runner at a time in the process.
+Runner* g_runner = nullptr;
+uint3 g_thread_idx{0, 0, 0}, g_block_idx{0, 0, 0};
+dim3 g_block_dim, g_grid_dim;
+std::vector<Fiber> g_fibers;  // stacks kept across launches
+
+dim3 to_dim(uint3 u) { return dim3(u.x, u.y, u.z); }
+
+uint3 thread_of(int linear, dim3 b) {
+  return uint3{unsigned(linear) % b.x, (unsigned(linear) / b.x) % b.y,
+               unsigned(linear) / (b.x * b.y)};
+}
+
+void start_switch([[maybe_unused]] void** fake, [[maybe_unused]] const void* bottom,
+                  [[maybe_unused]] size_t size) {
+#if FT_EMU_ASAN
+  __sanitizer_start_switch_fiber(fake, bottom, size);
+#endif
+}
+void finish_switch([[maybe_unused]] void* fake, [[maybe_unused]] const void** bottom,
+                   [[maybe_unused]] size_t* size) {
+#if FT_EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake, bottom, size);
+#endif
+}
+
+// Records the first report of the launch (later ones are consequences).
+void record(Runner& r, const Fiber& f, const std::string& what) {
+  if (!r.error) r.error.emplace(r.config->name, to_dim(r.block), to_dim(f.tid), what);
+}
+
+// Inside a fiber: record and unwind this fiber.
+[[noreturn]] void report(Runner& r, const Fiber& f, const std::string& what) {
+  record(r, f, what);
+  throw FiberAbort{};
+}
+
+// Inside a fiber: back to the scheduler; resumes when the scheduler picks this fiber again.
+void yield(Runner& r) {
+  Fiber& f = *r.current;
+  void* fake = nullptr;
+  start_switch(&fake, r.sched_bottom, r.sched_size);
+  swapcontext(&f.ctx, &r.sched_ctx);
+  finish_switch(fake, nullptr, nullptr);
+  if (r.aborting) throw FiberAbort{};
+}
+
+void fiber_entry() {
+  Runner& r = *g_runner;
+  finish_switch(nullptr, &r.sched_bottom, &r.sched_size);
+  Fiber& f = *r.current;
+  try {
+    r.body(r.body_ctx);
+  } catch (const FiberAbort&) {
+  } catch (const std::exception& e) {
+    record(r, f, std::string("the kernel threw: ") + e.what());
+  } catch (...) {
+    record(r, f, "the kernel threw a non-standard exception");
+  }
+  f.state = State::kDone;
+  start_switch(nullptr, r.sched_bottom, r.sched_size);  // nullptr: this fiber's frames are gone
+  swapcontext(&f.ctx, &r.sched_ctx);
+  std::abort();  // a finished fiber is never resumed
+}
+
+// From the scheduler into fiber f until it blocks, yields or finishes.
+void run_fiber(Runner& r, Fiber& f) {
+  r.current = &f;
+  g_thread_idx = f.tid;
+  f.state = State::kRunning;
+  f.started = true;
+  void* fake = nullptr;
+  start_switch(&fake, f.stack.base, kStackBytes);
+  swapcontext(&r.sched_ctx, &f.ctx);
+  finish_switch(fake, nullptr, nullptr);
+  r.current = nullptr;
+}
+
+Runner& current_runner(const char* what) {
+  if (!g_runner || !g_runner->current)
+    throw Error("(none)", dim3(0, 0, 0), dim3(0, 0, 0),
+                std::string(what) + " called outside a kernel launch");
+  return *g_runner;
+}
+
+void make_ready(Runner& r, Fiber& f) {
+  f.state = State::kReady;
+  r.ready.push_back(f.linear);
+}
+
+// A thread finished: nobody may still wait for it.
+void on_exit(Runner& r, Fiber& f) {
+  if (r.exited++ == 0) r.first_exited = f.linear;
+  const int warp = f.linear / 32, lane = f.linear % 32;
+  r.exited_lanes[warp] |= 1u << lane;
+  if (r.barrier_waiting > 0) {
+    record(r, f,
+           "thread exited while " + std::to_string(r.barrier_waiting) +
+               " thread(s) of its block wait at __syncthreads (" + loc_str(r.barrier_where) +
+               "): every thread of a block must reach every barrier (an early return?)");
+  }
+  for (const WarpGroup& g : r.warps[warp]) {
+    if (g.mask & (1u << lane)) {
+      const Fiber& w = (*r.fibers)[warp * 32 + g.first_lane];
+      record(r, f,
+             "lane " + std::to_string(lane) + " exited while lanes of its warp wait for it at " +
+                 op_name(g.op) + " with mask " + hex(g.mask) + " (" + loc_str(w.where) + ")");
+    }
+  }
+}
+
+// Who waits where, for the deadlock report: the barrier's waiters, then each warp group.
+std::string waiting_list(Runner& r) {
+  std::ostringstream os;
+  if (r.barrier_waiting > 0) {
+    os << r.barrier_waiting << " thread(s) at __syncthreads (" << loc_str(r.barrier_where)
+       << "), first thread " << dim_str(to_dim(thread_of(r.barrier_first, r.config->block)));
+  }
+  for (size_t w = 0; w < r.warps.size(); ++w) {
+    for (const WarpGroup& g : r.warps[w]) {
+      const Fiber& f = (*r.fibers)[w * 32 + size_t(g.first_lane)];
+      os << (os.tellp() > 0 ? "; " : "") << "lanes " << hex(g.arrived) << " of warp " << w
+         << " at " << op_name(g.op) << " (" << loc_str(f.where) << ") waiting for lanes "
+         << hex(g.mask & ~g.arrived);
+    }
+  }
+  return os.str();
+}
+
+// Unwinds every started, unfinished fiber of the block (they throw FiberAbort where they wait).
+void abort_block(Runner& r) {
+  r.aborting = true;
+  for (int i = 0; i < r.nthreads; ++i) {
+    Fiber& f = (*r.fibers)[i];
+    if (f.started && f.state != State::kDone) run_fiber(r, f);
+    f.state = State::kDone;
+  }
+  r.aborting = false;
+}
+
+void run_block(Runner& r) {
+  std::vector<Fiber>& fibers = *r.fibers;
+  const dim3 bd = r.config->block;
+  r.ready.clear();
+  r.barrier_waiting = 0;
+  r.exited = 0;
+  const int nwarps = (r.nthreads + 31) / 32;
+  r.warps.assign(size_t(nwarps), {});
+  r.exited_lanes.assign(size_t(nwarps), 0u);
+  if (r.dynamic_shared) std::memset(r.dynamic_shared, 0xff, r.config->shared_bytes);
+  for (int i = 0; i < r.nthreads; ++i) {
+    Fiber& f = fibers[i];
+    f.linear = i;
+    f.tid = thread_of(i, bd);
+    f.started = false;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.base;
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_entry, 0);
+    make_ready(r, f);
+  }
+  int done = 0;
+  while (done < r.nthreads) {
+    if (r.error) break;
+    if (r.ready.empty()) {
+      const Fiber* first = nullptr;
+      for (int i = 0; i < r.nthreads && !first; ++i)
+        if (fibers[i].state != State::kDone) first = &fibers[i];
+      record(r, *first, "deadlock: no thread can run while some wait: " + waiting_list(r));
+      break;
+    }
+    size_t pick = 0;
+    if (r.random_order) pick = g_rng.below(r.ready.size());
+    const int idx = r.ready[pick];
+    r.ready.erase(r.ready.begin() + std::ptrdiff_t(pick));
+    Fiber& f = fibers[idx];
+    run_fiber(r, f);
+    if (f.state == State::kDone) {
+      ++done;
+      on_exit(r, f);
+    }
+  }
+  if (r.error) abort_block(r);
+}
+
+}  // namespace
+
+const uint3& thread_idx() { return g_thread_idx; }
+const uint3& block_idx() { return g_block_idx; }
+const dim3& block_dim() { return g_block_dim; }
+const dim3& grid_dim() { return g_grid_dim; }
+
+unsigned active_mask() {
+  Runner& r = current_runner("__activemask");
+  const int warp = r.current->linear / 32;
+  const int lanes = std::min(32, r.nthreads - warp * 32);
+  const unsigned exist = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
+  return exist & ~r.exited_lanes[warp];
+}
+
+void atomic_point() {
+  if (!g_runner || !g_runner->current) return;  // host code
+  Runner& r = *g_runner;
+  if (!r.random_order || (g_rng.next() & 1u)) return;
+  make_ready(r, *r.current);
+  yield(r);
+}
+
+void syncthreads(const std::source_location& where) {
+  Runner& r = current_runner("__syncthreads");
+  Fiber& f = *r.current;
+  if (r.exited > 0) {
+    report(r, f,
+           "__syncthreads (" + loc_str(where) + ") reached after thread " +
+               dim_str(to_dim(thread_of(r.first_exited, r.config->block))) +
+               " of the block exited: every thread of a block must reach every barrier (an "
+               "early return before a barrier?)");
+  }
+  if (r.barrier_waiting > 0 && !same_loc(where, r.barrier_where)) {
+    report(r, f,
+           "threads of the block wait at different barriers: this thread at __syncthreads (" +
+               loc_str(where) + "), thread " +
+               dim_str(to_dim(thread_of(r.barrier_first, r.config->block))) + " at (" +
+               loc_str(r.barrier_where) + ") (a __syncthreads inside a divergent branch?)");
+  }
+  if (r.barrier_waiting == 0) {
+    r.barrier_where = where;
+    r.barrier_first = f.linear;
+  }
+  f.state = State::kBarrier;
+  if (++r.barrier_waiting == r.nthreads) {
+    r.barrier_waiting = 0;
+    for (int i = 0; i < r.nthreads; ++i) {
+      Fiber& w = (*r.fibers)[i];
+      if (w.state == State::kBarrier) make_ready(r, w);
+    }
+  }
+  yield(r);
+}
+
+uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
+                 const std::source_location& where) {
+  Runner& r = current_runner(op_name(op));
+  Fiber& f = *r.current;
+  const int warp = f.linear / 32, lane = f.linear % 32, base = warp * 32;
+  const int lanes = std::min(32, r.nthreads - base);
+  const unsigned exist = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
+  const std::string site = std::string(op_name(op)) + " (" + loc_str(where) + ")";
+  if (!(mask & (1u << lane)))
+    report(r, f, site + ": mask " + hex(mask) + " does not name the calling lane " +
+                     std::to_string(lane));
+  if (mask & ~exist)
+    report(r, f, site + ": mask " + hex(mask) + " names lane " +
+                     std::to_string(__builtin_ctz(mask & ~exist)) + ", which does not exist (warp " +
+                     std::to_string(warp) + " has " + std::to_string(lanes) + " lanes)");
+  if (mask & r.exited_lanes[warp])
+    report(r, f, site + ": mask " + hex(mask) + " names lane " +
+                     std::to_string(__builtin_ctz(mask & r.exited_lanes[warp])) +
+                     ", which has exited");
+  if (width < 1 || width > 32 || (width & (width - 1)))
+    report(r, f, site + ": width " + std::to_string(width) + " is not a power of two up to 32");
+
+  std::vector<WarpGroup>& groups = r.warps[warp];
+  WarpGroup* group = nullptr;
+  for (WarpGroup& g : groups) {
+    const Fiber& w = (*r.fibers)[base + g.first_lane];
+    if (g.mask == mask && g.op == op) {
+      group = &g;
+    } else if (g.mask & mask) {
+      report(r, f, "lanes of warp " + std::to_string(warp) + " meet at different warp "
+                       "operations: this lane at " + site + " with mask " + hex(mask) +
+                       ", lane " + std::to_string(g.first_lane) + " at " + op_name(g.op) + " (" +
+                       loc_str(w.where) + ") with mask " + hex(g.mask));
+    }
+  }
+  if (!group) {
+    groups.push_back(WarpGroup{mask, 0u, op, lane});
+    group = &groups.back();
+  }
+  f.op = op;
+  f.mask = mask;
+  f.value = value;
+  f.arg = arg;
+  f.width = width;
+  f.where = where;
+  f.state = State::kWarp;
+  group->arrived |= 1u << lane;
+  if (group->arrived == mask) {
+    unsigned ballot = 0;
+    for (int l = 0; l < 32; ++l)
+      if ((mask >> l & 1u) && (*r.fibers)[base + l].value != 0) ballot |= 1u << l;
+    for (int l = 0; l < 32; ++l) {
+      if (!(mask >> l & 1u)) continue;
+      Fiber& w = (*r.fibers)[base + l];
+      const int seg = l & ~(w.width - 1);
+      int src = l;  // CUDA returns the caller's own value when the source is out of range
+      switch (op) {
+        case WarpOp::kShfl: src = seg + (w.arg % w.width + w.width) % w.width; break;
+        case WarpOp::kShflUp:
+          if (unsigned(l - seg) >= unsigned(w.arg)) src = l - w.arg;
+          break;
+        case WarpOp::kShflDown:
+          if (unsigned(l - seg) + unsigned(w.arg) < unsigned(w.width)) src = l + w.arg;
+          break;
+        case WarpOp::kShflXor:
+          if ((l ^ w.arg) >= 0 && (l ^ w.arg) < seg + w.width) src = l ^ w.arg;
+          break;
+        default: break;
+      }
+      if (src != l && !(mask >> src & 1u))
+        report(r, w, std::string(op_name(op)) + " (" + loc_str(w.where) + "): lane " +
+                         std::to_string(l) + " reads lane " + std::to_string(src) +
+                         ", which is not in the mask " + hex(mask));
+      switch (op) {
+        case WarpOp::kBallot: w.result = ballot; break;
+        case WarpOp::kAll: w.result = ballot == mask; break;
+        case WarpOp::kAny: w.result = ballot != 0; break;
+        case WarpOp::kSync: w.result = 0; break;
+        default: w.result = (*r.fibers)[base + src].value; break;
+      }
+    }
+    groups.erase(groups.begin() + (group - groups.data()));
+    for (int l = 0; l < 32; ++l)
+      if (mask >> l & 1u) make_ready(r, (*r.fibers)[base + l]);
+  }
+  yield(r);
+  return f.result;
+}
+
+void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  const dim3 g = config.grid, b = config.block;
+  const unsigned long long threads = 1ull * b.x * b.y * b.z;
+  if (g.x == 0 || g.y == 0 || g.z == 0 || g.y > 65535 || g.z > 65535 || threads == 0 ||
+      threads > 1024 || b.z > 64) {
+    set_last_error(cudaErrorInvalidConfiguration);
+    return;
+  }
+  if (config.shared_bytes > max_dynamic_shared(config.kernel)) {
+    set_last_error(cudaErrorInvalidValue);
+    return;
+  }
+  if (!stream_is_valid(config.stream)) {
+    set_last_error(cudaErrorInvalidResourceHandle);
+    return;
+  }
+  while (g_fibers.size() < threads) {
+    g_fibers.emplace_back();
+    g_fibers.back().stack = new_stack();
+  }
+  Runner r;
+  r.config = &config;
+  r.body = body;
+  r.body_ctx = ctx;
+  r.nthreads = int(threads);
+  r.fibers = &g_fibers;
+  r.random_order = g_seed != 0;
+  std::unique_ptr<unsigned char[]> shared(new unsigned char[config.shared_bytes]);
+  r.dynamic_shared = shared.get();
+  g_runner = &r;
+  g_block_dim = b;
+  g_grid_dim = g;
+
+  const unsigned long long blocks = 1ull * g.x * g.y * g.z;
+  std::vector<unsigned long long> order(blocks);
+  for (unsigned long long i = 0; i < blocks; ++i) order[i] = i;
+  if (r.random_order)
+    for (unsigned long long i = blocks; i > 1; --i) std::swap(order[i - 1], order[g_rng.below(i)]);
+  for (unsigned long long id : order) {
+    r.block = uint3{unsigned(id % g.x), unsigned(id / g.x % g.y), unsigned(id / (1ull * g.x * g.y))};
+    g_block_idx = r.block;
+    run_block(r);
+    if (r.error) break;
+  }
+  g_runner = nullptr;
+  if (r.error) throw *r.error;
+}
+
+}  // namespace detail
+
+void* dynamic_shared() {
+  return detail::current_runner("dynamic shared memory (FT_DYNAMIC_SHARED)").dynamic_shared;
+}
+
+}  // namespace ft::emu
+
+// ---- the CUDA runtime API subset, on host memory, synchronous --------------------------------
+// Every stream is complete when the call returns, so synchronisation only validates handles.
+// Memory copies check their kind against where the pointers live (a host pointer passed as a
+// device one is the bug this catches), as the runtime does for device memory.
+namespace {
+using ft::emu::rt;
+using ft::emu::set_last_error;
+
+cudaError_t fail(cudaError_t e) { return set_last_error(e); }
+
+bool valid_stream(cudaStream_t s) { return ft::emu::stream_is_valid(s); }
+
+bool valid_event(cudaEvent_t e) {
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  return rt().events.count(e) > 0;
+}
+
+cudaError_t device_alloc(void** ptr, size_t size) {
+  if (!ptr) return fail(cudaErrorInvalidValue);
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  if (rt().device_bytes + size > ft::emu::total_memory()) return fail(cudaErrorMemoryAllocation);
+  // Exact size, so ASan sees a read past the end; 256-byte aligned as cudaMalloc's.
+  char* p = static_cast<char*>(::operator new(size, std::align_val_t(256), std::nothrow));
+  if (!p) return fail(cudaErrorMemoryAllocation);
+  rt().device[p] = size;
+  rt().device_bytes += size;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t device_free(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  auto it = rt().device.find(static_cast<char*>(ptr));
+  if (it == rt().device.end()) return fail(cudaErrorInvalidValue);
+  rt().device_bytes -= it->second;
+  rt().device.erase(it);
+  ::operator delete(ptr, std::align_val_t(256));
+  return cudaSuccess;
+}
+
+cudaError_t host_alloc(void** ptr, size_t size) {
+  if (!ptr) return fail(cudaErrorInvalidValue);
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  char* p = static_cast<char*>(::operator new(size, std::align_val_t(256), std::nothrow));
+  if (!p) return fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  rt().pinned[p] = size;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  if (n == 0) return cudaSuccess;
+  if (!dst || !src) return fail(cudaErrorInvalidValue);
+  {
+    std::lock_guard<std::mutex> lock(rt().mutex);
+    const bool dst_dev = ft::emu::in_device(dst, n), src_dev = ft::emu::in_device(src, n);
+    const bool dst_touch = ft::emu::touches_device(dst), src_touch = ft::emu::touches_device(src);
+    bool ok = false;
+    switch (kind) {
+      case cudaMemcpyHostToHost: ok = !dst_touch && !src_touch; break;
+      case cudaMemcpyHostToDevice: ok = dst_dev && !src_touch; break;
+      case cudaMemcpyDeviceToHost: ok = !dst_touch && src_dev; break;
+      case cudaMemcpyDeviceToDevice: ok = dst_dev && src_dev; break;
+      case cudaMemcpyDefault:
+        ok = (dst_dev || !dst_touch) && (src_dev || !src_touch);
+        break;
+      default: ok = false;
+    }
+    if (!ok) return fail(cudaErrorInvalidValue);
+  }
+  std::memmove(dst, src, n);
+  return cudaSuccess;
+}
+
+cudaError_t fill(void* dst, int value, size_t n) {
+  if (n == 0) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(rt().mutex);
+    if (!ft::emu::in_device(dst, n)) return fail(cudaErrorInvalidValue);
+  }
+  std::memset(dst, value, n);
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t cudaMalloc(void** devPtr, size_t size) { return device_alloc(devPtr, size); }
+cudaError_t cudaFree(void* devPtr) { return device_free(devPtr); }
+cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t stream) {
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  return device_alloc(devPtr, size);
+}
+cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t stream) {
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  return device_free(devPtr);
+}
+cudaError_t cudaMallocHost(void** ptr, size_t size) { return host_alloc(ptr, size); }
+cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) { return host_alloc(pHost, size); }
+cudaError_t cudaFreeHost(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  auto it = rt().pinned.find(static_cast<char*>(ptr));
+  if (it == rt().pinned.end()) return fail(cudaErrorInvalidValue);
+  rt().pinned.erase(it);
+  ::operator delete(ptr, std::align_val_t(256));
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
+  return copy(dst, src, count, kind);
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  return copy(dst, src, count, kind);
+}
+cudaError_t cudaMemset(void* devPtr, int value, size_t count) { return fill(devPtr, value, count); }
+cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t stream) {
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  return fill(devPtr, value, count);
+}
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  if (!free || !total) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  *total = ft::emu::total_memory();
+  *free = *total - rt().device_bytes;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* pStream) {
+  return cudaStreamCreateWithFlags(pStream, cudaStreamDefault);
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
+  if (!pStream) return fail(cudaErrorInvalidValue);
+  auto* s = new CUstream_st{flags};
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  rt().streams.insert(s);
+  *pStream = s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  if (!rt().streams.erase(stream)) return fail(cudaErrorInvalidResourceHandle);
+  delete stream;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  return valid_stream(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaStreamQuery(cudaStream_t stream) { return cudaStreamSynchronize(stream); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  if (!valid_stream(stream) || !valid_event(event)) return fail(cudaErrorInvalidResourceHandle);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  return cudaEventCreateWithFlags(event, cudaEventDefault);
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  if (!event) return fail(cudaErrorInvalidValue);
+  auto* e = new CUevent_st;
+  e->flags = flags;
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  rt().events.insert(e);
+  *event = e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (!valid_stream(stream) || !valid_event(event)) return fail(cudaErrorInvalidResourceHandle);
+  event->recorded = true;
+  event->time = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  return valid_event(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) { return cudaEventSynchronize(event); }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!ms) return fail(cudaErrorInvalidValue);
+  if (!valid_event(start) || !valid_event(end)) return fail(cudaErrorInvalidResourceHandle);
+  if ((start->flags | end->flags) & cudaEventDisableTiming)
+    return fail(cudaErrorInvalidResourceHandle);
+  if (!start->recorded || !end->recorded) return fail(cudaErrorNotReady);
+  *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  if (!rt().events.erase(event)) return fail(cudaErrorInvalidResourceHandle);
+  delete event;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = ft::emu::t_last_error;
+  ft::emu::t_last_error = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return ft::emu::t_last_error; }
+
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    default: return "cudaErrorUnknown";
+  }
+}
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    default: return "unrecognized error code (CUDA emulation)";
+  }
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (!count) return fail(cudaErrorInvalidValue);
+  *count = ft::emu::device_count();
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= ft::emu::device_count()) return fail(cudaErrorInvalidDevice);
+  ft::emu::t_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  if (!device) return fail(cudaErrorInvalidValue);
+  *device = ft::emu::t_device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
+  if (!prop) return fail(cudaErrorInvalidValue);
+  if (device < 0 || device >= ft::emu::device_count()) return fail(cudaErrorInvalidDevice);
+  std::memset(prop, 0, sizeof *prop);
+  std::snprintf(prop->name, sizeof prop->name, "CUDA emulation (test tool)");
+  prop->totalGlobalMem = ft::emu::total_memory();
+  prop->sharedMemPerBlock = ft::emu::kDefaultSharedBytes;
+  prop->sharedMemPerBlockOptin = ft::emu::kOptinSharedBytes;
+  prop->sharedMemPerMultiprocessor = 228 << 10;
+  prop->regsPerBlock = 65536;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->maxThreadsDim[0] = prop->maxThreadsDim[1] = 1024;
+  prop->maxThreadsDim[2] = 64;
+  prop->maxGridSize[0] = 2147483647;
+  prop->maxGridSize[1] = prop->maxGridSize[2] = 65535;
+  prop->major = 9;  // the kernels' newest target (sm_90a)
+  prop->minor = 0;
+  prop->multiProcessorCount = 4;
+  prop->maxThreadsPerMultiProcessor = 2048;
+  prop->unifiedAddressing = 1;
+  prop->concurrentKernels = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int device) {
+  if (!value) return fail(cudaErrorInvalidValue);
+  cudaDeviceProp p;
+  if (const cudaError_t e = cudaGetDeviceProperties(&p, device); e != cudaSuccess) return e;
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
+    case cudaDevAttrMaxThreadsPerBlock: *value = p.maxThreadsPerBlock; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = int(p.sharedMemPerBlock); break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = int(p.sharedMemPerBlockOptin); break;
+    case cudaDevAttrComputeCapabilityMajor: *value = p.major; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = p.minor; break;
+    case cudaDevAttrWarpSize: *value = p.warpSize; break;
+    default: return fail(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* driverVersion) {
+  if (!driverVersion) return fail(cudaErrorInvalidValue);
+  *driverVersion = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* runtimeVersion) {
+  if (!runtimeVersion) return fail(cudaErrorInvalidValue);
+  *runtimeVersion = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr, int value) {
+  if (!func) return fail(cudaErrorInvalidDeviceFunction);
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;  // hints only
+  if (value < 0 || size_t(value) > ft::emu::kOptinSharedBytes) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  rt().max_shared[func] = size_t(value);
+  return cudaSuccess;
+}

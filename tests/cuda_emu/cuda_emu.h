@@ -1,0 +1,302 @@
+// CUDA emulation, a TEST TOOL: lets g++ compile kernels/cuda/*.cu (with -DFT_CUDA_EMU, through
+// kernels/cuda/common.cuh) and run them on the CPU, so CI executes the CUDA kernels without a GPU.
+// It says nothing about speed on a GPU and does not model the GPU's memory system.
+//
+// Execution model:
+//   - Each CUDA thread is a fiber (ucontext) with its own stack; the blocks of a grid run one
+//     after another, the threads of a block interleave only at synchronisation points
+//     (__syncthreads, __syncwarp, shuffles, ballots, atomics). Between two such points a thread
+//     runs alone, so a race shows up only as a dependence on the order threads are resumed in.
+//   - The schedule seed (env FT_CUDA_EMU_SEED, or set_seed) picks that order: seed 0 resumes
+//     threads in index order and runs blocks in index order; any other seed draws both from a
+//     pseudo-random generator, so a kernel whose result depends on the order (a missing barrier,
+//     a float atomic) gives different results under different seeds.
+//   - `__shared__` is `static`: one instance per declaration, shared by the threads of the block
+//     that runs. That is per block because blocks never interleave (one block's fibers finish
+//     before the next block starts) and launches are serialised by a process-wide mutex. Static
+//     shared memory is NOT reset between blocks (a kernel reading it before writing sees the
+//     previous block's values); dynamic shared memory is filled with 0xff bytes (NaN for every
+//     float type, -1 for integers) before each block, so such reads show up there.
+//   - Reported misuse, as ft::emu::Error (kernel, block, thread, what), thrown by the launch
+//     after every fiber has unwound:
+//       * __syncthreads: threads of a block waiting at different __syncthreads (a barrier in a
+//         divergent branch), a thread exiting while others wait at a barrier, or a barrier
+//         reached after a thread of the block exited (an early return before a barrier);
+//       * warp operations (__syncwarp, __shfl*_sync, __ballot_sync, __all/__any_sync): a mask
+//         without the calling lane, naming a lane that does not exist or has exited, lanes
+//         meeting with different overlapping masks or different operations, a shuffle reading
+//         a lane outside the mask, a width that is not a power of two up to 32;
+//       * deadlock: no thread can run while some wait (e.g. lanes at a shuffle whose partner
+//         waits at a barrier);
+//       * an exception escaping the kernel.
+//     Bad launch configurations (empty grid, more than 1024 threads, too much shared memory)
+//     set the last error (cudaErrorInvalidConfiguration / cudaErrorInvalidValue) as the runtime
+//     does, for FT_CUDA_CHECK_LAUNCH to find.
+//   - Out-of-bounds accesses to global, dynamic shared or static shared memory are ASan's job:
+//     build with -fsanitize=address (the fibers carry ASan's fiber annotations).
+//
+// Device code may use: __global__/__device__/__host__/__forceinline__, threadIdx/blockIdx/
+// blockDim/gridDim, warpSize, __syncthreads, __syncwarp, __shfl_sync/_up/_down/_xor, __ballot_sync,
+// __all_sync, __any_sync, __activemask, integer atomics, the math and bit-cast intrinsics declared
+// below, and the host paths of cuda_bf16.h / cuda_fp16.h. No float atomics (determinism).
+//
+// The CUDA runtime API subset the backend uses is emulated synchronously on host memory
+// (cuda_emu.cpp), against the real declarations of <cuda_runtime.h>.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <source_location>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// Under g++ the CUDA headers define __shared__ as an empty attribute; here it is `static`.
+#undef __shared__
+#define __shared__ static
+
+// ---- the execution model -----------------------------------------------------------------
+namespace ft::emu {
+
+// A misuse found while running a kernel (see the top of this file).
+class Error : public std::runtime_error {
+ public:
+  Error(const std::string& kernel, dim3 block, dim3 thread, const std::string& what);
+  const std::string& kernel() const { return kernel_; }
+  dim3 block() const { return block_; }
+  dim3 thread() const { return thread_; }
+  const std::string& problem() const { return problem_; }
+
+ private:
+  std::string kernel_;
+  dim3 block_, thread_;
+  std::string problem_;
+};
+
+// The schedule seed: FT_CUDA_EMU_SEED (default 0) until set_seed is called. set_seed also
+// restarts the generator, so a sequence of launches after it is reproducible.
+void set_seed(uint64_t seed);
+uint64_t seed();
+
+// The dynamic shared memory of the running launch (FT_DYNAMIC_SHARED).
+void* dynamic_shared();
+
+namespace detail {
+struct LaunchConfig {
+  const char* name;
+  const void* kernel;
+  dim3 grid, block;
+  size_t shared_bytes;
+  const void* stream;
+};
+// Runs `body(ctx)` as every thread of the grid; throws Error on a report.
+void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx);
+
+const uint3& thread_idx();
+const uint3& block_idx();
+const dim3& block_dim();
+const dim3& grid_dim();
+
+// Warp operations: one entry point, values travel as 8 raw bytes.
+enum class WarpOp { kSync, kShfl, kShflUp, kShflDown, kShflXor, kBallot, kAll, kAny };
+uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
+                 const std::source_location& where);
+void syncthreads(const std::source_location& where);
+unsigned active_mask();
+// Atomics may be preempted here (seeded), as other threads may run first on a GPU.
+void atomic_point();
+
+template <typename T>
+uint64_t to_raw(T v) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8,
+                "warp shuffles move values of at most 8 bytes");
+  uint64_t r = 0;
+  std::memcpy(&r, &v, sizeof(T));
+  return r;
+}
+template <typename T>
+T from_raw(uint64_t r) {
+  T v;
+  std::memcpy(&v, &r, sizeof(T));
+  return v;
+}
+}  // namespace detail
+
+// Launch(name, kernel, grid, block, shared_bytes, stream)(args...): FT_LAUNCH under the
+// emulator. The arguments are converted to the kernel's parameter types once, as <<<>>> does.
+template <typename... P>
+class Launch {
+ public:
+  template <typename S>
+  Launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes,
+         S stream)
+      : config_{name, reinterpret_cast<const void*>(kernel), grid, block, shared_bytes, nullptr},
+        kernel_(kernel) {
+    if constexpr (std::is_pointer_v<S>) config_.stream = stream;
+  }
+
+  template <typename... A>
+  void operator()(A&&... args) const {
+    static_assert(sizeof...(A) == sizeof...(P), "FT_LAUNCH: wrong number of kernel arguments");
+    struct Ctx {
+      void (*kernel)(P...);
+      std::tuple<std::decay_t<P>...> params;
+    } ctx{kernel_, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+    detail::run_launch(
+        config_, [](void* c) { std::apply(static_cast<Ctx*>(c)->kernel, static_cast<Ctx*>(c)->params); },
+        &ctx);
+  }
+
+ private:
+  detail::LaunchConfig config_;
+  void (*kernel_)(P...);
+};
+
+}  // namespace ft::emu
+
+// ---- what device code sees -----------------------------------------------------------------
+#define threadIdx (::ft::emu::detail::thread_idx())
+#define blockIdx (::ft::emu::detail::block_idx())
+#define blockDim (::ft::emu::detail::block_dim())
+#define gridDim (::ft::emu::detail::grid_dim())
+// Not a macro: cudaDeviceProp has a member of that name.
+inline constexpr int warpSize = 32;
+
+inline void __syncthreads(const std::source_location& where = std::source_location::current()) {
+  ::ft::emu::detail::syncthreads(where);
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu,
+                       const std::source_location& where = std::source_location::current()) {
+  ::ft::emu::detail::warp_op(::ft::emu::detail::WarpOp::kSync, mask, 0, 0, 32, where);
+}
+inline unsigned __activemask() { return ::ft::emu::detail::active_mask(); }
+
+// The shuffles take `width` before the source location, as CUDA's default argument.
+#define FT_EMU_SHUFFLE(name, op)                                                                \
+  template <typename T>                                                                         \
+  inline T name(unsigned mask, T var, int arg, int width = 32,                                  \
+                const std::source_location& where = std::source_location::current()) {          \
+    return ::ft::emu::detail::from_raw<T>(::ft::emu::detail::warp_op(                           \
+        ::ft::emu::detail::WarpOp::op, mask, ::ft::emu::detail::to_raw(var), arg, width, where)); \
+  }
+FT_EMU_SHUFFLE(__shfl_sync, kShfl)
+FT_EMU_SHUFFLE(__shfl_up_sync, kShflUp)
+FT_EMU_SHUFFLE(__shfl_down_sync, kShflDown)
+FT_EMU_SHUFFLE(__shfl_xor_sync, kShflXor)
+#undef FT_EMU_SHUFFLE
+
+inline unsigned __ballot_sync(unsigned mask, int pred,
+                              const std::source_location& where = std::source_location::current()) {
+  return unsigned(::ft::emu::detail::warp_op(::ft::emu::detail::WarpOp::kBallot, mask,
+                                             pred != 0, 0, 32, where));
+}
+inline int __all_sync(unsigned mask, int pred,
+                      const std::source_location& where = std::source_location::current()) {
+  return int(::ft::emu::detail::warp_op(::ft::emu::detail::WarpOp::kAll, mask, pred != 0, 0, 32,
+                                        where));
+}
+inline int __any_sync(unsigned mask, int pred,
+                      const std::source_location& where = std::source_location::current()) {
+  return int(::ft::emu::detail::warp_op(::ft::emu::detail::WarpOp::kAny, mask, pred != 0, 0, 32,
+                                        where));
+}
+
+// Integer atomics (returning the old value, as CUDA's). Float atomics are left out on purpose:
+// kernels here reduce in a fixed order.
+#define FT_EMU_ATOMICS(T)                                        \
+  inline T atomicAdd(T* p, T v) {                                \
+    ::ft::emu::detail::atomic_point();                           \
+    const T old = *p;                                            \
+    *p = static_cast<T>(old + v);                                             \
+    return old;                                                  \
+  }                                                              \
+  inline T atomicSub(T* p, T v) {                                \
+    ::ft::emu::detail::atomic_point();                           \
+    const T old = *p;                                            \
+    *p = static_cast<T>(old - v);                                             \
+    return old;                                                  \
+  }                                                              \
+  inline T atomicMax(T* p, T v) {                                \
+    ::ft::emu::detail::atomic_point();                           \
+    const T old = *p;                                            \
+    *p = old < v ? v : old;                                      \
+    return old;                                                  \
+  }                                                              \
+  inline T atomicMin(T* p, T v) {                                \
+    ::ft::emu::detail::atomic_point();                           \
+    const T old = *p;                                            \
+    *p = v < old ? v : old;                                      \
+    return old;                                                  \
+  }                                                              \
+  inline T atomicExch(T* p, T v) {                               \
+    ::ft::emu::detail::atomic_point();                           \
+    const T old = *p;                                            \
+    *p = v;                                                      \
+    return old;                                                  \
+  }                                                              \
+  inline T atomicCAS(T* p, T compare, T v) {                     \
+    ::ft::emu::detail::atomic_point();                           \
+    const T old = *p;                                            \
+    if (old == compare) *p = v;                                  \
+    return old;                                                  \
+  }
+FT_EMU_ATOMICS(int)
+FT_EMU_ATOMICS(unsigned)
+FT_EMU_ATOMICS(unsigned long long)
+#undef FT_EMU_ATOMICS
+
+// Bit casts and integer intrinsics.
+inline float __int_as_float(int x) { return ::ft::emu::detail::from_raw<float>(uint32_t(x)); }
+inline float __uint_as_float(unsigned x) { return ::ft::emu::detail::from_raw<float>(x); }
+inline int __float_as_int(float x) { return int(uint32_t(::ft::emu::detail::to_raw(x))); }
+inline unsigned __float_as_uint(float x) { return unsigned(::ft::emu::detail::to_raw(x)); }
+inline double __longlong_as_double(long long x) { return ::ft::emu::detail::from_raw<double>(x); }
+inline long long __double_as_longlong(double x) {
+  return static_cast<long long>(::ft::emu::detail::to_raw(x));
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(unsigned(x)); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+
+// Math intrinsics g++ lacks. The fast ones (__expf, __logf) are approximate on a GPU and exact
+// here: tests compare against the CPU reference with tolerances that cover the GPU's error.
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __sinf(float x) { return std::sin(x); }
+inline float __cosf(float x) { return std::cos(x); }
+inline float __powf(float x, float y) { return std::pow(x, y); }
+inline float __fdividef(float x, float y) { return x / y; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fsqrt_rn(float x) { return std::sqrt(x); }
+inline float __fadd_rn(float x, float y) { return x + y; }
+inline float __fsub_rn(float x, float y) { return x - y; }
+inline float __fmul_rn(float x, float y) { return x * y; }
+inline float __fdiv_rn(float x, float y) { return x / y; }
+inline float __fmaf_rn(float x, float y, float z) { return std::fma(x, y, z); }
+inline double __dadd_rn(double x, double y) { return x + y; }
+inline double __dmul_rn(double x, double y) { return x * y; }
+inline double __fma_rn(double x, double y, double z) { return std::fma(x, y, z); }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+
+// CUDA's device min/max overloads for same-typed arguments.
+#define FT_EMU_MINMAX(T)                             \
+  inline T min(T a, T b) { return b < a ? b : a; }   \
+  inline T max(T a, T b) { return a < b ? b : a; }
+FT_EMU_MINMAX(int)
+FT_EMU_MINMAX(unsigned)
+FT_EMU_MINMAX(long)
+FT_EMU_MINMAX(unsigned long)
+FT_EMU_MINMAX(long long)
+FT_EMU_MINMAX(unsigned long long)
+#undef FT_EMU_MINMAX

@@ -1,0 +1,459 @@
+// Self-tests of the CUDA emulation (a test tool, tests/cuda_emu/cuda_emu.h): it runs correct
+// kernels correctly under every seed, the seed changes the order threads run in, and it reports
+// the misuse it promises to report. Kernels here are CUDA code compiled by g++ with FT_CUDA_EMU.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "tests/cuda_emu/emu_test_util.h"
+
+namespace ft::kernels::cuda {
+namespace {
+
+using ft::emu::test::DeviceBuffer;
+using ft::emu::test::SeedScope;
+
+// ---- kernels --------------------------------------------------------------------------------
+
+// Per block: shared-memory tree down to one warp, then shuffles (the classic reduction).
+__global__ void tree_sum_kernel(float* out, const float* x, int n) {
+  __shared__ float s[256];
+  const int t = threadIdx.x;
+  const int i = blockIdx.x * blockDim.x + t;
+  s[t] = i < n ? x[i] : 0.0f;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride >= 32; stride /= 2) {
+    if (t < stride) s[t] += s[t + stride];
+    __syncthreads();
+  }
+  if (t < 32) {
+    float v = s[t];
+    for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffffu, v, o);
+    if (t == 0) out[blockIdx.x] = v;
+  }
+}
+
+// common.cuh's block_sum, on a 2-D block (threads numbered x fastest, as CUDA's).
+__global__ void block_sum_kernel(float* out, const float* x, int n) {
+  const int t = threadIdx.x + blockDim.x * threadIdx.y;
+  const int i = blockIdx.x * 128 + t;
+  // block_sum assumes a 1-D block; a (32, 4) block has the same warps as a 128-wide one.
+  float v = i < n ? x[i] : 0.0f;
+  v = warp_sum(v);
+  __shared__ float w[4];
+  if (t % 32 == 0) w[t / 32] = v;
+  __syncthreads();
+  if (t == 0) out[blockIdx.x] = w[0] + w[1] + w[2] + w[3];
+}
+
+__global__ void block_sum_1d_kernel(float* out, const float* x, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const float v = block_sum(i < n ? x[i] : 0.0f);
+  const float m = block_max(i < n ? x[i] : -1e30f);
+  if (threadIdx.x == 0) {
+    out[2 * blockIdx.x] = v;
+    out[2 * blockIdx.x + 1] = m;
+  }
+}
+
+// Each thread reads its neighbour's shared slot, with or without the barrier between.
+__global__ void neighbour_kernel(int* out, int base, bool sync) {
+  __shared__ int s[64];
+  const int t = threadIdx.x;
+  s[t] = base + t;
+  if (sync) __syncthreads();
+  out[t] = s[(t + 1) % blockDim.x];
+}
+
+__global__ void divergent_barrier_kernel(int* out) {
+  if (threadIdx.x < 16) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  out[threadIdx.x] = 1;
+}
+
+__global__ void partial_barrier_kernel(int* out) {
+  if (threadIdx.x < 16) __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
+__global__ void early_return_kernel(int* out) {
+  if (threadIdx.x == 3) return;
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
+__global__ void exited_lane_shuffle_kernel(int* out) {
+  if (threadIdx.x == 5) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, int(threadIdx.x), 1);
+}
+
+__global__ void shuffle_mask_kernel(int* out, unsigned mask, int lane_mask) {
+  if (!(mask >> (threadIdx.x % 32) & 1u)) return;
+  out[threadIdx.x] = __shfl_xor_sync(mask, int(threadIdx.x), lane_mask);
+}
+
+// Lanes 0-15 shuffle with the whole warp while lanes 16-31 wait at a barrier.
+__global__ void deadlock_kernel(int* out) {
+  int v = threadIdx.x;
+  if (threadIdx.x < 16) v = __shfl_xor_sync(0xffffffffu, v, 1);
+  __syncthreads();
+  out[threadIdx.x] = v;
+}
+
+// Every shuffle flavour with width 8, and a ballot, written per lane.
+__global__ void shuffle_flavours_kernel(int* out) {
+  const int t = threadIdx.x;
+  out[0 * 32 + t] = __shfl_sync(0xffffffffu, t, 3, 8);
+  out[1 * 32 + t] = __shfl_up_sync(0xffffffffu, t, 2, 8);
+  out[2 * 32 + t] = __shfl_down_sync(0xffffffffu, t, 2, 8);
+  out[3 * 32 + t] = __shfl_xor_sync(0xffffffffu, t, 5, 8);
+  out[4 * 32 + t] = int(__ballot_sync(0xffffffffu, t % 3 == 0));
+  out[5 * 32 + t] = __all_sync(0xffffffffu, t < 32) + 2 * __any_sync(0xffffffffu, t == 7);
+}
+
+__global__ void atomic_count_kernel(unsigned* count, int* max_seen) {
+  atomicAdd(count, 1u);
+  atomicMax(max_seen, int(blockIdx.x * blockDim.x + threadIdx.x));
+}
+
+__global__ void dynamic_shared_kernel(float* out, int n) {
+  FT_DYNAMIC_SHARED(float, s);
+  const int t = threadIdx.x;
+  out[blockIdx.x * blockDim.x + t] = s[t];  // unwritten: the 0xff fill, a NaN
+  s[t] = float(t);
+  __syncthreads();
+  if (t == 0) {
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) sum += s[i];
+    out[blockIdx.x * blockDim.x] = sum;
+  }
+}
+
+__global__ void noop_kernel(int*) {}
+
+// ---- helpers --------------------------------------------------------------------------------
+
+// Runs `launch` and returns the emulator's report (CHECKs that there is one).
+template <typename F>
+std::string report_of(F&& launch) {
+  try {
+    launch();
+  } catch (const ft::emu::Error& e) {
+    return e.what();
+  }
+  FAIL_CHECK("the emulator reported nothing");
+  return "";
+}
+
+std::vector<float> iota_floats(int n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[size_t(i)] = float(i % 97) - 40.0f;  // small integers: exact sums
+  return v;
+}
+
+// ---- tests ----------------------------------------------------------------------------------
+
+TEST_CASE("cuda_emu: block reductions with shared memory and shuffles, every seed") {
+  for (int n : {1, 19, 256, 1000}) {
+    const std::vector<float> x = iota_floats(n);
+    const int blocks = (n + 255) / 256;
+    std::vector<float> want(size_t(blocks), 0.0f), want_max(size_t(blocks), -1e30f);
+    for (int i = 0; i < n; ++i) {
+      want[size_t(i / 256)] += x[size_t(i)];
+      want_max[size_t(i / 256)] = std::max(want_max[size_t(i / 256)], x[size_t(i)]);
+    }
+    for (uint64_t seed : {0ull, 1ull, 2ull, 99ull}) {
+      SeedScope scope(seed);
+      DeviceBuffer<float> dx(x), out{size_t(blocks)}, out2{size_t(2 * blocks)};
+      FT_LAUNCH(tree_sum_kernel, blocks, 256, 0, nullptr)(out.get(), dx.get(), n);
+      FT_CUDA_CHECK_LAUNCH();
+      CHECK(out.to_host() == want);
+      FT_LAUNCH(block_sum_1d_kernel, blocks, 256, 0, nullptr)(out2.get(), dx.get(), n);
+      const std::vector<float> got = out2.to_host();
+      for (int b = 0; b < blocks; ++b) {
+        CHECK(got[size_t(2 * b)] == want[size_t(b)]);
+        CHECK(got[size_t(2 * b + 1)] == want_max[size_t(b)]);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda_emu: threads of a 2-D block are numbered x fastest, warps of 32") {
+  const int n = 300;
+  const std::vector<float> x = iota_floats(n);
+  const int blocks = (n + 127) / 128;
+  std::vector<float> want(size_t(blocks), 0.0f);
+  for (int i = 0; i < n; ++i) want[size_t(i / 128)] += x[size_t(i)];
+  SeedScope scope(5);
+  DeviceBuffer<float> dx(x), out{size_t(blocks)};
+  FT_LAUNCH(block_sum_kernel, blocks, dim3(32, 4), 0, nullptr)(out.get(), dx.get(), n);
+  CHECK(out.to_host() == want);
+}
+
+TEST_CASE("cuda_emu: a missing __syncthreads gives results that depend on the seed") {
+  // Without the barrier a thread may read its neighbour's slot before the neighbour wrote it
+  // (then it sees the previous launch's value). Seed 0 runs threads in index order; other seeds
+  // shuffle them, so the set of threads that read a fresh value changes with the seed.
+  const int n = 64;
+  std::set<std::vector<int>> outcomes;
+  int wrong_runs = 0, base = 1000;
+  for (uint64_t seed = 0; seed < 12; ++seed) {
+    SeedScope scope(seed);
+    DeviceBuffer<int> out(n);
+    base += 1000;
+    FT_LAUNCH(neighbour_kernel, 1, n, 0, nullptr)(out.get(), base, false);
+    const std::vector<int> got = out.to_host();
+    std::vector<int> fresh(n);
+    for (int t = 0; t < n; ++t) fresh[size_t(t)] = got[size_t(t)] == base + (t + 1) % n;
+    outcomes.insert(fresh);
+    wrong_runs += std::count(fresh.begin(), fresh.end(), 0) > 0;
+  }
+  CHECK(outcomes.size() > 1);  // the seed changes the order threads run in
+  CHECK(wrong_runs > 0);       // and the race shows as a wrong result
+  // With the barrier, every seed gives the right answer.
+  for (uint64_t seed = 0; seed < 12; ++seed) {
+    SeedScope scope(seed);
+    DeviceBuffer<int> out(n);
+    base += 1000;
+    FT_LAUNCH(neighbour_kernel, 1, n, 0, nullptr)(out.get(), base, true);
+    const std::vector<int> got = out.to_host();
+    for (int t = 0; t < n; ++t) CHECK(got[size_t(t)] == base + (t + 1) % n);
+  }
+}
+
+TEST_CASE("cuda_emu: barriers in divergent code and early returns are reported") {
+  for (uint64_t seed : {0ull, 3ull, 11ull}) {
+    SeedScope scope(seed);
+    DeviceBuffer<int> out(64);
+    std::string r = report_of([&] { FT_LAUNCH(divergent_barrier_kernel, 2, 64, 0, nullptr)(out.get()); });
+    CHECK(r.find("different barriers") != std::string::npos);
+    CHECK(r.find("divergent_barrier_kernel") != std::string::npos);
+    r = report_of([&] { FT_LAUNCH(partial_barrier_kernel, 1, 64, 0, nullptr)(out.get()); });
+    CHECK(r.find("every thread of a block must reach every barrier") != std::string::npos);
+    r = report_of([&] { FT_LAUNCH(early_return_kernel, 1, 64, 0, nullptr)(out.get()); });
+    CHECK(r.find("every thread of a block must reach every barrier") != std::string::npos);
+  }
+}
+
+TEST_CASE("cuda_emu: shuffles naming an exited, missing or non-participating lane are reported") {
+  for (uint64_t seed : {0ull, 4ull, 12ull}) {
+    SeedScope scope(seed);
+    DeviceBuffer<int> out(64);
+    std::string r =
+        report_of([&] { FT_LAUNCH(exited_lane_shuffle_kernel, 1, 32, 0, nullptr)(out.get()); });
+    CHECK(r.find("exited") != std::string::npos);
+    CHECK(r.find("__shfl_xor_sync") != std::string::npos);
+    // A full mask in a 16-thread block names 16 lanes that do not exist.
+    r = report_of([&] {
+      FT_LAUNCH(shuffle_mask_kernel, 1, 16, 0, nullptr)(out.get(), 0xffffffffu, 1);
+    });
+    CHECK(r.find("does not exist") != std::string::npos);
+    // Half-warp mask, xor 16 reads the other half.
+    r = report_of([&] {
+      FT_LAUNCH(shuffle_mask_kernel, 1, 32, 0, nullptr)(out.get(), 0x0000ffffu, 16);
+    });
+    CHECK(r.find("not in the mask") != std::string::npos);
+    // Half-warp masks with partners inside: fine.
+    FT_LAUNCH(shuffle_mask_kernel, 1, 32, 0, nullptr)(out.get(), 0x0000ffffu, 1);
+    const std::vector<int> got = out.to_host();
+    for (int t = 0; t < 16; ++t) CHECK(got[size_t(t)] == (t ^ 1));
+  }
+}
+
+TEST_CASE("cuda_emu: a deadlock is reported") {
+  for (uint64_t seed : {0ull, 6ull}) {
+    SeedScope scope(seed);
+    DeviceBuffer<int> out(32);
+    const std::string r =
+        report_of([&] { FT_LAUNCH(deadlock_kernel, 1, 32, 0, nullptr)(out.get()); });
+    CHECK(r.find("deadlock") != std::string::npos);
+    CHECK(r.find("__syncthreads") != std::string::npos);
+  }
+  // The emulator is usable after a report (its fibers unwound).
+  DeviceBuffer<int> out(32);
+  FT_LAUNCH(noop_kernel, 4, 32, 0, nullptr)(out.get());
+}
+
+TEST_CASE("cuda_emu: shuffle flavours, widths and votes follow CUDA's definitions") {
+  SeedScope scope(8);
+  DeviceBuffer<int> out(6 * 32);
+  FT_LAUNCH(shuffle_flavours_kernel, 1, 32, 0, nullptr)(out.get());
+  const std::vector<int> got = out.to_host();
+  unsigned ballot = 0;
+  for (int t = 0; t < 32; ++t) ballot |= unsigned(t % 3 == 0) << t;
+  for (int t = 0; t < 32; ++t) {
+    const int seg = t & ~7, l = t & 7;
+    CHECK(got[size_t(t)] == seg + 3);
+    CHECK(got[size_t(32 + t)] == (l >= 2 ? t - 2 : t));    // out of range: own value
+    CHECK(got[size_t(64 + t)] == (l + 2 < 8 ? t + 2 : t));
+    CHECK(got[size_t(96 + t)] == (t ^ 5));
+    CHECK(unsigned(got[size_t(128 + t)]) == ballot);
+    CHECK(got[size_t(160 + t)] == 3);
+  }
+}
+
+TEST_CASE("cuda_emu: integer atomics and dynamic shared memory") {
+  for (uint64_t seed : {0ull, 9ull}) {
+    SeedScope scope(seed);
+    DeviceBuffer<unsigned> count(std::vector<unsigned>{0u});
+    DeviceBuffer<int> max_seen(std::vector<int>{-1});
+    FT_LAUNCH(atomic_count_kernel, 7, 96, 0, nullptr)(count.get(), max_seen.get());
+    CHECK(count.to_host()[0] == 7u * 96u);
+    CHECK(max_seen.to_host()[0] == 7 * 96 - 1);
+
+    const int threads = 64, blocks = 3;
+    DeviceBuffer<float> out(threads * blocks);
+    FT_LAUNCH(dynamic_shared_kernel, blocks, threads, threads * sizeof(float), nullptr)(
+        out.get(), threads);
+    const std::vector<float> got = out.to_host();
+    for (int b = 0; b < blocks; ++b) {
+      CHECK(got[size_t(b * threads)] == float(threads * (threads - 1) / 2));
+      for (int t = 1; t < threads; ++t) CHECK(std::isnan(got[size_t(b * threads + t)]));
+    }
+  }
+}
+
+TEST_CASE("cuda_emu: bad launch configurations set the last error, as the runtime does") {
+  DeviceBuffer<int> out(32);
+  FT_LAUNCH(noop_kernel, 0, 32, 0, nullptr)(out.get());  // empty grid
+  CHECK(cudaPeekAtLastError() == cudaErrorInvalidConfiguration);
+  CHECK_THROWS_WITH_AS(FT_CUDA_CHECK_LAUNCH(), doctest::Contains("invalid configuration"),
+                       ft::Error);
+  CHECK(cudaGetLastError() == cudaSuccess);  // cleared by the check
+  FT_LAUNCH(noop_kernel, 1, 1025, 0, nullptr)(out.get());
+  CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+  // Above 48 KiB of dynamic shared memory only after opting in, up to 227 KiB.
+  FT_LAUNCH(noop_kernel, 1, 32, 64 << 10, nullptr)(out.get());
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  REQUIRE(cudaFuncSetAttribute(reinterpret_cast<const void*>(noop_kernel),
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10) == cudaSuccess);
+  FT_LAUNCH(noop_kernel, 1, 32, 64 << 10, nullptr)(out.get());
+  CHECK(cudaGetLastError() == cudaSuccess);
+  // A destroyed stream is not a stream.
+  cudaStream_t s;
+  REQUIRE(cudaStreamCreate(&s) == cudaSuccess);
+  FT_LAUNCH(noop_kernel, 1, 32, 0, s)(out.get());
+  CHECK(cudaGetLastError() == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  FT_LAUNCH(noop_kernel, 1, 32, 0, s)(out.get());
+  CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+}
+
+TEST_CASE("cuda_emu: the runtime API checks where copies point and counts device memory") {
+  size_t free0 = 0, total = 0;
+  REQUIRE(cudaMemGetInfo(&free0, &total) == cudaSuccess);
+  void* d = nullptr;
+  REQUIRE(cudaMalloc(&d, 1000) == cudaSuccess);
+  CHECK(reinterpret_cast<uintptr_t>(d) % 256 == 0);
+  size_t free1 = 0;
+  REQUIRE(cudaMemGetInfo(&free1, &total) == cudaSuccess);
+  CHECK(free0 - free1 == 1000);
+  std::vector<char> h(1000, 7), back(1000, 0);
+  CHECK(cudaMemcpy(d, h.data(), 1000, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(cudaMemset(static_cast<char*>(d) + 10, 3, 5) == cudaSuccess);
+  CHECK(cudaMemcpyAsync(back.data(), d, 1000, cudaMemcpyDeviceToHost, nullptr) == cudaSuccess);
+  CHECK(back[9] == 7);
+  CHECK(back[10] == 3);
+  CHECK(back[15] == 7);
+  // Wrong kinds, a range past the allocation, memset on host memory: invalid value.
+  CHECK(cudaMemcpy(h.data(), back.data(), 10, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(d, h.data(), 10, cudaMemcpyDeviceToHost) == cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(d, h.data(), 1001, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+  CHECK(cudaMemset(h.data(), 0, 10) == cudaErrorInvalidValue);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(cudaMemcpy(d, h.data(), 10, cudaMemcpyDefault) == cudaSuccess);
+  void* too_big = nullptr;
+  CHECK(cudaMalloc(&too_big, total + 1) == cudaErrorMemoryAllocation);
+  CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);
+  CHECK(cudaFree(d) == cudaSuccess);
+  CHECK(cudaFree(d) == cudaErrorInvalidValue);  // twice
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+
+  void* pinned = nullptr;
+  CHECK(cudaMallocHost(&pinned, 64) == cudaSuccess);
+  CHECK(cudaFreeHost(pinned) == cudaSuccess);
+
+  cudaDeviceProp prop;
+  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  CHECK(std::string(prop.name) == "CUDA emulation (test tool)");
+  CHECK(prop.warpSize == 32);
+  int count = 0, device = -1, version = 0;
+  CHECK(cudaGetDeviceCount(&count) == cudaSuccess);
+  CHECK(count >= 1);
+  CHECK(cudaSetDevice(count) == cudaErrorInvalidDevice);
+  CHECK(cudaGetErrorString(cudaGetLastError()) == std::string("invalid device ordinal"));
+  CHECK(cudaSetDevice(0) == cudaSuccess);
+  CHECK(cudaGetDevice(&device) == cudaSuccess);
+  CHECK(device == 0);
+  CHECK(cudaRuntimeGetVersion(&version) == cudaSuccess);
+  CHECK(version == CUDART_VERSION);
+
+  cudaEvent_t a, b;
+  REQUIRE(cudaEventCreate(&a) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&b) == cudaSuccess);
+  float ms = -1.0f;
+  CHECK(cudaEventElapsedTime(&ms, a, b) == cudaErrorNotReady);  // not recorded yet
+  CHECK(cudaEventRecord(a, nullptr) == cudaSuccess);
+  CHECK(cudaEventRecord(b, nullptr) == cudaSuccess);
+  CHECK(cudaEventSynchronize(b) == cudaSuccess);
+  CHECK(cudaEventElapsedTime(&ms, a, b) == cudaSuccess);
+  CHECK(ms >= 0.0f);
+  CHECK(cudaEventDestroy(a) == cudaSuccess);
+  CHECK(cudaEventDestroy(b) == cudaSuccess);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  cudaGetLastError();
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+__global__ void shared_overflow_kernel(float* out) {
+  __shared__ float s[32];
+  s[threadIdx.x] = 1.0f;  // launched with 33 threads: thread 32 writes past the array
+  __syncthreads();
+  out[threadIdx.x] = s[threadIdx.x % 32];
+}
+
+// Runs `body` in a forked child; true when the child died (ASan aborts on the first error).
+template <typename F>
+bool child_dies(F&& body) {
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    body();
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("cuda_emu: an out-of-bounds __shared__ write is caught by ASan") {
+  // The control: the same launch within bounds survives.
+  CHECK_FALSE(child_dies([] {
+    DeviceBuffer<float> out(33);
+    FT_LAUNCH(shared_overflow_kernel, 1, 32, 0, nullptr)(out.get());
+  }));
+  CHECK(child_dies([] {
+    DeviceBuffer<float> out(33);
+    FT_LAUNCH(shared_overflow_kernel, 1, 33, 0, nullptr)(out.get());
+  }));
+  // Dynamic shared memory: reading one float past shared_bytes.
+  CHECK(child_dies([] {
+    DeviceBuffer<float> out(64);
+    FT_LAUNCH(dynamic_shared_kernel, 1, 32, 31 * sizeof(float), nullptr)(out.get(), 31);
+  }));
+}
+#endif
+
+}  // namespace
+}  // namespace ft::kernels::cuda
