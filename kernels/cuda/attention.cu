@@ -37,6 +37,17 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels_cuda.h"
 
+// Full unrolling keeps the per-row accumulator arrays in registers (ptxas puts an array indexed
+// by a loop it did not unroll in local memory, which the build rejects). g++ (the emulator) has
+// no such pragma and needs none.
+#ifndef FT_UNROLL
+#if defined(__CUDACC__)
+#define FT_UNROLL _Pragma("unroll")
+#else
+#define FT_UNROLL
+#endif
+#endif
+
 namespace ft::kernels::cuda {
 namespace {
 
@@ -71,7 +82,7 @@ __device__ __forceinline__ void stage_rows(float* dst, int dst_ld, const T* src,
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void
     attention_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v, int T_,
                              int H, int K, int D, float scale) {
   __shared__ float q_s[kFwdRows][kMaxD];
@@ -87,11 +98,11 @@ __global__ void __launch_bounds__(kThreads)
 
   float acc[kFwdRowsPerWarp][kDimsPerLane];
   float m[kFwdRowsPerWarp], l[kFwdRowsPerWarp];
-#pragma unroll
+  FT_UNROLL
   for (int rr = 0; rr < kFwdRowsPerWarp; ++rr) {
     m[rr] = -INFINITY;
     l[rr] = 0.0f;
-#pragma unroll
+    FT_UNROLL
     for (int c = 0; c < kDimsPerLane; ++c) acc[rr][c] = 0.0f;
   }
   const int last = min(i0 + kFwdRows, T_) - 1;  // the tile's last query row
@@ -101,7 +112,7 @@ __global__ void __launch_bounds__(kThreads)
     stage_rows(&k_s[0][0], kMaxD + 1, k + koff, ldk, kKeys, T_ - j0, D);
     stage_rows(&v_s[0][0], kMaxD, v + koff, ldk, kKeys, T_ - j0, D);
     __syncthreads();
-#pragma unroll
+    FT_UNROLL
     for (int rr = 0; rr < kFwdRowsPerWarp; ++rr) {
       const int r = rr * kWarps + warp;  // interleaved: the diagonal's short rows are shared
       const int i = i0 + r;
@@ -114,23 +125,23 @@ __global__ void __launch_bounds__(kThreads)
       l[rr] = l[rr] * alpha + warp_sum(p);
       m[rr] = mx;
       const int n = min(kKeys, i - j0 + 1);  // visible keys of the tile
-#pragma unroll
+      FT_UNROLL
       for (int c = 0; c < kDimsPerLane; ++c) acc[rr][c] *= alpha;
       for (int j = 0; j < n; ++j) {
         const float pj = __shfl_sync(kFullMask, p, j);
-#pragma unroll
+        FT_UNROLL
         for (int c = 0; c < kDimsPerLane; ++c)
           if (lane + 32 * c < D) acc[rr][c] += pj * v_s[j][lane + 32 * c];
       }
     }
   }
-#pragma unroll
+  FT_UNROLL
   for (int rr = 0; rr < kFwdRowsPerWarp; ++rr) {
     const int i = i0 + rr * kWarps + warp;
     if (i >= T_) continue;
     const float inv = 1.0f / l[rr];
     T* o = out + (size_t(b) * T_ + i) * ldq + size_t(h) * D;
-#pragma unroll
+    FT_UNROLL
     for (int c = 0; c < kDimsPerLane; ++c)
       if (lane + 32 * c < D) o[lane + 32 * c] = from_float<T>(acc[rr][c] * inv);
     if (lane == 0) lse[(size_t(b) * H + h) * T_ + i] = m[rr] + logf(l[rr]);
@@ -139,7 +150,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // Δ (B, H, T) = rowsum(dO ∘ O): one warp per (b, t, h) row, rows numbered as in (B, T, H).
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void
     attention_delta_kernel(float* delta, const T* dout, const T* out, int B, int T_, int H,
                            int D) {
   const size_t row = size_t(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -154,7 +165,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void
     attention_backward_dkdv_kernel(T* dk, T* dv, const T* dout, const float* lse,
                                    const float* delta, const T* q, const T* k, const T* v,
                                    int T_, int H, int K, int D, float scale) {
@@ -175,7 +186,7 @@ __global__ void __launch_bounds__(kThreads)
 
   // Column d of dK and dV for the tile's kKeys keys.
   float dk_acc[kKeys], dv_acc[kKeys];
-#pragma unroll
+  FT_UNROLL
   for (int j = 0; j < kKeys; ++j) dk_acc[j] = dv_acc[j] = 0.0f;
   for (int g = 0; g < group; ++g) {
     const int h = kh * group + g;
@@ -199,10 +210,10 @@ __global__ void __launch_bounds__(kThreads)
       ds_s[warp][lane] = ds;
       __syncthreads();
       if (d < D) {
-#pragma unroll
+        FT_UNROLL
         for (int r = 0; r < kWarps; ++r) {
           const float qd = q_s[r][d], dod = do_s[r][d];
-#pragma unroll
+          FT_UNROLL
           for (int jj = 0; jj < kKeys; ++jj) {
             dv_acc[jj] += p_s[r][jj] * dod;
             dk_acc[jj] += ds_s[r][jj] * qd;
@@ -212,7 +223,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (d < D) {
-#pragma unroll
+    FT_UNROLL
     for (int jj = 0; jj < kKeys; ++jj) {
       if (j0 + jj >= T_) break;
       dk[koff + jj * ldk + d] = from_float<T>(dk_acc[jj] * scale);
@@ -222,7 +233,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void
     attention_backward_dq_kernel(T* dq, const T* dout, const float* lse, const float* delta,
                                  const T* q, const T* k, const T* v, int T_, int H, int K, int D,
                                  float scale) {
@@ -241,9 +252,9 @@ __global__ void __launch_bounds__(kThreads)
   const float* delta_h = delta + (size_t(b) * H + h) * T_;
 
   float acc[kDqRowsPerWarp][kDimsPerLane];
-#pragma unroll
+  FT_UNROLL
   for (int rr = 0; rr < kDqRowsPerWarp; ++rr)
-#pragma unroll
+    FT_UNROLL
     for (int c = 0; c < kDimsPerLane; ++c) acc[rr][c] = 0.0f;
   const int last = min(i0 + kDqRows, T_) - 1;
   for (int j0 = 0; j0 <= last; j0 += kKeys) {
@@ -252,7 +263,7 @@ __global__ void __launch_bounds__(kThreads)
     stage_rows(&k_s[0][0], kMaxD + 1, k + koff, ldk, kKeys, T_ - j0, D);
     stage_rows(&v_s[0][0], kMaxD + 1, v + koff, ldk, kKeys, T_ - j0, D);
     __syncthreads();
-#pragma unroll
+    FT_UNROLL
     for (int rr = 0; rr < kDqRowsPerWarp; ++rr) {
       const int r = rr * kWarps + warp;
       const int i = i0 + r;
@@ -265,18 +276,18 @@ __global__ void __launch_bounds__(kThreads)
       const int n = min(kKeys, i - j0 + 1);
       for (int j = 0; j < n; ++j) {
         const float dsj = __shfl_sync(kFullMask, ds, j);
-#pragma unroll
+        FT_UNROLL
         for (int c = 0; c < kDimsPerLane; ++c)
           if (lane + 32 * c < D) acc[rr][c] += dsj * k_s[j][lane + 32 * c];
       }
     }
   }
-#pragma unroll
+  FT_UNROLL
   for (int rr = 0; rr < kDqRowsPerWarp; ++rr) {
     const int i = i0 + rr * kWarps + warp;
     if (i >= T_) continue;
     T* o = dq + (size_t(b) * T_ + i) * ldq + size_t(h) * D;
-#pragma unroll
+    FT_UNROLL
     for (int c = 0; c < kDimsPerLane; ++c)
       if (lane + 32 * c < D) o[lane + 32 * c] = from_float<T>(acc[rr][c] * scale);
   }

@@ -67,7 +67,7 @@ __device__ __forceinline__ void zero_row(T* drow, int V) {
 
 // One block per row n: row_loss[n] (0 on unmasked rows) and, if dlogits, the row's gradient.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void
     cross_entropy_kernel(T* dlogits, const T* logits, const int32_t* targets,
                          const uint8_t* mask, int V, float scale, double* row_loss) {
   const int n = blockIdx.x;
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // *loss_acc += Σ row_loss[0, N), one block, in a fixed order.
-__global__ void __launch_bounds__(kThreads)
+__global__ void
     sum_losses_kernel(double* loss_acc, const double* row_loss, int N) {
   double s = 0.0;
   for (int n = threadIdx.x; n < N; n += kThreads) s += row_loss[n];
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) row_max_kernel(float* out, const T* x, int V) {
+__global__ void row_max_kernel(float* out, const T* x, int V) {
   const T* row = x + size_t(blockIdx.x) * V;
   float m = -INFINITY;
   for (int j = threadIdx.x; j < V; j += kThreads) m = fmaxf(m, to_float(row[j]));
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kThreads) row_max_kernel(float* out, const T* 
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void
     ce_partial_kernel(double* sumexp, double* target_logit, const T* logits,
                       const int32_t* targets, const uint8_t* mask, const float* rmax, int V,
                       int v_begin) {
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void
     ce_finish_kernel(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask,
                      const float* rmax, const double* sumexp, const double* target_logit, int V,
                      int v_begin, float scale, double* row_loss) {
