@@ -26,7 +26,8 @@
 //      query heads of the group in order, and over the query rows at or below the tile, four
 //      at a time (one per warp): recompute P = exp(S − lse), dP = dO Vᵀ, dS = P ∘ (dP − Δ);
 //      then thread d accumulates dV[:, d] += Pᵀ dO[:, d] and dK[:, d] += dSᵀ Q[:, d] in
-//      registers over all kKeys keys of the tile.
+//      registers over all kKeys keys of the tile (threads d ≥ D idle in that step: a cost of
+//      small heads this version accepts).
 //   3. attention_backward_dq_kernel, one block per (query tile, head, batch): the forward's
 //      loop with dS in place of P and K in place of V: dQ = dS K / sqrt(D).
 // Position 0 sees one key: its softmax is the constant 1 and its gradient exactly 0, as in the
