@@ -89,6 +89,7 @@ __global__ void
   __shared__ float q_s[kFwdRows][kMaxD];
   __shared__ float k_s[kKeys][kMaxD + 1];
   __shared__ float v_s[kKeys][kMaxD];
+  __shared__ float p_s[kWarps][kKeys];  // each warp's current row of P
   // The last query tiles see the most keys: they go first so that the grid ends evenly.
   const int i0 = (gridDim.x - 1 - blockIdx.x) * kFwdRows;
   const int h = blockIdx.y, b = blockIdx.z, kh = h / (H / K);
@@ -128,12 +129,17 @@ __global__ void
       const int n = min(kKeys, i - j0 + 1);  // visible keys of the tile
       FT_UNROLL
       for (int c = 0; c < kDimsPerLane; ++c) acc[rr][c] *= alpha;
+      // P goes through shared memory, read back as broadcasts: two warp barriers per row
+      // instead of a shuffle per key.
+      p_s[warp][lane] = p;
+      __syncwarp();
       for (int j = 0; j < n; ++j) {
-        const float pj = __shfl_sync(kFullMask, p, j);
+        const float pj = p_s[warp][j];
         FT_UNROLL
         for (int c = 0; c < kDimsPerLane; ++c)
           if (lane + 32 * c < D) acc[rr][c] += pj * v_s[j][lane + 32 * c];
       }
+      __syncwarp();  // every lane has read p_s before the next row writes it
     }
   }
   FT_UNROLL
@@ -242,6 +248,7 @@ __global__ void
   __shared__ float do_s[kDqRows][kMaxD];
   __shared__ float k_s[kKeys][kMaxD + 1];
   __shared__ float v_s[kKeys][kMaxD + 1];
+  __shared__ float ds_s[kWarps][kKeys];  // each warp's current row of dS
   const int i0 = (gridDim.x - 1 - blockIdx.x) * kDqRows;
   const int h = blockIdx.y, b = blockIdx.z, kh = h / (H / K);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -275,12 +282,15 @@ __global__ void
         ds = p * (dot(do_s[r], v_s[lane], D) - delta_h[i]);
       }
       const int n = min(kKeys, i - j0 + 1);
+      ds_s[warp][lane] = ds;  // as P in the forward
+      __syncwarp();
       for (int j = 0; j < n; ++j) {
-        const float dsj = __shfl_sync(kFullMask, ds, j);
+        const float dsj = ds_s[warp][j];
         FT_UNROLL
         for (int c = 0; c < kDimsPerLane; ++c)
           if (lane + 32 * c < D) acc[rr][c] += dsj * k_s[j][lane + 32 * c];
       }
+      __syncwarp();
     }
   }
   FT_UNROLL
