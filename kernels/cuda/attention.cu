@@ -83,9 +83,8 @@ __device__ __forceinline__ void stage_rows(float* dst, int dst_ld, const T* src,
 }
 
 template <typename T>
-__global__ void
-    attention_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v, int T_,
-                             int H, int K, int D, float scale) {
+__global__ void attention_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v,
+                                         int T_, int H, int K, int D, float scale) {
   __shared__ float q_s[kFwdRows][kMaxD];
   __shared__ float k_s[kKeys][kMaxD + 1];
   __shared__ float v_s[kKeys][kMaxD];
@@ -157,9 +156,8 @@ __global__ void
 
 // Δ (B, H, T) = rowsum(dO ∘ O): one warp per (b, t, h) row, rows numbered as in (B, T, H).
 template <typename T>
-__global__ void
-    attention_delta_kernel(float* delta, const T* dout, const T* out, int B, int T_, int H,
-                           int D) {
+__global__ void attention_delta_kernel(float* delta, const T* dout, const T* out, int B, int T_,
+                                       int H, int D) {
   const size_t row = size_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= size_t(B) * T_ * H) return;  // whole warps only; no barrier follows
@@ -172,10 +170,10 @@ __global__ void
 }
 
 template <typename T>
-__global__ void
-    attention_backward_dkdv_kernel(T* dk, T* dv, const T* dout, const float* lse,
-                                   const float* delta, const T* q, const T* k, const T* v,
-                                   int T_, int H, int K, int D, float scale) {
+__global__ void attention_backward_dkdv_kernel(T* dk, T* dv, const T* dout, const float* lse,
+                                               const float* delta, const T* q, const T* k,
+                                               const T* v, int T_, int H, int K, int D,
+                                               float scale) {
   __shared__ float k_s[kKeys][kMaxD + 1];
   __shared__ float v_s[kKeys][kMaxD + 1];
   __shared__ float q_s[kWarps][kMaxD];
@@ -240,10 +238,9 @@ __global__ void
 }
 
 template <typename T>
-__global__ void
-    attention_backward_dq_kernel(T* dq, const T* dout, const float* lse, const float* delta,
-                                 const T* q, const T* k, const T* v, int T_, int H, int K, int D,
-                                 float scale) {
+__global__ void attention_backward_dq_kernel(T* dq, const T* dout, const float* lse,
+                                             const float* delta, const T* q, const T* k, const T* v,
+                                             int T_, int H, int K, int D, float scale) {
   __shared__ float q_s[kDqRows][kMaxD];
   __shared__ float do_s[kDqRows][kMaxD];
   __shared__ float k_s[kKeys][kMaxD + 1];

@@ -47,7 +47,7 @@ bool same_bits(const std::vector<E>& a, const std::vector<E>& b) {
 // order (and in fp32 per thread here, double on the CPU): a few ulp (1e-6 is ~8; the largest
 // error seen was 1/6 of it). bf16 / f16: those fp32 values rounded once, so one ulp of the type
 // (up to 2^-7 and 2^-10 of the value, twice that just below a power of two). atol: a row's
-// gradient is at most scale (≥ 1/19) in magnitude; below 1e-9 nothing matters.
+// gradient is at most scale (≥ 1/7) in magnitude; below 1e-9 nothing matters.
 template <typename E>
 constexpr double kRtol = std::is_same_v<E, float>    ? 1e-6
                          : std::is_same_v<E, k::bf16> ? 2.0 / 128
@@ -108,7 +108,7 @@ void check_whole_row(int N, int V) {
   const std::string where = "N=" + std::to_string(N) + " V=" + std::to_string(V) + " ";
   const auto logits = random_logits<E>(size_t(N) * V, uint32_t(N * 7919 + V));
   const Rows rows = make_rows(N, V, uint32_t(V));
-  const float scale = 1.0f / 19.0f;
+  const float scale = 1.0f / 7.0f;
   std::vector<E> dref(logits.size());
   const double loss_ref = k::cross_entropy_forward_backward<E>(
       dref.data(), logits.data(), rows.targets.data(), rows.mask.data(), N, V, scale);
@@ -236,11 +236,12 @@ void check_vocab_parallel(int N, int V) {
 template <typename E>
 void check_all() {
   // V: one column, below a warp, across warps, and across the 256 threads of a row (1000);
-  // N = 19 rows has masked ones (every third), N = 1 is a single unmasked row.
-  const int shapes[][2] = {{1, 1}, {19, 1}, {19, 19}, {1, 111}, {19, 111}, {1, 1000}, {7, 1000}};
+  // N = 7 and 4 rows have masked ones (every third), N = 1 is a single unmasked row. Few rows:
+  // each is a block of 256 fibers in the emulator.
+  const int shapes[][2] = {{1, 1}, {7, 1}, {7, 19}, {1, 111}, {7, 111}, {1, 1000}, {4, 1000}};
   for (const auto& [N, V] : shapes) check_whole_row<E>(N, V);
-  check_vocab_parallel<E>(19, 19);
-  check_vocab_parallel<E>(7, 1000);
+  check_vocab_parallel<E>(7, 19);
+  check_vocab_parallel<E>(4, 1000);
 }
 
 }  // namespace
