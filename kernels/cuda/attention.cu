@@ -88,7 +88,8 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* q, const T
   __shared__ float q_s[kFwdRows][kMaxD];
   __shared__ float k_s[kKeys][kMaxD + 1];
   __shared__ float v_s[kKeys][kMaxD];
-  __shared__ float p_s[kWarps][kKeys];  // each warp's current row of P
+  __shared__ float s_s[kWarps][kKeys];  // each warp's current row of S
+  __shared__ float p_s[kWarps][kKeys];  // and of P
   // The last query tiles see the most keys: they go first so that the grid ends evenly.
   const int i0 = (gridDim.x - 1 - blockIdx.x) * kFwdRows;
   const int h = blockIdx.y, b = blockIdx.z, kh = h / (H / K);
@@ -118,27 +119,30 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* q, const T
       const int r = rr * kWarps + warp;  // interleaved: the diagonal's short rows are shared
       const int i = i0 + r;
       if (i >= T_ || i < j0) continue;  // the same for the whole warp
-      const bool visible = j0 + lane <= i;
-      const float s = visible ? dot(q_s[r], k_s[lane], D) * scale : -INFINITY;
-      const float mx = fmaxf(m[rr], warp_max(s));  // finite: key j0 is visible
-      const float alpha = expf(m[rr] - mx);        // exp(−inf) = 0 on the first tile
-      const float p = visible ? expf(s - mx) : 0.0f;
-      l[rr] = l[rr] * alpha + warp_sum(p);
-      m[rr] = mx;
-      const int n = min(kKeys, i - j0 + 1);  // visible keys of the tile
+      const int n = min(kKeys, i - j0 + 1);  // visible keys of the tile (j0 + lane ≤ i)
+      // The row's scores, then its probabilities, go through shared memory and every lane reads
+      // all of them back (broadcasts) in the same order: the max and the sum are the same bits
+      // in every lane, for three warp barriers per row and no shuffles.
+      s_s[warp][lane] = lane < n ? dot(q_s[r], k_s[lane], D) * scale : -INFINITY;
+      __syncwarp();
+      float mx = m[rr];
+      for (int j = 0; j < n; ++j) mx = fmaxf(mx, s_s[warp][j]);  // finite: key j0 is visible
+      const float alpha = expf(m[rr] - mx);  // exp(−inf) = 0 on the first tile
+      p_s[warp][lane] = lane < n ? expf(s_s[warp][lane] - mx) : 0.0f;
+      __syncwarp();
       FT_UNROLL
       for (int c = 0; c < kDimsPerLane; ++c) acc[rr][c] *= alpha;
-      // P goes through shared memory, read back as broadcasts: two warp barriers per row
-      // instead of a shuffle per key.
-      p_s[warp][lane] = p;
-      __syncwarp();
+      float sum = 0.0f;
       for (int j = 0; j < n; ++j) {
         const float pj = p_s[warp][j];
+        sum += pj;
         FT_UNROLL
         for (int c = 0; c < kDimsPerLane; ++c)
           if (lane + 32 * c < D) acc[rr][c] += pj * v_s[j][lane + 32 * c];
       }
-      __syncwarp();  // every lane has read p_s before the next row writes it
+      l[rr] = l[rr] * alpha + sum;
+      m[rr] = mx;
+      __syncwarp();  // every lane has read s_s and p_s before the next row writes them
     }
   }
   FT_UNROLL
@@ -158,15 +162,22 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* q, const T
 template <typename T>
 __global__ void attention_delta_kernel(float* delta, const T* dout, const T* out, int B, int T_,
                                        int H, int D) {
-  const size_t row = size_t(blockIdx.x) * kWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= size_t(B) * T_ * H) return;  // whole warps only; no barrier follows
+  __shared__ float part_s[kWarps][32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const size_t row = size_t(blockIdx.x) * kWarps + warp;
+  if (row >= size_t(B) * T_ * H) return;  // whole warps only; no block barrier follows
   float s = 0.0f;
   for (int d = lane; d < D; d += 32)
     s += to_float(dout[row * D + d]) * to_float(out[row * D + d]);
-  s = warp_sum(s);
-  const int h = int(row % H), t = int(row / H % T_), b = int(row / H / T_);
-  if (lane == 0) delta[(size_t(b) * H + h) * T_ + t] = s;
+  // Lane 0 adds the 32 partials in lane order: one warp barrier rather than five shuffles.
+  part_s[warp][lane] = s;
+  __syncwarp();
+  if (lane == 0) {
+    float sum = 0.0f;
+    for (int j = 0; j < 32; ++j) sum += part_s[warp][j];
+    const int h = int(row % H), t = int(row / H % T_), b = int(row / H / T_);
+    delta[(size_t(b) * H + h) * T_ + t] = sum;
+  }
 }
 
 template <typename T>
