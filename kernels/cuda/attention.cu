@@ -122,7 +122,7 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* q, const T
       const int n = min(kKeys, i - j0 + 1);  // visible keys of the tile (j0 + lane ≤ i)
       // The row's scores, then its probabilities, go through shared memory and every lane reads
       // all of them back (broadcasts) in the same order: the max and the sum are the same bits
-      // in every lane, for three warp barriers per row and no shuffles.
+      // in every lane, for two warp barriers per row and no shuffles.
       s_s[warp][lane] = lane < n ? dot(q_s[r], k_s[lane], D) * scale : -INFINITY;
       __syncwarp();
       float mx = m[rr];
@@ -142,7 +142,8 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* q, const T
       }
       l[rr] = l[rr] * alpha + sum;
       m[rr] = mx;
-      __syncwarp();  // every lane has read s_s and p_s before the next row writes them
+      // No barrier needed before the next row: its s_s writes come after this row's second
+      // barrier (all s_s reads done), its p_s writes after its own first one (all p_s reads done).
     }
   }
   FT_UNROLL
