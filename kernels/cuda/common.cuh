@@ -27,7 +27,8 @@
 // (a cudaStream_t passed as void*). A template kernel goes in parentheses so the preprocessor
 // keeps its commas: FT_LAUNCH((convert_kernel<Dst, Src>), grid, 256, 0, stream)(dst, src, n).
 // Under the emulator the call runs the whole grid before it returns and throws ft::emu::Error
-// on a reported misuse (barrier divergence, bad shuffle mask, deadlock).
+// on a reported misuse (barrier divergence, bad shuffle mask, deadlock, a host pointer
+// argument); a bad configuration sets the last error, as on a GPU.
 #if defined(FT_CUDA_EMU)
 #define FT_LAUNCH(kernel, grid, block, shared_bytes, stream) \
   ::ft::emu::Launch(#kernel, kernel, dim3(grid), dim3(block), size_t(shared_bytes), stream)
@@ -103,7 +104,8 @@ inline const device_t<T>* dev(const T* p) {
 // to_float / from_float<T>: the load and the rounding store of every kernel, bit for bit
 // kernels/half.h's to_f32 / to_bf16 / to_f16 (round to nearest even, subnormals kept). The
 // hardware conversions agree with half.h except on NaN (they return a canonical NaN, half.h keeps
-// the payload), so NaN takes half.h's rule explicitly.
+// the payload), so NaN takes half.h's rule explicitly. Not with nvcc's --use_fast_math: its
+// flush-to-zero would drop the fp32 subnormals that bf16 keeps.
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) {
   return __uint_as_float(unsigned(__bfloat16_as_ushort(x)) << 16);  // exact, NaN payload kept
@@ -194,8 +196,8 @@ __device__ __forceinline__ size_t grid_thread_index() {
 __device__ __forceinline__ size_t grid_thread_count() { return size_t(gridDim.x) * blockDim.x; }
 
 // Blocks for a grid-stride loop over n items: about items_per_thread items per thread, at most
-// max_blocks (1024 blocks of 256 threads fill an H100's 132 SMs; more only adds blocks that
-// each do less). At least 1: callers skip the launch for n == 0 (an empty grid is an error).
+// max_blocks (1024 blocks of 256 threads are about what an H100's 132 SMs hold at once, 2048
+// threads each). At least 1: callers skip the launch for n == 0 (an empty grid is an error).
 inline unsigned grid_blocks(size_t n, unsigned threads, unsigned items_per_thread,
                             unsigned max_blocks = 1024) {
   const size_t per_block = size_t(threads) * items_per_thread;

@@ -32,8 +32,9 @@ void convert(Dst* dst, const Src* src, size_t n, void* stream) {
                         std::to_string(n * sizeof(Dst)) + " bytes failed: " +
                         cudaGetErrorString(err));
   } else {
-    FT_LAUNCH((convert_kernel<device_t<Dst>, device_t<Src>>),
-              grid_blocks(n, kThreads, kItemsPerThread), kThreads, 0, stream)(dev(dst), dev(src), n);
+    const unsigned blocks = grid_blocks(n, kThreads, kItemsPerThread);
+    FT_LAUNCH((convert_kernel<device_t<Dst>, device_t<Src>>), blocks, kThreads, 0, stream)(
+        dev(dst), dev(src), n);
     FT_CUDA_CHECK_LAUNCH();
   }
 }

@@ -3,10 +3,12 @@
 // It says nothing about speed on a GPU and does not model the GPU's memory system.
 //
 // Execution model:
-//   - Each CUDA thread is a fiber (ucontext) with its own stack; the blocks of a grid run one
-//     after another, the threads of a block interleave only at synchronisation points
-//     (__syncthreads, __syncwarp, shuffles, ballots, atomics). Between two such points a thread
-//     runs alone, so a race shows up only as a dependence on the order threads are resumed in.
+//   - Each CUDA thread is a fiber (a register-only context switch on x86-64, ucontext elsewhere)
+//     with its own stack; the blocks of a grid run one after another, the threads of a block
+//     interleave only at synchronisation points (__syncthreads, __syncwarp, shuffles, ballots,
+//     atomics). Between two such points a thread runs alone, so a race shows up only as a
+//     dependence on the order threads are resumed in, and a thread spinning on a flag that
+//     another thread sets never ends.
 //   - The schedule seed (env FT_CUDA_EMU_SEED, or set_seed) picks that order: seed 0 resumes
 //     threads in index order and runs blocks in index order; any other seed draws both from a
 //     pseudo-random generator, so a kernel whose result depends on the order (a missing barrier,
@@ -28,7 +30,9 @@
 //         a lane outside the mask, a width that is not a power of two up to 32;
 //       * deadlock: no thread can run while some wait (e.g. lanes at a shuffle whose partner
 //         waits at a barrier);
-//       * an exception escaping the kernel.
+//       * an exception escaping the kernel;
+//       * a pointer argument that is neither null nor inside (or one past) a cudaMalloc or
+//         cudaMallocHost allocation: a host pointer handed to a kernel (thrown at launch).
 //     Bad launch configurations (empty grid, more than 1024 threads, too much shared memory)
 //     set the last error (cudaErrorInvalidConfiguration / cudaErrorInvalidValue) as the runtime
 //     does, for FT_CUDA_CHECK_LAUNCH to find.
@@ -38,15 +42,27 @@
 // Device code may use: __global__/__device__/__host__/__forceinline__, threadIdx/blockIdx/
 // blockDim/gridDim, warpSize, __syncthreads, __syncwarp, __shfl_sync/_up/_down/_xor, __ballot_sync,
 // __all_sync, __any_sync, __activemask, integer atomics, the math and bit-cast intrinsics declared
-// below, and the host paths of cuda_bf16.h / cuda_fp16.h. No float atomics (determinism).
+// below, and what cuda_bf16.h / cuda_fp16.h compile to for a host compiler: their host
+// implementations of __float2bfloat16_rn, __bfloat162float, __float2half_rn, __half2float, the
+// 2-wide forms (__floats2bfloat162_rn, __bfloat1622float2, __half22float2, ...), the bit casts
+// (__bfloat16_as_ushort, __ushort_as_half, ...) and the __h* arithmetic, compiled by g++ without
+// __CUDACC__ (tests/cuda_emu/test_convert.cpp checks the conversions' bits against
+// kernels/half.h). No float atomics (determinism).
 //
 // The CUDA runtime API subset the backend uses is emulated synchronously on host memory
-// (cuda_emu.cpp), against the real declarations of <cuda_runtime.h>.
+// (cuda_emu.cpp), against the real declarations of <cuda_runtime.h>: every stream is idle when
+// a call returns. Copies and memsets check that their kind matches where the pointers live
+// (cudaErrorInvalidValue otherwise); cudaMalloc'd bytes count against a fake device of
+// FT_CUDA_EMU_MEMORY_MIB (default 16384) for cudaMemGetInfo and out-of-memory errors;
+// FT_CUDA_EMU_DEVICES (default 1) sets the device count. The device calls itself
+// "CUDA emulation (test tool)".
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include <math.h>  // the C math names in the global namespace, as device code calls them
 
 #include <cmath>
 #include <cstddef>
@@ -62,6 +78,10 @@
 // Under g++ the CUDA headers define __shared__ as an empty attribute; here it is `static`.
 #undef __shared__
 #define __shared__ static
+// Occupancy hints mean nothing here (the CUDA headers leave it undefined for host compilers).
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
 
 // ---- the execution model -----------------------------------------------------------------
 namespace ft::emu {
@@ -96,6 +116,10 @@ struct LaunchConfig {
   dim3 grid, block;
   size_t shared_bytes;
   const void* stream;
+  // The kernel's pointer arguments (index, value): each must be null or point into memory a
+  // GPU can reach (cudaMalloc or cudaMallocHost, up to one past the end).
+  const std::pair<int, const void*>* pointers = nullptr;
+  int pointer_count = 0;
 };
 // Runs `body(ctx)` as every thread of the grid; throws Error on a report.
 void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx);
@@ -109,23 +133,25 @@ const dim3& grid_dim();
 enum class WarpOp { kSync, kShfl, kShflUp, kShflDown, kShflXor, kBallot, kAll, kAny };
 uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
                  const std::source_location& where);
-void syncthreads(const std::source_location& where);
+// Returns the number of threads of the block that passed a non-zero `predicate`.
+int syncthreads(int predicate, const std::source_location& where);
 unsigned active_mask();
 // Atomics may be preempted here (seeded), as other threads may run first on a GPU.
 void atomic_point();
 
+// Values travel as their bytes (CUDA's __nv_bfloat162 / __half2 are not trivially copyable
+// by the letter of C++, but are plain bits).
 template <typename T>
-uint64_t to_raw(T v) {
-  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8,
-                "warp shuffles move values of at most 8 bytes");
+uint64_t to_raw(const T& v) {
+  static_assert(sizeof(T) <= 8, "warp shuffles move values of at most 8 bytes");
   uint64_t r = 0;
-  std::memcpy(&r, &v, sizeof(T));
+  std::memcpy(&r, static_cast<const void*>(&v), sizeof(T));
   return r;
 }
 template <typename T>
 T from_raw(uint64_t r) {
   T v;
-  std::memcpy(&v, &r, sizeof(T));
+  std::memcpy(static_cast<void*>(&v), &r, sizeof(T));
   return v;
 }
 }  // namespace detail
@@ -150,8 +176,28 @@ class Launch {
       void (*kernel)(P...);
       std::tuple<std::decay_t<P>...> params;
     } ctx{kernel_, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+    std::pair<int, const void*> pointers[sizeof...(P) + 1];
+    int count = 0;
+    std::apply(
+        [&](const auto&... p) {
+          int index = 0;
+          auto note = [&](const auto& v) {
+            if constexpr (std::is_pointer_v<std::decay_t<decltype(v)>>)
+              pointers[count++] = {index, static_cast<const void*>(v)};
+            ++index;
+          };
+          (note(p), ...);
+        },
+        ctx.params);
+    detail::LaunchConfig config = config_;
+    config.pointers = pointers;
+    config.pointer_count = count;
     detail::run_launch(
-        config_, [](void* c) { std::apply(static_cast<Ctx*>(c)->kernel, static_cast<Ctx*>(c)->params); },
+        config,
+        [](void* c) {
+          Ctx& k = *static_cast<Ctx*>(c);
+          std::apply(k.kernel, k.params);  // a copy of the parameters per thread, as on a GPU
+        },
         &ctx);
   }
 
@@ -171,12 +217,37 @@ class Launch {
 inline constexpr int warpSize = 32;
 
 inline void __syncthreads(const std::source_location& where = std::source_location::current()) {
-  ::ft::emu::detail::syncthreads(where);
+  ::ft::emu::detail::syncthreads(0, where);
+}
+inline int __syncthreads_count(
+    int predicate, const std::source_location& where = std::source_location::current()) {
+  return ::ft::emu::detail::syncthreads(predicate != 0, where);
+}
+inline int __syncthreads_and(
+    int predicate, const std::source_location& where = std::source_location::current()) {
+  return ::ft::emu::detail::syncthreads(predicate != 0, where) == int(blockDim.x * blockDim.y *
+                                                                        blockDim.z);
+}
+inline int __syncthreads_or(
+    int predicate, const std::source_location& where = std::source_location::current()) {
+  return ::ft::emu::detail::syncthreads(predicate != 0, where) > 0;
+}
+// Memory fences order a thread's writes on a GPU; threads here interleave only at
+// synchronisation points, where all earlier writes are visible.
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+// Read-only cache loads are plain loads.
+template <typename T>
+inline T __ldg(const T* p) {
+  return *p;
 }
 inline void __syncwarp(unsigned mask = 0xffffffffu,
                        const std::source_location& where = std::source_location::current()) {
   ::ft::emu::detail::warp_op(::ft::emu::detail::WarpOp::kSync, mask, 0, 0, 32, where);
 }
+// The lanes of the caller's warp that exist and have not exited. Threads between
+// synchronisation points run one at a time here, so lanes that a GPU would run converged may
+// already have finished: do not build on __activemask beyond "which lanes can still be named".
 inline unsigned __activemask() { return ::ft::emu::detail::active_mask(); }
 
 // The shuffles take `width` before the source location, as CUDA's default argument.
@@ -288,6 +359,7 @@ inline double __dadd_rn(double x, double y) { return x + y; }
 inline double __dmul_rn(double x, double y) { return x * y; }
 inline double __fma_rn(double x, double y, double z) { return std::fma(x, y, z); }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline float __frsqrt_rn(float x) { return 1.0f / std::sqrt(x); }
 
 // CUDA's device min/max overloads for same-typed arguments.
 #define FT_EMU_MINMAX(T)                             \
@@ -300,3 +372,7 @@ FT_EMU_MINMAX(unsigned long)
 FT_EMU_MINMAX(long long)
 FT_EMU_MINMAX(unsigned long long)
 #undef FT_EMU_MINMAX
+inline float min(float a, float b) { return std::fmin(a, b); }  // CUDA's: fminf, fmaxf
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }

@@ -1,5 +1,8 @@
-// Helpers for tests on the CUDA emulation (a test tool): device buffers through the emulated
-// runtime API, and the schedule seeds every kernel test runs under.
+// Helpers for the CUDA kernel tests: device buffers through the CUDA runtime API, and the
+// schedule seeds every test runs under. On the CUDA emulation (a test tool, FT_CUDA_EMU) the
+// seed changes the order threads run in; built against the real runtime (a GPU check), the same
+// tests run the kernels natively and SeedScope does nothing, and test_seeds() still gives two
+// runs whose bits must agree.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -8,7 +11,11 @@
 #include <cstdlib>
 #include <vector>
 
+#if defined(FT_CUDA_EMU)
 #include "tests/cuda_emu/cuda_emu.h"
+#else
+#include <cuda_runtime.h>
+#endif
 
 namespace ft::emu::test {
 
@@ -42,6 +49,7 @@ class DeviceBuffer {
   size_t n_;
 };
 
+#if defined(FT_CUDA_EMU)
 // Sets the schedule seed for a scope, restores the previous one after.
 class SeedScope {
  public:
@@ -60,5 +68,12 @@ inline std::vector<uint64_t> test_seeds() {
   const uint64_t base = ft::emu::seed();
   return {base, base * 6364136223846793005ull + 1442695040888963407ull};
 }
+#else
+class SeedScope {  // a GPU's schedule is its own
+ public:
+  explicit SeedScope(uint64_t) {}
+};
+inline std::vector<uint64_t> test_seeds() { return {0, 1}; }
+#endif
 
 }  // namespace ft::emu::test

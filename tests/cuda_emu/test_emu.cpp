@@ -10,6 +10,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -120,6 +121,28 @@ __global__ void shuffle_flavours_kernel(int* out) {
   out[3 * 32 + t] = __shfl_xor_sync(0xffffffffu, t, 5, 8);
   out[4 * 32 + t] = int(__ballot_sync(0xffffffffu, t % 3 == 0));
   out[5 * 32 + t] = __all_sync(0xffffffffu, t < 32) + 2 * __any_sync(0xffffffffu, t == 7);
+  // 2- and 4-byte CUDA types move as their bits.
+  const __nv_bfloat16 b = __shfl_xor_sync(0xffffffffu, __float2bfloat16_rn(float(t)), 1);
+  const __half2 h = __shfl_down_sync(0xffffffffu, __floats2half2_rn(float(t), -float(t)), 1);
+  const float2 hf = __half22float2(h);
+  out[6 * 32 + t] = int(__bfloat162float(b)) * 1000 + int(hf.x) * 10 - int(hf.y);
+}
+
+// Barrier votes; also compiles nvcc's annotations (__launch_bounds__, #pragma unroll).
+__global__ void __launch_bounds__(96) barrier_vote_kernel(int* out) {
+  const int t = threadIdx.x;
+  int v[3];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) v[i] = __ldg(out + i);
+  const int count = __syncthreads_count(t % 5 == 0);
+  const int all = __syncthreads_and(t < 1000);
+  const int any = __syncthreads_or(t == 95);
+  const int none = __syncthreads_or(0);
+  __threadfence();
+  if (t == 0) {
+    out[0] = count + v[0];
+    out[1] = all + 2 * any + 4 * none + v[1];
+  }
 }
 
 __global__ void atomic_count_kernel(unsigned* count, int* max_seen) {
@@ -141,6 +164,25 @@ __global__ void dynamic_shared_kernel(float* out, int n) {
 }
 
 __global__ void noop_kernel(int*) {}
+
+// Thread (3, 1) of block (2, 0) waits at a barrier nobody else reaches.
+__global__ void lonely_barrier_kernel(int* out) {
+  if (blockIdx.x == 2 && threadIdx.x == 3 && threadIdx.y == 1) __syncthreads();
+  out[0] = 1;
+}
+
+// Thread 7 throws (host code a kernel calls, say) while the others wait at the barrier.
+__global__ void throwing_kernel(int* out) {
+  if (threadIdx.x == 7) throw std::runtime_error("from the kernel");
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
+// Lanes 0-9 return; the others record which lanes are still active.
+__global__ void active_mask_kernel(unsigned* out) {
+  if (threadIdx.x < 10) return;
+  out[threadIdx.x] = __activemask();
+}
 
 // ---- helpers --------------------------------------------------------------------------------
 
@@ -187,6 +229,28 @@ TEST_CASE("cuda_emu: block reductions with shared memory and shuffles, every see
       }
     }
   }
+}
+
+TEST_CASE("cuda_emu: launches from several host threads keep their __shared__ apart") {
+  // __shared__ is a static variable: per block only because launches are serialised.
+  auto run = [](float offset, int* failures) {
+    const int n = 1000, blocks = 4;
+    std::vector<float> x = iota_floats(n);
+    for (float& v : x) v += offset;
+    std::vector<float> want(blocks, 0.0f);
+    for (int i = 0; i < n; ++i) want[size_t(i / 256)] += x[size_t(i)];
+    for (int rep = 0; rep < 10; ++rep) {
+      DeviceBuffer<float> dx(x), out{size_t(blocks)};
+      FT_LAUNCH(tree_sum_kernel, blocks, 256, 0, nullptr)(out.get(), dx.get(), n);
+      *failures += out.to_host() != want;
+    }
+  };
+  int failures_a = 0, failures_b = 0;
+  std::thread a(run, 0.0f, &failures_a), b(run, 1000.0f, &failures_b);
+  a.join();
+  b.join();
+  CHECK(failures_a == 0);
+  CHECK(failures_b == 0);
 }
 
 TEST_CASE("cuda_emu: threads of a 2-D block are numbered x fastest, warps of 32") {
@@ -236,7 +300,8 @@ TEST_CASE("cuda_emu: barriers in divergent code and early returns are reported")
   for (uint64_t seed : {0ull, 3ull, 11ull}) {
     SeedScope scope(seed);
     DeviceBuffer<int> out(64);
-    std::string r = report_of([&] { FT_LAUNCH(divergent_barrier_kernel, 2, 64, 0, nullptr)(out.get()); });
+    std::string r =
+        report_of([&] { FT_LAUNCH(divergent_barrier_kernel, 2, 64, 0, nullptr)(out.get()); });
     CHECK(r.find("different barriers") != std::string::npos);
     CHECK(r.find("divergent_barrier_kernel") != std::string::npos);
     r = report_of([&] { FT_LAUNCH(partial_barrier_kernel, 1, 64, 0, nullptr)(out.get()); });
@@ -244,6 +309,47 @@ TEST_CASE("cuda_emu: barriers in divergent code and early returns are reported")
     r = report_of([&] { FT_LAUNCH(early_return_kernel, 1, 64, 0, nullptr)(out.get()); });
     CHECK(r.find("every thread of a block must reach every barrier") != std::string::npos);
   }
+}
+
+TEST_CASE("cuda_emu: a report names the kernel, the block and the thread") {
+  // Seed 0: threads in index order, so (0, 0) .. (2, 1) have exited when (3, 1) arrives.
+  SeedScope scope(0);
+  DeviceBuffer<int> out(1);
+  try {
+    FT_LAUNCH(lonely_barrier_kernel, 4, dim3(8, 2), 0, nullptr)(out.get());
+    FAIL_CHECK("the emulator reported nothing");
+  } catch (const ft::emu::Error& e) {
+    CHECK(e.kernel() == "lonely_barrier_kernel");
+    CHECK(e.block().x == 2);
+    CHECK(e.thread().x == 3);
+    CHECK(e.thread().y == 1);
+    CHECK(e.problem().find("reached after thread (0,0,0) of the block exited") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("cuda_emu: an exception in a kernel and device calls from the host are reported") {
+  for (uint64_t seed : {0ull, 13ull}) {
+    SeedScope scope(seed);
+    DeviceBuffer<int> out(32);
+    const std::string r =
+        report_of([&] { FT_LAUNCH(throwing_kernel, 2, 32, 0, nullptr)(out.get()); });
+    CHECK(r.find("the kernel threw: from the kernel") != std::string::npos);
+  }
+  CHECK_THROWS_WITH_AS(__syncthreads(), doctest::Contains("outside a kernel launch"),
+                       ft::emu::Error);
+  CHECK_THROWS_AS(__shfl_xor_sync(0xffffffffu, 1, 1), ft::emu::Error);
+}
+
+TEST_CASE("cuda_emu: __activemask names the lanes that have not exited") {
+  SeedScope scope(0);
+  DeviceBuffer<unsigned> out(48);
+  FT_LAUNCH(active_mask_kernel, 1, 48, 0, nullptr)(out.get());
+  const std::vector<unsigned> got = out.to_host();
+  // Seed 0 runs threads in order: lanes 0-9 have exited when the others ask, and so have the
+  // lanes before the caller (a GPU would run them together; the emulator cannot know).
+  for (int t = 10; t < 32; ++t) CHECK(got[size_t(t)] == (0xffffffffu << t));
+  for (int t = 32; t < 48; ++t) CHECK(got[size_t(t)] == (0x0000ffffu << (t - 32) & 0xffffu));
 }
 
 TEST_CASE("cuda_emu: shuffles naming an exited, missing or non-participating lane are reported") {
@@ -287,7 +393,7 @@ TEST_CASE("cuda_emu: a deadlock is reported") {
 
 TEST_CASE("cuda_emu: shuffle flavours, widths and votes follow CUDA's definitions") {
   SeedScope scope(8);
-  DeviceBuffer<int> out(6 * 32);
+  DeviceBuffer<int> out(7 * 32);
   FT_LAUNCH(shuffle_flavours_kernel, 1, 32, 0, nullptr)(out.get());
   const std::vector<int> got = out.to_host();
   unsigned ballot = 0;
@@ -300,6 +406,19 @@ TEST_CASE("cuda_emu: shuffle flavours, widths and votes follow CUDA's definition
     CHECK(got[size_t(96 + t)] == (t ^ 5));
     CHECK(unsigned(got[size_t(128 + t)]) == ballot);
     CHECK(got[size_t(160 + t)] == 3);
+    const int down = t + 1 < 32 ? t + 1 : t;
+    CHECK(got[size_t(192 + t)] == (t ^ 1) * 1000 + down * 11);
+  }
+}
+
+TEST_CASE("cuda_emu: __syncthreads_count, _and, _or") {
+  for (uint64_t seed : {0ull, 10ull}) {
+    SeedScope scope(seed);
+    DeviceBuffer<int> out(std::vector<int>{100, 200, 0});
+    FT_LAUNCH(barrier_vote_kernel, 1, 96, 0, nullptr)(out.get());
+    const std::vector<int> got = out.to_host();
+    CHECK(got[0] == 100 + 20);  // t = 0, 5, ..., 95
+    CHECK(got[1] == 200 + 1 + 2);
   }
 }
 
@@ -337,7 +456,8 @@ TEST_CASE("cuda_emu: bad launch configurations set the last error, as the runtim
   FT_LAUNCH(noop_kernel, 1, 32, 64 << 10, nullptr)(out.get());
   CHECK(cudaGetLastError() == cudaErrorInvalidValue);
   REQUIRE(cudaFuncSetAttribute(reinterpret_cast<const void*>(noop_kernel),
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10) == cudaSuccess);
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               64 << 10) == cudaSuccess);
   FT_LAUNCH(noop_kernel, 1, 32, 64 << 10, nullptr)(out.get());
   CHECK(cudaGetLastError() == cudaSuccess);
   // A destroyed stream is not a stream.
@@ -348,6 +468,24 @@ TEST_CASE("cuda_emu: bad launch configurations set the last error, as the runtim
   REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
   FT_LAUNCH(noop_kernel, 1, 32, 0, s)(out.get());
   CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+}
+
+TEST_CASE("cuda_emu: a host pointer passed to a kernel is reported") {
+  std::vector<int> host(32);
+  const std::string r =
+      report_of([&] { FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(host.data()); });
+  CHECK(r.find("argument 1") != std::string::npos);
+  CHECK(r.find("noop_kernel") != std::string::npos);
+  // Null, one past the end of an allocation, and pinned host memory are fine.
+  DeviceBuffer<int> out(8);
+  FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(nullptr);
+  FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(out.get() + 8);
+  void* pinned = nullptr;
+  REQUIRE(cudaMallocHost(&pinned, 64) == cudaSuccess);
+  FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(static_cast<int*>(pinned));
+  CHECK(cudaFreeHost(pinned) == cudaSuccess);
+  int* past = reinterpret_cast<int*>(reinterpret_cast<uintptr_t>(out.get()) + 9 * sizeof(int));
+  CHECK(report_of([&] { FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(past); }) != "");
 }
 
 TEST_CASE("cuda_emu: the runtime API checks where copies point and counts device memory") {
@@ -382,7 +520,22 @@ TEST_CASE("cuda_emu: the runtime API checks where copies point and counts device
 
   void* pinned = nullptr;
   CHECK(cudaMallocHost(&pinned, 64) == cudaSuccess);
+  cudaPointerAttributes attr;
+  CHECK(cudaPointerGetAttributes(&attr, static_cast<char*>(pinned) + 63) == cudaSuccess);
+  CHECK(attr.type == cudaMemoryTypeHost);
   CHECK(cudaFreeHost(pinned) == cudaSuccess);
+  CHECK(cudaPointerGetAttributes(&attr, h.data()) == cudaSuccess);
+  CHECK(attr.type == cudaMemoryTypeUnregistered);
+  CHECK(cudaHostRegister(h.data(), h.size(), cudaHostRegisterDefault) == cudaSuccess);
+  CHECK(cudaPointerGetAttributes(&attr, h.data()) == cudaSuccess);
+  CHECK(attr.type == cudaMemoryTypeHost);
+  CHECK(cudaHostUnregister(h.data()) == cudaSuccess);
+  CHECK(cudaHostUnregister(h.data()) == cudaErrorHostMemoryNotRegistered);
+  cudaGetLastError();
+  int ran = 0;
+  CHECK(cudaLaunchHostFunc(nullptr, [](void* p) { ++*static_cast<int*>(p); }, &ran) ==
+        cudaSuccess);
+  CHECK(ran == 1);
 
   cudaDeviceProp prop;
   REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
@@ -418,40 +571,57 @@ TEST_CASE("cuda_emu: the runtime API checks where copies point and counts device
 #if defined(__SANITIZE_ADDRESS__)
 __global__ void shared_overflow_kernel(float* out) {
   __shared__ float s[32];
-  s[threadIdx.x] = 1.0f;  // launched with 33 threads: thread 32 writes past the array
+  float* p = s;
+  asm volatile("" : "+r"(p));  // hides the array's size from UBSan's checks: this is ASan's job
+  p[threadIdx.x] = 1.0f;       // launched with 33 threads: thread 32 writes past the array
   __syncthreads();
   out[threadIdx.x] = s[threadIdx.x % 32];
 }
 
-// Runs `body` in a forked child; true when the child died (ASan aborts on the first error).
+// Runs `body` in a forked child with its output captured; returns that output if the child
+// died (ASan aborts on the first error), "" if it exited normally.
 template <typename F>
-bool child_dies(F&& body) {
+std::string child_death(F&& body) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
     body();
     _exit(0);
   }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t got; (got = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, size_t(got));
+  close(fds[0]);
   int status = 0;
   waitpid(pid, &status, 0);
-  return !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const bool died = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  return died ? (out.empty() ? "died silently" : out) : "";
 }
 
 TEST_CASE("cuda_emu: an out-of-bounds __shared__ write is caught by ASan") {
   // The control: the same launch within bounds survives.
-  CHECK_FALSE(child_dies([] {
-    DeviceBuffer<float> out(33);
-    FT_LAUNCH(shared_overflow_kernel, 1, 32, 0, nullptr)(out.get());
-  }));
-  CHECK(child_dies([] {
+  CHECK(child_death([] {
+          DeviceBuffer<float> out(33);
+          FT_LAUNCH(shared_overflow_kernel, 1, 32, 0, nullptr)(out.get());
+        }) == "");
+  const std::string static_shared = child_death([] {
     DeviceBuffer<float> out(33);
     FT_LAUNCH(shared_overflow_kernel, 1, 33, 0, nullptr)(out.get());
-  }));
+  });
+  CHECK(static_shared.find("AddressSanitizer: global-buffer-overflow") != std::string::npos);
+  CHECK(static_shared.find("shared_overflow_kernel") != std::string::npos);
   // Dynamic shared memory: reading one float past shared_bytes.
-  CHECK(child_dies([] {
+  const std::string dynamic_shared = child_death([] {
     DeviceBuffer<float> out(64);
     FT_LAUNCH(dynamic_shared_kernel, 1, 32, 31 * sizeof(float), nullptr)(out.get(), 31);
-  }));
+  });
+  CHECK(dynamic_shared.find("AddressSanitizer: heap-buffer-overflow") != std::string::npos);
 }
 #endif
 
