@@ -52,6 +52,7 @@ template <typename T>
 void rope_backward(T* dx, const float* inv_freq, int B, int T_, int nh, int D, void* stream);
 
 // ---- attention.cu: causal GQA, logsumexp contract of kernels.h ----
+// Head dim D <= 128 (ft::Error otherwise: the kernels keep a row's D outputs in registers).
 template <typename T>
 void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, int B, int T_,
                        int H, int K, int D, void* stream);
@@ -73,7 +74,8 @@ size_t cross_entropy_scratch_bytes(int N, int V);
 template <typename T>
 void cross_entropy(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask,
                    int N, int V, float scale, double* loss_acc, void* scratch, void* stream);
-// Vocabulary-parallel pieces (kernels.h row_max, ce_partial, ce_finish).
+// Vocabulary-parallel pieces (kernels.h row_max, ce_partial, ce_finish); ce_finish's scratch is
+// cross_entropy_scratch_bytes(N, V) too.
 template <typename T>
 void row_max(float* out, const T* x, int N, int V, void* stream);
 template <typename T>

@@ -1,0 +1,188 @@
+// kernels/cuda/attention.cu, run by the CUDA emulator (a test tool: every CUDA thread a fiber on
+// the CPU; nothing here says anything about GPU speed), against the CPU kernels of
+// kernels/cpu/attention.cpp: odd sequence lengths (1, 19, 111: across the 16-row query tiles,
+// the 8-row dQ tiles and the 32-key tiles), head dims 16, 40, 64 and 128 (the largest the kernel
+// takes), GQA ratios 1, 2 and 4, fp32, bf16 and f16. Each dtype's inputs are rounded to it once,
+// so both sides read the same values. The CUDA side runs under two schedule seeds and must give
+// the same bits under both (determinism: no float atomics, fixed reduction orders).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cuda/kernels_cuda.h"
+#include "kernels/half.h"
+#include "kernels/kernels.h"
+#include "lib/core/error.h"
+#include "tests/cuda_emu/emu_test_util.h"
+
+namespace k = ft::kernels;
+namespace cu = ft::kernels::cuda;
+
+namespace {
+
+using ft::emu::test::DeviceBuffer;
+using ft::emu::test::SeedScope;
+
+struct Shape {
+  int B, T, H, K, D;
+};
+
+template <typename E>
+std::vector<E> random_tensor(size_t n, uint32_t seed, float scale) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<E> v(n);
+  for (auto& x : v) x = k::from_f32<E>(d(g));
+  return v;
+}
+
+// Every element within atol + rtol·|ref| (atol a fraction of the tensor's largest |ref|); on
+// failure the worst element is named.
+template <typename E>
+void expect_close(const std::string& what, const std::vector<E>& got, const std::vector<E>& ref,
+                  double rtol, double atol_frac) {
+  REQUIRE(got.size() == ref.size());
+  double amax = 0.0;
+  for (const E& r : ref) amax = std::max(amax, std::fabs(double(k::to_f32(r))));
+  const double atol = atol_frac * amax;
+  size_t bad = 0, worst = 0;
+  double worst_ratio = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double g = k::to_f32(got[i]), r = k::to_f32(ref[i]);
+    const double err = std::fabs(g - r), lim = atol + rtol * std::fabs(r);
+    if (!(err <= lim)) ++bad;  // NaN counts as bad
+    const double ratio = err == 0.0 ? 0.0 : err / lim;
+    if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
+  }
+  INFO(what << ": " << bad << " of " << ref.size() << " elements out of tolerance; worst ["
+            << worst << "] got " << k::to_f32(got[worst]) << " want " << k::to_f32(ref[worst])
+            << " (error / tolerance " << worst_ratio << ")");
+  CHECK(bad == 0);
+}
+
+template <typename E>
+bool same_bits(const std::vector<E>& a, const std::vector<E>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(E) * a.size()) == 0;
+}
+
+// Tolerances, as (rtol, atol as a fraction of the tensor's max |ref|).
+// fp32: both sides compute in fp32 and differ only in the order of the sums (the CPU's tile
+// GEMMs vs one running sum per thread) and in exp (the CPU's polynomial is within 1 ulp): a few
+// ulp per element, and where dQ/dK cancel, a few ulp of the tensor's largest terms (the largest
+// error seen was a fifth of 4e-6).
+// bf16 / f16: those fp32 values rounded once; a few fp32 ulp can land on either side of a
+// rounding boundary: one ulp of the type, up to 2^-7 (bf16) or 2^-10 (f16) of the value, and
+// twice that where the value sits just below a power of two and the other side rounds up to it.
+template <typename E>
+constexpr double kRtol = std::is_same_v<E, float>    ? 4e-6
+                         : std::is_same_v<E, k::bf16> ? 2.0 / 128
+                                                      : 2.0 / 1024;
+constexpr double kAtolFrac = 4e-6;
+
+template <typename E>
+struct CudaResult {
+  std::vector<E> out, dq, dk, dv;
+  std::vector<float> lse;
+};
+
+template <typename E>
+void check_shape(const Shape& s) {
+  const auto [B, T, H, K, D] = s;
+  const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * K * D, nl = size_t(B) * H * T;
+  // Scores of a few units: softmax rows neither uniform nor one-hot.
+  const auto q = random_tensor<E>(nq, 1, 1.5f), kk = random_tensor<E>(nk, 2, 1.5f);
+  const auto v = random_tensor<E>(nk, 3, 1.0f), dout = random_tensor<E>(nq, 4, 1.0f);
+
+  // The reference: the CPU kernels.
+  std::vector<E> out(nq), dq(nq), dk(nk), dv(nk);
+  std::vector<float> lse(nl), scratch(k::attention_backward_scratch_elems<E>(B, T, H, D));
+  k::attention_forward<E>(out.data(), lse.data(), q.data(), kk.data(), v.data(), B, T, H, K, D);
+  k::attention_backward<E>(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
+                           q.data(), kk.data(), v.data(), scratch.data(), B, T, H, K, D);
+
+  // The CUDA kernels; the backward reads the CPU's out and lse, so each kernel is compared on
+  // the same inputs. Outputs start as NaN bits: every element must be written.
+  const DeviceBuffer<E> q_d(q), k_d(kk), v_d(v), dout_d(dout), out_ref_d(out);
+  const DeviceBuffer<float> lse_ref_d(lse);
+  auto run = [&](uint64_t seed) {
+    SeedScope scope(seed);
+    DeviceBuffer<E> o(nq), gq(nq), gk(nk), gv(nk);
+    DeviceBuffer<float> l(nl);
+    for (DeviceBuffer<E>* t : {&o, &gq, &gk, &gv})
+      REQUIRE(cudaMemset(t->get(), 0xff, sizeof(E) * t->size()) == cudaSuccess);
+    REQUIRE(cudaMemset(l.get(), 0xff, sizeof(float) * nl) == cudaSuccess);
+    cu::attention_forward<E>(o.get(), l.get(), q_d.get(), k_d.get(), v_d.get(), B, T, H, K, D,
+                             nullptr);
+    const size_t bytes = cu::attention_backward_scratch_bytes<E>(B, T, H, K, D);
+    DeviceBuffer<unsigned char> scratch_d(bytes);
+    cu::attention_backward<E>(gq.get(), gk.get(), gv.get(), dout_d.get(), out_ref_d.get(),
+                              lse_ref_d.get(), q_d.get(), k_d.get(), v_d.get(), scratch_d.get(),
+                              B, T, H, K, D, nullptr);
+    return CudaResult<E>{o.to_host(), gq.to_host(), gk.to_host(), gv.to_host(), l.to_host()};
+  };
+  const std::vector<uint64_t> seeds = ft::emu::test::test_seeds();
+  const CudaResult<E> a = run(seeds[0]), b = run(seeds[1]);
+
+  const std::string where = "B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                            " H=" + std::to_string(H) + " K=" + std::to_string(K) +
+                            " D=" + std::to_string(D) + " ";
+  expect_close<E>(where + "out", a.out, out, kRtol<E>, kAtolFrac);
+  // lse is fp32 for every E, from the same fp32 scores: a few ulp of a value of a few units.
+  expect_close<float>(where + "lse", a.lse, lse, 1e-5, 1e-6);
+  expect_close<E>(where + "dq", a.dq, dq, kRtol<E>, kAtolFrac);
+  expect_close<E>(where + "dk", a.dk, dk, kRtol<E>, kAtolFrac);
+  expect_close<E>(where + "dv", a.dv, dv, kRtol<E>, kAtolFrac);
+  CHECK_MESSAGE(same_bits(a.out, b.out), where << "out differs between schedule seeds");
+  CHECK_MESSAGE(same_bits(a.lse, b.lse), where << "lse differs between schedule seeds");
+  CHECK_MESSAGE(same_bits(a.dq, b.dq), where << "dq differs between schedule seeds");
+  CHECK_MESSAGE(same_bits(a.dk, b.dk), where << "dk differs between schedule seeds");
+  CHECK_MESSAGE(same_bits(a.dv, b.dv), where << "dv differs between schedule seeds");
+}
+
+// Small shapes (the emulator switches fibers at every barrier and shuffle), covering: one token;
+// T = 19 inside one key tile; T = 111 across 7 query tiles and 4 key tiles; each GQA ratio;
+// D below a warp (16), not a multiple of 32 (40), 64 and the maximum 128.
+const Shape kShapes[] = {
+    {1, 1, 1, 1, 16}, {2, 19, 2, 1, 40}, {1, 19, 4, 2, 128}, {1, 111, 2, 2, 64},
+    {1, 111, 4, 1, 16},
+};
+
+// Under AddressSanitizer every fiber switch of the emulator costs a few system calls, and the
+// T = 111 shapes are most of the switches: that build runs them for fp32 only (the 16-bit
+// types differ from fp32 only in loads and stores, which the T = 1 and 19 shapes exercise).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+template <typename E>
+void check_all_shapes() {
+  for (const Shape& s : kShapes)
+    if (std::is_same_v<E, float> || !kSanitized || s.T < 100) check_shape<E>(s);
+}
+
+}  // namespace
+
+TEST_CASE("cuda_emu attention fp32 against the CPU kernels") { check_all_shapes<float>(); }
+TEST_CASE("cuda_emu attention bf16 against the CPU kernels") { check_all_shapes<k::bf16>(); }
+TEST_CASE("cuda_emu attention f16 against the CPU kernels") { check_all_shapes<k::f16>(); }
+
+TEST_CASE("cuda_emu attention rejects shapes it cannot run") {
+  std::vector<float> x(4096), lse(64);
+  // D above 128: the kernel keeps at most four output dims per lane.
+  CHECK_THROWS_AS(cu::attention_forward<float>(x.data(), lse.data(), x.data(), x.data(), x.data(),
+                                               1, 2, 1, 1, 129, nullptr),
+                  ft::Error);
+  // H not a multiple of K: no kv head for some query heads.
+  CHECK_THROWS_AS(cu::attention_backward<float>(x.data(), x.data(), x.data(), x.data(), x.data(),
+                                                lse.data(), x.data(), x.data(), x.data(),
+                                                lse.data(), 1, 2, 3, 2, 16, nullptr),
+                  ft::Error);
+}
