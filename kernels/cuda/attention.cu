@@ -38,20 +38,11 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels_cuda.h"
 
-// Full unrolling keeps the per-row accumulator arrays in registers (ptxas puts an array indexed
-// by a loop it did not unroll in local memory, which the build rejects). g++ (the emulator) has
-// no such pragma and needs none.
-#ifndef FT_UNROLL
-#if defined(__CUDACC__)
-#define FT_UNROLL _Pragma("unroll")
-#else
-#define FT_UNROLL
-#endif
-#endif
-
 namespace ft::kernels::cuda {
 namespace {
 
+// Loops over the accumulator arrays (acc, dk_acc, dv_acc) carry `#pragma unroll`: an array
+// indexed by a loop ptxas did not unroll lives in local memory, which the build rejects.
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kMaxD = 128;                   // head dims: four per lane, one per backward thread
@@ -100,11 +91,11 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* q, const T
 
   float acc[kFwdRowsPerWarp][kDimsPerLane];
   float m[kFwdRowsPerWarp], l[kFwdRowsPerWarp];
-  FT_UNROLL
+#pragma unroll
   for (int rr = 0; rr < kFwdRowsPerWarp; ++rr) {
     m[rr] = -INFINITY;
     l[rr] = 0.0f;
-    FT_UNROLL
+#pragma unroll
     for (int c = 0; c < kDimsPerLane; ++c) acc[rr][c] = 0.0f;
   }
   const int last = min(i0 + kFwdRows, T_) - 1;  // the tile's last query row
@@ -114,7 +105,7 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* q, const T
     stage_rows(&k_s[0][0], kMaxD + 1, k + koff, ldk, kKeys, T_ - j0, D);
     stage_rows(&v_s[0][0], kMaxD, v + koff, ldk, kKeys, T_ - j0, D);
     __syncthreads();
-    FT_UNROLL
+#pragma unroll
     for (int rr = 0; rr < kFwdRowsPerWarp; ++rr) {
       const int r = rr * kWarps + warp;  // interleaved: the diagonal's short rows are shared
       const int i = i0 + r;
@@ -130,13 +121,13 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* q, const T
       const float alpha = expf(m[rr] - mx);  // exp(−inf) = 0 on the first tile
       p_s[warp][lane] = lane < n ? expf(s_s[warp][lane] - mx) : 0.0f;
       __syncwarp();
-      FT_UNROLL
+#pragma unroll
       for (int c = 0; c < kDimsPerLane; ++c) acc[rr][c] *= alpha;
       float sum = 0.0f;
       for (int j = 0; j < n; ++j) {
         const float pj = p_s[warp][j];
         sum += pj;
-        FT_UNROLL
+#pragma unroll
         for (int c = 0; c < kDimsPerLane; ++c)
           if (lane + 32 * c < D) acc[rr][c] += pj * v_s[j][lane + 32 * c];
       }
@@ -146,13 +137,13 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* q, const T
       // barrier (all s_s reads done), its p_s writes after its own first one (all p_s reads done).
     }
   }
-  FT_UNROLL
+#pragma unroll
   for (int rr = 0; rr < kFwdRowsPerWarp; ++rr) {
     const int i = i0 + rr * kWarps + warp;
     if (i >= T_) continue;
     const float inv = 1.0f / l[rr];
     T* o = out + (size_t(b) * T_ + i) * ldq + size_t(h) * D;
-    FT_UNROLL
+#pragma unroll
     for (int c = 0; c < kDimsPerLane; ++c)
       if (lane + 32 * c < D) o[lane + 32 * c] = from_float<T>(acc[rr][c] * inv);
     if (lane == 0) lse[(size_t(b) * H + h) * T_ + i] = m[rr] + logf(l[rr]);
@@ -203,7 +194,7 @@ __global__ void attention_backward_dkdv_kernel(T* dk, T* dv, const T* dout, cons
 
   // Column d of dK and dV for the tile's kKeys keys.
   float dk_acc[kKeys], dv_acc[kKeys];
-  FT_UNROLL
+#pragma unroll
   for (int j = 0; j < kKeys; ++j) dk_acc[j] = dv_acc[j] = 0.0f;
   for (int g = 0; g < group; ++g) {
     const int h = kh * group + g;
@@ -227,10 +218,10 @@ __global__ void attention_backward_dkdv_kernel(T* dk, T* dv, const T* dout, cons
       ds_s[warp][lane] = ds;
       __syncthreads();
       if (d < D) {
-        FT_UNROLL
+#pragma unroll
         for (int r = 0; r < kWarps; ++r) {
           const float qd = q_s[r][d], dod = do_s[r][d];
-          FT_UNROLL
+#pragma unroll
           for (int jj = 0; jj < kKeys; ++jj) {
             dv_acc[jj] += p_s[r][jj] * dod;
             dk_acc[jj] += ds_s[r][jj] * qd;
@@ -240,7 +231,7 @@ __global__ void attention_backward_dkdv_kernel(T* dk, T* dv, const T* dout, cons
     }
   }
   if (d < D) {
-    FT_UNROLL
+#pragma unroll
     for (int jj = 0; jj < kKeys; ++jj) {
       if (j0 + jj >= T_) break;
       dk[koff + jj * ldk + d] = from_float<T>(dk_acc[jj] * scale);
@@ -269,9 +260,9 @@ __global__ void attention_backward_dq_kernel(T* dq, const T* dout, const float* 
   const float* delta_h = delta + (size_t(b) * H + h) * T_;
 
   float acc[kDqRowsPerWarp][kDimsPerLane];
-  FT_UNROLL
+#pragma unroll
   for (int rr = 0; rr < kDqRowsPerWarp; ++rr)
-    FT_UNROLL
+#pragma unroll
     for (int c = 0; c < kDimsPerLane; ++c) acc[rr][c] = 0.0f;
   const int last = min(i0 + kDqRows, T_) - 1;
   for (int j0 = 0; j0 <= last; j0 += kKeys) {
@@ -280,7 +271,7 @@ __global__ void attention_backward_dq_kernel(T* dq, const T* dout, const float* 
     stage_rows(&k_s[0][0], kMaxD + 1, k + koff, ldk, kKeys, T_ - j0, D);
     stage_rows(&v_s[0][0], kMaxD + 1, v + koff, ldk, kKeys, T_ - j0, D);
     __syncthreads();
-    FT_UNROLL
+#pragma unroll
     for (int rr = 0; rr < kDqRowsPerWarp; ++rr) {
       const int r = rr * kWarps + warp;
       const int i = i0 + r;
@@ -295,19 +286,19 @@ __global__ void attention_backward_dq_kernel(T* dq, const T* dout, const float* 
       __syncwarp();
       for (int j = 0; j < n; ++j) {
         const float dsj = ds_s[warp][j];
-        FT_UNROLL
+#pragma unroll
         for (int c = 0; c < kDimsPerLane; ++c)
           if (lane + 32 * c < D) acc[rr][c] += dsj * k_s[j][lane + 32 * c];
       }
       __syncwarp();
     }
   }
-  FT_UNROLL
+#pragma unroll
   for (int rr = 0; rr < kDqRowsPerWarp; ++rr) {
     const int i = i0 + rr * kWarps + warp;
     if (i >= T_) continue;
     T* o = dq + (size_t(b) * T_ + i) * ldq + size_t(h) * D;
-    FT_UNROLL
+#pragma unroll
     for (int c = 0; c < kDimsPerLane; ++c)
       if (lane + 32 * c < D) o[lane + 32 * c] = from_float<T>(acc[rr][c] * scale);
   }

@@ -153,19 +153,9 @@ const Shape kShapes[] = {
     {1, 111, 4, 1, 16},
 };
 
-// Under AddressSanitizer every fiber switch of the emulator costs a few system calls, and the
-// T = 111 shapes are most of the switches: that build runs them for fp32 only (the 16-bit
-// types differ from fp32 only in loads and stores, which the T = 1 and 19 shapes exercise).
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-
 template <typename E>
 void check_all_shapes() {
-  for (const Shape& s : kShapes)
-    if (std::is_same_v<E, float> || !kSanitized || s.T < 100) check_shape<E>(s);
+  for (const Shape& s : kShapes) check_shape<E>(s);
 }
 
 }  // namespace

@@ -236,12 +236,11 @@ void check_vocab_parallel(int N, int V) {
 template <typename E>
 void check_all() {
   // V: one column, below a warp, across warps, and across the 256 threads of a row (1000);
-  // N = 7 and 4 rows have masked ones (every third), N = 1 is a single unmasked row. Few rows:
-  // each is a block of 256 fibers in the emulator.
-  const int shapes[][2] = {{1, 1}, {7, 1}, {7, 19}, {1, 111}, {7, 111}, {1, 1000}, {4, 1000}};
+  // N = 19 rows has masked ones (every third), N = 1 is a single unmasked row.
+  const int shapes[][2] = {{1, 1}, {19, 1}, {19, 19}, {1, 111}, {19, 111}, {1, 1000}, {19, 1000}};
   for (const auto& [N, V] : shapes) check_whole_row<E>(N, V);
-  check_vocab_parallel<E>(7, 19);
-  check_vocab_parallel<E>(4, 1000);
+  check_vocab_parallel<E>(19, 19);
+  check_vocab_parallel<E>(19, 1000);
 }
 
 }  // namespace
