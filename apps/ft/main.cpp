@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <exception>
 
+#if FT_CUDA_BACKEND
+#include "runtime/cuda/cuda_device.h"
+#endif
 #include "apps/ft/commands.h"
 #include "core/error.h"
 #include "kernels/kernels.h"
@@ -73,6 +76,11 @@ void prepare_thread_environment(char** argv) {
 int main(int argc, char** argv) {
   using namespace ft::app;
   prepare_thread_environment(argv);
+#if FT_CUDA_BACKEND
+  // ft_cuda_backend (the GPU) or, in the test tool ft_emu, ft_cuda_backend_emu: the same
+  // sources built against the CUDA emulation (tests/cuda_emu/).
+  ft::register_cuda_backend(&ft::this_cuda_backend());
+#endif
   CLI::App app{
       "ft: fine-tune transformer language models from a YAML recipe.\n"
       "Quick start:  ft train recipes/quickstart.yaml\n"

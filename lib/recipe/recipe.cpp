@@ -46,6 +46,7 @@
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "model/rope.h"
+#include "runtime/device.h"
 
 namespace ft {
 namespace {
@@ -1010,13 +1011,11 @@ class Loader {
   // here, so `ft validate` and `ft train` agree and nothing a recipe asks for is silently
   // skipped. Tests of the format's own rules (e.g. layout divisibility) switch this off.
   void check_unbuilt() {
-#if !FT_HAVE_CUDA
-    if (r_.runtime.device == "cuda" && usable("runtime.device")) {
+    if (!cuda_backend() && r_.runtime.device == "cuda" && usable("runtime.device")) {
       issue(locate("runtime.device"), "runtime.device",
             "cuda is not available: this build of ft has no CUDA backend (configured with "
             "FT_CUDA=OFF or without nvcc)", "use auto or cpu");
     }
-#endif
   }
 
   // Stage 5c: rules across keys, each checked only when every key it reads is usable.

@@ -8,10 +8,7 @@
 #include "runtime/guard_device.h"
 #include "runtime/device.h"
 #include "runtime/profile.h"
-#if FT_HAVE_CUDA
-#include "runtime/cuda/cuda_device.h"
 #include "runtime/cuda/gpu_choice.h"
-#endif
 
 namespace ft {
 namespace {
@@ -84,12 +81,16 @@ void* Device::alloc_host(size_t bytes) {
 
 void Device::free_host(void* ptr, size_t) { std::free(ptr); }
 
+namespace {
+const CudaBackend* g_cuda_backend = nullptr;
+}  // namespace
+
+void register_cuda_backend(const CudaBackend* backend) { g_cuda_backend = backend; }
+const CudaBackend* cuda_backend() { return g_cuda_backend; }
+
 std::string built_backends() {
-#if FT_HAVE_CUDA
-  return "cpu, cuda (" + cuda_runtime_description() + ")";
-#else
+  if (const CudaBackend* cuda = cuda_backend()) return "cpu, cuda (" + cuda->description() + ")";
   return "cpu";
-#endif
 }
 
 std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
@@ -101,24 +102,23 @@ std::unique_ptr<Device> make_device(const std::string& spec) {
   // Test support (runtime/guard_device.h): device memory the host cannot touch.
   const char* guard = std::getenv("FT_TEST_GUARD_DEVICE");
   const bool use_guard = guard && std::string(guard) == "1";
-#if FT_HAVE_CUDA
-  // The guard device stands in for a GPU in tests, so "auto" under it never probes one.
-  if (spec == "cuda" || (spec == "auto" && !use_guard)) {
-    const std::string why = cuda_unusable_reason();
-    if (why.empty()) return make_cuda_device();
-    if (spec == "cuda")
-      throw Error("runtime.device: cuda requested, but " + why +
-                  "; use runtime.device: cpu (or auto) to train on the CPU");
-    if (cuda::world_rank_hint() == 0)
-      log_info("ft: runtime.device: auto: training on the CPU, no usable GPU (", why, ")");
-  }
-#else
-  if (spec == "cuda")
+  if (const CudaBackend* cuda = cuda_backend()) {
+    // The guard device stands in for a GPU in tests, so "auto" under it never probes one.
+    if (spec == "cuda" || (spec == "auto" && !use_guard)) {
+      const std::string why = cuda->unusable_reason();
+      if (why.empty()) return cuda->make();
+      if (spec == "cuda")
+        throw Error("runtime.device: cuda requested, but " + why +
+                    "; use runtime.device: cpu (or auto) to train on the CPU");
+      if (cuda::world_rank_hint() == 0)
+        log_info("ft: runtime.device: auto: training on the CPU, no usable GPU (", why, ")");
+    }
+  } else if (spec == "cuda") {
     throw UsageError(
         "runtime.device: cuda requested, but this build of ft has no CUDA backend (it was "
         "configured with FT_CUDA=OFF or without nvcc); use runtime.device: cpu (or auto), or "
         "rebuild with the CUDA toolkit installed");
-#endif
+  }
   if (use_guard) return make_guard_device();
   return make_cpu_device();
 }

@@ -62,8 +62,20 @@ std::unique_ptr<Device> make_cpu_device();
 // in a CUDA build says why in one line on stderr.
 std::unique_ptr<Device> make_device(const std::string& spec);
 
-// The backends this build has, for `ft --version`: "cpu", or "cpu, cuda (runtime 13.0)".
+// The backends this executable has, for `ft --version`: "cpu", or "cpu, cuda (runtime 13.0)".
 std::string built_backends();
+
+// A CUDA backend, when the executable links one: `ft` registers lib/runtime/cuda/ built for the
+// GPU (FT_CUDA), the test tool `ft_emu` the same sources built against the CUDA emulation
+// (tests/cuda_emu/). Libraries and unit tests have none unless they register one. Registered
+// once, before any Device is made (main does it first thing).
+struct CudaBackend {
+  std::string (*unusable_reason)();  // empty when a GPU is usable, else why not
+  std::unique_ptr<Device> (*make)();  // this rank's GPU
+  std::string (*description)();       // "runtime 13.0"
+};
+void register_cuda_backend(const CudaBackend* backend);
+const CudaBackend* cuda_backend();  // null when none is registered
 
 // A typed, owning allocation on a Device. Move-only. Its memory is device memory: the host
 // reaches it only through upload/download (or the Device's copies), never by indexing.

@@ -12,9 +12,13 @@
 #include "ckpt/hf.h"
 #include "core/error.h"
 #include "recipe/recipe.h"
+#include "runtime/device.h"
 
 namespace fs = std::filesystem;
+using ft::CudaBackend;
+using ft::Device;
 using ft::load_recipe;
+using ft::register_cuda_backend;
 using ft::Recipe;
 using ft::RecipeIssue;
 using ft::RecipeResult;
@@ -935,15 +939,21 @@ TEST_CASE("recipe: what this build cannot run is refused, so validate and train 
   RecipeResult res = load_recipe(path, {"checkpoint.every_minutes=5"}, 0);
   std::vector<std::string> keys;
   for (const auto& i : res.issues) keys.push_back(i.key_path);
-#if FT_HAVE_CUDA
-  // A CUDA build runs device: cuda (whether a GPU is there is train's question, not the
-  // recipe's), and periodic checkpoints are built: nothing is refused.
-  CHECK(keys.empty());
-#else
-  // Periodic checkpoints are built: only the CUDA device is refused.
+  // Without a CUDA backend (none is registered in the unit tests) only the CUDA device is
+  // refused: periodic checkpoints are built.
   REQUIRE(keys == std::vector<std::string>{"runtime.device"});
   CHECK(res.issues[0].line == 10);
-#endif
+  {
+    // With one (a stand-in here: the recipe never asks it anything), device: cuda is the
+    // trainer's question (is a GPU there?), not the recipe's: nothing is refused.
+    static const CudaBackend stand_in{
+        [] { return std::string("stand-in"); }, [] { return std::unique_ptr<Device>(); },
+        [] { return std::string("stand-in"); }};
+    register_cuda_backend(&stand_in);
+    const RecipeResult with = load_recipe(path, {"checkpoint.every_minutes=5"}, 0);
+    register_cuda_backend(nullptr);
+    CHECK(with.issues.empty());
+  }
   // The same recipe is fine as far as the format goes (world 4 = tensor 2 x pipeline 2).
   CHECK(load_recipe(path, {}, 4, /*refuse_unbuilt=*/false).ok());
 }

@@ -61,7 +61,8 @@ class CudaDevice final : public Device {
           return p;
         },
         [](void* p, size_t) { cudaFree(p); }, name_);
-    ops_ = make_cuda_ops(stream_);
+    // runtime.tf32 is not wired to the device yet: fp32 GEMMs stay exact fp32 (TF32 off).
+    ops_ = make_cuda_ops(*this, stream_, prop.major, /*allow_tf32=*/false);
   }
   ~CudaDevice() override {
     // Nothing may still run on memory about to be freed; errors here cannot be thrown.
@@ -127,7 +128,11 @@ class CudaDevice final : public Device {
 }  // namespace
 
 std::string cuda_runtime_description() {
+#if FT_CUDA_EMU
+  return "CUDA emulation on the CPU, a test tool; runtime headers " + cuda_version(CUDART_VERSION);
+#else
   return "runtime " + cuda_version(CUDART_VERSION);
+#endif
 }
 
 std::string cuda_unusable_reason() {
@@ -164,6 +169,12 @@ std::string cuda_unusable_reason() {
                             "(Ampere) or newer (hide it with CUDA_VISIBLE_DEVICES)");
   }
   return "";
+}
+
+const CudaBackend& this_cuda_backend() {
+  static const CudaBackend backend{cuda_unusable_reason, make_cuda_device,
+                                   cuda_runtime_description};
+  return backend;
 }
 
 std::unique_ptr<Device> make_cuda_device() {

@@ -1,7 +1,8 @@
 // The CUDA device (issue 9): ft::Device over one GPU, with the caching allocator
 // (caching_allocator.h) over cudaMalloc, one non-blocking stream that every op and copy is
 // queued on, page-locked host staging buffers, and the GPU chosen from the node-local rank
-// (gpu_choice.h). Built only with FT_CUDA (FT_HAVE_CUDA); make_device (device.h) is the way in.
+// (gpu_choice.h). Built with FT_CUDA into ft_cuda_backend (and against the emulation into ft_cuda_backend_emu, a
+// test tool); an executable registers it (device.h) and make_device is then the way in.
 #pragma once
 
 #include <memory>
@@ -23,5 +24,8 @@ std::string cuda_runtime_description();
 // The GPU of this rank (node-local rank modulo the visible GPUs). Throws ft::Error when it
 // cannot be set up; call cuda_unusable_reason() first for the friendly answer.
 std::unique_ptr<Device> make_cuda_device();
+
+// The three above, for register_cuda_backend (device.h).
+const CudaBackend& this_cuda_backend();
 
 }  // namespace ft

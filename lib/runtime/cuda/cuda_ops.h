@@ -10,6 +10,11 @@
 
 namespace ft {
 
-std::unique_ptr<Ops> make_cuda_ops(void* default_stream);
+class Device;
+
+// `dev` provides the ops' scratch and the cuBLASLt workspace (lt_gemm.h: sized for compute
+// capability `sm_major`); `allow_tf32`: fp32 GEMMs may use TF32 (runtime.tf32).
+std::unique_ptr<Ops> make_cuda_ops(Device& dev, void* default_stream, int sm_major,
+                                   bool allow_tf32);
 
 }  // namespace ft
