@@ -49,14 +49,19 @@ stage="$work/ft-bundle"
 mkdir -p "$stage/lib" "$stage/tests"
 
 # Executables: the top level of the build folder (ft, and whatever else a helper puts there)
-# and build/tests/; never CMake's own files.
+# and build/tests/ (the GPU-side test binaries: ft_cuda_device_check, lt_gemm_gpu_tests), plus
+# the native CUDA kernel tests of build/tests/cuda_emu/ (ft_cuda_kernel_tests; the emulation's
+# own binaries stay behind); never CMake's own files.
 is_exe() { [[ -f "$1" && -x "$1" && $(head -c 4 "$1" | tr -d '\0') == $'\x7fELF' ]]; }
 exes=()
-for f in "$build"/* "$build"/tests/*; do
+declare -A exe_src=()
+for f in "$build"/* "$build"/tests/* "$build"/tests/cuda_emu/ft_cuda_kernel_tests; do
   is_exe "$f" || continue
   rel=${f#"$build"/}
+  rel=${rel/#tests\/cuda_emu\//tests/}
   cp "$f" "$stage/$rel"
   exes+=("$rel")
+  exe_src[$rel]=$f
 done
 
 # Libraries not shipped (see the top). Matched on the soname.
@@ -77,7 +82,7 @@ for rel in "${exes[@]}"; do
     [[ "$arrow" == "=>" ]] || continue
     [[ "$path" == "not" ]] && fail "$rel needs $name, which ldd cannot find here"
     system_lib "$name" || cuda_lib "$name" || libs[$name]=$path
-  done < <(ldd "$build/$rel")
+  done < <(ldd "${exe_src[$rel]}")
 done
 for name in "${!libs[@]}"; do
   cp -L "${libs[$name]}" "$stage/lib/$name"
@@ -92,6 +97,21 @@ for rel in "${exes[@]}"; do
   if [[ "$rel" == */* ]]; then rpath='$ORIGIN/../lib'; else rpath='$ORIGIN/lib'; fi
   patchelf --force-rpath --set-rpath "$rpath:/usr/local/cuda/lib64" "$stage/$rel"
 done
+
+# Token shards for scripts/gpu_check.py (the GPU image may lack h5py and numpy): data/tiny for
+# the GPU-against-CPU runs (vocabulary 512, 60 steps of 4 x 128 tokens), data/big for the ~1B
+# benchmark (vocabulary 32000, 30 steps of 4 x 2048 tokens). Random tokens: speed and agreement
+# between backends do not depend on what the tokens say.
+/usr/bin/python3 - "$stage" "$src" <<'PY'
+import os, sys
+stage, src = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(src, "tests", "ref"))
+import numpy as np, llama_ref as ref
+rng = np.random.default_rng(0)
+for name, vocab, tokens in (("tiny", 512, 60 * 4 * 129 + 1), ("big", 32000, 30 * 4 * 2049 + 1)):
+    os.makedirs(f"{stage}/data/{name}")
+    ref.write_shard(f"{stage}/data/{name}/shard_00000.h5", rng.integers(0, vocab, tokens), vocab)
+PY
 
 # The sources the checks run (shell and Python), and the recipes.
 for d in scripts tests/cli tests/ref tests/data recipes; do

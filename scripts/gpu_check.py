@@ -11,6 +11,9 @@ back to tests/ref/llama_ref.py when transformers is missing.
 Checks, in order (each PASS, FAIL or SKIP with a reason; a failure does not stop the next):
   env          GPU, driver, ft --version
   kernels      the CUDA kernel tests natively (tests/ft_cuda_kernel_tests) against the CPU
+  lt_gemm      the cuBLASLt GEMMs against the CPU GEMMs (tests/lt_gemm_gpu_tests)
+  device       the CUDA device: allocator, copies, pinned staging, out of memory
+               (tests/ft_cuda_device_check)
   memcheck     compute-sanitizer --tool memcheck over the kernel tests
   racecheck    compute-sanitizer --tool racecheck over the kernel tests
   fp32_vs_cpu  50 steps on the GPU and on the CPU, fp32: losses within 1e-4 relative
@@ -20,6 +23,11 @@ Checks, in order (each PASS, FAIL or SKIP with a reason; a failure does not stop
   bench        ~1B Llama (dim 2048, 16 layers, 32 heads, 8 KV heads, ffn 5632, seq 2048, bf16),
                activation checkpointing off and on: tokens/s, MFU, peak memory
   torch        the same shape in PyTorch on the same GPU (bf16 autocast, sdpa, fused AdamW)
+
+The device tool runs one command for at most 10 minutes: split the checks, e.g.
+  --only env,kernels,lt_gemm,device,fp32_vs_cpu,bf16_vs_cpu,determinism
+  --only memcheck,racecheck
+  --only bench,torch
 """
 
 import argparse
@@ -166,6 +174,16 @@ def main():
             rc, text = chk.run("kernels", [tests], 1800)
             last = [l for l in text.splitlines() if "test cases" in l or "assertions" in l]
             chk.record("kernels", "PASS" if rc == 0 else "FAIL", "; ".join(last) or f"exit {rc}")
+    for name, binary in (("lt_gemm", "lt_gemm_gpu_tests"), ("device", "ft_cuda_device_check")):
+        if not want(name):
+            continue
+        path = os.path.join(B, "tests", binary)
+        if not os.path.exists(path):
+            chk.record(name, "SKIP", f"the bundle has no tests/{binary}")
+            continue
+        rc, text = chk.run(name, [path], 900)
+        last = [l for l in text.splitlines() if l.strip()][-1:] or [f"exit {rc}"]
+        chk.record(name, "PASS" if rc == 0 else ("SKIP" if rc == 77 else "FAIL"), last[0])
     sanitizer = shutil.which("compute-sanitizer") or (
         "/usr/local/cuda/bin/compute-sanitizer"
         if os.path.exists("/usr/local/cuda/bin/compute-sanitizer") else None)
