@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cpu/half_vec.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/kernels.h"
 
 namespace ft::kernels {
@@ -22,8 +23,7 @@ void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int N, int C, 
     for (int n = 0; n < N; ++n) {
       const float* xr = cpu::in_f32(x + size_t(n) * C, C, xbuf.data());
       float* o = cpu::out_f32(out + size_t(n) * C, obuf.data());
-      float ss = 0.f;
-      for (int c = 0; c < C; ++c) ss += xr[c] * xr[c];
+      const float ss = cpu::lane_sum_squares(xr, C);  // vectorised (vec_math.h)
       float r = 1.0f / std::sqrt(ss / float(C) + eps);
       rstd[n] = r;
       // HF: weight * (x * rstd)
@@ -50,8 +50,7 @@ void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, c
       const float* dy = cpu::in_f32(dout + size_t(n) * C, C, dybuf.data());
       float* d = cpu::out_f32(dx + size_t(n) * C, dbuf.data());
       float r = rstd[n];
-      float dot = 0.f;
-      for (int c = 0; c < C; ++c) dot += wf[c] * dy[c] * xr[c];
+      const float dot = cpu::lane_dot3(wf, dy, xr, C);
       float k = dot * r * r * r / float(C);
       for (int c = 0; c < C; ++c) d[c] = r * wf[c] * dy[c] - k * xr[c];
       cpu::store_out(dx + size_t(n) * C, d, C);

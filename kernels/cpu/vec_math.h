@@ -73,6 +73,30 @@ inline float exp_shifted_sum(float* x, int n, float shift) {
   return sum;
 }
 
+// Σ x[c]² (fp32) for c < n, 16 lanes (as lane_max).
+inline float lane_sum_squares(const float* x, int n) {
+  float lane[16] = {};
+  int c = 0;
+  for (; c + 16 <= n; c += 16)
+    for (int i = 0; i < 16; ++i) lane[i] += x[c + i] * x[c + i];
+  for (; c < n; ++c) lane[0] += x[c] * x[c];
+  float sum = 0.0f;
+  for (float l : lane) sum += l;
+  return sum;
+}
+
+// Σ a[c]·b[c]·d[c] (fp32) for c < n, 16 lanes (as lane_max).
+inline float lane_dot3(const float* a, const float* b, const float* d, int n) {
+  float lane[16] = {};
+  int c = 0;
+  for (; c + 16 <= n; c += 16)
+    for (int i = 0; i < 16; ++i) lane[i] += a[c + i] * b[c + i] * d[c + i];
+  for (; c < n; ++c) lane[0] += a[c] * b[c] * d[c];
+  float sum = 0.0f;
+  for (float l : lane) sum += l;
+  return sum;
+}
+
 // Σ x[c]² for c < n in double, 16 lanes (as lane_max).
 inline double lane_sum_squares_f64(const float* x, size_t n) {
   double lane[16] = {};

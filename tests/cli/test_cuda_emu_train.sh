@@ -5,8 +5,10 @@
 # memory, a cuBLASLt whose GEMM reads the layout descriptors as cuBLASLt defines them). It says
 # nothing about GPU speed. A tiny GQA Llama trains with runtime.device=cuda on it and with the
 # CPU backend (the reference), with accumulation, evaluation, clipping and checkpoints:
-#  - fp32: losses within 1e-5 relative, grad norms within 1e-4, eval losses within 1e-5 (the two
-#    backends sum in different orders: ~1e-7 per op, amplified by Adam over 12 steps);
+#  - fp32: at step 1 (before any update) losses within 1e-6 relative and grad norms within
+#    1e-5; over 12 steps losses within 1e-4 (the GPU check's bound) and grad norms within 1e-3
+#    (the two backends sum in different orders, ~1e-7 per op, and Adam at lr 0.01 amplifies
+#    that: seen 1.4e-5 on an eval loss, 5.7e-5 on a grad norm);
 #  - bf16 and fp16 (loss scaling): losses within 2e-2 relative and grad norms within 0.2 over
 #    12 steps (each op rounds its output to 8 or 11 mantissa bits, at different points in the
 #    sums, and this tiny model at lr 0.01 amplifies that: seen 3e-3 and 0.12 in fp16; 2e-2 is
@@ -90,7 +92,7 @@ train "$emu" f32 runtime.device=cuda
 grep -q 'cuda:0 (CUDA emulation (test tool)' "$tmp/f32.log" || fail "f32 did not run on the emulated CUDA device: $(grep -m1 'ft: data' "$tmp/f32.log")"
 train "$ft" f32_cpu runtime.device=cpu
 echo "fp32, emulated CUDA backend against the CPU:"
-compare "$tmp/f32" "$tmp/f32_cpu" 1e-5 1e-4 || fail "fp32: the CUDA backend and the CPU differ"
+compare "$tmp/f32" "$tmp/f32_cpu" 1e-4 1e-3 1e-6 1e-5 || fail "fp32: the CUDA backend and the CPU differ"
 
 for p in bf16 fp16; do
   train "$emu" $p runtime.device=cuda training.precision=$p
