@@ -5,26 +5,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/adamw_step.h"
 #include "kernels/cpu/half_vec.h"
 #include "kernels/kernels.h"
 
 namespace ft::kernels {
 
 namespace {
-// Mirrors torch.optim.AdamW (single-tensor path): step_size and the bias corrections are
-// computed in double on the host, the element math in float.
-struct AdamwStep {
-  float beta1, beta2, eps;
-  float step_size, bc2_sqrt, decay;
-};
-
-AdamwStep adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t) {
-  const double bc1 = 1.0 - std::pow(double(beta1), double(t));
-  const double bc2 = 1.0 - std::pow(double(beta2), double(t));
-  return {
-      beta1, beta2, eps, float(double(lr) / bc1), float(std::sqrt(bc2)), 1.0f - lr * weight_decay};
-}
-
 // The element update on [lo, hi): the one place AdamW's arithmetic is written.
 inline void adamw_range(float* p, const float* g, float* m, float* v, size_t lo, size_t hi,
                         const AdamwStep& k, float grad_scale) {

@@ -12,6 +12,7 @@
 // 8 or 16 bytes), a grid-stride loop, the n mod 4 tail one element per thread.
 #include <cmath>
 
+#include "kernels/adamw_step.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/cuda/pack.cuh"
@@ -21,19 +22,6 @@ namespace ft::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// kernels/cpu/adamw.cpp's AdamwStep: the same host arithmetic, so the constants have its bits.
-struct AdamwStep {
-  float beta1, beta2, eps;
-  float step_size, bc2_sqrt, decay;
-};
-
-AdamwStep adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t) {
-  const double bc1 = 1.0 - std::pow(double(beta1), double(t));
-  const double bc2 = 1.0 - std::pow(double(beta2), double(t));
-  return {
-      beta1, beta2, eps, float(double(lr) / bc1), float(std::sqrt(bc2)), 1.0f - lr * weight_decay};
-}
 
 // One element: the CPU's adamw_range body. Returns the new p.
 __device__ __forceinline__ float adamw_element(float& p, float g, float& m, float& v,
