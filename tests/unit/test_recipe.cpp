@@ -947,7 +947,7 @@ TEST_CASE("recipe: what this build cannot run is refused, so validate and train 
     // With one (a stand-in here: the recipe never asks it anything), device: cuda is the
     // trainer's question (is a GPU there?), not the recipe's: nothing is refused.
     static const CudaBackend stand_in{
-        [] { return std::string("stand-in"); }, [] { return std::unique_ptr<Device>(); },
+        [] { return std::string("stand-in"); }, [](const DeviceOptions&) { return std::unique_ptr<Device>(); },
         [] { return std::string("stand-in"); }};
     register_cuda_backend(&stand_in);
     const RecipeResult with = load_recipe(path, {"checkpoint.every_minutes=5"}, 0);
