@@ -45,7 +45,8 @@ PY
 
 cat > "$tmp/r.yaml" <<YAML
 run: {name: plan_cuda, output_dir: $tmp/out, seed: 1}
-model: {dim: 40, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 44, vocab_size: 64, max_seq_len: 16}
+model: {dim: 40, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 44, vocab_size: 64,
+        max_seq_len: 16}
 data: {train: $tmp/data, seq_len: 16}
 training: {steps: 3, micro_batch_size: 2, global_batch_size: 8}
 logging: {every_steps: 1}
@@ -65,7 +66,7 @@ for run in "${runs[@]}"; do
     > "$tmp/$name.plan.json" || fail "plan $name"
   names+=("$name")
 done
-/usr/bin/python3 - "$tmp" "${names[@]}" <<'PY' || fail "plan disagrees with the emulated CUDA device"
+/usr/bin/python3 - "$tmp" "${names[@]}" <<'PY' || fail "plan disagrees with the emulated device"
 import json, sys
 tmp, names = sys.argv[1], sys.argv[2:]
 TOL = 0.10  # DESIGN.md's bound for ft plan, as test_plan.sh holds the CPU to
@@ -86,7 +87,8 @@ for name in names:
         assert dev <= tol, (name, what, a, b, f"{dev:.2%}")
         line.append(f"{what} {a}/{b} ({dev:.2%})")
     for k in ("params", "grads", "optim"):
-        assert role[f"{k}_bytes"] == m[f"mem_{k}_bytes"], (name, k, role[f"{k}_bytes"], m[f"mem_{k}_bytes"])
+        planned_k, measured_k = role[f"{k}_bytes"], m[f"mem_{k}_bytes"]
+        assert planned_k == measured_k, (name, k, planned_k, measured_k)
     print(f"{name}: planned/measured bytes: " + ", ".join(line))
 PY
 
@@ -154,7 +156,8 @@ rc=0
 [[ $rc == 137 ]] || fail "async part 1: exit $rc, expected 137: $(tail -3 "$tmp/async_1.log")"
 "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/async_resumed" runtime.device=cuda "${ckv[@]}" \
   > "$tmp/async_2.log" 2>&1 || fail "async part 2: $(tail -3 "$tmp/async_2.log")"
-grep -q 'resumed from' "$tmp/async_2.log" || fail "async part 2 did not resume: $(tail -3 "$tmp/async_2.log")"
+grep -q 'resumed from' "$tmp/async_2.log" \
+  || fail "async part 2 did not resume: $(tail -3 "$tmp/async_2.log")"
 /usr/bin/python3 - "$tmp" <<'PY' || fail "async resume on the CUDA device is not bit-identical"
 import json, sys
 tmp = sys.argv[1]
