@@ -106,9 +106,12 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
               recipe.c_str(), plan.world, plan.world == 1 ? "" : "s", plan.data, plan.pipeline,
               plan.tensor, plan.zero_stage);
   std::printf("model: %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, ffn %d, vocab "
-              "%d%s), fp32\n",
+              "%d%s), %s on %s\n",
               double(plan.model_params) / 1e6, m.n_layers, m.dim, m.n_heads, m.n_kv_heads,
-              m.ffn_dim, m.vocab_size, m.tie_embeddings ? ", tied embeddings" : "");
+              m.ffn_dim, m.vocab_size, m.tie_embeddings ? ", tied embeddings" : "",
+              r.training.precision.c_str(),
+              plan.device.cuda ? ("cuda (sm_" + std::to_string(plan.device.sm) + ")").c_str()
+                               : "cpu");
   std::printf("step: %d samples of %d tokens = %d data rank%s × %d micro-batch%s × %d sample%s; "
               "activation checkpointing %s\n",
               r.training.global_batch_size, plan.seq_len, plan.data, plan.data == 1 ? "" : "s",
