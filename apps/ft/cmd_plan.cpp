@@ -11,6 +11,7 @@
 #include "apps/ft/commands.h"
 #include "parallel/plan.h"
 #include "recipe/recipe.h"
+#include "runtime/device.h"
 
 namespace ft::app {
 namespace {
@@ -55,6 +56,8 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
   j["seq_len"] = plan.seq_len;
   j["activation_checkpointing"] = plan.activation_checkpointing;
   j["model_params"] = plan.model_params;
+  j["device"] = plan.device.cuda ? "cuda" : "cpu";
+  if (plan.device.cuda) j["cuda_sm"] = plan.device.sm;
   j["roles"] = ordered_json::array();
   for (const auto& ranks : roles) {
     const RankPlan& r = plan.ranks[size_t(ranks.front())];
@@ -72,6 +75,7 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
     o["activation_slots"] = r.slots;
     o["activation_bytes"] = r.activations.bytes;
     o["comm_buffer_bytes"] = r.comm_buffers.bytes;
+    o["backend_bytes"] = r.backend.bytes;
     o["total_bytes"] = r.total_bytes;
     o["startup_bytes"] = r.startup_bytes;
     o["startup_how"] = r.startup_how;
@@ -82,7 +86,8 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
     o["sent_pipeline_bytes"] = r.sent_pipeline.bytes;
     o["how"] = {{"params", r.params.how},           {"grads", r.grads.how},
                 {"optim", r.optim.how},             {"activations", r.activations.how},
-                {"comm_buffers", r.comm_buffers.how}, {"sent_data", r.sent_data.how},
+                {"comm_buffers", r.comm_buffers.how}, {"backend", r.backend.how},
+                {"sent_data", r.sent_data.how},
                 {"sent_tensor", r.sent_tensor.how}, {"sent_pipeline", r.sent_pipeline.how}};
     j["roles"].push_back(std::move(o));
   }
@@ -101,9 +106,12 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
               recipe.c_str(), plan.world, plan.world == 1 ? "" : "s", plan.data, plan.pipeline,
               plan.tensor, plan.zero_stage);
   std::printf("model: %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, ffn %d, vocab "
-              "%d%s), fp32\n",
+              "%d%s), %s on %s\n",
               double(plan.model_params) / 1e6, m.n_layers, m.dim, m.n_heads, m.n_kv_heads,
-              m.ffn_dim, m.vocab_size, m.tie_embeddings ? ", tied embeddings" : "");
+              m.ffn_dim, m.vocab_size, m.tie_embeddings ? ", tied embeddings" : "",
+              r.training.precision.c_str(),
+              plan.device.cuda ? ("cuda (sm_" + std::to_string(plan.device.sm) + ")").c_str()
+                               : "cpu");
   std::printf("step: %d samples of %d tokens = %d data rank%s × %d micro-batch%s × %d sample%s; "
               "activation checkpointing %s\n",
               r.training.global_batch_size, plan.seq_len, plan.data, plan.data == 1 ? "" : "s",
@@ -128,6 +136,7 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
     row("optimizer state", p.optim.bytes, p.optim.how);
     row("activations", p.activations.bytes, p.activations.how);
     row("comm buffers", p.comm_buffers.bytes, p.comm_buffers.how);
+    if (plan.device.cuda) row("cuda backend", p.backend.bytes, p.backend.how);
     row("total", p.total_bytes, "the sum: peak during a step");
     if (p.startup_bytes > 0)
       row("startup", p.startup_bytes,
@@ -144,6 +153,31 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
     std::printf("  %-15s = %s\n", name.c_str(), formula.c_str());
   std::printf("Notes\n");
   for (const auto& n : plan.notes) std::printf("  - %s\n", n.c_str());
+}
+
+// The device `ft train` would use. `cuda` plans for CUDA even where no GPU or backend is
+// present (planning ahead for a GPU machine is the point); `auto` plans for CUDA only when this
+// executable has a CUDA backend and it finds a usable GPU, the same probe `ft train` makes.
+PlanDevice plan_device(const Recipe& r, int sm) {
+  PlanDevice d;
+  d.sm = sm;
+  if (r.runtime.device == "cuda") {
+    d.cuda = true;
+    d.why = "runtime.device: cuda";
+  } else if (r.runtime.device == "auto") {
+    const CudaBackend* b = cuda_backend();
+    if (!b) {
+      d.why = "runtime.device: auto, and this build has no CUDA backend";
+    } else if (const std::string reason = b->unusable_reason(); !reason.empty()) {
+      d.why = "runtime.device: auto, and no usable GPU here: " + reason;
+    } else {
+      d.cuda = true;
+      d.why = "runtime.device: auto, and a usable GPU is here";
+    }
+  } else {
+    d.why = "runtime.device: " + r.runtime.device;
+  }
+  return d;
 }
 
 }  // namespace
@@ -163,7 +197,7 @@ int cmd_plan(const PlanArgs& a) {
                  issues.size() == 1 ? "problem" : "problems", a.recipe.c_str(), a.world);
     return 2;
   }
-  const MemoryPlan plan = plan_memory(res.recipe, a.world);
+  const MemoryPlan plan = plan_memory(res.recipe, a.world, plan_device(res.recipe, a.cuda_sm));
   const auto roles = plan_roles(plan);
   if (a.json)
     print_json(plan, roles, a.recipe);

@@ -42,6 +42,7 @@ struct PlanArgs {
   std::vector<std::string> overrides;
   int world = 1;      // ranks of the run: data × pipeline × tensor
   bool json = false;  // print the plan as JSON instead of tables
+  int cuda_sm = 90;   // the GPU's compute capability × 10 when planning for CUDA
 };
 int cmd_plan(const PlanArgs& a);
 

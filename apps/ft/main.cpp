@@ -151,6 +151,10 @@ int main(int argc, char** argv) {
                    "Ranks of the run (data × pipeline × tensor; default 1)")
       ->check(CLI::Range(1, 1 << 20));
   plan->add_flag("--json", plan_args.json, "Print the plan as JSON (one object per distinct rank role)");
+  plan->add_option("--cuda-sm", plan_args.cuda_sm,
+                   "With runtime.device cuda: the GPU's compute capability, e.g. 80 (A100) or 90 "
+                   "(H100; default), which sets the cuBLASLt workspace")
+      ->check(CLI::Range(80, 200));
   plan->footer(
       "Prints, per distinct rank role, the device memory for parameters, gradients, optimizer\n"
       "state, activations and communication buffers, and the bytes each rank sends per step, with\n"

@@ -970,6 +970,17 @@ CheckpointWriter::~CheckpointWriter() {
     thread_.join();
   }
   if (!error_.empty()) log_error("checkpoint: ", error_);
+  release_staging();
+}
+
+void CheckpointWriter::release_staging() {
+  if (!staging_) return;
+  if (o_.staging_device)
+    o_.staging_device->free_host(staging_, staging_bytes_);
+  else
+    Device::free_host_plain(staging_, staging_bytes_);
+  staging_ = nullptr;
+  staging_bytes_ = 0;
 }
 
 bool CheckpointWriter::busy() const {
@@ -1013,10 +1024,12 @@ std::optional<CheckpointWriter::Committed> CheckpointWriter::poll() {
 void CheckpointWriter::reserve(uint64_t bytes) {
   if (!o_.async || bytes <= staging_bytes_) return;
   wait();  // the staging buffer may be in use
-  staging_.reset(new char[bytes]);
+  release_staging();
+  staging_ = static_cast<char*>(o_.staging_device ? o_.staging_device->alloc_host(bytes)
+                                                   : Device::alloc_host_plain(bytes));
   // Touch every page now (in parallel, as the copies will be), not during the first save.
   const int64_t pages = int64_t((bytes + 4095) / 4096);
-  char* p = staging_.get();
+  char* p = staging_;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < pages; ++i) p[uint64_t(i) * 4096] = 0;
   staging_bytes_ = bytes;
@@ -1051,7 +1064,7 @@ void CheckpointWriter::save(int64_t step, const std::vector<PieceSource>& pieces
   uint64_t off = 0;
   for (const auto& p : pieces) {
     const uint64_t n = p.end - p.begin;
-    float* dst = reinterpret_cast<float*>(staging_.get() + off);
+    float* dst = reinterpret_cast<float*>(staging_ + off);
     // Large pieces are copied by every thread at once.
     const int64_t chunks = int64_t((n + (1u << 20) - 1) >> 20);
 #pragma omp parallel for schedule(static) if (chunks > 1)

@@ -170,6 +170,9 @@ class CheckpointWriter {
     // broadcast): rank 0 commits only rank_*.json files of this attempt, never the leftovers
     // of a crashed earlier attempt at the same step.
     uint64_t attempt = 0;
+    // Async: the device whose alloc_host gives the staging buffer (page-locked on CUDA, so the
+    // device → host copies run at full bandwidth); null: plain host memory.
+    Device* staging_device = nullptr;
   };
   // What rank 0 reports once a checkpoint is committed.
   struct Committed {
@@ -209,7 +212,8 @@ class CheckpointWriter {
   void run_job(Job& job);  // writes (and commits on rank 0); throws on failure
   void worker();
   Options o_;
-  std::unique_ptr<char[]> staging_;  // async: the pieces copied to host memory
+  void release_staging();
+  char* staging_ = nullptr;  // async: the pieces copied to host memory (staging_bytes_)
   uint64_t staging_bytes_ = 0;
   std::unique_ptr<Job> job_;
   std::thread thread_;

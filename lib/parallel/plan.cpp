@@ -39,7 +39,19 @@ std::string layer_range(int first, int n) {
                 : "layers " + std::to_string(first) + "-" + std::to_string(first + n - 1);
 }
 
+// The CUDA ops' scratch requests (kernels/cuda/kernels_cuda.h *_scratch_bytes, which these
+// follow): RMSNorm's backward keeps per-block partial dw rows, min(N, 512) × C fp32
+// (rmsnorm.cu kBackwardBlocks); the cross-entropy one double per row; sum_squares one double
+// per block, ⌈n / 2048⌉ blocks, at most 1024 (reduce.cu).
+int64_t cuda_rmsnorm_scratch(int64_t N, int64_t C) { return 4 * std::min<int64_t>(N, 512) * C; }
+int64_t cuda_ce_scratch(int64_t N) { return 8 * N; }
+int64_t cuda_sum_squares_scratch(int64_t n) {
+  return n <= 0 ? 0 : 8 * std::min<int64_t>((n + 2047) / 2048, 1024);
+}
+
 }  // namespace
+
+int64_t plan_lt_workspace_bytes(int sm) { return sm >= 90 ? int64_t{32} << 20 : int64_t{4} << 20; }
 
 std::string format_rank_list(const std::vector<int>& ranks) {
   std::string out;
@@ -57,10 +69,12 @@ std::string format_rank_list(const std::vector<int>& ranks) {
   return out;
 }
 
-MemoryPlan plan_memory(const Recipe& r, int world) {
+MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device) {
   const ModelConfig& m = r.model;
   MemoryPlan plan;
   plan.world = world;
+  plan.device = device;
+  const bool cuda = device.cuda;
   plan.tensor = r.parallel.tensor;
   plan.pipeline = r.parallel.pipeline;
   plan.zero_stage = r.parallel.zero_stage;
@@ -108,8 +122,9 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
   const int64_t a_layer_f = 2 * N + B * Ht * S;  // rstd ×2, lse
   const int64_t a_head_c = N * C + N * Vt, a_head_f = N;
   const int64_t a_bwd_c = 2 * N * C + 2 * N * HDt + 2 * N * KDt + 3 * N * Ft;
-  // attention_backward's scratch: Δ (B, H, T), and with a 16-bit dtype dQ's fp32 accumulator.
-  const int64_t a_bwd_f = B * Ht * S + (mixed ? N * HDt : 0);
+  // attention_backward's scratch: Δ (B, H, T), and on the CPU with a 16-bit dtype dQ's fp32
+  // accumulator (the CUDA kernel sums dQ in registers: Δ only, attention.cu).
+  const int64_t a_bwd_f = B * Ht * S + (mixed && !cuda ? N * HDt : 0);
   const int64_t a_layer = a_layer_c + a_layer_f, a_head = a_head_c + a_head_f;
   const int64_t a_bwd = a_bwd_c + a_bwd_f;
   // Tensor parallelism, on every stage: a row-parallel layer's partial output (N·C), the
@@ -301,8 +316,31 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
       rp.comm_buffers = {cb * (persistent + pipe_bufs) + transient_bytes, h};
     }
 
+    // The CUDA backend's own buffers (cuda_ops.cpp): the cuBLASLt workspace, allocated with the
+    // device, and one scratch buffer the ops share, grown on demand to max(asked, 2 × held):
+    // in a step the cross-entropy asks first (last stage), then RMSNorm's backward, then the
+    // gradient norm's sum_squares over a group at most.
+    int64_t lt_ws = 0;
+    if (cuda) {
+      lt_ws = plan_lt_workspace_bytes(device.sm);
+      int64_t scratch = 0, max_n = 0;
+      for (const Group& g : groups) max_n = std::max(max_n, g.n);
+      const int64_t asks[] = {rp.head ? cuda_ce_scratch(N) : 0, cuda_rmsnorm_scratch(N, C),
+                              cuda_sum_squares_scratch(max_n)};
+      for (int64_t a : asks)
+        if (a > scratch) scratch = std::max(a, 2 * scratch);
+      char sm[16];
+      std::snprintf(sm, sizeof sm, "sm_%d", device.sm);
+      rp.backend = {lt_ws + scratch,
+                    count(lt_ws) + " B cuBLASLt workspace (" + sm + ") + " + count(scratch) +
+                        " B ops scratch (RMSNorm backward partials, cross-entropy rows, "
+                        "sum-of-squares partials)"};
+    } else {
+      rp.backend = {0, "none: the CPU backend allocates nothing of its own"};
+    }
+
     rp.total_bytes = rp.params.bytes + rp.grads.bytes + rp.optim.bytes + rp.activations.bytes +
-                     rp.comm_buffers.bytes;
+                     rp.comm_buffers.bytes + rp.backend.bytes;
     // Startup transients: with T > 1 or P > 1 the whole model is initialised once on every rank
     // and sliced; ZeRO-3 holds the full parameters and both shard sets until it drops the former.
     const int64_t slicing = T > 1 || P > 1 ? kF32 * (plan.model_params + sum_n) : 0;
@@ -317,7 +355,9 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
         mixed && zs < 3
             ? kF32 * sum_n + rp.grads.bytes + kF32 * (zs == 0 ? sum_n : sum_own) + cb * max_n
             : 0;
+    // The cuBLASLt workspace exists from the device's creation, so before the first step too.
     rp.startup_bytes = std::max({slicing, sharding, converting});
+    if (rp.startup_bytes > 0) rp.startup_bytes += lt_ws;
     if (slicing >= sharding && slicing > 0)
       rp.startup_how = "4 B × (" + count(plan.model_params) + " whole model + " + count(sum_n) +
                        " this rank's part), while the whole model is initialised and sliced";
@@ -328,6 +368,7 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
     else if (converting > 0)
       rp.startup_how = "fp32 parameters, gradients and masters + one group's " + prec +
                        " copy, while the compute copy is made";
+    if (lt_ws > 0 && !rp.startup_how.empty()) rp.startup_how += ", + the cuBLASLt workspace";
     rp.peak_bytes = std::max(rp.total_bytes, rp.startup_bytes);
 
     // Bytes sent per step.
@@ -450,7 +491,10 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
                           "output before its all-reduce; the cross-entropy's row max f32, sum-exp "
                           "and target logit f64)"});
   fm.push_back({"A_bwd", "2·N·C + 2·N·(H/T)·hd + 2·N·(KV/T)·hd + 3·N·(F/T) + B·(H/T)·S "
-                         "(backward scratch; the last: attention's rowsum(dO ∘ O))"});
+                         "(backward scratch; the last: attention's rowsum(dO ∘ O))" +
+                             std::string(mixed && !cuda ? " + N·(H/T)·hd fp32 (the CPU "
+                                                          "attention's dQ accumulator)"
+                                                        : "")});
   const char* comm_formula[] = {
       "0 (gradients all-reduced in place)",
       "4 B · D·max_g s_g (all-gather buffer for the updated parameters; 0 when D = 1)",
@@ -466,8 +510,16 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
                     (P > 1 ? " + 4 B · (M+1)·N·C (PipelineSchedule's receive buffer and one send "
                              "buffer per micro-batch)"
                            : "")});
-  fm.push_back({"total", "parameters + gradients + optimizer + activations + comm buffers (all "
-                         "alive together in a step's backward)"});
+  if (cuda)
+    fm.push_back({"cuda backend", "cuBLASLt workspace (32 MiB from sm_90, 4 MiB before) + the "
+                                  "ops' one scratch buffer, grown to max(asked, 2 × held) as the "
+                                  "step asks: last stage 8 B·N (cross-entropy rows), then "
+                                  "4 B·min(N, 512)·C (RMSNorm backward partials), then "
+                                  "8 B·min(⌈max_g n_g/2048⌉, 1024) (sum-of-squares partials)"});
+  fm.push_back({"total", std::string("parameters + gradients + optimizer + activations + comm "
+                                     "buffers") +
+                             (cuda ? " + cuda backend" : "") +
+                             " (all alive together in a step's backward)"});
   if (zs == 3 || T > 1 || P > 1)
     fm.push_back({"startup", "max(T > 1 or P > 1: 4 B · (whole model + Σ_g n_g), the whole model "
                              "initialised on every rank and sliced; ZeRO-3: 4 B · (Σ_g n_g + 2·Σ_g s_g), "
@@ -503,9 +555,26 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
           : "training.precision " + r.training.precision +
                 ": activations and the parameters' compute copy 2 bytes per element; fp32 "
                 "master weights, gradients, AdamW moments, norm and attention statistics 4.");
-  plan.notes.push_back(
-      "Only device-allocator memory is counted, as mem_peak_bytes counts it: the data loader, MPI "
-      "and the process itself come on top.");
+  if (cuda) {
+    char sm[64];
+    std::snprintf(sm, sizeof sm, "sm_%d", device.sm);
+    plan.notes.push_back(
+        "Planned for the CUDA device (" + device.why + "), assuming a GPU of " + sm +
+        " (ft plan cannot see the GPU; --cuda-sm 80 for an A100: 4 MiB cuBLASLt workspace "
+        "instead of 32).");
+    plan.notes.push_back(
+        "Only the caching allocator's requests are counted, as mem_peak_bytes counts them. "
+        "cudaMalloc'd memory (AllocatorStats reserved, what nvidia-smi shows) is above that by "
+        "the allocator's rounding: each block to 512 B, small blocks carved from 2 MiB segments, "
+        "large ones in segments rounded to 2 MiB; allow 2 MiB per buffer size in use at once, "
+        "plus the CUDA context (some hundreds of MiB per GPU, outside both).");
+  } else {
+    plan.notes.push_back(
+        std::string("Planned for the CPU device (") +
+        (device.why.empty() ? "runtime.device: cpu" : device.why) +
+        "). Only device-allocator memory is counted, as mem_peak_bytes counts it: the data "
+        "loader, MPI and the process itself come on top.");
+  }
   plan.notes.push_back(P > 1 ? "Scalars sent over the data and tensor groups (token count, loss, "
                                "gradient norm) are left out."
                              : "Scalars sent each step (token count, loss, gradient norm) are left out.");
@@ -522,7 +591,10 @@ MemoryPlan plan_memory(const Recipe& r, int world) {
     plan.notes.push_back(detail::concat(
         "A checkpoint holds 12 B per parameter (f32 weights + AdamW moments): ", sizes,
         " written by one rank", r.checkpoint.async
-            ? "; checkpoint.async keeps a host (not device) staging buffer of that share per rank."
+            ? (cuda ? "; checkpoint.async keeps a page-locked host (not device) staging buffer "
+                      "of that share per rank."
+                    : "; checkpoint.async keeps a host (not device) staging buffer of that share "
+                      "per rank.")
             : "."));
   }
   if (P > 1)

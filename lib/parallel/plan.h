@@ -13,7 +13,8 @@
 // embedding group too); 1F1B keeps min(P − p, M) micro-batches in flight, each in a full
 // activation slot of its own.
 //
-// Everything is fp32 (4 bytes per element), as this build trains.
+// Precision (training.precision) sets the bytes of activations and the compute copy; the
+// device (PlanDevice) adds the CUDA backend's own buffers (lib/runtime/cuda/cuda_ops.cpp).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,16 @@
 #include "recipe/recipe.h"
 
 namespace ft {
+
+// The device a plan is for. The CPU backend allocates nothing of its own on the device; the
+// CUDA backend adds the cuBLASLt workspace and its ops' scratch, and its attention backward
+// needs no fp32 dQ buffer. `ft plan` cannot see the GPU it will run on: `sm` is the compute
+// capability it assumes (90 unless told), which sets the cuBLASLt workspace.
+struct PlanDevice {
+  bool cuda = false;
+  int sm = 90;      // compute capability × 10 (80: A100, 90: H100)
+  std::string why;  // how the device was chosen, for the notes ("runtime.device: cuda")
+};
 
 // One figure of a rank's plan: bytes, and how they were computed with this recipe's numbers.
 struct PlanFigure {
@@ -40,7 +51,8 @@ struct RankPlan {
 
   // Memory resident during a training step (device allocator bytes).
   PlanFigure params, grads, optim, activations, comm_buffers;
-  int64_t total_bytes = 0;    // the sum of the five: the peak during a step
+  PlanFigure backend;         // CUDA: cuBLASLt workspace + the ops' scratch; 0 on the CPU
+  int64_t total_bytes = 0;    // the sum of the six: the peak during a step
   int slots = 1;              // activation slots: micro-batches in flight (1F1B)
   int64_t startup_bytes = 0;  // before the first step: whole model being sliced (T or P > 1), or
                               // full params + shards while ZeRO-3 shards them
@@ -57,15 +69,20 @@ struct MemoryPlan {
   int micro_batch = 1, accum = 1, seq_len = 1;
   bool activation_checkpointing = false;
   int64_t model_params = 0;              // elements of the whole model
+  PlanDevice device;                     // the device planned for
   std::vector<RankPlan> ranks;           // one per rank, in rank order
   std::vector<std::string> symbols;      // "N = B·S = 1·12 = 12 tokens per micro-batch", ...
   std::vector<std::pair<std::string, std::string>> formulas;  // (quantity, formula)
   std::vector<std::string> notes;        // what the estimate leaves out or assumes
 };
 
-// The plan for recipe r on `world` ranks (data = world / (tensor · pipeline)). Throws ft::Error
-// if the world does not divide into the recipe's layout.
-MemoryPlan plan_memory(const Recipe& r, int world);
+// The plan for recipe r on `world` ranks (data = world / (tensor · pipeline)) of `device`.
+// Throws ft::Error if the world does not divide into the recipe's layout.
+MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device = {});
+
+// The cuBLASLt workspace the CUDA backend allocates on a GPU of compute capability sm/10.x
+// (lib/runtime/cuda/lt_gemm.h lt_workspace_bytes, which this must follow).
+int64_t plan_lt_workspace_bytes(int sm);
 
 // Ranks whose figures are all identical (same stage, same groups, same bytes), each list in rank
 // order, lists ordered by their first rank.

@@ -90,6 +90,9 @@ struct RuntimeConfig {
   int threads = 0;              // 0: all cores
   // A step's collective that makes no progress this long ends the job (exit code 3); 0: never.
   double collective_timeout_s = 600;
+  // fp32 GEMMs on CUDA may round their inputs to TF32 (10-bit mantissa) for tensor cores;
+  // off: fp32 runs match the CPU. No effect on the CPU, bf16 or fp16.
+  bool tf32 = false;
 };
 
 struct Recipe {

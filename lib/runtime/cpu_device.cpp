@@ -71,7 +71,10 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
-void* Device::alloc_host(size_t bytes) {
+void* Device::alloc_host(size_t bytes) { return alloc_host_plain(bytes); }
+void Device::free_host(void* ptr, size_t bytes) { free_host_plain(ptr, bytes); }
+
+void* Device::alloc_host_plain(size_t bytes) {
   void* p = std::aligned_alloc(64, bytes ? (bytes + 63) / 64 * 64 : 64);
   if (!p)
     throw Error(detail::concat("out of host memory allocating a ", bytes,
@@ -79,7 +82,7 @@ void* Device::alloc_host(size_t bytes) {
   return p;
 }
 
-void Device::free_host(void* ptr, size_t) { std::free(ptr); }
+void Device::free_host_plain(void* ptr, size_t) { std::free(ptr); }
 
 namespace {
 const CudaBackend* g_cuda_backend = nullptr;
@@ -95,7 +98,7 @@ std::string built_backends() {
 
 std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>(); }
 
-std::unique_ptr<Device> make_device(const std::string& spec) {
+std::unique_ptr<Device> make_device(const std::string& spec, const DeviceOptions& options) {
   if (spec != "auto" && spec != "cpu" && spec != "cuda")
     throw UsageError("runtime.device: unknown device '" + spec +
                      "' (expected auto, cpu or cuda)");
@@ -106,7 +109,7 @@ std::unique_ptr<Device> make_device(const std::string& spec) {
     // The guard device stands in for a GPU in tests, so "auto" under it never probes one.
     if (spec == "cuda" || (spec == "auto" && !use_guard)) {
       const std::string why = cuda->unusable_reason();
-      if (why.empty()) return cuda->make();
+      if (why.empty()) return cuda->make(options);
       if (spec == "cuda")
         throw Error("runtime.device: cuda requested, but " + why +
                     "; use runtime.device: cpu (or auto) to train on the CPU");

@@ -45,6 +45,9 @@ class Device {
   // memory on the CPU. The host reads and writes it directly.
   virtual void* alloc_host(size_t bytes);
   virtual void free_host(void* ptr, size_t bytes);
+  // The CPU's staging memory (what alloc_host gives by default), for callers without a Device.
+  static void* alloc_host_plain(size_t bytes);
+  static void free_host_plain(void* ptr, size_t bytes);
   // Every op the model, ZeRO and optimizer run on this device (runtime/ops.h).
   virtual Ops& ops() = 0;
   // The stream work is issued on by default.
@@ -56,11 +59,18 @@ class Device {
 // The CPU device; threads for kernels come from OpenMP (runtime.threads).
 std::unique_ptr<Device> make_cpu_device();
 
+// What a recipe's runtime section asks of the device it makes (recipe.h RuntimeConfig).
+struct DeviceOptions {
+  // runtime.tf32: fp32 GEMMs may round their inputs to TF32 (CUDA, cuBLASLt's
+  // CUBLAS_COMPUTE_32F_FAST_TF32). The CPU has no TF32 and ignores it.
+  bool allow_tf32 = false;
+};
+
 // "auto" | "cpu" | "cuda". "cuda" is the GPU of this rank's node-local rank (runtime/cuda/
 // gpu_choice.h), or an ft::Error naming why there is none (no CUDA backend in this build, no
 // device, a driver older than the runtime). "auto" is that GPU when usable, else the CPU, and
 // in a CUDA build says why in one line on stderr.
-std::unique_ptr<Device> make_device(const std::string& spec);
+std::unique_ptr<Device> make_device(const std::string& spec, const DeviceOptions& options = {});
 
 // The backends this executable has, for `ft --version`: "cpu", or "cpu, cuda (runtime 13.0)".
 std::string built_backends();
@@ -71,7 +81,7 @@ std::string built_backends();
 // once, before any Device is made (main does it first thing).
 struct CudaBackend {
   std::string (*unusable_reason)();  // empty when a GPU is usable, else why not
-  std::unique_ptr<Device> (*make)();  // this rank's GPU
+  std::unique_ptr<Device> (*make)(const DeviceOptions&);  // this rank's GPU
   std::string (*description)();       // "runtime 13.0"
 };
 void register_cuda_backend(const CudaBackend* backend);

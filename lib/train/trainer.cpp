@@ -512,7 +512,7 @@ class Checkpoints {
         scaler_(scaler),
         log_(log),
         on_(r.checkpoint.every_steps > 0 || r.checkpoint.every_minutes > 0),
-        writer_(writer_options(r, comm, mesh)),
+        writer_(writer_options(r, comm, mesh, model.device())),
         pieces_(state_pieces(model, zero, optim, mesh)),
         last_saved_(at.folder.empty() ? -1 : at.step),
         t_last_save_(Clock::now()) {
@@ -580,7 +580,7 @@ class Checkpoints {
 
  private:
   static ckpt::CheckpointWriter::Options writer_options(const Recipe& r, Communicator& comm,
-                                                        const Mesh& mesh) {
+                                                        const Mesh& mesh, Device* dev) {
     ckpt::CheckpointWriter::Options wo;
     wo.dir = r.checkpoint.dir;
     wo.rank = comm.rank();
@@ -589,6 +589,7 @@ class Checkpoints {
     wo.async = r.checkpoint.async;
     wo.keep_last = r.checkpoint.keep_last;
     wo.tokenizer = r.tokenizer.path;
+    wo.staging_device = dev;
     uint64_t attempt =
         comm.rank() == 0
             ? (uint64_t(std::chrono::system_clock::now().time_since_epoch().count()) ^
@@ -692,7 +693,8 @@ void print_summary(const Recipe& r, const TrainSummary& sum, int64_t last_saved)
 TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resume) {
   const bool is_root = comm.rank() == 0;
   const int threads = configure_threads(r.runtime.threads);
-  std::unique_ptr<Device> dev = make_device(r.runtime.device);
+  std::unique_ptr<Device> dev =
+      make_device(r.runtime.device, DeviceOptions{.allow_tf32 = r.runtime.tf32});
 
   // The mesh (DESIGN.md §3): data-parallel ranks split the batch, tensor-parallel ranks split
   // each layer and see the same samples.

@@ -693,3 +693,70 @@ TEST_CASE("checkpoint: a piece holding NaN or infinity is never committed") {
     }
   }
 }
+
+namespace {
+
+// The CPU device with its host staging counted: what an async save asks of Device::alloc_host
+// (page-locked memory on CUDA).
+class StagingCountingDevice final : public ft::Device {
+ public:
+  ft::DeviceKind kind() const override { return in_->kind(); }
+  std::string name() const override { return "staging-counting " + in_->name(); }
+  void* alloc(size_t b) override { return in_->alloc(b); }
+  void free(void* p, size_t b) override { in_->free(p, b); }
+  void memset_zero(void* p, size_t b) override { in_->memset_zero(p, b); }
+  void copy_to_host(void* d, const void* s, size_t b) override { in_->copy_to_host(d, s, b); }
+  void copy_from_host(void* d, const void* s, size_t b) override { in_->copy_from_host(d, s, b); }
+  void copy(ft::Stream s, void* d, const void* src, size_t b) override { in_->copy(s, d, src, b); }
+  void synchronize() override { in_->synchronize(); }
+  ft::AllocatorStats stats() const override { return in_->stats(); }
+  ft::Ops& ops() override { return in_->ops(); }
+  void* alloc_host(size_t b) override {
+    ++allocs;
+    bytes = b;
+    return live = in_->alloc_host(b);
+  }
+  void free_host(void* p, size_t b) override {
+    CHECK(p == live);
+    CHECK(b == bytes);
+    ++frees;
+    in_->free_host(p, b);
+  }
+  int allocs = 0, frees = 0;
+  size_t bytes = 0;
+  void* live = nullptr;
+
+ private:
+  std::unique_ptr<ft::Device> in_ = ft::make_cpu_device();
+};
+
+}  // namespace
+
+TEST_CASE("checkpoint: an async save stages in the device's alloc_host memory, freed once") {
+  const WholeState ws(tiny_config(), 13);
+  TempDir dir;
+  StagingCountingDevice dev;
+  {
+    ft::ckpt::CheckpointWriter::Options o;
+    o.dir = dir.path;
+    o.async = true;
+    o.staging_device = &dev;
+    ft::ckpt::CheckpointWriter w(o);
+    std::vector<ft::ckpt::PieceSource> pieces;
+    uint64_t total = 0;
+    for (int s = 0; s < 3; ++s)
+      for (size_t g = 0; g < ws.buf[size_t(s)].size(); ++g) {
+        const auto& b = ws.buf[size_t(s)][g];
+        pieces.push_back({kStates[s], int(g), 0, b.size(), b.data()});
+        total += b.size() * sizeof(float);
+      }
+    w.save(4, pieces, manifest_for(ws.cfg, 1, 1, 4));
+    w.save(5, pieces, manifest_for(ws.cfg, 1, 1, 5));  // the same buffer again
+    w.wait();
+    CHECK(dev.allocs == 1);
+    CHECK(dev.bytes == total);
+    CHECK(dev.frees == 0);  // held for the next save
+  }
+  CHECK(dev.frees == 1);  // the writer gave it back to the device
+  CHECK(ft::ckpt::verify(ft::ckpt::read_manifest(dir.file("step_00000005"))).empty());
+}

@@ -397,3 +397,23 @@ TEST_CASE("plan: a world or a model that does not fit the layout is an error") {
   r.model.vocab_size = 11;  // the vocabulary is not padded
   CHECK_THROWS_AS(plan_memory(r, 2), ft::Error);
 }
+
+TEST_CASE("plan: the CUDA device adds the cuBLASLt workspace and the ops' scratch") {
+  const ft::PlanDevice h100{.cuda = true, .sm = 90, .why = "test"};
+  const ft::PlanDevice a100{.cuda = true, .sm = 80, .why = "test"};
+  Recipe r = small(0);
+  const RankPlan cpu = plan_memory(r, 1).ranks[0];
+  const RankPlan gpu = plan_memory(r, 1, h100).ranks[0];
+  CHECK(cpu.backend.bytes == 0);
+  // Scratch asks in step order: cross-entropy 8·N = 32 B, then RMSNorm's backward partials
+  // 4·min(N, 512)·C = 128 B (> 32: grows to max(128, 2·32)), then sum_squares over the largest
+  // group (496 elements: one block, 8 B, fits).
+  CHECK(gpu.backend.bytes == (int64_t{32} << 20) + 128);
+  CHECK(plan_memory(r, 1, a100).ranks[0].backend.bytes == (int64_t{4} << 20) + 128);
+  CHECK(gpu.total_bytes == cpu.total_bytes + gpu.backend.bytes);  // fp32: nothing else differs
+  // bf16: the CUDA attention backward sums dQ in registers: no N·HD fp32 buffer (32 elements).
+  r.training.precision = "bf16";
+  const RankPlan cpu16 = plan_memory(r, 1).ranks[0];
+  const RankPlan gpu16 = plan_memory(r, 1, h100).ranks[0];
+  CHECK(cpu16.activations.bytes - gpu16.activations.bytes == 4 * 32);
+}

@@ -17,6 +17,7 @@
 namespace fs = std::filesystem;
 using ft::CudaBackend;
 using ft::Device;
+using ft::DeviceOptions;
 using ft::load_recipe;
 using ft::register_cuda_backend;
 using ft::Recipe;
@@ -205,7 +206,7 @@ TEST_CASE("recipe: nothing close to an unknown key lists the valid ones") {
   const RecipeIssue i = issue_for(r, "runtime.xyzzy");
   CHECK(i.line == 10);
   CHECK(i.column == 11);
-  CHECK(i.hint == "keys of runtime are device, threads, collective_timeout_s");
+  CHECK(i.hint == "keys of runtime are device, threads, collective_timeout_s, tf32");
 }
 
 TEST_CASE("recipe: wrong types name what was expected and what was found") {
@@ -947,7 +948,8 @@ TEST_CASE("recipe: what this build cannot run is refused, so validate and train 
     // With one (a stand-in here: the recipe never asks it anything), device: cuda is the
     // trainer's question (is a GPU there?), not the recipe's: nothing is refused.
     static const CudaBackend stand_in{
-        [] { return std::string("stand-in"); }, [] { return std::unique_ptr<Device>(); },
+        [] { return std::string("stand-in"); },
+        [](const DeviceOptions&) { return std::unique_ptr<Device>(); },
         [] { return std::string("stand-in"); }};
     register_cuda_backend(&stand_in);
     const RecipeResult with = load_recipe(path, {"checkpoint.every_minutes=5"}, 0);

@@ -41,7 +41,7 @@ std::string visible_devices() {
 
 class CudaDevice final : public Device {
  public:
-  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+  CudaDevice(int ordinal, const DeviceOptions& options) : ordinal_(ordinal) {
     FT_CUDA_CHECK(cudaSetDevice(ordinal_));
     cudaDeviceProp prop{};
     FT_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal_));
@@ -61,8 +61,7 @@ class CudaDevice final : public Device {
           return p;
         },
         [](void* p, size_t) { cudaFree(p); }, name_);
-    // runtime.tf32 is not wired to the device yet: fp32 GEMMs stay exact fp32 (TF32 off).
-    ops_ = make_cuda_ops(*this, stream_, prop.major, /*allow_tf32=*/false);
+    ops_ = make_cuda_ops(*this, stream_, prop.major, options.allow_tf32);
   }
   ~CudaDevice() override {
     // Nothing may still run on memory about to be freed; errors here cannot be thrown.
@@ -172,17 +171,18 @@ std::string cuda_unusable_reason() {
 }
 
 const CudaBackend& this_cuda_backend() {
-  static const CudaBackend backend{cuda_unusable_reason, make_cuda_device,
+  static const CudaBackend backend{cuda_unusable_reason,
+                                   [](const DeviceOptions& o) { return make_cuda_device(o); },
                                    cuda_runtime_description};
   return backend;
 }
 
-std::unique_ptr<Device> make_cuda_device() {
+std::unique_ptr<Device> make_cuda_device(const DeviceOptions& options) {
   int count = 0;
   FT_CUDA_CHECK(cudaGetDeviceCount(&count));
   const cuda::LocalRank local = cuda::node_local_rank();
   const int ordinal = cuda::pick_gpu(local.rank, count);
-  auto dev = std::make_unique<CudaDevice>(ordinal);
+  auto dev = std::make_unique<CudaDevice>(ordinal, options);
   log_debug("device: ", dev->name(), " for node-local rank ", local.rank, " (", local.source,
             ") of ", count, " visible GPU", count == 1 ? "" : "s");
   return dev;

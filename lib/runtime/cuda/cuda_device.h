@@ -23,7 +23,7 @@ std::string cuda_runtime_description();
 
 // The GPU of this rank (node-local rank modulo the visible GPUs). Throws ft::Error when it
 // cannot be set up; call cuda_unusable_reason() first for the friendly answer.
-std::unique_ptr<Device> make_cuda_device();
+std::unique_ptr<Device> make_cuda_device(const DeviceOptions& options = {});
 
 // The three above, for register_cuda_backend (device.h).
 const CudaBackend& this_cuda_backend();
