@@ -45,6 +45,11 @@ class Device {
   // memory on the CPU. The host reads and writes it directly.
   virtual void* alloc_host(size_t bytes);
   virtual void free_host(void* ptr, size_t bytes);
+  // Whether code outside the Device (MPI, reading a buffer) may use its memory as host memory.
+  // The CPU's may; a GPU's may not, nor the guard device's (runtime/guard_device.h), nor the
+  // emulated GPU's, although that is host memory, so that CI runs what a GPU needs: the
+  // communicators reach such memory through host staging (comm/host_staging.h).
+  virtual bool host_accessible() const { return true; }
   // Every op the model, ZeRO and optimizer run on this device (runtime/ops.h).
   virtual Ops& ops() = 0;
   // The stream work is issued on by default.
