@@ -25,11 +25,11 @@ HostStagedCommunicator::HostStagedCommunicator(std::unique_ptr<Communicator> inn
     : owned_(std::move(inner)), inner_(*owned_), dev_(dev) {}
 
 HostStagedCommunicator::~HostStagedCommunicator() {
-  // Sends still in flight read their blocks: let them finish before the blocks go.
-  if (sends_in_flight_ > 0) inner_.wait_sends();
   if (block_.ptr) dev_.free_host(block_.ptr, block_.bytes);
-  for (const HostBlock& b : sends_)
-    if (b.ptr) dev_.free_host(b.ptr, b.bytes);
+  // Sends still in flight (an error unwound past the pipeline's wait_sends) may still be read by
+  // MPI, and waiting for them could hang on a peer that is gone: their blocks are left allocated.
+  for (size_t i = sends_in_flight_; i < sends_.size(); ++i)
+    if (sends_[i].ptr) dev_.free_host(sends_[i].ptr, sends_[i].bytes);
 }
 
 std::byte* HostStagedCommunicator::reserve(HostBlock& block, size_t bytes) {
