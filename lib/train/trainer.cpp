@@ -30,9 +30,9 @@
 #include <thread>
 
 #include "ckpt/checkpoint.h"
-#include "comm/host_staging.h"
 #include "ckpt/hf.h"
 #include "ckpt/safetensors.h"
+#include "comm/host_staging.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/system.h"
