@@ -48,6 +48,11 @@ class Device {
   // The CPU's staging memory (what alloc_host gives by default), for callers without a Device.
   static void* alloc_host_plain(size_t bytes);
   static void free_host_plain(void* ptr, size_t bytes);
+  // Whether code outside the Device (MPI, reading a buffer) may use its memory as host memory.
+  // The CPU's may; a GPU's may not, nor the guard device's (runtime/guard_device.h), nor the
+  // emulated GPU's, although that is host memory, so that CI runs what a GPU needs: the
+  // communicators reach such memory through host staging (comm/host_staging.h).
+  virtual bool host_accessible() const { return true; }
   // Every op the model, ZeRO and optimizer run on this device (runtime/ops.h).
   virtual Ops& ops() = 0;
   // The stream work is issued on by default.

@@ -184,6 +184,7 @@ class GuardDevice final : public Device {
     if (bytes && dst != src) std::memmove(dst, src, bytes);
   }
   void synchronize() override {}
+  bool host_accessible() const override { return false; }
   AllocatorStats stats() const override {
     std::lock_guard<std::mutex> lk(mu_);
     return AllocatorStats{current_, peak_, num_allocs_};

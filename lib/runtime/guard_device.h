@@ -2,8 +2,8 @@
 // is its own mapping, kept PROT_NONE except while one of the Device's ops or copies runs, so
 // any code that reads or writes device memory from the host, outside the dispatch point
 // (DESIGN.md §2), dies with SIGSEGV at that line. It stands in for a GPU's memory in CI, where
-// no GPU is. Selected by FT_TEST_GUARD_DEVICE=1 (make_device); single-process runs only, since
-// the communicators hand device pointers to MPI (NCCL will take them on the device).
+// no GPU is. Selected by FT_TEST_GUARD_DEVICE=1 (make_device). Not host-accessible, so under
+// MPI its memory goes through host staging (comm/host_staging.h), as a GPU's does.
 #pragma once
 
 #include <memory>

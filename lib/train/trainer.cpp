@@ -32,6 +32,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
 #include "ckpt/safetensors.h"
+#include "comm/host_staging.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/system.h"
@@ -307,12 +308,16 @@ void init_weights(LlamaModel& model, const Recipe& r, Device* dev, const Mesh& m
 // matrix held twice; their gradients are summed between the two (DESIGN.md §3). Returns the
 // group of the two holders (null when there is none); it must outlive `zero`'s use of it.
 std::unique_ptr<Communicator> share_tied_embedding(const Recipe& r, Communicator& comm,
-                                                   const Mesh& mesh, ZeroSharding& zero) {
+                                                   const Mesh& mesh, ZeroSharding& zero,
+                                                   Device& dev) {
   if (mesh.pipeline == 1 || !r.model.tie_embeddings) return nullptr;
   const bool holder = mesh.p == 0 || mesh.p == mesh.pipeline - 1;
   const int pairs = mesh.data * mesh.tensor;
   std::unique_ptr<Communicator> holders =
       comm.split(holder ? mesh.d * mesh.tensor + mesh.t : pairs + comm.rank(), mesh.p);
+  // The holders sum gradients in device memory (comm/host_staging.h).
+  if (!dev.host_accessible())
+    holders = std::make_unique<HostStagedCommunicator>(std::move(holders), dev);
   if (holder) zero.share_group(0, holders.get());
   return holders;
 }
@@ -732,12 +737,20 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   const DType compute_dtype = r.training.precision == "bf16"   ? DType::kBF16
                               : r.training.precision == "fp16" ? DType::kF16
                                                                : DType::kF32;
-  LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing, tensor_comm, stage,
+  // Model, ZeRO and pipeline hand device memory to their groups: on a device whose memory the
+  // host (MPI) cannot read, through host staging (comm/host_staging.h). The step's host scalars
+  // go to the plain groups.
+  std::vector<std::unique_ptr<Communicator>> staged;
+  Communicator* const dev_data = for_device_memory(&data_comm, *dev, staged);
+  Communicator* const dev_tensor = for_device_memory(tensor_comm, *dev, staged);
+  Communicator* const dev_pipe = for_device_memory(pipe_comm, *dev, staged);
+  LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing, dev_tensor, stage,
                    compute_dtype);
   init_weights(model, r, dev.get(), mesh, !r.model.from.empty() && candidates.empty(), is_root);
-  ZeroSharding zero(r.parallel.zero_stage, model, data_comm, dev.get(), tensor_comm, pipe_comm);
-  const std::unique_ptr<Communicator> tied_holders = share_tied_embedding(r, comm, mesh, zero);
-  PipelineSchedule pipeline(model, pipe_comm, dev.get());
+  ZeroSharding zero(r.parallel.zero_stage, model, *dev_data, dev.get(), dev_tensor, dev_pipe);
+  const std::unique_ptr<Communicator> tied_holders =
+      share_tied_embedding(r, comm, mesh, zero, *dev);
+  PipelineSchedule pipeline(model, dev_pipe, dev.get());
   AdamW optim(model.layout(), r.optimizer, dev.get(), zero.ranges());
   // fp16 only: the loss scale and its counters (optim/loss_scaler.h, DESIGN.md §5).
   std::optional<LossScaler> scaler;
@@ -751,6 +764,9 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   comm.barrier();
 
   if (is_root) print_run_header(r, model, loader, accum, *dev, threads);
+  // Rank 0's header names its device; on GPUs each other rank says which one it took (its
+  // node-local rank's, runtime/cuda/gpu_choice.h), so a wrong choice shows in the log.
+  if (!is_root && dev->kind() == DeviceKind::kCuda) log_info("ft: device ", dev->name());
   RunLog log(r, is_root, at);
   Checkpoints ckpts(r, comm, mesh, model, zero, optim, scaler_ptr, tokenizer_sha, at, log);
   // Close the live bar's line on any exit, so an error message (or the checkpoint writer's,
@@ -824,6 +840,11 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     ckpts.save(at.step, tokens_seen);
   ckpts.wait(sum.preempted ? sum.steps_done : r.training.steps);
   log.finish();
+  if (const HostStagingStats st = host_staging_stats(); st.calls > 0)
+    log_info("ft: ", st.calls, " communication calls staged through host memory (",
+             (st.bytes + (1 << 20) - 1) >> 20, " MiB copied): ", dev->name(),
+             " memory is not host-accessible and MPI is not CUDA-aware (NCCL will run on the "
+             "device)");
   if (const char* dir = std::getenv("FT_TEST_DUMP_PARAMS"))
     dump_final_params(dir, model, zero, mesh, comm.rank());
 

@@ -3,7 +3,7 @@
 # device memory only through the Device's ops and copies. Under FT_TEST_GUARD_DEVICE=1 every
 # device allocation is PROT_NONE outside those (lib/runtime/guard_device.h), so a host read or
 # write anywhere else kills the run (SIGSEGV, or EFAULT from a system call). Runs, one process
-# (the communicators hand device pointers to MPI, which the guard would stop):
+# (under MPI the guard device goes through host staging: tests/cli/test_cuda_emu_ranks.sh):
 #  - fp32, bf16 and fp16, ZeRO 0-3, evaluation, checkpoints every 4 steps, a resume from step 8,
 #    HF weights loaded with model.from: every run completes and its losses and grad norms are
 #    identical to the same run on the plain CPU device.

@@ -100,13 +100,14 @@ class CudaDevice final : public Device {
     const cuda::CachingAllocatorStats s = allocator_->stats();
     return AllocatorStats{s.current_bytes, s.peak_bytes, s.num_allocs, s.reserved_bytes};
   }
+  bool host_accessible() const override { return false; }
   void* alloc_host(size_t bytes) override {
     void* p = nullptr;
     const cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
       cudaGetLastError();
       throw Error(detail::concat("cannot allocate ", bytes, " bytes of page-locked host memory "
-                                 "for checkpoint staging on ", name_, ": ",
+                                 "for staging (checkpoints, communication) on ", name_, ": ",
                                  cudaGetErrorString(e), "; try checkpoint.async: false or "
                                  "raise the locked-memory limit (ulimit -l)"));
     }
