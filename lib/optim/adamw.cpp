@@ -25,19 +25,30 @@ void AdamW::step(const std::vector<float*>& params, const std::vector<const floa
   const auto& groups = layout_.groups();
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const ShardRange& r = ranges_[gi];
-    // The range may cut through tensors: update each tensor's overlap with it, so weight decay
-    // still follows the tensor it belongs to.
+    // The range may cut through tensors: each tensor's overlap with it is updated with its own
+    // weight decay, adjacent tensors with the same decay in one call (elementwise, so the bits
+    // are those of one call per tensor).
+    size_t run_lo = 0, run_hi = 0;
+    float run_wd = 0.0f;
+    auto flush = [&] {
+      if (run_lo >= run_hi) return;
+      const size_t at = run_lo - r.begin;
+      const Ref pc = gi < compute.size() && compute[gi].ptr ? compute[gi] + at : Ref();
+      dev_->ops().adamw_update(dev_->stream(), params[gi] + at, grads[gi] + at,
+                               m_[gi].data() + at, v_[gi].data() + at, run_hi - run_lo,
+                               float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps),
+                               run_wd, t_, grad_scale, pc);
+      run_lo = run_hi = 0;
+    };
     for (const auto& e : groups[gi].entries) {
       const size_t lo = std::max(r.begin, e.offset), hi = std::min(r.end, e.offset + e.numel);
       if (lo >= hi) continue;
       const float wd = e.weight_decay ? float(cfg_.weight_decay) : 0.0f;
-      const Ref pc = gi < compute.size() && compute[gi].ptr ? compute[gi] + (lo - r.begin) : Ref();
-      dev_->ops().adamw_update(dev_->stream(), params[gi] + (lo - r.begin),
-                               grads[gi] + (lo - r.begin), m_[gi].data() + (lo - r.begin),
-                               v_[gi].data() + (lo - r.begin), hi - lo, float(lr),
-                               float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps), wd, t_,
-                               grad_scale, pc);
+      if (run_lo < run_hi && (lo != run_hi || wd != run_wd)) flush();
+      if (run_lo == run_hi) run_lo = lo, run_wd = wd;
+      run_hi = hi;
     }
+    flush();
   }
 }
 

@@ -86,12 +86,26 @@ void ZeroSharding::weighted_sum_squares(double* acc, int g, const float* x, size
   double holders_count = 1;
   for (const auto& [shared, holders] : shared_)
     if (shared == g) holders_count = holders->size();
-  for (const auto& e : model_.layout().groups()[size_t(g)].entries) {
+  // One call per run of adjacent tensors with the same divisor (a group's tensors are
+  // contiguous): a few calls per group instead of one per tensor.
+  const auto& entries = model_.layout().groups()[size_t(g)].entries;
+  size_t run_lo = 0, run_hi = 0;
+  double run_divisor = 0;
+  auto flush = [&] {
+    if (run_lo < run_hi)
+      dev_->ops().sum_squares(dev_->stream(), acc, x + (run_lo - base), run_hi - run_lo,
+                              run_divisor);
+    run_lo = run_hi = 0;
+  };
+  for (const auto& e : entries) {
     const size_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
     if (lo >= hi) continue;
     const double divisor = (e.split == TensorSplit::kReplicated ? T : 1) * holders_count;
-    dev_->ops().sum_squares(dev_->stream(), acc, x + (lo - base), hi - lo, divisor);
+    if (run_lo < run_hi && (lo != run_hi || divisor != run_divisor)) flush();
+    if (run_lo == run_hi) run_lo = lo, run_divisor = divisor;
+    run_hi = hi;
   }
+  flush();
 }
 
 double ZeroSharding::grad_sum_squares() {
