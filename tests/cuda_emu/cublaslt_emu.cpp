@@ -46,6 +46,7 @@ struct LayoutState {
   int32_t order, batch_count;
   uint64_t rows, cols;
   int64_t ld;
+  int64_t batch_stride;  // elements from one matrix of a strided batch to the next
 };
 struct PrefState {
   uint32_t magic, search_mode;
@@ -113,9 +114,21 @@ cublasStatus_t resolve(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t A,
     if (!load(hs[i], kLayoutMagic, ls[i]))
       return fail(CUBLAS_STATUS_INVALID_VALUE,
                   std::string("layout of ") + names[i] + " missing or destroyed");
-    if (ls[i]->order != CUBLASLT_ORDER_COL || ls[i]->batch_count != 1)
+    if (ls[i]->order != CUBLASLT_ORDER_COL)
       return fail(CUBLAS_STATUS_NOT_SUPPORTED, std::string("layout of ") + names[i] +
-                                                   ": the emulator runs column-major, unbatched");
+                                                   ": the emulator runs column-major only");
+    if (ls[i]->batch_count < 1 || ls[i]->batch_count != ls[0]->batch_count)
+      return fail(CUBLAS_STATUS_INVALID_VALUE,
+                  std::string("layout of ") + names[i] + ": batch count " +
+                      std::to_string(ls[i]->batch_count) + " (A has " +
+                      std::to_string(ls[0]->batch_count) +
+                      "; the emulator needs the same count >= 1 on A, B, C and D)");
+    if (ls[i]->batch_count > 1 && ls[i]->batch_stride <= 0)
+      return fail(CUBLAS_STATUS_NOT_SUPPORTED,
+                  std::string("layout of ") + names[i] + ": batch stride " +
+                      std::to_string(ls[i]->batch_stride) +
+                      " (the emulator refuses broadcast and negative strides, whose support "
+                      "cuBLASLt does not document)");
     if (ls[i]->rows == 0 || ls[i]->cols == 0 || ls[i]->ld < static_cast<int64_t>(ls[i]->rows))
       return fail(CUBLAS_STATUS_INVALID_VALUE,
                   std::string("layout of ") + names[i] + ": rows " + std::to_string(ls[i]->rows) +
@@ -172,6 +185,8 @@ uint64_t fingerprint(const Problem& p) {
     mix(&l->rows, sizeof l->rows);
     mix(&l->cols, sizeof l->cols);
     mix(&l->ld, sizeof l->ld);
+    mix(&l->batch_count, sizeof l->batch_count);
+    mix(&l->batch_stride, sizeof l->batch_stride);
   }
   return h;
 }
@@ -202,11 +217,16 @@ float to_tf32(float x) {
   return x;
 }
 
-// The bytes a column-major matrix spans: [first, last element + 1).
+// The bytes a column-major matrix (every matrix of its batch) spans: [first, last element + 1).
 std::pair<uintptr_t, uintptr_t> extent(const void* ptr, const LayoutState& l) {
   const auto lo = reinterpret_cast<uintptr_t>(ptr);
-  const uint64_t elems = (l.cols - 1) * static_cast<uint64_t>(l.ld) + l.rows;
+  const uint64_t elems = (l.cols - 1) * static_cast<uint64_t>(l.ld) + l.rows +
+                         uint64_t(l.batch_count - 1) * uint64_t(l.batch_stride);
   return {lo, lo + elems * type_size(l.type)};
+}
+
+const void* batch_ptr(const void* base, const LayoutState& l, int32_t i) {
+  return static_cast<const char*>(base) + size_t(i) * size_t(l.batch_stride) * type_size(l.type);
 }
 
 uint32_t alignment_of(const void* ptr) {
@@ -313,7 +333,7 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDa
   if (!layout) return fail(CUBLAS_STATUS_INVALID_VALUE, "MatrixLayoutCreate: null pointer");
   *layout = new cublasLtMatrixLayoutOpaque_t{};
   store(*layout, LayoutState{kLayoutMagic, static_cast<uint32_t>(type), CUBLASLT_ORDER_COL, 1, rows,
-                             cols, ld});
+                             cols, ld, 0});
   return ok();
 }
 
@@ -341,6 +361,9 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout,
     case CUBLASLT_MATRIX_LAYOUT_COLS: good = take(buf, bytes, &s.cols); break;
     case CUBLASLT_MATRIX_LAYOUT_LD: good = take(buf, bytes, &s.ld); break;
     case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: good = take(buf, bytes, &s.batch_count); break;
+    case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
+      good = take(buf, bytes, &s.batch_stride);
+      break;
     default:
       return fail(CUBLAS_STATUS_NOT_SUPPORTED, "MatrixLayoutSetAttribute: attribute " +
                                                    std::to_string(attr) + " is not emulated");
@@ -456,13 +479,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                 "shapes or lds differ)");
   const void* ptrs[4] = {A_p, B_p, C_p, D_p};
   const char* names = "ABCD";
+  const LayoutState* layouts[4] = {&p.a, &p.b, &p.c, &p.d};
   for (int i = 0; i < 4; ++i)
-    if (alignment_of(ptrs[i]) < algo->data[2 + i])
-      return fail(CUBLAS_STATUS_INVALID_VALUE, std::string("Matmul: ") + names[i] + " is " +
-                                                   std::to_string(alignment_of(ptrs[i])) +
-                                                   "-byte aligned but the algorithm "
-                                                   "was chosen for " +
-                                                   std::to_string(algo->data[2 + i]) + " bytes");
+    for (int32_t b = 0; b < p.d.batch_count && ptrs[i]; ++b) {
+      const uint32_t have = alignment_of(batch_ptr(ptrs[i], *layouts[i], b));
+      if (have < algo->data[2 + i])
+        return fail(CUBLAS_STATUS_INVALID_VALUE,
+                    std::string("Matmul: ") + names[i] + " (matrix " + std::to_string(b) +
+                        " of the batch) is " + std::to_string(have) +
+                        "-byte aligned but the algorithm was chosen for " +
+                        std::to_string(algo->data[2 + i]) + " bytes");
+    }
   const size_t ws_needed = algo->data[6];
   if (workspace_bytes < ws_needed || (ws_needed && !workspace))
     return fail(CUBLAS_STATUS_INVALID_VALUE,
@@ -472,7 +499,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     return fail(CUBLAS_STATUS_INVALID_VALUE, "Matmul: a null pointer");
   // In place (C == D) needs one layout for both; D overlapping an input is undefined in the
   // library (its tiles would read what others already wrote), so the emulator refuses it.
-  if (C_p == D_p && (p.c.ld != p.d.ld || p.c.type != p.d.type))
+  if (C_p == D_p &&
+      (p.c.ld != p.d.ld || p.c.type != p.d.type || p.c.batch_stride != p.d.batch_stride))
     return fail(CUBLAS_STATUS_INVALID_VALUE, "Matmul: C == D with different layouts");
   const auto [d_lo, d_hi] = extent(D_p, p.d);
   for (auto [ptr, l, name] : {std::tuple{A_p, &p.a, "A"}, std::tuple{B_p, &p.b, "B"}}) {
@@ -487,27 +515,34 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   if (beta != 0.0f && !C_p) return fail(CUBLAS_STATUS_INVALID_VALUE, "Matmul: C null, beta != 0");
   const bool ta = p.desc.transa == CUBLAS_OP_T, tb = p.desc.transb == CUBLAS_OP_T;
   const bool tf32 = p.desc.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
-  // Column-major element (i, j) of a stored matrix is at i + j·ld.
-  auto in_a = [&](uint64_t i, uint64_t l) {  // op(A)(i, l)
-    const float v = load_elem(A_p, p.a.type, ta ? l + i * p.a.ld : i + l * p.a.ld);
-    return tf32 ? to_tf32(v) : v;
-  };
-  auto in_b = [&](uint64_t l, uint64_t j) {  // op(B)(l, j)
-    const float v = load_elem(B_p, p.b.type, tb ? j + l * p.b.ld : l + j * p.b.ld);
-    return tf32 ? to_tf32(v) : v;
-  };
-  // All of D is computed before any is stored, so C may alias D (in place), as in the library.
   std::vector<float> out(p.m * p.n);
-  for (uint64_t j = 0; j < p.n; ++j)
-    for (uint64_t i = 0; i < p.m; ++i) {
-      float acc = 0.0f;  // fp32 accumulation, as CUBLAS_COMPUTE_32F
-      for (uint64_t l = 0; l < p.k; ++l) acc += in_a(i, l) * in_b(l, j);
-      float v = alpha * acc;
-      if (beta != 0.0f) v += beta * load_elem(C_p, p.c.type, i + j * p.c.ld);  // C unread at 0
-      out[i + j * p.m] = v;
-    }
-  for (uint64_t j = 0; j < p.n; ++j)
-    for (uint64_t i = 0; i < p.m; ++i) store_elem(D_p, p.d.type, i + j * p.d.ld, out[i + j * p.m]);
+  for (int32_t batch = 0; batch < p.d.batch_count; ++batch) {
+    const void* a_p = batch_ptr(A_p, p.a, batch);
+    const void* b_p = batch_ptr(B_p, p.b, batch);
+    const void* c_p = C_p ? batch_ptr(C_p, p.c, batch) : nullptr;
+    void* d_p = const_cast<void*>(batch_ptr(D_p, p.d, batch));
+    // Column-major element (i, j) of a stored matrix is at i + j·ld.
+    auto in_a = [&](uint64_t i, uint64_t l) {  // op(A)(i, l)
+      const float v = load_elem(a_p, p.a.type, ta ? l + i * p.a.ld : i + l * p.a.ld);
+      return tf32 ? to_tf32(v) : v;
+    };
+    auto in_b = [&](uint64_t l, uint64_t j) {  // op(B)(l, j)
+      const float v = load_elem(b_p, p.b.type, tb ? j + l * p.b.ld : l + j * p.b.ld);
+      return tf32 ? to_tf32(v) : v;
+    };
+    // All of D is computed before any is stored, so C may alias D (in place), as in the library.
+    for (uint64_t j = 0; j < p.n; ++j)
+      for (uint64_t i = 0; i < p.m; ++i) {
+        float acc = 0.0f;  // fp32 accumulation, as CUBLAS_COMPUTE_32F
+        for (uint64_t l = 0; l < p.k; ++l) acc += in_a(i, l) * in_b(l, j);
+        float v = alpha * acc;
+        if (beta != 0.0f) v += beta * load_elem(c_p, p.c.type, i + j * p.c.ld);  // unread at 0
+        out[i + j * p.m] = v;
+      }
+    for (uint64_t j = 0; j < p.n; ++j)
+      for (uint64_t i = 0; i < p.m; ++i)
+        store_elem(d_p, p.d.type, i + j * p.d.ld, out[i + j * p.m]);
+  }
   ++g_matmuls;
   (void)stream;  // every emulated call completes before it returns
   return ok();

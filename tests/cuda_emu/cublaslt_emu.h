@@ -11,7 +11,8 @@
 // CUBLAS_COMPUTE_32F_FAST_TF32) and one rounding to D's type. It is stricter than the library
 // where the library's behaviour is undefined: it refuses layouts that do not fit m, n, k,
 // attribute buffers of the wrong size, an algorithm used with other descriptors than the ones
-// it was chosen for, pointers less aligned than the heuristic was told, D overlapping A or B,
+// it was chosen for, pointers (of any matrix of a batch) less aligned than the heuristic was
+// told, D overlapping A or B,
 // C == D with different layouts, and a workspace smaller than the algorithm asked for (it
 // writes that many bytes, so ASan catches a short buffer).
 // "Device" pointers are host pointers; the stream is ignored and every call completes at once.
@@ -19,7 +20,8 @@
 // Supported: cublasLtCreate/Destroy, GetStatusName/String, MatmulDescCreate/Destroy/
 // SetAttribute (COMPUTE_TYPE, SCALE_TYPE, POINTER_MODE host, TRANSA, TRANSB, TRANSC = N,
 // EPILOGUE default), MatrixLayoutCreate/Destroy/SetAttribute (TYPE, ORDER col, ROWS, COLS, LD,
-// BATCH_COUNT 1), MatmulPreferenceCreate/Destroy/SetAttribute (SEARCH_MODE best fit,
+// BATCH_COUNT, STRIDED_BATCH_OFFSET: strided batches of one count on A, B, C and D, strides
+// positive), MatmulPreferenceCreate/Destroy/SetAttribute (SEARCH_MODE best fit,
 // MAX_WORKSPACE_BYTES, MIN_ALIGNMENT_A/B/C/D_BYTES), MatmulAlgoGetHeuristic, Matmul. Anything
 // else returns CUBLAS_STATUS_NOT_SUPPORTED with the reason in cublaslt_emu_last_error().
 #pragma once

@@ -213,3 +213,66 @@ TEST_CASE("lt_layout: the column-major problems reproduce the row-major products
           REQUIRE(dW == dW_ref);
         }
 }
+
+TEST_CASE("lt_layout: map_gemm reproduces row-major products with transposes and padded lds") {
+  // One matrix of a batch (the interpreter runs one); the batch fields are checked separately.
+  const int M = 7, N = 19, K = 5;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      CAPTURE(ta);
+      CAPTURE(tb);
+      GemmCall g;
+      g.M = M, g.N = N, g.K = K;
+      g.lda = (ta ? M : K) + 2, g.ldb = (tb ? K : N) + 3, g.ldc = N + 1;
+      const auto A = small_ints(size_t((ta ? K : M) * g.lda), 1);
+      const auto B = small_ints(size_t((tb ? N : K) * g.ldb), 2);
+      std::vector<float> C(size_t(M * g.ldc), 42.0f);
+      g.a = A.data(), g.trans_a = ta;
+      g.b = B.data(), g.trans_b = tb;
+      g.c = C.data();
+      g.alpha = 2.0f;
+      interpret(map_gemm(g));
+      for (int r = 0; r < M; ++r)
+        for (int c = 0; c < g.ldc; ++c) {
+          float want = 42.0f;  // the padding column keeps its value
+          if (c < N) {
+            want = 0;
+            for (int l = 0; l < K; ++l)
+              want += (ta ? A[size_t(l * g.lda + r)] : A[size_t(r * g.lda + l)]) *
+                      (tb ? B[size_t(c * g.ldb + l)] : B[size_t(l * g.ldb + c)]);
+            want *= 2.0f;
+          }
+          CHECK(C[size_t(r * g.ldc + c)] == want);
+        }
+    }
+}
+
+TEST_CASE("lt_layout: map_gemm carries batch strides to the right operands, and checks") {
+  GemmCall g;
+  g.in = DType::kBF16, g.out = DType::kF32;
+  g.M = 3, g.N = 4, g.K = 2, g.batch = 5;
+  g.lda = 2, g.stride_a = 100;
+  g.ldb = 4, g.stride_b = 200;
+  g.ldc = 4, g.stride_c = 300;
+  const LtProblem p = map_gemm(g);
+  // cuBLASLt's A is our B and its B our A (Cᵀ = op(B)ᵀ · op(A)ᵀ).
+  CHECK(p.A.batch == 5);
+  CHECK(p.A.batch_stride == 200);
+  CHECK(p.B.batch_stride == 100);
+  CHECK(p.D.batch_stride == 300);
+  CHECK(p.C.batch_stride == 300);
+  CHECK(p.A.type == LtType::kBF16);
+  CHECK(p.D.type == LtType::kF32);
+  g.batch = 1;
+  CHECK(map_gemm(g).A.batch_stride == 0);  // unbatched: no stride attribute to set
+
+  GemmCall bad = g;
+  bad.out = DType::kF16;  // bf16 inputs may write bf16 or fp32, not f16
+  CHECK_THROWS_WITH_AS(map_gemm(bad), doctest::Contains("output type"), ft::Error);
+  bad = g;
+  bad.lda = 1;  // shorter than a row of K = 2
+  CHECK_THROWS_WITH_AS(map_gemm(bad), doctest::Contains("row stride shorter"), ft::Error);
+  bad = g;
+  bad.batch = 0;
+  CHECK_THROWS_WITH_AS(map_gemm(bad), doctest::Contains("batch 0"), ft::Error);
+}

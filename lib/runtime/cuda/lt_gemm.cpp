@@ -43,6 +43,16 @@ uint32_t alignment(const void* p) {
   return low >= 256 ? 256u : static_cast<uint32_t>(low);
 }
 
+size_t type_bytes(LtType t) { return t == LtType::kF32 ? 4 : 2; }
+
+// The alignment every matrix of a batch has: that of its first address and its stride in bytes.
+uint32_t alignment(const LtMatrix& m) {
+  const auto a = reinterpret_cast<uintptr_t>(m.ptr);
+  if (a == 0 || m.batch <= 1) return alignment(m.ptr);
+  const auto stride = static_cast<uintptr_t>(m.batch_stride) * type_bytes(m.type);
+  return alignment(reinterpret_cast<const void*>(a | stride));
+}
+
 std::string status_text(cublasStatus_t s) {
   return detail::concat(cublasLtGetStatusName(s), " (", cublasLtGetStatusString(s), ")");
 }
@@ -53,6 +63,8 @@ struct Key {
   int64_t m, n, k;
   int32_t ta, tb, tc, td;
   int64_t lda, ldb, ldc, ldd;
+  int32_t batch;
+  int64_t stride_a, stride_b, stride_c;
   bool beta_nonzero;
   uint32_t align_a, align_b, align_c, align_d;
   auto operator<=>(const Key&) const = default;
@@ -73,11 +85,15 @@ Key key_of(const LtProblem& p) {
              p.B.ld,
              p.C.ld,
              p.D.ld,
+             p.D.batch,
+             p.A.batch_stride,
+             p.B.batch_stride,
+             p.D.batch_stride,
              p.beta != 0.0f,
-             alignment(p.A.ptr),
-             alignment(p.B.ptr),
-             alignment(p.C.ptr),
-             alignment(p.D.ptr)};
+             alignment(p.A),
+             alignment(p.B),
+             alignment(p.C),
+             alignment(p.D)};
 }
 
 // The descriptors and algorithm of one problem, created once and reused for every call.
@@ -114,14 +130,16 @@ struct LtGemm::Impl {
     if (handle) cublasLtDestroy(handle);
   }
 
-  // Fails with the call, the problem and the status; `hint` says what to try.
-  static void check(cublasStatus_t s, const char* fn, const LinearCall& call, const LtProblem& p,
+  // Fails with the product and the status; `hint` says what to try.
+  static void check(cublasStatus_t s, const char* fn, const GemmCall& call, const LtProblem& p,
                     const char* hint) {
     if (s == CUBLAS_STATUS_SUCCESS) return;
-    FT_FAIL(fn, " failed for the linear ", describe(call, p), ": ", status_text(s), ". ", hint);
+    FT_FAIL(fn, " failed for the ", describe(call), " [cuBLASLt m=", p.m, " n=", p.n, " k=", p.k,
+            ", transa=", p.transa == LtOp::kT ? 'T' : 'N',
+            " transb=", p.transb == LtOp::kT ? 'T' : 'N', "]: ", status_text(s), ". ", hint);
   }
 
-  const Plan& plan_for(const LinearCall& call, const LtProblem& p) {
+  const Plan& plan_for(const GemmCall& call, const LtProblem& p) {
     const Key key = key_of(p);
     std::lock_guard<std::mutex> lk(mu);
     auto it = plans.find(key);
@@ -138,9 +156,19 @@ struct LtGemm::Impl {
     check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
           "cublasLtMatmulDescSetAttribute(TRANSB)", call, p, bad_desc);
     auto layout = [&](cublasLtMatrixLayout_t* out, const LtMatrix& mat, const char* name) {
+      const char* bad_layout = "The layout is invalid: a bug in lt_layout's map_gemm.";
       check(cublasLtMatrixLayoutCreate(out, cuda_type(mat.type), static_cast<uint64_t>(mat.rows),
                                        static_cast<uint64_t>(mat.cols), mat.ld),
-            name, call, p, "The layout is invalid: a bug in lt_layout's map_linear.");
+            name, call, p, bad_layout);
+      if (mat.batch <= 1) return;
+      const int32_t count = mat.batch;
+      const int64_t stride = mat.batch_stride;
+      check(cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                             sizeof count),
+            name, call, p, bad_layout);
+      check(cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                             &stride, sizeof stride),
+            name, call, p, bad_layout);
     };
     layout(&plan->a, p.A, "cublasLtMatrixLayoutCreate(A)");
     layout(&plan->b, p.B, "cublasLtMatrixLayoutCreate(B)");
@@ -174,21 +202,21 @@ struct LtGemm::Impl {
           "cublasLtMatmulAlgoGetHeuristic", call, p,
           "cuBLASLt has no algorithm for these types on this GPU (bf16 needs sm_80 or newer).");
     if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
-      FT_FAIL("cublasLtMatmulAlgoGetHeuristic found no algorithm for the linear ",
-              describe(call, p), " with a ", workspace_bytes, "-byte workspace and alignments ",
+      FT_FAIL("cublasLtMatmulAlgoGetHeuristic found no algorithm for the ",
+              describe(call), " with a ", workspace_bytes, "-byte workspace and alignments ",
               key.align_a, '/', key.align_b, '/', key.align_c, '/', key.align_d,
               " bytes (A/B/C/D). A larger cuBLASLt workspace or 16-byte aligned buffers may help.");
     plan->algo = result.algo;  // its workspaceSize is at most ours (MAX_WORKSPACE_BYTES)
     return *plans.emplace(key, std::move(plan)).first->second;
   }
 
-  void run(const LinearCall& call, void* stream) {
-    const LtProblem p = map_linear(call);
+  void run(const GemmCall& call, void* stream) {
+    const LtProblem p = map_gemm(call);
     if (p.m == 0 || p.n == 0) return;  // an empty output: nothing to write
     if (p.k == 0) {
       // D = beta · C: in place with beta = 1 that leaves D as it is (a dW of zero tokens).
       // Zero-filling D for beta = 0 would need a memset on the stream; no layer has in = 0.
-      FT_CHECK(p.beta != 0.0f, "cuBLASLt linear ", describe(call, p),
+      FT_CHECK(p.beta == 1.0f, "cuBLASLt ", describe(call),
                ": an inner dimension of 0 with a non-accumulating output is not supported");
       return;
     }
@@ -219,6 +247,13 @@ LtGemm::LtGemm(void* workspace, size_t workspace_bytes, bool allow_tf32)
 LtGemm::~LtGemm() = default;
 
 void LtGemm::linear(LinearCall call, void* stream) {
+  FT_CHECK(call.N >= 0 && call.in >= 0 && call.out >= 0, "cuBLASLt linear: negative size N=",
+           call.N, " in=", call.in, " out=", call.out);
+  call.allow_tf32 = impl_->allow_tf32;
+  impl_->run(linear_gemm(call), stream);
+}
+
+void LtGemm::gemm(GemmCall call, void* stream) {
   call.allow_tf32 = impl_->allow_tf32;
   impl_->run(call, stream);
 }

@@ -59,6 +59,8 @@ class LtGemm {
 
   // One product; `call.allow_tf32` is replaced by this LtGemm's setting.
   void linear(LinearCall call, void* stream);
+  // Any strided-batched row-major product (lt_layout.h); `allow_tf32` replaced likewise.
+  void gemm(GemmCall call, void* stream);
 
   // Distinct problems seen (each asked cuBLASLt's heuristic once): for tests and the profile.
   size_t cached_problems() const;
