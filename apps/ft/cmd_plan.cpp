@@ -3,6 +3,7 @@
 // is allocated, trained or written.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -161,6 +162,8 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
 PlanDevice plan_device(const Recipe& r, int sm) {
   PlanDevice d;
   d.sm = sm;
+  const char* attention = std::getenv("FT_CUDA_ATTENTION");  // as the CUDA ops read it
+  d.attention_gemm = !(attention && std::string(attention) == "simt");
   if (r.runtime.device == "cuda") {
     d.cuda = true;
     d.why = "runtime.device: cuda";

@@ -332,6 +332,17 @@ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, i
 }
 
 template <typename T>
+void attention_delta(float* delta, const T* dout, const T* out, int B, int T_, int H, int D,
+                     void* stream) {
+  const size_t rows = size_t(B) * T_ * H;
+  if (rows == 0) return;
+  FT_LAUNCH((attention_delta_kernel<device_t<T>>), unsigned((rows + kWarps - 1) / kWarps),
+            kThreads, 0, stream)
+  (delta, dev(dout), dev(out), B, T_, H, D);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
 size_t attention_backward_scratch_bytes(int B, int T_, int H, int /*K*/, int /*D*/) {
   return sizeof(float) * size_t(B) * H * T_;  // Δ (B, H, T); dQ is summed in registers
 }
@@ -345,11 +356,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
   using E = device_t<T>;
   auto* delta = static_cast<float*>(scratch);  // (B, H, T)
   const float scale = softmax_scale(D);
-  const size_t rows = size_t(B) * T_ * H;
-  FT_LAUNCH((attention_delta_kernel<E>), unsigned((rows + kWarps - 1) / kWarps), kThreads, 0,
-            stream)
-  (delta, dev(dout), dev(out), B, T_, H, D);
-  FT_CUDA_CHECK_LAUNCH();
+  attention_delta(delta, dout, out, B, T_, H, D, stream);
   FT_LAUNCH((attention_backward_dkdv_kernel<E>), dim3((T_ + kKeys - 1) / kKeys, K, B), kThreads,
             0, stream)
   (dev(dk), dev(dv), dev(dout), lse, delta, dev(q), dev(k), dev(v), T_, H, K, D, scale);
@@ -363,6 +370,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
 #define FT_ATTENTION_INSTANTIATE(T)                                                             \
   template void attention_forward<T>(T*, float*, const T*, const T*, const T*, int, int, int,  \
                                      int, int, void*);                                          \
+  template void attention_delta<T>(float*, const T*, const T*, int, int, int, int, void*);      \
   template size_t attention_backward_scratch_bytes<T>(int, int, int, int, int);                 \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const float*, const T*,   \
                                       const T*, const T*, void*, int, int, int, int, int, void*);

@@ -56,12 +56,34 @@ void rope_backward(T* dx, const float* inv_freq, int B, int T_, int nh, int D, v
 template <typename T>
 void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, int B, int T_,
                        int H, int K, int D, void* stream);
+// Δ (B, H, T) = rowsum(dO ∘ O) per query row, in fp32 (any D).
+template <typename T>
+void attention_delta(float* delta, const T* dout, const T* out, int B, int T_, int H, int D,
+                     void* stream);
 template <typename T>
 size_t attention_backward_scratch_bytes(int B, int T_, int H, int K, int D);
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse,
                         const T* q, const T* k, const T* v, void* scratch, int B, int T_, int H,
                         int K, int D, void* stream);
+
+// ---- attention_gemm.cu: the elementwise half of attention on tensor cores ----
+// lib/runtime/cuda/attention_gemm.cpp runs attention as cuBLASLt GEMMs over a chunk of query rows
+// [t0, t0 + rows) of `heads` heads; these kernels work on the fp32 score rows between them. A
+// chunk is `heads` matrices of `rows` x `cols` (cols = t0 + rows keys: those a causal query of
+// the chunk can see), row stride ld, one after another (matrix i at i·rows·ld). lse and Δ of
+// matrix i, query t: lse[i·head_stride + t].
+// P = exp(S − lse) for keys s ≤ t, 0 above the diagonal. With compute_lse, lse = logsumexp of
+// the row's visible scores is computed first and stored; else it is read. P may be S itself
+// when T is float (each element read and written by one thread, after the row's reductions).
+template <typename T>
+void attention_probs(T* P, float* lse, const float* S, int heads, int rows, int cols, int ld,
+                     int t0, int64_t head_stride, bool compute_lse, void* stream);
+// dS = P ∘ (dP − Δ_t) · scale for s ≤ t, 0 elsewhere and on query 0 (whose softmax is the
+// constant 1: exactly zero gradient, as the CPU kernel). In place over P (T), dP fp32.
+template <typename T>
+void attention_dscores(T* P_dS, const float* dP, const float* delta, int heads, int rows,
+                       int cols, int ld, int t0, int64_t head_stride, float scale, void* stream);
 
 // ---- swiglu.cu ----
 template <typename T>

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "parallel/partition.h"
+#include "runtime/cuda/attention_gemm.h"
 
 namespace ft {
 namespace {
@@ -325,7 +326,21 @@ MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device) {
       lt_ws = plan_lt_workspace_bytes(device.sm);
       int64_t scratch = 0, max_n = 0;
       for (const Group& g : groups) max_n = std::max(max_n, g.n);
-      const int64_t asks[] = {rp.head ? cuda_ce_scratch(N) : 0, cuda_rmsnorm_scratch(N, C),
+      // Attention on tensor cores asks for its chunks in each layer's forward (first in a step)
+      // and backward (after the MLP norm's): attention_gemm.h.
+      int64_t attn_fwd = 0, attn_bwd = 0;
+      if (device.attention_gemm && Lp > 0) {
+        const DType dt = prec == "fp32" ? DType::kF32 : prec == "bf16" ? DType::kBF16
+                                                                       : DType::kF16;
+        const int Kt = int(KV / T);
+        const cuda::AttentionGemmPlan ap = cuda::attention_gemm_plan(int(S), Kt, dt);
+        attn_fwd = int64_t(cuda::attention_gemm_scratch_bytes(int(B), int(S), Kt, int(hd), dt,
+                                                              ap, false));
+        attn_bwd = int64_t(cuda::attention_gemm_scratch_bytes(int(B), int(S), Kt, int(hd), dt,
+                                                              ap, true));
+      }
+      const int64_t asks[] = {attn_fwd, rp.head ? cuda_ce_scratch(N) : 0,
+                              cuda_rmsnorm_scratch(N, C), attn_bwd,
                               cuda_sum_squares_scratch(max_n)};
       for (int64_t a : asks)
         if (a > scratch) scratch = std::max(a, 2 * scratch);
@@ -333,8 +348,9 @@ MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device) {
       std::snprintf(sm, sizeof sm, "sm_%d", device.sm);
       rp.backend = {lt_ws + scratch,
                     count(lt_ws) + " B cuBLASLt workspace (" + sm + ") + " + count(scratch) +
-                        " B ops scratch (RMSNorm backward partials, cross-entropy rows, "
-                        "sum-of-squares partials)"};
+                        " B ops scratch (" +
+                        (attn_bwd ? "attention score chunks on tensor cores, " : "") +
+                        "RMSNorm backward partials, cross-entropy rows, sum-of-squares partials)"};
     } else {
       rp.backend = {0, "none: the CPU backend allocates nothing of its own"};
     }

@@ -34,6 +34,9 @@ struct PlanDevice {
   bool cuda = false;
   int sm = 90;      // compute capability × 10 (80: A100, 90: H100)
   std::string why;  // how the device was chosen, for the notes ("runtime.device: cuda")
+  // Attention on tensor cores (the default; FT_CUDA_ATTENTION=simt turns it off): its chunks
+  // come from the ops' scratch (lib/runtime/cuda/attention_gemm.h).
+  bool attention_gemm = true;
 };
 
 // One figure of a rank's plan: bytes, and how they were computed with this recipe's numbers.

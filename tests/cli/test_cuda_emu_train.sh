@@ -48,7 +48,7 @@ model: {dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 80, vocab_size
 data: {train: $tmp/train, valid: $tmp/valid, seq_len: 16, shuffle: true}
 training: {steps: 12, micro_batch_size: 2, global_batch_size: 4, eval_every_steps: 6, eval_batches: 2,
            grad_clip: 0.5}
-optimizer: {lr: 0.01}
+optimizer: {lr: 0.003}
 checkpoint: {every_steps: 4}
 logging: {every_steps: 1}
 runtime: {threads: 2}
@@ -94,11 +94,20 @@ train "$ft" f32_cpu runtime.device=cpu
 echo "fp32, emulated CUDA backend against the CPU:"
 compare "$tmp/f32" "$tmp/f32_cpu" 1e-4 1e-3 1e-6 1e-5 || fail "fp32: the CUDA backend and the CPU differ"
 
+# The SIMT attention kernels (the tensor-core path's plain twin) train the same way.
+FT_CUDA_ATTENTION=simt train "$emu" f32_simt runtime.device=cuda
+echo "fp32, emulated CUDA backend with SIMT attention against the CPU:"
+compare "$tmp/f32_simt" "$tmp/f32_cpu" 1e-4 1e-3 1e-6 1e-5 || fail "fp32 simt: the CUDA backend and the CPU differ"
+
+# 16-bit: the first step starts from the same weights (bf16 rounds P and dS in attention on tensor
+# cores, the CPU keeps them fp32: 2e-4 seen); later steps drift as roundings compound through
+# AdamW (1.5% seen in grad_norm at lr 0.003, which keeps this tiny run out of the loss spikes
+# where a 16-bit trajectory separates from any other by tens of percent).
 for p in bf16 fp16; do
   train "$emu" $p runtime.device=cuda training.precision=$p
   train "$ft" ${p}_cpu runtime.device=cpu training.precision=$p
   echo "$p, emulated CUDA backend against the CPU:"
-  compare "$tmp/$p" "$tmp/${p}_cpu" 2e-2 2e-1 1e-3 1e-2 || fail "$p: the CUDA backend and the CPU differ"
+  compare "$tmp/$p" "$tmp/${p}_cpu" 5e-3 5e-2 1e-4 2e-3 || fail "$p: the CUDA backend and the CPU differ"
 done
 
 train "$emu" bf16_z3_ac runtime.device=cuda training.precision=bf16 parallel.zero_stage=3 \

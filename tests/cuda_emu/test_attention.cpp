@@ -1,10 +1,16 @@
-// kernels/cuda/attention.cu, run by the CUDA emulator (a test tool: every CUDA thread a fiber on
-// the CPU; nothing here says anything about GPU speed), against the CPU kernels of
-// kernels/cpu/attention.cpp: odd sequence lengths (1, 19, 111: across the 16-row query tiles,
-// the 8-row dQ tiles and the 32-key tiles), head dims 16, 40, 64 and 128 (the largest the kernel
-// takes), GQA ratios 1, 2 and 4, fp32, bf16 and f16. Each dtype's inputs are rounded to it once,
-// so both sides read the same values. The CUDA side runs under two schedule seeds and must give
-// the same bits under both (determinism: no float atomics, fixed reduction orders).
+// Both CUDA attention paths, run by the CUDA emulator (a test tool: every CUDA thread a fiber on
+// the CPU, cuBLASLt a naive GEMM reading its descriptors; nothing here says anything about GPU
+// speed), against the CPU kernels of kernels/cpu/attention.cpp:
+//   - SIMT: kernels/cuda/attention.cu (FlashAttention on CUDA cores, head dim <= 128);
+//   - tensor cores: lib/runtime/cuda/attention_gemm (cuBLASLt batched GEMMs with the row kernels
+//     of kernels/cuda/attention_gemm.cu), with its default chunking and with small chunks that
+//     split the query rows and the kv heads of a GEMM batch.
+// Odd sequence lengths (1, 19, 111: across the 16-row query tiles, the 8-row dQ tiles and the
+// 32-key tiles), head dims 16, 40, 64 and 128, GQA ratios 1, 2 and 4, fp32, bf16 and f16. Each
+// dtype's inputs are rounded to it once, so both sides read the same values. The CUDA side runs
+// under two schedule seeds and must give the same bits under both (determinism: no float
+// atomics, fixed reduction orders). Built natively (ft_cuda_kernel_tests) the same cases run on
+// a GPU with the real cuBLASLt.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -17,6 +23,7 @@
 
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/half.h"
+#include "runtime/cuda/attention_gemm.h"
 #include "kernels/kernels.h"
 #include "lib/core/error.h"
 #include "tests/cuda_emu/emu_test_util.h"
@@ -84,6 +91,33 @@ constexpr double kRtol = std::is_same_v<E, float>    ? 4e-6
                          : std::is_same_v<E, k::bf16> ? 2.0 / 128
                                                       : 2.0 / 1024;
 constexpr double kAtolFrac = 4e-6;
+// On tensor cores the 16-bit path also rounds P (before P·V and Pᵀ·dO) and dS (before dS·K and
+// dSᵀ·Q) to E, as tensor-core attention does: each product term then carries up to one more
+// rounding of E, and a gradient that cancels (dQ, dK sum terms of both signs) keeps that
+// error at the scale of its largest terms. So the bound adds two units of E's rounding of the
+// tensor's largest value. fp32 keeps every value in fp32: only the sum orders differ.
+template <typename E>
+constexpr double kGemmAtolFrac = std::is_same_v<E, float>    ? 4e-6
+                                 : std::is_same_v<E, k::bf16> ? 2.0 / 256
+                                                              : 2.0 / 2048;
+
+enum class Path { kSimt, kGemm, kGemmSmallChunks };
+
+const char* path_name(Path p) {
+  switch (p) {
+    case Path::kSimt: return "simt ";
+    case Path::kGemm: return "tensor-core ";
+    case Path::kGemmSmallChunks: return "tensor-core (7-row chunks, 1 kv head a GEMM) ";
+  }
+  return "?";
+}
+
+template <typename E>
+constexpr ft::DType dtype_of() {
+  if constexpr (std::is_same_v<E, float>) return ft::DType::kF32;
+  if constexpr (std::is_same_v<E, k::bf16>) return ft::DType::kBF16;
+  return ft::DType::kF16;
+}
 
 template <typename E>
 struct CudaResult {
@@ -92,7 +126,7 @@ struct CudaResult {
 };
 
 template <typename E>
-void check_shape(const Shape& s) {
+void check_shape(const Shape& s, Path path) {
   const auto [B, T, H, K, D] = s;
   const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * K * D, nl = size_t(B) * H * T;
   // Scores of a few units: softmax rows neither uniform nor one-hot.
@@ -117,27 +151,46 @@ void check_shape(const Shape& s) {
     for (DeviceBuffer<E>* t : {&o, &gq, &gk, &gv})
       REQUIRE(cudaMemset(t->get(), 0xff, sizeof(E) * t->size()) == cudaSuccess);
     REQUIRE(cudaMemset(l.get(), 0xff, sizeof(float) * nl) == cudaSuccess);
-    cu::attention_forward<E>(o.get(), l.get(), q_d.get(), k_d.get(), v_d.get(), B, T, H, K, D,
-                             nullptr);
-    const size_t bytes = cu::attention_backward_scratch_bytes<E>(B, T, H, K, D);
-    DeviceBuffer<unsigned char> scratch_d(bytes);
-    cu::attention_backward<E>(gq.get(), gk.get(), gv.get(), dout_d.get(), out_ref_d.get(),
-                              lse_ref_d.get(), q_d.get(), k_d.get(), v_d.get(), scratch_d.get(),
-                              B, T, H, K, D, nullptr);
+    if (path == Path::kSimt) {
+      cu::attention_forward<E>(o.get(), l.get(), q_d.get(), k_d.get(), v_d.get(), B, T, H, K, D,
+                               nullptr);
+      const size_t bytes = cu::attention_backward_scratch_bytes<E>(B, T, H, K, D);
+      DeviceBuffer<unsigned char> scratch_d(bytes);
+      cu::attention_backward<E>(gq.get(), gk.get(), gv.get(), dout_d.get(), out_ref_d.get(),
+                                lse_ref_d.get(), q_d.get(), k_d.get(), v_d.get(),
+                                scratch_d.get(), B, T, H, K, D, nullptr);
+    } else {
+      const ft::DType dt = dtype_of<E>();
+      ft::cuda::AttentionGemmPlan plan = ft::cuda::attention_gemm_plan(T, K, dt);
+      if (path == Path::kGemmSmallChunks) plan = {7, 1};
+      ft::cuda::LtGemm lt(nullptr, 0, /*allow_tf32=*/false);
+      DeviceBuffer<unsigned char> fwd(
+          ft::cuda::attention_gemm_scratch_bytes(B, T, K, D, dt, plan, false));
+      ft::cuda::attention_gemm_forward(lt, dt, o.get(), l.get(), q_d.get(), k_d.get(), v_d.get(),
+                                       B, T, H, K, D, plan, fwd.get(), nullptr);
+      DeviceBuffer<unsigned char> bwd(
+          ft::cuda::attention_gemm_scratch_bytes(B, T, K, D, dt, plan, true));
+      DeviceBuffer<float> delta(nl);
+      ft::cuda::attention_gemm_backward(lt, dt, gq.get(), gk.get(), gv.get(), dout_d.get(),
+                                        out_ref_d.get(), lse_ref_d.get(), q_d.get(), k_d.get(),
+                                        v_d.get(), delta.get(), B, T, H, K, D, plan, bwd.get(),
+                                        nullptr);
+    }
     return CudaResult<E>{o.to_host(), gq.to_host(), gk.to_host(), gv.to_host(), l.to_host()};
   };
   const std::vector<uint64_t> seeds = ft::emu::test::test_seeds();
   const CudaResult<E> a = run(seeds[0]), b = run(seeds[1]);
 
-  const std::string where = "B=" + std::to_string(B) + " T=" + std::to_string(T) +
+  const std::string where = path_name(path) + std::string("B=") + std::to_string(B) + " T=" + std::to_string(T) +
                             " H=" + std::to_string(H) + " K=" + std::to_string(K) +
                             " D=" + std::to_string(D) + " ";
-  expect_close<E>(where + "out", a.out, out, kRtol<E>, kAtolFrac);
+  const double atol = path == Path::kSimt ? kAtolFrac : kGemmAtolFrac<E>;
+  expect_close<E>(where + "out", a.out, out, kRtol<E>, atol);
   // lse is fp32 for every E, from the same fp32 scores: a few ulp of a value of a few units.
   expect_close<float>(where + "lse", a.lse, lse, 1e-5, 1e-6);
-  expect_close<E>(where + "dq", a.dq, dq, kRtol<E>, kAtolFrac);
-  expect_close<E>(where + "dk", a.dk, dk, kRtol<E>, kAtolFrac);
-  expect_close<E>(where + "dv", a.dv, dv, kRtol<E>, kAtolFrac);
+  expect_close<E>(where + "dq", a.dq, dq, kRtol<E>, atol);
+  expect_close<E>(where + "dk", a.dk, dk, kRtol<E>, atol);
+  expect_close<E>(where + "dv", a.dv, dv, kRtol<E>, atol);
   CHECK_MESSAGE(same_bits(a.out, b.out), where << "out differs between schedule seeds");
   CHECK_MESSAGE(same_bits(a.lse, b.lse), where << "lse differs between schedule seeds");
   CHECK_MESSAGE(same_bits(a.dq, b.dq), where << "dq differs between schedule seeds");
@@ -154,15 +207,21 @@ const Shape kShapes[] = {
 };
 
 template <typename E>
-void check_all_shapes() {
-  for (const Shape& s : kShapes) check_shape<E>(s);
+void check_all_shapes(Path path) {
+  for (const Shape& s : kShapes) check_shape<E>(s, path);
 }
 
 }  // namespace
 
-TEST_CASE("cuda_emu attention fp32 against the CPU kernels") { check_all_shapes<float>(); }
-TEST_CASE("cuda_emu attention bf16 against the CPU kernels") { check_all_shapes<k::bf16>(); }
-TEST_CASE("cuda_emu attention f16 against the CPU kernels") { check_all_shapes<k::f16>(); }
+TEST_CASE("cuda_emu attention fp32 against the CPU kernels") {
+  for (Path p : {Path::kSimt, Path::kGemm, Path::kGemmSmallChunks}) check_all_shapes<float>(p);
+}
+TEST_CASE("cuda_emu attention bf16 against the CPU kernels") {
+  for (Path p : {Path::kSimt, Path::kGemm, Path::kGemmSmallChunks}) check_all_shapes<k::bf16>(p);
+}
+TEST_CASE("cuda_emu attention f16 against the CPU kernels") {
+  for (Path p : {Path::kSimt, Path::kGemm, Path::kGemmSmallChunks}) check_all_shapes<k::f16>(p);
+}
 
 TEST_CASE("cuda_emu attention rejects shapes it cannot run") {
   std::vector<float> x(4096), lse(64);

@@ -9,9 +9,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "core/error.h"
 #include "kernels/cuda/kernels_cuda.h"
+#include "runtime/cuda/attention_gemm.h"
 #include "runtime/cuda/lt_gemm.h"
 #include "runtime/device.h"
 
@@ -39,10 +42,22 @@ void same_dtype(const char* op, DType a, DType b) {
            dtype_name(b), ")");
 }
 
+// Attention's implementation: "gemm" (default) runs the score and value products on tensor
+// cores through cuBLASLt (attention_gemm.h); "simt" runs the SIMT FlashAttention kernels
+// (kernels/cuda/attention.cu, head dim <= 128), the plain twin, for comparison and benchmarks.
+// Chosen once per process by FT_CUDA_ATTENTION.
+bool attention_on_tensor_cores() {
+  const char* v = std::getenv("FT_CUDA_ATTENTION");
+  const std::string mode = v ? v : "gemm";
+  FT_CHECK(mode == "gemm" || mode == "simt", "FT_CUDA_ATTENTION='", mode,
+           "': use gemm (tensor cores through cuBLASLt, the default) or simt (the SIMT kernels)");
+  return mode == "gemm";
+}
+
 class CudaOps final : public Ops {
  public:
   CudaOps(Device& dev, void* default_stream, int sm_major, bool allow_tf32)
-      : dev_(dev), default_stream_(default_stream) {
+      : dev_(dev), default_stream_(default_stream), attention_gemm_(attention_on_tensor_cores()) {
     workspace_bytes_ = cuda::lt_workspace_bytes(sm_major);
     workspace_ = dev_.alloc(workspace_bytes_);
     lt_ = std::make_unique<cuda::LtGemm>(workspace_, workspace_bytes_, allow_tf32);
@@ -124,6 +139,14 @@ class CudaOps final : public Ops {
     same_dtype("attention_forward", out.dtype, q.dtype);
     same_dtype("attention_forward", out.dtype, k.dtype);
     same_dtype("attention_forward", out.dtype, v.dtype);
+    if (attention_gemm_) {
+      const cuda::AttentionGemmPlan plan = cuda::attention_gemm_plan(T_, K, out.dtype);
+      void* scratch =
+          this->scratch(cuda::attention_gemm_scratch_bytes(B, T_, K, D, out.dtype, plan, false));
+      cuda::attention_gemm_forward(*lt_, out.dtype, out.ptr, lse, q.ptr, k.ptr, v.ptr, B, T_, H,
+                                   K, D, plan, scratch, stream(s));
+      return;
+    }
     dispatch(out.dtype, "attention_forward", [&](auto t) {
       using T = decltype(t);
       kc::attention_forward(as<T>(out), lse, as<T>(q), as<T>(k), as<T>(v), B, T_, H, K, D,
@@ -144,6 +167,16 @@ class CudaOps final : public Ops {
                           int T_, int H, int K, int D) override {
     same_dtype("attention_backward", dq.dtype, dout.dtype);
     same_dtype("attention_backward", dq.dtype, q.dtype);
+    if (attention_gemm_) {
+      // `scratch` holds Δ (B, H, T) as for the SIMT kernels; the chunks come from the ops' own.
+      const cuda::AttentionGemmPlan plan = cuda::attention_gemm_plan(T_, K, dq.dtype);
+      void* chunks =
+          this->scratch(cuda::attention_gemm_scratch_bytes(B, T_, K, D, dq.dtype, plan, true));
+      cuda::attention_gemm_backward(*lt_, dq.dtype, dq.ptr, dk.ptr, dv.ptr, dout.ptr, out.ptr, lse,
+                                    q.ptr, k.ptr, v.ptr, scratch, B, T_, H, K, D, plan, chunks,
+                                    stream(s));
+      return;
+    }
     dispatch(dq.dtype, "attention_backward", [&](auto t) {
       using T = decltype(t);
       kc::attention_backward(as<T>(dq), as<T>(dk), as<T>(dv), as<T>(dout), as<T>(out), lse,
@@ -266,6 +299,7 @@ class CudaOps final : public Ops {
 
   Device& dev_;
   void* default_stream_;
+  bool attention_gemm_;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::unique_ptr<cuda::LtGemm> lt_;
