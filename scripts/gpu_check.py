@@ -106,13 +106,13 @@ def read_metrics(path):
 
 
 def train(chk, name, ft, shape, data, work, steps, seq, micro, precision, device, ac=False,
-          timeout=1800):
+          timeout=1800, env=None):
     run_dir = os.path.join(work, name)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
     recipe = os.path.join(run_dir, "recipe.yaml")
     write_recipe(recipe, shape, data, run_dir, steps, seq, micro, precision, device, ac)
-    rc, text = chk.run(name, [ft, "train", recipe, "--resume", "never"], timeout)
+    rc, text = chk.run(name, [ft, "train", recipe, "--resume", "never"], timeout, env=env)
     return rc, read_metrics(os.path.join(run_dir, "metrics.jsonl")), text
 
 
@@ -229,10 +229,13 @@ def main():
     peak = next((p for k, p in PEAKS if k in gpu), None)
     bench = {}
     if want("bench"):
-        for ac in (False, True):
-            n = "bench_ac_on" if ac else "bench_ac_off"
+        # Attention on tensor cores (the default) with activation checkpointing off and on, and
+        # the SIMT attention kernels (FT_CUDA_ATTENTION=simt) for the measured choice between them.
+        simt = dict(os.environ, FT_CUDA_ATTENTION="simt")
+        for n, ac, env in (("bench_ac_off", False, None), ("bench_ac_on", True, None),
+                           ("bench_simt", False, simt)):
             rc, m, _ = train(chk, n, ft, BIG, data_big, work, a.bench_steps, 2048,
-                             a.bench_micro_batch, "bf16", a.device, ac=ac, timeout=3000)
+                             a.bench_micro_batch, "bf16", a.device, ac=ac, timeout=3000, env=env)
             timed = m[5:]
             if rc or not timed:
                 chk.record(n, "FAIL", f"ft train exit {rc}, {len(m)} metric lines")
