@@ -1,13 +1,14 @@
 // The elementwise kernels of attention on tensor cores: lib/runtime/cuda/attention_gemm.cpp
 // computes the score and value products as cuBLASLt GEMMs over chunks of query rows, and these
-// two kernels sit between them (kernels_cuda.h states the contract):
+// kernels sit between them (kernels_cuda.h states the contract):
+//   swap_axes12: q, k, v (and dO) to head-major slabs; the gradients and out back
 //   forward:  S = QKᵀ·scale (GEMM) → attention_probs (lse, P) → O = P·V (GEMM)
 //   backward: S again → attention_probs (P from the saved lse) → dV += Pᵀ·dO, dP = dO·Vᵀ (GEMMs)
 //             → attention_dscores (dS) → dQ = dS·K, dK += dSᵀ·Q (GEMMs)
-// One block per (query row, head) of a chunk: a row is up to T keys, read by the block's threads
-// in strides, its max and sum taken by the fixed-order block reductions of common.cuh, so the
-// bits do not depend on the schedule. attention.cu (SIMT FlashAttention) is the plain twin of
-// the whole path, the one the emulator's kernel tests and the GPU check compare against.
+// The row kernels run one block per (row, slab) of a chunk: a row is up to T keys, read by the
+// block's threads in strides, its max and sum taken by the fixed-order block reductions of
+// common.cuh, so the bits do not depend on the schedule. attention.cu (SIMT FlashAttention) is
+// the plain twin of the whole path, the one the kernel tests and the GPU check compare with.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels_cuda.h"
 
@@ -16,15 +17,25 @@ namespace {
 
 constexpr int kRowThreads = 128;
 
+// Row blockIdx.x of slab blockIdx.y: its query position t, and where its lse / Δ lives.
+struct RowOf {
+  int t;
+  size_t stat;
+  __device__ RowOf(int G, int t0, int T_) {
+    const int r = blockIdx.x, j = r % G;
+    t = t0 + r / G;
+    stat = (size_t(blockIdx.y) * G + j) * T_ + t;
+  }
+};
+
 template <typename T, bool kComputeLse>
-__global__ void attention_probs_kernel(T* P, float* lse, const float* S, int rows, int cols,
-                                       int ld, int t0, int64_t head_stride) {
-  const int r = blockIdx.x, head = blockIdx.y, t = t0 + r;
-  const int visible = cols < t + 1 ? cols : t + 1;
-  const size_t row = (size_t(head) * rows + r) * ld;
-  const float* s = S + row;
-  T* p = P + row;
-  float* lse_t = lse + head * head_stride + t;
+__global__ void attention_probs_kernel(T* P, float* lse, const float* S, int rows_x_g, int G,
+                                       int cols, int ld, int t0, int T_) {
+  const RowOf row(G, t0, T_);
+  const int visible = cols < row.t + 1 ? cols : row.t + 1;
+  const size_t at = (size_t(blockIdx.y) * rows_x_g + blockIdx.x) * ld;
+  const float* s = S + at;
+  T* p = P + at;
   float shift;
   if (kComputeLse) {
     float m = -__int_as_float(0x7f800000);
@@ -34,75 +45,106 @@ __global__ void attention_probs_kernel(T* P, float* lse, const float* S, int row
     for (int c = threadIdx.x; c < visible; c += blockDim.x) sum += expf(s[c] - m);
     sum = block_sum(sum);  // its barriers also end every thread's reads of S before P is written
     shift = m + logf(sum);
-    if (threadIdx.x == 0) *lse_t = shift;
+    if (threadIdx.x == 0) lse[row.stat] = shift;
   } else {
-    shift = *lse_t;
+    shift = lse[row.stat];
   }
   for (int c = threadIdx.x; c < cols; c += blockDim.x)
     p[c] = from_float<T>(c < visible ? expf(s[c] - shift) : 0.0f);
 }
 
 template <typename T>
-__global__ void attention_dscores_kernel(T* P_dS, const float* dP, const float* delta, int rows,
-                                         int cols, int ld, int t0, int64_t head_stride,
+__global__ void attention_dscores_kernel(T* P_dS, const float* dP, const float* delta,
+                                         int rows_x_g, int G, int cols, int ld, int t0, int T_,
                                          float scale) {
-  const int r = blockIdx.x, head = blockIdx.y, t = t0 + r;
-  const size_t row = (size_t(head) * rows + r) * ld;
-  T* p = P_dS + row;
-  const float* dp = dP + row;
-  const float d = delta[head * head_stride + t];
+  const RowOf row(G, t0, T_);
+  const size_t at = (size_t(blockIdx.y) * rows_x_g + blockIdx.x) * ld;
+  T* p = P_dS + at;
+  const float* dp = dP + at;
+  const float d = delta[row.stat];
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float v = (c <= t && t > 0) ? to_float(p[c]) * (dp[c] - d) * scale : 0.0f;
+    const float v = (c <= row.t && row.t > 0) ? to_float(p[c]) * (dp[c] - d) * scale : 0.0f;
     p[c] = from_float<T>(v);
   }
 }
 
-void check_chunk(const char* what, int heads, int rows, int cols, int ld, int t0) {
-  if (heads < 0 || heads > 65535 || rows < 0 || cols < 0 || ld < cols || t0 < 0 ||
-      cols > t0 + rows)
-    throw ::ft::Error(std::string(what) + ": bad chunk heads=" + std::to_string(heads) +
-                      " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
-                      " ld=" + std::to_string(ld) + " t0=" + std::to_string(t0) +
-                      " (needs heads <= 65535, ld >= cols, cols <= t0 + rows)");
+template <typename Dst, typename Src>
+__global__ void swap_axes12_kernel(Dst* dst, const Src* src, int B1, int B2, int inner,
+                                   size_t n) {
+  for (size_t e = grid_thread_index(); e < n; e += grid_thread_count()) {
+    // e indexes dst (A, B2, B1, inner).
+    const size_t i = e % inner, rest = e / inner;
+    const size_t b1 = rest % B1, rest2 = rest / B1;
+    const size_t b2 = rest2 % B2, a = rest2 / B2;
+    dst[e] = from_float<Dst>(to_float(src[((a * B1 + b1) * B2 + b2) * inner + i]));
+  }
+}
+
+void check_chunk(const char* what, int slabs, int rows, int G, int cols, int ld, int t0,
+                 int T_) {
+  if (slabs < 0 || slabs > 65535 || rows < 0 || G < 1 || cols < 0 || ld < cols || t0 < 0 ||
+      cols > t0 + rows || t0 + rows > T_ || size_t(rows) * G > 0x7fffffffu)
+    throw ::ft::Error(std::string(what) + ": bad chunk slabs=" + std::to_string(slabs) +
+                      " rows=" + std::to_string(rows) + " G=" + std::to_string(G) +
+                      " cols=" + std::to_string(cols) + " ld=" + std::to_string(ld) +
+                      " t0=" + std::to_string(t0) + " T=" + std::to_string(T_) +
+                      " (needs slabs <= 65535, ld >= cols, cols <= t0 + rows <= T)");
 }
 
 }  // namespace
 
 template <typename T>
-void attention_probs(T* P, float* lse, const float* S, int heads, int rows, int cols, int ld,
-                     int t0, int64_t head_stride, bool compute_lse, void* stream) {
-  check_chunk("attention_probs", heads, rows, cols, ld, t0);
-  if (heads == 0 || rows == 0) return;
+void attention_probs(T* P, float* lse, const float* S, int slabs, int rows, int G, int cols,
+                     int ld, int t0, int T_, bool compute_lse, void* stream) {
+  check_chunk("attention_probs", slabs, rows, G, cols, ld, t0, T_);
+  if (slabs == 0 || rows == 0) return;
   using E = device_t<T>;
-  const dim3 grid{unsigned(rows), unsigned(heads)};
+  const dim3 grid{unsigned(rows * G), unsigned(slabs)};
   if (compute_lse)
     FT_LAUNCH((attention_probs_kernel<E, true>), grid, kRowThreads, 0, stream)
-    (dev(P), lse, S, rows, cols, ld, t0, head_stride);
+    (dev(P), lse, S, rows * G, G, cols, ld, t0, T_);
   else
     FT_LAUNCH((attention_probs_kernel<E, false>), grid, kRowThreads, 0, stream)
-    (dev(P), lse, S, rows, cols, ld, t0, head_stride);
+    (dev(P), lse, S, rows * G, G, cols, ld, t0, T_);
   FT_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
-void attention_dscores(T* P_dS, const float* dP, const float* delta, int heads, int rows,
-                       int cols, int ld, int t0, int64_t head_stride, float scale, void* stream) {
-  check_chunk("attention_dscores", heads, rows, cols, ld, t0);
-  if (heads == 0 || rows == 0) return;
-  FT_LAUNCH((attention_dscores_kernel<device_t<T>>), dim3(unsigned(rows), unsigned(heads)),
+void attention_dscores(T* P_dS, const float* dP, const float* delta, int slabs, int rows, int G,
+                       int cols, int ld, int t0, int T_, float scale, void* stream) {
+  check_chunk("attention_dscores", slabs, rows, G, cols, ld, t0, T_);
+  if (slabs == 0 || rows == 0) return;
+  FT_LAUNCH((attention_dscores_kernel<device_t<T>>), dim3(unsigned(rows * G), unsigned(slabs)),
             kRowThreads, 0, stream)
-  (dev(P_dS), dP, delta, rows, cols, ld, t0, head_stride, scale);
+  (dev(P_dS), dP, delta, rows * G, G, cols, ld, t0, T_, scale);
   FT_CUDA_CHECK_LAUNCH();
 }
 
-#define FT_ATTENTION_GEMM_INSTANTIATE(T)                                                       \
-  template void attention_probs<T>(T*, float*, const float*, int, int, int, int, int, int64_t, \
-                                   bool, void*);                                               \
-  template void attention_dscores<T>(T*, const float*, const float*, int, int, int, int, int,  \
-                                     int64_t, float, void*);
+template <typename Dst, typename Src>
+void swap_axes12(Dst* dst, const Src* src, int A, int B1, int B2, int inner, void* stream) {
+  if (A < 0 || B1 < 0 || B2 < 0 || inner < 0)
+    throw ::ft::Error("swap_axes12: negative size A=" + std::to_string(A) +
+                      " B1=" + std::to_string(B1) + " B2=" + std::to_string(B2) +
+                      " inner=" + std::to_string(inner));
+  const size_t n = size_t(A) * B1 * B2 * inner;
+  if (n == 0) return;
+  FT_LAUNCH((swap_axes12_kernel<device_t<Dst>, device_t<Src>>), grid_blocks(n, 256, 4), 256, 0,
+            stream)
+  (dev(dst), dev(src), B1, B2, inner, n);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+#define FT_ATTENTION_GEMM_INSTANTIATE(T)                                                        \
+  template void attention_probs<T>(T*, float*, const float*, int, int, int, int, int, int, int, \
+                                   bool, void*);                                                \
+  template void attention_dscores<T>(T*, const float*, const float*, int, int, int, int, int,   \
+                                     int, int, float, void*);                                   \
+  template void swap_axes12<T, T>(T*, const T*, int, int, int, int, void*);
 FT_ATTENTION_GEMM_INSTANTIATE(float)
 FT_ATTENTION_GEMM_INSTANTIATE(bf16)
 FT_ATTENTION_GEMM_INSTANTIATE(f16)
 #undef FT_ATTENTION_GEMM_INSTANTIATE
+template void swap_axes12<bf16, float>(bf16*, const float*, int, int, int, int, void*);
+template void swap_axes12<f16, float>(f16*, const float*, int, int, int, int, void*);
 
 }  // namespace ft::kernels::cuda

@@ -68,22 +68,28 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
                         int K, int D, void* stream);
 
 // ---- attention_gemm.cu: the elementwise half of attention on tensor cores ----
-// lib/runtime/cuda/attention_gemm.cpp runs attention as cuBLASLt GEMMs over a chunk of query rows
-// [t0, t0 + rows) of `heads` heads; these kernels work on the fp32 score rows between them. A
-// chunk is `heads` matrices of `rows` x `cols` (cols = t0 + rows keys: those a causal query of
-// the chunk can see), row stride ld, one after another (matrix i at i·rows·ld). lse and Δ of
-// matrix i, query t: lse[i·head_stride + t].
+// lib/runtime/cuda/attention_gemm.cpp runs attention as cuBLASLt GEMMs on head-major copies:
+// q as (B·K slabs, T, G, D) — a slab is one kv head of one batch row with its G query heads,
+// so its rows (t, j) are equally spaced — and k, v as (B·K, T, D). A chunk is query positions
+// [t0, t0 + rows) of `slabs` slabs: `slabs` matrices of rows·G x cols (row r: query t0 + r / G
+// of head j = r % G; cols = t0 + rows keys, those the chunk's queries can see), row stride ld,
+// matrix i at i·rows·G·ld. lse and Δ (B, H, T) of slab i, head j, query t:
+// stat[(i·G + j)·T + t], with `stat` pointing at the chunk's first slab.
 // P = exp(S − lse) for keys s ≤ t, 0 above the diagonal. With compute_lse, lse = logsumexp of
 // the row's visible scores is computed first and stored; else it is read. P may be S itself
 // when T is float (each element read and written by one thread, after the row's reductions).
 template <typename T>
-void attention_probs(T* P, float* lse, const float* S, int heads, int rows, int cols, int ld,
-                     int t0, int64_t head_stride, bool compute_lse, void* stream);
+void attention_probs(T* P, float* lse, const float* S, int slabs, int rows, int G, int cols,
+                     int ld, int t0, int T_, bool compute_lse, void* stream);
 // dS = P ∘ (dP − Δ_t) · scale for s ≤ t, 0 elsewhere and on query 0 (whose softmax is the
 // constant 1: exactly zero gradient, as the CPU kernel). In place over P (T), dP fp32.
 template <typename T>
-void attention_dscores(T* P_dS, const float* dP, const float* delta, int heads, int rows,
-                       int cols, int ld, int t0, int64_t head_stride, float scale, void* stream);
+void attention_dscores(T* P_dS, const float* dP, const float* delta, int slabs, int rows, int G,
+                       int cols, int ld, int t0, int T_, float scale, void* stream);
+// dst (A, B2, B1, inner) = src (A, B1, B2, inner) with axes 1 and 2 swapped, converted from Src
+// to Dst (one rounding). Dst and Src in {float, bf16, f16}, one of them float or both the same.
+template <typename Dst, typename Src>
+void swap_axes12(Dst* dst, const Src* src, int A, int B1, int B2, int inner, void* stream);
 
 // ---- swiglu.cu ----
 template <typename T>

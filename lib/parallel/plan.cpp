@@ -332,12 +332,13 @@ MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device) {
       if (device.attention_gemm && Lp > 0) {
         const DType dt = prec == "fp32" ? DType::kF32 : prec == "bf16" ? DType::kBF16
                                                                        : DType::kF16;
-        const int Kt = int(KV / T);
-        const cuda::AttentionGemmPlan ap = cuda::attention_gemm_plan(int(S), Kt, dt);
-        attn_fwd = int64_t(cuda::attention_gemm_scratch_bytes(int(B), int(S), Kt, int(hd), dt,
-                                                              ap, false));
-        attn_bwd = int64_t(cuda::attention_gemm_scratch_bytes(int(B), int(S), Kt, int(hd), dt,
-                                                              ap, true));
+        const int Kt = int(KV / T), Htr = int(Ht);
+        const cuda::AttentionGemmPlan ap =
+            cuda::attention_gemm_plan(int(B), int(S), Kt, Htr / Kt, dt);
+        attn_fwd = int64_t(cuda::attention_gemm_scratch_bytes(int(B), int(S), Htr, Kt, int(hd),
+                                                              dt, ap, false));
+        attn_bwd = int64_t(cuda::attention_gemm_scratch_bytes(int(B), int(S), Htr, Kt, int(hd),
+                                                              dt, ap, true));
       }
       const int64_t asks[] = {attn_fwd, rp.head ? cuda_ce_scratch(N) : 0,
                               cuda_rmsnorm_scratch(N, C), attn_bwd,
@@ -349,7 +350,7 @@ MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device) {
       rp.backend = {lt_ws + scratch,
                     count(lt_ws) + " B cuBLASLt workspace (" + sm + ") + " + count(scratch) +
                         " B ops scratch (" +
-                        (attn_bwd ? "attention score chunks on tensor cores, " : "") +
+                        (attn_bwd ? "attention on tensor cores: head-major copies and score chunks, " : "") +
                         "RMSNorm backward partials, cross-entropy rows, sum-of-squares partials)"};
     } else {
       rp.backend = {0, "none: the CPU backend allocates nothing of its own"};

@@ -2,9 +2,9 @@
 // the CPU, cuBLASLt a naive GEMM reading its descriptors; nothing here says anything about GPU
 // speed), against the CPU kernels of kernels/cpu/attention.cpp:
 //   - SIMT: kernels/cuda/attention.cu (FlashAttention on CUDA cores, head dim <= 128);
-//   - tensor cores: lib/runtime/cuda/attention_gemm (cuBLASLt batched GEMMs with the row kernels
-//     of kernels/cuda/attention_gemm.cu), with its default chunking and with small chunks that
-//     split the query rows and the kv heads of a GEMM batch.
+//   - tensor cores: lib/runtime/cuda/attention_gemm (cuBLASLt batched GEMMs over head-major
+//     slabs with the row kernels of kernels/cuda/attention_gemm.cu), with its default chunking
+//     (every slab in one GEMM) and with 7-position chunks of 4 slabs (6 = 4 + 2) or one.
 // Odd sequence lengths (1, 19, 111: across the 16-row query tiles, the 8-row dQ tiles and the
 // 32-key tiles), head dims 16, 40, 64 and 128, GQA ratios 1, 2 and 4, fp32, bf16 and f16. Each
 // dtype's inputs are rounded to it once, so both sides read the same values. The CUDA side runs
@@ -107,7 +107,7 @@ const char* path_name(Path p) {
   switch (p) {
     case Path::kSimt: return "simt ";
     case Path::kGemm: return "tensor-core ";
-    case Path::kGemmSmallChunks: return "tensor-core (7-row chunks, 1 kv head a GEMM) ";
+    case Path::kGemmSmallChunks: return "tensor-core (7-position chunks, 1 or 4 slabs a GEMM) ";
   }
   return "?";
 }
@@ -161,15 +161,17 @@ void check_shape(const Shape& s, Path path) {
                                 scratch_d.get(), B, T, H, K, D, nullptr);
     } else {
       const ft::DType dt = dtype_of<E>();
-      ft::cuda::AttentionGemmPlan plan = ft::cuda::attention_gemm_plan(T, K, dt);
-      if (path == Path::kGemmSmallChunks) plan = {7, 1};
+      ft::cuda::AttentionGemmPlan plan = ft::cuda::attention_gemm_plan(B, T, K, H / K, dt);
+      // Chunks of 7 positions; 4 slabs a GEMM where there are more (the last batch is short),
+      // else one.
+      if (path == Path::kGemmSmallChunks) plan = {7, B * K > 4 ? 4 : 1};
       ft::cuda::LtGemm lt(nullptr, 0, /*allow_tf32=*/false);
       DeviceBuffer<unsigned char> fwd(
-          ft::cuda::attention_gemm_scratch_bytes(B, T, K, D, dt, plan, false));
+          ft::cuda::attention_gemm_scratch_bytes(B, T, H, K, D, dt, plan, false));
       ft::cuda::attention_gemm_forward(lt, dt, o.get(), l.get(), q_d.get(), k_d.get(), v_d.get(),
                                        B, T, H, K, D, plan, fwd.get(), nullptr);
       DeviceBuffer<unsigned char> bwd(
-          ft::cuda::attention_gemm_scratch_bytes(B, T, K, D, dt, plan, true));
+          ft::cuda::attention_gemm_scratch_bytes(B, T, H, K, D, dt, plan, true));
       DeviceBuffer<float> delta(nl);
       ft::cuda::attention_gemm_backward(lt, dt, gq.get(), gk.get(), gv.get(), dout_d.get(),
                                         out_ref_d.get(), lse_ref_d.get(), q_d.get(), k_d.get(),
@@ -203,7 +205,7 @@ void check_shape(const Shape& s, Path path) {
 // D below a warp (16), not a multiple of 32 (40), 64 and the maximum 128.
 const Shape kShapes[] = {
     {1, 1, 1, 1, 16}, {2, 19, 2, 1, 40}, {1, 19, 4, 2, 128}, {1, 111, 2, 2, 64},
-    {1, 111, 4, 1, 16},
+    {1, 111, 4, 1, 16}, {3, 19, 4, 2, 16},
 };
 
 template <typename E>

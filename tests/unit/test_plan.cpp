@@ -405,12 +405,13 @@ TEST_CASE("plan: the CUDA device adds the cuBLASLt workspace and the ops' scratc
   const RankPlan cpu = plan_memory(r, 1).ranks[0];
   const RankPlan gpu = plan_memory(r, 1, h100).ranks[0];
   CHECK(cpu.backend.bytes == 0);
-  // Scratch asks in step order: attention's forward chunk on tensor cores (S: 1 kv head × 4 rows
-  // × ld 16 fp32 = 256 B), cross-entropy 8·N = 32 B, RMSNorm's backward partials 4·min(N, 512)·C
-  // = 128 B, attention's backward chunk (S and dP: 512 B > 256: grows to max(512, 2·256)),
-  // sum_squares over the largest group (496 elements: one block, 8 B). All fit 512 B.
-  CHECK(gpu.backend.bytes == (int64_t{32} << 20) + 512);
-  CHECK(plan_memory(r, 1, a100).ranks[0].backend.bytes == (int64_t{4} << 20) + 512);
+  // Scratch asks in step order: attention on tensor cores' forward (head-major q, k, v, out,
+  // 128/64/64/128 B, each a 256-byte piece, and S: 1 slab × 4 positions × G 2 × ld 16 fp32 =
+  // 512 B: 1536 B), cross-entropy 8·N = 32 B, RMSNorm's backward partials 4·min(N, 512)·C =
+  // 128 B, attention's backward (q, k, v, dO, dQ, dK, dV pieces 1792 B, S and dP 1024 B: 2816 B
+  // > 1536: grows to max(2816, 2·1536) = 3072), sum_squares (496 elements: one block, 8 B).
+  CHECK(gpu.backend.bytes == (int64_t{32} << 20) + 3072);
+  CHECK(plan_memory(r, 1, a100).ranks[0].backend.bytes == (int64_t{4} << 20) + 3072);
   // With the SIMT attention kernels (FT_CUDA_ATTENTION=simt) attention asks for none: the
   // RMSNorm partials (128 B > 32: grows to max(128, 2·32)) are the largest.
   ft::PlanDevice simt = h100;

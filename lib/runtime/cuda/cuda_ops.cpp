@@ -140,9 +140,9 @@ class CudaOps final : public Ops {
     same_dtype("attention_forward", out.dtype, k.dtype);
     same_dtype("attention_forward", out.dtype, v.dtype);
     if (attention_gemm_) {
-      const cuda::AttentionGemmPlan plan = cuda::attention_gemm_plan(T_, K, out.dtype);
+      const cuda::AttentionGemmPlan plan = cuda::attention_gemm_plan(B, T_, K, H / K, out.dtype);
       void* scratch =
-          this->scratch(cuda::attention_gemm_scratch_bytes(B, T_, K, D, out.dtype, plan, false));
+          this->scratch(cuda::attention_gemm_scratch_bytes(B, T_, H, K, D, out.dtype, plan, false));
       cuda::attention_gemm_forward(*lt_, out.dtype, out.ptr, lse, q.ptr, k.ptr, v.ptr, B, T_, H,
                                    K, D, plan, scratch, stream(s));
       return;
@@ -169,9 +169,9 @@ class CudaOps final : public Ops {
     same_dtype("attention_backward", dq.dtype, q.dtype);
     if (attention_gemm_) {
       // `scratch` holds Δ (B, H, T) as for the SIMT kernels; the chunks come from the ops' own.
-      const cuda::AttentionGemmPlan plan = cuda::attention_gemm_plan(T_, K, dq.dtype);
+      const cuda::AttentionGemmPlan plan = cuda::attention_gemm_plan(B, T_, K, H / K, dq.dtype);
       void* chunks =
-          this->scratch(cuda::attention_gemm_scratch_bytes(B, T_, K, D, dq.dtype, plan, true));
+          this->scratch(cuda::attention_gemm_scratch_bytes(B, T_, H, K, D, dq.dtype, plan, true));
       cuda::attention_gemm_backward(*lt_, dq.dtype, dq.ptr, dk.ptr, dv.ptr, dout.ptr, out.ptr, lse,
                                     q.ptr, k.ptr, v.ptr, scratch, B, T_, H, K, D, plan, chunks,
                                     stream(s));
