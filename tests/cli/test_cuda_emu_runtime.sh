@@ -80,7 +80,8 @@ ops() {
 }
 [[ -n "$(ops "$tmp/prof.txt")" ]] || fail "no op rows: $(cat "$tmp/prof.txt")"
 [[ "$(ops "$tmp/prof.txt")" == "$(ops "$tmp/cpu.txt")" ]] \
-  || fail "op families or calls differ from the CPU's: $(ops "$tmp/prof.txt") vs $(ops "$tmp/cpu.txt")"
+  || fail "op families or calls differ from the CPU's: $(ops "$tmp/prof.txt")" \
+          "vs $(ops "$tmp/cpu.txt")"
 grep -q "GEMM forward .* 30$" "$tmp/prof.txt" || fail "GEMM forward: $(cat "$tmp/prof.txt")"
 echo "FT_PROFILE on the emulated CUDA device: the CPU's op families and calls"
 echo "test_cuda_emu_runtime: OK"
