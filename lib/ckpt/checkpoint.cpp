@@ -949,6 +949,7 @@ std::string untouched_note(const std::string& dir) {
 struct CheckpointWriter::Job {
   int64_t step = 0;
   std::vector<PieceSource> pieces;  // into live memory (sync) or staging_ (async)
+  Event* copies_done = nullptr;     // async with a copy stream: wait for it before reading
   json manifest;
   Clock::time_point started;
   double blocking_s = 0;
@@ -975,6 +976,8 @@ CheckpointWriter::~CheckpointWriter() {
 
 void CheckpointWriter::release_staging() {
   if (!staging_) return;
+  // Copies still queued into the buffer (a save that failed half-way) finish first.
+  if (copies_done_.valid()) copies_done_.synchronize();
   if (o_.staging_device)
     o_.staging_device->free_host(staging_, staging_bytes_);
   else
@@ -1035,6 +1038,12 @@ void CheckpointWriter::reserve(uint64_t bytes) {
   staging_bytes_ = bytes;
 }
 
+void CheckpointWriter::fence_staging_copies() {
+  if (!fence_pending_) return;
+  copy_device_->wait(copy_device_->stream(), copies_done_);
+  fence_pending_ = false;
+}
+
 void CheckpointWriter::save(int64_t step, const std::vector<PieceSource>& pieces,
                             const json& manifest) {
   const auto t0 = Clock::now();
@@ -1061,10 +1070,36 @@ void CheckpointWriter::save(int64_t step, const std::vector<PieceSource>& pieces
   uint64_t total = 0;
   for (const auto& p : pieces) total += (p.end - p.begin) * sizeof(float);
   reserve(total);
+  // A device with a stream of its own for copies (CUDA): the pieces are copied there, in order
+  // after the work queued so far (the step that produced them), and the worker waits for the
+  // copies before it reads the buffer. One device per rank, so one pair of events.
+  Device* copy_dev = nullptr;
+  for (const auto& p : pieces)
+    if (p.device && p.device->copy_stream().handle != p.device->stream().handle)
+      copy_dev = p.device;
+  if (copy_dev) {
+    FT_CHECK(!copy_device_ || copy_device_ == copy_dev, "checkpoint pieces on two devices");
+    if (!copy_device_) {
+      copy_device_ = copy_dev;
+      compute_ready_ = copy_dev->make_event();
+      copies_done_ = copy_dev->make_event();
+    }
+    compute_ready_.record(copy_dev->stream());
+    copy_dev->wait(copy_dev->copy_stream(), compute_ready_);
+  }
   uint64_t off = 0;
   for (const auto& p : pieces) {
     const uint64_t n = p.end - p.begin;
     float* dst = reinterpret_cast<float*>(staging_ + off);
+    if (copy_dev && p.device == copy_dev) {
+      copy_dev->copy_to_host_async(copy_dev->copy_stream(), dst, p.data, n * sizeof(float));
+      PieceSource q = p;
+      q.data = dst;
+      q.device = nullptr;
+      job->pieces.push_back(q);
+      off += n * sizeof(float);
+      continue;
+    }
     // Large pieces are copied by every thread at once.
     const int64_t chunks = int64_t((n + (1u << 20) - 1) >> 20);
 #pragma omp parallel for schedule(static) if (chunks > 1)
@@ -1081,6 +1116,11 @@ void CheckpointWriter::save(int64_t step, const std::vector<PieceSource>& pieces
     job->pieces.push_back(q);
     off += n * sizeof(float);
   }
+  if (copy_dev) {
+    copies_done_.record(copy_dev->copy_stream());
+    job->copies_done = &copies_done_;
+    fence_pending_ = true;
+  }
   job->blocking_s = std::chrono::duration<double>(Clock::now() - t0).count();
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -1092,6 +1132,7 @@ void CheckpointWriter::save(int64_t step, const std::vector<PieceSource>& pieces
 }
 
 void CheckpointWriter::run_job(Job& job) {
+  if (job.copies_done) job.copies_done->synchronize();  // the staging copies have landed
   const fs::path folder = fs::path(o_.dir) / step_folder_name(job.step);
   std::error_code ec;
   fs::create_directories(folder, ec);

@@ -206,6 +206,13 @@ class CheckpointWriter {
   // Async: allocates and touches the staging buffer for pieces of this many bytes now, so that
   // the first save's stall is the copy alone.
   void reserve(uint64_t bytes);
+  // Async, pieces on a device with its own copy stream (CUDA): save() queues their device →
+  // staging copies on that stream behind an event of the compute stream and returns before
+  // they finish, so the copies overlap what the compute stream does next. The pieces must not
+  // change before the copies are done: call this before anything is queued that writes them
+  // (the optimizer step). It makes the compute stream wait for the copies (the host does not
+  // wait); nothing when no copy is pending.
+  void fence_staging_copies();
 
  private:
   struct Job;
@@ -215,6 +222,12 @@ class CheckpointWriter {
   void release_staging();
   char* staging_ = nullptr;  // async: the pieces copied to host memory (staging_bytes_)
   uint64_t staging_bytes_ = 0;
+  // Async on a device with a copy stream: the compute stream's point the copies start after,
+  // the copy stream's point they are done at, and whether the compute stream has yet to be
+  // told to wait for it (fence_staging_copies).
+  Device* copy_device_ = nullptr;
+  Event compute_ready_, copies_done_;
+  bool fence_pending_ = false;
   std::unique_ptr<Job> job_;
   std::thread thread_;
   mutable std::mutex mu_;

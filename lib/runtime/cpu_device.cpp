@@ -1,4 +1,6 @@
 #include <atomic>
+#include <chrono>
+#include <utility>
 #include <cstdlib>
 #include <cstring>
 
@@ -72,6 +74,75 @@ class CpuDevice final : public Device {
 }  // namespace
 
 void* Device::alloc_host(size_t bytes) { return alloc_host_plain(bytes); }
+
+// ---- events: the CPU's (and the guard device's) defaults ------------------------------------
+// The work before a record has finished when record is called, so the event is the host time.
+namespace {
+struct HostEvent {
+  bool timing = false;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point at;
+};
+}  // namespace
+
+void* Device::event_create(bool timing) { return new HostEvent{timing, false, {}}; }
+void Device::event_destroy(void* e) { delete static_cast<HostEvent*>(e); }
+void Device::event_record(void* e, Stream) {
+  auto* h = static_cast<HostEvent*>(e);
+  h->recorded = true;
+  if (h->timing) h->at = std::chrono::steady_clock::now();
+}
+void Device::event_synchronize(void*) {}
+bool Device::event_query(void*) { return true; }
+float Device::event_elapsed_ms(void* start, void* end) {
+  const auto* a = static_cast<HostEvent*>(start);
+  const auto* b = static_cast<HostEvent*>(end);
+  if (!a->timing || !b->timing)
+    throw Error(detail::concat("elapsed_ms on ", name(), ": an event made without timing; "
+                               "make both with make_event(true)"));
+  if (!a->recorded || !b->recorded)
+    throw Error(detail::concat("elapsed_ms on ", name(), ": the ", a->recorded ? "end" : "start",
+                               " event was never recorded; record both first"));
+  return std::chrono::duration<float, std::milli>(b->at - a->at).count();
+}
+void Device::stream_wait_event(Stream, void*) {}
+void Device::copy_to_host_async(Stream, void* dst, const void* src, size_t bytes) {
+  copy_to_host(dst, src, bytes);
+}
+
+void Device::wait(Stream s, const Event& e) {
+  FT_CHECK(e.handle_ && e.dev_ == this, "Device::wait: an empty event or one of another device");
+  stream_wait_event(s, e.handle_);
+}
+
+Event::~Event() {
+  if (handle_) dev_->event_destroy(handle_);
+}
+Event& Event::operator=(Event&& o) noexcept {
+  if (this != &o) {
+    if (handle_) dev_->event_destroy(handle_);
+    dev_ = o.dev_;
+    handle_ = std::exchange(o.handle_, nullptr);
+  }
+  return *this;
+}
+void Event::record(Stream s) {
+  FT_CHECK(handle_, "Event::record on an empty event");
+  dev_->event_record(handle_, s);
+}
+void Event::synchronize() {
+  FT_CHECK(handle_, "Event::synchronize on an empty event");
+  dev_->event_synchronize(handle_);
+}
+bool Event::query() {
+  FT_CHECK(handle_, "Event::query on an empty event");
+  return dev_->event_query(handle_);
+}
+float elapsed_ms(const Event& start, const Event& end) {
+  FT_CHECK(start.handle_ && end.handle_ && start.dev_ == end.dev_,
+           "elapsed_ms: an empty event, or events of two devices");
+  return start.dev_->event_elapsed_ms(start.handle_, end.handle_);
+}
 void Device::free_host(void* ptr, size_t bytes) { free_host_plain(ptr, bytes); }
 
 void* Device::alloc_host_plain(size_t bytes) {

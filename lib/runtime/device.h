@@ -14,6 +14,37 @@ namespace ft {
 
 enum class DeviceKind { kCpu, kCuda };
 struct OpProfile;  // runtime/profile.h
+class Device;
+
+// A point in a stream's work (CUDA: a cudaEvent_t; the CPU, whose work is done when its call
+// returns, keeps the host time it was recorded at). Made by Device::make_event; owning and
+// move-only; an empty Event (default-made) may only be destroyed or assigned to.
+class Event {
+ public:
+  Event() = default;
+  ~Event();
+  Event(Event&& o) noexcept : dev_(o.dev_), handle_(o.handle_) { o.handle_ = nullptr; }
+  Event& operator=(Event&& o) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  bool valid() const { return handle_ != nullptr; }
+  // Marks the point after the work queued on `s` so far (re-recording moves the point).
+  void record(Stream s);
+  // Blocks the host until the work before the recorded point is done; at once when the event
+  // was never recorded (as cudaEventSynchronize).
+  void synchronize();
+  // Whether that work is done, without blocking (true when never recorded).
+  bool query();
+  // Milliseconds from `start`'s recorded point to `end`'s (the device's clock). Both must come
+  // from make_event(true) and be recorded, else ft::Error saying which.
+  friend float elapsed_ms(const Event& start, const Event& end);
+
+ private:
+  friend class Device;
+  Event(Device* dev, void* handle) : dev_(dev), handle_(handle) {}
+  Device* dev_ = nullptr;
+  void* handle_ = nullptr;
+};
 
 struct AllocatorStats {
   size_t current_bytes = 0;  // live allocations
@@ -59,6 +90,39 @@ class Device {
   virtual Stream stream() { return Stream{}; }
   // The per-op timings when FT_PROFILE is set (runtime/profile.h), else null.
   virtual OpProfile* profile() { return nullptr; }
+
+  // Events (the Event class above). timing: the event can be an end of elapsed_ms (CUDA times
+  // only such events; the others, cudaEventDisableTiming, cost less to record and wait on).
+  Event make_event(bool timing = false) { return Event(this, event_create(timing)); }
+  // `s` waits on the device for the work before `e`'s recorded point (the host is not held;
+  // nothing to wait for when `e` was never recorded). The CPU's work is done already.
+  void wait(Stream s, const Event& e);
+  // The stream for device → host staging copies (checkpoint saves), apart from stream() so
+  // that a copy can overlap the next step's compute; the CPU has one stream (what stream()
+  // gives). Order it against stream() with events.
+  virtual Stream copy_stream() { return stream(); }
+  // Device → host into alloc_host memory, queued on `s`: the host may read `dst` once an event
+  // recorded on `s` after it has completed. The CPU copies at once.
+  virtual void copy_to_host_async(Stream s, void* dst, const void* src, size_t bytes);
+  // The device's free and total memory as its driver reports them (CUDA: cudaMemGetInfo);
+  // {0, 0} where the device is host memory (the CPU: see available_memory_bytes).
+  struct MemoryInfo {
+    size_t free_bytes = 0, total_bytes = 0;
+  };
+  virtual MemoryInfo memory_info() { return {}; }
+
+ protected:
+  friend class Event;
+  friend float elapsed_ms(const Event& start, const Event& end);
+  // Event primitives behind Event; the defaults are the CPU's (work synchronous, the host
+  // clock at record). A device with its own events overrides all of them.
+  virtual void* event_create(bool timing);
+  virtual void event_destroy(void* e);
+  virtual void event_record(void* e, Stream s);
+  virtual void event_synchronize(void* e);
+  virtual bool event_query(void* e);
+  virtual float event_elapsed_ms(void* start, void* end);
+  virtual void stream_wait_event(Stream s, void* e);
 };
 
 // The CPU device; threads for kernels come from OpenMP (runtime.threads).

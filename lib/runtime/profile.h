@@ -1,6 +1,9 @@
-// FT_PROFILE=1: the wall time of every op and device copy, by op family, measured at the one
-// dispatch point (runtime/ops.h). The CPU device installs ProfilingOps in front of its ops only
-// when the variable is set, so an unprofiled run pays nothing, not even a branch per op.
+// FT_PROFILE=1: the time of every op and device copy, by op family, measured at the one
+// dispatch point (runtime/ops.h). A device installs ProfilingOps in front of its ops only when
+// the variable is set, so an unprofiled run pays nothing, not even a branch per op. On the CPU
+// the host's wall clock around each call is the op's time (its work is done on return); on
+// CUDA that would be the launch alone, so each op is bracketed by two timing events on its
+// stream and the GPU's elapsed times are added up at the end of each step (resolve_events).
 // ft train prints the table on rank 0 at the end of the run (format_profile).
 #pragma once
 
@@ -9,8 +12,11 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
+#include "runtime/device.h"
 #include "runtime/ops.h"
 
 namespace ft {
@@ -37,18 +43,46 @@ struct OpProfile {
   }
   double seconds(OpFamily f) const { return double(ns[size_t(f)].load()) * 1e-9; }
   int64_t count(OpFamily f) const { return calls[size_t(f)].load(); }
+
+  // Set by a device whose ops run asynchronously (CUDA): ops are timed by its events, which
+  // stay pending until resolve_events() reads them (the trainer calls it after each step).
+  Device* event_device = nullptr;
+  struct Timed {
+    OpFamily family;
+    Event start, end;
+  };
+  // Takes a pair of timing events (reused across steps), records `start` on s.
+  Timed begin_timed(OpFamily f, Stream s);
+  void end_timed(Timed t, Stream s);
+  // Waits for the pending events and adds their elapsed times; their events go back for reuse.
+  void resolve_events();
+
+ private:
+  std::mutex mu_;
+  std::vector<Timed> pending_;
+  std::vector<std::pair<Event, Event>> free_;
 };
 
 // Times its own lifetime into `p` as one call of `f`; does nothing when p is null or not
-// recording.
+// recording. With a stream and a profile with an event_device: the work queued on the stream
+// meanwhile, between two events, instead of the host's time.
 class ProfileScope {
  public:
   ProfileScope(OpProfile* p, OpFamily f)
       : p_(p && p->recording.load(std::memory_order_relaxed) ? p : nullptr), f_(f) {
     if (p_) t0_ = std::chrono::steady_clock::now();
   }
+  ProfileScope(OpProfile* p, OpFamily f, Stream s) : ProfileScope(p, f) {
+    if (p_ && p_->event_device) {
+      s_ = s;
+      timed_ = p_->begin_timed(f, s);
+    }
+  }
   ~ProfileScope() {
-    if (p_)
+    if (!p_) return;
+    if (p_->event_device)
+      p_->end_timed(std::move(timed_), s_);
+    else
       p_->add(f_, std::chrono::duration_cast<std::chrono::nanoseconds>(
                       std::chrono::steady_clock::now() - t0_).count());
   }
@@ -59,6 +93,8 @@ class ProfileScope {
   OpProfile* p_;
   OpFamily f_;
   std::chrono::steady_clock::time_point t0_;
+  Stream s_;
+  OpProfile::Timed timed_{};
 };
 
 // True when FT_PROFILE is set to anything but "" or "0".

@@ -140,6 +140,7 @@ StepResult TrainStep::run(int64_t s, DataLoader& loader,
   const double clip = r_.training.grad_clip > 0 ? r_.training.grad_clip / (res.grad_norm + 1e-6)
                                                 : 1.0;
   const float factor = float(std::min(clip, 1.0) / loss_scale);
+  if (before_update) before_update();
   optim_.step(zero_.param_bases(), zero_.grad_bases(), res.lr, factor, zero_.compute_bases());
   zero_.finish_update();  // (precision policy: refresh the compute copy from the master)
   res.time_s = seconds_since(t_step);

@@ -85,6 +85,11 @@ class TrainStep {
   // ("the loss is nan (first non-finite gradient: ... in layers.1)").
   std::string describe_nonfinite(const StepResult& res);
 
+  // Called once a step has decided to update, right before the optimizer queues its writes to
+  // the parameters and moments: the trainer makes the compute stream wait there for an async
+  // checkpoint's staging copies of them (CheckpointWriter::fence_staging_copies).
+  std::function<void()> before_update;
+
  private:
   const Recipe& r_;
   Communicator& world_;

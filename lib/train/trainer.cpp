@@ -82,12 +82,35 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// On a GPU: this rank's plan peak (with the CUDA backend's own buffers, plan.h) against what
+// the driver says is free on its GPU now. One GPU per rank (gpu_choice.h); ranks that share one
+// GPU (more ranks on a node than GPUs) are not summed here.
+void check_gpu_memory_fits(const Recipe& r, int world, int rank, Device& dev) {
+  const Device::MemoryInfo gpu = dev.memory_info();
+  if (gpu.total_bytes == 0) return;  // nothing to compare with
+  const MemoryPlan plan = plan_memory(r, world);
+  const RankPlan& mine = plan.ranks.at(size_t(rank));
+  // What the device's allocator holds already (the cuBLASLt workspace) is in the plan too.
+  const double avail = double(gpu.free_bytes) + double(dev.stats().reserved_bytes);
+  if (double(mine.peak_bytes) <= avail) return;
+  throw Error(detail::concat(
+      "this run needs about ", Progress::human_bytes(double(mine.peak_bytes)), " on rank ", rank,
+      " by `ft plan` (model ", plan.model_params, " parameters), but only ",
+      Progress::human_bytes(avail), " of ", Progress::human_bytes(double(gpu.total_bytes)),
+      " is free on ", dev.name(),
+      "; nothing was allocated. Run `ft plan ", r.source_path,
+      " runtime.device=cuda` to see where it goes, then use more GPUs with parallel.zero_stage "
+      "3 or parallel.tensor/pipeline, training.activation_checkpointing, a smaller "
+      "training.micro_batch_size or data.seq_len (FT_SKIP_MEMORY_CHECK=1 starts anyway)"));
+}
+
 // Refuses a run whose `ft plan` peak does not fit the memory this node has left, before
 // anything is allocated: growing into the OS's out-of-memory killer loses the run without a
 // word (and a run with n_layers: 1e9 would try). The ranks on one node share its memory.
-void check_memory_fits(const Recipe& r, int world, int rank) {
+void check_memory_fits(const Recipe& r, int world, int rank, Device& dev) {
   if (const char* skip = std::getenv("FT_SKIP_MEMORY_CHECK"); skip && std::string(skip) == "1")
     return;
+  if (dev.kind() == DeviceKind::kCuda) return check_gpu_memory_fits(r, world, rank, dev);
   const uint64_t avail = available_memory_bytes();
   if (avail == 0) return;  // nothing to compare with
   const MemoryPlan plan = plan_memory(r, world);
@@ -577,6 +600,8 @@ class Checkpoints {
   void poll(int64_t step) {
     if (auto c = writer_.poll()) log_.commit(step, *c);
   }
+  // Before the optimizer writes the state an async save may still be copying (CUDA).
+  void fence_staging_copies() { writer_.fence_staging_copies(); }
   // Waits for the save in flight: this rank's shard durable; on rank 0, the checkpoint committed.
   void wait(int64_t step) {
     writer_.wait();
@@ -712,7 +737,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   const int accum = grad_accum_steps(r, comm.size());
   install_stop_handlers();
   start_collective_watch(r);
-  check_memory_fits(r, comm.size(), comm.rank());
+  check_memory_fits(r, comm.size(), comm.rank(), *dev);
   const std::vector<std::string> candidates = checkpoints_to_resume(r, comm, resume);
 
   // Everything that can be wrong with the inputs is checked before the model is built or any
@@ -787,6 +812,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
                 (long long)at.step, (long long)r.training.steps);
 
   TrainStep train_step(r, comm, data_comm, pipe_comm, model, zero, pipeline, optim, scaler_ptr);
+  train_step.before_update = [&ckpts] { ckpts.fence_staging_copies(); };
   const RunFigures resident{0, 0, zero.params_bytes(), zero.grads_bytes(), optim.state_bytes()};
   OpProfile* const profile = dev->profile();
   for (int64_t s = at.step; s < r.training.steps; ++s) {
@@ -800,6 +826,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     });
     if (profile) {
       profile->recording = false;
+      if (profile->event_device) profile->resolve_events();  // CUDA: the GPU's op times
       profile->step_seconds += res.time_s;
       profile->steps++;
     }

@@ -966,7 +966,9 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   if (!valid_event(start) || !valid_event(end)) return fail(cudaErrorInvalidResourceHandle);
   if ((start->flags | end->flags) & cudaEventDisableTiming)
     return fail(cudaErrorInvalidResourceHandle);
-  if (!start->recorded || !end->recorded) return fail(cudaErrorNotReady);
+  // As the runtime documents it: an event never recorded is an invalid handle here (NotReady
+  // is for recorded work not yet done, which the synchronous emulation never has).
+  if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidResourceHandle);
   *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();
   return cudaSuccess;
 }

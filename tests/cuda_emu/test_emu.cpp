@@ -556,12 +556,25 @@ TEST_CASE("cuda_emu: the runtime API checks where copies point and counts device
   REQUIRE(cudaEventCreate(&a) == cudaSuccess);
   REQUIRE(cudaEventCreate(&b) == cudaSuccess);
   float ms = -1.0f;
-  CHECK(cudaEventElapsedTime(&ms, a, b) == cudaErrorNotReady);  // not recorded yet
+  // Not recorded yet: an invalid handle for timing, as the runtime documents; synchronizing
+  // or querying it is fine (nothing to wait for).
+  CHECK(cudaEventElapsedTime(&ms, a, b) == cudaErrorInvalidResourceHandle);
+  CHECK(cudaEventSynchronize(a) == cudaSuccess);
+  CHECK(cudaEventQuery(a) == cudaSuccess);
+  cudaGetLastError();
   CHECK(cudaEventRecord(a, nullptr) == cudaSuccess);
   CHECK(cudaEventRecord(b, nullptr) == cudaSuccess);
   CHECK(cudaEventSynchronize(b) == cudaSuccess);
   CHECK(cudaEventElapsedTime(&ms, a, b) == cudaSuccess);
   CHECK(ms >= 0.0f);
+  // Events without timing (what the device uses to order streams) are waited on, not timed.
+  cudaEvent_t plain;
+  REQUIRE(cudaEventCreateWithFlags(&plain, cudaEventDisableTiming) == cudaSuccess);
+  CHECK(cudaEventRecord(plain, nullptr) == cudaSuccess);
+  CHECK(cudaStreamWaitEvent(nullptr, plain, 0) == cudaSuccess);
+  CHECK(cudaEventElapsedTime(&ms, a, plain) == cudaErrorInvalidResourceHandle);
+  cudaGetLastError();
+  CHECK(cudaEventDestroy(plain) == cudaSuccess);
   CHECK(cudaEventDestroy(a) == cudaSuccess);
   CHECK(cudaEventDestroy(b) == cudaSuccess);
   CHECK(cudaDeviceSynchronize() == cudaSuccess);

@@ -29,12 +29,12 @@ void check(bool ok, const std::string& what) {
 
 int main() {
 #if !FT_HAVE_CUDA
-  std::printf("ft_cuda_device_check: skipped, this build has no CUDA backend\n");
+  std::printf("no GPU: this build of ft has no CUDA backend (ft_cuda_device_check skipped)\n");
   return 77;
 #else
   using namespace ft;
   if (std::string why = cuda_unusable_reason(); !why.empty()) {
-    std::printf("ft_cuda_device_check: skipped, no usable GPU: %s\n", why.c_str());
+    std::printf("no GPU: %s (ft_cuda_device_check skipped)\n", why.c_str());
     return 77;
   }
   try {
@@ -84,6 +84,40 @@ int main() {
       check(std::memcmp(staging, host.data(), n * sizeof(float)) == 0,
             "copy_to_host into page-locked staging");
       dev->free_host(staging, n * sizeof(float));
+    }
+
+    // The checkpoint's staging path: the copy stream waits for an event of the compute stream
+    // (here, behind a device copy that writes the source), copies async, records its own event.
+    {
+      Buffer<float> a(dev.get(), n), b(dev.get(), n);
+      a.upload(host.data(), n);
+      b.zero();
+      dev->copy(dev->stream(), b.data(), a.data(), n * sizeof(float));  // queued, not waited for
+      Event ready = dev->make_event(), done = dev->make_event();
+      ready.record(dev->stream());
+      dev->wait(dev->copy_stream(), ready);
+      auto* staging = static_cast<float*>(dev->alloc_host(n * sizeof(float)));
+      dev->copy_to_host_async(dev->copy_stream(), staging, b.data(), n * sizeof(float));
+      done.record(dev->copy_stream());
+      done.synchronize();
+      check(done.query(), "a synchronized event reports its work done");
+      check(std::memcmp(staging, host.data(), n * sizeof(float)) == 0,
+            "copy stream after an event of the compute stream sees the compute stream's work");
+      dev->free_host(staging, n * sizeof(float));
+      Event t0 = dev->make_event(true), t1 = dev->make_event(true);
+      t0.record(dev->stream());
+      dev->copy(dev->stream(), b.data(), a.data(), n * sizeof(float));
+      t1.record(dev->stream());
+      t1.synchronize();
+      const float ms = elapsed_ms(t0, t1);
+      check(ms >= 0, "elapsed_ms between two timing events is a time");
+      std::string err;
+      try {
+        elapsed_ms(ready, done);  // made without timing
+      } catch (const Error& e) {
+        err = e.what();
+      }
+      check(!err.empty(), "elapsed_ms of events made without timing is an error");
     }
 
     // Out of memory: a clear ft::Error, and the device still works afterwards.

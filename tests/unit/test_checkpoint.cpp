@@ -8,12 +8,17 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <tuple>
@@ -25,6 +30,7 @@
 #include "optim/loss_scaler.h"
 #include "parallel/partition.h"
 #include "recipe/recipe.h"
+#include "runtime/device.h"
 #include "temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -759,4 +765,157 @@ TEST_CASE("checkpoint: an async save stages in the device's alloc_host memory, f
   }
   CHECK(dev.frees == 1);  // the writer gave it back to the device
   CHECK(ft::ckpt::verify(ft::ckpt::read_manifest(dir.file("step_00000005"))).empty());
+}
+
+namespace {
+
+// A device whose copy stream is really asynchronous: copy_to_host_async on it only queues the
+// copy, which runs when an event recorded after it is synchronized or waited for by the compute
+// stream (as on a GPU, where it would run at some time in between). Its memory is host memory.
+// Logs every record and stream wait, to check the order the writer issues them in.
+class DeferredCopyDevice final : public ft::Device {
+ public:
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+    bool done = false;
+  };
+  struct Ev {
+    int id;
+    size_t copies_before = 0;  // copy-stream copies queued before its record
+  };
+  std::vector<std::string> log;
+  std::vector<Copy> copies;
+  std::mutex mu;
+  std::condition_variable released;
+  bool hold = false;
+
+  void set_hold(bool h) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      hold = h;
+    }
+    released.notify_all();
+  }
+  ft::DeviceKind kind() const override { return ft::DeviceKind::kCpu; }
+  std::string name() const override { return "deferred-copy test device"; }
+  void* alloc(size_t bytes) override { return std::malloc(bytes ? bytes : 1); }
+  void free(void* p, size_t) override { std::free(p); }
+  void memset_zero(void* p, size_t n) override { std::memset(p, 0, n); }
+  void copy_to_host(void* d, const void* s, size_t n) override { std::memcpy(d, s, n); }
+  void copy_from_host(void* d, const void* s, size_t n) override { std::memcpy(d, s, n); }
+  void copy(ft::Stream, void* d, const void* s, size_t n) override { std::memmove(d, s, n); }
+  void synchronize() override { run_copies(copies.size()); }
+  ft::AllocatorStats stats() const override { return {}; }
+  ft::Ops& ops() override { throw ft::Error("no ops on the deferred-copy test device"); }
+  ft::Stream stream() override { return ft::Stream{&compute_}; }
+  ft::Stream copy_stream() override { return ft::Stream{&copy_}; }
+  void copy_to_host_async(ft::Stream s, void* d, const void* src, size_t n) override {
+    std::lock_guard<std::mutex> lk(mu);
+    REQUIRE(s.handle == &copy_);
+    copies.push_back({d, src, n});
+  }
+
+ protected:
+  void* event_create(bool) override { return new Ev{next_id_++}; }
+  void event_destroy(void* e) override { delete static_cast<Ev*>(e); }
+  void event_record(void* e, ft::Stream s) override {
+    std::lock_guard<std::mutex> lk(mu);
+    auto* ev = static_cast<Ev*>(e);
+    ev->copies_before = copies.size();
+    log.push_back(ft::detail::concat("record ", which(s), " ", ev->id));
+  }
+  // While `hold` is set, a synchronize (the writer's thread) waits: the test decides whether
+  // the copies run before or after the "optimizer" writes the state.
+  void event_synchronize(void* e) override {
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      released.wait(lk, [&] { return !hold; });
+    }
+    run_copies(static_cast<Ev*>(e)->copies_before);
+  }
+  bool event_query(void* e) override {
+    std::lock_guard<std::mutex> lk(mu);
+    const size_t n = static_cast<Ev*>(e)->copies_before;
+    for (size_t i = 0; i < n; ++i)
+      if (!copies[i].done) return false;
+    return true;
+  }
+  float event_elapsed_ms(void*, void*) override { return 0; }
+  void stream_wait_event(ft::Stream s, void* e) override {
+    auto* ev = static_cast<Ev*>(e);
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      log.push_back(ft::detail::concat("wait ", which(s), " ", ev->id));
+    }
+    // The compute stream's later work runs after the copies: model it by running them now.
+    if (s.handle == &compute_) run_copies(ev->copies_before);
+  }
+
+ private:
+  const char* which(ft::Stream s) const { return s.handle == &copy_ ? "copy" : "compute"; }
+  void run_copies(size_t n) {
+    std::lock_guard<std::mutex> lk(mu);
+    for (size_t i = 0; i < n && i < copies.size(); ++i)
+      if (!copies[i].done) {
+        std::memcpy(copies[i].dst, copies[i].src, copies[i].bytes);
+        copies[i].done = true;
+      }
+  }
+  int compute_ = 0, copy_ = 0;  // their addresses are the streams' handles
+  int next_id_ = 1;
+};
+
+}  // namespace
+
+TEST_CASE("checkpoint: async saves through a device's copy stream, ordered by events") {
+  // One rank; its state in "device" memory (host memory of the test device above).
+  const WholeState ws(tiny_config(), 7);
+  TempDir dir;
+  DeferredCopyDevice dev;
+  ft::ckpt::CheckpointWriter::Options o;
+  o.dir = dir.path;
+  o.async = true;
+  o.staging_device = &dev;
+  ft::ckpt::CheckpointWriter writer(o);
+  std::vector<std::vector<float>> live[3];
+  std::vector<ft::ckpt::PieceSource> pieces;
+  for (int s = 0; s < 3; ++s) {
+    live[s] = ws.local(s, 1, 0);
+    for (size_t g = 0; g < live[s].size(); ++g)
+      pieces.push_back({kStates[s], int(g), 0, live[s][g].size(), live[s][g].data(), &dev});
+  }
+  const nlohmann::json m = manifest_for(ws.cfg, 1, 1, 5);
+
+  // 1. The copies queue behind an event of the compute stream; the writer's thread waits for
+  // the copy stream's event before it reads the staging buffer (nothing else runs the copies
+  // here: without that wait the shard would hold whatever the staging buffer held).
+  writer.save(5, pieces, m);
+  writer.wait();
+  CHECK(dev.log == std::vector<std::string>{"record compute 1", "wait copy 1", "record copy 2"});
+  CHECK(dev.copies.size() == pieces.size());
+  check_reads_back(ft::ckpt::read_manifest(dir.file("step_00000005")), ws, 1);
+
+  // 2. The optimizer may write the state once the compute stream waits for the copies (the
+  // fence); a second fence without a save adds nothing. The writer's thread is held until the
+  // state has changed, so only the fence can have run the copies: the step holds the old values.
+  writer.fence_staging_copies();
+  CHECK(dev.log.back() == "wait compute 2");
+  const WholeState ws6(tiny_config(), 8);
+  dev.set_hold(true);
+  writer.save(6, pieces, manifest_for(ws.cfg, 1, 1, 6));
+  writer.fence_staging_copies();
+  CHECK(dev.log.back() == "wait compute 2");  // the same event, recorded again
+  const size_t logged = dev.log.size();
+  writer.fence_staging_copies();
+  CHECK(dev.log.size() == logged);
+  for (int s = 0; s < 3; ++s) {  // "AdamW", in place
+    const auto next = ws6.local(s, 1, 0);
+    for (size_t g = 0; g < next.size(); ++g)
+      std::copy(next[g].begin(), next[g].end(), live[s][g].begin());
+  }
+  dev.set_hold(false);
+  writer.wait();
+  check_reads_back(ft::ckpt::read_manifest(dir.file("step_00000006")), ws, 1);
 }

@@ -1,6 +1,7 @@
 // The CUDA device (cuda_device.h). Every op, memset and device-to-device copy is queued on one
 // non-blocking stream; host copies wait for it (the Device contract: a host copy sees the work
-// before it and is finished on return).
+// before it and is finished on return). A second stream carries the checkpoint's device → host
+// staging copies (copy_to_host_async), ordered against the first by events only.
 #include "runtime/cuda/cuda_device.h"
 
 #include <cuda_runtime_api.h>
@@ -13,6 +14,7 @@
 #include "runtime/cuda/caching_allocator.h"
 #include "runtime/cuda/cuda_ops.h"
 #include "runtime/cuda/gpu_choice.h"
+#include "runtime/profile.h"
 
 namespace ft {
 namespace {
@@ -49,6 +51,7 @@ class CudaDevice final : public Device {
                            (prop.totalGlobalMem + (size_t(1) << 29)) >> 30, " GiB, sm_",
                            prop.major, prop.minor, ")");
     FT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    FT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     allocator_ = std::make_unique<cuda::CachingAllocator>(
         [this](size_t bytes) -> void* {
           void* p = nullptr;
@@ -62,12 +65,23 @@ class CudaDevice final : public Device {
         },
         [](void* p, size_t) { cudaFree(p); }, name_);
     ops_ = make_cuda_ops(*this, stream_, prop.major, options.allow_tf32);
+    // FT_PROFILE: each op between two events on its stream, so the table shows GPU time, not
+    // the time to queue the launch (runtime/profile.h).
+    if (profile_requested()) {
+      profile_ = std::make_unique<OpProfile>();
+      profile_->event_device = this;
+      profiling_ops_ = make_profiling_ops(*ops_, *profile_);
+    }
   }
   ~CudaDevice() override {
     // Nothing may still run on memory about to be freed; errors here cannot be thrown.
+    cudaStreamSynchronize(copy_stream_);
     cudaStreamSynchronize(stream_);
+    profiling_ops_.reset();
+    profile_.reset();  // its events, before the streams go
     ops_.reset();
     allocator_.reset();
+    cudaStreamDestroy(copy_stream_);
     cudaStreamDestroy(stream_);
   }
 
@@ -77,23 +91,42 @@ class CudaDevice final : public Device {
   void* alloc(size_t bytes) override { return allocator_->allocate(bytes, stream_); }
   void free(void* ptr, size_t) override { allocator_->deallocate(ptr); }
   void memset_zero(void* ptr, size_t bytes) override {
-    if (bytes) FT_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream_));
+    if (!bytes) return;
+    ProfileScope t(profile_.get(), OpFamily::kMemset, Stream{stream_});
+    FT_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, stream_));
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
-    FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    {
+      ProfileScope t(profile_.get(), OpFamily::kCopyHost, Stream{stream_});
+      FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    }
     FT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void copy_from_host(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
     // Waited for: the host buffer may be reused or freed as soon as this returns.
-    FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    {
+      ProfileScope t(profile_.get(), OpFamily::kCopyHost, Stream{stream_});
+      FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    }
     FT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void copy(Stream s, void* dst, const void* src, size_t bytes) override {
     if (!bytes || dst == src) return;
-    FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                                  s.handle ? static_cast<cudaStream_t>(s.handle) : stream_));
+    const cudaStream_t st = s.handle ? static_cast<cudaStream_t>(s.handle) : stream_;
+    ProfileScope t(profile_.get(), OpFamily::kCopyDevice, Stream{st});
+    FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
+  }
+  Stream copy_stream() override { return Stream{copy_stream_}; }
+  void copy_to_host_async(Stream s, void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(s)));
+  }
+  MemoryInfo memory_info() override {
+    MemoryInfo m;
+    FT_CUDA_CHECK(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
+    return m;
   }
   void synchronize() override { FT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   AllocatorStats stats() const override {
@@ -114,13 +147,53 @@ class CudaDevice final : public Device {
     return p;
   }
   void free_host(void* ptr, size_t) override { cudaFreeHost(ptr); }
-  Ops& ops() override { return *ops_; }
+  Ops& ops() override { return profiling_ops_ ? *profiling_ops_ : *ops_; }
+  OpProfile* profile() override { return profile_.get(); }
   Stream stream() override { return Stream{stream_}; }
 
+ protected:
+  void* event_create(bool timing) override {
+    cudaEvent_t e = nullptr;
+    FT_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault
+                                                      : cudaEventDisableTiming));
+    return e;
+  }
+  void event_destroy(void* e) override { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
+  void event_record(void* e, Stream s) override {
+    FT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), as_stream(s)));
+  }
+  void event_synchronize(void* e) override {
+    FT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e)));
+  }
+  bool event_query(void* e) override {
+    const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e));
+    if (r == cudaErrorNotReady) {
+      cudaGetLastError();  // not an error: the work is still running
+      return false;
+    }
+    FT_CUDA_CHECK(r);
+    return true;
+  }
+  float event_elapsed_ms(void* start, void* end) override {
+    float ms = 0;
+    FT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start),
+                                       static_cast<cudaEvent_t>(end)));
+    return ms;
+  }
+  void stream_wait_event(Stream s, void* e) override {
+    FT_CUDA_CHECK(cudaStreamWaitEvent(as_stream(s), static_cast<cudaEvent_t>(e), 0));
+  }
+
  private:
+  cudaStream_t as_stream(Stream s) const {
+    return s.handle ? static_cast<cudaStream_t>(s.handle) : stream_;
+  }
   int ordinal_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t copy_stream_ = nullptr;  // device → host staging (checkpoint saves)
+  std::unique_ptr<OpProfile> profile_;  // FT_PROFILE only
+  std::unique_ptr<Ops> profiling_ops_;
   std::unique_ptr<cuda::CachingAllocator> allocator_;
   std::unique_ptr<Ops> ops_;
 };

@@ -1,8 +1,10 @@
 // The CUDA device (issue 9): ft::Device over one GPU, with the caching allocator
 // (caching_allocator.h) over cudaMalloc, one non-blocking stream that every op and copy is
-// queued on, page-locked host staging buffers, and the GPU chosen from the node-local rank
-// (gpu_choice.h). Built with FT_CUDA into ft_cuda_backend (and against the emulation into ft_cuda_backend_emu, a
-// test tool); an executable registers it (device.h) and make_device is then the way in.
+// queued on, a second one for the checkpoint's device → host staging copies, cudaEvents
+// (device.h Event), page-locked host staging buffers, and the GPU chosen from the node-local
+// rank (gpu_choice.h). Built with FT_CUDA into ft_cuda_backend (and against the emulation into
+// ft_cuda_backend_emu, a test tool); an executable registers it (device.h) and make_device is
+// then the way in.
 #pragma once
 
 #include <memory>
