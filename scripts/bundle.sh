@@ -150,15 +150,8 @@ done)
 echo "bundle: ldd of the unpacked ft, libraries from the bundle's lib/:"
 ldd "$b/ft" | awk -v lib="$b/lib/" 'index($3, lib) == 1 {print "  " $1}' | sort | tr '\n' ' '
 echo
-/usr/bin/python3 - "$check" "$b" <<'PY'
-import sys, os
-tmp, b = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.path.join(b, "tests", "ref"))
-import numpy as np, llama_ref as ref
-os.makedirs(f"{tmp}/train")
-ref.write_shard(f"{tmp}/train/shard_00000.h5",
-                np.random.default_rng(0).integers(0, 97, 40 * 16 + 1), 97)
-PY
+/usr/bin/python3 "$b/tests/ref/make_shards.py" "$check/train:1" --vocab 97 --samples 40 \
+  --seq-len 16 --seed 0
 cat > "$check/r.yaml" <<YAML
 run: {name: bundle, output_dir: $check/out, seed: 3}
 model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 48, vocab_size: 97,

@@ -22,17 +22,8 @@ packages=(
   python3-venv  # tests/cli/test_export_transformers.sh: transformers from PyPI in a venv
   patchelf xz-utils  # scripts/bundle.sh: RPATH $ORIGIN/lib and the .tar.xz
 )
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "setup: installing ${#missing[@]} Debian packages: ${missing[*]}"
-  sudo=""
-  [[ $(id -u) -ne 0 ]] && sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+source scripts/install_missing.sh
+install_missing setup "${packages[@]}"
 
 build_dir="${BUILD_DIR:-build}"
 echo "setup: building $build_dir (Release)"

@@ -35,7 +35,8 @@ tmp=$(mktemp -d); trap '[[ -n ${KEEP:-} ]] || rm -rf "$tmp"' EXIT
 mpirun_args=(--oversubscribe)
 [[ $(id -u) == 0 ]] && mpirun_args+=(--allow-run-as-root)
 ((tcp)) && mpirun_args+=(--mca btl tcp,self)
-# Sanitizer builds: Open MPI's plugins keep allocations until exit (see test_data_parallel.sh).
+# Sanitizer builds: Open MPI's plugins keep allocations until exit (see mpi_env in
+# tests/cli/common.sh).
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
 
 /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --samples 41 --seq-len 12 --seed 11 --mask 0.8

@@ -7,27 +7,12 @@
 #     allocated (exit 1, the plan's figure), quickly and with a small RSS;
 #   - a checkpoint.dir that cannot be created or written is found before step 1 (exit 1).
 #   bash tests/cli/test_bounds.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; echo "--- stderr ---" >&2; cat "$tmp/err.txt" >&2 || true; exit 1; }
-# run_ft WANT_RC ARGS...: output in $tmp/out.txt and $tmp/err.txt.
-run_ft() {
-  local want=$1 rc=0; shift
-  "$ft" "$@" > "$tmp/out.txt" 2> "$tmp/err.txt" || rc=$?
-  [[ $rc == "$want" ]] || fail "ft $* exited $rc, expected $want"
-}
-expect_err() { grep -qF -- "$1" "$tmp/err.txt" || fail "stderr lacks: $1"; }
+source "$2/tests/cli/common.sh" "$@"
+fail() { fail_showing_output "$@"; }
+run_ft() { run_rc "$1" "$ft" "${@:2}"; }  # WANT_RC ARGS...
 
-/usr/bin/python3 - "$tmp" "$src" <<'PY'
-import sys, os
-tmp, src = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.path.join(src, "tests", "ref"))
-import numpy as np, llama_ref as ref
-os.makedirs(f"{tmp}/train")
-ref.write_shard(f"{tmp}/train/shard_00000.h5", np.random.default_rng(0).integers(0, 97, 20 * 16 + 1), 97)
-PY
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/train:1" --vocab 97 --samples 20 \
+  --seq-len 16 --seed 0
 cat > "$tmp/r.yaml" <<YAML
 run: {name: t, output_dir: $tmp/out, seed: 3}
 model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 48, vocab_size: 97, max_seq_len: 32}
@@ -39,33 +24,33 @@ YAML
 
 # 1. Recipes by size: a device that never ends and a 2 MiB file.
 run_ft 2 validate /dev/zero
-expect_err "/dev/zero: larger than 1 MiB: not a recipe"
+has_err "/dev/zero: larger than 1 MiB: not a recipe"
 head -c $((2 << 20)) /dev/zero | tr '\0' '#' > "$tmp/huge.yaml"
 run_ft 2 train "$tmp/huge.yaml"
-expect_err "larger than 1 MiB"
+has_err "larger than 1 MiB"
 run_ft 2 validate "$tmp"
-expect_err "is actually a directory"
+has_err "is actually a directory"
 
 # 2. runtime.threads: 100000 crashed OpenMP before; now a recipe error naming the key.
 run_ft 2 validate "$tmp/r.yaml" runtime.threads=100000
-expect_err "runtime.threads: 100000 is out of range: must be in [0, 1024]"
+has_err "runtime.threads: 100000 is out of range: must be in [0, 1024]"
 
 # 3. Not UTF-8: a Latin-1 é in run.name, in the file (line 1) and on the command line.
 printf 'run: {name: caf\xe9}\n' > "$tmp/latin1.yaml"
 sed 1d "$tmp/r.yaml" >> "$tmp/latin1.yaml"
 run_ft 2 validate "$tmp/latin1.yaml"
-expect_err "latin1.yaml:1:"
-expect_err "run.name: expected UTF-8 text"
+has_err "latin1.yaml:1:"
+has_err "run.name: expected UTF-8 text"
 run_ft 2 validate "$tmp/r.yaml" "checkpoint.dir=$tmp/ck$(printf '\xc3\x28')"
-expect_err "checkpoint.dir: expected UTF-8 text"
+has_err "checkpoint.dir: expected UTF-8 text"
 run_ft 0 validate "$tmp/r.yaml" "run.name=café-ü-日本"
 
 # 4. A model far larger than memory: refused by the plan before any allocation, in well under a
 #    second of work and without growing (the old path allocated until the OS killed it).
 /usr/bin/time -f '%M' -o "$tmp/rss.txt" "$ft" train "$tmp/r.yaml" model.n_layers=1000000000 \
   > "$tmp/out.txt" 2> "$tmp/err.txt" && fail "a 10^9-layer model was not refused"
-expect_err "by \`ft plan\`"
-expect_err "of memory is available here; nothing was allocated"
+has_err "by \`ft plan\`"
+has_err "of memory is available here; nothing was allocated"
 rss_kb=$(tail -1 "$tmp/rss.txt")
 (( rss_kb < 500000 )) || fail "refusing the model used ${rss_kb} KiB of memory"
 [[ ! -e "$tmp/out/metrics.jsonl" ]] || fail "metrics written for a refused model"
@@ -73,12 +58,12 @@ rss_kb=$(tail -1 "$tmp/rss.txt")
 # 5. checkpoint.dir that cannot be created (a file is in the way) or written: exit 1 before step 1.
 touch "$tmp/a_file"
 run_ft 1 train "$tmp/r.yaml" "checkpoint.dir=$tmp/a_file/ck"
-expect_err "checkpoint.dir '$tmp/a_file/ck' cannot be created on rank 0"
+has_err "checkpoint.dir '$tmp/a_file/ck' cannot be created on rank 0"
 [[ ! -s "$tmp/out/metrics.jsonl" ]] || fail "steps ran before the checkpoint.dir check"
 if [[ $(id -u) != 0 ]]; then  # root writes through permission bits; the check above covers it
   mkdir "$tmp/ro" && chmod 555 "$tmp/ro"
   run_ft 1 train "$tmp/r.yaml" "checkpoint.dir=$tmp/ro"
-  expect_err "is not writable on rank 0"
+  has_err "is not writable on rank 0"
 fi
 # The same recipe with a usable folder trains and saves.
 run_ft 0 train "$tmp/r.yaml" "checkpoint.dir=$tmp/ck"

@@ -25,14 +25,8 @@
 #     file and saying the previous checkpoint is untouched; `latest` still names step_10, which `ft inspect` verifies
 #     and a rerun resumes from, reproducing the uninterrupted losses.
 #   bash tests/cli/test_checkpoint.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
-tmp=$(mktemp -d); trap '[[ -n ${KEEP:-} ]] || rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-# Sanitizer pass: leak reports off for the MPI runs (Open MPI's plugins keep allocations until
-# exit; see test_data_parallel.sh). Address and undefined-behaviour errors still fail the test.
-export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+source "$2/tests/cli/common.sh" "$@"
+mpi_env
 t_all=$SECONDS
 
 /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --samples 37 --seq-len 12 --seed 5 --mask 0.8

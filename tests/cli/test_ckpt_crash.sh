@@ -17,14 +17,8 @@
 # keys ("loss_scale_window: 3"); FT_CRASH_TRIALS (default 12) the number of trials;
 # FT_CRASH_KEEP_LAST=0 skips the keep_last part.
 #   bash tests/cli/test_ckpt_crash.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
-tmp=$(mktemp -d); trap '[[ -n ${KEEP:-} ]] || rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-# Sanitizer pass: leak reports off for the MPI runs (Open MPI's plugins keep allocations until
-# exit; see test_data_parallel.sh). Address and undefined-behaviour errors still fail the test.
-export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+source "$2/tests/cli/common.sh" "$@"
+mpi_env
 t_all=$SECONDS
 seed=${FT_CRASH_SEED:-$(( $(date +%s) % 32768 ))}
 RANDOM=$seed

@@ -13,12 +13,8 @@
 #  - ft inspect of the folder labels the .damaged ones and verifies the rest (exit 0); of a
 #    damaged step folder, exit 1 naming the key.
 #   bash tests/cli/test_ckpt_damage.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
-tmp=$(mktemp -d); trap '[[ -n ${KEEP:-} ]] || rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+source "$2/tests/cli/common.sh" "$@"
+mpi_env
 t_all=$SECONDS
 
 /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --samples 37 --seq-len 12 --seed 5

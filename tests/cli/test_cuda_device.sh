@@ -7,11 +7,7 @@
 # Skips (exit 0) in a build without the CUDA backend, and on a machine where a GPU is usable
 # (there "auto" rightly picks it; scripts/gpu_check.sh covers that case).
 #   bash tests/cli/test_cuda_device.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$2/tests/cli/common.sh" "$@"
 
 "$ft" --version | grep -q 'backends: cpu, cuda' || {
   echo "SKIP: this build has no CUDA backend ($("$ft" --version))"; exit 0; }
@@ -19,15 +15,8 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU
   echo "SKIP: a GPU is present here; this test is about machines without one"; exit 0
 fi
 
-/usr/bin/python3 - "$tmp" "$src" <<'PY'
-import sys, os
-tmp, src = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.path.join(src, "tests", "ref"))
-import numpy as np, llama_ref as ref
-rng = np.random.default_rng(0)
-os.makedirs(f"{tmp}/train")
-ref.write_shard(f"{tmp}/train/shard_00000.h5", rng.integers(0, 97, 40 * 16 + 1), 97)
-PY
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/train:1" --vocab 97 --samples 40 \
+  --seq-len 16 --seed 0
 
 recipe() {  # DEVICE OUT
   cat <<YAML

@@ -20,28 +20,12 @@
 #  - checkpoint.async on the CUDA device (staging in page-locked memory from alloc_host): a run
 #    killed after its step-4 save resumes bit-identically to the uninterrupted run.
 #   bash tests/cli/test_cuda_emu_plan.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
-emu="$build/tests/cuda_emu/ft_emu"
-if [[ ! -x $emu ]]; then
-  echo "test_cuda_emu_plan: skipped, this build has no ft_emu (FT_CUDA_EMU off: no CUDA headers)"
-  exit 0
-fi
-tmp=$(mktemp -d); trap '[[ -n ${KEEP:-} ]] || rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-# Open MPI's plugins keep allocations until exit (see test_data_parallel.sh).
-export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+source "$2/tests/cli/common.sh" "$@"
+need_emu
+mpi_env
 
-/usr/bin/python3 - "$tmp" "$src" <<'PY'
-import sys, os
-tmp, src = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.path.join(src, "tests", "ref"))
-import numpy as np, llama_ref as ref
-rng = np.random.default_rng(7)
-os.makedirs(f"{tmp}/data")
-ref.write_shard(f"{tmp}/data/shard_00000.h5", rng.integers(0, 61, 40 * 16 + 1), 61)
-PY
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data:1" --vocab 61 --samples 40 \
+  --seq-len 16 --seed 7
 
 cat > "$tmp/r.yaml" <<YAML
 run: {name: plan_cuda, output_dir: $tmp/out, seed: 1}

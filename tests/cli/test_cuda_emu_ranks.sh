@@ -18,31 +18,11 @@
 # outside the Device's own ops and copies, as a GPU's is to MPI) runs the same four layouts:
 # handed to MPI unstaged its memory kills the run, staged it gives the CPU run's losses.
 #   bash tests/cli/test_cuda_emu_ranks.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
-emu="$build/tests/cuda_emu/ft_emu"
-if [[ ! -x $emu ]]; then
-  echo "test_cuda_emu_ranks: skipped, this build has no ft_emu (FT_CUDA_EMU off: no CUDA headers)"
-  exit 0
-fi
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
-mpirun_args=(--oversubscribe -np 2)
-[[ $(id -u) == 0 ]] && mpirun_args+=(--allow-run-as-root)
-
-/usr/bin/python3 - "$tmp" "$src" <<'PY'
-import sys, os
-tmp, src = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.path.join(src, "tests", "ref"))
-import numpy as np, llama_ref as ref
-rng = np.random.default_rng(7)
-for name, n in (("train", 2), ("valid", 1)):
-    os.makedirs(f"{tmp}/{name}")
-    for i in range(n):
-        ref.write_shard(f"{tmp}/{name}/shard_{i:05d}.h5", rng.integers(0, 64, 24 * 8 + 1), 64)
-PY
+source "$2/tests/cli/common.sh" "$@"
+need_emu
+mpi_env -np 2
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/train:2" "$tmp/valid:1" --vocab 64 \
+  --samples 24 --seq-len 8 --seed 7
 
 # Tied embeddings, so that pipeline 2 also sums the embedding's gradient between its holders.
 cat > "$tmp/r.yaml" <<YAML
@@ -57,29 +37,11 @@ logging: {every_steps: 1}
 runtime: {threads: 1}
 YAML
 
-# compare DIR_A DIR_B LOSS_REL NORM_REL: per-step losses, grad norms and eval losses.
+# compare DIR_A DIR_B LOSS_REL NORM_REL: per-step losses, grad norms and eval losses; at least
+# a loss and a grad norm for each of the 4 steps and the 2 evaluations.
 compare() {
-  /usr/bin/python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" "$4" <<'PY'
-import json, sys
-def per_step(p):
-    out = {}
-    for j in map(json.loads, open(p)):
-        for k in ("loss", "grad_norm", "eval_loss"):
-            if k in j:
-                out[(j["step"], k)] = j[k]
-    return out
-a, b = per_step(sys.argv[1]), per_step(sys.argv[2])
-loss_rel, norm_rel = map(float, sys.argv[3:5])
-assert a.keys() == b.keys() and len(a) >= 10, f"different steps: {sorted(a)} {sorted(b)}"
-worst = {}
-for k in a:
-    rel = abs(a[k] - b[k]) / max(abs(b[k]), 1e-30)
-    worst[k[1]] = max(worst.get(k[1], 0.0), rel)
-    bound = norm_rel if k[1] == "grad_norm" else loss_rel
-    assert rel <= bound, f"step {k[0]} {k[1]}: {a[k]!r} vs {b[k]!r} ({rel:.2e} > {bound:g})"
-print("  worst relative differences: "
-      + ", ".join(f"{k} {v:.1e}" for k, v in sorted(worst.items())))
-PY
+  /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$1" "$2" --min-entries 10 \
+    --loss-rel "$3" --norm-rel "$4"
 }
 
 for p in fp32 bf16; do

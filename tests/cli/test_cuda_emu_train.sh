@@ -19,28 +19,10 @@
 #  - a run killed at step 9 resumes from its step-8 checkpoint on the other backend (CUDA to CPU
 #    and CPU to CUDA) and on its own (CUDA to CUDA: bit-identical to the uninterrupted run).
 #   bash tests/cli/test_cuda_emu_train.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
-emu="$build/tests/cuda_emu/ft_emu"
-if [[ ! -x $emu ]]; then
-  echo "test_cuda_emu_train: skipped, this build has no ft_emu (FT_CUDA_EMU off: no CUDA headers)"
-  exit 0
-fi
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-
-/usr/bin/python3 - "$tmp" "$src" <<'PY'
-import sys, os
-tmp, src = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.path.join(src, "tests", "ref"))
-import numpy as np, llama_ref as ref
-rng = np.random.default_rng(5)
-for name, n in (("train", 2), ("valid", 1)):
-    os.makedirs(f"{tmp}/{name}")
-    for i in range(n):
-        ref.write_shard(f"{tmp}/{name}/shard_{i:05d}.h5", rng.integers(0, 97, 40 * 16 + 1), 97)
-PY
+source "$2/tests/cli/common.sh" "$@"
+need_emu
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/train:2" "$tmp/valid:1" --vocab 97 \
+  --samples 40 --seq-len 16 --seed 5
 
 cat > "$tmp/r.yaml" <<YAML
 run: {name: e, output_dir: $tmp/out, seed: 3}
@@ -56,29 +38,10 @@ YAML
 
 # compare DIR_A DIR_B LOSS_REL NORM_REL [STEP1_LOSS_REL STEP1_NORM_REL]: per-step losses, grad
 # norms and eval losses of two runs (a bound of 0: the same bits), optionally tighter at step 1
-# (before any update has amplified a difference).
+# (before any update has amplified a difference); at least a loss and a grad norm a step.
 compare() {
-  /usr/bin/python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$3" "$4" "${5:-$3}" "${6:-$4}" <<'PY'
-import json, sys
-def per_step(p):
-    out = {}
-    for j in map(json.loads, open(p)):
-        for k in ("loss", "grad_norm", "eval_loss"):
-            if k in j:
-                out[(j["step"], k)] = j[k]
-    return out
-a, b = per_step(sys.argv[1]), per_step(sys.argv[2])
-loss_rel, norm_rel, loss1_rel, norm1_rel = map(float, sys.argv[3:7])
-assert a.keys() == b.keys() and len(a) >= 24, f"different steps: {sorted(a)[:4]} {sorted(b)[:4]}"
-worst = {}
-for k in a:
-    rel = abs(a[k] - b[k]) / max(abs(b[k]), 1e-30)
-    worst[k[1]] = max(worst.get(k[1], 0.0), rel)
-    bound = ((norm1_rel if k[0] == 1 else norm_rel) if k[1] == "grad_norm"
-             else (loss1_rel if k[0] == 1 else loss_rel))
-    assert rel <= bound, f"step {k[0]} {k[1]}: {a[k]!r} vs {b[k]!r} ({rel:.2e} > {bound:g})"
-print("  worst relative differences: " + ", ".join(f"{k} {v:.1e}" for k, v in sorted(worst.items())))
-PY
+  /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$1" "$2" --min-entries 24 \
+    --loss-rel "$3" --norm-rel "$4" --step1-loss-rel "${5:-$3}" --step1-norm-rel "${6:-$4}"
 }
 
 train() {  # BINARY NAME [OVERRIDES...]

@@ -8,14 +8,9 @@
 # with the file's name in the message; a folder of good h5py shards of every storage kind must
 # still read.
 #   bash tests/cli/test_damaged_shards.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
+source "$2/tests/cli/common.sh" "$@"
 damaged="$src/tests/data/damaged_shards"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-# Sanitizer builds: Open MPI's plugins keep allocations until exit (see test_data_parallel.sh).
-export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+mpi_env
 # A 2 s limit per shard instead of the default 30 s, so the spinning input costs 2 s per run.
 export FT_SHARD_CHECK_TIMEOUT_S=2
 

@@ -12,17 +12,8 @@
 #  - Only rank 0 writes metrics and prints progress.
 #  - A rank killed with SIGKILL ends the whole job, non-zero, within 60 s, naming the rank.
 #   bash tests/cli/test_data_parallel.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
-tmp=$(mktemp -d); trap '[[ -n ${KEEP:-} ]] || rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-# In the sanitizer pass, leak reports are turned off here only: Open MPI's dlopen'ed plugins keep
-# allocations until exit, and once unloaded their stacks cannot be told apart for suppression.
-# Address and undefined-behaviour errors still fail the test.
-export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
-mpirun_args=(--oversubscribe)
-[[ $(id -u) == 0 ]] && mpirun_args+=(--allow-run-as-root)
+source "$2/tests/cli/common.sh" "$@"
+mpi_env
 
 /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --samples 37 --seq-len 12 --seed 5 --mask 0.8
 

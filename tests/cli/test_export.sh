@@ -11,27 +11,10 @@
 #   d. Refusals: an existing non-empty output without --overwrite (exit 2), a folder that is
 #      not a checkpoint, an incomplete step folder.
 #   bash tests/cli/test_export.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-# Open MPI leaks by design at exit: the ASan build still fails on memory errors, not on those.
-export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
+source "$2/tests/cli/common.sh" "$@"
+mpi_env
 PY=/usr/bin/python3  # Debian's, with torch, numpy and h5py (DESIGN.md §9)
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/ft_test_export.XXXXXX"); trap 'rm -rf "$tmp"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  echo "--- stdout ---" >&2; cat "$tmp/out.txt" >&2 || true
-  echo "--- stderr ---" >&2; cat "$tmp/err.txt" >&2 || true
-  exit 1
-}
-# run WANT_RC CMD...: runs CMD into out.txt/err.txt and checks the exit code.
-run() {
-  local want="$1" rc=0; shift
-  "$@" >"$tmp/out.txt" 2>"$tmp/err.txt" || rc=$?
-  [[ $rc -eq $want ]] || fail "$* exited $rc, expected $want"
-}
-has_out() { grep -qF -- "$1" "$tmp/out.txt" || fail "stdout lacks: $1"; }
-has_err() { grep -qF -- "$1" "$tmp/err.txt" || fail "stderr lacks: $1"; }
+fail() { fail_showing_output "$@"; }
 
 # ---- inputs: HF folders, shards whose tokenizer_sha256 is that of a tokenizer file -----------
 # ft only hashes tokenizer.path (the shards must carry the same hash) and copies it into each
@@ -80,10 +63,10 @@ $common
 training: {steps: 0, micro_batch_size: 2, global_batch_size: 2}
 checkpoint: {every_steps: 1}
 YAML
-  run 0 "$ft" train "$tmp/$kind.yaml"
+  run_rc 0 "$ft" train "$tmp/$kind.yaml"
   step="$tmp/run_$kind/checkpoints/step_00000000"
   [[ -f "$step/COMPLETE" ]] || fail "$kind: no complete checkpoint at $step"
-  run 0 "$ft" export "$step" --output "$tmp/out_$kind" --dtype "$kind"
+  run_rc 0 "$ft" export "$step" --output "$tmp/out_$kind" --dtype "$kind"
   has_out "wrote model.safetensors"
   # tok.model is random bytes: the weights export, the tokenizer files are skipped out loud.
   if [[ $kind == f32 ]]; then
@@ -126,13 +109,13 @@ else:
     assert names == ["config.json", "model.safetensors"], names
 EOF
   # What ft reads back: the exported folder is a valid model.from.
-  run 0 "$ft" inspect "$tmp/out_$kind"
+  run_rc 0 "$ft" inspect "$tmp/out_$kind"
   has_out "compatible with ft: yes"
   echo "ok: a. $kind import → checkpoint → export is bit-identical"
 done
 # The f32 checkpoint to bf16 and f16: the same bits as torch's rounding (nearest even).
 for dt in bf16 f16; do
-  run 0 "$ft" export "$tmp/run_f32/checkpoints" --output "$tmp/out_f32_$dt" --dtype "$dt"
+  run_rc 0 "$ft" export "$tmp/run_f32/checkpoints" --output "$tmp/out_f32_$dt" --dtype "$dt"
 done
 "$PY" - "$tmp" <<'EOF2' || fail "bf16/f16 conversion differs from torch's"
 import json, struct, sys
@@ -165,11 +148,11 @@ training: {steps: 3, micro_batch_size: 1, global_batch_size: 4, eval_every_steps
 parallel: {tensor: 2, zero_stage: 3}
 checkpoint: {every_steps: 2}
 YAML
-run 0 "$ft" train "$tmp/tp.yaml" --nproc 4
+run_rc 0 "$ft" train "$tmp/tp.yaml" --nproc 4
 ckdir="$tmp/run_tp/checkpoints"
 [[ -f "$ckdir/step_00000003/COMPLETE" ]] || fail "no final checkpoint step_00000003: $(ls "$ckdir")"
 # The checkpoint dir: export follows `latest`. 4 KiB shards split this ~60 KB model in several.
-run 0 "$ft" export "$ckdir" --output "$tmp/out_tp" --max-shard-size 4KiB
+run_rc 0 "$ft" export "$ckdir" --output "$tmp/out_tp" --max-shard-size 4KiB
 has_out "step_00000003"
 has_out "wrote model.safetensors.index.json"
 has_out "copied tokenizer.model"
@@ -180,12 +163,12 @@ cmp "$tmp/out_tp/tokenizer.model" "$tmp/tok.model" || fail "tokenizer.model not 
 echo "ok: b. data 2 x tensor 2 ZeRO-3 export, sharded, matches ft's eval_loss"
 
 # ---- c. inspect: sound, then a flipped byte, then a truncated shard -------------------------
-run 0 "$ft" inspect "$ckdir"
+run_rc 0 "$ft" inspect "$ckdir"
 has_out "step_00000002  complete"
 has_out "step_00000003  complete  <- latest"
 has_out "layout:       world 4 = data 2 × pipeline 1 × tensor 2, ZeRO stage 3"
 has_out "checksums:    all "
-run 0 "$ft" inspect "$ckdir/step_00000003"
+run_rc 0 "$ft" inspect "$ckdir/step_00000003"
 has_out "step:         3 "
 has_out "status:       complete"
 has_out "model.layers.0.self_attn.q_proj.weight"
@@ -207,11 +190,11 @@ at = p["offset"] + 4 * ((p["end"] - p["begin"]) // 2) + 1
 with open(f"{d}/rank_00001.bin", "r+b") as f:
     f.seek(at); b = f.read(1); f.seek(at); f.write(bytes([b[0] ^ 0x10]))
 EOF
-run 1 "$ft" inspect "$tmp/flipped"
+run_rc 1 "$ft" inspect "$tmp/flipped"
 grep -Eq '^  checksums: +[0-9]+ problems?$' "$tmp/out.txt" || fail "no problem count"
 sed -n '/^  checksums:/,$p' "$tmp/out.txt" | grep -q "rank_00001.bin" || fail "problem lacks the file"
 has_err "rank_00001.bin"
-run 1 "$ft" export "$tmp/flipped" --output "$tmp/out_flipped"
+run_rc 1 "$ft" export "$tmp/flipped" --output "$tmp/out_flipped"
 has_err "rank_00001.bin"
 [[ ! -e "$tmp/out_flipped" ]] || fail "export of a corrupt checkpoint left an output folder"
 if ls "$tmp" | grep -q '\.tmp-'; then fail "temporary export folder left behind"; fi
@@ -219,33 +202,33 @@ echo "ok: c. flipped byte reported by inspect and export"
 
 cp -r "$ckdir/step_00000003" "$tmp/truncated"
 truncate -s -100 "$tmp/truncated/rank_00002.bin"
-run 1 "$ft" inspect "$tmp/truncated"
+run_rc 1 "$ft" inspect "$tmp/truncated"
 sed -n '/^  checksums:/,$p' "$tmp/out.txt" | grep -q "rank_00002.bin" || fail "problem lacks the file"
 has_err "rank_00002.bin"
-run 1 "$ft" export "$tmp/truncated" --output "$tmp/out_truncated"
+run_rc 1 "$ft" export "$tmp/truncated" --output "$tmp/out_truncated"
 has_err "rank_00002.bin"
 echo "ok: c. truncated shard reported by inspect and export"
 
 # ---- d. refusals ----------------------------------------------------------------------------
-run 2 "$ft" export "$ckdir" --output "$tmp/out_tp"
+run_rc 2 "$ft" export "$ckdir" --output "$tmp/out_tp"
 has_err "exists and is not empty"
 has_err "--overwrite"
-run 0 "$ft" export "$ckdir/step_00000002" --output "$tmp/out_tp" --overwrite --dtype f16
+run_rc 0 "$ft" export "$ckdir/step_00000002" --output "$tmp/out_tp" --overwrite --dtype f16
 "$PY" -c "
 import json, sys
 c = json.load(open(sys.argv[1] + '/config.json'))
 assert c['torch_dtype'] == 'float16', c
 " "$tmp/out_tp" || fail "--overwrite did not replace the folder"
 [[ ! -e "$tmp/out_tp/model.safetensors.index.json" ]] || fail "old index left after --overwrite"
-run 2 "$ft" export "$tmp/train" --output "$tmp/out_x"
+run_rc 2 "$ft" export "$tmp/train" --output "$tmp/out_x"
 has_err "not a checkpoint"
-run 2 "$ft" export "$ckdir" --output "$tmp/out_x" --max-shard-size lots
+run_rc 2 "$ft" export "$ckdir" --output "$tmp/out_x" --max-shard-size lots
 has_err "--max-shard-size"
 cp -r "$ckdir/step_00000003" "$tmp/incomplete"
 rm "$tmp/incomplete/COMPLETE"
-run 1 "$ft" inspect "$tmp/incomplete"
+run_rc 1 "$ft" inspect "$tmp/incomplete"
 has_out "incomplete: COMPLETE is missing; never resumed from"
-run 1 "$ft" export "$tmp/incomplete" --output "$tmp/out_x"
+run_rc 1 "$ft" export "$tmp/incomplete" --output "$tmp/out_x"
 has_err "COMPLETE"
 [[ ! -e "$tmp/out_x" ]] || fail "refused export left an output folder"
 # A checkpoint dir without `latest` (a stop between COMPLETE and `latest`): the newest complete
@@ -253,15 +236,15 @@ has_err "COMPLETE"
 mkdir "$tmp/nolatest"
 cp -r "$ckdir/step_00000002" "$tmp/incomplete" "$tmp/nolatest/"
 mv "$tmp/nolatest/incomplete" "$tmp/nolatest/step_00000009"
-run 0 "$ft" inspect "$tmp/nolatest"
+run_rc 0 "$ft" inspect "$tmp/nolatest"
 has_out "step_00000009  incomplete (no COMPLETE)"
 has_out "checkpoint $tmp/nolatest/step_00000002"
-run 0 "$ft" export "$tmp/nolatest" --output "$tmp/out_nolatest"
+run_rc 0 "$ft" export "$tmp/nolatest" --output "$tmp/out_nolatest"
 has_out "(step 2)"
 rm -r "$tmp/nolatest/step_00000002"
-run 1 "$ft" inspect "$tmp/nolatest"
+run_rc 1 "$ft" inspect "$tmp/nolatest"
 has_out "no step folder is complete"
-run 1 "$ft" export "$tmp/nolatest" --output "$tmp/out_x"
+run_rc 1 "$ft" export "$tmp/nolatest" --output "$tmp/out_x"
 has_err "none is complete"
 echo "ok: d. refusals"
 

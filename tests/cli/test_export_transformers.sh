@@ -14,25 +14,11 @@
 # The two virtual environments are made under BUILD_DIR once (pip from PyPI; --system-site-packages
 # for Debian's torch, numpy, h5py and sentencepiece) and reused; without PyPI this test fails.
 #   bash tests/cli/test_export_transformers.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
+source "$2/tests/cli/common.sh" "$@"
+mpi_env
 PY=/usr/bin/python3  # Debian's, with numpy, h5py, torch and sentencepiece (DESIGN.md §9)
 check="$src/tests/ref/hf_tokenizer_check.py"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/ft_test_export_tf.XXXXXX"); trap 'rm -rf "$tmp"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  echo "--- stdout ---" >&2; cat "$tmp/out.txt" >&2 || true
-  echo "--- stderr ---" >&2; cat "$tmp/err.txt" >&2 || true
-  exit 1
-}
-run() {
-  local want="$1" rc=0; shift
-  "$@" >"$tmp/out.txt" 2>"$tmp/err.txt" || rc=$?
-  [[ $rc -eq $want ]] || fail "$* exited $rc, expected $want"
-}
-has_out() { grep -qF -- "$1" "$tmp/out.txt" || fail "stdout lacks: $1"; }
+fail() { fail_showing_output "$@"; }
 
 # venv DIR SPEC...: a cached virtual environment with the pip requirements SPEC; a stamp file
 # records them, so that a changed list makes a new one. Pinned versions: a new transformers
@@ -79,8 +65,9 @@ with open(f"{t}/train.jsonl", "w") as f:
     for d in awkward + stories + short:
         f.write(json.dumps({"text": d}) + "\n")
 EOF
-run 0 "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/train.jsonl" --output "$tmp/train"
-run 0 "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/valid.txt" --output "$tmp/valid"
+run_rc 0 "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/train.jsonl" \
+  --output "$tmp/train"
+run_rc 0 "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/valid.txt" --output "$tmp/valid"
 cat > "$tmp/r.yaml" <<YAML
 run: {name: tf, output_dir: $tmp/run, seed: 0}
 model: {arch: llama, dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 160,
@@ -94,8 +81,8 @@ checkpoint: {every_steps: 150}
 logging: {every_steps: 50}
 runtime: {threads: 2}
 YAML
-run 0 "$ft" train "$tmp/r.yaml"
-run 0 "$ft" export "$tmp/run/checkpoints" --output "$tmp/out"
+run_rc 0 "$ft" train "$tmp/r.yaml"
+run_rc 0 "$ft" export "$tmp/run/checkpoints" --output "$tmp/out"
 has_out "wrote config.json (torch_dtype float32, bos_token_id 1, eos_token_id 2)"
 has_out "wrote generation_config.json"
 has_out "wrote tokenizer.json, tokenizer_config.json, special_tokens_map.json"
@@ -117,18 +104,18 @@ assert tc["tokenizer_class"] == "PreTrainedTokenizerFast" and tc["add_bos_token"
 assert tc["add_eos_token"] is False and tc["split_special_tokens"] is True, tc
 EOF
 # The extra files do not upset ft's own reading of the folder (model.from).
-run 0 "$ft" inspect "$tmp/out"
+run_rc 0 "$ft" inspect "$tmp/out"
 has_out "compatible with ft: yes"
 echo "ok: a. export writes the tokenizer files and the special ids"
 
 # ---- b. transformers 5 and 4 read it as ft does ----------------------------------------------
 tf5="$build/hf_venv_tf5/bin/python" tf4="$build/hf_venv_tf4/bin/python"
-run 0 "$tf5" "$check" "$tmp/out" --shards "$tmp/train" --docs "$tmp/train.jsonl"
+run_rc 0 "$tf5" "$check" "$tmp/out" --shards "$tmp/train" --docs "$tmp/train.jsonl"
 has_out "transformers 5.23.0"
 has_out "gives ft's ids for all 3125 documents"
-run 0 "$tf5" "$check" "$tmp/out" --shards "$tmp/valid" --docs "$tmp/valid.txt"
+run_rc 0 "$tf5" "$check" "$tmp/out" --shards "$tmp/valid" --docs "$tmp/valid.txt"
 has_out "gives ft's ids for all"
-run 0 "$tf4" "$check" "$tmp/out" --shards "$tmp/train" --docs "$tmp/train.jsonl" \
+run_rc 0 "$tf4" "$check" "$tmp/out" --shards "$tmp/train" --docs "$tmp/train.jsonl" \
   --prompt "Tom ran" --prompt "Mia" --max-new-tokens 20 --require-generate
 has_out "transformers 4.46.3"
 has_out "gives ft's ids for all 3125 documents"
@@ -147,10 +134,10 @@ for name in ("config.json", "generation_config.json"):
     j = json.load(open(p)); j.pop("eos_token_id"); json.dump(j, open(p, "w"))
 EOF
 # config.json without eos_token_id is refused first; with it back, generate runs on.
-run 1 "$tf4" "$check" "$tmp/no_eos" --shards "$tmp/train" --docs "$tmp/train.jsonl"
+run_rc 1 "$tf4" "$check" "$tmp/no_eos" --shards "$tmp/train" --docs "$tmp/train.jsonl"
 grep -qF "config.json eos_token_id None" "$tmp/err.txt" "$tmp/out.txt" || fail "no eos refusal"
 cp "$tmp/out/config.json" "$tmp/no_eos/config.json"
-run 1 "$tf4" "$check" "$tmp/no_eos" --shards "$tmp/train" --docs "$tmp/train.jsonl" \
+run_rc 1 "$tf4" "$check" "$tmp/no_eos" --shards "$tmp/train" --docs "$tmp/train.jsonl" \
   --prompt "Tom ran" --max-new-tokens 20 --require-generate
 grep -qF "did not stop at EOS" "$tmp/err.txt" "$tmp/out.txt" || \
   grep -qF "generation_config eos_token_id None" "$tmp/err.txt" "$tmp/out.txt" || \
@@ -165,7 +152,7 @@ j = json.load(open(sys.argv[1])); j["tokenizer_class"] = "LlamaTokenizer"; j["le
 json.dump(j, open(sys.argv[1], "w"))
 EOF
 # The pure-Python protobuf: Debian's sentencepiece_model_pb2 predates the protobuf 4+ C runtime.
-run 1 env PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python \
+run_rc 1 env PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python \
   "$tf5" "$check" "$tmp/llama_tok" --shards "$tmp/train" --docs "$tmp/train.jsonl"
 grep -qF "FAIL: document" "$tmp/err.txt" "$tmp/out.txt" ||
   fail "LlamaTokenizer conversion not caught"

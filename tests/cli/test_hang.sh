@@ -14,10 +14,7 @@
 #    checkpoint it did not save (mpirun sends SIGTERM to the survivors, which ft's stop handler
 #    sees).
 #   bash tests/cli/test_hang.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
-tmp=$(mktemp -d)
+source "$2/tests/cli/common.sh" "$@"
 victims=()
 cleanup() {
   # A failed check must not leave a stopped rank behind for ever.
@@ -26,13 +23,10 @@ cleanup() {
     kill -CONT "$p" 2> /dev/null || true
     kill -KILL "$p" 2> /dev/null || true
   done
-  [[ -n ${KEEP:-} ]] || rm -rf "$tmp"
+  remove_tmp
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"  # as test_data_parallel.sh: Open MPI plugins
-mpirun_args=(--oversubscribe)
-[[ $(id -u) == 0 ]] && mpirun_args+=(--allow-run-as-root)
+mpi_env
 source "$src/tests/cli/mpi_ranks.sh"  # rank_pid PATTERN RANK
 
 /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --samples 37 --seq-len 12 --seed 5 --mask 0.8

@@ -4,33 +4,14 @@
 # one; then folders ft cannot use (missing tensor, wrong shapes, lm_head against tie) and
 # malformed files (safetensors header, config.json, index), with their exit codes.
 #   bash tests/cli/test_inspect_hf.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-BUILD="$1"
-SRC="$2"
-FT="$(cd "$BUILD" && pwd)/ft"
+source "$2/tests/cli/common.sh" "$@"
 PY=/usr/bin/python3  # Debian's, with torch and numpy (DESIGN.md §9)
-T="$(mktemp -d "${TMPDIR:-/tmp}/ft_test_inspect_hf.XXXXXX")"
-trap 'rm -rf "$T"' EXIT
-
-fail() {
-  echo "FAIL: $*" >&2
-  echo "--- stdout ---" >&2; cat "$T/out.txt" >&2 || true
-  echo "--- stderr ---" >&2; cat "$T/err.txt" >&2 || true
-  exit 1
-}
-# inspect WANT_RC DIR: runs ft inspect DIR into out.txt/err.txt and checks the exit code.
-inspect() {
-  local want="$1" rc=0
-  "$FT" inspect "$2" >"$T/out.txt" 2>"$T/err.txt" || rc=$?
-  [[ $rc -eq $want ]] || fail "ft inspect $2 exited $rc, expected $want"
-}
-has_out() { grep -qF -- "$1" "$T/out.txt" || fail "stdout lacks: $1"; }
-lacks_out() { if grep -qF -- "$1" "$T/out.txt"; then fail "stdout has: $1"; fi; }
-has_err() { grep -qF -- "$1" "$T/err.txt" || fail "stderr lacks: $1"; }
+fail() { fail_showing_output "$@"; }
+inspect() { run_rc "$1" "$ft" inspect "$2"; }  # WANT_RC DIR
 
 # ---- folders -------------------------------------------------------------------------------
 # Each folder's expected parameter and byte counts are written beside it, counted by PyTorch.
-"$PY" - "$T" "$SRC/tests/ref" <<'EOF'
+"$PY" - "$tmp" "$src/tests/ref" <<'EOF'
 import json, os, sys
 sys.path.insert(0, sys.argv[2])
 import llama_ref as ref
@@ -87,44 +68,44 @@ ref.write_safetensors(f"{folder}/model.safetensors", named)
 EOF
 
 # ---- BF16, one file ------------------------------------------------------------------------
-inspect 0 "$T/bf16"
-has_out "Hugging Face folder $T/bf16"
+inspect 0 "$tmp/bf16"
+has_out "Hugging Face folder $tmp/bf16"
 has_out "architecture: llama, dim 64, 4 layers, 4 heads, 2 kv heads, head_dim 16, ffn 172, vocab 256, max_seq_len 128, rope_theta 500000, untied embeddings"
 has_out "files:        1 ("
 has_out "model.safetensors"
-has_out "parameters:   214.59K ($(cat "$T/bf16.params"))"
-has_out "of tensor data ($(cat "$T/bf16.bytes") bytes)"
+has_out "parameters:   214.59K ($(cat "$tmp/bf16.params"))"
+has_out "of tensor data ($(cat "$tmp/bf16.bytes") bytes)"
 has_out "dtypes:       BF16 (39 tensors)"
 has_out "tensors:      39"
-grep -Eq '^ +model\.layers\.0\.self_attn\.k_proj\.weight +BF16 +\[32, 64\]$' "$T/out.txt" ||
+grep -Eq '^ +model\.layers\.0\.self_attn\.k_proj\.weight +BF16 +\[32, 64\]$' "$tmp/out.txt" ||
   fail "no k_proj row for layer 0"
-grep -Eq '^ +lm_head\.weight +BF16 +\[256, 64\]$' "$T/out.txt" || fail "no lm_head row"
+grep -Eq '^ +lm_head\.weight +BF16 +\[256, 64\]$' "$tmp/out.txt" || fail "no lm_head row"
 lacks_out "model.layers.1."
 has_out "... 3 more layers with the same tensors (layers 1-3)"
 has_out "compatible with ft: yes"
-[[ ! -s "$T/err.txt" ]] || fail "stderr not empty"
-grep -q ' $' "$T/out.txt" && fail "trailing blanks in the output"
+[[ ! -s "$tmp/err.txt" ]] || fail "stderr not empty"
+grep -q ' $' "$tmp/out.txt" && fail "trailing blanks in the output"
 echo "ok: bf16 single file"
 
 # ---- sharded, mixed dtypes -----------------------------------------------------------------
-inspect 0 "$T/sharded"
+inspect 0 "$tmp/sharded"
 has_out "architecture: llama, dim 32, 3 layers, 2 heads, 2 kv heads, head_dim 16, ffn 48, vocab 50, max_seq_len 64, rope_theta 10000, untied embeddings"
 has_out "files:        2 ("
-grep -Eq '^ +model-00001-of-00002\.safetensors +[0-9.]+ KiB +10 tensors$' "$T/out.txt" ||
+grep -Eq '^ +model-00001-of-00002\.safetensors +[0-9.]+ KiB +10 tensors$' "$tmp/out.txt" ||
   fail "shard 1 line"
-grep -Eq '^ +model-00002-of-00002\.safetensors +[0-9.]+ KiB +21 tensors$' "$T/out.txt" ||
+grep -Eq '^ +model-00002-of-00002\.safetensors +[0-9.]+ KiB +21 tensors$' "$tmp/out.txt" ||
   fail "shard 2 line"
 # The RoPE buffer is not a parameter.
-has_out "($(cat "$T/sharded.params"))"
+has_out "($(cat "$tmp/sharded.params"))"
 has_out "dtypes:       F32 (21 tensors), BF16 (10 tensors)"
 # Shard 1 holds layer 0 in BF16 (with the RoPE buffer), shard 2 the other layers in F32: layer 1
 # differs from layer 0 and is printed, layer 2 is folded into it.
-grep -Eq '^ +name +dtype +shape +file$' "$T/out.txt" || fail "no file column"
+grep -Eq '^ +name +dtype +shape +file$' "$tmp/out.txt" || fail "no file column"
 grep -Eq '^ +model\.embed_tokens\.weight +BF16 +\[50, 32\] +model-00001-of-00002\.safetensors$' \
-  "$T/out.txt" || fail "embed row with its file"
-grep -Eq '^ +model\.layers\.0\.self_attn\.rotary_emb\.inv_freq +F32 +\[8\] ' "$T/out.txt" ||
+  "$tmp/out.txt" || fail "embed row with its file"
+grep -Eq '^ +model\.layers\.0\.self_attn\.rotary_emb\.inv_freq +F32 +\[8\] ' "$tmp/out.txt" ||
   fail "no RoPE buffer row"
-grep -Eq '^ +model\.layers\.1\.mlp\.down_proj\.weight +F32 +\[32, 48\] ' "$T/out.txt" ||
+grep -Eq '^ +model\.layers\.1\.mlp\.down_proj\.weight +F32 +\[32, 48\] ' "$tmp/out.txt" ||
   fail "no layer 1 row"
 lacks_out "model.layers.2."
 has_out "... 1 more layer with the same tensors (layer 2)"
@@ -133,17 +114,17 @@ has_out "compatible with ft: yes"
 echo "ok: sharded"
 
 # ---- tied ----------------------------------------------------------------------------------
-inspect 0 "$T/tied"
+inspect 0 "$tmp/tied"
 has_out "1 kv head, head_dim 4"
 has_out "tied embeddings"
-has_out "($(cat "$T/tied.params"))"
+has_out "($(cat "$tmp/tied.params"))"
 lacks_out "lm_head.weight"
 has_out "... 1 more layer with the same tensors (layer 1)"
 has_out "compatible with ft: yes"
 echo "ok: tied"
 
 # ---- folders ft cannot use: summary, the problems, exit 1 ----------------------------------
-inspect 1 "$T/missing"
+inspect 1 "$tmp/missing"
 has_out "tensors:      29"
 # Layer 1 differs from layer 0, so it is printed in full; layer 2 differs from layer 1, the
 # layer printed before it, so it is printed too.
@@ -152,41 +133,41 @@ has_out "model.layers.2.mlp.up_proj.weight"
 has_out "compatible with ft: no"
 has_out "missing: model.layers.1.mlp.up_proj.weight"
 has_out "hint: is this a LlamaForCausalLM checkpoint"
-has_err "$T/missing: not usable by ft as model.from"
+has_err "$tmp/missing: not usable by ft as model.from"
 echo "ok: missing tensor"
 
 # config.json says 4 KV heads where the weights have 2: wrong shapes, listed together.
-cp -r "$T/bf16" "$T/shape"
+cp -r "$tmp/bf16" "$tmp/shape"
 "$PY" -c "
 import json, sys
 p = sys.argv[1] + '/config.json'
-c = json.load(open(p)); c['num_key_value_heads'] = 4; json.dump(c, open(p, 'w'))" "$T/shape"
-inspect 1 "$T/shape"
+c = json.load(open(p)); c['num_key_value_heads'] = 4; json.dump(c, open(p, 'w'))" "$tmp/shape"
+inspect 1 "$tmp/shape"
 has_out "4 heads, 4 kv heads"
 has_out "compatible with ft: no"
-has_out "tensor 'model.layers.0.self_attn.k_proj.weight' in '$T/shape/model.safetensors' has shape [32, 64], expected [64, 64]"
-has_out "tensor 'model.layers.3.self_attn.v_proj.weight' in '$T/shape/model.safetensors' has shape [32, 64], expected [64, 64]"
+has_out "tensor 'model.layers.0.self_attn.k_proj.weight' in '$tmp/shape/model.safetensors' has shape [32, 64], expected [64, 64]"
+has_out "tensor 'model.layers.3.self_attn.v_proj.weight' in '$tmp/shape/model.safetensors' has shape [32, 64], expected [64, 64]"
 echo "ok: wrong shapes"
 
 # The weights have lm_head.weight, config.json says tied: unexpected, with the hint.
-cp -r "$T/bf16" "$T/untie"
+cp -r "$tmp/bf16" "$tmp/untie"
 "$PY" -c "
 import json, sys
 p = sys.argv[1] + '/config.json'
-c = json.load(open(p)); c['tie_word_embeddings'] = True; json.dump(c, open(p, 'w'))" "$T/untie"
+c = json.load(open(p)); c['tie_word_embeddings'] = True; json.dump(c, open(p, 'w'))" "$tmp/untie"
 # Its lm_head.weight has the embedding's shape but other values: refused with the largest
 # difference (ft would train one matrix for both).
-inspect 1 "$T/untie"
+inspect 1 "$tmp/untie"
 has_out "compatible with ft: no"
-has_out "tensor 'lm_head.weight' in '$T/untie/model.safetensors' differs from 'model.embed_tokens.weight' in "
+has_out "tensor 'lm_head.weight' in '$tmp/untie/model.safetensors' differs from 'model.embed_tokens.weight' in "
 has_out "max |difference| "
 has_out "set tie_word_embeddings to false in config.json"
 echo "ok: lm_head against tie_word_embeddings"
 
 # A tied model that also stores lm_head.weight equal to the embedding (here F32 beside a BF16
 # embedding: equal after conversion) loads as transformers loads it; counted once.
-cp -r "$T/tied" "$T/tied_copy"
-"$PY" - "$T/tied_copy" "$SRC/tests/ref" <<'EOF2'
+cp -r "$tmp/tied" "$tmp/tied_copy"
+"$PY" - "$tmp/tied_copy" "$src/tests/ref" <<'EOF2'
 import sys
 sys.path.insert(0, sys.argv[2])
 import llama_ref as ref
@@ -195,25 +176,25 @@ t = ref.read_safetensors(p)
 t["lm_head.weight"] = t["model.embed_tokens.weight"].clone()
 ref.write_safetensors(p, t)
 EOF2
-inspect 0 "$T/tied_copy"
-has_out "($(cat "$T/tied.params"))"
+inspect 0 "$tmp/tied_copy"
+has_out "($(cat "$tmp/tied.params"))"
 has_out "note: lm_head.weight equals model.embed_tokens.weight (tied embeddings); ft loads it once"
 has_out "compatible with ft: yes"
 echo "ok: tied lm_head copy"
 
 # A config ft's model cannot run: 4 query heads over 3 KV heads.
-cp -r "$T/tied" "$T/gqa"
+cp -r "$tmp/tied" "$tmp/gqa"
 "$PY" -c "
 import json, sys
 p = sys.argv[1] + '/config.json'
-c = json.load(open(p)); c['num_key_value_heads'] = 3; json.dump(c, open(p, 'w'))" "$T/gqa"
-inspect 1 "$T/gqa"
+c = json.load(open(p)); c['num_key_value_heads'] = 3; json.dump(c, open(p, 'w'))" "$tmp/gqa"
+inspect 1 "$tmp/gqa"
 has_out "config.json: num_attention_heads 2 is not divisible by num_key_value_heads 3"
 echo "ok: config sizes"
 
 # ---- RoPE as config.json states it -----------------------------------------------------------
 # transformers 5: rope_parameters only, llama3 with theta 500000.
-cp -r "$T/bf16" "$T/llama3"
+cp -r "$tmp/bf16" "$tmp/llama3"
 "$PY" -c "
 import json, sys
 p = sys.argv[1] + '/config.json'
@@ -222,77 +203,77 @@ c['rope_parameters'] = {'rope_type': 'llama3', 'rope_theta': 500000.0, 'factor':
                         'low_freq_factor': 1.0, 'high_freq_factor': 4.0,
                         'original_max_position_embeddings': 8192}
 c['attention_dropout'] = 0.1
-json.dump(c, open(p, 'w'))" "$T/llama3"
-inspect 0 "$T/llama3"
+json.dump(c, open(p, 'w'))" "$tmp/llama3"
+inspect 0 "$tmp/llama3"
 has_out "max_seq_len 128, rope_theta 500000, rope llama3 (factor 8, low/high frequency factors 1/4, original max positions 8192), untied embeddings"
-has_out "warning: $T/llama3/config.json: attention_dropout is 0.1; ft has no dropout and trains this model without it"
+has_out "warning: $tmp/llama3/config.json: attention_dropout is 0.1; ft has no dropout and trains this model without it"
 has_out "compatible with ft: yes"
 echo "ok: llama3 rope_parameters"
 
 # A rope type ft does not implement: the summary, then not compatible with the reason.
-cp -r "$T/bf16" "$T/yarn"
+cp -r "$tmp/bf16" "$tmp/yarn"
 "$PY" -c "
 import json, sys
 p = sys.argv[1] + '/config.json'
 c = json.load(open(p))
 c['rope_scaling'] = {'rope_type': 'yarn', 'factor': 4.0, 'original_max_position_embeddings': 32}
-json.dump(c, open(p, 'w'))" "$T/yarn"
-inspect 1 "$T/yarn"
+json.dump(c, open(p, 'w'))" "$tmp/yarn"
+inspect 1 "$tmp/yarn"
 has_out "rope_theta 500000, rope yarn, untied"
 has_out "compatible with ft: no"
 has_out "config.json: rope type \"yarn\" (rope_scaling.rope_type) is not implemented; ft implements default, linear, llama3"
-has_err "$T/yarn: not usable by ft as model.from"
+has_err "$tmp/yarn: not usable by ft as model.from"
 echo "ok: yarn not compatible"
 
 # ---- malformed files: an error naming the file, exit 1 -------------------------------------
-cp -r "$T/tied" "$T/garbage"
-echo "garbage" >"$T/garbage/model.safetensors"
-inspect 1 "$T/garbage"
-has_err "$T/garbage/model.safetensors"
-[[ ! -s "$T/out.txt" ]] || fail "a summary was printed for a corrupt file"
+cp -r "$tmp/tied" "$tmp/garbage"
+echo "garbage" >"$tmp/garbage/model.safetensors"
+inspect 1 "$tmp/garbage"
+has_err "$tmp/garbage/model.safetensors"
+[[ ! -s "$tmp/out.txt" ]] || fail "a summary was printed for a corrupt file"
 echo "ok: safetensors too short"
 
-cp -r "$T/tied" "$T/header"
+cp -r "$tmp/tied" "$tmp/header"
 "$PY" -c "
 import struct, sys
 h = b'{\"model.norm.weight\": {\"dtype\": \"F32\", \"shape\": [8], '
 with open(sys.argv[1] + '/model.safetensors', 'wb') as f:
-    f.write(struct.pack('<Q', len(h))); f.write(h)" "$T/header"
-inspect 1 "$T/header"
-has_err "safetensors file '$T/header/model.safetensors': header is not valid JSON"
+    f.write(struct.pack('<Q', len(h))); f.write(h)" "$tmp/header"
+inspect 1 "$tmp/header"
+has_err "safetensors file '$tmp/header/model.safetensors': header is not valid JSON"
 echo "ok: corrupt safetensors header"
 
-cp -r "$T/sharded" "$T/shard_header"
-printf '\xff\xff\xff\xff\xff\xff\xff\x7f{}' >"$T/shard_header/model-00002-of-00002.safetensors"
-inspect 1 "$T/shard_header"
-has_err "$T/shard_header/model-00002-of-00002.safetensors"
+cp -r "$tmp/sharded" "$tmp/shard_header"
+printf '\xff\xff\xff\xff\xff\xff\xff\x7f{}' >"$tmp/shard_header/model-00002-of-00002.safetensors"
+inspect 1 "$tmp/shard_header"
+has_err "$tmp/shard_header/model-00002-of-00002.safetensors"
 echo "ok: corrupt shard header"
 
-cp -r "$T/sharded" "$T/lost_shard"
-rm "$T/lost_shard/model-00002-of-00002.safetensors"
-inspect 1 "$T/lost_shard"
+cp -r "$tmp/sharded" "$tmp/lost_shard"
+rm "$tmp/lost_shard/model-00002-of-00002.safetensors"
+inspect 1 "$tmp/lost_shard"
 has_err "lists shard 'model-00002-of-00002.safetensors'"
 echo "ok: index names a missing shard"
 
-cp -r "$T/tied" "$T/bad_config"
-echo '{"hidden_size": 8,' >"$T/bad_config/config.json"
-inspect 1 "$T/bad_config"
-has_err "$T/bad_config/config.json: not valid JSON"
+cp -r "$tmp/tied" "$tmp/bad_config"
+echo '{"hidden_size": 8,' >"$tmp/bad_config/config.json"
+inspect 1 "$tmp/bad_config"
+has_err "$tmp/bad_config/config.json: not valid JSON"
 echo "ok: malformed config.json"
 
-cp -r "$T/tied" "$T/mistral"
+cp -r "$tmp/tied" "$tmp/mistral"
 "$PY" -c "
 import json, sys
 p = sys.argv[1] + '/config.json'
-c = json.load(open(p)); c['model_type'] = 'mistral'; json.dump(c, open(p, 'w'))" "$T/mistral"
-inspect 1 "$T/mistral"
-has_err "$T/mistral/config.json: model_type is \"mistral\""
+c = json.load(open(p)); c['model_type'] = 'mistral'; json.dump(c, open(p, 'w'))" "$tmp/mistral"
+inspect 1 "$tmp/mistral"
+has_err "$tmp/mistral/config.json: model_type is \"mistral\""
 echo "ok: another architecture"
 
-mkdir "$T/no_weights"
-cp "$T/tied/config.json" "$T/no_weights/"
-inspect 1 "$T/no_weights"
-has_err "no model.safetensors or model.safetensors.index.json in '$T/no_weights'"
+mkdir "$tmp/no_weights"
+cp "$tmp/tied/config.json" "$tmp/no_weights/"
+inspect 1 "$tmp/no_weights"
+has_err "no model.safetensors or model.safetensors.index.json in '$tmp/no_weights'"
 echo "ok: config.json without weights"
 
 echo "PASS test_inspect_hf"

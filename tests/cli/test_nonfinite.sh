@@ -13,25 +13,12 @@
 # Layouts: one process; --nproc 4 data 2 x tensor 2 with the NaN on rank 3; --nproc 4 data 2 x
 # pipeline 2 under ZeRO-3 with the NaN on rank 3 (the last stage: rank 0 holds none of it).
 #   bash tests/cli/test_nonfinite.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
-tmp=$(mktemp -d); trap '[[ -n ${KEEP_TMP:-} ]] || rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$2/tests/cli/common.sh" "$@"
 t_all=$SECONDS
-# Sanitizer builds: Open MPI's plugins keep allocations until exit (see test_data_parallel.sh).
-export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+mpi_env
 
-/usr/bin/python3 - "$tmp" "$src" <<'PY'
-import sys, os
-tmp, src = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.path.join(src, "tests", "ref"))
-import numpy as np, llama_ref as ref
-rng = np.random.default_rng(1)
-os.makedirs(f"{tmp}/train")
-for i in range(2):
-    ref.write_shard(f"{tmp}/train/shard_{i:05d}.h5", rng.integers(0, 96, 40 * 16 + 1), 96)
-PY
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/train:2" --vocab 96 --samples 40 \
+  --seq-len 16 --seed 1
 
 cat > "$tmp/r.yaml" <<YAML
 run: {name: nf, output_dir: $tmp/out, seed: 5}

@@ -15,11 +15,8 @@
 # The run is signalled once metrics.jsonl shows progress; the model is sized so that a run lasts a
 # few seconds (steps of ~20 ms) and the stop lands mid-run, which the test checks.
 #   bash tests/cli/test_preempt.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
+source "$2/tests/cli/common.sh" "$@"
 ft_exe=$(readlink -f "$ft")
-tmp=$(mktemp -d)
 running=""  # a run in the background, stopped (with mpirun and its ranks) if the test fails
 kill_tree() {
   local c
@@ -28,13 +25,10 @@ kill_tree() {
 }
 cleanup() {
   [[ -z $running ]] || { kill_tree "$running"; wait "$running" 2> /dev/null || true; }
-  [[ -n ${KEEP:-} ]] || rm -rf "$tmp"
+  remove_tmp
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-# Sanitizer pass: leak reports off for the MPI runs (Open MPI's plugins keep allocations until
-# exit; see test_data_parallel.sh). Address and undefined-behaviour errors still fail the test.
-export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+mpi_env
 t_all=$SECONDS
 
 /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 256 --samples 64 --seq-len 32 --seed 3 --mask 0.9

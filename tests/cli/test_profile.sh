@@ -6,21 +6,10 @@
 # (the wrapper only forwards). Without FT_PROFILE there is no table. Times are not checked.
 # One process, and --nproc 2 (data 2, ZeRO 3, bf16): still one table (rank 0's).
 #   bash tests/cli/test_profile.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
-tmp=$(mktemp -d); trap '[[ -n ${KEEP_TMP:-} ]] || rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+source "$2/tests/cli/common.sh" "$@"
+mpi_env
 
-/usr/bin/python3 - "$tmp" "$src" <<'PY'
-import sys, os
-tmp, src = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.path.join(src, "tests", "ref"))
-import numpy as np, llama_ref as ref
-os.makedirs(f"{tmp}/train")
-ref.write_shard(f"{tmp}/train/shard_00000.h5", np.random.default_rng(1).integers(0, 96, 2000), 96)
-PY
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/train:1" --vocab 96 --tokens 2000 --seed 1
 cat > "$tmp/r.yaml" <<YAML
 run: {name: prof, output_dir: $tmp/out, seed: 5}
 model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 48, vocab_size: 96,

@@ -5,10 +5,7 @@
 # memory (a per-thread array indexed by data) and one that must not: the first must fail naming
 # the local memory, the second must compile. Skips (exit 0) in a build without CUDA.
 #   bash tests/cli/test_ptxas_spills.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd)
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$2/tests/cli/common.sh" "$@"
 
 cache_var() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
 flags=$(cache_var FT_CUDA_PTXAS_FLAGS)

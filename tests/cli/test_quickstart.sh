@@ -3,12 +3,10 @@
 # ft tokenize) and the quickstart recipe, shortened to 100 steps for the suite (the README's
 # command runs all 300). The loss must fall clearly: below half its first value.
 #   bash tests/cli/test_quickstart.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+source "$2/tests/cli/common.sh" "$@"
 cd "$src"
 scripts/quickstart_data.sh "$build" > "$tmp/data.log"
-"$build/ft" train recipes/quickstart.yaml training.steps=100 training.eval_every_steps=50 \
+"$ft" train recipes/quickstart.yaml training.steps=100 training.eval_every_steps=50 \
   run.output_dir="$tmp/run" > "$tmp/train.log"
 /usr/bin/python3 - "$tmp/run/metrics.jsonl" <<'PY'
 import json, sys
@@ -27,6 +25,6 @@ for f in config.json model.safetensors tokenizer.model; do
   [[ -s $tmp/hf/$f ]] || { echo "FAIL: export wrote no $f" >&2; exit 1; }
 done
 # Running the same command again resumes from it: nothing left to train at step 100.
-"$build/ft" train recipes/quickstart.yaml training.steps=100 training.eval_every_steps=50 \
+"$ft" train recipes/quickstart.yaml training.steps=100 training.eval_every_steps=50 \
   run.output_dir="$tmp/run" > "$tmp/again.log"
 grep -q "nothing to train" "$tmp/again.log" || { echo "FAIL: rerun did not resume" >&2; exit 1; }

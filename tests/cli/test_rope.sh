@@ -8,12 +8,8 @@
 #  c. A model.from whose config.json asks for yarn: ft train refuses it by name with exit 2
 #     before any work (no output folder is created).
 #   bash tests/cli/test_rope.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
+source "$2/tests/cli/common.sh" "$@"
 PY=/usr/bin/python3  # Debian's, with torch, numpy and h5py (DESIGN.md §9)
-tmp=$(mktemp -d); trap '[[ -n ${KEEP:-} ]] || rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
 has() { grep -qF -- "$2" "$1" || fail "$1 lacks: $2 ($(tail -3 "$1"))"; }
 
 "$PY" "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --samples 16 --seq-len 12 --seed 5

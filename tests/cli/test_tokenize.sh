@@ -3,57 +3,54 @@
 # from text and JSONL; the shards checked independently with h5py + python sentencepiece
 # + hashlib (tokens, doc_offsets, attributes, sha256); then the error cases.
 #   bash tests/cli/test_tokenize.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-BUILD="$1"
-SRC="$2"
-FT="$BUILD/ft"
+source "$2/tests/cli/common.sh" "$@"
 PY=/usr/bin/python3  # Debian's, with h5py and sentencepiece (DESIGN.md §9)
-T="$(mktemp -d "${TMPDIR:-/tmp}/ft_test_tokenize.XXXXXX")"
-trap 'rm -rf "$T"' EXIT
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
 # expect_fail NAME PATTERN CMD...: CMD must exit non-zero and print PATTERN on stderr.
 expect_fail() {
   local name="$1" pattern="$2"; shift 2
-  if "$@" >"$T/out.txt" 2>"$T/err.txt"; then fail "$name: exited 0"; fi
-  grep -qF -- "$pattern" "$T/err.txt" || { cat "$T/err.txt" >&2; fail "$name: stderr lacks '$pattern'"; }
+  if "$@" >"$tmp/out.txt" 2>"$tmp/err.txt"; then fail "$name: exited 0"; fi
+  grep -qF -- "$pattern" "$tmp/err.txt" || { cat "$tmp/err.txt" >&2; fail "$name: stderr lacks '$pattern'"; }
   echo "ok: $name"
 }
 
 # ---- corpus and tokenizer ------------------------------------------------------------------
-"$PY" "$SRC/scripts/make_corpus.py" --out "$T/corpus.txt" --size-mb 0.25 --jsonl "$T/corpus.jsonl" \
-  --tokenizer "$T/tok.model" --vocab-size 1024 >/dev/null
+"$PY" "$src/scripts/make_corpus.py" --out "$tmp/corpus.txt" --size-mb 0.25 \
+  --jsonl "$tmp/corpus.jsonl" --tokenizer "$tmp/tok.model" --vocab-size 1024 >/dev/null
 # A hand-written file for the document rule: several blank lines, a whitespace-only line,
 # CRLF line ends, a multi-line document, no final newline.
-printf 'First document, one line.\n\n\n   \nSecond document\nhas two lines.\r\n\r\nThird\tdocument.' > "$T/edge.txt"
+printf 'First document, one line.\n\n\n   \nSecond document\nhas two lines.\r\n\r\nThird\tdocument.' > "$tmp/edge.txt"
 
 # ---- tokenize: text, several files, shards small enough to split the corpus ----------------
-"$FT" tokenize --tokenizer "$T/tok.model" --input "$T/corpus.txt" "$T/edge.txt" \
-  --output "$T/text" --shard-tokens 20000 --threads 2 >"$T/summary.txt"
-grep -q "tokenized 2 files" "$T/summary.txt" || fail "summary: $(cat "$T/summary.txt")"
-[[ -f "$T/text/shard_00000.h5" && -f "$T/text/shard_00001.h5" ]] || fail "expected several shards"
-ls "$T/text" | grep -qv '\.h5$' && fail "stray files in the output: $(ls "$T/text")"
+"$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/corpus.txt" "$tmp/edge.txt" \
+  --output "$tmp/text" --shard-tokens 20000 --threads 2 >"$tmp/summary.txt"
+grep -q "tokenized 2 files" "$tmp/summary.txt" || fail "summary: $(cat "$tmp/summary.txt")"
+[[ -f "$tmp/text/shard_00000.h5" && -f "$tmp/text/shard_00001.h5" ]] \
+  || fail "expected several shards"
+ls "$tmp/text" | grep -qv '\.h5$' && fail "stray files in the output: $(ls "$tmp/text")"
 
 # Same inputs on one thread: byte-identical shards (output order is input order).
-"$FT" tokenize --tokenizer "$T/tok.model" --input "$T/corpus.txt" "$T/edge.txt" \
-  --output "$T/text1" --shard-tokens 20000 --threads 1 >/dev/null
-for f in "$T"/text/*.h5; do cmp -s "$f" "$T/text1/$(basename "$f")" || fail "threads 1 vs 2 differ: $f"; done
+"$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/corpus.txt" "$tmp/edge.txt" \
+  --output "$tmp/text1" --shard-tokens 20000 --threads 1 >/dev/null
+for f in "$tmp"/text/*.h5; do
+  cmp -s "$f" "$tmp/text1/$(basename "$f")" || fail "threads 1 vs 2 differ: $f"
+done
 echo "ok: deterministic across thread counts"
 
 # JSONL (format from the extension) with the default field, and another field name.
-"$FT" tokenize --tokenizer "$T/tok.model" --input "$T/corpus.jsonl" --output "$T/jsonl" \
+"$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/corpus.jsonl" --output "$tmp/jsonl" \
   --shard-tokens 20000 >/dev/null
 "$PY" -c "
 import json, sys
-with open('$T/corpus.jsonl') as f, open('$T/body.data', 'w') as out:
+with open('$tmp/corpus.jsonl') as f, open('$tmp/body.data', 'w') as out:
     for line in f:
         out.write(json.dumps({'id': 1, 'body': json.loads(line)['text']}) + '\n')
 "
-"$FT" tokenize --tokenizer "$T/tok.model" --input "$T/body.data" --format jsonl --field body \
-  --output "$T/body" --shard-tokens 1000000 >/dev/null
+"$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/body.data" --format jsonl --field body \
+  --output "$tmp/body" --shard-tokens 1000000 >/dev/null
 
 # ---- independent check of the shards -------------------------------------------------------
-"$PY" - "$T" <<'EOF'
+"$PY" - "$tmp" <<'EOF'
 import glob, hashlib, os, sys
 import h5py, numpy as np, sentencepiece as spm
 
@@ -127,38 +124,39 @@ open(f"{t}/expect.txt", "w").write(f"{len(want[0])} {len(want[1])} {sha}\n")
 EOF
 
 # ---- ft inspect ----------------------------------------------------------------------------
-read -r ntok ndoc sha < "$T/expect.txt"
-nfiles=$(ls "$T"/text/*.h5 | wc -l)
-"$FT" inspect "$T/text" > "$T/inspect.txt"
+read -r ntok ndoc sha < "$tmp/expect.txt"
+nfiles=$(ls "$tmp"/text/*.h5 | wc -l)
+"$ft" inspect "$tmp/text" > "$tmp/inspect.txt"
 for want in "files: *$nfiles\$" "tokens: *$ntok\$" "documents: *$ndoc\$" "vocab_size: *1024\$" \
             "token dtype: *uint16\$" "bos_id: *1\$" "eos_id: *2\$" "tokenizer_sha256: *$sha\$" \
             "loss_mask: *no\$" "shard_00000.h5"; do
-  grep -Eq "^ *$want" "$T/inspect.txt" || { cat "$T/inspect.txt"; fail "inspect lacks /$want/"; }
+  grep -Eq "^ *$want" "$tmp/inspect.txt" \
+    || { cat "$tmp/inspect.txt"; fail "inspect lacks /$want/"; }
 done
 echo "ok: inspect"
 
 # ---- errors --------------------------------------------------------------------------------
-expect_fail "missing input" "$T/nope.txt" \
-  "$FT" tokenize --tokenizer "$T/tok.model" --input "$T/nope.txt" --output "$T/e1"
-printf '{"text": "fine"}\n{"text": "also fine"}\nnot json\n' > "$T/bad.jsonl"
-expect_fail "bad JSONL line" "$T/bad.jsonl:3" \
-  "$FT" tokenize --tokenizer "$T/tok.model" --input "$T/bad.jsonl" --output "$T/e2"
-[[ -z "$(ls "$T/e2" 2>/dev/null)" ]] || fail "a failed tokenize left files: $(ls "$T/e2")"
-printf '{"text": "fine"}\n{"other": "x"}\n' > "$T/nofield.jsonl"
-expect_fail "JSONL without the field" "$T/nofield.jsonl:2: no field \"text\"" \
-  "$FT" tokenize --tokenizer "$T/tok.model" --input "$T/nofield.jsonl" --output "$T/e3"
+expect_fail "missing input" "$tmp/nope.txt" \
+  "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/nope.txt" --output "$tmp/e1"
+printf '{"text": "fine"}\n{"text": "also fine"}\nnot json\n' > "$tmp/bad.jsonl"
+expect_fail "bad JSONL line" "$tmp/bad.jsonl:3" \
+  "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/bad.jsonl" --output "$tmp/e2"
+[[ -z "$(ls "$tmp/e2" 2>/dev/null)" ]] || fail "a failed tokenize left files: $(ls "$tmp/e2")"
+printf '{"text": "fine"}\n{"other": "x"}\n' > "$tmp/nofield.jsonl"
+expect_fail "JSONL without the field" "$tmp/nofield.jsonl:2: no field \"text\"" \
+  "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/nofield.jsonl" --output "$tmp/e3"
 expect_fail "output already holds shards" "already holds shards" \
-  "$FT" tokenize --tokenizer "$T/tok.model" --input "$T/edge.txt" --output "$T/text"
-expect_fail "not a tokenizer" "$T/edge.txt" \
-  "$FT" tokenize --tokenizer "$T/edge.txt" --input "$T/edge.txt" --output "$T/e4"
+  "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/edge.txt" --output "$tmp/text"
+expect_fail "not a tokenizer" "$tmp/edge.txt" \
+  "$ft" tokenize --tokenizer "$tmp/edge.txt" --input "$tmp/edge.txt" --output "$tmp/e4"
 
-cp -r "$T/text" "$T/corrupt"
-head -c 3000 "$T/text/shard_00001.h5" > "$T/corrupt/shard_00001.h5"  # truncated
-expect_fail "inspect truncated shard" "$T/corrupt/shard_00001.h5" "$FT" inspect "$T/corrupt"
-echo "garbage" > "$T/corrupt/shard_00001.h5"
-expect_fail "inspect corrupt shard" "$T/corrupt/shard_00001.h5" "$FT" inspect "$T/corrupt"
-mkdir "$T/empty"
+cp -r "$tmp/text" "$tmp/corrupt"
+head -c 3000 "$tmp/text/shard_00001.h5" > "$tmp/corrupt/shard_00001.h5"  # truncated
+expect_fail "inspect truncated shard" "$tmp/corrupt/shard_00001.h5" "$ft" inspect "$tmp/corrupt"
+echo "garbage" > "$tmp/corrupt/shard_00001.h5"
+expect_fail "inspect corrupt shard" "$tmp/corrupt/shard_00001.h5" "$ft" inspect "$tmp/corrupt"
+mkdir "$tmp/empty"
 expect_fail "inspect other folder" "not a shard folder, checkpoint or Hugging Face folder" \
-  "$FT" inspect "$T/empty"
-expect_fail "inspect missing path" "$T/missing" "$FT" inspect "$T/missing"
+  "$ft" inspect "$tmp/empty"
+expect_fail "inspect missing path" "$tmp/missing" "$ft" inspect "$tmp/missing"
 echo "PASS test_tokenize"

@@ -5,23 +5,10 @@
 # checkpointing giving the same losses, clear refusals, one step numbering (from 1: progress,
 # metrics, evaluations and checkpoints agree, DESIGN.md §7), rounded times, and `ft help`.
 #   bash tests/cli/test_train.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-build=$(cd "$1" && pwd); src=$(cd "$2" && pwd)
-ft="$build/ft"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$2/tests/cli/common.sh" "$@"
 
-/usr/bin/python3 - "$tmp" "$src" <<'PY'
-import sys, os
-tmp, src = sys.argv[1], sys.argv[2]
-sys.path.insert(0, os.path.join(src, "tests", "ref"))
-import numpy as np, llama_ref as ref
-rng = np.random.default_rng(0)
-for name, n in (("train", 3), ("valid", 1)):
-    os.makedirs(f"{tmp}/{name}")
-    for i in range(n):
-        ref.write_shard(f"{tmp}/{name}/shard_{i:05d}.h5", rng.integers(0, 97, 40 * 16 + 1), 97)
-PY
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/train:3" "$tmp/valid:1" --vocab 97 \
+  --samples 40 --seq-len 16 --seed 0
 
 cat > "$tmp/r.yaml" <<YAML
 run: {name: t, output_dir: $tmp/out, seed: 3}

@@ -2,35 +2,11 @@
 # `ft validate` as a user runs it: exit codes, what goes to stdout and stderr, and that the
 # resolved recipe it prints is itself a valid recipe giving the same output.
 # Usage: test_validate.sh BUILD_DIR SOURCE_DIR
-set -euo pipefail
-
-BUILD_DIR=${1:?usage: test_validate.sh BUILD_DIR SOURCE_DIR}
-FT="$(cd "$BUILD_DIR" && pwd)/ft"  # absolute: the test runs in a scratch directory
-SRC="$(cd "${2:?usage: test_validate.sh BUILD_DIR SOURCE_DIR}" && pwd)"
-[[ -x "$FT" ]] || { echo "FAIL: $FT is not an executable" >&2; exit 1; }
-
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
-cd "$WORK"  # relative paths in recipes resolve against the current directory
+source "$2/tests/cli/common.sh" "$@"
+cd "$tmp"  # relative paths in recipes resolve against the current directory
 mkdir shards
-
-fail() {
-  echo "FAIL: $*" >&2
-  echo "--- stdout ---" >&2; cat out.txt >&2 || true
-  echo "--- stderr ---" >&2; cat err.txt >&2 || true
-  exit 1
-}
-
-# run_ft EXPECTED_RC ARGS...: runs ft, keeping stdout/stderr in out.txt/err.txt.
-run_ft() {
-  local want=$1; shift
-  local rc=0
-  "$FT" "$@" >out.txt 2>err.txt || rc=$?
-  [[ $rc -eq $want ]] || fail "ft $* exited $rc, expected $want"
-}
-
-expect_err() { grep -qF -- "$1" err.txt || fail "stderr lacks: $1"; }
-expect_out() { grep -qF -- "$1" out.txt || fail "stdout lacks: $1"; }
+fail() { fail_showing_output "$@"; }
+run_ft() { run_rc "$1" "$ft" "${@:2}"; }  # WANT_RC ARGS...: stdout, stderr in out.txt, err.txt
 
 cat >good.yaml <<'EOF'
 run:
@@ -54,19 +30,19 @@ EOF
 
 # 1. A good recipe: resolved YAML on stdout, "recipe OK" on stderr, exit 0.
 run_ft 0 validate good.yaml
-expect_err "recipe OK"
-expect_out "steps: 10"
-expect_out "betas: [0.9, 0.95]"
-expect_out "output_dir: runs/cli"
-expect_out "dir: runs/cli/checkpoints"
-expect_out "metrics: runs/cli/metrics.jsonl"
+has_err "recipe OK"
+has_out "steps: 10"
+has_out "betas: [0.9, 0.95]"
+has_out "output_dir: runs/cli"
+has_out "dir: runs/cli/checkpoints"
+has_out "metrics: runs/cli/metrics.jsonl"
 [[ $(wc -l <err.txt) -eq 1 ]] || fail "a valid recipe should print only 'recipe OK' on stderr"
 
 # 2. Overrides apply on top of the file.
 run_ft 0 validate good.yaml training.steps=20 'optimizer.betas=[0.8,0.99]' run.name=other
-expect_out "steps: 20"
-expect_out "betas: [0.8, 0.99]"
-expect_out "output_dir: runs/other"
+has_out "steps: 20"
+has_out "betas: [0.8, 0.99]"
+has_out "output_dir: runs/other"
 
 # 3. The printed recipe is a recipe: validating it prints the same thing again.
 run_ft 0 validate good.yaml training.steps=20
@@ -100,23 +76,23 @@ scheduler:
 EOF
 run_ft 2 validate bad.yaml training.bogus=1 nonsense
 [[ ! -s out.txt ]] || fail "nothing should be printed on stdout for a bad recipe"
-expect_err "bad.yaml:6:12: model.n_heads: model.dim 64 is not divisible by model.n_heads 5"
-expect_err "bad.yaml:9:9: model.arch: gpt2 is not implemented yet (hint: use llama)"
-expect_err 'bad.yaml:11:10: data.train: "no_such_dir" does not exist'
-expect_err "bad.yaml:13:3: training.stpes: unknown key (hint: did you mean training.steps?)"
-expect_err "bad.yaml:14:21: training.micro_batch_size: expected an integer, got the number 2.5"
-expect_err "bad.yaml:17:7: optimizer.lr: 0 is out of range: must be > 0"
-expect_err "bad.yaml:19:9: scheduler.name: \"cosin\" is not one of constant, linear, cosine (hint: did you mean cosine?)"
-expect_err "<command line>: training.bogus: unknown key in override"
-expect_err "<command line>: nonsense: not a KEY=VALUE override"
-expect_err "ft validate: 9 problems in bad.yaml"
+has_err "bad.yaml:6:12: model.n_heads: model.dim 64 is not divisible by model.n_heads 5"
+has_err "bad.yaml:9:9: model.arch: gpt2 is not implemented yet (hint: use llama)"
+has_err 'bad.yaml:11:10: data.train: "no_such_dir" does not exist'
+has_err "bad.yaml:13:3: training.stpes: unknown key (hint: did you mean training.steps?)"
+has_err "bad.yaml:14:21: training.micro_batch_size: expected an integer, got the number 2.5"
+has_err "bad.yaml:17:7: optimizer.lr: 0 is out of range: must be > 0"
+has_err "bad.yaml:19:9: scheduler.name: \"cosin\" is not one of constant, linear, cosine (hint: did you mean cosine?)"
+has_err "<command line>: training.bogus: unknown key in override"
+has_err "<command line>: nonsense: not a KEY=VALUE override"
+has_err "ft validate: 9 problems in bad.yaml"
 [[ $(wc -l <err.txt) -eq 10 ]] || fail "expected 9 issue lines and a count line"
 
 # 5. A YAML syntax error is one issue with its position.
 printf 'run:\n  name: x\noptimizer:\n  betas: [0.9, 0.95\n  lr: 0.1\n' >syntax.yaml
 run_ft 2 validate syntax.yaml
-expect_err "syntax.yaml:5:5: YAML syntax error"
-expect_err "ft validate: 1 problem in syntax.yaml"
+has_err "syntax.yaml:5:5: YAML syntax error"
+has_err "ft validate: 1 problem in syntax.yaml"
 
 # 6. model.from: sizes come from config.json; a disagreeing recipe value is refused.
 mkdir hf
@@ -129,11 +105,11 @@ EOF
 touch hf/model.safetensors  # validation checks that the weights are there, not their contents
 printf 'model:\n  from: hf\ndata:\n  train: shards\n  seq_len: 64\n' >from.yaml
 run_ft 0 validate from.yaml
-expect_out "dim: 128"
-expect_out "n_kv_heads: 2"
-expect_out "norm_eps: 1e-06"
+has_out "dim: 128"
+has_out "n_kv_heads: 2"
+has_out "norm_eps: 1e-06"
 run_ft 2 validate from.yaml model.dim=512
-expect_err "<command line>: model.dim: model.dim = 512 but hf/config.json has hidden_size 128 (hint: remove model.dim or make it match)"
+has_err "<command line>: model.dim: model.dim = 512 but hf/config.json has hidden_size 128 (hint: remove model.dim or make it match)"
 
 # 7. A recipe file that does not exist is a usage error too.
 run_ft 2 validate no_such_recipe.yaml
@@ -152,36 +128,36 @@ hf_folder v5 '"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0,
  "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}'
 from_recipe v5 >v5.yaml
 run_ft 0 validate v5.yaml
-expect_out "rope_theta: 500000"
-expect_out "rope_type: llama3"
-expect_out "rope_factor: 8"
-expect_out "rope_original_max_seq_len: 8192"
+has_out "rope_theta: 500000"
+has_out "rope_type: llama3"
+has_out "rope_factor: 8"
+has_out "rope_original_max_seq_len: 8192"
 run_ft 2 validate v5.yaml model.rope_theta=10000
-expect_err "model.rope_theta: model.rope_theta = 10000 but v5/config.json has rope_parameters.rope_theta = 500000"
+has_err "model.rope_theta: model.rope_theta = 10000 but v5/config.json has rope_parameters.rope_theta = 500000"
 # The resolved recipe of a llama3 model is itself a valid recipe.
 run_ft 0 validate v5.yaml
 grep -v '^# resolved from' out.txt >v5_resolved.yaml
 run_ft 0 validate v5_resolved.yaml
-expect_out "rope_type: llama3"
+has_out "rope_type: llama3"
 # Both formats that disagree: refused naming both places.
 hf_folder both '"rope_theta": 10000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}'
 from_recipe both >both.yaml
 run_ft 2 validate both.yaml
-expect_err "rope_parameters.rope_theta = 500000 but rope_theta = 10000"
+has_err "rope_parameters.rope_theta = 500000 but rope_theta = 10000"
 echo "ok: rope formats"
 
 # 9. Rope types ft does not implement are refused by name, before any work.
 hf_folder yarn '"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}'
 from_recipe yarn >yarn.yaml
 run_ft 2 validate yarn.yaml
-expect_err 'rope type "yarn" (rope_scaling.rope_type) is not implemented; ft implements default, linear, llama3'
+has_err 'rope type "yarn" (rope_scaling.rope_type) is not implemented; ft implements default, linear, llama3'
 echo "ok: yarn refused"
 
 # 10. attention_dropout > 0: trained without dropout, said in one line; still valid.
 hf_folder dropout '"attention_dropout": 0.1'
 from_recipe dropout >dropout.yaml
 run_ft 0 validate dropout.yaml
-expect_err "warning: dropout/config.json: attention_dropout is 0.1; ft has no dropout and trains this model without it"
+has_err "warning: dropout/config.json: attention_dropout is 0.1; ft has no dropout and trains this model without it"
 [[ $(grep -c attention_dropout err.txt) -eq 1 ]] || fail "the dropout warning is not one line"
 echo "ok: attention_dropout warning"
 
@@ -192,11 +168,11 @@ cp hf/config.json bin/
 touch bin/pytorch_model.bin
 from_recipe bin >bin.yaml
 run_ft 2 validate bin.yaml
-expect_err "model.from: bin has no model.safetensors or model.safetensors.index.json (it holds pytorch_model.bin)"
+has_err "model.from: bin has no model.safetensors or model.safetensors.index.json (it holds pytorch_model.bin)"
 # ... shards tokenized with a larger vocabulary than the model's (their vocab_size attribute) ...
 PY=/usr/bin/python3  # Debian's, with h5py and sentencepiece (DESIGN.md §9)
 mkdir big_shards
-"$PY" - "$SRC/tests/ref" <<'PYEOF'
+"$PY" - "$src/tests/ref" <<'PYEOF'
 import sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
@@ -210,13 +186,13 @@ spm.SentencePieceTrainer.train(input="corpus.txt", model_prefix="tok", vocab_siz
 PYEOF
 from_recipe hf big_shards >big.yaml
 run_ft 2 validate big.yaml
-expect_err "model.vocab_size 300 (vocab_size in hf/config.json) is smaller than vocab_size 400 of the shards in big_shards (big_shards/shard_00000.h5)"
+has_err "model.vocab_size 300 (vocab_size in hf/config.json) is smaller than vocab_size 400 of the shards in big_shards (big_shards/shard_00000.h5)"
 # ... and a tokenizer with more pieces than the model has rows (also without model.from).
 printf 'tokenizer:\n  path: tok.model\n' >>from.yaml
 run_ft 2 validate from.yaml
-expect_err "model.vocab_size 300 (vocab_size in hf/config.json) is smaller than the 320 pieces of tokenizer tok.model"
+has_err "model.vocab_size 300 (vocab_size in hf/config.json) is smaller than the 320 pieces of tokenizer tok.model"
 run_ft 2 validate good.yaml tokenizer.path=tok.model
-expect_err "model.vocab_size 256 is smaller than the 320 pieces of tokenizer tok.model"
+has_err "model.vocab_size 256 is smaller than the 320 pieces of tokenizer tok.model"
 run_ft 0 validate good.yaml tokenizer.path=tok.model model.vocab_size=320
 echo "ok: model.from refusals"
 

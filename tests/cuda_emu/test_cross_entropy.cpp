@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -19,13 +18,15 @@
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/half.h"
 #include "kernels/kernels.h"
-#include "tests/cuda_emu/emu_test_util.h"
+#include "tests/cuda_emu/kernel_check.h"
 
 namespace k = ft::kernels;
 namespace cu = ft::kernels::cuda;
 
 namespace {
 
+using ft::cuda_test::check_close;
+using ft::cuda_test::same_bits;
 using ft::emu::test::DeviceBuffer;
 using ft::emu::test::SeedScope;
 
@@ -38,11 +39,6 @@ std::vector<E> random_logits(size_t n, uint32_t seed) {
   return v;
 }
 
-template <typename E>
-bool same_bits(const std::vector<E>& a, const std::vector<E>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(E) * a.size()) == 0;
-}
-
 // dlogits tolerances (rtol, atol). fp32: exp(x − max)·scale/Σ on both sides; Σ runs in another
 // order (and in fp32 per thread here, double on the CPU): a few ulp (1e-6 is ~8; the largest
 // error seen was 1/6 of it). bf16 / f16: those fp32 values rounded once, so one ulp of the type
@@ -53,25 +49,6 @@ constexpr double kRtol = std::is_same_v<E, float>    ? 1e-6
                          : std::is_same_v<E, k::bf16> ? 2.0 / 128
                                                       : 2.0 / 1024;
 constexpr double kAtol = 1e-9;
-
-template <typename E>
-void expect_close(const std::string& what, const std::vector<E>& got, const std::vector<E>& ref,
-                  double rtol, double atol) {
-  REQUIRE(got.size() == ref.size());
-  size_t bad = 0, worst = 0;
-  double worst_ratio = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double g = k::to_f32(got[i]), r = k::to_f32(ref[i]);
-    const double err = std::fabs(g - r), lim = atol + rtol * std::fabs(r);
-    if (!(err <= lim)) ++bad;  // NaN counts as bad
-    const double ratio = err == 0.0 ? 0.0 : err / lim;
-    if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
-  }
-  INFO(what << ": " << bad << " of " << ref.size() << " elements out of tolerance; worst ["
-            << worst << "] got " << k::to_f32(got[worst]) << " want " << k::to_f32(ref[worst])
-            << " (error / tolerance " << worst_ratio << ")");
-  CHECK(bad == 0);
-}
 
 // The summed loss: fp32 statistics per row, double sums; 1e-6 relative is ~10 fp32 ulp of a
 // row's logsumexp, far above the differences in summation order.
@@ -130,7 +107,7 @@ void check_whole_row(int N, int V) {
     });
     expect_loss(where + "loss", loss - 0.5, loss_ref);
     dl[s] = d.to_host();
-    expect_close<E>(where + "dlogits", dl[s], dref, kRtol<E>, kAtol);
+    check_close(dl[s], dref, kRtol<E>, kAtol, {}, where + "dlogits");
     // dlogits aliasing the logits (how the model calls it): the same result.
     DeviceBuffer<E> inplace(logits);
     const double loss2 = device_loss(0.0, [&](double* acc) {
@@ -225,7 +202,7 @@ void check_vocab_parallel(int N, int V) {
       expect_loss(where + "ce_finish loss", loss, loss_ref);
       expect_loss(where + "ce_finish loss against the whole row", loss, whole_loss);
       const std::vector<E> dh = d.to_host();
-      expect_close<E>(where + "ce_finish dlogits", dh, dref, kRtol<E>, kAtol);
+      check_close(dh, dref, kRtol<E>, kAtol, {}, where + "ce_finish dlogits");
       if (i == 0) d_shard0[s] = dh;
     }
   }

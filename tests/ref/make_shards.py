@@ -1,10 +1,12 @@
-"""Writes a folder of random token shards (DESIGN.md §6) for the multi-rank tests.
+"""Writes folders of random token shards (DESIGN.md §6) for the CLI and multi-rank tests.
 
-    /usr/bin/python3 tests/ref/make_shards.py OUT_DIR --vocab 64 --samples 37 --seq-len 12 \
-        [--shards 2] [--seed 5] [--mask 0.8]
+    /usr/bin/python3 tests/ref/make_shards.py OUT_DIR[:N] [OUT_DIR[:N] ...] --vocab 64 \
+        (--samples 37 --seq-len 12 | --tokens 2000) [--shards 2] [--seed 5] [--mask 0.8]
 
-Each shard holds samples·seq_len + 1 random tokens below --vocab and, with --mask, a loss_mask
-that keeps each target with that probability. Deterministic for a given seed.
+Each shard holds samples·seq_len + 1 (or --tokens) random tokens below --vocab and, with --mask,
+a loss_mask that keeps each target with that probability. Each OUT_DIR gets N shards (default
+--shards), drawn in the order given from one generator, so that `train:2 valid:1` gives a
+validation set that does not repeat the training data. Deterministic for a given seed.
 """
 
 import argparse
@@ -19,20 +21,26 @@ import llama_ref as ref  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("out")
+    ap.add_argument("out", nargs="+", help="OUT_DIR or OUT_DIR:N (N shards in that folder)")
     ap.add_argument("--vocab", type=int, required=True)
-    ap.add_argument("--samples", type=int, required=True, help="samples per shard")
-    ap.add_argument("--seq-len", type=int, required=True)
-    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--samples", type=int, help="samples per shard (with --seq-len)")
+    ap.add_argument("--seq-len", type=int)
+    ap.add_argument("--tokens", type=int, help="tokens per shard, instead of --samples/--seq-len")
+    ap.add_argument("--shards", type=int, default=2, help="shards per folder without :N")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mask", type=float, default=None, help="fraction of targets trained on")
     a = ap.parse_args()
+    if (a.tokens is None) == (a.samples is None or a.seq_len is None):
+        ap.error("give either --samples and --seq-len, or --tokens")
+    n_tokens = a.tokens if a.tokens is not None else a.samples * a.seq_len + 1
     rng = np.random.default_rng(a.seed)
-    os.makedirs(a.out)
-    for i in range(a.shards):
-        toks = rng.integers(0, a.vocab, a.samples * a.seq_len + 1)
-        mask = None if a.mask is None else (rng.random(toks.size) < a.mask).astype(np.uint8)
-        ref.write_shard(os.path.join(a.out, f"shard_{i:05d}.h5"), toks, a.vocab, loss_mask=mask)
+    for spec in a.out:
+        out, _, n = spec.rpartition(":") if ":" in spec else (spec, "", "")
+        os.makedirs(out)
+        for i in range(int(n) if n else a.shards):
+            toks = rng.integers(0, a.vocab, n_tokens)
+            mask = None if a.mask is None else (rng.random(toks.size) < a.mask).astype(np.uint8)
+            ref.write_shard(os.path.join(out, f"shard_{i:05d}.h5"), toks, a.vocab, loss_mask=mask)
 
 
 if __name__ == "__main__":

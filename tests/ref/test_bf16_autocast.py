@@ -36,7 +36,6 @@ resolution that Adam carries on from step to step, not as a bias: see the figure
 """
 
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -45,7 +44,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import llama_ref as ref  # noqa: E402
+import mixed_precision_setup as mp  # noqa: E402
 import test_llama_numerics as num  # noqa: E402  (reads BUILD_DIR SOURCE_DIR from argv)
 
 check = num.check
@@ -102,53 +101,26 @@ def main():
 
 def run(tmp, seed=5):
     """The three runs and every check; returns compare()'s and compare_params()' figures."""
-    cfg = ref.Config(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=101)
-    model = ref.Llama(cfg, seed=seed, std=0.05)
-    init = {k: p.detach().clone() for k, p in model.p.items()}
-    hf = os.path.join(tmp, "hf")
-    ref.save_hf_folder(model, hf)
-    T, micro, glob, steps = 32, 2, 4, 20
-    data, shards = num.make_data(tmp, "data", cfg.vocab_size, [12 * T + 1 + 5, 14 * T + 1], 2,
-                                 11, with_mask=True)
-    lr, wd, clip, warm, min_lr = 3e-3, 0.1, 2.0, 3, 3e-4
-    optimizer = f"optimizer: {{lr: {lr}, betas: [0.9, 0.95], eps: 1.0e-8, weight_decay: {wd}}}"
-
+    su = mp.setup(tmp, seed)
+    model, cfg, steps, glob, micro, clip = su.model, su.cfg, 20, su.glob, su.micro, su.clip
     ft, ft_params = {}, {}
     for precision in ("bf16", "fp32"):
-        d = os.path.join(tmp, precision)
-        os.makedirs(d)
-        metrics = os.path.join(d, "metrics.jsonl")
-        ckpt = os.path.join(d, "ckpt")  # one checkpoint, after the last step: the master weights
-        extra = (f"scheduler: {{name: cosine, warmup_steps: {warm}, min_lr: {min_lr}}}\n"
-                 f"logging: {{every_steps: 1, metrics: {metrics}}}\n"
-                 f"checkpoint: {{dir: {ckpt}, every_steps: {steps}}}\n")
-        rpath = os.path.join(d, "recipe.yaml")
-        num.recipe_yaml(rpath, hf, data, T, micro, glob, extra, optimizer,
-                        training_extra=f", precision: {precision}")
-        lines = num.ft_train(f"ft {precision}", rpath, metrics, f"training.steps={steps}",
-                             f"training.grad_clip={clip}")
-        if lines is None:
+        result = mp.ft_run(su, precision, steps, f", precision: {precision}")
+        if result is None:
             return None
+        lines, ft_params[precision] = result
         ft[precision] = {l["step"] - 1: (l["loss"], l["grad_norm"]) for l in lines if "loss" in l}
         if sorted(ft[precision]) != list(range(steps)):
             check(False, f"ft {precision}: metrics have steps {sorted(ft[precision])}")
             return None
-        out = os.path.join(d, "export")
-        res = subprocess.run([num.FT, "export", ckpt, "--output", out, "--dtype", "f32"],
-                             capture_output=True, text=True)
-        if res.returncode != 0:
-            check(False, f"ft export {ckpt} failed: {res.stderr.strip()[-2000:]}")
-            return None
-        ft_params[precision] = ref.read_safetensors(os.path.join(out, "model.safetensors"))
 
-    samples = ref.samples_no_shuffle(shards, T)
-    stream = [ref.stream_sample(j, len(samples), False, 1) for j in range(steps * glob)]
-    opt = num.torch_adamw(model.named(), lr, (0.9, 0.95), 1e-8, wd)
+    batches = mp.batches(su, steps)
+    opt = mp.torch_adamw(su, model)
     amp = {}
     for s in range(steps):
         for g in opt.param_groups:
-            g["lr"] = num.cosine_lr(s, lr, warm, steps, min_lr)
-        batch = num.batch_tensors([samples[i] for _, i in stream[s * glob:(s + 1) * glob]])
+            g["lr"] = num.cosine_lr(s, su.lr, su.warm, steps, su.min_lr)
+        batch = batches[s]
         if s == 0:
             with GemmLog() as log:
                 amp[s] = num.torch_step(model, opt, batch, micro, clip, torch.bfloat16)
@@ -161,7 +133,7 @@ def run(tmp, seed=5):
           "torch AMP: master weights and AdamW moments stay fp32")
     amp_params = {k: p.detach() for k, p in model.p.items()}
     return (compare(ft["bf16"], amp, ft["fp32"], steps, clip),
-            compare_params(ft_params["bf16"], amp_params, ft_params["fp32"], init))
+            compare_params(ft_params["bf16"], amp_params, ft_params["fp32"], su.init))
 
 
 def check_gemms(calls, cfg, n_micro):

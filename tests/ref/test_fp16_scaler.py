@@ -53,7 +53,6 @@ in fp32 do not overflow at step 1's scale, so ft running fp32 would not skip it)
 
 import contextlib
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -63,6 +62,7 @@ from torch.overrides import TorchFunctionMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_ref as ref  # noqa: E402
+import mixed_precision_setup as mp  # noqa: E402
 import test_llama_numerics as num  # noqa: E402  (reads BUILD_DIR SOURCE_DIR from argv)
 
 check = num.check
@@ -175,64 +175,37 @@ def main():
 
 def run(tmp, seed=5):
     """ft fp16 and the reference; every check. Returns the figures the bounds are set from."""
-    cfg = ref.Config(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=101)
-    model = ref.Llama(cfg, seed=seed, std=0.05)
-    init = {k: p.detach().clone() for k, p in model.p.items()}
-    hf = os.path.join(tmp, "hf")
-    ref.save_hf_folder(model, hf)
-    T, micro, glob = 32, 2, 4
-    data, shards = num.make_data(tmp, "data", cfg.vocab_size, [12 * T + 1 + 5, 14 * T + 1], 2,
-                                 11, with_mask=True)
-    lr, wd, clip, warm, min_lr = 3e-3, 0.1, 2.0, 3, 3e-4
-    optimizer = f"optimizer: {{lr: {lr}, betas: [0.9, 0.95], eps: 1.0e-8, weight_decay: {wd}}}"
-
-    d = os.path.join(tmp, "fp16")
-    os.makedirs(d)
-    metrics = os.path.join(d, "metrics.jsonl")
-    ckpt = os.path.join(d, "ckpt")  # one checkpoint, after the last step: the master weights
-    extra = (f"scheduler: {{name: cosine, warmup_steps: {warm}, min_lr: {min_lr}}}\n"
-             f"logging: {{every_steps: 1, metrics: {metrics}}}\n"
-             f"checkpoint: {{dir: {ckpt}, every_steps: {STEPS}}}\n")
-    rpath = os.path.join(d, "recipe.yaml")
-    num.recipe_yaml(rpath, hf, data, T, micro, glob, extra, optimizer,
-                    training_extra=(f", precision: fp16, loss_scale: 0, initial_loss_scale: "
-                                    f"{int(INITIAL_SCALE)}, loss_scale_window: {WINDOW}, "
-                                    "loss_scale_hysteresis: 1, min_loss_scale: 1"))
+    su = mp.setup(tmp, seed)
+    model, cfg, micro, clip = su.model, su.cfg, su.micro, su.clip
+    lr, warm, min_lr = su.lr, su.warm, su.min_lr
     os.environ["FT_TEST_NAN_GRAD_AT_STEP"] = str(FORCED_STEP)
     try:
-        lines = num.ft_train("ft fp16", rpath, metrics, f"training.steps={STEPS}",
-                             f"training.grad_clip={clip}")
+        result = mp.ft_run(su, "fp16", STEPS,
+                           f", precision: fp16, loss_scale: 0, initial_loss_scale: "
+                           f"{int(INITIAL_SCALE)}, loss_scale_window: {WINDOW}, "
+                           "loss_scale_hysteresis: 1, min_loss_scale: 1")
     finally:
         del os.environ["FT_TEST_NAN_GRAD_AT_STEP"]
-    if lines is None:
+    if result is None:
         return None
+    lines, ft_params = result
     ft = {l["step"]: l for l in lines if "loss" in l}
     if sorted(ft) != list(range(1, STEPS + 1)):
         check(False, f"ft fp16: metrics have steps {sorted(ft)}")
         return None
-    out = os.path.join(d, "export")
-    res = subprocess.run([num.FT, "export", ckpt, "--output", out, "--dtype", "f32"],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        check(False, f"ft export {ckpt} failed: {res.stderr.strip()[-2000:]}")
-        return None
-    ft_params = ref.read_safetensors(os.path.join(out, "model.safetensors"))
 
-    samples = ref.samples_no_shuffle(shards, T)
-    stream = [ref.stream_sample(j, len(samples), False, 1) for j in range(STEPS * glob)]
-    batches = [num.batch_tensors([samples[i] for _, i in stream[s * glob:(s + 1) * glob]])
-               for s in range(STEPS)]
-    opt = num.torch_adamw(model.named(), lr, (0.9, 0.95), 1e-8, wd)
+    batches = mp.batches(su, STEPS)
+    opt = mp.torch_adamw(su, model)
     pt = reference_run(model, opt, batches, micro, clip, lr, warm, min_lr, cfg)
     # The same loop in fp32 (no rounding), skipping the same steps: what ft would compute if it
     # ran fp32 with the same scaler decisions.
     model32 = ref.Llama(cfg, seed=seed, std=0.05)
-    opt32 = num.torch_adamw(model32.named(), lr, (0.9, 0.95), 1e-8, wd)
+    opt32 = mp.torch_adamw(su, model32)
     pt32 = reference_run(model32, opt32, batches, micro, clip, lr, warm, min_lr, cfg,
                          skips=[pt[s]["skipped"] for s in range(1, STEPS + 1)])
     return (compare(ft, pt, pt32),
             compare_params(ft_params, {k: p.detach() for k, p in model.p.items()},
-                           {k: p.detach() for k, p in model32.p.items()}, init))
+                           {k: p.detach() for k, p in model32.p.items()}, su.init))
 
 
 def reference_run(model, opt, batches, micro, clip, lr, warm, min_lr, cfg, skips=None):

@@ -9,19 +9,14 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "random_values.h"
 
 namespace ft {
 namespace {
 
 namespace k = kernels;
 
-std::vector<float> normal(size_t n, unsigned seed, float stddev) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, stddev);
-  std::vector<float> x(n);
-  for (auto& v : x) v = d(rng);
-  return x;
-}
+using unit_test::randn;
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -33,8 +28,8 @@ TEST_CASE_TEMPLATE("adamw_update with grad_scale equals scale_inplace then adamw
   for (float gs : {0.3f, 1.0f / 65536, 0.3f / 1024}) {
     for (size_t n : {size_t(1), size_t(19), size_t(111), size_t(4099)}) {
       INFO("n " << n << ", grad_scale " << gs);
-      const std::vector<float> g = normal(n, 1, gs < 0.01f ? 3000.0f : 2.0f);
-      std::vector<float> p = normal(n, 2, 0.05f), m = normal(n, 3, 0.1f), v = normal(n, 4, 0.1f);
+      const std::vector<float> g = randn(n, 1, gs < 0.01f ? 3000.0f : 2.0f);
+      std::vector<float> p = randn(n, 2, 0.05f), m = randn(n, 3, 0.1f), v = randn(n, 4, 0.1f);
       for (auto& x : v) x *= x;
       std::vector<float> p1 = p, m1 = m, v1 = v;  // folded
       std::vector<float> p2 = p, m2 = m, v2 = v;  // scaled first, as the step did before

@@ -15,17 +15,12 @@
 
 #include "kernels/half.h"
 #include "kernels/kernels.h"
+#include "random_values.h"
 
 namespace k = ft::kernels;
 
 namespace {
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using ft::unit_test::randn;
 
 struct Shape {
   int B, T, H, K, D;

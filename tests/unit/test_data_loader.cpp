@@ -2,7 +2,6 @@
 // reference built from the shards' contents, the shuffle permutation, rank slices, seek,
 // loss_mask, and the errors the loader must raise (naming the file).
 #include <doctest/doctest.h>
-#include <stdlib.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -14,6 +13,7 @@
 #include "core/error.h"
 #include "data/loader.h"
 #include "data/shard.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace ft;
@@ -21,17 +21,6 @@ using namespace ft;
 namespace {
 
 doctest::Contains has(const std::string& s) { return doctest::Contains(s.c_str()); }
-
-struct LoaderTestDir {
-  fs::path path;
-  LoaderTestDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ft_test_loader_XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~LoaderTestDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 constexpr int64_t kVocab = 50000;
 
@@ -46,7 +35,7 @@ struct Shards {
 };
 
 // Writes shard_%05d.h5 with the given lengths, split into documents of up to 9 tokens.
-Shards write_shards(const LoaderTestDir& dir, const std::vector<int>& lengths,
+Shards write_shards(const TempDir& dir, const std::vector<int>& lengths,
                     const std::vector<bool>& with_mask = {}, const std::string& sha = "ab12") {
   Shards out;
   for (size_t s = 0; s < lengths.size(); ++s) {
@@ -118,9 +107,9 @@ void check_row(const std::vector<RefSample>& ref, uint64_t sample, const StepSam
         ref[sample].mask);
 }
 
-LoaderOptions options(const LoaderTestDir& dir, int T, int64_t G, bool shuffle) {
+LoaderOptions options(const TempDir& dir, int T, int64_t G, bool shuffle) {
   LoaderOptions o;
-  o.dir = dir.path.string();
+  o.dir = dir.path;
   o.seq_len = T;
   o.shuffle = shuffle;
   o.seed = 1234;
@@ -182,7 +171,7 @@ TEST_CASE("data/loader: sample_order differs across epochs and seeds, and is pin
 }
 
 TEST_CASE("data/loader: without shuffle, samples come in shard order and epochs roll over") {
-  LoaderTestDir dir;
+  TempDir dir;
   Shards sh = write_shards(dir, kLengths);
   auto ref = reference_samples(sh, kT);
   REQUIRE(ref.size() == kN);
@@ -200,7 +189,7 @@ TEST_CASE("data/loader: without shuffle, samples come in shard order and epochs 
 }
 
 TEST_CASE("data/loader: with shuffle, every sample exactly once per epoch, as sample_order says") {
-  LoaderTestDir dir;
+  TempDir dir;
   Shards sh = write_shards(dir, kLengths);
   auto ref = reference_samples(sh, kT);
   // G = 7: batches straddle epochs (positions 7..13 hold entries 7..11 of epoch 0 and 0..1 of epoch
@@ -231,7 +220,7 @@ TEST_CASE("data/loader: with shuffle, every sample exactly once per epoch, as sa
 }
 
 TEST_CASE("data/loader: rank slices concatenate to the full global batch") {
-  LoaderTestDir dir;
+  TempDir dir;
   write_shards(dir, kLengths);
   for (bool shuffle : {false, true}) {
     DataLoader full(options(dir, kT, 5, shuffle));
@@ -256,7 +245,7 @@ TEST_CASE("data/loader: rank slices concatenate to the full global batch") {
 }
 
 TEST_CASE("data/loader: seek(s) then next() equals the s-th next() of a fresh loader") {
-  LoaderTestDir dir;
+  TempDir dir;
   write_shards(dir, kLengths);
   for (int prefetch : {0, 1, 4}) {
     LoaderOptions o = options(dir, kT, 5, true);
@@ -283,7 +272,7 @@ TEST_CASE("data/loader: seek(s) then next() equals the s-th next() of a fresh lo
 }
 
 TEST_CASE("data/loader: loss_mask is respected and absent masks mean 1") {
-  LoaderTestDir dir;
+  TempDir dir;
   // Shard 0 and 3 carry a loss_mask, shard 1 does not (mixed folders are allowed).
   Shards sh = write_shards(dir, kLengths, {true, false, true, true});
   auto ref = reference_samples(sh, kT);
@@ -300,7 +289,7 @@ TEST_CASE("data/loader: loss_mask is respected and absent masks mean 1") {
 }
 
 TEST_CASE("data/loader: validation errors name the file") {
-  LoaderTestDir dir;
+  TempDir dir;
   SUBCASE("missing folder") {
     CHECK_THROWS_WITH_AS(DataLoader(options(dir, kT, 1, false)), doctest::Contains("no *.h5"),
                          Error);
@@ -355,7 +344,7 @@ TEST_CASE("data/loader: validation errors name the file") {
 }
 
 TEST_CASE("data/loader: a token >= vocab_size is rethrown from next() after the good steps") {
-  LoaderTestDir dir;
+  TempDir dir;
   ShardAttributes a;
   a.vocab_size = 100;
   a.tokenizer_sha256 = "x";

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "data/shard.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace ft;
@@ -21,17 +22,6 @@ namespace {
 
 // doctest::Contains takes a doctest::String, which has no std::string constructor.
 doctest::Contains has(const std::string& s) { return doctest::Contains(s.c_str()); }
-
-struct ShardTestDir {
-  fs::path path;
-  ShardTestDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ft_test_shard_XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~ShardTestDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 ShardAttributes test_attrs(int64_t vocab = 1000) {
   ShardAttributes a;
@@ -91,7 +81,7 @@ void write_simple_shard(const std::string& path, const ShardAttributes& attrs, i
 }  // namespace
 
 TEST_CASE("data/shard: round trip with documents, loss_mask and small chunks") {
-  ShardTestDir dir;
+  TempDir dir;
   const std::string path = dir.file("shard_00000.h5");
   ShardWriter::Options opt;
   opt.loss_mask = true;
@@ -133,7 +123,7 @@ TEST_CASE("data/shard: round trip with documents, loss_mask and small chunks") {
   CHECK(info.attrs.tokenizer_sha256 == std::string(64, 'a'));
   CHECK(read_doc_offsets(path) == offsets);
 
-  ShardSet set(dir.path.string());
+  ShardSet set(dir.path);
   REQUIRE(set.shards().size() == 1);
   for (uint64_t start : {uint64_t(0), uint64_t(5), uint64_t(13)}) {
     const uint64_t count = all.size() - start - 3;
@@ -146,10 +136,10 @@ TEST_CASE("data/shard: round trip with documents, loss_mask and small chunks") {
 }
 
 TEST_CASE("data/shard: uint32 tokens above 65535 and uint16 at the boundary") {
-  ShardTestDir dir;
+  TempDir dir;
   write_simple_shard(dir.file("a.h5"), test_attrs(65535), 10);
   CHECK(read_shard_info(dir.file("a.h5")).token_bytes == 2);
-  ShardTestDir dir32;
+  TempDir dir32;
   const std::string path = dir32.file("b.h5");
   {
     ShardWriter w(path, test_attrs(70000));
@@ -157,7 +147,7 @@ TEST_CASE("data/shard: uint32 tokens above 65535 and uint16 at the boundary") {
     w.close();
   }
   CHECK(read_shard_info(path).token_bytes == 4);
-  ShardSet set(dir32.path.string());
+  ShardSet set(dir32.path);
   std::vector<int32_t> t(4);
   std::vector<uint8_t> m(4, 0);
   set.read(0, 0, 4, t.data(), m.data());
@@ -166,7 +156,7 @@ TEST_CASE("data/shard: uint32 tokens above 65535 and uint16 at the boundary") {
 }
 
 TEST_CASE("data/shard: an unclosed writer leaves no shard behind") {
-  ShardTestDir dir;
+  TempDir dir;
   const std::string path = dir.file("shard_00000.h5");
   {
     ShardWriter w(path, test_attrs());
@@ -180,26 +170,26 @@ TEST_CASE("data/shard: an unclosed writer leaves no shard behind") {
 }
 
 TEST_CASE("data/shard: folder errors") {
-  ShardTestDir dir;
+  TempDir dir;
   CHECK_THROWS_WITH_AS(list_shard_files(dir.file("missing")), has("no such shard folder"), Error);
-  CHECK_THROWS_WITH_AS(list_shard_files(dir.path.string()), has("no *.h5"), Error);
+  CHECK_THROWS_WITH_AS(list_shard_files(dir.path), has("no *.h5"), Error);
   std::ofstream(dir.file("notes.txt")) << "hello";
   std::ofstream(dir.file("shard_00001.h5.tmp")) << "partial";
-  CHECK_THROWS_WITH_AS(list_shard_files(dir.path.string()), has("no *.h5"), Error);
+  CHECK_THROWS_WITH_AS(list_shard_files(dir.path), has("no *.h5"), Error);
   write_simple_shard(dir.file("shard_00001.h5"), test_attrs(), 10);
   write_simple_shard(dir.file("shard_00000.h5"), test_attrs(), 10);
-  auto files = list_shard_files(dir.path.string());
+  auto files = list_shard_files(dir.path);
   REQUIRE(files.size() == 2);
   CHECK(fs::path(files[0]).filename() == "shard_00000.h5");  // name order, not creation order
 }
 
 TEST_CASE("data/shard: corrupt, truncated and incomplete shards are errors naming the file") {
-  ShardTestDir dir;
+  TempDir dir;
   const std::string path = dir.file("shard_00000.h5");
   SUBCASE("not HDF5") {
     std::ofstream(path) << "this is not an HDF5 file";
     CHECK_THROWS_WITH_AS(read_shard_info(path), has(path + ": cannot open as HDF5"), Error);
-    CHECK_THROWS_WITH_AS(ShardSet(dir.path.string()), has(path), Error);
+    CHECK_THROWS_WITH_AS(ShardSet(dir.path), has(path), Error);
   }
   SUBCASE("truncated") {
     write_simple_shard(path, test_attrs(), 5000);
@@ -240,24 +230,24 @@ TEST_CASE("data/shard: corrupt, truncated and incomplete shards are errors namin
 }
 
 TEST_CASE("data/shard: shards of one folder must agree on vocab and tokenizer") {
-  ShardTestDir dir;
+  TempDir dir;
   write_simple_shard(dir.file("shard_00000.h5"), test_attrs(), 10);
   SUBCASE("vocab") {
     write_simple_shard(dir.file("shard_00001.h5"), test_attrs(2000), 10);
-    CHECK_THROWS_WITH_AS(ShardSet(dir.path.string()),
+    CHECK_THROWS_WITH_AS(ShardSet(dir.path),
                          has(dir.file("shard_00001.h5") + ": vocab_size 2000 differs"), Error);
   }
   SUBCASE("tokenizer hash") {
     ShardAttributes a = test_attrs();
     a.tokenizer_sha256 = std::string(64, 'b');
     write_simple_shard(dir.file("shard_00001.h5"), a, 10);
-    CHECK_THROWS_WITH_AS(ShardSet(dir.path.string()),
+    CHECK_THROWS_WITH_AS(ShardSet(dir.path),
                          has(dir.file("shard_00001.h5") + ": tokenizer_sha256"), Error);
   }
 }
 
 TEST_CASE("data/shard: a token id >= vocab_size is an error naming file and index") {
-  ShardTestDir dir;
+  TempDir dir;
   const std::string path = dir.file("shard_00000.h5");
   {
     ShardWriter w(path, test_attrs(100));
@@ -266,7 +256,7 @@ TEST_CASE("data/shard: a token id >= vocab_size is an error naming file and inde
     w.add_document(doc);
     w.close();
   }
-  ShardSet set(dir.path.string());
+  ShardSet set(dir.path);
   std::vector<int32_t> t(50);
   set.read(0, 0, 37, t.data(), nullptr);  // the window before the bad token is fine
   CHECK_THROWS_WITH_AS(set.read(0, 30, 10, t.data(), nullptr),
@@ -274,7 +264,7 @@ TEST_CASE("data/shard: a token id >= vocab_size is an error naming file and inde
 }
 
 TEST_CASE("data/shard: reads across more shards than may be open at once") {
-  ShardTestDir dir;
+  TempDir dir;
   for (int s = 0; s < 3; ++s) {
     char name[32];
     std::snprintf(name, sizeof(name), "shard_%05d.h5", s);
@@ -282,7 +272,7 @@ TEST_CASE("data/shard: reads across more shards than may be open at once") {
     w.add_document(std::vector<int32_t>{s, s + 10, s + 20});
     w.close();
   }
-  ShardSet set(dir.path.string(), /*max_open_files=*/1);  // every switch closes the previous one
+  ShardSet set(dir.path, /*max_open_files=*/1);  // every switch closes the previous one
   CHECK(set.total_tokens() == 9);
   CHECK(set.total_documents() == 3);
   for (int round = 0; round < 2; ++round)
@@ -342,7 +332,7 @@ void write_raw_shard(const std::string& path, const std::vector<uint16_t>& token
 }  // namespace
 
 TEST_CASE("data/shard: doc_offsets must start at 0, never decrease and stay <= num_tokens") {
-  ShardTestDir dir;
+  TempDir dir;
   const std::string path = dir.file("shard_00000.h5");
   write_simple_shard(path, test_attrs(), 10);
   SUBCASE("good, with an empty document and one ending the shard") {
@@ -379,7 +369,7 @@ TEST_CASE("data/shard: doc_offsets must start at 0, never decrease and stay <= n
 }
 
 TEST_CASE("data/shard: bos_id and eos_id must be -1 or ids of the vocabulary") {
-  ShardTestDir dir;
+  TempDir dir;
   const std::string path = dir.file("shard_00000.h5");
   write_simple_shard(path, test_attrs(100), 10);
   SUBCASE("-1 means none") {
@@ -401,7 +391,7 @@ TEST_CASE("data/shard: bos_id and eos_id must be -1 or ids of the vocabulary") {
 }
 
 TEST_CASE("data/shard: contiguous, chunked, compressed, compact, big-endian storage read alike") {
-  ShardTestDir dir;
+  TempDir dir;
   std::vector<uint16_t> tokens(1000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint16_t((i * 37) % 1000);
   hid_t contiguous = H5Pcreate(H5P_DATASET_CREATE);
@@ -430,7 +420,7 @@ TEST_CASE("data/shard: contiguous, chunked, compressed, compact, big-endian stor
   for (const Case& c : cases) write_raw_shard(dir.file(c.name), tokens, c.type, c.dcpl, true);
   for (hid_t p : {contiguous, chunked, deflate, compact}) H5Pclose(p);
 
-  ShardSet set(dir.path.string(), /*max_open_files=*/2);
+  ShardSet set(dir.path, /*max_open_files=*/2);
   REQUIRE(set.shards().size() == std::size(cases));
   for (size_t s = 0; s < set.shards().size(); ++s) {
     const ShardInfo& info = set.shards()[s];
@@ -460,7 +450,7 @@ TEST_CASE("data/shard: contiguous, chunked, compressed, compact, big-endian stor
 }
 
 TEST_CASE("data/shard: inputs that crash libhdf5 or make it spin are errors naming the file") {
-  ShardTestDir dir;
+  TempDir dir;
   const std::string data = std::string(FT_SOURCE_DIR) + "/tests/data/damaged_shards/";
   SUBCASE("SIGSEGV inside libhdf5") {
     const std::string path = dir.file("a.h5");

@@ -147,6 +147,15 @@ void check_loaded(const ft::ParamLayout& layout, const Buffers& buf,
     for (float v : d) REQUIRE_FALSE(std::isnan(v));  // nothing left unwritten
 }
 
+// Writes `tensors` as one model.safetensors, loads that folder into `buf` and checks every value.
+void load_single_file(const ft::ParamLayout& layout, const std::vector<TensorSpec>& tensors,
+                      Buffers& buf) {
+  TempDir dir;
+  write_file(dir.file("model.safetensors"), tensors);
+  ft::load_hf_weights(dir.path, layout, buf.ptrs);
+  check_loaded(layout, buf, tensors);
+}
+
 void write_index(const std::string& dir,
                  const std::vector<std::pair<std::string, std::string>>& map) {
   nlohmann::json j;
@@ -166,17 +175,14 @@ void write_config(const std::string& dir, const ft::ModelConfig& c);  // with th
 }  // namespace
 
 TEST_CASE("hf import: single BF16 file, rotary inv_freq ignored") {
-  TempDir dir;
   const ft::ParamLayout layout(tiny_config(false));
   auto tensors = layout_tensors(layout, ft::DType::kBF16);
   REQUIRE(tensors.size() == 1 + 2 * 9 + 2);
   // Older Llama checkpoints carry the RoPE table; it is recomputed, not loaded.
   tensors.push_back(
       {"model.layers.0.self_attn.rotary_emb.inv_freq", ft::DType::kF32, {2}, {1, 0.5f}});
-  write_file(dir.file("model.safetensors"), tensors);
   Buffers buf(layout);
-  ft::load_hf_weights(dir.path, layout, buf.ptrs);
-  check_loaded(layout, buf, tensors);
+  load_single_file(layout, tensors, buf);
   // A spot check in plain terms: embed row 0 starts with exact_value(0, 0).
   CHECK(buf.data[0][0] == exact_value(0, 0));
 }
@@ -184,30 +190,21 @@ TEST_CASE("hf import: single BF16 file, rotary inv_freq ignored") {
 TEST_CASE("hf import: F32, F16 and mixed dtypes") {
   const ft::ParamLayout layout(tiny_config(false));
   SUBCASE("F32, values no 16-bit type holds") {
-    TempDir dir;
     const auto tensors = layout_tensors(layout, ft::DType::kF32, /*exact=*/false);
-    write_file(dir.file("model.safetensors"), tensors);
     Buffers buf(layout);
-    ft::load_hf_weights(dir.path, layout, buf.ptrs);
-    check_loaded(layout, buf, tensors);
+    load_single_file(layout, tensors, buf);
   }
   SUBCASE("F16") {
-    TempDir dir;
     const auto tensors = layout_tensors(layout, ft::DType::kF16, /*exact=*/false);
-    write_file(dir.file("model.safetensors"), tensors);
     Buffers buf(layout);
-    ft::load_hf_weights(dir.path, layout, buf.ptrs);
-    check_loaded(layout, buf, tensors);
+    load_single_file(layout, tensors, buf);
   }
   SUBCASE("mixed: each tensor its own dtype, rounded values") {
-    TempDir dir;
     auto tensors = layout_tensors(layout, ft::DType::kF32, /*exact=*/false);
     const ft::DType cycle[] = {ft::DType::kF32, ft::DType::kBF16, ft::DType::kF16};
     for (size_t i = 0; i < tensors.size(); ++i) tensors[i].dtype = cycle[i % 3];
-    write_file(dir.file("model.safetensors"), tensors);
     Buffers buf(layout);
-    ft::load_hf_weights(dir.path, layout, buf.ptrs);
-    check_loaded(layout, buf, tensors);
+    load_single_file(layout, tensors, buf);
   }
 }
 

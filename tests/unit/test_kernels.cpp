@@ -8,17 +8,12 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "random_values.h"
 
 namespace k = ft::kernels;
 
 namespace {
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using ft::unit_test::randn;
 
 // Central finite difference of f at x[i] (f evaluated in float; step chosen for f32 noise).
 double fd(std::vector<float>& x, size_t i, const std::function<double()>& f, float h = 1e-2f) {

@@ -25,6 +25,7 @@
 
 #include "kernels/half.h"
 #include "kernels/kernels.h"
+#include "random_values.h"
 
 namespace k = ft::kernels;
 using k::bf16;
@@ -43,13 +44,7 @@ const char* type_name() {
   return std::is_same_v<T, bf16> ? "bf16" : "f16";
 }
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using ft::unit_test::randn;
 
 // An input in T and, beside it, the fp32 values it holds (what the fp32 kernel gets).
 template <typename T>

@@ -2,7 +2,6 @@
 // Each kind of issue is asserted with its line, column, key and hint, since a user acts on
 // exactly those; recipes are written to a fresh temporary folder per test.
 #include <doctest/doctest.h>
-#include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -13,6 +12,7 @@
 #include "core/error.h"
 #include "recipe/recipe.h"
 #include "runtime/device.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using ft::CudaBackend;
@@ -28,20 +28,11 @@ namespace {
 
 // A scratch folder with a shard directory, removed at the end of the test.
 struct Scratch {
-  fs::path dir;
-  std::string shards;
+  TempDir tmp;
+  fs::path dir = tmp.path;
+  std::string shards = (dir / "shards").string();
 
-  Scratch() {
-    char tmpl[] = "/tmp/ft_test_recipe_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    dir = tmpl;
-    shards = (dir / "shards").string();
-    fs::create_directories(shards);
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+  Scratch() { fs::create_directories(shards); }
   std::string write(const std::string& name, const std::string& text) const {
     const fs::path p = dir / name;
     fs::create_directories(p.parent_path());

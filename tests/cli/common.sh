@@ -1,0 +1,61 @@
+# Sourced by the CLI tests (not a test itself: ctest runs tests/cli/test_*.sh), first thing:
+#   source "$2/tests/cli/common.sh" "$@"
+# with the test's own BUILD_DIR SOURCE_DIR. It sets
+#   build, src   the two, absolute;
+#   ft           $build/ft;   emu: $build/tests/cuda_emu/ft_emu (see need_emu);
+#   tmp          a fresh folder named after the test, removed at exit unless KEEP is set (to
+#                look at after a failure: KEEP=1 bash tests/cli/test_x.sh build .);
+#   fail MSG     prints FAIL: MSG and exits 1 (a test may define its own after sourcing);
+# and gives need_emu and mpi_env below. A test with its own EXIT trap calls remove_tmp in it.
+set -euo pipefail
+test_name=$(basename "$0" .sh)
+build=$(cd "${1:?usage: $0 BUILD_DIR SOURCE_DIR}" && pwd)
+src=$(cd "${2:?usage: $0 BUILD_DIR SOURCE_DIR}" && pwd)
+ft="$build/ft"
+emu="$build/tests/cuda_emu/ft_emu"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/ft_$test_name.XXXXXX")
+remove_tmp() { [[ -n ${KEEP:-} ]] || rm -rf "$tmp"; }
+trap remove_tmp EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# need_emu: the tests of the CUDA backend on the emulation pass as skipped (exit 0) in a build
+# without ft_emu (FT_CUDA_EMU off, or no CUDA headers to build it against).
+need_emu() {
+  if [[ ! -x $emu ]]; then
+    echo "$test_name: skipped, this build has no ft_emu (FT_CUDA_EMU off: no CUDA headers)"
+    exit 0
+  fi
+}
+
+# mpi_env [MPIRUN_ARGS...]: for tests that run mpirun. Leak reports off in the sanitizer pass:
+# Open MPI's dlopen'ed plugins keep allocations until exit, and once unloaded their stacks cannot
+# be told apart for suppression; address and undefined-behaviour errors still fail the test.
+# mpirun_args: --oversubscribe (CI has 2 cores), the arguments given, and --allow-run-as-root
+# where the test runs as root (a container).
+mpi_env() {
+  export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
+  mpirun_args=(--oversubscribe "$@")
+  [[ $(id -u) != 0 ]] || mpirun_args+=(--allow-run-as-root)
+}
+
+# For tests of one command's exit code and output:
+#   run_rc WANT_RC CMD...   runs CMD, stdout into $tmp/out.txt and stderr into $tmp/err.txt, and
+#                           fails unless it exits WANT_RC;
+#   has_out / has_err TEXT  that output has the fixed string TEXT; lacks_out TEXT: it has not;
+#   fail_showing_output MSG fails as fail does, then prints both files (what a test's own fail
+#                           calls when the last command's output explains the failure).
+run_rc() {
+  local want=$1 rc=0
+  shift
+  "$@" > "$tmp/out.txt" 2> "$tmp/err.txt" || rc=$?
+  [[ $rc == "$want" ]] || fail "$* exited $rc, expected $want"
+}
+has_out() { grep -qF -- "$1" "$tmp/out.txt" || fail "stdout lacks: $1"; }
+has_err() { grep -qF -- "$1" "$tmp/err.txt" || fail "stderr lacks: $1"; }
+lacks_out() { if grep -qF -- "$1" "$tmp/out.txt"; then fail "stdout has: $1"; fi; }
+fail_showing_output() {
+  echo "FAIL: $*" >&2
+  echo "--- stdout ---" >&2; cat "$tmp/out.txt" >&2 || true
+  echo "--- stderr ---" >&2; cat "$tmp/err.txt" >&2 || true
+  exit 1
+}
