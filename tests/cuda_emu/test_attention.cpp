@@ -27,6 +27,7 @@
 #include "kernels/kernels.h"
 #include "lib/core/error.h"
 #include "tests/cuda_emu/emu_test_util.h"
+#include "tests/cuda_emu/kernel_check.h"
 
 namespace k = ft::kernels;
 namespace cu = ft::kernels::cuda;
@@ -49,34 +50,18 @@ std::vector<E> random_tensor(size_t n, uint32_t seed, float scale) {
   return v;
 }
 
-// Every element within atol + rtol·|ref| (atol a fraction of the tensor's largest |ref|); on
-// failure the worst element is named.
+// Every element within atol + rtol·|ref|, atol a fraction of the tensor's largest |ref|
+// (kernel_check.h's check_close with that scale on every element; it names the worst element).
 template <typename E>
 void expect_close(const std::string& what, const std::vector<E>& got, const std::vector<E>& ref,
                   double rtol, double atol_frac) {
-  REQUIRE(got.size() == ref.size());
-  double amax = 0.0;
-  for (const E& r : ref) amax = std::max(amax, std::fabs(double(k::to_f32(r))));
-  const double atol = atol_frac * amax;
-  size_t bad = 0, worst = 0;
-  double worst_ratio = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double g = k::to_f32(got[i]), r = k::to_f32(ref[i]);
-    const double err = std::fabs(g - r), lim = atol + rtol * std::fabs(r);
-    if (!(err <= lim)) ++bad;  // NaN counts as bad
-    const double ratio = err == 0.0 ? 0.0 : err / lim;
-    if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
-  }
-  INFO(what << ": " << bad << " of " << ref.size() << " elements out of tolerance; worst ["
-            << worst << "] got " << k::to_f32(got[worst]) << " want " << k::to_f32(ref[worst])
-            << " (error / tolerance " << worst_ratio << ")");
-  CHECK(bad == 0);
+  float amax = 0.0f;
+  for (const E& r : ref) amax = std::max(amax, std::fabs(k::to_f32(r)));
+  ft::cuda_test::check_close(got, ref, rtol, atol_frac, std::vector<float>(ref.size(), amax),
+                             what);
 }
 
-template <typename E>
-bool same_bits(const std::vector<E>& a, const std::vector<E>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(E) * a.size()) == 0;
-}
+using ft::cuda_test::same_bits;
 
 // Tolerances, as (rtol, atol as a fraction of the tensor's max |ref|).
 // fp32: both sides compute in fp32 and differ only in the order of the sums (the CPU's tile
