@@ -85,8 +85,8 @@ class Ops {
   virtual void rmsnorm_forward(Stream s, Ref out, float* rstd, CRef x, CRef w, int N, int C,
                                float eps) = 0;
   // dx (N, C) = the norm's input gradient, or dx += it (accumulate_dx: the residual stream's
-  // gradient takes the norm branch's share in the same pass, no add). dx overlaps neither dout
-  // nor x (an error).
+  // gradient takes the norm branch's share in the same pass, no add). dx must overlap neither
+  // dout nor x (checked: an ft::Error).
   virtual void rmsnorm_backward(Stream s, Ref dx, float* dw, CRef dout, CRef x, CRef w,
                                 const float* rstd, int N, int C, bool accumulate_dx) = 0;
 
