@@ -60,10 +60,13 @@ void embedding_backward(float* dtable, const int32_t* ids, const T* dout, int N,
 // T: x, w, out (N, C); rstd (N) fp32, saved for backward.
 template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int N, int C, float eps);
-// T: dout, x, w, dx (N, C) = ...; dw (C) fp32 += ... (accumulated)
+// T: dout, x, w, dx (N, C) = ... (accumulate_dx: dx += ..., the sum in fp32 and rounded once, so
+// dx can be the residual stream's gradient and the norm's branch needs no add of its own);
+// dw (C) fp32 += ... (accumulated). dx must not overlap dout or x (they are read again after
+// dx is written).
 template <typename T>
 void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd,
-                      int N, int C);
+                      int N, int C, bool accumulate_dx = false);
 
 // ---- rope.cpp: RoPE, rotate-half pairing (i with i + D/2) ---------------------------------------
 // x (B, T, nh, D) rotated in place; position of (b, t) is t. Pair (i, i + D/2) turns by the

@@ -35,9 +35,9 @@ void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int N, int C, 
 
 template <typename T>
 void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd,
-                      int N, int C) {
+                      int N, int C, bool accumulate_dx) {
   // y = w ∘ x r, r = (mean(x²)+eps)^(-1/2)
-  // dx = r (w∘dy) − x r³/C Σ_c (w∘dy∘x);  dw += Σ_n dy ∘ x r
+  // dx (+)= r (w∘dy) − x r³/C Σ_c (w∘dy∘x);  dw += Σ_n dy ∘ x r
   std::vector<float> wbuf(cpu::staging<T>(C));
   const float* wf = cpu::in_f32(w, C, wbuf.data());
 #pragma omp parallel
@@ -52,7 +52,14 @@ void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, c
       float r = rstd[n];
       const float dot = cpu::lane_dot3(wf, dy, xr, C);
       float k = dot * r * r * r / float(C);
-      for (int c = 0; c < C; ++c) d[c] = r * wf[c] * dy[c] - k * xr[c];
+      if (accumulate_dx) {
+        // The sum add_inplace would form (old + norm's dx, in fp32), without the norm's dx
+        // ever stored: fp32 gives the same bits as the two ops, 16-bit rounds once, not twice.
+        const float* old = cpu::in_f32(dx + size_t(n) * C, C, d);
+        for (int c = 0; c < C; ++c) d[c] = old[c] + (r * wf[c] * dy[c] - k * xr[c]);
+      } else {
+        for (int c = 0; c < C; ++c) d[c] = r * wf[c] * dy[c] - k * xr[c];
+      }
       cpu::store_out(dx + size_t(n) * C, d, C);
     }
   }
@@ -72,9 +79,10 @@ void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, c
   }
 }
 
-#define FT_INSTANTIATE(T)                                                         \
-  template void rmsnorm_forward(T*, float*, const T*, const T*, int, int, float); \
-  template void rmsnorm_backward(T*, float*, const T*, const T*, const T*, const float*, int, int);
+#define FT_INSTANTIATE(T)                                                                          \
+  template void rmsnorm_forward(T*, float*, const T*, const T*, int, int, float);                  \
+  template void rmsnorm_backward(T*, float*, const T*, const T*, const T*, const float*, int, int, \
+                                 bool);
 FT_INSTANTIATE(float)
 FT_INSTANTIATE(bf16)
 FT_INSTANTIATE(f16)

@@ -40,10 +40,11 @@ template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int N, int C, float eps,
                      void* stream);
 // dw (C) += Σ over rows, summed in a fixed order (per-block partials in scratch).
+// accumulate_dx: dx += instead of dx = (kernels.h); dx must not overlap dout or x.
 size_t rmsnorm_backward_scratch_bytes(int N, int C);
 template <typename T>
 void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd,
-                      int N, int C, void* scratch, void* stream);
+                      int N, int C, bool accumulate_dx, void* scratch, void* stream);
 
 // ---- rope.cu ----
 template <typename T>

@@ -72,11 +72,11 @@ __global__ void rmsnorm_forward_kernel(D* out, float* rstd, const D* x, const D*
   }
 }
 
-// y = w ∘ x r  ⇒  dx = r (w ∘ dy) − x r³/C Σ_c (w ∘ dy ∘ x);  partial[b] (C) = Σ_rows dy ∘ x r
+// y = w ∘ x r  ⇒  dx (+)= r (w ∘ dy) − x r³/C Σ_c (w ∘ dy ∘ x);  partial[b] (C) = Σ_rows dy ∘ x r
 template <typename D, int W>
 __global__ void rmsnorm_backward_kernel(D* dx, float* partial, const D* dout, const D* x,
                                         const D* w, const float* rstd, int N, int C,
-                                        bool shared_acc) {
+                                        bool accumulate_dx, bool shared_acc) {
   FT_DYNAMIC_SHARED(float, dw_shared);
   float* acc = shared_acc ? dw_shared : partial + size_t(blockIdx.x) * C;
   const int step = int(blockDim.x) * W;
@@ -98,10 +98,13 @@ __global__ void rmsnorm_backward_kernel(D* dx, float* partial, const D* dout, co
     for (int c = c_begin; c < C; c += step) {
       const Pack<D, W> dyp = load_pack<W>(dout + off + c), xp = load_pack<W>(x + off + c),
                        wp = load_pack<W>(w + c);
+      // accumulate_dx: old + norm's dx in fp32, rounded once (the CPU reference's sum).
       Pack<D, W> dp;
+      if (accumulate_dx) dp = load_pack<W>(dx + off + c);
       for (int j = 0; j < W; ++j) {
         const float dy = to_float(dyp.v[j]), xv = to_float(xp.v[j]);
-        dp.v[j] = from_float<D>(r * to_float(wp.v[j]) * dy - k * xv);
+        const float d = r * to_float(wp.v[j]) * dy - k * xv;
+        dp.v[j] = from_float<D>(accumulate_dx ? to_float(dp.v[j]) + d : d);
         acc[c + j] += dy * xv * r;
       }
       store_pack<W>(dx + off + c, dp);
@@ -132,12 +135,12 @@ void launch_forward(D* out, float* rstd, const D* x, const D* w, int N, int C, f
 
 template <typename D, int W>
 void launch_backward(D* dx, float* dw, const D* dout, const D* x, const D* w, const float* rstd,
-                     int N, int C, float* partial, void* stream) {
+                     int N, int C, bool accumulate_dx, float* partial, void* stream) {
   const int G = N < kBackwardBlocks ? N : kBackwardBlocks;
   const bool shared_acc = C <= kSharedCols;
   FT_LAUNCH((rmsnorm_backward_kernel<D, W>), unsigned(G), row_threads(C, W),
             shared_acc ? sizeof(float) * size_t(C) : 0, stream)
-  (dx, partial, dout, x, w, rstd, N, C, shared_acc);
+  (dx, partial, dout, x, w, rstd, N, C, accumulate_dx, shared_acc);
   FT_LAUNCH(column_sum_kernel, grid_blocks(size_t(C), kThreads, 1), kThreads, 0, stream)
   (dw, partial, G, C);
 }
@@ -163,22 +166,22 @@ size_t rmsnorm_backward_scratch_bytes(int N, int C) {
 
 template <typename T>
 void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd,
-                      int N, int C, void* scratch, void* stream) {
+                      int N, int C, bool accumulate_dx, void* scratch, void* stream) {
   if (N <= 0 || C <= 0) return;
   float* partial = static_cast<float*>(scratch);
   if (row_pack<T>(C, {dx, dout, x, w}) > 1)
     launch_backward<device_t<T>, kPack16<T>>(dev(dx), dw, dev(dout), dev(x), dev(w), rstd, N, C,
-                                             partial, stream);
+                                             accumulate_dx, partial, stream);
   else
-    launch_backward<device_t<T>, 1>(dev(dx), dw, dev(dout), dev(x), dev(w), rstd, N, C, partial,
-                                    stream);
+    launch_backward<device_t<T>, 1>(dev(dx), dw, dev(dout), dev(x), dev(w), rstd, N, C,
+                                    accumulate_dx, partial, stream);
   FT_CUDA_CHECK_LAUNCH();
 }
 
 #define FT_INSTANTIATE(T)                                                                          \
   template void rmsnorm_forward(T*, float*, const T*, const T*, int, int, float, void*);           \
   template void rmsnorm_backward(T*, float*, const T*, const T*, const T*, const float*, int, int, \
-                                 void*, void*);
+                                 bool, void*, void*);
 FT_INSTANTIATE(float)
 FT_INSTANTIATE(bf16)
 FT_INSTANTIATE(f16)

@@ -341,11 +341,9 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   ops().linear_backward(st_, a.dtmp.data(), dw + o.w_up, a.du.data(), la.ln2.data(), w + o.w_up, N, C, F,
                      /*accumulate_dx=*/true);
   tensor_all_reduce(a.dtmp.data(), size_t(N) * C);  // column-parallel backward: sum the partials
-  // rmsnorm_backward may not write in place, so d mid lands in la.ln2, whose forward value is
-  // no longer needed once the gate/up weight gradients above are done.
-  ops().rmsnorm_backward(st_, la.ln2.data(), dw + o.mlp_norm, a.dtmp.data(), la.mid.data(), w + o.mlp_norm,
-                      la.rstd2.data(), N, C);
-  ops().add(st_, dy, la.ln2.data(), size_t(N) * C);  // dy is now dL/d mid
+  // The norm's input gradient is added straight into dy (accumulate_dx): dy is now dL/d mid.
+  ops().rmsnorm_backward(st_, dy, dw + o.mlp_norm, a.dtmp.data(), la.mid.data(), w + o.mlp_norm,
+                         la.rstd2.data(), N, C, /*accumulate_dx=*/true);
 
   // Attention: mid = x + att·Woᵀ
   ops().linear_backward(st_, a.datt.data(), dw + o.wo, dy, la.att.data(), w + o.wo, N, H * D, C, false);
@@ -358,9 +356,8 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   ops().linear_backward(st_, a.dtmp.data(), dw + o.wk, a.dk.data(), la.ln1.data(), w + o.wk, N, C, K * D, true);
   ops().linear_backward(st_, a.dtmp.data(), dw + o.wv, a.dv.data(), la.ln1.data(), w + o.wv, N, C, K * D, true);
   tensor_all_reduce(a.dtmp.data(), size_t(N) * C);
-  ops().rmsnorm_backward(st_, la.ln1.data(), dw + o.attn_norm, a.dtmp.data(), x, w + o.attn_norm,
-                      la.rstd1.data(), N, C);
-  ops().add(st_, dy, la.ln1.data(), size_t(N) * C);  // dL/d x
+  ops().rmsnorm_backward(st_, dy, dw + o.attn_norm, a.dtmp.data(), x, w + o.attn_norm,
+                         la.rstd1.data(), N, C, /*accumulate_dx=*/true);  // dy is now dL/d x
   release(1 + l);
   grads_ready(1 + l);
 }
@@ -442,8 +439,9 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
     float* dWh = cfg_.tie_embeddings ? G(0) : dhead + C;
     ops().linear_backward(st_, a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N, C, V, false);
     tensor_all_reduce(a.dtmp.data(), size_t(N) * C);  // each rank saw only its vocabulary columns
+    // The final norm is the residual stream's only consumer: its dx starts dL/d resid[L].
     ops().rmsnorm_backward(st_, a.dresid.data(), dhead, a.dtmp.data(), a.resid[L].data(), wf,
-                        a.rstdf.data(), N, C);
+                           a.rstdf.data(), N, C, /*accumulate_dx=*/false);
     release(hg);
     grads_ready(hg);
     if (cfg_.tie_embeddings) {

@@ -109,12 +109,17 @@ class CpuOps final : public Ops {
     });
   }
   void rmsnorm_backward(Stream, Ref dx, float* dw, CRef dout, CRef x, CRef w, const float* rstd,
-                        int N, int C) override {
-    dispatch(same_dtype("rmsnorm_backward", {dx.dtype, dout.dtype, x.dtype, w.dtype}),
-             [&](auto t) {
-               using T = decltype(t);
-               k::rmsnorm_backward(as<T>(dx), dw, as<T>(dout), as<T>(x), as<T>(w), rstd, N, C);
-             });
+                        int N, int C, bool accumulate_dx) override {
+    const DType t = same_dtype("rmsnorm_backward", {dx.dtype, dout.dtype, x.dtype, w.dtype});
+    const size_t n = size_t(N) * size_t(C);
+    FT_CHECK(!ranges_overlap(dx, dout, n) && !ranges_overlap(dx, x, n),
+             "rmsnorm_backward: dx overlaps dout or x, which the kernel reads after writing dx; "
+             "give dx its own buffer (with accumulate_dx, the gradient it adds into)");
+    dispatch(t, [&](auto e) {
+      using T = decltype(e);
+      k::rmsnorm_backward(as<T>(dx), dw, as<T>(dout), as<T>(x), as<T>(w), rstd, N, C,
+                          accumulate_dx);
+    });
   }
   void rope_forward(Stream, Ref x, const float* inv_freq, int B, int T, int nh, int D) override {
     dispatch(same_dtype("rope_forward", {x.dtype}), [&](auto t) {

@@ -53,9 +53,9 @@ class GuardOps final : public Ops {
     inner_.rmsnorm_forward(s, out, rstd, x, w, N, C, eps);
   }
   void rmsnorm_backward(Stream s, Ref dx, float* dw, CRef dout, CRef x, CRef w, const float* rstd,
-                        int N, int C) override {
+                        int N, int C, bool accumulate_dx) override {
     const Open open(dev_);
-    inner_.rmsnorm_backward(s, dx, dw, dout, x, w, rstd, N, C);
+    inner_.rmsnorm_backward(s, dx, dw, dout, x, w, rstd, N, C, accumulate_dx);
   }
   void rope_forward(Stream s, Ref x, const float* inv_freq, int B, int T, int nh, int D) override {
     const Open open(dev_);

@@ -55,6 +55,14 @@ struct CRef {
   }
 };
 
+// Whether n elements at a and n elements at b (both of a's element type) share a byte: the
+// backends' cheap check that an output does not overlap an input it reads after writing.
+inline bool ranges_overlap(CRef a, CRef b, size_t n) {
+  const size_t bytes = n * dtype_size(a.dtype);
+  const auto pa = reinterpret_cast<uintptr_t>(a.ptr), pb = reinterpret_cast<uintptr_t>(b.ptr);
+  return bytes > 0 && pa < pb + bytes && pb < pa + bytes;
+}
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -76,8 +84,11 @@ class Ops {
   // ---- RMSNorm ----
   virtual void rmsnorm_forward(Stream s, Ref out, float* rstd, CRef x, CRef w, int N, int C,
                                float eps) = 0;
+  // dx (N, C) = the norm's input gradient, or dx += it (accumulate_dx: the residual stream's
+  // gradient takes the norm branch's share in the same pass, no add). dx must overlap neither
+  // dout nor x (checked: an ft::Error).
   virtual void rmsnorm_backward(Stream s, Ref dx, float* dw, CRef dout, CRef x, CRef w,
-                                const float* rstd, int N, int C) = 0;
+                                const float* rstd, int N, int C, bool accumulate_dx) = 0;
 
   // ---- RoPE (inv_freq: D/2 floats in device memory) ----
   virtual void rope_forward(Stream s, Ref x, const float* inv_freq, int B, int T, int nh,

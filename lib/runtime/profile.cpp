@@ -44,9 +44,9 @@ class ProfilingOps final : public Ops {
     in_.rmsnorm_forward(s, out, rstd, x, w, N, C, eps);
   }
   void rmsnorm_backward(Stream s, Ref dx, float* dw, CRef dout, CRef x, CRef w,
-                        const float* rstd, int N, int C) override {
+                        const float* rstd, int N, int C, bool accumulate_dx) override {
     ProfileScope t(&p_, OpFamily::kRmsnorm, s);
-    in_.rmsnorm_backward(s, dx, dw, dout, x, w, rstd, N, C);
+    in_.rmsnorm_backward(s, dx, dw, dout, x, w, rstd, N, C, accumulate_dx);
   }
   void rope_forward(Stream s, Ref x, const float* inv_freq, int B, int T, int nh,
                     int D) override {

@@ -41,6 +41,11 @@ done
 # gate, up, down; the final norm | the LM head: 1 + 2 x 4 + 2 = 11 per step (21 tensors).
 [[ "$(calls adamw)" == 33 ]] || fail "adamw: $(calls adamw) calls, expected 33"
 [[ "$(calls "attention forward")" == 6 ]] || fail "attention forward: $(calls "attention forward")"
+# RMSNorm: 2 per layer + the final one, forward and backward: 10 per step. The norms' backward
+# adds its dx into the residual gradient itself (accumulate_dx), so one process runs no add at
+# all (it was 2 per layer and step: 12); the table leaves out families that never ran.
+[[ "$(calls rmsnorm)" == 30 ]] || fail "rmsnorm: $(calls rmsnorm) calls, expected 30"
+[[ -z "$(calls add)" ]] || fail "add: $(calls add) calls, expected none (fused into rmsnorm)"
 grep -q "other (comm, loader, host)" "$tmp/prof.txt" || fail "no 'other' row"
 
 FT_PROFILE=1 "$ft" train "$tmp/r.yaml" --nproc 2 training.precision=bf16 parallel.zero_stage=3 \

@@ -1,7 +1,8 @@
 // CUDA RMSNorm (kernels/cuda/rmsnorm.cu) against the CPU reference (kernels/cpu/rmsnorm.cpp)
 // under the emulator's schedule seeds: rows of 1, 19, 111 and whole 16-byte packs, a misaligned
 // pointer (the scalar path), more rows than backward blocks (several rows per block), a row
-// too wide for the shared-memory dw partials (the global-scratch path), each dtype.
+// too wide for the shared-memory dw partials (the global-scratch path), each dtype; dx both
+// written and accumulated into (accumulate_dx: the residual gradient the norm's branch adds to).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -25,13 +26,16 @@ void check_rmsnorm(int N, int C, size_t offset) {
   const auto w = random_values<T>(size_t(C), 0.5f, 1.5f, s + 1);
   const auto dy = random_values<T>(nc, -1.f, 1.f, s + 2);
   const auto dw0 = random_values<float>(size_t(C), -1.f, 1.f, s + 3);  // dw accumulates
+  const auto dx0 = random_values<T>(nc, -1.f, 1.f, s + 4);  // what accumulate_dx adds into
   const float eps = 1e-5f;
 
-  std::vector<T> out_ref(nc), dx_ref(nc);
-  std::vector<float> rstd_ref(N), dw_ref = dw0;
+  std::vector<T> out_ref(nc), dx_ref(nc), dx_acc_ref = dx0;
+  std::vector<float> rstd_ref(N), dw_ref = dw0, dw_acc_ref = dw0;
   k::rmsnorm_forward(out_ref.data(), rstd_ref.data(), x.data(), w.data(), N, C, eps);
   k::rmsnorm_backward(dx_ref.data(), dw_ref.data(), dy.data(), x.data(), w.data(), rstd_ref.data(),
                       N, C);
+  k::rmsnorm_backward(dx_acc_ref.data(), dw_acc_ref.data(), dy.data(), x.data(), w.data(),
+                      rstd_ref.data(), N, C, /*accumulate_dx=*/true);
 
   const size_t scratch_floats = k::cuda::rmsnorm_backward_scratch_bytes(N, C) / sizeof(float);
   const auto out = run_all_seeds([&] {
@@ -44,9 +48,15 @@ void check_rmsnorm(int N, int C, size_t offset) {
     // Backward from the CPU's rstd, so dx and dw are checked on their own.
     DeviceBuf<float> rstd_in(rstd_ref);
     k::cuda::rmsnorm_backward(ddx.get(), ddw.get(), ddy.get(), dx_in.get(), dw_in.get(),
-                              rstd_in.get(), N, C, scratch.get(), nullptr);
+                              rstd_in.get(), N, C, false, scratch.get(), nullptr);
+    DeviceBuf<T> ddx_acc(dx0, offset);
+    DeviceBuf<float> ddw_acc(dw0);
+    k::cuda::rmsnorm_backward(ddx_acc.get(), ddw_acc.get(), ddy.get(), dx_in.get(), dw_in.get(),
+                              rstd_in.get(), N, C, true, scratch.get(), nullptr);
     return std::vector<std::vector<uint8_t>>{to_bytes(dout.download()), to_bytes(drstd.download()),
-                                             to_bytes(ddx.download()), to_bytes(ddw.download())};
+                                             to_bytes(ddx.download()), to_bytes(ddw.download()),
+                                             to_bytes(ddx_acc.download()),
+                                             to_bytes(ddw_acc.download())};
   });
 
   // rstd: Σx² summed in another order (a block tree, not the CPU's running sum). The running
@@ -73,6 +83,11 @@ void check_rmsnorm(int N, int C, size_t offset) {
   for (int c = 0; c < C; ++c) dw_scale[c] += std::fabs(dw0[c]);
   const float rows_rel = 1e-6f + 2e-7f * std::sqrt(float(N));
   check_close(from_bytes<float>(out[3]), dw_ref, 0.f, rows_rel, dw_scale, "dw");
+
+  // dx += : the dx bound above plus the sum's own rounding on each side (fp32: 1e-6 relative,
+  // a few units roundoff; 16-bit: the one ulp check_output allows).
+  check_output(from_bytes<T>(out[4]), dx_acc_ref, 1e-6f, sum_rel + 1e-6f, dx_scale, "dx +=");
+  CHECK(out[5] == out[3]);  // dw: the same sums whether dx is written or accumulated
 }
 
 template <typename T>
@@ -100,7 +115,7 @@ TEST_CASE("cuda_emu rmsnorm: no rows or no columns launch nothing") {
   CHECK_NOTHROW(
       k::cuda::rmsnorm_forward<bf16>(nullptr, nullptr, nullptr, nullptr, 0, 64, 1e-5f, nullptr));
   CHECK_NOTHROW(k::cuda::rmsnorm_backward<bf16>(nullptr, nullptr, nullptr, nullptr, nullptr,
-                                                nullptr, 0, 64, nullptr, nullptr));
+                                                nullptr, 0, 64, true, nullptr, nullptr));
   CHECK_NOTHROW(
       k::cuda::rmsnorm_forward<float>(nullptr, nullptr, nullptr, nullptr, 3, 0, 1e-5f, nullptr));
   CHECK(cudaGetLastError() == cudaSuccess);

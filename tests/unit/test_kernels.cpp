@@ -3,12 +3,14 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <vector>
 
 #include "kernels/kernels.h"
 #include "random_values.h"
+#include "runtime/cpu_ops.h"
 
 namespace k = ft::kernels;
 
@@ -94,6 +96,53 @@ TEST_CASE("rmsnorm backward matches finite differences and accumulates dw") {
   };
   for (size_t i = 0; i < x.size(); ++i) CHECK(dx[i] == doctest::Approx(fd(x, i, loss)).epsilon(2e-2).scale(1));
   for (size_t i = 0; i < w.size(); ++i) CHECK(dw[i] - 0.5f == doctest::Approx(fd(w, i, loss)).epsilon(2e-2).scale(1));
+}
+
+TEST_CASE("rmsnorm backward with accumulate_dx: the plain dx added by add_inplace, bit for bit") {
+  // The fused residual add (lib/model/llama.cpp) must not move fp32 bits: old + dx in fp32 is
+  // one rounding either way. Odd widths and a vector-sized one; 1, 19 and 111 rows.
+  for (int C : {1, 19, 111, 1000})
+    for (int N : {1, 19, 111}) {
+      INFO("N " << N << " C " << C);
+      const size_t NC = size_t(N) * C;
+      auto x = randn(NC, 20, 3.f), w = randn(size_t(C), 21), dy = randn(NC, 22);
+      const auto dx0 = randn(NC, 23);  // the residual gradient the norm's branch adds into
+      std::vector<float> y(NC), rstd(N), dx(NC), dw(C, 0.5f), dw_acc = dw;
+      k::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+      k::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+      auto want = dx0;
+      k::add_inplace(want.data(), dx.data(), NC);
+
+      auto got = dx0;
+      k::rmsnorm_backward(got.data(), dw_acc.data(), dy.data(), x.data(), w.data(), rstd.data(),
+                          N, C, /*accumulate_dx=*/true);
+      CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * NC) == 0);
+      CHECK(std::memcmp(dw_acc.data(), dw.data(), sizeof(float) * C) == 0);  // dw as before
+    }
+}
+
+TEST_CASE("rmsnorm backward through the ops: a dx overlapping dout or x is refused") {
+  // The kernel reads dout and x again (for dw) after writing dx, so an overlap would give wrong
+  // gradients silently; accumulating into the residual gradient makes such a mix-up easier.
+  const int N = 3, C = 5;
+  auto ops = ft::make_cpu_ops();
+  std::vector<float> buf(4 * N * C, 0.25f), w(C, 1.f), rstd(N, 1.f), dw(C);
+  float* x = buf.data();
+  float* dout = buf.data() + N * C;
+  float* dx = buf.data() + 2 * N * C;
+  for (bool acc : {false, true}) {
+    CHECK_NOTHROW(ops->rmsnorm_backward({}, dx, dw.data(), dout, x, w.data(), rstd.data(), N, C,
+                                        acc));
+    CHECK_THROWS_WITH(ops->rmsnorm_backward({}, dout + 1, dw.data(), dout, x, w.data(),
+                                            rstd.data(), N, C, acc),
+                      doctest::Contains("dx overlaps dout or x"));
+    CHECK_THROWS_WITH(ops->rmsnorm_backward({}, x, dw.data(), dout, x, w.data(), rstd.data(), N,
+                                            C, acc),
+                      doctest::Contains("dx overlaps dout or x"));
+    // x ending where dx begins: adjacent, no overlap.
+    CHECK_NOTHROW(ops->rmsnorm_backward({}, buf.data() + 3 * N * C, dw.data(), dout, dx, w.data(),
+                                        rstd.data(), N, C, acc));
+  }
 }
 
 TEST_CASE("rope: backward is the inverse rotation; positions start at 0") {

@@ -230,6 +230,18 @@ TEST_CASE_TEMPLATE("kernels16: rmsnorm forward and backward against fp32 on roun
       check_rounded_once(dx, dx_ref, "rmsnorm dx " + at);  // one rounding
       INFO(type_name<T>() << " " << at);
       CHECK(same_bits(dw, dw_ref));  // fp32 gradient of a parameter
+
+      // accumulate_dx: the residual gradient dx0 plus the norm's dx, summed in fp32 and rounded
+      // once, so within one rounding of the fp32 sum (rounding dx first and then adding, the
+      // unfused path, would round twice and can miss this bound where the sum cancels).
+      const auto dx0 = rounded_randn<T>(NC, 14);
+      std::vector<T> dx_acc = dx0.t;
+      std::vector<float> dw_acc = randn(C, 13), dx_acc_ref(NC);
+      k::rmsnorm_backward(dx_acc.data(), dw_acc.data(), dy.t.data(), x.t.data(), w.t.data(),
+                          rstd.data(), N, C, /*accumulate_dx=*/true);
+      for (size_t i = 0; i < NC; ++i) dx_acc_ref[i] = dx0.f[i] + dx_ref[i];
+      check_rounded_once(dx_acc, dx_acc_ref, "rmsnorm dx += " + at);
+      CHECK(same_bits(dw_acc, dw));  // dw does not depend on accumulate_dx
     }
 }
 

@@ -39,9 +39,9 @@ struct RecordingOps final : Ops {
   void rmsnorm_forward(Stream, Ref out, float*, CRef, CRef, int N, int, float) override {
     note("rmsnorm_forward", out.ptr, size_t(N));
   }
-  void rmsnorm_backward(Stream, Ref dx, float*, CRef, CRef, CRef, const float*, int N,
-                        int) override {
-    note("rmsnorm_backward", dx.ptr, size_t(N));
+  void rmsnorm_backward(Stream, Ref dx, float*, CRef, CRef, CRef, const float*, int N, int,
+                        bool accumulate_dx) override {
+    note(accumulate_dx ? "rmsnorm_backward +=" : "rmsnorm_backward", dx.ptr, size_t(N));
   }
   void rope_forward(Stream, Ref x, const float*, int B, int, int, int) override {
     note("rope_forward", x.ptr, size_t(B));
@@ -102,7 +102,8 @@ void call_every_op(Ops& ops, float* a, float* b) {
   ops.embedding_forward(s, a, nullptr, b, 19, 2, 0, 7);
   ops.embedding_backward(s, b, nullptr, a, 19, 2, 0, 7);
   ops.rmsnorm_forward(s, a, b, a, b, 19, 2, 1e-5f);
-  ops.rmsnorm_backward(s, a, b, a, a, b, b, 19, 2);
+  ops.rmsnorm_backward(s, a, b, a, a, b, b, 19, 2, false);
+  ops.rmsnorm_backward(s, b, a, b, b, a, a, 111, 2, true);  // the flag reaches the inner op
   ops.rope_forward(s, a, b, 1, 2, 3, 4);
   ops.rope_backward(s, b, a, 1, 2, 3, 4);
   ops.attention_forward(s, a, b, a, a, a, 1, 19, 4, 2, 8);
@@ -158,7 +159,7 @@ TEST_CASE("profile: the wrapper forwards every op unchanged and counts it by fam
   CHECK(calls(OpFamily::kGemmDx) == 1);
   CHECK(calls(OpFamily::kGemmDw) == 2);
   CHECK(calls(OpFamily::kEmbedding) == 2);
-  CHECK(calls(OpFamily::kRmsnorm) == 2);
+  CHECK(calls(OpFamily::kRmsnorm) == 3);
   CHECK(calls(OpFamily::kRope) == 2);
   CHECK(calls(OpFamily::kAttentionForward) == 1);
   CHECK(calls(OpFamily::kAttentionBackward) == 1);  // the scratch size is not an op
@@ -175,7 +176,7 @@ TEST_CASE("profile: the wrapper forwards every op unchanged and counts it by fam
     total += prof.count(OpFamily(i));
     CHECK(prof.seconds(OpFamily(i)) >= 0);
   }
-  CHECK(total == 23);
+  CHECK(total == 24);
 }
 
 TEST_CASE("profile: nothing is counted while not recording; the table names what ran") {
@@ -185,7 +186,7 @@ TEST_CASE("profile: nothing is counted while not recording; the table names what
   std::unique_ptr<Ops> wrapped = make_profiling_ops(inner, prof);
   call_every_op(*wrapped, a, b);
   for (int i = 0; i < int(OpFamily::kCount); ++i) CHECK(prof.count(OpFamily(i)) == 0);
-  CHECK(inner.calls.size() == 24);  // still forwarded
+  CHECK(inner.calls.size() == 25);  // still forwarded
 
   prof.recording = true;
   wrapped->adamw_update(Stream{}, a, b, a, b, 19, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f,

@@ -109,15 +109,19 @@ class CudaOps final : public Ops {
     });
   }
   void rmsnorm_backward(Stream s, Ref dx, float* dw, CRef dout, CRef x, CRef w,
-                        const float* rstd, int N, int C) override {
+                        const float* rstd, int N, int C, bool accumulate_dx) override {
     same_dtype("rmsnorm_backward", dx.dtype, dout.dtype);
     same_dtype("rmsnorm_backward", dx.dtype, x.dtype);
     same_dtype("rmsnorm_backward", dx.dtype, w.dtype);
+    const size_t n = size_t(N) * size_t(C);
+    FT_CHECK(!ranges_overlap(dx, dout, n) && !ranges_overlap(dx, x, n),
+             "rmsnorm_backward: dx overlaps dout or x, which the kernel reads after writing dx; "
+             "give dx its own buffer (with accumulate_dx, the gradient it adds into)");
     void* scratch = this->scratch(kc::rmsnorm_backward_scratch_bytes(N, C));
     dispatch(dx.dtype, "rmsnorm_backward", [&](auto t) {
       using T = decltype(t);
-      kc::rmsnorm_backward(as<T>(dx), dw, as<T>(dout), as<T>(x), as<T>(w), rstd, N, C, scratch,
-                           stream(s));
+      kc::rmsnorm_backward(as<T>(dx), dw, as<T>(dout), as<T>(x), as<T>(w), rstd, N, C,
+                           accumulate_dx, scratch, stream(s));
     });
   }
 
