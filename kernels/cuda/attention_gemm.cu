@@ -11,6 +11,7 @@
 // the plain twin of the whole path, the one the kernel tests and the GPU check compare with.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels_cuda.h"
+#include "kernels/cuda/pack.cuh"
 
 namespace ft::kernels::cuda {
 namespace {
@@ -68,15 +69,22 @@ __global__ void attention_dscores_kernel(T* P_dS, const float* dP, const float* 
   }
 }
 
-template <typename Dst, typename Src>
+// In units of W elements (inner a multiple of W; W = 1 is the scalar form): a pack of W
+// consecutive elements of one row moves as one load and one store.
+template <typename Dst, typename Src, int W>
 __global__ void swap_axes12_kernel(Dst* dst, const Src* src, int B1, int B2, int inner,
                                    size_t n) {
-  for (size_t e = grid_thread_index(); e < n; e += grid_thread_count()) {
-    // e indexes dst (A, B2, B1, inner).
-    const size_t i = e % inner, rest = e / inner;
+  const size_t inner_p = size_t(inner) / W, packs = n / W;
+  for (size_t e = grid_thread_index(); e < packs; e += grid_thread_count()) {
+    // e indexes dst (A, B2, B1, inner / W).
+    const size_t i = e % inner_p, rest = e / inner_p;
     const size_t b1 = rest % B1, rest2 = rest / B1;
     const size_t b2 = rest2 % B2, a = rest2 / B2;
-    dst[e] = from_float<Dst>(to_float(src[((a * B1 + b1) * B2 + b2) * inner + i]));
+    const Pack<Src, W> in = load_pack<W>(src + (((a * B1 + b1) * B2 + b2) * inner_p + i) * W);
+    Pack<Dst, W> out;
+#pragma unroll
+    for (int j = 0; j < W; ++j) out.v[j] = from_float<Dst>(to_float(in.v[j]));
+    store_pack<W>(dst + e * W, out);
   }
 }
 
@@ -128,9 +136,16 @@ void swap_axes12(Dst* dst, const Src* src, int A, int B1, int B2, int inner, voi
                       " inner=" + std::to_string(inner));
   const size_t n = size_t(A) * B1 * B2 * inner;
   if (n == 0) return;
-  FT_LAUNCH((swap_axes12_kernel<device_t<Dst>, device_t<Src>>), grid_blocks(n, 256, 4), 256, 0,
-            stream)
-  (dev(dst), dev(src), B1, B2, inner, n);
+  // 16 bytes of the wider type per access where rows are whole packs and both sides aligned.
+  constexpr int W = int(16 / (sizeof(Dst) > sizeof(Src) ? sizeof(Dst) : sizeof(Src)));
+  using DD = device_t<Dst>;
+  using DS = device_t<Src>;
+  if (inner % W == 0 && aligned_to(dst, W * sizeof(Dst)) && aligned_to(src, W * sizeof(Src)))
+    FT_LAUNCH((swap_axes12_kernel<DD, DS, W>), grid_blocks(n / W, 256, 4), 256, 0, stream)
+    (dev(dst), dev(src), B1, B2, inner, n);
+  else
+    FT_LAUNCH((swap_axes12_kernel<DD, DS, 1>), grid_blocks(n, 256, 4), 256, 0, stream)
+    (dev(dst), dev(src), B1, B2, inner, n);
   FT_CUDA_CHECK_LAUNCH();
 }
 

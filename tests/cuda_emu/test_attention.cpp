@@ -222,3 +222,35 @@ TEST_CASE("cuda_emu attention rejects shapes it cannot run") {
                                                 lse.data(), 1, 2, 3, 2, 16, nullptr),
                   ft::Error);
 }
+
+// swap_axes12, the head-major copy of attention on tensor cores: against a host loop, with
+// rows of whole 16-byte packs (the pack path), rows that are not (inner 6: the scalar path),
+// a view one element in (misaligned: scalar), and the fp32 -> bf16 conversion of dK and dV.
+TEST_CASE("cuda_emu swap_axes12 against a host loop, packed and scalar") {
+  const int A = 2, B1 = 3, B2 = 5;
+  for (int inner : {6, 8, 16})
+    for (size_t offset : {size_t(0), size_t(1)}) {
+      CAPTURE(inner);
+      CAPTURE(offset);
+      const size_t n = size_t(A) * B1 * B2 * inner;
+      const auto src = random_tensor<float>(n + offset, 7, 1.0f);
+      std::vector<float> want(n);
+      for (int a = 0; a < A; ++a)
+        for (int b1 = 0; b1 < B1; ++b1)
+          for (int b2 = 0; b2 < B2; ++b2)
+            for (int i = 0; i < inner; ++i)
+              want[((size_t(a) * B2 + b2) * B1 + b1) * inner + i] =
+                  src[offset + ((size_t(a) * B1 + b1) * B2 + b2) * inner + i];
+      const DeviceBuffer<float> src_d(src);
+      DeviceBuffer<float> out32(n + offset);
+      DeviceBuffer<k::bf16> out16(n);
+      cu::swap_axes12(out32.get() + offset, src_d.get() + offset, A, B1, B2, inner, nullptr);
+      cu::swap_axes12(out16.get(), src_d.get() + offset, A, B1, B2, inner, nullptr);
+      const std::vector<float> got32 = out32.to_host();
+      CHECK(std::memcmp(got32.data() + offset, want.data(), n * sizeof(float)) == 0);
+      const std::vector<k::bf16> got16 = out16.to_host();
+      size_t bad = 0;
+      for (size_t e = 0; e < n; ++e) bad += got16[e].bits != k::to_bf16(want[e]).bits;
+      CHECK(bad == 0);
+    }
+}
