@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "kernels/kernels.h"
+#include "runtime/dtype_dispatch.h"
 
 namespace ft {
 namespace k = kernels;
@@ -52,16 +53,6 @@ void convert_any(Ref dst, CRef src, size_t n) {
   }
 }
 
-// Calls f with a value of the element type t stands for (float, bf16 or f16).
-template <typename F>
-void dispatch(DType t, F&& f) {
-  switch (t) {
-    case DType::kF32: f(float{}); return;
-    case DType::kBF16: f(k::bf16{}); return;
-    case DType::kF16: f(k::f16{}); return;
-    default: FT_FAIL("no kernel for element type ", dtype_name(t));
-  }
-}
 template <typename T>
 T* as(Ref r) { return static_cast<T*>(r.ptr); }
 template <typename T>

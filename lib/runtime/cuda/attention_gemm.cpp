@@ -10,21 +10,11 @@
 #include "core/error.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "runtime/cuda/attention_plan.h"
+#include "runtime/dtype_dispatch.h"
 
 namespace ft::cuda {
 namespace kc = kernels::cuda;
 namespace {
-
-// Calls f with a value of the C++ element type of t.
-template <typename F>
-void dispatch(DType t, F&& f) {
-  switch (t) {
-    case DType::kF32: f(float{}); return;
-    case DType::kBF16: f(kernels::bf16{}); return;
-    case DType::kF16: f(kernels::f16{}); return;
-    default: FT_FAIL("attention on tensor cores: no kernel for element type ", dtype_name(t));
-  }
-}
 
 void check_shape(const char* what, int B, int T, int H, int K, int D,
                  const AttentionGemmPlan& plan) {
@@ -112,6 +102,15 @@ E* at(void* scratch, size_t offset) {
   return reinterpret_cast<E*>(static_cast<char*>(scratch) + offset);
 }
 
+// q (B, T, K, G·D) -> (B, K, T, G·D); k and v likewise with D in place of G·D.
+template <typename E>
+void to_head_major(E* qh, E* kh, E* vh, const void* q, const void* k, const void* v, int B, int T,
+                   int K, int G, int D, void* stream) {
+  kc::swap_axes12(qh, static_cast<const E*>(q), B, T, K, G * D, stream);
+  kc::swap_axes12(kh, static_cast<const E*>(k), B, T, K, D, stream);
+  kc::swap_axes12(vh, static_cast<const E*>(v), B, T, K, D, stream);
+}
+
 }  // namespace
 
 void attention_gemm_forward(LtGemm& lt, DType dtype, void* out, float* lse, const void* q,
@@ -122,7 +121,7 @@ void attention_gemm_forward(LtGemm& lt, DType dtype, void* out, float* lse, cons
   const int G = H / K, Z = B * K, ld = attention_gemm_ld(T);
   const float scale = 1.0f / std::sqrt(float(D));
   const AttentionScratch sc(B, T, H, K, D, dtype, plan, false);
-  dispatch(dtype, [&](auto tag) {
+  dispatch(dtype, "attention on tensor cores", [&](auto tag) {
     using E = decltype(tag);
     E* qh = at<E>(scratch, sc.q);
     E* kh = at<E>(scratch, sc.k);
@@ -131,10 +130,7 @@ void attention_gemm_forward(LtGemm& lt, DType dtype, void* out, float* lse, cons
     float* S = at<float>(scratch, sc.s);
     // P beside S (16-bit), or over S (fp32: the kernel reads each score before writing it).
     E* P = dtype == DType::kF32 ? reinterpret_cast<E*>(S) : at<E>(scratch, sc.second);
-    // (B, T, K, G·D) -> (B, K, T, G·D); k and v with D in place of G·D.
-    kc::swap_axes12(qh, static_cast<const E*>(q), B, T, K, G * D, stream);
-    kc::swap_axes12(kh, static_cast<const E*>(k), B, T, K, D, stream);
-    kc::swap_axes12(vh, static_cast<const E*>(v), B, T, K, D, stream);
+    to_head_major(qh, kh, vh, q, k, v, B, T, K, G, D, stream);
     for_each_chunk(Z, T, plan, [&](const Chunk& c) {
       const ChunkGemms gm{c, dtype, T, G, D, ld};
       lt.gemm(gm.scores("attention S = Q·Kᵀ", S, qh, kh, scale), stream);
@@ -166,7 +162,7 @@ void attention_gemm_backward(LtGemm& lt, DType dtype, void* dq, void* dk, void* 
     if (e != cudaSuccess)
       FT_FAIL("attention on tensor cores: zeroing dK/dV failed: ", cudaGetErrorString(e));
   }
-  dispatch(dtype, [&](auto tag) {
+  dispatch(dtype, "attention on tensor cores", [&](auto tag) {
     using E = decltype(tag);
     E* qh = at<E>(scratch, sc.q);
     E* kh = at<E>(scratch, sc.k);
@@ -179,9 +175,7 @@ void attention_gemm_backward(LtGemm& lt, DType dtype, void* dq, void* dk, void* 
     float* dP = f32 ? at<float>(scratch, sc.second) : S;
     kc::attention_delta(delta, static_cast<const E*>(dout), static_cast<const E*>(out), B, T, H,
                         D, stream);
-    kc::swap_axes12(qh, static_cast<const E*>(q), B, T, K, G * D, stream);
-    kc::swap_axes12(kh, static_cast<const E*>(k), B, T, K, D, stream);
-    kc::swap_axes12(vh, static_cast<const E*>(v), B, T, K, D, stream);
+    to_head_major(qh, kh, vh, q, k, v, B, T, K, G, D, stream);
     kc::swap_axes12(doh, static_cast<const E*>(dout), B, T, K, G * D, stream);
     for_each_chunk(Z, T, plan, [&](const Chunk& c) {
       const ChunkGemms gm{c, dtype, T, G, D, ld};

@@ -17,21 +17,12 @@
 #include "runtime/cuda/attention_gemm.h"
 #include "runtime/cuda/lt_gemm.h"
 #include "runtime/device.h"
+#include "runtime/dtype_dispatch.h"
 
 namespace ft {
 namespace kc = kernels::cuda;
 namespace {
 
-// Calls f with a value of the C++ element type of t (float, bf16, f16).
-template <typename F>
-void dispatch(DType t, const char* op, F&& f) {
-  switch (t) {
-    case DType::kF32: f(float{}); return;
-    case DType::kBF16: f(kernels::bf16{}); return;
-    case DType::kF16: f(kernels::f16{}); return;
-    default: FT_FAIL(op, ": no CUDA kernel for element type ", dtype_name(t));
-  }
-}
 template <typename T>
 T* as(Ref r) { return static_cast<T*>(r.ptr); }
 template <typename T>
