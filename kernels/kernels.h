@@ -5,7 +5,7 @@
 // Shape letters: B batch, T sequence, C model dim, H query heads, K kv heads, D head dim,
 // F ffn dim, V vocab, N = B*T rows.
 //
-// Element types: ops marked "T" are templates over T in {float, bf16, f16} (kernels/half.h),
+// Element types: ops marked "T" are templates over T in {float, bf16, f16} (core/half.h),
 // instantiated for those three. They load T, compute in fp32 (or double where noted) and round
 // once on store; the float instantiation is the fp32 reference the others are tested against.
 // Statistics (rstd, row max, sums, the loss) and gradients of parameters stay fp32 or wider.
@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/half.h"
+#include "core/half.h"
 
 namespace ft::kernels {
 
@@ -150,7 +150,7 @@ void scale_inplace(float* y, float s, size_t n);  // y *= s
 double sum_squares(const float* x, size_t n);
 
 // ---- convert.cpp: fp32 master copy ↔ 16-bit compute copy ----------------------------------------
-// dst (n) = src (n) rounded to nearest even / widened exactly: the bits of kernels/half.h's
+// dst (n) = src (n) rounded to nearest even / widened exactly: the bits of core/half.h's
 // to_bf16 / to_f16 / to_f32, NaN, inf and subnormals included. T: bf16 or f16; the float
 // overload is a copy, so code templated on the compute type can call convert for every T.
 void convert(float* dst, const float* src, size_t n);

@@ -1,5 +1,5 @@
 // ft plan RECIPE [KEY=VALUE...] [--world N] [--json]: per-rank memory and communication estimate
-// (lib/parallel/plan.h). One table per distinct rank role, then the formulas it used. Nothing
+// (lib/train/plan.h). One table per distinct rank role, then the formulas it used. Nothing
 // is allocated, trained or written.
 #include <algorithm>
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "apps/ft/commands.h"
-#include "parallel/plan.h"
+#include "train/plan.h"
 #include "recipe/recipe.h"
 #include "runtime/device.h"
 

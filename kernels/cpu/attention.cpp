@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "kernels/cpu/vec_math.h"
-#include "kernels/half.h"
+#include "core/half.h"
 #include "kernels/kernels.h"
 
 namespace ft::kernels {

@@ -1,6 +1,6 @@
 // Casts between the fp32 master copy and a 16-bit compute copy on the CPU: the vector
 // conversions of kernels/cpu/half_vec.h spread over OpenMP threads. Exactly the bits of
-// kernels/half.h's scalar conversions.
+// core/half.h's scalar conversions.
 #include <algorithm>
 #include <cstring>
 

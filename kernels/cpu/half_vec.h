@@ -1,7 +1,7 @@
 // Vector conversions between fp32 and the 16-bit storage types, and the fp32 staging that lets
 // one fp32 loop body serve T in {float, bf16, f16}. Internal to kernels/cpu/.
 //
-// Every routine here gives exactly the bits of kernels/half.h's scalar conversions (the unit
+// Every routine here gives exactly the bits of core/half.h's scalar conversions (the unit
 // test checks every 16-bit pattern and sampled fp32 patterns, NaN, inf, subnormals and ties
 // included). The hardware instructions differ from those in two corners, fixed up per lane:
 //   - VCVTNEPS2BF16 flushes fp32 subnormal inputs to ±0; torch (and half.h) round them.
@@ -22,7 +22,7 @@
 #pragma GCC diagnostic pop
 #endif
 
-#include "kernels/half.h"
+#include "core/half.h"
 
 namespace ft::kernels::cpu {
 

@@ -10,11 +10,16 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/half.h"
-#include "lib/core/error.h"
+#include "core/error.h"
+#include "core/half.h"
 
 #if defined(FT_CUDA_EMU)
-#include "tests/cuda_emu/cuda_emu.h"
+// The emulation's declarations (threadIdx, __syncthreads, shuffles, launches) come first in
+// every translation unit of the emulated build, which force-includes its header
+// (tests/cuda_emu/CMakeLists.txt): production code names no test file.
+#ifndef FT_CUDA_EMU_HEADER_INCLUDED
+#error "the emulated build force-includes the CUDA emulation's header (tests/cuda_emu/cuda_emu.h)"
+#endif
 #elif defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -72,18 +77,18 @@ namespace ft::kernels::cuda {
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarpSize = 32;
 
-// DeviceType<T>::type: the CUDA type with the bits of a kernels/half.h storage type, so the
-// launchers (declared on ft::kernels::bf16/f16) reinterpret their pointers for the kernels.
+// DeviceType<T>::type: the CUDA type with the bits of a core/half.h storage type, so the
+// launchers (declared on bf16/f16) reinterpret their pointers for the kernels.
 template <typename T>
 struct DeviceType {
   using type = T;
 };
 template <>
-struct DeviceType<::ft::kernels::bf16> {
+struct DeviceType<::ft::bf16> {
   using type = __nv_bfloat16;
 };
 template <>
-struct DeviceType<::ft::kernels::f16> {
+struct DeviceType<::ft::f16> {
   using type = __half;
 };
 template <typename T>
@@ -102,7 +107,7 @@ inline const device_t<T>* dev(const T* p) {
 }
 
 // to_float / from_float<T>: the load and the rounding store of every kernel, bit for bit
-// kernels/half.h's to_f32 / to_bf16 / to_f16 (round to nearest even, subnormals kept). The
+// core/half.h's to_f32 / to_bf16 / to_f16 (round to nearest even, subnormals kept). The
 // hardware conversions agree with half.h except on NaN (they return a canonical NaN, half.h keeps
 // the payload), so NaN takes half.h's rule explicitly. Not with nvcc's --use_fast_math: its
 // flush-to-zero would drop the fp32 subnormals that bf16 keeps.

@@ -1,4 +1,4 @@
-// Casts between fp32 and the 16-bit compute types on the GPU: the bits of kernels/half.h's
+// Casts between fp32 and the 16-bit compute types on the GPU: the bits of core/half.h's
 // scalar conversions (round to nearest even, subnormals kept, NaN payloads as half.h's), which
 // kernels/cpu/convert.cpp gives too. Elementwise, memory-bound: one grid-stride loop.
 #include <cstring>

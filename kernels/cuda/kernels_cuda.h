@@ -2,7 +2,7 @@
 // contract, queued on `stream` (a cudaStream_t passed as void*, so this header needs no CUDA
 // headers and lib/runtime/cuda/ can include it from plain C++). Pointers are device pointers.
 //
-// Element types: T in {float, bf16, f16} of kernels/half.h (2-byte storage structs with the
+// Element types: T in {float, bf16, f16} of core/half.h (2-byte storage structs with the
 // same bits as __nv_bfloat16 / __half; the .cu files reinterpret them). fp32 math inside, one
 // rounding on store, as the CPU kernels (kernels/cpu/, the reference these are tested against).
 //
@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/half.h"
+#include "core/half.h"
 
 namespace ft::kernels::cuda {
 
@@ -116,7 +116,7 @@ void ce_finish(T* dlogits, const T* logits, const int32_t* targets, const uint8_
                const float* row_max, const double* sumexp, const double* target_logit, int N,
                int V, int v_begin, float scale, double* loss_acc, void* scratch, void* stream);
 
-// ---- convert.cu: the bits of kernels/half.h's conversions (NaN, inf, subnormals) ----
+// ---- convert.cu: the bits of core/half.h's conversions (NaN, inf, subnormals) ----
 template <typename Dst, typename Src>
 void convert(Dst* dst, const Src* src, size_t n, void* stream);
 

@@ -13,7 +13,7 @@
 #include <initializer_list>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/half.h"
+#include "core/half.h"
 
 namespace ft::kernels::cuda {
 

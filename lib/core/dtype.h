@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string>
 
-#include "kernels/half.h"
+#include "core/half.h"
 
 namespace ft {
 
@@ -16,13 +16,13 @@ std::string dtype_name(DType t);  // safetensors spelling: F32, BF16, F16, U8, .
 // Parses a safetensors dtype name; returns false if unknown.
 bool dtype_from_name(const std::string& name, DType* out);
 
-// One implementation of the bf16 rounding for the whole program: kernels/half.h's.
-inline float bf16_to_f32(uint16_t h) { return kernels::to_f32(kernels::bf16{h}); }
+// One implementation of the bf16 rounding for the whole program: core/half.h's.
+inline float bf16_to_f32(uint16_t h) { return to_f32(bf16{h}); }
 
 // Round to nearest even, as torch does; NaN stays NaN.
-inline uint16_t f32_to_bf16(float f) { return kernels::to_bf16(f).bits; }
+inline uint16_t f32_to_bf16(float f) { return to_bf16(f).bits; }
 
-// IEEE binary16, written independently of kernels/half.h's (test_dtype checks they agree on
+// IEEE binary16, written independently of core/half.h's (test_dtype checks they agree on
 // every pattern).
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);

@@ -1,7 +1,5 @@
 #include "model/layout.h"
 
-#include <algorithm>
-
 #include "core/error.h"
 
 namespace ft {
@@ -80,34 +78,6 @@ bool ParamLayout::find(const std::string& name, int* group, const ParamEntry** e
         return true;
       }
   return false;
-}
-
-void slice_for_tensor_rank(const ParamLayout& global, const std::vector<const float*>& global_params,
-                           const ParamLayout& local, const std::vector<float*>& local_params, int t) {
-  const auto& gg = global.groups();
-  const auto& lg = local.groups();
-  FT_CHECK(gg.size() == lg.size(), "layouts of different models");
-  for (size_t g = 0; g < gg.size(); ++g) {
-    if (!local_params[g]) continue;  // a group of another pipeline stage
-    for (size_t i = 0; i < lg[g].entries.size(); ++i) {
-      const ParamEntry& le = lg[g].entries[i];
-      const ParamEntry& ge = gg[g].entries[i];
-      const float* src = global_params[g] + ge.offset;
-      float* dst = local_params[g] + le.offset;
-      if (le.split == TensorSplit::kReplicated) {
-        std::copy(src, src + ge.numel, dst);
-      } else if (le.split == TensorSplit::kRows) {  // a contiguous block of rows
-        const size_t block = le.numel;
-        std::copy(src + size_t(t) * block, src + size_t(t + 1) * block, dst);
-      } else {  // kCols: in every row, a contiguous block of columns
-        const size_t rows = size_t(le.shape[0]), cols = size_t(le.shape[1]);
-        const size_t gcols = size_t(ge.shape[1]);
-        for (size_t r = 0; r < rows; ++r)
-          std::copy(src + r * gcols + size_t(t) * cols, src + r * gcols + size_t(t + 1) * cols,
-                    dst + r * cols);
-      }
-    }
-  }
 }
 
 }  // namespace ft

@@ -1,6 +1,7 @@
-// Parameter layout: the fixed order in which parameters sit in flat buffers. Gradients and
-// AdamW moments mirror it exactly. ZeRO shards these buffers, checkpoints slice them, and HF
-// import/export maps names through it — so this order is part of the checkpoint format.
+// Parameter layout: the fixed order in which parameters sit in flat buffers (the groups of
+// parallel/flat_params.h). Gradients and AdamW moments mirror it exactly. ZeRO shards these
+// buffers, checkpoints slice them, and HF import/export maps names through it — so this order is
+// part of the checkpoint format.
 //
 // Groups (one flat f32 buffer each):
 //   group 0        "embed"     model.embed_tokens.weight            (V, C)
@@ -24,30 +25,9 @@
 #include <vector>
 
 #include "model/config.h"
+#include "parallel/flat_params.h"
 
 namespace ft {
-
-// How a tensor is divided over the tensor-parallel ranks (Megatron-LM, Shoeybi et al. 2019):
-// column-parallel layers (q, k, v, gate, up) and the vocabulary-parallel embedding and lm_head
-// split their output rows; row-parallel layers (o, down) split their input columns; norm weights
-// are replicated.
-enum class TensorSplit { kReplicated, kRows, kCols };
-
-struct ParamEntry {
-  std::string name;            // Hugging Face name
-  std::vector<int64_t> shape;  // this rank's shape, (out, in) for matrices
-  std::vector<int64_t> global_shape;  // the whole tensor's shape
-  TensorSplit split = TensorSplit::kReplicated;
-  size_t offset = 0;           // in elements, within the group's flat buffer
-  size_t numel = 0;
-  bool weight_decay = false;   // true for tensors of two or more dimensions
-};
-
-struct ParamGroup {
-  std::string name;  // "embed", "layers.3", "head"
-  std::vector<ParamEntry> entries;
-  size_t numel = 0;
-};
 
 // Offsets of the tensors inside one transformer block's flat buffer (elements).
 struct BlockOffsets {
@@ -75,10 +55,5 @@ class ParamLayout {
   int head_dim_ = 0;
   int tensor_ = 1;
 };
-
-// Copies tensor rank t's slices of a whole model (params laid out by `global`, tensor 1) into
-// the flat buffers of `local` (the same model at tensor size T).
-void slice_for_tensor_rank(const ParamLayout& global, const std::vector<const float*>& global_params,
-                           const ParamLayout& local, const std::vector<float*>& local_params, int t);
 
 }  // namespace ft

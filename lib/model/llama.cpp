@@ -52,39 +52,54 @@ struct LlamaModel::Acts {
   Buffer<float> attn_scratch;        // Ops::attention_backward_scratch_elems, fp32
 };
 
+namespace {
+
+// The stage with last_layer resolved, checked against the model.
+StageSpec resolve_stage(StageSpec stage, const ModelConfig& cfg) {
+  if (stage.last_layer < 0) stage.last_layer = cfg.n_layers;
+  FT_CHECK(0 <= stage.first_layer && stage.first_layer <= stage.last_layer &&
+               stage.last_layer <= cfg.n_layers,
+           "bad pipeline stage layers [", stage.first_layer, ", ", stage.last_layer, ")");
+  return stage;
+}
+
+Buffer<float> rope_buffer(const ModelConfig& cfg, int head_dim, Device* dev) {
+  const std::vector<float> inv_freq = rope_inv_freq(cfg, head_dim);
+  Buffer<float> b(dev, inv_freq.size());
+  b.upload(inv_freq.data(), inv_freq.size());
+  return b;
+}
+
+}  // namespace
+
 LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing,
                        Communicator* tensor_comm, StageSpec stage, DType compute_dtype)
     : cfg_(cfg),
       dev_(dev),
       ckpt_(activation_checkpointing),
-      tp_comm_(tensor_comm),
-      tp_(tensor_comm ? tensor_comm->size() : 1),
-      tp_rank_(tensor_comm ? tensor_comm->rank() : 0),
-      H_(cfg.n_heads / tp_),
-      K_(cfg.n_kv_heads / tp_),
-      F_(cfg.ffn_dim / tp_),
-      V_(cfg.vocab_size / tp_),
-      v_begin_(tp_rank_ * V_),
-      layout_(cfg, tp_),
-      cdt_(compute_dtype),
-      stage_(stage) {
-  FT_CHECK(cdt_ == DType::kF32 || cdt_ == DType::kBF16 || cdt_ == DType::kF16,
-           "compute dtype must be F32, BF16 or F16, not ", dtype_name(cdt_));
-  const std::vector<float> inv_freq = rope_inv_freq(cfg, layout_.head_dim());
-  rope_inv_freq_ = Buffer<float>(dev_, inv_freq.size());
-  rope_inv_freq_.upload(inv_freq.data(), inv_freq.size());
-  loss_acc_ = Buffer<double>(dev_, 1);
+      tp_(tensor_comm, dev),
+      H_(cfg.n_heads / tp_.size()),
+      K_(cfg.n_kv_heads / tp_.size()),
+      F_(cfg.ffn_dim / tp_.size()),
+      V_(cfg.vocab_size / tp_.size()),
+      layout_(cfg, tp_.size()),
+      stage_(resolve_stage(stage, cfg)),
+      rope_inv_freq_(rope_buffer(cfg, layout_.head_dim(), dev)),
+      loss_acc_(dev, 1),
+      st_(dev->stream()),
+      flat_(dev, layout_.groups(), owned_groups(), compute_dtype) {
+  const int C = cfg.dim, HD = H_ * layout_.head_dim(), KD = K_ * layout_.head_dim();
+  q_proj_ = {C, HD};
+  k_proj_ = {C, KD};
+  v_proj_ = {C, KD};
+  o_proj_ = {HD, C};
+  gate_proj_ = {C, F_};
+  up_proj_ = {C, F_};
+  down_proj_ = {F_, C};
+  lm_head_ = {C, V_};
+  embed_ = {C, tp_.rank() * V_, V_};
+  loss_ = {tp_.rank() * V_, V_};
   loss_acc_.zero();
-  st_ = dev_->stream();
-  if (stage_.last_layer < 0) stage_.last_layer = cfg.n_layers;
-  FT_CHECK(0 <= stage_.first_layer && stage_.first_layer <= stage_.last_layer &&
-               stage_.last_layer <= cfg.n_layers,
-           "bad pipeline stage layers [", stage_.first_layer, ", ", stage_.last_layer, ")");
-  const auto& groups = layout_.groups();
-  for (size_t g = 0; g < groups.size(); ++g) {
-    params_.emplace_back(dev_, owns_group(int(g)) ? groups[g].numel : 0);
-    params_.back().zero();
-  }
 }
 
 bool LlamaModel::owns_group(int g) const {
@@ -94,35 +109,17 @@ bool LlamaModel::owns_group(int g) const {
   return g - 1 >= stage_.first_layer && g - 1 < stage_.last_layer;
 }
 
+std::vector<bool> LlamaModel::owned_groups() const {
+  std::vector<bool> owned;
+  for (size_t g = 0; g < layout_.groups().size(); ++g) owned.push_back(owns_group(int(g)));
+  return owned;
+}
+
 CRef LlamaModel::stage_output(int slot) const {
   return slots_[size_t(slot)]->resid[size_t(stage_.last_layer)].data();
 }
 
 CRef LlamaModel::input_grad() const { return acts_->dresid.data(); }
-
-void LlamaModel::make_compute_copy() {
-  if (cdt_ == DType::kF32) return;
-  FT_CHECK(params_.size() == layout_.groups().size(), "make_compute_copy: no fp32 parameters");
-  compute_params_.clear();
-  for (size_t g = 0; g < params_.size(); ++g) {
-    compute_params_.emplace_back(dev_, cdt_, params_[g].size());
-    ops().convert(st_, compute_params_[g].data(), params_[g].data(), params_[g].size());
-    params_[g] = Buffer<float>();  // freed group by group: the peak is one fp32 group more
-  }
-  params_.clear();
-}
-
-size_t LlamaModel::param_bytes() const {
-  size_t b = 0;
-  for (const auto& x : params_) b += x.bytes();
-  for (const auto& x : compute_params_) b += x.bytes();
-  return b;
-}
-
-Ref LlamaModel::compute_params(int g) {
-  if (!compute_params_.empty()) return compute_params_[size_t(g)].data();
-  return params_[size_t(g)].data();
-}
 
 void LlamaModel::copy(Ref dst, CRef src, size_t n) {
   FT_CHECK(dst.dtype == src.dtype, "copy of ", dtype_name(src.dtype), " into ",
@@ -130,48 +127,7 @@ void LlamaModel::copy(Ref dst, CRef src, size_t n) {
   dev_->copy(st_, dst.ptr, src.ptr, n * dtype_size(dst.dtype));
 }
 
-void LlamaModel::tensor_all_reduce(Ref x, size_t n) {
-  if (tp_ == 1) return;
-  if (x.dtype == DType::kF32) {
-    tp_comm_->all_reduce_sum(static_cast<float*>(x.ptr), n);
-    return;
-  }
-  float* f = acts_->tp_f32.data();
-  FT_CHECK(n <= acts_->tp_f32.size(), "tensor all-reduce of ", n, " elements");
-  ops().convert(st_, f, x, n);
-  tp_comm_->all_reduce_sum(f, n);
-  ops().convert(st_, x, f, n);
-}
-
-std::vector<Buffer<float>>& LlamaModel::grads() {
-  if (grads_.empty())
-    for (size_t g = 0; g < layout_.groups().size(); ++g) {
-      grads_.emplace_back(dev_, owns_group(int(g)) ? layout_.groups()[g].numel : 0);
-      grads_.back().zero();
-    }
-  return grads_;
-}
-
 LlamaModel::~LlamaModel() = default;
-
-std::vector<std::vector<float>> LlamaModel::params_to_host() const {
-  std::vector<std::vector<float>> host(params_.size());
-  for (size_t g = 0; g < params_.size(); ++g) {
-    host[g].resize(params_[g].size());
-    params_[g].download(host[g].data(), params_[g].size());
-  }
-  return host;
-}
-
-void LlamaModel::params_from_host(const std::vector<std::vector<float>>& host) {
-  FT_CHECK(host.size() == params_.size(), "params_from_host: ", host.size(), " groups for ",
-           params_.size());
-  for (size_t g = 0; g < params_.size(); ++g) {
-    FT_CHECK(host[g].size() == params_[g].size(), "params_from_host: group ", g, " has ",
-             host[g].size(), " elements, expected ", params_[g].size());
-    params_[g].upload(host[g].data(), host[g].size());
-  }
-}
 
 void LlamaModel::init_random(uint64_t seed, double std) {
   // Drawn on the host, one tensor at a time, then copied to the device.
@@ -179,11 +135,12 @@ void LlamaModel::init_random(uint64_t seed, double std) {
   std::vector<float> host;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     if (!owns_group(int(gi))) continue;
+    Buffer<float>& params = flat_.params()[gi];
     for (const auto& e : groups[gi].entries) {
       host.assign(e.numel, 1.0f);
       float* p = host.data();
       if (e.shape.size() < 2) {
-        params_[gi].upload(p, e.numel, e.offset);
+        params.upload(p, e.numel, e.offset);
         continue;
       }
       // One stream per tensor, keyed by its name, so adding a tensor never shifts the others.
@@ -196,13 +153,9 @@ void LlamaModel::init_random(uint64_t seed, double std) {
         p[i] = float(std * r * std::cos(t));
         if (i + 1 < e.numel) p[i + 1] = float(std * r * std::sin(t));
       }
-      params_[gi].upload(p, e.numel, e.offset);
+      params.upload(p, e.numel, e.offset);
     }
   }
-}
-
-void LlamaModel::zero_grads() {
-  for (auto& g : grads_) g.zero();  // hooks zero their own working buffers
 }
 
 void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
@@ -225,7 +178,7 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
   const size_t KD = size_t(K_) * layout_.head_dim();
   const int L = cfg_.n_layers;
   // Residual stream: resid[l] is layer l's input; only this stage's [first, last] exist.
-  const DType ct = cdt_;
+  const DType ct = flat_.compute_dtype();
   for (int l = 0; l <= L; ++l)
     a->resid.emplace_back(dev_, ct, l >= stage_.first_layer && l <= stage_.last_layer ? N * C : 0);
   const int stage_layers = stage_.last_layer - stage_.first_layer;
@@ -252,7 +205,7 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
     a->rstdf = Buffer<float>(dev_, N);
     a->logits = DBuffer(dev_, ct, N * V);
   }
-  if (tp_ > 1) {
+  if (tp_.size() > 1) {
     a->tp_partial = DBuffer(dev_, ct, N * C);
     if (ct != DType::kF32) a->tp_f32 = Buffer<float>(dev_, N * C);
     a->row_max = Buffer<float>(dev_, N);
@@ -276,48 +229,37 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
   acts_ = cur.get();
 }
 
-// y += x·Wᵀ for a row-parallel layer (o_proj, down_proj): with tensor parallelism each rank
-// multiplies its slice of the input features and the partial sums are all-reduced (Megatron's g).
-void LlamaModel::row_parallel_forward(Ref y, CRef x, CRef W, int N, int in, int out) {
-  if (tp_ == 1) {
-    ops().linear_forward(st_, y, x, W, N, in, out, /*accumulate=*/true);
-    return;
-  }
-  Ref partial = acts_->tp_partial.data();
-  ops().linear_forward(st_, partial, x, W, N, in, out, false);
-  tensor_all_reduce(partial, size_t(N) * out);
-  ops().add(st_, y, partial, size_t(N) * out);
-}
-
 void LlamaModel::layer_forward(int l, int B, int T) {
   Acts& a = *acts_;
   LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : size_t(l - stage_.first_layer)];
   const int N = B * T, C = cfg_.dim, F = F_, H = H_, K = K_;
   const int D = layout_.head_dim();
   const BlockOffsets& o = layout_.block_offsets();
-  const CRef w = P(1 + l);
+  const CRef w = flat_.acquire(1 + l);
   const CRef x = a.resid[l].data();
   const Ref y = a.resid[l + 1].data();
 
   ops().rmsnorm_forward(st_, la.ln1.data(), la.rstd1.data(), x, w + o.attn_norm, N, C, float(cfg_.norm_eps));
-  ops().linear_forward(st_, la.q.data(), la.ln1.data(), w + o.wq, N, C, H * D, false);
-  ops().linear_forward(st_, la.kk.data(), la.ln1.data(), w + o.wk, N, C, K * D, false);
-  ops().linear_forward(st_, la.v.data(), la.ln1.data(), w + o.wv, N, C, K * D, false);
+  q_proj_.forward(*dev_, la.q.data(), la.ln1.data(), w + o.wq, N);
+  k_proj_.forward(*dev_, la.kk.data(), la.ln1.data(), w + o.wk, N);
+  v_proj_.forward(*dev_, la.v.data(), la.ln1.data(), w + o.wv, N);
   ops().rope_forward(st_, la.q.data(), rope_inv_freq_.data(), B, T, H, D);
   ops().rope_forward(st_, la.kk.data(), rope_inv_freq_.data(), B, T, K, D);
   ops().attention_forward(st_, la.att.data(), la.lse.data(), la.q.data(), la.kk.data(),
                           la.v.data(), B, T, H, K, D);
   copy(la.mid.data(), x, size_t(N) * C);
-  row_parallel_forward(la.mid.data(), la.att.data(), w + o.wo, N, H * D, C);
+  o_proj_.forward_add(*dev_, tp_, la.mid.data(), la.att.data(), w + o.wo, N, a.tp_partial.data(),
+                      a.tp_f32.data());
 
   ops().rmsnorm_forward(st_, la.ln2.data(), la.rstd2.data(), la.mid.data(), w + o.mlp_norm, N, C,
                      float(cfg_.norm_eps));
-  ops().linear_forward(st_, la.g.data(), la.ln2.data(), w + o.w_gate, N, C, F, false);
-  ops().linear_forward(st_, la.u.data(), la.ln2.data(), w + o.w_up, N, C, F, false);
+  gate_proj_.forward(*dev_, la.g.data(), la.ln2.data(), w + o.w_gate, N);
+  up_proj_.forward(*dev_, la.u.data(), la.ln2.data(), w + o.w_up, N);
   ops().swiglu_forward(st_, la.h.data(), la.g.data(), la.u.data(), size_t(N) * F);
   copy(y, la.mid.data(), size_t(N) * C);
-  row_parallel_forward(y, la.h.data(), w + o.w_down, N, F, C);
-  release(1 + l);
+  down_proj_.forward_add(*dev_, tp_, y, la.h.data(), w + o.w_down, N, a.tp_partial.data(),
+                         a.tp_f32.data());
+  flat_.release(1 + l);
 }
 
 // On entry a.dresid holds dL/d(resid[l+1]); on exit dL/d(resid[l]).
@@ -328,38 +270,42 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   const int N = B * T, C = cfg_.dim, F = F_, H = H_, K = K_;
   const int D = layout_.head_dim();
   const BlockOffsets& o = layout_.block_offsets();
-  const CRef w = P(1 + l);
-  float* dw = G(1 + l);
+  const CRef w = flat_.acquire(1 + l);
+  float* dw = flat_.grad(1 + l);
   const CRef x = a.resid[l].data();
   const Ref dy = a.dresid.data();
 
   // MLP: x' = mid + h·Wdᵀ
-  ops().linear_backward(st_, a.dh.data(), dw + o.w_down, dy, la.h.data(), w + o.w_down, N, F, C, false);
+  down_proj_.backward(*dev_, a.dh.data(), dw + o.w_down, dy, la.h.data(), w + o.w_down, N);
   ops().swiglu_backward(st_, a.dg.data(), a.du.data(), a.dh.data(), la.g.data(), la.u.data(), size_t(N) * F);
   // d ln2 = dg·Wg + du·Wu  (into dtmp)
-  ops().linear_backward(st_, a.dtmp.data(), dw + o.w_gate, a.dg.data(), la.ln2.data(), w + o.w_gate, N, C, F, false);
-  ops().linear_backward(st_, a.dtmp.data(), dw + o.w_up, a.du.data(), la.ln2.data(), w + o.w_up, N, C, F,
-                     /*accumulate_dx=*/true);
-  tensor_all_reduce(a.dtmp.data(), size_t(N) * C);  // column-parallel backward: sum the partials
+  gate_proj_.backward(*dev_, a.dtmp.data(), dw + o.w_gate, a.dg.data(), la.ln2.data(),
+                      w + o.w_gate, N, /*accumulate_dx=*/false);
+  up_proj_.backward(*dev_, a.dtmp.data(), dw + o.w_up, a.du.data(), la.ln2.data(), w + o.w_up, N,
+                    /*accumulate_dx=*/true);
+  reduce_input_grad(tp_, a.dtmp.data(), size_t(N) * C, a.tp_f32.data());  // f's backward
   // The norm's input gradient is added straight into dy (accumulate_dx): dy is now dL/d mid.
   ops().rmsnorm_backward(st_, dy, dw + o.mlp_norm, a.dtmp.data(), la.mid.data(), w + o.mlp_norm,
                          la.rstd2.data(), N, C, /*accumulate_dx=*/true);
 
   // Attention: mid = x + att·Woᵀ
-  ops().linear_backward(st_, a.datt.data(), dw + o.wo, dy, la.att.data(), w + o.wo, N, H * D, C, false);
+  o_proj_.backward(*dev_, a.datt.data(), dw + o.wo, dy, la.att.data(), w + o.wo, N);
   ops().attention_backward(st_, a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(),
                            la.att.data(), la.lse.data(), la.q.data(), la.kk.data(), la.v.data(),
                            a.attn_scratch.data(), B, T, H, K, D);
   ops().rope_backward(st_, a.dq.data(), rope_inv_freq_.data(), B, T, H, D);
   ops().rope_backward(st_, a.dk.data(), rope_inv_freq_.data(), B, T, K, D);
-  ops().linear_backward(st_, a.dtmp.data(), dw + o.wq, a.dq.data(), la.ln1.data(), w + o.wq, N, C, H * D, false);
-  ops().linear_backward(st_, a.dtmp.data(), dw + o.wk, a.dk.data(), la.ln1.data(), w + o.wk, N, C, K * D, true);
-  ops().linear_backward(st_, a.dtmp.data(), dw + o.wv, a.dv.data(), la.ln1.data(), w + o.wv, N, C, K * D, true);
-  tensor_all_reduce(a.dtmp.data(), size_t(N) * C);
+  q_proj_.backward(*dev_, a.dtmp.data(), dw + o.wq, a.dq.data(), la.ln1.data(), w + o.wq, N,
+                   /*accumulate_dx=*/false);
+  k_proj_.backward(*dev_, a.dtmp.data(), dw + o.wk, a.dk.data(), la.ln1.data(), w + o.wk, N,
+                   /*accumulate_dx=*/true);
+  v_proj_.backward(*dev_, a.dtmp.data(), dw + o.wv, a.dv.data(), la.ln1.data(), w + o.wv, N,
+                   /*accumulate_dx=*/true);
+  reduce_input_grad(tp_, a.dtmp.data(), size_t(N) * C, a.tp_f32.data());  // f's backward
   ops().rmsnorm_backward(st_, dy, dw + o.attn_norm, a.dtmp.data(), x, w + o.attn_norm,
                          la.rstd1.data(), N, C, /*accumulate_dx=*/true);  // dy is now dL/d x
-  release(1 + l);
-  grads_ready(1 + l);
+  flat_.release(1 + l);
+  flat_.grads_ready(1 + l);
 }
 
 void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in,
@@ -368,7 +314,7 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in,
   FT_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len ", cfg_.max_seq_len);
   ensure_acts(slot, B, T, backward);
   Acts& a = *acts_;
-  const int N = B * T, C = cfg_.dim, V = V_, L = cfg_.n_layers;
+  const int N = B * T, C = cfg_.dim, L = cfg_.n_layers;
   const int hg = L + 1;  // head group
   const int first = stage_.first_layer, last = stage_.last_layer;
 
@@ -380,9 +326,9 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in,
     a.inputs.upload(inputs, size_t(N));
     // Vocabulary-parallel embedding: each tensor rank looks up the ids in its rows, zeros
     // elsewhere, and the all-reduce assembles the rows.
-    ops().embedding_forward(st_, a.resid[0].data(), a.inputs.data(), P(0), N, C, v_begin_, V);
-    release(0);
-    tensor_all_reduce(a.resid[0].data(), size_t(N) * C);
+    embed_.forward(*dev_, tp_, a.resid[0].data(), a.inputs.data(), flat_.acquire(0), N,
+                   a.tp_f32.data());
+    flat_.release(0);
   } else {
     copy(a.resid[size_t(first)].data(), x_in, size_t(N) * C);
   }
@@ -396,27 +342,18 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in,
   a.mask.upload(mask, size_t(N));
   const int32_t* tgt = a.targets.data();
   const uint8_t* msk = a.mask.data();
-  const CRef wf = P(hg);
-  const CRef Wh = cfg_.tie_embeddings ? P(0) : wf + C;
+  const CRef wf = flat_.acquire(hg);
+  const CRef Wh = cfg_.tie_embeddings ? flat_.acquire(0) : wf + C;
   ops().rmsnorm_forward(st_, a.lnf.data(), a.rstdf.data(), a.resid[L].data(), wf, N, C,
                         float(cfg_.norm_eps));
-  ops().linear_forward(st_, a.logits.data(), a.lnf.data(), Wh, N, C, V, false);  // (N, V / tensor)
-  const Ref dlogits = backward ? a.logits.data() : Ref(nullptr, cdt_);
-  if (tp_ == 1) {
-    ops().cross_entropy(st_, dlogits, a.logits.data(), tgt, msk, N, V, token_weight,
-                        loss_acc_.data());
-  } else {  // vocabulary-parallel cross-entropy: no rank ever holds full-vocabulary logits
-    ops().row_max(st_, a.row_max.data(), a.logits.data(), N, V);
-    tp_comm_->all_reduce_max(a.row_max.data(), size_t(N));
-    ops().ce_partial(st_, a.sumexp.data(), a.target_logit.data(), a.logits.data(), tgt, msk,
-                     a.row_max.data(), N, V, v_begin_);
-    tp_comm_->all_reduce_sum(a.sumexp.data(), size_t(N));
-    tp_comm_->all_reduce_sum(a.target_logit.data(), size_t(N));
-    ops().ce_finish(st_, dlogits, a.logits.data(), tgt, msk, a.row_max.data(), a.sumexp.data(),
-                    a.target_logit.data(), N, V, v_begin_, token_weight, loss_acc_.data());
-  }
-  release(hg);
-  if (cfg_.tie_embeddings) release(0);
+  lm_head_.forward(*dev_, a.logits.data(), a.lnf.data(), Wh, N);  // (N, V / tensor)
+  const Ref dlogits = backward ? a.logits.data() : Ref(nullptr, flat_.compute_dtype());
+  // Vocabulary-parallel: no rank ever holds full-vocabulary logits.
+  loss_.forward_backward(*dev_, tp_, dlogits, a.logits.data(), tgt, msk, N, token_weight,
+                         loss_acc_.data(),
+                         {a.row_max.data(), a.sumexp.data(), a.target_logit.data()});
+  flat_.release(hg);
+  if (cfg_.tie_embeddings) flat_.release(0);
 }
 
 double LlamaModel::take_loss_sum() {
@@ -429,32 +366,34 @@ double LlamaModel::take_loss_sum() {
 void LlamaModel::backward_part(int slot, CRef dy_in) {
   acts_ = slots_[size_t(slot)].get();
   Acts& a = *acts_;
-  const int B = a.B, T = a.T, N = B * T, C = cfg_.dim, V = V_, L = cfg_.n_layers;
+  const int B = a.B, T = a.T, N = B * T, C = cfg_.dim, L = cfg_.n_layers;
   const int hg = L + 1;
   if (stage_.head) {
     // logits = f·Whᵀ; a.logits holds dlogits since forward_part.
-    const CRef wf = P(hg);
-    const CRef Wh = cfg_.tie_embeddings ? P(0) : wf + C;
-    float* dhead = G(hg);
-    float* dWh = cfg_.tie_embeddings ? G(0) : dhead + C;
-    ops().linear_backward(st_, a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N, C, V, false);
-    tensor_all_reduce(a.dtmp.data(), size_t(N) * C);  // each rank saw only its vocabulary columns
+    const CRef wf = flat_.acquire(hg);
+    const CRef Wh = cfg_.tie_embeddings ? flat_.acquire(0) : wf + C;
+    float* dhead = flat_.grad(hg);
+    float* dWh = cfg_.tie_embeddings ? flat_.grad(0) : dhead + C;
+    lm_head_.backward(*dev_, a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N,
+                      /*accumulate_dx=*/false);
+    // f's backward: each rank saw only its vocabulary columns.
+    reduce_input_grad(tp_, a.dtmp.data(), size_t(N) * C, a.tp_f32.data());
     // The final norm is the residual stream's only consumer: its dx starts dL/d resid[L].
     ops().rmsnorm_backward(st_, a.dresid.data(), dhead, a.dtmp.data(), a.resid[L].data(), wf,
                            a.rstdf.data(), N, C, /*accumulate_dx=*/false);
-    release(hg);
-    grads_ready(hg);
+    flat_.release(hg);
+    flat_.grads_ready(hg);
     if (cfg_.tie_embeddings) {
-      release(0);
-      if (!stage_.embed) grads_ready(0);  // the embedding's other half is on the first stage
+      flat_.release(0);
+      if (!stage_.embed) flat_.grads_ready(0);  // the embedding's other half is on the first stage
     }
   } else {
     copy(a.dresid.data(), dy_in, size_t(N) * C);
   }
   for (int l = stage_.last_layer - 1; l >= stage_.first_layer; --l) layer_backward(l, B, T);
   if (stage_.embed) {
-    ops().embedding_backward(st_, G(0), a.inputs.data(), a.dresid.data(), N, C, v_begin_, V);
-    grads_ready(0);
+    embed_.backward(*dev_, flat_.grad(0), a.inputs.data(), a.dresid.data(), N);
+    flat_.grads_ready(0);
   }
 }
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "model/layout.h"
+#include "optim/config.h"
 #include "parallel/partition.h"
-#include "recipe/recipe.h"
 #include "runtime/device.h"
 
 namespace ft {

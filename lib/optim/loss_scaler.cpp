@@ -6,7 +6,6 @@
 
 #include "core/error.h"
 #include "core/json_describe.h"
-#include "recipe/recipe.h"
 
 namespace ft {
 using nlohmann::json;
@@ -42,17 +41,6 @@ int64_t integer(const json& j, const std::string& file, const char* key, int64_t
 }
 
 }  // namespace
-
-LossScalerConfig loss_scaler_config(const TrainingConfig& t) {
-  LossScalerConfig c;
-  c.loss_scale = t.loss_scale;
-  c.initial_scale = t.initial_loss_scale;
-  c.min_scale = t.min_loss_scale;
-  c.window = t.loss_scale_window;
-  c.hysteresis = t.loss_scale_hysteresis;
-  c.max_skipped_steps = t.max_skipped_steps;
-  return c;
-}
 
 json LossScalerState::to_json() const {
   return {{"scale", scale},

@@ -35,9 +35,7 @@
 
 namespace ft {
 
-struct TrainingConfig;  // recipe/recipe.h
-
-// The defaults are the recipe's (recipe.h): loss_scaler_config(TrainingConfig{}).
+// The defaults are the recipe's (recipe/recipe.h: loss_scaler_config(TrainingConfig{})).
 struct LossScalerConfig {
   double loss_scale = 0;          // 0: dynamic; N > 0: static scale N
   double initial_scale = 0;       // dynamic: the first scale (DeepSpeed 2^initial_scale_power)
@@ -46,8 +44,6 @@ struct LossScalerConfig {
   int hysteresis = 0;             // dynamic: overflows before the scale halves (see above)
   int64_t max_skipped_steps = 0;  // consecutive skipped steps that stop the run
 };
-// The training.* keys of a resolved recipe (DESIGN.md §5).
-LossScalerConfig loss_scaler_config(const TrainingConfig& t);
 
 // Everything that changes from step to step; what a checkpoint keeps (manifest "loss_scaler").
 struct LossScalerState {

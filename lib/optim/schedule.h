@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "recipe/recipe.h"
+#include "optim/config.h"
 
 namespace ft {
 

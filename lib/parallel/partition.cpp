@@ -28,4 +28,14 @@ ShardRange zero_shard(size_t n, int D, int d) {
   return {begin, std::min(n, begin + s)};
 }
 
+StageSpec pipeline_stage(int L, int p, int P) {
+  const LayerRange layers = stage_layers(L, p, P);
+  StageSpec s;
+  s.first_layer = layers.first;
+  s.last_layer = layers.last;
+  s.embed = p == 0;
+  s.head = p == P - 1;
+  return s;
+}
+
 }  // namespace ft

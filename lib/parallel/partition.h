@@ -1,7 +1,7 @@
 // How work is cut among ranks: the one place each split is computed. What runs (the pipeline
 // stages of lib/parallel/pipeline.cpp, the ZeRO shards of lib/parallel/zero.cpp, the pieces each
 // rank writes to a checkpoint in lib/train/train_state.cpp) and what `ft plan` predicts
-// (lib/parallel/plan.cpp) call these, so the plan describes exactly the split that runs.
+// (lib/train/plan.cpp) call these, so the plan describes exactly the split that runs.
 // Pure arithmetic: no buffers, no communicators.
 #pragma once
 
@@ -20,6 +20,16 @@ struct LayerRange {
 // is never the one left short. With more stages than layers the last P − L stages are empty
 // (recipe validation refuses that layout; the split itself stays defined).
 LayerRange stage_layers(int n_layers, int p, int P);
+
+// The part of the model one pipeline stage runs: layers [first_layer, last_layer), plus the
+// embedding on the first stage and the final norm, head and loss on the last (DESIGN.md §3).
+struct StageSpec {
+  int first_layer = 0, last_layer = -1;  // -1: up to the last layer
+  bool embed = true, head = true;
+};
+// Stage p of P over L layers: stage_layers' layers, the embedding on the first stage, the head on
+// the last.
+StageSpec pipeline_stage(int n_layers, int p, int P);
 
 // Elements [begin, end) of a flat buffer.
 struct ShardRange {

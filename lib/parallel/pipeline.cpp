@@ -7,17 +7,7 @@
 
 namespace ft {
 
-StageSpec pipeline_stage(int L, int p, int P) {
-  const LayerRange layers = stage_layers(L, p, P);
-  StageSpec s;
-  s.first_layer = layers.first;
-  s.last_layer = layers.last;
-  s.embed = p == 0;
-  s.head = p == P - 1;
-  return s;
-}
-
-PipelineSchedule::PipelineSchedule(LlamaModel& model, Communicator* pipe, Device* dev)
+PipelineSchedule::PipelineSchedule(PipelineStage& model, Communicator* pipe, Device* dev)
     : model_(model), pipe_(pipe), dev_(dev) {
   if (pipe_) {
     p_ = pipe_->rank();
@@ -29,7 +19,7 @@ PipelineSchedule::PipelineSchedule(LlamaModel& model, Communicator* pipe, Device
 void PipelineSchedule::forward(const StepSamples& b, int i, int micro, float token_weight,
                                bool backward) {
   const int T = b.seq_len;
-  const size_t n = size_t(micro) * T * size_t(model_.config().dim);
+  const size_t n = size_t(micro) * T * size_t(model_.hidden_size());
   const size_t off = size_t(i) * micro * T;
   if (p_ > 0) pipe_->recv(recv_buf_.data(), n, p_ - 1, 2 * i);
   model_.forward_part(slot(i), b.inputs.data() + off, recv_buf_.data(), b.targets.data() + off,
@@ -43,7 +33,7 @@ void PipelineSchedule::forward(const StepSamples& b, int i, int micro, float tok
 }
 
 void PipelineSchedule::backward(int i, int micro, int T) {
-  const size_t n = size_t(micro) * T * size_t(model_.config().dim);
+  const size_t n = size_t(micro) * T * size_t(model_.hidden_size());
   if (p_ < P_ - 1) pipe_->recv(recv_buf_.data(), n, p_ + 1, 2 * i + 1);
   model_.backward_part(slot(i), recv_buf_.data());
   if (p_ > 0) {
@@ -68,12 +58,13 @@ double PipelineSchedule::train_step(const StepSamples& b, int micro, float token
     slots_ = 1;
     for (int i = 0; i < M; ++i) {
       const size_t off = size_t(i) * micro * T;
-      model_.forward_backward(b.inputs.data() + off, b.targets.data() + off, b.mask.data() + off,
-                              micro, T, token_weight);
+      model_.forward_part(0, b.inputs.data() + off, CRef(), b.targets.data() + off,
+                          b.mask.data() + off, micro, T, token_weight, /*backward=*/true);
+      model_.backward_part(0, CRef());
     }
     return model_.take_loss_sum();
   }
-  ensure_buffers(size_t(micro) * T * size_t(model_.config().dim), size_t(M));
+  ensure_buffers(size_t(micro) * T * size_t(model_.hidden_size()), size_t(M));
   const int warmup = std::min(P_ - p_ - 1, M);
   slots_ = warmup + 1;
   for (int i = 0; i < warmup; ++i) forward(b, i, micro, token_weight, true);
@@ -91,13 +82,13 @@ double PipelineSchedule::eval_batch(const StepSamples& b, int micro) {
   if (P_ == 1) {
     for (int i = 0; i < M; ++i) {
       const size_t off = size_t(i) * micro * T;
-      model_.forward_loss(b.inputs.data() + off, b.targets.data() + off, b.mask.data() + off,
-                          micro, T);
+      model_.forward_part(0, b.inputs.data() + off, CRef(), b.targets.data() + off,
+                          b.mask.data() + off, micro, T, 0.0f, /*backward=*/false);
     }
     return model_.take_loss_sum();
   }
   // Forward only needs one send buffer; keep the training step's if they are there.
-  ensure_buffers(size_t(micro) * T * size_t(model_.config().dim),
+  ensure_buffers(size_t(micro) * T * size_t(model_.hidden_size()),
                  std::max<size_t>(1, send_bufs_.size()));
   // Forward only: one micro-batch at a time, so the step's buffers serve (each send completes
   // before the buffer is reused; the next stage is already waiting for it).

@@ -15,19 +15,41 @@
 
 #include "comm/communicator.h"
 #include "data/loader.h"
-#include "model/llama.h"
 #include "runtime/device.h"
 
 namespace ft {
 
-// Stage p of P for L layers: the layers of stage_layers (lib/parallel/partition.h), the
-// embedding on the first stage, the head on the last.
-StageSpec pipeline_stage(int n_layers, int p, int P);
+// One stage's part of a model, as the schedule drives it (LlamaModel implements it). A stage
+// runs a micro-batch in two halves and keeps several micro-batches in flight, each in its own
+// activation slot.
+class PipelineStage {
+ public:
+  virtual ~PipelineStage() = default;
+  // Elements per token of what crosses a stage boundary (the hidden size C), in compute_dtype().
+  virtual int hidden_size() const = 0;
+  virtual DType compute_dtype() const = 0;
+  // The first stage embeds `inputs` (host ids, B·T); the others start from x_in (B·T, C, device
+  // memory). The last stage adds its loss to the step's sum (take_loss_sum) and, with backward,
+  // keeps what backward_part needs; the others leave their output at stage_output(slot).
+  // token_weight scales each token's loss gradient.
+  virtual void forward_part(int slot, const int32_t* inputs, CRef x_in, const int32_t* targets,
+                            const uint8_t* mask, int B, int T, float token_weight,
+                            bool backward) = 0;
+  // The last stage starts from its loss; the others from dy_in (B·T, C), the gradient of their
+  // output. Leaves the gradient of the stage's input at input_grad() (not on the first stage).
+  // Gradients accumulate.
+  virtual void backward_part(int slot, CRef dy_in) = 0;
+  virtual CRef stage_output(int slot) const = 0;  // (B·T, C)
+  virtual CRef input_grad() const = 0;            // (B·T, C)
+  // The loss summed since the last call (over masked targets, on the last stage; 0 elsewhere),
+  // read back from the device once, and reset.
+  virtual double take_loss_sum() = 0;
+};
 
 class PipelineSchedule {
  public:
   // pipe: the pipeline group (rank = stage); null for a single stage.
-  PipelineSchedule(LlamaModel& model, Communicator* pipe, Device* dev);
+  PipelineSchedule(PipelineStage& model, Communicator* pipe, Device* dev);
   // Forward and backward of every micro-batch of `b` (micro samples each); gradients accumulate.
   // token_weight scales each token's loss gradient (1 / the global batch's trained tokens, for
   // the token-weighted mean). Returns the summed loss of the step's micro-batches (0 except on
@@ -41,7 +63,7 @@ class PipelineSchedule {
   void backward(int i, int micro, int T);
   int slot(int i) const { return i % slots_; }
 
-  LlamaModel& model_;
+  PipelineStage& model_;
   Communicator* pipe_;
   Device* dev_;
   int p_ = 0, P_ = 1, slots_ = 1;

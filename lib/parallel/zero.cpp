@@ -8,22 +8,22 @@
 
 namespace ft {
 
-ZeroSharding::ZeroSharding(int stage, LlamaModel& model, Communicator& comm, Device* dev,
+ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Device* dev,
                            Communicator* tensor_comm, Communicator* pipeline_comm)
     : stage_(stage),
-      model_(model),
+      flat_(flat),
       comm_(comm),
       dev_(dev),
-      cdt_(model.compute_dtype()),
+      cdt_(flat.compute_dtype()),
       tensor_comm_(tensor_comm),
       pipeline_comm_(pipeline_comm),
       D_(comm.size()),
       rank_(comm.rank()) {
   FT_CHECK(stage >= 0 && stage <= 3, "ZeRO stage must be 0..3");
   size_t max_shard = 0;
-  for (size_t gi = 0; gi < model.layout().groups().size(); ++gi) {
+  for (size_t gi = 0; gi < flat.groups().size(); ++gi) {
     // Groups of other pipeline stages are empty here.
-    const size_t n = model.owns_group(int(gi)) ? model.layout().groups()[gi].numel : 0;
+    const size_t n = flat.owns(int(gi)) ? flat.groups()[gi].numel : 0;
     const size_t s = zero_shard_size(n, D_);
     numel_.push_back(n);
     shard_.push_back(s);
@@ -34,9 +34,9 @@ ZeroSharding::ZeroSharding(int stage, LlamaModel& model, Communicator& comm, Dev
   if (stage_ >= 2) {
     for (size_t g = 0; g < G; ++g) grad_shards_.emplace_back(dev_, shard_[g]);
     working_grads_.resize(G);
-    model_.set_hooks(this);
+    flat_.set_hooks(this);
   } else {
-    model_.grads();  // full gradient buffers
+    flat_.grads();  // full gradient buffers
   }
   // fp32 master weights (DESIGN.md §5 precision policy): this rank's shard at stage 3 (padded to
   // s; the all-gathers send it whole), or with a 16-bit compute dtype the range AdamW updates.
@@ -45,7 +45,7 @@ ZeroSharding::ZeroSharding(int stage, LlamaModel& model, Communicator& comm, Dev
     for (size_t g = 0; g < G; ++g) {
       master_.emplace_back(dev_, stage_ == 3 ? shard_[g] : ranges_[g].size());
       master_[g].zero();  // the padding of the last shard
-      const float* full = model_.params()[g].data();
+      const float* full = flat_.params()[g].data();
       dev_->copy(dev_->stream(), master_[g].data(), full + ranges_[g].begin,
                  ranges_[g].size() * sizeof(float));
     }
@@ -53,11 +53,11 @@ ZeroSharding::ZeroSharding(int stage, LlamaModel& model, Communicator& comm, Dev
   if (stage_ == 3) {
     if (cdt_ != DType::kF32)
       for (size_t g = 0; g < G; ++g) compute_shards_.emplace_back(dev_, cdt_, shard_[g]);
-    model_.drop_params();
+    flat_.drop_params();
     gathered_.resize(G);
     refs_.assign(G, 0);
   } else {
-    model_.make_compute_copy();  // no-op in fp32
+    flat_.make_compute_copy();  // no-op in fp32
   }
   if ((stage_ == 1 || stage_ == 2) && D_ > 1) scratch_ = DBuffer(dev_, cdt_, max_shard * size_t(D_));
   if (cdt_ != DType::kF32) sync_compute_params();  // fp32: the parameters are the masters
@@ -65,19 +65,19 @@ ZeroSharding::ZeroSharding(int stage, LlamaModel& model, Communicator& comm, Dev
 }
 
 ZeroSharding::~ZeroSharding() {
-  if (stage_ >= 2) model_.set_hooks(nullptr);
+  if (stage_ >= 2) flat_.set_hooks(nullptr);
 }
 
 void ZeroSharding::begin_step() {
   if (stage_ >= 2)
     for (auto& b : grad_shards_) b.zero();
   else
-    model_.zero_grads();
+    flat_.zero_grads();
 }
 
 void ZeroSharding::finish_backward() {
   if (stage_ >= 2 || D_ == 1) return;  // stage ≥ 2 reduced each group as its backward finished
-  for (auto& g : model_.grads()) comm_.all_reduce_sum(g.data(), g.size());
+  for (auto& g : flat_.grads()) comm_.all_reduce_sum(g.data(), g.size());
 }
 
 void ZeroSharding::weighted_sum_squares(double* acc, int g, const float* x, size_t base,
@@ -88,7 +88,7 @@ void ZeroSharding::weighted_sum_squares(double* acc, int g, const float* x, size
     if (shared == g) holders_count = holders->size();
   // One call per run of adjacent tensors with the same divisor (a group's tensors are
   // contiguous): a few calls per group instead of one per tensor.
-  const auto& entries = model_.layout().groups()[size_t(g)].entries;
+  const auto& entries = flat_.groups()[size_t(g)].entries;
   size_t run_lo = 0, run_hi = 0;
   double run_divisor = 0;
   auto flush = [&] {
@@ -120,7 +120,7 @@ double ZeroSharding::grad_sum_squares() {
     comm_.all_reduce_sum(acc, 1);
   } else {
     for (int g = 0; g < G; ++g)
-      weighted_sum_squares(acc, g, model_.grads()[size_t(g)].data(), 0, 0, numel_[size_t(g)]);
+      weighted_sum_squares(acc, g, flat_.grads()[size_t(g)].data(), 0, 0, numel_[size_t(g)]);
   }
   if (tensor_comm_) tensor_comm_->all_reduce_sum(acc, 1);
   if (pipeline_comm_) pipeline_comm_->all_reduce_sum(acc, 1);
@@ -138,21 +138,21 @@ void ZeroSharding::reduce_shared_groups() {
     if (stage_ >= 2)
       holders->all_reduce_sum(grad_shards_[size_t(g)].data(), grad_shards_[size_t(g)].size());
     else
-      holders->all_reduce_sum(model_.grads()[size_t(g)].data(), model_.grads()[size_t(g)].size());
+      holders->all_reduce_sum(flat_.grads()[size_t(g)].data(), flat_.grads()[size_t(g)].size());
   }
 }
 
 int64_t ZeroSharding::first_nonfinite_grad() const {
   // Only called once a step has gone wrong, so a plain scan of a host copy is fast enough.
   int64_t index = 0;
-  const auto& groups = model_.layout().groups();
+  const auto& groups = flat_.groups();
   std::vector<float> host;
   for (size_t g = 0; g < groups.size(); ++g) {
     const size_t begin = ranges_[g].begin, end = ranges_[g].end;
     // x holds elements [base, end) of the group's flat gradient.
     const float* x = nullptr;
     if (numel_[g] != 0) {
-      const Buffer<float>& b = stage_ >= 2 ? grad_shards_[g] : model_.grads()[g];
+      const Buffer<float>& b = stage_ >= 2 ? grad_shards_[g] : flat_.grads()[g];
       host.resize(b.size());
       b.download(host.data(), b.size());
       x = host.data();
@@ -175,7 +175,7 @@ void ZeroSharding::inject_nan_grad_for_test() {
     if (stage_ >= 2)
       grad_shards_[g].upload(&nan, 1);
     else
-      model_.grads()[g].upload(&nan, 1, ranges_[g].begin);
+      flat_.grads()[g].upload(&nan, 1, ranges_[g].begin);
     return;
   }
 }
@@ -184,14 +184,14 @@ std::vector<float*> ZeroSharding::param_bases() {
   std::vector<float*> p;
   for (size_t g = 0; g < numel_.size(); ++g)
     p.push_back(!master_.empty() ? master_[g].data()
-                                 : model_.params()[g].data() + ranges_[g].begin);
+                                 : flat_.params()[g].data() + ranges_[g].begin);
   return p;
 }
 
 std::vector<const float*> ZeroSharding::grad_bases() {
   std::vector<const float*> p;
   for (size_t g = 0; g < numel_.size(); ++g)
-    p.push_back(stage_ >= 2 ? grad_shards_[g].data() : model_.grads()[g].data() + ranges_[g].begin);
+    p.push_back(stage_ >= 2 ? grad_shards_[g].data() : flat_.grads()[g].data() + ranges_[g].begin);
   return p;
 }
 
@@ -202,7 +202,7 @@ std::vector<Ref> ZeroSharding::compute_bases() {
     if (stage_ == 3)
       c[g] = compute_shards_[g].data();
     else if (stage_ == 0 || D_ == 1)
-      c[g] = model_.compute_params(int(g)) + ranges_[g].begin;
+      c[g] = flat_.compute_params(int(g)) + ranges_[g].begin;
   }
   return c;
 }
@@ -224,7 +224,7 @@ void ZeroSharding::refresh_compute_params(bool after_adamw) {
     }
     if (stage_ == 0 || D_ == 1) {  // the master covers the whole group
       if (!fp32 && !after_adamw)
-        ops.convert(st, model_.compute_params(int(g)) + ranges_[g].begin, master_[g].data(),
+        ops.convert(st, flat_.compute_params(int(g)) + ranges_[g].begin, master_[g].data(),
                     own);
       continue;
     }
@@ -233,17 +233,17 @@ void ZeroSharding::refresh_compute_params(bool after_adamw) {
     const size_t s = shard_[g];
     const Ref mine = scratch_.data() + size_t(rank_) * s;
     if (fp32)
-      dev_->copy(st, mine.ptr, model_.params()[g].data() + ranges_[g].begin, own * sizeof(float));
+      dev_->copy(st, mine.ptr, flat_.params()[g].data() + ranges_[g].begin, own * sizeof(float));
     else
       ops.convert(st, mine, master_[g].data(), own);
     comm_.all_gather(mine, scratch_.data(), s);
-    const Ref full = model_.compute_params(int(g));
+    const Ref full = flat_.compute_params(int(g));
     dev_->copy(st, full.ptr, scratch_.data().ptr, numel_[g] * dtype_size(cdt_));
   }
 }
 
 size_t ZeroSharding::params_bytes() const {
-  size_t b = model_.param_bytes();
+  size_t b = flat_.param_bytes();
   for (const auto& x : master_) b += x.bytes();
   for (const auto& x : compute_shards_) b += x.bytes();
   return b;
@@ -260,7 +260,7 @@ size_t ZeroSharding::grads_bytes() const {
 
 CRef ZeroSharding::acquire_params(int group) {
   const size_t g = size_t(group);
-  if (stage_ < 3) return model_.compute_params(group);
+  if (stage_ < 3) return flat_.compute_params(group);
   if (refs_[g]++ == 0) {
     const size_t s = shard_[g];
     gathered_[g] = DBuffer(dev_, cdt_, s * size_t(D_));

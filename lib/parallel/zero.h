@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "model/llama.h"
+#include "parallel/flat_params.h"
 #include "parallel/partition.h"
 #include "runtime/device.h"
 
@@ -24,7 +24,7 @@ class ZeroSharding final : public GroupHooks {
  public:
   // tensor_comm, pipeline_comm (may be null): the other groups that hold parts of the model,
   // for the gradient norm over every part.
-  ZeroSharding(int stage, LlamaModel& model, Communicator& data_comm, Device* dev,
+  ZeroSharding(int stage, FlatParams& flat, Communicator& data_comm, Device* dev,
                Communicator* tensor_comm = nullptr, Communicator* pipeline_comm = nullptr);
   // A group held by two pipeline stages (tied embeddings on the first and last): its gradient is
   // summed between them, and it counts half on each in the norm.
@@ -74,7 +74,7 @@ class ZeroSharding final : public GroupHooks {
   // sync_compute_params, or after AdamW (which wrote compute_bases()): the rest of it.
   void refresh_compute_params(bool after_adamw);
   int stage_;
-  LlamaModel& model_;
+  FlatParams& flat_;  // the model's parameters
   Communicator& comm_;
   Device* dev_;
   DType cdt_;  // the model's compute dtype

@@ -1395,4 +1395,15 @@ int grad_accum_steps(const Recipe& r, int world_size) {
   return r.training.global_batch_size / per_step;
 }
 
+LossScalerConfig loss_scaler_config(const TrainingConfig& t) {
+  LossScalerConfig c;
+  c.loss_scale = t.loss_scale;
+  c.initial_scale = t.initial_loss_scale;
+  c.min_scale = t.min_loss_scale;
+  c.window = t.loss_scale_window;
+  c.hysteresis = t.loss_scale_hysteresis;
+  c.max_skipped_steps = t.max_skipped_steps;
+  return c;
+}
+
 }  // namespace ft

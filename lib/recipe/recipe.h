@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "model/config.h"
+#include "optim/config.h"
+#include "optim/loss_scaler.h"
 
 namespace ft {
 
@@ -48,21 +50,6 @@ struct TrainingConfig {
   // there by itself (hysteresis 2), so it never cuts that descent short; it bounds the steps
   // wasted when no scale helps (a static scale, or a NaN that no scale removes).
   int64_t max_skipped_steps = 100;
-};
-
-struct OptimizerConfig {
-  std::string name = "adamw";
-  double lr = 3e-4;
-  double beta1 = 0.9;
-  double beta2 = 0.999;  // recipe key: betas: [b1, b2]
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-};
-
-struct SchedulerConfig {
-  std::string name = "constant";  // constant | linear | cosine
-  int64_t warmup_steps = 0;
-  double min_lr = 0.0;
 };
 
 struct ParallelConfig {
@@ -148,6 +135,9 @@ Recipe load_recipe_or_throw(const std::string& path, const std::vector<std::stri
 // The resolved recipe as YAML (all keys, defaults filled), for printing and for saving
 // into run.output_dir.
 std::string recipe_to_yaml(const Recipe& r);
+
+// The fp16 loss scaler's settings: the training.* keys of DESIGN.md §5.
+LossScalerConfig loss_scaler_config(const TrainingConfig& t);
 
 // Derived quantities.
 int data_parallel_size(const Recipe& r, int world_size);

@@ -36,8 +36,8 @@ void convert_any(Ref dst, CRef src, size_t n) {
   auto load = [&](size_t i) -> float {
     switch (src.dtype) {
       case DType::kF32: return static_cast<const float*>(src.ptr)[i];
-      case DType::kBF16: return k::to_f32(static_cast<const k::bf16*>(src.ptr)[i]);
-      case DType::kF16: return k::to_f32(static_cast<const k::f16*>(src.ptr)[i]);
+      case DType::kBF16: return to_f32(static_cast<const bf16*>(src.ptr)[i]);
+      case DType::kF16: return to_f32(static_cast<const f16*>(src.ptr)[i]);
       default: return 0.0f;  // excluded above
     }
   };
@@ -46,8 +46,8 @@ void convert_any(Ref dst, CRef src, size_t n) {
     const float x = load(i);
     switch (dst.dtype) {
       case DType::kF32: static_cast<float*>(dst.ptr)[i] = x; break;
-      case DType::kBF16: static_cast<k::bf16*>(dst.ptr)[i] = k::to_bf16(x); break;
-      case DType::kF16: static_cast<k::f16*>(dst.ptr)[i] = k::to_f16(x); break;
+      case DType::kBF16: static_cast<bf16*>(dst.ptr)[i] = to_bf16(x); break;
+      case DType::kF16: static_cast<f16*>(dst.ptr)[i] = to_f16(x); break;
       default: break;
     }
   }

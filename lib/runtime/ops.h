@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
-#include "kernels/half.h"
+#include "core/half.h"
 
 namespace ft {
 
@@ -33,8 +33,8 @@ struct Ref {
   Ref() = default;
   Ref(void* p, DType t) : ptr(p), dtype(t) {}
   Ref(float* p) : ptr(p), dtype(DType::kF32) {}
-  Ref(kernels::bf16* p) : ptr(p), dtype(DType::kBF16) {}
-  Ref(kernels::f16* p) : ptr(p), dtype(DType::kF16) {}
+  Ref(bf16* p) : ptr(p), dtype(DType::kBF16) {}
+  Ref(f16* p) : ptr(p), dtype(DType::kF16) {}
   // The element `i` places further on.
   Ref operator+(size_t i) const {
     return Ref(static_cast<char*>(ptr) + i * dtype_size(dtype), dtype);
@@ -48,8 +48,8 @@ struct CRef {
   CRef(const void* p, DType t) : ptr(p), dtype(t) {}
   CRef(Ref r) : ptr(r.ptr), dtype(r.dtype) {}
   CRef(const float* p) : ptr(p), dtype(DType::kF32) {}
-  CRef(const kernels::bf16* p) : ptr(p), dtype(DType::kBF16) {}
-  CRef(const kernels::f16* p) : ptr(p), dtype(DType::kF16) {}
+  CRef(const bf16* p) : ptr(p), dtype(DType::kBF16) {}
+  CRef(const f16* p) : ptr(p), dtype(DType::kF16) {}
   CRef operator+(size_t i) const {
     return CRef(static_cast<const char*>(ptr) + i * dtype_size(dtype), dtype);
   }

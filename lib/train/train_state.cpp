@@ -80,7 +80,7 @@ void load_state(const ckpt::Manifest& m, LlamaModel& model, ZeroSharding& zero, 
       const ShardRange& r = zero.ranges()[gi];
       read(ckpt::State::kParam, g, r.begin, r.end, params[gi]);
     } else {
-      read(ckpt::State::kParam, g, 0, n, model.params()[gi].data());
+      read(ckpt::State::kParam, g, 0, n, model.flat_params().params()[gi].data());
     }
     const ShardRange& o = optim.ranges()[gi];
     read(ckpt::State::kExpAvg, g, o.begin, o.end, optim.exp_avg(g));

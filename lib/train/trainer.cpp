@@ -43,7 +43,7 @@
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "parallel/pipeline.h"
-#include "parallel/plan.h"
+#include "train/plan.h"
 #include "parallel/zero.h"
 #include "runtime/device.h"
 #include "runtime/profile.h"
@@ -206,7 +206,7 @@ void dump_final_params(const std::string& dir, LlamaModel& model, ZeroSharding& 
   const DType t = model.compute_dtype();
   std::vector<std::vector<char>> host(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
-    if (!model.owns_group(int(g))) continue;
+    if (!model.flat_params().owns(int(g))) continue;
     const CRef p = zero.acquire_params(int(g));  // ZeRO-3 gathers: every data rank takes part
     held.push_back(int(g));
     host[g].resize(groups[g].numel * dtype_size(t));
@@ -312,18 +312,20 @@ void init_weights(LlamaModel& model, const Recipe& r, Device* dev, const Mesh& m
   };
   if (load_from_hf) {
     if (is_root) log_info("loading weights from ", r.model.from);
-    std::vector<std::vector<float>> host = init->params_to_host();
+    std::vector<std::vector<float>> host = init->flat_params().to_host();
     load_hf_weights(r.model.from, init->layout(), host_ptrs(host));
-    init->params_from_host(host);
+    init->flat_params().from_host(host);
   } else {
     init->init_random(r.run.seed, r.model.init_std);
   }
   if (whole) {
-    std::vector<std::vector<float>> src = whole->params_to_host(), dst = model.params_to_host();
+    std::vector<std::vector<float>> src = whole->flat_params().to_host();
+    std::vector<std::vector<float>> dst = model.flat_params().to_host();
     const std::vector<float*> sp = host_ptrs(src);
-    slice_for_tensor_rank(whole->layout(), std::vector<const float*>(sp.begin(), sp.end()),
-                          model.layout(), host_ptrs(dst), mesh.t);
-    model.params_from_host(dst);
+    slice_for_tensor_rank(whole->layout().groups(),
+                          std::vector<const float*>(sp.begin(), sp.end()),
+                          model.layout().groups(), host_ptrs(dst), mesh.t);
+    model.flat_params().from_host(dst);
   }
 }
 
@@ -772,7 +774,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing, dev_tensor, stage,
                    compute_dtype);
   init_weights(model, r, dev.get(), mesh, !r.model.from.empty() && candidates.empty(), is_root);
-  ZeroSharding zero(r.parallel.zero_stage, model, *dev_data, dev.get(), dev_tensor, dev_pipe);
+  ZeroSharding zero(r.parallel.zero_stage, model.flat_params(), *dev_data, dev.get(), dev_tensor, dev_pipe);
   const std::unique_ptr<Communicator> tied_holders =
       share_tied_embedding(r, comm, mesh, zero, *dev);
   PipelineSchedule pipeline(model, dev_pipe, dev.get());

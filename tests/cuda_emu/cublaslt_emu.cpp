@@ -10,15 +10,13 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/half.h"
+#include "core/half.h"
 
 struct cublasLtContext {
   uint32_t magic;
 };
 
 namespace {
-
-namespace k = ft::kernels;
 
 constexpr uint32_t kHandleMagic = 0x4c74486e, kDescMagic = 0x4c744465, kLayoutMagic = 0x4c744c79,
                    kPrefMagic = 0x4c745072, kAlgoMagic = 0x4c74416c;
@@ -194,16 +192,16 @@ uint64_t fingerprint(const Problem& p) {
 float load_elem(const void* base, uint32_t type, uint64_t idx) {
   switch (type) {
     case CUDA_R_32F: return static_cast<const float*>(base)[idx];
-    case CUDA_R_16BF: return k::to_f32(static_cast<const k::bf16*>(base)[idx]);
-    default: return k::to_f32(static_cast<const k::f16*>(base)[idx]);
+    case CUDA_R_16BF: return ft::to_f32(static_cast<const ft::bf16*>(base)[idx]);
+    default: return ft::to_f32(static_cast<const ft::f16*>(base)[idx]);
   }
 }
 
 void store_elem(void* base, uint32_t type, uint64_t idx, float v) {
   switch (type) {
     case CUDA_R_32F: static_cast<float*>(base)[idx] = v; break;
-    case CUDA_R_16BF: static_cast<k::bf16*>(base)[idx] = k::to_bf16(v); break;
-    default: static_cast<k::f16*>(base)[idx] = k::to_f16(v); break;
+    case CUDA_R_16BF: static_cast<ft::bf16*>(base)[idx] = ft::to_bf16(v); break;
+    default: static_cast<ft::f16*>(base)[idx] = ft::to_f16(v); break;
   }
 }
 

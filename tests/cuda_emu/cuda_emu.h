@@ -47,7 +47,7 @@
 // 2-wide forms (__floats2bfloat162_rn, __bfloat1622float2, __half22float2, ...), the bit casts
 // (__bfloat16_as_ushort, __ushort_as_half, ...) and the __h* arithmetic, compiled by g++ without
 // __CUDACC__ (tests/cuda_emu/test_convert.cpp checks the conversions' bits against
-// kernels/half.h). No float atomics (determinism).
+// core/half.h). No float atomics (determinism).
 //
 // The CUDA runtime API subset the backend uses is emulated synchronously on host memory
 // (cuda_emu.cpp), against the real declarations of <cuda_runtime.h>: every stream is idle when
@@ -57,6 +57,8 @@
 // FT_CUDA_EMU_DEVICES (default 1) sets the device count. The device calls itself
 // "CUDA emulation (test tool)".
 #pragma once
+// kernels/cuda/common.cuh checks that the emulated build force-included this header.
+#define FT_CUDA_EMU_HEADER_INCLUDED 1
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

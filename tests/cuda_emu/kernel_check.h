@@ -18,13 +18,13 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/half.h"
+#include "core/half.h"
 #include "tests/cuda_emu/emu_test_util.h"
 
 namespace ft::cuda_test {
 
-using ft::kernels::bf16;
-using ft::kernels::f16;
+using ft::bf16;
+using ft::f16;
 
 template <typename T>
 const char* type_name() {
@@ -72,7 +72,7 @@ std::vector<T> random_values(size_t n, float lo, float hi, uint32_t seed) {
   std::mt19937 gen(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<T> v(n);
-  for (auto& x : v) x = ft::kernels::from_f32<T>(dist(gen));
+  for (auto& x : v) x = ft::from_f32<T>(dist(gen));
   return v;
 }
 
@@ -111,8 +111,8 @@ void check_within_one_ulp(const std::vector<T>& got, const std::vector<T>& want,
     const int d = ulps_apart(got[i], want[i]);
     if (d > worst) worst = d, at = i;
   }
-  INFO(what << ": worst at " << at << ", got " << ft::kernels::to_f32(got[at]) << ", want "
-            << ft::kernels::to_f32(want[at]));
+  INFO(what << ": worst at " << at << ", got " << ft::to_f32(got[at]) << ", want "
+            << ft::to_f32(want[at]));
   CHECK(worst <= 1);
 }
 
@@ -126,7 +126,7 @@ void check_close(const std::vector<T>& got, const std::vector<T>& want, double r
   double worst = 0.0;
   size_t at = 0, bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    const double g = ft::kernels::to_f32(got[i]), w = ft::kernels::to_f32(want[i]);
+    const double g = ft::to_f32(got[i]), w = ft::to_f32(want[i]);
     const double s = scale.empty() ? 1.0 : double(scale[i]);
     const double bound = rel * std::fabs(w) + abs * s;
     const double excess = std::fabs(g - w) / (bound > 0 ? bound : 1e-30);
@@ -135,8 +135,8 @@ void check_close(const std::vector<T>& got, const std::vector<T>& want, double r
   }
   if (got.empty()) return;
   INFO(what << ": " << bad << " of " << got.size() << " beyond the bound; worst at " << at
-            << ", got " << ft::kernels::to_f32(got[at]) << ", want "
-            << ft::kernels::to_f32(want[at]) << " (error / bound = " << worst << ")");
+            << ", got " << ft::to_f32(got[at]) << ", want "
+            << ft::to_f32(want[at]) << " (error / bound = " << worst << ")");
   CHECK(worst <= 1.0);
 }
 
@@ -150,7 +150,7 @@ double ulp_of(T x) {
   T mag;
   const uint16_t mb = uint16_t(b);
   std::memcpy(&mag, &mb, 2);
-  return double(ft::kernels::to_f32(next)) - double(ft::kernels::to_f32(mag));
+  return double(ft::to_f32(next)) - double(ft::to_f32(mag));
 }
 
 // Outputs in T against the CPU's: fp32 with check_close's bound. 16-bit within one ulp, or,
@@ -166,14 +166,14 @@ void check_output(const std::vector<T>& got, const std::vector<T>& want, float r
     size_t bad = 0, at = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       if (ulps_apart(got[i], want[i]) <= 1) continue;
-      const double g = ft::kernels::to_f32(got[i]), w = ft::kernels::to_f32(want[i]);
+      const double g = ft::to_f32(got[i]), w = ft::to_f32(want[i]);
       const double s = scale.empty() ? 1.0 : double(scale[i]);
       const double bound = double(abs) * s + ulp_of(want[i]);
       if (std::fabs(g - w) <= bound) continue;
       if (bad++ == 0) at = i;
     }
     INFO(what << ": " << bad << " beyond the bound, first at " << at << ", got "
-              << ft::kernels::to_f32(got[at]) << ", want " << ft::kernels::to_f32(want[at]));
+              << ft::to_f32(got[at]) << ", want " << ft::to_f32(want[at]));
     CHECK(bad == 0);
   }
 }

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/half.h"
+#include "core/half.h"
 #include "kernels/kernels.h"
 #ifdef FT_LT_GEMM_GPU
 #include <cuda_runtime.h>
@@ -90,7 +90,7 @@ class Buffer {
 template <typename T>
 constexpr DType dtype_of() {
   if constexpr (std::is_same_v<T, float>) return DType::kF32;
-  if constexpr (std::is_same_v<T, k::bf16>) return DType::kBF16;
+  if constexpr (std::is_same_v<T, ft::bf16>) return DType::kBF16;
   return DType::kF16;
 }
 
@@ -98,14 +98,14 @@ constexpr DType dtype_of() {
 template <typename T>
 double subnormal_half_step() {
   if constexpr (std::is_same_v<T, float>) return 0.0;
-  if constexpr (std::is_same_v<T, k::bf16>) return std::ldexp(1.0, -134);
+  if constexpr (std::is_same_v<T, ft::bf16>) return std::ldexp(1.0, -134);
   return std::ldexp(1.0, -25);
 }
 
 template <typename T>
 constexpr double unit_roundoff() {
   if constexpr (std::is_same_v<T, float>) return 0.0;
-  if constexpr (std::is_same_v<T, k::bf16>) return 1.0 / 256;
+  if constexpr (std::is_same_v<T, ft::bf16>) return 1.0 / 256;
   return 1.0 / 2048;
 }
 
@@ -124,8 +124,8 @@ Operand<T> make(size_t n, uint32_t seed) {
   o.t.resize(n);
   o.f.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    o.t[i] = k::from_f32<T>(d(g));
-    o.f[i] = k::to_f32(o.t[i]);
+    o.t[i] = ft::from_f32<T>(d(g));
+    o.f[i] = ft::to_f32(o.t[i]);
   }
   return o;
 }
@@ -149,7 +149,7 @@ void check_close(const char* what, const std::vector<T>& got, const std::vector<
   size_t bad = 0;
   double worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    const double g = k::to_f32(got[i]), r = ref[i];
+    const double g = ft::to_f32(got[i]), r = ref[i];
     const double tol =
         u * std::fabs(r) + h + (1 + u) * 2.0 * (K + 1) * std::ldexp(1.0, -24) * abs_sum[i];
     if (!(std::fabs(g - r) <= tol)) {
@@ -314,8 +314,8 @@ void batched_sweep() {
 
 TEST_CASE("lt_gemm_cuda_emu: strided-batched products with transposes and padding") {
   batched_sweep<float>();
-  batched_sweep<k::bf16>();
-  batched_sweep<k::f16>();
+  batched_sweep<ft::bf16>();
+  batched_sweep<ft::f16>();
 }
 
 TEST_CASE("lt_gemm_cuda_emu: the cuBLASLt workspace follows NVIDIA's recommendation") {
@@ -324,8 +324,8 @@ TEST_CASE("lt_gemm_cuda_emu: the cuBLASLt workspace follows NVIDIA's recommendat
 }
 
 TEST_CASE("lt_gemm_cuda_emu: fp32 linear layers equal the CPU reference") { sweep<float>(); }
-TEST_CASE("lt_gemm_cuda_emu: bf16 linear layers equal the CPU reference") { sweep<k::bf16>(); }
-TEST_CASE("lt_gemm_cuda_emu: f16 linear layers equal the CPU reference") { sweep<k::f16>(); }
+TEST_CASE("lt_gemm_cuda_emu: bf16 linear layers equal the CPU reference") { sweep<ft::bf16>(); }
+TEST_CASE("lt_gemm_cuda_emu: f16 linear layers equal the CPU reference") { sweep<ft::f16>(); }
 
 #ifndef FT_LT_GEMM_GPU  // the rest reads the emulator's counters or runs host buffers
 
@@ -334,7 +334,7 @@ TEST_CASE("lt_gemm_cuda_emu: the heuristic runs once per problem; null outputs a
   LtGemm lt(workspace.data(), workspace.size(), false);
   const int N = 19, in = 111, out = 19;
   // One spare element each, for the misaligned views below.
-  alignas(256) static k::bf16 x[N * in + 1], W[out * in], y[N * out + 1], dy[N * out], dx[N * in];
+  alignas(256) static ft::bf16 x[N * in + 1], W[out * in], y[N * out + 1], dy[N * out], dx[N * in];
   alignas(256) static float dW[out * in];
   const auto before = ft::cuda_emu::cublaslt_emu_stats();
   for (int step = 0; step < 3; ++step) {

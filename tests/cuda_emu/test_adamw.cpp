@@ -35,7 +35,7 @@ void check_adamw(size_t n, size_t offset, int64_t t, float grad_scale, bool with
 
   const auto out = run_all_seeds([&] {
     DeviceBuf<float> dp(p0, offset), dg(g, offset), dm(m0, offset), dv(v0, offset);
-    DeviceBuf<T> dpc(std::vector<T>(n, k::from_f32<T>(7.f)), offset);
+    DeviceBuf<T> dpc(std::vector<T>(n, ft::from_f32<T>(7.f)), offset);
     k::cuda::adamw_update(dp.get(), dg.get(), dm.get(), dv.get(), n, lr, beta1, beta2, eps, wd, t,
                           grad_scale, with_copy ? dpc.get() : static_cast<T*>(nullptr), nullptr);
     return std::vector<std::vector<uint8_t>>{to_bytes(dp.download()), to_bytes(dm.download()),
@@ -61,11 +61,11 @@ void check_adamw(size_t n, size_t offset, int64_t t, float grad_scale, bool with
   if (with_copy) {
     // The copy is the kernel's own p rounded once: exact against p, one ulp against the CPU.
     std::vector<T> pc_of_p(n);
-    for (size_t i = 0; i < n; ++i) pc_of_p[i] = k::from_f32<T>(p[i]);
+    for (size_t i = 0; i < n; ++i) pc_of_p[i] = ft::from_f32<T>(p[i]);
     CHECK(same_bits(pc, pc_of_p));
     if constexpr (!std::is_same_v<T, float>) check_within_one_ulp(pc, pc_ref, "p_compute");
   } else {
-    CHECK(same_bits(pc, std::vector<T>(n, k::from_f32<T>(7.f))));  // untouched
+    CHECK(same_bits(pc, std::vector<T>(n, ft::from_f32<T>(7.f))));  // untouched
   }
 }
 

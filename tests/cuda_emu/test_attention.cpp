@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "kernels/cuda/kernels_cuda.h"
-#include "kernels/half.h"
+#include "core/half.h"
 #include "runtime/cuda/attention_gemm.h"
 #include "kernels/kernels.h"
 #include "lib/core/error.h"
@@ -46,7 +46,7 @@ std::vector<E> random_tensor(size_t n, uint32_t seed, float scale) {
   std::mt19937 g(seed);
   std::normal_distribution<float> d(0.0f, scale);
   std::vector<E> v(n);
-  for (auto& x : v) x = k::from_f32<E>(d(g));
+  for (auto& x : v) x = ft::from_f32<E>(d(g));
   return v;
 }
 
@@ -56,7 +56,7 @@ template <typename E>
 void expect_close(const std::string& what, const std::vector<E>& got, const std::vector<E>& ref,
                   double rtol, double atol_frac) {
   float amax = 0.0f;
-  for (const E& r : ref) amax = std::max(amax, std::fabs(k::to_f32(r)));
+  for (const E& r : ref) amax = std::max(amax, std::fabs(ft::to_f32(r)));
   ft::cuda_test::check_close(got, ref, rtol, atol_frac, std::vector<float>(ref.size(), amax),
                              what);
 }
@@ -73,7 +73,7 @@ using ft::cuda_test::same_bits;
 // twice that where the value sits just below a power of two and the other side rounds up to it.
 template <typename E>
 constexpr double kRtol = std::is_same_v<E, float>    ? 4e-6
-                         : std::is_same_v<E, k::bf16> ? 2.0 / 128
+                         : std::is_same_v<E, ft::bf16> ? 2.0 / 128
                                                       : 2.0 / 1024;
 constexpr double kAtolFrac = 4e-6;
 // On tensor cores the 16-bit path also rounds P (before P·V and Pᵀ·dO) and dS (before dS·K and
@@ -83,7 +83,7 @@ constexpr double kAtolFrac = 4e-6;
 // tensor's largest value. fp32 keeps every value in fp32: only the sum orders differ.
 template <typename E>
 constexpr double kGemmAtolFrac = std::is_same_v<E, float>    ? 4e-6
-                                 : std::is_same_v<E, k::bf16> ? 2.0 / 256
+                                 : std::is_same_v<E, ft::bf16> ? 2.0 / 256
                                                               : 2.0 / 2048;
 
 enum class Path { kSimt, kGemm, kGemmSmallChunks };
@@ -100,7 +100,7 @@ const char* path_name(Path p) {
 template <typename E>
 constexpr ft::DType dtype_of() {
   if constexpr (std::is_same_v<E, float>) return ft::DType::kF32;
-  if constexpr (std::is_same_v<E, k::bf16>) return ft::DType::kBF16;
+  if constexpr (std::is_same_v<E, ft::bf16>) return ft::DType::kBF16;
   return ft::DType::kF16;
 }
 
@@ -204,10 +204,10 @@ TEST_CASE("cuda_emu attention fp32 against the CPU kernels") {
   for (Path p : {Path::kSimt, Path::kGemm, Path::kGemmSmallChunks}) check_all_shapes<float>(p);
 }
 TEST_CASE("cuda_emu attention bf16 against the CPU kernels") {
-  for (Path p : {Path::kSimt, Path::kGemm, Path::kGemmSmallChunks}) check_all_shapes<k::bf16>(p);
+  for (Path p : {Path::kSimt, Path::kGemm, Path::kGemmSmallChunks}) check_all_shapes<ft::bf16>(p);
 }
 TEST_CASE("cuda_emu attention f16 against the CPU kernels") {
-  for (Path p : {Path::kSimt, Path::kGemm, Path::kGemmSmallChunks}) check_all_shapes<k::f16>(p);
+  for (Path p : {Path::kSimt, Path::kGemm, Path::kGemmSmallChunks}) check_all_shapes<ft::f16>(p);
 }
 
 TEST_CASE("cuda_emu attention rejects shapes it cannot run") {
@@ -243,14 +243,14 @@ TEST_CASE("cuda_emu swap_axes12 against a host loop, packed and scalar") {
                   src[offset + ((size_t(a) * B1 + b1) * B2 + b2) * inner + i];
       const DeviceBuffer<float> src_d(src);
       DeviceBuffer<float> out32(n + offset);
-      DeviceBuffer<k::bf16> out16(n);
+      DeviceBuffer<ft::bf16> out16(n);
       cu::swap_axes12(out32.get() + offset, src_d.get() + offset, A, B1, B2, inner, nullptr);
       cu::swap_axes12(out16.get(), src_d.get() + offset, A, B1, B2, inner, nullptr);
       const std::vector<float> got32 = out32.to_host();
       CHECK(std::memcmp(got32.data() + offset, want.data(), n * sizeof(float)) == 0);
-      const std::vector<k::bf16> got16 = out16.to_host();
+      const std::vector<ft::bf16> got16 = out16.to_host();
       size_t bad = 0;
-      for (size_t e = 0; e < n; ++e) bad += got16[e].bits != k::to_bf16(want[e]).bits;
+      for (size_t e = 0; e < n; ++e) bad += got16[e].bits != ft::to_bf16(want[e]).bits;
       CHECK(bad == 0);
     }
 }

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kernels/cuda/kernels_cuda.h"
-#include "kernels/half.h"
+#include "core/half.h"
 #include "kernels/kernels.h"
 #include "tests/cuda_emu/kernel_check.h"
 
@@ -35,7 +35,7 @@ std::vector<E> random_logits(size_t n, uint32_t seed) {
   std::mt19937 g(seed);
   std::normal_distribution<float> d(0.0f, 3.0f);  // a peaked softmax, as a trained model's
   std::vector<E> v(n);
-  for (auto& x : v) x = k::from_f32<E>(d(g));
+  for (auto& x : v) x = ft::from_f32<E>(d(g));
   return v;
 }
 
@@ -46,7 +46,7 @@ std::vector<E> random_logits(size_t n, uint32_t seed) {
 // gradient is at most scale (≥ 1/7) in magnitude; below 1e-9 nothing matters.
 template <typename E>
 constexpr double kRtol = std::is_same_v<E, float>    ? 1e-6
-                         : std::is_same_v<E, k::bf16> ? 2.0 / 128
+                         : std::is_same_v<E, ft::bf16> ? 2.0 / 128
                                                       : 2.0 / 1024;
 constexpr double kAtol = 1e-9;
 
@@ -223,5 +223,5 @@ void check_all() {
 }  // namespace
 
 TEST_CASE("cuda_emu cross_entropy fp32 against the CPU kernels") { check_all<float>(); }
-TEST_CASE("cuda_emu cross_entropy bf16 against the CPU kernels") { check_all<k::bf16>(); }
-TEST_CASE("cuda_emu cross_entropy f16 against the CPU kernels") { check_all<k::f16>(); }
+TEST_CASE("cuda_emu cross_entropy bf16 against the CPU kernels") { check_all<ft::bf16>(); }
+TEST_CASE("cuda_emu cross_entropy f16 against the CPU kernels") { check_all<ft::f16>(); }

@@ -47,7 +47,7 @@ void check_embedding(int N, int C, int v_begin, int v_count, size_t offset) {
     DeviceBuf<int32_t> dids(ids);
     DeviceBuf<T> dtab(table, offset), ddout(dout, offset);
     // out starts as 7s: the zero rows of ids outside the shard must be written, not left.
-    DeviceBuf<T> dout_(std::vector<T>(size_t(N) * C, k::from_f32<T>(7.f)), offset);
+    DeviceBuf<T> dout_(std::vector<T>(size_t(N) * C, ft::from_f32<T>(7.f)), offset);
     DeviceBuf<float> ddt(dtable0, offset);
     k::cuda::embedding_forward(dout_.get(), dids.get(), dtab.get(), N, C, v_begin, v_count,
                                nullptr);

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/cuda_emu/cuda_emu.h"  // before common.cuh, as the emulated build force-includes it
 #include "kernels/cuda/common.cuh"
 #include "tests/cuda_emu/emu_test_util.h"
 

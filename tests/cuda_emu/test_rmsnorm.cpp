@@ -72,8 +72,8 @@ void check_rmsnorm(int N, int C, size_t offset) {
   for (int n = 0; n < N; ++n)
     for (int c = 0; c < C; ++c) {
       const size_t i = size_t(n) * C + c;
-      const float xv = k::to_f32(x[i]), dyv = k::to_f32(dy[i]);
-      dx_scale[i] = rstd_ref[n] * (std::fabs(k::to_f32(w[c]) * dyv) + std::fabs(xv));
+      const float xv = ft::to_f32(x[i]), dyv = ft::to_f32(dy[i]);
+      dx_scale[i] = rstd_ref[n] * (std::fabs(ft::to_f32(w[c]) * dyv) + std::fabs(xv));
       dw_scale[c] += std::fabs(dyv * xv * rstd_ref[n]);
     }
   // The dot Σ w dy x is another sum of C terms: the same √C allowance.

@@ -42,7 +42,7 @@ void check_rope(int B, int T_, int nh, int D, float freq_scale) {
   for (size_t h = 0; h < n / D; ++h)
     for (int i = 0; i < half; ++i) {
       const float m =
-          std::fabs(k::to_f32(x[h * D + i])) + std::fabs(k::to_f32(x[h * D + i + half]));
+          std::fabs(ft::to_f32(x[h * D + i])) + std::fabs(ft::to_f32(x[h * D + i + half]));
       scale[h * D + i] = scale[h * D + i + half] = m;
     }
   check_output(from_bytes<T>(out[0]), fwd_ref, 0.f, 1e-6f, scale, "forward");

@@ -39,7 +39,7 @@ void check_swiglu(size_t n, size_t offset) {
   // ulp on the product (rel 1e-6 ≈ 8 ulp); dg's factor 1 + g(1 − s) cancels near g ≈ −1.28, so
   // its error is bounded against |dh · u| (the size of the terms), not the small result.
   std::vector<float> dg_scale(n);
-  for (size_t i = 0; i < n; ++i) dg_scale[i] = std::fabs(k::to_f32(dh[i]) * k::to_f32(u[i]));
+  for (size_t i = 0; i < n; ++i) dg_scale[i] = std::fabs(ft::to_f32(dh[i]) * ft::to_f32(u[i]));
   check_output(from_bytes<T>(out[0]), h_ref, 1e-6f, 0.f, {}, "h");
   check_output(from_bytes<T>(out[1]), dg_ref, 1e-6f, 1e-6f, dg_scale, "dg");
   check_output(from_bytes<T>(out[2]), du_ref, 1e-6f, 0.f, {}, "du");

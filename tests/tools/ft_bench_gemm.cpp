@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/half.h"
+#include "core/half.h"
 #include "kernels/kernels.h"
 
 namespace k = ft::kernels;
@@ -59,7 +59,7 @@ std::vector<T> random_vec(size_t n, uint32_t seed) {
   std::mt19937 g(seed);
   std::uniform_real_distribution<float> d(-1.f, 1.f);
   std::vector<T> v(n);
-  for (auto& x : v) x = k::from_f32<T>(d(g));
+  for (auto& x : v) x = ft::from_f32<T>(d(g));
   return v;
 }
 
@@ -124,8 +124,8 @@ std::map<std::string, long> thread_ticks() {
 // oneDNN's OpenMP team is ft's. Counted per thread from /proc, so a machine shared with other
 // work (which only slows threads down) does not change the count.
 int bf16_threads_used(int N, int in, int out) {
-  auto x = random_vec<k::bf16>(size_t(N) * in, 6), W = random_vec<k::bf16>(size_t(out) * in, 7);
-  std::vector<k::bf16> y(size_t(N) * out);
+  auto x = random_vec<ft::bf16>(size_t(N) * in, 6), W = random_vec<ft::bf16>(size_t(out) * in, 7);
+  std::vector<ft::bf16> y(size_t(N) * out);
   k::linear_forward(y.data(), x.data(), W.data(), N, in, out);
   const auto before = thread_ticks();
   const auto t0 = Clock::now();
@@ -167,8 +167,8 @@ int main(int argc, char** argv) {
     const char* names[] = {"fp32", "bf16", "f16"};
     double g[3][3];
     bench_shape<float>(N, s[0], s[1], repeats, g[0]);
-    bench_shape<k::bf16>(N, s[0], s[1], repeats, g[1]);
-    bench_shape<k::f16>(N, s[0], s[1], repeats, g[2]);
+    bench_shape<ft::bf16>(N, s[0], s[1], repeats, g[1]);
+    bench_shape<ft::f16>(N, s[0], s[1], repeats, g[2]);
     for (int t = 0; t < 3; ++t) {
       char shape[32];
       std::snprintf(shape, sizeof shape, "%d -> %d", s[0], s[1]);
@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
   const int first_shapes[][3] = {{7, 7, 7}, {N, 384, 1152}};
   for (const auto& f : first_shapes) {
     double first, cached;
-    bench_first_call<k::bf16>(f[0], f[1], f[2], &first, &cached);
+    bench_first_call<ft::bf16>(f[0], f[1], f[2], &first, &cached);
     std::printf("bf16 %dx%dx%d: first call %.3f ms (creates the primitive), cached %.4f ms\n",
                 f[0], f[1], f[2], first, cached);
   }

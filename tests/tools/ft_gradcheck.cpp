@@ -29,11 +29,11 @@ int main(int argc, char** argv) {
     auto dev = make_device(r.runtime.device);
     LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing);
     if (!r.model.from.empty()) {  // read on the host, then copied to the device
-      std::vector<std::vector<float>> host = model.params_to_host();
+      std::vector<std::vector<float>> host = model.flat_params().to_host();
       std::vector<float*> ptrs;
       for (auto& g : host) ptrs.push_back(g.data());
       load_hf_weights(r.model.from, model.layout(), ptrs);
-      model.params_from_host(host);
+      model.flat_params().from_host(host);
     } else {
       model.init_random(r.run.seed, r.model.init_std);
     }
@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
     double count = 0;
     for (uint8_t m : b.mask) count += m;
     // The trainer's own micro-batch loop (one stage: forward and backward per micro-batch).
-    model.zero_grads();
+    model.flat_params().zero_grads();
     PipelineSchedule schedule(model, nullptr, dev.get());
     const double loss_sum = schedule.train_step(b, r.training.micro_batch_size, float(1.0 / count));
     const float loss = float(loss_sum / count);
@@ -63,8 +63,8 @@ int main(int argc, char** argv) {
     const auto& groups = model.layout().groups();
     std::vector<std::vector<float>> grads(groups.size());  // copied to the host
     for (size_t g = 0; g < groups.size(); ++g) {
-      grads[g].resize(model.grads()[g].size());
-      model.grads()[g].download(grads[g].data(), grads[g].size());
+      grads[g].resize(model.flat_params().grads()[g].size());
+      model.flat_params().grads()[g].download(grads[g].data(), grads[g].size());
       for (const auto& e : groups[g].entries)
         out.push_back({e.name, DType::kF32, e.shape, grads[g].data() + e.offset});
     }

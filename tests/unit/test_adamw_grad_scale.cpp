@@ -23,7 +23,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST_CASE_TEMPLATE("adamw_update with grad_scale equals scale_inplace then adamw_update", T,
-                   float, k::bf16, k::f16) {
+                   float, ft::bf16, ft::f16) {
   // 0.3: a clip factor; 1/65536: fp16's unscaling (a power of two, exact); 0.3/1024 both.
   for (float gs : {0.3f, 1.0f / 65536, 0.3f / 1024}) {
     for (size_t n : {size_t(1), size_t(19), size_t(111), size_t(4099)}) {

@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/half.h"
+#include "core/half.h"
 #include "kernels/kernels.h"
 #include "random_values.h"
 
@@ -240,8 +240,8 @@ void check_16bit(double rel) {
     auto round = [](std::vector<float>& x) {
       std::vector<E> r(x.size());
       for (size_t i = 0; i < x.size(); ++i) {
-        r[i] = k::from_f32<E>(x[i]);
-        x[i] = k::to_f32(r[i]);
+        r[i] = ft::from_f32<E>(x[i]);
+        x[i] = ft::to_f32(r[i]);
       }
       return r;
     };
@@ -263,7 +263,7 @@ void check_16bit(double rel) {
                           s.D);
     auto wide = [](const std::vector<E>& x) {
       std::vector<float> r(x.size());
-      for (size_t i = 0; i < x.size(); ++i) r[i] = k::to_f32(x[i]);
+      for (size_t i = 0; i < x.size(); ++i) r[i] = ft::to_f32(x[i]);
       return r;
     };
     check_close("out", wide(out), widen(ref.out), 1e-6, rel);
@@ -288,6 +288,6 @@ void check_16bit(double rel) {
 
 TEST_CASE("attention in bf16 and f16: the fp32 kernel's result rounded once, on the same inputs") {
   CHECK(k::attention_backward_scratch_elems<float>(2, 19, 4, 8) == 2 * 4 * 19);  // Δ only
-  SUBCASE("bf16") { check_16bit<k::bf16>(std::ldexp(1.0, -8)); }
-  SUBCASE("f16") { check_16bit<k::f16>(std::ldexp(1.0, -11)); }
+  SUBCASE("bf16") { check_16bit<ft::bf16>(std::ldexp(1.0, -8)); }
+  SUBCASE("f16") { check_16bit<ft::f16>(std::ldexp(1.0, -11)); }
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "parallel/tensor_parallel.h"
 #include "core/error.h"
 #include "model/layout.h"
 #include "optim/loss_scaler.h"
@@ -84,7 +85,7 @@ struct WholeState {
       src.push_back(buf[state][g].data());
       dst.push_back(out[g].data());
     }
-    ft::slice_for_tensor_rank(layout, src, lay, dst, t);
+    ft::slice_for_tensor_rank(layout.groups(), src, lay.groups(), dst, t);
     return out;
   }
 };

@@ -9,7 +9,7 @@
 #include <random>
 
 #include "core/dtype.h"
-#include "kernels/half.h"
+#include "core/half.h"
 
 namespace {
 
@@ -207,19 +207,19 @@ TEST_CASE("dtype: names and sizes") {
   CHECK(ft::dtype_size(ft::DType::kI64) == 8);
 }
 
-// kernels/half.h carries its own inline f16 conversions (kernels do not link lib/core); they
+// core/half.h carries its own inline f16 conversions (kernels do not link lib/core); they
 // must give the same bits as lib/core's, which the cases above check against the compiler.
-// (bf16: lib/core calls kernels/half.h, so the cases above test that one implementation.)
-TEST_CASE("dtype: kernels/half.h conversions equal lib/core's, every half and bf16 pattern") {
+// (bf16: lib/core calls core/half.h, so the cases above test that one implementation.)
+TEST_CASE("dtype: core/half.h conversions equal lib/core's, every half and bf16 pattern") {
   int mismatches = 0;
   for (uint32_t h = 0; h < 0x10000u; ++h) {
-    const float a = ft::kernels::to_f32(ft::kernels::f16{uint16_t(h)});
+    const float a = ft::to_f32(ft::f16{uint16_t(h)});
     const float b = ft::f16_to_f32(uint16_t(h));
     uint32_t ua, ub;
     std::memcpy(&ua, &a, 4);
     std::memcpy(&ub, &b, 4);
     if (ua != ub && ++mismatches <= 5) FAIL_CHECK("f16 bits " << h << ": " << ua << " vs " << ub);
-    const float c = ft::kernels::to_f32(ft::kernels::bf16{uint16_t(h)});
+    const float c = ft::to_f32(ft::bf16{uint16_t(h)});
     const float d = ft::bf16_to_f32(uint16_t(h));
     std::memcpy(&ua, &c, 4);
     std::memcpy(&ub, &d, 4);
@@ -232,8 +232,8 @@ TEST_CASE("dtype: kernels/half.h conversions equal lib/core's, every half and bf
     if (i % 2) u = (u & 0x807fffffu) | (uint32_t(100 + rng() % 45) << 23);
     float x;
     std::memcpy(&x, &u, 4);
-    const uint16_t h1 = ft::kernels::to_f16(x).bits, h2 = ft::f32_to_f16(x);
-    const uint16_t b1 = ft::kernels::to_bf16(x).bits, b2 = ft::f32_to_bf16(x);
+    const uint16_t h1 = ft::to_f16(x).bits, h2 = ft::f32_to_f16(x);
+    const uint16_t b1 = ft::to_bf16(x).bits, b2 = ft::f32_to_bf16(x);
     if (std::isnan(x)) {  // any quiet NaN will do; the sign is kept
       if (((h1 & 0x7c00u) != 0x7c00u || !(h1 & 0x3ffu) || ((b1 & 0x7f80u) != 0x7f80u)) &&
           ++mismatches <= 5)

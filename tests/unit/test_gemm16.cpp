@@ -20,7 +20,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/half.h"
+#include "core/half.h"
 #include "kernels/kernels.h"
 
 namespace k = ft::kernels;
@@ -38,14 +38,14 @@ std::vector<float> uniform(size_t n, uint32_t seed) {
 template <typename T>
 std::vector<T> round_to(const std::vector<float>& v) {
   std::vector<T> r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = k::from_f32<T>(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) r[i] = ft::from_f32<T>(v[i]);
   return r;
 }
 
 template <typename T>
 std::vector<float> widen(const std::vector<T>& v) {
   std::vector<float> r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = k::to_f32(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) r[i] = ft::to_f32(v[i]);
   return r;
 }
 
@@ -57,7 +57,7 @@ std::vector<float> absolute(const std::vector<float>& v) {
 
 template <typename T>
 constexpr double unit_roundoff() {
-  return std::is_same_v<T, k::bf16> ? 0x1p-8 : 0x1p-11;
+  return std::is_same_v<T, ft::bf16> ? 0x1p-8 : 0x1p-11;
 }
 
 // Checks every element of out against ref within the tolerance above; abs_sum is A.
@@ -135,7 +135,7 @@ const int kShapes[][3] = {{1, 1, 1},     {1, 19, 111}, {19, 111, 1},   {111, 19,
 }  // namespace
 
 TEST_CASE_TEMPLATE("linear bf16/f16: forward and backward match fp32 on the same inputs", T,
-                   k::bf16, k::f16) {
+                   ft::bf16, ft::f16) {
   uint32_t seed = 10;
   for (const auto& s : kShapes)
     for (bool acc : {false, true}) check_linear<T>(s[0], s[1], s[2], acc, seed += 10);
@@ -148,8 +148,8 @@ TEST_CASE_TEMPLATE("linear bf16/f16: forward and backward match fp32 on the same
   CHECK(widen(y1) == widen(y2));
 }
 
-TEST_CASE_TEMPLATE("linear bf16/f16: concurrent callers share the primitive cache", T, k::bf16,
-                   k::f16) {
+TEST_CASE_TEMPLATE("linear bf16/f16: concurrent callers share the primitive cache", T, ft::bf16,
+                   ft::f16) {
   // Two threads run the same new shapes at once (one creating what the other looks up); each
   // result must equal the one computed alone.
   const int shapes[][3] = {{5, 23, 17}, {23, 17, 5}, {17, 5, 23}};
@@ -179,37 +179,37 @@ TEST_CASE("linear f16 keeps f16's mantissa, overflows to inf, and propagates NaN
   // 1 + 2^-10 is exact in f16 but not in bf16 (it rounds to 1 there): an f16 GEMM that went
   // through bf16 would lose it.
   const float fine = 1.0f + 0x1p-10f;
-  std::vector<k::f16> x = {k::to_f16(fine), k::to_f16(300.0f), k::to_f16(NAN)};  // (3, 1)
-  std::vector<k::f16> W = {k::to_f16(1.0f)};                                     // (1, 1)
-  std::vector<k::f16> y(3);
+  std::vector<ft::f16> x = {ft::to_f16(fine), ft::to_f16(300.0f), ft::to_f16(NAN)};  // (3, 1)
+  std::vector<ft::f16> W = {ft::to_f16(1.0f)};                                     // (1, 1)
+  std::vector<ft::f16> y(3);
   k::linear_forward(y.data(), x.data(), W.data(), 3, 1, 1);
-  CHECK(k::to_f32(y[0]) == fine);
-  CHECK(k::to_f32(y[1]) == 300.0f);
-  CHECK(std::isnan(k::to_f32(y[2])));
+  CHECK(ft::to_f32(y[0]) == fine);
+  CHECK(ft::to_f32(y[1]) == 300.0f);
+  CHECK(std::isnan(ft::to_f32(y[2])));
   // 300 · 300 = 90000 > 65504: inf, as torch.half gives, so fp16 loss scaling sees the overflow.
-  W[0] = k::to_f16(300.0f);
+  W[0] = ft::to_f16(300.0f);
   k::linear_forward(y.data(), x.data(), W.data(), 3, 1, 1);
-  CHECK(std::isinf(k::to_f32(y[1])));
+  CHECK(std::isinf(ft::to_f32(y[1])));
   // dW is fp32: the same product does not overflow there.
   std::vector<float> dW = {0.0f};
-  std::vector<k::f16> dy = {k::to_f16(0.0f), k::to_f16(300.0f), k::to_f16(0.0f)};  // (3, 1)
-  x[2] = k::to_f16(0.0f);
-  k::linear_backward<k::f16>(nullptr, dW.data(), dy.data(), x.data(), W.data(), 3, 1, 1);
+  std::vector<ft::f16> dy = {ft::to_f16(0.0f), ft::to_f16(300.0f), ft::to_f16(0.0f)};  // (3, 1)
+  x[2] = ft::to_f16(0.0f);
+  k::linear_backward<ft::f16>(nullptr, dW.data(), dy.data(), x.data(), W.data(), 3, 1, 1);
   CHECK(dW[0] == 90000.0f);
 }
 
 TEST_CASE("linear bf16 propagates NaN and inf into every output they touch") {
   const int N = 3, in = 19, out = 5;
-  auto x = round_to<k::bf16>(uniform(N * in, 7));
-  const auto W = round_to<k::bf16>(uniform(out * in, 8));
-  x[1 * in + 4] = k::to_bf16(NAN);        // row 1 of y is all NaN
-  x[2 * in + 0] = k::to_bf16(INFINITY);  // row 2 is ±inf or NaN, never finite
-  std::vector<k::bf16> y(N * out);
+  auto x = round_to<ft::bf16>(uniform(N * in, 7));
+  const auto W = round_to<ft::bf16>(uniform(out * in, 8));
+  x[1 * in + 4] = ft::to_bf16(NAN);        // row 1 of y is all NaN
+  x[2 * in + 0] = ft::to_bf16(INFINITY);  // row 2 is ±inf or NaN, never finite
+  std::vector<ft::bf16> y(N * out);
   k::linear_forward(y.data(), x.data(), W.data(), N, in, out);
   for (int o = 0; o < out; ++o) {
-    CHECK(std::isfinite(k::to_f32(y[0 * out + o])));
-    CHECK(std::isnan(k::to_f32(y[1 * out + o])));
-    CHECK(!std::isfinite(k::to_f32(y[2 * out + o])));
+    CHECK(std::isfinite(ft::to_f32(y[0 * out + o])));
+    CHECK(std::isnan(ft::to_f32(y[1 * out + o])));
+    CHECK(!std::isfinite(ft::to_f32(y[2 * out + o])));
   }
 }
 

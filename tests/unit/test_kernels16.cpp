@@ -1,5 +1,5 @@
 // 16-bit kernels (bf16, f16) against the fp32 kernels on the same inputs rounded to 16 bits
-// first, at awkward sizes (1, 19, 111 and one larger), and the casts against kernels/half.h bit
+// first, at awkward sizes (1, 19, 111 and one larger), and the casts against core/half.h bit
 // for bit. The fp32 kernels themselves are held to plain loops, finite differences and PyTorch
 // by test_kernels.cpp and tests/ref/test_llama_numerics.py.
 //
@@ -23,13 +23,13 @@
 #include <string>
 #include <vector>
 
-#include "kernels/half.h"
+#include "core/half.h"
 #include "kernels/kernels.h"
 #include "random_values.h"
 
 namespace k = ft::kernels;
-using k::bf16;
-using k::f16;
+using ft::bf16;
+using ft::f16;
 
 namespace {
 
@@ -59,8 +59,8 @@ Rounded<T> rounded(const std::vector<float>& x) {
   r.t.resize(x.size());
   r.f.resize(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
-    r.t[i] = k::from_f32<T>(x[i]);
-    r.f[i] = k::to_f32(r.t[i]);
+    r.t[i] = ft::from_f32<T>(x[i]);
+    r.f[i] = ft::to_f32(r.t[i]);
   }
   return r;
 }
@@ -73,7 +73,7 @@ Rounded<T> rounded_randn(size_t n, uint32_t seed, float scale = 1.0f) {
 template <typename T>
 std::vector<float> widen(const std::vector<T>& x) {
   std::vector<float> f(x.size());
-  for (size_t i = 0; i < x.size(); ++i) f[i] = k::to_f32(x[i]);
+  for (size_t i = 0; i < x.size(); ++i) f[i] = ft::to_f32(x[i]);
   return f;
 }
 
@@ -87,8 +87,8 @@ void check_rounded_once(const std::vector<T>& got, const std::vector<float>& wan
   size_t worst_i = 0;
   bool bad_nonfinite = false;  // a non-finite value where the reference has another
   for (size_t i = 0; i < got.size(); ++i) {
-    const float g = k::to_f32(got[i]), w = want[i];
-    const float w16 = k::to_f32(k::from_f32<T>(w));
+    const float g = ft::to_f32(got[i]), w = want[i];
+    const float w16 = ft::to_f32(ft::from_f32<T>(w));
     if (std::isinf(w16) || std::isnan(w) || !std::isfinite(g)) {  // non-finite: exactly alike
       if (!(g == w16 || (std::isnan(g) && std::isnan(w)))) bad_nonfinite = true;
       continue;
@@ -98,7 +98,7 @@ void check_rounded_once(const std::vector<T>& got, const std::vector<float>& wan
     if (excess > worst) worst = excess, worst_i = i;
   }
   INFO(type_name<T>() << " " << what << ": worst element " << worst_i << " got "
-                      << k::to_f32(got[worst_i]) << " want " << want[worst_i]);
+                      << ft::to_f32(got[worst_i]) << " want " << want[worst_i]);
   CHECK(worst == 0.0);
   CHECK_FALSE(bad_nonfinite);
 }
@@ -135,7 +135,7 @@ TEST_CASE_TEMPLATE("kernels16: convert T -> fp32 gives half.h's bits for every 1
       k::convert(got.data(), all.data() + off, n);
       size_t bad = 0;
       for (size_t i = 0; i < n; ++i)
-        if (bits_of(got[i]) != bits_of(k::to_f32(all[off + i]))) ++bad;
+        if (bits_of(got[i]) != bits_of(ft::to_f32(all[off + i]))) ++bad;
       INFO(type_name<T>() << " offset " << off << " n " << n);
       CHECK(bad == 0);
     }
@@ -171,7 +171,7 @@ TEST_CASE_TEMPLATE("kernels16: convert fp32 -> T gives half.h's bits (NaN, inf, 
       k::convert(got.data(), x.data() + off, n);
       size_t bad = 0, first = 0;
       for (size_t i = 0; i < n; ++i)
-        if (got[i].bits != k::from_f32<T>(x[off + i]).bits && bad++ == 0) first = i;
+        if (got[i].bits != ft::from_f32<T>(x[off + i]).bits && bad++ == 0) first = i;
       INFO(type_name<T>() << " offset " << off << " n " << n << " first mismatch at 0x" << std::hex
                           << bits_of(x[off + first]));
       CHECK(bad == 0);
@@ -364,7 +364,7 @@ TEST_CASE("kernels16: cross-entropy over bf16 logits of magnitude 1e4 stays fini
   CHECK(loss > 1e4);  // row 1's target is −1.2e4, far below its max; rows 0 and 2 hit theirs
   CHECK(loss == loss_ref);
   check_rounded_once(d, d_ref, "ce dlogits at |logit| 1e4");
-  for (size_t i = 0; i < d.size(); ++i) CHECK(std::isfinite(k::to_f32(d[i])));
+  for (size_t i = 0; i < d.size(); ++i) CHECK(std::isfinite(ft::to_f32(d[i])));
 }
 
 // ---- reduce.cpp ---------------------------------------------------------------------------------
@@ -441,11 +441,11 @@ TEST_CASE("kernels16: f16 results beyond 65504 are ±inf, not garbage; bf16 hold
     if (std::fabs(want) >= 65520.f)
       CHECK(h[i].bits == (want > 0 ? 0x7c00 : 0xfc00));  // exactly ±inf
     else
-      CHECK(std::isfinite(k::to_f32(h[i])));
-    CHECK(std::isfinite(k::to_f32(hb[i])));  // bf16 has fp32's range
+      CHECK(std::isfinite(ft::to_f32(h[i])));
+    CHECK(std::isfinite(ft::to_f32(hb[i])));  // bf16 has fp32's range
   }
   // The residual add overflows the same way.
-  std::vector<f16> y(n, k::to_f16(60000.f)), x(n, k::to_f16(30000.f));
+  std::vector<f16> y(n, ft::to_f16(60000.f)), x(n, ft::to_f16(30000.f));
   k::add_inplace(y.data(), x.data(), n);
   for (size_t i = 0; i < n; ++i) CHECK(y[i].bits == 0x7c00);
 }

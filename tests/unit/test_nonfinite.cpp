@@ -50,7 +50,7 @@ TEST_CASE("first_nonfinite_grad names the first tensor in layout order, at every
     auto dev = make_device("cpu");
     auto comm = make_single_process_communicator();
     LlamaModel model(tiny_config(), dev.get());
-    ZeroSharding zero(stage, model, *comm, dev.get());
+    ZeroSharding zero(stage, model.flat_params(), *comm, dev.get());
     const ParamLayout& layout = model.layout();
     zero.begin_step();
     zero.finish_backward();
@@ -62,14 +62,14 @@ TEST_CASE("first_nonfinite_grad names the first tensor in layout order, at every
     const ParamEntry* down = nullptr;
     const ParamEntry* wk = nullptr;
     REQUIRE(layout.find("model.layers.1.mlp.down_proj.weight", &g, &down));
-    float* grads1 = stage >= 2 ? zero.grads(g) : model.grads()[size_t(g)].data();
+    float* grads1 = stage >= 2 ? zero.grads(g) : model.flat_params().grads()[size_t(g)].data();
     grads1[down->offset + down->numel - 1] = inf;
     if (stage >= 2) zero.grads_ready(g);
     zero.finish_backward();
     CHECK(zero.first_nonfinite_grad() == entry_index(layout, down->name));
 
     REQUIRE(layout.find("model.layers.0.self_attn.k_proj.weight", &g, &wk));
-    float* grads0 = stage >= 2 ? zero.grads(g) : model.grads()[size_t(g)].data();
+    float* grads0 = stage >= 2 ? zero.grads(g) : model.flat_params().grads()[size_t(g)].data();
     grads0[wk->offset + wk->numel / 2] = nan;
     if (stage >= 2) zero.grads_ready(g);
     zero.finish_backward();

@@ -1,4 +1,4 @@
-// ft plan's formulas (lib/parallel/plan.h) on small cases worked out by hand: ZeRO stages 0–3
+// ft plan's formulas (lib/train/plan.h) on small cases worked out by hand: ZeRO stages 0–3
 // with even and uneven shards, tied embeddings, the tensor split, pipeline stages (uneven
 // split, 1F1B activation slots, the tied embedding on the first and last stage, ZeRO with
 // pipeline), and the rank layout rank = (d·P + p)·T + t. The last stage's figures are worked out
@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "model/layout.h"
-#include "parallel/plan.h"
+#include "train/plan.h"
 #include "recipe/recipe.h"
 
 using ft::MemoryPlan;

@@ -3,11 +3,9 @@
 // cublasLtMatmul on the caller's stream with the caller's workspace.
 #include "runtime/cuda/lt_gemm.h"
 
-#ifdef FT_CUDA_EMU
-#include "tests/cuda_emu/cublaslt_emu.h"  // the emulated cuBLASLt: a test tool for CI
-#else
+// The emulated build (FT_CUDA_EMU) links the emulated cuBLASLt (tests/cuda_emu/cublaslt_emu.cpp,
+// a test tool) against the same declarations.
 #include <cublasLt.h>
-#endif
 
 #include <compare>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "parallel/plan.h"
+#include "train/plan.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-// 16-bit float element types for kernels: bf16 (1-8-7, fp32's range) and f16 (IEEE binary16).
+// 16-bit float element types: bf16 (1-8-7, fp32's range) and f16 (IEEE binary16).
 // They are storage types only: every kernel loads them into fp32, computes in fp32 (or wider)
 // and rounds once on store, round-to-nearest-even as PyTorch does. Kernel templates take
 // T in {float, bf16, f16}; the float instantiation is the reference the others are tested
@@ -12,7 +12,7 @@
 #include <cstring>
 #include <type_traits>
 
-namespace ft::kernels {
+namespace ft {
 
 struct bf16 {
   uint16_t bits;
@@ -97,4 +97,4 @@ inline T from_f32(float x) {
   }
 }
 
-}  // namespace ft::kernels
+}  // namespace ft

@@ -1,0 +1,109 @@
+// A model's parameters as the parallel code sees them: flat fp32 groups (one per transformer
+// block, plus the embedding and the head), each a run of tensors at fixed offsets, with how each
+// tensor is split over the tensor-parallel ranks. The model describes its groups (its layout,
+// model/layout.h) and owns one FlatParams holding them; ZeRO (zero.h) shards it, checkpoints
+// slice it, and the model reads its parameters and writes its gradients through it while it
+// runs. Nothing here knows the architecture.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/device.h"
+
+namespace ft {
+
+// How a tensor is divided over the tensor-parallel ranks (Megatron-LM, Shoeybi et al. 2019,
+// tensor_parallel.h): column-parallel layers (q, k, v, gate, up) and the vocabulary-parallel
+// embedding and lm_head split their output rows; row-parallel layers (o, down) split their input
+// columns; norm weights are replicated.
+enum class TensorSplit { kReplicated, kRows, kCols };
+
+struct ParamEntry {
+  std::string name;                   // Hugging Face name
+  std::vector<int64_t> shape;         // this rank's shape, (out, in) for matrices
+  std::vector<int64_t> global_shape;  // the whole tensor's shape
+  TensorSplit split = TensorSplit::kReplicated;
+  size_t offset = 0;  // in elements, within the group's flat buffer
+  size_t numel = 0;
+  bool weight_decay = false;  // true for tensors of two or more dimensions
+};
+
+struct ParamGroup {
+  std::string name;  // "embed", "layers.3", "head"
+  std::vector<ParamEntry> entries;
+  size_t numel = 0;
+};
+
+// Where a group's parameters and gradients live while the model runs, when not in the
+// FlatParams' own full buffers: ZeRO stages 2 and 3 (zero.h) gather a group's parameters just
+// before it runs and release them after, and give it a working gradient buffer that is
+// reduce-scattered as soon as the group's backward for the micro-batch is complete.
+class GroupHooks {
+ public:
+  virtual ~GroupHooks() = default;
+  virtual CRef acquire_params(int group) = 0;  // full parameters of the group (compute dtype)
+  virtual void release_params(int group) = 0;
+  virtual float* grads(int group) = 0;      // full-size, accumulate into it
+  virtual void grads_ready(int group) = 0;  // this micro-batch's gradient is complete
+};
+
+class FlatParams {
+ public:
+  // groups: the model's layout (kept by reference: it outlives this). owned[g]: whether this
+  // rank holds group g (its pipeline stage's); groups it does not hold are empty here.
+  // compute_dtype: the precision policy's (DESIGN.md §5): the compute copy's element type.
+  // Allocates (and zeroes) the fp32 buffer of every group held.
+  FlatParams(Device* dev, const std::vector<ParamGroup>& groups, std::vector<bool> owned,
+             DType compute_dtype);
+
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  bool owns(int g) const { return owned_[size_t(g)]; }
+  DType compute_dtype() const { return cdt_; }
+
+  // The fp32 buffer of each group (numel of group g, 0 for groups not held): initialised by the
+  // model, and the parameters it computes with in fp32. With a 16-bit compute dtype they exist
+  // only until make_compute_copy(); ZeRO then keeps the fp32 master weights.
+  std::vector<Buffer<float>>& params() { return params_; }
+  // 16-bit compute dtype: converts the fp32 buffers into compute-dtype ones, group by group,
+  // freeing each fp32 buffer once converted. No-op in fp32.
+  void make_compute_copy();
+  // The parameters group g is computed with: the compute copy, or the fp32 buffer in fp32.
+  Ref compute_params(int g);
+  // Frees the full parameter buffers once ZeRO-3 owns the parameters as shards.
+  void drop_params();
+  // Full gradient buffers, fp32, allocated (zeroed) on first use: ZeRO-2/3 runs never need them.
+  std::vector<Buffer<float>>& grads();
+  void zero_grads();  // the full gradient buffers, if any (hooks zero their own)
+  // Bytes of the parameter buffers held (fp32 and compute copy).
+  size_t param_bytes() const;
+  // Host copies of the fp32 groups (empty for groups not held), and back: for loading and slicing
+  // weights at startup, which happens on the host.
+  std::vector<std::vector<float>> to_host() const;
+  void from_host(const std::vector<std::vector<float>>& host);
+
+  // What the model calls while it runs: through the hooks when set (ZeRO 2/3), else the full
+  // buffers above. acquire/release bracket a group's use of its parameters.
+  void set_hooks(GroupHooks* hooks) { hooks_ = hooks; }
+  CRef acquire(int g) { return hooks_ ? hooks_->acquire_params(g) : CRef(compute_params(g)); }
+  void release(int g) {
+    if (hooks_) hooks_->release_params(g);
+  }
+  float* grad(int g) { return hooks_ ? hooks_->grads(g) : grads()[size_t(g)].data(); }
+  void grads_ready(int g) {
+    if (hooks_) hooks_->grads_ready(g);
+  }
+
+ private:
+  Device* dev_;
+  const std::vector<ParamGroup>& groups_;
+  std::vector<bool> owned_;
+  DType cdt_;
+  std::vector<Buffer<float>> params_, grads_;
+  std::vector<DBuffer> compute_params_;  // 16-bit compute dtype: the compute copy
+  GroupHooks* hooks_ = nullptr;
+};
+
+}  // namespace ft

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The layering of DESIGN.md §1 (scripts/check_layers.py): the source tree passes, and the check
+# fails on what it is there to catch, naming file and line:
+#  - the tree as it is: exit 0;
+#  - a copy of lib/ with an upward include (model including train/), a test include (runtime
+#    including tests/), an upward include through the "lib/" spelling (kernels including
+#    lib/runtime/) and a folder that is no layer: exit 1, one line each, with file:line;
+#  - a CMakeLists.txt whose ft_layer() links a library that is not below it (optim → train);
+#  - an include of the same or a lower layer, or a link downward, is not reported.
+#   bash tests/cli/test_layers.sh BUILD_DIR SOURCE_DIR
+source "$2/tests/cli/common.sh" "$@"
+check="$src/scripts/check_layers.py"
+
+run_rc 0 /usr/bin/python3 "$check" "$src"
+has_out "every include goes down"
+
+mkdir -p "$tmp/tree/lib/core" "$tmp/tree/lib/model" "$tmp/tree/lib/runtime" "$tmp/tree/lib/train" \
+  "$tmp/tree/lib/extras" "$tmp/tree/kernels/cpu" "$tmp/tree/apps/ft"
+cat > "$tmp/tree/lib/model/llama.cpp" <<'CPP'
+#include "model/llama.h"
+#include "core/error.h"
+#include "runtime/device.h"
+
+#include "train/trainer.h"
+CPP
+cat > "$tmp/tree/lib/runtime/ops.cpp" <<'CPP'
+// #include "train/trainer.h" in a comment is not an include
+#include "tests/cuda_emu/cuda_emu.h"
+CPP
+cat > "$tmp/tree/kernels/cpu/gemm.cpp" <<'CPP'
+#include "core/half.h"
+#include "lib/runtime/device.h"
+CPP
+echo '#include "core/error.h"' > "$tmp/tree/lib/extras/thing.cpp"
+echo '#include "train/trainer.h"' > "$tmp/tree/apps/ft/main.cpp"
+printf 'ft_layer(core Threads::Threads)\nft_layer(model ft_parallel)\nft_layer(optim ft_train)\n' \
+  > "$tmp/tree/CMakeLists.txt"
+
+run_rc 1 /usr/bin/python3 "$check" "$tmp/tree"
+has_out "lib/model/llama.cpp:5: layer 'model' includes train/trainer.h of layer 'train'"
+has_out "lib/runtime/ops.cpp:2: includes test code tests/cuda_emu/cuda_emu.h"
+has_out "kernels/cpu/gemm.cpp:2: layer 'kernels' includes lib/runtime/device.h of layer 'runtime'"
+has_out "lib/extras/thing.cpp: folder lib/extras is not a layer"
+has_out "CMakeLists.txt:3: ft_optim links ft_train, which is not below it"
+[[ $(wc -l < "$tmp/out.txt") == 5 ]] || fail_showing_output "expected exactly 5 problems"
+has_err "5 problem(s) against the layering"
+echo "test_layers: all checks passed"
