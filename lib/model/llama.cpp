@@ -63,11 +63,19 @@ StageSpec resolve_stage(StageSpec stage, const ModelConfig& cfg) {
   return stage;
 }
 
+// The model's own small buffers count with the activations in ft plan (they serve the step's
+// computation; MemoryCategory, runtime/device.h).
 Buffer<float> rope_buffer(const ModelConfig& cfg, int head_dim, Device* dev) {
   const std::vector<float> inv_freq = rope_inv_freq(cfg, head_dim);
+  const MemoryScope tag(MemoryCategory::kActivations);
   Buffer<float> b(dev, inv_freq.size());
   b.upload(inv_freq.data(), inv_freq.size());
   return b;
+}
+
+Buffer<double> loss_accumulator(Device* dev) {
+  const MemoryScope tag(MemoryCategory::kActivations);
+  return Buffer<double>(dev, 1);
 }
 
 }  // namespace
@@ -85,7 +93,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_chec
       layout_(cfg, tp_.size()),
       stage_(resolve_stage(stage, cfg)),
       rope_inv_freq_(rope_buffer(cfg, layout_.head_dim(), dev)),
-      loss_acc_(dev, 1),
+      loss_acc_(loss_accumulator(dev)),
       st_(dev->stream()),
       flat_(dev, layout_.groups(), owned_groups(), compute_dtype) {
   const int C = cfg.dim, HD = H_ * layout_.head_dim(), KD = K_ * layout_.head_dim();
@@ -164,6 +172,7 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
   acts_ = cur.get();
   if (cur && cur->B == B && cur->T == T && (cur->backward || !need_backward)) return;
   cur.reset();  // free the old set first so the peak is not two sets
+  const MemoryScope tag(MemoryCategory::kActivations);
   auto a = std::make_unique<Acts>();
   a->B = B;
   a->T = T;

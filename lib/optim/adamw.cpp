@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-
 namespace ft {
 
 AdamW::AdamW(const ParamLayout& layout, const OptimizerConfig& cfg, Device* dev,
@@ -11,6 +10,7 @@ AdamW::AdamW(const ParamLayout& layout, const OptimizerConfig& cfg, Device* dev,
   const auto& groups = layout.groups();
   if (ranges_.empty())
     for (const auto& g : groups) ranges_.push_back({0, g.numel});
+  const MemoryScope tag(MemoryCategory::kOptimizer);
   for (const auto& r : ranges_) {
     m_.emplace_back(dev, r.size());
     v_.emplace_back(dev, r.size());

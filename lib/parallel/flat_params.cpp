@@ -11,6 +11,7 @@ FlatParams::FlatParams(Device* dev, const std::vector<ParamGroup>& groups,
            groups_.size(), " groups");
   FT_CHECK(cdt_ == DType::kF32 || cdt_ == DType::kBF16 || cdt_ == DType::kF16,
            "compute dtype must be F32, BF16 or F16, not ", dtype_name(cdt_));
+  const MemoryScope tag(MemoryCategory::kParameters);
   for (size_t g = 0; g < groups_.size(); ++g) {
     params_.emplace_back(dev_, owned_[g] ? groups_[g].numel : 0);
     params_.back().zero();
@@ -21,6 +22,7 @@ void FlatParams::make_compute_copy() {
   if (cdt_ == DType::kF32) return;
   FT_CHECK(params_.size() == groups_.size(), "make_compute_copy: no fp32 parameters");
   compute_params_.clear();
+  const MemoryScope tag(MemoryCategory::kParameters);
   for (size_t g = 0; g < params_.size(); ++g) {
     compute_params_.emplace_back(dev_, cdt_, params_[g].size());
     dev_->ops().convert(dev_->stream(), compute_params_[g].data(), params_[g].data(),
@@ -41,6 +43,7 @@ void FlatParams::drop_params() {
 }
 
 std::vector<Buffer<float>>& FlatParams::grads() {
+  const MemoryScope tag(MemoryCategory::kGradients);
   if (grads_.empty())
     for (size_t g = 0; g < groups_.size(); ++g) {
       grads_.emplace_back(dev_, owned_[g] ? groups_[g].numel : 0);

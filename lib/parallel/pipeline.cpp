@@ -45,6 +45,7 @@ void PipelineSchedule::backward(int i, int micro, int T) {
 
 void PipelineSchedule::ensure_buffers(size_t n, size_t count) {
   const DType t = model_.compute_dtype();
+  const MemoryScope tag(MemoryCategory::kCommunication);
   if (recv_buf_.size() != n) recv_buf_ = DBuffer(dev_, t, n);
   if (send_bufs_.size() != count || send_bufs_[0].size() != n) {
     send_bufs_.clear();

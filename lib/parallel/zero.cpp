@@ -32,6 +32,7 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
   }
   const size_t G = numel_.size();
   if (stage_ >= 2) {
+    const MemoryScope tag(MemoryCategory::kGradients);
     for (size_t g = 0; g < G; ++g) grad_shards_.emplace_back(dev_, shard_[g]);
     working_grads_.resize(G);
     flat_.set_hooks(this);
@@ -42,6 +43,7 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
   // s; the all-gathers send it whole), or with a 16-bit compute dtype the range AdamW updates.
   // Otherwise (fp32 at stages 0-2) the model's own fp32 buffers are the master.
   if (stage_ == 3 || cdt_ != DType::kF32) {
+    const MemoryScope tag(MemoryCategory::kParameters);
     for (size_t g = 0; g < G; ++g) {
       master_.emplace_back(dev_, stage_ == 3 ? shard_[g] : ranges_[g].size());
       master_[g].zero();  // the padding of the last shard
@@ -51,6 +53,7 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
     }
   }
   if (stage_ == 3) {
+    const MemoryScope tag(MemoryCategory::kParameters);
     if (cdt_ != DType::kF32)
       for (size_t g = 0; g < G; ++g) compute_shards_.emplace_back(dev_, cdt_, shard_[g]);
     flat_.drop_params();
@@ -59,8 +62,12 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
   } else {
     flat_.make_compute_copy();  // no-op in fp32
   }
-  if ((stage_ == 1 || stage_ == 2) && D_ > 1) scratch_ = DBuffer(dev_, cdt_, max_shard * size_t(D_));
+  if ((stage_ == 1 || stage_ == 2) && D_ > 1) {
+    const MemoryScope tag(MemoryCategory::kCommunication);  // the all-gather buffer
+    scratch_ = DBuffer(dev_, cdt_, max_shard * size_t(D_));
+  }
   if (cdt_ != DType::kF32) sync_compute_params();  // fp32: the parameters are the masters
+  const MemoryScope tag(MemoryCategory::kScratch);
   sumsq_ = Buffer<double>(dev_, 1);
 }
 
@@ -263,6 +270,7 @@ CRef ZeroSharding::acquire_params(int group) {
   if (stage_ < 3) return flat_.compute_params(group);
   if (refs_[g]++ == 0) {
     const size_t s = shard_[g];
+    const MemoryScope tag(MemoryCategory::kCommunication);  // gathered for the group's use
     gathered_[g] = DBuffer(dev_, cdt_, s * size_t(D_));
     const Ref own = gathered_[g].data() + size_t(rank_) * s;
     const CRef src = cdt_ == DType::kF32 ? CRef(master_[g].data()) : compute_shards_[g].data();
@@ -282,6 +290,7 @@ void ZeroSharding::release_params(int group) {
 float* ZeroSharding::grads(int group) {
   const size_t g = size_t(group);
   if (!working_grads_[g].data()) {
+    const MemoryScope tag(MemoryCategory::kCommunication);  // until reduce-scattered
     working_grads_[g] = Buffer<float>(dev_, shard_[g] * size_t(D_));
     working_grads_[g].zero();
   }
@@ -293,6 +302,7 @@ void ZeroSharding::grads_ready(int group) {
   if (D_ == 1) {  // the working gradient is the whole shard: no collective to go through
     dev_->ops().add(dev_->stream(), grad_shards_[g].data(), working_grads_[g].data(), s);
   } else {
+    const MemoryScope tag(MemoryCategory::kCommunication);
     Buffer<float> mine(dev_, s);
     comm_.reduce_scatter_sum(working_grads_[g].data(), mine.data(), s);
     dev_->ops().add(dev_->stream(), grad_shards_[g].data(), mine.data(), s);

@@ -73,6 +73,26 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
+namespace {
+thread_local MemoryCategory g_memory_category = MemoryCategory::kOther;
+}  // namespace
+
+const char* memory_category_name(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::kParameters: return "parameters";
+    case MemoryCategory::kGradients: return "gradients";
+    case MemoryCategory::kOptimizer: return "optimizer state";
+    case MemoryCategory::kActivations: return "activations";
+    case MemoryCategory::kCommunication: return "comm buffers";
+    case MemoryCategory::kScratch: return "scratch";
+    default: return "other";
+  }
+}
+
+MemoryCategory current_memory_category() { return g_memory_category; }
+MemoryScope::MemoryScope(MemoryCategory c) : prev_(g_memory_category) { g_memory_category = c; }
+MemoryScope::~MemoryScope() { g_memory_category = prev_; }
+
 void* Device::alloc_host(size_t bytes) { return alloc_host_plain(bytes); }
 
 // ---- events: the CPU's (and the guard device's) defaults ------------------------------------

@@ -13,6 +13,34 @@
 namespace ft {
 
 enum class DeviceKind { kCpu, kCuda };
+
+// What an allocation is for, as `ft plan` reports a rank's memory (DESIGN.md §4). The code that
+// allocates says so with a MemoryScope around the allocation (the innermost scope of the thread
+// wins); the counting device of `ft plan` (runtime/counting_device.h) tallies by it, the others
+// ignore it. kOther is what no scope claimed: ft plan shows it, and its tests require it empty.
+enum class MemoryCategory : uint8_t {
+  kOther,
+  kParameters,     // the weights: fp32 masters and shards, the compute copy
+  kGradients,      // full gradients or ZeRO gradient shards
+  kOptimizer,      // AdamW's moments
+  kActivations,    // a micro-batch's activations, its backward's buffers, the step's scalars
+  kCommunication,  // ZeRO's gathered parameters and working gradients, pipeline send/receive
+  kScratch,        // a backend's own buffers (cuBLASLt workspace, ops' scratch), small sums
+  kCount
+};
+const char* memory_category_name(MemoryCategory c);
+// This thread's category now: the innermost live MemoryScope's, kOther outside any.
+MemoryCategory current_memory_category();
+class MemoryScope {
+ public:
+  explicit MemoryScope(MemoryCategory c);
+  ~MemoryScope();
+  MemoryScope(const MemoryScope&) = delete;
+  MemoryScope& operator=(const MemoryScope&) = delete;
+
+ private:
+  MemoryCategory prev_;
+};
 struct OpProfile;  // runtime/profile.h
 class Device;
 

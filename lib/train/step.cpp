@@ -45,15 +45,20 @@ TrainStep::TrainStep(const Recipe& r, Communicator& world, Communicator& data_co
 StepResult TrainStep::run(int64_t s, DataLoader& loader,
                           const std::function<LoopRequests()>& requests) {
   const auto t_step = Clock::now();
+  // 0. The batch.
+  set_watch_step(s + 1, "reading the batch");
+  const StepSamples batch = loader.next();
+  FT_CHECK(batch.step == s, "data loader out of step: got ", batch.step, ", expected ", s);
+  return run_batch(s, batch, requests, t_step);
+}
+
+StepResult TrainStep::run_batch(int64_t s, const StepSamples& batch,
+                                const std::function<LoopRequests()>& requests,
+                                std::chrono::steady_clock::time_point t_step) {
   StepResult res;
   res.step = s + 1;
   const int64_t step = res.step;
   const int rank = world_.rank();
-
-  // 0. The batch.
-  set_watch_step(step, "reading the batch");
-  const StepSamples batch = loader.next();
-  FT_CHECK(batch.step == s, "data loader out of step: got ", batch.step, ", expected ", s);
   res.tokens = int64_t(r_.training.global_batch_size) * r_.data.seq_len;
 
   // 1. Token weight: 1 / the trained targets of the whole global batch.

@@ -28,6 +28,7 @@
 // Steps are counted from 0 here (s, as in DESIGN.md §5's formulas); people read s + 1 (§7).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -79,6 +80,11 @@ class TrainStep {
   // Step s, on this rank's samples of global batch s, the loader's next. `requests` is called
   // once, at the agreement (phase 5), for this rank's LoopRequests.
   StepResult run(int64_t s, DataLoader& loader, const std::function<LoopRequests()>& requests);
+  // Phases 1-6 of step s on `batch` (what run() does after reading it; `ft plan` runs a step of
+  // placeholder tokens on its counting device this way). t_step: when the step began.
+  StepResult run_batch(int64_t s, const StepSamples& batch,
+                       const std::function<LoopRequests()>& requests,
+                       std::chrono::steady_clock::time_point t_step);
 
   // After a step that came back nonfinite, on every rank alike (a collective): what is not
   // finite and the first tensor, in layout order, whose gradient holds a NaN or an infinity

@@ -48,6 +48,7 @@
 #include "runtime/device.h"
 #include "runtime/profile.h"
 #include "train/metrics.h"
+#include "train/setup.h"
 #include "train/step.h"
 #include "train/train_state.h"
 
@@ -294,56 +295,19 @@ void prepare_outputs(const Recipe& r, Communicator& comm) {
     check_checkpoint_dir_writable(r.checkpoint.dir, comm.rank());
 }
 
-// The whole model is initialised (or loaded from model.from) the same way for every layout,
-// then each tensor rank keeps its slices: so every layout starts from the same weights.
-void init_weights(LlamaModel& model, const Recipe& r, Device* dev, const Mesh& mesh,
-                  bool load_from_hf, bool is_root) {
-  std::unique_ptr<LlamaModel> whole;
-  LlamaModel* init = &model;
-  if (mesh.tensor > 1 || mesh.pipeline > 1) {
-    whole = std::make_unique<LlamaModel>(r.model, dev);
-    init = whole.get();
-  }
-  // Weights are read and sliced on the host, then copied to the device.
-  auto host_ptrs = [](std::vector<std::vector<float>>& h) {
-    std::vector<float*> p;
-    for (auto& g : h) p.push_back(g.empty() ? nullptr : g.data());
-    return p;
-  };
-  if (load_from_hf) {
-    if (is_root) log_info("loading weights from ", r.model.from);
-    std::vector<std::vector<float>> host = init->flat_params().to_host();
-    load_hf_weights(r.model.from, init->layout(), host_ptrs(host));
-    init->flat_params().from_host(host);
-  } else {
-    init->init_random(r.run.seed, r.model.init_std);
-  }
-  if (whole) {
-    std::vector<std::vector<float>> src = whole->flat_params().to_host();
-    std::vector<std::vector<float>> dst = model.flat_params().to_host();
-    const std::vector<float*> sp = host_ptrs(src);
-    slice_for_tensor_rank(whole->layout().groups(),
-                          std::vector<const float*>(sp.begin(), sp.end()),
-                          model.layout().groups(), host_ptrs(dst), mesh.t);
-    model.flat_params().from_host(dst);
-  }
-}
-
 // Tied embeddings across stages: the first stage's embedding and the last stage's head are one
-// matrix held twice; their gradients are summed between the two (DESIGN.md §3). Returns the
-// group of the two holders (null when there is none); it must outlive `zero`'s use of it.
-std::unique_ptr<Communicator> share_tied_embedding(const Recipe& r, Communicator& comm,
-                                                   const Mesh& mesh, ZeroSharding& zero,
-                                                   Device& dev) {
+// matrix held twice; their gradients are summed between the two (DESIGN.md §3). Every rank takes
+// part in the split and keeps what it returns for the run; on the two holders it is their group.
+std::unique_ptr<Communicator> tied_holders_group(const Recipe& r, Communicator& comm,
+                                                 const Mesh& mesh, Device& dev) {
   if (mesh.pipeline == 1 || !r.model.tie_embeddings) return nullptr;
   const bool holder = mesh.p == 0 || mesh.p == mesh.pipeline - 1;
   const int pairs = mesh.data * mesh.tensor;
   std::unique_ptr<Communicator> holders =
       comm.split(holder ? mesh.d * mesh.tensor + mesh.t : pairs + comm.rank(), mesh.p);
   // The holders sum gradients in device memory (comm/host_staging.h).
-  if (!dev.host_accessible())
+  if (holder && !dev.host_accessible())
     holders = std::make_unique<HostStagedCommunicator>(std::move(holders), dev);
-  if (holder) zero.share_group(0, holders.get());
   return holders;
 }
 
@@ -756,33 +720,26 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   if (do_eval) eval_loader = open_eval_loader(r, tokenizer_sha);
   prepare_outputs(r, comm);
 
-  // Model and optimizer. ZeRO over the data group (lib/parallel/zero.h) takes over the
-  // parameters (stage 3) and gradients (stages 2, 3) from the model.
-  const StageSpec stage = pipeline_stage(r.model.n_layers, mesh.p, mesh.pipeline);
-  // Precision policy (DESIGN.md §5): activations and the parameters' compute copy in the compute
-  // dtype; fp32 master weights, moments and gradients.
-  const DType compute_dtype = r.training.precision == "bf16"   ? DType::kBF16
-                              : r.training.precision == "fp16" ? DType::kF16
-                                                               : DType::kF32;
-  // Model, ZeRO and pipeline hand device memory to their groups: on a device whose memory the
-  // host (MPI) cannot read, through host staging (comm/host_staging.h). The step's host scalars
-  // go to the plain groups.
+  // Model, ZeRO, the pipeline schedule, AdamW, the loss scaler (train/setup.h). They hand
+  // device memory to their groups: on a device whose memory the host (MPI) cannot read, through
+  // host staging (comm/host_staging.h). The step's host scalars go to the plain groups.
   std::vector<std::unique_ptr<Communicator>> staged;
-  Communicator* const dev_data = for_device_memory(&data_comm, *dev, staged);
-  Communicator* const dev_tensor = for_device_memory(tensor_comm, *dev, staged);
-  Communicator* const dev_pipe = for_device_memory(pipe_comm, *dev, staged);
-  LlamaModel model(r.model, dev.get(), r.training.activation_checkpointing, dev_tensor, stage,
-                   compute_dtype);
-  init_weights(model, r, dev.get(), mesh, !r.model.from.empty() && candidates.empty(), is_root);
-  ZeroSharding zero(r.parallel.zero_stage, model.flat_params(), *dev_data, dev.get(), dev_tensor, dev_pipe);
-  const std::unique_ptr<Communicator> tied_holders =
-      share_tied_embedding(r, comm, mesh, zero, *dev);
-  PipelineSchedule pipeline(model, dev_pipe, dev.get());
-  AdamW optim(model.layout(), r.optimizer, dev.get(), zero.ranges());
-  // fp16 only: the loss scale and its counters (optim/loss_scaler.h, DESIGN.md §5).
-  std::optional<LossScaler> scaler;
-  if (r.training.precision == "fp16") scaler.emplace(loss_scaler_config(r.training));
-  LossScaler* scaler_ptr = scaler ? &*scaler : nullptr;
+  const std::unique_ptr<Communicator> tied_holders = tied_holders_group(r, comm, mesh, *dev);
+  DeviceGroups groups;
+  groups.data = for_device_memory(&data_comm, *dev, staged);
+  groups.tensor = for_device_memory(tensor_comm, *dev, staged);
+  groups.pipeline = for_device_memory(pipe_comm, *dev, staged);
+  const bool holds_tied = mesh.p == 0 || mesh.p == mesh.pipeline - 1;
+  groups.tied_holders = tied_holders && holds_tied ? tied_holders.get() : nullptr;
+  const WeightSource weights = !r.model.from.empty() && candidates.empty()
+                                   ? WeightSource::kHuggingFace
+                                   : WeightSource::kRandom;
+  RankSetup setup = build_rank_setup(r, dev.get(), mesh, groups, weights, is_root);
+  LlamaModel& model = *setup.model;
+  ZeroSharding& zero = *setup.zero;
+  PipelineSchedule& pipeline = *setup.pipeline;
+  AdamW& optim = *setup.optim;
+  LossScaler* scaler_ptr = setup.scaler_ptr();
 
   const ResumePoint at =
       resume_state(r, comm, resume, candidates, model, zero, optim, scaler_ptr, mesh);

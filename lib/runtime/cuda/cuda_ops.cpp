@@ -50,6 +50,7 @@ class CudaOps final : public Ops {
   CudaOps(Device& dev, void* default_stream, int sm_major, bool allow_tf32)
       : dev_(dev), default_stream_(default_stream), attention_gemm_(attention_on_tensor_cores()) {
     workspace_bytes_ = cuda::lt_workspace_bytes(sm_major);
+    const MemoryScope tag(MemoryCategory::kScratch);
     workspace_ = dev_.alloc(workspace_bytes_);
     lt_ = std::make_unique<cuda::LtGemm>(workspace_, workspace_bytes_, allow_tf32);
   }
@@ -287,6 +288,7 @@ class CudaOps final : public Ops {
       if (scratch_) dev_.free(scratch_, scratch_bytes_);
       scratch_ = nullptr;
       scratch_bytes_ = std::max(bytes, scratch_bytes_ * 2);
+      const MemoryScope tag(MemoryCategory::kScratch);
       scratch_ = dev_.alloc(scratch_bytes_);
     }
     return scratch_;

@@ -1,0 +1,55 @@
+// What one rank trains with: the model part of its pipeline stage and tensor rank, ZeRO over its
+// data group, the pipeline schedule, AdamW and (fp16) the loss scaler, built in one order by
+// one function. `ft train` builds them on the run's device with the mesh's communicators;
+// `ft plan` (plan.h) builds the very same on a counting device with counting communicators,
+// so that the plan is what this code allocates.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "comm/communicator.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "optim/loss_scaler.h"
+#include "parallel/pipeline.h"
+#include "parallel/zero.h"
+#include "recipe/recipe.h"
+#include "runtime/device.h"
+
+namespace ft {
+
+// The communicators the model, ZeRO and the pipeline exchange device memory over (host-staged
+// where the host cannot read the device's memory, comm/host_staging.h); null: a group of one.
+struct DeviceGroups {
+  Communicator* data = nullptr;  // never null: ZeRO's group, of one rank without data parallelism
+  Communicator* tensor = nullptr;
+  Communicator* pipeline = nullptr;
+  // Tied embeddings across pipeline stages: the first and last stage's pair (null elsewhere).
+  Communicator* tied_holders = nullptr;
+};
+
+// Where the weights come from: drawn (run.seed, model.init_std), loaded from model.from, or
+// nothing at all (ft plan: the buffers exist with their sizes, no value is computed or read).
+enum class WeightSource { kRandom, kHuggingFace, kShapesOnly };
+
+struct RankSetup {
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<ZeroSharding> zero;
+  std::unique_ptr<PipelineSchedule> pipeline;
+  std::unique_ptr<AdamW> optim;
+  std::optional<LossScaler> scaler;  // fp16 only
+  LossScaler* scaler_ptr() { return scaler ? &*scaler : nullptr; }
+};
+
+// The precision policy's compute dtype (DESIGN.md §5): fp32, bf16 or fp16.
+DType compute_dtype_of(const Recipe& r);
+
+// Builds this rank's objects in the order their memory is allocated by a run: the model (its
+// parameters, then the weights, the whole model first where tensor or pipeline parallelism
+// slices it), ZeRO (masters, shards, the compute copy), the schedule, AdamW's moments, the loss
+// scaler. is_root: rank 0 says what it loads.
+RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
+                           const DeviceGroups& groups, WeightSource weights, bool is_root);
+
+}  // namespace ft
