@@ -1,6 +1,7 @@
-// ft plan RECIPE [KEY=VALUE...] [--world N] [--json]: per-rank memory and communication estimate
-// (lib/train/plan.h). One table per distinct rank role, then the formulas it used. Nothing
-// is allocated, trained or written.
+// ft plan RECIPE [KEY=VALUE...] [--world N] [--json] [--cuda-sm SM]: per-rank memory and
+// communication, counted by running each rank's setup and one step on a counting device
+// (lib/train/plan.h). One table per distinct rank role, then notes. Nothing is allocated,
+// trained, read or written.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -57,6 +58,7 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
   j["seq_len"] = plan.seq_len;
   j["activation_checkpointing"] = plan.activation_checkpointing;
   j["model_params"] = plan.model_params;
+  j["measured"] = "counting device: setup and one step";
   j["device"] = plan.device.cuda ? "cuda" : "cpu";
   if (plan.device.cuda) j["cuda_sm"] = plan.device.sm;
   j["roles"] = ordered_json::array();
@@ -77,25 +79,25 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
     o["activation_bytes"] = r.activations.bytes;
     o["comm_buffer_bytes"] = r.comm_buffers.bytes;
     o["backend_bytes"] = r.backend.bytes;
+    o["other_bytes"] = r.other_bytes;
     o["total_bytes"] = r.total_bytes;
     o["startup_bytes"] = r.startup_bytes;
     o["startup_how"] = r.startup_how;
     o["peak_bytes"] = r.peak_bytes;
+    o["allocations"] = r.allocations;
     o["sent_bytes_per_step"] = r.sent_bytes;
     o["sent_data_bytes"] = r.sent_data.bytes;
     o["sent_tensor_bytes"] = r.sent_tensor.bytes;
     o["sent_pipeline_bytes"] = r.sent_pipeline.bytes;
+    o["sent_world_bytes"] = r.sent_world.bytes;
     o["how"] = {{"params", r.params.how},           {"grads", r.grads.how},
                 {"optim", r.optim.how},             {"activations", r.activations.how},
                 {"comm_buffers", r.comm_buffers.how}, {"backend", r.backend.how},
                 {"sent_data", r.sent_data.how},
-                {"sent_tensor", r.sent_tensor.how}, {"sent_pipeline", r.sent_pipeline.how}};
+                {"sent_tensor", r.sent_tensor.how}, {"sent_pipeline", r.sent_pipeline.how},
+                {"sent_world", r.sent_world.how}};
     j["roles"].push_back(std::move(o));
   }
-  j["symbols"] = plan.symbols;
-  ordered_json f = ordered_json::object();
-  for (const auto& [name, formula] : plan.formulas) f[name] = formula;
-  j["formulas"] = f;
   j["notes"] = plan.notes;
   std::printf("%s\n", j.dump(2).c_str());
 }
@@ -138,21 +140,23 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
     row("activations", p.activations.bytes, p.activations.how);
     row("comm buffers", p.comm_buffers.bytes, p.comm_buffers.how);
     if (plan.device.cuda) row("cuda backend", p.backend.bytes, p.backend.how);
-    row("total", p.total_bytes, "the sum: peak during a step");
+    else if (p.backend.bytes) row("backend", p.backend.bytes, p.backend.how);
+    if (p.other_bytes)
+      row("other", p.other_bytes, "allocations that say nothing of what they are for (a bug)");
+    row("total", p.total_bytes,
+        "the step's peak, the sum of the above (" + std::to_string(p.allocations) +
+            " allocations counted)");
     if (p.startup_bytes > 0)
       row("startup", p.startup_bytes,
           p.startup_how + (p.startup_bytes > p.total_bytes ? ": this is the peak" : " (below the step)"));
-    row("sent per step", p.sent_bytes, "data + tensor + pipeline:");
+    row("sent per step", p.sent_bytes, "data + tensor + pipeline + world:");
     row("  data", p.sent_data.bytes, p.sent_data.how);
     row("  tensor", p.sent_tensor.bytes, p.sent_tensor.how);
     row("  pipeline", p.sent_pipeline.bytes, p.sent_pipeline.how);
+    row("  world", p.sent_world.bytes, p.sent_world.how);
   }
 
-  std::printf("\nFormulas\n");
-  for (const auto& s : plan.symbols) std::printf("  %s\n", s.c_str());
-  for (const auto& [name, formula] : plan.formulas)
-    std::printf("  %-15s = %s\n", name.c_str(), formula.c_str());
-  std::printf("Notes\n");
+  std::printf("\nNotes\n");
   for (const auto& n : plan.notes) std::printf("  - %s\n", n.c_str());
 }
 
@@ -162,8 +166,6 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
 PlanDevice plan_device(const Recipe& r, int sm) {
   PlanDevice d;
   d.sm = sm;
-  const char* attention = std::getenv("FT_CUDA_ATTENTION");  // as the CUDA ops read it
-  d.attention_gemm = !(attention && std::string(attention) == "simt");
   if (r.runtime.device == "cuda") {
     d.cuda = true;
     d.why = "runtime.device: cuda";

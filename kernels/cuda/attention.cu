@@ -343,11 +343,6 @@ void attention_delta(float* delta, const T* dout, const T* out, int B, int T_, i
 }
 
 template <typename T>
-size_t attention_backward_scratch_bytes(int B, int T_, int H, int /*K*/, int /*D*/) {
-  return sizeof(float) * size_t(B) * H * T_;  // Δ (B, H, T); dQ is summed in registers
-}
-
-template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse,
                         const T* q, const T* k, const T* v, void* scratch, int B, int T_, int H,
                         int K, int D, void* stream) {
@@ -371,7 +366,6 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
   template void attention_forward<T>(T*, float*, const T*, const T*, const T*, int, int, int,  \
                                      int, int, void*);                                          \
   template void attention_delta<T>(float*, const T*, const T*, int, int, int, int, void*);      \
-  template size_t attention_backward_scratch_bytes<T>(int, int, int, int, int);                 \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const float*, const T*,   \
                                       const T*, const T*, void*, int, int, int, int, int, void*);
 FT_ATTENTION_INSTANTIATE(float)

@@ -181,10 +181,6 @@ void sum_losses(double* loss_acc, const double* row_loss, int N, void* stream) {
 
 }  // namespace
 
-size_t cross_entropy_scratch_bytes(int N, int /*V*/) {
-  return sizeof(double) * size_t(N);  // one loss per row; ce_finish needs the same
-}
-
 template <typename T>
 void cross_entropy(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask,
                    int N, int V, float scale, double* loss_acc, void* scratch, void* stream) {

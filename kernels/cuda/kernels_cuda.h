@@ -26,6 +26,39 @@
 
 namespace ft::kernels::cuda {
 
+// ---- Scratch: what the launchers that reduce across blocks need, by the fixed grids of their
+// kernels. Inline arithmetic, so that plain C++ without a GPU asks for exactly what the CUDA ops
+// ask for (`ft plan`'s counting device, lib/runtime/cuda/ops_memory.h). ----
+// rmsnorm.cu's backward: at most this many blocks, each adding one partial row of C floats.
+inline constexpr int kRmsnormBackwardBlocks = 512;
+// reduce.cu's sum_squares: blocks of kSumSquaresThreads threads, at least
+// kSumSquaresPerThread items each before another block is added (each costs a partial and a
+// block reduction), at most kSumSquaresMaxPartials blocks.
+inline constexpr unsigned kSumSquaresThreads = 256;
+inline constexpr unsigned kSumSquaresPerThread = 8;
+inline constexpr unsigned kSumSquaresMaxPartials = 1024;
+inline unsigned sum_squares_blocks(size_t n) {
+  const size_t per_block = size_t(kSumSquaresThreads) * kSumSquaresPerThread;
+  const size_t blocks = (n + per_block - 1) / per_block;
+  return unsigned(blocks < 1 ? 1 : (blocks > kSumSquaresMaxPartials ? kSumSquaresMaxPartials
+                                                                     : blocks));
+}
+inline size_t rmsnorm_backward_scratch_bytes(int N, int C) {
+  if (N <= 0 || C <= 0) return 0;
+  const int G = N < kRmsnormBackwardBlocks ? N : kRmsnormBackwardBlocks;
+  return sizeof(float) * size_t(G) * size_t(C);
+}
+// One loss per row; ce_finish needs the same.
+inline size_t cross_entropy_scratch_bytes(int N, int /*V*/) { return sizeof(double) * size_t(N); }
+inline size_t sum_squares_scratch_bytes(size_t n) {
+  return n == 0 ? 0 : sizeof(double) * sum_squares_blocks(n);
+}
+// The attention backward's: Δ (B, H, T) in fp32; dQ is summed in registers (any T, K, D).
+template <typename T>
+inline size_t attention_backward_scratch_bytes(int B, int T_, int H, int /*K*/, int /*D*/) {
+  return sizeof(float) * size_t(B) * size_t(H) * size_t(T_);
+}
+
 // ---- embedding.cu ----
 template <typename T>
 void embedding_forward(T* out, const int32_t* ids, const T* table, int N, int C, int v_begin,
@@ -39,9 +72,9 @@ void embedding_backward(float* dtable, const int32_t* ids, const T* dout, int N,
 template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int N, int C, float eps,
                      void* stream);
-// dw (C) += Σ over rows, summed in a fixed order (per-block partials in scratch).
-// accumulate_dx: dx += instead of dx = (kernels.h); dx must not overlap dout or x.
-size_t rmsnorm_backward_scratch_bytes(int N, int C);
+// dw (C) += Σ over rows, summed in a fixed order (per-block partials in scratch,
+// rmsnorm_backward_scratch_bytes). accumulate_dx: dx += instead of dx = (kernels.h); dx must
+// not overlap dout or x.
 template <typename T>
 void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd,
                       int N, int C, bool accumulate_dx, void* scratch, void* stream);
@@ -61,8 +94,7 @@ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, i
 template <typename T>
 void attention_delta(float* delta, const T* dout, const T* out, int B, int T_, int H, int D,
                      void* stream);
-template <typename T>
-size_t attention_backward_scratch_bytes(int B, int T_, int H, int K, int D);
+// scratch: attention_backward_scratch_bytes.
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse,
                         const T* q, const T* k, const T* v, void* scratch, int B, int T_, int H,
@@ -98,8 +130,8 @@ void swiglu_forward(T* h, const T* g, const T* u, size_t n, void* stream);
 template <typename T>
 void swiglu_backward(T* dg, T* du, const T* dh, const T* g, const T* u, size_t n, void* stream);
 
-// ---- cross_entropy.cu: *loss_acc += Σ loss over masked rows (fixed-order sum) ----
-size_t cross_entropy_scratch_bytes(int N, int V);
+// ---- cross_entropy.cu: *loss_acc += Σ loss over masked rows (fixed-order sum; scratch:
+// cross_entropy_scratch_bytes) ----
 template <typename T>
 void cross_entropy(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask,
                    int N, int V, float scale, double* loss_acc, void* scratch, void* stream);
@@ -124,8 +156,7 @@ void convert(Dst* dst, const Src* src, size_t n, void* stream);
 template <typename T>
 void add_inplace(T* y, const T* x, size_t n, void* stream);
 void scale_inplace(float* y, float s, size_t n, void* stream);
-// *acc += Σ x² / divisor in double, summed in a fixed order.
-size_t sum_squares_scratch_bytes(size_t n);
+// *acc += Σ x² / divisor in double, summed in a fixed order (scratch: sum_squares_scratch_bytes).
 void sum_squares(double* acc, const float* x, size_t n, double divisor, void* scratch,
                  void* stream);
 

@@ -11,10 +11,7 @@ namespace {
 
 constexpr unsigned kThreads = 256;  // a multiple of 32: block_sum's requirement
 constexpr unsigned kItemsPerThread = 4;
-// sum_squares: at least 8 items per thread before adding blocks (each block costs one partial
-// and a block reduction), at most kMaxPartials blocks (the scratch it needs).
-constexpr unsigned kSquaresPerThread = 8;
-constexpr unsigned kMaxPartials = 1024;
+static_assert(kThreads == kSumSquaresThreads, "sum_squares' grid is kernels_cuda.h's");
 
 template <typename T>
 __global__ void add_kernel(T* y, const T* x, size_t n) {
@@ -46,10 +43,6 @@ __global__ void sum_squares_final_kernel(double* acc, const double* partials, un
   if (threadIdx.x == 0) *acc += s / divisor;
 }
 
-unsigned sum_squares_blocks(size_t n) {
-  return grid_blocks(n, kThreads, kSquaresPerThread, kMaxPartials);
-}
-
 }  // namespace
 
 template <typename T>
@@ -65,10 +58,6 @@ void scale_inplace(float* y, float s, size_t n, void* stream) {
   FT_LAUNCH(scale_kernel, grid_blocks(n, kThreads, kItemsPerThread), kThreads, 0, stream)(y, s,
                                                                                           n);
   FT_CUDA_CHECK_LAUNCH();
-}
-
-size_t sum_squares_scratch_bytes(size_t n) {
-  return n == 0 ? 0 : sizeof(double) * sum_squares_blocks(n);
 }
 
 void sum_squares(double* acc, const float* x, size_t n, double divisor, void* scratch,

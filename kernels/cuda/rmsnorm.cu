@@ -22,9 +22,10 @@ namespace ft::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-// Blocks of the backward pass: ~4 per SM on an H100, enough to fill it with rows in flight;
-// each adds one partial row (C floats) that the column sum reads back.
-constexpr int kBackwardBlocks = 512;
+// Blocks of the backward pass (kernels_cuda.h, which sizes the scratch): ~4 per SM on an H100,
+// enough to fill it with rows in flight; each adds one partial row (C floats) that the column
+// sum reads back.
+constexpr int kBackwardBlocks = kRmsnormBackwardBlocks;
 // Partial rows up to this many columns live in shared memory (32 KiB: several blocks per SM).
 constexpr int kSharedCols = 8192;
 
@@ -156,12 +157,6 @@ void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int N, int C, 
   else
     launch_forward<device_t<T>, 1>(dev(out), rstd, dev(x), dev(w), N, C, eps, stream);
   FT_CUDA_CHECK_LAUNCH();
-}
-
-size_t rmsnorm_backward_scratch_bytes(int N, int C) {
-  if (N <= 0 || C <= 0) return 0;
-  const int G = N < kBackwardBlocks ? N : kBackwardBlocks;
-  return sizeof(float) * size_t(G) * size_t(C);
 }
 
 template <typename T>

@@ -67,7 +67,7 @@ double PipelineSchedule::train_step(const StepSamples& b, int micro, float token
   }
   ensure_buffers(size_t(micro) * T * size_t(model_.hidden_size()), size_t(M));
   const int warmup = std::min(P_ - p_ - 1, M);
-  slots_ = warmup + 1;
+  slots_ = std::min(warmup + 1, M);  // micro-batch i takes slot i mod slots_
   for (int i = 0; i < warmup; ++i) forward(b, i, micro, token_weight, true);
   for (int j = 0; j < M - warmup; ++j) {
     forward(b, warmup + j, micro, token_weight, true);

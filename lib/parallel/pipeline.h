@@ -57,6 +57,8 @@ class PipelineSchedule {
   double train_step(const StepSamples& b, int micro, float token_weight);
   // Forward only; the summed loss on the last stage, 0 elsewhere.
   double eval_batch(const StepSamples& b, int micro);
+  // Activation slots the last step used: the micro-batches it kept in flight.
+  int slots() const { return slots_; }
 
  private:
   void forward(const StepSamples& b, int i, int micro, float token_weight, bool backward);

@@ -67,7 +67,7 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
     scratch_ = DBuffer(dev_, cdt_, max_shard * size_t(D_));
   }
   if (cdt_ != DType::kF32) sync_compute_params();  // fp32: the parameters are the masters
-  const MemoryScope tag(MemoryCategory::kScratch);
+  const MemoryScope tag(MemoryCategory::kActivations);  // a scalar of the step, as the loss's
   sumsq_ = Buffer<double>(dev_, 1);
 }
 

@@ -25,7 +25,7 @@ enum class MemoryCategory : uint8_t {
   kOptimizer,      // AdamW's moments
   kActivations,    // a micro-batch's activations, its backward's buffers, the step's scalars
   kCommunication,  // ZeRO's gathered parameters and working gradients, pipeline send/receive
-  kScratch,        // a backend's own buffers (cuBLASLt workspace, ops' scratch), small sums
+  kScratch,        // a backend's own buffers (cuBLASLt workspace, the ops' shared scratch)
   kCount
 };
 const char* memory_category_name(MemoryCategory c);

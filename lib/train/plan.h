@@ -1,20 +1,12 @@
-// `ft plan`: per-rank memory and communication estimate for a recipe on a world of N ranks
-// (DESIGN.md §3, §4). A pure function of the recipe: nothing is allocated or run.
-//
-// The figures follow what the code allocates on the device for every layout it runs (data ×
-// pipeline × tensor, ZeRO 0–3 over the data ranks): lib/model/llama.cpp (owns_group,
-// ensure_acts), the ZeRO buffers of lib/parallel/zero.cpp, the pipeline buffers of
-// lib/parallel/pipeline.cpp and the AdamW moments, so they match the measured
-// mem_params/grads/optim_bytes and mem_peak_bytes (tests/cli/test_plan.sh). Tensor parallelism
-// is Megatron's: column-split QKV/gate/up, row-split o/down, vocabulary-split embedding and
-// lm_head (V/T rows each), norms replicated. Pipeline stage p holds stage_layers' contiguous
-// even split of the layers (the first L mod P stages one extra), the embedding on the first
-// stage and the final norm + head on the last (with tied embeddings the last stage holds the
-// embedding group too); 1F1B keeps min(P − p, M) micro-batches in flight, each in a full
-// activation slot of its own.
-//
-// Precision (training.precision) sets the bytes of activations and the compute copy; the
-// device (PlanDevice) adds the CUDA backend's own buffers (lib/runtime/cuda/cuda_ops.cpp).
+// `ft plan`: per-rank memory and communication of a recipe on a world of N ranks (DESIGN.md §3,
+// §4), measured, not derived: for each rank position (pipeline stage × tensor rank × data rank)
+// it builds the rank's real setup (train/setup.h: the model, ZeRO, the pipeline schedule, AdamW,
+// the loss scaler) and runs one training step of placeholder tokens (train/step.h) on a counting
+// device (runtime/counting_device.h: every allocation tallied by what it is for, nothing
+// allocated, no kernel run) with counting communicators (comm/counting_communicator.h: the bytes
+// each collective sends, nothing sent). So the figures are what the code that allocates asks for
+// and they cannot drift from it; `ft train`'s memory check uses the same function for its rank.
+// Nothing is read from disk (no weights, no shards) and nothing is written.
 #pragma once
 
 #include <cstdint>
@@ -26,20 +18,15 @@
 
 namespace ft {
 
-// The device a plan is for. The CPU backend allocates nothing of its own on the device; the
-// CUDA backend adds the cuBLASLt workspace and its ops' scratch, and its attention backward
-// needs no fp32 dQ buffer. `ft plan` cannot see the GPU it will run on: `sm` is the compute
+// The device a plan is for. `ft plan` cannot see the GPU it will run on: `sm` is the compute
 // capability it assumes (90 unless told), which sets the cuBLASLt workspace.
 struct PlanDevice {
   bool cuda = false;
   int sm = 90;      // compute capability × 10 (80: A100, 90: H100)
   std::string why;  // how the device was chosen, for the notes ("runtime.device: cuda")
-  // Attention on tensor cores (the default; FT_CUDA_ATTENTION=simt turns it off): its chunks
-  // come from the ops' scratch (lib/runtime/cuda/attention_gemm.h).
-  bool attention_gemm = true;
 };
 
-// One figure of a rank's plan: bytes, and how they were computed with this recipe's numbers.
+// One figure of a rank's plan: bytes, and what they are.
 struct PlanFigure {
   int64_t bytes = 0;
   std::string how;
@@ -52,40 +39,48 @@ struct RankPlan {
   std::string holds;                    // the parameter groups held, with element counts
   int64_t param_elems = 0;              // elements of the groups held (before ZeRO)
 
-  // Memory resident during a training step (device allocator bytes).
+  // Device memory live at the peak of a training step, by what it is for (MemoryCategory).
   PlanFigure params, grads, optim, activations, comm_buffers;
-  PlanFigure backend;         // CUDA: cuBLASLt workspace + the ops' scratch; 0 on the CPU
-  int64_t total_bytes = 0;    // the sum of the six: the peak during a step
+  PlanFigure backend;         // the backend's own buffers (CUDA: cuBLASLt workspace, ops' scratch)
+  int64_t other_bytes = 0;    // allocations no MemoryScope claimed (none, or a bug)
+  int64_t total_bytes = 0;    // the step's peak: the sum of the above
   int slots = 1;              // activation slots: micro-batches in flight (1F1B)
-  int64_t startup_bytes = 0;  // before the first step: whole model being sliced (T or P > 1), or
-                              // full params + shards while ZeRO-3 shards them
+  int64_t startup_bytes = 0;  // the peak before the first step (building the setup)
   std::string startup_how;
   int64_t peak_bytes = 0;     // max(total, startup)
+  int64_t allocations = 0;    // alloc() calls counted, setup and step
 
-  // Bytes this rank sends per optimizer step.
-  PlanFigure sent_data, sent_tensor, sent_pipeline;
-  int64_t sent_bytes = 0;  // the sum of the three
+  // Bytes this rank sends per optimizer step, by group.
+  PlanFigure sent_data, sent_tensor, sent_pipeline, sent_world;
+  int64_t sent_bytes = 0;  // the sum
 };
 
 struct MemoryPlan {
   int world = 1, data = 1, tensor = 1, pipeline = 1, zero_stage = 0;
   int micro_batch = 1, accum = 1, seq_len = 1;
   bool activation_checkpointing = false;
-  int64_t model_params = 0;              // elements of the whole model
-  PlanDevice device;                     // the device planned for
-  std::vector<RankPlan> ranks;           // one per rank, in rank order
-  std::vector<std::string> symbols;      // "N = B·S = 1·12 = 12 tokens per micro-batch", ...
-  std::vector<std::pair<std::string, std::string>> formulas;  // (quantity, formula)
-  std::vector<std::string> notes;        // what the estimate leaves out or assumes
+  int64_t model_params = 0;          // elements of the whole model
+  PlanDevice device;                 // the device planned for
+  std::vector<RankPlan> ranks;       // one per rank, in rank order
+  std::vector<std::string> notes;    // what the figures leave out or assume
 };
 
 // The plan for recipe r on `world` ranks (data = world / (tensor · pipeline)) of `device`.
 // Throws ft::Error if the world does not divide into the recipe's layout.
 MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device = {});
+// One rank's figures (what `ft train` checks against the memory it has, before allocating).
+RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& device = {});
 
-// The cuBLASLt workspace the CUDA backend allocates on a GPU of compute capability sm/10.x
-// (lib/runtime/cuda/lt_gemm.h lt_workspace_bytes, which this must follow).
-int64_t plan_lt_workspace_bytes(int sm);
+// A bound below one rank's memory that needs no counting run: its share of the fp32 parameters,
+// gradients and AdamW moments, 16 B per element it holds / the data ranks (ZeRO-3 shards all
+// four; lower stages hold more). ft train refuses a run this bound already rules out before
+// counting it: a typo such as n_layers 10^9 would take as long to count as to build.
+int64_t state_lower_bound_bytes(const Recipe& r, int world, int rank);
+// Elements of the whole model (one tensor rank, every layer), without building its layout.
+int64_t model_param_count(const ModelConfig& m);
+// The most layers a model may have for the counting run (ft plan refuses more; the largest
+// published models have some hundred).
+inline constexpr int64_t kMaxCountedLayers = 100'000;
 
 // Ranks whose figures are all identical (same stage, same groups, same bytes), each list in rank
 // order, lists ordered by their first rank.

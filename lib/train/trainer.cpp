@@ -83,53 +83,56 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// On a GPU: this rank's plan peak (with the CUDA backend's own buffers, plan.h) against what
-// the driver says is free on its GPU now. One GPU per rank (gpu_choice.h); ranks that share one
-// GPU (more ranks on a node than GPUs) are not summed here.
-void check_gpu_memory_fits(const Recipe& r, int world, int rank, Device& dev) {
-  const Device::MemoryInfo gpu = dev.memory_info();
-  if (gpu.total_bytes == 0) return;  // nothing to compare with
-  const MemoryPlan plan = plan_memory(r, world);
-  const RankPlan& mine = plan.ranks.at(size_t(rank));
-  // What the device's allocator holds already (the cuBLASLt workspace) is in the plan too.
-  const double avail = double(gpu.free_bytes) + double(dev.stats().reserved_bytes);
-  if (double(mine.peak_bytes) <= avail) return;
-  throw Error(detail::concat(
-      "this run needs about ", Progress::human_bytes(double(mine.peak_bytes)), " on rank ", rank,
-      " by `ft plan` (model ", plan.model_params, " parameters), but only ",
-      Progress::human_bytes(avail), " of ", Progress::human_bytes(double(gpu.total_bytes)),
-      " is free on ", dev.name(),
-      "; nothing was allocated. Run `ft plan ", r.source_path,
-      " runtime.device=cuda` to see where it goes, then use more GPUs with parallel.zero_stage "
-      "3 or parallel.tensor/pipeline, training.activation_checkpointing, a smaller "
-      "training.micro_batch_size or data.seq_len (FT_SKIP_MEMORY_CHECK=1 starts anyway)"));
-}
-
-// Refuses a run whose `ft plan` peak does not fit the memory this node has left, before
-// anything is allocated: growing into the OS's out-of-memory killer loses the run without a
-// word (and a run with n_layers: 1e9 would try). The ranks on one node share its memory.
+// Refuses a run whose `ft plan` peak does not fit the memory this rank has, before anything is
+// allocated: growing into the OS's out-of-memory killer (or a GPU's out-of-memory error) loses the
+// run without a word, and a run with n_layers: 1e9 would try. On the CPU the ranks on one node
+// share its memory; on a GPU (one per rank, gpu_choice.h) the comparison is with what the
+// driver says is free on it now, plus what the device's allocator already holds (the cuBLASLt
+// workspace, which the plan counts too); ranks sharing one GPU are not summed. A bound that
+// needs no counting comes first (plan.h state_lower_bound_bytes), so that a model far too large
+// is refused at once.
 void check_memory_fits(const Recipe& r, int world, int rank, Device& dev) {
   if (const char* skip = std::getenv("FT_SKIP_MEMORY_CHECK"); skip && std::string(skip) == "1")
     return;
-  if (dev.kind() == DeviceKind::kCuda) return check_gpu_memory_fits(r, world, rank, dev);
-  const uint64_t avail = available_memory_bytes();
+  const bool gpu = dev.kind() == DeviceKind::kCuda;
+  double avail = 0, total = 0;
+  int local = 1;
+  if (gpu) {
+    const Device::MemoryInfo info = dev.memory_info();
+    avail = double(info.free_bytes) + double(dev.stats().reserved_bytes);
+    total = double(info.total_bytes);
+  } else {
+    avail = double(available_memory_bytes());
+    local = local_rank_count();
+  }
   if (avail == 0) return;  // nothing to compare with
-  const MemoryPlan plan = plan_memory(r, world);
-  const RankPlan& mine = plan.ranks.at(size_t(rank));
-  const int local = local_rank_count();
-  const double need = double(mine.peak_bytes) * local;
-  if (need <= double(avail)) return;
+  int64_t need = state_lower_bound_bytes(r, world, rank);
+  const bool bound = double(need) * local > avail;
+  // The plan counts for an sm_90 GPU (the larger cuBLASLt workspace): at most 28 MiB above what
+  // an older GPU needs.
+  if (!bound)
+    need = plan_rank(r, world, rank,
+                     gpu ? PlanDevice{.cuda = true, .sm = 90, .why = "the GPU memory check"}
+                         : PlanDevice{})
+               .peak_bytes;
+  if (double(need) * local <= avail) return;
+  const std::string where =
+      gpu ? detail::concat(Progress::human_bytes(avail), " of ", Progress::human_bytes(total),
+                           " is free on ", dev.name())
+          : Progress::human_bytes(avail) + " of memory is available here";
   throw Error(detail::concat(
-      "this run needs about ", Progress::human_bytes(double(mine.peak_bytes)), " on rank ", rank,
+      "this run needs ", bound ? "at least " : "about ",
+      Progress::human_bytes(double(need)), " on rank ", rank,
       local > 1 ? detail::concat(" (x ", local, " ranks on this node = ",
-                                 Progress::human_bytes(need), ")")
+                                 Progress::human_bytes(double(need) * local), ")")
                 : std::string(),
-      " by `ft plan` (model ", plan.model_params, " parameters), but only ",
-      Progress::human_bytes(double(avail)),
-      " of memory is available here; nothing was allocated. Run `ft plan ", r.source_path,
-      "` to see where it goes, then use more ranks with parallel.zero_stage 3 or "
-      "parallel.tensor/pipeline, training.activation_checkpointing, a smaller "
-      "training.micro_batch_size or data.seq_len (FT_SKIP_MEMORY_CHECK=1 starts anyway)"));
+      " by `ft plan`", bound ? " (its parameters, gradients and AdamW moments alone)" : "",
+      " for a model of ", model_param_count(r.model), " parameters, but only ", where,
+      "; nothing was allocated. Run `ft plan ", r.source_path, gpu ? " runtime.device=cuda" : "",
+      "` to see where it goes, then use more ", gpu ? "GPUs" : "ranks",
+      " with parallel.zero_stage 3 or parallel.tensor/pipeline, "
+      "training.activation_checkpointing, a smaller training.micro_batch_size or data.seq_len "
+      "(FT_SKIP_MEMORY_CHECK=1 starts anyway)"));
 }
 
 // Every rank writes its own shard files into checkpoint.dir: find a folder that cannot be

@@ -1,9 +1,11 @@
-// ft plan's formulas (lib/train/plan.h) on small cases worked out by hand: ZeRO stages 0–3
-// with even and uneven shards, tied embeddings, the tensor split, pipeline stages (uneven
+// ft plan's figures (lib/train/plan.h: each rank's setup and one step counted on a counting
+// device) against what the code should allocate, worked out by hand on small cases: ZeRO stages
+// 0–3 with even and uneven shards, tied embeddings, the tensor split, pipeline stages (uneven
 // split, 1F1B activation slots, the tied embedding on the first and last stage, ZeRO with
-// pipeline), and the rank layout rank = (d·P + p)·T + t. The last stage's figures are worked out
-// here; rank 0, which writes the metrics, is always on the first. tests/cli/test_plan.sh checks the same figures against
-// what a real run measures.
+// pipeline), the CUDA backend's buffers, and the rank layout rank = (d·P + p)·T + t. So a change
+// that allocates more or less than the design says shows here even when plan and run agree.
+// The last stage's figures are worked out here; rank 0, which writes the metrics, is always on
+// the first. tests/cli/test_plan.sh checks the figures against what real runs measure.
 #include <doctest/doctest.h>
 
 #include "core/error.h"
@@ -46,6 +48,14 @@ constexpr int64_t kActs = 800 + 76 + 312;
 // Bytes of the micro-batch on the device per slot (N = 4): token ids on the first stage (4·N),
 // targets (4·N) and mask (N) on the last.
 constexpr int64_t kIdsFirst = 16, kIdsLast = 20, kIds = kIdsFirst + kIdsLast;
+// The step's small buffers, once per rank, counted with the activations: the model's RoPE
+// inverse frequencies (head dim 4: 2 floats) and loss accumulator (a double), and ZeRO's
+// gradient-norm accumulator (a double).
+constexpr int64_t kScalars = 8 + 8 + 8;
+// Scalars all-reduced over the data group each step, by a ring of 2 (2·(2−1)/2 of 8 B each):
+// the target-token count and the loss; with ZeRO ≥ 2 also the gradient norm's sum of squares
+// (each rank holds a shard of the gradients).
+constexpr int64_t kDataScalars = 8 + 8, kDataScalarsZ2 = kDataScalars + 8;
 
 }  // namespace
 
@@ -62,9 +72,9 @@ TEST_CASE("plan: one rank, no ZeRO: everything full, matching the parameter layo
     CHECK(k.params.bytes == 4 * n);
     CHECK(k.grads.bytes == 4 * n);
     CHECK(k.optim.bytes == 8 * n);
-    CHECK(k.activations.bytes == 4 * kActs + kIds);
+    CHECK(k.activations.bytes == 4 * kActs + kIds + kScalars);
     CHECK(k.comm_buffers.bytes == 0);
-    CHECK(k.total_bytes == 4 * n + 4 * n + 8 * n + 4 * kActs + kIds);
+    CHECK(k.total_bytes == 4 * n + 4 * n + 8 * n + 4 * kActs + kIds + kScalars);
     CHECK(k.peak_bytes == k.total_bytes);
     CHECK(k.sent_bytes == 0);
     CHECK(k.embed);
@@ -77,7 +87,7 @@ TEST_CASE("plan: activation checkpointing keeps layer inputs and one recomputed 
   Recipe r = small();
   r.training.activation_checkpointing = true;
   const RankPlan k = plan_memory(r, 1).ranks[0];
-  CHECK(k.activations.bytes == 4 * (96 + 352 + 76 + 312) + kIds);
+  CHECK(k.activations.bytes == 4 * (96 + 352 + 76 + 312) + kIds + kScalars);
 }
 
 TEST_CASE("plan: activations are linear in seq_len (attention keeps no (S, S) buffer)") {
@@ -86,12 +96,14 @@ TEST_CASE("plan: activations are linear in seq_len (attention keeps no (S, S) bu
   // would not.
   for (bool ckpt : {false, true}) {
     Recipe r = small();
+    r.model.max_seq_len = 4096;
     r.training.activation_checkpointing = ckpt;
-    const int64_t a4 = plan_memory(r, 1).ranks[0].activations.bytes;
+    auto acts = [&] { return plan_memory(r, 1).ranks[0].activations.bytes - kScalars; };
+    const int64_t a4 = acts();
     r.data.seq_len = 8;
-    CHECK(plan_memory(r, 1).ranks[0].activations.bytes == 2 * a4);
+    CHECK(acts() == 2 * a4);
     r.data.seq_len = 4096;
-    CHECK(plan_memory(r, 1).ranks[0].activations.bytes == 1024 * a4);
+    CHECK(acts() == 1024 * a4);
   }
 }
 
@@ -111,30 +123,33 @@ TEST_CASE("plan: ZeRO stages on 2 data ranks (even shards: 40, 248, 248, 44)") {
   CHECK(z0.grads.bytes == 4640);
   CHECK(z0.optim.bytes == 9280);
   CHECK(z0.comm_buffers.bytes == 0);
-  CHECK(z0.sent_data.bytes == 4640);  // ring all-reduce: 2·(2−1)/2 × 4640 B
+  CHECK(z0.sent_data.bytes == 4640 + kDataScalars);  // ring all-reduce: 2·(2−1)/2 × 4640 B
 
   CHECK(z1.params.bytes == 4640);
   CHECK(z1.grads.bytes == 4640);
   CHECK(z1.optim.bytes == 8 * 580);
   CHECK(z1.comm_buffers.bytes == 4 * 2 * 248);     // all-gather buffer D·max s
-  CHECK(z1.sent_data.bytes == 4640 + 4 * 580);     // + all-gather (D−1)·Σs
+  CHECK(z1.sent_data.bytes == 4640 + 4 * 580 + kDataScalars);  // + all-gather (D−1)·Σs
 
   CHECK(z2.params.bytes == 4640);
   CHECK(z2.grads.bytes == 4 * 580);
   CHECK(z2.optim.bytes == 8 * 580);
   // all-gather buffer 496 + a layer's working gradient 496 and its reduce-scatter result 248
   CHECK(z2.comm_buffers.bytes == 4 * (496 + 496 + 248));
-  CHECK(z2.sent_data.bytes == 4 * 580 + 4 * 580);  // reduce-scatter per micro-batch + all-gather
+  // reduce-scatter per micro-batch + all-gather
+  CHECK(z2.sent_data.bytes == 4 * 580 + 4 * 580 + kDataScalarsZ2);
 
   CHECK(z3.params.bytes == 4 * 580);
   CHECK(z3.grads.bytes == 4 * 580);
   CHECK(z3.optim.bytes == 8 * 580);
   CHECK(z3.comm_buffers.bytes == 4 * 2 * 496);  // a gathered layer + its working gradient
-  CHECK(z3.startup_bytes == 4 * (1160 + 2 * 580));
+  // Before the first step: the full parameters and both shard sets while ZeRO-3 shards them, or
+  // the state it then keeps (shards, gradient shards, m and v: also 4·(4·580)), and the scalars.
+  CHECK(z3.startup_bytes == 4 * (1160 + 2 * 580) + kScalars);
   CHECK(z3.peak_bytes == std::max(z3.total_bytes, z3.startup_bytes));
   // reduce-scatter Σs + all-gathers: embedding 40 once, layers twice, the head 44 twice (its
   // forward and backward halves)
-  CHECK(z3.sent_data.bytes == 4 * 580 + 4 * (40 + 2 * 2 * 248 + 2 * 44));
+  CHECK(z3.sent_data.bytes == 4 * 580 + 4 * (40 + 2 * 2 * 248 + 2 * 44) + kDataScalarsZ2);
 
   // Tied: head = the final norm only (8, shard 4); Σ s = 40 + 496 + 4 = 540.
   const RankPlan t2 = plan(2, true), t3 = plan(3, true);
@@ -147,7 +162,7 @@ TEST_CASE("plan: ZeRO stages on 2 data ranks (even shards: 40, 248, 248, 44)") {
   CHECK(t3.comm_buffers.bytes == 4 * (992 + 80));
   // The embedding is gathered three times: its own forward, and for the tied lm_head in the
   // head's forward and backward halves.
-  CHECK(t3.sent_data.bytes == 4 * 540 + 4 * (3 * 40 + 2 * 2 * 248 + 2 * 4));
+  CHECK(t3.sent_data.bytes == 4 * 540 + 4 * (3 * 40 + 2 * 2 * 248 + 2 * 4) + kDataScalarsZ2);
 }
 
 TEST_CASE("plan: bf16 and fp16: fp32 masters + a 2-byte copy, parameters move at 2 bytes") {
@@ -164,15 +179,16 @@ TEST_CASE("plan: bf16 and fp16: fp32 masters + a 2-byte copy, parameters move at
     CHECK(z0.params.bytes == (4 + 2) * 1160);       // masters of everything + the copy
     CHECK(z0.grads.bytes == 4 * 1160);              // gradients stay fp32
     CHECK(z0.optim.bytes == 8 * 1160);
-    CHECK(z0.sent_data.bytes == 4640);              // the fp32 gradient all-reduce
+    CHECK(z0.sent_data.bytes == 4640 + kDataScalars);  // the fp32 gradient all-reduce
     CHECK(z1.params.bytes == 4 * 580 + 2 * 1160);   // owned masters + the whole copy
     CHECK(z1.comm_buffers.bytes == 2 * 2 * 248);    // the all-gather buffer, in bf16/fp16
-    CHECK(z1.sent_data.bytes == 4640 + 2 * 580);    // + the all-gather at 2 bytes
-    CHECK(z2.sent_data.bytes == 4 * 580 + 2 * 580); // fp32 reduce-scatter, 2-byte all-gather
+    CHECK(z1.sent_data.bytes == 4640 + 2 * 580 + kDataScalars);  // + the all-gather at 2 B
+    // fp32 reduce-scatter, 2-byte all-gather
+    CHECK(z2.sent_data.bytes == 4 * 580 + 2 * 580 + kDataScalarsZ2);
     CHECK(z3.params.bytes == (4 + 2) * 580);        // master shards + their copy
     // a gathered layer (2 B) + its working gradient (4 B)
     CHECK(z3.comm_buffers.bytes == (2 + 4) * 496);
-    CHECK(z3.sent_data.bytes == 4 * 580 + 2 * (40 + 2 * 2 * 248 + 2 * 44));
+    CHECK(z3.sent_data.bytes == 4 * 580 + 2 * (40 + 2 * 2 * 248 + 2 * 44) + kDataScalarsZ2);
     // Activations: the compute-dtype elements at 2 B, statistics at 4 B; less than fp32's.
     Recipe r = small(0);
     const RankPlan f32 = plan_memory(r, 1).ranks[0];
@@ -181,8 +197,8 @@ TEST_CASE("plan: bf16 and fp16: fp32 masters + a 2-byte copy, parameters move at
     // Of kActs: 16-bit: residual 96 + 2 layers × 336 + head 72 + backward 304 = 1144 elements;
     // fp32: 2 × (two rstd 8 + lse 8) + the final rstd 4 + attention's Δ 8 + its fp32 dQ
     // accumulator N·HD 32 = 76.
-    CHECK(h.activations.bytes == 2 * 1144 + 4 * 76 + kIds);
-    CHECK(f32.activations.bytes == 4 * kActs + kIds);
+    CHECK(h.activations.bytes == 2 * 1144 + 4 * 76 + kIds + kScalars);
+    CHECK(f32.activations.bytes == 4 * kActs + kIds + kScalars);
   }
 }
 
@@ -222,20 +238,22 @@ TEST_CASE("plan: tensor split (Megatron): heads, KV heads, MLP and vocabulary ov
   //   A_layer = 96 + 8 + 32 + 32 + lse 4 + 72 = 244; kept = 96 + 488 = 584;
   //   A_head = 32 + 4 + 20 + cross-entropy statistics 5·4 = 76; A_tp = N·C = 32;
   //   A_bwd = 64 + 32 + 32 + 72 + Δ 4 = 204
-  CHECK(k.activations.bytes == 4 * (584 + 76 + 32 + 204) + kIds);
+  CHECK(k.activations.bytes == 4 * (584 + 76 + 32 + 204) + kIds + kScalars);
   // M = 1: (4 per layer × 2 + embedding + lm_head input gradient) all-reduces of N·C·4 = 128 B,
-  // of which a ring sends 2·(2−1)/2; cross-entropy: max 16 B, two f64 sums of 32 B.
-  CHECK(k.sent_tensor.bytes == 10 * 128 + 16 + 2 * 32);
+  // of which a ring sends 2·(2−1)/2; cross-entropy: max 16 B, two f64 sums of 32 B; the
+  // gradient norm's sum of squares, 8 B.
+  CHECK(k.sent_tensor.bytes == 10 * 128 + 16 + 2 * 32 + 8);
   CHECK(k.sent_data.bytes == 0);
   CHECK(k.sent_pipeline.bytes == 0);
   // The whole model (with KV = 2: layers of 560, 80 + 2·560 + 88 = 1288) is initialised on
-  // every rank before it is sliced.
+  // every rank before it is sliced: 4·(1288 + 664) + the two models' RoPE and loss buffers 32;
+  // the state at the end of the setup is more (parameters, gradients, m and v: 16·664).
   CHECK(p.model_params == 1288);
-  CHECK(k.startup_bytes == 4 * (1288 + 664));
+  CHECK(k.startup_bytes == std::max<int64_t>(4 * (1288 + 664) + 32, 16 * 664 + kScalars));
 
   // Activation checkpointing: the recompute repeats the forward's two all-reduces per layer.
   r.training.activation_checkpointing = true;
-  CHECK(plan_memory(r, 2).ranks[0].sent_tensor.bytes == 14 * 128 + 16 + 2 * 32);
+  CHECK(plan_memory(r, 2).ranks[0].sent_tensor.bytes == 14 * 128 + 16 + 2 * 32 + 8);
 }
 
 TEST_CASE("plan: uneven pipeline split, 1F1B activation slots, the tied embedding on both ends") {
@@ -265,18 +283,20 @@ TEST_CASE("plan: uneven pipeline split, 1F1B activation slots, the tied embeddin
   // Stage 0: min(P − 0, M) = 2 slots, each (3+1)·32 residual + 3·352 layers + 312 backward
   // scratch = 1496; no head.
   CHECK(s0.slots == 2);
-  CHECK(s0.activations.bytes == 2 * (4 * 1496 + kIdsFirst));
+  CHECK(s0.activations.bytes == 2 * (4 * 1496 + kIdsFirst) + kScalars);
   // Stage 1: one slot, (2+1)·32 + 2·352 + head 76 + 312 = 1188.
   CHECK(s1.slots == 1);
-  CHECK(s1.activations.bytes == 4 * 1188 + kIdsLast);
+  CHECK(s1.activations.bytes == 4 * 1188 + kIdsLast + kScalars);
   // Receive buffer + M send buffers of N·C on both stages; nothing for ZeRO 0.
   CHECK(s0.comm_buffers.bytes == 4 * 5 * 32);
   CHECK(s1.comm_buffers.bytes == 4 * 5 * 32);
-  CHECK(s0.total_bytes == 4 * (1568 + 1568 + 2 * 1568) + 2 * (4 * 1496 + kIdsFirst) + 4 * 160);
-  // The whole model (80 + 5·496 + 8 = 2568) is built once and sliced.
+  CHECK(s0.total_bytes ==
+        4 * (1568 + 1568 + 2 * 1568) + 2 * (4 * 1496 + kIdsFirst) + kScalars + 4 * 160);
+  // The whole model (80 + 5·496 + 8 = 2568) is built once and sliced (4·(2568 + part) + 32),
+  // below the state each stage keeps (16 B per element held + the scalars).
   CHECK(p.model_params == 2568);
-  CHECK(s0.startup_bytes == 4 * (2568 + 1568));
-  CHECK(s1.startup_bytes == 4 * (2568 + 1080));
+  CHECK(s0.startup_bytes == std::max<int64_t>(4 * (2568 + 1568) + 32, 16 * 1568 + kScalars));
+  CHECK(s1.startup_bytes == std::max<int64_t>(4 * (2568 + 1080) + 32, 16 * 1080 + kScalars));
   // M × 4·N·C = 4 × 128 B one way, the tied-embedding gradient all-reduce 4·80 B, and the loss
   // and gradient norm (8 B each, a ring of 2 sends each once).
   CHECK(s0.sent_pipeline.bytes == 4 * 128 + 320 + 16);
@@ -284,7 +304,8 @@ TEST_CASE("plan: uneven pipeline split, 1F1B activation slots, the tied embeddin
 
   // Activation checkpointing: each slot keeps the layer inputs and one recomputed layer.
   r.training.activation_checkpointing = true;
-  CHECK(plan_memory(r, 2).ranks[0].activations.bytes == 2 * (4 * (4 * 32 + 352 + 312) + kIdsFirst));
+  CHECK(plan_memory(r, 2).ranks[0].activations.bytes ==
+        2 * (4 * (4 * 32 + 352 + 312) + kIdsFirst) + kScalars);
   r.training.activation_checkpointing = false;
 
   r.model.n_layers = 4;  // even: 2 + 2
@@ -307,7 +328,7 @@ TEST_CASE("plan: fewer micro-batches than stages: slots = min(P − p, M)") {
   CHECK(p.ranks[1].slots == 2);
   CHECK(p.ranks[2].slots == 1);
   // The middle stage: 2 × ((1+1)·32 + 352 + 312); receive + 2 send buffers.
-  CHECK(p.ranks[1].activations.bytes == 4 * 2 * (64 + 352 + 312));
+  CHECK(p.ranks[1].activations.bytes == 4 * 2 * (64 + 352 + 312) + kScalars);
   CHECK(p.ranks[1].comm_buffers.bytes == 4 * 3 * 32);
   CHECK(p.ranks[1].param_elems == 496);
   // Activations forward and gradients backward, 2 × 128 B each; 2 · R_3(8 B) = 2 · 10 B.
@@ -350,13 +371,16 @@ TEST_CASE("plan: ZeRO over 2 data ranks × 2 pipeline stages, tied embeddings") 
   CHECK(b3.comm_buffers.bytes == 4 * (1616 + 64));
   // Sent over the data group (ZeRO-3): reduce-scatter Σs, and all-gathers, the embedding once on
   // stage 0, twice on stage 1 (the head's forward and backward halves), layers and head twice.
-  CHECK(a3.sent_data.bytes == 4 * (400 + 248) + 4 * (400 + 2 * 248));
-  CHECK(b3.sent_data.bytes == 4 * (400 + 248 + 4) + 4 * (2 * 400 + 2 * 248 + 2 * 4));
+  CHECK(a3.sent_data.bytes == 4 * (400 + 248) + 4 * (400 + 2 * 248) + kDataScalarsZ2);
+  CHECK(b3.sent_data.bytes ==
+        4 * (400 + 248 + 4) + 4 * (2 * 400 + 2 * 248 + 2 * 4) + kDataScalarsZ2);
   // The tied embedding's gradient shard (400) all-reduced between the stages.
   CHECK(a3.sent_pipeline.bytes == 128 + 4 * 400 + 16);
   CHECK(b3.sent_pipeline.bytes == 128 + 4 * 400 + 16);
   CHECK(z3.model_params == 800 + 2 * 496 + 8);
-  CHECK(b3.startup_bytes == 4 * (1800 + 1304));  // slicing beats sharding (1304 + 2·652)
+  // Slicing (the whole model and this stage's, with their RoPE and loss buffers) beats sharding
+  // (1304 + 2·652) and the state kept (16·652).
+  CHECK(b3.startup_bytes == 4 * (1800 + 1304) + 32);
 }
 
 TEST_CASE("plan: rank layout rank = (d·P + p)·T + t") {
@@ -375,8 +399,8 @@ TEST_CASE("plan: rank layout rank = (d·P + p)·T + t") {
   CHECK(p.ranks[5].data_rank == 1);
   // Tensor statistics on every stage: A_tp = N·C + 5·N = 52 per slot (one slot, M = 1).
   // Stage 0: 3·32 residual + 2·244 layers + 52 + 204 backward scratch; stage 1: + A_head 56.
-  CHECK(p.ranks[0].activations.bytes == 4 * (96 + 488 + 52 + 204) + kIdsFirst);
-  CHECK(p.ranks[2].activations.bytes == 4 * (96 + 488 + 56 + 52 + 204) + kIdsLast);
+  CHECK(p.ranks[0].activations.bytes == 4 * (96 + 488 + 52 + 204) + kIdsFirst + kScalars);
+  CHECK(p.ranks[2].activations.bytes == 4 * (96 + 488 + 56 + 52 + 204) + kIdsLast + kScalars);
   const auto roles = ft::plan_roles(p);
   REQUIRE(roles.size() == 2);  // one per pipeline stage
   CHECK(roles[0] == std::vector<int>{0, 1, 4, 5});
@@ -412,11 +436,6 @@ TEST_CASE("plan: the CUDA device adds the cuBLASLt workspace and the ops' scratc
   // > 1536: grows to max(2816, 2·1536) = 3072), sum_squares (496 elements: one block, 8 B).
   CHECK(gpu.backend.bytes == (int64_t{32} << 20) + 3072);
   CHECK(plan_memory(r, 1, a100).ranks[0].backend.bytes == (int64_t{4} << 20) + 3072);
-  // With the SIMT attention kernels (FT_CUDA_ATTENTION=simt) attention asks for none: the
-  // RMSNorm partials (128 B > 32: grows to max(128, 2·32)) are the largest.
-  ft::PlanDevice simt = h100;
-  simt.attention_gemm = false;
-  CHECK(plan_memory(r, 1, simt).ranks[0].backend.bytes == (int64_t{32} << 20) + 128);
   CHECK(gpu.total_bytes == cpu.total_bytes + gpu.backend.bytes);  // fp32: nothing else differs
   // bf16: the CUDA attention backward sums dQ in registers: no N·HD fp32 buffer (32 elements).
   r.training.precision = "bf16";

@@ -1,9 +1,9 @@
 // The CUDA backend's ops: each op of runtime/ops.h launches its kernels/cuda/ launcher
 // (kernels/cuda/kernels_cuda.h) for the tensors' element type on the op's stream, or cuBLASLt
 // (lt_gemm.h) for the linear layers. Ops whose kernels reduce across blocks get their scratch
-// from one buffer of the device's allocator, grown when an op needs more (stream order makes
-// reuse by the next op safe); the cuBLASLt workspace is allocated once. Both count in
-// mem_peak_bytes like any buffer.
+// from OpsMemory (ops_memory.h: one buffer of the device's allocator, grown when an op needs
+// more; the cuBLASLt workspace, allocated once), asking for ScratchRequests' sizes, the same
+// ft plan's counting device asks for. Both count in mem_peak_bytes like any buffer.
 #include "runtime/cuda/cuda_ops.h"
 
 #include <cuda_runtime_api.h>
@@ -16,11 +16,13 @@
 #include "kernels/cuda/kernels_cuda.h"
 #include "runtime/cuda/attention_gemm.h"
 #include "runtime/cuda/lt_gemm.h"
+#include "runtime/cuda/ops_memory.h"
 #include "runtime/device.h"
 #include "runtime/dtype_dispatch.h"
 
 namespace ft {
 namespace kc = kernels::cuda;
+using Req = cuda::ScratchRequests;
 namespace {
 
 template <typename T>
@@ -33,32 +35,16 @@ void same_dtype(const char* op, DType a, DType b) {
            dtype_name(b), ")");
 }
 
-// Attention's implementation: "gemm" (default) runs the score and value products on tensor
-// cores through cuBLASLt (attention_gemm.h); "simt" runs the SIMT FlashAttention kernels
-// (kernels/cuda/attention.cu, head dim <= 128), the plain twin, for comparison and benchmarks.
-// Chosen once per process by FT_CUDA_ATTENTION.
-bool attention_on_tensor_cores() {
-  const char* v = std::getenv("FT_CUDA_ATTENTION");
-  const std::string mode = v ? v : "gemm";
-  FT_CHECK(mode == "gemm" || mode == "simt", "FT_CUDA_ATTENTION='", mode,
-           "': use gemm (tensor cores through cuBLASLt, the default) or simt (the SIMT kernels)");
-  return mode == "gemm";
-}
-
 class CudaOps final : public Ops {
  public:
   CudaOps(Device& dev, void* default_stream, int sm_major, bool allow_tf32)
-      : dev_(dev), default_stream_(default_stream), attention_gemm_(attention_on_tensor_cores()) {
-    workspace_bytes_ = cuda::lt_workspace_bytes(sm_major);
-    const MemoryScope tag(MemoryCategory::kScratch);
-    workspace_ = dev_.alloc(workspace_bytes_);
-    lt_ = std::make_unique<cuda::LtGemm>(workspace_, workspace_bytes_, allow_tf32);
+      : dev_(dev),
+        default_stream_(default_stream),
+        attention_gemm_(cuda::attention_on_tensor_cores()),
+        mem_(dev, sm_major) {
+    lt_ = std::make_unique<cuda::LtGemm>(mem_.workspace(), mem_.workspace_bytes(), allow_tf32);
   }
-  ~CudaOps() override {
-    lt_.reset();
-    if (scratch_) dev_.free(scratch_, scratch_bytes_);
-    if (workspace_) dev_.free(workspace_, workspace_bytes_);
-  }
+  ~CudaOps() override { lt_.reset(); }
 
   void linear_forward(Stream s, Ref y, CRef x, CRef W, int N, int in, int out,
                       bool accumulate) override {
@@ -109,7 +95,7 @@ class CudaOps final : public Ops {
     FT_CHECK(!ranges_overlap(dx, dout, n) && !ranges_overlap(dx, x, n),
              "rmsnorm_backward: dx overlaps dout or x, which the kernel reads after writing dx; "
              "give dx its own buffer (with accumulate_dx, the gradient it adds into)");
-    void* scratch = this->scratch(kc::rmsnorm_backward_scratch_bytes(N, C));
+    void* scratch = mem_.scratch(Req::rmsnorm_backward(N, C));
     dispatch(dx.dtype, "rmsnorm_backward", [&](auto t) {
       using T = decltype(t);
       kc::rmsnorm_backward(as<T>(dx), dw, as<T>(dout), as<T>(x), as<T>(w), rstd, N, C,
@@ -137,8 +123,7 @@ class CudaOps final : public Ops {
     same_dtype("attention_forward", out.dtype, v.dtype);
     if (attention_gemm_) {
       const cuda::AttentionGemmPlan plan = cuda::attention_gemm_plan(B, T_, K, H / K, out.dtype);
-      void* scratch =
-          this->scratch(cuda::attention_gemm_scratch_bytes(B, T_, H, K, D, out.dtype, plan, false));
+      void* scratch = mem_.scratch(Req::attention_forward(true, B, T_, H, K, D, out.dtype));
       cuda::attention_gemm_forward(*lt_, out.dtype, out.ptr, lse, q.ptr, k.ptr, v.ptr, B, T_, H,
                                    K, D, plan, scratch, stream(s));
       return;
@@ -150,13 +135,7 @@ class CudaOps final : public Ops {
     });
   }
   size_t attention_backward_scratch_elems(DType dt, int B, int T_, int H, int D) override {
-    // The Ops contract has no K: the CUDA kernels' scratch is Δ (B, H, T) whatever K is
-    // (kernels/cuda/attention.cu), so H is passed for it.
-    size_t bytes = 0;
-    dispatch(dt, "attention_backward", [&](auto t) {
-      bytes = kc::attention_backward_scratch_bytes<decltype(t)>(B, T_, H, H, D);
-    });
-    return (bytes + sizeof(float) - 1) / sizeof(float);
+    return Req::attention_backward_caller_elems(dt, B, T_, H, D);
   }
   void attention_backward(Stream s, Ref dq, Ref dk, Ref dv, CRef dout, CRef out,
                           const float* lse, CRef q, CRef k, CRef v, float* scratch, int B,
@@ -166,8 +145,7 @@ class CudaOps final : public Ops {
     if (attention_gemm_) {
       // `scratch` holds Δ (B, H, T) as for the SIMT kernels; the chunks come from the ops' own.
       const cuda::AttentionGemmPlan plan = cuda::attention_gemm_plan(B, T_, K, H / K, dq.dtype);
-      void* chunks =
-          this->scratch(cuda::attention_gemm_scratch_bytes(B, T_, H, K, D, dq.dtype, plan, true));
+      void* chunks = mem_.scratch(Req::attention_backward(true, B, T_, H, K, D, dq.dtype));
       cuda::attention_gemm_backward(*lt_, dq.dtype, dq.ptr, dk.ptr, dv.ptr, dout.ptr, out.ptr, lse,
                                     q.ptr, k.ptr, v.ptr, scratch, B, T_, H, K, D, plan, chunks,
                                     stream(s));
@@ -200,7 +178,7 @@ class CudaOps final : public Ops {
   void cross_entropy(Stream s, Ref dlogits, CRef logits, const int32_t* targets,
                      const uint8_t* mask, int N, int V, float scale, double* loss_acc) override {
     if (dlogits.ptr) same_dtype("cross_entropy", dlogits.dtype, logits.dtype);
-    void* scratch = this->scratch(kc::cross_entropy_scratch_bytes(N, V));
+    void* scratch = mem_.scratch(Req::cross_entropy(N, V));
     dispatch(logits.dtype, "cross_entropy", [&](auto t) {
       using T = decltype(t);
       kc::cross_entropy(static_cast<T*>(dlogits.ptr), as<T>(logits), targets, mask, N, V, scale,
@@ -225,7 +203,7 @@ class CudaOps final : public Ops {
                  const double* target_logit, int N, int V, int v_begin, float scale,
                  double* loss_acc) override {
     if (dlogits.ptr) same_dtype("ce_finish", dlogits.dtype, logits.dtype);
-    void* scratch = this->scratch(kc::cross_entropy_scratch_bytes(N, V));
+    void* scratch = mem_.scratch(Req::cross_entropy(N, V));
     dispatch(logits.dtype, "ce_finish", [&](auto t) {
       using T = decltype(t);
       kc::ce_finish(static_cast<T*>(dlogits.ptr), as<T>(logits), targets, mask, row_max, sumexp,
@@ -262,7 +240,7 @@ class CudaOps final : public Ops {
     kc::scale_inplace(y, f, n, stream(s));
   }
   void sum_squares(Stream s, double* acc, const float* x, size_t n, double divisor) override {
-    void* scratch = this->scratch(kc::sum_squares_scratch_bytes(n));
+    void* scratch = mem_.scratch(Req::sum_squares(n));
     kc::sum_squares(acc, x, n, divisor, scratch, stream(s));
   }
   void adamw_update(Stream s, float* p, const float* g, float* m, float* v, size_t n, float lr,
@@ -281,27 +259,11 @@ class CudaOps final : public Ops {
 
  private:
   void* stream(Stream s) const { return s.handle ? s.handle : default_stream_; }
-  // Scratch of at least `bytes` for the next op on the stream. Growing frees the old buffer:
-  // the allocator is stream-ordered, so the ops queued before still see theirs.
-  void* scratch(size_t bytes) {
-    if (bytes > scratch_bytes_) {
-      if (scratch_) dev_.free(scratch_, scratch_bytes_);
-      scratch_ = nullptr;
-      scratch_bytes_ = std::max(bytes, scratch_bytes_ * 2);
-      const MemoryScope tag(MemoryCategory::kScratch);
-      scratch_ = dev_.alloc(scratch_bytes_);
-    }
-    return scratch_;
-  }
-
   Device& dev_;
   void* default_stream_;
   bool attention_gemm_;
-  void* workspace_ = nullptr;
-  size_t workspace_bytes_ = 0;
+  cuda::OpsMemory mem_;  // the cuBLASLt workspace and the ops' shared scratch
   std::unique_ptr<cuda::LtGemm> lt_;
-  void* scratch_ = nullptr;
-  size_t scratch_bytes_ = 0;
 };
 
 }  // namespace

@@ -227,10 +227,6 @@ struct LtGemm::Impl {
   }
 };
 
-size_t lt_workspace_bytes(int sm_major) {
-  return sm_major >= 9 ? size_t{32} << 20 : size_t{4} << 20;
-}
-
 LtGemm::LtGemm(void* workspace, size_t workspace_bytes, bool allow_tf32)
     : impl_(std::make_unique<Impl>()) {
   impl_->workspace = workspace;

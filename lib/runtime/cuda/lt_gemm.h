@@ -36,8 +36,8 @@ namespace ft::cuda {
 
 // cuBLASLt workspace for a GPU of compute capability `sm_major`.x: the cuBLAS API reference
 // (cublasSetWorkspace) recommends 32 MiB on Hopper and 4 MiB on other architectures; sm_90 and
-// later get 32 MiB. The Device's allocator provides it once, at start-up, and `ft plan` should
-// count it.
+// later get 32 MiB. The CUDA ops allocate it once, at start-up (ops_memory.h, which defines
+// this in plain C++ so that `ft plan` counts it).
 size_t lt_workspace_bytes(int sm_major);
 
 class LtGemm {

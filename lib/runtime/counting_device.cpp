@@ -1,0 +1,177 @@
+#include "runtime/counting_device.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+#include "runtime/cuda/ops_memory.h"
+#include "runtime/dtype_dispatch.h"
+
+namespace ft {
+namespace {
+
+// The CPU backend's ops allocate nothing: counting them is doing nothing. Only the size query
+// answers, as the CPU backend does (the model allocates what it says).
+class NullOps final : public Ops {
+ public:
+  void linear_forward(Stream, Ref, CRef, CRef, int, int, int, bool) override {}
+  void linear_backward(Stream, Ref, float*, CRef, CRef, CRef, int, int, int, bool) override {}
+  void embedding_forward(Stream, Ref, const int32_t*, CRef, int, int, int, int) override {}
+  void embedding_backward(Stream, float*, const int32_t*, CRef, int, int, int, int) override {}
+  void rmsnorm_forward(Stream, Ref, float*, CRef, CRef, int, int, float) override {}
+  void rmsnorm_backward(Stream, Ref, float*, CRef, CRef, CRef, const float*, int, int,
+                        bool) override {}
+  void rope_forward(Stream, Ref, const float*, int, int, int, int) override {}
+  void rope_backward(Stream, Ref, const float*, int, int, int, int) override {}
+  void attention_forward(Stream, Ref, float*, CRef, CRef, CRef, int, int, int, int,
+                         int) override {}
+  size_t attention_backward_scratch_elems(DType t, int B, int T, int H, int D) override {
+    size_t n = 0;
+    dispatch(t, [&](auto e) {
+      n = kernels::attention_backward_scratch_elems<decltype(e)>(B, T, H, D);
+    });
+    return n;
+  }
+  void attention_backward(Stream, Ref, Ref, Ref, CRef, CRef, const float*, CRef, CRef, CRef,
+                          float*, int, int, int, int, int) override {}
+  void swiglu_forward(Stream, Ref, CRef, CRef, size_t) override {}
+  void swiglu_backward(Stream, Ref, Ref, CRef, CRef, CRef, size_t) override {}
+  void cross_entropy(Stream, Ref, CRef, const int32_t*, const uint8_t*, int, int, float,
+                     double*) override {}
+  void row_max(Stream, float*, CRef, int, int) override {}
+  void ce_partial(Stream, double*, double*, CRef, const int32_t*, const uint8_t*, const float*,
+                  int, int, int) override {}
+  void ce_finish(Stream, Ref, CRef, const int32_t*, const uint8_t*, const float*, const double*,
+                 const double*, int, int, int, float, double*) override {}
+  void convert(Stream, Ref, CRef, size_t) override {}
+  void add(Stream, Ref, CRef, size_t) override {}
+  void scale(Stream, float*, float, size_t) override {}
+  void sum_squares(Stream, double*, const float*, size_t, double) override {}
+  void adamw_update(Stream, float*, const float*, float*, float*, size_t, float, float, float,
+                    float, float, int64_t, float, Ref) override {}
+};
+
+// The CUDA backend's ops, counted: no kernel runs, but the cuBLASLt workspace is allocated with
+// the ops and every op asks OpsMemory for the scratch CudaOps asks for (runtime/cuda/
+// ops_memory.h), so the counting device sees the CUDA backend's own memory.
+class CountingCudaOps final : public Ops {
+ public:
+  CountingCudaOps(Device& dev, int sm_major)
+      : mem_(dev, sm_major), tensor_cores_(cuda::attention_on_tensor_cores()) {}
+  void linear_forward(Stream, Ref, CRef, CRef, int, int, int, bool) override {}
+  void linear_backward(Stream, Ref, float*, CRef, CRef, CRef, int, int, int, bool) override {}
+  void embedding_forward(Stream, Ref, const int32_t*, CRef, int, int, int, int) override {}
+  void embedding_backward(Stream, float*, const int32_t*, CRef, int, int, int, int) override {}
+  void rmsnorm_forward(Stream, Ref, float*, CRef, CRef, int, int, float) override {}
+  void rmsnorm_backward(Stream, Ref, float*, CRef, CRef, CRef, const float*, int N, int C,
+                        bool) override {
+    mem_.scratch(Req::rmsnorm_backward(N, C));
+  }
+  void rope_forward(Stream, Ref, const float*, int, int, int, int) override {}
+  void rope_backward(Stream, Ref, const float*, int, int, int, int) override {}
+  void attention_forward(Stream, Ref out, float*, CRef, CRef, CRef, int B, int T, int H, int K,
+                         int D) override {
+    mem_.scratch(Req::attention_forward(tensor_cores_, B, T, H, K, D, out.dtype));
+  }
+  size_t attention_backward_scratch_elems(DType t, int B, int T, int H, int D) override {
+    return Req::attention_backward_caller_elems(t, B, T, H, D);
+  }
+  void attention_backward(Stream, Ref dq, Ref, Ref, CRef, CRef, const float*, CRef, CRef, CRef,
+                          float*, int B, int T, int H, int K, int D) override {
+    mem_.scratch(Req::attention_backward(tensor_cores_, B, T, H, K, D, dq.dtype));
+  }
+  void swiglu_forward(Stream, Ref, CRef, CRef, size_t) override {}
+  void swiglu_backward(Stream, Ref, Ref, CRef, CRef, CRef, size_t) override {}
+  void cross_entropy(Stream, Ref, CRef, const int32_t*, const uint8_t*, int N, int V, float,
+                     double*) override {
+    mem_.scratch(Req::cross_entropy(N, V));
+  }
+  void row_max(Stream, float*, CRef, int, int) override {}
+  void ce_partial(Stream, double*, double*, CRef, const int32_t*, const uint8_t*, const float*,
+                  int, int, int) override {}
+  void ce_finish(Stream, Ref, CRef, const int32_t*, const uint8_t*, const float*, const double*,
+                 const double*, int N, int V, int, float, double*) override {
+    mem_.scratch(Req::cross_entropy(N, V));
+  }
+  void convert(Stream, Ref, CRef, size_t) override {}
+  void add(Stream, Ref, CRef, size_t) override {}
+  void scale(Stream, float*, float, size_t) override {}
+  void sum_squares(Stream, double*, const float*, size_t n, double) override {
+    mem_.scratch(Req::sum_squares(n));
+  }
+  void adamw_update(Stream, float*, const float*, float*, float*, size_t, float, float, float,
+                    float, float, int64_t, float, Ref) override {}
+
+ private:
+  using Req = cuda::ScratchRequests;
+  cuda::OpsMemory mem_;
+  bool tensor_cores_;
+};
+
+// Addresses handed out start here (never backed by memory) and are never reused.
+constexpr uintptr_t kFirstAddress = uintptr_t{1} << 40;
+constexpr uintptr_t kAlign = 512;
+
+}  // namespace
+
+CountingDevice::CountingDevice(CountingTarget target) : target_(target), next_(kFirstAddress) {
+  // As a CUDA device makes its ops when it is created (with the cuBLASLt workspace).
+  if (target_.kind == DeviceKind::kCuda)
+    ops_ = std::make_unique<CountingCudaOps>(*this, target_.cuda_sm / 10);
+  else
+    ops_ = std::make_unique<NullOps>();
+}
+
+// The ops first: the CUDA ones give their memory back to this device.
+CountingDevice::~CountingDevice() { ops_.reset(); }
+
+std::string CountingDevice::name() const {
+  return target_.kind == DeviceKind::kCuda
+             ? detail::concat("counting device (CUDA, sm_", target_.cuda_sm, ")")
+             : "counting device (CPU)";
+}
+
+void* CountingDevice::alloc(size_t bytes) {
+  const uintptr_t at = next_;
+  next_ += (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+  const MemoryCategory c = current_memory_category();
+  live_[at] = {bytes, c};
+  tally_.current[size_t(c)] += int64_t(bytes);
+  tally_.total += int64_t(bytes);
+  tally_.allocs++;
+  if (tally_.total > tally_.peak) {
+    tally_.peak = tally_.total;
+    tally_.at_peak = tally_.current;
+  }
+  return reinterpret_cast<void*>(at);
+}
+
+void CountingDevice::free(void* ptr, size_t bytes) {
+  const auto it = live_.find(reinterpret_cast<uintptr_t>(ptr));
+  FT_CHECK(it != live_.end() && it->second.first == bytes,
+           "counting device: free of an address it did not hand out (or of another size)");
+  tally_.current[size_t(it->second.second)] -= int64_t(bytes);
+  tally_.total -= int64_t(bytes);
+  live_.erase(it);
+}
+
+void CountingDevice::copy_to_host(void* dst, const void*, size_t bytes) {
+  if (bytes) std::memset(dst, 0, bytes);
+}
+
+void CountingDevice::copy_to_host_async(Stream, void* dst, const void*, size_t bytes) {
+  if (bytes) std::memset(dst, 0, bytes);
+}
+
+AllocatorStats CountingDevice::stats() const {
+  return AllocatorStats{size_t(tally_.total), size_t(tally_.peak), size_t(tally_.allocs),
+                        size_t(tally_.total)};
+}
+
+void CountingDevice::reset_peak() {
+  tally_.peak = tally_.total;
+  tally_.at_peak = tally_.current;
+}
+
+}  // namespace ft

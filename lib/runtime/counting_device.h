@@ -1,0 +1,71 @@
+// The device `ft plan` runs a rank's setup and one training step on (train/plan.h): it allocates
+// nothing and runs no kernel, it counts. Every alloc() returns a distinct address that is never
+// backed by memory (the host must not touch it: host_accessible() is false, and every op, copy
+// and memset does nothing), and is tallied by its MemoryCategory (runtime/device.h), so the
+// figures are what the code that allocates asked for, in the order it asked. copy_to_host writes
+// zeros, so what the host reads back (a loss, a gradient norm) is a finite 0.
+//
+// It counts for the CPU backend, whose ops allocate nothing of their own, or for the CUDA
+// backend, whose ops hold the cuBLASLt workspace and a scratch buffer they grow on demand
+// (runtime/cuda/ops_memory.h): its ops then make the same requests, with no GPU.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "runtime/device.h"
+
+namespace ft {
+
+struct MemoryTally {
+  using ByCategory = std::array<int64_t, size_t(MemoryCategory::kCount)>;
+  ByCategory current{};  // live bytes now, by category
+  ByCategory at_peak{};  // live bytes by category when the total last reached `peak`
+  int64_t total = 0;     // live bytes now
+  int64_t peak = 0;      // the highest total since the last reset_peak()
+  int64_t allocs = 0;    // alloc() calls
+  int64_t get(MemoryCategory c) const { return at_peak[size_t(c)]; }
+};
+
+// What the counted device stands for.
+struct CountingTarget {
+  DeviceKind kind = DeviceKind::kCpu;
+  int cuda_sm = 90;  // CUDA: compute capability × 10 (sets the cuBLASLt workspace)
+};
+
+class CountingDevice final : public Device {
+ public:
+  explicit CountingDevice(CountingTarget target = {});
+  ~CountingDevice() override;
+
+  DeviceKind kind() const override { return target_.kind; }
+  std::string name() const override;
+  void* alloc(size_t bytes) override;
+  void free(void* ptr, size_t bytes) override;
+  void memset_zero(void*, size_t) override {}
+  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void copy_from_host(void*, const void*, size_t) override {}
+  void copy(Stream, void*, const void*, size_t) override {}
+  void copy_to_host_async(Stream s, void* dst, const void* src, size_t bytes) override;
+  void synchronize() override {}
+  bool host_accessible() const override { return false; }
+  AllocatorStats stats() const override;
+  Ops& ops() override { return *ops_; }
+
+  const MemoryTally& tally() const { return tally_; }
+  // Starts a new peak from what is live now (ft plan: the step's peak apart from start-up's).
+  void reset_peak();
+
+ private:
+  CountingTarget target_;
+  MemoryTally tally_;
+  uintptr_t next_ = 0;  // the next address handed out
+  std::map<uintptr_t, std::pair<size_t, MemoryCategory>> live_;
+  std::unique_ptr<Ops> ops_;
+};
+
+}  // namespace ft

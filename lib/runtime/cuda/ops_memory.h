@@ -1,0 +1,60 @@
+// The device memory the CUDA ops hold besides their operands, and what each op asks of it. Plain
+// C++ (no CUDA headers): the CUDA ops (cuda_ops.cpp) allocate through it before they launch, and
+// the counting device of `ft plan` (runtime/counting_device.h) makes the very same requests
+// instead of launching, so the plan counts this memory without a GPU.
+//   - The cuBLASLt workspace: lt_workspace_bytes(sm), allocated with the ops.
+//   - One scratch buffer that the ops which reduce across blocks share (per-block partials,
+//     attention's score chunks), grown on demand to max(asked, 2 × held); stream order makes
+//     its reuse by the next op safe, and growing frees the old buffer (the allocator is
+//     stream-ordered, so the ops queued before still see theirs).
+// Both count as MemoryCategory::kScratch.
+#pragma once
+
+#include <cstddef>
+
+#include "core/dtype.h"
+#include "runtime/device.h"
+
+namespace ft::cuda {
+
+// Attention's implementation, chosen once per process by FT_CUDA_ATTENTION: "gemm" (default)
+// runs the score and value products on tensor cores through cuBLASLt (attention_gemm.h); "simt"
+// runs the SIMT FlashAttention kernels (kernels/cuda/attention.cu, head dim <= 128), the plain
+// twin, for comparison and benchmarks. Any other value is an ft::Error.
+bool attention_on_tensor_cores();
+
+class OpsMemory {
+ public:
+  // Allocates the cuBLASLt workspace for a GPU of compute capability sm_major.x.
+  OpsMemory(Device& dev, int sm_major);
+  ~OpsMemory();
+  OpsMemory(const OpsMemory&) = delete;
+  OpsMemory& operator=(const OpsMemory&) = delete;
+  void* workspace() const { return workspace_; }
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  // Scratch of at least `bytes` for the next op on the stream (null when bytes is 0 and none is
+  // held yet).
+  void* scratch(size_t bytes);
+
+ private:
+  Device& dev_;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+};
+
+// The scratch bytes each op asks for, given its arguments; ops not listed ask for none.
+struct ScratchRequests {
+  static size_t rmsnorm_backward(int N, int C);
+  static size_t attention_forward(bool tensor_cores, int B, int T, int H, int K, int D,
+                                  DType dtype);
+  static size_t attention_backward(bool tensor_cores, int B, int T, int H, int K, int D,
+                                   DType dtype);
+  static size_t cross_entropy(int N, int V);  // cross_entropy and ce_finish
+  static size_t sum_squares(size_t n);
+  // Ops::attention_backward_scratch_elems: the fp32 elements of the caller's buffer (Δ).
+  static size_t attention_backward_caller_elems(DType dtype, int B, int T, int H, int D);
+};
+
+}  // namespace ft::cuda
