@@ -24,6 +24,11 @@
 // when the tensor-parallel size is unchanged, else through the whole (tensor size 1) tensors.
 // ft draws no random numbers after initialisation (no dropout) and the data order is a function
 // of (run.seed, position), so step, optimizer step and loader position are the whole RNG state.
+//
+// The implementation, one job per file: folders.cpp (step folder names, listing, `latest`,
+// setting damaged folders aside), manifest.cpp (parse_manifest and parse_rank_json, which trust
+// nothing), reshard.cpp (verify, read_range, read_global_group), writer.cpp (CheckpointWriter);
+// io.h (CRC-32, atomic writes, fsync) and checkpoint_internal.h are theirs alone.
 #pragma once
 
 #include <atomic>

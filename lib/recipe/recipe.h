@@ -1,5 +1,6 @@
 // The resolved recipe: every key of DESIGN.md §5 with its default. The one place recipe keys are
-// defined is the schema in recipe.cpp; this struct is what the rest of ft reads.
+// defined is the schema in schema.cpp; this struct is what the rest of ft reads. load_recipe's
+// stages are listed in recipe.cpp.
 #pragma once
 
 #include <cstdint>

@@ -106,7 +106,7 @@ json manifest_base(const Recipe& r, const Mesh& mesh, const std::string& tokeniz
                 {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps},
                 {"tie_embeddings", c.tie_embeddings}};
   // RoPE scaling: written only when there is some, so a default-RoPE manifest is byte for byte
-  // what older builds wrote, and a manifest without the key reads as default (checkpoint.cpp).
+  // what older builds wrote, and a manifest without the key reads as default (ckpt/manifest.cpp).
   if (c.rope_type != "default")
     j["model"]["rope_scaling"] = {{"rope_type", c.rope_type},
                                   {"factor", c.rope_factor},

@@ -8,10 +8,12 @@
 // read through it must fail cleanly (no shard files exist in the fake step folder). Nothing
 // touches the disk but failed opens: the text is parsed in memory.
 //
-// Build and run (clang, from the repository root):
+// Build and run: scripts/fuzz.sh [SECONDS] checkpoint_manifest; or by hand (clang, from the
+// repository root; the readers need none of the writer's sources):
 //   clang++-14 -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined \
-//     -fno-sanitize-recover=undefined -DFT_VERSION='"fuzz"' -Ilib \
-//     tests/fuzz/fuzz_checkpoint_manifest.cpp lib/ckpt/checkpoint.cpp lib/model/layout.cpp \
+//     -fno-sanitize-recover=undefined -Ilib \
+//     tests/fuzz/fuzz_checkpoint_manifest.cpp lib/ckpt/folders.cpp lib/ckpt/io.cpp \
+//     lib/ckpt/manifest.cpp lib/ckpt/reshard.cpp lib/model/layout.cpp lib/model/rope.cpp \
 //     lib/optim/loss_scaler.cpp lib/core/log.cpp -lz -o /tmp/fuzz_checkpoint_manifest
 //   mkdir -p /tmp/cm_corpus && /tmp/fuzz_checkpoint_manifest -max_total_time=300 \
 //     /tmp/cm_corpus tests/fuzz/corpus/checkpoint_manifest

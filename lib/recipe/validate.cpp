@@ -1,0 +1,260 @@
+// Recipe validation across keys (stages 5b and 5c; recipe.cpp has the list): features the format
+// accepts but ft or this build cannot run yet, and the rules between keys (head and layout
+// divisibility, sequence length, schedule, RoPE scaling, fp16 loss scaling).
+//
+// Invariants: a rule runs only when every key it reads is usable (has no issue yet), so one
+// mistake is reported once; nothing accepted is silently ignored: it is refused, or a warning
+// says it does nothing in this run.
+#include <cmath>
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "model/rope.h"
+#include "recipe/loader.h"
+#include "recipe/schema.h"
+#include "runtime/device.h"
+
+namespace ft::recipe_internal {
+
+// Stage 5b: accepted values whose feature is not built yet: refused loudly, never ignored.
+void Loader::check_unimplemented() {
+  if (r_.model.arch == "gpt2" && usable("model.arch")) {
+    issue(locate("model.arch"), "model.arch", "gpt2 is not implemented yet", "use llama");
+  }
+}
+
+// Features the recipe format defines (DESIGN.md §5) but this build cannot run yet. Refused
+// here, so `ft validate` and `ft train` agree and nothing a recipe asks for is silently
+// skipped. Tests of the format's own rules (e.g. layout divisibility) switch this off.
+void Loader::check_unbuilt() {
+  if (!cuda_backend() && r_.runtime.device == "cuda" && usable("runtime.device")) {
+    issue(locate("runtime.device"), "runtime.device",
+          "cuda is not available: this build of ft has no CUDA backend (configured with "
+          "FT_CUDA=OFF or without nvcc)", "use auto or cpu");
+  }
+}
+
+// Stage 5c: rules across keys, each checked only when every key it reads is usable.
+void Loader::check_cross_rules() {
+  const ModelConfig& m = r_.model;
+  if (all_usable({"model.dim", "model.n_heads"})) {
+    if (m.dim % m.n_heads != 0) {
+      issue(locate("model.n_heads"), "model.n_heads",
+            "model.dim " + std::to_string(m.dim) + " is not divisible by model.n_heads " +
+                std::to_string(m.n_heads),
+            "each head gets dim / n_heads channels; pick n_heads dividing dim, e.g. " +
+                std::to_string(nearest_divisor(m.dim, m.n_heads)));
+    } else if ((m.dim / m.n_heads) % 2 != 0) {
+      issue(locate("model.n_heads"), "model.n_heads",
+            "head_dim = dim / n_heads = " + std::to_string(m.dim / m.n_heads) + " is odd",
+            "RoPE rotates pairs of channels, so head_dim must be even; change dim or n_heads");
+    }
+  }
+  if (all_usable({"model.n_heads", "model.n_kv_heads"}) && m.n_heads % m.n_kv_heads != 0) {
+    issue(locate("model.n_kv_heads"), "model.n_kv_heads",
+          "model.n_heads " + std::to_string(m.n_heads) +
+              " is not divisible by model.n_kv_heads " + std::to_string(m.n_kv_heads),
+          "each key/value head serves n_heads / n_kv_heads query heads; e.g. n_kv_heads: " +
+              std::to_string(nearest_divisor(m.n_heads, m.n_kv_heads)));
+  }
+  if (all_usable({"data.seq_len", "model.max_seq_len"}) && r_.data.seq_len > m.max_seq_len) {
+    issue(locate("data.seq_len"), "data.seq_len",
+          "data.seq_len " + std::to_string(r_.data.seq_len) + " exceeds model.max_seq_len " +
+              std::to_string(m.max_seq_len),
+          "use a data.seq_len of at most " + std::to_string(m.max_seq_len));
+  }
+  if (all_usable({"scheduler.warmup_steps", "training.steps"}) &&
+      r_.scheduler.warmup_steps > r_.training.steps) {
+    issue(locate("scheduler.warmup_steps"), "scheduler.warmup_steps",
+          "scheduler.warmup_steps " + std::to_string(r_.scheduler.warmup_steps) +
+              " exceeds training.steps " + std::to_string(r_.training.steps),
+          "warmup must end by the last step");
+  }
+  if (all_usable({"scheduler.min_lr", "optimizer.lr"}) && r_.scheduler.min_lr > r_.optimizer.lr) {
+    issue(locate("scheduler.min_lr"), "scheduler.min_lr",
+          "scheduler.min_lr " + format_double(r_.scheduler.min_lr) + " exceeds optimizer.lr " +
+              format_double(r_.optimizer.lr),
+          "the schedule decays from lr down to min_lr; make min_lr <= lr");
+  }
+  if (all_usable({"training.eval_every_steps", "data.valid"}) &&
+      r_.training.eval_every_steps > 0 && r_.data.valid.empty()) {
+    issue(locate("training.eval_every_steps"), "training.eval_every_steps",
+          "evaluation is on but data.valid is not set",
+          "set data.valid to a shard folder, or training.eval_every_steps: 0");
+  }
+  check_rope();
+  check_vocabulary();
+  check_layout();
+  check_loss_scaling();
+}
+
+// fp16 loss scaling keys (optim/loss_scaler.h). Checked whatever the precision, so that a
+// recipe's mistakes show before fp16 is switched on; set with another precision, they do
+// nothing, which one warning line says.
+void Loader::check_loss_scaling() {
+  const TrainingConfig& t = r_.training;
+  // Powers of two, so that scaling the loss and unscaling the gradients are exact (only the
+  // exponent changes) and every scale the dynamic rule reaches by halving and doubling is one.
+  auto power_of_two = [&](const char* key, double v) {
+    int e = 0;
+    if (!usable(key) || v == 0 || std::frexp(v, &e) == 0.5) return;
+    const double below = std::ldexp(1.0, e - 1), above = std::ldexp(1.0, e);
+    issue(locate(key), key, format_double(v) + " is not a power of two",
+          "scaling by a power of two is exact; use " + format_double(below) + " or " +
+              format_double(above));
+  };
+  power_of_two("training.loss_scale", t.loss_scale);
+  power_of_two("training.initial_loss_scale", t.initial_loss_scale);
+  power_of_two("training.min_loss_scale", t.min_loss_scale);
+  if (all_usable({"training.min_loss_scale", "training.initial_loss_scale"}) &&
+      t.min_loss_scale > t.initial_loss_scale) {
+    issue(locate("training.min_loss_scale"), "training.min_loss_scale",
+          "training.min_loss_scale " + format_double(t.min_loss_scale) +
+              " exceeds training.initial_loss_scale " + format_double(t.initial_loss_scale),
+          "the dynamic scale starts at initial_loss_scale and halves down to min_loss_scale; "
+          "make min_loss_scale <= initial_loss_scale");
+  }
+  // Keys set away from their defaults that this run does not read: said once, not refused
+  // (a resolved recipe, which writes every key, must load without a warning).
+  const Recipe defaults;
+  auto changed = [&](std::initializer_list<const char*> keys) {
+    std::vector<std::string> out;
+    for (const char* key : keys) {
+      const KeySpec& k = *find_key(key);
+      if (is_set(key) && usable(key) && k.get(r_) != k.get(defaults)) out.push_back(key);
+    }
+    return out;
+  };
+  // bf16 and fp16 are refused by check_unimplemented today but keep their value, which says
+  // whether these keys act; a precision that failed to convert is left at fp32 and says
+  // nothing.
+  const bool precision_known = usable("training.precision") || t.precision != "fp32";
+  if (precision_known && t.precision != "fp16") {
+    const std::vector<std::string> ignored =
+        changed({"training.loss_scale", "training.loss_scale_window",
+                 "training.initial_loss_scale", "training.min_loss_scale",
+                 "training.loss_scale_hysteresis", "training.max_skipped_steps"});
+    if (!ignored.empty())
+      warnings_.push_back(join(ignored, ", ") + (ignored.size() == 1 ? " acts" : " act") +
+                          " only with training.precision fp16; ignored in this " +
+                          t.precision + " run");
+  } else if (t.precision == "fp16" && t.loss_scale > 0 && usable("training.loss_scale")) {
+    const std::vector<std::string> ignored =
+        changed({"training.loss_scale_window", "training.initial_loss_scale",
+                 "training.min_loss_scale", "training.loss_scale_hysteresis"});
+    if (!ignored.empty())
+      warnings_.push_back(join(ignored, ", ") + (ignored.size() == 1 ? " acts" : " act") +
+                          " only with dynamic loss scaling (training.loss_scale 0); ignored "
+                          "with the static scale " + format_double(t.loss_scale));
+  }
+}
+
+// RoPE scaling written in the recipe (with model.from, read_hf_config has checked the file's
+// and any recipe key that disagrees is already an issue). Each type needs its factors, as
+// transformers' rope validation requires them; a factor the type does not use is refused when
+// it is not the neutral default, since the recipe then asks for a scaling it would not get.
+void Loader::check_rope() {
+  const ModelConfig& m = r_.model;
+  if (!m.from.empty() || !usable("model.rope_type")) return;
+  const std::string& type = m.rope_type;
+  const Recipe defaults;
+  struct Factor {
+    const char* path;
+    bool used;
+  };
+  const bool llama3 = type == "llama3";
+  for (Factor f : {Factor{"model.rope_factor", type != "default"},
+                   Factor{"model.rope_low_freq_factor", llama3},
+                   Factor{"model.rope_high_freq_factor", llama3},
+                   Factor{"model.rope_original_max_seq_len", llama3}}) {
+    const KeySpec& k = *find_key(f.path);
+    if (!usable(f.path)) continue;
+    if (f.used && !is_set(f.path)) {
+      issue(locate(f.path), f.path, "is required when model.rope_type is " + type,
+            "set it to the model's " + k.hf_name + " (in config.json's rope_parameters or "
+            "rope_scaling)");
+    } else if (!f.used && is_set(f.path) && k.get(r_) != k.get(defaults)) {
+      issue(locate(f.path), f.path,
+            "is set but model.rope_type " + type + " does not use it",
+            "set model.rope_type to the scaling it belongs to, or remove " + std::string(f.path));
+    }
+  }
+  if (all_usable({"model.rope_theta", "model.rope_factor", "model.dim", "model.n_heads"}) &&
+      m.n_heads > 0 && m.dim % m.n_heads == 0) {
+    if (std::string p = rope_table_problem(m, m.dim / m.n_heads); !p.empty())
+      issue(locate("model.rope_theta"), "model.rope_theta", p,
+            "Llama models use rope_theta between 1e4 and 1e6 and factors between 1 and 64");
+  }
+  if (llama3 && all_usable({"model.rope_low_freq_factor", "model.rope_high_freq_factor"}) &&
+      !(m.rope_low_freq_factor < m.rope_high_freq_factor)) {
+    issue(locate("model.rope_high_freq_factor"), "model.rope_high_freq_factor",
+          "model.rope_low_freq_factor " + format_double(m.rope_low_freq_factor) +
+              " must be below model.rope_high_freq_factor " +
+              format_double(m.rope_high_freq_factor),
+          "llama3 blends the frequencies between the two; Llama 3.1 uses 1 and 4");
+  }
+}
+
+// World = data × pipeline × tensor (DESIGN.md §3). world_size <= 0 means "not known yet"
+// (ft validate without a launcher): then the smallest world, one data rank, is assumed.
+void Loader::check_layout() {
+  const ParallelConfig& p = r_.parallel;
+  const ModelConfig& m = r_.model;
+  if (!usable("parallel.tensor") || !usable("parallel.pipeline")) return;
+  const int64_t model_ranks = int64_t(p.tensor) * p.pipeline;
+  const int64_t world = world_size_ > 0 ? world_size_ : model_ranks;
+  if (world % model_ranks != 0) {
+    issue(locate("parallel.tensor"), "parallel.tensor",
+          "world size " + std::to_string(world) +
+              " is not divisible by tensor × pipeline = " + std::to_string(model_ranks),
+          "the ranks form a data × pipeline × tensor grid; launch a multiple of " +
+              std::to_string(model_ranks) + " ranks or change parallel.tensor/pipeline");
+    return;
+  }
+  const int64_t data = world / model_ranks;
+  if (all_usable({"training.micro_batch_size", "training.global_batch_size"})) {
+    const int64_t per_step = int64_t(r_.training.micro_batch_size) * data;
+    if (r_.training.global_batch_size % per_step != 0) {
+      const int64_t up = (r_.training.global_batch_size / per_step + 1) * per_step;
+      issue(locate("training.global_batch_size"), "training.global_batch_size",
+            "global_batch_size " + std::to_string(r_.training.global_batch_size) +
+                " is not divisible by micro_batch_size × data ranks = " +
+                std::to_string(r_.training.micro_batch_size) + " × " + std::to_string(data),
+            "use a multiple of " + std::to_string(per_step) + ", e.g. " + std::to_string(up));
+    }
+  }
+  // Tensor parallelism splits heads, KV heads, the MLP and the vocabulary (embedding, lm_head
+  // and cross-entropy) across tensor ranks. The vocabulary is not padded: a vocab_size that
+  // does not divide is refused rather than silently changing the model's shapes.
+  struct Split {
+    const char* key;
+    int value;
+  };
+  for (Split s : {Split{"model.n_heads", m.n_heads}, Split{"model.n_kv_heads", m.n_kv_heads},
+                  Split{"model.ffn_dim", m.ffn_dim}, Split{"model.vocab_size", m.vocab_size}}) {
+    if (usable(s.key) && s.value % p.tensor != 0) {
+      issue(locate("parallel.tensor"), "parallel.tensor",
+            std::string(s.key) + " " + std::to_string(s.value) +
+                " does not split evenly over parallel.tensor " + std::to_string(p.tensor),
+            "use a parallel.tensor that divides it");
+    }
+  }
+  if (usable("model.n_layers") && m.n_layers < p.pipeline) {
+    issue(locate("parallel.pipeline"), "parallel.pipeline",
+          "parallel.pipeline " + std::to_string(p.pipeline) + " stages for only " +
+              std::to_string(m.n_layers) + " layers",
+          "every stage needs at least one layer; use at most " + std::to_string(m.n_layers));
+  }
+}
+
+int Loader::nearest_divisor(int n, int near) {
+  int best = 1;
+  for (int d = 1; d <= n; ++d) {
+    if (n % d == 0 && std::abs(d - near) < std::abs(best - near)) best = d;
+  }
+  return best;
+}
+
+}  // namespace ft::recipe_internal

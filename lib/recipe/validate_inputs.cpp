@@ -1,0 +1,186 @@
+// Recipe validation against the files it names (stages 4b and 5a, and the vocabulary check of
+// 5c; recipe.cpp has the list): model.from's config.json (sizes taken from it, recipe values
+// that disagree refused, weights in safetensors), paths that must exist, and the vocabulary of the
+// shards and the tokenizer against model.vocab_size.
+//
+// Invariants: what `ft train` would refuse about these files, `ft validate` refuses too
+// (DESIGN.md §5); a file's own errors become issues at the key naming it, never exceptions; only
+// headers and attributes are read (config.json, the first shard's attributes, the tokenizer),
+// never weights or tokens.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "ckpt/hf.h"
+#include "core/error.h"
+#include "data/shard.h"
+#include "data/tokenizer.h"
+#include "recipe/loader.h"
+#include "recipe/schema.h"
+
+namespace ft::recipe_internal {
+
+// Stage 4b: with model.from, the HF config provides the size keys; explicit recipe values
+// must agree with it (DESIGN.md §5: a disagreement is an error, not a silent override).
+void Loader::take_model_from() {
+  if (r_.model.from.empty() || !usable("model.from")) return;
+  if (!std::filesystem::is_directory(r_.model.from)) return;  // reported by check_paths
+  HfConfigRead hf;
+  try {
+    hf = read_hf_config_located(r_.model.from);
+  } catch (const Error& e) {
+    issue(locate("model.from"), "model.from", e.what(),
+          "point model.from at a Hugging Face LlamaForCausalLM folder");
+    return;
+  }
+  const std::string config = (std::filesystem::path(r_.model.from) / "config.json").string();
+  for (const std::string& u : hf.unsupported) {
+    issue(locate("model.from"), "model.from", config + ": " + u,
+          "ft cannot train this model as transformers would; use a checkpoint without it");
+  }
+  warnings_.insert(warnings_.end(), hf.warnings.begin(), hf.warnings.end());
+  check_weight_files();
+  Recipe from_hf = r_;
+  from_hf.model = hf.model;
+  for (const KeySpec& k : schema()) {
+    if (k.hf_name.empty()) continue;
+    const Value theirs = k.get(from_hf);
+    if (is_set(k.path) && usable(k.path) && k.get(r_) != theirs) {
+      issue(locate(k.path), k.path,
+            k.path + " = " + format_value(k.get(r_)) + " but " + config + " " +
+                hf_says(k, hf, format_value(theirs)),
+            "remove " + k.path + " or make it match");
+    }
+    k.set(r_, theirs);
+  }
+}
+
+// ft reads safetensors only (ckpt/hf.cpp). Only their presence is checked here, so that
+// validate refuses what train would: the headers are read when the weights load.
+void Loader::check_weight_files() {
+  namespace fs = std::filesystem;
+  const fs::path dir = r_.model.from;
+  std::error_code ec;
+  if (fs::is_regular_file(dir / "model.safetensors", ec) ||
+      fs::is_regular_file(dir / "model.safetensors.index.json", ec))
+    return;
+  std::string others;  // weights in formats ft does not read
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string ext = e.path().extension().string();
+    if (ext == ".bin" || ext == ".pth" || ext == ".pt" || ext == ".safetensors" ||
+        e.path().filename() == "pytorch_model.bin.index.json")
+      others += (others.empty() ? "" : ", ") + e.path().filename().string();
+  }
+  issue(locate("model.from"), "model.from",
+        r_.model.from + " has no model.safetensors or model.safetensors.index.json" +
+            (others.empty() ? "" : " (it holds " + others + ")"),
+        others.empty()
+            ? "point model.from at the folder that holds the weights"
+            : "ft reads safetensors only: convert the weights, e.g. in Python "
+              "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(OUT)");
+}
+
+// What config.json says about key k, quoting the place it was read from: "has hidden_size
+// 256", "has rope_parameters.rope_theta = 500000", "has no rope_theta (transformers' default
+// 10000)". For a RoPE factor the file's rope type does not have: "uses rope type X, which
+// has no factor".
+std::string Loader::hf_says(const KeySpec& k, const HfConfigRead& hf, const std::string& value) {
+  const auto it = hf.origins.find(k.path);
+  if (it == hf.origins.end()) {
+    if (k.path.rfind("model.rope_", 0) == 0)
+      return "uses rope type " + hf.model.rope_type + ", which has no " + k.hf_name;
+    return "has " + k.hf_name + " " + value;
+  }
+  if (it->second.empty()) return "has no " + k.hf_name + " (transformers' default " + value + ")";
+  return "has " + it->second + " = " + value;
+}
+
+// Stage 5a: paths that must exist now. Relative paths are resolved against the current
+// working directory (where ft runs), not the recipe's folder, the same way every other
+// command-line tool treats paths; they are kept as written in the Recipe.
+void Loader::check_paths() {
+  for (const KeySpec& k : schema()) {
+    if (k.kind != Kind::kDir && k.kind != Kind::kFile) continue;
+    if (!usable(k.path)) continue;
+    const std::string p = std::get<std::string>(k.get(r_));
+    if (p.empty()) continue;
+    const bool want_dir = k.kind == Kind::kDir;
+    std::error_code ec;
+    const auto status = std::filesystem::status(p, ec);
+    const bool exists = std::filesystem::exists(status);
+    if (want_dir ? std::filesystem::is_directory(status)
+                 : std::filesystem::is_regular_file(status)) {
+      continue;
+    }
+    std::string message = !exists    ? "\"" + p + "\" does not exist"
+                          : want_dir ? "\"" + p + "\" is not a directory"
+                                     : "\"" + p + "\" is not a regular file";
+    std::string hint = want_dir ? "give the path of a directory" : "give the path of a file";
+    if (p.rfind("~/", 0) == 0)
+      hint = "~ is not expanded in recipes; write the full path";
+    else if (std::filesystem::path(p).is_relative()) {
+      hint += "; relative paths are resolved against the current directory, " +
+              std::filesystem::current_path(ec).string();
+    }
+    issue(locate(k.path), k.path, message, hint);
+  }
+}
+
+// Token ids must be rows of the embedding. ft train refuses shards whose vocab_size attribute
+// exceeds model.vocab_size (every id of a shard is below its attribute, data/shard.cpp), so
+// validate checks the same here from the first shard's attributes, without reading tokens;
+// and a tokenizer with more pieces than the model has rows would produce such ids.
+void Loader::check_vocabulary() {
+  if (!usable("model.vocab_size")) return;
+  const int64_t V = r_.model.vocab_size;
+  const std::string source = r_.model.from.empty()
+                                 ? std::string()
+                                 : " (vocab_size in " + r_.model.from + "/config.json)";
+  for (const char* key : {"data.train", "data.valid"}) {
+    const KeySpec& k = *find_key(key);
+    const std::string dir = std::get<std::string>(k.get(r_));
+    std::error_code ec;
+    if (dir.empty() || !usable(key) || !std::filesystem::is_directory(dir, ec)) continue;
+    std::vector<std::string> files;
+    try {
+      files = list_shard_files(dir);
+    } catch (const Error&) {
+      continue;  // no shards yet: the loader names the folder when training starts
+    }
+    ShardInfo info;
+    try {
+      info = read_shard_info(files.front());
+    } catch (const Error& e) {
+      issue(locate(key), key, e.what(), "re-create the shards with ft tokenize");
+      continue;
+    }
+    if (info.attrs.vocab_size > V) {
+      issue(locate("model.vocab_size"), "model.vocab_size",
+            "model.vocab_size " + std::to_string(V) + source + " is smaller than vocab_size " +
+                std::to_string(info.attrs.vocab_size) + " of the shards in " + dir + " (" +
+                files.front() + ")",
+            "tokenize " + std::string(key) + " with the model's tokenizer, or use a model "
+            "whose vocabulary covers it");
+    }
+  }
+  // tokenizer.path is also used as opaque bytes (its hash must match the shards'), so a file
+  // SentencePiece cannot load is left to that check.
+  if (!r_.tokenizer.path.empty() && usable("tokenizer.path")) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(r_.tokenizer.path, ec)) return;
+    int64_t pieces = 0;
+    try {
+      pieces = Tokenizer(r_.tokenizer.path).vocab_size();
+    } catch (const Error&) {
+      return;
+    }
+    if (pieces > V) {
+      issue(locate("model.vocab_size"), "model.vocab_size",
+            "model.vocab_size " + std::to_string(V) + source + " is smaller than the " +
+                std::to_string(pieces) + " pieces of tokenizer " + r_.tokenizer.path,
+            "use the model's own tokenizer, or a model whose vocabulary covers it");
+    }
+  }
+}
+
+}  // namespace ft::recipe_internal
