@@ -1,5 +1,6 @@
 // Communicator: the collective operations training needs, behind one interface so that the
-// single-process run, MPI and (later) NCCL are interchangeable.
+// single-process run, MPI (host memory; device memory through host_staging.h) and ft plan's
+// counting communicator are interchangeable. The NCCL issue adds one that runs on the device.
 #pragma once
 
 #include <cstddef>

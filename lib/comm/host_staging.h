@@ -6,7 +6,8 @@
 // communicator's call on that buffer, and copies the result back.
 //
 // Correct, not fast: every call synchronises the stream and crosses PCIe twice, and nothing
-// overlaps with compute. NCCL (later) will take device pointers and run on the stream.
+// overlaps with compute. A NCCL communicator (not built yet) would take device pointers and run
+// on the stream.
 //
 // Host scalars (loss sums, flags, the step's agreement) keep going to the plain communicator:
 // every pointer handed to a HostStagedCommunicator is memory of its Device.

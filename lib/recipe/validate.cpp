@@ -127,9 +127,8 @@ void Loader::check_loss_scaling() {
     }
     return out;
   };
-  // bf16 and fp16 are refused by check_unimplemented today but keep their value, which says
-  // whether these keys act; a precision that failed to convert is left at fp32 and says
-  // nothing.
+  // The precision says whether these keys act; one that failed to convert is left at fp32 and
+  // says nothing.
   const bool precision_known = usable("training.precision") || t.precision != "fp32";
   if (precision_known && t.precision != "fp16") {
     const std::vector<std::string> ignored =

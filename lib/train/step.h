@@ -17,13 +17,11 @@
 // A step whose loss or norm is not finite changes nothing (DESIGN.md §5): run() returns before
 // phase 6 with `nonfinite` set, and the loop stops the run (describe_nonfinite names why).
 //
-// Where the coming parts of mixed precision (issue 8) go, so that they change the step, not the
-// loop: the precision policy runs phase 2 on the bf16/fp16 compute copy of the parameters and
-// has phase 6 update the fp32 master shard, then refresh the compute copy from it (ZeRO's
-// finish_update); fp16 loss scaling multiplies the scale into phase 1's token weight, divides it
-// out in phase 4 with found-inf carried by the norm's all-reduce, and turns a phase-5 overflow
-// into a skipped step (StepResult gains `skipped` and the scale, step_metrics_line writes them)
-// instead of a stop.
+// Mixed precision (DESIGN.md §5) lives in the phases, not the loop: phase 2 runs on the bf16/fp16
+// compute copy of the parameters, phase 6 updates the fp32 master shard and refreshes the
+// compute copy from it (ZeRO's finish_update); fp16 loss scaling multiplies the scale into phase
+// 1's token weight, divides it out in phase 4 with found-inf carried by the norm's all-reduce,
+// and turns a phase-5 overflow into a skipped step (StepResult's `skipped` and `loss_scale`).
 //
 // Steps are counted from 0 here (s, as in DESIGN.md §5's formulas); people read s + 1 (§7).
 #pragma once

@@ -1,4 +1,4 @@
-// The CUDA device (issue 9): ft::Device over one GPU, with the caching allocator
+// The CUDA device: ft::Device over one GPU, with the caching allocator
 // (caching_allocator.h) over cudaMalloc, one non-blocking stream that every op and copy is
 // queued on, a second one for the checkpoint's device → host staging copies, cudaEvents
 // (device.h Event), page-locked host staging buffers, and the GPU chosen from the node-local
