@@ -129,21 +129,12 @@ grep -q 'pipeline send/receive buffers' "$tmp/tp.txt" || fail "no pipeline buffe
 grep -q 'send .* B (group of 2)' "$tmp/tp.txt" || fail "no pipeline sends: $(cat "$tmp/tp.txt")"
 ! grep -qi 'estimate\|cannot run' "$tmp/tp.txt" || fail "pipeline still called an estimate: $(cat "$tmp/tp.txt")"
 
-# A Llama-3-70B shape on 64 ranks (8 tensor × 4 pipeline × 2 data, bf16, ZeRO-1, activation
-# checkpointing): the plan counts 64 ranks' setups and steps of a 70.6B-parameter model without
+# A Llama-3-70B shape on 64 ranks (recipes/llama3_70b.yaml: 8 tensor × 4 pipeline × 2 data,
+# bf16, ZeRO-1, activation checkpointing): the plan counts 64 ranks' setups and steps of a 70.6B-parameter model without
 # allocating it: the process stays small (the model's bf16 copy alone is 141 GB). Its time is a
 # benchmark's business (scripts/bench_plan.sh), not this test's.
-cat > "$tmp/l70.yaml" <<YAML
-run: {name: llama3-70b, output_dir: $tmp/l70, seed: 1}
-model: {dim: 8192, n_layers: 80, n_heads: 64, n_kv_heads: 8, ffn_dim: 28672, vocab_size: 128256,
-        max_seq_len: 8192, rope_theta: 500000}
-data: {train: $tmp/nowhere, seq_len: 8192}
-training: {micro_batch_size: 1, global_batch_size: 64, precision: bf16,
-           activation_checkpointing: true}
-parallel: {tensor: 8, pipeline: 4, zero_stage: 1}
-runtime: {device: cuda}
-YAML
-/usr/bin/time -f '%M' -o "$tmp/rss.txt" "$ft" plan "$tmp/l70.yaml" --world 64 --json \
+/usr/bin/time -f '%M' -o "$tmp/rss.txt" "$ft" plan "$src/recipes/llama3_70b.yaml" \
+  run.output_dir="$tmp/l70" --world 64 --json \
   > "$tmp/l70.json" || fail "70B plan"
 rss_kb=$(tail -1 "$tmp/rss.txt")
 (( rss_kb < 1000000 )) || fail "planning the 70B model used ${rss_kb} KiB of memory"
