@@ -12,9 +12,9 @@
 // so a random window costs one small pread whatever the shard size; chunking (rather than
 // contiguous storage) lets the writer append without knowing the final length.
 //
-// Reading is defensive (shard.cpp says how): libhdf5 runs on a shard's bytes only in a child
-// process with a time limit, and the windows of unfiltered datasets are read with pread at the
-// file offsets the child reported, bounds-checked against the file size. Every HDF5 call in
+// Reading is defensive (shard_check.cpp says how): libhdf5 runs on a shard's bytes only in a
+// child process with a time limit, and the windows of unfiltered datasets are read with pread at
+// the file offsets the child reported, bounds-checked against the file size. Every HDF5 call in
 // this process goes through one process-wide mutex: the loader's prefetch threads and the
 // writers may run at the same time, and not every libhdf5 build is thread-safe. HDF5's own
 // error-stack printing is silenced; failures become ft::Error messages that name the file.
@@ -98,9 +98,9 @@ struct ShardInfo {
   DatasetLayout tokens, loss_mask;
 };
 
-// Checks that `path` is a complete ft-tokens shard, in a child process (shard.cpp): HDF5 opens
-// it within the time limit without crashing, the datasets and attributes exist with the right
-// types, format and version match, bos_id/eos_id are -1 or < vocab_size, and doc_offsets
+// Checks that `path` is a complete ft-tokens shard, in a child process (shard_check.cpp): HDF5
+// opens it within the time limit without crashing, the datasets and attributes exist with the
+// right types, format and version match, bos_id/eos_id are -1 or < vocab_size, and doc_offsets
 // start at 0, never decrease and stay <= num_tokens. Throws ft::Error naming the file and the
 // problem ("damaged: reading it crashed libhdf5 (SIGSEGV)", "... did not finish in N s").
 ShardInfo read_shard_info(const std::string& path);

@@ -1,6 +1,6 @@
 // libFuzzer harness for the shard reader (not part of the default build).
 //
-// What runs in this process on a shard's bytes is the parent's side of lib/data/shard.cpp: it
+// What runs in this process on a shard's bytes is the parent's side of lib/data's shard check: it
 // parses the check child's report and reads windows with pread at the reported offsets. libhdf5
 // runs only in the child, where a crash or a hang is contained by design and becomes an error.
 // Two modes, chosen by FT_FUZZ_SHARD_MODE:
@@ -20,7 +20,7 @@
 //
 // Build and run (clang, from the repository root):
 //   clang++-14 -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Ilib \
-//     -I/usr/include/hdf5/serial tests/fuzz/fuzz_shard.cpp lib/data/shard.cpp \
+//     -I/usr/include/hdf5/serial tests/fuzz/fuzz_shard.cpp lib/data/shard*.cpp \
 //     -L/usr/lib/x86_64-linux-gnu/hdf5/serial -lhdf5 -o /tmp/fuzz_shard
 //   /tmp/fuzz_shard -max_total_time=300 /tmp/shard_corpus tests/fuzz/corpus/shard/report
 //   FT_FUZZ_SHARD_MODE=full /tmp/fuzz_shard -max_total_time=300 /tmp/full \

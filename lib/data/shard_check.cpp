@@ -1,0 +1,239 @@
+// The shard check, both sides. libhdf5 trusts the file it reads: fuzzed shards crash it
+// (SIGSEGV inside a variable-length string attribute) or make it loop forever, and nothing
+// short of rewriting it makes every path safe. So whatever libhdf5 does with a shard's bytes
+// happens first in a child process with a time limit (check_shards: posix_spawn of
+// /proc/self/exe, entered through an ELF constructor below; one child per folder, not per
+// file, to keep startup cheap). The child opens each shard, reads and checks all metadata
+// (shard_metadata.cpp) and reports back on a pipe (shard_report.cpp); a crash, a signal or the
+// time limit becomes an error naming the file. The parent then keeps libhdf5 out of its data
+// path: shard_read.cpp.
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#include "core/error.h"
+#include "data/shard.h"
+#include "data/shard_internal.h"
+
+namespace ft {
+namespace {
+
+void write_all(int fd, const std::string& s) {
+  size_t done = 0;
+  while (done < s.size()) {
+    ssize_t w = ::write(fd, s.data() + done, s.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) ::_exit(3);  // the parent is gone; nobody is left to tell
+    done += size_t(w);
+  }
+}
+
+// The child's entry point. check_shards() spawns /proc/self/exe — whichever program this is:
+// ft, the unit tests, a fuzz harness — with argv[1] == kCheckArg. glibc hands argc/argv to ELF
+// constructors, so this runs before that program's main() and never returns into it: every
+// program that links this file can check shards without its main() knowing about it.
+constexpr const char* kCheckArg = "__ft_shard_check__";
+#if defined(__SANITIZE_ADDRESS__)  // GCC
+#define FT_UNDER_ASAN 1
+#elif defined(__has_feature)  // clang
+#if __has_feature(address_sanitizer)
+#define FT_UNDER_ASAN 1
+#endif
+#endif
+constexpr rlim_t kCheckMemoryBytes = rlim_t(2) << 30;  // heap of the check child
+
+__attribute__((constructor)) void shard_check_entry(int argc, char** argv, char** /*envp*/) {
+  if (argc < 2 || !argv || !argv[1] || std::strcmp(argv[1], kCheckArg) != 0) return;
+  // A corrupt length makes libhdf5 allocate and copy gigabytes (measured: 6 GiB within 16 s on
+  // one fuzzed attribute); a data limit turns that into a quick allocation failure, which
+  // libhdf5 reports as an error. Not under AddressSanitizer, whose shadow memory is counted.
+#if !defined(FT_UNDER_ASAN)
+  const rlimit data_limit{kCheckMemoryBytes, kCheckMemoryBytes};
+  ::setrlimit(RLIMIT_DATA, &data_limit);
+#endif
+  std::vector<std::string> paths(argv + 2, argv + argc);
+  ::_exit(detail::run_shard_check(paths, STDOUT_FILENO));
+}
+
+}  // namespace
+
+namespace detail {
+
+int run_shard_check(const std::vector<std::string>& paths, int fd) {
+  Hdf5Lock lock;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    write_all(fd, report_begin(i));
+    std::string record;
+    try {
+      struct stat st {};
+      if (::stat(paths[i].c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+        FT_FAIL(paths[i], ": no such shard file");
+      record = report_shard(i, read_shard_metadata(paths[i], uint64_t(st.st_size)));
+    } catch (const std::bad_alloc&) {
+      write_all(fd, report_error(i, paths[i] + ": damaged: its metadata asks for more memory "
+                                               "than there is (corrupt shard)"));
+      return 0;
+    } catch (const std::exception& e) {
+      write_all(fd, report_error(i, e.what()));
+      return 0;
+    }
+    write_all(fd, record);
+  }
+  return 0;
+}
+
+}  // namespace detail
+
+namespace {
+
+// FT_SHARD_CHECK_TIMEOUT_S: seconds the check may spend on one shard before the file counts
+// as damaged, plus 1 s per 50 MiB of the file (compressed data is decoded once in full).
+double check_time_limit_s(uint64_t file_bytes) {
+  double base = 30;
+  if (const char* e = std::getenv("FT_SHARD_CHECK_TIMEOUT_S")) base = std::max(0.1, std::atof(e));
+  return base + double(file_bytes) / double(50 << 20);
+}
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+// Runs one child over `paths` and returns its report; throws naming the file it was on when
+// it crashed or ran out of time.
+std::string run_check_child(const std::vector<std::string>& paths,
+                            const std::vector<uint64_t>& file_bytes) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    FT_FAIL(paths.front(), ": cannot check the shard: pipe: ", std::strerror(errno));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  std::vector<std::string> args = {"ft-shard-check", kCheckArg};
+  args.insert(args.end(), paths.begin(), paths.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  // One thread in the child: OpenBLAS starts its pool when it is loaded, for nothing here.
+  std::vector<std::string> env = {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1", "FT_NO_REEXEC=1"};
+  for (char** e = environ; *e; ++e) {
+    std::string_view v(*e);
+    if (!v.starts_with("OPENBLAS_NUM_THREADS=") && !v.starts_with("OMP_NUM_THREADS=") &&
+        !v.starts_with("FT_NO_REEXEC="))
+      env.emplace_back(v);
+  }
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  // posix_spawn, not fork(): an MPI rank must not fork (Open MPI's registered memory), and
+  // spawning is the same fork-then-exec that Open MPI accepts.
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(fds[1]);
+  if (rc != 0) {
+    ::close(fds[0]);
+    FT_FAIL(paths.front(), ": cannot start the shard check (/proc/self/exe): ",
+            std::strerror(rc));
+  }
+
+  std::string report;
+  long current = -1;  // the file the child is on: the last "begin I" seen
+  size_t scanned = 0;
+  double limit_s = check_time_limit_s(file_bytes.front());
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+  bool timed_out = false;
+  char buf[1 << 16];
+  for (;;) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      timed_out = true;
+      break;
+    }
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+    pollfd p{fds[0], POLLIN, 0};
+    const int ready = ::poll(&p, 1, int(std::min<int64_t>(wait.count() + 1, 1 << 30)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) continue;  // the deadline check above decides
+    const ssize_t r = ::read(fds[0], buf, sizeof(buf));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;  // EOF: the child is done (or died)
+    report.append(buf, size_t(r));
+    // A new "begin I" restarts the clock with file I's own limit.
+    for (size_t nl; (nl = report.find('\n', scanned)) != std::string::npos; scanned = nl + 1) {
+      if (report.compare(scanned, 6, "begin ") != 0) continue;
+      current = std::strtol(report.c_str() + scanned + 6, nullptr, 10);
+      if (current >= 0 && size_t(current) < paths.size()) {
+        limit_s = check_time_limit_s(file_bytes[size_t(current)]);
+        deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+      }
+    }
+  }
+  ::close(fds[0]);
+  if (timed_out) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  const bool on_file = current >= 0 && size_t(current) < paths.size();
+  const std::string& who = on_file ? paths[size_t(current)] : paths.front();
+  if (timed_out) {
+    char secs[32];
+    std::snprintf(secs, sizeof(secs), "%.0f", limit_s);
+    FT_FAIL(who, ": damaged: reading it with libhdf5 did not finish in ", secs,
+            " s (a corrupt shard can make libhdf5 loop forever); re-create it with `ft tokenize`"
+            " (on a very slow file system, raise FT_SHARD_CHECK_TIMEOUT_S)");
+  }
+  if (WIFSIGNALED(status) && !on_file)  // before any file: not the shards' fault
+    FT_FAIL(who, ": the shard check process (this program, run again through /proc/self/exe) "
+            "died of ", signal_name(WTERMSIG(status)), " before reading any shard");
+  if (WIFSIGNALED(status))
+    FT_FAIL(who, ": damaged: reading it crashed libhdf5 (", signal_name(WTERMSIG(status)),
+            ", in the shard check's child process); re-create it with `ft tokenize`");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    FT_FAIL(who, ": the shard check process failed (exit status ", WEXITSTATUS(status), ")");
+  return report;
+}
+
+}  // namespace
+
+std::vector<ShardInfo> check_shards(const std::vector<std::string>& paths) {
+  std::vector<uint64_t> sizes;
+  for (const std::string& p : paths) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) FT_FAIL(p, ": no such shard file");
+    sizes.push_back(uint64_t(st.st_size));
+  }
+  // One child per batch of files; batches keep each command line well under ARG_MAX.
+  constexpr size_t kBatchArgBytes = 512 << 10;
+  std::vector<ShardInfo> out;
+  for (size_t begin = 0; begin < paths.size();) {
+    size_t end = begin, bytes = 0;
+    while (end < paths.size() && (end == begin || bytes + paths[end].size() < kBatchArgBytes))
+      bytes += paths[end++].size() + 1;
+    const std::vector<std::string> batch(paths.begin() + long(begin), paths.begin() + long(end));
+    const std::vector<uint64_t> batch_sizes(sizes.begin() + long(begin), sizes.begin() + long(end));
+    for (ShardInfo& s :
+         detail::parse_shard_report(run_check_child(batch, batch_sizes), batch, batch_sizes))
+      out.push_back(std::move(s));
+    begin = end;
+  }
+  return out;
+}
+
+ShardInfo read_shard_info(const std::string& path) { return check_shards({path}).front(); }
+
+}  // namespace ft
