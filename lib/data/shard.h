@@ -109,6 +109,13 @@ ShardInfo read_shard_info(const std::string& path);
 // returns their infos in order, or throws for the first file that fails.
 std::vector<ShardInfo> check_shards(const std::vector<std::string>& paths);
 
+// The check child is this program, started again (posix_spawn of /proc/self/exe) with the
+// arguments `__ft_shard_check__ FILE...`. Every program that checks shards calls this first
+// thing in main(), before anything that starts threads or MPI: when this process is such a
+// child it runs the check and exits (never returns); otherwise it returns at once.
+// check_shards() throws in a program that has not called it.
+void run_shard_check_if_child(int argc, char** argv);
+
 namespace detail {
 // The parent's side of the check, exposed for the fuzz harness: parses the child's report on
 // `paths` (file sizes `file_bytes`) and checks every offset against the file size. Throws
@@ -116,9 +123,6 @@ namespace detail {
 std::vector<ShardInfo> parse_shard_report(const std::string& report,
                                           const std::vector<std::string>& paths,
                                           const std::vector<uint64_t>& file_bytes);
-// The child's side: checks each path with libhdf5 and writes the report to `fd`. Returns the
-// exit status (0 also when a shard is bad: that is reported, not a failure of the check).
-int run_shard_check(const std::vector<std::string>& paths, int fd);
 }  // namespace detail
 
 // The *.h5 files of a folder in name order. Throws if the folder is missing or holds none.

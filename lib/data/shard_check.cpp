@@ -1,12 +1,26 @@
-// The shard check, both sides. libhdf5 trusts the file it reads: fuzzed shards crash it
-// (SIGSEGV inside a variable-length string attribute) or make it loop forever, and nothing
-// short of rewriting it makes every path safe. So whatever libhdf5 does with a shard's bytes
-// happens first in a child process with a time limit (check_shards: posix_spawn of
-// /proc/self/exe, entered through an ELF constructor below; one child per folder, not per
-// file, to keep startup cheap). The child opens each shard, reads and checks all metadata
-// (shard_metadata.cpp) and reports back on a pipe (shard_report.cpp); a crash, a signal or the
-// time limit becomes an error naming the file. The parent then keeps libhdf5 out of its data
-// path: shard_read.cpp.
+// The shard check: libhdf5 runs on a shard's bytes only in a child process with limits.
+//
+// Why: libhdf5 trusts the file it reads. Fuzzed shards crash it (SIGSEGV inside a
+// variable-length string attribute) or make it loop forever, and nothing short of rewriting it
+// makes every path safe. So check_shards() runs everything libhdf5 does with a shard's bytes in
+// a child (shard_metadata.cpp: attributes, dataset types, shapes and storage, doc_offsets,
+// bos/eos ids, where the values lie), which reports back on a pipe (shard_report.cpp); a crash,
+// a signal or a limit becomes an error naming the file. One child per folder (per batch of
+// paths that fits a command line), not per file, to keep startup cheap.
+//
+// How the child starts: posix_spawn of /proc/self/exe — whichever program this is — with the
+// arguments `__ft_shard_check__ FILE...`. posix_spawn, not fork(): an MPI rank must
+// not fork (Open MPI's registered memory), and spawning is the same fork-then-exec that Open MPI
+// accepts. Every program that checks shards (ft and ft_emu, the unit tests, the test tools that
+// read shards, the fuzz harnesses) calls run_shard_check_if_child(argc, argv) first thing in
+// main() (LLVMFuzzerInitialize for a harness): in the child it runs the check and exits,
+// otherwise it returns at once. check_shards() refuses to spawn in a program whose main() has
+// not called it, since that child would run the program itself. By hand:
+// `ft __ft_shard_check__ FILE...` prints the report.
+//
+// Limits: wall clock, enforced by the parent: per file, check_time_limit_s() of its size,
+// restarted at the child's "begin I"; memory (RLIMIT_DATA, 2 GiB): see kCheckMemoryBytes.
+// The parent keeps libhdf5 out of its data path afterwards: shard_read.cpp.
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
@@ -16,6 +30,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -31,6 +46,33 @@
 namespace ft {
 namespace {
 
+constexpr const char* kCheckArg = "__ft_shard_check__";
+
+// A corrupt length makes libhdf5 allocate and copy gigabytes (measured: 6 GiB within 16 s on
+// one fuzzed attribute); a data limit turns that into a quick allocation failure, which
+// libhdf5 reports as an error. Not under AddressSanitizer, whose shadow memory is counted.
+constexpr rlim_t kCheckMemoryBytes = rlim_t(2) << 30;
+#if defined(__SANITIZE_ADDRESS__)  // GCC
+#define FT_UNDER_ASAN 1
+#elif defined(__has_feature)  // clang
+#if __has_feature(address_sanitizer)
+#define FT_UNDER_ASAN 1
+#endif
+#endif
+
+// FT_SHARD_CHECK_TIMEOUT_S: seconds the check may spend on one shard before the file counts
+// as damaged, plus 1 s per 50 MiB of the file (compressed data is decoded once in full).
+double check_time_limit_s(uint64_t file_bytes) {
+  double base = 30;
+  if (const char* e = std::getenv("FT_SHARD_CHECK_TIMEOUT_S")) base = std::max(0.1, std::atof(e));
+  return base + double(file_bytes) / double(50 << 20);
+}
+
+// Set by run_shard_check_if_child(): this program's main() starts the check when spawned as one.
+std::atomic<bool> g_entry_called{false};
+
+// ---- the child -------------------------------------------------------------------------------
+
 void write_all(int fd, const std::string& s) {
   size_t done = 0;
   while (done < s.size()) {
@@ -41,53 +83,24 @@ void write_all(int fd, const std::string& s) {
   }
 }
 
-// The child's entry point. check_shards() spawns /proc/self/exe — whichever program this is:
-// ft, the unit tests, a fuzz harness — with argv[1] == kCheckArg. glibc hands argc/argv to ELF
-// constructors, so this runs before that program's main() and never returns into it: every
-// program that links this file can check shards without its main() knowing about it.
-constexpr const char* kCheckArg = "__ft_shard_check__";
-#if defined(__SANITIZE_ADDRESS__)  // GCC
-#define FT_UNDER_ASAN 1
-#elif defined(__has_feature)  // clang
-#if __has_feature(address_sanitizer)
-#define FT_UNDER_ASAN 1
-#endif
-#endif
-constexpr rlim_t kCheckMemoryBytes = rlim_t(2) << 30;  // heap of the check child
-
-__attribute__((constructor)) void shard_check_entry(int argc, char** argv, char** /*envp*/) {
-  if (argc < 2 || !argv || !argv[1] || std::strcmp(argv[1], kCheckArg) != 0) return;
-  // A corrupt length makes libhdf5 allocate and copy gigabytes (measured: 6 GiB within 16 s on
-  // one fuzzed attribute); a data limit turns that into a quick allocation failure, which
-  // libhdf5 reports as an error. Not under AddressSanitizer, whose shadow memory is counted.
-#if !defined(FT_UNDER_ASAN)
-  const rlimit data_limit{kCheckMemoryBytes, kCheckMemoryBytes};
-  ::setrlimit(RLIMIT_DATA, &data_limit);
-#endif
-  std::vector<std::string> paths(argv + 2, argv + argc);
-  ::_exit(detail::run_shard_check(paths, STDOUT_FILENO));
-}
-
-}  // namespace
-
-namespace detail {
-
-int run_shard_check(const std::vector<std::string>& paths, int fd) {
-  Hdf5Lock lock;
+// Checks each path with libhdf5 and writes the report to `fd`. Returns the exit status (0 also
+// when a shard is bad: that is reported, not a failure of the check).
+int check_in_child(const std::vector<std::string>& paths, int fd) {
+  detail::Hdf5Lock lock;
   for (size_t i = 0; i < paths.size(); ++i) {
-    write_all(fd, report_begin(i));
+    write_all(fd, detail::report_begin(i));
     std::string record;
     try {
       struct stat st {};
       if (::stat(paths[i].c_str(), &st) != 0 || !S_ISREG(st.st_mode))
         FT_FAIL(paths[i], ": no such shard file");
-      record = report_shard(i, read_shard_metadata(paths[i], uint64_t(st.st_size)));
+      record = detail::report_shard(i, detail::read_shard_metadata(paths[i], uint64_t(st.st_size)));
     } catch (const std::bad_alloc&) {
-      write_all(fd, report_error(i, paths[i] + ": damaged: its metadata asks for more memory "
-                                               "than there is (corrupt shard)"));
+      write_all(fd, detail::report_error(i, paths[i] + ": damaged: its metadata asks for more "
+                                                       "memory than there is (corrupt shard)"));
       return 0;
     } catch (const std::exception& e) {
-      write_all(fd, report_error(i, e.what()));
+      write_all(fd, detail::report_error(i, e.what()));
       return 0;
     }
     write_all(fd, record);
@@ -95,27 +108,27 @@ int run_shard_check(const std::vector<std::string>& paths, int fd) {
   return 0;
 }
 
-}  // namespace detail
-
-namespace {
-
-// FT_SHARD_CHECK_TIMEOUT_S: seconds the check may spend on one shard before the file counts
-// as damaged, plus 1 s per 50 MiB of the file (compressed data is decoded once in full).
-double check_time_limit_s(uint64_t file_bytes) {
-  double base = 30;
-  if (const char* e = std::getenv("FT_SHARD_CHECK_TIMEOUT_S")) base = std::max(0.1, std::atof(e));
-  return base + double(file_bytes) / double(50 << 20);
-}
+// ---- the parent ------------------------------------------------------------------------------
 
 std::string signal_name(int sig) {
   const char* abbrev = sigabbrev_np(sig);
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
 
+std::string seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.0f", s);
+  return buf;
+}
+
 // Runs one child over `paths` and returns its report; throws naming the file it was on when
 // it crashed or ran out of time.
 std::string run_check_child(const std::vector<std::string>& paths,
                             const std::vector<uint64_t>& file_bytes) {
+  if (!g_entry_called.load())
+    FT_FAIL(paths.front(), ": cannot check the shard: this program's main() does not call "
+            "ft::run_shard_check_if_child(argc, argv) first (lib/data/shard.h), so a check "
+            "child would run the program itself; this is a bug in the program");
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
     FT_FAIL(paths.front(), ": cannot check the shard: pipe: ", std::strerror(errno));
@@ -129,18 +142,15 @@ std::string run_check_child(const std::vector<std::string>& paths,
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   // One thread in the child: OpenBLAS starts its pool when it is loaded, for nothing here.
-  std::vector<std::string> env = {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1", "FT_NO_REEXEC=1"};
+  std::vector<std::string> env = {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"};
   for (char** e = environ; *e; ++e) {
     std::string_view v(*e);
-    if (!v.starts_with("OPENBLAS_NUM_THREADS=") && !v.starts_with("OMP_NUM_THREADS=") &&
-        !v.starts_with("FT_NO_REEXEC="))
+    if (!v.starts_with("OPENBLAS_NUM_THREADS=") && !v.starts_with("OMP_NUM_THREADS="))
       env.emplace_back(v);
   }
   std::vector<char*> envp;
   for (std::string& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
-  // posix_spawn, not fork(): an MPI rank must not fork (Open MPI's registered memory), and
-  // spawning is the same fork-then-exec that Open MPI accepts.
   pid_t pid = -1;
   const int rc = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
@@ -190,13 +200,10 @@ std::string run_check_child(const std::vector<std::string>& paths,
   }
   const bool on_file = current >= 0 && size_t(current) < paths.size();
   const std::string& who = on_file ? paths[size_t(current)] : paths.front();
-  if (timed_out) {
-    char secs[32];
-    std::snprintf(secs, sizeof(secs), "%.0f", limit_s);
-    FT_FAIL(who, ": damaged: reading it with libhdf5 did not finish in ", secs,
+  if (timed_out)
+    FT_FAIL(who, ": damaged: reading it with libhdf5 did not finish in ", seconds(limit_s),
             " s (a corrupt shard can make libhdf5 loop forever); re-create it with `ft tokenize`"
             " (on a very slow file system, raise FT_SHARD_CHECK_TIMEOUT_S)");
-  }
   if (WIFSIGNALED(status) && !on_file)  // before any file: not the shards' fault
     FT_FAIL(who, ": the shard check process (this program, run again through /proc/self/exe) "
             "died of ", signal_name(WTERMSIG(status)), " before reading any shard");
@@ -209,6 +216,17 @@ std::string run_check_child(const std::vector<std::string>& paths,
 }
 
 }  // namespace
+
+void run_shard_check_if_child(int argc, char** argv) {
+  g_entry_called.store(true);
+  if (argc < 2 || !argv || !argv[1] || std::strcmp(argv[1], kCheckArg) != 0) return;
+#if !defined(FT_UNDER_ASAN)
+  const rlimit data_limit{kCheckMemoryBytes, kCheckMemoryBytes};
+  ::setrlimit(RLIMIT_DATA, &data_limit);
+#endif
+  const std::vector<std::string> paths(argv + 2, argv + argc);
+  ::_exit(check_in_child(paths, STDOUT_FILENO));
+}
 
 std::vector<ShardInfo> check_shards(const std::vector<std::string>& paths) {
   std::vector<uint64_t> sizes;

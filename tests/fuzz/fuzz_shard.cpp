@@ -72,7 +72,8 @@ void read_everything(ft::ShardSet& set) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  ft::run_shard_check_if_child(*argc, *argv);  // full mode's check child (data/shard.h)
   const char* mode = std::getenv("FT_FUZZ_SHARD_MODE");
   full_mode = mode && std::strcmp(mode, "full") == 0;
   // A spinning libhdf5 costs this much per input; the limit itself is what is under test.
