@@ -13,7 +13,7 @@
 // contiguous storage) lets the writer append without knowing the final length.
 //
 // Reading is defensive (shard_check.cpp says how): libhdf5 runs on a shard's bytes only in a
-// child process with a time limit, and the windows of unfiltered datasets are read with pread at
+// child process with time limits, and the windows of unfiltered datasets are read with pread at
 // the file offsets the child reported, bounds-checked against the file size. Every HDF5 call in
 // this process goes through one process-wide mutex: the loader's prefetch threads and the
 // writers may run at the same time, and not every libhdf5 build is thread-safe. HDF5's own
@@ -110,9 +110,9 @@ ShardInfo read_shard_info(const std::string& path);
 std::vector<ShardInfo> check_shards(const std::vector<std::string>& paths);
 
 // The check child is this program, started again (posix_spawn of /proc/self/exe) with the
-// arguments `__ft_shard_check__ FILE...`. Every program that checks shards calls this first
-// thing in main(), before anything that starts threads or MPI: when this process is such a
-// child it runs the check and exits (never returns); otherwise it returns at once.
+// arguments `__ft_shard_check__ PARENT_PID FILE...`. Every program that checks shards calls this
+// first thing in main(), before anything that starts threads or MPI: when this process is such
+// a child it runs the check and exits (never returns); otherwise it returns at once.
 // check_shards() throws in a program that has not called it.
 void run_shard_check_if_child(int argc, char** argv);
 

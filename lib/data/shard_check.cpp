@@ -9,21 +9,31 @@
 // paths that fits a command line), not per file, to keep startup cheap.
 //
 // How the child starts: posix_spawn of /proc/self/exe — whichever program this is — with the
-// arguments `__ft_shard_check__ FILE...`. posix_spawn, not fork(): an MPI rank must
+// arguments `__ft_shard_check__ PARENT_PID FILE...`. posix_spawn, not fork(): an MPI rank must
 // not fork (Open MPI's registered memory), and spawning is the same fork-then-exec that Open MPI
 // accepts. Every program that checks shards (ft and ft_emu, the unit tests, the test tools that
 // read shards, the fuzz harnesses) calls run_shard_check_if_child(argc, argv) first thing in
 // main() (LLVMFuzzerInitialize for a harness): in the child it runs the check and exits,
 // otherwise it returns at once. check_shards() refuses to spawn in a program whose main() has
 // not called it, since that child would run the program itself. By hand:
-// `ft __ft_shard_check__ FILE...` prints the report.
+// `ft __ft_shard_check__ $$ FILE...` prints the report.
 //
-// Limits: wall clock, enforced by the parent: per file, check_time_limit_s() of its size,
-// restarted at the child's "begin I"; memory (RLIMIT_DATA, 2 GiB): see kCheckMemoryBytes.
+// Limits, so that the child never outlives its use:
+//   - it dies with its parent: PR_SET_PDEATHSIG (SIGKILL), then its parent's pid is compared
+//     with PARENT_PID, since the parent may have died before prctl ran. (The signal comes when
+//     the spawning thread ends; that thread waits for the child, so it outlives it.)
+//   - wall clock, enforced by the parent: per file, check_time_limit_s() of its size, restarted
+//     at the child's "begin I".
+//   - CPU time, enforced by the kernel (RLIMIT_CPU): per file the same number of seconds as its
+//     wall-clock limit (one thread cannot use more CPU than wall time), so the check also ends
+//     when the parent cannot watch it (stopped, or descheduled). The child dies of SIGXCPU.
+//   - memory (RLIMIT_DATA, 2 GiB): see kCheckMemoryBytes.
 // The parent keeps libhdf5 out of its data path afterwards: shard_read.cpp.
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -32,8 +42,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
-#include <csignal>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -83,11 +94,47 @@ void write_all(int fd, const std::string& s) {
   }
 }
 
+double cpu_seconds_used() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+// The CPU-time limits of the child over `sizes` (bytes of each file): a hard limit for all files
+// at once (their limits plus a second each for rounding), set once because a process cannot
+// raise its own hard limit; cpu_limit_for_file() then moves the soft limit, at which the kernel
+// sends SIGXCPU, to the CPU time used so far plus the next file's limit.
+rlim_t set_cpu_hard_limit(const std::vector<uint64_t>& sizes) {
+  double total = cpu_seconds_used() + 1;
+  for (uint64_t b : sizes) total += check_time_limit_s(b) + 1;
+  rlimit cpu{};
+  ::getrlimit(RLIMIT_CPU, &cpu);
+  cpu.rlim_max = std::min(cpu.rlim_max, rlim_t(std::ceil(total)));
+  cpu.rlim_cur = cpu.rlim_max;
+  ::setrlimit(RLIMIT_CPU, &cpu);
+  return cpu.rlim_max;
+}
+
+void cpu_limit_for_file(uint64_t file_bytes, rlim_t hard) {
+  const rlimit cpu{
+      std::min(hard, rlim_t(std::ceil(cpu_seconds_used() + check_time_limit_s(file_bytes)))),
+      hard};
+  ::setrlimit(RLIMIT_CPU, &cpu);
+}
+
 // Checks each path with libhdf5 and writes the report to `fd`. Returns the exit status (0 also
 // when a shard is bad: that is reported, not a failure of the check).
 int check_in_child(const std::vector<std::string>& paths, int fd) {
   detail::Hdf5Lock lock;
+  std::vector<uint64_t> sizes;
+  for (const std::string& p : paths) {
+    struct stat st {};
+    sizes.push_back(::stat(p.c_str(), &st) == 0 ? uint64_t(st.st_size) : 0);
+  }
+  const rlim_t cpu_hard = set_cpu_hard_limit(sizes);
   for (size_t i = 0; i < paths.size(); ++i) {
+    cpu_limit_for_file(sizes[i], cpu_hard);
     write_all(fd, detail::report_begin(i));
     std::string record;
     try {
@@ -136,7 +183,18 @@ std::string run_check_child(const std::vector<std::string>& paths,
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  std::vector<std::string> args = {"ft-shard-check", kCheckArg};
+  // SIGXCPU (the CPU limit) at its default action, unblocked: a launcher or a thread of this
+  // process may ignore or block signals, and both would survive the exec.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none, xcpu;
+  sigemptyset(&none);
+  sigemptyset(&xcpu);
+  sigaddset(&xcpu, SIGXCPU);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigdefault(&attr, &xcpu);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  std::vector<std::string> args = {"ft-shard-check", kCheckArg, std::to_string(::getpid())};
   args.insert(args.end(), paths.begin(), paths.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -152,8 +210,9 @@ std::string run_check_child(const std::vector<std::string>& paths,
   for (std::string& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), envp.data());
+  const int rc = ::posix_spawn(&pid, "/proc/self/exe", &actions, &attr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
   ::close(fds[1]);
   if (rc != 0) {
     ::close(fds[0]);
@@ -200,6 +259,12 @@ std::string run_check_child(const std::vector<std::string>& paths,
   }
   const bool on_file = current >= 0 && size_t(current) < paths.size();
   const std::string& who = on_file ? paths[size_t(current)] : paths.front();
+  // First: a child that reached its CPU limit died of SIGXCPU on its own, whether or not the
+  // wall clock ran out too (then the kill above found a zombie).
+  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGXCPU && on_file)
+    FT_FAIL(who, ": damaged: reading it with libhdf5 used more than ", seconds(limit_s),
+            " s of CPU time (a corrupt shard can make libhdf5 loop forever); re-create it with "
+            "`ft tokenize` (on a very slow machine, raise FT_SHARD_CHECK_TIMEOUT_S)");
   if (timed_out)
     FT_FAIL(who, ": damaged: reading it with libhdf5 did not finish in ", seconds(limit_s),
             " s (a corrupt shard can make libhdf5 loop forever); re-create it with `ft tokenize`"
@@ -219,12 +284,23 @@ std::string run_check_child(const std::vector<std::string>& paths,
 
 void run_shard_check_if_child(int argc, char** argv) {
   g_entry_called.store(true);
-  if (argc < 2 || !argv || !argv[1] || std::strcmp(argv[1], kCheckArg) != 0) return;
+  if (argc < 3 || !argv || !argv[1] || std::strcmp(argv[1], kCheckArg) != 0) return;
+  // Die with the parent. It may have died before prctl ran: then this process has a new parent.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  const std::string_view parent_arg(argv[2]);
+  pid_t parent = 0;
+  const auto [end, ec] = std::from_chars(parent_arg.data(), parent_arg.data() + parent_arg.size(),
+                                         parent);
+  if (ec != std::errc() || end != parent_arg.data() + parent_arg.size() || ::getppid() != parent)
+    ::_exit(4);
 #if !defined(FT_UNDER_ASAN)
   const rlimit data_limit{kCheckMemoryBytes, kCheckMemoryBytes};
   ::setrlimit(RLIMIT_DATA, &data_limit);
 #endif
-  const std::vector<std::string> paths(argv + 2, argv + argc);
+  // SIGXCPU's default action dumps core: not a file to leave in the user's folder.
+  const rlimit no_core{0, 0};
+  ::setrlimit(RLIMIT_CORE, &no_core);
+  const std::vector<std::string> paths(argv + 3, argv + argc);
   ::_exit(check_in_child(paths, STDOUT_FILENO));
 }
 
