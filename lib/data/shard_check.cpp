@@ -24,9 +24,10 @@
 //     the spawning thread ends; that thread waits for the child, so it outlives it.)
 //   - wall clock, enforced by the parent: per file, check_time_limit_s() of its size, restarted
 //     at the child's "begin I".
-//   - CPU time, enforced by the kernel (RLIMIT_CPU): per file the same number of seconds as its
-//     wall-clock limit (one thread cannot use more CPU than wall time), so the check also ends
-//     when the parent cannot watch it (stopped, or descheduled). The child dies of SIGXCPU.
+//   - CPU time, enforced by the kernel (RLIMIT_CPU): per file its wall-clock limit plus 1 to 2 s
+//     (whole seconds, and a margin so that while the parent watches, its clock decides: one
+//     thread cannot use more CPU than wall time). So the check also ends when the parent cannot
+//     watch it (stopped, say); the child then dies of SIGXCPU, which the parent reports as well.
 //   - memory (RLIMIT_DATA, 2 GiB): see kCheckMemoryBytes.
 // The parent keeps libhdf5 out of its data path afterwards: shard_read.cpp.
 #include <fcntl.h>
@@ -102,12 +103,12 @@ double cpu_seconds_used() {
 }
 
 // The CPU-time limits of the child over `sizes` (bytes of each file): a hard limit for all files
-// at once (their limits plus a second each for rounding), set once because a process cannot
-// raise its own hard limit; cpu_limit_for_file() then moves the soft limit, at which the kernel
-// sends SIGXCPU, to the CPU time used so far plus the next file's limit.
+// at once (the sum of their soft limits below), set once because a process cannot raise its own
+// hard limit; cpu_limit_for_file() then moves the soft limit, at which the kernel sends SIGXCPU,
+// to the CPU time used so far plus the next file's limit plus 1 s, rounded up.
 rlim_t set_cpu_hard_limit(const std::vector<uint64_t>& sizes) {
   double total = cpu_seconds_used() + 1;
-  for (uint64_t b : sizes) total += check_time_limit_s(b) + 1;
+  for (uint64_t b : sizes) total += check_time_limit_s(b) + 2;
   rlimit cpu{};
   ::getrlimit(RLIMIT_CPU, &cpu);
   cpu.rlim_max = std::min(cpu.rlim_max, rlim_t(std::ceil(total)));
@@ -117,9 +118,8 @@ rlim_t set_cpu_hard_limit(const std::vector<uint64_t>& sizes) {
 }
 
 void cpu_limit_for_file(uint64_t file_bytes, rlim_t hard) {
-  const rlimit cpu{
-      std::min(hard, rlim_t(std::ceil(cpu_seconds_used() + check_time_limit_s(file_bytes)))),
-      hard};
+  const double soft = std::ceil(cpu_seconds_used() + check_time_limit_s(file_bytes) + 1);
+  const rlimit cpu{std::min(hard, rlim_t(soft)), hard};
   ::setrlimit(RLIMIT_CPU, &cpu);
 }
 

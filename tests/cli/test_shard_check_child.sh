@@ -7,7 +7,7 @@
 #  - `ft inspect`, and `ft train`, killed with SIGKILL while the child spins with a 600 s time
 #    limit: the child is gone within 5 s (it dies with its parent: PR_SET_PDEATHSIG).
 #  - `ft inspect` stopped with SIGSTOP, limit 2 s: nothing watches the child's wall clock, yet
-#    it ends within 30 s (its CPU-time limit, the same 2 s) while ft is still stopped; ft,
+#    it ends within 30 s (its CPU-time limit, 3 to 4 s) while ft is still stopped; ft,
 #    continued, exits 1 naming the file: "used more than 2 s of CPU time".
 # "Gone" means no such process or a zombie (a dead process its parent has not yet reaped).
 #   bash tests/cli/test_shard_check_child.sh BUILD_DIR SOURCE_DIR
