@@ -11,7 +11,7 @@
 source "$2/tests/cli/common.sh" "$@"
 damaged="$src/tests/data/damaged_shards"
 mpi_env
-# A 2 s limit per shard instead of the default 30 s, so the spinning input costs 2 s per run.
+# A 2 s limit per shard instead of the default 5 s, so the spinning input costs 2 s per run.
 export FT_SHARD_CHECK_TIMEOUT_S=2
 
 # expect_error NAME MAX_SECONDS PATTERN CMD...: CMD exits 1 within MAX_SECONDS, PATTERN on stderr.

@@ -9,6 +9,8 @@
 #  - `ft inspect` stopped with SIGSTOP, limit 2 s: nothing watches the child's wall clock, yet
 #    it ends within 30 s (its CPU-time limit, 3 to 4 s) while ft is still stopped; ft,
 #    continued, exits 1 naming the file: "used more than 2 s of CPU time".
+#  - The default limit (no FT_SHARD_CHECK_TIMEOUT_S): 5 s plus 1 s per 50 MiB (DESIGN.md §6), so
+#    `ft inspect` exits 1 with "did not finish in 5 s" within 15 s.
 # "Gone" means no such process or a zombie (a dead process its parent has not yet reaped).
 #   bash tests/cli/test_shard_check_child.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
@@ -99,4 +101,11 @@ wait "$ft_pid" || rc=$?
 has_err "$tmp/spin/b_damaged.h5: damaged: reading it with libhdf5 used more than 2 s of CPU time"
 echo "ok: ft stopped: the child ends at its CPU-time limit; ft names the file"
 
+# The default limit.
+t0=$SECONDS
+run_rc 1 env -u FT_SHARD_CHECK_TIMEOUT_S "$ft" inspect "$tmp/spin"
+has_err "$tmp/spin/b_damaged.h5: damaged: reading it with libhdf5 did not finish in 5 s"
+took=$((SECONDS - t0))
+((took <= 15)) || fail "the default limit: ft inspect took ${took}s, limit 15 s"
+echo "ok: the default limit is 5 s (${took}s)"
 echo "PASS test_shard_check_child"
