@@ -112,9 +112,9 @@ double cpu_seconds_used() {
 }
 
 // The CPU-time limits of the child over `sizes` (bytes of each file): a hard limit for all files
-// at once (the sum of their soft limits below), set once because a process cannot raise its own
-// hard limit; cpu_limit_for_file() then moves the soft limit, at which the kernel sends SIGXCPU,
-// to the CPU time used so far plus the next file's limit plus 1 s, rounded up.
+// at once (what the soft limits below can add up to), set once because a process cannot raise
+// its own hard limit; cpu_limit_for_file() then moves the soft limit, at which the kernel sends
+// SIGXCPU, to the CPU time used so far plus the next file's limit plus 1 s, rounded up.
 rlim_t set_cpu_hard_limit(const std::vector<uint64_t>& sizes) {
   double total = cpu_seconds_used() + 1;
   for (uint64_t b : sizes) total += check_time_limit_s(b) + 2;

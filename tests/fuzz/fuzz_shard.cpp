@@ -26,7 +26,8 @@
 //   FT_FUZZ_SHARD_MODE=full /tmp/fuzz_shard -max_total_time=300 /tmp/full \
 //     tests/fuzz/corpus/shard/full
 // The seeds are tiny shards written by the unit tests' writer and by h5py (contiguous, chunked,
-// gzip); report seeds are `ft __ft_shard_check__ FILE` output, a NUL, then FILE.
+// gzip); report seeds are `ft __ft_shard_check__ $$ FILE` output (from a shell: $$ is ft's
+// parent), a NUL, then FILE.
 #include <sys/mman.h>
 #include <unistd.h>
 
