@@ -12,6 +12,7 @@
 #endif
 #include "apps/ft/commands.h"
 #include "core/error.h"
+#include "data/shard.h"
 #include "kernels/kernels.h"
 #include "runtime/device.h"
 
@@ -75,6 +76,7 @@ void prepare_thread_environment(char** argv) {
 
 int main(int argc, char** argv) {
   using namespace ft::app;
+  ft::run_shard_check_if_child(argc, argv);  // a shard check child of ft (lib/data/shard.h)
   prepare_thread_environment(argv);
 #if FT_CUDA_BACKEND
   // ft_cuda_backend (the GPU) or, in the test tool ft_emu, ft_cuda_backend_emu: the same

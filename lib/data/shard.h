@@ -12,9 +12,9 @@
 // so a random window costs one small pread whatever the shard size; chunking (rather than
 // contiguous storage) lets the writer append without knowing the final length.
 //
-// Reading is defensive (shard.cpp says how): libhdf5 runs on a shard's bytes only in a child
-// process with a time limit, and the windows of unfiltered datasets are read with pread at the
-// file offsets the child reported, bounds-checked against the file size. Every HDF5 call in
+// Reading is defensive (shard_check.cpp says how): libhdf5 runs on a shard's bytes only in a
+// child process with time limits, and the windows of unfiltered datasets are read with pread at
+// the file offsets the child reported, bounds-checked against the file size. Every HDF5 call in
 // this process goes through one process-wide mutex: the loader's prefetch threads and the
 // writers may run at the same time, and not every libhdf5 build is thread-safe. HDF5's own
 // error-stack printing is silenced; failures become ft::Error messages that name the file.
@@ -98,9 +98,9 @@ struct ShardInfo {
   DatasetLayout tokens, loss_mask;
 };
 
-// Checks that `path` is a complete ft-tokens shard, in a child process (shard.cpp): HDF5 opens
-// it within the time limit without crashing, the datasets and attributes exist with the right
-// types, format and version match, bos_id/eos_id are -1 or < vocab_size, and doc_offsets
+// Checks that `path` is a complete ft-tokens shard, in a child process (shard_check.cpp): HDF5
+// opens it within the time limit without crashing, the datasets and attributes exist with the
+// right types, format and version match, bos_id/eos_id are -1 or < vocab_size, and doc_offsets
 // start at 0, never decrease and stay <= num_tokens. Throws ft::Error naming the file and the
 // problem ("damaged: reading it crashed libhdf5 (SIGSEGV)", "... did not finish in N s").
 ShardInfo read_shard_info(const std::string& path);
@@ -109,6 +109,13 @@ ShardInfo read_shard_info(const std::string& path);
 // returns their infos in order, or throws for the first file that fails.
 std::vector<ShardInfo> check_shards(const std::vector<std::string>& paths);
 
+// The check child is this program, started again (posix_spawn of /proc/self/exe) with the
+// arguments `__ft_shard_check__ PARENT_PID FILE...`. Every program that checks shards calls this
+// first thing in main(), before anything that starts threads or MPI: when this process is such
+// a child it runs the check and exits (never returns); otherwise it returns at once.
+// check_shards() throws in a program that has not called it.
+void run_shard_check_if_child(int argc, char** argv);
+
 namespace detail {
 // The parent's side of the check, exposed for the fuzz harness: parses the child's report on
 // `paths` (file sizes `file_bytes`) and checks every offset against the file size. Throws
@@ -116,9 +123,6 @@ namespace detail {
 std::vector<ShardInfo> parse_shard_report(const std::string& report,
                                           const std::vector<std::string>& paths,
                                           const std::vector<uint64_t>& file_bytes);
-// The child's side: checks each path with libhdf5 and writes the report to `fd`. Returns the
-// exit status (0 also when a shard is bad: that is reported, not a failure of the check).
-int run_shard_check(const std::vector<std::string>& paths, int fd);
 }  // namespace detail
 
 // The *.h5 files of a folder in name order. Throws if the folder is missing or holds none.

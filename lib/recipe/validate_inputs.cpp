@@ -127,7 +127,7 @@ void Loader::check_paths() {
 }
 
 // Token ids must be rows of the embedding. ft train refuses shards whose vocab_size attribute
-// exceeds model.vocab_size (every id of a shard is below its attribute, data/shard.cpp), so
+// exceeds model.vocab_size (every id of a shard is below its attribute, data/shard_read.cpp), so
 // validate checks the same here from the first shard's attributes, without reading tokens;
 // and a tokenizer with more pieces than the model has rows would produce such ids.
 void Loader::check_vocabulary() {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Damaged shards give a clear error naming the file, never a crash or a hang (lib/data/shard.cpp
-# says how). The two saved inputs come from mutating small h5py shards:
+# Damaged shards give a clear error naming the file, never a crash or a hang
+# (lib/data/shard_check.cpp says how). The two saved inputs come from mutating small h5py shards:
 #   crash_vlen_attr.h5   14 bytes changed; libhdf5 1.10 segfaults in H5HG_read while reading a
 #                        variable-length string attribute
 #   spin_global_heap.h5  14 bytes changed; libhdf5 loops forever in H5HG__protect (same read)
@@ -11,7 +11,7 @@
 source "$2/tests/cli/common.sh" "$@"
 damaged="$src/tests/data/damaged_shards"
 mpi_env
-# A 2 s limit per shard instead of the default 30 s, so the spinning input costs 2 s per run.
+# A 2 s limit per shard instead of the default 5 s, so the spinning input costs 2 s per run.
 export FT_SHARD_CHECK_TIMEOUT_S=2
 
 # expect_error NAME MAX_SECONDS PATTERN CMD...: CMD exits 1 within MAX_SECONDS, PATTERN on stderr.

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "data/shard.h"
 #include "recipe/recipe.h"
 
 namespace {
@@ -29,6 +30,12 @@ const std::string& as_file(const uint8_t* data, size_t size) {
 }
 
 }  // namespace
+
+// A recipe whose data folder exists has its first shard checked, in a child (data/shard.h).
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  ft::run_shard_check_if_child(*argc, *argv);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // world 2: batch divisibility and layout rules run for a real data-parallel world too.

@@ -1,6 +1,6 @@
 // libFuzzer harness for the shard reader (not part of the default build).
 //
-// What runs in this process on a shard's bytes is the parent's side of lib/data/shard.cpp: it
+// What runs in this process on a shard's bytes is the parent's side of lib/data's shard check: it
 // parses the check child's report and reads windows with pread at the reported offsets. libhdf5
 // runs only in the child, where a crash or a hang is contained by design and becomes an error.
 // Two modes, chosen by FT_FUZZ_SHARD_MODE:
@@ -20,13 +20,14 @@
 //
 // Build and run (clang, from the repository root):
 //   clang++-14 -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Ilib \
-//     -I/usr/include/hdf5/serial tests/fuzz/fuzz_shard.cpp lib/data/shard.cpp \
+//     -I/usr/include/hdf5/serial tests/fuzz/fuzz_shard.cpp lib/data/shard*.cpp \
 //     -L/usr/lib/x86_64-linux-gnu/hdf5/serial -lhdf5 -o /tmp/fuzz_shard
 //   /tmp/fuzz_shard -max_total_time=300 /tmp/shard_corpus tests/fuzz/corpus/shard/report
 //   FT_FUZZ_SHARD_MODE=full /tmp/fuzz_shard -max_total_time=300 /tmp/full \
 //     tests/fuzz/corpus/shard/full
 // The seeds are tiny shards written by the unit tests' writer and by h5py (contiguous, chunked,
-// gzip); report seeds are `ft __ft_shard_check__ FILE` output, a NUL, then FILE.
+// gzip); report seeds are `ft __ft_shard_check__ $$ FILE` output (from a shell: $$ is ft's
+// parent), a NUL, then FILE.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -72,7 +73,8 @@ void read_everything(ft::ShardSet& set) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerInitialize(int*, char***) {
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  ft::run_shard_check_if_child(*argc, *argv);  // full mode's check child (data/shard.h)
   const char* mode = std::getenv("FT_FUZZ_SHARD_MODE");
   full_mode = mode && std::strcmp(mode, "full") == 0;
   // A spinning libhdf5 costs this much per input; the limit itself is what is under test.

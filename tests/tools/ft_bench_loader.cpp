@@ -112,6 +112,7 @@ int read_cmd(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ft::run_shard_check_if_child(argc, argv);  // the loader checks shards in a child (data/shard.h)
   try {
     if (argc >= 4 && std::strcmp(argv[1], "write") == 0) return write_cmd(argc, argv);
     if (argc >= 6 && std::strcmp(argv[1], "read") == 0) return read_cmd(argc, argv);

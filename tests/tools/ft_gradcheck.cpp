@@ -11,6 +11,7 @@
 #include "ckpt/safetensors.h"
 #include "core/error.h"
 #include "data/loader.h"
+#include "data/shard.h"
 #include "model/llama.h"
 #include "parallel/pipeline.h"
 #include "recipe/recipe.h"
@@ -18,6 +19,7 @@
 
 int main(int argc, char** argv) {
   using namespace ft;
+  run_shard_check_if_child(argc, argv);  // the loader checks shards in a child (data/shard.h)
   if (argc < 3) {
     std::fprintf(stderr, "usage: ft_gradcheck RECIPE OUT.safetensors [KEY=VALUE ...]\n");
     return 2;

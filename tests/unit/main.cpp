@@ -1,2 +1,11 @@
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+// doctest's main for ft_unit_tests (and lt_gemm_cuda_emu_tests). The data tests check shards in
+// a child process, this program started again (data/shard.h): that comes first.
+#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
+
+#include "data/shard.h"
+
+int main(int argc, char** argv) {
+  ft::run_shard_check_if_child(argc, argv);
+  return doctest::Context(argc, argv).run();
+}
