@@ -1,6 +1,8 @@
-// Compute kernels. Raw pointers, sizes and (later) a stream; no tensors, recipes or
-// communicators. Every op exists once per backend with the same contract; the CPU versions in
-// kernels/cpu/ are the reference that other backends are tested against.
+// The CPU backend's compute kernels (kernels/cpu/). Raw host pointers and sizes; no stream:
+// each returns when its work is done (threads from OpenMP). No tensors, recipes or
+// communicators. Every op of runtime/op_list.h exists once per backend with the same contract;
+// these are the reference that the other backends are tested against (kernels/cuda/'s
+// launchers are in kernels/cuda/kernels_cuda.h).
 //
 // Shape letters: B batch, T sequence, C model dim, H query heads, K kv heads, D head dim,
 // F ffn dim, V vocab, N = B*T rows.

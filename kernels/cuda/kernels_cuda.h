@@ -1,6 +1,7 @@
-// CUDA kernels, host-side entry points: one launcher per op of kernels/kernels.h with the same
-// contract, queued on `stream` (a cudaStream_t passed as void*, so this header needs no CUDA
-// headers and lib/runtime/cuda/ can include it from plain C++). Pointers are device pointers.
+// CUDA kernels, host-side entry points: a launcher per op of runtime/op_list.h but the GEMMs
+// (cuBLASLt), with the contract of its CPU kernel (kernels/kernels.h), queued on `stream` (a
+// cudaStream_t passed as void*, so this header needs no CUDA headers and lib/runtime/cuda/
+// can include it from plain C++; cuda_ops.cpp calls them). Pointers are device pointers.
 //
 // Element types: T in {float, bf16, f16} of core/half.h (2-byte storage structs with the
 // same bits as __nv_bfloat16 / __half; the .cu files reinterpret them). fp32 math inside, one
