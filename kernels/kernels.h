@@ -2,7 +2,7 @@
 // each returns when its work is done (threads from OpenMP). No tensors, recipes or
 // communicators. Every op of runtime/op_list.h exists once per backend with the same contract;
 // these are the reference that the other backends are tested against (kernels/cuda/'s
-// launchers are in kernels/cuda/kernels_cuda.h).
+// launchers are in kernels/cuda/kernels_cuda.h; tests/ops/ checks every Device's ops).
 //
 // Shape letters: B batch, T sequence, C model dim, H query heads, K kv heads, D head dim,
 // F ffn dim, V vocab, N = B*T rows.

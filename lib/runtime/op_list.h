@@ -1,8 +1,9 @@
 // The ops of a Device, declared once. Everything that lists the ops is generated from this file:
 // Ops' pure virtual methods (ops.h), the forwarding decorators of the guard device and of
-// FT_PROFILE (forwarding_ops.h) and the op families of the profile (profile.h). A backend
-// still writes each op by hand (cpu_ops.cpp, cuda/cuda_ops.cpp): `override` makes the compiler
-// hold its signature to the one here, and a backend that lacks an op cannot be instantiated.
+// FT_PROFILE (forwarding_ops.h), the op families of the profile (profile.h) and the backend
+// conformance harness's check that every op has a case (tests/ops/). A backend still writes
+// each op by hand (cpu_ops.cpp, cuda/cuda_ops.cpp): `override` makes the compiler hold its
+// signature to the one here, and a backend that lacks an op cannot be instantiated.
 //
 // An X-macro file, included several times (no include guard): define FT_OP and/or
 // FT_OP_FAMILY, include it, and it #undefs both at its end.
