@@ -7,9 +7,9 @@
 // whose function adds no case).
 //
 // Drivers: tests/ops/test_ops.cpp (the guard device and the profiled CPU device, which run the
-// CPU kernels behind a decorator: every output must have the reference's bits),
-// tests/ops/test_ops_cuda.cpp (the CUDA device: on the emulation, ft_ops_cuda_emu_tests, and on
-// a GPU, ft_ops_gpu_tests).
+// CPU kernels behind a decorator: every output must have the reference's bits, and a
+// deliberately broken op must fail), tests/ops/test_ops_cuda.cpp (the CUDA device: on the
+// emulation, ft_ops_cuda_emu_tests, and on a GPU, ft_ops_gpu_tests).
 #pragma once
 
 #include <cstddef>
