@@ -45,6 +45,15 @@ template <>
 void linear_backward<float>(float* dx, float* dW, const float* dy, const float* x,
                             const float* W, int N, int in, int out, bool accumulate_dx);
 
+// ---- bias.cpp: the bias of a linear layer -------------------------------------------------------
+// y (N, C) += b (C) on every row; T: y and b, the sum in fp32, rounded once.
+template <typename T>
+void bias_add(T* y, const T* b, int N, int C);
+// db (C) fp32 += Σ_n dy (n, :), T: dy. Each column's rows are summed in row order in fp32, then
+// added to db: the same bits for any thread count.
+template <typename T>
+void bias_grad(float* db, const T* dy, int N, int C);
+
 // ---- embedding.cpp: token embedding -------------------------------------------------------------
 // out (N, C) = table[ids[n] − v_begin] for ids in [v_begin, v_begin + v_count), zero rows for
 // other ids (a vocabulary-parallel shard of the table; v_count < 0: the whole table).

@@ -27,6 +27,15 @@
 
 namespace ft::kernels::cuda {
 
+// ---- bias.cu ----
+template <typename T>
+void bias_add(T* y, const T* b, int N, int C, void* stream);
+// db (C) += Σ over rows: per-chunk partial rows in scratch, then added in chunk order (no
+// atomics; the bits depend on (N, C) only).
+size_t bias_grad_scratch_bytes(int N, int C);
+template <typename T>
+void bias_grad(float* db, const T* dy, int N, int C, void* scratch, void* stream);
+
 // ---- embedding.cu ----
 template <typename T>
 void embedding_forward(T* out, const int32_t* ids, const T* table, int N, int C, int v_begin,

@@ -36,6 +36,7 @@ FT_OP_FAMILY(kConvert, "convert")
 FT_OP_FAMILY(kAdd, "add")
 FT_OP_FAMILY(kScale, "scale")
 FT_OP_FAMILY(kSumSquares, "sum_squares")
+FT_OP_FAMILY(kBias, "bias")
 FT_OP_FAMILY(kGemmForward, "GEMM forward")
 
 // ---- GEMM: kernels/cpu/gemm.cpp; cuBLASLt on CUDA ----
@@ -49,6 +50,16 @@ FT_OP(linear_backward, kGemmDx,
       (Stream s, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N, int in, int out,
        bool accumulate_dx),
       (s, dx, dW, dy, x, W, N, in, out, accumulate_dx))
+
+// ---- Bias of a linear layer (Qwen2's q, k, v projections): kernels/cpu/bias.cpp ----
+// y (N, C) += b (C) on every row, the sum in fp32 and rounded once.
+FT_OP(bias_add, kBias,
+      (Stream s, Ref y, CRef b, int N, int C),
+      (s, y, b, N, C))
+// db (C) fp32 += Σ_n dy (n, :), summed in an order fixed by (N, C): the same bits on every run.
+FT_OP(bias_grad, kBias,
+      (Stream s, float* db, CRef dy, int N, int C),
+      (s, db, dy, N, C))
 
 // ---- Embedding: the table holds rows [v_begin, v_begin + v_count) of the vocabulary ----
 // out (N, C) = table[ids[n] − v_begin]; ids outside the shard give zero rows.

@@ -267,6 +267,63 @@ void add_linear_backward_cases(Cases& cs) {
   });
 }
 
+// ---- Bias ----
+struct BiasShape {
+  int N, C;
+  size_t offset;
+};
+// One element; odd sizes; rows of whole 16-byte packs, aligned and one element off (the scalar
+// path); more rows than one chunk of the CUDA gradient (600, 1000: partial rows summed in
+// another order than the CPU's row by row).
+const BiasShape kBiasShapes[] = {{1, 1, 0},   {19, 111, 0},  {111, 19, 0},  {19, 64, 0},
+                                 {19, 64, 1}, {600, 67, 0}, {1000, 256, 0}};
+std::string bias_shape(const BiasShape& b) {
+  return cat("N=", b.N, " C=", b.C, b.offset ? " misaligned" : "");
+}
+
+// y + b in fp32, rounded once, on both sides: the same bits.
+void add_bias_add_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const BiasShape& shape : kBiasShapes) {
+      const auto [N, C, offset] = shape;
+      const uint32_t s = uint32_t(N * 13 + C);
+      Case c{"bias_add", elem_name(elem_of<T>()), bias_shape(shape), {}, {}};
+      c.tensors = {inout("y", uniform<T>(size_t(N) * C, -2, 2, s), kExact),
+                   in("b", uniform<T>(size_t(C), -1, 1, s + 1))};
+      for (Tensor& t : c.tensors) t.offset = offset;
+      c.run = [=](Device& d, const Args& a) {
+        d.ops().bias_add(d.stream(), a.ref(0), a.cref(1), N, C);
+      };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
+// db += Σ_n dy is a GEMM with a column of ones (K = N): the GEMM's bound against the terms'
+// size Σ_n |dy| + |db|.
+void add_bias_grad_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const BiasShape& shape : kBiasShapes) {
+      const auto [N, C, offset] = shape;
+      const uint32_t s = uint32_t(N * 17 + C);
+      const auto dy = uniform<T>(size_t(N) * C, -1, 1, s);
+      const auto db = uniform<float>(size_t(C), -1, 1, s + 1);
+      std::vector<double> scale(db.begin(), db.end());
+      for (double& x : scale) x = std::fabs(x);
+      for (size_t i = 0; i < dy.size(); ++i) scale[i % size_t(C)] += std::fabs(to_f32(dy[i]));
+      Case c{"bias_grad", elem_name(elem_of<T>()), bias_shape(shape), {}, {}};
+      c.tensors = {inout("db", db, gemm_tol<float>(N), scale), in("dy", dy)};
+      c.tensors[1].offset = offset;
+      c.run = [=](Device& d, const Args& a) {
+        d.ops().bias_grad(d.stream(), a.f32(0), a.cref(1), N, C);
+      };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
 // ---- Embedding: a shard [v_begin, v_begin + v_count) of a vocabulary of `vocab` ids ----
 struct EmbeddingShape {
   int N, C, vocab, v_begin, v_count;
