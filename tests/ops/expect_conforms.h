@@ -16,12 +16,11 @@ namespace ft::op_test {
 
 // `note` goes after the device's name in the summary line ("SIMT attention").
 inline Report expect_conforms(Device& dev, Device& ref, const std::vector<Case>& cases,
-                              bool same_kernels, const std::string& note = "") {
+                              Options options, const std::string& note = "") {
   const char* v = std::getenv("FT_OPS_VERBOSE");
-  const bool verbose = v && *v && std::strcmp(v, "0") != 0;
-  const Report r = run_cases(cases, dev, ref, same_kernels, [&](const std::string& line) {
-    if (verbose) std::printf("%s\n", line.c_str());
-  });
+  if (v && *v && std::strcmp(v, "0") != 0)
+    options.on_case = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
+  const Report r = run_cases(cases, dev, ref, options);
   MESSAGE(r.cases << " cases of " << r.cases_per_op.size() << " ops on " << dev.name()
                   << (note.empty() ? note : ", " + note) << ": " << r.failures.size()
                   << " failed");

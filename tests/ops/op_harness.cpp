@@ -235,10 +235,25 @@ std::string compare(const Tensor& t, const std::vector<uint8_t>& got,
   return m.str();
 }
 
+// Empty when two runs' outputs have the same bits, else where they first differ.
+std::string compare_runs(const Tensor& t, const std::vector<uint8_t>& a,
+                         const std::vector<uint8_t>& b) {
+  const size_t n = t.count(), es = elem_size(t.elem);
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (std::memcmp(&a[i * es], &b[i * es], es) != 0 && bad++ == 0) first = i;
+  if (bad == 0) return "";
+  std::ostringstream m;
+  m << t.name << ": " << bad << " of " << n << " elements differ between two runs on the device"
+    << " (not deterministic); first at [" << first << "]: " << num(value_at(t.elem, &a[first * es]))
+    << " (" << hex_bits(&a[first * es], es) << "), then " << num(value_at(t.elem, &b[first * es]))
+    << " (" << hex_bits(&b[first * es], es) << ")";
+  return m.str();
+}
+
 }  // namespace
 
-Report run_cases(const std::vector<Case>& cases, Device& dev, Device& ref, bool same_kernels,
-                 const std::function<void(const std::string&)>& on_case) {
+Report run_cases(const std::vector<Case>& cases, Device& dev, Device& ref, const Options& o) {
   Report r;
   for (const Case& c : cases) {
     ++r.cases;
@@ -246,7 +261,7 @@ Report run_cases(const std::vector<Case>& cases, Device& dev, Device& ref, bool 
     const std::string what = c.op + " " + c.dtype + " " + c.shape;
     std::string failure;
     double worst = 0;
-    std::vector<std::vector<uint8_t>> want, got;
+    std::vector<std::vector<uint8_t>> want, got, again;
     try {
       want = run_on(c, ref);
     } catch (const std::exception& e) {
@@ -254,17 +269,23 @@ Report run_cases(const std::vector<Case>& cases, Device& dev, Device& ref, bool 
     }
     if (failure.empty()) {
       try {
+        if (o.before_run) o.before_run(0);
         got = run_on(c, dev);
+        if (o.twice) {
+          if (o.before_run) o.before_run(1);
+          again = run_on(c, dev);
+        }
       } catch (const std::exception& e) {
         failure = std::string("threw: ") + e.what();
       }
     }
-    for (size_t i = 0, o = 0; failure.empty() && i < c.tensors.size(); ++i) {
+    for (size_t i = 0, k = 0; failure.empty() && i < c.tensors.size(); ++i) {
       if (!compared(c.tensors[i])) continue;
       double ratio = 0;
-      failure = compare(c.tensors[i], got[o], want[o], same_kernels, &ratio);
+      failure = compare(c.tensors[i], got[k], want[k], o.same_kernels, &ratio);
+      if (failure.empty() && o.twice) failure = compare_runs(c.tensors[i], got[k], again[k]);
       worst = std::max(worst, ratio);
-      ++o;
+      ++k;
     }
     std::string line;
     if (failure.empty()) {
@@ -273,7 +294,7 @@ Report run_cases(const std::vector<Case>& cases, Device& dev, Device& ref, bool 
       line = "FAIL " + what + " on " + dev.name() + ": " + failure;
       r.failures.push_back(line);
     }
-    if (on_case) on_case(line);
+    if (o.on_case) o.on_case(line);
   }
   return r;
 }

@@ -99,10 +99,20 @@ struct Report {
   std::vector<std::string> failures;
 };
 
-// Runs each case on `ref` and on `dev` and compares. same_kernels: dev runs the reference's
-// own kernels (behind a decorator), so every output must have the same bits whatever the
-// case's tolerance. `on_case`, when given, sees each case's report line as it finishes.
-Report run_cases(const std::vector<Case>& cases, Device& dev, Device& ref, bool same_kernels,
-                 const std::function<void(const std::string&)>& on_case = {});
+struct Options {
+  // dev runs the reference's own kernels (behind a decorator), so every output must have the
+  // reference's bits whatever the case's tolerance.
+  bool same_kernels = false;
+  // Each case runs twice on dev, and the two must give the same bits (determinism: no float
+  // atomics, sums in a fixed order). before_run(i), when given, is called before run i: the
+  // emulation changes its thread schedule there.
+  bool twice = false;
+  std::function<void(int run)> before_run;
+  // Sees each case's report line as it finishes.
+  std::function<void(const std::string&)> on_case;
+};
+
+// Runs each case on `ref` and on `dev` and compares.
+Report run_cases(const std::vector<Case>& cases, Device& dev, Device& ref, const Options& o);
 
 }  // namespace ft::op_test

@@ -28,15 +28,24 @@
 namespace ft::op_test {
 namespace {
 
+// Options for a device that runs the reference's kernels: the reference's bits.
+Options same_bits(bool on = true) {
+  Options o;
+  o.same_kernels = on;
+  return o;
+}
+
 TEST_CASE("ops: every op of runtime/op_list.h has a conformance case") {
   const std::vector<std::string> problems = check_coverage(all_cases());
   for (const std::string& p : problems) FAIL_CHECK(p);
   CHECK(problems.empty());
 }
 
-TEST_CASE("ops: the guard device gives the CPU device's bits on every op") {
+TEST_CASE("ops: the guard device gives the CPU device's bits on every op, run after run") {
   const std::unique_ptr<Device> ref = make_cpu_device(), dev = make_guard_device();
-  expect_conforms(*dev, *ref, all_cases(), /*same_kernels=*/true, "same kernels: same bits");
+  Options o = same_bits();
+  o.twice = true;  // the CPU kernels' bits do not change from run to run either
+  expect_conforms(*dev, *ref, all_cases(), o, "same kernels: same bits, twice");
 }
 
 // Sets an environment variable for a scope, restores it after.
@@ -68,7 +77,7 @@ TEST_CASE("ops: the profiled CPU device gives the CPU's bits and counts every op
   REQUIRE(dev->profile() != nullptr);
   dev->profile()->recording = true;
   const std::vector<Case> cases = all_cases();
-  expect_conforms(*dev, *ref, cases, /*same_kernels=*/true, "FT_PROFILE: same bits");
+  expect_conforms(*dev, *ref, cases, same_bits(), "FT_PROFILE: same bits");
 
   // What each case's one call must have added: its op's family from the list, but
   // linear_backward, which is timed as its dx GEMM and its dW GEMM.
@@ -129,13 +138,15 @@ struct NoHook {
 
 // linear_forward's output y (N, out) with its middle element moved by a quarter of its size
 // (at least 0.25): far beyond any tolerance, in every dtype. Read and written through the
-// Device's copies, as device memory.
+// Device's copies, as device memory. `every` > 1: only every every-th call (a flaky op).
 class BrokenLinearForward final : public ForwardingOps<NoHook> {
  public:
-  BrokenLinearForward(Ops& inner, Device& dev) : ForwardingOps(inner, NoHook{}), dev_(dev) {}
+  BrokenLinearForward(Ops& inner, Device& dev, int every = 1)
+      : ForwardingOps(inner, NoHook{}), dev_(dev), every_(every) {}
   void linear_forward(Stream s, Ref y, CRef x, CRef W, int N, int in, int out,
                       bool accumulate) override {
     inner_.linear_forward(s, y, x, W, N, in, out, accumulate);
+    if (++calls_ % every_ != 0) return;
     const size_t i = size_t(N) * size_t(out) / 2, es = dtype_size(y.dtype);
     void* at = static_cast<char*>(y.ptr) + i * es;
     float f32 = 0;
@@ -157,6 +168,7 @@ class BrokenLinearForward final : public ForwardingOps<NoHook> {
 
  private:
   Device& dev_;
+  int every_, calls_ = 0;
 };
 
 TEST_CASE("ops: a broken op fails the harness, which names op, dtype, shape and worst element") {
@@ -174,7 +186,7 @@ TEST_CASE("ops: a broken op fails the harness, which names op, dtype, shape and 
 
   for (bool same_kernels : {false, true}) {
     CAPTURE(same_kernels);
-    const Report r = run_cases(cases, dev, *ref, same_kernels);
+    const Report r = run_cases(cases, dev, *ref, same_bits(same_kernels));
     CHECK(r.cases == cases.size());
     // Every linear_forward case fails, nothing else does.
     CHECK(r.failures.size() == n_linear);
@@ -200,6 +212,31 @@ TEST_CASE("ops: a broken op fails the harness, which names op, dtype, shape and 
       CHECK(line->find(", error ") != std::string::npos);
       CHECK(line->find(" (bound ") != std::string::npos);
     }
+  }
+}
+
+TEST_CASE("ops: an op whose second run differs fails the harness's determinism check") {
+  WrappedDevice dev(make_cpu_device(), "linear_forward flaky", [](Device& inner) {
+    return std::make_unique<BrokenLinearForward>(inner.ops(), inner, /*every=*/2);
+  });
+  const std::unique_ptr<Device> ref = make_cpu_device();
+  std::vector<Case> cases;
+  for (Case& c : all_cases())
+    if (c.op == "linear_forward" && c.dtype == "f16") cases.push_back(std::move(c));
+  REQUIRE(!cases.empty());
+  Options o;
+  o.twice = true;
+  int runs = 0;
+  o.before_run = [&](int run) { CHECK(run == runs++ % 2); };
+  const Report r = run_cases(cases, dev, *ref, o);
+  CHECK(runs == int(2 * cases.size()));
+  // The first run of each case is right, the second is not: every case fails, as such.
+  CHECK(r.failures.size() == cases.size());
+  for (const std::string& f : r.failures) {
+    INFO(f);
+    CHECK(f.find(": y: 1 of ") != std::string::npos);
+    CHECK(f.find(" elements differ between two runs on the device (not deterministic); first "
+                 "at [") != std::string::npos);
   }
 }
 
