@@ -55,8 +55,10 @@ struct RecordingOps final : Ops {
   }
 };
 
-// Calls every op once with distinct pointers and sizes (odd ones: 1, 19, 111).
-void call_every_op(Ops& ops, float* a, float* b) {
+// Calls the training step's ops once each with distinct pointers and sizes (odd ones: 1, 19,
+// 111). Every op of the list, later ones included, goes through the profiling wrapper in
+// tests/ops/test_ops.cpp, which checks its family's count.
+void call_step_ops(Ops& ops, float* a, float* b) {
   Stream s;
   ops.linear_forward(s, a, b, b, 19, 3, 5, false);
   ops.linear_backward(s, a, b, a, b, b, 111, 3, 5, false);  // both outputs: two calls inside
@@ -88,11 +90,11 @@ void call_every_op(Ops& ops, float* a, float* b) {
 TEST_CASE("profile: the wrapper forwards every op unchanged and counts it by family") {
   float a[4], b[4];
   RecordingOps direct, inner;
-  call_every_op(direct, a, b);
+  call_step_ops(direct, a, b);
   OpProfile prof;
   prof.recording = true;
   std::unique_ptr<Ops> wrapped = make_profiling_ops(inner, prof);
-  call_every_op(*wrapped, a, b);
+  call_step_ops(*wrapped, a, b);
 
   // The same calls with the same arguments in the same order, except that a linear_backward
   // with both outputs arrives as dx (dW null) then dW (dx null, its dtype kept), so the
@@ -142,7 +144,7 @@ TEST_CASE("profile: nothing is counted while not recording; the table names what
   RecordingOps inner;
   OpProfile prof;
   std::unique_ptr<Ops> wrapped = make_profiling_ops(inner, prof);
-  call_every_op(*wrapped, a, b);
+  call_step_ops(*wrapped, a, b);
   for (int i = 0; i < int(OpFamily::kCount); ++i) CHECK(prof.count(OpFamily(i)) == 0);
   CHECK(inner.calls.size() == 25);  // still forwarded
 
