@@ -1,6 +1,8 @@
-// Compute kernels. Raw pointers, sizes and (later) a stream; no tensors, recipes or
-// communicators. Every op exists once per backend with the same contract; the CPU versions in
-// kernels/cpu/ are the reference that other backends are tested against.
+// The CPU backend's compute kernels (kernels/cpu/). Raw host pointers and sizes; no stream:
+// each returns when its work is done (threads from OpenMP). No tensors, recipes or
+// communicators. Every op of runtime/op_list.h exists once per backend with the same contract;
+// these are the reference that the other backends are tested against (kernels/cuda/'s
+// launchers are in kernels/cuda/kernels_cuda.h; tests/ops/ checks every Device's ops).
 //
 // Shape letters: B batch, T sequence, C model dim, H query heads, K kv heads, D head dim,
 // F ffn dim, V vocab, N = B*T rows.
@@ -42,6 +44,15 @@ void linear_forward<float>(float* y, const float* x, const float* W, int N, int 
 template <>
 void linear_backward<float>(float* dx, float* dW, const float* dy, const float* x,
                             const float* W, int N, int in, int out, bool accumulate_dx);
+
+// ---- bias.cpp: the bias of a linear layer -------------------------------------------------------
+// y (N, C) += b (C) on every row; T: y and b, the sum in fp32, rounded once.
+template <typename T>
+void bias_add(T* y, const T* b, int N, int C);
+// db (C) fp32 += Σ_n dy (n, :), T: dy. Each column's rows are summed in row order in fp32, then
+// added to db: the same bits for any thread count.
+template <typename T>
+void bias_grad(float* db, const T* dy, int N, int C);
 
 // ---- embedding.cpp: token embedding -------------------------------------------------------------
 // out (N, C) = table[ids[n] − v_begin] for ids in [v_begin, v_begin + v_count), zero rows for

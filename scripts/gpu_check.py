@@ -11,6 +11,8 @@ back to tests/ref/llama_ref.py when transformers is missing.
 Checks, in order (each PASS, FAIL or SKIP with a reason; a failure does not stop the next):
   env          GPU, driver, ft --version
   kernels      the CUDA kernel tests natively (tests/ft_cuda_kernel_tests) against the CPU
+  ops          every op of the op list through the CUDA device against the CPU device, with each
+               op's tolerance (tests/ft_ops_gpu_tests, the conformance harness of tests/ops/)
   lt_gemm      the cuBLASLt GEMMs against the CPU GEMMs (tests/lt_gemm_gpu_tests)
   device       the CUDA device: allocator, copies, pinned staging, out of memory
                (tests/ft_cuda_device_check)
@@ -25,7 +27,7 @@ Checks, in order (each PASS, FAIL or SKIP with a reason; a failure does not stop
   torch        the same shape in PyTorch on the same GPU (bf16 autocast, sdpa, fused AdamW)
 
 The device tool runs one command for at most 10 minutes: split the checks, e.g.
-  --only env,kernels,lt_gemm,device,fp32_vs_cpu,bf16_vs_cpu,determinism
+  --only env,kernels,ops,lt_gemm,device,fp32_vs_cpu,bf16_vs_cpu,determinism
   --only memcheck,racecheck
   --only bench,torch
 """
@@ -176,6 +178,18 @@ def main():
                     if "test cases" in l or "assertions" in l or l.startswith("no GPU:")]
             # 77: no usable GPU here (the binary says why in one "no GPU: ..." line).
             chk.record("kernels", "PASS" if rc == 0 else ("SKIP" if rc == 77 else "FAIL"),
+                       "; ".join(last) or f"exit {rc}")
+    if want("ops"):
+        path = os.path.join(B, "tests", "ft_ops_gpu_tests")
+        if not os.path.exists(path):
+            chk.record("ops", "SKIP", "the bundle has no tests/ft_ops_gpu_tests")
+        else:
+            rc, text = chk.run("ops", [path], 900)
+            # "N cases of M ops on cuda:0 (...): K failed" per device, and the failed cases'
+            # lines (op, dtype, shape, worst element) in the log.
+            last = [l.split("MESSAGE: ")[-1] for l in text.splitlines()
+                    if " cases of " in l or l.startswith("no GPU:")]
+            chk.record("ops", "PASS" if rc == 0 else ("SKIP" if rc == 77 else "FAIL"),
                        "; ".join(last) or f"exit {rc}")
     for name, binary in (("lt_gemm", "lt_gemm_gpu_tests"), ("device", "ft_cuda_device_check")):
         if not want(name):

@@ -2,9 +2,10 @@
 # The GPU check: on a machine with an NVIDIA GPU, from the archive scripts/bundle.sh makes here.
 #   bash scripts/gpu_check.sh [ft-bundle.tar.xz] [gpu_check.py options: --only NAME,... --skip ...]
 # Unpacks the archive (python3 -m tarfile: the GPU image may lack xz), runs scripts/gpu_check.py
-# (kernel tests natively, compute-sanitizer memcheck and racecheck, 50 steps GPU against CPU in
-# fp32 and bf16, determinism, the ~1B benchmark against PyTorch) and prints one summary. Logs and
-# summary.txt go to $OUT (the device tool's output folder) or ./gpu_check_out.
+# (kernel tests natively, every op against the CPU, compute-sanitizer memcheck and racecheck,
+# 50 steps GPU against CPU in fp32 and bf16, determinism, the ~1B benchmark against PyTorch) and
+# prints one summary. Logs and summary.txt go to $OUT (the device tool's output folder) or
+# ./gpu_check_out.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 archive=ft-bundle.tar.xz

@@ -1,6 +1,7 @@
-// CUDA kernels, host-side entry points: one launcher per op of kernels/kernels.h with the same
-// contract, queued on `stream` (a cudaStream_t passed as void*, so this header needs no CUDA
-// headers and lib/runtime/cuda/ can include it from plain C++). Pointers are device pointers.
+// CUDA kernels, host-side entry points: a launcher per op of runtime/op_list.h but the GEMMs
+// (cuBLASLt), with the contract of its CPU kernel (kernels/kernels.h), queued on `stream` (a
+// cudaStream_t passed as void*, so this header needs no CUDA headers and lib/runtime/cuda/
+// can include it from plain C++; cuda_ops.cpp calls them). Pointers are device pointers.
 //
 // Element types: T in {float, bf16, f16} of core/half.h (2-byte storage structs with the
 // same bits as __nv_bfloat16 / __half; the .cu files reinterpret them). fp32 math inside, one
@@ -53,11 +54,31 @@ inline size_t cross_entropy_scratch_bytes(int N, int /*V*/) { return sizeof(doub
 inline size_t sum_squares_scratch_bytes(size_t n) {
   return n == 0 ? 0 : sizeof(double) * sum_squares_blocks(n);
 }
+// bias.cu's bias_grad: chunks of at least kBiasRowsPerChunk rows (each costs a partial row of
+// C floats), at most kBiasMaxChunks of them.
+inline constexpr int kBiasRowsPerChunk = 32;
+inline constexpr int kBiasMaxChunks = 256;
+inline int bias_grad_chunks(int N) {
+  const int chunks = (N + kBiasRowsPerChunk - 1) / kBiasRowsPerChunk;
+  return chunks < kBiasMaxChunks ? chunks : kBiasMaxChunks;
+}
+inline size_t bias_grad_scratch_bytes(int N, int C) {
+  if (N <= 0 || C <= 0) return 0;
+  return sizeof(float) * size_t(bias_grad_chunks(N)) * size_t(C);
+}
 // The attention backward's: Δ (B, H, T) in fp32; dQ is summed in registers (any T, K, D).
 template <typename T>
 inline size_t attention_backward_scratch_bytes(int B, int T_, int H, int /*K*/, int /*D*/) {
   return sizeof(float) * size_t(B) * size_t(H) * size_t(T_);
 }
+
+// ---- bias.cu ----
+template <typename T>
+void bias_add(T* y, const T* b, int N, int C, void* stream);
+// db (C) += Σ over rows: per-chunk partial rows in scratch (bias_grad_scratch_bytes), then
+// added in chunk order (no atomics; the bits depend on (N, C) only).
+template <typename T>
+void bias_grad(float* db, const T* dy, int N, int C, void* scratch, void* stream);
 
 // ---- embedding.cu ----
 template <typename T>

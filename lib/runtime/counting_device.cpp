@@ -11,21 +11,14 @@
 namespace ft {
 namespace {
 
-// The CPU backend's ops allocate nothing: counting them is doing nothing. Only the size query
-// answers, as the CPU backend does (the model allocates what it says).
-class NullOps final : public Ops {
+// Every op of the list (runtime/op_list.h) doing nothing. The CPU backend's ops allocate
+// nothing: counting them is this. Only the size query answers, as the CPU backend does (the
+// model allocates what it says).
+class NullOps : public Ops {
  public:
-  void linear_forward(Stream, Ref, CRef, CRef, int, int, int, bool) override {}
-  void linear_backward(Stream, Ref, float*, CRef, CRef, CRef, int, int, int, bool) override {}
-  void embedding_forward(Stream, Ref, const int32_t*, CRef, int, int, int, int) override {}
-  void embedding_backward(Stream, float*, const int32_t*, CRef, int, int, int, int) override {}
-  void rmsnorm_forward(Stream, Ref, float*, CRef, CRef, int, int, float) override {}
-  void rmsnorm_backward(Stream, Ref, float*, CRef, CRef, CRef, const float*, int, int,
-                        bool) override {}
-  void rope_forward(Stream, Ref, const float*, int, int, int, int) override {}
-  void rope_backward(Stream, Ref, const float*, int, int, int, int) override {}
-  void attention_forward(Stream, Ref, float*, CRef, CRef, CRef, int, int, int, int,
-                         int) override {}
+#define FT_OP(name, family, params, args) \
+  void name params override {}
+#include "runtime/op_list.h"
   size_t attention_backward_scratch_elems(DType t, int B, int T, int H, int D) override {
     size_t n = 0;
     dispatch(t, [&](auto e) {
@@ -33,43 +26,23 @@ class NullOps final : public Ops {
     });
     return n;
   }
-  void attention_backward(Stream, Ref, Ref, Ref, CRef, CRef, const float*, CRef, CRef, CRef,
-                          float*, int, int, int, int, int) override {}
-  void swiglu_forward(Stream, Ref, CRef, CRef, size_t) override {}
-  void swiglu_backward(Stream, Ref, Ref, CRef, CRef, CRef, size_t) override {}
-  void cross_entropy(Stream, Ref, CRef, const int32_t*, const uint8_t*, int, int, float,
-                     double*) override {}
-  void row_max(Stream, float*, CRef, int, int) override {}
-  void ce_partial(Stream, double*, double*, CRef, const int32_t*, const uint8_t*, const float*,
-                  int, int, int) override {}
-  void ce_finish(Stream, Ref, CRef, const int32_t*, const uint8_t*, const float*, const double*,
-                 const double*, int, int, int, float, double*) override {}
-  void convert(Stream, Ref, CRef, size_t) override {}
-  void add(Stream, Ref, CRef, size_t) override {}
-  void scale(Stream, float*, float, size_t) override {}
-  void sum_squares(Stream, double*, const float*, size_t, double) override {}
-  void adamw_update(Stream, float*, const float*, float*, float*, size_t, float, float, float,
-                    float, float, int64_t, float, Ref) override {}
 };
 
 // The CUDA backend's ops, counted: no kernel runs, but the cuBLASLt workspace is allocated with
-// the ops and every op asks OpsMemory for the scratch CudaOps asks for (runtime/cuda/
-// ops_memory.h), so the counting device sees the CUDA backend's own memory.
-class CountingCudaOps final : public Ops {
+// the ops and every op that asks CudaOps' scratch asks OpsMemory for the same here (runtime/
+// cuda/ops_memory.h), so the counting device sees the CUDA backend's own memory. An op that
+// starts asking in cuda_ops.cpp must ask here too: cli_test_cuda_emu_plan compares the two.
+class CountingCudaOps final : public NullOps {
  public:
   CountingCudaOps(Device& dev, int sm_major)
       : mem_(dev, sm_major), tensor_cores_(cuda::attention_on_tensor_cores()) {}
-  void linear_forward(Stream, Ref, CRef, CRef, int, int, int, bool) override {}
-  void linear_backward(Stream, Ref, float*, CRef, CRef, CRef, int, int, int, bool) override {}
-  void embedding_forward(Stream, Ref, const int32_t*, CRef, int, int, int, int) override {}
-  void embedding_backward(Stream, float*, const int32_t*, CRef, int, int, int, int) override {}
-  void rmsnorm_forward(Stream, Ref, float*, CRef, CRef, int, int, float) override {}
+  void bias_grad(Stream, float*, CRef, int N, int C) override {
+    mem_.scratch(Req::bias_grad(N, C));
+  }
   void rmsnorm_backward(Stream, Ref, float*, CRef, CRef, CRef, const float*, int N, int C,
                         bool) override {
     mem_.scratch(Req::rmsnorm_backward(N, C));
   }
-  void rope_forward(Stream, Ref, const float*, int, int, int, int) override {}
-  void rope_backward(Stream, Ref, const float*, int, int, int, int) override {}
   void attention_forward(Stream, Ref out, float*, CRef, CRef, CRef, int B, int T, int H, int K,
                          int D) override {
     mem_.scratch(Req::attention_forward(tensor_cores_, B, T, H, K, D, out.dtype));
@@ -81,27 +54,17 @@ class CountingCudaOps final : public Ops {
                           float*, int B, int T, int H, int K, int D) override {
     mem_.scratch(Req::attention_backward(tensor_cores_, B, T, H, K, D, dq.dtype));
   }
-  void swiglu_forward(Stream, Ref, CRef, CRef, size_t) override {}
-  void swiglu_backward(Stream, Ref, Ref, CRef, CRef, CRef, size_t) override {}
   void cross_entropy(Stream, Ref, CRef, const int32_t*, const uint8_t*, int N, int V, float,
                      double*) override {
     mem_.scratch(Req::cross_entropy(N, V));
   }
-  void row_max(Stream, float*, CRef, int, int) override {}
-  void ce_partial(Stream, double*, double*, CRef, const int32_t*, const uint8_t*, const float*,
-                  int, int, int) override {}
   void ce_finish(Stream, Ref, CRef, const int32_t*, const uint8_t*, const float*, const double*,
                  const double*, int N, int V, int, float, double*) override {
     mem_.scratch(Req::cross_entropy(N, V));
   }
-  void convert(Stream, Ref, CRef, size_t) override {}
-  void add(Stream, Ref, CRef, size_t) override {}
-  void scale(Stream, float*, float, size_t) override {}
   void sum_squares(Stream, double*, const float*, size_t n, double) override {
     mem_.scratch(Req::sum_squares(n));
   }
-  void adamw_update(Stream, float*, const float*, float*, float*, size_t, float, float, float,
-                    float, float, int64_t, float, Ref) override {}
 
  private:
   using Req = cuda::ScratchRequests;

@@ -77,6 +77,16 @@ class CpuOps final : public Ops {
                                      accumulate_dx);
              });
   }
+  void bias_add(Stream, Ref y, CRef b, int N, int C) override {
+    dispatch(same_dtype("bias_add", {y.dtype, b.dtype}), [&](auto t) {
+      using T = decltype(t);
+      k::bias_add(as<T>(y), as<T>(b), N, C);
+    });
+  }
+  void bias_grad(Stream, float* db, CRef dy, int N, int C) override {
+    dispatch(same_dtype("bias_grad", {dy.dtype}),
+             [&](auto t) { k::bias_grad(db, as<decltype(t)>(dy), N, C); });
+  }
   void embedding_forward(Stream, Ref out, const int32_t* ids, CRef table, int N, int C,
                          int v_begin, int v_count) override {
     FT_CHECK(v_count >= 0, "embedding_forward: the table's row count is required");

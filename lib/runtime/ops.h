@@ -1,7 +1,7 @@
-// The ops of a Device: the one place where model, ZeRO and optimizer code reach kernels. Each
-// method is one op of kernels/kernels.h with the same contract; a backend implements it by
-// launching its kernel (the CPU calls kernels/cpu/, CUDA will launch kernels/cuda/ on the
-// stream). Pointers are device pointers of the Device the Ops came from.
+// The ops of a Device: the one place where model, ZeRO and optimizer code reach kernels. The
+// ops are declared once, in op_list.h, each with its contract; a backend implements each by
+// calling its kernels (the CPU runs kernels/cpu/ at once; CUDA queues kernels/cuda/ launchers
+// or cuBLASLt on the op's stream). Pointers are device pointers of the Device the Ops came from.
 //
 // Tensors whose element type follows the precision policy (activations, the compute copy of the
 // parameters, their gradients inside the model) are passed as Ref/CRef: a pointer with its
@@ -63,82 +63,20 @@ inline bool ranges_overlap(CRef a, CRef b, size_t n) {
   return bytes > 0 && pa < pb + bytes && pb < pa + bytes;
 }
 
+// One pure virtual method per op of op_list.h, with the contract written there. The backends
+// (cpu_ops.cpp, cuda/cuda_ops.cpp) implement each by hand; decorators forward them
+// (forwarding_ops.h).
 class Ops {
  public:
   virtual ~Ops() = default;
 
-  // ---- GEMM: kernels/cpu/gemm.cpp ----
-  // y (N, out) (+)= x (N, in) · Wᵀ, W (out, in).
-  virtual void linear_forward(Stream s, Ref y, CRef x, CRef W, int N, int in, int out,
-                              bool accumulate) = 0;
-  // dx (N, in) (+)= dy · W; dW (out, in) += dyᵀ · x in fp32. Either output may be null.
-  virtual void linear_backward(Stream s, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N,
-                               int in, int out, bool accumulate_dx) = 0;
+#define FT_OP(name, family, params, args) virtual void name params = 0;
+#include "runtime/op_list.h"
 
-  // ---- Embedding: the table holds rows [v_begin, v_begin + v_count) of the vocabulary ----
-  virtual void embedding_forward(Stream s, Ref out, const int32_t* ids, CRef table, int N, int C,
-                                 int v_begin, int v_count) = 0;
-  virtual void embedding_backward(Stream s, float* dtable, const int32_t* ids, CRef dout, int N,
-                                  int C, int v_begin, int v_count) = 0;
-
-  // ---- RMSNorm ----
-  virtual void rmsnorm_forward(Stream s, Ref out, float* rstd, CRef x, CRef w, int N, int C,
-                               float eps) = 0;
-  // dx (N, C) = the norm's input gradient, or dx += it (accumulate_dx: the residual stream's
-  // gradient takes the norm branch's share in the same pass, no add). dx must overlap neither
-  // dout nor x (checked: an ft::Error).
-  virtual void rmsnorm_backward(Stream s, Ref dx, float* dw, CRef dout, CRef x, CRef w,
-                                const float* rstd, int N, int C, bool accumulate_dx) = 0;
-
-  // ---- RoPE (inv_freq: D/2 floats in device memory) ----
-  virtual void rope_forward(Stream s, Ref x, const float* inv_freq, int B, int T, int nh,
-                            int D) = 0;
-  virtual void rope_backward(Stream s, Ref dx, const float* inv_freq, int B, int T, int nh,
-                             int D) = 0;
-
-  // ---- Causal grouped-query attention (FlashAttention-2): lse (B, H, T) fp32 per-row
-  // logsumexp saved by forward; backward recomputes the probabilities from q, k, out and lse.
-  virtual void attention_forward(Stream s, Ref out, float* lse, CRef q, CRef k, CRef v, int B,
-                                 int T, int H, int K, int D) = 0;
-  // fp32 elements of the scratch attention_backward needs for this dtype and shape.
+  // fp32 elements of the scratch attention_backward needs for this dtype and shape on this
+  // backend. A size query, not an op: it does no work, so it is not in the op list (the
+  // decorators forward it by hand).
   virtual size_t attention_backward_scratch_elems(DType t, int B, int T, int H, int D) = 0;
-  virtual void attention_backward(Stream s, Ref dq, Ref dk, Ref dv, CRef dout, CRef out,
-                                  const float* lse, CRef q, CRef k, CRef v, float* scratch,
-                                  int B, int T, int H, int K, int D) = 0;
-
-  // ---- SwiGLU ----
-  virtual void swiglu_forward(Stream s, Ref h, CRef g, CRef u, size_t n) = 0;
-  virtual void swiglu_backward(Stream s, Ref dg, Ref du, CRef dh, CRef g, CRef u, size_t n) = 0;
-
-  // ---- Cross-entropy: *loss_acc += Σ loss over masked rows ----
-  virtual void cross_entropy(Stream s, Ref dlogits, CRef logits, const int32_t* targets,
-                             const uint8_t* mask, int N, int V, float scale,
-                             double* loss_acc) = 0;
-  // Vocabulary-parallel pieces (kernels.h: row_max, ce_partial, ce_finish).
-  virtual void row_max(Stream s, float* out, CRef x, int N, int V) = 0;
-  virtual void ce_partial(Stream s, double* sumexp, double* target_logit, CRef logits,
-                          const int32_t* targets, const uint8_t* mask, const float* row_max,
-                          int N, int V, int v_begin) = 0;
-  virtual void ce_finish(Stream s, Ref dlogits, CRef logits, const int32_t* targets,
-                         const uint8_t* mask, const float* row_max, const double* sumexp,
-                         const double* target_logit, int N, int V, int v_begin, float scale,
-                         double* loss_acc) = 0;
-
-  // ---- Casts: dst = src converted to dst's dtype (round to nearest even); same dtype: a copy.
-  virtual void convert(Stream s, Ref dst, CRef src, size_t n) = 0;
-
-  // ---- Elementwise and reductions ----
-  virtual void add(Stream s, Ref y, CRef x, size_t n) = 0;             // y += x
-  virtual void scale(Stream s, float* y, float f, size_t n) = 0;        // y *= f
-  // *acc += Σ x² / divisor (in double).
-  virtual void sum_squares(Stream s, double* acc, const float* x, size_t n, double divisor) = 0;
-
-  // ---- AdamW (kernels.h; t is the step count after increment; g is read as g · grad_scale,
-  // clipping folded into the update). p_compute (n), unless null: the updated p rounded to its
-  // dtype in the same pass (the compute copy of the precision policy, without a convert).
-  virtual void adamw_update(Stream s, float* p, const float* g, float* m, float* v, size_t n,
-                            float lr, float beta1, float beta2, float eps, float weight_decay,
-                            int64_t t, float grad_scale, Ref p_compute) = 0;
 };
 
 }  // namespace ft

@@ -21,11 +21,15 @@
 
 namespace ft {
 
+// What the table adds up. The families of ops are declared with the ops (op_list.h); those
+// that are no op's are declared here: linear_backward's two GEMMs (it names kGemmDx, and the
+// profiler times its dW apart, below), the Device's copies and memsets.
 enum class OpFamily : int {
-  kGemmForward, kGemmDx, kGemmDw, kAttentionForward, kAttentionBackward, kRmsnorm, kRope,
-  kSwiglu, kCrossEntropy, kEmbedding, kAdamw, kConvert, kAdd, kScale, kSumSquares,
-  kCopyDevice, kCopyHost, kMemset, kCount
+#define FT_OP_FAMILY(id, label) id,
+#include "runtime/op_list.h"
+  kGemmDx, kGemmDw, kCopyDevice, kCopyHost, kMemset, kCount
 };
+// The family's label in the table ("GEMM backward dx").
 const char* op_family_name(OpFamily f);
 
 // Totals per family. Atomic because the checkpoint writer copies to the host from its own
@@ -100,9 +104,10 @@ class ProfileScope {
 // True when FT_PROFILE is set to anything but "" or "0".
 bool profile_requested();
 
-// Ops that time each call to `inner` into `profile` (while it records) and forward it
-// unchanged. linear_backward with both outputs is forwarded as two calls, dx then dW (the
-// contract allows either output null), so the two GEMMs are timed apart.
+// Ops that time each call to `inner` into its op family of `profile` (while it records) and
+// forward it unchanged (forwarding_ops.h). linear_backward with both outputs is forwarded as
+// two calls, dx then dW (the contract allows either output null), so the two GEMMs are timed
+// apart.
 std::unique_ptr<Ops> make_profiling_ops(Ops& inner, OpProfile& profile);
 
 // The table: family, seconds, share of the summed step time, calls; "other" is step time

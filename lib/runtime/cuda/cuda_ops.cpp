@@ -61,6 +61,20 @@ class CudaOps final : public Ops {
                          stream(s));
   }
 
+  void bias_add(Stream s, Ref y, CRef b, int N, int C) override {
+    same_dtype("bias_add", y.dtype, b.dtype);
+    dispatch(y.dtype, "bias_add", [&](auto t) {
+      using T = decltype(t);
+      kc::bias_add(as<T>(y), as<T>(b), N, C, stream(s));
+    });
+  }
+  void bias_grad(Stream s, float* db, CRef dy, int N, int C) override {
+    void* scratch = mem_.scratch(Req::bias_grad(N, C));
+    dispatch(dy.dtype, "bias_grad", [&](auto t) {
+      kc::bias_grad(db, as<decltype(t)>(dy), N, C, scratch, stream(s));
+    });
+  }
+
   void embedding_forward(Stream s, Ref out, const int32_t* ids, CRef table, int N, int C,
                          int v_begin, int v_count) override {
     same_dtype("embedding_forward", out.dtype, table.dtype);

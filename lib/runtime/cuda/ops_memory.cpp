@@ -53,6 +53,8 @@ void* OpsMemory::scratch(size_t bytes) {
   return scratch_;
 }
 
+size_t ScratchRequests::bias_grad(int N, int C) { return kc::bias_grad_scratch_bytes(N, C); }
+
 size_t ScratchRequests::rmsnorm_backward(int N, int C) {
   return kc::rmsnorm_backward_scratch_bytes(N, C);
 }

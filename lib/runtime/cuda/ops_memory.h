@@ -46,6 +46,7 @@ class OpsMemory {
 
 // The scratch bytes each op asks for, given its arguments; ops not listed ask for none.
 struct ScratchRequests {
+  static size_t bias_grad(int N, int C);
   static size_t rmsnorm_backward(int N, int C);
   static size_t attention_forward(bool tensor_cores, int B, int T, int H, int K, int D,
                                   DType dtype);

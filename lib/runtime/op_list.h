@@ -1,0 +1,176 @@
+// The ops of a Device, declared once. Everything that lists the ops is generated from this file:
+// Ops' pure virtual methods (ops.h), the forwarding decorators of the guard device and of
+// FT_PROFILE (forwarding_ops.h), the op families of the profile (profile.h) and the backend
+// conformance harness's check that every op has a case (tests/ops/). A backend still writes
+// each op by hand (cpu_ops.cpp, cuda/cuda_ops.cpp): `override` makes the compiler hold its
+// signature to the one here, and a backend that lacks an op cannot be instantiated.
+//
+// An X-macro file, included several times (no include guard): define FT_OP and/or
+// FT_OP_FAMILY, include it, and it #undefs both at its end.
+//   FT_OP_FAMILY(id, "label")   an OpFamily enumerator of the profile and its name in the
+//                               table, in the table's order
+//   FT_OP(name, family, (params), (args))
+//                               one op: `void name params`, timed into OpFamily::family; args
+//                               names the params in order (what a decorator passes on). The
+//                               first param is always `Stream s`.
+// Each op's comment is its contract (the kernels' own, in kernels/kernels.h, say more about
+// precision). Pointers are device pointers of the Device the Ops came from.
+#ifndef FT_OP
+#define FT_OP(name, family, params, args)
+#endif
+#ifndef FT_OP_FAMILY
+#define FT_OP_FAMILY(id, label)
+#endif
+
+// ---- Op families (the profile's table prints them in this order, then profile.h's own:
+// linear_backward's two GEMMs, copies, memsets) ----
+FT_OP_FAMILY(kAttentionForward, "attention forward")
+FT_OP_FAMILY(kAttentionBackward, "attention backward")
+FT_OP_FAMILY(kRmsnorm, "rmsnorm")
+FT_OP_FAMILY(kRope, "rope")
+FT_OP_FAMILY(kSwiglu, "swiglu")
+FT_OP_FAMILY(kCrossEntropy, "cross-entropy")
+FT_OP_FAMILY(kEmbedding, "embedding")
+FT_OP_FAMILY(kAdamw, "adamw")
+FT_OP_FAMILY(kConvert, "convert")
+FT_OP_FAMILY(kAdd, "add")
+FT_OP_FAMILY(kScale, "scale")
+FT_OP_FAMILY(kSumSquares, "sum_squares")
+FT_OP_FAMILY(kBias, "bias")
+FT_OP_FAMILY(kGemmForward, "GEMM forward")
+
+// ---- GEMM: kernels/cpu/gemm.cpp; cuBLASLt on CUDA ----
+// y (N, out) (+)= x (N, in) · Wᵀ, W (out, in).
+FT_OP(linear_forward, kGemmForward,
+      (Stream s, Ref y, CRef x, CRef W, int N, int in, int out, bool accumulate),
+      (s, y, x, W, N, in, out, accumulate))
+// dx (N, in) (+)= dy · W; dW (out, in) += dyᵀ · x in fp32. Either output may be null. (The
+// profile times dx and dW as two calls: kGemmDx, then kGemmDw.)
+FT_OP(linear_backward, kGemmDx,
+      (Stream s, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N, int in, int out,
+       bool accumulate_dx),
+      (s, dx, dW, dy, x, W, N, in, out, accumulate_dx))
+
+// ---- Bias of a linear layer (Qwen2's q, k, v projections): kernels/cpu/bias.cpp ----
+// y (N, C) += b (C) on every row, the sum in fp32 and rounded once.
+FT_OP(bias_add, kBias,
+      (Stream s, Ref y, CRef b, int N, int C),
+      (s, y, b, N, C))
+// db (C) fp32 += Σ_n dy (n, :), summed in an order fixed by (N, C): the same bits on every run.
+FT_OP(bias_grad, kBias,
+      (Stream s, float* db, CRef dy, int N, int C),
+      (s, db, dy, N, C))
+
+// ---- Embedding: the table holds rows [v_begin, v_begin + v_count) of the vocabulary ----
+// out (N, C) = table[ids[n] − v_begin]; ids outside the shard give zero rows.
+FT_OP(embedding_forward, kEmbedding,
+      (Stream s, Ref out, const int32_t* ids, CRef table, int N, int C, int v_begin,
+       int v_count),
+      (s, out, ids, table, N, C, v_begin, v_count))
+// dtable (v_count, C) fp32 += dout (N, C) of the shard's ids, each row's tokens in token order.
+FT_OP(embedding_backward, kEmbedding,
+      (Stream s, float* dtable, const int32_t* ids, CRef dout, int N, int C, int v_begin,
+       int v_count),
+      (s, dtable, ids, dout, N, C, v_begin, v_count))
+
+// ---- RMSNorm ----
+// out (N, C) = x · rstd · w; rstd (N) fp32, saved for the backward.
+FT_OP(rmsnorm_forward, kRmsnorm,
+      (Stream s, Ref out, float* rstd, CRef x, CRef w, int N, int C, float eps),
+      (s, out, rstd, x, w, N, C, eps))
+// dx (N, C) = the norm's input gradient, or dx += it (accumulate_dx: the residual stream's
+// gradient takes the norm branch's share in the same pass, no add); dw (C) fp32 += its
+// gradient. dx must overlap neither dout nor x (checked: an ft::Error).
+FT_OP(rmsnorm_backward, kRmsnorm,
+      (Stream s, Ref dx, float* dw, CRef dout, CRef x, CRef w, const float* rstd, int N, int C,
+       bool accumulate_dx),
+      (s, dx, dw, dout, x, w, rstd, N, C, accumulate_dx))
+
+// ---- RoPE: x (B, T, nh, D) rotated in place (inv_freq: D/2 floats in device memory) ----
+FT_OP(rope_forward, kRope,
+      (Stream s, Ref x, const float* inv_freq, int B, int T, int nh, int D),
+      (s, x, inv_freq, B, T, nh, D))
+// The inverse rotation, applied to the gradient in place.
+FT_OP(rope_backward, kRope,
+      (Stream s, Ref dx, const float* inv_freq, int B, int T, int nh, int D),
+      (s, dx, inv_freq, B, T, nh, D))
+
+// ---- Causal grouped-query attention (FlashAttention-2): q, out (B, T, H, D), k, v
+// (B, T, K, D); lse (B, H, T) fp32 per-row logsumexp saved by forward; backward recomputes the
+// probabilities from q, k, out and lse. The scratch of the backward is sized by
+// Ops::attention_backward_scratch_elems (ops.h; a size query, not an op). ----
+FT_OP(attention_forward, kAttentionForward,
+      (Stream s, Ref out, float* lse, CRef q, CRef k, CRef v, int B, int T, int H, int K, int D),
+      (s, out, lse, q, k, v, B, T, H, K, D))
+// dq, dk, dv overwritten.
+FT_OP(attention_backward, kAttentionBackward,
+      (Stream s, Ref dq, Ref dk, Ref dv, CRef dout, CRef out, const float* lse, CRef q, CRef k,
+       CRef v, float* scratch, int B, int T, int H, int K, int D),
+      (s, dq, dk, dv, dout, out, lse, q, k, v, scratch, B, T, H, K, D))
+
+// ---- SwiGLU: h (n) = silu(g) · u ----
+FT_OP(swiglu_forward, kSwiglu,
+      (Stream s, Ref h, CRef g, CRef u, size_t n),
+      (s, h, g, u, n))
+// dg, du (n) overwritten from dh.
+FT_OP(swiglu_backward, kSwiglu,
+      (Stream s, Ref dg, Ref du, CRef dh, CRef g, CRef u, size_t n),
+      (s, dg, du, dh, g, u, n))
+
+// ---- Cross-entropy over logits (N, V): *loss_acc += Σ loss over masked rows ----
+// dlogits (may be null: the loss only; may alias logits) = scale · (softmax − onehot) on masked
+// rows, 0 elsewhere.
+FT_OP(cross_entropy, kCrossEntropy,
+      (Stream s, Ref dlogits, CRef logits, const int32_t* targets, const uint8_t* mask, int N,
+       int V, float scale, double* loss_acc),
+      (s, dlogits, logits, targets, mask, N, V, scale, loss_acc))
+// Vocabulary-parallel pieces (kernels.h: row_max, ce_partial, ce_finish); this shard holds
+// columns [v_begin, v_begin + V). out (N) fp32 = each row's max.
+FT_OP(row_max, kCrossEntropy,
+      (Stream s, float* out, CRef x, int N, int V),
+      (s, out, x, N, V))
+// sumexp (N) = Σ exp(l − row_max), target_logit (N) = the target's logit (0 off this shard),
+// both double, overwritten, and 0 on rows the mask leaves out.
+FT_OP(ce_partial, kCrossEntropy,
+      (Stream s, double* sumexp, double* target_logit, CRef logits, const int32_t* targets,
+       const uint8_t* mask, const float* row_max, int N, int V, int v_begin),
+      (s, sumexp, target_logit, logits, targets, mask, row_max, N, V, v_begin))
+// The all-reduced statistics in: this shard's dlogits (as cross_entropy's), *loss_acc += the
+// loss sum (the same on every shard).
+FT_OP(ce_finish, kCrossEntropy,
+      (Stream s, Ref dlogits, CRef logits, const int32_t* targets, const uint8_t* mask,
+       const float* row_max, const double* sumexp, const double* target_logit, int N, int V,
+       int v_begin, float scale, double* loss_acc),
+      (s, dlogits, logits, targets, mask, row_max, sumexp, target_logit, N, V, v_begin, scale,
+       loss_acc))
+
+// ---- Casts: dst (n) = src converted to dst's dtype (round to nearest even); same dtype: a
+// copy. One side fp32 (CUDA has no 16-bit to 16-bit kernel; training never asks for one). ----
+FT_OP(convert, kConvert,
+      (Stream s, Ref dst, CRef src, size_t n),
+      (s, dst, src, n))
+
+// ---- Elementwise and reductions ----
+// y (n) += x, the sum in fp32 and rounded once.
+FT_OP(add, kAdd,
+      (Stream s, Ref y, CRef x, size_t n),
+      (s, y, x, n))
+// y (n) *= f.
+FT_OP(scale, kScale,
+      (Stream s, float* y, float f, size_t n),
+      (s, y, f, n))
+// *acc += Σ x² / divisor (in double).
+FT_OP(sum_squares, kSumSquares,
+      (Stream s, double* acc, const float* x, size_t n, double divisor),
+      (s, acc, x, n, divisor))
+
+// ---- AdamW (kernels.h; t is the step count after increment; g is read as g · grad_scale,
+// clipping folded into the update). p_compute (n), unless null: the updated p rounded to its
+// dtype in the same pass (the compute copy of the precision policy, without a convert). ----
+FT_OP(adamw_update, kAdamw,
+      (Stream s, float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
+       float beta2, float eps, float weight_decay, int64_t t, float grad_scale, Ref p_compute),
+      (s, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale, p_compute))
+
+#undef FT_OP
+#undef FT_OP_FAMILY

@@ -1,0 +1,944 @@
+// The conformance cases: for every op of runtime/op_list.h, one function add_<op>_cases that
+// appends its cases (all_cases() below calls them from the list). Sizes are odd (1, 19, 111 and
+// one larger), every float dtype of a Ref/CRef, the flags (accumulate, optional outputs left
+// null, in place), GQA ratios, vocabulary-parallel v_begin offsets and misaligned views.
+// Inputs are drawn on the host and rounded to their type, so both devices read the same values;
+// where an op reads what another op makes (a norm's rstd, attention's lse), the CPU kernels
+// make it here, so each op is checked on its own.
+//
+// Tolerances: each says why its number. The reference is the CPU kernels; the CUDA kernels do
+// the same fp32 math in another order (block trees, tiles), with the device's expf and fused
+// multiply-adds. A 16-bit output is that fp32 value rounded once on each side, so two values a
+// few fp32 ulp apart can round one 16-bit value apart: `ulps = 1` in the 16-bit tolerances.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <type_traits>
+
+#include "core/half.h"
+#include "kernels/kernels.h"
+#include "tests/ops/op_harness.h"
+
+namespace ft::op_test {
+namespace {
+
+namespace k = ft::kernels;
+
+template <typename T>
+constexpr Elem elem_of() {
+  if constexpr (std::is_same_v<T, float>) return Elem::kF32;
+  else if constexpr (std::is_same_v<T, bf16>) return Elem::kBF16;
+  else if constexpr (std::is_same_v<T, f16>) return Elem::kF16;
+  else if constexpr (std::is_same_v<T, double>) return Elem::kF64;
+  else if constexpr (std::is_same_v<T, int32_t>) return Elem::kI32;
+  else return Elem::kU8;
+}
+template <typename T>
+constexpr bool is16 = sizeof(T) == 2;
+
+template <typename... A>
+std::string cat(const A&... a) {
+  std::ostringstream s;
+  ((s << a), ...);
+  return s.str();
+}
+
+template <typename T>
+std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(T));
+  if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// n values uniform in [lo, hi), or normal around 0, rounded to T; a seed per tensor, so the
+// cases are the same on every run.
+template <typename T>
+std::vector<T> uniform(size_t n, float lo, float hi, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<T> v(n);
+  for (T& x : v) x = from_f32<T>(d(g));
+  return v;
+}
+template <typename T>
+std::vector<T> normal(size_t n, float sd, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<T> v(n);
+  for (T& x : v) x = from_f32<T>(d(g));
+  return v;
+}
+std::vector<int32_t> ids(size_t n, int lo, int hi, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_int_distribution<int32_t> d(lo, hi - 1);
+  std::vector<int32_t> v(n);
+  for (int32_t& x : v) x = d(g);
+  return v;
+}
+// Rows 3, 8, 13, ... left out: every case has masked and unmasked rows (row 0 is always in).
+std::vector<uint8_t> mask_of(int N) {
+  std::vector<uint8_t> m(size_t(N), 1);
+  for (int n = 3; n < N; n += 5) m[size_t(n)] = 0;
+  return m;
+}
+template <typename T>
+std::vector<float> f32_of(const std::vector<T>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = to_f32(v[i]);
+  return f;
+}
+
+template <typename T>
+Tensor in(std::string name, const std::vector<T>& v) {
+  Tensor t;
+  t.name = std::move(name);
+  t.elem = elem_of<T>();
+  t.host = bytes_of(v);
+  return t;
+}
+// An output the op overwrites: it starts as NaN bytes, so an element left unwritten differs.
+template <typename T>
+Tensor out(std::string name, size_t n, Tolerance tol, std::vector<double> scale = {}) {
+  Tensor t;
+  t.name = std::move(name);
+  t.elem = elem_of<T>();
+  t.role = Role::kOut;
+  t.host.assign(n * sizeof(T), 0xff);
+  t.tol = tol;
+  t.scale = std::move(scale);
+  return t;
+}
+// An output the op adds into (or updates in place).
+template <typename T>
+Tensor inout(std::string name, const std::vector<T>& v, Tolerance tol,
+             std::vector<double> scale = {}) {
+  Tensor t = in(std::move(name), v);
+  t.role = Role::kInOut;
+  t.tol = tol;
+  t.scale = std::move(scale);
+  return t;
+}
+Tensor null_out(std::string name, Elem e) {
+  Tensor t;
+  t.name = std::move(name);
+  t.elem = e;
+  t.role = Role::kOut;
+  t.null = true;
+  return t;
+}
+// An output in the memory of tensor `of` (an in-place op).
+Tensor alias(std::string name, Elem e, size_t n, int of, Tolerance tol) {
+  Tensor t;
+  t.name = std::move(name);
+  t.elem = e;
+  t.role = Role::kOut;
+  t.host.assign(n * elem_size(e), 0);  // not uploaded: sizes the download
+  t.alias = of;
+  t.tol = tol;
+  return t;
+}
+
+// fp32 math on both sides, agreeing to `rel32` relative (plus `abs` · s_i); a 16-bit result
+// adds one ulp of its type (the two sides' one rounding each).
+template <typename T>
+Tolerance rounded(double rel32, double abs = 0) {
+  return Tolerance{rel32, abs, is16<T> ? 1.0 : 0.0, false};
+}
+const Tolerance kExact{};
+
+// Σ|a(i, l) · b(l, j)| over l < K (+ |old(i, j)|): the size of the terms of a GEMM's output,
+// against which its summation error is bounded.
+template <typename A, typename B>
+std::vector<double> abs_sums(int rows, int cols, int K, A a, B b,
+                             const std::vector<float>& old = {}) {
+  std::vector<double> s(size_t(rows) * cols);
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) {
+      const size_t o = size_t(i) * cols + j;
+      double t = old.empty() ? 0.0 : std::fabs(old[o]);
+      for (int l = 0; l < K; ++l) t += std::fabs(double(a(i, l)) * b(l, j));
+      s[o] = t;
+    }
+  return s;
+}
+
+// GEMM: each side sums K fp32 products (exact: 16-bit operands have at most 11 bits) and the
+// old output in its own order (OpenBLAS/oneDNN blocks, cuBLASLt tiles, the emulation's index
+// order); each is within (K + 1)·2^-24 of the exact sum relative to the terms' size, so they
+// differ by twice that; 4 (K + 1)·2^-24 leaves a factor 2 (test_gemm16, lt_gemm_test). A lost
+// or doubled term moves the sum by ~1/K of it: far beyond.
+template <typename T>
+Tolerance gemm_tol(int K) {
+  return Tolerance{0, 4.0 * (K + 1) * std::ldexp(1.0, -24), is16<T> ? 1.0 : 0.0, false};
+}
+
+using Cases = std::vector<Case>;
+
+// Every float dtype of a Ref.
+template <typename F>
+void for_each_dtype(F&& f) {
+  f(float{});
+  f(bf16{});
+  f(f16{});
+}
+
+// ---- GEMM ----
+struct GemmShape {
+  int N, in, out;
+};
+// One element; odd sizes each way; one larger (several of the BLAS's and cuBLASLt's tiles).
+const GemmShape kGemmShapes[] = {{1, 1, 1}, {19, 111, 19}, {111, 19, 37}, {67, 256, 131}};
+
+template <typename T>
+void linear_forward_case(Cases& cs, int N, int in_, int out_, bool acc) {
+  const uint32_t s = uint32_t(N * 7919 + in_ * 31 + out_);
+  const auto x = uniform<T>(size_t(N) * in_, -1, 1, s);
+  const auto W = uniform<T>(size_t(out_) * in_, -1, 1, s + 1);
+  const auto y0 = uniform<T>(size_t(N) * out_, -1, 1, s + 2);
+  const auto xf = f32_of(x), Wf = f32_of(W);
+  auto A = abs_sums(
+      N, out_, in_, [&](int n, int l) { return xf[size_t(n) * in_ + l]; },
+      [&](int l, int o) { return Wf[size_t(o) * in_ + l]; },
+      acc ? f32_of(y0) : std::vector<float>{});
+  Case c{"linear_forward", elem_name(elem_of<T>()),
+         cat("N=", N, " in=", in_, " out=", out_, acc ? " accumulate" : ""), {}, {}};
+  c.tensors = {acc ? inout("y", y0, gemm_tol<T>(in_), A)
+                   : out<T>("y", size_t(N) * out_, gemm_tol<T>(in_), A),
+               in("x", x), in("W", W)};
+  c.run = [=](Device& d, const Args& a) {
+    d.ops().linear_forward(d.stream(), a.ref(0), a.cref(1), a.cref(2), N, in_, out_, acc);
+  };
+  cs.push_back(std::move(c));
+}
+
+void add_linear_forward_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const auto [N, in_, out_] : kGemmShapes)
+      for (bool acc : {false, true}) linear_forward_case<T>(cs, N, in_, out_, acc);
+  });
+}
+
+// Outputs: dx (null unless with_dx), dW (null unless with_dw).
+template <typename T>
+void linear_backward_case(Cases& cs, int N, int in_, int out_, bool with_dx, bool with_dw,
+                          bool acc_dx) {
+  const uint32_t s = uint32_t(N * 104729 + in_ * 17 + out_ * 3);
+  const auto dy = uniform<T>(size_t(N) * out_, -1, 1, s);
+  const auto x = uniform<T>(size_t(N) * in_, -1, 1, s + 1);
+  const auto W = uniform<T>(size_t(out_) * in_, -1, 1, s + 2);
+  const auto dx0 = uniform<T>(size_t(N) * in_, -1, 1, s + 3);
+  const auto dW0 = uniform<float>(size_t(out_) * in_, -1, 1, s + 4);  // dW accumulates
+  const auto dyf = f32_of(dy), xf = f32_of(x), Wf = f32_of(W);
+  // dx (N, in) = dy (N, out) · W (out, in): K = out. dW (out, in) += dyᵀ · x: K = N.
+  auto dx_A = abs_sums(
+      N, in_, out_, [&](int n, int o) { return dyf[size_t(n) * out_ + o]; },
+      [&](int o, int i) { return Wf[size_t(o) * in_ + i]; },
+      acc_dx ? f32_of(dx0) : std::vector<float>{});
+  auto dW_A = abs_sums(
+      out_, in_, N, [&](int o, int n) { return dyf[size_t(n) * out_ + o]; },
+      [&](int n, int i) { return xf[size_t(n) * in_ + i]; }, dW0);
+  Tensor dx = !with_dx ? null_out("dx", elem_of<T>())
+              : acc_dx ? inout("dx", dx0, gemm_tol<T>(out_), dx_A)
+                       : out<T>("dx", size_t(N) * in_, gemm_tol<T>(out_), dx_A);
+  Tensor dW = with_dw ? inout("dW", dW0, gemm_tol<float>(N), dW_A) : null_out("dW", Elem::kF32);
+  Case c{"linear_backward", elem_name(elem_of<T>()),
+         cat("N=", N, " in=", in_, " out=", out_, with_dx ? (acc_dx ? " dx+=" : " dx") : "",
+             with_dw ? " dW" : ""),
+         {}, {}};
+  c.tensors = {std::move(dx), std::move(dW), in("dy", dy), in("x", x), in("W", W)};
+  c.run = [=](Device& d, const Args& a) {
+    d.ops().linear_backward(d.stream(), a.ref(0), a.f32(1), a.cref(2), a.cref(3), a.cref(4), N,
+                            in_, out_, acc_dx);
+  };
+  cs.push_back(std::move(c));
+}
+
+void add_linear_backward_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const auto [N, in_, out_] : kGemmShapes) {
+      linear_backward_case<T>(cs, N, in_, out_, true, true, false);
+      linear_backward_case<T>(cs, N, in_, out_, true, true, true);
+    }
+    linear_backward_case<T>(cs, 19, 111, 37, true, false, false);  // dx only
+    linear_backward_case<T>(cs, 19, 111, 37, false, true, false);  // dW only
+  });
+}
+
+// ---- Bias ----
+struct BiasShape {
+  int N, C;
+  size_t offset;
+};
+// One element; odd sizes; rows of whole 16-byte packs, aligned and one element off (the scalar
+// path); more rows than one chunk of the CUDA gradient (600, 1000: partial rows summed in
+// another order than the CPU's row by row).
+const BiasShape kBiasShapes[] = {{1, 1, 0},   {19, 111, 0},  {111, 19, 0},  {19, 64, 0},
+                                 {19, 64, 1}, {600, 67, 0}, {1000, 256, 0}};
+std::string bias_shape(const BiasShape& b) {
+  return cat("N=", b.N, " C=", b.C, b.offset ? " misaligned" : "");
+}
+
+// y + b in fp32, rounded once, on both sides: the same bits.
+void add_bias_add_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const BiasShape& shape : kBiasShapes) {
+      const auto [N, C, offset] = shape;
+      const uint32_t s = uint32_t(N * 13 + C);
+      Case c{"bias_add", elem_name(elem_of<T>()), bias_shape(shape), {}, {}};
+      c.tensors = {inout("y", uniform<T>(size_t(N) * C, -2, 2, s), kExact),
+                   in("b", uniform<T>(size_t(C), -1, 1, s + 1))};
+      for (Tensor& t : c.tensors) t.offset = offset;
+      c.run = [=](Device& d, const Args& a) {
+        d.ops().bias_add(d.stream(), a.ref(0), a.cref(1), N, C);
+      };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
+// db += Σ_n dy is a GEMM with a column of ones (K = N): the GEMM's bound against the terms'
+// size Σ_n |dy| + |db|.
+void add_bias_grad_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const BiasShape& shape : kBiasShapes) {
+      const auto [N, C, offset] = shape;
+      const uint32_t s = uint32_t(N * 17 + C);
+      const auto dy = uniform<T>(size_t(N) * C, -1, 1, s);
+      const auto db = uniform<float>(size_t(C), -1, 1, s + 1);
+      std::vector<double> scale(db.begin(), db.end());
+      for (double& x : scale) x = std::fabs(x);
+      for (size_t i = 0; i < dy.size(); ++i) scale[i % size_t(C)] += std::fabs(to_f32(dy[i]));
+      Case c{"bias_grad", elem_name(elem_of<T>()), bias_shape(shape), {}, {}};
+      c.tensors = {inout("db", db, gemm_tol<float>(N), scale), in("dy", dy)};
+      c.tensors[1].offset = offset;
+      c.run = [=](Device& d, const Args& a) {
+        d.ops().bias_grad(d.stream(), a.f32(0), a.cref(1), N, C);
+      };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
+// ---- Embedding: a shard [v_begin, v_begin + v_count) of a vocabulary of `vocab` ids ----
+struct EmbeddingShape {
+  int N, C, vocab, v_begin, v_count;
+};
+// The whole table; a shard in the middle (ids below and above it give zero rows); many
+// tokens over few rows (duplicate ids: the backward's order of additions).
+const EmbeddingShape kEmbeddingShapes[] = {
+    {1, 1, 3, 0, 3}, {19, 111, 50, 0, 50}, {111, 19, 200, 37, 100}, {111, 64, 7, 0, 7},
+    {1000, 67, 512, 128, 256}};
+
+// A copy of table rows or zeros: exact in every type.
+void add_embedding_forward_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const auto [N, C, vocab, v_begin, v_count] : kEmbeddingShapes) {
+      const uint32_t s = uint32_t(N * 31 + C);
+      Case c{"embedding_forward", elem_name(elem_of<T>()),
+             cat("N=", N, " C=", C, " vocab=", vocab, " shard [", v_begin, ", ",
+                 v_begin + v_count, ")"),
+             {}, {}};
+      c.tensors = {out<T>("out", size_t(N) * C, kExact), in("ids", ids(size_t(N), 0, vocab, s)),
+                   in("table", uniform<T>(size_t(v_count) * C, -1, 1, s + 1))};
+      c.run = [=](Device& d, const Args& a) {
+        d.ops().embedding_forward(d.stream(), a.ref(0), a.i32(1), a.cref(2), N, C, v_begin,
+                                  v_count);
+      };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
+// Each table row adds its tokens' rows in token order, in fp32, as the CPU does (the CUDA
+// kernel has a thread per column walk the tokens): the same additions, so the same bits.
+void add_embedding_backward_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const auto [N, C, vocab, v_begin, v_count] : kEmbeddingShapes) {
+      const uint32_t s = uint32_t(N * 37 + C);
+      Case c{"embedding_backward", elem_name(elem_of<T>()),
+             cat("N=", N, " C=", C, " vocab=", vocab, " shard [", v_begin, ", ",
+                 v_begin + v_count, ")"),
+             {}, {}};
+      c.tensors = {inout("dtable", uniform<float>(size_t(v_count) * C, -1, 1, s), kExact),
+                   in("ids", ids(size_t(N), 0, vocab, s + 1)),
+                   in("dout", uniform<T>(size_t(N) * C, -1, 1, s + 2))};
+      c.run = [=](Device& d, const Args& a) {
+        d.ops().embedding_backward(d.stream(), a.f32(0), a.i32(1), a.cref(2), N, C, v_begin,
+                                   v_count);
+      };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
+// ---- RMSNorm ----
+// Rows of 1, 19, 111 and 2051 columns (a ragged last warp; a row wider than a block), more rows
+// than the backward's blocks (600), and whole 16-byte packs one element off alignment (the
+// scalar path).
+struct NormShape {
+  int N, C;
+  size_t offset;
+};
+const NormShape kNormShapes[] = {{1, 1, 0}, {19, 111, 0}, {111, 19, 0}, {5, 2051, 0},
+                                 {600, 24, 0}, {19, 64, 1}};
+constexpr float kEps = 1e-5f;
+// Σx² over a row of C in another order (a block tree against the CPU's running sum): each
+// carries ~√C·u relative error (a random walk of roundings, u = 2^-24); 2e-7·√C is ~3√C·u,
+// over a floor of 1e-6 (~8 u) for the division and square root (test_rmsnorm).
+double row_sum_rel(int C) { return 1e-6 + 2e-7 * std::sqrt(double(C)); }
+
+void add_rmsnorm_forward_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const auto [N, C, offset] : kNormShapes) {
+      const uint32_t s = uint32_t(N * 1000 + C);
+      const size_t nc = size_t(N) * C;
+      Case c{"rmsnorm_forward", elem_name(elem_of<T>()),
+             cat("N=", N, " C=", C, offset ? " misaligned" : ""), {}, {}};
+      // rstd: the row sum's error; out = w·(x·rstd): that, plus two roundings (1e-6).
+      c.tensors = {out<T>("out", nc, rounded<T>(row_sum_rel(C) + 1e-6)),
+                   out<float>("rstd", size_t(N), rounded<float>(row_sum_rel(C))),
+                   in("x", uniform<T>(nc, -2, 2, s)),
+                   in("w", uniform<T>(size_t(C), 0.5f, 1.5f, s + 1))};
+      for (Tensor& t : c.tensors) t.offset = offset;
+      c.run = [=](Device& d, const Args& a) {
+        d.ops().rmsnorm_forward(d.stream(), a.ref(0), a.f32(1), a.cref(2), a.cref(3), N, C, kEps);
+      };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
+template <typename T>
+void rmsnorm_backward_case(Cases& cs, const NormShape& shape, bool acc) {
+  const auto [N, C, offset] = shape;
+  const uint32_t s = uint32_t(N * 1000 + C + 7);
+  const size_t nc = size_t(N) * C;
+  const auto x = uniform<T>(nc, -2, 2, s), w = uniform<T>(size_t(C), 0.5f, 1.5f, s + 1);
+  const auto dy = uniform<T>(nc, -1, 1, s + 2), dx0 = uniform<T>(nc, -1, 1, s + 3);
+  const auto dw0 = uniform<float>(size_t(C), -1, 1, s + 4);
+  std::vector<T> y(nc);
+  std::vector<float> rstd(static_cast<size_t>(N));
+  k::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, kEps);
+  // dx = r·w·dy − k·x cancels: its error is bounded against the terms' size
+  // r·(|w·dy| + |x|); dw sums N terms per column against Σ|dy·x·r| + |dw0|.
+  std::vector<double> dx_scale(nc), dw_scale(static_cast<size_t>(C));
+  for (int n = 0; n < N; ++n)
+    for (int j = 0; j < C; ++j) {
+      const size_t i = size_t(n) * C + j;
+      const double xv = to_f32(x[i]), dyv = to_f32(dy[i]);
+      dx_scale[i] = rstd[n] * (std::fabs(to_f32(w[j]) * dyv) + std::fabs(xv));
+      dw_scale[j] += std::fabs(dyv * xv * rstd[n]);
+    }
+  for (int j = 0; j < C; ++j) dw_scale[j] += std::fabs(dw0[j]);
+  // dx: the dot Σ w·dy·x is another row sum (the same √C allowance); accumulating adds the
+  // sum's own rounding (1e-6 relative). dw: N terms summed per block then across blocks
+  // instead of row by row: ~√N·u of the terms' size.
+  const Tolerance dx_tol{acc ? 1e-6 : 0.0, row_sum_rel(C) + 1e-6, is16<T> ? 1.0 : 0.0, false};
+  const Tolerance dw_tol{0, row_sum_rel(N), 0, false};
+  Case c{"rmsnorm_backward", elem_name(elem_of<T>()),
+         cat("N=", N, " C=", C, acc ? " dx+=" : "", offset ? " misaligned" : ""), {}, {}};
+  c.tensors = {acc ? inout("dx", dx0, dx_tol, dx_scale) : out<T>("dx", nc, dx_tol, dx_scale),
+               inout("dw", dw0, dw_tol, dw_scale), in("dout", dy), in("x", x), in("w", w),
+               in("rstd", rstd)};
+  for (Tensor& t : c.tensors) t.offset = offset;
+  c.run = [=](Device& d, const Args& a) {
+    d.ops().rmsnorm_backward(d.stream(), a.ref(0), a.f32(1), a.cref(2), a.cref(3), a.cref(4),
+                             a.f32(5), N, C, acc);
+  };
+  cs.push_back(std::move(c));
+}
+
+void add_rmsnorm_backward_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const NormShape& shape : kNormShapes)
+      for (bool acc : {false, true}) rmsnorm_backward_case<T>(cs, shape, acc);
+  });
+}
+
+// ---- RoPE ----
+struct RopeShape {
+  int B, T, nh, D;
+};
+const RopeShape kRopeShapes[] = {{1, 1, 1, 2}, {2, 19, 3, 16}, {1, 111, 2, 64}, {2, 257, 4, 128}};
+
+template <typename T>
+void rope_case(Cases& cs, const RopeShape& r, bool backward) {
+  const auto [B, T_, nh, D] = r;
+  const size_t n = size_t(B) * T_ * nh * D;
+  std::vector<float> inv_freq(size_t(D / 2));
+  for (int i = 0; i < D / 2; ++i) inv_freq[size_t(i)] = float(std::pow(10000.0, -2.0 * i / D));
+  const auto x = uniform<T>(n, -2, 2, uint32_t(T_ * 100 + nh * 10 + D));
+  // cos and sin agree with the CPU's to about one rounding and x1·c − x2·s can cancel: the
+  // error is bounded against the pair's |x1| + |x2|; 1e-6 of it is ~8 ulp of the larger term
+  // (test_rope).
+  std::vector<double> scale(n);
+  for (size_t h = 0; h < n / size_t(D); ++h)
+    for (int i = 0; i < D / 2; ++i) {
+      const size_t a = h * D + i, b = a + D / 2;
+      scale[a] = scale[b] = std::fabs(to_f32(x[a])) + std::fabs(to_f32(x[b]));
+    }
+  Case c{backward ? "rope_backward" : "rope_forward", elem_name(elem_of<T>()),
+         cat("B=", B, " T=", T_, " nh=", nh, " D=", D), {}, {}};
+  c.tensors = {inout("x", x, rounded<T>(0, 1e-6), scale), in("inv_freq", inv_freq)};
+  c.run = [=](Device& d, const Args& a) {
+    if (backward)
+      d.ops().rope_backward(d.stream(), a.ref(0), a.f32(1), B, T_, nh, D);
+    else
+      d.ops().rope_forward(d.stream(), a.ref(0), a.f32(1), B, T_, nh, D);
+  };
+  cs.push_back(std::move(c));
+}
+
+void add_rope_forward_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    for (const RopeShape& r : kRopeShapes) rope_case<decltype(t)>(cs, r, false);
+  });
+}
+void add_rope_backward_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    for (const RopeShape& r : kRopeShapes) rope_case<decltype(t)>(cs, r, true);
+  });
+}
+
+// ---- Attention ----
+struct AttentionShape {
+  int B, T, H, K, D;
+};
+// One token; GQA ratios 1, 2 and 4; T = 19 inside one tile, 111 across several; head dims 16,
+// 40 (not a multiple of 32), 64 and 128 (the SIMT kernels' largest).
+const AttentionShape kAttentionShapes[] = {
+    {1, 1, 1, 1, 16}, {2, 19, 4, 2, 40}, {1, 19, 4, 1, 16}, {1, 111, 2, 2, 64},
+    {2, 37, 8, 2, 128}};
+
+// (rel, abs of the output's largest |value|), test_attention's. fp32: both sides compute in
+// fp32 and differ in the order of the sums and in exp: a few ulp per element and, where dQ/dK
+// cancel, a few ulp of the tensor's largest terms. 16-bit: on tensor cores (the CUDA default)
+// P and dS are also rounded to the type before their products, so each term carries one more
+// rounding: two units of the type relative to the value (2/128, 2/1024) and to the tensor's
+// largest value (2/256, 2/2048). The SIMT kernels keep P in fp32 and meet it with room.
+template <typename T>
+Tolerance attention_tol() {
+  if constexpr (std::is_same_v<T, float>) return Tolerance{4e-6, 4e-6, 0, true};
+  else if constexpr (std::is_same_v<T, bf16>) return Tolerance{2.0 / 128, 2.0 / 256, 0, true};
+  else return Tolerance{2.0 / 1024, 2.0 / 2048, 0, true};
+}
+
+template <typename T>
+struct AttentionInputs {
+  std::vector<T> q, k, v, out, dout;
+  std::vector<float> lse;
+};
+template <typename T>
+AttentionInputs<T> attention_inputs(const AttentionShape& s) {
+  const auto [B, T_, H, K, D] = s;
+  const size_t nq = size_t(B) * T_ * H * D, nk = size_t(B) * T_ * K * D;
+  const uint32_t seed = uint32_t(B * 1000 + T_ * 10 + H + K + D);
+  // Scores of a few units: softmax rows neither uniform nor one-hot.
+  AttentionInputs<T> in{normal<T>(nq, 1.5f, seed), normal<T>(nk, 1.5f, seed + 1),
+                        normal<T>(nk, 1.0f, seed + 2), std::vector<T>(nq),
+                        normal<T>(nq, 1.0f, seed + 3), std::vector<float>(size_t(B) * H * T_)};
+  k::attention_forward<T>(in.out.data(), in.lse.data(), in.q.data(), in.k.data(), in.v.data(), B,
+                          T_, H, K, D);
+  return in;
+}
+std::string attention_shape(const AttentionShape& s) {
+  return cat("B=", s.B, " T=", s.T, " H=", s.H, " K=", s.K, " D=", s.D);
+}
+
+void add_attention_forward_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const AttentionShape& s : kAttentionShapes) {
+      const auto [B, T_, H, K, D] = s;
+      const AttentionInputs<T> x = attention_inputs<T>(s);
+      Case c{"attention_forward", elem_name(elem_of<T>()), attention_shape(s), {}, {}};
+      // lse is fp32 for every type, from the same fp32 scores: a few ulp of a few units.
+      c.tensors = {out<T>("out", x.q.size(), attention_tol<T>()),
+                   out<float>("lse", x.lse.size(), Tolerance{1e-5, 1e-6, 0, true}), in("q", x.q),
+                   in("k", x.k), in("v", x.v)};
+      c.run = [=](Device& d, const Args& a) {
+        d.ops().attention_forward(d.stream(), a.ref(0), a.f32(1), a.cref(2), a.cref(3), a.cref(4),
+                                  B, T_, H, K, D);
+      };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
+void add_attention_backward_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const AttentionShape& s : kAttentionShapes) {
+      const auto [B, T_, H, K, D] = s;
+      const AttentionInputs<T> x = attention_inputs<T>(s);
+      Case c{"attention_backward", elem_name(elem_of<T>()), attention_shape(s), {}, {}};
+      c.tensors = {out<T>("dq", x.q.size(), attention_tol<T>()),
+                   out<T>("dk", x.k.size(), attention_tol<T>()),
+                   out<T>("dv", x.v.size(), attention_tol<T>()), in("dout", x.dout),
+                   in("out", x.out), in("lse", x.lse), in("q", x.q), in("k", x.k), in("v", x.v)};
+      c.run = [=](Device& d, const Args& a) {
+        // The scratch this device asks for (the size query is part of the contract), NaN
+        // to start with: a kernel must write what it reads.
+        const DType dt = a.ref(0).dtype;
+        const size_t n = d.ops().attention_backward_scratch_elems(dt, B, T_, H, D);
+        Buffer<float> scratch(&d, n);
+        const std::vector<float> nan(n, std::nanf(""));
+        scratch.upload(nan.data(), n);
+        d.ops().attention_backward(d.stream(), a.ref(0), a.ref(1), a.ref(2), a.cref(3),
+                                   a.cref(4), a.f32(5), a.cref(6), a.cref(7), a.cref(8),
+                                   scratch.data(), B, T_, H, K, D);
+        d.synchronize();  // before the scratch goes
+      };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
+// ---- SwiGLU and the other elementwise ops: odd lengths (the scalar tail after 16-byte
+// packs), one larger (many blocks), and a view one element off alignment (the scalar path) ----
+struct Length {
+  size_t n, offset;
+};
+const Length kLengths[] = {{1, 0}, {19, 0}, {111, 0}, {70001, 0}, {111, 1}};
+std::string length_shape(const Length& l) {
+  return cat("n=", l.n, l.offset ? " misaligned" : "");
+}
+
+// fp32: the device's expf is within 2 ulp of the CPU's and nvcc may fuse multiply-adds: a few
+// ulp on the product (1e-6 is ~8 ulp). dg's factor 1 + g(1 − s) cancels near g ≈ −1.28, so
+// its error is bounded against |dh·u| (test_swiglu). g in [-8, 8]: both saturated ends.
+void add_swiglu_forward_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const Length& l : kLengths) {
+      const uint32_t s = uint32_t(l.n * 3 + l.offset);
+      Case c{"swiglu_forward", elem_name(elem_of<T>()), length_shape(l), {}, {}};
+      c.tensors = {out<T>("h", l.n, rounded<T>(1e-6)), in("g", uniform<T>(l.n, -8, 8, s)),
+                   in("u", uniform<T>(l.n, -2, 2, s + 1))};
+      for (Tensor& t : c.tensors) t.offset = l.offset;
+      const size_t n = l.n;
+      c.run = [=](Device& d, const Args& a) {
+        d.ops().swiglu_forward(d.stream(), a.ref(0), a.cref(1), a.cref(2), n);
+      };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
+void add_swiglu_backward_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const Length& l : kLengths) {
+      const uint32_t s = uint32_t(l.n * 5 + l.offset);
+      const auto g = uniform<T>(l.n, -8, 8, s), u = uniform<T>(l.n, -2, 2, s + 1);
+      const auto dh = uniform<T>(l.n, -2, 2, s + 2);
+      std::vector<double> dg_scale(l.n);
+      for (size_t i = 0; i < l.n; ++i) dg_scale[i] = std::fabs(to_f32(dh[i]) * to_f32(u[i]));
+      Case c{"swiglu_backward", elem_name(elem_of<T>()), length_shape(l), {}, {}};
+      c.tensors = {out<T>("dg", l.n, rounded<T>(1e-6, 1e-6), dg_scale),
+                   out<T>("du", l.n, rounded<T>(1e-6)), in("dh", dh), in("g", g), in("u", u)};
+      for (Tensor& t : c.tensors) t.offset = l.offset;
+      const size_t n = l.n;
+      c.run = [=](Device& d, const Args& a) {
+        d.ops().swiglu_backward(d.stream(), a.ref(0), a.ref(1), a.cref(2), a.cref(3), a.cref(4),
+                                n);
+      };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
+// ---- Cross-entropy ----
+// dlogits: exp(x − max)·scale/Σ on both sides, Σ in another order (fp32 per thread on CUDA,
+// double on the CPU): a few fp32 ulp (1e-6 is ~8), then the 16-bit rounding; below 1e-9 (a
+// row's gradient is at most `scale` in size) nothing matters (test_cross_entropy).
+template <typename T>
+Tolerance dlogits_tol() {
+  return rounded<T>(1e-6, 1e-9);
+}
+// The loss sum: fp32 statistics per row, double sums; 1e-6 relative is ~10 fp32 ulp of a row's
+// logsumexp, far above the differences in summation order.
+const Tolerance kLossTol{1e-6, 1e-6, 0, false};
+constexpr float kScale = 0.37f;
+const std::vector<double> kLoss0{0.25};  // the loss accumulates: a start that is not 0
+
+enum class Grad { kSeparate, kNone, kInPlace };
+const char* grad_name(Grad g) {
+  return g == Grad::kSeparate ? "" : g == Grad::kNone ? " loss only" : " dlogits in place";
+}
+// dlogits (tensor 0) as the mode asks; logits are tensor 1.
+template <typename T>
+Tensor dlogits_tensor(Grad g, size_t n) {
+  if (g == Grad::kNone) return null_out("dlogits", elem_of<T>());
+  if (g == Grad::kInPlace) return alias("dlogits", elem_of<T>(), n, 1, dlogits_tol<T>());
+  return out<T>("dlogits", n, dlogits_tol<T>());
+}
+
+struct CeShape {
+  int N, V;
+};
+const CeShape kCeShapes[] = {{1, 1}, {19, 111}, {111, 19}, {7, 4099}};
+
+void add_cross_entropy_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const auto [N, V] : kCeShapes)
+      for (Grad g : {Grad::kSeparate, Grad::kNone, Grad::kInPlace}) {
+        const uint32_t s = uint32_t(N * 100 + V);
+        const size_t n = size_t(N) * V;
+        Case c{"cross_entropy", elem_name(elem_of<T>()), cat("N=", N, " V=", V, grad_name(g)),
+               {}, {}};
+        // Logits with sd 3: a peaked softmax, as a trained model's.
+        c.tensors = {dlogits_tensor<T>(g, n), in("logits", normal<T>(n, 3, s)),
+                     in("targets", ids(size_t(N), 0, V, s + 1)), in("mask", mask_of(N)),
+                     inout("loss_acc", kLoss0, kLossTol)};
+        c.run = [=](Device& d, const Args& a) {
+          d.ops().cross_entropy(d.stream(), a.ref(0), a.cref(1), a.i32(2), a.u8(3), N, V, kScale,
+                                a.f64(4));
+        };
+        cs.push_back(std::move(c));
+      }
+  });
+}
+
+// Vocabulary-parallel: this shard holds columns [v_begin, v_begin + V) of `vocab`; targets
+// fall inside and outside it.
+struct ShardShape {
+  int N, V, v_begin, vocab;
+};
+const ShardShape kShardShapes[] = {{1, 1, 0, 1}, {19, 111, 0, 111}, {111, 19, 37, 100},
+                                   {7, 4099, 4099, 3 * 4099}};
+std::string shard_shape(const ShardShape& s) {
+  return cat("N=", s.N, " V=", s.V, " shard [", s.v_begin, ", ", s.v_begin + s.V, ") of ",
+             s.vocab);
+}
+
+// The row's max of the same values: exact.
+void add_row_max_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const auto [N, V] : kCeShapes) {
+      Case c{"row_max", elem_name(elem_of<T>()), cat("N=", N, " V=", V), {}, {}};
+      c.tensors = {out<float>("out", size_t(N), kExact),
+                   in("x", normal<T>(size_t(N) * V, 3, uint32_t(N + V)))};
+      c.run = [=](Device& d, const Args& a) {
+        d.ops().row_max(d.stream(), a.f32(0), a.cref(1), N, V);
+      };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
+template <typename T>
+struct ShardInputs {
+  std::vector<T> logits;
+  std::vector<int32_t> targets;
+  std::vector<uint8_t> mask;
+  std::vector<float> row_max;
+  std::vector<double> sumexp, target_logit;
+};
+template <typename T>
+ShardInputs<T> shard_inputs(const ShardShape& s) {
+  const uint32_t seed = uint32_t(s.N * 100 + s.V + s.v_begin);
+  ShardInputs<T> x{normal<T>(size_t(s.N) * s.V, 3, seed), ids(size_t(s.N), 0, s.vocab, seed + 1),
+                   mask_of(s.N), std::vector<float>(size_t(s.N)),
+                   std::vector<double>(size_t(s.N)), std::vector<double>(size_t(s.N))};
+  k::row_max(x.row_max.data(), x.logits.data(), s.N, s.V);
+  k::ce_partial(x.sumexp.data(), x.target_logit.data(), x.logits.data(), x.targets.data(),
+                x.mask.data(), x.row_max.data(), s.N, s.V, s.v_begin);
+  return x;
+}
+
+void add_ce_partial_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const ShardShape& s : kShardShapes) {
+      const ShardInputs<T> x = shard_inputs<T>(s);
+      const auto [N, V, v_begin, vocab] = s;
+      Case c{"ce_partial", elem_name(elem_of<T>()), shard_shape(s), {}, {}};
+      // sumexp: fp32 exps summed in another order (1e-6 relative, as the loss); the target's
+      // logit is a copy, exact.
+      c.tensors = {out<double>("sumexp", size_t(N), Tolerance{1e-6, 0, 0, false}),
+                   out<double>("target_logit", size_t(N), kExact), in("logits", x.logits),
+                   in("targets", x.targets), in("mask", x.mask), in("row_max", x.row_max)};
+      c.run = [=](Device& d, const Args& a) {
+        d.ops().ce_partial(d.stream(), a.f64(0), a.f64(1), a.cref(2), a.i32(3), a.u8(4),
+                           a.f32(5), N, V, v_begin);
+      };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
+void add_ce_finish_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const ShardShape& s : kShardShapes)
+      for (Grad g : {Grad::kSeparate, Grad::kNone, Grad::kInPlace}) {
+        const ShardInputs<T> x = shard_inputs<T>(s);
+        const auto [N, V, v_begin, vocab] = s;
+        Case c{"ce_finish", elem_name(elem_of<T>()), shard_shape(s) + grad_name(g), {}, {}};
+        c.tensors = {dlogits_tensor<T>(g, x.logits.size()), in("logits", x.logits),
+                     in("targets", x.targets), in("mask", x.mask), in("row_max", x.row_max),
+                     in("sumexp", x.sumexp), in("target_logit", x.target_logit),
+                     inout("loss_acc", kLoss0, kLossTol)};
+        c.run = [=](Device& d, const Args& a) {
+          d.ops().ce_finish(d.stream(), a.ref(0), a.cref(1), a.i32(2), a.u8(3), a.f32(4),
+                            a.f64(5), a.f64(6), N, V, v_begin, kScale, a.f64(7));
+        };
+        cs.push_back(std::move(c));
+      }
+  });
+}
+
+// ---- Casts: the bits of core/half.h's conversions, NaN, inf and subnormals included: exact.
+// fp32 sources are random bit patterns (every class of value, NaN payloads too); 16-bit ones
+// run through every pattern when there are enough elements. ----
+template <typename Dst, typename Src>
+void convert_cases(Cases& cs) {
+  for (const Length& l : kLengths) {
+    std::vector<Src> src(l.n);
+    std::mt19937 g(uint32_t(l.n + sizeof(Dst) * 10 + sizeof(Src)));
+    for (size_t i = 0; i < l.n; ++i) {
+      const uint32_t bits = sizeof(Src) == 4 ? uint32_t(g()) : uint32_t(i * 40503u) & 0xffffu;
+      std::memcpy(&src[i], &bits, sizeof(Src));
+    }
+    Case c{"convert", cat(elem_name(elem_of<Src>()), " -> ", elem_name(elem_of<Dst>())),
+           length_shape(l), {}, {}};
+    c.tensors = {out<Dst>("dst", l.n, kExact), in("src", src)};
+    for (Tensor& t : c.tensors) t.offset = l.offset;
+    const size_t n = l.n;
+    c.run = [=](Device& d, const Args& a) { d.ops().convert(d.stream(), a.ref(0), a.cref(1), n); };
+    cs.push_back(std::move(c));
+  }
+}
+
+void add_convert_cases(Cases& cs) {
+  // One side fp32 (the contract), and each same-type copy.
+  convert_cases<bf16, float>(cs);
+  convert_cases<f16, float>(cs);
+  convert_cases<float, bf16>(cs);
+  convert_cases<float, f16>(cs);
+  convert_cases<float, float>(cs);
+  convert_cases<bf16, bf16>(cs);
+  convert_cases<f16, f16>(cs);
+}
+
+// ---- Elementwise and reductions ----
+// One fp32 add and one rounding per element on both sides: the same bits.
+void add_add_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const Length& l : kLengths) {
+      const uint32_t s = uint32_t(l.n * 11 + l.offset);
+      Case c{"add", elem_name(elem_of<T>()), length_shape(l), {}, {}};
+      c.tensors = {inout("y", uniform<T>(l.n, -3, 3, s), kExact),
+                   in("x", uniform<T>(l.n, -1, 1, s + 1))};
+      for (Tensor& t : c.tensors) t.offset = l.offset;
+      const size_t n = l.n;
+      c.run = [=](Device& d, const Args& a) { d.ops().add(d.stream(), a.ref(0), a.cref(1), n); };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
+// One fp32 multiply per element: the same bits.
+void add_scale_cases(Cases& cs) {
+  for (const Length& l : kLengths) {
+    Case c{"scale", "f32", length_shape(l), {}, {}};
+    c.tensors = {inout("y", uniform<float>(l.n, -3, 3, uint32_t(l.n)), kExact)};
+    c.tensors[0].offset = l.offset;
+    const size_t n = l.n;
+    c.run = [=](Device& d, const Args& a) { d.ops().scale(d.stream(), a.f32(0), 0.37f, n); };
+    cs.push_back(std::move(c));
+  }
+}
+
+void add_sum_squares_cases(Cases& cs) {
+  for (const Length& l : kLengths)
+    for (double divisor : {1.0, 7.0}) {
+      auto x = normal<float>(l.n, 1, uint32_t(l.n + 1));
+      if (l.n > 19) x[l.n / 2] = 3e30f;  // x² overflows fp32: the sum must be in double
+      // Both sides add n non-negative doubles in different orders: each within (n − 1)·u of
+      // the exact sum (u = 2^-53), so within twice that of each other; the division and the
+      // add to the start round once more each (test_reduce).
+      const Tolerance tol{(2.0 * double(l.n) + 4.0) * std::ldexp(1.0, -53), 0, 0, false};
+      Case c{"sum_squares", "f32", length_shape(l) + cat(" divisor=", divisor), {}, {}};
+      c.tensors = {inout("acc", std::vector<double>{1.5}, tol), in("x", x)};
+      c.tensors[1].offset = l.offset;
+      const size_t n = l.n;
+      c.run = [=](Device& d, const Args& a) {
+        d.ops().sum_squares(d.stream(), a.f64(0), a.f32(1), n, divisor);
+      };
+      cs.push_back(std::move(c));
+    }
+}
+
+// ---- AdamW ----
+// m = β1·m + (1 − β1)·g cancels when the terms have opposite signs: bounded against their
+// size; v likewise; a fused multiply-add on the GPU changes the last bit of a term (1e-6 is
+// ~8 ulp). p moves by an lr-sized step from p ~ 1 and takes m's error scaled by the step:
+// 1e-6 of |p| + lr. The compute copy is p rounded once more (test_adamw).
+constexpr float kLr = 3e-3f, kBeta1 = 0.9f, kBeta2 = 0.95f, kAdamEps = 1e-8f, kWd = 0.1f;
+
+template <typename T>
+void adamw_case(Cases& cs, const Length& l, int64_t step, float grad_scale, bool copy) {
+  const size_t n = l.n;
+  const uint32_t s = uint32_t(n * 7 + l.offset + size_t(step));
+  const auto p = uniform<float>(n, -1, 1, s), g = uniform<float>(n, -2, 2, s + 1);
+  auto m = uniform<float>(n, -0.1f, 0.1f, s + 2), v = uniform<float>(n, 0, 0.01f, s + 3);
+  if (step == 1) std::fill(m.begin(), m.end(), 0.f), std::fill(v.begin(), v.end(), 0.f);
+  std::vector<double> m_scale(n), v_scale(n);
+  for (size_t i = 0; i < n; ++i) {
+    const double gi = double(g[i]) * grad_scale;
+    m_scale[i] = std::fabs(kBeta1 * m[i]) + std::fabs((1 - kBeta1) * gi);
+    v_scale[i] = kBeta2 * v[i] + (1 - kBeta2) * gi * gi;
+  }
+  const Tolerance p_tol{1e-6, 1e-6 * kLr, 0, false};
+  Case c{"adamw_update", copy ? elem_name(elem_of<T>()) : "f32",
+         cat(length_shape(l), " t=", step, " grad_scale=", grad_scale,
+             copy ? " with the compute copy" : ""),
+         {}, {}};
+  c.tensors = {inout("p", p, p_tol), in("g", g),
+               inout("m", m, Tolerance{0, 1e-6, 0, false}, m_scale),
+               inout("v", v, Tolerance{0, 1e-6, 0, false}, v_scale),
+               copy ? out<T>("p_compute", n, Tolerance{1e-6, 1e-6 * kLr, is16<T> ? 1.0 : 0.0})
+                    : null_out("p_compute", elem_of<T>())};
+  for (Tensor& t : c.tensors) t.offset = l.offset;
+  c.run = [=](Device& d, const Args& a) {
+    d.ops().adamw_update(d.stream(), a.f32(0), a.f32(1), a.f32(2), a.f32(3), n, kLr, kBeta1,
+                         kBeta2, kAdamEps, kWd, step, grad_scale, a.ref(4));
+  };
+  cs.push_back(std::move(c));
+}
+
+void add_adamw_update_cases(Cases& cs) {
+  for (const Length& l : kLengths) {
+    adamw_case<float>(cs, l, 1, 1.0f, false);
+    adamw_case<float>(cs, l, 1000, 0.5f, false);
+  }
+  for_each_dtype([&](auto t) {
+    for (const Length& l : kLengths) adamw_case<decltype(t)>(cs, l, 10, 0.5f, true);
+  });
+}
+
+}  // namespace
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  // One function per op of the list: a new op without add_<op>_cases does not compile.
+#define FT_OP(name, family, params, args) add_##name##_cases(cases);
+#include "runtime/op_list.h"
+  return cases;
+}
+
+}  // namespace ft::op_test
