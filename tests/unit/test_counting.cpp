@@ -72,6 +72,9 @@ TEST_CASE("counting device for CUDA: the cuBLASLt workspace and the ops' scratch
   dev.ops().rmsnorm_backward(ft::Stream{}, ft::Ref(), nullptr, ft::CRef(), ft::CRef(), ft::CRef(),
                              nullptr, 4, 8, false);  // 128 B > 96: grows to 192
   CHECK(dev.tally().total == (int64_t{4} << 20) + 192);
+  // bias_grad: one partial row of C floats per chunk of 32 rows: 40 rows, C = 64: 2 × 256 B.
+  dev.ops().bias_grad(ft::Stream{}, nullptr, ft::CRef(), 40, 64);
+  CHECK(dev.tally().total == (int64_t{4} << 20) + 512);
 }
 
 TEST_CASE("counting communicator: the bytes each collective sends") {
