@@ -15,6 +15,8 @@
 //                               first param is always `Stream s`.
 // Each op's comment is its contract (the kernels' own, in kernels/kernels.h, say more about
 // precision). Pointers are device pointers of the Device the Ops came from.
+// One op a block, as written: clang-format would pack the blocks differently each time.
+// clang-format off
 #ifndef FT_OP
 #define FT_OP(name, family, params, args)
 #endif
@@ -172,5 +174,6 @@ FT_OP(adamw_update, kAdamw,
        float beta2, float eps, float weight_decay, int64_t t, float grad_scale, Ref p_compute),
       (s, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale, p_compute))
 
+// clang-format on
 #undef FT_OP
 #undef FT_OP_FAMILY
