@@ -23,27 +23,26 @@ namespace ft::kernels {
 
 // ---- GEMM (BLAS) -----------------------------------------------------------------------------
 // C(M,N) = alpha * op(A) · op(B) + beta * C, row-major, leading dimensions in elements.
-void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-              int lda, const float* B, int ldb, float beta, float* C, int ldc);
+void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+              const float* B, int ldb, float beta, float* C, int ldc);
 
 // Linear layer y = x · Wᵀ with W (out, in) row-major (the HF layout), T in {float, bf16, f16}.
 // x (N, in), y (N, out). accumulate: y += instead of y =. Products are summed in fp32 and y is
 // rounded to T once (after the += when accumulating).
 // float: OpenBLAS sgemm (gemm.cpp), the reference. bf16, f16: oneDNN matmul (gemm_onednn.cpp).
 template <typename T>
-void linear_forward(T* y, const T* x, const T* W, int N, int in, int out,
-                    bool accumulate = false);
+void linear_forward(T* y, const T* x, const T* W, int N, int in, int out, bool accumulate = false);
 // dx (N, in) (+)= dy · W, in T; dW (out, in) += dyᵀ · x, always fp32 (gradients are fp32 in
 // every precision). Either output may be null to skip it.
 template <typename T>
-void linear_backward(T* dx, float* dW, const T* dy, const T* x, const T* W, int N, int in,
-                     int out, bool accumulate_dx = false);
+void linear_backward(T* dx, float* dW, const T* dy, const T* x, const T* W, int N, int in, int out,
+                     bool accumulate_dx = false);
 template <>
 void linear_forward<float>(float* y, const float* x, const float* W, int N, int in, int out,
                            bool accumulate);
 template <>
-void linear_backward<float>(float* dx, float* dW, const float* dy, const float* x,
-                            const float* W, int N, int in, int out, bool accumulate_dx);
+void linear_backward<float>(float* dx, float* dW, const float* dy, const float* x, const float* W,
+                            int N, int in, int out, bool accumulate_dx);
 
 // ---- bias.cpp: the bias of a linear layer -------------------------------------------------------
 // y (N, C) += b (C) on every row; T: y and b, the sum in fp32, rounded once.
@@ -98,8 +97,8 @@ inline constexpr int kAttnTile = 64;
 // out (B, T, H, D); lse (B, H, T) fp32: the per-row logsumexp of the scaled scores, saved for
 // backward.
 template <typename E>
-void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, int B, int T,
-                       int H, int K, int D);
+void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, int B, int T, int H,
+                       int K, int D);
 // fp32 elements of scratch attention_backward needs: B·H·T (Δ = rowsum(dO ∘ O)), plus B·T·H·D
 // for bf16 and f16 (dQ accumulated in fp32).
 template <typename E>

@@ -38,7 +38,8 @@ std::string resolve_step_folder(const std::string& path) {
     if (complete.empty())
       throw Error(path +
                   ": has step folders but none is complete (no COMPLETE file): no save finished "
-                  "here; see `ft inspect " + path + "`");
+                  "here; see `ft inspect " +
+                  path + "`");
     std::printf("ft export: %s has no `latest`; taking the newest complete step folder\n",
                 path.c_str());
     return complete.front();
@@ -89,15 +90,17 @@ int cmd_export(const ExportArgs& a) {
   if (r.tokenizer) std::printf("  copied tokenizer.model\n");
   if (r.hf_tokenizer)
     std::printf("  wrote tokenizer.json, tokenizer_config.json, special_tokens_map.json\n");
-  std::printf("ft export: done: %zu tensors, %llu parameters, %s of %s tensor data in %zu "
-              "safetensors file%s (%s on disk) in %s\n",
-              r.tensors, (unsigned long long)r.parameters,
-              Progress::human_bytes(double(r.tensor_bytes)).c_str(),
-              dtype_name(o.dtype).c_str(), r.files.size(), r.files.size() == 1 ? "" : "s",
-              Progress::human_bytes(double(file_bytes)).c_str(), r.dir.c_str());
+  std::printf(
+      "ft export: done: %zu tensors, %llu parameters, %s of %s tensor data in %zu "
+      "safetensors file%s (%s on disk) in %s\n",
+      r.tensors, (unsigned long long)r.parameters,
+      Progress::human_bytes(double(r.tensor_bytes)).c_str(), dtype_name(o.dtype).c_str(),
+      r.files.size(), r.files.size() == 1 ? "" : "s",
+      Progress::human_bytes(double(file_bytes)).c_str(), r.dir.c_str());
   if (!r.tokenizer)
-    std::printf("  note: the checkpoint has no tokenizer (the recipe named no tokenizer.path); "
-                "add tokenizer.model to the folder yourself\n");
+    std::printf(
+        "  note: the checkpoint has no tokenizer (the recipe named no tokenizer.path); "
+        "add tokenizer.model to the folder yourself\n");
   // On stderr as well as in the summary: a folder AutoTokenizer cannot read as ft does must not
   // pass unnoticed in a script that keeps only the exit code and the errors.
   if (!r.tokenizer_note.empty())

@@ -268,7 +268,6 @@ int inspect_hf(const std::string& dir) {
   throw Error(dir + ": not usable by ft as model.from; the problems are listed above");
 }
 
-
 // ---- checkpoints (DESIGN.md §8, lib/ckpt/checkpoint.h) -------------------------------------
 
 // "k v, k v" for the scalar members of a manifest object (scheduler, optimizer, data).
@@ -372,9 +371,10 @@ int inspect_checkpoint_step(const std::string& dir) {
   std::printf("checkpoint %s\n", dir.c_str());
   std::printf("  status:       %s\n",
               complete ? "complete" : "incomplete: COMPLETE is missing; never resumed from");
-  std::printf("  step:         %lld (optimizer steps completed; training continues with step "
-              "%lld)\n",
-              (long long)m.step, (long long)m.step + 1);
+  std::printf(
+      "  step:         %lld (optimizer steps completed; training continues with step "
+      "%lld)\n",
+      (long long)m.step, (long long)m.step + 1);
   if (j.contains("saved_at") || j.contains("ft_version"))
     std::printf("  saved:        %s by ft %s\n", j.value("saved_at", std::string("?")).c_str(),
                 j.value("ft_version", std::string("?")).c_str());
@@ -432,13 +432,14 @@ int inspect_checkpoint_step(const std::string& dir) {
   }
   std::fflush(stdout);  // the summary before the error line when both go to one terminal
   if (!problems.empty())
-    throw Error(dir + ": checkpoint is damaged (" + problems.front() +
-                (problems.size() > 1 ? "; and " + std::to_string(problems.size() - 1) + " more"
-                                     : "") +
-                "); resume from an older step folder");
+    throw Error(
+        dir + ": checkpoint is damaged (" + problems.front() +
+        (problems.size() > 1 ? "; and " + std::to_string(problems.size() - 1) + " more" : "") +
+        "); resume from an older step folder");
   if (!complete)
-    throw Error(dir + ": incomplete checkpoint (no COMPLETE file): the save was interrupted, and "
-                      "ft never resumes from it");
+    throw Error(dir +
+                ": incomplete checkpoint (no COMPLETE file): the save was interrupted, and "
+                "ft never resumes from it");
   return 0;
 }
 
@@ -470,9 +471,10 @@ int inspect_checkpoint_root(const std::string& dir) {
     std::printf("    %s  %s%s\n", s.c_str(), state, s == latest_name ? "  <- latest" : "");
   }
   for (const std::string& s : set_aside)
-    std::printf("    %s  damaged: set aside by --resume auto, never resumed from (inspect it "
-                "with ft inspect %s/%s; remove it when done)\n",
-                s.c_str(), dir.c_str(), s.c_str());
+    std::printf(
+        "    %s  damaged: set aside by --resume auto, never resumed from (inspect it "
+        "with ft inspect %s/%s; remove it when done)\n",
+        s.c_str(), dir.c_str(), s.c_str());
   if (!latest.empty() && !fs::exists(fs::path(latest) / "manifest.json", ec)) {
     std::printf("  latest:       names %s, which is not here (set aside as damaged?); ignored\n",
                 latest_name.c_str());
@@ -484,8 +486,9 @@ int inspect_checkpoint_root(const std::string& dir) {
     const std::vector<std::string> complete = ckpt::complete_checkpoints(dir);
     if (!complete.empty()) {
       target = complete.front();
-      std::printf("  latest:       missing; below, the newest complete step folder (what --resume "
-                  "auto takes)\n");
+      std::printf(
+          "  latest:       missing; below, the newest complete step folder (what --resume "
+          "auto takes)\n");
     } else if (!steps.empty()) {
       target = (fs::path(dir) / steps.back()).string();
       std::printf("  latest:       missing, and no step folder is complete; below, the newest\n");

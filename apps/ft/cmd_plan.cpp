@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "apps/ft/commands.h"
-#include "train/plan.h"
 #include "recipe/recipe.h"
 #include "runtime/device.h"
+#include "train/plan.h"
 
 namespace ft::app {
 namespace {
@@ -90,11 +90,15 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
     o["sent_tensor_bytes"] = r.sent_tensor.bytes;
     o["sent_pipeline_bytes"] = r.sent_pipeline.bytes;
     o["sent_world_bytes"] = r.sent_world.bytes;
-    o["how"] = {{"params", r.params.how},           {"grads", r.grads.how},
-                {"optim", r.optim.how},             {"activations", r.activations.how},
-                {"comm_buffers", r.comm_buffers.how}, {"backend", r.backend.how},
+    o["how"] = {{"params", r.params.how},
+                {"grads", r.grads.how},
+                {"optim", r.optim.how},
+                {"activations", r.activations.how},
+                {"comm_buffers", r.comm_buffers.how},
+                {"backend", r.backend.how},
                 {"sent_data", r.sent_data.how},
-                {"sent_tensor", r.sent_tensor.how}, {"sent_pipeline", r.sent_pipeline.how},
+                {"sent_tensor", r.sent_tensor.how},
+                {"sent_pipeline", r.sent_pipeline.how},
                 {"sent_world", r.sent_world.how}};
     j["roles"].push_back(std::move(o));
   }
@@ -108,18 +112,18 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
   std::printf("ft plan: %s on %d rank%s = %d data × %d pipeline × %d tensor; ZeRO stage %d\n",
               recipe.c_str(), plan.world, plan.world == 1 ? "" : "s", plan.data, plan.pipeline,
               plan.tensor, plan.zero_stage);
-  std::printf("model: %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, ffn %d, vocab "
-              "%d%s), %s on %s\n",
-              double(plan.model_params) / 1e6, m.n_layers, m.dim, m.n_heads, m.n_kv_heads,
-              m.ffn_dim, m.vocab_size, m.tie_embeddings ? ", tied embeddings" : "",
-              r.training.precision.c_str(),
-              plan.device.cuda ? ("cuda (sm_" + std::to_string(plan.device.sm) + ")").c_str()
-                               : "cpu");
-  std::printf("step: %d samples of %d tokens = %d data rank%s × %d micro-batch%s × %d sample%s; "
-              "activation checkpointing %s\n",
-              r.training.global_batch_size, plan.seq_len, plan.data, plan.data == 1 ? "" : "s",
-              plan.accum, plan.accum == 1 ? "" : "es", plan.micro_batch,
-              plan.micro_batch == 1 ? "" : "s", plan.activation_checkpointing ? "on" : "off");
+  std::printf(
+      "model: %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, ffn %d, vocab "
+      "%d%s), %s on %s\n",
+      double(plan.model_params) / 1e6, m.n_layers, m.dim, m.n_heads, m.n_kv_heads, m.ffn_dim,
+      m.vocab_size, m.tie_embeddings ? ", tied embeddings" : "", r.training.precision.c_str(),
+      plan.device.cuda ? ("cuda (sm_" + std::to_string(plan.device.sm) + ")").c_str() : "cpu");
+  std::printf(
+      "step: %d samples of %d tokens = %d data rank%s × %d micro-batch%s × %d sample%s; "
+      "activation checkpointing %s\n",
+      r.training.global_batch_size, plan.seq_len, plan.data, plan.data == 1 ? "" : "s", plan.accum,
+      plan.accum == 1 ? "" : "es", plan.micro_batch, plan.micro_batch == 1 ? "" : "s",
+      plan.activation_checkpointing ? "on" : "off");
 
   for (const auto& ranks : roles) {
     const RankPlan& p = plan.ranks[size_t(ranks.front())];
@@ -139,8 +143,10 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
     row("optimizer state", p.optim.bytes, p.optim.how);
     row("activations", p.activations.bytes, p.activations.how);
     row("comm buffers", p.comm_buffers.bytes, p.comm_buffers.how);
-    if (plan.device.cuda) row("cuda backend", p.backend.bytes, p.backend.how);
-    else if (p.backend.bytes) row("backend", p.backend.bytes, p.backend.how);
+    if (plan.device.cuda)
+      row("cuda backend", p.backend.bytes, p.backend.how);
+    else if (p.backend.bytes)
+      row("backend", p.backend.bytes, p.backend.how);
     if (p.other_bytes)
       row("other", p.other_bytes, "allocations that say nothing of what they are for (a bug)");
     row("total", p.total_bytes,
@@ -148,7 +154,8 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
             " allocations counted)");
     if (p.startup_bytes > 0)
       row("startup", p.startup_bytes,
-          p.startup_how + (p.startup_bytes > p.total_bytes ? ": this is the peak" : " (below the step)"));
+          p.startup_how +
+              (p.startup_bytes > p.total_bytes ? ": this is the peak" : " (below the step)"));
     row("sent per step", p.sent_bytes, "data + tensor + pipeline + world:");
     row("  data", p.sent_data.bytes, p.sent_data.how);
     row("  tensor", p.sent_tensor.bytes, p.sent_tensor.how);

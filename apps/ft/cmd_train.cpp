@@ -47,7 +47,8 @@ void forward_stop(int sig) {
   self[len] = '\0';
   std::vector<std::string> args = {"mpirun", "--oversubscribe", "-np", std::to_string(a.nproc)};
   if (geteuid() == 0) args.push_back("--allow-run-as-root");
-  for (const char* s : {static_cast<const char*>(self), "train", a.recipe.c_str()}) args.push_back(s);
+  for (const char* s : {static_cast<const char*>(self), "train", a.recipe.c_str()})
+    args.push_back(s);
   for (const auto& o : a.overrides) args.push_back(o);
   args.push_back("--resume");
   args.push_back(a.resume);
@@ -61,8 +62,10 @@ void forward_stop(int sig) {
   if (pid < 0) throw Error(std::string("--nproc: fork failed: ") + std::strerror(errno));
   if (pid == 0) {
     execvp("mpirun", argv.data());
-    std::fprintf(stderr, "ft: error: --nproc %d: cannot start mpirun (Open MPI): %s; install "
-                 "openmpi-bin (scripts/setup.sh does)\n", a.nproc, std::strerror(errno));
+    std::fprintf(stderr,
+                 "ft: error: --nproc %d: cannot start mpirun (Open MPI): %s; install "
+                 "openmpi-bin (scripts/setup.sh does)\n",
+                 a.nproc, std::strerror(errno));
     _exit(int(ExitCode::kRuntime));
   }
   g_mpirun_pid = pid;

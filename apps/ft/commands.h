@@ -49,8 +49,8 @@ int cmd_plan(const PlanArgs& a);
 struct ExportArgs {
   std::string checkpoint;  // a step folder, or a checkpoint dir with `latest`
   std::string output;
-  std::string dtype = "f32";            // f32 | bf16 | f16
-  std::string max_shard_size = "5GB";   // as transformers' save_pretrained(max_shard_size=...)
+  std::string dtype = "f32";           // f32 | bf16 | f16
+  std::string max_shard_size = "5GB";  // as transformers' save_pretrained(max_shard_size=...)
   bool overwrite = false;
 };
 int cmd_export(const ExportArgs& a);

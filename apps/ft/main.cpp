@@ -1,7 +1,7 @@
 // ft: fine-tune transformer language models. This file only parses the command line and maps
 // errors to exit codes; the work is in lib/.
-#include <CLI/CLI.hpp>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <cstdlib>
@@ -106,12 +106,15 @@ int main(int argc, char** argv) {
                 "checkpoints unless checkpoint.overwrite=true); PATH: resume from that checkpoint "
                 "(a step folder, or a checkpoint dir with `latest`)");
   t->add_option("--nproc", train.nproc,
-                "Start and supervise N local ranks (ft runs mpirun itself); the layout comes from parallel.*")
+                "Start and supervise N local ranks (ft runs mpirun itself); the layout comes from "
+                "parallel.*")
       ->check(CLI::Range(1, 1 << 20));
   t->footer(
       "Recipe sections: run, model, tokenizer, data, training, optimizer, scheduler, parallel,\n"
-      "checkpoint, logging, runtime. `ft validate RECIPE` prints every key with its resolved value\n"
-      "and meaning. Overrides use dotted paths: ft train r.yaml training.steps=50 optimizer.lr=1e-3\n"
+      "checkpoint, logging, runtime. `ft validate RECIPE` prints every key with its resolved "
+      "value\n"
+      "and meaning. Overrides use dotted paths: ft train r.yaml training.steps=50 "
+      "optimizer.lr=1e-3\n"
       "Outputs: <run.output_dir>/recipe.yaml (resolved recipe) and logging.metrics (JSON Lines,\n"
       "default <run.output_dir>/metrics.jsonl).\n"
       "Checkpoints: checkpoint.every_steps / every_minutes (and at the end) into checkpoint.dir\n"
@@ -124,17 +127,24 @@ int main(int argc, char** argv) {
   ValidateArgs validate;
   auto* v = app.add_subcommand("validate",
                                "Check a recipe; print the resolved recipe or every error at once");
-  v->add_option("recipe", validate.recipe, "Recipe YAML file")->required()->check(CLI::ExistingFile);
+  v->add_option("recipe", validate.recipe, "Recipe YAML file")
+      ->required()
+      ->check(CLI::ExistingFile);
   v->add_option("overrides", validate.overrides, "Dotted recipe overrides, e.g. model.dim=512");
 
   TokenizeArgs tok;
   auto* k = app.add_subcommand("tokenize", "Tokenize text or JSONL files into HDF5 token shards");
-  k->add_option("--tokenizer", tok.tokenizer, "SentencePiece model file")->required()->check(CLI::ExistingFile);
-  k->add_option("--input", tok.inputs, "Input files (text or JSONL)")->required()->expected(1, -1)->check(CLI::ExistingFile);
+  k->add_option("--tokenizer", tok.tokenizer, "SentencePiece model file")
+      ->required()
+      ->check(CLI::ExistingFile);
+  k->add_option("--input", tok.inputs, "Input files (text or JSONL)")
+      ->required()
+      ->expected(1, -1)
+      ->check(CLI::ExistingFile);
   k->add_option("--output", tok.output, "Output shard folder")->required();
   k->add_option("--format", tok.format,
-                 "text | jsonl | auto (by extension: .jsonl/.json → jsonl). text: documents are "
-                 "separated by blank lines; jsonl: one document per line, in --field")
+                "text | jsonl | auto (by extension: .jsonl/.json → jsonl). text: documents are "
+                "separated by blank lines; jsonl: one document per line, in --field")
       ->check(CLI::IsMember({"auto", "text", "jsonl"}));
   k->add_option("--field", tok.field, "JSONL field holding the text (default: text)");
   k->add_option("--shard-tokens", tok.shard_tokens, "Tokens per shard file (default 16Mi)")
@@ -146,13 +156,18 @@ int main(int argc, char** argv) {
   i->add_option("path", insp.path, "Folder to inspect")->required();
 
   PlanArgs plan_args;
-  auto* plan = app.add_subcommand("plan", "Per-rank memory and communication estimate for a recipe");
-  plan->add_option("recipe", plan_args.recipe, "Recipe YAML file")->required()->check(CLI::ExistingFile);
-  plan->add_option("overrides", plan_args.overrides, "Dotted recipe overrides, e.g. parallel.zero_stage=3");
+  auto* plan =
+      app.add_subcommand("plan", "Per-rank memory and communication estimate for a recipe");
+  plan->add_option("recipe", plan_args.recipe, "Recipe YAML file")
+      ->required()
+      ->check(CLI::ExistingFile);
+  plan->add_option("overrides", plan_args.overrides,
+                   "Dotted recipe overrides, e.g. parallel.zero_stage=3");
   plan->add_option("--world", plan_args.world,
                    "Ranks of the run (data × pipeline × tensor; default 1)")
       ->check(CLI::Range(1, 1 << 20));
-  plan->add_flag("--json", plan_args.json, "Print the plan as JSON (one object per distinct rank role)");
+  plan->add_flag("--json", plan_args.json,
+                 "Print the plan as JSON (one object per distinct rank role)");
   plan->add_option("--cuda-sm", plan_args.cuda_sm,
                    "With runtime.device cuda: the GPU's compute capability, e.g. 80 (A100) or 90 "
                    "(H100; default), which sets the cuBLASLt workspace")
@@ -164,18 +179,21 @@ int main(int argc, char** argv) {
 
   ExportArgs export_args;
   auto* exp = app.add_subcommand("export", "Write a Hugging Face folder from a checkpoint");
-  exp->add_option("checkpoint", export_args.checkpoint,
-                  "Checkpoint step folder (step_*), or checkpoint.dir (exports what `latest` names)")
+  exp->add_option(
+         "checkpoint", export_args.checkpoint,
+         "Checkpoint step folder (step_*), or checkpoint.dir (exports what `latest` names)")
       ->required();
   exp->add_option("--output,-o", export_args.output, "Hugging Face folder to write")->required();
-  exp->add_option("--dtype", export_args.dtype, "Tensor dtype of the output: f32 (default), bf16, f16")
+  exp->add_option("--dtype", export_args.dtype,
+                  "Tensor dtype of the output: f32 (default), bf16, f16")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
   exp->add_option("--max-shard-size", export_args.max_shard_size,
                   "Largest safetensors file before splitting into model-0000K-of-0000N files with "
                   "an index: bytes, or 500MB, 5GB (default), 2GiB");
   exp->add_flag("--overwrite", export_args.overwrite, "Replace a non-empty output folder");
   exp->footer(
-      "Writes config.json, model.safetensors (or shards plus model.safetensors.index.json) and the\n"
+      "Writes config.json, model.safetensors (or shards plus model.safetensors.index.json) and "
+      "the\n"
       "checkpoint's tokenizer.model: a folder transformers loads as LlamaForCausalLM and ft takes\n"
       "as model.from. The folder appears only when complete (written as DIR.tmp-<pid>, renamed).");
 

@@ -32,8 +32,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cpu/vec_math.h"
 #include "core/half.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/kernels.h"
 
 namespace ft::kernels {
@@ -63,8 +63,8 @@ const float* tile_f32(const E* src, int rows, int D, int ld, float* buf, int& ld
 }  // namespace
 
 template <typename E>
-void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, int B, int T,
-                       int H, int K, int D) {
+void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, int B, int T, int H,
+                       int K, int D) {
   const int group = H / K;
   const float scale = 1.0f / std::sqrt(float(D));
   const int ldq = H * D, ldk = K * D;
@@ -86,8 +86,8 @@ void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, i
           const int qi = tiles - 1 - rev, i0 = qi * kTile, rows = std::min(kTile, T - i0);
           const int kh = h / group;
           int ldQ, ldK, ldV;
-          const float* Q = tile_f32(q + (size_t(b) * T + i0) * ldq + size_t(h) * D, rows, D, ldq,
-                                    qbuf, ldQ);
+          const float* Q =
+              tile_f32(q + (size_t(b) * T + i0) * ldq + size_t(h) * D, rows, D, ldq, qbuf, ldQ);
           std::fill(acc, acc + size_t(rows) * D, 0.0f);
           std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
           std::fill(l, l + rows, 0.0f);
@@ -149,8 +149,10 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
   // Δ (B, H, T) and the dQ accumulator (B, T, H, D) fp32, which is dq itself for float.
   float* const delta = scratch;
   float* dqa;
-  if constexpr (std::is_same_v<E, float>) dqa = dq;
-  else dqa = scratch + size_t(B) * H * T;
+  if constexpr (std::is_same_v<E, float>)
+    dqa = dq;
+  else
+    dqa = scratch + size_t(B) * H * T;
   BlasSingleThread single;
 #pragma omp parallel
   {
@@ -236,11 +238,11 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
   }
 }
 
-#define FT_ATTENTION_INSTANTIATE(E)                                                              \
-  template void attention_forward<E>(E*, float*, const E*, const E*, const E*, int, int, int,   \
-                                     int, int);                                                  \
-  template size_t attention_backward_scratch_elems<E>(int, int, int, int);                       \
-  template void attention_backward<E>(E*, E*, E*, const E*, const E*, const float*, const E*,    \
+#define FT_ATTENTION_INSTANTIATE(E)                                                                \
+  template void attention_forward<E>(E*, float*, const E*, const E*, const E*, int, int, int, int, \
+                                     int);                                                         \
+  template size_t attention_backward_scratch_elems<E>(int, int, int, int);                         \
+  template void attention_backward<E>(E*, E*, E*, const E*, const E*, const float*, const E*,      \
                                       const E*, const E*, float*, int, int, int, int, int);
 FT_ATTENTION_INSTANTIATE(float)
 FT_ATTENTION_INSTANTIATE(bf16)

@@ -8,10 +8,10 @@
 
 namespace ft::kernels {
 
-void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-              int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+              const float* B, int ldb, float beta, float* C, int ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 template <>
@@ -22,10 +22,11 @@ void linear_forward<float>(float* y, const float* x, const float* W, int N, int 
 }
 
 template <>
-void linear_backward<float>(float* dx, float* dW, const float* dy, const float* x,
-                            const float* W, int N, int in, int out, bool accumulate_dx) {
+void linear_backward<float>(float* dx, float* dW, const float* dy, const float* x, const float* W,
+                            int N, int in, int out, bool accumulate_dx) {
   // dx (N, in) = dy (N, out) · W (out, in)
-  if (dx) gemm_f32(false, false, N, in, out, 1.0f, dy, out, W, in, accumulate_dx ? 1.0f : 0.0f, dx, in);
+  if (dx)
+    gemm_f32(false, false, N, in, out, 1.0f, dy, out, W, in, accumulate_dx ? 1.0f : 0.0f, dx, in);
   // dW (out, in) += dyᵀ (out, N) · x (N, in)
   if (dW) gemm_f32(true, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
 }

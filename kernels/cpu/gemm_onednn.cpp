@@ -17,8 +17,9 @@
 //
 // Creating a oneDNN primitive (JIT code generation) costs ~0.3 ms for a 7x7x7 GEMM here, a
 // cached call ~1 µs (tests/tools/ft_bench_gemm); a training step runs the same few shapes
-// thousands of times, so primitives are cached by shape, layout, types and accumulate flag. oneDNN's OpenMP threads are ft's (it reads omp_get_max_threads() at
-// each call, which the trainer sets from runtime.threads).
+// thousands of times, so primitives are cached by shape, layout, types and accumulate flag.
+// oneDNN's OpenMP threads are ft's (it reads omp_get_max_threads() at each call, which the trainer
+// sets from runtime.threads).
 #include <oneapi/dnnl/dnnl.hpp>
 #if defined(__F16C__)
 #include <immintrin.h>
@@ -44,9 +45,12 @@ using dt = dnnl::memory::data_type;
 
 template <typename T>
 constexpr dt dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return dt::f32;
-  else if constexpr (std::is_same_v<T, bf16>) return dt::bf16;
-  else return dt::f16;
+  if constexpr (std::is_same_v<T, float>)
+    return dt::f32;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return dt::bf16;
+  else
+    return dt::f16;
 }
 
 // The engine and the primitive cache below are never destroyed: cached primitives must not
@@ -135,8 +139,8 @@ void widen(float* dst, const T* src, size_t n) {
   // quiet; NaN stays NaN either way.
   if constexpr (std::is_same_v<T, f16>)
     for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(
-                                    reinterpret_cast<const __m128i*>(src + i))));
+      _mm256_storeu_ps(dst + i,
+                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
 #endif
   for (; i < n; ++i) dst[i] = to_f32(src[i]);
 }
@@ -149,9 +153,9 @@ void narrow(T* dst, const float* src, size_t n) {
   // vcvtps2ph with round-to-nearest-even: the same bits as to_f16, NaN and overflow included.
   if constexpr (std::is_same_v<T, f16>)
     for (; i + 8 <= n; i += 8)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                       _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
-                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      _mm_storeu_si128(
+          reinterpret_cast<__m128i*>(dst + i),
+          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #endif
   for (; i < n; ++i) dst[i] = from_f32<T>(src[i]);
 }
@@ -211,8 +215,7 @@ void gemm_via_f32(const GemmKey& k, const T* A, const T* B, Tc* C) {
 
 // C (M, N) (+)= op(A) · op(B) with A, B in T (bf16 or f16) and C in Tc (T or float).
 template <typename T, typename Tc>
-void gemm16(bool ta, bool tb, int M, int N, int K, const T* A, const T* B, Tc* C,
-            bool accumulate) {
+void gemm16(bool ta, bool tb, int M, int N, int K, const T* A, const T* B, Tc* C, bool accumulate) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {  // an empty sum: C = 0, or C unchanged when accumulating (as BLAS)
     if (!accumulate) std::memset(static_cast<void*>(C), 0, size_t(M) * N * sizeof(Tc));
@@ -237,8 +240,8 @@ void linear_forward(T* y, const T* x, const T* W, int N, int in, int out, bool a
 }
 
 template <typename T>
-void linear_backward(T* dx, float* dW, const T* dy, const T* x, const T* W, int N, int in,
-                     int out, bool accumulate_dx) {
+void linear_backward(T* dx, float* dW, const T* dy, const T* x, const T* W, int N, int in, int out,
+                     bool accumulate_dx) {
   // dx (N, in) = dy (N, out) · W (out, in)
   if (dx) gemm16(false, false, N, in, out, dy, W, dx, accumulate_dx);
   // dW (out, in) += dyᵀ (out, N) · x (N, in), accumulated in fp32
@@ -247,24 +250,35 @@ void linear_backward(T* dx, float* dW, const T* dy, const T* x, const T* W, int 
 
 template void linear_forward<bf16>(bf16*, const bf16*, const bf16*, int, int, int, bool);
 template void linear_forward<f16>(f16*, const f16*, const f16*, int, int, int, bool);
-template void linear_backward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*, int,
-                                    int, int, bool);
-template void linear_backward<f16>(f16*, float*, const f16*, const f16*, const f16*, int, int,
-                                   int, bool);
+template void linear_backward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*, int, int,
+                                    int, bool);
+template void linear_backward<f16>(f16*, float*, const f16*, const f16*, const f16*, int, int, int,
+                                   bool);
 
 const char* gemm_isa() {
   switch (dnnl::get_effective_cpu_isa()) {
-    case dnnl::cpu_isa::sse41: return "sse41";
-    case dnnl::cpu_isa::avx: return "avx";
-    case dnnl::cpu_isa::avx2: return "avx2";
-    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
-    case dnnl::cpu_isa::avx512_mic: return "avx512_mic";
-    case dnnl::cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
-    case dnnl::cpu_isa::avx512_core: return "avx512_core";
-    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
-    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
-    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
-    default: return "unknown";
+    case dnnl::cpu_isa::sse41:
+      return "sse41";
+    case dnnl::cpu_isa::avx:
+      return "avx";
+    case dnnl::cpu_isa::avx2:
+      return "avx2";
+    case dnnl::cpu_isa::avx2_vnni:
+      return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_mic:
+      return "avx512_mic";
+    case dnnl::cpu_isa::avx512_mic_4ops:
+      return "avx512_mic_4ops";
+    case dnnl::cpu_isa::avx512_core:
+      return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return "unknown";
   }
 }
 

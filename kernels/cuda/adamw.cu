@@ -75,10 +75,9 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float 
   constexpr int W = 4;
   if (all_aligned({p, g, m, v}, 16) && all_aligned({p_compute}, W * sizeof(T)))
     FT_LAUNCH((adamw_kernel<D, W>), grid_blocks(n / W + 1, kThreads, 1), kThreads, 0, stream)
-    (p, g, m, v, n, k, grad_scale, dev(p_compute));
-  else
-    FT_LAUNCH((adamw_kernel<D, 1>), grid_blocks(n, kThreads, 1), kThreads, 0, stream)
-    (p, g, m, v, n, k, grad_scale, dev(p_compute));
+  (p, g, m, v, n, k, grad_scale, dev(p_compute));
+  else FT_LAUNCH((adamw_kernel<D, 1>), grid_blocks(n, kThreads, 1), kThreads, 0, stream)(
+      p, g, m, v, n, k, grad_scale, dev(p_compute));
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -45,12 +45,12 @@ namespace {
 // indexed by a loop ptxas did not unroll lives in local memory, which the build rejects.
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kMaxD = 128;                   // head dims: four per lane, one per backward thread
-constexpr int kDimsPerLane = kMaxD / 32;     // output dims a lane owns (lane + 32·c)
-constexpr int kKeys = 32;                    // keys per tile: one per lane
-constexpr int kFwdRowsPerWarp = 4;           // forward: 16 query rows per block
+constexpr int kMaxD = 128;                // head dims: four per lane, one per backward thread
+constexpr int kDimsPerLane = kMaxD / 32;  // output dims a lane owns (lane + 32·c)
+constexpr int kKeys = 32;                 // keys per tile: one per lane
+constexpr int kFwdRowsPerWarp = 4;        // forward: 16 query rows per block
 constexpr int kFwdRows = kWarps * kFwdRowsPerWarp;
-constexpr int kDqRowsPerWarp = 2;            // dQ: 8 rows, so Q, dO, K and V fit in 48 KiB
+constexpr int kDqRowsPerWarp = 2;  // dQ: 8 rows, so Q, dO, K and V fit in 48 KiB
 constexpr int kDqRows = kWarps * kDqRowsPerWarp;
 static_assert(kThreads == kMaxD, "the dK/dV kernel gives each thread one head dim");
 
@@ -86,8 +86,8 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* q, const T
   const int h = blockIdx.y, b = blockIdx.z, kh = h / (H / K);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const size_t ldq = size_t(H) * D, ldk = size_t(K) * D;
-  stage_rows(&q_s[0][0], kMaxD, q + (size_t(b) * T_ + i0) * ldq + size_t(h) * D, ldq,
-             kFwdRows, T_ - i0, D);
+  stage_rows(&q_s[0][0], kMaxD, q + (size_t(b) * T_ + i0) * ldq + size_t(h) * D, ldq, kFwdRows,
+             T_ - i0, D);
 
   float acc[kFwdRowsPerWarp][kDimsPerLane];
   float m[kFwdRowsPerWarp], l[kFwdRowsPerWarp];
@@ -109,7 +109,7 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* q, const T
     for (int rr = 0; rr < kFwdRowsPerWarp; ++rr) {
       const int r = rr * kWarps + warp;  // interleaved: the diagonal's short rows are shared
       const int i = i0 + r;
-      if (i >= T_ || i < j0) continue;  // the same for the whole warp
+      if (i >= T_ || i < j0) continue;       // the same for the whole warp
       const int n = min(kKeys, i - j0 + 1);  // visible keys of the tile (j0 + lane ≤ i)
       // The row's scores, then its probabilities, go through shared memory and every lane reads
       // all of them back (broadcasts) in the same order: the max and the sum are the same bits
@@ -159,8 +159,7 @@ __global__ void attention_delta_kernel(float* delta, const T* dout, const T* out
   const size_t row = size_t(blockIdx.x) * kWarps + warp;
   if (row >= size_t(B) * T_ * H) return;  // whole warps only; no block barrier follows
   float s = 0.0f;
-  for (int d = lane; d < D; d += 32)
-    s += to_float(dout[row * D + d]) * to_float(out[row * D + d]);
+  for (int d = lane; d < D; d += 32) s += to_float(dout[row * D + d]) * to_float(out[row * D + d]);
   // Lane 0 adds the 32 partials in lane order: one warp barrier rather than five shuffles.
   part_s[warp][lane] = s;
   __syncwarp();
@@ -306,14 +305,14 @@ __global__ void attention_backward_dq_kernel(T* dq, const T* dout, const float* 
 
 void check_shape(const char* what, int B, int T_, int H, int K, int D) {
   if (B < 0 || T_ < 0 || H <= 0 || K <= 0 || H % K != 0 || D <= 0 || D > kMaxD)
-    throw ::ft::Error(
-        std::string(what) + ": unsupported shape B=" + std::to_string(B) +
-        " T=" + std::to_string(T_) + " H=" + std::to_string(H) + " K=" + std::to_string(K) +
-        " D=" + std::to_string(D) + " (the CUDA kernel needs H a multiple of K and a head dim" +
-        " of at most " + std::to_string(kMaxD) + "; larger heads need a kernel with D tiled)");
+    throw ::ft::Error(std::string(what) + ": unsupported shape B=" + std::to_string(B) +
+                      " T=" + std::to_string(T_) + " H=" + std::to_string(H) +
+                      " K=" + std::to_string(K) + " D=" + std::to_string(D) +
+                      " (the CUDA kernel needs H a multiple of K and a head dim" + " of at most " +
+                      std::to_string(kMaxD) + "; larger heads need a kernel with D tiled)");
   if (H > 65535 || B > 65535)  // gridDim.y and .z limits
-    throw ::ft::Error(std::string(what) + ": B=" + std::to_string(B) + " or H=" +
-                                std::to_string(H) + " exceeds the grid's 65535 (split the batch)");
+    throw ::ft::Error(std::string(what) + ": B=" + std::to_string(B) +
+                      " or H=" + std::to_string(H) + " exceeds the grid's 65535 (split the batch)");
 }
 
 float softmax_scale(int D) { return 1.0f / std::sqrt(float(D)); }
@@ -321,8 +320,8 @@ float softmax_scale(int D) { return 1.0f / std::sqrt(float(D)); }
 }  // namespace
 
 template <typename T>
-void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, int B, int T_,
-                       int H, int K, int D, void* stream) {
+void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, int B, int T_, int H,
+                       int K, int D, void* stream) {
   check_shape("attention_forward", B, T_, H, K, D);
   if (B == 0 || T_ == 0) return;
   const dim3 grid((T_ + kFwdRows - 1) / kFwdRows, H, B);
@@ -336,8 +335,8 @@ void attention_delta(float* delta, const T* dout, const T* out, int B, int T_, i
                      void* stream) {
   const size_t rows = size_t(B) * T_ * H;
   if (rows == 0) return;
-  FT_LAUNCH((attention_delta_kernel<device_t<T>>), unsigned((rows + kWarps - 1) / kWarps),
-            kThreads, 0, stream)
+  FT_LAUNCH((attention_delta_kernel<device_t<T>>), unsigned((rows + kWarps - 1) / kWarps), kThreads,
+            0, stream)
   (delta, dev(dout), dev(out), B, T_, H, D);
   FT_CUDA_CHECK_LAUNCH();
 }
@@ -352,21 +351,21 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
   auto* delta = static_cast<float*>(scratch);  // (B, H, T)
   const float scale = softmax_scale(D);
   attention_delta(delta, dout, out, B, T_, H, D, stream);
-  FT_LAUNCH((attention_backward_dkdv_kernel<E>), dim3((T_ + kKeys - 1) / kKeys, K, B), kThreads,
-            0, stream)
+  FT_LAUNCH((attention_backward_dkdv_kernel<E>), dim3((T_ + kKeys - 1) / kKeys, K, B), kThreads, 0,
+            stream)
   (dev(dk), dev(dv), dev(dout), lse, delta, dev(q), dev(k), dev(v), T_, H, K, D, scale);
   FT_CUDA_CHECK_LAUNCH();
-  FT_LAUNCH((attention_backward_dq_kernel<E>), dim3((T_ + kDqRows - 1) / kDqRows, H, B),
-            kThreads, 0, stream)
+  FT_LAUNCH((attention_backward_dq_kernel<E>), dim3((T_ + kDqRows - 1) / kDqRows, H, B), kThreads,
+            0, stream)
   (dev(dq), dev(dout), lse, delta, dev(q), dev(k), dev(v), T_, H, K, D, scale);
   FT_CUDA_CHECK_LAUNCH();
 }
 
-#define FT_ATTENTION_INSTANTIATE(T)                                                             \
-  template void attention_forward<T>(T*, float*, const T*, const T*, const T*, int, int, int,  \
-                                     int, int, void*);                                          \
-  template void attention_delta<T>(float*, const T*, const T*, int, int, int, int, void*);      \
-  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const float*, const T*,   \
+#define FT_ATTENTION_INSTANTIATE(T)                                                                \
+  template void attention_forward<T>(T*, float*, const T*, const T*, const T*, int, int, int, int, \
+                                     int, void*);                                                  \
+  template void attention_delta<T>(float*, const T*, const T*, int, int, int, int, void*);         \
+  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const float*, const T*,      \
                                       const T*, const T*, void*, int, int, int, int, int, void*);
 FT_ATTENTION_INSTANTIATE(float)
 FT_ATTENTION_INSTANTIATE(bf16)

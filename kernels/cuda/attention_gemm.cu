@@ -55,9 +55,8 @@ __global__ void attention_probs_kernel(T* P, float* lse, const float* S, int row
 }
 
 template <typename T>
-__global__ void attention_dscores_kernel(T* P_dS, const float* dP, const float* delta,
-                                         int rows_x_g, int G, int cols, int ld, int t0, int T_,
-                                         float scale) {
+__global__ void attention_dscores_kernel(T* P_dS, const float* dP, const float* delta, int rows_x_g,
+                                         int G, int cols, int ld, int t0, int T_, float scale) {
   const RowOf row(G, t0, T_);
   const size_t at = (size_t(blockIdx.y) * rows_x_g + blockIdx.x) * ld;
   T* p = P_dS + at;
@@ -72,8 +71,7 @@ __global__ void attention_dscores_kernel(T* P_dS, const float* dP, const float* 
 // In units of W elements (inner a multiple of W; W = 1 is the scalar form): a pack of W
 // consecutive elements of one row moves as one load and one store.
 template <typename Dst, typename Src, int W>
-__global__ void swap_axes12_kernel(Dst* dst, const Src* src, int B1, int B2, int inner,
-                                   size_t n) {
+__global__ void swap_axes12_kernel(Dst* dst, const Src* src, int B1, int B2, int inner, size_t n) {
   const size_t inner_p = size_t(inner) / W, packs = n / W;
   for (size_t e = grid_thread_index(); e < packs; e += grid_thread_count()) {
     // e indexes dst (A, B2, B1, inner / W).
@@ -88,8 +86,7 @@ __global__ void swap_axes12_kernel(Dst* dst, const Src* src, int B1, int B2, int
   }
 }
 
-void check_chunk(const char* what, int slabs, int rows, int G, int cols, int ld, int t0,
-                 int T_) {
+void check_chunk(const char* what, int slabs, int rows, int G, int cols, int ld, int t0, int T_) {
   if (slabs < 0 || slabs > 65535 || rows < 0 || G < 1 || cols < 0 || ld < cols || t0 < 0 ||
       cols > t0 + rows || t0 + rows > T_ || size_t(rows) * G > 0x7fffffffu)
     throw ::ft::Error(std::string(what) + ": bad chunk slabs=" + std::to_string(slabs) +
@@ -102,18 +99,16 @@ void check_chunk(const char* what, int slabs, int rows, int G, int cols, int ld,
 }  // namespace
 
 template <typename T>
-void attention_probs(T* P, float* lse, const float* S, int slabs, int rows, int G, int cols,
-                     int ld, int t0, int T_, bool compute_lse, void* stream) {
+void attention_probs(T* P, float* lse, const float* S, int slabs, int rows, int G, int cols, int ld,
+                     int t0, int T_, bool compute_lse, void* stream) {
   check_chunk("attention_probs", slabs, rows, G, cols, ld, t0, T_);
   if (slabs == 0 || rows == 0) return;
   using E = device_t<T>;
   const dim3 grid{unsigned(rows * G), unsigned(slabs)};
-  if (compute_lse)
-    FT_LAUNCH((attention_probs_kernel<E, true>), grid, kRowThreads, 0, stream)
-    (dev(P), lse, S, rows * G, G, cols, ld, t0, T_);
-  else
-    FT_LAUNCH((attention_probs_kernel<E, false>), grid, kRowThreads, 0, stream)
-    (dev(P), lse, S, rows * G, G, cols, ld, t0, T_);
+  if (compute_lse) FT_LAUNCH((attention_probs_kernel<E, true>), grid, kRowThreads, 0, stream)
+  (dev(P), lse, S, rows * G, G, cols, ld, t0, T_);
+  else FT_LAUNCH((attention_probs_kernel<E, false>), grid, kRowThreads, 0, stream)(
+      dev(P), lse, S, rows * G, G, cols, ld, t0, T_);
   FT_CUDA_CHECK_LAUNCH();
 }
 
@@ -142,18 +137,17 @@ void swap_axes12(Dst* dst, const Src* src, int A, int B1, int B2, int inner, voi
   using DS = device_t<Src>;
   if (inner % W == 0 && aligned_to(dst, W * sizeof(Dst)) && aligned_to(src, W * sizeof(Src)))
     FT_LAUNCH((swap_axes12_kernel<DD, DS, W>), grid_blocks(n / W, 256, 4), 256, 0, stream)
-    (dev(dst), dev(src), B1, B2, inner, n);
-  else
-    FT_LAUNCH((swap_axes12_kernel<DD, DS, 1>), grid_blocks(n, 256, 4), 256, 0, stream)
-    (dev(dst), dev(src), B1, B2, inner, n);
+  (dev(dst), dev(src), B1, B2, inner, n);
+  else FT_LAUNCH((swap_axes12_kernel<DD, DS, 1>), grid_blocks(n, 256, 4), 256, 0, stream)(
+      dev(dst), dev(src), B1, B2, inner, n);
   FT_CUDA_CHECK_LAUNCH();
 }
 
-#define FT_ATTENTION_GEMM_INSTANTIATE(T)                                                        \
-  template void attention_probs<T>(T*, float*, const float*, int, int, int, int, int, int, int, \
-                                   bool, void*);                                                \
-  template void attention_dscores<T>(T*, const float*, const float*, int, int, int, int, int,   \
-                                     int, int, float, void*);                                   \
+#define FT_ATTENTION_GEMM_INSTANTIATE(T)                                                           \
+  template void attention_probs<T>(T*, float*, const float*, int, int, int, int, int, int, int,    \
+                                   bool, void*);                                                   \
+  template void attention_dscores<T>(T*, const float*, const float*, int, int, int, int, int, int, \
+                                     int, float, void*);                                           \
   template void swap_axes12<T, T>(T*, const T*, int, int, int, int, void*);
 FT_ATTENTION_GEMM_INSTANTIATE(float)
 FT_ATTENTION_GEMM_INSTANTIATE(bf16)

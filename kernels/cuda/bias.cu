@@ -94,7 +94,8 @@ void bias_grad(float* db, const T* dy, int N, int C, void* scratch, void* stream
   float* partial = static_cast<float*>(scratch);  // (G, C)
   const unsigned column_blocks = unsigned((C + kThreads - 1) / kThreads);
   FT_LAUNCH(bias_grad_partial_kernel<device_t<T>>, dim3(column_blocks, unsigned(G)), kThreads, 0,
-            stream)(partial, dev(dy), N, C, R);
+            stream)
+  (partial, dev(dy), N, C, R);
   FT_CUDA_CHECK_LAUNCH();
   FT_LAUNCH(bias_grad_column_kernel, column_blocks, kThreads, 0, stream)(db, partial, G, C);
   FT_CUDA_CHECK_LAUNCH();

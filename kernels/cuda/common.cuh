@@ -178,15 +178,15 @@ __device__ __forceinline__ F block_reduce_(F v, F identity, Op warp_op) {
 }
 struct WarpSum_ {
   template <typename F>
-  __device__ __forceinline__ F operator()(F v) const { return warp_sum(v); }
+  __device__ __forceinline__ F operator()(F v) const {
+    return warp_sum(v);
+  }
 };
 struct WarpMax_ {
   __device__ __forceinline__ float operator()(float v) const { return warp_max(v); }
 };
 __device__ __forceinline__ float block_sum(float v) { return block_reduce_(v, 0.0f, WarpSum_{}); }
-__device__ __forceinline__ double block_sum(double v) {
-  return block_reduce_(v, 0.0, WarpSum_{});
-}
+__device__ __forceinline__ double block_sum(double v) { return block_reduce_(v, 0.0, WarpSum_{}); }
 // -inf is max's identity; a NaN anywhere makes the result NaN (fmaxf drops NaN, so callers that
 // must propagate NaN check for it themselves).
 __device__ __forceinline__ float block_max(float v) {

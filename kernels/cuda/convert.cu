@@ -29,12 +29,12 @@ void convert(Dst* dst, const Src* src, size_t n, void* stream) {
                                             static_cast<cudaStream_t>(stream));
     if (err != cudaSuccess)
       throw ::ft::Error(std::string("CUDA convert: device-to-device copy of ") +
-                        std::to_string(n * sizeof(Dst)) + " bytes failed: " +
-                        cudaGetErrorString(err));
+                        std::to_string(n * sizeof(Dst)) +
+                        " bytes failed: " + cudaGetErrorString(err));
   } else {
     const unsigned blocks = grid_blocks(n, kThreads, kItemsPerThread);
-    FT_LAUNCH((convert_kernel<device_t<Dst>, device_t<Src>>), blocks, kThreads, 0, stream)(
-        dev(dst), dev(src), n);
+    FT_LAUNCH((convert_kernel<device_t<Dst>, device_t<Src>>), blocks, kThreads, 0, stream)
+    (dev(dst), dev(src), n);
     FT_CUDA_CHECK_LAUNCH();
   }
 }

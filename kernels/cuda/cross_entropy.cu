@@ -182,8 +182,8 @@ void sum_losses(double* loss_acc, const double* row_loss, int N, void* stream) {
 }  // namespace
 
 template <typename T>
-void cross_entropy(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask,
-                   int N, int V, float scale, double* loss_acc, void* scratch, void* stream) {
+void cross_entropy(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask, int N,
+                   int V, float scale, double* loss_acc, void* scratch, void* stream) {
   check_rows("cross_entropy", N, V);
   if (N == 0) return;
   auto* row_loss = static_cast<double*>(scratch);
@@ -203,8 +203,7 @@ void row_max(float* out, const T* x, int N, int V, void* stream) {
 
 template <typename T>
 void ce_partial(double* sumexp, double* target_logit, const T* logits, const int32_t* targets,
-                const uint8_t* mask, const float* rmax, int N, int V, int v_begin,
-                void* stream) {
+                const uint8_t* mask, const float* rmax, int N, int V, int v_begin, void* stream) {
   check_rows("ce_partial", N, V);
   if (N == 0) return;
   FT_LAUNCH((ce_partial_kernel<device_t<T>>), N, kThreads, 0, stream)
@@ -214,8 +213,8 @@ void ce_partial(double* sumexp, double* target_logit, const T* logits, const int
 
 template <typename T>
 void ce_finish(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask,
-               const float* rmax, const double* sumexp, const double* target_logit, int N,
-               int V, int v_begin, float scale, double* loss_acc, void* scratch, void* stream) {
+               const float* rmax, const double* sumexp, const double* target_logit, int N, int V,
+               int v_begin, float scale, double* loss_acc, void* scratch, void* stream) {
   check_rows("ce_finish", N, V);
   if (N == 0) return;
   auto* row_loss = static_cast<double*>(scratch);
@@ -226,15 +225,15 @@ void ce_finish(T* dlogits, const T* logits, const int32_t* targets, const uint8_
   sum_losses(loss_acc, row_loss, N, stream);
 }
 
-#define FT_CROSS_ENTROPY_INSTANTIATE(T)                                                        \
-  template void cross_entropy<T>(T*, const T*, const int32_t*, const uint8_t*, int, int, float, \
-                                 double*, void*, void*);                                       \
-  template void row_max<T>(float*, const T*, int, int, void*);                                 \
-  template void ce_partial<T>(double*, double*, const T*, const int32_t*, const uint8_t*,      \
-                              const float*, int, int, int, void*);                             \
-  template void ce_finish<T>(T*, const T*, const int32_t*, const uint8_t*, const float*,       \
-                             const double*, const double*, int, int, int, float, double*,      \
-                             void*, void*);
+#define FT_CROSS_ENTROPY_INSTANTIATE(T)                                                          \
+  template void cross_entropy<T>(T*, const T*, const int32_t*, const uint8_t*, int, int, float,  \
+                                 double*, void*, void*);                                         \
+  template void row_max<T>(float*, const T*, int, int, void*);                                   \
+  template void ce_partial<T>(double*, double*, const T*, const int32_t*, const uint8_t*,        \
+                              const float*, int, int, int, void*);                               \
+  template void ce_finish<T>(T*, const T*, const int32_t*, const uint8_t*, const float*,         \
+                             const double*, const double*, int, int, int, float, double*, void*, \
+                             void*);
 FT_CROSS_ENTROPY_INSTANTIATE(float)
 FT_CROSS_ENTROPY_INSTANTIATE(bf16)
 FT_CROSS_ENTROPY_INSTANTIATE(f16)

@@ -114,12 +114,10 @@ void embedding_forward(T* out, const int32_t* ids, const T* table, int N, int C,
   const int per_thread = packed ? W : 1;
   const int needed = ((C + per_thread - 1) / per_thread + 31) / 32 * 32;
   const int threads = needed < kThreads ? needed : kThreads;
-  if (packed)
-    FT_LAUNCH((embedding_forward_kernel<D, W>), unsigned(N), threads, 0, stream)
-    (dev(out), ids, dev(table), C, v_begin, v_count);
-  else
-    FT_LAUNCH((embedding_forward_kernel<D, 1>), unsigned(N), threads, 0, stream)
-    (dev(out), ids, dev(table), C, v_begin, v_count);
+  if (packed) FT_LAUNCH((embedding_forward_kernel<D, W>), unsigned(N), threads, 0, stream)
+  (dev(out), ids, dev(table), C, v_begin, v_count);
+  else FT_LAUNCH((embedding_forward_kernel<D, 1>), unsigned(N), threads, 0, stream)(
+      dev(out), ids, dev(table), C, v_begin, v_count);
   FT_CUDA_CHECK_LAUNCH();
 }
 
@@ -133,10 +131,9 @@ void embedding_backward(float* dtable, const int32_t* ids, const T* dout, int N,
   const dim3 grid(unsigned(N), unsigned((C + per_block - 1) / per_block));
   if (C % W == 0 && aligned_to(dtable, 16) && aligned_to(dout, W * sizeof(T)))
     FT_LAUNCH((embedding_backward_kernel<D, W>), grid, kBackwardThreads, 0, stream)
-    (dtable, ids, dev(dout), N, C, v_begin, v_count);
-  else
-    FT_LAUNCH((embedding_backward_kernel<D, 1>), grid, kBackwardThreads, 0, stream)
-    (dtable, ids, dev(dout), N, C, v_begin, v_count);
+  (dtable, ids, dev(dout), N, C, v_begin, v_count);
+  else FT_LAUNCH((embedding_backward_kernel<D, 1>), grid, kBackwardThreads, 0, stream)(
+      dtable, ids, dev(dout), N, C, v_begin, v_count);
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -41,8 +41,8 @@ inline constexpr unsigned kSumSquaresMaxPartials = 1024;
 inline unsigned sum_squares_blocks(size_t n) {
   const size_t per_block = size_t(kSumSquaresThreads) * kSumSquaresPerThread;
   const size_t blocks = (n + per_block - 1) / per_block;
-  return unsigned(blocks < 1 ? 1 : (blocks > kSumSquaresMaxPartials ? kSumSquaresMaxPartials
-                                                                     : blocks));
+  return unsigned(blocks < 1 ? 1
+                             : (blocks > kSumSquaresMaxPartials ? kSumSquaresMaxPartials : blocks));
 }
 inline size_t rmsnorm_backward_scratch_bytes(int N, int C) {
   if (N <= 0 || C <= 0) return 0;
@@ -86,8 +86,8 @@ void embedding_forward(T* out, const int32_t* ids, const T* table, int N, int C,
                        int v_count, void* stream);
 // Deterministic: each table row sums its tokens' gradients in token order (no atomics).
 template <typename T>
-void embedding_backward(float* dtable, const int32_t* ids, const T* dout, int N, int C,
-                        int v_begin, int v_count, void* stream);
+void embedding_backward(float* dtable, const int32_t* ids, const T* dout, int N, int C, int v_begin,
+                        int v_count, void* stream);
 
 // ---- rmsnorm.cu ----
 template <typename T>
@@ -109,8 +109,8 @@ void rope_backward(T* dx, const float* inv_freq, int B, int T_, int nh, int D, v
 // ---- attention.cu: causal GQA, logsumexp contract of kernels.h ----
 // Head dim D <= 128 (ft::Error otherwise: the kernels keep a row's D outputs in registers).
 template <typename T>
-void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, int B, int T_,
-                       int H, int K, int D, void* stream);
+void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, int B, int T_, int H,
+                       int K, int D, void* stream);
 // Δ (B, H, T) = rowsum(dO ∘ O) per query row, in fp32 (any D).
 template <typename T>
 void attention_delta(float* delta, const T* dout, const T* out, int B, int T_, int H, int D,
@@ -133,8 +133,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
 // the row's visible scores is computed first and stored; else it is read. P may be S itself
 // when T is float (each element read and written by one thread, after the row's reductions).
 template <typename T>
-void attention_probs(T* P, float* lse, const float* S, int slabs, int rows, int G, int cols,
-                     int ld, int t0, int T_, bool compute_lse, void* stream);
+void attention_probs(T* P, float* lse, const float* S, int slabs, int rows, int G, int cols, int ld,
+                     int t0, int T_, bool compute_lse, void* stream);
 // dS = P ∘ (dP − Δ_t) · scale for s ≤ t, 0 elsewhere and on query 0 (whose softmax is the
 // constant 1: exactly zero gradient, as the CPU kernel). In place over P (T), dP fp32.
 template <typename T>
@@ -154,20 +154,19 @@ void swiglu_backward(T* dg, T* du, const T* dh, const T* g, const T* u, size_t n
 // ---- cross_entropy.cu: *loss_acc += Σ loss over masked rows (fixed-order sum; scratch:
 // cross_entropy_scratch_bytes) ----
 template <typename T>
-void cross_entropy(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask,
-                   int N, int V, float scale, double* loss_acc, void* scratch, void* stream);
+void cross_entropy(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask, int N,
+                   int V, float scale, double* loss_acc, void* scratch, void* stream);
 // Vocabulary-parallel pieces (kernels.h row_max, ce_partial, ce_finish); ce_finish's scratch is
 // cross_entropy_scratch_bytes(N, V) too.
 template <typename T>
 void row_max(float* out, const T* x, int N, int V, void* stream);
 template <typename T>
 void ce_partial(double* sumexp, double* target_logit, const T* logits, const int32_t* targets,
-                const uint8_t* mask, const float* row_max, int N, int V, int v_begin,
-                void* stream);
+                const uint8_t* mask, const float* row_max, int N, int V, int v_begin, void* stream);
 template <typename T>
 void ce_finish(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask,
-               const float* row_max, const double* sumexp, const double* target_logit, int N,
-               int V, int v_begin, float scale, double* loss_acc, void* scratch, void* stream);
+               const float* row_max, const double* sumexp, const double* target_logit, int N, int V,
+               int v_begin, float scale, double* loss_acc, void* scratch, void* stream);
 
 // ---- convert.cu: the bits of core/half.h's conversions (NaN, inf, subnormals) ----
 template <typename Dst, typename Src>

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "kernels/cuda/common.cuh"
 #include "core/half.h"
+#include "kernels/cuda/common.cuh"
 
 namespace ft::kernels::cuda {
 

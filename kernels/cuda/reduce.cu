@@ -48,15 +48,14 @@ __global__ void sum_squares_final_kernel(double* acc, const double* partials, un
 template <typename T>
 void add_inplace(T* y, const T* x, size_t n, void* stream) {
   if (n == 0) return;
-  FT_LAUNCH(add_kernel<device_t<T>>, grid_blocks(n, kThreads, kItemsPerThread), kThreads, 0,
-            stream)(dev(y), dev(x), n);
+  FT_LAUNCH(add_kernel<device_t<T>>, grid_blocks(n, kThreads, kItemsPerThread), kThreads, 0, stream)
+  (dev(y), dev(x), n);
   FT_CUDA_CHECK_LAUNCH();
 }
 
 void scale_inplace(float* y, float s, size_t n, void* stream) {
   if (n == 0) return;
-  FT_LAUNCH(scale_kernel, grid_blocks(n, kThreads, kItemsPerThread), kThreads, 0, stream)(y, s,
-                                                                                          n);
+  FT_LAUNCH(scale_kernel, grid_blocks(n, kThreads, kItemsPerThread), kThreads, 0, stream)(y, s, n);
   FT_CUDA_CHECK_LAUNCH();
 }
 

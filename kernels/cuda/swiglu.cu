@@ -80,10 +80,9 @@ void swiglu_forward(T* h, const T* g, const T* u, size_t n, void* stream) {
   if (all_aligned({h, g, u}, 16))
     FT_LAUNCH((swiglu_forward_kernel<D, W>), grid_blocks(n / W + 1, kThreads, 1), kThreads, 0,
               stream)
-    (dev(h), dev(g), dev(u), n);
-  else
-    FT_LAUNCH((swiglu_forward_kernel<D, 1>), grid_blocks(n, kThreads, 1), kThreads, 0, stream)
-    (dev(h), dev(g), dev(u), n);
+  (dev(h), dev(g), dev(u), n);
+  else FT_LAUNCH((swiglu_forward_kernel<D, 1>), grid_blocks(n, kThreads, 1), kThreads, 0, stream)(
+      dev(h), dev(g), dev(u), n);
   FT_CUDA_CHECK_LAUNCH();
 }
 
@@ -95,10 +94,9 @@ void swiglu_backward(T* dg, T* du, const T* dh, const T* g, const T* u, size_t n
   if (all_aligned({dg, du, dh, g, u}, 16))
     FT_LAUNCH((swiglu_backward_kernel<D, W>), grid_blocks(n / W + 1, kThreads, 1), kThreads, 0,
               stream)
-    (dev(dg), dev(du), dev(dh), dev(g), dev(u), n);
-  else
-    FT_LAUNCH((swiglu_backward_kernel<D, 1>), grid_blocks(n, kThreads, 1), kThreads, 0, stream)
-    (dev(dg), dev(du), dev(dh), dev(g), dev(u), n);
+  (dev(dg), dev(du), dev(dh), dev(g), dev(u), n);
+  else FT_LAUNCH((swiglu_backward_kernel<D, 1>), grid_blocks(n, kThreads, 1), kThreads, 0, stream)(
+      dev(dg), dev(du), dev(dh), dev(g), dev(u), n);
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -165,7 +165,7 @@ std::vector<float> read_global_group(const Manifest& m, State state, int group);
 class CheckpointWriter {
  public:
   struct Options {
-    std::string dir;        // checkpoint.dir
+    std::string dir;  // checkpoint.dir
     int rank = 0, world = 1;
     int tensor_rank = 0;
     bool async = false;
@@ -183,9 +183,9 @@ class CheckpointWriter {
   struct Committed {
     int64_t step = 0;
     std::string folder;
-    uint64_t bytes = 0;      // all ranks' shard files
-    double blocking_s = 0;   // how long save() held up training on rank 0
-    double total_s = 0;      // from save() to the commit
+    uint64_t bytes = 0;     // all ranks' shard files
+    double blocking_s = 0;  // how long save() held up training on rank 0
+    double total_s = 0;     // from save() to the commit
   };
 
   explicit CheckpointWriter(Options o);

@@ -86,8 +86,9 @@ std::string latest_checkpoint(const std::string& dir) {
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ' || name.back() == '\r'))
     name.pop_back();
   if (name.empty() || name.find('/') != std::string::npos)
-    throw Error(p.string() + ": does not name a step folder; delete it to resume from the newest "
-                             "complete checkpoint");
+    throw Error(p.string() +
+                ": does not name a step folder; delete it to resume from the newest "
+                "complete checkpoint");
   return (fs::path(dir) / name).string();
 }
 

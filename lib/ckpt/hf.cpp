@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -230,9 +230,10 @@ std::string tied_head_difference(const OpenedWeights& w, const HfLayoutCheck& ch
   if (differing == 0) return "";
   const size_t cols = size_t(head.entry->shape.back());
   return detail::concat(
-      "tensor '", kHeadName, "' in '", head.file->path(), "' differs from '", kEmbedName,
-      "' in ", differing, " of ", numel, " values (max |difference| ", worst, " at [", where / cols,
-      ", ", where % cols, "]) but tie_word_embeddings is true, so ft would train one matrix for "
+      "tensor '", kHeadName, "' in '", head.file->path(), "' differs from '", kEmbedName, "' in ",
+      differing, " of ", numel, " values (max |difference| ", worst, " at [", where / cols, ", ",
+      where % cols,
+      "]) but tie_word_embeddings is true, so ft would train one matrix for "
       "both; set tie_word_embeddings to false in config.json if the two are meant to differ");
 }
 

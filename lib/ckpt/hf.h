@@ -57,9 +57,9 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
 // How a folder's tensors compare with the ParamLayout of its config; load_hf_weights refuses a
 // folder unless compatible(), and ft inspect prints the lists.
 struct HfLayoutCheck {
-  std::vector<std::string> missing;      // layout names the folder lacks, in layout order
-  std::vector<std::string> unexpected;   // folder names the layout lacks, in name order
-  std::vector<std::string> ignored;      // rotary_emb.inv_freq buffers: ft recomputes them
+  std::vector<std::string> missing;     // layout names the folder lacks, in layout order
+  std::vector<std::string> unexpected;  // folder names the layout lacks, in name order
+  std::vector<std::string> ignored;     // rotary_emb.inv_freq buffers: ft recomputes them
   // "lm_head.weight" when a tied layout's folder stores one of the embedding's shape: loaded
   // only if it equals the embedding bit for bit (else reported in bad_tensors), then ignored.
   std::string tied_copy;
@@ -87,7 +87,7 @@ struct HfTensorInfo {
 struct HfFolderSummary {
   ModelConfig config;
   std::vector<std::string> config_warnings;  // HfConfigRead::warnings
-  std::vector<HfFileInfo> files;  // in name order
+  std::vector<HfFileInfo> files;             // in name order
   // Layout order (embeddings, layer 0, layer 1, ..., head); a tensor the layout lacks sits after
   // its layer's expected ones (or after the head when it belongs to no layer), in name order.
   std::vector<HfTensorInfo> tensors;

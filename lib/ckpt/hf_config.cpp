@@ -134,8 +134,10 @@ bool known_rope_key(const std::string& k) {
 void read_rope_mapping(ConfigReader& c, const json& m, const std::string& where, RopeSpec& spec,
                        bool theta_allowed) {
   if (!m.is_object()) {
-    c.problem(where + " must be a mapping such as {\"rope_type\": \"llama3\", \"factor\": 8.0}, "
-              "got " + m.dump());
+    c.problem(where +
+              " must be a mapping such as {\"rope_type\": \"llama3\", \"factor\": 8.0}, "
+              "got " +
+              m.dump());
     return;
   }
   // transformers 5 also allows one mapping per attention kind ({"full_attention": {...}});
@@ -179,7 +181,8 @@ void read_rope_mapping(ConfigReader& c, const json& m, const std::string& where,
     } else {
       // transformers 4 reads only the top-level rope_theta; a value here is ignored there and
       // read by 5, so the two would train different models.
-      c.problem(where + ".rope_theta is set; transformers 4 reads rope_theta only at the top "
+      c.problem(where +
+                ".rope_theta is set; transformers 4 reads rope_theta only at the top "
                 "level and 5 only in rope_parameters: move it to one of those");
     }
   }
@@ -232,11 +235,11 @@ void read_rope(ConfigReader& c, const json& j, ModelConfig& m, HfConfigOrigins& 
   auto differ = [&](const std::string& what, const std::string& a_at, const std::string& a,
                     const std::string& b_at, const std::string& b) {
     if (a == b) return;
-    c.problem((a_at.empty() ? "rope_parameters has no " + what + " (" + a + ")"
-                            : a_at + " = " + a) +
-              " but " +
-              (b_at.empty() ? "rope_scaling has no " + what + " (" + b + ")" : b_at + " = " + b) +
-              "; transformers 5 and 4 would read different RoPE: make them agree");
+    c.problem(
+        (a_at.empty() ? "rope_parameters has no " + what + " (" + a + ")" : a_at + " = " + a) +
+        " but " +
+        (b_at.empty() ? "rope_scaling has no " + what + " (" + b + ")" : b_at + " = " + b) +
+        "; transformers 5 and 4 would read different RoPE: make them agree");
   };
   if (has_v5 && has_theta && v5.theta_at != v4.theta_at)
     differ("rope_theta", v5.theta_at, fmt_number(v5.theta), v4.theta_at, fmt_number(v4.theta));
@@ -249,11 +252,9 @@ void read_rope(ConfigReader& c, const json& j, ModelConfig& m, HfConfigOrigins& 
     differ("factor", at(bool(v5.factor), "rope_parameters", "factor"), opt(v5.factor),
            at(bool(v4.factor), "rope_scaling", "factor"), opt(v4.factor));
     differ("low_freq_factor", at(bool(v5.low_freq_factor), "rope_parameters", "low_freq_factor"),
-           opt(v5.low_freq_factor),
-           at(bool(v4.low_freq_factor), "rope_scaling", "low_freq_factor"),
+           opt(v5.low_freq_factor), at(bool(v4.low_freq_factor), "rope_scaling", "low_freq_factor"),
            opt(v4.low_freq_factor));
-    differ("high_freq_factor",
-           at(bool(v5.high_freq_factor), "rope_parameters", "high_freq_factor"),
+    differ("high_freq_factor", at(bool(v5.high_freq_factor), "rope_parameters", "high_freq_factor"),
            opt(v5.high_freq_factor),
            at(bool(v4.high_freq_factor), "rope_scaling", "high_freq_factor"),
            opt(v4.high_freq_factor));

@@ -150,16 +150,18 @@ void write_tokenizer_files(const fs::path& model, const fs::path& tmp, int64_t m
       int64_t(sp.pieces.size()) != tok->vocab_size())
     throw Error(model.string() + ": read as bos " + std::to_string(sp.bos_id) + ", eos " +
                 std::to_string(sp.eos_id) + ", " + std::to_string(sp.pieces.size()) +
-                " pieces, but SentencePiece says bos " + std::to_string(tok->bos_id()) +
-                ", eos " + std::to_string(tok->eos_id()) + ", " +
-                std::to_string(tok->vocab_size()) + " pieces; please report this model file");
+                " pieces, but SentencePiece says bos " + std::to_string(tok->bos_id()) + ", eos " +
+                std::to_string(tok->eos_id()) + ", " + std::to_string(tok->vocab_size()) +
+                " pieces; please report this model file");
   res->ids = {sp.bos_id, sp.eos_id, sp.pad_id};
   const std::string unsupported = unsupported_sp_settings(sp);
   if (!unsupported.empty()) {
-    res->tokenizer_note = "the tokenizer uses SentencePiece settings the export cannot reproduce "
-                          "for transformers (" + unsupported +
-                          "); wrote no tokenizer.json or tokenizer_config.json: load it with "
-                          "sentencepiece, not AutoTokenizer";
+    res->tokenizer_note =
+        "the tokenizer uses SentencePiece settings the export cannot reproduce "
+        "for transformers (" +
+        unsupported +
+        "); wrote no tokenizer.json or tokenizer_config.json: load it with "
+        "sentencepiece, not AutoTokenizer";
     return;
   }
   write_text_file(tmp / "tokenizer.json", hf_tokenizer_json(sp));
@@ -182,10 +184,14 @@ void write_generation_config(const fs::path& path, const HfTokenIds& ids) {
 
 std::string torch_dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "float32";
-    case DType::kBF16: return "bfloat16";
-    case DType::kF16: return "float16";
-    default: FT_FAIL("no torch_dtype for ", dtype_name(t));
+    case DType::kF32:
+      return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    default:
+      FT_FAIL("no torch_dtype for ", dtype_name(t));
   }
 }
 
@@ -250,10 +256,16 @@ uint64_t parse_byte_size(const std::string& text, const std::string& what) {
   }
   std::string unit;
   for (size_t k = i; k < text.size(); ++k) unit += char(std::toupper((unsigned char)text[k]));
-  static const std::map<std::string, double> kUnits = {
-      {"", 1},          {"B", 1},         {"KB", 1e3},      {"MB", 1e6},
-      {"GB", 1e9},      {"TB", 1e12},     {"KIB", 1024.0},  {"MIB", 1048576.0},
-      {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
+  static const std::map<std::string, double> kUnits = {{"", 1},
+                                                       {"B", 1},
+                                                       {"KB", 1e3},
+                                                       {"MB", 1e6},
+                                                       {"GB", 1e9},
+                                                       {"TB", 1e12},
+                                                       {"KIB", 1024.0},
+                                                       {"MIB", 1048576.0},
+                                                       {"GIB", 1073741824.0},
+                                                       {"TIB", 1099511627776.0}};
   auto it = kUnits.find(unit);
   if (it == kUnits.end()) throw bad();
   const double bytes = std::floor(value * it->second);
@@ -343,8 +355,8 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
   fs::remove_all(tmp, ec);
   if (!out.parent_path().empty()) fs::create_directories(out.parent_path(), ec);
   if (!fs::create_directory(tmp, ec) || ec)
-    throw Error(tmp.string() + ": cannot create the output folder: " +
-                (ec ? ec.message() : "it exists"));
+    throw Error(tmp.string() +
+                ": cannot create the output folder: " + (ec ? ec.message() : "it exists"));
   try {
     // 2. Tensors, group by group; a shard is written once its last tensor is converted.
     struct Pending {
@@ -434,8 +446,8 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
     fs::rename(tmp, out, ec);
     if (ec) {
       if (!old.empty()) fs::rename(old, out, ec);
-      throw Error(out.string() + ": cannot rename " + tmp.string() + " into place: " +
-                  ec.message());
+      throw Error(out.string() + ": cannot rename " + tmp.string() +
+                  " into place: " + ec.message());
     }
     if (!out.parent_path().empty()) fsync_dir(out.parent_path());
     if (!old.empty()) fs::remove_all(old, ec);

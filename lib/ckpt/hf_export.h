@@ -39,9 +39,9 @@ std::string torch_dtype_name(DType t);
 uint64_t parse_byte_size(const std::string& text, const std::string& what);
 
 struct HfExportOptions {
-  DType dtype = DType::kF32;                   // F32, BF16 or F16 (round to nearest even)
-  uint64_t max_shard_bytes = 5'000'000'000;    // save_pretrained's default, "5GB"
-  bool overwrite = false;                      // replace an existing non-empty output folder
+  DType dtype = DType::kF32;                 // F32, BF16 or F16 (round to nearest even)
+  uint64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's default, "5GB"
+  bool overwrite = false;                    // replace an existing non-empty output folder
 };
 
 struct HfExportResult {
@@ -56,7 +56,7 @@ struct HfExportResult {
   // false with a tokenizer means tokenizer_note says why not.
   bool hf_tokenizer = false;
   std::string tokenizer_note;
-  HfTokenIds ids;             // in config.json and generation_config.json
+  HfTokenIds ids;  // in config.json and generation_config.json
 };
 
 // Checks that `dir` may be written (absent, an empty folder, or overwrite). Throws UsageError

@@ -69,11 +69,20 @@ class WireReader {
   }
   void skip(int wire) {
     switch (wire) {
-      case 0: varint(); break;
-      case 1: advance(8); break;
-      case 2: bytes(); break;
-      case 5: advance(4); break;
-      default: bad("unsupported wire type " + std::to_string(wire));
+      case 0:
+        varint();
+        break;
+      case 1:
+        advance(8);
+        break;
+      case 2:
+        bytes();
+        break;
+      case 5:
+        advance(4);
+        break;
+      default:
+        bad("unsupported wire type " + std::to_string(wire));
     }
   }
 
@@ -98,10 +107,14 @@ SpModelInfo::Piece parse_piece(std::string_view data, const std::string& path) {
   while (!r.done()) {
     int wire;
     const uint32_t field = r.tag(&wire);
-    if (field == 1 && wire == 2) p.text = std::string(r.bytes());
-    else if (field == 2 && wire == 5) p.score = r.fixed32_float();
-    else if (field == 3 && wire == 0) p.type = int(r.varint());
-    else r.skip(wire);
+    if (field == 1 && wire == 2)
+      p.text = std::string(r.bytes());
+    else if (field == 2 && wire == 5)
+      p.score = r.fixed32_float();
+    else if (field == 3 && wire == 0)
+      p.type = int(r.varint());
+    else
+      r.skip(wire);
   }
   return p;
 }
@@ -118,16 +131,35 @@ void parse_trainer_spec(std::string_view data, const std::string& path, SpModelI
     // int32 fields: a negative id (pad_id = -1) is a 10-byte varint of the sign-extended value.
     const int64_t v = int64_t(r.varint());
     switch (field) {
-      case 3: sp->model_type = int(v); break;
-      case 22: sp->split_by_whitespace = v != 0; break;
-      case 24: sp->treat_whitespace_as_suffix = v != 0; break;
-      case 25: sp->split_digits = v != 0; break;
-      case 35: sp->byte_fallback = v != 0; break;
-      case 40: sp->unk_id = int32_t(v); break;
-      case 41: sp->bos_id = int32_t(v); break;
-      case 42: sp->eos_id = int32_t(v); break;
-      case 43: sp->pad_id = int32_t(v); break;
-      default: break;
+      case 3:
+        sp->model_type = int(v);
+        break;
+      case 22:
+        sp->split_by_whitespace = v != 0;
+        break;
+      case 24:
+        sp->treat_whitespace_as_suffix = v != 0;
+        break;
+      case 25:
+        sp->split_digits = v != 0;
+        break;
+      case 35:
+        sp->byte_fallback = v != 0;
+        break;
+      case 40:
+        sp->unk_id = int32_t(v);
+        break;
+      case 41:
+        sp->bos_id = int32_t(v);
+        break;
+      case 42:
+        sp->eos_id = int32_t(v);
+        break;
+      case 43:
+        sp->pad_id = int32_t(v);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -137,24 +169,29 @@ void parse_normalizer_spec(std::string_view data, const std::string& path, SpMod
   while (!r.done()) {
     int wire;
     const uint32_t field = r.tag(&wire);
-    if (field == 1 && wire == 2) sp->normalizer_name = std::string(r.bytes());
-    else if (field == 2 && wire == 2) sp->precompiled_charsmap = std::string(r.bytes());
-    else if (field == 3 && wire == 0) sp->add_dummy_prefix = r.varint() != 0;
-    else if (field == 4 && wire == 0) sp->remove_extra_whitespaces = r.varint() != 0;
-    else if (field == 5 && wire == 0) sp->escape_whitespaces = r.varint() != 0;
-    else r.skip(wire);
+    if (field == 1 && wire == 2)
+      sp->normalizer_name = std::string(r.bytes());
+    else if (field == 2 && wire == 2)
+      sp->precompiled_charsmap = std::string(r.bytes());
+    else if (field == 3 && wire == 0)
+      sp->add_dummy_prefix = r.varint() != 0;
+    else if (field == 4 && wire == 0)
+      sp->remove_extra_whitespaces = r.varint() != 0;
+    else if (field == 5 && wire == 0)
+      sp->escape_whitespaces = r.varint() != 0;
+    else
+      r.skip(wire);
   }
 }
 
 std::string base64(const std::string& in) {
-  static const char* kAlphabet =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   std::string out;
   out.reserve((in.size() + 2) / 3 * 4);
   size_t i = 0;
   for (; i + 2 < in.size(); i += 3) {
-    const uint32_t v = uint32_t(uint8_t(in[i])) << 16 | uint32_t(uint8_t(in[i + 1])) << 8 |
-                       uint8_t(in[i + 2]);
+    const uint32_t v =
+        uint32_t(uint8_t(in[i])) << 16 | uint32_t(uint8_t(in[i + 1])) << 8 | uint8_t(in[i + 2]);
     for (int k = 3; k >= 0; --k) out += kAlphabet[(v >> (6 * k)) & 63];
   }
   if (i + 1 == in.size()) {
@@ -180,11 +217,21 @@ bool valid_utf8(std::string_view s) {
     const uint8_t c = uint8_t(s[i]);
     int n;
     uint32_t cp;
-    if (c < 0x80) { ++i; continue; }
-    if ((c & 0xe0) == 0xc0) { n = 1; cp = c & 0x1f; }
-    else if ((c & 0xf0) == 0xe0) { n = 2; cp = c & 0x0f; }
-    else if ((c & 0xf8) == 0xf0) { n = 3; cp = c & 0x07; }
-    else return false;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xe0) == 0xc0) {
+      n = 1;
+      cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      n = 2;
+      cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      n = 3;
+      cp = c & 0x07;
+    } else
+      return false;
     if (s.size() - i <= size_t(n)) return false;
     for (int k = 1; k <= n; ++k) {
       const uint8_t d = uint8_t(s[i + size_t(k)]);
@@ -251,10 +298,14 @@ SpModelInfo parse_sp_model(const std::string& bytes, const std::string& path) {
   while (!r.done()) {
     int wire;
     const uint32_t field = r.tag(&wire);
-    if (wire == 2 && field == 1) sp.pieces.push_back(parse_piece(r.bytes(), path));
-    else if (wire == 2 && field == 2) parse_trainer_spec(r.bytes(), path, &sp);
-    else if (wire == 2 && field == 3) parse_normalizer_spec(r.bytes(), path, &sp);
-    else r.skip(wire);
+    if (wire == 2 && field == 1)
+      sp.pieces.push_back(parse_piece(r.bytes(), path));
+    else if (wire == 2 && field == 2)
+      parse_trainer_spec(r.bytes(), path, &sp);
+    else if (wire == 2 && field == 3)
+      parse_normalizer_spec(r.bytes(), path, &sp);
+    else
+      r.skip(wire);
   }
   if (sp.pieces.empty()) r.bad("no pieces");
   std::unordered_map<std::string_view, size_t> seen;
@@ -309,8 +360,13 @@ std::string hf_tokenizer_json(const SpModelInfo& sp) {
   for (size_t i = 0; i < sp.pieces.size(); ++i) {
     const SpModelInfo::Piece& p = sp.pieces[i];
     if (p.type != kUnknown && p.type != kControl) continue;
-    added.push_back({{"id", i}, {"content", p.text}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+    added.push_back({{"id", i},
+                     {"content", p.text},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
   }
   j["added_tokens"] = added;
 
@@ -345,8 +401,7 @@ std::string hf_tokenizer_json(const SpModelInfo& sp) {
         {"type", "TemplateProcessing"},
         {"single", {special_token(bos), seq_a}},
         {"pair", {special_token(bos), seq_a, bos_b, seq_b}},
-        {"special_tokens",
-         {{bos, {{"id", bos}, {"ids", {sp.bos_id}}, {"tokens", {bos}}}}}}};
+        {"special_tokens", {{bos, {{"id", bos}, {"ids", {sp.bos_id}}, {"tokens", {bos}}}}}}};
   } else {
     j["post_processor"] = nullptr;
   }

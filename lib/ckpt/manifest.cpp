@@ -27,9 +27,12 @@ using nlohmann::json;
 
 const char* state_name(State s) {
   switch (s) {
-    case State::kParam: return "param";
-    case State::kExpAvg: return "exp_avg";
-    case State::kExpAvgSq: return "exp_avg_sq";
+    case State::kParam:
+      return "param";
+    case State::kExpAvg:
+      return "exp_avg";
+    case State::kExpAvgSq:
+      return "exp_avg_sq";
   }
   return "?";
 }
@@ -85,24 +88,23 @@ class JsonReader {
         if (i >= lo && i <= hi) return i;
       }
     }
-    fail(path, detail::concat("expected an integer from ", lo, " to ", hi, ", found ",
-                              describe(v)));
+    fail(path,
+         detail::concat("expected an integer from ", lo, " to ", hi, ", found ", describe(v)));
   }
   uint64_t uinteger(const json& v, const std::string& path, uint64_t lo, uint64_t hi) const {
     if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) {
       const uint64_t u = v.get<uint64_t>();
       if (u >= lo && u <= hi) return u;
     }
-    fail(path, detail::concat("expected an integer from ", lo, " to ", hi, ", found ",
-                              describe(v)));
+    fail(path,
+         detail::concat("expected an integer from ", lo, " to ", hi, ", found ", describe(v)));
   }
   double real(const json& v, const std::string& path, double lo, double hi) const {
     if (v.is_number()) {
       const double d = v.get<double>();
       if (std::isfinite(d) && d >= lo && d <= hi) return d;
     }
-    fail(path, detail::concat("expected a number from ", lo, " to ", hi, ", found ",
-                              describe(v)));
+    fail(path, detail::concat("expected a number from ", lo, " to ", hi, ", found ", describe(v)));
   }
   std::string text(const json& v, const std::string& path) const {
     if (!v.is_string()) fail(path, "expected a string, found " + describe(v));
@@ -176,8 +178,7 @@ ModelConfig parse_model(const JsonReader& r, const json& mc) {
         r.real(r.at(rs, q, "low_freq_factor"), q + ".low_freq_factor", 1e-30, 1e30);
     c.rope_high_freq_factor =
         r.real(r.at(rs, q, "high_freq_factor"), q + ".high_freq_factor", 1e-30, 1e30);
-    c.rope_original_max_seq_len =
-        int(r.int_at(rs, q, "original_max_seq_len", 1, kMaxModelDim));
+    c.rope_original_max_seq_len = int(r.int_at(rs, q, "original_max_seq_len", 1, kMaxModelDim));
   }
   if (c.dim % c.n_heads != 0)
     r.fail("model.n_heads", detail::concat(c.n_heads, " does not divide model.dim ", c.dim));
@@ -190,9 +191,9 @@ ModelConfig parse_model(const JsonReader& r, const json& mc) {
   const u128 block = 2 * C + C * C + 2 * KVD * C + C * C + 3 * F * C;
   const u128 total = V * C + u128(c.n_layers) * block + C + (c.tie_embeddings ? 0 : V * C);
   if (total > kMaxElements)
-    r.fail("model", detail::concat("a model of more than ", kMaxElements,
-                                   " parameters (dim ", c.dim, ", n_layers ", c.n_layers,
-                                   ", ffn_dim ", c.ffn_dim, ", vocab_size ", c.vocab_size, ")"));
+    r.fail("model", detail::concat("a model of more than ", kMaxElements, " parameters (dim ",
+                                   c.dim, ", n_layers ", c.n_layers, ", ffn_dim ", c.ffn_dim,
+                                   ", vocab_size ", c.vocab_size, ")"));
   return c;
 }
 
@@ -236,12 +237,10 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
   if (c.n_heads % m.tensor || c.n_kv_heads % m.tensor || c.ffn_dim % m.tensor ||
       c.vocab_size % m.tensor)
     r.fail("layout.tensor", detail::concat(m.tensor, " does not divide the model's heads (",
-                                           c.n_heads, "), kv heads (", c.n_kv_heads,
-                                           "), ffn_dim (", c.ffn_dim, ") and vocab_size (",
-                                           c.vocab_size, ")"));
+                                           c.n_heads, "), kv heads (", c.n_kv_heads, "), ffn_dim (",
+                                           c.ffn_dim, ") and vocab_size (", c.vocab_size, ")"));
   if (m.pipeline > c.n_layers)
-    r.fail("layout.pipeline",
-           detail::concat(m.pipeline, " stages for ", c.n_layers, " layers"));
+    r.fail("layout.pipeline", detail::concat(m.pipeline, " stages for ", c.n_layers, " layers"));
   m.optimizer_step = r.int_at(r.at(j, "", "optimizer"), "optimizer", "step", 0, kMaxStep);
 
   // Optional sections that the trainer, export and inspect read: typed here, so that they never
@@ -251,8 +250,7 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
     if (d.contains("tokens")) m.tokens = r.int_at(d, "data", "tokens", 0, INT64_MAX);
     if (d.contains("next_step") && r.int_at(d, "data", "next_step", 0, kMaxStep) != m.step)
       r.fail("data.next_step", detail::concat(d["next_step"].dump(), ", not the step ", m.step));
-    if (d.contains("global_batch_size"))
-      r.int_at(d, "data", "global_batch_size", 1, INT32_MAX);
+    if (d.contains("global_batch_size")) r.int_at(d, "data", "global_batch_size", 1, INT32_MAX);
     if (d.contains("seq_len")) r.int_at(d, "data", "seq_len", 1, INT32_MAX);
     if (d.contains("seed")) r.uint_at(d, "data", "seed", 0, UINT64_MAX);
     if (d.contains("shuffle")) r.flag(d["shuffle"], "data.shuffle");
@@ -265,8 +263,7 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
     if (s.contains("step") && r.int_at(s, "scheduler", "step", 0, kMaxStep) > m.step)
       r.fail("scheduler.step", detail::concat(s["step"].dump(), ", past the step ", m.step));
   }
-  if (j.contains("loss_scaler"))
-    m.loss_scaler = LossScalerState::from_json(j["loss_scaler"], path);
+  if (j.contains("loss_scaler")) m.loss_scaler = LossScalerState::from_json(j["loss_scaler"], path);
   if (j.contains("tokenizer") && !j["tokenizer"].is_null()) {
     const json& t = r.object(j["tokenizer"], "tokenizer");
     if (t.contains("file")) r.file_name(t["file"], "tokenizer.file");
@@ -289,14 +286,14 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
         const json& shape = r.array(r.at(t, tp, "shape"), tp + ".shape");
         bool same = shape.size() == e.global_shape.size();
         for (size_t i = 0; i < shape.size(); ++i) {
-          const int64_t d = r.integer(shape[i], detail::concat(tp, ".shape[", i, "]"), 1,
-                                      int64_t(kMaxElements));
+          const int64_t d =
+              r.integer(shape[i], detail::concat(tp, ".shape[", i, "]"), 1, int64_t(kMaxElements));
           same = same && i < e.global_shape.size() && d == e.global_shape[i];
         }
         if (!same) r.fail(tp + ".shape", "differs from " + e.name + "'s shape in the model");
         if (r.text(r.at(t, tp, "dtype"), tp + ".dtype") != "f32")
-          r.fail(tp + ".dtype", "unknown dtype " + JsonReader::describe(t["dtype"]) +
-                                    " (checkpoints hold f32)");
+          r.fail(tp + ".dtype",
+                 "unknown dtype " + JsonReader::describe(t["dtype"]) + " (checkpoints hold f32)");
         if (r.int_at(t, tp, "group", 0, int64_t(whole.groups().size()) - 1) != int64_t(g))
           r.fail(tp + ".group", detail::concat("expected ", g, " for ", e.name));
         if (t.contains("split")) {
@@ -323,8 +320,7 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
     s.rank = int(r.int_at(shards[i], sp, "rank", int64_t(i), int64_t(i)));
     s.bytes = r.uint_at(shards[i], sp, "bytes", 0, kMaxBytes);
     s.crc32 = uint32_t(r.uint_at(shards[i], sp, "crc32", 0, UINT32_MAX));
-    if (!shard_of.emplace(s.file, i).second)
-      r.fail(sp + ".file", "names " + s.file + " again");
+    if (!shard_of.emplace(s.file, i).second) r.fail(sp + ".file", "names " + s.file + " again");
     m.shards.push_back(std::move(s));
   }
 
@@ -389,9 +385,9 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
             ++k;
           }
           if (at != groups[size_t(g)].numel)
-            r.fail("pieces", detail::concat(state_name(State(s)), " of group ", g,
-                                            " (tensor rank ", t, ") is covered up to element ",
-                                            at, " of ", groups[size_t(g)].numel));
+            r.fail("pieces", detail::concat(state_name(State(s)), " of group ", g, " (tensor rank ",
+                                            t, ") is covered up to element ", at, " of ",
+                                            groups[size_t(g)].numel));
         }
   }
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -462,8 +458,7 @@ RankRecord parse_rank_json(const std::string& text, const std::string& path) {
     at += (end - begin) * sizeof(float);
     if (at > rr.bytes) r.fail(pp, detail::concat("ends past the file's ", rr.bytes, " bytes"));
   }
-  if (at != rr.bytes)
-    r.fail("bytes", detail::concat(rr.bytes, ", but the pieces fill ", at));
+  if (at != rr.bytes) r.fail("bytes", detail::concat(rr.bytes, ", but the pieces fill ", at));
   rr.pieces = pieces;
   return rr;
 }

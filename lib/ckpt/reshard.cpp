@@ -28,14 +28,16 @@ namespace {
 void pread_all(int fd, void* dst, uint64_t n, uint64_t offset, const std::string& path) {
   auto* b = static_cast<char*>(dst);
   while (n > 0) {
-    const ssize_t r = ::pread(fd, b, size_t(std::min<uint64_t>(n, uint64_t(1) << 30)), off_t(offset));
+    const ssize_t r =
+        ::pread(fd, b, size_t(std::min<uint64_t>(n, uint64_t(1) << 30)), off_t(offset));
     if (r < 0) {
       if (errno == EINTR) continue;
       throw Error("reading " + path + ": " + errno_text());
     }
     if (r == 0)
-      throw Error(path + ": file is shorter than the manifest says (truncated); the checkpoint "
-                         "is damaged");
+      throw Error(path +
+                  ": file is shorter than the manifest says (truncated); the checkpoint "
+                  "is damaged");
     b += r;
     n -= uint64_t(r);
     offset += uint64_t(r);
@@ -62,7 +64,8 @@ void read_piece(const Manifest& m, const PieceRecord& p, float* dst) {
   if (::fstat(f.fd, &st) != 0) throw Error("cannot stat " + path + ": " + errno_text());
   if (uint64_t(st.st_size) < p.offset + bytes)
     throw Error(detail::concat(path, ": ", st.st_size, " bytes, but the manifest has a piece at ",
-                               p.offset, "..", p.offset + bytes, " (truncated); the checkpoint "
+                               p.offset, "..", p.offset + bytes,
+                               " (truncated); the checkpoint "
                                "is damaged"));
   pread_all(f.fd, dst, bytes, p.offset, path);
   const uint32_t crc = crc_of(dst, bytes);
@@ -170,8 +173,8 @@ void read_range(const Manifest& m, State state, int group, int tensor, int tenso
     }
     if (covered != end - begin)
       throw Error(detail::concat(m.dir, ": the checkpoint lacks part of ", state_name(state),
-                                 " of group ", group, " (tensor rank ", tensor_rank, "): ",
-                                 covered, " of ", end - begin, " elements; it is damaged"));
+                                 " of group ", group, " (tensor rank ", tensor_rank, "): ", covered,
+                                 " of ", end - begin, " elements; it is damaged"));
     return;
   }
   // Another tensor-parallel size: through the whole tensors.
@@ -202,8 +205,7 @@ void check_files_hold(const Manifest& m, State state, int group) {
     const std::string path = (fs::path(m.dir) / file).string();
     std::error_code ec;
     const uint64_t size = fs::file_size(path, ec);
-    if (ec)
-      throw Error(path + ": missing (" + ec.message() + "); the checkpoint is damaged");
+    if (ec) throw Error(path + ": missing (" + ec.message() + "); the checkpoint is damaged");
     if (size < n)
       throw Error(detail::concat(path, ": ", size, " bytes, the manifest needs ", n,
                                  " (truncated); the checkpoint is damaged"));

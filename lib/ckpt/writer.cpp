@@ -218,7 +218,7 @@ void CheckpointWriter::reserve(uint64_t bytes) {
   wait();  // the staging buffer may be in use
   release_staging();
   staging_ = static_cast<char*>(o_.staging_device ? o_.staging_device->alloc_host(bytes)
-                                                   : Device::alloc_host_plain(bytes));
+                                                  : Device::alloc_host_plain(bytes));
   // Touch every page now (in parallel, as the copies will be), not during the first save.
   const int64_t pages = int64_t((bytes + 4095) / 4096);
   char* p = staging_;
@@ -355,7 +355,8 @@ void CheckpointWriter::run_job(Job& job) {
           throw Error(detail::concat(
               "rank ", o_.rank, ": refusing to save step ", job.step, ": ", state_name(p.state),
               " of ", describe_element(job.manifest, p.group, p.begin + bad), " holds ",
-              p.data[bad], " at element ", p.begin + bad, " of the group; a checkpoint never "
+              p.data[bad], " at element ", p.begin + bad,
+              " of the group; a checkpoint never "
               "holds a non-finite value, so nothing of this step is committed"));
         write_all(fd, p.data, bytes, bin);
         pieces.push_back({{"file", bin_name},
@@ -379,12 +380,8 @@ void CheckpointWriter::run_job(Job& job) {
     }
     if (::close(fd) != 0) throw Error("closing " + bin + ": " + errno_text());
   }
-  const json rank_json = {{"rank", o_.rank},
-                          {"attempt", o_.attempt},
-                          {"file", bin_name},
-                          {"bytes", offset},
-                          {"crc32", file_crc},
-                          {"pieces", pieces}};
+  const json rank_json = {{"rank", o_.rank}, {"attempt", o_.attempt}, {"file", bin_name},
+                          {"bytes", offset}, {"crc32", file_crc},     {"pieces", pieces}};
   try {
     write_file_atomic((folder / rank_file(o_.rank, "json")).string(), rank_json.dump());
   } catch (const Error& e) {

@@ -72,8 +72,8 @@ WatchStep watch_step();
 // The device mesh of DESIGN.md §3: world = data × pipeline × tensor, tensor innermost:
 // rank = (d·P + p)·T + t. Each rank belongs to one data, one pipeline and one tensor group.
 struct Mesh {
-  int data = 1, pipeline = 1, tensor = 1;  // group sizes
-  int d = 0, p = 0, t = 0;                 // this rank's coordinates
+  int data = 1, pipeline = 1, tensor = 1;       // group sizes
+  int d = 0, p = 0, t = 0;                      // this rank's coordinates
   std::unique_ptr<Communicator> data_comm;      // ranks with the same (p, t)
   std::unique_ptr<Communicator> tensor_comm;    // ranks with the same (d, p)
   std::unique_ptr<Communicator> pipeline_comm;  // ranks with the same (d, t)

@@ -22,11 +22,16 @@ int64_t CountingCommunicator::sent_bytes() const {
 
 const char* CountingCommunicator::kind_name(Kind k) {
   switch (k) {
-    case kAllReduce: return "all-reduce";
-    case kReduceScatter: return "reduce-scatter";
-    case kAllGather: return "all-gather";
-    case kBroadcast: return "broadcast";
-    default: return "send";
+    case kAllReduce:
+      return "all-reduce";
+    case kReduceScatter:
+      return "reduce-scatter";
+    case kAllGather:
+      return "all-gather";
+    case kBroadcast:
+      return "broadcast";
+    default:
+      return "send";
   }
 }
 

@@ -9,8 +9,10 @@ namespace {
 
 std::string where(int64_t step, const std::string& phase) {
   char buf[64];
-  if (step > 0) std::snprintf(buf, sizeof buf, "step %lld (%s)", (long long)step, phase.c_str());
-  else std::snprintf(buf, sizeof buf, "%s", phase.c_str());
+  if (step > 0)
+    std::snprintf(buf, sizeof buf, "step %lld (%s)", (long long)step, phase.c_str());
+  else
+    std::snprintf(buf, sizeof buf, "%s", phase.c_str());
   return buf;
 }
 
@@ -44,13 +46,13 @@ std::string hang_message(const RankStatus& self, double timeout_s,
     if (!r.answered) {
       silent.push_back(r.rank);
       if (!silent_detail.empty()) silent_detail += ", ";
-      silent_detail += "rank " + std::to_string(r.rank) + " pid " + std::to_string(r.pid) +
-                       " on " + r.host;
+      silent_detail +=
+          "rank " + std::to_string(r.rank) + " pid " + std::to_string(r.pid) + " on " + r.host;
       continue;
     }
-    const std::string place =
-        r.waiting_in.empty() ? where(r.step, r.phase) + ", outside any collective"
-                             : where(r.step, r.phase) + " in " + r.waiting_in;
+    const std::string place = r.waiting_in.empty()
+                                  ? where(r.step, r.phase) + ", outside any collective"
+                                  : where(r.step, r.phase) + " in " + r.waiting_in;
     by_place[place].push_back(r.rank);
   }
   if (silent.empty()) {
@@ -67,8 +69,9 @@ std::string hang_message(const RankStatus& self, double timeout_s,
                "bug, with the lines above"
              : ". A rank that does not answer is stopped (SIGSTOP, a debugger), busy outside any "
                "collective, deadlocked, or its node is unreachable";
-  msg += "; raise runtime.collective_timeout_s if steps are legitimately this slow. Ending the "
-         "job with exit code 3";
+  msg +=
+      "; raise runtime.collective_timeout_s if steps are legitimately this slow. Ending the "
+      "job with exit code 3";
   return msg;
 }
 

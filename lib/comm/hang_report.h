@@ -15,9 +15,9 @@ struct RankStatus {
   int pid = 0;
   std::string host;
   // Where an answering rank was (empty: waiting in nothing, e.g. the reporting rank itself).
-  int64_t step = 0;       // 1-based; 0: outside the step loop
-  std::string phase;      // "forward/backward", "start-up", ...
-  std::string waiting_in; // "all_reduce_sum #41 on the data group (ranks 0,2)"
+  int64_t step = 0;        // 1-based; 0: outside the step loop
+  std::string phase;       // "forward/backward", "start-up", ...
+  std::string waiting_in;  // "all_reduce_sum #41 on the data group (ranks 0,2)"
   double waited_s = 0;
 };
 

@@ -61,8 +61,8 @@ class HostStagedCommunicator final : public Communicator {
   std::unique_ptr<Communicator> owned_;  // set when this wraps a split of its own
   Communicator& inner_;
   Device& dev_;
-  HostBlock block_;                 // collectives and receives: one at a time
-  std::vector<HostBlock> sends_;    // one per send until wait_sends(): MPI still reads them
+  HostBlock block_;               // collectives and receives: one at a time
+  std::vector<HostBlock> sends_;  // one per send until wait_sends(): MPI still reads them
   size_t sends_in_flight_ = 0;
 };
 

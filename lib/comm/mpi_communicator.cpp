@@ -50,10 +50,13 @@ constexpr size_t kMaxCount = size_t(1) << 30;
 // no bf16, and nothing here combines them).
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::kF32: return MPI_FLOAT;
+    case DType::kF32:
+      return MPI_FLOAT;
     case DType::kBF16:
-    case DType::kF16: return MPI_UINT16_T;
-    default: FT_FAIL("no MPI transfer for dtype ", dtype_name(t));
+    case DType::kF16:
+      return MPI_UINT16_T;
+    default:
+      FT_FAIL("no MPI transfer for dtype ", dtype_name(t));
   }
 }
 
@@ -214,8 +217,8 @@ class MpiCommunicator final : public Communicator {
   void all_reduce(T* data, size_t n, MPI_Datatype type, MPI_Op op, const char* name) {
     for (size_t i = 0; i < n; i += kMaxCount) {
       MPI_Request req;
-      check(MPI_Iallreduce(MPI_IN_PLACE, data + i, int(std::min(kMaxCount, n - i)), type, op,
-                           comm_, &req),
+      check(MPI_Iallreduce(MPI_IN_PLACE, data + i, int(std::min(kMaxCount, n - i)), type, op, comm_,
+                           &req),
             "allreduce");
       wait(&req, 1, name);
     }
@@ -279,8 +282,8 @@ StatusReply my_status() {
   r.step = ws.step;
   copy_field(r.phase, sizeof r.phase, ws.phase ? ws.phase : "");
   if (g_dog.op) {
-    copy_field(r.waiting_in, sizeof r.waiting_in, g_dog.comm->label(g_dog.op, g_dog.op_seq,
-                                                                    g_dog.peer));
+    copy_field(r.waiting_in, sizeof r.waiting_in,
+               g_dog.comm->label(g_dog.op, g_dog.op_seq, g_dog.peer));
     r.waited_s = seconds_since(g_dog.since);
   }
   return r;
@@ -350,8 +353,8 @@ void report_hang_or_resume(MPI_Request* reqs, int nreqs, double timeout_s, doubl
   static int request = 0;  // the sends may outlive this call (withdraw frees their requests)
   for (int r = 0; r < n; ++r) {
     if (r == g_dog.rank) continue;
-    MPI_Irecv(&replies[size_t(r)], sizeof(StatusReply), MPI_BYTE, r, kStatusReplyTag,
-              g_dog.status, &recvs[size_t(r)]);
+    MPI_Irecv(&replies[size_t(r)], sizeof(StatusReply), MPI_BYTE, r, kStatusReplyTag, g_dog.status,
+              &recvs[size_t(r)]);
     MPI_Isend(&request, 1, MPI_INT, r, kStatusRequestTag, g_dog.status, &sends[size_t(r)]);
   }
   std::vector<bool> answered(size_t(n), false);
@@ -366,8 +369,8 @@ void report_hang_or_resume(MPI_Request* reqs, int nreqs, double timeout_s, doubl
     std::snprintf(took, sizeof took, "%.1f s, more than runtime.collective_timeout_s = %g s",
                   seconds_since(g_dog.since), timeout_s);
     log_warn(detail::concat(
-        "step ", watch_step().step, " (", watch_step().phase, "): ",
-        g_dog.comm->label(g_dog.op, g_dog.op_seq, g_dog.peer), " took ", took,
+        "step ", watch_step().step, " (", watch_step().phase,
+        "): ", g_dog.comm->label(g_dog.op, g_dog.op_seq, g_dog.peer), " took ", took,
         ", but completed: going on (raise the timeout if steps are legitimately this slow)"));
     return true;
   };
@@ -425,8 +428,10 @@ void report_hang_or_resume(MPI_Request* reqs, int nreqs, double timeout_s, doubl
   std::fflush(stdout);
   const std::string msg = hang_message(self, timeout_s, others);
   // Rank 0 prints as main() does; the others carry their rank prefix.
-  if (g_dog.rank == 0) std::fprintf(stderr, "ft: error: %s\n", msg.c_str());
-  else log_error(msg);
+  if (g_dog.rank == 0)
+    std::fprintf(stderr, "ft: error: %s\n", msg.c_str());
+  else
+    log_error(msg);
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, int(ExitCode::kHung));
   std::_Exit(int(ExitCode::kHung));  // MPI_Abort does not return; this keeps [[noreturn]] true

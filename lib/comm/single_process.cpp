@@ -51,13 +51,11 @@ void set_watch_step(int64_t step, const char* phase, bool long_wait) {
 }
 WatchStep watch_step() { return g_watch_step; }
 
-std::string Mesh::describe() const {
-  return detail::concat("d", d, " p", p, " t", t);
-}
+std::string Mesh::describe() const { return detail::concat("d", d, " p", p, " t", t); }
 
 Mesh make_mesh(Communicator& world, int tensor, int pipeline) {
-  FT_CHECK(tensor >= 1 && pipeline >= 1 && world.size() % (tensor * pipeline) == 0,
-           "world size ", world.size(), " is not divisible by tensor × pipeline = ", tensor * pipeline);
+  FT_CHECK(tensor >= 1 && pipeline >= 1 && world.size() % (tensor * pipeline) == 0, "world size ",
+           world.size(), " is not divisible by tensor × pipeline = ", tensor * pipeline);
   Mesh m;
   m.tensor = tensor;
   m.pipeline = pipeline;
@@ -86,8 +84,9 @@ bool launched_by_mpi() {
 #ifndef FT_HAVE_MPI
 std::unique_ptr<Communicator> init_world_communicator(int*, char***) {
   if (launched_by_mpi())
-    throw Error("this ft was built without MPI (FT_MPI=OFF) but was started by an MPI launcher; "
-                "rebuild with -DFT_MPI=ON");
+    throw Error(
+        "this ft was built without MPI (FT_MPI=OFF) but was started by an MPI launcher; "
+        "rebuild with -DFT_MPI=ON");
   return make_single_process_communicator();
 }
 #endif

@@ -8,41 +8,64 @@ namespace ft {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kU8: return 1;
-    case DType::kU16: return 2;
-    case DType::kU32: return 4;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kU64: return 8;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16:
+      return 2;
+    case DType::kU8:
+      return 1;
+    case DType::kU16:
+      return 2;
+    case DType::kU32:
+      return 4;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+    case DType::kU64:
+      return 8;
   }
   FT_FAIL("unknown dtype");
 }
 
 std::string dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kU8: return "U8";
-    case DType::kU16: return "U16";
-    case DType::kU32: return "U32";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
-    case DType::kU64: return "U64";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kU8:
+      return "U8";
+    case DType::kU16:
+      return "U16";
+    case DType::kU32:
+      return "U32";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
+    case DType::kU64:
+      return "U64";
   }
   return "?";
 }
 
 bool dtype_from_name(const std::string& name, DType* out) {
-  static const struct { const char* n; DType t; } kTable[] = {
-      {"F32", DType::kF32}, {"BF16", DType::kBF16}, {"F16", DType::kF16},
-      {"U8", DType::kU8},   {"U16", DType::kU16},   {"U32", DType::kU32},
-      {"I32", DType::kI32}, {"I64", DType::kI64},   {"U64", DType::kU64}};
+  static const struct {
+    const char* n;
+    DType t;
+  } kTable[] = {{"F32", DType::kF32}, {"BF16", DType::kBF16}, {"F16", DType::kF16},
+                {"U8", DType::kU8},   {"U16", DType::kU16},   {"U32", DType::kU32},
+                {"I32", DType::kI32}, {"I64", DType::kI64},   {"U64", DType::kU64}};
   for (const auto& e : kTable)
-    if (name == e.n) { *out = e.t; return true; }
+    if (name == e.n) {
+      *out = e.t;
+      return true;
+    }
   return false;
 }
 
@@ -76,10 +99,10 @@ uint16_t f32_to_f16(float f) {
   uint16_t sign = uint16_t((u >> 16) & 0x8000);
   float a = std::fabs(f);
   if (std::isnan(f)) return sign | 0x7e00;
-  if (a >= 65520.0f) return sign | 0x7c00;            // rounds to infinity
-  if (a < 6.103515625e-05f) {                         // subnormal half (or zero)
-    float m = a * 16777216.0f;                        // a / 2^-24
-    uint32_t r = uint32_t(std::nearbyint(m));         // round half to even (default mode)
+  if (a >= 65520.0f) return sign | 0x7c00;     // rounds to infinity
+  if (a < 6.103515625e-05f) {                  // subnormal half (or zero)
+    float m = a * 16777216.0f;                 // a / 2^-24
+    uint32_t r = uint32_t(std::nearbyint(m));  // round half to even (default mode)
     return sign | uint16_t(r);
   }
   uint32_t au;

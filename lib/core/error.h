@@ -40,11 +40,11 @@ std::string concat(Args&&... args) {
 }  // namespace ft
 
 // FT_CHECK(cond, parts...): throws ft::Error with file:line and the streamed parts.
-#define FT_CHECK(cond, ...)                                                             \
-  do {                                                                                  \
-    if (!(cond))                                                                        \
+#define FT_CHECK(cond, ...)                                                              \
+  do {                                                                                   \
+    if (!(cond))                                                                         \
       throw ::ft::Error(::ft::detail::concat(__VA_ARGS__, " [", __FILE__, ":", __LINE__, \
-                                             ", check `", #cond, "`]"));               \
+                                             ", check `", #cond, "`]"));                 \
   } while (0)
 
 #define FT_FAIL(...) throw ::ft::Error(::ft::detail::concat(__VA_ARGS__))

@@ -70,8 +70,8 @@ inline f16 to_f16(float f) {
   const uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return f16{uint16_t(sign | 0x7e00u | ((a >> 13) & 0x3ffu))};  // NaN
   if (a >= 0x477ff000u) return f16{uint16_t(sign | 0x7c00u)};  // ≥ 65520 rounds to inf
-  if (a < 0x38800000u) {                                         // below 2^-14: subnormal or 0
-    if (a < 0x33000000u) return f16{sign};                       // below 2^-25 rounds to 0
+  if (a < 0x38800000u) {                                       // below 2^-14: subnormal or 0
+    if (a < 0x33000000u) return f16{sign};                     // below 2^-25 rounds to 0
     const uint32_t exp = a >> 23;
     const uint32_t man = (a & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126u - exp;  // 14..24: man >> shift is the subnormal mantissa
@@ -89,8 +89,10 @@ inline f16 to_f16(float f) {
 // from_f32<T>(x): the rounding store every kernel uses.
 template <typename T>
 inline T from_f32(float x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else if constexpr (std::is_same_v<T, bf16>) return to_bf16(x);
+  if constexpr (std::is_same_v<T, float>)
+    return x;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return to_bf16(x);
   else {
     static_assert(std::is_same_v<T, f16>, "kernel element types: float, bf16, f16");
     return to_f16(x);

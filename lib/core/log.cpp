@@ -24,7 +24,9 @@ void set_log_level(LogLevel level) { g_level = level; }
 
 void log_message(LogLevel level, const std::string& msg) {
   if (level < g_level) return;
-  const char* tag = level == LogLevel::kWarn ? "warning: " : level == LogLevel::kError ? "error: " : "";
+  const char* tag = level == LogLevel::kWarn    ? "warning: "
+                    : level == LogLevel::kError ? "error: "
+                                                : "";
   std::lock_guard<std::mutex> lock(g_mu);
   std::fprintf(stderr, "%s%s%s\n", g_prefix.c_str(), tag, msg.c_str());
   std::fflush(stderr);

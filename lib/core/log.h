@@ -15,12 +15,20 @@ void set_log_level(LogLevel level);
 void log_message(LogLevel level, const std::string& msg);
 
 template <typename... Args>
-void log_info(Args&&... args) { log_message(LogLevel::kInfo, detail::concat(args...)); }
+void log_info(Args&&... args) {
+  log_message(LogLevel::kInfo, detail::concat(args...));
+}
 template <typename... Args>
-void log_warn(Args&&... args) { log_message(LogLevel::kWarn, detail::concat(args...)); }
+void log_warn(Args&&... args) {
+  log_message(LogLevel::kWarn, detail::concat(args...));
+}
 template <typename... Args>
-void log_error(Args&&... args) { log_message(LogLevel::kError, detail::concat(args...)); }
+void log_error(Args&&... args) {
+  log_message(LogLevel::kError, detail::concat(args...));
+}
 template <typename... Args>
-void log_debug(Args&&... args) { log_message(LogLevel::kDebug, detail::concat(args...)); }
+void log_debug(Args&&... args) {
+  log_message(LogLevel::kDebug, detail::concat(args...));
+}
 
 }  // namespace ft

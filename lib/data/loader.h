@@ -18,29 +18,30 @@ class ShardSet;  // lib/data/shard.h
 
 struct StepSamples {
   int64_t step = 0;
-  int count = 0;              // samples (rows)
-  int seq_len = 0;            // T
+  int count = 0;                 // samples (rows)
+  int seq_len = 0;               // T
   std::vector<int32_t> inputs;   // (count, T)
   std::vector<int32_t> targets;  // (count, T)
   std::vector<uint8_t> mask;     // (count, T): 1 = this target is trained on
 };
 
 struct LoaderOptions {
-  std::string dir;           // shard folder
-  int seq_len = 0;           // T
+  std::string dir;  // shard folder
+  int seq_len = 0;  // T
   bool shuffle = true;
-  uint64_t seed = 0;         // run.seed
-  int64_t global_batch = 1;  // G
-  int64_t rank_offset = 0;   // this rank's first sample within each global batch
-  int64_t rank_count = 1;    // samples this rank takes per step
-  int prefetch = 4;          // steps kept ready by the background thread (0: next() reads)
-  int64_t expected_vocab = 0;        // 0: not checked; else shards' vocab_size must be <= this
+  uint64_t seed = 0;           // run.seed
+  int64_t global_batch = 1;    // G
+  int64_t rank_offset = 0;     // this rank's first sample within each global batch
+  int64_t rank_count = 1;      // samples this rank takes per step
+  int prefetch = 4;            // steps kept ready by the background thread (0: next() reads)
+  int64_t expected_vocab = 0;  // 0: not checked; else shards' vocab_size must be <= this
   std::string expected_tokenizer_sha256;  // empty: not checked
 };
 
 class DataLoader {
  public:
-  explicit DataLoader(const LoaderOptions& opt);  // opens and validates every shard (errors name the file)
+  explicit DataLoader(
+      const LoaderOptions& opt);  // opens and validates every shard (errors name the file)
   ~DataLoader();
   uint64_t samples_per_epoch() const;
   // Positions the stream so that the next call to next() returns step `step`.

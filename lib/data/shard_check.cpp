@@ -182,7 +182,8 @@ std::string seconds(double s) {
 std::string run_check_child(const std::vector<std::string>& paths,
                             const std::vector<uint64_t>& file_bytes) {
   if (!g_entry_called.load())
-    FT_FAIL(paths.front(), ": cannot check the shard: this program's main() does not call "
+    FT_FAIL(paths.front(),
+            ": cannot check the shard: this program's main() does not call "
             "ft::run_shard_check_if_child(argc, argv) first (lib/data/shard.h), so a check "
             "child would run the program itself; this is a bug in the program");
   int fds[2];
@@ -225,8 +226,7 @@ std::string run_check_child(const std::vector<std::string>& paths,
   ::close(fds[1]);
   if (rc != 0) {
     ::close(fds[0]);
-    FT_FAIL(paths.front(), ": cannot start the shard check (/proc/self/exe): ",
-            std::strerror(rc));
+    FT_FAIL(paths.front(), ": cannot start the shard check (/proc/self/exe): ", std::strerror(rc));
   }
 
   std::string report;
@@ -275,15 +275,19 @@ std::string run_check_child(const std::vector<std::string>& paths,
             " s of CPU time (a corrupt shard can make libhdf5 loop forever); re-create it with "
             "`ft tokenize` (on a very slow machine, raise FT_SHARD_CHECK_TIMEOUT_S)");
   if (timed_out && !on_file)
-    FT_FAIL(who, ": the shard check process (this program, run again through /proc/self/exe) "
-            "did not start within ", seconds(limit_s), " s; is the machine overloaded?");
+    FT_FAIL(who,
+            ": the shard check process (this program, run again through /proc/self/exe) "
+            "did not start within ",
+            seconds(limit_s), " s; is the machine overloaded?");
   if (timed_out)
     FT_FAIL(who, ": damaged: reading it with libhdf5 did not finish in ", seconds(limit_s),
             " s (a corrupt shard can make libhdf5 loop forever); re-create it with `ft tokenize`"
             " (on a very slow file system, raise FT_SHARD_CHECK_TIMEOUT_S)");
   if (WIFSIGNALED(status) && !on_file)  // before any file: not the shards' fault
-    FT_FAIL(who, ": the shard check process (this program, run again through /proc/self/exe) "
-            "died of ", signal_name(WTERMSIG(status)), " before reading any shard");
+    FT_FAIL(who,
+            ": the shard check process (this program, run again through /proc/self/exe) "
+            "died of ",
+            signal_name(WTERMSIG(status)), " before reading any shard");
   if (WIFSIGNALED(status))
     FT_FAIL(who, ": damaged: reading it crashed libhdf5 (", signal_name(WTERMSIG(status)),
             ", in the shard check's child process); re-create it with `ft tokenize`");
@@ -301,8 +305,8 @@ void run_shard_check_if_child(int argc, char** argv) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   const std::string_view parent_arg(argv[2]);
   pid_t parent = 0;
-  const auto [end, ec] = std::from_chars(parent_arg.data(), parent_arg.data() + parent_arg.size(),
-                                         parent);
+  const auto [end, ec] =
+      std::from_chars(parent_arg.data(), parent_arg.data() + parent_arg.size(), parent);
   if (ec != std::errc() || end != parent_arg.data() + parent_arg.size() || ::getppid() != parent)
     ::_exit(4);
 #if !defined(FT_UNDER_ASAN)

@@ -149,8 +149,7 @@ DatasetLayout dataset_layout(hid_t ds, const char* name, uint64_t n, int elem_by
       hsize_t coord[1] = {k * l.chunk_len}, size = 0;
       unsigned filter_mask = 0;
       haddr_t at = HADDR_UNDEF;
-      if (H5Dget_chunk_info_by_coord(ds, coord, &filter_mask, &at, &size) < 0 ||
-          at == HADDR_UNDEF)
+      if (H5Dget_chunk_info_by_coord(ds, coord, &filter_mask, &at, &size) < 0 || at == HADDR_UNDEF)
         FT_FAIL(path, ": chunk ", k, " of dataset '", name,
                 "' is missing (incomplete or corrupt shard)");
       if (size != chunk_bytes || at > file_bytes || size > file_bytes - at)
@@ -178,20 +177,21 @@ void check_doc_offsets(hid_t ds, uint64_t n_docs, uint64_t n_tokens, const std::
   uint64_t prev = 0;
   read_blocks<uint64_t>(ds, H5T_NATIVE_UINT64, n_docs, "doc_offsets", path,
                         [&](uint64_t start, const std::vector<uint64_t>& v) {
-    for (size_t j = 0; j < v.size(); ++j) {
-      const uint64_t i = start + j;
-      if (i == 0 && v[j] != 0)
-        FT_FAIL(path, ": doc_offsets[0] is ", v[j],
-                ", must be 0 (the first document starts the shard)");
-      if (v[j] < prev)
-        FT_FAIL(path, ": doc_offsets[", i, "] = ", v[j], " is below doc_offsets[", i - 1,
-                "] = ", prev, " (document starts must be sorted)");
-      if (v[j] > n_tokens)
-        FT_FAIL(path, ": doc_offsets[", i, "] = ", v[j], " is past the end of tokens (",
-                n_tokens, " values)");
-      prev = v[j];
-    }
-  });
+                          for (size_t j = 0; j < v.size(); ++j) {
+                            const uint64_t i = start + j;
+                            if (i == 0 && v[j] != 0)
+                              FT_FAIL(path, ": doc_offsets[0] is ", v[j],
+                                      ", must be 0 (the first document starts the shard)");
+                            if (v[j] < prev)
+                              FT_FAIL(path, ": doc_offsets[", i, "] = ", v[j],
+                                      " is below doc_offsets[", i - 1, "] = ", prev,
+                                      " (document starts must be sorted)");
+                            if (v[j] > n_tokens)
+                              FT_FAIL(path, ": doc_offsets[", i, "] = ", v[j],
+                                      " is past the end of tokens (", n_tokens, " values)");
+                            prev = v[j];
+                          }
+                        });
 }
 
 void check_special_id(const char* name, int64_t id, int64_t vocab, const std::string& path) {
@@ -238,8 +238,8 @@ ShardInfo read_shard_metadata(const std::string& path, uint64_t file_bytes) {
     info.has_loss_mask = true;
   }
   check_doc_offsets(docs.get(), info.num_documents, info.num_tokens, path);
-  info.tokens = dataset_layout(tokens.get(), "tokens", info.num_tokens, info.token_bytes,
-                               file_bytes, path);
+  info.tokens =
+      dataset_layout(tokens.get(), "tokens", info.num_tokens, info.token_bytes, file_bytes, path);
   if (info.has_loss_mask)
     info.loss_mask = dataset_layout(mask.get(), "loss_mask", info.num_tokens, 1, file_bytes, path);
   return info;

@@ -30,17 +30,20 @@ std::string hex_encode(const std::string& s) {
 
 const char* layout_name(DatasetLayout::Kind k) {
   switch (k) {
-    case DatasetLayout::Kind::kContiguous: return "contiguous";
-    case DatasetLayout::Kind::kChunked: return "chunked";
-    case DatasetLayout::Kind::kLibrary: return "library";
+    case DatasetLayout::Kind::kContiguous:
+      return "contiguous";
+    case DatasetLayout::Kind::kChunked:
+      return "chunked";
+    case DatasetLayout::Kind::kLibrary:
+      return "library";
   }
   return "?";
 }
 
 std::string data_record(size_t i, const char* name, const DatasetLayout& l) {
-  std::string r = concat("data ", i, " ", name, " ", layout_name(l.kind), " ", l.elem_bytes, " ",
-                         int(l.big_endian), " ", l.offset, " ", l.chunk_len, " ",
-                         l.chunk_offsets.size());
+  std::string r =
+      concat("data ", i, " ", name, " ", layout_name(l.kind), " ", l.elem_bytes, " ",
+             int(l.big_endian), " ", l.offset, " ", l.chunk_len, " ", l.chunk_offsets.size());
   for (uint64_t at : l.chunk_offsets) {
     r += ' ';
     r += std::to_string(at);
@@ -54,10 +57,10 @@ std::string data_record(size_t i, const char* name, const DatasetLayout& l) {
 std::string report_begin(size_t i) { return concat("begin ", i, "\n"); }
 
 std::string report_shard(size_t i, const ShardInfo& s) {
-  std::string r = concat("shard ", i, " ", s.num_tokens, " ", s.num_documents, " ",
-                         s.attrs.vocab_size, " ", s.attrs.bos_id, " ", s.attrs.eos_id, " ",
-                         hex_encode(s.attrs.tokenizer_sha256), " ", s.token_bytes, " ",
-                         int(s.has_loss_mask), "\n");
+  std::string r =
+      concat("shard ", i, " ", s.num_tokens, " ", s.num_documents, " ", s.attrs.vocab_size, " ",
+             s.attrs.bos_id, " ", s.attrs.eos_id, " ", hex_encode(s.attrs.tokenizer_sha256), " ",
+             s.token_bytes, " ", int(s.has_loss_mask), "\n");
   r += data_record(i, "tokens", s.tokens);
   if (s.has_loss_mask) r += data_record(i, "loss_mask", s.loss_mask);
   r += concat("end ", i, "\n");
@@ -130,18 +133,21 @@ std::vector<ShardInfo> parse_shard_report(const std::string& report,
   auto expect = [&](const char* tag, size_t i, size_t n_fields) {
     if (!next_line()) bad(concat("ended before '", tag, "'"));
     if (f.empty() || f[0] != tag) bad(concat("expected '", tag, "'"));
-    if (n_fields && f.size() != n_fields)
-      bad(concat("'", tag, "' has ", f.size(), " fields"));
+    if (n_fields && f.size() != n_fields) bad(concat("'", tag, "' has ", f.size(), " fields"));
     if (u64(1) != i) bad("records out of order");
   };
   auto layout = [&](size_t i, const char* name, const ShardInfo& s, int elem_bytes) {
     expect("data", i, 0);
     if (f.size() < 9 || f[2] != name) bad(concat("expected the layout of ", name));
     DatasetLayout l;
-    if (f[3] == "contiguous") l.kind = DatasetLayout::Kind::kContiguous;
-    else if (f[3] == "chunked") l.kind = DatasetLayout::Kind::kChunked;
-    else if (f[3] == "library") l.kind = DatasetLayout::Kind::kLibrary;
-    else bad("unknown layout");
+    if (f[3] == "contiguous")
+      l.kind = DatasetLayout::Kind::kContiguous;
+    else if (f[3] == "chunked")
+      l.kind = DatasetLayout::Kind::kChunked;
+    else if (f[3] == "library")
+      l.kind = DatasetLayout::Kind::kLibrary;
+    else
+      bad("unknown layout");
     l.elem_bytes = int(u64(4));
     if (l.elem_bytes != elem_bytes) bad("element size differs");
     const uint64_t be = u64(5);

@@ -165,8 +165,7 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
   const auto t0 = Clock::now();
   if (opt.inputs.empty()) throw UsageError("ft tokenize: no --input files");
   if (opt.shard_tokens < 1) throw UsageError("--shard-tokens must be positive");
-  const int threads =
-      opt.threads > 0 ? opt.threads : available_cores();
+  const int threads = opt.threads > 0 ? opt.threads : available_cores();
 
   // Check everything cheap before the long part: inputs exist, output is not an old shard set.
   uint64_t total_bytes = 0;

@@ -18,38 +18,38 @@ namespace ft {
 // Activations of one layer, (N = B*T rows).
 // Activations of one layer, (N = B*T rows), in the compute dtype; statistics in fp32.
 struct LayerActs {
-  DBuffer ln1;               // (N, C)
-  Buffer<float> rstd1;       // (N)
-  DBuffer q, kk, v;          // (N, H*D), (N, K*D), (N, K*D) — q and k after RoPE
-  Buffer<float> lse;         // (B, H, T) attention logsumexp per row, fp32
-  DBuffer att;               // (N, H*D) attention output before o_proj
-  DBuffer mid;               // (N, C) residual after attention
-  DBuffer ln2;               // (N, C)
-  Buffer<float> rstd2;       // (N)
-  DBuffer g, u, h;           // (N, F) each
+  DBuffer ln1;          // (N, C)
+  Buffer<float> rstd1;  // (N)
+  DBuffer q, kk, v;     // (N, H*D), (N, K*D), (N, K*D) — q and k after RoPE
+  Buffer<float> lse;    // (B, H, T) attention logsumexp per row, fp32
+  DBuffer att;          // (N, H*D) attention output before o_proj
+  DBuffer mid;          // (N, C) residual after attention
+  DBuffer ln2;          // (N, C)
+  Buffer<float> rstd2;  // (N)
+  DBuffer g, u, h;      // (N, F) each
 };
 
 struct LlamaModel::Acts {
   int B = 0, T = 0;
   bool backward = false;
   // The micro-batch, copied to the device: token ids (first stage), targets and mask (last).
-  Buffer<int32_t> inputs, targets;   // (N)
-  Buffer<uint8_t> mask;              // (N)
-  std::vector<DBuffer> resid;        // L+1 of (N, C): resid[l] is layer l's input
-  std::vector<LayerActs> layers;     // L, or 1 with activation checkpointing
-  DBuffer lnf;                       // (N, C)
-  Buffer<float> rstdf;               // (N)
-  DBuffer logits;                    // (N, V / tensor); becomes dlogits in backward
+  Buffer<int32_t> inputs, targets;  // (N)
+  Buffer<uint8_t> mask;             // (N)
+  std::vector<DBuffer> resid;       // L+1 of (N, C): resid[l] is layer l's input
+  std::vector<LayerActs> layers;    // L, or 1 with activation checkpointing
+  DBuffer lnf;                      // (N, C)
+  Buffer<float> rstdf;              // (N)
+  DBuffer logits;                   // (N, V / tensor); becomes dlogits in backward
   // tensor parallelism: a row-parallel layer's partial output (N, C); cross-entropy statistics;
   // with a 16-bit compute dtype, the fp32 copy an all-reduce sums in
-  DBuffer tp_partial;                        // (N, C)
-  Buffer<float> row_max, tp_f32;             // (N), (N, C)
-  Buffer<double> sumexp, target_logit;       // (N), (N)
+  DBuffer tp_partial;                   // (N, C)
+  Buffer<float> row_max, tp_f32;        // (N), (N, C)
+  Buffer<double> sumexp, target_logit;  // (N), (N)
   // backward scratch
-  DBuffer dresid, dtmp;              // (N, C)
-  DBuffer dq, dk, dv, datt;          // (N, H*D), (N, K*D), (N, K*D), (N, H*D)
-  DBuffer dg, du, dh;                // (N, F)
-  Buffer<float> attn_scratch;        // Ops::attention_backward_scratch_elems, fp32
+  DBuffer dresid, dtmp;        // (N, C)
+  DBuffer dq, dk, dv, datt;    // (N, H*D), (N, K*D), (N, K*D), (N, H*D)
+  DBuffer dg, du, dh;          // (N, F)
+  Buffer<float> attn_scratch;  // Ops::attention_backward_scratch_elems, fp32
 };
 
 namespace {
@@ -248,20 +248,21 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   const CRef x = a.resid[l].data();
   const Ref y = a.resid[l + 1].data();
 
-  ops().rmsnorm_forward(st_, la.ln1.data(), la.rstd1.data(), x, w + o.attn_norm, N, C, float(cfg_.norm_eps));
+  ops().rmsnorm_forward(st_, la.ln1.data(), la.rstd1.data(), x, w + o.attn_norm, N, C,
+                        float(cfg_.norm_eps));
   q_proj_.forward(*dev_, la.q.data(), la.ln1.data(), w + o.wq, N);
   k_proj_.forward(*dev_, la.kk.data(), la.ln1.data(), w + o.wk, N);
   v_proj_.forward(*dev_, la.v.data(), la.ln1.data(), w + o.wv, N);
   ops().rope_forward(st_, la.q.data(), rope_inv_freq_.data(), B, T, H, D);
   ops().rope_forward(st_, la.kk.data(), rope_inv_freq_.data(), B, T, K, D);
-  ops().attention_forward(st_, la.att.data(), la.lse.data(), la.q.data(), la.kk.data(),
-                          la.v.data(), B, T, H, K, D);
+  ops().attention_forward(st_, la.att.data(), la.lse.data(), la.q.data(), la.kk.data(), la.v.data(),
+                          B, T, H, K, D);
   copy(la.mid.data(), x, size_t(N) * C);
   o_proj_.forward_add(*dev_, tp_, la.mid.data(), la.att.data(), w + o.wo, N, a.tp_partial.data(),
                       a.tp_f32.data());
 
   ops().rmsnorm_forward(st_, la.ln2.data(), la.rstd2.data(), la.mid.data(), w + o.mlp_norm, N, C,
-                     float(cfg_.norm_eps));
+                        float(cfg_.norm_eps));
   gate_proj_.forward(*dev_, la.g.data(), la.ln2.data(), w + o.w_gate, N);
   up_proj_.forward(*dev_, la.u.data(), la.ln2.data(), w + o.w_up, N);
   ops().swiglu_forward(st_, la.h.data(), la.g.data(), la.u.data(), size_t(N) * F);
@@ -286,10 +287,11 @@ void LlamaModel::layer_backward(int l, int B, int T) {
 
   // MLP: x' = mid + h·Wdᵀ
   down_proj_.backward(*dev_, a.dh.data(), dw + o.w_down, dy, la.h.data(), w + o.w_down, N);
-  ops().swiglu_backward(st_, a.dg.data(), a.du.data(), a.dh.data(), la.g.data(), la.u.data(), size_t(N) * F);
+  ops().swiglu_backward(st_, a.dg.data(), a.du.data(), a.dh.data(), la.g.data(), la.u.data(),
+                        size_t(N) * F);
   // d ln2 = dg·Wg + du·Wu  (into dtmp)
-  gate_proj_.backward(*dev_, a.dtmp.data(), dw + o.w_gate, a.dg.data(), la.ln2.data(),
-                      w + o.w_gate, N, /*accumulate_dx=*/false);
+  gate_proj_.backward(*dev_, a.dtmp.data(), dw + o.w_gate, a.dg.data(), la.ln2.data(), w + o.w_gate,
+                      N, /*accumulate_dx=*/false);
   up_proj_.backward(*dev_, a.dtmp.data(), dw + o.w_up, a.du.data(), la.ln2.data(), w + o.w_up, N,
                     /*accumulate_dx=*/true);
   reduce_input_grad(tp_, a.dtmp.data(), size_t(N) * C, a.tp_f32.data());  // f's backward
@@ -299,8 +301,8 @@ void LlamaModel::layer_backward(int l, int B, int T) {
 
   // Attention: mid = x + att·Woᵀ
   o_proj_.backward(*dev_, a.datt.data(), dw + o.wo, dy, la.att.data(), w + o.wo, N);
-  ops().attention_backward(st_, a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(),
-                           la.att.data(), la.lse.data(), la.q.data(), la.kk.data(), la.v.data(),
+  ops().attention_backward(st_, a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), la.att.data(),
+                           la.lse.data(), la.q.data(), la.kk.data(), la.v.data(),
                            a.attn_scratch.data(), B, T, H, K, D);
   ops().rope_backward(st_, a.dq.data(), rope_inv_freq_.data(), B, T, H, D);
   ops().rope_backward(st_, a.dk.data(), rope_inv_freq_.data(), B, T, K, D);
@@ -317,10 +319,11 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   flat_.grads_ready(1 + l);
 }
 
-void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in,
-                              const int32_t* targets, const uint8_t* mask, int B, int T,
-                              float token_weight, bool backward) {
-  FT_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len ", cfg_.max_seq_len);
+void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const int32_t* targets,
+                              const uint8_t* mask, int B, int T, float token_weight,
+                              bool backward) {
+  FT_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len ",
+           cfg_.max_seq_len);
   ensure_acts(slot, B, T, backward);
   Acts& a = *acts_;
   const int N = B * T, C = cfg_.dim, L = cfg_.n_layers;

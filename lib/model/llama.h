@@ -51,8 +51,8 @@ class LlamaModel final : public PipelineStage {
   // the device. dlogits are scaled by token_weight (1 / trained tokens of the whole global batch
   // gives the token-weighted mean). The SUM of per-token losses over masked targets accumulates
   // on the device (take_loss_sum). Gradients accumulate.
-  void forward_backward(const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
-                        int B, int T, float token_weight);
+  void forward_backward(const int32_t* inputs, const int32_t* targets, const uint8_t* mask, int B,
+                        int T, float token_weight);
   // Forward only (evaluation); the summed loss accumulates as above.
   void forward_loss(const int32_t* inputs, const int32_t* targets, const uint8_t* mask, int B,
                     int T);
@@ -61,8 +61,7 @@ class LlamaModel final : public PipelineStage {
   // in its own activation slot.
   int hidden_size() const override { return cfg_.dim; }
   void forward_part(int slot, const int32_t* inputs, CRef x_in, const int32_t* targets,
-                    const uint8_t* mask, int B, int T, float token_weight,
-                    bool backward) override;
+                    const uint8_t* mask, int B, int T, float token_weight, bool backward) override;
   void backward_part(int slot, CRef dy_in) override;
   CRef stage_output(int slot) const override;  // (B·T, C) in the compute dtype
   CRef input_grad() const override;

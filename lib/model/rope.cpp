@@ -99,9 +99,9 @@ std::string rope_description(const ModelConfig& m) {
   os << m.rope_type;
   if (m.rope_type == "linear") os << " (factor " << m.rope_factor << ")";
   if (m.rope_type == "llama3")
-    os << " (factor " << m.rope_factor << ", low/high frequency factors "
-       << m.rope_low_freq_factor << "/" << m.rope_high_freq_factor
-       << ", original max positions " << m.rope_original_max_seq_len << ")";
+    os << " (factor " << m.rope_factor << ", low/high frequency factors " << m.rope_low_freq_factor
+       << "/" << m.rope_high_freq_factor << ", original max positions "
+       << m.rope_original_max_seq_len << ")";
   return os.str();
 }
 

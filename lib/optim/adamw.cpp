@@ -34,10 +34,9 @@ void AdamW::step(const std::vector<float*>& params, const std::vector<const floa
       if (run_lo >= run_hi) return;
       const size_t at = run_lo - r.begin;
       const Ref pc = gi < compute.size() && compute[gi].ptr ? compute[gi] + at : Ref();
-      dev_->ops().adamw_update(dev_->stream(), params[gi] + at, grads[gi] + at,
-                               m_[gi].data() + at, v_[gi].data() + at, run_hi - run_lo,
-                               float(lr), float(cfg_.beta1), float(cfg_.beta2), float(cfg_.eps),
-                               run_wd, t_, grad_scale, pc);
+      dev_->ops().adamw_update(dev_->stream(), params[gi] + at, grads[gi] + at, m_[gi].data() + at,
+                               v_[gi].data() + at, run_hi - run_lo, float(lr), float(cfg_.beta1),
+                               float(cfg_.beta2), float(cfg_.eps), run_wd, t_, grad_scale, pc);
       run_lo = run_hi = 0;
     };
     for (const auto& e : groups[gi].entries) {

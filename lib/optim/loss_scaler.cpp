@@ -109,10 +109,10 @@ LossScaler::Decision LossScaler::update(bool found_inf) {
     s_.clean_steps = 0;
     if (s_.hysteresis_left > 1) {
       --s_.hysteresis_left;
-      d.reason = detail::concat("gradient overflow at loss scale ", used,
-                                ": step skipped, scale kept (training.loss_scale_hysteresis: ",
-                                s_.hysteresis_left, " more overflow",
-                                s_.hysteresis_left == 1 ? "" : "s", " before it halves)");
+      d.reason = detail::concat(
+          "gradient overflow at loss scale ", used,
+          ": step skipped, scale kept (training.loss_scale_hysteresis: ", s_.hysteresis_left,
+          " more overflow", s_.hysteresis_left == 1 ? "" : "s", " before it halves)");
     } else if (double(used) <= cfg_.min_scale) {
       d.stop = true;
       d.reason = detail::concat(
@@ -130,8 +130,8 @@ LossScaler::Decision LossScaler::update(bool found_inf) {
     d.reason = detail::concat(
         s_.consecutive_skipped, s_.consecutive_skipped == 1 ? " step" : " consecutive steps",
         " skipped for gradient overflow (training.max_skipped_steps ", cfg_.max_skipped_steps,
-        "), the last at loss scale ",
-        used, ": the loss or the gradients are not finite at any scale; check the data and "
+        "), the last at loss scale ", used,
+        ": the loss or the gradients are not finite at any scale; check the data and "
         "optimizer.lr, or try precision bf16");
   }
   return d;

@@ -32,7 +32,6 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-
 namespace ft {
 
 // The defaults are the recipe's (recipe/recipe.h: loss_scaler_config(TrainingConfig{})).

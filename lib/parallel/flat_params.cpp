@@ -4,8 +4,8 @@
 
 namespace ft {
 
-FlatParams::FlatParams(Device* dev, const std::vector<ParamGroup>& groups,
-                       std::vector<bool> owned, DType compute_dtype)
+FlatParams::FlatParams(Device* dev, const std::vector<ParamGroup>& groups, std::vector<bool> owned,
+                       DType compute_dtype)
     : dev_(dev), groups_(groups), owned_(std::move(owned)), cdt_(compute_dtype) {
   FT_CHECK(owned_.size() == groups_.size(), "FlatParams: ", owned_.size(), " ownership flags for ",
            groups_.size(), " groups");
@@ -73,8 +73,8 @@ std::vector<std::vector<float>> FlatParams::to_host() const {
 }
 
 void FlatParams::from_host(const std::vector<std::vector<float>>& host) {
-  FT_CHECK(host.size() == params_.size(), "parameters from the host: ", host.size(),
-           " groups for ", params_.size());
+  FT_CHECK(host.size() == params_.size(), "parameters from the host: ", host.size(), " groups for ",
+           params_.size());
   for (size_t g = 0; g < params_.size(); ++g) {
     FT_CHECK(host[g].size() == params_[g].size(), "parameters from the host: group ", g, " has ",
              host[g].size(), " elements, expected ", params_[g].size());

@@ -70,8 +70,8 @@ class PipelineSchedule {
   Device* dev_;
   int p_ = 0, P_ = 1, slots_ = 1;
   // In the model's compute dtype: activations travel at their real width.
-  DBuffer recv_buf_;                    // (micro·T, C)
-  std::vector<DBuffer> send_bufs_;      // per micro-batch: output or input gradient
+  DBuffer recv_buf_;                // (micro·T, C)
+  std::vector<DBuffer> send_bufs_;  // per micro-batch: output or input gradient
   void ensure_buffers(size_t n, size_t count);
 };
 

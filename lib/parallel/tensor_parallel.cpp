@@ -26,8 +26,8 @@ void ColumnParallelLinear::forward(Device& dev, Ref y, CRef x, CRef W, int N) co
   dev.ops().linear_forward(dev.stream(), y, x, W, N, in, out, /*accumulate=*/false);
 }
 
-void ColumnParallelLinear::backward(Device& dev, Ref dx, float* dW, CRef dy, CRef x, CRef W,
-                                    int N, bool accumulate_dx) const {
+void ColumnParallelLinear::backward(Device& dev, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N,
+                                    bool accumulate_dx) const {
   dev.ops().linear_backward(dev.stream(), dx, dW, dy, x, W, N, in, out, accumulate_dx);
 }
 
@@ -62,11 +62,10 @@ void VocabParallelEmbedding::backward(Device& dev, float* dtable, const int32_t*
   dev.ops().embedding_backward(dev.stream(), dtable, ids, dout, N, dim, v_begin, v_count);
 }
 
-void VocabParallelCrossEntropy::forward_backward(Device& dev, const TensorGroup& tp,
-                                                 Ref dlogits, CRef logits,
-                                                 const int32_t* targets, const uint8_t* mask,
-                                                 int N, float scale, double* loss_acc,
-                                                 Scratch s) const {
+void VocabParallelCrossEntropy::forward_backward(Device& dev, const TensorGroup& tp, Ref dlogits,
+                                                 CRef logits, const int32_t* targets,
+                                                 const uint8_t* mask, int N, float scale,
+                                                 double* loss_acc, Scratch s) const {
   Ops& ops = dev.ops();
   const Stream st = dev.stream();
   if (tp.size() == 1) {
@@ -79,8 +78,8 @@ void VocabParallelCrossEntropy::forward_backward(Device& dev, const TensorGroup&
                  v_begin);
   tp.comm()->all_reduce_sum(s.sumexp, size_t(N));
   tp.comm()->all_reduce_sum(s.target_logit, size_t(N));
-  ops.ce_finish(st, dlogits, logits, targets, mask, s.row_max, s.sumexp, s.target_logit, N,
-                v_count, v_begin, scale, loss_acc);
+  ops.ce_finish(st, dlogits, logits, targets, mask, s.row_max, s.sumexp, s.target_logit, N, v_count,
+                v_begin, scale, loss_acc);
 }
 
 void slice_for_tensor_rank(const std::vector<ParamGroup>& gg,

@@ -77,8 +77,8 @@ struct RowParallelLinear {
 // the group. Backward: each rank adds the gradient into its own rows.
 struct VocabParallelEmbedding {
   int dim = 0, v_begin = 0, v_count = 0;
-  void forward(Device& dev, const TensorGroup& tp, Ref out, const int32_t* ids, CRef table,
-               int N, float* f32) const;
+  void forward(Device& dev, const TensorGroup& tp, Ref out, const int32_t* ids, CRef table, int N,
+               float* f32) const;
   void backward(Device& dev, float* dtable, const int32_t* ids, CRef dout, int N) const;
 };
 

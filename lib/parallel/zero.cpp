@@ -66,7 +66,7 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
     const MemoryScope tag(MemoryCategory::kCommunication);  // the all-gather buffer
     scratch_ = DBuffer(dev_, cdt_, max_shard * size_t(D_));
   }
-  if (cdt_ != DType::kF32) sync_compute_params();  // fp32: the parameters are the masters
+  if (cdt_ != DType::kF32) sync_compute_params();       // fp32: the parameters are the masters
   const MemoryScope tag(MemoryCategory::kActivations);  // a scalar of the step, as the loss's
   sumsq_ = Buffer<double>(dev_, 1);
 }
@@ -190,8 +190,7 @@ void ZeroSharding::inject_nan_grad_for_test() {
 std::vector<float*> ZeroSharding::param_bases() {
   std::vector<float*> p;
   for (size_t g = 0; g < numel_.size(); ++g)
-    p.push_back(!master_.empty() ? master_[g].data()
-                                 : flat_.params()[g].data() + ranges_[g].begin);
+    p.push_back(!master_.empty() ? master_[g].data() : flat_.params()[g].data() + ranges_[g].begin);
   return p;
 }
 
@@ -231,8 +230,7 @@ void ZeroSharding::refresh_compute_params(bool after_adamw) {
     }
     if (stage_ == 0 || D_ == 1) {  // the master covers the whole group
       if (!fp32 && !after_adamw)
-        ops.convert(st, flat_.compute_params(int(g)) + ranges_[g].begin, master_[g].data(),
-                    own);
+        ops.convert(st, flat_.compute_params(int(g)) + ranges_[g].begin, master_[g].data(), own);
       continue;
     }
     // Stages 1 and 2: every rank rounds its updated shard, then all-gather the compute copy (at

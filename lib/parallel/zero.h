@@ -33,9 +33,9 @@ class ZeroSharding final : public GroupHooks {
   ~ZeroSharding() override;
 
   const std::vector<ShardRange>& ranges() const { return ranges_; }
-  void begin_step();                // zero the gradients of the step
-  void finish_backward();           // stage 0/1: all-reduce the full gradients
-  double grad_sum_squares();        // over the whole model: every data and tensor shard
+  void begin_step();          // zero the gradients of the step
+  void finish_backward();     // stage 0/1: all-reduce the full gradients
+  double grad_sum_squares();  // over the whole model: every data and tensor shard
   // After finish_backward: the first tensor in layout order (groups, then their entries) whose
   // gradient, in the part this rank holds (its shard at stage >= 2), has a NaN or inf element.
   // Returned as the tensor's index counting every entry of the layout's groups from 0, so that
@@ -45,7 +45,7 @@ class ZeroSharding final : public GroupHooks {
   // into the first gradient element this rank holds (first non-empty group and shard), where a
   // real NaN from backward would be, so the reductions carry it as they would carry that one.
   void inject_nan_grad_for_test();
-  std::vector<float*> param_bases();        // at ranges()[g].begin, for AdamW
+  std::vector<float*> param_bases();  // at ranges()[g].begin, for AdamW
   std::vector<const float*> grad_bases();
   // Where AdamW writes the compute copy of what it updates, aligned with param_bases(): with a
   // 16-bit compute dtype at stage 0 (or one data rank) and stage 3; null elsewhere (fp32: the
@@ -91,13 +91,13 @@ class ZeroSharding final : public GroupHooks {
   std::vector<ShardRange> ranges_;
   // fp32 master weights: stage 3 (s) per group; 16-bit compute dtype at stages 0-2: the range.
   std::vector<Buffer<float>> master_;
-  std::vector<DBuffer> compute_shards_;      // stage 3, 16-bit: (s) per group, the compute copy
-  std::vector<Buffer<float>> grad_shards_;   // stage ≥ 2: (s) per group
-  std::vector<DBuffer> gathered_;            // stage 3: full params of groups in use (D·s)
-  std::vector<int> refs_;                    // stage 3: acquire count per group
-  std::vector<Buffer<float>> working_grads_; // stage ≥ 2: (D·s) per group while in backward
-  DBuffer scratch_;                          // stage 1/2: all-gather buffer (D·max s)
-  Buffer<double> sumsq_;                     // (1) the squared gradient norm being summed
+  std::vector<DBuffer> compute_shards_;       // stage 3, 16-bit: (s) per group, the compute copy
+  std::vector<Buffer<float>> grad_shards_;    // stage ≥ 2: (s) per group
+  std::vector<DBuffer> gathered_;             // stage 3: full params of groups in use (D·s)
+  std::vector<int> refs_;                     // stage 3: acquire count per group
+  std::vector<Buffer<float>> working_grads_;  // stage ≥ 2: (D·s) per group while in backward
+  DBuffer scratch_;                           // stage 1/2: all-gather buffer (D·max s)
+  Buffer<double> sumsq_;                      // (1) the squared gradient norm being summed
 };
 
 }  // namespace ft

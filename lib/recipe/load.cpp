@@ -419,8 +419,9 @@ std::optional<Value> Loader::convert(const KeySpec& k, const Setting& s) {
       // Names and paths are written into JSON (metrics, manifests), which must be UTF-8:
       // refuse here, naming the key, rather than after the run has trained.
       if (!is_valid_utf8(text)) {
-        return wrong("UTF-8 text", "the value has bytes that are not UTF-8 (e.g. Latin-1 from "
-                                   "an old editor); re-save the file as UTF-8");
+        return wrong("UTF-8 text",
+                     "the value has bytes that are not UTF-8 (e.g. Latin-1 from "
+                     "an old editor); re-save the file as UTF-8");
       }
       if (k.kind == Kind::kChoice &&
           std::find(k.choices.begin(), k.choices.end(), text) == k.choices.end()) {

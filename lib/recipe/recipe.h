@@ -38,7 +38,7 @@ struct TrainingConfig {
   std::string precision = "fp32";  // fp32 | bf16 | fp16
   double grad_clip = 1.0;          // 0 disables clipping
   bool activation_checkpointing = false;
-  int64_t eval_every_steps = 0;    // 0: no evaluation (needs data.valid)
+  int64_t eval_every_steps = 0;  // 0: no evaluation (needs data.valid)
   int64_t eval_batches = 8;
   // fp16 loss scaling (optim/loss_scaler.h, DESIGN.md §5); read only with precision fp16.
   double loss_scale = 0;              // 0: dynamic; N > 0: static scale N
@@ -100,12 +100,12 @@ struct Recipe {
 
 // One problem found in a recipe, with enough context to fix it.
 struct RecipeIssue {
-  std::string file;      // recipe path, or "<command line>" for an override
-  int line = 0;          // 1-based; 0 when unknown
-  int column = 0;        // 1-based; 0 when unknown
-  std::string key_path;  // e.g. "model.n_heads"
-  std::string message;   // what is wrong
-  std::string hint;      // what would fix it (may be empty)
+  std::string file;            // recipe path, or "<command line>" for an override
+  int line = 0;                // 1-based; 0 when unknown
+  int column = 0;              // 1-based; 0 when unknown
+  std::string key_path;        // e.g. "model.n_heads"
+  std::string message;         // what is wrong
+  std::string hint;            // what would fix it (may be empty)
   std::string format() const;  // "file:line:col: key: message (hint: ...)"
 };
 

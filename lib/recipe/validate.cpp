@@ -32,7 +32,8 @@ void Loader::check_unbuilt() {
   if (!cuda_backend() && r_.runtime.device == "cuda" && usable("runtime.device")) {
     issue(locate("runtime.device"), "runtime.device",
           "cuda is not available: this build of ft has no CUDA backend (configured with "
-          "FT_CUDA=OFF or without nvcc)", "use auto or cpu");
+          "FT_CUDA=OFF or without nvcc)",
+          "use auto or cpu");
   }
 }
 
@@ -54,8 +55,8 @@ void Loader::check_cross_rules() {
   }
   if (all_usable({"model.n_heads", "model.n_kv_heads"}) && m.n_heads % m.n_kv_heads != 0) {
     issue(locate("model.n_kv_heads"), "model.n_kv_heads",
-          "model.n_heads " + std::to_string(m.n_heads) +
-              " is not divisible by model.n_kv_heads " + std::to_string(m.n_kv_heads),
+          "model.n_heads " + std::to_string(m.n_heads) + " is not divisible by model.n_kv_heads " +
+              std::to_string(m.n_kv_heads),
           "each key/value head serves n_heads / n_kv_heads query heads; e.g. n_kv_heads: " +
               std::to_string(nearest_divisor(m.n_heads, m.n_kv_heads)));
   }
@@ -78,8 +79,8 @@ void Loader::check_cross_rules() {
               format_double(r_.optimizer.lr),
           "the schedule decays from lr down to min_lr; make min_lr <= lr");
   }
-  if (all_usable({"training.eval_every_steps", "data.valid"}) &&
-      r_.training.eval_every_steps > 0 && r_.data.valid.empty()) {
+  if (all_usable({"training.eval_every_steps", "data.valid"}) && r_.training.eval_every_steps > 0 &&
+      r_.data.valid.empty()) {
     issue(locate("training.eval_every_steps"), "training.eval_every_steps",
           "evaluation is on but data.valid is not set",
           "set data.valid to a shard folder, or training.eval_every_steps: 0");
@@ -132,13 +133,13 @@ void Loader::check_loss_scaling() {
   const bool precision_known = usable("training.precision") || t.precision != "fp32";
   if (precision_known && t.precision != "fp16") {
     const std::vector<std::string> ignored =
-        changed({"training.loss_scale", "training.loss_scale_window",
-                 "training.initial_loss_scale", "training.min_loss_scale",
-                 "training.loss_scale_hysteresis", "training.max_skipped_steps"});
+        changed({"training.loss_scale", "training.loss_scale_window", "training.initial_loss_scale",
+                 "training.min_loss_scale", "training.loss_scale_hysteresis",
+                 "training.max_skipped_steps"});
     if (!ignored.empty())
       warnings_.push_back(join(ignored, ", ") + (ignored.size() == 1 ? " acts" : " act") +
-                          " only with training.precision fp16; ignored in this " +
-                          t.precision + " run");
+                          " only with training.precision fp16; ignored in this " + t.precision +
+                          " run");
   } else if (t.precision == "fp16" && t.loss_scale > 0 && usable("training.loss_scale")) {
     const std::vector<std::string> ignored =
         changed({"training.loss_scale_window", "training.initial_loss_scale",
@@ -146,7 +147,8 @@ void Loader::check_loss_scaling() {
     if (!ignored.empty())
       warnings_.push_back(join(ignored, ", ") + (ignored.size() == 1 ? " acts" : " act") +
                           " only with dynamic loss scaling (training.loss_scale 0); ignored "
-                          "with the static scale " + format_double(t.loss_scale));
+                          "with the static scale " +
+                          format_double(t.loss_scale));
   }
 }
 
@@ -164,19 +166,19 @@ void Loader::check_rope() {
     bool used;
   };
   const bool llama3 = type == "llama3";
-  for (Factor f : {Factor{"model.rope_factor", type != "default"},
-                   Factor{"model.rope_low_freq_factor", llama3},
-                   Factor{"model.rope_high_freq_factor", llama3},
-                   Factor{"model.rope_original_max_seq_len", llama3}}) {
+  for (Factor f :
+       {Factor{"model.rope_factor", type != "default"},
+        Factor{"model.rope_low_freq_factor", llama3}, Factor{"model.rope_high_freq_factor", llama3},
+        Factor{"model.rope_original_max_seq_len", llama3}}) {
     const KeySpec& k = *find_key(f.path);
     if (!usable(f.path)) continue;
     if (f.used && !is_set(f.path)) {
       issue(locate(f.path), f.path, "is required when model.rope_type is " + type,
-            "set it to the model's " + k.hf_name + " (in config.json's rope_parameters or "
-            "rope_scaling)");
+            "set it to the model's " + k.hf_name +
+                " (in config.json's rope_parameters or "
+                "rope_scaling)");
     } else if (!f.used && is_set(f.path) && k.get(r_) != k.get(defaults)) {
-      issue(locate(f.path), f.path,
-            "is set but model.rope_type " + type + " does not use it",
+      issue(locate(f.path), f.path, "is set but model.rope_type " + type + " does not use it",
             "set model.rope_type to the scaling it belongs to, or remove " + std::string(f.path));
     }
   }

@@ -74,10 +74,9 @@ void Loader::check_weight_files() {
   issue(locate("model.from"), "model.from",
         r_.model.from + " has no model.safetensors or model.safetensors.index.json" +
             (others.empty() ? "" : " (it holds " + others + ")"),
-        others.empty()
-            ? "point model.from at the folder that holds the weights"
-            : "ft reads safetensors only: convert the weights, e.g. in Python "
-              "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(OUT)");
+        others.empty() ? "point model.from at the folder that holds the weights"
+                       : "ft reads safetensors only: convert the weights, e.g. in Python "
+                         "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(OUT)");
 }
 
 // What config.json says about key k, quoting the place it was read from: "has hidden_size
@@ -133,9 +132,8 @@ void Loader::check_paths() {
 void Loader::check_vocabulary() {
   if (!usable("model.vocab_size")) return;
   const int64_t V = r_.model.vocab_size;
-  const std::string source = r_.model.from.empty()
-                                 ? std::string()
-                                 : " (vocab_size in " + r_.model.from + "/config.json)";
+  const std::string source =
+      r_.model.from.empty() ? std::string() : " (vocab_size in " + r_.model.from + "/config.json)";
   for (const char* key : {"data.train", "data.valid"}) {
     const KeySpec& k = *find_key(key);
     const std::string dir = std::get<std::string>(k.get(r_));
@@ -159,8 +157,9 @@ void Loader::check_vocabulary() {
             "model.vocab_size " + std::to_string(V) + source + " is smaller than vocab_size " +
                 std::to_string(info.attrs.vocab_size) + " of the shards in " + dir + " (" +
                 files.front() + ")",
-            "tokenize " + std::string(key) + " with the model's tokenizer, or use a model "
-            "whose vocabulary covers it");
+            "tokenize " + std::string(key) +
+                " with the model's tokenizer, or use a model "
+                "whose vocabulary covers it");
     }
   }
   // tokenizer.path is also used as opaque bytes (its hash must match the shards'), so a file

@@ -21,9 +21,8 @@ class NullOps : public Ops {
 #include "runtime/op_list.h"
   size_t attention_backward_scratch_elems(DType t, int B, int T, int H, int D) override {
     size_t n = 0;
-    dispatch(t, [&](auto e) {
-      n = kernels::attention_backward_scratch_elems<decltype(e)>(B, T, H, D);
-    });
+    dispatch(
+        t, [&](auto e) { n = kernels::attention_backward_scratch_elems<decltype(e)>(B, T, H, D); });
     return n;
   }
 };

@@ -1,16 +1,16 @@
 #include <atomic>
 #include <chrono>
-#include <utility>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "runtime/cpu_ops.h"
-#include "runtime/guard_device.h"
-#include "runtime/device.h"
-#include "runtime/profile.h"
 #include "runtime/cuda/gpu_choice.h"
+#include "runtime/device.h"
+#include "runtime/guard_device.h"
+#include "runtime/profile.h"
 
 namespace ft {
 namespace {
@@ -29,7 +29,8 @@ class CpuDevice final : public Device {
                                  "seq_len, or activation_checkpointing: true"));
     size_t cur = current_.fetch_add(bytes) + bytes;
     size_t peak = peak_.load();
-    while (cur > peak && !peak_.compare_exchange_weak(peak, cur)) {}
+    while (cur > peak && !peak_.compare_exchange_weak(peak, cur)) {
+    }
     num_allocs_++;
     return p;
   }
@@ -67,8 +68,7 @@ class CpuDevice final : public Device {
   // FT_PROFILE only (runtime/profile.h); without it both stay null and nothing is timed.
   std::unique_ptr<OpProfile> profile_ =
       profile_requested() ? std::make_unique<OpProfile>() : nullptr;
-  std::unique_ptr<Ops> profiling_ops_ =
-      profile_ ? make_profiling_ops(*ops_, *profile_) : nullptr;
+  std::unique_ptr<Ops> profiling_ops_ = profile_ ? make_profiling_ops(*ops_, *profile_) : nullptr;
 };
 
 }  // namespace
@@ -79,13 +79,20 @@ thread_local MemoryCategory g_memory_category = MemoryCategory::kOther;
 
 const char* memory_category_name(MemoryCategory c) {
   switch (c) {
-    case MemoryCategory::kParameters: return "parameters";
-    case MemoryCategory::kGradients: return "gradients";
-    case MemoryCategory::kOptimizer: return "optimizer state";
-    case MemoryCategory::kActivations: return "activations";
-    case MemoryCategory::kCommunication: return "comm buffers";
-    case MemoryCategory::kScratch: return "scratch";
-    default: return "other";
+    case MemoryCategory::kParameters:
+      return "parameters";
+    case MemoryCategory::kGradients:
+      return "gradients";
+    case MemoryCategory::kOptimizer:
+      return "optimizer state";
+    case MemoryCategory::kActivations:
+      return "activations";
+    case MemoryCategory::kCommunication:
+      return "comm buffers";
+    case MemoryCategory::kScratch:
+      return "scratch";
+    default:
+      return "other";
   }
 }
 
@@ -118,7 +125,8 @@ float Device::event_elapsed_ms(void* start, void* end) {
   const auto* a = static_cast<HostEvent*>(start);
   const auto* b = static_cast<HostEvent*>(end);
   if (!a->timing || !b->timing)
-    throw Error(detail::concat("elapsed_ms on ", name(), ": an event made without timing; "
+    throw Error(detail::concat("elapsed_ms on ", name(),
+                               ": an event made without timing; "
                                "make both with make_event(true)"));
   if (!a->recorded || !b->recorded)
     throw Error(detail::concat("elapsed_ms on ", name(), ": the ", a->recorded ? "end" : "start",
@@ -191,8 +199,7 @@ std::unique_ptr<Device> make_cpu_device() { return std::make_unique<CpuDevice>()
 
 std::unique_ptr<Device> make_device(const std::string& spec, const DeviceOptions& options) {
   if (spec != "auto" && spec != "cpu" && spec != "cuda")
-    throw UsageError("runtime.device: unknown device '" + spec +
-                     "' (expected auto, cpu or cuda)");
+    throw UsageError("runtime.device: unknown device '" + spec + "' (expected auto, cpu or cuda)");
   // Test support (runtime/guard_device.h): device memory the host cannot touch.
   const char* guard = std::getenv("FT_TEST_GUARD_DEVICE");
   const bool use_guard = guard && std::string(guard) == "1";

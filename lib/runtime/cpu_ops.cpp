@@ -35,28 +35,43 @@ void convert_any(Ref dst, CRef src, size_t n) {
              dtype_name(t), " is not a float type");
   auto load = [&](size_t i) -> float {
     switch (src.dtype) {
-      case DType::kF32: return static_cast<const float*>(src.ptr)[i];
-      case DType::kBF16: return to_f32(static_cast<const bf16*>(src.ptr)[i]);
-      case DType::kF16: return to_f32(static_cast<const f16*>(src.ptr)[i]);
-      default: return 0.0f;  // excluded above
+      case DType::kF32:
+        return static_cast<const float*>(src.ptr)[i];
+      case DType::kBF16:
+        return to_f32(static_cast<const bf16*>(src.ptr)[i]);
+      case DType::kF16:
+        return to_f32(static_cast<const f16*>(src.ptr)[i]);
+      default:
+        return 0.0f;  // excluded above
     }
   };
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (size_t i = 0; i < n; ++i) {
     const float x = load(i);
     switch (dst.dtype) {
-      case DType::kF32: static_cast<float*>(dst.ptr)[i] = x; break;
-      case DType::kBF16: static_cast<bf16*>(dst.ptr)[i] = to_bf16(x); break;
-      case DType::kF16: static_cast<f16*>(dst.ptr)[i] = to_f16(x); break;
-      default: break;
+      case DType::kF32:
+        static_cast<float*>(dst.ptr)[i] = x;
+        break;
+      case DType::kBF16:
+        static_cast<bf16*>(dst.ptr)[i] = to_bf16(x);
+        break;
+      case DType::kF16:
+        static_cast<f16*>(dst.ptr)[i] = to_f16(x);
+        break;
+      default:
+        break;
     }
   }
 }
 
 template <typename T>
-T* as(Ref r) { return static_cast<T*>(r.ptr); }
+T* as(Ref r) {
+  return static_cast<T*>(r.ptr);
+}
 template <typename T>
-const T* as(CRef r) { return static_cast<const T*>(r.ptr); }
+const T* as(CRef r) {
+  return static_cast<const T*>(r.ptr);
+}
 
 class CpuOps final : public Ops {
  public:
@@ -67,15 +82,15 @@ class CpuOps final : public Ops {
       k::linear_forward<T>(as<T>(y), as<T>(x), as<T>(W), N, in, out, accumulate);
     });
   }
-  void linear_backward(Stream, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N, int in,
-                       int out, bool accumulate_dx) override {
-    dispatch(same_dtype("linear_backward",
-                        {dx.ptr ? dx.dtype : dy.dtype, dy.dtype, x.dtype, W.dtype}),
-             [&](auto t) {
-               using T = decltype(t);
-               k::linear_backward<T>(as<T>(dx), dW, as<T>(dy), as<T>(x), as<T>(W), N, in, out,
-                                     accumulate_dx);
-             });
+  void linear_backward(Stream, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N, int in, int out,
+                       bool accumulate_dx) override {
+    dispatch(
+        same_dtype("linear_backward", {dx.ptr ? dx.dtype : dy.dtype, dy.dtype, x.dtype, W.dtype}),
+        [&](auto t) {
+          using T = decltype(t);
+          k::linear_backward<T>(as<T>(dx), dW, as<T>(dy), as<T>(x), as<T>(W), N, in, out,
+                                accumulate_dx);
+        });
   }
   void bias_add(Stream, Ref y, CRef b, int N, int C) override {
     dispatch(same_dtype("bias_add", {y.dtype, b.dtype}), [&](auto t) {
@@ -87,8 +102,8 @@ class CpuOps final : public Ops {
     dispatch(same_dtype("bias_grad", {dy.dtype}),
              [&](auto t) { k::bias_grad(db, as<decltype(t)>(dy), N, C); });
   }
-  void embedding_forward(Stream, Ref out, const int32_t* ids, CRef table, int N, int C,
-                         int v_begin, int v_count) override {
+  void embedding_forward(Stream, Ref out, const int32_t* ids, CRef table, int N, int C, int v_begin,
+                         int v_count) override {
     FT_CHECK(v_count >= 0, "embedding_forward: the table's row count is required");
     dispatch(same_dtype("embedding_forward", {out.dtype, table.dtype}), [&](auto t) {
       using T = decltype(t);
@@ -123,41 +138,34 @@ class CpuOps final : public Ops {
     });
   }
   void rope_forward(Stream, Ref x, const float* inv_freq, int B, int T, int nh, int D) override {
-    dispatch(same_dtype("rope_forward", {x.dtype}), [&](auto t) {
-      k::rope_forward(as<decltype(t)>(x), inv_freq, B, T, nh, D);
-    });
+    dispatch(same_dtype("rope_forward", {x.dtype}),
+             [&](auto t) { k::rope_forward(as<decltype(t)>(x), inv_freq, B, T, nh, D); });
   }
-  void rope_backward(Stream, Ref dx, const float* inv_freq, int B, int T, int nh,
-                     int D) override {
-    dispatch(same_dtype("rope_backward", {dx.dtype}), [&](auto t) {
-      k::rope_backward(as<decltype(t)>(dx), inv_freq, B, T, nh, D);
-    });
+  void rope_backward(Stream, Ref dx, const float* inv_freq, int B, int T, int nh, int D) override {
+    dispatch(same_dtype("rope_backward", {dx.dtype}),
+             [&](auto t) { k::rope_backward(as<decltype(t)>(dx), inv_freq, B, T, nh, D); });
   }
-  void attention_forward(Stream, Ref out, float* lse, CRef q, CRef kk, CRef v, int B, int T,
-                         int H, int K, int D) override {
-    dispatch(same_dtype("attention_forward", {out.dtype, q.dtype, kk.dtype, v.dtype}),
-             [&](auto t) {
-               using E = decltype(t);
-               k::attention_forward(as<E>(out), lse, as<E>(q), as<E>(kk), as<E>(v), B, T, H, K,
-                                    D);
-             });
+  void attention_forward(Stream, Ref out, float* lse, CRef q, CRef kk, CRef v, int B, int T, int H,
+                         int K, int D) override {
+    dispatch(same_dtype("attention_forward", {out.dtype, q.dtype, kk.dtype, v.dtype}), [&](auto t) {
+      using E = decltype(t);
+      k::attention_forward(as<E>(out), lse, as<E>(q), as<E>(kk), as<E>(v), B, T, H, K, D);
+    });
   }
   size_t attention_backward_scratch_elems(DType t, int B, int T, int H, int D) override {
     size_t n = 0;
-    dispatch(t, [&](auto e) {
-      n = k::attention_backward_scratch_elems<decltype(e)>(B, T, H, D);
-    });
+    dispatch(t, [&](auto e) { n = k::attention_backward_scratch_elems<decltype(e)>(B, T, H, D); });
     return n;
   }
   void attention_backward(Stream, Ref dq, Ref dk, Ref dv, CRef dout, CRef out, const float* lse,
                           CRef q, CRef kk, CRef v, float* scratch, int B, int T, int H, int K,
                           int D) override {
-    dispatch(same_dtype("attention_backward", {dq.dtype, dk.dtype, dv.dtype, dout.dtype,
-                                               out.dtype, q.dtype, kk.dtype, v.dtype}),
+    dispatch(same_dtype("attention_backward", {dq.dtype, dk.dtype, dv.dtype, dout.dtype, out.dtype,
+                                               q.dtype, kk.dtype, v.dtype}),
              [&](auto t) {
                using E = decltype(t);
-               k::attention_backward(as<E>(dq), as<E>(dk), as<E>(dv), as<E>(dout), as<E>(out),
-                                     lse, as<E>(q), as<E>(kk), as<E>(v), scratch, B, T, H, K, D);
+               k::attention_backward(as<E>(dq), as<E>(dk), as<E>(dv), as<E>(dout), as<E>(out), lse,
+                                     as<E>(q), as<E>(kk), as<E>(v), scratch, B, T, H, K, D);
              });
   }
   void swiglu_forward(Stream, Ref h, CRef g, CRef u, size_t n) override {
@@ -173,23 +181,22 @@ class CpuOps final : public Ops {
                k::swiglu_backward(as<T>(dg), as<T>(du), as<T>(dh), as<T>(g), as<T>(u), n);
              });
   }
-  void cross_entropy(Stream, Ref dlogits, CRef logits, const int32_t* targets,
-                     const uint8_t* mask, int N, int V, float scale, double* loss_acc) override {
-    dispatch(same_dtype("cross_entropy", {dlogits.ptr ? dlogits.dtype : logits.dtype,
-                                          logits.dtype}),
-             [&](auto t) {
-               using T = decltype(t);
-               *loss_acc += k::cross_entropy_forward_backward<T>(
-                   as<T>(dlogits), as<T>(logits), targets, mask, N, V, scale);
-             });
+  void cross_entropy(Stream, Ref dlogits, CRef logits, const int32_t* targets, const uint8_t* mask,
+                     int N, int V, float scale, double* loss_acc) override {
+    dispatch(
+        same_dtype("cross_entropy", {dlogits.ptr ? dlogits.dtype : logits.dtype, logits.dtype}),
+        [&](auto t) {
+          using T = decltype(t);
+          *loss_acc += k::cross_entropy_forward_backward<T>(as<T>(dlogits), as<T>(logits), targets,
+                                                            mask, N, V, scale);
+        });
   }
   void row_max(Stream, float* out, CRef x, int N, int V) override {
     dispatch(same_dtype("row_max", {x.dtype}),
              [&](auto t) { k::row_max(out, as<decltype(t)>(x), N, V); });
   }
-  void ce_partial(Stream, double* sumexp, double* target_logit, CRef logits,
-                  const int32_t* targets, const uint8_t* mask, const float* row_max, int N, int V,
-                  int v_begin) override {
+  void ce_partial(Stream, double* sumexp, double* target_logit, CRef logits, const int32_t* targets,
+                  const uint8_t* mask, const float* row_max, int N, int V, int v_begin) override {
     dispatch(same_dtype("ce_partial", {logits.dtype}), [&](auto t) {
       k::ce_partial(sumexp, target_logit, as<decltype(t)>(logits), targets, mask, row_max, N, V,
                     v_begin);

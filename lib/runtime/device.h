@@ -179,7 +179,7 @@ std::string built_backends();
 struct CudaBackend {
   std::string (*unusable_reason)();  // empty when a GPU is usable, else why not
   std::unique_ptr<Device> (*make)(const DeviceOptions&);  // this rank's GPU
-  std::string (*description)();       // "runtime 13.0"
+  std::string (*description)();                           // "runtime 13.0"
 };
 void register_cuda_backend(const CudaBackend* backend);
 const CudaBackend* cuda_backend();  // null when none is registered
@@ -200,8 +200,11 @@ class Buffer {
   Buffer& operator=(Buffer&& o) noexcept {
     if (this != &o) {
       release();
-      dev_ = o.dev_; ptr_ = o.ptr_; count_ = o.count_;
-      o.ptr_ = nullptr; o.count_ = 0;
+      dev_ = o.dev_;
+      ptr_ = o.ptr_;
+      count_ = o.count_;
+      o.ptr_ = nullptr;
+      o.count_ = 0;
     }
     return *this;
   }
@@ -209,7 +212,9 @@ class Buffer {
   const T* data() const { return ptr_; }
   size_t size() const { return count_; }
   size_t bytes() const { return count_ * sizeof(T); }
-  void zero() { if (ptr_) dev_->memset_zero(ptr_, bytes()); }
+  void zero() {
+    if (ptr_) dev_->memset_zero(ptr_, bytes());
+  }
   // Host ↔ device copies of n elements starting at element `at`.
   void upload(const T* host, size_t n, size_t at = 0) {
     if (n) dev_->copy_from_host(ptr_ + at, host, n * sizeof(T));

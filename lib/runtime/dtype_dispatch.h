@@ -13,10 +13,17 @@ namespace ft {
 template <typename F>
 void dispatch(DType t, const char* what, F&& f) {
   switch (t) {
-    case DType::kF32: f(float{}); return;
-    case DType::kBF16: f(bf16{}); return;
-    case DType::kF16: f(f16{}); return;
-    default: FT_FAIL(what, ": no kernel for element type ", dtype_name(t));
+    case DType::kF32:
+      f(float{});
+      return;
+    case DType::kBF16:
+      f(bf16{});
+      return;
+    case DType::kF16:
+      f(f16{});
+      return;
+    default:
+      FT_FAIL(what, ": no kernel for element type ", dtype_name(t));
   }
 }
 template <typename F>

@@ -21,10 +21,10 @@ class ForwardingOps : public Ops {
  public:
   ForwardingOps(Ops& inner, Hook hook) : inner_(inner), hook_(std::move(hook)) {}
 
-#define FT_OP(name, family, params, args)                             \
-  void name params override {                                         \
-    [[maybe_unused]] const auto scope = hook_(OpFamily::family, s);   \
-    inner_.name args;                                                 \
+#define FT_OP(name, family, params, args)                           \
+  void name params override {                                       \
+    [[maybe_unused]] const auto scope = hook_(OpFamily::family, s); \
+    inner_.name args;                                               \
   }
 #include "runtime/op_list.h"
 

@@ -21,16 +21,15 @@ class ProfilingOps final : public ForwardingOps<TimeIntoFamily> {
   ProfilingOps(Ops& inner, OpProfile& p) : ForwardingOps(inner, TimeIntoFamily{&p}), p_(p) {}
 
   // Two GEMMs, timed apart: dx, then dW, each forwarded with the other output null.
-  void linear_backward(Stream s, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N, int in,
-                       int out, bool accumulate_dx) override {
+  void linear_backward(Stream s, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N, int in, int out,
+                       bool accumulate_dx) override {
     if (dx.ptr) {
       ProfileScope t(&p_, OpFamily::kGemmDx, s);
       inner_.linear_backward(s, dx, nullptr, dy, x, W, N, in, out, accumulate_dx);
     }
     if (dW) {
       ProfileScope t(&p_, OpFamily::kGemmDw, s);
-      inner_.linear_backward(s, Ref(nullptr, dx.dtype), dW, dy, x, W, N, in, out,
-                             accumulate_dx);
+      inner_.linear_backward(s, Ref(nullptr, dx.dtype), dW, dy, x, W, N, in, out, accumulate_dx);
     }
   }
 
@@ -42,14 +41,22 @@ class ProfilingOps final : public ForwardingOps<TimeIntoFamily> {
 
 const char* op_family_name(OpFamily f) {
   switch (f) {
-#define FT_OP_FAMILY(id, label) case OpFamily::id: return label;
+#define FT_OP_FAMILY(id, label) \
+  case OpFamily::id:            \
+    return label;
 #include "runtime/op_list.h"
-    case OpFamily::kGemmDx: return "GEMM backward dx";
-    case OpFamily::kGemmDw: return "GEMM backward dW";
-    case OpFamily::kCopyDevice: return "copy (device)";
-    case OpFamily::kCopyHost: return "copy (host <-> device)";
-    case OpFamily::kMemset: return "memset";
-    case OpFamily::kCount: break;
+    case OpFamily::kGemmDx:
+      return "GEMM backward dx";
+    case OpFamily::kGemmDw:
+      return "GEMM backward dW";
+    case OpFamily::kCopyDevice:
+      return "copy (device)";
+    case OpFamily::kCopyHost:
+      return "copy (host <-> device)";
+    case OpFamily::kMemset:
+      return "memset";
+    case OpFamily::kCount:
+      break;
   }
   return "?";
 }
@@ -123,8 +130,8 @@ std::string format_profile(const OpProfile& p) {
   }
   // Outside every op: collectives, the loader's hand-over, host-side bookkeeping.
   const double other = total - in_ops;
-  std::snprintf(line, sizeof line, "  %-28s %10.3f %6.1f%%\n", "other (comm, loader, host)",
-                other, share(other));
+  std::snprintf(line, sizeof line, "  %-28s %10.3f %6.1f%%\n", "other (comm, loader, host)", other,
+                share(other));
   s += line;
   std::snprintf(line, sizeof line, "  %-28s %10.3f %6.1f%%\n", "GEMM, all three", gemm,
                 share(gemm));

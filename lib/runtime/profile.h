@@ -27,7 +27,12 @@ namespace ft {
 enum class OpFamily : int {
 #define FT_OP_FAMILY(id, label) id,
 #include "runtime/op_list.h"
-  kGemmDx, kGemmDw, kCopyDevice, kCopyHost, kMemset, kCount
+  kGemmDx,
+  kGemmDw,
+  kCopyDevice,
+  kCopyHost,
+  kMemset,
+  kCount
 };
 // The family's label in the table ("GEMM backward dx").
 const char* op_family_name(OpFamily f);
@@ -88,7 +93,8 @@ class ProfileScope {
       p_->end_timed(std::move(timed_), s_);
     else
       p_->add(f_, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::steady_clock::now() - t0_).count());
+                      std::chrono::steady_clock::now() - t0_)
+                      .count());
   }
   ProfileScope(const ProfileScope&) = delete;
   ProfileScope& operator=(const ProfileScope&) = delete;

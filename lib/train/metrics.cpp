@@ -17,7 +17,8 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
   std::error_code ec;
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
-  if (!f_) throw Error("cannot open metrics file '" + path + "' for writing; check logging.metrics");
+  if (!f_)
+    throw Error("cannot open metrics file '" + path + "' for writing; check logging.metrics");
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -56,7 +57,10 @@ Progress::Progress(bool enabled) : enabled_(enabled), tty_(use_live_bar()) {}
 std::string Progress::human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
-  while (b >= 1024.0 && u < 4) { b /= 1024.0; ++u; }
+  while (b >= 1024.0 && u < 4) {
+    b /= 1024.0;
+    ++u;
+  }
   char buf[32];
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
   return buf;
@@ -66,8 +70,10 @@ std::string Progress::human_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
   long t = long(s + 0.5);
   char buf[32];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
-  else std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
   return buf;
 }
 
@@ -76,9 +82,12 @@ std::string Progress::human_seconds(double s) {
   char buf[48];
   // Each format's range ends where rounding would carry into the next one's (9.996 s is
   // "10.0 s", not "10.00 s"; 59.96 s is "1 min 00 s").
-  if (s < 0.9995) std::snprintf(buf, sizeof buf, "%.3f s", s);
-  else if (s < 9.995) std::snprintf(buf, sizeof buf, "%.2f s", s);
-  else if (s < 59.95) std::snprintf(buf, sizeof buf, "%.1f s", s);
+  if (s < 0.9995)
+    std::snprintf(buf, sizeof buf, "%.3f s", s);
+  else if (s < 9.995)
+    std::snprintf(buf, sizeof buf, "%.2f s", s);
+  else if (s < 59.95)
+    std::snprintf(buf, sizeof buf, "%.1f s", s);
   else if (s < 3599.5) {
     const long t = long(s + 0.5);
     std::snprintf(buf, sizeof buf, "%ld min %02ld s", t / 60, t % 60);
@@ -92,8 +101,8 @@ std::string Progress::human_seconds(double s) {
 void Progress::step(const StepReport& r) {
   if (!enabled_) return;
   const int64_t done = r.step;
-  const double eta =
-      r.elapsed_s / double(std::max<int64_t>(1, done - r.first_step)) * double(r.total_steps - done);
+  const double eta = r.elapsed_s / double(std::max<int64_t>(1, done - r.first_step)) *
+                     double(r.total_steps - done);
   if (tty_) {
     const int width = 24;
     int filled = int(double(width) * double(done) / double(r.total_steps));
@@ -115,14 +124,20 @@ void Progress::step(const StepReport& r) {
 
 void Progress::eval(int64_t step, double eval_loss) {
   if (!enabled_) return;
-  if (bar_open_) { std::printf("\n"); bar_open_ = false; }
+  if (bar_open_) {
+    std::printf("\n");
+    bar_open_ = false;
+  }
   std::printf("eval at step %lld: loss %.4f\n", (long long)step, eval_loss);
   std::fflush(stdout);
 }
 
 void Progress::note(const std::string& line) {
   if (!enabled_) return;
-  if (bar_open_) { std::printf("\n"); bar_open_ = false; }
+  if (bar_open_) {
+    std::printf("\n");
+    bar_open_ = false;
+  }
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
 }

@@ -30,22 +30,22 @@ class MetricsWriter {
 };
 
 struct StepReport {
-  int64_t step = 0;          // from 1, as people read it (DESIGN.md §7): steps done after it
+  int64_t step = 0;  // from 1, as people read it (DESIGN.md §7): steps done after it
   int64_t total_steps = 0;
-  int64_t first_step = 0;    // where this process started (resumed runs), for the ETA
+  int64_t first_step = 0;  // where this process started (resumed runs), for the ETA
   double loss = 0, lr = 0, grad_norm = 0;
   double tokens_per_s = 0;
-  double elapsed_s = 0;      // since training started
+  double elapsed_s = 0;  // since training started
   size_t mem_peak_bytes = 0;
 };
 
 class Progress {
  public:
   explicit Progress(bool enabled);
-  void step(const StepReport& r);  // called every logged step
+  void step(const StepReport& r);             // called every logged step
   void eval(int64_t step, double eval_loss);  // step: from 1, the step evaluated after
-  void note(const std::string& line);  // a line of its own (checkpoints, signals)
-  void finish();                   // ends the live bar's line
+  void note(const std::string& line);         // a line of its own (checkpoints, signals)
+  void finish();                              // ends the live bar's line
   static std::string human_bytes(double bytes);
   // A clock for the ETA: "0:42", "1:02:03".
   static std::string human_duration(double seconds);

@@ -69,8 +69,8 @@ std::string sent_how(const CountingCommunicator& c, const char* none) {
     const auto kind = CountingCommunicator::Kind(k);
     if (c.sent_bytes(kind) == 0) continue;
     if (!h.empty()) h += " + ";
-    h += std::string(CountingCommunicator::kind_name(kind)) + " " + count(c.sent_bytes(kind)) +
-         " B";
+    h +=
+        std::string(CountingCommunicator::kind_name(kind)) + " " + count(c.sent_bytes(kind)) + " B";
   }
   return h.empty() ? none : h + " (group of " + std::to_string(c.size()) + ")";
 }
@@ -100,8 +100,7 @@ void describe(RankPlan& rp, const Recipe& r, const PlanDevice& device, int D, in
   std::string comm;
   if ((zs == 1 || zs == 2) && sharded) comm = "ZeRO's all-gather buffer";
   if (zs >= 2 && sharded)
-    comm += std::string(comm.empty() ? "" : ", ") +
-            (zs == 3 ? "gathered parameters and " : "") +
+    comm += std::string(comm.empty() ? "" : ", ") + (zs == 3 ? "gathered parameters and " : "") +
             "working gradients live at the peak";
   if (P > 1) comm += std::string(comm.empty() ? "" : ", ") + "pipeline send/receive buffers";
   rp.comm_buffers.how = comm.empty() ? "none" : comm;
@@ -161,9 +160,9 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   const int D = world / (T * P);
   // The setup builds the layout of every layer (names included) on every rank.
   if (r.model.n_layers > kMaxCountedLayers)
-    throw UsageError(detail::concat("ft plan builds each rank's model to count it: ",
-                                    r.model.n_layers, " layers are more than it builds (",
-                                    kMaxCountedLayers, "); check model.n_layers"));
+    throw UsageError(detail::concat(
+        "ft plan builds each rank's model to count it: ", r.model.n_layers,
+        " layers are more than it builds (", kMaxCountedLayers, "); check model.n_layers"));
   RankPlan rp;
   rp.rank = rank;
   rp.tensor_rank = rank % T;
@@ -190,8 +189,7 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
     holders = std::make_unique<CountingCommunicator>(2, mesh.p == 0 ? 0 : 1, "tied embedding");
   DeviceGroups groups{data, T > 1 ? tensor : nullptr, P > 1 ? pipe : nullptr, holders.get()};
 
-  CountingDevice dev(CountingTarget{device.cuda ? DeviceKind::kCuda : DeviceKind::kCpu,
-                                    device.sm});
+  CountingDevice dev(CountingTarget{device.cuda ? DeviceKind::kCuda : DeviceKind::kCpu, device.sm});
   // The step's collectives name their phase to the watchdog: leave it as the caller had it
   // (ft train plans its own rank at start-up).
   const WatchStep watch = watch_step();
@@ -214,7 +212,8 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   batch.mask.assign(size_t(batch.count) * S, 1);
   TrainStep step(r, world_comm, *data, P > 1 ? pipe : nullptr, *s.model, *s.zero, *s.pipeline,
                  *s.optim, s.scaler_ptr());
-  step.run_batch(0, batch, [] { return LoopRequests{}; }, std::chrono::steady_clock::now());
+  step.run_batch(
+      0, batch, [] { return LoopRequests{}; }, std::chrono::steady_clock::now());
   set_watch_step(watch.step, watch.phase, watch.long_wait);
 
   const MemoryTally& t = dev.tally();
@@ -270,8 +269,8 @@ MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device) {
   plan.zero_stage = r.parallel.zero_stage;
   FT_CHECK(world > 0 && plan.tensor > 0 && plan.pipeline > 0 &&
                world % (plan.tensor * plan.pipeline) == 0,
-           "world size ", world, " is not divisible by tensor × pipeline = ",
-           plan.tensor * plan.pipeline);
+           "world size ", world,
+           " is not divisible by tensor × pipeline = ", plan.tensor * plan.pipeline);
   plan.data = world / (plan.tensor * plan.pipeline);
   plan.micro_batch = r.training.micro_batch_size;
   plan.seq_len = r.data.seq_len;
@@ -291,12 +290,13 @@ MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device) {
     std::vector<size_t> owned;
     for (int g = 0; g < int(layout.groups().size()); ++g) {
       const int L = r.model.n_layers;
-      const bool holds = g == 0 ? st.embed || (st.head && r.model.tie_embeddings)
+      const bool holds = g == 0       ? st.embed || (st.head && r.model.tie_embeddings)
                          : g == L + 1 ? st.head
                                       : g - 1 >= st.first_layer && g - 1 < st.last_layer;
       if (holds) owned.push_back(zero_shard(layout.groups()[size_t(g)].numel, plan.data, d).size());
     }
-    const auto [it, fresh] = counted.emplace(std::make_pair(p, std::move(owned)), plan.ranks.size());
+    const auto [it, fresh] =
+        counted.emplace(std::make_pair(p, std::move(owned)), plan.ranks.size());
     if (fresh) {
       plan.ranks.push_back(plan_rank(r, world, rank, device));
       continue;
@@ -371,9 +371,9 @@ std::vector<std::vector<int>> plan_roles(const MemoryPlan& plan) {
     return std::make_tuple(r.stage, r.first_layer, r.num_layers, r.embed, r.head, r.holds,
                            r.params.bytes, r.grads.bytes, r.optim.bytes, r.activations.bytes,
                            r.comm_buffers.bytes, r.backend.bytes, r.other_bytes, r.total_bytes,
-                           r.startup_bytes, r.sent_data.bytes, r.sent_data.how,
-                           r.sent_tensor.bytes, r.sent_tensor.how, r.sent_pipeline.bytes,
-                           r.sent_pipeline.how, r.sent_world.bytes);
+                           r.startup_bytes, r.sent_data.bytes, r.sent_data.how, r.sent_tensor.bytes,
+                           r.sent_tensor.how, r.sent_pipeline.bytes, r.sent_pipeline.how,
+                           r.sent_world.bytes);
   };
   std::vector<std::vector<int>> roles;
   std::map<decltype(key(plan.ranks.front())), size_t> index;

@@ -47,8 +47,8 @@ struct RankPlan {
   int slots = 1;              // activation slots: micro-batches in flight (1F1B)
   int64_t startup_bytes = 0;  // the peak before the first step (building the setup)
   std::string startup_how;
-  int64_t peak_bytes = 0;     // max(total, startup)
-  int64_t allocations = 0;    // alloc() calls counted, setup and step
+  int64_t peak_bytes = 0;   // max(total, startup)
+  int64_t allocations = 0;  // alloc() calls counted, setup and step
 
   // Bytes this rank sends per optimizer step, by group.
   PlanFigure sent_data, sent_tensor, sent_pipeline, sent_world;
@@ -59,10 +59,10 @@ struct MemoryPlan {
   int world = 1, data = 1, tensor = 1, pipeline = 1, zero_stage = 0;
   int micro_batch = 1, accum = 1, seq_len = 1;
   bool activation_checkpointing = false;
-  int64_t model_params = 0;          // elements of the whole model
-  PlanDevice device;                 // the device planned for
-  std::vector<RankPlan> ranks;       // one per rank, in rank order
-  std::vector<std::string> notes;    // what the figures leave out or assume
+  int64_t model_params = 0;        // elements of the whole model
+  PlanDevice device;               // the device planned for
+  std::vector<RankPlan> ranks;     // one per rank, in rank order
+  std::vector<std::string> notes;  // what the figures leave out or assume
 };
 
 // The plan for recipe r on `world` ranks (data = world / (tensor · pipeline)) of `device`.

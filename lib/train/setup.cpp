@@ -40,8 +40,7 @@ void init_weights(LlamaModel& model, const Recipe& r, Device* dev, const Mesh& m
     std::vector<std::vector<float>> src = whole->flat_params().to_host();
     std::vector<std::vector<float>> dst = model.flat_params().to_host();
     const std::vector<float*> sp = host_ptrs(src);
-    slice_for_tensor_rank(whole->layout().groups(),
-                          std::vector<const float*>(sp.begin(), sp.end()),
+    slice_for_tensor_rank(whole->layout().groups(), std::vector<const float*>(sp.begin(), sp.end()),
                           model.layout().groups(), host_ptrs(dst), mesh.t);
     model.flat_params().from_host(dst);
   }

@@ -72,7 +72,8 @@ StepResult TrainStep::run_batch(int64_t s, const StepSamples& batch,
   if (scaler_) res.loss_scale = loss_scale;
   const float token_weight = count > 0 ? float(1.0 / count) * loss_scale : 0.0f;
   if (count == 0 && rank == 0)
-    log_warn("step ", step, ": every target of the global batch is masked out (loss_mask); "
+    log_warn("step ", step,
+             ": every target of the global batch is masked out (loss_mask); "
              "the loss is reported as 0 and only weight decay changes the parameters");
 
   // 2. Forward/backward of every micro-batch; gradients accumulate.
@@ -86,7 +87,7 @@ StepResult TrainStep::run_batch(int64_t s, const StepSamples& batch,
     loss_sum = std::numeric_limits<double>::quiet_NaN();
   if (test_hook_fires("FT_TEST_NAN_GRAD_AT_STEP", step, rank)) zero_.inject_nan_grad_for_test();
   if (pipe_comm_) pipe_comm_->all_reduce_sum(&loss_sum, 1);  // the loss is on the last stage
-  data_comm_.all_reduce_sum(&loss_sum, 1);  // the same on every tensor rank
+  data_comm_.all_reduce_sum(&loss_sum, 1);                   // the same on every tensor rank
   res.loss = count > 0 ? loss_sum / count : 0.0;
 
   // 3. Gradient sync.
@@ -142,8 +143,8 @@ StepResult TrainStep::run_batch(int64_t s, const StepSamples& batch,
   // fp16: unscaling by 1/S folded into the same factor (for S = 1, exactly the clipping alone).
   // AdamW reads the gradients times the factor (bit for bit a scaling pass before it), so the
   // gradients are not rewritten: one pass over them fewer per step.
-  const double clip = r_.training.grad_clip > 0 ? r_.training.grad_clip / (res.grad_norm + 1e-6)
-                                                : 1.0;
+  const double clip =
+      r_.training.grad_clip > 0 ? r_.training.grad_clip / (res.grad_norm + 1e-6) : 1.0;
   const float factor = float(std::min(clip, 1.0) / loss_scale);
   if (before_update) before_update();
   optim_.step(zero_.param_bases(), zero_.grad_bases(), res.lr, factor, zero_.compute_bases());
@@ -163,8 +164,8 @@ std::string TrainStep::describe_nonfinite(const StepResult& res) {
   std::string what;
   if (!std::isfinite(res.loss)) what = detail::concat("the loss is ", name(res.loss));
   if (!std::isfinite(res.grad_norm))
-    what += detail::concat(what.empty() ? "" : " and ", "the gradient norm is ",
-                           name(res.grad_norm));
+    what +=
+        detail::concat(what.empty() ? "" : " and ", "the gradient norm is ", name(res.grad_norm));
   std::string where = "every gradient element is finite";
   if (first > -1e29f) {
     int64_t index = int64_t(-first);

@@ -71,9 +71,9 @@ class TrainStep {
  public:
   // world: every rank. data_comm: the data group; pipe_comm: the pipeline group (null for one
   // stage). The objects are the run's; they must outlive this.
-  TrainStep(const Recipe& r, Communicator& world, Communicator& data_comm,
-            Communicator* pipe_comm, LlamaModel& model, ZeroSharding& zero,
-            PipelineSchedule& pipeline, AdamW& optim, LossScaler* scaler = nullptr);
+  TrainStep(const Recipe& r, Communicator& world, Communicator& data_comm, Communicator* pipe_comm,
+            LlamaModel& model, ZeroSharding& zero, PipelineSchedule& pipeline, AdamW& optim,
+            LossScaler* scaler = nullptr);
 
   // Step s, on this rank's samples of global batch s, the loader's next. `requests` is called
   // once, at the agreement (phase 5), for this rank's LoopRequests.
@@ -108,8 +108,8 @@ class TrainStep {
 
 // What the metrics line of a step carries besides the step's own figures.
 struct RunFigures {
-  int64_t tokens_seen = 0;     // trained so far, this step included
-  size_t mem_peak_bytes = 0;   // this rank's device allocator peak
+  int64_t tokens_seen = 0;    // trained so far, this step included
+  size_t mem_peak_bytes = 0;  // this rank's device allocator peak
   size_t mem_params_bytes = 0, mem_grads_bytes = 0, mem_optim_bytes = 0;
 };
 

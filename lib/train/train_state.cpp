@@ -1,9 +1,9 @@
 #include "train/train_state.h"
 
+#include <unistd.h>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
-#include <unistd.h>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -99,11 +99,16 @@ json manifest_base(const Recipe& r, const Mesh& mesh, const std::string& tokeniz
                  {"tensor", mesh.tensor},
                  {"pipeline", mesh.pipeline},
                  {"zero_stage", r.parallel.zero_stage}};
-  j["model"] = {{"arch", c.arch},           {"dim", c.dim},
-                {"n_layers", c.n_layers},   {"n_heads", c.n_heads},
-                {"n_kv_heads", c.n_kv_heads}, {"ffn_dim", c.ffn_dim},
-                {"vocab_size", c.vocab_size}, {"max_seq_len", c.max_seq_len},
-                {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps},
+  j["model"] = {{"arch", c.arch},
+                {"dim", c.dim},
+                {"n_layers", c.n_layers},
+                {"n_heads", c.n_heads},
+                {"n_kv_heads", c.n_kv_heads},
+                {"ffn_dim", c.ffn_dim},
+                {"vocab_size", c.vocab_size},
+                {"max_seq_len", c.max_seq_len},
+                {"rope_theta", c.rope_theta},
+                {"norm_eps", c.norm_eps},
                 {"tie_embeddings", c.tie_embeddings}};
   // RoPE scaling: written only when there is some, so a default-RoPE manifest is byte for byte
   // what older builds wrote, and a manifest without the key reads as default (ckpt/manifest.cpp).
@@ -151,7 +156,9 @@ void check_same_model(const ckpt::Manifest& m, const Recipe& r) {
   const ModelConfig& b = r.model;
   std::string diff;
   auto cmp = [&](const char* key, double x, double y) {
-    if (x != y) diff += detail::concat(diff.empty() ? "" : ", ", "model.", key, " ", x, " in the checkpoint, ", y, " in the recipe");
+    if (x != y)
+      diff += detail::concat(diff.empty() ? "" : ", ", "model.", key, " ", x,
+                             " in the checkpoint, ", y, " in the recipe");
   };
   cmp("dim", a.dim, b.dim);
   cmp("n_layers", a.n_layers, b.n_layers);

@@ -21,8 +21,8 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -43,15 +43,14 @@
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "parallel/pipeline.h"
-#include "train/plan.h"
 #include "parallel/zero.h"
 #include "runtime/device.h"
 #include "runtime/profile.h"
 #include "train/metrics.h"
+#include "train/plan.h"
 #include "train/setup.h"
 #include "train/step.h"
 #include "train/train_state.h"
-
 
 namespace ft {
 namespace fs = std::filesystem;
@@ -64,7 +63,8 @@ int configure_threads(int threads) {
   // core: share the cores among them instead of oversubscribing.
   if (threads <= 0) {
     const int local_ranks = local_rank_count();
-    if (local_ranks > 1 && n == int(sysconf(_SC_NPROCESSORS_ONLN))) n = std::max(1, n / local_ranks);
+    if (local_ranks > 1 && n == int(sysconf(_SC_NPROCESSORS_ONLN)))
+      n = std::max(1, n / local_ranks);
   }
   omp_set_num_threads(n);
   kernels::set_blas_threads(n);
@@ -121,8 +121,8 @@ void check_memory_fits(const Recipe& r, int world, int rank, Device& dev) {
                            " is free on ", dev.name())
           : Progress::human_bytes(avail) + " of memory is available here";
   throw Error(detail::concat(
-      "this run needs ", bound ? "at least " : "about ",
-      Progress::human_bytes(double(need)), " on rank ", rank,
+      "this run needs ", bound ? "at least " : "about ", Progress::human_bytes(double(need)),
+      " on rank ", rank,
       local > 1 ? detail::concat(" (x ", local, " ranks on this node = ",
                                  Progress::human_bytes(double(need) * local), ")")
                 : std::string(),
@@ -180,7 +180,8 @@ double evaluate(PipelineSchedule& pipeline, Communicator* pipe_comm, DataLoader&
   const int micro = r.training.micro_batch_size;
   const int64_t G = r.training.global_batch_size;
   // Never more than one epoch of the validation set, and at least one batch.
-  int64_t batches = std::min<int64_t>(r.training.eval_batches, int64_t(loader.samples_per_epoch()) / G);
+  int64_t batches =
+      std::min<int64_t>(r.training.eval_batches, int64_t(loader.samples_per_epoch()) / G);
   batches = std::max<int64_t>(batches, 1);
   loader.seek(0);
   double loss_sum = 0, tokens = 0;
@@ -228,7 +229,6 @@ void dump_final_params(const std::string& dir, LlamaModel& model, ZeroSharding& 
   }
   for (int g : held) zero.release_params(g);
 }
-
 
 // ---- Setup ----
 
@@ -287,8 +287,8 @@ void prepare_outputs(const Recipe& r, Communicator& comm) {
     std::error_code ec;
     fs::create_directories(r.run.output_dir, ec);
     if (ec || !fs::is_directory(r.run.output_dir))
-      throw Error("cannot create run.output_dir '" + r.run.output_dir + "': " +
-                  (ec ? ec.message() : "a file of that name exists") +
+      throw Error("cannot create run.output_dir '" + r.run.output_dir +
+                  "': " + (ec ? ec.message() : "a file of that name exists") +
                   "; choose another run.output_dir");
     const fs::path saved = fs::path(r.run.output_dir) / "recipe.yaml";
     std::ofstream(saved) << recipe_to_yaml(r);
@@ -331,8 +331,7 @@ struct ResumePoint {
 // one (older checkpoints, or one saved in another precision: the recipe's settings).
 ResumePoint resume_state(const Recipe& r, Communicator& comm, const std::string& resume,
                          const std::vector<std::string>& candidates, LlamaModel& model,
-                         ZeroSharding& zero, AdamW& optim, LossScaler* scaler,
-                         const Mesh& mesh) {
+                         ZeroSharding& zero, AdamW& optim, LossScaler* scaler, const Mesh& mesh) {
   const bool is_root = comm.rank() == 0;
   ResumePoint at;
   std::vector<std::pair<std::string, std::string>> damaged;  // folder, why
@@ -365,13 +364,14 @@ ResumePoint resume_state(const Recipe& r, Communicator& comm, const std::string&
       at.folder = candidates[i];
       if (scaler && m->loss_scaler) scaler->restore(*m->loss_scaler);
       const json d = m->json.value("data", json::object());  // typed by read_manifest
-      if (is_root && (d.value("global_batch_size", 0) != r.training.global_batch_size ||
-                      d.value("seq_len", 0) != r.data.seq_len ||
-                      d.value("seed", uint64_t(0)) != r.run.seed ||
-                      d.value("shuffle", true) != r.data.shuffle))
-        log_warn("the data settings differ from the checkpoint's (global_batch_size, seq_len, "
-                 "run.seed or data.shuffle): the run continues with step ", at.step + 1,
-                 " of the new order, not where the saved run would have gone");
+      if (is_root &&
+          (d.value("global_batch_size", 0) != r.training.global_batch_size ||
+           d.value("seq_len", 0) != r.data.seq_len || d.value("seed", uint64_t(0)) != r.run.seed ||
+           d.value("shuffle", true) != r.data.shuffle))
+        log_warn(
+            "the data settings differ from the checkpoint's (global_batch_size, seq_len, "
+            "run.seed or data.shuffle): the run continues with step ",
+            at.step + 1, " of the new order, not where the saved run would have gone");
       break;
     }
     if (!err.empty()) log_warn("cannot resume from ", candidates[i], ": ", err);
@@ -416,17 +416,17 @@ void remove_steps_past(const Recipe& r, const ResumePoint& at) {
   }
 }
 
-void print_run_header(const Recipe& r, const LlamaModel& model, const DataLoader& loader,
-                      int accum, const Device& dev, int threads) {
+void print_run_header(const Recipe& r, const LlamaModel& model, const DataLoader& loader, int accum,
+                      const Device& dev, int threads) {
   std::printf("ft: model %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, vocab %d)\n",
               double(model.num_params()) / 1e6, r.model.n_layers, r.model.dim, r.model.n_heads,
               r.model.n_kv_heads, r.model.vocab_size);
-  std::printf("ft: data %s: %llu samples of %d tokens per epoch; %lld steps of %d samples "
-              "(%d micro-batches of %d); %s, %d threads, BLAS kernels %s, oneDNN ISA %s\n",
-              r.data.train.c_str(), (unsigned long long)loader.samples_per_epoch(),
-              r.data.seq_len, (long long)r.training.steps, r.training.global_batch_size, accum,
-              r.training.micro_batch_size, dev.name().c_str(), threads,
-              kernels::blas_kernel_name(), kernels::gemm_isa());
+  std::printf(
+      "ft: data %s: %llu samples of %d tokens per epoch; %lld steps of %d samples "
+      "(%d micro-batches of %d); %s, %d threads, BLAS kernels %s, oneDNN ISA %s\n",
+      r.data.train.c_str(), (unsigned long long)loader.samples_per_epoch(), r.data.seq_len,
+      (long long)r.training.steps, r.training.global_batch_size, accum, r.training.micro_batch_size,
+      dev.name().c_str(), threads, kernels::blas_kernel_name(), kernels::gemm_isa());
   std::fflush(stdout);
 }
 
@@ -590,10 +590,9 @@ class Checkpoints {
     wo.tokenizer = r.tokenizer.path;
     wo.staging_device = dev;
     uint64_t attempt =
-        comm.rank() == 0
-            ? (uint64_t(std::chrono::system_clock::now().time_since_epoch().count()) ^
-               (uint64_t(getpid()) << 48))
-            : 0;
+        comm.rank() == 0 ? (uint64_t(std::chrono::system_clock::now().time_since_epoch().count()) ^
+                            (uint64_t(getpid()) << 48))
+                         : 0;
     comm.broadcast(&attempt, sizeof attempt, 0);
     wo.attempt = attempt;
     return wo;
@@ -662,9 +661,8 @@ void crash_test_hooks(int64_t step, int rank) {
   }
   throw AgreedError(detail::concat(
       "step ", res.step, ": ", why, "; nothing was updated or saved at this step; ",
-      last.empty()
-          ? std::string("no checkpoint of this run to resume from")
-          : "the last good checkpoint is " + last + " (the same command resumes from it)",
+      last.empty() ? std::string("no checkpoint of this run to resume from")
+                   : "the last good checkpoint is " + last + " (the same command resumes from it)",
       res.scaler_stop.empty()  // the scaler's reason has its own hint
           ? "; try a lower optimizer.lr, more scheduler.warmup_steps or training.grad_clip"
           : ""));
@@ -769,9 +767,10 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   sum.start_step = at.step;
   int64_t tokens_seen = at.tokens;
   if (is_root && at.step >= r.training.steps && !at.folder.empty())
-    std::printf("ft: the checkpoint is at step %lld and training.steps is %lld: nothing to "
-                "train (raise training.steps to continue)\n",
-                (long long)at.step, (long long)r.training.steps);
+    std::printf(
+        "ft: the checkpoint is at step %lld and training.steps is %lld: nothing to "
+        "train (raise training.steps to continue)\n",
+        (long long)at.step, (long long)r.training.steps);
 
   TrainStep train_step(r, comm, data_comm, pipe_comm, model, zero, pipeline, optim, scaler_ptr);
   train_step.before_update = [&ckpts] { ckpts.fence_staging_copies(); };
@@ -812,7 +811,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     ckpts.poll(step);
     if (stop) {
       ckpts.wait(step);  // this rank's shard durable; on rank 0, the checkpoint committed
-      comm.barrier();  // no rank exits (and has its launcher stop the others) before the commit
+      comm.barrier();    // no rank exits (and has its launcher stop the others) before the commit
       sum.preempted = true;
       sum.steps_done = step;
       log.note(detail::concat("stopped by a signal after step ", step, " of ", r.training.steps,
@@ -837,8 +836,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   if (const char* dir = std::getenv("FT_TEST_DUMP_PARAMS"))
     dump_final_params(dir, model, zero, mesh, comm.rank());
 
-  sum.steps = std::max<int64_t>(
-      0, (sum.preempted ? sum.steps_done : r.training.steps) - at.step);
+  sum.steps = std::max<int64_t>(0, (sum.preempted ? sum.steps_done : r.training.steps) - at.step);
   sum.tokens = tokens_seen - at.tokens;
   sum.wall_s = log.elapsed_s();
   sum.tokens_per_s = sum.wall_s > 0 ? double(sum.tokens) / sum.wall_s : 0;

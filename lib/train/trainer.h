@@ -19,17 +19,17 @@ class AgreedError : public Error {
 };
 
 struct TrainSummary {
-  int64_t steps = 0;           // steps trained by this process
-  int64_t start_step = 0;      // > 0 when resumed
-  std::string resumed_from;    // the checkpoint folder, when resumed
-  bool preempted = false;      // stopped by SIGTERM/SIGUSR1 after saving (exit code 75)
-  int64_t steps_done = 0;      // when preempted: steps completed (the last step's number)
+  int64_t steps = 0;         // steps trained by this process
+  int64_t start_step = 0;    // > 0 when resumed
+  std::string resumed_from;  // the checkpoint folder, when resumed
+  bool preempted = false;    // stopped by SIGTERM/SIGUSR1 after saving (exit code 75)
+  int64_t steps_done = 0;    // when preempted: steps completed (the last step's number)
   int64_t tokens = 0;
   double wall_s = 0;
   double tokens_per_s = 0;
   double final_loss = 0;
-  size_t mem_peak_bytes = 0;   // device allocator peak
-  size_t peak_rss_bytes = 0;   // process peak resident set
+  size_t mem_peak_bytes = 0;  // device allocator peak
+  size_t peak_rss_bytes = 0;  // process peak resident set
 };
 
 // Runs the whole training job described by the (validated) recipe. Rank 0 prints progress and

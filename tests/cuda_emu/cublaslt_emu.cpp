@@ -76,19 +76,26 @@ bool take(const void* buf, size_t bytes, V* out) {
 
 size_t type_size(uint32_t t) {
   switch (t) {
-    case CUDA_R_32F: return 4;
+    case CUDA_R_32F:
+      return 4;
     case CUDA_R_16BF:
-    case CUDA_R_16F: return 2;
-    default: return 0;
+    case CUDA_R_16F:
+      return 2;
+    default:
+      return 0;
   }
 }
 
 const char* type_name(uint32_t t) {
   switch (t) {
-    case CUDA_R_32F: return "CUDA_R_32F";
-    case CUDA_R_16BF: return "CUDA_R_16BF";
-    case CUDA_R_16F: return "CUDA_R_16F";
-    default: return "an unsupported cudaDataType";
+    case CUDA_R_32F:
+      return "CUDA_R_32F";
+    case CUDA_R_16BF:
+      return "CUDA_R_16BF";
+    case CUDA_R_16F:
+      return "CUDA_R_16F";
+    default:
+      return "an unsupported cudaDataType";
   }
 }
 
@@ -113,8 +120,8 @@ cublasStatus_t resolve(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t A,
       return fail(CUBLAS_STATUS_INVALID_VALUE,
                   std::string("layout of ") + names[i] + " missing or destroyed");
     if (ls[i]->order != CUBLASLT_ORDER_COL)
-      return fail(CUBLAS_STATUS_NOT_SUPPORTED, std::string("layout of ") + names[i] +
-                                                   ": the emulator runs column-major only");
+      return fail(CUBLAS_STATUS_NOT_SUPPORTED,
+                  std::string("layout of ") + names[i] + ": the emulator runs column-major only");
     if (ls[i]->batch_count < 1 || ls[i]->batch_count != ls[0]->batch_count)
       return fail(CUBLAS_STATUS_INVALID_VALUE,
                   std::string("layout of ") + names[i] + ": batch count " +
@@ -191,17 +198,26 @@ uint64_t fingerprint(const Problem& p) {
 
 float load_elem(const void* base, uint32_t type, uint64_t idx) {
   switch (type) {
-    case CUDA_R_32F: return static_cast<const float*>(base)[idx];
-    case CUDA_R_16BF: return ft::to_f32(static_cast<const ft::bf16*>(base)[idx]);
-    default: return ft::to_f32(static_cast<const ft::f16*>(base)[idx]);
+    case CUDA_R_32F:
+      return static_cast<const float*>(base)[idx];
+    case CUDA_R_16BF:
+      return ft::to_f32(static_cast<const ft::bf16*>(base)[idx]);
+    default:
+      return ft::to_f32(static_cast<const ft::f16*>(base)[idx]);
   }
 }
 
 void store_elem(void* base, uint32_t type, uint64_t idx, float v) {
   switch (type) {
-    case CUDA_R_32F: static_cast<float*>(base)[idx] = v; break;
-    case CUDA_R_16BF: static_cast<ft::bf16*>(base)[idx] = ft::to_bf16(v); break;
-    default: static_cast<ft::f16*>(base)[idx] = ft::to_f16(v); break;
+    case CUDA_R_32F:
+      static_cast<float*>(base)[idx] = v;
+      break;
+    case CUDA_R_16BF:
+      static_cast<ft::bf16*>(base)[idx] = ft::to_bf16(v);
+      break;
+    default:
+      static_cast<ft::f16*>(base)[idx] = ft::to_f16(v);
+      break;
   }
 }
 
@@ -259,24 +275,37 @@ cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
 
 const char* cublasLtGetStatusName(cublasStatus_t s) {
   switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default: return "CUBLAS_STATUS_UNKNOWN";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default:
+      return "CUBLAS_STATUS_UNKNOWN";
   }
 }
 
 const char* cublasLtGetStatusString(cublasStatus_t s) {
   switch (s) {
-    case CUBLAS_STATUS_SUCCESS: return "success";
-    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid value was used as an argument";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
-    default: return "emulated cuBLASLt error";
+    case CUBLAS_STATUS_SUCCESS:
+      return "success";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "an invalid value was used as an argument";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "the functionality requested is not supported";
+    default:
+      return "emulated cuBLASLt error";
   }
 }
 
@@ -307,13 +336,27 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
     return fail(CUBLAS_STATUS_INVALID_VALUE, "MatmulDescSetAttribute: not a live descriptor");
   bool good;
   switch (attr) {
-    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: good = take(buf, bytes, &s.compute); break;
-    case CUBLASLT_MATMUL_DESC_SCALE_TYPE: good = take(buf, bytes, &s.scale); break;
-    case CUBLASLT_MATMUL_DESC_POINTER_MODE: good = take(buf, bytes, &s.pointer_mode); break;
-    case CUBLASLT_MATMUL_DESC_TRANSA: good = take(buf, bytes, &s.transa); break;
-    case CUBLASLT_MATMUL_DESC_TRANSB: good = take(buf, bytes, &s.transb); break;
-    case CUBLASLT_MATMUL_DESC_TRANSC: good = take(buf, bytes, &s.transc); break;
-    case CUBLASLT_MATMUL_DESC_EPILOGUE: good = take(buf, bytes, &s.epilogue); break;
+    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE:
+      good = take(buf, bytes, &s.compute);
+      break;
+    case CUBLASLT_MATMUL_DESC_SCALE_TYPE:
+      good = take(buf, bytes, &s.scale);
+      break;
+    case CUBLASLT_MATMUL_DESC_POINTER_MODE:
+      good = take(buf, bytes, &s.pointer_mode);
+      break;
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+      good = take(buf, bytes, &s.transa);
+      break;
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+      good = take(buf, bytes, &s.transb);
+      break;
+    case CUBLASLT_MATMUL_DESC_TRANSC:
+      good = take(buf, bytes, &s.transc);
+      break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      good = take(buf, bytes, &s.epilogue);
+      break;
     default:
       return fail(CUBLAS_STATUS_NOT_SUPPORTED,
                   "MatmulDescSetAttribute: attribute " + std::to_string(attr) + " is not emulated");
@@ -353,12 +396,24 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout,
     return fail(CUBLAS_STATUS_INVALID_VALUE, "MatrixLayoutSetAttribute: not a live layout");
   bool good;
   switch (attr) {
-    case CUBLASLT_MATRIX_LAYOUT_TYPE: good = take(buf, bytes, &s.type); break;
-    case CUBLASLT_MATRIX_LAYOUT_ORDER: good = take(buf, bytes, &s.order); break;
-    case CUBLASLT_MATRIX_LAYOUT_ROWS: good = take(buf, bytes, &s.rows); break;
-    case CUBLASLT_MATRIX_LAYOUT_COLS: good = take(buf, bytes, &s.cols); break;
-    case CUBLASLT_MATRIX_LAYOUT_LD: good = take(buf, bytes, &s.ld); break;
-    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: good = take(buf, bytes, &s.batch_count); break;
+    case CUBLASLT_MATRIX_LAYOUT_TYPE:
+      good = take(buf, bytes, &s.type);
+      break;
+    case CUBLASLT_MATRIX_LAYOUT_ORDER:
+      good = take(buf, bytes, &s.order);
+      break;
+    case CUBLASLT_MATRIX_LAYOUT_ROWS:
+      good = take(buf, bytes, &s.rows);
+      break;
+    case CUBLASLT_MATRIX_LAYOUT_COLS:
+      good = take(buf, bytes, &s.cols);
+      break;
+    case CUBLASLT_MATRIX_LAYOUT_LD:
+      good = take(buf, bytes, &s.ld);
+      break;
+    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT:
+      good = take(buf, bytes, &s.batch_count);
+      break;
     case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
       good = take(buf, bytes, &s.batch_stride);
       break;
@@ -403,11 +458,21 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     case CUBLASLT_MATMUL_PREF_SEARCH_MODE:
       good = take(buf, bytes, &s.search_mode) && s.search_mode == CUBLASLT_SEARCH_BEST_FIT;
       break;
-    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: good = take(buf, bytes, &s.max_workspace); break;
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES: good = take(buf, bytes, &s.align[0]); break;
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES: good = take(buf, bytes, &s.align[1]); break;
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES: good = take(buf, bytes, &s.align[2]); break;
-    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: good = take(buf, bytes, &s.align[3]); break;
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+      good = take(buf, bytes, &s.max_workspace);
+      break;
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+      good = take(buf, bytes, &s.align[0]);
+      break;
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+      good = take(buf, bytes, &s.align[1]);
+      break;
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+      good = take(buf, bytes, &s.align[2]);
+      break;
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+      good = take(buf, bytes, &s.align[3]);
+      break;
     default:
       return fail(CUBLAS_STATUS_NOT_SUPPORTED, "MatmulPreferenceSetAttribute: attribute " +
                                                    std::to_string(attr) + " is not emulated");

@@ -27,7 +27,6 @@
 #define FT_EMU_ASAN 0
 #endif
 
-
 // The runtime's opaque handles (only declared by driver_types.h; cudart defines them).
 struct CUstream_st {
   unsigned flags = 0;
@@ -76,8 +75,8 @@ constexpr size_t kOptinSharedBytes = 227 << 10;   // sm_90's opt-in limit per bl
 
 struct Runtime {
   std::mutex mutex;
-  std::map<const char*, size_t> device;  // cudaMalloc'd ranges: base -> bytes
-  std::map<const char*, size_t> pinned;  // cudaMallocHost'd ranges
+  std::map<const char*, size_t> device;      // cudaMalloc'd ranges: base -> bytes
+  std::map<const char*, size_t> pinned;      // cudaMallocHost'd ranges
   std::map<const char*, size_t> registered;  // cudaHostRegister'd ranges (the caller's memory)
   size_t device_bytes = 0;
   std::set<const CUstream_st*> streams;
@@ -210,14 +209,22 @@ using detail::WarpOp;
 
 const char* op_name(WarpOp op) {
   switch (op) {
-    case WarpOp::kSync: return "__syncwarp";
-    case WarpOp::kShfl: return "__shfl_sync";
-    case WarpOp::kShflUp: return "__shfl_up_sync";
-    case WarpOp::kShflDown: return "__shfl_down_sync";
-    case WarpOp::kShflXor: return "__shfl_xor_sync";
-    case WarpOp::kBallot: return "__ballot_sync";
-    case WarpOp::kAll: return "__all_sync";
-    case WarpOp::kAny: return "__any_sync";
+    case WarpOp::kSync:
+      return "__syncwarp";
+    case WarpOp::kShfl:
+      return "__shfl_sync";
+    case WarpOp::kShflUp:
+      return "__shfl_up_sync";
+    case WarpOp::kShflDown:
+      return "__shfl_down_sync";
+    case WarpOp::kShflXor:
+      return "__shfl_xor_sync";
+    case WarpOp::kBallot:
+      return "__ballot_sync";
+    case WarpOp::kAll:
+      return "__all_sync";
+    case WarpOp::kAny:
+      return "__any_sync";
   }
   return "?";
 }
@@ -489,8 +496,8 @@ std::string waiting_list(Runner& r) {
   for (size_t w = 0; w < r.warps.size(); ++w) {
     for (const WarpGroup& g : r.warps[w]) {
       const Fiber& f = (*r.fibers)[w * 32 + size_t(g.first_lane)];
-      os << (os.tellp() > 0 ? "; " : "") << "lanes " << hex(g.arrived) << " of warp " << w
-         << " at " << op_name(g.op) << " (" << loc_str(f.where) << ") waiting for lanes "
+      os << (os.tellp() > 0 ? "; " : "") << "lanes " << hex(g.arrived) << " of warp " << w << " at "
+         << op_name(g.op) << " (" << loc_str(f.where) << ") waiting for lanes "
          << hex(g.mask & ~g.arrived);
     }
   }
@@ -625,17 +632,18 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
   const unsigned exist = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
   const auto site = [&] { return std::string(op_name(op)) + " (" + loc_str(where) + ")"; };
   if (!(mask & (1u << lane)))
-    report(r, f, site() + ": mask " + hex(mask) + " does not name the calling lane " +
-                     std::to_string(lane));
+    report(
+        r, f,
+        site() + ": mask " + hex(mask) + " does not name the calling lane " + std::to_string(lane));
   if (mask & ~exist)
-    report(r, f, site() + ": mask " + hex(mask) + " names lane " +
-                     std::to_string(__builtin_ctz(mask & ~exist)) +
-                     ", which does not exist (warp " + std::to_string(warp) + " has " +
-                     std::to_string(lanes) + " lanes)");
+    report(r, f,
+           site() + ": mask " + hex(mask) + " names lane " +
+               std::to_string(__builtin_ctz(mask & ~exist)) + ", which does not exist (warp " +
+               std::to_string(warp) + " has " + std::to_string(lanes) + " lanes)");
   if (mask & r.exited_lanes[warp])
-    report(r, f, site() + ": mask " + hex(mask) + " names lane " +
-                     std::to_string(__builtin_ctz(mask & r.exited_lanes[warp])) +
-                     ", which has exited");
+    report(r, f,
+           site() + ": mask " + hex(mask) + " names lane " +
+               std::to_string(__builtin_ctz(mask & r.exited_lanes[warp])) + ", which has exited");
   if (width < 1 || width > 32 || (width & (width - 1)))
     report(r, f, site() + ": width " + std::to_string(width) + " is not a power of two up to 32");
 
@@ -646,10 +654,12 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
     if (g.mask == mask && g.op == op) {
       group = &g;
     } else if (g.mask & mask) {
-      report(r, f, "lanes of warp " + std::to_string(warp) + " meet at different warp "
-                       "operations: this lane at " + site() + " with mask " + hex(mask) +
-                       ", lane " + std::to_string(g.first_lane) + " at " + op_name(g.op) + " (" +
-                       loc_str(w.where) + ") with mask " + hex(g.mask));
+      report(r, f,
+             "lanes of warp " + std::to_string(warp) +
+                 " meet at different warp "
+                 "operations: this lane at " +
+                 site() + " with mask " + hex(mask) + ", lane " + std::to_string(g.first_lane) +
+                 " at " + op_name(g.op) + " (" + loc_str(w.where) + ") with mask " + hex(g.mask));
     }
   }
   if (!group) {
@@ -674,7 +684,9 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
       const int seg = l & ~(w.width - 1);
       int src = l;  // CUDA returns the caller's own value when the source is out of range
       switch (op) {
-        case WarpOp::kShfl: src = seg + (w.arg % w.width + w.width) % w.width; break;
+        case WarpOp::kShfl:
+          src = seg + (w.arg % w.width + w.width) % w.width;
+          break;
         case WarpOp::kShflUp:
           if (unsigned(l - seg) >= unsigned(w.arg)) src = l - w.arg;
           break;
@@ -684,18 +696,30 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
         case WarpOp::kShflXor:
           if ((l ^ w.arg) >= 0 && (l ^ w.arg) < seg + w.width) src = l ^ w.arg;
           break;
-        default: break;
+        default:
+          break;
       }
       if (src != l && !(mask >> src & 1u))
-        report(r, w, std::string(op_name(op)) + " (" + loc_str(w.where) + "): lane " +
-                         std::to_string(l) + " reads lane " + std::to_string(src) +
-                         ", which is not in the mask " + hex(mask));
+        report(r, w,
+               std::string(op_name(op)) + " (" + loc_str(w.where) + "): lane " + std::to_string(l) +
+                   " reads lane " + std::to_string(src) + ", which is not in the mask " +
+                   hex(mask));
       switch (op) {
-        case WarpOp::kBallot: w.result = ballot; break;
-        case WarpOp::kAll: w.result = ballot == mask; break;
-        case WarpOp::kAny: w.result = ballot != 0; break;
-        case WarpOp::kSync: w.result = 0; break;
-        default: w.result = (*r.fibers)[base + src].value; break;
+        case WarpOp::kBallot:
+          w.result = ballot;
+          break;
+        case WarpOp::kAll:
+          w.result = ballot == mask;
+          break;
+        case WarpOp::kAny:
+          w.result = ballot != 0;
+          break;
+        case WarpOp::kSync:
+          w.result = 0;
+          break;
+        default:
+          w.result = (*r.fibers)[base + src].value;
+          break;
       }
     }
     groups.erase(groups.begin() + (group - groups.data()));
@@ -760,8 +784,8 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
   if (r.random_order)
     for (unsigned long long i = blocks; i > 1; --i) std::swap(order[i - 1], order[g_rng.below(i)]);
   for (unsigned long long id : order) {
-    r.block = uint3{unsigned(id % g.x), unsigned(id / g.x % g.y),
-                    unsigned(id / (1ull * g.x * g.y))};
+    r.block =
+        uint3{unsigned(id % g.x), unsigned(id / g.x % g.y), unsigned(id / (1ull * g.x * g.y))};
     g_block_idx = r.block;
     run_block(r);
     if (r.error) break;
@@ -841,14 +865,23 @@ cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
     const bool dst_touch = ft::emu::touches_device(dst), src_touch = ft::emu::touches_device(src);
     bool ok = false;
     switch (kind) {
-      case cudaMemcpyHostToHost: ok = !dst_touch && !src_touch; break;
-      case cudaMemcpyHostToDevice: ok = dst_dev && !src_touch; break;
-      case cudaMemcpyDeviceToHost: ok = !dst_touch && src_dev; break;
-      case cudaMemcpyDeviceToDevice: ok = dst_dev && src_dev; break;
+      case cudaMemcpyHostToHost:
+        ok = !dst_touch && !src_touch;
+        break;
+      case cudaMemcpyHostToDevice:
+        ok = dst_dev && !src_touch;
+        break;
+      case cudaMemcpyDeviceToHost:
+        ok = !dst_touch && src_dev;
+        break;
+      case cudaMemcpyDeviceToDevice:
+        ok = dst_dev && src_dev;
+        break;
       case cudaMemcpyDefault:
         ok = (dst_dev || !dst_touch) && (src_dev || !src_touch);
         break;
-      default: ok = false;
+      default:
+        ok = false;
     }
     if (!ok) return fail(cudaErrorInvalidValue);
   }
@@ -989,36 +1022,60 @@ cudaError_t cudaPeekAtLastError(void) { return ft::emu::t_last_error; }
 
 const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady: return "cudaErrorNotReady";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
-    case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
-    case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
-    default: return "cudaErrorUnknown";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorInvalidDeviceFunction:
+      return "cudaErrorInvalidDeviceFunction";
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered:
+      return "cudaErrorHostMemoryNotRegistered";
+    default:
+      return "cudaErrorUnknown";
   }
 }
 const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDeviceFunction: return "invalid device function";
-    case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range "
-                                                      "is already mapped";
-    case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered "
-                                                  "memory region";
-    default: return "unrecognized error code (CUDA emulation)";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorNotReady:
+      return "device not ready";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDeviceFunction:
+      return "invalid device function";
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return "part or all of the requested memory range "
+             "is already mapped";
+    case cudaErrorHostMemoryNotRegistered:
+      return "pointer does not correspond to a registered "
+             "memory region";
+    default:
+      return "unrecognized error code (CUDA emulation)";
   }
 }
 
@@ -1066,14 +1123,29 @@ cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int dev
   cudaDeviceProp p;
   if (const cudaError_t e = cudaGetDeviceProperties(&p, device); e != cudaSuccess) return e;
   switch (attr) {
-    case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
-    case cudaDevAttrMaxThreadsPerBlock: *value = p.maxThreadsPerBlock; break;
-    case cudaDevAttrMaxSharedMemoryPerBlock: *value = int(p.sharedMemPerBlock); break;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = int(p.sharedMemPerBlockOptin); break;
-    case cudaDevAttrComputeCapabilityMajor: *value = p.major; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = p.minor; break;
-    case cudaDevAttrWarpSize: *value = p.warpSize; break;
-    default: return fail(cudaErrorInvalidValue);
+    case cudaDevAttrMultiProcessorCount:
+      *value = p.multiProcessorCount;
+      break;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = p.maxThreadsPerBlock;
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = int(p.sharedMemPerBlock);
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = int(p.sharedMemPerBlockOptin);
+      break;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = p.major;
+      break;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = p.minor;
+      break;
+    case cudaDevAttrWarpSize:
+      *value = p.warpSize;
+      break;
+    default:
+      return fail(cudaErrorInvalidValue);
   }
   return cudaSuccess;
 }

@@ -225,13 +225,13 @@ inline int __syncthreads_count(
     int predicate, const std::source_location& where = std::source_location::current()) {
   return ::ft::emu::detail::syncthreads(predicate != 0, where);
 }
-inline int __syncthreads_and(
-    int predicate, const std::source_location& where = std::source_location::current()) {
-  return ::ft::emu::detail::syncthreads(predicate != 0, where) == int(blockDim.x * blockDim.y *
-                                                                        blockDim.z);
+inline int __syncthreads_and(int predicate,
+                             const std::source_location& where = std::source_location::current()) {
+  return ::ft::emu::detail::syncthreads(predicate != 0, where) ==
+         int(blockDim.x * blockDim.y * blockDim.z);
 }
-inline int __syncthreads_or(
-    int predicate, const std::source_location& where = std::source_location::current()) {
+inline int __syncthreads_or(int predicate,
+                            const std::source_location& where = std::source_location::current()) {
   return ::ft::emu::detail::syncthreads(predicate != 0, where) > 0;
 }
 // Memory fences order a thread's writes on a GPU; threads here interleave only at
@@ -253,11 +253,11 @@ inline void __syncwarp(unsigned mask = 0xffffffffu,
 inline unsigned __activemask() { return ::ft::emu::detail::active_mask(); }
 
 // The shuffles take `width` before the source location, as CUDA's default argument.
-#define FT_EMU_SHUFFLE(name, op)                                                                \
-  template <typename T>                                                                         \
-  inline T name(unsigned mask, T var, int arg, int width = 32,                                  \
-                const std::source_location& where = std::source_location::current()) {          \
-    return ::ft::emu::detail::from_raw<T>(::ft::emu::detail::warp_op(                           \
+#define FT_EMU_SHUFFLE(name, op)                                                                  \
+  template <typename T>                                                                           \
+  inline T name(unsigned mask, T var, int arg, int width = 32,                                    \
+                const std::source_location& where = std::source_location::current()) {            \
+    return ::ft::emu::detail::from_raw<T>(::ft::emu::detail::warp_op(                             \
         ::ft::emu::detail::WarpOp::op, mask, ::ft::emu::detail::to_raw(var), arg, width, where)); \
   }
 FT_EMU_SHUFFLE(__shfl_sync, kShfl)
@@ -268,58 +268,58 @@ FT_EMU_SHUFFLE(__shfl_xor_sync, kShflXor)
 
 inline unsigned __ballot_sync(unsigned mask, int pred,
                               const std::source_location& where = std::source_location::current()) {
-  return unsigned(::ft::emu::detail::warp_op(::ft::emu::detail::WarpOp::kBallot, mask,
-                                             pred != 0, 0, 32, where));
+  return unsigned(::ft::emu::detail::warp_op(::ft::emu::detail::WarpOp::kBallot, mask, pred != 0, 0,
+                                             32, where));
 }
 inline int __all_sync(unsigned mask, int pred,
                       const std::source_location& where = std::source_location::current()) {
-  return int(::ft::emu::detail::warp_op(::ft::emu::detail::WarpOp::kAll, mask, pred != 0, 0, 32,
-                                        where));
+  return int(
+      ::ft::emu::detail::warp_op(::ft::emu::detail::WarpOp::kAll, mask, pred != 0, 0, 32, where));
 }
 inline int __any_sync(unsigned mask, int pred,
                       const std::source_location& where = std::source_location::current()) {
-  return int(::ft::emu::detail::warp_op(::ft::emu::detail::WarpOp::kAny, mask, pred != 0, 0, 32,
-                                        where));
+  return int(
+      ::ft::emu::detail::warp_op(::ft::emu::detail::WarpOp::kAny, mask, pred != 0, 0, 32, where));
 }
 
 // Integer atomics (returning the old value, as CUDA's). Float atomics are left out on purpose:
 // kernels here reduce in a fixed order.
-#define FT_EMU_ATOMICS(T)                                        \
-  inline T atomicAdd(T* p, T v) {                                \
-    ::ft::emu::detail::atomic_point();                           \
-    const T old = *p;                                            \
-    *p = static_cast<T>(old + v);                                             \
-    return old;                                                  \
-  }                                                              \
-  inline T atomicSub(T* p, T v) {                                \
-    ::ft::emu::detail::atomic_point();                           \
-    const T old = *p;                                            \
-    *p = static_cast<T>(old - v);                                             \
-    return old;                                                  \
-  }                                                              \
-  inline T atomicMax(T* p, T v) {                                \
-    ::ft::emu::detail::atomic_point();                           \
-    const T old = *p;                                            \
-    *p = old < v ? v : old;                                      \
-    return old;                                                  \
-  }                                                              \
-  inline T atomicMin(T* p, T v) {                                \
-    ::ft::emu::detail::atomic_point();                           \
-    const T old = *p;                                            \
-    *p = v < old ? v : old;                                      \
-    return old;                                                  \
-  }                                                              \
-  inline T atomicExch(T* p, T v) {                               \
-    ::ft::emu::detail::atomic_point();                           \
-    const T old = *p;                                            \
-    *p = v;                                                      \
-    return old;                                                  \
-  }                                                              \
-  inline T atomicCAS(T* p, T compare, T v) {                     \
-    ::ft::emu::detail::atomic_point();                           \
-    const T old = *p;                                            \
-    if (old == compare) *p = v;                                  \
-    return old;                                                  \
+#define FT_EMU_ATOMICS(T)                    \
+  inline T atomicAdd(T* p, T v) {            \
+    ::ft::emu::detail::atomic_point();       \
+    const T old = *p;                        \
+    *p = static_cast<T>(old + v);            \
+    return old;                              \
+  }                                          \
+  inline T atomicSub(T* p, T v) {            \
+    ::ft::emu::detail::atomic_point();       \
+    const T old = *p;                        \
+    *p = static_cast<T>(old - v);            \
+    return old;                              \
+  }                                          \
+  inline T atomicMax(T* p, T v) {            \
+    ::ft::emu::detail::atomic_point();       \
+    const T old = *p;                        \
+    *p = old < v ? v : old;                  \
+    return old;                              \
+  }                                          \
+  inline T atomicMin(T* p, T v) {            \
+    ::ft::emu::detail::atomic_point();       \
+    const T old = *p;                        \
+    *p = v < old ? v : old;                  \
+    return old;                              \
+  }                                          \
+  inline T atomicExch(T* p, T v) {           \
+    ::ft::emu::detail::atomic_point();       \
+    const T old = *p;                        \
+    *p = v;                                  \
+    return old;                              \
+  }                                          \
+  inline T atomicCAS(T* p, T compare, T v) { \
+    ::ft::emu::detail::atomic_point();       \
+    const T old = *p;                        \
+    if (old == compare) *p = v;              \
+    return old;                              \
   }
 FT_EMU_ATOMICS(int)
 FT_EMU_ATOMICS(unsigned)
@@ -364,8 +364,8 @@ inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : 
 inline float __frsqrt_rn(float x) { return 1.0f / std::sqrt(x); }
 
 // CUDA's device min/max overloads for same-typed arguments.
-#define FT_EMU_MINMAX(T)                             \
-  inline T min(T a, T b) { return b < a ? b : a; }   \
+#define FT_EMU_MINMAX(T)                           \
+  inline T min(T a, T b) { return b < a ? b : a; } \
   inline T max(T a, T b) { return a < b ? b : a; }
 FT_EMU_MINMAX(int)
 FT_EMU_MINMAX(unsigned)

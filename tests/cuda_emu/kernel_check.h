@@ -135,8 +135,8 @@ void check_close(const std::vector<T>& got, const std::vector<T>& want, double r
   }
   if (got.empty()) return;
   INFO(what << ": " << bad << " of " << got.size() << " beyond the bound; worst at " << at
-            << ", got " << ft::to_f32(got[at]) << ", want "
-            << ft::to_f32(want[at]) << " (error / bound = " << worst << ")");
+            << ", got " << ft::to_f32(got[at]) << ", want " << ft::to_f32(want[at])
+            << " (error / bound = " << worst << ")");
   CHECK(worst <= 1.0);
 }
 

@@ -21,11 +21,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cuda/kernels_cuda.h"
 #include "core/half.h"
-#include "runtime/cuda/attention_gemm.h"
+#include "kernels/cuda/kernels_cuda.h"
 #include "kernels/kernels.h"
 #include "lib/core/error.h"
+#include "runtime/cuda/attention_gemm.h"
 #include "tests/cuda_emu/emu_test_util.h"
 #include "tests/cuda_emu/kernel_check.h"
 
@@ -57,8 +57,7 @@ void expect_close(const std::string& what, const std::vector<E>& got, const std:
                   double rtol, double atol_frac) {
   float amax = 0.0f;
   for (const E& r : ref) amax = std::max(amax, std::fabs(ft::to_f32(r)));
-  ft::cuda_test::check_close(got, ref, rtol, atol_frac, std::vector<float>(ref.size(), amax),
-                             what);
+  ft::cuda_test::check_close(got, ref, rtol, atol_frac, std::vector<float>(ref.size(), amax), what);
 }
 
 using ft::cuda_test::same_bits;
@@ -72,9 +71,9 @@ using ft::cuda_test::same_bits;
 // rounding boundary: one ulp of the type, up to 2^-7 (bf16) or 2^-10 (f16) of the value, and
 // twice that where the value sits just below a power of two and the other side rounds up to it.
 template <typename E>
-constexpr double kRtol = std::is_same_v<E, float>    ? 4e-6
+constexpr double kRtol = std::is_same_v<E, float>      ? 4e-6
                          : std::is_same_v<E, ft::bf16> ? 2.0 / 128
-                                                      : 2.0 / 1024;
+                                                       : 2.0 / 1024;
 constexpr double kAtolFrac = 4e-6;
 // On tensor cores the 16-bit path also rounds P (before P·V and Pᵀ·dO) and dS (before dS·K and
 // dSᵀ·Q) to E, as tensor-core attention does: each product term then carries up to one more
@@ -82,17 +81,20 @@ constexpr double kAtolFrac = 4e-6;
 // error at the scale of its largest terms. So the bound adds two units of E's rounding of the
 // tensor's largest value. fp32 keeps every value in fp32: only the sum orders differ.
 template <typename E>
-constexpr double kGemmAtolFrac = std::is_same_v<E, float>    ? 4e-6
+constexpr double kGemmAtolFrac = std::is_same_v<E, float>      ? 4e-6
                                  : std::is_same_v<E, ft::bf16> ? 2.0 / 256
-                                                              : 2.0 / 2048;
+                                                               : 2.0 / 2048;
 
 enum class Path { kSimt, kGemm, kGemmSmallChunks };
 
 const char* path_name(Path p) {
   switch (p) {
-    case Path::kSimt: return "simt ";
-    case Path::kGemm: return "tensor-core ";
-    case Path::kGemmSmallChunks: return "tensor-core (7-position chunks, 1 or 4 slabs a GEMM) ";
+    case Path::kSimt:
+      return "simt ";
+    case Path::kGemm:
+      return "tensor-core ";
+    case Path::kGemmSmallChunks:
+      return "tensor-core (7-position chunks, 1 or 4 slabs a GEMM) ";
   }
   return "?";
 }
@@ -142,8 +144,8 @@ void check_shape(const Shape& s, Path path) {
       const size_t bytes = cu::attention_backward_scratch_bytes<E>(B, T, H, K, D);
       DeviceBuffer<unsigned char> scratch_d(bytes);
       cu::attention_backward<E>(gq.get(), gk.get(), gv.get(), dout_d.get(), out_ref_d.get(),
-                                lse_ref_d.get(), q_d.get(), k_d.get(), v_d.get(),
-                                scratch_d.get(), B, T, H, K, D, nullptr);
+                                lse_ref_d.get(), q_d.get(), k_d.get(), v_d.get(), scratch_d.get(),
+                                B, T, H, K, D, nullptr);
     } else {
       const ft::DType dt = dtype_of<E>();
       ft::cuda::AttentionGemmPlan plan = ft::cuda::attention_gemm_plan(B, T, K, H / K, dt);
@@ -153,24 +155,23 @@ void check_shape(const Shape& s, Path path) {
       ft::cuda::LtGemm lt(nullptr, 0, /*allow_tf32=*/false);
       DeviceBuffer<unsigned char> fwd(
           ft::cuda::attention_gemm_scratch_bytes(B, T, H, K, D, dt, plan, false));
-      ft::cuda::attention_gemm_forward(lt, dt, o.get(), l.get(), q_d.get(), k_d.get(), v_d.get(),
-                                       B, T, H, K, D, plan, fwd.get(), nullptr);
+      ft::cuda::attention_gemm_forward(lt, dt, o.get(), l.get(), q_d.get(), k_d.get(), v_d.get(), B,
+                                       T, H, K, D, plan, fwd.get(), nullptr);
       DeviceBuffer<unsigned char> bwd(
           ft::cuda::attention_gemm_scratch_bytes(B, T, H, K, D, dt, plan, true));
       DeviceBuffer<float> delta(nl);
-      ft::cuda::attention_gemm_backward(lt, dt, gq.get(), gk.get(), gv.get(), dout_d.get(),
-                                        out_ref_d.get(), lse_ref_d.get(), q_d.get(), k_d.get(),
-                                        v_d.get(), delta.get(), B, T, H, K, D, plan, bwd.get(),
-                                        nullptr);
+      ft::cuda::attention_gemm_backward(
+          lt, dt, gq.get(), gk.get(), gv.get(), dout_d.get(), out_ref_d.get(), lse_ref_d.get(),
+          q_d.get(), k_d.get(), v_d.get(), delta.get(), B, T, H, K, D, plan, bwd.get(), nullptr);
     }
     return CudaResult<E>{o.to_host(), gq.to_host(), gk.to_host(), gv.to_host(), l.to_host()};
   };
   const std::vector<uint64_t> seeds = ft::emu::test::test_seeds();
   const CudaResult<E> a = run(seeds[0]), b = run(seeds[1]);
 
-  const std::string where = path_name(path) + std::string("B=") + std::to_string(B) + " T=" + std::to_string(T) +
-                            " H=" + std::to_string(H) + " K=" + std::to_string(K) +
-                            " D=" + std::to_string(D) + " ";
+  const std::string where = path_name(path) + std::string("B=") + std::to_string(B) +
+                            " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+                            " K=" + std::to_string(K) + " D=" + std::to_string(D) + " ";
   const double atol = path == Path::kSimt ? kAtolFrac : kGemmAtolFrac<E>;
   expect_close<E>(where + "out", a.out, out, kRtol<E>, atol);
   // lse is fp32 for every E, from the same fp32 scores: a few ulp of a value of a few units.
@@ -189,8 +190,8 @@ void check_shape(const Shape& s, Path path) {
 // T = 19 inside one key tile; T = 111 across 7 query tiles and 4 key tiles; each GQA ratio;
 // D below a warp (16), not a multiple of 32 (40), 64 and the maximum 128.
 const Shape kShapes[] = {
-    {1, 1, 1, 1, 16}, {2, 19, 2, 1, 40}, {1, 19, 4, 2, 128}, {1, 111, 2, 2, 64},
-    {1, 111, 4, 1, 16}, {3, 19, 4, 2, 16},
+    {1, 1, 1, 1, 16},   {2, 19, 2, 1, 40},  {1, 19, 4, 2, 128},
+    {1, 111, 2, 2, 64}, {1, 111, 4, 1, 16}, {3, 19, 4, 2, 16},
 };
 
 template <typename E>

@@ -5,8 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -44,14 +44,14 @@ std::vector<uint32_t> bits_of(const std::vector<float>& v) {
 // patterns (every exponent, NaNs included) and random values near f16's range.
 std::vector<float> float_inputs(size_t n) {
   const uint32_t special[] = {
-      0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u,  // ±0, ±inf
-      0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7fbfffffu,  // NaNs: quiet, signalling, payloads
-      0x7f812345u, 0xff9fe001u, 0x00000001u, 0x807fffffu,  // fp32 subnormals
-      0x7f7fffffu, 0x477fe000u, 0x477ff000u, 0x477fefffu,  // max float; f16 max, 65520, below
-      0x33000000u, 0x33000001u, 0x32ffffffu, 0x33800000u,  // 2^-25, 2^-24: f16 subnormals
-      0x387fc000u, 0x387fe000u, 0x38800000u, 0x387ff000u,  // f16's subnormal/normal boundary
-      0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u,  // bf16 ties to even and around them
-      0x3f801000u, 0x3f803000u, 0x3f800fffu, 0x3f801001u,  // f16 ties to even and around them
+      0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u,   // ±0, ±inf
+      0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7fbfffffu,   // NaNs: quiet, signalling, payloads
+      0x7f812345u, 0xff9fe001u, 0x00000001u, 0x807fffffu,   // fp32 subnormals
+      0x7f7fffffu, 0x477fe000u, 0x477ff000u, 0x477fefffu,   // max float; f16 max, 65520, below
+      0x33000000u, 0x33000001u, 0x32ffffffu, 0x33800000u,   // 2^-25, 2^-24: f16 subnormals
+      0x387fc000u, 0x387fe000u, 0x38800000u, 0x387ff000u,   // f16's subnormal/normal boundary
+      0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u,   // bf16 ties to even and around them
+      0x3f801000u, 0x3f803000u, 0x3f800fffu, 0x3f801001u,   // f16 ties to even and around them
       0x7f7f8000u, 0x7f7f7fffu, 0xc0490fdbu, 0x3eaaaaabu};  // bf16 overflow tie; -pi; 1/3
   std::vector<float> v;
   v.reserve(n);
@@ -136,8 +136,8 @@ TEST_CASE("cuda_emu convert: the inputs cover every 16-bit pattern and the awkwa
   CHECK(std::count(seen.begin(), seen.end(), true) == 65536);
   // Both roundings and both overflows occur among the fp32 inputs.
   const std::vector<float> x = float_inputs(64);
-  CHECK(to_f16(x[14]).bits == 0x7c00u);  // 65520 rounds to inf
-  CHECK(to_f16(x[13]).bits == 0x7bffu);  // f16 max
+  CHECK(to_f16(x[14]).bits == 0x7c00u);   // 65520 rounds to inf
+  CHECK(to_f16(x[13]).bits == 0x7bffu);   // f16 max
   CHECK(to_bf16(x[32]).bits == 0x7f80u);  // bf16 overflow tie rounds to inf
 }
 

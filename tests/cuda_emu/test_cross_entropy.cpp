@@ -15,8 +15,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/cuda/kernels_cuda.h"
 #include "core/half.h"
+#include "kernels/cuda/kernels_cuda.h"
 #include "kernels/kernels.h"
 #include "tests/cuda_emu/kernel_check.h"
 
@@ -45,9 +45,9 @@ std::vector<E> random_logits(size_t n, uint32_t seed) {
 // (up to 2^-7 and 2^-10 of the value, twice that just below a power of two). atol: a row's
 // gradient is at most scale (≥ 1/7) in magnitude; below 1e-9 nothing matters.
 template <typename E>
-constexpr double kRtol = std::is_same_v<E, float>    ? 1e-6
+constexpr double kRtol = std::is_same_v<E, float>      ? 1e-6
                          : std::is_same_v<E, ft::bf16> ? 2.0 / 128
-                                                      : 2.0 / 1024;
+                                                       : 2.0 / 1024;
 constexpr double kAtol = 1e-9;
 
 // The summed loss: fp32 statistics per row, double sums; 1e-6 relative is ~10 fp32 ulp of a
@@ -102,8 +102,8 @@ void check_whole_row(int N, int V) {
     DeviceBuffer<E> d(logits.size());
     REQUIRE(cudaMemset(d.get(), 0xff, sizeof(E) * d.size()) == cudaSuccess);
     const double loss = device_loss(0.5, [&](double* acc) {
-      cu::cross_entropy<E>(d.get(), logits_d.get(), targets_d.get(), mask_d.get(), N, V, scale,
-                           acc, scratch_d.get(), nullptr);
+      cu::cross_entropy<E>(d.get(), logits_d.get(), targets_d.get(), mask_d.get(), N, V, scale, acc,
+                           scratch_d.get(), nullptr);
     });
     expect_loss(where + "loss", loss - 0.5, loss_ref);
     dl[s] = d.to_host();
@@ -111,8 +111,8 @@ void check_whole_row(int N, int V) {
     // dlogits aliasing the logits (how the model calls it): the same result.
     DeviceBuffer<E> inplace(logits);
     const double loss2 = device_loss(0.0, [&](double* acc) {
-      cu::cross_entropy<E>(inplace.get(), inplace.get(), targets_d.get(), mask_d.get(), N, V,
-                           scale, acc, scratch_d.get(), nullptr);
+      cu::cross_entropy<E>(inplace.get(), inplace.get(), targets_d.get(), mask_d.get(), N, V, scale,
+                           acc, scratch_d.get(), nullptr);
     });
     CHECK_MESSAGE(loss2 + 0.5 == loss, where << "in place: loss " << loss2);
     CHECK_MESSAGE(same_bits(inplace.to_host(), dl[s]), where << "in place: other dlogits");
@@ -196,9 +196,9 @@ void check_vocab_parallel(int N, int V) {
                          scratch_d.get(), nullptr);
       });
       std::vector<E> dref(shard[i].size());
-      const double loss_ref = k::ce_finish<E>(dref.data(), shard[i].data(), rows.targets.data(),
-                                              rows.mask.data(), rmax.data(), sumexp.data(),
-                                              target.data(), N, Vs[i], begin[i], scale);
+      const double loss_ref =
+          k::ce_finish<E>(dref.data(), shard[i].data(), rows.targets.data(), rows.mask.data(),
+                          rmax.data(), sumexp.data(), target.data(), N, Vs[i], begin[i], scale);
       expect_loss(where + "ce_finish loss", loss, loss_ref);
       expect_loss(where + "ce_finish loss against the whole row", loss, whole_loss);
       const std::vector<E> dh = d.to_host();

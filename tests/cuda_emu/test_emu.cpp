@@ -13,7 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "tests/cuda_emu/cuda_emu.h"  // before common.cuh, as the emulated build force-includes it
+// The emulation before common.cuh, as the emulated build force-includes it.
+#include "tests/cuda_emu/cuda_emu.h"
+
 #include "kernels/cuda/common.cuh"
 #include "tests/cuda_emu/emu_test_util.h"
 
@@ -301,8 +303,10 @@ TEST_CASE("cuda_emu: barriers in divergent code and early returns are reported")
   for (uint64_t seed : {0ull, 3ull, 11ull}) {
     SeedScope scope(seed);
     DeviceBuffer<int> out(64);
-    std::string r =
-        report_of([&] { FT_LAUNCH(divergent_barrier_kernel, 2, 64, 0, nullptr)(out.get()); });
+    std::string r = report_of([&] {
+      FT_LAUNCH(divergent_barrier_kernel, 2, 64, 0, nullptr)
+      (out.get());
+    });
     CHECK(r.find("different barriers") != std::string::npos);
     CHECK(r.find("divergent_barrier_kernel") != std::string::npos);
     r = report_of([&] { FT_LAUNCH(partial_barrier_kernel, 1, 64, 0, nullptr)(out.get()); });
@@ -333,8 +337,10 @@ TEST_CASE("cuda_emu: an exception in a kernel and device calls from the host are
   for (uint64_t seed : {0ull, 13ull}) {
     SeedScope scope(seed);
     DeviceBuffer<int> out(32);
-    const std::string r =
-        report_of([&] { FT_LAUNCH(throwing_kernel, 2, 32, 0, nullptr)(out.get()); });
+    const std::string r = report_of([&] {
+      FT_LAUNCH(throwing_kernel, 2, 32, 0, nullptr)
+      (out.get());
+    });
     CHECK(r.find("the kernel threw: from the kernel") != std::string::npos);
   }
   CHECK_THROWS_WITH_AS(__syncthreads(), doctest::Contains("outside a kernel launch"),
@@ -357,8 +363,10 @@ TEST_CASE("cuda_emu: shuffles naming an exited, missing or non-participating lan
   for (uint64_t seed : {0ull, 4ull, 12ull}) {
     SeedScope scope(seed);
     DeviceBuffer<int> out(64);
-    std::string r =
-        report_of([&] { FT_LAUNCH(exited_lane_shuffle_kernel, 1, 32, 0, nullptr)(out.get()); });
+    std::string r = report_of([&] {
+      FT_LAUNCH(exited_lane_shuffle_kernel, 1, 32, 0, nullptr)
+      (out.get());
+    });
     CHECK(r.find("exited") != std::string::npos);
     CHECK(r.find("__shfl_xor_sync") != std::string::npos);
     // A full mask in a 16-thread block names 16 lanes that do not exist.
@@ -382,8 +390,10 @@ TEST_CASE("cuda_emu: a deadlock is reported") {
   for (uint64_t seed : {0ull, 6ull}) {
     SeedScope scope(seed);
     DeviceBuffer<int> out(32);
-    const std::string r =
-        report_of([&] { FT_LAUNCH(deadlock_kernel, 1, 32, 0, nullptr)(out.get()); });
+    const std::string r = report_of([&] {
+      FT_LAUNCH(deadlock_kernel, 1, 32, 0, nullptr)
+      (out.get());
+    });
     CHECK(r.find("deadlock") != std::string::npos);
     CHECK(r.find("__syncthreads") != std::string::npos);
   }
@@ -402,7 +412,7 @@ TEST_CASE("cuda_emu: shuffle flavours, widths and votes follow CUDA's definition
   for (int t = 0; t < 32; ++t) {
     const int seg = t & ~7, l = t & 7;
     CHECK(got[size_t(t)] == seg + 3);
-    CHECK(got[size_t(32 + t)] == (l >= 2 ? t - 2 : t));    // out of range: own value
+    CHECK(got[size_t(32 + t)] == (l >= 2 ? t - 2 : t));  // out of range: own value
     CHECK(got[size_t(64 + t)] == (l + 2 < 8 ? t + 2 : t));
     CHECK(got[size_t(96 + t)] == (t ^ 5));
     CHECK(unsigned(got[size_t(128 + t)]) == ballot);
@@ -434,8 +444,8 @@ TEST_CASE("cuda_emu: integer atomics and dynamic shared memory") {
 
     const int threads = 64, blocks = 3;
     DeviceBuffer<float> out(threads * blocks);
-    FT_LAUNCH(dynamic_shared_kernel, blocks, threads, threads * sizeof(float), nullptr)(
-        out.get(), threads);
+    FT_LAUNCH(dynamic_shared_kernel, blocks, threads, threads * sizeof(float), nullptr)
+    (out.get(), threads);
     const std::vector<float> got = out.to_host();
     for (int b = 0; b < blocks; ++b) {
       CHECK(got[size_t(b * threads)] == float(threads * (threads - 1) / 2));
@@ -473,8 +483,7 @@ TEST_CASE("cuda_emu: bad launch configurations set the last error, as the runtim
 
 TEST_CASE("cuda_emu: a host pointer passed to a kernel is reported") {
   std::vector<int> host(32);
-  const std::string r =
-      report_of([&] { FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(host.data()); });
+  const std::string r = report_of([&] { FT_LAUNCH(noop_kernel, 1, 32, 0, nullptr)(host.data()); });
   CHECK(r.find("argument 1") != std::string::npos);
   CHECK(r.find("noop_kernel") != std::string::npos);
   // Null, one past the end of an allocation, and pinned host memory are fine.
@@ -534,8 +543,8 @@ TEST_CASE("cuda_emu: the runtime API checks where copies point and counts device
   CHECK(cudaHostUnregister(h.data()) == cudaErrorHostMemoryNotRegistered);
   cudaGetLastError();
   int ran = 0;
-  CHECK(cudaLaunchHostFunc(nullptr, [](void* p) { ++*static_cast<int*>(p); }, &ran) ==
-        cudaSuccess);
+  CHECK(cudaLaunchHostFunc(
+            nullptr, [](void* p) { ++*static_cast<int*>(p); }, &ran) == cudaSuccess);
   CHECK(ran == 1);
 
   cudaDeviceProp prop;

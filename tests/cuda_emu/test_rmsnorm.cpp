@@ -53,10 +53,9 @@ void check_rmsnorm(int N, int C, size_t offset) {
     DeviceBuf<float> ddw_acc(dw0);
     k::cuda::rmsnorm_backward(ddx_acc.get(), ddw_acc.get(), ddy.get(), dx_in.get(), dw_in.get(),
                               rstd_in.get(), N, C, true, scratch.get(), nullptr);
-    return std::vector<std::vector<uint8_t>>{to_bytes(dout.download()), to_bytes(drstd.download()),
-                                             to_bytes(ddx.download()), to_bytes(ddw.download()),
-                                             to_bytes(ddx_acc.download()),
-                                             to_bytes(ddw_acc.download())};
+    return std::vector<std::vector<uint8_t>>{
+        to_bytes(dout.download()), to_bytes(drstd.download()),   to_bytes(ddx.download()),
+        to_bytes(ddw.download()),  to_bytes(ddx_acc.download()), to_bytes(ddw_acc.download())};
   });
 
   // rstd: Σx² summed in another order (a block tree, not the CPU's running sum). The running

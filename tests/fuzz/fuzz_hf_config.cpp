@@ -56,8 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::vector<float> inv = ft::rope_inv_freq(m, head_dim);
     for (float f : inv) {
       if (!std::isfinite(f) || !(f > 0)) {
-        std::fprintf(stderr, "non-finite or non-positive inv_freq %g (head_dim %d)\n", f,
-                     head_dim);
+        std::fprintf(stderr, "non-finite or non-positive inv_freq %g (head_dim %d)\n", f, head_dim);
         std::abort();
       }
     }

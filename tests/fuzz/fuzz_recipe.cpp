@@ -46,9 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (res.ok()) {
     // A valid recipe round-trips through the YAML ft saves beside every run.
     const std::string yaml = ft::recipe_to_yaml(res.recipe);
-    ft::RecipeResult again =
-        ft::load_recipe(as_file(reinterpret_cast<const uint8_t*>(yaml.data()), yaml.size()), {},
-                        2, true);
+    ft::RecipeResult again = ft::load_recipe(
+        as_file(reinterpret_cast<const uint8_t*>(yaml.data()), yaml.size()), {}, 2, true);
     if (!again.ok()) std::abort();
   }
   return 0;

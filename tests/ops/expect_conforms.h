@@ -22,8 +22,7 @@ inline Report expect_conforms(Device& dev, Device& ref, const std::vector<Case>&
     options.on_case = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
   const Report r = run_cases(cases, dev, ref, options);
   MESSAGE(r.cases << " cases of " << r.cases_per_op.size() << " ops on " << dev.name()
-                  << (note.empty() ? note : ", " + note) << ": " << r.failures.size()
-                  << " failed");
+                  << (note.empty() ? note : ", " + note) << ": " << r.failures.size() << " failed");
   for (const std::string& f : r.failures) FAIL_CHECK(f);
   return r;
 }

@@ -27,12 +27,18 @@ namespace k = ft::kernels;
 
 template <typename T>
 constexpr Elem elem_of() {
-  if constexpr (std::is_same_v<T, float>) return Elem::kF32;
-  else if constexpr (std::is_same_v<T, bf16>) return Elem::kBF16;
-  else if constexpr (std::is_same_v<T, f16>) return Elem::kF16;
-  else if constexpr (std::is_same_v<T, double>) return Elem::kF64;
-  else if constexpr (std::is_same_v<T, int32_t>) return Elem::kI32;
-  else return Elem::kU8;
+  if constexpr (std::is_same_v<T, float>)
+    return Elem::kF32;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return Elem::kBF16;
+  else if constexpr (std::is_same_v<T, f16>)
+    return Elem::kF16;
+  else if constexpr (std::is_same_v<T, double>)
+    return Elem::kF64;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return Elem::kI32;
+  else
+    return Elem::kU8;
 }
 template <typename T>
 constexpr bool is16 = sizeof(T) == 2;
@@ -201,8 +207,11 @@ void linear_forward_case(Cases& cs, int N, int in_, int out_, bool acc) {
       N, out_, in_, [&](int n, int l) { return xf[size_t(n) * in_ + l]; },
       [&](int l, int o) { return Wf[size_t(o) * in_ + l]; },
       acc ? f32_of(y0) : std::vector<float>{});
-  Case c{"linear_forward", elem_name(elem_of<T>()),
-         cat("N=", N, " in=", in_, " out=", out_, acc ? " accumulate" : ""), {}, {}};
+  Case c{"linear_forward",
+         elem_name(elem_of<T>()),
+         cat("N=", N, " in=", in_, " out=", out_, acc ? " accumulate" : ""),
+         {},
+         {}};
   c.tensors = {acc ? inout("y", y0, gemm_tol<T>(in_), A)
                    : out<T>("y", size_t(N) * out_, gemm_tol<T>(in_), A),
                in("x", x), in("W", W)};
@@ -243,14 +252,16 @@ void linear_backward_case(Cases& cs, int N, int in_, int out_, bool with_dx, boo
               : acc_dx ? inout("dx", dx0, gemm_tol<T>(out_), dx_A)
                        : out<T>("dx", size_t(N) * in_, gemm_tol<T>(out_), dx_A);
   Tensor dW = with_dw ? inout("dW", dW0, gemm_tol<float>(N), dW_A) : null_out("dW", Elem::kF32);
-  Case c{"linear_backward", elem_name(elem_of<T>()),
+  Case c{"linear_backward",
+         elem_name(elem_of<T>()),
          cat("N=", N, " in=", in_, " out=", out_, with_dx ? (acc_dx ? " dx+=" : " dx") : "",
              with_dw ? " dW" : ""),
-         {}, {}};
+         {},
+         {}};
   c.tensors = {std::move(dx), std::move(dW), in("dy", dy), in("x", x), in("W", W)};
   c.run = [=](Device& d, const Args& a) {
-    d.ops().linear_backward(d.stream(), a.ref(0), a.f32(1), a.cref(2), a.cref(3), a.cref(4), N,
-                            in_, out_, acc_dx);
+    d.ops().linear_backward(d.stream(), a.ref(0), a.f32(1), a.cref(2), a.cref(3), a.cref(4), N, in_,
+                            out_, acc_dx);
   };
   cs.push_back(std::move(c));
 }
@@ -275,7 +286,7 @@ struct BiasShape {
 // One element; odd sizes; rows of whole 16-byte packs, aligned and one element off (the scalar
 // path); more rows than one chunk of the CUDA gradient (600, 1000: partial rows summed in
 // another order than the CPU's row by row).
-const BiasShape kBiasShapes[] = {{1, 1, 0},   {19, 111, 0},  {111, 19, 0},  {19, 64, 0},
+const BiasShape kBiasShapes[] = {{1, 1, 0},   {19, 111, 0}, {111, 19, 0},  {19, 64, 0},
                                  {19, 64, 1}, {600, 67, 0}, {1000, 256, 0}};
 std::string bias_shape(const BiasShape& b) {
   return cat("N=", b.N, " C=", b.C, b.offset ? " misaligned" : "");
@@ -330,9 +341,11 @@ struct EmbeddingShape {
 };
 // The whole table; a shard in the middle (ids below and above it give zero rows); many
 // tokens over few rows (duplicate ids: the backward's order of additions).
-const EmbeddingShape kEmbeddingShapes[] = {
-    {1, 1, 3, 0, 3}, {19, 111, 50, 0, 50}, {111, 19, 200, 37, 100}, {111, 64, 7, 0, 7},
-    {1000, 67, 512, 128, 256}};
+const EmbeddingShape kEmbeddingShapes[] = {{1, 1, 3, 0, 3},
+                                           {19, 111, 50, 0, 50},
+                                           {111, 19, 200, 37, 100},
+                                           {111, 64, 7, 0, 7},
+                                           {1000, 67, 512, 128, 256}};
 
 // A copy of table rows or zeros: exact in every type.
 void add_embedding_forward_cases(Cases& cs) {
@@ -340,10 +353,12 @@ void add_embedding_forward_cases(Cases& cs) {
     using T = decltype(t);
     for (const auto [N, C, vocab, v_begin, v_count] : kEmbeddingShapes) {
       const uint32_t s = uint32_t(N * 31 + C);
-      Case c{"embedding_forward", elem_name(elem_of<T>()),
-             cat("N=", N, " C=", C, " vocab=", vocab, " shard [", v_begin, ", ",
-                 v_begin + v_count, ")"),
-             {}, {}};
+      Case c{"embedding_forward",
+             elem_name(elem_of<T>()),
+             cat("N=", N, " C=", C, " vocab=", vocab, " shard [", v_begin, ", ", v_begin + v_count,
+                 ")"),
+             {},
+             {}};
       c.tensors = {out<T>("out", size_t(N) * C, kExact), in("ids", ids(size_t(N), 0, vocab, s)),
                    in("table", uniform<T>(size_t(v_count) * C, -1, 1, s + 1))};
       c.run = [=](Device& d, const Args& a) {
@@ -362,10 +377,12 @@ void add_embedding_backward_cases(Cases& cs) {
     using T = decltype(t);
     for (const auto [N, C, vocab, v_begin, v_count] : kEmbeddingShapes) {
       const uint32_t s = uint32_t(N * 37 + C);
-      Case c{"embedding_backward", elem_name(elem_of<T>()),
-             cat("N=", N, " C=", C, " vocab=", vocab, " shard [", v_begin, ", ",
-                 v_begin + v_count, ")"),
-             {}, {}};
+      Case c{"embedding_backward",
+             elem_name(elem_of<T>()),
+             cat("N=", N, " C=", C, " vocab=", vocab, " shard [", v_begin, ", ", v_begin + v_count,
+                 ")"),
+             {},
+             {}};
       c.tensors = {inout("dtable", uniform<float>(size_t(v_count) * C, -1, 1, s), kExact),
                    in("ids", ids(size_t(N), 0, vocab, s + 1)),
                    in("dout", uniform<T>(size_t(N) * C, -1, 1, s + 2))};
@@ -386,8 +403,8 @@ struct NormShape {
   int N, C;
   size_t offset;
 };
-const NormShape kNormShapes[] = {{1, 1, 0}, {19, 111, 0}, {111, 19, 0}, {5, 2051, 0},
-                                 {600, 24, 0}, {19, 64, 1}};
+const NormShape kNormShapes[] = {{1, 1, 0},    {19, 111, 0}, {111, 19, 0},
+                                 {5, 2051, 0}, {600, 24, 0}, {19, 64, 1}};
 constexpr float kEps = 1e-5f;
 // Σx² over a row of C in another order (a block tree against the CPU's running sum): each
 // carries ~√C·u relative error (a random walk of roundings, u = 2^-24); 2e-7·√C is ~3√C·u,
@@ -400,8 +417,11 @@ void add_rmsnorm_forward_cases(Cases& cs) {
     for (const auto [N, C, offset] : kNormShapes) {
       const uint32_t s = uint32_t(N * 1000 + C);
       const size_t nc = size_t(N) * C;
-      Case c{"rmsnorm_forward", elem_name(elem_of<T>()),
-             cat("N=", N, " C=", C, offset ? " misaligned" : ""), {}, {}};
+      Case c{"rmsnorm_forward",
+             elem_name(elem_of<T>()),
+             cat("N=", N, " C=", C, offset ? " misaligned" : ""),
+             {},
+             {}};
       // rstd: the row sum's error; out = w·(x·rstd): that, plus two roundings (1e-6).
       c.tensors = {out<T>("out", nc, rounded<T>(row_sum_rel(C) + 1e-6)),
                    out<float>("rstd", size_t(N), rounded<float>(row_sum_rel(C))),
@@ -443,10 +463,16 @@ void rmsnorm_backward_case(Cases& cs, const NormShape& shape, bool acc) {
   // instead of row by row: ~√N·u of the terms' size.
   const Tolerance dx_tol{acc ? 1e-6 : 0.0, row_sum_rel(C) + 1e-6, is16<T> ? 1.0 : 0.0, false};
   const Tolerance dw_tol{0, row_sum_rel(N), 0, false};
-  Case c{"rmsnorm_backward", elem_name(elem_of<T>()),
-         cat("N=", N, " C=", C, acc ? " dx+=" : "", offset ? " misaligned" : ""), {}, {}};
+  Case c{"rmsnorm_backward",
+         elem_name(elem_of<T>()),
+         cat("N=", N, " C=", C, acc ? " dx+=" : "", offset ? " misaligned" : ""),
+         {},
+         {}};
   c.tensors = {acc ? inout("dx", dx0, dx_tol, dx_scale) : out<T>("dx", nc, dx_tol, dx_scale),
-               inout("dw", dw0, dw_tol, dw_scale), in("dout", dy), in("x", x), in("w", w),
+               inout("dw", dw0, dw_tol, dw_scale),
+               in("dout", dy),
+               in("x", x),
+               in("w", w),
                in("rstd", rstd)};
   for (Tensor& t : c.tensors) t.offset = offset;
   c.run = [=](Device& d, const Args& a) {
@@ -486,8 +512,11 @@ void rope_case(Cases& cs, const RopeShape& r, bool backward) {
       const size_t a = h * D + i, b = a + D / 2;
       scale[a] = scale[b] = std::fabs(to_f32(x[a])) + std::fabs(to_f32(x[b]));
     }
-  Case c{backward ? "rope_backward" : "rope_forward", elem_name(elem_of<T>()),
-         cat("B=", B, " T=", T_, " nh=", nh, " D=", D), {}, {}};
+  Case c{backward ? "rope_backward" : "rope_forward",
+         elem_name(elem_of<T>()),
+         cat("B=", B, " T=", T_, " nh=", nh, " D=", D),
+         {},
+         {}};
   c.tensors = {inout("x", x, rounded<T>(0, 1e-6), scale), in("inv_freq", inv_freq)};
   c.run = [=](Device& d, const Args& a) {
     if (backward)
@@ -516,8 +545,7 @@ struct AttentionShape {
 // One token; GQA ratios 1, 2 and 4; T = 19 inside one tile, 111 across several; head dims 16,
 // 40 (not a multiple of 32), 64 and 128 (the SIMT kernels' largest).
 const AttentionShape kAttentionShapes[] = {
-    {1, 1, 1, 1, 16}, {2, 19, 4, 2, 40}, {1, 19, 4, 1, 16}, {1, 111, 2, 2, 64},
-    {2, 37, 8, 2, 128}};
+    {1, 1, 1, 1, 16}, {2, 19, 4, 2, 40}, {1, 19, 4, 1, 16}, {1, 111, 2, 2, 64}, {2, 37, 8, 2, 128}};
 
 // (rel, abs of the output's largest |value|), test_attention's. fp32: both sides compute in
 // fp32 and differ in the order of the sums and in exp: a few ulp per element and, where dQ/dK
@@ -527,9 +555,12 @@ const AttentionShape kAttentionShapes[] = {
 // largest value (2/256, 2/2048). The SIMT kernels keep P in fp32 and meet it with room.
 template <typename T>
 Tolerance attention_tol() {
-  if constexpr (std::is_same_v<T, float>) return Tolerance{4e-6, 4e-6, 0, true};
-  else if constexpr (std::is_same_v<T, bf16>) return Tolerance{2.0 / 128, 2.0 / 256, 0, true};
-  else return Tolerance{2.0 / 1024, 2.0 / 2048, 0, true};
+  if constexpr (std::is_same_v<T, float>)
+    return Tolerance{4e-6, 4e-6, 0, true};
+  else if constexpr (std::is_same_v<T, bf16>)
+    return Tolerance{2.0 / 128, 2.0 / 256, 0, true};
+  else
+    return Tolerance{2.0 / 1024, 2.0 / 2048, 0, true};
 }
 
 template <typename T>
@@ -543,7 +574,7 @@ AttentionInputs<T> attention_inputs(const AttentionShape& s) {
   const size_t nq = size_t(B) * T_ * H * D, nk = size_t(B) * T_ * K * D;
   const uint32_t seed = uint32_t(B * 1000 + T_ * 10 + H + K + D);
   // Scores of a few units: softmax rows neither uniform nor one-hot.
-  AttentionInputs<T> in{normal<T>(nq, 1.5f, seed), normal<T>(nk, 1.5f, seed + 1),
+  AttentionInputs<T> in{normal<T>(nq, 1.5f, seed),     normal<T>(nk, 1.5f, seed + 1),
                         normal<T>(nk, 1.0f, seed + 2), std::vector<T>(nq),
                         normal<T>(nq, 1.0f, seed + 3), std::vector<float>(size_t(B) * H * T_)};
   k::attention_forward<T>(in.out.data(), in.lse.data(), in.q.data(), in.k.data(), in.v.data(), B,
@@ -583,8 +614,13 @@ void add_attention_backward_cases(Cases& cs) {
       Case c{"attention_backward", elem_name(elem_of<T>()), attention_shape(s), {}, {}};
       c.tensors = {out<T>("dq", x.q.size(), attention_tol<T>()),
                    out<T>("dk", x.k.size(), attention_tol<T>()),
-                   out<T>("dv", x.v.size(), attention_tol<T>()), in("dout", x.dout),
-                   in("out", x.out), in("lse", x.lse), in("q", x.q), in("k", x.k), in("v", x.v)};
+                   out<T>("dv", x.v.size(), attention_tol<T>()),
+                   in("dout", x.dout),
+                   in("out", x.out),
+                   in("lse", x.lse),
+                   in("q", x.q),
+                   in("k", x.k),
+                   in("v", x.v)};
       c.run = [=](Device& d, const Args& a) {
         // The scratch this device asks for (the size query is part of the contract), NaN
         // to start with: a kernel must write what it reads.
@@ -593,9 +629,9 @@ void add_attention_backward_cases(Cases& cs) {
         Buffer<float> scratch(&d, n);
         const std::vector<float> nan(n, std::nanf(""));
         scratch.upload(nan.data(), n);
-        d.ops().attention_backward(d.stream(), a.ref(0), a.ref(1), a.ref(2), a.cref(3),
-                                   a.cref(4), a.f32(5), a.cref(6), a.cref(7), a.cref(8),
-                                   scratch.data(), B, T_, H, K, D);
+        d.ops().attention_backward(d.stream(), a.ref(0), a.ref(1), a.ref(2), a.cref(3), a.cref(4),
+                                   a.f32(5), a.cref(6), a.cref(7), a.cref(8), scratch.data(), B, T_,
+                                   H, K, D);
         d.synchronize();  // before the scratch goes
       };
       cs.push_back(std::move(c));
@@ -609,9 +645,7 @@ struct Length {
   size_t n, offset;
 };
 const Length kLengths[] = {{1, 0}, {19, 0}, {111, 0}, {70001, 0}, {111, 1}};
-std::string length_shape(const Length& l) {
-  return cat("n=", l.n, l.offset ? " misaligned" : "");
-}
+std::string length_shape(const Length& l) { return cat("n=", l.n, l.offset ? " misaligned" : ""); }
 
 // fp32: the device's expf is within 2 ulp of the CPU's and nvcc may fuse multiply-adds: a few
 // ulp on the product (1e-6 is ~8 ulp). dg's factor 1 + g(1 − s) cancels near g ≈ −1.28, so
@@ -649,8 +683,7 @@ void add_swiglu_backward_cases(Cases& cs) {
       for (Tensor& t : c.tensors) t.offset = l.offset;
       const size_t n = l.n;
       c.run = [=](Device& d, const Args& a) {
-        d.ops().swiglu_backward(d.stream(), a.ref(0), a.ref(1), a.cref(2), a.cref(3), a.cref(4),
-                                n);
+        d.ops().swiglu_backward(d.stream(), a.ref(0), a.ref(1), a.cref(2), a.cref(3), a.cref(4), n);
       };
       cs.push_back(std::move(c));
     }
@@ -695,8 +728,8 @@ void add_cross_entropy_cases(Cases& cs) {
       for (Grad g : {Grad::kSeparate, Grad::kNone, Grad::kInPlace}) {
         const uint32_t s = uint32_t(N * 100 + V);
         const size_t n = size_t(N) * V;
-        Case c{"cross_entropy", elem_name(elem_of<T>()), cat("N=", N, " V=", V, grad_name(g)),
-               {}, {}};
+        Case c{
+            "cross_entropy", elem_name(elem_of<T>()), cat("N=", N, " V=", V, grad_name(g)), {}, {}};
         // Logits with sd 3: a peaked softmax, as a trained model's.
         c.tensors = {dlogits_tensor<T>(g, n), in("logits", normal<T>(n, 3, s)),
                      in("targets", ids(size_t(N), 0, V, s + 1)), in("mask", mask_of(N)),
@@ -715,11 +748,10 @@ void add_cross_entropy_cases(Cases& cs) {
 struct ShardShape {
   int N, V, v_begin, vocab;
 };
-const ShardShape kShardShapes[] = {{1, 1, 0, 1}, {19, 111, 0, 111}, {111, 19, 37, 100},
-                                   {7, 4099, 4099, 3 * 4099}};
+const ShardShape kShardShapes[] = {
+    {1, 1, 0, 1}, {19, 111, 0, 111}, {111, 19, 37, 100}, {7, 4099, 4099, 3 * 4099}};
 std::string shard_shape(const ShardShape& s) {
-  return cat("N=", s.N, " V=", s.V, " shard [", s.v_begin, ", ", s.v_begin + s.V, ") of ",
-             s.vocab);
+  return cat("N=", s.N, " V=", s.V, " shard [", s.v_begin, ", ", s.v_begin + s.V, ") of ", s.vocab);
 }
 
 // The row's max of the same values: exact.
@@ -749,9 +781,12 @@ struct ShardInputs {
 template <typename T>
 ShardInputs<T> shard_inputs(const ShardShape& s) {
   const uint32_t seed = uint32_t(s.N * 100 + s.V + s.v_begin);
-  ShardInputs<T> x{normal<T>(size_t(s.N) * s.V, 3, seed), ids(size_t(s.N), 0, s.vocab, seed + 1),
-                   mask_of(s.N), std::vector<float>(size_t(s.N)),
-                   std::vector<double>(size_t(s.N)), std::vector<double>(size_t(s.N))};
+  ShardInputs<T> x{normal<T>(size_t(s.N) * s.V, 3, seed),
+                   ids(size_t(s.N), 0, s.vocab, seed + 1),
+                   mask_of(s.N),
+                   std::vector<float>(size_t(s.N)),
+                   std::vector<double>(size_t(s.N)),
+                   std::vector<double>(size_t(s.N))};
   k::row_max(x.row_max.data(), x.logits.data(), s.N, s.V);
   k::ce_partial(x.sumexp.data(), x.target_logit.data(), x.logits.data(), x.targets.data(),
                 x.mask.data(), x.row_max.data(), s.N, s.V, s.v_begin);
@@ -768,11 +803,14 @@ void add_ce_partial_cases(Cases& cs) {
       // sumexp: fp32 exps summed in another order (1e-6 relative, as the loss); the target's
       // logit is a copy, exact.
       c.tensors = {out<double>("sumexp", size_t(N), Tolerance{1e-6, 0, 0, false}),
-                   out<double>("target_logit", size_t(N), kExact), in("logits", x.logits),
-                   in("targets", x.targets), in("mask", x.mask), in("row_max", x.row_max)};
+                   out<double>("target_logit", size_t(N), kExact),
+                   in("logits", x.logits),
+                   in("targets", x.targets),
+                   in("mask", x.mask),
+                   in("row_max", x.row_max)};
       c.run = [=](Device& d, const Args& a) {
-        d.ops().ce_partial(d.stream(), a.f64(0), a.f64(1), a.cref(2), a.i32(3), a.u8(4),
-                           a.f32(5), N, V, v_begin);
+        d.ops().ce_partial(d.stream(), a.f64(0), a.f64(1), a.cref(2), a.i32(3), a.u8(4), a.f32(5),
+                           N, V, v_begin);
       };
       cs.push_back(std::move(c));
     }
@@ -787,13 +825,17 @@ void add_ce_finish_cases(Cases& cs) {
         const ShardInputs<T> x = shard_inputs<T>(s);
         const auto [N, V, v_begin, vocab] = s;
         Case c{"ce_finish", elem_name(elem_of<T>()), shard_shape(s) + grad_name(g), {}, {}};
-        c.tensors = {dlogits_tensor<T>(g, x.logits.size()), in("logits", x.logits),
-                     in("targets", x.targets), in("mask", x.mask), in("row_max", x.row_max),
-                     in("sumexp", x.sumexp), in("target_logit", x.target_logit),
+        c.tensors = {dlogits_tensor<T>(g, x.logits.size()),
+                     in("logits", x.logits),
+                     in("targets", x.targets),
+                     in("mask", x.mask),
+                     in("row_max", x.row_max),
+                     in("sumexp", x.sumexp),
+                     in("target_logit", x.target_logit),
                      inout("loss_acc", kLoss0, kLossTol)};
         c.run = [=](Device& d, const Args& a) {
-          d.ops().ce_finish(d.stream(), a.ref(0), a.cref(1), a.i32(2), a.u8(3), a.f32(4),
-                            a.f64(5), a.f64(6), N, V, v_begin, kScale, a.f64(7));
+          d.ops().ce_finish(d.stream(), a.ref(0), a.cref(1), a.i32(2), a.u8(3), a.f32(4), a.f64(5),
+                            a.f64(6), N, V, v_begin, kScale, a.f64(7));
         };
         cs.push_back(std::move(c));
       }
@@ -812,8 +854,11 @@ void convert_cases(Cases& cs) {
       const uint32_t bits = sizeof(Src) == 4 ? uint32_t(g()) : uint32_t(i * 40503u) & 0xffffu;
       std::memcpy(&src[i], &bits, sizeof(Src));
     }
-    Case c{"convert", cat(elem_name(elem_of<Src>()), " -> ", elem_name(elem_of<Dst>())),
-           length_shape(l), {}, {}};
+    Case c{"convert",
+           cat(elem_name(elem_of<Src>()), " -> ", elem_name(elem_of<Dst>())),
+           length_shape(l),
+           {},
+           {}};
     c.tensors = {out<Dst>("dst", l.n, kExact), in("src", src)};
     for (Tensor& t : c.tensors) t.offset = l.offset;
     const size_t n = l.n;
@@ -904,10 +949,12 @@ void adamw_case(Cases& cs, const Length& l, int64_t step, float grad_scale, bool
     v_scale[i] = kBeta2 * v[i] + (1 - kBeta2) * gi * gi;
   }
   const Tolerance p_tol{1e-6, 1e-6 * kLr, 0, false};
-  Case c{"adamw_update", copy ? elem_name(elem_of<T>()) : "f32",
+  Case c{"adamw_update",
+         copy ? elem_name(elem_of<T>()) : "f32",
          cat(length_shape(l), " t=", step, " grad_scale=", grad_scale,
              copy ? " with the compute copy" : ""),
-         {}, {}};
+         {},
+         {}};
   c.tensors = {inout("p", p, p_tol), in("g", g),
                inout("m", m, Tolerance{0, 1e-6, 0, false}, m_scale),
                inout("v", v, Tolerance{0, 1e-6, 0, false}, v_scale),
@@ -915,8 +962,8 @@ void adamw_case(Cases& cs, const Length& l, int64_t step, float grad_scale, bool
                     : null_out("p_compute", elem_of<T>())};
   for (Tensor& t : c.tensors) t.offset = l.offset;
   c.run = [=](Device& d, const Args& a) {
-    d.ops().adamw_update(d.stream(), a.f32(0), a.f32(1), a.f32(2), a.f32(3), n, kLr, kBeta1,
-                         kBeta2, kAdamEps, kWd, step, grad_scale, a.ref(4));
+    d.ops().adamw_update(d.stream(), a.f32(0), a.f32(1), a.f32(2), a.f32(3), n, kLr, kBeta1, kBeta2,
+                         kAdamEps, kWd, step, grad_scale, a.ref(4));
   };
   cs.push_back(std::move(c));
 }

@@ -16,34 +16,50 @@ namespace ft::op_test {
 
 size_t elem_size(Elem e) {
   switch (e) {
-    case Elem::kF32: return 4;
-    case Elem::kBF16: return 2;
-    case Elem::kF16: return 2;
-    case Elem::kF64: return 8;
-    case Elem::kI32: return 4;
-    case Elem::kU8: return 1;
+    case Elem::kF32:
+      return 4;
+    case Elem::kBF16:
+      return 2;
+    case Elem::kF16:
+      return 2;
+    case Elem::kF64:
+      return 8;
+    case Elem::kI32:
+      return 4;
+    case Elem::kU8:
+      return 1;
   }
   return 1;
 }
 
 const char* elem_name(Elem e) {
   switch (e) {
-    case Elem::kF32: return "f32";
-    case Elem::kBF16: return "bf16";
-    case Elem::kF16: return "f16";
-    case Elem::kF64: return "f64";
-    case Elem::kI32: return "i32";
-    case Elem::kU8: return "u8";
+    case Elem::kF32:
+      return "f32";
+    case Elem::kBF16:
+      return "bf16";
+    case Elem::kF16:
+      return "f16";
+    case Elem::kF64:
+      return "f64";
+    case Elem::kI32:
+      return "i32";
+    case Elem::kU8:
+      return "u8";
   }
   return "?";
 }
 
 DType dtype_of(Elem e) {
   switch (e) {
-    case Elem::kF32: return DType::kF32;
-    case Elem::kBF16: return DType::kBF16;
-    case Elem::kF16: return DType::kF16;
-    default: FT_FAIL("op harness: ", elem_name(e), " is not an element type of a Ref");
+    case Elem::kF32:
+      return DType::kF32;
+    case Elem::kBF16:
+      return DType::kBF16;
+    case Elem::kF16:
+      return DType::kF16;
+    default:
+      FT_FAIL("op harness: ", elem_name(e), " is not an element type of a Ref");
   }
 }
 
@@ -68,8 +84,10 @@ std::vector<std::string> check_coverage(const std::vector<Case>& cases) {
   }
   for (const std::string& op : op_names())
     if (count[op] == 0)
-      problems.push_back("op '" + op + "' of runtime/op_list.h has no conformance case: add "
-                         "them in tests/ops/op_cases.cpp (add_" + op + "_cases)");
+      problems.push_back("op '" + op +
+                         "' of runtime/op_list.h has no conformance case: add "
+                         "them in tests/ops/op_cases.cpp (add_" +
+                         op + "_cases)");
   return problems;
 }
 
@@ -131,12 +149,33 @@ std::vector<std::vector<uint8_t>> run_on(const Case& c, Device& dev) {
 
 double value_at(Elem e, const uint8_t* p) {
   switch (e) {
-    case Elem::kF32: { float v; std::memcpy(&v, p, 4); return v; }
-    case Elem::kBF16: { bf16 v; std::memcpy(&v, p, 2); return to_f32(v); }
-    case Elem::kF16: { f16 v; std::memcpy(&v, p, 2); return to_f32(v); }
-    case Elem::kF64: { double v; std::memcpy(&v, p, 8); return v; }
-    case Elem::kI32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    case Elem::kU8: return *p;
+    case Elem::kF32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case Elem::kBF16: {
+      bf16 v;
+      std::memcpy(&v, p, 2);
+      return to_f32(v);
+    }
+    case Elem::kF16: {
+      f16 v;
+      std::memcpy(&v, p, 2);
+      return to_f32(v);
+    }
+    case Elem::kF64: {
+      double v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
+    case Elem::kI32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case Elem::kU8:
+      return *p;
   }
   return 0;
 }
@@ -165,7 +204,8 @@ double ulp_at(Elem e, const uint8_t* p) {
       const double a = std::fabs(w);
       return std::nextafter(a, std::numeric_limits<double>::infinity()) - a;
     }
-    default: return 0;
+    default:
+      return 0;
   }
 }
 
@@ -196,8 +236,8 @@ std::string compare(const Tensor& t, const std::vector<uint8_t>& got,
     if (bad == 0) return "";
     *worst_ratio = std::numeric_limits<double>::infinity();
     std::ostringstream m;
-    m << t.name << ": " << bad << " of " << n << " elements differ in bits (" <<
-        (bits_only ? "the same kernels as the reference" : "an exact op") << "); first at ["
+    m << t.name << ": " << bad << " of " << n << " elements differ in bits ("
+      << (bits_only ? "the same kernels as the reference" : "an exact op") << "); first at ["
       << first << "]: got " << num(value_at(t.elem, &got[first * es])) << " ("
       << hex_bits(&got[first * es], es) << "), want " << num(value_at(t.elem, &want[first * es]))
       << " (" << hex_bits(&want[first * es], es) << ")";

@@ -152,7 +152,7 @@ class BrokenLinearForward final : public ForwardingOps<NoHook> {
     float f32 = 0;
     bf16 b16;
     f16 h16;
-    void* host = y.dtype == DType::kF32 ? static_cast<void*>(&f32)
+    void* host = y.dtype == DType::kF32    ? static_cast<void*>(&f32)
                  : y.dtype == DType::kBF16 ? static_cast<void*>(&b16)
                                            : static_cast<void*>(&h16);
     dev_.copy_to_host(host, at, es);

@@ -33,8 +33,8 @@ struct BlasSingleThread {
 
 // The kernel before FlashAttention-2 (ft up to commit 439e8f2), unchanged: probabilities
 // (B, H, T, T) saved by the forward, a (B, H, T, T) scratch in the backward.
-void materialised_forward(float* out, float* probs, const float* q, const float* k,
-                          const float* v, int B, int T, int H, int K, int D) {
+void materialised_forward(float* out, float* probs, const float* q, const float* k, const float* v,
+                          int B, int T, int H, int K, int D) {
   const int group = H / K;
   const float scale = 1.0f / std::sqrt(float(D));
   const int ldq = H * D, ldk = K * D;
@@ -68,9 +68,9 @@ void materialised_forward(float* out, float* probs, const float* q, const float*
     }
 }
 
-void materialised_backward(float* dq, float* dk, float* dv, const float* dout,
-                           const float* probs, const float* q, const float* k, const float* v,
-                           float* scratch, int B, int T, int H, int K, int D) {
+void materialised_backward(float* dq, float* dk, float* dv, const float* dout, const float* probs,
+                           const float* q, const float* k, const float* v, float* scratch, int B,
+                           int T, int H, int K, int D) {
   const int group = H / K;
   const float scale = 1.0f / std::sqrt(float(D));
   const int ldq = H * D, ldk = K * D;
@@ -134,8 +134,9 @@ int main(int argc, char** argv) {
   if (argc >= 7) reps = std::atoi(argv[6]);
   if (argc >= 8) threads = std::atoi(argv[7]);
   if (B < 1 || T < 1 || H < 1 || K < 1 || D < 1 || H % K != 0 || reps < 1 || threads < 1) {
-    std::fprintf(stderr, "usage: ft_bench_attention [B T H K D [REPS [THREADS]]], H a multiple "
-                         "of K, all positive\n");
+    std::fprintf(stderr,
+                 "usage: ft_bench_attention [B T H K D [REPS [THREADS]]], H a multiple "
+                 "of K, all positive\n");
     return 2;
   }
   omp_set_num_threads(threads);
@@ -178,15 +179,17 @@ int main(int argc, char** argv) {
     new_b.push_back(b1);
   }
   const double of = median(old_f), ob = median(old_b), nf = median(new_f), nb = median(new_b);
-  std::printf("attention B %d T %d H %d K %d D %d, %d threads, median of %d interleaved pairs\n",
-              B, T, H, K, D, threads, reps);
-  std::printf("  materialised (B,H,T,T): fwd %8.2f ms  bwd %8.2f ms  fwd+bwd %8.2f ms  "
-              "(P + dS buffers %.1f MiB)\n",
-              1e3 * of, 1e3 * ob, 1e3 * (of + ob), 2.0 * np * 4 / (1 << 20));
-  std::printf("  flash (tiles of %d):     fwd %8.2f ms  bwd %8.2f ms  fwd+bwd %8.2f ms  "
-              "(lse + backward scratch %.3f MiB)\n",
-              k::kAttnTile, 1e3 * nf, 1e3 * nb, 1e3 * (nf + nb),
-              double(lse.size() + delta.size()) * 4 / (1 << 20));
+  std::printf("attention B %d T %d H %d K %d D %d, %d threads, median of %d interleaved pairs\n", B,
+              T, H, K, D, threads, reps);
+  std::printf(
+      "  materialised (B,H,T,T): fwd %8.2f ms  bwd %8.2f ms  fwd+bwd %8.2f ms  "
+      "(P + dS buffers %.1f MiB)\n",
+      1e3 * of, 1e3 * ob, 1e3 * (of + ob), 2.0 * np * 4 / (1 << 20));
+  std::printf(
+      "  flash (tiles of %d):     fwd %8.2f ms  bwd %8.2f ms  fwd+bwd %8.2f ms  "
+      "(lse + backward scratch %.3f MiB)\n",
+      k::kAttnTile, 1e3 * nf, 1e3 * nb, 1e3 * (nf + nb),
+      double(lse.size() + delta.size()) * 4 / (1 << 20));
   std::printf("  speedup fwd+bwd: %.2fx   max |dq_flash - dq_materialised| = %.2g\n",
               (of + ob) / (nf + nb), double(diff));
   return 0;

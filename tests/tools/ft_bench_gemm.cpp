@@ -71,17 +71,23 @@ void bench_shape(int N, int in, int out, int repeats, double gflop[3]) {
   std::vector<T> y(size_t(N) * out), dx(size_t(N) * in);
   std::vector<float> dW(size_t(out) * in, 0.0f);
   const double flop = 2.0 * N * in * out;
-  gflop[0] = flop / 1e9 /
-             best_seconds([&] { k::linear_forward(y.data(), x.data(), W.data(), N, in, out); },
-                          repeats);
-  gflop[1] = flop / 1e9 / best_seconds([&] {
-               k::linear_backward<T>(dx.data(), nullptr, dy.data(), x.data(), W.data(), N, in,
-                                     out);
-             }, repeats);
-  gflop[2] = flop / 1e9 / best_seconds([&] {
-               k::linear_backward<T>(nullptr, dW.data(), dy.data(), x.data(), W.data(), N, in,
-                                     out);
-             }, repeats);
+  gflop[0] =
+      flop / 1e9 /
+      best_seconds([&] { k::linear_forward(y.data(), x.data(), W.data(), N, in, out); }, repeats);
+  gflop[1] =
+      flop / 1e9 /
+      best_seconds(
+          [&] {
+            k::linear_backward<T>(dx.data(), nullptr, dy.data(), x.data(), W.data(), N, in, out);
+          },
+          repeats);
+  gflop[2] =
+      flop / 1e9 /
+      best_seconds(
+          [&] {
+            k::linear_backward<T>(nullptr, dW.data(), dy.data(), x.data(), W.data(), N, in, out);
+          },
+          repeats);
 }
 
 // Milliseconds of the first call of a new shape (primitive creation included) and the best of
@@ -181,8 +187,8 @@ int main(int argc, char** argv) {
   for (const auto& f : first_shapes) {
     double first, cached;
     bench_first_call<ft::bf16>(f[0], f[1], f[2], &first, &cached);
-    std::printf("bf16 %dx%dx%d: first call %.3f ms (creates the primitive), cached %.4f ms\n",
-                f[0], f[1], f[2], first, cached);
+    std::printf("bf16 %dx%dx%d: first call %.3f ms (creates the primitive), cached %.4f ms\n", f[0],
+                f[1], f[2], first, cached);
   }
   return 0;
 }

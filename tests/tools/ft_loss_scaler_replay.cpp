@@ -16,8 +16,7 @@
 
 int main(int argc, char** argv) {
   if (argc != 8) {
-    std::fprintf(stderr,
-                 "usage: %s LOSS_SCALE INITIAL MIN WINDOW HYSTERESIS MAX_SKIPPED PATTERN\n",
+    std::fprintf(stderr, "usage: %s LOSS_SCALE INITIAL MIN WINDOW HYSTERESIS MAX_SKIPPED PATTERN\n",
                  argv[0]);
     return 2;
   }

@@ -158,7 +158,11 @@ TEST_CASE("attention (FlashAttention-2) matches the materialising reference, for
         shapes.push_back({T == 19 ? 2 : 1, T, hk.first, hk.second, D});
   uint32_t seed = 10;
   for (const Shape& s : shapes) {
-    CAPTURE(s.B); CAPTURE(s.T); CAPTURE(s.H); CAPTURE(s.K); CAPTURE(s.D);
+    CAPTURE(s.B);
+    CAPTURE(s.T);
+    CAPTURE(s.H);
+    CAPTURE(s.K);
+    CAPTURE(s.D);
     const size_t nq = size_t(s.B) * s.T * s.H * s.D, nk = size_t(s.B) * s.T * s.K * s.D;
     // Scores of a few units (q scaled by 2) so that rows are neither uniform nor one-hot.
     auto q = randn(nq, seed++, 2.0f), kk = randn(nk, seed++), v = randn(nk, seed++),
@@ -234,7 +238,11 @@ void check_16bit(double rel) {
   // accumulator) would exceed it.
   for (const Shape& s : {Shape{1, 1, 2, 2, 8}, Shape{2, 19, 4, 2, 8}, Shape{1, 111, 4, 1, 64},
                          Shape{1, k::kAttnTile + 1, 2, 2, 64}}) {
-    CAPTURE(s.B); CAPTURE(s.T); CAPTURE(s.H); CAPTURE(s.K); CAPTURE(s.D);
+    CAPTURE(s.B);
+    CAPTURE(s.T);
+    CAPTURE(s.H);
+    CAPTURE(s.K);
+    CAPTURE(s.D);
     const size_t nq = size_t(s.B) * s.T * s.H * s.D, nk = size_t(s.B) * s.T * s.K * s.D;
     auto q = randn(nq, 31, 2.0f), kk = randn(nk, 32), v = randn(nk, 33), dout = randn(nq, 34);
     auto round = [](std::vector<float>& x) {
@@ -252,15 +260,14 @@ void check_16bit(double rel) {
     std::vector<float> lse(size_t(s.B) * s.H * s.T);
     const size_t scratch = k::attention_backward_scratch_elems<E>(s.B, s.T, s.H, s.D);
     CHECK(scratch == size_t(s.B) * s.H * s.T + nq);  // Δ, and dQ accumulated in fp32
-    std::vector<float> work(scratch, NAN);  // the kernel must initialise it
-    k::attention_forward(out.data(), lse.data(), q16.data(), k16.data(), v16.data(), s.B, s.T,
-                         s.H, s.K, s.D);
+    std::vector<float> work(scratch, NAN);           // the kernel must initialise it
+    k::attention_forward(out.data(), lse.data(), q16.data(), k16.data(), v16.data(), s.B, s.T, s.H,
+                         s.K, s.D);
     // Backward from the fp32 reference's output rounded to E, as a 16-bit model would keep it.
     std::vector<float> ref_out_rounded = ref.out;
     const std::vector<E> o16 = round(ref_out_rounded);
     k::attention_backward(dq.data(), dk.data(), dv.data(), do16.data(), o16.data(), lse.data(),
-                          q16.data(), k16.data(), v16.data(), work.data(), s.B, s.T, s.H, s.K,
-                          s.D);
+                          q16.data(), k16.data(), v16.data(), work.data(), s.B, s.T, s.H, s.K, s.D);
     auto wide = [](const std::vector<E>& x) {
       std::vector<float> r(x.size());
       for (size_t i = 0; i < x.size(); ++i) r[i] = ft::to_f32(x[i]);

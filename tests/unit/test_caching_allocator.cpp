@@ -45,8 +45,8 @@ struct FakeDevice {
         },
         [this](void* p, size_t n) {
           auto it = segments.find(static_cast<char*>(p));
-          REQUIRE(it != segments.end());   // only what raw_alloc gave comes back
-          REQUIRE(it->second == n);        // with the size it was given for
+          REQUIRE(it != segments.end());  // only what raw_alloc gave comes back
+          REQUIRE(it->second == n);       // with the size it was given for
           std::free(p);
           segments.erase(it);
           used -= n;
@@ -171,7 +171,7 @@ TEST_CASE("caching allocator: split and coalesce") {
   CHECK(l3 == static_cast<char*>(big) + 3 * kMiB);
   a.deallocate(l2);
   a.deallocate(l3);
-  void* l4 = a.allocate(5 * kMiB);  // 1 MiB left: kept in the block, not split off
+  void* l4 = a.allocate(5 * kMiB);    // 1 MiB left: kept in the block, not split off
   void* l5 = a.allocate(kMiB + 512);  // cannot come from l4's segment
   CHECK(l4 == big);
   CHECK(!(l5 >= big && l5 < static_cast<void*>(static_cast<char*>(big) + 6 * kMiB)));
@@ -263,15 +263,20 @@ TEST_CASE("caching allocator: fragmentation keeps every block inside its segment
   CachingAllocator a = dev.make();
   std::vector<std::pair<char*, size_t>> live;
   unsigned seed = 19;
-  auto next = [&] { seed = seed * 1103515245u + 12345u; return (seed >> 8) % 111 + 1; };
+  auto next = [&] {
+    seed = seed * 1103515245u + 12345u;
+    return (seed >> 8) % 111 + 1;
+  };
   for (int i = 0; i < 300; ++i) {
     size_t n = (i % 7 == 0) ? next() * 37 * 1024 : next() * 257;  // small and large
     live.push_back({static_cast<char*>(a.allocate(n)), n});
   }
   std::vector<std::pair<char*, size_t>> kept;
   for (size_t i = 0; i < live.size(); ++i) {
-    if (i % 2) a.deallocate(live[i].first);
-    else kept.push_back(live[i]);
+    if (i % 2)
+      a.deallocate(live[i].first);
+    else
+      kept.push_back(live[i]);
   }
   const size_t raw_before = dev.raw_allocs;
   for (int i = 0; i < 100; ++i) {

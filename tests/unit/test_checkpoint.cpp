@@ -25,11 +25,11 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
-#include "parallel/tensor_parallel.h"
 #include "core/error.h"
 #include "model/layout.h"
 #include "optim/loss_scaler.h"
 #include "parallel/partition.h"
+#include "parallel/tensor_parallel.h"
 #include "recipe/recipe.h"
 #include "runtime/device.h"
 #include "temp_dir.h"
@@ -93,11 +93,16 @@ struct WholeState {
 nlohmann::json manifest_for(const ft::ModelConfig& c, int D, int T, int64_t step) {
   nlohmann::json j;
   j["layout"] = {{"world", D * T}, {"data", D}, {"tensor", T}, {"pipeline", 1}, {"zero_stage", 0}};
-  j["model"] = {{"arch", c.arch},           {"dim", c.dim},
-                {"n_layers", c.n_layers},   {"n_heads", c.n_heads},
-                {"n_kv_heads", c.n_kv_heads}, {"ffn_dim", c.ffn_dim},
-                {"vocab_size", c.vocab_size}, {"max_seq_len", c.max_seq_len},
-                {"rope_theta", c.rope_theta}, {"norm_eps", c.norm_eps},
+  j["model"] = {{"arch", c.arch},
+                {"dim", c.dim},
+                {"n_layers", c.n_layers},
+                {"n_heads", c.n_heads},
+                {"n_kv_heads", c.n_kv_heads},
+                {"ffn_dim", c.ffn_dim},
+                {"vocab_size", c.vocab_size},
+                {"max_seq_len", c.max_seq_len},
+                {"rope_theta", c.rope_theta},
+                {"norm_eps", c.norm_eps},
                 {"tie_embeddings", c.tie_embeddings}};
   j["optimizer"] = {{"step", step * 10}};
   // The tensor table the trainer writes (lib/train/train_state.cpp), which readers check
@@ -222,7 +227,8 @@ TEST_CASE("checkpoint: data 2 x tensor 2 pieces read back at tensor 2 and at ten
   CHECK(c.total_s >= 0);
   CHECK(c.blocking_s == c.total_s);  // synchronous: the whole save blocks
   uint64_t bytes = 0;
-  for (int r = 0; r < 4; ++r) bytes += fs::file_size(folder + "/rank_0000" + std::to_string(r) + ".bin");
+  for (int r = 0; r < 4; ++r)
+    bytes += fs::file_size(folder + "/rank_0000" + std::to_string(r) + ".bin");
   CHECK(c.bytes == bytes);
   CHECK(fs::exists(folder + "/COMPLETE"));
   CHECK(fs::path(ft::ckpt::latest_checkpoint(dir.path)) == fs::path(folder));
@@ -464,24 +470,23 @@ TEST_CASE("checkpoint: every number of a manifest is a checked integer, named by
       {"n_heads not dividing dim", [](J& j) { j["model"]["n_heads"] = 3; }, "model.n_heads"},
       {"rope_theta NaN-ish string", [](J& j) { j["model"]["rope_theta"] = "nan"; },
        "model.rope_theta"},
-      {"tie_embeddings 1", [](J& j) { j["model"]["tie_embeddings"] = 1; },
-       "model.tie_embeddings"},
+      {"tie_embeddings 1", [](J& j) { j["model"]["tie_embeddings"] = 1; }, "model.tie_embeddings"},
       {"optimizer step 1e30", [](J& j) { j["optimizer"]["step"] = 1e30; }, "optimizer.step"},
       {"data.tokens -1", [](J& j) { j["data"]["tokens"] = -1; }, "data.tokens"},
-      {"data.next_step another step", [](J& j) { j["data"]["next_step"] = 9; },
-       "data.next_step"},
+      {"data.next_step another step", [](J& j) { j["data"]["next_step"] = 9; }, "data.next_step"},
       {"a shape of 0 elements", [](J& j) { j["tensors"][1]["shape"][0] = 0; },
        "tensors[1].shape[0]"},
       {"a shape of 2^62 elements",
-       [](J& j) { j["tensors"][1]["shape"] = {int64_t(1) << 31, int64_t(1) << 31}; },
+       [](J& j) {
+         j["tensors"][1]["shape"] = {int64_t(1) << 31, int64_t(1) << 31};
+       },
        "tensors[1].shape"},
       {"a dtype enum", [](J& j) { j["tensors"][0]["dtype"] = "f64"; }, "tensors[0].dtype"},
       {"a shard of another rank", [](J& j) { j["shards"][1]["rank"] = 3; }, "shards[1].rank"},
       {"shard bytes 1e30", [](J& j) { j["shards"][0]["bytes"] = 1e30; }, "shards[0].bytes"},
       {"a shard outside the folder", [](J& j) { j["shards"][0]["file"] = "../x.bin"; },
        "shards[0].file"},
-      {"crc32 2^32", [](J& j) { j["pieces"][0]["crc32"] = uint64_t(1) << 32; },
-       "pieces[0].crc32"},
+      {"crc32 2^32", [](J& j) { j["pieces"][0]["crc32"] = uint64_t(1) << 32; }, "pieces[0].crc32"},
       {"a piece past the tensor end",
        [&](J& j) {
          for (auto& p : j["pieces"])
@@ -495,13 +500,11 @@ TEST_CASE("checkpoint: every number of a manifest is a checked integer, named by
        "pieces[0].end"},
       {"a reversed piece", [](J& j) { j["pieces"][0]["begin"] = j["pieces"][0]["end"]; },
        "pieces[0]"},
-      {"a missing piece (a gap)", [](J& j) { j["pieces"].erase(j["pieces"].begin()); },
-       "pieces"},
-      {"a duplicated piece (an overlap)",
-       [](J& j) { j["pieces"].push_back(j["pieces"][0]); }, "pieces["},
+      {"a missing piece (a gap)", [](J& j) { j["pieces"].erase(j["pieces"].begin()); }, "pieces"},
+      {"a duplicated piece (an overlap)", [](J& j) { j["pieces"].push_back(j["pieces"][0]); },
+       "pieces["},
       {"a piece group 1e30", [](J& j) { j["pieces"][0]["group"] = 1e30; }, "pieces[0].group"},
-      {"a piece state enum", [](J& j) { j["pieces"][0]["state"] = "momentum"; },
-       "pieces[0].state"},
+      {"a piece state enum", [](J& j) { j["pieces"][0]["state"] = "momentum"; }, "pieces[0].state"},
       {"tensor_rank past the layout", [](J& j) { j["pieces"][0]["tensor_rank"] = 2; },
        "pieces[0].tensor_rank"},
   };
@@ -520,8 +523,10 @@ TEST_CASE("checkpoint: every number of a manifest is a checked integer, named by
   J j = good;
   j["step"] = -7;
   write_text(folder + "/manifest.json", j.dump());
-  CHECK_THROWS_WITH_AS(ft::ckpt::read_manifest(folder), doctest::Contains("step: expected an "
-                       "integer from 0"), ft::Error);
+  CHECK_THROWS_WITH_AS(ft::ckpt::read_manifest(folder),
+                       doctest::Contains("step: expected an "
+                                         "integer from 0"),
+                       ft::Error);
   write_text(folder + "/manifest.json", "{\"format\": \"ft-checkpoint\", \"version\": 1, [");
   CHECK_THROWS_WITH_AS(ft::ckpt::read_manifest(folder), doctest::Contains("not valid JSON"),
                        ft::Error);
@@ -659,8 +664,8 @@ TEST_CASE("checkpoint: keep_last never counts or removes folders set aside as da
 TEST_CASE("checkpoint: a piece holding NaN or infinity is never committed") {
   WholeState ws(tiny_config(), 13);
   for (const bool async : {false, true}) {
-    for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
-                            -std::numeric_limits<float>::infinity()}) {
+    for (const float bad :
+         {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
       CAPTURE(async);
       CAPTURE(bad);
       TempDir dir;
@@ -687,11 +692,12 @@ TEST_CASE("checkpoint: a piece holding NaN or infinity is never committed") {
       } catch (const ft::Error& e) {
         err = e.what();
       }
-      CHECK(contains(err, "rank 0: refusing to save step 9: exp_avg of "
-                          "model.layers.0.input_layernorm.weight (group 1, layers.0) holds "));
+      CHECK(contains(err,
+                     "rank 0: refusing to save step 9: exp_avg of "
+                     "model.layers.0.input_layernorm.weight (group 1, layers.0) holds "));
       CHECK(contains(err, "at element 3 of the group"));
-      CHECK(contains(err, "the previous complete checkpoint is untouched: " +
-                              dir.file("step_00000008")));
+      CHECK(contains(
+          err, "the previous complete checkpoint is untouched: " + dir.file("step_00000008")));
       // Nothing of step 9 is committed or left behind but an empty folder; step 8 as it was.
       CHECK_FALSE(fs::exists(dir.file("step_00000009/COMPLETE")));
       CHECK_FALSE(fs::exists(dir.file("step_00000009/manifest.json")));

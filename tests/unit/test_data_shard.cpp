@@ -241,8 +241,8 @@ TEST_CASE("data/shard: shards of one folder must agree on vocab and tokenizer") 
     ShardAttributes a = test_attrs();
     a.tokenizer_sha256 = std::string(64, 'b');
     write_simple_shard(dir.file("shard_00001.h5"), a, 10);
-    CHECK_THROWS_WITH_AS(ShardSet(dir.path),
-                         has(dir.file("shard_00001.h5") + ": tokenizer_sha256"), Error);
+    CHECK_THROWS_WITH_AS(ShardSet(dir.path), has(dir.file("shard_00001.h5") + ": tokenizer_sha256"),
+                         Error);
   }
 }
 
@@ -300,8 +300,8 @@ void set_u64_dataset(const std::string& path, const char* name, const std::vecto
 
 // A shard written with the raw HDF5 API the way other writers (h5py) may store it: `file_type`
 // for tokens (e.g. big-endian), and a dataset creation property list for the storage.
-void write_raw_shard(const std::string& path, const std::vector<uint16_t>& tokens,
-                     hid_t file_type, hid_t dcpl, bool with_mask) {
+void write_raw_shard(const std::string& path, const std::vector<uint16_t>& tokens, hid_t file_type,
+                     hid_t dcpl, bool with_mask) {
   hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   REQUIRE(f >= 0);
   hsize_t n[1] = {tokens.size()};
@@ -385,8 +385,7 @@ TEST_CASE("data/shard: bos_id and eos_id must be -1 or ids of the vocabulary") {
   }
   SUBCASE("eos_id below -1") {
     h5_edit(path, [](hid_t f) { set_int_attr(f, "eos_id", -7); });
-    CHECK_THROWS_WITH_AS(read_shard_info(path), has(path + ": eos_id -7 is not a token id"),
-                         Error);
+    CHECK_THROWS_WITH_AS(read_shard_info(path), has(path + ": eos_id -7 is not a token id"), Error);
   }
 }
 
@@ -436,8 +435,8 @@ TEST_CASE("data/shard: contiguous, chunked, compressed, compact, big-endian stor
       CHECK(info.tokens.chunk_offsets.size() == 16);
     }
     // Windows inside one chunk, across chunk borders, the partly used last chunk, everything.
-    for (auto [start, count] : {std::pair<uint64_t, uint64_t>{0, 1}, {60, 10}, {5, 300},
-                                {950, 50}, {0, 1000}}) {
+    for (auto [start, count] :
+         {std::pair<uint64_t, uint64_t>{0, 1}, {60, 10}, {5, 300}, {950, 50}, {0, 1000}}) {
       std::vector<int32_t> got(count);
       std::vector<uint8_t> mask(count);
       set.read(s, start, count, got.data(), mask.data());
@@ -480,8 +479,8 @@ TEST_CASE("data/shard: the parent checks every reported offset against the file 
     return "begin 0\nshard 0 100 1 300 1 2 6162 2 0\n" + data_line + "\nend 0\n";
   };
   // 100 uint16 tokens = 200 bytes.
-  auto ok = detail::parse_shard_report(report("data 0 tokens contiguous 2 0 800 0 0"), paths,
-                                       {1000});
+  auto ok =
+      detail::parse_shard_report(report("data 0 tokens contiguous 2 0 800 0 0"), paths, {1000});
   REQUIRE(ok.size() == 1);
   CHECK(ok[0].tokens.offset == 800);
   CHECK(ok[0].attrs.tokenizer_sha256 == "ab");
@@ -499,8 +498,8 @@ TEST_CASE("data/shard: the parent checks every reported offset against the file 
   CHECK_THROWS_WITH_AS(
       detail::parse_shard_report(report("data 0 tokens chunked 2 0 0 64 1 0"), paths, {256}),
       has("/x/a.h5: the shard check sent a malformed report"), Error);
-  CHECK_THROWS_WITH_AS(
-      detail::parse_shard_report("begin 0\nerror 0 6f6f7073\n", paths, {256}), has("oops"), Error);
+  CHECK_THROWS_WITH_AS(detail::parse_shard_report("begin 0\nerror 0 6f6f7073\n", paths, {256}),
+                       has("oops"), Error);
   CHECK_THROWS_WITH_AS(detail::parse_shard_report("begin 0\n", paths, {256}), has("malformed"),
                        Error);
 }

@@ -241,8 +241,7 @@ TEST_CASE("dtype: core/half.h conversions equal lib/core's, every half and bf16 
       continue;
     }
     if ((h1 != h2 || b1 != b2) && ++mismatches <= 5)
-      FAIL_CHECK("bits " << u << ": f16 " << h1 << " vs " << h2 << ", bf16 " << b1 << " vs "
-                         << b2);
+      FAIL_CHECK("bits " << u << ": f16 " << h1 << " vs " << h2 << ", bf16 " << b1 << " vs " << b2);
   }
   CHECK(mismatches == 0);
 }

@@ -67,8 +67,7 @@ void check_close(const std::vector<float>& out, const std::vector<float>& ref,
   double worst = 0;  // largest error / tolerance
   size_t worst_i = 0;
   for (size_t i = 0; i < out.size(); ++i) {
-    const double tol =
-        u * std::fabs(ref[i]) + (1 + u) * 2.0 * K * 0x1p-24 * abs_sum[i] + 1e-30;
+    const double tol = u * std::fabs(ref[i]) + (1 + u) * 2.0 * K * 0x1p-24 * abs_sum[i] + 1e-30;
     const double ratio = std::fabs(double(out[i]) - ref[i]) / tol;
     if (!(ratio <= worst)) {  // NaN counts as the worst
       worst = std::isnan(ratio) ? INFINITY : ratio;
@@ -83,10 +82,13 @@ void check_close(const std::vector<float>& out, const std::vector<float>& ref,
 
 template <typename T>
 void check_linear(int N, int in, int out, bool accumulate, uint32_t seed) {
-  CAPTURE(N); CAPTURE(in); CAPTURE(out); CAPTURE(accumulate);
+  CAPTURE(N);
+  CAPTURE(in);
+  CAPTURE(out);
+  CAPTURE(accumulate);
   const double u = unit_roundoff<T>();
   // Inputs rounded to T once; the reference sees exactly the same values in fp32.
-  const auto x = round_to<T>(uniform(size_t(N) * in, seed));      // (N, in)
+  const auto x = round_to<T>(uniform(size_t(N) * in, seed));        // (N, in)
   const auto W = round_to<T>(uniform(size_t(out) * in, seed + 1));  // (out, in)
   const auto dy = round_to<T>(uniform(size_t(N) * out, seed + 2));  // (N, out)
   const auto y0 = round_to<T>(uniform(size_t(N) * out, seed + 3));  // (N, out) old y
@@ -107,8 +109,7 @@ void check_linear(int N, int in, int out, bool accumulate, uint32_t seed) {
   // backward: dx (N, in) (+)= dy · W in T; dW (out, in) += dyᵀ · x in fp32
   std::vector<T> dx = dx0;
   std::vector<float> dW = dW0;
-  k::linear_backward(dx.data(), dW.data(), dy.data(), x.data(), W.data(), N, in, out,
-                     accumulate);
+  k::linear_backward(dx.data(), dW.data(), dy.data(), x.data(), W.data(), N, in, out, accumulate);
   std::vector<float> dxr = accumulate ? widen(dx0) : std::vector<float>(dx.size());
   std::vector<float> dxa = absolute(dxr), dWr = dW0, dWa = absolute(dW0);
   k::linear_backward(dxr.data(), dWr.data(), dy32.data(), x32.data(), W32.data(), N, in, out,
@@ -129,8 +130,8 @@ void check_linear(int N, int in, int out, bool accumulate, uint32_t seed) {
 }
 
 // (N, in, out): single elements, odd sizes each way round, and a bench-model MLP shape.
-const int kShapes[][3] = {{1, 1, 1},     {1, 19, 111}, {19, 111, 1},   {111, 19, 19},
-                          {19, 1, 111},  {7, 111, 19}, {64, 512, 1408}, {111, 1408, 19}};
+const int kShapes[][3] = {{1, 1, 1},    {1, 19, 111}, {19, 111, 1},    {111, 19, 19},
+                          {19, 1, 111}, {7, 111, 19}, {64, 512, 1408}, {111, 1408, 19}};
 
 }  // namespace
 
@@ -162,8 +163,12 @@ TEST_CASE_TEMPLATE("linear bf16/f16: concurrent callers share the primitive cach
     k::linear_forward(y.data(), x.data(), W.data(), N, in, out);
   };
   {
-    std::thread a([&] { for (int s = 0; s < 3; ++s) run(s, together[s]); });
-    std::thread b([&] { for (int s = 2; s >= 0; --s) run(s, together[3 + s]); });
+    std::thread a([&] {
+      for (int s = 0; s < 3; ++s) run(s, together[s]);
+    });
+    std::thread b([&] {
+      for (int s = 2; s >= 0; --s) run(s, together[3 + s]);
+    });
     a.join();
     b.join();
   }
@@ -180,7 +185,7 @@ TEST_CASE("linear f16 keeps f16's mantissa, overflows to inf, and propagates NaN
   // through bf16 would lose it.
   const float fine = 1.0f + 0x1p-10f;
   std::vector<ft::f16> x = {ft::to_f16(fine), ft::to_f16(300.0f), ft::to_f16(NAN)};  // (3, 1)
-  std::vector<ft::f16> W = {ft::to_f16(1.0f)};                                     // (1, 1)
+  std::vector<ft::f16> W = {ft::to_f16(1.0f)};                                       // (1, 1)
   std::vector<ft::f16> y(3);
   k::linear_forward(y.data(), x.data(), W.data(), 3, 1, 1);
   CHECK(ft::to_f32(y[0]) == fine);
@@ -202,7 +207,7 @@ TEST_CASE("linear bf16 propagates NaN and inf into every output they touch") {
   const int N = 3, in = 19, out = 5;
   auto x = round_to<ft::bf16>(uniform(N * in, 7));
   const auto W = round_to<ft::bf16>(uniform(out * in, 8));
-  x[1 * in + 4] = ft::to_bf16(NAN);        // row 1 of y is all NaN
+  x[1 * in + 4] = ft::to_bf16(NAN);       // row 1 of y is all NaN
   x[2 * in + 0] = ft::to_bf16(INFINITY);  // row 2 is ±inf or NaN, never finite
   std::vector<ft::bf16> y(N * out);
   k::linear_forward(y.data(), x.data(), W.data(), N, in, out);

@@ -46,7 +46,7 @@ TEST_CASE("gpu choice: ranks spread over the visible GPUs in order") {
   CHECK(pick_gpu(0, 1) == 0);
   CHECK(pick_gpu(7, 1) == 0);
   CHECK(pick_gpu(5, 8) == 5);
-  CHECK(pick_gpu(9, 8) == 1);   // more ranks than GPUs: they share, round robin
+  CHECK(pick_gpu(9, 8) == 1);  // more ranks than GPUs: they share, round robin
   CHECK(pick_gpu(18, 19) == 18);
   CHECK_THROWS_AS(pick_gpu(0, 0), ft::Error);
   CHECK_THROWS_AS(pick_gpu(-1, 4), ft::Error);

@@ -49,15 +49,19 @@ TEST_CASE("hang message: names the step, the collective and the one silent rank"
       self, 30,
       {waiting(1, 12, "forward/backward", "all_reduce_sum #40 on the tensor group (ranks 0,1)", 29),
        silent(2, "node2"),
-       waiting(3, 12, "forward/backward", "all_reduce_sum #40 on the tensor group (ranks 2,3)", 29)});
+       waiting(3, 12, "forward/backward", "all_reduce_sum #40 on the tensor group (ranks 2,3)",
+               29)});
   CHECK(m.rfind("step 12 (gradient reduction): all_reduce_sum #41 on the data group "
-                "(ranks 0,2) made no progress for 30 s on rank 0 (timeout 30 s)", 0) == 0);
+                "(ranks 0,2) made no progress for 30 s on rank 0 (timeout 30 s)",
+                0) == 0);
   CHECK(has(m, "; rank 2 did not answer (rank 2 pid 102 on node2)"));
   // Ranks 1 and 3 wait in different groups: two entries, not one.
-  CHECK(has(m, "rank 1 is at step 12 (forward/backward) in all_reduce_sum #40 on the tensor "
-               "group (ranks 0,1)"));
-  CHECK(has(m, "rank 3 is at step 12 (forward/backward) in all_reduce_sum #40 on the tensor "
-               "group (ranks 2,3)"));
+  CHECK(has(m,
+            "rank 1 is at step 12 (forward/backward) in all_reduce_sum #40 on the tensor "
+            "group (ranks 0,1)"));
+  CHECK(has(m,
+            "rank 3 is at step 12 (forward/backward) in all_reduce_sum #40 on the tensor "
+            "group (ranks 2,3)"));
   CHECK(has(m, "raise runtime.collective_timeout_s"));
   CHECK(has(m, "exit code 3"));
   CHECK(m.find("every rank answered") == std::string::npos);
@@ -65,22 +69,23 @@ TEST_CASE("hang message: names the step, the collective and the one silent rank"
 
 TEST_CASE("hang message: ranks in the same place are one entry; several silent ranks listed") {
   const char* in = "all_reduce_max #7 on the world";
-  const std::string m = ft::hang_message(
-      waiting(1, 3, "stop and checkpoint flags", in, 5.04), 5,
-      {waiting(0, 3, "stop and checkpoint flags", in, 4.9), silent(2, "a"), silent(5, "b"),
-       waiting(3, 3, "stop and checkpoint flags", in, 4.8),
-       waiting(4, 3, "stop and checkpoint flags", in, 4.7)});
+  const std::string m =
+      ft::hang_message(waiting(1, 3, "stop and checkpoint flags", in, 5.04), 5,
+                       {waiting(0, 3, "stop and checkpoint flags", in, 4.9), silent(2, "a"),
+                        silent(5, "b"), waiting(3, 3, "stop and checkpoint flags", in, 4.8),
+                        waiting(4, 3, "stop and checkpoint flags", in, 4.7)});
   CHECK(has(m, "made no progress for 5.0 s on rank 1 (timeout 5.0 s)"));
   CHECK(has(m, "ranks 2,5 did not answer (rank 2 pid 102 on a, rank 5 pid 105 on b)"));
-  CHECK(has(m, "ranks 0,3,4 are at step 3 (stop and checkpoint flags) in all_reduce_max #7 on "
-               "the world"));
+  CHECK(has(m,
+            "ranks 0,3,4 are at step 3 (stop and checkpoint flags) in all_reduce_max #7 on "
+            "the world"));
 }
 
 TEST_CASE("hang message: every rank answered reads as a deadlock; outside the step loop") {
-  const std::string m = ft::hang_message(
-      waiting(0, 0, "start-up", "barrier #3 on the world", 3700), 3600,
-      {waiting(1, 0, "start-up", "broadcast #4 on the world", 3700),
-       waiting(2, 5, "reading the batch", "", 0)});
+  const std::string m =
+      ft::hang_message(waiting(0, 0, "start-up", "barrier #3 on the world", 3700), 3600,
+                       {waiting(1, 0, "start-up", "broadcast #4 on the world", 3700),
+                        waiting(2, 5, "reading the batch", "", 0)});
   CHECK(m.rfind("start-up: barrier #3 on the world made no progress for 3700 s", 0) == 0);
   CHECK(has(m, "every rank answered"));
   CHECK(has(m, "rank 1 is at start-up in broadcast #4 on the world"));

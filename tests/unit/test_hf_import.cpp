@@ -341,8 +341,8 @@ TEST_CASE("hf import: tied embeddings") {
                          has("tensor 'lm_head.weight' in '" + dir.file("model.safetensors") +
                              "' differs from 'model.embed_tokens.weight' in "),
                          ft::Error);
-    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, tied, buf.ptrs),
-                         has("max |difference| "), ft::Error);
+    CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, tied, buf.ptrs), has("max |difference| "),
+                         ft::Error);
     CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, tied, buf.ptrs),
                          has("set tie_word_embeddings to false"), ft::Error);
     CHECK(buf.untouched());
@@ -577,8 +577,8 @@ TEST_CASE("hf summary: mismatches are listed, not thrown, with load_hf_weights' 
   CHECK_FALSE(s.compatible());
   CHECK(s.check.missing == std::vector<std::string>{"model.layers.1.mlp.up_proj.weight"});
   // lm_head.weight has the embedding's shape: a tied copy, refused because its values differ.
-  CHECK(s.check.unexpected == std::vector<std::string>{"model.layers.0.self_attn.q_proj.bias",
-                                                       "model.layers.7"});
+  CHECK(s.check.unexpected ==
+        std::vector<std::string>{"model.layers.0.self_attn.q_proj.bias", "model.layers.7"});
   CHECK(s.check.tied_copy == "lm_head.weight");
   REQUIRE(s.check.bad_tensors.size() == 3);
   CHECK(doctest::String(s.check.bad_tensors[2].c_str()) ==

@@ -61,8 +61,8 @@ std::string bpe_model(const std::string& extra_trainer = "", const std::string& 
 }  // namespace
 
 TEST_CASE("parse_sp_model: pieces, proto2 defaults, negative ids, unknown fields") {
-  const std::string bytes = bpe_model(field_varint(43, -1) + field_varint(99, 7) +
-                                      field_bytes(98, "ignored"));
+  const std::string bytes =
+      bpe_model(field_varint(43, -1) + field_varint(99, 7) + field_bytes(98, "ignored"));
   const ft::SpModelInfo sp = ft::parse_sp_model(bytes, "m.model");
   REQUIRE(sp.pieces.size() == 9);
   CHECK(sp.pieces[7].text == kSp + "ab");
@@ -97,7 +97,7 @@ TEST_CASE("parse_sp_model: malformed input is an ft::Error naming the file") {
       CHECK(std::string(e.what()).find("dir/tok.model: not a SentencePiece model") == 0);
     }
   }
-  CHECK_THROWS_AS(ft::parse_sp_model("", "x"), ft::Error);                       // no pieces
+  CHECK_THROWS_AS(ft::parse_sp_model("", "x"), ft::Error);                              // no pieces
   CHECK_THROWS_AS(ft::parse_sp_model(bpe_model(field_varint(41, 9)), "x"), ft::Error);  // bos 9
   CHECK_THROWS_AS(ft::parse_sp_model(std::string(11, '\xff'), "x"), ft::Error);  // long varint
   CHECK_THROWS_AS(ft::parse_sp_model(varint(1 << 3 | 3), "x"), ft::Error);       // group
@@ -126,9 +126,15 @@ TEST_CASE("parse_sp_model: malformed input is an ft::Error naming the file") {
     for (int k = 0; k < 1 + int(rng() % 4); ++k) {
       const size_t at = rng() % b.size();
       switch (rng() % 3) {
-        case 0: b[at] = char(rng()); break;
-        case 1: b.resize(at + 1); break;
-        default: b.insert(at, 1, char(rng())); break;
+        case 0:
+          b[at] = char(rng());
+          break;
+        case 1:
+          b.resize(at + 1);
+          break;
+        default:
+          b.insert(at, 1, char(rng()));
+          break;
       }
     }
     try {
@@ -176,8 +182,7 @@ TEST_CASE("hf_tokenizer_json: BPE merges ranked by the merged piece's score, UTF
 TEST_CASE("hf_tokenizer_json: whitespace settings, no BOS, Unigram") {
   // Identity normalization (no charsmap), whitespace kept, no dummy prefix, no BOS: the
   // normalizer is empty and no post-processor adds anything.
-  const std::string raw = bpe_model(field_varint(41, -1),
-                                    field_varint(3, 0) + field_varint(4, 0));
+  const std::string raw = bpe_model(field_varint(41, -1), field_varint(3, 0) + field_varint(4, 0));
   ft::SpModelInfo sp = ft::parse_sp_model(raw, "m.model");
   sp.precompiled_charsmap.clear();
   json j = json::parse(ft::hf_tokenizer_json(sp));
@@ -187,11 +192,11 @@ TEST_CASE("hf_tokenizer_json: whitespace settings, no BOS, Unigram") {
 
   // Base64 of one and two trailing bytes.
   sp.precompiled_charsmap = "a";
-  CHECK(json::parse(ft::hf_tokenizer_json(sp))["normalizer"]["normalizers"][0]
-            ["precompiled_charsmap"] == "YQ==");
+  CHECK(json::parse(ft::hf_tokenizer_json(
+            sp))["normalizer"]["normalizers"][0]["precompiled_charsmap"] == "YQ==");
   sp.precompiled_charsmap = "abcde";
-  CHECK(json::parse(ft::hf_tokenizer_json(sp))["normalizer"]["normalizers"][0]
-            ["precompiled_charsmap"] == "YWJjZGU=");
+  CHECK(json::parse(ft::hf_tokenizer_json(
+            sp))["normalizer"]["normalizers"][0]["precompiled_charsmap"] == "YWJjZGU=");
 
   // Unigram: scores kept for normal pieces, control and unknown ones far below the lowest.
   ft::SpModelInfo uni = ft::parse_sp_model(bpe_model(), "m.model");

@@ -40,7 +40,11 @@ TEST_CASE("attention forward matches a plain loop; backward matches finite diffe
   const int shapes[][5] = {{2, 5, 3, 1, 7}, {1, 9, 2, 2, 4}, {2, 1, 4, 2, 6}, {1, 4, 1, 1, 3}};
   for (const auto& s : shapes) {
     const int B = s[0], T = s[1], H = s[2], K = s[3], D = s[4];
-    CAPTURE(B); CAPTURE(T); CAPTURE(H); CAPTURE(K); CAPTURE(D);
+    CAPTURE(B);
+    CAPTURE(T);
+    CAPTURE(H);
+    CAPTURE(K);
+    CAPTURE(D);
     auto q = randn(size_t(B) * T * H * D, 1), kk = randn(size_t(B) * T * K * D, 2),
          v = randn(size_t(B) * T * K * D, 3), R = randn(size_t(B) * T * H * D, 4);
     std::vector<float> out(q.size()), lse(size_t(B) * H * T);
@@ -60,7 +64,10 @@ TEST_CASE("attention forward matches a plain loop; backward matches finite diffe
             mx = std::max(mx, sc[j]);
           }
           double z = 0;
-          for (auto& x : sc) { x = std::exp(x - mx); z += x; }
+          for (auto& x : sc) {
+            x = std::exp(x - mx);
+            z += x;
+          }
           for (int e = 0; e < D; ++e) {
             double o = 0;
             for (int j = 0; j <= i; ++j) o += sc[j] / z * v[((b * T + j) * K + kh) * D + e];
@@ -77,9 +84,12 @@ TEST_CASE("attention forward matches a plain loop; backward matches finite diffe
       k::attention_forward(o.data(), l.data(), q.data(), kk.data(), v.data(), B, T, H, K, D);
       return dot(o, R);
     };
-    for (size_t i = 0; i < q.size(); i += 3) CHECK(dq[i] == doctest::Approx(fd(q, i, loss)).epsilon(2e-2).scale(1));
-    for (size_t i = 0; i < kk.size(); i += 2) CHECK(dk[i] == doctest::Approx(fd(kk, i, loss)).epsilon(2e-2).scale(1));
-    for (size_t i = 0; i < v.size(); i += 2) CHECK(dv[i] == doctest::Approx(fd(v, i, loss)).epsilon(2e-2).scale(1));
+    for (size_t i = 0; i < q.size(); i += 3)
+      CHECK(dq[i] == doctest::Approx(fd(q, i, loss)).epsilon(2e-2).scale(1));
+    for (size_t i = 0; i < kk.size(); i += 2)
+      CHECK(dk[i] == doctest::Approx(fd(kk, i, loss)).epsilon(2e-2).scale(1));
+    for (size_t i = 0; i < v.size(); i += 2)
+      CHECK(dv[i] == doctest::Approx(fd(v, i, loss)).epsilon(2e-2).scale(1));
   }
 }
 
@@ -94,8 +104,10 @@ TEST_CASE("rmsnorm backward matches finite differences and accumulates dw") {
     k::rmsnorm_forward(o.data(), r.data(), x.data(), w.data(), N, C, 1e-5f);
     return dot(o, R);
   };
-  for (size_t i = 0; i < x.size(); ++i) CHECK(dx[i] == doctest::Approx(fd(x, i, loss)).epsilon(2e-2).scale(1));
-  for (size_t i = 0; i < w.size(); ++i) CHECK(dw[i] - 0.5f == doctest::Approx(fd(w, i, loss)).epsilon(2e-2).scale(1));
+  for (size_t i = 0; i < x.size(); ++i)
+    CHECK(dx[i] == doctest::Approx(fd(x, i, loss)).epsilon(2e-2).scale(1));
+  for (size_t i = 0; i < w.size(); ++i)
+    CHECK(dw[i] - 0.5f == doctest::Approx(fd(w, i, loss)).epsilon(2e-2).scale(1));
 }
 
 TEST_CASE("rmsnorm backward with accumulate_dx: the plain dx added by add_inplace, bit for bit") {
@@ -114,8 +126,8 @@ TEST_CASE("rmsnorm backward with accumulate_dx: the plain dx added by add_inplac
       k::add_inplace(want.data(), dx.data(), NC);
 
       auto got = dx0;
-      k::rmsnorm_backward(got.data(), dw_acc.data(), dy.data(), x.data(), w.data(), rstd.data(),
-                          N, C, /*accumulate_dx=*/true);
+      k::rmsnorm_backward(got.data(), dw_acc.data(), dy.data(), x.data(), w.data(), rstd.data(), N,
+                          C, /*accumulate_dx=*/true);
       CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * NC) == 0);
       CHECK(std::memcmp(dw_acc.data(), dw.data(), sizeof(float) * C) == 0);  // dw as before
     }
@@ -131,14 +143,14 @@ TEST_CASE("rmsnorm backward through the ops: a dx overlapping dout or x is refus
   float* dout = buf.data() + N * C;
   float* dx = buf.data() + 2 * N * C;
   for (bool acc : {false, true}) {
-    CHECK_NOTHROW(ops->rmsnorm_backward({}, dx, dw.data(), dout, x, w.data(), rstd.data(), N, C,
-                                        acc));
-    CHECK_THROWS_WITH(ops->rmsnorm_backward({}, dout + 1, dw.data(), dout, x, w.data(),
-                                            rstd.data(), N, C, acc),
-                      doctest::Contains("dx overlaps dout or x"));
-    CHECK_THROWS_WITH(ops->rmsnorm_backward({}, x, dw.data(), dout, x, w.data(), rstd.data(), N,
-                                            C, acc),
-                      doctest::Contains("dx overlaps dout or x"));
+    CHECK_NOTHROW(
+        ops->rmsnorm_backward({}, dx, dw.data(), dout, x, w.data(), rstd.data(), N, C, acc));
+    CHECK_THROWS_WITH(
+        ops->rmsnorm_backward({}, dout + 1, dw.data(), dout, x, w.data(), rstd.data(), N, C, acc),
+        doctest::Contains("dx overlaps dout or x"));
+    CHECK_THROWS_WITH(
+        ops->rmsnorm_backward({}, x, dw.data(), dout, x, w.data(), rstd.data(), N, C, acc),
+        doctest::Contains("dx overlaps dout or x"));
     // x ending where dx begins: adjacent, no overlap.
     CHECK_NOTHROW(ops->rmsnorm_backward({}, buf.data() + 3 * N * C, dw.data(), dout, dx, w.data(),
                                         rstd.data(), N, C, acc));
@@ -182,7 +194,8 @@ TEST_CASE("swiglu and cross-entropy gradients match finite differences") {
   std::vector<int32_t> t = {3, 0, 10, 5};
   std::vector<uint8_t> m = {1, 0, 1, 1};
   std::vector<float> dl(N * V);
-  double total = k::cross_entropy_forward_backward(dl.data(), logits.data(), t.data(), m.data(), N, V, 0.5f);
+  double total =
+      k::cross_entropy_forward_backward(dl.data(), logits.data(), t.data(), m.data(), N, V, 0.5f);
   double expect = 0;
   for (int n2 = 0; n2 < N; ++n2) {
     if (!m[n2]) continue;
@@ -192,9 +205,11 @@ TEST_CASE("swiglu and cross-entropy gradients match finite differences") {
   }
   CHECK(total == doctest::Approx(expect).epsilon(1e-6));
   auto ce = [&]() {
-    return 0.5 * k::cross_entropy_forward_backward(nullptr, logits.data(), t.data(), m.data(), N, V, 0.f);
+    return 0.5 *
+           k::cross_entropy_forward_backward(nullptr, logits.data(), t.data(), m.data(), N, V, 0.f);
   };
-  for (size_t i = 0; i < logits.size(); ++i) CHECK(dl[i] == doctest::Approx(fd(logits, i, ce, 1e-2f)).epsilon(2e-2).scale(1e-3));
+  for (size_t i = 0; i < logits.size(); ++i)
+    CHECK(dl[i] == doctest::Approx(fd(logits, i, ce, 1e-2f)).epsilon(2e-2).scale(1e-3));
   for (int j = 0; j < V; ++j) CHECK(dl[1 * V + j] == 0.0f);  // masked row: no gradient
 }
 

@@ -30,7 +30,7 @@ LossScalerConfig dynamic_config(double initial, int64_t window, int hysteresis,
 }
 
 struct Step {
-  float used;   // scale() before update: the scale this step ran with
+  float used;  // scale() before update: the scale this step ran with
   bool skip, stop;
   float after;  // scale() after update: the next step's
   std::string reason;
@@ -63,7 +63,7 @@ std::string skips(const std::vector<Step>& steps) {
 
 TEST_CASE("loss scaler: the recipe's defaults are DeepSpeed's") {
   const LossScalerConfig c = loss_scaler_config(TrainingConfig{});
-  CHECK(c.loss_scale == 0);  // dynamic
+  CHECK(c.loss_scale == 0);         // dynamic
   CHECK(c.initial_scale == 65536);  // 2^initial_scale_power, power 16
   CHECK(c.window == 1000);
   CHECK(c.hysteresis == 2);
@@ -194,8 +194,8 @@ TEST_CASE("loss scaler: the scale grows only while it stays a finite float") {
   // 2^127 · 2 is inf in fp32: GradScaler keeps the scale then, and so does ft; the clean-step
   // count still restarts.
   LossScaler s(dynamic_config(std::ldexp(1.0, 127), 1, 1));
-  CHECK(scales_after(run(s, "..")) == std::vector<float>{std::ldexp(1.0f, 127),
-                                                         std::ldexp(1.0f, 127)});
+  CHECK(scales_after(run(s, "..")) ==
+        std::vector<float>{std::ldexp(1.0f, 127), std::ldexp(1.0f, 127)});
   CHECK(s.state().clean_steps == 0);
 }
 
@@ -294,8 +294,11 @@ TEST_CASE("loss scaler: a state saved under other settings is adapted to the rec
 
 TEST_CASE("loss scaler: a damaged state is refused, naming the key") {
   using J = nlohmann::json;
-  const J good = {{"scale", 1024.0}, {"clean_steps", 3}, {"hysteresis_left", 2},
-                  {"consecutive_skipped", 1}, {"total_skipped", 4}};
+  const J good = {{"scale", 1024.0},
+                  {"clean_steps", 3},
+                  {"hysteresis_left", 2},
+                  {"consecutive_skipped", 1},
+                  {"total_skipped", 4}};
   CHECK(LossScalerState::from_json(good, "m.json").scale == 1024.0f);
   // An integer scale, as another writer may put it, is a number like any other.
   J int_scale = good;

@@ -80,7 +80,7 @@ TEST_CASE("partition: pipeline stages tile the layers, sizes differ by at most o
 
 TEST_CASE("partition: ZeRO shards, worked cases") {
   CHECK(zero_shard_size(10, 1) == 10);
-  CHECK(shards(10, 1) == Shards{{0, 10}});           // one rank owns everything
+  CHECK(shards(10, 1) == Shards{{0, 10}});                          // one rank owns everything
   CHECK(shards(12, 4) == Shards{{0, 3}, {3, 6}, {6, 9}, {9, 12}});  // even
   // Uneven: ⌈10/4⌉ = 3 each, the last shard short (its buffer padded to 3).
   CHECK(zero_shard_size(10, 4) == 3);
@@ -104,7 +104,7 @@ TEST_CASE("partition: ZeRO shards tile the group in rank order, each within ⌈n
       CAPTURE(n);
       CAPTURE(D);
       const size_t s = zero_shard_size(n, D);
-      CHECK(s * size_t(D) >= n);        // D buffers of s hold the group (the all-gather's size)
+      CHECK(s * size_t(D) >= n);  // D buffers of s hold the group (the all-gather's size)
       CHECK(s * size_t(D) < n + size_t(D));  // ... with less than one element per rank padding
       size_t at = 0;
       for (int d = 0; d < D; ++d) {

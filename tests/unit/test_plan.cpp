@@ -10,8 +10,8 @@
 
 #include "core/error.h"
 #include "model/layout.h"
-#include "train/plan.h"
 #include "recipe/recipe.h"
+#include "train/plan.h"
 
 using ft::MemoryPlan;
 using ft::plan_memory;
@@ -128,7 +128,7 @@ TEST_CASE("plan: ZeRO stages on 2 data ranks (even shards: 40, 248, 248, 44)") {
   CHECK(z1.params.bytes == 4640);
   CHECK(z1.grads.bytes == 4640);
   CHECK(z1.optim.bytes == 8 * 580);
-  CHECK(z1.comm_buffers.bytes == 4 * 2 * 248);     // all-gather buffer D·max s
+  CHECK(z1.comm_buffers.bytes == 4 * 2 * 248);                 // all-gather buffer D·max s
   CHECK(z1.sent_data.bytes == 4640 + 4 * 580 + kDataScalars);  // + all-gather (D−1)·Σs
 
   CHECK(z2.params.bytes == 4640);
@@ -176,16 +176,16 @@ TEST_CASE("plan: bf16 and fp16: fp32 masters + a 2-byte copy, parameters move at
       return plan_memory(r, 2).ranks[1];
     };
     const RankPlan z0 = plan(0), z1 = plan(1), z2 = plan(2), z3 = plan(3);
-    CHECK(z0.params.bytes == (4 + 2) * 1160);       // masters of everything + the copy
-    CHECK(z0.grads.bytes == 4 * 1160);              // gradients stay fp32
+    CHECK(z0.params.bytes == (4 + 2) * 1160);  // masters of everything + the copy
+    CHECK(z0.grads.bytes == 4 * 1160);         // gradients stay fp32
     CHECK(z0.optim.bytes == 8 * 1160);
     CHECK(z0.sent_data.bytes == 4640 + kDataScalars);  // the fp32 gradient all-reduce
-    CHECK(z1.params.bytes == 4 * 580 + 2 * 1160);   // owned masters + the whole copy
-    CHECK(z1.comm_buffers.bytes == 2 * 2 * 248);    // the all-gather buffer, in bf16/fp16
+    CHECK(z1.params.bytes == 4 * 580 + 2 * 1160);      // owned masters + the whole copy
+    CHECK(z1.comm_buffers.bytes == 2 * 2 * 248);       // the all-gather buffer, in bf16/fp16
     CHECK(z1.sent_data.bytes == 4640 + 2 * 580 + kDataScalars);  // + the all-gather at 2 B
     // fp32 reduce-scatter, 2-byte all-gather
     CHECK(z2.sent_data.bytes == 4 * 580 + 2 * 580 + kDataScalarsZ2);
-    CHECK(z3.params.bytes == (4 + 2) * 580);        // master shards + their copy
+    CHECK(z3.params.bytes == (4 + 2) * 580);  // master shards + their copy
     // a gathered layer (2 B) + its working gradient (4 B)
     CHECK(z3.comm_buffers.bytes == (2 + 4) * 496);
     CHECK(z3.sent_data.bytes == 4 * 580 + 2 * (40 + 2 * 2 * 248 + 2 * 44) + kDataScalarsZ2);

@@ -23,12 +23,13 @@ uint64_t arg_value(DType t) { return uint64_t(t); }
 uint64_t arg_value(CRef r) { return uint64_t(uintptr_t(r.ptr)) | (uint64_t(r.dtype) << 56); }
 uint64_t arg_value(Ref r) { return arg_value(CRef(r)); }
 template <typename T>
-uint64_t arg_value(T* p) { return uint64_t(uintptr_t(p)); }
+uint64_t arg_value(T* p) {
+  return uint64_t(uintptr_t(p));
+}
 uint64_t arg_value(float f) { return std::bit_cast<uint32_t>(f); }
 uint64_t arg_value(double d) { return std::bit_cast<uint64_t>(d); }
 template <typename T>
-  requires std::is_integral_v<T>
-uint64_t arg_value(T i) { return uint64_t(i); }
+requires std::is_integral_v<T> uint64_t arg_value(T i) { return uint64_t(i); }
 
 struct Call {
   std::string op;
@@ -103,8 +104,8 @@ TEST_CASE("profile: the wrapper forwards every op unchanged and counts it by fam
   for (const Call& c : direct.calls) {
     if (c.op == "linear_backward" && (c.args[1] & kPtrBits) && c.args[2]) {
       Call dx = c, dw = c;
-      dx.args[2] = 0;            // dW
-      dw.args[1] &= ~kPtrBits;   // dx: null, of dx's dtype
+      dx.args[2] = 0;           // dW
+      dw.args[1] &= ~kPtrBits;  // dx: null, of dx's dtype
       expected.push_back(dx);
       expected.push_back(dw);
     } else {
@@ -149,8 +150,7 @@ TEST_CASE("profile: nothing is counted while not recording; the table names what
   CHECK(inner.calls.size() == 25);  // still forwarded
 
   prof.recording = true;
-  wrapped->adamw_update(Stream{}, a, b, a, b, 19, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f,
-                        Ref());
+  wrapped->adamw_update(Stream{}, a, b, a, b, 19, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f, Ref());
   { ProfileScope copy(&prof, OpFamily::kCopyHost); }
   { ProfileScope none(nullptr, OpFamily::kCopyHost); }  // no profile: a no-op
   prof.step_seconds = 2.0;

@@ -19,10 +19,10 @@ using ft::CudaBackend;
 using ft::Device;
 using ft::DeviceOptions;
 using ft::load_recipe;
-using ft::register_cuda_backend;
 using ft::Recipe;
 using ft::RecipeIssue;
 using ft::RecipeResult;
+using ft::register_cuda_backend;
 
 namespace {
 
@@ -450,13 +450,13 @@ TEST_CASE("recipe: fp16 loss scaling keys: defaults, ranges, powers of two") {
   CHECK(plain.warnings.empty());
 
   const RecipeResult r = s.load(s.base() +
-                                "training:\n"                        // 10
-                                "  loss_scale: 1000\n"               // 11
-                                "  loss_scale_window: 0\n"           // 12
-                                "  initial_loss_scale: 0\n"          // 13
-                                "  min_loss_scale: 0.3\n"            // 14
-                                "  loss_scale_hysteresis: 0\n"       // 15
-                                "  max_skipped_steps: -1\n");        // 16
+                                "training:\n"                   // 10
+                                "  loss_scale: 1000\n"          // 11
+                                "  loss_scale_window: 0\n"      // 12
+                                "  initial_loss_scale: 0\n"     // 13
+                                "  min_loss_scale: 0.3\n"       // 14
+                                "  loss_scale_hysteresis: 0\n"  // 15
+                                "  max_skipped_steps: -1\n");   // 16
   INFO(all_issues(r));
   auto check = [&](const char* key, int line, const char* message, const char* hint) {
     const RecipeIssue i = issue_for(r, key);
@@ -479,8 +479,8 @@ TEST_CASE("recipe: fp16 loss scaling keys: defaults, ranges, powers of two") {
   CHECK(r.issues.size() == 6);
 
   // Beyond 2^32 (Megatron's initial scale), and a negative static scale.
-  const RecipeResult big = s.load(s.base(), {"training.initial_loss_scale=8589934592",
-                                             "training.loss_scale=-2"});
+  const RecipeResult big =
+      s.load(s.base(), {"training.initial_loss_scale=8589934592", "training.loss_scale=-2"});
   CHECK(issue_for(big, "training.initial_loss_scale").message ==
         "8589934592 is out of range: must be in (0, 4294967296]");
   CHECK(issue_for(big, "training.loss_scale").message ==
@@ -491,8 +491,9 @@ TEST_CASE("recipe: fp16 loss scaling keys: defaults, ranges, powers of two") {
             .ok());
 
   // The dynamic scale falls from initial_loss_scale to min_loss_scale, never below.
-  const RecipeResult order = s.load(s.base() + "training: {initial_loss_scale: 1024, "
-                                               "min_loss_scale: 2048}\n");
+  const RecipeResult order = s.load(s.base() +
+                                    "training: {initial_loss_scale: 1024, "
+                                    "min_loss_scale: 2048}\n");
   const RecipeIssue i = issue_for(order, "training.min_loss_scale");
   CHECK(i.line == 10);
   CHECK(i.message == "training.min_loss_scale 2048 exceeds training.initial_loss_scale 1024");
@@ -504,17 +505,20 @@ TEST_CASE("recipe: fp16 loss scaling keys: defaults, ranges, powers of two") {
 TEST_CASE("recipe: fp16 loss scaling keys act only with fp16, which one warning says") {
   Scratch s;
   // Set with fp32 (the default) or bf16: one line naming the keys set away from their defaults.
-  const RecipeResult fp32 = s.load(s.base() + "training: {loss_scale_window: 200, "
-                                              "min_loss_scale: 1, max_skipped_steps: 5}\n");
+  const RecipeResult fp32 = s.load(s.base() +
+                                   "training: {loss_scale_window: 200, "
+                                   "min_loss_scale: 1, max_skipped_steps: 5}\n");
   INFO(all_issues(fp32));
   REQUIRE(fp32.ok());
   REQUIRE(fp32.warnings.size() == 1);
-  CHECK(fp32.warnings[0] == "training.loss_scale_window, training.max_skipped_steps act only "
-                            "with training.precision fp16; ignored in this fp32 run");
+  CHECK(fp32.warnings[0] ==
+        "training.loss_scale_window, training.max_skipped_steps act only "
+        "with training.precision fp16; ignored in this fp32 run");
   const RecipeResult bf16 = s.load(s.base(), {"training.precision=bf16", "training.loss_scale=8"});
   REQUIRE(bf16.warnings.size() == 1);
-  CHECK(bf16.warnings[0] == "training.loss_scale acts only with training.precision fp16; "
-                            "ignored in this bf16 run");
+  CHECK(bf16.warnings[0] ==
+        "training.loss_scale acts only with training.precision fp16; "
+        "ignored in this bf16 run");
   // A resolved recipe writes every key at its value: no warning when loaded again.
   const RecipeResult again =
       load_recipe(s.write("resolved.yaml", ft::recipe_to_yaml(s.load(s.base()).recipe)), {}, 1);
@@ -523,15 +527,16 @@ TEST_CASE("recipe: fp16 loss scaling keys act only with fp16, which one warning 
   CHECK(again.warnings.empty());
 
   // With fp16 the keys' own errors show.
-  const RecipeResult fp16 = s.load(s.base() + "training: {precision: fp16, loss_scale_window: 0, "
-                                              "loss_scale: 64, initial_loss_scale: 1024}\n");
-  CHECK(issue_for(fp16, "training.loss_scale_window").message ==
-        "0 is out of range: must be >= 1");
+  const RecipeResult fp16 = s.load(s.base() +
+                                   "training: {precision: fp16, loss_scale_window: 0, "
+                                   "loss_scale: 64, initial_loss_scale: 1024}\n");
+  CHECK(issue_for(fp16, "training.loss_scale_window").message == "0 is out of range: must be >= 1");
   CHECK(fp16.issues.size() == 1);
   // A static scale ignores the dynamic keys: said once, for those without an error of their own.
   REQUIRE(fp16.warnings.size() == 1);
-  CHECK(fp16.warnings[0] == "training.initial_loss_scale acts only with dynamic loss scaling "
-                            "(training.loss_scale 0); ignored with the static scale 64");
+  CHECK(fp16.warnings[0] ==
+        "training.initial_loss_scale acts only with dynamic loss scaling "
+        "(training.loss_scale 0); ignored with the static scale 64");
 }
 
 TEST_CASE("recipe: paths must exist") {
@@ -723,7 +728,8 @@ TEST_CASE("recipe: recipe_to_yaml round-trips every key") {
   INFO(yaml);
   CHECK(contains(yaml, "betas: [0.8, 0.9999]"));  // a flow list, as a person writes it
   CHECK(contains(yaml, "lr: 0.1"));               // shortest text, not 0.10000000000000001
-  const RecipeResult second = load_recipe(s.write("resolved.yaml", yaml), {}, 1, /*refuse_unbuilt=*/false);
+  const RecipeResult second =
+      load_recipe(s.write("resolved.yaml", yaml), {}, 1, /*refuse_unbuilt=*/false);
   INFO(all_issues(second));
   REQUIRE(second.ok());
   check_same(first.recipe, second.recipe);
@@ -925,9 +931,9 @@ TEST_CASE("recipe: derived sizes") {
 TEST_CASE("recipe: what this build cannot run is refused, so validate and train agree") {
   Scratch s;
   const std::string path = s.write("recipe.yaml", s.base() +
-                                                      "runtime: {device: cuda}\n"              // 10
-                                                      "parallel: {tensor: 2, pipeline: 2}\n"   // 11
-                                                      "checkpoint: {every_steps: 10}\n");      // 12
+                                                      "runtime: {device: cuda}\n"             // 10
+                                                      "parallel: {tensor: 2, pipeline: 2}\n"  // 11
+                                                      "checkpoint: {every_steps: 10}\n");     // 12
   RecipeResult res = load_recipe(path, {"checkpoint.every_minutes=5"}, 0);
   std::vector<std::string> keys;
   for (const auto& i : res.issues) keys.push_back(i.key_path);
@@ -956,6 +962,7 @@ TEST_CASE("recipe: the vocabulary must split over the tensor ranks (no silent pa
   RecipeResult res = s.load(s.base(), {"parallel.tensor=2", "model.vocab_size=255"}, 2);
   REQUIRE(res.issues.size() == 1);
   CHECK(res.issues[0].key_path == "parallel.tensor");
-  CHECK(res.issues[0].message == "model.vocab_size 255 does not split evenly over parallel.tensor 2");
+  CHECK(res.issues[0].message ==
+        "model.vocab_size 255 does not split evenly over parallel.tensor 2");
   CHECK(s.load(s.base(), {"parallel.tensor=2"}, 2).ok());  // vocab 256
 }

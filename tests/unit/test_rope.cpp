@@ -83,18 +83,19 @@ TEST_CASE("rope: inv_freq tables match transformers' formulas to one ulp") {
   // Values printed by tests/ref/llama_ref.py rope_inv_freq (transformers'
   // _compute_llama3_parameters written out in torch 1.13 fp32 ops) as float.hex().
   const std::vector<float> llama31 = {
-      0x1p+0f, 0x1.a11582p-1f, 0x1.53c38cp-1f, 0x1.14c708p-1f, 0x1.c2ef78p-2f, 0x1.6f56fap-2f,
-      0x1.2b3dc6p-2f, 0x1.e788c2p-3f, 0x1.8d276p-3f, 0x1.43874p-3f, 0x1.078d4p-3f, 0x1.ad6338p-4f,
-      0x1.5dc95ap-4f, 0x1.1cf13p-4f, 0x1.d03ccep-5f, 0x1.7a2d08p-5f, 0x1.34119p-5f, 0x1.f5ea7ep-6f,
-      0x1.98de92p-6f, 0x1.4d1272p-6f, 0x1.0f5386p-6f, 0x1.ba0dd8p-7f, 0x1.681adap-7f,
-      0x1.2558fep-7f, 0x1.ddee9ep-8f, 0x1.8554ecp-8f, 0x1.3d2804p-8f, 0x1.025c6ap-8f, 0x1.a4ee4p-9f,
-      0x1.1bfa0cp-9f, 0x1.67a23ap-10f, 0x1.c12f3cp-11f, 0x1.132ba4p-11f, 0x1.47e21p-12f,
-      0x1.765ba4p-13f, 0x1.90d10cp-14f, 0x1.46831ap-14f, 0x1.09fb7ep-14f, 0x1.b15902p-15f,
-      0x1.610332p-15f, 0x1.1f91fp-15f, 0x1.d484dep-16f, 0x1.7da9e8p-16f, 0x1.36e8eap-16f,
-      0x1.fa8b86p-17f, 0x1.9ca3eap-17f, 0x1.5024d6p-17f, 0x1.11d41ep-17f, 0x1.be2188p-18f,
-      0x1.6b6d0ep-18f, 0x1.280d96p-18f, 0x1.e257p-19f, 0x1.88ec2p-19f, 0x1.4014d2p-19f,
-      0x1.04be68p-19f, 0x1.a8d01p-20f, 0x1.5a0f4ep-20f, 0x1.19e8p-20f, 0x1.cb4a9ap-21f,
-      0x1.76258ep-21f, 0x1.30c94ep-21f, 0x1.f09184p-22f, 0x1.94836p-22f, 0x1.4985fep-22f};
+      0x1p+0f,         0x1.a11582p-1f,  0x1.53c38cp-1f,  0x1.14c708p-1f,  0x1.c2ef78p-2f,
+      0x1.6f56fap-2f,  0x1.2b3dc6p-2f,  0x1.e788c2p-3f,  0x1.8d276p-3f,   0x1.43874p-3f,
+      0x1.078d4p-3f,   0x1.ad6338p-4f,  0x1.5dc95ap-4f,  0x1.1cf13p-4f,   0x1.d03ccep-5f,
+      0x1.7a2d08p-5f,  0x1.34119p-5f,   0x1.f5ea7ep-6f,  0x1.98de92p-6f,  0x1.4d1272p-6f,
+      0x1.0f5386p-6f,  0x1.ba0dd8p-7f,  0x1.681adap-7f,  0x1.2558fep-7f,  0x1.ddee9ep-8f,
+      0x1.8554ecp-8f,  0x1.3d2804p-8f,  0x1.025c6ap-8f,  0x1.a4ee4p-9f,   0x1.1bfa0cp-9f,
+      0x1.67a23ap-10f, 0x1.c12f3cp-11f, 0x1.132ba4p-11f, 0x1.47e21p-12f,  0x1.765ba4p-13f,
+      0x1.90d10cp-14f, 0x1.46831ap-14f, 0x1.09fb7ep-14f, 0x1.b15902p-15f, 0x1.610332p-15f,
+      0x1.1f91fp-15f,  0x1.d484dep-16f, 0x1.7da9e8p-16f, 0x1.36e8eap-16f, 0x1.fa8b86p-17f,
+      0x1.9ca3eap-17f, 0x1.5024d6p-17f, 0x1.11d41ep-17f, 0x1.be2188p-18f, 0x1.6b6d0ep-18f,
+      0x1.280d96p-18f, 0x1.e257p-19f,   0x1.88ec2p-19f,  0x1.4014d2p-19f, 0x1.04be68p-19f,
+      0x1.a8d01p-20f,  0x1.5a0f4ep-20f, 0x1.19e8p-20f,   0x1.cb4a9ap-21f, 0x1.76258ep-21f,
+      0x1.30c94ep-21f, 0x1.f09184p-22f, 0x1.94836p-22f,  0x1.4985fep-22f};
   ft::ModelConfig m;
   m.rope_theta = 500000.0;
   m.rope_type = "llama3";
@@ -116,8 +117,8 @@ TEST_CASE("rope: inv_freq tables match transformers' formulas to one ulp") {
   CHECK(got[35] == base[35] / 8.0f);
 
   // Linear, factor 4, theta 10000, head_dim 16 (same source).
-  const std::vector<float> linear4 = {0x1p-2f,        0x1.43d136p-4f, 0x1.99999ap-6f,
-                                      0x1.030dc6p-7f, 0x1.47ae14p-9f, 0x1.9e7c7p-11f,
+  const std::vector<float> linear4 = {0x1p-2f,         0x1.43d136p-4f, 0x1.99999ap-6f,
+                                      0x1.030dc6p-7f,  0x1.47ae14p-9f, 0x1.9e7c7p-11f,
                                       0x1.0624dep-12f, 0x1.4b96cp-14f};
   ft::ModelConfig lin;
   lin.rope_type = "linear";
@@ -134,9 +135,9 @@ TEST_CASE("rope: inv_freq tables match transformers' formulas to one ulp") {
 TEST_CASE("rope: config.json in transformers 5 and 4 formats") {
   Folder f;
   SUBCASE("transformers 5: rope_parameters with rope_theta inside") {
-    const std::string dir = f.write(
-        "v5", config_json("\"rope_parameters\": {\"rope_theta\": 500000.0, " +
-                          std::string(kLlama3) + "}"));
+    const std::string dir =
+        f.write("v5", config_json("\"rope_parameters\": {\"rope_theta\": 500000.0, " +
+                                  std::string(kLlama3) + "}"));
     const ft::HfConfigRead r = ft::read_hf_config_located(dir);
     CHECK(r.model.rope_theta == 500000.0);
     CHECK(r.model.rope_type == "llama3");
@@ -150,17 +151,17 @@ TEST_CASE("rope: config.json in transformers 5 and 4 formats") {
     CHECK(r.warnings.empty());
   }
   SUBCASE("transformers 5: default rope, theta 500000 (ft once read 10000 here)") {
-    const std::string dir = f.write(
-        "v5d", config_json("\"rope_parameters\": {\"rope_type\": \"default\", "
-                           "\"rope_theta\": 500000.0}"));
+    const std::string dir =
+        f.write("v5d", config_json("\"rope_parameters\": {\"rope_type\": \"default\", "
+                                   "\"rope_theta\": 500000.0}"));
     const ft::ModelConfig m = ft::read_hf_config(dir);
     CHECK(m.rope_theta == 500000.0);
     CHECK(m.rope_type == "default");
   }
   SUBCASE("transformers 4: top-level rope_theta and rope_scaling") {
     const std::string dir = f.write(
-        "v4", config_json("\"rope_theta\": 500000.0, \"rope_scaling\": {" + std::string(kLlama3) +
-                          "}"));
+        "v4",
+        config_json("\"rope_theta\": 500000.0, \"rope_scaling\": {" + std::string(kLlama3) + "}"));
     const ft::HfConfigRead r = ft::read_hf_config_located(dir);
     CHECK(r.model.rope_theta == 500000.0);
     CHECK(r.model.rope_type == "llama3");
@@ -181,8 +182,8 @@ TEST_CASE("rope: config.json in transformers 5 and 4 formats") {
   }
   SUBCASE("both formats: agreeing is fine, rope_theta may sit at the top level only") {
     const ft::ModelConfig m = ft::read_hf_config(f.write(
-        "both", config_json("\"rope_theta\": 500000.0, \"rope_scaling\": {" +
-                            std::string(kLlama3) + "}, \"rope_parameters\": {" + kLlama3 + "}")));
+        "both", config_json("\"rope_theta\": 500000.0, \"rope_scaling\": {" + std::string(kLlama3) +
+                            "}, \"rope_parameters\": {" + kLlama3 + "}")));
     CHECK(m.rope_theta == 500000.0);
     CHECK(m.rope_type == "llama3");
   }
@@ -216,7 +217,8 @@ TEST_CASE("rope: config.json in transformers 5 and 4 formats") {
           type, config_json(std::string("\"rope_scaling\": {\"rope_type\": \"") + type +
                             "\", \"factor\": 4.0, \"original_max_position_embeddings\": 64}"));
       const std::string what = read_error(dir);
-      CHECK(what.find(std::string("rope type \"") + type + "\" (rope_scaling.rope_type) is not "
+      CHECK(what.find(std::string("rope type \"") + type +
+                      "\" (rope_scaling.rope_type) is not "
                       "implemented; ft implements default, linear, llama3") != std::string::npos);
       CHECK(what.find(dir) != std::string::npos);  // names the file
       // For ft inspect: reported, not thrown, with the type kept for display.
@@ -232,22 +234,22 @@ TEST_CASE("rope: config.json in transformers 5 and 4 formats") {
           std::string::npos);
     CHECK(missing.find("low_freq_factor is required") != std::string::npos);
     CHECK(missing.find("original_max_position_embeddings is required") != std::string::npos);
-    const std::string linear = read_error(
-        f.write("linear", config_json("\"rope_scaling\": {\"type\": \"linear\"}")));
+    const std::string linear =
+        read_error(f.write("linear", config_json("\"rope_scaling\": {\"type\": \"linear\"}")));
     CHECK(linear.find("rope_scaling.factor is required by rope type \"linear\"") !=
           std::string::npos);
-    const std::string band = read_error(f.write(
-        "band", config_json("\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, "
-                            "\"low_freq_factor\": 4, \"high_freq_factor\": 4, "
-                            "\"original_max_position_embeddings\": 8192}")));
+    const std::string band = read_error(
+        f.write("band", config_json("\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, "
+                                    "\"low_freq_factor\": 4, \"high_freq_factor\": 4, "
+                                    "\"original_max_position_embeddings\": 8192}")));
     CHECK(band.find("low_freq_factor 4 must be below high_freq_factor 4") != std::string::npos);
-    const std::string extra = read_error(f.write(
-        "extra", config_json("\"rope_parameters\": {" + std::string(kLlama3) +
-                             ", \"attention_factor\": 0.5}")));
+    const std::string extra =
+        read_error(f.write("extra", config_json("\"rope_parameters\": {" + std::string(kLlama3) +
+                                                ", \"attention_factor\": 0.5}")));
     CHECK(extra.find("rope_parameters.attention_factor = 0.5 is not implemented") !=
           std::string::npos);
-    const std::string partial = read_error(f.write(
-        "partial", config_json("\"partial_rotary_factor\": 0.5")));
+    const std::string partial =
+        read_error(f.write("partial", config_json("\"partial_rotary_factor\": 0.5")));
     CHECK(partial.find("partial_rotary_factor 0.5 is not implemented") != std::string::npos);
     const std::string theta_in_v4 = read_error(f.write(
         "v4theta", config_json("\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2, "
@@ -256,8 +258,7 @@ TEST_CASE("rope: config.json in transformers 5 and 4 formats") {
     // Fits a double, not the fp32 table: angles of inf or 0 would train silently.
     const std::string tiny = read_error(f.write(
         "tiny", config_json("\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 1e-300}")));
-    CHECK(tiny.find("RoPE inverse frequency 0 of head_dim 16 is inf in fp32") !=
-          std::string::npos);
+    CHECK(tiny.find("RoPE inverse frequency 0 of head_dim 16 is inf in fp32") != std::string::npos);
     const std::string huge = read_error(f.write("huge", config_json("\"rope_theta\": 1e300")));
     CHECK(huge.find("RoPE inverse frequency 7 of head_dim 16 is 0 in fp32") != std::string::npos);
     const std::string negative = read_error(f.write(
@@ -265,8 +266,8 @@ TEST_CASE("rope: config.json in transformers 5 and 4 formats") {
     CHECK(negative.find("rope_scaling.factor must be a number > 0, got -2") != std::string::npos);
   }
   SUBCASE("attention_dropout: a one-line warning above 0, refused when malformed") {
-    const ft::HfConfigRead d = ft::read_hf_config_located(
-        f.write("drop", config_json("\"attention_dropout\": 0.1")));
+    const ft::HfConfigRead d =
+        ft::read_hf_config_located(f.write("drop", config_json("\"attention_dropout\": 0.1")));
     REQUIRE(d.warnings.size() == 1);
     CHECK(d.warnings[0].find("attention_dropout is 0.1; ft has no dropout and trains this model "
                              "without it") != std::string::npos);
@@ -298,9 +299,11 @@ TEST_CASE("rope: recipe keys, with and without model.from") {
 
   SUBCASE("llama3 in a recipe: all four factors, and the resolved recipe reads back") {
     const ft::RecipeResult r = ft::load_recipe(
-        write("a.yaml", sizes + "  rope_theta: 500000\n  rope_type: llama3\n  rope_factor: 8\n"
-                                "  rope_low_freq_factor: 1\n  rope_high_freq_factor: 4\n"
-                                "  rope_original_max_seq_len: 8192\n" + data),
+        write("a.yaml", sizes +
+                            "  rope_theta: 500000\n  rope_type: llama3\n  rope_factor: 8\n"
+                            "  rope_low_freq_factor: 1\n  rope_high_freq_factor: 4\n"
+                            "  rope_original_max_seq_len: 8192\n" +
+                            data),
         {}, 1, false);
     INFO(issues(r));
     REQUIRE(r.ok());
@@ -312,40 +315,40 @@ TEST_CASE("rope: recipe keys, with and without model.from") {
     CHECK(again.ok());
     CHECK(again.recipe.model.rope_factor == 8.0);
     // A default recipe's resolved form (neutral factors written out) reads back too.
-    const ft::RecipeResult plain =
-        ft::load_recipe(write("plain.yaml", sizes + data), {}, 1, false);
+    const ft::RecipeResult plain = ft::load_recipe(write("plain.yaml", sizes + data), {}, 1, false);
     REQUIRE(plain.ok());
-    CHECK(ft::load_recipe(write("plain2.yaml", ft::recipe_to_yaml(plain.recipe)), {}, 1, false)
-              .ok());
+    CHECK(
+        ft::load_recipe(write("plain2.yaml", ft::recipe_to_yaml(plain.recipe)), {}, 1, false).ok());
   }
   SUBCASE("missing factors, unused factors, a reversed band") {
     const ft::RecipeResult r = ft::load_recipe(
-        write("b.yaml", sizes + "  rope_type: llama3\n  rope_low_freq_factor: 4\n" + data), {},
-        1, false);
+        write("b.yaml", sizes + "  rope_type: llama3\n  rope_low_freq_factor: 4\n" + data), {}, 1,
+        false);
     const std::string all = issues(r);
     CHECK(all.find("model.rope_factor: is required when model.rope_type is llama3") !=
           std::string::npos);
     CHECK(all.find("model.rope_high_freq_factor: is required") != std::string::npos);
     CHECK(all.find("model.rope_original_max_seq_len: is required") != std::string::npos);
-    const ft::RecipeResult u = ft::load_recipe(
-        write("c.yaml", sizes + "  rope_factor: 8\n" + data), {}, 1, false);
+    const ft::RecipeResult u =
+        ft::load_recipe(write("c.yaml", sizes + "  rope_factor: 8\n" + data), {}, 1, false);
     CHECK(issues(u).find("model.rope_factor: is set but model.rope_type default does not use "
                          "it") != std::string::npos);
     const ft::RecipeResult band = ft::load_recipe(
-        write("d.yaml", sizes + "  rope_type: llama3\n  rope_factor: 8\n"
-                                "  rope_low_freq_factor: 4\n  rope_high_freq_factor: 2\n"
-                                "  rope_original_max_seq_len: 64\n" + data),
+        write("d.yaml", sizes +
+                            "  rope_type: llama3\n  rope_factor: 8\n"
+                            "  rope_low_freq_factor: 4\n  rope_high_freq_factor: 2\n"
+                            "  rope_original_max_seq_len: 64\n" +
+                            data),
         {}, 1, false);
     CHECK(issues(band).find("model.rope_low_freq_factor 4 must be below "
                             "model.rope_high_freq_factor 2") != std::string::npos);
-    const ft::RecipeResult huge = ft::load_recipe(
-        write("h.yaml", sizes + "  rope_theta: 1e300\n" + data), {}, 1, false);
+    const ft::RecipeResult huge =
+        ft::load_recipe(write("h.yaml", sizes + "  rope_theta: 1e300\n" + data), {}, 1, false);
     CHECK(issues(huge).find("model.rope_theta: RoPE inverse frequency 7 of head_dim 16 is 0 in "
                             "fp32") != std::string::npos);
     const ft::RecipeResult yarn =
         ft::load_recipe(write("e.yaml", sizes + "  rope_type: yarn\n" + data), {}, 1, false);
-    CHECK(issues(yarn).find("\"yarn\" is not one of default, linear, llama3") !=
-          std::string::npos);
+    CHECK(issues(yarn).find("\"yarn\" is not one of default, linear, llama3") != std::string::npos);
   }
   SUBCASE("model.from: values and errors quote where config.json says it") {
     const std::string hf = tmp.file("hf");

@@ -41,8 +41,7 @@ struct ChunkGemms {
   int64_t q_stride() const { return int64_t(T) * G * D; }
   int64_t kv_stride() const { return int64_t(T) * D; }
   const void* q_at(const void* base, size_t eb) const {  // row (t0, j = 0) of slab z0
-    return static_cast<const char*>(base) +
-           ((size_t(c.z0) * T + c.t0) * G) * size_t(D) * eb;
+    return static_cast<const char*>(base) + ((size_t(c.z0) * T + c.t0) * G) * size_t(D) * eb;
   }
   const void* kv_at(const void* base, size_t eb) const {  // row 0 of slab z0
     return static_cast<const char*>(base) + size_t(c.z0) * T * size_t(D) * eb;
@@ -134,8 +133,8 @@ void attention_gemm_forward(LtGemm& lt, DType dtype, void* out, float* lse, cons
     for_each_chunk(Z, T, plan, [&](const Chunk& c) {
       const ChunkGemms gm{c, dtype, T, G, D, ld};
       lt.gemm(gm.scores("attention S = Q·Kᵀ", S, qh, kh, scale), stream);
-      kc::attention_probs(P, lse + size_t(c.z0) * G * T, S, c.n, c.rows, G, c.cols(), ld, c.t0,
-                          T, /*compute_lse=*/true, stream);
+      kc::attention_probs(P, lse + size_t(c.z0) * G * T, S, c.n, c.rows, G, c.cols(), ld, c.t0, T,
+                          /*compute_lse=*/true, stream);
       lt.gemm(gm.rows_times_kv("attention O = P·V", oh, P, vh), stream);
     });
     kc::swap_axes12(static_cast<E*>(out), oh, B, K, T, G * D, stream);
@@ -144,9 +143,8 @@ void attention_gemm_forward(LtGemm& lt, DType dtype, void* out, float* lse, cons
 
 void attention_gemm_backward(LtGemm& lt, DType dtype, void* dq, void* dk, void* dv,
                              const void* dout, const void* out, const float* lse, const void* q,
-                             const void* k, const void* v, float* delta, int B, int T, int H,
-                             int K, int D, const AttentionGemmPlan& plan, void* scratch,
-                             void* stream) {
+                             const void* k, const void* v, float* delta, int B, int T, int H, int K,
+                             int D, const AttentionGemmPlan& plan, void* scratch, void* stream) {
   check_shape("attention_gemm_backward", B, T, H, K, D, plan);
   if (B == 0 || T == 0) return;
   const int G = H / K, Z = B * K, ld = attention_gemm_ld(T);
@@ -173,16 +171,16 @@ void attention_gemm_backward(LtGemm& lt, DType dtype, void* dq, void* dk, void* 
     // fp32: P over S, dP in the second buffer. 16-bit: P in the second buffer, dP over S.
     E* P = f32 ? reinterpret_cast<E*>(S) : at<E>(scratch, sc.second);
     float* dP = f32 ? at<float>(scratch, sc.second) : S;
-    kc::attention_delta(delta, static_cast<const E*>(dout), static_cast<const E*>(out), B, T, H,
-                        D, stream);
+    kc::attention_delta(delta, static_cast<const E*>(dout), static_cast<const E*>(out), B, T, H, D,
+                        stream);
     to_head_major(qh, kh, vh, q, k, v, B, T, K, G, D, stream);
     kc::swap_axes12(doh, static_cast<const E*>(dout), B, T, K, G * D, stream);
     for_each_chunk(Z, T, plan, [&](const Chunk& c) {
       const ChunkGemms gm{c, dtype, T, G, D, ld};
       const size_t stat = size_t(c.z0) * G * T;
       lt.gemm(gm.scores("attention S = Q·Kᵀ", S, qh, kh, scale), stream);
-      kc::attention_probs(P, const_cast<float*>(lse) + stat, S, c.n, c.rows, G, c.cols(), ld,
-                          c.t0, T, /*compute_lse=*/false, stream);
+      kc::attention_probs(P, const_cast<float*>(lse) + stat, S, c.n, c.rows, G, c.cols(), ld, c.t0,
+                          T, /*compute_lse=*/false, stream);
       lt.gemm(gm.kv_grad("attention dV += Pᵀ·dO", dv_sum, P, doh), stream);
       lt.gemm(gm.scores("attention dP = dO·Vᵀ", dP, doh, vh, 1.0f), stream);
       kc::attention_dscores(P, dP, delta + stat, c.n, c.rows, G, c.cols(), ld, c.t0, T, scale,

@@ -61,8 +61,7 @@ void attention_gemm_forward(LtGemm& lt, DType dtype, void* out, float* lse, cons
 // `delta`: B·H·T floats for Δ = rowsum(dO ∘ O) (the Ops contract's backward scratch).
 void attention_gemm_backward(LtGemm& lt, DType dtype, void* dq, void* dk, void* dv,
                              const void* dout, const void* out, const float* lse, const void* q,
-                             const void* k, const void* v, float* delta, int B, int T, int H,
-                             int K, int D, const AttentionGemmPlan& plan, void* scratch,
-                             void* stream);
+                             const void* k, const void* v, float* delta, int B, int T, int H, int K,
+                             int D, const AttentionGemmPlan& plan, void* scratch, void* stream);
 
 }  // namespace ft::cuda

@@ -24,13 +24,12 @@ int attention_gemm_ld(int cols) { return int(round_up(size_t(std::max(cols, 1)),
 
 AttentionGemmPlan attention_gemm_plan(int B, int T, int K, int G, DType dtype,
                                       size_t budget_bytes) {
-  FT_CHECK(B >= 0 && T >= 0 && K >= 1 && G >= 1, "attention_gemm_plan: B=", B, " T=", T,
-           " K=", K, " G=", G);
+  FT_CHECK(B >= 0 && T >= 0 && K >= 1 && G >= 1, "attention_gemm_plan: B=", B, " T=", T, " K=", K,
+           " G=", G);
   AttentionGemmPlan p;
   p.rows = std::clamp(T, 1, 256);
   const auto per_slab = [&] {
-    return std::max<size_t>(size_t(p.rows) * G * attention_gemm_ld(T) * cell_bytes(dtype, true),
-                            1);
+    return std::max<size_t>(size_t(p.rows) * G * attention_gemm_ld(T) * cell_bytes(dtype, true), 1);
   };
   while (p.rows > 16 && per_slab() > budget_bytes) p.rows /= 2;
   const size_t slabs = std::max<size_t>(size_t(B) * K, 1);
@@ -41,8 +40,8 @@ AttentionGemmPlan attention_gemm_plan(int B, int T, int K, int G, DType dtype,
 AttentionScratch::AttentionScratch(int B, int T, int H, int K, int D, DType dtype,
                                    const AttentionGemmPlan& plan, bool backward) {
   const size_t eb = dtype_size(dtype), nq = size_t(B) * T * H * D, nkv = size_t(B) * T * K * D;
-  const size_t cells = size_t(plan.slabs) * plan.rows * (H / std::max(K, 1)) *
-                       size_t(attention_gemm_ld(T));
+  const size_t cells =
+      size_t(plan.slabs) * plan.rows * (H / std::max(K, 1)) * size_t(attention_gemm_ld(T));
   size_t at = 0;
   auto take = [&](size_t bytes) {
     const size_t here = at;

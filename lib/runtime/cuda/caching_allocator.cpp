@@ -16,7 +16,10 @@ std::string human(size_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = double(bytes);
   int u = 0;
-  while (v >= 1024 && u < 4) { v /= 1024; u++; }
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    u++;
+  }
   char buf[32];
   std::snprintf(buf, sizeof buf, u ? "%.2f %s" : "%.0f %s", v, units[u]);
   return buf;
@@ -42,7 +45,10 @@ CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lock(mu_);
   // Every block is either free (in a pool) or live; collect the segment heads of both.
   std::set<Block*> heads;
-  auto head_of = [](Block* b) { while (b->prev) b = b->prev; return b; };
+  auto head_of = [](Block* b) {
+    while (b->prev) b = b->prev;
+    return b;
+  };
   for (Block* b : small_free_) heads.insert(head_of(b));
   for (Block* b : large_free_) heads.insert(head_of(b));
   for (auto& [p, b] : live_) heads.insert(head_of(b));
@@ -50,7 +56,11 @@ CachingAllocator::~CachingAllocator() {
     size_t seg = 0;
     for (Block* b = h; b; b = b->next) seg += b->size;
     char* base = h->ptr;
-    for (Block* b = h; b;) { Block* n = b->next; delete b; b = n; }
+    for (Block* b = h; b;) {
+      Block* n = b->next;
+      delete b;
+      b = n;
+    }
     raw_free_(base, seg);
   }
 }
@@ -170,7 +180,10 @@ void CachingAllocator::release_free_segments() {
   for (FreeSet* pool : {&small_free_, &large_free_}) {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* b = *it;
-      if (b->prev || b->next) { ++it; continue; }  // part of a segment still in use
+      if (b->prev || b->next) {
+        ++it;
+        continue;
+      }  // part of a segment still in use
       it = pool->erase(it);
       stats_.reserved_bytes -= b->size;
       stats_.num_segments--;

@@ -37,16 +37,16 @@ struct CachingAllocatorStats {
   size_t peak_bytes = 0;      // high-water mark of current_bytes
   size_t reserved_bytes = 0;  // bytes in segments held from the driver (in use or cached)
   size_t peak_reserved_bytes = 0;
-  size_t num_allocs = 0;      // calls to allocate()
-  size_t num_segments = 0;    // segments held now
-  size_t num_raw_allocs = 0;  // segments ever taken from the driver
+  size_t num_allocs = 0;         // calls to allocate()
+  size_t num_segments = 0;       // segments held now
+  size_t num_raw_allocs = 0;     // segments ever taken from the driver
   size_t num_cache_flushes = 0;  // empty_cache() calls made to recover from a failed raw alloc
 };
 
 class CachingAllocator {
  public:
   static constexpr size_t kRound = 512;
-  static constexpr size_t kSmallLimit = size_t(1) << 20;   // 1 MiB
+  static constexpr size_t kSmallLimit = size_t(1) << 20;    // 1 MiB
   static constexpr size_t kSmallSegment = size_t(2) << 20;  // 2 MiB
   static constexpr size_t kLargeRound = size_t(2) << 20;    // 2 MiB
 
@@ -81,7 +81,7 @@ class CachingAllocator {
     size_t size = 0;       // rounded
     size_t requested = 0;  // what allocate() was asked for (0 while free)
     void* stream = nullptr;
-    bool small = false;    // pool
+    bool small = false;  // pool
     bool allocated = false;
     Block* prev = nullptr;  // neighbours in the same segment, by address
     Block* next = nullptr;

@@ -21,14 +21,13 @@ namespace {
 
 // Throws ft::Error naming the call, the CUDA error and where: errors from the device are rare
 // and usually fatal (a bad launch, an ECC fault), so they are reported, not recovered from.
-#define FT_CUDA_CHECK(call)                                                                   \
-  do {                                                                                        \
-    const cudaError_t ft_cuda_err_ = (call);                                                  \
-    if (ft_cuda_err_ != cudaSuccess)                                                          \
-      throw ::ft::Error(::ft::detail::concat(#call, " failed: ",                              \
-                                             cudaGetErrorName(ft_cuda_err_), ": ",            \
-                                             cudaGetErrorString(ft_cuda_err_), " [", __FILE__, \
-                                             ":", __LINE__, "]"));                            \
+#define FT_CUDA_CHECK(call)                                                                      \
+  do {                                                                                           \
+    const cudaError_t ft_cuda_err_ = (call);                                                     \
+    if (ft_cuda_err_ != cudaSuccess)                                                             \
+      throw ::ft::Error(::ft::detail::concat(#call, " failed: ", cudaGetErrorName(ft_cuda_err_), \
+                                             ": ", cudaGetErrorString(ft_cuda_err_), " [",       \
+                                             __FILE__, ":", __LINE__, "]"));                     \
   } while (0)
 
 // "13.0" from CUDA's 13000 encoding.
@@ -48,8 +47,8 @@ class CudaDevice final : public Device {
     cudaDeviceProp prop{};
     FT_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal_));
     name_ = detail::concat("cuda:", ordinal_, " (", prop.name, ", ",
-                           (prop.totalGlobalMem + (size_t(1) << 29)) >> 30, " GiB, sm_",
-                           prop.major, prop.minor, ")");
+                           (prop.totalGlobalMem + (size_t(1) << 29)) >> 30, " GiB, sm_", prop.major,
+                           prop.minor, ")");
     FT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     FT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     allocator_ = std::make_unique<cuda::CachingAllocator>(
@@ -139,9 +138,11 @@ class CudaDevice final : public Device {
     const cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      throw Error(detail::concat("cannot allocate ", bytes, " bytes of page-locked host memory "
-                                 "for staging (checkpoints, communication) on ", name_, ": ",
-                                 cudaGetErrorString(e), "; try checkpoint.async: false or "
+      throw Error(detail::concat("cannot allocate ", bytes,
+                                 " bytes of page-locked host memory "
+                                 "for staging (checkpoints, communication) on ",
+                                 name_, ": ", cudaGetErrorString(e),
+                                 "; try checkpoint.async: false or "
                                  "raise the locked-memory limit (ulimit -l)"));
     }
     return p;
@@ -154,8 +155,7 @@ class CudaDevice final : public Device {
  protected:
   void* event_create(bool timing) override {
     cudaEvent_t e = nullptr;
-    FT_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault
-                                                      : cudaEventDisableTiming));
+    FT_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
     return e;
   }
   void event_destroy(void* e) override { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
@@ -176,8 +176,8 @@ class CudaDevice final : public Device {
   }
   float event_elapsed_ms(void* start, void* end) override {
     float ms = 0;
-    FT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start),
-                                       static_cast<cudaEvent_t>(end)));
+    FT_CUDA_CHECK(
+        cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
     return ms;
   }
   void stream_wait_event(Stream s, void* e) override {
@@ -216,8 +216,10 @@ std::string cuda_unusable_reason() {
   const cudaError_t e = cudaGetDeviceCount(&count);
   cudaGetLastError();  // the probe's error is ours to report, not the next call's
   if (driver == 0)
-    return detail::concat("no NVIDIA driver is loaded (libcuda.so.1 was not found; "
-                          "cudaGetDeviceCount says \"", cudaGetErrorString(e), "\")");
+    return detail::concat(
+        "no NVIDIA driver is loaded (libcuda.so.1 was not found; "
+        "cudaGetDeviceCount says \"",
+        cudaGetErrorString(e), "\")");
   if (e == cudaErrorInsufficientDriver || driver < runtime)
     return detail::concat("the NVIDIA driver supports CUDA ", cuda_version(driver),
                           ", older than the CUDA ", cuda_version(runtime),
@@ -234,11 +236,11 @@ std::string cuda_unusable_reason() {
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp prop{};
     if (const cudaError_t pe = cudaGetDeviceProperties(&prop, i); pe != cudaSuccess)
-      return detail::concat("cudaGetDeviceProperties(", i, ") failed: ",
-                            cudaGetErrorString(pe));
+      return detail::concat("cudaGetDeviceProperties(", i, ") failed: ", cudaGetErrorString(pe));
     if (prop.major < 8)
-      return detail::concat("GPU ", i, " (", prop.name, ") has compute capability ",
-                            prop.major, ".", prop.minor, "; ft's CUDA kernels need 8.0 "
+      return detail::concat("GPU ", i, " (", prop.name, ") has compute capability ", prop.major,
+                            ".", prop.minor,
+                            "; ft's CUDA kernels need 8.0 "
                             "(Ampere) or newer (hide it with CUDA_VISIBLE_DEVICES)");
   }
   return "";

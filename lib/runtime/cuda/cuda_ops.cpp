@@ -26,9 +26,13 @@ using Req = cuda::ScratchRequests;
 namespace {
 
 template <typename T>
-T* as(Ref r) { return static_cast<T*>(r.ptr); }
+T* as(Ref r) {
+  return static_cast<T*>(r.ptr);
+}
 template <typename T>
-const T* as(CRef r) { return static_cast<const T*>(r.ptr); }
+const T* as(CRef r) {
+  return static_cast<const T*>(r.ptr);
+}
 
 void same_dtype(const char* op, DType a, DType b) {
   FT_CHECK(a == b, op, ": arguments of different element types (", dtype_name(a), ", ",
@@ -52,8 +56,8 @@ class CudaOps final : public Ops {
     same_dtype("linear_forward", y.dtype, W.dtype);
     lt_->linear_forward(y.ptr, x.ptr, W.ptr, y.dtype, N, in, out, accumulate, stream(s));
   }
-  void linear_backward(Stream s, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N, int in,
-                       int out, bool accumulate_dx) override {
+  void linear_backward(Stream s, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N, int in, int out,
+                       bool accumulate_dx) override {
     same_dtype("linear_backward", dy.dtype, x.dtype);
     same_dtype("linear_backward", dy.dtype, W.dtype);
     if (dx.ptr) same_dtype("linear_backward", dy.dtype, dx.dtype);
@@ -70,9 +74,8 @@ class CudaOps final : public Ops {
   }
   void bias_grad(Stream s, float* db, CRef dy, int N, int C) override {
     void* scratch = mem_.scratch(Req::bias_grad(N, C));
-    dispatch(dy.dtype, "bias_grad", [&](auto t) {
-      kc::bias_grad(db, as<decltype(t)>(dy), N, C, scratch, stream(s));
-    });
+    dispatch(dy.dtype, "bias_grad",
+             [&](auto t) { kc::bias_grad(db, as<decltype(t)>(dy), N, C, scratch, stream(s)); });
   }
 
   void embedding_forward(Stream s, Ref out, const int32_t* ids, CRef table, int N, int C,
@@ -100,8 +103,8 @@ class CudaOps final : public Ops {
       kc::rmsnorm_forward(as<T>(out), rstd, as<T>(x), as<T>(w), N, C, eps, stream(s));
     });
   }
-  void rmsnorm_backward(Stream s, Ref dx, float* dw, CRef dout, CRef x, CRef w,
-                        const float* rstd, int N, int C, bool accumulate_dx) override {
+  void rmsnorm_backward(Stream s, Ref dx, float* dw, CRef dout, CRef x, CRef w, const float* rstd,
+                        int N, int C, bool accumulate_dx) override {
     same_dtype("rmsnorm_backward", dx.dtype, dout.dtype);
     same_dtype("rmsnorm_backward", dx.dtype, x.dtype);
     same_dtype("rmsnorm_backward", dx.dtype, w.dtype);
@@ -117,8 +120,7 @@ class CudaOps final : public Ops {
     });
   }
 
-  void rope_forward(Stream s, Ref x, const float* inv_freq, int B, int T_, int nh,
-                    int D) override {
+  void rope_forward(Stream s, Ref x, const float* inv_freq, int B, int T_, int nh, int D) override {
     dispatch(x.dtype, "rope_forward", [&](auto t) {
       kc::rope_forward(as<decltype(t)>(x), inv_freq, B, T_, nh, D, stream(s));
     });
@@ -138,8 +140,8 @@ class CudaOps final : public Ops {
     if (attention_gemm_) {
       const cuda::AttentionGemmPlan plan = cuda::attention_gemm_plan(B, T_, K, H / K, out.dtype);
       void* scratch = mem_.scratch(Req::attention_forward(true, B, T_, H, K, D, out.dtype));
-      cuda::attention_gemm_forward(*lt_, out.dtype, out.ptr, lse, q.ptr, k.ptr, v.ptr, B, T_, H,
-                                   K, D, plan, scratch, stream(s));
+      cuda::attention_gemm_forward(*lt_, out.dtype, out.ptr, lse, q.ptr, k.ptr, v.ptr, B, T_, H, K,
+                                   D, plan, scratch, stream(s));
       return;
     }
     dispatch(out.dtype, "attention_forward", [&](auto t) {
@@ -151,9 +153,9 @@ class CudaOps final : public Ops {
   size_t attention_backward_scratch_elems(DType dt, int B, int T_, int H, int D) override {
     return Req::attention_backward_caller_elems(dt, B, T_, H, D);
   }
-  void attention_backward(Stream s, Ref dq, Ref dk, Ref dv, CRef dout, CRef out,
-                          const float* lse, CRef q, CRef k, CRef v, float* scratch, int B,
-                          int T_, int H, int K, int D) override {
+  void attention_backward(Stream s, Ref dq, Ref dk, Ref dv, CRef dout, CRef out, const float* lse,
+                          CRef q, CRef k, CRef v, float* scratch, int B, int T_, int H, int K,
+                          int D) override {
     same_dtype("attention_backward", dq.dtype, dout.dtype);
     same_dtype("attention_backward", dq.dtype, q.dtype);
     if (attention_gemm_) {
@@ -200,22 +202,20 @@ class CudaOps final : public Ops {
     });
   }
   void row_max(Stream s, float* out, CRef x, int N, int V) override {
-    dispatch(x.dtype, "row_max", [&](auto t) {
-      kc::row_max(out, as<decltype(t)>(x), N, V, stream(s));
-    });
+    dispatch(x.dtype, "row_max",
+             [&](auto t) { kc::row_max(out, as<decltype(t)>(x), N, V, stream(s)); });
   }
   void ce_partial(Stream s, double* sumexp, double* target_logit, CRef logits,
-                  const int32_t* targets, const uint8_t* mask, const float* row_max, int N,
-                  int V, int v_begin) override {
+                  const int32_t* targets, const uint8_t* mask, const float* row_max, int N, int V,
+                  int v_begin) override {
     dispatch(logits.dtype, "ce_partial", [&](auto t) {
       kc::ce_partial(sumexp, target_logit, as<decltype(t)>(logits), targets, mask, row_max, N, V,
                      v_begin, stream(s));
     });
   }
-  void ce_finish(Stream s, Ref dlogits, CRef logits, const int32_t* targets,
-                 const uint8_t* mask, const float* row_max, const double* sumexp,
-                 const double* target_logit, int N, int V, int v_begin, float scale,
-                 double* loss_acc) override {
+  void ce_finish(Stream s, Ref dlogits, CRef logits, const int32_t* targets, const uint8_t* mask,
+                 const float* row_max, const double* sumexp, const double* target_logit, int N,
+                 int V, int v_begin, float scale, double* loss_acc) override {
     if (dlogits.ptr) same_dtype("ce_finish", dlogits.dtype, logits.dtype);
     void* scratch = mem_.scratch(Req::cross_entropy(N, V));
     dispatch(logits.dtype, "ce_finish", [&](auto t) {
@@ -227,21 +227,18 @@ class CudaOps final : public Ops {
 
   void convert(Stream s, Ref dst, CRef src, size_t n) override {
     if (dst.dtype == src.dtype) {  // a copy, as on the CPU
-      if (n && dst.ptr != src.ptr)
-        dev_.copy(s, dst.ptr, src.ptr, n * dtype_size(dst.dtype));
+      if (n && dst.ptr != src.ptr) dev_.copy(s, dst.ptr, src.ptr, n * dtype_size(dst.dtype));
       return;
     }
-    FT_CHECK(dst.dtype == DType::kF32 || src.dtype == DType::kF32, "convert: ",
-             dtype_name(src.dtype), " to ", dtype_name(dst.dtype),
+    FT_CHECK(dst.dtype == DType::kF32 || src.dtype == DType::kF32,
+             "convert: ", dtype_name(src.dtype), " to ", dtype_name(dst.dtype),
              " has no CUDA kernel (one side must be fp32)");
     if (src.dtype == DType::kF32)
-      dispatch(dst.dtype, "convert", [&](auto t) {
-        kc::convert(as<decltype(t)>(dst), as<float>(src), n, stream(s));
-      });
+      dispatch(dst.dtype, "convert",
+               [&](auto t) { kc::convert(as<decltype(t)>(dst), as<float>(src), n, stream(s)); });
     else
-      dispatch(src.dtype, "convert", [&](auto t) {
-        kc::convert(as<float>(dst), as<decltype(t)>(src), n, stream(s));
-      });
+      dispatch(src.dtype, "convert",
+               [&](auto t) { kc::convert(as<float>(dst), as<decltype(t)>(src), n, stream(s)); });
   }
   void add(Stream s, Ref y, CRef x, size_t n) override {
     same_dtype("add", y.dtype, x.dtype);

@@ -200,9 +200,9 @@ struct LtGemm::Impl {
           "cublasLtMatmulAlgoGetHeuristic", call, p,
           "cuBLASLt has no algorithm for these types on this GPU (bf16 needs sm_80 or newer).");
     if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
-      FT_FAIL("cublasLtMatmulAlgoGetHeuristic found no algorithm for the ",
-              describe(call), " with a ", workspace_bytes, "-byte workspace and alignments ",
-              key.align_a, '/', key.align_b, '/', key.align_c, '/', key.align_d,
+      FT_FAIL("cublasLtMatmulAlgoGetHeuristic found no algorithm for the ", describe(call),
+              " with a ", workspace_bytes, "-byte workspace and alignments ", key.align_a, '/',
+              key.align_b, '/', key.align_c, '/', key.align_d,
               " bytes (A/B/C/D). A larger cuBLASLt workspace or 16-byte aligned buffers may help.");
     plan->algo = result.algo;  // its workspaceSize is at most ours (MAX_WORKSPACE_BYTES)
     return *plans.emplace(key, std::move(plan)).first->second;
@@ -241,8 +241,8 @@ LtGemm::LtGemm(void* workspace, size_t workspace_bytes, bool allow_tf32)
 LtGemm::~LtGemm() = default;
 
 void LtGemm::linear(LinearCall call, void* stream) {
-  FT_CHECK(call.N >= 0 && call.in >= 0 && call.out >= 0, "cuBLASLt linear: negative size N=",
-           call.N, " in=", call.in, " out=", call.out);
+  FT_CHECK(call.N >= 0 && call.in >= 0 && call.out >= 0,
+           "cuBLASLt linear: negative size N=", call.N, " in=", call.in, " out=", call.out);
   call.allow_tf32 = impl_->allow_tf32;
   impl_->run(linear_gemm(call), stream);
 }

@@ -8,18 +8,24 @@ namespace {
 
 const char* gemm_name(LinearGemm g) {
   switch (g) {
-    case LinearGemm::kForward: return "linear forward";
-    case LinearGemm::kBackwardData: return "linear backward dx";
-    case LinearGemm::kBackwardWeight: return "linear backward dW";
+    case LinearGemm::kForward:
+      return "linear forward";
+    case LinearGemm::kBackwardData:
+      return "linear backward dx";
+    case LinearGemm::kBackwardWeight:
+      return "linear backward dW";
   }
   return "?";
 }
 
 LtType lt_type(DType t, const char* what) {
   switch (t) {
-    case DType::kF32: return LtType::kF32;
-    case DType::kBF16: return LtType::kBF16;
-    case DType::kF16: return LtType::kF16;
+    case DType::kF32:
+      return LtType::kF32;
+    case DType::kBF16:
+      return LtType::kBF16;
+    case DType::kF16:
+      return LtType::kF16;
     default:
       FT_FAIL("cuBLASLt ", what, ": element type ", dtype_name(t),
               " is not a compute dtype (F32, BF16 or F16); the precision policy should never "
@@ -123,12 +129,11 @@ LtProblem map_linear(const LinearCall& call) {
 }
 
 std::string describe(const GemmCall& g) {
-  return detail::concat(g.what, ' ', dtype_name(g.in), " -> ", dtype_name(g.out), " M=", g.M,
-                        " N=", g.N, " K=", g.K, g.batch > 1 ? detail::concat(" batch=", g.batch)
-                                                            : std::string(),
-                        " (A", g.trans_a ? "ᵀ" : "", " ld ", g.lda, ", B", g.trans_b ? "ᵀ" : "",
-                        " ld ", g.ldb, ", C ld ", g.ldc, ", beta=", g.beta,
-                        g.allow_tf32 && g.in == DType::kF32 ? ", tf32" : "", ")");
+  return detail::concat(
+      g.what, ' ', dtype_name(g.in), " -> ", dtype_name(g.out), " M=", g.M, " N=", g.N, " K=", g.K,
+      g.batch > 1 ? detail::concat(" batch=", g.batch) : std::string(), " (A", g.trans_a ? "ᵀ" : "",
+      " ld ", g.lda, ", B", g.trans_b ? "ᵀ" : "", " ld ", g.ldb, ", C ld ", g.ldc,
+      ", beta=", g.beta, g.allow_tf32 && g.in == DType::kF32 ? ", tf32" : "", ")");
 }
 
 std::string describe(const LinearCall& call, const LtProblem& p) {

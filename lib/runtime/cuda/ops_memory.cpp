@@ -73,7 +73,9 @@ size_t ScratchRequests::attention_backward(bool tensor_cores, int B, int T, int 
   return attention_gemm_scratch_bytes(B, T, H, K, D, dtype, plan, true);
 }
 
-size_t ScratchRequests::cross_entropy(int N, int V) { return kc::cross_entropy_scratch_bytes(N, V); }
+size_t ScratchRequests::cross_entropy(int N, int V) {
+  return kc::cross_entropy_scratch_bytes(N, V);
+}
 
 size_t ScratchRequests::sum_squares(size_t n) { return kc::sum_squares_scratch_bytes(n); }
 
