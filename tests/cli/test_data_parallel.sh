@@ -57,11 +57,12 @@ import json, sys
 tmp = sys.argv[1]
 def metrics(name):
     return [json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl") if '"loss"' in l]
-def compare(name, ref_name):
+def compare(name, ref_name, norm_tol=1e-5):
     ref, got = metrics(ref_name), metrics(name)
     worst = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(got, ref))
     norm = max(abs(a["grad_norm"] - b["grad_norm"]) / b["grad_norm"] for a, b in zip(got, ref))
-    assert len(ref) == 10 and len(got) == 10 and worst <= 1e-5 and norm <= 1e-5, (name, worst, norm)
+    assert len(ref) == 10 and len(got) == 10 and worst <= 1e-5 and norm <= norm_tol, (
+        name, worst, norm)
     return ref[0], got[0], worst
 
 for ranks, launch in ((2, "nproc2"), (4, "tcp4")):
@@ -79,7 +80,13 @@ for ranks, launch in ((2, "nproc2"), (4, "tcp4")):
 for name in ("t2", "d2t2_z1", "d2t2_z3_tcp"):
     _, _, worst = compare(name, "single")
     print(f"{name}: losses and grad norms match (worst rel {worst:.1e})")
-_, _, worst = compare("tied_t2", "tied_single")
+# The grad norms of tied embeddings + activation checkpointing on 2 tensor ranks drift furthest
+# from one process's: the tensor all-reduces sum in another order, and ten steps at lr 0.01
+# amplify it, to 8.7e-6 at step 5 in the Release build and 1.06e-5 in the sanitizer build (its
+# instrumented kernels vectorise their sums differently) on an AMX Xeon, before and after the
+# layering of issue 15 alike. 2e-5 holds both; a wrong split moves them by far more (tried:
+# leaving the lm_head's input gradient unreduced gives 0.04 to 0.3 from step 1).
+_, _, worst = compare("tied_t2", "tied_single", norm_tol=2e-5)
 print(f"tied embeddings + activation checkpointing, tensor 2: losses match (worst rel {worst:.1e})")
 _, _, worst = compare("tied_nproc2_z3", "tied_single")
 print(f"tied embeddings + activation checkpointing, ZeRO-3 on 2 ranks: losses match (worst rel {worst:.1e})")
