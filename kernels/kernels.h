@@ -186,7 +186,7 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float 
 }  // namespace ft::kernels
 
 namespace ft::kernels {
-// ---- instruction set (DESIGN §5) ---------------------------------------------------------------
+// ---- instruction set (DESIGN §2, "Instruction sets") --------------------------------------------
 // The kernels above but the GEMMs exist once per level below (kernels/cpu/isa.h); the rest of ft
 // is built for the compiler's default x86-64, so one binary runs on any x86-64 CPU. Each call
 // runs the level chosen once per process: FT_CPU_ISA=baseline|avx2|avx512_bf16 if set (an
