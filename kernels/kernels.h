@@ -186,6 +186,25 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float 
 }  // namespace ft::kernels
 
 namespace ft::kernels {
+// ---- instruction set (DESIGN §2, "Instruction sets") --------------------------------------------
+// The kernels above but the GEMMs exist once per level below (kernels/cpu/isa.h); the rest of ft
+// is built for the compiler's default x86-64, so one binary runs on any x86-64 CPU. Each call
+// runs the level chosen once per process: FT_CPU_ISA=baseline|avx2|avx512_bf16 if set (an
+// unknown value, or a level this CPU lacks, is an ft::Error naming the choices), else the highest
+// level the CPU (and OS) supports. Levels: baseline = x86-64 (SSE2); avx2 = x86-64-v3 (AVX2, FMA,
+// F16C, BMI1/2, LZCNT, MOVBE: Haswell, Zen 1 and later); avx512_bf16 = x86-64-v4 plus AVX512-BF16
+// (Cooper Lake, Sapphire Rapids, Zen 4 and later). The levels with FMA (avx2, avx512_bf16) give
+// the same bits; baseline rounds the product of each a·b + c separately, within every tolerance.
+// OpenBLAS and oneDNN (the GEMMs; AMX included) choose their own kernels from the CPU.
+enum class CpuIsa { baseline, avx2, avx512_bf16 };
+CpuIsa cpu_isa();
+const char* cpu_isa_name(CpuIsa isa);
+// The highest level this CPU supports, whatever FT_CPU_ISA says.
+CpuIsa cpu_isa_supported();
+// The level FT_CPU_ISA=value asks for on a CPU that supports up to `supported` (null or empty:
+// `supported`); throws as cpu_isa() does.
+CpuIsa parse_cpu_isa(const char* value, CpuIsa supported);
+
 // BLAS thread count (OpenBLAS keeps its own pool). Kernels that run many small GEMMs in an
 // OpenMP loop set it to 1 for the loop's duration and restore it.
 int blas_threads();

@@ -184,7 +184,7 @@ runtime: {{threads: {a.threads}}}
             t = statistics.median([l["step_time_s"] for l in lines][a.warmup:])
             return out, t, rss, max(l["mem_peak_bytes"] for l in lines)
 
-        kernels = isa = None
+        kernels = isa = cpu_isa = None
         torch_info = None
         for i in range(a.pairs):
             out, t, rss, mem = ft_run()
@@ -196,6 +196,8 @@ runtime: {{threads: {a.threads}}}
                 kernels = out.split("BLAS kernels ")[1].split(",")[0].split()[0]
             if "oneDNN ISA " in out:
                 isa = out.split("oneDNN ISA ")[1].split()[0]
+            if "CPU kernels " in out:
+                cpu_isa = out.split("CPU kernels ")[1].split(",")[0].split()[0]
             print(f"  pair {i + 1}: ft {t:.3f} s/step", end="", flush=True)
             if a.skip_torch:
                 print()
@@ -232,7 +234,8 @@ runtime: {{threads: {a.threads}}}
             out, _, _, _ = ft_run(extra_env={"FT_PROFILE": "1"})
             profile = out[out.index("ft: FT_PROFILE"):] if "ft: FT_PROFILE" in out else out
 
-    print(f"ft: BLAS kernels {kernels or '?'} (OpenBLAS core type), oneDNN ISA {isa or '?'}")
+    print(f"ft: CPU kernels {cpu_isa or '?'}, BLAS kernels {kernels or '?'} (OpenBLAS core type), "
+          f"oneDNN ISA {isa or '?'}")
     if torch_info:
         coretype = os.environ.get("OPENBLAS_CORETYPE", kernels)
         print(f"{torch_info['name']} ({a.torch_python}): attention {torch_info['attention']}, "

@@ -7,9 +7,11 @@
 
 #include "kernels/adamw_step.h"
 #include "kernels/cpu/half_vec.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/kernels.h"
 
-namespace ft::kernels {
+FT_CPU_ISA_BEGIN
+namespace ft::kernels::FT_CPU_ISA_NS {
 
 namespace {
 // The element update on [lo, hi): the one place AdamW's arithmetic is written.
@@ -62,4 +64,5 @@ template void adamw_update(float*, const float*, float*, float*, size_t, float, 
 template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, float,
                            float, int64_t, f16*, float);
 
-}  // namespace ft::kernels
+}  // namespace ft::kernels::FT_CPU_ISA_NS
+FT_CPU_ISA_END

@@ -33,10 +33,12 @@
 #include <vector>
 
 #include "core/half.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/kernels.h"
 
-namespace ft::kernels {
+FT_CPU_ISA_BEGIN
+namespace ft::kernels::FT_CPU_ISA_NS {
 namespace {
 struct BlasSingleThread {
   int saved;
@@ -249,4 +251,5 @@ FT_ATTENTION_INSTANTIATE(bf16)
 FT_ATTENTION_INSTANTIATE(f16)
 #undef FT_ATTENTION_INSTANTIATE
 
-}  // namespace ft::kernels
+}  // namespace ft::kernels::FT_CPU_ISA_NS
+FT_CPU_ISA_END

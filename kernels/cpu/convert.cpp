@@ -5,9 +5,11 @@
 #include <cstring>
 
 #include "kernels/cpu/half_vec.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/kernels.h"
 
-namespace ft::kernels {
+FT_CPU_ISA_BEGIN
+namespace ft::kernels::FT_CPU_ISA_NS {
 
 namespace {
 // Elements per OpenMP chunk; below kSerial elements a thread team costs more than it saves.
@@ -34,4 +36,5 @@ template void convert(f16*, const float*, size_t);
 template void convert(float*, const bf16*, size_t);
 template void convert(float*, const f16*, size_t);
 
-}  // namespace ft::kernels
+}  // namespace ft::kernels::FT_CPU_ISA_NS
+FT_CPU_ISA_END

@@ -12,11 +12,13 @@
 #include <vector>
 
 #include "kernels/cpu/half_vec.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/thread_sums.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/kernels.h"
 
-namespace ft::kernels {
+FT_CPU_ISA_BEGIN
+namespace ft::kernels::FT_CPU_ISA_NS {
 
 namespace {
 // Σ body(n, staging) over the rows with mask[n] != 0, under OpenMP with a static schedule and a
@@ -133,4 +135,5 @@ FT_INSTANTIATE(bf16)
 FT_INSTANTIATE(f16)
 #undef FT_INSTANTIATE
 
-}  // namespace ft::kernels
+}  // namespace ft::kernels::FT_CPU_ISA_NS
+FT_CPU_ISA_END

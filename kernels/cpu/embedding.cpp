@@ -5,9 +5,11 @@
 #include <vector>
 
 #include "kernels/cpu/half_vec.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/kernels.h"
 
-namespace ft::kernels {
+FT_CPU_ISA_BEGIN
+namespace ft::kernels::FT_CPU_ISA_NS {
 
 template <typename T>
 void embedding_forward(T* out, const int32_t* ids, const T* table, int N, int C, int v_begin,
@@ -51,4 +53,5 @@ FT_INSTANTIATE(bf16)
 FT_INSTANTIATE(f16)
 #undef FT_INSTANTIATE
 
-}  // namespace ft::kernels
+}  // namespace ft::kernels::FT_CPU_ISA_NS
+FT_CPU_ISA_END

@@ -20,10 +20,8 @@
 // thousands of times, so primitives are cached by shape, layout, types and accumulate flag.
 // oneDNN's OpenMP threads are ft's (it reads omp_get_max_threads() at each call, which the trainer
 // sets from runtime.threads).
-#include <oneapi/dnnl/dnnl.hpp>
-#if defined(__F16C__)
 #include <immintrin.h>
-#endif
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -130,18 +128,36 @@ const GemmPrimitive& cached_primitive(const GemmKey& k) {
   return it->second;
 }
 
+// The f16 conversions below through F16C where the chosen instruction set has it (avx2 and up,
+// kernels.h's cpu_isa()). This file is compiled for the baseline, so those two functions get the
+// instructions from a target attribute and run only after that check. Each returns how many
+// elements it converted (a multiple of 8); the caller converts the rest.
+__attribute__((target("avx,f16c"))) size_t widen_f16c(float* dst, const f16* src, size_t n) {
+  // vcvtph2ps gives the bits of to_f32 (it is exact), except that a signalling NaN comes back
+  // quiet; NaN stays NaN either way.
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  return i;
+}
+
+__attribute__((target("avx,f16c"))) size_t narrow_f16c(f16* dst, const float* src, size_t n) {
+  // vcvtps2ph with round-to-nearest-even: the same bits as to_f16, NaN and overflow included.
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i*>(dst + i),
+        _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  return i;
+}
+
 // dst[i] = float(src[i]), exact.
 template <typename T>
 void widen(float* dst, const T* src, size_t n) {
   size_t i = 0;
-#if defined(__F16C__)
-  // vcvtph2ps gives the bits of to_f32 (it is exact), except that a signalling NaN comes back
-  // quiet; NaN stays NaN either way.
   if constexpr (std::is_same_v<T, f16>)
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(dst + i,
-                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-#endif
+    if (cpu_isa() != CpuIsa::baseline) i = widen_f16c(dst, src, n);
   for (; i < n; ++i) dst[i] = to_f32(src[i]);
 }
 
@@ -149,14 +165,8 @@ void widen(float* dst, const T* src, size_t n) {
 template <typename T>
 void narrow(T* dst, const float* src, size_t n) {
   size_t i = 0;
-#if defined(__F16C__)
-  // vcvtps2ph with round-to-nearest-even: the same bits as to_f16, NaN and overflow included.
   if constexpr (std::is_same_v<T, f16>)
-    for (; i + 8 <= n; i += 8)
-      _mm_storeu_si128(
-          reinterpret_cast<__m128i*>(dst + i),
-          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#endif
+    if (cpu_isa() != CpuIsa::baseline) i = narrow_f16c(dst, src, n);
   for (; i < n; ++i) dst[i] = from_f32<T>(src[i]);
 }
 

@@ -6,30 +6,32 @@
 // included). The hardware instructions differ from those in two corners, fixed up per lane:
 //   - VCVTNEPS2BF16 flushes fp32 subnormal inputs to ±0; torch (and half.h) round them.
 //   - VCVTPH2PS quiets a signalling f16 NaN; half.h keeps the payload as it is.
-// The functions are serial: kernels call them per row or per block inside their own OpenMP
-// loops.
+// Which instructions a level uses is chosen by FT_CPU_ISA_LEVEL (isa.h). The functions are serial:
+// kernels call them per row or per block inside their own OpenMP loops.
 #pragma once
+
+#include "kernels/cpu/isa.h"
 
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
-#if defined(__AVX512F__) || defined(__F16C__)
+// The intrinsics are usable in any function whose target has their instructions (isa.h's regions).
 // GCC 12 warns inside its own intrinsics (their _mm512_undefined_* self-initialise on purpose).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
-#endif
 
 #include "core/half.h"
 
-namespace ft::kernels::cpu {
+FT_CPU_ISA_BEGIN
+namespace ft::kernels::FT_CPU_ISA_NS::cpu {
 
 // dst (n) = fp32 values of src (n)
 inline void load_f32(float* dst, const bf16* src, size_t n) {
   size_t i = 0;
-#if defined(__AVX512F__)
+#if FT_CPU_ISA_LEVEL >= 2
   for (; i + 16 <= n; i += 16) {
     const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(src + i)));
     _mm512_storeu_si512(dst + i, _mm512_slli_epi32(w, 16));
@@ -40,7 +42,7 @@ inline void load_f32(float* dst, const bf16* src, size_t n) {
 
 inline void load_f32(float* dst, const f16* src, size_t n) {
   size_t i = 0;
-#if defined(__AVX512F__)
+#if FT_CPU_ISA_LEVEL >= 2
   for (; i + 16 <= n; i += 16) {
     const __m256i h = _mm256_loadu_si256((const __m256i*)(src + i));
     __m512i r = _mm512_castps_si512(_mm512_cvtph_ps(h));
@@ -60,7 +62,7 @@ inline void load_f32(float* dst, const f16* src, size_t n) {
 // dst (n) = src (n) rounded to nearest even
 inline void store_f32(bf16* dst, const float* src, size_t n) {
   size_t i = 0;
-#if defined(__AVX512BF16__)
+#if FT_CPU_ISA_LEVEL >= 2
   for (; i + 32 <= n; i += 32) {
     const __m512 lo = _mm512_loadu_ps(src + i), hi = _mm512_loadu_ps(src + i + 16);
     __m512i r = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
@@ -79,13 +81,13 @@ inline void store_f32(bf16* dst, const float* src, size_t n) {
 
 inline void store_f32(f16* dst, const float* src, size_t n) {
   size_t i = 0;
-#if defined(__AVX512F__)
+#if FT_CPU_ISA_LEVEL >= 2
   for (; i + 16 <= n; i += 16) {
     const __m256i h =
         _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm256_storeu_si256((__m256i*)(dst + i), h);
   }
-#elif defined(__F16C__)
+#elif FT_CPU_ISA_LEVEL >= 1
   for (; i + 8 <= n; i += 8) {
     const __m128i h =
         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -129,4 +131,5 @@ constexpr size_t staging(size_t n) {
   return std::is_same_v<T, float> ? 0 : n;
 }
 
-}  // namespace ft::kernels::cpu
+}  // namespace ft::kernels::FT_CPU_ISA_NS::cpu
+FT_CPU_ISA_END

@@ -5,11 +5,13 @@
 #include <algorithm>
 
 #include "kernels/cpu/half_vec.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/thread_sums.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/kernels.h"
 
-namespace ft::kernels {
+FT_CPU_ISA_BEGIN
+namespace ft::kernels::FT_CPU_ISA_NS {
 
 namespace {
 constexpr size_t kBlock = 1024;  // elements per staged block (16-bit types) or summed block
@@ -73,4 +75,5 @@ FT_INSTANTIATE(bf16)
 FT_INSTANTIATE(f16)
 #undef FT_INSTANTIATE
 
-}  // namespace ft::kernels
+}  // namespace ft::kernels::FT_CPU_ISA_NS
+FT_CPU_ISA_END

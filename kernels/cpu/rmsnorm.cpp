@@ -7,10 +7,12 @@
 #include <vector>
 
 #include "kernels/cpu/half_vec.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/kernels.h"
 
-namespace ft::kernels {
+FT_CPU_ISA_BEGIN
+namespace ft::kernels::FT_CPU_ISA_NS {
 
 template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int N, int C, float eps) {
@@ -88,4 +90,5 @@ FT_INSTANTIATE(bf16)
 FT_INSTANTIATE(f16)
 #undef FT_INSTANTIATE
 
-}  // namespace ft::kernels
+}  // namespace ft::kernels::FT_CPU_ISA_NS
+FT_CPU_ISA_END

@@ -6,10 +6,12 @@
 #include <cmath>
 
 #include "kernels/cpu/half_vec.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/kernels.h"
 
-namespace ft::kernels {
+FT_CPU_ISA_BEGIN
+namespace ft::kernels::FT_CPU_ISA_NS {
 
 namespace {
 // Elements per staged block: 3-5 fp32 blocks stay in L1 beside the 16-bit data.
@@ -65,4 +67,5 @@ FT_INSTANTIATE(bf16)
 FT_INSTANTIATE(f16)
 #undef FT_INSTANTIATE
 
-}  // namespace ft::kernels
+}  // namespace ft::kernels::FT_CPU_ISA_NS
+FT_CPU_ISA_END

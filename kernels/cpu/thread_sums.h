@@ -6,11 +6,14 @@
 // Internal to kernels/cpu/.
 #pragma once
 
+#include "kernels/cpu/isa.h"
+
 #include <omp.h>
 
 #include <vector>
 
-namespace ft::kernels::cpu {
+FT_CPU_ISA_BEGIN
+namespace ft::kernels::FT_CPU_ISA_NS::cpu {
 
 class ThreadSums {
  public:
@@ -27,4 +30,5 @@ class ThreadSums {
   std::vector<double> partial_;  // (threads)
 };
 
-}  // namespace ft::kernels::cpu
+}  // namespace ft::kernels::FT_CPU_ISA_NS::cpu
+FT_CPU_ISA_END

@@ -5,13 +5,16 @@
 // every run. Internal to kernels/cpu/.
 #pragma once
 
+#include "kernels/cpu/isa.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
-namespace ft::kernels::cpu {
+FT_CPU_ISA_BEGIN
+namespace ft::kernels::FT_CPU_ISA_NS::cpu {
 
 // exp(x) for x ≤ 0 (scores minus a running max or the logsumexp), as Cephes' expf: x = n·ln 2 + r
 // with |r| ≤ ln 2 / 2, a degree-6 polynomial for e^r, 2^n put into the exponent bits; within
@@ -135,4 +138,5 @@ inline double exp_shifted_sum_f64(float* out, const float* x, size_t n, float sh
   return sum;
 }
 
-}  // namespace ft::kernels::cpu
+}  // namespace ft::kernels::FT_CPU_ISA_NS::cpu
+FT_CPU_ISA_END

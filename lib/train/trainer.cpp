@@ -423,10 +423,12 @@ void print_run_header(const Recipe& r, const LlamaModel& model, const DataLoader
               r.model.n_kv_heads, r.model.vocab_size);
   std::printf(
       "ft: data %s: %llu samples of %d tokens per epoch; %lld steps of %d samples "
-      "(%d micro-batches of %d); %s, %d threads, BLAS kernels %s, oneDNN ISA %s\n",
+      "(%d micro-batches of %d); %s, %d threads, CPU kernels %s, BLAS kernels %s, "
+      "oneDNN ISA %s\n",
       r.data.train.c_str(), (unsigned long long)loader.samples_per_epoch(), r.data.seq_len,
       (long long)r.training.steps, r.training.global_batch_size, accum, r.training.micro_batch_size,
-      dev.name().c_str(), threads, kernels::blas_kernel_name(), kernels::gemm_isa());
+      dev.name().c_str(), threads, kernels::cpu_isa_name(kernels::cpu_isa()),
+      kernels::blas_kernel_name(), kernels::gemm_isa());
   std::fflush(stdout);
 }
 

@@ -24,9 +24,10 @@ YAML
 # 1. Off a terminal: plain lines, summary, metrics, saved recipe.
 "$ft" train "$tmp/r.yaml" > "$tmp/out.txt" 2> "$tmp/err.txt" || fail "ft train exited $? : $(cat "$tmp/err.txt")"
 grep -q '^step 12/12 loss ' "$tmp/out.txt" || fail "no plain progress line for the last step"
-# The startup line names the BLAS kernels and the ISA oneDNN dispatches bf16/f16 GEMMs to.
-grep -Eq 'BLAS kernels [A-Za-z0-9]+, oneDNN ISA (avx|sse)[a-z0-9_]*$' "$tmp/out.txt" \
-  || fail "startup line without the GEMM ISA: $(grep '^ft: data' "$tmp/out.txt")"
+# The startup line names the instruction set of ft's CPU kernels (kernels.h's cpu_isa()), the
+# BLAS kernels and the ISA oneDNN dispatches bf16/f16 GEMMs to.
+grep -Eq 'CPU kernels (baseline|avx2|avx512_bf16), BLAS kernels [A-Za-z0-9]+, oneDNN ISA (avx|sse)[a-z0-9_]*$' "$tmp/out.txt" \
+  || fail "startup line without the CPU kernels' and the GEMM ISA: $(grep '^ft: data' "$tmp/out.txt")"
 if grep -q $'\r' "$tmp/out.txt"; then fail "carriage returns in non-terminal output"; fi
 grep -q '^ft: done: 12 steps, 768 tokens' "$tmp/out.txt" || fail "summary line missing: $(tail -3 "$tmp/out.txt")"
 # The progress and the metrics name the same steps; evaluations are printed with the step after

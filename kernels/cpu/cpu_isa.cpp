@@ -1,0 +1,58 @@
+// The choice of instruction-set level for the per-level kernels (kernels.h, kernels/cpu/isa.h):
+// once per process, from FT_CPU_ISA or the CPU's cpuid. Compiled once, with the baseline flags.
+#include <cstdlib>
+#include <string>
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+
+namespace ft::kernels {
+
+CpuIsa parse_cpu_isa(const char* value, CpuIsa supported) {
+  if (!value || !*value) return supported;
+  for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2, CpuIsa::avx512_bf16}) {
+    if (std::string(value) != cpu_isa_name(isa)) continue;
+    FT_CHECK(isa <= supported, "FT_CPU_ISA=", value, ": this CPU runs at most ",
+             cpu_isa_name(supported), "; choose one of baseline, avx2, avx512_bf16 up to it, or ",
+             "unset FT_CPU_ISA for the highest");
+    return isa;
+  }
+  FT_FAIL("FT_CPU_ISA=", value, " is not an instruction set of ft's CPU kernels: choose one of ",
+          "baseline, avx2, avx512_bf16, or unset it for the highest this CPU runs");
+}
+
+const char* cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::baseline:
+      return "baseline";
+    case CpuIsa::avx2:
+      return "avx2";
+    case CpuIsa::avx512_bf16:
+      return "avx512_bf16";
+  }
+  return "?";
+}
+
+CpuIsa cpu_isa_supported() {
+  // __builtin_cpu_supports checks the OS too: an AVX feature counts only where XGETBV says the
+  // OS saves the ymm (and zmm, opmask) state.
+  __builtin_cpu_init();
+  // F16C, LZCNT and MOVBE came with AVX2 + FMA in every CPU that has those (Haswell, Zen), and
+  // some compilers cannot ask for them; they are not checked apart.
+  const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                  __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") &&
+                  __builtin_cpu_supports("popcnt");
+  if (!v3) return CpuIsa::baseline;
+  const bool v4_bf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  return v4_bf16 ? CpuIsa::avx512_bf16 : CpuIsa::avx2;
+}
+
+CpuIsa cpu_isa() {
+  // A throwing first call (a bad FT_CPU_ISA) leaves the static unset; the next call throws again.
+  static const CpuIsa isa = parse_cpu_isa(std::getenv("FT_CPU_ISA"), cpu_isa_supported());
+  return isa;
+}
+
+}  // namespace ft::kernels

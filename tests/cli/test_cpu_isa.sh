@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The CPU kernels' instruction-set levels (kernels.h's CpuIsa, kernels/cpu/isa.h, DESIGN.md §2):
+#   1. ft is portable: disassembled, no function of the binary uses an instruction beyond x86-64
+#      (SSE2) except the kernels of the avx2 and avx512_bf16 levels (namespaces
+#      ft::kernels::isa_avx2 and isa_avx512_bf16) and gemm_onednn.cpp's two F16C conversions,
+#      which run only once cpu_isa() chose such a level, and GCC's target_clones copies (an AVX2
+#      clone of ckpt/writer.cpp's first_non_finite, chosen by GCC's own resolver at load time). The avx512_bf16 kernels do hold AVX-512
+#      code and the baseline ones none (so the check can tell them apart).
+#   2. The kernel unit tests (their tolerances against the references, unchanged) pass under
+#      FT_CPU_ISA=baseline and every other level this CPU runs.
+#   3. ft train under each level: the run header names it; avx2 and avx512_bf16 give the same
+#      losses and gradient norms bit for bit, baseline (no FMA) the same within 1e-5.
+#   4. FT_CPU_ISA=<unknown> fails naming the choices.
+#   bash tests/cli/test_cpu_isa.sh BUILD_DIR SOURCE_DIR
+source "$2/tests/cli/common.sh" "$@"
+command -v objdump >/dev/null || fail "objdump is missing (binutils)"
+
+# 1. Instructions beyond x86-64 (SSE2): any VEX/EVEX form (mnemonics v*, the opmask k*), BMI1/2,
+# LZCNT, MOVBE, POPCNT, and SSSE3/SSE4.1/SSE4.2's. Function by function (objdump's <name>: lines,
+# demangled).
+beyond='^(v[a-z0-9]+|k(mov|and|andn|or|xnor|xor|not|shiftl|shiftr|test|ortest|unpck|add)[bwdq]?|(andn|bextr|blsi|blsmsk|blsr|bzhi|mulx|pdep|pext|rorx|sarx|shlx|shrx|lzcnt|movbe|popcnt)[lqw]?|pshufb|palignr|phadd[swd]+|phsub[swd]+|pabs[bwd]|pmaddubsw|pmulhrsw|psign[bwd]|blendv?p[sd]|pblend(vb|w)|dpp[sd]|insertps|extractps|pextr[bdq]|pinsr[bdq]|pm(ax|in)(sb|sd|ud|uw)|pmov[sz]x[bwd][wdq]|pmuldq|pmulld|ptest|round[ps][sd]|packusdw|pcmp(eq|gt)q|movntdqa|mpsadbw|phminposuw|pcmp[ei]str[im]|crc32[bwlq]?)$'
+objdump -d --no-show-raw-insn -C "$build/ft" | awk -v re="$beyond" '
+  /^[0-9a-f]+ <.*>:$/ { fn = substr($0, index($0, "<") + 1); sub(/>:$/, "", fn); next }
+  NF >= 2 && $1 ~ /:$/ {
+    m = $2; if (m ~ /^(rep|repz|repnz|lock|notrack|bnd|data16)$/) m = $3
+    dispatched = fn ~ /(^| )ft::kernels::isa_(avx2|avx512_bf16)::/ || fn ~ /(widen|narrow)_f16c\(/ ||
+                 fn ~ /\[clone \.(avx|fma|arch_)[a-z0-9_]*\]$/
+    if (m ~ re) { if (dispatched) n_disp++; else { bad++; if (!(fn in seen)) { seen[fn] = 1; print "  " fn ": " m > "/dev/stderr" } } }
+    if (fn ~ /(^| )ft::kernels::isa_avx512_bf16::/ && $0 ~ /zmm/) zmm++
+    if (fn ~ /(^| )ft::kernels::isa_baseline::/) base++
+  }
+  END { printf "%d instructions beyond x86-64 outside the dispatched kernels; %d inside; %d zmm in avx512_bf16; %d in baseline kernels\n", bad, n_disp, zmm, base
+        exit (bad > 0 || zmm == 0 || base == 0) }' > "$tmp/objdump.txt" 2> "$tmp/beyond.txt" ||
+  fail "ft is not portable: $(cat "$tmp/objdump.txt"); first functions: $(head -20 "$tmp/beyond.txt")"
+cat "$tmp/objdump.txt"
+
+# Levels this CPU runs (the unit test prints it).
+top=$("$build/tests/ft_unit_tests" -tc='FT_CPU_ISA names*' -s 2>&1 | sed -n 's/.*supports up to \([a-z0-9_]*\).*/\1/p' | head -1)
+case "$top" in
+  baseline) levels="baseline" ;;
+  avx2) levels="baseline avx2" ;;
+  avx512_bf16) levels="baseline avx2 avx512_bf16" ;;
+  *) fail "could not read the CPU's level from ft_unit_tests: '$top'" ;;
+esac
+
+# 2. The kernels' unit tests under each level (OMP_WAIT_POLICY as ctest's unit run).
+for isa in $levels; do
+  out=$(FT_CPU_ISA=$isa OMP_WAIT_POLICY=PASSIVE "$build/tests/ft_unit_tests" \
+    -sf='*test_kernels*,*test_kernels16*,*test_attention.cpp,*test_gemm16*,*test_adamw_grad_scale*,*test_rope*,*test_cpu_isa*' 2>&1) ||
+    fail "FT_CPU_ISA=$isa: kernel unit tests failed: $(tail -30 <<< "$out")"
+  grep -Eq 'test cases: +[1-9][0-9]* \| +[1-9][0-9]* passed \| +0 failed' <<< "$out" ||
+    fail "FT_CPU_ISA=$isa ran no kernel test: $(tail -5 <<< "$out")"
+  echo "FT_CPU_ISA=$isa: $(grep -E 'test cases:' <<< "$out")"
+done
+
+# 3. A short training run under each level, fp32 and bf16.
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/train:3" --vocab 97 --samples 40 \
+  --seq-len 16 --seed 0 > /dev/null
+for prec in fp32 bf16; do
+  cat > "$tmp/r_$prec.yaml" <<YAML
+run: {name: t, seed: 3}
+model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 48, vocab_size: 97, max_seq_len: 32}
+data: {train: $tmp/train, seq_len: 16, shuffle: true}
+training: {steps: 8, micro_batch_size: 2, global_batch_size: 4, precision: $prec}
+optimizer: {lr: 0.01}
+logging: {every_steps: 1}
+runtime: {threads: 2}
+YAML
+  for isa in $levels; do
+    FT_CPU_ISA=$isa "$ft" train "$tmp/r_$prec.yaml" "run.output_dir=$tmp/run_${prec}_$isa" \
+      > "$tmp/out_${prec}_$isa.txt" 2>&1 || fail "FT_CPU_ISA=$isa ft train ($prec): $(tail -5 "$tmp/out_${prec}_$isa.txt")"
+    grep -q "CPU kernels $isa, " "$tmp/out_${prec}_$isa.txt" ||
+      fail "the run header does not name FT_CPU_ISA=$isa: $(grep '^ft: data' "$tmp/out_${prec}_$isa.txt")"
+  done
+  # Unset, the run takes the CPU's highest level.
+  "$ft" train "$tmp/r_$prec.yaml" "run.output_dir=$tmp/run_${prec}_auto" > "$tmp/out_${prec}_auto.txt" 2>&1 ||
+    fail "ft train ($prec): $(tail -5 "$tmp/out_${prec}_auto.txt")"
+  grep -q "CPU kernels $top, " "$tmp/out_${prec}_auto.txt" ||
+    fail "without FT_CPU_ISA the run header should name $top: $(grep '^ft: data' "$tmp/out_${prec}_auto.txt")"
+  cmp_args=(--keys loss,grad_norm --min-entries 16)
+  if [[ "$levels" == *avx512_bf16* ]]; then
+    /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$tmp/run_${prec}_avx2" \
+      "$tmp/run_${prec}_avx512_bf16" --loss-rel 0 --norm-rel 0 "${cmp_args[@]}" ||
+      fail "$prec: avx2 and avx512_bf16 differ"
+  fi
+  if [[ "$levels" != baseline ]]; then
+    # fp32: a few ulp per op without FMA, amplified over 8 steps; bf16: the same differences
+    # sometimes flip a bf16 rounding of an activation (one unit, 2^-8), so its bound is looser.
+    rel=1e-5; [[ $prec == bf16 ]] && rel=1e-2
+    /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$tmp/run_${prec}_baseline" \
+      "$tmp/run_${prec}_$top" --loss-rel $rel --norm-rel $rel "${cmp_args[@]}" ||
+      fail "$prec: baseline and $top differ by more than $rel"
+  fi
+done
+
+# 4. An unknown level.
+if FT_CPU_ISA=avx512 "$ft" train "$tmp/r_fp32.yaml" "run.output_dir=$tmp/run_bad" > "$tmp/bad.txt" 2>&1; then
+  fail "FT_CPU_ISA=avx512 (unknown) was accepted"
+fi
+grep -q 'FT_CPU_ISA=avx512 is not an instruction set .*baseline, avx2, avx512_bf16' "$tmp/bad.txt" ||
+  fail "FT_CPU_ISA=avx512: the error does not name the choices: $(tail -3 "$tmp/bad.txt")"
+echo "ok"
