@@ -20,7 +20,8 @@
 // D + 8 elements, so the 8 rows one ldmatrix phase reads fall in 8 different 4-bank groups.
 //
 // Forward (one block per (64 query rows, head, batch)): Q stays in shared memory; for each
-// 64-key tile at or below the diagonal (tiles before the first query's document skipped):
+// 64-key tile at or below the diagonal (tiles before the first query's document skipped; V_j
+// loads during Q K_jᵀ, K_{j+1} during P V_j, as in FA2):
 //   S = Q Kᵀ (fp32), masked to −inf; m' = max(m, rowmax S); P = exp(scale·(S − m'));
 //   l = l·exp(scale·(m − m')) + rowsum P; O = O·exp(scale·(m − m')) + P V;
 // P goes from the C fragments of S to the A fragments of P·V in registers (the C→A identity of
@@ -183,7 +184,13 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* seg_b = seg ? seg + size_t(b) * T_ : nullptr;
   const float scale_log2 = scale * kLog2e;
 
+  // K and V are single-buffered and staggered as in FA2: V_j loads while S = Q K_jᵀ and the
+  // softmax run, K_{j+1} while P V_j runs. Every cp.async group is waited for by the thread
+  // that issued it, and a __syncthreads then makes all threads' copies visible.
+  const int j_first = first_key_tile(seg_b, i0, T_);
+  const size_t kvoff = size_t(b) * T_ * ldk + size_t(kh) * D;  // key 0 of this kv head
   load_tile<kTileQ, D>(q_s, q + (size_t(b) * T_ + i0) * ldq + size_t(h) * D, ldq, T_ - i0);
+  load_tile<kTileK, D>(k_s, k + kvoff + size_t(j_first) * ldk, ldk, T_ - j_first);
   cp_async_commit();
 
   // This lane's two rows (C fragment rows g and g + 8 of the warp's 16).
@@ -200,15 +207,13 @@ __global__ void __launch_bounds__(kThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row
 
   const int last = min(i0 + kTileQ, T_) - 1;
-  for (int j0 = first_key_tile(seg_b, i0, T_); j0 <= last; j0 += kTileK) {
-    __syncthreads();  // no warp still reads the previous K, V
-    const size_t koff = (size_t(b) * T_ + j0) * ldk + size_t(kh) * D;
-    load_tile<kTileK, D>(k_s, k + koff, ldk, T_ - j0);
-    load_tile<kTileK, D>(v_s, v + koff, ldk, T_ - j0);
+  for (int j0 = j_first; j0 <= last; j0 += kTileK) {
+    __syncthreads();  // no warp still reads the previous V (P V) or key ids
+    load_tile<kTileK, D>(v_s, v + kvoff + size_t(j0) * ldk, ldk, T_ - j0);
     cp_async_commit();
     if (seg_b && threadIdx.x < kTileK)
       kseg_s[threadIdx.x] = j0 + int(threadIdx.x) < T_ ? seg_b[j0 + threadIdx.x] : 0;
-    cp_async_wait<0>();
+    cp_async_wait<1>();  // Q and K_j here; V_j may still be in flight
     __syncthreads();
 
     float s[kTileK / 8][4];
@@ -263,7 +268,13 @@ __global__ void __launch_bounds__(kThreads)
         s[t][e] = exp2f(fmaf(s[t][e], scale_log2, -sub[e >> 1]));
         l[e >> 1] += s[t][e];
       }
-      // O += P V: P's A fragments from S's C fragments; V rows are the k dimension (.trans).
+    __syncthreads();  // no warp still reads K_j: K_{j+1} may overwrite it
+    if (j0 + kTileK <= last)
+      load_tile<kTileK, D>(k_s, k + kvoff + size_t(j0 + kTileK) * ldk, ldk, T_ - j0 - kTileK);
+    cp_async_commit();   // an empty group after the last tile
+    cp_async_wait<1>();  // V_j here; K_{j+1} may still be in flight
+    __syncthreads();
+    // O += P V: P's A fragments from S's C fragments; V rows are the k dimension (.trans).
 #pragma unroll
     for (int ks = 0; ks < kTileK / 16; ++ks) {
       uint32_t a[4];
@@ -276,6 +287,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
+  cp_async_wait<0>();  // the last (empty) group: nothing pending at exit
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     const float sum = quad_sum(l[x]);
