@@ -38,7 +38,7 @@
 //      dV += Pᵀ dO and dK += dSᵀ Q with no shared-memory round trip. dK is scaled once at the end.
 //   3. dQ, one block per (64 query rows, head, batch): the forward's loop recomputing P from lse,
 //      dP = dO Vᵀ, dS = P ∘ (dP − Δ), dQ += dS K (7 block-GEMMs in all instead of FA2's 5, the
-//      price of no atomics).
+//      price of no atomics); V_{j+1} loads during Q K_jᵀ and dS K_j, K_{j+1} during dO V_{j+1}ᵀ.
 // P and dS are rounded to E before they multiply V, dO, Q or K (as every tensor-core attention
 // does); the rest is fp32 with one rounding of each output element.
 #include <cmath>
@@ -321,10 +321,19 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* seg_b = seg ? seg + size_t(b) * T_ : nullptr;
   const float scale_log2 = scale * kLog2e;
 
+  // K and V single-buffered and staggered: dP = dO V_jᵀ first, then V_{j+1} loads during
+  // S = Q K_jᵀ and dQ += dS K_j, and K_{j+1} during the next dP.
+  const int j_first = first_key_tile(seg_b, i0, T_);
+  const size_t kvoff = size_t(b) * T_ * ldk + size_t(kh) * D;  // key 0 of this kv head
   const size_t qoff = (size_t(b) * T_ + i0) * ldq + size_t(h) * D;
   load_tile<kTileQ, D>(q_s, q + qoff, ldq, T_ - i0);
   load_tile<kTileQ, D>(do_s, dout + qoff, ldq, T_ - i0);
+  load_tile<kTileK, D>(v_s, v + kvoff + size_t(j_first) * ldk, ldk, T_ - j_first);
   cp_async_commit();
+  load_tile<kTileK, D>(k_s, k + kvoff + size_t(j_first) * ldk, ldk, T_ - j_first);
+  cp_async_commit();
+  if (seg_b && threadIdx.x < kTileK)
+    kseg_s[threadIdx.x] = j_first + int(threadIdx.x) < T_ ? seg_b[j_first + threadIdx.x] : 0;
 
   const int wr = i0 + warp * kRows;
   int row[2], rseg[2];
@@ -345,17 +354,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int t = 0; t < D / 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
 
   const int last = min(i0 + kTileQ, T_) - 1;
-  for (int j0 = first_key_tile(seg_b, i0, T_); j0 <= last; j0 += kTileK) {
+  for (int j0 = j_first; j0 <= last; j0 += kTileK) {
+    cp_async_wait<1>();  // V_j here (Q and dO too); K_j may still be in flight
     __syncthreads();
-    const size_t koff = (size_t(b) * T_ + j0) * ldk + size_t(kh) * D;
-    load_tile<kTileK, D>(k_s, k + koff, ldk, T_ - j0);
-    load_tile<kTileK, D>(v_s, v + koff, ldk, T_ - j0);
-    cp_async_commit();
-    if (seg_b && threadIdx.x < kTileK)
-      kseg_s[threadIdx.x] = j0 + int(threadIdx.x) < T_ ? seg_b[j0 + threadIdx.x] : 0;
-    cp_async_wait<0>();
-    __syncthreads();
-
     float s[kTileK / 8][4], dp[kTileK / 8][4];
 #pragma unroll
     for (int t = 0; t < kTileK / 8; ++t)
@@ -363,16 +364,31 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) s[t][e] = dp[t][e] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t aq[4], ado[4];
-      load_a<D>(aq, q_s, warp * kRows, 16 * kk, lane);
+      uint32_t ado[4];
       load_a<D>(ado, do_s, warp * kRows, 16 * kk, lane);
+#pragma unroll
+      for (int nt = 0; nt < kTileK / 16; ++nt) {
+        uint32_t bb[4];
+        load_b_nk<D>(bb, v_s, 16 * nt, 16 * kk, lane);
+        mma2<E>(dp[2 * nt], dp[2 * nt + 1], ado, bb);
+      }
+    }
+    __syncthreads();  // no warp still reads V_j
+    const bool more = j0 + kTileK <= last;
+    if (more)
+      load_tile<kTileK, D>(v_s, v + kvoff + size_t(j0 + kTileK) * ldk, ldk, T_ - j0 - kTileK);
+    cp_async_commit();   // an empty group after the last tile
+    cp_async_wait<1>();  // K_j here; V_{j+1} may still be in flight
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t aq[4];
+      load_a<D>(aq, q_s, warp * kRows, 16 * kk, lane);
 #pragma unroll
       for (int nt = 0; nt < kTileK / 16; ++nt) {
         uint32_t bb[4];
         load_b_nk<D>(bb, k_s, 16 * nt, 16 * kk, lane);
         mma2<E>(s[2 * nt], s[2 * nt + 1], aq, bb);
-        load_b_nk<D>(bb, v_s, 16 * nt, 16 * kk, lane);
-        mma2<E>(dp[2 * nt], dp[2 * nt + 1], ado, bb);
       }
     }
     const bool masked = seg_b || j0 + kTileK - 1 > wr || j0 + kTileK > T_;
@@ -398,7 +414,16 @@ __global__ void __launch_bounds__(kThreads)
         mma2<E>(acc[2 * dt], acc[2 * dt + 1], a, bb);
       }
     }
+    __syncthreads();  // no warp still reads K_j or the key ids
+    if (more) {
+      const int j1 = j0 + kTileK;
+      load_tile<kTileK, D>(k_s, k + kvoff + size_t(j1) * ldk, ldk, T_ - j1);
+      if (seg_b && threadIdx.x < kTileK)
+        kseg_s[threadIdx.x] = j1 + int(threadIdx.x) < T_ ? seg_b[j1 + threadIdx.x] : 0;
+    }
+    cp_async_commit();
   }
+  cp_async_wait<0>();  // the last (empty) groups: nothing pending at exit
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     if (row[x] >= T_) continue;
