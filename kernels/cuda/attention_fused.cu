@@ -36,6 +36,8 @@
 //      (M = keys): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, then Pᵀ = exp(scale·Sᵀ − lse) and
 //      dSᵀ = Pᵀ ∘ (dPᵀ − Δ) are C fragments whose rows are keys, so the same C→A identity feeds
 //      dV += Pᵀ dO and dK += dSᵀ Q with no shared-memory round trip. dK is scaled once at the end.
+//      Q and dO are double-buffered: the next query tile (of this head or the next) loads while
+//      this one is computed.
 //   3. dQ, one block per (64 query rows, head, batch): the forward's loop recomputing P from lse,
 //      dP = dO Vᵀ, dS = P ∘ (dP − Δ), dQ += dS K (7 block-GEMMs in all instead of FA2's 5, the
 //      price of no atomics); V_{j+1} loads during Q K_jᵀ and dS K_j, K_{j+1} during dO V_{j+1}ᵀ.
@@ -78,7 +80,7 @@ constexpr size_t dq_smem_bytes() {
 }
 template <int D>
 constexpr size_t dkdv_smem_bytes() {
-  return 2 * tile_bytes<D>(kDkdvTileQ<D>) + 2 * tile_bytes<D>(kTileK);  // Q, dO, K, V
+  return 4 * tile_bytes<D>(kDkdvTileQ<D>) + 2 * tile_bytes<D>(kTileK);  // Q, dO twice; K, V
 }
 
 // Issues the cp.asyncs of a (R, D) tile: row r of the tile from src + r·ld (16 bytes per copy,
@@ -445,11 +447,11 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kTq = kDkdvTileQ<D>;
   FT_DYNAMIC_SHARED(Dev, k_s);
   Dev* v_s = k_s + kTileK * kPitch<D>;
-  Dev* q_s = v_s + kTileK * kPitch<D>;
-  Dev* do_s = q_s + kTq * kPitch<D>;
-  __shared__ float lse_s[kTq], delta_s[kTq];  // the query tile's lse·log2(e) and Δ
-  __shared__ int32_t qseg_s[kTq];
-  __shared__ bool one_s[kTq];
+  Dev* qdo_s = v_s + kTileK * kPitch<D>;  // [buffer][Q, dO][kTq][pitch]
+  // Per query of the tile, per buffer: lse·log2(e), Δ, segment id, "sees one key".
+  __shared__ float lse_s[2][kTq], delta_s[2][kTq];
+  __shared__ int32_t qseg_s[2][kTq];
+  __shared__ bool one_s[2][kTq];
   // The first key tiles are seen by the most queries: they go first.
   const int j0 = (gridDim.x - 1 - blockIdx.x) * kTileK;
   const int kh = blockIdx.y, b = blockIdx.z, group = H / K;
@@ -461,7 +463,6 @@ __global__ void __launch_bounds__(kThreads)
   const size_t koff = (size_t(b) * T_ + j0) * ldk + size_t(kh) * D;
   load_tile<kTileK, D>(k_s, k + koff, ldk, T_ - j0);
   load_tile<kTileK, D>(v_s, v + koff, ldk, T_ - j0);
-  cp_async_commit();
 
   // This lane's two keys (C rows of the transposed products).
   const int wk = j0 + warp * kRows;
@@ -479,79 +480,92 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk_acc[t][e] = dv_acc[t][e] = 0.0f;
 
-  for (int gi = 0; gi < group; ++gi) {
-    const int h = kh * group + gi;
-    const float* lse_h = lse + (size_t(b) * H + h) * T_;
-    const float* delta_h = delta + (size_t(b) * H + h) * T_;
-    // Queries before j0 see no key of the tile: start at the query tile holding j0.
-    for (int i0 = j0 / kTq * kTq; i0 < T_; i0 += kTq) {
-      if (seg_b && seg_b[i0] > last_seg) break;  // the same for the whole block
-      __syncthreads();                           // no warp still reads the previous Q, dO, lse, Δ
-      const size_t qoff = (size_t(b) * T_ + i0) * ldq + size_t(h) * D;
-      load_tile<kTq, D>(q_s, q + qoff, ldq, T_ - i0);
-      load_tile<kTq, D>(do_s, dout + qoff, ldq, T_ - i0);
-      cp_async_commit();
-      if (threadIdx.x < kTq) {
-        const int r = i0 + threadIdx.x;
-        const bool in = r < T_;
-        lse_s[threadIdx.x] = in ? lse_h[r] * kLog2e : 0.0f;
-        delta_s[threadIdx.x] = in ? delta_h[r] : 0.0f;
-        qseg_s[threadIdx.x] = seg_b && in ? seg_b[r] : 0;
-        one_s[threadIdx.x] = in && sees_one_key(seg_b, r);
-      }
-      cp_async_wait<0>();  // also K and V on the first pass
-      __syncthreads();
+  // The query tiles: for each query head of the group in order, from the tile holding j0 (the
+  // queries before it see no key of this tile) to the end, or to the first tile of a later
+  // document than the tile's last key. Flattened into one sequence n = gi·n_i + i, so that the
+  // next tile's Q and dO load (double-buffered) while this one is computed.
+  const int i_begin = j0 / kTq * kTq;
+  int i_end = i_begin + kTq;
+  while (i_end < T_ && !(seg_b && seg_b[i_end] > last_seg)) i_end += kTq;
+  const int n_i = (i_end - i_begin) / kTq, n_all = group * n_i;
+  // Issues tile n's copies into buffer `buf` and writes its per-query values.
+  auto stage = [&](int n, int buf) {
+    const int h = kh * group + n / n_i, i0 = i_begin + n % n_i * kTq;
+    const size_t qoff = (size_t(b) * T_ + i0) * ldq + size_t(h) * D;
+    Dev* qb = qdo_s + 2 * buf * kTq * kPitch<D>;
+    load_tile<kTq, D>(qb, q + qoff, ldq, T_ - i0);
+    load_tile<kTq, D>(qb + kTq * kPitch<D>, dout + qoff, ldq, T_ - i0);
+    if (threadIdx.x < kTq) {
+      const int r = i0 + threadIdx.x;
+      const bool in = r < T_;
+      const size_t st = (size_t(b) * H + h) * T_ + r;
+      lse_s[buf][threadIdx.x] = in ? lse[st] * kLog2e : 0.0f;
+      delta_s[buf][threadIdx.x] = in ? delta[st] : 0.0f;
+      qseg_s[buf][threadIdx.x] = seg_b && in ? seg_b[r] : 0;
+      one_s[buf][threadIdx.x] = in && sees_one_key(seg_b, r);
+    }
+  };
+  stage(0, 0);
+  cp_async_commit();  // K, V and the first query tile
+  for (int n = 0; n < n_all; ++n) {
+    const int buf = n & 1, i0 = i_begin + n % n_i * kTq;
+    if (n + 1 < n_all) stage(n + 1, buf ^ 1);  // its buffer was released at the end of n − 1
+    cp_async_commit();                         // an empty group after the last tile
+    cp_async_wait<1>();                        // tile n here; tile n + 1 may be in flight
+    __syncthreads();
+    const Dev* q_s = qdo_s + 2 * buf * kTq * kPitch<D>;
+    const Dev* do_s = q_s + kTq * kPitch<D>;
 
-      // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 keys of this warp x kTq queries).
-      float st[kTq / 8][4], dpt[kTq / 8][4];
+    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 keys of this warp x kTq queries).
+    float st[kTq / 8][4], dpt[kTq / 8][4];
 #pragma unroll
-      for (int t = 0; t < kTq / 8; ++t)
+    for (int t = 0; t < kTq / 8; ++t)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) st[t][e] = dpt[t][e] = 0.0f;
+      for (int e = 0; e < 4; ++e) st[t][e] = dpt[t][e] = 0.0f;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t ak[4], av[4];
-        load_a<D>(ak, k_s, warp * kRows, 16 * kk, lane);
-        load_a<D>(av, v_s, warp * kRows, 16 * kk, lane);
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ak[4], av[4];
+      load_a<D>(ak, k_s, warp * kRows, 16 * kk, lane);
+      load_a<D>(av, v_s, warp * kRows, 16 * kk, lane);
 #pragma unroll
-        for (int nt = 0; nt < kTq / 16; ++nt) {
-          uint32_t bb[4];
-          load_b_nk<D>(bb, q_s, 16 * nt, 16 * kk, lane);
-          mma2<E>(st[2 * nt], st[2 * nt + 1], ak, bb);
-          load_b_nk<D>(bb, do_s, 16 * nt, 16 * kk, lane);
-          mma2<E>(dpt[2 * nt], dpt[2 * nt + 1], av, bb);
-        }
-      }
-      // Pᵀ and dSᵀ: lse and Δ belong to the column (the query).
-#pragma unroll
-      for (int t = 0; t < kTq / 8; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int ci = 8 * t + 2 * qd + (e & 1), r = i0 + ci, x = e >> 1;
-          const bool hidden =
-              key[x] > r || r >= T_ || key[x] >= T_ || (seg_b && qseg_s[ci] != kseg[x]);
-          const float p = hidden ? 0.0f : exp2f(fmaf(st[t][e], scale_log2, -lse_s[ci]));
-          st[t][e] = p;
-          dpt[t][e] = one_s[ci] ? 0.0f : p * (dpt[t][e] - delta_s[ci]);
-        }
-        // dV += Pᵀ dO and dK += dSᵀ Q: dO and Q rows are the k dimension (.trans).
-#pragma unroll
-      for (int ks = 0; ks < kTq / 16; ++ks) {
-        uint32_t ap[4], ads[4];
-        c_to_a<E>(ap, st[2 * ks], st[2 * ks + 1]);
-        c_to_a<E>(ads, dpt[2 * ks], dpt[2 * ks + 1]);
-#pragma unroll
-        for (int dt = 0; dt < D / 16; ++dt) {
-          uint32_t bb[4];
-          load_b_kn<D>(bb, do_s, 16 * ks, 16 * dt, lane);
-          mma2<E>(dv_acc[2 * dt], dv_acc[2 * dt + 1], ap, bb);
-          load_b_kn<D>(bb, q_s, 16 * ks, 16 * dt, lane);
-          mma2<E>(dk_acc[2 * dt], dk_acc[2 * dt + 1], ads, bb);
-        }
+      for (int nt = 0; nt < kTq / 16; ++nt) {
+        uint32_t bb[4];
+        load_b_nk<D>(bb, q_s, 16 * nt, 16 * kk, lane);
+        mma2<E>(st[2 * nt], st[2 * nt + 1], ak, bb);
+        load_b_nk<D>(bb, do_s, 16 * nt, 16 * kk, lane);
+        mma2<E>(dpt[2 * nt], dpt[2 * nt + 1], av, bb);
       }
     }
+    // Pᵀ and dSᵀ: lse and Δ belong to the column (the query).
+#pragma unroll
+    for (int t = 0; t < kTq / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ci = 8 * t + 2 * qd + (e & 1), r = i0 + ci, x = e >> 1;
+        const bool hidden =
+            key[x] > r || r >= T_ || key[x] >= T_ || (seg_b && qseg_s[buf][ci] != kseg[x]);
+        const float p = hidden ? 0.0f : exp2f(fmaf(st[t][e], scale_log2, -lse_s[buf][ci]));
+        st[t][e] = p;
+        dpt[t][e] = one_s[buf][ci] ? 0.0f : p * (dpt[t][e] - delta_s[buf][ci]);
+      }
+      // dV += Pᵀ dO and dK += dSᵀ Q: dO and Q rows are the k dimension (.trans).
+#pragma unroll
+    for (int ks = 0; ks < kTq / 16; ++ks) {
+      uint32_t ap[4], ads[4];
+      c_to_a<E>(ap, st[2 * ks], st[2 * ks + 1]);
+      c_to_a<E>(ads, dpt[2 * ks], dpt[2 * ks + 1]);
+#pragma unroll
+      for (int dt = 0; dt < D / 16; ++dt) {
+        uint32_t bb[4];
+        load_b_kn<D>(bb, do_s, 16 * ks, 16 * dt, lane);
+        mma2<E>(dv_acc[2 * dt], dv_acc[2 * dt + 1], ap, bb);
+        load_b_kn<D>(bb, q_s, 16 * ks, 16 * dt, lane);
+        mma2<E>(dk_acc[2 * dt], dk_acc[2 * dt + 1], ads, bb);
+      }
+    }
+    __syncthreads();  // no warp still reads buffer `buf`: tile n + 2 may overwrite it
   }
-  cp_async_wait<0>();  // nothing pending at exit, even if no query tile ran
+  cp_async_wait<0>();  // the last (empty) group: nothing pending at exit
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     if (key[x] >= T_) continue;
