@@ -121,6 +121,26 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const 
                         const T* q, const T* k, const T* v, void* scratch, int B, int T_, int H,
                         int K, int D, void* stream);
 
+// ---- attention_fused.cu: causal GQA on tensor cores (FlashAttention-2, sm_80+) ----
+// The contract of attention.cu with bf16/f16 only, head dims 64 and 128
+// (attention_fused_supported), all tensors 16-byte aligned (ft::Error otherwise), plus optional
+// document masking: seg (B, T) int32 segment ids, non-decreasing along T within a sample, or
+// nullptr for one document per sample; a query attends to the keys at or before it with its
+// own id (the first token of each document gets a zero gradient, as position 0 does).
+inline bool attention_fused_supported(int D) { return D == 64 || D == 128; }
+template <typename T>
+void attention_fused_forward(T* out, float* lse, const T* q, const T* k, const T* v,
+                             const int32_t* seg, int B, int T_, int H, int K, int D, void* stream);
+// The backward's scratch: Δ (B, H, T) in fp32; dQ, dK and dV are summed in registers.
+inline size_t attention_fused_backward_scratch_bytes(int B, int T_, int H) {
+  return sizeof(float) * size_t(B) * size_t(H) * size_t(T_);
+}
+// Deterministic (no float atomics): dK/dV of a kv head sum its query heads in a fixed order.
+template <typename T>
+void attention_fused_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse,
+                              const T* q, const T* k, const T* v, const int32_t* seg, void* scratch,
+                              int B, int T_, int H, int K, int D, void* stream);
+
 // ---- attention_gemm.cu: the elementwise half of attention on tensor cores ----
 // lib/runtime/cuda/attention_gemm.cpp runs attention as cuBLASLt GEMMs on head-major copies:
 // q as (B·K slabs, T, G, D) — a slab is one kv head of one batch row with its G query heads,

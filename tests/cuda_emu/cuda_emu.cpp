@@ -2,6 +2,8 @@
 // and block synchronisation with its checks, and the CUDA runtime API subset on host memory.
 #include "tests/cuda_emu/cuda_emu.h"
 
+#include "core/half.h"
+
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -98,6 +100,20 @@ bool in_device(const void* p, size_t n) {
   return c >= it->first && c + n <= it->first + std::max<size_t>(it->second, 1);
 }
 bool touches_device(const void* p) { return in_device(p, 1); }
+
+// Is [p, p + n) inside one allocation a kernel can read: cudaMalloc, cudaMallocHost or
+// cudaHostRegister'd? (takes rt().mutex)
+bool in_gpu_memory(const void* p, size_t n) {
+  std::lock_guard<std::mutex> lock(rt().mutex);
+  const char* c = static_cast<const char*>(p);
+  for (const auto* m : {&rt().device, &rt().pinned, &rt().registered}) {
+    auto it = m->upper_bound(c);
+    if (it != m->begin() && c >= std::prev(it)->first &&
+        c + n <= std::prev(it)->first + std::prev(it)->second)
+      return true;
+  }
+  return false;
+}
 
 // Can a kernel be handed p: null, or in [base, base + size] of a device or pinned allocation?
 bool kernel_reachable(const void* p) {
@@ -225,6 +241,10 @@ const char* op_name(WarpOp op) {
       return "__all_sync";
     case WarpOp::kAny:
       return "__any_sync";
+    case WarpOp::kMma:
+      return "mma.sync.aligned.m16n8k16";
+    case WarpOp::kLdmatrix:
+      return "ldmatrix.sync.aligned.m8n8";
   }
   return "?";
 }
@@ -327,6 +347,15 @@ Stack new_stack() {
   return Stack{static_cast<char*>(m) + page};
 }
 
+// A cp.async issued and not yet performed (see cp_async below).
+struct AsyncCopy {
+  unsigned char* dst;
+  const unsigned char* src;
+  int size, src_bytes;
+  unsigned char snapshot[16];  // the source bytes at issue, to catch a change before completion
+  std::source_location where;
+};
+
 struct Fiber {
   Context ctx;
   Stack stack;
@@ -340,6 +369,12 @@ struct Fiber {
   uint64_t value = 0, result = 0;
   int arg = 0, width = 32;
   std::source_location where;
+  // At mma / ldmatrix: the lane's operands and results, on its own stack (arg: the qualifiers).
+  const void* in = nullptr;
+  void* out = nullptr;
+  // cp.async: issued and not committed, and the committed groups, oldest first.
+  std::vector<AsyncCopy> copies;
+  std::deque<std::vector<AsyncCopy>> copy_groups;
 };
 
 // Lanes of one warp waiting at one warp operation with one mask.
@@ -476,6 +511,16 @@ void on_exit(Runner& r, Fiber& f) {
                " thread(s) of its block wait at __syncthreads (" + loc_str(r.barrier_where) +
                "): every thread of a block must reach every barrier (an early return?)");
   }
+  size_t pending = f.copies.size();
+  for (const auto& g : f.copy_groups) pending += g.size();
+  if (pending > 0) {
+    const AsyncCopy& c = f.copies.empty() ? f.copy_groups.front().front() : f.copies.front();
+    record(r, f,
+           "thread exited with " + std::to_string(pending) +
+               " cp.async copy(ies) never waited for (the first issued at " + loc_str(c.where) +
+               (f.copies.empty() ? "" : ", not even committed") +
+               "): cp.async.wait_group / wait_all must complete a copy before its data is used");
+  }
   for (const WarpGroup& g : r.warps[warp]) {
     if (g.mask & (1u << lane)) {
       const Fiber& w = (*r.fibers)[warp * 32 + g.first_lane];
@@ -531,6 +576,8 @@ void run_block(Runner& r) {
     f.linear = i;
     f.tid = thread_of(i, bd);
     f.started = false;
+    f.copies.clear();
+    f.copy_groups.clear();
     make_context(f.ctx, f.stack.base, kStackBytes, fiber_entry);
     make_ready(r, f);
   }
@@ -623,8 +670,135 @@ int syncthreads(int predicate, const std::source_location& where) {
   return int(f.result);
 }
 
-uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
-                 const std::source_location& where) {
+namespace {
+
+// ---- warp-level matrix instructions (completed by the last lane to arrive) --------------------
+// Sources: NVIDIA PTX ISA 8.7, §9.7.14.5.14 "mma" and §9.7.14.5.8 "Matrix Fragments for
+// mma.m16n8k16 with floating point type" (Figures 79, 81, 83); §9.7.14.5.15 "ldmatrix"
+// (Figure 104). Notation: lane l, g = l >> 2 (groupID), q = l & 3 (threadID_in_group).
+
+struct MmaIn {  // one lane's operands, on its stack
+  uint32_t a[4], b[2];
+  float c[4];
+};
+
+std::string mma_name(int type) {
+  return type == int(MmaType::kBf16) ? "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+                                     : "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
+}
+// ldmatrix's qualifiers as one int: num | trans << 4.
+std::string ldmatrix_name(int qual) {
+  return "ldmatrix.sync.aligned.m8n8.x" + std::to_string(qual & 7) + (qual >> 4 ? ".trans" : "") +
+         ".shared.b16";
+}
+
+// D = A·B + C. Fragments (§9.7.14.5.8), element i of a lane's list, two 16-bit elements per
+// register, the lower-indexed one in bits 0..15:
+//   A (16x16, .row): row g + 8·((i >> 1) & 1), column 2q + (i & 1) + 8·(i >= 4), i < 8;
+//   B (16x8, .col, element [k][n]): k = 2q + (i & 1) + 8·(i >= 2), n = g, i < 4;
+//   C, D (16x8 f32): row g + 8·(i >= 2), column 2q + (i & 1), i < 4.
+// Numerics: a product of two bf16 or two f16 values is exact in fp32; the ISA fixes neither the
+// order nor the rounding of the sum inside the instruction (tensor cores are not bit-equal to an
+// fp32 FMA chain). Here: C plus the products in k order 0..15, each addition rounded to fp32,
+// deterministic. Tests compare with a CPU reference under a tolerance, never GPU bits.
+void complete_mma(Runner& r, int base, int type) {
+  float A[16][16], B[16][8], C[16][8];
+  const auto elem = [type](uint32_t reg, int half) {
+    const auto bits = uint16_t(reg >> (16 * half));
+    return type == int(MmaType::kBf16) ? to_f32(bf16{bits}) : to_f32(f16{bits});
+  };
+  for (int l = 0; l < 32; ++l) {
+    const auto& in = *static_cast<const MmaIn*>((*r.fibers)[base + l].in);
+    const int g = l >> 2, q = l & 3;
+    for (int i = 0; i < 8; ++i)
+      A[g + 8 * ((i >> 1) & 1)][2 * q + (i & 1) + 8 * (i >= 4)] = elem(in.a[i >> 1], i & 1);
+    for (int i = 0; i < 4; ++i) {
+      B[2 * q + (i & 1) + 8 * (i >= 2)][g] = elem(in.b[i >> 1], i & 1);
+      C[g + 8 * (i >= 2)][2 * q + (i & 1)] = in.c[i];
+    }
+  }
+  for (int l = 0; l < 32; ++l) {  // every input was read: d may alias c
+    auto* d = static_cast<float*>((*r.fibers)[base + l].out);
+    const int g = l >> 2, q = l & 3;
+    for (int i = 0; i < 4; ++i) {
+      const int m = g + 8 * (i >= 2), n = 2 * q + (i & 1);
+      float acc = C[m][n];
+      for (int k = 0; k < 16; ++k) acc += A[m][k] * B[k][n];
+      d[i] = acc;
+    }
+  }
+}
+
+// Lane 8i + j gives the address of row j of matrix i (i < num; the other lanes' addresses are
+// ignored, as on sm_80+); each must be 16-byte aligned and in shared memory. Register i of lane
+// l receives, low half then high half (Figure 104 for the plain form; .trans delivers the same
+// positions of the transposed matrix):
+//   plain:  M_i[g][2q], M_i[g][2q + 1];   .trans: M_i[2q][g], M_i[2q + 1][g].
+void complete_ldmatrix(Runner& r, int base, int qual) {
+  const int num = qual & 7;
+  const bool trans = (qual >> 4) != 0;
+  const unsigned char* rows[32];
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(r.dynamic_shared);
+  const uintptr_t hi = lo + r.config->shared_bytes;
+  for (int l = 0; l < 8 * num; ++l) {
+    const Fiber& w = (*r.fibers)[base + l];
+    const void* p = *static_cast<const void* const*>(w.in);
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    const auto site = [&] {  // built only for a report
+      char addr[32];
+      std::snprintf(addr, sizeof addr, "%p", p);
+      return ldmatrix_name(qual) + " (" + loc_str(w.where) + "): lane " + std::to_string(l) +
+             "'s row address " + addr;
+    };
+    if (a % 16 != 0) report(r, w, site() + " is not 16-byte aligned");
+    if (a < lo || a + 16 > hi || a + 16 < a)
+      report(r, w,
+             site() + " is not in the block's shared memory (" + std::to_string(hi - lo) +
+                 " dynamic bytes; the emulator knows FT_DYNAMIC_SHARED only, not static "
+                 "__shared__ arrays)");
+    rows[l] = static_cast<const unsigned char*>(p);
+  }
+  const auto elem = [&](int i, int row, int col) {
+    uint16_t v;
+    std::memcpy(&v, rows[8 * i + row] + 2 * col, 2);
+    return uint32_t(v);
+  };
+  for (int l = 0; l < 32; ++l) {
+    auto* out = static_cast<uint32_t*>((*r.fibers)[base + l].out);
+    const int g = l >> 2, q = l & 3;
+    for (int i = 0; i < num; ++i)
+      out[i] = trans ? elem(i, 2 * q, g) | elem(i, 2 * q + 1, g) << 16
+                     : elem(i, g, 2 * q) | elem(i, g, 2 * q + 1) << 16;
+  }
+}
+
+// The last lane of an mma / ldmatrix arrived (the full warp, .aligned): every lane must be at
+// the same instruction (call site and qualifiers), then the result.
+void complete_matrix(Runner& r, int base, WarpOp op) {
+  const Fiber& f0 = (*r.fibers)[base];
+  const auto name = [op](int qual) {
+    return op == WarpOp::kMma ? mma_name(qual) : ldmatrix_name(qual);
+  };
+  for (int l = 1; l < 32; ++l) {
+    const Fiber& w = (*r.fibers)[base + l];
+    if (w.arg != f0.arg || !same_loc(w.where, f0.where))
+      report(r, w,
+             "lanes of warp " + std::to_string(base / 32) +
+                 " execute different instructions where every lane must execute the same one "
+                 "(.aligned): lane 0 at " +
+                 name(f0.arg) + " (" + loc_str(f0.where) + "), lane " + std::to_string(l) + " at " +
+                 name(w.arg) + " (" + loc_str(w.where) + ")");
+  }
+  if (op == WarpOp::kMma)
+    complete_mma(r, base, f0.arg);
+  else
+    complete_ldmatrix(r, base, f0.arg);
+}
+
+// The warp operations: the shuffles and votes (8-byte value), and mma / ldmatrix (operands
+// through in / out, qualifiers in arg).
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
+                         const std::source_location& where, const void* in, void* out) {
   Runner& r = current_runner(op_name(op));
   Fiber& f = *r.current;
   const int warp = f.linear / 32, lane = f.linear % 32, base = warp * 32;
@@ -672,9 +846,15 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
   f.arg = arg;
   f.width = width;
   f.where = where;
+  f.in = in;
+  f.out = out;
   f.state = State::kWarp;
   group->arrived |= 1u << lane;
-  if (group->arrived == mask) {
+  if (group->arrived == mask && (op == WarpOp::kMma || op == WarpOp::kLdmatrix)) {
+    complete_matrix(r, base, op);
+    groups.erase(groups.begin() + (group - groups.data()));
+    for (int l = 0; l < 32; ++l) make_ready(r, (*r.fibers)[base + l]);
+  } else if (group->arrived == mask) {
     unsigned ballot = 0;
     for (int l = 0; l < 32; ++l)
       if ((mask >> l & 1u) && (*r.fibers)[base + l].value != 0) ballot |= 1u << l;
@@ -728,6 +908,13 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
   }
   yield(r);
   return f.result;
+}
+
+}  // namespace
+
+uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
+                 const std::source_location& where) {
+  return warp_collective(op, mask, value, arg, width, where, nullptr, nullptr);
 }
 
 void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
@@ -797,6 +984,118 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
 
 void* dynamic_shared() {
   return detail::current_runner("dynamic shared memory (FT_DYNAMIC_SHARED)").dynamic_shared;
+}
+
+// ---- kernels/cuda/warp_matrix.cuh's twins ----------------------------------------------------
+void mma_m16n8k16(MmaType type, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                  const float (&c)[4], const std::source_location& where) {
+  detail::MmaIn in;
+  std::memcpy(in.a, a, sizeof in.a);
+  std::memcpy(in.b, b, sizeof in.b);
+  std::memcpy(in.c, c, sizeof in.c);
+  float out[4];
+  detail::warp_collective(detail::WarpOp::kMma, 0xffffffffu, 0, int(type), 32, where, &in, out);
+  std::memcpy(d, out, sizeof out);
+}
+
+void ldmatrix(int num, bool trans, uint32_t* r, const void* row_addr,
+              const std::source_location& where) {
+  if (num != 1 && num != 2 && num != 4)
+    throw std::logic_error("ft::emu::ldmatrix: num must be 1, 2 or 4");
+  uint32_t out[4];
+  detail::warp_collective(detail::WarpOp::kLdmatrix, 0xffffffffu, 0, num | int(trans) << 4, 32,
+                          where, &row_addr, out);
+  std::memcpy(r, out, sizeof(uint32_t) * size_t(num));
+}
+
+// cp.async (PTX ISA 8.7 §9.7.9.25.3.1): cp-size 4, 8 or 16 bytes (.cg: 16), dst and src aligned
+// to it (§6.4.1), src-size in [0, cp-size] bytes copied and the rest of dst zero-filled. The copy
+// is queued on the thread; commit_group closes the uncommitted ones into a group (§9.7.9.25.3.2),
+// and wait_group N performs the oldest groups until at most N remain (§9.7.9.25.3.3). So shared
+// memory read before the wait holds what it held before (0xff bytes from the launch, or older
+// data), as undefined as the ISA makes it, and a change to the source before completion is
+// reported.
+void cp_async(void* smem, const void* gmem, int cp_size, int src_bytes, bool cg,
+              const std::source_location& where) {
+  detail::Runner& r = detail::current_runner("cp.async");
+  detail::Fiber& f = *r.current;
+  const auto site = [&] {  // built only for a report
+    return std::string(cg ? "cp.async.cg" : "cp.async.ca") + ".shared.global (" + loc_str(where) +
+           ")";
+  };
+  const auto ptr = [](const void* p) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%p", p);
+    return std::string(buf);
+  };
+  if ((cp_size != 4 && cp_size != 8 && cp_size != 16) || (cg && cp_size != 16))
+    detail::report(
+        r, f,
+        site() + ": cp-size " + std::to_string(cp_size) + " is not one of 4, 8, 16 (.cg: 16 only)");
+  if (src_bytes < 0 || src_bytes > cp_size)
+    detail::report(r, f,
+                   site() + ": src-size " + std::to_string(src_bytes) + " is outside [0, cp-size " +
+                       std::to_string(cp_size) + "]");
+  if (reinterpret_cast<uintptr_t>(smem) % unsigned(cp_size) != 0)
+    detail::report(r, f,
+                   site() + ": shared address " + ptr(smem) + " is not aligned to the cp-size " +
+                       std::to_string(cp_size));
+  if (reinterpret_cast<uintptr_t>(gmem) % unsigned(cp_size) != 0)
+    detail::report(r, f,
+                   site() + ": global address " + ptr(gmem) + " is not aligned to the cp-size " +
+                       std::to_string(cp_size));
+  const auto* dst = static_cast<unsigned char*>(smem);
+  if (dst < r.dynamic_shared || dst + cp_size > r.dynamic_shared + r.config->shared_bytes)
+    detail::report(r, f,
+                   site() + ": destination " + ptr(smem) +
+                       " is not in the block's shared memory (" +
+                       std::to_string(r.config->shared_bytes) +
+                       " dynamic bytes; the emulator knows FT_DYNAMIC_SHARED only, not static "
+                       "__shared__ arrays)");
+  if (src_bytes > 0 && !in_gpu_memory(gmem, size_t(src_bytes)))
+    detail::report(r, f,
+                   site() + ": source [" + ptr(gmem) + ", +" + std::to_string(src_bytes) +
+                       ") is not inside a cudaMalloc or cudaMallocHost allocation");
+  detail::AsyncCopy c{static_cast<unsigned char*>(smem),
+                      static_cast<const unsigned char*>(gmem),
+                      cp_size,
+                      src_bytes,
+                      {},
+                      where};
+  if (src_bytes > 0) std::memcpy(c.snapshot, gmem, size_t(src_bytes));
+  f.copies.push_back(c);
+}
+
+void cp_async_commit() {
+  detail::Fiber& f = *detail::current_runner("cp.async.commit_group").current;
+  f.copy_groups.push_back(std::move(f.copies));
+  f.copies.clear();
+}
+
+void cp_async_wait(int n, const std::source_location& where) {
+  detail::Runner& r = detail::current_runner("cp.async.wait_group");
+  detail::Fiber& f = *r.current;
+  if (n < 0) {  // wait_all: commit_group, then wait_group 0
+    cp_async_commit();
+    n = 0;
+  }
+  while (f.copy_groups.size() > size_t(n)) {
+    for (const detail::AsyncCopy& c : f.copy_groups.front()) {
+      if (c.src_bytes == 0) {  // all zeros; src may be any pointer
+        std::memset(c.dst, 0, size_t(c.size));
+        continue;
+      }
+      if (std::memcmp(c.src, c.snapshot, size_t(c.src_bytes)) != 0)
+        detail::report(r, f,
+                       "cp.async (" + loc_str(c.where) +
+                           "): its global source changed before the copy completed (at "
+                           "cp.async.wait (" +
+                           loc_str(where) + ")), which the PTX ISA leaves undefined");
+      std::memcpy(c.dst, c.src, size_t(c.src_bytes));
+      std::memset(c.dst + c.src_bytes, 0, size_t(c.size - c.src_bytes));
+    }
+    f.copy_groups.pop_front();
+  }
 }
 
 }  // namespace ft::emu

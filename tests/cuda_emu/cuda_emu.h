@@ -28,6 +28,15 @@
 //         without the calling lane, naming a lane that does not exist or has exited, lanes
 //         meeting with different overlapping masks or different operations, a shuffle reading
 //         a lane outside the mask, a width that is not a power of two up to 32;
+//       * mma / ldmatrix (kernels/cuda/warp_matrix.cuh; warp collectives, .sync.aligned): a
+//         warp short of 32 lanes or with an exited lane, lanes at different call sites or with
+//         different qualifiers, an ldmatrix row address not 16-byte aligned or outside the
+//         launch's dynamic shared memory (static __shared__ is not recognised);
+//       * cp.async: a size other than 4, 8, 16 (.cg: 16), src-size outside [0, size], an address
+//         not aligned to the size, a destination outside dynamic shared memory, a source outside
+//         GPU memory or changed before the copy completed, and a thread exiting with copies
+//         never waited for. Copies are performed at the wait_group / wait_all that covers them
+//         (not at __syncthreads), so shared memory read before holds its old bytes;
 //       * deadlock: no thread can run while some wait (e.g. lanes at a shuffle whose partner
 //         waits at a barrier);
 //       * an exception escaping the kernel;
@@ -41,13 +50,14 @@
 //
 // Device code may use: __global__/__device__/__host__/__forceinline__, threadIdx/blockIdx/
 // blockDim/gridDim, warpSize, __syncthreads, __syncwarp, __shfl_sync/_up/_down/_xor, __ballot_sync,
-// __all_sync, __any_sync, __activemask, integer atomics, the math and bit-cast intrinsics declared
-// below, and what cuda_bf16.h / cuda_fp16.h compile to for a host compiler: their host
-// implementations of __float2bfloat16_rn, __bfloat162float, __float2half_rn, __half2float, the
-// 2-wide forms (__floats2bfloat162_rn, __bfloat1622float2, __half22float2, ...), the bit casts
-// (__bfloat16_as_ushort, __ushort_as_half, ...) and the __h* arithmetic, compiled by g++ without
-// __CUDACC__ (tests/cuda_emu/test_convert.cpp checks the conversions' bits against
-// core/half.h). No float atomics (determinism).
+// __all_sync, __any_sync, __activemask, integer atomics, kernels/cuda/warp_matrix.cuh (mma.sync
+// m16n8k16 bf16/f16 -> f32, ldmatrix x1/x2/x4 and .trans, cp.async with commit/wait), the math and
+// bit-cast intrinsics declared below, and what cuda_bf16.h / cuda_fp16.h compile to for a host
+// compiler: their host implementations of __float2bfloat16_rn, __bfloat162float, __float2half_rn,
+// __half2float, the 2-wide forms (__floats2bfloat162_rn, __bfloat1622float2, __half22float2, ...),
+// the bit casts (__bfloat16_as_ushort, __ushort_as_half, ...) and the __h* arithmetic, compiled
+// by g++ without __CUDACC__ (tests/cuda_emu/test_convert.cpp checks the conversions' bits
+// against core/half.h). No float atomics (determinism).
 //
 // The CUDA runtime API subset the backend uses is emulated synchronously on host memory
 // (cuda_emu.cpp), against the real declarations of <cuda_runtime.h>: every stream is idle when
@@ -132,7 +142,18 @@ const dim3& block_dim();
 const dim3& grid_dim();
 
 // Warp operations: one entry point, values travel as 8 raw bytes.
-enum class WarpOp { kSync, kShfl, kShflUp, kShflDown, kShflXor, kBallot, kAll, kAny };
+enum class WarpOp {
+  kSync,
+  kShfl,
+  kShflUp,
+  kShflDown,
+  kShflXor,
+  kBallot,
+  kAll,
+  kAny,
+  kMma,
+  kLdmatrix
+};
 uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
                  const std::source_location& where);
 // Returns the number of threads of the block that passed a non-zero `predicate`.
@@ -157,6 +178,24 @@ T from_raw(uint64_t r) {
   return v;
 }
 }  // namespace detail
+
+// The warp-level matrix instructions and cp.async, for kernels/cuda/warp_matrix.cuh (its
+// emulated build calls these; device code calls the header's functions, not these). mma and
+// ldmatrix are warp collectives (.sync.aligned: the full warp, every lane at the same
+// instruction); `where` is the call site, which identifies "the same instruction".
+enum class MmaType { kBf16, kF16 };
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32; d may alias c.
+void mma_m16n8k16(MmaType type, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                  const float (&c)[4], const std::source_location& where);
+// ldmatrix.sync.aligned.m8n8.x{num}{.trans}.shared.b16 into r[0..num).
+void ldmatrix(int num, bool trans, uint32_t* r, const void* row_addr,
+              const std::source_location& where);
+// cp.async.{ca,cg}.shared.global: queued per thread, performed at the wait that covers its group.
+void cp_async(void* smem, const void* gmem, int cp_size, int src_bytes, bool cg,
+              const std::source_location& where);
+void cp_async_commit();
+// cp.async.wait_group n; n < 0: cp.async.wait_all.
+void cp_async_wait(int n, const std::source_location& where);
 
 // Launch(name, kernel, grid, block, shared_bytes, stream)(args...): FT_LAUNCH under the
 // emulator. The arguments are converted to the kernel's parameter types once, as <<<>>> does.

@@ -17,6 +17,7 @@
 #include "tests/cuda_emu/cuda_emu.h"
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/warp_matrix.cuh"
 #include "tests/cuda_emu/emu_test_util.h"
 
 namespace ft::kernels::cuda {
@@ -185,6 +186,93 @@ __global__ void throwing_kernel(int* out) {
 __global__ void active_mask_kernel(unsigned* out) {
   if (threadIdx.x < 10) return;
   out[threadIdx.x] = __activemask();
+}
+
+// cp.async completes at the wait that covers its group, not before, and not at __syncthreads.
+// Thread t: group 0 copies src[t] to s[t], group 1 src[32 + t] to s[32 + t]; it records both
+// words after __syncthreads, after wait_group 1 and after wait_group 0 (out[6 t ..]).
+__global__ void cp_async_stages_kernel(unsigned* out, const unsigned* src) {
+  FT_DYNAMIC_SHARED(unsigned, s);
+  const int t = threadIdx.x;
+  cp_async_ca<4>(s + t, src + t);
+  cp_async_commit();
+  cp_async_ca<4>(s + 32 + t, src + 32 + t);
+  cp_async_commit();
+  __syncthreads();
+  unsigned* o = out + 6 * t;
+  o[0] = s[t];
+  o[1] = s[32 + t];
+  cp_async_wait<1>();
+  o[2] = s[t];
+  o[3] = s[32 + t];
+  cp_async_wait<0>();
+  o[4] = s[t];
+  o[5] = s[32 + t];
+}
+
+// One misuse of mma / ldmatrix / cp.async per mode (see the test); modes 0 and 5 are correct.
+__global__ void warp_matrix_misuse_kernel(float* out, const uint16_t* g, int mode) {
+  FT_DYNAMIC_SHARED(uint16_t, s);  // 1024 bytes
+  const int l = threadIdx.x % 32;
+  uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0}, r[4] = {0, 0, 0, 0}, r1[1] = {0};
+  float c[4] = {0, 0, 0, 0};
+  alignas(16) uint16_t local[8] = {};
+  switch (mode) {
+    case 0:
+      mma_m16n8k16<ft::bf16>(c, a, b, c);
+      break;
+    case 1:  // half the warp has returned
+      if (l < 16) return;
+      mma_m16n8k16<ft::bf16>(c, a, b, c);
+      break;
+    case 2:  // two instructions
+      if (l < 16)
+        mma_m16n8k16<ft::bf16>(c, a, b, c);
+      else
+        mma_m16n8k16<ft::f16>(c, a, b, c);
+      break;
+    case 3:  // rows 2 bytes past 16-byte alignment
+      ldmatrix_x4(r, s + l * 8 + 1);
+      break;
+    case 4:  // rows in global memory
+      ldmatrix_x4(r, g + l * 8);
+      break;
+    case 5:  // x1: the addresses of lanes 8-31 are not used
+      ldmatrix_x1(r1, l < 8 ? static_cast<const void*>(s + l * 8) : nullptr);
+      break;
+    case 6:
+      cp_async_ca<12>(s, g);
+      break;
+    case 7:  // shared destination 8 bytes past 16-byte alignment
+      cp_async_ca<16>(s + 4, g);
+      break;
+    case 8:  // global source 2 bytes past 8-byte alignment
+      cp_async_ca<8>(s, g + 1);
+      break;
+    case 9:
+      cp_async_ca<8>(s, g, 9);
+      break;
+    case 10:  // committed, never waited for
+      cp_async_ca<16>(s + 8 * l, g + 8 * l);
+      cp_async_commit();
+      break;
+    case 11:  // not even committed
+      cp_async_cg16(s + 8 * l, g + 8 * l);
+      break;
+    case 12:  // destination in global memory
+      cp_async_cg16(const_cast<uint16_t*>(g) + 8 * l, g + 8 * l);
+      break;
+    case 13:  // source on the thread's stack
+      cp_async_cg16(s + 8 * l, local);
+      cp_async_wait_all();
+      break;
+    case 14:  // the source written between issue and completion
+      cp_async_ca<16>(s + 8 * l, g + 8 * l);
+      const_cast<uint16_t*>(g)[8 * l] ^= 1;  // a change whatever it held
+      cp_async_wait_all();
+      break;
+  }
+  out[threadIdx.x] = c[0] + float(r[0] + r1[0]);
 }
 
 // ---- helpers --------------------------------------------------------------------------------
@@ -647,6 +735,74 @@ TEST_CASE("cuda_emu: an out-of-bounds __shared__ write is caught by ASan") {
   CHECK(dynamic_shared.find("AddressSanitizer: heap-buffer-overflow") != std::string::npos);
 }
 #endif
+
+TEST_CASE("cuda_emu: cp.async data is stale until the wait_group that covers it") {
+  std::vector<unsigned> src(64);
+  for (unsigned i = 0; i < 64; ++i) src[i] = 0x1000u + i;
+  DeviceBuffer<unsigned> dsrc(src), out(6 * 32);
+  for (uint64_t seed : {0ull, 9ull}) {
+    SeedScope scope(seed);
+    FT_LAUNCH(cp_async_stages_kernel, 2, 32, 64 * sizeof(unsigned), nullptr)(out.get(), dsrc.get());
+    const std::vector<unsigned> o = out.to_host();
+    int bad = 0;
+    for (int t = 0; t < 32; ++t) {
+      const unsigned* w = o.data() + 6 * t;
+      const unsigned stale = 0xffffffffu;  // dynamic shared memory's fill
+      const unsigned want[6] = {stale, stale, src[t], stale, src[t], src[32 + t]};
+      for (int i = 0; i < 6; ++i) bad += w[i] != want[i];
+    }
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("cuda_emu: misuse of mma, ldmatrix and cp.async is reported, naming the instruction") {
+  DeviceBuffer<uint16_t> g(512);
+  DeviceBuffer<float> out(64);
+  const auto run = [&](int mode, int threads = 32) {
+    FT_LAUNCH(warp_matrix_misuse_kernel, 1, threads, 1024, nullptr)(out.get(), g.get(), mode);
+  };
+  for (uint64_t seed : {0ull, 5ull, 14ull}) {
+    SeedScope scope(seed);
+    run(0);  // correct uses
+    run(5);
+    struct Case {
+      int mode, threads;
+      std::vector<std::string> says;
+    };
+    const Case cases[] = {
+        {0, 16, {"mma.sync.aligned.m16n8k16", "names lane 16, which does not exist"}},
+        {1, 32, {"mma.sync.aligned.m16n8k16", "exited"}},
+        {2,
+         32,
+         {"execute different instructions", "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+          "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"}},
+        {3, 32, {"ldmatrix.sync.aligned.m8n8.x4.shared.b16", "is not 16-byte aligned"}},
+        {4,
+         32,
+         {"ldmatrix.sync.aligned.m8n8.x4.shared.b16", "is not in the block's shared memory"}},
+        {6, 32, {"cp.async.ca.shared.global", "cp-size 12 is not one of 4, 8, 16"}},
+        {7,
+         32,
+         {"cp.async.ca.shared.global", "shared address", "is not aligned to the cp-size 16"}},
+        {8, 32, {"cp.async.ca.shared.global", "global address", "is not aligned to the cp-size 8"}},
+        {9, 32, {"cp.async.ca.shared.global", "src-size 9 is outside [0, cp-size 8]"}},
+        {10, 32, {"cp.async copy(ies) never waited for", "test_emu.cpp"}},
+        {11, 32, {"never waited for", "not even committed"}},
+        {12, 32, {"cp.async.cg.shared.global", "is not in the block's shared memory"}},
+        {13, 32, {"cp.async.cg.shared.global", "is not inside a cudaMalloc"}},
+        {14, 32, {"its global source changed before the copy completed", "cp.async.wait"}},
+    };
+    for (const Case& k : cases) {
+      CAPTURE(k.mode);
+      const std::string r = report_of([&] { run(k.mode, k.threads); });
+      CHECK(r.find("warp_matrix_misuse_kernel") != std::string::npos);
+      for (const std::string& s : k.says) {
+        CAPTURE(s);
+        CHECK_MESSAGE(r.find(s) != std::string::npos, r);
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace ft::kernels::cuda

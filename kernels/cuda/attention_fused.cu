@@ -1,0 +1,676 @@
+// Causal grouped-query attention on tensor cores: a fused FlashAttention-2 (Dao 2023,
+// arXiv 2307.08691) for sm_80+, with mma.sync m16n8k16 (bf16/f16 in, fp32 accumulate), ldmatrix
+// and cp.async through kernels/cuda/warp_matrix.cuh. Same contract as attention.cu (the SIMT
+// twin) and kernels.h: q, out, dq (B, T, H, D); k, v, dk, dv (B, T, K, D), all read in place
+// (no head-major copies, K/V never copied per query head); query head h uses kv head h / (H/K);
+// lse (B, H, T) fp32 = the natural-log logsumexp of the scores scaled by 1/sqrt(D). Head dims
+// 64 and 128 (a template argument), any T (tiles past T are zero-filled by cp.async and masked).
+// Memory is linear in T: nothing of size T² exists, the backward's only scratch is Δ (B, H, T).
+//
+// Optional document masking: seg (B, T) int32 segment ids, nullptr = one document per sample.
+// A query attends to the keys at or before it with its own id. The ids must not decrease along T
+// within a sample (documents are contiguous runs, as in a packed sample): the kernels skip whole
+// tiles by comparing ids, which is exact only then. The first token of each document sees one
+// key, so its gradient is exactly 0 (dS forced to 0, as attention.cu and the CPU kernel do for
+// position 0).
+//
+// Tiles: 4 warps, each warp owns 16 rows of the M dimension of every GEMM (PTX ISA fragment
+// layouts of mma.m16n8k16: lane l holds rows l/4 and l/4 + 8 of its C tile, columns 2(l%4) and
+// +1 of each 8-wide n-tile). Shared-memory tiles are row-major [token][dim] with a pitch of
+// D + 8 elements, so the 8 rows one ldmatrix phase reads fall in 8 different 4-bank groups.
+//
+// Forward (one block per (64 query rows, head, batch)): Q stays in shared memory; for each
+// 64-key tile at or below the diagonal (tiles before the first query's document skipped; V_j
+// loads during Q K_jᵀ, K_{j+1} during P V_j, as in FA2):
+//   S = Q Kᵀ (fp32), masked to −inf; m' = max(m, rowmax S); P = exp(scale·(S − m'));
+//   l = l·exp(scale·(m − m')) + rowsum P; O = O·exp(scale·(m − m')) + P V;
+// P goes from the C fragments of S to the A fragments of P·V in registers (the C→A identity of
+// FA2: the lane already holds the elements, rounded once to E). At the end O/l and
+// lse = scale·m + log l. exp is exp2 of a fused multiply-add with the log2(e) factor folded in.
+//
+// Backward, deterministic without float atomics (each gradient element is accumulated by one
+// lane in a fixed order):
+//   1. Δ = rowsum(dO ∘ O), attention.cu's attention_delta, into the scratch.
+//   2. dK/dV, one block per (64 keys, kv head, batch): the G query heads of the group in order,
+//      each over its query tiles from the diagonal down. The GEMMs are computed transposed
+//      (M = keys): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, then Pᵀ = exp(scale·Sᵀ − lse) and
+//      dSᵀ = Pᵀ ∘ (dPᵀ − Δ) are C fragments whose rows are keys, so the same C→A identity feeds
+//      dV += Pᵀ dO and dK += dSᵀ Q with no shared-memory round trip. dK is scaled once at the end.
+//      Q and dO are double-buffered: the next query tile (of this head or the next) loads while
+//      this one is computed.
+//   3. dQ, one block per (64 query rows, head, batch): the forward's loop recomputing P from lse,
+//      dP = dO Vᵀ, dS = P ∘ (dP − Δ), dQ += dS K (7 block-GEMMs in all instead of FA2's 5, the
+//      price of no atomics); V_{j+1} loads during Q K_jᵀ and dS K_j, K_{j+1} during dO V_{j+1}ᵀ.
+// P and dS are rounded to E before they multiply V, dO, Q or K (as every tensor-core attention
+// does); the rest is fp32 with one rounding of each output element.
+#include <cmath>
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels_cuda.h"
+#include "kernels/cuda/warp_matrix.cuh"
+
+namespace ft::kernels::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kRows = 16;               // M rows per warp: one m16 tile
+constexpr int kTileQ = kWarps * kRows;  // forward and dQ: query rows per block
+constexpr int kTileK = kWarps * kRows;  // keys per tile (per block in dK/dV)
+constexpr float kLog2e = 1.4426950408889634f;
+// dK/dV's query tile: 64 at D = 64; 32 at D = 128, so that dK, dV (D/2 floats each per lane),
+// Sᵀ and dPᵀ (kTileQ/4 floats each) stay in registers.
+template <int D>
+constexpr int kDkdvTileQ = D == 64 ? 64 : 32;
+template <int D>
+constexpr int kPitch = D + 8;  // shared-memory row pitch in elements (16-byte multiple)
+
+template <int D>
+constexpr size_t tile_bytes(int rows) {
+  return size_t(rows) * kPitch<D> * 2;
+}
+template <int D>
+constexpr size_t fwd_smem_bytes() {
+  return tile_bytes<D>(kTileQ) + 2 * tile_bytes<D>(kTileK);  // Q, K, V
+}
+template <int D>
+constexpr size_t dq_smem_bytes() {
+  return 2 * tile_bytes<D>(kTileQ) + 2 * tile_bytes<D>(kTileK);  // Q, dO, K, V
+}
+template <int D>
+constexpr size_t dkdv_smem_bytes() {
+  return 4 * tile_bytes<D>(kDkdvTileQ<D>) + 2 * tile_bytes<D>(kTileK);  // Q, dO twice; K, V
+}
+
+// Issues the cp.asyncs of a (R, D) tile: row r of the tile from src + r·ld (16 bytes per copy,
+// 8 elements); rows at or past `valid` are zero-filled (src-size 0, reading nothing). Every
+// thread of the block calls it; the caller commits and waits.
+template <int R, int D, typename Dev>
+__device__ __forceinline__ void load_tile(Dev* tile, const Dev* src, size_t ld, int valid) {
+  constexpr int kChunks = D / 8;
+  static_assert((R * kChunks) % kThreads == 0, "whole copies per thread");
+#pragma unroll
+  for (int it = 0; it < R * kChunks / kThreads; ++it) {
+    const int c = it * kThreads + threadIdx.x;
+    const int r = c / kChunks, x = 8 * (c % kChunks);
+    const bool ok = r < valid;
+    cp_async_cg16(tile + r * kPitch<D> + x, src + (ok ? size_t(r) * ld : 0) + x, ok ? 16 : 0);
+  }
+}
+
+// ldmatrix row addresses (lane l; PTX ISA, ldmatrix): lanes 8i..8i+7 give the rows of matrix i.
+// A operand, 16 x 16 at (r0, c0), no .trans: a0a1 | a2a3 | a4a5 | a6a7.
+template <int D, typename Dev>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const Dev* tile, int r0, int c0,
+                                       int lane) {
+  ldmatrix_x4(a, tile + (r0 + (lane & 15)) * kPitch<D> + c0 + 8 * (lane >> 4));
+}
+// B operands of two n-tiles (n0, n0 + 8), k-slice k0..k0+15, from a tile stored [n][k]
+// (K or V rows for Q·Kᵀ, dO·Vᵀ; Q or dO rows for K·Qᵀ, V·dOᵀ): b[0], b[1] of n-tile n0,
+// b[2], b[3] of n0 + 8.
+template <int D, typename Dev>
+__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const Dev* tile, int n0, int k0,
+                                          int lane) {
+  ldmatrix_x4(b,
+              tile + (n0 + (lane & 7) + 8 * (lane >> 4)) * kPitch<D> + k0 + 8 * ((lane >> 3) & 1));
+}
+// The same from a tile stored [k][n] (V for P·V, K for dS·K, dO for Pᵀ·dO, Q for dSᵀ·Q): .trans.
+template <int D, typename Dev>
+__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const Dev* tile, int k0, int n0,
+                                          int lane) {
+  ldmatrix_x4_trans(b, tile + (k0 + (lane & 15)) * kPitch<D> + n0 + 8 * (lane >> 4));
+}
+
+template <typename E>
+__device__ __forceinline__ void mma2(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4],
+                                     const uint32_t (&b)[4]) {
+  const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+  mma_m16n8k16<E>(c0, a, b0, c0);
+  mma_m16n8k16<E>(c1, a, b1, c1);
+}
+
+// The A fragment of k-slice s (columns 16s..16s+15) from C fragments c[2s], c[2s+1] of the same
+// 16 rows: the register identity of FA2 (no shuffle, no shared memory).
+template <typename E>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4],
+                                       const float (&hi)[4]) {
+  a[0] = pack2<E>(lo[0], lo[1]);
+  a[1] = pack2<E>(lo[2], lo[3]);
+  a[2] = pack2<E>(hi[0], hi[1]);
+  a[3] = pack2<E>(hi[2], hi[3]);
+}
+
+// The sum of a value over the 4 lanes of a quad (they hold one row of a C tile): the same bits
+// in all four (each step adds the same two values).
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(kFullMask, x, 1);
+  return x + __shfl_xor_sync(kFullMask, x, 2);
+}
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(kFullMask, x, 1));
+  return fmaxf(x, __shfl_xor_sync(kFullMask, x, 2));
+}
+
+// The first key tile a block of queries starting at i0 can see: with segments, the tiles whose
+// last key lies in an earlier document are skipped (ids do not decrease along T).
+__device__ __forceinline__ int first_key_tile(const int32_t* seg_b, int i0, int T_) {
+  int j0 = 0;
+  if (seg_b) {
+    const int s0 = seg_b[i0];
+    while (seg_b[min(j0 + kTileK, T_) - 1] < s0) j0 += kTileK;
+  }
+  return j0;
+}
+
+// The row sees exactly one key (the first token of its document): its dS is 0.
+__device__ __forceinline__ bool sees_one_key(const int32_t* seg_b, int r) {
+  return r == 0 || (seg_b && seg_b[r - 1] != seg_b[r]);
+}
+
+template <typename E, int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_fused_forward_kernel(device_t<E>* out, float* lse, const device_t<E>* q,
+                                   const device_t<E>* k, const device_t<E>* v, const int32_t* seg,
+                                   int T_, int H, int K, float scale) {
+  using Dev = device_t<E>;
+  FT_DYNAMIC_SHARED(Dev, q_s);
+  Dev* k_s = q_s + kTileQ * kPitch<D>;
+  Dev* v_s = k_s + kTileK * kPitch<D>;
+  __shared__ int32_t kseg_s[kTileK];
+  // The last query tiles see the most keys: they go first, so that the grid ends evenly.
+  const int i0 = (gridDim.x - 1 - blockIdx.x) * kTileQ;
+  const int h = blockIdx.y, b = blockIdx.z, kh = h / (H / K);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, qd = lane & 3;
+  const size_t ldq = size_t(H) * D, ldk = size_t(K) * D;
+  const int32_t* seg_b = seg ? seg + size_t(b) * T_ : nullptr;
+  const float scale_log2 = scale * kLog2e;
+
+  // K and V are single-buffered and staggered as in FA2: V_j loads while S = Q K_jᵀ and the
+  // softmax run, K_{j+1} while P V_j runs. Every cp.async group is waited for by the thread
+  // that issued it, and a __syncthreads then makes all threads' copies visible.
+  const int j_first = first_key_tile(seg_b, i0, T_);
+  const size_t kvoff = size_t(b) * T_ * ldk + size_t(kh) * D;  // key 0 of this kv head
+  load_tile<kTileQ, D>(q_s, q + (size_t(b) * T_ + i0) * ldq + size_t(h) * D, ldq, T_ - i0);
+  load_tile<kTileK, D>(k_s, k + kvoff + size_t(j_first) * ldk, ldk, T_ - j_first);
+  cp_async_commit();
+
+  // This lane's two rows (C fragment rows g and g + 8 of the warp's 16).
+  const int wr = i0 + warp * kRows;
+  int row[2], rseg[2];
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    row[x] = wr + lane / 4 + 8 * x;
+    rseg[x] = seg_b && row[x] < T_ ? seg_b[row[x]] : 0;
+  }
+  float o[D / 8][4];
+#pragma unroll
+  for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row
+
+  const int last = min(i0 + kTileQ, T_) - 1;
+  for (int j0 = j_first; j0 <= last; j0 += kTileK) {
+    __syncthreads();  // no warp still reads the previous V (P V) or key ids
+    load_tile<kTileK, D>(v_s, v + kvoff + size_t(j0) * ldk, ldk, T_ - j0);
+    cp_async_commit();
+    if (seg_b && threadIdx.x < kTileK)
+      kseg_s[threadIdx.x] = j0 + int(threadIdx.x) < T_ ? seg_b[j0 + threadIdx.x] : 0;
+    cp_async_wait<1>();  // Q and K_j here; V_j may still be in flight
+    __syncthreads();
+
+    float s[kTileK / 8][4];
+#pragma unroll
+    for (int t = 0; t < kTileK / 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      load_a<D>(a, q_s, warp * kRows, 16 * kk, lane);
+#pragma unroll
+      for (int nt = 0; nt < kTileK / 16; ++nt) {
+        uint32_t bb[4];
+        load_b_nk<D>(bb, k_s, 16 * nt, 16 * kk, lane);
+        mma2<E>(s[2 * nt], s[2 * nt + 1], a, bb);
+      }
+    }
+    // Mask where the tile crosses the warp's diagonal, the end of the sequence, or documents.
+    if (seg_b || j0 + kTileK - 1 > wr || j0 + kTileK > T_) {
+#pragma unroll
+      for (int t = 0; t < kTileK / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = j0 + 8 * t + 2 * qd + (e & 1), x = e >> 1;
+          if (c > row[x] || c >= T_ || (seg_b && kseg_s[c - j0] != rseg[x])) s[t][e] = -INFINITY;
+        }
+    }
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int t = 0; t < kTileK / 8; ++t) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[t][0], s[t][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[t][2], s[t][3]));
+    }
+    float sub[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      mx[x] = quad_max(mx[x]);
+      // A row with nothing visible yet keeps m = −inf: subtract 0 instead (no −inf − −inf).
+      sub[x] = mx[x] == -INFINITY ? 0.0f : mx[x] * scale_log2;
+      const float alpha = exp2f(fmaf(m[x], scale_log2, -sub[x]));  // 0 while m = −inf
+      m[x] = mx[x];
+      l[x] *= alpha;
+#pragma unroll
+      for (int t = 0; t < D / 8; ++t) {
+        o[t][2 * x] *= alpha;
+        o[t][2 * x + 1] *= alpha;
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kTileK / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[t][e] = exp2f(fmaf(s[t][e], scale_log2, -sub[e >> 1]));
+        l[e >> 1] += s[t][e];
+      }
+    __syncthreads();  // no warp still reads K_j: K_{j+1} may overwrite it
+    if (j0 + kTileK <= last)
+      load_tile<kTileK, D>(k_s, k + kvoff + size_t(j0 + kTileK) * ldk, ldk, T_ - j0 - kTileK);
+    cp_async_commit();   // an empty group after the last tile
+    cp_async_wait<1>();  // V_j here; K_{j+1} may still be in flight
+    __syncthreads();
+    // O += P V: P's A fragments from S's C fragments; V rows are the k dimension (.trans).
+#pragma unroll
+    for (int ks = 0; ks < kTileK / 16; ++ks) {
+      uint32_t a[4];
+      c_to_a<E>(a, s[2 * ks], s[2 * ks + 1]);
+#pragma unroll
+      for (int dt = 0; dt < D / 16; ++dt) {
+        uint32_t bb[4];
+        load_b_kn<D>(bb, v_s, 16 * ks, 16 * dt, lane);
+        mma2<E>(o[2 * dt], o[2 * dt + 1], a, bb);
+      }
+    }
+  }
+  cp_async_wait<0>();  // the last (empty) group: nothing pending at exit
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    const float sum = quad_sum(l[x]);
+    if (row[x] >= T_) continue;
+    const float inv = 1.0f / sum;
+    Dev* orow = out + (size_t(b) * T_ + row[x]) * ldq + size_t(h) * D + 2 * qd;
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t)
+      *reinterpret_cast<uint32_t*>(orow + 8 * t) =
+          pack2<E>(o[t][2 * x] * inv, o[t][2 * x + 1] * inv);
+    if (qd == 0) lse[(size_t(b) * H + h) * T_ + row[x]] = m[x] * scale + logf(sum);
+  }
+}
+
+template <typename E, int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_fused_dq_kernel(device_t<E>* dq, const device_t<E>* dout, const float* lse,
+                              const float* delta, const device_t<E>* q, const device_t<E>* k,
+                              const device_t<E>* v, const int32_t* seg, int T_, int H, int K,
+                              float scale) {
+  using Dev = device_t<E>;
+  FT_DYNAMIC_SHARED(Dev, q_s);
+  Dev* do_s = q_s + kTileQ * kPitch<D>;
+  Dev* k_s = do_s + kTileQ * kPitch<D>;
+  Dev* v_s = k_s + kTileK * kPitch<D>;
+  __shared__ int32_t kseg_s[kTileK];
+  const int i0 = (gridDim.x - 1 - blockIdx.x) * kTileQ;
+  const int h = blockIdx.y, b = blockIdx.z, kh = h / (H / K);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, qd = lane & 3;
+  const size_t ldq = size_t(H) * D, ldk = size_t(K) * D;
+  const int32_t* seg_b = seg ? seg + size_t(b) * T_ : nullptr;
+  const float scale_log2 = scale * kLog2e;
+
+  // K and V single-buffered and staggered: dP = dO V_jᵀ first, then V_{j+1} loads during
+  // S = Q K_jᵀ and dQ += dS K_j, and K_{j+1} during the next dP.
+  const int j_first = first_key_tile(seg_b, i0, T_);
+  const size_t kvoff = size_t(b) * T_ * ldk + size_t(kh) * D;  // key 0 of this kv head
+  const size_t qoff = (size_t(b) * T_ + i0) * ldq + size_t(h) * D;
+  load_tile<kTileQ, D>(q_s, q + qoff, ldq, T_ - i0);
+  load_tile<kTileQ, D>(do_s, dout + qoff, ldq, T_ - i0);
+  load_tile<kTileK, D>(v_s, v + kvoff + size_t(j_first) * ldk, ldk, T_ - j_first);
+  cp_async_commit();
+  load_tile<kTileK, D>(k_s, k + kvoff + size_t(j_first) * ldk, ldk, T_ - j_first);
+  cp_async_commit();
+  if (seg_b && threadIdx.x < kTileK)
+    kseg_s[threadIdx.x] = j_first + int(threadIdx.x) < T_ ? seg_b[j_first + threadIdx.x] : 0;
+
+  const int wr = i0 + warp * kRows;
+  int row[2], rseg[2];
+  float lse2[2], dlt[2];
+  bool one[2];
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    row[x] = wr + lane / 4 + 8 * x;
+    const bool in = row[x] < T_;
+    rseg[x] = seg_b && in ? seg_b[row[x]] : 0;
+    const size_t st = (size_t(b) * H + h) * T_ + row[x];
+    lse2[x] = in ? lse[st] * kLog2e : 0.0f;
+    dlt[x] = in ? delta[st] : 0.0f;
+    one[x] = in && sees_one_key(seg_b, row[x]);
+  }
+  float acc[D / 8][4];
+#pragma unroll
+  for (int t = 0; t < D / 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+
+  const int last = min(i0 + kTileQ, T_) - 1;
+  for (int j0 = j_first; j0 <= last; j0 += kTileK) {
+    cp_async_wait<1>();  // V_j here (Q and dO too); K_j may still be in flight
+    __syncthreads();
+    float s[kTileK / 8][4], dp[kTileK / 8][4];
+#pragma unroll
+    for (int t = 0; t < kTileK / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] = dp[t][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ado[4];
+      load_a<D>(ado, do_s, warp * kRows, 16 * kk, lane);
+#pragma unroll
+      for (int nt = 0; nt < kTileK / 16; ++nt) {
+        uint32_t bb[4];
+        load_b_nk<D>(bb, v_s, 16 * nt, 16 * kk, lane);
+        mma2<E>(dp[2 * nt], dp[2 * nt + 1], ado, bb);
+      }
+    }
+    __syncthreads();  // no warp still reads V_j
+    const bool more = j0 + kTileK <= last;
+    if (more)
+      load_tile<kTileK, D>(v_s, v + kvoff + size_t(j0 + kTileK) * ldk, ldk, T_ - j0 - kTileK);
+    cp_async_commit();   // an empty group after the last tile
+    cp_async_wait<1>();  // K_j here; V_{j+1} may still be in flight
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t aq[4];
+      load_a<D>(aq, q_s, warp * kRows, 16 * kk, lane);
+#pragma unroll
+      for (int nt = 0; nt < kTileK / 16; ++nt) {
+        uint32_t bb[4];
+        load_b_nk<D>(bb, k_s, 16 * nt, 16 * kk, lane);
+        mma2<E>(s[2 * nt], s[2 * nt + 1], aq, bb);
+      }
+    }
+    const bool masked = seg_b || j0 + kTileK - 1 > wr || j0 + kTileK > T_;
+#pragma unroll
+    for (int t = 0; t < kTileK / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = j0 + 8 * t + 2 * qd + (e & 1), x = e >> 1;
+        const bool hidden =
+            masked && (c > row[x] || c >= T_ || (seg_b && kseg_s[c - j0] != rseg[x]));
+        const float p = hidden ? 0.0f : exp2f(fmaf(s[t][e], scale_log2, -lse2[x]));
+        s[t][e] = one[x] ? 0.0f : p * (dp[t][e] - dlt[x]);  // dS
+      }
+      // dQ += dS K: K rows are the k dimension (.trans).
+#pragma unroll
+    for (int ks = 0; ks < kTileK / 16; ++ks) {
+      uint32_t a[4];
+      c_to_a<E>(a, s[2 * ks], s[2 * ks + 1]);
+#pragma unroll
+      for (int dt = 0; dt < D / 16; ++dt) {
+        uint32_t bb[4];
+        load_b_kn<D>(bb, k_s, 16 * ks, 16 * dt, lane);
+        mma2<E>(acc[2 * dt], acc[2 * dt + 1], a, bb);
+      }
+    }
+    __syncthreads();  // no warp still reads K_j or the key ids
+    if (more) {
+      const int j1 = j0 + kTileK;
+      load_tile<kTileK, D>(k_s, k + kvoff + size_t(j1) * ldk, ldk, T_ - j1);
+      if (seg_b && threadIdx.x < kTileK)
+        kseg_s[threadIdx.x] = j1 + int(threadIdx.x) < T_ ? seg_b[j1 + threadIdx.x] : 0;
+    }
+    cp_async_commit();
+  }
+  cp_async_wait<0>();  // the last (empty) groups: nothing pending at exit
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    if (row[x] >= T_) continue;
+    Dev* grow = dq + (size_t(b) * T_ + row[x]) * ldq + size_t(h) * D + 2 * qd;
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t)
+      *reinterpret_cast<uint32_t*>(grow + 8 * t) =
+          pack2<E>(acc[t][2 * x] * scale, acc[t][2 * x + 1] * scale);
+  }
+}
+
+template <typename E, int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_fused_dkdv_kernel(device_t<E>* dk, device_t<E>* dv, const device_t<E>* dout,
+                                const float* lse, const float* delta, const device_t<E>* q,
+                                const device_t<E>* k, const device_t<E>* v, const int32_t* seg,
+                                int T_, int H, int K, float scale) {
+  using Dev = device_t<E>;
+  constexpr int kTq = kDkdvTileQ<D>;
+  FT_DYNAMIC_SHARED(Dev, k_s);
+  Dev* v_s = k_s + kTileK * kPitch<D>;
+  Dev* qdo_s = v_s + kTileK * kPitch<D>;  // [buffer][Q, dO][kTq][pitch]
+  // Per query of the tile, per buffer: lse·log2(e), Δ, segment id, "sees one key".
+  __shared__ float lse_s[2][kTq], delta_s[2][kTq];
+  __shared__ int32_t qseg_s[2][kTq];
+  __shared__ bool one_s[2][kTq];
+  // The first key tiles are seen by the most queries: they go first.
+  const int j0 = (gridDim.x - 1 - blockIdx.x) * kTileK;
+  const int kh = blockIdx.y, b = blockIdx.z, group = H / K;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, qd = lane & 3;
+  const size_t ldq = size_t(H) * D, ldk = size_t(K) * D;
+  const int32_t* seg_b = seg ? seg + size_t(b) * T_ : nullptr;
+  const float scale_log2 = scale * kLog2e;
+
+  const size_t koff = (size_t(b) * T_ + j0) * ldk + size_t(kh) * D;
+  load_tile<kTileK, D>(k_s, k + koff, ldk, T_ - j0);
+  load_tile<kTileK, D>(v_s, v + koff, ldk, T_ - j0);
+
+  // This lane's two keys (C rows of the transposed products).
+  const int wk = j0 + warp * kRows;
+  int key[2], kseg[2];
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    key[x] = wk + lane / 4 + 8 * x;
+    kseg[x] = seg_b && key[x] < T_ ? seg_b[key[x]] : 0;
+  }
+  // Queries of a later document than the tile's last key see none of it.
+  const int last_seg = seg_b ? seg_b[min(j0 + kTileK, T_) - 1] : 0;
+  float dk_acc[D / 8][4], dv_acc[D / 8][4];
+#pragma unroll
+  for (int t = 0; t < D / 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[t][e] = dv_acc[t][e] = 0.0f;
+
+  // The query tiles: for each query head of the group in order, from the tile holding j0 (the
+  // queries before it see no key of this tile) to the end, or to the first tile of a later
+  // document than the tile's last key. Flattened into one sequence n = gi·n_i + i, so that the
+  // next tile's Q and dO load (double-buffered) while this one is computed.
+  const int i_begin = j0 / kTq * kTq;
+  int i_end = i_begin + kTq;
+  while (i_end < T_ && !(seg_b && seg_b[i_end] > last_seg)) i_end += kTq;
+  const int n_i = (i_end - i_begin) / kTq, n_all = group * n_i;
+  // Issues tile n's copies into buffer `buf` and writes its per-query values.
+  auto stage = [&](int n, int buf) {
+    const int h = kh * group + n / n_i, i0 = i_begin + n % n_i * kTq;
+    const size_t qoff = (size_t(b) * T_ + i0) * ldq + size_t(h) * D;
+    Dev* qb = qdo_s + 2 * buf * kTq * kPitch<D>;
+    load_tile<kTq, D>(qb, q + qoff, ldq, T_ - i0);
+    load_tile<kTq, D>(qb + kTq * kPitch<D>, dout + qoff, ldq, T_ - i0);
+    if (threadIdx.x < kTq) {
+      const int r = i0 + threadIdx.x;
+      const bool in = r < T_;
+      const size_t st = (size_t(b) * H + h) * T_ + r;
+      lse_s[buf][threadIdx.x] = in ? lse[st] * kLog2e : 0.0f;
+      delta_s[buf][threadIdx.x] = in ? delta[st] : 0.0f;
+      qseg_s[buf][threadIdx.x] = seg_b && in ? seg_b[r] : 0;
+      one_s[buf][threadIdx.x] = in && sees_one_key(seg_b, r);
+    }
+  };
+  stage(0, 0);
+  cp_async_commit();  // K, V and the first query tile
+  for (int n = 0; n < n_all; ++n) {
+    const int buf = n & 1, i0 = i_begin + n % n_i * kTq;
+    if (n + 1 < n_all) stage(n + 1, buf ^ 1);  // its buffer was released at the end of n − 1
+    cp_async_commit();                         // an empty group after the last tile
+    cp_async_wait<1>();                        // tile n here; tile n + 1 may be in flight
+    __syncthreads();
+    const Dev* q_s = qdo_s + 2 * buf * kTq * kPitch<D>;
+    const Dev* do_s = q_s + kTq * kPitch<D>;
+
+    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (16 keys of this warp x kTq queries).
+    float st[kTq / 8][4], dpt[kTq / 8][4];
+#pragma unroll
+    for (int t = 0; t < kTq / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[t][e] = dpt[t][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ak[4], av[4];
+      load_a<D>(ak, k_s, warp * kRows, 16 * kk, lane);
+      load_a<D>(av, v_s, warp * kRows, 16 * kk, lane);
+#pragma unroll
+      for (int nt = 0; nt < kTq / 16; ++nt) {
+        uint32_t bb[4];
+        load_b_nk<D>(bb, q_s, 16 * nt, 16 * kk, lane);
+        mma2<E>(st[2 * nt], st[2 * nt + 1], ak, bb);
+        load_b_nk<D>(bb, do_s, 16 * nt, 16 * kk, lane);
+        mma2<E>(dpt[2 * nt], dpt[2 * nt + 1], av, bb);
+      }
+    }
+    // Pᵀ and dSᵀ: lse and Δ belong to the column (the query).
+#pragma unroll
+    for (int t = 0; t < kTq / 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int ci = 8 * t + 2 * qd + (e & 1), r = i0 + ci, x = e >> 1;
+        const bool hidden =
+            key[x] > r || r >= T_ || key[x] >= T_ || (seg_b && qseg_s[buf][ci] != kseg[x]);
+        const float p = hidden ? 0.0f : exp2f(fmaf(st[t][e], scale_log2, -lse_s[buf][ci]));
+        st[t][e] = p;
+        dpt[t][e] = one_s[buf][ci] ? 0.0f : p * (dpt[t][e] - delta_s[buf][ci]);
+      }
+      // dV += Pᵀ dO and dK += dSᵀ Q: dO and Q rows are the k dimension (.trans).
+#pragma unroll
+    for (int ks = 0; ks < kTq / 16; ++ks) {
+      uint32_t ap[4], ads[4];
+      c_to_a<E>(ap, st[2 * ks], st[2 * ks + 1]);
+      c_to_a<E>(ads, dpt[2 * ks], dpt[2 * ks + 1]);
+#pragma unroll
+      for (int dt = 0; dt < D / 16; ++dt) {
+        uint32_t bb[4];
+        load_b_kn<D>(bb, do_s, 16 * ks, 16 * dt, lane);
+        mma2<E>(dv_acc[2 * dt], dv_acc[2 * dt + 1], ap, bb);
+        load_b_kn<D>(bb, q_s, 16 * ks, 16 * dt, lane);
+        mma2<E>(dk_acc[2 * dt], dk_acc[2 * dt + 1], ads, bb);
+      }
+    }
+    __syncthreads();  // no warp still reads buffer `buf`: tile n + 2 may overwrite it
+  }
+  cp_async_wait<0>();  // the last (empty) group: nothing pending at exit
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    if (key[x] >= T_) continue;
+    const size_t off = (size_t(b) * T_ + key[x]) * ldk + size_t(kh) * D + 2 * qd;
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) {
+      *reinterpret_cast<uint32_t*>(dk + off + 8 * t) =
+          pack2<E>(dk_acc[t][2 * x] * scale, dk_acc[t][2 * x + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dv + off + 8 * t) =
+          pack2<E>(dv_acc[t][2 * x], dv_acc[t][2 * x + 1]);
+    }
+  }
+}
+
+void check_fused(const char* what, int B, int T_, int H, int K, int D,
+                 std::initializer_list<const void*> ptrs) {
+  if (B < 0 || T_ < 0 || H <= 0 || K <= 0 || H % K != 0 || !attention_fused_supported(D))
+    throw ::ft::Error(std::string(what) + ": unsupported shape B=" + std::to_string(B) +
+                      " T=" + std::to_string(T_) + " H=" + std::to_string(H) +
+                      " K=" + std::to_string(K) + " D=" + std::to_string(D) +
+                      " (the fused kernel needs H a multiple of K and a head dim of 64 or 128)");
+  if (H > 65535 || B > 65535)  // gridDim.y and .z limits
+    throw ::ft::Error(std::string(what) + ": B=" + std::to_string(B) +
+                      " or H=" + std::to_string(H) + " exceeds the grid's 65535 (split the batch)");
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      throw ::ft::Error(std::string(what) +
+                        ": a tensor is not 16-byte aligned (cp.async copies 16 bytes; "
+                        "pass whole allocations or aligned views)");
+}
+
+// Opts a kernel into more than the default 48 KiB of dynamic shared memory where it needs it.
+void allow_smem(const void* kernel, size_t bytes, const char* what) {
+  if (bytes <= (48u << 10)) return;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)) !=
+      cudaSuccess)
+    throw ::ft::Error(std::string(what) + ": the device cannot give a block " +
+                      std::to_string(bytes) + " bytes of shared memory (sm_80+ needed)");
+}
+
+float softmax_scale(int D) { return 1.0f / std::sqrt(float(D)); }
+
+template <typename T, int D>
+void forward_d(T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* seg, int B,
+               int T_, int H, int K, void* stream) {
+  auto kernel = attention_fused_forward_kernel<T, D>;
+  const size_t smem = fwd_smem_bytes<D>();
+  allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_fused_forward");
+  FT_LAUNCH(kernel, dim3((T_ + kTileQ - 1) / kTileQ, H, B), kThreads, smem, stream)
+  (dev(out), lse, dev(q), dev(k), dev(v), seg, T_, H, K, softmax_scale(D));
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, int D>
+void backward_d(T* dq, T* dk, T* dv, const T* dout, const float* lse, const float* delta,
+                const T* q, const T* k, const T* v, const int32_t* seg, int B, int T_, int H, int K,
+                void* stream) {
+  const float scale = softmax_scale(D);
+  auto dkdv = attention_fused_dkdv_kernel<T, D>;
+  allow_smem(reinterpret_cast<const void*>(dkdv), dkdv_smem_bytes<D>(), "attention_fused_backward");
+  FT_LAUNCH(dkdv, dim3((T_ + kTileK - 1) / kTileK, K, B), kThreads, dkdv_smem_bytes<D>(), stream)
+  (dev(dk), dev(dv), dev(dout), lse, delta, dev(q), dev(k), dev(v), seg, T_, H, K, scale);
+  FT_CUDA_CHECK_LAUNCH();
+  auto dqk = attention_fused_dq_kernel<T, D>;
+  allow_smem(reinterpret_cast<const void*>(dqk), dq_smem_bytes<D>(), "attention_fused_backward");
+  FT_LAUNCH(dqk, dim3((T_ + kTileQ - 1) / kTileQ, H, B), kThreads, dq_smem_bytes<D>(), stream)
+  (dev(dq), dev(dout), lse, delta, dev(q), dev(k), dev(v), seg, T_, H, K, scale);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+template <typename T>
+void attention_fused_forward(T* out, float* lse, const T* q, const T* k, const T* v,
+                             const int32_t* seg, int B, int T_, int H, int K, int D, void* stream) {
+  check_fused("attention_fused_forward", B, T_, H, K, D, {out, q, k, v});
+  if (B == 0 || T_ == 0) return;
+  if (D == 64)
+    forward_d<T, 64>(out, lse, q, k, v, seg, B, T_, H, K, stream);
+  else
+    forward_d<T, 128>(out, lse, q, k, v, seg, B, T_, H, K, stream);
+}
+
+template <typename T>
+void attention_fused_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse,
+                              const T* q, const T* k, const T* v, const int32_t* seg, void* scratch,
+                              int B, int T_, int H, int K, int D, void* stream) {
+  check_fused("attention_fused_backward", B, T_, H, K, D, {dq, dk, dv, dout, q, k, v});
+  if (B == 0 || T_ == 0) return;
+  auto* delta = static_cast<float*>(scratch);  // (B, H, T)
+  attention_delta(delta, dout, out, B, T_, H, D, stream);
+  if (D == 64)
+    backward_d<T, 64>(dq, dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, stream);
+  else
+    backward_d<T, 128>(dq, dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, stream);
+}
+
+#define FT_ATTENTION_FUSED_INSTANTIATE(T)                                                        \
+  template void attention_fused_forward<T>(T*, float*, const T*, const T*, const T*,             \
+                                           const int32_t*, int, int, int, int, int, void*);      \
+  template void attention_fused_backward<T>(T*, T*, T*, const T*, const T*, const float*,        \
+                                            const T*, const T*, const T*, const int32_t*, void*, \
+                                            int, int, int, int, int, void*);
+FT_ATTENTION_FUSED_INSTANTIATE(bf16)
+FT_ATTENTION_FUSED_INSTANTIATE(f16)
+#undef FT_ATTENTION_FUSED_INSTANTIATE
+
+}  // namespace ft::kernels::cuda
