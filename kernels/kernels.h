@@ -169,6 +169,14 @@ void convert(T* dst, const float* src, size_t n);
 template <typename T>
 void convert(float* dst, const T* src, size_t n);
 
+// ---- random.cpp: parameter init
+// ------------------------------------------------------------------ out[j] = float(std · z) (n), z
+// the standard normal of element first + j under key (kernels/philox.h: Philox-4x32-10 and
+// Box–Muller from exactly rounded operations). The bits depend only on (key, first + j): not on the
+// thread count, on how a tensor is cut into calls, or on the device (kernels/cuda/random.cu gives
+// the same).
+void random_normal(float* out, size_t n, uint64_t key, uint64_t first, double std);
+
 // ---- adamw.cpp: AdamW (torch.optim.AdamW semantics) ---------------------------------------------
 // p ← p(1 − lr·wd); m ← β1 m + (1−β1) g; v ← β2 v + (1−β2) g²;
 // p ← p − lr · (m / bc1) / (sqrt(v / bc2) + eps), bc1 = 1 − β1^t, bc2 = 1 − β2^t.

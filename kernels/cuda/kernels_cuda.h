@@ -192,6 +192,9 @@ void ce_finish(T* dlogits, const T* logits, const int32_t* targets, const uint8_
 template <typename Dst, typename Src>
 void convert(Dst* dst, const Src* src, size_t n, void* stream);
 
+// ---- random.cu: kernels.h random_normal, the CPU's bits (kernels/philox.h) ----
+void random_normal(float* out, size_t n, uint64_t key, uint64_t first, double std, void* stream);
+
 // ---- reduce.cu ----
 template <typename T>
 void add_inplace(T* y, const T* x, size_t n, void* stream);

@@ -1,9 +1,11 @@
 #include "core/system.h"
 
 #include <sched.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -66,6 +68,38 @@ int local_rank_count() {
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   if (!local) local = std::getenv("SLURM_NTASKS_PER_NODE");
   return local ? std::max(1, std::atoi(local)) : 1;
+}
+
+namespace {
+const std::chrono::steady_clock::time_point g_static_init = std::chrono::steady_clock::now();
+
+// Field 22 of /proc/self/stat (starttime, ticks after boot); the command name, field 2, is in
+// parentheses and may hold spaces, so fields are counted after its closing parenthesis.
+bool process_start_ticks(uint64_t* ticks) {
+  std::ifstream in("/proc/self/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return false;
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream rest(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i)
+    if (!(rest >> field)) return false;
+  if (field.find_first_not_of("0123456789") != std::string::npos) return false;
+  *ticks = std::strtoull(field.c_str(), nullptr, 10);
+  return true;
+}
+}  // namespace
+
+double seconds_since_process_start() {
+  uint64_t ticks = 0;
+  timespec now{};
+  const long hz = sysconf(_SC_CLK_TCK);
+  if (hz > 0 && process_start_ticks(&ticks) && clock_gettime(CLOCK_BOOTTIME, &now) == 0) {
+    const double s = double(now.tv_sec) + 1e-9 * double(now.tv_nsec) - double(ticks) / double(hz);
+    if (s >= 0) return s;
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - g_static_init).count();
 }
 
 }  // namespace ft

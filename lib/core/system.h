@@ -19,4 +19,10 @@ uint64_t available_memory_bytes();
 // memory.
 int local_rank_count();
 
+// Seconds since this process started: the kernel's start time of the process (/proc/self/stat,
+// in clock ticks, 10 ms here) against CLOCK_BOOTTIME, so the count includes loading the shared
+// libraries and everything before main (and survives ft's re-exec, which keeps the process).
+// Where /proc cannot be read: since this library's static initialisation.
+double seconds_since_process_start();
+
 }  // namespace ft

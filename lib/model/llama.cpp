@@ -11,7 +11,6 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/random.h"
 #include "model/rope.h"
 
 namespace ft {
@@ -138,30 +137,25 @@ void LlamaModel::copy(Ref dst, CRef src, size_t n) {
 LlamaModel::~LlamaModel() = default;
 
 void LlamaModel::init_random(uint64_t seed, double std) {
-  // Drawn on the host, one tensor at a time, then copied to the device.
+  // Matrices: N(0, std) drawn on the device by the random_normal op (kernels/philox.h), each
+  // element's bits a function of (seed, the tensor's name, its index in the whole tensor) only:
+  // every thread count, device and layout draws the same model (tensor-parallel ranks draw the
+  // whole tensors and slice them, train/setup.cpp). Vectors (the norms' weights): ones.
   const auto& groups = layout_.groups();
-  std::vector<float> host;
+  std::vector<float> ones;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     if (!owns_group(int(gi))) continue;
     Buffer<float>& params = flat_.params()[gi];
     for (const auto& e : groups[gi].entries) {
-      host.assign(e.numel, 1.0f);
-      float* p = host.data();
       if (e.shape.size() < 2) {
-        params.upload(p, e.numel, e.offset);
+        ones.assign(e.numel, 1.0f);
+        params.upload(ones.data(), e.numel, e.offset);
         continue;
       }
-      // One stream per tensor, keyed by its name, so adding a tensor never shifts the others.
-      uint64_t h = seed * 0x100000001b3ull + 0xcbf29ce484222325ull;
-      for (char c : e.name) h = (h ^ uint8_t(c)) * 0x100000001b3ull;
-      SplitMix64 rng{h};
-      for (size_t i = 0; i < e.numel; i += 2) {  // Box–Muller
-        double r = std::sqrt(-2.0 * std::log(rng.uniform()));
-        double t = 2.0 * M_PI * rng.uniform();
-        p[i] = float(std * r * std::cos(t));
-        if (i + 1 < e.numel) p[i + 1] = float(std * r * std::sin(t));
-      }
-      params.upload(p, e.numel, e.offset);
+      // One key per tensor, from its name, so adding a tensor never shifts the others.
+      uint64_t key = seed * 0x100000001b3ull + 0xcbf29ce484222325ull;
+      for (char c : e.name) key = (key ^ uint8_t(c)) * 0x100000001b3ull;
+      ops().random_normal(st_, params.data() + e.offset, e.numel, key, 0, std);
     }
   }
 }

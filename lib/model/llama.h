@@ -44,7 +44,9 @@ class LlamaModel final : public PipelineStage {
   const FlatParams& flat_params() const { return flat_; }
   size_t num_params() const { return layout_.total_numel(); }
 
-  // Seeded initialisation: matrices ~ N(0, std²), norm weights = 1 (as HF's _init_weights).
+  // Seeded initialisation: matrices ~ N(0, std²), norm weights = 1 (as HF's _init_weights),
+  // drawn on the device (the random_normal op); the bits depend on (seed, tensor name, element
+  // index) only, so every device, thread count and parallel layout gets the same model.
   void init_random(uint64_t seed, double std);
 
   // Forward and backward on one micro-batch. inputs/targets/mask: (B, T) host arrays, copied to

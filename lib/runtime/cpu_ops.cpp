@@ -232,6 +232,10 @@ class CpuOps final : public Ops {
     const double sq = k::sum_squares(x, n);
     *acc += divisor == 1.0 ? sq : sq / divisor;
   }
+  void random_normal(Stream, float* out, size_t n, uint64_t key, uint64_t first,
+                     double std) override {
+    k::random_normal(out, n, key, first, std);
+  }
   void adamw_update(Stream, float* p, const float* g, float* m, float* v, size_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int64_t t,
                     float grad_scale, Ref p_compute) override {

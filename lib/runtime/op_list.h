@@ -40,6 +40,7 @@ FT_OP_FAMILY(kScale, "scale")
 FT_OP_FAMILY(kSumSquares, "sum_squares")
 FT_OP_FAMILY(kBias, "bias")
 FT_OP_FAMILY(kGemmForward, "GEMM forward")
+FT_OP_FAMILY(kRandom, "random init")
 
 // ---- GEMM: kernels/cpu/gemm.cpp; cuBLASLt on CUDA ----
 // y (N, out) (+)= x (N, in) · Wᵀ, W (out, in).
@@ -165,6 +166,14 @@ FT_OP(scale, kScale,
 FT_OP(sum_squares, kSumSquares,
       (Stream s, double* acc, const float* x, size_t n, double divisor),
       (s, acc, x, n, divisor))
+
+// ---- Parameter init (kernels/philox.h) ----
+// out (n) fp32 = std · z(first + j): z(i) the standard normal of element i under key
+// (Philox-4x32-10, Box–Muller from exactly rounded operations). The same bits on every device
+// and thread count, and for any cut of [first, first + n) into calls.
+FT_OP(random_normal, kRandom,
+      (Stream s, float* out, size_t n, uint64_t key, uint64_t first, double std),
+      (s, out, n, key, first, std))
 
 // ---- AdamW (kernels.h; t is the step count after increment; g is read as g · grad_scale,
 // clipping folded into the update). p_compute (n), unless null: the updated p rounded to its

@@ -450,9 +450,12 @@ class RunLog {
     return step % r_.logging.every_steps == 0 || step == start_.step + 1 ||
            step == r_.training.steps;
   }
-  void step(const StepResult& res, const RunFigures& figures) {
+  // first_step_s >= 0 on the first step of the process: time_to_first_step_s on its line.
+  void step(const StepResult& res, const RunFigures& figures, double first_step_s) {
     if (!is_root_) return;
-    metrics_.write(step_metrics_line(res, figures));
+    nlohmann::json line = step_metrics_line(res, figures);
+    if (first_step_s >= 0) line["time_to_first_step_s"] = first_step_s;
+    metrics_.write(line);
     StepReport rep;
     rep.step = res.step;
     rep.total_steps = r_.training.steps;
@@ -680,6 +683,11 @@ void print_summary(const Recipe& r, const TrainSummary& sum, int64_t last_saved)
       sum.final_loss, Progress::human_bytes(double(sum.mem_peak_bytes)).c_str(),
       Progress::human_bytes(double(sum.peak_rss_bytes)).c_str(), r.run.output_dir.c_str(),
       r.run.output_dir.c_str(), r.logging.metrics.c_str());
+  if (sum.time_to_first_step_s >= 0)
+    std::printf(
+        "ft: first step began %s after the process started (setup, parameter init, "
+        "input checks)\n",
+        Progress::human_seconds(sum.time_to_first_step_s).c_str());
   if (last_saved >= 0)
     std::printf("ft: last checkpoint: %s/%s%s\n", r.checkpoint.dir.c_str(),
                 ckpt::step_folder_name(last_saved).c_str(),
@@ -782,6 +790,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     const int64_t step = s + 1;  // as people read it: progress, metrics, messages, checkpoints
     const bool last = step == r.training.steps;
     crash_test_hooks(step, comm.rank());
+    if (s == at.step) sum.time_to_first_step_s = seconds_since_process_start();
     // FT_PROFILE: only the steps' ops count (not evaluation, saving or initialisation).
     if (profile) profile->recording = true;
     const StepResult res = train_step.run(s, loader, [&] {
@@ -801,7 +810,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       RunFigures figures = resident;
       figures.tokens_seen = tokens_seen;
       figures.mem_peak_bytes = dev->stats().peak_bytes;
-      log.step(res, figures);
+      log.step(res, figures, s == at.step ? sum.time_to_first_step_s : -1);
     }
     if (do_eval && (step % r.training.eval_every_steps == 0 || last)) {
       set_watch_step(step, "evaluation");

@@ -30,6 +30,9 @@ struct TrainSummary {
   double final_loss = 0;
   size_t mem_peak_bytes = 0;  // device allocator peak
   size_t peak_rss_bytes = 0;  // process peak resident set
+  // From the process's start to the start of its first step (setup, parameter init or import,
+  // the input checks, a resume's reads); negative when no step ran.
+  double time_to_first_step_s = -1;
 };
 
 // Runs the whole training job described by the (validated) recipe. Rank 0 prints progress and

@@ -40,6 +40,8 @@ grep -Eq '^ft: done: 12 steps, 768 tokens in ([0-9]\.[0-9]{3}|[0-9]\.[0-9]{2}|[0
   "$tmp/out.txt" || fail "summary time not rounded: $(grep '^ft: done' "$tmp/out.txt")"
 grep -q 'peak memory: .* device allocator, .* process RSS' "$tmp/out.txt" || fail "peak memory not in summary"
 grep -q "outputs: $tmp/out" "$tmp/out.txt" || fail "output location not in summary"
+grep -Eq '^ft: first step began [0-9].* s after the process started' "$tmp/out.txt" \
+  || fail "time to the first step not in summary: $(tail -4 "$tmp/out.txt")"
 test -s "$tmp/out/recipe.yaml" || fail "resolved recipe not saved"
 "$ft" validate "$tmp/out/recipe.yaml" > /dev/null 2>&1 || fail "saved recipe does not validate"
 
@@ -55,6 +57,10 @@ for l in steps:
     assert math.isfinite(l["loss"]) and l["loss"] > 0 and l["grad_norm"] > 0
     assert l["mem_peak_bytes"] > 0 and l["tokens_per_s"] > 0
 assert [l["tokens"] for l in steps] == [64 * (i + 1) for i in range(12)]
+# The process's first step line, and only it, says when that step began (DESIGN.md §7).
+t0 = steps[0].get("time_to_first_step_s")
+assert t0 is not None and 0 < t0 < 600, steps[0]
+assert all("time_to_first_step_s" not in l for l in steps[1:])
 # linear schedule with 2 warmup steps: lr_0 = lr/2, lr_1 = lr, then decaying to 0
 assert abs(steps[0]["lr"] - 0.005) < 1e-12 and abs(steps[1]["lr"] - 0.01) < 1e-12
 assert abs(steps[11]["lr"] - 0.01 * (1 - 9 / 10)) < 1e-12, steps[11]["lr"]

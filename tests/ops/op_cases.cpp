@@ -908,6 +908,26 @@ void add_scale_cases(Cases& cs) {
   }
 }
 
+// ---- Parameter init: the same bits on every device (kernels/philox.h builds the normals from
+// integer and exactly rounded double operations, each product that meets a sum an explicit
+// fma), so the tolerance is none. Starts off a multiple of 4 (a Philox block split between
+// calls) and past 2^32 · 4 (the counter's high word), two keys. ----
+void add_random_normal_cases(Cases& cs) {
+  for (const Length& l : kLengths)
+    for (uint64_t first : {uint64_t(0), uint64_t(3), (uint64_t(1) << 34) + 5})
+      for (uint64_t key : {uint64_t(0), uint64_t(0x9f1c2e3d4b5a6978)}) {
+        Case c{
+            "random_normal", "f32", length_shape(l) + cat(" first=", first, " key=", key), {}, {}};
+        c.tensors = {out<float>("out", l.n, kExact)};
+        c.tensors[0].offset = l.offset;
+        const size_t n = l.n;
+        c.run = [=](Device& d, const Args& a) {
+          d.ops().random_normal(d.stream(), a.f32(0), n, key, first, 0.02);
+        };
+        cs.push_back(std::move(c));
+      }
+}
+
 void add_sum_squares_cases(Cases& cs) {
   for (const Length& l : kLengths)
     for (double divisor : {1.0, 7.0}) {

@@ -254,6 +254,10 @@ class CudaOps final : public Ops {
     void* scratch = mem_.scratch(Req::sum_squares(n));
     kc::sum_squares(acc, x, n, divisor, scratch, stream(s));
   }
+  void random_normal(Stream s, float* out, size_t n, uint64_t key, uint64_t first,
+                     double std) override {
+    kc::random_normal(out, n, key, first, std, stream(s));
+  }
   void adamw_update(Stream s, float* p, const float* g, float* m, float* v, size_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int64_t t,
                     float grad_scale, Ref p_compute) override {
