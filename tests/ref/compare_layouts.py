@@ -39,12 +39,13 @@ tmp = sys.argv[1]
 # bf16 (training.precision: bf16; the dumped parameters are then the bf16 compute copy): a layout
 # rounds other partial sums to bf16 (tensor parallelism rounds each rank's share, then sums in
 # fp32), so activations differ by a bf16 unit (2^-8 relative) here and there from step 1 on. At
-# step 1 that moves the loss by ~1e-6 and the grad norm by ~4e-5 (seen: 9e-7, 4e-5): bounds 1e-5
-# and 1e-3, where a missing all-reduce or a wrong slice moves the loss by > 1e-2. How far depends
-# on the draw: over run.seed 1-10, tensor2 against one process at step 1 moved the loss by 8e-8 to
-# 4.4e-5 and the grad norm by 1.7e-5 to 1.4e-3, with the init before the Philox one as with it,
-# and 3-4 of the 10 seeds exceed these bounds with either; scripts/test_layouts.sh runs seed 8
-# (Philox init: 1.7e-6 and 4.8e-5; the earlier init: 6.7e-6 and 8.9e-5). After an update
+# step 1 that moves the loss by ~1e-6 and the grad norm by ~4e-5, but how far depends on the
+# draw: over run.seed 1-10, tensor2 against one process at step 1 moved the loss by 8e-8 to 4.4e-5
+# and the grad norm by 1.7e-5 to 1.4e-3, with the Philox init as with the one before it (issue
+# 16; the table is in the commit that set these bounds). The earlier bounds, 1e-5 and 1e-3, sat
+# inside that spread (3-4 of 10 seeds failed them with either init). Bounds 1e-4 and 5e-3 cover
+# it with a margin of 2-3x and still catch what they are for: a missing all-reduce or a wrong
+# slice moves the loss by > 1e-2. After an update
 # the masters differ by fp32 rounding, their bf16 copies then by whole bf16 units, and this tiny
 # model (dim 32, lr 0.01, clipping at 0.3) amplifies that as it amplifies fp32 differences, only
 # from a 1e4 times larger start: by step 10 the loss differs by up to 5e-3 relative (seen) and the
@@ -54,7 +55,7 @@ tmp = sys.argv[1]
 # parameters at 0.1 absolute (seen 4.6e-2; parameters are O(0.01-1)).
 BOUNDS = {
     "fp32": {"loss": 1e-5, "grad_norm": 5e-4, "params": 5e-5, "loss1": 1e-5, "grad_norm1": 1e-4},
-    "bf16": {"loss": 2e-2, "grad_norm": 2.0, "params": 0.1, "loss1": 1e-5, "grad_norm1": 1e-3},
+    "bf16": {"loss": 2e-2, "grad_norm": 2.0, "params": 0.1, "loss1": 1e-4, "grad_norm1": 5e-3},
 }
 
 
