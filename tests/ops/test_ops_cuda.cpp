@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "runtime/cuda/cuda_device.h"
 #include "runtime/device.h"
 #include "tests/ops/expect_conforms.h"

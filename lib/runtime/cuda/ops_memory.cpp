@@ -25,16 +25,13 @@ const char* attention_path_name(AttentionPath path) {
 }
 
 AttentionPath requested_attention_path() {
-  static const AttentionPath path = [] {
-    const char* v = std::getenv("FT_CUDA_ATTENTION");
-    const std::string mode = v ? v : "fused";
-    for (AttentionPath p : {AttentionPath::kFused, AttentionPath::kGemm, AttentionPath::kSimt})
-      if (mode == attention_path_name(p)) return p;
-    FT_FAIL("FT_CUDA_ATTENTION='", mode,
-            "': use fused (FlashAttention-2 on tensor cores, the default), gemm (the score "
-            "products through cuBLASLt) or simt (the SIMT kernels)");
-  }();
-  return path;
+  const char* v = std::getenv("FT_CUDA_ATTENTION");
+  const std::string mode = v ? v : "fused";
+  for (AttentionPath p : {AttentionPath::kFused, AttentionPath::kGemm, AttentionPath::kSimt})
+    if (mode == attention_path_name(p)) return p;
+  FT_FAIL("FT_CUDA_ATTENTION='", mode,
+          "': use fused (FlashAttention-2 on tensor cores, the default), gemm (the score "
+          "products through cuBLASLt) or simt (the SIMT kernels)");
 }
 
 AttentionPath attention_path(AttentionPath requested, DType dtype, int D, int sm_major) {

@@ -26,8 +26,9 @@ namespace ft::cuda {
 //           plain twin, for comparison and benchmarks.
 enum class AttentionPath { kFused, kGemm, kSimt };
 const char* attention_path_name(AttentionPath path);
-// FT_CUDA_ATTENTION, read once per process: fused (the default when unset), gemm or simt; any
-// other value is an ft::Error naming the three.
+// FT_CUDA_ATTENTION: fused (the default when unset), gemm or simt; any other value is an
+// ft::Error naming the three. Read when a device's ops are made (CudaOps, ft plan's counting
+// ops), which keep the answer: one path per device, and a test can make one device per path.
 AttentionPath requested_attention_path();
 // The path an attention op of this dtype and head dim takes on a GPU of compute capability
 // sm_major.x when `requested` was asked for: the fused kernel where it applies (bf16/f16, head
