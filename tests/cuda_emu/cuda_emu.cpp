@@ -744,14 +744,16 @@ void complete_ldmatrix(Runner& r, int base, int qual) {
     const Fiber& w = (*r.fibers)[base + l];
     const void* p = *static_cast<const void* const*>(w.in);
     const auto a = reinterpret_cast<uintptr_t>(p);
-    char addr[32];
-    std::snprintf(addr, sizeof addr, "%p", p);
-    const std::string site = ldmatrix_name(qual) + " (" + loc_str(w.where) + "): lane " +
-                             std::to_string(l) + "'s row address " + addr;
-    if (a % 16 != 0) report(r, w, site + " is not 16-byte aligned");
+    const auto site = [&] {  // built only for a report
+      char addr[32];
+      std::snprintf(addr, sizeof addr, "%p", p);
+      return ldmatrix_name(qual) + " (" + loc_str(w.where) + "): lane " + std::to_string(l) +
+             "'s row address " + addr;
+    };
+    if (a % 16 != 0) report(r, w, site() + " is not 16-byte aligned");
     if (a < lo || a + 16 > hi || a + 16 < a)
       report(r, w,
-             site + " is not in the block's shared memory (" + std::to_string(hi - lo) +
+             site() + " is not in the block's shared memory (" + std::to_string(hi - lo) +
                  " dynamic bytes; the emulator knows FT_DYNAMIC_SHARED only, not static "
                  "__shared__ arrays)");
     rows[l] = static_cast<const unsigned char*>(p);
@@ -1017,8 +1019,10 @@ void cp_async(void* smem, const void* gmem, int cp_size, int src_bytes, bool cg,
               const std::source_location& where) {
   detail::Runner& r = detail::current_runner("cp.async");
   detail::Fiber& f = *r.current;
-  const std::string site =
-      std::string(cg ? "cp.async.cg" : "cp.async.ca") + ".shared.global (" + loc_str(where) + ")";
+  const auto site = [&] {  // built only for a report
+    return std::string(cg ? "cp.async.cg" : "cp.async.ca") + ".shared.global (" + loc_str(where) +
+           ")";
+  };
   const auto ptr = [](const void* p) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%p", p);
@@ -1027,29 +1031,30 @@ void cp_async(void* smem, const void* gmem, int cp_size, int src_bytes, bool cg,
   if ((cp_size != 4 && cp_size != 8 && cp_size != 16) || (cg && cp_size != 16))
     detail::report(
         r, f,
-        site + ": cp-size " + std::to_string(cp_size) + " is not one of 4, 8, 16 (.cg: 16 only)");
+        site() + ": cp-size " + std::to_string(cp_size) + " is not one of 4, 8, 16 (.cg: 16 only)");
   if (src_bytes < 0 || src_bytes > cp_size)
     detail::report(r, f,
-                   site + ": src-size " + std::to_string(src_bytes) + " is outside [0, cp-size " +
+                   site() + ": src-size " + std::to_string(src_bytes) + " is outside [0, cp-size " +
                        std::to_string(cp_size) + "]");
   if (reinterpret_cast<uintptr_t>(smem) % unsigned(cp_size) != 0)
     detail::report(r, f,
-                   site + ": shared address " + ptr(smem) + " is not aligned to the cp-size " +
+                   site() + ": shared address " + ptr(smem) + " is not aligned to the cp-size " +
                        std::to_string(cp_size));
   if (reinterpret_cast<uintptr_t>(gmem) % unsigned(cp_size) != 0)
     detail::report(r, f,
-                   site + ": global address " + ptr(gmem) + " is not aligned to the cp-size " +
+                   site() + ": global address " + ptr(gmem) + " is not aligned to the cp-size " +
                        std::to_string(cp_size));
   const auto* dst = static_cast<unsigned char*>(smem);
   if (dst < r.dynamic_shared || dst + cp_size > r.dynamic_shared + r.config->shared_bytes)
     detail::report(r, f,
-                   site + ": destination " + ptr(smem) + " is not in the block's shared memory (" +
+                   site() + ": destination " + ptr(smem) +
+                       " is not in the block's shared memory (" +
                        std::to_string(r.config->shared_bytes) +
                        " dynamic bytes; the emulator knows FT_DYNAMIC_SHARED only, not static "
                        "__shared__ arrays)");
   if (src_bytes > 0 && !in_gpu_memory(gmem, size_t(src_bytes)))
     detail::report(r, f,
-                   site + ": source [" + ptr(gmem) + ", +" + std::to_string(src_bytes) +
+                   site() + ": source [" + ptr(gmem) + ", +" + std::to_string(src_bytes) +
                        ") is not inside a cudaMalloc or cudaMallocHost allocation");
   detail::AsyncCopy c{static_cast<unsigned char*>(smem),
                       static_cast<const unsigned char*>(gmem),
@@ -1076,6 +1081,10 @@ void cp_async_wait(int n, const std::source_location& where) {
   }
   while (f.copy_groups.size() > size_t(n)) {
     for (const detail::AsyncCopy& c : f.copy_groups.front()) {
+      if (c.src_bytes == 0) {  // all zeros; src may be any pointer
+        std::memset(c.dst, 0, size_t(c.size));
+        continue;
+      }
       if (std::memcmp(c.src, c.snapshot, size_t(c.src_bytes)) != 0)
         detail::report(r, f,
                        "cp.async (" + loc_str(c.where) +

@@ -55,10 +55,9 @@
 // bit-cast intrinsics declared below, and what cuda_bf16.h / cuda_fp16.h compile to for a host
 // compiler: their host implementations of __float2bfloat16_rn, __bfloat162float, __float2half_rn,
 // __half2float, the 2-wide forms (__floats2bfloat162_rn, __bfloat1622float2, __half22float2, ...),
-// the bit casts
-// (__bfloat16_as_ushort, __ushort_as_half, ...) and the __h* arithmetic, compiled by g++ without
-// __CUDACC__ (tests/cuda_emu/test_convert.cpp checks the conversions' bits against
-// core/half.h). No float atomics (determinism).
+// the bit casts (__bfloat16_as_ushort, __ushort_as_half, ...) and the __h* arithmetic, compiled
+// by g++ without __CUDACC__ (tests/cuda_emu/test_convert.cpp checks the conversions' bits
+// against core/half.h). No float atomics (determinism).
 //
 // The CUDA runtime API subset the backend uses is emulated synchronously on host memory
 // (cuda_emu.cpp), against the real declarations of <cuda_runtime.h>: every stream is idle when

@@ -210,7 +210,7 @@ __global__ void cp_async_stages_kernel(unsigned* out, const unsigned* src) {
   o[5] = s[32 + t];
 }
 
-// One misuse of mma / ldmatrix / cp.async per mode (see the test); mode 0 and 5 are correct.
+// One misuse of mma / ldmatrix / cp.async per mode (see the test); modes 0 and 5 are correct.
 __global__ void warp_matrix_misuse_kernel(float* out, const uint16_t* g, int mode) {
   FT_DYNAMIC_SHARED(uint16_t, s);  // 1024 bytes
   const int l = threadIdx.x % 32;
@@ -264,6 +264,11 @@ __global__ void warp_matrix_misuse_kernel(float* out, const uint16_t* g, int mod
       break;
     case 13:  // source on the thread's stack
       cp_async_cg16(s + 8 * l, local);
+      cp_async_wait_all();
+      break;
+    case 14:  // the source written between issue and completion
+      cp_async_ca<16>(s + 8 * l, g + 8 * l);
+      const_cast<uint16_t*>(g)[8 * l] ^= 1;  // a change whatever it held
       cp_async_wait_all();
       break;
   }
@@ -785,6 +790,7 @@ TEST_CASE("cuda_emu: misuse of mma, ldmatrix and cp.async is reported, naming th
         {11, 32, {"never waited for", "not even committed"}},
         {12, 32, {"cp.async.cg.shared.global", "is not in the block's shared memory"}},
         {13, 32, {"cp.async.cg.shared.global", "is not inside a cudaMalloc"}},
+        {14, 32, {"its global source changed before the copy completed", "cp.async.wait"}},
     };
     for (const Case& k : cases) {
       CAPTURE(k.mode);

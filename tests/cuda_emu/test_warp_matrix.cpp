@@ -60,10 +60,16 @@ double gemm_error(bool bf16, const std::vector<float>& got, const std::vector<ui
   return worst;
 }
 
-// fp32 sums of 16 or 64 exact products: about 1e-7 relative on the emulator. A GPU's tensor
-// cores accumulate in fp32 too, in their own order; 1e-5 leaves room for that and is far below
-// what a misplaced element gives (order 0.1).
+// The emulator sums the exact products in fp32 (measured: at most 1.8e-7 here). A GPU's tensor
+// cores accumulate in fp32 in their own order and, per Fasi et al., "Numerical behavior of NVIDIA
+// tensor cores" (PeerJ CS 2021), may truncate rather than round inside the instruction: 1e-4
+// leaves room for that. A misplaced element gives about 1 (measured 0.97 to 1.19).
+#if defined(FT_CUDA_EMU)
 constexpr double kTol = 1e-5;
+#else
+constexpr double kTol = 1e-4;
+#endif
+constexpr double kWrong = 0.1;
 
 std::vector<float> random_floats(size_t n, uint32_t seed) {
   std::mt19937 gen(seed);
@@ -94,7 +100,7 @@ TEST_CASE("warp_matrix: mma m16n8k16 from hand-packed fragments matches A·B + C
     for (AMapping wrong : {AMapping::kTransposed, AMapping::kHalvesSwapped}) {
       CAPTURE(int(wrong));
       mma_packed(bf16, dd.get(), da.get(), db.get(), dc.get(), wrong);
-      CHECK(gemm_error(bf16, dd.to_host(), a, b, c, 16, 8, 16) > 1000 * kTol);
+      CHECK(gemm_error(bf16, dd.to_host(), a, b, c, 16, 8, 16) > kWrong);
     }
   }
 }
