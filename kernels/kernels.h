@@ -94,11 +94,16 @@ void rope_backward(E* dx, const float* inv_freq, int B, int T, int nh, int D);
 // E in {float, bf16, f16}; statistics and math in fp32.
 // Queries and keys are processed in tiles of kAttnTile.
 inline constexpr int kAttnTile = 64;
+// Document masking: seg (B, T) int32 segment ids, or nullptr for one document per sample. A
+// document is a run of equal ids along T (ids non-decreasing, as the CUDA kernels require);
+// query i attends to the keys j ≤ i of its own document, and the first position of each
+// document gets a zero gradient through its scores, as position 0 does. With seg null the
+// results are the bits of the kernel without segments.
 // out (B, T, H, D); lse (B, H, T) fp32: the per-row logsumexp of the scaled scores, saved for
 // backward.
 template <typename E>
 void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, int B, int T, int H,
-                       int K, int D);
+                       int K, int D, const int32_t* seg = nullptr);
 // fp32 elements of scratch attention_backward needs: B·H·T (Δ = rowsum(dO ∘ O)), plus B·T·H·D
 // for bf16 and f16 (dQ accumulated in fp32).
 template <typename E>
@@ -108,7 +113,7 @@ size_t attention_backward_scratch_elems(int B, int T, int H, int D);
 template <typename E>
 void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const float* lse,
                         const E* q, const E* k, const E* v, float* scratch, int B, int T, int H,
-                        int K, int D);
+                        int K, int D, const int32_t* seg = nullptr);
 
 // ---- swiglu.cpp: SwiGLU, h = silu(g) * u --------------------------------------------------------
 // T: all of h, g, u (n).

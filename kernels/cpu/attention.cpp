@@ -64,9 +64,17 @@ const float* tile_f32(const E* src, int rows, int D, int ld, float* buf, int& ld
 }
 }  // namespace
 
+// The first position of the document holding position t of one sample's ids: the start of the
+// run of equal ids through t (documents are runs, kernels.h).
+inline int document_start(const int32_t* seg, int t) {
+  int s = t;
+  while (s > 0 && seg[s - 1] == seg[t]) --s;
+  return s;
+}
+
 template <typename E>
 void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, int B, int T, int H,
-                       int K, int D) {
+                       int K, int D, const int32_t* seg) {
   const int group = H / K;
   const float scale = 1.0f / std::sqrt(float(D));
   const int ldq = H * D, ldk = K * D;
@@ -79,6 +87,7 @@ void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, i
     std::vector<float> buf(4 * tD + size_t(kTile) * kTile + 2 * kTile);
     float *qbuf = buf.data(), *kbuf = qbuf + tD, *vbuf = kbuf + tD, *acc = vbuf + tD;
     float *S = acc + tD, *m = S + size_t(kTile) * kTile, *l = m + kTile;
+    int first[kTile];  // with segments: each row's document start
     // Query tile qi costs qi + 1 key tiles: the last tiles go first so a dynamic schedule ends
     // evenly. Each work item writes its own rows of out and lse, so the order cannot matter.
 #pragma omp for collapse(3) schedule(dynamic)
@@ -87,13 +96,20 @@ void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, i
         for (int rev = 0; rev < tiles; ++rev) {
           const int qi = tiles - 1 - rev, i0 = qi * kTile, rows = std::min(kTile, T - i0);
           const int kh = h / group;
+          const int32_t* sb = seg ? seg + size_t(b) * T : nullptr;
+          if (sb)
+            for (int r = 0; r < rows; ++r)
+              first[r] = r == 0                         ? document_start(sb, i0)
+                         : sb[i0 + r] == sb[i0 + r - 1] ? first[r - 1]
+                                                        : i0 + r;
           int ldQ, ldK, ldV;
           const float* Q =
               tile_f32(q + (size_t(b) * T + i0) * ldq + size_t(h) * D, rows, D, ldq, qbuf, ldQ);
           std::fill(acc, acc + size_t(rows) * D, 0.0f);
           std::fill(m, m + rows, -std::numeric_limits<float>::infinity());
           std::fill(l, l + rows, 0.0f);
-          for (int j0 = 0; j0 < i0 + rows; j0 += kTile) {
+          // Key tiles before the first row's document are masked for every row: skipped.
+          for (int j0 = sb ? first[0] / kTile * kTile : 0; j0 < i0 + rows; j0 += kTile) {
             const int cols = std::min(kTile, i0 + rows - j0);  // keys past the last row: masked
             const size_t koff = (size_t(b) * T + j0) * ldk + size_t(kh) * D;
             const float* Kt = tile_f32(k + koff, cols, D, ldk, kbuf, ldK);
@@ -103,13 +119,16 @@ void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, i
             for (int r = 0; r < rows; ++r) {
               float* s = S + size_t(r) * kTile;
               const int n = std::min(cols, i0 + r - j0 + 1);  // keys j ≤ query i
-              if (n <= 0) {  // this row sees no key of the tile (above the diagonal)
+              // Keys [c0, n) of the tile: c0 > 0 where the row's document starts inside it.
+              const int c0 = sb ? std::max(0, first[r] - j0) : 0;
+              if (n <= c0) {  // this row sees no key of the tile (above the diagonal)
                 std::fill(s, s + cols, 0.0f);
                 continue;
               }
-              const float mx = cpu::lane_max(s, n, m[r]);
+              const float mx = cpu::lane_max(s + c0, n - c0, m[r]);
               const float alpha = std::exp(m[r] - mx);  // exp(−inf) = 0 on the first tile
-              const float sum = cpu::exp_shifted_sum(s, n, mx);
+              const float sum = cpu::exp_shifted_sum(s + c0, n - c0, mx);
+              std::fill(s, s + c0, 0.0f);
               std::fill(s + n, s + cols, 0.0f);
               l[r] = l[r] * alpha + sum;
               m[r] = mx;
@@ -142,7 +161,7 @@ size_t attention_backward_scratch_elems(int B, int T, int H, int D) {
 template <typename E>
 void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const float* lse,
                         const E* q, const E* k, const E* v, float* scratch, int B, int T, int H,
-                        int K, int D) {
+                        int K, int D, const int32_t* seg) {
   const int group = H / K;
   const float scale = 1.0f / std::sqrt(float(D));
   const int ldq = H * D, ldk = K * D;
@@ -162,9 +181,13 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
     std::vector<float> buf(6 * tD + 2 * tt);
     float *qbuf = buf.data(), *dobuf = qbuf + tD, *kbuf = dobuf + tD, *vbuf = kbuf + tD;
     float *dKa = vbuf + tD, *dVa = dKa + tD, *P = dVa + tD, *dS = P + tt;
+    std::vector<int> first(seg ? T : 0);  // with segments: each position's document start
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b)
       for (int kh = 0; kh < K; ++kh) {
+        const int32_t* sb = seg ? seg + size_t(b) * T : nullptr;
+        if (sb)
+          for (int t = 0; t < T; ++t) first[t] = t > 0 && sb[t] == sb[t - 1] ? first[t - 1] : t;
         // Δ = rowsum(dO ∘ O) of this group's heads; zero their rows of the dQ accumulator.
         for (int g = 0; g < group; ++g) {
           const int h = kh * group + g;
@@ -191,6 +214,9 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
             // Query tiles from the one holding row j0 on: the tiles above see no key of this one.
             for (int i0 = (j0 / kTile) * kTile; i0 < T; i0 += kTile) {
               const int rows = std::min(kTile, T - i0);
+              // Document starts never decrease: once a tile's first row starts after the last
+              // key, so does every later row.
+              if (sb && first[i0] >= j0 + cols) break;
               const size_t qoff = (size_t(b) * T + i0) * ldq + size_t(h) * D;
               const float* Q = tile_f32(q + qoff, rows, D, ldq, qbuf, ldQ);
               const float* dO = tile_f32(dout + qoff, rows, D, ldq, dobuf, ldO);
@@ -199,8 +225,10 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
               for (int r = 0; r < rows; ++r) {
                 float* p = P + size_t(r) * kTile;
                 const int n = std::clamp(i0 + r - j0 + 1, 0, cols);
+                const int c0 = sb ? std::clamp(first[i0 + r] - j0, 0, n) : 0;  // document start
                 const float m = lse_h[i0 + r];
-                for (int c = 0; c < n; ++c) p[c] = cpu::exp_nonpositive(p[c] - m);
+                std::fill(p, p + c0, 0.0f);
+                for (int c = c0; c < n; ++c) p[c] = cpu::exp_nonpositive(p[c] - m);
                 std::fill(p + n, p + cols, 0.0f);
               }
               // dVa (cols, D) += Pᵀ (cols, rows) · dO (rows, D)
@@ -216,7 +244,14 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
               // Position 0 sees one key: its softmax is the constant 1 and its gradient exactly
               // 0 (as PyTorch's math path gives). dP − Δ would leave the rounding difference of
               // two dot products ordered differently, which for T = 1 is the whole gradient.
-              if (i0 == 0) std::fill(dS, dS + cols, 0.0f);
+              // With segments, the first position of every document likewise.
+              if (sb) {
+                for (int r = 0; r < rows; ++r)
+                  if (first[i0 + r] == i0 + r)
+                    std::fill(dS + size_t(r) * kTile, dS + size_t(r) * kTile + cols, 0.0f);
+              } else if (i0 == 0) {
+                std::fill(dS, dS + cols, 0.0f);
+              }
               // dKa (cols, D) += dSᵀ (cols, rows) · Q (rows, D) / sqrt(D)
               gemm_f32(true, false, cols, D, rows, scale, dS, kTile, Q, ldQ, 1.0f, dKa, D);
               // dQ (rows, D) += dS (rows, cols) · Kt (cols, D) / sqrt(D)
@@ -242,10 +277,11 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
 
 #define FT_ATTENTION_INSTANTIATE(E)                                                                \
   template void attention_forward<E>(E*, float*, const E*, const E*, const E*, int, int, int, int, \
-                                     int);                                                         \
+                                     int, const int32_t*);                                         \
   template size_t attention_backward_scratch_elems<E>(int, int, int, int);                         \
   template void attention_backward<E>(E*, E*, E*, const E*, const E*, const float*, const E*,      \
-                                      const E*, const E*, float*, int, int, int, int, int);
+                                      const E*, const E*, float*, int, int, int, int, int,         \
+                                      const int32_t*);
 FT_ATTENTION_INSTANTIATE(float)
 FT_ATTENTION_INSTANTIATE(bf16)
 FT_ATTENTION_INSTANTIATE(f16)

@@ -250,7 +250,7 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   ops().rope_forward(st_, la.q.data(), rope_inv_freq_.data(), B, T, H, D);
   ops().rope_forward(st_, la.kk.data(), rope_inv_freq_.data(), B, T, K, D);
   ops().attention_forward(st_, la.att.data(), la.lse.data(), la.q.data(), la.kk.data(), la.v.data(),
-                          B, T, H, K, D);
+                          /*seg=*/nullptr, B, T, H, K, D);
   copy(la.mid.data(), x, size_t(N) * C);
   o_proj_.forward_add(*dev_, tp_, la.mid.data(), la.att.data(), w + o.wo, N, a.tp_partial.data(),
                       a.tp_f32.data());
@@ -297,7 +297,7 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   o_proj_.backward(*dev_, a.datt.data(), dw + o.wo, dy, la.att.data(), w + o.wo, N);
   ops().attention_backward(st_, a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), la.att.data(),
                            la.lse.data(), la.q.data(), la.kk.data(), la.v.data(),
-                           a.attn_scratch.data(), B, T, H, K, D);
+                           /*seg=*/nullptr, a.attn_scratch.data(), B, T, H, K, D);
   ops().rope_backward(st_, a.dq.data(), rope_inv_freq_.data(), B, T, H, D);
   ops().rope_backward(st_, a.dk.data(), rope_inv_freq_.data(), B, T, K, D);
   q_proj_.backward(*dev_, a.dtmp.data(), dw + o.wq, a.dq.data(), la.ln1.data(), w + o.wq, N,

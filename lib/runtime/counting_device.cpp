@@ -34,7 +34,9 @@ class NullOps : public Ops {
 class CountingCudaOps final : public NullOps {
  public:
   CountingCudaOps(Device& dev, int sm_major)
-      : mem_(dev, sm_major), tensor_cores_(cuda::attention_on_tensor_cores()) {}
+      : mem_(dev, sm_major),
+        sm_major_(sm_major),
+        attention_requested_(cuda::requested_attention_path()) {}
   void bias_grad(Stream, float*, CRef, int N, int C) override {
     mem_.scratch(Req::bias_grad(N, C));
   }
@@ -42,16 +44,16 @@ class CountingCudaOps final : public NullOps {
                         bool) override {
     mem_.scratch(Req::rmsnorm_backward(N, C));
   }
-  void attention_forward(Stream, Ref out, float*, CRef, CRef, CRef, int B, int T, int H, int K,
-                         int D) override {
-    mem_.scratch(Req::attention_forward(tensor_cores_, B, T, H, K, D, out.dtype));
+  void attention_forward(Stream, Ref out, float*, CRef, CRef, CRef, const int32_t*, int B, int T,
+                         int H, int K, int D) override {
+    mem_.scratch(Req::attention_forward(path(out.dtype, D), B, T, H, K, D, out.dtype));
   }
   size_t attention_backward_scratch_elems(DType t, int B, int T, int H, int D) override {
     return Req::attention_backward_caller_elems(t, B, T, H, D);
   }
   void attention_backward(Stream, Ref dq, Ref, Ref, CRef, CRef, const float*, CRef, CRef, CRef,
-                          float*, int B, int T, int H, int K, int D) override {
-    mem_.scratch(Req::attention_backward(tensor_cores_, B, T, H, K, D, dq.dtype));
+                          const int32_t*, float*, int B, int T, int H, int K, int D) override {
+    mem_.scratch(Req::attention_backward(path(dq.dtype, D), B, T, H, K, D, dq.dtype));
   }
   void cross_entropy(Stream, Ref, CRef, const int32_t*, const uint8_t*, int N, int V, float,
                      double*) override {
@@ -67,8 +69,13 @@ class CountingCudaOps final : public NullOps {
 
  private:
   using Req = cuda::ScratchRequests;
+  // The attention path CudaOps takes for this dtype and head dim (ops_memory.h).
+  cuda::AttentionPath path(DType dt, int D) const {
+    return cuda::attention_path(attention_requested_, dt, D, sm_major_);
+  }
   cuda::OpsMemory mem_;
-  bool tensor_cores_;
+  int sm_major_;
+  cuda::AttentionPath attention_requested_;
 };
 
 // Addresses handed out start here (never backed by memory) and are never reused.

@@ -145,11 +145,11 @@ class CpuOps final : public Ops {
     dispatch(same_dtype("rope_backward", {dx.dtype}),
              [&](auto t) { k::rope_backward(as<decltype(t)>(dx), inv_freq, B, T, nh, D); });
   }
-  void attention_forward(Stream, Ref out, float* lse, CRef q, CRef kk, CRef v, int B, int T, int H,
-                         int K, int D) override {
+  void attention_forward(Stream, Ref out, float* lse, CRef q, CRef kk, CRef v, const int32_t* seg,
+                         int B, int T, int H, int K, int D) override {
     dispatch(same_dtype("attention_forward", {out.dtype, q.dtype, kk.dtype, v.dtype}), [&](auto t) {
       using E = decltype(t);
-      k::attention_forward(as<E>(out), lse, as<E>(q), as<E>(kk), as<E>(v), B, T, H, K, D);
+      k::attention_forward(as<E>(out), lse, as<E>(q), as<E>(kk), as<E>(v), B, T, H, K, D, seg);
     });
   }
   size_t attention_backward_scratch_elems(DType t, int B, int T, int H, int D) override {
@@ -158,14 +158,14 @@ class CpuOps final : public Ops {
     return n;
   }
   void attention_backward(Stream, Ref dq, Ref dk, Ref dv, CRef dout, CRef out, const float* lse,
-                          CRef q, CRef kk, CRef v, float* scratch, int B, int T, int H, int K,
-                          int D) override {
+                          CRef q, CRef kk, CRef v, const int32_t* seg, float* scratch, int B, int T,
+                          int H, int K, int D) override {
     dispatch(same_dtype("attention_backward", {dq.dtype, dk.dtype, dv.dtype, dout.dtype, out.dtype,
                                                q.dtype, kk.dtype, v.dtype}),
              [&](auto t) {
                using E = decltype(t);
                k::attention_backward(as<E>(dq), as<E>(dk), as<E>(dv), as<E>(dout), as<E>(out), lse,
-                                     as<E>(q), as<E>(kk), as<E>(v), scratch, B, T, H, K, D);
+                                     as<E>(q), as<E>(kk), as<E>(v), scratch, B, T, H, K, D, seg);
              });
   }
   void swiglu_forward(Stream, Ref h, CRef g, CRef u, size_t n) override {

@@ -101,15 +101,25 @@ FT_OP(rope_backward, kRope,
 // ---- Causal grouped-query attention (FlashAttention-2): q, out (B, T, H, D), k, v
 // (B, T, K, D); lse (B, H, T) fp32 per-row logsumexp saved by forward; backward recomputes the
 // probabilities from q, k, out and lse. The scratch of the backward is sized by
-// Ops::attention_backward_scratch_elems (ops.h; a size query, not an op). ----
+// Ops::attention_backward_scratch_elems (ops.h; a size query, not an op).
+// Document masking: seg (B, T) int32 in device memory, or nullptr (each sample one document).
+// A document is a run of equal ids, ids non-decreasing along T; query i attends to the keys
+// j ≤ i of its own document, and each document's first position gets a zero gradient through
+// its scores (as position 0 does). Forward and backward must get the same seg. On CUDA the
+// fused kernel and the CPU take seg; the chunked-GEMM and SIMT paths (FT_CUDA_ATTENTION=gemm|
+// simt, and the fallback for fp32 and head dims other than 64 and 128) refuse a non-null seg
+// with an ft::Error: their causal mask is a key bound per query chunk or row, and a document
+// start would need a second, lower bound threaded through every kernel and GEMM chunk, for
+// comparison paths the fused kernel supersedes. ----
 FT_OP(attention_forward, kAttentionForward,
-      (Stream s, Ref out, float* lse, CRef q, CRef k, CRef v, int B, int T, int H, int K, int D),
-      (s, out, lse, q, k, v, B, T, H, K, D))
+      (Stream s, Ref out, float* lse, CRef q, CRef k, CRef v, const int32_t* seg, int B, int T,
+       int H, int K, int D),
+      (s, out, lse, q, k, v, seg, B, T, H, K, D))
 // dq, dk, dv overwritten.
 FT_OP(attention_backward, kAttentionBackward,
       (Stream s, Ref dq, Ref dk, Ref dv, CRef dout, CRef out, const float* lse, CRef q, CRef k,
-       CRef v, float* scratch, int B, int T, int H, int K, int D),
-      (s, dq, dk, dv, dout, out, lse, q, k, v, scratch, B, T, H, K, D))
+       CRef v, const int32_t* seg, float* scratch, int B, int T, int H, int K, int D),
+      (s, dq, dk, dv, dout, out, lse, q, k, v, seg, scratch, B, T, H, K, D))
 
 // ---- SwiGLU: h (n) = silu(g) · u ----
 FT_OP(swiglu_forward, kSwiglu,

@@ -9,7 +9,11 @@
 #    runtime/cuda/ops_memory.h) against ft_emu's mem_peak_bytes on 2 ranks, ZeRO 0 and 3, fp32
 #    and bf16: equal to the byte, as on the CPU (tests/cli/test_plan.sh), and so the total less
 #    the 32 MiB cuBLASLt workspace too (the ops' scratch, ~1% here, and the CPU-only fp32 dQ
-#    buffer that CUDA does without, 1.3% of bf16 ZeRO 3, would each break it);
+#    buffer that CUDA does without, 1.3% of bf16 ZeRO 3, would each break it); and per attention
+#    path (FT_CUDA_ATTENTION=fused|gemm|simt, lib/runtime/cuda/ops_memory.h) on a bf16 model
+#    with head dim 64, where the fused kernel applies: the same equality, the chunked GEMMs'
+#    score chunks planned and the fused and SIMT kernels' absence of scratch too; an unknown
+#    value is an error naming the three;
 #  - the device planned for: runtime.device auto is CUDA under ft_emu (a usable emulated GPU)
 #    and the CPU under ft here (no GPU); --cuda-sm 80 plans a 4 MiB workspace;
 #  - runtime.tf32 reaches cuBLASLt: an fp32 run with tf32 true differs from one with tf32 false
@@ -49,6 +53,24 @@ for run in "${runs[@]}"; do
     > "$tmp/$name.plan.json" || fail "plan $name"
   names+=("$name")
 done
+# Each attention path at head dim 64 (dim 128, 2 query heads, 1 kv head), bf16, one rank; the
+# plan is made under the same FT_CUDA_ATTENTION.
+hd64="model.dim=128 model.n_heads=2 model.n_kv_heads=1 training.precision=bf16 training.steps=2"
+read -r -a ov <<< "$hd64"
+for path in fused gemm simt; do
+  name=attn_$path
+  FT_CUDA_ATTENTION=$path "$emu" train "$tmp/r.yaml" "${ov[@]}" runtime.device=cuda \
+    run.output_dir="$tmp/$name" > "$tmp/$name.log" 2>&1 || fail "train $name: $(tail -5 "$tmp/$name.log")"
+  FT_CUDA_ATTENTION=$path "$ft" plan "$tmp/r.yaml" "${ov[@]}" runtime.device=cuda --world 1 \
+    --json > "$tmp/$name.plan.json" || fail "plan $name"
+  names+=("$name")
+done
+# An unknown path is an error naming the three, before any work.
+if FT_CUDA_ATTENTION=flash "$ft" plan "$tmp/r.yaml" runtime.device=cuda > "$tmp/bad.log" 2>&1; then
+  fail "FT_CUDA_ATTENTION=flash was accepted"
+fi
+grep -q "FT_CUDA_ATTENTION='flash'.*fused.*gemm.*simt" "$tmp/bad.log" \
+  || fail "FT_CUDA_ATTENTION=flash: $(cat "$tmp/bad.log")"
 /usr/bin/python3 - "$tmp" "${names[@]}" <<'PY' || fail "plan disagrees with the emulated device"
 import json, sys
 tmp, names = sys.argv[1], sys.argv[2:]
@@ -68,6 +90,12 @@ for name in names:
         planned_k, measured_k = role[f"{k}_bytes"], m[f"mem_{k}_bytes"]
         assert planned_k == measured_k, (name, k, planned_k, measured_k)
     print(f"{name}: planned = measured bytes: " + ", ".join(line))
+# The paths' scratch differs: only the chunked GEMMs hold score chunks (the rest of the backend's
+# memory is the same), so the plan sees which path runs.
+backend = {p: next(r for r in json.load(open(f"{tmp}/attn_{p}.plan.json"))["roles"]
+                   if 0 in r["ranks"])["backend_bytes"] for p in ("fused", "gemm", "simt")}
+assert backend["fused"] == backend["simt"] < backend["gemm"], backend
+print(f"backend bytes per attention path at head dim 64: {backend}")
 PY
 
 # 2. The device a plan is for, and the workspace by compute capability.

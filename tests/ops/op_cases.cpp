@@ -541,11 +541,36 @@ void add_rope_backward_cases(Cases& cs) {
 // ---- Attention ----
 struct AttentionShape {
   int B, T, H, K, D;
+  bool segments = false;  // document masking: attention_segments' ids
 };
 // One token; GQA ratios 1, 2 and 4; T = 19 inside one tile, 111 across several; head dims 16,
-// 40 (not a multiple of 32), 64 and 128 (the SIMT kernels' largest).
-const AttentionShape kAttentionShapes[] = {
-    {1, 1, 1, 1, 16}, {2, 19, 4, 2, 40}, {1, 19, 4, 1, 16}, {1, 111, 2, 2, 64}, {2, 37, 8, 2, 128}};
+// 40 (not a multiple of 32), 64 and 128 (the SIMT kernels' and the fused kernel's largest).
+// With segments, the fused kernel's head dims (64, 128), odd T, GQA 1, 2 and 4.
+const AttentionShape kAttentionShapes[] = {{1, 1, 1, 1, 16},         {2, 19, 4, 2, 40},
+                                           {1, 19, 4, 1, 16},        {1, 111, 2, 2, 64},
+                                           {2, 37, 8, 2, 128},       {1, 19, 4, 1, 64, true},
+                                           {2, 111, 4, 2, 64, true}, {1, 37, 2, 2, 128, true}};
+
+// Segment ids (B, T) for document masking: documents of lengths 7 + b, 1, 23, 40, 2 repeated,
+// so each batch row packs them differently and one document is a single token. Empty
+// without segments.
+std::vector<int32_t> attention_segments(const AttentionShape& s) {
+  if (!s.segments) return {};
+  std::vector<int32_t> seg(size_t(s.B) * s.T);
+  for (int b = 0; b < s.B; ++b) {
+    const int lengths[] = {7 + b, 1, 23, 40, 2};
+    int id = 3 * b, left = lengths[0], next = 1;  // ids need not start at 0
+    for (int t = 0; t < s.T; ++t) {
+      if (left == 0) {
+        ++id;
+        left = lengths[next++ % 5];
+      }
+      seg[size_t(b) * s.T + t] = id;
+      --left;
+    }
+  }
+  return seg;
+}
 
 // (rel, abs of the output's largest |value|), test_attention's. fp32: both sides compute in
 // fp32 and differ in the order of the sums and in exp: a few ulp per element and, where dQ/dK
@@ -567,38 +592,43 @@ template <typename T>
 struct AttentionInputs {
   std::vector<T> q, k, v, out, dout;
   std::vector<float> lse;
+  std::vector<int32_t> seg;  // empty: no segments
 };
 template <typename T>
 AttentionInputs<T> attention_inputs(const AttentionShape& s) {
-  const auto [B, T_, H, K, D] = s;
+  const int B = s.B, T_ = s.T, H = s.H, K = s.K, D = s.D;
   const size_t nq = size_t(B) * T_ * H * D, nk = size_t(B) * T_ * K * D;
-  const uint32_t seed = uint32_t(B * 1000 + T_ * 10 + H + K + D);
+  const uint32_t seed = uint32_t(B * 1000 + T_ * 10 + H + K + D + (s.segments ? 7 : 0));
   // Scores of a few units: softmax rows neither uniform nor one-hot.
   AttentionInputs<T> in{normal<T>(nq, 1.5f, seed),     normal<T>(nk, 1.5f, seed + 1),
                         normal<T>(nk, 1.0f, seed + 2), std::vector<T>(nq),
-                        normal<T>(nq, 1.0f, seed + 3), std::vector<float>(size_t(B) * H * T_)};
+                        normal<T>(nq, 1.0f, seed + 3), std::vector<float>(size_t(B) * H * T_),
+                        attention_segments(s)};
   k::attention_forward<T>(in.out.data(), in.lse.data(), in.q.data(), in.k.data(), in.v.data(), B,
-                          T_, H, K, D);
+                          T_, H, K, D, in.seg.empty() ? nullptr : in.seg.data());
   return in;
 }
 std::string attention_shape(const AttentionShape& s) {
-  return cat("B=", s.B, " T=", s.T, " H=", s.H, " K=", s.K, " D=", s.D);
+  return cat("B=", s.B, " T=", s.T, " H=", s.H, " K=", s.K, " D=", s.D,
+             s.segments ? " segments" : "");
 }
 
 void add_attention_forward_cases(Cases& cs) {
   for_each_dtype([&](auto t) {
     using T = decltype(t);
     for (const AttentionShape& s : kAttentionShapes) {
-      const auto [B, T_, H, K, D] = s;
+      const int B = s.B, T_ = s.T, H = s.H, K = s.K, D = s.D;
       const AttentionInputs<T> x = attention_inputs<T>(s);
       Case c{"attention_forward", elem_name(elem_of<T>()), attention_shape(s), {}, {}};
       // lse is fp32 for every type, from the same fp32 scores: a few ulp of a few units.
       c.tensors = {out<T>("out", x.q.size(), attention_tol<T>()),
                    out<float>("lse", x.lse.size(), Tolerance{1e-5, 1e-6, 0, true}), in("q", x.q),
                    in("k", x.k), in("v", x.v)};
+      const bool seg = s.segments;
+      if (seg) c.tensors.push_back(in("seg", x.seg));
       c.run = [=](Device& d, const Args& a) {
         d.ops().attention_forward(d.stream(), a.ref(0), a.f32(1), a.cref(2), a.cref(3), a.cref(4),
-                                  B, T_, H, K, D);
+                                  seg ? a.i32(5) : nullptr, B, T_, H, K, D);
       };
       cs.push_back(std::move(c));
     }
@@ -609,7 +639,7 @@ void add_attention_backward_cases(Cases& cs) {
   for_each_dtype([&](auto t) {
     using T = decltype(t);
     for (const AttentionShape& s : kAttentionShapes) {
-      const auto [B, T_, H, K, D] = s;
+      const int B = s.B, T_ = s.T, H = s.H, K = s.K, D = s.D;
       const AttentionInputs<T> x = attention_inputs<T>(s);
       Case c{"attention_backward", elem_name(elem_of<T>()), attention_shape(s), {}, {}};
       c.tensors = {out<T>("dq", x.q.size(), attention_tol<T>()),
@@ -621,6 +651,8 @@ void add_attention_backward_cases(Cases& cs) {
                    in("q", x.q),
                    in("k", x.k),
                    in("v", x.v)};
+      const bool seg = s.segments;
+      if (seg) c.tensors.push_back(in("seg", x.seg));
       c.run = [=](Device& d, const Args& a) {
         // The scratch this device asks for (the size query is part of the contract), NaN
         // to start with: a kernel must write what it reads.
@@ -630,8 +662,8 @@ void add_attention_backward_cases(Cases& cs) {
         const std::vector<float> nan(n, std::nanf(""));
         scratch.upload(nan.data(), n);
         d.ops().attention_backward(d.stream(), a.ref(0), a.ref(1), a.ref(2), a.cref(3), a.cref(4),
-                                   a.f32(5), a.cref(6), a.cref(7), a.cref(8), scratch.data(), B, T_,
-                                   H, K, D);
+                                   a.f32(5), a.cref(6), a.cref(7), a.cref(8),
+                                   seg ? a.i32(9) : nullptr, scratch.data(), B, T_, H, K, D);
         d.synchronize();  // before the scratch goes
       };
       cs.push_back(std::move(c));

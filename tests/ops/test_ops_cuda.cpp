@@ -4,10 +4,13 @@
 // compiled by g++ for the emulated runtime and cuBLASLt, a test tool; ctest
 // ops_conformance_cuda_emu, label cuda-emu) and against the real backend (ft_ops_gpu_tests,
 // for the GPU machine: scripts/gpu_check.py's `ops` check; exit 77 without a usable GPU).
-// Attention has two CUDA implementations, chosen per device by FT_CUDA_ATTENTION: the default
-// (tensor cores through cuBLASLt) runs every case, the SIMT kernels the attention cases. Each
-// case runs twice on the device and must give the same bits (no float atomics, fixed sum
-// orders); on the emulation, under two thread schedules.
+// Attention has three CUDA paths, chosen per device by FT_CUDA_ATTENTION (ops_memory.h): the
+// default (fused: FlashAttention-2 on tensor cores where it applies, the chunked GEMMs for fp32
+// and other head dims) runs every case but the fp32 ones with document segments (which no CUDA
+// path takes: a clear error, checked below); the chunked GEMMs (gemm) and the SIMT kernels
+// (simt) run the attention cases without segments. Each case runs twice on the device and must
+// give the same bits (no float atomics, fixed sum orders); on the emulation, under two thread
+// schedules.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -16,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "runtime/cuda/cuda_device.h"
 #include "runtime/device.h"
 #include "tests/ops/expect_conforms.h"
@@ -27,8 +31,8 @@
 namespace ft::op_test {
 namespace {
 
-// The CUDA device with attention `mode` ("gemm" or "simt"): FT_CUDA_ATTENTION is read when the
-// device's ops are made, and restored after.
+// The CUDA device with attention `mode` ("fused", "gemm" or "simt"): FT_CUDA_ATTENTION is read
+// when the device's ops are made, and restored after.
 std::unique_ptr<Device> cuda_device(const char* mode) {
   std::optional<std::string> old;
   if (const char* v = std::getenv("FT_CUDA_ATTENTION")) old = v;
@@ -54,25 +58,74 @@ Options twice() {
   return o;
 }
 
+bool is_attention(const Case& c) {
+  return c.op == "attention_forward" || c.op == "attention_backward";
+}
+bool has_segments(const Case& c) { return c.shape.find("segments") != std::string::npos; }
+
 TEST_CASE("ops: the CUDA device against the CPU device on every op") {
-  const std::unique_ptr<Device> ref = make_cpu_device(), dev = cuda_device("gemm");
+  const std::unique_ptr<Device> ref = make_cpu_device(), dev = cuda_device("fused");
+  std::vector<Case> cases;
+  size_t fused_segments = 0;
+  for (Case& c : all_cases()) {
+    if (is_attention(c) && has_segments(c) && c.dtype == "f32") continue;
+    fused_segments += is_attention(c) && has_segments(c);
+    cases.push_back(std::move(c));
+  }
+  CHECK(fused_segments > 0);
 #if defined(FT_CUDA_EMU)
   const ft::emu::test::SeedScope keep_seed(ft::emu::seed());
 #endif
-  const Report r = expect_conforms(*dev, *ref, all_cases(), twice(), "attention on tensor cores");
+  const Report r = expect_conforms(*dev, *ref, cases, twice(), "fused attention (the default)");
   CHECK(r.cases_per_op.size() == op_names().size());
 }
 
-TEST_CASE("ops: the CUDA device with SIMT attention against the CPU device on attention") {
-  const std::unique_ptr<Device> ref = make_cpu_device(), dev = cuda_device("simt");
+// The attention cases without segments on the device with attention path `mode`.
+void attention_cases_on(const char* mode, const char* label) {
+  const std::unique_ptr<Device> ref = make_cpu_device(), dev = cuda_device(mode);
   std::vector<Case> cases;
   for (Case& c : all_cases())
-    if (c.op == "attention_forward" || c.op == "attention_backward") cases.push_back(std::move(c));
+    if (is_attention(c) && !has_segments(c)) cases.push_back(std::move(c));
   REQUIRE(!cases.empty());
 #if defined(FT_CUDA_EMU)
   const ft::emu::test::SeedScope keep_seed(ft::emu::seed());
 #endif
-  expect_conforms(*dev, *ref, cases, twice(), "SIMT attention");
+  expect_conforms(*dev, *ref, cases, twice(), label);
+}
+
+TEST_CASE("ops: the CUDA device with attention through cuBLASLt against the CPU device") {
+  attention_cases_on("gemm", "attention on tensor cores through cuBLASLt");
+}
+
+TEST_CASE("ops: the CUDA device with SIMT attention against the CPU device on attention") {
+  attention_cases_on("simt", "SIMT attention");
+}
+
+// Document segments on a path without them (gemm, simt, and fp32 under the default) are an
+// error naming the cause, not a silently unmasked attention.
+TEST_CASE("ops: CUDA attention refuses segments where its path has none") {
+  struct Refusal {
+    const char* mode;
+    DType dtype;
+  };
+  for (const Refusal r : {Refusal{"gemm", DType::kBF16}, Refusal{"simt", DType::kF16},
+                          Refusal{"fused", DType::kF32}}) {
+    CAPTURE(r.mode);
+    const std::unique_ptr<Device> dev = cuda_device(r.mode);
+    const int B = 1, T = 3, H = 1, K = 1, D = 64;
+    const size_t n = size_t(B) * T * H * D;
+    Buffer<float> x(dev.get(), n), lse(dev.get(), size_t(B) * H * T);  // fp32-sized: room for all
+    Buffer<int32_t> seg(dev.get(), size_t(B) * T);
+    const Ref out(x.data(), r.dtype);
+    const CRef in(x.data(), r.dtype);
+    try {
+      dev->ops().attention_forward(dev->stream(), out, lse.data(), in, in, in, seg.data(), B, T, H,
+                                   K, D);
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(std::string(e.what()).find("document segments need the fused") != std::string::npos);
+    }
+  }
 }
 
 }  // namespace

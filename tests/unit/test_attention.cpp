@@ -1,7 +1,8 @@
 // FlashAttention-2 kernels (kernels/cpu/attention.cpp) against a materialising reference in
 // double (the softmax probabilities (B, H, T, T) kept, as the kernel before it did), at sizes
 // around the tile (kAttnTile ± 1), odd sizes (1, 19, 111), head dims 8 and 64 and GQA ratios
-// 1, 2, 4; determinism across thread counts; bf16 and f16 against the fp32 kernel.
+// 1, 2, 4; determinism across thread counts; bf16 and f16 against the fp32 kernel; document
+// segments against the reference run on each document as a sample of its own.
 #include <doctest/doctest.h>
 #include <omp.h>
 
@@ -128,7 +129,8 @@ struct Result {
 };
 
 Result run_f32(const Shape& s, const std::vector<float>& q, const std::vector<float>& kk,
-               const std::vector<float>& v, const std::vector<float>& dout) {
+               const std::vector<float>& v, const std::vector<float>& dout,
+               const int32_t* seg = nullptr) {
   Result r;
   r.out.resize(q.size());
   r.lse.resize(size_t(s.B) * s.H * s.T);
@@ -136,12 +138,12 @@ Result run_f32(const Shape& s, const std::vector<float>& q, const std::vector<fl
   r.dk.assign(kk.size(), NAN);
   r.dv.assign(v.size(), NAN);
   k::attention_forward(r.out.data(), r.lse.data(), q.data(), kk.data(), v.data(), s.B, s.T, s.H,
-                       s.K, s.D);
+                       s.K, s.D, seg);
   // Δ (B, H, T); NaN so that a read before the kernel writes it shows.
   std::vector<float> work(k::attention_backward_scratch_elems<float>(s.B, s.T, s.H, s.D), NAN);
   k::attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), r.out.data(),
                         r.lse.data(), q.data(), kk.data(), v.data(), work.data(), s.B, s.T, s.H,
-                        s.K, s.D);
+                        s.K, s.D, seg);
   return r;
 }
 
@@ -181,6 +183,68 @@ TEST_CASE("attention (FlashAttention-2) matches the materialising reference, for
       CHECK(std::all_of(got.dq.begin(), got.dq.end(), [](float x) { return x == 0.0f; }));
       CHECK(std::all_of(got.dk.begin(), got.dk.end(), [](float x) { return x == 0.0f; }));
     }
+  }
+}
+
+TEST_CASE("attention with document segments: each document is its own sample") {
+  // Two batch rows of 2·kAttnTile + 21 positions packed differently: documents crossing tile
+  // edges, one a single token, one document starting on a tile edge. The reference is the
+  // materialising one run on each document alone (a sample of its own, batch 1), which knows
+  // nothing of segments; so masking both ways (an earlier document, a later key) is checked.
+  const int t = k::kAttnTile, T = 2 * t + 21;
+  for (auto hk : {std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 1}}) {
+    const Shape s{2, T, hk.first, hk.second, 16};
+    CAPTURE(s.H);
+    CAPTURE(s.K);
+    // Document starts per batch row (ids: 10, 11, ... per run; row 1 starts at another id).
+    const std::vector<std::vector<int>> starts = {{0, 5, 6, 70, t + 40}, {0, t, t + 1, 2 * t + 3}};
+    std::vector<int32_t> seg(size_t(s.B) * T);
+    for (int b = 0; b < s.B; ++b)
+      for (int tt = 0, id = 10 + 50 * b; tt < T; ++tt) {
+        if (tt > 0 && std::find(starts[b].begin(), starts[b].end(), tt) != starts[b].end()) ++id;
+        seg[size_t(b) * T + tt] = id;
+      }
+    const size_t nq = size_t(s.B) * T * s.H * s.D, nk = size_t(s.B) * T * s.K * s.D;
+    auto q = randn(nq, 61, 2.0f), kk = randn(nk, 62), v = randn(nk, 63), dout = randn(nq, 64);
+    const Result got = run_f32(s, q, kk, v, dout, seg.data());
+    for (int b = 0; b < s.B; ++b)
+      for (size_t d = 0; d < starts[b].size(); ++d) {
+        const int t0 = starts[b][d], t1 = d + 1 < starts[b].size() ? starts[b][d + 1] : T;
+        const Shape one{1, t1 - t0, s.H, s.K, s.D};
+        CAPTURE(b);
+        CAPTURE(t0);
+        CAPTURE(t1);
+        // Rows [t0, t1) of sample b of a (B, T, heads, D) tensor, and back.
+        auto rows = [&](const std::vector<float>& x, int heads) {
+          const size_t w = size_t(heads) * s.D, at = (size_t(b) * T + t0) * w;
+          return std::vector<float>(x.begin() + at, x.begin() + at + size_t(t1 - t0) * w);
+        };
+        const Reference ref =
+            reference(one, rows(q, s.H), rows(kk, s.K), rows(v, s.K), rows(dout, s.H));
+        std::vector<float> lse;  // (H, t1 − t0) of (B, H, T)
+        for (int h = 0; h < s.H; ++h) {
+          const float* l = got.lse.data() + (size_t(b) * s.H + h) * T;
+          lse.insert(lse.end(), l + t0, l + t1);
+        }
+        // The tolerances of the test above: the same sums, in another order.
+        check_close("out", rows(got.out, s.H), ref.out, 5e-6, 5e-6);
+        check_close("lse", lse, ref.lse, 1e-6, 1e-6);
+        check_close("dq", rows(got.dq, s.H), ref.dq, 5e-6, 5e-6);
+        check_close("dk", rows(got.dk, s.K), ref.dk, 5e-6, 5e-6);
+        check_close("dv", rows(got.dv, s.K), ref.dv, 5e-6, 5e-6);
+      }
+    // One id for the whole sample is no masking at all: the bits of seg = nullptr.
+    const std::vector<int32_t> one_id(size_t(s.B) * T, 7);
+    const Result plain = run_f32(s, q, kk, v, dout),
+                 same = run_f32(s, q, kk, v, dout, one_id.data());
+    auto bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+    };
+    CHECK(bits(plain.out, same.out));
+    CHECK(bits(plain.lse, same.lse));
+    CHECK(bits(plain.dq, same.dq));
+    CHECK(bits(plain.dk, same.dk));
+    CHECK(bits(plain.dv, same.dv));
   }
 }
 

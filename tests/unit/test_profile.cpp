@@ -71,9 +71,9 @@ void call_step_ops(Ops& ops, float* a, float* b) {
   ops.rmsnorm_backward(s, b, a, b, b, a, a, 111, 2, true);  // the flag reaches the inner op
   ops.rope_forward(s, a, b, 1, 2, 3, 4);
   ops.rope_backward(s, b, a, 1, 2, 3, 4);
-  ops.attention_forward(s, a, b, a, a, a, 1, 19, 4, 2, 8);
+  ops.attention_forward(s, a, b, a, a, a, nullptr, 1, 19, 4, 2, 8);
   CHECK(ops.attention_backward_scratch_elems(DType::kBF16, 1, 19, 4, 8) == 19 * 4 * 8);
-  ops.attention_backward(s, a, a, a, b, b, b, a, a, a, b, 1, 19, 4, 2, 8);
+  ops.attention_backward(s, a, a, a, b, b, b, a, a, a, nullptr, b, 1, 19, 4, 2, 8);
   ops.swiglu_forward(s, a, b, b, 111);
   ops.swiglu_backward(s, a, a, b, b, b, 111);
   double acc = 0;

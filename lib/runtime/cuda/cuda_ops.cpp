@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "kernels/cuda/kernels_cuda.h"
@@ -44,7 +45,8 @@ class CudaOps final : public Ops {
   CudaOps(Device& dev, void* default_stream, int sm_major, bool allow_tf32)
       : dev_(dev),
         default_stream_(default_stream),
-        attention_gemm_(cuda::attention_on_tensor_cores()),
+        sm_major_(sm_major),
+        attention_requested_(cuda::requested_attention_path()),
         mem_(dev, sm_major) {
     lt_ = std::make_unique<cuda::LtGemm>(mem_.workspace(), mem_.workspace_bytes(), allow_tf32);
   }
@@ -132,14 +134,36 @@ class CudaOps final : public Ops {
     });
   }
 
-  void attention_forward(Stream s, Ref out, float* lse, CRef q, CRef k, CRef v, int B, int T_,
-                         int H, int K, int D) override {
+  // The attention path of this op (ops_memory.h): FT_CUDA_ATTENTION's, the fused kernel by
+  // default where it applies. A non-null seg needs the fused kernel (op_list.h).
+  cuda::AttentionPath attention_path(const char* op, DType dt, int D, const int32_t* seg) const {
+    const cuda::AttentionPath path = cuda::attention_path(attention_requested_, dt, D, sm_major_);
+    FT_CHECK(!seg || path == cuda::AttentionPath::kFused, op,
+             ": document segments need the fused attention kernel (bf16/f16, head dim 64 or 128; "
+             "this is ",
+             dtype_name(dt), ", head dim ", D, ", FT_CUDA_ATTENTION path ",
+             cuda::attention_path_name(path), ")");
+    return path;
+  }
+
+  void attention_forward(Stream s, Ref out, float* lse, CRef q, CRef k, CRef v, const int32_t* seg,
+                         int B, int T_, int H, int K, int D) override {
     same_dtype("attention_forward", out.dtype, q.dtype);
     same_dtype("attention_forward", out.dtype, k.dtype);
     same_dtype("attention_forward", out.dtype, v.dtype);
-    if (attention_gemm_) {
+    const cuda::AttentionPath path = attention_path("attention_forward", out.dtype, D, seg);
+    if (path == cuda::AttentionPath::kFused) {
+      dispatch(out.dtype, "attention_forward", [&](auto t) {
+        using T = decltype(t);
+        if constexpr (!std::is_same_v<T, float>)
+          kc::attention_fused_forward(as<T>(out), lse, as<T>(q), as<T>(k), as<T>(v), seg, B, T_, H,
+                                      K, D, stream(s));
+      });
+      return;
+    }
+    if (path == cuda::AttentionPath::kGemm) {
       const cuda::AttentionGemmPlan plan = cuda::attention_gemm_plan(B, T_, K, H / K, out.dtype);
-      void* scratch = mem_.scratch(Req::attention_forward(true, B, T_, H, K, D, out.dtype));
+      void* scratch = mem_.scratch(Req::attention_forward(path, B, T_, H, K, D, out.dtype));
       cuda::attention_gemm_forward(*lt_, out.dtype, out.ptr, lse, q.ptr, k.ptr, v.ptr, B, T_, H, K,
                                    D, plan, scratch, stream(s));
       return;
@@ -154,14 +178,26 @@ class CudaOps final : public Ops {
     return Req::attention_backward_caller_elems(dt, B, T_, H, D);
   }
   void attention_backward(Stream s, Ref dq, Ref dk, Ref dv, CRef dout, CRef out, const float* lse,
-                          CRef q, CRef k, CRef v, float* scratch, int B, int T_, int H, int K,
-                          int D) override {
+                          CRef q, CRef k, CRef v, const int32_t* seg, float* scratch, int B, int T_,
+                          int H, int K, int D) override {
     same_dtype("attention_backward", dq.dtype, dout.dtype);
     same_dtype("attention_backward", dq.dtype, q.dtype);
-    if (attention_gemm_) {
+    const cuda::AttentionPath path = attention_path("attention_backward", dq.dtype, D, seg);
+    if (path == cuda::AttentionPath::kFused) {
+      // `scratch` holds Δ (B, H, T), attention_fused_backward_scratch_bytes.
+      dispatch(dq.dtype, "attention_backward", [&](auto t) {
+        using T = decltype(t);
+        if constexpr (!std::is_same_v<T, float>)
+          kc::attention_fused_backward(as<T>(dq), as<T>(dk), as<T>(dv), as<T>(dout), as<T>(out),
+                                       lse, as<T>(q), as<T>(k), as<T>(v), seg, scratch, B, T_, H, K,
+                                       D, stream(s));
+      });
+      return;
+    }
+    if (path == cuda::AttentionPath::kGemm) {
       // `scratch` holds Δ (B, H, T) as for the SIMT kernels; the chunks come from the ops' own.
       const cuda::AttentionGemmPlan plan = cuda::attention_gemm_plan(B, T_, K, H / K, dq.dtype);
-      void* chunks = mem_.scratch(Req::attention_backward(true, B, T_, H, K, D, dq.dtype));
+      void* chunks = mem_.scratch(Req::attention_backward(path, B, T_, H, K, D, dq.dtype));
       cuda::attention_gemm_backward(*lt_, dq.dtype, dq.ptr, dk.ptr, dv.ptr, dout.ptr, out.ptr, lse,
                                     q.ptr, k.ptr, v.ptr, scratch, B, T_, H, K, D, plan, chunks,
                                     stream(s));
@@ -276,7 +312,8 @@ class CudaOps final : public Ops {
   void* stream(Stream s) const { return s.handle ? s.handle : default_stream_; }
   Device& dev_;
   void* default_stream_;
-  bool attention_gemm_;
+  int sm_major_;
+  cuda::AttentionPath attention_requested_;
   cuda::OpsMemory mem_;  // the cuBLASLt workspace and the ops' shared scratch
   std::unique_ptr<cuda::LtGemm> lt_;
 };

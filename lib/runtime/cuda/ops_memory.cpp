@@ -12,16 +12,34 @@
 namespace ft::cuda {
 namespace kc = kernels::cuda;
 
-bool attention_on_tensor_cores() {
-  static const bool gemm = [] {
-    const char* v = std::getenv("FT_CUDA_ATTENTION");
-    const std::string mode = v ? v : "gemm";
-    FT_CHECK(mode == "gemm" || mode == "simt", "FT_CUDA_ATTENTION='", mode,
-             "': use gemm (tensor cores through cuBLASLt, the default) or simt (the SIMT "
-             "kernels)");
-    return mode == "gemm";
-  }();
-  return gemm;
+const char* attention_path_name(AttentionPath path) {
+  switch (path) {
+    case AttentionPath::kFused:
+      return "fused";
+    case AttentionPath::kGemm:
+      return "gemm";
+    case AttentionPath::kSimt:
+      return "simt";
+  }
+  return "?";
+}
+
+AttentionPath requested_attention_path() {
+  const char* v = std::getenv("FT_CUDA_ATTENTION");
+  const std::string mode = v ? v : "fused";
+  for (AttentionPath p : {AttentionPath::kFused, AttentionPath::kGemm, AttentionPath::kSimt})
+    if (mode == attention_path_name(p)) return p;
+  FT_FAIL("FT_CUDA_ATTENTION='", mode,
+          "': use fused (FlashAttention-2 on tensor cores, the default), gemm (the score "
+          "products through cuBLASLt) or simt (the SIMT kernels)");
+}
+
+AttentionPath attention_path(AttentionPath requested, DType dtype, int D, int sm_major) {
+  if (requested != AttentionPath::kFused) return requested;
+  // mma.sync m16n8k16 with bf16/f16 operands needs sm_80; the kernel is written for head dims
+  // 64 and 128. Everything else (fp32 models, other head dims) takes the chunked GEMMs.
+  const bool applies = dtype != DType::kF32 && kc::attention_fused_supported(D) && sm_major >= 8;
+  return applies ? AttentionPath::kFused : AttentionPath::kGemm;
 }
 
 // The cuBLAS API reference (cublasSetWorkspace) recommends 32 MiB on Hopper and 4 MiB on other
@@ -59,16 +77,16 @@ size_t ScratchRequests::rmsnorm_backward(int N, int C) {
   return kc::rmsnorm_backward_scratch_bytes(N, C);
 }
 
-size_t ScratchRequests::attention_forward(bool tensor_cores, int B, int T, int H, int K, int D,
+size_t ScratchRequests::attention_forward(AttentionPath path, int B, int T, int H, int K, int D,
                                           DType dtype) {
-  if (!tensor_cores) return 0;
+  if (path != AttentionPath::kGemm) return 0;
   const AttentionGemmPlan plan = attention_gemm_plan(B, T, K, H / K, dtype);
   return attention_gemm_scratch_bytes(B, T, H, K, D, dtype, plan, false);
 }
 
-size_t ScratchRequests::attention_backward(bool tensor_cores, int B, int T, int H, int K, int D,
+size_t ScratchRequests::attention_backward(AttentionPath path, int B, int T, int H, int K, int D,
                                            DType dtype) {
-  if (!tensor_cores) return 0;
+  if (path != AttentionPath::kGemm) return 0;
   const AttentionGemmPlan plan = attention_gemm_plan(B, T, K, H / K, dtype);
   return attention_gemm_scratch_bytes(B, T, H, K, D, dtype, plan, true);
 }
@@ -81,8 +99,9 @@ size_t ScratchRequests::sum_squares(size_t n) { return kc::sum_squares_scratch_b
 
 size_t ScratchRequests::attention_backward_caller_elems(DType, int B, int T, int H, int D) {
   // Δ (B, H, T) whatever the dtype and K: the CUDA kernels sum dQ in registers
-  // (kernels/cuda/attention.cu); attention on tensor cores keeps the same Δ.
-  const size_t bytes = kc::attention_backward_scratch_bytes<float>(B, T, H, H, D);
+  // (kernels/cuda/attention.cu, attention_fused.cu); the chunked GEMMs keep the same Δ.
+  const size_t bytes = std::max(kc::attention_backward_scratch_bytes<float>(B, T, H, H, D),
+                                kc::attention_fused_backward_scratch_bytes(B, T, H));
   return (bytes + sizeof(float) - 1) / sizeof(float);
 }
 

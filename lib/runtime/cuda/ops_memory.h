@@ -17,11 +17,25 @@
 
 namespace ft::cuda {
 
-// Attention's implementation, chosen once per process by FT_CUDA_ATTENTION: "gemm" (default)
-// runs the score and value products on tensor cores through cuBLASLt (attention_gemm.h); "simt"
-// runs the SIMT FlashAttention kernels (kernels/cuda/attention.cu, head dim <= 128), the plain
-// twin, for comparison and benchmarks. Any other value is an ft::Error.
-bool attention_on_tensor_cores();
+// Attention's implementations on CUDA:
+//   kFused: FlashAttention-2 fused on tensor cores (kernels/cuda/attention_fused.cu: mma.sync,
+//           P in registers; bf16/f16, head dims 64 and 128, sm_80+; document segments).
+//   kGemm:  the score and value products as cuBLASLt GEMMs in query chunks (attention_gemm.h),
+//           any dtype and head dim.
+//   kSimt:  the SIMT FlashAttention kernels (kernels/cuda/attention.cu, head dim <= 128), the
+//           plain twin, for comparison and benchmarks.
+enum class AttentionPath { kFused, kGemm, kSimt };
+const char* attention_path_name(AttentionPath path);
+// FT_CUDA_ATTENTION: fused (the default when unset), gemm or simt; any other value is an
+// ft::Error naming the three. Read when a device's ops are made (CudaOps, ft plan's counting
+// ops), which keep the answer: one path per device, and a test can make one device per path.
+AttentionPath requested_attention_path();
+// The path an attention op of this dtype and head dim takes on a GPU of compute capability
+// sm_major.x when `requested` was asked for: the fused kernel where it applies (bf16/f16, head
+// dim 64 or 128, sm >= 8); otherwise, fp32 models and other head dims fall back to kGemm (the
+// tensor-core path for every shape and dtype; fp32 GEMMs without TF32 match the CPU). gemm
+// and simt are taken as asked. CudaOps and ft plan's counting ops both decide through this.
+AttentionPath attention_path(AttentionPath requested, DType dtype, int D, int sm_major);
 
 class OpsMemory {
  public:
@@ -48,13 +62,16 @@ class OpsMemory {
 struct ScratchRequests {
   static size_t bias_grad(int N, int C);
   static size_t rmsnorm_backward(int N, int C);
-  static size_t attention_forward(bool tensor_cores, int B, int T, int H, int K, int D,
+  // The ops' scratch of each attention path: the chunked GEMMs' score chunks; none for the
+  // fused and SIMT kernels (their only buffer, Δ, is the caller's).
+  static size_t attention_forward(AttentionPath path, int B, int T, int H, int K, int D,
                                   DType dtype);
-  static size_t attention_backward(bool tensor_cores, int B, int T, int H, int K, int D,
+  static size_t attention_backward(AttentionPath path, int B, int T, int H, int K, int D,
                                    DType dtype);
   static size_t cross_entropy(int N, int V);  // cross_entropy and ce_finish
   static size_t sum_squares(size_t n);
-  // Ops::attention_backward_scratch_elems: the fp32 elements of the caller's buffer (Δ).
+  // Ops::attention_backward_scratch_elems: the fp32 elements of the caller's buffer (Δ, the
+  // same for every path).
   static size_t attention_backward_caller_elems(DType dtype, int B, int T, int H, int D);
 };
 
