@@ -6,9 +6,9 @@
 // Shapes: T = 1, 19 (inside one 64-row tile), 111 (two tiles with a tail) and 300 (five tiles,
 // a 44-row tail); head dims 64 and 128; GQA ratios 1, 2 and 4; bf16 and f16. Each shape runs
 // without document masking and with segment ids (documents of several lengths, one of a single
-// token, different per batch row). The CPU kernel has no segments: the reference runs it on
-// each document's span on its own (a document is a causal sequence of its own), which is the
-// fused kernel's contract. Inputs are rounded to E once, so both sides read the same values.
+// token, different per batch row). The reference runs the CPU kernel without segments on each
+// document's span on its own (a document is a causal sequence of its own), which is the fused
+// kernel's contract, independently of the CPU kernel's own segment path (tested in unit). Inputs are rounded to E once, so both sides read the same values.
 // The backward reads the reference's out and lse, so each pass is compared on the same inputs.
 // Each case runs the fused kernels under two schedule seeds and requires the same bits
 // (deterministic: no float atomics). Built natively (ft_cuda_kernel_tests) the same cases run
