@@ -259,12 +259,12 @@ TEST_CASE_TEMPLATE("every instruction-set level's attention and rope agree", T, 
       std::vector<T> out(nq), dq(nq), dk(nk), dv(nk);
       std::vector<float> lse(size_t(B) * H * T_len);
       ON_LEVEL(isa, attention_forward<T>(out.data(), lse.data(), q.data(), kk.data(), v.data(), B,
-                                         T_len, H, K, D));
+                                         T_len, H, K, D, nullptr));
       std::vector<float> scratch(
           ON_LEVEL(isa, attention_backward_scratch_elems<T>(B, T_len, H, D)));
       ON_LEVEL(isa, attention_backward<T>(dq.data(), dk.data(), dv.data(), dout.data(), out.data(),
                                           lse.data(), q.data(), kk.data(), v.data(), scratch.data(),
-                                          B, T_len, H, K, D));
+                                          B, T_len, H, K, D, nullptr));
       auto r = widen(out);
       for (const auto* t : {&dq, &dk, &dv}) {
         const auto w = widen(*t);
