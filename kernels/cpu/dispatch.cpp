@@ -72,8 +72,8 @@ void rope_backward(E* dx, const float* inv_freq, int B, int T, int nh, int D) {
 
 template <typename E>
 void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, int B, int T, int H,
-                       int K, int D) {
-  FT_DISPATCH(attention_forward<E>(out, lse, q, k, v, B, T, H, K, D));
+                       int K, int D, const int32_t* seg) {
+  FT_DISPATCH(attention_forward<E>(out, lse, q, k, v, B, T, H, K, D, seg));
 }
 template <typename E>
 size_t attention_backward_scratch_elems(int B, int T, int H, int D) {
@@ -82,8 +82,9 @@ size_t attention_backward_scratch_elems(int B, int T, int H, int D) {
 template <typename E>
 void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const float* lse,
                         const E* q, const E* k, const E* v, float* scratch, int B, int T, int H,
-                        int K, int D) {
-  FT_DISPATCH(attention_backward<E>(dq, dk, dv, dout, out, lse, q, k, v, scratch, B, T, H, K, D));
+                        int K, int D, const int32_t* seg) {
+  FT_DISPATCH(
+      attention_backward<E>(dq, dk, dv, dout, out, lse, q, k, v, scratch, B, T, H, K, D, seg));
 }
 
 template <typename T>
@@ -165,10 +166,11 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float 
   template void rope_forward(T*, const float*, int, int, int, int);                                \
   template void rope_backward(T*, const float*, int, int, int, int);                               \
   template void attention_forward<T>(T*, float*, const T*, const T*, const T*, int, int, int, int, \
-                                     int);                                                         \
+                                     int, const int32_t*);                                         \
   template size_t attention_backward_scratch_elems<T>(int, int, int, int);                         \
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const float*, const T*,      \
-                                      const T*, const T*, float*, int, int, int, int, int);        \
+                                      const T*, const T*, float*, int, int, int, int, int,         \
+                                      const int32_t*);                                             \
   template void swiglu_forward(T*, const T*, const T*, size_t);                                    \
   template void swiglu_backward(T*, T*, const T*, const T*, const T*, size_t);                     \
   template double cross_entropy_forward_backward<T>(T*, const T*, const int32_t*, const uint8_t*,  \
