@@ -60,8 +60,9 @@ def run_one(torch, F, sdpa_kernel, backend, shape, warmup, reps, device, dtype):
     gqa = "none" if H == K else "enable_gqa"
     with sdpa_kernel(backend):
         kk, vv = k, v
+        gqa_arg = {"enable_gqa": True} if H != K else {}
         call = (lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True,
-                                                                enable_gqa=H != K))
+                                                                **gqa_arg))
         try:
             out = call(q, kk, vv)
             torch.autograd.grad(out, (q, kk, vv), dout)
