@@ -34,14 +34,14 @@ Checks, in order (each PASS, FAIL or SKIP with a reason; a failure does not stop
                of a later command with the same --out)
   torch        the same shape in PyTorch eager on the same GPU (bf16 autocast, sdpa, fused
                AdamW; scripts/gpu_bench_torch.py): tokens/s, MFU, ratio ft/PyTorch
+  torch_compile  the ~1B shape in PyTorch with torch.compile (compiled in the warmup steps,
+               which are not timed), ratio to ft's bench_ac_off
   profile      FT_PROFILE=1 at the ~1B shape, 8 steps: the whole table in OUT/profile.log, the
                attention and GEMM rows in the summary
   bench_long   the ~1B model at seq 8192, micro-batch 1, ft and PyTorch eager (row
                bench_long_torch with the ratio ft/PyTorch)
   bench_8b     8B-class layers (dim 4096, 8 layers, 32/8 heads, head dim 128, ffn 14336), seq
                2048, micro-batch 2, ft and PyTorch eager (bench_8b_torch)
-  torch_compile  the ~1B shape in PyTorch with torch.compile (compiled in the warmup steps,
-               which are not timed), ratio to ft's bench_ac_off
 MFU = (6·N_matmul + 12·L·T·C) FLOPs per token (scripts/bench.py) against the GPU's dense bf16
 peak (PEAKS below).
 
@@ -52,17 +52,18 @@ checks so that each command's limits add up to at most 570 s (estimated times on
 from the figures of issue 16 — ft 46k tokens/s at ~1B, PyTorch eager 52k, about 10 s of
 startup per ft run and 20-30 s of import and model building per PyTorch run, 1-2 minutes of
 torch.compile — not measured as a whole):
-  --only env,attention,bench,torch,profile                  limits 570 s, about 2.5 min
-  --only bench_long,bench_8b,torch_compile                  limits 570 s, about 4 min
+  --only env,attention,bench,torch,torch_compile            limits 570 s, about 4 min
+  --only profile,bench_long,bench_8b                        limits 450 s, about 2 min
   --only env,kernels,ops,lt_gemm,device,fp32_vs_cpu,bf16_vs_cpu,determinism
                                                             limits 570 s, about 3 min
-The three together, about 10 minutes, are the whole check but the sanitizers; the first two
-(about 6.5 minutes) are issue 16's measurements. compute-sanitizer is slow and its time over
+The three together, about 9 minutes, are the whole check but the sanitizers; the first two
+(about 6 minutes) are issue 16's measurements. torch and torch_compile go with bench: their
+ratios to ft need its tokens/s, and the device tool gives each command a fresh $OUT. compute-sanitizer is slow and its time over
 the kernel tests on an H100 is not known here: a session with the device time runs
   --only memcheck,racecheck                                 limits 560 s
 (raise --limit-scale if they reach their limits).
-Use the same --out for every command: the ratios of torch and torch_compile to ft's bench come
-from OUT/bench.json when bench ran in an earlier command.
+(Where --out is the same folder across commands, a later torch or torch_compile also finds
+ft's tokens/s in OUT/bench.json.)
 """
 
 import argparse
@@ -92,12 +93,12 @@ ATTENTION_SHAPES = [(4, 32, 8, 2048, 64), (2, 32, 8, 2048, 128), (1, 32, 8, 8192
 
 # Each stage's time limit in seconds (--limit-scale multiplies them): the commands of a stage
 # share it, and a stage that reaches it is killed and fails, so a hang costs one stage only.
-# Sized at 2-4x the stage's expected time on an H100 (the docstring's estimates), and so that
-# each suggested split's limits add up to at most 570 s, within a 10-minute command even when
-# every stage of it hangs.
+# Sized at about twice the stage's expected time on an H100 or more (the docstring's estimates),
+# and so that each suggested split's limits add up to at most 570 s: a 10-minute command ends
+# even when every stage of it hangs.
 LIMITS = dict(env=30, kernels=150, ops=120, lt_gemm=60, device=30, memcheck=280, racecheck=280,
-              fp32_vs_cpu=60, bf16_vs_cpu=60, determinism=60, attention=120, bench=180,
-              torch=120, profile=120, bench_long=150, bench_8b=180, torch_compile=240)
+              fp32_vs_cpu=60, bf16_vs_cpu=60, determinism=60, attention=90, bench=150,
+              torch=90, torch_compile=210, profile=120, bench_long=150, bench_8b=180)
 
 
 class Check:
@@ -475,6 +476,10 @@ def main():
     if want("torch"):
         chk.stage(limit("torch"))
         torch_bench("torch", BIG, 2048, a.bench_micro_batch, bench.get("bench_ac_off"))
+    if want("torch_compile"):
+        chk.stage(limit("torch_compile"))
+        torch_bench("torch_compile", BIG, 2048, a.bench_micro_batch, bench.get("bench_ac_off"),
+                    compile=True)
     if want("profile"):
         chk.stage(limit("profile"))
         profile_stage(chk, ft, data_big, work, a)
@@ -487,10 +492,6 @@ def main():
         chk.stage(limit("bench_8b"))
         tps = ft_bench("bench_8b", EIGHT_B, 2048, 2)
         torch_bench("bench_8b_torch", EIGHT_B, 2048, 2, tps)
-    if want("torch_compile"):
-        chk.stage(limit("torch_compile"))
-        torch_bench("torch_compile", BIG, 2048, a.bench_micro_batch, bench.get("bench_ac_off"),
-                    compile=True)
 
     with open(os.path.join(a.out, "summary.txt"), "w") as f:
         f.write(f"GPU: {gpu}\n")
