@@ -58,10 +58,10 @@ torch.compile — not measured as a whole):
                                                             limits 570 s, about 3 min
 The three together, about 9 minutes, are the whole check but the sanitizers; the first two
 (about 6 minutes) are issue 16's measurements. torch and torch_compile go with bench: their
-ratios to ft need its tokens/s, and the device tool gives each command a fresh $OUT. compute-sanitizer is slow and its time over
-the kernel tests on an H100 is not known here: a session with the device time runs
-  --only memcheck,racecheck                                 limits 560 s
-(raise --limit-scale if they reach their limits).
+ratios to ft need its tokens/s, and the device tool gives each command a fresh $OUT.
+compute-sanitizer is slow and its time over the kernel tests on an H100 is not known here: a
+session with the device time runs them one command each (--only memcheck, then --only
+racecheck; limit 570 s each).
 (Where --out is the same folder across commands, a later torch or torch_compile also finds
 ft's tokens/s in OUT/bench.json.)
 """
@@ -96,9 +96,9 @@ ATTENTION_SHAPES = [(4, 32, 8, 2048, 64), (2, 32, 8, 2048, 128), (1, 32, 8, 8192
 # Sized at about twice the stage's expected time on an H100 or more (the docstring's estimates),
 # and so that each suggested split's limits add up to at most 570 s: a 10-minute command ends
 # even when every stage of it hangs.
-LIMITS = dict(env=30, kernels=150, ops=120, lt_gemm=60, device=30, memcheck=280, racecheck=280,
-              fp32_vs_cpu=60, bf16_vs_cpu=60, determinism=60, attention=90, bench=150,
-              torch=90, torch_compile=210, profile=120, bench_long=150, bench_8b=180)
+LIMITS = dict(env=30, kernels=150, ops=120, lt_gemm=60, device=30, memcheck=570,
+              racecheck=570, fp32_vs_cpu=60, bf16_vs_cpu=60, determinism=60, attention=90,
+              bench=150, torch=90, torch_compile=210, profile=120, bench_long=150, bench_8b=180)
 
 
 class Check:
