@@ -53,7 +53,8 @@ mkdir -p "$stage/lib" "$stage/tests"
 
 # Executables: the top level of the build folder (ft, and whatever else a helper puts there)
 # and build/tests/ (the GPU-side test binaries: ft_cuda_device_check, lt_gemm_gpu_tests,
-# ft_ops_gpu_tests), plus the native CUDA kernel tests of build/tests/cuda_emu/
+# ft_ops_gpu_tests, and ft_cuda_bench_attention, which times ft's attention for gpu_check.py's
+# attention stage), plus the native CUDA kernel tests of build/tests/cuda_emu/
 # (ft_cuda_kernel_tests; the emulation's own binaries stay behind); never CMake's own files.
 is_exe() { [[ -f "$1" && -x "$1" && $(head -c 4 "$1" | tr -d '\0') == $'\x7fELF' ]]; }
 exes=()

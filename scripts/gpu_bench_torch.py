@@ -1,9 +1,11 @@
-"""PyTorch on the GPU, the comparison of scripts/gpu_check.py's bench: the ~1B Llama shape (dim
-2048, 16 layers, 32 heads, 8 KV heads, ffn 5632, vocab 32000, seq 2048) trained with what a
+"""PyTorch on the GPU, the comparison of scripts/gpu_check.py's bench stages: a Llama shape
+(by default the ~1B one: dim 2048, 16 layers, 32 heads, 8 KV heads, ffn 5632, vocab 32000, seq
+2048; --shape takes another as JSON, --seq and --micro-batch the batch) trained with what a
 PyTorch user runs: transformers' LlamaForCausalLM with sdpa attention (or, without
 transformers, tests/ref/llama_ref.py with F.scaled_dot_product_attention), fp32 parameters,
-torch.autocast bf16, fused AdamW, clipping at 1.0. Prints one JSON line: tokens/s (median step
-after warmup), peak allocated bytes, model name.
+torch.autocast bf16, fused AdamW, clipping at 1.0; --compile wraps the model in torch.compile
+(default mode; its compilation happens in the warmup steps, which are not timed). Prints one
+JSON line: tokens/s (median step after warmup), peak allocated bytes, model name.
 """
 
 import argparse
@@ -16,20 +18,21 @@ import time
 SHAPE = dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=5632, vocab_size=32000)
 
 
-def build(T):
+def build(T, shape, compile=False):
     import torch
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
-        cfg = LlamaConfig(hidden_size=SHAPE["dim"], num_hidden_layers=SHAPE["n_layers"],
-                          num_attention_heads=SHAPE["n_heads"],
-                          num_key_value_heads=SHAPE["n_kv_heads"],
-                          intermediate_size=SHAPE["ffn_dim"], vocab_size=SHAPE["vocab_size"],
+        cfg = LlamaConfig(hidden_size=shape["dim"], num_hidden_layers=shape["n_layers"],
+                          num_attention_heads=shape["n_heads"],
+                          num_key_value_heads=shape["n_kv_heads"],
+                          intermediate_size=shape["ffn_dim"], vocab_size=shape["vocab_size"],
                           max_position_embeddings=T, attn_implementation="sdpa",
                           tie_word_embeddings=False)
         model = LlamaForCausalLM(cfg).cuda()
+        fwd = torch.compile(model) if compile else model
 
         def loss_fn(ids, targets):
-            logits = model(input_ids=ids).logits
+            logits = fwd(input_ids=ids).logits
             return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
                                                      targets.flatten())
         return "transformers LlamaForCausalLM (sdpa)", list(model.parameters()), loss_fn
@@ -38,13 +41,15 @@ def build(T):
                                         "tests", "ref"))
         import llama_ref as ref
         torch.set_default_device("cuda")
-        model = ref.Llama(ref.Config(**SHAPE, max_seq_len=T), seed=0, std=0.02)
+        model = ref.Llama(ref.Config(**shape, max_seq_len=T), seed=0, std=0.02)
         model.sdpa = True
         params = list(model.named().values())
 
         def loss_fn(ids, targets):
             mask = torch.ones(ids.shape, device="cuda")
             return model.loss_sum(ids, targets, mask) / ids.numel()
+        if compile:
+            loss_fn = torch.compile(loss_fn)
         return "tests/ref/llama_ref.py (sdpa; transformers not installed)", params, loss_fn
 
 
@@ -54,12 +59,18 @@ def main():
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--shape", type=json.loads, default=SHAPE,
+                    help="the model as JSON: dim, n_layers, n_heads, n_kv_heads, ffn_dim, "
+                         "vocab_size")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     a = ap.parse_args()
     import torch
     torch.manual_seed(0)
-    name, params, loss_fn = build(a.seq)
+    name, params, loss_fn = build(a.seq, a.shape, a.compile)
+    if a.compile:
+        name += ", torch.compile"
     opt = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1, fused=True)
-    ids = torch.randint(0, SHAPE["vocab_size"], (a.micro_batch, a.seq + 1), device="cuda")
+    ids = torch.randint(0, a.shape["vocab_size"], (a.micro_batch, a.seq + 1), device="cuda")
     times = []
     for _ in range(a.steps):
         torch.cuda.synchronize()
@@ -73,7 +84,8 @@ def main():
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     t = statistics.median(times[a.warmup:])
-    print(json.dumps({"model": name, "torch": torch.__version__,
+    print(json.dumps({"model": name, "torch": torch.__version__, "shape": a.shape, "seq": a.seq,
+                      "micro_batch": a.micro_batch,
                       "tokens_per_s": a.micro_batch * a.seq / t, "step_s": t,
                       "peak_bytes": torch.cuda.max_memory_allocated(),
                       "loss": float(loss)}))

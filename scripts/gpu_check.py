@@ -22,20 +22,55 @@ Checks, in order (each PASS, FAIL or SKIP with a reason; a failure does not stop
   bf16_vs_cpu  the same in bf16: losses within 2e-2 relative (a stated tolerance: bf16 rounds
                activations to 8 mantissa bits, and the two backends sum in different orders)
   determinism  two GPU runs, bf16: every loss and gradient norm bit-identical
+  attention    ft's attention (tests/ft_cuda_bench_attention: the fused kernel, and the
+               chunked-GEMM path) against PyTorch's sdpa with the flash and the cuDNN backend
+               (scripts/gpu_bench_attention.py), same GPU, same run, causal bf16, at (B 4, H 32,
+               K 8, T 2048, D 64), (B 2, H 32, K 8, T 2048, D 128), (B 1, H 32, K 8, T 8192,
+               D 64): ms and TFLOP/s forward and forward+backward (forward FLOPs 4·B·H·T²·D/2,
+               the backward counted as 2.5x the forward); results also in OUT/attention.json
   bench        ~1B Llama (dim 2048, 16 layers, 32 heads, 8 KV heads, ffn 5632, seq 2048, bf16),
-               activation checkpointing off and on: tokens/s, MFU, peak memory
-  torch        the same shape in PyTorch on the same GPU (bf16 autocast, sdpa, fused AdamW)
+               activation checkpointing off and on, and FT_CUDA_ATTENTION=simt: tokens/s, MFU,
+               peak memory, time to step 1 (ft's tokens/s kept in OUT/bench.json for the ratios
+               of a later command with the same --out)
+  torch        the same shape in PyTorch eager on the same GPU (bf16 autocast, sdpa, fused
+               AdamW; scripts/gpu_bench_torch.py): tokens/s, MFU, ratio ft/PyTorch
+  torch_compile  the ~1B shape in PyTorch with torch.compile (compiled in the warmup steps,
+               which are not timed), ratio to ft's bench_ac_off
+  profile      FT_PROFILE=1 at the ~1B shape, 8 steps: the whole table in OUT/profile.log, the
+               attention and GEMM rows in the summary
+  bench_long   the ~1B model at seq 8192, micro-batch 1, ft and PyTorch eager (row
+               bench_long_torch with the ratio ft/PyTorch)
+  bench_8b     8B-class layers (dim 4096, 8 layers, 32/8 heads, head dim 128, ffn 14336), seq
+               2048, micro-batch 2, ft and PyTorch eager (bench_8b_torch)
+MFU = (6·N_matmul + 12·L·T·C) FLOPs per token (scripts/bench.py) against the GPU's dense bf16
+peak (PEAKS below).
 
-The device tool runs one command for at most 10 minutes: split the checks, e.g.
+Each check has a time limit (LIMITS below; --limit-scale multiplies them) shared by its
+commands; at the limit its processes are killed and it fails, and the next check runs, so a
+hang costs one check only. The device tool runs one command for at most 10 minutes: split the
+checks so that each command's limits add up to at most 570 s (estimated times on an H100 SXM
+from the figures of issue 16 — ft 46k tokens/s at ~1B, PyTorch eager 52k, about 10 s of
+startup per ft run and 20-30 s of import and model building per PyTorch run, 1-2 minutes of
+torch.compile — not measured as a whole):
+  --only env,attention,bench,torch,torch_compile            limits 570 s, about 4 min
+  --only profile,bench_long,bench_8b                        limits 450 s, about 2 min
   --only env,kernels,ops,lt_gemm,device,fp32_vs_cpu,bf16_vs_cpu,determinism
-  --only memcheck,racecheck
-  --only bench,torch
+                                                            limits 570 s, about 3 min
+The three together, about 9 minutes, are the whole check but the sanitizers; the first two
+(about 6 minutes) are issue 16's measurements. torch and torch_compile go with bench: their
+ratios to ft need its tokens/s, and the device tool gives each command a fresh $OUT.
+compute-sanitizer is slow and its time over the kernel tests on an H100 is not known here: a
+session with the device time runs them one command each (--only memcheck, then --only
+racecheck; limit 570 s each).
+(Where --out is the same folder across commands, a later torch or torch_compile also finds
+ft's tokens/s in OUT/bench.json.)
 """
 
 import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -50,30 +85,61 @@ PEAKS = [("H200", 989.4e12), ("H100 PCIe", 756e12), ("H100", 989.4e12), ("A100",
 
 TINY = dict(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=704, vocab_size=512)
 BIG = dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=5632, vocab_size=32000)
+# 8B-class layers (Llama 3 8B's dim, heads and ffn; 8 of its 32 layers; the bundle's vocabulary).
+EIGHT_B = dict(dim=4096, n_layers=8, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=32000)
+# The attention stage's shapes (B, H, K, T, D), causal bf16: the ~1B model's layer at seq 2048,
+# the same tokens at head dim 128, and seq 8192.
+ATTENTION_SHAPES = [(4, 32, 8, 2048, 64), (2, 32, 8, 2048, 128), (1, 32, 8, 8192, 64)]
+
+# Each stage's time limit in seconds (--limit-scale multiplies them): the commands of a stage
+# share it, and a stage that reaches it is killed and fails, so a hang costs one stage only.
+# Sized at about twice the stage's expected time on an H100 or more (the docstring's estimates),
+# and so that each suggested split's limits add up to at most 570 s: a 10-minute command ends
+# even when every stage of it hangs.
+LIMITS = dict(env=30, kernels=150, ops=120, lt_gemm=60, device=30, memcheck=570,
+              racecheck=570, fp32_vs_cpu=60, bf16_vs_cpu=60, determinism=60, attention=90,
+              bench=150, torch=90, torch_compile=210, profile=120, bench_long=150, bench_8b=180)
 
 
 class Check:
     def __init__(self, out):
         self.out = out
         self.rows = []
+        self.deadline = None  # the current stage's end (time.time()), set by stage()
 
     def log(self, name):
         return os.path.join(self.out, name + ".log")
 
+    def stage(self, limit_s):
+        """Starts a stage: every command run until the next stage() shares limit_s seconds."""
+        self.deadline = time.time() + limit_s
+
     def run(self, name, cmd, timeout, env=None):
-        """Runs cmd with its output in OUT/name.log; returns (exit code, output)."""
+        """Runs cmd with its output in OUT/name.log; returns (exit code, output). It gets at most
+        `timeout` seconds and never more than what is left of its stage; on timeout its whole
+        process group is killed (torch.compile's worker processes too, which would otherwise
+        hold the pipe open), and the exit code is 124."""
         t0 = time.time()
+        if self.deadline is not None:
+            timeout = min(timeout, self.deadline - t0)
         with open(self.log(name), "a") as f:
             f.write("$ " + " ".join(cmd) + "\n")
             f.flush()
-            try:
-                p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, timeout=timeout, env=env)
-                rc, text = p.returncode, p.stdout
-            except subprocess.TimeoutExpired as e:
-                rc, text = 124, (e.stdout or b"").decode(errors="replace") + "\n[timed out]"
-            except OSError as e:
-                rc, text = 127, str(e)
+            if timeout <= 0:
+                rc, text = 124, "[not started: its stage's time limit is spent]"
+            else:
+                try:
+                    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         text=True, env=env, start_new_session=True)
+                    try:
+                        text, _ = p.communicate(timeout=timeout)
+                        rc = p.returncode
+                    except subprocess.TimeoutExpired:
+                        os.killpg(p.pid, signal.SIGKILL)
+                        text, _ = p.communicate()
+                        rc, text = 124, (text or "") + f"\n[timed out after {timeout:.0f} s]"
+                except OSError as e:
+                    rc, text = 127, str(e)
             f.write(text + f"\n[exit {rc}, {time.time() - t0:.1f} s]\n")
         return rc, text
 
@@ -127,6 +193,89 @@ def compare(chk, name, a, b, rel):
                f"(bound {rel:g}); final loss GPU {a[-1]['loss']:.5f} CPU {b[-1]['loss']:.5f}")
 
 
+def attention_stage(chk, bundle, here, device):
+    """ft's attention (tests/ft_cuda_bench_attention: the fused kernel and the chunked-GEMM
+    path) and PyTorch's sdpa flash and cuDNN backends (scripts/gpu_bench_attention.py) at
+    ATTENTION_SHAPES, one row per shape; every result also in OUT/attention.json."""
+    shapes = [",".join(map(str, sh)) for sh in ATTENTION_SHAPES]
+    binary = os.path.join(bundle, "tests", "ft_cuda_bench_attention")
+    rows, notes = [], []
+
+    def json_lines(text):
+        out = []
+        for line in text.splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+        return out
+    if not os.path.exists(binary):
+        notes.append("the bundle has no tests/ft_cuda_bench_attention")
+    else:
+        for path in ("fused", "gemm"):
+            rc, text = chk.run("attention", [binary, "--path", path] + shapes, 120)
+            rows += json_lines(text)
+            if rc == 77:
+                notes.append(next((l for l in text.splitlines() if l.startswith("no GPU:")),
+                                  "no GPU"))
+                break
+            if rc:
+                notes.append(f"ft --path {path}: exit {rc}")
+    torch_cmd = [sys.executable, os.path.join(here, "gpu_bench_attention.py"), "--shapes"] + shapes
+    if device == "cpu":
+        torch_cmd.append("--cpu-smoke")  # tries the PyTorch side out: tiny, math backend
+    rc, text = chk.run("attention", torch_cmd, 120)
+    for r in json_lines(text):
+        if all(k in r for k in "BHKTD"):
+            rows.append(r)
+        else:  # no shape: the script could not start (e.g. a PyTorch without sdpa_kernel)
+            notes.append(f"PyTorch: {r.get('error', r)}")
+    if rc and rc != 77:
+        notes.append(f"PyTorch: exit {rc}")
+    # Nothing to run here (no GPU, no binary, no PyTorch) is a skip; an exit otherwise a failure.
+    status = "FAIL" if any("exit" in n for n in notes) else "SKIP"
+    with open(os.path.join(chk.out, "attention.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    if not rows:
+        return chk.record("attention", status, "; ".join(notes) or "no results")
+
+    def cell(r, key):
+        if "error" in r:
+            return "error (see attention.json)"
+        return f"{r[key + '_ms']:.3f} ms {r[key + '_tflops']:.0f} TF/s"
+    for sh in sorted({(r["B"], r["H"], r["K"], r["T"], r["D"]) for r in rows},
+                     key=lambda x: ATTENTION_SHAPES.index(x) if x in ATTENTION_SHAPES else 99):
+        mine = [r for r in rows if (r["B"], r["H"], r["K"], r["T"], r["D"]) == sh]
+        parts = [f"{r['impl']}: fwd {cell(r, 'fwd')}, fwd+bwd {cell(r, 'fwd_bwd')}" for r in mine]
+        fused = next((r for r in mine if r.get("path") == "fused" and "error" not in r), None)
+        flash = next((r for r in mine if r["impl"] == "torch sdpa flash" and "error" not in r),
+                     None)
+        if fused and flash:
+            parts.append(f"ft fused against sdpa flash, fwd+bwd: "
+                         f"{flash['fwd_bwd_ms'] / fused['fwd_bwd_ms']:.2f}x its speed")
+        if fused and sh == ATTENTION_SHAPES[0]:
+            tf = fused["fwd_bwd_tflops"]
+            parts.append(f"target >= 200 TF/s fwd+bwd: {'met' if tf >= 200 else 'not met'}")
+        chk.record("attention", "PASS" if fused else ("FAIL" if notes == [] else status),
+                   f"B{sh[0]} H{sh[1]} K{sh[2]} T{sh[3]} D{sh[4]}: " + "; ".join(parts))
+    if notes:
+        chk.record("attention", status, "; ".join(notes))
+
+
+def profile_stage(chk, ft, data, work, a):
+    """FT_PROFILE=1 at the ~1B shape for a few steps: the whole table stays in profile.log;
+    the row gives attention's and the GEMMs' shares."""
+    env = dict(os.environ, FT_PROFILE="1")
+    rc, m, text = train(chk, "profile", ft, BIG, data, work, 8, 2048, a.bench_micro_batch,
+                        "bf16", a.device, timeout=3000, env=env)
+    keep = [l.strip() for l in text.splitlines()
+            if l.strip().startswith(("attention", "GEMM, all three", "ft: FT_PROFILE"))]
+    if rc or not keep:
+        return chk.record("profile", "FAIL", f"ft train exit {rc}: see {chk.log('profile')}")
+    chk.record("profile", "PASS", " | ".join(" ".join(l.split()) for l in keep))
+
+
 def gpu_name():
     try:
         return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
@@ -147,6 +296,8 @@ def main():
     ap.add_argument("--device", default="cuda",
                     help="the device of the 'GPU' runs; cpu tries this script out on a machine "
                          "without a GPU (every comparison is then CPU against CPU)")
+    ap.add_argument("--limit-scale", type=float, default=1.0,
+                    help="multiplies every stage's time limit (LIMITS), for a slower GPU")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     B = os.path.abspath(a.bundle)
@@ -158,11 +309,20 @@ def main():
     only = set(filter(None, a.only.split(",")))
     skip = set(filter(None, a.skip.split(",")))
 
+    unknown = (only | skip) - set(LIMITS)
+    if unknown:
+        ap.error(f"unknown check(s) {', '.join(sorted(unknown))}; the checks: "
+                 + ", ".join(LIMITS))
+
     def want(n):
         return (not only or n in only) and n not in skip
 
+    def limit(n):
+        return LIMITS[n] * a.limit_scale
+
     gpu = gpu_name()
     if want("env"):
+        chk.stage(limit("env"))
         rc, text = chk.run("env", [ft, "--version"], 60)
         version = text.strip().splitlines()[0] if text.strip() else f"exit {rc}"
         chk.record("env", "PASS" if rc == 0 and gpu else "FAIL",
@@ -170,6 +330,7 @@ def main():
 
     has_tests = os.path.exists(tests)
     if want("kernels"):
+        chk.stage(limit("kernels"))
         if not has_tests:
             chk.record("kernels", "SKIP", "the bundle has no tests/ft_cuda_kernel_tests")
         else:
@@ -180,6 +341,7 @@ def main():
             chk.record("kernels", "PASS" if rc == 0 else ("SKIP" if rc == 77 else "FAIL"),
                        "; ".join(last) or f"exit {rc}")
     if want("ops"):
+        chk.stage(limit("ops"))
         path = os.path.join(B, "tests", "ft_ops_gpu_tests")
         if not os.path.exists(path):
             chk.record("ops", "SKIP", "the bundle has no tests/ft_ops_gpu_tests")
@@ -194,6 +356,7 @@ def main():
     for name, binary in (("lt_gemm", "lt_gemm_gpu_tests"), ("device", "ft_cuda_device_check")):
         if not want(name):
             continue
+        chk.stage(limit(name))
         path = os.path.join(B, "tests", binary)
         if not os.path.exists(path):
             chk.record(name, "SKIP", f"the bundle has no tests/{binary}")
@@ -207,6 +370,7 @@ def main():
     for tool in ("memcheck", "racecheck"):
         if not want(tool):
             continue
+        chk.stage(limit(tool))
         if not has_tests or not sanitizer:
             chk.record(tool, "SKIP", "no kernel tests in the bundle" if not has_tests
                        else "compute-sanitizer not found")
@@ -223,6 +387,7 @@ def main():
         n = f"{prec}_vs_cpu"
         if not want(n):
             continue
+        chk.stage(limit(n))
         rc_g, gpu_m, _ = train(chk, n, ft, TINY, data_tiny, work, 50, 128, 4, prec, a.device)
         rc_c, cpu_m, _ = train(chk, n + "_cpu", ft, TINY, data_tiny, work, 50, 128, 4, prec, "cpu")
         if rc_g or rc_c:
@@ -231,6 +396,7 @@ def main():
             compare(chk, n, gpu_m, cpu_m, rel)
 
     if want("determinism"):
+        chk.stage(limit("determinism"))
         runs = [train(chk, f"determinism_{i}", ft, TINY, data_tiny, work, 30, 128, 4, "bf16",
                       a.device) for i in (1, 2)]
         if any(r[0] for r in runs):
@@ -242,45 +408,90 @@ def main():
                        f"{len(key[0])} steps, losses and grad norms "
                        + ("bit-identical" if same else "differ"))
 
-    fpt = flops_per_token(BIG, 2048)
     peak = next((p for k, p in PEAKS if k in gpu), None)
-    bench = {}
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def mfu(tps, shape, seq):
+        return f"{tps * flops_per_token(shape, seq) / peak:.1%}" if peak else "? (unknown GPU peak)"
+
+    def ft_bench(name, shape, seq, micro, ac=False, env=None):
+        """ft trains `shape` for --bench-steps steps; the median step after the first 5 gives
+        tokens/s (recorded as row `name`, returned; None on failure)."""
+        rc, m, _ = train(chk, name, ft, shape, data_big, work, a.bench_steps, seq, micro, "bf16",
+                         a.device, ac=ac, timeout=3000, env=env)
+        timed = m[5:]
+        if rc or not timed:
+            chk.record(name, "FAIL", f"ft train exit {rc}, {len(m)} metric lines: see "
+                       f"{chk.log(name)}")
+            return None
+        t = sorted(x["step_time_s"] for x in timed)[len(timed) // 2]
+        tps = micro * seq / t
+        mem = max(x["mem_peak_bytes"] for x in m)
+        # Startup: process start to step 1 (setup and parameter init; target under 5 s).
+        start = m[0].get("time_to_first_step_s")
+        start = f", step 1 began {start:.1f} s after start" if start is not None else ""
+        chk.record(name, "PASS", f"{tps:,.0f} tokens/s, MFU {mfu(tps, shape, seq)}, mem_peak "
+                   f"{mem / 2**30:.1f} GiB, median step {t:.3f} s{start}")
+        return tps
+
+    def torch_bench(name, shape, seq, micro, ft_tps=None, compile=False):
+        """PyTorch (scripts/gpu_bench_torch.py) at the same shape and batch; records row `name`
+        with the ratio ft/PyTorch when ft's tokens/s is given."""
+        cmd = [sys.executable, os.path.join(here, "gpu_bench_torch.py"), "--micro-batch",
+               str(micro), "--seq", str(seq), "--steps", str(a.bench_steps), "--shape",
+               json.dumps(shape)] + (["--compile"] if compile else [])
+        rc, text = chk.run(name, cmd, 3000)
+        try:
+            r = json.loads(text.strip().splitlines()[-1])
+            tps = r["tokens_per_s"]
+        except (ValueError, IndexError, KeyError):
+            chk.record(name, "FAIL", f"exit {rc}: see {chk.log(name)}")
+            return None
+        ratio = f"; ft/PyTorch {ft_tps / tps:.2f}x" if ft_tps else ""
+        chk.record(name, "PASS", f"{r['model']}: {tps:,.0f} tokens/s, MFU {mfu(tps, shape, seq)}"
+                   f", peak {r['peak_bytes'] / 2**30:.1f} GiB{ratio}")
+        return tps
+
+    if want("attention"):
+        chk.stage(limit("attention"))
+        attention_stage(chk, B, here, a.device)
+
+    # ft's tokens/s by row, kept in OUT/bench.json so that a later command with the same --out
+    # (torch, torch_compile in another split) still prints its ratio to ft.
+    bench_json = os.path.join(a.out, "bench.json")
+    try:
+        bench = json.load(open(bench_json))
+    except (OSError, ValueError):
+        bench = {}
     if want("bench"):
+        chk.stage(limit("bench"))
         # Attention on tensor cores (the default) with activation checkpointing off and on, and
         # the SIMT attention kernels (FT_CUDA_ATTENTION=simt) for the measured choice between them.
         simt = dict(os.environ, FT_CUDA_ATTENTION="simt")
         for n, ac, env in (("bench_ac_off", False, None), ("bench_ac_on", True, None),
                            ("bench_simt", False, simt)):
-            rc, m, _ = train(chk, n, ft, BIG, data_big, work, a.bench_steps, 2048,
-                             a.bench_micro_batch, "bf16", a.device, ac=ac, timeout=3000, env=env)
-            timed = m[5:]
-            if rc or not timed:
-                chk.record(n, "FAIL", f"ft train exit {rc}, {len(m)} metric lines")
-                continue
-            t = sorted(x["step_time_s"] for x in timed)[len(timed) // 2]
-            tps = a.bench_micro_batch * 2048 / t
-            mem = max(x["mem_peak_bytes"] for x in m)
-            mfu = f"{tps * fpt / peak:.1%}" if peak else "? (unknown GPU peak)"
-            bench[n] = tps
-            # Startup: process start to step 1 (setup and parameter init; target under 5 s).
-            start = m[0].get("time_to_first_step_s")
-            start = f", step 1 began {start:.1f} s after start" if start is not None else ""
-            chk.record(n, "PASS", f"{tps:,.0f} tokens/s, MFU {mfu}, mem_peak "
-                       f"{mem / 2**30:.1f} GiB, median step {t:.3f} s{start}")
+            bench[n] = ft_bench(n, BIG, 2048, a.bench_micro_batch, ac=ac, env=env)
+        with open(bench_json, "w") as f:
+            json.dump(bench, f)
     if want("torch"):
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_bench_torch.py")
-        rc, text = chk.run("torch", [sys.executable, script, "--micro-batch",
-                                     str(a.bench_micro_batch), "--steps", str(a.bench_steps)],
-                           3000)
-        try:
-            r = json.loads(text.strip().splitlines()[-1])
-            mfu = f"{r['tokens_per_s'] * fpt / peak:.1%}" if peak else "?"
-            ratio = (f"; ft/torch {bench['bench_ac_off'] / r['tokens_per_s']:.2f}x"
-                     if "bench_ac_off" in bench else "")
-            chk.record("torch", "PASS", f"{r['model']}: {r['tokens_per_s']:,.0f} tokens/s, MFU "
-                       f"{mfu}, peak {r['peak_bytes'] / 2**30:.1f} GiB{ratio}")
-        except (ValueError, IndexError, KeyError):
-            chk.record("torch", "FAIL", f"exit {rc}: see {chk.log('torch')}")
+        chk.stage(limit("torch"))
+        torch_bench("torch", BIG, 2048, a.bench_micro_batch, bench.get("bench_ac_off"))
+    if want("torch_compile"):
+        chk.stage(limit("torch_compile"))
+        torch_bench("torch_compile", BIG, 2048, a.bench_micro_batch, bench.get("bench_ac_off"),
+                    compile=True)
+    if want("profile"):
+        chk.stage(limit("profile"))
+        profile_stage(chk, ft, data_big, work, a)
+    if want("bench_long"):
+        # Seq 8192, micro-batch 1: attention's share of the step grows with T.
+        chk.stage(limit("bench_long"))
+        tps = ft_bench("bench_long", BIG, 8192, 1)
+        torch_bench("bench_long_torch", BIG, 8192, 1, tps)
+    if want("bench_8b"):
+        chk.stage(limit("bench_8b"))
+        tps = ft_bench("bench_8b", EIGHT_B, 2048, 2)
+        torch_bench("bench_8b_torch", EIGHT_B, 2048, 2, tps)
 
     with open(os.path.join(a.out, "summary.txt"), "w") as f:
         f.write(f"GPU: {gpu}\n")

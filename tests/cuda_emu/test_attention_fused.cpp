@@ -8,11 +8,11 @@
 // without document masking and with segment ids (documents of several lengths, one of a single
 // token, different per batch row). The reference runs the CPU kernel without segments on each
 // document's span on its own (a document is a causal sequence of its own), which is the fused
-// kernel's contract, independently of the CPU kernel's own segment path (tested in unit). Inputs are rounded to E once, so both sides read the same values.
-// The backward reads the reference's out and lse, so each pass is compared on the same inputs.
-// Each case runs the fused kernels under two schedule seeds and requires the same bits
-// (deterministic: no float atomics). Built natively (ft_cuda_kernel_tests) the same cases run
-// on a GPU.
+// kernel's contract, independently of the CPU kernel's own segment path (tested in unit). Inputs
+// are rounded to E once, so both sides read the same values. The backward reads the reference's out
+// and lse, so each pass is compared on the same inputs. Each case runs the fused kernels under two
+// schedule seeds and requires the same bits (deterministic: no float atomics). Built natively
+// (ft_cuda_kernel_tests) the same cases run on a GPU.
 #include <doctest/doctest.h>
 
 #include <algorithm>
