@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One command for a lent GPU machine (the device tool: one command of at most 10 minutes, at most
+# 8 files back from $OUT): the GPU check's stages in two groups with Nsight Compute's view of
+# the fused attention kernels between them, every log packed into $OUT/gpu_logs.tgz and both
+# groups' rows in $OUT/summary.txt.
+#   bash scripts/gpu_lease.sh SECONDS FIRST_STAGES [LATER_STAGES]
+# e.g. bash scripts/gpu_lease.sh 540 env,kernels,ops,device,bf16_vs_cpu,determinism,attention \
+#        bench,torch,profile,bench_long
+# SECONDS bounds the whole command: each part gets what is left (the GPU check's own per-stage
+# limits still apply inside it), and the packing of the logs always runs. Needs the bundle
+# (scripts/bundle.sh) at ft-bundle.tar.xz, carried with the command. FT_LEASE_NCU=0 skips ncu.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+[[ $# -ge 2 ]] || { echo "usage: gpu_lease.sh SECONDS FIRST_STAGES [LATER_STAGES]" >&2; exit 2; }
+budget=$1 first=$2 later=${3:-}
+final=${OUT:-$PWD/gpu_lease_out}
+mkdir -p "$final"
+logs=$(mktemp -d /tmp/gpu_lease.XXXXXX)
+t0=$(date +%s)
+left() { echo $((budget - ($(date +%s) - t0) - 15)); }  # 15 s kept for the packing
+
+{ nvidia-smi; nvidia-smi -q -d CLOCK,POWER,PERFORMANCE; } > "$logs/nvidia_smi.txt" 2>&1
+export PYTHONUNBUFFERED=1
+python3 -m tarfile -e ft-bundle.tar.xz "$logs/bundle" || { echo "no bundle"; exit 2; }
+bundle=$logs/bundle/ft-bundle
+
+check() {  # check STAGES: the GPU check's stages with what is left of the budget
+  local l; l=$(left)
+  ((l > 20)) || { echo "gpu_lease: no time left for $1"; return; }
+  timeout -k 5 "$l" python3 scripts/gpu_check.py --bundle "$bundle" --out "$logs/check" \
+    --only "$1" 2>&1 | tee -a "$logs/rows.txt"
+  echo "gpu_lease: stages $1 ended (exit ${PIPESTATUS[0]}) at $(($(date +%s) - t0)) s"
+}
+
+check "$first"
+
+ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+if [[ ${FT_LEASE_NCU:-1} == 1 && -n $ncu && $(left) -gt 120 ]]; then
+  # One launch of each fused kernel (the second forward, the backward's dK/dV and dQ) at the
+  # ~1B layer's shape (B 4, H 32, K 8, T 2048, D 64) and at head dim 128: throughput,
+  # occupancy, warp stalls, shared-memory conflicts.
+  for shape in 4,32,8,2048,64 2,32,8,2048,128; do
+    timeout -k 5 60 "$ncu" --kernel-name regex:fused --launch-skip 1 --launch-count 3 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SchedulerStats --section InstructionStats \
+      "$bundle/tests/ft_cuda_bench_attention" --path fused --warmup 0 --reps 1 "$shape" \
+      > "$logs/ncu_$shape.txt" 2>&1
+    echo "gpu_lease: ncu $shape exit $? at $(($(date +%s) - t0)) s"
+  done
+fi
+
+[[ -n $later ]] && check "$later"
+
+# Everything small (no checkpoints, no shards) into one archive; the summaries beside it.
+(cd "$logs" && find . -path ./bundle -prune -o -type f -size -4M -print |
+  tar czf "$final/gpu_logs.tgz" -T -)
+{ head -1 "$logs/check/summary.txt" 2>/dev/null; cat "$logs/rows.txt"; } > "$final/summary.txt"
+echo "gpu_lease: done at $(($(date +%s) - t0)) s"
