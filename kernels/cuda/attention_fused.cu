@@ -45,6 +45,7 @@
 // does); the rest is fp32 with one rounding of each output element.
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels_cuda.h"
@@ -254,7 +255,7 @@ __global__ void __launch_bounds__(kThreads)
       mx[x] = quad_max(mx[x]);
       // A row with nothing visible yet keeps m = −inf: subtract 0 instead (no −inf − −inf).
       sub[x] = mx[x] == -INFINITY ? 0.0f : mx[x] * scale_log2;
-      const float alpha = exp2f(fmaf(m[x], scale_log2, -sub[x]));  // 0 while m = −inf
+      const float alpha = exp2_approx(fmaf(m[x], scale_log2, -sub[x]));  // 0 while m = −inf
       m[x] = mx[x];
       l[x] *= alpha;
 #pragma unroll
@@ -267,7 +268,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int t = 0; t < kTileK / 8; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[t][e] = exp2f(fmaf(s[t][e], scale_log2, -sub[e >> 1]));
+        s[t][e] = exp2_approx(fmaf(s[t][e], scale_log2, -sub[e >> 1]));
         l[e >> 1] += s[t][e];
       }
     __syncthreads();  // no warp still reads K_j: K_{j+1} may overwrite it
@@ -393,17 +394,34 @@ __global__ void __launch_bounds__(kThreads)
         mma2<E>(s[2 * nt], s[2 * nt + 1], aq, bb);
       }
     }
-    const bool masked = seg_b || j0 + kTileK - 1 > wr || j0 + kTileK > T_;
+    // dS = P ∘ (dP − Δ). The masks and the one-key rows cost instructions per element: they are
+    // applied only where the tile needs them (warp-uniform conditions: the diagonal, the end of
+    // the sequence, documents; rows that see one key exist only in the first query tile
+    // without segments).
+    // Two copies of the loop, chosen once per tile (nvcc does not hoist the test itself).
+    const auto ds_tile = [&](auto general) {
 #pragma unroll
-    for (int t = 0; t < kTileK / 8; ++t)
+      for (int t = 0; t < kTileK / 8; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = j0 + 8 * t + 2 * qd + (e & 1), x = e >> 1;
-        const bool hidden =
-            masked && (c > row[x] || c >= T_ || (seg_b && kseg_s[c - j0] != rseg[x]));
-        const float p = hidden ? 0.0f : exp2f(fmaf(s[t][e], scale_log2, -lse2[x]));
-        s[t][e] = one[x] ? 0.0f : p * (dp[t][e] - dlt[x]);  // dS
-      }
+        for (int e = 0; e < 4; ++e) {
+          const int x = e >> 1;
+          float p = exp2_approx(fmaf(s[t][e], scale_log2, -lse2[x]));
+          float ds;
+          if constexpr (decltype(general)::value) {
+            const int c = j0 + 8 * t + 2 * qd + (e & 1);
+            if (c > row[x] || c >= T_ || (seg_b && kseg_s[c - j0] != rseg[x])) p = 0.0f;
+            ds = one[x] ? 0.0f : p * (dp[t][e] - dlt[x]);
+          } else {
+            ds = p * (dp[t][e] - dlt[x]);
+          }
+          s[t][e] = ds;
+        }
+    };
+    // A tile with rows that see one key (i0 = 0 without segments) crosses the diagonal.
+    if (seg_b || j0 + kTileK - 1 > wr || j0 + kTileK > T_)
+      ds_tile(std::true_type{});
+    else
+      ds_tile(std::false_type{});
       // dQ += dS K: K rows are the k dimension (.trans).
 #pragma unroll
     for (int ks = 0; ks < kTileK / 16; ++ks) {
@@ -449,7 +467,8 @@ __global__ void __launch_bounds__(kThreads)
   Dev* v_s = k_s + kTileK * kPitch<D>;
   Dev* qdo_s = v_s + kTileK * kPitch<D>;  // [buffer][Q, dO][kTq][pitch]
   // Per query of the tile, per buffer: lse·log2(e), Δ, segment id, "sees one key".
-  __shared__ float lse_s[2][kTq], delta_s[2][kTq];
+  alignas(16) __shared__ float lse_s[2][kTq];
+  alignas(16) __shared__ float delta_s[2][kTq];
   __shared__ int32_t qseg_s[2][kTq];
   __shared__ bool one_s[2][kTq];
   // The first key tiles are seen by the most queries: they go first.
@@ -536,18 +555,41 @@ __global__ void __launch_bounds__(kThreads)
         mma2<E>(dpt[2 * nt], dpt[2 * nt + 1], av, bb);
       }
     }
-    // Pᵀ and dSᵀ: lse and Δ belong to the column (the query).
+    // Pᵀ and dSᵀ: lse and Δ belong to the column (the query); this lane's columns come in
+    // pairs (2q, 2q + 1), read as one float2. Masks only where the tile needs them
+    // (warp-uniform: the warp's keys reach past the tile's first query, the tile crosses the end
+    // of the sequence, or documents); queries that see one key exist only in the first query
+    // tile without segments.
+    // Two copies of the loop, chosen once per tile (nvcc does not hoist the test itself).
+    const auto pds_tile = [&](auto general) {
 #pragma unroll
-    for (int t = 0; t < kTq / 8; ++t)
+      for (int t = 0; t < kTq / 8; ++t) {
+        const int c0 = 8 * t + 2 * qd;
+        const float2 ls = *reinterpret_cast<const float2*>(&lse_s[buf][c0]);
+        const float2 dl = *reinterpret_cast<const float2*>(&delta_s[buf][c0]);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ci = 8 * t + 2 * qd + (e & 1), r = i0 + ci, x = e >> 1;
-        const bool hidden =
-            key[x] > r || r >= T_ || key[x] >= T_ || (seg_b && qseg_s[buf][ci] != kseg[x]);
-        const float p = hidden ? 0.0f : exp2f(fmaf(st[t][e], scale_log2, -lse_s[buf][ci]));
-        st[t][e] = p;
-        dpt[t][e] = one_s[buf][ci] ? 0.0f : p * (dpt[t][e] - delta_s[buf][ci]);
+        for (int e = 0; e < 4; ++e) {
+          const int ci = c0 + (e & 1), x = e >> 1;
+          float p = exp2_approx(fmaf(st[t][e], scale_log2, -(e & 1 ? ls.y : ls.x)));
+          float ds;
+          if constexpr (decltype(general)::value) {
+            const int r = i0 + ci;
+            if (key[x] > r || r >= T_ || key[x] >= T_ || (seg_b && qseg_s[buf][ci] != kseg[x]))
+              p = 0.0f;
+            ds = one_s[buf][ci] ? 0.0f : p * (dpt[t][e] - (e & 1 ? dl.y : dl.x));
+          } else {
+            ds = p * (dpt[t][e] - (e & 1 ? dl.y : dl.x));
+          }
+          st[t][e] = p;
+          dpt[t][e] = ds;
+        }
       }
+    };
+    // A tile with queries that see one key (i0 = 0 without segments) crosses the diagonal.
+    if (seg_b || wk + kRows - 1 > i0 || i0 + kTq > T_ || wk + kRows > T_)
+      pds_tile(std::true_type{});
+    else
+      pds_tile(std::false_type{});
       // dV += Pᵀ dO and dK += dSᵀ Q: dO and Q rows are the k dimension (.trans).
 #pragma unroll
     for (int ks = 0; ks < kTq / 16; ++ks) {

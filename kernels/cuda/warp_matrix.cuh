@@ -59,6 +59,22 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// exp2_approx(x): 2^x by the special-function unit, ex2.approx.ftz.f32 (PTX ISA, floating-point
+// instructions, ex2: an approximation of a few ulp; subnormal results flushed to +0; 2^-inf = +0).
+// One MUFU.EX2, where exp2f adds about four instructions (its fix-up of the subnormal range:
+// nvcc's SASS of attention_fused.cu). The emulator's twin is exp2f with the same flush, so the
+// emulated kernels differ from the GPU by the instruction's error only.
+__device__ __forceinline__ float exp2_approx(float x) {
+#if defined(FT_CUDA_EMU)
+  const float y = exp2f(x);
+  return y < 1.17549435e-38f ? 0.0f : y;  // FLT_MIN: the ftz of the result
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+
 #if defined(FT_CUDA_EMU)
 
 // The emulator's twins: `where` (the call site) tells the emulator which lanes are at the same
