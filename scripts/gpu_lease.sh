@@ -50,19 +50,22 @@ if [[ ${FT_LEASE_NCU:-1} == 1 && -n $ncu && $(left) -gt 120 ]]; then
   done
 fi
 
+[[ -n $later ]] && check "$later"
+
 # FT_LEASE_SANITIZE=PATTERN: compute-sanitizer memcheck and racecheck over the kernel tests whose
-# doctest names match PATTERN (e.g. '*fused*'), 90 s each.
+# doctest names match PATTERN (e.g. '*fused*'), after everything else, with what is left (at most
+# 90 s each).
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-if [[ -n ${FT_LEASE_SANITIZE:-} && -n $san && $(left) -gt 200 ]]; then
+if [[ -n ${FT_LEASE_SANITIZE:-} && -n $san ]]; then
   for tool in memcheck racecheck; do
-    timeout -k 5 90 "$san" --tool "$tool" --error-exitcode 99 \
+    l=$(left); ((l > 90)) && l=90
+    ((l > 20)) || { echo "gpu_lease: no time left for $tool"; continue; }
+    timeout -k 5 "$l" "$san" --tool "$tool" --error-exitcode 99 \
       "$bundle/tests/ft_cuda_kernel_tests" -tc="$FT_LEASE_SANITIZE" > "$logs/$tool.txt" 2>&1
     echo "gpu_lease: $tool over '$FT_LEASE_SANITIZE' exit $? at $(($(date +%s) - t0)) s:" \
       "$(grep -h -E "ERROR SUMMARY|RACECHECK SUMMARY|test cases:" "$logs/$tool.txt" | tr '\n' ' ')"
   done
 fi
-
-[[ -n $later ]] && check "$later"
 
 # Everything small (no checkpoints, no shards) into one archive; the summaries beside it.
 (cd "$logs" && find . -path ./bundle -prune -o -type f -size -4M -print |
