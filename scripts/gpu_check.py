@@ -57,7 +57,9 @@ torch.compile — not measured as a whole):
   --only env,kernels,ops,lt_gemm,device,fp32_vs_cpu,bf16_vs_cpu,determinism
                                                             limits 570 s, about 3 min
 The three together, about 9 minutes, are the whole check but the sanitizers; the first two
-(about 6 minutes) are issue 16's measurements. torch and torch_compile go with bench: their
+(about 6 minutes) are issue 16's measurements. Measured on an H200 (2026-11-26, through
+scripts/gpu_lease.sh): env,kernels,ops,bf16_vs_cpu,determinism,attention 49 s;
+bench,torch,torch_compile,profile,bench_long 207 s; bench_8b 62 s. torch and torch_compile go with bench: their
 ratios to ft need its tokens/s, and the device tool gives each command a fresh $OUT.
 compute-sanitizer is slow and its time over the kernel tests on an H100 is not known here: a
 session with the device time runs them one command each (--only memcheck, then --only
