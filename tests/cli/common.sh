@@ -6,7 +6,7 @@
 #   tmp          a fresh folder named after the test, removed at exit unless KEEP is set (to
 #                look at after a failure: KEEP=1 bash tests/cli/test_x.sh build .);
 #   fail MSG     prints FAIL: MSG and exits 1 (a test may define its own after sourcing);
-# and gives need_emu and mpi_env below. A test with its own EXIT trap calls remove_tmp in it.
+# and gives need_emu, sanitizer_build and mpi_env below. A test with its own EXIT trap calls remove_tmp in it.
 set -euo pipefail
 test_name=$(basename "$0" .sh)
 build=$(cd "${1:?usage: $0 BUILD_DIR SOURCE_DIR}" && pwd)
@@ -26,6 +26,11 @@ need_emu() {
     exit 0
   fi
 }
+
+# sanitizer_build: true in the sanitizer pass's build (FT_SANITIZE=ON). That pass looks for
+# memory and undefined-behaviour errors; a test may leave out there what repeats code it has
+# already run only to compare bits (another schedule seed: races are the Release pass's to find).
+sanitizer_build() { grep -q '^FT_SANITIZE:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; }
 
 # mpi_env [MPIRUN_ARGS...]: for tests that run mpirun. Leak reports off in the sanitizer pass:
 # Open MPI's dlopen'ed plugins keep allocations until exit, and once unloaded their stacks cannot

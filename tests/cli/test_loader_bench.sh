@@ -12,7 +12,7 @@ cat "$tmp/out.txt"
 # Peak RSS in MiB of each run; 100 MiB is generous (tens expected) and far below what
 # reading the data into memory would take. Under AddressSanitizer freed memory sits in ASan's
 # quarantine (256 MiB by default), so RSS says nothing about the loader there: skip the bound.
-if grep -q '^FT_SANITIZE:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
+if sanitizer_build; then
   echo "sanitizer build: peak RSS bound not checked"
   echo "PASS test_loader_bench"
   exit 0
