@@ -5,19 +5,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cpu/isa_levels.h"
 #include "kernels/kernels.h"
 
 namespace ft::kernels {
-
-namespace isa_baseline {
-#include "kernels/cpu/isa_kernels.inc"
-}  // namespace isa_baseline
-namespace isa_avx2 {
-#include "kernels/cpu/isa_kernels.inc"
-}  // namespace isa_avx2
-namespace isa_avx512_bf16 {
-#include "kernels/cpu/isa_kernels.inc"
-}  // namespace isa_avx512_bf16
 
 // Returns CALL (a kernel call, arguments named as in the caller) from the chosen level's copy.
 #define FT_DISPATCH(CALL)           \
