@@ -10,6 +10,12 @@
 
 #include "kernels/kernels.h"
 
+// Each entry of isa_kernels.inc as a declaration.
+#define FT_CPU_ISA_TEMPLATE(TYPE, RETURN, NAME, PARAMETERS, ARGUMENTS) \
+  template <typename TYPE>                                             \
+  RETURN NAME PARAMETERS;
+#define FT_CPU_ISA_KERNEL(RETURN, NAME, PARAMETERS, ARGUMENTS) RETURN NAME PARAMETERS;
+
 namespace ft::kernels {
 namespace isa_baseline {
 #include "kernels/cpu/isa_kernels.inc"
@@ -21,3 +27,6 @@ namespace isa_avx512_bf16 {
 #include "kernels/cpu/isa_kernels.inc"
 }  // namespace isa_avx512_bf16
 }  // namespace ft::kernels
+
+#undef FT_CPU_ISA_TEMPLATE
+#undef FT_CPU_ISA_KERNEL
