@@ -59,6 +59,15 @@ FT_PHILOX_FN Block philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t
   return {{c0, c1, c2, c3}};
 }
 
+// The polynomial with coefficients c_n, c_{n−1}, …, c_0 (highest first) at z, by Horner's rule:
+// p = c_n, then p = fma(p, z, c_k) for each next coefficient, one rounding per step. Expanded at
+// compile time (no loop), so it adds nothing to the CPU's vectorized loop over blocks.
+FT_PHILOX_FN double horner(double /*z*/, double p) { return p; }
+template <typename... Rest>
+FT_PHILOX_FN double horner(double z, double p, double next, Rest... rest) {
+  return horner(z, fma(p, z, next), rest...);
+}
+
 // ln(v / 2^32) for v in [1, 2^32], from exactly rounded double operations only. Branch-free
 // (selects), so the CPU's loop over blocks vectorizes.
 FT_PHILOX_FN double log_scaled(uint64_t v) {
@@ -78,14 +87,8 @@ FT_PHILOX_FN double log_scaled(uint64_t v) {
   const double s = (m - 1.0) / (m + 1.0);  // m − 1 and m + 1 are exact (m has ≤ 33 bits)
   const double z = s * s;
   // ln m = 2 (s + s³/3 + s⁵/5 + ... + s¹⁷/17) = 2s (1 + z P(z)).
-  double p = 1.0 / 17;
-  p = fma(p, z, 1.0 / 15);
-  p = fma(p, z, 1.0 / 13);
-  p = fma(p, z, 1.0 / 11);
-  p = fma(p, z, 1.0 / 9);
-  p = fma(p, z, 1.0 / 7);
-  p = fma(p, z, 1.0 / 5);
-  p = fma(p, z, 1.0 / 3);
+  const double p =
+      horner(z, 1.0 / 17, 1.0 / 15, 1.0 / 13, 1.0 / 11, 1.0 / 9, 1.0 / 7, 1.0 / 5, 1.0 / 3);
   const double sz = s * z;
   const double ln_m = 2.0 * fma(sz, p, s);
   return fma(double(e - 32), 0.69314718055994531, ln_m);  // + (e − 32) ln 2
@@ -99,25 +102,15 @@ FT_PHILOX_FN void sincos_turn(uint32_t w, double* c, double* s) {
   const double x = double(d) * (3.141592653589793 / 2147483648.0);  // · 2π / 2^32: |x| ≤ π/4
   const double z = x * x;
   // sin x = x + x z S(z), cos x = 1 + z C(z): Taylor coefficients (−1)^k / (2k+1)!, / (2k)!.
-  double sp = -1.0 / 355687428096000.0;  // −1/17!
-  sp = fma(sp, z, 1.0 / 1307674368000.0);
-  sp = fma(sp, z, -1.0 / 6227020800.0);
-  sp = fma(sp, z, 1.0 / 39916800.0);
-  sp = fma(sp, z, -1.0 / 362880.0);
-  sp = fma(sp, z, 1.0 / 5040.0);
-  sp = fma(sp, z, -1.0 / 120.0);
-  sp = fma(sp, z, 1.0 / 6.0);
+  // From −1/17! and 1/18! down to 1/3! and 1/2!.
+  const double sp =
+      horner(z, -1.0 / 355687428096000.0, 1.0 / 1307674368000.0, -1.0 / 6227020800.0,
+             1.0 / 39916800.0, -1.0 / 362880.0, 1.0 / 5040.0, -1.0 / 120.0, 1.0 / 6.0);
   const double xz = x * z;
   const double sin_x = fma(xz, -sp, x);
-  double cp = 1.0 / 6402373705728000.0;  // 1/18!
-  cp = fma(cp, z, -1.0 / 20922789888000.0);
-  cp = fma(cp, z, 1.0 / 87178291200.0);
-  cp = fma(cp, z, -1.0 / 479001600.0);
-  cp = fma(cp, z, 1.0 / 3628800.0);
-  cp = fma(cp, z, -1.0 / 40320.0);
-  cp = fma(cp, z, 1.0 / 720.0);
-  cp = fma(cp, z, -1.0 / 24.0);
-  cp = fma(cp, z, 1.0 / 2.0);
+  const double cp = horner(z, 1.0 / 6402373705728000.0, -1.0 / 20922789888000.0,
+                           1.0 / 87178291200.0, -1.0 / 479001600.0, 1.0 / 3628800.0, -1.0 / 40320.0,
+                           1.0 / 720.0, -1.0 / 24.0, 1.0 / 2.0);
   const double cos_x = fma(z, -cp, 1.0);
   // Rotate by q quarter turns (selects, not a switch, so the CPU's loop vectorizes).
   const double c01 = q == 0 ? cos_x : -sin_x, s01 = q == 0 ? sin_x : cos_x;

@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/hf_tokenizer.h"
+#include "ckpt/io.h"
 #include "ckpt/safetensors.h"
 #include "core/error.h"
 #include "data/sha256.h"
@@ -50,26 +51,24 @@ void write_text_file(const fs::path& path, const std::string& text) {
   const std::string p = path.string();
   int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(p + ": cannot create: " + std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      throw Error(p + ": write failed: " + std::strerror(err));
-    }
-    done += size_t(n);
+  try {
+    ckpt::write_all(fd, text.data(), text.size(), p);
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0)
     throw Error(p + ": cannot flush to disk: " + std::strerror(errno));
 }
 
+// Best effort: the export is complete once renamed, so a folder that cannot be opened or synced
+// does not fail it (fsync_path throws for those; file systems that refuse a folder's fsync it
+// lets through itself).
 void fsync_dir(const fs::path& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;  // best effort: some file systems refuse directory fsync
-  ::fsync(fd);
-  ::close(fd);
+  try {
+    ckpt::fsync_path(dir.string(), /*directory=*/true);
+  } catch (const Error&) {
+  }
 }
 
 // The output folder without a trailing separator, so that "out/" and "out" name one folder and

@@ -24,6 +24,7 @@
 #include <set>
 #include <system_error>
 
+#include "ckpt/io.h"
 #include "core/error.h"
 
 namespace ft {
@@ -252,33 +253,15 @@ void SafetensorsFile::read_f32(const std::string& name, float* dst, size_t numel
 
 namespace {
 
-void write_all(int fd, const std::string& path, const void* src, size_t n) {
-  const auto* p = static_cast<const char*>(src);
-  while (n > 0) {
-    ssize_t put = ::write(fd, p, n);
-    if (put < 0) {
-      if (errno == EINTR) continue;
-      fail(path, "write failed: " + errno_text(errno));
-    }
-    p += put;
-    n -= size_t(put);
-  }
-}
-
-// Makes the rename itself durable; failure here is not fatal to correctness of the file's
-// contents, but a crash right after could lose the new name, so it is still reported.
+// Makes the rename itself durable (io.h's fsync_path); failure here is not fatal to correctness
+// of the file's contents, but a crash right after could lose the new name, so it is still
+// reported.
 void fsync_parent_dir(const std::string& path) {
   const auto slash = path.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "."
                           : slash == 0               ? "/"
                                                      : path.substr(0, slash);
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) fail(path, "cannot open its folder to sync it: " + errno_text(errno));
-  int rc = ::fsync(dfd);
-  int err = errno;
-  ::close(dfd);
-  if (rc != 0 && err != EINVAL)  // some file systems cannot fsync a directory; nothing to do there
-    fail(path, "fsync of its folder failed: " + errno_text(err));
+  ckpt::fsync_path(dir, /*directory=*/true);
 }
 
 }  // namespace
@@ -334,10 +317,10 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail(tmp, "cannot create: " + errno_text(errno));
   try {
-    write_all(fd, tmp, len_bytes, 8);
-    write_all(fd, tmp, text.data(), text.size());
+    ckpt::write_all(fd, len_bytes, 8, tmp);
+    ckpt::write_all(fd, text.data(), text.size(), tmp);
     for (size_t i = 0; i < tensors.size(); ++i)
-      if (sizes[i] > 0) write_all(fd, tmp, tensors[i].data, size_t(sizes[i]));
+      if (sizes[i] > 0) ckpt::write_all(fd, tensors[i].data, sizes[i], tmp);
     if (::fsync(fd) != 0) fail(tmp, "fsync failed: " + errno_text(errno));
     int rc = ::close(fd);
     fd = -1;

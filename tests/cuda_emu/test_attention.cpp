@@ -13,10 +13,7 @@
 // a GPU with the real cuBLASLt.
 #include <doctest/doctest.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstring>
-#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -26,41 +23,18 @@
 #include "kernels/kernels.h"
 #include "lib/core/error.h"
 #include "runtime/cuda/attention_gemm.h"
+#include "tests/cuda_emu/attention_test_util.h"
 #include "tests/cuda_emu/emu_test_util.h"
-#include "tests/cuda_emu/kernel_check.h"
 
 namespace k = ft::kernels;
 namespace cu = ft::kernels::cuda;
 
 namespace {
 
+using ft::cuda_test::attention::random_tensor;
+using ft::cuda_test::attention::Result;
+using ft::cuda_test::attention::Shape;
 using ft::emu::test::DeviceBuffer;
-using ft::emu::test::SeedScope;
-
-struct Shape {
-  int B, T, H, K, D;
-};
-
-template <typename E>
-std::vector<E> random_tensor(size_t n, uint32_t seed, float scale) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<E> v(n);
-  for (auto& x : v) x = ft::from_f32<E>(d(g));
-  return v;
-}
-
-// Every element within atol + rtol·|ref|, atol a fraction of the tensor's largest |ref|
-// (kernel_check.h's check_close with that scale on every element; it names the worst element).
-template <typename E>
-void expect_close(const std::string& what, const std::vector<E>& got, const std::vector<E>& ref,
-                  double rtol, double atol_frac) {
-  float amax = 0.0f;
-  for (const E& r : ref) amax = std::max(amax, std::fabs(ft::to_f32(r)));
-  ft::cuda_test::check_close(got, ref, rtol, atol_frac, std::vector<float>(ref.size(), amax), what);
-}
-
-using ft::cuda_test::same_bits;
 
 // Tolerances, as (rtol, atol as a fraction of the tensor's max |ref|).
 // fp32: both sides compute in fp32 and differ only in the order of the sums (the CPU's tile
@@ -107,12 +81,6 @@ constexpr ft::DType dtype_of() {
 }
 
 template <typename E>
-struct CudaResult {
-  std::vector<E> out, dq, dk, dv;
-  std::vector<float> lse;
-};
-
-template <typename E>
 void check_shape(const Shape& s, Path path) {
   const auto [B, T, H, K, D] = s;
   const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * K * D, nl = size_t(B) * H * T;
@@ -121,31 +89,27 @@ void check_shape(const Shape& s, Path path) {
   const auto v = random_tensor<E>(nk, 3, 1.0f), dout = random_tensor<E>(nq, 4, 1.0f);
 
   // The reference: the CPU kernels.
-  std::vector<E> out(nq), dq(nq), dk(nk), dv(nk);
-  std::vector<float> lse(nl), scratch(k::attention_backward_scratch_elems<E>(B, T, H, D));
-  k::attention_forward<E>(out.data(), lse.data(), q.data(), kk.data(), v.data(), B, T, H, K, D);
-  k::attention_backward<E>(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
-                           q.data(), kk.data(), v.data(), scratch.data(), B, T, H, K, D);
+  Result<E> ref{std::vector<E>(nq), std::vector<E>(nq), std::vector<E>(nk), std::vector<E>(nk),
+                std::vector<float>(nl)};
+  std::vector<float> scratch(k::attention_backward_scratch_elems<E>(B, T, H, D));
+  k::attention_forward<E>(ref.out.data(), ref.lse.data(), q.data(), kk.data(), v.data(), B, T, H, K,
+                          D);
+  k::attention_backward<E>(ref.dq.data(), ref.dk.data(), ref.dv.data(), dout.data(), ref.out.data(),
+                           ref.lse.data(), q.data(), kk.data(), v.data(), scratch.data(), B, T, H,
+                           K, D);
 
   // The CUDA kernels; the backward reads the CPU's out and lse, so each kernel is compared on
-  // the same inputs. Outputs start as NaN bits: every element must be written.
-  const DeviceBuffer<E> q_d(q), k_d(kk), v_d(v), dout_d(dout), out_ref_d(out);
-  const DeviceBuffer<float> lse_ref_d(lse);
-  auto run = [&](uint64_t seed) {
-    SeedScope scope(seed);
-    DeviceBuffer<E> o(nq), gq(nq), gk(nk), gv(nk);
-    DeviceBuffer<float> l(nl);
-    for (DeviceBuffer<E>* t : {&o, &gq, &gk, &gv})
-      REQUIRE(cudaMemset(t->get(), 0xff, sizeof(E) * t->size()) == cudaSuccess);
-    REQUIRE(cudaMemset(l.get(), 0xff, sizeof(float) * nl) == cudaSuccess);
+  // the same inputs.
+  const DeviceBuffer<E> q_d(q), k_d(kk), v_d(v), dout_d(dout), out_ref_d(ref.out);
+  const DeviceBuffer<float> lse_ref_d(ref.lse);
+  auto launch = [&](E* o, float* l, E* gq, E* gk, E* gv) {
     if (path == Path::kSimt) {
-      cu::attention_forward<E>(o.get(), l.get(), q_d.get(), k_d.get(), v_d.get(), B, T, H, K, D,
-                               nullptr);
+      cu::attention_forward<E>(o, l, q_d.get(), k_d.get(), v_d.get(), B, T, H, K, D, nullptr);
       const size_t bytes = cu::attention_backward_scratch_bytes<E>(B, T, H, K, D);
       DeviceBuffer<unsigned char> scratch_d(bytes);
-      cu::attention_backward<E>(gq.get(), gk.get(), gv.get(), dout_d.get(), out_ref_d.get(),
-                                lse_ref_d.get(), q_d.get(), k_d.get(), v_d.get(), scratch_d.get(),
-                                B, T, H, K, D, nullptr);
+      cu::attention_backward<E>(gq, gk, gv, dout_d.get(), out_ref_d.get(), lse_ref_d.get(),
+                                q_d.get(), k_d.get(), v_d.get(), scratch_d.get(), B, T, H, K, D,
+                                nullptr);
     } else {
       const ft::DType dt = dtype_of<E>();
       ft::cuda::AttentionGemmPlan plan = ft::cuda::attention_gemm_plan(B, T, K, H / K, dt);
@@ -155,35 +119,22 @@ void check_shape(const Shape& s, Path path) {
       ft::cuda::LtGemm lt(nullptr, 0, /*allow_tf32=*/false);
       DeviceBuffer<unsigned char> fwd(
           ft::cuda::attention_gemm_scratch_bytes(B, T, H, K, D, dt, plan, false));
-      ft::cuda::attention_gemm_forward(lt, dt, o.get(), l.get(), q_d.get(), k_d.get(), v_d.get(), B,
-                                       T, H, K, D, plan, fwd.get(), nullptr);
+      ft::cuda::attention_gemm_forward(lt, dt, o, l, q_d.get(), k_d.get(), v_d.get(), B, T, H, K, D,
+                                       plan, fwd.get(), nullptr);
       DeviceBuffer<unsigned char> bwd(
           ft::cuda::attention_gemm_scratch_bytes(B, T, H, K, D, dt, plan, true));
       DeviceBuffer<float> delta(nl);
-      ft::cuda::attention_gemm_backward(
-          lt, dt, gq.get(), gk.get(), gv.get(), dout_d.get(), out_ref_d.get(), lse_ref_d.get(),
-          q_d.get(), k_d.get(), v_d.get(), delta.get(), B, T, H, K, D, plan, bwd.get(), nullptr);
+      ft::cuda::attention_gemm_backward(lt, dt, gq, gk, gv, dout_d.get(), out_ref_d.get(),
+                                        lse_ref_d.get(), q_d.get(), k_d.get(), v_d.get(),
+                                        delta.get(), B, T, H, K, D, plan, bwd.get(), nullptr);
     }
-    return CudaResult<E>{o.to_host(), gq.to_host(), gk.to_host(), gv.to_host(), l.to_host()};
   };
-  const std::vector<uint64_t> seeds = ft::emu::test::test_seeds();
-  const CudaResult<E> a = run(seeds[0]), b = run(seeds[1]);
+  const auto [a, b] = ft::cuda_test::attention::run_under_two_seeds<E>(s, launch);
 
-  const std::string where = path_name(path) + std::string("B=") + std::to_string(B) +
-                            " T=" + std::to_string(T) + " H=" + std::to_string(H) +
-                            " K=" + std::to_string(K) + " D=" + std::to_string(D) + " ";
+  const std::string where = path_name(path) + ft::cuda_test::attention::shape_text(s) + " ";
   const double atol = path == Path::kSimt ? kAtolFrac : kGemmAtolFrac<E>;
-  expect_close<E>(where + "out", a.out, out, kRtol<E>, atol);
   // lse is fp32 for every E, from the same fp32 scores: a few ulp of a value of a few units.
-  expect_close<float>(where + "lse", a.lse, lse, 1e-5, 1e-6);
-  expect_close<E>(where + "dq", a.dq, dq, kRtol<E>, atol);
-  expect_close<E>(where + "dk", a.dk, dk, kRtol<E>, atol);
-  expect_close<E>(where + "dv", a.dv, dv, kRtol<E>, atol);
-  CHECK_MESSAGE(same_bits(a.out, b.out), where << "out differs between schedule seeds");
-  CHECK_MESSAGE(same_bits(a.lse, b.lse), where << "lse differs between schedule seeds");
-  CHECK_MESSAGE(same_bits(a.dq, b.dq), where << "dq differs between schedule seeds");
-  CHECK_MESSAGE(same_bits(a.dk, b.dk), where << "dk differs between schedule seeds");
-  CHECK_MESSAGE(same_bits(a.dv, b.dv), where << "dv differs between schedule seeds");
+  ft::cuda_test::attention::expect_matches<E>(where, a, b, ref, kRtol<E>, atol, 1e-5, 1e-6);
 }
 
 // Small shapes (the emulator switches fibers at every barrier and shuffle), covering: one token;

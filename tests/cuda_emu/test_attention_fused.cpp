@@ -16,8 +16,6 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -26,6 +24,7 @@
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/kernels.h"
 #include "lib/core/error.h"
+#include "tests/cuda_emu/attention_test_util.h"
 #include "tests/cuda_emu/emu_test_util.h"
 #include "tests/cuda_emu/kernel_check.h"
 
@@ -34,30 +33,10 @@ namespace cu = ft::kernels::cuda;
 
 namespace {
 
+using ft::cuda_test::attention::random_tensor;
+using ft::cuda_test::attention::Result;
+using ft::cuda_test::attention::Shape;
 using ft::emu::test::DeviceBuffer;
-using ft::emu::test::SeedScope;
-
-struct Shape {
-  int B, T, H, K, D;
-};
-
-template <typename E>
-std::vector<E> random_tensor(size_t n, uint32_t seed, float scale) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<E> v(n);
-  for (auto& x : v) x = ft::from_f32<E>(d(g));
-  return v;
-}
-
-// Every element within rtol·|ref| + atol_frac·max|ref| (kernel_check.h's check_close).
-template <typename E>
-void expect_close(const std::string& what, const std::vector<E>& got, const std::vector<E>& ref,
-                  double rtol, double atol_frac) {
-  float amax = 0.0f;
-  for (const E& r : ref) amax = std::max(amax, std::fabs(ft::to_f32(r)));
-  ft::cuda_test::check_close(got, ref, rtol, atol_frac, std::vector<float>(ref.size(), amax), what);
-}
 
 // Tolerances (rtol, atol as a fraction of the tensor's max |ref|), those of the tensor-core
 // path of test_attention.cpp: the CPU computes in fp32 and rounds each output once, so one
@@ -94,12 +73,6 @@ std::vector<int32_t> make_segments(int B, int T) {
   return seg;
 }
 
-template <typename E>
-struct Result {
-  std::vector<E> out, dq, dk, dv;
-  std::vector<float> lse;
-};
-
 // The CPU reference: the CPU kernel on each document span [s, e) of each batch row (rows of
 // (B, T, ·, D) tensors are contiguous, so a span is a (1, e − s, ·, D) tensor; lse is gathered
 // and scattered per head).
@@ -134,7 +107,7 @@ Result<E> reference(const Shape& s, const std::vector<int32_t>& seg, const std::
 template <typename E>
 void check_case(const Shape& s, bool with_segments) {
   const auto [B, T, H, K, D] = s;
-  const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * K * D, nl = size_t(B) * H * T;
+  const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * K * D;
   // Scores of a few units: softmax rows neither uniform nor one-hot.
   const auto q = random_tensor<E>(nq, 1, 1.5f), kk = random_tensor<E>(nk, 2, 1.5f);
   const auto v = random_tensor<E>(nk, 3, 1.0f), dout = random_tensor<E>(nq, 4, 1.0f);
@@ -145,40 +118,21 @@ void check_case(const Shape& s, bool with_segments) {
   const DeviceBuffer<float> lse_ref_d(ref.lse);
   const DeviceBuffer<int32_t> seg_d(seg.empty() ? std::vector<int32_t>(1) : seg);
   const int32_t* seg_p = with_segments ? seg_d.get() : nullptr;
-  auto run = [&](uint64_t seed) {
-    SeedScope scope(seed);
-    DeviceBuffer<E> o(nq), gq(nq), gk(nk), gv(nk);
-    DeviceBuffer<float> l(nl);
-    // Outputs start as NaN bits: every element must be written.
-    for (DeviceBuffer<E>* t : {&o, &gq, &gk, &gv})
-      REQUIRE(cudaMemset(t->get(), 0xff, sizeof(E) * t->size()) == cudaSuccess);
-    REQUIRE(cudaMemset(l.get(), 0xff, sizeof(float) * nl) == cudaSuccess);
-    cu::attention_fused_forward<E>(o.get(), l.get(), q_d.get(), k_d.get(), v_d.get(), seg_p, B, T,
-                                   H, K, D, nullptr);
+  auto launch = [&](E* o, float* l, E* gq, E* gk, E* gv) {
+    cu::attention_fused_forward<E>(o, l, q_d.get(), k_d.get(), v_d.get(), seg_p, B, T, H, K, D,
+                                   nullptr);
     DeviceBuffer<unsigned char> scratch(cu::attention_fused_backward_scratch_bytes(B, T, H));
-    cu::attention_fused_backward<E>(gq.get(), gk.get(), gv.get(), dout_d.get(), out_ref_d.get(),
-                                    lse_ref_d.get(), q_d.get(), k_d.get(), v_d.get(), seg_p,
-                                    scratch.get(), B, T, H, K, D, nullptr);
-    return Result<E>{o.to_host(), gq.to_host(), gk.to_host(), gv.to_host(), l.to_host()};
+    cu::attention_fused_backward<E>(gq, gk, gv, dout_d.get(), out_ref_d.get(), lse_ref_d.get(),
+                                    q_d.get(), k_d.get(), v_d.get(), seg_p, scratch.get(), B, T, H,
+                                    K, D, nullptr);
   };
-  const std::vector<uint64_t> seeds = ft::emu::test::test_seeds();
-  const Result<E> a = run(seeds[0]), b = run(seeds[1]);
+  const auto [a, b] = ft::cuda_test::attention::run_under_two_seeds<E>(s, launch);
 
-  const std::string where = std::string("fused ") + ft::cuda_test::type_name<E>() +
-                            " B=" + std::to_string(B) + " T=" + std::to_string(T) +
-                            " H=" + std::to_string(H) + " K=" + std::to_string(K) +
-                            " D=" + std::to_string(D) + (with_segments ? " segments " : " ");
-  expect_close<E>(where + "out", a.out, ref.out, kRtol<E>, kAtolFrac<E>);
-  expect_close<float>(where + "lse", a.lse, ref.lse, kLseRtol, kLseAtolFrac);
-  expect_close<E>(where + "dq", a.dq, ref.dq, kRtol<E>, kAtolFrac<E>);
-  expect_close<E>(where + "dk", a.dk, ref.dk, kRtol<E>, kAtolFrac<E>);
-  expect_close<E>(where + "dv", a.dv, ref.dv, kRtol<E>, kAtolFrac<E>);
-  using ft::cuda_test::same_bits;
-  CHECK_MESSAGE(same_bits(a.out, b.out), where << "out differs between schedule seeds");
-  CHECK_MESSAGE(same_bits(a.lse, b.lse), where << "lse differs between schedule seeds");
-  CHECK_MESSAGE(same_bits(a.dq, b.dq), where << "dq differs between schedule seeds");
-  CHECK_MESSAGE(same_bits(a.dk, b.dk), where << "dk differs between schedule seeds");
-  CHECK_MESSAGE(same_bits(a.dv, b.dv), where << "dv differs between schedule seeds");
+  const std::string where = std::string("fused ") + ft::cuda_test::type_name<E>() + " " +
+                            ft::cuda_test::attention::shape_text(s) +
+                            (with_segments ? " segments " : " ");
+  ft::cuda_test::attention::expect_matches<E>(where, a, b, ref, kRtol<E>, kAtolFrac<E>, kLseRtol,
+                                              kLseAtolFrac);
 }
 
 // Small B and H: the emulator switches fibers at every mma, ldmatrix and barrier.

@@ -23,21 +23,9 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "kernels/cpu/isa_levels.h"  // the levels' copies, as kernels/cpu/dispatch.cpp sees them
 #include "kernels/kernels.h"
 #include "random_values.h"
-
-// The levels' copies, as kernels/cpu/dispatch.cpp sees them.
-namespace ft::kernels {
-namespace isa_baseline {
-#include "kernels/cpu/isa_kernels.inc"
-}  // namespace isa_baseline
-namespace isa_avx2 {
-#include "kernels/cpu/isa_kernels.inc"
-}  // namespace isa_avx2
-namespace isa_avx512_bf16 {
-#include "kernels/cpu/isa_kernels.inc"
-}  // namespace isa_avx512_bf16
-}  // namespace ft::kernels
 
 namespace k = ft::kernels;
 using ft::bf16;
