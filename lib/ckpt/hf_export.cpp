@@ -131,7 +131,7 @@ void write_tokenizer_files(const fs::path& model, const fs::path& tmp, int64_t m
                            HfExportResult* res) {
   std::unique_ptr<Tokenizer> tok;
   try {
-    tok = std::make_unique<Tokenizer>(model.string());
+    tok = load_sentencepiece_tokenizer(model.string());
   } catch (const Error& e) {
     res->tokenizer_note = std::string("the checkpoint's tokenizer is not a SentencePiece model (") +
                           e.what() + "); wrote no tokenizer files and no special token ids";
@@ -414,7 +414,9 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
         throw Error(src.string() +
                     ": missing; the manifest names this tokenizer copy but the checkpoint "
                     "lacks it");
-      fs::copy_file(src, tmp / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
+      const bool bpe_json = src.extension() == ".json";
+      fs::copy_file(src, tmp / (bpe_json ? "tokenizer.json" : "tokenizer.model"),
+                    fs::copy_options::overwrite_existing, ec);
       if (ec) throw Error(src.string() + ": cannot copy to the output: " + ec.message());
       if (tok.contains("sha256") && tok["sha256"].is_string() &&
           sha256_file_hex(src.string()) != tok["sha256"].get<std::string>())
@@ -422,7 +424,13 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
                     ": sha256 differs from the manifest's; the checkpoint's tokenizer copy is "
                     "corrupt");
       res.tokenizer = true;
-      write_tokenizer_files(src, tmp, m.model.max_seq_len, &res);
+      if (bpe_json)
+        res.tokenizer_note =
+            "copied the run's tokenizer.json as is; wrote no tokenizer_config.json or special "
+            "token ids (not yet done for tokenizer.json tokenizers: copy the base model's "
+            "tokenizer_config.json beside it)";
+      else
+        write_tokenizer_files(src, tmp, m.model.max_seq_len, &res);
     }
     write_hf_config(m.model, o.dtype, (tmp / "config.json").string(), res.ids);
     if (res.ids.bos >= 0 || res.ids.eos >= 0)
