@@ -424,6 +424,7 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
                     ": sha256 differs from the manifest's; the checkpoint's tokenizer copy is "
                     "corrupt");
       res.tokenizer = true;
+      res.tokenizer_file = bpe_json ? "tokenizer.json" : "tokenizer.model";
       if (bpe_json)
         res.tokenizer_note =
             "copied the run's tokenizer.json as is; wrote no tokenizer_config.json or special "

@@ -9,7 +9,8 @@
 #      digits, spaces and newlines, tabs, CRLF, special-token text inside prose; and 400 random
 #      strings of such pieces): every
 #      document's ids in the shards equal `tokenizers`' encode, and decode gives the text back.
-#   c. An HF folder as --tokenizer; invalid UTF-8 (replaced by U+FFFD, as documented); the
+#   c. An HF folder as --tokenizer and as tokenizer.path (validate, a 2-step train whose
+#      checkpoint keeps tokenizer.json, the hash check against other shards); invalid UTF-8 (replaced by U+FFFD, as documented); the
 #      refusals: another model type, a normalizer ft lacks, a tiktoken rank file, tekken.json.
 # The venv is test_export_transformers' (common.sh: venv, hf_tf5_spec), made once under BUILD_DIR.
 #   bash tests/cli/test_tokenizer_json.sh BUILD_DIR SOURCE_DIR
@@ -203,6 +204,40 @@ a = h5py.File(f"{t}/shards_folder/shard_00000.h5")["tokens"][:]
 b = h5py.File(f"{t}/shards_qwen2/shard_00000.h5")["tokens"][:]
 sys.exit(0 if len(a) == len(b) and (a == b).all() else 1)
 EOF
+
+# tokenizer.path as the folder: ft validate takes it; ft train checks the shards' hash against
+# the file it resolves to and keeps that file, as tokenizer.json, in the checkpoint.
+recipe() {  # VOCAB_SIZE
+  cat <<YAML
+run: {name: bpe, output_dir: $tmp/run, seed: 0}
+model: {arch: llama, dim: 32, n_layers: 1, n_heads: 2, n_kv_heads: 2, ffn_dim: 64,
+        vocab_size: $1, max_seq_len: 16}
+tokenizer: {path: $tmp/hf_folder}
+data: {train: $tmp/shards_folder, seq_len: 16, shuffle: false}
+training: {steps: 2, micro_batch_size: 2, global_batch_size: 2}
+optimizer: {name: adamw, lr: 1.0e-3}
+checkpoint: {dir: $tmp/ckpt, every_steps: 2}
+YAML
+}
+recipe 702 > "$tmp/r.yaml"
+run_rc 0 "$ft" validate "$tmp/r.yaml"
+run_rc 0 "$ft" train "$tmp/r.yaml"
+[[ -f $tmp/ckpt/step_00000002/tokenizer.json ]] || fail "the checkpoint lacks tokenizer.json"
+cmp -s "$tmp/ckpt/step_00000002/tokenizer.json" "$tmp/hf_folder/tokenizer.json" ||
+  fail "the checkpoint's tokenizer.json differs from the recipe's"
+run_rc 0 "$ft" export "$tmp/ckpt" --output "$tmp/exported"
+has_out "copied tokenizer.json"
+has_err "wrote no tokenizer_config.json"
+cmp -s "$tmp/exported/tokenizer.json" "$tmp/hf_folder/tokenizer.json" ||
+  fail "the exported tokenizer.json differs from the recipe's"
+recipe 600 > "$tmp/r_small.yaml"
+run_rc 2 "$ft" validate "$tmp/r_small.yaml"
+has_err "pieces of tokenizer $tmp/hf_folder"
+# A tokenizer.json other than the shards': the loader refuses by hash.
+recipe 702 | sed "s|path: $tmp/hf_folder|path: $tmp/gpt2.json|; s|dir: $tmp/ckpt|dir: $tmp/ckpt2|" \
+  > "$tmp/r_other.yaml"
+run_rc 1 "$ft" train "$tmp/r_other.yaml"
+has_err "differs from the sha256 of the recipe's tokenizer"
 
 # Invalid UTF-8: each maximal invalid subpart becomes U+FFFD, as Python's errors="replace".
 printf 'ok \xff\xfe then \xe2\x82 cut and \xed\xa0\x80 surrogate \xc3\n' > "$tmp/bad.txt"
