@@ -10,6 +10,7 @@
 //      is written (write_safetensors: temp name, fsync, rename) as soon as its last tensor is in;
 //   3. tokenizer.model when the checkpoint has one (its sha256 checked against the manifest)
 //      with tokenizer.json, tokenizer_config.json, special_tokens_map.json (hf_tokenizer.h);
+//      or its tokenizer.json, copied, with a tokenizer_config.json;
 //      config.json and generation_config.json with the tokenizer's special ids;
 //      model.safetensors.index.json when sharded;
 //   4. rename DIR.tmp-<pid> to DIR (after moving an old DIR aside with --overwrite).
@@ -120,6 +121,39 @@ struct PlannedTensor {
 bool is_checkpoint_folder(const fs::path& p) {
   std::error_code ec;
   return fs::exists(p / "manifest.json", ec) || fs::exists(p / "latest", ec);
+}
+
+// Beside a copied tokenizer.json (in `tmp`): tokenizer_config.json naming PreTrainedTokenizerFast
+// (which runs tokenizer.json as it is, post-processor included, so AutoTokenizer gives ft
+// tokenize's ids) and the BOS/EOS the file's template defines, and those ids for config.json.
+void write_bpe_tokenizer_config(const fs::path& file, const fs::path& tmp, int64_t max_seq_len,
+                                HfExportResult* res) {
+  std::unique_ptr<Tokenizer> tok;
+  try {
+    tok = load_bpe_tokenizer(file.string());
+  } catch (const Error& e) {
+    res->tokenizer_note =
+        std::string("copied the checkpoint's tokenizer.json, which ft cannot read (") + e.what() +
+        "); wrote no tokenizer_config.json and no special token ids";
+    return;
+  }
+  nlohmann::ordered_json j;
+  j["tokenizer_class"] = "PreTrainedTokenizerFast";
+  auto token = [&](int32_t id) {
+    return id >= 0 ? nlohmann::ordered_json(tok->decode({id})) : nlohmann::ordered_json(nullptr);
+  };
+  j["bos_token"] = token(tok->bos_id());
+  j["eos_token"] = token(tok->eos_id());
+  // What the template does (and ft tokenize with it); stated so that a reader that rebuilds
+  // the post-processor from these flags rebuilds the same one.
+  j["add_bos_token"] = tok->bos_id() >= 0;
+  j["add_eos_token"] = tok->eos_id() >= 0;
+  j["clean_up_tokenization_spaces"] = false;
+  j["model_max_length"] = max_seq_len;
+  j["model_input_names"] = {"input_ids", "attention_mask"};
+  write_text_file(tmp / "tokenizer_config.json", j.dump(2) + "\n");
+  res->ids = {tok->bos_id(), tok->eos_id(), -1};
+  res->hf_tokenizer = true;
 }
 
 // Beside the copied tokenizer.model (in `tmp`): the Hugging Face tokenizer files, and the special
@@ -426,10 +460,7 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
       res.tokenizer = true;
       res.tokenizer_file = bpe_json ? "tokenizer.json" : "tokenizer.model";
       if (bpe_json)
-        res.tokenizer_note =
-            "copied the run's tokenizer.json as is; wrote no tokenizer_config.json or special "
-            "token ids (not yet done for tokenizer.json tokenizers: copy the base model's "
-            "tokenizer_config.json beside it)";
+        write_bpe_tokenizer_config(src, tmp, m.model.max_seq_len, &res);
       else
         write_tokenizer_files(src, tmp, m.model.max_seq_len, &res);
     }

@@ -53,8 +53,9 @@ struct HfExportResult {
   bool sharded = false;        // wrote model.safetensors.index.json
   bool tokenizer = false;      // copied the checkpoint's tokenizer file, named tokenizer_file
   std::string tokenizer_file;  // tokenizer.model or tokenizer.json
-  // Wrote tokenizer.json, tokenizer_config.json and special_tokens_map.json (hf_tokenizer.h);
-  // false with a tokenizer means tokenizer_note says why not.
+  // Wrote tokenizer.json, tokenizer_config.json and special_tokens_map.json (hf_tokenizer.h),
+  // or, for a tokenizer.json tokenizer, tokenizer_config.json beside the copy; false with a
+  // tokenizer means tokenizer_note says why not.
   bool hf_tokenizer = false;
   std::string tokenizer_note;
   HfTokenIds ids;  // in config.json and generation_config.json

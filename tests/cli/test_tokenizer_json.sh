@@ -227,9 +227,26 @@ cmp -s "$tmp/ckpt/step_00000002/tokenizer.json" "$tmp/hf_folder/tokenizer.json" 
   fail "the checkpoint's tokenizer.json differs from the recipe's"
 run_rc 0 "$ft" export "$tmp/ckpt" --output "$tmp/exported"
 has_out "copied tokenizer.json"
-has_err "wrote no tokenizer_config.json"
+has_out "wrote tokenizer_config.json"
 cmp -s "$tmp/exported/tokenizer.json" "$tmp/hf_folder/tokenizer.json" ||
   fail "the exported tokenizer.json differs from the recipe's"
+# transformers' AutoTokenizer on the exported folder gives the ids in the shards.
+"$PY" - "$tmp" <<'EOF' || fail "AutoTokenizer on the export differs from the shards"
+import json, sys
+import h5py
+from transformers import AutoTokenizer
+t = sys.argv[1]
+tok = AutoTokenizer.from_pretrained(f"{t}/exported")
+docs = [json.loads(l)["text"] for l in open(f"{t}/docs.jsonl")]
+with h5py.File(f"{t}/shards_folder/shard_00000.h5") as f:
+    tokens, offs = f["tokens"][:], f["doc_offsets"][:]
+ends = list(offs[1:]) + [len(tokens)]
+for i, d in enumerate(docs):
+    got = tok(d)["input_ids"]
+    want = [int(x) for x in tokens[offs[i]:ends[i]]]
+    assert got == want, (i, d, got, want)
+print(f"AutoTokenizer ({type(tok).__name__}) on the export: {len(docs)} documents, identical")
+EOF
 recipe 600 > "$tmp/r_small.yaml"
 run_rc 2 "$ft" validate "$tmp/r_small.yaml"
 has_err "pieces of tokenizer $tmp/hf_folder"
