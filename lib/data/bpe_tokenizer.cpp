@@ -16,7 +16,8 @@
 //      leftmost first among equal ranks (bpe/model.rs's heap order).
 // Byte-level BPE writes each byte as a printable code point (GPT-2's bytes_to_unicode, below);
 // the vocabulary is translated back to raw bytes once at load, so encoding never maps bytes.
-// Regexes are PCRE2 with UTF and UCP (\s, \d, \w by Unicode properties), JIT-compiled.
+// Regexes are PCRE2 with UTF and UCP (\p{..}, \d, \w by Unicode properties; \s rewritten as
+// Unicode White_Space, which is Oniguruma's), JIT-compiled.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <unicode/normalizer2.h>
@@ -196,7 +197,8 @@ class Regex {
       FT_FAIL(where, ": PCRE2 cannot compile the pattern at offset ", at, " (",
               reinterpret_cast<char*>(msg), "): ", pattern);
     }
-    jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
+    // Where the JIT is unavailable pcre2_match interprets the pattern: slower, same matches.
+    (void)pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);
   }
   ~Regex() { pcre2_code_free(code_); }
   Regex(const Regex&) = delete;
@@ -243,7 +245,6 @@ class Regex {
   }
 
   pcre2_code* code_ = nullptr;
-  bool jit_ = false;
 };
 
 struct AddedToken {
