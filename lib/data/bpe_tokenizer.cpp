@@ -336,6 +336,7 @@ class BpeTokenizer final : public Tokenizer {
   };
   std::unordered_map<uint64_t, Merge> merges_;  // (left id << 32 | right id) -> merge
   int32_t unk_ = -1;
+  bool fuse_unk_ = false;
   bool ignore_merges_ = false;
 
   std::vector<AddedToken> added_;     // from added_tokens
@@ -453,6 +454,7 @@ void BpeTokenizer::load_model(const json& m) {
       FT_FAIL(at(file_, "model.unk_token"), ": \"", unk->get<std::string>(),
               "\" is not in model.vocab");
     unk_ = it->second;
+    fuse_unk_ = flag(m, "fuse_unk", false, file_, "model");
   }
 
   const json& merges = need(m, "merges", file_, "model");
@@ -767,12 +769,17 @@ void BpeTokenizer::bpe(std::string_view word, std::vector<int32_t>* out) const {
   };
   std::vector<Symbol> sym;
   sym.reserve(word.size());
+  bool last_unknown = false;
   for (size_t i = 0; i < word.size(); ++i) {
     int32_t id = byte_id_[uint8_t(word[i])];
-    if (id < 0) {
+    const bool unknown = id < 0;
+    if (unknown) {
       if (unk_ < 0) continue;  // no unk token: the byte is dropped, as bpe/model.rs does
       id = unk_;
+      // fuse_unk: a run of unknown bytes is one unk (bpe/model.rs merge_word).
+      if (fuse_unk_ && last_unknown) continue;
     }
+    last_unknown = unknown;
     const int32_t n = int32_t(sym.size());
     sym.push_back({id, n - 1, -1});
     if (n > 0) sym[n - 1].next = n;

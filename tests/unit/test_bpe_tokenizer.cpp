@@ -1,9 +1,10 @@
 // bpe_tokenizer: byte-level BPE read from a hand-built tokenizer.json, the cases small enough to
 // state by hand: merge order (rank first, leftmost among equal ranks), the two merge forms,
-// ignore_merges, added tokens (lstrip, rstrip, single_word, leftmost-longest), decode as the
-// inverse of encode on every byte value, invalid UTF-8 replaced by U+FFFD, and errors that
-// name the key. Agreement with Hugging Face `tokenizers` on trained tokenizers and awkward text
-// is tests/cli/test_tokenizer_json.sh.
+// ignore_merges, bytes outside the vocabulary (dropped, unk, fuse_unk), added tokens (lstrip,
+// rstrip, single_word, leftmost-longest), decode as the inverse of encode, invalid UTF-8
+// replaced by U+FFFD, BOS/EOS from the template, and errors that name the key. Agreement with
+// Hugging Face `tokenizers` on trained tokenizers and awkward text is
+// tests/cli/test_tokenizer_json.sh.
 #include <doctest/doctest.h>
 
 #include <fstream>
@@ -121,6 +122,19 @@ TEST_CASE("bpe_tokenizer: ignore_merges takes a whole piece found in the vocabul
   CHECK(tok->encode("abc") == Ids{kABC});  // in the vocabulary as a whole
 }
 
+TEST_CASE("bpe_tokenizer: a byte outside the vocabulary is dropped, or unk, or one fused unk") {
+  TempDir dir;
+  json j = base_tokenizer(false);
+  j["model"]["vocab"].erase(byte_level("\xC3"));
+  j["model"]["vocab"].erase(byte_level("\xA9"));
+  // "é" is C3 A9, "©" is C2 A9.
+  CHECK(load(dir, j)->encode("a\u00e9b\u00a9") == Ids{kAB, 0xC2});  // dropped, then a+b
+  j["model"]["unk_token"] = "x";
+  CHECK(load(dir, j)->encode("a\u00e9b\u00a9") == Ids{'a', 'x', 'x', 'b', 0xC2, 'x'});
+  j["model"]["fuse_unk"] = true;
+  CHECK(load(dir, j)->encode("a\u00e9b\u00a9") == Ids{'a', 'x', 'b', 0xC2, 'x'});
+}
+
 TEST_CASE("bpe_tokenizer: added tokens before the model, with their flags") {
   TempDir dir;
   json j = base_tokenizer(false);
@@ -141,13 +155,15 @@ TEST_CASE("bpe_tokenizer: added tokens before the model, with their flags") {
   CHECK(tok->decode({'a', kS, 'b'}) == "a<s>b");
 }
 
-TEST_CASE("bpe_tokenizer: decode inverts encode on every byte; invalid UTF-8 becomes U+FFFD") {
+TEST_CASE("bpe_tokenizer: decode inverts encode (every ASCII byte); invalid UTF-8 is U+FFFD") {
   TempDir dir;
   auto tok = load(dir, base_tokenizer(false));
   std::string all_valid = "aab abc\t\r\n  wow 日本 😀👍🏽 e\u0301";
   CHECK(tok->decode(tok->encode(all_valid)) == all_valid);
   for (int b = 0; b < 128; ++b) {
-    const std::string s = "x" + std::string(1, char(b)) + "y";
+    std::string s = "x";
+    s += char(b);
+    s += 'y';
     CHECK(tok->decode(tok->encode(s)) == s);
   }
   // Maximal subparts: \xE2\x82 (a cut 3-byte sequence) is one U+FFFD, \xFF one, \xED\xA0\x80 three
