@@ -15,6 +15,7 @@ packages=(
   build-essential cmake pkg-config git procps time
   libcli11-dev libyaml-cpp-dev nlohmann-json3-dev doctest-dev
   libsentencepiece-dev sentencepiece
+  libpcre2-dev libicu-dev  # byte-level BPE tokenizer.json: regexes, NFC
   libhdf5-dev zlib1g-dev
   libopenmpi-dev openmpi-bin
   libopenblas-dev libdnnl-dev

@@ -87,8 +87,10 @@ int cmd_export(const ExportArgs& a) {
   std::printf(")\n");
   if (r.ids.bos >= 0 || r.ids.eos >= 0) std::printf("  wrote generation_config.json\n");
   if (r.sharded) std::printf("  wrote model.safetensors.index.json\n");
-  if (r.tokenizer) std::printf("  copied tokenizer.model\n");
-  if (r.hf_tokenizer)
+  if (r.tokenizer) std::printf("  copied %s\n", r.tokenizer_file.c_str());
+  if (r.hf_tokenizer && r.tokenizer_file == "tokenizer.json")
+    std::printf("  wrote tokenizer_config.json\n");
+  else if (r.hf_tokenizer)
     std::printf("  wrote tokenizer.json, tokenizer_config.json, special_tokens_map.json\n");
   std::printf(
       "ft export: done: %zu tensors, %llu parameters, %s of %s tensor data in %zu "

@@ -134,9 +134,10 @@ int main(int argc, char** argv) {
 
   TokenizeArgs tok;
   auto* k = app.add_subcommand("tokenize", "Tokenize text or JSONL files into HDF5 token shards");
-  k->add_option("--tokenizer", tok.tokenizer, "SentencePiece model file")
+  k->add_option("--tokenizer", tok.tokenizer,
+                "SentencePiece .model, tokenizer.json, or a Hugging Face folder holding one")
       ->required()
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingPath);
   k->add_option("--input", tok.inputs, "Input files (text or JSONL)")
       ->required()
       ->expected(1, -1)

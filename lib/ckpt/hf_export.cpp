@@ -10,6 +10,7 @@
 //      is written (write_safetensors: temp name, fsync, rename) as soon as its last tensor is in;
 //   3. tokenizer.model when the checkpoint has one (its sha256 checked against the manifest)
 //      with tokenizer.json, tokenizer_config.json, special_tokens_map.json (hf_tokenizer.h);
+//      or its tokenizer.json, copied, with a tokenizer_config.json;
 //      config.json and generation_config.json with the tokenizer's special ids;
 //      model.safetensors.index.json when sharded;
 //   4. rename DIR.tmp-<pid> to DIR (after moving an old DIR aside with --overwrite).
@@ -121,6 +122,39 @@ bool is_checkpoint_folder(const fs::path& p) {
   return fs::exists(p / "manifest.json", ec) || fs::exists(p / "latest", ec);
 }
 
+// Beside a copied tokenizer.json (in `tmp`): tokenizer_config.json naming PreTrainedTokenizerFast
+// (which runs tokenizer.json as it is, post-processor included, so AutoTokenizer gives ft
+// tokenize's ids) and the BOS/EOS the file's template defines, and those ids for config.json.
+void write_bpe_tokenizer_config(const fs::path& file, const fs::path& tmp, int64_t max_seq_len,
+                                HfExportResult* res) {
+  std::unique_ptr<Tokenizer> tok;
+  try {
+    tok = load_bpe_tokenizer(file.string());
+  } catch (const Error& e) {
+    res->tokenizer_note =
+        std::string("copied the checkpoint's tokenizer.json, which ft cannot read (") + e.what() +
+        "); wrote no tokenizer_config.json and no special token ids";
+    return;
+  }
+  nlohmann::ordered_json j;
+  j["tokenizer_class"] = "PreTrainedTokenizerFast";
+  auto token = [&](int32_t id) {
+    return id >= 0 ? nlohmann::ordered_json(tok->decode({id})) : nlohmann::ordered_json(nullptr);
+  };
+  j["bos_token"] = token(tok->bos_id());
+  j["eos_token"] = token(tok->eos_id());
+  // What the template does (and ft tokenize with it); stated so that a reader that rebuilds
+  // the post-processor from these flags rebuilds the same one.
+  j["add_bos_token"] = tok->bos_id() >= 0;
+  j["add_eos_token"] = tok->eos_id() >= 0;
+  j["clean_up_tokenization_spaces"] = false;
+  j["model_max_length"] = max_seq_len;
+  j["model_input_names"] = {"input_ids", "attention_mask"};
+  write_text_file(tmp / "tokenizer_config.json", j.dump(2) + "\n");
+  res->ids = {tok->bos_id(), tok->eos_id(), -1};
+  res->hf_tokenizer = true;
+}
+
 // Beside the copied tokenizer.model (in `tmp`): the Hugging Face tokenizer files, and the special
 // ids for config.json. A file SentencePiece cannot load, or a model whose tokenization the
 // export cannot reproduce, gets no tokenizer files and a note instead (the weights are still
@@ -130,7 +164,7 @@ void write_tokenizer_files(const fs::path& model, const fs::path& tmp, int64_t m
                            HfExportResult* res) {
   std::unique_ptr<Tokenizer> tok;
   try {
-    tok = std::make_unique<Tokenizer>(model.string());
+    tok = load_sentencepiece_tokenizer(model.string());
   } catch (const Error& e) {
     res->tokenizer_note = std::string("the checkpoint's tokenizer is not a SentencePiece model (") +
                           e.what() + "); wrote no tokenizer files and no special token ids";
@@ -413,7 +447,9 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
         throw Error(src.string() +
                     ": missing; the manifest names this tokenizer copy but the checkpoint "
                     "lacks it");
-      fs::copy_file(src, tmp / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
+      const bool bpe_json = src.extension() == ".json";
+      fs::copy_file(src, tmp / (bpe_json ? "tokenizer.json" : "tokenizer.model"),
+                    fs::copy_options::overwrite_existing, ec);
       if (ec) throw Error(src.string() + ": cannot copy to the output: " + ec.message());
       if (tok.contains("sha256") && tok["sha256"].is_string() &&
           sha256_file_hex(src.string()) != tok["sha256"].get<std::string>())
@@ -421,7 +457,11 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
                     ": sha256 differs from the manifest's; the checkpoint's tokenizer copy is "
                     "corrupt");
       res.tokenizer = true;
-      write_tokenizer_files(src, tmp, m.model.max_seq_len, &res);
+      res.tokenizer_file = bpe_json ? "tokenizer.json" : "tokenizer.model";
+      if (bpe_json)
+        write_bpe_tokenizer_config(src, tmp, m.model.max_seq_len, &res);
+      else
+        write_tokenizer_files(src, tmp, m.model.max_seq_len, &res);
     }
     write_hf_config(m.model, o.dtype, (tmp / "config.json").string(), res.ids);
     if (res.ids.bos >= 0 || res.ids.eos >= 0)

@@ -48,12 +48,14 @@ struct HfExportResult {
   std::string dir;
   std::vector<HfFileInfo> files;  // safetensors files in write order (config and tokenizer aside)
   size_t tensors = 0;
-  uint64_t parameters = 0;    // elements
-  uint64_t tensor_bytes = 0;  // data bytes in the output dtype (the index's total_size)
-  bool sharded = false;       // wrote model.safetensors.index.json
-  bool tokenizer = false;     // copied tokenizer.model
-  // Wrote tokenizer.json, tokenizer_config.json and special_tokens_map.json (hf_tokenizer.h);
-  // false with a tokenizer means tokenizer_note says why not.
+  uint64_t parameters = 0;     // elements
+  uint64_t tensor_bytes = 0;   // data bytes in the output dtype (the index's total_size)
+  bool sharded = false;        // wrote model.safetensors.index.json
+  bool tokenizer = false;      // copied the checkpoint's tokenizer file, named tokenizer_file
+  std::string tokenizer_file;  // tokenizer.model or tokenizer.json
+  // Wrote tokenizer.json, tokenizer_config.json and special_tokens_map.json (hf_tokenizer.h),
+  // or, for a tokenizer.json tokenizer, tokenizer_config.json beside the copy; false with a
+  // tokenizer means tokenizer_note says why not.
   bool hf_tokenizer = false;
   std::string tokenizer_note;
   HfTokenIds ids;  // in config.json and generation_config.json

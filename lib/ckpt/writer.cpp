@@ -455,10 +455,12 @@ void CheckpointWriter::run_job(Job& job) {
   m["pieces"] = all_pieces;
   try {
     if (!o_.tokenizer.empty()) {
-      const fs::path dst = folder / "tokenizer.model";
+      // A tokenizer.json keeps its name (export and load_tokenizer tell the kinds apart by it).
+      const std::string name =
+          fs::path(o_.tokenizer).extension() == ".json" ? "tokenizer.json" : "tokenizer.model";
       const std::string data = read_text(o_.tokenizer);
-      write_file_atomic(dst.string(), data);
-      m["tokenizer"]["file"] = "tokenizer.model";
+      write_file_atomic((folder / name).string(), data);
+      m["tokenizer"]["file"] = name;
     }
     // What is committed must pass every check a reader makes (parse_manifest): a writer bug or
     // a damaged rank record fails this save instead of leaving a checkpoint no run can load.

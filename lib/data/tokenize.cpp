@@ -184,7 +184,8 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
       throw UsageError(opt.output_dir + " already holds shards (" + e.path().filename().string() +
                        "); remove them or choose another --output");
 
-  Tokenizer tok(opt.tokenizer);
+  const std::unique_ptr<Tokenizer> tok_ptr = load_tokenizer(opt.tokenizer);
+  const Tokenizer& tok = *tok_ptr;
   ShardAttributes attrs;
   attrs.vocab_size = tok.vocab_size();
   attrs.bos_id = tok.bos_id();

@@ -27,7 +27,7 @@
 namespace ft {
 
 struct TokenizeOptions {
-  std::string tokenizer;            // SentencePiece model file
+  std::string tokenizer;            // .model, tokenizer.json or HF folder (load_tokenizer)
   std::vector<std::string> inputs;  // files, in order
   std::string output_dir;           // created if missing; must not already hold *.h5
   std::string format = "auto";      // auto (by extension: .jsonl/.json -> jsonl) | text | jsonl

@@ -2,45 +2,99 @@
 
 #include <sentencepiece_processor.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "core/error.h"
 #include "data/sha256.h"
 
 namespace ft {
+namespace {
 
-struct Tokenizer::Impl {
-  sentencepiece::SentencePieceProcessor sp;
-  std::string path, sha256;
+namespace fs = std::filesystem;
+
+// A tiktoken rank file (Llama 3's original/tokenizer.model): lines of "<base64> <rank>".
+bool looks_like_tiktoken(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  const size_t sp = line.find(' ');
+  if (sp == 0 || sp == std::string::npos || sp + 1 == line.size()) return false;
+  for (size_t i = 0; i < sp; ++i) {
+    const char c = line[i];
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '/' || c == '='))
+      return false;
+  }
+  for (size_t i = sp + 1; i < line.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(line[i]))) return false;
+  return true;
+}
+
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  explicit SentencePieceTokenizer(const std::string& file) {
+    path_ = file;
+    // Hash first: it also gives a clear error for a missing or unreadable file.
+    sha256_ = sha256_file_hex(file);
+    auto status = sp_.Load(file);
+    if (!status.ok()) {
+      if (looks_like_tiktoken(file))
+        FT_FAIL(file,
+                ": a tiktoken rank file (lines of base64 token and rank), which ft does not "
+                "read; give the model's Hugging Face tokenizer.json instead");
+      FT_FAIL(file, ": not a SentencePiece model (", status.ToString(), ")");
+    }
+  }
+
+  std::vector<int32_t> encode(std::string_view text) const override {
+    std::vector<int> ids;
+    auto status = sp_.Encode({text.data(), text.size()}, &ids);
+    if (!status.ok()) FT_FAIL(path_, ": encoding failed: ", status.ToString());
+    return std::vector<int32_t>(ids.begin(), ids.end());
+  }
+
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::vector<int> v(ids.begin(), ids.end());
+    std::string out;
+    auto status = sp_.Decode(v, &out);
+    if (!status.ok()) FT_FAIL(path_, ": decoding failed: ", status.ToString());
+    return out;
+  }
+
+  int64_t vocab_size() const override { return sp_.GetPieceSize(); }
+  int32_t bos_id() const override { return sp_.bos_id(); }
+  int32_t eos_id() const override { return sp_.eos_id(); }
+
+ private:
+  sentencepiece::SentencePieceProcessor sp_;  // Encode/Decode are const: thread-safe
 };
 
-Tokenizer::Tokenizer(const std::string& model_path) : impl_(std::make_unique<Impl>()) {
-  impl_->path = model_path;
-  // Hash first: it also gives a clear error for a missing or unreadable file.
-  impl_->sha256 = sha256_file_hex(model_path);
-  auto status = impl_->sp.Load(model_path);
-  if (!status.ok()) FT_FAIL(model_path, ": not a SentencePiece model (", status.ToString(), ")");
+}  // namespace
+
+std::string resolve_tokenizer_file(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return path;
+  for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
+    const fs::path p = fs::path(path) / name;
+    if (fs::is_regular_file(p, ec)) return p.string();
+  }
+  if (fs::exists(fs::path(path) / "tekken.json", ec))
+    throw UsageError(path +
+                     ": holds tekken.json (Mistral's tokenizer format), which ft does not read; "
+                     "give a folder or file with tokenizer.json or tokenizer.model");
+  throw UsageError(path +
+                   ": a folder without tokenizer.model or tokenizer.json; give the tokenizer "
+                   "file, or the Hugging Face model folder that holds it");
 }
 
-Tokenizer::~Tokenizer() = default;
-
-std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
-  std::vector<int> ids;
-  auto status = impl_->sp.Encode({text.data(), text.size()}, &ids);
-  if (!status.ok()) FT_FAIL(impl_->path, ": encoding failed: ", status.ToString());
-  return std::vector<int32_t>(ids.begin(), ids.end());
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+  const std::string file = resolve_tokenizer_file(path);
+  if (fs::path(file).extension() == ".json") return load_bpe_tokenizer(file);
+  return load_sentencepiece_tokenizer(file);
 }
 
-std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
-  std::vector<int> v(ids.begin(), ids.end());
-  std::string out;
-  auto status = impl_->sp.Decode(v, &out);
-  if (!status.ok()) FT_FAIL(impl_->path, ": decoding failed: ", status.ToString());
-  return out;
+std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::string& file) {
+  return std::make_unique<SentencePieceTokenizer>(file);
 }
-
-int64_t Tokenizer::vocab_size() const { return impl_->sp.GetPieceSize(); }
-int32_t Tokenizer::bos_id() const { return impl_->sp.bos_id(); }
-int32_t Tokenizer::eos_id() const { return impl_->sp.eos_id(); }
-const std::string& Tokenizer::path() const { return impl_->path; }
-const std::string& Tokenizer::sha256() const { return impl_->sha256; }
 
 }  // namespace ft

@@ -1,5 +1,7 @@
-// The SentencePiece tokenizer behind one small interface, so that only tokenizer.cpp includes
-// sentencepiece_processor.h.
+// One tokenizer interface, two kinds behind it (DESIGN.md §6 "Tokenizers"):
+//   SentencePiece   a `.model` file (tokenizer.cpp; only it includes sentencepiece_processor.h)
+//   byte-level BPE  a Hugging Face `tokenizer.json` (bpe_tokenizer.cpp; PCRE2 for its regexes)
+// load_tokenizer() picks by the path: a folder, a `.json` file, or anything else (SentencePiece).
 #pragma once
 
 #include <cstdint>
@@ -12,26 +14,39 @@ namespace ft {
 
 class Tokenizer {
  public:
-  // Loads a SentencePiece model file; throws ft::Error naming the file when it cannot.
-  explicit Tokenizer(const std::string& model_path);
-  ~Tokenizer();
-  Tokenizer(const Tokenizer&) = delete;
-  Tokenizer& operator=(const Tokenizer&) = delete;
+  virtual ~Tokenizer() = default;
 
-  // Token ids of `text`, without BOS/EOS. Safe to call from several threads at once
-  // (SentencePiece's encoding is const).
-  std::vector<int32_t> encode(std::string_view text) const;
-  std::string decode(const std::vector<int32_t>& ids) const;
+  // Token ids of `text`, without BOS/EOS. Safe to call from several threads at once.
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
 
-  int64_t vocab_size() const;
-  int32_t bos_id() const;  // -1 when the model defines none
-  int32_t eos_id() const;  // -1 when the model defines none
-  const std::string& path() const;
-  const std::string& sha256() const;  // hex SHA-256 of the model file's bytes
+  virtual int64_t vocab_size() const = 0;  // 1 + the largest id the tokenizer can produce
+  virtual int32_t bos_id() const = 0;      // -1 when the tokenizer defines none
+  virtual int32_t eos_id() const = 0;      // -1 when the tokenizer defines none
+  // The file read (a folder resolved to its tokenizer file) and the hex SHA-256 of its bytes,
+  // which shards record as tokenizer_sha256.
+  const std::string& path() const { return path_; }
+  const std::string& sha256() const { return sha256_; }
 
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+ protected:
+  std::string path_, sha256_;
 };
+
+// The file a tokenizer path names: the path itself when it is a file; for a folder (a Hugging
+// Face model folder), its tokenizer.model when it holds one (SentencePiece, what ft read before
+// tokenizer.json support), else its tokenizer.json. Throws UsageError for a folder with neither
+// (naming what it found, e.g. Mistral's tekken.json, which ft does not read).
+std::string resolve_tokenizer_file(const std::string& path);
+
+// Loads the tokenizer `path` names (resolve_tokenizer_file): a `.json` file as a Hugging Face
+// tokenizer.json (byte-level BPE), anything else as a SentencePiece model. Throws ft::Error
+// naming the file (and the key, for tokenizer.json) when it cannot.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+// The SentencePiece kind (tokenizer.cpp). A file that is not one fails with a message that
+// names the format when it recognises it (a tiktoken rank file).
+std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::string& file);
+// The byte-level BPE kind (bpe_tokenizer.cpp).
+std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& file);
 
 }  // namespace ft

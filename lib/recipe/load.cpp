@@ -410,6 +410,7 @@ std::optional<Value> Loader::convert(const KeySpec& k, const Setting& s) {
     case Kind::kString:
     case Kind::kDir:
     case Kind::kFile:
+    case Kind::kTokenizer:
     case Kind::kChoice: {
       if (k.kind == Kind::kChoice && !n.IsScalar()) {
         return wrong("one of " + join(k.choices, ", "), example(k));

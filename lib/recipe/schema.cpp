@@ -135,7 +135,8 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(model, init_std, kFloat, "std of the random initialisation (without model.from)",
                {.range = above(0)}),
 
-        FT_KEY(tokenizer, path, kFile, "SentencePiece .model file (optional)"),
+        FT_KEY(tokenizer, path, kTokenizer,
+               "SentencePiece .model, tokenizer.json, or a Hugging Face folder (optional)"),
 
         FT_KEY(data, train, kDir, "folder of training shards (*.h5)", {.need = Need::kRequired}),
         FT_KEY(data, valid, kDir, "folder of validation shards (optional)"),

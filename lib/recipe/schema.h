@@ -20,11 +20,13 @@ enum class Kind {
   kUInt64,  // 64-bit unsigned integer (seeds)
   kFloat,   // finite double; integers are accepted too
   kBool,
-  kString,  // any scalar; empty means "unset" for optional keys
-  kDir,     // string naming an existing directory (checked after parsing)
-  kFile,    // string naming an existing regular file (checked after parsing)
-  kChoice,  // string from a fixed list
-  kBetas,   // list of two floats → optimizer.beta1, beta2
+  kString,     // any scalar; empty means "unset" for optional keys
+  kDir,        // string naming an existing directory (checked after parsing)
+  kFile,       // string naming an existing regular file (checked after parsing)
+  kTokenizer,  // a tokenizer file, or a folder holding one (data/tokenizer.h; checked after
+               // parsing)
+  kChoice,     // string from a fixed list
+  kBetas,      // list of two floats → optimizer.beta1, beta2
 };
 
 // A parsed value, in the widest type of its kind.

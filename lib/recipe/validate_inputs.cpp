@@ -99,10 +99,20 @@ std::string Loader::hf_says(const KeySpec& k, const HfConfigRead& hf, const std:
 // command-line tool treats paths; they are kept as written in the Recipe.
 void Loader::check_paths() {
   for (const KeySpec& k : schema()) {
-    if (k.kind != Kind::kDir && k.kind != Kind::kFile) continue;
+    if (k.kind != Kind::kDir && k.kind != Kind::kFile && k.kind != Kind::kTokenizer) continue;
     if (!usable(k.path)) continue;
     const std::string p = std::get<std::string>(k.get(r_));
     if (p.empty()) continue;
+    std::error_code dir_ec;
+    if (k.kind == Kind::kTokenizer && std::filesystem::is_directory(p, dir_ec)) {
+      try {
+        resolve_tokenizer_file(p);
+      } catch (const Error& e) {
+        issue(locate(k.path), k.path, e.what(),
+              "give a tokenizer file, or a Hugging Face folder that holds one");
+      }
+      continue;
+    }
     const bool want_dir = k.kind == Kind::kDir;
     std::error_code ec;
     const auto status = std::filesystem::status(p, ec);
@@ -166,10 +176,10 @@ void Loader::check_vocabulary() {
   // SentencePiece cannot load is left to that check.
   if (!r_.tokenizer.path.empty() && usable("tokenizer.path")) {
     std::error_code ec;
-    if (!std::filesystem::is_regular_file(r_.tokenizer.path, ec)) return;
+    if (!std::filesystem::exists(r_.tokenizer.path, ec)) return;
     int64_t pieces = 0;
     try {
-      pieces = Tokenizer(r_.tokenizer.path).vocab_size();
+      pieces = load_tokenizer(r_.tokenizer.path)->vocab_size();
     } catch (const Error&) {
       return;
     }

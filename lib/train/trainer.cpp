@@ -38,6 +38,7 @@
 #include "core/system.h"
 #include "data/loader.h"
 #include "data/sha256.h"
+#include "data/tokenizer.h"
 #include "kernels/kernels.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
@@ -592,7 +593,7 @@ class Checkpoints {
     wo.tensor_rank = mesh.t;
     wo.async = r.checkpoint.async;
     wo.keep_last = r.checkpoint.keep_last;
-    wo.tokenizer = r.tokenizer.path;
+    wo.tokenizer = r.tokenizer.path.empty() ? "" : resolve_tokenizer_file(r.tokenizer.path);
     wo.staging_device = dev;
     uint64_t attempt =
         comm.rank() == 0 ? (uint64_t(std::chrono::system_clock::now().time_since_epoch().count()) ^
@@ -720,7 +721,8 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   // Everything that can be wrong with the inputs is checked before the model is built or any
   // output is written: the tokenizer, every training and validation shard.
   std::string tokenizer_sha;
-  if (!r.tokenizer.path.empty()) tokenizer_sha = sha256_file_hex(r.tokenizer.path);
+  if (!r.tokenizer.path.empty())
+    tokenizer_sha = sha256_file_hex(resolve_tokenizer_file(r.tokenizer.path));
   DataLoader loader(train_loader_options(r, mesh, accum, tokenizer_sha));
   if (is_root && int64_t(loader.samples_per_epoch()) < r.training.global_batch_size)
     log_warn("data.train has ", loader.samples_per_epoch(), " samples of ", r.data.seq_len,

@@ -64,3 +64,23 @@ fail_showing_output() {
   echo "--- stderr ---" >&2; cat "$tmp/err.txt" >&2 || true
   exit 1
 }
+
+# venv DIR SPEC...: a cached virtual environment (Debian's python3, --system-site-packages for
+# its torch, numpy, h5py and sentencepiece) with the pip requirements SPEC from PyPI; a stamp
+# file records them, so that a changed list makes a new one. Pinned versions: a new transformers
+# release must not change what a test means without an edit here. hf_tf5_spec: the one
+# transformers 5 list, shared by the tests that use it (test_export_transformers,
+# test_tokenizer_json: the `tokenizers` it brings), so they share one $build/hf_venv_tf5.
+hf_tf5_spec=("transformers==5.23.0" "protobuf==7.36.2")
+venv() {
+  local dir="$1"; shift
+  if [[ -x "$dir/bin/python" && "$(cat "$dir/ft_requirements" 2>/dev/null)" == "$*" ]]; then
+    return
+  fi
+  rm -rf "$dir"
+  echo "making $dir ($* from PyPI)"
+  /usr/bin/python3 -m venv --system-site-packages "$dir"
+  "$dir/bin/pip" install -q --disable-pip-version-check "$@" ||
+    { echo "FAIL: pip install $* failed (is PyPI reachable?)" >&2; exit 1; }
+  echo "$*" > "$dir/ft_requirements"
+}

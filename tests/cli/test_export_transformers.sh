@@ -20,23 +20,8 @@ PY=/usr/bin/python3  # Debian's, with numpy, h5py, torch and sentencepiece (DESI
 check="$src/tests/ref/hf_tokenizer_check.py"
 fail() { fail_showing_output "$@"; }
 
-# venv DIR SPEC...: a cached virtual environment with the pip requirements SPEC; a stamp file
-# records them, so that a changed list makes a new one. Pinned versions: a new transformers
-# release must not change what this test means without an edit here.
-venv() {
-  local dir="$1"; shift
-  if [[ -x "$dir/bin/python" && "$(cat "$dir/ft_requirements" 2>/dev/null)" == "$*" ]]; then
-    return
-  fi
-  rm -rf "$dir"
-  echo "making $dir ($* from PyPI)"
-  "$PY" -m venv --system-site-packages "$dir"
-  "$dir/bin/pip" install -q --disable-pip-version-check "$@" ||
-    { echo "FAIL: pip install $* failed (is PyPI reachable?)" >&2; exit 1; }
-  echo "$*" > "$dir/ft_requirements"
-}
 # protobuf: for part c, where transformers 5 converts tokenizer.model itself.
-venv "$build/hf_venv_tf5" "transformers==5.23.0" "protobuf==7.36.2"
+venv "$build/hf_venv_tf5" "${hf_tf5_spec[@]}"
 venv "$build/hf_venv_tf4" "transformers==4.46.3"
 
 # ---- a. tokenizer, documents, shards, a short training, the export --------------------------
