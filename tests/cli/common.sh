@@ -72,15 +72,20 @@ fail_showing_output() {
 # transformers 5 list, shared by the tests that use it (test_export_transformers,
 # test_tokenizer_json: the `tokenizers` it brings), so they share one $build/hf_venv_tf5.
 hf_tf5_spec=("transformers==5.23.0" "protobuf==7.36.2")
+# Tests sharing a venv may run at once (ctest -j): a lock file beside it lets one make it while
+# the others wait.
 venv() {
-  local dir="$1"; shift
-  if [[ -x "$dir/bin/python" && "$(cat "$dir/ft_requirements" 2>/dev/null)" == "$*" ]]; then
-    return
+  local dir="$1" lock_fd; shift
+  exec {lock_fd}> "$dir.lock"
+  flock "$lock_fd"
+  if [[ ! -x "$dir/bin/python" || "$(cat "$dir/ft_requirements" 2>/dev/null)" != "$*" ]]; then
+    rm -rf "$dir"
+    echo "making $dir ($* from PyPI)"
+    /usr/bin/python3 -m venv --system-site-packages "$dir"
+    "$dir/bin/pip" install -q --disable-pip-version-check "$@" ||
+      { echo "FAIL: pip install $* failed (is PyPI reachable?)" >&2; exit 1; }
+    echo "$*" > "$dir/ft_requirements"
   fi
-  rm -rf "$dir"
-  echo "making $dir ($* from PyPI)"
-  /usr/bin/python3 -m venv --system-site-packages "$dir"
-  "$dir/bin/pip" install -q --disable-pip-version-check "$@" ||
-    { echo "FAIL: pip install $* failed (is PyPI reachable?)" >&2; exit 1; }
-  echo "$*" > "$dir/ft_requirements"
+  flock -u "$lock_fd"
+  exec {lock_fd}>&-
 }
