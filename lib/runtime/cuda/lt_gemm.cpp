@@ -7,6 +7,10 @@
 // a test tool) against the same declarations.
 #include <cublasLt.h>
 
+#if !defined(FT_CUDA_EMU)
+#include <dlfcn.h>
+#endif
+
 #include <compare>
 #include <cstdint>
 #include <map>
@@ -16,6 +20,71 @@
 #include "core/error.h"
 
 namespace ft::cuda {
+
+namespace {
+
+// cuBLASLt is loaded when the first LtGemm is made (a CUDA device's ops), not when a process
+// starts: the library is half a gigabyte, and loading it costs a process about 70 ms and 210 MB
+// of resident memory (its relocations, measured with Debian's python3 loading it through ctypes
+// on this project's build machine), which `ft plan`, `ft validate`, the shard-check child, and
+// every rank of a CPU job would otherwise pay for nothing. The functions used, once each:
+#define FT_LT_FUNCTIONS(X)                \
+  X(cublasLtCreate)                       \
+  X(cublasLtDestroy)                      \
+  X(cublasLtGetStatusName)                \
+  X(cublasLtGetStatusString)              \
+  X(cublasLtMatmul)                       \
+  X(cublasLtMatmulAlgoGetHeuristic)       \
+  X(cublasLtMatmulDescCreate)             \
+  X(cublasLtMatmulDescDestroy)            \
+  X(cublasLtMatmulDescSetAttribute)       \
+  X(cublasLtMatmulPreferenceCreate)       \
+  X(cublasLtMatmulPreferenceDestroy)      \
+  X(cublasLtMatmulPreferenceSetAttribute) \
+  X(cublasLtMatrixLayoutCreate)           \
+  X(cublasLtMatrixLayoutDestroy)          \
+  X(cublasLtMatrixLayoutSetAttribute)
+struct LtApi {
+#define FT_LT_MEMBER(f) decltype(&::f) f = nullptr;
+  FT_LT_FUNCTIONS(FT_LT_MEMBER)
+#undef FT_LT_MEMBER
+};
+
+// The table, filled on first use. The emulated build (a test tool) takes the emulated functions
+// it links; the real one opens the toolkit's libcublasLt.so.<major> by the loader's search
+// (ft's RUNPATH holds the toolkit's library folder, as for libcudart).
+LtApi load_lt_api() {
+  LtApi api;
+#if defined(FT_CUDA_EMU)
+#define FT_LT_SET(f) api.f = &::f;
+  FT_LT_FUNCTIONS(FT_LT_SET)
+#undef FT_LT_SET
+#else
+  const std::string name = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+  void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!lib)
+    throw Error(detail::concat("cannot load ", name,
+                               " (cuBLASLt, the CUDA backend's GEMMs): ", dlerror(),
+                               "; the CUDA toolkit's library folder must be on the loader's path "
+                               "(ldconfig, or LD_LIBRARY_PATH)"));
+#define FT_LT_SET(f)                                                                  \
+  api.f = reinterpret_cast<decltype(&::f)>(dlsym(lib, #f));                           \
+  if (!api.f)                                                                         \
+    throw Error(detail::concat(name, " has no ", #f, " (a cuBLASLt older than CUDA ", \
+                               CUBLAS_VER_MAJOR, "?)"));
+  FT_LT_FUNCTIONS(FT_LT_SET)
+#undef FT_LT_SET
+#endif
+  return api;
+}
+
+// Loaded once per process; a failed load throws and is tried again by the next caller.
+const LtApi& lt() {
+  static const LtApi api = load_lt_api();
+  return api;
+}
+
+}  // namespace
 
 // lt_layout.h's enums carry CUDA's values, so they convert by cast.
 static_assert(static_cast<int>(LtOp::kN) == CUBLAS_OP_N);
@@ -52,7 +121,7 @@ uint32_t alignment(const LtMatrix& m) {
 }
 
 std::string status_text(cublasStatus_t s) {
-  return detail::concat(cublasLtGetStatusName(s), " (", cublasLtGetStatusString(s), ")");
+  return detail::concat(lt().cublasLtGetStatusName(s), " (", lt().cublasLtGetStatusString(s), ")");
 }
 
 // Everything the algorithm choice depends on; pointers enter only through their alignment.
@@ -105,11 +174,11 @@ struct Plan {
   Plan& operator=(const Plan&) = delete;
   ~Plan() {
     // Destroy calls only free host memory; their status is of no use in a destructor.
-    if (d) cublasLtMatrixLayoutDestroy(d);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (d) lt().cublasLtMatrixLayoutDestroy(d);
+    if (c) lt().cublasLtMatrixLayoutDestroy(c);
+    if (b) lt().cublasLtMatrixLayoutDestroy(b);
+    if (a) lt().cublasLtMatrixLayoutDestroy(a);
+    if (desc) lt().cublasLtMatmulDescDestroy(desc);
   }
 };
 
@@ -125,7 +194,7 @@ struct LtGemm::Impl {
 
   ~Impl() {
     plans.clear();
-    if (handle) cublasLtDestroy(handle);
+    if (handle) lt().cublasLtDestroy(handle);
   }
 
   // Fails with the product and the status; `hint` says what to try.
@@ -145,27 +214,30 @@ struct LtGemm::Impl {
 
     const char* bad_desc = "A descriptor attribute has the wrong type or size (a bug in lt_gemm).";
     auto plan = std::make_unique<Plan>();
-    check(cublasLtMatmulDescCreate(&plan->desc, static_cast<cublasComputeType_t>(p.compute),
-                                   cuda_type(p.scale_type)),
+    check(lt().cublasLtMatmulDescCreate(&plan->desc, static_cast<cublasComputeType_t>(p.compute),
+                                        cuda_type(p.scale_type)),
           "cublasLtMatmulDescCreate", call, p, bad_desc);
     const int32_t ta = static_cast<int32_t>(p.transa), tb = static_cast<int32_t>(p.transb);
-    check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
+    check(lt().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
+                                              sizeof ta),
           "cublasLtMatmulDescSetAttribute(TRANSA)", call, p, bad_desc);
-    check(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
+    check(lt().cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
+                                              sizeof tb),
           "cublasLtMatmulDescSetAttribute(TRANSB)", call, p, bad_desc);
     auto layout = [&](cublasLtMatrixLayout_t* out, const LtMatrix& mat, const char* name) {
       const char* bad_layout = "The layout is invalid: a bug in lt_layout's map_gemm.";
-      check(cublasLtMatrixLayoutCreate(out, cuda_type(mat.type), static_cast<uint64_t>(mat.rows),
-                                       static_cast<uint64_t>(mat.cols), mat.ld),
-            name, call, p, bad_layout);
+      check(
+          lt().cublasLtMatrixLayoutCreate(out, cuda_type(mat.type), static_cast<uint64_t>(mat.rows),
+                                          static_cast<uint64_t>(mat.cols), mat.ld),
+          name, call, p, bad_layout);
       if (mat.batch <= 1) return;
       const int32_t count = mat.batch;
       const int64_t stride = mat.batch_stride;
-      check(cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
-                                             sizeof count),
+      check(lt().cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                  sizeof count),
             name, call, p, bad_layout);
-      check(cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                             &stride, sizeof stride),
+      check(lt().cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                  &stride, sizeof stride),
             name, call, p, bad_layout);
     };
     layout(&plan->a, p.A, "cublasLtMatrixLayoutCreate(A)");
@@ -174,29 +246,30 @@ struct LtGemm::Impl {
     layout(&plan->d, p.D, "cublasLtMatrixLayoutCreate(D)");
 
     cublasLtMatmulPreference_t pref = nullptr;
-    check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", call, p,
+    check(lt().cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", call, p,
           "Out of host memory?");
     // The preference is only needed for the query; destroy it however the query ends.
     struct PrefGuard {
       cublasLtMatmulPreference_t p;
-      ~PrefGuard() { cublasLtMatmulPreferenceDestroy(p); }
+      ~PrefGuard() { lt().cublasLtMatmulPreferenceDestroy(p); }
     } guard{pref};
     const uint64_t ws = workspace_bytes;
-    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                               sizeof ws),
+    check(lt().cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof ws),
           "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", call, p, bad_desc);
     const uint32_t align[4] = {key.align_a, key.align_b, key.align_c, key.align_d};
     const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     for (int i = 0; i < 4; ++i)
-      check(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i], sizeof align[i]),
+      check(lt().cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align[i],
+                                                      sizeof align[i]),
             "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)", call, p, bad_desc);
 
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    check(cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c, plan->d,
-                                         pref, 1, &result, &found),
+    check(lt().cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c,
+                                              plan->d, pref, 1, &result, &found),
           "cublasLtMatmulAlgoGetHeuristic", call, p,
           "cuBLASLt has no algorithm for these types on this GPU (bf16 needs sm_80 or newer).");
     if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
@@ -219,11 +292,12 @@ struct LtGemm::Impl {
       return;
     }
     const Plan& plan = plan_for(call, p);
-    check(cublasLtMatmul(handle, plan.desc, &p.alpha, p.A.ptr, plan.a, p.B.ptr, plan.b, &p.beta,
-                         p.C.ptr, plan.c, const_cast<void*>(p.D.ptr), plan.d, &plan.algo, workspace,
-                         workspace_bytes, static_cast<cudaStream_t>(stream)),
-          "cublasLtMatmul", call, p,
-          "Check that every buffer is device memory of the current GPU and large enough.");
+    check(
+        lt().cublasLtMatmul(handle, plan.desc, &p.alpha, p.A.ptr, plan.a, p.B.ptr, plan.b, &p.beta,
+                            p.C.ptr, plan.c, const_cast<void*>(p.D.ptr), plan.d, &plan.algo,
+                            workspace, workspace_bytes, static_cast<cudaStream_t>(stream)),
+        "cublasLtMatmul", call, p,
+        "Check that every buffer is device memory of the current GPU and large enough.");
   }
 };
 
@@ -232,7 +306,7 @@ LtGemm::LtGemm(void* workspace, size_t workspace_bytes, bool allow_tf32)
   impl_->workspace = workspace;
   impl_->workspace_bytes = workspace ? workspace_bytes : 0;
   impl_->allow_tf32 = allow_tf32;
-  const cublasStatus_t s = cublasLtCreate(&impl_->handle);
+  const cublasStatus_t s = lt().cublasLtCreate(&impl_->handle);
   if (s != CUBLAS_STATUS_SUCCESS)
     FT_FAIL("cublasLtCreate failed: ", status_text(s),
             ". Is a CUDA device visible (nvidia-smi) and its driver as new as the CUDA runtime?");
