@@ -2,8 +2,8 @@
 # Runs the whole test suite: installs what is missing and builds (scripts/setup.sh --no-data),
 # runs every test with ctest on the Release build, then rebuilds with AddressSanitizer +
 # UndefinedBehaviorSanitizer (FT_SANITIZE=ON) and runs the suite again there (that build leaves
-# out the GPU-only binaries and the benchmarks, and the emulated CUDA tests' second schedule
-# seed: tests/CMakeLists.txt, tests/cuda_emu/CMakeLists.txt, tests/cli/common.sh).
+# out the GPU-only binaries and the benchmark tools no test runs, and the emulated CUDA tests'
+# second schedule seed: tests/CMakeLists.txt, tests/cuda_emu/CMakeLists.txt, tests/cli/common.sh).
 #   scripts/test.sh              # both passes
 #   FT_TEST_SANITIZE=0 scripts/test.sh   # Release pass only
 # As root it also brings up a local one-node SLURM and runs tests/slurm/test_slurm.sh (srun and
