@@ -1,6 +1,8 @@
 // Communicator: the collective operations training needs, behind one interface so that the
 // single-process run, MPI (host memory; device memory through host_staging.h) and ft plan's
-// counting communicator are interchangeable. The NCCL issue adds one that runs on the device.
+// counting communicator are interchangeable. Calls are ordered on streams and return a handle
+// (CommWork), so that a communicator that runs on the device (NCCL) can work on a stream of its
+// own while compute goes on; the host-memory ones complete their calls before returning.
 #pragma once
 
 #include <cstddef>
@@ -12,28 +14,70 @@
 
 namespace ft {
 
+enum class ReduceOp : uint8_t { kSum, kMax };
+
+// The completion of a communication call (a collective, a send or a receive). Stream order:
+// each call reads its input after the work queued on the stream it is given before the call
+// (NCCL's contract; on the CPU that work is done already), and the handle says when its output
+// is written and its input may be reused. A handle is waited on at most once, either way:
+//   wait():     the host blocks until the call is complete;
+//   wait_on(s): work queued on stream `s` after this waits for the call, the host does not
+//               (a communicator whose calls complete on the host waits there instead).
+// A default-made handle is complete. Communicators that finish a call before returning (MPI on
+// host memory, host staging, one process, ft plan's counting) return complete handles, except
+// MPI's sends (below). A handle must be waited on before its communicator is destroyed; one
+// dropped unwaited (an error unwinding) leaves the call running and its buffers in use.
+class CommWork {
+ public:
+  // What a communicator returns for a call still in flight.
+  class Pending {
+   public:
+    virtual ~Pending() = default;
+    virtual void wait() = 0;
+    virtual void wait_on(Stream s) {
+      (void)s;
+      wait();
+    }
+  };
+  CommWork() = default;
+  explicit CommWork(std::unique_ptr<Pending> p) : pending_(std::move(p)) {}
+  bool complete() const { return pending_ == nullptr; }
+  void wait() {
+    if (auto p = std::move(pending_)) p->wait();
+  }
+  void wait_on(Stream s) {
+    if (auto p = std::move(pending_)) p->wait_on(s);
+  }
+
+ private:
+  std::unique_ptr<Pending> pending_;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // In-place sum over all ranks of the group.
-  virtual void all_reduce_sum(float* data, size_t n) = 0;
-  virtual void all_reduce_sum(double* data, size_t n) = 0;
-  virtual void all_reduce_max(float* data, size_t n) = 0;
-  // in: size() * shard floats; out: this rank's shard (entries [rank*shard, (rank+1)*shard)) of
-  // the sum over ranks.
-  virtual void reduce_scatter_sum(const float* in, float* out, size_t shard) = 0;
+
+  // Stream-ordered calls (CommWork above). Memory is the memory of the device the communicator
+  // serves (host memory for MPI and the one-process communicator; see host_staging.h), and must
+  // stay untouched until the handle completes.
+  // In-place reduction over all ranks of the group: F32, F64 (kSum, kMax); BF16, F16 where the
+  // communicator says so (NCCL).
+  virtual CommWork all_reduce(Stream s, Ref data, size_t n, ReduceOp op) = 0;
+  // in: size() * shard elements; out: this rank's shard (entries [rank*shard, (rank+1)*shard))
+  // of the sum over ranks. F32.
+  virtual CommWork reduce_scatter(Stream s, CRef in, Ref out, size_t shard) = 0;
   // in: this rank's shard; out: size() * shard elements, rank r's shard at r*shard. Elements of
   // any dtype (moved, not combined: bf16/fp16 shards move at 2 bytes per element); in and out
-  // of the same dtype.
-  virtual void all_gather(CRef in, Ref out, size_t shard) = 0;
-  virtual void broadcast(void* data, size_t bytes, int root) = 0;
-  // Point to point (pipeline stages). send() does not block: the buffer must stay untouched
-  // until wait_sends() returns. recv() blocks until the data is there. n elements of the dtype.
-  virtual void send(CRef data, size_t n, int peer, int tag) = 0;
-  virtual void recv(Ref data, size_t n, int peer, int tag) = 0;
-  virtual void wait_sends() = 0;
+  // of the same dtype; `in` may be this rank's place in `out`.
+  virtual CommWork all_gather(Stream s, CRef in, Ref out, size_t shard) = 0;
+  // n elements of root's `data` into every rank's.
+  virtual CommWork broadcast(Stream s, Ref data, size_t n, int root) = 0;
+  // Point to point (pipeline stages), n elements of the dtype, matched by (peer, tag) in order.
+  // A send's handle completes when its buffer may be reused, a receive's when the data is there.
+  virtual CommWork send(Stream s, CRef data, size_t n, int peer, int tag) = 0;
+  virtual CommWork recv(Stream s, Ref data, size_t n, int peer, int tag) = 0;
   virtual void barrier() = 0;
   // Ends every rank of the job (after a fatal error on this one), with this exit code.
   virtual void abort(int code) = 0;
@@ -42,6 +86,21 @@ class Communicator {
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   // The group's role ("data", "tensor", ...), for the collective watchdog's messages.
   virtual void set_name(const std::string&) {}
+
+  // Shorthands for host memory (scalars, flags, the step's agreement; never a device's memory
+  // unless the host may use it): the call with no stream, waited on by the host.
+  void all_reduce_sum(float* host, size_t n) {
+    all_reduce(Stream{}, host, n, ReduceOp::kSum).wait();
+  }
+  void all_reduce_sum(double* host, size_t n) {
+    all_reduce(Stream{}, host, n, ReduceOp::kSum).wait();
+  }
+  void all_reduce_max(float* host, size_t n) {
+    all_reduce(Stream{}, host, n, ReduceOp::kMax).wait();
+  }
+  void broadcast_bytes(void* host, size_t bytes, int root) {
+    broadcast(Stream{}, Ref(host, DType::kU8), bytes, root).wait();
+  }
 };
 
 // The collective watchdog (DESIGN.md §4, exit code 3). A multi-rank communicator waits on each

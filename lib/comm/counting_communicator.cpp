@@ -35,27 +35,32 @@ const char* CountingCommunicator::kind_name(Kind k) {
   }
 }
 
-void CountingCommunicator::all_reduce_sum(float*, size_t n) { all_reduce_bytes(n * 4); }
-void CountingCommunicator::all_reduce_sum(double*, size_t n) { all_reduce_bytes(n * 8); }
-void CountingCommunicator::all_reduce_max(float*, size_t n) { all_reduce_bytes(n * 4); }
-
-void CountingCommunicator::reduce_scatter_sum(const float*, float*, size_t shard) {
-  sent_[kReduceScatter] += int64_t(size_ - 1) * int64_t(shard) * 4;
+CommWork CountingCommunicator::all_reduce(Stream, Ref data, size_t n, ReduceOp) {
+  all_reduce_bytes(n * dtype_size(data.dtype));
+  return {};
 }
 
-void CountingCommunicator::all_gather(CRef in, Ref, size_t shard) {
+CommWork CountingCommunicator::reduce_scatter(Stream, CRef in, Ref, size_t shard) {
+  sent_[kReduceScatter] += int64_t(size_ - 1) * int64_t(shard * dtype_size(in.dtype));
+  return {};
+}
+
+CommWork CountingCommunicator::all_gather(Stream, CRef in, Ref, size_t shard) {
   sent_[kAllGather] += int64_t(size_ - 1) * int64_t(shard * dtype_size(in.dtype));
+  return {};
 }
 
-void CountingCommunicator::broadcast(void*, size_t bytes, int) {
-  if (size_ > 1) sent_[kBroadcast] += int64_t(bytes);
+CommWork CountingCommunicator::broadcast(Stream, Ref data, size_t n, int) {
+  if (size_ > 1) sent_[kBroadcast] += int64_t(n * dtype_size(data.dtype));
+  return {};
 }
 
-void CountingCommunicator::send(CRef data, size_t n, int, int) {
+CommWork CountingCommunicator::send(Stream, CRef data, size_t n, int, int) {
   sent_[kSend] += int64_t(n * dtype_size(data.dtype));
+  return {};
 }
 
-void CountingCommunicator::recv(Ref, size_t, int, int) {}
+CommWork CountingCommunicator::recv(Stream, Ref, size_t, int, int) { return {}; }
 
 void CountingCommunicator::abort(int code) {
   throw Error(detail::concat("counting communicator (", name_, "): abort(", code, ")"));

@@ -24,15 +24,12 @@ class CountingCommunicator final : public Communicator {
   CountingCommunicator(int size, int rank, std::string name);
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void all_reduce_sum(float* data, size_t n) override;
-  void all_reduce_sum(double* data, size_t n) override;
-  void all_reduce_max(float* data, size_t n) override;
-  void reduce_scatter_sum(const float* in, float* out, size_t shard) override;
-  void all_gather(CRef in, Ref out, size_t shard) override;
-  void broadcast(void* data, size_t bytes, int root) override;
-  void send(CRef data, size_t n, int peer, int tag) override;
-  void recv(Ref data, size_t n, int peer, int tag) override;
-  void wait_sends() override {}
+  CommWork all_reduce(Stream s, Ref data, size_t n, ReduceOp op) override;
+  CommWork reduce_scatter(Stream s, CRef in, Ref out, size_t shard) override;
+  CommWork all_gather(Stream s, CRef in, Ref out, size_t shard) override;
+  CommWork broadcast(Stream s, Ref data, size_t n, int root) override;
+  CommWork send(Stream s, CRef data, size_t n, int peer, int tag) override;
+  CommWork recv(Stream s, Ref data, size_t n, int peer, int tag) override;
   void barrier() override {}
   [[noreturn]] void abort(int code) override;
   std::string describe() const override;

@@ -26,9 +26,9 @@ HostStagedCommunicator::HostStagedCommunicator(std::unique_ptr<Communicator> inn
 
 HostStagedCommunicator::~HostStagedCommunicator() {
   if (block_.ptr) dev_.free_host(block_.ptr, block_.bytes);
-  // Sends still in flight (an error unwound past the pipeline's wait_sends) may still be read by
+  // Sends still in flight (an error unwound past the pipeline's waits) may still be read by
   // MPI, and waiting for them could hang on a peer that is gone: their blocks are left allocated.
-  for (size_t i = sends_in_flight_; i < sends_.size(); ++i)
+  for (size_t i : free_sends_)
     if (sends_[i].ptr) dev_.free_host(sends_[i].ptr, sends_[i].bytes);
 }
 
@@ -43,89 +43,121 @@ std::byte* HostStagedCommunicator::reserve(HostBlock& block, size_t bytes) {
   return block.ptr;
 }
 
+void HostStagedCommunicator::ready(Stream s) {
+  if (s.handle == dev_.stream().handle) return;  // the copies wait for the device's stream
+  Event e = dev_.make_event();
+  e.record(s);
+  e.synchronize();
+}
+
 // A group of one needs no communication, and the one-process communicator would copy with the
 // host's memmove: the identity, or a copy on the device, instead.
-template <typename T>
-void HostStagedCommunicator::all_reduce(T* data, size_t n, void (Communicator::*op)(T*, size_t)) {
-  const size_t bytes = n * sizeof(T);
-  if (size() == 1) return;
-  if (!bytes) return (inner_.*op)(data, n);  // nothing to read: every rank still takes part
-  T* host = reinterpret_cast<T*>(reserve(block_, bytes));
-  dev_.copy_to_host(host, data, bytes);
-  (inner_.*op)(host, n);
-  dev_.copy_from_host(data, host, bytes);
+CommWork HostStagedCommunicator::all_reduce(Stream s, Ref data, size_t n, ReduceOp op) {
+  const size_t bytes = n * dtype_size(data.dtype);
+  if (size() == 1) return {};
+  if (!bytes) return inner_.all_reduce(Stream{}, data, n, op);  // every rank still takes part
+  ready(s);
+  const Ref host(reserve(block_, bytes), data.dtype);
+  dev_.copy_to_host(host.ptr, data.ptr, bytes);
+  inner_.all_reduce(Stream{}, host, n, op).wait();
+  dev_.copy_from_host(data.ptr, host.ptr, bytes);
   count(2 * bytes);
+  return {};
 }
 
-void HostStagedCommunicator::all_reduce_sum(float* data, size_t n) {
-  all_reduce<float>(data, n, &Communicator::all_reduce_sum);
-}
-void HostStagedCommunicator::all_reduce_sum(double* data, size_t n) {
-  all_reduce<double>(data, n, &Communicator::all_reduce_sum);
-}
-void HostStagedCommunicator::all_reduce_max(float* data, size_t n) {
-  all_reduce<float>(data, n, &Communicator::all_reduce_max);
-}
-
-void HostStagedCommunicator::reduce_scatter_sum(const float* in, float* out, size_t shard) {
+CommWork HostStagedCommunicator::reduce_scatter(Stream s, CRef in, Ref out, size_t shard) {
   // One block: the size() shards sent, then this rank's shard of the sum.
-  const size_t S = size_t(size()), in_bytes = S * shard * sizeof(float);
-  if (!shard) return inner_.reduce_scatter_sum(in, out, shard);
-  if (S == 1) return dev_.copy(dev_.stream(), out, in, in_bytes);
-  float* host = reinterpret_cast<float*>(reserve(block_, in_bytes + shard * sizeof(float)));
-  dev_.copy_to_host(host, in, in_bytes);
-  inner_.reduce_scatter_sum(host, host + S * shard, shard);
-  dev_.copy_from_host(out, host + S * shard, shard * sizeof(float));
-  count(in_bytes + shard * sizeof(float));
+  const size_t S = size_t(size()), elt = dtype_size(in.dtype);
+  const size_t in_bytes = S * shard * elt, out_bytes = shard * elt;
+  if (!shard) return inner_.reduce_scatter(Stream{}, in, out, shard);
+  if (S == 1) {
+    dev_.copy(s, out.ptr, in.ptr, in_bytes);
+    return {};
+  }
+  ready(s);
+  std::byte* host = reserve(block_, in_bytes + out_bytes);
+  dev_.copy_to_host(host, in.ptr, in_bytes);
+  inner_.reduce_scatter(Stream{}, CRef(host, in.dtype), Ref(host + in_bytes, out.dtype), shard)
+      .wait();
+  dev_.copy_from_host(out.ptr, host + in_bytes, out_bytes);
+  count(in_bytes + out_bytes);
+  return {};
 }
 
-void HostStagedCommunicator::all_gather(CRef in, Ref out, size_t shard) {
+CommWork HostStagedCommunicator::all_gather(Stream s, CRef in, Ref out, size_t shard) {
   // In place on the host (this rank's shard at its place in the gathered block), whether or
   // not the caller's `in` lies inside `out`.
   const size_t elt = dtype_size(in.dtype), mine = shard * elt;
   const size_t total = size_t(size()) * mine;
-  if (!shard) return inner_.all_gather(in, out, shard);
-  if (size() == 1) return dev_.copy(dev_.stream(), out.ptr, in.ptr, mine);
+  if (!shard) return inner_.all_gather(Stream{}, in, out, shard);
+  if (size() == 1) {
+    dev_.copy(s, out.ptr, in.ptr, mine);
+    return {};
+  }
+  ready(s);
   const Ref host(reserve(block_, total), out.dtype);
   const Ref own = host + size_t(rank()) * shard;
   dev_.copy_to_host(own.ptr, in.ptr, mine);
-  inner_.all_gather(CRef(own.ptr, in.dtype), host, shard);
+  inner_.all_gather(Stream{}, CRef(own.ptr, in.dtype), host, shard).wait();
   dev_.copy_from_host(out.ptr, host.ptr, total);
   count(mine + total);
+  return {};
 }
 
-void HostStagedCommunicator::broadcast(void* data, size_t bytes, int root) {
-  if (!bytes || size() == 1) return inner_.broadcast(data, bytes, root);
-  std::byte* host = reserve(block_, bytes);
-  if (rank() == root) dev_.copy_to_host(host, data, bytes);
-  inner_.broadcast(host, bytes, root);
-  dev_.copy_from_host(data, host, bytes);
+CommWork HostStagedCommunicator::broadcast(Stream s, Ref data, size_t n, int root) {
+  const size_t bytes = n * dtype_size(data.dtype);
+  if (!bytes || size() == 1) return inner_.broadcast(Stream{}, data, n, root);
+  ready(s);
+  const Ref host(reserve(block_, bytes), data.dtype);
+  if (rank() == root) dev_.copy_to_host(host.ptr, data.ptr, bytes);
+  inner_.broadcast(Stream{}, host, n, root).wait();
+  dev_.copy_from_host(data.ptr, host.ptr, bytes);
   count(2 * bytes);
+  return {};
 }
 
-void HostStagedCommunicator::send(CRef data, size_t n, int peer, int tag) {
-  // Its own block per send: MPI may read it until wait_sends(), while later calls stage more.
+// A send in flight: the wrapped communicator's handle and the host block it reads, handed back
+// to the spares once the send is complete.
+struct HostStagedCommunicator::PendingSend final : CommWork::Pending {
+  PendingSend(HostStagedCommunicator* c, size_t b, CommWork w)
+      : comm(c), block(b), work(std::move(w)) {}
+  void wait() override {
+    work.wait();
+    comm->free_sends_.push_back(block);
+  }
+  HostStagedCommunicator* comm;
+  size_t block;
+  CommWork work;
+};
+
+CommWork HostStagedCommunicator::send(Stream s, CRef data, size_t n, int peer, int tag) {
+  // Its own block per send: MPI may read it until the send's handle is waited on, while later
+  // calls stage more.
   const size_t bytes = n * dtype_size(data.dtype);
-  if (!bytes) return inner_.send(data, n, peer, tag);
-  if (sends_in_flight_ == sends_.size()) sends_.emplace_back();
-  std::byte* host = reserve(sends_[sends_in_flight_++], bytes);
+  if (!bytes) return inner_.send(Stream{}, data, n, peer, tag);
+  ready(s);
+  if (free_sends_.empty()) {
+    free_sends_.push_back(sends_.size());
+    sends_.emplace_back();
+  }
+  const size_t b = free_sends_.back();
+  free_sends_.pop_back();
+  std::byte* host = reserve(sends_[b], bytes);
   dev_.copy_to_host(host, data.ptr, bytes);
-  inner_.send(CRef(host, data.dtype), n, peer, tag);
+  CommWork w = inner_.send(Stream{}, CRef(host, data.dtype), n, peer, tag);
   count(bytes);
+  return CommWork(std::make_unique<PendingSend>(this, b, std::move(w)));
 }
 
-void HostStagedCommunicator::recv(Ref data, size_t n, int peer, int tag) {
+CommWork HostStagedCommunicator::recv(Stream s, Ref data, size_t n, int peer, int tag) {
   const size_t bytes = n * dtype_size(data.dtype);
-  if (!bytes) return inner_.recv(data, n, peer, tag);
+  if (!bytes) return inner_.recv(Stream{}, data, n, peer, tag);
+  ready(s);  // the buffer may still be read by work queued before
   std::byte* host = reserve(block_, bytes);
-  inner_.recv(Ref(host, data.dtype), n, peer, tag);
+  inner_.recv(Stream{}, Ref(host, data.dtype), n, peer, tag).wait();
   dev_.copy_from_host(data.ptr, host, bytes);
   count(bytes);
-}
-
-void HostStagedCommunicator::wait_sends() {
-  inner_.wait_sends();
-  sends_in_flight_ = 0;  // the blocks are kept for the next step's sends
+  return {};
 }
 
 std::string HostStagedCommunicator::describe() const {

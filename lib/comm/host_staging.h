@@ -6,8 +6,8 @@
 // communicator's call on that buffer, and copies the result back.
 //
 // Correct, not fast: every call synchronises the stream and crosses PCIe twice, and nothing
-// overlaps with compute. A NCCL communicator (not built yet) would take device pointers and run
-// on the stream.
+// overlaps with compute but the pipeline's sends. A NCCL communicator takes device pointers and
+// runs on a stream.
 //
 // Host scalars (loss sums, flags, the step's agreement) keep going to the plain communicator:
 // every pointer handed to a HostStagedCommunicator is memory of its Device.
@@ -33,15 +33,14 @@ class HostStagedCommunicator final : public Communicator {
 
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
-  void all_reduce_sum(float* data, size_t n) override;
-  void all_reduce_sum(double* data, size_t n) override;
-  void all_reduce_max(float* data, size_t n) override;
-  void reduce_scatter_sum(const float* in, float* out, size_t shard) override;
-  void all_gather(CRef in, Ref out, size_t shard) override;
-  void broadcast(void* data, size_t bytes, int root) override;
-  void send(CRef data, size_t n, int peer, int tag) override;
-  void recv(Ref data, size_t n, int peer, int tag) override;
-  void wait_sends() override;
+  // Each call waits for the work queued on `s` before it, and is complete when it returns but
+  // for sends, whose host copy MPI reads until their handle is waited on.
+  CommWork all_reduce(Stream s, Ref data, size_t n, ReduceOp op) override;
+  CommWork reduce_scatter(Stream s, CRef in, Ref out, size_t shard) override;
+  CommWork all_gather(Stream s, CRef in, Ref out, size_t shard) override;
+  CommWork broadcast(Stream s, Ref data, size_t n, int root) override;
+  CommWork send(Stream s, CRef data, size_t n, int peer, int tag) override;
+  CommWork recv(Stream s, Ref data, size_t n, int peer, int tag) override;
   void barrier() override { inner_.barrier(); }
   void abort(int code) override { inner_.abort(code); }
   std::string describe() const override;
@@ -53,17 +52,19 @@ class HostStagedCommunicator final : public Communicator {
     std::byte* ptr = nullptr;
     size_t bytes = 0;
   };
+  struct PendingSend;
   // `block` grown to at least `bytes` (its contents are not kept).
   std::byte* reserve(HostBlock& block, size_t bytes);
-  template <typename T>
-  void all_reduce(T* data, size_t n, void (Communicator::*op)(T*, size_t));
+  // Blocks the host until the work queued on `s` is done (the device's copies to the host wait
+  // only for its own stream).
+  void ready(Stream s);
 
   std::unique_ptr<Communicator> owned_;  // set when this wraps a split of its own
   Communicator& inner_;
   Device& dev_;
-  HostBlock block_;               // collectives and receives: one at a time
-  std::vector<HostBlock> sends_;  // one per send until wait_sends(): MPI still reads them
-  size_t sends_in_flight_ = 0;
+  HostBlock block_;                 // collectives and receives: one at a time
+  std::vector<HostBlock> sends_;    // one per send in flight (MPI still reads them), and spares
+  std::vector<size_t> free_sends_;  // indexes into sends_ of the spare blocks
 };
 
 // The communicator to hand memory of `dev` to: `comm` itself when the host may use that memory

@@ -46,18 +46,30 @@ void check(int rc, const char* what) {
 // MPI counts are int; split larger buffers into pieces below 2^30 elements.
 constexpr size_t kMaxCount = size_t(1) << 30;
 
-// The MPI type that moves elements of a dtype (16-bit floats move as 16-bit integers: MPI has
-// no bf16, and nothing here combines them).
+// The MPI type of a dtype's elements. 16-bit floats move as 16-bit integers (MPI has no bf16):
+// all_reduce refuses them, everything else only moves them.
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
     case DType::kF32:
       return MPI_FLOAT;
+    case DType::kF64:
+      return MPI_DOUBLE;
     case DType::kBF16:
     case DType::kF16:
+    case DType::kU16:
       return MPI_UINT16_T;
-    default:
-      FT_FAIL("no MPI transfer for dtype ", dtype_name(t));
+    case DType::kU8:
+      return MPI_BYTE;
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kU32:
+      return MPI_UINT32_T;
+    case DType::kI64:
+      return MPI_INT64_T;
+    case DType::kU64:
+      return MPI_UINT64_T;
   }
+  FT_FAIL("no MPI type for dtype ", dtype_name(t));
 }
 
 // How long the rank that timed out waits for the others' answers. Live ranks answer within
@@ -136,23 +148,34 @@ class MpiCommunicator final : public Communicator {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void all_reduce_sum(float* data, size_t n) override {
-    all_reduce(data, n, MPI_FLOAT, MPI_SUM, "all_reduce_sum");
+  CommWork all_reduce(Stream, Ref data, size_t n, ReduceOp op) override {
+    FT_CHECK(data.dtype == DType::kF32 || data.dtype == DType::kF64, "MPI cannot reduce ",
+             dtype_name(data.dtype), " elements (fp32 and fp64 only)");
+    const MPI_Datatype type = mpi_type(data.dtype);
+    const MPI_Op mop = op == ReduceOp::kSum ? MPI_SUM : MPI_MAX;
+    const char* name = op == ReduceOp::kSum ? "all_reduce_sum" : "all_reduce_max";
+    for (size_t i = 0; i < n; i += kMaxCount) {
+      MPI_Request req;
+      check(MPI_Iallreduce(MPI_IN_PLACE, (data + i).ptr, int(std::min(kMaxCount, n - i)), type, mop,
+                           comm_, &req),
+            "allreduce");
+      wait(&req, 1, name);
+    }
+    return {};
   }
-  void all_reduce_max(float* data, size_t n) override {
-    all_reduce(data, n, MPI_FLOAT, MPI_MAX, "all_reduce_max");
-  }
-  void all_reduce_sum(double* data, size_t n) override {
-    all_reduce(data, n, MPI_DOUBLE, MPI_SUM, "all_reduce_sum");
-  }
-  void reduce_scatter_sum(const float* in, float* out, size_t shard) override {
+  CommWork reduce_scatter(Stream, CRef in, Ref out, size_t shard) override {
     FT_CHECK(shard < kMaxCount, "reduce-scatter shard too large");
+    FT_CHECK(in.dtype == out.dtype && (in.dtype == DType::kF32 || in.dtype == DType::kF64),
+             "MPI reduce_scatter of ", dtype_name(in.dtype), " into ", dtype_name(out.dtype),
+             " (fp32 and fp64 only)");
     MPI_Request req;
-    check(MPI_Ireduce_scatter_block(in, out, int(shard), MPI_FLOAT, MPI_SUM, comm_, &req),
+    check(MPI_Ireduce_scatter_block(in.ptr, out.ptr, int(shard), mpi_type(in.dtype), MPI_SUM, comm_,
+                                    &req),
           "reduce_scatter");
     wait(&req, 1, "reduce_scatter_sum");
+    return {};
   }
-  void all_gather(CRef in, Ref out, size_t shard) override {
+  CommWork all_gather(Stream, CRef in, Ref out, size_t shard) override {
     FT_CHECK(shard < kMaxCount, "all-gather shard too large");
     FT_CHECK(in.dtype == out.dtype, "all_gather of ", dtype_name(in.dtype), " into ",
              dtype_name(out.dtype));
@@ -165,34 +188,33 @@ class MpiCommunicator final : public Communicator {
       check(MPI_Iallgather(in.ptr, int(shard), type, out.ptr, int(shard), type, comm_, &req),
             "allgather");
     wait(&req, 1, "all_gather");
+    return {};
   }
-  void broadcast(void* data, size_t bytes, int root) override {
-    FT_CHECK(bytes < kMaxCount, "broadcast too large");
+  CommWork broadcast(Stream, Ref data, size_t n, int root) override {
+    FT_CHECK(n < kMaxCount, "broadcast too large");
     MPI_Request req;
-    check(MPI_Ibcast(data, int(bytes), MPI_BYTE, root, comm_, &req), "broadcast");
+    check(MPI_Ibcast(data.ptr, int(n), mpi_type(data.dtype), root, comm_, &req), "broadcast");
     wait(&req, 1, "broadcast");
+    return {};
   }
   void barrier() override {
     MPI_Request req;
     check(MPI_Ibarrier(comm_, &req), "barrier");
     wait(&req, 1, "barrier");
   }
-  void send(CRef data, size_t n, int peer, int tag) override {
+  // A send is started and returned in flight: the pipeline's next computation overlaps it.
+  CommWork send(Stream, CRef data, size_t n, int peer, int tag) override {
     FT_CHECK(n < kMaxCount, "send too large");
-    MPI_Request req;
-    check(MPI_Isend(data.ptr, int(n), mpi_type(data.dtype), peer, tag, comm_, &req), "isend");
-    pending_.push_back(req);
+    auto p = std::make_unique<PendingSend>(this);
+    check(MPI_Isend(data.ptr, int(n), mpi_type(data.dtype), peer, tag, comm_, &p->req), "isend");
+    return CommWork(std::move(p));
   }
-  void recv(Ref data, size_t n, int peer, int tag) override {
+  CommWork recv(Stream, Ref data, size_t n, int peer, int tag) override {
     FT_CHECK(n < kMaxCount, "recv too large");
     MPI_Request req;
     check(MPI_Irecv(data.ptr, int(n), mpi_type(data.dtype), peer, tag, comm_, &req), "recv");
     wait(&req, 1, "recv", peer);
-  }
-  void wait_sends() override {
-    if (pending_.empty()) return;
-    wait(pending_.data(), int(pending_.size()), "wait for sends");
-    pending_.clear();
+    return {};
   }
   void abort(int code) override { MPI_Abort(MPI_COMM_WORLD, code); }
   std::string describe() const override { return "mpi world " + std::to_string(size_); }
@@ -213,17 +235,6 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  template <typename T>
-  void all_reduce(T* data, size_t n, MPI_Datatype type, MPI_Op op, const char* name) {
-    for (size_t i = 0; i < n; i += kMaxCount) {
-      MPI_Request req;
-      check(MPI_Iallreduce(MPI_IN_PLACE, data + i, int(std::min(kMaxCount, n - i)), type, op, comm_,
-                           &req),
-            "allreduce");
-      wait(&req, 1, name);
-    }
-  }
-
   // The world ranks of this group, for messages.
   void describe_members() {
     MPI_Group mine, world;
@@ -263,9 +274,22 @@ class MpiCommunicator final : public Communicator {
 
   void wait(MPI_Request* reqs, int n, const char* op, int peer = -1);
 
+  struct PendingSend final : CommWork::Pending {
+    explicit PendingSend(MpiCommunicator* c) : comm(c) {}
+    // Dropped unwaited (an error unwinding): MPI may still read the buffer; the request is let
+    // go rather than waited for, which could hang on a peer that is gone.
+    ~PendingSend() override {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (req != MPI_REQUEST_NULL && !finalized) MPI_Request_free(&req);
+    }
+    void wait() override { comm->wait(&req, 1, "wait for a send"); }
+    MpiCommunicator* comm;
+    MPI_Request req = MPI_REQUEST_NULL;
+  };
+
   MPI_Comm comm_;
   bool owns_mpi_;
-  std::vector<MPI_Request> pending_;
   int rank_ = 0, size_ = 1;
   std::string name_;
   std::vector<int> members_;  // world rank of each rank of this group

@@ -11,21 +11,22 @@ class SingleProcessCommunicator final : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  void all_reduce_sum(float*, size_t) override {}
-  void all_reduce_sum(double*, size_t) override {}
-  void all_reduce_max(float*, size_t) override {}
-  void reduce_scatter_sum(const float* in, float* out, size_t shard) override {
-    if (in != out) std::memmove(out, in, shard * sizeof(float));
+  CommWork all_reduce(Stream, Ref, size_t, ReduceOp) override { return {}; }
+  CommWork reduce_scatter(Stream, CRef in, Ref out, size_t shard) override {
+    FT_CHECK(in.dtype == out.dtype, "reduce_scatter of ", dtype_name(in.dtype), " into ",
+             dtype_name(out.dtype));
+    if (in.ptr != out.ptr) std::memmove(out.ptr, in.ptr, shard * dtype_size(in.dtype));
+    return {};
   }
-  void all_gather(CRef in, Ref out, size_t shard) override {
+  CommWork all_gather(Stream, CRef in, Ref out, size_t shard) override {
     FT_CHECK(in.dtype == out.dtype, "all_gather of ", dtype_name(in.dtype), " into ",
              dtype_name(out.dtype));
     if (in.ptr != out.ptr) std::memmove(out.ptr, in.ptr, shard * dtype_size(in.dtype));
+    return {};
   }
-  void broadcast(void*, size_t, int) override {}
-  void send(CRef, size_t, int, int) override { FT_FAIL("send in a one-process group"); }
-  void recv(Ref, size_t, int, int) override { FT_FAIL("recv in a one-process group"); }
-  void wait_sends() override {}
+  CommWork broadcast(Stream, Ref, size_t, int) override { return {}; }
+  CommWork send(Stream, CRef, size_t, int, int) override { FT_FAIL("send in a one-process group"); }
+  CommWork recv(Stream, Ref, size_t, int, int) override { FT_FAIL("recv in a one-process group"); }
   void barrier() override {}
   void abort(int code) override { std::_Exit(code); }
   std::string describe() const override { return "single process"; }

@@ -26,6 +26,8 @@ size_t dtype_size(DType t) {
       return 8;
     case DType::kU64:
       return 8;
+    case DType::kF64:
+      return 8;
   }
   FT_FAIL("unknown dtype");
 }
@@ -50,6 +52,8 @@ std::string dtype_name(DType t) {
       return "I64";
     case DType::kU64:
       return "U64";
+    case DType::kF64:
+      return "F64";
   }
   return "?";
 }

@@ -9,7 +9,7 @@
 
 namespace ft {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kU8, kU16, kU32, kI32, kI64, kU64 };
+enum class DType : uint8_t { kF32, kBF16, kF16, kU8, kU16, kU32, kI32, kI64, kU64, kF64 };
 
 size_t dtype_size(DType t);
 std::string dtype_name(DType t);  // safetensors spelling: F32, BF16, F16, U8, ...

@@ -21,26 +21,40 @@ void PipelineSchedule::forward(const StepSamples& b, int i, int micro, float tok
   const int T = b.seq_len;
   const size_t n = size_t(micro) * T * size_t(model_.hidden_size());
   const size_t off = size_t(i) * micro * T;
-  if (p_ > 0) pipe_->recv(recv_buf_.data(), n, p_ - 1, 2 * i);
+  const Stream st = dev_->stream();
+  if (p_ > 0) pipe_->recv(st, recv_buf_.data(), n, p_ - 1, 2 * i).wait_on(st);
   model_.forward_part(slot(i), b.inputs.data() + off, recv_buf_.data(), b.targets.data() + off,
                       b.mask.data() + off, micro, T, token_weight, backward);
   if (p_ < P_ - 1) {
-    const Ref out = send_bufs_[size_t(i) % send_bufs_.size()].data();
-    dev_->copy(dev_->stream(), out.ptr, model_.stage_output(slot(i)).ptr,
-               n * dtype_size(out.dtype));
-    pipe_->send(out, n, p_ + 1, 2 * i);
+    const size_t k = size_t(i) % send_bufs_.size();
+    sending_[k].wait_on(st);  // its previous send
+    const Ref out = send_bufs_[k].data();
+    dev_->copy(st, out.ptr, model_.stage_output(slot(i)).ptr, n * dtype_size(out.dtype));
+    send(k, n, p_ + 1, 2 * i);
   }
 }
 
 void PipelineSchedule::backward(int i, int micro, int T) {
   const size_t n = size_t(micro) * T * size_t(model_.hidden_size());
-  if (p_ < P_ - 1) pipe_->recv(recv_buf_.data(), n, p_ + 1, 2 * i + 1);
+  const Stream st = dev_->stream();
+  if (p_ < P_ - 1) pipe_->recv(st, recv_buf_.data(), n, p_ + 1, 2 * i + 1).wait_on(st);
   model_.backward_part(slot(i), recv_buf_.data());
   if (p_ > 0) {
-    const Ref out = send_bufs_[size_t(i)].data();
-    dev_->copy(dev_->stream(), out.ptr, model_.input_grad().ptr, n * dtype_size(out.dtype));
-    pipe_->send(out, n, p_ - 1, 2 * i + 1);
+    const size_t k = size_t(i);
+    sending_[k].wait_on(st);  // micro-batch i's activations, sent forward
+    const Ref out = send_bufs_[k].data();
+    dev_->copy(st, out.ptr, model_.input_grad().ptr, n * dtype_size(out.dtype));
+    send(k, n, p_ - 1, 2 * i + 1);
   }
+}
+
+void PipelineSchedule::send(size_t k, size_t n, int peer, int tag) {
+  const Stream st = dev_->stream();
+  sending_[k] = pipe_->send(st, send_bufs_[k].data(), n, peer, tag);
+}
+
+void PipelineSchedule::wait_sends() {
+  for (CommWork& w : sending_) w.wait();
 }
 
 void PipelineSchedule::ensure_buffers(size_t n, size_t count) {
@@ -48,8 +62,11 @@ void PipelineSchedule::ensure_buffers(size_t n, size_t count) {
   const MemoryScope tag(MemoryCategory::kCommunication);
   if (recv_buf_.size() != n) recv_buf_ = DBuffer(dev_, t, n);
   if (send_bufs_.size() != count || send_bufs_[0].size() != n) {
+    wait_sends();
     send_bufs_.clear();
     for (size_t i = 0; i < count; ++i) send_bufs_.emplace_back(dev_, t, n);
+    sending_.clear();
+    sending_.resize(count);
   }
 }
 
@@ -74,7 +91,7 @@ double PipelineSchedule::train_step(const StepSamples& b, int micro, float token
     backward(j, micro, T);
   }
   for (int j = M - warmup; j < M; ++j) backward(j, micro, T);
-  pipe_->wait_sends();
+  wait_sends();
   return model_.take_loss_sum();
 }
 
@@ -96,7 +113,7 @@ double PipelineSchedule::eval_batch(const StepSamples& b, int micro) {
   slots_ = 1;
   for (int i = 0; i < M; ++i) {
     forward(b, i, micro, 0.0f, false);
-    pipe_->wait_sends();
+    wait_sends();
   }
   return model_.take_loss_sum();
 }

@@ -72,7 +72,11 @@ class PipelineSchedule {
   // In the model's compute dtype: activations travel at their real width.
   DBuffer recv_buf_;                // (micro·T, C)
   std::vector<DBuffer> send_bufs_;  // per micro-batch: output or input gradient
+  std::vector<CommWork> sending_;   // per send buffer: its send in flight
   void ensure_buffers(size_t n, size_t count);
+  // Queues a send of send buffer k (written on the device's stream) and keeps its handle.
+  void send(size_t k, size_t n, int peer, int tag);
+  void wait_sends();  // every send in flight, on the host
 };
 
 }  // namespace ft

@@ -11,15 +11,16 @@ TensorGroup::TensorGroup(Communicator* comm, Device* dev)
 
 void TensorGroup::all_reduce(Ref x, size_t n, float* f32) const {
   if (size_ == 1) return;
+  const Stream st = dev_->stream();
   if (x.dtype == DType::kF32) {
-    comm_->all_reduce_sum(static_cast<float*>(x.ptr), n);
+    comm_->all_reduce(st, x, n, ReduceOp::kSum).wait_on(st);
     return;
   }
   FT_CHECK(f32, "tensor all-reduce of a ", dtype_name(x.dtype), " tensor needs fp32 scratch");
   Ops& ops = dev_->ops();
-  ops.convert(dev_->stream(), f32, x, n);
-  comm_->all_reduce_sum(f32, n);
-  ops.convert(dev_->stream(), x, f32, n);
+  ops.convert(st, f32, x, n);
+  comm_->all_reduce(st, f32, n, ReduceOp::kSum).wait_on(st);
+  ops.convert(st, x, f32, n);
 }
 
 void ColumnParallelLinear::forward(Device& dev, Ref y, CRef x, CRef W, int N) const {
@@ -73,11 +74,11 @@ void VocabParallelCrossEntropy::forward_backward(Device& dev, const TensorGroup&
     return;
   }
   ops.row_max(st, s.row_max, logits, N, v_count);
-  tp.comm()->all_reduce_max(s.row_max, size_t(N));
+  tp.comm()->all_reduce(st, s.row_max, size_t(N), ReduceOp::kMax).wait_on(st);
   ops.ce_partial(st, s.sumexp, s.target_logit, logits, targets, mask, s.row_max, N, v_count,
                  v_begin);
-  tp.comm()->all_reduce_sum(s.sumexp, size_t(N));
-  tp.comm()->all_reduce_sum(s.target_logit, size_t(N));
+  tp.comm()->all_reduce(st, s.sumexp, size_t(N), ReduceOp::kSum).wait_on(st);
+  tp.comm()->all_reduce(st, s.target_logit, size_t(N), ReduceOp::kSum).wait_on(st);
   ops.ce_finish(st, dlogits, logits, targets, mask, s.row_max, s.sumexp, s.target_logit, N, v_count,
                 v_begin, scale, loss_acc);
 }

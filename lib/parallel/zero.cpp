@@ -84,7 +84,9 @@ void ZeroSharding::begin_step() {
 
 void ZeroSharding::finish_backward() {
   if (stage_ >= 2 || D_ == 1) return;  // stage ≥ 2 reduced each group as its backward finished
-  for (auto& g : flat_.grads()) comm_.all_reduce_sum(g.data(), g.size());
+  const Stream st = dev_->stream();
+  for (auto& g : flat_.grads())
+    comm_.all_reduce(st, g.data(), g.size(), ReduceOp::kSum).wait_on(st);
 }
 
 void ZeroSharding::weighted_sum_squares(double* acc, int g, const float* x, size_t base,
@@ -119,18 +121,19 @@ double ZeroSharding::grad_sum_squares() {
   // Accumulated on the device, all-reduced there, read back once.
   sumsq_.zero();
   double* acc = sumsq_.data();
+  const Stream st = dev_->stream();
   const int G = int(numel_.size());
   if (stage_ >= 2) {
     for (int g = 0; g < G; ++g)
       weighted_sum_squares(acc, g, grad_shards_[size_t(g)].data(), ranges_[size_t(g)].begin,
                            ranges_[size_t(g)].begin, ranges_[size_t(g)].end);
-    comm_.all_reduce_sum(acc, 1);
+    comm_.all_reduce(st, acc, 1, ReduceOp::kSum).wait_on(st);
   } else {
     for (int g = 0; g < G; ++g)
       weighted_sum_squares(acc, g, flat_.grads()[size_t(g)].data(), 0, 0, numel_[size_t(g)]);
   }
-  if (tensor_comm_) tensor_comm_->all_reduce_sum(acc, 1);
-  if (pipeline_comm_) pipeline_comm_->all_reduce_sum(acc, 1);
+  if (tensor_comm_) tensor_comm_->all_reduce(st, acc, 1, ReduceOp::kSum).wait_on(st);
+  if (pipeline_comm_) pipeline_comm_->all_reduce(st, acc, 1, ReduceOp::kSum).wait_on(st);
   double s = 0;
   sumsq_.download(&s, 1);
   return s;
@@ -141,11 +144,10 @@ void ZeroSharding::share_group(int group, Communicator* holders) {
 }
 
 void ZeroSharding::reduce_shared_groups() {
+  const Stream st = dev_->stream();
   for (const auto& [g, holders] : shared_) {
-    if (stage_ >= 2)
-      holders->all_reduce_sum(grad_shards_[size_t(g)].data(), grad_shards_[size_t(g)].size());
-    else
-      holders->all_reduce_sum(flat_.grads()[size_t(g)].data(), flat_.grads()[size_t(g)].size());
+    Buffer<float>& grad = stage_ >= 2 ? grad_shards_[size_t(g)] : flat_.grads()[size_t(g)];
+    holders->all_reduce(st, grad.data(), grad.size(), ReduceOp::kSum).wait_on(st);
   }
 }
 
@@ -241,7 +243,7 @@ void ZeroSharding::refresh_compute_params(bool after_adamw) {
       dev_->copy(st, mine.ptr, flat_.params()[g].data() + ranges_[g].begin, own * sizeof(float));
     else
       ops.convert(st, mine, master_[g].data(), own);
-    comm_.all_gather(mine, scratch_.data(), s);
+    comm_.all_gather(st, mine, scratch_.data(), s).wait_on(st);
     const Ref full = flat_.compute_params(int(g));
     dev_->copy(st, full.ptr, scratch_.data().ptr, numel_[g] * dtype_size(cdt_));
   }
@@ -272,8 +274,9 @@ CRef ZeroSharding::acquire_params(int group) {
     gathered_[g] = DBuffer(dev_, cdt_, s * size_t(D_));
     const Ref own = gathered_[g].data() + size_t(rank_) * s;
     const CRef src = cdt_ == DType::kF32 ? CRef(master_[g].data()) : compute_shards_[g].data();
-    dev_->copy(dev_->stream(), own.ptr, src.ptr, s * dtype_size(cdt_));
-    comm_.all_gather(own, gathered_[g].data(), s);
+    const Stream st = dev_->stream();
+    dev_->copy(st, own.ptr, src.ptr, s * dtype_size(cdt_));
+    comm_.all_gather(st, own, gathered_[g].data(), s).wait_on(st);
   }
   return gathered_[g].data();
 }
@@ -302,8 +305,9 @@ void ZeroSharding::grads_ready(int group) {
   } else {
     const MemoryScope tag(MemoryCategory::kCommunication);
     Buffer<float> mine(dev_, s);
-    comm_.reduce_scatter_sum(working_grads_[g].data(), mine.data(), s);
-    dev_->ops().add(dev_->stream(), grad_shards_[g].data(), mine.data(), s);
+    const Stream st = dev_->stream();
+    comm_.reduce_scatter(st, working_grads_[g].data(), mine.data(), s).wait_on(st);
+    dev_->ops().add(st, grad_shards_[g].data(), mine.data(), s);
   }
   working_grads_[g] = Buffer<float>();  // freed: at most the groups in flight are full size
 }

@@ -35,6 +35,7 @@ struct Ref {
   Ref(float* p) : ptr(p), dtype(DType::kF32) {}
   Ref(bf16* p) : ptr(p), dtype(DType::kBF16) {}
   Ref(f16* p) : ptr(p), dtype(DType::kF16) {}
+  Ref(double* p) : ptr(p), dtype(DType::kF64) {}
   // The element `i` places further on.
   Ref operator+(size_t i) const {
     return Ref(static_cast<char*>(ptr) + i * dtype_size(dtype), dtype);
@@ -50,6 +51,7 @@ struct CRef {
   CRef(const float* p) : ptr(p), dtype(DType::kF32) {}
   CRef(const bf16* p) : ptr(p), dtype(DType::kBF16) {}
   CRef(const f16* p) : ptr(p), dtype(DType::kF16) {}
+  CRef(const double* p) : ptr(p), dtype(DType::kF64) {}
   CRef operator+(size_t i) const {
     return CRef(static_cast<const char*>(ptr) + i * dtype_size(dtype), dtype);
   }

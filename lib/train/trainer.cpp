@@ -599,7 +599,7 @@ class Checkpoints {
         comm.rank() == 0 ? (uint64_t(std::chrono::system_clock::now().time_since_epoch().count()) ^
                             (uint64_t(getpid()) << 48))
                          : 0;
-    comm.broadcast(&attempt, sizeof attempt, 0);
+    comm.broadcast_bytes(&attempt, sizeof attempt, 0);
     wo.attempt = attempt;
     return wo;
   }

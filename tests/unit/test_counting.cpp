@@ -82,13 +82,14 @@ TEST_CASE("counting communicator: the bytes each collective sends") {
   float f[8] = {};
   c.all_reduce_sum(f, 8);  // 32 B: 2·3/4 · 32 = 48
   CHECK(c.sent_bytes(CountingCommunicator::kAllReduce) == 48);
-  c.reduce_scatter_sum(f, f, 2);  // shard of 8 B: 3 · 8
+  c.reduce_scatter(ft::Stream{}, f, f, 2);  // shard of 8 B: 3 · 8
   CHECK(c.sent_bytes(CountingCommunicator::kReduceScatter) == 24);
   uint16_t h[8] = {};
-  c.all_gather(ft::CRef(h, ft::DType::kBF16), ft::Ref(h, ft::DType::kBF16), 2);  // 3 · 4 B
+  c.all_gather(ft::Stream{}, ft::CRef(h, ft::DType::kBF16), ft::Ref(h, ft::DType::kBF16),
+               2);  // 3 · 4 B
   CHECK(c.sent_bytes(CountingCommunicator::kAllGather) == 12);
-  c.send(ft::CRef(f), 8, 2, 0);
-  c.recv(ft::Ref(f), 8, 0, 0);  // receives send nothing
+  c.send(ft::Stream{}, ft::CRef(f), 8, 2, 0).wait();
+  c.recv(ft::Stream{}, ft::Ref(f), 8, 0, 0).wait();  // receives send nothing
   CHECK(c.sent_bytes(CountingCommunicator::kSend) == 32);
   CHECK(c.sent_bytes() == 48 + 24 + 12 + 32);
   c.reset();
