@@ -11,6 +11,7 @@
 #include "runtime/cuda/cuda_device.h"
 #endif
 #include "apps/ft/commands.h"
+#include "comm/device_comm.h"
 #include "core/error.h"
 #include "data/shard.h"
 #include "kernels/kernels.h"
@@ -82,6 +83,10 @@ int main(int argc, char** argv) {
   // ft_cuda_backend (the GPU) or, in the test tool ft_emu, ft_cuda_backend_emu: the same
   // sources built against the CUDA emulation (tests/cuda_emu/).
   ft::register_cuda_backend(&ft::this_cuda_backend());
+#endif
+#if FT_NCCL_BACKEND
+  // ft_nccl (libnccl, opened on first use) or, in ft_emu, ft_nccl_emu (the emulated NCCL).
+  ft::register_nccl_backend(&ft::this_nccl_backend());
 #endif
   CLI::App app{
       "ft: fine-tune transformer language models from a YAML recipe.\n"

@@ -81,6 +81,8 @@ struct RuntimeConfig {
   // fp32 GEMMs on CUDA may round their inputs to TF32 (10-bit mantissa) for tensor cores;
   // off: fp32 runs match the CPU. No effect on the CPU, bf16 or fp16.
   bool tf32 = false;
+  // How ranks exchange device memory: auto | nccl | mpi (DESIGN §3, comm/device_comm.h).
+  std::string communicator = "auto";
 };
 
 struct Recipe {

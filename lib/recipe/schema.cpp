@@ -213,6 +213,10 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(runtime, collective_timeout_s, kFloat,
                "end the job (exit 3) when a step's collective waits this long; 0: never",
                non_negative),
+        FT_KEY(runtime, communicator, kChoice,
+               "device memory between ranks: auto (NCCL between GPUs when built with it, else "
+               "MPI through host memory) | nccl | mpi",
+               {.choices = {"auto", "nccl", "mpi"}}),
         FT_KEY(runtime, tf32, kBool,
                "CUDA fp32 GEMMs may round inputs to TF32 (faster, ~1e-3 relative); off: exact "
                "fp32"),

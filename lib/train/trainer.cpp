@@ -32,6 +32,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
 #include "ckpt/safetensors.h"
+#include "comm/device_comm.h"
 #include "comm/host_staging.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -736,11 +737,20 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   // Model, ZeRO, the pipeline schedule, AdamW, the loss scaler (train/setup.h). They hand
   // device memory to their groups: on a device whose memory the host (MPI) cannot read, through
   // host staging (comm/host_staging.h). The step's host scalars go to the plain groups.
+  // On GPUs with NCCL (runtime.communicator, comm/device_comm.h) the data and tensor groups
+  // are NCCL communicators split from an NCCL world as the mesh splits the MPI one; the
+  // pipeline's sends and the tied-embedding holders still go through host staging.
   std::vector<std::unique_ptr<Communicator>> staged;
+  const std::unique_ptr<Communicator> nccl_world =
+      make_device_world(r.runtime.communicator, comm, *dev);
+  Mesh nccl_mesh;
+  if (nccl_world) nccl_mesh = make_mesh(*nccl_world, r.parallel.tensor, r.parallel.pipeline);
   const std::unique_ptr<Communicator> tied_holders = tied_holders_group(r, comm, mesh, *dev);
   DeviceGroups groups;
-  groups.data = for_device_memory(&data_comm, *dev, staged);
-  groups.tensor = for_device_memory(tensor_comm, *dev, staged);
+  groups.data =
+      nccl_world ? nccl_mesh.data_comm.get() : for_device_memory(&data_comm, *dev, staged);
+  groups.tensor = nccl_world && tensor_comm ? nccl_mesh.tensor_comm.get()
+                                            : for_device_memory(tensor_comm, *dev, staged);
   groups.pipeline = for_device_memory(pipe_comm, *dev, staged);
   const bool holds_tied = mesh.p == 0 || mesh.p == mesh.pipeline - 1;
   groups.tied_holders = tied_holders && holds_tied ? tied_holders.get() : nullptr;
@@ -761,6 +771,12 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   comm.barrier();
 
   if (is_root) print_run_header(r, model, loader, accum, *dev, threads);
+  if (is_root && comm.size() > 1) {
+    std::string how = nccl_world ? nccl_world->describe() : comm.describe();
+    if (!nccl_world && !dev->host_accessible()) how += ", staged through host memory";
+    if (nccl_world && mesh.pipeline > 1) how += "; pipeline sends staged through host memory";
+    std::printf("ft: device memory between ranks: %s\n", how.c_str());
+  }
   // Rank 0's header names its device; on GPUs each other rank says which one it took (its
   // node-local rank's, runtime/cuda/gpu_choice.h), so a wrong choice shows in the log.
   if (!is_root && dev->kind() == DeviceKind::kCuda) log_info("ft: device ", dev->name());

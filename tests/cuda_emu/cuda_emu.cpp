@@ -142,6 +142,9 @@ bool stream_is_valid(const void* s) {
 
 }  // namespace
 
+bool gpu_memory(const void* p, size_t n) { return n == 0 || in_gpu_memory(p, n); }
+bool valid_stream_handle(const void* s) { return stream_is_valid(s); }
+
 namespace {
 
 std::string dim_str(dim3 d) {

@@ -121,6 +121,12 @@ uint64_t seed();
 // The dynamic shared memory of the running launch (FT_DYNAMIC_SHARED).
 void* dynamic_shared();
 
+// For the emulated libraries beside the runtime (nccl_emu.cpp): is [p, p + n) inside one
+// allocation a kernel may read (cudaMalloc, cudaMallocHost, cudaHostRegister; n 0: any p); is
+// s the null, legacy or per-thread stream or a live one?
+bool gpu_memory(const void* p, size_t n);
+bool valid_stream_handle(const void* s);
+
 namespace detail {
 struct LaunchConfig {
   const char* name;

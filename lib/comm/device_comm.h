@@ -1,0 +1,37 @@
+// Communicators that run on the device: NCCL between GPUs (lib/comm/nccl_communicator.cpp, in a
+// library of its own, ft_nccl, that an executable links and registers as it registers its CUDA
+// backend: `ft` the real NCCL, loaded on first use; the test tool `ft_emu` the emulated NCCL of
+// tests/cuda_emu/nccl_emu.cpp). ft_lib itself names no NCCL symbol.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "runtime/device.h"
+
+namespace ft {
+
+struct NcclBackend {
+  // Empty when NCCL can serve `dev`'s memory, else why not (not a CUDA device; the library
+  // does not load; its version is outside the range DESIGN §3 names).
+  std::string (*unusable_reason)(Device& dev);
+  // The world's NCCL communicator on `dev`, bootstrapped over `world` (MPI: rank 0's
+  // ncclUniqueId broadcast to the others); collective over the world. Its split() makes the
+  // mesh's groups by ncclCommSplit. Throws ft::Error naming the NCCL call that failed.
+  std::unique_ptr<Communicator> (*make_world)(Communicator& world, Device& dev);
+  // "nccl 2.28.9" once loaded, else "nccl".
+  std::string (*description)();
+};
+void register_nccl_backend(const NcclBackend* backend);
+const NcclBackend* nccl_backend();  // null when the executable links none
+// Defined by ft_nccl (or ft_nccl_emu), for main to register.
+const NcclBackend& this_nccl_backend();
+
+// runtime.communicator (DESIGN §5): "mpi" never uses NCCL; "nccl" must (an ft::Error saying why
+// it cannot); "auto" uses it when the world has more than one rank, the device is a GPU and
+// NCCL is usable. Returns the NCCL world, or null for host staging over MPI.
+std::unique_ptr<Communicator> make_device_world(const std::string& choice, Communicator& world,
+                                                Device& dev);
+
+}  // namespace ft

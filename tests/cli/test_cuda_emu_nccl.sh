@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# NCCL between GPUs (DESIGN.md §3, lib/comm/nccl_communicator.cpp), on the emulation: ft_emu
+# links the emulated NCCL (tests/cuda_emu/nccl_emu.cpp, a test tool: the NCCL calls ft makes,
+# over MPI, on the emulated device memory, summing in rank order) and runs under mpirun with one
+# emulated GPU per rank and runtime.communicator=nccl:
+#  - the header says NCCL carries device memory, and the data and tensor groups' device memory
+#    no longer goes through host staging (the pipeline's sends still do: stated in the header);
+#  - the layouts (data 2 under ZeRO 0-3, data 4 under ZeRO 2, tensor 2, pipeline 2, fp32 and
+#    bf16) against the one-process CPU run, within test_cuda_emu_ranks.sh's bounds;
+#  - the same layout twice gives the same bits (metrics), and NCCL against MPI with host staging
+#    gives per-step losses within 1e-6 (fp32; they sum in different orders);
+#  - runtime.communicator=nccl on the CPU device is refused, naming why; auto on the CPU uses MPI.
+#   bash tests/cli/test_cuda_emu_nccl.sh BUILD_DIR SOURCE_DIR
+source "$2/tests/cli/common.sh" "$@"
+need_emu
+mpi_env
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/train:2" "$tmp/valid:1" --vocab 64 \
+  --samples 24 --seq-len 8 --seed 7
+
+cat > "$tmp/r.yaml" <<YAML
+run: {name: r, output_dir: $tmp/out, seed: 3}
+model: {dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 40, vocab_size: 64,
+        max_seq_len: 8, tie_embeddings: true}
+data: {train: $tmp/train, valid: $tmp/valid, seq_len: 8, shuffle: true}
+training: {steps: 4, micro_batch_size: 1, global_batch_size: 4, eval_every_steps: 2,
+           eval_batches: 1, grad_clip: 0.5}
+optimizer: {lr: 0.01}
+logging: {every_steps: 1}
+runtime: {threads: 1}
+YAML
+
+compare() {
+  /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$1" "$2" --min-entries 10 \
+    --loss-rel "$3" --norm-rel "$4"
+}
+for p in fp32 bf16; do
+  "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/cpu_$p" runtime.device=cpu \
+    training.precision=$p > "$tmp/cpu_$p.log" 2>&1 \
+    || fail "one-process CPU run, $p: $(tail -3 "$tmp/cpu_$p.log")"
+done
+declare -A loss_rel=([fp32]=1e-5 [bf16]=2e-2) norm_rel=([fp32]=1e-4 [bf16]=2e-1)
+
+# ranks NAME NP COMMUNICATOR OVERRIDES...: NP ranks of ft_emu, each on its own emulated GPU.
+ranks() {
+  local name=$1 np=$2 how=$3
+  shift 3
+  FT_CUDA_EMU_DEVICES=$np mpirun "${mpirun_args[@]}" -np "$np" -x FT_CUDA_EMU_DEVICES "$emu" \
+    train "$tmp/r.yaml" run.output_dir="$tmp/$name" runtime.device=cuda \
+    runtime.communicator="$how" "$@" > "$tmp/$name.log" 2>&1
+}
+# staged_calls LOG: rank 0's count of calls staged through host memory.
+staged_calls() {
+  sed -n 's/^ft: \([0-9]*\) communication calls staged through host memory.*/\1/p' "$1" | head -1
+}
+
+layouts=("dp2_z0 2 fp32 parallel.zero_stage=0" "dp2_z1 2 fp32 parallel.zero_stage=1"
+         "dp2_z2 2 fp32 parallel.zero_stage=2" "dp2_z3 2 fp32 parallel.zero_stage=3"
+         "dp4_z2 4 fp32 parallel.zero_stage=2" "tp2 2 fp32 parallel.tensor=2"
+         "pp2 2 fp32 parallel.pipeline=2" "dp2_z3 2 bf16 parallel.zero_stage=3"
+         "tp2 2 bf16 parallel.tensor=2")
+for l in "${layouts[@]}"; do
+  read -r layout np p override <<< "$l"
+  name=nccl_${layout}_$p
+  ranks $name "$np" nccl training.precision=$p "$override" \
+    || fail "$name: $(tail -5 "$tmp/$name.log")"
+  grep -q '^ft: device memory between ranks: nccl 2\.' "$tmp/$name.log" \
+    || fail "$name: the header does not say NCCL: $(grep 'device memory' "$tmp/$name.log")"
+  # With NCCL, only the pipeline's sends (and the tied holders' sums) are staged.
+  calls=$(staged_calls "$tmp/$name.log")
+  if [[ $layout != pp2 && ${calls:-0} != 0 ]]; then
+    fail "$name: $calls calls still staged through host memory"
+  fi
+  echo "$layout ($np ranks) $p through the emulated NCCL against the one-process CPU run:"
+  compare "$tmp/$name" "$tmp/cpu_$p" ${loss_rel[$p]} ${norm_rel[$p]} \
+    || fail "$name differs from the CPU run"
+done
+
+# The same layout again: the same bits (the emulated NCCL sums in rank order, as real NCCL sums
+# in an order fixed by its communicator).
+ranks nccl_again 2 nccl parallel.zero_stage=2 || fail "again: $(tail -5 "$tmp/nccl_again.log")"
+cmp <(grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$tmp/nccl_again/metrics.jsonl") \
+    <(grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$tmp/nccl_dp2_z2_fp32/metrics.jsonl") \
+  || fail "two NCCL runs of the same layout differ"
+# MPI with host staging, the same layout: the same losses up to the order of the sums.
+ranks mpi_dp2_z2 2 mpi parallel.zero_stage=2 || fail "mpi: $(tail -5 "$tmp/mpi_dp2_z2.log")"
+grep -q 'staged through host memory$' "$tmp/mpi_dp2_z2.log" \
+  || fail "runtime.communicator=mpi: the header does not say host staging"
+compare "$tmp/mpi_dp2_z2" "$tmp/nccl_dp2_z2_fp32" 1e-6 1e-5 || fail "NCCL and MPI differ"
+
+# NCCL needs GPUs: asked for on the CPU it is refused by name; auto falls back to MPI.
+FT_CUDA_EMU_DEVICES=2 mpirun "${mpirun_args[@]}" -np 2 "$emu" train "$tmp/r.yaml" \
+  run.output_dir="$tmp/cpu_nccl" runtime.device=cpu runtime.communicator=nccl \
+  > "$tmp/cpu_nccl.log" 2>&1 && fail "runtime.communicator=nccl on the CPU was not refused"
+grep -q 'runtime.communicator: nccl: the device is cpu' "$tmp/cpu_nccl.log" \
+  || fail "the refusal does not say why: $(grep -m2 error "$tmp/cpu_nccl.log")"
+mpirun "${mpirun_args[@]}" -np 2 "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/cpu_auto" \
+  runtime.device=cpu training.steps=1 > "$tmp/cpu_auto.log" 2>&1 \
+  || fail "auto on the CPU: $(tail -3 "$tmp/cpu_auto.log")"
+grep -q '^ft: device memory between ranks: mpi world 2$' "$tmp/cpu_auto.log" \
+  || fail "auto on the CPU: $(grep 'device memory' "$tmp/cpu_auto.log")"
+echo "test_cuda_emu_nccl: OK"
