@@ -35,6 +35,11 @@ void Loader::check_unbuilt() {
           "FT_CUDA=OFF or without nvcc)",
           "use auto or cpu");
   }
+  if (r_.runtime.communicator == "nccl" && r_.runtime.device == "cpu" &&
+      all_usable({"runtime.communicator", "runtime.device"})) {
+    issue(locate("runtime.communicator"), "runtime.communicator",
+          "nccl moves GPU memory, and runtime.device is cpu", "use auto or mpi");
+  }
 }
 
 // Stage 5c: rules across keys, each checked only when every key it reads is usable.

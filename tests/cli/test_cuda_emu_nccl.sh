@@ -87,12 +87,21 @@ grep -q 'staged through host memory$' "$tmp/mpi_dp2_z2.log" \
   || fail "runtime.communicator=mpi: the header does not say host staging"
 compare "$tmp/mpi_dp2_z2" "$tmp/nccl_dp2_z2_fp32" 1e-6 1e-5 || fail "NCCL and MPI differ"
 
-# NCCL needs GPUs: asked for on the CPU it is refused by name; auto falls back to MPI.
+# NCCL needs GPUs: asked for on the CPU it is refused by name, by the recipe's validation
+# (runtime.device=cpu, exit 2) and when auto chose the CPU (ft here, with no GPU: exit 1); auto
+# falls back to MPI.
 FT_CUDA_EMU_DEVICES=2 mpirun "${mpirun_args[@]}" -np 2 "$emu" train "$tmp/r.yaml" \
   run.output_dir="$tmp/cpu_nccl" runtime.device=cpu runtime.communicator=nccl \
   > "$tmp/cpu_nccl.log" 2>&1 && fail "runtime.communicator=nccl on the CPU was not refused"
-grep -q 'runtime.communicator: nccl: the device is cpu' "$tmp/cpu_nccl.log" \
-  || fail "the refusal does not say why: $(grep -m2 error "$tmp/cpu_nccl.log")"
+grep -q 'runtime.communicator.*nccl moves GPU memory, and runtime.device is cpu' \
+  "$tmp/cpu_nccl.log" || fail "the refusal does not say why: $(grep -m2 rror "$tmp/cpu_nccl.log")"
+if [[ ! -e /dev/nvidia0 ]]; then
+  mpirun "${mpirun_args[@]}" -np 2 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/auto_nccl" \
+    runtime.communicator=nccl > "$tmp/auto_nccl.log" 2>&1 \
+    && fail "runtime.communicator=nccl without a GPU was not refused"
+  grep -q 'runtime.communicator: nccl: the device is cpu, not a GPU' "$tmp/auto_nccl.log" \
+    || fail "the refusal does not say why: $(grep -m2 rror "$tmp/auto_nccl.log")"
+fi
 mpirun "${mpirun_args[@]}" -np 2 "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/cpu_auto" \
   runtime.device=cpu training.steps=1 > "$tmp/cpu_auto.log" 2>&1 \
   || fail "auto on the CPU: $(tail -3 "$tmp/cpu_auto.log")"
