@@ -9,7 +9,8 @@
 namespace ft {
 
 ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Device* dev,
-                           Communicator* tensor_comm, Communicator* pipeline_comm)
+                           Communicator* tensor_comm, Communicator* pipeline_comm,
+                           ZeroOptions options)
     : stage_(stage),
       flat_(flat),
       comm_(comm),
@@ -17,6 +18,7 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
       cdt_(flat.compute_dtype()),
       tensor_comm_(tensor_comm),
       pipeline_comm_(pipeline_comm),
+      opt_(options),
       D_(comm.size()),
       rank_(comm.rank()) {
   FT_CHECK(stage >= 0 && stage <= 3, "ZeRO stage must be 0..3");
@@ -30,7 +32,10 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
     max_shard = std::max(max_shard, s);
     ranges_.push_back(stage_ == 0 ? ShardRange{0, n} : zero_shard(n, D_, rank_));
   }
+  FT_CHECK(opt_.bucket_elems > 0, "ZeRO: a reduction bucket of 0 elements");
   const size_t G = numel_.size();
+  ready_count_.assign(G, 0);
+  reduced_.assign(G, false);
   if (stage_ >= 2) {
     const MemoryScope tag(MemoryCategory::kGradients);
     for (size_t g = 0; g < G; ++g) grad_shards_.emplace_back(dev_, shard_[g]);
@@ -38,6 +43,8 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
     flat_.set_hooks(this);
   } else {
     flat_.grads();  // full gradient buffers
+    // Told when each group's gradient is final, to reduce it while the backward goes on.
+    if (D_ > 1) flat_.set_hooks(this);
   }
   // fp32 master weights (DESIGN.md §5 precision policy): this rank's shard at stage 3 (padded to
   // s; the all-gathers send it whole), or with a 16-bit compute dtype the range AdamW updates.
@@ -72,21 +79,66 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
 }
 
 ZeroSharding::~ZeroSharding() {
-  if (stage_ >= 2) flat_.set_hooks(nullptr);
+  if (stage_ >= 2 || D_ > 1) flat_.set_hooks(nullptr);
 }
 
-void ZeroSharding::begin_step() {
+void ZeroSharding::begin_step(int micro_batches) {
+  FT_CHECK(micro_batches >= 1, "ZeRO: a step of ", micro_batches, " micro-batches");
+  micro_batches_ = micro_batches;
+  std::fill(ready_count_.begin(), ready_count_.end(), 0);
+  std::fill(reduced_.begin(), reduced_.end(), false);
   if (stage_ >= 2)
     for (auto& b : grad_shards_) b.zero();
   else
     flat_.zero_grads();
 }
 
-void ZeroSharding::finish_backward() {
-  if (stage_ >= 2 || D_ == 1) return;  // stage ≥ 2 reduced each group as its backward finished
+void ZeroSharding::reduce_group(int group) {
+  const size_t g = size_t(group);
+  if (reduced_[g] || numel_[g] == 0) return;
+  reduced_[g] = true;
+  float* grad = flat_.grads()[g].data();
+  maybe_inject_nan(group, grad);
   const Stream st = dev_->stream();
-  for (auto& g : flat_.grads())
-    comm_.all_reduce(st, g.data(), g.size(), ReduceOp::kSum).wait_on(st);
+  for (size_t off = 0; off < numel_[g]; off += opt_.bucket_elems)
+    reducing_.push_back(comm_.all_reduce(
+        st, grad + off, std::min(opt_.bucket_elems, numel_[g] - off), ReduceOp::kSum));
+}
+
+void ZeroSharding::retire_scatters(size_t keep) {
+  const Stream st = dev_->stream();
+  while (!scatters_.empty() && (scatters_.size() > keep || scatters_.front().work.complete())) {
+    Scatter& x = scatters_.front();
+    x.work.wait_on(st);
+    dev_->ops().add(st, grad_shards_[size_t(x.group)].data(), x.mine.data(), x.mine.size());
+    scatters_.erase(scatters_.begin());  // frees its buffers, the compute stream past the call
+  }
+}
+
+void ZeroSharding::maybe_inject_nan(int group, float* grad) {
+  if (!nan_pending_) return;
+  for (size_t g = 0; g < numel_.size(); ++g) {
+    if (ranges_[g].begin >= ranges_[g].end) continue;
+    if (int(g) != group) return;  // the first group held is not this one
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    dev_->copy_from_host(grad + ranges_[g].begin, &nan, sizeof nan);
+    nan_pending_ = false;
+    return;
+  }
+}
+
+void ZeroSharding::finish_backward() {
+  const Stream st = dev_->stream();
+  if (stage_ >= 2) {
+    retire_scatters(0);
+  } else if (D_ == 1) {
+    for (size_t g = 0; g < numel_.size() && nan_pending_; ++g)
+      maybe_inject_nan(int(g), flat_.grads()[g].data());
+  } else {
+    for (size_t g = 0; g < numel_.size(); ++g) reduce_group(int(g));
+    for (CommWork& w : reducing_) w.wait_on(st);
+    reducing_.clear();
+  }
 }
 
 void ZeroSharding::weighted_sum_squares(double* acc, int g, const float* x, size_t base,
@@ -177,17 +229,7 @@ int64_t ZeroSharding::first_nonfinite_grad() const {
   return -1;
 }
 
-void ZeroSharding::inject_nan_grad_for_test() {
-  for (size_t g = 0; g < numel_.size(); ++g) {
-    if (ranges_[g].begin >= ranges_[g].end) continue;
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    if (stage_ >= 2)
-      grad_shards_[g].upload(&nan, 1);
-    else
-      flat_.grads()[g].upload(&nan, 1, ranges_[g].begin);
-    return;
-  }
-}
+void ZeroSharding::inject_nan_grad_for_test() { nan_pending_ = true; }
 
 std::vector<float*> ZeroSharding::param_bases() {
   std::vector<float*> p;
@@ -290,6 +332,7 @@ void ZeroSharding::release_params(int group) {
 
 float* ZeroSharding::grads(int group) {
   const size_t g = size_t(group);
+  if (stage_ < 2) return flat_.grads()[g].data();
   if (!working_grads_[g].data()) {
     const MemoryScope tag(MemoryCategory::kCommunication);  // until reduce-scattered
     working_grads_[g] = Buffer<float>(dev_, shard_[g] * size_t(D_));
@@ -300,16 +343,26 @@ float* ZeroSharding::grads(int group) {
 
 void ZeroSharding::grads_ready(int group) {
   const size_t g = size_t(group), s = shard_[g];
-  if (D_ == 1) {  // the working gradient is the whole shard: no collective to go through
-    dev_->ops().add(dev_->stream(), grad_shards_[g].data(), working_grads_[g].data(), s);
-  } else {
-    const MemoryScope tag(MemoryCategory::kCommunication);
-    Buffer<float> mine(dev_, s);
-    const Stream st = dev_->stream();
-    comm_.reduce_scatter(st, working_grads_[g].data(), mine.data(), s).wait_on(st);
-    dev_->ops().add(st, grad_shards_[g].data(), mine.data(), s);
+  const bool last = ++ready_count_[g] == micro_batches_;  // the group's gradient is final
+  if (stage_ < 2) {
+    if (last && opt_.overlap) reduce_group(group);
+    return;
   }
-  working_grads_[g] = Buffer<float>();  // freed: at most the groups in flight are full size
+  if (last) maybe_inject_nan(group, working_grads_[g].data());
+  const Stream st = dev_->stream();
+  if (D_ == 1) {  // the working gradient is the whole shard: no collective to go through
+    dev_->ops().add(st, grad_shards_[g].data(), working_grads_[g].data(), s);
+    working_grads_[g] = Buffer<float>();
+    return;
+  }
+  const MemoryScope tag(MemoryCategory::kCommunication);
+  Buffer<float> mine(dev_, s);
+  CommWork work = comm_.reduce_scatter(st, working_grads_[g].data(), mine.data(), s);
+  scatters_.push_back(
+      Scatter{group, std::move(work), std::move(working_grads_[g]), std::move(mine)});
+  // Without overlap each reduce-scatter is waited for at once; with it, at most two stay in
+  // flight (their working gradients with them) while the backward goes on.
+  retire_scatters(opt_.overlap ? 2 : 0);
 }
 
 }  // namespace ft

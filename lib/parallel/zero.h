@@ -20,12 +20,26 @@
 
 namespace ft {
 
+// How the data group's gradient reductions meet the backward (DESIGN.md §3, "Overlap").
+//   overlap: each group's gradient is reduced as soon as it is final (stages 0-1: after the
+//     last micro-batch's backward of the group; stages 2-3: each micro-batch's, as before),
+//     its call left in flight on the communicator's stream while the backward goes on, and
+//     waited for by finish_backward; off: stages 0-1 reduce every group after the whole
+//     backward, stages 2-3 wait for each reduce-scatter at once. The calls (their buffers and
+//     sizes) are the same either way, so the bits are too.
+//   bucket_elems: a reduction's largest call; a larger group is reduced in several calls.
+struct ZeroOptions {
+  bool overlap = true;
+  size_t bucket_elems = size_t(25) << 20 >> 2;  // 25 MiB of fp32, as PyTorch DDP's bucket_cap_mb
+};
+
 class ZeroSharding final : public GroupHooks {
  public:
   // tensor_comm, pipeline_comm (may be null): the other groups that hold parts of the model,
   // for the gradient norm over every part.
   ZeroSharding(int stage, FlatParams& flat, Communicator& data_comm, Device* dev,
-               Communicator* tensor_comm = nullptr, Communicator* pipeline_comm = nullptr);
+               Communicator* tensor_comm = nullptr, Communicator* pipeline_comm = nullptr,
+               ZeroOptions options = {});
   // A group held by two pipeline stages (tied embeddings on the first and last): its gradient is
   // summed between them, and it counts half on each in the norm.
   void share_group(int group, Communicator* holders);
@@ -33,17 +47,22 @@ class ZeroSharding final : public GroupHooks {
   ~ZeroSharding() override;
 
   const std::vector<ShardRange>& ranges() const { return ranges_; }
-  void begin_step();          // zero the gradients of the step
-  void finish_backward();     // stage 0/1: all-reduce the full gradients
+  // Zeroes the gradients of the step, whose backward runs `micro_batches` micro-batches on
+  // this rank (each group's last one makes its gradient final).
+  void begin_step(int micro_batches);
+  // Every reduction of the step issued and ordered on the compute stream (stage 0/1: the
+  // all-reduce of the groups not reduced during the backward).
+  void finish_backward();
   double grad_sum_squares();  // over the whole model: every data and tensor shard
   // After finish_backward: the first tensor in layout order (groups, then their entries) whose
   // gradient, in the part this rank holds (its shard at stage >= 2), has a NaN or inf element.
   // Returned as the tensor's index counting every entry of the layout's groups from 0, so that
   // ranks agree on the first one with a min over the world; -1 when every element is finite.
   int64_t first_nonfinite_grad() const;
-  // Test support (FT_TEST_NAN_GRAD_AT_STEP in trainer.cpp): before finish_backward, writes NaN
-  // into the first gradient element this rank holds (first non-empty group and shard), where a
-  // real NaN from backward would be, so the reductions carry it as they would carry that one.
+  // Test support (FT_TEST_NAN_GRAD_AT_STEP in step.cpp): called before the step's backward;
+  // just before that group's gradient is reduced, writes NaN into the first gradient element
+  // this rank holds (first non-empty group and shard), where a real NaN from backward would
+  // be, so the reductions carry it as they would carry that one.
   void inject_nan_grad_for_test();
   std::vector<float*> param_bases();  // at ranges()[g].begin, for AdamW
   std::vector<const float*> grad_bases();
@@ -73,6 +92,17 @@ class ZeroSharding final : public GroupHooks {
   size_t shard(int g) const { return shard_[size_t(g)]; }
   // sync_compute_params, or after AdamW (which wrote compute_bases()): the rest of it.
   void refresh_compute_params(bool after_adamw);
+  // Stage 0/1: the all-reduce of group g's full gradient, in calls of at most bucket_elems.
+  void reduce_group(int g);
+  // Stage >= 2: a reduce-scatter in flight and its buffers; retired (its shard added to the
+  // group's gradient shard, the buffers freed) once ordered on the compute stream.
+  struct Scatter {
+    int group;
+    CommWork work;
+    Buffer<float> working, mine;
+  };
+  void retire_scatters(size_t keep);          // all but the newest `keep`
+  void maybe_inject_nan(int g, float* grad);  // test support, see inject_nan_grad_for_test
   int stage_;
   FlatParams& flat_;  // the model's parameters
   Communicator& comm_;
@@ -86,7 +116,14 @@ class ZeroSharding final : public GroupHooks {
   // groups held by two pipeline stages 1/2).
   void weighted_sum_squares(double* acc, int g, const float* x, size_t base, size_t begin,
                             size_t end) const;
+  ZeroOptions opt_;
   int D_, rank_;
+  int micro_batches_ = 1;
+  std::vector<int> ready_count_;    // grads_ready calls of each group this step
+  std::vector<CommWork> reducing_;  // stage 0/1: each group's all-reduce calls in flight
+  std::vector<bool> reduced_;       // stage 0/1: group issued this step
+  std::vector<Scatter> scatters_;   // stage >= 2, oldest first
+  bool nan_pending_ = false;        // test support
   std::vector<size_t> numel_, shard_;
   std::vector<ShardRange> ranges_;
   // fp32 master weights: stage 3 (s) per group; 16-bit compute dtype at stages 0-2: the range.

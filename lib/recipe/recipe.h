@@ -57,6 +57,10 @@ struct ParallelConfig {
   int tensor = 1;
   int pipeline = 1;
   int zero_stage = 0;
+  // Gradient reductions overlap the backward (DeepSpeed's overlap_comm), in calls of at most
+  // reduce_bucket_mb MiB of fp32 (parallel/zero.h ZeroOptions).
+  bool overlap_comm = true;
+  double reduce_bucket_mb = 25;
 };
 
 struct CheckpointConfig {

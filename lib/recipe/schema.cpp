@@ -192,6 +192,12 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(parallel, pipeline, kInt, "pipeline stages", positive),
         FT_KEY(parallel, zero_stage, kInt, "ZeRO stage over the data group",
                {.range = between(0, 3)}),
+        FT_KEY(parallel, overlap_comm, kBool,
+               "reduce each group's gradient as soon as it is final, while the backward goes "
+               "on (the same bits as off)"),
+        FT_KEY(parallel, reduce_bucket_mb, kFloat,
+               "largest gradient reduction call, MiB of fp32 (a larger group: several calls)",
+               {.range = above(0)}),
 
         FT_KEY(checkpoint, dir, kString,
                "checkpoint folder (default <run.output_dir>/checkpoints)"),

@@ -1,5 +1,6 @@
 #include "train/setup.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "ckpt/hf.h"
@@ -65,8 +66,13 @@ RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
   init_weights(*s.model, r, dev, mesh, weights, is_root);
   // ZeRO over the data group (lib/parallel/zero.h) takes over the parameters (stage 3) and
   // gradients (stages 2, 3) from the model.
-  s.zero = std::make_unique<ZeroSharding>(r.parallel.zero_stage, s.model->flat_params(),
-                                          *groups.data, dev, groups.tensor, groups.pipeline);
+  ZeroOptions zero_options;
+  zero_options.overlap = r.parallel.overlap_comm;
+  zero_options.bucket_elems =
+      std::max<size_t>(1, size_t(r.parallel.reduce_bucket_mb * double(1 << 20)) / sizeof(float));
+  s.zero =
+      std::make_unique<ZeroSharding>(r.parallel.zero_stage, s.model->flat_params(), *groups.data,
+                                     dev, groups.tensor, groups.pipeline, zero_options);
   // Tied embeddings across stages: the first stage's embedding and the last stage's head are one
   // matrix held twice; their gradients are summed between the two (DESIGN.md §3).
   if (groups.tied_holders) s.zero->share_group(0, groups.tied_holders);

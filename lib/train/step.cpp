@@ -78,14 +78,15 @@ StepResult TrainStep::run_batch(int64_t s, const StepSamples& batch,
 
   // 2. Forward/backward of every micro-batch; gradients accumulate.
   set_watch_step(step, "forward/backward");
-  zero_.begin_step();
-  double loss_sum = pipeline_.train_step(batch, r_.training.micro_batch_size, token_weight);
+  zero_.begin_step(batch.count / r_.training.micro_batch_size);
   // Test support: FT_TEST_NAN_LOSS_AT_STEP=N[:r] makes rank r's share of the loss of step N
   // NaN; FT_TEST_NAN_GRAD_AT_STEP=N[:r] writes NaN into the first gradient element rank r
-  // holds, before the gradient reductions, as a NaN from its backward would be.
+  // holds, before the gradient reductions (during the backward, with overlap), as a NaN from
+  // its backward would be.
+  if (test_hook_fires("FT_TEST_NAN_GRAD_AT_STEP", step, rank)) zero_.inject_nan_grad_for_test();
+  double loss_sum = pipeline_.train_step(batch, r_.training.micro_batch_size, token_weight);
   if (test_hook_fires("FT_TEST_NAN_LOSS_AT_STEP", step, rank))
     loss_sum = std::numeric_limits<double>::quiet_NaN();
-  if (test_hook_fires("FT_TEST_NAN_GRAD_AT_STEP", step, rank)) zero_.inject_nan_grad_for_test();
   if (pipe_comm_) pipe_comm_->all_reduce_sum(&loss_sum, 1);  // the loss is on the last stage
   data_comm_.all_reduce_sum(&loss_sum, 1);                   // the same on every tensor rank
   res.loss = count > 0 ? loss_sum / count : 0.0;

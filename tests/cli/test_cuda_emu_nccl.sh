@@ -9,6 +9,8 @@
 #    bf16) against the one-process CPU run, within test_cuda_emu_ranks.sh's bounds;
 #  - the same layout twice gives the same bits (metrics), and NCCL against MPI with host staging
 #    gives per-step losses within 1e-6 (fp32; they sum in different orders);
+#  - parallel.overlap_comm on and off give the same bits at ZeRO 0-3 (small buckets, two
+#    micro-batches per rank);
 #  - runtime.communicator=nccl on the CPU device is refused, naming why; auto on the CPU uses MPI.
 #   bash tests/cli/test_cuda_emu_nccl.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
@@ -81,6 +83,20 @@ ranks nccl_again 2 nccl parallel.zero_stage=2 || fail "again: $(tail -5 "$tmp/nc
 cmp <(grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$tmp/nccl_again/metrics.jsonl") \
     <(grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$tmp/nccl_dp2_z2_fp32/metrics.jsonl") \
   || fail "two NCCL runs of the same layout differ"
+# Overlap on (the default) and off give the same bits: the same calls, made during the backward
+# or after it; with a 1 KiB bucket every group is reduced in several calls. Two micro-batches per
+# rank, so only the second makes a gradient final.
+for z in 0 1 2 3; do
+  for o in true false; do
+    ranks ov_z${z}_$o 2 nccl parallel.zero_stage=$z parallel.overlap_comm=$o \
+      parallel.reduce_bucket_mb=0.0009765625 || fail "overlap $o, ZeRO $z: $(tail -5 "$tmp/ov_z${z}_$o.log")"
+  done
+  cmp <(grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$tmp/ov_z${z}_true/metrics.jsonl") \
+      <(grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$tmp/ov_z${z}_false/metrics.jsonl") \
+    || fail "ZeRO $z: overlap on and off differ"
+  echo "ZeRO $z: overlap on and off give the same losses and grad norms, bit for bit"
+done
+
 # MPI with host staging, the same layout: the same losses up to the order of the sums.
 ranks mpi_dp2_z2 2 mpi parallel.zero_stage=2 || fail "mpi: $(tail -5 "$tmp/mpi_dp2_z2.log")"
 grep -q 'staged through host memory$' "$tmp/mpi_dp2_z2.log" \
