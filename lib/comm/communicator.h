@@ -53,6 +53,9 @@ class CommWork {
   std::unique_ptr<Pending> pending_;
 };
 
+// One handle for two calls: waits for both.
+CommWork both(CommWork a, CommWork b);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -78,6 +81,13 @@ class Communicator {
   // A send's handle completes when its buffer may be reused, a receive's when the data is there.
   virtual CommWork send(Stream s, CRef data, size_t n, int peer, int tag) = 0;
   virtual CommWork recv(Stream s, Ref data, size_t n, int peer, int tag) = 0;
+  // A send and a receive made together (Megatron's batched isend/irecv): NCCL runs them as one
+  // group, so two ranks that each send to the other at the same point of a schedule cannot
+  // wait on each other. The handle completes when both have. Either half is left out with
+  // n = 0. The default makes them one after the other (right for MPI, whose sends never wait
+  // for the receiver before they return).
+  virtual CommWork send_recv(Stream s, CRef send_data, size_t send_n, int send_peer, Ref recv_data,
+                             size_t recv_n, int recv_peer, int send_tag, int recv_tag);
   virtual void barrier() = 0;
   // Ends every rank of the job (after a fatal error on this one), with this exit code.
   virtual void abort(int code) = 0;

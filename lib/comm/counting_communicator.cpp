@@ -37,30 +37,41 @@ const char* CountingCommunicator::kind_name(Kind k) {
 
 CommWork CountingCommunicator::all_reduce(Stream, Ref data, size_t n, ReduceOp) {
   all_reduce_bytes(n * dtype_size(data.dtype));
-  return {};
+  return made();
 }
 
 CommWork CountingCommunicator::reduce_scatter(Stream, CRef in, Ref, size_t shard) {
   sent_[kReduceScatter] += int64_t(size_ - 1) * int64_t(shard * dtype_size(in.dtype));
-  return {};
+  return made();
 }
 
 CommWork CountingCommunicator::all_gather(Stream, CRef in, Ref, size_t shard) {
   sent_[kAllGather] += int64_t(size_ - 1) * int64_t(shard * dtype_size(in.dtype));
-  return {};
+  return made();
 }
 
 CommWork CountingCommunicator::broadcast(Stream, Ref data, size_t n, int) {
   if (size_ > 1) sent_[kBroadcast] += int64_t(n * dtype_size(data.dtype));
-  return {};
+  return made();
 }
 
 CommWork CountingCommunicator::send(Stream, CRef data, size_t n, int, int) {
   sent_[kSend] += int64_t(n * dtype_size(data.dtype));
-  return {};
+  return made();
 }
 
-CommWork CountingCommunicator::recv(Stream, Ref, size_t, int, int) { return {}; }
+CommWork CountingCommunicator::recv(Stream, Ref, size_t, int, int) { return made(); }
+
+namespace {
+struct NothingToWaitFor final : CommWork::Pending {
+  void wait() override {}
+};
+}  // namespace
+
+CommWork CountingCommunicator::made() const {
+  if (!in_flight_) return {};
+  return CommWork(std::make_unique<NothingToWaitFor>());
+}
 
 void CountingCommunicator::abort(int code) {
   throw Error(detail::concat("counting communicator (", name_, "): abort(", code, ")"));

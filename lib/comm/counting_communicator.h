@@ -43,12 +43,17 @@ class CountingCommunicator final : public Communicator {
   int64_t sent_bytes(Kind k) const { return sent_[k]; }
   static const char* kind_name(Kind k);
   void reset() { sent_ = {}; }
+  // Calls left in flight until waited on, as NCCL's are (the default: complete when made, as
+  // MPI's), so that the callers hold their buffers as long as they would with NCCL.
+  void set_in_flight(bool on) { in_flight_ = on; }
 
  private:
   void all_reduce_bytes(size_t bytes);
   int size_, rank_;
   std::string name_;
   std::array<int64_t, kKinds> sent_{};
+  bool in_flight_ = false;
+  CommWork made() const;
 };
 
 }  // namespace ft

@@ -215,6 +215,21 @@ class NcclCommunicator final : public Communicator {
           comm_);
     return done();
   }
+  CommWork send_recv(Stream s, CRef send_data, size_t send_n, int send_peer, Ref recv_data,
+                     size_t recv_n, int recv_peer, int, int) override {
+    after(s);
+    check(nccl().ncclGroupStart(), "group start", comm_);
+    if (send_n)
+      check(nccl().ncclSend(send_data.ptr, send_n, nccl_type(send_data.dtype), send_peer, comm_,
+                            stream_),
+            "send", comm_);
+    if (recv_n)
+      check(nccl().ncclRecv(recv_data.ptr, recv_n, nccl_type(recv_data.dtype), recv_peer, comm_,
+                            stream_),
+            "receive", comm_);
+    check(nccl().ncclGroupEnd(), "send and receive", comm_);
+    return done();
+  }
   void barrier() override { host_->barrier(); }
   void abort(int code) override {
     nccl().ncclCommAbort(comm_);

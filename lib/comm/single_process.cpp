@@ -36,6 +36,38 @@ class SingleProcessCommunicator final : public Communicator {
 };
 }  // namespace
 
+namespace {
+class BothWork final : public CommWork::Pending {
+ public:
+  BothWork(CommWork a, CommWork b) : a_(std::move(a)), b_(std::move(b)) {}
+  void wait() override {
+    a_.wait();
+    b_.wait();
+  }
+  void wait_on(Stream s) override {
+    a_.wait_on(s);
+    b_.wait_on(s);
+  }
+
+ private:
+  CommWork a_, b_;
+};
+}  // namespace
+
+CommWork both(CommWork a, CommWork b) {
+  if (a.complete()) return b;
+  if (b.complete()) return a;
+  return CommWork(std::make_unique<BothWork>(std::move(a), std::move(b)));
+}
+
+CommWork Communicator::send_recv(Stream s, CRef send_data, size_t send_n, int send_peer,
+                                 Ref recv_data, size_t recv_n, int recv_peer, int send_tag,
+                                 int recv_tag) {
+  CommWork sent = send_n ? send(s, send_data, send_n, send_peer, send_tag) : CommWork{};
+  CommWork got = recv_n ? recv(s, recv_data, recv_n, recv_peer, recv_tag) : CommWork{};
+  return both(std::move(sent), std::move(got));
+}
+
 std::unique_ptr<Communicator> make_single_process_communicator() {
   return std::make_unique<SingleProcessCommunicator>();
 }

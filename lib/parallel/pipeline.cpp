@@ -15,42 +15,61 @@ PipelineSchedule::PipelineSchedule(PipelineStage& model, Communicator* pipe, Dev
   }
 }
 
-// Tags: 2i for micro-batch i's activations (forward), 2i + 1 for its gradient (backward).
-void PipelineSchedule::forward(const StepSamples& b, int i, int micro, float token_weight,
-                               bool backward) {
-  const int T = b.seq_len;
-  const size_t n = size_t(micro) * T * size_t(model_.hidden_size());
-  const size_t off = size_t(i) * micro * T;
+// Tags: 2i for micro-batch i's activations (forward), 2i + 1 for its gradient (backward). NCCL
+// matches by order instead; the schedule below makes both ends' calls in the same order.
+
+void PipelineSchedule::recv(int tag, int peer, size_t n) {
   const Stream st = dev_->stream();
-  if (p_ > 0) pipe_->recv(st, recv_buf_.data(), n, p_ - 1, 2 * i).wait_on(st);
+  pipe_->recv(st, recv_buf_.data(), n, peer, tag).wait_on(st);
+}
+
+size_t PipelineSchedule::fill_send_buffer(size_t k, CRef src, size_t n) {
+  const Stream st = dev_->stream();
+  sending_[k].wait_on(st);  // the buffer's previous send
+  const Ref out = send_bufs_[k].data();
+  dev_->copy(st, out.ptr, src.ptr, n * dtype_size(out.dtype));
+  return k;
+}
+
+void PipelineSchedule::run_forward(const StepSamples& b, int i, int micro, float token_weight,
+                                   bool backward) {
+  const size_t off = size_t(i) * micro * b.seq_len;
   model_.forward_part(slot(i), b.inputs.data() + off, recv_buf_.data(), b.targets.data() + off,
-                      b.mask.data() + off, micro, T, token_weight, backward);
-  if (p_ < P_ - 1) {
-    const size_t k = size_t(i) % send_bufs_.size();
-    sending_[k].wait_on(st);  // its previous send
-    const Ref out = send_bufs_[k].data();
-    dev_->copy(st, out.ptr, model_.stage_output(slot(i)).ptr, n * dtype_size(out.dtype));
-    send(k, n, p_ + 1, 2 * i);
-  }
+                      b.mask.data() + off, micro, b.seq_len, token_weight, backward);
 }
 
-void PipelineSchedule::backward(int i, int micro, int T) {
-  const size_t n = size_t(micro) * T * size_t(model_.hidden_size());
-  const Stream st = dev_->stream();
-  if (p_ < P_ - 1) pipe_->recv(st, recv_buf_.data(), n, p_ + 1, 2 * i + 1).wait_on(st);
-  model_.backward_part(slot(i), recv_buf_.data());
-  if (p_ > 0) {
-    const size_t k = size_t(i);
-    sending_[k].wait_on(st);  // micro-batch i's activations, sent forward
-    const Ref out = send_bufs_[k].data();
-    dev_->copy(st, out.ptr, model_.input_grad().ptr, n * dtype_size(out.dtype));
-    send(k, n, p_ - 1, 2 * i + 1);
-  }
+void PipelineSchedule::send_output(int i, size_t n) {
+  const size_t k = fill_send_buffer(size_t(i) % send_bufs_.size(), model_.stage_output(slot(i)), n);
+  sending_[k] = pipe_->send(dev_->stream(), send_bufs_[k].data(), n, p_ + 1, 2 * i);
 }
 
-void PipelineSchedule::send(size_t k, size_t n, int peer, int tag) {
+void PipelineSchedule::send_input_grad(int j, size_t n) {
+  const size_t k = fill_send_buffer(size_t(j), model_.input_grad(), n);
+  sending_[k] = pipe_->send(dev_->stream(), send_bufs_[k].data(), n, p_ - 1, 2 * j + 1);
+}
+
+// After forward i: its output to the next stage, and micro-batch j's output gradient from it.
+void PipelineSchedule::send_output_recv_grad(int i, int j, size_t n) {
+  if (p_ == P_ - 1) return;
   const Stream st = dev_->stream();
-  sending_[k] = pipe_->send(st, send_bufs_[k].data(), n, peer, tag);
+  const size_t k = fill_send_buffer(size_t(i) % send_bufs_.size(), model_.stage_output(slot(i)), n);
+  pipe_
+      ->send_recv(st, send_bufs_[k].data(), n, p_ + 1, recv_buf_.data(), n, p_ + 1, 2 * i,
+                  2 * j + 1)
+      .wait_on(st);
+}
+
+// After backward j: its input gradient to the previous stage, and the input of forward i (if
+// i < M) from it.
+void PipelineSchedule::send_grad_recv_input(int j, int i, int M, size_t n) {
+  if (p_ == 0) return;
+  if (i >= M) return send_input_grad(j, n);
+  const Stream st = dev_->stream();
+  const size_t k = fill_send_buffer(size_t(j), model_.input_grad(), n);
+  pipe_
+      ->send_recv(st, send_bufs_[k].data(), n, p_ - 1, recv_buf_.data(), n, p_ - 1, 2 * j + 1,
+                  2 * i)
+      .wait_on(st);
 }
 
 void PipelineSchedule::wait_sends() {
@@ -82,15 +101,32 @@ double PipelineSchedule::train_step(const StepSamples& b, int micro, float token
     }
     return model_.take_loss_sum();
   }
-  ensure_buffers(size_t(micro) * T * size_t(model_.hidden_size()), size_t(M));
+  const size_t n = size_t(micro) * T * size_t(model_.hidden_size());
+  ensure_buffers(n, size_t(M));
   const int warmup = std::min(P_ - p_ - 1, M);
   slots_ = std::min(warmup + 1, M);  // micro-batch i takes slot i mod slots_
-  for (int i = 0; i < warmup; ++i) forward(b, i, micro, token_weight, true);
-  for (int j = 0; j < M - warmup; ++j) {
-    forward(b, warmup + j, micro, token_weight, true);
-    backward(j, micro, T);
+  // Megatron-LM's 1F1B (schedules.py): in the steady state a stage's output goes out with the
+  // receive of a gradient, and its input gradient with the receive of the next input, each pair
+  // as one call, matched by the neighbour's pair of the same point: so transfers that wait for
+  // their receiver (NCCL's) cannot wait on each other.
+  for (int i = 0; i < warmup; ++i) {
+    if (p_ > 0) recv(2 * i, p_ - 1, n);
+    run_forward(b, i, micro, token_weight, true);
+    send_output(i, n);
   }
-  for (int j = M - warmup; j < M; ++j) backward(j, micro, T);
+  if (warmup < M && p_ > 0) recv(2 * warmup, p_ - 1, n);
+  for (int j = 0; j < M - warmup; ++j) {
+    const int i = warmup + j;
+    run_forward(b, i, micro, token_weight, true);
+    send_output_recv_grad(i, j, n);
+    model_.backward_part(slot(j), recv_buf_.data());
+    send_grad_recv_input(j, i + 1, M, n);
+  }
+  for (int j = M - warmup; j < M; ++j) {
+    if (p_ < P_ - 1) recv(2 * j + 1, p_ + 1, n);
+    model_.backward_part(slot(j), recv_buf_.data());
+    if (p_ > 0) send_input_grad(j, n);
+  }
   wait_sends();
   return model_.take_loss_sum();
 }
@@ -111,8 +147,11 @@ double PipelineSchedule::eval_batch(const StepSamples& b, int micro) {
   // Forward only: one micro-batch at a time, so the step's buffers serve (each send completes
   // before the buffer is reused; the next stage is already waiting for it).
   slots_ = 1;
+  const size_t n = size_t(micro) * T * size_t(model_.hidden_size());
   for (int i = 0; i < M; ++i) {
-    forward(b, i, micro, 0.0f, false);
+    if (p_ > 0) recv(2 * i, p_ - 1, n);
+    run_forward(b, i, micro, 0.0f, false);
+    if (p_ < P_ - 1) send_output(i, n);
     wait_sends();
   }
   return model_.take_loss_sum();

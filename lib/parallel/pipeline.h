@@ -6,8 +6,9 @@
 //   2. steady state: one forward, then one backward, until every forward is done,
 //   3. cool-down: the remaining backwards,
 // so at most P − p micro-batches are in flight on stage p, each in its own activation slot.
-// Activations go forward and their gradients backward with point-to-point messages; sends do not
-// block (each micro-batch has its own send buffer) and are completed at the end of the step.
+// Activations go forward and their gradients backward with point-to-point messages; a lone send
+// does not block (each micro-batch has its own send buffer) and is completed at the end of the
+// step; in the steady state a send and a receive go out as one call (Communicator::send_recv).
 #pragma once
 
 #include <cstdint>
@@ -61,8 +62,14 @@ class PipelineSchedule {
   int slots() const { return slots_; }
 
  private:
-  void forward(const StepSamples& b, int i, int micro, float token_weight, bool backward);
-  void backward(int i, int micro, int T);
+  void run_forward(const StepSamples& b, int i, int micro, float token_weight, bool backward);
+  // The transfers around them (n elements each; DESIGN §3: the 1F1B order of the calls).
+  void recv(int tag, int peer, size_t n);  // into recv_buf_, ordered on the compute stream
+  size_t fill_send_buffer(size_t k, CRef src, size_t n);
+  void send_output(int i, size_t n);
+  void send_input_grad(int j, size_t n);
+  void send_output_recv_grad(int i, int j, size_t n);
+  void send_grad_recv_input(int j, int i, int M, size_t n);
   int slot(int i) const { return i % slots_; }
 
   PipelineStage& model_;
@@ -74,8 +81,6 @@ class PipelineSchedule {
   std::vector<DBuffer> send_bufs_;  // per micro-batch: output or input gradient
   std::vector<CommWork> sending_;   // per send buffer: its send in flight
   void ensure_buffers(size_t n, size_t count);
-  // Queues a send of send buffer k (written on the device's stream) and keeps its handle.
-  void send(size_t k, size_t n, int peer, int tag);
   void wait_sends();  // every send in flight, on the host
 };
 

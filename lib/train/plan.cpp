@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "comm/counting_communicator.h"
+#include "comm/device_comm.h"
 #include "core/error.h"
 #include "model/layout.h"
 #include "parallel/partition.h"
@@ -188,6 +189,13 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   if (P > 1 && r.model.tie_embeddings && (mesh.p == 0 || mesh.p == P - 1))
     holders = std::make_unique<CountingCommunicator>(2, mesh.p == 0 ? 0 : 1, "tied embedding");
   DeviceGroups groups{data, T > 1 ? tensor : nullptr, P > 1 ? pipe : nullptr, holders.get()};
+  // On GPUs with NCCL (as ft train would choose it, comm/device_comm.h) calls stay in flight
+  // until waited on, and their buffers with them: the plan counts that memory too.
+  const bool nccl =
+      device.cuda && nccl_backend() &&
+      (r.runtime.communicator == "nccl" || (r.runtime.communicator == "auto" && world > 1));
+  for (CountingCommunicator* c : {data, tensor, pipe, holders.get()})
+    if (c) c->set_in_flight(nccl);
 
   CountingDevice dev(CountingTarget{device.cuda ? DeviceKind::kCuda : DeviceKind::kCpu, device.sm});
   // The step's collectives name their phase to the watchdog: leave it as the caller had it

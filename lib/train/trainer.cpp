@@ -303,15 +303,17 @@ void prepare_outputs(const Recipe& r, Communicator& comm) {
 // Tied embeddings across stages: the first stage's embedding and the last stage's head are one
 // matrix held twice; their gradients are summed between the two (DESIGN.md §3). Every rank takes
 // part in the split and keeps what it returns for the run; on the two holders it is their group.
+// comm: the world the group is split from (MPI's, or NCCL's on GPUs, whose groups take device
+// memory as they are).
 std::unique_ptr<Communicator> tied_holders_group(const Recipe& r, Communicator& comm,
-                                                 const Mesh& mesh, Device& dev) {
+                                                 const Mesh& mesh, Device& dev, bool nccl) {
   if (mesh.pipeline == 1 || !r.model.tie_embeddings) return nullptr;
   const bool holder = mesh.p == 0 || mesh.p == mesh.pipeline - 1;
   const int pairs = mesh.data * mesh.tensor;
   std::unique_ptr<Communicator> holders =
       comm.split(holder ? mesh.d * mesh.tensor + mesh.t : pairs + comm.rank(), mesh.p);
   // The holders sum gradients in device memory (comm/host_staging.h).
-  if (holder && !dev.host_accessible())
+  if (holder && !nccl && !dev.host_accessible())
     holders = std::make_unique<HostStagedCommunicator>(std::move(holders), dev);
   return holders;
 }
@@ -737,21 +739,22 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   // Model, ZeRO, the pipeline schedule, AdamW, the loss scaler (train/setup.h). They hand
   // device memory to their groups: on a device whose memory the host (MPI) cannot read, through
   // host staging (comm/host_staging.h). The step's host scalars go to the plain groups.
-  // On GPUs with NCCL (runtime.communicator, comm/device_comm.h) the data and tensor groups
-  // are NCCL communicators split from an NCCL world as the mesh splits the MPI one; the
-  // pipeline's sends and the tied-embedding holders still go through host staging.
+  // On GPUs with NCCL (runtime.communicator, comm/device_comm.h) every group of device memory
+  // is an NCCL communicator split from an NCCL world as the mesh splits the MPI one.
   std::vector<std::unique_ptr<Communicator>> staged;
   const std::unique_ptr<Communicator> nccl_world =
       make_device_world(r.runtime.communicator, comm, *dev);
   Mesh nccl_mesh;
   if (nccl_world) nccl_mesh = make_mesh(*nccl_world, r.parallel.tensor, r.parallel.pipeline);
-  const std::unique_ptr<Communicator> tied_holders = tied_holders_group(r, comm, mesh, *dev);
+  const std::unique_ptr<Communicator> tied_holders =
+      tied_holders_group(r, nccl_world ? *nccl_world : comm, mesh, *dev, nccl_world != nullptr);
   DeviceGroups groups;
   groups.data =
       nccl_world ? nccl_mesh.data_comm.get() : for_device_memory(&data_comm, *dev, staged);
   groups.tensor = nccl_world && tensor_comm ? nccl_mesh.tensor_comm.get()
                                             : for_device_memory(tensor_comm, *dev, staged);
-  groups.pipeline = for_device_memory(pipe_comm, *dev, staged);
+  groups.pipeline = nccl_world && pipe_comm ? nccl_mesh.pipeline_comm.get()
+                                            : for_device_memory(pipe_comm, *dev, staged);
   const bool holds_tied = mesh.p == 0 || mesh.p == mesh.pipeline - 1;
   groups.tied_holders = tied_holders && holds_tied ? tied_holders.get() : nullptr;
   const WeightSource weights = !r.model.from.empty() && candidates.empty()
@@ -774,7 +777,6 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   if (is_root && comm.size() > 1) {
     std::string how = nccl_world ? nccl_world->describe() : comm.describe();
     if (!nccl_world && !dev->host_accessible()) how += ", staged through host memory";
-    if (nccl_world && mesh.pipeline > 1) how += "; pipeline sends staged through host memory";
     std::printf("ft: device memory between ranks: %s\n", how.c_str());
   }
   // Rank 0's header names its device; on GPUs each other rank says which one it took (its

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Multi-rank training on the CUDA backend (DESIGN.md §3, "Communication of device memory"):
-# Open MPI here is not CUDA-aware, so the model, ZeRO and the pipeline hand device memory to
-# their groups through host staging (lib/comm/host_staging.h). ft_emu (the CUDA backend on the
+# Multi-rank training on the CUDA backend (DESIGN.md §3, "Communication of device memory") with
+# runtime.communicator=mpi (NCCL's runs: test_cuda_emu_nccl.sh): Open MPI here is not
+# CUDA-aware, so the model, ZeRO and the pipeline hand device memory to their groups through
+# host staging (lib/comm/host_staging.h). ft_emu (the CUDA backend on the
 # emulation, tests/cuda_emu/; it says nothing about GPU speed) runs under mpirun with two
 # emulated GPUs (FT_CUDA_EMU_DEVICES=2), each rank taking its node-local rank's:
 #  - every rank names its GPU: cuda:0 in rank 0's header, cuda:1 in rank 1's start line;
@@ -70,7 +71,8 @@ for l in "${layouts[@]}"; do
   read -r layout p override <<< "$l"
   name=cuda_${layout}_$p
   FT_CUDA_EMU_DEVICES=2 ranks $name "$emu" FT_CUDA_EMU_DEVICES runtime.device=cuda \
-    training.precision=$p "$override" || fail "$name: $(tail -5 "$tmp/$name.log")"
+    runtime.communicator=mpi training.precision=$p "$override" \
+    || fail "$name: $(tail -5 "$tmp/$name.log")"
   grep -q 'cuda:0 (CUDA emulation (test tool)' "$tmp/$name.log" \
     || fail "$name: rank 0 is not on cuda:0: $(grep -m1 'ft: data' "$tmp/$name.log")"
   grep -q '^\[rank 1 .*\] ft: device cuda:1 (CUDA emulation' "$tmp/$name.log" \

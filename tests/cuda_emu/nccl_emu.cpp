@@ -11,6 +11,9 @@
 //  - Groups: calls between ncclGroupStart and ncclGroupEnd are queued; at the outermost
 //    ncclGroupEnd the sends and receives are all posted before any is waited on (two stages
 //    exchanging both ways inside one group do not deadlock), then the collectives run in order.
+//    A send completes only once its receive is posted (MPI_Issend), as NCCL's sends wait for the
+//    receiver whatever their size: a schedule whose sends only work when buffered deadlocks
+//    here as on GPUs (here the host waits, there the stream).
 //  - ncclCommInitRank bootstraps from a ncclUniqueId made by ncclGetUniqueId on one rank and
 //    handed to the others; here the world communicator must span the whole MPI world (every
 //    rank checks the others passed the same id). ncclCommSplit is collective over its parent;
@@ -457,7 +460,7 @@ ncclResult_t ncclGroupEnd() {
   std::vector<MPI_Request> reqs;
   for (const P2p& m : p2p) {
     MPI_Request r;
-    const int rc = m.send ? MPI_Isend(m.buf, int(m.bytes), MPI_BYTE, m.peer, 0, m.comm->mpi, &r)
+    const int rc = m.send ? MPI_Issend(m.buf, int(m.bytes), MPI_BYTE, m.peer, 0, m.comm->mpi, &r)
                           : MPI_Irecv(m.buf, int(m.bytes), MPI_BYTE, m.peer, 0, m.comm->mpi, &r);
     if (auto res = mpi_result(rc, m.send ? "isend" : "irecv")) return res;
     reqs.push_back(r);
