@@ -140,13 +140,13 @@ void print_time(const RankTime& t) {
   std::printf("  time per step      estimate: compute %.2f ms (%.3g TFLOP); communication:\n",
               t.compute_ms, t.flops / 1e12);
   if (!t.groups.empty())
-    std::printf("    %-15s %-18s %11s %7s %10s %10s %10s\n", "group", "link", "sent", "calls", "ms",
+    std::printf("    %-19s %-18s %11s %7s %10s %10s %10s\n", "group", "link", "sent", "calls", "ms",
                 "hidden ms", "exposed ms");
   for (const GroupTime& g : t.groups) {
     char link[64];
     std::snprintf(link, sizeof link, "%s %g GB/s", g.link.c_str(), g.gbps);
     const std::string name = g.group + " (" + std::to_string(g.size) + ")";
-    std::printf("    %-15s %-18s %11s %7lld %10.2f %10.2f %10.2f\n", name.c_str(), link,
+    std::printf("    %-19s %-18s %11s %7lld %10.2f %10.2f %10.2f\n", name.c_str(), link,
                 human_bytes(g.bytes).c_str(), (long long)g.calls, g.ms, g.hidden_ms, g.exposed_ms);
   }
   std::printf(
