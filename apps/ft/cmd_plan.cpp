@@ -137,7 +137,7 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
 
 // The time estimate of a role: a row per group that sends, then the step.
 void print_time(const RankTime& t) {
-  std::printf("  time per step      estimate: compute %.2f ms (%.3g TFLOP); communication:\n",
+  std::printf("  time per step      predicted: compute %.2f ms (%.3g TFLOP); communication:\n",
               t.compute_ms, t.flops / 1e12);
   if (!t.groups.empty())
     std::printf("    %-19s %-18s %11s %7s %10s %10s %10s\n", "group", "link", "sent", "calls", "ms",

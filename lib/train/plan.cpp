@@ -544,7 +544,8 @@ void plan_times(MemoryPlan& plan, const Recipe& r, const PlanLinks& links) {
   }
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "Time (an estimate, not a measurement): a group's call takes the bytes this rank "
+                "Time (predicted from the counted bytes, not measured): a group's call takes the "
+                "bytes this rank "
                 "sends (above) / the link's bus bandwidth + %g us; a group within one node of "
                 "%d GPUs uses %s (%g GB/s), one spanning nodes InfiniBand (%g GB/s) for all of "
                 "it (a ring is as slow as its slowest link). Compute: FLOPs / %g TFLOP/s "
@@ -566,7 +567,7 @@ void plan_times(MemoryPlan& plan, const Recipe& r, const PlanLinks& links) {
   if (P > 1)
     plan.notes.push_back(
         "With pipeline stages the step also waits for the pipeline's bubble (about (P - 1) / "
-        "(M + P - 1) of it idle), which the time estimate leaves out.");
+        "(M + P - 1) of it idle), which the predicted time leaves out.");
 }
 
 std::vector<std::vector<int>> plan_roles(const MemoryPlan& plan) {

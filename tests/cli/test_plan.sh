@@ -243,7 +243,7 @@ print("time estimate: ZeRO-0 data group %.4f ms, hidden %.4f; ZeRO-3 %.4f, hidde
     group(role("t_z3_slow"), "data")["ms"], group(role("t_z3_slow"), "data")["hidden_ms"]))
 PY
 "$ft" plan "$tmp/r.yaml" --world 2 > "$tmp/ttable.txt" || fail "plan time table"
-for want in 'time per step' 'exposed ms' 'NVLink 450 GB/s' '^  step ' 'Time (an estimate'; do
+for want in 'time per step' 'exposed ms' 'NVLink 450 GB/s' '^  step ' 'Time (predicted'; do
   grep -q "$want" "$tmp/ttable.txt" || fail "table lacks '$want': $(cat "$tmp/ttable.txt")"
 done
 
