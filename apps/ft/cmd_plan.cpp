@@ -1,7 +1,8 @@
 // ft plan RECIPE [KEY=VALUE...] [--world N] [--json] [--cuda-sm SM]: per-rank memory and
 // communication, counted by running each rank's setup and one step on a counting device
-// (lib/train/plan.h). One table per distinct rank role, then notes. Nothing is allocated,
-// trained, read or written.
+// (lib/train/plan.h), and an estimate of the step's time from those bytes, the links and the
+// compute throughput (--gpus-per-node, --intra-node, --*-gbps, --latency-us, --tflops). One
+// table per distinct rank role, then notes. Nothing is allocated, trained, read or written.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -44,7 +45,7 @@ std::string coordinate(const std::vector<int>& values, const char* what) {
 }
 
 void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& roles,
-                const std::string& recipe) {
+                const std::string& recipe, const PlanLinks& links) {
   using nlohmann::ordered_json;
   ordered_json j;
   j["recipe"] = recipe;
@@ -61,6 +62,13 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
   j["measured"] = "counting device: setup and one step";
   j["device"] = plan.device.cuda ? "cuda" : "cpu";
   if (plan.device.cuda) j["cuda_sm"] = plan.device.sm;
+  j["links"] = {{"gpus_per_node", links.gpus_per_node},
+                {"intra_node", links.intra_pcie ? "pcie" : "nvlink"},
+                {"nvlink_gbps", links.nvlink_gbps},
+                {"pcie_gbps", links.pcie_gbps},
+                {"ib_gbps", links.ib_gbps},
+                {"latency_us", links.latency_us},
+                {"tflops", links.tflops}};
   j["roles"] = ordered_json::array();
   for (const auto& ranks : roles) {
     const RankPlan& r = plan.ranks[size_t(ranks.front())];
@@ -90,6 +98,27 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
     o["sent_tensor_bytes"] = r.sent_tensor.bytes;
     o["sent_pipeline_bytes"] = r.sent_pipeline.bytes;
     o["sent_world_bytes"] = r.sent_world.bytes;
+    const RankTime& t = r.time;
+    ordered_json tj;
+    tj["flops"] = t.flops;
+    tj["compute_ms"] = t.compute_ms;
+    tj["backward_window_ms"] = t.window_ms;
+    tj["groups"] = ordered_json::array();
+    for (const GroupTime& g : t.groups)
+      tj["groups"].push_back({{"group", g.group},
+                              {"size", g.size},
+                              {"link", g.link},
+                              {"gbps", g.gbps},
+                              {"bytes", g.bytes},
+                              {"calls", g.calls},
+                              {"ms", g.ms},
+                              {"hidden_ms", g.hidden_ms},
+                              {"exposed_ms", g.exposed_ms}});
+    tj["comm_ms"] = t.comm_ms;
+    tj["hidden_ms"] = t.hidden_ms;
+    tj["exposed_ms"] = t.exposed_ms;
+    tj["step_ms"] = t.step_ms;
+    o["time"] = std::move(tj);
     o["how"] = {{"params", r.params.how},
                 {"grads", r.grads.how},
                 {"optim", r.optim.how},
@@ -104,6 +133,26 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
   }
   j["notes"] = plan.notes;
   std::printf("%s\n", j.dump(2).c_str());
+}
+
+// The time estimate of a role: a row per group that sends, then the step.
+void print_time(const RankTime& t) {
+  std::printf("  time per step      predicted: compute %.2f ms (%.3g TFLOP); communication:\n",
+              t.compute_ms, t.flops / 1e12);
+  if (!t.groups.empty())
+    std::printf("    %-19s %-18s %11s %7s %10s %10s %10s\n", "group", "link", "sent", "calls", "ms",
+                "hidden ms", "exposed ms");
+  for (const GroupTime& g : t.groups) {
+    char link[64];
+    std::snprintf(link, sizeof link, "%s %g GB/s", g.link.c_str(), g.gbps);
+    const std::string name = g.group + " (" + std::to_string(g.size) + ")";
+    std::printf("    %-19s %-18s %11s %7lld %10.2f %10.2f %10.2f\n", name.c_str(), link,
+                human_bytes(g.bytes).c_str(), (long long)g.calls, g.ms, g.hidden_ms, g.exposed_ms);
+  }
+  std::printf(
+      "  step               %.2f ms = compute %.2f + exposed %.2f (communication %.2f ms, "
+      "hidden %.2f under a backward of %.2f)\n",
+      t.step_ms, t.compute_ms, t.exposed_ms, t.comm_ms, t.hidden_ms, t.window_ms);
 }
 
 void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& roles,
@@ -161,6 +210,7 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
     row("  tensor", p.sent_tensor.bytes, p.sent_tensor.how);
     row("  pipeline", p.sent_pipeline.bytes, p.sent_pipeline.how);
     row("  world", p.sent_world.bytes, p.sent_world.how);
+    print_time(p.time);
   }
 
   std::printf("\nNotes\n");
@@ -209,10 +259,19 @@ int cmd_plan(const PlanArgs& a) {
                  issues.size() == 1 ? "problem" : "problems", a.recipe.c_str(), a.world);
     return 2;
   }
-  const MemoryPlan plan = plan_memory(res.recipe, a.world, plan_device(res.recipe, a.cuda_sm));
+  MemoryPlan plan = plan_memory(res.recipe, a.world, plan_device(res.recipe, a.cuda_sm));
+  PlanLinks links;
+  links.gpus_per_node = a.gpus_per_node;
+  links.intra_pcie = a.intra_node == "pcie";
+  links.nvlink_gbps = a.nvlink_gbps;
+  links.pcie_gbps = a.pcie_gbps;
+  links.ib_gbps = a.ib_gbps;
+  links.latency_us = a.latency_us;
+  links.tflops = a.tflops;
+  plan_times(plan, res.recipe, links);
   const auto roles = plan_roles(plan);
   if (a.json)
-    print_json(plan, roles, a.recipe);
+    print_json(plan, roles, a.recipe, links);
   else
     print_tables(plan, roles, res.recipe, a.recipe);
   return 0;

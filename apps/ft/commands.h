@@ -43,6 +43,10 @@ struct PlanArgs {
   int world = 1;      // ranks of the run: data × pipeline × tensor
   bool json = false;  // print the plan as JSON instead of tables
   int cuda_sm = 90;   // the GPU's compute capability × 10 when planning for CUDA
+  // The time estimate's links and throughput (train/plan.h PlanLinks; DESIGN.md §4).
+  int gpus_per_node = 8;
+  std::string intra_node = "nvlink";  // nvlink | pcie
+  double nvlink_gbps = 450, pcie_gbps = 50, ib_gbps = 40, latency_us = 20, tflops = 400;
 };
 int cmd_plan(const PlanArgs& a);
 

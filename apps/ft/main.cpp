@@ -178,10 +178,36 @@ int main(int argc, char** argv) {
                    "With runtime.device cuda: the GPU's compute capability, e.g. 80 (A100) or 90 "
                    "(H100; default), which sets the cuBLASLt workspace")
       ->check(CLI::Range(80, 200));
+  plan->add_option("--gpus-per-node", plan_args.gpus_per_node,
+                   "GPUs per node: rank r is on node r / N; a group within a node uses the "
+                   "intra-node link, one spanning nodes InfiniBand (default 8)")
+      ->check(CLI::Range(1, 1 << 20));
+  plan->add_option("--intra-node", plan_args.intra_node,
+                   "The link between GPUs of a node: nvlink (default) or pcie")
+      ->check(CLI::IsMember({"nvlink", "pcie"}));
+  plan->add_option("--nvlink-gbps", plan_args.nvlink_gbps,
+                   "NVLink bus bandwidth per GPU, GB/s (default 450: H100 SXM, NVLink 4)")
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--pcie-gbps", plan_args.pcie_gbps,
+                   "PCIe bus bandwidth per GPU, GB/s (default 50: Gen5 x16)")
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--ib-gbps", plan_args.ib_gbps,
+                   "InfiniBand bus bandwidth per GPU, GB/s (default 40: one 400 Gb/s NDR "
+                   "port per GPU)")
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--latency-us", plan_args.latency_us,
+                   "Time of a collective call besides its bytes, microseconds (default 20)")
+      ->check(CLI::NonNegativeNumber);
+  plan->add_option("--tflops", plan_args.tflops,
+                   "Achieved compute throughput per GPU, TFLOP/s (default 400: bf16 on an H100 "
+                   "at ~40% of its 989 peak)")
+      ->check(CLI::PositiveNumber);
   plan->footer(
       "Prints, per distinct rank role, the device memory for parameters, gradients, optimizer\n"
       "state, activations and communication buffers, and the bytes each rank sends per step, with\n"
-      "the formulas used (DESIGN.md §3 describes the layouts).");
+      "the formulas used (DESIGN.md §3 describes the layouts), and an estimate of the step's\n"
+      "time: compute, and communication per link, hidden under the backward or exposed\n"
+      "(DESIGN.md §4).");
 
   ExportArgs export_args;
   auto* exp = app.add_subcommand("export", "Write a Hugging Face folder from a checkpoint");

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -63,6 +65,96 @@ std::string describe_holds(const LlamaModel& m, bool tied, bool embed, bool head
   if (tied && embed && head) h += " (lm_head tied to the embedding)";
   return h + " = " + count(sum) + " elements";
 }
+
+// A counting communicator (its bytes are the counting one's) that also notes, per call, what the
+// time estimate needs (plan_times): how many calls send, and which are gradient reductions
+// issued while the backward goes on. `reduction`: the kind of call that reduces the data
+// group's gradients (ZeRO 0-1 all-reduce, 2-3 reduce-scatter); kKinds for the other groups, and
+// without parallel.overlap_comm (every reduction waits for the whole backward, or is waited for
+// at once).
+class RecordingCommunicator final : public Communicator {
+ public:
+  struct Call {
+    int64_t bytes = 0;
+    bool overlap = false;
+  };
+  RecordingCommunicator(int size, int rank, std::string name,
+                        CountingCommunicator::Kind reduction = CountingCommunicator::kKinds)
+      : counting(size, rank, name), name_(std::move(name)), reduction_(reduction) {}
+  int rank() const override { return counting.rank(); }
+  int size() const override { return counting.size(); }
+  CommWork all_reduce(Stream s, Ref data, size_t n, ReduceOp op) override {
+    const int64_t before = counting.sent_bytes();
+    counting.all_reduce(s, data, n, op);
+    return note(before, CountingCommunicator::kAllReduce, data.dtype);
+  }
+  CommWork reduce_scatter(Stream s, CRef in, Ref out, size_t shard) override {
+    const int64_t before = counting.sent_bytes();
+    counting.reduce_scatter(s, in, out, shard);
+    return note(before, CountingCommunicator::kReduceScatter, in.dtype);
+  }
+  CommWork all_gather(Stream s, CRef in, Ref out, size_t shard) override {
+    const int64_t before = counting.sent_bytes();
+    counting.all_gather(s, in, out, shard);
+    return note(before, CountingCommunicator::kAllGather, in.dtype);
+  }
+  CommWork broadcast(Stream s, Ref data, size_t n, int root) override {
+    const int64_t before = counting.sent_bytes();
+    counting.broadcast(s, data, n, root);
+    return note(before, CountingCommunicator::kBroadcast, data.dtype);
+  }
+  CommWork send(Stream s, CRef data, size_t n, int peer, int tag) override {
+    const int64_t before = counting.sent_bytes();
+    counting.send(s, data, n, peer, tag);
+    return note(before, CountingCommunicator::kSend, data.dtype);
+  }
+  CommWork recv(Stream s, Ref data, size_t n, int peer, int tag) override {
+    return counting.recv(s, data, n, peer, tag);  // its time is the send's
+  }
+  void barrier() override {}
+  [[noreturn]] void abort(int code) override { counting.abort(code); }
+  std::string describe() const override { return counting.describe(); }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    return counting.split(color, key);
+  }
+  void reset() {
+    counting.reset();
+    calls.clear();
+  }
+  // The group's calls of the step, the last `tail` overlapping ones counted as not overlapping
+  // (the reduction of the group the backward finishes last: nothing is left to hide it).
+  GroupTraffic traffic(int64_t tail) const {
+    GroupTraffic t;
+    t.group = name_;
+    t.size = counting.size();
+    int64_t left = tail;
+    for (auto it = calls.rbegin(); it != calls.rend(); ++it) {
+      t.bytes += it->bytes;
+      ++t.calls;
+      if (it->overlap && left > 0) {
+        --left;
+      } else if (it->overlap) {
+        t.overlap_bytes += it->bytes;
+        ++t.overlap_calls;
+      }
+    }
+    return t;
+  }
+
+  CountingCommunicator counting;
+  std::vector<Call> calls;
+
+ private:
+  CommWork note(int64_t before, CountingCommunicator::Kind kind, DType dtype) {
+    if (counting.size() > 1)
+      calls.push_back({counting.sent_bytes() - before,
+                       kind == reduction_ && dtype == DType::kF32 &&
+                           std::strcmp(watch_step().phase, "forward/backward") == 0});
+    return {};
+  }
+  std::string name_;
+  CountingCommunicator::Kind reduction_;
+};
 
 std::string sent_how(const CountingCommunicator& c, const char* none) {
   std::string h;
@@ -178,16 +270,20 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   mesh.d = rp.data_rank;
   mesh.p = rp.stage;
   mesh.t = rp.tensor_rank;
-  auto* data = new CountingCommunicator(D, mesh.d, "data");
-  auto* tensor = new CountingCommunicator(T, mesh.t, "tensor");
-  auto* pipe = new CountingCommunicator(P, mesh.p, "pipeline");
+  const int zs = r.parallel.zero_stage;
+  const auto reduction = !r.parallel.overlap_comm ? CountingCommunicator::kKinds
+                         : zs >= 2                ? CountingCommunicator::kReduceScatter
+                                                  : CountingCommunicator::kAllReduce;
+  auto* data = new RecordingCommunicator(D, mesh.d, "data", reduction);
+  auto* tensor = new RecordingCommunicator(T, mesh.t, "tensor");
+  auto* pipe = new RecordingCommunicator(P, mesh.p, "pipeline");
   mesh.data_comm.reset(data);
   mesh.tensor_comm.reset(tensor);
   mesh.pipeline_comm.reset(pipe);
-  CountingCommunicator world_comm(world, rank, "world");
-  std::unique_ptr<CountingCommunicator> holders;
+  RecordingCommunicator world_comm(world, rank, "world");
+  std::unique_ptr<RecordingCommunicator> holders;
   if (P > 1 && r.model.tie_embeddings && (mesh.p == 0 || mesh.p == P - 1))
-    holders = std::make_unique<CountingCommunicator>(2, mesh.p == 0 ? 0 : 1, "tied embedding");
+    holders = std::make_unique<RecordingCommunicator>(2, mesh.p == 0 ? 0 : 1, "tied embedding");
   DeviceGroups groups{data, T > 1 ? tensor : nullptr, P > 1 ? pipe : nullptr, holders.get()};
   // On GPUs with NCCL (as ft train would choose it, comm/device_comm.h) calls stay in flight
   // until waited on, and their buffers with them: the plan counts that memory too.
@@ -208,7 +304,7 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   // One step of placeholder tokens (id 0, every target trained) on this data rank's share of
   // the global batch; the figures are the step's.
   dev.reset_peak();
-  for (CountingCommunicator* c : {data, tensor, pipe, &world_comm}) c->reset();
+  for (RecordingCommunicator* c : {data, tensor, pipe, &world_comm}) c->reset();
   if (holders) holders->reset();
   const int micro = r.training.micro_batch_size, S = r.data.seq_len;
   const int accum = grad_accum_steps(r, world);
@@ -251,19 +347,32 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
     if (m.flat_params().owns(g)) rp.param_elems += int64_t(m.layout().groups()[size_t(g)].numel);
   rp.holds = describe_holds(m, r.model.tie_embeddings, st.embed, st.head);
 
-  rp.sent_data = {data->sent_bytes(), sent_how(*data, "one data rank")};
-  rp.sent_tensor = {tensor->sent_bytes(), sent_how(*tensor, "one tensor rank")};
-  rp.sent_pipeline = {pipe->sent_bytes() + (holders ? holders->sent_bytes() : 0),
-                      sent_how(*pipe, "one pipeline stage")};
+  rp.sent_data = {data->counting.sent_bytes(), sent_how(data->counting, "one data rank")};
+  rp.sent_tensor = {tensor->counting.sent_bytes(), sent_how(tensor->counting, "one tensor rank")};
+  rp.sent_pipeline = {pipe->counting.sent_bytes() + (holders ? holders->counting.sent_bytes() : 0),
+                      sent_how(pipe->counting, "one pipeline stage")};
   if (holders)
     rp.sent_pipeline.how += "; tied embedding with the " +
                             std::string(mesh.p == 0 ? "last" : "first") +
-                            " stage: " + sent_how(*holders, "nothing");
-  rp.sent_world = {world_comm.sent_bytes(),
-                   sent_how(world_comm, "one rank") +
+                            " stage: " + sent_how(holders->counting, "nothing");
+  rp.sent_world = {world_comm.counting.sent_bytes(),
+                   sent_how(world_comm.counting, "one rank") +
                        (world > 1 ? ": the step's agreement (stop, save, non-finite)" : "")};
   rp.sent_bytes =
       rp.sent_data.bytes + rp.sent_tensor.bytes + rp.sent_pipeline.bytes + rp.sent_world.bytes;
+  // The last gradient reduction of the backward: the lowest group this rank holds (the
+  // backward ends there), in calls of at most the bucket at ZeRO 0-1, one reduce-scatter at 2-3.
+  int64_t tail = 0;
+  for (int g = 0; g < int(m.flat_params().groups().size()); ++g) {
+    const int64_t n = int64_t(m.flat_params().groups()[size_t(g)].numel);
+    if (!m.flat_params().owns(g) || n == 0) continue;
+    const int64_t bucket =
+        std::max<int64_t>(1, int64_t(r.parallel.reduce_bucket_mb * double(1 << 20)) / 4);
+    tail = zs >= 2 ? 1 : (n + bucket - 1) / bucket;
+    break;
+  }
+  for (const RecordingCommunicator* c : {data, tensor, pipe, holders.get(), &world_comm})
+    if (c && c->size() > 1) rp.traffic.push_back(c->traffic(c == data ? tail : 0));
   describe(rp, r, device, D, P);
   return rp;
 }
@@ -374,14 +483,115 @@ MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device) {
   return plan;
 }
 
+void plan_times(MemoryPlan& plan, const Recipe& r, const PlanLinks& links) {
+  FT_CHECK(links.gpus_per_node >= 1 && links.nvlink_gbps > 0 && links.pcie_gbps > 0 &&
+               links.ib_gbps > 0 && links.latency_us >= 0 && links.tflops > 0,
+           "ft plan: GPUs per node, bandwidths and TFLOP/s must be positive");
+  const int D = plan.data, P = plan.pipeline, T = plan.tensor, W = plan.world;
+  const ModelConfig& m = r.model;
+  // Multiply-accumulates per token of one layer's and the head's matrices (scripts/bench.py's
+  // count: q, k, v, o and the SwiGLU's three), and of attention's two T×T products, over the
+  // tensor ranks (heads and ffn columns are split; the head's vocabulary too).
+  const double C = m.dim, hd = double(m.dim / m.n_heads), HD = m.n_heads * hd,
+               KD = m.n_kv_heads * hd, F = m.ffn_dim, V = m.vocab_size, S = plan.seq_len;
+  const double layer = (C * HD + 2 * C * KD + HD * C + 3 * C * F) / T, head = V * C / T;
+  const double attention = 2 * S * HD / T;  // QKᵀ and PV, per token and layer (not halved: causal)
+  const double tokens = double(plan.micro_batch) * plan.accum * plan.seq_len;
+  auto node = [&](int rank) { return rank / links.gpus_per_node; };
+  for (RankPlan& rp : plan.ranks) {
+    RankTime& t = rp.time;
+    t = RankTime{};
+    // Forward 2 FLOPs per multiply-accumulate, backward twice the forward; activation
+    // checkpointing runs the layers' forward once more during the backward.
+    const double layers_fwd = 2 * rp.num_layers * (layer + attention) * tokens;
+    const double fwd = layers_fwd + (rp.head ? 2 * head * tokens : 0);
+    const double bwd = 2 * fwd + (plan.activation_checkpointing ? layers_fwd : 0);
+    t.flops = fwd + bwd;
+    t.compute_ms = t.flops / (links.tflops * 1e12) * 1e3;
+    // The reductions left in flight during the backward: ZeRO 0-1 issue them in the last
+    // micro-batch's, 2-3 in every micro-batch's.
+    t.window_ms = (r.parallel.overlap_comm ? bwd / (plan.zero_stage >= 2 ? 1 : plan.accum) : 0) /
+                  (links.tflops * 1e12) * 1e3;
+    double window = t.window_ms;
+    for (const GroupTraffic& g : rp.traffic) {
+      // The group's ranks, from this rank's coordinates (rank = (d·P + p)·T + t).
+      const int d = rp.data_rank, p = rp.stage, tr = rp.tensor_rank;
+      std::vector<int> ranks;
+      if (g.group == "data")
+        for (int x = 0; x < D; ++x) ranks.push_back((x * P + p) * T + tr);
+      else if (g.group == "tensor")
+        for (int x = 0; x < T; ++x) ranks.push_back((d * P + p) * T + x);
+      else if (g.group == "pipeline")
+        for (int x = 0; x < P; ++x) ranks.push_back((d * P + x) * T + tr);
+      else if (g.group == "tied embedding")
+        ranks = {(d * P) * T + tr, (d * P + P - 1) * T + tr};
+      else
+        for (int x = 0; x < W; ++x) ranks.push_back(x);
+      bool across = false;
+      for (int x : ranks) across = across || node(x) != node(ranks.front());
+      GroupTime gt;
+      gt.group = g.group;
+      gt.size = g.size;
+      gt.link = across ? "InfiniBand" : links.intra_pcie ? "PCIe" : "NVLink";
+      gt.gbps = across ? links.ib_gbps : links.intra_pcie ? links.pcie_gbps : links.nvlink_gbps;
+      gt.bytes = g.bytes;
+      gt.calls = g.calls;
+      auto ms = [&](int64_t bytes, int64_t calls) {
+        return double(bytes) / (gt.gbps * 1e9) * 1e3 + double(calls) * links.latency_us / 1e3;
+      };
+      gt.ms = ms(g.bytes, g.calls);
+      gt.hidden_ms = std::min(ms(g.overlap_bytes, g.overlap_calls), window);
+      window -= gt.hidden_ms;
+      gt.exposed_ms = gt.ms - gt.hidden_ms;
+      t.comm_ms += gt.ms;
+      t.hidden_ms += gt.hidden_ms;
+      t.exposed_ms += gt.exposed_ms;
+      t.groups.push_back(std::move(gt));
+    }
+    t.step_ms = t.compute_ms + t.exposed_ms;
+  }
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "Time (predicted from the counted bytes, not measured): a group's call takes the "
+                "bytes this rank "
+                "sends (above) / the link's bus bandwidth + %g us; a group within one node of "
+                "%d GPUs uses %s (%g GB/s), one spanning nodes InfiniBand (%g GB/s) for all of "
+                "it (a ring is as slow as its slowest link). Compute: FLOPs / %g TFLOP/s "
+                "(achieved, not peak). Step = compute + exposed communication.",
+                links.latency_us, links.gpus_per_node, links.intra_pcie ? "PCIe" : "NVLink",
+                links.intra_pcie ? links.pcie_gbps : links.nvlink_gbps, links.ib_gbps,
+                links.tflops);
+  plan.notes.push_back(buf);
+  plan.notes.push_back(
+      r.parallel.overlap_comm
+          ? std::string(
+                "Hidden: the data group's gradient reductions issued during the backward "
+                "(parallel.overlap_comm; ZeRO 0-1: the last micro-batch's, 2-3: every "
+                "micro-batch's), up to the backward's compute time; the last group's reduction, "
+                "ZeRO-1/2's parameter all-gather after the update, ZeRO-3's all-gathers (no "
+                "prefetch yet), tensor all-reduces, pipeline sends (host-staged) and the step's "
+                "agreement are exposed.")
+          : std::string("Hidden: nothing (parallel.overlap_comm false): every call is exposed."));
+  if (P > 1)
+    plan.notes.push_back(
+        "With pipeline stages the step also waits for the pipeline's bubble (about (P - 1) / "
+        "(M + P - 1) of it idle), which the predicted time leaves out.");
+}
+
 std::vector<std::vector<int>> plan_roles(const MemoryPlan& plan) {
-  auto key = [](const RankPlan& r) {
+  // Ranks whose groups use different links are different roles (the bytes are the same).
+  auto links_key = [](const RankPlan& r) {
+    std::string k;
+    for (const GroupTime& g : r.time.groups) k += g.group + ":" + g.link + ";";
+    return k;
+  };
+  auto key = [&links_key](const RankPlan& r) {
     return std::make_tuple(r.stage, r.first_layer, r.num_layers, r.embed, r.head, r.holds,
                            r.params.bytes, r.grads.bytes, r.optim.bytes, r.activations.bytes,
                            r.comm_buffers.bytes, r.backend.bytes, r.other_bytes, r.total_bytes,
                            r.startup_bytes, r.sent_data.bytes, r.sent_data.how, r.sent_tensor.bytes,
                            r.sent_tensor.how, r.sent_pipeline.bytes, r.sent_pipeline.how,
-                           r.sent_world.bytes);
+                           r.sent_world.bytes, links_key(r));
   };
   std::vector<std::vector<int>> roles;
   std::map<decltype(key(plan.ranks.front())), size_t> index;

@@ -32,6 +32,48 @@ struct PlanFigure {
   std::string how;
 };
 
+// One group's calls in a rank's counted step. `overlap_*`: the part ft's schedule issues while
+// the backward still has work to do (DESIGN.md §3 "Overlap"): with parallel.overlap_comm, the
+// data group's fp32 gradient reductions (ZeRO 0-1 all-reduces, 2-3 reduce-scatters) issued
+// during the forward/backward, less the last group's (nothing of the backward is left after it).
+struct GroupTraffic {
+  std::string group;
+  int size = 1;                  // ranks in the group
+  int64_t bytes = 0, calls = 0;  // sent by this rank; calls that send (receives not counted)
+  int64_t overlap_bytes = 0, overlap_calls = 0;  // of which may run under the backward
+};
+
+// The links and throughput a time estimate assumes (`ft plan` flags; defaults and their sources
+// in DESIGN.md §4 "Communication time").
+struct PlanLinks {
+  int gpus_per_node = 8;     // rank r is on node r / gpus_per_node
+  bool intra_pcie = false;   // the intra-node link is PCIe (default NVLink)
+  double nvlink_gbps = 450;  // bus bandwidth per GPU, GB/s (1e9 B/s)
+  double pcie_gbps = 50;
+  double ib_gbps = 40;
+  double latency_us = 20;  // per call
+  double tflops = 400;     // achieved compute throughput, TFLOP/s
+};
+
+// One group's time in a rank's step: ms = bytes / bandwidth + calls × latency; hidden: the part
+// that runs under the backward (at most the backward's compute time), exposed = ms − hidden.
+struct GroupTime {
+  std::string group, link;  // link: "NVLink", "PCIe" or "InfiniBand"
+  int size = 1;
+  double gbps = 0;
+  int64_t bytes = 0, calls = 0;
+  double ms = 0, hidden_ms = 0, exposed_ms = 0;
+};
+
+struct RankTime {
+  double flops = 0;       // this rank's compute per step (model/layout FLOPs, DESIGN.md §4)
+  double compute_ms = 0;  // flops / PlanLinks::tflops
+  double window_ms = 0;   // the backward compute the overlapped reductions may hide under
+  std::vector<GroupTime> groups;
+  double comm_ms = 0, hidden_ms = 0, exposed_ms = 0;
+  double step_ms = 0;  // compute + exposed communication
+};
+
 struct RankPlan {
   int rank = 0, data_rank = 0, stage = 0, tensor_rank = 0;
   int first_layer = 0, num_layers = 0;  // the layers this rank's pipeline stage holds
@@ -53,6 +95,11 @@ struct RankPlan {
   // Bytes this rank sends per optimizer step, by group.
   PlanFigure sent_data, sent_tensor, sent_pipeline, sent_world;
   int64_t sent_bytes = 0;  // the sum
+
+  // The counted step's calls, per group of more than one rank, as the time estimate sorts them
+  // (plan_times): "data", "tensor", "pipeline", "tied embedding", "world".
+  std::vector<GroupTraffic> traffic;
+  RankTime time;  // filled by plan_times
 };
 
 struct MemoryPlan {
@@ -81,6 +128,10 @@ int64_t model_param_count(const ModelConfig& m);
 // The most layers a model may have for the counting run (ft plan refuses more; the largest
 // published models have some hundred).
 inline constexpr int64_t kMaxCountedLayers = 100'000;
+
+// Estimates each rank's step time from its counted calls (plan.ranks[*].traffic), the links
+// and the compute throughput: fills plan.ranks[*].time and adds the model's notes.
+void plan_times(MemoryPlan& plan, const Recipe& r, const PlanLinks& links);
 
 // Ranks whose figures are all identical (same stage, same groups, same bytes), each list in rank
 // order, lists ordered by their first rank.

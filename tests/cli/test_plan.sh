@@ -157,4 +157,94 @@ rc=0
 "$ft" plan "$tmp/r.yaml" parallel.tensor=2 --world 3 > /dev/null 2> "$tmp/err.txt" || rc=$?
 [[ $rc == 2 ]] || fail "world 3 with tensor 2: exit $rc, want 2"
 grep -q 'not divisible' "$tmp/err.txt" || fail "world error message: $(cat "$tmp/err.txt")"
+# The time estimate (DESIGN.md §4 "Communication time"): each group's time follows from its
+# counted bytes and calls and the flags; the links from the node size; hidden from the schedule.
+tplan() { local out=$1; shift; "$ft" plan "$tmp/r.yaml" --json "$@" > "$tmp/$out.json" || fail "plan $out"; }
+tplan t_z0 --world 2 parallel.zero_stage=0
+tplan t_z0_bw2 --world 2 parallel.zero_stage=0 --nvlink-gbps 900 --latency-us 0
+tplan t_z0_bw1 --world 2 parallel.zero_stage=0 --latency-us 0
+tplan t_z0_slow --world 2 parallel.zero_stage=0 --tflops 1e-9       # a long backward hides it all
+tplan t_z0_fast --world 2 parallel.zero_stage=0 --tflops 1e9        # a short one hides little
+tplan t_z0_off --world 2 parallel.zero_stage=0 --tflops 1e-9 parallel.overlap_comm=false
+tplan t_z3_slow --world 2 parallel.zero_stage=3 --tflops 1e-9
+tplan t_z3_off --world 2 parallel.zero_stage=3 --tflops 1e-9 parallel.overlap_comm=false
+tplan t_ib --world 2 parallel.zero_stage=0 --gpus-per-node 1 --ib-gbps 25
+tplan t_pcie --world 2 parallel.zero_stage=0 --intra-node pcie --pcie-gbps 30
+tplan t_tp --world 4 parallel.tensor=2 --gpus-per-node 2 --tflops 1e-9
+/usr/bin/python3 - "$tmp" <<'PY' || fail "time estimate"
+import json, math, sys
+tmp = sys.argv[1]
+def plan(name): return json.load(open(f"{tmp}/{name}.json"))
+def role(name): return plan(name)["roles"][0]
+def group(r, g): return next(x for x in r["time"]["groups"] if x["group"] == g)
+close = lambda a, b: math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+for name in ("t_z0", "t_z3_slow", "t_ib", "t_pcie", "t_tp"):
+    p = plan(name)
+    lat = p["links"]["latency_us"]
+    for r in p["roles"]:
+        t = r["time"]
+        for g in t["groups"]:  # ms = bytes / bandwidth + calls x latency; exposed = ms - hidden
+            assert close(g["ms"], g["bytes"] / (g["gbps"] * 1e6) + g["calls"] * lat / 1e3), (name, g)
+            assert close(g["exposed_ms"], g["ms"] - g["hidden_ms"]) and g["hidden_ms"] >= 0, (name, g)
+            key = {"tied embedding": "pipeline"}.get(g["group"], g["group"])
+            if g["group"] != "tied embedding":
+                assert g["bytes"] == r[f"sent_{key}_bytes"], (name, g, r[f"sent_{key}_bytes"])
+        assert close(t["compute_ms"], t["flops"] / (p["links"]["tflops"] * 1e9)), (name, t)
+        assert close(t["step_ms"], t["compute_ms"] + t["exposed_ms"]), (name, t)
+        assert t["hidden_ms"] <= t["backward_window_ms"] * (1 + 1e-9), (name, t)
+
+# FLOPs by hand (dim 40, 4 heads of 10, 2 kv heads, ffn 44, vocab 64, seq 16): per token and
+# layer 40·40 + 2·40·20 + 40·40 + 3·40·44 = 10080 multiply-accumulates, attention 2·16·40 = 1280,
+# the head 64·40 = 2560; 2 micro-batches of 2 × 16 tokens per data rank; 3 × the forward.
+fwd = (2 * 2 * (10080 + 1280) + 2 * 2560) * 2 * 2 * 16
+assert role("t_z0")["time"]["flops"] == 3 * fwd, (role("t_z0")["time"]["flops"], 3 * fwd)
+
+# Doubling the bandwidth halves the time (no latency).
+a, b = group(role("t_z0_bw1"), "data"), group(role("t_z0_bw2"), "data")
+assert a["link"] == "NVLink" and a["gbps"] == 450 and close(a["ms"], 2 * b["ms"]) and a["ms"] > 0, (a, b)
+# Links: one node of 8 (default): NVLink; --intra-node pcie: PCIe; a node per GPU: InfiniBand.
+assert group(role("t_pcie"), "data")["link"] == "PCIe" and group(role("t_pcie"), "data")["gbps"] == 30
+g = group(role("t_ib"), "data")
+assert g["link"] == "InfiniBand" and g["gbps"] == 25, g
+assert g["bytes"] == group(role("t_z0"), "data")["bytes"] > 0, g  # the same bytes, another link
+# 2 GPUs per node, tensor 2 x data 2: the tensor pairs (0-1, 2-3) are on a node, the data
+# pairs (0-2, 1-3) span two: NVLink and InfiniBand; tensor all-reduces are never hidden.
+for r in plan("t_tp")["roles"]:
+    assert group(r, "tensor")["link"] == "NVLink" and group(r, "data")["link"] == "InfiniBand", r
+    assert group(r, "tensor")["hidden_ms"] == 0 and group(r, "tensor")["ms"] > 0, r
+    assert group(r, "data")["hidden_ms"] > 0, r
+
+# ZeRO-0 with a backward long enough: hidden = every layer's all-reduce but the embedding's
+# (the backward ends there), 2·(2-1)/2 x 4 bytes per element, one call each (head, 2 layers).
+r = role("t_z0_slow")
+g, lat = group(r, "data"), 20e-3
+want = 4 * (r["param_elems"] - 64 * 40) / (450 * 1e6) + 3 * lat
+assert close(g["hidden_ms"], want), (g, want)
+assert g["exposed_ms"] > lat, g  # the embedding's reduction and the scalars
+# A short backward: hidden is the backward's compute time, no more.
+t = role("t_z0_fast")["time"]
+assert 0 < t["hidden_ms"] and close(t["hidden_ms"], t["backward_window_ms"]), t
+# ZeRO-3: each micro-batch's reduce-scatters (2 x 4 groups, 4 bytes per element of a half)
+# but the very last; its all-gathers stay exposed.
+r = role("t_z3_slow")
+g = group(r, "data")
+want = (2 * 4 * r["param_elems"] / 2 - 4 * 64 * 40 / 2) / (450 * 1e6) + 7 * lat
+assert close(g["hidden_ms"], want), (g, want)
+# the all-gathers: each group's fp32 half at least once per micro-batch
+assert g["exposed_ms"] > 2 * 4 * r["param_elems"] / 2 / (450 * 1e6), g
+# overlap_comm false: nothing hidden, the same bytes.
+for on, off in (("t_z0_slow", "t_z0_off"), ("t_z3_slow", "t_z3_off")):
+    a, b = role(on)["time"], role(off)["time"]
+    assert b["hidden_ms"] == 0 and a["hidden_ms"] > 0 and close(a["comm_ms"], b["comm_ms"]), (a, b)
+    assert close(b["exposed_ms"], b["comm_ms"]), b
+print("time estimate: ZeRO-0 data group %.4f ms, hidden %.4f; ZeRO-3 %.4f, hidden %.4f" % (
+    group(role("t_z0_slow"), "data")["ms"], group(role("t_z0_slow"), "data")["hidden_ms"],
+    group(role("t_z3_slow"), "data")["ms"], group(role("t_z3_slow"), "data")["hidden_ms"]))
+PY
+"$ft" plan "$tmp/r.yaml" --world 2 > "$tmp/ttable.txt" || fail "plan time table"
+for want in 'time per step' 'exposed ms' 'NVLink 450 GB/s' '^  step ' 'Time (predicted'; do
+  grep -q "$want" "$tmp/ttable.txt" || fail "table lacks '$want': $(cat "$tmp/ttable.txt")"
+done
+
 echo "test_plan: all checks passed"
