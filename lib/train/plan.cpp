@@ -85,28 +85,33 @@ class RecordingCommunicator final : public Communicator {
   int size() const override { return counting.size(); }
   CommWork all_reduce(Stream s, Ref data, size_t n, ReduceOp op) override {
     const int64_t before = counting.sent_bytes();
-    counting.all_reduce(s, data, n, op);
-    return note(before, CountingCommunicator::kAllReduce, data.dtype);
+    CommWork w = counting.all_reduce(s, data, n, op);
+    note(before, CountingCommunicator::kAllReduce, data.dtype);
+    return w;
   }
   CommWork reduce_scatter(Stream s, CRef in, Ref out, size_t shard) override {
     const int64_t before = counting.sent_bytes();
-    counting.reduce_scatter(s, in, out, shard);
-    return note(before, CountingCommunicator::kReduceScatter, in.dtype);
+    CommWork w = counting.reduce_scatter(s, in, out, shard);
+    note(before, CountingCommunicator::kReduceScatter, in.dtype);
+    return w;
   }
   CommWork all_gather(Stream s, CRef in, Ref out, size_t shard) override {
     const int64_t before = counting.sent_bytes();
-    counting.all_gather(s, in, out, shard);
-    return note(before, CountingCommunicator::kAllGather, in.dtype);
+    CommWork w = counting.all_gather(s, in, out, shard);
+    note(before, CountingCommunicator::kAllGather, in.dtype);
+    return w;
   }
   CommWork broadcast(Stream s, Ref data, size_t n, int root) override {
     const int64_t before = counting.sent_bytes();
-    counting.broadcast(s, data, n, root);
-    return note(before, CountingCommunicator::kBroadcast, data.dtype);
+    CommWork w = counting.broadcast(s, data, n, root);
+    note(before, CountingCommunicator::kBroadcast, data.dtype);
+    return w;
   }
   CommWork send(Stream s, CRef data, size_t n, int peer, int tag) override {
     const int64_t before = counting.sent_bytes();
-    counting.send(s, data, n, peer, tag);
-    return note(before, CountingCommunicator::kSend, data.dtype);
+    CommWork w = counting.send(s, data, n, peer, tag);
+    note(before, CountingCommunicator::kSend, data.dtype);
+    return w;
   }
   CommWork recv(Stream s, Ref data, size_t n, int peer, int tag) override {
     return counting.recv(s, data, n, peer, tag);  // its time is the send's
@@ -145,12 +150,11 @@ class RecordingCommunicator final : public Communicator {
   std::vector<Call> calls;
 
  private:
-  CommWork note(int64_t before, CountingCommunicator::Kind kind, DType dtype) {
+  void note(int64_t before, CountingCommunicator::Kind kind, DType dtype) {
     if (counting.size() > 1)
       calls.push_back({counting.sent_bytes() - before,
                        kind == reduction_ && dtype == DType::kF32 &&
                            std::strcmp(watch_step().phase, "forward/backward") == 0});
-    return {};
   }
   std::string name_;
   CountingCommunicator::Kind reduction_;
@@ -290,8 +294,8 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   const bool nccl =
       device.cuda && nccl_backend() &&
       (r.runtime.communicator == "nccl" || (r.runtime.communicator == "auto" && world > 1));
-  for (CountingCommunicator* c : {data, tensor, pipe, holders.get()})
-    if (c) c->set_in_flight(nccl);
+  for (RecordingCommunicator* c : {data, tensor, pipe, holders.get()})
+    if (c) c->counting.set_in_flight(nccl);
 
   CountingDevice dev(CountingTarget{device.cuda ? DeviceKind::kCuda : DeviceKind::kCpu, device.sm});
   // The step's collectives name their phase to the watchdog: leave it as the caller had it
