@@ -65,6 +65,7 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
       for (size_t g = 0; g < G; ++g) compute_shards_.emplace_back(dev_, cdt_, shard_[g]);
     flat_.drop_params();
     gathered_.resize(G);
+    gathering_.resize(G);
     refs_.assign(G, 0);
   } else {
     flat_.make_compute_copy();  // no-op in fp32
@@ -85,6 +86,10 @@ ZeroSharding::~ZeroSharding() {
 void ZeroSharding::begin_step(int micro_batches) {
   FT_CHECK(micro_batches >= 1, "ZeRO: a step of ", micro_batches, " micro-batches");
   micro_batches_ = micro_batches;
+  drop_prefetches();
+  in_step_ = true;
+  order_ok_ = true;
+  pos_ = 0;
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
   std::fill(reduced_.begin(), reduced_.end(), false);
   if (stage_ >= 2)
@@ -129,6 +134,9 @@ void ZeroSharding::maybe_inject_nan(int group, float* grad) {
 
 void ZeroSharding::finish_backward() {
   const Stream st = dev_->stream();
+  drop_prefetches();
+  if (in_step_ && !order_.empty()) order_recorded_ = true;
+  in_step_ = false;
   if (stage_ >= 2) {
     retire_scatters(0);
   } else if (D_ == 1) {
@@ -307,18 +315,61 @@ size_t ZeroSharding::grads_bytes() const {
   return b;
 }
 
+// Stage 3: queues the all-gather of group g's parameters into gathered_[g] (its handle in
+// gathering_[g]), from the shard this rank holds.
+void ZeroSharding::start_gather(size_t g) {
+  const size_t s = shard_[g];
+  const MemoryScope tag(MemoryCategory::kCommunication);  // gathered for the group's use
+  gathered_[g] = DBuffer(dev_, cdt_, s * size_t(D_));
+  const Ref own = gathered_[g].data() + size_t(rank_) * s;
+  const CRef src = cdt_ == DType::kF32 ? CRef(master_[g].data()) : compute_shards_[g].data();
+  const Stream st = dev_->stream();
+  dev_->copy(st, own.ptr, src.ptr, s * dtype_size(cdt_));
+  gathering_[g] = comm_.all_gather(st, own, gathered_[g].data(), s);
+}
+
+// Prefetch (parallel.prefetch_blocks), as FSDP does it: the order in which a training step
+// acquires the groups (forward, then backward; activation checkpointing's recomputation
+// included) is recorded in the first step, and in later steps each acquisition that follows
+// that order gathers the next groups of it, so their all-gathers run while this one computes. A
+// step that departs from the order stops prefetching until its end. Evaluation (outside
+// begin_step..finish_backward) does not prefetch.
+void ZeroSharding::prefetch_after(int group) {
+  if (!in_step_ || opt_.prefetch_blocks == 0) return;
+  if (!order_recorded_) {
+    order_.push_back(group);
+    return;
+  }
+  if (!order_ok_ || pos_ >= order_.size() || order_[pos_] != group) {
+    order_ok_ = false;
+    return;
+  }
+  ++pos_;
+  for (size_t k = pos_; k < std::min(order_.size(), pos_ + size_t(opt_.prefetch_blocks)); ++k) {
+    const size_t g = size_t(order_[k]);
+    if (refs_[g] == 0 && !gathered_[g].data().ptr) start_gather(g);
+  }
+}
+
+// Gathers not used by the groups they were made for (a step that left the recorded order):
+// waited for and freed, before the update changes the shards they read.
+void ZeroSharding::drop_prefetches() {
+  if (stage_ < 3) return;
+  const Stream st = dev_->stream();
+  for (size_t g = 0; g < gathered_.size(); ++g) {
+    if (refs_[g] != 0 || !gathered_[g].data().ptr) continue;
+    gathering_[g].wait_on(st);
+    gathered_[g] = DBuffer();
+  }
+}
+
 CRef ZeroSharding::acquire_params(int group) {
   const size_t g = size_t(group);
   if (stage_ < 3) return flat_.compute_params(group);
   if (refs_[g]++ == 0) {
-    const size_t s = shard_[g];
-    const MemoryScope tag(MemoryCategory::kCommunication);  // gathered for the group's use
-    gathered_[g] = DBuffer(dev_, cdt_, s * size_t(D_));
-    const Ref own = gathered_[g].data() + size_t(rank_) * s;
-    const CRef src = cdt_ == DType::kF32 ? CRef(master_[g].data()) : compute_shards_[g].data();
-    const Stream st = dev_->stream();
-    dev_->copy(st, own.ptr, src.ptr, s * dtype_size(cdt_));
-    comm_.all_gather(st, own, gathered_[g].data(), s).wait_on(st);
+    if (!gathered_[g].data().ptr) start_gather(g);  // not prefetched
+    gathering_[g].wait_on(dev_->stream());
+    prefetch_after(group);
   }
   return gathered_[g].data();
 }

@@ -28,8 +28,11 @@ namespace ft {
 //     backward, stages 2-3 wait for each reduce-scatter at once. The calls (their buffers and
 //     sizes) are the same either way, so the bits are too.
 //   bucket_elems: a reduction's largest call; a larger group is reduced in several calls.
+//   prefetch_blocks: ZeRO-3 gathers this many groups ahead of the one the model acquires, in
+//     the order the first step acquired them (FSDP's prefetch); 0: each when it is acquired.
 struct ZeroOptions {
   bool overlap = true;
+  int prefetch_blocks = 1;
   size_t bucket_elems = size_t(25) << 20 >> 2;  // 25 MiB of fp32, as PyTorch DDP's bucket_cap_mb
 };
 
@@ -101,7 +104,10 @@ class ZeroSharding final : public GroupHooks {
     CommWork work;
     Buffer<float> working, mine;
   };
-  void retire_scatters(size_t keep);          // all but the newest `keep`
+  void retire_scatters(size_t keep);  // all but the newest `keep`
+  void start_gather(size_t g);        // stage 3
+  void prefetch_after(int group);
+  void drop_prefetches();
   void maybe_inject_nan(int g, float* grad);  // test support, see inject_nan_grad_for_test
   int stage_;
   FlatParams& flat_;  // the model's parameters
@@ -128,9 +134,14 @@ class ZeroSharding final : public GroupHooks {
   std::vector<ShardRange> ranges_;
   // fp32 master weights: stage 3 (s) per group; 16-bit compute dtype at stages 0-2: the range.
   std::vector<Buffer<float>> master_;
-  std::vector<DBuffer> compute_shards_;       // stage 3, 16-bit: (s) per group, the compute copy
-  std::vector<Buffer<float>> grad_shards_;    // stage ≥ 2: (s) per group
-  std::vector<DBuffer> gathered_;             // stage 3: full params of groups in use (D·s)
+  std::vector<DBuffer> compute_shards_;     // stage 3, 16-bit: (s) per group, the compute copy
+  std::vector<Buffer<float>> grad_shards_;  // stage ≥ 2: (s) per group
+  std::vector<DBuffer> gathered_;           // stage 3: full params of groups in use (D·s)
+  std::vector<CommWork> gathering_;         // stage 3: their all-gathers, until acquired
+  // Stage 3 prefetch: the first step's order of acquisitions, where this step is in it.
+  std::vector<int> order_;
+  bool order_recorded_ = false, order_ok_ = false, in_step_ = false;
+  size_t pos_ = 0;
   std::vector<int> refs_;                     // stage 3: acquire count per group
   std::vector<Buffer<float>> working_grads_;  // stage ≥ 2: (D·s) per group while in backward
   DBuffer scratch_;                           // stage 1/2: all-gather buffer (D·max s)

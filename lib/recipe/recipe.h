@@ -61,6 +61,7 @@ struct ParallelConfig {
   // reduce_bucket_mb MiB of fp32 (parallel/zero.h ZeroOptions).
   bool overlap_comm = true;
   double reduce_bucket_mb = 25;
+  int prefetch_blocks = 1;  // ZeRO-3: groups gathered ahead of use
 };
 
 struct CheckpointConfig {

@@ -198,6 +198,9 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(parallel, reduce_bucket_mb, kFloat,
                "largest gradient reduction call, MiB of fp32 (a larger group: several calls)",
                {.range = above(0)}),
+        FT_KEY(parallel, prefetch_blocks, kInt,
+               "ZeRO-3: parameter groups gathered ahead of use, while the current one computes",
+               {.range = between(0, 8)}),
 
         FT_KEY(checkpoint, dir, kString,
                "checkpoint folder (default <run.output_dir>/checkpoints)"),

@@ -306,10 +306,10 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   const int64_t startup_params = dev.tally().get(MemoryCategory::kParameters);
 
   // One step of placeholder tokens (id 0, every target trained) on this data rank's share of
-  // the global batch; the figures are the step's.
-  dev.reset_peak();
-  for (RecordingCommunicator* c : {data, tensor, pipe, &world_comm}) c->reset();
-  if (holders) holders->reset();
+  // the global batch; the figures are the step's. ZeRO-3 with prefetch records the order of the
+  // groups in the first step and prefetches from the second on (parallel/zero.h): a first step
+  // runs uncounted, so that the counted one is a steady-state step.
+  const bool warm_up = r.parallel.zero_stage == 3 && r.parallel.prefetch_blocks > 0;
   const int micro = r.training.micro_batch_size, S = r.data.seq_len;
   const int accum = grad_accum_steps(r, world);
   StepSamples batch;
@@ -320,8 +320,14 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   batch.mask.assign(size_t(batch.count) * S, 1);
   TrainStep step(r, world_comm, *data, P > 1 ? pipe : nullptr, *s.model, *s.zero, *s.pipeline,
                  *s.optim, s.scaler_ptr());
+  if (warm_up)
+    step.run_batch(
+        0, batch, [] { return LoopRequests{}; }, std::chrono::steady_clock::now());
+  dev.reset_peak();
+  for (RecordingCommunicator* c : {data, tensor, pipe, &world_comm}) c->reset();
+  if (holders) holders->reset();
   step.run_batch(
-      0, batch, [] { return LoopRequests{}; }, std::chrono::steady_clock::now());
+      warm_up ? 1 : 0, batch, [] { return LoopRequests{}; }, std::chrono::steady_clock::now());
   set_watch_step(watch.step, watch.phase, watch.long_wait);
 
   const MemoryTally& t = dev.tally();

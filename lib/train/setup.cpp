@@ -68,6 +68,7 @@ RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
   // gradients (stages 2, 3) from the model.
   ZeroOptions zero_options;
   zero_options.overlap = r.parallel.overlap_comm;
+  zero_options.prefetch_blocks = r.parallel.prefetch_blocks;
   zero_options.bucket_elems =
       std::max<size_t>(1, size_t(r.parallel.reduce_bucket_mb * double(1 << 20)) / sizeof(float));
   s.zero =

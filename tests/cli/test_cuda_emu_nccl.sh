@@ -10,7 +10,7 @@
 #  - the same layout twice gives the same bits (metrics), and NCCL against MPI with host staging
 #    gives per-step losses within 1e-6 (fp32; they sum in different orders);
 #  - parallel.overlap_comm on and off give the same bits at ZeRO 0-3 (small buckets, two
-#    micro-batches per rank);
+#    micro-batches per rank); ZeRO-3's parallel.prefetch_blocks 0, 1 and 2 too;
 #  - runtime.communicator=nccl on the CPU device is refused, naming why; auto on the CPU uses MPI.
 #   bash tests/cli/test_cuda_emu_nccl.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
@@ -96,6 +96,21 @@ for z in 0 1 2 3; do
     || fail "ZeRO $z: overlap on and off differ"
   echo "ZeRO $z: overlap on and off give the same losses and grad norms, bit for bit"
 done
+
+# ZeRO-3's prefetch (parallel.prefetch_blocks: 0 gathers each group when acquired, 1 and 2 that
+# many ahead) moves the same bits: the losses are identical, and the prefetching run holds
+# more gathered parameters at its peak.
+for pf in 0 2; do
+  ranks pf$pf 2 nccl parallel.zero_stage=3 parallel.prefetch_blocks=$pf \
+    || fail "prefetch $pf: $(tail -5 "$tmp/pf$pf.log")"
+  cmp <(grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$tmp/pf$pf/metrics.jsonl") \
+      <(grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$tmp/ov_z3_true/metrics.jsonl") \
+    || fail "ZeRO-3 with prefetch_blocks $pf differs from 1"
+done
+peak() { grep -o '"mem_peak_bytes":[0-9]*' "$1/metrics.jsonl" | tail -1 | cut -d: -f2; }
+(( $(peak "$tmp/pf2") > $(peak "$tmp/pf0") )) \
+  || fail "prefetching 2 groups does not raise the peak: $(peak "$tmp/pf2") vs $(peak "$tmp/pf0")"
+echo "ZeRO-3 prefetch 0, 1, 2: the same bits; peak $(peak "$tmp/pf0") B without, $(peak "$tmp/pf2") B with 2"
 
 # MPI with host staging, the same layout: the same losses up to the order of the sums.
 ranks mpi_dp2_z2 2 mpi parallel.zero_stage=2 || fail "mpi: $(tail -5 "$tmp/mpi_dp2_z2.log")"

@@ -36,6 +36,9 @@ Recipe small(int zero = 0, bool tied = false) {
   r.training.micro_batch_size = 1;
   r.training.global_batch_size = 1;
   r.parallel.zero_stage = zero;
+  // ZeRO-3 prefetch adds the gathered groups ahead of use to the peak; the figures below are
+  // worked out without it, and one test case adds it (below).
+  r.parallel.prefetch_blocks = 0;
   return r;
 }
 
@@ -218,6 +221,23 @@ TEST_CASE("plan: uneven ZeRO shards on 3 data ranks: the last rank owns less") {
   r.parallel.zero_stage = 3;
   const MemoryPlan p3 = plan_memory(r, 3);
   CHECK(p3.ranks[2].params.bytes == 4 * (27 + 166 + 166 + 30));
+}
+
+TEST_CASE("plan: ZeRO-3 prefetch holds the next gathered groups, and sends nothing more") {
+  // The small model on 2 data ranks (shards 40, 248, 248, 44: a layer gathered is 2·248 = 496
+  // floats). Prefetching one group ahead: a second layer gathered while the first computes;
+  // two ahead: no less (here the peak comes where a third group adds nothing).
+  auto plan = [](int prefetch) {
+    Recipe r = small(3);
+    r.training.global_batch_size = 2;
+    r.parallel.prefetch_blocks = prefetch;
+    return plan_memory(r, 2).ranks[1];
+  };
+  const RankPlan none = plan(0), one = plan(1), two = plan(2);
+  CHECK(one.comm_buffers.bytes == none.comm_buffers.bytes + 4 * 496);
+  CHECK(two.comm_buffers.bytes >= one.comm_buffers.bytes);
+  CHECK(one.sent_data.bytes == none.sent_data.bytes);  // the same gathers, earlier
+  CHECK(two.sent_data.bytes == none.sent_data.bytes);
 }
 
 TEST_CASE("plan: tensor split (Megatron): heads, KV heads, MLP and vocabulary over T") {
