@@ -164,11 +164,12 @@ int inspect_hf(const std::string& dir) {
   std::printf("Hugging Face folder %s\n", dir.c_str());
   std::string head_dim = m.dim % m.n_heads == 0 ? std::to_string(m.dim / m.n_heads) : "-";
   std::printf(
-      "  architecture: llama, dim %d, %d layer%s, %d head%s, %d kv head%s, head_dim %s, ffn %d, "
+      "  architecture: %s, dim %d, %d layer%s, %d head%s, %d kv head%s, head_dim %s, ffn %d, "
       "vocab %d, max_seq_len %d, %s, %s embeddings\n",
-      m.dim, m.n_layers, m.n_layers == 1 ? "" : "s", m.n_heads, m.n_heads == 1 ? "" : "s",
-      m.n_kv_heads, m.n_kv_heads == 1 ? "" : "s", head_dim.c_str(), m.ffn_dim, m.vocab_size,
-      m.max_seq_len, rope_text(m).c_str(), m.tie_embeddings ? "tied" : "untied");
+      m.arch.c_str(), m.dim, m.n_layers, m.n_layers == 1 ? "" : "s", m.n_heads,
+      m.n_heads == 1 ? "" : "s", m.n_kv_heads, m.n_kv_heads == 1 ? "" : "s", head_dim.c_str(),
+      m.ffn_dim, m.vocab_size, m.max_seq_len, rope_text(m).c_str(),
+      m.tie_embeddings ? "tied" : "untied");
 
   uint64_t file_bytes = 0;
   size_t name_width = 0;

@@ -151,7 +151,7 @@ ModelConfig parse_model(const JsonReader& r, const json& mc) {
   ModelConfig c;
   const std::string p = "model";
   c.arch = r.text(r.at(mc, p, "arch"), "model.arch");
-  if (c.arch != "llama")
+  if (!is_implemented_arch(c.arch))
     r.fail("model.arch", "unknown architecture " + JsonReader::describe(mc.at("arch")));
   c.dim = int(r.int_at(mc, p, "dim", 1, kMaxModelDim));
   c.n_layers = int(r.int_at(mc, p, "n_layers", 1, kMaxLayers));
@@ -188,7 +188,9 @@ ModelConfig parse_model(const JsonReader& r, const json& mc) {
   using u128 = unsigned __int128;
   const u128 C = u128(c.dim), V = u128(c.vocab_size), F = u128(c.ffn_dim);
   const u128 KVD = u128(c.n_kv_heads) * u128(c.dim / c.n_heads);
-  const u128 block = 2 * C + C * C + 2 * KVD * C + C * C + 3 * F * C;
+  const u128 D = u128(c.dim / c.n_heads);
+  const u128 block = 2 * C + C * C + 2 * KVD * C + C * C + 3 * F * C +
+                     (has_qkv_bias(c) ? C + 2 * KVD : 0) + (has_qk_norm(c) ? 2 * D : 0);
   const u128 total = V * C + u128(c.n_layers) * block + C + (c.tie_embeddings ? 0 : V * C);
   if (total > kMaxElements)
     r.fail("model", detail::concat("a model of more than ", kMaxElements, " parameters (dim ",

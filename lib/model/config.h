@@ -9,8 +9,12 @@
 namespace ft {
 
 struct ModelConfig {
-  std::string arch = "llama";  // llama | gpt2 (gpt2 not yet implemented: refused by validation)
-  std::string from;            // optional Hugging Face folder
+  // llama | qwen2 | qwen3 | mistral | gpt2 (gpt2 not yet implemented: refused by validation).
+  // The families differ from Llama only in the attention block (DESIGN.md §5 model.arch):
+  // qwen2 adds biases to the q, k and v projections, qwen3 an RMSNorm over each head of q and
+  // k (before RoPE); mistral is Llama's math (a sliding window is refused at import).
+  std::string arch = "llama";
+  std::string from;  // optional Hugging Face folder
   int dim = 256;
   int n_layers = 4;
   int n_heads = 4;
@@ -33,5 +37,13 @@ struct ModelConfig {
   bool tie_embeddings = false;
   double init_std = 0.02;  // std of the seeded random initialisation (without model.from)
 };
+
+// The attention block's extra tensors, by architecture (model/layout.h has where they sit).
+inline bool has_qkv_bias(const ModelConfig& c) { return c.arch == "qwen2"; }
+inline bool has_qk_norm(const ModelConfig& c) { return c.arch == "qwen3"; }
+// The architectures the model code implements (the recipe schema lists gpt2 too, refused).
+inline bool is_implemented_arch(const std::string& a) {
+  return a == "llama" || a == "qwen2" || a == "qwen3" || a == "mistral";
+}
 
 }  // namespace ft

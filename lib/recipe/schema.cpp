@@ -96,7 +96,9 @@ const std::vector<KeySpec>& schema() {
                "metrics, checkpoints and resolved recipe (default runs/<run.name>)"),
         FT_KEY(run, seed, kUInt64, "seeds initialisation and data shuffling"),
 
-        FT_KEY(model, arch, kChoice, "model family", {.choices = {"llama", "gpt2"}}),
+        FT_KEY(model, arch, kChoice, "model family (with model.from: from config.json)",
+               {.choices = {"llama", "qwen2", "qwen3", "mistral", "gpt2"},
+                .hf_name = "architectures"}),
         FT_KEY(model, from, kDir,
                "Hugging Face folder to start from; sizes then come from its config.json"),
         FT_KEY(model, dim, kInt, "hidden size",

@@ -21,7 +21,8 @@ namespace ft::recipe_internal {
 // Stage 5b: accepted values whose feature is not built yet: refused loudly, never ignored.
 void Loader::check_unimplemented() {
   if (r_.model.arch == "gpt2" && usable("model.arch")) {
-    issue(locate("model.arch"), "model.arch", "gpt2 is not implemented yet", "use llama");
+    issue(locate("model.arch"), "model.arch", "gpt2 is not implemented yet",
+          "use llama, qwen2, qwen3 or mistral");
   }
 }
 

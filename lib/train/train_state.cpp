@@ -160,6 +160,8 @@ void check_same_model(const ckpt::Manifest& m, const Recipe& r) {
       diff += detail::concat(diff.empty() ? "" : ", ", "model.", key, " ", x,
                              " in the checkpoint, ", y, " in the recipe");
   };
+  if (a.arch != b.arch)
+    diff += detail::concat("model.arch ", a.arch, " in the checkpoint, ", b.arch, " in the recipe");
   cmp("dim", a.dim, b.dim);
   cmp("n_layers", a.n_layers, b.n_layers);
   cmp("n_heads", a.n_heads, b.n_heads);

@@ -430,7 +430,7 @@ TEST_CASE("recipe: unimplemented features are refused") {
   const RecipeResult r = s.load(s.base() + "training: {precision: fp16}\n", {"model.arch=gpt2"});
   const RecipeIssue arch = issue_for(r, "model.arch");
   CHECK(arch.message == "gpt2 is not implemented yet");
-  CHECK(arch.hint == "use llama");
+  CHECK(arch.hint == "use llama, qwen2, qwen3 or mistral");
   CHECK(r.issues.size() == 1);  // every precision trains
   CHECK(s.load(s.base(), {"training.precision=fp16"}).issues.empty());
   CHECK(s.load(s.base(), {"training.precision=bf16"}).issues.empty());
@@ -872,8 +872,10 @@ TEST_CASE("recipe: read_hf_config defaults and refusals") {
 
   s.write("gpt/config.json",
           "{\"model_type\": \"gpt2\", \"architectures\": [\"GPT2LMHeadModel\"]}");
-  CHECK_THROWS_WITH_AS(ft::read_hf_config((s.dir / "gpt").string()),
-                       doctest::Contains("only \"llama\" is implemented"), ft::Error);
+  CHECK_THROWS_WITH_AS(
+      ft::read_hf_config((s.dir / "gpt").string()),
+      doctest::Contains("model_type is \"gpt2\"; implemented: LlamaForCausalLM (llama)"),
+      ft::Error);
 }
 
 TEST_CASE("recipe: every issue is reported at once, in file order, then the command line") {
