@@ -13,7 +13,8 @@
 #                                                # comparison's bounds follow it)
 #   scripts/test_layouts.sh --arch qwen3 ...     # the model in that model.arch, and only
 #                                                # tensor 2, pipeline 2 and data 2 with ZeRO-3
-#                                                # (tests/cli/test_archs.sh)
+#                                                # (tests/cli/test_layouts_archs.sh)
+#   scripts/test_layouts.sh --set KEY=VALUE ...  # a recipe override for every run
 # Layouts (data × tensor × pipeline, ZeRO stage for data > 1): data 2, data 4, tensor 2,
 # pipeline 2, pipeline 3 (4 layers: 2+1+1), data 2 × tensor 2, data 2 × pipeline 2,
 # tensor 2 × pipeline 2, data 2 × tensor 2 × pipeline 2.
@@ -23,14 +24,16 @@ subset=all
 tcp=0
 precision=fp32
 arch=llama
+sets=()
 while [[ ${1:-} == --* ]]; do
   case $1 in
     --ci) subset=ci ;;
     --tcp) tcp=1 ;;
     --precision) precision=$2; shift ;;
     --arch) arch=$2; subset=arch; shift ;;
+    --set) sets+=("$2"); shift ;;
     *) echo "usage: scripts/test_layouts.sh [--ci] [--tcp] [--precision fp32|bf16]" \
-            "[--arch llama|qwen2|qwen3|mistral] [BUILD_DIR]" >&2
+            "[--arch llama|qwen2|qwen3|mistral] [--set KEY=VALUE] [BUILD_DIR]" >&2
        exit 2 ;;
   esac
   shift
@@ -60,6 +63,7 @@ YAML
 
 run() {  # name, ranks, overrides...
   local name=$1 ranks=$2; shift 2
+  set -- "$@" ${sets[@]+"${sets[@]}"}
   local t0=$(date +%s%N)
   if [[ $ranks == 1 ]]; then
     FT_TEST_DUMP_PARAMS="$tmp/$name/params" "$ft" train "$tmp/r.yaml" "$@" run.output_dir="$tmp/$name" \

@@ -465,17 +465,23 @@ HfConfigRead read_hf_config_located(const std::string& dir) {
     c.problem("hidden_act is " + j["hidden_act"].dump() + ", only \"silu\" is implemented");
   }
   // head_dim: absent means hidden_size / num_attention_heads, except in Qwen3Config, whose
-  // default is 128.
+  // default is 128. Kept as 0 (that quotient) when it is the quotient, so that the manifests of
+  // such models stay as before.
   const bool head_dim_given = j.contains("head_dim") && !j["head_dim"].is_null();
   const json head_dim = head_dim_given ? j["head_dim"] : arch == "qwen3" ? json(128) : json();
-  if (!head_dim.is_null() && m.n_heads > 0 && head_dim != m.dim / m.n_heads) {
-    c.problem("head_dim " + head_dim.dump() + (head_dim_given ? "" : " (Qwen3Config's default)") +
-              " differs from hidden_size / num_attention_heads; not implemented");
+  if (!head_dim.is_null()) {
+    if (!head_dim.is_number_integer() || head_dim.get<int64_t>() < 2 ||
+        head_dim.get<int64_t>() > (int64_t(1) << 20) || head_dim.get<int64_t>() % 2 != 0)
+      c.problem("head_dim must be an even whole number from 2 to 2^20, got " + head_dim.dump() +
+                (head_dim_given ? "" : " (Qwen3Config's default)"));
+    else if (m.n_heads <= 0 || m.dim % m.n_heads != 0 ||
+             head_dim.get<int64_t>() != m.dim / m.n_heads)
+      m.head_dim = int(head_dim.get<int64_t>());
   }
   read_sliding_window(c, j, arch, m);
   // A theta or factor that fits a double but not the fp32 table would rotate by inf or NaN.
-  if (m.n_heads > 0 && m.dim % m.n_heads == 0)
-    if (std::string p = rope_table_problem(m, m.dim / m.n_heads); !p.empty()) c.problem(p);
+  if (heads_whole(m))
+    if (std::string p = rope_table_problem(m, head_dim_of(m)); !p.empty()) c.problem(p);
   // ft has no dropout (DESIGN.md §5): trained without it, with one line saying so, since
   // fine-tuning usually turns dropout off anyway and a refusal would send people to edit a
   // downloaded config.json.

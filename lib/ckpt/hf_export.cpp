@@ -232,7 +232,7 @@ void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string&
                      const HfTokenIds& ids) {
   // The keys LlamaConfig (Qwen2Config, Qwen3Config, MistralConfig) reads, in the order
   // save_pretrained writes the common ones. head_dim is written explicitly because transformers
-  // ≥ 4.45 reads it (and Qwen3Config's default is 128); it is always dim / n_heads here.
+  // ≥ 4.45 reads it (and Qwen3Config's default is 128).
   const char* cls = m.arch == "qwen2"     ? "Qwen2ForCausalLM"
                     : m.arch == "qwen3"   ? "Qwen3ForCausalLM"
                     : m.arch == "mistral" ? "MistralForCausalLM"
@@ -246,7 +246,7 @@ void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string&
   j["num_hidden_layers"] = m.n_layers;
   j["num_attention_heads"] = m.n_heads;
   j["num_key_value_heads"] = m.n_kv_heads;
-  j["head_dim"] = m.dim / m.n_heads;
+  j["head_dim"] = head_dim_of(m);
   j["vocab_size"] = m.vocab_size;
   j["max_position_embeddings"] = m.max_seq_len;
   // RoPE in both formats, saying the same: transformers 4 reads rope_theta and rope_scaling, 5

@@ -19,6 +19,10 @@ struct ModelConfig {
   int n_layers = 4;
   int n_heads = 4;
   int n_kv_heads = 4;
+  // Channels of one attention head; 0: dim / n_heads. Set where a model's heads are not dim
+  // wide together (Qwen3-0.6B: dim 1024, 16 heads of 128; Mistral Nemo: 5120, 32 of 128): q, k
+  // and v are then n_heads·head_dim (n_kv_heads·head_dim) wide, and o_proj maps that back to dim.
+  int head_dim = 0;
   int ffn_dim = 688;
   int vocab_size = 32000;
   int max_seq_len = 2048;
@@ -37,6 +41,15 @@ struct ModelConfig {
   bool tie_embeddings = false;
   double init_std = 0.02;  // std of the seeded random initialisation (without model.from)
 };
+
+// The channels of one head: head_dim, or dim / n_heads when it is 0.
+inline int head_dim_of(const ModelConfig& c) {
+  return c.head_dim > 0 ? c.head_dim : c.n_heads > 0 ? c.dim / c.n_heads : 0;
+}
+// Whether the heads are whole: an explicit head_dim, or n_heads dividing dim.
+inline bool heads_whole(const ModelConfig& c) {
+  return c.n_heads > 0 && (c.head_dim > 0 || c.dim % c.n_heads == 0);
+}
 
 // The attention block's extra tensors, by architecture (model/layout.h has where they sit).
 inline bool has_qkv_bias(const ModelConfig& c) { return c.arch == "qwen2"; }

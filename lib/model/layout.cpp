@@ -24,11 +24,11 @@ void add(ParamGroup& g, const std::string& name, std::vector<int64_t> shape, int
 
 ParamLayout::ParamLayout(const ModelConfig& c, int tensor) : tensor_(tensor) {
   FT_CHECK(is_implemented_arch(c.arch), "model.arch ", c.arch, " is not implemented");
-  FT_CHECK(c.n_heads > 0 && c.dim % c.n_heads == 0, "dim must be divisible by n_heads");
+  FT_CHECK(heads_whole(c), "dim must be divisible by n_heads (or head_dim set)");
   FT_CHECK(tensor >= 1 && c.n_heads % tensor == 0 && c.n_kv_heads % tensor == 0 &&
                c.ffn_dim % tensor == 0 && c.vocab_size % tensor == 0,
            "heads, kv heads, ffn_dim and vocab_size must be divisible by parallel.tensor");
-  head_dim_ = c.dim / c.n_heads;
+  head_dim_ = head_dim_of(c);
   const int T = tensor;
   constexpr auto kRows = TensorSplit::kRows, kCols = TensorSplit::kCols;
   const int64_t C = c.dim, V = c.vocab_size, F = c.ffn_dim;

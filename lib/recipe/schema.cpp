@@ -110,6 +110,8 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(model, n_kv_heads, kInt,
                "key/value heads, for grouped-query attention (default n_heads)",
                {.range = at_least(1), .hf_name = "num_key_value_heads"}),
+        FT_KEY(model, head_dim, kInt, "channels per attention head; 0: dim / n_heads",
+               {.range = at_least(0), .hf_name = "head_dim"}),
         FT_KEY(model, ffn_dim, kInt, "MLP hidden size",
                {.range = at_least(1), .need = Need::kUnlessFrom, .hf_name = "intermediate_size"}),
         FT_KEY(model, vocab_size, kInt, "vocabulary size",

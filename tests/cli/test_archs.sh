@@ -5,8 +5,8 @@
 # none, and transformers 5 runs no model on torch 1.13), ft's loss and every gradient of one
 # batch, 10 training steps against torch.optim.AdamW, and ft export loaded back as the same class.
 # Then what import refuses: sliding windows that bind (Mistral's, Qwen's use_sliding_window),
-# Qwen3's default head_dim 128 when it is not hidden_size / num_attention_heads, a model.arch
-# that disagrees with config.json, model_type and architectures of different families. The
+# an odd head_dim (and Qwen3Config's default head_dim 128 read when the key is absent), a
+# model.arch that disagrees with config.json, model_type and architectures of different families. The
 # layouts of these architectures: tests/cli/test_layouts_archs.sh.
 #   bash tests/cli/test_archs.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
@@ -57,9 +57,14 @@ has_err "use_sliding_window is true (sliding_window 8): sliding-window attention
 variant q_layers qwen2 '{"layer_types": ["full_attention", "sliding_attention"]}'
 validate 2 q_layers
 has_err "layer_types has \"sliding_attention\"; only \"full_attention\" is implemented"
+# Qwen3Config's head_dim when the key is absent is 128, not 64 / 4: the tensors then do not fit.
 variant q3_head qwen3 '{"head_dim": "DELETE"}'
-validate 2 q3_head
-has_err "head_dim 128 (Qwen3Config's default) differs from hidden_size / num_attention_heads; not implemented"
+run_rc 1 "$ft" inspect "$tmp/q3_head"
+has_out "architecture: qwen3, dim 64, 2 layers, 4 heads, 2 kv heads, head_dim 128, ffn 96"
+has_out "compatible with ft: no"
+variant q3_odd qwen3 '{"head_dim": 15}'
+validate 2 q3_odd
+has_err "head_dim must be an even whole number from 2 to 2^20, got 15"
 variant q3_bias qwen3 '{"attention_bias": true}'
 validate 2 q3_bias
 has_err "attention_bias is true; ft's qwen3 has no biases"
@@ -72,5 +77,5 @@ variant gemma qwen2 '{"model_type": "gemma", "architectures": ["GemmaForCausalLM
 validate 2 gemma
 has_err "model_type is \"gemma\"; implemented: LlamaForCausalLM (llama), Qwen2ForCausalLM (qwen2)"
 validate 0 qwen3/hf
-echo "ok: binding sliding windows, Qwen3's default head_dim, mismatched families refused"
+echo "ok: binding sliding windows, odd head_dim, mismatched families refused"
 echo "test_archs: all checks passed"

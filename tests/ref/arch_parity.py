@@ -3,7 +3,8 @@ PyTorch reference; run by tests/cli/test_archs.sh under its transformers 4.46.3 
 torch 1.13 and transformers' modeling code):
     PYTHON tests/ref/arch_parity.py BUILD_DIR SOURCE_DIR TMP_DIR TF5_PYTHON
 
-Per architecture, on a small random model (dim 64, 2 layers, 4 heads / 2 kv heads, vocab 256):
+Per architecture, on a small random model (dim 64, 2 layers, 4 heads / 2 kv heads, vocab 256;
+qwen3 and mistral with head_dim 32, not dim / heads = 16, as Qwen3-0.6B and Mistral Nemo):
 1. The model folder. qwen2 and mistral: built by transformers itself (Qwen2ForCausalLM,
    MistralForCausalLM, eager attention, fp32), biases and norm weights moved off their initial
    zeros and ones so that they act and their gradients matter, saved with save_pretrained; the
@@ -73,7 +74,8 @@ def ref_logits(model, ids):
 def build(case, arch, tie, seed):
     """The model folder and the reference model (section 1)."""
     hf = os.path.join(case, "hf")
-    cfg = ref.Config(**SIZES, arch=arch, tie_embeddings=tie)
+    head_dim = 32 if arch in ("qwen3", "mistral") else None
+    cfg = ref.Config(**SIZES, arch=arch, tie_embeddings=tie, head_dim=head_dim)
     if arch == "qwen3":
         model = ref.Llama(cfg, seed=seed, std=0.1)
         ref.save_hf_folder(model, hf)
@@ -89,7 +91,7 @@ def build(case, arch, tie, seed):
         config = transformers.Qwen2Config(**common, use_sliding_window=False)
         cls = transformers.Qwen2ForCausalLM
     else:
-        config = transformers.MistralConfig(**common, sliding_window=None)
+        config = transformers.MistralConfig(**common, sliding_window=None, head_dim=head_dim)
         cls = transformers.MistralForCausalLM
     torch.manual_seed(seed)
     m = cls(config).float()
@@ -148,7 +150,8 @@ def gradcheck(label, case, hf, model, cfg, ablate):
     check(worst[0] <= 1e-4, f"{label}: all {len(names)} gradients within 1e-4, worst "
                             f"{worst[1]} {worst[0]:.2e}")
     if ablate:  # the same weights in a plain Llama: no biases, no q/k norms
-        plain = ref.Llama(ref.Config(**SIZES, tie_embeddings=cfg.tie_embeddings))
+        plain = ref.Llama(ref.Config(**SIZES, tie_embeddings=cfg.tie_embeddings,
+                                     head_dim=cfg.head_dim))
         dropped = 0
         with torch.no_grad():
             for name, v in model.named().items():

@@ -26,13 +26,13 @@ class Config:
 
     def __init__(self, dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size,
                  max_seq_len=64, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False,
-                 rope_scaling=None, rope_format="v4", arch="llama"):
+                 rope_scaling=None, rope_format="v4", arch="llama", head_dim=None):
         self.arch = arch
         self.dim, self.n_layers, self.n_heads, self.n_kv_heads = dim, n_layers, n_heads, n_kv_heads
         self.ffn_dim, self.vocab_size, self.max_seq_len = ffn_dim, vocab_size, max_seq_len
         self.rope_theta, self.norm_eps, self.tie_embeddings = rope_theta, norm_eps, tie_embeddings
         self.rope_scaling, self.rope_format = rope_scaling, rope_format
-        self.head_dim = dim // n_heads
+        self.head_dim = head_dim or dim // n_heads  # q, k, v: heads x head_dim wide
 
     def hf_json(self):
         j = {
@@ -46,7 +46,7 @@ class Config:
         }
         if self.arch in ("qwen2", "qwen3"):
             j.update(use_sliding_window=False, sliding_window=None)
-        if self.arch in ("qwen3", "mistral"):
+        if self.arch in ("qwen3", "mistral") or self.head_dim != self.dim // self.n_heads:
             j["head_dim"] = self.head_dim
         if self.arch == "qwen3":
             j["attention_bias"] = False

@@ -436,6 +436,20 @@ TEST_CASE("recipe: unimplemented features are refused") {
   CHECK(s.load(s.base(), {"training.precision=bf16"}).issues.empty());
 }
 
+TEST_CASE("recipe: model.arch qwen2, qwen3, mistral; head_dim other than dim / n_heads") {
+  Scratch s;
+  for (const char* arch : {"model.arch=qwen2", "model.arch=qwen3", "model.arch=mistral"})
+    CHECK(s.load(s.base(), {arch}).issues.empty());
+  // 7 heads of 16 need not divide dim; an odd head_dim is refused as an odd quotient is.
+  CHECK(s.load(s.base(), {"model.n_heads=7", "model.n_kv_heads=7", "model.head_dim=16"})
+            .issues.empty());
+  const RecipeResult odd = s.load(s.base(), {"model.head_dim=15"});
+  CHECK(issue_for(odd, "model.head_dim").message == "head_dim 15 is odd");
+  CHECK(issue_for(s.load(s.base(), {"model.n_heads=7"}), "model.n_heads").hint ==
+        "each head gets dim / n_heads channels; pick n_heads dividing dim, e.g. 8, or set "
+        "model.head_dim");
+}
+
 TEST_CASE("recipe: fp16 loss scaling keys: defaults, ranges, powers of two") {
   Scratch s;
   const RecipeResult plain = s.load(s.base());
