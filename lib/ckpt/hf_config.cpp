@@ -469,6 +469,7 @@ HfConfigRead read_hf_config_located(const std::string& dir) {
   // such models stay as before.
   const bool head_dim_given = j.contains("head_dim") && !j["head_dim"].is_null();
   const json head_dim = head_dim_given ? j["head_dim"] : arch == "qwen3" ? json(128) : json();
+  out.origins["model.head_dim"] = head_dim_given ? "head_dim" : "";
   if (!head_dim.is_null()) {
     if (!head_dim.is_number_integer() || head_dim.get<int64_t>() < 2 ||
         head_dim.get<int64_t>() > (int64_t(1) << 20) || head_dim.get<int64_t>() % 2 != 0)

@@ -77,5 +77,8 @@ variant gemma qwen2 '{"model_type": "gemma", "architectures": ["GemmaForCausalLM
 validate 2 gemma
 has_err "model_type is \"gemma\"; implemented: LlamaForCausalLM (llama), Qwen2ForCausalLM (qwen2)"
 validate 0 qwen3/hf
+validate 0 qwen2/hf model.head_dim=16  # hidden_size / num_attention_heads, as the file implies
+validate 2 qwen2/hf model.head_dim=32
+has_err "model.head_dim = 32 but $tmp/qwen2/hf/config.json has no head_dim (transformers' default 16)"
 echo "ok: binding sliding windows, odd head_dim, mismatched families refused"
 echo "test_archs: all checks passed"
