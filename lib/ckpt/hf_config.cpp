@@ -1,9 +1,10 @@
-// read_hf_config: a Hugging Face LlamaForCausalLM config.json → ModelConfig.
+// read_hf_config: a Hugging Face LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or
+// MistralForCausalLM config.json → ModelConfig.
 //
 // Invariant: whatever this returns is a model ft computes exactly as transformers would. So a
 // config that asks for something the model code does not do (a RoPE type other than default,
-// linear and llama3, biases, another activation, a head_dim that is not hidden_size / heads) is
-// refused here rather than loaded and then trained with different math. Every problem of the
+// linear and llama3, biases other than Qwen2's, another activation, a sliding window that binds)
+// is refused here rather than loaded and then trained with different math. Every problem of the
 // file is collected into one error, so a user fixes them in one pass.
 #include <climits>
 #include <cmath>

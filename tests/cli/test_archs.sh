@@ -18,6 +18,14 @@ run_rc 0 "$build/hf_venv_tf4/bin/python" "$src/tests/ref/arch_parity.py" "$build
   "$build/hf_venv_tf5/bin/python"
 has_out "arch_parity: all checks passed"
 grep -E "step 1 loss|10 steps|logits of the export" "$tmp/out.txt"
+# ft reads its exports back as the same model (model.from).
+for c in qwen2_tied:qwen2:16 qwen2:qwen2:16 qwen3:qwen3:32 mistral:mistral:32; do
+  IFS=: read -r name arch hd <<< "$c"
+  run_rc 0 "$ft" inspect "$tmp/$name/export"
+  has_out "architecture: $arch, dim 64, 2 layers, 4 heads, 2 kv heads, head_dim $hd, ffn 96"
+  has_out "compatible with ft: yes"
+done
+grep -q "tied embeddings" <("$ft" inspect "$tmp/qwen2_tied/export") || fail "qwen2_tied export is not tied"
 echo "ok: parity of qwen2 (tied, untied), qwen3 and mistral; exports load as their classes"
 
 # ---- what import refuses -----------------------------------------------------------------
