@@ -11,6 +11,10 @@
 #                                                # standing in for separate nodes
 #   scripts/test_layouts.sh --precision bf16 ... # every run in that training.precision (the
 #                                                # comparison's bounds follow it)
+#   scripts/test_layouts.sh --arch qwen3 ...     # the model in that model.arch, and only
+#                                                # tensor 2, pipeline 2 and data 2 with ZeRO-3
+#                                                # (tests/cli/test_layouts_archs.sh)
+#   scripts/test_layouts.sh --set KEY=VALUE ...  # a recipe override for every run
 # Layouts (data × tensor × pipeline, ZeRO stage for data > 1): data 2, data 4, tensor 2,
 # pipeline 2, pipeline 3 (4 layers: 2+1+1), data 2 × tensor 2, data 2 × pipeline 2,
 # tensor 2 × pipeline 2, data 2 × tensor 2 × pipeline 2.
@@ -19,12 +23,17 @@ src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 subset=all
 tcp=0
 precision=fp32
+arch=llama
+sets=()
 while [[ ${1:-} == --* ]]; do
   case $1 in
     --ci) subset=ci ;;
     --tcp) tcp=1 ;;
     --precision) precision=$2; shift ;;
-    *) echo "usage: scripts/test_layouts.sh [--ci] [--tcp] [--precision fp32|bf16] [BUILD_DIR]" >&2
+    --arch) arch=$2; subset=arch; shift ;;
+    --set) sets+=("$2"); shift ;;
+    *) echo "usage: scripts/test_layouts.sh [--ci] [--tcp] [--precision fp32|bf16]" \
+            "[--arch llama|qwen2|qwen3|mistral] [--set KEY=VALUE] [BUILD_DIR]" >&2
        exit 2 ;;
   esac
   shift
@@ -42,7 +51,7 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
 /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --samples 41 --seq-len 12 --seed 11 --mask 0.8
 cat > "$tmp/r.yaml" <<YAML
 run: {name: layouts, output_dir: $tmp/out, seed: 5}
-model: {dim: 32, n_layers: 4, n_heads: 4, n_kv_heads: 2, ffn_dim: 40, vocab_size: 64, max_seq_len: 16}
+model: {arch: $arch, dim: 32, n_layers: 4, n_heads: 4, n_kv_heads: 2, ffn_dim: 40, vocab_size: 64, max_seq_len: 16}
 data: {train: $tmp/data, valid: $tmp/data, seq_len: 12, shuffle: true}
 training: {steps: 10, micro_batch_size: 1, global_batch_size: 8, grad_clip: 0.3, eval_every_steps: 5,
            eval_batches: 2, precision: $precision}
@@ -54,6 +63,7 @@ YAML
 
 run() {  # name, ranks, overrides...
   local name=$1 ranks=$2; shift 2
+  set -- "$@" ${sets[@]+"${sets[@]}"}
   local t0=$(date +%s%N)
   if [[ $ranks == 1 ]]; then
     FT_TEST_DUMP_PARAMS="$tmp/$name/params" "$ft" train "$tmp/r.yaml" "$@" run.output_dir="$tmp/$name" \
@@ -68,7 +78,10 @@ run() {  # name, ranks, overrides...
 
 run single 1
 layouts=()
-if [[ $subset == ci ]]; then
+if [[ $subset == arch ]]; then
+  layouts=("tensor2 2 parallel.tensor=2" "pipeline2 2 parallel.pipeline=2"
+           "data2_z3 2 parallel.zero_stage=3")
+elif [[ $subset == ci ]]; then
   layouts=("data2_z1 2 parallel.zero_stage=1"
            "tensor2 2 parallel.tensor=2"
            "pipeline3 3 parallel.pipeline=3"

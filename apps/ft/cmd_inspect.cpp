@@ -162,13 +162,14 @@ int inspect_hf(const std::string& dir) {
   const HfFolderSummary s = summarize_hf_folder(dir);  // malformed files throw, naming the file
   const ModelConfig& m = s.config;
   std::printf("Hugging Face folder %s\n", dir.c_str());
-  std::string head_dim = m.dim % m.n_heads == 0 ? std::to_string(m.dim / m.n_heads) : "-";
+  std::string head_dim = heads_whole(m) ? std::to_string(head_dim_of(m)) : "-";
   std::printf(
-      "  architecture: llama, dim %d, %d layer%s, %d head%s, %d kv head%s, head_dim %s, ffn %d, "
+      "  architecture: %s, dim %d, %d layer%s, %d head%s, %d kv head%s, head_dim %s, ffn %d, "
       "vocab %d, max_seq_len %d, %s, %s embeddings\n",
-      m.dim, m.n_layers, m.n_layers == 1 ? "" : "s", m.n_heads, m.n_heads == 1 ? "" : "s",
-      m.n_kv_heads, m.n_kv_heads == 1 ? "" : "s", head_dim.c_str(), m.ffn_dim, m.vocab_size,
-      m.max_seq_len, rope_text(m).c_str(), m.tie_embeddings ? "tied" : "untied");
+      m.arch.c_str(), m.dim, m.n_layers, m.n_layers == 1 ? "" : "s", m.n_heads,
+      m.n_heads == 1 ? "" : "s", m.n_kv_heads, m.n_kv_heads == 1 ? "" : "s", head_dim.c_str(),
+      m.ffn_dim, m.vocab_size, m.max_seq_len, rope_text(m).c_str(),
+      m.tie_embeddings ? "tied" : "untied");
 
   uint64_t file_bytes = 0;
   size_t name_width = 0;
@@ -289,7 +290,7 @@ void print_verify_progress(size_t i, size_t n, const std::string& file) {
 
 // The model line shared with the HF summary's wording.
 void print_model(const ModelConfig& m) {
-  std::string head_dim = m.dim % m.n_heads == 0 ? std::to_string(m.dim / m.n_heads) : "-";
+  std::string head_dim = heads_whole(m) ? std::to_string(head_dim_of(m)) : "-";
   std::printf(
       "  model:        %s, dim %d, %d layer%s, %d head%s, %d kv head%s, head_dim %s, ffn %d, "
       "vocab %d, max_seq_len %d, %s, norm_eps %.6g, %s embeddings\n",

@@ -315,13 +315,13 @@ HfFolderSummary summarize_hf_folder(const std::string& dir) {
 
   // The same size rules recipe validation applies to model.* keys, so that "compatible" here
   // means `model.from: DIR` validates too.
-  const bool heads_split = m.dim % m.n_heads == 0;
+  const bool heads_split = heads_whole(m);
   if (!heads_split)
     s.config_problems.push_back(detail::concat(
         "hidden_size ", m.dim, " is not divisible by num_attention_heads ", m.n_heads));
-  else if ((m.dim / m.n_heads) % 2 != 0)
+  else if (head_dim_of(m) % 2 != 0)
     s.config_problems.push_back(
-        detail::concat("head_dim = hidden_size / num_attention_heads = ", m.dim / m.n_heads,
+        detail::concat("head_dim = hidden_size / num_attention_heads = ", head_dim_of(m),
                        " is odd; RoPE rotates pairs of channels"));
   if (m.n_heads % m.n_kv_heads != 0)
     s.config_problems.push_back(detail::concat("num_attention_heads ", m.n_heads,

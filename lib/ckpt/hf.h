@@ -14,9 +14,11 @@
 
 namespace ft {
 
-// Reads config.json of a LlamaForCausalLM folder into a ModelConfig (dim=hidden_size,
-// n_layers=num_hidden_layers, n_heads=num_attention_heads, n_kv_heads=num_key_value_heads
-// (default n_heads), ffn_dim=intermediate_size, vocab_size, max_seq_len=max_position_embeddings,
+// Reads config.json of a LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or
+// MistralForCausalLM folder into a ModelConfig (arch from architectures and model_type,
+// dim=hidden_size, n_layers=num_hidden_layers, n_heads=num_attention_heads,
+// n_kv_heads=num_key_value_heads (default n_heads), head_dim (0 when hidden_size / heads),
+// ffn_dim=intermediate_size, vocab_size, max_seq_len=max_position_embeddings,
 // norm_eps=rms_norm_eps, tie_embeddings=tie_word_embeddings (default false)). RoPE comes from
 // transformers 5's rope_parameters {rope_type, rope_theta, factor, low_freq_factor,
 // high_freq_factor, original_max_position_embeddings} or 4's top-level rope_theta (default
@@ -27,7 +29,8 @@ ModelConfig read_hf_config(const std::string& dir);
 
 // Recipe key path ("model.rope_theta") → the config.json key it was read from
 // ("rope_parameters.rope_theta"); an empty string when the file has no such key and
-// transformers' default applies. Only for keys whose place in the file varies (the RoPE ones).
+// transformers' default applies. Only for keys whose place in the file varies (the RoPE ones)
+// or whose absence means a default (head_dim).
 using HfConfigOrigins = std::map<std::string, std::string>;
 
 struct HfConfigRead {

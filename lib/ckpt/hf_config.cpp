@@ -1,9 +1,10 @@
-// read_hf_config: a Hugging Face LlamaForCausalLM config.json → ModelConfig.
+// read_hf_config: a Hugging Face LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or
+// MistralForCausalLM config.json → ModelConfig.
 //
 // Invariant: whatever this returns is a model ft computes exactly as transformers would. So a
 // config that asks for something the model code does not do (a RoPE type other than default,
-// linear and llama3, biases, another activation, a head_dim that is not hidden_size / heads) is
-// refused here rather than loaded and then trained with different math. Every problem of the
+// linear and llama3, biases other than Qwen2's, another activation, a sliding window that binds)
+// is refused here rather than loaded and then trained with different math. Every problem of the
 // file is collected into one error, so a user fixes them in one pass.
 #include <climits>
 #include <cmath>
@@ -321,6 +322,78 @@ void read_rope(ConfigReader& c, const json& j, ModelConfig& m, HfConfigOrigins& 
   }
 }
 
+// The families ft implements: transformers' class name, its model_type, and model.arch.
+struct Family {
+  const char* cls;
+  const char* model_type;
+};
+constexpr Family kFamilies[] = {{"LlamaForCausalLM", "llama"},
+                                {"Qwen2ForCausalLM", "qwen2"},
+                                {"Qwen3ForCausalLM", "qwen3"},
+                                {"MistralForCausalLM", "mistral"}};
+constexpr const char* kFamilyList =
+    "LlamaForCausalLM (llama), Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM (qwen3), "
+    "MistralForCausalLM (mistral)";
+
+// model.arch from model_type and architectures (either may be absent: llama).
+std::string read_arch(ConfigReader& c, const json& j) {
+  std::string from_type, from_class;
+  if (j.contains("model_type") && !j["model_type"].is_null()) {
+    for (const Family& f : kFamilies)
+      if (j["model_type"] == f.model_type) from_type = f.model_type;
+    if (from_type.empty())
+      c.problem("model_type is " + j["model_type"].dump() + "; implemented: " + kFamilyList);
+  }
+  if (j.contains("architectures") && !j["architectures"].is_null()) {
+    const json& a = j["architectures"];
+    if (a.is_array() && !a.empty())
+      for (const Family& f : kFamilies)
+        if (a[0] == f.cls) from_class = f.model_type;
+    bool same = !from_class.empty();
+    for (size_t i = 1; same && i < a.size(); ++i) same = a[i] == a[0];
+    if (!same) c.problem("architectures is " + a.dump() + "; implemented: " + kFamilyList);
+  }
+  if (!from_type.empty() && !from_class.empty() && from_type != from_class)
+    c.problem("model_type \"" + from_type + "\" and architectures " + j["architectures"].dump() +
+              " name different families");
+  if (!from_class.empty()) return from_class;
+  return from_type.empty() ? "llama" : from_type;
+}
+
+// Sliding-window attention is not implemented: refused wherever it would bind. Qwen2 and Qwen3
+// use it only with use_sliding_window: true (then on the layers from max_window_layers on, or
+// as layer_types says); Mistral on every layer unless sliding_window is null (MistralConfig's
+// default when the key is absent is 4096). A window at least max_position_embeddings never
+// binds (a sequence is never longer, forward checks it), so it is accepted.
+void read_sliding_window(ConfigReader& c, const json& j, const std::string& arch,
+                         const ModelConfig& m) {
+  auto window_binds = [&](const json& w) {
+    return !w.is_null() && !(w.is_number() && w.get<double>() >= m.max_seq_len);
+  };
+  if (arch == "qwen2" || arch == "qwen3") {
+    if (j.contains("use_sliding_window") && j["use_sliding_window"] == true) {
+      const json w = j.contains("sliding_window") ? j["sliding_window"] : json(4096);
+      if (window_binds(w))
+        c.unsupported("use_sliding_window is true (sliding_window " + w.dump() +
+                      "): sliding-window attention is not implemented");
+    }
+    if (j.contains("layer_types") && j["layer_types"].is_array())
+      for (const json& t : j["layer_types"])
+        if (t != "full_attention") {
+          c.unsupported("layer_types has " + t.dump() + "; only \"full_attention\" is implemented");
+          break;
+        }
+  } else if (arch == "mistral") {
+    const json w = j.contains("sliding_window") ? j["sliding_window"] : json(4096);
+    if (window_binds(w))
+      c.unsupported("sliding_window is " + w.dump() +
+                    (j.contains("sliding_window") ? "" : " (MistralConfig's default)") +
+                    ", below max_position_embeddings " + std::to_string(m.max_seq_len) +
+                    ": sliding-window attention is not implemented (Mistral 7B v0.2 and later have "
+                    "sliding_window null)");
+  }
+}
+
 }  // namespace
 
 ModelConfig read_hf_config(const std::string& dir) {
@@ -353,24 +426,13 @@ HfConfigRead read_hf_config_located(const std::string& dir) {
 
   ConfigReader c(j, file);
 
-  // Which architecture: either key may be missing in hand-written configs; when present they
-  // must say llama, since the weights of another family would load into the wrong math.
-  if (j.contains("model_type") && j["model_type"] != "llama") {
-    c.problem("model_type is " + j["model_type"].dump() + ", only \"llama\" is implemented");
-  }
-  if (j.contains("architectures") && !j["architectures"].is_null()) {
-    const json& a = j["architectures"];
-    bool llama = a.is_array() && !a.empty();
-    if (llama) {
-      for (const json& name : a) llama = llama && name == "LlamaForCausalLM";
-    }
-    if (!llama) {
-      c.problem("architectures is " + a.dump() + ", only [\"LlamaForCausalLM\"] is implemented");
-    }
-  }
+  // Which architecture: either key may be missing in hand-written configs (then llama); when
+  // present they must name one family ft implements, and the same one, since the weights of
+  // another family would load into the wrong math.
+  const std::string arch = read_arch(c, j);
 
   ModelConfig m;
-  m.arch = "llama";
+  m.arch = arch;
   m.from = dir;
   m.dim = c.positive_int("hidden_size");
   m.n_layers = c.positive_int("num_hidden_layers");
@@ -390,23 +452,38 @@ HfConfigRead read_hf_config_located(const std::string& dir) {
     c.unsupported("partial_rotary_factor " + j["partial_rotary_factor"].dump() +
                   " is not implemented (ft rotates every channel of a head)");
 
-  // Features of LlamaConfig the model code does not implement: refuse, never ignore.
+  // Features of the configs the model code does not implement: refuse, never ignore. Qwen2's
+  // config has no attention_bias (its q, k, v biases are always there); Qwen3's covers o_proj
+  // too, which ft does not have.
   for (const char* key : {"attention_bias", "mlp_bias"}) {
+    if (arch == "qwen2" && std::string(key) == "attention_bias") continue;
     if (j.contains(key) && j[key] == true) {
-      c.problem(std::string(key) + " is true; ft's Llama has no biases");
+      c.problem(std::string(key) + " is true; ft's " + arch + " has " +
+                (arch == "qwen2" ? "biases on q, k and v only" : "no biases"));
     }
   }
   if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
     c.problem("hidden_act is " + j["hidden_act"].dump() + ", only \"silu\" is implemented");
   }
-  if (j.contains("head_dim") && !j["head_dim"].is_null() && m.n_heads > 0 &&
-      j["head_dim"] != m.dim / m.n_heads) {
-    c.problem("head_dim " + j["head_dim"].dump() +
-              " differs from hidden_size / num_attention_heads; not implemented");
+  // head_dim: absent means hidden_size / num_attention_heads, except in Qwen3Config, whose
+  // default is 128. Kept as 0 (that quotient) when it is the quotient, so that the manifests of
+  // such models stay as before.
+  const bool head_dim_given = j.contains("head_dim") && !j["head_dim"].is_null();
+  const json head_dim = head_dim_given ? j["head_dim"] : arch == "qwen3" ? json(128) : json();
+  out.origins["model.head_dim"] = head_dim_given ? "head_dim" : "";
+  if (!head_dim.is_null()) {
+    if (!head_dim.is_number_integer() || head_dim.get<int64_t>() < 2 ||
+        head_dim.get<int64_t>() > (int64_t(1) << 20) || head_dim.get<int64_t>() % 2 != 0)
+      c.problem("head_dim must be an even whole number from 2 to 2^20, got " + head_dim.dump() +
+                (head_dim_given ? "" : " (Qwen3Config's default)"));
+    else if (m.n_heads <= 0 || m.dim % m.n_heads != 0 ||
+             head_dim.get<int64_t>() != m.dim / m.n_heads)
+      m.head_dim = int(head_dim.get<int64_t>());
   }
+  read_sliding_window(c, j, arch, m);
   // A theta or factor that fits a double but not the fp32 table would rotate by inf or NaN.
-  if (m.n_heads > 0 && m.dim % m.n_heads == 0)
-    if (std::string p = rope_table_problem(m, m.dim / m.n_heads); !p.empty()) c.problem(p);
+  if (heads_whole(m))
+    if (std::string p = rope_table_problem(m, head_dim_of(m)); !p.empty()) c.problem(p);
   // ft has no dropout (DESIGN.md §5): trained without it, with one line saying so, since
   // fine-tuning usually turns dropout off anyway and a refusal would send people to edit a
   // downloaded config.json.

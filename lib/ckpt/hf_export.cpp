@@ -230,17 +230,23 @@ std::string torch_dtype_name(DType t) {
 
 void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string& path,
                      const HfTokenIds& ids) {
-  // The keys LlamaConfig reads, in the order save_pretrained writes the common ones. head_dim is
-  // written explicitly because transformers ≥ 4.45 reads it; it is always dim / n_heads here.
+  // The keys LlamaConfig (Qwen2Config, Qwen3Config, MistralConfig) reads, in the order
+  // save_pretrained writes the common ones. head_dim is written explicitly because transformers
+  // ≥ 4.45 reads it (and Qwen3Config's default is 128).
+  const char* cls = m.arch == "qwen2"     ? "Qwen2ForCausalLM"
+                    : m.arch == "qwen3"   ? "Qwen3ForCausalLM"
+                    : m.arch == "mistral" ? "MistralForCausalLM"
+                                          : "LlamaForCausalLM";
+  FT_CHECK(is_implemented_arch(m.arch), "no Hugging Face class for model.arch ", m.arch);
   ordered_json j;
-  j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
+  j["architectures"] = {cls};
+  j["model_type"] = m.arch;
   j["hidden_size"] = m.dim;
   j["intermediate_size"] = m.ffn_dim;
   j["num_hidden_layers"] = m.n_layers;
   j["num_attention_heads"] = m.n_heads;
   j["num_key_value_heads"] = m.n_kv_heads;
-  j["head_dim"] = m.dim / m.n_heads;
+  j["head_dim"] = head_dim_of(m);
   j["vocab_size"] = m.vocab_size;
   j["max_position_embeddings"] = m.max_seq_len;
   // RoPE in both formats, saying the same: transformers 4 reads rope_theta and rope_scaling, 5
@@ -259,8 +265,14 @@ void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string&
   j["rms_norm_eps"] = m.norm_eps;
   j["tie_word_embeddings"] = m.tie_embeddings;
   j["hidden_act"] = "silu";
-  j["attention_bias"] = false;
-  j["mlp_bias"] = false;
+  if (m.arch == "llama" || m.arch == "qwen3") j["attention_bias"] = false;  // qwen2: always on
+  if (m.arch == "llama") j["mlp_bias"] = false;
+  // No sliding window: Mistral's null turns it off (absent would mean 4096); Qwen's switch.
+  if (m.arch == "mistral") j["sliding_window"] = nullptr;
+  if (m.arch == "qwen2" || m.arch == "qwen3") {
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+  }
   j["attention_dropout"] = 0.0;
   j["torch_dtype"] = torch_dtype_name(torch_dtype);
   j["use_cache"] = true;

@@ -1,5 +1,6 @@
 // Hugging Face export: a checkpoint's parameters → a folder `transformers` loads as
-// LlamaForCausalLM (DESIGN.md §8): config.json, model.safetensors or shards
+// LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or MistralForCausalLM by model.arch
+// (DESIGN.md §5, §8): config.json, model.safetensors or shards
 // model-0000K-of-0000N.safetensors with model.safetensors.index.json, and the checkpoint's
 // tokenizer.model with the files AutoTokenizer and generate need to treat it as ft does
 // (tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json).
@@ -24,8 +25,8 @@ struct HfTokenIds {
   int64_t bos = -1, eos = -1, pad = -1;
 };
 
-// Writes a LlamaForCausalLM config.json to `path` that read_hf_config reads back to the same
-// sizes (every field of ModelConfig but arch, from and init_std). torch_dtype: F32, BF16 or F16.
+// Writes the config.json of model.arch's class to `path` that read_hf_config reads back to the
+// same model (every field of ModelConfig but from and init_std). torch_dtype: F32, BF16 or F16.
 // `ids`: bos_token_id, eos_token_id and pad_token_id where the tokenizer defines them.
 void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string& path,
                      const HfTokenIds& ids = {});

@@ -151,12 +151,14 @@ ModelConfig parse_model(const JsonReader& r, const json& mc) {
   ModelConfig c;
   const std::string p = "model";
   c.arch = r.text(r.at(mc, p, "arch"), "model.arch");
-  if (c.arch != "llama")
+  if (!is_implemented_arch(c.arch))
     r.fail("model.arch", "unknown architecture " + JsonReader::describe(mc.at("arch")));
   c.dim = int(r.int_at(mc, p, "dim", 1, kMaxModelDim));
   c.n_layers = int(r.int_at(mc, p, "n_layers", 1, kMaxLayers));
   c.n_heads = int(r.int_at(mc, p, "n_heads", 1, c.dim));
   c.n_kv_heads = int(r.int_at(mc, p, "n_kv_heads", 1, c.n_heads));
+  // Absent unless the heads are not dim / n_heads wide.
+  if (mc.contains("head_dim")) c.head_dim = int(r.int_at(mc, p, "head_dim", 2, kMaxModelDim));
   c.ffn_dim = int(r.int_at(mc, p, "ffn_dim", 1, kMaxModelDim));
   c.vocab_size = int(r.int_at(mc, p, "vocab_size", 1, kMaxModelDim));
   c.max_seq_len = int(r.int_at(mc, p, "max_seq_len", 1, kMaxModelDim));
@@ -180,15 +182,17 @@ ModelConfig parse_model(const JsonReader& r, const json& mc) {
         r.real(r.at(rs, q, "high_freq_factor"), q + ".high_freq_factor", 1e-30, 1e30);
     c.rope_original_max_seq_len = int(r.int_at(rs, q, "original_max_seq_len", 1, kMaxModelDim));
   }
-  if (c.dim % c.n_heads != 0)
+  if (!heads_whole(c))
     r.fail("model.n_heads", detail::concat(c.n_heads, " does not divide model.dim ", c.dim));
   if (c.n_heads % c.n_kv_heads != 0)
     r.fail("model.n_kv_heads",
            detail::concat(c.n_kv_heads, " does not divide model.n_heads ", c.n_heads));
   using u128 = unsigned __int128;
   const u128 C = u128(c.dim), V = u128(c.vocab_size), F = u128(c.ffn_dim);
-  const u128 KVD = u128(c.n_kv_heads) * u128(c.dim / c.n_heads);
-  const u128 block = 2 * C + C * C + 2 * KVD * C + C * C + 3 * F * C;
+  const u128 D = u128(head_dim_of(c));
+  const u128 HD = u128(c.n_heads) * D, KVD = u128(c.n_kv_heads) * D;
+  const u128 block = 2 * C + 2 * HD * C + 2 * KVD * C + 3 * F * C +
+                     (has_qkv_bias(c) ? HD + 2 * KVD : 0) + (has_qk_norm(c) ? 2 * D : 0);
   const u128 total = V * C + u128(c.n_layers) * block + C + (c.tie_embeddings ? 0 : V * C);
   if (total > kMaxElements)
     r.fail("model", detail::concat("a model of more than ", kMaxElements, " parameters (dim ",

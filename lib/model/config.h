@@ -9,12 +9,20 @@
 namespace ft {
 
 struct ModelConfig {
-  std::string arch = "llama";  // llama | gpt2 (gpt2 not yet implemented: refused by validation)
-  std::string from;            // optional Hugging Face folder
+  // llama | qwen2 | qwen3 | mistral | gpt2 (gpt2 not yet implemented: refused by validation).
+  // The families differ from Llama only in the attention block (DESIGN.md §5 model.arch):
+  // qwen2 adds biases to the q, k and v projections, qwen3 an RMSNorm over each head of q and
+  // k (before RoPE); mistral is Llama's math (a sliding window is refused at import).
+  std::string arch = "llama";
+  std::string from;  // optional Hugging Face folder
   int dim = 256;
   int n_layers = 4;
   int n_heads = 4;
   int n_kv_heads = 4;
+  // Channels of one attention head; 0: dim / n_heads. Set where a model's heads are not dim
+  // wide together (Qwen3-0.6B: dim 1024, 16 heads of 128; Mistral Nemo: 5120, 32 of 128): q, k
+  // and v are then n_heads·head_dim (n_kv_heads·head_dim) wide, and o_proj maps that back to dim.
+  int head_dim = 0;
   int ffn_dim = 688;
   int vocab_size = 32000;
   int max_seq_len = 2048;
@@ -33,5 +41,22 @@ struct ModelConfig {
   bool tie_embeddings = false;
   double init_std = 0.02;  // std of the seeded random initialisation (without model.from)
 };
+
+// The channels of one head: head_dim, or dim / n_heads when it is 0.
+inline int head_dim_of(const ModelConfig& c) {
+  return c.head_dim > 0 ? c.head_dim : c.n_heads > 0 ? c.dim / c.n_heads : 0;
+}
+// Whether the heads are whole: an explicit head_dim, or n_heads dividing dim.
+inline bool heads_whole(const ModelConfig& c) {
+  return c.n_heads > 0 && (c.head_dim > 0 || c.dim % c.n_heads == 0);
+}
+
+// The attention block's extra tensors, by architecture (model/layout.h has where they sit).
+inline bool has_qkv_bias(const ModelConfig& c) { return c.arch == "qwen2"; }
+inline bool has_qk_norm(const ModelConfig& c) { return c.arch == "qwen3"; }
+// The architectures the model code implements (the recipe schema lists gpt2 too, refused).
+inline bool is_implemented_arch(const std::string& a) {
+  return a == "llama" || a == "qwen2" || a == "qwen3" || a == "mistral";
+}
 
 }  // namespace ft

@@ -23,11 +23,12 @@ void add(ParamGroup& g, const std::string& name, std::vector<int64_t> shape, int
 }  // namespace
 
 ParamLayout::ParamLayout(const ModelConfig& c, int tensor) : tensor_(tensor) {
-  FT_CHECK(c.n_heads > 0 && c.dim % c.n_heads == 0, "dim must be divisible by n_heads");
+  FT_CHECK(is_implemented_arch(c.arch), "model.arch ", c.arch, " is not implemented");
+  FT_CHECK(heads_whole(c), "dim must be divisible by n_heads (or head_dim set)");
   FT_CHECK(tensor >= 1 && c.n_heads % tensor == 0 && c.n_kv_heads % tensor == 0 &&
                c.ffn_dim % tensor == 0 && c.vocab_size % tensor == 0,
            "heads, kv heads, ffn_dim and vocab_size must be divisible by parallel.tensor");
-  head_dim_ = c.dim / c.n_heads;
+  head_dim_ = head_dim_of(c);
   const int T = tensor;
   constexpr auto kRows = TensorSplit::kRows, kCols = TensorSplit::kCols;
   const int64_t C = c.dim, V = c.vocab_size, F = c.ffn_dim;
@@ -37,23 +38,50 @@ ParamLayout::ParamLayout(const ModelConfig& c, int tensor) : tensor_(tensor) {
   add(embed, "model.embed_tokens.weight", {V, C}, T, kRows);
   groups_.push_back(std::move(embed));
 
+  const bool bias = has_qkv_bias(c), qk_norm = has_qk_norm(c);
   for (int i = 0; i < c.n_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     ParamGroup g{"layers." + std::to_string(i), {}, 0};
+    auto at = [&g] { return g.numel; };
+    BlockOffsets o;
+    o.attn_norm = at();
     add(g, p + "input_layernorm.weight", {C});
+    o.wq = at();
     add(g, p + "self_attn.q_proj.weight", {HD, C}, T, kRows);
-    add(g, p + "self_attn.k_proj.weight", {KVD, C}, T, kRows);
-    add(g, p + "self_attn.v_proj.weight", {KVD, C}, T, kRows);
-    add(g, p + "self_attn.o_proj.weight", {C, HD}, T, kCols);
-    add(g, p + "post_attention_layernorm.weight", {C});
-    add(g, p + "mlp.gate_proj.weight", {F, C}, T, kRows);
-    add(g, p + "mlp.up_proj.weight", {F, C}, T, kRows);
-    add(g, p + "mlp.down_proj.weight", {C, F}, T, kCols);
-    if (i == 0) {
-      const auto& e = g.entries;
-      block_offsets_ = {e[0].offset, e[1].offset, e[2].offset, e[3].offset, e[4].offset,
-                        e[5].offset, e[6].offset, e[7].offset, e[8].offset, g.numel};
+    if (bias) {
+      o.bq = at();
+      add(g, p + "self_attn.q_proj.bias", {HD}, T, kRows);
     }
+    o.wk = at();
+    add(g, p + "self_attn.k_proj.weight", {KVD, C}, T, kRows);
+    if (bias) {
+      o.bk = at();
+      add(g, p + "self_attn.k_proj.bias", {KVD}, T, kRows);
+    }
+    o.wv = at();
+    add(g, p + "self_attn.v_proj.weight", {KVD, C}, T, kRows);
+    if (bias) {
+      o.bv = at();
+      add(g, p + "self_attn.v_proj.bias", {KVD}, T, kRows);
+    }
+    o.wo = at();
+    add(g, p + "self_attn.o_proj.weight", {C, HD}, T, kCols);
+    if (qk_norm) {
+      o.q_norm = at();
+      add(g, p + "self_attn.q_norm.weight", {head_dim_});
+      o.k_norm = at();
+      add(g, p + "self_attn.k_norm.weight", {head_dim_});
+    }
+    o.mlp_norm = at();
+    add(g, p + "post_attention_layernorm.weight", {C});
+    o.w_gate = at();
+    add(g, p + "mlp.gate_proj.weight", {F, C}, T, kRows);
+    o.w_up = at();
+    add(g, p + "mlp.up_proj.weight", {F, C}, T, kRows);
+    o.w_down = at();
+    add(g, p + "mlp.down_proj.weight", {C, F}, T, kCols);
+    o.total = g.numel;
+    if (i == 0) block_offsets_ = o;
     groups_.push_back(std::move(g));
   }
 

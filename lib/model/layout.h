@@ -8,18 +8,27 @@
 //   group 1 + i    "layers.i"  in order:
 //       model.layers.i.input_layernorm.weight            (C)
 //       model.layers.i.self_attn.q_proj.weight           (H*D, C)
+//       model.layers.i.self_attn.q_proj.bias             (H*D)     qwen2 only
 //       model.layers.i.self_attn.k_proj.weight           (KV*D, C)
+//       model.layers.i.self_attn.k_proj.bias             (KV*D)    qwen2 only
 //       model.layers.i.self_attn.v_proj.weight           (KV*D, C)
+//       model.layers.i.self_attn.v_proj.bias             (KV*D)    qwen2 only
 //       model.layers.i.self_attn.o_proj.weight           (C, H*D)
+//       model.layers.i.self_attn.q_norm.weight           (D)       qwen3 only
+//       model.layers.i.self_attn.k_norm.weight           (D)       qwen3 only
 //       model.layers.i.post_attention_layernorm.weight   (C)
 //       model.layers.i.mlp.gate_proj.weight              (F, C)
 //       model.layers.i.mlp.up_proj.weight                (F, C)
 //       model.layers.i.mlp.down_proj.weight              (C, F)
 //   group 1 + L    "head"      model.norm.weight (C), then lm_head.weight (V, C) unless tied
-// Names are the Hugging Face LlamaForCausalLM names; matrices are (out, in) row-major, so a
-// linear layer computes y = x · Wᵀ.
+// Names are the Hugging Face LlamaForCausalLM names (Qwen2ForCausalLM, Qwen3ForCausalLM and
+// MistralForCausalLM use the same ones, plus the biases and q/k norms above); matrices are
+// (out, in) row-major, so a linear layer computes y = x · Wᵀ. A bias is split with its
+// weight's rows under tensor parallelism; the q/k norm weights (over one head) are replicated.
+// A llama or mistral block has exactly the nine tensors, so their checkpoints are unchanged.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,8 +39,11 @@
 namespace ft {
 
 // Offsets of the tensors inside one transformer block's flat buffer (elements).
+// The biases and q/k norms of architectures without them are at kAbsent.
 struct BlockOffsets {
+  static constexpr size_t kAbsent = SIZE_MAX;
   size_t attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down, total;
+  size_t bq = kAbsent, bk = kAbsent, bv = kAbsent, q_norm = kAbsent, k_norm = kAbsent;
 };
 
 class ParamLayout {

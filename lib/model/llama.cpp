@@ -1,5 +1,7 @@
 // Forward: x0 = E[ids]; for each layer
-//   a = rmsnorm(x, w1); q,k,v = a·Wqᵀ, a·Wkᵀ, a·Wvᵀ; rope(q, k); o = attn(q, k, v)
+//   a = rmsnorm(x, w1); q,k,v = a·Wqᵀ (+ bq), a·Wkᵀ (+ bk), a·Wvᵀ (+ bv) (qwen2's biases);
+//   qwen3: q, k = rmsnorm(q, wqn), rmsnorm(k, wkn) over each head's D channels (a (N·H, D)
+//   matrix of rows, so the plain rmsnorm op serves); rope(q, k); o = attn(q, k, v)
 //   y = x + o·Woᵀ; b = rmsnorm(y, w2); g, u = b·Wgᵀ, b·Wuᵀ; x' = y + (silu(g)∘u)·Wdᵀ
 // then f = rmsnorm(x_L, wf); logits = f·Whᵀ (Wh = E when tied); cross-entropy.
 // Backward walks the same steps in reverse. With activation checkpointing only each layer's
@@ -20,6 +22,9 @@ struct LayerActs {
   DBuffer ln1;          // (N, C)
   Buffer<float> rstd1;  // (N)
   DBuffer q, kk, v;     // (N, H*D), (N, K*D), (N, K*D) — q and k after RoPE
+  // qwen3: q and k as projected, before their per-head norms; the norms' rstd, (N·H), (N·K)
+  DBuffer q_raw, k_raw;
+  Buffer<float> rstd_q, rstd_k;
   Buffer<float> lse;    // (B, H, T) attention logsumexp per row, fp32
   DBuffer att;          // (N, H*D) attention output before o_proj
   DBuffer mid;          // (N, C) residual after attention
@@ -47,6 +52,8 @@ struct LlamaModel::Acts {
   // backward scratch
   DBuffer dresid, dtmp;        // (N, C)
   DBuffer dq, dk, dv, datt;    // (N, H*D), (N, K*D), (N, K*D), (N, H*D)
+  DBuffer dq_raw, dk_raw;      // qwen3: the gradients of q_raw, k_raw
+  Buffer<float> norm_dw;       // qwen3 with tensor parallelism: (D) a q/k norm's partial dw
   DBuffer dg, du, dh;          // (N, F)
   Buffer<float> attn_scratch;  // Ops::attention_backward_scratch_elems, fp32
 };
@@ -148,7 +155,10 @@ void LlamaModel::init_random(uint64_t seed, double std) {
     Buffer<float>& params = flat_.params()[gi];
     for (const auto& e : groups[gi].entries) {
       if (e.shape.size() < 2) {
-        ones.assign(e.numel, 1.0f);
+        // Biases start at zero, as torch's Linear bias does under HF's _init_weights.
+        const bool is_bias =
+            e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0;
+        ones.assign(e.numel, is_bias ? 0.0f : 1.0f);
         params.upload(ones.data(), e.numel, e.offset);
         continue;
       }
@@ -192,6 +202,12 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
     la.rstd1 = Buffer<float>(dev_, N);
     la.q = DBuffer(dev_, ct, N * HD);
     la.kk = DBuffer(dev_, ct, N * KD);
+    if (has_qk_norm(cfg_)) {
+      la.q_raw = DBuffer(dev_, ct, N * HD);
+      la.k_raw = DBuffer(dev_, ct, N * KD);
+      la.rstd_q = Buffer<float>(dev_, N * H_);
+      la.rstd_k = Buffer<float>(dev_, N * K_);
+    }
     la.v = DBuffer(dev_, ct, N * KD);
     la.lse = Buffer<float>(dev_, size_t(B) * H_ * T);
     la.att = DBuffer(dev_, ct, N * HD);
@@ -222,6 +238,11 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
     a->dk = DBuffer(dev_, ct, N * KD);
     a->dv = DBuffer(dev_, ct, N * KD);
     a->datt = DBuffer(dev_, ct, N * HD);
+    if (has_qk_norm(cfg_)) {
+      a->dq_raw = DBuffer(dev_, ct, N * HD);
+      a->dk_raw = DBuffer(dev_, ct, N * KD);
+      if (tp_.size() > 1) a->norm_dw = Buffer<float>(dev_, size_t(layout_.head_dim()));
+    }
     a->dg = DBuffer(dev_, ct, N * F);
     a->du = DBuffer(dev_, ct, N * F);
     a->dh = DBuffer(dev_, ct, N * F);
@@ -244,9 +265,23 @@ void LlamaModel::layer_forward(int l, int B, int T) {
 
   ops().rmsnorm_forward(st_, la.ln1.data(), la.rstd1.data(), x, w + o.attn_norm, N, C,
                         float(cfg_.norm_eps));
-  q_proj_.forward(*dev_, la.q.data(), la.ln1.data(), w + o.wq, N);
-  k_proj_.forward(*dev_, la.kk.data(), la.ln1.data(), w + o.wk, N);
+  const bool qk_norm = has_qk_norm(cfg_);
+  const Ref q = qk_norm ? la.q_raw.data() : la.q.data();
+  const Ref k = qk_norm ? la.k_raw.data() : la.kk.data();
+  q_proj_.forward(*dev_, q, la.ln1.data(), w + o.wq, N);
+  k_proj_.forward(*dev_, k, la.ln1.data(), w + o.wk, N);
   v_proj_.forward(*dev_, la.v.data(), la.ln1.data(), w + o.wv, N);
+  if (o.bq != BlockOffsets::kAbsent) {  // column-parallel biases: this rank's slices
+    ops().bias_add(st_, q, w + o.bq, N, H * D);
+    ops().bias_add(st_, k, w + o.bk, N, K * D);
+    ops().bias_add(st_, la.v.data(), w + o.bv, N, K * D);
+  }
+  if (qk_norm) {
+    ops().rmsnorm_forward(st_, la.q.data(), la.rstd_q.data(), q, w + o.q_norm, N * H, D,
+                          float(cfg_.norm_eps));
+    ops().rmsnorm_forward(st_, la.kk.data(), la.rstd_k.data(), k, w + o.k_norm, N * K, D,
+                          float(cfg_.norm_eps));
+  }
   ops().rope_forward(st_, la.q.data(), rope_inv_freq_.data(), B, T, H, D);
   ops().rope_forward(st_, la.kk.data(), rope_inv_freq_.data(), B, T, K, D);
   ops().attention_forward(st_, la.att.data(), la.lse.data(), la.q.data(), la.kk.data(), la.v.data(),
@@ -300,9 +335,23 @@ void LlamaModel::layer_backward(int l, int B, int T) {
                            /*seg=*/nullptr, a.attn_scratch.data(), B, T, H, K, D);
   ops().rope_backward(st_, a.dq.data(), rope_inv_freq_.data(), B, T, H, D);
   ops().rope_backward(st_, a.dk.data(), rope_inv_freq_.data(), B, T, K, D);
-  q_proj_.backward(*dev_, a.dtmp.data(), dw + o.wq, a.dq.data(), la.ln1.data(), w + o.wq, N,
+  Ref dq = a.dq.data(), dk = a.dk.data();  // become dL/d(the projections' outputs)
+  if (has_qk_norm(cfg_)) {
+    norm_backward(a.dq_raw.data(), dw + o.q_norm, dq, la.q_raw.data(), w + o.q_norm,
+                  la.rstd_q.data(), N * H, D);
+    norm_backward(a.dk_raw.data(), dw + o.k_norm, dk, la.k_raw.data(), w + o.k_norm,
+                  la.rstd_k.data(), N * K, D);
+    dq = a.dq_raw.data();
+    dk = a.dk_raw.data();
+  }
+  if (o.bq != BlockOffsets::kAbsent) {
+    ops().bias_grad(st_, dw + o.bq, dq, N, H * D);
+    ops().bias_grad(st_, dw + o.bk, dk, N, K * D);
+    ops().bias_grad(st_, dw + o.bv, a.dv.data(), N, K * D);
+  }
+  q_proj_.backward(*dev_, a.dtmp.data(), dw + o.wq, dq, la.ln1.data(), w + o.wq, N,
                    /*accumulate_dx=*/false);
-  k_proj_.backward(*dev_, a.dtmp.data(), dw + o.wk, a.dk.data(), la.ln1.data(), w + o.wk, N,
+  k_proj_.backward(*dev_, a.dtmp.data(), dw + o.wk, dk, la.ln1.data(), w + o.wk, N,
                    /*accumulate_dx=*/true);
   v_proj_.backward(*dev_, a.dtmp.data(), dw + o.wv, a.dv.data(), la.ln1.data(), w + o.wv, N,
                    /*accumulate_dx=*/true);
@@ -311,6 +360,23 @@ void LlamaModel::layer_backward(int l, int B, int T) {
                          la.rstd1.data(), N, C, /*accumulate_dx=*/true);  // dy is now dL/d x
   flat_.release(1 + l);
   flat_.grads_ready(1 + l);
+}
+
+// A q/k norm's backward over rows (R, D) of heads. Its weight is replicated over the tensor
+// group but each rank sees only its own heads, so with tensor parallelism the weight's gradient
+// is this rank's partial sum: it is formed apart (norm_dw), summed over the group, then added,
+// so that gradients accumulated over earlier micro-batches are not summed again.
+void LlamaModel::norm_backward(Ref dx, float* dw, CRef dout, CRef x, CRef w, const float* rstd,
+                               int R, int D) {
+  if (tp_.size() == 1) {
+    ops().rmsnorm_backward(st_, dx, dw, dout, x, w, rstd, R, D, /*accumulate_dx=*/false);
+    return;
+  }
+  float* part = acts_->norm_dw.data();
+  acts_->norm_dw.zero();
+  ops().rmsnorm_backward(st_, dx, part, dout, x, w, rstd, R, D, /*accumulate_dx=*/false);
+  tp_.all_reduce(Ref(part), size_t(D), nullptr);
+  ops().add(st_, Ref(dw), CRef(part), size_t(D));
 }
 
 void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const int32_t* targets,

@@ -1,4 +1,5 @@
-// Llama-family decoder (HF LlamaForCausalLM math) with hand-written forward and backward on
+// Llama-family decoder (HF LlamaForCausalLM math, and the Qwen2, Qwen3 and Mistral variants of
+// ModelConfig::arch) with hand-written forward and backward on
 // flat parameter buffers (see layout.h for the order). One micro-batch at a time; gradients
 // accumulate across micro-batches until the FlatParams' zero_grads().
 #pragma once
@@ -78,6 +79,7 @@ class LlamaModel final : public PipelineStage {
   void layer_forward(int l, int B, int T);
   void layer_backward(int l, int B, int T);
   void copy(Ref dst, CRef src, size_t n);  // n elements of dst's dtype
+  void norm_backward(Ref dx, float* dw, CRef dout, CRef x, CRef w, const float* rstd, int R, int D);
   Ops& ops() { return dev_->ops(); }
   std::vector<bool> owned_groups() const;
 

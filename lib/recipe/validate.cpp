@@ -21,7 +21,8 @@ namespace ft::recipe_internal {
 // Stage 5b: accepted values whose feature is not built yet: refused loudly, never ignored.
 void Loader::check_unimplemented() {
   if (r_.model.arch == "gpt2" && usable("model.arch")) {
-    issue(locate("model.arch"), "model.arch", "gpt2 is not implemented yet", "use llama");
+    issue(locate("model.arch"), "model.arch", "gpt2 is not implemented yet",
+          "use llama, qwen2, qwen3 or mistral");
   }
 }
 
@@ -45,13 +46,18 @@ void Loader::check_unbuilt() {
 // Stage 5c: rules across keys, each checked only when every key it reads is usable.
 void Loader::check_cross_rules() {
   const ModelConfig& m = r_.model;
-  if (all_usable({"model.dim", "model.n_heads"})) {
+  if (all_usable({"model.head_dim"}) && m.head_dim > 0) {
+    if (m.head_dim % 2 != 0)
+      issue(locate("model.head_dim"), "model.head_dim",
+            "head_dim " + std::to_string(m.head_dim) + " is odd",
+            "RoPE rotates pairs of channels, so head_dim must be even");
+  } else if (all_usable({"model.dim", "model.n_heads", "model.head_dim"})) {
     if (m.dim % m.n_heads != 0) {
       issue(locate("model.n_heads"), "model.n_heads",
             "model.dim " + std::to_string(m.dim) + " is not divisible by model.n_heads " +
                 std::to_string(m.n_heads),
             "each head gets dim / n_heads channels; pick n_heads dividing dim, e.g. " +
-                std::to_string(nearest_divisor(m.dim, m.n_heads)));
+                std::to_string(nearest_divisor(m.dim, m.n_heads)) + ", or set model.head_dim");
     } else if ((m.dim / m.n_heads) % 2 != 0) {
       issue(locate("model.n_heads"), "model.n_heads",
             "head_dim = dim / n_heads = " + std::to_string(m.dim / m.n_heads) + " is odd",
@@ -187,9 +193,10 @@ void Loader::check_rope() {
             "set model.rope_type to the scaling it belongs to, or remove " + std::string(f.path));
     }
   }
-  if (all_usable({"model.rope_theta", "model.rope_factor", "model.dim", "model.n_heads"}) &&
-      m.n_heads > 0 && m.dim % m.n_heads == 0) {
-    if (std::string p = rope_table_problem(m, m.dim / m.n_heads); !p.empty())
+  if (all_usable({"model.rope_theta", "model.rope_factor", "model.dim", "model.n_heads",
+                  "model.head_dim"}) &&
+      heads_whole(m)) {
+    if (std::string p = rope_table_problem(m, head_dim_of(m)); !p.empty())
       issue(locate("model.rope_theta"), "model.rope_theta", p,
             "Llama models use rope_theta between 1e4 and 1e6 and factors between 1 and 64");
   }

@@ -45,10 +45,15 @@ void Loader::take_model_from() {
   for (const KeySpec& k : schema()) {
     if (k.hf_name.empty()) continue;
     const Value theirs = k.get(from_hf);
-    if (is_set(k.path) && usable(k.path) && k.get(r_) != theirs) {
+    // head_dim: 0 and the quotient dim / n_heads say the same.
+    const bool same_head_dim =
+        k.path == "model.head_dim" && std::get<int64_t>(k.get(r_)) == head_dim_of(hf.model);
+    if (is_set(k.path) && usable(k.path) && k.get(r_) != theirs && !same_head_dim) {
       issue(locate(k.path), k.path,
             k.path + " = " + format_value(k.get(r_)) + " but " + config + " " +
-                hf_says(k, hf, format_value(theirs)),
+                hf_says(k, hf,
+                        k.path == "model.head_dim" ? std::to_string(head_dim_of(hf.model))
+                                                   : format_value(theirs)),
             "remove " + k.path + " or make it match");
     }
     k.set(r_, theirs);

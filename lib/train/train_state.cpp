@@ -110,6 +110,7 @@ json manifest_base(const Recipe& r, const Mesh& mesh, const std::string& tokeniz
                 {"rope_theta", c.rope_theta},
                 {"norm_eps", c.norm_eps},
                 {"tie_embeddings", c.tie_embeddings}};
+  if (c.head_dim > 0) j["model"]["head_dim"] = c.head_dim;  // only where it is not dim / n_heads
   // RoPE scaling: written only when there is some, so a default-RoPE manifest is byte for byte
   // what older builds wrote, and a manifest without the key reads as default (ckpt/manifest.cpp).
   if (c.rope_type != "default")
@@ -160,10 +161,13 @@ void check_same_model(const ckpt::Manifest& m, const Recipe& r) {
       diff += detail::concat(diff.empty() ? "" : ", ", "model.", key, " ", x,
                              " in the checkpoint, ", y, " in the recipe");
   };
+  if (a.arch != b.arch)
+    diff += detail::concat("model.arch ", a.arch, " in the checkpoint, ", b.arch, " in the recipe");
   cmp("dim", a.dim, b.dim);
   cmp("n_layers", a.n_layers, b.n_layers);
   cmp("n_heads", a.n_heads, b.n_heads);
   cmp("n_kv_heads", a.n_kv_heads, b.n_kv_heads);
+  cmp("head_dim", head_dim_of(a), head_dim_of(b));
   cmp("ffn_dim", a.ffn_dim, b.ffn_dim);
   cmp("vocab_size", a.vocab_size, b.vocab_size);
   cmp("tie_embeddings", a.tie_embeddings, b.tie_embeddings);

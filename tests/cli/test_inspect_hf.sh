@@ -261,13 +261,13 @@ inspect 1 "$tmp/bad_config"
 has_err "$tmp/bad_config/config.json: not valid JSON"
 echo "ok: malformed config.json"
 
-cp -r "$tmp/tied" "$tmp/mistral"
+cp -r "$tmp/tied" "$tmp/gemma"
 "$PY" -c "
 import json, sys
 p = sys.argv[1] + '/config.json'
-c = json.load(open(p)); c['model_type'] = 'mistral'; json.dump(c, open(p, 'w'))" "$tmp/mistral"
-inspect 1 "$tmp/mistral"
-has_err "$tmp/mistral/config.json: model_type is \"mistral\""
+c = json.load(open(p)); c['model_type'] = 'gemma'; json.dump(c, open(p, 'w'))" "$tmp/gemma"
+inspect 1 "$tmp/gemma"
+has_err "$tmp/gemma/config.json: model_type is \"gemma\"; implemented: LlamaForCausalLM (llama)"
 echo "ok: another architecture"
 
 mkdir "$tmp/no_weights"

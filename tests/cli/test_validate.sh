@@ -77,7 +77,7 @@ EOF
 run_ft 2 validate bad.yaml training.bogus=1 nonsense
 [[ ! -s out.txt ]] || fail "nothing should be printed on stdout for a bad recipe"
 has_err "bad.yaml:6:12: model.n_heads: model.dim 64 is not divisible by model.n_heads 5"
-has_err "bad.yaml:9:9: model.arch: gpt2 is not implemented yet (hint: use llama)"
+has_err "bad.yaml:9:9: model.arch: gpt2 is not implemented yet (hint: use llama, qwen2, qwen3 or mistral)"
 has_err 'bad.yaml:11:10: data.train: "no_such_dir" does not exist'
 has_err "bad.yaml:13:3: training.stpes: unknown key (hint: did you mean training.steps?)"
 has_err "bad.yaml:14:21: training.micro_batch_size: expected an integer, got the number 2.5"

@@ -49,9 +49,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   const ft::ModelConfig& m = r.model;
-  if (m.dim % m.n_heads != 0 || (m.dim / m.n_heads) % 2 != 0) return 0;  // refused elsewhere
+  if (!ft::heads_whole(m) || ft::head_dim_of(m) % 2 != 0) return 0;  // refused elsewhere
   {
-    const int head_dim = m.dim / m.n_heads;
+    const int head_dim = ft::head_dim_of(m);
     if (head_dim > (1 << 16)) return 0;  // keeps the table small; the math is per entry
     const std::vector<float> inv = ft::rope_inv_freq(m, head_dim);
     for (float f : inv) {

@@ -16,20 +16,27 @@ class Config:
     "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192}. rope_format: how config.json states RoPE, "v4"
     (top-level rope_theta and rope_scaling, as transformers 4 writes it) or "v5" (rope_parameters
-    with rope_theta inside, as transformers 5 writes it)."""
+    with rope_theta inside, as transformers 5 writes it). arch: "llama", "qwen2" (biases on
+    q_proj, k_proj and v_proj, as Qwen2Attention), "qwen3" (q_norm and k_norm, an RMSNorm over
+    each head's head_dim channels of q and k after the projections and before RoPE, with
+    rms_norm_eps, as Qwen3Attention) or "mistral" (Llama's math; sliding_window null)."""
+
+    CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}
 
     def __init__(self, dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size,
                  max_seq_len=64, rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False,
-                 rope_scaling=None, rope_format="v4"):
+                 rope_scaling=None, rope_format="v4", arch="llama", head_dim=None):
+        self.arch = arch
         self.dim, self.n_layers, self.n_heads, self.n_kv_heads = dim, n_layers, n_heads, n_kv_heads
         self.ffn_dim, self.vocab_size, self.max_seq_len = ffn_dim, vocab_size, max_seq_len
         self.rope_theta, self.norm_eps, self.tie_embeddings = rope_theta, norm_eps, tie_embeddings
         self.rope_scaling, self.rope_format = rope_scaling, rope_format
-        self.head_dim = dim // n_heads
+        self.head_dim = head_dim or dim // n_heads  # q, k, v: heads x head_dim wide
 
     def hf_json(self):
         j = {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "architectures": [self.CLASSES[self.arch]], "model_type": self.arch,
             "hidden_size": self.dim, "num_hidden_layers": self.n_layers,
             "num_attention_heads": self.n_heads, "num_key_value_heads": self.n_kv_heads,
             "intermediate_size": self.ffn_dim, "vocab_size": self.vocab_size,
@@ -37,6 +44,14 @@ class Config:
             "rms_norm_eps": self.norm_eps, "tie_word_embeddings": self.tie_embeddings,
             "hidden_act": "silu", "torch_dtype": "float32",
         }
+        if self.arch in ("qwen2", "qwen3"):
+            j.update(use_sliding_window=False, sliding_window=None)
+        if self.arch in ("qwen3", "mistral") or self.head_dim != self.dim // self.n_heads:
+            j["head_dim"] = self.head_dim
+        if self.arch == "qwen3":
+            j["attention_bias"] = False
+        if self.arch == "mistral":
+            j["sliding_window"] = None
         if self.rope_format == "v5":
             j["rope_parameters"] = dict(self.rope_scaling or {"rope_type": "default"},
                                         rope_theta=self.rope_theta)
@@ -110,8 +125,11 @@ class Llama:
         def mat(*shape):
             return torch.nn.Parameter(torch.randn(*shape, generator=g) * std)
 
-        def norm():  # not all ones, so the norm weights' gradients are exercised
-            return torch.nn.Parameter(1.0 + 0.1 * torch.randn(C, generator=g))
+        def norm(n=C):  # not all ones, so the norm weights' gradients are exercised
+            return torch.nn.Parameter(1.0 + 0.1 * torch.randn(n, generator=g))
+
+        def bias(n):  # not zero (torch's init), so the biases act and get gradients
+            return torch.nn.Parameter(torch.randn(n, generator=g) * std)
 
         self.p = {}
         self.p["model.embed_tokens.weight"] = mat(V, C)
@@ -121,7 +139,13 @@ class Llama:
             self.p[pre + "self_attn.q_proj.weight"] = mat(HD, C)
             self.p[pre + "self_attn.k_proj.weight"] = mat(KD, C)
             self.p[pre + "self_attn.v_proj.weight"] = mat(KD, C)
+            if cfg.arch == "qwen2":
+                for name, n in (("q", HD), ("k", KD), ("v", KD)):
+                    self.p[pre + f"self_attn.{name}_proj.bias"] = bias(n)
             self.p[pre + "self_attn.o_proj.weight"] = mat(C, HD)
+            if cfg.arch == "qwen3":
+                self.p[pre + "self_attn.q_norm.weight"] = norm(cfg.head_dim)
+                self.p[pre + "self_attn.k_norm.weight"] = norm(cfg.head_dim)
             self.p[pre + "post_attention_layernorm.weight"] = norm()
             self.p[pre + "mlp.gate_proj.weight"] = mat(F, C)
             self.p[pre + "mlp.up_proj.weight"] = mat(F, C)
@@ -150,9 +174,16 @@ class Llama:
         for i in range(cfg.n_layers):
             pre = f"model.layers.{i}."
             a = rms_norm(x, P[pre + "input_layernorm.weight"], cfg.norm_eps)
-            q = (a @ P[pre + "self_attn.q_proj.weight"].T).view(B, T, H, D).transpose(1, 2)
-            k = (a @ P[pre + "self_attn.k_proj.weight"].T).view(B, T, K, D).transpose(1, 2)
-            v = (a @ P[pre + "self_attn.v_proj.weight"].T).view(B, T, K, D).transpose(1, 2)
+            def proj(name, n):
+                y = a @ P[pre + f"self_attn.{name}_proj.weight"].T
+                if pre + f"self_attn.{name}_proj.bias" in P:
+                    y = y + P[pre + f"self_attn.{name}_proj.bias"]
+                y = y.view(B, T, n, D)
+                if pre + f"self_attn.{name}_norm.weight" in P:  # over each head's D channels
+                    y = rms_norm(y, P[pre + f"self_attn.{name}_norm.weight"], cfg.norm_eps)
+                return y.transpose(1, 2)
+
+            q, k, v = proj("q", H), proj("k", K), proj("v", K)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             k = k.repeat_interleave(H // K, dim=1)  # query head h uses kv head h // (H/K)

@@ -685,3 +685,51 @@ TEST_CASE("hf summary: malformed files throw ft::Error naming the file, exit cod
     CHECK(e.code() == ft::ExitCode::kRuntime);
   }
 }
+
+TEST_CASE("hf import: qwen2 biases and qwen3 q/k norms in the layout, tensor-parallel slices") {
+  ft::ModelConfig q2 = tiny_config(false);
+  q2.arch = "qwen2";
+  q2.n_kv_heads = 2;  // divisible by 2 tensor ranks
+  q2.vocab_size = 12;
+  const ft::ParamLayout layout(q2);
+  std::vector<std::string> names;
+  for (const auto& e : layout.block(1).entries) names.push_back(e.name);
+  const std::string p = "model.layers.1.self_attn.";
+  CHECK(names[1] == p + "q_proj.weight");
+  CHECK(names[2] == p + "q_proj.bias");
+  CHECK(names[4] == p + "k_proj.bias");
+  CHECK(names[6] == p + "v_proj.bias");
+  CHECK(names[7] == p + "o_proj.weight");
+  CHECK(names.size() == 12);
+  // q, k and v: 2 heads x 4; the offsets the model uses point at them
+  const ft::BlockOffsets& o = layout.block_offsets();
+  CHECK(o.bq == o.wq + 8 * 8);
+  CHECK(o.wk == o.bq + 8);
+  CHECK(o.bk == o.wk + 8 * 8);
+  CHECK(o.q_norm == ft::BlockOffsets::kAbsent);
+  // A bias is split with its weight's rows; the load fills it like any tensor.
+  const ft::ParamLayout tp(q2, 2);
+  int g = 0;
+  const ft::ParamEntry* e = nullptr;
+  REQUIRE(tp.find("model.layers.0.self_attn.k_proj.bias", &g, &e));
+  CHECK(e->split == ft::TensorSplit::kRows);
+  CHECK(e->shape == std::vector<int64_t>{4});
+  CHECK(e->global_shape == std::vector<int64_t>{8});
+  CHECK_FALSE(e->weight_decay);
+  auto tensors = layout_tensors(layout, ft::DType::kF32);
+  Buffers buf(layout);
+  load_single_file(layout, tensors, buf);  // checks every element landed where the layout says
+
+  ft::ModelConfig q3 = q2;
+  q3.arch = "qwen3";
+  const ft::ParamLayout l3(q3, 2);
+  REQUIRE(l3.find("model.layers.0.self_attn.k_norm.weight", &g, &e));
+  CHECK(e->split == ft::TensorSplit::kReplicated);
+  CHECK(e->shape == std::vector<int64_t>{4});  // head_dim, whole on every tensor rank
+  CHECK(l3.block_offsets().k_norm == l3.block_offsets().q_norm + 4);
+  CHECK(l3.block_offsets().bq == ft::BlockOffsets::kAbsent);
+  ft::ModelConfig mistral = tiny_config(false);
+  mistral.arch = "mistral";
+  CHECK(ft::ParamLayout(mistral).total_numel() ==
+        ft::ParamLayout(tiny_config(false)).total_numel());
+}

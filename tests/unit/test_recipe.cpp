@@ -430,10 +430,24 @@ TEST_CASE("recipe: unimplemented features are refused") {
   const RecipeResult r = s.load(s.base() + "training: {precision: fp16}\n", {"model.arch=gpt2"});
   const RecipeIssue arch = issue_for(r, "model.arch");
   CHECK(arch.message == "gpt2 is not implemented yet");
-  CHECK(arch.hint == "use llama");
+  CHECK(arch.hint == "use llama, qwen2, qwen3 or mistral");
   CHECK(r.issues.size() == 1);  // every precision trains
   CHECK(s.load(s.base(), {"training.precision=fp16"}).issues.empty());
   CHECK(s.load(s.base(), {"training.precision=bf16"}).issues.empty());
+}
+
+TEST_CASE("recipe: model.arch qwen2, qwen3, mistral; head_dim other than dim / n_heads") {
+  Scratch s;
+  for (const char* arch : {"model.arch=qwen2", "model.arch=qwen3", "model.arch=mistral"})
+    CHECK(s.load(s.base(), {arch}).issues.empty());
+  // 7 heads of 16 need not divide dim; an odd head_dim is refused as an odd quotient is.
+  CHECK(s.load(s.base(), {"model.n_heads=7", "model.n_kv_heads=7", "model.head_dim=16"})
+            .issues.empty());
+  const RecipeResult odd = s.load(s.base(), {"model.head_dim=15"});
+  CHECK(issue_for(odd, "model.head_dim").message == "head_dim 15 is odd");
+  CHECK(issue_for(s.load(s.base(), {"model.n_heads=7"}), "model.n_heads").hint ==
+        "each head gets dim / n_heads channels; pick n_heads dividing dim, e.g. 8, or set "
+        "model.head_dim");
 }
 
 TEST_CASE("recipe: fp16 loss scaling keys: defaults, ranges, powers of two") {
@@ -872,8 +886,10 @@ TEST_CASE("recipe: read_hf_config defaults and refusals") {
 
   s.write("gpt/config.json",
           "{\"model_type\": \"gpt2\", \"architectures\": [\"GPT2LMHeadModel\"]}");
-  CHECK_THROWS_WITH_AS(ft::read_hf_config((s.dir / "gpt").string()),
-                       doctest::Contains("only \"llama\" is implemented"), ft::Error);
+  CHECK_THROWS_WITH_AS(
+      ft::read_hf_config((s.dir / "gpt").string()),
+      doctest::Contains("model_type is \"gpt2\"; implemented: LlamaForCausalLM (llama)"),
+      ft::Error);
 }
 
 TEST_CASE("recipe: every issue is reported at once, in file order, then the command line") {
