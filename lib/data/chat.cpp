@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "core/error.h"
@@ -94,7 +95,13 @@ ChatTemplate load_chat_template(const std::string& tokenizer_path) {
                      "key of tokenizer_config.json); --format chat and alpaca render "
                      "conversations with the model's own template");
   }
-  ChatTemplate t{jinja::Template(text, source), source, Json::object()};
+  std::unique_ptr<jinja::Template> parsed;
+  try {
+    parsed = std::make_unique<jinja::Template>(text, source);
+  } catch (const jinja::TemplateError& e) {
+    throw UsageError(e.what());
+  }
+  ChatTemplate t{std::move(*parsed), source, Json::object()};
   for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
     std::string v;
     if (config.contains(key) && token_string(config[key], &v)) t.special_tokens[key] = v;

@@ -1,0 +1,245 @@
+#!/usr/bin/env bash
+# ft tokenize --format chat / alpaca (lib/data/chat.cpp, lib/data/jinja.cpp) against
+# transformers' apply_chat_template, on the chat templates of Llama 3 Instruct, Qwen2.5
+# Instruct, Qwen3 and Mistral Instruct v0.3 committed in tests/data/chat_templates (no download).
+#   a. A byte-level BPE tokenizer trained here with `tokenizers` (the families' special tokens
+#      added as special tokens, <think> and </think> as plain added tokens), written into one HF
+#      folder per template: tokenizer.json + tokenizer_config.json (bos/eos as each family has
+#      them; Mistral's as {"content": ...} objects, Qwen3's template as chat_template.jinja).
+#   b. Multi-turn conversations (system prompts, empty turns, whitespace at the edges, unicode,
+#      a think block, ShareGPT form) through ft tokenize --format chat, and instruction records
+#      through --format alpaca: every document's tokens equal apply_chat_template(tokenize=True)
+#      and its loss_mask equals the mask rule of DESIGN.md §6 computed from transformers'
+#      renderings (tokenize=False) and tokens; --train-on-prompt writes the same tokens and no
+#      loss_mask.
+#   c. Errors (exit 2, input errors): not JSON, no messages, an unknown role, a non-string content (file:line and the
+#      key), a template outside the subset (the construct), no chat template.
+#   bash tests/cli/test_chat_data.sh BUILD_DIR SOURCE_DIR
+source "$2/tests/cli/common.sh" "$@"
+venv "$build/hf_venv_tf5" "${hf_tf5_spec[@]}"
+PY="$build/hf_venv_tf5/bin/python"
+templates="$src/tests/data/chat_templates"
+families=(llama3 qwen2_5 qwen3 mistral)
+
+# ---- a: the tokenizer folders, and the data --------------------------------------------------
+"$PY" - "$tmp" "$templates" <<'EOF'
+import json, os, random, sys
+from tokenizers import Tokenizer, AddedToken, Regex, decoders, models, pre_tokenizers, trainers
+t, templates = sys.argv[1], sys.argv[2]
+rng = random.Random(0)
+words = ["the", "fox", "said", "hello", "answer", "question", "brief", "assistant", "user",
+         "system", "think", "world", "café", "日本語", "😀", "naïve"]
+text = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(2000)]
+QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+         r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.Sequence([
+    pre_tokenizers.Split(Regex(QWEN2), behavior="isolated", invert=False),
+    pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+tok.decoder = decoders.ByteLevel()
+special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>",
+           "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<s>", "</s>", "[INST]",
+           "[/INST]"]
+tok.train_from_iterator(text, trainers.BpeTrainer(
+    vocab_size=600, show_progress=False, special_tokens=special,
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+tok.add_tokens([AddedToken("<think>", normalized=False, special=False),
+                AddedToken("</think>", normalized=False, special=False)])
+configs = {
+    "llama3": ("llama3_instruct.jinja", "<|begin_of_text|>", "<|eot_id|>"),
+    "qwen2_5": ("qwen2_5_instruct.jinja", None, "<|im_end|>"),
+    "qwen3": ("qwen3.jinja", None, "<|im_end|>"),
+    "mistral": ("mistral_instruct_v0_3.jinja", "<s>", "</s>"),
+}
+for name, (file, bos, eos) in configs.items():
+    d = f"{t}/{name}"
+    os.makedirs(d)
+    tok.save(f"{d}/tokenizer.json")
+    template = open(f"{templates}/{file}", encoding="utf-8").read()
+    obj = (lambda s: {"__type": "AddedToken", "content": s, "lstrip": False, "rstrip": False,
+                      "normalized": False, "single_word": False, "special": True}
+           ) if name == "mistral" else (lambda s: s)
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": obj(bos) if bos else None,
+           "eos_token": obj(eos), "model_max_length": 1 << 20}
+    if name == "qwen3":
+        open(f"{d}/chat_template.jinja", "w", encoding="utf-8").write(template)
+    else:
+        cfg["chat_template"] = template
+    json.dump(cfg, open(f"{d}/tokenizer_config.json", "w"), ensure_ascii=False, indent=1)
+
+U, A, S = "user", "assistant", "system"
+def conv(*turns): return {"messages": [{"role": r, "content": c} for r, c in turns]}
+chats = [
+    conv((U, "Hello there"), (A, "Hi! How can I help?")),
+    conv((S, "You are brief."), (U, "What is 2+2?"), (A, "4."), (U, "And 3+3?"), (A, "6.")),
+    conv((S, "  Spaces around the system prompt  "), (U, " leading space"), (A, " Sure. "),
+         (U, "trailing newline\n"), (A, "\nnewline first\n\nand a blank line")),
+    conv((U, ""), (A, "An empty question gets this."), (U, "and an empty answer:"), (A, "")),
+    conv((U, "日本語のテキスト、😀👍🏽 and e\u0301 café"), (A, "Réponse: naïve 中文 🇫🇷 ok")),
+    conv((U, "think first"), (A, "<think>\nsome reasoning\n</think>\n\nthe answer"),
+         (U, "again"), (A, "<think>more</think>final")),
+    {"conversations": [{"from": "system", "value": "ShareGPT system"},
+                       {"from": "human", "value": "a ShareGPT question"},
+                       {"from": "gpt", "value": "a ShareGPT answer"},
+                       {"from": "human", "value": "second"}, {"from": "gpt", "value": "two"}]},
+]
+with open(f"{t}/chat.jsonl", "w") as f:
+    for c in chats: f.write(json.dumps(c, ensure_ascii=False) + "\n")
+    f.write("\n")  # a blank line is skipped
+alpaca = [{"instruction": "Translate to French", "input": "good morning", "output": "bonjour"},
+          {"instruction": "Say hi", "input": "", "output": "hi 😀"},
+          {"instruction": "No input key", "output": " spaced "}]
+with open(f"{t}/alpaca.jsonl", "w") as f:
+    for a in alpaca: f.write(json.dumps(a, ensure_ascii=False) + "\n")
+EOF
+[[ -f "$tmp/chat.jsonl" ]] || fail "the test's setup (above) failed"
+
+# ---- b: ft against transformers ------------------------------------------------------------
+for f in "${families[@]}"; do
+  "$ft" tokenize --tokenizer "$tmp/$f" --input "$tmp/chat.jsonl" --format chat \
+    --output "$tmp/chat_$f" --threads 2 > /dev/null || fail "ft tokenize --format chat, $f"
+  "$ft" tokenize --tokenizer "$tmp/$f/tokenizer.json" --input "$tmp/alpaca.jsonl" \
+    --format alpaca --output "$tmp/alpaca_$f" --threads 1 > /dev/null ||
+    fail "ft tokenize --format alpaca, $f"
+done
+"$ft" tokenize --tokenizer "$tmp/qwen3" --input "$tmp/chat.jsonl" --format chat \
+  --train-on-prompt --output "$tmp/all_qwen3" > /dev/null || fail "--train-on-prompt"
+
+"$PY" - "$tmp" <<'EOF' || fail "ft's chat tokens or masks differ from transformers' (above)"
+import json, sys
+import h5py
+from transformers import AutoTokenizer
+t = sys.argv[1]
+
+def bytes_to_unicode():  # GPT-2's byte-level alphabet, to give each token its bytes
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+         list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b); cs.append(256 + n); n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+byte_of = bytes_to_unicode()
+
+def messages_of(rec, alpaca):
+    if alpaca:
+        inp = rec.get("input") or ""
+        user = rec["instruction"] + ("\n\n" + inp if inp else "")
+        return [{"role": "user", "content": user}, {"role": "assistant", "content": rec["output"]}]
+    if "messages" in rec: return rec["messages"]
+    roles = {"system": "system", "human": "user", "gpt": "assistant"}
+    return [{"role": roles[m["from"]], "content": m["value"]} for m in rec["conversations"]]
+
+def ids_of(x):  # apply_chat_template(tokenize=True) gives a list or a BatchEncoding
+    return list(x["input_ids"]) if hasattr(x, "keys") else list(x)
+
+def reference(tok, msgs):
+    """Tokens and the mask rule of DESIGN.md §6, from transformers' renderings and tokens."""
+    ids = ids_of(tok.apply_chat_template(msgs, tokenize=True))
+    r = tok.apply_chat_template(msgs, tokenize=False).encode("utf-8")
+    assert tok(r.decode("utf-8"), add_special_tokens=False)["input_ids"] == ids
+    added = {i: a for i, a in tok.backend_tokenizer.get_added_tokens_decoder().items()}
+    off = [0]
+    for i, p in zip(ids, tok.convert_ids_to_tokens(ids)):
+        piece = added[i].content.encode() if i in added else bytes(byte_of[c] for c in p)
+        assert r[off[-1]:off[-1] + len(piece)] == piece
+        off.append(off[-1] + len(piece))
+    assert off[-1] == len(r)
+    mask = [0] * len(ids)
+    for i, m in enumerate(msgs):
+        if m["role"] != "assistant": continue
+        start, min_suffix = len(r), len(r)
+        for x in ("A", "B"):
+            alt = [dict(mm) for mm in msgs]
+            alt[i]["content"] = x
+            rx = tok.apply_chat_template(alt, tokenize=False).encode("utf-8")
+            p = 0
+            while p < min(len(r), len(rx)) and r[p] == rx[p]: p += 1
+            s = 0
+            while s < min(len(r), len(rx)) - p and r[-1 - s] == rx[-1 - s]: s += 1
+            start, min_suffix = min(start, p), min(min_suffix, s)
+        end = len(r) - min_suffix
+        for k in range(len(ids)):
+            if start < end and off[k] < end and off[k + 1] > start: mask[k] = 1
+        k = next((k for k in range(len(ids)) if off[k] >= end), None)
+        if k is not None and k in range(len(ids)) and added.get(ids[k]) is not None \
+                and added[ids[k]].special:
+            mask[k] = 1
+    return ids, mask
+
+chats = [json.loads(l) for l in open(f"{t}/chat.jsonl") if l.strip()]
+alpacas = [json.loads(l) for l in open(f"{t}/alpaca.jsonl") if l.strip()]
+bad, checked, masked, total = 0, 0, 0, 0
+for fam in ["llama3", "qwen2_5", "qwen3", "mistral"]:
+    tok = AutoTokenizer.from_pretrained(f"{t}/{fam}")
+    for kind, recs in [("chat", chats), ("alpaca", alpacas)]:
+        with h5py.File(f"{t}/{kind}_{fam}/shard_00000.h5") as f:
+            tokens, offs, lm = f["tokens"][:], list(f["doc_offsets"][:]), f["loss_mask"][:]
+            bos, eos = int(f.attrs["bos_id"]), int(f.attrs["eos_id"])
+        assert len(offs) == len(recs), (fam, kind, len(offs))
+        ends = offs[1:] + [len(tokens)]
+        for n, rec in enumerate(recs):
+            ids, mask = reference(tok, messages_of(rec, kind == "alpaca"))
+            got_ids = [int(x) for x in tokens[offs[n]:ends[n]]]
+            got_mask = [int(x) for x in lm[offs[n]:ends[n]]]
+            checked += 1
+            masked += sum(mask)
+            total += len(ids)
+            if got_ids != ids or got_mask != mask:
+                bad += 1
+                print(f"{fam} {kind} record {n}:\n ids  ft {got_ids}\n     ref {ids}\n"
+                      f" mask ft {got_mask}\n     ref {mask}")
+                print(" text", repr(tok.apply_chat_template(messages_of(rec, kind == "alpaca"),
+                                                           tokenize=False)))
+with h5py.File(f"{t}/all_qwen3/shard_00000.h5") as f, \
+        h5py.File(f"{t}/chat_qwen3/shard_00000.h5") as g:
+    assert "loss_mask" not in f, "--train-on-prompt wrote a loss_mask"
+    assert (f["tokens"][:] == g["tokens"][:]).all(), "--train-on-prompt changed the tokens"
+assert 0 < masked < total, (masked, total)  # the rule marks some tokens, not all
+print(f"{checked} conversations checked: {total} tokens, {masked} trained, {bad} differ")
+sys.exit(1 if bad else 0)
+EOF
+
+# ---- c: errors -------------------------------------------------------------------------------
+printf '%s\n' '{"messages": [{"role": "user", "content": "ok"}]}' 'not json' > "$tmp/bad1.jsonl"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad1.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "bad1.jsonl:2: not valid JSON"
+printf '%s\n' '{"text": "no messages"}' > "$tmp/bad2.jsonl"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad2.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "bad2.jsonl:1: no \"messages\""
+has_err "--format alpaca"
+printf '%s\n' '{"messages": [{"role": "narrator", "content": "x"}]}' > "$tmp/bad3.jsonl"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad3.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "bad3.jsonl:1: \"messages[0].role\" is \"narrator\""
+printf '%s\n' '{"messages": [{"role": "user", "content": [{"type": "text"}]}]}' > "$tmp/bad4.jsonl"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad4.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "bad4.jsonl:1: \"messages[0].content\" is a array, expected a string"
+printf '%s\n' '{"instruction": "x"}' > "$tmp/bad5.jsonl"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad5.jsonl" --format alpaca \
+  --output "$tmp/bad_out"
+has_err "bad5.jsonl:1: no \"output\""
+# Mistral's template raises on roles that do not alternate: the error names the record.
+printf '%s\n' '{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}' \
+  > "$tmp/bad6.jsonl"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/mistral" --input "$tmp/bad6.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "bad6.jsonl:1:"
+has_err "conversation roles must alternate"
+[[ ! -e "$tmp/bad_out/shard_00000.h5" ]] || fail "a failed run left a shard"
+# A template outside the subset, and a folder without one.
+mkdir "$tmp/macro"
+cp "$tmp/qwen2_5/tokenizer.json" "$tmp/macro/"
+printf '%s' '{% macro turn(m) %}{{ m.content }}{% endmacro %}{% for m in messages %}{{ turn(m) }}{% endfor %}' \
+  > "$tmp/macro/chat_template.jinja"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/macro" --input "$tmp/chat.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "chat_template.jinja:1: the statement {% macro %} is outside the Jinja subset"
+rm "$tmp/macro/chat_template.jinja"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/macro" --input "$tmp/chat.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "no chat template"
+echo "PASS"
