@@ -49,13 +49,15 @@ size_t common_suffix(const std::string& a, const std::string& b, size_t limit) {
   return i;
 }
 
-}  // namespace
-
-ChatTemplate load_chat_template(const std::string& tokenizer_path) {
+fs::path folder_of(const std::string& tokenizer_path) {
   std::error_code ec;
-  const fs::path dir = fs::is_directory(tokenizer_path, ec)
-                           ? fs::path(tokenizer_path)
-                           : fs::path(tokenizer_path).parent_path();
+  return fs::is_directory(tokenizer_path, ec) ? fs::path(tokenizer_path)
+                                              : fs::path(tokenizer_path).parent_path();
+}
+
+// tokenizer_config.json of the folder, or {} when it has none.
+Json read_tokenizer_config(const fs::path& dir) {
+  std::error_code ec;
   const fs::path config_path = dir / "tokenizer_config.json";
   Json config = Json::object();
   if (fs::is_regular_file(config_path, ec)) {
@@ -66,6 +68,29 @@ ChatTemplate load_chat_template(const std::string& tokenizer_path) {
     }
     if (!config.is_object()) throw UsageError(config_path.string() + ": expected a JSON object");
   }
+  return config;
+}
+
+Json special_tokens_of(const Json& config) {
+  Json out = Json::object();
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
+    std::string v;
+    if (config.contains(key) && token_string(config[key], &v)) out[key] = v;
+  }
+  return out;
+}
+
+}  // namespace
+
+Json load_special_tokens(const std::string& tokenizer_path) {
+  return special_tokens_of(read_tokenizer_config(folder_of(tokenizer_path)));
+}
+
+ChatTemplate load_chat_template(const std::string& tokenizer_path) {
+  std::error_code ec;
+  const fs::path dir = folder_of(tokenizer_path);
+  const fs::path config_path = dir / "tokenizer_config.json";
+  const Json config = read_tokenizer_config(dir);
   std::string text, source;
   const fs::path jinja_path = dir / "chat_template.jinja";
   if (fs::is_regular_file(jinja_path, ec)) {
@@ -101,12 +126,7 @@ ChatTemplate load_chat_template(const std::string& tokenizer_path) {
   } catch (const jinja::TemplateError& e) {
     throw UsageError(e.what());
   }
-  ChatTemplate t{std::move(*parsed), source, Json::object()};
-  for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
-    std::string v;
-    if (config.contains(key) && token_string(config[key], &v)) t.special_tokens[key] = v;
-  }
-  return t;
+  return ChatTemplate{std::move(*parsed), source, special_tokens_of(config)};
 }
 
 std::string render_chat(const ChatTemplate& t, const Json& messages, bool add_generation_prompt) {

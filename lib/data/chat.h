@@ -39,6 +39,10 @@ struct ChatTemplate {
 // there is none, naming what was looked for.
 ChatTemplate load_chat_template(const std::string& tokenizer_path);
 
+// bos_token, eos_token, unk_token and pad_token of tokenizer_config.json in the folder of
+// `tokenizer_path` (as load_chat_template finds it), as strings; {} without the file.
+jinja::Json load_special_tokens(const std::string& tokenizer_path);
+
 // The template rendered on `messages` (a JSON list of {role, content}), as transformers'
 // apply_chat_template(tokenize=False) renders it: messages, add_generation_prompt, tools =
 // none, documents = none, and the special tokens as variables.

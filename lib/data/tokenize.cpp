@@ -160,17 +160,18 @@ void parallel_for(size_t count, int threads, F&& encode_one) {
   if (error) std::rethrow_exception(error);
 }
 
-// Encodes docs[i] into out[i] = BOS + ids + EOS.
-void encode_batch(const Tokenizer& tok, const std::vector<std::string>& docs,
-                  std::vector<std::vector<int32_t>>* out, int threads) {
+// Encodes docs[i] into out[i] = BOS + ids + EOS (-1: none).
+void encode_batch(const Tokenizer& tok, int32_t bos, int32_t eos,
+                  const std::vector<std::string>& docs, std::vector<std::vector<int32_t>>* out,
+                  int threads) {
   out->assign(docs.size(), {});
   parallel_for(docs.size(), threads, [&](size_t i) {
     std::vector<int32_t> ids = tok.encode(docs[i]);
     std::vector<int32_t>& d = (*out)[i];
     d.reserve(ids.size() + 2);
-    if (tok.bos_id() >= 0) d.push_back(tok.bos_id());
+    if (bos >= 0) d.push_back(bos);
     d.insert(d.end(), ids.begin(), ids.end());
-    if (tok.eos_id() >= 0) d.push_back(tok.eos_id());
+    if (eos >= 0) d.push_back(eos);
   });
 }
 
@@ -186,6 +187,17 @@ void encode_chat_batch(const ChatTemplate& t, const Tokenizer& tok,
       throw UsageError(where[i] + ": " + e.what());
     }
   });
+}
+
+// The EOS that ends each text document: the tokenizer's (tokenizer.json's post-processor),
+// else tokenizer_config.json's eos_token when it is one special token (Qwen2's files keep
+// <|endoftext|> only there), else -1.
+int32_t document_eos_id(const std::string& tokenizer_path, const Tokenizer& tok) {
+  if (tok.eos_id() >= 0 || fs::path(tok.path()).extension() != ".json") return tok.eos_id();
+  const jinja::Json special = load_special_tokens(tokenizer_path);
+  if (!special.contains("eos_token")) return -1;
+  const std::vector<int32_t> ids = tok.encode(special["eos_token"].get<std::string>());
+  return ids.size() == 1 && tok.is_special(ids[0]) ? ids[0] : -1;
 }
 
 std::string human_count(double v) {
@@ -238,7 +250,7 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
   ShardAttributes attrs;
   attrs.vocab_size = tok.vocab_size();
   attrs.bos_id = tok.bos_id();
-  attrs.eos_id = tok.eos_id();
+  attrs.eos_id = document_eos_id(opt.tokenizer, tok);
   attrs.tokenizer_sha256 = tok.sha256();
   ShardWriter::Options wopt;
   wopt.chunk_tokens = uint64_t(std::min<int64_t>(opt.shard_tokens, int64_t(1) << 16));
@@ -310,7 +322,7 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
             docs.push_back(std::move(doc));
           }
           try {
-            encode_batch(tok, docs, &encoded, threads);
+            encode_batch(tok, attrs.bos_id, attrs.eos_id, docs, &encoded, threads);
           } catch (const Error& e) {
             FT_FAIL(in, ": ", e.what());
           }

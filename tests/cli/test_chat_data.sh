@@ -11,7 +11,8 @@
 #      through --format alpaca: every document's tokens equal apply_chat_template(tokenize=True)
 #      and its loss_mask equals the mask rule of DESIGN.md §6 computed from transformers'
 #      renderings (tokenize=False) and tokens; --train-on-prompt writes the same tokens and no
-#      loss_mask.
+#      loss_mask; plain text through the Qwen2.5 folder (no EOS in its tokenizer.json) ends each
+#      document with tokenizer_config.json's eos_token.
 #   c. Errors (exit 2, input errors): not JSON, no messages, an unknown role, a non-string content (file:line and the
 #      key), a template outside the subset (the construct), no chat template.
 #   bash tests/cli/test_chat_data.sh BUILD_DIR SOURCE_DIR
@@ -104,6 +105,11 @@ for f in "${families[@]}"; do
 done
 "$ft" tokenize --tokenizer "$tmp/qwen3" --input "$tmp/chat.jsonl" --format chat \
   --train-on-prompt --output "$tmp/all_qwen3" > /dev/null || fail "--train-on-prompt"
+# Plain text through a folder whose tokenizer.json has no EOS (Qwen2's) ends each document with
+# tokenizer_config.json's eos_token.
+printf '%s\n' '{"text": "plain text"}' > "$tmp/plain.jsonl"
+"$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/plain.jsonl" --output "$tmp/plain_qwen" \
+  > /dev/null || fail "ft tokenize of text with the qwen2_5 folder"
 
 "$PY" - "$tmp" <<'EOF' || fail "ft's chat tokens or masks differ from transformers' (above)"
 import json, sys
@@ -196,6 +202,12 @@ with h5py.File(f"{t}/all_qwen3/shard_00000.h5") as f, \
     assert "loss_mask" not in f, "--train-on-prompt wrote a loss_mask"
     assert (f["tokens"][:] == g["tokens"][:]).all(), "--train-on-prompt changed the tokens"
 assert 0 < masked < total, (masked, total)  # the rule marks some tokens, not all
+tok = AutoTokenizer.from_pretrained(f"{t}/qwen2_5")
+im_end = tok.convert_tokens_to_ids("<|im_end|>")
+with h5py.File(f"{t}/plain_qwen/shard_00000.h5") as f:
+    want = tok("plain text", add_special_tokens=False)["input_ids"] + [im_end]
+    assert list(f["tokens"][:]) == want and int(f.attrs["eos_id"]) == im_end, \
+        ("text documents should end with tokenizer_config's eos_token", list(f["tokens"][:]), want)
 print(f"{checked} conversations checked: {total} tokens, {masked} trained, {bad} differ")
 sys.exit(1 if bad else 0)
 EOF
