@@ -142,11 +142,13 @@ std::string render_chat(const ChatTemplate& t, const Json& messages, bool add_ge
   }
 }
 
-ChatTokens tokenize_chat(const ChatTemplate& t, const Tokenizer& tok, const Json& messages) {
+ChatTokens tokenize_chat(const ChatTemplate& t, const Tokenizer& tok, const Json& messages,
+                         bool with_mask) {
   const std::string r = render_chat(t, messages, false);
   ChatTokens out;
   out.ids = tok.encode(r);
-  out.mask.assign(out.ids.size(), 0);
+  out.mask.assign(out.ids.size(), with_mask ? 0 : 1);
+  if (!with_mask) return out;
 
   // Content spans (chat.h, step 1).
   std::vector<std::pair<size_t, size_t>> spans;

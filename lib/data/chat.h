@@ -54,8 +54,10 @@ struct ChatTokens {
   std::vector<uint8_t> mask;  // (ids.size()) 1 = trained on (the rule above)
 };
 
-// Renders and tokenizes one conversation with the mask rule above.
-ChatTokens tokenize_chat(const ChatTemplate& t, const Tokenizer& tok, const jinja::Json& messages);
+// Renders and tokenizes one conversation with the mask rule above (with_mask false: mask all
+// ones, without the extra renderings the rule needs).
+ChatTokens tokenize_chat(const ChatTemplate& t, const Tokenizer& tok, const jinja::Json& messages,
+                         bool with_mask = true);
 
 // One JSONL record as a conversation (a JSON list of {role, content} with string contents):
 //   chat    `messages` (role: system|user|assistant|tool, content), or ShareGPT's

@@ -176,13 +176,13 @@ void encode_batch(const Tokenizer& tok, int32_t bos, int32_t eos,
 }
 
 // Renders, tokenizes and masks conversations (chat.h); where[i] names convs[i] in errors.
-void encode_chat_batch(const ChatTemplate& t, const Tokenizer& tok,
+void encode_chat_batch(const ChatTemplate& t, const Tokenizer& tok, bool with_mask,
                        const std::vector<jinja::Json>& convs, const std::vector<std::string>& where,
                        std::vector<ChatTokens>* out, int threads) {
   out->assign(convs.size(), {});
   parallel_for(convs.size(), threads, [&](size_t i) {
     try {
-      (*out)[i] = tokenize_chat(t, tok, convs[i]);
+      (*out)[i] = tokenize_chat(t, tok, convs[i], with_mask);
     } catch (const UsageError& e) {
       throw UsageError(where[i] + ": " + e.what());
     }
@@ -313,7 +313,8 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
             convs.push_back(std::move(conv));
             where.push_back(in + ":" + std::to_string(reader.line_no()));
           }
-          encode_chat_batch(*chat_template, tok, convs, where, &chat_encoded, threads);
+          encode_chat_batch(*chat_template, tok, wopt.loss_mask, convs, where, &chat_encoded,
+                            threads);
           for (const ChatTokens& c : chat_encoded) write_doc(c.ids, &c.mask);
         } else {
           while (docs.size() < kBatchDocs && batch_bytes < kBatchBytes &&
