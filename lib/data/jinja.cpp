@@ -561,7 +561,7 @@ struct Node {
 const std::set<std::string> kFilters = {
     "trim", "length", "count", "tojson",  "string",     "list",    "selectattr", "rejectattr",
     "join", "first",  "last",  "lower",   "upper",      "default", "d",          "items",
-    "int",  "float",  "abs",   "reverse", "capitalize", "map"};
+    "int",  "float",  "abs",   "reverse", "capitalize", "map",     "select",     "reject"};
 const std::set<std::string> kTests = {"defined", "undefined", "none",    "string",   "number",
                                       "integer", "float",     "mapping", "iterable", "sequence",
                                       "boolean", "true",      "false",   "equalto",  "eq",
@@ -1565,6 +1565,17 @@ class Renderer {
           r = apply_test(t, a, arg, e.line);
         }
         if (r == (f == "selectattr")) l.push_back(x.j);
+      }
+      return Value::of(std::move(l));
+    }
+    if (f == "select" || f == "reject") {
+      Json l = Json::array();
+      const std::string t = e.args.empty() ? "" : str_arg(e, 0, f.c_str());
+      Value arg = e.args.size() > 1 ? eval(*e.args[1]) : Value::undefined();
+      if (!t.empty() && !kTests.count(t)) error(e.line, "|" + f + ": the test '" + t + "'");
+      for (const Value& x : items_of(v, e.line)) {
+        const bool r = t.empty() ? truthy(x) : apply_test(t, x, arg, e.line);
+        if (r == (f == "select")) l.push_back(x.j);
       }
       return Value::of(std::move(l));
     }

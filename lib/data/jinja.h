@@ -13,8 +13,8 @@
 //   literals: strings, ints, floats, true/false/none (any case), [lists], {dicts}, (tuples)
 //   operators: or and not, in / not in, is [not] TEST, == != < <= > >=, + - * / // % ~,
 //     unary -, x if c else y, attribute and item access, slices [a:b:c], calls
-//   filters: trim length count tojson string list selectattr rejectattr join first last lower
-//     upper default items capitalize int float abs reverse map(attribute=)
+//   filters: trim length count tojson string list select reject selectattr rejectattr join
+//     first last lower upper default items capitalize int float abs reverse map(attribute=)
 //   tests: defined undefined none string number integer float mapping iterable sequence
 //     boolean true false equalto eq ne even odd
 //   methods: strip lstrip rstrip startswith endswith split upper lower replace title

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # ft tokenize --format chat / alpaca (lib/data/chat.cpp, lib/data/jinja.cpp) against
-# transformers' apply_chat_template, on the chat templates of Llama 3 Instruct, Qwen2.5
+# transformers' apply_chat_template, on the chat templates of Llama 3 and 3.1 Instruct, Qwen2.5
 # Instruct, Qwen3 and Mistral Instruct v0.3 committed in tests/data/chat_templates (no download).
 #   a. A byte-level BPE tokenizer trained here with `tokenizers` (the families' special tokens
 #      added as special tokens, <think> and </think> as plain added tokens), written into one HF
 #      folder per template: tokenizer.json + tokenizer_config.json (bos/eos as each family has
 #      them; Mistral's as {"content": ...} objects, Qwen3's template as chat_template.jinja).
 #   b. Multi-turn conversations (system prompts, empty turns, whitespace at the edges, unicode,
-#      a think block, ShareGPT form) through ft tokenize --format chat, and instruction records
+#      a think block, ShareGPT form; tool turns for the templates that take them) through
+#      ft tokenize --format chat, and instruction records
 #      through --format alpaca: every document's tokens equal apply_chat_template(tokenize=True)
 #      and its loss_mask equals the mask rule of DESIGN.md §6 computed from transformers'
 #      renderings (tokenize=False) and tokens; --train-on-prompt writes the same tokens and no
@@ -20,7 +21,7 @@ source "$2/tests/cli/common.sh" "$@"
 venv "$build/hf_venv_tf5" "${hf_tf5_spec[@]}"
 PY="$build/hf_venv_tf5/bin/python"
 templates="$src/tests/data/chat_templates"
-families=(llama3 qwen2_5 qwen3 mistral)
+families=(llama3 llama3_1 qwen2_5 qwen3 mistral)
 
 # ---- a: the tokenizer folders, and the data --------------------------------------------------
 "$PY" - "$tmp" "$templates" <<'EOF'
@@ -48,6 +49,7 @@ tok.add_tokens([AddedToken("<think>", normalized=False, special=False),
                 AddedToken("</think>", normalized=False, special=False)])
 configs = {
     "llama3": ("llama3_instruct.jinja", "<|begin_of_text|>", "<|eot_id|>"),
+    "llama3_1": ("llama3_1_instruct.jinja", "<|begin_of_text|>", "<|eot_id|>"),
     "qwen2_5": ("qwen2_5_instruct.jinja", None, "<|im_end|>"),
     "qwen3": ("qwen3.jinja", None, "<|im_end|>"),
     "mistral": ("mistral_instruct_v0_3.jinja", "<s>", "</s>"),
@@ -87,6 +89,14 @@ chats = [
 with open(f"{t}/chat.jsonl", "w") as f:
     for c in chats: f.write(json.dumps(c, ensure_ascii=False) + "\n")
     f.write("\n")  # a blank line is skipped
+tools = [
+    conv((U, "What is the weather?"), (A, "Let me look."), ("tool", '{"temp": 21}'),
+         (A, "It is 21 degrees.")),
+    conv((S, "sys"), (U, "q"), (A, "calling"), ("tool", "result one"), ("tool", "result two"),
+         (A, "done"), (U, "thanks"), (A, "welcome")),
+]
+with open(f"{t}/tool.jsonl", "w") as f:
+    for c in tools: f.write(json.dumps(c, ensure_ascii=False) + "\n")
 alpaca = [{"instruction": "Translate to French", "input": "good morning", "output": "bonjour"},
           {"instruction": "Say hi", "input": "", "output": "hi 😀"},
           {"instruction": "No input key", "output": " spaced "}]
@@ -102,6 +112,9 @@ for f in "${families[@]}"; do
   "$ft" tokenize --tokenizer "$tmp/$f/tokenizer.json" --input "$tmp/alpaca.jsonl" \
     --format alpaca --output "$tmp/alpaca_$f" --threads 1 > /dev/null ||
     fail "ft tokenize --format alpaca, $f"
+  [[ $f == mistral ]] && continue  # its template takes tool results only with tool-call ids
+  "$ft" tokenize --tokenizer "$tmp/$f" --input "$tmp/tool.jsonl" --format chat \
+    --output "$tmp/tool_$f" > /dev/null || fail "ft tokenize --format chat, tool turns, $f"
 done
 "$ft" tokenize --tokenizer "$tmp/qwen3" --input "$tmp/chat.jsonl" --format chat \
   --train-on-prompt --output "$tmp/all_qwen3" > /dev/null || fail "--train-on-prompt"
@@ -175,10 +188,12 @@ def reference(tok, msgs):
 
 chats = [json.loads(l) for l in open(f"{t}/chat.jsonl") if l.strip()]
 alpacas = [json.loads(l) for l in open(f"{t}/alpaca.jsonl") if l.strip()]
+tools = [json.loads(l) for l in open(f"{t}/tool.jsonl") if l.strip()]
 bad, checked, masked, total = 0, 0, 0, 0
-for fam in ["llama3", "qwen2_5", "qwen3", "mistral"]:
+for fam in ["llama3", "llama3_1", "qwen2_5", "qwen3", "mistral"]:
     tok = AutoTokenizer.from_pretrained(f"{t}/{fam}")
-    for kind, recs in [("chat", chats), ("alpaca", alpacas)]:
+    kinds = [("chat", chats), ("alpaca", alpacas)] + ([("tool", tools)] if fam != "mistral" else [])
+    for kind, recs in kinds:
         with h5py.File(f"{t}/{kind}_{fam}/shard_00000.h5") as f:
             tokens, offs, lm = f["tokens"][:], list(f["doc_offsets"][:]), f["loss_mask"][:]
             bos, eos = int(f.attrs["bos_id"]), int(f.attrs["eos_id"])

@@ -90,6 +90,8 @@ TEST_CASE("jinja: filters, tests and methods the templates call") {
                "join(',') }}",
                ctx) == "1,3");
   CHECK(render("{{ m | rejectattr('role', 'equalto', 'user') | list | length }}", ctx) == "1");
+  CHECK(render("{{ ['a', 'code', 'b'] | reject('equalto', 'code') | join(', ') }} "
+               "{{ [0, 1, '', 'x'] | select | list }}") == "a, b [1, 'x']");
   CHECK(render("{{ x is defined }} {{ none is none }} {{ 'a' is string }} {{ 1 is number }} "
                "{{ false is false }} {{ 0 is false }} {{ {} is mapping }} {{ 4 is even }}") ==
         "False True True True True False True True");
