@@ -233,6 +233,12 @@ Json conversation_from_record(const Json& record, bool alpaca, const std::string
     const Json& m = (*it)[i];
     const std::string at = std::string(list_key) + "[" + std::to_string(i) + "]";
     if (!m.is_object()) throw UsageError(where + ": \"" + at + "\" is not an object");
+    // Keys that change what a template renders for the message, which ft does not carry.
+    for (const char* key : {"tool_calls", "reasoning_content"})
+      if (m.contains(key))
+        throw UsageError(where + ": \"" + at + "." + key +
+                         "\" is not supported (ft renders text-only messages: role and content; "
+                         "fold it into the content, or drop it)");
     std::string role, content;
     if (sharegpt) {
       const std::string from = need_string(m, "from", at + ".from", false);

@@ -65,7 +65,9 @@ ChatTokens tokenize_chat(const ChatTemplate& t, const Tokenizer& tok, const jinj
 //           value), mapped to those roles
 //   alpaca  instruction, input, output -> user: instruction, or instruction + "\n\n" + input
 //           when input is non-empty; assistant: output
-// Throws UsageError naming `where` (file:line) and the key, with a hint.
+// Other keys of a message are ignored, except tool_calls and reasoning_content, which change
+// what templates render and are refused. Throws UsageError naming `where` (file:line) and the
+// key, with a hint.
 jinja::Json conversation_from_record(const jinja::Json& record, bool alpaca,
                                      const std::string& where);
 

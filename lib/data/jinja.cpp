@@ -1181,6 +1181,8 @@ class Renderer {
       loop["first"] = i == 0;
       loop["last"] = i == len - 1;
       loop["length"] = len;
+      if (i > 0) loop["previtem"] = json_of(items[size_t(i - 1)], n.line);
+      if (i + 1 < len) loop["nextitem"] = json_of(items[size_t(i + 1)], n.line);
       frames_.back()["loop"] = Value::of(std::move(loop));
       run(n.body);
       frames_.pop_back();

@@ -8,7 +8,7 @@
 //   text, {{ expr }}, {# comments #}, whitespace control ({%- -%} {{- -}} {#- -#})
 //   {% if %}/{% elif %}/{% else %}/{% endif %}
 //   {% for x in seq [if cond] %} ... [{% else %}] {% endfor %}, with tuple targets (k, v) and
-//     loop.index, index0, revindex, revindex0, first, last, length
+//     loop.index, index0, revindex, revindex0, first, last, length, previtem, nextitem
 //   {% set name = expr %}, {% set a, b = expr %}, {% set ns.attr = expr %} (namespace())
 //   literals: strings, ints, floats, true/false/none (any case), [lists], {dicts}, (tuples)
 //   operators: or and not, in / not in, is [not] TEST, == != < <= > >=, + - * / // % ~,

@@ -308,7 +308,8 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
         std::string doc;
         jinja::Json conv;
         if (chat) {
-          while (convs.size() < kBatchDocs &&
+          const uint64_t batch_start = reader.bytes_read();
+          while (convs.size() < kBatchDocs && reader.bytes_read() - batch_start < kBatchBytes &&
                  (more = reader.next_conversation(opt.format == "alpaca", &conv))) {
             convs.push_back(std::move(conv));
             where.push_back(in + ":" + std::to_string(reader.line_no()));

@@ -245,6 +245,11 @@ printf '%s\n' '{"messages": [{"role": "user", "content": [{"type": "text"}]}]}' 
 run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad4.jsonl" --format chat \
   --output "$tmp/bad_out"
 has_err "bad4.jsonl:1: \"messages[0].content\" is a array, expected a string"
+printf '%s\n' '{"messages": [{"role": "assistant", "content": "", "tool_calls": []}]}' \
+  > "$tmp/bad7.jsonl"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad7.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "bad7.jsonl:1: \"messages[0].tool_calls\" is not supported"
 printf '%s\n' '{"instruction": "x"}' > "$tmp/bad5.jsonl"
 run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad5.jsonl" --format alpaca \
   --output "$tmp/bad_out"

@@ -111,6 +111,8 @@ TEST_CASE("jinja: loops, scopes and namespace") {
   CHECK(render("{% for x in [1, 2, 3] %}{{ loop.index0 }}{{ loop.first }}{{ loop.last }}"
                "{{ loop.length }};{% endfor %}") == "0TrueFalse3;1FalseFalse3;2FalseTrue3;");
   CHECK(render("{% for x in [] %}a{% else %}empty{% endfor %}") == "empty");
+  CHECK(render("{% for x in 'abc' %}{{ loop.previtem }}{{ x }}{{ loop.nextitem }},{% endfor %}") ==
+        "ab,abc,bc,");
   // A set inside a loop stays inside; a namespace carries values out.
   CHECK(render("{% set a = 1 %}{% for x in [5] %}{% set a = x %}{% endfor %}{{ a }}") == "1");
   CHECK(render("{% set ns = namespace(n=0) %}{% for x in [1, 2] %}{% set ns.n = ns.n + x %}"
