@@ -13,7 +13,7 @@
 #      and its loss_mask equals the mask rule of DESIGN.md §6 computed from transformers'
 #      renderings (tokenize=False) and tokens; --train-on-prompt writes the same tokens and no
 #      loss_mask; plain text through the Qwen2.5 folder (no EOS in its tokenizer.json) ends each
-#      document with tokenizer_config.json's eos_token.
+#      document with tokenizer_config.json's eos_token; 3 training steps on the chat shards.
 #   c. Errors (exit 2, input errors): not JSON, no messages, an unknown role, a non-string content (file:line and the
 #      key), a template outside the subset (the construct), no chat template.
 #   bash tests/cli/test_chat_data.sh BUILD_DIR SOURCE_DIR
@@ -47,6 +47,7 @@ tok.train_from_iterator(text, trainers.BpeTrainer(
     initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
 tok.add_tokens([AddedToken("<think>", normalized=False, special=False),
                 AddedToken("</think>", normalized=False, special=False)])
+open(f"{t}/vocab_size", "w").write(str(tok.get_vocab_size(with_added_tokens=True)))
 configs = {
     "llama3": ("llama3_instruct.jinja", "<|begin_of_text|>", "<|eot_id|>"),
     "llama3_1": ("llama3_1_instruct.jinja", "<|begin_of_text|>", "<|eot_id|>"),
@@ -225,6 +226,26 @@ with h5py.File(f"{t}/plain_qwen/shard_00000.h5") as f:
         ("text documents should end with tokenizer_config's eos_token", list(f["tokens"][:]), want)
 print(f"{checked} conversations checked: {total} tokens, {masked} trained, {bad} differ")
 sys.exit(1 if bad else 0)
+EOF
+
+# The shards train: the loader takes the loss_mask (3 steps of a tiny model, 16-token windows).
+cat > "$tmp/r.yaml" <<YAML
+run: {name: chat, output_dir: $tmp/run, seed: 0}
+model: {arch: llama, dim: 32, n_layers: 1, n_heads: 2, n_kv_heads: 2, ffn_dim: 64,
+        vocab_size: $(cat "$tmp/vocab_size"), max_seq_len: 16}
+tokenizer: {path: $tmp/qwen2_5}
+data: {train: $tmp/chat_qwen2_5, seq_len: 16, shuffle: false}
+training: {steps: 3, micro_batch_size: 4, global_batch_size: 8}
+optimizer: {name: adamw, lr: 1.0e-3}
+YAML
+run_rc 0 "$ft" train "$tmp/r.yaml"
+# The losses are of the assistant's tokens only: positive where a batch holds some (a batch of
+# prompt tokens only is reported as 0).
+"$PY" - "$tmp/run/metrics.jsonl" <<'EOF' || fail "no step trained on an assistant token"
+import json, sys
+losses = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+print("losses", losses)
+sys.exit(0 if len(losses) == 3 and max(losses) > 0 else 1)
 EOF
 
 # ---- c: errors -------------------------------------------------------------------------------
