@@ -259,9 +259,9 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
   if (chat) {
     if (fs::path(tok.path()).extension() != ".json")
       throw UsageError(tok.path() + ": --format " + opt.format +
-                       " needs a Hugging Face tokenizer.json (a SentencePiece model does not "
-                       "match the special tokens a chat template writes); give the model folder "
-                       "or its tokenizer.json");
+                       " needs a Hugging Face tokenizer.json with a byte-level BPE model (a "
+                       "SentencePiece model does not match the special tokens a chat template "
+                       "writes, so Mistral's and Llama 2's tokenizers cannot make chat data yet)");
     chat_template = std::make_unique<ChatTemplate>(load_chat_template(opt.tokenizer));
     wopt.loss_mask = !opt.train_on_prompt;
   }

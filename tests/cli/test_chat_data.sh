@@ -15,7 +15,8 @@
 #      loss_mask; plain text through the Qwen2.5 folder (no EOS in its tokenizer.json) ends each
 #      document with tokenizer_config.json's eos_token; 3 training steps on the chat shards.
 #   c. Errors (exit 2, input errors): not JSON, no messages, an unknown role, a non-string content (file:line and the
-#      key), a template outside the subset (the construct), no chat template.
+#      key), a template outside the subset (the construct), no chat template, a SentencePiece
+#      tokenizer.
 #   bash tests/cli/test_chat_data.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 venv "$build/hf_venv_tf5" "${hf_tf5_spec[@]}"
@@ -283,6 +284,18 @@ run_rc 2 "$ft" tokenize --tokenizer "$tmp/mistral" --input "$tmp/bad6.jsonl" --f
 has_err "bad6.jsonl:1:"
 has_err "conversation roles must alternate"
 [[ ! -e "$tmp/bad_out/shard_00000.h5" ]] || fail "a failed run left a shard"
+# A SentencePiece tokenizer (its folder has a chat template) is refused for chat data.
+mkdir "$tmp/spm"
+cp "$tmp/qwen2_5/tokenizer_config.json" "$tmp/spm/"
+(cd "$tmp/spm" && "$PY" - <<'EOF') || fail "training a SentencePiece model failed"
+import sentencepiece as spm
+open("corpus.txt", "w").write("\n".join(f"w{i} x{i * 7 % 13} y" for i in range(2000)))
+spm.SentencePieceTrainer.train(input="corpus.txt", model_prefix="tokenizer", vocab_size=100,
+                               model_type="bpe", minloglevel=2)
+EOF
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/spm" --input "$tmp/chat.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "needs a Hugging Face tokenizer.json with a byte-level BPE model"
 # A template outside the subset, and a folder without one.
 mkdir "$tmp/macro"
 cp "$tmp/qwen2_5/tokenizer.json" "$tmp/macro/"
