@@ -8,15 +8,15 @@
 #      them; Mistral's as {"content": ...} objects, Qwen3's template as chat_template.jinja).
 #   b. Multi-turn conversations (system prompts, empty turns, whitespace at the edges, unicode,
 #      a think block, ShareGPT form; tool turns for the templates that take them) through
-#      ft tokenize --format chat, and instruction records
-#      through --format alpaca: every document's tokens equal apply_chat_template(tokenize=True)
-#      and its loss_mask equals the mask rule of DESIGN.md §6 computed from transformers'
-#      renderings (tokenize=False) and tokens; --train-on-prompt writes the same tokens and no
-#      loss_mask; plain text through the Qwen2.5 folder (no EOS in its tokenizer.json) ends each
-#      document with tokenizer_config.json's eos_token; 3 training steps on the chat shards.
-#   c. Errors (exit 2, input errors): not JSON, no messages, an unknown role, a non-string content (file:line and the
-#      key), a template outside the subset (the construct), no chat template, a SentencePiece
-#      tokenizer.
+#      ft tokenize --format chat, and instruction records through --format alpaca: every
+#      document's tokens equal apply_chat_template(tokenize=True) and its loss_mask equals the
+#      mask rule of DESIGN.md §6 computed from transformers' renderings (tokenize=False) and
+#      tokens; --train-on-prompt writes the same tokens and no loss_mask; plain text through
+#      the Qwen2.5 folder (no EOS in its tokenizer.json) ends each document with
+#      tokenizer_config.json's eos_token; 3 training steps on the chat shards.
+#   c. Input errors (exit 2): not JSON, no messages, an unknown role, a non-string content,
+#      tool_calls (file:line and the key), a template that raises, a template outside the
+#      subset (the construct), no chat template, a SentencePiece tokenizer.
 #   bash tests/cli/test_chat_data.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 venv "$build/hf_venv_tf5" "${hf_tf5_spec[@]}"
