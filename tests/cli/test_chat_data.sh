@@ -7,7 +7,7 @@
 #      folder per template: tokenizer.json + tokenizer_config.json (bos/eos as each family has
 #      them; Mistral's as {"content": ...} objects, Qwen3's template as chat_template.jinja).
 #   b. Multi-turn conversations (system prompts, empty turns, whitespace at the edges, unicode,
-#      a think block, ShareGPT form; tool turns for the templates that take them) through
+#      a think block, ShareGPT form, 30 random ones of awkward pieces; tool turns for the templates that take them) through
 #      ft tokenize --format chat, and instruction records through --format alpaca: every
 #      document's tokens equal apply_chat_template(tokenize=True) and its loss_mask equals the
 #      mask rule of DESIGN.md §6 computed from transformers' renderings (tokenize=False) and
@@ -88,6 +88,17 @@ chats = [
                        {"from": "gpt", "value": "a ShareGPT answer"},
                        {"from": "human", "value": "second"}, {"from": "gpt", "value": "two"}]},
 ]
+# And random conversations of awkward pieces (special-token text inside contents included),
+# alternating user/assistant after an optional system prompt, as every template accepts.
+pieces = ["a", " ", "  ", "\n", "\n\n", "\t", "word", " word", "日本", "😀", "e\u0301", "é",
+          "<think>", "</think>", "<|im_end|>", "<|eot_id|>", "</s>", "[INST]", "{{ x }}", "'",
+          '"', "\\", "\u00a0", "\u3000", "1", "234"]
+def text(): return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+for _ in range(30):
+    turns = [(S, text())] if rng.random() < 0.5 else []
+    for _ in range(rng.randint(1, 3)):
+        turns += [(U, text()), (A, text())]
+    chats.append(conv(*turns))
 with open(f"{t}/chat.jsonl", "w") as f:
     for c in chats: f.write(json.dumps(c, ensure_ascii=False) + "\n")
     f.write("\n")  # a blank line is skipped
