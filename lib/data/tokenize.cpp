@@ -185,6 +185,8 @@ void encode_chat_batch(const ChatTemplate& t, const Tokenizer& tok, bool with_ma
       (*out)[i] = tokenize_chat(t, tok, convs[i], with_mask);
     } catch (const UsageError& e) {
       throw UsageError(where[i] + ": " + e.what());
+    } catch (const Error& e) {
+      FT_FAIL(where[i], ": ", e.what());
     }
   });
 }
