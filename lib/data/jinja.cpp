@@ -435,7 +435,11 @@ std::vector<Tok> lex(const std::string& s, const std::string& name, int line) {
       }
       const std::string t = s.substr(i, j - i);
       Tok tok{is_float ? Tok::Kind::kFloat : Tok::Kind::kInt, t, {}};
-      tok.number = is_float ? Json(std::stod(t)) : Json(int64_t(std::stoll(t)));
+      try {
+        tok.number = is_float ? Json(std::stod(t)) : Json(int64_t(std::stoll(t)));
+      } catch (const std::exception&) {
+        fail(name, line, "the number " + t + " is out of range");
+      }
       out.push_back(tok);
       i = j;
       continue;
@@ -473,7 +477,10 @@ std::vector<Tok> lex(const std::string& s, const std::string& name, int line) {
             break;
           case 'u': {
             if (j + 4 >= s.size()) fail(name, line, "bad \\u escape in a string");
-            const uint32_t cp = uint32_t(std::stoul(s.substr(j + 1, 4), nullptr, 16));
+            const std::string hex = s.substr(j + 1, 4);
+            if (hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+              fail(name, line, "bad \\u escape in a string");
+            const uint32_t cp = uint32_t(std::stoul(hex, nullptr, 16));
             j += 4;
             if (cp < 0x80) {
               v += char(cp);
@@ -1812,7 +1819,11 @@ Template& Template::operator=(Template&&) noexcept = default;
 
 std::string Template::render(const Json& context) const {
   Renderer r(impl_->name, context);
-  r.run(impl_->nodes);
+  try {
+    r.run(impl_->nodes);
+  } catch (const Json::exception& e) {  // a value of the wrong type where the code assumed one
+    throw TemplateError(impl_->name + ": " + e.what());
+  }
   return std::move(r.out);
 }
 

@@ -64,6 +64,7 @@ TEST_CASE("jinja: values and operators with Python semantics") {
   CHECK(render("{{ 1 == 1.0 }} {{ true == 1 }} {{ [1] == [1] }} {{ 'a' < 'b' }}") ==
         "True True True True");
   CHECK(contains(error_of("{{ 'a' + 1 }}"), "'+' between a string and a int"));
+  CHECK(contains(error_of("{{ {'a': 1} | tojson(indent='x') }}"), "t: "));  // no crash
 }
 
 TEST_CASE("jinja: subscripts, slices, attributes") {
@@ -143,6 +144,8 @@ TEST_CASE("jinja: constructs outside the subset are refused by name and line") {
   CHECK(contains(parse_error("{% for x in y %}{% break %}{% endfor %}"), "{% break %}"));
   CHECK(contains(parse_error("\n\n{% if x %}open"), "tmpl.jinja:3: {% if %} without {% endif %}"));
   CHECK(contains(parse_error("{{ 'unterminated }}"), "unclosed"));
+  CHECK(contains(parse_error("{{ 99999999999999999999 }}"), "out of range"));
+  CHECK(contains(parse_error("{{ '\\uZZZZ' }}"), "bad \\u escape"));
 }
 
 TEST_CASE("jinja: the committed chat templates render a conversation") {
