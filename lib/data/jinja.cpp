@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -20,6 +21,15 @@ namespace {
 [[noreturn]] void fail(const std::string& name, int line, const std::string& msg) {
   throw TemplateError(name + ":" + std::to_string(line) + ": " + msg);
 }
+
+// Limits that keep a hostile or broken template from exhausting the stack, memory or time:
+// nesting of expressions and of statements (recursion depth), range() length (Jinja's sandbox
+// has the same 100000), the length of a string or list made by + ~ * join, and the steps of one
+// rendering (Template::render's max_steps; a chat template takes some thousands per
+// conversation).
+constexpr int kMaxDepth = 100;
+constexpr int64_t kMaxRange = 100000;
+constexpr size_t kMaxLength = size_t(1) << 26;
 
 // ---- values -------------------------------------------------------------------------------
 
@@ -624,7 +634,18 @@ class Parser {
     return e;
   }
 
+  // Counts recursion into nested expressions (parentheses, brackets, not, unary minus).
+  struct Nest {
+    Parser* p;
+    explicit Nest(Parser* parser) : p(parser) {
+      if (++p->depth_ > kMaxDepth)
+        fail(p->name_, p->line_, "expressions nested deeper than " + std::to_string(kMaxDepth));
+    }
+    ~Nest() { --p->depth_; }
+  };
+
   ExprP expression(bool with_cond = true) {
+    Nest nest(this);
     ExprP e = parse_or();
     if (with_cond && is_name("if")) {
       ++i_;
@@ -656,6 +677,7 @@ class Parser {
     return e;
   }
   ExprP parse_not() {
+    Nest nest(this);
     if (is_name("not")) {
       ++i_;
       ExprP e = make(Expr::Kind::kUnary);
@@ -719,6 +741,7 @@ class Parser {
     return e;
   }
   ExprP parse_unary() {
+    Nest nest(this);
     if (is_op("-") || is_op("+")) {
       const std::string op = t_[i_++].text;
       ExprP e = make(Expr::Kind::kUnary);
@@ -913,6 +936,7 @@ class Parser {
   size_t i_ = 0;
   std::string name_;
   int line_;
+  int depth_ = 0;
 };
 
 // ---- statements ---------------------------------------------------------------------------
@@ -926,6 +950,13 @@ class TreeBuilder {
   // in *rest), or the end (then *stop is empty).
   std::vector<Node> block(const std::set<std::string>& stops, std::string* stop,
                           std::unique_ptr<Parser>* rest) {
+    if (++depth_ > kMaxDepth)
+      fail(name_, k_ < p_.size() ? p_[k_].line : 0,
+           "statements nested deeper than " + std::to_string(kMaxDepth));
+    struct Leave {
+      int* d;
+      ~Leave() { --*d; }
+    } leave{&depth_};
     std::vector<Node> nodes;
     while (k_ < p_.size()) {
       const Piece& pc = p_[k_++];
@@ -1075,13 +1106,15 @@ class TreeBuilder {
   const std::vector<Piece>& p_;
   std::string name_;
   size_t k_ = 0;
+  int depth_ = 0;
 };
 
 // ---- evaluation ---------------------------------------------------------------------------
 
 class Renderer {
  public:
-  Renderer(const std::string& name, const Json& context) : name_(name) {
+  Renderer(const std::string& name, const Json& context, int64_t max_steps)
+      : name_(name), max_steps_(max_steps) {
     frames_.emplace_back();
     for (auto it = context.begin(); it != context.end(); ++it)
       frames_.back()[it.key()] = Value::of(it.value());
@@ -1114,7 +1147,26 @@ class Renderer {
     for (size_t i = 0; i < n.targets.size(); ++i) frames_.back()[n.targets[i]] = Value::of(v.j[i]);
   }
 
+  // Counts work: one per statement, expression and loop iteration, and n for an operation on n
+  // elements (or n / 256 for n bytes of string).
+  void step(int line, int64_t n = 1) {
+    if ((steps_ += n) > max_steps_)
+      error(line, "the template took more than " + std::to_string(max_steps_) + " steps");
+  }
+
+  // A string or list result longer than kMaxLength is an error.
+  const Value& bounded(const Value& v, int line) {
+    const size_t n = v.is_string() ? v.j.get_ref<const std::string&>().size()
+                     : v.is_list() ? v.j.size()
+                                   : 0;
+    step(line, int64_t(v.is_string() ? n / 256 : n));
+    if (n > kMaxLength)
+      error(line, "a value longer than " + std::to_string(kMaxLength) + " (string or list)");
+    return v;
+  }
+
   void exec(const Node& n) {
+    step(n.line);
     switch (n.kind) {
       case Node::Kind::kText:
         out += n.text;
@@ -1151,6 +1203,7 @@ class Renderer {
   }
 
   std::vector<Value> items_of(const Value& v, int line) {
+    if (v.is_json() && (v.j.is_array() || v.j.is_object())) step(line, int64_t(v.j.size()));
     std::vector<Value> items;
     if (v.is_undefined()) return items;
     if (v.is_list())
@@ -1169,6 +1222,7 @@ class Renderer {
     if (n.cond) {
       std::vector<Value> kept;
       for (const Value& it : items) {
+        step(n.line);
         frames_.emplace_back();
         assign(n, it);
         if (truthy(eval(*n.cond))) kept.push_back(it);
@@ -1178,6 +1232,7 @@ class Renderer {
     }
     const int64_t len = int64_t(items.size());
     for (int64_t i = 0; i < len; ++i) {
+      step(n.line);  // an empty body still costs its iterations
       frames_.emplace_back();
       assign(n, items[size_t(i)]);
       Json loop = Json::object();
@@ -1197,11 +1252,19 @@ class Renderer {
     if (len == 0) run(n.else_body);
   }
 
+  // A bool or int (the callers have checked it is one of them).
   static int64_t as_int(const Value& v) {
     return v.j.is_boolean() ? int64_t(v.j.get<bool>()) : v.j.get<int64_t>();
   }
 
+  int64_t indent_arg(const Value& v, int line) {
+    if (!v.is_json() || !(v.j.is_number_integer() || v.j.is_number_unsigned()))
+      error(line, "|tojson indent must be an int");
+    return std::clamp<int64_t>(v.j.get<int64_t>(), -1, 64);
+  }
+
   Value eval(const Expr& e) {
+    step(e.line);
     switch (e.kind) {
       case Expr::Kind::kLiteral:
         return Value::of(e.literal);
@@ -1243,7 +1306,10 @@ class Renderer {
         if (!a.is_number()) error(e.line, "unary " + e.name + " on a " + type_name(a));
         if (e.name == "+") return a;
         if (a.j.is_number_float()) return Value::of(-a.j.get<double>());
-        return Value::of(-a.j.get<int64_t>());
+        int64_t r;
+        if (__builtin_sub_overflow(int64_t(0), a.j.get<int64_t>(), &r))
+          error(e.line, "integer overflow in unary -");
+        return Value::of(r);
       }
       case Expr::Kind::kBinary:
         return binary(e);
@@ -1363,11 +1429,17 @@ class Renderer {
           a.push_back(v.j.get<int64_t>());
         }
         if (a.empty() || a.size() > 3) error(e.line, "range() takes 1 to 3 arguments");
-        int64_t start = a.size() == 1 ? 0 : a[0], stop = a.size() == 1 ? a[0] : a[1],
-                step = a.size() == 3 ? a[2] : 1;
-        if (step == 0) error(e.line, "range() step cannot be zero");
+        const int64_t start = a.size() == 1 ? 0 : a[0], stop = a.size() == 1 ? a[0] : a[1],
+                      stride = a.size() == 3 ? a[2] : 1;
+        if (stride == 0) error(e.line, "range() step cannot be zero");
         Json l = Json::array();
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) l.push_back(i);
+        for (int64_t i = start; stride > 0 ? i < stop : i > stop;) {
+          if (int64_t(l.size()) >= kMaxRange)
+            error(e.line, "range() longer than " + std::to_string(kMaxRange));
+          step(e.line);
+          l.push_back(i);
+          if (__builtin_add_overflow(i, stride, &i)) break;
+        }
         return Value::of(std::move(l));
       }
       if (f == "strftime_now")
@@ -1546,9 +1618,9 @@ class Renderer {
       for (const auto& [k, x] : e.kwargs) {
         Value iv = eval(*x);
         if (k != "indent") error(e.line, "|tojson takes only indent= here");
-        if (!iv.j.is_null()) indent = int(as_int(iv));
+        if (!iv.is_json() || !iv.j.is_null()) indent = int(indent_arg(iv, e.line));
       }
-      if (!e.args.empty()) indent = int(as_int(eval(*e.args[0])));
+      if (!e.args.empty()) indent = int(indent_arg(eval(*e.args[0]), e.line));
       std::string s;
       dump_json(json_of(v, e.line), indent, 0, &s);
       return Value::of(s);
@@ -1604,6 +1676,7 @@ class Renderer {
       for (const Value& x : items_of(v, e.line)) {
         r += (first ? "" : sep) + str_of(x);
         first = false;
+        if (r.size() > kMaxLength) error(e.line, "|join longer than the limit");
       }
       return Value::of(r);
     }
@@ -1648,7 +1721,12 @@ class Renderer {
       return Value::of(std::move(l));
     }
     if (f == "int") {
-      if (v.is_number()) return Value::of(int64_t(v.j.get<double>()));
+      if (v.is_number() && !v.j.is_number_float()) return Value::of(v.j.get<int64_t>());
+      if (v.is_number()) {
+        const double d = std::trunc(v.j.get<double>());
+        if (!(d > -9.2e18 && d < 9.2e18)) error(e.line, "|int of a float out of the int range");
+        return Value::of(int64_t(d));
+      }
       if (v.is_string()) {
         try {
           return Value::of(int64_t(std::stoll(v.j.get<std::string>())));
@@ -1665,7 +1743,9 @@ class Renderer {
     if (f == "abs") {
       if (!v.is_number()) error(e.line, std::string("|abs of a ") + type_name(v));
       if (v.j.is_number_float()) return Value::of(std::fabs(v.j.get<double>()));
-      return Value::of(std::llabs(v.j.get<int64_t>()));
+      const int64_t x = v.j.get<int64_t>();
+      if (x == INT64_MIN) error(e.line, "integer overflow in |abs");
+      return Value::of(x < 0 ? -x : x);
     }
     error(e.line, "the filter |" + f + " is not supported");
   }
@@ -1721,7 +1801,7 @@ class Renderer {
     Value a = eval(*e.a), b = eval(*e.b);
     if (op == "==") return Value::of(equal(a, b));
     if (op == "!=") return Value::of(!equal(a, b));
-    if (op == "~") return Value::of(str_of(a) + str_of(b));
+    if (op == "~") return bounded(Value::of(str_of(a) + str_of(b)), e.line);
     if (op == "in" || op == "not in") {
       bool r;
       if (b.is_string()) {
@@ -1740,16 +1820,22 @@ class Renderer {
       return Value::of(op == "in" ? r : !r);
     }
     if (op == "+" && a.is_string() && b.is_string())
-      return Value::of(a.j.get<std::string>() + b.j.get<std::string>());
+      return bounded(Value::of(a.j.get<std::string>() + b.j.get<std::string>()), e.line);
     if (op == "+" && a.is_list() && b.is_list()) {
+      if (a.j.size() + b.j.size() > kMaxLength) error(e.line, "a list longer than the limit");
+      step(e.line, int64_t(a.j.size() + b.j.size()));
       Json l = a.j;
       for (const Json& x : b.j) l.push_back(x);
       return Value::of(std::move(l));
     }
     if (op == "*" && a.is_string() && b.is_number() && !b.j.is_number_float()) {
+      const std::string& x = a.j.get_ref<const std::string&>();
+      const int64_t n = std::max<int64_t>(0, b.j.get<int64_t>());
+      if (!x.empty() && uint64_t(n) > kMaxLength / x.size())
+        error(e.line, "a string longer than " + std::to_string(kMaxLength));
       std::string r;
-      for (int64_t i = 0; i < b.j.get<int64_t>(); ++i) r += a.j.get<std::string>();
-      return Value::of(r);
+      for (int64_t i = 0; i < n; ++i) r += x;
+      return bounded(Value::of(r), e.line);
     }
     if ((op == "<" || op == ">" || op == "<=" || op == ">=") && a.is_string() && b.is_string()) {
       const int c = a.j.get<std::string>().compare(b.j.get<std::string>());
@@ -1762,17 +1848,36 @@ class Renderer {
       error(e.line,
             std::string("'") + op + "' between a " + type_name(a) + " and a " + type_name(b));
     const bool ints = !a.j.is_number_float() && !b.j.is_number_float();
+    if (ints && op == "**" && as_int(b) >= 0) {  // Python: an int to a non-negative int power
+      int64_t r = 1, p = as_int(a);              // by squaring: r * p^k stays the answer
+      for (uint64_t k = uint64_t(as_int(b)); k > 0;) {
+        if ((k & 1) && __builtin_mul_overflow(r, p, &r)) error(e.line, "integer overflow in '**'");
+        k >>= 1;
+        if (k > 0 && __builtin_mul_overflow(p, p, &p)) error(e.line, "integer overflow in '**'");
+      }
+      return Value::of(r);
+    }
     if (ints && op != "/" && op != "**") {
       const int64_t x = as_int(a), y = as_int(b);
-      if (op == "+") return Value::of(x + y);
-      if (op == "-") return Value::of(x - y);
-      if (op == "*") return Value::of(x * y);
+      int64_t r = 0;
+      bool overflow = false;
+      if (op == "+") overflow = __builtin_add_overflow(x, y, &r);
+      if (op == "-") overflow = __builtin_sub_overflow(x, y, &r);
+      if (op == "*") overflow = __builtin_mul_overflow(x, y, &r);
+      if (overflow) error(e.line, "integer overflow in '" + op + "' (ft's ints are 64-bit)");
+      if (op == "+" || op == "-" || op == "*") return Value::of(r);
       if (op == "<") return Value::of(x < y);
       if (op == ">") return Value::of(x > y);
       if (op == "<=") return Value::of(x <= y);
       if (op == ">=") return Value::of(x >= y);
       if (y == 0) error(e.line, "division by zero");
-      int64_t q = x / y, r = x % y;
+      if (y == -1) {  // x / -1 overflows for the least int64
+        if (op == "%") return Value::of(int64_t(0));
+        if (__builtin_sub_overflow(int64_t(0), x, &r)) error(e.line, "integer overflow in '//'");
+        return Value::of(r);
+      }
+      int64_t q = x / y;
+      r = x % y;
       if (r != 0 && ((r < 0) != (y < 0))) {  // Python floors
         --q;
         r += y;
@@ -1797,6 +1902,7 @@ class Renderer {
 
   std::string name_;
   std::vector<std::map<std::string, Value>> frames_;
+  int64_t steps_ = 0, max_steps_;
 };
 
 }  // namespace
@@ -1817,8 +1923,8 @@ Template::~Template() = default;
 Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 
-std::string Template::render(const Json& context) const {
-  Renderer r(impl_->name, context);
+std::string Template::render(const Json& context, int64_t max_steps) const {
+  Renderer r(impl_->name, context, max_steps);
   try {
     r.run(impl_->nodes);
   } catch (const Json::exception& e) {  // a value of the wrong type where the code assumed one

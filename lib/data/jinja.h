@@ -26,6 +26,7 @@
 // and the template line.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -38,6 +39,10 @@ using Json = nlohmann::ordered_json;
 // training data, so a fixed date keeps tokenization reproducible. 26 Jul 2024 is the default
 // those templates use when no date is given.
 constexpr int kFixedYear = 2024, kFixedMonth = 7, kFixedDay = 26;
+
+// The default bound on one rendering's work (Template::render); rendering a chat template
+// takes some thousands of steps per conversation.
+constexpr int64_t kMaxSteps = 5000000;
 
 // An error while parsing or rendering; what() names the template and its line.
 class TemplateError : public std::runtime_error {
@@ -55,8 +60,10 @@ class Template {
   Template& operator=(Template&&) noexcept;
 
   // Renders with the variables of `context` (a JSON object). A raise_exception() in the
-  // template, or a type error (e.g. "a" + 1), throws TemplateError.
-  std::string render(const Json& context) const;
+  // template, a type error (e.g. "a" + 1), or more than max_steps steps of work (statements,
+  // expressions, loop iterations, elements handled: a bound on time and memory) throws
+  // TemplateError.
+  std::string render(const Json& context, int64_t max_steps = kMaxSteps) const;
 
  private:
   struct Impl;

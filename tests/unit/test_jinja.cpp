@@ -64,7 +64,19 @@ TEST_CASE("jinja: values and operators with Python semantics") {
   CHECK(render("{{ 1 == 1.0 }} {{ true == 1 }} {{ [1] == [1] }} {{ 'a' < 'b' }}") ==
         "True True True True");
   CHECK(contains(error_of("{{ 'a' + 1 }}"), "'+' between a string and a int"));
-  CHECK(contains(error_of("{{ {'a': 1} | tojson(indent='x') }}"), "t: "));  // no crash
+  CHECK(render("{{ 2 ** 10 }} {{ 2 ** -1 }} {{ (-3) ** 3 }} {{ 1 ** 99999999999 }}") ==
+        "1024 0.5 -27 1");
+  CHECK(contains(error_of("{{ 9223372036854775807 + 1 }}"), "integer overflow"));
+  CHECK(contains(error_of("{{ 3 ** 99 }}"), "integer overflow"));
+  CHECK(contains(error_of("{{ range(100001) | length }}"), "range() longer than 100000"));
+  CHECK(contains(error_of("{{ 'ab' * 100000000 }}"), "longer than"));
+  // A bound on work: a loop with an empty body counts too (a small bound keeps this quick).
+  CHECK_THROWS_WITH_AS(Template("{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}"
+                                "{% endfor %}",
+                                "t")
+                           .render(Json::object(), 10000),
+                       "t:1: the template took more than 10000 steps", TemplateError);
+  CHECK(contains(error_of("{{ {'a': 1} | tojson(indent='x') }}"), "indent must be an int"));
 }
 
 TEST_CASE("jinja: subscripts, slices, attributes") {
@@ -145,6 +157,11 @@ TEST_CASE("jinja: constructs outside the subset are refused by name and line") {
   CHECK(contains(parse_error("\n\n{% if x %}open"), "tmpl.jinja:3: {% if %} without {% endif %}"));
   CHECK(contains(parse_error("{{ 'unterminated }}"), "unclosed"));
   CHECK(contains(parse_error("{{ 99999999999999999999 }}"), "out of range"));
+  CHECK(contains(parse_error("{{ " + std::string(500, '(') + "1" + std::string(500, ')') + " }}"),
+                 "nested deeper than 100"));
+  std::string deep;
+  for (int i = 0; i < 150; ++i) deep += "{% if true %}";
+  CHECK(contains(parse_error(deep), "nested deeper than 100"));
   CHECK(contains(parse_error("{{ '\\uZZZZ' }}"), "bad \\u escape"));
 }
 
