@@ -14,6 +14,7 @@ int cmd_tokenize(const TokenizeArgs& a) {
   opt.output_dir = a.output;
   opt.format = a.format;
   opt.field = a.field;
+  opt.train_on_prompt = a.train_on_prompt;
   opt.shard_tokens = a.shard_tokens;
   opt.threads = a.threads;
   TokenizeSummary s = tokenize_to_shards(opt);

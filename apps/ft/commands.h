@@ -25,8 +25,9 @@ struct TokenizeArgs {
   std::string tokenizer;
   std::vector<std::string> inputs;
   std::string output;
-  std::string format = "auto";  // auto | text | jsonl (auto: by extension)
+  std::string format = "auto";  // auto | text | jsonl | chat | alpaca (auto: by extension)
   std::string field = "text";
+  bool train_on_prompt = false;
   int64_t shard_tokens = 16 * 1024 * 1024;
   int threads = 0;  // 0: all cores
 };

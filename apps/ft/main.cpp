@@ -149,10 +149,18 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   k->add_option("--output", tok.output, "Output shard folder")->required();
   k->add_option("--format", tok.format,
-                "text | jsonl | auto (by extension: .jsonl/.json → jsonl). text: documents are "
-                "separated by blank lines; jsonl: one document per line, in --field")
-      ->check(CLI::IsMember({"auto", "text", "jsonl"}));
+                "text | jsonl | chat | alpaca | auto (by extension: .jsonl/.json → jsonl). "
+                "text: documents are separated by blank lines; jsonl: one document per line, "
+                "in --field; chat: one conversation per line, {\"messages\": [{\"role\", "
+                "\"content\"}]} or ShareGPT {\"conversations\": [{\"from\", \"value\"}]}; "
+                "alpaca: {\"instruction\", \"input\", \"output\"} per line. chat and alpaca "
+                "render with the tokenizer folder's chat template and write a loss_mask that "
+                "trains on the assistant's tokens only")
+      ->check(CLI::IsMember({"auto", "text", "jsonl", "chat", "alpaca"}));
   k->add_option("--field", tok.field, "JSONL field holding the text (default: text)");
+  k->add_flag("--train-on-prompt", tok.train_on_prompt,
+              "chat/alpaca: train on every token of the conversation, not only the "
+              "assistant's (writes no loss_mask)");
   k->add_option("--shard-tokens", tok.shard_tokens, "Tokens per shard file (default 16Mi)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   k->add_option("--threads", tok.threads, "Tokenizer threads (default: all cores)");

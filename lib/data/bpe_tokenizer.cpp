@@ -305,6 +305,9 @@ class BpeTokenizer final : public Tokenizer {
   int64_t vocab_size() const override { return vocab_size_; }
   int32_t bos_id() const override { return bos_; }
   int32_t eos_id() const override { return eos_; }
+  bool is_special(int32_t id) const override {
+    return id >= 0 && id < vocab_size_ && added_index_[id] >= 0 && added_[added_index_[id]].special;
+  }
 
  private:
   void load_model(const json& m);

@@ -7,8 +7,13 @@
 //   jsonl  every non-blank line is one JSON object whose string field `field` is the
 //          document; a line that is not JSON, not an object, or lacks the field is an error
 //          naming file:line.
-// Each document becomes BOS + encode(text) + EOS; a tokenizer without BOS (or EOS) id, i.e.
-// -1, gets none, and the shard records -1 in bos_id (eos_id).
+//   chat   every non-blank line is one conversation: `messages` or ShareGPT `conversations`
+//   alpaca every non-blank line is instruction/input/output (both: chat.h)
+// Each text/jsonl document becomes BOS + encode(text) + EOS; a tokenizer without BOS (or EOS)
+// id, i.e. -1, gets none, and the shard records -1 in bos_id (eos_id). A chat or alpaca
+// document is the conversation rendered with the tokenizer folder's chat template and
+// tokenized as is (the template writes its own special tokens), with a loss_mask marking the
+// assistant's tokens (chat.h) unless train_on_prompt.
 //
 // Shards: documents never span shards, so every shard is self-contained (doc_offsets[0] = 0
 // and each offset starts a whole document). A shard is closed when the next document would
@@ -30,8 +35,10 @@ struct TokenizeOptions {
   std::string tokenizer;            // .model, tokenizer.json or HF folder (load_tokenizer)
   std::vector<std::string> inputs;  // files, in order
   std::string output_dir;           // created if missing; must not already hold *.h5
-  std::string format = "auto";      // auto (by extension: .jsonl/.json -> jsonl) | text | jsonl
-  std::string field = "text";       // JSONL field
+  // auto (by extension: .jsonl/.json -> jsonl) | text | jsonl | chat | alpaca
+  std::string format = "auto";
+  std::string field = "text";    // JSONL field
+  bool train_on_prompt = false;  // chat/alpaca: no loss_mask (every token is trained on)
   int64_t shard_tokens = 16 * 1024 * 1024;
   int threads = 0;       // 0: all cores
   bool progress = true;  // progress lines on stderr every few seconds

@@ -23,6 +23,12 @@ class Tokenizer {
   virtual int64_t vocab_size() const = 0;  // 1 + the largest id the tokenizer can produce
   virtual int32_t bos_id() const = 0;      // -1 when the tokenizer defines none
   virtual int32_t eos_id() const = 0;      // -1 when the tokenizer defines none
+  // Whether `id` is a special token: an added token of tokenizer.json marked `special: true`
+  // (chat data trains on the one that ends an assistant turn). SentencePiece: never.
+  virtual bool is_special(int32_t id) const {
+    (void)id;
+    return false;
+  }
   // The file read (a folder resolved to its tokenizer file) and the hex SHA-256 of its bytes,
   // which shards record as tokenizer_sha256.
   const std::string& path() const { return path_; }

@@ -70,8 +70,9 @@ fail_showing_output() {
 # file records them, so that a changed list makes a new one. Pinned versions: a new transformers
 # release must not change what a test means without an edit here. hf_tf5_spec: the one
 # transformers 5 list, shared by the tests that use it (test_export_transformers,
-# test_tokenizer_json: the `tokenizers` it brings), so they share one $build/hf_venv_tf5.
-hf_tf5_spec=("transformers==5.23.0" "protobuf==7.36.2")
+# test_tokenizer_json: the `tokenizers` it brings; test_chat_data: jinja2, which transformers'
+# apply_chat_template renders with), so they share one $build/hf_venv_tf5.
+hf_tf5_spec=("transformers==5.23.0" "protobuf==7.36.2" "jinja2==3.1.6")
 # Tests sharing a venv may run at once (ctest -j): a lock file beside it lets one make it while
 # the others wait.
 venv() {

@@ -153,6 +153,13 @@ TEST_CASE("bpe_tokenizer: added tokens before the model, with their flags") {
   CHECK(tok->encode("awow") == Ids{'a', kWOW});     // single_word: not inside a word
   CHECK(tok->encode("wowa") == Ids{kWOW, 'a'});
   CHECK(tok->decode({'a', kS, 'b'}) == "a<s>b");
+  // special: true marks a special token (chat data trains on the one ending a turn).
+  CHECK(tok->is_special(kS));
+  CHECK(tok->is_special(kWowTok + 1));
+  CHECK_FALSE(tok->is_special(kMask));
+  CHECK_FALSE(tok->is_special('a'));
+  CHECK_FALSE(tok->is_special(-1));
+  CHECK_FALSE(tok->is_special(kWowTok + 2));
 }
 
 TEST_CASE("bpe_tokenizer: decode inverts encode (every ASCII byte); invalid UTF-8 is U+FFFD") {

@@ -1,0 +1,74 @@
+// Chat data for supervised fine-tuning (DESIGN.md §6 "Chat data"): conversations rendered
+// with the model's own chat template (lib/data/jinja.h), tokenized, and masked so that only
+// the assistant's tokens are trained on.
+//
+// Mask rule, for each assistant message i of a conversation with rendering R:
+//   1. R_A and R_B are the renderings with message i's content replaced by "A" and by "B".
+//      For X in {A, B}: p_X = the common prefix of R and R_X in bytes, s_X = their common
+//      suffix, at most min(|R|, |R_X|) - p_X. The content span of message i is
+//      [min p_X, |R| - min s_X): the bytes of R that depend on that content, however the
+//      template places or transforms it (trim, a system prompt moved into the last user turn,
+//      Qwen3's think blocks).
+//   2. R is tokenized once (no BOS/EOS added: the template writes its own). A token is
+//      trained on when its bytes overlap a content span (so a token straddling a span's edge,
+//      e.g. Mistral's " " + content merged into one token, is trained on), or when it is the
+//      first token starting at or after a span's end and is a special token (the
+//      end-of-turn token: <|eot_id|>, <|im_end|>, </s>).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/jinja.h"
+#include "data/tokenizer.h"
+
+namespace ft {
+
+struct ChatTemplate {
+  jinja::Template tmpl;
+  std::string source;  // where it was read: chat_template.jinja or tokenizer_config.json
+  jinja::Json special_tokens = jinja::Json::object();  // bos_token, eos_token, ... as strings
+};
+
+// The chat template of the tokenizer `tokenizer_path` names (a Hugging Face folder, or a
+// tokenizer.json whose folder holds the rest): chat_template.jinja if the folder has one,
+// else tokenizer_config.json's `chat_template` (a string, or a list of {name, template} of
+// which "default" is used). Special tokens (bos_token, eos_token, unk_token, pad_token) come
+// from tokenizer_config.json, as strings or {"content": ...} objects. Throws UsageError when
+// there is none, naming what was looked for.
+ChatTemplate load_chat_template(const std::string& tokenizer_path);
+
+// bos_token, eos_token, unk_token and pad_token of tokenizer_config.json in the folder of
+// `tokenizer_path` (as load_chat_template finds it), as strings; {} without the file.
+jinja::Json load_special_tokens(const std::string& tokenizer_path);
+
+// The template rendered on `messages` (a JSON list of {role, content}), as transformers'
+// apply_chat_template(tokenize=False) renders it: messages, add_generation_prompt, tools =
+// none, documents = none, and the special tokens as variables.
+std::string render_chat(const ChatTemplate& t, const jinja::Json& messages,
+                        bool add_generation_prompt);
+
+struct ChatTokens {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;  // (ids.size()) 1 = trained on (the rule above)
+};
+
+// Renders and tokenizes one conversation with the mask rule above (with_mask false: mask all
+// ones, without the extra renderings the rule needs).
+ChatTokens tokenize_chat(const ChatTemplate& t, const Tokenizer& tok, const jinja::Json& messages,
+                         bool with_mask = true);
+
+// One JSONL record as a conversation (a JSON list of {role, content} with string contents):
+//   chat    `messages` (role: system|user|assistant|tool, content), or ShareGPT's
+//           `conversations` (from: system|human|user|gpt|assistant|tool|function|observation,
+//           value), mapped to those roles
+//   alpaca  instruction, input, output -> user: instruction, or instruction + "\n\n" + input
+//           when input is non-empty; assistant: output
+// Other keys of a message are ignored, except tool_calls and reasoning_content, which change
+// what templates render and are refused. Throws UsageError naming `where` (file:line) and the
+// key, with a hint.
+jinja::Json conversation_from_record(const jinja::Json& record, bool alpaca,
+                                     const std::string& where);
+
+}  // namespace ft

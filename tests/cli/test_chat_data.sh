@@ -1,0 +1,322 @@
+#!/usr/bin/env bash
+# ft tokenize --format chat / alpaca (lib/data/chat.cpp, lib/data/jinja.cpp) against
+# transformers' apply_chat_template, on the chat templates of Llama 3 and 3.1 Instruct, Qwen2.5
+# Instruct, Qwen3 and Mistral Instruct v0.3 committed in tests/data/chat_templates (no download).
+#   a. A byte-level BPE tokenizer trained here with `tokenizers` (the families' special tokens
+#      added as special tokens, <think> and </think> as plain added tokens), written into one HF
+#      folder per template: tokenizer.json + tokenizer_config.json (bos/eos as each family has
+#      them; Mistral's as {"content": ...} objects, Qwen3's template as chat_template.jinja).
+#   b. Multi-turn conversations (system prompts, empty turns, whitespace at the edges, unicode,
+#      a think block, ShareGPT form, 30 random ones of awkward pieces; tool turns for the templates that take them) through
+#      ft tokenize --format chat, and instruction records through --format alpaca: every
+#      document's tokens equal apply_chat_template(tokenize=True) and its loss_mask equals the
+#      mask rule of DESIGN.md §6 computed from transformers' renderings (tokenize=False) and
+#      tokens; --train-on-prompt writes the same tokens and no loss_mask; plain text through
+#      the Qwen2.5 folder (no EOS in its tokenizer.json) ends each document with
+#      tokenizer_config.json's eos_token; 3 training steps on the chat shards.
+#   c. Input errors (exit 2): not JSON, no messages, an unknown role, a non-string content,
+#      tool_calls (file:line and the key), a template that raises, a template outside the
+#      subset (the construct), no chat template, a SentencePiece tokenizer.
+#   bash tests/cli/test_chat_data.sh BUILD_DIR SOURCE_DIR
+source "$2/tests/cli/common.sh" "$@"
+venv "$build/hf_venv_tf5" "${hf_tf5_spec[@]}"
+PY="$build/hf_venv_tf5/bin/python"
+templates="$src/tests/data/chat_templates"
+families=(llama3 llama3_1 qwen2_5 qwen3 mistral)
+
+# ---- a: the tokenizer folders, and the data --------------------------------------------------
+"$PY" - "$tmp" "$templates" <<'EOF'
+import json, os, random, sys
+from tokenizers import Tokenizer, AddedToken, Regex, decoders, models, pre_tokenizers, trainers
+t, templates = sys.argv[1], sys.argv[2]
+rng = random.Random(0)
+words = ["the", "fox", "said", "hello", "answer", "question", "brief", "assistant", "user",
+         "system", "think", "world", "café", "日本語", "😀", "naïve"]
+text = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(2000)]
+QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+         r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.Sequence([
+    pre_tokenizers.Split(Regex(QWEN2), behavior="isolated", invert=False),
+    pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
+tok.decoder = decoders.ByteLevel()
+special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>",
+           "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<s>", "</s>", "[INST]",
+           "[/INST]"]
+tok.train_from_iterator(text, trainers.BpeTrainer(
+    vocab_size=600, show_progress=False, special_tokens=special,
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+tok.add_tokens([AddedToken("<think>", normalized=False, special=False),
+                AddedToken("</think>", normalized=False, special=False)])
+open(f"{t}/vocab_size", "w").write(str(tok.get_vocab_size(with_added_tokens=True)))
+configs = {
+    "llama3": ("llama3_instruct.jinja", "<|begin_of_text|>", "<|eot_id|>"),
+    "llama3_1": ("llama3_1_instruct.jinja", "<|begin_of_text|>", "<|eot_id|>"),
+    "qwen2_5": ("qwen2_5_instruct.jinja", None, "<|im_end|>"),
+    "qwen3": ("qwen3.jinja", None, "<|im_end|>"),
+    "mistral": ("mistral_instruct_v0_3.jinja", "<s>", "</s>"),
+}
+for name, (file, bos, eos) in configs.items():
+    d = f"{t}/{name}"
+    os.makedirs(d)
+    tok.save(f"{d}/tokenizer.json")
+    template = open(f"{templates}/{file}", encoding="utf-8").read()
+    obj = (lambda s: {"__type": "AddedToken", "content": s, "lstrip": False, "rstrip": False,
+                      "normalized": False, "single_word": False, "special": True}
+           ) if name == "mistral" else (lambda s: s)
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": obj(bos) if bos else None,
+           "eos_token": obj(eos), "model_max_length": 1 << 20}
+    if name == "qwen3":
+        open(f"{d}/chat_template.jinja", "w", encoding="utf-8").write(template)
+    else:
+        cfg["chat_template"] = template
+    json.dump(cfg, open(f"{d}/tokenizer_config.json", "w"), ensure_ascii=False, indent=1)
+
+U, A, S = "user", "assistant", "system"
+def conv(*turns): return {"messages": [{"role": r, "content": c} for r, c in turns]}
+chats = [
+    conv((U, "Hello there"), (A, "Hi! How can I help?")),
+    conv((S, "You are brief."), (U, "What is 2+2?"), (A, "4."), (U, "And 3+3?"), (A, "6.")),
+    conv((S, "  Spaces around the system prompt  "), (U, " leading space"), (A, " Sure. "),
+         (U, "trailing newline\n"), (A, "\nnewline first\n\nand a blank line")),
+    conv((U, ""), (A, "An empty question gets this."), (U, "and an empty answer:"), (A, "")),
+    conv((U, "日本語のテキスト、😀👍🏽 and e\u0301 café"), (A, "Réponse: naïve 中文 🇫🇷 ok")),
+    conv((U, "think first"), (A, "<think>\nsome reasoning\n</think>\n\nthe answer"),
+         (U, "again"), (A, "<think>more</think>final")),
+    {"conversations": [{"from": "system", "value": "ShareGPT system"},
+                       {"from": "human", "value": "a ShareGPT question"},
+                       {"from": "gpt", "value": "a ShareGPT answer"},
+                       {"from": "human", "value": "second"}, {"from": "gpt", "value": "two"}]},
+]
+# And random conversations of awkward pieces (special-token text inside contents included),
+# alternating user/assistant after an optional system prompt, as every template accepts.
+pieces = ["a", " ", "  ", "\n", "\n\n", "\t", "word", " word", "日本", "😀", "e\u0301", "é",
+          "<think>", "</think>", "<|im_end|>", "<|eot_id|>", "</s>", "[INST]", "{{ x }}", "'",
+          '"', "\\", "\u00a0", "\u3000", "1", "234"]
+def text(): return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+for _ in range(30):
+    turns = [(S, text())] if rng.random() < 0.5 else []
+    for _ in range(rng.randint(1, 3)):
+        turns += [(U, text()), (A, text())]
+    chats.append(conv(*turns))
+with open(f"{t}/chat.jsonl", "w") as f:
+    for c in chats: f.write(json.dumps(c, ensure_ascii=False) + "\n")
+    f.write("\n")  # a blank line is skipped
+tools = [
+    conv((U, "What is the weather?"), (A, "Let me look."), ("tool", '{"temp": 21}'),
+         (A, "It is 21 degrees.")),
+    conv((S, "sys"), (U, "q"), (A, "calling"), ("tool", "result one"), ("tool", "result two"),
+         (A, "done"), (U, "thanks"), (A, "welcome")),
+]
+with open(f"{t}/tool.jsonl", "w") as f:
+    for c in tools: f.write(json.dumps(c, ensure_ascii=False) + "\n")
+alpaca = [{"instruction": "Translate to French", "input": "good morning", "output": "bonjour"},
+          {"instruction": "Say hi", "input": "", "output": "hi 😀"},
+          {"instruction": "No input key", "output": " spaced "}]
+with open(f"{t}/alpaca.jsonl", "w") as f:
+    for a in alpaca: f.write(json.dumps(a, ensure_ascii=False) + "\n")
+EOF
+[[ -f "$tmp/chat.jsonl" ]] || fail "the test's setup (above) failed"
+
+# ---- b: ft against transformers ------------------------------------------------------------
+for f in "${families[@]}"; do
+  "$ft" tokenize --tokenizer "$tmp/$f" --input "$tmp/chat.jsonl" --format chat \
+    --output "$tmp/chat_$f" --threads 2 > /dev/null || fail "ft tokenize --format chat, $f"
+  "$ft" tokenize --tokenizer "$tmp/$f/tokenizer.json" --input "$tmp/alpaca.jsonl" \
+    --format alpaca --output "$tmp/alpaca_$f" --threads 1 > /dev/null ||
+    fail "ft tokenize --format alpaca, $f"
+  [[ $f == mistral ]] && continue  # its template takes tool results only with tool-call ids
+  "$ft" tokenize --tokenizer "$tmp/$f" --input "$tmp/tool.jsonl" --format chat \
+    --output "$tmp/tool_$f" > /dev/null || fail "ft tokenize --format chat, tool turns, $f"
+done
+"$ft" tokenize --tokenizer "$tmp/qwen3" --input "$tmp/chat.jsonl" --format chat \
+  --train-on-prompt --output "$tmp/all_qwen3" > /dev/null || fail "--train-on-prompt"
+# Plain text through a folder whose tokenizer.json has no EOS (Qwen2's) ends each document with
+# tokenizer_config.json's eos_token.
+printf '%s\n' '{"text": "plain text"}' > "$tmp/plain.jsonl"
+"$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/plain.jsonl" --output "$tmp/plain_qwen" \
+  > /dev/null || fail "ft tokenize of text with the qwen2_5 folder"
+
+"$PY" - "$tmp" <<'EOF' || fail "ft's chat tokens or masks differ from transformers' (above)"
+import json, sys
+import h5py
+from transformers import AutoTokenizer
+t = sys.argv[1]
+
+def bytes_to_unicode():  # GPT-2's byte-level alphabet, to give each token its bytes
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+         list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b); cs.append(256 + n); n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+byte_of = bytes_to_unicode()
+
+def messages_of(rec, alpaca):
+    if alpaca:
+        inp = rec.get("input") or ""
+        user = rec["instruction"] + ("\n\n" + inp if inp else "")
+        return [{"role": "user", "content": user}, {"role": "assistant", "content": rec["output"]}]
+    if "messages" in rec: return rec["messages"]
+    roles = {"system": "system", "human": "user", "gpt": "assistant"}
+    return [{"role": roles[m["from"]], "content": m["value"]} for m in rec["conversations"]]
+
+def ids_of(x):  # apply_chat_template(tokenize=True) gives a list or a BatchEncoding
+    return list(x["input_ids"]) if hasattr(x, "keys") else list(x)
+
+def reference(tok, msgs):
+    """Tokens and the mask rule of DESIGN.md §6, from transformers' renderings and tokens."""
+    ids = ids_of(tok.apply_chat_template(msgs, tokenize=True))
+    r = tok.apply_chat_template(msgs, tokenize=False).encode("utf-8")
+    assert tok(r.decode("utf-8"), add_special_tokens=False)["input_ids"] == ids
+    added = {i: a for i, a in tok.backend_tokenizer.get_added_tokens_decoder().items()}
+    off = [0]
+    for i, p in zip(ids, tok.convert_ids_to_tokens(ids)):
+        piece = added[i].content.encode() if i in added else bytes(byte_of[c] for c in p)
+        assert r[off[-1]:off[-1] + len(piece)] == piece
+        off.append(off[-1] + len(piece))
+    assert off[-1] == len(r)
+    mask = [0] * len(ids)
+    for i, m in enumerate(msgs):
+        if m["role"] != "assistant": continue
+        start, min_suffix = len(r), len(r)
+        for x in ("A", "B"):
+            alt = [dict(mm) for mm in msgs]
+            alt[i]["content"] = x
+            rx = tok.apply_chat_template(alt, tokenize=False).encode("utf-8")
+            p = 0
+            while p < min(len(r), len(rx)) and r[p] == rx[p]: p += 1
+            s = 0
+            while s < min(len(r), len(rx)) - p and r[-1 - s] == rx[-1 - s]: s += 1
+            start, min_suffix = min(start, p), min(min_suffix, s)
+        end = len(r) - min_suffix
+        for k in range(len(ids)):
+            if start < end and off[k] < end and off[k + 1] > start: mask[k] = 1
+        k = next((k for k in range(len(ids)) if off[k] >= end), None)
+        if k is not None and k in range(len(ids)) and added.get(ids[k]) is not None \
+                and added[ids[k]].special:
+            mask[k] = 1
+    return ids, mask
+
+chats = [json.loads(l) for l in open(f"{t}/chat.jsonl") if l.strip()]
+alpacas = [json.loads(l) for l in open(f"{t}/alpaca.jsonl") if l.strip()]
+tools = [json.loads(l) for l in open(f"{t}/tool.jsonl") if l.strip()]
+bad, checked, masked, total = 0, 0, 0, 0
+for fam in ["llama3", "llama3_1", "qwen2_5", "qwen3", "mistral"]:
+    tok = AutoTokenizer.from_pretrained(f"{t}/{fam}")
+    kinds = [("chat", chats), ("alpaca", alpacas)] + ([("tool", tools)] if fam != "mistral" else [])
+    for kind, recs in kinds:
+        with h5py.File(f"{t}/{kind}_{fam}/shard_00000.h5") as f:
+            tokens, offs, lm = f["tokens"][:], list(f["doc_offsets"][:]), f["loss_mask"][:]
+            bos, eos = int(f.attrs["bos_id"]), int(f.attrs["eos_id"])
+        assert len(offs) == len(recs), (fam, kind, len(offs))
+        ends = offs[1:] + [len(tokens)]
+        for n, rec in enumerate(recs):
+            ids, mask = reference(tok, messages_of(rec, kind == "alpaca"))
+            got_ids = [int(x) for x in tokens[offs[n]:ends[n]]]
+            got_mask = [int(x) for x in lm[offs[n]:ends[n]]]
+            checked += 1
+            masked += sum(mask)
+            total += len(ids)
+            if got_ids != ids or got_mask != mask:
+                bad += 1
+                print(f"{fam} {kind} record {n}:\n ids  ft {got_ids}\n     ref {ids}\n"
+                      f" mask ft {got_mask}\n     ref {mask}")
+                print(" text", repr(tok.apply_chat_template(messages_of(rec, kind == "alpaca"),
+                                                           tokenize=False)))
+with h5py.File(f"{t}/all_qwen3/shard_00000.h5") as f, \
+        h5py.File(f"{t}/chat_qwen3/shard_00000.h5") as g:
+    assert "loss_mask" not in f, "--train-on-prompt wrote a loss_mask"
+    assert (f["tokens"][:] == g["tokens"][:]).all(), "--train-on-prompt changed the tokens"
+assert 0 < masked < total, (masked, total)  # the rule marks some tokens, not all
+tok = AutoTokenizer.from_pretrained(f"{t}/qwen2_5")
+im_end = tok.convert_tokens_to_ids("<|im_end|>")
+with h5py.File(f"{t}/plain_qwen/shard_00000.h5") as f:
+    want = tok("plain text", add_special_tokens=False)["input_ids"] + [im_end]
+    assert list(f["tokens"][:]) == want and int(f.attrs["eos_id"]) == im_end, \
+        ("text documents should end with tokenizer_config's eos_token", list(f["tokens"][:]), want)
+print(f"{checked} conversations checked: {total} tokens, {masked} trained, {bad} differ")
+sys.exit(1 if bad else 0)
+EOF
+
+# The shards train: the loader takes the loss_mask (3 steps of a tiny model, 16-token windows).
+cat > "$tmp/r.yaml" <<YAML
+run: {name: chat, output_dir: $tmp/run, seed: 0}
+model: {arch: llama, dim: 32, n_layers: 1, n_heads: 2, n_kv_heads: 2, ffn_dim: 64,
+        vocab_size: $(cat "$tmp/vocab_size"), max_seq_len: 16}
+tokenizer: {path: $tmp/qwen2_5}
+data: {train: $tmp/chat_qwen2_5, seq_len: 16, shuffle: false}
+training: {steps: 3, micro_batch_size: 4, global_batch_size: 8}
+optimizer: {name: adamw, lr: 1.0e-3}
+YAML
+run_rc 0 "$ft" train "$tmp/r.yaml"
+# The losses are of the assistant's tokens only: positive where a batch holds some (a batch of
+# prompt tokens only is reported as 0).
+"$PY" - "$tmp/run/metrics.jsonl" <<'EOF' || fail "no step trained on an assistant token"
+import json, sys
+losses = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+print("losses", losses)
+sys.exit(0 if len(losses) == 3 and max(losses) > 0 else 1)
+EOF
+
+# ---- c: errors -------------------------------------------------------------------------------
+printf '%s\n' '{"messages": [{"role": "user", "content": "ok"}]}' 'not json' > "$tmp/bad1.jsonl"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad1.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "bad1.jsonl:2: not valid JSON"
+printf '%s\n' '{"text": "no messages"}' > "$tmp/bad2.jsonl"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad2.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "bad2.jsonl:1: no \"messages\""
+has_err "--format alpaca"
+printf '%s\n' '{"messages": [{"role": "narrator", "content": "x"}]}' > "$tmp/bad3.jsonl"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad3.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "bad3.jsonl:1: \"messages[0].role\" is \"narrator\""
+printf '%s\n' '{"messages": [{"role": "user", "content": [{"type": "text"}]}]}' > "$tmp/bad4.jsonl"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad4.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "bad4.jsonl:1: \"messages[0].content\" is a array, expected a string"
+printf '%s\n' '{"messages": [{"role": "assistant", "content": "", "tool_calls": []}]}' \
+  > "$tmp/bad7.jsonl"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad7.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "bad7.jsonl:1: \"messages[0].tool_calls\" is not supported"
+printf '%s\n' '{"instruction": "x"}' > "$tmp/bad5.jsonl"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad5.jsonl" --format alpaca \
+  --output "$tmp/bad_out"
+has_err "bad5.jsonl:1: no \"output\""
+# Mistral's template raises on roles that do not alternate: the error names the record.
+printf '%s\n' '{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}' \
+  > "$tmp/bad6.jsonl"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/mistral" --input "$tmp/bad6.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "bad6.jsonl:1:"
+has_err "conversation roles must alternate"
+[[ ! -e "$tmp/bad_out/shard_00000.h5" ]] || fail "a failed run left a shard"
+# A SentencePiece tokenizer (its folder has a chat template) is refused for chat data.
+mkdir "$tmp/spm"
+cp "$tmp/qwen2_5/tokenizer_config.json" "$tmp/spm/"
+(cd "$tmp/spm" && "$PY" - <<'EOF') || fail "training a SentencePiece model failed"
+import sentencepiece as spm
+open("corpus.txt", "w").write("\n".join(f"w{i} x{i * 7 % 13} y" for i in range(2000)))
+spm.SentencePieceTrainer.train(input="corpus.txt", model_prefix="tokenizer", vocab_size=100,
+                               model_type="bpe", minloglevel=2)
+EOF
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/spm" --input "$tmp/chat.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "needs a Hugging Face tokenizer.json with a byte-level BPE model"
+# A template outside the subset, and a folder without one.
+mkdir "$tmp/macro"
+cp "$tmp/qwen2_5/tokenizer.json" "$tmp/macro/"
+printf '%s' '{% macro turn(m) %}{{ m.content }}{% endmacro %}{% for m in messages %}{{ turn(m) }}{% endfor %}' \
+  > "$tmp/macro/chat_template.jinja"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/macro" --input "$tmp/chat.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "chat_template.jinja:1: the statement {% macro %} is outside the Jinja subset"
+rm "$tmp/macro/chat_template.jinja"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/macro" --input "$tmp/chat.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "no chat template"
+echo "PASS"

@@ -1,0 +1,203 @@
+// jinja: the chat-template subset (lib/data/jinja.h) on cases small enough to state by hand —
+// whitespace control with trim_blocks/lstrip_blocks, Python semantics of the operators,
+// filters, tests and methods the templates call, loops, namespace(), raise_exception — and the
+// refusal of constructs outside the subset, naming them and the line. Agreement with Jinja2
+// through transformers on the four committed templates is tests/cli/test_chat_data.sh.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "data/jinja.h"
+
+namespace {
+
+using ft::jinja::Json;
+using ft::jinja::Template;
+using ft::jinja::TemplateError;
+
+std::string render(const std::string& text, const Json& ctx = Json::object()) {
+  return Template(text, "t").render(ctx);
+}
+
+std::string error_of(const std::string& text, const Json& ctx = Json::object()) {
+  try {
+    render(text, ctx);
+  } catch (const TemplateError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("jinja: text, output and whitespace control") {
+  CHECK(render("plain text") == "plain text");
+  CHECK(render("{{ 'a' }}{{ \"b\" }}") == "ab");
+  CHECK(render("x  {{- ' y' -}}  \n z") == "x yz");
+  CHECK(render("{# comment #}a{#- c -#}  b") == "ab");
+  // trim_blocks drops the newline after a block tag; lstrip_blocks the indent before one.
+  CHECK(render("{% if true %}\nyes\n{% endif %}\nafter") == "yes\nafter");
+  CHECK(render("line\n    {% if true %}in{% endif %}") == "line\nin");
+  // Not before an output tag, nor when text precedes the tag on its line.
+  CHECK(render("  {{ 'a' }}") == "  a");
+  CHECK(render("x  {% if true %}a{% endif %}") == "x  a");
+  // "}}" inside a string does not close the tag (Mistral v0.3 writes {{- "}}" }}).
+  CHECK(render("{{- \"}}\" }}") == "}}");
+}
+
+TEST_CASE("jinja: values and operators with Python semantics") {
+  CHECK(render("{{ 1 + 2 * 3 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 / 2 }}") ==
+        "7 3 -4 2 3.5");
+  CHECK(render("{{ 'a' ~ 1 ~ none ~ true }}") == "a1NoneTrue");
+  CHECK(render("{{ none }}|{{ undefined_name }}|{{ [1, 'x'] }}|{{ {'k': false} }}") ==
+        "None||[1, 'x']|{'k': False}");
+  CHECK(render("{{ 'ab' in 'cabd' }} {{ 2 in [1, 2] }} {{ 'k' in {'k': 1} }} {{ 3 not in [3] }}") ==
+        "True True True False");
+  CHECK(render("{{ not 0 and 'x' or 'y' }}") == "x");
+  CHECK(render("{{ '' or 'fallback' }} {{ 'a' if false else 'b' }}") == "fallback b");
+  CHECK(render("{{ 1 == 1.0 }} {{ true == 1 }} {{ [1] == [1] }} {{ 'a' < 'b' }}") ==
+        "True True True True");
+  CHECK(contains(error_of("{{ 'a' + 1 }}"), "'+' between a string and a int"));
+  CHECK(render("{{ 2 ** 10 }} {{ 2 ** -1 }} {{ (-3) ** 3 }} {{ 1 ** 99999999999 }}") ==
+        "1024 0.5 -27 1");
+  CHECK(contains(error_of("{{ 9223372036854775807 + 1 }}"), "integer overflow"));
+  CHECK(contains(error_of("{{ 3 ** 99 }}"), "integer overflow"));
+  CHECK(contains(error_of("{{ range(100001) | length }}"), "range() longer than 100000"));
+  CHECK(contains(error_of("{{ 'ab' * 100000000 }}"), "longer than"));
+  // A bound on work: a loop with an empty body counts too (a small bound keeps this quick).
+  CHECK_THROWS_WITH_AS(Template("{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}"
+                                "{% endfor %}",
+                                "t")
+                           .render(Json::object(), 10000),
+                       "t:1: the template took more than 10000 steps", TemplateError);
+  CHECK(contains(error_of("{{ {'a': 1} | tojson(indent='x') }}"), "indent must be an int"));
+}
+
+TEST_CASE("jinja: subscripts, slices, attributes") {
+  const Json ctx = {{"m", Json::array({Json{{"role", "system"}, {"content", "S"}},
+                                       Json{{"role", "user"}, {"content", "U"}}})},
+                    {"s", "héllo"}};
+  CHECK(render("{{ m[0]['role'] }} {{ m[-1].content }} {{ m[1:] | length }}", ctx) == "system U 1");
+  CHECK(render("{% for x in m[::-1] %}{{ x.role }},{% endfor %}", ctx) == "user,system,");
+  CHECK(render("{{ s[1] }} {{ s[:-1] }} {{ s[::-1] }} {{ s | length }}", ctx) == "é héll olléh 5");
+  CHECK(render("{{ m[5] is defined }} {{ m[0].tool_calls is defined }}", ctx) == "False False");
+  CHECK(contains(error_of("{{ nothing.attr }}"), "of an undefined value"));
+}
+
+TEST_CASE("jinja: filters, tests and methods the templates call") {
+  CHECK(render("[{{ '  a b \n' | trim }}]") == "[a b]");
+  CHECK(render("{{ '\u00a0x\u3000' | trim | length }}") == "1");  // Unicode whitespace
+  CHECK(render("{{ {'a': [1, 'é'], 'b': none} | tojson }}") == "{\"a\": [1, \"é\"], \"b\": null}");
+  CHECK(render("{{ {'a': 1} | tojson(indent=2) }}") == "{\n  \"a\": 1\n}");
+  CHECK(render("{{ 'a\"\n' | tojson }}") == "\"a\\\"\\n\"");
+  const Json ctx = {{"m", Json::array({Json{{"role", "user"}, {"content", "1"}},
+                                       Json{{"role", "assistant"}, {"content", "2"}},
+                                       Json{{"role", "user"}, {"content", "3"}}})}};
+  CHECK(render("{{ m | selectattr('role', 'equalto', 'user') | map(attribute='content') | "
+               "join(',') }}",
+               ctx) == "1,3");
+  CHECK(render("{{ m | rejectattr('role', 'equalto', 'user') | list | length }}", ctx) == "1");
+  CHECK(render("{{ ['a', 'code', 'b'] | reject('equalto', 'code') | join(', ') }} "
+               "{{ [0, 1, '', 'x'] | select | list }}") == "a, b [1, 'x']");
+  CHECK(render("{{ x is defined }} {{ none is none }} {{ 'a' is string }} {{ 1 is number }} "
+               "{{ false is false }} {{ 0 is false }} {{ {} is mapping }} {{ 4 is even }}") ==
+        "False True True True True False True True");
+  CHECK(render("{{ 'x' is not none and 'y' is not string }}") == "False");
+  CHECK(render("{{ '\n\nabc\n'.strip('\n') }}|{{ 'xxabc'.lstrip('x') }}|{{ ' a '.rstrip() }}") ==
+        "abc|abc| a");
+  CHECK(render("{{ 'a</think>b'.split('</think>')[-1] }} {{ ' a  b '.split() | length }}") ==
+        "b 2");
+  CHECK(render("{{ 'abc'.startswith('ab') }} {{ 'abc'.endswith('bc') }} {{ 'aXa'.replace('a', "
+               "'b') }} {{ 'ab'.upper() }}") == "True True bXb AB");
+  CHECK(render("{% for k, v in {'a': 1, 'b': 2}.items() if k != 'b' %}{{ k }}={{ v }}{% endfor "
+               "%}") == "a=1");
+  CHECK(render("{{ strftime_now('%d %b %Y') }}") == "26 Jul 2024");
+}
+
+TEST_CASE("jinja: loops, scopes and namespace") {
+  CHECK(render("{% for x in [1, 2, 3] %}{{ loop.index0 }}{{ loop.first }}{{ loop.last }}"
+               "{{ loop.length }};{% endfor %}") == "0TrueFalse3;1FalseFalse3;2FalseTrue3;");
+  CHECK(render("{% for x in [] %}a{% else %}empty{% endfor %}") == "empty");
+  CHECK(render("{% for x in 'abc' %}{{ loop.previtem }}{{ x }}{{ loop.nextitem }},{% endfor %}") ==
+        "ab,abc,bc,");
+  // A set inside a loop stays inside; a namespace carries values out.
+  CHECK(render("{% set a = 1 %}{% for x in [5] %}{% set a = x %}{% endfor %}{{ a }}") == "1");
+  CHECK(render("{% set ns = namespace(n=0) %}{% for x in [1, 2] %}{% set ns.n = ns.n + x %}"
+               "{% endfor %}{{ ns.n }}") == "3");
+  CHECK(render("{% if false %}a{% elif 1 %}b{% else %}c{% endif %}") == "b");
+  CHECK(render("{% set a, b = 1, 2 %}{{ b }}{{ a }}") == "21");
+  CHECK(contains(error_of("{{ raise_exception('roles must alternate') }}"),
+                 "raised an exception: roles must alternate"));
+}
+
+TEST_CASE("jinja: constructs outside the subset are refused by name and line") {
+  auto parse_error = [](const std::string& text) -> std::string {
+    try {
+      Template t(text, "tmpl.jinja");
+    } catch (const TemplateError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string m = parse_error("a\n{% macro f() %}x{% endmacro %}");
+  CHECK(contains(m, "tmpl.jinja:2"));
+  CHECK(contains(m, "{% macro %}"));
+  CHECK(contains(m, "outside the Jinja subset"));
+  CHECK(contains(parse_error("{{ x | wordwrap }}"), "the filter |wordwrap"));
+  CHECK(contains(parse_error("{{ x is divisibleby 3 }}"), "the test 'is divisibleby'"));
+  CHECK(contains(parse_error("{{ x.format(1) }}"), "the method .format()"));
+  CHECK(contains(parse_error("{{ cycler(1) }}"), "the function cycler()"));
+  CHECK(contains(parse_error("{% for x in y %}{% break %}{% endfor %}"), "{% break %}"));
+  CHECK(contains(parse_error("\n\n{% if x %}open"), "tmpl.jinja:3: {% if %} without {% endif %}"));
+  CHECK(contains(parse_error("{{ 'unterminated }}"), "unclosed"));
+  CHECK(contains(parse_error("{{ 99999999999999999999 }}"), "out of range"));
+  CHECK(contains(parse_error("{{ " + std::string(500, '(') + "1" + std::string(500, ')') + " }}"),
+                 "nested deeper than 100"));
+  std::string deep;
+  for (int i = 0; i < 150; ++i) deep += "{% if true %}";
+  CHECK(contains(parse_error(deep), "nested deeper than 100"));
+  CHECK(contains(parse_error("{{ '\\uZZZZ' }}"), "bad \\u escape"));
+}
+
+TEST_CASE("jinja: the committed chat templates render a conversation") {
+  auto read = [](const std::string& name) {
+    std::ifstream in(std::string(FT_SOURCE_DIR) + "/tests/data/chat_templates/" + name);
+    REQUIRE(in);
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  Json ctx = {{"messages", Json::array({Json{{"role", "system"}, {"content", "Be brief."}},
+                                        Json{{"role", "user"}, {"content", "Hi"}},
+                                        Json{{"role", "assistant"}, {"content", " Hello "}}})},
+              {"add_generation_prompt", false},
+              {"tools", nullptr},
+              {"bos_token", "<s>"},
+              {"eos_token", "</s>"}};
+  CHECK(Template(read("llama3_instruct.jinja"), "llama3").render(ctx) ==
+        "<s><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>");
+  CHECK(Template(read("qwen2_5_instruct.jinja"), "qwen2.5").render(ctx) ==
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n Hello <|im_end|>\n");
+  CHECK(Template(read("qwen3.jinja"), "qwen3").render(ctx) ==
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n Hello <|im_end|>\n");
+  // Mistral v0.3 puts the system prompt into the user turn only when that turn is the last
+  // message (the prompt of a generation), so here it is dropped.
+  CHECK(Template(read("mistral_instruct_v0_3.jinja"), "mistral").render(ctx) ==
+        "<s>[INST] Hi[/INST] Hello</s>");
+  Json prompt = ctx;
+  prompt["messages"].erase(2);
+  CHECK(Template(read("mistral_instruct_v0_3.jinja"), "mistral").render(prompt) ==
+        "<s>[INST] Be brief.\n\nHi[/INST]");
+  ctx["messages"].push_back(Json{{"role", "assistant"}, {"content", "again"}});
+  CHECK(contains(error_of(read("mistral_instruct_v0_3.jinja"), ctx), "must alternate"));
+}
