@@ -54,6 +54,18 @@ void forward_stop(int sig) {
   args.push_back(a.resume);
   // The ranks' stdout goes through mpirun; tell them whether the person sees a terminal.
   setenv("FT_PROGRESS", isatty(STDOUT_FILENO) ? "bar" : "plain", 0);
+  // Where a rank that ends the job says why (core/log.h note_job_cause), restated below.
+  std::string cause_file;
+  {
+    const char* dir = std::getenv("TMPDIR");
+    std::string templ = std::string(dir && *dir ? dir : "/tmp") + "/ft_job_cause.XXXXXX";
+    const int fd = mkstemp(templ.data());
+    if (fd >= 0) {
+      close(fd);
+      cause_file = templ;
+      setenv("FT_JOB_CAUSE_FILE", cause_file.c_str(), 1);
+    }
+  }
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -81,7 +93,23 @@ void forward_stop(int sig) {
     if (errno != EINTR) std::exit(int(ExitCode::kRuntime));
   }
   std::fflush(nullptr);
-  std::exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  // The job's cause as its last line: after a rank failed or hung, mpirun's banner and the
+  // other ranks' lines (e.g. their "stop signal received", from mpirun's SIGTERM) come last
+  // otherwise.
+  if (!cause_file.empty()) {
+    std::string first;
+    if (FILE* f = std::fopen(cause_file.c_str(), "r")) {
+      char line[4096];
+      if (std::fgets(line, sizeof line, f)) first = line;
+      std::fclose(f);
+    }
+    unlink(cause_file.c_str());
+    while (!first.empty() && first.back() == '\n') first.pop_back();
+    if (code != 0 && !first.empty())
+      std::fprintf(stderr, "ft: error: the job ended (exit %d): %s\n", code, first.c_str());
+  }
+  std::exit(code);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "apps/ft/commands.h"
 #include "comm/device_comm.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "data/shard.h"
 #include "kernels/kernels.h"
 #include "runtime/device.h"
@@ -262,9 +263,11 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const ft::Error& e) {
     std::fprintf(stderr, "ft: error: %s\n", e.what());
+    ft::note_job_cause(e.what());
     return int(e.code());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ft: error: %s\n", e.what());
+    ft::note_job_cause(e.what());
     return 1;
   }
 }

@@ -451,6 +451,7 @@ void report_hang_or_resume(MPI_Request* reqs, int nreqs, double timeout_s, doubl
   }
   std::fflush(stdout);
   const std::string msg = hang_message(self, timeout_s, others);
+  note_job_cause(msg);
   // Rank 0 prints as main() does; the others carry their rank prefix.
   if (g_dog.rank == 0)
     std::fprintf(stderr, "ft: error: %s\n", msg.c_str());

@@ -1,5 +1,8 @@
 #include "core/log.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -30,6 +33,20 @@ void log_message(LogLevel level, const std::string& msg) {
   std::lock_guard<std::mutex> lock(g_mu);
   std::fprintf(stderr, "%s%s%s\n", g_prefix.c_str(), tag, msg.c_str());
   std::fflush(stderr);
+}
+
+void note_job_cause(const std::string& line) {
+  const char* path = std::getenv("FT_JOB_CAUSE_FILE");
+  if (!path || !*path) return;
+  const int fd = ::open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0) return;
+  std::string text = g_prefix + line;
+  for (char& c : text)
+    if (c == '\n') c = ' ';
+  text += '\n';
+  // One write with O_APPEND: lines of several ranks do not interleave.
+  [[maybe_unused]] const ssize_t w = ::write(fd, text.data(), text.size());
+  ::close(fd);
 }
 
 }  // namespace ft

@@ -13,6 +13,11 @@ enum class LogLevel { kDebug, kInfo, kWarn, kError };
 void set_log_prefix(const std::string& prefix);  // e.g. "[rank 3 d1 p0 t1] "
 void set_log_level(LogLevel level);
 void log_message(LogLevel level, const std::string& msg);
+// Why this rank is ending the job, for the `ft train --nproc` process that started it: one line
+// appended to the file FT_JOB_CAUSE_FILE names (set by that process; nothing happens without
+// it), with this rank's log prefix. The supervising ft restates the first such line as its last
+// line once mpirun has ended, after mpirun's own banner and the other ranks' lines.
+void note_job_cause(const std::string& line);
 
 template <typename... Args>
 void log_info(Args&&... args) {
