@@ -105,9 +105,20 @@ void ZeroSharding::reduce_group(int group) {
   float* grad = flat_.grads()[g].data();
   maybe_inject_nan(group, grad);
   const Stream st = dev_->stream();
-  for (size_t off = 0; off < numel_[g]; off += opt_.bucket_elems)
-    reducing_.push_back(comm_.all_reduce(
-        st, grad + off, std::min(opt_.bucket_elems, numel_[g] - off), ReduceOp::kSum));
+  for (size_t off = 0; off < numel_[g]; off += opt_.bucket_elems) {
+    const size_t n = std::min(opt_.bucket_elems, numel_[g] - off);
+    Reduction r;
+    r.dst = grad + off;
+    if (opt_.reduce_dtype == DType::kF32) {
+      r.work = comm_.all_reduce(st, grad + off, n, ReduceOp::kSum);
+    } else {
+      const MemoryScope tag(MemoryCategory::kCommunication);
+      r.low = DBuffer(dev_, opt_.reduce_dtype, n);
+      dev_->ops().convert(st, r.low.data(), grad + off, n);
+      r.work = comm_.all_reduce(st, r.low.data(), n, ReduceOp::kSum);
+    }
+    reducing_.push_back(std::move(r));
+  }
 }
 
 void ZeroSharding::retire_scatters(size_t keep) {
@@ -115,6 +126,7 @@ void ZeroSharding::retire_scatters(size_t keep) {
   while (!scatters_.empty() && (scatters_.size() > keep || scatters_.front().work.complete())) {
     Scatter& x = scatters_.front();
     x.work.wait_on(st);
+    if (x.low_out.size()) dev_->ops().convert(st, x.mine.data(), x.low_out.data(), x.mine.size());
     dev_->ops().add(st, grad_shards_[size_t(x.group)].data(), x.mine.data(), x.mine.size());
     scatters_.erase(scatters_.begin());  // frees its buffers, the compute stream past the call
   }
@@ -144,7 +156,10 @@ void ZeroSharding::finish_backward() {
       maybe_inject_nan(int(g), flat_.grads()[g].data());
   } else {
     for (size_t g = 0; g < numel_.size(); ++g) reduce_group(int(g));
-    for (CommWork& w : reducing_) w.wait_on(st);
+    for (Reduction& r : reducing_) {
+      r.work.wait_on(st);
+      if (r.low.size()) dev_->ops().convert(st, r.dst, r.low.data(), r.low.size());
+    }
     reducing_.clear();
   }
 }
@@ -408,9 +423,19 @@ void ZeroSharding::grads_ready(int group) {
   }
   const MemoryScope tag(MemoryCategory::kCommunication);
   Buffer<float> mine(dev_, s);
-  CommWork work = comm_.reduce_scatter(st, working_grads_[g].data(), mine.data(), s);
-  scatters_.push_back(
-      Scatter{group, std::move(work), std::move(working_grads_[g]), std::move(mine)});
+  DBuffer low_in, low_out;
+  CommWork work;
+  if (opt_.reduce_dtype == DType::kF32) {
+    work = comm_.reduce_scatter(st, working_grads_[g].data(), mine.data(), s);
+  } else {
+    low_in = DBuffer(dev_, opt_.reduce_dtype, s * size_t(D_));
+    low_out = DBuffer(dev_, opt_.reduce_dtype, s);
+    dev_->ops().convert(st, low_in.data(), working_grads_[g].data(), s * size_t(D_));
+    working_grads_[g] = Buffer<float>();  // the call reads low_in
+    work = comm_.reduce_scatter(st, low_in.data(), low_out.data(), s);
+  }
+  scatters_.push_back(Scatter{group, std::move(work), std::move(working_grads_[g]), std::move(mine),
+                              std::move(low_in), std::move(low_out)});
   // Without overlap each reduce-scatter is waited for at once; with it, at most two stay in
   // flight (their working gradients with them) while the backward goes on.
   retire_scatters(opt_.overlap ? 2 : 0);

@@ -30,8 +30,12 @@ namespace ft {
 //   bucket_elems: a reduction's largest call; a larger group is reduced in several calls.
 //   prefetch_blocks: ZeRO-3 gathers this many groups ahead of the one the model acquires, in
 //     the order the first step acquired them (FSDP's prefetch); 0: each when it is acquired.
+//   reduce_dtype: the element type the gradient reductions move and sum in (FSDP's
+//     reduce_dtype): fp32, or bf16 (half the bytes; each rank's fp32 gradient rounded to bf16
+//     before, the sum widened back after). Needs a communicator that sums bf16 (NCCL).
 struct ZeroOptions {
   bool overlap = true;
+  DType reduce_dtype = DType::kF32;
   int prefetch_blocks = 1;
   size_t bucket_elems = size_t(25) << 20 >> 2;  // 25 MiB of fp32, as PyTorch DDP's bucket_cap_mb
 };
@@ -103,6 +107,14 @@ class ZeroSharding final : public GroupHooks {
     int group;
     CommWork work;
     Buffer<float> working, mine;
+    DBuffer low_in, low_out;  // reduce_dtype bf16: what the call reads and writes
+  };
+  // Stage 0/1: an all-reduce call in flight; with reduce_dtype bf16 it sums `low`, widened back
+  // into dst once the call is ordered on the compute stream.
+  struct Reduction {
+    CommWork work;
+    DBuffer low;
+    float* dst = nullptr;
   };
   void retire_scatters(size_t keep);  // all but the newest `keep`
   void start_gather(size_t g);        // stage 3
@@ -125,11 +137,11 @@ class ZeroSharding final : public GroupHooks {
   ZeroOptions opt_;
   int D_, rank_;
   int micro_batches_ = 1;
-  std::vector<int> ready_count_;    // grads_ready calls of each group this step
-  std::vector<CommWork> reducing_;  // stage 0/1: each group's all-reduce calls in flight
-  std::vector<bool> reduced_;       // stage 0/1: group issued this step
-  std::vector<Scatter> scatters_;   // stage >= 2, oldest first
-  bool nan_pending_ = false;        // test support
+  std::vector<int> ready_count_;     // grads_ready calls of each group this step
+  std::vector<Reduction> reducing_;  // stage 0/1: each group's all-reduce calls in flight
+  std::vector<bool> reduced_;        // stage 0/1: group issued this step
+  std::vector<Scatter> scatters_;    // stage >= 2, oldest first
+  bool nan_pending_ = false;         // test support
   std::vector<size_t> numel_, shard_;
   std::vector<ShardRange> ranges_;
   // fp32 master weights: stage 3 (s) per group; 16-bit compute dtype at stages 0-2: the range.

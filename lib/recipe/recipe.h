@@ -61,7 +61,8 @@ struct ParallelConfig {
   // reduce_bucket_mb MiB of fp32 (parallel/zero.h ZeroOptions).
   bool overlap_comm = true;
   double reduce_bucket_mb = 25;
-  int prefetch_blocks = 1;  // ZeRO-3: groups gathered ahead of use
+  int prefetch_blocks = 1;            // ZeRO-3: groups gathered ahead of use
+  std::string reduce_dtype = "fp32";  // fp32 | bf16: what gradient reductions sum in
 };
 
 struct CheckpointConfig {

@@ -205,6 +205,10 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(parallel, prefetch_blocks, kInt,
                "ZeRO-3: parameter groups gathered ahead of use, while the current one computes",
                {.range = between(0, 8)}),
+        FT_KEY(parallel, reduce_dtype, kChoice,
+               "what the data group's gradient reductions move and sum in (bf16: half the bytes; "
+               "NCCL only)",
+               {.choices = {"fp32", "bf16"}}),
 
         FT_KEY(checkpoint, dir, kString,
                "checkpoint folder (default <run.output_dir>/checkpoints)"),

@@ -153,7 +153,7 @@ class RecordingCommunicator final : public Communicator {
   void note(int64_t before, CountingCommunicator::Kind kind, DType dtype) {
     if (counting.size() > 1)
       calls.push_back({counting.sent_bytes() - before,
-                       kind == reduction_ && dtype == DType::kF32 &&
+                       kind == reduction_ && dtype != DType::kF64 &&
                            std::strcmp(watch_step().phase, "forward/backward") == 0});
   }
   std::string name_;
@@ -578,9 +578,9 @@ void plan_times(MemoryPlan& plan, const Recipe& r, const PlanLinks& links) {
                 "Hidden: the data group's gradient reductions issued during the backward "
                 "(parallel.overlap_comm; ZeRO 0-1: the last micro-batch's, 2-3: every "
                 "micro-batch's), up to the backward's compute time; the last group's reduction, "
-                "ZeRO-1/2's parameter all-gather after the update, ZeRO-3's all-gathers (no "
-                "prefetch yet), tensor all-reduces, pipeline sends (host-staged) and the step's "
-                "agreement are exposed.")
+                "ZeRO-1/2's parameter all-gather after the update, ZeRO-3's all-gathers (their "
+                "prefetch's overlap is not modelled), tensor all-reduces, pipeline sends and the "
+                "step's agreement are exposed.")
           : std::string("Hidden: nothing (parallel.overlap_comm false): every call is exposed."));
   if (P > 1)
     plan.notes.push_back(

@@ -69,6 +69,7 @@ RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
   ZeroOptions zero_options;
   zero_options.overlap = r.parallel.overlap_comm;
   zero_options.prefetch_blocks = r.parallel.prefetch_blocks;
+  zero_options.reduce_dtype = r.parallel.reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   zero_options.bucket_elems =
       std::max<size_t>(1, size_t(r.parallel.reduce_bucket_mb * double(1 << 20)) / sizeof(float));
   s.zero =

@@ -746,6 +746,12 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       make_device_world(r.runtime.communicator, comm, *dev);
   Mesh nccl_mesh;
   if (nccl_world) nccl_mesh = make_mesh(*nccl_world, r.parallel.tensor, r.parallel.pipeline);
+  if (r.parallel.reduce_dtype != "fp32" && mesh.data > 1 && !nccl_world)
+    throw Error(
+        "parallel.reduce_dtype: " + r.parallel.reduce_dtype +
+        " sums gradients through NCCL between GPUs, and this run exchanges them over MPI (" +
+        dev->name() + ", runtime.communicator: " + r.runtime.communicator +
+        "), which sums fp32 only (hint: parallel.reduce_dtype: fp32)");
   const std::unique_ptr<Communicator> tied_holders =
       tied_holders_group(r, nccl_world ? *nccl_world : comm, mesh, *dev, nccl_world != nullptr);
   DeviceGroups groups;

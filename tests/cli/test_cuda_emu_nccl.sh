@@ -11,6 +11,7 @@
 #    gives per-step losses within 1e-6 (fp32; they sum in different orders);
 #  - parallel.overlap_comm on and off give the same bits at ZeRO 0-3 (small buckets, two
 #    micro-batches per rank); ZeRO-3's parallel.prefetch_blocks 0, 1 and 2 too;
+#  - parallel.reduce_dtype bf16 at ZeRO 0 and 2 within bf16 bounds of the CPU, refused over MPI;
 #  - runtime.communicator=nccl on the CPU device is refused, naming why; auto on the CPU uses MPI.
 #   bash tests/cli/test_cuda_emu_nccl.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
@@ -111,6 +112,23 @@ peak() { grep -o '"mem_peak_bytes":[0-9]*' "$1/metrics.jsonl" | tail -1 | cut -d
 (( $(peak "$tmp/pf2") > $(peak "$tmp/pf0") )) \
   || fail "prefetching 2 groups does not raise the peak: $(peak "$tmp/pf2") vs $(peak "$tmp/pf0")"
 echo "ZeRO-3 prefetch 0, 1, 2: the same bits; peak $(peak "$tmp/pf0") B without, $(peak "$tmp/pf2") B with 2"
+
+# parallel.reduce_dtype bf16 (FSDP's reduce_dtype): the gradient reductions move and sum bf16,
+# at ZeRO 0 (all-reduce) and 2 (reduce-scatter), fp32 training: within the bf16 bounds of the
+# CPU run, and not the fp32 reduction's bits (so the setting took effect); MPI refuses it.
+for z in 0 2; do
+  ranks rbf16_z$z 2 nccl parallel.zero_stage=$z parallel.reduce_dtype=bf16 \
+    || fail "reduce_dtype bf16, ZeRO $z: $(tail -5 "$tmp/rbf16_z$z.log")"
+  echo "ZeRO $z, gradients reduced in bf16, against the one-process fp32 CPU run:"
+  compare "$tmp/rbf16_z$z" "$tmp/cpu_fp32" 2e-2 2e-1 || fail "reduce_dtype bf16 ZeRO $z differs"
+  if cmp -s <(grep -o '"grad_norm":[^,]*' "$tmp/rbf16_z$z/metrics.jsonl") \
+            <(grep -o '"grad_norm":[^,]*' "$tmp/nccl_dp2_z${z}_fp32/metrics.jsonl"); then
+    fail "reduce_dtype bf16 gave the fp32 reduction's grad norms: not applied"
+  fi
+done
+ranks rbf16_mpi 2 mpi parallel.reduce_dtype=bf16 && fail "reduce_dtype bf16 over MPI was accepted"
+grep -q 'parallel.reduce_dtype: bf16 sums gradients through NCCL' "$tmp/rbf16_mpi.log" \
+  || fail "reduce_dtype bf16 over MPI: $(grep -m1 rror "$tmp/rbf16_mpi.log")"
 
 # MPI with host staging, the same layout: the same losses up to the order of the sums.
 ranks mpi_dp2_z2 2 mpi parallel.zero_stage=2 || fail "mpi: $(tail -5 "$tmp/mpi_dp2_z2.log")"
