@@ -12,6 +12,7 @@
 #  - parallel.overlap_comm on and off give the same bits at ZeRO 0-3 (small buckets, two
 #    micro-batches per rank); ZeRO-3's parallel.prefetch_blocks 0, 1 and 2 too;
 #  - parallel.reduce_dtype bf16 at ZeRO 0 and 2 within bf16 bounds of the CPU, refused over MPI;
+#  - ft plan's bytes per rank equal what the emulated NCCL counted over a step (4 layouts);
 #  - runtime.communicator=nccl on the CPU device is refused, naming why; auto on the CPU uses MPI.
 #   bash tests/cli/test_cuda_emu_nccl.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
@@ -47,7 +48,8 @@ declare -A loss_rel=([fp32]=1e-5 [bf16]=2e-2) norm_rel=([fp32]=1e-4 [bf16]=2e-1)
 ranks() {
   local name=$1 np=$2 how=$3
   shift 3
-  FT_CUDA_EMU_DEVICES=$np mpirun "${mpirun_args[@]}" -np "$np" -x FT_CUDA_EMU_DEVICES "$emu" \
+  FT_CUDA_EMU_DEVICES=$np mpirun "${mpirun_args[@]}" -np "$np" -x FT_CUDA_EMU_DEVICES \
+    ${FT_NCCL_EMU_TALLY:+-x FT_NCCL_EMU_TALLY} "$emu" \
     train "$tmp/r.yaml" run.output_dir="$tmp/$name" runtime.device=cuda \
     runtime.communicator="$how" "$@" > "$tmp/$name.log" 2>&1
 }
@@ -129,6 +131,32 @@ done
 ranks rbf16_mpi 2 mpi parallel.reduce_dtype=bf16 && fail "reduce_dtype bf16 over MPI was accepted"
 grep -q 'parallel.reduce_dtype: bf16 sums gradients through NCCL' "$tmp/rbf16_mpi.log" \
   || fail "reduce_dtype bf16 over MPI: $(grep -m1 rror "$tmp/rbf16_mpi.log")"
+
+# ft plan's bytes are what the emulated NCCL counted (FT_NCCL_EMU_TALLY: bytes each rank sent,
+# by the same ring formulas) over one step, per rank, for each kind of layout: the plan's data,
+# tensor and pipeline groups less the step's host scalars, which go over MPI (the token count
+# and the loss, 8 B each in a group of 2, on the data group; the loss on the pipeline group).
+for l in "dz2 parallel.zero_stage=2 16" "dz3 parallel.zero_stage=3 16" "tp parallel.tensor=2 0" \
+         "pp parallel.pipeline=2 8"; do
+  read -r name override host <<< "$l"
+  FT_NCCL_EMU_TALLY="$tmp/tally_$name" ranks tally_$name 2 nccl "$override" training.steps=1 \
+    training.eval_every_steps=0 || fail "tally $name: $(tail -5 "$tmp/tally_$name.log")"
+  "$emu" plan "$tmp/r.yaml" --world 2 runtime.device=cuda runtime.communicator=nccl \
+    "$override" --json > "$tmp/tally_$name.json" || fail "plan $name"
+  /usr/bin/python3 - "$tmp" "$name" "$host" <<'PY' || fail "plan $name: bytes differ from NCCL's"
+import json, sys
+tmp, name, host = sys.argv[1], sys.argv[2], int(sys.argv[3])
+plan = json.load(open(f"{tmp}/tally_{name}.json"))
+for role in plan["roles"]:
+    planned = (role["sent_data_bytes"] + role["sent_tensor_bytes"] + role["sent_pipeline_bytes"]
+               - host)
+    for r in role["ranks"]:
+        kinds = dict(l.split() for l in open(f"{tmp}/tally_{name}.{r}"))
+        counted = sum(int(v) for v in kinds.values())
+        assert counted == planned, (name, r, counted, planned, kinds)
+        print(f"{name} rank {r}: ft plan {planned} B = emulated NCCL {counted} B ({kinds})")
+PY
+done
 
 # MPI with host staging, the same layout: the same losses up to the order of the sums.
 ranks mpi_dp2_z2 2 mpi parallel.zero_stage=2 || fail "mpi: $(tail -5 "$tmp/mpi_dp2_z2.log")"

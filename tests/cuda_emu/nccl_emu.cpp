@@ -74,14 +74,12 @@ std::vector<P2p> g_p2p;  // sends and receives of the open group
 // Bytes this process would have sent, by kind: all-reduce, reduce-scatter, all-gather,
 // broadcast, send.
 std::array<int64_t, 5> g_sent{};
+int g_world_rank =
+    0;  // set by ncclCommInitRank (MPI is finalized by the time the tally is written)
 void write_tally() {
   const char* path = std::getenv("FT_NCCL_EMU_TALLY");
   if (!path || !*path) return;
-  int rank = 0, inited = 0, finalized = 0;
-  MPI_Initialized(&inited);
-  MPI_Finalized(&finalized);
-  if (inited && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  const std::string file = std::string(path) + "." + std::to_string(rank);
+  const std::string file = std::string(path) + "." + std::to_string(g_world_rank);
   if (FILE* f = std::fopen(file.c_str(), "w")) {
     const char* names[] = {"all-reduce", "reduce-scatter", "all-gather", "broadcast", "send"};
     for (size_t k = 0; k < g_sent.size(); ++k)
@@ -276,6 +274,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
   auto c = std::make_unique<ncclComm>();
   c->rank = rank;
   c->size = nranks;
+  g_world_rank = rank;
   int inited = 0;
   MPI_Initialized(&inited);
   if (nranks > 1 || inited) {
