@@ -343,7 +343,7 @@ def nccl_stage(chk, B, ft, data, work, device):
         rc, text = chk.run("nccl", [tool], 300, env=env)
         version = nccl_version(text)
         found = (f"NCCL {version // 10000}.{version // 100 % 100}.{version % 100}"
-                 if version else "no NCCL version reported") + f", found through {how}"
+                 if version else "NCCL version unknown (the check did not reach NCCL)") + f", found through {how}"
         last = [l for l in text.splitlines() if l.startswith(("ft_nccl_check:", "no GPU:",
                                                               "no NCCL:"))]
         chk.record("nccl", "PASS" if rc == 0 else ("SKIP" if rc == 77 else "FAIL"),
