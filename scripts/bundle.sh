@@ -17,6 +17,9 @@
 # The build is portable: no -march anywhere, the CPU kernels' AVX2 and AVX-512 code chosen at
 # run time by cpuid (kernels.h's cpu_isa(); FT_CPU_ISA overrides it), so no x86-64-v3 or other
 # -march flag is needed for the bundle to run on a GPU host that differs from this machine.
+# Open MPI: ft's libmpi and the libraries it links are shipped (lib/), not mpirun, orted or the
+# MCA plugins it opens from Open MPI's own folder: several ranks need Open MPI 4.1 installed on
+# the GPU machine (gpu_check.py's nccl stage looks for mpirun and says when there is none).
 # Not shipped: the base system's C runtime (glibc's libraries, libgcc_s: every image has
 # them; ft needs glibc 2.34 or newer, which the CUDA 13 images have) and the CUDA toolkit and
 # driver (libcuda, libcudart, libcublas*, libnccl, libcudnn*, ...: the GPU image has its own,
@@ -53,7 +56,8 @@ mkdir -p "$stage/lib" "$stage/tests"
 
 # Executables: the top level of the build folder (ft, and whatever else a helper puts there)
 # and build/tests/ (the GPU-side test binaries: ft_cuda_device_check, lt_gemm_gpu_tests,
-# ft_ops_gpu_tests, and ft_cuda_bench_attention, which times ft's attention for gpu_check.py's
+# ft_ops_gpu_tests, ft_nccl_check for the nccl stage (it opens the GPU image's libnccl.so.2, never
+# shipped), and ft_cuda_bench_attention, which times ft's attention for gpu_check.py's
 # attention stage), plus the native CUDA kernel tests of build/tests/cuda_emu/
 # (ft_cuda_kernel_tests; the emulation's own binaries stay behind); never CMake's own files.
 is_exe() { [[ -f "$1" && -x "$1" && $(head -c 4 "$1" | tr -d '\0') == $'\x7fELF' ]]; }

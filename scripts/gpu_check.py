@@ -16,6 +16,17 @@ Checks, in order (each PASS, FAIL or SKIP with a reason; a failure does not stop
   lt_gemm      the cuBLASLt GEMMs against the CPU GEMMs (tests/lt_gemm_gpu_tests)
   device       the CUDA device: allocator, copies, pinned staging, out of memory
                (tests/ft_cuda_device_check)
+  nccl         NCCL, one rank (tests/ft_nccl_check: ncclCommInitRank, two ncclCommSplits, every
+               collective in f32/f64/bf16/f16 against host staging bit for bit, wait and
+               wait_on stream order), with libnccl.so.2 from the loader's path, else PyTorch's
+               wheels (nvidia.nccl's lib/, torch's lib/); the row names the NCCL found. With NCCL
+               2.30 or newer (NCCL_MULTI_RANK_GPU_ENABLE=1 lets two ranks share one GPU; older
+               NCCL refuses with "Duplicate GPU detected") and an mpirun on the machine, also
+               ft train of the tiny model on runtime.communicator=nccl as data 2 and as tensor 2,
+               two ranks on the one GPU, against one rank (tests/cli/compare_metrics.py, fp32
+               without TF32, losses 1e-4 and gradient norms 1e-3 relative); else the row says
+               which of the two was missing and that the two-rank runs were skipped. Limit 120 s
+               (estimate: 40 s, not measured)
   memcheck     compute-sanitizer --tool memcheck over the kernel tests
   racecheck    compute-sanitizer --tool racecheck over the kernel tests
   fp32_vs_cpu  50 steps on the GPU and on the CPU, fp32: losses within 1e-4 relative
@@ -54,6 +65,9 @@ startup per ft run and 20-30 s of import and model building per PyTorch run, 1-2
 torch.compile — not measured as a whole):
   --only env,attention,bench,torch,torch_compile            limits 570 s, about 4 min
   --only profile,bench_long,bench_8b                        limits 450 s, about 2 min
+  --only env,device,nccl                                    limits 180 s, about 1 min
+    (issue 17's point 6 alone: FT_LEASE_NCU=0 bash scripts/gpu_lease.sh 240 env,device,nccl;
+    nccl also fits beside the second line, 570 s)
   --only env,kernels,ops,lt_gemm,device,fp32_vs_cpu,bf16_vs_cpu,determinism
                                                             limits 570 s, about 3 min
 The three together, about 9 minutes, are the whole check but the sanitizers; the first two
@@ -98,7 +112,7 @@ ATTENTION_SHAPES = [(4, 32, 8, 2048, 64), (2, 32, 8, 2048, 128), (1, 32, 8, 8192
 # Sized at about twice the stage's expected time on an H100 or more (the docstring's estimates),
 # and so that each suggested split's limits add up to at most 570 s: a 10-minute command ends
 # even when every stage of it hangs.
-LIMITS = dict(env=30, kernels=150, ops=120, lt_gemm=60, device=30, memcheck=570,
+LIMITS = dict(env=30, kernels=150, ops=120, lt_gemm=60, device=30, nccl=120, memcheck=570,
               racecheck=570, fp32_vs_cpu=60, bf16_vs_cpu=60, determinism=60, attention=90,
               bench=150, torch=90, torch_compile=210, profile=120, bench_long=150, bench_8b=180)
 
@@ -278,6 +292,133 @@ def profile_stage(chk, ft, data, work, a):
     chk.record("profile", "PASS", " | ".join(" ".join(l.split()) for l in keep))
 
 
+def find_nccl():
+    """The folder holding libnccl.so.2 and how it was found: (None, "") when the loader finds it
+    itself (ldconfig's cache or LD_LIBRARY_PATH), else PyTorch's NCCL (the nvidia-nccl wheel's
+    lib/, or torch's own lib/), else (None, why none was found)."""
+    try:
+        cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True,
+                               timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        cache = ""
+    if "libnccl.so.2 " in cache:
+        return None, "the loader's cache (ldconfig)"
+    for d in filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":")):
+        if os.path.exists(os.path.join(d, "libnccl.so.2")):
+            return None, f"LD_LIBRARY_PATH ({d})"
+    import importlib.util
+    for mod, sub in (("nvidia.nccl", "lib"), ("torch", "lib")):
+        try:
+            spec = importlib.util.find_spec(mod)
+        except (ImportError, ValueError):
+            spec = None
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            d = os.path.join(root, sub)
+            if os.path.exists(os.path.join(d, "libnccl.so.2")):
+                return d, f"PyTorch's wheel ({d})"
+    return None, "libnccl.so.2 is not on the loader's path, and no nvidia.nccl or torch wheel "\
+                 "holds one"
+
+
+def nccl_version(text):
+    """NCCL_VERSION_CODE (2.30.1: 23001) from ft_nccl_check's "nccl X.Y.Z" (or its refusal,
+    "NCCL X.Y.Z is outside the supported range"), else 0."""
+    import re
+    m = re.search(r"\bnccl (\d+)\.(\d+)\.(\d+)", text, re.I)
+    return int(m[1]) * 10000 + int(m[2]) * 100 + int(m[3]) if m else 0
+
+
+def nccl_stage(chk, B, ft, data, work, device):
+    """One rank through NCCL (tests/ft_nccl_check); with NCCL 2.30 or newer and an mpirun, data
+    2 and tensor 2 as two ranks on the one GPU against one rank (rows nccl, nccl_dp2,
+    nccl_tp2)."""
+    tool = os.path.join(B, "tests", "ft_nccl_check")
+    folder, how = find_nccl()
+    env = dict(os.environ)
+    if folder:
+        env["LD_LIBRARY_PATH"] = ":".join(filter(None, [folder, env.get("LD_LIBRARY_PATH")]))
+    version, found = 0, ""
+    if not os.path.exists(tool):
+        chk.record("nccl", "SKIP", "the bundle has no tests/ft_nccl_check (a build without "
+                   "ft_nccl: nccl.h and MPI at configure)")
+    else:
+        rc, text = chk.run("nccl", [tool], 300, env=env)
+        version = nccl_version(text)
+        found = (f"NCCL {version // 10000}.{version // 100 % 100}.{version % 100}"
+                 if version else "NCCL version unknown (the check did not reach NCCL)")
+        found += f", found through {how}"
+        last = [l for l in text.splitlines() if l.startswith(("ft_nccl_check:", "no GPU:",
+                                                              "no NCCL:"))]
+        chk.record("nccl", "PASS" if rc == 0 else ("SKIP" if rc == 77 else "FAIL"),
+                   f"{found}; " + ("; ".join(last) or f"exit {rc}: see {chk.log('nccl')}"))
+    # Two ranks on one GPU: NCCL below 2.30 refuses ("Duplicate GPU detected").
+    # --device cpu (a try-out without a GPU) runs them on the CPU over MPI, whatever NCCL says:
+    # the plumbing (mpirun, the recipes, the comparison) without NCCL.
+    dry = device == "cpu"
+    mpirun = shutil.which("mpirun")
+    if not dry and version < 23000:
+        chk.record("nccl_ranks", "SKIP", "two-rank runs (data 2, tensor 2) skipped: "
+                   + (f"the NCCL found ({found}) is below 2.30, which refuses two ranks on one "
+                      "GPU" if version else "no usable NCCL was found"))
+        return
+    if not mpirun:
+        chk.record("nccl_ranks", "SKIP", "two-rank runs (data 2, tensor 2) skipped: no mpirun "
+                   "on this machine (the bundle carries Open MPI's libmpi for ft, not its "
+                   "launcher)")
+        return
+    try:
+        mpi_version = subprocess.run([mpirun, "--version"], capture_output=True, text=True,
+                                     timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        mpi_version = "mpirun --version said nothing"
+    comm = "mpi" if dry else "nccl"
+    run_dir = os.path.join(work, "nccl_ranks")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    recipe = os.path.join(run_dir, "recipe.yaml")
+    # fp32, 10 steps of 4 sequences of 128 tokens: each rank of data 2 takes 2 of them.
+    write_recipe(recipe, TINY, data, os.path.join(run_dir, "one"), 10, 128, 2, "fp32", device)
+    # runtime.tf32=false: exact fp32 GEMMs, so that the bounds below hold tensor 2's halved
+    # GEMMs to fp32's rounding, not TF32's (~1e-3).
+    common = ["train", recipe, "--resume", "never", "training.global_batch_size=4",
+              "runtime.tf32=false"]
+    rc, _ = chk.run("nccl_one", [ft] + common, 300, env=env)
+    if rc:
+        chk.record("nccl_ranks", "FAIL", f"the one-rank run: exit {rc}: see "
+                   f"{chk.log('nccl_one')}")
+        return
+    args = [mpirun, "-np", "2", "--oversubscribe"]
+    if os.getuid() == 0:
+        args.append("--allow-run-as-root")
+    env2 = dict(env, NCCL_MULTI_RANK_GPU_ENABLE="1")
+    for v in ("NCCL_MULTI_RANK_GPU_ENABLE", "LD_LIBRARY_PATH"):
+        args += ["-x", v]
+    compare_py = os.path.join(B, "tests", "cli", "compare_metrics.py")
+    for name, override in (("nccl_dp2", "parallel.tensor=1"), ("nccl_tp2", "parallel.tensor=2")):
+        out = os.path.join(run_dir, name)
+        rc, text = chk.run(name, args + [ft] + common + [
+            f"run.output_dir={out}", f"logging.metrics={os.path.join(out, 'metrics.jsonl')}",
+            f"runtime.communicator={comm}", override], 300, env=env2)
+        if rc:
+            chk.record(name, "FAIL", f"two ranks ({mpi_version}): exit {rc}: see "
+                       f"{chk.log(name)}")
+            continue
+        header = [l for l in text.splitlines() if l.startswith("ft: device memory between "
+                                                               "ranks:")]
+        if not dry and not any(": nccl 2." in l for l in header):
+            chk.record(name, "FAIL", f"the run did not use NCCL: {header or 'no header line'}")
+            continue
+        rc, cmp = chk.run(name + "_compare", [sys.executable, compare_py, out,
+                                              os.path.join(run_dir, "one"), "--loss-rel", "1e-4",
+                                              "--norm-rel", "1e-3", "--min-entries", "20"], 60)
+        worst = "; ".join(l.strip() for l in cmp.splitlines() if l.strip())[-300:]
+        what = "data 2" if name == "nccl_dp2" else "tensor 2"
+        chk.record(name, "PASS" if rc == 0 else "FAIL",
+                   f"{what}, two ranks on one {device} device over {comm}"
+                   + (" (--device cpu: a try-out of the plumbing, no NCCL)" if dry else "")
+                   + f", against one rank: {worst}")
+
+
 def gpu_name():
     try:
         return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
@@ -366,6 +507,9 @@ def main():
         rc, text = chk.run(name, [path], 900)
         last = [l for l in text.splitlines() if l.strip()][-1:] or [f"exit {rc}"]
         chk.record(name, "PASS" if rc == 0 else ("SKIP" if rc == 77 else "FAIL"), last[0])
+    if want("nccl"):
+        chk.stage(limit("nccl"))
+        nccl_stage(chk, B, ft, os.path.join(B, "data", "tiny"), work, a.device)
     sanitizer = shutil.which("compute-sanitizer") or (
         "/usr/local/cuda/bin/compute-sanitizer"
         if os.path.exists("/usr/local/cuda/bin/compute-sanitizer") else None)
