@@ -166,7 +166,7 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
-    nccl().ncclCommDestroy(comm_);
+    if (comm_) nccl().ncclCommDestroy(comm_);  // null after abort()
   }
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
