@@ -43,7 +43,9 @@
 //      price of no atomics); V_{j+1} loads during Q K_jᵀ and dS K_j, K_{j+1} during dO V_{j+1}ᵀ.
 // P and dS are rounded to E before they multiply V, dO, Q or K (as every tensor-core attention
 // does); the rest is fp32 with one rounding of each output element.
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -60,10 +62,8 @@ constexpr int kRows = 16;               // M rows per warp: one m16 tile
 constexpr int kTileQ = kWarps * kRows;  // forward and dQ: query rows per block
 constexpr int kTileK = kWarps * kRows;  // keys per tile (per block in dK/dV)
 constexpr float kLog2e = 1.4426950408889634f;
-// dK/dV's query tile: 64 at D = 64; 32 at D = 128, so that dK, dV (D/2 floats each per lane),
-// Sᵀ and dPᵀ (kTileQ/4 floats each) stay in registers.
-template <int D>
-constexpr int kDkdvTileQ = D == 64 ? 64 : 32;
+// dK/dV's query tile (dkdv_launch): 64 at D = 64; 32 at D = 128, so that dK, dV (D/2 floats
+// each per lane), Sᵀ and dPᵀ (tile/4 floats each) stay in registers.
 template <int D>
 constexpr int kPitch = D + 8;  // shared-memory row pitch in elements (16-byte multiple)
 
@@ -71,17 +71,17 @@ template <int D>
 constexpr size_t tile_bytes(int rows) {
   return size_t(rows) * kPitch<D> * 2;
 }
-template <int D>
+template <int D, int MT>
 constexpr size_t fwd_smem_bytes() {
-  return tile_bytes<D>(kTileQ) + 2 * tile_bytes<D>(kTileK);  // Q, K, V
+  return tile_bytes<D>(MT * kTileQ) + 2 * tile_bytes<D>(kTileK);  // Q, K, V
 }
 template <int D>
 constexpr size_t dq_smem_bytes() {
   return 2 * tile_bytes<D>(kTileQ) + 2 * tile_bytes<D>(kTileK);  // Q, dO, K, V
 }
-template <int D>
+template <int D, int TQ>
 constexpr size_t dkdv_smem_bytes() {
-  return 4 * tile_bytes<D>(kDkdvTileQ<D>) + 2 * tile_bytes<D>(kTileK);  // Q, dO twice; K, V
+  return 4 * tile_bytes<D>(TQ) + 2 * tile_bytes<D>(kTileK);  // Q, dO twice; K, V
 }
 
 // Issues the cp.asyncs of a (R, D) tile: row r of the tile from src + r·ld (16 bytes per copy,
@@ -169,18 +169,21 @@ __device__ __forceinline__ bool sees_one_key(const int32_t* seg_b, int r) {
   return r == 0 || (seg_b && seg_b[r - 1] != seg_b[r]);
 }
 
-template <typename E, int D>
+// MT: m16 tiles per warp (16·MT query rows a warp, 64·MT a block): each K and V fragment read
+// from shared memory feeds MT products (FA2's 128-row blocks at MT = 2).
+template <typename E, int D, int MT>
 __global__ void __launch_bounds__(kThreads)
     attention_fused_forward_kernel(device_t<E>* out, float* lse, const device_t<E>* q,
                                    const device_t<E>* k, const device_t<E>* v, const int32_t* seg,
                                    int T_, int H, int K, float scale) {
   using Dev = device_t<E>;
+  constexpr int kTq = MT * kTileQ, kWarpRows = MT * kRows;
   FT_DYNAMIC_SHARED(Dev, q_s);
-  Dev* k_s = q_s + kTileQ * kPitch<D>;
+  Dev* k_s = q_s + kTq * kPitch<D>;
   Dev* v_s = k_s + kTileK * kPitch<D>;
   __shared__ int32_t kseg_s[kTileK];
   // The last query tiles see the most keys: they go first, so that the grid ends evenly.
-  const int i0 = (gridDim.x - 1 - blockIdx.x) * kTileQ;
+  const int i0 = (gridDim.x - 1 - blockIdx.x) * kTq;
   const int h = blockIdx.y, b = blockIdx.z, kh = h / (H / K);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, qd = lane & 3;
   const size_t ldq = size_t(H) * D, ldk = size_t(K) * D;
@@ -192,24 +195,30 @@ __global__ void __launch_bounds__(kThreads)
   // that issued it, and a __syncthreads then makes all threads' copies visible.
   const int j_first = first_key_tile(seg_b, i0, T_);
   const size_t kvoff = size_t(b) * T_ * ldk + size_t(kh) * D;  // key 0 of this kv head
-  load_tile<kTileQ, D>(q_s, q + (size_t(b) * T_ + i0) * ldq + size_t(h) * D, ldq, T_ - i0);
+  load_tile<kTq, D>(q_s, q + (size_t(b) * T_ + i0) * ldq + size_t(h) * D, ldq, T_ - i0);
   load_tile<kTileK, D>(k_s, k + kvoff + size_t(j_first) * ldk, ldk, T_ - j_first);
   cp_async_commit();
 
-  // This lane's two rows (C fragment rows g and g + 8 of the warp's 16).
-  const int wr = i0 + warp * kRows;
-  int row[2], rseg[2];
+  // This lane's rows: C fragment rows g and g + 8 of each of the warp's MT m-tiles.
+  const int wr = i0 + warp * kWarpRows;
+  int row[MT][2], rseg[MT][2];
 #pragma unroll
-  for (int x = 0; x < 2; ++x) {
-    row[x] = wr + lane / 4 + 8 * x;
-    rseg[x] = seg_b && row[x] < T_ ? seg_b[row[x]] : 0;
-  }
-  float o[D / 8][4];
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-  for (int t = 0; t < D / 8; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row
+    for (int x = 0; x < 2; ++x) {
+      row[mt][x] = wr + kRows * mt + lane / 4 + 8 * x;
+      rseg[mt][x] = seg_b && row[mt][x] < T_ ? seg_b[row[mt][x]] : 0;
+    }
+  float o[MT][D / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) o[mt][t][0] = o[mt][t][1] = o[mt][t][2] = o[mt][t][3] = 0.0f;
+  float m[MT][2], l[MT][2];  // l: this lane's part of the row
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
 
-  const int last = min(i0 + kTileQ, T_) - 1;
+  const int last = min(i0 + kTq, T_) - 1;
   for (int j0 = j_first; j0 <= last; j0 += kTileK) {
     __syncthreads();  // no warp still reads the previous V (P V) or key ids
     load_tile<kTileK, D>(v_s, v + kvoff + size_t(j0) * ldk, ldk, T_ - j0);
@@ -219,58 +228,69 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_wait<1>();  // Q and K_j here; V_j may still be in flight
     __syncthreads();
 
-    float s[kTileK / 8][4];
+    float s[MT][kTileK / 8][4];
 #pragma unroll
-    for (int t = 0; t < kTileK / 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int t = 0; t < kTileK / 8; ++t)
+        s[mt][t][0] = s[mt][t][1] = s[mt][t][2] = s[mt][t][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4];
-      load_a<D>(a, q_s, warp * kRows, 16 * kk, lane);
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        load_a<D>(a[mt], q_s, warp * kWarpRows + kRows * mt, 16 * kk, lane);
 #pragma unroll
       for (int nt = 0; nt < kTileK / 16; ++nt) {
         uint32_t bb[4];
         load_b_nk<D>(bb, k_s, 16 * nt, 16 * kk, lane);
-        mma2<E>(s[2 * nt], s[2 * nt + 1], a, bb);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma2<E>(s[mt][2 * nt], s[mt][2 * nt + 1], a[mt], bb);
       }
     }
-    // Mask where the tile crosses the warp's diagonal, the end of the sequence, or documents.
-    if (seg_b || j0 + kTileK - 1 > wr || j0 + kTileK > T_) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      // Mask where the tile crosses the m-tile's diagonal, the end of the sequence, or documents.
+      const int mr = wr + kRows * mt;
+      if (seg_b || j0 + kTileK - 1 > mr || j0 + kTileK > T_) {
+#pragma unroll
+        for (int t = 0; t < kTileK / 8; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int c = j0 + 8 * t + 2 * qd + (e & 1), x = e >> 1;
+            if (c > row[mt][x] || c >= T_ || (seg_b && kseg_s[c - j0] != rseg[mt][x]))
+              s[mt][t][e] = -INFINITY;
+          }
+      }
+      float mx[2] = {m[mt][0], m[mt][1]};
+#pragma unroll
+      for (int t = 0; t < kTileK / 8; ++t) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[mt][t][0], s[mt][t][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[mt][t][2], s[mt][t][3]));
+      }
+      float sub[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        mx[x] = quad_max(mx[x]);
+        // A row with nothing visible yet keeps m = −inf: subtract 0 instead (no −inf − −inf).
+        sub[x] = mx[x] == -INFINITY ? 0.0f : mx[x] * scale_log2;
+        const float alpha = exp2_approx(fmaf(m[mt][x], scale_log2, -sub[x]));  // 0 while m = −inf
+        m[mt][x] = mx[x];
+        l[mt][x] *= alpha;
+#pragma unroll
+        for (int t = 0; t < D / 8; ++t) {
+          o[mt][t][2 * x] *= alpha;
+          o[mt][t][2 * x + 1] *= alpha;
+        }
+      }
 #pragma unroll
       for (int t = 0; t < kTileK / 8; ++t)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int c = j0 + 8 * t + 2 * qd + (e & 1), x = e >> 1;
-          if (c > row[x] || c >= T_ || (seg_b && kseg_s[c - j0] != rseg[x])) s[t][e] = -INFINITY;
+          s[mt][t][e] = exp2_approx(fmaf(s[mt][t][e], scale_log2, -sub[e >> 1]));
+          l[mt][e >> 1] += s[mt][t][e];
         }
     }
-    float mx[2] = {m[0], m[1]};
-#pragma unroll
-    for (int t = 0; t < kTileK / 8; ++t) {
-      mx[0] = fmaxf(mx[0], fmaxf(s[t][0], s[t][1]));
-      mx[1] = fmaxf(mx[1], fmaxf(s[t][2], s[t][3]));
-    }
-    float sub[2];
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-      mx[x] = quad_max(mx[x]);
-      // A row with nothing visible yet keeps m = −inf: subtract 0 instead (no −inf − −inf).
-      sub[x] = mx[x] == -INFINITY ? 0.0f : mx[x] * scale_log2;
-      const float alpha = exp2_approx(fmaf(m[x], scale_log2, -sub[x]));  // 0 while m = −inf
-      m[x] = mx[x];
-      l[x] *= alpha;
-#pragma unroll
-      for (int t = 0; t < D / 8; ++t) {
-        o[t][2 * x] *= alpha;
-        o[t][2 * x + 1] *= alpha;
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kTileK / 8; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[t][e] = exp2_approx(fmaf(s[t][e], scale_log2, -sub[e >> 1]));
-        l[e >> 1] += s[t][e];
-      }
     __syncthreads();  // no warp still reads K_j: K_{j+1} may overwrite it
     if (j0 + kTileK <= last)
       load_tile<kTileK, D>(k_s, k + kvoff + size_t(j0 + kTileK) * ldk, ldk, T_ - j0 - kTileK);
@@ -280,29 +300,33 @@ __global__ void __launch_bounds__(kThreads)
     // O += P V: P's A fragments from S's C fragments; V rows are the k dimension (.trans).
 #pragma unroll
     for (int ks = 0; ks < kTileK / 16; ++ks) {
-      uint32_t a[4];
-      c_to_a<E>(a, s[2 * ks], s[2 * ks + 1]);
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) c_to_a<E>(a[mt], s[mt][2 * ks], s[mt][2 * ks + 1]);
 #pragma unroll
       for (int dt = 0; dt < D / 16; ++dt) {
         uint32_t bb[4];
         load_b_kn<D>(bb, v_s, 16 * ks, 16 * dt, lane);
-        mma2<E>(o[2 * dt], o[2 * dt + 1], a, bb);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma2<E>(o[mt][2 * dt], o[mt][2 * dt + 1], a[mt], bb);
       }
     }
   }
   cp_async_wait<0>();  // the last (empty) group: nothing pending at exit
 #pragma unroll
-  for (int x = 0; x < 2; ++x) {
-    const float sum = quad_sum(l[x]);
-    if (row[x] >= T_) continue;
-    const float inv = 1.0f / sum;
-    Dev* orow = out + (size_t(b) * T_ + row[x]) * ldq + size_t(h) * D + 2 * qd;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int t = 0; t < D / 8; ++t)
-      *reinterpret_cast<uint32_t*>(orow + 8 * t) =
-          pack2<E>(o[t][2 * x] * inv, o[t][2 * x + 1] * inv);
-    if (qd == 0) lse[(size_t(b) * H + h) * T_ + row[x]] = m[x] * scale + logf(sum);
-  }
+    for (int x = 0; x < 2; ++x) {
+      const float sum = quad_sum(l[mt][x]);
+      if (row[mt][x] >= T_) continue;
+      const float inv = 1.0f / sum;
+      Dev* orow = out + (size_t(b) * T_ + row[mt][x]) * ldq + size_t(h) * D + 2 * qd;
+#pragma unroll
+      for (int t = 0; t < D / 8; ++t)
+        *reinterpret_cast<uint32_t*>(orow + 8 * t) =
+            pack2<E>(o[mt][t][2 * x] * inv, o[mt][t][2 * x + 1] * inv);
+      if (qd == 0) lse[(size_t(b) * H + h) * T_ + row[mt][x]] = m[mt][x] * scale + logf(sum);
+    }
 }
 
 template <typename E, int D>
@@ -455,14 +479,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename E, int D>
-__global__ void __launch_bounds__(kThreads)
+// TQ: query rows of a tile; MINB: blocks an SM should hold (__launch_bounds__'s register cap).
+template <typename E, int D, int TQ, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
     attention_fused_dkdv_kernel(device_t<E>* dk, device_t<E>* dv, const device_t<E>* dout,
                                 const float* lse, const float* delta, const device_t<E>* q,
                                 const device_t<E>* k, const device_t<E>* v, const int32_t* seg,
                                 int T_, int H, int K, float scale) {
   using Dev = device_t<E>;
-  constexpr int kTq = kDkdvTileQ<D>;
+  constexpr int kTq = TQ;
   FT_DYNAMIC_SHARED(Dev, k_s);
   Dev* v_s = k_s + kTileK * kPitch<D>;
   Dev* qdo_s = v_s + kTileK * kPitch<D>;  // [buffer][Q, dO][kTq][pitch]
@@ -650,14 +675,83 @@ void allow_smem(const void* kernel, size_t bytes, const char* what) {
 
 float softmax_scale(int D) { return 1.0f / std::sqrt(float(D)); }
 
+// The instantiated variants of the head-dim-64 kernels, for tuning on a GPU:
+// FT_CUDA_FUSED_TUNING="fwd_mt=2,dkdv_tq=32,dkdv_minb=3" (comma-separated key=value; unset keys
+// keep the defaults below) picks one, so ft_cuda_bench_attention can time each in one run.
+// Not a user setting: ft's results do not depend on it beyond rounding, and a value that is not
+// instantiated is an error naming the ones that are. Head dim 128 has one variant.
+struct Tuning {
+  int fwd_mt = 1;     // m16 tiles per warp in the forward: 1 or 2
+  int dkdv_tq = 64;   // dK/dV's query tile: 64 or 32
+  int dkdv_minb = 1;  // dK/dV's __launch_bounds__ blocks per SM: 1 (none), or 3 with dkdv_tq 32
+};
+
+Tuning parse_tuning(const char* text) {
+  Tuning t;
+  if (!text || !*text) return t;
+  const std::string all(text);
+  size_t at = 0;
+  while (at <= all.size()) {
+    const size_t comma = std::min(all.find(',', at), all.size());
+    const std::string item = all.substr(at, comma - at);
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    int* field = key == "fwd_mt"      ? &t.fwd_mt
+                 : key == "dkdv_tq"   ? &t.dkdv_tq
+                 : key == "dkdv_minb" ? &t.dkdv_minb
+                                      : nullptr;
+    if (!field || eq == std::string::npos)
+      throw ::ft::Error("FT_CUDA_FUSED_TUNING: '" + item +
+                        "' is not key=value with a key of fwd_mt, dkdv_tq, dkdv_minb");
+    *field = std::atoi(item.c_str() + eq + 1);
+    at = comma + 1;
+  }
+  const bool fwd_ok = t.fwd_mt == 1 || t.fwd_mt == 2;
+  const bool dkdv_ok = (t.dkdv_tq == 64 && t.dkdv_minb == 1) ||
+                       (t.dkdv_tq == 32 && (t.dkdv_minb == 1 || t.dkdv_minb == 3));
+  if (!fwd_ok || !dkdv_ok)
+    throw ::ft::Error("FT_CUDA_FUSED_TUNING='" + all +
+                      "': the instantiated variants are fwd_mt 1 or 2, and (dkdv_tq, "
+                      "dkdv_minb) (64, 1), (32, 1) or (32, 3)");
+  return t;
+}
+
+const Tuning& tuning() {
+  static const Tuning t = parse_tuning(std::getenv("FT_CUDA_FUSED_TUNING"));
+  return t;
+}
+
+template <typename T, int D, int MT>
+void forward_launch(T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* seg,
+                    int B, int T_, int H, int K, void* stream) {
+  auto kernel = attention_fused_forward_kernel<T, D, MT>;
+  const size_t smem = fwd_smem_bytes<D, MT>();
+  constexpr int kTq = MT * kTileQ;
+  allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_fused_forward");
+  FT_LAUNCH(kernel, dim3((T_ + kTq - 1) / kTq, H, B), kThreads, smem, stream)
+  (dev(out), lse, dev(q), dev(k), dev(v), seg, T_, H, K, softmax_scale(D));
+  FT_CUDA_CHECK_LAUNCH();
+}
+
 template <typename T, int D>
 void forward_d(T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* seg, int B,
                int T_, int H, int K, void* stream) {
-  auto kernel = attention_fused_forward_kernel<T, D>;
-  const size_t smem = fwd_smem_bytes<D>();
-  allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_fused_forward");
-  FT_LAUNCH(kernel, dim3((T_ + kTileQ - 1) / kTileQ, H, B), kThreads, smem, stream)
-  (dev(out), lse, dev(q), dev(k), dev(v), seg, T_, H, K, softmax_scale(D));
+  if constexpr (D == 64) {
+    if (tuning().fwd_mt == 2)
+      return forward_launch<T, D, 2>(out, lse, q, k, v, seg, B, T_, H, K, stream);
+  }
+  forward_launch<T, D, 1>(out, lse, q, k, v, seg, B, T_, H, K, stream);
+}
+
+template <typename T, int D, int TQ, int MINB>
+void dkdv_launch(T* dk, T* dv, const T* dout, const float* lse, const float* delta, const T* q,
+                 const T* k, const T* v, const int32_t* seg, int B, int T_, int H, int K,
+                 float scale, void* stream) {
+  auto dkdv = attention_fused_dkdv_kernel<T, D, TQ, MINB>;
+  constexpr size_t smem = dkdv_smem_bytes<D, TQ>();
+  allow_smem(reinterpret_cast<const void*>(dkdv), smem, "attention_fused_backward");
+  FT_LAUNCH(dkdv, dim3((T_ + kTileK - 1) / kTileK, K, B), kThreads, smem, stream)
+  (dev(dk), dev(dv), dev(dout), lse, delta, dev(q), dev(k), dev(v), seg, T_, H, K, scale);
   FT_CUDA_CHECK_LAUNCH();
 }
 
@@ -666,11 +760,15 @@ void backward_d(T* dq, T* dk, T* dv, const T* dout, const float* lse, const floa
                 const T* q, const T* k, const T* v, const int32_t* seg, int B, int T_, int H, int K,
                 void* stream) {
   const float scale = softmax_scale(D);
-  auto dkdv = attention_fused_dkdv_kernel<T, D>;
-  allow_smem(reinterpret_cast<const void*>(dkdv), dkdv_smem_bytes<D>(), "attention_fused_backward");
-  FT_LAUNCH(dkdv, dim3((T_ + kTileK - 1) / kTileK, K, B), kThreads, dkdv_smem_bytes<D>(), stream)
-  (dev(dk), dev(dv), dev(dout), lse, delta, dev(q), dev(k), dev(v), seg, T_, H, K, scale);
-  FT_CUDA_CHECK_LAUNCH();
+  const Tuning& tu = tuning();
+  if constexpr (D == 128)
+    dkdv_launch<T, D, 32, 1>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+  else if (tu.dkdv_tq == 64)
+    dkdv_launch<T, D, 64, 1>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+  else if (tu.dkdv_minb == 1)
+    dkdv_launch<T, D, 32, 1>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+  else
+    dkdv_launch<T, D, 32, 3>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
   auto dqk = attention_fused_dq_kernel<T, D>;
   allow_smem(reinterpret_cast<const void*>(dqk), dq_smem_bytes<D>(), "attention_fused_backward");
   FT_LAUNCH(dqk, dim3((T_ + kTileQ - 1) / kTileQ, H, B), kThreads, dq_smem_bytes<D>(), stream)

@@ -817,12 +817,16 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     const bool last = step == r.training.steps;
     crash_test_hooks(step, comm.rank());
     if (s == at.step) sum.time_to_first_step_s = seconds_since_process_start();
-    // FT_PROFILE: only the steps' ops count (not evaluation, saving or initialisation).
-    if (profile) profile->recording = true;
+    // FT_PROFILE: only the steps' ops count (not evaluation, saving or initialisation), and
+    // not the process's first step when more follow: its one-off costs (kernel modules loaded
+    // on first launch, cuBLASLt's algorithm choice, the allocator's first blocks) would be
+    // counted as the time of whichever op met them first.
+    const bool profiled = profile && (s > at.step || r.training.steps - at.step == 1);
+    if (profiled) profile->recording = true;
     const StepResult res = train_step.run(s, loader, [&] {
       return LoopRequests{stop_signal() != 0, is_root && ckpts.clock_due()};
     });
-    if (profile) {
+    if (profiled) {
       profile->recording = false;
       if (profile->event_device) profile->resolve_events();  // CUDA: the GPU's op times
       profile->step_seconds += res.time_s;

@@ -29,22 +29,23 @@ FT_PROFILE=1 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/prof" > "$tmp/prof.t
   || fail "profiled run: $(cat "$tmp/prof.txt")"
 [[ "$(losses "$tmp/plain/metrics.jsonl")" == "$(losses "$tmp/prof/metrics.jsonl")" ]] \
   || fail "FT_PROFILE changed the losses"
-grep -q "ft: FT_PROFILE, rank 0: 3 steps" "$tmp/prof.txt" || fail "no table: $(cat "$tmp/prof.txt")"
+grep -q "ft: FT_PROFILE, rank 0: 2 steps" "$tmp/prof.txt" || fail "no table: $(cat "$tmp/prof.txt")"
 calls() { awk -v f="$1" 'index($0, "  " f " ") == 1 { print $NF }' "$tmp/prof.txt"; }
-# 2 layers x 7 linear layers + the LM head = 15 GEMMs per step and direction, over 3 steps.
+# 2 layers x 7 linear layers + the LM head = 15 GEMMs per step and direction, over the 2 steps
+# after the first (left out as a warm-up).
 for fam in "GEMM forward" "GEMM backward dx" "GEMM backward dW"; do
-  [[ "$(calls "$fam")" == 45 ]] \
-    || fail "$fam: $(calls "$fam") calls, expected 45: $(cat "$tmp/prof.txt")"
+  [[ "$(calls "$fam")" == 30 ]] \
+    || fail "$fam: $(calls "$fam") calls, expected 30: $(cat "$tmp/prof.txt")"
 done
 # AdamW: one call per run of adjacent tensors with the same weight decay (decay on matrices,
 # none on norms): the embedding; per layer input norm | q, k, v, o | post-attention norm |
 # gate, up, down; the final norm | the LM head: 1 + 2 x 4 + 2 = 11 per step (21 tensors).
-[[ "$(calls adamw)" == 33 ]] || fail "adamw: $(calls adamw) calls, expected 33"
-[[ "$(calls "attention forward")" == 6 ]] || fail "attention forward: $(calls "attention forward")"
+[[ "$(calls adamw)" == 22 ]] || fail "adamw: $(calls adamw) calls, expected 22"
+[[ "$(calls "attention forward")" == 4 ]] || fail "attention forward: $(calls "attention forward")"
 # RMSNorm: 2 per layer + the final one, forward and backward: 10 per step. The norms' backward
 # adds its dx into the residual gradient itself (accumulate_dx), so one process runs no add at
 # all (it was 2 per layer and step: 12); the table leaves out families that never ran.
-[[ "$(calls rmsnorm)" == 30 ]] || fail "rmsnorm: $(calls rmsnorm) calls, expected 30"
+[[ "$(calls rmsnorm)" == 20 ]] || fail "rmsnorm: $(calls rmsnorm) calls, expected 20"
 [[ -z "$(calls add)" ]] || fail "add: $(calls add) calls, expected none (fused into rmsnorm)"
 grep -q "other (comm, loader, host)" "$tmp/prof.txt" || fail "no 'other' row"
 

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""The fused attention kernel's variants on a GPU, in one command (issue 16's tuning).
+
+    python3 scripts/gpu_tune_attention.py --bundle DIR --out DIR [--tuning T ...] [--reps N]
+
+For each tuning T (a value of FT_CUDA_FUSED_TUNING, kernels/cuda/attention_fused.cu: which
+instantiated variant of the head-dim-64 kernels runs; "" is the default), it runs the native
+fused-attention kernel tests (tests/ft_cuda_kernel_tests -tc='*fused*') with it, then
+tests/ft_cuda_bench_attention --path fused at gpu_check.py's ATTENTION_SHAPES. It prints one row
+per tuning and shape, writes every result to OUT/tune.json, and writes to OUT/best_tuning.txt
+the tuning made of the best forward variant (least forward time summed over the head-dim-64
+shapes) and the best backward variant (least forward+backward minus forward), among tunings
+whose tests passed, so a following command can run the step benchmarks with it:
+
+    FT_CUDA_FUSED_TUNING=$(cat OUT/best_tuning.txt) bash scripts/gpu_lease.sh ...
+
+Standard library only (the GPU image may lack numpy). Exit 0 when every tuning's tests passed.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_check import ATTENTION_SHAPES  # noqa: E402
+
+TUNINGS = ["", "fwd_mt=2", "dkdv_tq=32", "dkdv_tq=32,dkdv_minb=3"]
+
+
+def run(cmd, env, limit):
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
+        return p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        return 124, (e.stdout or "") if isinstance(e.stdout, str) else "timed out"
+
+
+def keys(tuning):
+    return dict(kv.split("=") for kv in tuning.split(",") if kv)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tuning", nargs="*", default=TUNINGS)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--shapes", nargs="*", default=[",".join(map(str, s)) for s in ATTENTION_SHAPES],
+                    help="B,H,K,T,D each (default: gpu_check.py's ATTENTION_SHAPES)")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    tests = os.path.join(a.bundle, "tests", "ft_cuda_kernel_tests")
+    bench = os.path.join(a.bundle, "tests", "ft_cuda_bench_attention")
+    shapes = a.shapes
+    n64 = sum(1 for s in shapes if s.split(",")[4] == "64")
+    results, ok_all = [], True
+    log = open(os.path.join(a.out, "tune_log.txt"), "w")
+    for tu in a.tuning:
+        env = dict(os.environ, FT_CUDA_FUSED_TUNING=tu)
+        rc, text = run([tests, "-tc=*fused*"], env, 180)
+        log.write(f"== tests, tuning '{tu}': exit {rc}\n{text[-3000:]}\n")
+        passed = rc == 0
+        ok_all &= passed
+        summary = [l for l in text.splitlines() if "test cases:" in l or "assertions:" in l]
+        print(f"tuning '{tu or 'default'}': fused kernel tests {'PASS' if passed else 'FAIL'} "
+              f"({'; '.join(s.strip() for s in summary)})", flush=True)
+        rc, text = run([bench, "--path", "fused", "--reps", str(a.reps)] + shapes, env, 120)
+        log.write(f"== bench, tuning '{tu}': exit {rc}\n{text[-3000:]}\n")
+        for line in text.splitlines():
+            if not line.startswith("{"):
+                continue
+            r = json.loads(line)
+            r.update(tuning=tu, tests_passed=passed)
+            results.append(r)
+            if "error" in r:
+                print(f"  {r}", flush=True)
+                continue
+            print(f"  B{r['B']} H{r['H']} K{r['K']} T{r['T']} D{r['D']}: fwd {r['fwd_ms']:.3f} ms "
+                  f"{r['fwd_tflops']:.0f} TF/s, fwd+bwd {r['fwd_bwd_ms']:.3f} ms "
+                  f"{r['fwd_bwd_tflops']:.0f} TF/s, bwd {r['fwd_bwd_ms'] - r['fwd_ms']:.3f} ms",
+                  flush=True)
+    with open(os.path.join(a.out, "tune.json"), "w") as f:
+        json.dump(results, f, indent=1)
+
+    def total(tu, field):
+        rows = [r for r in results if r["tuning"] == tu and r["D"] == 64 and "error" not in r]
+        if len(rows) != n64:
+            return None
+        return sum(field(r) for r in rows)
+    good = [tu for tu in a.tuning if any(r["tuning"] == tu and r["tests_passed"] for r in results)]
+    fwd = {tu: total(tu, lambda r: r["fwd_ms"]) for tu in good}
+    bwd = {tu: total(tu, lambda r: r["fwd_bwd_ms"] - r["fwd_ms"]) for tu in good}
+    fwd = {k: v for k, v in fwd.items() if v is not None}
+    bwd = {k: v for k, v in bwd.items() if v is not None}
+    best = {}
+    if fwd:
+        best.update({k: v for k, v in keys(min(fwd, key=fwd.get)).items() if k.startswith("fwd")})
+    if bwd:
+        best.update({k: v for k, v in keys(min(bwd, key=bwd.get)).items() if k.startswith("dkdv")})
+    choice = ",".join(f"{k}={v}" for k, v in sorted(best.items()))
+    with open(os.path.join(a.out, "best_tuning.txt"), "w") as f:
+        f.write(choice)
+    print(f"forward ms summed over the D64 shapes: {fwd}")
+    print(f"backward ms summed over the D64 shapes: {bwd}")
+    print(f"best tuning: '{choice}' (empty: the defaults)")
+    return 0 if ok_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
