@@ -46,5 +46,9 @@ run_rc 2 "$ft" generate "$tmp/run/checkpoints" -p hi --chat
 has_err "--chat: a checkpoint holds no chat template; give --tokenizer"
 run_rc 2 "$ft" generate "$tmp/llama" -p "" --no-bos
 has_err "the prompt has no tokens"
-echo "ok: missing and empty folders, bad flags, --system without --chat, --chat on a checkpoint"
+run_rc 0 "$ft" help
+grep -q "^  generate " "$tmp/out.txt" || fail "ft help does not list generate"
+run_rc 0 "$ft" help generate
+has_out "--max-new-tokens"
+echo "ok: missing and empty folders, bad flags, --system without --chat, --chat on a checkpoint; ft help"
 echo "test_generate: all checks passed"
