@@ -133,6 +133,17 @@ bool ends_incomplete(const std::string& s) {
   return s.size() >= 3 && s.compare(s.size() - 3, 3, "\xEF\xBF\xBD") == 0;
 }
 
+// ids the tokenizer can decode: a model's vocabulary may be larger than its tokenizer's (padded
+// to a multiple of 64 or 128, as Qwen's), and an id past the tokenizer's has no text.
+std::vector<int32_t> decodable(const std::vector<int32_t>& ids, const Tokenizer& tok,
+                               size_t* dropped) {
+  std::vector<int32_t> out;
+  for (int32_t id : ids)
+    if (id >= 0 && id < tok.vocab_size()) out.push_back(id);
+  if (dropped) *dropped = ids.size() - out.size();
+  return out;
+}
+
 }  // namespace
 
 int cmd_generate(const GenerateArgs& a) {
@@ -211,7 +222,7 @@ int cmd_generate(const GenerateArgs& a) {
       break;
     }
     if (!a.json) {
-      const std::string text = tok->decode(out);
+      const std::string text = tok->decode(decodable(out, *tok, nullptr));
       if (text.compare(0, printed.size(), printed) == 0 && !ends_incomplete(text)) {
         std::fwrite(text.data() + printed.size(), 1, text.size() - printed.size(), stdout);
         std::fflush(stdout);
@@ -225,7 +236,13 @@ int cmd_generate(const GenerateArgs& a) {
   const auto t2 = std::chrono::steady_clock::now();
   std::vector<int32_t> text_ids = out;
   if (stop != "length") text_ids.pop_back();  // the stop token is not part of the text
-  const std::string text = tok->decode(text_ids);
+  size_t dropped = 0;
+  const std::string text = tok->decode(decodable(text_ids, *tok, &dropped));
+  if (dropped)
+    std::fprintf(stderr,
+                 "ft generate: %zu generated id%s past the tokenizer's vocabulary (%lld ids) "
+                 "have no text\n",
+                 dropped, dropped == 1 ? "" : "s", (long long)tok->vocab_size());
   if (a.json) {
     Json j = Json::object();
     j["prompt_ids"] = Json::parse(json_ids(prompt));
