@@ -7,7 +7,8 @@ transformers 4.46.3 venv (Debian's torch 1.13):
 2. Random fp32 models (dim 64, 2 layers, 4 heads / 2 kv heads, the tokenizer's vocabulary):
    llama, qwen2 (tied, biases moved off zero) and mistral built by transformers and saved with
    save_pretrained; qwen3 written by llama_ref (transformers 4.46 has no Qwen3), whose
-   reference is llama_ref's forward run greedily on the whole sequence each step (no cache).
+   reference is llama_ref's forward run greedily on the whole sequence each step (no cache);
+   its vocabulary is padded 64 ids past the tokenizer's, and the ids there have no text.
    No eos_token_id in their configs: the parity runs are 32 tokens long.
 3. Greedy, 32 new tokens: `ft generate --json` ids equal model.generate(do_sample=False)'s
    token for token, on the CPU and (when built) on ft_emu, the emulated CUDA device.
@@ -98,7 +99,9 @@ def build(arch, vocab, tok_dir, seed):
     """(folder, transformers model or None, llama_ref model or None)"""
     folder = os.path.join(TMP, arch)
     if arch == "qwen3":
-        cfg = ref.Config(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=vocab,
+        # Its vocabulary padded past the tokenizer's by 64 rows, as Qwen's are.
+        cfg = ref.Config(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
+                         vocab_size=vocab + 64,
                          max_seq_len=128, norm_eps=1e-6, arch="qwen3", head_dim=32)
         model = ref.Llama(cfg, seed=seed, std=0.1)
         ref.save_hf_folder(model, folder)
@@ -175,6 +178,13 @@ def main():
                   f"{against}" + ("" if e["ids"] == want else f"\n  emu  {e['ids']}"))
         if arch == "llama":
             llama_ids = got["ids"]
+        if arch == "qwen3":
+            past = [i for i in got["ids"] if i >= vocab]
+            plain = ft(folder, "-p", PROMPT, "-n", str(N), "--device", "cpu", "--ignore-eos")
+            check(past and plain.stdout == hf_tok.decode([i for i in got["ids"] if i < vocab]) +
+                  "\n" and f"{len(past)} generated ids past the tokenizer's vocabulary" in
+                  plain.stderr, f"qwen3 (vocabulary padded by 64): {len(past)} ids past the "
+                  "tokenizer's have no text")
 
     # 4. EOS from generation_config.json: the first token at index >= 5 not seen before it.
     folder, m = models["llama"]
