@@ -115,6 +115,19 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
                         const E* q, const E* k, const E* v, float* scratch, int B, int T, int H,
                         int K, int D, const int32_t* seg = nullptr);
 
+// ---- decode.cpp: generation with a KV cache (ft generate; one sequence) ---------------------
+// RoPE of rope_forward on x (T, nh, D) whose row t is at position pos + t: pair (i, i + D/2)
+// turns by float(pos + t) · inv_freq[i] (the same fp32 angle, cos and sin as rope_forward's).
+template <typename E>
+void rope_at(E* x, const float* inv_freq, int pos, int T, int nh, int D);
+// Causal grouped-query attention of Tq new queries over a KV cache: q, out (Tq, H, D), query t
+// at position pos + t; k, v (pos + Tq, K, D), the cache's rows 0 .. pos + Tq − 1 (the new
+// tokens' keys and values already written at rows pos ..). Query t attends to rows ≤ pos + t,
+// softmax of q·k / √D in fp32, H a multiple of K as attention_forward's. No lse, no backward.
+template <typename E>
+void attention_decode(E* out, const E* q, const E* k, const E* v, int pos, int Tq, int H, int K,
+                      int D);
+
 // ---- swiglu.cpp: SwiGLU, h = silu(g) * u --------------------------------------------------------
 // T: all of h, g, u (n).
 template <typename T>

@@ -2,6 +2,7 @@
 // Each returns the process exit code (DESIGN.md §4).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -59,5 +60,23 @@ struct ExportArgs {
   bool overwrite = false;
 };
 int cmd_export(const ExportArgs& a);
+
+struct GenerateArgs {
+  std::string source;  // an HF folder, a checkpoint step folder or checkpoint.dir
+  std::string prompt;
+  std::string system;     // --chat: a system message before the prompt
+  std::string tokenizer;  // default: the source's own
+  bool chat = false;      // render the prompt with the tokenizer's chat template
+  int max_new_tokens = 128;
+  double temperature = 0;  // 0: greedy
+  double top_p = 1;
+  uint64_t seed = 0;
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string dtype = "f32";    // f32 | bf16 | f16: the compute dtype
+  bool json = false;            // one JSON object: prompt_ids, ids, text, stop
+  bool ignore_eos = false;      // run to --max-new-tokens
+  bool no_bos = false;          // no BOS before a plain prompt
+};
+int cmd_generate(const GenerateArgs& a);
 
 }  // namespace ft::app

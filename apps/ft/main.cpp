@@ -238,6 +238,45 @@ int main(int argc, char** argv) {
       "checkpoint's tokenizer.model: a folder transformers loads as LlamaForCausalLM and ft takes\n"
       "as model.from. The folder appears only when complete (written as DIR.tmp-<pid>, renamed).");
 
+  GenerateArgs gen;
+  auto* g =
+      app.add_subcommand("generate", "Generate text from a Hugging Face folder or checkpoint");
+  g->add_option("source", gen.source,
+                "Hugging Face model folder, checkpoint step folder (step_*), or checkpoint.dir "
+                "(what `latest` names)")
+      ->required();
+  g->add_option("--prompt,-p", gen.prompt, "The prompt text")->required();
+  g->add_flag("--chat", gen.chat,
+              "Render the prompt as a user message with the tokenizer's chat template (and a "
+              "generation prompt); stop at the template's end-of-turn token too");
+  g->add_option("--system", gen.system, "With --chat: a system message before the prompt");
+  g->add_option("--max-new-tokens,-n", gen.max_new_tokens, "Tokens to generate at most (128)")
+      ->check(CLI::Range(1, 1 << 30));
+  g->add_option("--temperature", gen.temperature, "0: greedy (default); > 0: sample")
+      ->check(CLI::NonNegativeNumber);
+  g->add_option("--top-p", gen.top_p,
+                "Sample from the most likely tokens holding this much probability (1: all)")
+      ->check(CLI::Range(0.0, 1.0));
+  g->add_option("--seed", gen.seed, "Sampling seed: the same seed, the same text (0)");
+  g->add_option("--tokenizer", gen.tokenizer,
+                "Tokenizer file or folder (default: the source's; a checkpoint with --chat needs "
+                "the Hugging Face folder holding the chat template)");
+  g->add_option("--device", gen.device, "auto (default), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  g->add_option("--dtype", gen.dtype, "Compute dtype: f32 (default), bf16, f16")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  g->add_flag("--json", gen.json,
+              "Print one JSON object: prompt_ids, ids (the stop token included), text, stop "
+              "(eos, end_of_turn or length)");
+  g->add_flag("--ignore-eos", gen.ignore_eos, "Do not stop at EOS or end of turn");
+  g->add_flag("--no-bos", gen.no_bos, "No BOS token before a plain (non --chat) prompt");
+  g->footer(
+      "Greedy by default (the most likely token each step); --temperature T with --top-p P and\n"
+      "--seed S samples. A KV cache keeps each token's keys and values, so every new token is one\n"
+      "pass of one row. Stops at eos_token_id (generation_config.json, config.json, the\n"
+      "tokenizer's), with --chat at the template's end-of-turn token, or at --max-new-tokens.\n"
+      "The text goes to stdout as it is made; model, speed and why it stopped to stderr.");
+
   std::vector<std::string> help_topic;
   auto* h = app.add_subcommand("help", "Show help for ft or one command");
   h->add_option("command", help_topic, "Command name");
@@ -259,6 +298,7 @@ int main(int argc, char** argv) {
     if (plan->parsed()) return cmd_plan(plan_args);
     if (h->parsed()) return print_help(app, help_topic);
     if (exp->parsed()) return cmd_export(export_args);
+    if (g->parsed()) return cmd_generate(gen);
     std::printf("%s", app.help().c_str());
     return 0;
   } catch (const ft::Error& e) {

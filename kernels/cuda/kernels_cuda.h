@@ -106,6 +106,14 @@ void rope_forward(T* x, const float* inv_freq, int B, int T_, int nh, int D, voi
 template <typename T>
 void rope_backward(T* dx, const float* inv_freq, int B, int T_, int nh, int D, void* stream);
 
+// ---- decode.cu: generation with a KV cache (kernels.h "decode.cpp") ----
+template <typename T>
+void rope_at(T* x, const float* inv_freq, int pos, int T_, int nh, int D, void* stream);
+// Head dim D <= 256 (ft::Error otherwise: each lane keeps D / 32 outputs in registers).
+template <typename T>
+void attention_decode(T* out, const T* q, const T* k, const T* v, int pos, int Tq, int H, int K,
+                      int D, void* stream);
+
 // ---- attention.cu: causal GQA, logsumexp contract of kernels.h ----
 // Head dim D <= 128 (ft::Error otherwise: the kernels keep a row's D outputs in registers).
 template <typename T>

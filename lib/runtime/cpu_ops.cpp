@@ -145,6 +145,17 @@ class CpuOps final : public Ops {
     dispatch(same_dtype("rope_backward", {dx.dtype}),
              [&](auto t) { k::rope_backward(as<decltype(t)>(dx), inv_freq, B, T, nh, D); });
   }
+  void rope_at(Stream, Ref x, const float* inv_freq, int pos, int T, int nh, int D) override {
+    dispatch(same_dtype("rope_at", {x.dtype}),
+             [&](auto t) { k::rope_at(as<decltype(t)>(x), inv_freq, pos, T, nh, D); });
+  }
+  void attention_decode(Stream, Ref out, CRef q, CRef kk, CRef v, int pos, int Tq, int H, int K,
+                        int D) override {
+    dispatch(same_dtype("attention_decode", {out.dtype, q.dtype, kk.dtype, v.dtype}), [&](auto t) {
+      using E = decltype(t);
+      k::attention_decode(as<E>(out), as<E>(q), as<E>(kk), as<E>(v), pos, Tq, H, K, D);
+    });
+  }
   void attention_forward(Stream, Ref out, float* lse, CRef q, CRef kk, CRef v, const int32_t* seg,
                          int B, int T, int H, int K, int D) override {
     dispatch(same_dtype("attention_forward", {out.dtype, q.dtype, kk.dtype, v.dtype}), [&](auto t) {

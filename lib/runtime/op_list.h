@@ -121,6 +121,17 @@ FT_OP(attention_backward, kAttentionBackward,
        CRef v, const int32_t* seg, float* scratch, int B, int T, int H, int K, int D),
       (s, dq, dk, dv, dout, out, lse, q, k, v, seg, scratch, B, T, H, K, D))
 
+// ---- Generation with a KV cache (ft generate; one sequence, kernels.h "decode.cpp") ----
+// RoPE of rope_forward on x (T, nh, D) whose row t is at position pos + t, in place.
+FT_OP(rope_at, kRope,
+      (Stream s, Ref x, const float* inv_freq, int pos, int T, int nh, int D),
+      (s, x, inv_freq, pos, T, nh, D))
+// out (Tq, H, D) = causal attention of q (Tq, H, D), query t at position pos + t, over the
+// cache's keys and values k, v (pos + Tq, K, D): query t sees rows ≤ pos + t. No lse.
+FT_OP(attention_decode, kAttentionForward,
+      (Stream s, Ref out, CRef q, CRef k, CRef v, int pos, int Tq, int H, int K, int D),
+      (s, out, q, k, v, pos, Tq, H, K, D))
+
 // ---- SwiGLU: h (n) = silu(g) · u ----
 FT_OP(swiglu_forward, kSwiglu,
       (Stream s, Ref h, CRef g, CRef u, size_t n),

@@ -538,6 +538,41 @@ void add_rope_backward_cases(Cases& cs) {
   });
 }
 
+// rope_at: rows at positions pos .. pos + T − 1 (pos up to 4096, so the angles are large), as
+// rope_forward's cases with the same tolerance.
+void add_rope_at_cases(Cases& cs) {
+  struct Shape {
+    int pos, T, nh, D;
+  };
+  const Shape shapes[] = {{0, 1, 1, 2}, {7, 1, 3, 16}, {100, 19, 2, 64}, {4096, 3, 4, 128}};
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const Shape& r : shapes) {
+      const auto [pos, T_, nh, D] = r;
+      const size_t n = size_t(T_) * nh * D;
+      std::vector<float> inv_freq(size_t(D / 2));
+      for (int i = 0; i < D / 2; ++i) inv_freq[size_t(i)] = float(std::pow(10000.0, -2.0 * i / D));
+      const auto x = uniform<T>(n, -2, 2, uint32_t(pos + T_ * 100 + nh * 10 + D));
+      std::vector<double> scale(n);
+      for (size_t h = 0; h < n / size_t(D); ++h)
+        for (int i = 0; i < D / 2; ++i) {
+          const size_t a = h * D + i, b = a + D / 2;
+          scale[a] = scale[b] = std::fabs(to_f32(x[a])) + std::fabs(to_f32(x[b]));
+        }
+      Case c{"rope_at",
+             elem_name(elem_of<T>()),
+             cat("pos=", pos, " T=", T_, " nh=", nh, " D=", D),
+             {},
+             {}};
+      c.tensors = {inout("x", x, rounded<T>(0, 1e-6), scale), in("inv_freq", inv_freq)};
+      c.run = [=](Device& d, const Args& a) {
+        d.ops().rope_at(d.stream(), a.ref(0), a.f32(1), pos, T_, nh, D);
+      };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
 // ---- Attention ----
 struct AttentionShape {
   int B, T, H, K, D;
@@ -629,6 +664,43 @@ void add_attention_forward_cases(Cases& cs) {
       c.run = [=](Device& d, const Args& a) {
         d.ops().attention_forward(d.stream(), a.ref(0), a.f32(1), a.cref(2), a.cref(3), a.cref(4),
                                   seg ? a.i32(5) : nullptr, B, T_, H, K, D);
+      };
+      cs.push_back(std::move(c));
+    }
+  });
+}
+
+// attention_decode: one new query (pos 0 and deep in a cache) and a few (a prompt's prefill),
+// GQA ratios 1, 2 and 4, head dims 16, 40, 64 and 256 (the CUDA kernel's largest). The CPU
+// sums in two passes, CUDA online: attention_forward's tolerances.
+void add_attention_decode_cases(Cases& cs) {
+  struct Shape {
+    int pos, Tq, H, K, D;
+  };
+  const Shape shapes[] = {{0, 1, 1, 1, 16},
+                          {0, 19, 4, 2, 40},
+                          {37, 1, 4, 1, 64},
+                          {110, 3, 8, 2, 64},
+                          {5, 2, 2, 2, 256}};
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const Shape& s : shapes) {
+      const auto [pos, Tq, H, K, D] = s;
+      const int Tk = pos + Tq;
+      const uint32_t seed = uint32_t(pos * 100 + Tq * 10 + H + K + D);
+      const auto q = normal<T>(size_t(Tq) * H * D, 1.5f, seed);
+      const auto kk = normal<T>(size_t(Tk) * K * D, 1.5f, seed + 1);
+      const auto v = normal<T>(size_t(Tk) * K * D, 1.0f, seed + 2);
+      Case c{"attention_decode",
+             elem_name(elem_of<T>()),
+             cat("pos=", pos, " Tq=", Tq, " H=", H, " K=", K, " D=", D),
+             {},
+             {}};
+      c.tensors = {out<T>("out", q.size(), attention_tol<T>()), in("q", q), in("k", kk),
+                   in("v", v)};
+      c.run = [=](Device& d, const Args& a) {
+        d.ops().attention_decode(d.stream(), a.ref(0), a.cref(1), a.cref(2), a.cref(3), pos, Tq, H,
+                                 K, D);
       };
       cs.push_back(std::move(c));
     }

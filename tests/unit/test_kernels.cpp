@@ -173,6 +173,33 @@ TEST_CASE("rope: backward is the inverse rotation; positions start at 0") {
   for (size_t i = 0; i < x.size(); ++i) CHECK(y[i] == doctest::Approx(x[i]).epsilon(1e-5));
 }
 
+TEST_CASE("decode kernels: rope_at and attention_decode over a cache equal the training kernels") {
+  // One sequence of T tokens, GQA 2:1, odd head count; the last Tq tokens are "new" at pos.
+  const int T = 11, H = 4, K = 2, D = 8, Tq = 3, pos = T - Tq;
+  std::vector<float> inv_freq(D / 2);
+  for (int i = 0; i < D / 2; ++i) inv_freq[i] = 1.0f / std::pow(10000.f, float(2 * i) / D);
+  auto q = randn(size_t(T) * H * D, 21), kk = randn(size_t(T) * K * D, 22);
+  const auto v = randn(size_t(T) * K * D, 23);
+  // rope_at on rows pos.. gives rope_forward's bits at those positions.
+  auto q_new = std::vector<float>(q.begin() + size_t(pos) * H * D, q.end());
+  auto k_new = std::vector<float>(kk.begin() + size_t(pos) * K * D, kk.end());
+  k::rope_forward(q.data(), inv_freq.data(), 1, T, H, D);
+  k::rope_forward(kk.data(), inv_freq.data(), 1, T, K, D);
+  k::rope_at(q_new.data(), inv_freq.data(), pos, Tq, H, D);
+  k::rope_at(k_new.data(), inv_freq.data(), pos, Tq, K, D);
+  for (size_t i = 0; i < q_new.size(); ++i) CHECK(q_new[i] == q[size_t(pos) * H * D + i]);
+  for (size_t i = 0; i < k_new.size(); ++i) CHECK(k_new[i] == kk[size_t(pos) * K * D + i]);
+  std::vector<float> out(size_t(T) * H * D), lse(size_t(H) * T), dec(size_t(T) * H * D);
+  k::attention_forward(out.data(), lse.data(), q.data(), kk.data(), v.data(), 1, T, H, K, D);
+  // The whole sequence as one prefill, then the last Tq queries against the cache.
+  k::attention_decode(dec.data(), q.data(), kk.data(), v.data(), 0, T, H, K, D);
+  for (size_t i = 0; i < out.size(); ++i) CHECK(dec[i] == doctest::Approx(out[i]).epsilon(1e-5));
+  k::attention_decode(dec.data(), q.data() + size_t(pos) * H * D, kk.data(), v.data(), pos, Tq, H,
+                      K, D);
+  for (size_t i = 0; i < size_t(Tq) * H * D; ++i)
+    CHECK(dec[i] == doctest::Approx(out[size_t(pos) * H * D + i]).epsilon(1e-5));
+}
+
 TEST_CASE("swiglu and cross-entropy gradients match finite differences") {
   const size_t n = 13;
   auto g = randn(n, 9), u = randn(n, 10), R = randn(n, 11);

@@ -134,6 +134,21 @@ class CudaOps final : public Ops {
     });
   }
 
+  void rope_at(Stream s, Ref x, const float* inv_freq, int pos, int T_, int nh, int D) override {
+    dispatch(x.dtype, "rope_at",
+             [&](auto t) { kc::rope_at(as<decltype(t)>(x), inv_freq, pos, T_, nh, D, stream(s)); });
+  }
+  void attention_decode(Stream s, Ref out, CRef q, CRef k, CRef v, int pos, int Tq, int H, int K,
+                        int D) override {
+    same_dtype("attention_decode", out.dtype, q.dtype);
+    same_dtype("attention_decode", out.dtype, k.dtype);
+    same_dtype("attention_decode", out.dtype, v.dtype);
+    dispatch(out.dtype, "attention_decode", [&](auto t) {
+      using T = decltype(t);
+      kc::attention_decode(as<T>(out), as<T>(q), as<T>(k), as<T>(v), pos, Tq, H, K, D, stream(s));
+    });
+  }
+
   // The attention path of this op (ops_memory.h): FT_CUDA_ATTENTION's, the fused kernel by
   // default where it applies. A non-null seg needs the fused kernel (op_list.h).
   cuda::AttentionPath attention_path(const char* op, DType dt, int D, const int32_t* seg) const {

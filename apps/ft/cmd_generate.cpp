@@ -1,0 +1,272 @@
+// ft generate SOURCE --prompt TEXT: text from a Hugging Face folder or an ft checkpoint
+// (DESIGN.md §2). Loads the weights and tokenizer, renders the prompt (with --chat through the
+// tokenizer's chat template), then runs model/decode.h's KvDecoder: the prompt in one pass, then
+// one token at a time against the KV cache, greedy or sampled, until an end-of-sequence or
+// end-of-turn token or --max-new-tokens. The text goes to stdout as it is made (or one JSON
+// object with --json); what was loaded and the speed go to stderr.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "apps/ft/commands.h"
+#include "ckpt/checkpoint.h"
+#include "ckpt/hf.h"
+#include "core/error.h"
+#include "data/chat.h"
+#include "data/tokenizer.h"
+#include "model/decode.h"
+#include "runtime/device.h"
+
+namespace ft::app {
+namespace {
+
+namespace fs = std::filesystem;
+using jinja::Json;
+
+// Where the weights are: an HF folder (config.json) or a checkpoint step folder (manifest.json),
+// or a checkpoint.dir, resolved to what its `latest` names.
+struct Source {
+  bool hf = false;
+  std::string dir;
+};
+
+Source resolve_source(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw UsageError(path + ": no such file or folder");
+  if (!fs::is_directory(path, ec))
+    throw UsageError(path +
+                     ": not a folder; give a Hugging Face model folder (config.json) or an ft "
+                     "checkpoint (a step folder, or checkpoint.dir)");
+  if (fs::exists(fs::path(path) / "config.json", ec)) return {true, path};
+  if (fs::exists(fs::path(path) / "manifest.json", ec)) return {false, path};
+  if (fs::exists(fs::path(path) / "latest", ec)) {
+    const std::string step = ckpt::latest_checkpoint(path);
+    if (step.empty())
+      throw Error(path + "/latest: names no checkpoint; give a step folder (" + path +
+                  "/step_*) instead");
+    return {false, step};
+  }
+  throw UsageError(path +
+                   ": neither a Hugging Face model folder (no config.json) nor an ft checkpoint "
+                   "(no manifest.json or latest)");
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "bf16") return DType::kBF16;
+  if (s == "f16") return DType::kF16;
+  if (s == "f32") return DType::kF32;
+  throw UsageError("--dtype '" + s + "': expected f32, bf16 or f16");
+}
+
+// The model of `src` on `dev`, weights loaded, compute copy made.
+std::unique_ptr<LlamaModel> load_model(const Source& src, Device* dev, DType dtype) {
+  std::unique_ptr<LlamaModel> model;
+  std::vector<std::vector<float>> host;
+  if (src.hf) {
+    const ModelConfig cfg = read_hf_config(src.dir);
+    model = std::make_unique<LlamaModel>(cfg, dev, false, nullptr, StageSpec{}, dtype);
+    host = model->flat_params().to_host();
+    std::vector<float*> ptrs;
+    for (auto& g : host) ptrs.push_back(g.data());
+    load_hf_weights(src.dir, model->layout(), ptrs);
+  } else {
+    const ckpt::Manifest m = ckpt::read_manifest(src.dir);
+    model = std::make_unique<LlamaModel>(m.model, dev, false, nullptr, StageSpec{}, dtype);
+    for (size_t g = 0; g < model->layout().groups().size(); ++g)
+      host.push_back(ckpt::read_global_group(m, ckpt::State::kParam, int(g)));
+  }
+  model->flat_params().from_host(host);
+  model->flat_params().make_compute_copy();
+  return model;
+}
+
+// eos_token_id of a config.json or generation_config.json: a number or a list; absent: none.
+void read_eos_ids(const fs::path& file, std::set<int32_t>& out) {
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return;
+  std::ifstream in(file);
+  Json j;
+  try {
+    j = Json::parse(in);
+  } catch (const std::exception& e) {
+    throw Error(file.string() + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!j.is_object() || !j.contains("eos_token_id")) return;
+  const Json& e = j["eos_token_id"];
+  const auto take = [&](const Json& v) {
+    if (!v.is_number_integer())
+      throw Error(file.string() + ": eos_token_id: expected an integer or a list of integers");
+    out.insert(v.get<int32_t>());
+  };
+  if (e.is_array())
+    for (const Json& v : e) take(v);
+  else if (!e.is_null())
+    take(e);
+}
+
+// The token ids that end an assistant turn under the template: the special tokens the chat mask
+// rule trains on right after an assistant message's content (data/chat.h), e.g. <|im_end|>.
+std::set<int32_t> end_of_turn_ids(const ChatTemplate& t, const Tokenizer& tok) {
+  Json messages = Json::array();
+  messages.push_back({{"role", "user"}, {"content", "Hi"}});
+  messages.push_back({{"role", "assistant"}, {"content", "Hello"}});
+  const ChatTokens ct = tokenize_chat(t, tok, messages, true);
+  std::set<int32_t> ids;
+  for (size_t i = 0; i < ct.ids.size(); ++i)
+    if (ct.mask[i] && tok.is_special(ct.ids[i])) ids.insert(ct.ids[i]);
+  return ids;
+}
+
+std::string json_ids(const std::vector<int32_t>& ids) {
+  Json a = Json::array();
+  for (int32_t i : ids) a.push_back(i);
+  return a.dump();
+}
+
+// The end of `s` is an incomplete UTF-8 sequence (decoded so far as U+FFFD by some tokenizers):
+// wait for the next token before printing it.
+bool ends_incomplete(const std::string& s) {
+  return s.size() >= 3 && s.compare(s.size() - 3, 3, "\xEF\xBF\xBD") == 0;
+}
+
+// ids the tokenizer can decode: a model's vocabulary may be larger than its tokenizer's (padded
+// to a multiple of 64 or 128, as Qwen's), and an id past the tokenizer's has no text.
+std::vector<int32_t> decodable(const std::vector<int32_t>& ids, const Tokenizer& tok,
+                               size_t* dropped) {
+  std::vector<int32_t> out;
+  for (int32_t id : ids)
+    if (id >= 0 && id < tok.vocab_size()) out.push_back(id);
+  if (dropped) *dropped = ids.size() - out.size();
+  return out;
+}
+
+}  // namespace
+
+int cmd_generate(const GenerateArgs& a) {
+  if (a.max_new_tokens < 1) throw UsageError("--max-new-tokens must be at least 1");
+  if (a.temperature < 0) throw UsageError("--temperature must be 0 (greedy) or more");
+  if (!(a.top_p > 0 && a.top_p <= 1)) throw UsageError("--top-p must be in (0, 1]");
+  const Source src = resolve_source(a.source);
+  const std::string tok_path = a.tokenizer.empty() ? src.dir : a.tokenizer;
+  std::unique_ptr<Tokenizer> tok;
+  try {
+    tok = load_tokenizer(tok_path);
+  } catch (const Error& e) {
+    throw UsageError(std::string(e.what()) +
+                     (a.tokenizer.empty() ? " (hint: name one with --tokenizer PATH)" : ""));
+  }
+
+  std::vector<int32_t> prompt;
+  std::set<int32_t> stop_ids;
+  std::set<int32_t> turn_ids;
+  if (a.chat) {
+    if (!src.hf && a.tokenizer.empty())
+      throw UsageError(
+          "--chat: a checkpoint holds no chat template; give --tokenizer the Hugging Face "
+          "folder whose tokenizer_config.json or chat_template.jinja has it");
+    const ChatTemplate t = load_chat_template(tok_path);
+    Json messages = Json::array();
+    if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
+    messages.push_back({{"role", "user"}, {"content", a.prompt}});
+    prompt = tok->encode(render_chat(t, messages, /*add_generation_prompt=*/true));
+    turn_ids = end_of_turn_ids(t, *tok);
+  } else {
+    if (!a.system.empty()) throw UsageError("--system needs --chat");
+    if (tok->bos_id() >= 0 && !a.no_bos) prompt.push_back(tok->bos_id());
+    const std::vector<int32_t> text = tok->encode(a.prompt);
+    prompt.insert(prompt.end(), text.begin(), text.end());
+  }
+  if (prompt.empty()) throw UsageError("--prompt: the prompt has no tokens (give some text)");
+  if (!a.ignore_eos) {
+    if (tok->eos_id() >= 0) stop_ids.insert(tok->eos_id());
+    if (src.hf) {
+      read_eos_ids(fs::path(src.dir) / "generation_config.json", stop_ids);
+      read_eos_ids(fs::path(src.dir) / "config.json", stop_ids);
+    }
+    stop_ids.insert(turn_ids.begin(), turn_ids.end());
+  }
+
+  std::unique_ptr<Device> dev = make_device(a.device);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<LlamaModel> model = load_model(src, dev.get(), parse_dtype(a.dtype));
+  const ModelConfig& cfg = model->config();
+  if (int64_t(prompt.size()) >= cfg.max_seq_len)
+    throw UsageError("--prompt: " + std::to_string(prompt.size()) +
+                     " tokens leave no room under the model's max_seq_len " +
+                     std::to_string(cfg.max_seq_len));
+  if (tok->vocab_size() > cfg.vocab_size)
+    throw UsageError(tok->path() + ": the tokenizer's " + std::to_string(tok->vocab_size()) +
+                     " ids exceed the model's vocab_size " + std::to_string(cfg.vocab_size) +
+                     " (hint: a tokenizer of another model? name the right one with --tokenizer)");
+  const int max_len =
+      int(std::min<int64_t>(cfg.max_seq_len, int64_t(prompt.size()) + a.max_new_tokens));
+  KvDecoder decoder(*model, max_len);
+  Sampler sampler(a.temperature, a.top_p, a.seed);
+  std::fprintf(stderr, "ft generate: %s (%s, %d layers, dim %d) on %s, %s, prompt %zu tokens\n",
+               src.dir.c_str(), cfg.arch.c_str(), cfg.n_layers, cfg.dim, dev->name().c_str(),
+               a.dtype.c_str(), prompt.size());
+  const auto t1 = std::chrono::steady_clock::now();
+
+  std::vector<int32_t> out;
+  std::string printed, stop = "length";
+  const std::vector<float>* logits = &decoder.forward(prompt.data(), int(prompt.size()));
+  while (true) {
+    const int32_t id = sampler.next(*logits);
+    out.push_back(id);
+    if (stop_ids.count(id)) {
+      stop = turn_ids.count(id) ? "end_of_turn" : "eos";
+      break;
+    }
+    if (!a.json) {
+      const std::string text = tok->decode(decodable(out, *tok, nullptr));
+      if (text.compare(0, printed.size(), printed) == 0 && !ends_incomplete(text)) {
+        std::fwrite(text.data() + printed.size(), 1, text.size() - printed.size(), stdout);
+        std::fflush(stdout);
+        printed = text;
+      }
+    }
+    if (int(out.size()) >= a.max_new_tokens) break;
+    if (decoder.pos() >= max_len) break;  // the model's max_seq_len
+    logits = &decoder.forward(&id, 1);
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+  std::vector<int32_t> text_ids = out;
+  if (stop != "length") text_ids.pop_back();  // the stop token is not part of the text
+  size_t dropped = 0;
+  const std::string text = tok->decode(decodable(text_ids, *tok, &dropped));
+  if (dropped)
+    std::fprintf(stderr,
+                 "ft generate: %zu generated id%s past the tokenizer's vocabulary (%lld ids) "
+                 "have no text\n",
+                 dropped, dropped == 1 ? "" : "s", (long long)tok->vocab_size());
+  if (a.json) {
+    Json j = Json::object();
+    j["prompt_ids"] = Json::parse(json_ids(prompt));
+    j["ids"] = Json::parse(json_ids(out));
+    j["text"] = text;
+    j["stop"] = stop;
+    std::printf("%s\n", j.dump(-1, ' ', false, Json::error_handler_t::replace).c_str());
+  } else {
+    if (text.compare(0, printed.size(), printed) == 0)
+      std::fwrite(text.data() + printed.size(), 1, text.size() - printed.size(), stdout);
+    else
+      std::fwrite(text.data(), 1, text.size(), stdout);  // the decoding changed: all of it
+    std::printf("\n");
+  }
+  const double load_s = std::chrono::duration<double>(t1 - t0).count();
+  const double gen_s = std::chrono::duration<double>(t2 - t1).count();
+  std::fprintf(stderr,
+               "ft generate: %zu new tokens in %.3f s (%.1f tokens/s; loading %.2f s), stopped: "
+               "%s\n",
+               out.size(), gen_s, gen_s > 0 ? double(out.size()) / gen_s : 0.0, load_s,
+               stop == "length"
+                   ? (int(out.size()) >= a.max_new_tokens ? "--max-new-tokens" : "max_seq_len")
+                   : stop.c_str());
+  return 0;
+}
+
+}  // namespace ft::app

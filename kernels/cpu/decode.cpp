@@ -1,0 +1,79 @@
+// Generation with a KV cache on the CPU (kernels.h "decode.cpp"): RoPE at a position offset and
+// attention of a few new queries over the cached keys and values. One sequence; the work per
+// new token is O(position · H · D), so plain loops over (query, head) under OpenMP suffice.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/half.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/kernels.h"
+
+FT_CPU_ISA_BEGIN
+namespace ft::kernels::FT_CPU_ISA_NS {
+
+template <typename E>
+void rope_at(E* x, const float* inv_freq, int pos, int T, int nh, int D) {
+  const int half = D / 2;
+#pragma omp parallel for schedule(static)
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < half; ++i) {
+      // The angle, cos and sin as rope_forward's tables make them (rope.cpp).
+      const float a = float(pos + t) * inv_freq[i];
+      const float c = std::cos(a), s = std::sin(a);
+      for (int h = 0; h < nh; ++h) {
+        E* head = x + (size_t(t) * nh + h) * D;
+        const float x1 = to_f32(head[i]), x2 = to_f32(head[i + half]);
+        head[i] = from_f32<E>(x1 * c - x2 * s);
+        head[i + half] = from_f32<E>(x2 * c + x1 * s);
+      }
+    }
+  }
+}
+
+template <typename E>
+void attention_decode(E* out, const E* q, const E* k, const E* v, int pos, int Tq, int H, int K,
+                      int D) {
+  const int group = H / K;
+  const float scale = 1.0f / std::sqrt(float(D));
+#pragma omp parallel
+  {
+    std::vector<float> p(static_cast<size_t>(pos + Tq)), acc(static_cast<size_t>(D)),
+        qf(static_cast<size_t>(D));
+#pragma omp for collapse(2) schedule(static)
+    for (int t = 0; t < Tq; ++t)
+      for (int h = 0; h < H; ++h) {
+        const int g = h / group, last = pos + t;  // keys 0 .. last
+        const E* qh = q + (size_t(t) * H + h) * D;
+        for (int d = 0; d < D; ++d) qf[size_t(d)] = to_f32(qh[d]);
+        float m = -INFINITY;
+        for (int j = 0; j <= last; ++j) {
+          const E* kj = k + (size_t(j) * K + g) * D;
+          float sdot = 0;
+          for (int d = 0; d < D; ++d) sdot += qf[size_t(d)] * to_f32(kj[d]);
+          p[size_t(j)] = sdot * scale;
+          m = std::max(m, p[size_t(j)]);
+        }
+        float sum = 0;
+        for (int j = 0; j <= last; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - m));
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int j = 0; j <= last; ++j) {
+          const E* vj = v + (size_t(j) * K + g) * D;
+          for (int d = 0; d < D; ++d) acc[size_t(d)] += p[size_t(j)] * to_f32(vj[d]);
+        }
+        E* oh = out + (size_t(t) * H + h) * D;
+        for (int d = 0; d < D; ++d) oh[d] = from_f32<E>(acc[size_t(d)] / sum);
+      }
+  }
+}
+
+#define FT_INSTANTIATE(E)                                      \
+  template void rope_at(E*, const float*, int, int, int, int); \
+  template void attention_decode(E*, const E*, const E*, const E*, int, int, int, int, int);
+FT_INSTANTIATE(float)
+FT_INSTANTIATE(bf16)
+FT_INSTANTIATE(f16)
+#undef FT_INSTANTIATE
+
+}  // namespace ft::kernels::FT_CPU_ISA_NS
+FT_CPU_ISA_END
