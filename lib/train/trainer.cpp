@@ -439,6 +439,10 @@ void print_run_header(const Recipe& r, const LlamaModel& model, const DataLoader
       (long long)r.training.steps, r.training.global_batch_size, accum, r.training.micro_batch_size,
       dev.name().c_str(), threads, kernels::cpu_isa_name(kernels::cpu_isa()),
       kernels::blas_kernel_name(), kernels::gemm_isa());
+  if (const PackingStats* p = loader.packing())
+    std::printf(
+        "ft: data.pack: %llu documents in %llu pieces, %.2f%% of the window positions filled\n",
+        (unsigned long long)p->documents, (unsigned long long)p->pieces, 100.0 * p->efficiency());
   std::fflush(stdout);
 }
 

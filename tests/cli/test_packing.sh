@@ -14,8 +14,9 @@
 #  d. ft plan accounts for the packed step's buffers (planned == measured, as test_plan.sh).
 #  e. ft inspect --seq-len prints the packing efficiency the greedy rule gives (computed here).
 #  f. A bad data.pack_overflow names the file, line and key.
-#  g. With ft_emu (the emulated CUDA device, fused attention: bf16, head dim 64): (a) within the
-#     16-bit step-1 bounds of test_cuda_emu_train.sh (1e-3 loss, 1e-2 gradient norm).
+#  g. With ft_emu (the emulated CUDA device, fused attention: bf16, head dim 64): (a) within
+#     1e-4 (loss) and 1e-3 (gradient norm) relative: both runs round alike, token for token
+#     (seen 2e-16 and 4e-11), far inside test_cuda_emu_train.sh's 16-bit step-1 bounds.
 #   bash tests/cli/test_packing.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 mpi_env
@@ -165,6 +166,8 @@ PY
 run_rc 0 "$ft" inspect "$tmp/packed" --seq-len $T
 has_out "packing at seq_len $T"
 has_out "efficiency:     $efficiency"
+grep -q "ft: data.pack: 60 documents in 60 pieces, $efficiency of the window positions filled" \
+  "$tmp/cpu_packed.log" || fail "no packing line at start-up: $(grep '^ft: data' "$tmp/cpu_packed.log")"
 
 # f. Validation.
 sed 's/pack: true}/pack: true, pack_overflow: truncate}/' "$tmp/r.yaml" > "$tmp/bad.yaml"
@@ -175,10 +178,12 @@ grep -q "bad.yaml:3.*data.pack_overflow" "$tmp/err.txt" || fail_showing_output "
 if [[ -x $emu ]]; then
   hd64=(runtime.device=cuda model.dim=128 model.n_heads=2 model.n_kv_heads=1 training.precision=bf16)
   train "$emu" emu_packed "${hd64[@]}"
+  grep -q 'cuda:0 (CUDA emulation (test tool)' "$tmp/emu_packed.log" \
+    || fail "emu_packed did not run on the emulated CUDA device: $(grep -m1 'ft: data' "$tmp/emu_packed.log")"
   train "$emu" emu_unpacked "${hd64[@]}" data.train="$tmp/unpacked" data.pack=false \
     training.global_batch_size="$n_docs"
   echo "g. packed against unpacked on the emulated CUDA device (bf16, fused attention), step 1:"
-  close emu_packed emu_unpacked 1e-3 1e-2
+  close emu_packed emu_unpacked 1e-4 1e-3
 else
   echo "g. skipped: this build has no ft_emu"
 fi
