@@ -5,7 +5,8 @@
 //     first_sample[s] <= i < first_sample[s+1], at token offset (i - first_sample[s]) * T.
 //   - Steps come out of next() strictly in order; the prefetch thread produces steps
 //     position_, position_+1, ... into a queue of at most `prefetch` entries, so memory is
-//     prefetch * rank_count * T * 9 bytes plus the ShardSet's open files, whatever N is.
+//     prefetch * rank_count * T * 9 bytes (13 packed: the segment ids) plus the ShardSet's open
+//     files, whatever N is.
 //   - An exception in the prefetch thread is stored and rethrown by next() once the steps
 //     produced before it have been handed out; the loader then stays failed until seek().
 //   - Packed: N = the number of windows; window i holds pieces[first_piece[i] ..
