@@ -70,13 +70,14 @@ void print_packing(ShardSet& set, int seq_len, const std::string& overflow) {
   std::printf("    pieces:         %llu from %llu documents\n", (unsigned long long)st.pieces,
               (unsigned long long)st.documents);
   if (st.short_documents > 0)
-    std::printf("    skipped:        %llu documents of fewer than 2 tokens (no target)\n",
-                (unsigned long long)st.short_documents);
+    std::printf("    skipped:        %llu document%s of fewer than 2 tokens (no target)\n",
+                (unsigned long long)st.short_documents, st.short_documents == 1 ? "" : "s");
   if (st.long_documents > 0)
-    std::printf(
-        "    longer than a window: %llu documents, %s\n", (unsigned long long)st.long_documents,
-        overflow == "split" ? "split into pieces"
-                            : detail::concat("dropped (", st.dropped_tokens, " tokens)").c_str());
+    std::printf("    longer than a window: %llu document%s, %s\n",
+                (unsigned long long)st.long_documents, st.long_documents == 1 ? "" : "s",
+                overflow == "split"
+                    ? "split into pieces"
+                    : detail::concat("dropped (", st.dropped_tokens, " tokens)").c_str());
 }
 
 int inspect_shards(const std::string& dir, int seq_len, const std::string& overflow) {
