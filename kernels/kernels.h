@@ -79,15 +79,18 @@ void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, c
                       int N, int C, bool accumulate_dx = false);
 
 // ---- rope.cpp: RoPE, rotate-half pairing (i with i + D/2) ---------------------------------------
-// x (B, T, nh, D) rotated in place; position of (b, t) is t. Pair (i, i + D/2) turns by the
-// angle float(t) · inv_freq[i]; inv_freq (D/2) carries the rope type's scaling (lib/model/rope.h
-// computes it; theta^(-2i/D) without scaling). E: x (T is the sequence length here); the angles
-// and the rotation are fp32.
+// x (B, T, nh, D) rotated in place; position p of (b, t) is pos[b*T + t] (pos (B, T) int32,
+// each >= 0: packed samples restart theirs at 0), or t when pos is null. Pair (i, i + D/2) turns
+// by the angle float(p) · inv_freq[i]; inv_freq (D/2) carries the rope type's scaling
+// (lib/model/rope.h computes it; theta^(-2i/D) without scaling). E: x (T is the sequence length
+// here); the angles and the rotation are fp32.
 template <typename E>
-void rope_forward(E* x, const float* inv_freq, int B, int T, int nh, int D);
+void rope_forward(E* x, const float* inv_freq, int B, int T, int nh, int D,
+                  const int32_t* pos = nullptr);
 // Inverse rotation, in place, applied to the gradient.
 template <typename E>
-void rope_backward(E* dx, const float* inv_freq, int B, int T, int nh, int D);
+void rope_backward(E* dx, const float* inv_freq, int B, int T, int nh, int D,
+                   const int32_t* pos = nullptr);
 
 // ---- Causal grouped-query attention (FlashAttention-2: no (B, H, T, T) buffer) ----------------
 // q (B, T, H, D), k and v (B, T, K, D), with H a multiple of K (query head h uses kv head h/(H/K)).

@@ -17,6 +17,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
 #include "core/error.h"
+#include "data/loader.h"
 #include "data/shard.h"
 #include "model/layout.h"
 #include "model/rope.h"
@@ -57,7 +58,29 @@ FolderKind classify(const fs::path& dir) {
   return FolderKind::kUnknown;
 }
 
-int inspect_shards(const std::string& dir) {
+// The packing data.pack would make (loader.h), and how much of the windows it fills.
+void print_packing(ShardSet& set, int seq_len, const std::string& overflow) {
+  const PackingStats st = packing_stats(set, seq_len, overflow == "split");
+  std::printf("  packing at seq_len %d (data.pack: true, data.pack_overflow: %s):\n", seq_len,
+              overflow.c_str());
+  std::printf("    windows:        %llu (samples per epoch)\n", (unsigned long long)st.windows);
+  std::printf("    efficiency:     %.2f%% (%llu of %llu window positions hold document tokens)\n",
+              100.0 * st.efficiency(), (unsigned long long)st.filled,
+              (unsigned long long)st.positions);
+  std::printf("    pieces:         %llu from %llu documents\n", (unsigned long long)st.pieces,
+              (unsigned long long)st.documents);
+  if (st.short_documents > 0)
+    std::printf("    skipped:        %llu document%s of fewer than 2 tokens (no target)\n",
+                (unsigned long long)st.short_documents, st.short_documents == 1 ? "" : "s");
+  if (st.long_documents > 0)
+    std::printf("    longer than a window: %llu document%s, %s\n",
+                (unsigned long long)st.long_documents, st.long_documents == 1 ? "" : "s",
+                overflow == "split"
+                    ? "split into pieces"
+                    : detail::concat("dropped (", st.dropped_tokens, " tokens)").c_str());
+}
+
+int inspect_shards(const std::string& dir, int seq_len, const std::string& overflow) {
   ShardSet set(dir);  // validates every shard; errors name the file
   const auto& shards = set.shards();
   const ShardAttributes& a = set.attrs();
@@ -83,6 +106,7 @@ int inspect_shards(const std::string& dir) {
     std::printf("  %-24s %14llu %12llu %s\n", fs::path(s.path).filename().c_str(),
                 (unsigned long long)s.num_tokens, (unsigned long long)s.num_documents,
                 s.has_loss_mask ? "yes" : "no");
+  if (seq_len > 0) print_packing(set, seq_len, overflow);
   // Leftovers of an interrupted `ft tokenize` are ignored by readers, but worth knowing about.
   int partial = 0;
   std::error_code ec;
@@ -513,9 +537,12 @@ int cmd_inspect(const InspectArgs& a) {
     throw UsageError(a.path +
                      ": not a folder; ft inspect takes a shard folder, checkpoint or "
                      "Hugging Face folder");
-  switch (classify(a.path)) {
+  const FolderKind kind = classify(a.path);
+  if (a.seq_len > 0 && kind != FolderKind::kShards)
+    throw UsageError(a.path + ": --seq-len applies to shard folders (how data.pack packs them)");
+  switch (kind) {
     case FolderKind::kShards:
-      return inspect_shards(a.path);
+      return inspect_shards(a.path, a.seq_len, a.pack_overflow);
     case FolderKind::kCheckpoint:
       if (fs::exists(fs::path(a.path) / "manifest.json", ec))
         return inspect_checkpoint_step(a.path);

@@ -36,6 +36,8 @@ int cmd_tokenize(const TokenizeArgs& a);
 
 struct InspectArgs {
   std::string path;
+  int seq_len = 0;                      // shard folders: the packing at this window length
+  std::string pack_overflow = "split";  // split | drop, as data.pack_overflow
 };
 int cmd_inspect(const InspectArgs& a);
 

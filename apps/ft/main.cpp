@@ -169,6 +169,12 @@ int main(int argc, char** argv) {
   InspectArgs insp;
   auto* i = app.add_subcommand("inspect", "Summarise a shard folder, checkpoint or HF folder");
   i->add_option("path", insp.path, "Folder to inspect")->required();
+  i->add_option("--seq-len", insp.seq_len,
+                "Shard folders: how data.pack would pack them into windows of this many tokens")
+      ->check(CLI::Range(1, 1 << 30));
+  i->add_option("--pack-overflow", insp.pack_overflow,
+                "With --seq-len: documents longer than a window are split (default) or dropped")
+      ->check(CLI::IsMember({"split", "drop"}));
 
   PlanArgs plan_args;
   auto* plan =

@@ -45,8 +45,8 @@ namespace ft::kernels {
   template void rmsnorm_forward(T*, float*, const T*, const T*, int, int, float);                  \
   template void rmsnorm_backward(T*, float*, const T*, const T*, const T*, const float*, int, int, \
                                  bool);                                                            \
-  template void rope_forward(T*, const float*, int, int, int, int);                                \
-  template void rope_backward(T*, const float*, int, int, int, int);                               \
+  template void rope_forward(T*, const float*, int, int, int, int, const int32_t*);                \
+  template void rope_backward(T*, const float*, int, int, int, int, const int32_t*);               \
   template void attention_forward<T>(T*, float*, const T*, const T*, const T*, int, int, int, int, \
                                      int, const int32_t*);                                         \
   template size_t attention_backward_scratch_elems<T>(int, int, int, int);                         \

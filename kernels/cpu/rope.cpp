@@ -2,6 +2,7 @@
 // Loops over rows run under OpenMP with static schedules, so results are bit-identical from run
 // to run for a fixed thread count (resume tests rely on this).
 // 16-bit heads are rotated in fp32 (one head vector staged at a time) and rounded once.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -32,7 +33,8 @@ void rope_tables(std::vector<float>& cosv, std::vector<float>& sinv, const float
 
 // E: the element type (T is the sequence length here).
 template <typename E>
-void rope_apply(E* x, const float* inv_freq, int B, int T, int nh, int D, float sign) {
+void rope_apply(E* x, const float* inv_freq, const int32_t* pos, int B, int T, int nh, int D,
+                float sign) {
   // The tables depend only on (T, inv_freq), which stay fixed through a run, so the last ones are
   // kept (per thread: kernels may be called from several threads later). The key is the table's
   // contents, not its address: D/2 floats compare in nanoseconds, and a caller's table may be
@@ -40,10 +42,14 @@ void rope_apply(E* x, const float* inv_freq, int B, int T, int nh, int D, float 
   thread_local std::vector<float> cosv, sinv, cached_inv;
   thread_local int cached_T = -1;
   const int half = D / 2;
-  if (T != cached_T || cached_inv.size() != size_t(half) ||
+  // With positions, the table spans 0 .. the largest of them (packed samples: below T).
+  int span = T;
+  if (pos)
+    for (size_t n = 0; n < size_t(B) * T; ++n) span = std::max(span, pos[n] + 1);
+  if (span != cached_T || cached_inv.size() != size_t(half) ||
       std::memcmp(cached_inv.data(), inv_freq, sizeof(float) * half) != 0) {
-    rope_tables(cosv, sinv, inv_freq, T, D);
-    cached_T = T;
+    rope_tables(cosv, sinv, inv_freq, span, D);
+    cached_T = span;
     cached_inv.assign(inv_freq, inv_freq + half);
   }
   // Plain pointers for the OpenMP threads: inside the loop `cosv` would name *their* copies.
@@ -55,8 +61,9 @@ void rope_apply(E* x, const float* inv_freq, int B, int T, int nh, int D, float 
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b)
       for (int t = 0; t < T; ++t) {
-        const float* cs = cos_table + size_t(t) * half;
-        const float* sn = sin_table + size_t(t) * half;
+        const size_t p = pos ? size_t(pos[size_t(b) * T + t]) : size_t(t);
+        const float* cs = cos_table + p * half;
+        const float* sn = sin_table + p * half;
         for (int h = 0; h < nh; ++h) {
           E* head = x + ((size_t(b) * T + t) * nh + h) * D;
           // float: v is the head itself; 16-bit: an fp32 copy, rounded back below
@@ -77,17 +84,17 @@ void rope_apply(E* x, const float* inv_freq, int B, int T, int nh, int D, float 
 }  // namespace
 
 template <typename E>
-void rope_forward(E* x, const float* inv_freq, int B, int T, int nh, int D) {
-  rope_apply(x, inv_freq, B, T, nh, D, 1.0f);
+void rope_forward(E* x, const float* inv_freq, int B, int T, int nh, int D, const int32_t* pos) {
+  rope_apply(x, inv_freq, pos, B, T, nh, D, 1.0f);
 }
 template <typename E>
-void rope_backward(E* dx, const float* inv_freq, int B, int T, int nh, int D) {
-  rope_apply(dx, inv_freq, B, T, nh, D, -1.0f);
+void rope_backward(E* dx, const float* inv_freq, int B, int T, int nh, int D, const int32_t* pos) {
+  rope_apply(dx, inv_freq, pos, B, T, nh, D, -1.0f);
 }
 
-#define FT_INSTANTIATE(E)                                           \
-  template void rope_forward(E*, const float*, int, int, int, int); \
-  template void rope_backward(E*, const float*, int, int, int, int);
+#define FT_INSTANTIATE(E)                                                           \
+  template void rope_forward(E*, const float*, int, int, int, int, const int32_t*); \
+  template void rope_backward(E*, const float*, int, int, int, int, const int32_t*);
 FT_INSTANTIATE(float)
 FT_INSTANTIATE(bf16)
 FT_INSTANTIATE(f16)

@@ -100,11 +100,13 @@ template <typename T>
 void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd,
                       int N, int C, bool accumulate_dx, void* scratch, void* stream);
 
-// ---- rope.cu ----
+// ---- rope.cu ---- (pos: (B, T_) int32 positions in device memory, or null for t; kernels.h)
 template <typename T>
-void rope_forward(T* x, const float* inv_freq, int B, int T_, int nh, int D, void* stream);
+void rope_forward(T* x, const float* inv_freq, int B, int T_, int nh, int D, void* stream,
+                  const int32_t* pos = nullptr);
 template <typename T>
-void rope_backward(T* dx, const float* inv_freq, int B, int T_, int nh, int D, void* stream);
+void rope_backward(T* dx, const float* inv_freq, int B, int T_, int nh, int D, void* stream,
+                   const int32_t* pos = nullptr);
 
 // ---- decode.cu: generation with a KV cache (kernels.h "decode.cpp") ----
 template <typename T>

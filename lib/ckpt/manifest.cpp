@@ -258,6 +258,8 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
     if (d.contains("seq_len")) r.int_at(d, "data", "seq_len", 1, INT32_MAX);
     if (d.contains("seed")) r.uint_at(d, "data", "seed", 0, UINT64_MAX);
     if (d.contains("shuffle")) r.flag(d["shuffle"], "data.shuffle");
+    if (d.contains("pack")) r.flag(d["pack"], "data.pack");
+    if (d.contains("pack_overflow")) r.text(d["pack_overflow"], "data.pack_overflow");
     if (d.contains("train")) r.text(d["train"], "data.train");
   }
   if (j.contains("scheduler")) {

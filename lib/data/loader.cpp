@@ -5,9 +5,12 @@
 //     first_sample[s] <= i < first_sample[s+1], at token offset (i - first_sample[s]) * T.
 //   - Steps come out of next() strictly in order; the prefetch thread produces steps
 //     position_, position_+1, ... into a queue of at most `prefetch` entries, so memory is
-//     prefetch * rank_count * T * 9 bytes plus the ShardSet's open files, whatever N is.
+//     prefetch * rank_count * T * 9 bytes (13 packed: the segment ids) plus the ShardSet's open
+//     files, whatever N is.
 //   - An exception in the prefetch thread is stored and rethrown by next() once the steps
 //     produced before it have been handed out; the loader then stays failed until seek().
+//   - Packed: N = the number of windows; window i holds pieces[first_piece[i] ..
+//     first_piece[i+1]), whose lengths minus one sum to at most T (loader.h: packing).
 #include "data/loader.h"
 
 #include <algorithm>
@@ -49,7 +52,66 @@ namespace {
 
 constexpr int kFeistelRounds = 6;
 
+// A run of one document's tokens that a packed window holds (loader.h: packing).
+struct Piece {
+  uint64_t start = 0;  // token index in the shard
+  uint32_t shard = 0;
+  uint32_t len = 0;  // tokens, 2 .. T + 1
+};
+
+// The greedy packing of loader.h. With `pieces` and `first_piece` null only the figures are
+// made (ft inspect); otherwise the pieces and each window's first piece (windows + 1 values).
+PackingStats pack_documents(ShardSet& set, int seq_len, bool split, std::vector<Piece>* pieces,
+                            std::vector<uint64_t>* first_piece) {
+  const uint64_t T = uint64_t(seq_len);
+  PackingStats st;
+  uint64_t used = T + 1;  // positions taken in the current window; > T: no window open
+  auto add = [&](uint32_t shard, uint64_t start, uint64_t len) {
+    if (used + (len - 1) > T) {  // the next window
+      ++st.windows;
+      used = 0;
+      if (first_piece) first_piece->push_back(st.pieces);
+    }
+    used += len - 1;
+    st.filled += len - 1;
+    ++st.pieces;
+    if (pieces) pieces->push_back(Piece{start, shard, uint32_t(len)});
+  };
+  for (size_t s = 0; s < set.shards().size(); ++s) {
+    const std::vector<uint64_t> offsets = set.read_doc_offsets(s);
+    const uint64_t n_tokens = set.shards()[s].num_tokens;
+    st.documents += offsets.size();
+    for (size_t d = 0; d < offsets.size(); ++d) {
+      const uint64_t begin = offsets[d], end = d + 1 < offsets.size() ? offsets[d + 1] : n_tokens;
+      const uint64_t n = end - begin;
+      if (n < 2) {
+        ++st.short_documents;
+        continue;
+      }
+      if (n - 1 <= T) {
+        add(uint32_t(s), begin, n);
+        continue;
+      }
+      ++st.long_documents;
+      if (!split) {
+        st.dropped_tokens += n;
+        continue;
+      }
+      for (uint64_t k = 0; k * T + 1 < n; ++k)
+        add(uint32_t(s), begin + k * T, std::min(T + 1, n - k * T));
+    }
+  }
+  if (first_piece) first_piece->push_back(st.pieces);
+  st.positions = st.windows * T;
+  return st;
+}
+
 }  // namespace
+
+PackingStats packing_stats(ShardSet& set, int seq_len, bool split) {
+  FT_CHECK(seq_len >= 1, "packing_stats: seq_len ", seq_len);
+  return pack_documents(set, seq_len, split, nullptr, nullptr);
+}
 
 uint64_t sample_order(uint64_t index, uint64_t n, bool shuffle, uint64_t seed, uint64_t epoch) {
   FT_CHECK(index < n, "sample index ", index, " out of range for ", n, " samples");
@@ -80,6 +142,10 @@ struct DataLoader::Impl {
   uint64_t n = 0;                      // samples per epoch
   std::vector<int32_t> window;         // (T + 1,) scratch of the prefetch thread
   std::vector<uint8_t> window_mask;    // (T + 1,)
+  // Packed (loader.h): the pieces in packing order, window i's first piece (N + 1 values).
+  PackingStats packing;
+  std::vector<Piece> pieces;
+  std::vector<uint64_t> first_piece;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -99,11 +165,16 @@ struct DataLoader::Impl {
     out.inputs.resize(size_t(opt.rank_count) * T);
     out.targets.resize(size_t(opt.rank_count) * T);
     out.mask.resize(size_t(opt.rank_count) * T);
+    if (opt.pack) out.seg.resize(size_t(opt.rank_count) * T);
     for (int64_t r = 0; r < opt.rank_count; ++r) {
       const uint64_t j =
           uint64_t(step) * uint64_t(opt.global_batch) + uint64_t(opt.rank_offset + r);
       const uint64_t epoch = j / n, entry = j % n;
       const uint64_t sample = sample_order(entry, n, opt.shuffle, opt.seed, epoch);
+      if (opt.pack) {
+        fill_packed(sample, out, size_t(r) * T);
+        continue;
+      }
       // The shard holding `sample`: the last s with first_sample[s] <= sample.
       const auto after = std::upper_bound(first_sample.begin(), first_sample.end(), sample);
       const size_t s = size_t(after - first_sample.begin()) - 1;
@@ -116,6 +187,28 @@ struct DataLoader::Impl {
       std::copy(window_mask.begin() + 1, window_mask.end(), out.mask.begin() + row);
     }
     return out;
+  }
+
+  // Row `row` (element offset) of `out` from packed window `w`.
+  void fill_packed(uint64_t w, StepSamples& out, size_t row) {
+    const int T = opt.seq_len;
+    size_t at = row;
+    int32_t seg = 0;
+    for (uint64_t k = first_piece[w]; k < first_piece[w + 1]; ++k, ++seg) {
+      const Piece& p = pieces[k];
+      set->read(p.shard, p.start, p.len, window.data(), window_mask.data());
+      const size_t m = p.len - 1;  // its (input, target) pairs
+      std::copy(window.begin(), window.begin() + m, out.inputs.begin() + at);
+      std::copy(window.begin() + 1, window.begin() + m + 1, out.targets.begin() + at);
+      std::copy(window_mask.begin() + 1, window_mask.begin() + m + 1, out.mask.begin() + at);
+      std::fill(out.seg.begin() + at, out.seg.begin() + at + m, seg);
+      at += m;
+    }
+    const size_t end = row + size_t(T);  // padding: never a target, a segment of its own
+    std::fill(out.inputs.begin() + at, out.inputs.begin() + end, 0);
+    std::fill(out.targets.begin() + at, out.targets.begin() + end, 0);
+    std::fill(out.mask.begin() + at, out.mask.begin() + end, uint8_t(0));
+    std::fill(out.seg.begin() + at, out.seg.begin() + end, seg);
   }
 
   void run(int64_t from) {
@@ -182,6 +275,18 @@ DataLoader::DataLoader(const LoaderOptions& opt) : impl_(std::make_unique<Impl>(
             "); the shards were written with another tokenizer: re-run `ft tokenize` with it");
 
   const uint64_t T = uint64_t(opt.seq_len);
+  m.window.resize(T + 1);
+  m.window_mask.resize(T + 1);
+  if (opt.pack) {
+    m.packing = pack_documents(*m.set, opt.seq_len, opt.pack_split, &m.pieces, &m.first_piece);
+    m.n = m.packing.windows;
+    if (m.n == 0)
+      FT_FAIL(opt.dir, ": no samples to pack: ", m.packing.documents, " documents, ",
+              m.packing.short_documents, " of them shorter than 2 tokens",
+              opt.pack_split ? "" : " and the others longer than data.seq_len + 1 (dropped)",
+              "; add data", opt.pack_split ? "" : " or set data.pack_overflow: split");
+    return;
+  }
   m.first_sample.push_back(0);
   int short_shards = 0;
   constexpr int kMaxShortWarnings = 3;  // a folder of many tiny shards should not flood the log
@@ -199,8 +304,6 @@ DataLoader::DataLoader(const LoaderOptions& opt) : impl_(std::make_unique<Impl>(
   if (m.n == 0)
     FT_FAIL(opt.dir, ": no samples at seq_len ", T, ": every shard is shorter than ", T + 1,
             " tokens (", m.set->total_tokens(), " tokens in all); lower data.seq_len or add data");
-  m.window.resize(T + 1);
-  m.window_mask.resize(T + 1);
 }
 
 DataLoader::~DataLoader() { impl_->halt(); }
@@ -228,6 +331,10 @@ StepSamples DataLoader::next() {
   ++m.position;
   m.cv.notify_all();
   return s;
+}
+
+const PackingStats* DataLoader::packing() const {
+  return impl_->opt.pack ? &impl_->packing : nullptr;
 }
 
 int64_t DataLoader::position() const {

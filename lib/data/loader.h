@@ -5,6 +5,10 @@
 // [s*G + rank_offset, s*G + rank_offset + rank_count) of each step, in a background thread that
 // keeps `prefetch` steps ready, so memory is bounded by the prefetch depth, never the data size.
 // The loader's whole position is the next step index: a checkpoint saves that one number.
+//
+// Samples are windows of T (input, target) pairs. Unpacked, sample k of a shard is its tokens
+// [k*T, k*T + T + 1), across document boundaries. Packed (LoaderOptions::pack, DESIGN.md §6),
+// a sample is a run of whole documents: see pack_documents below.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +27,9 @@ struct StepSamples {
   std::vector<int32_t> inputs;   // (count, T)
   std::vector<int32_t> targets;  // (count, T)
   std::vector<uint8_t> mask;     // (count, T): 1 = this target is trained on
+  // (count, T) with data.pack: the segment id of each position (non-decreasing along a row;
+  // one id per packed sample, another for the padding after them); empty otherwise.
+  std::vector<int32_t> seg;
 };
 
 struct LoaderOptions {
@@ -36,7 +43,32 @@ struct LoaderOptions {
   int prefetch = 4;            // steps kept ready by the background thread (0: next() reads)
   int64_t expected_vocab = 0;  // 0: not checked; else shards' vocab_size must be <= this
   std::string expected_tokenizer_sha256;  // empty: not checked
+  bool pack = false;                      // data.pack: whole documents per window, with seg
+  bool pack_split = true;                 // data.pack_overflow: split (true) or drop (false)
 };
+
+// Packing. A document of n tokens gives n - 1 (input, target) pairs, so it fills n - 1 positions
+// of a window of T. Documents are taken in shard order, then document order; one with n < 2
+// has no target and is skipped; one with n - 1 > T is split (pieces of tokens [k*T, k*T + T + 1)
+// of the document, each a document of its own, the last one shorter; a last piece of one token
+// is no piece) or dropped. Pieces fill windows greedily in that order: a window takes the next
+// piece while it fits, else the next window starts. Positions after the last piece are padding
+// (input 0, target 0, mask 0). Segment ids number the pieces of a window 0, 1, ...; the padding
+// gets the next id. The host keeps 16 bytes per piece and 8 per window, so a folder of many
+// million documents costs tens of MiB, read (doc_offsets only) when the loader opens.
+struct PackingStats {
+  uint64_t documents = 0;        // documents in the shards
+  uint64_t short_documents = 0;  // of fewer than 2 tokens: nothing to train on, skipped
+  uint64_t long_documents = 0;   // longer than a window: split or dropped
+  uint64_t dropped_tokens = 0;   // tokens of the dropped documents
+  uint64_t pieces = 0;           // what the windows hold: documents, or parts of split ones
+  uint64_t windows = 0;          // samples per epoch
+  uint64_t positions = 0;        // windows * T
+  uint64_t filled = 0;           // positions that hold a piece's (input, target) pair
+  double efficiency() const { return positions ? double(filled) / double(positions) : 0.0; }
+};
+// The packing of a shard folder at window length seq_len (what a packed loader trains on).
+PackingStats packing_stats(ShardSet& set, int seq_len, bool split);
 
 class DataLoader {
  public:
@@ -49,6 +81,8 @@ class DataLoader {
   // The samples of the next step for this rank (blocks until the prefetcher has them).
   StepSamples next();
   int64_t position() const;  // the next step index next() will return
+  // With LoaderOptions::pack: how the documents were packed; null otherwise.
+  const PackingStats* packing() const;
 
  private:
   struct Impl;

@@ -153,6 +153,11 @@ class ShardSet {
   // file and the index, when a token id is >= vocab_size. Safe to call from several threads.
   void read(size_t shard, uint64_t start, uint64_t count, int32_t* tokens, uint8_t* mask);
 
+  // The whole doc_offsets of shard `shard` (num_documents values), read through libhdf5 after
+  // the check child has read them in full (the rule for libhdf5 in this process, shard_read.cpp);
+  // throws naming the file if they no longer start at 0, rise and stay within the tokens.
+  std::vector<uint64_t> read_doc_offsets(size_t shard);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -230,4 +230,28 @@ void ShardSet::read(size_t shard, uint64_t start, uint64_t count, int32_t* token
   }
 }
 
+std::vector<uint64_t> ShardSet::read_doc_offsets(size_t shard) {
+  Impl& m = *impl_;
+  FT_CHECK(shard < m.shards.size(), "shard index ", shard, " out of range");
+  const ShardInfo& info = m.shards[shard];
+  std::vector<uint64_t> offsets(info.num_documents);
+  Hdf5Lock lock;
+  m.get(shard);  // checks that the file is the one the child checked (its size)
+  H5Handle file = detail::open_shard_file(info.path);
+  H5Handle ds = detail::open_shard_dataset(file.get(), "doc_offsets", info.path, true);
+  H5Handle space(H5Dget_space(ds.get()), H5Sclose);
+  if (!space.valid() || H5Sget_simple_extent_npoints(space.get()) != hssize_t(info.num_documents))
+    FT_FAIL(info.path, ": doc_offsets changed since the shard was checked");
+  if (!offsets.empty() &&
+      H5Dread(ds.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, offsets.data()) < 0)
+    FT_FAIL(info.path, ": cannot read doc_offsets (truncated or corrupt shard?)");
+  for (size_t d = 0; d < offsets.size(); ++d)
+    if ((d == 0 && offsets[0] != 0) || (d > 0 && offsets[d] < offsets[d - 1]) ||
+        offsets[d] > info.num_tokens)
+      FT_FAIL(info.path, ": doc_offsets[", d, "] = ", offsets[d],
+              " breaks the rules it was checked against (start at 0, never decrease, at most ",
+              info.num_tokens, "); was the shard rewritten while ft was reading it?");
+  return offsets;
+}
+
 }  // namespace ft

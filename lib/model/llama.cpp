@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "model/rope.h"
@@ -56,6 +57,9 @@ struct LlamaModel::Acts {
   Buffer<float> norm_dw;       // qwen3 with tensor parallelism: (D) a q/k norm's partial dw
   DBuffer dg, du, dh;          // (N, F)
   Buffer<float> attn_scratch;  // Ops::attention_backward_scratch_elems, fp32
+  // Packed samples (forward_part's seg): segment ids and the RoPE positions derived from them,
+  // (N) each; empty without segments.
+  Buffer<int32_t> seg, pos;
 };
 
 namespace {
@@ -170,11 +174,13 @@ void LlamaModel::init_random(uint64_t seed, double std) {
   }
 }
 
-void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
+void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward, bool segments) {
   if (size_t(slot) >= slots_.size()) slots_.resize(size_t(slot) + 1);
   std::unique_ptr<Acts>& cur = slots_[size_t(slot)];
   acts_ = cur.get();
-  if (cur && cur->B == B && cur->T == T && (cur->backward || !need_backward)) return;
+  if (cur && cur->B == B && cur->T == T && (cur->backward || !need_backward) &&
+      (cur->seg.size() > 0) == segments)
+    return;
   cur.reset();  // free the old set first so the peak is not two sets
   const MemoryScope tag(MemoryCategory::kActivations);
   auto a = std::make_unique<Acts>();
@@ -183,6 +189,10 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward) {
   a->backward = need_backward;
   const size_t N = size_t(B) * T, C = cfg_.dim, F = F_, V = V_;
   if (stage_.embed) a->inputs = Buffer<int32_t>(dev_, N);
+  if (segments) {
+    a->seg = Buffer<int32_t>(dev_, N);
+    a->pos = Buffer<int32_t>(dev_, N);
+  }
   if (stage_.head) {
     a->targets = Buffer<int32_t>(dev_, N);
     a->mask = Buffer<uint8_t>(dev_, N);
@@ -282,10 +292,12 @@ void LlamaModel::layer_forward(int l, int B, int T) {
     ops().rmsnorm_forward(st_, la.kk.data(), la.rstd_k.data(), k, w + o.k_norm, N * K, D,
                           float(cfg_.norm_eps));
   }
-  ops().rope_forward(st_, la.q.data(), rope_inv_freq_.data(), B, T, H, D);
-  ops().rope_forward(st_, la.kk.data(), rope_inv_freq_.data(), B, T, K, D);
+  const int32_t* seg = a.seg.size() ? a.seg.data() : nullptr;
+  const int32_t* pos = a.pos.size() ? a.pos.data() : nullptr;
+  ops().rope_forward(st_, la.q.data(), rope_inv_freq_.data(), B, T, H, D, pos);
+  ops().rope_forward(st_, la.kk.data(), rope_inv_freq_.data(), B, T, K, D, pos);
   ops().attention_forward(st_, la.att.data(), la.lse.data(), la.q.data(), la.kk.data(), la.v.data(),
-                          /*seg=*/nullptr, B, T, H, K, D);
+                          seg, B, T, H, K, D);
   copy(la.mid.data(), x, size_t(N) * C);
   o_proj_.forward_add(*dev_, tp_, la.mid.data(), la.att.data(), w + o.wo, N, a.tp_partial.data(),
                       a.tp_f32.data());
@@ -330,11 +342,13 @@ void LlamaModel::layer_backward(int l, int B, int T) {
 
   // Attention: mid = x + att·Woᵀ
   o_proj_.backward(*dev_, a.datt.data(), dw + o.wo, dy, la.att.data(), w + o.wo, N);
+  const int32_t* seg = a.seg.size() ? a.seg.data() : nullptr;
+  const int32_t* pos = a.pos.size() ? a.pos.data() : nullptr;
   ops().attention_backward(st_, a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), la.att.data(),
-                           la.lse.data(), la.q.data(), la.kk.data(), la.v.data(),
-                           /*seg=*/nullptr, a.attn_scratch.data(), B, T, H, K, D);
-  ops().rope_backward(st_, a.dq.data(), rope_inv_freq_.data(), B, T, H, D);
-  ops().rope_backward(st_, a.dk.data(), rope_inv_freq_.data(), B, T, K, D);
+                           la.lse.data(), la.q.data(), la.kk.data(), la.v.data(), seg,
+                           a.attn_scratch.data(), B, T, H, K, D);
+  ops().rope_backward(st_, a.dq.data(), rope_inv_freq_.data(), B, T, H, D, pos);
+  ops().rope_backward(st_, a.dk.data(), rope_inv_freq_.data(), B, T, K, D, pos);
   Ref dq = a.dq.data(), dk = a.dk.data();  // become dL/d(the projections' outputs)
   if (has_qk_norm(cfg_)) {
     norm_backward(a.dq_raw.data(), dw + o.q_norm, dq, la.q_raw.data(), w + o.q_norm,
@@ -380,15 +394,28 @@ void LlamaModel::norm_backward(Ref dx, float* dw, CRef dout, CRef x, CRef w, con
 }
 
 void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const int32_t* targets,
-                              const uint8_t* mask, int B, int T, float token_weight,
-                              bool backward) {
+                              const uint8_t* mask, int B, int T, float token_weight, bool backward,
+                              const int32_t* seg) {
   FT_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len ",
            cfg_.max_seq_len);
-  ensure_acts(slot, B, T, backward);
+  ensure_acts(slot, B, T, backward, seg != nullptr);
   Acts& a = *acts_;
   const int N = B * T, C = cfg_.dim, L = cfg_.n_layers;
   const int hg = L + 1;  // head group
   const int first = stage_.first_layer, last = stage_.last_layer;
+  if (seg) {
+    // Each sample's positions restart at 0 where its segment starts (DESIGN.md §6 packing).
+    std::vector<int32_t> pos(static_cast<size_t>(N));
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < T; ++t) {
+        const size_t n = size_t(b) * T + t;
+        FT_CHECK(t == 0 || seg[n] >= seg[n - 1], "segment ids decrease along row ", b,
+                 " at position ", t, " (", seg[n - 1], " then ", seg[n], ")");
+        pos[n] = t == 0 || seg[n] != seg[n - 1] ? 0 : pos[n - 1] + 1;
+      }
+    a.seg.upload(seg, size_t(N));
+    a.pos.upload(pos.data(), size_t(N));
+  }
 
   if (stage_.embed) {
     // The ids are checked on the host, where they arrive, before they reach the device.
@@ -470,14 +497,15 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
 }
 
 void LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets,
-                                  const uint8_t* mask, int B, int T, float token_weight) {
-  forward_part(0, inputs, CRef(), targets, mask, B, T, token_weight, true);
+                                  const uint8_t* mask, int B, int T, float token_weight,
+                                  const int32_t* seg) {
+  forward_part(0, inputs, CRef(), targets, mask, B, T, token_weight, true, seg);
   backward_part(0, CRef());
 }
 
 void LlamaModel::forward_loss(const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
-                              int B, int T) {
-  forward_part(0, inputs, CRef(), targets, mask, B, T, 0.0f, false);
+                              int B, int T, const int32_t* seg) {
+  forward_part(0, inputs, CRef(), targets, mask, B, T, 0.0f, false, seg);
 }
 
 }  // namespace ft

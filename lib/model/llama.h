@@ -53,18 +53,20 @@ class LlamaModel final : public PipelineStage {
   // Forward and backward on one micro-batch. inputs/targets/mask: (B, T) host arrays, copied to
   // the device. dlogits are scaled by token_weight (1 / trained tokens of the whole global batch
   // gives the token-weighted mean). The SUM of per-token losses over masked targets accumulates
-  // on the device (take_loss_sum). Gradients accumulate.
+  // on the device (take_loss_sum). Gradients accumulate. seg: (B, T) host segment ids of packed
+  // samples (PipelineStage::forward_part), or null.
   void forward_backward(const int32_t* inputs, const int32_t* targets, const uint8_t* mask, int B,
-                        int T, float token_weight);
+                        int T, float token_weight, const int32_t* seg = nullptr);
   // Forward only (evaluation); the summed loss accumulates as above.
   void forward_loss(const int32_t* inputs, const int32_t* targets, const uint8_t* mask, int B,
-                    int T);
+                    int T, const int32_t* seg = nullptr);
 
   // PipelineStage (parallel/pipeline.h): one micro-batch in two halves, several in flight, each
   // in its own activation slot.
   int hidden_size() const override { return cfg_.dim; }
   void forward_part(int slot, const int32_t* inputs, CRef x_in, const int32_t* targets,
-                    const uint8_t* mask, int B, int T, float token_weight, bool backward) override;
+                    const uint8_t* mask, int B, int T, float token_weight, bool backward,
+                    const int32_t* seg) override;
   void backward_part(int slot, CRef dy_in) override;
   CRef stage_output(int slot) const override;  // (B·T, C) in the compute dtype
   CRef input_grad() const override;
@@ -75,7 +77,7 @@ class LlamaModel final : public PipelineStage {
 
  private:
   struct Acts;
-  void ensure_acts(int slot, int B, int T, bool need_backward);
+  void ensure_acts(int slot, int B, int T, bool need_backward, bool segments);
   void layer_forward(int l, int B, int T);
   void layer_backward(int l, int B, int T);
   void copy(Ref dst, CRef src, size_t n);  // n elements of dst's dtype

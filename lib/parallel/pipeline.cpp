@@ -6,6 +6,14 @@
 #include "parallel/partition.h"
 
 namespace ft {
+namespace {
+
+// The segment ids of the micro-batch at element offset `off`, or null when not packed.
+const int32_t* segments(const StepSamples& b, size_t off) {
+  return b.seg.empty() ? nullptr : b.seg.data() + off;
+}
+
+}  // namespace
 
 PipelineSchedule::PipelineSchedule(PipelineStage& model, Communicator* pipe, Device* dev)
     : model_(model), pipe_(pipe), dev_(dev) {
@@ -35,7 +43,8 @@ void PipelineSchedule::run_forward(const StepSamples& b, int i, int micro, float
                                    bool backward) {
   const size_t off = size_t(i) * micro * b.seq_len;
   model_.forward_part(slot(i), b.inputs.data() + off, recv_buf_.data(), b.targets.data() + off,
-                      b.mask.data() + off, micro, b.seq_len, token_weight, backward);
+                      b.mask.data() + off, micro, b.seq_len, token_weight, backward,
+                      segments(b, off));
 }
 
 void PipelineSchedule::send_output(int i, size_t n) {
@@ -96,7 +105,8 @@ double PipelineSchedule::train_step(const StepSamples& b, int micro, float token
     for (int i = 0; i < M; ++i) {
       const size_t off = size_t(i) * micro * T;
       model_.forward_part(0, b.inputs.data() + off, CRef(), b.targets.data() + off,
-                          b.mask.data() + off, micro, T, token_weight, /*backward=*/true);
+                          b.mask.data() + off, micro, T, token_weight, /*backward=*/true,
+                          segments(b, off));
       model_.backward_part(0, CRef());
     }
     return model_.take_loss_sum();
@@ -137,7 +147,8 @@ double PipelineSchedule::eval_batch(const StepSamples& b, int micro) {
     for (int i = 0; i < M; ++i) {
       const size_t off = size_t(i) * micro * T;
       model_.forward_part(0, b.inputs.data() + off, CRef(), b.targets.data() + off,
-                          b.mask.data() + off, micro, T, 0.0f, /*backward=*/false);
+                          b.mask.data() + off, micro, T, 0.0f, /*backward=*/false,
+                          segments(b, off));
     }
     return model_.take_loss_sum();
   }

@@ -32,10 +32,12 @@ class PipelineStage {
   // The first stage embeds `inputs` (host ids, B·T); the others start from x_in (B·T, C, device
   // memory). The last stage adds its loss to the step's sum (take_loss_sum) and, with backward,
   // keeps what backward_part needs; the others leave their output at stage_output(slot).
-  // token_weight scales each token's loss gradient.
+  // token_weight scales each token's loss gradient. seg: (B, T) host segment ids of packed
+  // samples (StepSamples::seg; every stage gets them: attention and RoPE need them in every
+  // layer), or null for one sample per row.
   virtual void forward_part(int slot, const int32_t* inputs, CRef x_in, const int32_t* targets,
-                            const uint8_t* mask, int B, int T, float token_weight,
-                            bool backward) = 0;
+                            const uint8_t* mask, int B, int T, float token_weight, bool backward,
+                            const int32_t* seg) = 0;
   // The last stage starts from its loss; the others from dy_in (B·T, C), the gradient of their
   // output. Leaves the gradient of the stage's input at input_grad() (not on the first stage).
   // Gradients accumulate.

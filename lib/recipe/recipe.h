@@ -28,7 +28,9 @@ struct DataConfig {
   std::string valid;  // optional
   int seq_len = 256;
   bool shuffle = true;
-  int prefetch = 4;  // batches the background loader keeps ready
+  int prefetch = 4;                     // batches the background loader keeps ready
+  bool pack = false;                    // whole documents packed into each window (§6)
+  std::string pack_overflow = "split";  // split | drop: a document longer than a window
 };
 
 struct TrainingConfig {

@@ -147,6 +147,11 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(data, seq_len, kInt, "tokens per sample", positive),
         FT_KEY(data, shuffle, kBool, "shuffle samples each epoch (seeded by run.seed)"),
         FT_KEY(data, prefetch, kInt, "batches the background loader keeps ready", positive),
+        FT_KEY(data, pack, kBool,
+               "pack whole documents into each window; attention and positions stay per document"),
+        FT_KEY(data, pack_overflow, kChoice,
+               "with data.pack, a document longer than a window: split into pieces, or drop",
+               {.choices = {"split", "drop"}}),
 
         FT_KEY(training, steps, kInt64,
                "optimizer steps (0: only load/initialise and save a checkpoint)", non_negative),

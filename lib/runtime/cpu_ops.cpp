@@ -137,13 +137,15 @@ class CpuOps final : public Ops {
                           accumulate_dx);
     });
   }
-  void rope_forward(Stream, Ref x, const float* inv_freq, int B, int T, int nh, int D) override {
+  void rope_forward(Stream, Ref x, const float* inv_freq, int B, int T, int nh, int D,
+                    const int32_t* pos) override {
     dispatch(same_dtype("rope_forward", {x.dtype}),
-             [&](auto t) { k::rope_forward(as<decltype(t)>(x), inv_freq, B, T, nh, D); });
+             [&](auto t) { k::rope_forward(as<decltype(t)>(x), inv_freq, B, T, nh, D, pos); });
   }
-  void rope_backward(Stream, Ref dx, const float* inv_freq, int B, int T, int nh, int D) override {
+  void rope_backward(Stream, Ref dx, const float* inv_freq, int B, int T, int nh, int D,
+                     const int32_t* pos) override {
     dispatch(same_dtype("rope_backward", {dx.dtype}),
-             [&](auto t) { k::rope_backward(as<decltype(t)>(dx), inv_freq, B, T, nh, D); });
+             [&](auto t) { k::rope_backward(as<decltype(t)>(dx), inv_freq, B, T, nh, D, pos); });
   }
   void rope_at(Stream, Ref x, const float* inv_freq, int pos, int T, int nh, int D) override {
     dispatch(same_dtype("rope_at", {x.dtype}),

@@ -89,14 +89,15 @@ FT_OP(rmsnorm_backward, kRmsnorm,
        bool accumulate_dx),
       (s, dx, dw, dout, x, w, rstd, N, C, accumulate_dx))
 
-// ---- RoPE: x (B, T, nh, D) rotated in place (inv_freq: D/2 floats in device memory) ----
+// ---- RoPE: x (B, T, nh, D) rotated in place (inv_freq: D/2 floats in device memory); pos
+// (B, T) int32 positions in device memory (packed samples restart at 0), or nullptr for t ----
 FT_OP(rope_forward, kRope,
-      (Stream s, Ref x, const float* inv_freq, int B, int T, int nh, int D),
-      (s, x, inv_freq, B, T, nh, D))
+      (Stream s, Ref x, const float* inv_freq, int B, int T, int nh, int D, const int32_t* pos),
+      (s, x, inv_freq, B, T, nh, D, pos))
 // The inverse rotation, applied to the gradient in place.
 FT_OP(rope_backward, kRope,
-      (Stream s, Ref dx, const float* inv_freq, int B, int T, int nh, int D),
-      (s, dx, inv_freq, B, T, nh, D))
+      (Stream s, Ref dx, const float* inv_freq, int B, int T, int nh, int D, const int32_t* pos),
+      (s, dx, inv_freq, B, T, nh, D, pos))
 
 // ---- Causal grouped-query attention (FlashAttention-2): q, out (B, T, H, D), k, v
 // (B, T, K, D); lse (B, H, T) fp32 per-row logsumexp saved by forward; backward recomputes the

@@ -318,6 +318,7 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   batch.inputs.assign(size_t(batch.count) * S, 0);
   batch.targets.assign(size_t(batch.count) * S, 0);
   batch.mask.assign(size_t(batch.count) * S, 1);
+  if (r.data.pack) batch.seg.assign(size_t(batch.count) * S, 0);  // the model's seg/pos buffers
   TrainStep step(r, world_comm, *data, P > 1 ? pipe : nullptr, *s.model, *s.zero, *s.pipeline,
                  *s.optim, s.scaler_ptr());
   if (warm_up)

@@ -142,6 +142,8 @@ json manifest_base(const Recipe& r, const Mesh& mesh, const std::string& tokeniz
   j["data"] = {{"train", r.data.train},
                {"seq_len", r.data.seq_len},
                {"shuffle", r.data.shuffle},
+               {"pack", r.data.pack},
+               {"pack_overflow", r.data.pack_overflow},
                {"seed", r.run.seed},
                {"global_batch_size", r.training.global_batch_size}};
   // ft draws no random numbers after initialisation (no dropout); the data order is a function

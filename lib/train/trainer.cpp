@@ -171,6 +171,8 @@ std::unique_ptr<DataLoader> open_eval_loader(const Recipe& r, const std::string&
   o.global_batch = r.training.global_batch_size;
   o.rank_count = o.global_batch;
   o.prefetch = 0;  // evaluation is rare: read on demand, no background thread
+  o.pack = r.data.pack;
+  o.pack_split = r.data.pack_overflow == "split";
   o.expected_vocab = r.model.vocab_size;
   o.expected_tokenizer_sha256 = tokenizer_sha;
   return std::make_unique<DataLoader>(o);
@@ -277,6 +279,8 @@ LoaderOptions train_loader_options(const Recipe& r, const Mesh& mesh, int accum,
   lo.rank_count = int64_t(r.training.micro_batch_size) * accum;
   lo.rank_offset = int64_t(mesh.d) * lo.rank_count;
   lo.prefetch = r.data.prefetch;
+  lo.pack = r.data.pack;
+  lo.pack_split = r.data.pack_overflow == "split";
   lo.expected_vocab = r.model.vocab_size;
   lo.expected_tokenizer_sha256 = tokenizer_sha;
   return lo;
@@ -371,10 +375,12 @@ ResumePoint resume_state(const Recipe& r, Communicator& comm, const std::string&
       if (is_root &&
           (d.value("global_batch_size", 0) != r.training.global_batch_size ||
            d.value("seq_len", 0) != r.data.seq_len || d.value("seed", uint64_t(0)) != r.run.seed ||
-           d.value("shuffle", true) != r.data.shuffle))
+           d.value("shuffle", true) != r.data.shuffle || d.value("pack", false) != r.data.pack ||
+           (r.data.pack && d.value("pack_overflow", std::string("split")) != r.data.pack_overflow)))
         log_warn(
             "the data settings differ from the checkpoint's (global_batch_size, seq_len, "
-            "run.seed or data.shuffle): the run continues with step ",
+            "run.seed, data.shuffle, data.pack or data.pack_overflow): the run continues with "
+            "step ",
             at.step + 1, " of the new order, not where the saved run would have gone");
       break;
     }
@@ -433,6 +439,10 @@ void print_run_header(const Recipe& r, const LlamaModel& model, const DataLoader
       (long long)r.training.steps, r.training.global_batch_size, accum, r.training.micro_batch_size,
       dev.name().c_str(), threads, kernels::cpu_isa_name(kernels::cpu_isa()),
       kernels::blas_kernel_name(), kernels::gemm_isa());
+  if (const PackingStats* p = loader.packing())
+    std::printf(
+        "ft: data.pack: %llu documents in %llu pieces, %.2f%% of the window positions filled\n",
+        (unsigned long long)p->documents, (unsigned long long)p->pieces, 100.0 * p->efficiency());
   std::fflush(stdout);
 }
 

@@ -520,9 +520,9 @@ void rope_case(Cases& cs, const RopeShape& r, bool backward) {
   c.tensors = {inout("x", x, rounded<T>(0, 1e-6), scale), in("inv_freq", inv_freq)};
   c.run = [=](Device& d, const Args& a) {
     if (backward)
-      d.ops().rope_backward(d.stream(), a.ref(0), a.f32(1), B, T_, nh, D);
+      d.ops().rope_backward(d.stream(), a.ref(0), a.f32(1), B, T_, nh, D, nullptr);
     else
-      d.ops().rope_forward(d.stream(), a.ref(0), a.f32(1), B, T_, nh, D);
+      d.ops().rope_forward(d.stream(), a.ref(0), a.f32(1), B, T_, nh, D, nullptr);
   };
   cs.push_back(std::move(c));
 }

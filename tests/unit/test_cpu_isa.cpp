@@ -265,8 +265,8 @@ TEST_CASE_TEMPLATE("every instruction-set level's attention and rope agree", T, 
       std::vector<float> inv_freq(D / 2);
       for (int i = 0; i < D / 2; ++i) inv_freq[i] = std::pow(10000.0f, -2.0f * i / D);
       std::vector<T> y = q, dy = dout;
-      ON_LEVEL(isa, rope_forward<T>(y.data(), inv_freq.data(), B, T_len, H, D));
-      ON_LEVEL(isa, rope_backward<T>(dy.data(), inv_freq.data(), B, T_len, H, D));
+      ON_LEVEL(isa, rope_forward<T>(y.data(), inv_freq.data(), B, T_len, H, D, nullptr));
+      ON_LEVEL(isa, rope_backward<T>(dy.data(), inv_freq.data(), B, T_len, H, D, nullptr));
       auto r = widen(y), r2 = widen(dy);
       r.insert(r.end(), r2.begin(), r2.end());
       return r;

@@ -69,8 +69,8 @@ void call_step_ops(Ops& ops, float* a, float* b) {
   ops.rmsnorm_forward(s, a, b, a, b, 19, 2, 1e-5f);
   ops.rmsnorm_backward(s, a, b, a, a, b, b, 19, 2, false);
   ops.rmsnorm_backward(s, b, a, b, b, a, a, 111, 2, true);  // the flag reaches the inner op
-  ops.rope_forward(s, a, b, 1, 2, 3, 4);
-  ops.rope_backward(s, b, a, 1, 2, 3, 4);
+  ops.rope_forward(s, a, b, 1, 2, 3, 4, nullptr);
+  ops.rope_backward(s, b, a, 1, 2, 3, 4, nullptr);
   ops.attention_forward(s, a, b, a, a, a, nullptr, 1, 19, 4, 2, 8);
   CHECK(ops.attention_backward_scratch_elems(DType::kBF16, 1, 19, 4, 8) == 19 * 4 * 8);
   ops.attention_backward(s, a, a, a, b, b, b, a, a, a, nullptr, b, 1, 19, 4, 2, 8);

@@ -122,15 +122,16 @@ class CudaOps final : public Ops {
     });
   }
 
-  void rope_forward(Stream s, Ref x, const float* inv_freq, int B, int T_, int nh, int D) override {
+  void rope_forward(Stream s, Ref x, const float* inv_freq, int B, int T_, int nh, int D,
+                    const int32_t* pos) override {
     dispatch(x.dtype, "rope_forward", [&](auto t) {
-      kc::rope_forward(as<decltype(t)>(x), inv_freq, B, T_, nh, D, stream(s));
+      kc::rope_forward(as<decltype(t)>(x), inv_freq, B, T_, nh, D, stream(s), pos);
     });
   }
-  void rope_backward(Stream s, Ref dx, const float* inv_freq, int B, int T_, int nh,
-                     int D) override {
+  void rope_backward(Stream s, Ref dx, const float* inv_freq, int B, int T_, int nh, int D,
+                     const int32_t* pos) override {
     dispatch(dx.dtype, "rope_backward", [&](auto t) {
-      kc::rope_backward(as<decltype(t)>(dx), inv_freq, B, T_, nh, D, stream(s));
+      kc::rope_backward(as<decltype(t)>(dx), inv_freq, B, T_, nh, D, stream(s), pos);
     });
   }
 
