@@ -123,6 +123,12 @@ rng = np.random.default_rng(0)
 for name, vocab, tokens in (("tiny", 512, 60 * 4 * 129 + 1), ("big", 32000, 30 * 4 * 2049 + 1)):
     os.makedirs(f"{stage}/data/{name}")
     ref.write_shard(f"{stage}/data/{name}/shard_00000.h5", rng.integers(0, vocab, tokens), vocab)
+# data/packed, for the packing stage (data.pack): 1500 documents of 3..200 tokens with loss masks.
+docs = [rng.integers(0, 512, rng.integers(3, 201)) for _ in range(1500)]
+os.makedirs(f"{stage}/data/packed")
+ref.write_shard(f"{stage}/data/packed/shard_00000.h5", np.concatenate(docs), 512,
+                doc_offsets=[int(o) for o in np.cumsum([0] + [d.size for d in docs[:-1]])],
+                loss_mask=(rng.random(sum(d.size for d in docs)) < 0.8).astype(np.uint8))
 PY
 
 # The sources the checks run (shell and Python), and the recipes.

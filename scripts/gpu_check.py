@@ -32,6 +32,13 @@ Checks, in order (each PASS, FAIL or SKIP with a reason; a failure does not stop
   fp32_vs_cpu  50 steps on the GPU and on the CPU, fp32: losses within 1e-4 relative
   bf16_vs_cpu  the same in bf16: losses within 2e-2 relative (a stated tolerance: bf16 rounds
                activations to 8 mantissa bits, and the two backends sum in different orders)
+  packing      30 steps with data.pack (documents packed into windows, attention and RoPE per
+               document) on the GPU and on the CPU, bf16: losses within 2e-2 relative, and the
+               run's packing line
+  generate     scripts/gpu_generate_parity.py: ft generate's greedy 32 tokens (fp32, KV cache)
+               against transformers' generate on the same GPU, for each of llama, qwen2,
+               mistral, qwen3 the image's transformers has; ft's and transformers' tokens/s on
+               a random Llama of dim 1024 and 16 layers in bf16 (reported, not checked)
   determinism  two GPU runs, bf16: every loss and gradient norm bit-identical
   attention    ft's attention (tests/ft_cuda_bench_attention: the fused kernel, and the
                chunked-GEMM path) against PyTorch's sdpa with the flash and the cuDNN backend
@@ -70,6 +77,8 @@ torch.compile — not measured as a whole):
     nccl also fits beside the second line, 570 s)
   --only env,kernels,ops,lt_gemm,device,fp32_vs_cpu,bf16_vs_cpu,determinism
                                                             limits 570 s, about 3 min
+  --only env,packing,generate                               limits 240 s, about 1 min
+    (issue 18: data.pack on the GPU against the CPU; ft generate against transformers)
 The three together, about 9 minutes, are the whole check but the sanitizers; the first two
 (about 6 minutes) are issue 16's measurements. Measured on an H200 (2026-11-26, through
 scripts/gpu_lease.sh): env,kernels,ops,bf16_vs_cpu,determinism,attention 49 s;
@@ -113,7 +122,8 @@ ATTENTION_SHAPES = [(4, 32, 8, 2048, 64), (2, 32, 8, 2048, 128), (1, 32, 8, 8192
 # and so that each suggested split's limits add up to at most 570 s: a 10-minute command ends
 # even when every stage of it hangs.
 LIMITS = dict(env=30, kernels=150, ops=120, lt_gemm=60, device=30, nccl=120, memcheck=570,
-              racecheck=570, fp32_vs_cpu=60, bf16_vs_cpu=60, determinism=60, attention=90,
+              racecheck=570, fp32_vs_cpu=60, bf16_vs_cpu=60, packing=60, generate=150,
+              determinism=60, attention=90,
               bench=150, torch=90, torch_compile=210, profile=120, bench_long=150, bench_8b=180)
 
 
@@ -190,13 +200,14 @@ def read_metrics(path):
 
 
 def train(chk, name, ft, shape, data, work, steps, seq, micro, precision, device, ac=False,
-          timeout=1800, env=None):
+          timeout=1800, env=None, overrides=()):
     run_dir = os.path.join(work, name)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
     recipe = os.path.join(run_dir, "recipe.yaml")
     write_recipe(recipe, shape, data, run_dir, steps, seq, micro, precision, device, ac)
-    rc, text = chk.run(name, [ft, "train", recipe, "--resume", "never"], timeout, env=env)
+    rc, text = chk.run(name, [ft, "train", recipe, "--resume", "never", *overrides], timeout,
+                       env=env)
     return rc, read_metrics(os.path.join(run_dir, "metrics.jsonl")), text
 
 
@@ -540,6 +551,47 @@ def main():
             chk.record(n, "FAIL", f"ft train exit {rc_g} (cuda), {rc_c} (cpu): see {chk.log(n)}")
         else:
             compare(chk, n, gpu_m, cpu_m, rel)
+
+    # Packing (issue 18 point 4): documents packed into windows (data.pack), attention kept
+    # within each (the fused kernel's segments) and RoPE restarting per document, bf16 on the
+    # GPU against the same on the CPU. tests/cli/test_packing.sh shows in CI that the CPU's
+    # packed run equals the unpacked one.
+    if want("packing"):
+        chk.stage(limit("packing"))
+        pk = ["data.pack=true"]
+        rc_g, gpu_m, text = train(chk, "packing", ft, TINY, os.path.join(B, "data", "packed"),
+                                  work, 30, 128, 4, "bf16", a.device, overrides=pk)
+        rc_c, cpu_m, _ = train(chk, "packing_cpu", ft, TINY, os.path.join(B, "data", "packed"),
+                               work, 30, 128, 4, "bf16", "cpu", overrides=pk)
+        line = next((l for l in text.splitlines() if "packing" in l.lower()), "")
+        if rc_g or rc_c:
+            chk.record("packing", "FAIL", f"ft train exit {rc_g} (gpu), {rc_c} (cpu): see "
+                       f"{chk.log('packing')}")
+        elif not line:
+            chk.record("packing", "FAIL", f"no packing line in the run's output: see "
+                       f"{chk.log('packing')}")
+        elif not gpu_m or len(gpu_m) != len(cpu_m):
+            chk.record("packing", "FAIL", f"runs gave {len(gpu_m)} and {len(cpu_m)} metric lines")
+        else:
+            worst = max(abs(x["loss"] - y["loss"]) / max(abs(y["loss"]), 1e-12)
+                        for x, y in zip(gpu_m, cpu_m))
+            chk.record("packing", "PASS" if worst <= 2e-2 else "FAIL",
+                       f"{len(gpu_m)} packed bf16 steps, worst loss difference GPU against CPU "
+                       f"{worst:.2e} relative (bound 0.02); {line.strip()[:160]}")
+
+    # ft generate with its KV cache on the GPU against transformers' generate on the GPU.
+    if want("generate"):
+        chk.stage(limit("generate"))
+        here = os.path.dirname(os.path.abspath(__file__))
+        rc, text = chk.run("generate", [sys.executable, os.path.join(here,
+                                                                     "gpu_generate_parity.py"),
+                                        "--ft", ft, "--work", os.path.join(work, "generate"),
+                                        "--device", a.device] +
+                           (["--speed-layers", "2"] if a.device == "cpu" else []), 600)
+        lines = [l for l in text.splitlines() if l.startswith(("FAIL:", "skip:", "speed:",
+                                                               "generate_parity:", "no GPU:"))]
+        chk.record("generate", "PASS" if rc == 0 else ("SKIP" if rc == 77 else "FAIL"),
+                   " | ".join(lines) or f"exit {rc}: see {chk.log('generate')}")
 
     if want("determinism"):
         chk.stage(limit("determinism"))

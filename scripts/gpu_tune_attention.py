@@ -8,9 +8,8 @@ instantiated variant of the head-dim-64 kernels runs; "" is the default), it run
 fused-attention kernel tests (tests/ft_cuda_kernel_tests -tc='*fused*') with it, then
 tests/ft_cuda_bench_attention --path fused at gpu_check.py's ATTENTION_SHAPES. It prints one row
 per tuning and shape, writes every result to OUT/tune.json, and writes to OUT/best_tuning.txt
-the tuning made of the best forward variant (least forward time summed over the head-dim-64
-shapes) and the best backward variant (least forward+backward minus forward), among tunings
-whose tests passed, so a following command can run the step benchmarks with it:
+the tuning with the least forward+backward time summed over the shapes, among those whose
+tests passed, so a following command can run the step benchmarks with it:
 
     FT_CUDA_FUSED_TUNING=$(cat OUT/best_tuning.txt) bash scripts/gpu_lease.sh ...
 
@@ -26,7 +25,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_check import ATTENTION_SHAPES  # noqa: E402
 
-TUNINGS = ["", "fwd_mt=2", "dkdv_tq=32", "dkdv_tq=32,dkdv_minb=3"]
+TUNINGS = ["", "fwd_mt=1", "grid_lpt=1", "fwd_mt=1,grid_lpt=1"]
 
 
 def run(cmd, env, limit):
@@ -35,10 +34,6 @@ def run(cmd, env, limit):
         return p.returncode, p.stdout + p.stderr
     except subprocess.TimeoutExpired as e:
         return 124, (e.stdout or "") if isinstance(e.stdout, str) else "timed out"
-
-
-def keys(tuning):
-    return dict(kv.split("=") for kv in tuning.split(",") if kv)
 
 
 def main():
@@ -54,7 +49,6 @@ def main():
     tests = os.path.join(a.bundle, "tests", "ft_cuda_kernel_tests")
     bench = os.path.join(a.bundle, "tests", "ft_cuda_bench_attention")
     shapes = a.shapes
-    n64 = sum(1 for s in shapes if s.split(",")[4] == "64")
     results, ok_all = [], True
     log = open(os.path.join(a.out, "tune_log.txt"), "w")
     for tu in a.tuning:
@@ -84,26 +78,17 @@ def main():
     with open(os.path.join(a.out, "tune.json"), "w") as f:
         json.dump(results, f, indent=1)
 
-    def total(tu, field):
-        rows = [r for r in results if r["tuning"] == tu and r["D"] == 64 and "error" not in r]
-        if len(rows) != n64:
-            return None
-        return sum(field(r) for r in rows)
     good = [tu for tu in a.tuning if any(r["tuning"] == tu and r["tests_passed"] for r in results)]
-    fwd = {tu: total(tu, lambda r: r["fwd_ms"]) for tu in good}
-    bwd = {tu: total(tu, lambda r: r["fwd_bwd_ms"] - r["fwd_ms"]) for tu in good}
-    fwd = {k: v for k, v in fwd.items() if v is not None}
-    bwd = {k: v for k, v in bwd.items() if v is not None}
-    best = {}
-    if fwd:
-        best.update({k: v for k, v in keys(min(fwd, key=fwd.get)).items() if k.startswith("fwd")})
-    if bwd:
-        best.update({k: v for k, v in keys(min(bwd, key=bwd.get)).items() if k.startswith("dkdv")})
-    choice = ",".join(f"{k}={v}" for k, v in sorted(best.items()))
+    totals = {}
+    for tu in good:
+        rows = [r for r in results if r["tuning"] == tu and "error" not in r]
+        if len(rows) == len(shapes):
+            totals[tu] = sum(r["fwd_bwd_ms"] for r in rows)
+    choice = min(totals, key=totals.get) if totals else ""
     with open(os.path.join(a.out, "best_tuning.txt"), "w") as f:
         f.write(choice)
-    print(f"forward ms summed over the D64 shapes: {fwd}")
-    print(f"backward ms summed over the D64 shapes: {bwd}")
+    print("forward+backward ms summed over the shapes: "
+          + ", ".join(f"'{k or 'default'}' {v:.3f}" for k, v in totals.items()))
     print(f"best tuning: '{choice}' (empty: the defaults)")
     return 0 if ok_all else 1
 

@@ -165,6 +165,23 @@ __device__ __forceinline__ int first_key_tile(const int32_t* seg_b, int i0, int 
   return j0;
 }
 
+// A block's tile, head (kv head in dK/dV) and batch row. Blocks are dispatched in index order,
+// x fastest, and a causal tile's work grows with its distance from the sequence start, so the
+// order decides how evenly the grid ends. lpt: grid (heads, B, tiles), the tile slowest, so
+// every head's longest tile is dispatched before any head's next one (longest processing time
+// first across the whole grid); otherwise grid (tiles, heads, B), one head's tiles after
+// another.
+struct BlockTile {
+  int tile, n_tiles, head, b;
+};
+__device__ __forceinline__ BlockTile block_tile(bool lpt) {
+  if (lpt) return {int(blockIdx.z), int(gridDim.z), int(blockIdx.x), int(blockIdx.y)};
+  return {int(blockIdx.x), int(gridDim.x), int(blockIdx.y), int(blockIdx.z)};
+}
+inline dim3 tile_grid(bool lpt, int tiles, int heads, int B) {
+  return lpt ? dim3(heads, B, tiles) : dim3(tiles, heads, B);
+}
+
 // The row sees exactly one key (the first token of its document): its dS is 0.
 __device__ __forceinline__ bool sees_one_key(const int32_t* seg_b, int r) {
   return r == 0 || (seg_b && seg_b[r - 1] != seg_b[r]);
@@ -176,7 +193,7 @@ template <typename E, int D, int MT>
 __global__ void __launch_bounds__(kThreads)
     attention_fused_forward_kernel(device_t<E>* out, float* lse, const device_t<E>* q,
                                    const device_t<E>* k, const device_t<E>* v, const int32_t* seg,
-                                   int T_, int H, int K, float scale) {
+                                   int T_, int H, int K, float scale, bool lpt) {
   using Dev = device_t<E>;
   constexpr int kTq = MT * kTileQ, kWarpRows = MT * kRows;
   FT_DYNAMIC_SHARED(Dev, q_s);
@@ -184,8 +201,9 @@ __global__ void __launch_bounds__(kThreads)
   Dev* v_s = k_s + kTileK * kPitch<D>;
   __shared__ int32_t kseg_s[kTileK];
   // The last query tiles see the most keys: they go first, so that the grid ends evenly.
-  const int i0 = (gridDim.x - 1 - blockIdx.x) * kTq;
-  const int h = blockIdx.y, b = blockIdx.z, kh = h / (H / K);
+  const BlockTile bt = block_tile(lpt);
+  const int i0 = (bt.n_tiles - 1 - bt.tile) * kTq;
+  const int h = bt.head, b = bt.b, kh = h / (H / K);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, qd = lane & 3;
   const size_t ldq = size_t(H) * D, ldk = size_t(K) * D;
   const int32_t* seg_b = seg ? seg + size_t(b) * T_ : nullptr;
@@ -335,15 +353,16 @@ __global__ void __launch_bounds__(kThreads)
     attention_fused_dq_kernel(device_t<E>* dq, const device_t<E>* dout, const float* lse,
                               const float* delta, const device_t<E>* q, const device_t<E>* k,
                               const device_t<E>* v, const int32_t* seg, int T_, int H, int K,
-                              float scale) {
+                              float scale, bool lpt) {
   using Dev = device_t<E>;
   FT_DYNAMIC_SHARED(Dev, q_s);
   Dev* do_s = q_s + kTileQ * kPitch<D>;
   Dev* k_s = do_s + kTileQ * kPitch<D>;
   Dev* v_s = k_s + kTileK * kPitch<D>;
   __shared__ int32_t kseg_s[kTileK];
-  const int i0 = (gridDim.x - 1 - blockIdx.x) * kTileQ;
-  const int h = blockIdx.y, b = blockIdx.z, kh = h / (H / K);
+  const BlockTile bt = block_tile(lpt);
+  const int i0 = (bt.n_tiles - 1 - bt.tile) * kTileQ;
+  const int h = bt.head, b = bt.b, kh = h / (H / K);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, qd = lane & 3;
   const size_t ldq = size_t(H) * D, ldk = size_t(K) * D;
   const int32_t* seg_b = seg ? seg + size_t(b) * T_ : nullptr;
@@ -480,13 +499,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// TQ: query rows of a tile; MINB: blocks an SM should hold (__launch_bounds__'s register cap).
-template <typename E, int D, int TQ, int MINB>
-__global__ void __launch_bounds__(kThreads, MINB)
+// TQ: query rows of a tile.
+template <typename E, int D, int TQ>
+__global__ void __launch_bounds__(kThreads)
     attention_fused_dkdv_kernel(device_t<E>* dk, device_t<E>* dv, const device_t<E>* dout,
                                 const float* lse, const float* delta, const device_t<E>* q,
                                 const device_t<E>* k, const device_t<E>* v, const int32_t* seg,
-                                int T_, int H, int K, float scale) {
+                                int T_, int H, int K, float scale, bool lpt) {
   using Dev = device_t<E>;
   constexpr int kTq = TQ;
   FT_DYNAMIC_SHARED(Dev, k_s);
@@ -497,9 +516,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
   alignas(16) __shared__ float delta_s[2][kTq];
   __shared__ int32_t qseg_s[2][kTq];
   __shared__ bool one_s[2][kTq];
-  // The first key tiles are seen by the most queries: they go first.
-  const int j0 = (gridDim.x - 1 - blockIdx.x) * kTileK;
-  const int kh = blockIdx.y, b = blockIdx.z, group = H / K;
+  // The first key tiles are seen by the most queries: with lpt they go first; otherwise (the
+  // order this kernel had before lpt was measured) one head's last key tile goes first.
+  const BlockTile bt = block_tile(lpt);
+  const int j0 = (lpt ? bt.tile : bt.n_tiles - 1 - bt.tile) * kTileK;
+  const int kh = bt.head, b = bt.b, group = H / K;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, qd = lane & 3;
   const size_t ldq = size_t(H) * D, ldk = size_t(K) * D;
   const int32_t* seg_b = seg ? seg + size_t(b) * T_ : nullptr;
@@ -655,9 +676,10 @@ void check_fused(const char* what, int B, int T_, int H, int K, int D,
                       " T=" + std::to_string(T_) + " H=" + std::to_string(H) +
                       " K=" + std::to_string(K) + " D=" + std::to_string(D) +
                       " (the fused kernel needs H a multiple of K and a head dim of 64 or 128)");
-  if (H > 65535 || B > 65535)  // gridDim.y and .z limits
-    throw ::ft::Error(std::string(what) + ": B=" + std::to_string(B) +
-                      " or H=" + std::to_string(H) + " exceeds the grid's 65535 (split the batch)");
+  if (H > 65535 || B > 65535 || (T_ + kTileK - 1) / kTileK > 65535)  // gridDim.y, .z limits
+    throw ::ft::Error(std::string(what) + ": B=" + std::to_string(B) + ", H=" + std::to_string(H) +
+                      " or T/64=" + std::to_string((T_ + kTileK - 1) / kTileK) +
+                      " exceeds the grid's 65535 (split the batch or the sequence)");
   for (const void* p : ptrs)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
       throw ::ft::Error(std::string(what) +
@@ -676,17 +698,18 @@ void allow_smem(const void* kernel, size_t bytes, const char* what) {
 
 float softmax_scale(int D) { return 1.0f / std::sqrt(float(D)); }
 
-// The instantiated variants of the head-dim-64 kernels, for tuning on a GPU:
-// FT_CUDA_FUSED_TUNING="fwd_mt=2,dkdv_tq=32,dkdv_minb=3" (comma-separated key=value; unset keys
-// keep the defaults below) picks one, so ft_cuda_bench_attention can time each in one run.
-// Not a user setting: ft's results do not depend on it beyond rounding, and a value that is not
-// instantiated is an error naming the ones that are. Head dim 128 has one variant.
+// Variants of the kernels, for tuning on a GPU (scripts/gpu_tune_attention.py):
+// FT_CUDA_FUSED_TUNING="fwd_mt=1,grid_lpt=1" (comma-separated key=value; unset keys keep the
+// defaults below) picks one, so ft_cuda_bench_attention can time each in one run. Not a user
+// setting: each element's arithmetic is the same in every variant (the same bits), and a value
+// that is not instantiated is an error naming the ones that are. fwd_mt applies to head dim 64.
 struct Tuning {
-  int fwd_mt = 2;     // m16 tiles per warp in the forward: 1 or 2 (2 measured faster on an
-                      // H100: 0.374 -> 0.371 ms at B4 H32 K8 T2048, 1.367 -> 1.317 ms at T8192)
-  int dkdv_tq = 64;   // dK/dV's query tile: 64 or 32
-  int dkdv_minb = 1;  // dK/dV's __launch_bounds__ blocks per SM: 1 (none), or 3 with dkdv_tq 32
+  int fwd_mt = 2;    // m16 tiles per warp in the forward: 1 or 2 (2 measured faster on an
+                     // H100: 0.374 -> 0.371 ms at B4 H32 K8 T2048, 1.367 -> 1.317 ms at T8192)
+  int grid_lpt = 0;  // 1: every kernel's grid longest tile first across heads (block_tile)
 };
+// Measured on an H100 and dropped: dK/dV with a 32-query tile (1.317 -> 1.488 ms backward at the
+// ~1B layer), and the same capped at 168 registers for 3 blocks an SM (1.375 ms).
 
 Tuning parse_tuning(const char* text) {
   Tuning t;
@@ -698,23 +721,16 @@ Tuning parse_tuning(const char* text) {
     const std::string item = all.substr(at, comma - at);
     const size_t eq = item.find('=');
     const std::string key = item.substr(0, eq);
-    int* field = key == "fwd_mt"      ? &t.fwd_mt
-                 : key == "dkdv_tq"   ? &t.dkdv_tq
-                 : key == "dkdv_minb" ? &t.dkdv_minb
-                                      : nullptr;
+    int* field = key == "fwd_mt" ? &t.fwd_mt : key == "grid_lpt" ? &t.grid_lpt : nullptr;
     if (!field || eq == std::string::npos)
       throw ::ft::Error("FT_CUDA_FUSED_TUNING: '" + item +
-                        "' is not key=value with a key of fwd_mt, dkdv_tq, dkdv_minb");
+                        "' is not key=value with a key of fwd_mt, grid_lpt");
     *field = std::atoi(item.c_str() + eq + 1);
     at = comma + 1;
   }
-  const bool fwd_ok = t.fwd_mt == 1 || t.fwd_mt == 2;
-  const bool dkdv_ok = (t.dkdv_tq == 64 && t.dkdv_minb == 1) ||
-                       (t.dkdv_tq == 32 && (t.dkdv_minb == 1 || t.dkdv_minb == 3));
-  if (!fwd_ok || !dkdv_ok)
+  if ((t.fwd_mt != 1 && t.fwd_mt != 2) || (t.grid_lpt != 0 && t.grid_lpt != 1))
     throw ::ft::Error("FT_CUDA_FUSED_TUNING='" + all +
-                      "': the instantiated variants are fwd_mt 1 or 2, and (dkdv_tq, "
-                      "dkdv_minb) (64, 1), (32, 1) or (32, 3)");
+                      "': the instantiated variants are fwd_mt 1 or 2, grid_lpt 0 or 1");
   return t;
 }
 
@@ -730,8 +746,9 @@ void forward_launch(T* out, float* lse, const T* q, const T* k, const T* v, cons
   const size_t smem = fwd_smem_bytes<D, MT>();
   constexpr int kTq = MT * kTileQ;
   allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_fused_forward");
-  FT_LAUNCH(kernel, dim3((T_ + kTq - 1) / kTq, H, B), kThreads, smem, stream)
-  (dev(out), lse, dev(q), dev(k), dev(v), seg, T_, H, K, softmax_scale(D));
+  const bool lpt = tuning().grid_lpt;
+  FT_LAUNCH(kernel, tile_grid(lpt, (T_ + kTq - 1) / kTq, H, B), kThreads, smem, stream)
+  (dev(out), lse, dev(q), dev(k), dev(v), seg, T_, H, K, softmax_scale(D), lpt);
   FT_CUDA_CHECK_LAUNCH();
 }
 
@@ -745,15 +762,16 @@ void forward_d(T* out, float* lse, const T* q, const T* k, const T* v, const int
   forward_launch<T, D, 1>(out, lse, q, k, v, seg, B, T_, H, K, stream);
 }
 
-template <typename T, int D, int TQ, int MINB>
+template <typename T, int D, int TQ>
 void dkdv_launch(T* dk, T* dv, const T* dout, const float* lse, const float* delta, const T* q,
                  const T* k, const T* v, const int32_t* seg, int B, int T_, int H, int K,
                  float scale, void* stream) {
-  auto dkdv = attention_fused_dkdv_kernel<T, D, TQ, MINB>;
+  auto dkdv = attention_fused_dkdv_kernel<T, D, TQ>;
   constexpr size_t smem = dkdv_smem_bytes<D, TQ>();
   allow_smem(reinterpret_cast<const void*>(dkdv), smem, "attention_fused_backward");
-  FT_LAUNCH(dkdv, dim3((T_ + kTileK - 1) / kTileK, K, B), kThreads, smem, stream)
-  (dev(dk), dev(dv), dev(dout), lse, delta, dev(q), dev(k), dev(v), seg, T_, H, K, scale);
+  const bool lpt = tuning().grid_lpt;
+  FT_LAUNCH(dkdv, tile_grid(lpt, (T_ + kTileK - 1) / kTileK, K, B), kThreads, smem, stream)
+  (dev(dk), dev(dv), dev(dout), lse, delta, dev(q), dev(k), dev(v), seg, T_, H, K, scale, lpt);
   FT_CUDA_CHECK_LAUNCH();
 }
 
@@ -764,17 +782,15 @@ void backward_d(T* dq, T* dk, T* dv, const T* dout, const float* lse, const floa
   const float scale = softmax_scale(D);
   const Tuning& tu = tuning();
   if constexpr (D == 128)
-    dkdv_launch<T, D, 32, 1>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
-  else if (tu.dkdv_tq == 64)
-    dkdv_launch<T, D, 64, 1>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
-  else if (tu.dkdv_minb == 1)
-    dkdv_launch<T, D, 32, 1>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+    dkdv_launch<T, D, 32>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
   else
-    dkdv_launch<T, D, 32, 3>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+    dkdv_launch<T, D, 64>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
   auto dqk = attention_fused_dq_kernel<T, D>;
   allow_smem(reinterpret_cast<const void*>(dqk), dq_smem_bytes<D>(), "attention_fused_backward");
-  FT_LAUNCH(dqk, dim3((T_ + kTileQ - 1) / kTileQ, H, B), kThreads, dq_smem_bytes<D>(), stream)
-  (dev(dq), dev(dout), lse, delta, dev(q), dev(k), dev(v), seg, T_, H, K, scale);
+  const bool lpt = tu.grid_lpt;
+  FT_LAUNCH(dqk, tile_grid(lpt, (T_ + kTileQ - 1) / kTileQ, H, B), kThreads, dq_smem_bytes<D>(),
+            stream)
+  (dev(dq), dev(dout), lse, delta, dev(q), dev(k), dev(v), seg, T_, H, K, scale, lpt);
   FT_CUDA_CHECK_LAUNCH();
 }
 

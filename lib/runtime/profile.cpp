@@ -110,9 +110,9 @@ std::string format_profile(const OpProfile& p) {
   const double total = p.step_seconds;
   auto share = [&](double sec) { return total > 0 ? 100.0 * sec / total : 0.0; };
   std::snprintf(line, sizeof line,
-                "ft: FT_PROFILE, rank 0: %lld steps (the first, a warm-up, left out when more "
+                "ft: FT_PROFILE, rank 0: %lld step%s (the first, a warm-up, left out when more "
                 "followed), %.3f s of step time (wall clock)\n",
-                (long long)p.steps, total);
+                (long long)p.steps, p.steps == 1 ? "" : "s", total);
   s += line;
   std::snprintf(line, sizeof line, "  %-28s %10s %7s %9s\n", "op family", "seconds", "share",
                 "calls");
