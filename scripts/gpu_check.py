@@ -563,7 +563,7 @@ def main():
                                   work, 30, 128, 4, "bf16", a.device, overrides=pk)
         rc_c, cpu_m, _ = train(chk, "packing_cpu", ft, TINY, os.path.join(B, "data", "packed"),
                                work, 30, 128, 4, "bf16", "cpu", overrides=pk)
-        line = next((l for l in text.splitlines() if "packing" in l.lower()), "")
+        line = next((l for l in text.splitlines() if l.startswith("ft: data.pack:")), "")
         if rc_g or rc_c:
             chk.record("packing", "FAIL", f"ft train exit {rc_g} (gpu), {rc_c} (cpu): see "
                        f"{chk.log('packing')}")
