@@ -562,7 +562,8 @@ void report_device_hang(const std::string& label, const WatchStep& at, double wa
                         double timeout_s) {
   if (g_dog.status == MPI_COMM_NULL) {  // a group of one: nobody to ask
     const std::string msg =
-        hang_message({0, false, 0, "", at.step, at.phase, label, waited_s}, timeout_s, {});
+        hang_message_unasked({0, false, 0, "", at.step, at.phase, label, waited_s}, timeout_s,
+                             "one rank: no other rank to ask (an NCCL or device fault)");
     note_job_cause(msg);
     std::fprintf(stderr, "ft: error: %s\n", msg.c_str());
     std::fflush(stderr);
@@ -571,6 +572,16 @@ void report_device_hang(const std::string& label, const WatchStep& at, double wa
   device_wait_begin(label);
   g_dog.device_since = Clock::now() - std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(waited_s));
+  // A rank that asked for this one's status meanwhile is reporting the same hang and ends the
+  // job: give it time to, as MPI's waits do, rather than print a second report.
+  if (g_dog.device_asked_by < g_dog.size) {
+    stop_honouring_stop_signals();
+    const auto t0 = Clock::now();
+    while (seconds_since(t0) < 2 * kGraceS + 5) {
+      answer_status_requests();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
   // The device's communicators are aborted: the call cannot complete any more.
   report_hang_or_resume([] { return false; }, timeout_s, waited_s, &at, g_dog.device_asked_by);
   std::_Exit(int(ExitCode::kHung));  // not reached: it returns only on completion

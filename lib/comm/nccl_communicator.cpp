@@ -316,9 +316,10 @@ class DeviceWatchdog {
         self.phase = cause_.at.phase;
         self.waiting_in = cause_.label;
         self.waited_s = waited_s_;
-        msg = hang_message(self, cause_.timeout_s, {}) +
-              " (the other ranks were not asked: this rank's main thread did not return from "
-              "the device after the communicators were aborted)";
+        msg = hang_message_unasked(
+            self, cause_.timeout_s,
+            "the communicators were aborted, but this rank's main thread did not come back from "
+            "the device to ask the other ranks where they are");
       } else {
         msg = async_error_;
       }

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The collective watchdog over NCCL (DESIGN.md §4, runtime.collective_timeout_s), on the emulated
 # NCCL (tests/cuda_emu/nccl_emu.cpp) under ft_emu, runtime.communicator=nccl, tensor 2 (two ranks
-# that all-reduce through NCCL in every layer): rank 1 stops (SIGSTOP, which the emulation raises
-# itself at its first NCCL call of step 3, FT_NCCL_EMU_STOP=1:3, so that rank 0 waits in that
-# NCCL call and not in one of the host's MPI calls). Timeout 3 s. Then:
+# that all-reduce through NCCL in every layer): a rank stops (SIGSTOP, which the emulation raises
+# itself at its first NCCL call of step 3, FT_NCCL_EMU_STOP=RANK:3, so that its peers wait in
+# NCCL calls and not in one of the host's MPI calls). Timeout 3 s. Then:
 #  - the job ends with exit code 3, no sooner than 3 s and within 20 s of the stop;
-#  - one message names the step, the phase and the NCCL collective ("step 3 (PHASE):
-#    all_reduce_sum #K on the tensor group (ranks 0,1) through NCCL made no progress for 3.0 s
-#    on rank 0"),
-#    and "rank 1 did not answer" with rank 1's pid;
+#  - one message (one rank reports) names the step, the phase and the NCCL collective ("step 3
+#    (PHASE): all_reduce_sum #K on the tensor group (ranks 0,1) through NCCL made no progress for
+#    3.0 s on rank 0"), and "rank R did not answer" with the stopped rank's pid;
 #  - no process of the job is left, the stopped one included;
-# under a plain `mpirun -np 2`, and under `ft_emu train --nproc 2`, whose last line restates the
-# cause: "ft: error: the job ended (exit 3): ... made no progress for 3.0 s ...".
+# under a plain `mpirun -np 2` (rank 1 stopped), and under `ft_emu train --nproc 4` (data 2 x
+# tensor 2, rank 2 stopped), where the message also lists where the ranks that answered wait,
+# and the supervising ft's last line restates the cause: "ft: error: the job ended (exit 3):
+# ... made no progress for 3.0 s ...".
 #   bash tests/cli/test_cuda_emu_nccl_hang.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 need_emu
@@ -35,23 +36,23 @@ cat > "$tmp/r.yaml" <<YAML
 run: {name: hang, output_dir: $tmp/out, seed: 7}
 model: {dim: 32, n_layers: 1, n_heads: 4, n_kv_heads: 2, ffn_dim: 40, vocab_size: 64, max_seq_len: 8}
 data: {train: $tmp/data, seq_len: 8, shuffle: true}
-training: {steps: 50, micro_batch_size: 1, global_batch_size: 1}
+training: {steps: 50, micro_batch_size: 1, global_batch_size: 2}
 optimizer: {lr: 0.01}
 logging: {every_steps: 1}
 runtime: {threads: 1, collective_timeout_s: 3, device: cuda, communicator: nccl}
 parallel: {tensor: 2}
 YAML
 
-# hang LABEL COMMAND...: runs the job with rank 1 stopping itself; checks what the job did.
+# hang LABEL RANK COMMAND...: runs the job with rank RANK stopping itself; checks what it did.
 hang() {
-  local label=$1; shift
+  local label=$1 rank=$2; shift 2
   local out="$tmp/$label"
-  FT_NCCL_EMU_STOP=1:3 "$@" run.output_dir="$out" > "$out.log" 2>&1 &
+  FT_NCCL_EMU_STOP=$rank:3 "$@" run.output_dir="$out" > "$out.log" 2>&1 &
   local job=$! victim="" t0="" rc=0
-  # Rank 1 stops itself: the clock starts when it is seen stopped.
-  for _ in $(seq 300); do
+  # The rank stops itself: the clock starts when it is seen stopped.
+  for _ in $(seq 600); do
     sleep 0.1
-    [[ -n $victim ]] || victim=$(rank_pid "$out" 1)
+    [[ -n $victim ]] || victim=$(rank_pid "$out" "$rank")
     if [[ -n $victim && $(ps -o stat= -p "$victim" || true) == T* ]]; then
       t0=$(date +%s.%N)
       break
@@ -59,9 +60,9 @@ hang() {
     kill -0 $job 2> /dev/null || break
   done
   [[ -n $victim ]] && victims+=("$victim")
-  [[ -n $t0 ]] || fail "$label: rank 1 did not stop in step 3: $(tail -5 "$out.log")"
+  [[ -n $t0 ]] || fail "$label: rank $rank did not stop in step 3: $(tail -5 "$out.log")"
   timeout 40 tail --pid=$job -f /dev/null ||
-    fail "$label: job still running 40 s after rank 1 stopped: $(tail -3 "$out.log")"
+    fail "$label: job still running 40 s after rank $rank stopped: $(tail -3 "$out.log")"
   wait $job || rc=$?
   local took
   took=$(/usr/bin/python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
@@ -72,11 +73,11 @@ hang() {
   msg=$(grep -v '^ft: error: the job ended' "$out.log" | grep 'made no progress for' || true)
   [[ -n $msg ]] || fail "$label: no watchdog message: $(tail -5 "$out.log")"
   [[ $(wc -l <<< "$msg") == 1 ]] || fail "$label: more than one rank reported the hang: $msg"
-  [[ $msg =~ step\ 3\ \(([a-z /]+)\):\ ([a-z_]+\ \#[0-9]+\ on\ the\ tensor\ group\ \(ranks\ 0,1\)\ through\ NCCL)\ made\ no\ progress\ for\ 3\.0\ s\ on\ rank\ 0 ]] ||
+  [[ $msg =~ step\ 3\ \(([a-z /]+)\):\ ([a-z_]+\ \#[0-9]+\ on\ the\ [a-z]+\ group\ \(ranks\ [0-9,]+\)\ through\ NCCL)\ made\ no\ progress\ for\ 3\.0\ s\ on\ rank\ [0-9] ]] ||
     fail "$label: the message does not name step 3, the phase and the NCCL collective: $msg"
   local what=${BASH_REMATCH[2]}
-  [[ $msg == *"rank 1 did not answer (rank 1 pid $victim on "* ]] ||
-    fail "$label: the stopped rank 1 (pid $victim) is not named: $msg"
+  [[ $msg == *"rank $rank did not answer (rank $rank pid $victim on "* ]] ||
+    fail "$label: the stopped rank $rank (pid $victim) is not named: $msg"
   [[ $msg == *"runtime.collective_timeout_s"* ]] || fail "$label: no hint: $msg"
   if grep -q 'checkpoint.*saved\|saving a checkpoint' "$out.log"; then
     fail "$label: a checkpoint is claimed: $(grep 'checkpoint' "$out.log")"
@@ -88,13 +89,18 @@ hang() {
     fail "$label: processes left after the job ended: $(ps -o pid,stat,args -p "${left//$'\n'/,}")"
   state=$(ps -o stat= -p "$victim" || true)
   [[ -z $state || $state == Z* ]] || fail "$label: the stopped rank (pid $victim) is left: $state"
-  echo "$label: rank 1 stopped at its first NCCL call of step 3; job ended with $rc after $took s: $what"
+  echo "$label: rank $rank stopped at its first NCCL call of step 3; job ended with $rc after $took s: $what"
   last_log="$out.log"
+  last_msg=$msg
 }
 
-hang mpirun mpirun "${mpirun_args[@]}" -np 2 -x FT_NCCL_EMU_STOP "$emu" train "$tmp/r.yaml"
-hang nproc2 "$emu" train "$tmp/r.yaml" --nproc 2
+hang mpirun 1 mpirun "${mpirun_args[@]}" -np 2 -x FT_NCCL_EMU_STOP "$emu" train "$tmp/r.yaml" \
+  training.global_batch_size=1
+hang nproc4 2 "$emu" train "$tmp/r.yaml" --nproc 4
+# The ranks that answered are listed, where they wait.
+grep -Eq 'ranks? [0-9,]+ (is|are) at step 3 \([a-z /]+\) in [a-z_]+ #[0-9]+ on the [a-z]+ group' \
+  <<< "$last_msg" || fail "nproc4: the answering ranks are not listed: $last_msg"
 last_line=$(tail -1 "$last_log")
 [[ $last_line == "ft: error: the job ended (exit 3): "*"through NCCL made no progress for 3.0 s"* ]] ||
-  fail "nproc2: the last line does not restate the hang: $last_line"
+  fail "nproc4: the last line does not restate the hang: $last_line"
 echo "test_cuda_emu_nccl_hang: all checks passed"
