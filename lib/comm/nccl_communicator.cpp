@@ -223,19 +223,26 @@ class DeviceWatchdog {
     work_.push_back({++next_id_, label, at, Clock::now(), timeout_s, nullptr});
     return next_id_;
   }
-  // The call has returned: its end is the event recorded on `stream` now.
+  // The call has returned: its end is the event recorded on `stream` now (null: it failed, and
+  // is no longer watched).
   void returned(uint64_t id, cudaStream_t stream) {
     if (id == 0) return;
     cudaEvent_t e = nullptr;
-    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) return;
-    cudaEventRecord(e, stream);
+    if (stream && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess &&
+        cudaEventRecord(e, stream) != cudaSuccess) {
+      cudaEventDestroy(e);
+      e = nullptr;
+    }
     std::lock_guard<std::mutex> lock(mu_);
-    for (Watched& w : work_)
-      if (w.id == id) {
-        w.done = e;
+    for (size_t i = 0; i < work_.size(); ++i)
+      if (work_[i].id == id) {
+        if (e)
+          work_[i].done = e;
+        else
+          work_.erase(work_.begin() + long(i));
         return;
       }
-    cudaEventDestroy(e);
+    if (e) cudaEventDestroy(e);
   }
 
   // Main thread, at each call and while waiting: once the watchdog has fired, reports (a hang:
@@ -485,8 +492,8 @@ class NcclCommunicator final : public Communicator {
     const ncclResult_t r = make();
     if (r != ncclSuccess) dog.check_fired();  // aborted by the watchdog: that is the cause
     device_wait_end();
+    dog.returned(id, r == ncclSuccess ? stream_ : nullptr);
     check(r, what, comm_);
-    dog.returned(id, stream_);
     Event e = dev_.make_event();
     e.record(Stream{stream_});
     return CommWork(std::make_unique<NcclWork>(dev_, std::move(e), std::move(label)));
