@@ -191,7 +191,12 @@ class DeviceWatchdog {
     comms_.push_back(c);
     if (!thread_.joinable()) {
       stop_ = false;
-      thread_ = std::thread([this] { run(); });
+      int device = 0;  // the thread queries events of this thread's device
+      cudaGetDevice(&device);
+      thread_ = std::thread([this, device] {
+        cudaSetDevice(device);
+        run();
+      });
     }
   }
   // Whether the watchdog aborted it (then it must not be destroyed: ncclCommAbort freed it).
