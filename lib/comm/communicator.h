@@ -96,6 +96,12 @@ class Communicator {
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   // The group's role ("data", "tensor", ...), for the collective watchdog's messages.
   virtual void set_name(const std::string&) {}
+  // How the watchdog's messages name call number `seq` of kind `op` on this group (and the peer
+  // of a receive, -1: none): "all_reduce_sum #41 on the data group (ranks 0,2)".
+  virtual std::string call_label(const char* op, uint64_t seq, int peer) const {
+    (void)peer;
+    return std::string(op) + " #" + std::to_string(seq);
+  }
 
   // Shorthands for host memory (scalars, flags, the step's agreement; never a device's memory
   // unless the host may use it): the call with no stream, waited on by the host.

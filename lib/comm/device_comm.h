@@ -28,6 +28,21 @@ const NcclBackend* nccl_backend();  // null when the executable links none
 // Defined by ft_nccl (or ft_nccl_emu), for main to register.
 const NcclBackend& this_nccl_backend();
 
+// The collective watchdog's side for device communicators (DESIGN §4), defined with the MPI
+// communicator (NCCL bootstraps over MPI, so a build with NCCL has it). Main thread only (MPI is
+// initialised FUNNELED).
+// While the host waits on device communication: what it waits in, for the other ranks' status
+// requests (the label as Communicator::call_label makes it).
+void device_wait_begin(const std::string& label);
+void device_wait_end();
+// Answers the other ranks' status requests; call every millisecond or so while waiting.
+void answer_watchdog_requests();
+// A device call made at `at` has made no progress for `waited_s` (past `timeout_s`) and the
+// device's communicators are aborted: asks every rank where it is, prints the watchdog's message
+// (comm/hang_report.h) and ends the job with exit code 3, as the MPI communicator's watchdog.
+[[noreturn]] void report_device_hang(const std::string& label, const WatchStep& at, double waited_s,
+                                     double timeout_s);
+
 // runtime.communicator (DESIGN §5): "mpi" never uses NCCL; "nccl" must (an ft::Error saying why
 // it cannot); "auto" uses it when the world has more than one rank, the device is a GPU and
 // NCCL is usable. Returns the NCCL world, or null for host staging over MPI.

@@ -31,13 +31,25 @@ std::string rank_list(const std::vector<int>& ranks) {
   return out;
 }
 
+std::string first_sentence(const RankStatus& self, double timeout_s) {
+  return where(self.step, self.phase) + ": " + self.waiting_in + " made no progress for " +
+         seconds(self.waited_s) + " on rank " + std::to_string(self.rank) + " (timeout " +
+         seconds(timeout_s) + ")";
+}
+
+const char kHint[] =
+    "raise runtime.collective_timeout_s if steps are legitimately this slow. Ending the job with "
+    "exit code 3";
+
 }  // namespace
+
+std::string hang_message_unasked(const RankStatus& self, double timeout_s, const std::string& why) {
+  return first_sentence(self, timeout_s) + "; " + why + "; " + kHint;
+}
 
 std::string hang_message(const RankStatus& self, double timeout_s,
                          const std::vector<RankStatus>& ranks) {
-  std::string msg = where(self.step, self.phase) + ": " + self.waiting_in +
-                    " made no progress for " + seconds(self.waited_s) + " on rank " +
-                    std::to_string(self.rank) + " (timeout " + seconds(timeout_s) + ")";
+  std::string msg = first_sentence(self, timeout_s);
   std::vector<int> silent;
   std::string silent_detail;
   // Answering ranks grouped by where they wait, so that four ranks in one collective read as one.
@@ -69,10 +81,7 @@ std::string hang_message(const RankStatus& self, double timeout_s,
                "bug, with the lines above"
              : ". A rank that does not answer is stopped (SIGSTOP, a debugger), busy outside any "
                "collective, deadlocked, or its node is unreachable";
-  msg +=
-      "; raise runtime.collective_timeout_s if steps are legitimately this slow. Ending the "
-      "job with exit code 3";
-  return msg;
+  return msg + "; " + kHint;
 }
 
 }  // namespace ft

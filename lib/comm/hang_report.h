@@ -25,5 +25,8 @@ struct RankStatus {
 // to do. `self` is the reporting rank; `ranks` holds every rank of the world but `self`.
 std::string hang_message(const RankStatus& self, double timeout_s,
                          const std::vector<RankStatus>& ranks);
+// The same for a rank that could not ask the others (`why`), e.g. NCCL's watchdog thread when
+// the main thread does not come back from the device: names no rank but `self`.
+std::string hang_message_unasked(const RankStatus& self, double timeout_s, const std::string& why);
 
 }  // namespace ft

@@ -10,6 +10,11 @@
 // the rank asks every other rank where it is, waits a short grace period for the answers,
 // prints which ranks stayed silent, and ends the job with MPI_Abort(code 3): mpirun then kills
 // every rank, the stopped one included (SIGKILL reaches stopped processes).
+//
+// Device communicators (NCCL, comm/device_comm.h) use the same machinery: while their host
+// waits on device work it answers status requests (answer_watchdog_requests), naming the call
+// it waits in (device_wait_begin), and when their own watchdog thread finds a call past its
+// deadline the main thread reports it here (report_device_hang): the same message, exit 3.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
@@ -22,10 +27,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/device_comm.h"
 #include "comm/hang_report.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -106,6 +113,11 @@ struct Watchdog {
   int peer = -1;
   uint64_t op_seq = 0;
   Clock::time_point since;
+  // The device call the host waits on (device_wait_begin; empty: none), when no MPI wait is in
+  // progress; and the lowest rank that asked for this rank's status meanwhile (size: none).
+  std::string device_label;
+  Clock::time_point device_since;
+  int device_asked_by = 1 << 30;
 };
 Watchdog g_dog;
 
@@ -224,6 +236,9 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiCommunicator>(sub);
   }
   void set_name(const std::string& name) override { name_ = name; }
+  std::string call_label(const char* op, uint64_t seq, int peer) const override {
+    return label(op, seq, peer);
+  }
 
   // "all_reduce_sum #41 on the data group (ranks 0,2)"; for a receive also the peer.
   std::string label(const char* op, uint64_t seq, int peer) const {
@@ -309,6 +324,9 @@ StatusReply my_status() {
     copy_field(r.waiting_in, sizeof r.waiting_in,
                g_dog.comm->label(g_dog.op, g_dog.op_seq, g_dog.peer));
     r.waited_s = seconds_since(g_dog.since);
+  } else if (!g_dog.device_label.empty()) {
+    copy_field(r.waiting_in, sizeof r.waiting_in, g_dog.device_label);
+    r.waited_s = seconds_since(g_dog.device_since);
   }
   return r;
 }
@@ -367,10 +385,13 @@ void withdraw(std::vector<MPI_Request>& recvs, std::vector<MPI_Request>& sends) 
     if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
 }
 
-// Past the deadline of the wait on `reqs`: asks every rank where it is, then reports and ends
-// the job. Returns only if the wait completed meanwhile (the slow rank arrived during the grace
-// period): then it was slow, not hung, and training goes on after a warning.
-void report_hang_or_resume(MPI_Request* reqs, int nreqs, double timeout_s, double waited_s) {
+// Past the deadline of a wait: asks every rank where it is, then reports and ends the job.
+// Returns only if the wait completed meanwhile (`completed` says so: the slow rank arrived during
+// the grace period): then it was slow, not hung, and training goes on after a warning. `at`:
+// where this rank was when the call was made (a device call: the host may have gone on since);
+// null: where it is now. `lowest_asker`: the lowest rank known to be reporting already.
+void report_hang_or_resume(const std::function<bool()>& completed, double timeout_s,
+                           double waited_s, const WatchStep* at, int lowest_asker) {
   const int n = g_dog.size;
   std::vector<StatusReply> replies(static_cast<size_t>(n));
   std::vector<MPI_Request> recvs(size_t(n), MPI_REQUEST_NULL), sends(size_t(n), MPI_REQUEST_NULL);
@@ -384,10 +405,9 @@ void report_hang_or_resume(MPI_Request* reqs, int nreqs, double timeout_s, doubl
   std::vector<bool> answered(size_t(n), false);
   const auto t0 = Clock::now();
   int missing = n - 1;
-  int lowest_reporter = n;
-  int done = 0;
+  int lowest_reporter = std::min(n, lowest_asker);
   auto resumed = [&] {
-    if (MPI_Testall(nreqs, reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS || !done) return false;
+    if (!completed()) return false;
     withdraw(recvs, sends);
     char took[64];
     std::snprintf(took, sizeof took, "%.1f s, more than runtime.collective_timeout_s = %g s",
@@ -428,8 +448,8 @@ void report_hang_or_resume(MPI_Request* reqs, int nreqs, double timeout_s, doubl
   const StatusReply me = my_status();
   RankStatus self;
   self.rank = g_dog.rank;
-  self.step = me.step;
-  self.phase = me.phase;
+  self.step = at ? at->step : me.step;
+  self.phase = at ? at->phase : me.phase;
   self.waiting_in = me.waiting_in;
   self.waited_s = waited_s;  // when the deadline passed, not after the grace period
   std::vector<RankStatus> others;
@@ -497,7 +517,11 @@ void MpiCommunicator::wait(MPI_Request* reqs, int n, const char* op, int peer) {
       next_poll_s = waited + 0.001;
     }
     if (waited > deadline_s) {
-      report_hang_or_resume(reqs, n, timeout_s, waited);
+      const auto completed = [&] {
+        int d = 0;
+        return MPI_Testall(n, reqs, &d, MPI_STATUSES_IGNORE) == MPI_SUCCESS && d;
+      };
+      report_hang_or_resume(completed, timeout_s, waited, nullptr, g_dog.size);
       break;  // it returns only once the wait has completed
     }
     if (waited < kSpinS) {
@@ -512,6 +536,56 @@ void MpiCommunicator::wait(MPI_Request* reqs, int n, const char* op, int peer) {
 }
 
 }  // namespace
+
+void device_wait_begin(const std::string& label) {
+  g_dog.device_label = label;
+  g_dog.device_since = Clock::now();
+}
+
+void device_wait_end() {
+  g_dog.device_label.clear();
+  if (g_dog.device_asked_by < g_dog.size) restore_stop_signals();
+  g_dog.device_asked_by = 1 << 30;
+}
+
+void answer_watchdog_requests() {
+  if (g_dog.status == MPI_COMM_NULL) return;  // no MPI world (a group of one)
+  const int asker = answer_status_requests();
+  if (asker < g_dog.size) {
+    // That rank reports the hang and ends the job: a stop signal can no longer save.
+    g_dog.device_asked_by = std::min(g_dog.device_asked_by, asker);
+    stop_honouring_stop_signals();
+  }
+}
+
+void report_device_hang(const std::string& label, const WatchStep& at, double waited_s,
+                        double timeout_s) {
+  if (g_dog.status == MPI_COMM_NULL) {  // a group of one: nobody to ask
+    const std::string msg =
+        hang_message_unasked({0, false, 0, "", at.step, at.phase, label, waited_s}, timeout_s,
+                             "one rank: no other rank to ask (an NCCL or device fault)");
+    note_job_cause(msg);
+    std::fprintf(stderr, "ft: error: %s\n", msg.c_str());
+    std::fflush(stderr);
+    std::_Exit(int(ExitCode::kHung));
+  }
+  device_wait_begin(label);
+  g_dog.device_since = Clock::now() - std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(waited_s));
+  // A rank that asked for this one's status meanwhile is reporting the same hang and ends the
+  // job: give it time to, as MPI's waits do, rather than print a second report.
+  if (g_dog.device_asked_by < g_dog.size) {
+    stop_honouring_stop_signals();
+    const auto t0 = Clock::now();
+    while (seconds_since(t0) < 2 * kGraceS + 5) {
+      answer_status_requests();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  // The device's communicators are aborted: the call cannot complete any more.
+  report_hang_or_resume([] { return false; }, timeout_s, waited_s, &at, g_dog.device_asked_by);
+  std::_Exit(int(ExitCode::kHung));  // not reached: it returns only on completion
+}
 
 std::unique_ptr<Communicator> init_world_communicator(int* argc, char*** argv) {
   if (!launched_by_mpi()) return make_single_process_communicator();

@@ -9,6 +9,20 @@
 // writes must not be freed before the call is ordered on the compute stream again: every
 // caller waits on the handle (wait_on(dev.stream()) or wait()) before it frees the buffer.
 //
+// The collective watchdog (runtime.collective_timeout_s, DESIGN §4). An NCCL call returns before
+// the GPU has done it and can hang inside the GPU, where no host wait sees it. So each call is
+// registered, before it is made, with its label, the step it belongs to and its deadline (the
+// MPI communicator's: the step timeout inside the step loop, the longer one elsewhere), and an
+// event recorded after it once it has returned. A watchdog thread (as PyTorch's ProcessGroupNCCL
+// has) polls those events and ncclCommGetAsyncError every 10 ms. When a call is past its
+// deadline it calls ncclCommAbort on every communicator, so that whatever waits on the device
+// returns, and the main thread, at its next NCCL call or handle wait (which polls the event,
+// answering the other ranks' status requests meanwhile), reports it through the MPI
+// communicator's watchdog (report_device_hang: the other ranks' state, the same message, exit
+// 3). MPI stays FUNNELED: the thread makes no MPI call. Should the main thread not come back
+// within kTakeoverS (blocked elsewhere on the device), the thread prints what it knows and ends
+// the process with exit 3 itself. An asynchronous error ends the job the same way, exit 1.
+//
 // Built twice from this file (CMakeLists.txt): ft_nccl, against the real NCCL opened on first
 // use (dlopen of libnccl.so.2: the library is large, and a CPU-only process never needs it),
 // and ft_nccl_emu, against the emulated NCCL (tests/cuda_emu/nccl_emu.cpp, a test tool) for
@@ -20,11 +34,23 @@
 #include <dlfcn.h>
 #endif
 
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "comm/device_comm.h"
+#include "comm/hang_report.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace ft {
 
@@ -143,16 +169,223 @@ ncclDataType_t nccl_type(DType t) {
   FT_FAIL("no NCCL type for dtype ", dtype_name(t));
 }
 
-// A call in flight: the event recorded on the communication stream after it.
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// How long the watchdog thread waits, after aborting, for the main thread to report.
+constexpr double kTakeoverS = 15.0;
+
+// The watchdog of the header comment: one per process, its thread runs while communicators exist.
+class DeviceWatchdog {
+ public:
+  static DeviceWatchdog& get() {
+    static DeviceWatchdog* dog = new DeviceWatchdog;  // never destroyed: its thread may outlive
+    return *dog;                                      // the static destructors' order
+  }
+
+  void add_comm(ncclComm_t c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    comms_.push_back(c);
+    if (!thread_.joinable()) {
+      stop_ = false;
+      int device = 0;  // the thread queries events of this thread's device
+      cudaGetDevice(&device);
+      thread_ = std::thread([this, device] {
+        cudaSetDevice(device);
+        run();
+      });
+    }
+  }
+  // Whether the watchdog aborted it (then it must not be destroyed: ncclCommAbort freed it).
+  bool remove_comm(ncclComm_t c) {
+    std::thread done;
+    bool was_aborted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      comms_.erase(std::remove(comms_.begin(), comms_.end(), c), comms_.end());
+      was_aborted = std::find(aborted_.begin(), aborted_.end(), c) != aborted_.end();
+      if (comms_.empty() && thread_.joinable() && state_ == kWatching) {
+        stop_ = true;
+        done = std::move(thread_);
+      }
+    }
+    if (done.joinable()) done.join();
+    return was_aborted;
+  }
+
+  void set_world_rank(int r) { world_rank_ = r; }
+
+  // Registers a call about to be made; 0 when the watchdog is off (timeout 0).
+  uint64_t begin(const std::string& label) {
+    const WatchStep at = watch_step();
+    const CollectiveWatch& w = collective_watch();
+    const double timeout_s = at.step > 0 && !at.long_wait ? w.step_timeout_s : w.other_timeout_s;
+    if (timeout_s <= 0) return 0;
+    std::lock_guard<std::mutex> lock(mu_);
+    work_.push_back({++next_id_, label, at, Clock::now(), timeout_s, nullptr});
+    return next_id_;
+  }
+  // The call has returned: its end is the event recorded on `stream` now (null: it failed, and
+  // is no longer watched).
+  void returned(uint64_t id, cudaStream_t stream) {
+    if (id == 0) return;
+    cudaEvent_t e = nullptr;
+    if (stream && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess &&
+        cudaEventRecord(e, stream) != cudaSuccess) {
+      cudaEventDestroy(e);
+      e = nullptr;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < work_.size(); ++i)
+      if (work_[i].id == id) {
+        if (e)
+          work_[i].done = e;
+        else
+          work_.erase(work_.begin() + long(i));
+        return;
+      }
+    if (e) cudaEventDestroy(e);
+  }
+
+  // Main thread, at each call and while waiting: once the watchdog has fired, reports (a hang:
+  // exit 3) or throws (an asynchronous error).
+  void check_fired() {
+    const int st = state_.load();
+    if (st == kWatching) return;
+    taken_ = true;
+    if (st == kHung) report_device_hang(cause_.label, cause_.at, waited_s_, cause_.timeout_s);
+    throw Error(async_error_);
+  }
+
+ private:
+  struct Watched {
+    uint64_t id;
+    std::string label;
+    WatchStep at;
+    Clock::time_point t0;
+    double timeout_s;
+    cudaEvent_t done;  // recorded after the call once it returned; null while inside it
+  };
+  enum : int { kWatching = 0, kHung = 1, kAsyncError = 2 };
+
+  void run() {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      std::vector<ncclComm_t> to_abort;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) return;
+        // Done calls leave; the oldest one left is the one furthest past its deadline.
+        work_.erase(std::remove_if(work_.begin(), work_.end(),
+                                   [](Watched& w) {
+                                     if (!w.done || cudaEventQuery(w.done) == cudaErrorNotReady)
+                                       return false;
+                                     cudaEventDestroy(w.done);
+                                     return true;
+                                   }),
+                    work_.end());
+        for (const Watched& w : work_) {
+          const double waited = seconds_since(w.t0);
+          if (waited > w.timeout_s) {
+            cause_ = w;
+            waited_s_ = waited;
+            state_ = kHung;
+            break;
+          }
+        }
+        if (state_ == kWatching) {
+          for (ncclComm_t c : comms_) {
+            ncclResult_t err = ncclSuccess;
+            if (nccl().ncclCommGetAsyncError(c, &err) == ncclSuccess && err != ncclSuccess &&
+                err != ncclInProgress) {
+              async_error_ = detail::concat(
+                  "NCCL reported an asynchronous error: ", nccl().ncclGetErrorString(err),
+                  " (a peer gone or a network failure; NCCL_DEBUG=WARN prints NCCL's account)");
+              state_ = kAsyncError;
+              break;
+            }
+          }
+        }
+        if (state_ == kWatching) continue;
+        to_abort = comms_;
+        aborted_ = comms_;
+      }
+      // Whatever waits on the device returns once its communicators are aborted.
+      for (ncclComm_t c : to_abort) nccl().ncclCommAbort(c);
+      const auto t0 = Clock::now();
+      while (!taken_ && seconds_since(t0) < kTakeoverS)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (taken_) return;
+      // The main thread is blocked elsewhere: end the process with what this rank knows.
+      std::string msg;
+      if (state_ == kHung) {
+        RankStatus self;
+        self.rank = world_rank_;
+        self.step = cause_.at.step;
+        self.phase = cause_.at.phase;
+        self.waiting_in = cause_.label;
+        self.waited_s = waited_s_;
+        msg = hang_message_unasked(
+            self, cause_.timeout_s,
+            "the communicators were aborted, but this rank's main thread did not come back from "
+            "the device to ask the other ranks where they are");
+      } else {
+        msg = async_error_;
+      }
+      note_job_cause(msg);
+      log_error(msg);
+      std::_Exit(state_ == kHung ? int(ExitCode::kHung) : int(ExitCode::kRuntime));
+    }
+  }
+
+  std::mutex mu_;
+  int world_rank_ = 0;
+  std::vector<Watched> work_;
+  std::vector<ncclComm_t> comms_, aborted_;
+  uint64_t next_id_ = 0;
+  std::thread thread_;
+  bool stop_ = false;
+  std::atomic<int> state_{kWatching};
+  std::atomic<bool> taken_{false};
+  Watched cause_{};  // written before state_ leaves kWatching, read after
+  double waited_s_ = 0;
+  std::string async_error_;
+};
+
+uint64_t g_call_seq = 0;  // this rank's NCCL calls, numbered for the watchdog's messages
+
+// A call in flight: the event recorded on the communication stream after it. A host wait polls
+// it, answering the other ranks' status requests, until it completes or the watchdog fires.
 class NcclWork final : public CommWork::Pending {
  public:
-  NcclWork(Device& dev, Event done) : dev_(dev), done_(std::move(done)) {}
-  void wait() override { done_.synchronize(); }
+  NcclWork(Device& dev, Event done, std::string label)
+      : dev_(dev), done_(std::move(done)), label_(std::move(label)) {}
+  void wait() override {
+    if (done_.query()) return;
+    device_wait_begin(label_);
+    const auto t0 = Clock::now();
+    int sleep_us = 0;
+    while (!done_.query()) {
+      DeviceWatchdog::get().check_fired();
+      answer_watchdog_requests();
+      if (seconds_since(t0) < 0.05) {
+        sched_yield();
+      } else {
+        sleep_us = std::min(1000, std::max(20, sleep_us * 2));
+        std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+      }
+    }
+    device_wait_end();
+  }
   void wait_on(Stream s) override { dev_.wait(s, done_); }
 
  private:
   Device& dev_;
   Event done_;
+  std::string label_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -162,11 +395,14 @@ class NcclCommunicator final : public Communicator {
       : comm_(comm), host_(std::move(host)), dev_(dev) {
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                "cudaStreamCreateWithFlags (NCCL's stream)");
+    DeviceWatchdog::get().add_comm(comm_);
   }
   ~NcclCommunicator() override {
+    // Null after abort(); aborted (and freed) by the watchdog: not destroyed again.
+    const bool aborted = comm_ && DeviceWatchdog::get().remove_comm(comm_);
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
-    if (comm_) nccl().ncclCommDestroy(comm_);  // null after abort()
+    if (comm_ && !aborted) nccl().ncclCommDestroy(comm_);
   }
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -175,64 +411,60 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return host_->size(); }
 
   CommWork all_reduce(Stream s, Ref data, size_t n, ReduceOp op) override {
-    after(s);
-    check(nccl().ncclAllReduce(data.ptr, data.ptr, n, nccl_type(data.dtype),
-                               op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream_),
-          "all-reduce", comm_);
-    return done();
+    return call(
+        s, op == ReduceOp::kSum ? "all_reduce_sum" : "all_reduce_max", -1, "all-reduce", [&] {
+          return nccl().ncclAllReduce(data.ptr, data.ptr, n, nccl_type(data.dtype),
+                                      op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, stream_);
+        });
   }
   CommWork reduce_scatter(Stream s, CRef in, Ref out, size_t shard) override {
     FT_CHECK(in.dtype == out.dtype, "reduce_scatter of ", dtype_name(in.dtype), " into ",
              dtype_name(out.dtype));
-    after(s);
-    check(nccl().ncclReduceScatter(in.ptr, out.ptr, shard, nccl_type(in.dtype), ncclSum, comm_,
-                                   stream_),
-          "reduce-scatter", comm_);
-    return done();
+    return call(s, "reduce_scatter_sum", -1, "reduce-scatter", [&] {
+      return nccl().ncclReduceScatter(in.ptr, out.ptr, shard, nccl_type(in.dtype), ncclSum, comm_,
+                                      stream_);
+    });
   }
   CommWork all_gather(Stream s, CRef in, Ref out, size_t shard) override {
     FT_CHECK(in.dtype == out.dtype, "all_gather of ", dtype_name(in.dtype), " into ",
              dtype_name(out.dtype));
-    after(s);
-    check(nccl().ncclAllGather(in.ptr, out.ptr, shard, nccl_type(in.dtype), comm_, stream_),
-          "all-gather", comm_);
-    return done();
+    return call(s, "all_gather", -1, "all-gather", [&] {
+      return nccl().ncclAllGather(in.ptr, out.ptr, shard, nccl_type(in.dtype), comm_, stream_);
+    });
   }
   CommWork broadcast(Stream s, Ref data, size_t n, int root) override {
-    after(s);
-    check(nccl().ncclBroadcast(data.ptr, data.ptr, n, nccl_type(data.dtype), root, comm_, stream_),
-          "broadcast", comm_);
-    return done();
+    return call(s, "broadcast", -1, "broadcast", [&] {
+      return nccl().ncclBroadcast(data.ptr, data.ptr, n, nccl_type(data.dtype), root, comm_,
+                                  stream_);
+    });
   }
   CommWork send(Stream s, CRef data, size_t n, int peer, int) override {
-    after(s);
-    check(nccl().ncclSend(data.ptr, n, nccl_type(data.dtype), peer, comm_, stream_), "send", comm_);
-    return done();
+    return call(s, "send", -1, "send", [&] {
+      return nccl().ncclSend(data.ptr, n, nccl_type(data.dtype), peer, comm_, stream_);
+    });
   }
   CommWork recv(Stream s, Ref data, size_t n, int peer, int) override {
-    after(s);
-    check(nccl().ncclRecv(data.ptr, n, nccl_type(data.dtype), peer, comm_, stream_), "receive",
-          comm_);
-    return done();
+    return call(s, "recv", peer, "receive", [&] {
+      return nccl().ncclRecv(data.ptr, n, nccl_type(data.dtype), peer, comm_, stream_);
+    });
   }
   CommWork send_recv(Stream s, CRef send_data, size_t send_n, int send_peer, Ref recv_data,
                      size_t recv_n, int recv_peer, int, int) override {
-    after(s);
-    check(nccl().ncclGroupStart(), "group start", comm_);
-    if (send_n)
-      check(nccl().ncclSend(send_data.ptr, send_n, nccl_type(send_data.dtype), send_peer, comm_,
-                            stream_),
-            "send", comm_);
-    if (recv_n)
-      check(nccl().ncclRecv(recv_data.ptr, recv_n, nccl_type(recv_data.dtype), recv_peer, comm_,
-                            stream_),
-            "receive", comm_);
-    check(nccl().ncclGroupEnd(), "send and receive", comm_);
-    return done();
+    return call(s, recv_n ? "send_recv" : "send", recv_n ? recv_peer : -1, "send and receive", [&] {
+      ncclResult_t r = nccl().ncclGroupStart();
+      if (r == ncclSuccess && send_n)
+        r = nccl().ncclSend(send_data.ptr, send_n, nccl_type(send_data.dtype), send_peer, comm_,
+                            stream_);
+      if (r == ncclSuccess && recv_n)
+        r = nccl().ncclRecv(recv_data.ptr, recv_n, nccl_type(recv_data.dtype), recv_peer, comm_,
+                            stream_);
+      const ncclResult_t end = nccl().ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
+    });
   }
   void barrier() override { host_->barrier(); }
   void abort(int code) override {
-    nccl().ncclCommAbort(comm_);
+    if (comm_ && !DeviceWatchdog::get().remove_comm(comm_)) nccl().ncclCommAbort(comm_);
     comm_ = nullptr;
     host_->abort(code);
   }
@@ -247,18 +479,35 @@ class NcclCommunicator final : public Communicator {
     return std::make_unique<NcclCommunicator>(sub, std::move(host), dev_);
   }
   void set_name(const std::string& name) override { host_->set_name(name); }
+  std::string call_label(const char* op, uint64_t seq, int peer) const override {
+    return host_->call_label(op, seq, peer) + " through NCCL";
+  }
 
  private:
+  // One call (or group of calls): ordered after the work queued on `s`, watched from before it
+  // is made (the emulated NCCL runs it inside the call) until its event completes.
+  template <typename F>
+  CommWork call(Stream s, const char* op, int peer, const char* what, F&& make) {
+    DeviceWatchdog& dog = DeviceWatchdog::get();
+    dog.check_fired();
+    after(s);
+    std::string label = call_label(op, ++g_call_seq, peer);
+    const uint64_t id = dog.begin(label);
+    device_wait_begin(label);
+    const ncclResult_t r = make();
+    if (r != ncclSuccess) dog.check_fired();  // aborted by the watchdog: that is the cause
+    device_wait_end();
+    dog.returned(id, r == ncclSuccess ? stream_ : nullptr);
+    check(r, what, comm_);
+    Event e = dev_.make_event();
+    e.record(Stream{stream_});
+    return CommWork(std::make_unique<NcclWork>(dev_, std::move(e), std::move(label)));
+  }
   // The communication stream waits for the work queued on `s` so far.
   void after(Stream s) {
     Event ready = dev_.make_event();
     ready.record(s);
     dev_.wait(Stream{stream_}, ready);
-  }
-  CommWork done() {
-    Event e = dev_.make_event();
-    e.record(Stream{stream_});
-    return CommWork(std::make_unique<NcclWork>(dev_, std::move(e)));
   }
 
   ncclComm_t comm_;
@@ -280,6 +529,7 @@ std::unique_ptr<Communicator> make_world(Communicator& world, Device& dev) {
   world.broadcast_bytes(&id, sizeof id, 0);
   ncclComm_t comm = nullptr;
   check(nccl().ncclCommInitRank(&comm, world.size(), id, world.rank()), "ncclCommInitRank");
+  DeviceWatchdog::get().set_world_rank(world.rank());
   // The world's twin over MPI: a split of one color, so the NCCL world owns its own copy.
   return std::make_unique<NcclCommunicator>(comm, world.split(0, world.rank()), dev);
 }

@@ -22,7 +22,19 @@
 //    0, 1, …, n−1 (bf16/fp16: rounded after each addition, in fp32 between), so a result is
 //    the same bits on every rank and every run, whatever the timing. Real NCCL's order depends
 //    on its algorithm and topology, but is also fixed for a given communicator and size.
+//  - Abort. A GPU's collective waits for its peers inside the device, where ncclCommAbort (from
+//    another thread: ft's watchdog, comm/nccl_communicator.cpp) ends it. Here the host thread
+//    waits for them inside the call, so the calls use non-blocking MPI and poll: an abort from
+//    another thread (a flag; no MPI call, MPI is FUNNELED) ends the wait with ncclInvalidUsage,
+//    and its buffers are left to MPI (never freed: the process is ending). The aborted
+//    communicator's memory is kept, as the thread that waits still reads it. While it polls,
+//    the host answers the collective watchdog's status requests (answer_watchdog_requests),
+//    as ft's host would while a GPU ran the call: the host thread is taken only because this
+//    emulation runs the device's work on it.
 //  - ncclCommGetAsyncError: ncclSuccess unless the communicator was aborted.
+//  - FT_NCCL_EMU_STOP=RANK:STEP (a test hook): world rank RANK stops itself (SIGSTOP) at its
+//    first data call (collective, send or receive) of training step STEP (1-based, as ft's
+//    watchdog names steps), so that its peers wait in that call.
 // ncclGetLastError returns the last failure's message; bytes sent are tallied per call kind by
 // the ring algorithms' counts (CountingCommunicator's formulas) and printed at exit when
 // FT_NCCL_EMU_TALLY names a file (one line per kind), so ft plan can be checked against them.
@@ -31,8 +43,13 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -41,8 +58,10 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "comm/device_comm.h"
 #include "core/half.h"
 
 namespace ft::emu {
@@ -53,7 +72,7 @@ bool valid_stream_handle(const void* s);
 struct ncclComm {
   MPI_Comm mpi = MPI_COMM_NULL;  // MPI_COMM_NULL for a group of one made without MPI
   int rank = 0, size = 1;
-  bool aborted = false;
+  std::atomic<bool> aborted{false};  // set by ncclCommAbort, from any thread
 };
 
 namespace {
@@ -96,6 +115,22 @@ ncclResult_t fail(ncclResult_t r, const std::string& why) {
   return r;
 }
 
+// FT_NCCL_EMU_STOP (the header comment): stops this process at its first data call of a step.
+void maybe_stop(int world_rank) {
+  static const std::pair<int, long long> at = [] {
+    const char* e = std::getenv("FT_NCCL_EMU_STOP");
+    int rank = -1;
+    long long step = 0;
+    if (e && std::sscanf(e, "%d:%lld", &rank, &step) != 2) rank = -1;
+    return std::pair<int, long long>(rank, step);
+  }();
+  static bool stopped = false;
+  if (at.first == world_rank && !stopped && ft::watch_step().step == at.second) {
+    stopped = true;
+    std::raise(SIGSTOP);
+  }
+}
+
 size_t type_size(ncclDataType_t t) {
   switch (t) {
     case ncclInt8:
@@ -129,12 +164,44 @@ ncclResult_t check_call(const char* what, ncclComm* comm, ncclDataType_t type, c
     if (bytes && !ft::emu::gpu_memory(p, bytes))
       return fail(ncclInvalidArgument,
                   std::string(what) + ": a buffer is not device memory (a host pointer?)");
+  maybe_stop(g_world_rank);
   return ncclSuccess;
 }
 
 ncclResult_t mpi_result(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return ncclSuccess;
   return fail(ncclSystemError, std::string(what) + ": MPI call failed");
+}
+
+// Buffers of calls that an abort ended while MPI may still write them: kept to the end.
+std::vector<std::vector<char>> g_orphans;
+
+// Waits for `reqs` as a GPU's kernel waits for its peers, until they complete or one of `comms`
+// is aborted (the header comment). Yields the core for the first 50 ms, then sleeps up to 1 ms
+// between polls (as the MPI communicator's waits do); answers status requests every poll.
+ncclResult_t wait_all(std::vector<MPI_Request>& reqs, std::initializer_list<ncclComm*> comms,
+                      const char* what, std::initializer_list<std::vector<char>*> buffers = {}) {
+  const auto t0 = std::chrono::steady_clock::now();
+  int sleep_us = 0;
+  for (;;) {
+    int done = 0;
+    if (auto r = mpi_result(MPI_Testall(int(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE),
+                            what))
+      return r;
+    if (done) return ncclSuccess;
+    for (ncclComm* c : comms)
+      if (c->aborted) {
+        for (std::vector<char>* b : buffers) g_orphans.push_back(std::move(*b));
+        return fail(ncclInvalidUsage, std::string(what) + ": communicator aborted while waiting");
+      }
+    ft::answer_watchdog_requests();
+    if (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(50)) {
+      sched_yield();
+    } else {
+      sleep_us = std::min(1000, std::max(20, sleep_us * 2));
+      std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+    }
+  }
 }
 
 // dst = dst op src, element-wise, `n` elements of `type`; 16-bit floats rounded after the step.
@@ -197,9 +264,12 @@ ncclResult_t gather_all(ncclComm* c, const void* send, size_t bytes, std::vector
   }
   if (bytes > size_t(INT32_MAX))
     return fail(ncclInvalidArgument, "emulated NCCL: buffer too large");
-  return mpi_result(
-      MPI_Allgather(send, int(bytes), MPI_BYTE, all.data(), int(bytes), MPI_BYTE, c->mpi),
-      "allgather");
+  std::vector<MPI_Request> req(1);
+  if (auto r = mpi_result(MPI_Iallgather(send, int(bytes), MPI_BYTE, all.data(), int(bytes),
+                                         MPI_BYTE, c->mpi, req.data()),
+                          "allgather"))
+    return r;
+  return wait_all(req, {c}, "allgather", {&all});
 }
 
 // A send or receive: kept for the open group's end, or a group of its own.
@@ -331,8 +401,10 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  // The communicator's resources go; calls in flight (none: each completes when made) end.
-  return ncclCommDestroy(comm);
+  // Calls in flight end (wait_all sees the flag). The memory is kept: another thread may be
+  // waiting in a call on it, and MPI (FUNNELED) may not be called from this one.
+  if (comm) comm->aborted = true;
+  return ncclSuccess;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* err) {
@@ -389,10 +461,12 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, n
       std::memcpy(got.data(), send, chunk);
     } else {
       if (chunk > size_t(INT32_MAX)) return fail(ncclInvalidArgument, "emulated NCCL: too large");
-      if (auto r = mpi_result(
-              MPI_Alltoall(send, int(chunk), MPI_BYTE, got.data(), int(chunk), MPI_BYTE, comm->mpi),
-              "alltoall"))
+      std::vector<MPI_Request> req(1);
+      if (auto r = mpi_result(MPI_Ialltoall(send, int(chunk), MPI_BYTE, got.data(), int(chunk),
+                                            MPI_BYTE, comm->mpi, req.data()),
+                              "alltoall"))
         return r;
+      if (auto r = wait_all(req, {comm}, "alltoall", {&got})) return r;
     }
     for (size_t k = 1; k < n; ++k) combine(got.data(), got.data() + k * chunk, recvcount, type, op);
     std::memcpy(recv, got.data(), chunk);
@@ -411,7 +485,10 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclD
     // In place (send at this rank's place in recv) as well: gather from a copy.
     std::vector<char> mine(static_cast<const char*>(send), static_cast<const char*>(send) + chunk);
     std::vector<char> all;
-    if (auto r = gather_all(comm, mine.data(), chunk, all)) return r;
+    if (auto r = gather_all(comm, mine.data(), chunk, all)) {
+      if (comm->aborted) g_orphans.push_back(std::move(mine));  // MPI may still read it
+      return r;
+    }
     std::memcpy(recv, all.data(), all.size());
     return ncclSuccess;
   });
@@ -430,7 +507,11 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
     if (is_root && send != recv) std::memmove(recv, send, bytes);
     if (comm->size == 1) return ncclSuccess;
     if (bytes > size_t(INT32_MAX)) return fail(ncclInvalidArgument, "emulated NCCL: too large");
-    return mpi_result(MPI_Bcast(recv, int(bytes), MPI_BYTE, root, comm->mpi), "bcast");
+    std::vector<MPI_Request> req(1);
+    if (auto r = mpi_result(MPI_Ibcast(recv, int(bytes), MPI_BYTE, root, comm->mpi, req.data()),
+                            "bcast"))
+      return r;
+    return wait_all(req, {comm}, "bcast");
   });
 }
 
@@ -464,10 +545,9 @@ ncclResult_t ncclGroupEnd() {
     if (auto res = mpi_result(rc, m.send ? "isend" : "irecv")) return res;
     reqs.push_back(r);
   }
-  if (!reqs.empty())
-    if (auto res =
-            mpi_result(MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), "waitall"))
-      return res;
+  if (!reqs.empty()) {
+    if (auto res = wait_all(reqs, {p2p.front().comm}, "send/receive group")) return res;
+  }
   std::vector<std::function<ncclResult_t()>> queued;
   queued.swap(g_queued);
   for (auto& f : queued)

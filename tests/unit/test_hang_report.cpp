@@ -110,3 +110,14 @@ TEST_CASE("collective watch: the step and phase a rank reports, and the one-proc
   CHECK(x[2] == 3);
   ft::set_collective_watch(saved);
 }
+
+TEST_CASE("hang message of a rank that could not ask the others: names only itself, and why") {
+  RankStatus self = waiting(3, 7, "forward/backward",
+                            "all_reduce_sum #9 on the tensor group (ranks 2,3) through NCCL", 5.04);
+  const std::string m = ft::hang_message_unasked(self, 5, "the main thread did not come back");
+  CHECK(m ==
+        "step 7 (forward/backward): all_reduce_sum #9 on the tensor group (ranks 2,3) through "
+        "NCCL made no progress for 5.0 s on rank 3 (timeout 5.0 s); the main thread did not come "
+        "back; raise runtime.collective_timeout_s if steps are legitimately this slow. Ending the "
+        "job with exit code 3");
+}
