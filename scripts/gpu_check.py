@@ -559,9 +559,11 @@ def main():
     if want("packing"):
         chk.stage(limit("packing"))
         pk = ["data.pack=true"]
-        rc_g, gpu_m, text = train(chk, "packing", ft, TINY, os.path.join(B, "data", "packed"),
+        # Head dim 64: on CUDA, document segments need the fused kernel (head dim 64 or 128).
+        shape = dict(TINY, n_heads=4, n_kv_heads=2)
+        rc_g, gpu_m, text = train(chk, "packing", ft, shape, os.path.join(B, "data", "packed"),
                                   work, 30, 128, 4, "bf16", a.device, overrides=pk)
-        rc_c, cpu_m, _ = train(chk, "packing_cpu", ft, TINY, os.path.join(B, "data", "packed"),
+        rc_c, cpu_m, _ = train(chk, "packing_cpu", ft, shape, os.path.join(B, "data", "packed"),
                                work, 30, 128, 4, "bf16", "cpu", overrides=pk)
         line = next((l for l in text.splitlines() if l.startswith("ft: data.pack:")), "")
         if rc_g or rc_c:
