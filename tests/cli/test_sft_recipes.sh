@@ -11,9 +11,11 @@
 #      see what the mask teaches); bf16, packing, ZeRO-3, activation checkpointing, clipping,
 #      cosine and evaluation stay the recipe's. The packing line is printed; the loss falls from
 #      ln(vocab) ~ 6 to below 1.5 (seen 0.71 and 0.61), and so does the eval loss;
-#   3. ft export; `ft generate EXPORT --chat` answers the way the assistant turns of the data do
-#      ("The capital of ...", learnt from the assistant's tokens only: the users' turns say
-#      "What is the capital of") and stops at the template's end of turn;
+#   3. `ft generate CHECKPOINT --chat --tokenizer FOLDER` answers the way the assistant turns of
+#      the data do ("The capital of ...", learnt from the assistant's tokens only: the users'
+#      turns say "What is the capital of") and stops at the template's end of turn; ft export,
+#      the folder's tokenizer_config.json copied in (README step 6), and `ft generate EXPORT
+#      --chat` gives the same text;
 #   4. transformers 4.46.3 loads the export as its class, and its greedy generate from ft's
 #      prompt ids gives ft's ids token for token (fp32), which its tokenizer decodes to ft's text.
 #   bash tests/cli/test_sft_recipes.sh BUILD_DIR SOURCE_DIR
@@ -57,17 +59,25 @@ print(f"{sys.argv[2]}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, eval loss {eval
 assert len(losses) == 60 and losses[0] > 5.0, losses[:3]
 assert losses[-1] < 1.5 and evals[-1] < 1.5, (losses[-1], evals)
 EOF
-  # 3. Export, and generate from the export.
-  run_rc 0 "$ft" export "$tmp/run_$f/checkpoints" --output "$tmp/${f}_hf"
-  run_rc 0 "$ft" generate "$tmp/${f}_hf" --chat --tokenizer "$tmp/$f" \
+  # 3. Generate from the checkpoint (the template from the model's folder); export, give the
+  #    export the folder's tokenizer_config.json (README: the chat template) and generate from it.
+  run_rc 0 "$ft" generate "$tmp/run_$f/checkpoints" --chat --tokenizer "$tmp/$f" \
     --prompt "What is the capital of France?" --max-new-tokens 24
   echo "$f: ft generate --chat: $(cat "$tmp/out.txt")"
   grep -q "^The capital of [A-Z][a-z]* is [A-Z][a-z]*\.$" "$tmp/out.txt" ||
     fail "$recipe: ft generate --chat does not answer as the training data's assistant does"
   has_err "stopped: end_of_turn"
-  run_rc 0 "$ft" generate "$tmp/${f}_hf" --chat --tokenizer "$tmp/$f" \
-    --prompt "What is the capital of France?" --max-new-tokens 24 --json
+  cp "$tmp/out.txt" "$tmp/${f}_checkpoint.txt"
+  run_rc 0 "$ft" export "$tmp/run_$f/checkpoints" --output "$tmp/${f}_hf"
+  cp "$tmp/$f/tokenizer_config.json" "$tmp/${f}_hf/"
+  run_rc 0 "$ft" generate "$tmp/${f}_hf" --chat --prompt "What is the capital of France?" \
+    --max-new-tokens 24 --json
   cp "$tmp/out.txt" "$tmp/${f}_generate.json"
+  # (the streamed text ends with a newline, --json's text without)
+  same_text='import json, sys
+sys.exit(json.load(open(sys.argv[1]))["text"] + "\n" != open(sys.argv[2]).read())'
+  "$PY" -c "$same_text" "$tmp/${f}_generate.json" "$tmp/${f}_checkpoint.txt" ||
+    fail "$recipe: the export generates another text than the checkpoint"
 done
 
 # 4. The exports in transformers.

@@ -61,7 +61,8 @@ write_jsonl(os.path.join(TMP, "train.jsonl"), [conversation(i) for i in range(48
 write_jsonl(os.path.join(TMP, "valid.jsonl"), [conversation(i) for i in range(48, 64)])
 
 # ---- the tokenizers -----------------------------------------------------------------------
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
+from tokenizers import (Regex, Tokenizer, decoders, models, pre_tokenizers,  # noqa: E402
+                        processors, trainers)
 
 corpus = [m["content"] for i in range(64) for m in conversation(i)]
 corpus += ["system user assistant tool Cutting Knowledge Date December 2023 Today July 2024",
