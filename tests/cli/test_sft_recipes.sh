@@ -11,13 +11,14 @@
 #      see what the mask teaches); bf16, packing, ZeRO-3, activation checkpointing, clipping,
 #      cosine and evaluation stay the recipe's. The packing line is printed; the loss falls from
 #      ln(vocab) ~ 6 to below 1.5 (seen 0.71 and 0.61), and so does the eval loss;
-#   3. `ft generate CHECKPOINT --chat --tokenizer FOLDER` answers the way the assistant turns of
-#      the data do ("The capital of ...", learnt from the assistant's tokens only: the users'
-#      turns say "What is the capital of") and stops at the template's end of turn; ft export,
-#      the folder's tokenizer_config.json copied in (README step 6), and `ft generate EXPORT
-#      --chat` gives the same text;
+#   3. `ft generate CHECKPOINT --chat` (the checkpoint keeps the folder's chat template) answers
+#      the way the assistant turns of the data do ("The capital of ...", learnt from the
+#      assistant's tokens only: the users' turns say "What is the capital of") and stops at the
+#      template's end of turn; ft export, and `ft generate EXPORT --chat` gives the same text;
 #   4. transformers 4.46.3 loads the export as its class, and its greedy generate from ft's
-#      prompt ids gives ft's ids token for token (fp32), which its tokenizer decodes to ft's text.
+#      prompt ids, stopping at the export's generation_config eos (the end of turn), gives ft's
+#      ids token for token (fp32), which its tokenizer decodes to ft's text; transformers 5's
+#      apply_chat_template on the export gives ft's prompt ids.
 #   bash tests/cli/test_sft_recipes.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 fail() { fail_showing_output "$@"; }
@@ -59,9 +60,9 @@ print(f"{sys.argv[2]}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, eval loss {eval
 assert len(losses) == 60 and losses[0] > 5.0, losses[:3]
 assert losses[-1] < 1.5 and evals[-1] < 1.5, (losses[-1], evals)
 EOF
-  # 3. Generate from the checkpoint (the template from the model's folder); export, give the
-  #    export the folder's tokenizer_config.json (README: the chat template) and generate from it.
-  run_rc 0 "$ft" generate "$tmp/run_$f/checkpoints" --chat --tokenizer "$tmp/$f" \
+  # 3. Generate from the checkpoint (it keeps the folder's chat template beside its
+  #    tokenizer.json), export, and generate from the export alone.
+  run_rc 0 "$ft" generate "$tmp/run_$f/checkpoints" --chat \
     --prompt "What is the capital of France?" --max-new-tokens 24
   echo "$f: ft generate --chat: $(cat "$tmp/out.txt")"
   grep -q "^The capital of [A-Z][a-z]* is [A-Z][a-z]*\.$" "$tmp/out.txt" ||
@@ -69,7 +70,6 @@ EOF
   has_err "stopped: end_of_turn"
   cp "$tmp/out.txt" "$tmp/${f}_checkpoint.txt"
   run_rc 0 "$ft" export "$tmp/run_$f/checkpoints" --output "$tmp/${f}_hf"
-  cp "$tmp/$f/tokenizer_config.json" "$tmp/${f}_hf/"
   run_rc 0 "$ft" generate "$tmp/${f}_hf" --chat --prompt "What is the capital of France?" \
     --max-new-tokens 24 --json
   cp "$tmp/out.txt" "$tmp/${f}_generate.json"
@@ -95,17 +95,35 @@ for f, cls in (("qwen", "Qwen2ForCausalLM"), ("llama", "LlamaForCausalLM")):
     assert type(model).__name__ == cls, (f, type(model).__name__)
     got = json.load(open(f"{t}/{f}_generate.json"))
     assert got["stop"] == "end_of_turn", got
+    # The export's generation_config.json stops at the end of an assistant's turn.
+    assert model.generation_config.eos_token_id == got["ids"][-1], model.generation_config
     prompt = torch.tensor([got["prompt_ids"]])
     with torch.no_grad():  # (an explicit mask: generate would infer one from a pad id)
         out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                             max_new_tokens=24, eos_token_id=got["ids"][-1],
-                             pad_token_id=got["ids"][-1])
+                             max_new_tokens=24, pad_token_id=got["ids"][-1])
     want = out[0, len(got["prompt_ids"]):].tolist()
     assert want == got["ids"], (f, want, got["ids"])
     tok = transformers.AutoTokenizer.from_pretrained(f"{t}/{f}_hf")
     assert tok.decode(got["ids"][:-1]) == got["text"], (tok.decode(got["ids"][:-1]), got["text"])
     print(f"{f}: transformers loads the export as {cls}; its greedy ids are ft's "
           f"({len(want)} tokens): {got['text']!r}")
+EOF
+cat "$tmp/out.txt"
+# transformers 5 (jinja2: 4.46's apply_chat_template needs it) renders the export's chat template
+# into ft's prompt ids.
+venv "$build/hf_venv_tf5" "${hf_tf5_spec[@]}"
+run_rc 0 "$build/hf_venv_tf5/bin/python" - "$tmp" <<'EOF'
+import json, sys
+from transformers import AutoTokenizer
+t = sys.argv[1]
+for f in ("qwen", "llama"):
+    got = json.load(open(f"{t}/{f}_generate.json"))
+    want = AutoTokenizer.from_pretrained(f"{t}/{f}_hf").apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True, tokenize=True)
+    want = want["input_ids"] if hasattr(want, "keys") else want
+    assert list(want) == got["prompt_ids"], (f, list(want), got["prompt_ids"])
+    print(f"{f}: the export's apply_chat_template gives ft generate --chat's prompt ids")
 EOF
 cat "$tmp/out.txt"
 echo "test_sft_recipes: all checks passed"
