@@ -7,14 +7,15 @@
 #   1. ft tokenize --format chat of train.jsonl and valid.jsonl with the folder;
 #   2. ft validate and ft train of the recipe file as it is, overridden only in its paths, its
 #      sizes (seq_len 256, 60 steps of 8 windows) and its learning rate (3e-3, warmup 5: a random
-#      64-wide model at the recipe's 1e-5 moves its loss by ~0.05 in 60 steps, too little to
-#      see what the mask teaches); bf16, packing, ZeRO-3, activation checkpointing, clipping,
+#      128-wide model at the recipe's 1e-5, 30 warmup steps, goes from 6.11 to 5.70 in 60 steps,
+#      too little to see what the mask teaches); bf16, packing, ZeRO-3, activation checkpointing, clipping,
 #      cosine and evaluation stay the recipe's. The packing line is printed; the loss falls from
-#      ln(vocab) ~ 6 to below 1.5 (seen 0.71 and 0.61), and so does the eval loss;
+#      ln(vocab) ~ 6 to below 0.5 (seen 0.165 and 0.166), and so does the eval loss;
 #   3. `ft generate CHECKPOINT --chat` (the checkpoint keeps the folder's chat template) answers
-#      the way the assistant turns of the data do ("The capital of ...", learnt from the
-#      assistant's tokens only: the users' turns say "What is the capital of") and stops at the
-#      template's end of turn; ft export, and `ft generate EXPORT --chat` gives the same text;
+#      "What is the capital of France?" as the data's assistant does, "The capital of France is
+#      Paris." (learnt from the assistant's tokens only: the users' turns never say it), and
+#      stops at the template's end of turn; ft export, and `ft generate EXPORT --chat` gives the
+#      same text;
 #   4. transformers 4.46.3 loads the export as its class, and its greedy generate from ft's
 #      prompt ids, stopping at the export's generation_config eos (the end of turn), gives ft's
 #      ids token for token (fp32), which its tokenizer decodes to ft's text; transformers 5's
@@ -56,16 +57,17 @@ losses = [l["loss"] for l in lines if "loss" in l]
 evals = [l["eval_loss"] for l in lines if "eval_loss" in l]
 print(f"{sys.argv[2]}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, eval loss {evals[-1]:.3f}")
 # Step 1 of a random model: about ln(400) = 5.99. After 60 steps on the repeated conversations
-# (15 epochs) the assistant's tokens are mostly predictable: seen 0.71 (qwen), 0.61 (llama).
+# (15 epochs) the assistant's tokens are mostly predictable: seen 0.165 (qwen), 0.166 (llama);
+# the bound leaves room for other CPUs' rounding of the bf16 run.
 assert len(losses) == 60 and losses[0] > 5.0, losses[:3]
-assert losses[-1] < 1.5 and evals[-1] < 1.5, (losses[-1], evals)
+assert losses[-1] < 0.5 and evals[-1] < 0.5, (losses[-1], evals)
 EOF
   # 3. Generate from the checkpoint (it keeps the folder's chat template beside its
   #    tokenizer.json), export, and generate from the export alone.
   run_rc 0 "$ft" generate "$tmp/run_$f/checkpoints" --chat \
     --prompt "What is the capital of France?" --max-new-tokens 24
   echo "$f: ft generate --chat: $(cat "$tmp/out.txt")"
-  grep -q "^The capital of [A-Z][a-z]* is [A-Z][a-z]*\.$" "$tmp/out.txt" ||
+  [[ $(cat "$tmp/out.txt") == "The capital of France is Paris." ]] ||
     fail "$recipe: ft generate --chat does not answer as the training data's assistant does"
   has_err "stopped: end_of_turn"
   cp "$tmp/out.txt" "$tmp/${f}_checkpoint.txt"

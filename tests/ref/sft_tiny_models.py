@@ -9,8 +9,8 @@ For each family, TMP_DIR/<family>/ gets what a user's Hugging Face folder holds:
     each text), the qwen one none, as the real files;
   - tokenizer_config.json: bos/eos as the family has them and its chat template (Qwen2.5
     Instruct's, Llama 3.1 Instruct's, committed in tests/data/chat_templates);
-  - config.json + model.safetensors: random fp32 weights (dim 64, 2 layers, 4 heads, 2 kv
-    heads) by transformers: Qwen2ForCausalLM with tied embeddings (as Qwen2.5 0.5B-3B),
+  - config.json + model.safetensors: random fp32 weights (dim 128, 2 layers, 2 heads of 64, 1
+    kv head) by transformers: Qwen2ForCausalLM with tied embeddings (as Qwen2.5 0.5B-3B),
     LlamaForCausalLM with Llama 3.1's `llama3` RoPE scaling.
 And TMP_DIR/train.jsonl, TMP_DIR/valid.jsonl: short conversations ({"messages": ...}) with a
 fixed pattern a tiny model can learn in a few steps (system prompts in some, two turns in
@@ -106,8 +106,10 @@ for name, (template, bos, eos, special, add_bos) in families.items():
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+# Head dim 64 (128 / 2 heads), as Qwen2.5-0.5B's: on a GPU, packing runs in the fused attention
+# kernel, which takes head dim 64 or 128 (DESIGN.md §6 Packing), so the twins run there too.
+common = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+              num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
               rms_norm_eps=1e-6, initializer_range=0.02)
 torch.manual_seed(0)
 qwen = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
