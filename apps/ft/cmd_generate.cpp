@@ -164,7 +164,12 @@ int cmd_generate(const GenerateArgs& a) {
   std::set<int32_t> stop_ids;
   std::set<int32_t> turn_ids;
   if (a.chat) {
-    if (!src.hf && a.tokenizer.empty())
+    // A checkpoint keeps the tokenizer folder's tokenizer_config.json and chat_template.jinja
+    // beside its tokenizer.json (ckpt/checkpoint.h), where that folder had them.
+    std::error_code ec;
+    if (!src.hf && a.tokenizer.empty() &&
+        !fs::is_regular_file(fs::path(src.dir) / "tokenizer_config.json", ec) &&
+        !fs::is_regular_file(fs::path(src.dir) / "chat_template.jinja", ec))
       throw UsageError(
           "--chat: a checkpoint holds no chat template; give --tokenizer the Hugging Face "
           "folder whose tokenizer_config.json or chat_template.jinja has it");

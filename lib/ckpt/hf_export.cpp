@@ -10,7 +10,8 @@
 //      is written (write_safetensors: temp name, fsync, rename) as soon as its last tensor is in;
 //   3. tokenizer.model when the checkpoint has one (its sha256 checked against the manifest)
 //      with tokenizer.json, tokenizer_config.json, special_tokens_map.json (hf_tokenizer.h);
-//      or its tokenizer.json, copied, with a tokenizer_config.json;
+//      or its tokenizer.json, copied, with a tokenizer_config.json (and the model folder's chat
+//      template and eos_token, which the checkpoint keeps beside it);
 //      config.json and generation_config.json with the tokenizer's special ids;
 //      model.safetensors.index.json when sharded;
 //   4. rename DIR.tmp-<pid> to DIR (after moving an old DIR aside with --overwrite).
@@ -36,6 +37,7 @@
 #include "ckpt/io.h"
 #include "ckpt/safetensors.h"
 #include "core/error.h"
+#include "data/chat.h"
 #include "data/sha256.h"
 #include "data/tokenizer.h"
 #include "model/layout.h"
@@ -141,8 +143,34 @@ void write_bpe_tokenizer_config(const fs::path& file, const fs::path& tmp, int64
   auto token = [&](int32_t id) {
     return id >= 0 ? nlohmann::ordered_json(tok->decode({id})) : nlohmann::ordered_json(nullptr);
   };
+  // The model folder's tokenizer_config.json and chat_template.jinja, which the checkpoint keeps
+  // beside its tokenizer.json (checkpoint.h): its chat template, and its eos_token where the
+  // tokenizer.json has no EOS of its own (Qwen2's <|im_end|>, the end of an assistant's turn) and
+  // the token is one special token, as ft tokenize ends text documents with it.
+  const fs::path dir = file.parent_path();
+  const jinja::Json special = load_special_tokens(file.string());
+  int32_t eos = tok->eos_id();
+  if (eos < 0 && special.contains("eos_token")) {
+    const std::vector<int32_t> ids = tok->encode(special["eos_token"].get<std::string>());
+    if (ids.size() == 1 && tok->is_special(ids[0])) eos = ids[0];
+  }
+  std::error_code ec;
+  nlohmann::ordered_json chat_template;  // null: none to write
+  if (fs::is_regular_file(dir / "chat_template.jinja", ec)) {
+    fs::copy_file(dir / "chat_template.jinja", tmp / "chat_template.jinja",
+                  fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      throw Error((dir / "chat_template.jinja").string() +
+                  ": cannot copy to the output: " + ec.message());
+  } else if (fs::is_regular_file(dir / "tokenizer_config.json", ec)) {
+    const nlohmann::ordered_json config =
+        nlohmann::ordered_json::parse(ckpt::read_text((dir / "tokenizer_config.json").string()),
+                                      nullptr, /*allow_exceptions=*/false);
+    if (config.is_object() && config.contains("chat_template"))
+      chat_template = config["chat_template"];
+  }
   j["bos_token"] = token(tok->bos_id());
-  j["eos_token"] = token(tok->eos_id());
+  j["eos_token"] = token(eos);
   // What the template does (and ft tokenize with it); stated so that a reader that rebuilds
   // the post-processor from these flags rebuilds the same one.
   j["add_bos_token"] = tok->bos_id() >= 0;
@@ -150,8 +178,9 @@ void write_bpe_tokenizer_config(const fs::path& file, const fs::path& tmp, int64
   j["clean_up_tokenization_spaces"] = false;
   j["model_max_length"] = max_seq_len;
   j["model_input_names"] = {"input_ids", "attention_mask"};
+  if (!chat_template.is_null()) j["chat_template"] = chat_template;
   write_text_file(tmp / "tokenizer_config.json", j.dump(2) + "\n");
-  res->ids = {tok->bos_id(), tok->eos_id(), -1};
+  res->ids = {tok->bos_id(), eos, -1};
   res->hf_tokenizer = true;
 }
 

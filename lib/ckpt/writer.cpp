@@ -461,6 +461,16 @@ void CheckpointWriter::run_job(Job& job) {
       const std::string data = read_text(o_.tokenizer);
       write_file_atomic((folder / name).string(), data);
       m["tokenizer"]["file"] = name;
+      // Beside a tokenizer.json, its folder's chat template and special tokens, so that
+      // `ft export` and `ft generate --chat` find them here as in the model's folder (§8).
+      if (name == "tokenizer.json") {
+        const fs::path from = fs::path(o_.tokenizer).parent_path();
+        for (const char* beside : {"tokenizer_config.json", "chat_template.jinja"}) {
+          std::error_code ec;
+          if (fs::is_regular_file(from / beside, ec))
+            write_file_atomic((folder / beside).string(), read_text((from / beside).string()));
+        }
+      }
     }
     // What is committed must pass every check a reader makes (parse_manifest): a writer bug or
     // a damaged rank record fails this save instead of leaving a checkpoint no run can load.

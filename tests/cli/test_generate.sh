@@ -42,7 +42,12 @@ run_rc 2 "$ft" generate "$tmp/llama"
 has_err "--prompt is required"
 run_rc 2 "$ft" generate "$tmp/llama" -p hi --system "be brief"
 has_err "--system needs --chat"
-run_rc 2 "$ft" generate "$tmp/run/checkpoints" -p hi --chat
+# A checkpoint keeps its tokenizer folder's chat template (its tokenizer_config.json here); one
+# whose folder had none refuses --chat without --tokenizer.
+run_rc 0 "$ft" generate "$tmp/run/checkpoints" -p hi --chat --max-new-tokens 2
+cp -r "$tmp/run/checkpoints" "$tmp/no_template"
+rm "$tmp"/no_template/step_*/tokenizer_config.json
+run_rc 2 "$ft" generate "$tmp/no_template" -p hi --chat
 has_err "--chat: a checkpoint holds no chat template; give --tokenizer"
 run_rc 2 "$ft" generate "$tmp/llama" -p "" --no-bos
 has_err "the prompt has no tokens"
@@ -50,5 +55,5 @@ run_rc 0 "$ft" help
 grep -q "^  generate " "$tmp/out.txt" || fail "ft help does not list generate"
 run_rc 0 "$ft" help generate
 has_out "--max-new-tokens"
-echo "ok: missing and empty folders, bad flags, --system without --chat, --chat on a checkpoint; ft help"
+echo "ok: missing and empty folders, bad flags, --system without --chat, --chat on checkpoints; ft help"
 echo "test_generate: all checks passed"

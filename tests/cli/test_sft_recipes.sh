@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# recipes/sft_qwen.yaml and recipes/sft_llama3.yaml run as README "Fine-tune on chat data" says,
+# each on its tiny twin: a Hugging Face folder made here by tests/ref/sft_tiny_models.py (random
+# Qwen2 / Llama 3.1-style models by transformers 4.46.3, byte-level BPE tokenizers trained here,
+# the Qwen2.5 and Llama 3.1 Instruct chat templates of tests/data/chat_templates) and JSONL
+# conversations with a pattern a tiny model learns in a few steps. For each recipe:
+#   1. ft tokenize --format chat of train.jsonl and valid.jsonl with the folder;
+#   2. ft validate and ft train of the recipe file as it is, overridden only in its paths, its
+#      sizes (seq_len 256, 60 steps of 8 windows) and its learning rate (3e-3, warmup 5: a random
+#      128-wide model at the recipe's 1e-5, 30 warmup steps, goes from 6.11 to 5.70 in 60 steps,
+#      too little to see what the mask teaches); bf16, packing, ZeRO-3, activation checkpointing, clipping,
+#      cosine and evaluation stay the recipe's. The packing line is printed; the loss falls from
+#      ln(vocab) ~ 6 to below 0.5 (seen 0.165 and 0.166), and so does the eval loss;
+#   3. `ft generate CHECKPOINT --chat` (the checkpoint keeps the folder's chat template) answers
+#      "What is the capital of France?" as the data's assistant does, "The capital of France is
+#      Paris." (learnt from the assistant's tokens only: the users' turns never say it), and
+#      stops at the template's end of turn; ft export, and `ft generate EXPORT --chat` gives the
+#      same text;
+#   4. transformers 4.46.3 loads the export as its class, and its greedy generate from ft's
+#      prompt ids, stopping at the export's generation_config eos (the end of turn), gives ft's
+#      ids token for token (fp32), which its tokenizer decodes to ft's text; transformers 5's
+#      apply_chat_template on the export gives ft's prompt ids.
+#   bash tests/cli/test_sft_recipes.sh BUILD_DIR SOURCE_DIR
+source "$2/tests/cli/common.sh" "$@"
+fail() { fail_showing_output "$@"; }
+
+venv "$build/hf_venv_tf4" "transformers==4.46.3"
+PY="$build/hf_venv_tf4/bin/python"
+run_rc 0 "$PY" "$src/tests/ref/sft_tiny_models.py" "$src" "$tmp"
+cat "$tmp/out.txt"
+
+for family in qwen:sft_qwen llama:sft_llama3; do
+  IFS=: read -r f recipe <<< "$family"
+  # 1. The shards, with the folder's own template and tokens.
+  for split in train valid; do
+    run_rc 0 "$ft" tokenize --tokenizer "$tmp/$f" --format chat --input "$tmp/$split.jsonl" \
+      --output "$tmp/${f}_$split"
+  done
+  # 2. Train the recipe.
+  args=("model.from=$tmp/$f" "tokenizer.path=$tmp/$f" "data.train=$tmp/${f}_train"
+        "data.valid=$tmp/${f}_valid" "run.output_dir=$tmp/run_$f"
+        data.seq_len=256 training.steps=60 training.micro_batch_size=4
+        training.global_batch_size=8 optimizer.lr=3.0e-3 scheduler.warmup_steps=5
+        scheduler.min_lr=3.0e-4)
+  run_rc 0 "$ft" validate "$src/recipes/$recipe.yaml" "${args[@]}"
+  for kv in "pack: true" "precision: bf16" "grad_clip: 1" "weight_decay: 0" "name: cosine" \
+            "zero_stage: 3" "activation_checkpointing: true"; do
+    grep -q "^ *$kv" "$tmp/out.txt" || fail "$recipe.yaml: the resolved recipe lacks $kv"
+  done
+  run_rc 0 "$ft" train "$src/recipes/$recipe.yaml" "${args[@]}"
+  has_out "ft: data.pack: 48 documents in 48 pieces"
+  has_out "eval at step 60: loss"
+  /usr/bin/python3 - "$tmp/run_$f/metrics.jsonl" "$recipe" <<'EOF' || fail "$recipe: the loss"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+losses = [l["loss"] for l in lines if "loss" in l]
+evals = [l["eval_loss"] for l in lines if "eval_loss" in l]
+print(f"{sys.argv[2]}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, eval loss {evals[-1]:.3f}")
+# Step 1 of a random model: about ln(400) = 5.99. After 60 steps on the repeated conversations
+# (15 epochs) the assistant's tokens are mostly predictable: seen 0.165 (qwen), 0.166 (llama);
+# the bound leaves room for other CPUs' rounding of the bf16 run.
+assert len(losses) == 60 and losses[0] > 5.0, losses[:3]
+assert losses[-1] < 0.5 and evals[-1] < 0.5, (losses[-1], evals)
+EOF
+  # 3. Generate from the checkpoint (it keeps the folder's chat template beside its
+  #    tokenizer.json), export, and generate from the export alone.
+  run_rc 0 "$ft" generate "$tmp/run_$f/checkpoints" --chat \
+    --prompt "What is the capital of France?" --max-new-tokens 24
+  echo "$f: ft generate --chat: $(cat "$tmp/out.txt")"
+  [[ $(cat "$tmp/out.txt") == "The capital of France is Paris." ]] ||
+    fail "$recipe: ft generate --chat does not answer as the training data's assistant does"
+  has_err "stopped: end_of_turn"
+  cp "$tmp/out.txt" "$tmp/${f}_checkpoint.txt"
+  run_rc 0 "$ft" export "$tmp/run_$f/checkpoints" --output "$tmp/${f}_hf"
+  run_rc 0 "$ft" generate "$tmp/${f}_hf" --chat --prompt "What is the capital of France?" \
+    --max-new-tokens 24 --json
+  cp "$tmp/out.txt" "$tmp/${f}_generate.json"
+  # (the streamed text ends with a newline, --json's text without)
+  same_text='import json, sys
+sys.exit(json.load(open(sys.argv[1]))["text"] + "\n" != open(sys.argv[2]).read())'
+  "$PY" -c "$same_text" "$tmp/${f}_generate.json" "$tmp/${f}_checkpoint.txt" ||
+    fail "$recipe: the export generates another text than the checkpoint"
+done
+
+# 4. The exports in transformers.
+run_rc 0 "$PY" - "$tmp" <<'EOF'
+import json, sys
+import torch
+import transformers
+import transformers.generation.utils as gen_utils
+# generate() asks whether FSDP wraps the model, importing torch.distributed.fsdp, which Debian's
+# torch 1.13 cannot import under Python 3.11: it does not (as tests/ref/generate_parity.py).
+gen_utils.is_fsdp_managed_module = lambda module: False
+t = sys.argv[1]
+for f, cls in (("qwen", "Qwen2ForCausalLM"), ("llama", "LlamaForCausalLM")):
+    model = transformers.AutoModelForCausalLM.from_pretrained(f"{t}/{f}_hf").float().eval()
+    assert type(model).__name__ == cls, (f, type(model).__name__)
+    got = json.load(open(f"{t}/{f}_generate.json"))
+    assert got["stop"] == "end_of_turn", got
+    # The export's generation_config.json stops at the end of an assistant's turn.
+    assert model.generation_config.eos_token_id == got["ids"][-1], model.generation_config
+    prompt = torch.tensor([got["prompt_ids"]])
+    with torch.no_grad():  # (an explicit mask: generate would infer one from a pad id)
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                             max_new_tokens=24, pad_token_id=got["ids"][-1])
+    want = out[0, len(got["prompt_ids"]):].tolist()
+    assert want == got["ids"], (f, want, got["ids"])
+    tok = transformers.AutoTokenizer.from_pretrained(f"{t}/{f}_hf")
+    assert tok.decode(got["ids"][:-1]) == got["text"], (tok.decode(got["ids"][:-1]), got["text"])
+    print(f"{f}: transformers loads the export as {cls}; its greedy ids are ft's "
+          f"({len(want)} tokens): {got['text']!r}")
+EOF
+cat "$tmp/out.txt"
+# transformers 5 (jinja2: 4.46's apply_chat_template needs it) renders the export's chat template
+# into ft's prompt ids.
+venv "$build/hf_venv_tf5" "${hf_tf5_spec[@]}"
+run_rc 0 "$build/hf_venv_tf5/bin/python" - "$tmp" <<'EOF'
+import json, sys
+from transformers import AutoTokenizer
+t = sys.argv[1]
+for f in ("qwen", "llama"):
+    got = json.load(open(f"{t}/{f}_generate.json"))
+    want = AutoTokenizer.from_pretrained(f"{t}/{f}_hf").apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True, tokenize=True)
+    want = want["input_ids"] if hasattr(want, "keys") else want
+    assert list(want) == got["prompt_ids"], (f, list(want), got["prompt_ids"])
+    print(f"{f}: the export's apply_chat_template gives ft generate --chat's prompt ids")
+EOF
+cat "$tmp/out.txt"
+echo "test_sft_recipes: all checks passed"
