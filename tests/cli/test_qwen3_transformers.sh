@@ -31,10 +31,10 @@ run_rc 0 env FT_QWEN3_TRANSFORMERS=1 FT_ARCH_CASES=qwen3,qwen3_tied \
   "$py" "$src/tests/ref/arch_parity.py" "$build" "$src" "$tmp/archs" "$py"
 has_out "arch_parity: all checks passed"
 for label in qwen3 qwen3_tied; do
-  has_out "ok: $label: llama_ref's logits against Qwen3ForCausalLM's"
-  has_out "ok: $label: step 1 loss ft"
-  has_out "ok: $label: AutoModelForCausalLM loads the export as Qwen3ForCausalLM"
-  has_out "ok: $label: Qwen3ForCausalLM's logits of the export against llama_ref's"
+  has_out "ok   $label: llama_ref's logits against Qwen3ForCausalLM's"
+  has_out "ok   $label: step 1 loss ft"
+  has_out "ok   $label: AutoModelForCausalLM loads the export as Qwen3ForCausalLM"
+  has_out "ok   $label: Qwen3ForCausalLM's logits of the export against llama_ref's"
 done
 grep -E "against Qwen3|step 1 loss|10 steps|logits of the export" "$tmp/out.txt"
 grep -q "tied embeddings" <("$ft" inspect "$tmp/archs/qwen3_tied/export") ||
