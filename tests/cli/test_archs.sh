@@ -2,8 +2,9 @@
 # Qwen2, Qwen3 and Mistral (model.arch, DESIGN.md §5): tests/ref/arch_parity.py under
 # transformers 4.46.3 (Debian's torch 1.13 runs its modeling code) — models built by
 # transformers (qwen2 tied and untied, mistral) or by llama_ref (qwen3: transformers 4.46 has
-# none, and transformers 5 runs no model on torch 1.13), ft's loss and every gradient of one
-# batch, 10 training steps against torch.optim.AdamW, and ft export loaded back as the same class.
+# none, and transformers 5 runs no model on torch 1.13; test_qwen3_transformers.sh runs qwen3
+# against Qwen3ForCausalLM on torch 2 from PyPI), ft's loss and every gradient of one batch, 10
+# training steps against torch.optim.AdamW, and ft export loaded back as the same class.
 # Then what import refuses: sliding windows that bind (Mistral's, Qwen's use_sliding_window),
 # an odd head_dim (and Qwen3Config's default head_dim 128 read when the key is absent), a
 # model.arch that disagrees with config.json, model_type and architectures of different families. The

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ft generate (DESIGN.md §2): tests/ref/generate_parity.py under transformers 4.46.3 — greedy
 # ids equal transformers' generate for 32 tokens in fp32 on llama, qwen2 (tied) and mistral
-# (qwen3: against llama_ref's greedy loop, transformers 4.46 has no Qwen3), on the CPU and on
+# (qwen3: against llama_ref's greedy loop, transformers 4.46 has no Qwen3; against
+# Qwen3ForCausalLM's generate: test_qwen3_transformers.sh), on the CPU and on
 # ft_emu (emulated CUDA) when built; EOS and the chat template's end of turn; --chat prompt ids;
 # seeded sampling; a checkpoint of ft train as the source. Then the errors of the command line.
 #   bash tests/cli/test_generate.sh BUILD_DIR SOURCE_DIR

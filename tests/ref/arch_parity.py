@@ -1,19 +1,24 @@
 """Qwen2 (tied and untied embeddings), Qwen3 and Mistral in ft against transformers and the
 PyTorch reference; run by tests/cli/test_archs.sh under its transformers 4.46.3 venv (Debian's
-torch 1.13 and transformers' modeling code):
+torch 1.13 and transformers' modeling code), and for qwen3 against transformers' own
+Qwen3ForCausalLM by tests/cli/test_qwen3_transformers.sh (FT_QWEN3_TRANSFORMERS=1, in a venv with
+torch 2 from PyPI and transformers 5):
     PYTHON tests/ref/arch_parity.py BUILD_DIR SOURCE_DIR TMP_DIR TF5_PYTHON
+FT_ARCH_CASES=a,b runs only those cases (qwen2_tied, qwen2, qwen3, mistral; qwen3_tied only when
+named).
 
 Per architecture, on a small random model (dim 64, 2 layers, 4 heads / 2 kv heads, vocab 256;
 qwen3 and mistral with head_dim 32, not dim / heads = 16, as Qwen3-0.6B and Mistral Nemo):
-1. The model folder. qwen2 and mistral: built by transformers itself (Qwen2ForCausalLM,
-   MistralForCausalLM, eager attention, fp32), biases and norm weights moved off their initial
-   zeros and ones so that they act and their gradients matter, saved with save_pretrained; the
-   reference for 2 and 3 is that transformers model. qwen3: transformers 4.46 has no Qwen3 and
-   transformers 5 needs torch >= 2.6 to run a model (Debian has 1.13), so the folder is written
-   by llama_ref (Qwen3Attention's math: q_norm/k_norm over each head before RoPE) and the
-   reference is llama_ref. llama_ref's qwen2 and mistral forward is checked against
-   transformers' on the transformers-built weights first (logits within 1e-5 relative), and its
-   qwen3 config.json is read by transformers 5's AutoConfig as a Qwen3Config.
+1. The model folder. qwen2 and mistral (and qwen3 with FT_QWEN3_TRANSFORMERS=1): built by
+   transformers itself (Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, eager
+   attention, fp32), biases and norm weights moved off their initial zeros and ones so that they
+   act and their gradients matter, saved with save_pretrained; the reference for 2 and 3 is that
+   transformers model, and llama_ref's forward on the same weights is checked against it first
+   (logits within 1e-5 relative). qwen3 otherwise: transformers 4.46 has no Qwen3 and
+   transformers >= 4.52 needs torch >= 2.1 to run a model (Debian has 1.13), so the folder is
+   written by llama_ref (Qwen3Attention's math: q_norm/k_norm over each head before RoPE), the
+   reference is llama_ref, and its config.json is read by transformers 5's AutoConfig as a
+   Qwen3Config.
 2. ft_gradcheck: the loss of one global batch (two micro-batches, a loss mask) within 1e-5
    relative and every parameter gradient within 1e-4 (max-norm relative), the bounds of
    test_llama_numerics.py. Asserted too: the loss without the biases (qwen2) or the q/k norms
@@ -22,11 +27,11 @@ qwen3 and mistral with head_dim 32, not dim / heads = 16, as Qwen3-0.6B and Mist
    active), against the reference's torch.optim.AdamW steps (test_llama_numerics.torch_step):
    step 1's loss and gradient norm within 1e-5 relative, every step within 1e-4.
 4. `ft export` of the trained checkpoint: config.json names the class; transformers'
-   AutoModelForCausalLM loads the folder as that class (qwen2, mistral; qwen3: transformers 5's
-   AutoConfig gives a Qwen3Config, and the tensors carry Qwen3's names); the exported tensors are
-   ft's trained parameters bit for bit (FT_TEST_DUMP_PARAMS), and the loaded model's logits
-   (qwen3: llama_ref's on the export) are llama_ref's on those parameters within 1e-5 of the
-   largest logit.
+   AutoModelForCausalLM loads the folder as that class (qwen3 under transformers 4.46:
+   transformers 5's AutoConfig gives a Qwen3Config, and the tensors carry Qwen3's names); the
+   exported tensors are ft's trained parameters bit for bit (FT_TEST_DUMP_PARAMS), and the loaded
+   model's logits (qwen3 under 4.46: llama_ref's on the export) are llama_ref's on those
+   parameters within 1e-5 of the largest logit.
 """
 
 import json
@@ -46,6 +51,8 @@ check = num.check
 SIZES = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=256,
              max_seq_len=64, norm_eps=1e-6)
 CLASSES = ref.Config.CLASSES
+# qwen3 built and run by transformers' Qwen3ForCausalLM (needs transformers >= 4.51 on torch >= 2).
+QWEN3_TF = os.environ.get("FT_QWEN3_TRANSFORMERS") == "1"
 
 
 class HfModel:
@@ -77,7 +84,7 @@ def build(case, arch, tie, seed):
     hf = os.path.join(case, "hf")
     head_dim = 32 if arch in ("qwen3", "mistral") else None
     cfg = ref.Config(**SIZES, arch=arch, tie_embeddings=tie, head_dim=head_dim)
-    if arch == "qwen3":
+    if arch == "qwen3" and not QWEN3_TF:
         model = ref.Llama(cfg, seed=seed, std=0.1)
         ref.save_hf_folder(model, hf)
         return hf, model, cfg
@@ -91,11 +98,17 @@ def build(case, arch, tie, seed):
     if arch == "qwen2":
         config = transformers.Qwen2Config(**common, use_sliding_window=False)
         cls = transformers.Qwen2ForCausalLM
+    elif arch == "qwen3":
+        config = transformers.Qwen3Config(**common, head_dim=head_dim, use_sliding_window=False,
+                                          sliding_window=None, attention_bias=False)
+        cls = transformers.Qwen3ForCausalLM
     else:
         config = transformers.MistralConfig(**common, sliding_window=None, head_dim=head_dim)
         cls = transformers.MistralForCausalLM
     torch.manual_seed(seed)
     m = cls(config).float()
+    check(m.config._attn_implementation == "eager",
+          f"{arch}: {cls.__name__} runs eager attention ({m.config._attn_implementation})")
     with torch.no_grad():
         for name, p in m.named_parameters():
             if name.endswith(".bias") or name.endswith("norm.weight"):
@@ -242,7 +255,7 @@ def export(label, case, ckpt, model, cfg, arch):
         mirror.p[k].data.copy_(v)
     with torch.no_grad():
         want = mirror.forward(ids)
-    if arch == "qwen3":
+    if arch == "qwen3" and not QWEN3_TF:
         res = subprocess.run([TF5, "-c", "import sys, transformers as t\n"
                               "c = t.AutoConfig.from_pretrained(sys.argv[1])\n"
                               "print(type(c).__name__, c.architectures, c.head_dim)", out],
@@ -272,10 +285,14 @@ def export(label, case, ckpt, model, cfg, arch):
 def main():
     torch.set_num_threads(2)
     cases = [("qwen2_tied", "qwen2", True), ("qwen2", "qwen2", False),
-             ("qwen3", "qwen3", False), ("mistral", "mistral", False)]
+             ("qwen3", "qwen3", False), ("mistral", "mistral", False),
+             ("qwen3_tied", "qwen3", True)]
     only = os.environ.get("FT_ARCH_CASES")
+    if only:
+        unknown = set(only.split(",")) - {c[0] for c in cases}
+        check(not unknown, f"FT_ARCH_CASES names known cases (unknown: {sorted(unknown)})")
     for seed, (label, arch, tie) in enumerate(cases):
-        if only and label not in only.split(","):
+        if (only and label not in only.split(",")) or (not only and label == "qwen3_tied"):
             continue
         case = os.path.join(TMP, label)
         os.makedirs(case)

@@ -1,14 +1,18 @@
 """`ft generate` against transformers' generate; run by tests/cli/test_generate.sh under its
 transformers 4.46.3 venv (Debian's torch 1.13):
     PYTHON tests/ref/generate_parity.py BUILD_DIR SOURCE_DIR TMP_DIR
+With FT_QWEN3_TRANSFORMERS=1 (tests/cli/test_qwen3_transformers.sh, torch 2 from PyPI and
+transformers 5) only qwen3 runs (sections 1 to 3), built by transformers' Qwen3ForCausalLM and
+compared with its generate and with llama_ref's greedy loop on the same weights.
 
 1. A byte-level BPE tokenizer trained here (`tokenizers`, no download) with the Qwen2.5 chat
    template (tests/data/chat_templates) in tokenizer_config.json, <|endoftext|> as eos_token.
 2. Random fp32 models (dim 64, 2 layers, 4 heads / 2 kv heads, the tokenizer's vocabulary):
    llama, qwen2 (tied, biases moved off zero) and mistral built by transformers and saved with
    save_pretrained; qwen3 written by llama_ref (transformers 4.46 has no Qwen3), whose
-   reference is llama_ref's forward run greedily on the whole sequence each step (no cache);
-   its vocabulary is padded 64 ids past the tokenizer's, and the ids there have no text.
+   reference is llama_ref's forward run greedily on the whole sequence each step (no cache),
+   or with FT_QWEN3_TRANSFORMERS=1 built by Qwen3ForCausalLM; its vocabulary is padded 64 ids
+   past the tokenizer's, and the ids there have no text.
    No eos_token_id in their configs: the parity runs are 32 tokens long.
 3. Greedy, 32 new tokens: `ft generate --json` ids equal model.generate(do_sample=False)'s
    token for token, on the CPU and (when built) on ft_emu, the emulated CUDA device.
@@ -42,6 +46,7 @@ EMU = os.path.join(BUILD, "tests", "cuda_emu", "ft_emu")
 failures = []
 PROMPT = "the fox said hello to the world"
 N = 32
+QWEN3_TF = os.environ.get("FT_QWEN3_TRANSFORMERS") == "1"
 
 
 def check(ok, what):
@@ -98,12 +103,12 @@ def add_tokenizer(folder, tok_dir):
 def build(arch, vocab, tok_dir, seed):
     """(folder, transformers model or None, llama_ref model or None)"""
     folder = os.path.join(TMP, arch)
-    if arch == "qwen3":
-        # Its vocabulary padded past the tokenizer's by 64 rows, as Qwen's are.
-        cfg = ref.Config(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
-                         vocab_size=vocab + 64,
-                         max_seq_len=128, norm_eps=1e-6, arch="qwen3", head_dim=32)
-        model = ref.Llama(cfg, seed=seed, std=0.1)
+    # qwen3's vocabulary padded past the tokenizer's by 64 rows, as Qwen's are.
+    qwen3_cfg = ref.Config(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
+                           vocab_size=vocab + 64,
+                           max_seq_len=128, norm_eps=1e-6, arch="qwen3", head_dim=32)
+    if arch == "qwen3" and not QWEN3_TF:
+        model = ref.Llama(qwen3_cfg, seed=seed, std=0.1)
         ref.save_hf_folder(model, folder)
         add_tokenizer(folder, tok_dir)
         return folder, None, model
@@ -117,6 +122,10 @@ def build(arch, vocab, tok_dir, seed):
     elif arch == "qwen2":
         m = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
             **common, tie_word_embeddings=True, use_sliding_window=False))
+    elif arch == "qwen3":
+        m = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+            **dict(common, vocab_size=vocab + 64), head_dim=32, use_sliding_window=False,
+            sliding_window=None, attention_bias=False))
     else:
         m = transformers.MistralForCausalLM(transformers.MistralConfig(
             **common, sliding_window=None, head_dim=32))
@@ -128,7 +137,13 @@ def build(arch, vocab, tok_dir, seed):
                 p.add_(0.1 * torch.randn(p.shape))
     m.save_pretrained(folder, safe_serialization=True)
     add_tokenizer(folder, tok_dir)
-    return folder, m, None
+    if arch != "qwen3":
+        return folder, m, None
+    # llama_ref on the same weights, a second reference.
+    mirror = ref.Llama(qwen3_cfg)
+    for k, v in ref.read_safetensors(os.path.join(folder, "model.safetensors")).items():
+        mirror.p[k].data.copy_(v)
+    return folder, m, mirror
 
 
 def hf_generate(model, prompt_ids, eos=None, n=N):
@@ -160,6 +175,8 @@ def main():
     emu = os.path.exists(EMU)
     models = {}
     for seed, arch in enumerate(["llama", "qwen2", "mistral", "qwen3"]):
+        if QWEN3_TF and arch != "qwen3":
+            continue
         folder, m, r = build(arch, vocab, tok_dir, seed + 1)
         models[arch] = (folder, m)
         got = ft_json(folder, "-p", PROMPT, "-n", str(N), "--device", "cpu", "--ignore-eos")
@@ -176,15 +193,22 @@ def main():
                         exe=EMU)
             check(e["ids"] == want, f"{arch}: greedy {N} tokens on ft_emu (emulated CUDA) equal "
                   f"{against}" + ("" if e["ids"] == want else f"\n  emu  {e['ids']}"))
+        if m is not None and r is not None:
+            also = ref_generate(r, got["prompt_ids"])
+            check(also == want, f"{arch}: llama_ref's greedy loop on the same weights equals "
+                  f"{against}" + ("" if also == want else f"\n  ref  {also}"))
         if arch == "llama":
             llama_ids = got["ids"]
-        if arch == "qwen3":
+        if arch == "qwen3" and not QWEN3_TF:  # (transformers' init seldom picks those ids)
             past = [i for i in got["ids"] if i >= vocab]
             plain = ft(folder, "-p", PROMPT, "-n", str(N), "--device", "cpu", "--ignore-eos")
             check(past and plain.stdout == hf_tok.decode([i for i in got["ids"] if i < vocab]) +
                   "\n" and f"{len(past)} generated ids past the tokenizer's vocabulary" in
                   plain.stderr, f"qwen3 (vocabulary padded by 64): {len(past)} ids past the "
                   "tokenizer's have no text")
+
+    if QWEN3_TF:  # the rest (llama's) runs under test_generate.sh
+        return finish()
 
     # 4. EOS from generation_config.json: the first token at index >= 5 not seen before it.
     folder, m = models["llama"]
@@ -267,6 +291,10 @@ runtime: {{device: cpu, threads: 2}}
           "checkpoint: ids equal transformers' generate on its export (and differ from the "
           "untrained model's)")
 
+    finish()
+
+
+def finish():
     if failures:
         print(f"{len(failures)} failed", file=sys.stderr)
         sys.exit(1)
