@@ -5,8 +5,8 @@
 # emulated GPU per rank and runtime.communicator=nccl:
 #  - the header says NCCL carries device memory, and no call goes through host staging (data,
 #    tensor and pipeline groups and the tied-embedding holders all on NCCL);
-#  - the layouts (data 2 under ZeRO 0-3, data 4 under ZeRO 2, tensor 2, pipeline 2, fp32 and
-#    bf16) against the one-process CPU run, within test_cuda_emu_ranks.sh's bounds;
+#  - the layouts (data 2 under ZeRO 0-3, data 4 under ZeRO 2, tensor 2, pipeline 2 and 3, fp32
+#    and bf16) against the one-process CPU run, within test_cuda_emu_ranks.sh's bounds;
 #  - the same layout twice gives the same bits (metrics), and NCCL against MPI with host staging
 #    gives per-step losses within 1e-6 (fp32; they sum in different orders);
 #  - parallel.overlap_comm on and off give the same bits at ZeRO 0-3 (small buckets, two
@@ -79,6 +79,16 @@ for l in "${layouts[@]}"; do
   compare "$tmp/$name" "$tmp/cpu_$p" ${loss_rel[$p]} ${norm_rel[$p]} \
     || fail "$name differs from the CPU run"
 done
+
+# Pipeline 3 (three stages, three layers: its own one-process reference), fp32.
+"$ft" train "$tmp/r.yaml" run.output_dir="$tmp/cpu_l3" runtime.device=cpu model.n_layers=3 \
+  > "$tmp/cpu_l3.log" 2>&1 || fail "one-process CPU run, 3 layers: $(tail -3 "$tmp/cpu_l3.log")"
+ranks nccl_pp3 3 nccl parallel.pipeline=3 model.n_layers=3 \
+  || fail "nccl_pp3: $(tail -5 "$tmp/nccl_pp3.log")"
+calls=$(staged_calls "$tmp/nccl_pp3.log")
+[[ ${calls:-0} == 0 ]] || fail "nccl_pp3: $calls calls still staged through host memory"
+echo "pp3 (3 ranks) fp32 through the emulated NCCL against the one-process CPU run:"
+compare "$tmp/nccl_pp3" "$tmp/cpu_l3" 1e-5 1e-4 || fail "nccl_pp3 differs from the CPU run"
 
 # The same layout again: the same bits (the emulated NCCL sums in rank order, as real NCCL sums
 # in an order fixed by its communicator).
