@@ -29,6 +29,10 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "ref"))
+from tiny_bpe import train_tiny_bpe  # noqa: E402
+
 PROMPT = "the fox said hello to the world"
 N = 32
 
@@ -44,7 +48,7 @@ def main():
     try:
         import torch
         import transformers
-        from tokenizers import Tokenizer, Regex, decoders, models, pre_tokenizers, trainers
+        import tokenizers  # noqa: F401
     except ImportError as e:
         print(f"no GPU: PyTorch, transformers or tokenizers missing ({e})")
         return 77
@@ -73,19 +77,7 @@ def main():
                                                                                   "replace")
 
     # 1. The tokenizer.
-    import random
-    rng = random.Random(0)
-    words = ["the", "fox", "said", "hello", "answer", "question", "world", "assistant", "brief"]
-    text = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(500)]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\s?\p{L}+|\s?\p{N}|\s?[^\s\p{L}\p{N}]+|\s+"),
-                             behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(text, trainers.BpeTrainer(
-        vocab_size=300, show_progress=False, special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = train_tiny_bpe(["<|endoftext|>"])
     vocab = tok.get_vocab_size(with_added_tokens=True)
     prompt_ids = tok.encode(PROMPT).ids
 

@@ -40,6 +40,7 @@ import torch
 BUILD, SRC, TMP = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, os.path.join(SRC, "tests", "ref"))
 import llama_ref as ref  # noqa: E402
+from tiny_bpe import train_tiny_bpe  # noqa: E402
 
 FT = os.path.join(BUILD, "ft")
 EMU = os.path.join(BUILD, "tests", "cuda_emu", "ft_emu")
@@ -70,21 +71,7 @@ def ft_json(*args, exe=FT):
 
 
 def make_tokenizer():
-    from tokenizers import Tokenizer, Regex, decoders, models, pre_tokenizers, trainers
-    import random
-    rng = random.Random(0)
-    words = ["the", "fox", "said", "hello", "answer", "question", "world", "assistant", "brief"]
-    text = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(500)]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\s?\p{L}+|\s?\p{N}|\s?[^\s\p{L}\p{N}]+|\s+"),
-                             behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(text, trainers.BpeTrainer(
-        vocab_size=300, show_progress=False,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = train_tiny_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     d = os.path.join(TMP, "tok")
     os.makedirs(d)
     tok.save(os.path.join(d, "tokenizer.json"))
