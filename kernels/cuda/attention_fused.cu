@@ -133,14 +133,15 @@ __device__ __forceinline__ void mma2(float (&c0)[4], float (&c1)[4], const uint3
 }
 
 // The A fragment of k-slice s (columns 16s..16s+15) from C fragments c[2s], c[2s+1] of the same
-// 16 rows: the register identity of FA2 (no shuffle, no shared memory).
+// 16 rows: the register identity of FA2 (no shuffle, no shared memory); one cvt per pair
+// (pack2_rn).
 template <typename E>
 __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4],
                                        const float (&hi)[4]) {
-  a[0] = pack2<E>(lo[0], lo[1]);
-  a[1] = pack2<E>(lo[2], lo[3]);
-  a[2] = pack2<E>(hi[0], hi[1]);
-  a[3] = pack2<E>(hi[2], hi[3]);
+  a[0] = pack2_rn<E>(lo[0], lo[1]);
+  a[1] = pack2_rn<E>(lo[2], lo[3]);
+  a[2] = pack2_rn<E>(hi[0], hi[1]);
+  a[3] = pack2_rn<E>(hi[2], hi[3]);
 }
 
 // The sum of a value over the 4 lanes of a quad (they hold one row of a C tile): the same bits
