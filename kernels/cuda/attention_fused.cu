@@ -88,31 +88,51 @@ constexpr size_t dkdv_smem_bytes() {
 // The cp.asyncs of (R, D) tiles whose rows lie `ld` elements apart: row r of a tile from
 // src + r·ld (16 bytes per copy, 8 elements); rows at or past `valid` are zero-filled (src-size 0,
 // reading nothing). Every thread of the block calls load(); the caller commits and waits. A loop
-// that loads many tiles builds one loader before it: each thread's source offsets (32-bit: r < R
-// <= 128 and ld, H·D or K·D with H, K <= 65535 by check_fused and D <= 128, is < 2^23) are
+// that loads many tiles builds one loader before it: each thread's source offset (32-bit: r < R
+// <= 128 and ld, H·D or K·D with H, K <= 65535 by check_fused and D <= 128, is < 2^23) is
 // computed once, and a copy then costs an address add, a compare and the cp.async.
-template <int R, int D>
+// Which copies a thread makes: Run = false, copy i of thread t is chunk i·kThreads + t of the
+// tile (a warp's copies cover whole rows, each 32-byte sector in one instruction; the rows of a
+// thread's copies lie kRowStep·ld apart, one more offset register a copy where the compiler
+// hoists them); Run = true, a run of consecutive chunks of one row (the offsets are immediates
+// and one row test serves all, but each sector is asked for by two instructions).
+template <int R, int D, bool Run = false>
 struct TileLoader {
   static constexpr int kChunks = D / 8, kCopies = R * kChunks / kThreads;
-  static constexpr int kRowStep = kThreads / kChunks;  // rows between a thread's copies
+  static constexpr int kRowStep = kThreads / kChunks;  // Run = false: rows between copies
+  static constexpr int kRuns = kChunks / kCopies;      // Run = true: threads a row
   static_assert((R * kChunks) % kThreads == 0 && kThreads % kChunks == 0, "whole copies");
-  int r0, smem0;        // this thread's first row; its element offset in the tile
-  unsigned src0, step;  // r0·ld + x, the source offset of its first copy; kRowStep·ld
+  static_assert(!Run || kChunks % kCopies == 0, "whole runs");
+  unsigned src0, step;  // the source offset of this thread's first copy; kRowStep·ld
 
-  __device__ __forceinline__ explicit TileLoader(size_t ld) {
-    const int x = 8 * (int(threadIdx.x) % kChunks);
-    r0 = int(threadIdx.x) / kChunks;
-    smem0 = r0 * kPitch<D> + x;
-    src0 = unsigned(r0) * unsigned(ld) + unsigned(x);
-    step = unsigned(kRowStep) * unsigned(ld);
+  // This thread's first row and its element offset in the tile (recomputed at each load).
+  __device__ __forceinline__ static int first_row() {
+    return int(threadIdx.x) / (Run ? kRuns : kChunks);
   }
+  __device__ __forceinline__ static int column() {
+    return Run ? 8 * kCopies * (int(threadIdx.x) % kRuns) : 8 * (int(threadIdx.x) % kChunks);
+  }
+
+  __device__ __forceinline__ explicit TileLoader(size_t ld)
+      : src0(unsigned(first_row()) * unsigned(ld) + unsigned(column())),
+        step(unsigned(kRowStep) * unsigned(ld)) {}
   template <typename Dev>
   __device__ __forceinline__ void load(Dev* tile, const Dev* src, int valid) const {
+    const int r0 = first_row();
+    Dev* dst = tile + r0 * kPitch<D> + column();
+    if constexpr (Run) {
+      const bool ok = r0 < valid;
+      const Dev* from = src + (ok ? src0 : 0u);
 #pragma unroll
-    for (int it = 0; it < kCopies; ++it) {
-      const bool ok = r0 + it * kRowStep < valid;
-      cp_async_cg16(tile + smem0 + it * kRowStep * kPitch<D>,
-                    src + (ok ? src0 + unsigned(it) * step : 0u), ok ? 16 : 0);
+      for (int it = 0; it < kCopies; ++it)
+        cp_async_cg16(dst + 8 * it, from + (ok ? 8 * it : 0), ok ? 16 : 0);
+    } else {
+#pragma unroll
+      for (int it = 0; it < kCopies; ++it) {
+        const bool ok = r0 + it * kRowStep < valid;
+        cp_async_cg16(dst + it * kRowStep * kPitch<D>, src + (ok ? src0 + unsigned(it) * step : 0u),
+                      ok ? 16 : 0);
+      }
     }
   }
 };
@@ -523,9 +543,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// TQ: query rows of a tile.
-template <typename E, int D, int TQ>
-__global__ void __launch_bounds__(kThreads)
+// MinB blocks an SM for __launch_bounds__ where the variant is meant to run: dkdv_minb=3 is a
+// tuning variant for sm_90 (168 registers without a spill there; sm_80 would spill 4 bytes,
+// which the build refuses, so sm_80 code keeps 2 blocks).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define FT_DKDV_MIN_BLOCKS(b) ((b) > 2 ? 2 : (b))
+#else
+#define FT_DKDV_MIN_BLOCKS(b) (b)
+#endif
+
+// TQ: query rows of a tile. MinB: blocks an SM the registers must allow (FT_DKDV_MIN_BLOCKS).
+template <typename E, int D, int TQ, int MinB>
+__global__ void __launch_bounds__(kThreads, FT_DKDV_MIN_BLOCKS(MinB))
     attention_fused_dkdv_kernel(device_t<E>* dk, device_t<E>* dv, const device_t<E>* dout,
                                 const float* lse, const float* delta, const device_t<E>* q,
                                 const device_t<E>* k, const device_t<E>* v, const int32_t* seg,
@@ -540,6 +569,7 @@ __global__ void __launch_bounds__(kThreads)
   alignas(16) __shared__ float delta_s[2][kTq];
   __shared__ int32_t qseg_s[2][kTq];
   __shared__ bool one_s[2][kTq];
+  __shared__ int32_t kseg_s[kTileK];  // the keys' segment ids (read where documents mask)
   // The first key tiles are seen by the most queries: with lpt they go first; otherwise (the
   // order this kernel had before lpt was measured) one head's last key tile goes first.
   const BlockTile bt = block_tile(lpt);
@@ -554,14 +584,10 @@ __global__ void __launch_bounds__(kThreads)
   load_tile<kTileK, D>(k_s, k + koff, ldk, T_ - j0);
   load_tile<kTileK, D>(v_s, v + koff, ldk, T_ - j0);
 
-  // This lane's two keys (C rows of the transposed products).
-  const int wk = j0 + warp * kRows;
-  int key[2], kseg[2];
-#pragma unroll
-  for (int x = 0; x < 2; ++x) {
-    key[x] = wk + lane / 4 + 8 * x;
-    kseg[x] = seg_b && key[x] < T_ ? seg_b[key[x]] : 0;
-  }
+  // This lane's two keys (C rows of the transposed products): key0 and key0 + 8.
+  const int wk = j0 + warp * kRows, key0 = wk + lane / 4;
+  if (seg_b && threadIdx.x < kTileK)
+    kseg_s[threadIdx.x] = j0 + int(threadIdx.x) < T_ ? seg_b[j0 + threadIdx.x] : 0;
   // Queries of a later document than the tile's last key see none of it.
   const int last_seg = seg_b ? seg_b[min(j0 + kTileK, T_) - 1] : 0;
   float dk_acc[D / 8][4], dv_acc[D / 8][4];
@@ -577,8 +603,8 @@ __global__ void __launch_bounds__(kThreads)
   const int i_begin = j0 / kTq * kTq;
   int i_end = i_begin + kTq;
   while (i_end < T_ && !(seg_b && seg_b[i_end] > last_seg)) i_end += kTq;
-  const int n_i = (i_end - i_begin) / kTq, n_all = group * n_i;
-  // Tile n as (query head, first row), walked without divisions: the rows step by kTq to i_end,
+  const int h_end = (kh + 1) * group;  // one past the group's last query head
+  // A tile as (query head, first row), walked without divisions: the rows step by kTq to i_end,
   // then the next head of the group starts again at i_begin.
   struct QueryTile {
     int h, i0;
@@ -591,7 +617,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     return t;
   };
-  const TileLoader<kTq, D> q_load(ldq);
+  const TileLoader<kTq, D, (MinB > 2)> q_load(ldq);
   // Issues tile t's copies into buffer `buf` and writes its per-query values.
   auto stage = [&](QueryTile t, int buf) {
     const int h = t.h, i0 = t.i0;
@@ -611,11 +637,11 @@ __global__ void __launch_bounds__(kThreads)
   };
   QueryTile cur{kh * group, i_begin};
   stage(cur, 0);
-  cp_async_commit();  // K, V and the first query tile
-  for (int n = 0; n < n_all; ++n) {
-    const int buf = n & 1, i0 = cur.i0;
+  cp_async_commit();  // K, V (and the key ids) and the first query tile
+  for (int buf = 0; cur.h < h_end; buf ^= 1) {
+    const int i0 = cur.i0;
     const QueryTile nxt = next_tile(cur);
-    if (n + 1 < n_all) stage(nxt, buf ^ 1);  // its buffer was released at the end of n − 1
+    if (nxt.h < h_end) stage(nxt, buf ^ 1);  // its buffer was released by the tile before
     cp_async_commit();                       // an empty group after the last tile
     cp_async_wait<1>();                      // tile n here; tile n + 1 may be in flight
     __syncthreads();
@@ -644,8 +670,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     // Pᵀ and dSᵀ: lse and Δ belong to the column (the query); this lane's columns come in
     // pairs (2q, 2q + 1), read as one float2. Masks only where the tile needs them
-    // (warp-uniform: the warp's keys reach past the tile's first query, the tile crosses the end
-    // of the sequence, or documents); queries that see one key exist only in the first query
+    // (block-uniform: the block's keys reach past the tile's first query, the tile crosses the
+    // end of the sequence, or documents); queries that see one key exist only in the first query
     // tile without segments.
     // Two copies of the loop, chosen once per tile (nvcc does not hoist the test itself).
     const auto pds_tile = [&](auto general) {
@@ -660,8 +686,8 @@ __global__ void __launch_bounds__(kThreads)
           float p = exp2_approx(fmaf(st[t][e], scale_log2, -(e & 1 ? ls.y : ls.x)));
           float ds;
           if constexpr (decltype(general)::value) {
-            const int r = i0 + ci;
-            if (key[x] > r || r >= T_ || key[x] >= T_ || (seg_b && qseg_s[buf][ci] != kseg[x]))
+            const int r = i0 + ci, key = key0 + 8 * x;
+            if (key > r || r >= T_ || key >= T_ || (seg_b && qseg_s[buf][ci] != kseg_s[key - j0]))
               p = 0.0f;
             ds = one_s[buf][ci] ? 0.0f : p * (dpt[t][e] - (e & 1 ? dl.y : dl.x));
           } else {
@@ -672,8 +698,10 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     };
-    // A tile with queries that see one key (i0 = 0 without segments) crosses the diagonal.
-    if (seg_b || wk + kRows - 1 > i0 || i0 + kTq > T_ || wk + kRows > T_)
+    // A tile with queries that see one key (i0 = 0 without segments) crosses the diagonal. The
+    // test is the block's (its 64 keys), not the warp's: the same on the diagonal tile at
+    // TQ = 64, and two registers fewer across the loop (dkdv_minb=3 fits 168 without a spill).
+    if (seg_b || j0 + kTileK - 1 > i0 || i0 + kTq > T_ || j0 + kTileK > T_)
       pds_tile(std::true_type{});
     else
       pds_tile(std::false_type{});
@@ -692,14 +720,15 @@ __global__ void __launch_bounds__(kThreads)
         mma2<E>(dk_acc[2 * dt], dk_acc[2 * dt + 1], ads, bb);
       }
     }
-    __syncthreads();  // no warp still reads buffer `buf`: tile n + 2 may overwrite it
+    __syncthreads();  // no warp still reads buffer `buf`: the tile after next may overwrite it
     cur = nxt;
   }
   cp_async_wait<0>();  // the last (empty) group: nothing pending at exit
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
-    if (key[x] >= T_) continue;
-    const size_t off = (size_t(b) * T_ + key[x]) * ldk + size_t(kh) * D + 2 * qd;
+    const int key = key0 + 8 * x;
+    if (key >= T_) continue;
+    const size_t off = (size_t(b) * T_ + key) * ldk + size_t(kh) * D + 2 * qd;
 #pragma unroll
     for (int t = 0; t < D / 8; ++t) {
       *reinterpret_cast<uint32_t*>(dk + off + 8 * t) =
@@ -745,11 +774,13 @@ float softmax_scale(int D) { return 1.0f / std::sqrt(float(D)); }
 // setting: each element's arithmetic is the same in every variant (the same bits), and a value
 // that is not instantiated is an error naming the ones that are. fwd_mt applies to head dim 64.
 struct Tuning {
-  int fwd_mt = 2;    // m16 tiles per warp in the forward: 1 or 2 (2 measured faster on an
-                     // H100: 0.374 -> 0.371 ms at B4 H32 K8 T2048, 1.367 -> 1.317 ms at T8192)
-  int grid_lpt = 1;  // 1: every kernel's grid longest tile first across heads (block_tile);
-                     // measured on an H100: forward+backward 1.666 -> 1.447 ms at B4 H32 K8
-                     // T2048 D64, 1.709 -> 1.350 at D128, 5.843 -> 5.090 at T8192
+  int fwd_mt = 2;     // m16 tiles per warp in the forward: 1 or 2 (2 measured faster on an
+                      // H100: 0.374 -> 0.371 ms at B4 H32 K8 T2048, 1.367 -> 1.317 ms at T8192)
+  int grid_lpt = 1;   // 1: every kernel's grid longest tile first across heads (block_tile);
+                      // measured on an H100: forward+backward 1.666 -> 1.447 ms at B4 H32 K8
+                      // T2048 D64, 1.709 -> 1.350 at D128, 5.843 -> 5.090 at T8192
+  int dkdv_minb = 2;  // dK/dV blocks an SM (head dim 64): 2, or 3 with at most 168 registers
+                      // (spill-free since the loads' 32-bit offsets; not yet measured on a GPU)
 };
 // Measured on an H100 and dropped: dK/dV with a 32-query tile (1.317 -> 1.488 ms backward at the
 // ~1B layer), and the same capped at 168 registers for 3 blocks an SM (1.375 ms).
@@ -764,16 +795,21 @@ Tuning parse_tuning(const char* text) {
     const std::string item = all.substr(at, comma - at);
     const size_t eq = item.find('=');
     const std::string key = item.substr(0, eq);
-    int* field = key == "fwd_mt" ? &t.fwd_mt : key == "grid_lpt" ? &t.grid_lpt : nullptr;
+    int* field = key == "fwd_mt"      ? &t.fwd_mt
+                 : key == "grid_lpt"  ? &t.grid_lpt
+                 : key == "dkdv_minb" ? &t.dkdv_minb
+                                      : nullptr;
     if (!field || eq == std::string::npos)
       throw ::ft::Error("FT_CUDA_FUSED_TUNING: '" + item +
-                        "' is not key=value with a key of fwd_mt, grid_lpt");
+                        "' is not key=value with a key of fwd_mt, grid_lpt, dkdv_minb");
     *field = std::atoi(item.c_str() + eq + 1);
     at = comma + 1;
   }
-  if ((t.fwd_mt != 1 && t.fwd_mt != 2) || (t.grid_lpt != 0 && t.grid_lpt != 1))
+  if ((t.fwd_mt != 1 && t.fwd_mt != 2) || (t.grid_lpt != 0 && t.grid_lpt != 1) ||
+      (t.dkdv_minb != 2 && t.dkdv_minb != 3))
     throw ::ft::Error("FT_CUDA_FUSED_TUNING='" + all +
-                      "': the instantiated variants are fwd_mt 1 or 2, grid_lpt 0 or 1");
+                      "': the instantiated variants are fwd_mt 1 or 2, grid_lpt 0 or 1, "
+                      "dkdv_minb 2 or 3");
   return t;
 }
 
@@ -805,11 +841,11 @@ void forward_d(T* out, float* lse, const T* q, const T* k, const T* v, const int
   forward_launch<T, D, 1>(out, lse, q, k, v, seg, B, T_, H, K, stream);
 }
 
-template <typename T, int D, int TQ>
+template <typename T, int D, int TQ, int MinB>
 void dkdv_launch(T* dk, T* dv, const T* dout, const float* lse, const float* delta, const T* q,
                  const T* k, const T* v, const int32_t* seg, int B, int T_, int H, int K,
                  float scale, void* stream) {
-  auto dkdv = attention_fused_dkdv_kernel<T, D, TQ>;
+  auto dkdv = attention_fused_dkdv_kernel<T, D, TQ, MinB>;
   constexpr size_t smem = dkdv_smem_bytes<D, TQ>();
   allow_smem(reinterpret_cast<const void*>(dkdv), smem, "attention_fused_backward");
   const bool lpt = tuning().grid_lpt;
@@ -825,9 +861,11 @@ void backward_d(T* dq, T* dk, T* dv, const T* dout, const float* lse, const floa
   const float scale = softmax_scale(D);
   const Tuning& tu = tuning();
   if constexpr (D == 128)
-    dkdv_launch<T, D, 32>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+    dkdv_launch<T, D, 32, 1>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+  else if (tu.dkdv_minb == 3)
+    dkdv_launch<T, D, 64, 3>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
   else
-    dkdv_launch<T, D, 64>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+    dkdv_launch<T, D, 64, 2>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
   auto dqk = attention_fused_dq_kernel<T, D>;
   allow_smem(reinterpret_cast<const void*>(dqk), dq_smem_bytes<D>(), "attention_fused_backward");
   const bool lpt = tu.grid_lpt;
