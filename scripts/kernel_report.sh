@@ -64,19 +64,13 @@ for f in "${files[@]}"; do
       "$(echo "$name" | short)"
   done < <(sort -t$'\t' -k6,6 -k1,1 "$work/table.txt")
   [[ -n "$cuobjdump" ]] || continue
-  echo "-- $f: SASS instruction counts (cuobjdump -sass)"
-  printf "%-7s %6s %6s %7s  %s\n" arch HMMA LDSM LDGSTS kernel
-  # One "code for sm_XX" section per architecture, one "Function : NAME" per kernel in it; a
-  # kernel's counts are printed when the next kernel or section starts.
-  "$cuobjdump" -sass "$obj" | awk '
-    function flush() { if (fn != "") print arch "\t" h "\t" l "\t" g "\t" fn; fn = "" }
-    /code for sm_/ { flush(); match($0, /sm_[0-9a-z]+/); arch = substr($0, RSTART, RLENGTH) }
-    /Function : / { flush(); fn = $NF; h = 0; l = 0; g = 0 }
-    / HMMA\./ { h++ }
-    / LDSM\./ { l++ }
-    / LDGSTS[. ]/ { g++ }
-    END { flush() }
-  ' | sort -t$'\t' -k5,5 -k1,1 | while IFS=$'\t' read -r arch h l g fn; do
-    printf "%-7s %6s %6s %7s  %s\n" "$arch" "$h" "$l" "$g" "$(echo "$fn" | short)"
-  done
+  echo "-- $f: SASS instruction counts (cuobjdump -sass; scripts/sass_counts.py: loop = the"
+  echo "   longest loop's instructions, common = those of its blocks without FSEL, the unmasked path)"
+  printf "%-7s %6s %6s %7s %6s %7s  %s\n" arch HMMA LDSM LDGSTS loop common kernel
+  "$cuobjdump" -sass "$obj" | python3 scripts/sass_counts.py | sort -t$'\t' -k7,7 -k1,1 |
+    while IFS=$'\t' read -r arch h l g loop common fn; do
+      printf "%-7s %6s %6s %7s %6s %7s  %s\n" "$arch" "$h" "$l" "$g" "$loop" "$common" \
+        "$(echo "$fn" | short)"
+    done
+done
 done
