@@ -89,7 +89,12 @@ struct RankPlan {
   int slots = 1;              // activation slots: micro-batches in flight (1F1B)
   int64_t startup_bytes = 0;  // the peak before the first step (building the setup)
   std::string startup_how;
-  int64_t peak_bytes = 0;   // max(total, startup)
+  // The peak while one validation batch runs after the step (PipelineSchedule::eval_batch,
+  // forward only, the global batch in eval_micro_batches micro-batches); 0 when the recipe does
+  // not evaluate (data.valid or training.eval_every_steps unset).
+  int64_t eval_bytes = 0;
+  int eval_micro_batches = 0;
+  int64_t peak_bytes = 0;   // max(total, startup, eval)
   int64_t allocations = 0;  // alloc() calls counted, setup and step
 
   // Bytes this rank sends per optimizer step, by group.
