@@ -11,11 +11,10 @@
 #    with the CUDA ops' scratch): equal to the byte, as on the CPU (tests/cli/test_plan.sh),
 #    and so the total less the 32 MiB cuBLASLt workspace too (the ops' scratch, ~1% here, and
 #    the CPU-only fp32 dQ buffer that CUDA does without, 1.3% of bf16 ZeRO 3, would each break
-#    it); and per attention
-#    path (FT_CUDA_ATTENTION=fused|gemm|simt, lib/runtime/cuda/ops_memory.h) on a bf16 model
-#    with head dim 64, where the fused kernel applies: the same equality, the chunked GEMMs'
-#    score chunks planned and the fused and SIMT kernels' absence of scratch too; an unknown
-#    value is an error naming the three;
+#    it); and per attention path (FT_CUDA_ATTENTION=fused|gemm|simt, lib/runtime/cuda/
+#    ops_memory.h) on a bf16 model with head dim 64, where the fused kernel applies: the same
+#    equality, the chunked GEMMs' score chunks planned and the fused and SIMT kernels' absence
+#    of scratch too; an unknown value is an error naming the three;
 #  - the device planned for: runtime.device auto is CUDA under ft_emu (a usable emulated GPU)
 #    and the CPU under ft here (no GPU); --cuda-sm 80 plans a 4 MiB workspace;
 #  - runtime.tf32 reaches cuBLASLt: an fp32 run with tf32 true differs from one with tf32 false
