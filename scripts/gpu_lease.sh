@@ -38,15 +38,36 @@ ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
 if [[ ${FT_LEASE_NCU:-1} == 1 && -n $ncu && $(left) -gt 120 ]]; then
   # One launch of each fused kernel (the second forward, the backward's dK/dV and dQ) at the
   # ~1B layer's shape (B 4, H 32, K 8, T 2048, D 64) and at head dim 128: throughput,
-  # occupancy, warp stalls, shared-memory conflicts.
+  # occupancy, warp stalls, shared-memory conflicts. The sections print no stall breakdown
+  # without PC sampling (stop 21's report had none), so the stall reasons (cycles a warp spends
+  # stalled per issued instruction, by reason), the tensor and ALU pipes' use, and the shared
+  # memory's wavefronts and bank conflicts are asked for by name.
+  stalls=""
+  for r in barrier long_scoreboard short_scoreboard mio_throttle math_pipe_throttle wait \
+    not_selected selected dispatch_stall lg_throttle no_instruction branch_resolving drain \
+    membar sleeping misc tex_throttle imc_miss; do
+    stalls+="smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio,"
+  done
+  ncu_metrics="${stalls}sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,"
+  ncu_metrics+="sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,"
+  ncu_metrics+="sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,"
+  ncu_metrics+="sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,"
+  ncu_metrics+="l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,"
+  ncu_metrics+="l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,"
+  ncu_metrics+="smsp__inst_executed.sum"
   for shape in 4,32,8,2048,64 2,32,8,2048,128; do
-    timeout -k 5 60 "$ncu" --kernel-name regex:fused --launch-skip 1 --launch-count 3 \
-      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-      --section Occupancy --section LaunchStats --section WarpStateStats \
-      --section SchedulerStats --section InstructionStats \
-      "$bundle/tests/ft_cuda_bench_attention" --path fused --warmup 0 --reps 1 "$shape" \
-      > "$logs/ncu_$shape.txt" 2>&1
-    echo "gpu_lease: ncu $shape exit $? at $(($(date +%s) - t0)) s"
+    for extra in "--metrics=$ncu_metrics" ""; do  # without the named metrics if one is unknown
+      timeout -k 5 60 "$ncu" --kernel-name regex:fused --launch-skip 1 --launch-count 3 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section SchedulerStats --section InstructionStats ${extra:+"$extra"} \
+        "$bundle/tests/ft_cuda_bench_attention" --path fused --warmup 0 --reps 1 "$shape" \
+        > "$logs/ncu_$shape.txt" 2>&1
+      rc=$?
+      echo "gpu_lease: ncu $shape ${extra:+(named metrics) }exit $rc at $(($(date +%s) - t0)) s"
+      ((rc == 0)) && ! grep -q "Failed to find metric" "$logs/ncu_$shape.txt" && break
+      (($(left) > 90)) || break
+    done
   done
 fi
 

@@ -91,6 +91,7 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
     o["total_bytes"] = r.total_bytes;
     o["startup_bytes"] = r.startup_bytes;
     o["startup_how"] = r.startup_how;
+    o["startup_params_bytes"] = r.startup_params_bytes;
     o["eval_bytes"] = r.eval_bytes;
     o["eval_micro_batches"] = r.eval_micro_batches;
     o["peak_bytes"] = r.peak_bytes;

@@ -85,20 +85,42 @@ constexpr size_t dkdv_smem_bytes() {
   return 4 * tile_bytes<D>(TQ) + 2 * tile_bytes<D>(kTileK);  // Q, dO twice; K, V
 }
 
-// Issues the cp.asyncs of a (R, D) tile: row r of the tile from src + r·ld (16 bytes per copy,
-// 8 elements); rows at or past `valid` are zero-filled (src-size 0, reading nothing). Every
-// thread of the block calls it; the caller commits and waits.
+// The cp.asyncs of (R, D) tiles whose rows lie `ld` elements apart: row r of a tile from
+// src + r·ld (16 bytes per copy, 8 elements); rows at or past `valid` are zero-filled (src-size 0,
+// reading nothing). Every thread of the block calls load(); the caller commits and waits. A loop
+// that loads many tiles builds one loader before it: each thread's source offsets (32-bit: r < R
+// <= 128 and ld, H·D or K·D with H, K <= 65535 by check_fused and D <= 128, is < 2^23) are
+// computed once, and a copy then costs an address add, a compare and the cp.async.
+template <int R, int D>
+struct TileLoader {
+  static constexpr int kChunks = D / 8, kCopies = R * kChunks / kThreads;
+  static constexpr int kRowStep = kThreads / kChunks;  // rows between a thread's copies
+  static_assert((R * kChunks) % kThreads == 0 && kThreads % kChunks == 0, "whole copies");
+  int r0, smem0;        // this thread's first row; its element offset in the tile
+  unsigned src0, step;  // r0·ld + x, the source offset of its first copy; kRowStep·ld
+
+  __device__ __forceinline__ explicit TileLoader(size_t ld) {
+    const int x = 8 * (int(threadIdx.x) % kChunks);
+    r0 = int(threadIdx.x) / kChunks;
+    smem0 = r0 * kPitch<D> + x;
+    src0 = unsigned(r0) * unsigned(ld) + unsigned(x);
+    step = unsigned(kRowStep) * unsigned(ld);
+  }
+  template <typename Dev>
+  __device__ __forceinline__ void load(Dev* tile, const Dev* src, int valid) const {
+#pragma unroll
+    for (int it = 0; it < kCopies; ++it) {
+      const bool ok = r0 + it * kRowStep < valid;
+      cp_async_cg16(tile + smem0 + it * kRowStep * kPitch<D>,
+                    src + (ok ? src0 + unsigned(it) * step : 0u), ok ? 16 : 0);
+    }
+  }
+};
+
+// One tile (a load outside a loop).
 template <int R, int D, typename Dev>
 __device__ __forceinline__ void load_tile(Dev* tile, const Dev* src, size_t ld, int valid) {
-  constexpr int kChunks = D / 8;
-  static_assert((R * kChunks) % kThreads == 0, "whole copies per thread");
-#pragma unroll
-  for (int it = 0; it < R * kChunks / kThreads; ++it) {
-    const int c = it * kThreads + threadIdx.x;
-    const int r = c / kChunks, x = 8 * (c % kChunks);
-    const bool ok = r < valid;
-    cp_async_cg16(tile + r * kPitch<D> + x, src + (ok ? size_t(r) * ld : 0) + x, ok ? 16 : 0);
-  }
+  TileLoader<R, D>(ld).load(tile, src, valid);
 }
 
 // ldmatrix row addresses (lane l; PTX ISA, ldmatrix): lanes 8i..8i+7 give the rows of matrix i.
@@ -133,14 +155,15 @@ __device__ __forceinline__ void mma2(float (&c0)[4], float (&c1)[4], const uint3
 }
 
 // The A fragment of k-slice s (columns 16s..16s+15) from C fragments c[2s], c[2s+1] of the same
-// 16 rows: the register identity of FA2 (no shuffle, no shared memory).
+// 16 rows: the register identity of FA2 (no shuffle, no shared memory); one cvt per pair
+// (pack2_rn).
 template <typename E>
 __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4],
                                        const float (&hi)[4]) {
-  a[0] = pack2<E>(lo[0], lo[1]);
-  a[1] = pack2<E>(lo[2], lo[3]);
-  a[2] = pack2<E>(hi[0], hi[1]);
-  a[3] = pack2<E>(hi[2], hi[3]);
+  a[0] = pack2_rn<E>(lo[0], lo[1]);
+  a[1] = pack2_rn<E>(lo[2], lo[3]);
+  a[2] = pack2_rn<E>(hi[0], hi[1]);
+  a[3] = pack2_rn<E>(hi[2], hi[3]);
 }
 
 // The sum of a value over the 4 lanes of a quad (they hold one row of a C tile): the same bits
@@ -214,8 +237,9 @@ __global__ void __launch_bounds__(kThreads)
   // that issued it, and a __syncthreads then makes all threads' copies visible.
   const int j_first = first_key_tile(seg_b, i0, T_);
   const size_t kvoff = size_t(b) * T_ * ldk + size_t(kh) * D;  // key 0 of this kv head
+  const TileLoader<kTileK, D> kv_load(ldk);
   load_tile<kTq, D>(q_s, q + (size_t(b) * T_ + i0) * ldq + size_t(h) * D, ldq, T_ - i0);
-  load_tile<kTileK, D>(k_s, k + kvoff + size_t(j_first) * ldk, ldk, T_ - j_first);
+  kv_load.load(k_s, k + kvoff + size_t(j_first) * ldk, T_ - j_first);
   cp_async_commit();
 
   // This lane's rows: C fragment rows g and g + 8 of each of the warp's MT m-tiles.
@@ -240,7 +264,7 @@ __global__ void __launch_bounds__(kThreads)
   const int last = min(i0 + kTq, T_) - 1;
   for (int j0 = j_first; j0 <= last; j0 += kTileK) {
     __syncthreads();  // no warp still reads the previous V (P V) or key ids
-    load_tile<kTileK, D>(v_s, v + kvoff + size_t(j0) * ldk, ldk, T_ - j0);
+    kv_load.load(v_s, v + kvoff + size_t(j0) * ldk, T_ - j0);
     cp_async_commit();
     if (seg_b && threadIdx.x < kTileK)
       kseg_s[threadIdx.x] = j0 + int(threadIdx.x) < T_ ? seg_b[j0 + threadIdx.x] : 0;
@@ -312,7 +336,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();  // no warp still reads K_j: K_{j+1} may overwrite it
     if (j0 + kTileK <= last)
-      load_tile<kTileK, D>(k_s, k + kvoff + size_t(j0 + kTileK) * ldk, ldk, T_ - j0 - kTileK);
+      kv_load.load(k_s, k + kvoff + size_t(j0 + kTileK) * ldk, T_ - j0 - kTileK);
     cp_async_commit();   // an empty group after the last tile
     cp_async_wait<1>();  // V_j here; K_{j+1} may still be in flight
     __syncthreads();
@@ -375,9 +399,10 @@ __global__ void __launch_bounds__(kThreads)
   const size_t qoff = (size_t(b) * T_ + i0) * ldq + size_t(h) * D;
   load_tile<kTileQ, D>(q_s, q + qoff, ldq, T_ - i0);
   load_tile<kTileQ, D>(do_s, dout + qoff, ldq, T_ - i0);
-  load_tile<kTileK, D>(v_s, v + kvoff + size_t(j_first) * ldk, ldk, T_ - j_first);
+  const TileLoader<kTileK, D> kv_load(ldk);
+  kv_load.load(v_s, v + kvoff + size_t(j_first) * ldk, T_ - j_first);
   cp_async_commit();
-  load_tile<kTileK, D>(k_s, k + kvoff + size_t(j_first) * ldk, ldk, T_ - j_first);
+  kv_load.load(k_s, k + kvoff + size_t(j_first) * ldk, T_ - j_first);
   cp_async_commit();
   if (seg_b && threadIdx.x < kTileK)
     kseg_s[threadIdx.x] = j_first + int(threadIdx.x) < T_ ? seg_b[j_first + threadIdx.x] : 0;
@@ -422,8 +447,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();  // no warp still reads V_j
     const bool more = j0 + kTileK <= last;
-    if (more)
-      load_tile<kTileK, D>(v_s, v + kvoff + size_t(j0 + kTileK) * ldk, ldk, T_ - j0 - kTileK);
+    if (more) kv_load.load(v_s, v + kvoff + size_t(j0 + kTileK) * ldk, T_ - j0 - kTileK);
     cp_async_commit();   // an empty group after the last tile
     cp_async_wait<1>();  // K_j here; V_{j+1} may still be in flight
     __syncthreads();
@@ -481,7 +505,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // no warp still reads K_j or the key ids
     if (more) {
       const int j1 = j0 + kTileK;
-      load_tile<kTileK, D>(k_s, k + kvoff + size_t(j1) * ldk, ldk, T_ - j1);
+      kv_load.load(k_s, k + kvoff + size_t(j1) * ldk, T_ - j1);
       if (seg_b && threadIdx.x < kTileK)
         kseg_s[threadIdx.x] = j1 + int(threadIdx.x) < T_ ? seg_b[j1 + threadIdx.x] : 0;
     }
@@ -554,13 +578,27 @@ __global__ void __launch_bounds__(kThreads)
   int i_end = i_begin + kTq;
   while (i_end < T_ && !(seg_b && seg_b[i_end] > last_seg)) i_end += kTq;
   const int n_i = (i_end - i_begin) / kTq, n_all = group * n_i;
-  // Issues tile n's copies into buffer `buf` and writes its per-query values.
-  auto stage = [&](int n, int buf) {
-    const int h = kh * group + n / n_i, i0 = i_begin + n % n_i * kTq;
+  // Tile n as (query head, first row), walked without divisions: the rows step by kTq to i_end,
+  // then the next head of the group starts again at i_begin.
+  struct QueryTile {
+    int h, i0;
+  };
+  const auto next_tile = [&](QueryTile t) {
+    t.i0 += kTq;
+    if (t.i0 == i_end) {
+      t.i0 = i_begin;
+      ++t.h;
+    }
+    return t;
+  };
+  const TileLoader<kTq, D> q_load(ldq);
+  // Issues tile t's copies into buffer `buf` and writes its per-query values.
+  auto stage = [&](QueryTile t, int buf) {
+    const int h = t.h, i0 = t.i0;
     const size_t qoff = (size_t(b) * T_ + i0) * ldq + size_t(h) * D;
     Dev* qb = qdo_s + 2 * buf * kTq * kPitch<D>;
-    load_tile<kTq, D>(qb, q + qoff, ldq, T_ - i0);
-    load_tile<kTq, D>(qb + kTq * kPitch<D>, dout + qoff, ldq, T_ - i0);
+    q_load.load(qb, q + qoff, T_ - i0);
+    q_load.load(qb + kTq * kPitch<D>, dout + qoff, T_ - i0);
     if (threadIdx.x < kTq) {
       const int r = i0 + threadIdx.x;
       const bool in = r < T_;
@@ -571,13 +609,15 @@ __global__ void __launch_bounds__(kThreads)
       one_s[buf][threadIdx.x] = in && sees_one_key(seg_b, r);
     }
   };
-  stage(0, 0);
+  QueryTile cur{kh * group, i_begin};
+  stage(cur, 0);
   cp_async_commit();  // K, V and the first query tile
   for (int n = 0; n < n_all; ++n) {
-    const int buf = n & 1, i0 = i_begin + n % n_i * kTq;
-    if (n + 1 < n_all) stage(n + 1, buf ^ 1);  // its buffer was released at the end of n − 1
-    cp_async_commit();                         // an empty group after the last tile
-    cp_async_wait<1>();                        // tile n here; tile n + 1 may be in flight
+    const int buf = n & 1, i0 = cur.i0;
+    const QueryTile nxt = next_tile(cur);
+    if (n + 1 < n_all) stage(nxt, buf ^ 1);  // its buffer was released at the end of n − 1
+    cp_async_commit();                       // an empty group after the last tile
+    cp_async_wait<1>();                      // tile n here; tile n + 1 may be in flight
     __syncthreads();
     const Dev* q_s = qdo_s + 2 * buf * kTq * kPitch<D>;
     const Dev* do_s = q_s + kTq * kPitch<D>;
@@ -653,6 +693,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncthreads();  // no warp still reads buffer `buf`: tile n + 2 may overwrite it
+    cur = nxt;
   }
   cp_async_wait<0>();  // the last (empty) group: nothing pending at exit
 #pragma unroll

@@ -59,6 +59,30 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// pack2_rn<E>(lo, hi): pack2's rounding for every number, in one cvt.rn.{bf16,f16}x2.f32 (PTX
+// ISA, cvt: a goes to the upper half, b to the lower; F2FP.PACK_AB in SASS), where pack2 spends
+// about six instructions an element on keeping a NaN's payload as core/half.h does. For mma
+// operands (P and dS in the fused attention), where a NaN operand makes the product NaN whatever
+// its payload, so the payload rule buys nothing; stored results keep pack2. A NaN becomes the
+// canonical NaN 0x7fff (the emulator's twin gives the same).
+template <class E>
+__device__ __forceinline__ uint32_t pack2_rn(float lo, float hi) {
+#if defined(FT_CUDA_EMU)
+  const auto one = [](float x) -> uint32_t {
+    if (x != x) return 0x7fffu;
+    return uint32_t(pack2<E>(x, 0.0f) & 0xffffu);
+  };
+  return one(lo) | one(hi) << 16;
+#else
+  uint32_t d;
+  if constexpr (MmaElement<E>::kBf16)
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+#endif
+}
+
 // exp2_approx(x): 2^x by the special-function unit, ex2.approx.ftz.f32 (PTX ISA, floating-point
 // instructions, ex2: an approximation of a few ulp; subnormal results flushed to +0; 2^-inf = +0).
 // One MUFU.EX2, where exp2f adds about four instructions (its fix-up of the subnormal range:

@@ -144,10 +144,10 @@ HfLayoutCheck check_against_layout(const std::map<std::string, Source>& tensors,
         continue;
       }
       const Source& src = it->second;
-      if (src.entry->shape != pe.shape)
+      if (src.entry->shape != pe.global_shape)
         c.bad_tensors.push_back(detail::concat("tensor '", pe.name, "' in '", src.file->path(),
                                                "' has shape ", shape_str(src.entry->shape),
-                                               ", expected ", shape_str(pe.shape),
+                                               ", expected ", shape_str(pe.global_shape),
                                                " (does config.json match the model sizes?)"));
       const DType dt = src.entry->dtype;
       if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
@@ -166,7 +166,7 @@ HfLayoutCheck check_against_layout(const std::map<std::string, Source>& tensors,
     if (is_rope_buffer(name)) {
       c.ignored.push_back(name);
     } else if (tied && name == kHeadName && layout.find(kEmbedName, &g, &embed) &&
-               src.entry->shape == embed->shape) {
+               src.entry->shape == embed->global_shape) {
       c.tied_copy = name;
     } else {
       c.unexpected.push_back(name);
@@ -249,15 +249,40 @@ int layer_of(const std::string& name) {
   return i > prefix.size() && i < name.size() && name[i] == '.' ? int(n) : -1;
 }
 
+// Reads tensor rank t's slice of `pe` (its whole tensor when replicated) into dst (pe.numel).
+// A row split is one contiguous range of the file's tensor; a column split is read a few rows
+// at a time (kSliceChunk elements at most, or one row) and this rank's columns taken from each
+// row, so the host never holds more than that chunk beyond the slice itself.
+constexpr size_t kSliceChunk = size_t(4) << 20;
+void read_slice(const SafetensorsFile& file, const ParamEntry& pe, int t, float* dst) {
+  if (pe.split != TensorSplit::kCols) {
+    for_each_slice_run(pe, t, [&](size_t whole, size_t local, size_t n) {
+      file.read_f32_range(pe.name, dst + local, whole, n);
+    });
+    return;
+  }
+  const size_t rows = size_t(pe.shape[0]), cols = size_t(pe.shape[1]);
+  const size_t whole_cols = size_t(pe.global_shape[1]);
+  const size_t chunk_rows = std::max<size_t>(1, kSliceChunk / std::max<size_t>(1, whole_cols));
+  std::vector<float> buf(std::min(rows, chunk_rows) * whole_cols);
+  for (size_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+    const size_t k = std::min(chunk_rows, rows - r0);
+    file.read_f32_range(pe.name, buf.data(), r0 * whole_cols, k * whole_cols);
+    for (size_t r = 0; r < k; ++r) {
+      const float* src = buf.data() + r * whole_cols + size_t(t) * cols;
+      std::copy(src, src + cols, dst + (r0 + r) * cols);
+    }
+  }
+}
+
 }  // namespace
 
 void load_hf_weights(const std::string& dir, const ParamLayout& layout,
-                     const std::vector<float*>& group_ptrs) {
+                     const std::vector<float*>& group_ptrs, int tensor_rank) {
   FT_CHECK(group_ptrs.size() == layout.groups().size(), "load_hf_weights: ", group_ptrs.size(),
            " buffers for ", layout.groups().size(), " parameter groups");
-  for (size_t g = 0; g < layout.groups().size(); ++g)
-    FT_CHECK(group_ptrs[g] != nullptr || layout.groups()[g].numel == 0,
-             "load_hf_weights: no buffer for group '", layout.groups()[g].name, "'");
+  FT_CHECK(tensor_rank >= 0 && tensor_rank < layout.tensor(), "load_hf_weights: tensor rank ",
+           tensor_rank, " of ", layout.tensor());
 
   // 1. Open the checkpoint: one file, or the shards an index names.
   const OpenedWeights w = open_weights(dir);
@@ -280,7 +305,8 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
   if (!check.bad_tensors.empty()) throw Error(check.bad_tensors.front());
   if (std::string diff = tied_head_difference(w, check); !diff.empty()) throw Error(diff);
 
-  // 3. Plan the copies.
+  // 3. Plan the copies: the tensors of the groups held (a pipeline stage's), each this tensor
+  //    rank's slice of it (the whole tensor with one tensor rank).
   struct Copy {
     const Source* src;
     float* dst;  // (numel) inside the group's flat buffer
@@ -288,8 +314,9 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
   };
   std::vector<Copy> plan;
   for (size_t g = 0; g < layout.groups().size(); ++g)
-    for (const auto& pe : layout.groups()[g].entries)
-      plan.push_back({&w.tensors.at(pe.name), group_ptrs[g] + pe.offset, &pe});
+    if (group_ptrs[g])
+      for (const auto& pe : layout.groups()[g].entries)
+        plan.push_back({&w.tensors.at(pe.name), group_ptrs[g] + pe.offset, &pe});
 
   // 4. Copy, file by file in data order, so that reads on a spinning or network disk are
   //    sequential.
@@ -297,7 +324,7 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
     if (a.src->file != b.src->file) return a.src->file->path() < b.src->file->path();
     return a.src->entry->begin < b.src->entry->begin;
   });
-  for (const Copy& c : plan) c.src->file->read_f32(c.param->name, c.dst, c.param->numel);
+  for (const Copy& c : plan) read_slice(*c.src->file, *c.param, tensor_rank, c.dst);
 }
 
 HfFolderSummary summarize_hf_folder(const std::string& dir) {

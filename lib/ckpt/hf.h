@@ -49,13 +49,16 @@ struct HfConfigRead {
 HfConfigRead read_hf_config_located(const std::string& dir);
 
 // Loads every parameter of `layout` from the folder's safetensors into the flat f32 group
-// buffers (group_ptrs[g] points at group g's buffer). Checks that every expected name is present
-// with the right shape, that dtypes are F32/BF16/F16, and reports unexpected tensors
+// buffers (group_ptrs[g] points at group g's buffer; null: a group this rank does not hold,
+// another pipeline stage's, which is not read). A layout for T tensor ranks (layout.tensor())
+// gets tensor rank `tensor_rank`'s slice of each tensor, read from the file without the whole
+// tensor: a rank reads what it keeps. Checks (of the whole tensors) that every expected name is
+// present with the right shape, that dtypes are F32/BF16/F16, and reports unexpected tensors
 // (rotary inv_freq buffers are ignored; so is a tied model's lm_head.weight when it equals the
 // embedding after conversion to f32, and one that differs is refused with the largest
 // difference). Errors name the file and the tensor.
 void load_hf_weights(const std::string& dir, const ParamLayout& layout,
-                     const std::vector<float*>& group_ptrs);
+                     const std::vector<float*>& group_ptrs, int tensor_rank = 0);
 
 // How a folder's tensors compare with the ParamLayout of its config; load_hf_weights refuses a
 // folder unless compatible(), and ft inspect prints the lists.

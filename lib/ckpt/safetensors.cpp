@@ -222,25 +222,38 @@ void SafetensorsFile::read_f32(const std::string& name, float* dst, size_t numel
   auto it = entries_.find(name);
   if (it == entries_.end()) fail(path_, "no tensor named '" + name + "'");
   const SafetensorsEntry& e = it->second;
-  const size_t esize = dtype_size(e.dtype);
-  const uint64_t have = (e.end - e.begin) / esize;
+  const uint64_t have = (e.end - e.begin) / dtype_size(e.dtype);
   if (have != numel)
     fail(path_, "tensor '" + name + "' has " + std::to_string(have) + " elements " +
                     shape_str(e.shape) + ", the caller expects " + std::to_string(numel));
+  read_f32_range(name, dst, 0, numel);
+}
+
+void SafetensorsFile::read_f32_range(const std::string& name, float* dst, size_t first,
+                                     size_t count) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) fail(path_, "no tensor named '" + name + "'");
+  const SafetensorsEntry& e = it->second;
+  const size_t esize = dtype_size(e.dtype);
+  const uint64_t have = (e.end - e.begin) / esize;
+  if (first > have || count > have - first)
+    fail(path_, "tensor '" + name + "' has " + std::to_string(have) + " elements " +
+                    shape_str(e.shape) + ", the caller reads [" + std::to_string(first) + ", " +
+                    std::to_string(first + count) + ")");
   if (e.dtype != DType::kF32 && e.dtype != DType::kBF16 && e.dtype != DType::kF16)
     fail(path_, "tensor '" + name + "' has dtype " + dtype_name(e.dtype) +
                     "; only F32, BF16 and F16 convert to f32");
-  if (numel == 0) return;
-  const uint64_t start = data_start_ + e.begin;
+  if (count == 0) return;
+  const uint64_t start = data_start_ + e.begin + uint64_t(first) * esize;
   if (e.dtype == DType::kF32) {
-    pread_all(fd_, path_, dst, numel * 4, start);
+    pread_all(fd_, path_, dst, count * 4, start);
     return;
   }
   // 16-bit types: read a chunk of raw halves, widen it, repeat.
-  std::vector<uint16_t> buf(std::min<size_t>(numel, kChunkBytes / 2));
+  std::vector<uint16_t> buf(std::min<size_t>(count, kChunkBytes / 2));
   const bool is_bf16 = e.dtype == DType::kBF16;
-  for (size_t done = 0; done < numel;) {
-    const size_t n = std::min(buf.size(), numel - done);
+  for (size_t done = 0; done < count;) {
+    const size_t n = std::min(buf.size(), count - done);
     pread_all(fd_, path_, buf.data(), n * 2, start + uint64_t(done) * 2);
     if (is_bf16) {
       for (size_t i = 0; i < n; ++i) dst[done + i] = bf16_to_f32(buf[i]);

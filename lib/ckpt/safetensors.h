@@ -30,6 +30,9 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // Converts the named tensor to f32 into dst (numel floats); F32, BF16 and F16 are accepted.
   void read_f32(const std::string& name, float* dst, size_t numel) const;
+  // The same for elements [first, first + count) of the tensor in row-major order (a tensor
+  // rank's block of rows, or a run of rows to take columns from).
+  void read_f32_range(const std::string& name, float* dst, size_t first, size_t count) const;
 
  private:
   std::string path_;

@@ -150,8 +150,10 @@ LlamaModel::~LlamaModel() = default;
 void LlamaModel::init_random(uint64_t seed, double std) {
   // Matrices: N(0, std) drawn on the device by the random_normal op (kernels/philox.h), each
   // element's bits a function of (seed, the tensor's name, its index in the whole tensor) only:
-  // every thread count, device and layout draws the same model (tensor-parallel ranks draw the
-  // whole tensors and slice them, train/setup.cpp). Vectors (the norms' weights): ones.
+  // every thread count, device and layout draws the same model. A tensor-parallel rank draws
+  // only its slices, at their indices in the whole tensor (for_each_slice_run: a row split is
+  // one run, a column split one run per row), and a pipeline stage only its groups, so no rank
+  // holds more than it keeps. Vectors (the norms' weights): ones.
   const auto& groups = layout_.groups();
   std::vector<float> ones;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
@@ -169,7 +171,10 @@ void LlamaModel::init_random(uint64_t seed, double std) {
       // One key per tensor, from its name, so adding a tensor never shifts the others.
       uint64_t key = seed * 0x100000001b3ull + 0xcbf29ce484222325ull;
       for (char c : e.name) key = (key ^ uint8_t(c)) * 0x100000001b3ull;
-      ops().random_normal(st_, params.data() + e.offset, e.numel, key, 0, std);
+      float* dst = params.data() + e.offset;
+      for_each_slice_run(e, tp_.rank(), [&](size_t whole, size_t local, size_t n) {
+        ops().random_normal(st_, dst + local, n, key, whole, std);
+      });
     }
   }
 }

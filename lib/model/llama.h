@@ -47,7 +47,8 @@ class LlamaModel final : public PipelineStage {
 
   // Seeded initialisation: matrices ~ N(0, std²), norm weights = 1 (as HF's _init_weights),
   // drawn on the device (the random_normal op); the bits depend on (seed, tensor name, element
-  // index) only, so every device, thread count and parallel layout gets the same model.
+  // index in the whole tensor) only, so every device, thread count and parallel layout gets the
+  // same model; a tensor rank or pipeline stage draws only the slices and groups it holds.
   void init_random(uint64_t seed, double std);
 
   // Forward and backward on one micro-batch. inputs/targets/mask: (B, T) host arrays, copied to

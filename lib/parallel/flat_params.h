@@ -31,6 +31,25 @@ struct ParamEntry {
   bool weight_decay = false;  // true for tensors of two or more dimensions
 };
 
+// Tensor rank t's slice of entry e (laid out for some number of tensor ranks) as runs of
+// consecutive elements of the whole row-major tensor: fn(whole_offset, local_offset, count) for
+// each run, in order. Replicated: one run, the whole tensor; kRows: one run, rank t's block of
+// rows; kCols: one run per row, rank t's block of columns. Random init and HF loading draw or
+// read a rank's slices with it, so that no rank builds a whole tensor it does not keep.
+template <class Fn>
+void for_each_slice_run(const ParamEntry& e, int t, Fn&& fn) {
+  if (e.numel == 0) return;
+  if (e.split == TensorSplit::kReplicated) {
+    fn(size_t(0), size_t(0), e.numel);
+  } else if (e.split == TensorSplit::kRows) {
+    fn(size_t(t) * e.numel, size_t(0), e.numel);
+  } else {
+    const size_t rows = size_t(e.shape[0]), cols = size_t(e.shape[1]);
+    const size_t whole_cols = size_t(e.global_shape[1]);
+    for (size_t r = 0; r < rows; ++r) fn(r * whole_cols + size_t(t) * cols, r * cols, cols);
+  }
+}
+
 struct ParamGroup {
   std::string name;  // "embed", "layers.3", "head"
   std::vector<ParamEntry> entries;

@@ -92,21 +92,11 @@ void slice_for_tensor_rank(const std::vector<ParamGroup>& gg,
     if (!local_params[g]) continue;  // a group of another pipeline stage
     for (size_t i = 0; i < lg[g].entries.size(); ++i) {
       const ParamEntry& le = lg[g].entries[i];
-      const ParamEntry& ge = gg[g].entries[i];
-      const float* src = global_params[g] + ge.offset;
+      const float* src = global_params[g] + gg[g].entries[i].offset;
       float* dst = local_params[g] + le.offset;
-      if (le.split == TensorSplit::kReplicated) {
-        std::copy(src, src + ge.numel, dst);
-      } else if (le.split == TensorSplit::kRows) {  // a contiguous block of rows
-        const size_t block = le.numel;
-        std::copy(src + size_t(t) * block, src + size_t(t + 1) * block, dst);
-      } else {  // kCols: in every row, a contiguous block of columns
-        const size_t rows = size_t(le.shape[0]), cols = size_t(le.shape[1]);
-        const size_t gcols = size_t(ge.shape[1]);
-        for (size_t r = 0; r < rows; ++r)
-          std::copy(src + r * gcols + size_t(t) * cols, src + r * gcols + size_t(t + 1) * cols,
-                    dst + r * cols);
-      }
+      for_each_slice_run(le, t, [&](size_t whole, size_t local, size_t n) {
+        std::copy(src + whole, src + whole + n, dst + local);
+      });
     }
   }
 }

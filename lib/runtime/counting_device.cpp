@@ -109,6 +109,7 @@ void* CountingDevice::alloc(size_t bytes) {
   tally_.current[size_t(c)] += int64_t(bytes);
   tally_.total += int64_t(bytes);
   tally_.allocs++;
+  tally_.high[size_t(c)] = std::max(tally_.high[size_t(c)], tally_.current[size_t(c)]);
   if (tally_.total > tally_.peak) {
     tally_.peak = tally_.total;
     tally_.at_peak = tally_.current;
@@ -141,6 +142,7 @@ AllocatorStats CountingDevice::stats() const {
 void CountingDevice::reset_peak() {
   tally_.peak = tally_.total;
   tally_.at_peak = tally_.current;
+  tally_.high = tally_.current;
 }
 
 }  // namespace ft

@@ -25,6 +25,7 @@ struct MemoryTally {
   using ByCategory = std::array<int64_t, size_t(MemoryCategory::kCount)>;
   ByCategory current{};  // live bytes now, by category
   ByCategory at_peak{};  // live bytes by category when the total last reached `peak`
+  ByCategory high{};     // the most live bytes of each category at once since reset_peak()
   int64_t total = 0;     // live bytes now
   int64_t peak = 0;      // the highest total since the last reset_peak()
   int64_t allocs = 0;    // alloc() calls

@@ -304,6 +304,7 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   RankSetup s = build_rank_setup(r, &dev, mesh, groups, WeightSource::kShapesOnly, false);
   rp.startup_bytes = dev.tally().peak;
   const int64_t startup_params = dev.tally().get(MemoryCategory::kParameters);
+  rp.startup_params_bytes = dev.tally().high[size_t(MemoryCategory::kParameters)];
 
   // One step of placeholder tokens (id 0, every target trained) on this data rank's share of
   // the global batch; the figures are the step's. ZeRO-3 with prefetch records the order of the
@@ -344,8 +345,7 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   rp.allocations = t.allocs;
   rp.slots = s.pipeline->slots();
   rp.startup_how = startup_params > rp.params.bytes
-                       ? "while the parameters are built: the whole model initialised and "
-                         "sliced (tensor or pipeline parallelism), or ZeRO sharding them"
+                       ? "while the parameters are built: ZeRO sharding them"
                        : "while the setup is built";
 
   const LlamaModel& m = *s.model;
@@ -509,7 +509,7 @@ MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device) {
   }
   if (!r.data.valid.empty() && r.training.eval_every_steps > 0)
     plan.notes.push_back(
-        "evaluation: the peak while one validation batch runs after the step (data.valid, every "
+        "Evaluation: the peak while one validation batch runs after the step (data.valid, every "
         "training.eval_every_steps): every data rank runs the whole global batch, " +
         std::to_string(r.training.global_batch_size / r.training.micro_batch_size) +
         " forward-only micro-batches one at a time, in the step's activation slot 0 (logits "
@@ -625,12 +625,12 @@ std::vector<std::vector<int>> plan_roles(const MemoryPlan& plan) {
     return k;
   };
   auto key = [&links_key](const RankPlan& r) {
-    return std::make_tuple(r.stage, r.first_layer, r.num_layers, r.embed, r.head, r.holds,
-                           r.params.bytes, r.grads.bytes, r.optim.bytes, r.activations.bytes,
-                           r.comm_buffers.bytes, r.backend.bytes, r.other_bytes, r.total_bytes,
-                           r.startup_bytes, r.eval_bytes, r.sent_data.bytes, r.sent_data.how,
-                           r.sent_tensor.bytes, r.sent_tensor.how, r.sent_pipeline.bytes,
-                           r.sent_pipeline.how, r.sent_world.bytes, links_key(r));
+    return std::make_tuple(
+        r.stage, r.first_layer, r.num_layers, r.embed, r.head, r.holds, r.params.bytes,
+        r.grads.bytes, r.optim.bytes, r.activations.bytes, r.comm_buffers.bytes, r.backend.bytes,
+        r.other_bytes, r.total_bytes, r.startup_bytes, r.startup_params_bytes, r.eval_bytes,
+        r.sent_data.bytes, r.sent_data.how, r.sent_tensor.bytes, r.sent_tensor.how,
+        r.sent_pipeline.bytes, r.sent_pipeline.how, r.sent_world.bytes, links_key(r));
   };
   std::vector<std::vector<int>> roles;
   std::map<decltype(key(plan.ranks.front())), size_t> index;

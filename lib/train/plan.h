@@ -89,6 +89,9 @@ struct RankPlan {
   int slots = 1;              // activation slots: micro-batches in flight (1F1B)
   int64_t startup_bytes = 0;  // the peak before the first step (building the setup)
   std::string startup_how;
+  // The most parameter memory live at once while the setup is built: this rank's share, as no
+  // rank builds more of the model than it keeps (train/setup.cpp).
+  int64_t startup_params_bytes = 0;
   // The peak while one validation batch runs after the step (PipelineSchedule::eval_batch,
   // forward only, the global batch in eval_micro_batches micro-batches); 0 when the recipe does
   // not evaluate (data.valid or training.eval_every_steps unset).

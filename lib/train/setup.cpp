@@ -6,45 +6,29 @@
 #include "ckpt/hf.h"
 #include "core/log.h"
 #include "parallel/partition.h"
-#include "parallel/tensor_parallel.h"
 
 namespace ft {
 namespace {
 
-// The whole model is initialised (or loaded from model.from) the same way for every layout,
-// then each tensor rank keeps its slices: so every layout starts from the same weights.
-void init_weights(LlamaModel& model, const Recipe& r, Device* dev, const Mesh& mesh,
-                  WeightSource source, bool is_root) {
-  std::unique_ptr<LlamaModel> whole;
-  LlamaModel* init = &model;
-  if (mesh.tensor > 1 || mesh.pipeline > 1) {
-    const MemoryScope tag(MemoryCategory::kParameters);
-    whole = std::make_unique<LlamaModel>(r.model, dev);
-    init = whole.get();
+// Each rank initialises (or loads from model.from) only what it holds: its pipeline stage's
+// groups, and of each tensor its tensor rank's slice. The random init draws every element from
+// (seed, tensor name, index in the whole tensor), and the import reads the slices out of the
+// whole tensors in the files, so every layout starts from the same weights without any rank
+// building the whole model (DESIGN.md §2, "Parameter init").
+void init_weights(LlamaModel& model, const Recipe& r, const Mesh& mesh, WeightSource source,
+                  bool is_root) {
+  if (source == WeightSource::kShapesOnly) return;
+  if (source == WeightSource::kRandom) {
+    model.init_random(r.run.seed, r.model.init_std);
+    return;
   }
-  if (source == WeightSource::kShapesOnly) return;  // the whole model was there, and is freed
-  // Weights are read and sliced on the host, then copied to the device.
-  auto host_ptrs = [](std::vector<std::vector<float>>& h) {
-    std::vector<float*> p;
-    for (auto& g : h) p.push_back(g.empty() ? nullptr : g.data());
-    return p;
-  };
-  if (source == WeightSource::kHuggingFace) {
-    if (is_root) log_info("loading weights from ", r.model.from);
-    std::vector<std::vector<float>> host = init->flat_params().to_host();
-    load_hf_weights(r.model.from, init->layout(), host_ptrs(host));
-    init->flat_params().from_host(host);
-  } else {
-    init->init_random(r.run.seed, r.model.init_std);
-  }
-  if (whole) {
-    std::vector<std::vector<float>> src = whole->flat_params().to_host();
-    std::vector<std::vector<float>> dst = model.flat_params().to_host();
-    const std::vector<float*> sp = host_ptrs(src);
-    slice_for_tensor_rank(whole->layout().groups(), std::vector<const float*>(sp.begin(), sp.end()),
-                          model.layout().groups(), host_ptrs(dst), mesh.t);
-    model.flat_params().from_host(dst);
-  }
+  // Weights are read on the host, this rank's share only, then copied to the device.
+  if (is_root) log_info("loading weights from ", r.model.from);
+  std::vector<std::vector<float>> host = model.flat_params().to_host();
+  std::vector<float*> ptrs;
+  for (auto& g : host) ptrs.push_back(g.empty() ? nullptr : g.data());  // empty: not held
+  load_hf_weights(r.model.from, model.layout(), ptrs, mesh.t);
+  model.flat_params().from_host(host);
 }
 
 }  // namespace
@@ -63,7 +47,7 @@ RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
   // dtype; fp32 master weights, moments and gradients.
   s.model = std::make_unique<LlamaModel>(r.model, dev, r.training.activation_checkpointing,
                                          groups.tensor, stage, compute_dtype_of(r));
-  init_weights(*s.model, r, dev, mesh, weights, is_root);
+  init_weights(*s.model, r, mesh, weights, is_root);
   // ZeRO over the data group (lib/parallel/zero.h) takes over the parameters (stage 3) and
   // gradients (stages 2, 3) from the model.
   ZeroOptions zero_options;

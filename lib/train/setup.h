@@ -46,8 +46,8 @@ struct RankSetup {
 DType compute_dtype_of(const Recipe& r);
 
 // Builds this rank's objects in the order their memory is allocated by a run: the model (its
-// parameters, then the weights, the whole model first where tensor or pipeline parallelism
-// slices it), ZeRO (masters, shards, the compute copy), the schedule, AdamW's moments, the loss
+// parameters, then their weights: this rank's share only, drawn or read in place, never the
+// whole model), ZeRO (masters, shards, the compute copy), the schedule, AdamW's moments, the loss
 // scaler. is_root: rank 0 says what it loads.
 RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
                            const DeviceGroups& groups, WeightSource weights, bool is_root);

@@ -169,7 +169,24 @@ __global__ void tiled_gemm_kernel(float* c, const uint16_t* a, const uint16_t* b
           acc[nt][i];
 }
 
+template <class E>
+__global__ void pack_pairs_kernel(uint32_t* rn, uint32_t* keep, const float* in, int pairs) {
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= pairs) return;
+  rn[i] = pack2_rn<E>(in[2 * i], in[2 * i + 1]);
+  keep[i] = pack2<E>(in[2 * i], in[2 * i + 1]);
+}
+
 }  // namespace
+
+void pack_pairs(bool bf16, uint32_t* rn, uint32_t* keep, const float* in, int pairs) {
+  const unsigned blocks = unsigned((pairs + 127) / 128);
+  if (bf16)
+    FT_LAUNCH((pack_pairs_kernel<::ft::bf16>), blocks, 128, 0, nullptr)(rn, keep, in, pairs);
+  else
+    FT_LAUNCH((pack_pairs_kernel<::ft::f16>), blocks, 128, 0, nullptr)(rn, keep, in, pairs);
+  FT_CUDA_CHECK_LAUNCH();
+}
 
 void mma_packed(bool bf16, float* d, const uint16_t* a, const uint16_t* b, const float* c,
                 AMapping mapping) {

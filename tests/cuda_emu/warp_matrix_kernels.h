@@ -33,4 +33,8 @@ void cp_async_zero_fill(unsigned char* out, const unsigned char* src);
 // m, n multiples of 64, k a multiple of 32.
 void tiled_gemm(bool bf16, float* c, const uint16_t* a, const uint16_t* b, int m, int n, int k);
 
+// One thread per pair: rn[i] = pack2_rn(in[2i], in[2i + 1]) (one cvt.rn.{bf16,f16}x2.f32),
+// keep[i] = pack2 of the same (core/half.h's rule), for i < pairs.
+void pack_pairs(bool bf16, uint32_t* rn, uint32_t* keep, const float* in, int pairs);
+
 }  // namespace ft::kernels::cuda::test

@@ -265,11 +265,12 @@ TEST_CASE("plan: tensor split (Megatron): heads, KV heads, MLP and vocabulary ov
   CHECK(k.sent_tensor.bytes == 10 * 128 + 16 + 2 * 32 + 8);
   CHECK(k.sent_data.bytes == 0);
   CHECK(k.sent_pipeline.bytes == 0);
-  // The whole model (with KV = 2: layers of 560, 80 + 2·560 + 88 = 1288) is initialised on
-  // every rank before it is sliced: 4·(1288 + 664) + the two models' RoPE and loss buffers 32;
-  // the state at the end of the setup is more (parameters, gradients, m and v: 16·664).
+  // Each rank builds only its slices of the model (with KV = 2: layers of 560, 80 + 2·560 + 88
+  // = 1288 in all), never the whole: its parameter memory peaks at its share, 4·664, and the
+  // start-up's peak is the state at the end of the setup (parameters, gradients, m and v).
   CHECK(p.model_params == 1288);
-  CHECK(k.startup_bytes == std::max<int64_t>(4 * (1288 + 664) + 32, 16 * 664 + kScalars));
+  CHECK(k.startup_params_bytes == 4 * 664);
+  CHECK(k.startup_bytes == 16 * 664 + kScalars);
 
   // Activation checkpointing: the recompute repeats the forward's two all-reduces per layer.
   r.training.activation_checkpointing = true;
@@ -312,11 +313,13 @@ TEST_CASE("plan: uneven pipeline split, 1F1B activation slots, the tied embeddin
   CHECK(s1.comm_buffers.bytes == 4 * 5 * 32);
   CHECK(s0.total_bytes ==
         4 * (1568 + 1568 + 2 * 1568) + 2 * (4 * 1496 + kIdsFirst) + kScalars + 4 * 160);
-  // The whole model (80 + 5·496 + 8 = 2568) is built once and sliced (4·(2568 + part) + 32),
-  // below the state each stage keeps (16 B per element held + the scalars).
+  // Each stage builds only its groups of the model (80 + 5·496 + 8 = 2568 in all): the start-up
+  // peaks at the state each stage keeps (16 B per element held + the scalars).
   CHECK(p.model_params == 2568);
-  CHECK(s0.startup_bytes == std::max<int64_t>(4 * (2568 + 1568) + 32, 16 * 1568 + kScalars));
-  CHECK(s1.startup_bytes == std::max<int64_t>(4 * (2568 + 1080) + 32, 16 * 1080 + kScalars));
+  CHECK(s0.startup_params_bytes == 4 * 1568);
+  CHECK(s1.startup_params_bytes == 4 * 1080);
+  CHECK(s0.startup_bytes == 16 * 1568 + kScalars);
+  CHECK(s1.startup_bytes == 16 * 1080 + kScalars);
   // M × 4·N·C = 4 × 128 B one way, the tied-embedding gradient all-reduce 4·80 B, and the loss
   // and gradient norm (8 B each, a ring of 2 sends each once).
   CHECK(s0.sent_pipeline.bytes == 4 * 128 + 320 + 16);
@@ -398,9 +401,11 @@ TEST_CASE("plan: ZeRO over 2 data ranks × 2 pipeline stages, tied embeddings") 
   CHECK(a3.sent_pipeline.bytes == 128 + 4 * 400 + 16);
   CHECK(b3.sent_pipeline.bytes == 128 + 4 * 400 + 16);
   CHECK(z3.model_params == 800 + 2 * 496 + 8);
-  // Slicing (the whole model and this stage's, with their RoPE and loss buffers) beats sharding
-  // (1304 + 2·652) and the state kept (16·652).
-  CHECK(b3.startup_bytes == 4 * (1800 + 1304) + 32);
+  // Only this stage's groups are built (1304 of the model's 1800): sharding them (the full 1304
+  // and both shard sets, 2·652) and the state kept (16·652) tie, with the scalars. Parameter
+  // memory peaks while ZeRO-3 takes them over: the full 1304 and their shard, 652.
+  CHECK(b3.startup_params_bytes == 4 * (1304 + 652));
+  CHECK(b3.startup_bytes == 4 * (1304 + 2 * 652) + kScalars);
 }
 
 TEST_CASE("plan: rank layout rank = (d·P + p)·T + t") {
