@@ -92,6 +92,8 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
     o["startup_bytes"] = r.startup_bytes;
     o["startup_how"] = r.startup_how;
     o["startup_params_bytes"] = r.startup_params_bytes;
+    o["eval_bytes"] = r.eval_bytes;
+    o["eval_micro_batches"] = r.eval_micro_batches;
     o["peak_bytes"] = r.peak_bytes;
     o["allocations"] = r.allocations;
     o["sent_bytes_per_step"] = r.sent_bytes;
@@ -206,6 +208,13 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
       row("startup", p.startup_bytes,
           p.startup_how +
               (p.startup_bytes > p.total_bytes ? ": this is the peak" : " (below the step)"));
+    if (p.eval_bytes > 0)
+      row("evaluation", p.eval_bytes,
+          "while a validation batch runs after the step (" + std::to_string(p.eval_micro_batches) +
+              " forward-only micro-batches)" +
+              (p.eval_bytes > std::max(p.total_bytes, p.startup_bytes)
+                   ? ": this is the peak"
+                   : " (not above the step or start-up)"));
     row("sent per step", p.sent_bytes, "data + tensor + pipeline + world:");
     row("  data", p.sent_data.bytes, p.sent_data.how);
     row("  tensor", p.sent_tensor.bytes, p.sent_tensor.how);

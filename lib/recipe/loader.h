@@ -100,6 +100,7 @@ class Loader {
   // validate.cpp
   void check_unimplemented();
   void check_unbuilt();
+  void check_packing_device();
   void check_cross_rules();
   void check_loss_scaling();
   void check_rope();

@@ -11,9 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "model/config.h"
 #include "model/rope.h"
 #include "recipe/loader.h"
 #include "recipe/schema.h"
+#include "runtime/cuda/ops_memory.h"
 #include "runtime/device.h"
 
 namespace ft::recipe_internal {
@@ -41,6 +43,44 @@ void Loader::check_unbuilt() {
     issue(locate("runtime.communicator"), "runtime.communicator",
           "nccl moves GPU memory, and runtime.device is cpu", "use auto or mpi");
   }
+  check_packing_device();
+}
+
+// data.pack masks attention at document boundaries, which on CUDA only the fused attention
+// kernel does (runtime/op_list.h): bf16/fp16 at head dim 64 or 128. A packed recipe of another
+// shape on a CUDA device would fail at its first step's attention; it is refused here when the
+// device is known (runtime.device: cuda) or knowable (auto, and a usable GPU is here: the probe
+// ft train makes), so ft validate says so. The trainer checks the device it made as well (it
+// also sees FT_CUDA_ATTENTION).
+void Loader::check_packing_device() {
+  const ModelConfig& m = r_.model;
+  if (!r_.data.pack || !cuda_backend() ||
+      !all_usable({"data.pack", "runtime.device", "training.precision", "model.dim",
+                   "model.n_heads", "model.head_dim"}) ||
+      !heads_whole(m))
+    return;
+  const std::string& device = r_.runtime.device;
+  const DType dtype = r_.training.precision == "bf16"   ? DType::kBF16
+                      : r_.training.precision == "fp16" ? DType::kF16
+                                                        : DType::kF32;
+  const int D = head_dim_of(m);
+  // Any GPU ft runs on is sm_80 or newer (cuda_unusable_reason refuses older ones).
+  if (device == "cpu" ||
+      cuda::attention_path(cuda::AttentionPath::kFused, dtype, D, 8) == cuda::AttentionPath::kFused)
+    return;
+  if (device == "auto" && !cuda_backend()->unusable_reason().empty()) return;  // the CPU then
+  const std::string dims = m.head_dim > 0 ? "model.head_dim " + std::to_string(D)
+                                          : "head dim " + std::to_string(D) + " (model.dim " +
+                                                std::to_string(m.dim) + " / model.n_heads " +
+                                                std::to_string(m.n_heads) + ")";
+  issue(locate("data.pack"), "data.pack",
+        "true on the CUDA device (runtime.device: " + device +
+            (device == "auto" ? ", and a usable GPU is here" : "") +
+            ") needs the fused attention kernel to mask documents, which takes bf16/fp16 at head "
+            "dim 64 or 128; this recipe has training.precision " +
+            r_.training.precision + " and " + dims,
+        "training.precision: bf16 (or fp16) with a head dim of 64 or 128 (model.dim / "
+        "model.n_heads, or model.head_dim); or runtime.device: cpu; or data.pack: false");
 }
 
 // Stage 5c: rules across keys, each checked only when every key it reads is usable.

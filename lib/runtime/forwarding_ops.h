@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <utility>
 
 #include "runtime/ops.h"
@@ -31,6 +32,9 @@ class ForwardingOps : public Ops {
   // A size, no work on the device: no hook.
   size_t attention_backward_scratch_elems(DType t, int B, int T, int H, int D) override {
     return inner_.attention_backward_scratch_elems(t, B, T, H, D);
+  }
+  std::string attention_segments_refusal(DType t, int D) override {
+    return inner_.attention_segments_refusal(t, D);
   }
 
  protected:

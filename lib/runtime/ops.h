@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.h"
 #include "core/half.h"
@@ -79,6 +80,11 @@ class Ops {
   // backend. A size query, not an op: it does no work, so it is not in the op list (the
   // decorators forward it by hand).
   virtual size_t attention_backward_scratch_elems(DType t, int B, int T, int H, int D) = 0;
+  // Why attention of this dtype and head dim cannot take document segments (a non-null seg,
+  // op_list.h) on this backend, or "" when it can. A query, not an op, like the one above: the
+  // trainer asks it at start-up, so that data.pack on a shape the backend cannot mask is
+  // refused before any work rather than at the first step's attention.
+  virtual std::string attention_segments_refusal(DType, int /*D*/) { return {}; }
 };
 
 }  // namespace ft

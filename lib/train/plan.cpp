@@ -384,6 +384,27 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   }
   for (const RecordingCommunicator* c : {data, tensor, pipe, holders.get(), &world_comm})
     if (c && c->size() > 1) rp.traffic.push_back(c->traffic(c == data ? tail : 0));
+
+  // Evaluation (data.valid, every training.eval_every_steps), after the step as ft train runs
+  // it (train/trainer.cpp evaluate): one validation batch through PipelineSchedule::eval_batch,
+  // the global batch's samples in micro-batches on every data rank (the validation loader
+  // serves each rank the whole batch), forward only; under pipeline parallelism through the
+  // stages with their receives and sends. Its peak is counted on its own (the step's figures
+  // above stay the step's); what it sends is not part of the step's traffic.
+  if (!r.data.valid.empty() && r.training.eval_every_steps > 0) {
+    StepSamples eval;
+    eval.count = r.training.global_batch_size;
+    eval.seq_len = S;
+    eval.inputs.assign(size_t(eval.count) * S, 0);
+    eval.targets.assign(size_t(eval.count) * S, 0);
+    eval.mask.assign(size_t(eval.count) * S, 1);
+    if (r.data.pack) eval.seg.assign(size_t(eval.count) * S, 0);
+    dev.reset_peak();
+    s.pipeline->eval_batch(eval, micro);
+    rp.eval_bytes = dev.tally().peak;
+    rp.eval_micro_batches = eval.count / micro;
+    rp.peak_bytes = std::max(rp.peak_bytes, rp.eval_bytes);
+  }
   describe(rp, r, device, D, P);
   return rp;
 }
@@ -486,11 +507,18 @@ MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device) {
                              "share per rank.")
             : "."));
   }
-  if (plan.pipeline > 1)
+  if (!r.data.valid.empty() && r.training.eval_every_steps > 0)
     plan.notes.push_back(
-        "Evaluation (data.valid) is not planned: with P > 1 it holds one send buffer per "
-        "validation micro-batch, global_batch_size / micro_batch_size of them in place of the "
-        "step's M (D times as many).");
+        "Evaluation: the peak while one validation batch runs after the step (data.valid, every "
+        "training.eval_every_steps): every data rank runs the whole global batch, " +
+        std::to_string(r.training.global_batch_size / r.training.micro_batch_size) +
+        " forward-only micro-batches one at a time, in the step's activation slot 0 (logits "
+        "included) and, with pipeline stages, the step's send and receive buffers; peak is the "
+        "largest of the step's, start-up's and evaluation's.");
+  else
+    plan.notes.push_back(
+        "No evaluation planned (data.valid or training.eval_every_steps unset): the peak is the "
+        "larger of the step's and start-up's.");
   return plan;
 }
 
@@ -600,9 +628,9 @@ std::vector<std::vector<int>> plan_roles(const MemoryPlan& plan) {
     return std::make_tuple(
         r.stage, r.first_layer, r.num_layers, r.embed, r.head, r.holds, r.params.bytes,
         r.grads.bytes, r.optim.bytes, r.activations.bytes, r.comm_buffers.bytes, r.backend.bytes,
-        r.other_bytes, r.total_bytes, r.startup_bytes, r.startup_params_bytes, r.sent_data.bytes,
-        r.sent_data.how, r.sent_tensor.bytes, r.sent_tensor.how, r.sent_pipeline.bytes,
-        r.sent_pipeline.how, r.sent_world.bytes, links_key(r));
+        r.other_bytes, r.total_bytes, r.startup_bytes, r.startup_params_bytes, r.eval_bytes,
+        r.sent_data.bytes, r.sent_data.how, r.sent_tensor.bytes, r.sent_tensor.how,
+        r.sent_pipeline.bytes, r.sent_pipeline.how, r.sent_world.bytes, links_key(r));
   };
   std::vector<std::vector<int>> roles;
   std::map<decltype(key(plan.ranks.front())), size_t> index;

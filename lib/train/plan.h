@@ -92,7 +92,12 @@ struct RankPlan {
   // The most parameter memory live at once while the setup is built: this rank's share, as no
   // rank builds more of the model than it keeps (train/setup.cpp).
   int64_t startup_params_bytes = 0;
-  int64_t peak_bytes = 0;   // max(total, startup)
+  // The peak while one validation batch runs after the step (PipelineSchedule::eval_batch,
+  // forward only, the global batch in eval_micro_batches micro-batches); 0 when the recipe does
+  // not evaluate (data.valid or training.eval_every_steps unset).
+  int64_t eval_bytes = 0;
+  int eval_micro_batches = 0;
+  int64_t peak_bytes = 0;   // max(total, startup, eval)
   int64_t allocations = 0;  // alloc() calls counted, setup and step
 
   // Bytes this rank sends per optimizer step, by group.

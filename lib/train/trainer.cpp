@@ -85,6 +85,33 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// data.pack needs attention that masks each document (runtime/op_list.h); on CUDA only the
+// fused kernel does, for bf16/fp16 at head dim 64 or 128. The device each rank made says whether
+// its attention can (its path, FT_CUDA_ATTENTION included): refused here, before any data or
+// weights are read, not by the first step's attention op. The ranks agree first, so that all of
+// them stop alike and rank 0 says why once. The recipe check (ft validate) refuses the shapes it
+// can tell from the recipe alone.
+void check_packing_device(const Recipe& r, Device& dev, Communicator& comm) {
+  if (!r.data.pack) return;
+  const int D = head_dim_of(r.model);
+  const std::string why = dev.ops().attention_segments_refusal(compute_dtype_of(r), D);
+  float refused = why.empty() ? 0.0f : 1.0f;
+  if (comm.size() > 1) comm.all_reduce_max(&refused, 1);
+  if (refused == 0) return;
+  throw AgreedError(
+      detail::concat(
+          r.source_path, ": data.pack: true on ", dev.name(),
+          " (runtime.device: ", r.runtime.device,
+          "): ", why.empty() ? "another rank's device cannot mask documents in attention" : why,
+          "; the recipe has training.precision ", r.training.precision, " and ",
+          r.model.head_dim > 0 ? detail::concat("model.head_dim ", D)
+                               : detail::concat("head dim ", D, " (model.dim ", r.model.dim,
+                                                " / model.n_heads ", r.model.n_heads, ")"),
+          " (hint: training.precision: bf16 or fp16 with a head dim of 64 or 128, and "
+          "FT_CUDA_ATTENTION unset or fused; or runtime.device: cpu; or data.pack: false)"),
+      ExitCode::kUsage);
+}
+
 // Refuses a run whose `ft plan` peak does not fit the memory this rank has, before anything is
 // allocated: growing into the OS's out-of-memory killer (or a GPU's out-of-memory error) loses the
 // run without a word, and a run with n_layers: 1e9 would try. On the CPU the ranks on one node
@@ -716,6 +743,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   const int threads = configure_threads(r.runtime.threads);
   std::unique_ptr<Device> dev =
       make_device(r.runtime.device, DeviceOptions{.allow_tf32 = r.runtime.tf32});
+  check_packing_device(r, *dev, comm);
 
   // The mesh (DESIGN.md §3): data-parallel ranks split the batch, tensor-parallel ranks split
   // each layer and see the same samples.

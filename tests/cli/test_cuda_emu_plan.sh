@@ -7,13 +7,14 @@
 #  - plan vs measurement: `ft plan ... runtime.device=cuda` (sm_90: the emulation reports
 #    compute capability 9.0; the plan's counting device makes the CUDA ops' requests, lib/
 #    runtime/cuda/ops_memory.h) against ft_emu's mem_peak_bytes on 2 ranks, ZeRO 0 and 3, fp32
-#    and bf16: equal to the byte, as on the CPU (tests/cli/test_plan.sh), and so the total less
-#    the 32 MiB cuBLASLt workspace too (the ops' scratch, ~1% here, and the CPU-only fp32 dQ
-#    buffer that CUDA does without, 1.3% of bf16 ZeRO 3, would each break it); and per attention
-#    path (FT_CUDA_ATTENTION=fused|gemm|simt, lib/runtime/cuda/ops_memory.h) on a bf16 model
-#    with head dim 64, where the fused kernel applies: the same equality, the chunked GEMMs'
-#    score chunks planned and the fused and SIMT kernels' absence of scratch too; an unknown
-#    value is an error naming the three;
+#    and bf16, and 2 pipeline stages evaluating after every step (the plan's evaluation pass
+#    with the CUDA ops' scratch): equal to the byte, as on the CPU (tests/cli/test_plan.sh),
+#    and so the total less the 32 MiB cuBLASLt workspace too (the ops' scratch, ~1% here, and
+#    the CPU-only fp32 dQ buffer that CUDA does without, 1.3% of bf16 ZeRO 3, would each break
+#    it); and per attention path (FT_CUDA_ATTENTION=fused|gemm|simt, lib/runtime/cuda/
+#    ops_memory.h) on a bf16 model with head dim 64, where the fused kernel applies: the same
+#    equality, the chunked GEMMs' score chunks planned and the fused and SIMT kernels' absence
+#    of scratch too; an unknown value is an error naming the three;
 #  - the device planned for: runtime.device auto is CUDA under ft_emu (a usable emulated GPU)
 #    and the CPU under ft here (no GPU); --cuda-sm 80 plans a 4 MiB workspace;
 #  - runtime.tf32 reaches cuBLASLt: an fp32 run with tf32 true differs from one with tf32 false
@@ -43,7 +44,8 @@ YAML
 # 1. The plan against what the emulated CUDA device measures. name:overrides, 2 ranks each.
 runs=("f32_z0:parallel.zero_stage=0" "f32_z3:parallel.zero_stage=3"
       "bf16_z0:parallel.zero_stage=0 training.precision=bf16"
-      "bf16_z3:parallel.zero_stage=3 training.precision=bf16")
+      "bf16_z3:parallel.zero_stage=3 training.precision=bf16"
+      "bf16_pipe2_eval:parallel.pipeline=2 model.n_layers=3 training.precision=bf16 data.valid=$tmp/data training.eval_every_steps=1")
 names=()
 for run in "${runs[@]}"; do
   IFS=: read -r name overrides <<< "$run"; read -r -a ov <<< "$overrides"
@@ -85,6 +87,9 @@ for name in names:
     assert measured > WS, (name, "measured peak below the workspace", measured)
     assert planned == measured, (name, "peak", planned, measured)
     assert role["other_bytes"] == 0, (name, "allocations without a category", role)
+    evals = sum('"eval_loss"' in l for l in open(f"{tmp}/{name}/metrics.jsonl"))
+    assert (role["eval_bytes"] > WS and evals == 3) if "eval" in name else \
+        (role["eval_bytes"] == 0 and evals == 0), (name, role["eval_bytes"], evals)
     line = [f"peak {planned} (less the workspace {planned - WS})"]
     for k in ("params", "grads", "optim"):
         planned_k, measured_k = role[f"{k}_bytes"], m[f"mem_{k}_bytes"]

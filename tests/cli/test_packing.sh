@@ -16,7 +16,11 @@
 #  f. A bad data.pack_overflow names the file, line and key.
 #  g. With ft_emu (the emulated CUDA device, fused attention: bf16, head dim 64): (a) within
 #     1e-4 (loss) and 1e-3 (gradient norm) relative: both runs round alike, token for token
-#     (seen 2e-16 and 4e-11), far inside test_cuda_emu_train.sh's 16-bit step-1 bounds.
+#     (seen 2e-16 and 4e-11), far inside test_cuda_emu_train.sh's 16-bit step-1 bounds. Shapes
+#     the fused kernel does not take (fp32; head dim 8) are refused by ft validate and by ft
+#     train before any data is read, naming data.pack, the precision, the head dim and the
+#     device; FT_CUDA_ATTENTION=gemm by ft train's check of the device it made.
+#  The packing line of the start-up is printed once (rank 0) by the multi-rank runs of (c).
 #   bash tests/cli/test_packing.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 mpi_env
@@ -151,6 +155,11 @@ for layout in "tensor2 parallel.tensor=2" "pipeline2 parallel.pipeline=2" \
   echo "c. $name against one process:"
   close "$name" unbroken 1e-5 1e-5
 done
+# The start-up line comes once, from rank 0, as the other start-up lines do.
+for name in tensor2 pipeline2 data2_z3; do
+  n=$(grep -c 'ft: data.pack: ' "$tmp/$name.log" || true)
+  [[ $n == 1 ]] || fail "$name printed the packing line $n times: $(grep 'ft: data' "$tmp/$name.log")"
+done
 
 # d. ft plan: the packed step's segment ids and positions are in the planned memory.
 "$ft" plan "$tmp/r.yaml" --world 1 --json > "$tmp/plan.json" || fail "ft plan"
@@ -184,6 +193,43 @@ if [[ -x $emu ]]; then
     training.global_batch_size="$n_docs"
   echo "g. packed against unpacked on the emulated CUDA device (bf16, fused attention), step 1:"
   close emu_packed emu_unpacked 1e-4 1e-3
+  # Another shape has no attention that masks documents on CUDA: fp32 at this recipe's head
+  # dim 8 (dim 32 / 4 heads) is refused by ft validate (runtime.device cuda, and auto where the
+  # emulated GPU is usable) and by ft train before it reads any data (its output folder is not
+  # made, no step runs), naming the keys; fp32 at head dim 64 too.
+  for dev in cuda auto; do
+    run_rc 2 "$emu" validate "$tmp/r.yaml" runtime.device=$dev
+    has_err "r.yaml:3:"
+    has_err "data.pack: true on the CUDA device (runtime.device: $dev"
+    has_err "needs the fused attention kernel"
+    has_err "training.precision fp32 and head dim 8 (model.dim 32 / model.n_heads 4)"
+    has_err "(hint: training.precision: bf16"
+  done
+  run_rc 2 "$emu" validate "$tmp/r.yaml" runtime.device=cuda model.dim=128 model.n_heads=2 \
+    model.n_kv_heads=1
+  has_err "training.precision fp32 and head dim 64 (model.dim 128 / model.n_heads 2)"
+  run_rc 0 "$emu" validate "$tmp/r.yaml" "${hd64[@]}"
+  run_rc 0 "$emu" validate "$tmp/r.yaml" runtime.device=cpu
+  run_rc 2 "$emu" train "$tmp/r.yaml" runtime.device=cuda run.output_dir="$tmp/emu_fp32"
+  has_err "data.pack: true on the CUDA device (runtime.device: cuda"
+  lacks_out "ft: data"
+  [[ ! -e $tmp/emu_fp32 ]] || fail "the refused run made its output folder"
+  # The trainer's own check, on the device it made: the fused shape, with FT_CUDA_ATTENTION
+  # choosing the chunked GEMMs (the recipe is fine; that device's attention cannot mask).
+  FT_CUDA_ATTENTION=gemm run_rc 2 "$emu" train "$tmp/r.yaml" "${hd64[@]}" \
+    run.output_dir="$tmp/emu_gemm"
+  has_err "data.pack: true on cuda:0"
+  has_err "document segments need the fused attention kernel"
+  has_err "FT_CUDA_ATTENTION=gemm"
+  has_err "training.precision bf16 and head dim 64 (model.dim 128 / model.n_heads 2)"
+  lacks_out "ft: data"
+  [[ ! -e $tmp/emu_gemm ]] || fail "the refused run made its output folder"
+  # Two ranks agree and stop alike: rank 0 says it once.
+  FT_CUDA_ATTENTION=gemm run_rc 2 "$emu" train "$tmp/r.yaml" "${hd64[@]}" \
+    run.output_dir="$tmp/emu_gemm2" runtime.communicator=mpi runtime.threads=1 --nproc 2
+  n=$(cat "$tmp/out.txt" "$tmp/err.txt" | grep -c 'data.pack: true on cuda:0' || true)
+  [[ $n == 1 ]] || fail_showing_output "two ranks: the refusal printed $n times"
+  echo "g. refused up front: $(head -c 300 "$tmp/err.txt")"
 else
   echo "g. skipped: this build has no ft_emu"
 fi

@@ -6,13 +6,17 @@
 #    ZeRO-3, and tensor parallelism (2 tensor ranks; 2 data × 2 tensor under ZeRO-3 with
 #    `--nproc 4`); pipeline layouts: 3 layers on 2 stages (uneven split), tied embeddings +
 #    activation checkpointing, 2 data × 2 pipeline under ZeRO 1, 2 and 3, 2 tensor × 2 pipeline,
-#    3 stages with fewer micro-batches than stages, and 2 × 2 × 2 under ZeRO-3; bf16 and fp16:
+#    3 stages with fewer micro-batches than stages, and 2 × 2 × 2 under ZeRO-3; 2 data × 2
+#    pipeline evaluating data.valid after every step (each evaluation runs the whole global
+#    batch, twice the step's micro-batches per rank, through the stages: the steps after it
+#    measure its peak too, and every stage's plan counts it); bf16 and fp16:
 #    rank 0's planned params/grads/optimizer bytes equal the metrics' mem_params/grads/optim_bytes,
-#    and the planned peak (max of the step's and start-up's) equals mem_peak_bytes, the device
-#    allocator's peak over the run; every allocation says what it is for (other_bytes 0). Only
-#    rank 0 writes metrics and it is always on the first pipeline stage: the other stages'
-#    parameter counts are checked against the tensors every rank of data rank 0 writes with
-#    FT_TEST_DUMP_PARAMS, and their figures in tests/unit/test_plan.cpp against hand-worked ones.
+#    and the planned peak (max of the step's, start-up's and evaluation's) equals mem_peak_bytes,
+#    the device allocator's peak over the run; every allocation says what it is for
+#    (other_bytes 0). Only rank 0 writes metrics and it is always on the first pipeline stage:
+#    the other stages' parameter counts are checked against the tensors every rank of data
+#    rank 0 writes with FT_TEST_DUMP_PARAMS, and their figures in tests/unit/test_plan.cpp
+#    against hand-worked ones.
 #    Two of the layouts run on the guard device too (the same figures).
 #  - The tables: one per rank role; a world that does not fit the layout is a usage error
 #    (exit 2).
@@ -45,7 +49,8 @@ runs+=("tied_ckpt_z3:2:parallel.zero_stage=3 model.tie_embeddings=true training.
        "data2_pipe2_z3_tied:4:parallel.pipeline=2 parallel.zero_stage=3 model.n_layers=3 model.tie_embeddings=true"
        "tensor2_pipe2:4:parallel.tensor=2 parallel.pipeline=2 model.n_layers=3"
        "pipe3_m2:3:parallel.pipeline=3 model.n_layers=4 training.global_batch_size=4"
-       "data2_pipe2_tensor2_z3:8:parallel.tensor=2 parallel.pipeline=2 parallel.zero_stage=3 model.tie_embeddings=true")
+       "data2_pipe2_tensor2_z3:8:parallel.tensor=2 parallel.pipeline=2 parallel.zero_stage=3 model.tie_embeddings=true"
+       "data2_pipe2_eval:4:parallel.pipeline=2 model.n_layers=3 data.valid=$tmp/data training.eval_every_steps=1")
 # The precision policy (fp32 masters, a 16-bit compute copy and activations): ZeRO 0 and 3, and
 # tensor x pipeline.
 for p in bf16 fp16; do
@@ -91,9 +96,19 @@ for name in names:
     for what, planned, measured in pairs:
         assert planned == measured, (name, what, planned, measured)
         line.append(f"{what} {planned}")
-    assert role["peak_bytes"] == max(role["total_bytes"], role["startup_bytes"]), (name, role)
+    assert role["peak_bytes"] == max(role["total_bytes"], role["startup_bytes"],
+                                     role["eval_bytes"]), (name, role)
+    evals = [l for l in open(f"{tmp}/{name}/metrics.jsonl") if '"eval_loss"' in l]
     for r in plan["roles"]:
         assert r["other_bytes"] == 0, (name, "allocations without a category", r)
+        # Evaluating runs (the run evaluated after every step, so its later steps' peak covers
+        # the evaluations before them): every stage plans a validation batch of
+        # global_batch_size / micro_batch_size forward micro-batches; the others plan none.
+        if "eval" in name:
+            assert len(evals) == 3, (name, "evaluations", evals)
+            assert r["eval_micro_batches"] == 4 and r["eval_bytes"] > 0, (name, r)
+        else:
+            assert r["eval_bytes"] == 0 and not evals, (name, r)
         parts = sum(r[k] for k in ("params_bytes", "grads_bytes", "optim_bytes",
                                    "activation_bytes", "comm_buffer_bytes", "backend_bytes"))
         assert parts == r["total_bytes"], (name, "categories do not add up", r)

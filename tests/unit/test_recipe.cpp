@@ -976,6 +976,61 @@ TEST_CASE("recipe: what this build cannot run is refused, so validate and train 
   CHECK(load_recipe(path, {}, 4, /*refuse_unbuilt=*/false).ok());
 }
 
+TEST_CASE("recipe: data.pack on a CUDA device needs the fused attention kernel's shapes") {
+  Scratch s;
+  std::string yaml = s.base();  // its line 9 is "data: {train: ...}": packed there
+  yaml.insert(yaml.rfind('}'), ", pack: true");
+  const std::string path = s.write("recipe.yaml", yaml);
+  // A stand-in CUDA backend whose GPU is usable or not (auto then means the CPU).
+  static const CudaBackend usable{[] { return std::string(); },
+                                  [](const DeviceOptions&) { return std::unique_ptr<Device>(); },
+                                  [] { return std::string("stand-in"); }};
+  static const CudaBackend no_gpu{[] { return std::string("no GPU here"); },
+                                  [](const DeviceOptions&) { return std::unique_ptr<Device>(); },
+                                  [] { return std::string("stand-in"); }};
+  auto load_with = [&](const CudaBackend* b, std::vector<std::string> overrides) {
+    register_cuda_backend(b);
+    RecipeResult res = load_recipe(path, overrides, 0);
+    register_cuda_backend(nullptr);
+    return res;
+  };
+  // fp32 at head dim 16 (dim 64 / 4 heads) on runtime.device: cuda: the first step's attention
+  // would refuse the segments; the recipe check says so at data.pack, naming the keys.
+  const RecipeResult cuda = load_with(&no_gpu, {"runtime.device=cuda"});
+  const RecipeIssue i = issue_for(cuda, "data.pack");
+  CHECK(cuda.issues.size() == 1);
+  CHECK(i.line == 9);
+  CHECK(contains(i.message, "runtime.device: cuda"));
+  CHECK(contains(i.message, "fused attention kernel"));
+  CHECK(contains(i.message, "training.precision fp32"));
+  CHECK(contains(i.message, "head dim 16 (model.dim 64 / model.n_heads 4)"));
+  CHECK(contains(i.hint, "training.precision: bf16"));
+  CHECK(contains(i.hint, "data.pack: false"));
+  // bf16 alone is not enough at head dim 16; an explicit head_dim is named as such.
+  CHECK(contains(
+      issue_for(load_with(&no_gpu, {"runtime.device=cuda", "training.precision=bf16"}), "data.pack")
+          .message,
+      "training.precision bf16 and head dim 16"));
+  CHECK(contains(
+      issue_for(load_with(&no_gpu, {"runtime.device=cuda", "model.head_dim=32"}), "data.pack")
+          .message,
+      "and model.head_dim 32"));
+  // The shapes the kernel takes: bf16 or fp16 at head dim 64 (dim 256 / 4) or 128.
+  CHECK(
+      load_with(&no_gpu, {"runtime.device=cuda", "training.precision=bf16", "model.dim=256"}).ok());
+  CHECK(load_with(&no_gpu, {"runtime.device=cuda", "training.precision=fp16", "model.head_dim=128"})
+            .ok());
+  // auto: refused where a usable GPU is here (ft train would take it), not where there is none.
+  const RecipeResult with_gpu = load_with(&usable, {});
+  CHECK(contains(issue_for(with_gpu, "data.pack").message,
+                 "runtime.device: auto, and a usable GPU is here"));
+  CHECK(load_with(&no_gpu, {}).ok());
+  // The CPU, or no packing, or a build without a CUDA backend (runtime.device: auto is the CPU).
+  CHECK(load_with(&usable, {"runtime.device=cpu"}).ok());
+  CHECK(load_with(&usable, {"data.pack=false"}).ok());
+  CHECK(load_with(nullptr, {}).ok());
+}
+
 TEST_CASE("recipe: the vocabulary must split over the tensor ranks (no silent padding)") {
   Scratch s;
   RecipeResult res = s.load(s.base(), {"parallel.tensor=2", "model.vocab_size=255"}, 2);

@@ -154,12 +154,12 @@ class CudaOps final : public Ops {
   // default where it applies. A non-null seg needs the fused kernel (op_list.h).
   cuda::AttentionPath attention_path(const char* op, DType dt, int D, const int32_t* seg) const {
     const cuda::AttentionPath path = cuda::attention_path(attention_requested_, dt, D, sm_major_);
-    FT_CHECK(!seg || path == cuda::AttentionPath::kFused, op,
-             ": document segments need the fused attention kernel (bf16/f16, head dim 64 or 128; "
-             "this is ",
-             dtype_name(dt), ", head dim ", D, ", FT_CUDA_ATTENTION path ",
-             cuda::attention_path_name(path), ")");
+    if (seg && path != cuda::AttentionPath::kFused)
+      FT_FAIL(op, ": ", cuda::segments_refusal(attention_requested_, dt, D, sm_major_));
     return path;
+  }
+  std::string attention_segments_refusal(DType dt, int D) override {
+    return cuda::segments_refusal(attention_requested_, dt, D, sm_major_);
   }
 
   void attention_forward(Stream s, Ref out, float* lse, CRef q, CRef k, CRef v, const int32_t* seg,

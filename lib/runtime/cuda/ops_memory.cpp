@@ -42,6 +42,20 @@ AttentionPath attention_path(AttentionPath requested, DType dtype, int D, int sm
   return applies ? AttentionPath::kFused : AttentionPath::kGemm;
 }
 
+std::string segments_refusal(AttentionPath requested, DType dtype, int D, int sm_major) {
+  const AttentionPath path = attention_path(requested, dtype, D, sm_major);
+  if (path == AttentionPath::kFused) return {};
+  return detail::concat(
+      "document segments need the fused attention kernel (bf16/f16, head dim 64 or 128, sm_80+); "
+      "this is ",
+      dtype_name(dtype), " at head dim ", D,
+      sm_major < 8 ? detail::concat(" on sm_", sm_major, "x") : std::string(),
+      ", so attention takes the ", attention_path_name(path), " path",
+      requested == AttentionPath::kFused
+          ? ""
+          : detail::concat(" (FT_CUDA_ATTENTION=", attention_path_name(requested), ")"));
+}
+
 // The cuBLAS API reference (cublasSetWorkspace) recommends 32 MiB on Hopper and 4 MiB on other
 // architectures; sm_90 and later get 32 MiB. Declared in lt_gemm.h, defined here (plain C++) so
 // that ft plan counts it without the CUDA libraries.

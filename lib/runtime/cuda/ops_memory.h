@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "core/dtype.h"
 #include "runtime/device.h"
@@ -36,6 +37,10 @@ AttentionPath requested_attention_path();
 // tensor-core path for every shape and dtype; fp32 GEMMs without TF32 match the CPU). gemm
 // and simt are taken as asked. CudaOps and ft plan's counting ops both decide through this.
 AttentionPath attention_path(AttentionPath requested, DType dtype, int D, int sm_major);
+// Why attention of this dtype and head dim cannot take document segments (data.pack; only the
+// fused kernel masks them, op_list.h) when `requested` was asked for on sm_major.x: its
+// dtype, head dim and the path it takes instead; "" when it takes the fused kernel.
+std::string segments_refusal(AttentionPath requested, DType dtype, int D, int sm_major);
 
 class OpsMemory {
  public:
