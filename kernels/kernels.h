@@ -119,10 +119,7 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
                         int K, int D, const int32_t* seg = nullptr);
 
 // ---- decode.cpp: generation with a KV cache (ft generate; one sequence) ---------------------
-// RoPE of rope_forward on x (T, nh, D) whose row t is at position pos + t: pair (i, i + D/2)
-// turns by float(pos + t) · inv_freq[i] (the same fp32 angle, cos and sin as rope_forward's).
-template <typename E>
-void rope_at(E* x, const float* inv_freq, int pos, int T, int nh, int D);
+// (Its RoPE is rope_forward with positions pos, pos + 1, ...: lib/model/decode.cpp.)
 // Causal grouped-query attention of Tq new queries over a KV cache: q, out (Tq, H, D), query t
 // at position pos + t; k, v (pos + Tq, K, D), the cache's rows 0 .. pos + Tq − 1 (the new
 // tokens' keys and values already written at rows pos ..). Query t attends to rows ≤ pos + t,

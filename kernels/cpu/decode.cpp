@@ -1,6 +1,7 @@
-// Generation with a KV cache on the CPU (kernels.h "decode.cpp"): RoPE at a position offset and
-// attention of a few new queries over the cached keys and values. One sequence; the work per
-// new token is O(position · H · D), so plain loops over (query, head) under OpenMP suffice.
+// Generation with a KV cache on the CPU (kernels.h "decode.cpp"): attention of a few new queries
+// over the cached keys and values (RoPE at the cache's positions is rope_forward's, rope.cpp). One
+// sequence; the work per new token is O(position · H · D), so plain loops over (query, head) under
+// OpenMP suffice.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -11,25 +12,6 @@
 
 FT_CPU_ISA_BEGIN
 namespace ft::kernels::FT_CPU_ISA_NS {
-
-template <typename E>
-void rope_at(E* x, const float* inv_freq, int pos, int T, int nh, int D) {
-  const int half = D / 2;
-#pragma omp parallel for schedule(static)
-  for (int t = 0; t < T; ++t) {
-    for (int i = 0; i < half; ++i) {
-      // The angle, cos and sin as rope_forward's tables make them (rope.cpp).
-      const float a = float(pos + t) * inv_freq[i];
-      const float c = std::cos(a), s = std::sin(a);
-      for (int h = 0; h < nh; ++h) {
-        E* head = x + (size_t(t) * nh + h) * D;
-        const float x1 = to_f32(head[i]), x2 = to_f32(head[i + half]);
-        head[i] = from_f32<E>(x1 * c - x2 * s);
-        head[i + half] = from_f32<E>(x2 * c + x1 * s);
-      }
-    }
-  }
-}
 
 template <typename E>
 void attention_decode(E* out, const E* q, const E* k, const E* v, int pos, int Tq, int H, int K,
@@ -67,8 +49,7 @@ void attention_decode(E* out, const E* q, const E* k, const E* v, int pos, int T
   }
 }
 
-#define FT_INSTANTIATE(E)                                      \
-  template void rope_at(E*, const float*, int, int, int, int); \
+#define FT_INSTANTIATE(E) \
   template void attention_decode(E*, const E*, const E*, const E*, int, int, int, int, int);
 FT_INSTANTIATE(float)
 FT_INSTANTIATE(bf16)

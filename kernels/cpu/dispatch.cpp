@@ -53,7 +53,6 @@ namespace ft::kernels {
   template void attention_backward<T>(T*, T*, T*, const T*, const T*, const float*, const T*,      \
                                       const T*, const T*, float*, int, int, int, int, int,         \
                                       const int32_t*);                                             \
-  template void rope_at(T*, const float*, int, int, int, int);                                     \
   template void attention_decode(T*, const T*, const T*, const T*, int, int, int, int, int);       \
   template void swiglu_forward(T*, const T*, const T*, size_t);                                    \
   template void swiglu_backward(T*, T*, const T*, const T*, const T*, size_t);                     \

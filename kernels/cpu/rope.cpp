@@ -16,14 +16,15 @@ namespace ft::kernels::FT_CPU_ISA_NS {
 
 namespace {
 // cos/sin tables (T, D/2), computed in float the way HF's rotary embedding does:
-// angle = float(t) · inv_freq_i in fp32, then cos and sin of that float.
-void rope_tables(std::vector<float>& cosv, std::vector<float>& sinv, const float* inv_freq, int T,
-                 int D) {
+// angle = float(t) · inv_freq_i in fp32, then cos and sin of that float. Rows from .. T − 1 are
+// (re)computed; rows below `from` are kept (a row depends only on t and inv_freq).
+void rope_tables(std::vector<float>& cosv, std::vector<float>& sinv, const float* inv_freq,
+                 int from, int T, int D) {
   int half = D / 2;
   cosv.resize(size_t(T) * half);
   sinv.resize(size_t(T) * half);
   for (int i = 0; i < half; ++i) {
-    for (int t = 0; t < T; ++t) {
+    for (int t = from; t < T; ++t) {
       float a = float(t) * inv_freq[i];
       cosv[size_t(t) * half + i] = std::cos(a);
       sinv[size_t(t) * half + i] = std::sin(a);
@@ -35,22 +36,27 @@ void rope_tables(std::vector<float>& cosv, std::vector<float>& sinv, const float
 template <typename E>
 void rope_apply(E* x, const float* inv_freq, const int32_t* pos, int B, int T, int nh, int D,
                 float sign) {
-  // The tables depend only on (T, inv_freq), which stay fixed through a run, so the last ones are
-  // kept (per thread: kernels may be called from several threads later). The key is the table's
-  // contents, not its address: D/2 floats compare in nanoseconds, and a caller's table may be
-  // freed and another allocated at the same address.
+  // The tables depend only on inv_freq, which stays fixed through a run, so they are kept (per
+  // thread: kernels may be called from several threads later) and only grown when a call needs
+  // rows past their end: generation rotates positions pos, pos + 1, ... one token at a time
+  // (lib/model/decode.cpp), and rebuilding all pos rows per token would cost O(pos) each. The
+  // key is the table's contents, not its address: D/2 floats compare in nanoseconds, and a
+  // caller's table may be freed and another allocated at the same address.
   thread_local std::vector<float> cosv, sinv, cached_inv;
-  thread_local int cached_T = -1;
+  thread_local int cached_T = 0;  // rows the tables hold
   const int half = D / 2;
   // With positions, the table spans 0 .. the largest of them (packed samples: below T).
   int span = T;
   if (pos)
     for (size_t n = 0; n < size_t(B) * T; ++n) span = std::max(span, pos[n] + 1);
-  if (span != cached_T || cached_inv.size() != size_t(half) ||
+  if (cached_inv.size() != size_t(half) ||
       std::memcmp(cached_inv.data(), inv_freq, sizeof(float) * half) != 0) {
-    rope_tables(cosv, sinv, inv_freq, span, D);
-    cached_T = span;
+    cached_T = 0;
     cached_inv.assign(inv_freq, inv_freq + half);
+  }
+  if (span > cached_T) {
+    rope_tables(cosv, sinv, inv_freq, cached_T, span, D);
+    cached_T = span;
   }
   // Plain pointers for the OpenMP threads: inside the loop `cosv` would name *their* copies.
   const float* cos_table = cosv.data();

@@ -1,10 +1,7 @@
 // Generation with a KV cache on the GPU (kernels/kernels.h "decode.cpp", tested against
-// kernels/cpu/decode.cpp): RoPE at a position offset, and attention of a few new queries over
-// the cached keys and values. Plain SIMT kernels: one sequence, a handful of queries per call.
-//
-// rope_at_kernel: rope_kernel's scheme (rope.cu), one thread per (row, pair i), with the angle
-// float(pos + t) · inv_freq[i] and the same sincos_of_angle, so a token rotated here carries
-// the bits rope_forward would give it at that position.
+// kernels/cpu/decode.cpp): attention of a few new queries over the cached keys and values. A
+// plain SIMT kernel: one sequence, a handful of queries per call. (RoPE at the cache's positions
+// is rope_forward's with positions, rope.cu.)
 //
 // attention_decode_kernel: one warp per (query t, head h). Lane l owns output dims l + 32c;
 // for each key j ≤ pos + t in order, the lanes' partial products are summed by an xor
@@ -16,32 +13,12 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels_cuda.h"
-#include "kernels/cuda/sincos.cuh"
 
 namespace ft::kernels::cuda {
 namespace {
 
-constexpr int kRopeThreads = 256;
 constexpr int kMaxD = 256;
 constexpr int kDimsPerLane = kMaxD / kWarpSize;
-
-template <typename E>
-__global__ void rope_at_kernel(E* x, const float* inv_freq, int pos, int nh, int D_, size_t pairs) {
-  const int half = D_ / 2;
-  for (size_t idx = grid_thread_index(); idx < pairs; idx += grid_thread_count()) {
-    const size_t t = idx / size_t(half);
-    const int i = int(idx % size_t(half));
-    const float a = float(pos + int(t)) * inv_freq[i];
-    float s, c;
-    sincos_of_angle(a, s, c);
-    E* head = x + t * size_t(nh) * size_t(D_);
-    for (int h = 0; h < nh; ++h, head += D_) {
-      const float x1 = to_float(head[i]), x2 = to_float(head[i + half]);
-      head[i] = from_float<E>(x1 * c - x2 * s);
-      head[i + half] = from_float<E>(x2 * c + x1 * s);
-    }
-  }
-}
 
 template <typename E>
 __global__ void attention_decode_kernel(E* out, const E* q, const E* k, const E* v, int pos, int H,
@@ -89,16 +66,6 @@ __global__ void attention_decode_kernel(E* out, const E* q, const E* k, const E*
 }  // namespace
 
 template <typename T>
-void rope_at(T* x, const float* inv_freq, int pos, int T_, int nh, int D, void* stream) {
-  if (T_ <= 0 || nh <= 0 || D < 2) return;
-  const size_t pairs = size_t(T_) * size_t(D / 2);
-  FT_LAUNCH((rope_at_kernel<device_t<T>>), grid_blocks(pairs, kRopeThreads, 1), kRopeThreads, 0,
-            stream)
-  (dev(x), inv_freq, pos, nh, D, pairs);
-  FT_CUDA_CHECK_LAUNCH();
-}
-
-template <typename T>
 void attention_decode(T* out, const T* q, const T* k, const T* v, int pos, int Tq, int H, int K,
                       int D, void* stream) {
   if (Tq <= 0 || H <= 0) return;
@@ -111,8 +78,7 @@ void attention_decode(T* out, const T* q, const T* k, const T* v, int pos, int T
   FT_CUDA_CHECK_LAUNCH();
 }
 
-#define FT_INSTANTIATE(T)                                             \
-  template void rope_at(T*, const float*, int, int, int, int, void*); \
+#define FT_INSTANTIATE(T) \
   template void attention_decode(T*, const T*, const T*, const T*, int, int, int, int, int, void*);
 FT_INSTANTIATE(float)
 FT_INSTANTIATE(bf16)

@@ -109,8 +109,6 @@ void rope_backward(T* dx, const float* inv_freq, int B, int T_, int nh, int D, v
                    const int32_t* pos = nullptr);
 
 // ---- decode.cu: generation with a KV cache (kernels.h "decode.cpp") ----
-template <typename T>
-void rope_at(T* x, const float* inv_freq, int pos, int T_, int nh, int D, void* stream);
 // Head dim D <= 256 (ft::Error otherwise: each lane keeps D / 32 outputs in registers).
 template <typename T>
 void attention_decode(T* out, const T* q, const T* k, const T* v, int pos, int Tq, int H, int K,

@@ -1,5 +1,6 @@
-// sin and cos of an fp32 RoPE angle on the GPU, shared by rope.cu and decode.cu so that a
-// rotation at a position offset (rope_at) is bit for bit the rotation rope_forward applies.
+// sin and cos of an fp32 RoPE angle on the GPU (rope.cu): the same value for the same angle
+// whichever token carries it, so a token rotated at its position in generation (rope_forward
+// with positions, lib/model/decode.cpp) gets the bits training gives it there.
 #pragma once
 
 #include <cstdint>

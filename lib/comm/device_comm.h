@@ -4,6 +4,8 @@
 // tests/cuda_emu/nccl_emu.cpp). ft_lib itself names no NCCL symbol.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -12,6 +14,12 @@
 
 namespace ft {
 
+// The collective watchdog's CUDA events (DESIGN §4): one per call made, recorded after it,
+// reused once its call has completed.
+struct NcclWatchdogEvents {
+  uint64_t created = 0;  // events created, this process
+  size_t watched = 0;    // calls watched now (made, not yet seen complete)
+};
 struct NcclBackend {
   // Empty when NCCL can serve `dev`'s memory, else why not (not a CUDA device; the library
   // does not load; its version is outside the range DESIGN §3 names).
@@ -22,6 +30,7 @@ struct NcclBackend {
   std::unique_ptr<Communicator> (*make_world)(Communicator& world, Device& dev);
   // "nccl 2.28.9" once loaded, else "nccl".
   std::string (*description)();
+  NcclWatchdogEvents (*watchdog_events)();
 };
 void register_nccl_backend(const NcclBackend* backend);
 const NcclBackend* nccl_backend();  // null when the executable links none

@@ -229,25 +229,39 @@ class DeviceWatchdog {
     return next_id_;
   }
   // The call has returned: its end is the event recorded on `stream` now (null: it failed, and
-  // is no longer watched).
+  // is no longer watched). The event comes from free_events_, which the thread refills with the
+  // events of calls it has seen complete: a step of thousands of collectives creates only as
+  // many events as calls are ever watched at once, not one per call. (All of them on one
+  // device: a process drives one GPU, and its communicators all live there.)
   void returned(uint64_t id, cudaStream_t stream) {
     if (id == 0) return;
-    cudaEvent_t e = nullptr;
-    if (stream && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess &&
-        cudaEventRecord(e, stream) != cudaSuccess) {
-      cudaEventDestroy(e);
-      e = nullptr;
-    }
     std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < work_.size(); ++i)
-      if (work_[i].id == id) {
-        if (e)
-          work_[i].done = e;
-        else
-          work_.erase(work_.begin() + long(i));
-        return;
+    const auto it =
+        std::find_if(work_.begin(), work_.end(), [&](const Watched& w) { return w.id == id; });
+    if (it == work_.end()) return;
+    cudaEvent_t e = nullptr;
+    if (stream) {
+      if (!free_events_.empty()) {
+        e = free_events_.back();
+        free_events_.pop_back();
+      } else if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess) {
+        ++events_created_;
+      } else {
+        e = nullptr;
       }
-    if (e) cudaEventDestroy(e);
+      if (e && cudaEventRecord(e, stream) != cudaSuccess) {
+        cudaEventDestroy(e);
+        e = nullptr;
+      }
+    }
+    if (e)
+      it->done = e;
+    else
+      work_.erase(it);
+  }
+  NcclWatchdogEvents events() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {events_created_, work_.size()};
   }
 
   // Main thread, at each call and while waiting: once the watchdog has fired, reports (a hang:
@@ -278,12 +292,17 @@ class DeviceWatchdog {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (stop_) return;
-        // Done calls leave; the oldest one left is the one furthest past its deadline.
+        // Done calls leave, their events back to the pool (one whose query failed is destroyed);
+        // the oldest call left is the one furthest past its deadline.
         work_.erase(std::remove_if(work_.begin(), work_.end(),
-                                   [](Watched& w) {
-                                     if (!w.done || cudaEventQuery(w.done) == cudaErrorNotReady)
-                                       return false;
-                                     cudaEventDestroy(w.done);
+                                   [this](Watched& w) {
+                                     if (!w.done) return false;
+                                     const cudaError_t q = cudaEventQuery(w.done);
+                                     if (q == cudaErrorNotReady) return false;
+                                     if (q == cudaSuccess)
+                                       free_events_.push_back(w.done);
+                                     else
+                                       cudaEventDestroy(w.done);
                                      return true;
                                    }),
                     work_.end());
@@ -344,6 +363,8 @@ class DeviceWatchdog {
   std::mutex mu_;
   int world_rank_ = 0;
   std::vector<Watched> work_;
+  std::vector<cudaEvent_t> free_events_;  // recorded before, completed, ready to record again
+  uint64_t events_created_ = 0;
   std::vector<ncclComm_t> comms_, aborted_;
   uint64_t next_id_ = 0;
   std::thread thread_;
@@ -539,7 +560,9 @@ std::string description() {
   return api.version ? "nccl " + version_string(api.version) : "nccl";
 }
 
-const NcclBackend kBackend{unusable_reason, make_world, description};
+NcclWatchdogEvents watchdog_events() { return DeviceWatchdog::get().events(); }
+
+const NcclBackend kBackend{unusable_reason, make_world, description, watchdog_events};
 
 }  // namespace
 

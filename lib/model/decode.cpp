@@ -1,7 +1,8 @@
 // KvDecoder: llama.cpp's forward for n new rows of one sequence at positions pos .. pos + n − 1,
 // with the keys and values of earlier positions read from the cache instead of recomputed:
 //   x = E[ids]; per layer: a = rmsnorm(x); q = a·Wqᵀ (+bq); k, v = a·Wkᵀ (+bk), a·Wvᵀ (+bv)
-//   written straight into the cache's rows pos..; qwen3's per-head norms; rope_at(q, k, pos);
+//   written straight into the cache's rows pos..; qwen3's per-head norms; RoPE of q and k at
+//   positions pos.. (rope_forward with a slice of an iota buffer: the training op, bit for bit);
 //   o = attention_decode(q, cache); x += o·Woᵀ; x += (silu(b·Wgᵀ) ∘ b·Wuᵀ)·Wdᵀ, b = rmsnorm(x)
 // then the last row's final norm and head. Each step rounds as the training forward does, so
 // a prompt's logits here are the training forward's (up to the attention's order of sums).
@@ -19,6 +20,7 @@ namespace ft {
 struct KvDecoder::Buffers {
   std::vector<DBuffer> k, v;  // per layer (max_len, K·D)
   Buffer<int32_t> ids;        // (max_len)
+  Buffer<int32_t> positions;  // (max_len): 0, 1, 2, ...; rows pos.. rotate with positions + pos
   DBuffer x, ln, q, q_raw, k_raw, att, g, u, h;
   Buffer<float> rstd;  // (max_len · H): a row's, or a head's (qwen3's q/k norms)
   DBuffer lnf, logits;
@@ -45,6 +47,10 @@ KvDecoder::KvDecoder(LlamaModel& model, int max_len) : model_(model), max_len_(m
     b.v.emplace_back(dev, ct, N * KD);
   }
   b.ids = Buffer<int32_t>(dev, N);
+  std::vector<int32_t> iota(N);
+  std::iota(iota.begin(), iota.end(), 0);
+  b.positions = Buffer<int32_t>(dev, N);
+  b.positions.upload(iota.data(), N);
   b.x = DBuffer(dev, ct, N * C);
   b.ln = DBuffer(dev, ct, N * C);
   b.q = DBuffer(dev, ct, N * HD);
@@ -110,8 +116,8 @@ const std::vector<float>& KvDecoder::forward(const int32_t* ids, int n) {
       ops.rmsnorm_forward(s, b.q.data(), b.rstd.data(), q, w + o.q_norm, n * H, D, eps);
       ops.rmsnorm_forward(s, kc, b.rstd.data(), k, w + o.k_norm, n * K, D, eps);
     }
-    ops.rope_at(s, b.q.data(), b.inv_freq.data(), p, n, H, D);
-    ops.rope_at(s, kc, b.inv_freq.data(), p, n, K, D);
+    ops.rope_forward(s, b.q.data(), b.inv_freq.data(), 1, n, H, D, b.positions.data() + p);
+    ops.rope_forward(s, kc, b.inv_freq.data(), 1, n, K, D, b.positions.data() + p);
     ops.attention_decode(s, b.att.data(), b.q.data(), b.k[size_t(l)].data(), b.v[size_t(l)].data(),
                          p, n, H, K, D);
     ops.linear_forward(s, x, b.att.data(), w + o.wo, n, H * D, C, true);  // x += o·Woᵀ

@@ -3,7 +3,8 @@
 // one row through the model plus its attention over the cache. The layer math is llama.cpp's
 // (rmsnorm, projections and their biases, qwen3's q/k norms, RoPE, grouped-query attention,
 // SwiGLU, the final norm and head), on the model's flat parameters; RoPE and attention take
-// the cache's positions through the ops rope_at and attention_decode (runtime/op_list.h).
+// the cache's positions: rope_forward with positions pos.. and the op attention_decode
+// (runtime/op_list.h).
 // Sampling is on the host, over the last row's logits.
 #pragma once
 

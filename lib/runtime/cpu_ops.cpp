@@ -147,10 +147,6 @@ class CpuOps final : public Ops {
     dispatch(same_dtype("rope_backward", {dx.dtype}),
              [&](auto t) { k::rope_backward(as<decltype(t)>(dx), inv_freq, B, T, nh, D, pos); });
   }
-  void rope_at(Stream, Ref x, const float* inv_freq, int pos, int T, int nh, int D) override {
-    dispatch(same_dtype("rope_at", {x.dtype}),
-             [&](auto t) { k::rope_at(as<decltype(t)>(x), inv_freq, pos, T, nh, D); });
-  }
   void attention_decode(Stream, Ref out, CRef q, CRef kk, CRef v, int pos, int Tq, int H, int K,
                         int D) override {
     dispatch(same_dtype("attention_decode", {out.dtype, q.dtype, kk.dtype, v.dtype}), [&](auto t) {

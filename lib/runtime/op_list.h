@@ -123,10 +123,6 @@ FT_OP(attention_backward, kAttentionBackward,
       (s, dq, dk, dv, dout, out, lse, q, k, v, seg, scratch, B, T, H, K, D))
 
 // ---- Generation with a KV cache (ft generate; one sequence, kernels.h "decode.cpp") ----
-// RoPE of rope_forward on x (T, nh, D) whose row t is at position pos + t, in place.
-FT_OP(rope_at, kRope,
-      (Stream s, Ref x, const float* inv_freq, int pos, int T, int nh, int D),
-      (s, x, inv_freq, pos, T, nh, D))
 // out (Tq, H, D) = causal attention of q (Tq, H, D), query t at position pos + t, over the
 // cache's keys and values k, v (pos + Tq, K, D): query t sees rows ≤ pos + t. No lse.
 FT_OP(attention_decode, kAttentionForward,

@@ -493,16 +493,21 @@ void add_rmsnorm_backward_cases(Cases& cs) {
 // ---- RoPE ----
 struct RopeShape {
   int B, T, nh, D;
+  int pos0 = -1;  // >= 0: positions pos (B, T), row b's t at pos0 + 5b + t; -1: null (t)
 };
-const RopeShape kRopeShapes[] = {{1, 1, 1, 2}, {2, 19, 3, 16}, {1, 111, 2, 64}, {2, 257, 4, 128}};
+// Without positions, then with them: far positions (up to 4096 + T, so the angles are large),
+// as `ft generate` rotates the cache's rows pos, pos + 1, ... (lib/model/decode.cpp).
+const RopeShape kRopeShapes[] = {{1, 1, 1, 2},        {2, 19, 3, 16},      {1, 111, 2, 64},
+                                 {2, 257, 4, 128},    {1, 1, 1, 2, 0},     {1, 1, 3, 16, 7},
+                                 {2, 19, 2, 64, 100}, {1, 3, 4, 128, 4096}};
 
 template <typename T>
 void rope_case(Cases& cs, const RopeShape& r, bool backward) {
-  const auto [B, T_, nh, D] = r;
+  const auto [B, T_, nh, D, pos0] = r;
   const size_t n = size_t(B) * T_ * nh * D;
   std::vector<float> inv_freq(size_t(D / 2));
   for (int i = 0; i < D / 2; ++i) inv_freq[size_t(i)] = float(std::pow(10000.0, -2.0 * i / D));
-  const auto x = uniform<T>(n, -2, 2, uint32_t(T_ * 100 + nh * 10 + D));
+  const auto x = uniform<T>(n, -2, 2, uint32_t(std::max(pos0, 0) + T_ * 100 + nh * 10 + D));
   // cos and sin agree with the CPU's to about one rounding and x1·c − x2·s can cancel: the
   // error is bounded against the pair's |x1| + |x2|; 1e-6 of it is ~8 ulp of the larger term
   // (test_rope).
@@ -512,17 +517,23 @@ void rope_case(Cases& cs, const RopeShape& r, bool backward) {
       const size_t a = h * D + i, b = a + D / 2;
       scale[a] = scale[b] = std::fabs(to_f32(x[a])) + std::fabs(to_f32(x[b]));
     }
+  const bool with_pos = pos0 >= 0;
+  std::vector<int32_t> pos;
+  for (int b = 0; with_pos && b < B; ++b)
+    for (int t = 0; t < T_; ++t) pos.push_back(pos0 + 5 * b + t);
   Case c{backward ? "rope_backward" : "rope_forward",
          elem_name(elem_of<T>()),
-         cat("B=", B, " T=", T_, " nh=", nh, " D=", D),
+         cat("B=", B, " T=", T_, " nh=", nh, " D=", D, with_pos ? cat(" pos=", pos0, "..") : ""),
          {},
          {}};
   c.tensors = {inout("x", x, rounded<T>(0, 1e-6), scale), in("inv_freq", inv_freq)};
+  if (with_pos) c.tensors.push_back(in("pos", pos));
   c.run = [=](Device& d, const Args& a) {
+    const int32_t* p = with_pos ? a.i32(2) : nullptr;
     if (backward)
-      d.ops().rope_backward(d.stream(), a.ref(0), a.f32(1), B, T_, nh, D, nullptr);
+      d.ops().rope_backward(d.stream(), a.ref(0), a.f32(1), B, T_, nh, D, p);
     else
-      d.ops().rope_forward(d.stream(), a.ref(0), a.f32(1), B, T_, nh, D, nullptr);
+      d.ops().rope_forward(d.stream(), a.ref(0), a.f32(1), B, T_, nh, D, p);
   };
   cs.push_back(std::move(c));
 }
@@ -535,41 +546,6 @@ void add_rope_forward_cases(Cases& cs) {
 void add_rope_backward_cases(Cases& cs) {
   for_each_dtype([&](auto t) {
     for (const RopeShape& r : kRopeShapes) rope_case<decltype(t)>(cs, r, true);
-  });
-}
-
-// rope_at: rows at positions pos .. pos + T − 1 (pos up to 4096, so the angles are large), as
-// rope_forward's cases with the same tolerance.
-void add_rope_at_cases(Cases& cs) {
-  struct Shape {
-    int pos, T, nh, D;
-  };
-  const Shape shapes[] = {{0, 1, 1, 2}, {7, 1, 3, 16}, {100, 19, 2, 64}, {4096, 3, 4, 128}};
-  for_each_dtype([&](auto t) {
-    using T = decltype(t);
-    for (const Shape& r : shapes) {
-      const auto [pos, T_, nh, D] = r;
-      const size_t n = size_t(T_) * nh * D;
-      std::vector<float> inv_freq(size_t(D / 2));
-      for (int i = 0; i < D / 2; ++i) inv_freq[size_t(i)] = float(std::pow(10000.0, -2.0 * i / D));
-      const auto x = uniform<T>(n, -2, 2, uint32_t(pos + T_ * 100 + nh * 10 + D));
-      std::vector<double> scale(n);
-      for (size_t h = 0; h < n / size_t(D); ++h)
-        for (int i = 0; i < D / 2; ++i) {
-          const size_t a = h * D + i, b = a + D / 2;
-          scale[a] = scale[b] = std::fabs(to_f32(x[a])) + std::fabs(to_f32(x[b]));
-        }
-      Case c{"rope_at",
-             elem_name(elem_of<T>()),
-             cat("pos=", pos, " T=", T_, " nh=", nh, " D=", D),
-             {},
-             {}};
-      c.tensors = {inout("x", x, rounded<T>(0, 1e-6), scale), in("inv_freq", inv_freq)};
-      c.run = [=](Device& d, const Args& a) {
-        d.ops().rope_at(d.stream(), a.ref(0), a.f32(1), pos, T_, nh, D);
-      };
-      cs.push_back(std::move(c));
-    }
   });
 }
 

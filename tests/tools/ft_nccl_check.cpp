@@ -7,18 +7,21 @@
 // contract), random data, the results bit for bit (and equal to what one rank must give: its
 // own data). Then the stream order of a call's handle: a call reads its input after the work
 // queued before it on the caller's stream, and both wait() and wait_on(stream) order what
-// follows after the call. send/recv need two ranks and are not checked here (the two-rank runs
+// follows after the call. Last, that the collective watchdog reuses its CUDA events across calls.
+// send/recv need two ranks and are not checked here (the two-rank runs
 // of gpu_check.py's nccl stage use them only with a pipeline; they run none).
 //
 //   ft_nccl_check        exit 0: all held; 1: a check failed; 77: no usable GPU ("no GPU: ...")
 //                        or no usable NCCL ("no NCCL: ..."), with the reason
 // Built against the real NCCL (ft_nccl, libnccl.so.2 opened on first use: LD_LIBRARY_PATH must
 // reach it) and, as ft_nccl_check_emu (ctest cuda_emu_nccl_check), against the emulated NCCL.
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -227,6 +230,32 @@ void stream_order(Device& dev, Communicator& nccl) {
   }
 }
 
+// The watchdog's events are reused (lib/comm/nccl_communicator.cpp): calls made one after
+// another, each seen complete by the watchdog before the next, create at most one event in all
+// (none once an earlier call's is free), where an event per call would create `calls`.
+void watchdog_reuses_events(Device& dev, Communicator& nccl) {
+  const NcclBackend& nb = *nccl_backend();
+  const int calls = 40;
+  DeviceBlock buf(dev, 64 * 4);
+  dev.memset_zero(buf.ptr(), 64 * 4);
+  const uint64_t before = nb.watchdog_events().created;
+  bool drained = true;
+  for (int i = 0; i < calls && drained; ++i) {
+    nccl.all_reduce(dev.stream(), Ref(buf.ptr(), DType::kF32), 64, ReduceOp::kSum).wait();
+    // The watchdog thread polls every 10 ms; give it up to 10 s to see the call complete.
+    drained = false;
+    for (int t = 0; t < 10000 && !drained; ++t) {
+      drained = nb.watchdog_events().watched == 0;
+      if (!drained) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  const uint64_t made = nb.watchdog_events().created - before;
+  check(drained && made <= 1, "watchdog events: " + std::to_string(calls) +
+                                  " all-reduces one after another created " + std::to_string(made) +
+                                  " event(s) (at most 1: reused)" +
+                                  (drained ? "" : "; a call was never seen complete"));
+}
+
 }  // namespace
 #endif
 
@@ -274,6 +303,7 @@ int main() {
     collectives("split(0,0).split(3,0)", *dev, *part2, staged);
     stream_order(*dev, *world);
     stream_order(*dev, *part2);
+    watchdog_reuses_events(*dev, *world);
   } catch (const std::exception& e) {
     check(false, std::string("error: ") + e.what());
   }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -173,22 +174,34 @@ TEST_CASE("rope: backward is the inverse rotation; positions start at 0") {
   for (size_t i = 0; i < x.size(); ++i) CHECK(y[i] == doctest::Approx(x[i]).epsilon(1e-5));
 }
 
-TEST_CASE("decode kernels: rope_at and attention_decode over a cache equal the training kernels") {
+TEST_CASE("decode kernels: RoPE at the cache's positions and attention_decode equal training's") {
   // One sequence of T tokens, GQA 2:1, odd head count; the last Tq tokens are "new" at pos.
   const int T = 11, H = 4, K = 2, D = 8, Tq = 3, pos = T - Tq;
-  std::vector<float> inv_freq(D / 2);
+  std::vector<float> inv_freq(D / 2), other(D / 2);
   for (int i = 0; i < D / 2; ++i) inv_freq[i] = 1.0f / std::pow(10000.f, float(2 * i) / D);
+  for (int i = 0; i < D / 2; ++i) other[i] = 2 * inv_freq[i];
+  std::vector<int32_t> positions(T);  // as lib/model/decode.cpp: rows pos.. use positions + pos
+  std::iota(positions.begin(), positions.end(), 0);
   auto q = randn(size_t(T) * H * D, 21), kk = randn(size_t(T) * K * D, 22);
   const auto v = randn(size_t(T) * K * D, 23);
-  // rope_at on rows pos.. gives rope_forward's bits at those positions.
+  // rope_forward at positions pos.. on those rows alone gives the whole sequence's bits there.
   auto q_new = std::vector<float>(q.begin() + size_t(pos) * H * D, q.end());
   auto k_new = std::vector<float>(kk.begin() + size_t(pos) * K * D, kk.end());
+  auto k_steps = kk;
   k::rope_forward(q.data(), inv_freq.data(), 1, T, H, D);
   k::rope_forward(kk.data(), inv_freq.data(), 1, T, K, D);
-  k::rope_at(q_new.data(), inv_freq.data(), pos, Tq, H, D);
-  k::rope_at(k_new.data(), inv_freq.data(), pos, Tq, K, D);
+  k::rope_forward(q_new.data(), inv_freq.data(), 1, Tq, H, D, positions.data() + pos);
+  k::rope_forward(k_new.data(), inv_freq.data(), 1, Tq, K, D, positions.data() + pos);
   for (size_t i = 0; i < q_new.size(); ++i) CHECK(q_new[i] == q[size_t(pos) * H * D + i]);
   for (size_t i = 0; i < k_new.size(); ++i) CHECK(k_new[i] == kk[size_t(pos) * K * D + i]);
+  // One row per call, as generated tokens come: the CPU's cos/sin tables (emptied by the call
+  // with other frequencies) then grow by a row per call; the bits stay the whole sequence's.
+  std::vector<float> scratch(size_t(K) * D);
+  k::rope_forward(scratch.data(), other.data(), 1, 1, K, D);
+  for (int t = 0; t < T; ++t)
+    k::rope_forward(k_steps.data() + size_t(t) * K * D, inv_freq.data(), 1, 1, K, D,
+                    positions.data() + t);
+  for (size_t i = 0; i < kk.size(); ++i) CHECK(k_steps[i] == kk[i]);
   std::vector<float> out(size_t(T) * H * D), lse(size_t(H) * T), dec(size_t(T) * H * D);
   k::attention_forward(out.data(), lse.data(), q.data(), kk.data(), v.data(), 1, T, H, K, D);
   // The whole sequence as one prefill, then the last Tq queries against the cache.

@@ -135,10 +135,6 @@ class CudaOps final : public Ops {
     });
   }
 
-  void rope_at(Stream s, Ref x, const float* inv_freq, int pos, int T_, int nh, int D) override {
-    dispatch(x.dtype, "rope_at",
-             [&](auto t) { kc::rope_at(as<decltype(t)>(x), inv_freq, pos, T_, nh, D, stream(s)); });
-  }
   void attention_decode(Stream s, Ref out, CRef q, CRef k, CRef v, int pos, int Tq, int H, int K,
                         int D) override {
     same_dtype("attention_decode", out.dtype, q.dtype);
