@@ -6,7 +6,7 @@
 # RANK:5, what real NCCL reports when a peer died or a network operation failed) and the call
 # never completes, its peer waiting in the matching call. Collective timeout 10 s: a hang report
 # would come only then. Then:
-#  - the job ends with exit code 1 (not the hang's 3) within 6 s of step 4's end, well before
+#  - the job ends with exit code 1 (not the hang's 3) within 8 s of step 4's end, before
 #    the timeout;
 #  - one message, from the erroring rank, names the asynchronous error, that rank and NCCL's
 #    error string ("NCCL reported an asynchronous error on rank R: remote process exited or
@@ -14,10 +14,10 @@
 #  - no process of the job is left;
 # under a plain `mpirun -np 2` (rank 1 errs) and under `ft_emu train --nproc 2` (rank 0 errs,
 # which prints without a rank prefix), where the supervising ft's last line restates the cause:
-# "ft: error: the job ended (exit 1): ... asynchronous error on rank 0 ...". And after the
-# second one:
-#  - step_4, the last checkpoint before the error, is complete, `latest` names it and `ft
-#    inspect` verifies it (checksums);
+# "ft: error: the job ended (exit 1): NCCL reported an asynchronous error on rank 0: ...". And
+# after the second one:
+#  - the checkpoints are step_2 and step_4 (none begun after the error); step_4, the last before
+#    the error, is complete, `latest` names it and `ft inspect` verifies it (checksums);
 #  - the same command without the hook resumes from step_4 and finishes, and its steps 5 and 6
 #    have the losses and gradient norms of a run never interrupted, to the bit.
 #   bash tests/cli/test_cuda_emu_nccl_async_error.sh BUILD_DIR SOURCE_DIR
@@ -62,8 +62,8 @@ async_error() {
   local took
   took=$(/usr/bin/python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
   [[ $rc == 1 ]] || fail "$label: exit code $rc, expected 1 (an asynchronous error's): $(tail -5 "$out.log")"
-  /usr/bin/python3 -c "import sys; sys.exit(not $took <= 6.0)" ||
-    fail "$label: the job ended $took s after step 4, expected within 6 s (timeout 10 s)"
+  /usr/bin/python3 -c "import sys; sys.exit(not $took <= 8.0)" ||
+    fail "$label: the job ended $took s after step 4, expected within 8 s (timeout 10 s)"
   if grep -q 'made no progress' "$out.log"; then
     fail "$label: a hang was reported: $(grep 'made no progress' "$out.log")"
   fi
