@@ -74,9 +74,12 @@ async_error() {
   [[ $(wc -l <<< "$msg") == 1 ]] || fail "$label: more than one message: $msg"
   [[ $msg =~ ^${prefix}error:\ NCCL\ reported\ an\ asynchronous\ error\ on\ rank\ $rank:\ remote\ process\ exited\ or\ there\ was\ a\ network\ error\ \(.*NCCL_DEBUG=WARN ]] ||
     fail "$label: the message does not name the error, rank $rank and NCCL's string: $msg"
-  sleep 1
-  local left
-  left=$(pgrep -f -- "$out" || true)
+  local left  # none, or none within 2 s (a rank mpirun killed may take a moment to go)
+  for _ in $(seq 10); do
+    left=$(pgrep -f -- "$out" || true)
+    [[ -n $left ]] || break
+    sleep 0.2
+  done
   [[ -z $left ]] ||
     fail "$label: processes left after the job ended: $(ps -o pid,stat,args -p "${left//$'\n'/,}")"
   echo "$label: rank $rank's NCCL erred at step 5; job ended with $rc $took s after step 4"
