@@ -158,6 +158,7 @@ int cmd_train(const TrainArgs& a) {
     // naming the rank, and end the whole job.
     if (comm->size() > 1) {
       log_error(e.what());
+      note_job_cause(e.what());  // main() would, but the abort ends this process first
       comm->abort(int(e.code()));
     }
     throw;

@@ -321,7 +321,8 @@ class DeviceWatchdog {
             if (nccl().ncclCommGetAsyncError(c, &err) == ncclSuccess && err != ncclSuccess &&
                 err != ncclInProgress) {
               async_error_ = detail::concat(
-                  "NCCL reported an asynchronous error: ", nccl().ncclGetErrorString(err),
+                  "NCCL reported an asynchronous error on rank ", world_rank_, ": ",
+                  nccl().ncclGetErrorString(err),
                   " (a peer gone or a network failure; NCCL_DEBUG=WARN prints NCCL's account)");
               state_ = kAsyncError;
               break;

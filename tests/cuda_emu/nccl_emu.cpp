@@ -31,10 +31,17 @@
 //    the host answers the collective watchdog's status requests (answer_watchdog_requests),
 //    as ft's host would while a GPU ran the call: the host thread is taken only because this
 //    emulation runs the device's work on it.
-//  - ncclCommGetAsyncError: ncclSuccess unless the communicator was aborted.
+//  - ncclCommGetAsyncError: ncclSuccess unless the communicator was aborted (ncclInvalidUsage)
+//    or FT_NCCL_EMU_ASYNC_ERROR struck it (below).
 //  - FT_NCCL_EMU_STOP=RANK:STEP (a test hook): world rank RANK stops itself (SIGSTOP) at its
 //    first data call (collective, send or receive) of training step STEP (1-based, as ft's
 //    watchdog names steps), so that its peers wait in that call.
+//  - FT_NCCL_EMU_ASYNC_ERROR=RANK:STEP (a test hook): at world rank RANK's first data call of
+//    training step STEP, that call's communicator gets an asynchronous error, ncclRemoteError,
+//    as real NCCL reports when a peer process died or a network operation failed: from then on
+//    ncclCommGetAsyncError returns it, and the call never completes (the data it waits for
+//    will not come), as a GPU's kernel would wait, until the communicator is aborted (the
+//    call then returns ncclInvalidUsage). Its peers wait in their matching call.
 // ncclGetLastError returns the last failure's message; bytes sent are tallied per call kind by
 // the ring algorithms' counts (CountingCommunicator's formulas) and printed at exit when
 // FT_NCCL_EMU_TALLY names a file (one line per kind), so ft plan can be checked against them.
@@ -72,7 +79,8 @@ bool valid_stream_handle(const void* s);
 struct ncclComm {
   MPI_Comm mpi = MPI_COMM_NULL;  // MPI_COMM_NULL for a group of one made without MPI
   int rank = 0, size = 1;
-  std::atomic<bool> aborted{false};  // set by ncclCommAbort, from any thread
+  std::atomic<bool> aborted{false};                    // set by ncclCommAbort, from any thread
+  std::atomic<ncclResult_t> async_error{ncclSuccess};  // FT_NCCL_EMU_ASYNC_ERROR's
 };
 
 namespace {
@@ -131,6 +139,28 @@ void maybe_stop(int world_rank) {
   }
 }
 
+// FT_NCCL_EMU_ASYNC_ERROR (the header comment): at this process's first data call of a step,
+// `comm` gets ncclRemoteError and the call waits until the communicator is aborted, answering
+// the collective watchdog's status requests meanwhile (as wait_all does).
+ncclResult_t maybe_async_error(int world_rank, ncclComm* comm, const char* what) {
+  static const std::pair<int, long long> at = [] {
+    const char* e = std::getenv("FT_NCCL_EMU_ASYNC_ERROR");
+    int rank = -1;
+    long long step = 0;
+    if (e && std::sscanf(e, "%d:%lld", &rank, &step) != 2) rank = -1;
+    return std::pair<int, long long>(rank, step);
+  }();
+  static bool struck = false;
+  if (at.first != world_rank || struck || ft::watch_step().step != at.second) return ncclSuccess;
+  struck = true;
+  comm->async_error = ncclRemoteError;
+  while (!comm->aborted) {
+    ft::answer_watchdog_requests();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return fail(ncclInvalidUsage, std::string(what) + ": communicator aborted while waiting");
+}
+
 size_t type_size(ncclDataType_t t) {
   switch (t) {
     case ncclInt8:
@@ -165,7 +195,7 @@ ncclResult_t check_call(const char* what, ncclComm* comm, ncclDataType_t type, c
       return fail(ncclInvalidArgument,
                   std::string(what) + ": a buffer is not device memory (a host pointer?)");
   maybe_stop(g_world_rank);
-  return ncclSuccess;
+  return maybe_async_error(g_world_rank, comm, what);
 }
 
 ncclResult_t mpi_result(int rc, const char* what) {
@@ -409,7 +439,8 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* err) {
   if (!comm || !err) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: null");
-  *err = comm->aborted ? ncclInvalidUsage : ncclSuccess;
+  const ncclResult_t async = comm->async_error;
+  *err = async != ncclSuccess ? async : comm->aborted ? ncclInvalidUsage : ncclSuccess;
   return ncclSuccess;
 }
 
