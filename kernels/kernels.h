@@ -194,6 +194,11 @@ void convert(float* dst, const T* src, size_t n);
 // thread count, on how a tensor is cut into calls, or on the device (kernels/cuda/random.cu gives
 // the same).
 void random_normal(float* out, size_t n, uint64_t key, uint64_t first, double std);
+// The 2-D form: out (rows, cols), dense, out[r·cols + c] = float(std · z(first + r·ld + c)): a
+// block of a row-major tensor whose rows are ld elements apart (a column slice: ld the whole
+// tensor's row length), in one call. Its bits are the 1-D form's for each row.
+void random_normal(float* out, size_t rows, size_t cols, size_t ld, uint64_t key, uint64_t first,
+                   double std);
 
 // ---- adamw.cpp: AdamW (torch.optim.AdamW semantics) ---------------------------------------------
 // p ← p(1 − lr·wd); m ← β1 m + (1−β1) g; v ← β2 v + (1−β2) g²;

@@ -1,6 +1,7 @@
 // Normal init on the CPU: kernels/philox.h's counter-based draws, elements split among OpenMP
-// threads in chunks. Each element's bits depend only on (key, first + j), so the thread count
-// and the chunking change nothing (and kernels/cuda/random.cu gives the same bits).
+// threads in chunks (the 2-D form, a column slice of a tensor: whole rows per thread). Each
+// element's bits depend only on (key, its index in the tensor), so the thread count and the
+// chunking change nothing (and kernels/cuda/random.cu gives the same bits).
 //
 // Whole Philox blocks go through philox.h's functions in batches of kLanes blocks, each step a
 // loop over the batch (structure of arrays), which the compiler vectorizes (5x faster than one
@@ -54,11 +55,22 @@ void fill_blocks(float* o, uint64_t b0, size_t blocks, uint32_t k0, uint32_t k1,
   }
 }
 
+// out[j] = float(std · z(first + j)) for j in [0, n), on the calling thread: the partial blocks
+// at the ends one element at a time (fill_normal), the whole blocks between in batches.
+void draw_range(float* out, size_t n, uint64_t key, uint64_t first, double std) {
+  const uint32_t k0 = uint32_t(key), k1 = uint32_t(key >> 32);
+  const size_t lead = size_t((4 - first % 4) % 4);  // elements before the first block boundary
+  const size_t a = lead < n ? lead : n;
+  const size_t blocks = (n - a) / 4;
+  fill_normal(out, 0, a, key, first, std);
+  fill_blocks(out + a, (first + a) / 4, blocks, k0, k1, std);
+  fill_normal(out, a + 4 * blocks, n, key, first, std);
+}
+
 }  // namespace
 
 void random_normal(float* out, size_t n, uint64_t key, uint64_t first, double std) {
   if (n == 0) return;
-  const uint32_t k0 = uint32_t(key), k1 = uint32_t(key >> 32);
   // Chunk c covers [c·kChunk − lead, (c+1)·kChunk − lead) ∩ [0, n): its boundaries after the
   // first are multiples of 4 of the element index first + j.
   const size_t lead = size_t(first % 4);
@@ -67,13 +79,22 @@ void random_normal(float* out, size_t n, uint64_t key, uint64_t first, double st
   for (size_t c = 0; c < chunks; ++c) {
     const size_t begin = c == 0 ? 0 : c * kChunk - lead;
     const size_t end = (c + 1) * kChunk - lead < n ? (c + 1) * kChunk - lead : n;
-    // [begin, a): up to the first block boundary; [a, a + 4·blocks): whole blocks; the rest.
-    const size_t a = begin == 0 && lead != 0 ? (4 - lead < end ? 4 - lead : end) : begin;
-    const size_t blocks = (end - a) / 4;
-    fill_normal(out, begin, a, key, first, std);
-    fill_blocks(out + a, (first + a) / 4, blocks, k0, k1, std);
-    fill_normal(out, a + 4 * blocks, end, key, first, std);
+    draw_range(out + begin, end - begin, key, first + begin, std);
   }
+}
+
+void random_normal(float* out, size_t rows, size_t cols, size_t ld, uint64_t key, uint64_t first,
+                   double std) {
+  if (rows == 0 || cols == 0) return;
+  // Contiguous in the whole tensor (one row, or rows that follow each other): one range.
+  if (rows == 1 || ld == cols) return random_normal(out, rows * cols, key, first, std);
+  // Long rows: each split among the threads as above; short ones: whole rows to each thread.
+  if (cols >= kChunk) {
+    for (size_t r = 0; r < rows; ++r) random_normal(out + r * cols, cols, key, first + r * ld, std);
+    return;
+  }
+#pragma omp parallel for schedule(static) if (rows * cols > kChunk)
+  for (size_t r = 0; r < rows; ++r) draw_range(out + r * cols, cols, key, first + r * ld, std);
 }
 
 }  // namespace ft::kernels

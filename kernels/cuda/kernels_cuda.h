@@ -201,7 +201,9 @@ template <typename Dst, typename Src>
 void convert(Dst* dst, const Src* src, size_t n, void* stream);
 
 // ---- random.cu: kernels.h random_normal, the CPU's bits (kernels/philox.h) ----
-void random_normal(float* out, size_t n, uint64_t key, uint64_t first, double std, void* stream);
+// out (rows, cols) = the 2-D form: element first + r·ld + c of the tensor at [r·cols + c].
+void random_normal(float* out, size_t rows, size_t cols, size_t ld, uint64_t key, uint64_t first,
+                   double std, void* stream);
 
 // ---- reduce.cu ----
 template <typename T>

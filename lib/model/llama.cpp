@@ -151,9 +151,9 @@ void LlamaModel::init_random(uint64_t seed, double std) {
   // Matrices: N(0, std) drawn on the device by the random_normal op (kernels/philox.h), each
   // element's bits a function of (seed, the tensor's name, its index in the whole tensor) only:
   // every thread count, device and layout draws the same model. A tensor-parallel rank draws
-  // only its slices, at their indices in the whole tensor (for_each_slice_run: a row split is
-  // one run, a column split one run per row), and a pipeline stage only its groups, so no rank
-  // holds more than it keeps. Vectors (the norms' weights): ones.
+  // only its slices, at their indices in the whole tensor (a row split is one run, a column
+  // split one 2-D draw of its block of columns), and a pipeline stage only its groups, so no
+  // rank holds more than it keeps. Vectors (the norms' weights): ones.
   const auto& groups = layout_.groups();
   std::vector<float> ones;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
@@ -172,8 +172,16 @@ void LlamaModel::init_random(uint64_t seed, double std) {
       uint64_t key = seed * 0x100000001b3ull + 0xcbf29ce484222325ull;
       for (char c : e.name) key = (key ^ uint8_t(c)) * 0x100000001b3ull;
       float* dst = params.data() + e.offset;
+      if (e.split == TensorSplit::kCols) {
+        // Rank t's columns [t·cols, (t+1)·cols) of every row of the (rows, whole_cols) tensor:
+        // one 2-D draw, the elements for_each_slice_run's runs name (not a launch per row).
+        const size_t rows = size_t(e.shape[0]), cols = size_t(e.shape[1]);
+        const size_t whole_cols = size_t(e.global_shape[1]);
+        ops().random_normal(st_, dst, rows, cols, whole_cols, key, size_t(tp_.rank()) * cols, std);
+        continue;
+      }
       for_each_slice_run(e, tp_.rank(), [&](size_t whole, size_t local, size_t n) {
-        ops().random_normal(st_, dst + local, n, key, whole, std);
+        ops().random_normal(st_, dst + local, 1, n, n, key, whole, std);
       });
     }
   }

@@ -34,8 +34,9 @@ struct ParamEntry {
 // Tensor rank t's slice of entry e (laid out for some number of tensor ranks) as runs of
 // consecutive elements of the whole row-major tensor: fn(whole_offset, local_offset, count) for
 // each run, in order. Replicated: one run, the whole tensor; kRows: one run, rank t's block of
-// rows; kCols: one run per row, rank t's block of columns. Random init and HF loading draw or
-// read a rank's slices with it, so that no rank builds a whole tensor it does not keep.
+// rows; kCols: one run per row, rank t's block of columns. HF loading reads a rank's slices
+// with it and random init draws them (a kCols slice in one 2-D random_normal over the same
+// elements), so that no rank builds a whole tensor it does not keep.
 template <class Fn>
 void for_each_slice_run(const ParamEntry& e, int t, Fn&& fn) {
   if (e.numel == 0) return;

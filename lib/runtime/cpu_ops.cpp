@@ -241,9 +241,9 @@ class CpuOps final : public Ops {
     const double sq = k::sum_squares(x, n);
     *acc += divisor == 1.0 ? sq : sq / divisor;
   }
-  void random_normal(Stream, float* out, size_t n, uint64_t key, uint64_t first,
-                     double std) override {
-    k::random_normal(out, n, key, first, std);
+  void random_normal(Stream, float* out, size_t rows, size_t cols, size_t ld, uint64_t key,
+                     uint64_t first, double std) override {
+    k::random_normal(out, rows, cols, ld, key, first, std);
   }
   void adamw_update(Stream, float* p, const float* g, float* m, float* v, size_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int64_t t,

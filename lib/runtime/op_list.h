@@ -186,12 +186,15 @@ FT_OP(sum_squares, kSumSquares,
       (s, acc, x, n, divisor))
 
 // ---- Parameter init (kernels/philox.h) ----
-// out (n) fp32 = std · z(first + j): z(i) the standard normal of element i under key
-// (Philox-4x32-10, Box–Muller from exactly rounded operations). The same bits on every device
-// and thread count, and for any cut of [first, first + n) into calls.
+// out (rows, cols) fp32, dense: out[r·cols + c] = std · z(first + r·ld + c), z(i) the standard
+// normal of element i of a tensor under key (Philox-4x32-10, Box–Muller from exactly rounded
+// operations): a block of a row-major tensor whose rows are ld apart (a column slice in one
+// call); rows = 1 draws the contiguous run [first, first + cols). The same bits on every device
+// and thread count, and for any cut of the tensor into calls.
 FT_OP(random_normal, kRandom,
-      (Stream s, float* out, size_t n, uint64_t key, uint64_t first, double std),
-      (s, out, n, key, first, std))
+      (Stream s, float* out, size_t rows, size_t cols, size_t ld, uint64_t key, uint64_t first,
+       double std),
+      (s, out, rows, cols, ld, key, first, std))
 
 // ---- AdamW (kernels.h; t is the step count after increment; g is read as g · grad_scale,
 // clipping folded into the update). p_compute (n), unless null: the updated p rounded to its

@@ -12,6 +12,7 @@
 // few fp32 ulp apart can round one 16-bit value apart: `ulps = 1` in the 16-bit tolerances.
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <type_traits>
@@ -1002,10 +1003,59 @@ void add_random_normal_cases(Cases& cs) {
         c.tensors[0].offset = l.offset;
         const size_t n = l.n;
         c.run = [=](Device& d, const Args& a) {
-          d.ops().random_normal(d.stream(), a.f32(0), n, key, first, 0.02);
+          d.ops().random_normal(d.stream(), a.f32(0), 1, n, n, key, first, 0.02);
         };
         cs.push_back(std::move(c));
       }
+  // The 2-D form (a rank's columns of a tensor, init_random's column splits): block (rows,
+  // cols) of a tensor with rows ld apart, from `first` (its column). Beside matching the
+  // reference, every element must have the bits of the whole tensor's element (r, first % ld +
+  // c) as the CPU kernel's 1-D draw of the whole tensor gives it (the relation, on both
+  // devices; the 1-D cases above tie that draw to the device's). Rows and columns off
+  // multiples of 4, ld a multiple of 4 (one phase for every row) and not, one row, one column,
+  // the counter's high word, a misaligned destination; short rows split among threads
+  // (300 × 60 > kChunk) and rows longer than a chunk (17003) take the CPU's other paths.
+  struct Block2d {
+    size_t rows, cols, ld;
+    uint64_t first;
+    size_t offset;
+  };
+  const Block2d blocks[] = {{1, 19, 57, 3, 0},
+                            {7, 1, 5, 2, 0},
+                            {19, 13, 38, 21, 0},
+                            {33, 111, 444, 111, 1},
+                            {64, 24, 96, 48, 0},
+                            {5, 9, 11, 2, 0},
+                            {300, 60, 240, 121, 0},
+                            {3, 17003, 34011, 17005, 0},
+                            {4, 6, 20, (uint64_t(1) << 34) + 7, 0}};
+  for (const Block2d& b : blocks) {
+    const uint64_t key = 0x9f1c2e3d4b5a6978;
+    const uint64_t first = b.first, col = first % b.ld;
+    const size_t rows = b.rows, cols = b.cols, ld = b.ld;
+    auto whole = std::make_shared<std::vector<float>>(rows * ld);  // (rows, ld)
+    k::random_normal(whole->data(), rows * ld, key, first - col, 0.02);
+    Case c{"random_normal",
+           "f32",
+           cat("rows=", rows, " cols=", cols, " ld=", ld, " first=", first,
+               b.offset ? " misaligned" : ""),
+           {},
+           {}};
+    c.tensors = {out<float>("out", rows * cols, kExact)};
+    c.tensors[0].offset = b.offset;
+    c.run = [=](Device& d, const Args& a) {
+      d.ops().random_normal(d.stream(), a.f32(0), rows, cols, ld, key, first, 0.02);
+    };
+    c.relation = [=](const std::vector<std::vector<uint8_t>>& o) -> std::string {
+      for (size_t r = 0; r < rows; ++r)
+        for (size_t j = 0; j < cols; ++j)
+          if (std::memcmp(&o[0][4 * (r * cols + j)], &(*whole)[r * ld + col + j], 4) != 0)
+            return cat("out[", r, ", ", j, "] differs in bits from the whole tensor's element ",
+                       first + r * ld + j);
+      return "";
+    };
+    cs.push_back(std::move(c));
+  }
 }
 
 void add_sum_squares_cases(Cases& cs) {

@@ -307,6 +307,10 @@ Report run_cases(const std::vector<Case>& cases, Device& dev, Device& ref, const
     } catch (const std::exception& e) {
       failure = "the reference (" + ref.name() + ") threw: " + e.what();
     }
+    if (failure.empty() && c.relation) {
+      const std::string broken = c.relation(want);
+      if (!broken.empty()) failure = "on the reference (" + ref.name() + "): " + broken;
+    }
     if (failure.empty()) {
       try {
         if (o.before_run) o.before_run(0);
@@ -318,6 +322,8 @@ Report run_cases(const std::vector<Case>& cases, Device& dev, Device& ref, const
       } catch (const std::exception& e) {
         failure = std::string("threw: ") + e.what();
       }
+      if (failure.empty() && c.relation) failure = c.relation(got);
+      if (failure.empty() && c.relation && o.twice) failure = c.relation(again);
     }
     for (size_t i = 0, k = 0; failure.empty() && i < c.tensors.size(); ++i) {
       if (!compared(c.tensors[i])) continue;

@@ -82,6 +82,10 @@ struct Case {
   std::vector<Tensor> tensors;
   // Calls the op once on dev (dev.ops(), dev.stream()); scratch it needs comes from dev.
   std::function<void(Device& dev, const Args& a)> run;
+  // Optional: what the outputs of one run must satisfy among themselves (outs: the output
+  // tensors' bytes, in order), checked on the reference's run and on the device's: empty when
+  // they do, else what fails. A case whose op must agree with another op uses it.
+  std::function<std::string(const std::vector<std::vector<uint8_t>>& outs)> relation = nullptr;
 };
 
 // Every case of every op of the list (op_cases.cpp).

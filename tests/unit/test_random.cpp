@@ -123,6 +123,22 @@ TEST_CASE("random_normal: the bits depend on (key, element index) only") {
     }
     CHECK_MESSAGE(std::memcmp(whole.data(), parts.data(), n * sizeof(float)) == 0, "cut ", cut);
   }
+  // The 2-D form: a column block (rows ld apart, rows and columns off block boundaries) has the
+  // whole tensor's bits, at every thread count and on each CPU path (short rows split among
+  // threads, rows longer than a chunk each split).
+  for (size_t cols : {size_t(1), size_t(7), size_t(130), size_t(20000)})
+    for (int threads : {1, 3}) {
+      omp_set_num_threads(threads);
+      const size_t ld = 2 * cols + 3, rows = (n - 5) / ld, col = cols / 2 + 1;
+      std::vector<float> block(rows * cols);
+      k::random_normal(block.data(), rows, cols, ld, key, col + 5, 0.02);
+      bool same = true;
+      for (size_t r = 0; r < rows; ++r)
+        same = same &&
+               std::memcmp(&block[r * cols], &whole[5 + r * ld + col], cols * sizeof(float)) == 0;
+      CHECK_MESSAGE(same, "cols ", cols, ", ", threads, " threads");
+    }
+  omp_set_num_threads(omp_get_num_procs());
   // std scales the same normals (a power of two: exactly).
   std::vector<float> doubled(n);
   k::random_normal(doubled.data(), n, key, 0, 0.04);

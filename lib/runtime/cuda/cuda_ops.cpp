@@ -302,9 +302,9 @@ class CudaOps final : public Ops {
     void* scratch = mem_.scratch(Req::sum_squares(n));
     kc::sum_squares(acc, x, n, divisor, scratch, stream(s));
   }
-  void random_normal(Stream s, float* out, size_t n, uint64_t key, uint64_t first,
-                     double std) override {
-    kc::random_normal(out, n, key, first, std, stream(s));
+  void random_normal(Stream s, float* out, size_t rows, size_t cols, size_t ld, uint64_t key,
+                     uint64_t first, double std) override {
+    kc::random_normal(out, rows, cols, ld, key, first, std, stream(s));
   }
   void adamw_update(Stream s, float* p, const float* g, float* m, float* v, size_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int64_t t,
