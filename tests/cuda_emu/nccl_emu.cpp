@@ -123,15 +123,18 @@ ncclResult_t fail(ncclResult_t r, const std::string& why) {
   return r;
 }
 
+// A test hook's RANK:STEP from the environment variable `name`; rank -1 when unset or malformed.
+std::pair<int, long long> hook_at(const char* name) {
+  const char* e = std::getenv(name);
+  int rank = -1;
+  long long step = 0;
+  if (e && std::sscanf(e, "%d:%lld", &rank, &step) != 2) rank = -1;
+  return {rank, step};
+}
+
 // FT_NCCL_EMU_STOP (the header comment): stops this process at its first data call of a step.
 void maybe_stop(int world_rank) {
-  static const std::pair<int, long long> at = [] {
-    const char* e = std::getenv("FT_NCCL_EMU_STOP");
-    int rank = -1;
-    long long step = 0;
-    if (e && std::sscanf(e, "%d:%lld", &rank, &step) != 2) rank = -1;
-    return std::pair<int, long long>(rank, step);
-  }();
+  static const std::pair<int, long long> at = hook_at("FT_NCCL_EMU_STOP");
   static bool stopped = false;
   if (at.first == world_rank && !stopped && ft::watch_step().step == at.second) {
     stopped = true;
@@ -143,13 +146,7 @@ void maybe_stop(int world_rank) {
 // `comm` gets ncclRemoteError and the call waits until the communicator is aborted, answering
 // the collective watchdog's status requests meanwhile (as wait_all does).
 ncclResult_t maybe_async_error(int world_rank, ncclComm* comm, const char* what) {
-  static const std::pair<int, long long> at = [] {
-    const char* e = std::getenv("FT_NCCL_EMU_ASYNC_ERROR");
-    int rank = -1;
-    long long step = 0;
-    if (e && std::sscanf(e, "%d:%lld", &rank, &step) != 2) rank = -1;
-    return std::pair<int, long long>(rank, step);
-  }();
+  static const std::pair<int, long long> at = hook_at("FT_NCCL_EMU_ASYNC_ERROR");
   static bool struck = false;
   if (at.first != world_rank || struck || ft::watch_step().step != at.second) return ncclSuccess;
   struck = true;
