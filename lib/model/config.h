@@ -46,6 +46,14 @@ struct ModelConfig {
 inline int head_dim_of(const ModelConfig& c) {
   return c.head_dim > 0 ? c.head_dim : c.n_heads > 0 ? c.dim / c.n_heads : 0;
 }
+// The head dim with the keys it comes from, for messages: "model.head_dim 64", or
+// "head dim 64 (model.dim 2048 / model.n_heads 32)".
+inline std::string head_dim_keys(const ModelConfig& c) {
+  const std::string d = std::to_string(head_dim_of(c));
+  if (c.head_dim > 0) return "model.head_dim " + d;
+  return "head dim " + d + " (model.dim " + std::to_string(c.dim) + " / model.n_heads " +
+         std::to_string(c.n_heads) + ")";
+}
 // Whether the heads are whole: an explicit head_dim, or n_heads dividing dim.
 inline bool heads_whole(const ModelConfig& c) {
   return c.n_heads > 0 && (c.head_dim > 0 || c.dim % c.n_heads == 0);

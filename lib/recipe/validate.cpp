@@ -69,16 +69,12 @@ void Loader::check_packing_device() {
       cuda::attention_path(cuda::AttentionPath::kFused, dtype, D, 8) == cuda::AttentionPath::kFused)
     return;
   if (device == "auto" && !cuda_backend()->unusable_reason().empty()) return;  // the CPU then
-  const std::string dims = m.head_dim > 0 ? "model.head_dim " + std::to_string(D)
-                                          : "head dim " + std::to_string(D) + " (model.dim " +
-                                                std::to_string(m.dim) + " / model.n_heads " +
-                                                std::to_string(m.n_heads) + ")";
   issue(locate("data.pack"), "data.pack",
         "true on the CUDA device (runtime.device: " + device +
             (device == "auto" ? ", and a usable GPU is here" : "") +
             ") needs the fused attention kernel to mask documents, which takes bf16/fp16 at head "
             "dim 64 or 128; this recipe has training.precision " +
-            r_.training.precision + " and " + dims,
+            r_.training.precision + " and " + head_dim_keys(m),
         "training.precision: bf16 (or fp16) with a head dim of 64 or 128 (model.dim / "
         "model.n_heads, or model.head_dim); or runtime.device: cpu; or data.pack: false");
 }

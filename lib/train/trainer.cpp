@@ -104,9 +104,7 @@ void check_packing_device(const Recipe& r, Device& dev, Communicator& comm) {
           " (runtime.device: ", r.runtime.device,
           "): ", why.empty() ? "another rank's device cannot mask documents in attention" : why,
           "; the recipe has training.precision ", r.training.precision, " and ",
-          r.model.head_dim > 0 ? detail::concat("model.head_dim ", D)
-                               : detail::concat("head dim ", D, " (model.dim ", r.model.dim,
-                                                " / model.n_heads ", r.model.n_heads, ")"),
+          head_dim_keys(r.model),
           " (hint: training.precision: bf16 or fp16 with a head dim of 64 or 128, and "
           "FT_CUDA_ATTENTION unset or fused; or runtime.device: cpu; or data.pack: false)"),
       ExitCode::kUsage);
