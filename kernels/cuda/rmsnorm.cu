@@ -1,16 +1,17 @@
 // RMSNorm forward and backward on the GPU: the contract of kernels/kernels.h, tested against
 // kernels/cpu/rmsnorm.cpp. fp32 statistics and math, one rounding on store.
 //
-// Forward: one block per row (a row of C ≤ a few thousand elements is one block's worth of
-// packs); Σx² is a fixed-order block reduction, then the row is read again for the output (the
-// second read hits L1/L2: the row was just loaded).
+// Forward: one warp per row; Σx² is a fixed-order warp reduction, then the row is read again for
+// the output (the second read hits L1: the warp just loaded it). No block barrier (one block per
+// row, as before, took two for a 4 KiB row at C = 2048, and one block launch a row).
 //
 // Backward: a fixed grid of G = min(N, kBackwardBlocks) blocks, block b taking rows b, b + G, ...
 // Each row needs the block-wide dot Σ w·dy·x for dx. dw is summed without atomics: each thread
 // owns the same columns in every row, so it adds its rows' dy·x·r into a per-block partial row
 // (shared memory when C fits, else the block's row of scratch) with no barrier; a second kernel
-// then adds the G partial rows to dw column by column, in block order. The bits depend on the
-// inputs, (N, C) and the pack width (the pointers' alignment), never on the schedule.
+// then adds the G partial rows to dw column by column, in a fixed order (column_sum_kernel). The
+// bits depend on the inputs, (N, C) and the pack width (the pointers' alignment), never on the
+// schedule.
 #include <initializer_list>
 
 #include "kernels/cuda/common.cuh"
@@ -43,27 +44,34 @@ int row_pack(int C, std::initializer_list<const void*> ptrs) {
   return C % kPack16<T> == 0 && all_aligned(ptrs, 16) ? kPack16<T> : 1;
 }
 
-// out (N, C) = w ∘ x · r, rstd (N) = r = 1 / sqrt(mean(x²) + eps); one block per row.
+// out (N, C) = w ∘ x · r, rstd (N) = r = 1 / sqrt(mean(x²) + eps); one warp per row,
+// kForwardRows rows a block. No block barrier: Σx² is the warp's butterfly of its lanes' sums
+// (lane l adds packs l, l + 32, ... in order), and a warp past the last row simply returns.
+constexpr int kForwardRows = 8;
 template <typename D, int W>
-__global__ void rmsnorm_forward_kernel(D* out, float* rstd, const D* x, const D* w, int C,
+__global__ void rmsnorm_forward_kernel(D* out, float* rstd, const D* x, const D* w, int N, int C,
                                        float eps) {
-  const size_t row = blockIdx.x;
-  const D* xr = x + row * size_t(C);
-  D* o = out + row * size_t(C);
-  const int step = int(blockDim.x) * W;
+  const int lane = int(threadIdx.x) % 32;
+  const int row = int(blockIdx.x) * kForwardRows + int(threadIdx.x) / 32;
+  if (row >= N) return;
+  const D* xr = x + size_t(row) * C;
+  D* o = out + size_t(row) * C;
+  constexpr int kStep = 32 * W;
   float ss = 0.f;
-  for (int c = int(threadIdx.x) * W; c < C; c += step) {
+#pragma unroll 4
+  for (int c = lane * W; c < C; c += kStep) {
     const Pack<D, W> xp = load_pack<W>(xr + c);
     for (int j = 0; j < W; ++j) {
       const float v = to_float(xp.v[j]);
       ss += v * v;
     }
   }
-  ss = block_sum(ss);
+  ss = warp_sum(ss);
   // 1 / sqrt (both correctly rounded), not rsqrtf: the CPU reference's expression.
   const float r = 1.0f / sqrtf(ss / float(C) + eps);
-  if (threadIdx.x == 0) rstd[row] = r;
-  for (int c = int(threadIdx.x) * W; c < C; c += step) {
+  if (lane == 0) rstd[row] = r;
+#pragma unroll 4
+  for (int c = lane * W; c < C; c += kStep) {  // the row again: from L1, just read
     const Pack<D, W> xp = load_pack<W>(xr + c), wp = load_pack<W>(w + c);
     Pack<D, W> op;
     // HF: weight * (x * rstd)
@@ -118,20 +126,35 @@ __global__ void rmsnorm_backward_kernel(D* dx, float* partial, const D* dout, co
   }
 }
 
-// dw (C) += Σ_b partial[b] (C), b = 0, 1, ..., G − 1 in order; one thread per column.
+// dw (C) += Σ_b partial[b] (C). A block takes 32 columns (one per lane) and its kSumWarps warps
+// split the G partial rows: warp w adds rows w, w + kSumWarps, ... in order (each row a coalesced
+// 128-byte read across the warp), then lane c's kSumWarps sums are added in warp order. The
+// order is fixed by (G, C) alone. (One thread per column adding all G rows in turn, as before,
+// left 2048 threads on the whole GPU each waiting on G dependent loads at C = 2048.)
+constexpr int kSumWarps = 8;
 __global__ void column_sum_kernel(float* dw, const float* partial, int G, int C) {
-  const int c = int(blockIdx.x * blockDim.x + threadIdx.x);
-  if (c >= C) return;
+  __shared__ float sums[kSumWarps][32];
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  const int c = int(blockIdx.x) * 32 + lane;
   float s = 0.f;
-  for (int b = 0; b < G; ++b) s += partial[size_t(b) * C + c];
-  dw[c] += s;
+  if (c < C) {
+#pragma unroll 8
+    for (int b = warp; b < G; b += kSumWarps) s += partial[size_t(b) * C + c];
+  }
+  sums[warp][lane] = s;
+  __syncthreads();
+  if (warp != 0 || c >= C) return;
+  float t = sums[0][lane];
+  for (int w = 1; w < kSumWarps; ++w) t += sums[w][lane];
+  dw[c] += t;
 }
 
 template <typename D, int W>
 void launch_forward(D* out, float* rstd, const D* x, const D* w, int N, int C, float eps,
                     void* stream) {
-  FT_LAUNCH((rmsnorm_forward_kernel<D, W>), unsigned(N), row_threads(C, W), 0, stream)
-  (out, rstd, x, w, C, eps);
+  FT_LAUNCH((rmsnorm_forward_kernel<D, W>), unsigned((N + kForwardRows - 1) / kForwardRows),
+            32 * kForwardRows, 0, stream)
+  (out, rstd, x, w, N, C, eps);
 }
 
 template <typename D, int W>
@@ -142,7 +165,7 @@ void launch_backward(D* dx, float* dw, const D* dout, const D* x, const D* w, co
   FT_LAUNCH((rmsnorm_backward_kernel<D, W>), unsigned(G), row_threads(C, W),
             shared_acc ? sizeof(float) * size_t(C) : 0, stream)
   (dx, partial, dout, x, w, rstd, N, C, accumulate_dx, shared_acc);
-  FT_LAUNCH(column_sum_kernel, grid_blocks(size_t(C), kThreads, 1), kThreads, 0, stream)
+  FT_LAUNCH(column_sum_kernel, unsigned((C + 31) / 32), 32 * kSumWarps, 0, stream)
   (dw, partial, G, C);
 }
 
