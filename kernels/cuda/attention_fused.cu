@@ -80,9 +80,9 @@ template <int D>
 constexpr size_t dq_smem_bytes() {
   return 2 * tile_bytes<D>(kTileQ) + 2 * tile_bytes<D>(kTileK);  // Q, dO, K, V
 }
-template <int D, int TQ>
+template <int D, int TQ, int NBuf>
 constexpr size_t dkdv_smem_bytes() {
-  return 4 * tile_bytes<D>(TQ) + 2 * tile_bytes<D>(kTileK);  // Q, dO twice; K, V
+  return 2 * NBuf * tile_bytes<D>(TQ) + 2 * tile_bytes<D>(kTileK);  // Q, dO NBuf times; K, V
 }
 
 // The cp.asyncs of (R, D) tiles whose rows lie `ld` elements apart: row r of a tile from
@@ -553,7 +553,8 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 
 // TQ: query rows of a tile. MinB: blocks an SM the registers must allow (FT_DKDV_MIN_BLOCKS).
-template <typename E, int D, int TQ, int MinB>
+// NBuf: query tiles in shared memory, 2 or 3 (3: one barrier a tile instead of two; MinB <= 2).
+template <typename E, int D, int TQ, int MinB, int NBuf>
 __global__ void __launch_bounds__(kThreads, FT_DKDV_MIN_BLOCKS(MinB))
     attention_fused_dkdv_kernel(device_t<E>* dk, device_t<E>* dv, const device_t<E>* dout,
                                 const float* lse, const float* delta, const device_t<E>* q,
@@ -564,11 +565,12 @@ __global__ void __launch_bounds__(kThreads, FT_DKDV_MIN_BLOCKS(MinB))
   FT_DYNAMIC_SHARED(Dev, k_s);
   Dev* v_s = k_s + kTileK * kPitch<D>;
   Dev* qdo_s = v_s + kTileK * kPitch<D>;  // [buffer][Q, dO][kTq][pitch]
+  static_assert(NBuf == 2 || (NBuf == 3 && MinB <= 2), "2 buffers, or 3 with the counted loop");
   // Per query of the tile, per buffer: lse·log2(e), Δ, segment id, "sees one key".
-  alignas(16) __shared__ float lse_s[2][kTq];
-  alignas(16) __shared__ float delta_s[2][kTq];
-  __shared__ int32_t qseg_s[2][kTq];
-  __shared__ bool one_s[2][kTq];
+  alignas(16) __shared__ float lse_s[NBuf][kTq];
+  alignas(16) __shared__ float delta_s[NBuf][kTq];
+  __shared__ int32_t qseg_s[NBuf][kTq];
+  __shared__ bool one_s[NBuf][kTq];
   __shared__ int32_t kseg_s[kTileK];  // the keys' segment ids (read where documents mask)
   // The first key tiles are seen by the most queries: with lpt they go first; otherwise (the
   // order this kernel had before lpt was measured) one head's last key tile goes first.
@@ -640,17 +642,8 @@ __global__ void __launch_bounds__(kThreads, FT_DKDV_MIN_BLOCKS(MinB))
       one_s[buf][threadIdx.x] = in && sees_one_key(seg_b, r);
     }
   };
-  QueryTile cur{kh * group, i_begin};
-  stage(cur, 0);
-  cp_async_commit();  // K, V (and the key ids) and the first query tile
-  for (int n = 0, odd = 0; kEndOnHead ? cur.h < h_end : n < n_all; ++n, odd ^= 1) {
-    const int buf = kEndOnHead ? odd : n & 1, i0 = cur.i0;
-    const QueryTile nxt = next_tile(cur);
-    if (kEndOnHead ? nxt.h < h_end : n + 1 < n_all)
-      stage(nxt, buf ^ 1);  // its buffer was released by the tile before
-    cp_async_commit();      // an empty group after the last tile
-    cp_async_wait<1>();     // tile n here; tile n + 1 may be in flight
-    __syncthreads();
+  // One query tile's products into dK and dV, from buffer `buf`; i0 its first row.
+  const auto tile = [&](int buf, int i0) {
     const Dev* q_s = qdo_s + 2 * buf * kTq * kPitch<D>;
     const Dev* do_s = q_s + kTq * kPitch<D>;
 
@@ -726,10 +719,41 @@ __global__ void __launch_bounds__(kThreads, FT_DKDV_MIN_BLOCKS(MinB))
         mma2<E>(dk_acc[2 * dt], dk_acc[2 * dt + 1], ads, bb);
       }
     }
-    __syncthreads();  // no warp still reads buffer `buf`: the tile after next may overwrite it
-    cur = nxt;
+  };
+  QueryTile cur{kh * group, i_begin};
+  stage(cur, 0);
+  cp_async_commit();  // K, V (and the key ids) and the first query tile
+  if constexpr (NBuf == 2) {
+    for (int n = 0, odd = 0; kEndOnHead ? cur.h < h_end : n < n_all; ++n, odd ^= 1) {
+      const int buf = kEndOnHead ? odd : n & 1;
+      const QueryTile nxt = next_tile(cur);
+      if (kEndOnHead ? nxt.h < h_end : n + 1 < n_all)
+        stage(nxt, buf ^ 1);  // its buffer was released by the tile before
+      cp_async_commit();      // an empty group after the last tile
+      cp_async_wait<1>();     // tile n here; tile n + 1 may be in flight
+      __syncthreads();
+      tile(buf, cur.i0);
+      __syncthreads();  // no warp still reads buffer `buf`: the tile after next may overwrite it
+      cur = nxt;
+    }
+  } else {
+    // Three buffers: tile n + 2 loads into the buffer of tile n − 1, which the barrier that
+    // makes tile n visible has also released, so that barrier is the tile's only one.
+    QueryTile ahead = next_tile(cur);  // tile n + 1
+    if (n_all > 1) stage(ahead, 1);
+    cp_async_commit();
+    for (int n = 0, buf = 0; n < n_all; ++n, buf = buf == 2 ? 0 : buf + 1) {
+      cp_async_wait<1>();  // tile n here; tile n + 1 may be in flight
+      __syncthreads();     // tile n visible; every warp is done with tile n − 1
+      const QueryTile ahead2 = next_tile(ahead);
+      if (n + 2 < n_all) stage(ahead2, buf == 0 ? 2 : buf - 1);
+      cp_async_commit();  // an empty group near the end
+      tile(buf, cur.i0);
+      cur = ahead;
+      ahead = ahead2;
+    }
   }
-  cp_async_wait<0>();  // the last (empty) group: nothing pending at exit
+  cp_async_wait<0>();  // the last (empty) groups: nothing pending at exit
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     const int key = key0 + 8 * x;
@@ -786,7 +810,11 @@ struct Tuning {
                       // measured on an H100: forward+backward 1.666 -> 1.447 ms at B4 H32 K8
                       // T2048 D64, 1.709 -> 1.350 at D128, 5.843 -> 5.090 at T8192
   int dkdv_minb = 2;  // dK/dV blocks an SM (head dim 64): 2, or 3 with at most 168 registers
-                      // (spill-free since the loads' 32-bit offsets; not yet measured on a GPU)
+                      // (measured on an H100: backward 1.019 -> 1.063 ms at B4 H32 K8 T2048,
+                      // 3.536 -> 3.748 at T8192; kept at 2)
+  int dkdv_buf = 2;   // dK/dV query tiles in shared memory (head dims 64 and 128): 2, or 3 (one
+                      // barrier a tile instead of two; not with dkdv_minb 3, whose three blocks
+                      // would not fit an SM's shared memory; not yet measured on a GPU)
 };
 // Measured on an H100 and dropped: dK/dV with a 32-query tile (1.317 -> 1.488 ms backward at the
 // ~1B layer), and the same capped at 168 registers for 3 blocks an SM (1.375 ms).
@@ -804,18 +832,20 @@ Tuning parse_tuning(const char* text) {
     int* field = key == "fwd_mt"      ? &t.fwd_mt
                  : key == "grid_lpt"  ? &t.grid_lpt
                  : key == "dkdv_minb" ? &t.dkdv_minb
+                 : key == "dkdv_buf"  ? &t.dkdv_buf
                                       : nullptr;
     if (!field || eq == std::string::npos)
       throw ::ft::Error("FT_CUDA_FUSED_TUNING: '" + item +
-                        "' is not key=value with a key of fwd_mt, grid_lpt, dkdv_minb");
+                        "' is not key=value with a key of fwd_mt, grid_lpt, dkdv_minb, dkdv_buf");
     *field = std::atoi(item.c_str() + eq + 1);
     at = comma + 1;
   }
   if ((t.fwd_mt != 1 && t.fwd_mt != 2) || (t.grid_lpt != 0 && t.grid_lpt != 1) ||
-      (t.dkdv_minb != 2 && t.dkdv_minb != 3))
+      (t.dkdv_minb != 2 && t.dkdv_minb != 3) || (t.dkdv_buf != 2 && t.dkdv_buf != 3) ||
+      (t.dkdv_buf == 3 && t.dkdv_minb == 3))
     throw ::ft::Error("FT_CUDA_FUSED_TUNING='" + all +
                       "': the instantiated variants are fwd_mt 1 or 2, grid_lpt 0 or 1, "
-                      "dkdv_minb 2 or 3");
+                      "dkdv_minb 2 or 3, dkdv_buf 2 or 3 (3 with dkdv_minb 2 only)");
   return t;
 }
 
@@ -847,12 +877,12 @@ void forward_d(T* out, float* lse, const T* q, const T* k, const T* v, const int
   forward_launch<T, D, 1>(out, lse, q, k, v, seg, B, T_, H, K, stream);
 }
 
-template <typename T, int D, int TQ, int MinB>
+template <typename T, int D, int TQ, int MinB, int NBuf = 2>
 void dkdv_launch(T* dk, T* dv, const T* dout, const float* lse, const float* delta, const T* q,
                  const T* k, const T* v, const int32_t* seg, int B, int T_, int H, int K,
                  float scale, void* stream) {
-  auto dkdv = attention_fused_dkdv_kernel<T, D, TQ, MinB>;
-  constexpr size_t smem = dkdv_smem_bytes<D, TQ>();
+  auto dkdv = attention_fused_dkdv_kernel<T, D, TQ, MinB, NBuf>;
+  constexpr size_t smem = dkdv_smem_bytes<D, TQ, NBuf>();
   allow_smem(reinterpret_cast<const void*>(dkdv), smem, "attention_fused_backward");
   const bool lpt = tuning().grid_lpt;
   FT_LAUNCH(dkdv, tile_grid(lpt, (T_ + kTileK - 1) / kTileK, K, B), kThreads, smem, stream)
@@ -866,10 +896,16 @@ void backward_d(T* dq, T* dk, T* dv, const T* dout, const float* lse, const floa
                 void* stream) {
   const float scale = softmax_scale(D);
   const Tuning& tu = tuning();
-  if constexpr (D == 128)
-    dkdv_launch<T, D, 32, 1>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
-  else if (tu.dkdv_minb == 3)
+  if constexpr (D == 128) {
+    if (tu.dkdv_buf == 3)
+      dkdv_launch<T, D, 32, 1, 3>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale,
+                                  stream);
+    else
+      dkdv_launch<T, D, 32, 1>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+  } else if (tu.dkdv_minb == 3)
     dkdv_launch<T, D, 64, 3>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+  else if (tu.dkdv_buf == 3)
+    dkdv_launch<T, D, 64, 2, 3>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
   else
     dkdv_launch<T, D, 64, 2>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
   auto dqk = attention_fused_dq_kernel<T, D>;
