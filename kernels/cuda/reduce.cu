@@ -4,6 +4,7 @@
 // depends only on n, so the same input gives the same bits on every run.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels_cuda.h"
+#include "kernels/cuda/pack.cuh"
 
 namespace ft::kernels::cuda {
 
@@ -23,12 +24,29 @@ __global__ void scale_kernel(float* y, float s, size_t n) {
   for (size_t i = grid_thread_index(); i < n; i += grid_thread_count()) y[i] *= s;
 }
 
-// partials (gridDim.x) = Σ x² over this block's grid-stride share, in double.
+// partials (gridDim.x) = Σ x² over this block's grid-stride share, in double. Vec: x is 16-byte
+// aligned, and the first n − n mod 4 elements are read as float4 packs (thread t adds packs t,
+// t + threads, ...; each pack's squares in element order), the rest one element a thread.
+template <bool Vec>
 __global__ void sum_squares_partial_kernel(double* partials, const float* x, size_t n) {
   double s = 0.0;
-  for (size_t i = grid_thread_index(); i < n; i += grid_thread_count()) {
+  size_t done = 0;
+  if constexpr (Vec) {
+    const size_t packs = n / 4;
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    for (size_t i = grid_thread_index(); i < packs; i += grid_thread_count()) {
+      const float4 p = x4[i];
+      // exact squares (24-bit mantissas), so nvcc's FMA contraction changes nothing
+      s += double(p.x) * double(p.x);
+      s += double(p.y) * double(p.y);
+      s += double(p.z) * double(p.z);
+      s += double(p.w) * double(p.w);
+    }
+    done = packs * 4;
+  }
+  for (size_t i = done + grid_thread_index(); i < n; i += grid_thread_count()) {
     const double v = x[i];
-    s += v * v;  // exact square (24-bit mantissas), so nvcc's FMA contraction changes nothing
+    s += v * v;
   }
   s = block_sum(s);
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
@@ -64,7 +82,10 @@ void sum_squares(double* acc, const float* x, size_t n, double divisor, void* sc
   if (n == 0) return;  // adds nothing
   const unsigned blocks = sum_squares_blocks(n);
   double* partials = static_cast<double*>(scratch);  // (blocks)
-  FT_LAUNCH(sum_squares_partial_kernel, blocks, kThreads, 0, stream)(partials, x, n);
+  if (all_aligned({x}, 16))
+    FT_LAUNCH(sum_squares_partial_kernel<true>, blocks, kThreads, 0, stream)(partials, x, n);
+  else
+    FT_LAUNCH(sum_squares_partial_kernel<false>, blocks, kThreads, 0, stream)(partials, x, n);
   FT_CUDA_CHECK_LAUNCH();
   FT_LAUNCH(sum_squares_final_kernel, 1, kThreads, 0, stream)(acc, partials, blocks, divisor);
   FT_CUDA_CHECK_LAUNCH();

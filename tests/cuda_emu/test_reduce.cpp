@@ -85,27 +85,33 @@ TEST_CASE("cuda_emu reduce: sum_squares matches the CPU and is bit-identical acr
     const double want = start + sum_squares(x.data(), n) / divisor;
     const size_t scratch_bytes = cuda::sum_squares_scratch_bytes(n);
     CHECK(scratch_bytes <= 8192);  // at most 1024 partials
-    std::vector<uint64_t> runs;
-    for (uint64_t seed : test_seeds()) {
-      for (int repeat = 0; repeat < 2; ++repeat) {
-        CAPTURE(seed);
-        SeedScope scope(seed);
-        DeviceBuffer<float> dx(x);
-        DeviceBuffer<double> acc(std::vector<double>{start});
-        DeviceBuffer<char> scratch(scratch_bytes);
-        cuda::sum_squares(acc.get(), dx.get(), n, divisor, scratch.get(), nullptr);
-        const double got = acc.to_host()[0];
-        // Both sides add n non-negative doubles, in different orders: each is within
-        // (n - 1)·u·Σ of the exact sum (u = DBL_EPSILON / 2), so they differ by at most twice
-        // that. The division by the divisor and the add to `start` round once more each.
-        const double bound = (2.0 * double(n) + 4.0) * (DBL_EPSILON / 2) * std::fabs(want);
-        CHECK(std::fabs(got - want) <= bound);
-        uint64_t b;
-        std::memcpy(&b, &got, 8);
-        runs.push_back(b);
+    // At offset 1 the data is not 16-byte aligned: the scalar path instead of float4 packs.
+    for (size_t off : {size_t(0), size_t(1)}) {
+      CAPTURE(off);
+      std::vector<float> xo(off, 1e20f);  // never read
+      xo.insert(xo.end(), x.begin(), x.end());
+      std::vector<uint64_t> runs;
+      for (uint64_t seed : test_seeds()) {
+        for (int repeat = 0; repeat < 2; ++repeat) {
+          CAPTURE(seed);
+          SeedScope scope(seed);
+          DeviceBuffer<float> dx(xo);
+          DeviceBuffer<double> acc(std::vector<double>{start});
+          DeviceBuffer<char> scratch(scratch_bytes);
+          cuda::sum_squares(acc.get(), dx.get() + off, n, divisor, scratch.get(), nullptr);
+          const double got = acc.to_host()[0];
+          // Both sides add n non-negative doubles, in different orders: each is within
+          // (n - 1)·u·Σ of the exact sum (u = DBL_EPSILON / 2), so they differ by at most twice
+          // that. The division by the divisor and the add to `start` round once more each.
+          const double bound = (2.0 * double(n) + 4.0) * (DBL_EPSILON / 2) * std::fabs(want);
+          CHECK(std::fabs(got - want) <= bound);
+          uint64_t b;
+          std::memcpy(&b, &got, 8);
+          runs.push_back(b);
+        }
       }
+      for (uint64_t b : runs) CHECK(b == runs.front());
     }
-    for (uint64_t b : runs) CHECK(b == runs.front());
   }
 }
 
