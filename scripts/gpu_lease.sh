@@ -37,7 +37,7 @@ check "$first"
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
 if [[ ${FT_LEASE_NCU:-1} == 1 && -n $ncu && $(left) -gt 120 ]]; then
   # One launch of each fused kernel (the second forward, the backward's dK/dV and dQ) at the
-  # ~1B layer's shape (B 4, H 32, K 8, T 2048, D 64) and at head dim 128: throughput,
+  # ~1B layer's shape (B 4, H 32, K 8, T 2048, D 64), at head dim 128 and at T 8192: throughput,
   # occupancy, warp stalls, shared-memory conflicts. The sections print no stall breakdown
   # without PC sampling (stop 21's report had none), so the stall reasons (cycles a warp spends
   # stalled per issued instruction, by reason), the tensor and ALU pipes' use, and the shared
@@ -55,7 +55,7 @@ if [[ ${FT_LEASE_NCU:-1} == 1 && -n $ncu && $(left) -gt 120 ]]; then
   ncu_metrics+="l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,"
   ncu_metrics+="l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,"
   ncu_metrics+="smsp__inst_executed.sum"
-  for shape in 4,32,8,2048,64 2,32,8,2048,128; do
+  for shape in 4,32,8,2048,64 2,32,8,2048,128 1,32,8,8192,64; do
     for extra in "--metrics=$ncu_metrics" ""; do  # without the named metrics if one is unknown
       timeout -k 5 60 "$ncu" --kernel-name regex:fused --launch-skip 1 --launch-count 3 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
