@@ -39,9 +39,13 @@
 //      dV += Pᵀ dO and dK += dSᵀ Q with no shared-memory round trip. dK is scaled once at the end.
 //      Q and dO are double-buffered: the next query tile (of this head or the next) loads while
 //      this one is computed.
-//   3. dQ, one block per (64 query rows, head, batch): the forward's loop recomputing P from lse,
-//      dP = dO Vᵀ, dS = P ∘ (dP − Δ), dQ += dS K (7 block-GEMMs in all instead of FA2's 5, the
-//      price of no atomics); V_{j+1} loads during Q K_jᵀ and dS K_j, K_{j+1} during dO V_{j+1}ᵀ.
+//   3. dQ, one block per (64·MT query rows, head, batch): the forward's loop recomputing P from
+//      lse, dP = dO Vᵀ, dS = P ∘ (dP − Δ), dQ += dS K (7 block-GEMMs in all instead of FA2's 5,
+//      the price of no atomics); V_{j+1} loads during Q K_jᵀ and dS K_j, K_{j+1} during
+//      dO V_{j+1}ᵀ. MT = 1 by default; MT = 2 (a tuning variant, head dim 64) feeds each K and V
+//      fragment to two m-tiles and takes S, dS and dS K in two 32-key chunks a tile, so that
+//      dQ, dP and S fit in registers at two blocks an SM; the chunks go in key order (the same
+//      bits as MT = 1).
 // P and dS are rounded to E before they multiply V, dO, Q or K (as every tensor-core attention
 // does); the rest is fp32 with one rounding of each output element.
 #include <algorithm>
@@ -76,9 +80,9 @@ template <int D, int MT>
 constexpr size_t fwd_smem_bytes() {
   return tile_bytes<D>(MT * kTileQ) + 2 * tile_bytes<D>(kTileK);  // Q, K, V
 }
-template <int D>
+template <int D, int MT>
 constexpr size_t dq_smem_bytes() {
-  return 2 * tile_bytes<D>(kTileQ) + 2 * tile_bytes<D>(kTileK);  // Q, dO, K, V
+  return 2 * tile_bytes<D>(MT * kTileQ) + 2 * tile_bytes<D>(kTileK);  // Q, dO, K, V
 }
 template <int D, int TQ, int NBuf>
 constexpr size_t dkdv_smem_bytes() {
@@ -392,20 +396,27 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-template <typename E, int D>
+// MT: m16 tiles per warp (16·MT query rows a warp, 64·MT a block), as in the forward: each K and
+// V fragment read from shared memory feeds MT products. At MT = 2 the scores of a 64-key tile
+// are taken in two 32-key chunks (S, dS and dQ += dS K of one chunk, then the other), so that
+// dQ, dP and one chunk's S stay in registers; the chunks go in key order, so each dQ element
+// sums the same k-slices in the same order as at MT = 1 (the same bits).
+template <typename E, int D, int MT>
 __global__ void __launch_bounds__(kThreads)
     attention_fused_dq_kernel(device_t<E>* dq, const device_t<E>* dout, const float* lse,
                               const float* delta, const device_t<E>* q, const device_t<E>* k,
                               const device_t<E>* v, const int32_t* seg, int T_, int H, int K,
                               float scale, bool lpt) {
   using Dev = device_t<E>;
+  constexpr int kTq = MT * kTileQ, kWarpRows = MT * kRows;
+  constexpr int kChunk = kTileK / MT;  // keys of a chunk of S and dS
   FT_DYNAMIC_SHARED(Dev, q_s);
-  Dev* do_s = q_s + kTileQ * kPitch<D>;
-  Dev* k_s = do_s + kTileQ * kPitch<D>;
+  Dev* do_s = q_s + kTq * kPitch<D>;
+  Dev* k_s = do_s + kTq * kPitch<D>;
   Dev* v_s = k_s + kTileK * kPitch<D>;
   __shared__ int32_t kseg_s[kTileK];
   const BlockTile bt = block_tile(lpt);
-  const int i0 = (bt.n_tiles - 1 - bt.tile) * kTileQ;
+  const int i0 = (bt.n_tiles - 1 - bt.tile) * kTq;
   const int h = bt.head, b = bt.b, kh = h / (H / K);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, qd = lane & 3;
   const size_t ldq = size_t(H) * D, ldk = size_t(K) * D;
@@ -417,8 +428,8 @@ __global__ void __launch_bounds__(kThreads)
   const int j_first = first_key_tile(seg_b, i0, T_);
   const size_t kvoff = size_t(b) * T_ * ldk + size_t(kh) * D;  // key 0 of this kv head
   const size_t qoff = (size_t(b) * T_ + i0) * ldq + size_t(h) * D;
-  load_tile<kTileQ, D>(q_s, q + qoff, ldq, T_ - i0);
-  load_tile<kTileQ, D>(do_s, dout + qoff, ldq, T_ - i0);
+  load_tile<kTq, D>(q_s, q + qoff, ldq, T_ - i0);
+  load_tile<kTq, D>(do_s, dout + qoff, ldq, T_ - i0);
   const TileLoader<kTileK, D> kv_load(ldk);
   kv_load.load(v_s, v + kvoff + size_t(j_first) * ldk, T_ - j_first);
   cp_async_commit();
@@ -427,42 +438,53 @@ __global__ void __launch_bounds__(kThreads)
   if (seg_b && threadIdx.x < kTileK)
     kseg_s[threadIdx.x] = j_first + int(threadIdx.x) < T_ ? seg_b[j_first + threadIdx.x] : 0;
 
-  const int wr = i0 + warp * kRows;
-  int row[2], rseg[2];
-  float lse2[2], dlt[2];
-  bool one[2];
+  // This lane's rows: C fragment rows g and g + 8 of each of the warp's MT m-tiles.
+  const int wr = i0 + warp * kWarpRows;
+  int row[MT][2], rseg[MT][2];
+  float lse2[MT][2], dlt[MT][2];
+  bool one[MT][2];
 #pragma unroll
-  for (int x = 0; x < 2; ++x) {
-    row[x] = wr + lane / 4 + 8 * x;
-    const bool in = row[x] < T_;
-    rseg[x] = seg_b && in ? seg_b[row[x]] : 0;
-    const size_t st = (size_t(b) * H + h) * T_ + row[x];
-    lse2[x] = in ? lse[st] * kLog2e : 0.0f;
-    dlt[x] = in ? delta[st] : 0.0f;
-    one[x] = in && sees_one_key(seg_b, row[x]);
-  }
-  float acc[D / 8][4];
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-  for (int t = 0; t < D / 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+    for (int x = 0; x < 2; ++x) {
+      row[mt][x] = wr + kRows * mt + lane / 4 + 8 * x;
+      const bool in = row[mt][x] < T_;
+      rseg[mt][x] = seg_b && in ? seg_b[row[mt][x]] : 0;
+      const size_t st = (size_t(b) * H + h) * T_ + row[mt][x];
+      lse2[mt][x] = in ? lse[st] * kLog2e : 0.0f;
+      dlt[mt][x] = in ? delta[st] : 0.0f;
+      one[mt][x] = in && sees_one_key(seg_b, row[mt][x]);
+    }
+  float acc[MT][D / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t)
+      acc[mt][t][0] = acc[mt][t][1] = acc[mt][t][2] = acc[mt][t][3] = 0.0f;
 
-  const int last = min(i0 + kTileQ, T_) - 1;
+  const int last = min(i0 + kTq, T_) - 1;
   for (int j0 = j_first; j0 <= last; j0 += kTileK) {
     cp_async_wait<1>();  // V_j here (Q and dO too); K_j may still be in flight
     __syncthreads();
-    float s[kTileK / 8][4], dp[kTileK / 8][4];
+    float dp[MT][kTileK / 8][4];
 #pragma unroll
-    for (int t = 0; t < kTileK / 8; ++t)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[t][e] = dp[t][e] = 0.0f;
+      for (int t = 0; t < kTileK / 8; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[mt][t][e] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ado[4];
-      load_a<D>(ado, do_s, warp * kRows, 16 * kk, lane);
+      uint32_t ado[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        load_a<D>(ado[mt], do_s, warp * kWarpRows + kRows * mt, 16 * kk, lane);
 #pragma unroll
       for (int nt = 0; nt < kTileK / 16; ++nt) {
         uint32_t bb[4];
         load_b_nk<D>(bb, v_s, 16 * nt, 16 * kk, lane);
-        mma2<E>(dp[2 * nt], dp[2 * nt + 1], ado, bb);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma2<E>(dp[mt][2 * nt], dp[mt][2 * nt + 1], ado[mt], bb);
       }
     }
     __syncthreads();  // no warp still reads V_j
@@ -472,54 +494,76 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_wait<1>();  // K_j here; V_{j+1} may still be in flight
     __syncthreads();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t aq[4];
-      load_a<D>(aq, q_s, warp * kRows, 16 * kk, lane);
+    for (int ch = 0; ch < MT; ++ch) {
+      const int jc = j0 + ch * kChunk;  // the chunk's first key
+      // A chunk past the warp's last row adds nothing (warp-uniform: no barrier inside).
+      if (MT > 1 && jc > wr + kWarpRows - 1) continue;
+      float s[MT][kChunk / 8][4];
 #pragma unroll
-      for (int nt = 0; nt < kTileK / 16; ++nt) {
-        uint32_t bb[4];
-        load_b_nk<D>(bb, k_s, 16 * nt, 16 * kk, lane);
-        mma2<E>(s[2 * nt], s[2 * nt + 1], aq, bb);
-      }
-    }
-    // dS = P ∘ (dP − Δ). The masks and the one-key rows cost instructions per element: they are
-    // applied only where the tile needs them (warp-uniform conditions: the diagonal, the end of
-    // the sequence, documents; rows that see one key exist only in the first query tile
-    // without segments).
-    // Two copies of the loop, chosen once per tile (nvcc does not hoist the test itself).
-    const auto ds_tile = [&](auto general) {
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int t = 0; t < kTileK / 8; ++t)
+        for (int t = 0; t < kChunk / 8; ++t)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int x = e >> 1;
-          float p = exp2_approx(fmaf(s[t][e], scale_log2, -lse2[x]));
-          float ds;
-          if constexpr (decltype(general)::value) {
-            const int c = j0 + 8 * t + 2 * qd + (e & 1);
-            if (c > row[x] || c >= T_ || (seg_b && kseg_s[c - j0] != rseg[x])) p = 0.0f;
-            ds = one[x] ? 0.0f : p * (dp[t][e] - dlt[x]);
-          } else {
-            ds = p * (dp[t][e] - dlt[x]);
-          }
-          s[t][e] = ds;
+          for (int e = 0; e < 4; ++e) s[mt][t][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t aq[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+          load_a<D>(aq[mt], q_s, warp * kWarpRows + kRows * mt, 16 * kk, lane);
+#pragma unroll
+        for (int nt = 0; nt < kChunk / 16; ++nt) {
+          uint32_t bb[4];
+          load_b_nk<D>(bb, k_s, ch * kChunk + 16 * nt, 16 * kk, lane);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) mma2<E>(s[mt][2 * nt], s[mt][2 * nt + 1], aq[mt], bb);
         }
-    };
-    // A tile with rows that see one key (i0 = 0 without segments) crosses the diagonal.
-    if (seg_b || j0 + kTileK - 1 > wr || j0 + kTileK > T_)
-      ds_tile(std::true_type{});
-    else
-      ds_tile(std::false_type{});
+      }
+      // dS = P ∘ (dP − Δ). The masks and the one-key rows cost instructions per element: they
+      // are applied only where the chunk needs them (warp-uniform conditions per m-tile: the
+      // diagonal, the end of the sequence, documents; rows that see one key exist only in the
+      // first query tile without segments).
+      // Two copies of the loop, chosen once per m-tile (nvcc does not hoist the test itself).
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const auto ds_tile = [&](auto general) {
+#pragma unroll
+          for (int t = 0; t < kChunk / 8; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int x = e >> 1;
+              const float dpe = dp[mt][ch * (kChunk / 8) + t][e];
+              float p = exp2_approx(fmaf(s[mt][t][e], scale_log2, -lse2[mt][x]));
+              float ds;
+              if constexpr (decltype(general)::value) {
+                const int c = jc + 8 * t + 2 * qd + (e & 1);
+                if (c > row[mt][x] || c >= T_ || (seg_b && kseg_s[c - j0] != rseg[mt][x])) p = 0.0f;
+                ds = one[mt][x] ? 0.0f : p * (dpe - dlt[mt][x]);
+              } else {
+                ds = p * (dpe - dlt[mt][x]);
+              }
+              s[mt][t][e] = ds;
+            }
+        };
+        // A chunk with rows that see one key (i0 = 0 without segments) crosses the diagonal.
+        if (seg_b || jc + kChunk - 1 > wr + kRows * mt || jc + kChunk > T_)
+          ds_tile(std::true_type{});
+        else
+          ds_tile(std::false_type{});
+      }
       // dQ += dS K: K rows are the k dimension (.trans).
 #pragma unroll
-    for (int ks = 0; ks < kTileK / 16; ++ks) {
-      uint32_t a[4];
-      c_to_a<E>(a, s[2 * ks], s[2 * ks + 1]);
+      for (int ks = 0; ks < kChunk / 16; ++ks) {
+        uint32_t a[MT][4];
 #pragma unroll
-      for (int dt = 0; dt < D / 16; ++dt) {
-        uint32_t bb[4];
-        load_b_kn<D>(bb, k_s, 16 * ks, 16 * dt, lane);
-        mma2<E>(acc[2 * dt], acc[2 * dt + 1], a, bb);
+        for (int mt = 0; mt < MT; ++mt) c_to_a<E>(a[mt], s[mt][2 * ks], s[mt][2 * ks + 1]);
+#pragma unroll
+        for (int dt = 0; dt < D / 16; ++dt) {
+          uint32_t bb[4];
+          load_b_kn<D>(bb, k_s, ch * kChunk + 16 * ks, 16 * dt, lane);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) mma2<E>(acc[mt][2 * dt], acc[mt][2 * dt + 1], a[mt], bb);
+        }
       }
     }
     __syncthreads();  // no warp still reads K_j or the key ids
@@ -533,14 +577,16 @@ __global__ void __launch_bounds__(kThreads)
   }
   cp_async_wait<0>();  // the last (empty) groups: nothing pending at exit
 #pragma unroll
-  for (int x = 0; x < 2; ++x) {
-    if (row[x] >= T_) continue;
-    Dev* grow = dq + (size_t(b) * T_ + row[x]) * ldq + size_t(h) * D + 2 * qd;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int t = 0; t < D / 8; ++t)
-      *reinterpret_cast<uint32_t*>(grow + 8 * t) =
-          pack2<E>(acc[t][2 * x] * scale, acc[t][2 * x + 1] * scale);
-  }
+    for (int x = 0; x < 2; ++x) {
+      if (row[mt][x] >= T_) continue;
+      Dev* grow = dq + (size_t(b) * T_ + row[mt][x]) * ldq + size_t(h) * D + 2 * qd;
+#pragma unroll
+      for (int t = 0; t < D / 8; ++t)
+        *reinterpret_cast<uint32_t*>(grow + 8 * t) =
+            pack2<E>(acc[mt][t][2 * x] * scale, acc[mt][t][2 * x + 1] * scale);
+    }
 }
 
 // MinB blocks an SM for __launch_bounds__ where the variant is meant to run: dkdv_minb=3 is a
@@ -802,7 +848,8 @@ float softmax_scale(int D) { return 1.0f / std::sqrt(float(D)); }
 // FT_CUDA_FUSED_TUNING="fwd_mt=1,grid_lpt=1" (comma-separated key=value; unset keys keep the
 // defaults below) picks one, so ft_cuda_bench_attention can time each in one run. Not a user
 // setting: each element's arithmetic is the same in every variant (the same bits), and a value
-// that is not instantiated is an error naming the ones that are. fwd_mt applies to head dim 64.
+// that is not instantiated is an error naming the ones that are. fwd_mt and dq_mt apply to head
+// dim 64.
 struct Tuning {
   int fwd_mt = 2;     // m16 tiles per warp in the forward: 1 or 2 (2 measured faster on an
                       // H100: 0.374 -> 0.371 ms at B4 H32 K8 T2048, 1.367 -> 1.317 ms at T8192)
@@ -815,6 +862,8 @@ struct Tuning {
   int dkdv_buf = 2;   // dK/dV query tiles in shared memory (head dims 64 and 128): 2, or 3 (one
                       // barrier a tile instead of two; not with dkdv_minb 3, whose three blocks
                       // would not fit an SM's shared memory; not yet measured on a GPU)
+  int dq_mt = 1;      // m16 tiles per warp in the dQ kernel (head dim 64): 1 or 2 (two 32-key
+                      // chunks a key tile, 2 blocks an SM; not yet measured on a GPU)
 };
 // Measured on an H100 and dropped: dK/dV with a 32-query tile (1.317 -> 1.488 ms backward at the
 // ~1B layer), and the same capped at 168 registers for 3 blocks an SM (1.375 ms).
@@ -833,19 +882,21 @@ Tuning parse_tuning(const char* text) {
                  : key == "grid_lpt"  ? &t.grid_lpt
                  : key == "dkdv_minb" ? &t.dkdv_minb
                  : key == "dkdv_buf"  ? &t.dkdv_buf
+                 : key == "dq_mt"     ? &t.dq_mt
                                       : nullptr;
     if (!field || eq == std::string::npos)
       throw ::ft::Error("FT_CUDA_FUSED_TUNING: '" + item +
-                        "' is not key=value with a key of fwd_mt, grid_lpt, dkdv_minb, dkdv_buf");
+                        "' is not key=value with a key of fwd_mt, grid_lpt, dkdv_minb, dkdv_buf, "
+                        "dq_mt");
     *field = std::atoi(item.c_str() + eq + 1);
     at = comma + 1;
   }
   if ((t.fwd_mt != 1 && t.fwd_mt != 2) || (t.grid_lpt != 0 && t.grid_lpt != 1) ||
       (t.dkdv_minb != 2 && t.dkdv_minb != 3) || (t.dkdv_buf != 2 && t.dkdv_buf != 3) ||
-      (t.dkdv_buf == 3 && t.dkdv_minb == 3))
+      (t.dkdv_buf == 3 && t.dkdv_minb == 3) || (t.dq_mt != 1 && t.dq_mt != 2))
     throw ::ft::Error("FT_CUDA_FUSED_TUNING='" + all +
                       "': the instantiated variants are fwd_mt 1 or 2, grid_lpt 0 or 1, "
-                      "dkdv_minb 2 or 3, dkdv_buf 2 or 3 (3 with dkdv_minb 2 only)");
+                      "dkdv_minb 2 or 3, dkdv_buf 2 or 3 (3 with dkdv_minb 2 only), dq_mt 1 or 2");
   return t;
 }
 
@@ -890,6 +941,20 @@ void dkdv_launch(T* dk, T* dv, const T* dout, const float* lse, const float* del
   FT_CUDA_CHECK_LAUNCH();
 }
 
+template <typename T, int D, int MT>
+void dq_launch(T* dq, const T* dout, const float* lse, const float* delta, const T* q, const T* k,
+               const T* v, const int32_t* seg, int B, int T_, int H, int K, float scale,
+               void* stream) {
+  auto dqk = attention_fused_dq_kernel<T, D, MT>;
+  constexpr size_t smem = dq_smem_bytes<D, MT>();
+  constexpr int kTq = MT * kTileQ;
+  allow_smem(reinterpret_cast<const void*>(dqk), smem, "attention_fused_backward");
+  const bool lpt = tuning().grid_lpt;
+  FT_LAUNCH(dqk, tile_grid(lpt, (T_ + kTq - 1) / kTq, H, B), kThreads, smem, stream)
+  (dev(dq), dev(dout), lse, delta, dev(q), dev(k), dev(v), seg, T_, H, K, scale, lpt);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
 template <typename T, int D>
 void backward_d(T* dq, T* dk, T* dv, const T* dout, const float* lse, const float* delta,
                 const T* q, const T* k, const T* v, const int32_t* seg, int B, int T_, int H, int K,
@@ -908,13 +973,11 @@ void backward_d(T* dq, T* dk, T* dv, const T* dout, const float* lse, const floa
     dkdv_launch<T, D, 64, 2, 3>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
   else
     dkdv_launch<T, D, 64, 2>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
-  auto dqk = attention_fused_dq_kernel<T, D>;
-  allow_smem(reinterpret_cast<const void*>(dqk), dq_smem_bytes<D>(), "attention_fused_backward");
-  const bool lpt = tu.grid_lpt;
-  FT_LAUNCH(dqk, tile_grid(lpt, (T_ + kTileQ - 1) / kTileQ, H, B), kThreads, dq_smem_bytes<D>(),
-            stream)
-  (dev(dq), dev(dout), lse, delta, dev(q), dev(k), dev(v), seg, T_, H, K, scale, lpt);
-  FT_CUDA_CHECK_LAUNCH();
+  if constexpr (D == 64) {
+    if (tu.dq_mt == 2)
+      return dq_launch<T, D, 2>(dq, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+  }
+  dq_launch<T, D, 1>(dq, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
 }
 
 }  // namespace
