@@ -73,4 +73,3 @@ for f in "${files[@]}"; do
         "$(echo "$fn" | short)"
     done
 done
-done
