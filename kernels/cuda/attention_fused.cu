@@ -37,15 +37,17 @@
 //      (M = keys): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, then Pᵀ = exp(scale·Sᵀ − lse) and
 //      dSᵀ = Pᵀ ∘ (dPᵀ − Δ) are C fragments whose rows are keys, so the same C→A identity feeds
 //      dV += Pᵀ dO and dK += dSᵀ Q with no shared-memory round trip. dK is scaled once at the end.
-//      Q and dO are double-buffered: the next query tile (of this head or the next) loads while
-//      this one is computed.
+//      Q and dO are triple-buffered (NBuf = 3, the default): tile n + 2 (of this head or the
+//      next) loads into tile n − 1's buffer while tile n is computed, so one barrier a tile
+//      both publishes tile n and releases that buffer. NBuf = 2 (dkdv_minb=3, or the dkdv_buf=2
+//      variant) loads only the next tile and needs a second barrier at the end of each.
 //   3. dQ, one block per (64·MT query rows, head, batch): the forward's loop recomputing P from
 //      lse, dP = dO Vᵀ, dS = P ∘ (dP − Δ), dQ += dS K (7 block-GEMMs in all instead of FA2's 5,
 //      the price of no atomics); V_{j+1} loads during Q K_jᵀ and dS K_j, K_{j+1} during
-//      dO V_{j+1}ᵀ. MT = 1 by default; MT = 2 (a tuning variant, head dim 64) feeds each K and V
-//      fragment to two m-tiles and takes S, dS and dS K in two 32-key chunks a tile, so that
-//      dQ, dP and S fit in registers at two blocks an SM; the chunks go in key order (the same
-//      bits as MT = 1).
+//      dO V_{j+1}ᵀ. At head dim 64, MT = 2 (the default; MT = 1 is the dq_mt=1 variant, and
+//      head dim 128's only form) feeds each K and V fragment to two m-tiles and takes S, dS and
+//      dS K in two 32-key chunks a tile, so that dQ, dP and S fit in registers at two blocks an
+//      SM; the chunks go in key order (the same bits as MT = 1).
 // P and dS are rounded to E before they multiply V, dO, Q or K (as every tensor-core attention
 // does); the rest is fp32 with one rounding of each output element.
 #include <algorithm>
@@ -859,11 +861,15 @@ struct Tuning {
   int dkdv_minb = 2;  // dK/dV blocks an SM (head dim 64): 2, or 3 with at most 168 registers
                       // (measured on an H100: backward 1.019 -> 1.063 ms at B4 H32 K8 T2048,
                       // 3.536 -> 3.748 at T8192; kept at 2)
-  int dkdv_buf = 2;   // dK/dV query tiles in shared memory (head dims 64 and 128): 2, or 3 (one
-                      // barrier a tile instead of two; not with dkdv_minb 3, whose three blocks
-                      // would not fit an SM's shared memory; not yet measured on a GPU)
-  int dq_mt = 1;      // m16 tiles per warp in the dQ kernel (head dim 64): 1 or 2 (two 32-key
-                      // chunks a key tile, 2 blocks an SM; not yet measured on a GPU)
+  int dkdv_buf = 3;   // dK/dV query tiles in shared memory (head dims 64 and 128): 2, or 3 (one
+                      // barrier a tile instead of two). dkdv_minb 3 keeps 2: three blocks with 3
+                      // would not fit an SM's shared memory. Measured on an H100 (backward, ms):
+                      // 1.009 -> 0.950 at B4 H32 K8 T2048 D64, 0.979 -> 0.927 at D128, 3.544 ->
+                      // 3.321 at T8192
+  int dq_mt = 2;      // m16 tiles per warp in the dQ kernel (head dim 64): 1 or 2 (two 32-key
+                      // chunks a key tile, 2 blocks an SM). Measured on an H100 (backward, ms):
+                      // 1.009 -> 0.987 at B4 H32 K8 T2048, 3.544 -> 3.417 at T8192; with
+                      // dkdv_buf 3, 0.941 and 3.175
 };
 // Measured on an H100 and dropped: dK/dV with a 32-query tile (1.317 -> 1.488 ms backward at the
 // ~1B layer), and the same capped at 168 registers for 3 blocks an SM (1.375 ms).
@@ -872,6 +878,7 @@ Tuning parse_tuning(const char* text) {
   Tuning t;
   if (!text || !*text) return t;
   const std::string all(text);
+  bool buf_given = false;
   size_t at = 0;
   while (at <= all.size()) {
     const size_t comma = std::min(all.find(',', at), all.size());
@@ -889,8 +896,10 @@ Tuning parse_tuning(const char* text) {
                         "' is not key=value with a key of fwd_mt, grid_lpt, dkdv_minb, dkdv_buf, "
                         "dq_mt");
     *field = std::atoi(item.c_str() + eq + 1);
+    buf_given |= field == &t.dkdv_buf;
     at = comma + 1;
   }
+  if (t.dkdv_minb == 3 && !buf_given) t.dkdv_buf = 2;
   if ((t.fwd_mt != 1 && t.fwd_mt != 2) || (t.grid_lpt != 0 && t.grid_lpt != 1) ||
       (t.dkdv_minb != 2 && t.dkdv_minb != 3) || (t.dkdv_buf != 2 && t.dkdv_buf != 3) ||
       (t.dkdv_buf == 3 && t.dkdv_minb == 3) || (t.dq_mt != 1 && t.dq_mt != 2))
