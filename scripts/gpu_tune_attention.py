@@ -28,8 +28,9 @@ from gpu_check import ATTENTION_SHAPES  # noqa: E402
 # The defaults (fwd_mt=2, grid_lpt=1, dkdv_minb=2, dkdv_buf=3, dq_mt=2) and the variants to
 # compare them with. Measured on an H100 (2026-11-27), forward+backward ms summed over the
 # shapes: the defaults before dkdv_buf and dq_mt 7.012; with dkdv_buf=3 6.684, dq_mt=2 6.867,
-# both 6.523 (so both became the defaults); fwd_mt=1 7.070 and dkdv_minb=3 7.258 (kept off).
-TUNINGS = ["", "dkdv_buf=2,dq_mt=1"]
+# both 6.523 (so both became the defaults); fwd_mt=1 7.070 and dkdv_minb=3 7.258 (kept off;
+# dkdv_minb=3 since removed).
+TUNINGS = ["", "dkdv_buf=2,dq_mt=1", "dkdv_stage=1"]
 
 
 def run(cmd, env, limit):

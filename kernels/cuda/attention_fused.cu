@@ -39,7 +39,7 @@
 //      dV += Pᵀ dO and dK += dSᵀ Q with no shared-memory round trip. dK is scaled once at the end.
 //      Q and dO are triple-buffered (NBuf = 3, the default): tile n + 2 (of this head or the
 //      next) loads into tile n − 1's buffer while tile n is computed, so one barrier a tile
-//      both publishes tile n and releases that buffer. NBuf = 2 (dkdv_minb=3, or the dkdv_buf=2
+//      both publishes tile n and releases that buffer. NBuf = 2 (the dkdv_buf=2
 //      variant) loads only the next tile and needs a second barrier at the end of each.
 //   3. dQ, one block per (64·MT query rows, head, batch): the forward's loop recomputing P from
 //      lse, dP = dO Vᵀ, dS = P ∘ (dP − Δ), dQ += dS K (7 block-GEMMs in all instead of FA2's 5,
@@ -88,7 +88,9 @@ constexpr size_t dq_smem_bytes() {
 }
 template <int D, int TQ, int NBuf>
 constexpr size_t dkdv_smem_bytes() {
-  return 2 * NBuf * tile_bytes<D>(TQ) + 2 * tile_bytes<D>(kTileK);  // Q, dO NBuf times; K, V
+  // Q, dO NBuf times; K, V; lse and Δ NBuf times (cp.async's destinations must be dynamic
+  // shared memory for the emulator, tests/cuda_emu)
+  return 2 * NBuf * tile_bytes<D>(TQ) + 2 * tile_bytes<D>(kTileK) + 2 * NBuf * TQ * sizeof(float);
 }
 
 // The cp.asyncs of (R, D) tiles whose rows lie `ld` elements apart: row r of a tile from
@@ -97,27 +99,19 @@ constexpr size_t dkdv_smem_bytes() {
 // that loads many tiles builds one loader before it: each thread's source offset (32-bit: r < R
 // <= 128 and ld, H·D or K·D with H, K <= 65535 by check_fused and D <= 128, is < 2^23) is
 // computed once, and a copy then costs an address add, a compare and the cp.async.
-// Which copies a thread makes: Run = false, copy i of thread t is chunk i·kThreads + t of the
-// tile (a warp's copies cover whole rows, each 32-byte sector in one instruction; the rows of a
-// thread's copies lie kRowStep·ld apart, one more offset register a copy where the compiler
-// hoists them); Run = true, a run of consecutive chunks of one row (the offsets are immediates
-// and one row test serves all, but each sector is asked for by two instructions).
-template <int R, int D, bool Run = false>
+// Copy i of thread t is chunk i·kThreads + t of the tile: a warp's copies cover whole rows, each
+// 32-byte sector in one instruction, and the rows of a thread's copies lie kRowStep·ld apart.
+// (Measured and dropped with dK/dV at three blocks an SM: each thread copying a run of one row.)
+template <int R, int D>
 struct TileLoader {
   static constexpr int kChunks = D / 8, kCopies = R * kChunks / kThreads;
-  static constexpr int kRowStep = kThreads / kChunks;  // Run = false: rows between copies
-  static constexpr int kRuns = kChunks / kCopies;      // Run = true: threads a row
+  static constexpr int kRowStep = kThreads / kChunks;  // rows between a thread's copies
   static_assert((R * kChunks) % kThreads == 0 && kThreads % kChunks == 0, "whole copies");
-  static_assert(!Run || kChunks % kCopies == 0, "whole runs");
   unsigned src0, step;  // the source offset of this thread's first copy; kRowStep·ld
 
   // This thread's first row and its element offset in the tile (recomputed at each load).
-  __device__ __forceinline__ static int first_row() {
-    return int(threadIdx.x) / (Run ? kRuns : kChunks);
-  }
-  __device__ __forceinline__ static int column() {
-    return Run ? 8 * kCopies * (int(threadIdx.x) % kRuns) : 8 * (int(threadIdx.x) % kChunks);
-  }
+  __device__ __forceinline__ static int first_row() { return int(threadIdx.x) / kChunks; }
+  __device__ __forceinline__ static int column() { return 8 * (int(threadIdx.x) % kChunks); }
 
   __device__ __forceinline__ explicit TileLoader(size_t ld)
       : src0(unsigned(first_row()) * unsigned(ld) + unsigned(column())),
@@ -126,19 +120,11 @@ struct TileLoader {
   __device__ __forceinline__ void load(Dev* tile, const Dev* src, int valid) const {
     const int r0 = first_row();
     Dev* dst = tile + r0 * kPitch<D> + column();
-    if constexpr (Run) {
-      const bool ok = r0 < valid;
-      const Dev* from = src + (ok ? src0 : 0u);
 #pragma unroll
-      for (int it = 0; it < kCopies; ++it)
-        cp_async_cg16(dst + 8 * it, from + (ok ? 8 * it : 0), ok ? 16 : 0);
-    } else {
-#pragma unroll
-      for (int it = 0; it < kCopies; ++it) {
-        const bool ok = r0 + it * kRowStep < valid;
-        cp_async_cg16(dst + it * kRowStep * kPitch<D>, src + (ok ? src0 + unsigned(it) * step : 0u),
-                      ok ? 16 : 0);
-      }
+    for (int it = 0; it < kCopies; ++it) {
+      const bool ok = r0 + it * kRowStep < valid;
+      cp_async_cg16(dst + it * kRowStep * kPitch<D>, src + (ok ? src0 + unsigned(it) * step : 0u),
+                    ok ? 16 : 0);
     }
   }
 };
@@ -591,19 +577,12 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-// MinB blocks an SM for __launch_bounds__ where the variant is meant to run: dkdv_minb=3 is a
-// tuning variant for sm_90 (168 registers without a spill there; sm_80 would spill 4 bytes,
-// which the build refuses, so sm_80 code keeps 2 blocks).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define FT_DKDV_MIN_BLOCKS(b) ((b) > 2 ? 2 : (b))
-#else
-#define FT_DKDV_MIN_BLOCKS(b) (b)
-#endif
-
-// TQ: query rows of a tile. MinB: blocks an SM the registers must allow (FT_DKDV_MIN_BLOCKS).
-// NBuf: query tiles in shared memory, 2 or 3 (3: one barrier a tile instead of two; MinB <= 2).
-template <typename E, int D, int TQ, int MinB, int NBuf>
-__global__ void __launch_bounds__(kThreads, FT_DKDV_MIN_BLOCKS(MinB))
+// TQ: query rows of a tile. MinB: blocks an SM the registers must allow (__launch_bounds__).
+// NBuf: query tiles in shared memory, 2 or 3 (3: one barrier a tile instead of two).
+// AsyncStage: a tile's lse and Δ reach shared memory by cp.async, with its Q and dO, issued by
+// two different sets of threads (otherwise the first kTq threads load them and wait for them).
+template <typename E, int D, int TQ, int MinB, int NBuf, bool AsyncStage = false>
+__global__ void __launch_bounds__(kThreads, MinB)
     attention_fused_dkdv_kernel(device_t<E>* dk, device_t<E>* dv, const device_t<E>* dout,
                                 const float* lse, const float* delta, const device_t<E>* q,
                                 const device_t<E>* k, const device_t<E>* v, const int32_t* seg,
@@ -613,10 +592,11 @@ __global__ void __launch_bounds__(kThreads, FT_DKDV_MIN_BLOCKS(MinB))
   FT_DYNAMIC_SHARED(Dev, k_s);
   Dev* v_s = k_s + kTileK * kPitch<D>;
   Dev* qdo_s = v_s + kTileK * kPitch<D>;  // [buffer][Q, dO][kTq][pitch]
-  static_assert(NBuf == 2 || (NBuf == 3 && MinB <= 2), "2 buffers, or 3 with the counted loop");
-  // Per query of the tile, per buffer: lse·log2(e), Δ, segment id, "sees one key".
-  alignas(16) __shared__ float lse_s[NBuf][kTq];
-  alignas(16) __shared__ float delta_s[NBuf][kTq];
+  static_assert(NBuf == 2 || NBuf == 3, "2 or 3 query-tile buffers");
+  // Per query of the tile, per buffer: lse·log2(e) (AsyncStage: lse), Δ, segment id, "sees one
+  // key".
+  float(*lse_s)[kTq] = reinterpret_cast<float(*)[kTq]>(qdo_s + 2 * NBuf * kTq * kPitch<D>);
+  float(*delta_s)[kTq] = lse_s + NBuf;
   __shared__ int32_t qseg_s[NBuf][kTq];
   __shared__ bool one_s[NBuf][kTq];
   __shared__ int32_t kseg_s[kTileK];  // the keys' segment ids (read where documents mask)
@@ -653,12 +633,7 @@ __global__ void __launch_bounds__(kThreads, FT_DKDV_MIN_BLOCKS(MinB))
   const int i_begin = j0 / kTq * kTq;
   int i_end = i_begin + kTq;
   while (i_end < T_ && !(seg_b && seg_b[i_end] > last_seg)) i_end += kTq;
-  const int h_end = (kh + 1) * group;  // one past the group's last query head
   const int n_all = group * ((i_end - i_begin) / kTq);
-  // The loop ends on a count of tiles, or on the head with the buffer toggled: at MinB 2 nvcc
-  // makes a tighter loop of the count (on the tile's common path 573 against 652 SASS
-  // instructions at sm_90a), at MinB 3 the other form keeps it within 168 registers.
-  constexpr bool kEndOnHead = MinB > 2;
   // A tile as (query head, first row), walked without divisions: the rows step by kTq to i_end,
   // then the next head of the group starts again at i_begin.
   struct QueryTile {
@@ -672,7 +647,7 @@ __global__ void __launch_bounds__(kThreads, FT_DKDV_MIN_BLOCKS(MinB))
     }
     return t;
   };
-  const TileLoader<kTq, D, (MinB > 2)> q_load(ldq);
+  const TileLoader<kTq, D> q_load(ldq);
   // Issues tile t's copies into buffer `buf` and writes its per-query values.
   auto stage = [&](QueryTile t, int buf) {
     const int h = t.h, i0 = t.i0;
@@ -680,7 +655,21 @@ __global__ void __launch_bounds__(kThreads, FT_DKDV_MIN_BLOCKS(MinB))
     Dev* qb = qdo_s + 2 * buf * kTq * kPitch<D>;
     q_load.load(qb, q + qoff, T_ - i0);
     q_load.load(qb + kTq * kPitch<D>, dout + qoff, T_ - i0);
-    if (threadIdx.x < kTq) {
+    if constexpr (AsyncStage) {
+      // Threads [0, kTq) copy lse, [kTq, 2 kTq) Δ (zero-filled past T); the last kTq threads
+      // write the segment ids and the one-key flags.
+      const int x = int(threadIdx.x) % kTq, r = i0 + x;
+      const bool in = r < T_;
+      const size_t st = (size_t(b) * H + h) * T_ + (in ? r : 0);
+      if (threadIdx.x < kTq)
+        cp_async_ca<4>(&lse_s[buf][x], lse + st, in ? 4 : 0);
+      else if (threadIdx.x < 2 * kTq)
+        cp_async_ca<4>(&delta_s[buf][x], delta + st, in ? 4 : 0);
+      if (threadIdx.x >= kThreads - kTq) {
+        qseg_s[buf][x] = seg_b && in ? seg_b[r] : 0;
+        one_s[buf][x] = in && sees_one_key(seg_b, r);
+      }
+    } else if (threadIdx.x < kTq) {
       const int r = i0 + threadIdx.x;
       const bool in = r < T_;
       const size_t st = (size_t(b) * H + h) * T_ + r;
@@ -725,7 +714,8 @@ __global__ void __launch_bounds__(kThreads, FT_DKDV_MIN_BLOCKS(MinB))
 #pragma unroll
       for (int t = 0; t < kTq / 8; ++t) {
         const int c0 = 8 * t + 2 * qd;
-        const float2 ls = *reinterpret_cast<const float2*>(&lse_s[buf][c0]);
+        float2 ls = *reinterpret_cast<const float2*>(&lse_s[buf][c0]);
+        if constexpr (AsyncStage) ls = make_float2(ls.x * kLog2e, ls.y * kLog2e);
         const float2 dl = *reinterpret_cast<const float2*>(&delta_s[buf][c0]);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -747,7 +737,7 @@ __global__ void __launch_bounds__(kThreads, FT_DKDV_MIN_BLOCKS(MinB))
     };
     // A tile with queries that see one key (i0 = 0 without segments) crosses the diagonal. The
     // test is the block's (its 64 keys), not the warp's: the same on the diagonal tile at
-    // TQ = 64, and two registers fewer across the loop (dkdv_minb=3 fits 168 without a spill).
+    // TQ = 64, and two registers fewer across the loop.
     if (seg_b || j0 + kTileK - 1 > i0 || i0 + kTq > T_ || j0 + kTileK > T_)
       pds_tile(std::true_type{});
     else
@@ -772,13 +762,12 @@ __global__ void __launch_bounds__(kThreads, FT_DKDV_MIN_BLOCKS(MinB))
   stage(cur, 0);
   cp_async_commit();  // K, V (and the key ids) and the first query tile
   if constexpr (NBuf == 2) {
-    for (int n = 0, odd = 0; kEndOnHead ? cur.h < h_end : n < n_all; ++n, odd ^= 1) {
-      const int buf = kEndOnHead ? odd : n & 1;
+    for (int n = 0; n < n_all; ++n) {
+      const int buf = n & 1;
       const QueryTile nxt = next_tile(cur);
-      if (kEndOnHead ? nxt.h < h_end : n + 1 < n_all)
-        stage(nxt, buf ^ 1);  // its buffer was released by the tile before
-      cp_async_commit();      // an empty group after the last tile
-      cp_async_wait<1>();     // tile n here; tile n + 1 may be in flight
+      if (n + 1 < n_all) stage(nxt, buf ^ 1);  // its buffer was released by the tile before
+      cp_async_commit();                       // an empty group after the last tile
+      cp_async_wait<1>();                      // tile n here; tile n + 1 may be in flight
       __syncthreads();
       tile(buf, cur.i0);
       __syncthreads();  // no warp still reads buffer `buf`: the tile after next may overwrite it
@@ -853,59 +842,56 @@ float softmax_scale(int D) { return 1.0f / std::sqrt(float(D)); }
 // that is not instantiated is an error naming the ones that are. fwd_mt and dq_mt apply to head
 // dim 64.
 struct Tuning {
-  int fwd_mt = 2;     // m16 tiles per warp in the forward: 1 or 2 (2 measured faster on an
-                      // H100: 0.374 -> 0.371 ms at B4 H32 K8 T2048, 1.367 -> 1.317 ms at T8192)
-  int grid_lpt = 1;   // 1: every kernel's grid longest tile first across heads (block_tile);
-                      // measured on an H100: forward+backward 1.666 -> 1.447 ms at B4 H32 K8
-                      // T2048 D64, 1.709 -> 1.350 at D128, 5.843 -> 5.090 at T8192
-  int dkdv_minb = 2;  // dK/dV blocks an SM (head dim 64): 2, or 3 with at most 168 registers
-                      // (measured on an H100: backward 1.019 -> 1.063 ms at B4 H32 K8 T2048,
-                      // 3.536 -> 3.748 at T8192; kept at 2)
-  int dkdv_buf = 3;   // dK/dV query tiles in shared memory (head dims 64 and 128): 2, or 3 (one
-                      // barrier a tile instead of two). dkdv_minb 3 keeps 2: three blocks with 3
-                      // would not fit an SM's shared memory. Measured on an H100 (backward, ms):
-                      // 1.009 -> 0.950 at B4 H32 K8 T2048 D64, 0.979 -> 0.927 at D128, 3.544 ->
-                      // 3.321 at T8192
-  int dq_mt = 2;      // m16 tiles per warp in the dQ kernel (head dim 64): 1 or 2 (two 32-key
-                      // chunks a key tile, 2 blocks an SM). Measured on an H100 (backward, ms):
-                      // 1.009 -> 0.987 at B4 H32 K8 T2048, 3.544 -> 3.417 at T8192; with
-                      // dkdv_buf 3, 0.941 and 3.175
+  int fwd_mt = 2;      // m16 tiles per warp in the forward: 1 or 2 (2 measured faster on an
+                       // H100: 0.374 -> 0.371 ms at B4 H32 K8 T2048, 1.367 -> 1.317 ms at T8192)
+  int grid_lpt = 1;    // 1: every kernel's grid longest tile first across heads (block_tile);
+                       // measured on an H100: forward+backward 1.666 -> 1.447 ms at B4 H32 K8
+                       // T2048 D64, 1.709 -> 1.350 at D128, 5.843 -> 5.090 at T8192
+  int dkdv_buf = 3;    // dK/dV query tiles in shared memory (head dims 64 and 128): 2, or 3 (one
+                       // barrier a tile instead of two). Measured on an H100 (backward, ms):
+                       // 1.009 -> 0.950 at B4 H32 K8 T2048 D64, 0.979 -> 0.927 at D128, 3.544 ->
+                       // 3.321 at T8192
+  int dq_mt = 2;       // m16 tiles per warp in the dQ kernel (head dim 64): 1 or 2 (two 32-key
+                       // chunks a key tile, 2 blocks an SM). Measured on an H100 (backward, ms):
+                       // 1.009 -> 0.987 at B4 H32 K8 T2048, 3.544 -> 3.417 at T8192; with
+                       // dkdv_buf 3, 0.941 and 3.175
+  int dkdv_stage = 0;  // 1: dK/dV's per-query lse and Δ by cp.async from two sets of threads
+                       // (with dkdv_buf 3; not yet measured on a GPU)
 };
 // Measured on an H100 and dropped: dK/dV with a 32-query tile (1.317 -> 1.488 ms backward at the
-// ~1B layer), and the same capped at 168 registers for 3 blocks an SM (1.375 ms).
+// ~1B layer), and the same capped at 168 registers for 3 blocks an SM (1.375 ms); dK/dV at 64
+// queries capped at 168 registers for 3 blocks an SM (dkdv_minb=3: backward 1.019 -> 1.063 ms at
+// B4 H32 K8 T2048 D64, 3.536 -> 3.748 at T8192).
 
 Tuning parse_tuning(const char* text) {
   Tuning t;
   if (!text || !*text) return t;
   const std::string all(text);
-  bool buf_given = false;
   size_t at = 0;
   while (at <= all.size()) {
     const size_t comma = std::min(all.find(',', at), all.size());
     const std::string item = all.substr(at, comma - at);
     const size_t eq = item.find('=');
     const std::string key = item.substr(0, eq);
-    int* field = key == "fwd_mt"      ? &t.fwd_mt
-                 : key == "grid_lpt"  ? &t.grid_lpt
-                 : key == "dkdv_minb" ? &t.dkdv_minb
-                 : key == "dkdv_buf"  ? &t.dkdv_buf
-                 : key == "dq_mt"     ? &t.dq_mt
-                                      : nullptr;
+    int* field = key == "fwd_mt"       ? &t.fwd_mt
+                 : key == "grid_lpt"   ? &t.grid_lpt
+                 : key == "dkdv_buf"   ? &t.dkdv_buf
+                 : key == "dkdv_stage" ? &t.dkdv_stage
+                 : key == "dq_mt"      ? &t.dq_mt
+                                       : nullptr;
     if (!field || eq == std::string::npos)
       throw ::ft::Error("FT_CUDA_FUSED_TUNING: '" + item +
-                        "' is not key=value with a key of fwd_mt, grid_lpt, dkdv_minb, dkdv_buf, "
-                        "dq_mt");
+                        "' is not key=value with a key of fwd_mt, grid_lpt, dkdv_buf, "
+                        "dkdv_stage, dq_mt");
     *field = std::atoi(item.c_str() + eq + 1);
-    buf_given |= field == &t.dkdv_buf;
     at = comma + 1;
   }
-  if (t.dkdv_minb == 3 && !buf_given) t.dkdv_buf = 2;
   if ((t.fwd_mt != 1 && t.fwd_mt != 2) || (t.grid_lpt != 0 && t.grid_lpt != 1) ||
-      (t.dkdv_minb != 2 && t.dkdv_minb != 3) || (t.dkdv_buf != 2 && t.dkdv_buf != 3) ||
-      (t.dkdv_buf == 3 && t.dkdv_minb == 3) || (t.dq_mt != 1 && t.dq_mt != 2))
+      (t.dkdv_buf != 2 && t.dkdv_buf != 3) || (t.dq_mt != 1 && t.dq_mt != 2) ||
+      (t.dkdv_stage != 0 && t.dkdv_stage != 1) || (t.dkdv_stage == 1 && t.dkdv_buf != 3))
     throw ::ft::Error("FT_CUDA_FUSED_TUNING='" + all +
                       "': the instantiated variants are fwd_mt 1 or 2, grid_lpt 0 or 1, "
-                      "dkdv_minb 2 or 3, dkdv_buf 2 or 3 (3 with dkdv_minb 2 only), dq_mt 1 or 2");
+                      "dkdv_buf 2 or 3, dkdv_stage 0 or 1 (1 with dkdv_buf 3 only), dq_mt 1 or 2");
   return t;
 }
 
@@ -937,11 +923,11 @@ void forward_d(T* out, float* lse, const T* q, const T* k, const T* v, const int
   forward_launch<T, D, 1>(out, lse, q, k, v, seg, B, T_, H, K, stream);
 }
 
-template <typename T, int D, int TQ, int MinB, int NBuf = 2>
+template <typename T, int D, int TQ, int MinB, int NBuf = 2, bool AsyncStage = false>
 void dkdv_launch(T* dk, T* dv, const T* dout, const float* lse, const float* delta, const T* q,
                  const T* k, const T* v, const int32_t* seg, int B, int T_, int H, int K,
                  float scale, void* stream) {
-  auto dkdv = attention_fused_dkdv_kernel<T, D, TQ, MinB, NBuf>;
+  auto dkdv = attention_fused_dkdv_kernel<T, D, TQ, MinB, NBuf, AsyncStage>;
   constexpr size_t smem = dkdv_smem_bytes<D, TQ, NBuf>();
   allow_smem(reinterpret_cast<const void*>(dkdv), smem, "attention_fused_backward");
   const bool lpt = tuning().grid_lpt;
@@ -971,13 +957,17 @@ void backward_d(T* dq, T* dk, T* dv, const T* dout, const float* lse, const floa
   const float scale = softmax_scale(D);
   const Tuning& tu = tuning();
   if constexpr (D == 128) {
-    if (tu.dkdv_buf == 3)
+    if (tu.dkdv_buf == 3 && tu.dkdv_stage == 1)
+      dkdv_launch<T, D, 32, 1, 3, true>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale,
+                                        stream);
+    else if (tu.dkdv_buf == 3)
       dkdv_launch<T, D, 32, 1, 3>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale,
                                   stream);
     else
       dkdv_launch<T, D, 32, 1>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
-  } else if (tu.dkdv_minb == 3)
-    dkdv_launch<T, D, 64, 3>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+  } else if (tu.dkdv_buf == 3 && tu.dkdv_stage == 1)
+    dkdv_launch<T, D, 64, 2, 3, true>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale,
+                                      stream);
   else if (tu.dkdv_buf == 3)
     dkdv_launch<T, D, 64, 2, 3>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
   else
