@@ -581,7 +581,12 @@ __global__ void __launch_bounds__(kThreads)
 // NBuf: query tiles in shared memory, 2 or 3 (3: one barrier a tile instead of two).
 // AsyncStage: a tile's lse and Δ reach shared memory by cp.async, with its Q and dO, issued by
 // two different sets of threads (otherwise the first kTq threads load them and wait for them).
-template <typename E, int D, int TQ, int MinB, int NBuf, bool AsyncStage = false>
+// Interleave: Pᵀ and dSᵀ of each 16-query slice are computed just before that slice's dV and dK
+// products, in one basic block with them, so that the compiler can overlap the exponentials with
+// the tensor-core work (otherwise the whole tile's Pᵀ and dSᵀ come first, in the branch that
+// chose the masked or unmasked loop, and the products after it).
+template <typename E, int D, int TQ, int MinB, int NBuf, bool AsyncStage = false,
+          bool Interleave = false>
 __global__ void __launch_bounds__(kThreads, MinB)
     attention_fused_dkdv_kernel(device_t<E>* dk, device_t<E>* dv, const device_t<E>* dout,
                                 const float* lse, const float* delta, const device_t<E>* q,
@@ -710,41 +715,30 @@ __global__ void __launch_bounds__(kThreads, MinB)
     // end of the sequence, or documents); queries that see one key exist only in the first query
     // tile without segments.
     // Two copies of the loop, chosen once per tile (nvcc does not hoist the test itself).
-    const auto pds_tile = [&](auto general) {
+    const auto pds = [&](auto general, int t) {
+      const int c0 = 8 * t + 2 * qd;
+      float2 ls = *reinterpret_cast<const float2*>(&lse_s[buf][c0]);
+      if constexpr (AsyncStage) ls = make_float2(ls.x * kLog2e, ls.y * kLog2e);
+      const float2 dl = *reinterpret_cast<const float2*>(&delta_s[buf][c0]);
 #pragma unroll
-      for (int t = 0; t < kTq / 8; ++t) {
-        const int c0 = 8 * t + 2 * qd;
-        float2 ls = *reinterpret_cast<const float2*>(&lse_s[buf][c0]);
-        if constexpr (AsyncStage) ls = make_float2(ls.x * kLog2e, ls.y * kLog2e);
-        const float2 dl = *reinterpret_cast<const float2*>(&delta_s[buf][c0]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int ci = c0 + (e & 1), x = e >> 1;
-          float p = exp2_approx(fmaf(st[t][e], scale_log2, -(e & 1 ? ls.y : ls.x)));
-          float ds;
-          if constexpr (decltype(general)::value) {
-            const int r = i0 + ci, key = key0 + 8 * x;
-            if (key > r || r >= T_ || key >= T_ || (seg_b && qseg_s[buf][ci] != kseg_s[key - j0]))
-              p = 0.0f;
-            ds = one_s[buf][ci] ? 0.0f : p * (dpt[t][e] - (e & 1 ? dl.y : dl.x));
-          } else {
-            ds = p * (dpt[t][e] - (e & 1 ? dl.y : dl.x));
-          }
-          st[t][e] = p;
-          dpt[t][e] = ds;
+      for (int e = 0; e < 4; ++e) {
+        const int ci = c0 + (e & 1), x = e >> 1;
+        float p = exp2_approx(fmaf(st[t][e], scale_log2, -(e & 1 ? ls.y : ls.x)));
+        float ds;
+        if constexpr (decltype(general)::value) {
+          const int r = i0 + ci, key = key0 + 8 * x;
+          if (key > r || r >= T_ || key >= T_ || (seg_b && qseg_s[buf][ci] != kseg_s[key - j0]))
+            p = 0.0f;
+          ds = one_s[buf][ci] ? 0.0f : p * (dpt[t][e] - (e & 1 ? dl.y : dl.x));
+        } else {
+          ds = p * (dpt[t][e] - (e & 1 ? dl.y : dl.x));
         }
+        st[t][e] = p;
+        dpt[t][e] = ds;
       }
     };
-    // A tile with queries that see one key (i0 = 0 without segments) crosses the diagonal. The
-    // test is the block's (its 64 keys), not the warp's: the same on the diagonal tile at
-    // TQ = 64, and two registers fewer across the loop.
-    if (seg_b || j0 + kTileK - 1 > i0 || i0 + kTq > T_ || j0 + kTileK > T_)
-      pds_tile(std::true_type{});
-    else
-      pds_tile(std::false_type{});
-      // dV += Pᵀ dO and dK += dSᵀ Q: dO and Q rows are the k dimension (.trans).
-#pragma unroll
-    for (int ks = 0; ks < kTq / 16; ++ks) {
+    // dV += Pᵀ dO and dK += dSᵀ Q for query slice ks: dO and Q rows are the k dimension (.trans).
+    const auto dvdk = [&](int ks) {
       uint32_t ap[4], ads[4];
       c_to_a<E>(ap, st[2 * ks], st[2 * ks + 1]);
       c_to_a<E>(ads, dpt[2 * ks], dpt[2 * ks + 1]);
@@ -756,6 +750,35 @@ __global__ void __launch_bounds__(kThreads, MinB)
         load_b_kn<D>(bb, q_s, 16 * ks, 16 * dt, lane);
         mma2<E>(dk_acc[2 * dt], dk_acc[2 * dt + 1], ads, bb);
       }
+    };
+    const auto pds_tile = [&](auto general) {
+#pragma unroll
+      for (int t = 0; t < kTq / 8; ++t) pds(general, t);
+    };
+    const auto pds_dvdk = [&](auto general) {
+#pragma unroll
+      for (int ks = 0; ks < kTq / 16; ++ks) {
+        pds(general, 2 * ks);
+        pds(general, 2 * ks + 1);
+        dvdk(ks);
+      }
+    };
+    // A tile with queries that see one key (i0 = 0 without segments) crosses the diagonal. The
+    // test is the block's (its 64 keys), not the warp's: the same on the diagonal tile at
+    // TQ = 64, and two registers fewer across the loop.
+    const bool general = seg_b || j0 + kTileK - 1 > i0 || i0 + kTq > T_ || j0 + kTileK > T_;
+    if constexpr (Interleave) {
+      if (general)
+        pds_dvdk(std::true_type{});
+      else
+        pds_dvdk(std::false_type{});
+    } else {
+      if (general)
+        pds_tile(std::true_type{});
+      else
+        pds_tile(std::false_type{});
+#pragma unroll
+      for (int ks = 0; ks < kTq / 16; ++ks) dvdk(ks);
     }
   };
   QueryTile cur{kh * group, i_begin};
@@ -857,6 +880,8 @@ struct Tuning {
                        // dkdv_buf 3, 0.941 and 3.175
   int dkdv_stage = 0;  // 1: dK/dV's per-query lse and Δ by cp.async from two sets of threads
                        // (with dkdv_buf 3; not yet measured on a GPU)
+  int dkdv_ilv = 0;    // 1: dK/dV's Pᵀ, dSᵀ slice by slice between the dV and dK products
+                       // (with dkdv_buf 3; not yet measured on a GPU)
 };
 // Measured on an H100 and dropped: dK/dV with a 32-query tile (1.317 -> 1.488 ms backward at the
 // ~1B layer), and the same capped at 168 registers for 3 blocks an SM (1.375 ms); dK/dV at 64
@@ -877,21 +902,24 @@ Tuning parse_tuning(const char* text) {
                  : key == "grid_lpt"   ? &t.grid_lpt
                  : key == "dkdv_buf"   ? &t.dkdv_buf
                  : key == "dkdv_stage" ? &t.dkdv_stage
+                 : key == "dkdv_ilv"   ? &t.dkdv_ilv
                  : key == "dq_mt"      ? &t.dq_mt
                                        : nullptr;
     if (!field || eq == std::string::npos)
       throw ::ft::Error("FT_CUDA_FUSED_TUNING: '" + item +
                         "' is not key=value with a key of fwd_mt, grid_lpt, dkdv_buf, "
-                        "dkdv_stage, dq_mt");
+                        "dkdv_stage, dkdv_ilv, dq_mt");
     *field = std::atoi(item.c_str() + eq + 1);
     at = comma + 1;
   }
   if ((t.fwd_mt != 1 && t.fwd_mt != 2) || (t.grid_lpt != 0 && t.grid_lpt != 1) ||
       (t.dkdv_buf != 2 && t.dkdv_buf != 3) || (t.dq_mt != 1 && t.dq_mt != 2) ||
-      (t.dkdv_stage != 0 && t.dkdv_stage != 1) || (t.dkdv_stage == 1 && t.dkdv_buf != 3))
+      (t.dkdv_stage != 0 && t.dkdv_stage != 1) || (t.dkdv_ilv != 0 && t.dkdv_ilv != 1) ||
+      (t.dkdv_buf == 2 && (t.dkdv_stage == 1 || t.dkdv_ilv == 1)))
     throw ::ft::Error("FT_CUDA_FUSED_TUNING='" + all +
                       "': the instantiated variants are fwd_mt 1 or 2, grid_lpt 0 or 1, "
-                      "dkdv_buf 2 or 3, dkdv_stage 0 or 1 (1 with dkdv_buf 3 only), dq_mt 1 or 2");
+                      "dkdv_buf 2 or 3, dkdv_stage and dkdv_ilv 0 or 1 (1 with dkdv_buf 3 only), "
+                      "dq_mt 1 or 2");
   return t;
 }
 
@@ -923,11 +951,12 @@ void forward_d(T* out, float* lse, const T* q, const T* k, const T* v, const int
   forward_launch<T, D, 1>(out, lse, q, k, v, seg, B, T_, H, K, stream);
 }
 
-template <typename T, int D, int TQ, int MinB, int NBuf = 2, bool AsyncStage = false>
+template <typename T, int D, int TQ, int MinB, int NBuf = 2, bool AsyncStage = false,
+          bool Interleave = false>
 void dkdv_launch(T* dk, T* dv, const T* dout, const float* lse, const float* delta, const T* q,
                  const T* k, const T* v, const int32_t* seg, int B, int T_, int H, int K,
                  float scale, void* stream) {
-  auto dkdv = attention_fused_dkdv_kernel<T, D, TQ, MinB, NBuf, AsyncStage>;
+  auto dkdv = attention_fused_dkdv_kernel<T, D, TQ, MinB, NBuf, AsyncStage, Interleave>;
   constexpr size_t smem = dkdv_smem_bytes<D, TQ, NBuf>();
   allow_smem(reinterpret_cast<const void*>(dkdv), smem, "attention_fused_backward");
   const bool lpt = tuning().grid_lpt;
@@ -950,28 +979,27 @@ void dq_launch(T* dq, const T* dout, const float* lse, const float* delta, const
   FT_CUDA_CHECK_LAUNCH();
 }
 
+// The dK/dV variant the tuning names (dkdv_buf, dkdv_stage, dkdv_ilv).
+template <typename T, int D, int TQ, int MinB, typename... A>
+void dkdv_pick(const Tuning& tu, A... a) {
+  if (tu.dkdv_buf == 2) return dkdv_launch<T, D, TQ, MinB, 2>(a...);
+  if (tu.dkdv_stage == 1 && tu.dkdv_ilv == 1)
+    return dkdv_launch<T, D, TQ, MinB, 3, true, true>(a...);
+  if (tu.dkdv_stage == 1) return dkdv_launch<T, D, TQ, MinB, 3, true, false>(a...);
+  if (tu.dkdv_ilv == 1) return dkdv_launch<T, D, TQ, MinB, 3, false, true>(a...);
+  dkdv_launch<T, D, TQ, MinB, 3>(a...);
+}
+
 template <typename T, int D>
 void backward_d(T* dq, T* dk, T* dv, const T* dout, const float* lse, const float* delta,
                 const T* q, const T* k, const T* v, const int32_t* seg, int B, int T_, int H, int K,
                 void* stream) {
   const float scale = softmax_scale(D);
   const Tuning& tu = tuning();
-  if constexpr (D == 128) {
-    if (tu.dkdv_buf == 3 && tu.dkdv_stage == 1)
-      dkdv_launch<T, D, 32, 1, 3, true>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale,
-                                        stream);
-    else if (tu.dkdv_buf == 3)
-      dkdv_launch<T, D, 32, 1, 3>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale,
-                                  stream);
-    else
-      dkdv_launch<T, D, 32, 1>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
-  } else if (tu.dkdv_buf == 3 && tu.dkdv_stage == 1)
-    dkdv_launch<T, D, 64, 2, 3, true>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale,
-                                      stream);
-  else if (tu.dkdv_buf == 3)
-    dkdv_launch<T, D, 64, 2, 3>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
-  else
-    dkdv_launch<T, D, 64, 2>(dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+  // dK/dV: 32-query tiles at one block an SM at head dim 128, 64 at two at head dim 64.
+  constexpr int kTq = D == 128 ? 32 : 64, kMinB = D == 128 ? 1 : 2;
+  dkdv_pick<T, D, kTq, kMinB>(tu, dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale,
+                              stream);
   if constexpr (D == 64) {
     if (tu.dq_mt == 2)
       return dq_launch<T, D, 2>(dq, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
