@@ -30,7 +30,8 @@ from gpu_check import ATTENTION_SHAPES  # noqa: E402
 # shapes: the defaults before dkdv_buf and dq_mt 7.012; with dkdv_buf=3 6.684, dq_mt=2 6.867,
 # both 6.523 (so both became the defaults); fwd_mt=1 7.070 and dkdv_minb=3 7.258 (kept off;
 # dkdv_minb=3 since removed).
-TUNINGS = ["", "dkdv_buf=2,dq_mt=1", "dkdv_stage=1", "dkdv_ilv=1", "dkdv_stage=1,dkdv_ilv=1"]
+TUNINGS = ["", "dkdv_buf=2,dq_mt=1", "dkdv_stage=1", "dkdv_ilv=1", "dkdv_stage=1,dkdv_ilv=1",
+           "fwd_ilv=1"]
 
 
 def run(cmd, env, limit):

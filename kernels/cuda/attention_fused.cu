@@ -223,8 +223,10 @@ __device__ __forceinline__ bool sees_one_key(const int32_t* seg_b, int r) {
 }
 
 // MT: m16 tiles per warp (16·MT query rows a warp, 64·MT a block): each K and V fragment read
-// from shared memory feeds MT products (FA2's 128-row blocks at MT = 2).
-template <typename E, int D, int MT>
+// from shared memory feeds MT products (FA2's 128-row blocks at MT = 2). Ilv: P of each 16-key
+// slice is exponentiated just before that slice's P V products, after the barrier that makes V
+// visible, in one basic block with them (otherwise all of P first, before the barriers).
+template <typename E, int D, int MT, bool Ilv = false>
 __global__ void __launch_bounds__(kThreads)
     attention_fused_forward_kernel(device_t<E>* out, float* lse, const device_t<E>* q,
                                    const device_t<E>* k, const device_t<E>* v, const int32_t* seg,
@@ -283,12 +285,20 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_wait<1>();  // Q and K_j here; V_j may still be in flight
     __syncthreads();
 
-    float s[MT][kTileK / 8][4];
+    float s[MT][kTileK / 8][4], sub[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int t = 0; t < kTileK / 8; ++t)
         s[mt][t][0] = s[mt][t][1] = s[mt][t][2] = s[mt][t][3] = 0.0f;
+    // P = exp(scale·S − max) of n-tile t of m-tile mt, added into l (per m-tile, t in order).
+    const auto p_slice = [&](int mt, int t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[mt][t][e] = exp2_approx(fmaf(s[mt][t][e], scale_log2, -sub[mt][e >> 1]));
+        l[mt][e >> 1] += s[mt][t][e];
+      }
+    };
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[MT][4];
@@ -323,13 +333,13 @@ __global__ void __launch_bounds__(kThreads)
         mx[0] = fmaxf(mx[0], fmaxf(s[mt][t][0], s[mt][t][1]));
         mx[1] = fmaxf(mx[1], fmaxf(s[mt][t][2], s[mt][t][3]));
       }
-      float sub[2];
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         mx[x] = quad_max(mx[x]);
         // A row with nothing visible yet keeps m = −inf: subtract 0 instead (no −inf − −inf).
-        sub[x] = mx[x] == -INFINITY ? 0.0f : mx[x] * scale_log2;
-        const float alpha = exp2_approx(fmaf(m[mt][x], scale_log2, -sub[x]));  // 0 while m = −inf
+        sub[mt][x] = mx[x] == -INFINITY ? 0.0f : mx[x] * scale_log2;
+        // 0 while m = −inf
+        const float alpha = exp2_approx(fmaf(m[mt][x], scale_log2, -sub[mt][x]));
         m[mt][x] = mx[x];
         l[mt][x] *= alpha;
 #pragma unroll
@@ -338,13 +348,10 @@ __global__ void __launch_bounds__(kThreads)
           o[mt][t][2 * x + 1] *= alpha;
         }
       }
+      if constexpr (!Ilv) {
 #pragma unroll
-      for (int t = 0; t < kTileK / 8; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[mt][t][e] = exp2_approx(fmaf(s[mt][t][e], scale_log2, -sub[e >> 1]));
-          l[mt][e >> 1] += s[mt][t][e];
-        }
+        for (int t = 0; t < kTileK / 8; ++t) p_slice(mt, t);
+      }
     }
     __syncthreads();  // no warp still reads K_j: K_{j+1} may overwrite it
     if (j0 + kTileK <= last)
@@ -357,7 +364,13 @@ __global__ void __launch_bounds__(kThreads)
     for (int ks = 0; ks < kTileK / 16; ++ks) {
       uint32_t a[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) c_to_a<E>(a[mt], s[mt][2 * ks], s[mt][2 * ks + 1]);
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (Ilv) {
+          p_slice(mt, 2 * ks);
+          p_slice(mt, 2 * ks + 1);
+        }
+        c_to_a<E>(a[mt], s[mt][2 * ks], s[mt][2 * ks + 1]);
+      }
 #pragma unroll
       for (int dt = 0; dt < D / 16; ++dt) {
         uint32_t bb[4];
@@ -882,6 +895,8 @@ struct Tuning {
                        // (with dkdv_buf 3; not yet measured on a GPU)
   int dkdv_ilv = 0;    // 1: dK/dV's Pᵀ, dSᵀ slice by slice between the dV and dK products
                        // (with dkdv_buf 3; not yet measured on a GPU)
+  int fwd_ilv = 0;     // 1: the forward's P slice by slice between the P V products (not yet
+                       // measured on a GPU)
 };
 // Measured on an H100 and dropped: dK/dV with a 32-query tile (1.317 -> 1.488 ms backward at the
 // ~1B layer), and the same capped at 168 registers for 3 blocks an SM (1.375 ms); dK/dV at 64
@@ -903,23 +918,25 @@ Tuning parse_tuning(const char* text) {
                  : key == "dkdv_buf"   ? &t.dkdv_buf
                  : key == "dkdv_stage" ? &t.dkdv_stage
                  : key == "dkdv_ilv"   ? &t.dkdv_ilv
+                 : key == "fwd_ilv"    ? &t.fwd_ilv
                  : key == "dq_mt"      ? &t.dq_mt
                                        : nullptr;
     if (!field || eq == std::string::npos)
       throw ::ft::Error("FT_CUDA_FUSED_TUNING: '" + item +
                         "' is not key=value with a key of fwd_mt, grid_lpt, dkdv_buf, "
-                        "dkdv_stage, dkdv_ilv, dq_mt");
+                        "dkdv_stage, dkdv_ilv, fwd_ilv, dq_mt");
     *field = std::atoi(item.c_str() + eq + 1);
     at = comma + 1;
   }
   if ((t.fwd_mt != 1 && t.fwd_mt != 2) || (t.grid_lpt != 0 && t.grid_lpt != 1) ||
       (t.dkdv_buf != 2 && t.dkdv_buf != 3) || (t.dq_mt != 1 && t.dq_mt != 2) ||
       (t.dkdv_stage != 0 && t.dkdv_stage != 1) || (t.dkdv_ilv != 0 && t.dkdv_ilv != 1) ||
+      (t.fwd_ilv != 0 && t.fwd_ilv != 1) ||
       (t.dkdv_buf == 2 && (t.dkdv_stage == 1 || t.dkdv_ilv == 1)))
     throw ::ft::Error("FT_CUDA_FUSED_TUNING='" + all +
                       "': the instantiated variants are fwd_mt 1 or 2, grid_lpt 0 or 1, "
                       "dkdv_buf 2 or 3, dkdv_stage and dkdv_ilv 0 or 1 (1 with dkdv_buf 3 only), "
-                      "dq_mt 1 or 2");
+                      "fwd_ilv 0 or 1, dq_mt 1 or 2");
   return t;
 }
 
@@ -928,10 +945,10 @@ const Tuning& tuning() {
   return t;
 }
 
-template <typename T, int D, int MT>
+template <typename T, int D, int MT, bool Ilv>
 void forward_launch(T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* seg,
                     int B, int T_, int H, int K, void* stream) {
-  auto kernel = attention_fused_forward_kernel<T, D, MT>;
+  auto kernel = attention_fused_forward_kernel<T, D, MT, Ilv>;
   const size_t smem = fwd_smem_bytes<D, MT>();
   constexpr int kTq = MT * kTileQ;
   allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_fused_forward");
@@ -944,11 +961,16 @@ void forward_launch(T* out, float* lse, const T* q, const T* k, const T* v, cons
 template <typename T, int D>
 void forward_d(T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* seg, int B,
                int T_, int H, int K, void* stream) {
+  const Tuning& tu = tuning();
   if constexpr (D == 64) {
-    if (tuning().fwd_mt == 2)
-      return forward_launch<T, D, 2>(out, lse, q, k, v, seg, B, T_, H, K, stream);
+    if (tu.fwd_mt == 2 && tu.fwd_ilv == 1)
+      return forward_launch<T, D, 2, true>(out, lse, q, k, v, seg, B, T_, H, K, stream);
+    if (tu.fwd_mt == 2)
+      return forward_launch<T, D, 2, false>(out, lse, q, k, v, seg, B, T_, H, K, stream);
   }
-  forward_launch<T, D, 1>(out, lse, q, k, v, seg, B, T_, H, K, stream);
+  if (tu.fwd_ilv == 1)
+    return forward_launch<T, D, 1, true>(out, lse, q, k, v, seg, B, T_, H, K, stream);
+  forward_launch<T, D, 1, false>(out, lse, q, k, v, seg, B, T_, H, K, stream);
 }
 
 template <typename T, int D, int TQ, int MinB, int NBuf = 2, bool AsyncStage = false,
