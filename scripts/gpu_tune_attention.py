@@ -29,9 +29,10 @@ from gpu_check import ATTENTION_SHAPES  # noqa: E402
 # compare them with. Measured on an H100 (2026-11-27), forward+backward ms summed over the
 # shapes: the defaults before dkdv_buf and dq_mt 7.012; with dkdv_buf=3 6.684, dq_mt=2 6.867,
 # both 6.523 (so both became the defaults); fwd_mt=1 7.070 and dkdv_minb=3 7.258 (kept off;
-# dkdv_minb=3 since removed).
+# dkdv_minb=3 since removed). dq_kvbuf=2 (the dQ kernel's K and V double-buffered, one
+# barrier a key tile): not yet measured.
 TUNINGS = ["", "dkdv_buf=2,dq_mt=1", "dkdv_stage=1", "dkdv_ilv=1", "dkdv_stage=1,dkdv_ilv=1",
-           "fwd_ilv=1"]
+           "fwd_ilv=1", "dq_kvbuf=2"]
 
 
 def run(cmd, env, limit):

@@ -44,10 +44,14 @@
 //   3. dQ, one block per (64·MT query rows, head, batch): the forward's loop recomputing P from
 //      lse, dP = dO Vᵀ, dS = P ∘ (dP − Δ), dQ += dS K (7 block-GEMMs in all instead of FA2's 5,
 //      the price of no atomics); V_{j+1} loads during Q K_jᵀ and dS K_j, K_{j+1} during
-//      dO V_{j+1}ᵀ. At head dim 64, MT = 2 (the default; MT = 1 is the dq_mt=1 variant, and
-//      head dim 128's only form) feeds each K and V fragment to two m-tiles and takes S, dS and
-//      dS K in two 32-key chunks a tile, so that dQ, dP and S fit in registers at two blocks an
-//      SM; the chunks go in key order (the same bits as MT = 1).
+//      dO V_{j+1}ᵀ (K and V single-buffered, four barriers a key tile). The dq_kvbuf=2 variant
+//      (KvBuf = 2, not yet measured on a GPU) double-buffers K, V and the key ids: K_{j+1} and
+//      V_{j+1} load into tile j − 1's buffers during all of tile j, and one barrier a tile both
+//      publishes tile j and releases them (two more 64-key tiles of shared memory, still two
+//      blocks an SM at both head dims). At head dim 64, MT = 2 (the default; MT = 1 is the
+//      dq_mt=1 variant, and head dim 128's only form) feeds each K and V fragment to two m-tiles
+//      and takes S, dS and dS K in two 32-key chunks a tile, so that dQ, dP and S fit in
+//      registers at two blocks an SM; the chunks go in key order (the same bits as MT = 1).
 // P and dS are rounded to E before they multiply V, dO, Q or K (as every tensor-core attention
 // does); the rest is fp32 with one rounding of each output element.
 #include <algorithm>
@@ -82,9 +86,9 @@ template <int D, int MT>
 constexpr size_t fwd_smem_bytes() {
   return tile_bytes<D>(MT * kTileQ) + 2 * tile_bytes<D>(kTileK);  // Q, K, V
 }
-template <int D, int MT>
+template <int D, int MT, int KvBuf>
 constexpr size_t dq_smem_bytes() {
-  return 2 * tile_bytes<D>(MT * kTileQ) + 2 * tile_bytes<D>(kTileK);  // Q, dO, K, V
+  return 2 * tile_bytes<D>(MT * kTileQ) + 2 * KvBuf * tile_bytes<D>(kTileK);  // Q, dO; K, V
 }
 template <int D, int TQ, int NBuf>
 constexpr size_t dkdv_smem_bytes() {
@@ -402,7 +406,11 @@ __global__ void __launch_bounds__(kThreads)
 // are taken in two 32-key chunks (S, dS and dQ += dS K of one chunk, then the other), so that
 // dQ, dP and one chunk's S stay in registers; the chunks go in key order, so each dQ element
 // sums the same k-slices in the same order as at MT = 1 (the same bits).
-template <typename E, int D, int MT>
+// KvBuf: K/V tiles in shared memory. 1: one K and one V, staggered (four barriers a key tile).
+// 2: two of each (and two copies of the key ids): tile j + 1 loads into the buffers of tile
+// j − 1 while tile j is computed, so one barrier a tile both publishes tile j and releases
+// them. Only the load schedule differs: every element's arithmetic is the same (the same bits).
+template <typename E, int D, int MT, int KvBuf>
 __global__ void __launch_bounds__(kThreads)
     attention_fused_dq_kernel(device_t<E>* dq, const device_t<E>* dout, const float* lse,
                               const float* delta, const device_t<E>* q, const device_t<E>* k,
@@ -411,11 +419,11 @@ __global__ void __launch_bounds__(kThreads)
   using Dev = device_t<E>;
   constexpr int kTq = MT * kTileQ, kWarpRows = MT * kRows;
   constexpr int kChunk = kTileK / MT;  // keys of a chunk of S and dS
+  static_assert(KvBuf == 1 || KvBuf == 2, "one or two K/V buffers");
   FT_DYNAMIC_SHARED(Dev, q_s);
   Dev* do_s = q_s + kTq * kPitch<D>;
-  Dev* k_s = do_s + kTq * kPitch<D>;
-  Dev* v_s = k_s + kTileK * kPitch<D>;
-  __shared__ int32_t kseg_s[kTileK];
+  Dev* kv_s = do_s + kTq * kPitch<D>;  // [KvBuf][K, V][kTileK][pitch]
+  __shared__ int32_t kseg_all[KvBuf][kTileK];
   const BlockTile bt = block_tile(lpt);
   const int i0 = (bt.n_tiles - 1 - bt.tile) * kTq;
   const int h = bt.head, b = bt.b, kh = h / (H / K);
@@ -424,20 +432,34 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* seg_b = seg ? seg + size_t(b) * T_ : nullptr;
   const float scale_log2 = scale * kLog2e;
 
-  // K and V single-buffered and staggered: dP = dO V_jᵀ first, then V_{j+1} loads during
-  // S = Q K_jᵀ and dQ += dS K_j, and K_{j+1} during the next dP.
+  // KvBuf 1: K and V single-buffered and staggered: dP = dO V_jᵀ first, then V_{j+1} loads
+  // during S = Q K_jᵀ and dQ += dS K_j, and K_{j+1} during the next dP. KvBuf 2: K_{j+1},
+  // V_{j+1} and their key ids load into the other buffers during all of tile j.
   const int j_first = first_key_tile(seg_b, i0, T_);
   const size_t kvoff = size_t(b) * T_ * ldk + size_t(kh) * D;  // key 0 of this kv head
   const size_t qoff = (size_t(b) * T_ + i0) * ldq + size_t(h) * D;
   load_tile<kTq, D>(q_s, q + qoff, ldq, T_ - i0);
   load_tile<kTq, D>(do_s, dout + qoff, ldq, T_ - i0);
   const TileLoader<kTileK, D> kv_load(ldk);
-  kv_load.load(v_s, v + kvoff + size_t(j_first) * ldk, T_ - j_first);
-  cp_async_commit();
-  kv_load.load(k_s, k + kvoff + size_t(j_first) * ldk, T_ - j_first);
-  cp_async_commit();
-  if (seg_b && threadIdx.x < kTileK)
-    kseg_s[threadIdx.x] = j_first + int(threadIdx.x) < T_ ? seg_b[j_first + threadIdx.x] : 0;
+  // Key tile j1's K and V into buffer `buf`, and its key ids (with segments).
+  const auto stage_k = [&](int j1, int buf) {
+    kv_load.load(kv_s + 2 * buf * kTileK * kPitch<D>, k + kvoff + size_t(j1) * ldk, T_ - j1);
+    if (seg_b && threadIdx.x < kTileK)
+      kseg_all[buf][threadIdx.x] = j1 + int(threadIdx.x) < T_ ? seg_b[j1 + threadIdx.x] : 0;
+  };
+  const auto stage_v = [&](int j1, int buf) {
+    kv_load.load(kv_s + (2 * buf + 1) * kTileK * kPitch<D>, v + kvoff + size_t(j1) * ldk, T_ - j1);
+  };
+  if constexpr (KvBuf == 1) {
+    stage_v(j_first, 0);
+    cp_async_commit();
+    stage_k(j_first, 0);
+    cp_async_commit();
+  } else {
+    stage_k(j_first, 0);
+    stage_v(j_first, 0);
+    cp_async_commit();  // Q, dO and key tile j_first
+  }
 
   // This lane's rows: C fragment rows g and g + 8 of each of the warp's MT m-tiles.
   const int wr = i0 + warp * kWarpRows;
@@ -464,9 +486,23 @@ __global__ void __launch_bounds__(kThreads)
       acc[mt][t][0] = acc[mt][t][1] = acc[mt][t][2] = acc[mt][t][3] = 0.0f;
 
   const int last = min(i0 + kTq, T_) - 1;
-  for (int j0 = j_first; j0 <= last; j0 += kTileK) {
-    cp_async_wait<1>();  // V_j here (Q and dO too); K_j may still be in flight
-    __syncthreads();
+  for (int j0 = j_first, buf = 0; j0 <= last; j0 += kTileK, buf ^= KvBuf - 1) {
+    const bool more = j0 + kTileK <= last;
+    const Dev* k_s = kv_s + 2 * buf * kTileK * kPitch<D>;
+    const Dev* v_s = k_s + kTileK * kPitch<D>;
+    const int32_t* kseg_s = kseg_all[buf];
+    if constexpr (KvBuf == 1) {
+      cp_async_wait<1>();  // V_j here (Q and dO too); K_j may still be in flight
+      __syncthreads();
+    } else {
+      cp_async_wait<0>();  // key tile j here (Q and dO too)
+      __syncthreads();     // tile j visible; every warp is done with tile j − 1's buffers
+      if (more) {
+        stage_k(j0 + kTileK, buf ^ 1);
+        stage_v(j0 + kTileK, buf ^ 1);
+      }
+      cp_async_commit();  // an empty group after the last tile
+    }
     float dp[MT][kTileK / 8][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -488,12 +524,13 @@ __global__ void __launch_bounds__(kThreads)
         for (int mt = 0; mt < MT; ++mt) mma2<E>(dp[mt][2 * nt], dp[mt][2 * nt + 1], ado[mt], bb);
       }
     }
-    __syncthreads();  // no warp still reads V_j
-    const bool more = j0 + kTileK <= last;
-    if (more) kv_load.load(v_s, v + kvoff + size_t(j0 + kTileK) * ldk, T_ - j0 - kTileK);
-    cp_async_commit();   // an empty group after the last tile
-    cp_async_wait<1>();  // K_j here; V_{j+1} may still be in flight
-    __syncthreads();
+    if constexpr (KvBuf == 1) {
+      __syncthreads();  // no warp still reads V_j
+      if (more) stage_v(j0 + kTileK, 0);
+      cp_async_commit();   // an empty group after the last tile
+      cp_async_wait<1>();  // K_j here; V_{j+1} may still be in flight
+      __syncthreads();
+    }
 #pragma unroll
     for (int ch = 0; ch < MT; ++ch) {
       const int jc = j0 + ch * kChunk;  // the chunk's first key
@@ -567,14 +604,11 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    __syncthreads();  // no warp still reads K_j or the key ids
-    if (more) {
-      const int j1 = j0 + kTileK;
-      kv_load.load(k_s, k + kvoff + size_t(j1) * ldk, T_ - j1);
-      if (seg_b && threadIdx.x < kTileK)
-        kseg_s[threadIdx.x] = j1 + int(threadIdx.x) < T_ ? seg_b[j1 + threadIdx.x] : 0;
+    if constexpr (KvBuf == 1) {
+      __syncthreads();  // no warp still reads K_j or the key ids
+      if (more) stage_k(j0 + kTileK, 0);
+      cp_async_commit();
     }
-    cp_async_commit();
   }
   cp_async_wait<0>();  // the last (empty) groups: nothing pending at exit
 #pragma unroll
@@ -897,6 +931,10 @@ struct Tuning {
                        // (with dkdv_buf 3; not yet measured on a GPU)
   int fwd_ilv = 0;     // 1: the forward's P slice by slice between the P V products (not yet
                        // measured on a GPU)
+  int dq_kvbuf = 1;    // K/V tiles in shared memory in the dQ kernel (head dims 64 and 128): 1
+                       // (staggered, four barriers a key tile), or 2 (double-buffered, one
+                       // barrier a key tile; 18 KiB more at head dim 64, 34 KiB at 128, still
+                       // 2 blocks an SM). Not yet measured on a GPU
 };
 // Measured on an H100 and dropped: dK/dV with a 32-query tile (1.317 -> 1.488 ms backward at the
 // ~1B layer), and the same capped at 168 registers for 3 blocks an SM (1.375 ms); dK/dV at 64
@@ -920,23 +958,24 @@ Tuning parse_tuning(const char* text) {
                  : key == "dkdv_ilv"   ? &t.dkdv_ilv
                  : key == "fwd_ilv"    ? &t.fwd_ilv
                  : key == "dq_mt"      ? &t.dq_mt
+                 : key == "dq_kvbuf"   ? &t.dq_kvbuf
                                        : nullptr;
     if (!field || eq == std::string::npos)
       throw ::ft::Error("FT_CUDA_FUSED_TUNING: '" + item +
                         "' is not key=value with a key of fwd_mt, grid_lpt, dkdv_buf, "
-                        "dkdv_stage, dkdv_ilv, fwd_ilv, dq_mt");
+                        "dkdv_stage, dkdv_ilv, fwd_ilv, dq_mt, dq_kvbuf");
     *field = std::atoi(item.c_str() + eq + 1);
     at = comma + 1;
   }
   if ((t.fwd_mt != 1 && t.fwd_mt != 2) || (t.grid_lpt != 0 && t.grid_lpt != 1) ||
       (t.dkdv_buf != 2 && t.dkdv_buf != 3) || (t.dq_mt != 1 && t.dq_mt != 2) ||
       (t.dkdv_stage != 0 && t.dkdv_stage != 1) || (t.dkdv_ilv != 0 && t.dkdv_ilv != 1) ||
-      (t.fwd_ilv != 0 && t.fwd_ilv != 1) ||
+      (t.fwd_ilv != 0 && t.fwd_ilv != 1) || (t.dq_kvbuf != 1 && t.dq_kvbuf != 2) ||
       (t.dkdv_buf == 2 && (t.dkdv_stage == 1 || t.dkdv_ilv == 1)))
     throw ::ft::Error("FT_CUDA_FUSED_TUNING='" + all +
                       "': the instantiated variants are fwd_mt 1 or 2, grid_lpt 0 or 1, "
                       "dkdv_buf 2 or 3, dkdv_stage and dkdv_ilv 0 or 1 (1 with dkdv_buf 3 only), "
-                      "fwd_ilv 0 or 1, dq_mt 1 or 2");
+                      "fwd_ilv 0 or 1, dq_mt 1 or 2, dq_kvbuf 1 or 2");
   return t;
 }
 
@@ -987,12 +1026,12 @@ void dkdv_launch(T* dk, T* dv, const T* dout, const float* lse, const float* del
   FT_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T, int D, int MT>
+template <typename T, int D, int MT, int KvBuf>
 void dq_launch(T* dq, const T* dout, const float* lse, const float* delta, const T* q, const T* k,
                const T* v, const int32_t* seg, int B, int T_, int H, int K, float scale,
                void* stream) {
-  auto dqk = attention_fused_dq_kernel<T, D, MT>;
-  constexpr size_t smem = dq_smem_bytes<D, MT>();
+  auto dqk = attention_fused_dq_kernel<T, D, MT, KvBuf>;
+  constexpr size_t smem = dq_smem_bytes<D, MT, KvBuf>();
   constexpr int kTq = MT * kTileQ;
   allow_smem(reinterpret_cast<const void*>(dqk), smem, "attention_fused_backward");
   const bool lpt = tuning().grid_lpt;
@@ -1022,11 +1061,18 @@ void backward_d(T* dq, T* dk, T* dv, const T* dout, const float* lse, const floa
   constexpr int kTq = D == 128 ? 32 : 64, kMinB = D == 128 ? 1 : 2;
   dkdv_pick<T, D, kTq, kMinB>(tu, dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale,
                               stream);
+  const bool kvbuf2 = tu.dq_kvbuf == 2;
   if constexpr (D == 64) {
-    if (tu.dq_mt == 2)
-      return dq_launch<T, D, 2>(dq, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+    if (tu.dq_mt == 2) {
+      if (kvbuf2)
+        return dq_launch<T, D, 2, 2>(dq, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale,
+                                     stream);
+      return dq_launch<T, D, 2, 1>(dq, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+    }
   }
-  dq_launch<T, D, 1>(dq, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+  if (kvbuf2)
+    return dq_launch<T, D, 1, 2>(dq, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+  dq_launch<T, D, 1, 1>(dq, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
 }
 
 }  // namespace
