@@ -37,15 +37,14 @@
 //      (M = keys): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, then Pᵀ = exp(scale·Sᵀ − lse) and
 //      dSᵀ = Pᵀ ∘ (dPᵀ − Δ) are C fragments whose rows are keys, so the same C→A identity feeds
 //      dV += Pᵀ dO and dK += dSᵀ Q with no shared-memory round trip. dK is scaled once at the end.
-//      Q and dO are triple-buffered (NBuf = 3, the default): tile n + 2 (of this head or the
-//      next) loads into tile n − 1's buffer while tile n is computed, so one barrier a tile
-//      both publishes tile n and releases that buffer. NBuf = 2 (the dkdv_buf=2
-//      variant) loads only the next tile and needs a second barrier at the end of each.
+//      Q and dO (and their lse and Δ) are triple-buffered: tile n + 2 (of this head or the next)
+//      loads into tile n − 1's buffer while tile n is computed, so one barrier a tile both
+//      publishes tile n and releases that buffer.
 //   3. dQ, one block per (64·MT query rows, head, batch): the forward's loop recomputing P from
 //      lse, dP = dO Vᵀ, dS = P ∘ (dP − Δ), dQ += dS K (7 block-GEMMs in all instead of FA2's 5,
 //      the price of no atomics); V_{j+1} loads during Q K_jᵀ and dS K_j, K_{j+1} during
 //      dO V_{j+1}ᵀ (K and V single-buffered, four barriers a key tile). The dq_kvbuf=2 variant
-//      (KvBuf = 2, not yet measured on a GPU) double-buffers K, V and the key ids: K_{j+1} and
+//      (KvBuf = 2, measured no faster on an H100) double-buffers K, V and the key ids: K_{j+1} and
 //      V_{j+1} load into tile j − 1's buffers during all of tile j, and one barrier a tile both
 //      publishes tile j and releases them (two more 64-key tiles of shared memory, still two
 //      blocks an SM at both head dims). At head dim 64, MT = 2 (the default; MT = 1 is the
@@ -90,8 +89,9 @@ template <int D, int MT, int KvBuf>
 constexpr size_t dq_smem_bytes() {
   return 2 * tile_bytes<D>(MT * kTileQ) + 2 * KvBuf * tile_bytes<D>(kTileK);  // Q, dO; K, V
 }
-template <int D, int TQ, int NBuf>
+template <int D, int TQ>
 constexpr size_t dkdv_smem_bytes() {
+  constexpr int NBuf = 3;
   // Q, dO NBuf times; K, V; lse and Δ NBuf times (cp.async's destinations must be dynamic
   // shared memory for the emulator, tests/cuda_emu)
   return 2 * NBuf * tile_bytes<D>(TQ) + 2 * tile_bytes<D>(kTileK) + 2 * NBuf * TQ * sizeof(float);
@@ -227,10 +227,12 @@ __device__ __forceinline__ bool sees_one_key(const int32_t* seg_b, int r) {
 }
 
 // MT: m16 tiles per warp (16·MT query rows a warp, 64·MT a block): each K and V fragment read
-// from shared memory feeds MT products (FA2's 128-row blocks at MT = 2). Ilv: P of each 16-key
-// slice is exponentiated just before that slice's P V products, after the barrier that makes V
-// visible, in one basic block with them (otherwise all of P first, before the barriers).
-template <typename E, int D, int MT, bool Ilv = false>
+// from shared memory feeds MT products (FA2's 128-row blocks at MT = 2). P of each 16-key slice
+// is exponentiated just before that slice's P V products, after the barrier that makes V
+// visible, in one basic block with them, so that nvcc can overlap the exponentials with the
+// tensor-core work (all of P first, before the barriers, measured on an H100: forward 0.275 ->
+// 0.262 ms at B4 H32 K8 T2048 D64, 0.255 -> 0.245 at D128, 0.944 -> 0.902 at T8192).
+template <typename E, int D, int MT>
 __global__ void __launch_bounds__(kThreads)
     attention_fused_forward_kernel(device_t<E>* out, float* lse, const device_t<E>* q,
                                    const device_t<E>* k, const device_t<E>* v, const int32_t* seg,
@@ -352,10 +354,6 @@ __global__ void __launch_bounds__(kThreads)
           o[mt][t][2 * x + 1] *= alpha;
         }
       }
-      if constexpr (!Ilv) {
-#pragma unroll
-        for (int t = 0; t < kTileK / 8; ++t) p_slice(mt, t);
-      }
     }
     __syncthreads();  // no warp still reads K_j: K_{j+1} may overwrite it
     if (j0 + kTileK <= last)
@@ -369,10 +367,8 @@ __global__ void __launch_bounds__(kThreads)
       uint32_t a[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        if constexpr (Ilv) {
-          p_slice(mt, 2 * ks);
-          p_slice(mt, 2 * ks + 1);
-        }
+        p_slice(mt, 2 * ks);
+        p_slice(mt, 2 * ks + 1);
         c_to_a<E>(a[mt], s[mt][2 * ks], s[mt][2 * ks + 1]);
       }
 #pragma unroll
@@ -625,15 +621,11 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // TQ: query rows of a tile. MinB: blocks an SM the registers must allow (__launch_bounds__).
-// NBuf: query tiles in shared memory, 2 or 3 (3: one barrier a tile instead of two).
-// AsyncStage: a tile's lse and Δ reach shared memory by cp.async, with its Q and dO, issued by
-// two different sets of threads (otherwise the first kTq threads load them and wait for them).
 // Interleave: Pᵀ and dSᵀ of each 16-query slice are computed just before that slice's dV and dK
 // products, in one basic block with them, so that the compiler can overlap the exponentials with
 // the tensor-core work (otherwise the whole tile's Pᵀ and dSᵀ come first, in the branch that
 // chose the masked or unmasked loop, and the products after it).
-template <typename E, int D, int TQ, int MinB, int NBuf, bool AsyncStage = false,
-          bool Interleave = false>
+template <typename E, int D, int TQ, int MinB, bool Interleave>
 __global__ void __launch_bounds__(kThreads, MinB)
     attention_fused_dkdv_kernel(device_t<E>* dk, device_t<E>* dv, const device_t<E>* dout,
                                 const float* lse, const float* delta, const device_t<E>* q,
@@ -644,9 +636,8 @@ __global__ void __launch_bounds__(kThreads, MinB)
   FT_DYNAMIC_SHARED(Dev, k_s);
   Dev* v_s = k_s + kTileK * kPitch<D>;
   Dev* qdo_s = v_s + kTileK * kPitch<D>;  // [buffer][Q, dO][kTq][pitch]
-  static_assert(NBuf == 2 || NBuf == 3, "2 or 3 query-tile buffers");
-  // Per query of the tile, per buffer: lse·log2(e) (AsyncStage: lse), Δ, segment id, "sees one
-  // key".
+  constexpr int NBuf = 3;                 // query tiles in shared memory (see the loop)
+  // Per query of the tile, per buffer: lse, Δ, segment id, "sees one key".
   float(*lse_s)[kTq] = reinterpret_cast<float(*)[kTq]>(qdo_s + 2 * NBuf * kTq * kPitch<D>);
   float(*delta_s)[kTq] = lse_s + NBuf;
   __shared__ int32_t qseg_s[NBuf][kTq];
@@ -707,28 +698,21 @@ __global__ void __launch_bounds__(kThreads, MinB)
     Dev* qb = qdo_s + 2 * buf * kTq * kPitch<D>;
     q_load.load(qb, q + qoff, T_ - i0);
     q_load.load(qb + kTq * kPitch<D>, dout + qoff, T_ - i0);
-    if constexpr (AsyncStage) {
-      // Threads [0, kTq) copy lse, [kTq, 2 kTq) Δ (zero-filled past T); the last kTq threads
-      // write the segment ids and the one-key flags.
-      const int x = int(threadIdx.x) % kTq, r = i0 + x;
-      const bool in = r < T_;
-      const size_t st = (size_t(b) * H + h) * T_ + (in ? r : 0);
-      if (threadIdx.x < kTq)
-        cp_async_ca<4>(&lse_s[buf][x], lse + st, in ? 4 : 0);
-      else if (threadIdx.x < 2 * kTq)
-        cp_async_ca<4>(&delta_s[buf][x], delta + st, in ? 4 : 0);
-      if (threadIdx.x >= kThreads - kTq) {
-        qseg_s[buf][x] = seg_b && in ? seg_b[r] : 0;
-        one_s[buf][x] = in && sees_one_key(seg_b, r);
-      }
-    } else if (threadIdx.x < kTq) {
-      const int r = i0 + threadIdx.x;
-      const bool in = r < T_;
-      const size_t st = (size_t(b) * H + h) * T_ + r;
-      lse_s[buf][threadIdx.x] = in ? lse[st] * kLog2e : 0.0f;
-      delta_s[buf][threadIdx.x] = in ? delta[st] : 0.0f;
-      qseg_s[buf][threadIdx.x] = seg_b && in ? seg_b[r] : 0;
-      one_s[buf][threadIdx.x] = in && sees_one_key(seg_b, r);
+    // lse and Δ by cp.async, with the tile's Q and dO, from threads [0, kTq) and [kTq, 2 kTq)
+    // (zero-filled past T); the last kTq threads write the segment ids and the one-key flags.
+    // (The first kTq threads loading all four and waiting for the loads, measured on an H100:
+    // backward 0.938 -> 0.893 ms at B4 H32 K8 T2048 D64, 0.925 -> 0.902 at D128, 3.167 -> 3.072
+    // at T8192.)
+    const int x = int(threadIdx.x) % kTq, r = i0 + x;
+    const bool in = r < T_;
+    const size_t st = (size_t(b) * H + h) * T_ + (in ? r : 0);
+    if (threadIdx.x < kTq)
+      cp_async_ca<4>(&lse_s[buf][x], lse + st, in ? 4 : 0);
+    else if (threadIdx.x < 2 * kTq)
+      cp_async_ca<4>(&delta_s[buf][x], delta + st, in ? 4 : 0);
+    if (threadIdx.x >= kThreads - kTq) {
+      qseg_s[buf][x] = seg_b && in ? seg_b[r] : 0;
+      one_s[buf][x] = in && sees_one_key(seg_b, r);
     }
   };
   // One query tile's products into dK and dV, from buffer `buf`; i0 its first row.
@@ -765,7 +749,7 @@ __global__ void __launch_bounds__(kThreads, MinB)
     const auto pds = [&](auto general, int t) {
       const int c0 = 8 * t + 2 * qd;
       float2 ls = *reinterpret_cast<const float2*>(&lse_s[buf][c0]);
-      if constexpr (AsyncStage) ls = make_float2(ls.x * kLog2e, ls.y * kLog2e);
+      ls = make_float2(ls.x * kLog2e, ls.y * kLog2e);
       const float2 dl = *reinterpret_cast<const float2*>(&delta_s[buf][c0]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -831,34 +815,20 @@ __global__ void __launch_bounds__(kThreads, MinB)
   QueryTile cur{kh * group, i_begin};
   stage(cur, 0);
   cp_async_commit();  // K, V (and the key ids) and the first query tile
-  if constexpr (NBuf == 2) {
-    for (int n = 0; n < n_all; ++n) {
-      const int buf = n & 1;
-      const QueryTile nxt = next_tile(cur);
-      if (n + 1 < n_all) stage(nxt, buf ^ 1);  // its buffer was released by the tile before
-      cp_async_commit();                       // an empty group after the last tile
-      cp_async_wait<1>();                      // tile n here; tile n + 1 may be in flight
-      __syncthreads();
-      tile(buf, cur.i0);
-      __syncthreads();  // no warp still reads buffer `buf`: the tile after next may overwrite it
-      cur = nxt;
-    }
-  } else {
-    // Three buffers: tile n + 2 loads into the buffer of tile n − 1, which the barrier that
-    // makes tile n visible has also released, so that barrier is the tile's only one.
-    QueryTile ahead = next_tile(cur);  // tile n + 1
-    if (n_all > 1) stage(ahead, 1);
-    cp_async_commit();
-    for (int n = 0, buf = 0; n < n_all; ++n, buf = buf == 2 ? 0 : buf + 1) {
-      cp_async_wait<1>();  // tile n here; tile n + 1 may be in flight
-      __syncthreads();     // tile n visible; every warp is done with tile n − 1
-      const QueryTile ahead2 = next_tile(ahead);
-      if (n + 2 < n_all) stage(ahead2, buf == 0 ? 2 : buf - 1);
-      cp_async_commit();  // an empty group near the end
-      tile(buf, cur.i0);
-      cur = ahead;
-      ahead = ahead2;
-    }
+  // Three buffers: tile n + 2 loads into the buffer of tile n − 1, which the barrier that
+  // makes tile n visible has also released, so that barrier is the tile's only one.
+  QueryTile ahead = next_tile(cur);  // tile n + 1
+  if (n_all > 1) stage(ahead, 1);
+  cp_async_commit();
+  for (int n = 0, buf = 0; n < n_all; ++n, buf = buf == 2 ? 0 : buf + 1) {
+    cp_async_wait<1>();  // tile n here; tile n + 1 may be in flight
+    __syncthreads();     // tile n visible; every warp is done with tile n − 1
+    const QueryTile ahead2 = next_tile(ahead);
+    if (n + 2 < n_all) stage(ahead2, buf == 0 ? 2 : buf - 1);
+    cp_async_commit();  // an empty group near the end
+    tile(buf, cur.i0);
+    cur = ahead;
+    ahead = ahead2;
   }
   cp_async_wait<0>();  // the last (empty) groups: nothing pending at exit
 #pragma unroll
@@ -912,34 +882,33 @@ float softmax_scale(int D) { return 1.0f / std::sqrt(float(D)); }
 // that is not instantiated is an error naming the ones that are. fwd_mt and dq_mt apply to head
 // dim 64.
 struct Tuning {
-  int fwd_mt = 2;      // m16 tiles per warp in the forward: 1 or 2 (2 measured faster on an
-                       // H100: 0.374 -> 0.371 ms at B4 H32 K8 T2048, 1.367 -> 1.317 ms at T8192)
-  int grid_lpt = 1;    // 1: every kernel's grid longest tile first across heads (block_tile);
-                       // measured on an H100: forward+backward 1.666 -> 1.447 ms at B4 H32 K8
-                       // T2048 D64, 1.709 -> 1.350 at D128, 5.843 -> 5.090 at T8192
-  int dkdv_buf = 3;    // dK/dV query tiles in shared memory (head dims 64 and 128): 2, or 3 (one
-                       // barrier a tile instead of two). Measured on an H100 (backward, ms):
-                       // 1.009 -> 0.950 at B4 H32 K8 T2048 D64, 0.979 -> 0.927 at D128, 3.544 ->
-                       // 3.321 at T8192
-  int dq_mt = 2;       // m16 tiles per warp in the dQ kernel (head dim 64): 1 or 2 (two 32-key
-                       // chunks a key tile, 2 blocks an SM). Measured on an H100 (backward, ms):
-                       // 1.009 -> 0.987 at B4 H32 K8 T2048, 3.544 -> 3.417 at T8192; with
-                       // dkdv_buf 3, 0.941 and 3.175
-  int dkdv_stage = 0;  // 1: dK/dV's per-query lse and Δ by cp.async from two sets of threads
-                       // (with dkdv_buf 3; not yet measured on a GPU)
-  int dkdv_ilv = 0;    // 1: dK/dV's Pᵀ, dSᵀ slice by slice between the dV and dK products
-                       // (with dkdv_buf 3; not yet measured on a GPU)
-  int fwd_ilv = 0;     // 1: the forward's P slice by slice between the P V products (not yet
-                       // measured on a GPU)
-  int dq_kvbuf = 1;    // K/V tiles in shared memory in the dQ kernel (head dims 64 and 128): 1
-                       // (staggered, four barriers a key tile), or 2 (double-buffered, one
-                       // barrier a key tile; 18 KiB more at head dim 64, 34 KiB at 128, still
-                       // 2 blocks an SM). Not yet measured on a GPU
+  int fwd_mt = 2;    // m16 tiles per warp in the forward: 1 or 2 (2 measured faster on an
+                     // H100: 0.374 -> 0.371 ms at B4 H32 K8 T2048, 1.367 -> 1.317 ms at T8192)
+  int grid_lpt = 1;  // 1: every kernel's grid longest tile first across heads (block_tile);
+                     // measured on an H100: forward+backward 1.666 -> 1.447 ms at B4 H32 K8
+                     // T2048 D64, 1.709 -> 1.350 at D128, 5.843 -> 5.090 at T8192
+  int dq_mt = 2;     // m16 tiles per warp in the dQ kernel (head dim 64): 1 or 2 (two 32-key
+                     // chunks a key tile, 2 blocks an SM). Measured on an H100 (backward, ms):
+                     // 1.009 -> 0.987 at B4 H32 K8 T2048, 3.544 -> 3.417 at T8192
+  int dkdv_ilv = 1;  // 1: dK/dV's Pᵀ, dSᵀ slice by slice between the dV and dK products; 0:
+                     // all first. Measured on an H100 (forward+backward, ms, with the forward
+                     // interleaved and dK/dV's lse by cp.async): 1.166 -> 1.155 at B4 H32 K8
+                     // T2048 D64, 1.155 -> 1.175 at D128, 4.022 -> 3.945 at T8192 (each
+                     // alone: 6.343 against 6.332 ms summed over the three)
+  int dq_kvbuf = 1;  // K/V tiles in shared memory in the dQ kernel (head dims 64 and 128): 1
+                     // (staggered, four barriers a key tile), or 2 (double-buffered, one
+                     // barrier a key tile; 18 KiB more at head dim 64, 34 KiB at 128, still
+                     // 2 blocks an SM). Measured on an H100 (forward+backward, ms): 1.213 ->
+                     // 1.204 at B4 H32 K8 T2048 D64, 1.180 -> 1.166 at D128, 4.111 -> 4.157
+                     // at T8192; kept at 1
 };
 // Measured on an H100 and dropped: dK/dV with a 32-query tile (1.317 -> 1.488 ms backward at the
 // ~1B layer), and the same capped at 168 registers for 3 blocks an SM (1.375 ms); dK/dV at 64
 // queries capped at 168 registers for 3 blocks an SM (dkdv_minb=3: backward 1.019 -> 1.063 ms at
-// B4 H32 K8 T2048 D64, 3.536 -> 3.748 at T8192).
+// B4 H32 K8 T2048 D64, 3.536 -> 3.748 at T8192). Measured on an H100 and made the only form:
+// dK/dV's three query-tile buffers (two: backward 1.009 -> 0.950 ms at B4 H32 K8 T2048 D64,
+// 0.979 -> 0.927 at D128, 3.544 -> 3.321 at T8192), its lse and Δ by cp.async, the forward's
+// P between its P V products (both at their kernels).
 
 Tuning parse_tuning(const char* text) {
   Tuning t;
@@ -951,31 +920,25 @@ Tuning parse_tuning(const char* text) {
     const std::string item = all.substr(at, comma - at);
     const size_t eq = item.find('=');
     const std::string key = item.substr(0, eq);
-    int* field = key == "fwd_mt"       ? &t.fwd_mt
-                 : key == "grid_lpt"   ? &t.grid_lpt
-                 : key == "dkdv_buf"   ? &t.dkdv_buf
-                 : key == "dkdv_stage" ? &t.dkdv_stage
-                 : key == "dkdv_ilv"   ? &t.dkdv_ilv
-                 : key == "fwd_ilv"    ? &t.fwd_ilv
-                 : key == "dq_mt"      ? &t.dq_mt
-                 : key == "dq_kvbuf"   ? &t.dq_kvbuf
-                                       : nullptr;
+    int* field = key == "fwd_mt"     ? &t.fwd_mt
+                 : key == "grid_lpt" ? &t.grid_lpt
+                 : key == "dkdv_ilv" ? &t.dkdv_ilv
+                 : key == "dq_mt"    ? &t.dq_mt
+                 : key == "dq_kvbuf" ? &t.dq_kvbuf
+                                     : nullptr;
     if (!field || eq == std::string::npos)
       throw ::ft::Error("FT_CUDA_FUSED_TUNING: '" + item +
-                        "' is not key=value with a key of fwd_mt, grid_lpt, dkdv_buf, "
-                        "dkdv_stage, dkdv_ilv, fwd_ilv, dq_mt, dq_kvbuf");
+                        "' is not key=value with a key of fwd_mt, grid_lpt, dkdv_ilv, dq_mt, "
+                        "dq_kvbuf");
     *field = std::atoi(item.c_str() + eq + 1);
     at = comma + 1;
   }
   if ((t.fwd_mt != 1 && t.fwd_mt != 2) || (t.grid_lpt != 0 && t.grid_lpt != 1) ||
-      (t.dkdv_buf != 2 && t.dkdv_buf != 3) || (t.dq_mt != 1 && t.dq_mt != 2) ||
-      (t.dkdv_stage != 0 && t.dkdv_stage != 1) || (t.dkdv_ilv != 0 && t.dkdv_ilv != 1) ||
-      (t.fwd_ilv != 0 && t.fwd_ilv != 1) || (t.dq_kvbuf != 1 && t.dq_kvbuf != 2) ||
-      (t.dkdv_buf == 2 && (t.dkdv_stage == 1 || t.dkdv_ilv == 1)))
+      (t.dkdv_ilv != 0 && t.dkdv_ilv != 1) || (t.dq_mt != 1 && t.dq_mt != 2) ||
+      (t.dq_kvbuf != 1 && t.dq_kvbuf != 2))
     throw ::ft::Error("FT_CUDA_FUSED_TUNING='" + all +
                       "': the instantiated variants are fwd_mt 1 or 2, grid_lpt 0 or 1, "
-                      "dkdv_buf 2 or 3, dkdv_stage and dkdv_ilv 0 or 1 (1 with dkdv_buf 3 only), "
-                      "fwd_ilv 0 or 1, dq_mt 1 or 2, dq_kvbuf 1 or 2");
+                      "dkdv_ilv 0 or 1, dq_mt 1 or 2, dq_kvbuf 1 or 2");
   return t;
 }
 
@@ -984,10 +947,10 @@ const Tuning& tuning() {
   return t;
 }
 
-template <typename T, int D, int MT, bool Ilv>
+template <typename T, int D, int MT>
 void forward_launch(T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* seg,
                     int B, int T_, int H, int K, void* stream) {
-  auto kernel = attention_fused_forward_kernel<T, D, MT, Ilv>;
+  auto kernel = attention_fused_forward_kernel<T, D, MT>;
   const size_t smem = fwd_smem_bytes<D, MT>();
   constexpr int kTq = MT * kTileQ;
   allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_fused_forward");
@@ -1000,25 +963,19 @@ void forward_launch(T* out, float* lse, const T* q, const T* k, const T* v, cons
 template <typename T, int D>
 void forward_d(T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* seg, int B,
                int T_, int H, int K, void* stream) {
-  const Tuning& tu = tuning();
   if constexpr (D == 64) {
-    if (tu.fwd_mt == 2 && tu.fwd_ilv == 1)
-      return forward_launch<T, D, 2, true>(out, lse, q, k, v, seg, B, T_, H, K, stream);
-    if (tu.fwd_mt == 2)
-      return forward_launch<T, D, 2, false>(out, lse, q, k, v, seg, B, T_, H, K, stream);
+    if (tuning().fwd_mt == 2)
+      return forward_launch<T, D, 2>(out, lse, q, k, v, seg, B, T_, H, K, stream);
   }
-  if (tu.fwd_ilv == 1)
-    return forward_launch<T, D, 1, true>(out, lse, q, k, v, seg, B, T_, H, K, stream);
-  forward_launch<T, D, 1, false>(out, lse, q, k, v, seg, B, T_, H, K, stream);
+  forward_launch<T, D, 1>(out, lse, q, k, v, seg, B, T_, H, K, stream);
 }
 
-template <typename T, int D, int TQ, int MinB, int NBuf = 2, bool AsyncStage = false,
-          bool Interleave = false>
+template <typename T, int D, int TQ, int MinB, bool Interleave>
 void dkdv_launch(T* dk, T* dv, const T* dout, const float* lse, const float* delta, const T* q,
                  const T* k, const T* v, const int32_t* seg, int B, int T_, int H, int K,
                  float scale, void* stream) {
-  auto dkdv = attention_fused_dkdv_kernel<T, D, TQ, MinB, NBuf, AsyncStage, Interleave>;
-  constexpr size_t smem = dkdv_smem_bytes<D, TQ, NBuf>();
+  auto dkdv = attention_fused_dkdv_kernel<T, D, TQ, MinB, Interleave>;
+  constexpr size_t smem = dkdv_smem_bytes<D, TQ>();
   allow_smem(reinterpret_cast<const void*>(dkdv), smem, "attention_fused_backward");
   const bool lpt = tuning().grid_lpt;
   FT_LAUNCH(dkdv, tile_grid(lpt, (T_ + kTileK - 1) / kTileK, K, B), kThreads, smem, stream)
@@ -1040,15 +997,11 @@ void dq_launch(T* dq, const T* dout, const float* lse, const float* delta, const
   FT_CUDA_CHECK_LAUNCH();
 }
 
-// The dK/dV variant the tuning names (dkdv_buf, dkdv_stage, dkdv_ilv).
+// The dK/dV variant the tuning names (dkdv_ilv).
 template <typename T, int D, int TQ, int MinB, typename... A>
 void dkdv_pick(const Tuning& tu, A... a) {
-  if (tu.dkdv_buf == 2) return dkdv_launch<T, D, TQ, MinB, 2>(a...);
-  if (tu.dkdv_stage == 1 && tu.dkdv_ilv == 1)
-    return dkdv_launch<T, D, TQ, MinB, 3, true, true>(a...);
-  if (tu.dkdv_stage == 1) return dkdv_launch<T, D, TQ, MinB, 3, true, false>(a...);
-  if (tu.dkdv_ilv == 1) return dkdv_launch<T, D, TQ, MinB, 3, false, true>(a...);
-  dkdv_launch<T, D, TQ, MinB, 3>(a...);
+  if (tu.dkdv_ilv == 1) return dkdv_launch<T, D, TQ, MinB, true>(a...);
+  dkdv_launch<T, D, TQ, MinB, false>(a...);
 }
 
 template <typename T, int D>
