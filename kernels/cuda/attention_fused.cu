@@ -406,7 +406,10 @@ __global__ void __launch_bounds__(kThreads)
 // 2: two of each (and two copies of the key ids): tile j + 1 loads into the buffers of tile
 // j − 1 while tile j is computed, so one barrier a tile both publishes tile j and releases
 // them. Only the load schedule differs: every element's arithmetic is the same (the same bits).
-template <typename E, int D, int MT, int KvBuf>
+// Ilv: in a chunk that no m-tile of the warp needs masked (the chunks off the diagonal), dS of
+// each 16-key slice is computed just before that slice's dQ += dS K products, in one basic block
+// with them, so that nvcc can overlap the exponentials with the tensor-core work.
+template <typename E, int D, int MT, int KvBuf, bool Ilv = false>
 __global__ void __launch_bounds__(kThreads)
     attention_fused_dq_kernel(device_t<E>* dq, const device_t<E>* dout, const float* lse,
                               const float* delta, const device_t<E>* q, const device_t<E>* k,
@@ -558,36 +561,26 @@ __global__ void __launch_bounds__(kThreads)
       // diagonal, the end of the sequence, documents; rows that see one key exist only in the
       // first query tile without segments).
       // Two copies of the loop, chosen once per m-tile (nvcc does not hoist the test itself).
+      // dS of n-tile t of m-tile mt, in place of its S.
+      const auto ds_el = [&](auto general, int mt, int t) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const auto ds_tile = [&](auto general) {
-#pragma unroll
-          for (int t = 0; t < kChunk / 8; ++t)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int x = e >> 1;
-              const float dpe = dp[mt][ch * (kChunk / 8) + t][e];
-              float p = exp2_approx(fmaf(s[mt][t][e], scale_log2, -lse2[mt][x]));
-              float ds;
-              if constexpr (decltype(general)::value) {
-                const int c = jc + 8 * t + 2 * qd + (e & 1);
-                if (c > row[mt][x] || c >= T_ || (seg_b && kseg_s[c - j0] != rseg[mt][x])) p = 0.0f;
-                ds = one[mt][x] ? 0.0f : p * (dpe - dlt[mt][x]);
-              } else {
-                ds = p * (dpe - dlt[mt][x]);
-              }
-              s[mt][t][e] = ds;
-            }
-        };
-        // A chunk with rows that see one key (i0 = 0 without segments) crosses the diagonal.
-        if (seg_b || jc + kChunk - 1 > wr + kRows * mt || jc + kChunk > T_)
-          ds_tile(std::true_type{});
-        else
-          ds_tile(std::false_type{});
-      }
-      // dQ += dS K: K rows are the k dimension (.trans).
-#pragma unroll
-      for (int ks = 0; ks < kChunk / 16; ++ks) {
+        for (int e = 0; e < 4; ++e) {
+          const int x = e >> 1;
+          const float dpe = dp[mt][ch * (kChunk / 8) + t][e];
+          float p = exp2_approx(fmaf(s[mt][t][e], scale_log2, -lse2[mt][x]));
+          float ds;
+          if constexpr (decltype(general)::value) {
+            const int c = jc + 8 * t + 2 * qd + (e & 1);
+            if (c > row[mt][x] || c >= T_ || (seg_b && kseg_s[c - j0] != rseg[mt][x])) p = 0.0f;
+            ds = one[mt][x] ? 0.0f : p * (dpe - dlt[mt][x]);
+          } else {
+            ds = p * (dpe - dlt[mt][x]);
+          }
+          s[mt][t][e] = ds;
+        }
+      };
+      // dQ += dS K for 16-key slice ks of the chunk: K rows are the k dimension (.trans).
+      const auto dq_slice = [&](int ks) {
         uint32_t a[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) c_to_a<E>(a[mt], s[mt][2 * ks], s[mt][2 * ks + 1]);
@@ -598,7 +591,36 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) mma2<E>(acc[mt][2 * dt], acc[mt][2 * dt + 1], a[mt], bb);
         }
+      };
+      // A chunk with rows that see one key (i0 = 0 without segments) crosses the diagonal. The
+      // first m-tile's test is the weakest: a chunk it needs unmasked, none needs masked.
+      const auto needs_mask = [&](int mt) {
+        return seg_b || jc + kChunk - 1 > wr + kRows * mt || jc + kChunk > T_;
+      };
+      if (Ilv && !needs_mask(0)) {
+#pragma unroll
+        for (int ks = 0; ks < kChunk / 16; ++ks) {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            ds_el(std::false_type{}, mt, 2 * ks);
+            ds_el(std::false_type{}, mt, 2 * ks + 1);
+          }
+          dq_slice(ks);
+        }
+        continue;
       }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if (needs_mask(mt)) {
+#pragma unroll
+          for (int t = 0; t < kChunk / 8; ++t) ds_el(std::true_type{}, mt, t);
+        } else {
+#pragma unroll
+          for (int t = 0; t < kChunk / 8; ++t) ds_el(std::false_type{}, mt, t);
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < kChunk / 16; ++ks) dq_slice(ks);
     }
     if constexpr (KvBuf == 1) {
       __syncthreads();  // no warp still reads K_j or the key ids
@@ -901,6 +923,8 @@ struct Tuning {
                      // 2 blocks an SM). Measured on an H100 (forward+backward, ms): 1.213 ->
                      // 1.204 at B4 H32 K8 T2048 D64, 1.180 -> 1.166 at D128, 4.111 -> 4.157
                      // at T8192; kept at 1
+  int dq_ilv = 0;    // 1: the dQ kernel's dS slice by slice between its dQ += dS K products, in
+                     // the chunks that need no mask (with dq_kvbuf 1; not yet measured on a GPU)
 };
 // Measured on an H100 and dropped: dK/dV with a 32-query tile (1.317 -> 1.488 ms backward at the
 // ~1B layer), and the same capped at 168 registers for 3 blocks an SM (1.375 ms); dK/dV at 64
@@ -925,20 +949,23 @@ Tuning parse_tuning(const char* text) {
                  : key == "dkdv_ilv" ? &t.dkdv_ilv
                  : key == "dq_mt"    ? &t.dq_mt
                  : key == "dq_kvbuf" ? &t.dq_kvbuf
+                 : key == "dq_ilv"   ? &t.dq_ilv
                                      : nullptr;
     if (!field || eq == std::string::npos)
       throw ::ft::Error("FT_CUDA_FUSED_TUNING: '" + item +
                         "' is not key=value with a key of fwd_mt, grid_lpt, dkdv_ilv, dq_mt, "
-                        "dq_kvbuf");
+                        "dq_kvbuf, dq_ilv");
     *field = std::atoi(item.c_str() + eq + 1);
     at = comma + 1;
   }
   if ((t.fwd_mt != 1 && t.fwd_mt != 2) || (t.grid_lpt != 0 && t.grid_lpt != 1) ||
       (t.dkdv_ilv != 0 && t.dkdv_ilv != 1) || (t.dq_mt != 1 && t.dq_mt != 2) ||
-      (t.dq_kvbuf != 1 && t.dq_kvbuf != 2))
+      (t.dq_kvbuf != 1 && t.dq_kvbuf != 2) || (t.dq_ilv != 0 && t.dq_ilv != 1) ||
+      (t.dq_ilv == 1 && t.dq_kvbuf == 2))
     throw ::ft::Error("FT_CUDA_FUSED_TUNING='" + all +
                       "': the instantiated variants are fwd_mt 1 or 2, grid_lpt 0 or 1, "
-                      "dkdv_ilv 0 or 1, dq_mt 1 or 2, dq_kvbuf 1 or 2");
+                      "dkdv_ilv 0 or 1, dq_mt 1 or 2, dq_kvbuf 1 or 2, dq_ilv 0 or 1 (1 with "
+                      "dq_kvbuf 1 only)");
   return t;
 }
 
@@ -983,11 +1010,11 @@ void dkdv_launch(T* dk, T* dv, const T* dout, const float* lse, const float* del
   FT_CUDA_CHECK_LAUNCH();
 }
 
-template <typename T, int D, int MT, int KvBuf>
+template <typename T, int D, int MT, int KvBuf, bool Ilv = false>
 void dq_launch(T* dq, const T* dout, const float* lse, const float* delta, const T* q, const T* k,
                const T* v, const int32_t* seg, int B, int T_, int H, int K, float scale,
                void* stream) {
-  auto dqk = attention_fused_dq_kernel<T, D, MT, KvBuf>;
+  auto dqk = attention_fused_dq_kernel<T, D, MT, KvBuf, Ilv>;
   constexpr size_t smem = dq_smem_bytes<D, MT, KvBuf>();
   constexpr int kTq = MT * kTileQ;
   allow_smem(reinterpret_cast<const void*>(dqk), smem, "attention_fused_backward");
@@ -1014,17 +1041,23 @@ void backward_d(T* dq, T* dk, T* dv, const T* dout, const float* lse, const floa
   constexpr int kTq = D == 128 ? 32 : 64, kMinB = D == 128 ? 1 : 2;
   dkdv_pick<T, D, kTq, kMinB>(tu, dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale,
                               stream);
-  const bool kvbuf2 = tu.dq_kvbuf == 2;
+  const bool kvbuf2 = tu.dq_kvbuf == 2, ilv = tu.dq_ilv == 1;
   if constexpr (D == 64) {
     if (tu.dq_mt == 2) {
       if (kvbuf2)
         return dq_launch<T, D, 2, 2>(dq, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale,
                                      stream);
+      if (ilv)
+        return dq_launch<T, D, 2, 1, true>(dq, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale,
+                                           stream);
       return dq_launch<T, D, 2, 1>(dq, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
     }
   }
   if (kvbuf2)
     return dq_launch<T, D, 1, 2>(dq, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
+  if (ilv)
+    return dq_launch<T, D, 1, 1, true>(dq, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale,
+                                       stream);
   dq_launch<T, D, 1, 1>(dq, dout, lse, delta, q, k, v, seg, B, T_, H, K, scale, stream);
 }
 
