@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(kThreads)
 // 2: two of each (and two copies of the key ids): tile j + 1 loads into the buffers of tile
 // j − 1 while tile j is computed, so one barrier a tile both publishes tile j and releases
 // them. Only the load schedule differs: every element's arithmetic is the same (the same bits).
-// Ilv: in a chunk that no m-tile of the warp needs masked (the chunks off the diagonal), dS of
+// Ilv (KvBuf 1 only): in a chunk that no m-tile of the warp needs masked (off the diagonal), dS of
 // each 16-key slice is computed just before that slice's dQ += dS K products, in one basic block
 // with them, so that nvcc can overlap the exponentials with the tensor-core work.
 template <typename E, int D, int MT, int KvBuf, bool Ilv = false>
@@ -923,8 +923,11 @@ struct Tuning {
                      // 2 blocks an SM). Measured on an H100 (forward+backward, ms): 1.213 ->
                      // 1.204 at B4 H32 K8 T2048 D64, 1.180 -> 1.166 at D128, 4.111 -> 4.157
                      // at T8192; kept at 1
-  int dq_ilv = 0;    // 1: the dQ kernel's dS slice by slice between its dQ += dS K products, in
-                     // the chunks that need no mask (with dq_kvbuf 1; not yet measured on a GPU)
+  int dq_ilv = 1;    // 1: the dQ kernel's dS slice by slice between its dQ += dS K products, in
+                     // the chunks that need no mask; 0: all of a chunk's dS first. The
+                     // dq_kvbuf=2 form has only the latter. Measured on an H100 (forward+
+                     // backward, ms): 1.180 -> 1.163 at B4 H32 K8 T2048 D64, 1.172 -> 1.148 at
+                     // D128, 4.027 -> 3.998 at T8192
 };
 // Measured on an H100 and dropped: dK/dV with a 32-query tile (1.317 -> 1.488 ms backward at the
 // ~1B layer), and the same capped at 168 registers for 3 blocks an SM (1.375 ms); dK/dV at 64
@@ -960,12 +963,10 @@ Tuning parse_tuning(const char* text) {
   }
   if ((t.fwd_mt != 1 && t.fwd_mt != 2) || (t.grid_lpt != 0 && t.grid_lpt != 1) ||
       (t.dkdv_ilv != 0 && t.dkdv_ilv != 1) || (t.dq_mt != 1 && t.dq_mt != 2) ||
-      (t.dq_kvbuf != 1 && t.dq_kvbuf != 2) || (t.dq_ilv != 0 && t.dq_ilv != 1) ||
-      (t.dq_ilv == 1 && t.dq_kvbuf == 2))
+      (t.dq_kvbuf != 1 && t.dq_kvbuf != 2) || (t.dq_ilv != 0 && t.dq_ilv != 1))
     throw ::ft::Error("FT_CUDA_FUSED_TUNING='" + all +
                       "': the instantiated variants are fwd_mt 1 or 2, grid_lpt 0 or 1, "
-                      "dkdv_ilv 0 or 1, dq_mt 1 or 2, dq_kvbuf 1 or 2, dq_ilv 0 or 1 (1 with "
-                      "dq_kvbuf 1 only)");
+                      "dkdv_ilv 0 or 1, dq_mt 1 or 2, dq_kvbuf 1 or 2, dq_ilv 0 or 1");
   return t;
 }
 
