@@ -25,8 +25,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_check import ATTENTION_SHAPES  # noqa: E402
 
-# The defaults (fwd_mt=2, grid_lpt=1, dkdv_ilv=1, dq_mt=2, dq_kvbuf=1, dq_ilv=1) and the variants to
-# compare them with. Measured on an H100 (2026-11-27), forward+backward ms summed over the
+# The defaults (fwd_mt=2, grid_lpt=1, dkdv_ilv=1, dq_mt=2, dq_kvbuf=1, dq_ilv=1) and the
+# variants to compare them with. Measured on an H100 (2026-11-27), forward+backward ms summed over the
 # shapes: before dK/dV's third buffer and the two-m-tile dQ 7.012; with them 6.504; then dK/dV's
 # lse by cp.async 6.343, the forward's and dK/dV's exponentials between their products 6.445
 # and 6.447, all three 6.274 (the defaults now; attention_fused.cu's Tuning has each figure);
