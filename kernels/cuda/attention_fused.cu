@@ -913,10 +913,11 @@ struct Tuning {
                      // chunks a key tile, 2 blocks an SM). Measured on an H100 (backward, ms):
                      // 1.009 -> 0.987 at B4 H32 K8 T2048, 3.544 -> 3.417 at T8192
   int dkdv_ilv = 1;  // 1: dK/dV's Pᵀ, dSᵀ slice by slice between the dV and dK products; 0:
-                     // all first. Measured on an H100 (forward+backward, ms, with the forward
-                     // interleaved and dK/dV's lse by cp.async): 1.166 -> 1.155 at B4 H32 K8
-                     // T2048 D64, 1.155 -> 1.175 at D128, 4.022 -> 3.945 at T8192 (each
-                     // alone: 6.343 against 6.332 ms summed over the three)
+                     // all first. Measured on an H100 (forward+backward, ms, both with dK/dV's
+                     // lse by cp.async): 1.166 -> 1.174 at B4 H32 K8 T2048 D64, 1.155 -> 1.183
+                     // at D128, 4.022 -> 3.975 at T8192 (6.343 -> 6.332 summed over the three);
+                     // on another machine with today's other defaults, 0 against 1: 6.369
+                     // against 6.379. Within noise; kept at 1
   int dq_kvbuf = 1;  // K/V tiles in shared memory in the dQ kernel (head dims 64 and 128): 1
                      // (staggered, four barriers a key tile), or 2 (double-buffered, one
                      // barrier a key tile; 18 KiB more at head dim 64, 34 KiB at 128, still
