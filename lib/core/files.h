@@ -14,11 +14,11 @@ namespace ft {
 // Plausible sizes of the files ft reads whole. A limit is far above any real file of the kind
 // (Llama 3's tokenizer.json is 9 MB, Qwen's 7 MB, a config.json some kB) and far below what would
 // exhaust memory.
-constexpr uint64_t kMaxTokenizerBytes = uint64_t(256) << 20;      // tokenizer.json, .model
-constexpr uint64_t kMaxConfigBytes = uint64_t(16) << 20;          // config.json, *_config.json
-constexpr uint64_t kMaxTemplateBytes = uint64_t(4) << 20;         // chat_template.jinja
-constexpr uint64_t kMaxManifestBytes = uint64_t(256) << 20;       // checkpoint manifest, index
-constexpr uint64_t kMaxJsonlLineBytes = uint64_t(64) << 20;       // one record of a JSONL file
+constexpr uint64_t kMaxTokenizerBytes = uint64_t(256) << 20;  // tokenizer.json, .model
+constexpr uint64_t kMaxConfigBytes = uint64_t(16) << 20;      // config.json, *_config.json
+constexpr uint64_t kMaxTemplateBytes = uint64_t(4) << 20;     // chat_template.jinja
+constexpr uint64_t kMaxManifestBytes = uint64_t(256) << 20;   // checkpoint manifest, index
+constexpr uint64_t kMaxJsonlLineBytes = uint64_t(64) << 20;   // one record of a JSONL file
 
 // What the path names, for messages: "a regular file", "a folder", "a FIFO (named pipe)",
 // "a character device", "a block device", "a socket", "a symbolic link to nothing", "missing".

@@ -27,9 +27,7 @@ std::string refusal(const std::string& path, uint64_t max) {
 
 TEST_CASE("files: a regular file within the limit is read whole") {
   TempDir d;
-  {
-    std::ofstream(d.file("t.json")) << "{\"a\": 1}";
-  }
+  { std::ofstream(d.file("t.json")) << "{\"a\": 1}"; }
   CHECK(ft::read_bounded_file(d.file("t.json"), 64, "config") == "{\"a\": 1}");
   CHECK(ft::check_regular_file(d.file("t.json"), 64, "config") == 8);
   // Exactly at the limit passes, one byte over does not.
@@ -51,8 +49,7 @@ TEST_CASE("files: devices, FIFOs, folders, sockets and dangling links are refuse
   CHECK(refusal(d.path, 1 << 20).find("is a folder") != std::string::npos);
   CHECK(refusal(d.file("nothing"), 1 << 20).find(": no such file") != std::string::npos);
   REQUIRE(::symlink(d.file("nothing").c_str(), d.file("dangling").c_str()) == 0);
-  CHECK(refusal(d.file("dangling"), 1 << 20).find("symbolic link to nothing") !=
-        std::string::npos);
+  CHECK(refusal(d.file("dangling"), 1 << 20).find("symbolic link to nothing") != std::string::npos);
   CHECK(ft::file_kind(d.file("fifo")) == "a FIFO (named pipe)");
   CHECK(ft::file_kind(d.file("nothing")) == "missing");
 
