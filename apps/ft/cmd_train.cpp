@@ -1,3 +1,5 @@
+#include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "recipe/recipe.h"
+#include "train/train_state.h"
 #include "train/trainer.h"
 
 namespace ft::app {
@@ -26,18 +29,42 @@ namespace {
 //
 // This process stays mpirun's parent rather than becoming it, to turn a stop request into a
 // checkpoint: mpirun answers SIGTERM by killing the ranks (after 1 s) and no longer relaying
-// their output, but it forwards SIGUSR1 to every rank — which ft treats as "finish the step,
-// save, exit 75". So SIGTERM or SIGUSR1 here becomes SIGUSR1 to mpirun; a second SIGTERM is
-// passed on as SIGTERM (stop now). Ctrl-C (SIGINT) reaches mpirun directly and ends the job.
+// their output, but it forwards SIGUSR1 to every rank, which ft treats as "finish the step,
+// save, exit 75". So (DESIGN.md §4 "Signals"):
+//   - mpirun and the ranks run in a process group of their own, so a terminal's Ctrl-C reaches
+//     this process only, never the ranks directly (which would each decide alone);
+//   - the first SIGINT or SIGTERM here (SIGHUP too: the terminal went away), and every SIGUSR1,
+//     becomes SIGUSR1 to mpirun: the ranks stop after the step with a checkpoint, and this
+//     process exits with their code (75);
+//   - a second SIGINT or SIGTERM becomes SIGTERM to mpirun (stop now), and this process exits
+//     with 130 or 143 once mpirun has gone (SIGKILL to its group after kHardStopWaitS);
+//   - mpirun dies with this process, whatever ends it (PR_SET_PDEATHSIG: SIGTERM, so mpirun
+//     stops the ranks), and each rank dies with mpirun (train_state.h die_with_launcher).
+constexpr double kHardStopWaitS = 10.0;
 volatile std::sig_atomic_t g_mpirun_pid = 0;
-volatile std::sig_atomic_t g_stop_requests = 0;
+volatile std::sig_atomic_t g_hard_signal = 0;  // the first SIGINT/SIGTERM/SIGHUP
+volatile std::sig_atomic_t g_hard_again = 0;   // the second: stop now
+
+void say(const char* s) { [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, s, std::strlen(s)); }
 
 void forward_stop(int sig) {
   if (g_mpirun_pid <= 0) return;
-  const int before = g_stop_requests;
-  if (sig == SIGTERM) g_stop_requests = before + 1;
-  const bool again = sig == SIGTERM && before > 0;
-  kill(pid_t(g_mpirun_pid), again ? SIGTERM : SIGUSR1);
+  const bool hard = sig == SIGINT || sig == SIGTERM || sig == SIGHUP;
+  if (hard && g_hard_signal != 0) {
+    if (g_hard_again == 0) {
+      g_hard_again = sig;
+      say("ft: a second stop signal: stopping the ranks now, without a checkpoint\n");
+    }
+    kill(pid_t(g_mpirun_pid), SIGTERM);
+    return;
+  }
+  if (hard) {
+    g_hard_signal = sig;
+    say(sig == SIGINT ? "ft: SIGINT: " : sig == SIGTERM ? "ft: SIGTERM: " : "ft: SIGHUP: ");
+    say("the ranks stop after this step, with a checkpoint (send it again to stop at once, "
+        "without one)\n");
+  }
+  kill(pid_t(g_mpirun_pid), SIGUSR1);
 }
 
 [[noreturn]] void launch_local_ranks(const TrainArgs& a) {
@@ -52,6 +79,8 @@ void forward_stop(int sig) {
   for (const auto& o : a.overrides) args.push_back(o);
   args.push_back("--resume");
   args.push_back(a.resume);
+  // The ranks' stop messages are this process's (forward_stop).
+  setenv("FT_NPROC_PARENT", std::to_string(getpid()).c_str(), 1);
   // The ranks' stdout goes through mpirun; tell them whether the person sees a terminal.
   setenv("FT_PROGRESS", isatty(STDOUT_FILENO) ? "bar" : "plain", 0);
   // Where a rank that ends the job says why (core/log.h note_job_cause), restated below.
@@ -70,9 +99,28 @@ void forward_stop(int sig) {
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
   std::fflush(nullptr);
+  // The handlers are in place before mpirun exists, so no signal finds it unsupervised; they
+  // act only once g_mpirun_pid is set.
+  struct sigaction sa {};
+  sa.sa_handler = forward_stop;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaction(sig, &sa, nullptr);
+  const pid_t self_pid = getpid();
   const pid_t pid = fork();
   if (pid < 0) throw Error(std::string("--nproc: fork failed: ") + std::strerror(errno));
   if (pid == 0) {
+    // mpirun: a process group of its own (out of the terminal's reach), no terminal input
+    // (mpirun would forward stdin to rank 0, and reading a terminal from a background group
+    // stops the process), and death with this process.
+    setpgid(0, 0);
+    const int null_fd = open("/dev/null", O_RDONLY);
+    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != self_pid) _exit(int(ExitCode::kRuntime));  // ft ended before prctl ran
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaction(sig, &dfl, nullptr);
     execvp("mpirun", argv.data());
     std::fprintf(stderr,
                  "ft: error: --nproc %d: cannot start mpirun (Open MPI): %s; install "
@@ -80,22 +128,26 @@ void forward_stop(int sig) {
                  a.nproc, std::strerror(errno));
     _exit(int(ExitCode::kRuntime));
   }
+  setpgid(pid, pid);  // as the child does: whichever runs first
   g_mpirun_pid = pid;
-  struct sigaction sa {};
-  sa.sa_handler = forward_stop;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGUSR1, &sa, nullptr);
-  signal(SIGINT, SIG_IGN);  // the terminal sends it to mpirun too
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) std::exit(int(ExitCode::kRuntime));
+  double hard_wait_s = 0;
+  for (;;) {
+    const pid_t w = waitpid(pid, &status, g_hard_again ? WNOHANG : 0);
+    if (w == pid) break;
+    if (w < 0 && errno != EINTR) std::exit(int(ExitCode::kRuntime));
+    if (g_hard_again) {
+      // Stopping now: mpirun had its SIGTERM; past the wait, its whole group goes.
+      if (hard_wait_s >= kHardStopWaitS) kill(-pid, SIGKILL);
+      usleep(100000);
+      hard_wait_s += 0.1;
+    }
   }
   std::fflush(nullptr);
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (g_hard_again) code = 128 + (g_hard_again == SIGHUP ? SIGTERM : int(g_hard_again));
   // The job's cause as its last line: after a rank failed or hung, mpirun's banner and the
-  // other ranks' lines (e.g. their "stop signal received", from mpirun's SIGTERM) come last
+  // other ranks' lines (e.g. their "mpirun is ending the job", at its SIGTERM) come last
   // otherwise.
   if (!cause_file.empty()) {
     std::string first;
@@ -116,6 +168,8 @@ void forward_stop(int sig) {
 
 int cmd_train(const TrainArgs& a) {
   if (a.nproc > 1 && !launched_by_mpi()) launch_local_ranks(a);
+  // A rank never outlives its launcher (mpirun, orted, slurmstepd): no orphan trains on.
+  if (launched_by_mpi()) die_with_launcher();
 
   auto comm = init_world_communicator(nullptr, nullptr);
   const bool is_root = comm->rank() == 0;

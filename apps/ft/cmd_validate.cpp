@@ -4,6 +4,7 @@
 
 #include "apps/ft/commands.h"
 #include "recipe/recipe.h"
+#include "train/run_lock.h"
 
 namespace ft::app {
 
@@ -16,6 +17,11 @@ int cmd_validate(const ValidateArgs& a) {
     for (const RecipeIssue& i : res.issues) std::fprintf(stderr, "%s\n", i.format().c_str());
     std::fprintf(stderr, "ft validate: %zu %s in %s\n", res.issues.size(),
                  res.issues.size() == 1 ? "problem" : "problems", a.recipe.c_str());
+    return 2;
+  }
+  // What `ft train` would refuse before any work beyond the recipe itself.
+  if (const std::string busy = run_folders_in_use(res.recipe); !busy.empty()) {
+    std::fprintf(stderr, "ft: error: %s\n", busy.c_str());
     return 2;
   }
   std::fputs(recipe_to_yaml(res.recipe).c_str(), stdout);

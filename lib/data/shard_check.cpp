@@ -200,14 +200,18 @@ std::string run_check_child(const std::vector<std::string>& paths,
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   // SIGXCPU (the CPU limit) at its default action, unblocked: a launcher or a thread of this
-  // process may ignore or block signals, and both would survive the exec.
+  // process may ignore or block signals, and both would survive the exec. The stop signals are
+  // blocked for the child's life: a terminal's Ctrl-C reaches the whole foreground process
+  // group, and the child dying of it would read as a shard that crashed libhdf5; the stop is
+  // this process's to handle (it may go on, and the child dies with it, PR_SET_PDEATHSIG).
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  sigset_t none, xcpu;
-  sigemptyset(&none);
+  sigset_t stops, xcpu;
+  sigemptyset(&stops);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&stops, sig);
   sigemptyset(&xcpu);
   sigaddset(&xcpu, SIGXCPU);
-  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setsigmask(&attr, &stops);
   posix_spawnattr_setsigdefault(&attr, &xcpu);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
   std::vector<std::string> args = {"ft-shard-check", kCheckArg, std::to_string(::getpid())};

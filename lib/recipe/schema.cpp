@@ -27,9 +27,19 @@ constexpr int kMaxThreads = 1024;
 // largest in common use. fp16 tops out at 65504, so the first steps at such a scale overflow
 // and halve it; a larger one only adds skipped steps.
 constexpr double kMaxLossScale = 4294967296.0;
+// Upper bounds of the sizes (DESIGN.md §5: every number has a range): each far above any real
+// model or run (Llama 3 405B: dim 16384, 126 layers, 128 heads, ffn 53248, vocab 128256; a
+// million-token context), and low enough that products of them stay well inside int64.
+constexpr double kMaxWidth = 1 << 20;  // dim, ffn_dim, head_dim
+constexpr double kMaxLayers = 100000;  // as ft plan's own bound
+constexpr double kMaxHeads = 1 << 16;
+constexpr double kMaxVocab = 1 << 26;   // 67M tokens
+constexpr double kMaxTokens = 1 << 26;  // seq_len, max_seq_len
+constexpr double kMaxBatch = 1 << 24;   // samples
+constexpr double kMaxSteps = 1e15;      // steps and step intervals
+constexpr double kMaxRanks = 1 << 20;   // tensor, pipeline
+constexpr double kMaxMinutes = 525600;  // a year
 
-Range at_least(double lo) { return Range{lo, std::nullopt, false, false}; }
-Range above(double lo) { return Range{lo, std::nullopt, true, false}; }
 Range between(double lo, double hi) { return Range{lo, hi, false, false}; }
 Range from_until(double lo, double hi) { return Range{lo, hi, false, true}; }  // [lo, hi)
 
@@ -88,8 +98,7 @@ KeySpec row(std::string path, Kind kind, Ref ref, std::string doc, Opts o = {}) 
 // Every recipe key, in the order recipe_to_yaml writes them. Defaults live in recipe.h.
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> table = [] {
-    const Opts positive{.range = at_least(1)};
-    const Opts non_negative{.range = at_least(0)};
+    const Opts steps{.range = between(0, kMaxSteps)};
     std::vector<KeySpec> t = {
         FT_KEY(run, name, kString, "name of the run; output_dir defaults to runs/<name>"),
         FT_KEY(run, output_dir, kString,
@@ -101,52 +110,61 @@ const std::vector<KeySpec>& schema() {
                 .hf_name = "architectures"}),
         FT_KEY(model, from, kDir,
                "Hugging Face folder to start from; sizes then come from its config.json"),
-        FT_KEY(model, dim, kInt, "hidden size",
-               {.range = at_least(1), .need = Need::kUnlessFrom, .hf_name = "hidden_size"}),
+        FT_KEY(
+            model, dim, kInt, "hidden size",
+            {.range = between(1, kMaxWidth), .need = Need::kUnlessFrom, .hf_name = "hidden_size"}),
         FT_KEY(model, n_layers, kInt, "transformer blocks",
-               {.range = at_least(1), .need = Need::kUnlessFrom, .hf_name = "num_hidden_layers"}),
+               {.range = between(1, kMaxLayers),
+                .need = Need::kUnlessFrom,
+                .hf_name = "num_hidden_layers"}),
         FT_KEY(model, n_heads, kInt, "attention heads",
-               {.range = at_least(1), .need = Need::kUnlessFrom, .hf_name = "num_attention_heads"}),
+               {.range = between(1, kMaxHeads),
+                .need = Need::kUnlessFrom,
+                .hf_name = "num_attention_heads"}),
         FT_KEY(model, n_kv_heads, kInt,
                "key/value heads, for grouped-query attention (default n_heads)",
-               {.range = at_least(1), .hf_name = "num_key_value_heads"}),
+               {.range = between(1, kMaxHeads), .hf_name = "num_key_value_heads"}),
         FT_KEY(model, head_dim, kInt, "channels per attention head; 0: dim / n_heads",
-               {.range = at_least(0), .hf_name = "head_dim"}),
+               {.range = between(0, kMaxWidth), .hf_name = "head_dim"}),
         FT_KEY(model, ffn_dim, kInt, "MLP hidden size",
-               {.range = at_least(1), .need = Need::kUnlessFrom, .hf_name = "intermediate_size"}),
-        FT_KEY(model, vocab_size, kInt, "vocabulary size",
-               {.range = at_least(1), .need = Need::kUnlessFrom, .hf_name = "vocab_size"}),
+               {.range = between(1, kMaxWidth),
+                .need = Need::kUnlessFrom,
+                .hf_name = "intermediate_size"}),
+        FT_KEY(
+            model, vocab_size, kInt, "vocabulary size",
+            {.range = between(1, kMaxVocab), .need = Need::kUnlessFrom, .hf_name = "vocab_size"}),
         FT_KEY(model, max_seq_len, kInt, "longest sequence the model takes",
-               {.range = at_least(1), .hf_name = "max_position_embeddings"}),
+               {.range = between(1, kMaxTokens), .hf_name = "max_position_embeddings"}),
         FT_KEY(model, rope_theta, kFloat, "RoPE base",
-               {.range = above(0), .hf_name = "rope_theta"}),
+               {.range = Range{0, 1e12, true, false}, .hf_name = "rope_theta"}),
         // The RoPE scaling of transformers' rope_parameters (model/rope.h has the formulas).
         FT_KEY(model, rope_type, kChoice, "RoPE scaling: default (none), linear or llama3",
                {.choices = {"default", "linear", "llama3"}, .hf_name = "rope_type"}),
         FT_KEY(model, rope_factor, kFloat, "linear, llama3: how much the context is stretched",
-               {.range = above(0), .hf_name = "factor"}),
+               {.range = Range{0, 1e6, true, false}, .hf_name = "factor"}),
         FT_KEY(model, rope_low_freq_factor, kFloat, "llama3: low_freq_factor",
-               {.range = above(0), .hf_name = "low_freq_factor"}),
+               {.range = Range{0, 1e6, true, false}, .hf_name = "low_freq_factor"}),
         FT_KEY(model, rope_high_freq_factor, kFloat, "llama3: high_freq_factor",
-               {.range = above(0), .hf_name = "high_freq_factor"}),
+               {.range = Range{0, 1e6, true, false}, .hf_name = "high_freq_factor"}),
         FT_KEY(model, rope_original_max_seq_len, kInt,
                "llama3: context length of pretraining (original_max_position_embeddings)",
-               {.range = at_least(1), .hf_name = "original_max_position_embeddings"}),
+               {.range = between(1, kMaxTokens), .hf_name = "original_max_position_embeddings"}),
         FT_KEY(model, norm_eps, kFloat, "RMSNorm epsilon",
-               {.range = above(0), .hf_name = "rms_norm_eps"}),
+               {.range = Range{0, 1, true, false}, .hf_name = "rms_norm_eps"}),
         FT_KEY(model, tie_embeddings, kBool, "share the embedding and output matrices",
                {.hf_name = "tie_word_embeddings"}),
         FT_KEY(model, init_std, kFloat, "std of the random initialisation (without model.from)",
-               {.range = above(0)}),
+               {.range = Range{0, 10, true, false}}),
 
         FT_KEY(tokenizer, path, kTokenizer,
                "SentencePiece .model, tokenizer.json, or a Hugging Face folder (optional)"),
 
         FT_KEY(data, train, kDir, "folder of training shards (*.h5)", {.need = Need::kRequired}),
         FT_KEY(data, valid, kDir, "folder of validation shards (optional)"),
-        FT_KEY(data, seq_len, kInt, "tokens per sample", positive),
+        FT_KEY(data, seq_len, kInt, "tokens per sample", {.range = between(1, kMaxTokens)}),
         FT_KEY(data, shuffle, kBool, "shuffle samples each epoch (seeded by run.seed)"),
-        FT_KEY(data, prefetch, kInt, "batches the background loader keeps ready", positive),
+        FT_KEY(data, prefetch, kInt, "batches the background loader keeps ready",
+               {.range = between(1, 64)}),
         FT_KEY(data, pack, kBool,
                "pack whole documents into each window; attention and positions stay per document"),
         FT_KEY(data, pack_overflow, kChoice,
@@ -154,24 +172,28 @@ const std::vector<KeySpec>& schema() {
                {.choices = {"split", "drop"}}),
 
         FT_KEY(training, steps, kInt64,
-               "optimizer steps (0: only load/initialise and save a checkpoint)", non_negative),
-        FT_KEY(training, micro_batch_size, kInt, "samples per data rank per micro-step", positive),
-        FT_KEY(training, global_batch_size, kInt, "samples per optimizer step", positive),
+               "optimizer steps (0: only load/initialise and save a checkpoint)", steps),
+        FT_KEY(training, micro_batch_size, kInt, "samples per data rank per micro-step",
+               {.range = between(1, kMaxBatch)}),
+        FT_KEY(training, global_batch_size, kInt, "samples per optimizer step",
+               {.range = between(1, kMaxBatch)}),
         FT_KEY(training, precision, kChoice, "compute precision",
                {.choices = {"fp32", "bf16", "fp16"}}),
         FT_KEY(training, grad_clip, kFloat, "max global gradient norm; 0 disables clipping",
-               non_negative),
+               {.range = between(0, 1e9)}),
         FT_KEY(training, activation_checkpointing, kBool, "recompute activations in backward"),
         FT_KEY(training, eval_every_steps, kInt64, "evaluate on data.valid every N steps; 0: never",
-               non_negative),
-        FT_KEY(training, eval_batches, kInt64, "global batches per evaluation", positive),
+               steps),
+        FT_KEY(training, eval_batches, kInt64, "global batches per evaluation",
+               {.range = between(1, kMaxSteps)}),
         // fp16 loss scaling (optim/loss_scaler.h has the rules). Scales are powers of two
         // (check_loss_scaling) up to kMaxLossScale.
         FT_KEY(training, loss_scale, kFloat,
                "fp16: 0 = dynamic loss scaling; N > 0 = static scale N (a power of two)",
                {.range = between(0, kMaxLossScale)}),
         FT_KEY(training, loss_scale_window, kInt64,
-               "fp16 dynamic scaling: clean steps before the scale doubles", positive),
+               "fp16 dynamic scaling: clean steps before the scale doubles",
+               {.range = between(1, kMaxSteps)}),
         FT_KEY(training, initial_loss_scale, kFloat,
                "fp16 dynamic scaling: first scale, a power of two (2^initial_scale_power)",
                {.range = Range{0, kMaxLossScale, true, false}}),
@@ -180,33 +202,36 @@ const std::vector<KeySpec>& schema() {
                {.range = Range{0, kMaxLossScale, true, false}}),
         FT_KEY(training, loss_scale_hysteresis, kInt,
                "fp16 dynamic scaling: overflows before the scale halves (DeepSpeed hysteresis)",
-               positive),
+               {.range = between(1, 1000000)}),
         FT_KEY(training, max_skipped_steps, kInt64,
-               "fp16: consecutive steps skipped for overflow that stop the run (exit 1)", positive),
+               "fp16: consecutive steps skipped for overflow that stop the run (exit 1)",
+               {.range = between(1, kMaxSteps)}),
 
         FT_KEY(optimizer, name, kChoice, "optimizer", {.choices = {"adamw"}}),
-        FT_KEY(optimizer, lr, kFloat, "peak learning rate", {.range = above(0)}),
+        FT_KEY(optimizer, lr, kFloat, "peak learning rate", {.range = Range{0, 1e10, true, false}}),
         row("optimizer.betas", Kind::kBetas, [](auto& r) -> auto& { return r.optimizer; },
             "AdamW [beta1, beta2]", {.range = from_until(0, 1)}),
-        FT_KEY(optimizer, eps, kFloat, "AdamW epsilon", {.range = above(0)}),
+        FT_KEY(optimizer, eps, kFloat, "AdamW epsilon", {.range = Range{0, 1, true, false}}),
         FT_KEY(optimizer, weight_decay, kFloat, "decoupled weight decay (matrices only)",
-               non_negative),
+               {.range = between(0, 100)}),
 
         FT_KEY(scheduler, name, kChoice, "learning-rate schedule after warmup",
                {.choices = {"constant", "linear", "cosine"}}),
-        FT_KEY(scheduler, warmup_steps, kInt64, "linear warmup steps", non_negative),
-        FT_KEY(scheduler, min_lr, kFloat, "final learning rate of linear and cosine", non_negative),
+        FT_KEY(scheduler, warmup_steps, kInt64, "linear warmup steps", steps),
+        FT_KEY(scheduler, min_lr, kFloat, "final learning rate of linear and cosine",
+               {.range = between(0, 10)}),
 
-        FT_KEY(parallel, tensor, kInt, "tensor-parallel ranks", positive),
-        FT_KEY(parallel, pipeline, kInt, "pipeline stages", positive),
+        FT_KEY(parallel, tensor, kInt, "tensor-parallel ranks", {.range = between(1, kMaxRanks)}),
+        FT_KEY(parallel, pipeline, kInt, "pipeline stages", {.range = between(1, kMaxRanks)}),
         FT_KEY(parallel, zero_stage, kInt, "ZeRO stage over the data group",
                {.range = between(0, 3)}),
         FT_KEY(parallel, overlap_comm, kBool,
                "reduce each group's gradient as soon as it is final, while the backward goes "
                "on (the same bits as off)"),
         FT_KEY(parallel, reduce_bucket_mb, kFloat,
-               "largest gradient reduction call, MiB of fp32 (a larger group: several calls)",
-               {.range = above(0)}),
+               "largest gradient reduction call, MiB of fp32 (a larger group: several calls); "
+               "1 KiB (0.0009765625) to 1 TiB",
+               {.range = between(1.0 / 1024, 1 << 20)}),
         FT_KEY(parallel, prefetch_blocks, kInt,
                "ZeRO-3: parameter groups gathered ahead of use, while the current one computes",
                {.range = between(0, 8)}),
@@ -217,14 +242,17 @@ const std::vector<KeySpec>& schema() {
 
         FT_KEY(checkpoint, dir, kString,
                "checkpoint folder (default <run.output_dir>/checkpoints)"),
-        FT_KEY(checkpoint, every_steps, kInt64, "save every N steps; 0: off", non_negative),
-        FT_KEY(checkpoint, every_minutes, kFloat, "save every N minutes; 0: off", non_negative),
-        FT_KEY(checkpoint, keep_last, kInt, "complete checkpoints kept", positive),
+        FT_KEY(checkpoint, every_steps, kInt64, "save every N steps; 0: off", steps),
+        FT_KEY(checkpoint, every_minutes, kFloat, "save every N minutes; 0: off",
+               {.range = between(0, kMaxMinutes)}),
+        FT_KEY(checkpoint, keep_last, kInt, "complete checkpoints kept",
+               {.range = between(1, 1000000)}),
         FT_KEY(checkpoint, async, kBool, "write checkpoints in the background"),
         FT_KEY(checkpoint, overwrite, kBool,
                "with --resume never: delete the checkpoints already in checkpoint.dir"),
 
-        FT_KEY(logging, every_steps, kInt64, "log metrics every N steps", positive),
+        FT_KEY(logging, every_steps, kInt64, "log metrics every N steps",
+               {.range = between(1, kMaxSteps)}),
         FT_KEY(logging, metrics, kString,
                "JSON Lines metrics file (default <run.output_dir>/metrics.jsonl)"),
 
@@ -234,7 +262,7 @@ const std::vector<KeySpec>& schema() {
                {.range = between(0, kMaxThreads)}),
         FT_KEY(runtime, collective_timeout_s, kFloat,
                "end the job (exit 3) when a step's collective waits this long; 0: never",
-               non_negative),
+               {.range = between(0, kMaxMinutes * 60)}),
         FT_KEY(runtime, communicator, kChoice,
                "device memory between ranks: auto (NCCL between GPUs when built with it, else "
                "MPI through host memory) | nccl | mpi",

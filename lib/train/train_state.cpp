@@ -1,7 +1,10 @@
 #include "train/train_state.h"
 
+#include <sys/prctl.h>
 #include <unistd.h>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -20,18 +23,74 @@ const char* split_name(TensorSplit s) {
   return s == TensorSplit::kRows ? "rows" : s == TensorSplit::kCols ? "cols" : "replicated";
 }
 
-volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_stop_signal = 0;   // the first stop request: SIGINT, SIGTERM, SIGUSR1
+volatile std::sig_atomic_t g_hard_signal = 0;   // the first SIGINT or SIGTERM
+volatile std::sig_atomic_t g_usr1_quiet = 0;    // under `ft train --nproc`, which says it itself
+volatile std::sig_atomic_t g_launcher_pid = 0;  // the launcher a rank dies with (0: none)
+volatile std::sig_atomic_t g_open_mpi = 0;      // started by Open MPI's mpirun or orted
 
-void on_stop_signal(int sig) {
+char g_prefix[32] = "ft: ";  // "ft: [rank 3] " on other ranks, set before the handlers
+
+void say(const char* s) {
+  size_t n = 0;
+  while (s[n]) ++n;
+  [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, s, n);
+}
+
+const char* name_of(int sig) {
+  return sig == SIGINT    ? "SIGINT"
+         : sig == SIGTERM ? "SIGTERM"
+         : sig == SIGUSR1 ? "SIGUSR1"
+                          : "a signal";
+}
+
+// Async-signal-safe: flags, write(2) and _exit only.
+void on_stop_signal(int sig, siginfo_t* info, void*) {
+  const bool hard = sig == SIGINT || sig == SIGTERM;
+  // Open MPI's mpirun (or orted) sends SIGTERM to end the job (a rank failed, or mpirun itself
+  // was told to stop); it passes a save request on as SIGUSR1. So its SIGTERM is no request to
+  // save, and nothing would be saved before it kills the rank anyway: end now, saying so. (Under
+  // SLURM, slurmstepd's SIGTERM at preemption or the time limit is a save request: kept below.)
+  if (sig == SIGTERM && g_open_mpi && g_launcher_pid != 0 && info &&
+      info->si_pid == pid_t(g_launcher_pid)) {
+    say(g_prefix);
+    say("mpirun is ending the job: stopping now, without a checkpoint\n");
+    ::_exit(128 + sig);
+  }
+  if (hard && g_hard_signal != 0) {
+    // The second SIGINT or SIGTERM: stop now. A save in progress is left incomplete, which a
+    // resume never takes (checkpoints are committed by `latest` last, DESIGN.md §8).
+    say(g_prefix);
+    say(name_of(sig));
+    say(" again: stopping now, without a checkpoint\n");
+    ::_exit(128 + sig);
+  }
+  if (hard) g_hard_signal = sig;
   if (g_stop_signal == 0) {
     g_stop_signal = sig;
-    // No promise of a save here: mpirun also sends SIGTERM to the surviving ranks when a peer
-    // died, and those are killed before any checkpoint. Rank 0 reports the save once it is made.
-    const char msg[] =
-        "ft: stop signal received: stopping after this step, with a checkpoint if every rank is "
-        "still running\n";
-    [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+    // "if every rank is still running": a rank that dies meanwhile ends the job without one.
+    // Rank 0 reports the save once it is made.
+    const bool relayed = sig == SIGUSR1 && g_usr1_quiet && g_launcher_pid != 0 && info &&
+                         info->si_pid == pid_t(g_launcher_pid);
+    if (!relayed) {
+      say(g_prefix);
+      say(name_of(sig));
+      say(": stopping after this step, with a checkpoint if every rank is still running");
+      say(hard ? " (send it again to stop at once, without one)\n" : "\n");
+    }
   }
+}
+
+// The launcher of this rank (mpirun, Open MPI's orted, slurmstepd) has ended: the kernel sent
+// SIGUSR2 (PR_SET_PDEATHSIG). Nothing supervises the job any more, and MPI's own shutdown needs
+// the launcher, so the rank ends here, at once, saying why. What it was saving stays incomplete
+// and is never resumed from.
+void on_launcher_death(int) {
+  if (g_launcher_pid == 0 || ::getppid() == pid_t(g_launcher_pid)) return;  // not our parent
+  say(g_prefix);
+  say("this rank's launcher (mpirun, orted or srun's slurmstepd) has ended: stopping now, "
+      "without a checkpoint\n");
+  ::_exit(int(ExitCode::kRuntime));
 }
 
 }  // namespace
@@ -229,17 +288,40 @@ std::vector<std::string> resume_candidates(const Recipe& r, const std::string& r
                    "give a step_* folder or the run's checkpoint.dir");
 }
 
-void install_stop_handlers() {
+void install_stop_handlers(int rank) {
+  // Under `ft train --nproc`, a SIGUSR1 that mpirun relays is that process's stop, which it has
+  // announced once for every rank.
+  g_usr1_quiet = std::getenv("FT_NPROC_PARENT") ? 1 : 0;
+  g_open_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") ? 1 : 0;
+  if (rank > 0) std::snprintf(g_prefix, sizeof g_prefix, "ft: [rank %d] ", rank);
   struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
+  sa.sa_sigaction = on_stop_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
+  sa.sa_flags = SA_RESTART | SA_SIGINFO;
+  sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGUSR1, &sa, nullptr);
   // Past a file-size limit (ulimit -f, a quota-like cap) write() would otherwise kill the process
   // with SIGXFSZ mid-save; ignored, write() fails with EFBIG and the save reports the file and
   // that the previous checkpoint is untouched, like a full disk.
   std::signal(SIGXFSZ, SIG_IGN);
+}
+
+void die_with_launcher() {
+  const pid_t parent = ::getppid();
+  if (parent <= 1) {
+    say("ft: this rank's launcher has already ended: stopping\n");
+    ::_exit(int(ExitCode::kRuntime));
+  }
+  g_launcher_pid = parent;
+  struct sigaction sa {};
+  sa.sa_handler = on_launcher_death;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGUSR2, &sa, nullptr);
+  ::prctl(PR_SET_PDEATHSIG, SIGUSR2);
+  // The launcher may have ended between getppid() and prctl(): then no signal comes.
+  if (::getppid() != parent) on_launcher_death(SIGUSR2);
 }
 
 int stop_signal() { return g_stop_signal; }

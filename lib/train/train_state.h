@@ -41,9 +41,16 @@ void check_same_model(const ckpt::Manifest& m, const Recipe& r);
 std::vector<std::string> resume_candidates(const Recipe& r, const std::string& resume,
                                            bool is_root);
 
-// SIGTERM and SIGUSR1 (what SLURM sends before preemption or the time limit) set a flag that
-// the step loop reads; the run then saves and exits with code 75.
-void install_stop_handlers();
+// Stop requests (DESIGN.md §4 "Signals"): the first SIGINT, SIGTERM or SIGUSR1 (what SLURM
+// sends before preemption or the time limit, and `ft train --nproc` passes on) sets a flag that
+// the step loop reads; the run then saves after the step and exits with code 75. A second
+// SIGINT or SIGTERM ends the process at once with 128 + the signal (130, 143), without a
+// checkpoint. Each says so on stderr, naming the rank (`rank` > 0), except under
+// `ft train --nproc`, whose launcher has said it for every rank.
+void install_stop_handlers(int rank);
+// A rank started by a launcher (mpirun, orted, srun's slurmstepd) ends, saying why, as soon as
+// that launcher ends, whatever ended it (PR_SET_PDEATHSIG): no rank trains on as an orphan.
+void die_with_launcher();
 int stop_signal();  // 0, or the signal received
 
 }  // namespace ft

@@ -50,6 +50,7 @@
 #include "runtime/profile.h"
 #include "train/metrics.h"
 #include "train/plan.h"
+#include "train/run_lock.h"
 #include "train/setup.h"
 #include "train/step.h"
 #include "train/train_state.h"
@@ -738,6 +739,13 @@ void print_summary(const Recipe& r, const TrainSummary& sum, int64_t last_saved)
 
 TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resume) {
   const bool is_root = comm.rank() == 0;
+  install_stop_handlers(comm.rank());
+  // One job per run, before any work (run_lock.h): a second job on these folders is refused here.
+  RunLock run_lock = lock_run_folders(r, comm);
+  // Test support: FT_TEST_SIGNAL_AT_STARTUP=INT|TERM raises that signal here, once the handlers
+  // are in place, to test a stop asked for before the first step.
+  if (const char* sig = std::getenv("FT_TEST_SIGNAL_AT_STARTUP"))
+    std::raise(std::string(sig) == "TERM" ? SIGTERM : SIGINT);
   const int threads = configure_threads(r.runtime.threads);
   std::unique_ptr<Device> dev =
       make_device(r.runtime.device, DeviceOptions{.allow_tf32 = r.runtime.tf32});
@@ -752,7 +760,6 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   Communicator* tensor_comm = mesh.tensor > 1 ? mesh.tensor_comm.get() : nullptr;
   Communicator* pipe_comm = mesh.pipeline > 1 ? mesh.pipeline_comm.get() : nullptr;
   const int accum = grad_accum_steps(r, comm.size());
-  install_stop_handlers();
   start_collective_watch(r);
   check_memory_fits(r, comm.size(), comm.rank(), *dev);
   const std::vector<std::string> candidates = checkpoints_to_resume(r, comm, resume);
@@ -771,6 +778,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   std::unique_ptr<DataLoader> eval_loader;
   if (do_eval) eval_loader = open_eval_loader(r, tokenizer_sha);
   prepare_outputs(r, comm);
+  run_lock.keep();  // the run folder now holds this run's recipe.yaml
 
   // Model, ZeRO, the pipeline schedule, AdamW, the loss scaler (train/setup.h). They hand
   // device memory to their groups: on a device whose memory the host (MPI) cannot read, through
@@ -848,7 +856,24 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   train_step.before_update = [&ckpts] { ckpts.fence_staging_copies(); };
   const RunFigures resident{0, 0, zero.params_bytes(), zero.grads_bytes(), optim.state_bytes()};
   OpProfile* const profile = dev->profile();
-  for (int64_t s = at.step; s < r.training.steps; ++s) {
+  // A stop asked for during the start-up (loading the model, checking the shards: minutes for a
+  // large model) ends the run before its first step, every rank agreeing, with nothing new to
+  // save: the checkpoint it resumed from, if any, holds everything trained.
+  if (at.step < r.training.steps) {
+    float asked = stop_signal() != 0 ? 1.0f : 0.0f;
+    comm.all_reduce_max(&asked, 1);
+    if (asked > 0) {
+      sum.preempted = true;
+      sum.steps_done = at.step;
+      log.note(detail::concat(
+          "stopped by a signal before step ", at.step + 1, " of ", r.training.steps,
+          ": nothing trained since ",
+          at.folder.empty() ? std::string("the start") : ckpt::step_folder_name(at.step),
+          ", nothing to save; exiting with code 75 (the same command "
+          "continues)"));
+    }
+  }
+  for (int64_t s = at.step; !sum.preempted && s < r.training.steps; ++s) {
     const int64_t step = s + 1;  // as people read it: progress, metrics, messages, checkpoints
     const bool last = step == r.training.steps;
     crash_test_hooks(step, comm.rank());

@@ -149,7 +149,7 @@ stop_rank nproc4 2 "$ft" train "$tmp/r.yaml" parallel.tensor=2 --nproc 4
 grep 'made no progress' "$tmp/nproc4.log" | grep -Eq 'ranks? [0-9,]+ (is|are) at step' ||
   fail "nproc4: the answering ranks are not listed: $(grep 'made no progress' "$tmp/nproc4.log")"
 # The supervising ft's last line restates the cause, after mpirun's banner and the other ranks'
-# "stop signal received" (mpirun's SIGTERM as it ends the job).
+# "mpirun is ending the job" (its SIGTERM).
 last_line=$(tail -1 "$tmp/nproc4.log")
 [[ $last_line == "ft: error: the job ended (exit 3): "*"made no progress for 5.0 s"* ]] ||
   fail "nproc4: the last line does not restate the hang: $last_line"

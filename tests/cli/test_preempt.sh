@@ -102,7 +102,8 @@ stop_and_resume() {
   last=$(grep '"loss"' "$out/metrics.jsonl" | tail -1 | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])')
   [[ $k == "$last" ]] || fail "$label: checkpoint $latest, but the last step logged is $last"
   ((k > 0 && k < steps)) || fail "$label: stopped at step $k of $steps, not mid-run (too fast?)"
-  grep -q 'stop signal received' "$out.log" || fail "$label: the signalled rank said nothing"
+  grep -Eq "SIG$sig: (stopping after this step|the ranks stop after this step)" "$out.log" ||
+    fail "$label: the signalled process said nothing"
   grep -q "stopped by a signal after step $k of $steps; checkpoint $latest saved: exiting with code 75" \
     "$out.log" || fail "$label: no stop message for step $k: $(tail -5 "$out.log")"
   grep -q '^ft: stopped early: ' "$out.log" || fail "$label: summary does not say 'stopped early'"

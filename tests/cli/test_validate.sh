@@ -81,7 +81,7 @@ has_err "bad.yaml:9:9: model.arch: gpt2 is not implemented yet (hint: use llama,
 has_err 'bad.yaml:11:10: data.train: "no_such_dir" does not exist'
 has_err "bad.yaml:13:3: training.stpes: unknown key (hint: did you mean training.steps?)"
 has_err "bad.yaml:14:21: training.micro_batch_size: expected an integer, got the number 2.5"
-has_err "bad.yaml:17:7: optimizer.lr: 0 is out of range: must be > 0"
+has_err "bad.yaml:17:7: optimizer.lr: 0 is out of range: must be in (0, 10000000000]"
 has_err "bad.yaml:19:9: scheduler.name: \"cosin\" is not one of constant, linear, cosine (hint: did you mean cosine?)"
 has_err "<command line>: training.bogus: unknown key in override"
 has_err "<command line>: nonsense: not a KEY=VALUE override"

@@ -148,8 +148,8 @@ for want in "job $job (restart 0)" "ft.sbatch: USR1: passing it on to the ranks"
             "ft: done: $((steps - k)) steps"; do
   grep -qF "$want" <<< "$out" || fail "batch job output lacks '$want': $out"
 done
-[[ $(grep -c 'stop signal received' <<< "$out") == 4 ]] ||
-  fail "USR1 did not reach each of the 4 ranks once: $(grep 'stop signal' <<< "$out" || true)"
+[[ $(grep -c 'SIGUSR1: stopping after this step' <<< "$out") == 4 ]] ||
+  fail "USR1 did not reach each of the 4 ranks once: $(grep 'SIGUSR1' <<< "$out" || true)"
 grep -q 'mpi world 4' <<< "$out" || fail "batch job: not 4 MPI ranks"
 [[ $(grep -c "^step $steps/$steps" <<< "$out") == 1 ]] || fail "batch job: progress not from rank 0 only"
 # Same layout as mpirun, and resume restores everything: equal, not close.

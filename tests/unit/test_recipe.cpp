@@ -11,6 +11,7 @@
 #include "ckpt/hf.h"
 #include "core/error.h"
 #include "recipe/recipe.h"
+#include "recipe/schema.h"
 #include "runtime/device.h"
 #include "temp_dir.h"
 
@@ -265,20 +266,49 @@ TEST_CASE("recipe: values out of range") {
     CHECK(i.line == line);
     CHECK(i.message == message);
   };
-  check("training.micro_batch_size", 12, "0 is out of range: must be >= 1");
-  check("training.grad_clip", 13, "-1 is out of range: must be >= 0");
-  check("optimizer.lr", 15, "0 is out of range: must be > 0");
+  check("training.micro_batch_size", 12, "0 is out of range: must be in [1, 16777216]");
+  check("training.grad_clip", 13, "-1 is out of range: must be in [0, 1000000000]");
+  check("optimizer.lr", 15, "0 is out of range: must be in (0, 10000000000]");
   check("optimizer.betas", 16, "beta2 = 1 is out of range: must be in [0, 1)");
-  check("optimizer.eps", 17, "-1e-8 is out of range: must be > 0");
-  check("optimizer.weight_decay", 18, "-0.1 is out of range: must be >= 0");
+  check("optimizer.eps", 17, "-1e-8 is out of range: must be in (0, 1]");
+  check("optimizer.weight_decay", 18, "-0.1 is out of range: must be in [0, 100]");
   check("scheduler.name", 20, "\"cosin\" is not one of constant, linear, cosine");
   check("parallel.zero_stage", 22, "4 is out of range: must be in [0, 3]");
   check("runtime.device", 23, "\"gpu\" is not one of auto, cpu, cuda");
-  check("checkpoint.keep_last", 24, "0 is out of range: must be >= 1");
+  check("checkpoint.keep_last", 24, "0 is out of range: must be in [1, 1000000]");
   CHECK(issue_for(r, "scheduler.name").hint == "did you mean cosine?");
   CHECK(issue_for(r, "optimizer.lr").hint == "e.g. lr: 0.0003");
   CHECK(issue_for(r, "parallel.zero_stage").column == 15);
   CHECK(r.issues.size() == 10);
+}
+
+TEST_CASE("recipe: every number has an upper bound too") {
+  // A bucket of 1e-9 MiB (one element: ~150x slower steps) or 1e300 MiB (past size_t) was
+  // accepted; every numeric key now has a range with both ends (DESIGN.md §5).
+  Scratch s;
+  const RecipeResult r = s.load(s.base() +
+                                "training: {steps: 10}\n"                             // 10
+                                "parallel: {reduce_bucket_mb: 1e300}\n"               // 11
+                                "checkpoint: {every_minutes: 1e300, keep_last: 2}\n"  // 12
+                                "runtime: {collective_timeout_s: 1e300}\n");          // 13
+  INFO(all_issues(r));
+  CHECK(issue_for(r, "parallel.reduce_bucket_mb").message ==
+        "1e300 is out of range: must be in [0.0009765625, 1048576]");
+  CHECK(issue_for(r, "checkpoint.every_minutes").message ==
+        "1e300 is out of range: must be in [0, 525600]");
+  CHECK(issue_for(r, "runtime.collective_timeout_s").line == 13);
+  CHECK(r.issues.size() == 3);
+  const RecipeResult tiny = s.load(s.base() +
+                                   "training: {steps: 10}\n"
+                                   "parallel: {reduce_bucket_mb: 1e-9}\n");
+  CHECK(issue_for(tiny, "parallel.reduce_bucket_mb").message ==
+        "1e-9 is out of range: must be in [0.0009765625, 1048576]");
+  using namespace ft::recipe_internal;
+  for (const KeySpec& k : schema()) {
+    if (k.kind != Kind::kInt && k.kind != Kind::kInt64 && k.kind != Kind::kFloat) continue;
+    INFO(k.path);
+    CHECK(k.range.hi.has_value());
+  }
 }
 
 TEST_CASE("recipe: integers too large for their field") {
@@ -372,7 +402,7 @@ TEST_CASE("recipe: rules across keys") {
     // n_heads: 0 is out of range; dim % n_heads must not then be checked (nor divide by 0).
     const RecipeResult r = s.load(s.base(), {"model.n_heads=0"});
     CHECK(r.issues.size() == 1);
-    CHECK(issue_for(r, "model.n_heads").message == "0 is out of range: must be >= 1");
+    CHECK(issue_for(r, "model.n_heads").message == "0 is out of range: must be in [1, 65536]");
   }
 }
 
@@ -480,15 +510,15 @@ TEST_CASE("recipe: fp16 loss scaling keys: defaults, ranges, powers of two") {
   };
   check("training.loss_scale", 11, "1000 is not a power of two",
         "scaling by a power of two is exact; use 512 or 1024");
-  check("training.loss_scale_window", 12, "0 is out of range: must be >= 1",
+  check("training.loss_scale_window", 12, "0 is out of range: must be in [1, 1e+15]",
         "e.g. loss_scale_window: 1000");
   check("training.initial_loss_scale", 13, "0 is out of range: must be in (0, 4294967296]",
         "e.g. initial_loss_scale: 65536");
   check("training.min_loss_scale", 14, "0.3 is not a power of two",
         "scaling by a power of two is exact; use 0.25 or 0.5");
-  check("training.loss_scale_hysteresis", 15, "0 is out of range: must be >= 1",
+  check("training.loss_scale_hysteresis", 15, "0 is out of range: must be in [1, 1000000]",
         "e.g. loss_scale_hysteresis: 2");
-  check("training.max_skipped_steps", 16, "-1 is out of range: must be >= 1",
+  check("training.max_skipped_steps", 16, "-1 is out of range: must be in [1, 1e+15]",
         "e.g. max_skipped_steps: 100");
   CHECK(r.issues.size() == 6);
 
@@ -544,7 +574,8 @@ TEST_CASE("recipe: fp16 loss scaling keys act only with fp16, which one warning 
   const RecipeResult fp16 = s.load(s.base() +
                                    "training: {precision: fp16, loss_scale_window: 0, "
                                    "loss_scale: 64, initial_loss_scale: 1024}\n");
-  CHECK(issue_for(fp16, "training.loss_scale_window").message == "0 is out of range: must be >= 1");
+  CHECK(issue_for(fp16, "training.loss_scale_window").message ==
+        "0 is out of range: must be in [1, 1e+15]");
   CHECK(fp16.issues.size() == 1);
   // A static scale ignores the dynamic keys: said once, for those without an error of their own.
   REQUIRE(fp16.warnings.size() == 1);
