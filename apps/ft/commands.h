@@ -19,6 +19,9 @@ int cmd_train(const TrainArgs& a);
 struct ValidateArgs {
   std::string recipe;
   std::vector<std::string> overrides;
+  int world = 0;  // --world N: the job's ranks (0: the smallest world the layout needs)
+  int nproc = 0;  // --nproc N: N ranks on this machine
+  std::string resume = "auto";
 };
 int cmd_validate(const ValidateArgs& a);
 

@@ -137,6 +137,21 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::ExistingFile);
   v->add_option("overrides", validate.overrides, "Dotted recipe overrides, e.g. model.dim=512");
+  v->add_option("--world", validate.world,
+                "Check for a job of N ranks (as srun -n N or mpirun -np N starts it), one per "
+                "node (default: the smallest world the layout needs)")
+      ->check(CLI::Range(1, 1 << 20));
+  v->add_option("--nproc", validate.nproc,
+                "Check for `ft train --nproc N`: N ranks on this machine, sharing its memory")
+      ->check(CLI::Range(1, 1 << 20));
+  v->add_option("--resume", validate.resume,
+                "As ft train's --resume: auto (default), never, or a checkpoint PATH");
+  v->footer(
+      "Checks the recipe (every problem at once, with file, line and key), then what ft train\n"
+      "would refuse at its start-up on this machine: the run folder in use by another job, the\n"
+      "device, memory (ft plan's peak per rank), the checkpoint --resume would take, the\n"
+      "tokenizer and every shard, the output folders, runtime.communicator. Same messages as\n"
+      "ft train; nothing is created or written. Exit 0 when ft train would start, 2 otherwise.");
 
   TokenizeArgs tok;
   auto* k = app.add_subcommand("tokenize", "Tokenize text or JSONL files into HDF5 token shards");

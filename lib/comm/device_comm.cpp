@@ -11,25 +11,37 @@ const NcclBackend* g_nccl = nullptr;
 void register_nccl_backend(const NcclBackend* backend) { g_nccl = backend; }
 const NcclBackend* nccl_backend() { return g_nccl; }
 
+namespace {
+
+// Why NCCL cannot serve `dev` ("" when it can).
+std::string nccl_unusable_reason(Device& dev) {
+  if (dev.kind() != DeviceKind::kCuda) return "the device is " + dev.name() + ", not a GPU";
+  if (!g_nccl)
+    return "this build of ft has no NCCL (configure with FT_NCCL=ON where nccl.h is installed)";
+  return g_nccl->unusable_reason(dev);
+}
+
+}  // namespace
+
+std::string device_world_refusal(const std::string& choice, Device& dev) {
+  if (choice == "mpi" || choice == "auto") return "";
+  if (choice != "nccl")
+    return "runtime.communicator: unknown value '" + choice + "' (auto, nccl or mpi)";
+  const std::string why = nccl_unusable_reason(dev);
+  if (why.empty()) return "";
+  return "runtime.communicator: nccl: " + why +
+         " (hint: runtime.communicator: auto falls back to MPI)";
+}
+
+bool device_world_uses_nccl(const std::string& choice, int world_size, Device& dev) {
+  return choice != "mpi" && world_size > 1 && nccl_unusable_reason(dev).empty();
+}
+
 std::unique_ptr<Communicator> make_device_world(const std::string& choice, Communicator& world,
                                                 Device& dev) {
-  if (choice == "mpi") return nullptr;
-  std::string why;
-  if (dev.kind() != DeviceKind::kCuda)
-    why = "the device is " + dev.name() + ", not a GPU";
-  else if (!g_nccl)
-    why = "this build of ft has no NCCL (configure with FT_NCCL=ON where nccl.h is installed)";
-  else
-    why = g_nccl->unusable_reason(dev);
-  if (choice == "nccl") {
-    if (!why.empty())
-      throw Error("runtime.communicator: nccl: " + why +
-                  " (hint: runtime.communicator: auto falls back to MPI)");
-  } else if (choice != "auto") {
-    throw Error("runtime.communicator: unknown value '" + choice + "' (auto, nccl or mpi)");
-  } else if (!why.empty() || world.size() == 1) {
-    return nullptr;
-  }
+  if (const std::string refusal = device_world_refusal(choice, dev); !refusal.empty())
+    throw UsageError(refusal);
+  if (!device_world_uses_nccl(choice, world.size(), dev)) return nullptr;
   return g_nccl->make_world(world, dev);
 }
 

@@ -52,9 +52,14 @@ void answer_watchdog_requests();
 [[noreturn]] void report_device_hang(const std::string& label, const WatchStep& at, double waited_s,
                                      double timeout_s);
 
-// runtime.communicator (DESIGN §5): "mpi" never uses NCCL; "nccl" must (an ft::Error saying why
-// it cannot); "auto" uses it when the world has more than one rank, the device is a GPU and
-// NCCL is usable. Returns the NCCL world, or null for host staging over MPI.
+// runtime.communicator (DESIGN §5): "mpi" never uses NCCL; "nccl" must (a UsageError saying why
+// it cannot: device_world_refusal); "auto" uses it when the world has more than one rank, the
+// device is a GPU and NCCL is usable. Returns the NCCL world, or null for host staging over MPI.
+// Why make_device_world would refuse `choice` on `dev` ("" when it would not), without making
+// anything: ft validate's and ft train's start-up check (train/preflight.h).
+std::string device_world_refusal(const std::string& choice, Device& dev);
+// Whether make_device_world makes an NCCL world for `world_size` ranks (else host staging).
+bool device_world_uses_nccl(const std::string& choice, int world_size, Device& dev);
 std::unique_ptr<Communicator> make_device_world(const std::string& choice, Communicator& world,
                                                 Device& dev);
 

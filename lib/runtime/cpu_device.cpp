@@ -211,7 +211,7 @@ std::unique_ptr<Device> make_device(const std::string& spec, const DeviceOptions
       if (spec == "cuda")
         throw Error("runtime.device: cuda requested, but " + why +
                     "; use runtime.device: cpu (or auto) to train on the CPU");
-      if (cuda::world_rank_hint() == 0)
+      if (cuda::world_rank_hint() == 0 && !options.quiet)
         log_info("ft: runtime.device: auto: training on the CPU, no usable GPU (", why, ")");
     }
   } else if (spec == "cuda") {

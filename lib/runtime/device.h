@@ -161,6 +161,8 @@ struct DeviceOptions {
   // runtime.tf32: fp32 GEMMs may round their inputs to TF32 (CUDA, cuBLASLt's
   // CUBLAS_COMPUTE_32F_FAST_TF32). The CPU has no TF32 and ignores it.
   bool allow_tf32 = false;
+  // "auto" without a usable GPU: say nothing of it (ft validate), instead of one line on stderr.
+  bool quiet = false;
 };
 
 // "auto" | "cpu" | "cuda". "cuda" is the GPU of this rank's node-local rank (runtime/cuda/

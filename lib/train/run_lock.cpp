@@ -120,7 +120,7 @@ RunLock RunLock::acquire(const std::vector<std::pair<std::string, std::string>>&
     }
     if (ec || !fs::is_directory(dir)) {
       throw Error(key + " " + dir + " cannot be created: " +
-                  (ec ? ec.message() : std::string("a file of that name exists")) +
+                  (ec ? ec.message() : std::string(std::strerror(EEXIST))) +
                   "; choose another " + key + " or fix its permissions");
     }
     const std::string path = (fs::path(dir) / kLockName).string();

@@ -50,6 +50,7 @@
 #include "runtime/profile.h"
 #include "train/metrics.h"
 #include "train/plan.h"
+#include "train/preflight.h"
 #include "train/run_lock.h"
 #include "train/setup.h"
 #include "train/step.h"
@@ -84,124 +85,6 @@ size_t peak_rss_bytes() {
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// data.pack needs attention that masks each document (runtime/op_list.h); on CUDA only the
-// fused kernel does, for bf16/fp16 at head dim 64 or 128. The device each rank made says whether
-// its attention can (its path, FT_CUDA_ATTENTION included): refused here, before any data or
-// weights are read, not by the first step's attention op. The ranks agree first, so that all of
-// them stop alike and rank 0 says why once. The recipe check (ft validate) refuses the shapes it
-// can tell from the recipe alone.
-void check_packing_device(const Recipe& r, Device& dev, Communicator& comm) {
-  if (!r.data.pack) return;
-  const int D = head_dim_of(r.model);
-  const std::string why = dev.ops().attention_segments_refusal(compute_dtype_of(r), D);
-  float refused = why.empty() ? 0.0f : 1.0f;
-  if (comm.size() > 1) comm.all_reduce_max(&refused, 1);
-  if (refused == 0) return;
-  throw AgreedError(
-      detail::concat(
-          r.source_path, ": data.pack: true on ", dev.name(),
-          " (runtime.device: ", r.runtime.device,
-          "): ", why.empty() ? "another rank's device cannot mask documents in attention" : why,
-          "; the recipe has training.precision ", r.training.precision, " and ",
-          head_dim_keys(r.model),
-          " (hint: training.precision: bf16 or fp16 with a head dim of 64 or 128, and "
-          "FT_CUDA_ATTENTION unset or fused; or runtime.device: cpu; or data.pack: false)"),
-      ExitCode::kUsage);
-}
-
-// Refuses a run whose `ft plan` peak does not fit the memory this rank has, before anything is
-// allocated: growing into the OS's out-of-memory killer (or a GPU's out-of-memory error) loses the
-// run without a word, and a run with n_layers: 1e9 would try. On the CPU the ranks on one node
-// share its memory; on a GPU (one per rank, gpu_choice.h) the comparison is with what the
-// driver says is free on it now, plus what the device's allocator already holds (the cuBLASLt
-// workspace, which the plan counts too); ranks sharing one GPU are not summed. A bound that
-// needs no counting comes first (plan.h state_lower_bound_bytes), so that a model far too large
-// is refused at once.
-void check_memory_fits(const Recipe& r, int world, int rank, Device& dev) {
-  if (const char* skip = std::getenv("FT_SKIP_MEMORY_CHECK"); skip && std::string(skip) == "1")
-    return;
-  const bool gpu = dev.kind() == DeviceKind::kCuda;
-  double avail = 0, total = 0;
-  int local = 1;
-  if (gpu) {
-    const Device::MemoryInfo info = dev.memory_info();
-    avail = double(info.free_bytes) + double(dev.stats().reserved_bytes);
-    total = double(info.total_bytes);
-  } else {
-    avail = double(available_memory_bytes());
-    local = local_rank_count();
-  }
-  if (avail == 0) return;  // nothing to compare with
-  int64_t need = state_lower_bound_bytes(r, world, rank);
-  const bool bound = double(need) * local > avail;
-  // The plan counts for an sm_90 GPU (the larger cuBLASLt workspace): at most 28 MiB above what
-  // an older GPU needs.
-  if (!bound)
-    need = plan_rank(r, world, rank,
-                     gpu ? PlanDevice{.cuda = true, .sm = 90, .why = "the GPU memory check"}
-                         : PlanDevice{})
-               .peak_bytes;
-  if (double(need) * local <= avail) return;
-  const std::string where =
-      gpu ? detail::concat(Progress::human_bytes(avail), " of ", Progress::human_bytes(total),
-                           " is free on ", dev.name())
-          : Progress::human_bytes(avail) + " of memory is available here";
-  throw Error(detail::concat(
-      "this run needs ", bound ? "at least " : "about ", Progress::human_bytes(double(need)),
-      " on rank ", rank,
-      local > 1 ? detail::concat(" (x ", local, " ranks on this node = ",
-                                 Progress::human_bytes(double(need) * local), ")")
-                : std::string(),
-      " by `ft plan`", bound ? " (its parameters, gradients and AdamW moments alone)" : "",
-      " for a model of ", model_param_count(r.model), " parameters, but only ", where,
-      "; nothing was allocated. Run `ft plan ", r.source_path, gpu ? " runtime.device=cuda" : "",
-      "` to see where it goes, then use more ", gpu ? "GPUs" : "ranks",
-      " with parallel.zero_stage 3 or parallel.tensor/pipeline, "
-      "training.activation_checkpointing, a smaller training.micro_batch_size or data.seq_len "
-      "(FT_SKIP_MEMORY_CHECK=1 starts anyway)"));
-}
-
-// Every rank writes its own shard files into checkpoint.dir: find a folder that cannot be
-// created or written now, not at the first save after hours of training.
-void check_checkpoint_dir_writable(const std::string& dir, int rank) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir)) {
-    throw Error(detail::concat("checkpoint.dir '", dir, "' cannot be created on rank ", rank, ": ",
-                               ec ? ec.message() : "a file of that name is in the way",
-                               "; choose another checkpoint.dir or fix its permissions"));
-  }
-  const fs::path probe = fs::path(dir) / detail::concat(".ft_write_test.", rank, ".", getpid());
-  FILE* f = std::fopen(probe.c_str(), "wb");
-  const bool ok = f && std::fputc('x', f) != EOF;
-  const int err = errno;
-  if (f) std::fclose(f);
-  fs::remove(probe, ec);
-  if (!ok) {
-    throw Error(detail::concat("checkpoint.dir '", dir, "' is not writable on rank ", rank, ": ",
-                               std::strerror(err),
-                               "; choose another checkpoint.dir or fix its permissions"));
-  }
-}
-
-// The validation loader: the first training.eval_batches global batches of data.valid, no
-// shuffle. Opened before training starts, so a broken validation set is reported up front.
-std::unique_ptr<DataLoader> open_eval_loader(const Recipe& r, const std::string& tokenizer_sha) {
-  LoaderOptions o;
-  o.dir = r.data.valid;
-  o.seq_len = r.data.seq_len;
-  o.shuffle = false;
-  o.seed = r.run.seed;
-  o.global_batch = r.training.global_batch_size;
-  o.rank_count = o.global_batch;
-  o.prefetch = 0;  // evaluation is rare: read on demand, no background thread
-  o.pack = r.data.pack;
-  o.pack_split = r.data.pack_overflow == "split";
-  o.expected_vocab = r.model.vocab_size;
-  o.expected_tokenizer_sha256 = tokenizer_sha;
-  return std::make_unique<DataLoader>(o);
 }
 
 // Token-weighted mean loss over the validation batches; every evaluation sees the same tokens.
@@ -271,63 +154,31 @@ void start_collective_watch(const Recipe& r) {
   set_watch_step(0, "start-up");
 }
 
-// Which checkpoints to resume from, newest first (empty: start afresh), decided before any work:
-// `--resume never` on a folder that holds checkpoints is refused here, or with
-// checkpoint.overwrite has them deleted.
-std::vector<std::string> checkpoints_to_resume(const Recipe& r, Communicator& comm,
-                                               const std::string& resume) {
-  const bool is_root = comm.rank() == 0;
-  std::vector<std::string> candidates = resume_candidates(r, resume, is_root);
-  if (resume == "never" && r.checkpoint.overwrite && ckpt::has_checkpoints(r.checkpoint.dir)) {
-    comm.barrier();  // every rank has looked before rank 0 deletes
-    if (is_root) {
-      log_warn("checkpoint.overwrite: deleting the checkpoints in ", r.checkpoint.dir);
-      std::error_code ec;
-      for (const auto& e : fs::directory_iterator(r.checkpoint.dir, ec)) {
-        const std::string name = e.path().filename().string();
-        if (name == "latest" || name.rfind("step_", 0) == 0) fs::remove_all(e.path(), ec);
-      }
-    }
+// `--resume never` with checkpoint.overwrite: rank 0 deletes the checkpoints of checkpoint.dir
+// (its step folders and `latest`; ft.lock stays), once every rank has chosen where to start.
+void delete_for_overwrite(const Recipe& r, Communicator& comm, const std::string& resume) {
+  if (resume != "never" || !r.checkpoint.overwrite || !ckpt::has_checkpoints(r.checkpoint.dir))
+    return;
+  comm.barrier();  // every rank has looked before rank 0 deletes
+  if (comm.rank() != 0) return;
+  log_warn("checkpoint.overwrite: deleting the checkpoints in ", r.checkpoint.dir);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(r.checkpoint.dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == "latest" || name.rfind("step_", 0) == 0) fs::remove_all(e.path(), ec);
   }
-  return candidates;
-}
-
-// The training loader: this rank's slice of every global batch (its data rank's accum
-// micro-batches; tensor and pipeline ranks of one data rank read the same samples).
-LoaderOptions train_loader_options(const Recipe& r, const Mesh& mesh, int accum,
-                                   const std::string& tokenizer_sha) {
-  LoaderOptions lo;
-  lo.dir = r.data.train;
-  lo.seq_len = r.data.seq_len;
-  lo.shuffle = r.data.shuffle;
-  lo.seed = r.run.seed;
-  lo.global_batch = r.training.global_batch_size;
-  lo.rank_count = int64_t(r.training.micro_batch_size) * accum;
-  lo.rank_offset = int64_t(mesh.d) * lo.rank_count;
-  lo.prefetch = r.data.prefetch;
-  lo.pack = r.data.pack;
-  lo.pack_split = r.data.pack_overflow == "split";
-  lo.expected_vocab = r.model.vocab_size;
-  lo.expected_tokenizer_sha256 = tokenizer_sha;
-  return lo;
 }
 
 // run.output_dir with the resolved recipe in it (rank 0), and a checkpoint.dir that every rank
 // can write when the run saves.
-void prepare_outputs(const Recipe& r, Communicator& comm) {
-  if (comm.rank() == 0) {
-    std::error_code ec;
-    fs::create_directories(r.run.output_dir, ec);
-    if (ec || !fs::is_directory(r.run.output_dir))
-      throw Error("cannot create run.output_dir '" + r.run.output_dir +
-                  "': " + (ec ? ec.message() : "a file of that name exists") +
-                  "; choose another run.output_dir");
-    const fs::path saved = fs::path(r.run.output_dir) / "recipe.yaml";
-    std::ofstream(saved) << recipe_to_yaml(r);
-    if (!fs::exists(saved)) throw Error("cannot write " + saved.string());
-  }
-  if (r.checkpoint.every_steps > 0 || r.checkpoint.every_minutes > 0)
-    check_checkpoint_dir_writable(r.checkpoint.dir, comm.rank());
+void prepare_outputs(const Recipe& r, int rank) {
+  check_run_folders_writable(r, rank, /*create=*/true);
+  if (rank != 0) return;
+  const fs::path saved = fs::path(r.run.output_dir) / "recipe.yaml";
+  std::ofstream(saved) << recipe_to_yaml(r);
+  if (!fs::exists(saved))
+    throw Error("run.output_dir " + r.run.output_dir + ": cannot write " + saved.string() +
+                "; choose another run.output_dir or fix its permissions");
 }
 
 // Tied embeddings across stages: the first stage's embedding and the last stage's head are one
@@ -747,9 +598,17 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   if (const char* sig = std::getenv("FT_TEST_SIGNAL_AT_STARTUP"))
     std::raise(std::string(sig) == "TERM" ? SIGTERM : SIGINT);
   const int threads = configure_threads(r.runtime.threads);
-  std::unique_ptr<Device> dev =
-      make_device(r.runtime.device, DeviceOptions{.allow_tf32 = r.runtime.tf32});
-  check_packing_device(r, *dev, comm);
+  // The start-up checks (preflight.h, which ft validate runs too), each agreed by every rank
+  // before any stops: one message, the refusal's exit code, no abort.
+  std::unique_ptr<Device> dev;
+  refuse_together(comm, refusal_of([&] {
+                    dev =
+                        make_device(r.runtime.device, DeviceOptions{.allow_tf32 = r.runtime.tf32});
+                  }));
+  refuse_together(comm, refusal_of([&] {
+                    check_packing_device(r, *dev);
+                    check_device_world(r, *dev, comm.size());
+                  }));
 
   // The mesh (DESIGN.md §3): data-parallel ranks split the batch, tensor-parallel ranks split
   // each layer and see the same samples.
@@ -761,23 +620,33 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   Communicator* pipe_comm = mesh.pipeline > 1 ? mesh.pipeline_comm.get() : nullptr;
   const int accum = grad_accum_steps(r, comm.size());
   start_collective_watch(r);
-  check_memory_fits(r, comm.size(), comm.rank(), *dev);
-  const std::vector<std::string> candidates = checkpoints_to_resume(r, comm, resume);
+  refuse_together(comm, refusal_of([&] {
+                    check_memory_fits(r, comm.size(), comm.rank(), local_rank_count(), *dev);
+                  }));
+  std::vector<std::string> candidates;
+  refuse_together(comm,
+                  refusal_of([&] { candidates = checked_resume_candidates(r, resume, is_root); }));
+  delete_for_overwrite(r, comm, resume);
 
   // Everything that can be wrong with the inputs is checked before the model is built or any
   // output is written: the tokenizer, every training and validation shard.
   std::string tokenizer_sha;
-  if (!r.tokenizer.path.empty())
-    tokenizer_sha = sha256_file_hex(resolve_tokenizer_file(r.tokenizer.path));
-  DataLoader loader(train_loader_options(r, mesh, accum, tokenizer_sha));
+  std::unique_ptr<DataLoader> train_loader, eval_loader;
+  const bool do_eval = !r.data.valid.empty() && r.training.eval_every_steps > 0;
+  refuse_together(
+      comm, refusal_of([&] {
+        tokenizer_sha = tokenizer_sha_of(r);
+        train_loader =
+            std::make_unique<DataLoader>(train_loader_options(r, mesh.d, accum, tokenizer_sha));
+        if (do_eval)
+          eval_loader = std::make_unique<DataLoader>(eval_loader_options(r, tokenizer_sha));
+      }));
+  DataLoader& loader = *train_loader;
   if (is_root && int64_t(loader.samples_per_epoch()) < r.training.global_batch_size)
     log_warn("data.train has ", loader.samples_per_epoch(), " samples of ", r.data.seq_len,
              " tokens, fewer than one global batch (", r.training.global_batch_size,
              "): every step repeats samples");
-  const bool do_eval = !r.data.valid.empty() && r.training.eval_every_steps > 0;
-  std::unique_ptr<DataLoader> eval_loader;
-  if (do_eval) eval_loader = open_eval_loader(r, tokenizer_sha);
-  prepare_outputs(r, comm);
+  refuse_together(comm, refusal_of([&] { prepare_outputs(r, comm.rank()); }));
   run_lock.keep();  // the run folder now holds this run's recipe.yaml
 
   // Model, ZeRO, the pipeline schedule, AdamW, the loss scaler (train/setup.h). They hand
@@ -790,12 +659,6 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       make_device_world(r.runtime.communicator, comm, *dev);
   Mesh nccl_mesh;
   if (nccl_world) nccl_mesh = make_mesh(*nccl_world, r.parallel.tensor, r.parallel.pipeline);
-  if (r.parallel.reduce_dtype != "fp32" && mesh.data > 1 && !nccl_world)
-    throw Error(
-        "parallel.reduce_dtype: " + r.parallel.reduce_dtype +
-        " sums gradients through NCCL between GPUs, and this run exchanges them over MPI (" +
-        dev->name() + ", runtime.communicator: " + r.runtime.communicator +
-        "), which sums fp32 only (hint: parallel.reduce_dtype: fp32)");
   const std::unique_ptr<Communicator> tied_holders =
       tied_holders_group(r, nccl_world ? *nccl_world : comm, mesh, *dev, nccl_world != nullptr);
   DeviceGroups groups;

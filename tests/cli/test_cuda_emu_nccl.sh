@@ -175,7 +175,8 @@ grep -q 'staged through host memory$' "$tmp/mpi_dp2_z2.log" \
 compare "$tmp/mpi_dp2_z2" "$tmp/nccl_dp2_z2_fp32" 1e-6 1e-5 || fail "NCCL and MPI differ"
 
 # NCCL needs GPUs: asked for on the CPU it is refused by name, by the recipe's validation
-# (runtime.device=cpu, exit 2) and when auto chose the CPU (ft here, with no GPU: exit 1); auto
+# (runtime.device=cpu, exit 2) and when auto chose the CPU (ft here, with no GPU: exit 2, every
+# rank agreeing before any work, rank 0's one message, no MPI abort: train/preflight.h); auto
 # falls back to MPI.
 FT_CUDA_EMU_DEVICES=2 mpirun "${mpirun_args[@]}" -np 2 "$emu" train "$tmp/r.yaml" \
   run.output_dir="$tmp/cpu_nccl" runtime.device=cpu runtime.communicator=nccl \
@@ -186,6 +187,7 @@ if [[ ! -e /dev/nvidia0 ]]; then
   mpirun "${mpirun_args[@]}" -np 2 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/auto_nccl" \
     runtime.communicator=nccl > "$tmp/auto_nccl.log" 2>&1 \
     && fail "runtime.communicator=nccl without a GPU was not refused"
+  grep -q 'MPI_ABORT' "$tmp/auto_nccl.log" && fail "the refusal aborted the job: $(cat "$tmp/auto_nccl.log")"
   grep -q 'runtime.communicator: nccl: the device is cpu, not a GPU' "$tmp/auto_nccl.log" \
     || fail "the refusal does not say why: $(grep -m2 rror "$tmp/auto_nccl.log")"
 fi

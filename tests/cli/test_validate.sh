@@ -4,7 +4,9 @@
 # Usage: test_validate.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 cd "$tmp"  # relative paths in recipes resolve against the current directory
-mkdir shards
+# Shards every recipe below can train on: ft validate checks them as ft train does.
+/usr/bin/python3 "$src/tests/ref/make_shards.py" shards --vocab 256 --samples 16 --seq-len 64 \
+  --seed 1 > /dev/null
 fail() { fail_showing_output "$@"; }
 run_ft() { run_rc "$1" "$ft" "${@:2}"; }  # WANT_RC ARGS...: stdout, stderr in out.txt, err.txt
 
@@ -193,7 +195,13 @@ run_ft 2 validate from.yaml
 has_err "model.vocab_size 300 (vocab_size in hf/config.json) is smaller than the 320 pieces of tokenizer tok.model"
 run_ft 2 validate good.yaml tokenizer.path=tok.model
 has_err "model.vocab_size 256 is smaller than the 320 pieces of tokenizer tok.model"
-run_ft 0 validate good.yaml tokenizer.path=tok.model model.vocab_size=320
+# The shards must come from that tokenizer (their tokenizer_sha256), as ft train checks ...
+run_ft 2 validate good.yaml tokenizer.path=tok.model model.vocab_size=320
+has_err "shards/shard_00000.h5: tokenizer_sha256 0000000000000000000000000000000000000000000000000000000000000000 differs from the sha256 of the recipe's tokenizer"
+# ... and with shards it wrote, the recipe is good.
+"$ft" tokenize --tokenizer tok.model --input corpus.txt --output tok_shards > /dev/null 2>&1 ||
+  fail "ft tokenize of corpus.txt failed"
+run_ft 0 validate good.yaml tokenizer.path=tok.model model.vocab_size=320 data.train=tok_shards
 echo "ok: model.from refusals"
 
 echo "test_validate: OK"
