@@ -10,9 +10,12 @@
 #if FT_CUDA_BACKEND
 #include "runtime/cuda/cuda_device.h"
 #endif
+#include "apps/ft/cli_checks.h"
 #include "apps/ft/commands.h"
 #include "comm/device_comm.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "core/json_describe.h"
 #include "core/log.h"
 #include "data/shard.h"
 #include "kernels/kernels.h"
@@ -217,21 +220,21 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"nvlink", "pcie"}));
   plan->add_option("--nvlink-gbps", plan_args.nvlink_gbps,
                    "NVLink bus bandwidth per GPU, GB/s (default 450: H100 SXM, NVLink 4)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_in(0, 1e6, true));
   plan->add_option("--pcie-gbps", plan_args.pcie_gbps,
                    "PCIe bus bandwidth per GPU, GB/s (default 50: Gen5 x16)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_in(0, 1e6, true));
   plan->add_option("--ib-gbps", plan_args.ib_gbps,
                    "InfiniBand bus bandwidth per GPU, GB/s (default 40: one 400 Gb/s NDR "
                    "port per GPU)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_in(0, 1e6, true));
   plan->add_option("--latency-us", plan_args.latency_us,
                    "Time of a collective call besides its bytes, microseconds (default 20)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_in(0, 1e9));
   plan->add_option("--tflops", plan_args.tflops,
                    "Achieved compute throughput per GPU, TFLOP/s (default 400: bf16 on an H100 "
                    "at ~40% of its 989 peak)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_in(0, 1e9, true));
   plan->footer(
       "Prints, per distinct rank role, the device memory for parameters, gradients, optimizer\n"
       "state, activations and communication buffers, and the bytes each rank sends per step, with\n"
@@ -326,9 +329,25 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ft: error: %s\n", e.what());
     ft::note_job_cause(e.what());
     return int(e.code());
+  } catch (const std::bad_alloc&) {
+    const char* msg =
+        "out of memory (an allocation failed); `ft plan` shows what a run needs, and a smaller "
+        "model, micro-batch or sequence, or more ranks, needs less";
+    std::fprintf(stderr, "ft: error: %s\n", msg);
+    ft::note_job_cause(msg);
+    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ft: error: %s\n", e.what());
-    ft::note_job_cause(e.what());
+    // Every failure a user can cause is an ft::Error with a message written for them; anything
+    // else reaching here is a bug, said as one (without a library's error code).
+    std::string what = e.what();
+    if (const auto* j = dynamic_cast<const nlohmann::json::exception*>(&e))
+      what = ft::json_error_words(*j);
+    const std::string msg =
+        "internal error (a bug in ft: please report it with the command, its output and `ft "
+        "--version`): " +
+        ft::excerpt(what, 300);
+    std::fprintf(stderr, "ft: error: %s\n", msg.c_str());
+    ft::note_job_cause(msg);
     return 1;
   }
 }

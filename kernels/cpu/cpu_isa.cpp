@@ -12,9 +12,10 @@ CpuIsa parse_cpu_isa(const char* value, CpuIsa supported) {
   if (!value || !*value) return supported;
   for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2, CpuIsa::avx512_bf16}) {
     if (std::string(value) != cpu_isa_name(isa)) continue;
-    FT_CHECK(isa <= supported, "FT_CPU_ISA=", value, ": this CPU runs at most ",
-             cpu_isa_name(supported), "; choose one of baseline, avx2, avx512_bf16 up to it, or ",
-             "unset FT_CPU_ISA for the highest");
+    if (isa > supported)
+      FT_FAIL("FT_CPU_ISA=", value, ": this CPU runs at most ", cpu_isa_name(supported),
+              "; choose one of baseline, avx2, avx512_bf16 up to it, or unset FT_CPU_ISA for the "
+              "highest");
     return isa;
   }
   FT_FAIL("FT_CPU_ISA=", value, " is not an instruction set of ft's CPU kernels: choose one of ",

@@ -12,6 +12,7 @@
 #include "ckpt/checkpoint_internal.h"
 #include "ckpt/io.h"
 #include "core/error.h"
+#include "core/files.h"
 
 namespace ft::ckpt {
 namespace fs = std::filesystem;
@@ -89,7 +90,12 @@ std::string latest_checkpoint(const std::string& dir) {
     throw Error(p.string() +
                 ": does not name a step folder; delete it to resume from the newest "
                 "complete checkpoint");
-  return (fs::path(dir) / name).string();
+  const fs::path folder = fs::path(dir) / name;
+  if (!fs::is_directory(folder))
+    throw Error(p.string() + " names " + excerpt(name, 60) + ", which is not in " + dir +
+                " (deleted or moved?); give a step_* folder by its path, or delete `latest` "
+                "to resume from the newest complete checkpoint");
+  return folder.string();
 }
 
 bool has_checkpoints(const std::string& dir) {

@@ -18,6 +18,7 @@
 
 #include "ckpt/hf.h"
 #include "core/error.h"
+#include "core/json_describe.h"
 #include "model/rope.h"
 
 namespace ft {
@@ -420,7 +421,7 @@ HfConfigRead read_hf_config_located(const std::string& dir) {
   } catch (const json::exception& e) {
     // parse_error for bad syntax; out_of_range for a number beyond a double (1e999), which
     // would otherwise escape as an exception no caller expects.
-    throw UsageError(file + ": not valid JSON (" + e.what() + ")");
+    throw UsageError(file + ": not valid JSON (" + json_error_words(e) + ")");
   }
   if (!j.is_object()) throw UsageError(file + ": expected a JSON object at the top level");
 

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/files.h"
 
 namespace ft::ckpt {
 namespace fs = std::filesystem;
@@ -77,11 +78,13 @@ void write_file_atomic(const std::string& path, const std::string& text) {
 }
 
 std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("cannot read " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  // A checkpoint's text files (latest, manifests, the tokenizer copied in) are regular files of
+  // bounded size; anything else makes the checkpoint damaged (exit 1), not bad input.
+  try {
+    return read_bounded_file(path, kMaxManifestBytes, "checkpoint file");
+  } catch (const UsageError& e) {
+    throw Error(e.what());
+  }
 }
 
 }  // namespace ft::ckpt

@@ -211,7 +211,7 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
   try {
     m.json = json::parse(text);
   } catch (const json::exception& e) {
-    throw Error(path + ": not valid JSON (" + e.what() + "); the checkpoint is damaged");
+    throw Error(path + ": not valid JSON (" + json_error_words(e) + "); the checkpoint is damaged");
   }
   const json& j = r.object(m.json, "the document");
   if (!j.contains("format") || j["format"] != "ft-checkpoint")
@@ -434,7 +434,7 @@ RankRecord parse_rank_json(const std::string& text, const std::string& path) {
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    throw Error(path + ": not valid JSON (" + e.what() + "); the checkpoint is damaged");
+    throw Error(path + ": not valid JSON (" + json_error_words(e) + "); the checkpoint is damaged");
   }
   RankRecord rr;
   rr.rank = int(r.int_at(j, "", "rank", 0, kMaxRanks - 1));

@@ -39,12 +39,18 @@ std::string concat(Args&&... args) {
 
 }  // namespace ft
 
-// FT_CHECK(cond, parts...): throws ft::Error with file:line and the streamed parts.
-#define FT_CHECK(cond, ...)                                                              \
-  do {                                                                                   \
-    if (!(cond))                                                                         \
-      throw ::ft::Error(::ft::detail::concat(__VA_ARGS__, " [", __FILE__, ":", __LINE__, \
-                                             ", check `", #cond, "`]"));                 \
+// FT_CHECK(cond, parts...): an invariant of ft's own code, never a check of a user's input (that
+// throws UsageError or Error with a message written for the user: what, where, what to do). A
+// broken one is a bug: the message says "internal error", what to report, the streamed parts,
+// and the source file and line (for the report; a user-reachable failure never shows them,
+// ctest cli_test_error_messages).
+#define FT_CHECK(cond, ...)                                                                     \
+  do {                                                                                          \
+    if (!(cond))                                                                                \
+      throw ::ft::Error(::ft::detail::concat(                                                   \
+          "internal error (a bug in ft: please report it with the command, its output and `ft " \
+          "--version`): ",                                                                      \
+          __VA_ARGS__, " [", __FILE_NAME__, ":", __LINE__, ", check `", #cond, "`]"));          \
   } while (0)
 
 #define FT_FAIL(...) throw ::ft::Error(::ft::detail::concat(__VA_ARGS__))

@@ -1,9 +1,13 @@
 // How a JSON value reads in an error message ("the string \"abc\"", "an object", "1.5"), for
-// readers that check untrusted JSON (checkpoint manifests, the loss scaler's saved state).
+// readers that check untrusted JSON (checkpoint manifests, the loss scaler's saved state); and
+// what a JSON library error says, in words (no "[json.exception.parse_error.101]" code, at most a
+// short excerpt of the input).
 #pragma once
 
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "core/files.h"
 
 namespace ft {
 
@@ -19,6 +23,26 @@ inline std::string describe_json_value(const nlohmann::json& v) {
   }
   if (v.is_number_float()) return "the non-integer " + v.dump();
   return v.dump();
+}
+
+// nlohmann's message without its "[json.exception.KIND.NNN] " code, and the input it quotes
+// ("last read: '...'") cut to a short excerpt: "parse error at line 3, column 17: syntax error
+// while parsing object - invalid literal; last read: \"tru\"".
+inline std::string json_error_words(const nlohmann::json::exception& e) {
+  std::string w = e.what();
+  if (w.rfind("[json.exception.", 0) == 0) {
+    const size_t close = w.find("] ");
+    if (close != std::string::npos) w = w.substr(close + 2);
+  }
+  const std::string quote = "; last read: '";
+  if (const size_t q = w.find(quote); q != std::string::npos) {
+    std::string read = w.substr(q + quote.size());
+    if (!read.empty() && read.back() == '\'') read.pop_back();
+    // The library quotes what it read of the token, which can be the whole of a long line.
+    const size_t keep = read.size() > 40 ? read.size() - 40 : 0;
+    w = w.substr(0, q) + "; last read: " + (keep ? "…" : "") + excerpt(read.substr(keep), 40);
+  }
+  return w;
 }
 
 }  // namespace ft

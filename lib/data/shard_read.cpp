@@ -15,6 +15,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "data/shard.h"
 #include "data/shard_internal.h"
 
@@ -31,6 +32,11 @@ std::vector<std::string> list_shard_files(const std::string& dir) {
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(dir, ec))
     if (e.path().extension() == ".h5") files.push_back(e.path().string());
+  // Each is a regular file, checked before anything opens it (a FIFO would block libhdf5's open
+  // in the check child until its time limit; a device is no shard).
+  for (const std::string& f : files)
+    check_regular_file(f, kMaxShardBytes, "shard",
+                       "a shard folder holds the *.h5 files `ft tokenize` writes");
   if (ec) FT_FAIL(dir, ": cannot list the folder: ", ec.message());
   if (files.empty())
     FT_FAIL(dir, ": no *.h5 shard files; create them with `ft tokenize --output ", dir, " ...`");
@@ -227,6 +233,14 @@ void ShardSet::read(size_t shard, uint64_t start, uint64_t count, int32_t* token
       read_library(o.mask.get(), o.mask_space.get(), H5T_NATIVE_UINT8, mask, "loss_mask");
     else
       pread_values(o.fd, info.loss_mask, start, count, mask, info.path, "loss_mask");
+    // A mask is 0 or 1: another value would scale that target's loss (DESIGN.md §6).
+    for (uint64_t i = 0; i < count; ++i)
+      if (mask[i] > 1)
+        throw UsageError(detail::concat(info.path, ": loss_mask value ", int(mask[i]), " at index ",
+                                        start + i,
+                                        " (loss_mask holds 0 or 1: whether the target at that "
+                                        "position is trained on); fix the shard's writer, or "
+                                        "re-create it with `ft tokenize`"));
   }
 }
 

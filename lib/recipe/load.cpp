@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/files.h"
 #include "core/utf8.h"
 #include "recipe/loader.h"
 #include "recipe/schema.h"
@@ -132,17 +133,29 @@ std::string describe(const YAML::Node& n) {
 // Stage 1: the YAML file → sections_ and settings_. False when the file as a whole is
 // unusable (unreadable, not YAML, not a mapping).
 bool Loader::read_file() {
+  // Checked before it is opened: opening a FIFO would wait for a writer, and a device or a
+  // huge file is no recipe.
+  const std::string kind = file_kind(path_);
+  if (kind == "missing") {
+    issue({path_, 0, 0}, "", "no such file", "check the path");
+    return false;
+  }
+  if (kind == "a folder") {
+    issue({path_, 0, 0}, "", "this is a folder, not a recipe file",
+          "give the path of a .yaml file, e.g. recipes/quickstart.yaml");
+    return false;
+  }
+  if (kind != "a regular file") {
+    issue({path_, 0, 0}, "", "this is " + kind + ", not a recipe file",
+          "give the path of a .yaml file, e.g. recipes/quickstart.yaml");
+    return false;
+  }
   std::ifstream in(path_, std::ios::binary);
   if (!in) {
     issue({path_, 0, 0}, "", "cannot read the recipe file", "check the path and permissions");
     return false;
   }
-  if (std::filesystem::is_directory(path_)) {
-    issue({path_, 0, 0}, "", "this is a folder, not a recipe file",
-          "give the path of a .yaml file, e.g. recipes/quickstart.yaml");
-    return false;
-  }
-  // Read at most one byte past the limit: a device or a pipe has no size to ask for first.
+  // Read at most one byte past the limit: the file may grow while it is read.
   std::string text(kMaxRecipeBytes + 1, '\0');
   in.read(text.data(), std::streamsize(text.size()));
   text.resize(size_t(in.gcount()));

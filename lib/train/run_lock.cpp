@@ -120,8 +120,8 @@ RunLock RunLock::acquire(const std::vector<std::pair<std::string, std::string>>&
     }
     if (ec || !fs::is_directory(dir)) {
       throw Error(key + " " + dir + " cannot be created: " +
-                  (ec ? ec.message() : std::string(std::strerror(EEXIST))) +
-                  "; choose another " + key + " or fix its permissions");
+                  (ec ? ec.message() : std::string(std::strerror(EEXIST))) + "; choose another " +
+                  key + " or fix its permissions");
     }
     const std::string path = (fs::path(dir) / kLockName).string();
     h.fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);

@@ -71,10 +71,13 @@ StepResult TrainStep::run_batch(int64_t s, const StepSamples& batch,
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
   if (scaler_) res.loss_scale = loss_scale;
   const float token_weight = count > 0 ? float(1.0 / count) * loss_scale : 0.0f;
+  res.all_masked = count == 0;
   if (count == 0 && rank == 0)
     log_warn("step ", step,
-             ": every target of the global batch is masked out (loss_mask); "
-             "the loss is reported as 0 and only weight decay changes the parameters");
+             ": every target of the global batch is masked out (loss_mask): nothing to learn "
+             "from, so the loss is reported as 0 and every gradient is 0, but AdamW still moves "
+             "the parameters (its momentum from earlier steps, and weight decay); check the "
+             "data's loss_mask (`ft inspect` on the shard folder)");
 
   // 2. Forward/backward of every micro-batch; gradients accumulate.
   set_watch_step(step, "forward/backward");

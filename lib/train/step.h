@@ -50,13 +50,14 @@ struct LoopRequests {
 };
 
 struct StepResult {
-  int64_t step = 0;        // as people read it: s + 1
-  double loss = 0;         // token-weighted mean over the global batch; 0 when all are masked
-  double grad_norm = 0;    // global L2 norm before clipping
-  double lr = 0;           // the learning rate applied (0 when nothing was applied)
-  int64_t tokens = 0;      // input tokens of the global batch, masked or not
-  double time_s = 0;       // wall time of the step on this rank
-  bool nonfinite = false;  // the loss or the gradient norm is not finite: nothing was updated
+  int64_t step = 0;         // as people read it: s + 1
+  double loss = 0;          // token-weighted mean over the global batch; 0 when all are masked
+  double grad_norm = 0;     // global L2 norm before clipping
+  double lr = 0;            // the learning rate applied (0 when nothing was applied)
+  int64_t tokens = 0;       // input tokens of the global batch, masked or not
+  bool all_masked = false;  // every target of the global batch was masked out (loss_mask)
+  double time_s = 0;        // wall time of the step on this rank
+  bool nonfinite = false;   // the loss or the gradient norm is not finite: nothing was updated
   // fp16 (a loss scaler): the scale this step ran with (0 without one); an overflow skipped the
   // step (nothing updated, the schedule not advanced); or the scaler gave up, saying why here
   // (nonfinite is then set too: the run stops).

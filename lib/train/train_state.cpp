@@ -282,7 +282,13 @@ std::vector<std::string> resume_candidates(const Recipe& r, const std::string& r
   }
   // A PATH: a step folder, or a checkpoint dir with `latest`.
   if (fs::exists(fs::path(resume) / "manifest.json")) return {resume};
-  if (fs::exists(fs::path(resume) / "latest")) return {ckpt::latest_checkpoint(resume)};
+  if (fs::exists(fs::path(resume) / "latest")) {
+    try {
+      return {ckpt::latest_checkpoint(resume)};
+    } catch (const Error& e) {
+      throw UsageError("--resume " + resume + ": " + e.what());
+    }
+  }
   throw UsageError("--resume " + resume +
                    ": not a checkpoint (no manifest.json) nor a checkpoint folder (no `latest`); "
                    "give a step_* folder or the run's checkpoint.dir");

@@ -564,14 +564,27 @@ void crash_test_hooks(int64_t step, int rank) {
           : ""));
 }
 
+// "final loss L" of the last step; of an earlier one when the last steps had every target
+// masked (their loss 0 says nothing), or none.
+std::string final_loss_words(const TrainSummary& sum) {
+  const int64_t last = sum.start_step + sum.steps;
+  if (sum.steps == 0) return "no step trained";
+  if (sum.final_loss_step < 0) return "no final loss (every step's targets were masked out)";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "final loss %.4f", sum.final_loss);
+  if (sum.final_loss_step == last) return buf;
+  return detail::concat(buf, " (step ", sum.final_loss_step,
+                        "; the steps after it had every target masked out or were skipped)");
+}
+
 void print_summary(const Recipe& r, const TrainSummary& sum, int64_t last_saved) {
   std::printf(
-      "ft: %s: %lld step%s, %lld tokens in %s (%.0f tokens/s); final loss %.4f\n"
+      "ft: %s: %lld step%s, %lld tokens in %s (%.0f tokens/s); %s\n"
       "ft: peak memory: %s device allocator, %s process RSS\n"
       "ft: outputs: %s (resolved recipe: %s/recipe.yaml, metrics: %s)\n",
       sum.preempted ? "stopped early" : "done", (long long)sum.steps, sum.steps == 1 ? "" : "s",
       (long long)sum.tokens, Progress::human_seconds(sum.wall_s).c_str(), sum.tokens_per_s,
-      sum.final_loss, Progress::human_bytes(double(sum.mem_peak_bytes)).c_str(),
+      final_loss_words(sum).c_str(), Progress::human_bytes(double(sum.mem_peak_bytes)).c_str(),
       Progress::human_bytes(double(sum.peak_rss_bytes)).c_str(), r.run.output_dir.c_str(),
       r.run.output_dir.c_str(), r.logging.metrics.c_str());
   if (sum.time_to_first_step_s >= 0)
@@ -758,7 +771,10 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     }
     if (res.nonfinite) stop_nonfinite(r, train_step, res, ckpts);
     tokens_seen += res.tokens;
-    sum.final_loss = res.loss;
+    if (!res.all_masked && !res.skipped) {
+      sum.final_loss = res.loss;
+      sum.final_loss_step = step;
+    }
 
     if (log.step_due(step) || res.skipped) {  // a skipped fp16 step is always logged
       RunFigures figures = resident;

@@ -27,9 +27,10 @@ struct TrainSummary {
   int64_t tokens = 0;
   double wall_s = 0;
   double tokens_per_s = 0;
-  double final_loss = 0;
-  size_t mem_peak_bytes = 0;  // device allocator peak
-  size_t peak_rss_bytes = 0;  // process peak resident set
+  double final_loss = 0;         // of the last step with a trained target
+  int64_t final_loss_step = -1;  // that step (-1: none had one)
+  size_t mem_peak_bytes = 0;     // device allocator peak
+  size_t peak_rss_bytes = 0;     // process peak resident set
   // From the process's start to the start of its first step (setup, parameter init or import,
   // the input checks, a resume's reads); negative when no step ran.
   double time_to_first_step_s = -1;

@@ -24,7 +24,11 @@ YAML
 
 # 1. Recipes by size: a device that never ends and a 2 MiB file.
 run_ft 2 validate /dev/zero
-has_err "/dev/zero: larger than 1 MiB: not a recipe"
+has_err "/dev/zero: this is a character device, not a recipe file"
+# A FIFO with no writer: refused at once, never waited on.
+mkfifo "$tmp/fifo.yaml"
+timeout 20 "$ft" validate "$tmp/fifo.yaml" > "$tmp/out.txt" 2> "$tmp/err.txt" && fail "a FIFO recipe passed"
+has_err "fifo.yaml: this is a FIFO (named pipe), not a recipe file"
 head -c $((2 << 20)) /dev/zero | tr '\0' '#' > "$tmp/huge.yaml"
 run_ft 2 train "$tmp/huge.yaml"
 has_err "larger than 1 MiB"

@@ -214,7 +214,7 @@ keep=(checkpoint.every_steps=5 checkpoint.keep_last=2 --nproc 2)
 train keep "${keep[@]}"
 train keep_async "${keep[@]}" checkpoint.async=true
 for run in keep keep_async; do
-  [[ $(ls "$(ckpts $run)" | tr '\n' ' ') == "latest step_00000015 step_00000020 " ]] \
+  [[ $(ls "$(ckpts $run)" | grep -vx ft.lock | tr '\n' ' ') == "latest step_00000015 step_00000020 " ]] \
     || fail "$run: keep_last 2 left $(ls "$(ckpts $run)")"
   latest_is $run step_00000020
   /usr/bin/python3 - "$tmp/$run/metrics.jsonl" "$(ckpts $run)/step_00000020" <<'PY' || fail "$run: checkpoint metrics"

@@ -151,4 +151,18 @@ rc=0; "$ft" help NOPE > "$tmp/help3.txt" 2>&1 || rc=$?
 grep -q "no command 'NOPE'" "$tmp/help3.txt" && grep -q '^  train ' "$tmp/help3.txt" \
   || fail "ft help NOPE: $(cat "$tmp/help3.txt")"
 
+# 7. Every target masked out (loss_mask all 0): each step warns in words true of AdamW (its
+# momentum still moves the parameters), and the summary claims no final loss of 0.
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/masked" --vocab 97 --samples 20 \
+  --seq-len 16 --seed 4 --mask 0 > /dev/null
+"$ft" train "$tmp/r.yaml" data.train="$tmp/masked" training.eval_every_steps=0 training.steps=2 \
+  run.output_dir="$tmp/masked_run" > "$tmp/masked.txt" 2>&1 || fail "all masked: $(tail -3 "$tmp/masked.txt")"
+grep -q 'step 2: every target of the global batch is masked out (loss_mask): nothing to learn from, so the loss is reported as 0 and every gradient is 0, but AdamW still moves the parameters' \
+  "$tmp/masked.txt" || fail "all masked: the warning: $(grep -m1 masked "$tmp/masked.txt")"
+grep -q '^ft: done: 2 steps, .*; no final loss (every step.s targets were masked out)$' \
+  "$tmp/masked.txt" || fail "all masked: the summary: $(grep '^ft: done' "$tmp/masked.txt")"
+if grep -q 'only weight decay\|final loss 0.0000' "$tmp/masked.txt"; then
+  fail "all masked: an untrue line: $(grep 'only weight decay\|final loss 0.0000' "$tmp/masked.txt")"
+fi
+
 echo "test_train: all checks passed"

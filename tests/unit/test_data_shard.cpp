@@ -503,3 +503,30 @@ TEST_CASE("data/shard: the parent checks every reported offset against the file 
   CHECK_THROWS_WITH_AS(detail::parse_shard_report("begin 0\n", paths, {256}), has("malformed"),
                        Error);
 }
+
+TEST_CASE("data/shard: a loss_mask value other than 0 or 1 is refused where it is read") {
+  // A mask of 2 would count that target twice in the loss: a broken writer, never a weight.
+  TempDir dir;
+  const std::string path = dir.file("shard_00000.h5");
+  ShardWriter::Options opt;
+  opt.loss_mask = true;
+  {
+    ShardWriter w(path, test_attrs(), opt);
+    const std::vector<int32_t> doc = {5, 6, 7, 8, 9};
+    const std::vector<uint8_t> mask = {1, 1, 0, 2, 1};
+    w.add_document(doc, &mask);
+    w.close();
+  }
+  ShardSet set(dir.path);
+  std::vector<int32_t> tokens(5);
+  std::vector<uint8_t> m(5);
+  set.read(0, 0, 3, tokens.data(), m.data());  // before the bad value: read as written
+  CHECK(m[2] == 0);
+  try {
+    set.read(0, 0, 5, tokens.data(), m.data());
+    FAIL("a loss_mask value of 2 was read");
+  } catch (const ft::UsageError& e) {
+    CHECK(std::string(e.what()).find("shard_00000.h5: loss_mask value 2 at index 3") !=
+          std::string::npos);
+  }
+}

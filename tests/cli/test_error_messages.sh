@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Errors that speak to users (DESIGN.md §4 "Errors"): every case below is a bad input a user
+# can give (a wrong path, a device or FIFO where a file goes, a broken file, an out-of-range or
+# NaN number, a malformed override) to each command. For each:
+#  - the exit code is the README's (2 bad input; 1 what the machine cannot do);
+#  - stderr says what failed in the user's terms: the case's key words (file, key, value);
+#  - it never shows what only a developer could use: a source file and line, a check
+#    expression, "internal error", a library's error code ([json.exception.parse_error.101],
+#    sentencepiece_processor.cc(1101)), an uncaught exception, an MPI abort, DBL_MAX's digits;
+#  - no line is longer than 2000 bytes (a message quotes at most a short excerpt of the input),
+#    and stderr is valid UTF-8 without control characters but tab and newline.
+# A case is one line of the table: NAME|WANT_RC|KEY WORDS|COMMAND... (the command after `ft`).
+#   bash tests/cli/test_error_messages.sh BUILD_DIR SOURCE_DIR
+source "$2/tests/cli/common.sh" "$@"
+cd "$tmp"
+
+/usr/bin/python3 "$src/tests/ref/make_shards.py" data --vocab 128 --samples 8 --seq-len 16 \
+  --seed 2 > /dev/null
+cat > r.yaml << YAML
+run: {name: em, output_dir: $tmp/out}
+model: {dim: 32, n_layers: 1, n_heads: 2, n_kv_heads: 2, ffn_dim: 64, vocab_size: 128, max_seq_len: 16}
+data: {train: $tmp/data, seq_len: 16}
+training: {steps: 1, micro_batch_size: 1, global_batch_size: 1}
+runtime: {threads: 1}
+YAML
+printf 'model: {dim: 32\n  n_layers: [\n' > syntax.yaml
+mkdir folder bad_hf
+printf '{"model_type": "llama", "hidden_size": 32,, }' > bad_hf/config.json
+touch bad_hf/model.safetensors
+mkfifo fifo
+printf 'not a checkpoint' > not_ckpt
+mkdir ckdir && printf 'step_00000007\n' > ckdir/latest
+printf '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n{"messages": [tru\n' > bad.jsonl
+head -c 300000 /dev/zero | tr '\0' 'x' | sed 's/^/{"text": /' > long.jsonl
+
+checked=0
+check_case() {
+  local name=$1 want=$2 words=$3
+  shift 3
+  local rc=0
+  timeout 60 "$ft" "$@" > "$name.out" 2> "$name.err" < /dev/null || rc=$?
+  [[ $rc == "$want" ]] || fail "$name: \`ft $*\` exited $rc, expected $want: $(head -c 600 "$name.err")"
+  local IFS=';'
+  for w in $words; do
+    grep -qF -- "$w" "$name.err" || fail "$name: stderr lacks '$w': $(head -c 600 "$name.err")"
+  done
+  unset IFS
+  local bad
+  bad=$(grep -nE '\.(cpp|cc|h|hpp|cu)[:(][0-9]|check `|internal error|json\.exception|sentencepiece_processor|terminate called|what\(\):|MPI_ABORT|1\.79769e\+?308|179769313486231' \
+    "$name.err" || true)
+  [[ -z $bad ]] || fail "$name: a message for developers reached the user: $bad"
+  (($(awk '{ if (length($0) > m) m = length($0) } END { print m + 0 }' "$name.err") <= 2000)) ||
+    fail "$name: a line of stderr is over 2000 bytes"
+  iconv -f UTF-8 -t UTF-8 "$name.err" > /dev/null 2>&1 || fail "$name: stderr is not valid UTF-8"
+  if LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f]' "$name.err"; then
+    fail "$name: stderr holds control characters"
+  fi
+  checked=$((checked + 1))
+}
+
+while IFS='|' read -r name want words cmd; do
+  [[ -z $name || $name == \#* ]] && continue
+  eval "args=($cmd)"
+  check_case "$name" "$want" "$words" "${args[@]}"
+done << 'CASES'
+# train and validate: the recipe file
+recipe_missing|2|no_such.yaml|validate no_such.yaml
+recipe_folder|2|is actually a directory: folder|validate folder
+recipe_device|2|/dev/zero: this is a character device|train /dev/zero
+recipe_fifo|2|fifo: this is a FIFO (named pipe)|validate fifo
+recipe_syntax|2|syntax.yaml:2:11: YAML syntax error|validate syntax.yaml
+# the recipe's values
+unknown_key|2|training.stepz;did you mean|validate r.yaml training.stepz=3
+override_form|2|nonsense: not a KEY=VALUE override|validate r.yaml nonsense
+lr_nan|2|optimizer.lr|train r.yaml optimizer.lr=nan
+lr_inf|2|optimizer.lr|validate r.yaml optimizer.lr=inf
+bucket_tiny|2|parallel.reduce_bucket_mb: 1e-9 is out of range|train r.yaml parallel.reduce_bucket_mb=1e-9
+bucket_huge|2|parallel.reduce_bucket_mb: 1e300 is out of range|validate r.yaml parallel.reduce_bucket_mb=1e300
+steps_negative|2|training.steps: -1 is out of range|train r.yaml training.steps=-1
+threads_huge|2|runtime.threads: 100000 is out of range|validate r.yaml runtime.threads=100000
+data_missing|2|data.train|validate r.yaml data.train=nowhere
+model_from_bad_json|2|bad_hf/config.json;not valid JSON|validate r.yaml model.from=bad_hf
+# the command line
+nproc_zero|2|--nproc|train r.yaml --nproc 0
+resume_not_ckpt|2|--resume;not a checkpoint|train r.yaml --resume not_ckpt
+resume_latest_gone|2|ckdir/latest names "step_00000007", which is not in|train r.yaml --resume ckdir
+plan_world_zero|2|--world|plan r.yaml --world 0
+plan_latency_negative|2|--latency-us|plan r.yaml --latency-us -1
+help_unknown|2|no command 'NOPE'|help NOPE
+CASES
+
+# An environment variable case (the table runs `ft ARGS` only).
+FT_CPU_ISA=bogus check_case cpu_isa 1 "FT_CPU_ISA=bogus is not an instruction set" train r.yaml
+
+echo "test_error_messages: $checked cases, each with its exit code, its words, no developer text"
