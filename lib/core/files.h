@@ -18,7 +18,7 @@ constexpr uint64_t kMaxTokenizerBytes = uint64_t(256) << 20;  // tokenizer.json,
 constexpr uint64_t kMaxConfigBytes = uint64_t(16) << 20;      // config.json, *_config.json
 constexpr uint64_t kMaxTemplateBytes = uint64_t(4) << 20;     // chat_template.jinja
 constexpr uint64_t kMaxManifestBytes = uint64_t(256) << 20;   // checkpoint manifest, index
-constexpr uint64_t kMaxShardBytes = uint64_t(1) << 40;  // a token shard: 1 TiB
+constexpr uint64_t kMaxShardBytes = uint64_t(1) << 40;        // a token shard: 1 TiB
 constexpr uint64_t kMaxJsonlLineBytes = uint64_t(64) << 20;   // one record of a JSONL file
 
 // What the path names, for messages: "a regular file", "a folder", "a FIFO (named pipe)",
