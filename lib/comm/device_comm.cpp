@@ -34,7 +34,10 @@ std::string device_world_refusal(const std::string& choice, Device& dev) {
 }
 
 bool device_world_uses_nccl(const std::string& choice, int world_size, Device& dev) {
-  return choice != "mpi" && world_size > 1 && nccl_unusable_reason(dev).empty();
+  // "nccl" insists, even over one rank (what tests of NCCL itself run); "auto" takes NCCL only
+  // between ranks.
+  if (choice == "mpi" || (choice == "auto" && world_size == 1)) return false;
+  return nccl_unusable_reason(dev).empty();
 }
 
 std::unique_ptr<Communicator> make_device_world(const std::string& choice, Communicator& world,

@@ -58,7 +58,8 @@ void answer_watchdog_requests();
 // Why make_device_world would refuse `choice` on `dev` ("" when it would not), without making
 // anything: ft validate's and ft train's start-up check (train/preflight.h).
 std::string device_world_refusal(const std::string& choice, Device& dev);
-// Whether make_device_world makes an NCCL world for `world_size` ranks (else host staging).
+// Whether make_device_world makes an NCCL world for `world_size` ranks (else host staging):
+// "nccl" where usable (any world), "auto" where usable and world_size > 1.
 bool device_world_uses_nccl(const std::string& choice, int world_size, Device& dev);
 std::unique_ptr<Communicator> make_device_world(const std::string& choice, Communicator& world,
                                                 Device& dev);

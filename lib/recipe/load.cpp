@@ -118,14 +118,23 @@ std::optional<bool> parse_bool(const YAML::Node& n) {
   return b;
 }
 
+// At most 60 characters of a user's text, for a message (excerpt() without its quotes: a key
+// path, a number as written).
+std::string clip(const std::string& s) {
+  std::string e = excerpt(s, 60);
+  const bool cut = e.size() >= 4 && e.compare(e.size() - 3, 3, "…") == 0;
+  if (cut) e.resize(e.size() - 3);
+  return e.substr(1, e.size() - 2) + (cut ? "…" : "");
+}
+
 std::string describe(const YAML::Node& n) {
   if (!n.IsDefined() || n.IsNull()) return "no value";
   if (n.IsSequence()) return "a list";
   if (n.IsMap()) return "a mapping";
-  if (is_quoted(n)) return "the string \"" + n.Scalar() + "\"";
+  if (is_quoted(n)) return "the string " + excerpt(n.Scalar());
   if (parse_bool(n)) return "the boolean " + n.Scalar();
-  if (parse_double(n.Scalar())) return "the number " + n.Scalar();
-  return "the string \"" + n.Scalar() + "\"";
+  if (parse_double(n.Scalar())) return "the number " + clip(n.Scalar());
+  return "the string " + excerpt(n.Scalar());
 }
 
 }  // namespace
@@ -255,12 +264,12 @@ void Loader::unknown_top_level(const Origin& at, const std::string& name) {
   } else {
     hint = "sections are " + join(sections, ", ");
   }
-  issue(at, name, "unknown section", hint);
+  issue(at, clip(name), "unknown section", hint);
 }
 
 void Loader::unknown_in_section(const Origin& at, const std::string& section,
                                 const std::string& key) {
-  issue(at, section + "." + key, "unknown key", unknown_key_hint(section, key));
+  issue(at, clip(section + "." + key), "unknown key", unknown_key_hint(section, key));
 }
 
 // Full paths of keys, in any section, whose name or HF name ("hidden_size") is `key`, else
@@ -313,7 +322,7 @@ void Loader::apply_overrides(const std::vector<std::string>& overrides) {
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
     if (eq == std::string::npos || eq == 0) {
-      issue(cli, o, "not a KEY=VALUE override", "write e.g. training.steps=20");
+      issue(cli, clip(o), "not a KEY=VALUE override", "write e.g. training.steps=20");
       continue;
     }
     const std::string path = o.substr(0, eq);
@@ -333,7 +342,7 @@ void Loader::apply_overrides(const std::vector<std::string>& overrides) {
         hint =
             s.empty() ? "override keys are dotted paths such as training.steps" : did_you_mean(s);
       }
-      issue(cli, path, "unknown key in override `" + o + "`", hint);
+      issue(cli, clip(path), "unknown key in override `" + clip(o) + "`", hint);
       continue;
     }
     try {
@@ -368,7 +377,8 @@ std::optional<Value> Loader::convert(const KeySpec& k, const Setting& s) {
   };
   auto in_range = [&](double x, const std::string& shown) {
     if (k.range.contains(x)) return true;
-    issue(s.at, k.path, shown + " is out of range: must be " + k.range.describe(), example(k));
+    issue(s.at, k.path, clip(shown) + " is out of range: must be " + k.range.describe(),
+          example(k));
     return false;
   };
   const bool plain = n.IsScalar() && !is_quoted(n);
@@ -391,7 +401,7 @@ std::optional<Value> Loader::convert(const KeySpec& k, const Setting& s) {
       errno = 0;
       if (k.kind == Kind::kUInt64) {
         if (text[0] == '-') {
-          issue(s.at, k.path, text + " is out of range: must be >= 0", example(k));
+          issue(s.at, k.path, clip(text) + " is out of range: must be >= 0", example(k));
           return std::nullopt;
         }
         const unsigned long long u = std::strtoull(text.c_str(), nullptr, 10);
@@ -402,7 +412,7 @@ std::optional<Value> Loader::convert(const KeySpec& k, const Setting& s) {
       const long long limit = k.kind == Kind::kInt ? INT_MAX : LLONG_MAX;
       if (errno == ERANGE || v > limit || v < -limit) {
         issue(s.at, k.path,
-              text + " is too large for this key (at most " + std::to_string(limit) + ")",
+              clip(text) + " is too large for this key (at most " + std::to_string(limit) + ")",
               example(k));
         return std::nullopt;
       }
@@ -440,7 +450,7 @@ std::optional<Value> Loader::convert(const KeySpec& k, const Setting& s) {
       if (k.kind == Kind::kChoice &&
           std::find(k.choices.begin(), k.choices.end(), text) == k.choices.end()) {
         auto s2 = first_of({misspelt(text, k.choices), overlapping(text, k.choices)});
-        issue(s.at, k.path, "\"" + text + "\" is not one of " + join(k.choices, ", "),
+        issue(s.at, k.path, excerpt(text) + " is not one of " + join(k.choices, ", "),
               s2.empty() ? example(k) : did_you_mean(s2));
         return std::nullopt;
       }

@@ -79,6 +79,9 @@ bucket_huge|2|parallel.reduce_bucket_mb: 1e300 is out of range|validate r.yaml p
 steps_negative|2|training.steps: -1 is out of range|train r.yaml training.steps=-1
 threads_huge|2|runtime.threads: 100000 is out of range|validate r.yaml runtime.threads=100000
 data_missing|2|data.train|validate r.yaml data.train=nowhere
+long_choice|2|runtime.device: "xxxxxxxxxx|validate r.yaml runtime.device=$(head -c 100000 /dev/zero | tr '\0' x)
+long_key|2|unknown key in override|validate r.yaml training.$(head -c 100000 /dev/zero | tr '\0' y)=1
+long_number|2|training.steps|validate r.yaml training.steps=1$(head -c 5000 /dev/zero | tr '\0' 0)
 model_from_bad_json|2|bad_hf/config.json;not valid JSON|validate r.yaml model.from=bad_hf
 # the command line
 nproc_zero|2|--nproc|train r.yaml --nproc 0

@@ -874,7 +874,7 @@ TEST_CASE("recipe: model.from takes sizes from config.json") {
     const RecipeIssue i = issue_for(r, "model.from");
     CHECK(i.file == "<command line>");
     CHECK(contains(i.message, (s.dir / "empty" / "config.json").string()));
-    CHECK(contains(i.hint, "LlamaForCausalLM"));
+    CHECK(contains(i.hint, "a Hugging Face model folder of a family ft trains"));
 
     s.write("broken/config.json", "{\"hidden_size\": 12,");
     const RecipeResult b = s.load("model:\n  from: " + (s.dir / "broken").string() +
