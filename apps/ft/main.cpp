@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
       "ft: fine-tune transformer language models from a YAML recipe.\n"
       "Quick start:  ft train recipes/quickstart.yaml\n"
       "Exit codes: 0 done, 1 runtime failure, 2 usage or recipe error, 3 a rank hung (collective\n"
-      "watchdog), 75 stopped on a signal after a checkpoint"};
+      "watchdog), 75 stopped on a signal after a checkpoint, 130/143 stopped at once by a second\n"
+      "Ctrl-C/SIGTERM"};
   app.name("ft");
   app.footer(
       "Recipes, data format, metrics, checkpoints and every contract: DESIGN.md at the root of\n"
@@ -128,8 +129,11 @@ int main(int argc, char** argv) {
       "default <run.output_dir>/metrics.jsonl).\n"
       "Checkpoints: checkpoint.every_steps / every_minutes (and at the end) into checkpoint.dir\n"
       "(default <run.output_dir>/checkpoints), async with checkpoint.async, keep_last kept. They\n"
-      "resume under any layout. SIGTERM or SIGUSR1 (to any rank, or to ft --nproc): finish the\n"
-      "step, save, exit 75; the same command then continues. ft inspect / ft export read them.\n"
+      "resume under any layout. Ctrl-C, SIGTERM or SIGUSR1 (to any rank, or to ft --nproc):\n"
+      "finish the step, save, exit 75; the same command then continues. A second Ctrl-C or\n"
+      "SIGTERM stops at once (130/143). ft inspect / ft export read checkpoints.\n"
+      "One job per run: run.output_dir and checkpoint.dir are locked while it trains (ft.lock);\n"
+      "a second ft train on them is refused, naming the host and pid of the first.\n"
       "FT_PROFILE=1 (environment): time every op and device copy; rank 0 prints a table by op\n"
       "family (seconds, share of step time, calls) at the end of the run.");
 
