@@ -37,6 +37,8 @@
 #include "ckpt/io.h"
 #include "ckpt/safetensors.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "core/json_describe.h"
 #include "data/chat.h"
 #include "data/sha256.h"
 #include "data/tokenizer.h"
@@ -313,21 +315,23 @@ void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string&
 }
 
 uint64_t parse_byte_size(const std::string& text, const std::string& what) {
-  auto bad = [&]() -> UsageError {
-    return UsageError(what + " '" + text +
-                      "': expected a byte count or a size such as 500MB, 5GB or 2GiB");
-  };
+  const std::string form =
+      "give a byte count, or a number with KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB "
+      "(powers of 1024), from 1 byte to 1000TB, e.g. 5GB";
   size_t i = 0;
   while (i < text.size() && (std::isdigit((unsigned char)text[i]) || text[i] == '.')) ++i;
-  if (i == 0) throw bad();
-  double value;
-  try {
-    size_t used = 0;
-    value = std::stod(text.substr(0, i), &used);
-    if (used != i) throw bad();
-  } catch (const std::logic_error&) {
-    throw bad();
+  double value = 0;
+  bool number = i > 0;
+  if (number) {
+    try {
+      size_t used = 0;
+      value = std::stod(text.substr(0, i), &used);
+      number = used == i;
+    } catch (const std::logic_error&) {
+      number = false;
+    }
   }
+  if (!number) throw UsageError(what + " " + excerpt(text, 30) + ": not a size; " + form);
   std::string unit;
   for (size_t k = i; k < text.size(); ++k) unit += char(std::toupper((unsigned char)text[k]));
   static const std::map<std::string, double> kUnits = {{"", 1},
@@ -341,9 +345,13 @@ uint64_t parse_byte_size(const std::string& text, const std::string& what) {
                                                        {"GIB", 1073741824.0},
                                                        {"TIB", 1099511627776.0}};
   auto it = kUnits.find(unit);
-  if (it == kUnits.end()) throw bad();
+  if (it == kUnits.end())
+    throw UsageError(what + " " + excerpt(text, 30) + ": unknown unit " +
+                     excerpt(text.substr(i), 12) + "; " + form);
   const double bytes = std::floor(value * it->second);
-  if (!(bytes >= 1) || bytes > 1.8e19) throw bad();
+  if (!(bytes >= 1) || bytes > double(kMaxExportShardBytes))
+    throw UsageError(what + " " + excerpt(text, 30) + ": " +
+                     (bytes >= 1 ? "more than 1000TB" : "less than 1 byte") + "; " + form);
   return uint64_t(bytes);
 }
 
