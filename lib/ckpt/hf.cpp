@@ -458,11 +458,24 @@ HfFolderSummary summarize(const std::string& dir) {
                                                " is not divisible by num_key_value_heads ",
                                                m.n_kv_heads));
 
+  // More layers than the weights hold: a config.json of another model, or a hostile one (10^8
+  // layers would build a layout of 10^9 entries before any check could list them).
+  int top_layer = -1;
+  for (const auto& [name, src] : w.tensors) top_layer = std::max(top_layer, layer_of(name));
+  const bool layers_there = m.n_layers <= top_layer + 1;
+  if (!layers_there)
+    s.config_problems.push_back(
+        top_layer < 0 ? detail::concat("num_hidden_layers is ", m.n_layers,
+                                       ", but the weights hold no model.layers.* tensors")
+                      : detail::concat("num_hidden_layers is ", m.n_layers,
+                                       ", but the weights hold layers 0 to ", top_layer,
+                                       " only (a config.json of another model?)"));
+
   // Where each expected name sits in the layout, for the display order promised in hf.h.
   std::map<std::string, std::pair<size_t, size_t>> position;  // name → (group, entry)
   std::string duplicate;  // a tied copy of the embedding: stored twice, one parameter
   // Without whole heads there is no layout (ParamLayout refuses it); config_problems says why.
-  if (heads_split) {
+  if (heads_split && layers_there) {
     const ParamLayout layout(m);
     s.check = check_against_layout(w.tensors, layout, m.arch);
     // The one data read of the summary: only for a tied folder that stores lm_head.weight, so
@@ -526,6 +539,24 @@ HfFolderSummary summarize(const std::string& dir) {
 }
 
 }  // namespace
+
+HfFolderSummary check_hf_folder(const std::string& dir) {
+  HfFolderSummary s = summarize(dir);
+  if (s.compatible()) return s;
+  std::ostringstream msg;
+  msg << "the Hugging Face folder '" << dir << "' is not usable by ft:";
+  for (const std::string& p : s.config_problems) msg << "\n  config.json: " << p;
+  if (!s.check.missing.empty())
+    msg << "\n  missing " << s.check.missing.size()
+        << " tensor(s): " << join_names(s.check.missing);
+  if (!s.check.unexpected.empty())
+    msg << "\n  unexpected " << s.check.unexpected.size()
+        << " tensor(s): " << join_names(s.check.unexpected);
+  if (!s.check.bad_tensors.empty()) msg << "\n  " << s.check.bad_tensors.front();
+  for (const std::string& h : s.check.hints) msg << "\n  hint: " << h;
+  msg << "\n  (ft inspect " << dir << " shows the folder)";
+  throw UsageError(msg.str());
+}
 
 HfFolderSummary summarize_hf_folder(const std::string& dir) {
   try {

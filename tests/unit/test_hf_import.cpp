@@ -818,3 +818,31 @@ TEST_CASE("hf import: a NaN or infinity is refused as it is read, naming tensor,
           has("tensor 'lm_head.weight' in '" + file + "' holds NaN at [0, 3]"));
   }
 }
+
+TEST_CASE("hf check: a config.json of more layers than the weights is refused before any layout") {
+  TempDir dir;
+  const ft::ModelConfig cfg = tiny_config(false);
+  write_file(dir.file("model.safetensors"), layout_tensors(ft::ParamLayout(cfg), ft::DType::kBF16));
+  write_config(dir.path, cfg);
+  CHECK(ft::check_hf_folder(dir.path).compatible());
+  // 10^8 layers: a layout of 10^9 entries, were one built; refused from the tensor names.
+  ft::ModelConfig huge = cfg;
+  huge.n_layers = 100000000;
+  write_config(dir.path, huge);
+  const ft::HfFolderSummary s = ft::summarize_hf_folder(dir.path);
+  REQUIRE(s.config_problems.size() == 1);
+  CHECK(s.config_problems[0] ==
+        "num_hidden_layers is 100000000, but the weights hold layers 0 to 1 only (a config.json "
+        "of another model?)");
+  CHECK(s.check.missing.empty());  // no layout was built to compare with
+  try {
+    ft::check_hf_folder(dir.path);
+    FAIL("no error");
+  } catch (const ft::Error& e) {
+    CHECK(e.code() == ft::ExitCode::kUsage);  // ft generate: bad input
+    CHECK(doctest::String(e.what()) == has("config.json: num_hidden_layers is 100000000"));
+  }
+  // A malformed file: exit code 2 here, 1 from summarize_hf_folder (ft inspect's verdict).
+  std::ofstream(dir.file("config.json")) << "{";
+  CHECK_THROWS_AS(ft::check_hf_folder(dir.path), ft::UsageError);
+}
