@@ -20,9 +20,11 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/json_describe.h"
+#include "core/system.h"
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "model/decode.h"
+#include "model/layout.h"
 #include "runtime/device.h"
 
 namespace ft::app {
@@ -86,12 +88,32 @@ DType parse_dtype(const std::string& s) {
   throw UsageError("--dtype '" + s + "': expected f32, bf16 or f16");
 }
 
+// Refuses, before anything is allocated, a model the CPU's memory cannot hold: its f32 weights,
+// the host copy they are loaded through and a 16-bit compute copy (a GPU's memory is the
+// backend's to report).
+void check_memory(const ModelConfig& cfg, const Device& dev, DType dtype) {
+  if (dev.name() != "cpu") return;
+  const double params = double(ParamLayout(cfg).total_numel());
+  const double need = params * (8.0 + (dtype == DType::kF32 ? 0.0 : 2.0));
+  const double have = double(available_memory_bytes());
+  if (have > 0 && need > have)
+    throw Error(detail::concat(
+        "the model's ", params / 1e9, "B parameters need about ", need / double(1 << 30),
+        " GiB of memory to generate on the CPU (f32 weights and the copy they load through",
+        dtype == DType::kF32 ? "" : ", and the 16-bit compute copy", "); ", have / double(1 << 30),
+        " GiB are available here: use --device cuda, or a machine with more memory"));
+}
+
 // The model of `src` on `dev`, weights loaded, compute copy made.
 std::unique_ptr<LlamaModel> load_model(const Source& src, Device* dev, DType dtype) {
   std::unique_ptr<LlamaModel> model;
   std::vector<std::vector<float>> host;
   if (src.hf) {
+    // config.json against the tensors' names and shapes first: a config of the wrong sizes
+    // (10^8 layers, a huge intermediate_size) is refused by name before it is allocated.
     const ModelConfig cfg = read_hf_config(src.dir);
+    check_hf_folder(src.dir);
+    check_memory(cfg, *dev, dtype);
     model = std::make_unique<LlamaModel>(cfg, dev, false, nullptr, StageSpec{}, dtype);
     host = model->flat_params().to_host();
     std::vector<float*> ptrs;
@@ -99,6 +121,7 @@ std::unique_ptr<LlamaModel> load_model(const Source& src, Device* dev, DType dty
     load_hf_weights(src.dir, model->layout(), ptrs);
   } else {
     const ckpt::Manifest m = ckpt::read_manifest(src.dir);
+    check_memory(m.model, *dev, dtype);
     model = std::make_unique<LlamaModel>(m.model, dev, false, nullptr, StageSpec{}, dtype);
     for (size_t g = 0; g < model->layout().groups().size(); ++g)
       host.push_back(ckpt::read_global_group(m, ckpt::State::kParam, int(g)));
