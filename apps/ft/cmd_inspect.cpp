@@ -203,7 +203,8 @@ std::string token_text(const Tokenizer& tok, int32_t id) {
 // missing (empty when nothing is).
 struct TextSupport {
   bool tokenizer = false, chat = false;
-  std::string missing;  // "no tokenizer", "no chat template", ...
+  bool template_renders = false;  // ft's Jinja subset renders the folder's chat template
+  std::string missing;            // "no tokenizer", "no chat template", ...
 };
 
 TextSupport print_text_support(const std::string& dir, const ModelConfig& m) {
@@ -265,24 +266,38 @@ TextSupport print_text_support(const std::string& dir, const ModelConfig& m) {
       // than at ft tokenize's first conversation.
       nlohmann::json messages = nlohmann::json::array();
       messages.push_back({{"role", "user"}, {"content", "Hi"}});
+      render_chat(t, messages, true);
       messages.push_back({{"role", "assistant"}, {"content", "Hello"}});
       render_chat(t, messages, false);
-      std::string turn;
+      // With the tokenizer: the loss mask (data/chat.h), which needs the tokens to spell the
+      // rendered text, and the end-of-turn tokens it trains on.
+      std::string turn, mask_problem;
       if (tok) {
-        const ChatTokens ct = tokenize_chat(t, *tok, messages, true);
-        for (size_t i = 0; i < ct.ids.size(); ++i)
-          if (ct.mask[i] && tok->is_special(ct.ids[i]))
-            turn += (turn.empty() ? "" : ", ") + token_text(*tok, ct.ids[i]);
+        try {
+          const ChatTokens ct = tokenize_chat(t, *tok, messages, true);
+          for (size_t i = 0; i < ct.ids.size(); ++i)
+            if (ct.mask[i] && tok->is_special(ct.ids[i]))
+              turn += (turn.empty() ? "" : ", ") + token_text(*tok, ct.ids[i]);
+        } catch (const Error& e) {
+          mask_problem = e.what();
+        }
       }
       // "tokenizer_config.json's chat_template" or "chat_template.jinja", without the folder.
       std::string source = fs::path(t.source).filename().string();
       if (const size_t colon = source.find(": "); colon != std::string::npos)
         source = source.substr(0, colon) + "'s " + source.substr(colon + 2);
+      r.template_renders = true;
       std::printf("  chat template: %s: ft's Jinja subset renders it%s\n", source.c_str(),
-                  !tok           ? ""
+                  !tok || !mask_problem.empty() ? ""
                   : turn.empty() ? "; no end-of-turn token (ft generate --chat stops at EOS)"
                                  : ("; end of turn " + turn).c_str());
-      r.chat = true;
+      if (!mask_problem.empty()) {
+        std::printf("  chat tokens:   ft cannot mark the assistant's tokens: %s\n",
+                    mask_problem.c_str());
+        missing.push_back("the tokenizer cannot mark the assistant's tokens");
+      } else {
+        r.chat = true;
+      }
     } catch (const Error& e) {
       std::printf("  chat template: ft cannot use it: %s\n", e.what());
       missing.push_back("no chat template ft renders");
@@ -407,7 +422,12 @@ int inspect_hf(const std::string& dir) {
     else
       std::printf(
           "  chat data:     no (%s). %s\n", text.missing.c_str(),
-          text.tokenizer
+          text.tokenizer && text.template_renders
+              ? "This folder's tokenizer serves ft tokenize of text and JSONL and ft generate "
+                "without --chat; chat data (ft tokenize --format chat or alpaca, ft generate "
+                "--chat) needs a tokenizer whose tokens spell the rendered text (a byte-level "
+                "BPE tokenizer.json)"
+          : text.tokenizer
               ? "This folder's tokenizer serves ft tokenize of text and JSONL and ft generate "
                 "without --chat; chat data (ft tokenize --format chat or alpaca, ft generate "
                 "--chat) needs the model's chat template too (chat_template.jinja, or "
