@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "apps/ft/commands.h"
+#include "apps/ft/tokenizer_path.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
 #include "core/error.h"
@@ -218,6 +219,7 @@ TextSupport print_text_support(const std::string& dir, const ModelConfig& m) {
     missing.push_back("no tokenizer");
   } else {
     try {
+      check_tokenizer_path(dir);
       tok = load_tokenizer(dir);
     } catch (const Error& e) {
       std::printf("  tokenizer:     ft cannot read it: %s\n", e.what());
@@ -241,10 +243,17 @@ TextSupport print_text_support(const std::string& dir, const ModelConfig& m) {
     }
   }
 
-  // The template: chat_template.jinja, or tokenizer_config.json's chat_template key.
+  // The template: chat_template.jinja, or tokenizer_config.json's chat_template key. Both files
+  // are checked before anything reads them (a FIFO would block the reader).
   bool has_template = is_there(fs::path(dir) / "chat_template.jinja");
+  std::string unreadable;
+  try {
+    check_chat_files(dir);
+  } catch (const Error& e) {
+    unreadable = e.what();
+  }
   const fs::path config = fs::path(dir) / "tokenizer_config.json";
-  if (!has_template && is_there(config)) {
+  if (unreadable.empty() && !has_template && is_there(config)) {
     try {
       const nlohmann::json j = nlohmann::json::parse(
           read_bounded_file(config.string(), kMaxConfigBytes, "the tokenizer's config"));
@@ -253,7 +262,10 @@ TextSupport print_text_support(const std::string& dir, const ModelConfig& m) {
       has_template = true;  // load_chat_template below says what is wrong with the file
     }
   }
-  if (!has_template) {
+  if (!unreadable.empty()) {
+    std::printf("  chat template: ft cannot use it: %s\n", unreadable.c_str());
+    missing.push_back("no chat template ft reads");
+  } else if (!has_template) {
     std::printf(
         "  chat template: none (no chat_template.jinja, and no chat_template in "
         "tokenizer_config.json)\n");

@@ -64,6 +64,26 @@ void write_text_file(const fs::path& path, const std::string& text) {
     throw Error(p + ": cannot flush to disk: " + std::strerror(errno));
 }
 
+// A file of the checkpoint, checked before it is copied or read (a FIFO in its place would block
+// the copy, /dev/zero never end it) or read whole, bounded. A checkpoint file that fails is a
+// damaged checkpoint (Error, exit code 1, DESIGN.md §8), not a usage error.
+void check_checkpoint_file(const fs::path& path, uint64_t max_bytes, const std::string& what) {
+  try {
+    check_regular_file(path.string(), max_bytes, what);
+  } catch (const UsageError& e) {
+    throw Error(std::string(e.what()) + "; the checkpoint is damaged: export an older step folder");
+  }
+}
+
+std::string read_checkpoint_file(const fs::path& path, uint64_t max_bytes,
+                                 const std::string& what) {
+  try {
+    return read_bounded_file(path.string(), max_bytes, what);
+  } catch (const UsageError& e) {
+    throw Error(std::string(e.what()) + "; the checkpoint is damaged: export an older step folder");
+  }
+}
+
 // Best effort: the export is complete once renamed, so a folder that cannot be opened or synced
 // does not fail it (fsync_path throws for those; file systems that refuse a folder's fsync it
 // lets through itself).
@@ -169,6 +189,10 @@ void write_bpe_tokenizer_config(const fs::path& file, const fs::path& tmp, int64
   // tokenizer.json has no EOS of its own (Qwen2's <|im_end|>, the end of an assistant's turn) and
   // the token is one special token, as ft tokenize ends text documents with it.
   const fs::path dir = file.parent_path();
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(dir / "tokenizer_config.json", ec)))
+    check_checkpoint_file(dir / "tokenizer_config.json", kMaxConfigBytes,
+                          "the checkpoint's tokenizer config");
   const jinja::Json special = load_special_tokens(file.string());
   // A special token of tokenizer_config.json that is one special token of the tokenizer: its id.
   auto special_id = [&](const char* key) -> int32_t {
@@ -192,19 +216,18 @@ void write_bpe_tokenizer_config(const fs::path& file, const fs::path& tmp, int64
   if (bos < 0) bos = generation_id("bos_token_id");
   int32_t pad = special_id("pad_token");
   if (pad < 0) pad = generation_id("pad_token_id");
-  std::error_code ec;
   nlohmann::ordered_json chat_template;  // null: none to write
   const fs::path jinja_file = dir / "chat_template.jinja";
   if (fs::exists(fs::symlink_status(jinja_file, ec))) {
-    check_regular_file(jinja_file.string(), kMaxTemplateBytes, "the checkpoint's chat template");
+    check_checkpoint_file(jinja_file, kMaxTemplateBytes, "the checkpoint's chat template");
     fs::copy_file(jinja_file, tmp / "chat_template.jinja", fs::copy_options::overwrite_existing,
                   ec);
     if (ec) throw Error(jinja_file.string() + ": cannot copy to the output: " + ec.message());
   } else if (fs::exists(fs::symlink_status(dir / "tokenizer_config.json", ec))) {
     // load_special_tokens above has parsed it.
     const nlohmann::ordered_json config = nlohmann::ordered_json::parse(
-        read_bounded_file((dir / "tokenizer_config.json").string(), kMaxConfigBytes,
-                          "the checkpoint's tokenizer config"),
+        read_checkpoint_file(dir / "tokenizer_config.json", kMaxConfigBytes,
+                             "the checkpoint's tokenizer config"),
         nullptr, /*allow_exceptions=*/false);
     if (config.is_object() && config.contains("chat_template"))
       chat_template = config["chat_template"];
@@ -243,7 +266,7 @@ void write_tokenizer_files(const fs::path& model, const fs::path& tmp, int64_t m
     return;
   }
   const std::string bytes =
-      read_bounded_file(model.string(), kMaxTokenizerBytes, "the checkpoint's tokenizer");
+      read_checkpoint_file(model, kMaxTokenizerBytes, "the checkpoint's tokenizer");
   const SpModelInfo sp = parse_sp_model(bytes, model.string());
   // ft tokenize frames documents with the library's ids (tokenize.cpp); the ids written here
   // come from the same file by another reader, so they must agree.
@@ -551,7 +574,7 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
                     ": missing; the manifest names this tokenizer copy but the checkpoint "
                     "lacks it");
       // Before copying: a FIFO or device in its place would block the copy or never end.
-      check_regular_file(src.string(), kMaxTokenizerBytes, "the checkpoint's tokenizer");
+      check_checkpoint_file(src, kMaxTokenizerBytes, "the checkpoint's tokenizer");
       const bool bpe_json = src.extension() == ".json";
       fs::copy_file(src, tmp / (bpe_json ? "tokenizer.json" : "tokenizer.model"),
                     fs::copy_options::overwrite_existing, ec);

@@ -214,6 +214,12 @@ print("ok: the export keeps the original's bos_token_id", ce["bos_token_id"], "a
       te["pad_token"], "(AutoTokenizer agrees)")
 EOF
 cat "$tmp/out.txt"
+# A checkpoint whose tokenizer_config.json is a FIFO: damaged (exit 1), refused at once.
+cp -r "$tmp/run_q/checkpoints" "$tmp/q_fifo"
+rm "$tmp/q_fifo/step_00000000/tokenizer_config.json"
+mkfifo "$tmp/q_fifo/step_00000000/tokenizer_config.json"
+run_rc 1 timeout 20 "$ft" export "$tmp/q_fifo" --output "$tmp/q_fifo_out"
+has_err "tokenizer_config.json: is a FIFO (named pipe), not a regular file; the checkpoint is damaged"
 echo "ok: d. a tokenizer.json model keeps the original's bos_token_id and pad_token"
 
 echo "test_export_transformers: all checks passed"

@@ -122,6 +122,15 @@ for f in config.json generation_config.json model.safetensors; do
     has_err "$([[ $kind == fifo ]] && echo "is a FIFO (named pipe)" || echo "is a character device"), not a regular file"
   done
 done
+mkfifo "$tmp/tok_fifo"
+for t in /dev/zero "$tmp/tok_fifo"; do  # the tokenizer libraries would block or read for ever
+  run_rc 2 timeout 20 "$ft" generate "$tmp/llama" -p hi -n 2 --tokenizer "$t"
+  has_err "tokenizer $t: is a"
+done
+rm -rf "$tmp/bad"; cp -r "$tmp/llama" "$tmp/bad"
+rm "$tmp/bad/tokenizer_config.json"; mkfifo "$tmp/bad/tokenizer_config.json"
+run_rc 2 timeout 20 "$ft" generate "$tmp/bad" -p hi -n 2 --chat
+has_err "the tokenizer's config $tmp/bad/tokenizer_config.json: is a FIFO (named pipe)"
 rm -rf "$tmp/bad"; cp -r "$tmp/llama" "$tmp/bad"
 printf '{"eos_token_id": [1, ' > "$tmp/bad/generation_config.json"
 run_rc 2 "$ft" generate "$tmp/bad" -p hi -n 2

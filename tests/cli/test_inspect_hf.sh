@@ -324,7 +324,25 @@ echo '{"model": {"type": "WordPiece"}}' > "$tmp/bad_tok/tokenizer.json"
 inspect 0 "$tmp/bad_tok"
 has_out "tokenizer:     ft cannot read it: "
 has_out "chat data:     no (no tokenizer ft reads"
+cp -r "$tmp/bf16" "$tmp/zero_tok"
+ln -s /dev/zero "$tmp/zero_tok/tokenizer.model"
+run_rc 0 timeout 20 "$ft" inspect "$tmp/zero_tok"
+has_out "tokenizer:     ft cannot read it: tokenizer $tmp/zero_tok/tokenizer.model: is a character device, not a regular file"
+cp -r "$tmp/sp" "$tmp/fifo_config"
+mkfifo "$tmp/fifo_config/tokenizer_config.json"
+run_rc 0 timeout 20 "$ft" inspect "$tmp/fifo_config"
+has_out "chat template: ft cannot use it: the tokenizer's config $tmp/fifo_config/tokenizer_config.json: is a FIFO (named pipe), not a regular file"
 echo "ok: tokenizer and chat template: what is there, what is missing, what works without it"
+
+# ---- flags: a range each, the value quoted briefly --------------------------------------------
+run_rc 2 "$ft" inspect "$tmp/bf16" --seq-len 0
+has_err "--seq-len: \"0\" is out of range; give one from 1 to 1073741824 (2^30)"
+run_rc 2 "$ft" inspect "$tmp/bf16" --seq-len 1e3
+has_err "--seq-len: \"1e3\" is not a whole number"
+run_rc 2 "$ft" inspect "$tmp/bf16" --pack-overflow "$(printf 'q%.0s' {1..3000})"
+has_err "is not one of split, drop"
+(( $(wc -c < "$tmp/err.txt") < 200 )) || fail "a 3000-character value quoted whole"
+echo "ok: --seq-len and --pack-overflow"
 
 # ---- files checked before reading: a FIFO or /dev/zero refused at once, in words -------------
 for f in config.json model.safetensors; do
