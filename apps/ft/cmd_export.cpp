@@ -82,8 +82,9 @@ int cmd_export(const ExportArgs& a) {
       Progress::human_bytes(double(file_bytes)).c_str(), r.dir.c_str());
   if (!r.tokenizer)
     std::printf(
-        "  note: the checkpoint has no tokenizer (the recipe named no tokenizer.path); "
-        "add tokenizer.model to the folder yourself\n");
+        "  note: the checkpoint has no tokenizer (the recipe named no tokenizer.path); copy "
+        "the model's tokenizer files (tokenizer.json and tokenizer_config.json, or "
+        "tokenizer.model) into the folder yourself\n");
   // On stderr as well as in the summary: a folder AutoTokenizer cannot read as ft does must not
   // pass unnoticed in a script that keeps only the exit code and the errors.
   if (!r.tokenizer_note.empty())
