@@ -271,7 +271,18 @@ int cmd_generate(const GenerateArgs& a) {
                      " (hint: a tokenizer of another model? name the right one with --tokenizer)");
   const int max_len =
       int(std::min<int64_t>(cfg.max_seq_len, int64_t(prompt.size()) + a.max_new_tokens));
-  KvDecoder decoder(*model, max_len);
+  std::unique_ptr<KvDecoder> cache;
+  try {
+    cache = std::make_unique<KvDecoder>(*model, max_len);
+  } catch (const Error& e) {
+    // The allocator's own hint speaks of training (micro_batch_size, seq_len): keep its reason.
+    const std::string why = std::string(e.what()).substr(0, std::string(e.what()).find("; "));
+    throw Error("cannot hold the KV cache and activations of " + std::to_string(max_len) +
+                " positions (a prompt of " + std::to_string(prompt.size()) +
+                " tokens and --max-new-tokens " + std::to_string(a.max_new_tokens) + "): " + why +
+                "; give a smaller --max-new-tokens");
+  }
+  KvDecoder& decoder = *cache;
   std::fprintf(stderr, "ft generate: %s (%s, %d layers, dim %d) on %s, %s, prompt %zu tokens\n",
                src.dir.c_str(), cfg.arch.c_str(), cfg.n_layers, cfg.dim, dev->name().c_str(),
                a.dtype.c_str(), prompt.size());

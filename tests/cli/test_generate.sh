@@ -109,6 +109,22 @@ run_rc 0 "$ft" generate "$tmp/llama" -p hi -n 2
 for words in runtime.device "to train" "training on"; do
   grep -qF "$words" "$tmp/err.txt" && fail "generate's messages speak of $words"
 done
+# A cache that cannot be allocated: generate's words (the allocator's spoke of micro_batch_size).
+if ! sanitizer_build; then  # ASan reserves terabytes of address space: no ulimit -v there
+  rm -rf "$tmp/long"; cp -r "$tmp/llama" "$tmp/long"
+  /usr/bin/python3 -c "
+import json, sys
+p = sys.argv[1] + '/config.json'
+c = json.load(open(p)); c['max_position_embeddings'] = 2147483647; json.dump(c, open(p, 'w'))" \
+    "$tmp/long"
+  rc=0
+  (ulimit -v 2000000; exec "$ft" generate "$tmp/long" -p hi -n 16000000) \
+    > "$tmp/out.txt" 2> "$tmp/err.txt" || rc=$?
+  [[ $rc == 1 ]] || fail "a 16M-position cache under a 2 GB limit exited $rc"
+  has_err "cannot hold the KV cache and activations of 1600000"
+  has_err "; give a smaller --max-new-tokens"
+  grep -qF micro_batch_size "$tmp/err.txt" && fail "generate's message speaks of micro_batch_size"
+fi
 echo "ok: --device messages in generate's words"
 
 # Files checked before they are read: a FIFO or /dev/zero is refused at once (exit 2), a broken
