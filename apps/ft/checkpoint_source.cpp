@@ -51,6 +51,22 @@ std::string complete_step(const std::string& step, const std::string& verb) {
 
 }  // namespace
 
+std::string latest_step_name(const std::string& dir) {
+  const fs::path latest = fs::path(dir) / "latest";
+  if (!is_there(latest)) return "";
+  std::string name =
+      read_bounded_file(latest.string(), kMaxLatestBytes, "the checkpoint pointer",
+                        "it names the newest complete step folder; delete it (ft then takes the "
+                        "newest complete step folder), or give a step folder");
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
+    name.pop_back();
+  if (ckpt::parse_step_folder_name(name) < 0)
+    throw UsageError(latest.string() + ": holds " + excerpt(name) +
+                     ", not a step folder name such as step_00000100; delete it (ft then takes "
+                     "the newest complete step folder), or give a step folder");
+  return name;
+}
+
 bool is_checkpoint_path(const std::string& dir) {
   return is_there(fs::path(dir) / "manifest.json") || ckpt::has_checkpoints(dir);
 }
@@ -59,16 +75,7 @@ std::string resolve_checkpoint(const std::string& dir, const std::string& verb, 
   if (is_there(fs::path(dir) / "manifest.json")) return complete_step(dir, verb);
   const fs::path latest = fs::path(dir) / "latest";
   if (is_there(latest)) {
-    std::string name =
-        read_bounded_file(latest.string(), kMaxLatestBytes, "the checkpoint pointer",
-                          "it names the newest complete step folder; delete it (ft then takes the "
-                          "newest complete step folder), or give a step folder");
-    while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' '))
-      name.pop_back();
-    if (ckpt::parse_step_folder_name(name) < 0)
-      throw UsageError(latest.string() + ": holds " + excerpt(name) +
-                       ", not a step folder name such as step_00000100; delete it (ft then takes "
-                       "the newest complete step folder), or give a step folder");
+    const std::string name = latest_step_name(dir);
     const std::string step = (fs::path(dir) / name).string();
     std::error_code ec;
     if (!fs::is_directory(step, ec))

@@ -8,6 +8,12 @@
 
 namespace ft::app {
 
+// The step folder name `dir`/latest holds ("step_00000100"), or "" without `latest`. Read
+// bounded (a FIFO or device in its place is refused at once); whether that folder is there is
+// not checked. Throws UsageError for a `latest` that is not a small regular file or does not
+// hold a step folder name.
+std::string latest_step_name(const std::string& dir);
+
 // Whether `dir` looks like a checkpoint: it holds manifest.json, `latest` or step_* folders.
 bool is_checkpoint_path(const std::string& dir);
 

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,8 @@ inline CLI::Validator finite_in(double lo, double hi, bool open_lo = false) {
         size_t used = 0;
         try {
           v = std::stod(text, &used);
+        } catch (const std::out_of_range&) {  // 1e999: beyond a double
+          return excerpt(text, 40) + " is out of range: must be in " + range;
         } catch (...) {
           used = 0;
         }

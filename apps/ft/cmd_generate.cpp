@@ -147,7 +147,7 @@ void read_eos_ids(const fs::path& file, std::set<int32_t>& out) {
   Json j;
   try {
     j = Json::parse(text);
-  } catch (const std::exception& e) {
+  } catch (const nlohmann::json::exception& e) {
     throw UsageError(file.string() + ": not valid JSON (" + json_error_words(e) + "); " + hint);
   }
   if (!j.is_object() || !j.contains("eos_token_id")) return;

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "apps/ft/checkpoint_source.h"
 #include "apps/ft/commands.h"
 #include "apps/ft/tokenizer_path.h"
 #include "ckpt/checkpoint.h"
@@ -653,8 +654,15 @@ int inspect_checkpoint_root(const std::string& dir) {
   }
   std::sort(steps.begin(), steps.end());
   std::sort(set_aside.begin(), set_aside.end());
-  std::string latest = ckpt::latest_checkpoint(dir);
-  std::string latest_name = latest.empty() ? "" : fs::path(latest).filename().string();
+  // Read here rather than by ckpt::latest_checkpoint, which refuses a `latest` naming a folder
+  // that is gone: inspect lists the folders and says so.
+  std::string latest_name, latest_problem;
+  try {
+    latest_name = latest_step_name(dir);
+  } catch (const Error& e) {
+    latest_problem = e.what();
+  }
+  std::string latest = latest_name.empty() ? "" : (fs::path(dir) / latest_name).string();
   std::printf("checkpoint folder %s\n", dir.c_str());
   std::printf("  step folders: %zu\n", steps.size());
   for (const std::string& s : steps) {
@@ -669,23 +677,26 @@ int inspect_checkpoint_root(const std::string& dir) {
         "    %s  damaged: set aside by --resume auto, never resumed from (inspect it "
         "with ft inspect %s/%s; remove it when done)\n",
         s.c_str(), dir.c_str(), s.c_str());
+  bool ignored = !latest_problem.empty();
+  if (ignored) std::printf("  latest:       unusable (%s); ignored\n", latest_problem.c_str());
   if (!latest.empty() && !fs::exists(fs::path(latest) / "manifest.json", ec)) {
     std::printf("  latest:       names %s, which is not here (set aside as damaged?); ignored\n",
                 latest_name.c_str());
     latest.clear();
     latest_name.clear();
+    ignored = true;
   }
   std::string target = latest;
   if (latest.empty()) {
     const std::vector<std::string> complete = ckpt::complete_checkpoints(dir);
     if (!complete.empty()) {
       target = complete.front();
-      std::printf(
-          "  latest:       missing; below, the newest complete step folder (what --resume "
-          "auto takes)\n");
+      std::printf("%s below, the newest complete step folder (what --resume auto takes)\n",
+                  ignored ? "  instead:     " : "  latest:       missing;");
     } else if (!steps.empty()) {
       target = (fs::path(dir) / steps.back()).string();
-      std::printf("  latest:       missing, and no step folder is complete; below, the newest\n");
+      std::printf("%s no step folder is complete; below, the newest\n",
+                  ignored ? "  instead:     " : "  latest:       missing, and");
     }
   } else {
     std::printf("  latest:       %s\n", latest_name.c_str());

@@ -83,14 +83,7 @@ std::vector<std::string> complete_checkpoints(const std::string& dir) {
 std::string latest_checkpoint(const std::string& dir) {
   const fs::path p = fs::path(dir) / "latest";
   if (!fs::exists(p)) return "";
-  std::string name;
-  try {
-    // A FIFO or device in its place is refused, not waited on or read for ever.
-    name = read_bounded_file(p.string(), 4096, "the checkpoint pointer");
-  } catch (const UsageError& e) {
-    throw Error(std::string(e.what()) +
-                "; delete it to resume from the newest complete checkpoint");
-  }
+  std::string name = read_text(p.string());
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ' || name.back() == '\r'))
     name.pop_back();
   if (name.empty() || name.find('/') != std::string::npos)

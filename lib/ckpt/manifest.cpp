@@ -17,7 +17,6 @@
 #include "ckpt/checkpoint_internal.h"
 #include "ckpt/io.h"
 #include "core/error.h"
-#include "core/files.h"
 #include "core/json_describe.h"
 #include "model/layout.h"
 #include "model/rope.h"
@@ -218,7 +217,7 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
   if (!j.contains("format") || j["format"] != "ft-checkpoint")
     throw Error(path + ": not an ft checkpoint manifest (format is not \"ft-checkpoint\")");
   if (r.int_at(j, "", "version", INT64_MIN, INT64_MAX) != 1)
-    throw Error(path + ": checkpoint format version " + short_dump(j["version"]) +
+    throw Error(path + ": checkpoint format version " + j["version"].dump() +
                 " is not supported by this ft (1)");
 
   // The step: a count of optimizer steps, and the number in the folder's name.
@@ -426,13 +425,7 @@ Manifest read_manifest(const std::string& step_dir, bool allow_incomplete) {
   if (!allow_incomplete && !fs::exists(fs::path(step_dir) / "COMPLETE"))
     throw Error(step_dir + ": no COMPLETE marker: the save never finished; resume from an " +
                 "earlier checkpoint");
-  std::string text;
-  try {
-    text = read_bounded_file(path, kMaxManifestBytes, "checkpoint manifest");
-  } catch (const UsageError& e) {  // a damaged checkpoint, exit code 1 (DESIGN.md §8)
-    throw Error(std::string(e.what()) + "; the checkpoint is damaged");
-  }
-  return parse_manifest(text, step_dir);
+  return parse_manifest(read_text(path), step_dir);
 }
 
 RankRecord parse_rank_json(const std::string& text, const std::string& path) {

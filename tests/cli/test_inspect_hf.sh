@@ -336,7 +336,7 @@ echo "ok: tokenizer and chat template: what is there, what is missing, what work
 
 # ---- flags: a range each, the value quoted briefly --------------------------------------------
 run_rc 2 "$ft" inspect "$tmp/bf16" --seq-len 0
-has_err "--seq-len: \"0\" is out of range; give one from 1 to 1073741824 (2^30)"
+has_err "--seq-len: \"0\" is out of range: must be in [1, 1073741824]"
 run_rc 2 "$ft" inspect "$tmp/bf16" --seq-len 1e3
 has_err "--seq-len: \"1e3\" is not a whole number"
 run_rc 2 "$ft" inspect "$tmp/bf16" --pack-overflow "$(printf 'q%.0s' {1..3000})"
