@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/ft/checkpoint_source.h"
 #include "apps/ft/commands.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/hf_export.h"
@@ -17,36 +18,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A step folder (manifest.json), or a checkpoint dir whose `latest` names one.
+// A step folder (manifest.json), or a checkpoint dir (checkpoint_source.h).
 std::string resolve_step_folder(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw UsageError(path + ": no such file or folder");
   if (!fs::is_directory(path, ec))
     throw UsageError(path + ": not a folder; give a checkpoint step folder or checkpoint.dir");
-  if (fs::exists(fs::path(path) / "manifest.json", ec)) return path;
-  if (fs::exists(fs::path(path) / "latest", ec)) {
-    const std::string step = ckpt::latest_checkpoint(path);
-    if (step.empty())
-      throw Error(path + "/latest: names no checkpoint; give a step folder (" + path +
-                  "/step_*) instead");
-    return step;
-  }
-  if (ckpt::has_checkpoints(path)) {
-    // No `latest`: a run stopped between COMPLETE and `latest`, or a pruned folder. The newest
-    // complete step folder is what --resume auto would take.
-    const std::vector<std::string> complete = ckpt::complete_checkpoints(path);
-    if (complete.empty())
-      throw Error(path +
-                  ": has step folders but none is complete (no COMPLETE file): no save finished "
-                  "here; see `ft inspect " +
-                  path + "`");
-    std::printf("ft export: %s has no `latest`; taking the newest complete step folder\n",
-                path.c_str());
-    return complete.front();
-  }
-  throw UsageError(path +
-                   ": not a checkpoint (no manifest.json or latest); give a step folder such as "
-                   "<checkpoint.dir>/step_00000100, or the checkpoint.dir holding `latest`");
+  std::string note;
+  const std::string step = resolve_checkpoint(path, "export", &note);
+  if (!note.empty()) std::printf("ft export: %s\n", note.c_str());
+  return step;
 }
 
 // main.cpp limits --dtype to these three.
@@ -101,8 +82,9 @@ int cmd_export(const ExportArgs& a) {
       Progress::human_bytes(double(file_bytes)).c_str(), r.dir.c_str());
   if (!r.tokenizer)
     std::printf(
-        "  note: the checkpoint has no tokenizer (the recipe named no tokenizer.path); "
-        "add tokenizer.model to the folder yourself\n");
+        "  note: the checkpoint has no tokenizer (the recipe named no tokenizer.path); copy "
+        "the model's tokenizer files (tokenizer.json and tokenizer_config.json, or "
+        "tokenizer.model) into the folder yourself\n");
   // On stderr as well as in the summary: a folder AutoTokenizer cannot read as ft does must not
   // pass unnoticed in a script that keeps only the exit code and the errors.
   if (!r.tokenizer_note.empty())

@@ -5,20 +5,27 @@
 // end-of-turn token or --max-new-tokens. The text goes to stdout as it is made (or one JSON
 // object with --json); what was loaded and the speed go to stderr.
 #include <chrono>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "apps/ft/checkpoint_source.h"
 #include "apps/ft/commands.h"
+#include "apps/ft/tokenizer_path.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "core/json_describe.h"
+#include "core/system.h"
 #include "data/chat.h"
 #include "data/tokenizer.h"
 #include "model/decode.h"
+#include "model/layout.h"
 #include "runtime/device.h"
 
 namespace ft::app {
@@ -41,18 +48,38 @@ Source resolve_source(const std::string& path) {
     throw UsageError(path +
                      ": not a folder; give a Hugging Face model folder (config.json) or an ft "
                      "checkpoint (a step folder, or checkpoint.dir)");
-  if (fs::exists(fs::path(path) / "config.json", ec)) return {true, path};
-  if (fs::exists(fs::path(path) / "manifest.json", ec)) return {false, path};
-  if (fs::exists(fs::path(path) / "latest", ec)) {
-    const std::string step = ckpt::latest_checkpoint(path);
-    if (step.empty())
-      throw Error(path + "/latest: names no checkpoint; give a step folder (" + path +
-                  "/step_*) instead");
+  if (fs::exists(fs::symlink_status(fs::path(path) / "config.json", ec))) return {true, path};
+  if (is_checkpoint_path(path)) {
+    std::string note;
+    const std::string step = resolve_checkpoint(path, "generate from", &note);
+    if (!note.empty()) std::fprintf(stderr, "ft generate: %s\n", note.c_str());
     return {false, step};
   }
   throw UsageError(path +
                    ": neither a Hugging Face model folder (no config.json) nor an ft checkpoint "
-                   "(no manifest.json or latest)");
+                   "(no manifest.json, latest or step_* folders)");
+}
+
+// The device --device names, in generate's words (make_device speaks of runtime.device and
+// training). auto: the GPU when one is usable, else the CPU, saying why in one line.
+std::unique_ptr<Device> make_generate_device(const std::string& spec) {
+  const CudaBackend* cuda = cuda_backend();
+  // Test support (runtime/guard_device.h): make_device stands it in for a GPU under "auto".
+  const char* guard = std::getenv("FT_TEST_GUARD_DEVICE");
+  if (spec == "auto" && guard && std::string(guard) == "1") return make_device("auto");
+  if (spec == "cuda" && !cuda)
+    throw UsageError(
+        "--device cuda: this build of ft has no CUDA backend (configured with FT_CUDA=OFF or "
+        "without nvcc); use --device cpu (or auto), or rebuild ft with the CUDA toolkit");
+  if (spec == "cpu" || !cuda) return make_device("cpu");
+  const std::string why = cuda->unusable_reason();
+  if (why.empty()) return make_device("cuda");
+  if (spec == "cuda")
+    throw Error("--device cuda: no usable GPU here (" + why +
+                "); use --device cpu (or auto) to generate on the CPU");
+  std::fprintf(stderr, "ft generate: --device auto: generating on the CPU, no usable GPU (%s)\n",
+               why.c_str());
+  return make_device("cpu");
 }
 
 DType parse_dtype(const std::string& s) {
@@ -62,12 +89,32 @@ DType parse_dtype(const std::string& s) {
   throw UsageError("--dtype '" + s + "': expected f32, bf16 or f16");
 }
 
+// Refuses, before anything is allocated, a model the CPU's memory cannot hold: its f32 weights,
+// the host copy they are loaded through and a 16-bit compute copy (a GPU's memory is the
+// backend's to report).
+void check_memory(const ModelConfig& cfg, const Device& dev, DType dtype) {
+  if (dev.name() != "cpu") return;
+  const double params = double(ParamLayout(cfg).total_numel());
+  const double need = params * (8.0 + (dtype == DType::kF32 ? 0.0 : 2.0));
+  const double have = double(available_memory_bytes());
+  if (have > 0 && need > have)
+    throw Error(detail::concat(
+        "the model's ", params / 1e9, "B parameters need about ", need / double(1 << 30),
+        " GiB of memory to generate on the CPU (f32 weights and the copy they load through",
+        dtype == DType::kF32 ? "" : ", and the 16-bit compute copy", "); ", have / double(1 << 30),
+        " GiB are available here: use --device cuda, or a machine with more memory"));
+}
+
 // The model of `src` on `dev`, weights loaded, compute copy made.
 std::unique_ptr<LlamaModel> load_model(const Source& src, Device* dev, DType dtype) {
   std::unique_ptr<LlamaModel> model;
   std::vector<std::vector<float>> host;
   if (src.hf) {
+    // config.json against the tensors' names and shapes first: a config of the wrong sizes
+    // (10^8 layers, a huge intermediate_size) is refused by name before it is allocated.
     const ModelConfig cfg = read_hf_config(src.dir);
+    check_hf_folder(src.dir);
+    check_memory(cfg, *dev, dtype);
     model = std::make_unique<LlamaModel>(cfg, dev, false, nullptr, StageSpec{}, dtype);
     host = model->flat_params().to_host();
     std::vector<float*> ptrs;
@@ -75,6 +122,7 @@ std::unique_ptr<LlamaModel> load_model(const Source& src, Device* dev, DType dty
     load_hf_weights(src.dir, model->layout(), ptrs);
   } else {
     const ckpt::Manifest m = ckpt::read_manifest(src.dir);
+    check_memory(m.model, *dev, dtype);
     model = std::make_unique<LlamaModel>(m.model, dev, false, nullptr, StageSpec{}, dtype);
     for (size_t g = 0; g < model->layout().groups().size(); ++g)
       host.push_back(ckpt::read_global_group(m, ckpt::State::kParam, int(g)));
@@ -85,22 +133,32 @@ std::unique_ptr<LlamaModel> load_model(const Source& src, Device* dev, DType dty
 }
 
 // eos_token_id of a config.json or generation_config.json: a number or a list; absent: none.
+// The file is checked before it is read (a FIFO or /dev/zero in its place is refused at once);
+// a broken one is bad input (exit 2), as read_hf_config treats config.json.
 void read_eos_ids(const fs::path& file, std::set<int32_t>& out) {
   std::error_code ec;
-  if (!fs::exists(file, ec)) return;
-  std::ifstream in(file);
+  if (!fs::exists(fs::symlink_status(file, ec))) return;
+  const std::string hint = file.filename() == "config.json"
+                               ? "restore it from the model's download"
+                               : "restore it from the model's download, or delete it (it is "
+                                 "optional)";
+  const std::string text = read_bounded_file(file.string(), kMaxConfigBytes,
+                                             "the model's " + file.filename().string(), hint);
   Json j;
   try {
-    j = Json::parse(in);
-  } catch (const std::exception& e) {
-    throw Error(file.string() + ": not valid JSON (" + e.what() + ")");
+    j = Json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(file.string() + ": not valid JSON (" + json_error_words(e) + "); " + hint);
   }
   if (!j.is_object() || !j.contains("eos_token_id")) return;
   const Json& e = j["eos_token_id"];
   const auto take = [&](const Json& v) {
-    if (!v.is_number_integer())
-      throw Error(file.string() + ": eos_token_id: expected an integer or a list of integers");
-    out.insert(v.get<int32_t>());
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+      throw UsageError(file.string() +
+                       ": eos_token_id: expected a token id (an integer from 0 to 2^31-1) or a "
+                       "list of them, found " +
+                       short_dump(v) + "; " + hint);
+    out.insert(int32_t(v.get<int64_t>()));
   };
   if (e.is_array())
     for (const Json& v : e) take(v);
@@ -147,11 +205,15 @@ std::vector<int32_t> decodable(const std::vector<int32_t>& ids, const Tokenizer&
 }  // namespace
 
 int cmd_generate(const GenerateArgs& a) {
-  if (a.max_new_tokens < 1) throw UsageError("--max-new-tokens must be at least 1");
-  if (a.temperature < 0) throw UsageError("--temperature must be 0 (greedy) or more");
-  if (!(a.top_p > 0 && a.top_p <= 1)) throw UsageError("--top-p must be in (0, 1]");
+  // main.cpp's validators bound the flags (DESIGN.md §4); the Sampler checks its own again.
+  if (a.max_new_tokens < 1 || a.max_new_tokens > kMaxNewTokens)
+    throw UsageError("--max-new-tokens " + std::to_string(a.max_new_tokens) +
+                     ": must be from 1 to " + std::to_string(kMaxNewTokens));
+  Sampler sampler(a.temperature, a.top_p, a.seed);
   const Source src = resolve_source(a.source);
+  std::unique_ptr<Device> dev = make_generate_device(a.device);
   const std::string tok_path = a.tokenizer.empty() ? src.dir : a.tokenizer;
+  check_tokenizer_path(tok_path);
   std::unique_ptr<Tokenizer> tok;
   try {
     tok = load_tokenizer(tok_path);
@@ -173,6 +235,7 @@ int cmd_generate(const GenerateArgs& a) {
       throw UsageError(
           "--chat: a checkpoint holds no chat template; give --tokenizer the Hugging Face "
           "folder whose tokenizer_config.json or chat_template.jinja has it");
+    check_chat_files(tok_path);
     const ChatTemplate t = load_chat_template(tok_path);
     Json messages = Json::array();
     if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
@@ -195,7 +258,6 @@ int cmd_generate(const GenerateArgs& a) {
     stop_ids.insert(turn_ids.begin(), turn_ids.end());
   }
 
-  std::unique_ptr<Device> dev = make_device(a.device);
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<LlamaModel> model = load_model(src, dev.get(), parse_dtype(a.dtype));
   const ModelConfig& cfg = model->config();
@@ -209,8 +271,18 @@ int cmd_generate(const GenerateArgs& a) {
                      " (hint: a tokenizer of another model? name the right one with --tokenizer)");
   const int max_len =
       int(std::min<int64_t>(cfg.max_seq_len, int64_t(prompt.size()) + a.max_new_tokens));
-  KvDecoder decoder(*model, max_len);
-  Sampler sampler(a.temperature, a.top_p, a.seed);
+  std::unique_ptr<KvDecoder> cache;
+  try {
+    cache = std::make_unique<KvDecoder>(*model, max_len);
+  } catch (const Error& e) {
+    // The allocator's own hint speaks of training (micro_batch_size, seq_len): keep its reason.
+    const std::string why = std::string(e.what()).substr(0, std::string(e.what()).find("; "));
+    throw Error("cannot hold the KV cache and activations of " + std::to_string(max_len) +
+                " positions (a prompt of " + std::to_string(prompt.size()) +
+                " tokens and --max-new-tokens " + std::to_string(a.max_new_tokens) + "): " + why +
+                "; give a smaller --max-new-tokens");
+  }
+  KvDecoder& decoder = *cache;
   std::fprintf(stderr, "ft generate: %s (%s, %d layers, dim %d) on %s, %s, prompt %zu tokens\n",
                src.dir.c_str(), cfg.arch.c_str(), cfg.n_layers, cfg.dim, dev->name().c_str(),
                a.dtype.c_str(), prompt.size());

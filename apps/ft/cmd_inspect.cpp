@@ -13,12 +13,17 @@
 #include <tuple>
 #include <vector>
 
+#include "apps/ft/checkpoint_source.h"
 #include "apps/ft/commands.h"
+#include "apps/ft/tokenizer_path.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "data/chat.h"
 #include "data/loader.h"
 #include "data/shard.h"
+#include "data/tokenizer.h"
 #include "model/layout.h"
 #include "model/rope.h"
 #include "train/metrics.h"
@@ -180,8 +185,146 @@ void print_problems(const std::string& what, const std::vector<std::string>& ite
     std::printf("    %s... and %zu more\n", label.c_str(), items.size() - kListed);
 }
 
+// There in some form (a FIFO or a dangling link too, which the readers then refuse by name).
+bool is_there(const fs::path& p) {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(p, ec));
+}
+
+// A token for a line of the summary: its text (an excerpt) and id.
+std::string token_text(const Tokenizer& tok, int32_t id) {
+  if (id < 0) return "none";
+  const std::string text = tok.decode({id});
+  return text.empty() ? "id " + std::to_string(id)
+                      : excerpt(text, 30) + " (id " + std::to_string(id) + ")";
+}
+
+// What a Hugging Face folder offers besides its weights: a tokenizer ft reads, and a chat
+// template ft's Jinja subset renders (DESIGN.md §6 Chat data). Printed as two lines; `chat`
+// says whether chat data works with the folder alone, `without` what works without what is
+// missing (empty when nothing is).
+struct TextSupport {
+  bool tokenizer = false, chat = false;
+  bool template_renders = false;  // ft's Jinja subset renders the folder's chat template
+  std::string missing;            // "no tokenizer", "no chat template", ...
+};
+
+TextSupport print_text_support(const std::string& dir, const ModelConfig& m) {
+  TextSupport r;
+  std::unique_ptr<Tokenizer> tok;
+  const bool has_tok =
+      is_there(fs::path(dir) / "tokenizer.json") || is_there(fs::path(dir) / "tokenizer.model");
+  std::vector<std::string> missing;
+  if (!has_tok) {
+    std::printf("  tokenizer:     none (no tokenizer.json or tokenizer.model)\n");
+    missing.push_back("no tokenizer");
+  } else {
+    try {
+      check_tokenizer_path(dir);
+      tok = load_tokenizer(dir);
+    } catch (const Error& e) {
+      std::printf("  tokenizer:     ft cannot read it: %s\n", e.what());
+      missing.push_back("no tokenizer ft reads");
+    }
+  }
+  if (tok) {
+    const std::string file = fs::path(tok->path()).filename().string();
+    std::printf("  tokenizer:     %s (%s), %lld ids, BOS %s, EOS %s", file.c_str(),
+                file == "tokenizer.json" ? "byte-level BPE" : "SentencePiece",
+                (long long)tok->vocab_size(), token_text(*tok, tok->bos_id()).c_str(),
+                token_text(*tok, tok->eos_id()).c_str());
+    if (tok->vocab_size() > m.vocab_size) {
+      std::printf(": more ids than the model's vocab_size %d, so ft refuses the pair\n",
+                  m.vocab_size);
+      missing.push_back("a tokenizer of more ids than the model has");
+      tok.reset();
+    } else {
+      std::printf("\n");
+      r.tokenizer = true;
+    }
+  }
+
+  // The template: chat_template.jinja, or tokenizer_config.json's chat_template key. Both files
+  // are checked before anything reads them (a FIFO would block the reader).
+  bool has_template = is_there(fs::path(dir) / "chat_template.jinja");
+  std::string unreadable;
+  try {
+    check_chat_files(dir);
+  } catch (const Error& e) {
+    unreadable = e.what();
+  }
+  const fs::path config = fs::path(dir) / "tokenizer_config.json";
+  if (unreadable.empty() && !has_template && is_there(config)) {
+    try {
+      const nlohmann::json j = nlohmann::json::parse(
+          read_bounded_file(config.string(), kMaxConfigBytes, "the tokenizer's config"));
+      has_template = j.is_object() && j.contains("chat_template");
+    } catch (const std::exception&) {
+      has_template = true;  // load_chat_template below says what is wrong with the file
+    }
+  }
+  if (!unreadable.empty()) {
+    std::printf("  chat template: ft cannot use it: %s\n", unreadable.c_str());
+    missing.push_back("no chat template ft reads");
+  } else if (!has_template) {
+    std::printf(
+        "  chat template: none (no chat_template.jinja, and no chat_template in "
+        "tokenizer_config.json)\n");
+    missing.push_back("no chat template");
+  } else {
+    try {
+      const ChatTemplate t = load_chat_template(dir);
+      // The renderings chat data makes (a user turn and an assistant's reply, with and without
+      // the generation prompt), so that a template outside ft's subset is found here rather
+      // than at ft tokenize's first conversation.
+      nlohmann::json messages = nlohmann::json::array();
+      messages.push_back({{"role", "user"}, {"content", "Hi"}});
+      render_chat(t, messages, true);
+      messages.push_back({{"role", "assistant"}, {"content", "Hello"}});
+      render_chat(t, messages, false);
+      // With the tokenizer: the loss mask (data/chat.h), which needs the tokens to spell the
+      // rendered text, and the end-of-turn tokens it trains on.
+      std::string turn, mask_problem;
+      if (tok) {
+        try {
+          const ChatTokens ct = tokenize_chat(t, *tok, messages, true);
+          for (size_t i = 0; i < ct.ids.size(); ++i)
+            if (ct.mask[i] && tok->is_special(ct.ids[i]))
+              turn += (turn.empty() ? "" : ", ") + token_text(*tok, ct.ids[i]);
+        } catch (const Error& e) {
+          mask_problem = e.what();
+        }
+      }
+      // "tokenizer_config.json's chat_template" or "chat_template.jinja", without the folder.
+      std::string source = fs::path(t.source).filename().string();
+      if (const size_t colon = source.find(": "); colon != std::string::npos)
+        source = source.substr(0, colon) + "'s " + source.substr(colon + 2);
+      r.template_renders = true;
+      std::printf("  chat template: %s: ft's Jinja subset renders it%s\n", source.c_str(),
+                  !tok || !mask_problem.empty() ? ""
+                  : turn.empty() ? "; no end-of-turn token (ft generate --chat stops at EOS)"
+                                 : ("; end of turn " + turn).c_str());
+      if (!mask_problem.empty()) {
+        std::printf("  chat tokens:   ft cannot mark the assistant's tokens: %s\n",
+                    mask_problem.c_str());
+        missing.push_back("the tokenizer cannot mark the assistant's tokens");
+      } else {
+        r.chat = true;
+      }
+    } catch (const Error& e) {
+      std::printf("  chat template: ft cannot use it: %s\n", e.what());
+      missing.push_back("no chat template ft renders");
+    }
+  }
+  r.chat = r.chat && r.tokenizer;
+  for (const std::string& x : missing) r.missing += (r.missing.empty() ? "" : ", ") + x;
+  return r;
+}
+
 // Exit code 1 when ft could not use the folder as model.from, so that a script can test with
 // `ft inspect DIR`; the summary is printed first either way, since it shows what is wrong.
+// The tokenizer and chat template are reported (what works without them too) but do not change
+// the exit code: a folder of weights alone is a valid model.from.
 int inspect_hf(const std::string& dir) {
   const HfFolderSummary s = summarize_hf_folder(dir);  // malformed files throw, naming the file
   const ModelConfig& m = s.config;
@@ -279,8 +422,35 @@ int inspect_hf(const std::string& dir) {
     std::printf("  note: %s equals model.embed_tokens.weight (tied embeddings); ft loads it once\n",
                 s.check.tied_copy.c_str());
   for (const std::string& w : s.config_warnings) std::printf("  warning: %s\n", w.c_str());
+  const TextSupport text = print_text_support(dir, m);
   if (s.compatible()) {
-    std::printf("  compatible with ft: yes\n");
+    std::printf(
+        "  compatible with ft: yes, as model.from (config.json, and the tensors' names, shapes "
+        "and dtypes; their values are checked as they load)\n");
+    if (text.chat)
+      std::printf(
+          "  chat data:     yes: ft tokenize --format chat --tokenizer %s, model.from and "
+          "tokenizer.path %s, ft generate %s --chat\n",
+          dir.c_str(), dir.c_str(), dir.c_str());
+    else
+      std::printf(
+          "  chat data:     no (%s). %s\n", text.missing.c_str(),
+          text.tokenizer && text.template_renders
+              ? "This folder's tokenizer serves ft tokenize of text and JSONL and ft generate "
+                "without --chat; chat data (ft tokenize --format chat or alpaca, ft generate "
+                "--chat) needs a tokenizer whose tokens spell the rendered text (a byte-level "
+                "BPE tokenizer.json)"
+          : text.tokenizer
+              ? "This folder's tokenizer serves ft tokenize of text and JSONL and ft generate "
+                "without --chat; chat data (ft tokenize --format chat or alpaca, ft generate "
+                "--chat) needs the model's chat template too (chat_template.jinja, or "
+                "tokenizer_config.json's chat_template)"
+              : detail::concat("Without a tokenizer ft still trains the model (model.from) on "
+                               "token shards of at most ",
+                               m.vocab_size,
+                               " ids made with another tokenizer.path; ft tokenize and ft "
+                               "generate need a tokenizer, chat data a chat template too")
+                    .c_str());
     return 0;
   }
   std::printf("  compatible with ft: no\n");
@@ -484,8 +654,15 @@ int inspect_checkpoint_root(const std::string& dir) {
   }
   std::sort(steps.begin(), steps.end());
   std::sort(set_aside.begin(), set_aside.end());
-  std::string latest = ckpt::latest_checkpoint(dir);
-  std::string latest_name = latest.empty() ? "" : fs::path(latest).filename().string();
+  // Read here rather than by ckpt::latest_checkpoint, which refuses a `latest` naming a folder
+  // that is gone: inspect lists the folders and says so.
+  std::string latest_name, latest_problem;
+  try {
+    latest_name = latest_step_name(dir);
+  } catch (const Error& e) {
+    latest_problem = e.what();
+  }
+  std::string latest = latest_name.empty() ? "" : (fs::path(dir) / latest_name).string();
   std::printf("checkpoint folder %s\n", dir.c_str());
   std::printf("  step folders: %zu\n", steps.size());
   for (const std::string& s : steps) {
@@ -500,23 +677,26 @@ int inspect_checkpoint_root(const std::string& dir) {
         "    %s  damaged: set aside by --resume auto, never resumed from (inspect it "
         "with ft inspect %s/%s; remove it when done)\n",
         s.c_str(), dir.c_str(), s.c_str());
+  bool ignored = !latest_problem.empty();
+  if (ignored) std::printf("  latest:       unusable (%s); ignored\n", latest_problem.c_str());
   if (!latest.empty() && !fs::exists(fs::path(latest) / "manifest.json", ec)) {
     std::printf("  latest:       names %s, which is not here (set aside as damaged?); ignored\n",
                 latest_name.c_str());
     latest.clear();
     latest_name.clear();
+    ignored = true;
   }
   std::string target = latest;
   if (latest.empty()) {
     const std::vector<std::string> complete = ckpt::complete_checkpoints(dir);
     if (!complete.empty()) {
       target = complete.front();
-      std::printf(
-          "  latest:       missing; below, the newest complete step folder (what --resume "
-          "auto takes)\n");
+      std::printf("%s below, the newest complete step folder (what --resume auto takes)\n",
+                  ignored ? "  instead:     " : "  latest:       missing;");
     } else if (!steps.empty()) {
       target = (fs::path(dir) / steps.back()).string();
-      std::printf("  latest:       missing, and no step folder is complete; below, the newest\n");
+      std::printf("%s no step folder is complete; below, the newest\n",
+                  ignored ? "  instead:     " : "  latest:       missing, and");
     }
   } else {
     std::printf("  latest:       %s\n", latest_name.c_str());

@@ -37,6 +37,9 @@ struct TokenizeArgs {
 };
 int cmd_tokenize(const TokenizeArgs& a);
 
+// --seq-len of ft inspect: a window of 1 to 2^30 tokens.
+constexpr int kMaxInspectSeqLen = 1 << 30;
+
 struct InspectArgs {
   std::string path;
   int seq_len = 0;                      // shard folders: the packing at this window length
@@ -65,6 +68,12 @@ struct ExportArgs {
   bool overwrite = false;
 };
 int cmd_export(const ExportArgs& a);
+
+// The ranges of ft generate's numeric flags (main.cpp checks them; DESIGN.md §4). 2^24 new
+// tokens is far past any model's max_seq_len, which bounds them anyway; a temperature of 100
+// already samples almost uniformly (logits differ by far less than 100 after the model's norm).
+constexpr int kMaxNewTokens = 1 << 24;
+constexpr double kMaxTemperature = 100;
 
 struct GenerateArgs {
   std::string source;  // an HF folder, a checkpoint step folder or checkpoint.dir

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string>
+#include <vector>
 
 #if FT_CUDA_BACKEND
 #include "runtime/cuda/cuda_device.h"
@@ -193,10 +195,15 @@ int main(int argc, char** argv) {
   i->add_option("path", insp.path, "Folder to inspect")->required();
   i->add_option("--seq-len", insp.seq_len,
                 "Shard folders: how data.pack would pack them into windows of this many tokens")
-      ->check(CLI::Range(1, 1 << 30));
+      ->check(integer_in(1, kMaxInspectSeqLen));
   i->add_option("--pack-overflow", insp.pack_overflow,
                 "With --seq-len: documents longer than a window are split (default) or dropped")
-      ->check(CLI::IsMember({"split", "drop"}));
+      ->check(one_of({"split", "drop"}));
+  i->footer(
+      "A Hugging Face folder: its config.json and tensors (whether they load as model.from), its\n"
+      "tokenizer (whether ft reads it) and chat template (whether ft's Jinja subset renders it),\n"
+      "and so what ft can do with it. Exit code 1 when the weights cannot be used as model.from,\n"
+      "or a checkpoint is damaged or incomplete.");
 
   PlanArgs plan_args;
   auto* plan =
@@ -255,16 +262,21 @@ int main(int argc, char** argv) {
   exp->add_option("--output,-o", export_args.output, "Hugging Face folder to write")->required();
   exp->add_option("--dtype", export_args.dtype,
                   "Tensor dtype of the output: f32 (default), bf16, f16")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+      ->check(one_of({"f32", "bf16", "f16"}));
   exp->add_option("--max-shard-size", export_args.max_shard_size,
                   "Largest safetensors file before splitting into model-0000K-of-0000N files with "
-                  "an index: bytes, or 500MB, 5GB (default), 2GiB");
+                  "an index: bytes, or 500MB, 5GB (default), 2GiB; from 1 byte to 1000TB")
+      ->check(byte_size());
   exp->add_flag("--overwrite", export_args.overwrite, "Replace a non-empty output folder");
   exp->footer(
-      "Writes config.json, model.safetensors (or shards plus model.safetensors.index.json) and "
-      "the\n"
-      "checkpoint's tokenizer.model: a folder transformers loads as LlamaForCausalLM and ft takes\n"
-      "as model.from. The folder appears only when complete (written as DIR.tmp-<pid>, renamed).");
+      "Writes a folder transformers loads as the checkpoint's class (LlamaForCausalLM,\n"
+      "Qwen2ForCausalLM, Qwen3ForCausalLM or MistralForCausalLM, by model.arch) and ft takes as\n"
+      "model.from: config.json, model.safetensors (or shards plus model.safetensors.index.json),\n"
+      "and the checkpoint's tokenizer when the recipe named one: its tokenizer.json with a\n"
+      "tokenizer_config.json (the model folder's chat template and special tokens carried over),\n"
+      "or its tokenizer.model with tokenizer.json, tokenizer_config.json and\n"
+      "special_tokens_map.json; generation_config.json with the special token ids. The folder\n"
+      "appears only when complete (written as DIR.tmp-<pid>, then renamed).");
 
   GenerateArgs gen;
   auto* g =
@@ -278,21 +290,24 @@ int main(int argc, char** argv) {
               "Render the prompt as a user message with the tokenizer's chat template (and a "
               "generation prompt); stop at the template's end-of-turn token too");
   g->add_option("--system", gen.system, "With --chat: a system message before the prompt");
-  g->add_option("--max-new-tokens,-n", gen.max_new_tokens, "Tokens to generate at most (128)")
-      ->check(CLI::Range(1, 1 << 30));
-  g->add_option("--temperature", gen.temperature, "0: greedy (default); > 0: sample")
-      ->check(CLI::NonNegativeNumber);
+  g->add_option("--max-new-tokens,-n", gen.max_new_tokens,
+                "Tokens to generate at most (default 128; the model's max_seq_len bounds them too)")
+      ->check(integer_in(1, kMaxNewTokens));
+  g->add_option("--temperature", gen.temperature, "0: greedy (default); above 0: sample")
+      ->check(finite_in(0, kMaxTemperature));
   g->add_option("--top-p", gen.top_p,
-                "Sample from the most likely tokens holding this much probability (1: all)")
-      ->check(CLI::Range(0.0, 1.0));
-  g->add_option("--seed", gen.seed, "Sampling seed: the same seed, the same text (0)");
+                "Sample from the most likely tokens holding this much probability (default 1: "
+                "all)")
+      ->check(finite_in(0, 1, /*open_lo=*/true));
+  g->add_option("--seed", gen.seed, "Sampling seed: the same seed, the same text (default 0)")
+      ->check(integer_in(0, UINT64_MAX));
   g->add_option("--tokenizer", gen.tokenizer,
                 "Tokenizer file or folder (default: the source's; a checkpoint with --chat needs "
                 "the Hugging Face folder holding the chat template)");
   g->add_option("--device", gen.device, "auto (default), cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+      ->check(one_of({"auto", "cpu", "cuda"}));
   g->add_option("--dtype", gen.dtype, "Compute dtype: f32 (default), bf16, f16")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+      ->check(one_of({"f32", "bf16", "f16"}));
   g->add_flag("--json", gen.json,
               "Print one JSON object: prompt_ids, ids (the stop token included), text, stop "
               "(eos, end_of_turn or length)");

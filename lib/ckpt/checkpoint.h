@@ -9,8 +9,9 @@
 //                                   rank 0 once every rank's .json is there
 //   step_00000100/tokenizer.model   a copy of tokenizer.path (when the recipe names one), so
 //                                   `ft export` needs nothing outside the checkpoint; a
-//                                   tokenizer.json comes with its folder's tokenizer_config.json
-//                                   and chat_template.jinja, where it has them (the chat template)
+//                                   tokenizer.json comes with its folder's tokenizer_config.json,
+//                                   chat_template.jinja and generation_config.json, where it has
+//                                   them (the chat template, the special tokens and their ids)
 //   step_00000100/COMPLETE          written last, after all of the above is durable
 //   latest                          names the newest complete step folder; replaced atomically
 // The step in a folder's name is the number of optimizer steps completed: training resumes at

@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -24,6 +24,8 @@
 
 #include "ckpt/safetensors.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "core/json_describe.h"
 
 namespace ft {
 namespace {
@@ -56,33 +58,46 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-bool is_file(const fs::path& p) {
-  std::error_code ec;  // a permission problem reads as "absent" here and is reported on open
-  return fs::is_regular_file(p, ec);
-}
-
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// A file of the folder that is there in some form (a FIFO, a device, a dangling link too), so
+// that a model.safetensors that is not a regular file is refused for what it is rather than
+// taken for absent.
+bool is_there(const fs::path& p) {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(p, ec));
+}
+
+constexpr const char* kRedownload = "restore it from the model's download";
+
 // Reads model.safetensors.index.json: {"weight_map": {tensor name: shard file name}, ...}.
-// Returns shard file name → tensor names listed for it.
+// Returns shard file name → tensor names listed for it. A shard name must be a file of the
+// folder itself (transformers writes plain names): "../x" or "/etc/passwd" is refused.
 std::map<std::string, std::vector<std::string>> read_index(const std::string& index_path) {
-  std::ifstream in(index_path);
-  if (!in) FT_FAIL("cannot open '", index_path, "'");
+  const std::string text =
+      read_bounded_file(index_path, kMaxManifestBytes, "safetensors index", kRedownload);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    FT_FAIL("'", index_path, "' is not valid JSON: ", e.what());
+    throw UsageError("'" + index_path + "' is not valid JSON (" + json_error_words(e) + "); " +
+                     kRedownload);
   }
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-    FT_FAIL("'", index_path, "' has no \"weight_map\" object (name → shard file)");
+    throw UsageError("'" + index_path + "' has no \"weight_map\" object (name → shard file); " +
+                     kRedownload);
   std::map<std::string, std::vector<std::string>> shards;
   for (const auto& [name, file] : j["weight_map"].items()) {
-    if (!file.is_string() || file.get<std::string>().empty())
-      FT_FAIL("'", index_path, "': weight_map entry '", name, "' is not a file name");
+    const bool plain = file.is_string() && !file.get<std::string>().empty() &&
+                       file.get<std::string>().find('/') == std::string::npos &&
+                       file.get<std::string>() != "." && file.get<std::string>() != "..";
+    if (!plain)
+      throw UsageError("'" + index_path + "': weight_map entry " + excerpt(name) +
+                       " is not a file name of the folder (got " + short_dump(file) + "); " +
+                       kRedownload);
     shards[file.get<std::string>()].push_back(name);
   }
   return shards;
@@ -99,30 +114,31 @@ OpenedWeights open_weights(const std::string& dir) {
   OpenedWeights w;
   const std::string single = dir + "/" + kSingleFile;
   const std::string index = dir + "/" + kIndexFile;
-  if (is_file(single)) {
+  if (is_there(single)) {
     w.files.push_back(std::make_unique<SafetensorsFile>(single));
     for (const auto& [name, e] : w.files.back()->entries())
       w.tensors[name] = {w.files.back().get(), &e};
-  } else if (is_file(index)) {
+  } else if (is_there(index)) {
     for (const auto& [shard, names] : read_index(index)) {
       const std::string shard_path = dir + "/" + shard;
-      if (!is_file(shard_path))
-        FT_FAIL("'", index, "' lists shard '", shard, "' (for tensor '", names.front(), "'), but '",
-                shard_path, "' does not exist; is the download complete?");
+      if (!is_there(shard_path))
+        throw UsageError("'" + index + "' lists shard '" + shard + "' (for tensor '" +
+                         names.front() + "'), but '" + shard_path +
+                         "' does not exist; is the download complete?");
       w.files.push_back(std::make_unique<SafetensorsFile>(shard_path));
       const SafetensorsFile& f = *w.files.back();
       for (const auto& name : names) {
         auto it = f.entries().find(name);
         if (it == f.entries().end())
-          FT_FAIL("'", index, "' places tensor '", name, "' in '", shard_path,
-                  "', but that file has no such tensor");
+          throw UsageError("'" + index + "' places tensor '" + name + "' in '" + shard_path +
+                           "', but that file has no such tensor; " + kRedownload);
         w.tensors[name] = {&f, &it->second};
       }
     }
   } else {
-    FT_FAIL("no ", kSingleFile, " or ", kIndexFile, " in '", dir,
-            "' (model.from must be a Hugging Face model folder with safetensors weights; "
-            "convert .bin/.pth checkpoints to safetensors first)");
+    throw UsageError(std::string("no ") + kSingleFile + " or " + kIndexFile + " in '" + dir +
+                     "': a Hugging Face model folder holds its weights in safetensors files "
+                     "(convert .bin/.pth checkpoints to safetensors first)");
   }
   return w;
 }
@@ -130,9 +146,24 @@ OpenedWeights open_weights(const std::string& dir) {
 // Older checkpoints store each layer's RoPE frequency table; ft recomputes it from rope_theta.
 bool is_rope_buffer(const std::string& name) { return ends_with(name, "rotary_emb.inv_freq"); }
 
-// Names both ways, then shapes and dtypes of the tensors that are there, in layout order.
+// transformers' class of a family (model.arch), for hints.
+std::string class_of(const std::string& arch) {
+  if (arch == "qwen2") return "Qwen2ForCausalLM";
+  if (arch == "qwen3") return "Qwen3ForCausalLM";
+  if (arch == "mistral") return "MistralForCausalLM";
+  return "LlamaForCausalLM";
+}
+
+bool any_ends_with(const std::vector<std::string>& names, const std::string& suffix) {
+  for (const std::string& n : names)
+    if (ends_with(n, suffix)) return true;
+  return false;
+}
+
+// Names both ways, then shapes and dtypes of the tensors that are there, in layout order. `arch`
+// (config.json's family, model.arch) words the hints.
 HfLayoutCheck check_against_layout(const std::map<std::string, Source>& tensors,
-                                   const ParamLayout& layout) {
+                                   const ParamLayout& layout, const std::string& arch) {
   HfLayoutCheck c;
   std::set<std::string> expected;
   for (const auto& g : layout.groups())
@@ -185,15 +216,69 @@ HfLayoutCheck check_against_layout(const std::map<std::string, Source>& tensors,
     c.hints.push_back(
         "the checkpoint has its own lm_head.weight (of another shape than the embedding) but "
         "tie_embeddings is on; set tie_embeddings (tie_word_embeddings in config.json) to false");
+  const std::string cls = class_of(arch);
   const std::string first = c.missing.empty() ? std::string() : c.missing.front();
   if (first.rfind("model.", 0) == 0 && tensors.count(first.substr(6)))
+    c.hints.push_back("the checkpoint names tensors without the 'model.' prefix (a " +
+                      cls.substr(0, cls.size() - std::string("ForCausalLM").size()) +
+                      "Model rather than a " + cls + " checkpoint?)");
+  // The attention block's extra tensors tell the families apart (DESIGN.md §5 model.arch):
+  // Qwen2's q/k/v biases, Qwen3's q/k norms.
+  const bool has_biases = any_ends_with(c.unexpected, "q_proj.bias");
+  const bool has_norms = any_ends_with(c.unexpected, "q_norm.weight");
+  if (has_biases && !has_norms)
+    c.hints.push_back("the weights have q/k/v biases, as Qwen2's have, but config.json says " +
+                      arch + " (" + cls +
+                      "); a Qwen2 checkpoint needs model_type \"qwen2\" and architectures "
+                      "[\"Qwen2ForCausalLM\"]");
+  if (has_norms)
+    c.hints.push_back("the weights have q/k norms, as Qwen3's have, but config.json says " + arch +
+                      " (" + cls +
+                      "); a Qwen3 checkpoint needs model_type \"qwen3\" and architectures "
+                      "[\"Qwen3ForCausalLM\"]");
+  if (any_ends_with(c.missing, "q_proj.bias") && !any_ends_with(c.unexpected, "q_proj.bias"))
     c.hints.push_back(
-        "the checkpoint names tensors without the 'model.' prefix (a LlamaModel rather than a "
-        "LlamaForCausalLM checkpoint?)");
-  c.hints.push_back(
-      "is this a LlamaForCausalLM checkpoint whose config.json matches the model sizes "
-      "(n_layers, dim, heads, vocab)?");
+        "config.json says qwen2, whose attention has q/k/v biases, but the weights "
+        "have none: a Llama or Mistral checkpoint labelled qwen2?");
+  if (any_ends_with(c.missing, "q_norm.weight") && !any_ends_with(c.unexpected, "q_norm.weight"))
+    c.hints.push_back(
+        "config.json says qwen3, whose attention has q/k norms, but the weights "
+        "have none: a Qwen2 or Llama checkpoint labelled qwen3?");
+  c.hints.push_back("is this a " + cls + " checkpoint (config.json: model_type \"" + arch +
+                    "\") whose config.json matches its tensors (num_hidden_layers, hidden_size, "
+                    "attention heads, vocab_size)?");
   return c;
+}
+
+// Refuses non-finite weights as they are read (UsageError: the folder is bad input), naming the
+// tensor, the file and where: v holds elements [first, first + n) of tensor `name` of `file` in
+// row-major order. A NaN or an infinity in a downloaded model means a damaged file or a model
+// saved after it diverged; trained from, it would show only as a NaN loss at step 1, which
+// reads as a learning-rate problem. One vectorisable pass over memory just read.
+void check_finite(const SafetensorsFile& file, const std::string& name, const float* v, size_t n,
+                  size_t first) {
+  bool bad = false;
+  for (size_t i = 0; i < n; ++i) bad |= !(std::fabs(v[i]) <= std::numeric_limits<float>::max());
+  if (!bad) return;
+  size_t at = 0, count = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i]) && count++ == 0) at = i;
+  // The element's index in the tensor's shape: [row, column] for a matrix.
+  const std::vector<int64_t>& shape = file.entries().at(name).shape;
+  std::vector<int64_t> index(shape.size());
+  uint64_t rest = first + at;
+  for (size_t d = shape.size(); d-- > 0;) {
+    const uint64_t extent = uint64_t(std::max<int64_t>(1, shape[d]));
+    index[d] = int64_t(rest % extent);
+    rest /= extent;
+  }
+  throw UsageError(detail::concat(
+      "tensor '", name, "' in '", file.path(), "' holds ", std::isnan(v[at]) ? "NaN" : "infinity",
+      " at ", shape_str(index), " (", count, " non-finite value", count == 1 ? "" : "s",
+      " among the ", n,
+      " read there); ft does not load non-finite weights: the file is "
+      "damaged or the model had diverged when it was saved. Download it again, or use another "
+      "checkpoint of the model"));
 }
 
 // When a tied folder also stores lm_head.weight (check.tied_copy): an error message naming both
@@ -211,10 +296,12 @@ std::string tied_head_difference(const OpenedWeights& w, const HfLayoutCheck& ch
   if (!embedding) {
     e_read.resize(numel);
     emb.file->read_f32(kEmbedName, e_read.data(), numel);
+    check_finite(*emb.file, kEmbedName, e_read.data(), numel, 0);
     embedding = &e_read;
   }
   std::vector<float> h(numel);
   head.file->read_f32(kHeadName, h.data(), numel);
+  check_finite(*head.file, kHeadName, h.data(), numel, 0);
   double worst = 0;
   size_t where = 0, differing = 0;
   for (size_t i = 0; i < numel; ++i) {
@@ -249,6 +336,20 @@ int layer_of(const std::string& name) {
   return i > prefix.size() && i < name.size() && name[i] == '.' ? int(n) : -1;
 }
 
+// The family of the folder `dir` for hints: config.json's, or, when that cannot be read, what
+// the layout's attention tensors say (Qwen2's biases, Qwen3's norms; else llama).
+std::string folder_arch(const std::string& dir, const ParamLayout& layout) {
+  try {
+    return read_hf_config_located(dir).model.arch;
+  } catch (const Error&) {
+  }
+  int g = 0;
+  const ParamEntry* e = nullptr;
+  if (layout.find("model.layers.0.self_attn.q_norm.weight", &g, &e)) return "qwen3";
+  if (layout.find("model.layers.0.self_attn.q_proj.bias", &g, &e)) return "qwen2";
+  return "llama";
+}
+
 // Reads tensor rank t's slice of `pe` (its whole tensor when replicated) into dst (pe.numel).
 // A row split is one contiguous range of the file's tensor; a column split is read a few rows
 // at a time (kSliceChunk elements at most, or one row) and this rank's columns taken from each
@@ -258,6 +359,7 @@ void read_slice(const SafetensorsFile& file, const ParamEntry& pe, int t, float*
   if (pe.split != TensorSplit::kCols) {
     for_each_slice_run(pe, t, [&](size_t whole, size_t local, size_t n) {
       file.read_f32_range(pe.name, dst + local, whole, n);
+      check_finite(file, pe.name, dst + local, n, whole);
     });
     return;
   }
@@ -268,6 +370,7 @@ void read_slice(const SafetensorsFile& file, const ParamEntry& pe, int t, float*
   for (size_t r0 = 0; r0 < rows; r0 += chunk_rows) {
     const size_t k = std::min(chunk_rows, rows - r0);
     file.read_f32_range(pe.name, buf.data(), r0 * whole_cols, k * whole_cols);
+    check_finite(file, pe.name, buf.data(), k * whole_cols, r0 * whole_cols);
     for (size_t r = 0; r < k; ++r) {
       const float* src = buf.data() + r * whole_cols + size_t(t) * cols;
       std::copy(src, src + cols, dst + (r0 + r) * cols);
@@ -290,8 +393,10 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
   // 2. Names both ways, then shapes and dtypes: all before anything is copied. Name problems are
   //    reported together; of the shape and dtype problems only the first in layout order, which
   //    keeps the message short when a wrong size in config.json makes every layer disagree.
-  const HfLayoutCheck check = check_against_layout(w.tensors, layout);
+  HfLayoutCheck check = check_against_layout(w.tensors, layout, "llama");
   if (!check.missing.empty() || !check.unexpected.empty()) {
+    // Hints in the words of the folder's own family (config.json; the layout's when unreadable).
+    check = check_against_layout(w.tensors, layout, folder_arch(dir, layout));
     std::ostringstream msg;
     msg << "Hugging Face checkpoint in '" << dir << "' does not match the model:";
     if (!check.missing.empty())
@@ -300,10 +405,10 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
       msg << "\n  unexpected " << check.unexpected.size()
           << " tensor(s): " << join_names(check.unexpected);
     for (const auto& h : check.hints) msg << "\n  hint: " << h;
-    throw Error(msg.str());
+    throw UsageError(msg.str());
   }
-  if (!check.bad_tensors.empty()) throw Error(check.bad_tensors.front());
-  if (std::string diff = tied_head_difference(w, check); !diff.empty()) throw Error(diff);
+  if (!check.bad_tensors.empty()) throw UsageError(check.bad_tensors.front());
+  if (std::string diff = tied_head_difference(w, check); !diff.empty()) throw UsageError(diff);
 
   // 3. Plan the copies: the tensors of the groups held (a pipeline stage's), each this tensor
   //    rank's slice of it (the whole tensor with one tensor rank).
@@ -327,16 +432,14 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
   for (const Copy& c : plan) read_slice(*c.src->file, *c.param, tensor_rank, c.dst);
 }
 
-HfFolderSummary summarize_hf_folder(const std::string& dir) {
+namespace {
+
+HfFolderSummary summarize(const std::string& dir) {
   HfFolderSummary s;
-  try {
-    HfConfigRead read = read_hf_config_located(dir);
-    s.config = std::move(read.model);
-    s.config_warnings = std::move(read.warnings);
-    s.config_problems = std::move(read.unsupported);
-  } catch (const UsageError& e) {
-    throw Error(e.what());  // see hf.h: a bad config.json here is bad input, exit code 1
-  }
+  HfConfigRead read = read_hf_config_located(dir);
+  s.config = std::move(read.model);
+  s.config_warnings = std::move(read.warnings);
+  s.config_problems = std::move(read.unsupported);
   const ModelConfig& m = s.config;
   const OpenedWeights w = open_weights(dir);
 
@@ -355,13 +458,26 @@ HfFolderSummary summarize_hf_folder(const std::string& dir) {
                                                " is not divisible by num_key_value_heads ",
                                                m.n_kv_heads));
 
+  // More layers than the weights hold: a config.json of another model, or a hostile one (10^8
+  // layers would build a layout of 10^9 entries before any check could list them).
+  int top_layer = -1;
+  for (const auto& [name, src] : w.tensors) top_layer = std::max(top_layer, layer_of(name));
+  const bool layers_there = m.n_layers <= top_layer + 1;
+  if (!layers_there)
+    s.config_problems.push_back(
+        top_layer < 0 ? detail::concat("num_hidden_layers is ", m.n_layers,
+                                       ", but the weights hold no model.layers.* tensors")
+                      : detail::concat("num_hidden_layers is ", m.n_layers,
+                                       ", but the weights hold layers 0 to ", top_layer,
+                                       " only (a config.json of another model?)"));
+
   // Where each expected name sits in the layout, for the display order promised in hf.h.
   std::map<std::string, std::pair<size_t, size_t>> position;  // name → (group, entry)
   std::string duplicate;  // a tied copy of the embedding: stored twice, one parameter
   // Without whole heads there is no layout (ParamLayout refuses it); config_problems says why.
-  if (heads_split) {
+  if (heads_split && layers_there) {
     const ParamLayout layout(m);
-    s.check = check_against_layout(w.tensors, layout);
+    s.check = check_against_layout(w.tensors, layout, m.arch);
     // The one data read of the summary: only for a tied folder that stores lm_head.weight, so
     // that "compatible" still means what load_hf_weights accepts.
     if (std::string diff = tied_head_difference(w, s.check); !diff.empty())
@@ -378,7 +494,7 @@ HfFolderSummary summarize_hf_folder(const std::string& dir) {
   for (const auto& f : w.files) {
     std::error_code ec;
     const uint64_t bytes = fs::file_size(f->path(), ec);
-    if (ec) FT_FAIL("cannot read the size of '", f->path(), "': ", ec.message());
+    if (ec) throw Error("cannot read the size of '" + f->path() + "': " + ec.message());
     s.files.push_back({relative(f->path()), bytes, 0});
   }
   std::map<std::string, size_t> tensors_in;  // file name → tensor count
@@ -420,6 +536,36 @@ HfFolderSummary summarize_hf_folder(const std::string& dir) {
   std::stable_sort(s.tensors.begin(), s.tensors.end(),
                    [&](const HfTensorInfo& a, const HfTensorInfo& b) { return key(a) < key(b); });
   return s;
+}
+
+}  // namespace
+
+HfFolderSummary check_hf_folder(const std::string& dir) {
+  HfFolderSummary s = summarize(dir);
+  if (s.compatible()) return s;
+  std::ostringstream msg;
+  msg << "the Hugging Face folder '" << dir << "' is not usable by ft:";
+  for (const std::string& p : s.config_problems) msg << "\n  config.json: " << p;
+  if (!s.check.missing.empty())
+    msg << "\n  missing " << s.check.missing.size()
+        << " tensor(s): " << join_names(s.check.missing);
+  if (!s.check.unexpected.empty())
+    msg << "\n  unexpected " << s.check.unexpected.size()
+        << " tensor(s): " << join_names(s.check.unexpected);
+  if (!s.check.bad_tensors.empty()) msg << "\n  " << s.check.bad_tensors.front();
+  for (const std::string& h : s.check.hints) msg << "\n  hint: " << h;
+  msg << "\n  (ft inspect " << dir << " shows the folder)";
+  throw UsageError(msg.str());
+}
+
+HfFolderSummary summarize_hf_folder(const std::string& dir) {
+  try {
+    return summarize(dir);
+  } catch (const UsageError& e) {
+    // See hf.h: what model.from refuses as bad input (exit code 2) is, to ft inspect, the verdict
+    // on the folder under examination (exit code 1).
+    throw Error(e.what());
+  }
 }
 
 }  // namespace ft

@@ -113,4 +113,9 @@ struct HfFolderSummary {
 // here the folder is the input under examination, not the user's configuration) naming the file.
 HfFolderSummary summarize_hf_folder(const std::string& dir);
 
+// summarize_hf_folder for a folder about to be loaded (ft generate), before anything of the
+// config's size is allocated: throws UsageError (exit code 2) for a malformed file or, listing
+// every problem, when the folder is not compatible().
+HfFolderSummary check_hf_folder(const std::string& dir);
+
 }  // namespace ft

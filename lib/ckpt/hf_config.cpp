@@ -9,7 +9,6 @@
 #include <climits>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -18,6 +17,7 @@
 
 #include "ckpt/hf.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/json_describe.h"
 #include "model/rope.h"
 
@@ -55,7 +55,8 @@ class ConfigReader {
     }
     const json& v = j_[key];
     if (!v.is_number() || !(v.get<double>() > 0)) {
-      problems_.push_back(std::string("\"") + key + "\" must be a number > 0, got " + v.dump());
+      problems_.push_back(std::string("\"") + key + "\" must be a number > 0, got " +
+                          short_dump(v));
       return 1.0;
     }
     return v.get<double>();
@@ -65,7 +66,7 @@ class ConfigReader {
     if (!j_.contains(key) || j_[key].is_null()) return fallback;
     if (!j_[key].is_boolean()) {
       problems_.push_back(std::string("\"") + key + "\" must be true or false, got " +
-                          j_[key].dump());
+                          short_dump(j_[key]));
       return fallback;
     }
     return j_[key].get<bool>();
@@ -92,7 +93,7 @@ class ConfigReader {
     // refused rather than rounded.
     if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > INT_MAX) {
       problems_.push_back(std::string("\"") + key + "\" must be a positive integer, got " +
-                          v.dump());
+                          short_dump(v));
       return 1;
     }
     return int(v.get<int64_t>());
@@ -139,7 +140,7 @@ void read_rope_mapping(ConfigReader& c, const json& m, const std::string& where,
     c.problem(where +
               " must be a mapping such as {\"rope_type\": \"llama3\", \"factor\": 8.0}, "
               "got " +
-              m.dump());
+              short_dump(m));
     return;
   }
   // transformers 5 also allows one mapping per attention kind ({"full_attention": {...}});
@@ -155,13 +156,13 @@ void read_rope_mapping(ConfigReader& c, const json& m, const std::string& where,
   const bool has_old = m.contains("type") && !m["type"].is_null();
   const json* type = has_new ? &m["rope_type"] : has_old ? &m["type"] : nullptr;
   if (has_new && has_old && m["rope_type"] != m["type"]) {
-    c.problem(where + ".rope_type " + m["rope_type"].dump() + " and " + where + ".type " +
-              m["type"].dump() + " disagree");
+    c.problem(where + ".rope_type " + short_dump(m["rope_type"]) + " and " + where + ".type " +
+              short_dump(m["type"]) + " disagree");
   }
   if (type) {
     if (!type->is_string()) {
       c.problem(where + "." + (has_new ? "rope_type" : "type") + " must be a string, got " +
-                type->dump());
+                short_dump(*type));
     } else {
       spec.type = type->get<std::string>();
       spec.type_at = where + "." + (has_new ? "rope_type" : "type");
@@ -171,7 +172,7 @@ void read_rope_mapping(ConfigReader& c, const json& m, const std::string& where,
     if (!m.contains(key) || m[key].is_null()) return std::nullopt;
     const json& v = m[key];
     if (!v.is_number() || !(v.get<double>() > 0)) {
-      c.problem(where + "." + key + " must be a number > 0, got " + v.dump());
+      c.problem(where + "." + key + " must be a number > 0, got " + short_dump(v));
       return std::nullopt;
     }
     return v.get<double>();
@@ -194,7 +195,7 @@ void read_rope_mapping(ConfigReader& c, const json& m, const std::string& where,
   if (auto o = number("original_max_position_embeddings")) {
     if (*o != std::floor(*o) || *o > INT_MAX)
       c.problem(where + ".original_max_position_embeddings must be a whole number, got " +
-                m["original_max_position_embeddings"].dump());
+                short_dump(m["original_max_position_embeddings"]));
     else
       spec.original_max = int(*o);
   }
@@ -205,7 +206,7 @@ void read_rope_mapping(ConfigReader& c, const json& m, const std::string& where,
     for (const auto& [k, v] : m.items()) {
       if (k == "partial_rotary_factor" && v.is_number() && v.get<double>() == 1.0) continue;
       if (!known_rope_key(k) && !v.is_null())
-        c.unsupported(where + "." + k + " = " + v.dump() + " is not implemented by ft's " +
+        c.unsupported(where + "." + k + " = " + short_dump(v) + " is not implemented by ft's " +
                       spec.type + " RoPE");
     }
   }
@@ -274,11 +275,12 @@ void read_rope(ConfigReader& c, const json& j, ModelConfig& m, HfConfigOrigins& 
       !j["original_max_position_embeddings"].is_null() && r.type == "llama3") {
     const json& top = j["original_max_position_embeddings"];
     if (!top.is_number_integer() || top.get<int64_t>() < 1 || top.get<int64_t>() > INT_MAX) {
-      c.problem("original_max_position_embeddings must be a positive integer, got " + top.dump());
+      c.problem("original_max_position_embeddings must be a positive integer, got " +
+                short_dump(top));
     } else if (!r.original_max) {
       r.original_max = int(top.get<int64_t>());
     } else if (*r.original_max != top.get<int64_t>()) {
-      c.problem("original_max_position_embeddings = " + top.dump() + " but " + where +
+      c.problem("original_max_position_embeddings = " + short_dump(top) + " but " + where +
                 ".original_max_position_embeddings = " + std::to_string(*r.original_max) +
                 "; transformers 5 and 4 would read different RoPE: make them agree");
     }
@@ -343,7 +345,7 @@ std::string read_arch(ConfigReader& c, const json& j) {
     for (const Family& f : kFamilies)
       if (j["model_type"] == f.model_type) from_type = f.model_type;
     if (from_type.empty())
-      c.problem("model_type is " + j["model_type"].dump() + "; implemented: " + kFamilyList);
+      c.problem("model_type is " + short_dump(j["model_type"]) + "; implemented: " + kFamilyList);
   }
   if (j.contains("architectures") && !j["architectures"].is_null()) {
     const json& a = j["architectures"];
@@ -352,11 +354,11 @@ std::string read_arch(ConfigReader& c, const json& j) {
         if (a[0] == f.cls) from_class = f.model_type;
     bool same = !from_class.empty();
     for (size_t i = 1; same && i < a.size(); ++i) same = a[i] == a[0];
-    if (!same) c.problem("architectures is " + a.dump() + "; implemented: " + kFamilyList);
+    if (!same) c.problem("architectures is " + short_dump(a) + "; implemented: " + kFamilyList);
   }
   if (!from_type.empty() && !from_class.empty() && from_type != from_class)
-    c.problem("model_type \"" + from_type + "\" and architectures " + j["architectures"].dump() +
-              " name different families");
+    c.problem("model_type \"" + from_type + "\" and architectures " +
+              short_dump(j["architectures"]) + " name different families");
   if (!from_class.empty()) return from_class;
   return from_type.empty() ? "llama" : from_type;
 }
@@ -375,19 +377,20 @@ void read_sliding_window(ConfigReader& c, const json& j, const std::string& arch
     if (j.contains("use_sliding_window") && j["use_sliding_window"] == true) {
       const json w = j.contains("sliding_window") ? j["sliding_window"] : json(4096);
       if (window_binds(w))
-        c.unsupported("use_sliding_window is true (sliding_window " + w.dump() +
+        c.unsupported("use_sliding_window is true (sliding_window " + short_dump(w) +
                       "): sliding-window attention is not implemented");
     }
     if (j.contains("layer_types") && j["layer_types"].is_array())
       for (const json& t : j["layer_types"])
         if (t != "full_attention") {
-          c.unsupported("layer_types has " + t.dump() + "; only \"full_attention\" is implemented");
+          c.unsupported("layer_types has " + short_dump(t) +
+                        "; only \"full_attention\" is implemented");
           break;
         }
   } else if (arch == "mistral") {
     const json w = j.contains("sliding_window") ? j["sliding_window"] : json(4096);
     if (window_binds(w))
-      c.unsupported("sliding_window is " + w.dump() +
+      c.unsupported("sliding_window is " + short_dump(w) +
                     (j.contains("sliding_window") ? "" : " (MistralConfig's default)") +
                     ", below max_position_embeddings " + std::to_string(m.max_seq_len) +
                     ": sliding-window attention is not implemented (Mistral 7B v0.2 and later have "
@@ -409,21 +412,22 @@ ModelConfig read_hf_config(const std::string& dir) {
 
 HfConfigRead read_hf_config_located(const std::string& dir) {
   const std::string file = (std::filesystem::path(dir) / "config.json").string();
-  std::ifstream in(file);
-  if (!in) {
-    throw UsageError(file +
-                     ": cannot open it; a Hugging Face model folder holds config.json "
-                     "beside its *.safetensors");
-  }
+  // Checked before it is read: a FIFO or /dev/zero in its place is refused at once.
+  const std::string text =
+      read_bounded_file(file, kMaxConfigBytes, "the model's config",
+                        "a Hugging Face model folder holds config.json beside its *.safetensors");
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     // parse_error for bad syntax; out_of_range for a number beyond a double (1e999), which
     // would otherwise escape as an exception no caller expects.
-    throw UsageError(file + ": not valid JSON (" + json_error_words(e) + ")");
+    throw UsageError(file + ": not valid JSON (" + json_error_words(e) +
+                     "); restore the file from the model's download");
   }
-  if (!j.is_object()) throw UsageError(file + ": expected a JSON object at the top level");
+  if (!j.is_object())
+    throw UsageError(file + ": expected a JSON object at the top level, found " +
+                     describe_json_value(j));
 
   ConfigReader c(j, file);
 
@@ -450,7 +454,7 @@ HfConfigRead read_hf_config_located(const std::string& dir) {
   // transformers rotates only head_dim · partial_rotary_factor channels; ft rotates all.
   if (j.contains("partial_rotary_factor") && !j["partial_rotary_factor"].is_null() &&
       j["partial_rotary_factor"] != 1.0)
-    c.unsupported("partial_rotary_factor " + j["partial_rotary_factor"].dump() +
+    c.unsupported("partial_rotary_factor " + short_dump(j["partial_rotary_factor"]) +
                   " is not implemented (ft rotates every channel of a head)");
 
   // Features of the configs the model code does not implement: refuse, never ignore. Qwen2's
@@ -464,7 +468,7 @@ HfConfigRead read_hf_config_located(const std::string& dir) {
     }
   }
   if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
-    c.problem("hidden_act is " + j["hidden_act"].dump() + ", only \"silu\" is implemented");
+    c.problem("hidden_act is " + short_dump(j["hidden_act"]) + ", only \"silu\" is implemented");
   }
   // head_dim: absent means hidden_size / num_attention_heads, except in Qwen3Config, whose
   // default is 128. Kept as 0 (that quotient) when it is the quotient, so that the manifests of
@@ -475,8 +479,8 @@ HfConfigRead read_hf_config_located(const std::string& dir) {
   if (!head_dim.is_null()) {
     if (!head_dim.is_number_integer() || head_dim.get<int64_t>() < 2 ||
         head_dim.get<int64_t>() > (int64_t(1) << 20) || head_dim.get<int64_t>() % 2 != 0)
-      c.problem("head_dim must be an even whole number from 2 to 2^20, got " + head_dim.dump() +
-                (head_dim_given ? "" : " (Qwen3Config's default)"));
+      c.problem("head_dim must be an even whole number from 2 to 2^20, got " +
+                short_dump(head_dim) + (head_dim_given ? "" : " (Qwen3Config's default)"));
     else if (m.n_heads <= 0 || m.dim % m.n_heads != 0 ||
              head_dim.get<int64_t>() != m.dim / m.n_heads)
       m.head_dim = int(head_dim.get<int64_t>());
@@ -491,9 +495,9 @@ HfConfigRead read_hf_config_located(const std::string& dir) {
   if (j.contains("attention_dropout") && !j["attention_dropout"].is_null()) {
     const json& d = j["attention_dropout"];
     if (!d.is_number() || d.get<double>() < 0 || d.get<double>() >= 1)
-      c.problem("attention_dropout must be a number in [0, 1), got " + d.dump());
+      c.problem("attention_dropout must be a number in [0, 1), got " + short_dump(d));
     else if (d.get<double>() > 0)
-      out.warnings.push_back(file + ": attention_dropout is " + d.dump() +
+      out.warnings.push_back(file + ": attention_dropout is " + short_dump(d) +
                              "; ft has no dropout and trains this model without it");
   }
   c.throw_if_any();

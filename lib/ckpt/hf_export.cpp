@@ -27,8 +27,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -37,6 +35,8 @@
 #include "ckpt/io.h"
 #include "ckpt/safetensors.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "core/json_describe.h"
 #include "data/chat.h"
 #include "data/sha256.h"
 #include "data/tokenizer.h"
@@ -62,6 +62,26 @@ void write_text_file(const fs::path& path, const std::string& text) {
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0)
     throw Error(p + ": cannot flush to disk: " + std::strerror(errno));
+}
+
+// A file of the checkpoint, checked before it is copied or read (a FIFO in its place would block
+// the copy, /dev/zero never end it) or read whole, bounded. A checkpoint file that fails is a
+// damaged checkpoint (Error, exit code 1, DESIGN.md §8), not a usage error.
+void check_checkpoint_file(const fs::path& path, uint64_t max_bytes, const std::string& what) {
+  try {
+    check_regular_file(path.string(), max_bytes, what);
+  } catch (const UsageError& e) {
+    throw Error(std::string(e.what()) + "; the checkpoint is damaged: export an older step folder");
+  }
+}
+
+std::string read_checkpoint_file(const fs::path& path, uint64_t max_bytes,
+                                 const std::string& what) {
+  try {
+    return read_bounded_file(path.string(), max_bytes, what);
+  } catch (const UsageError& e) {
+    throw Error(std::string(e.what()) + "; the checkpoint is damaged: export an older step folder");
+  }
 }
 
 // Best effort: the export is complete once renamed, so a folder that cannot be opened or synced
@@ -124,6 +144,27 @@ bool is_checkpoint_folder(const fs::path& p) {
   return fs::exists(p / "manifest.json", ec) || fs::exists(p / "latest", ec);
 }
 
+// The special token ids of a model folder's generation_config.json kept in a checkpoint (an
+// object; {} without the file or with one ft cannot read, which then says so on stderr: the
+// ids are a courtesy to transformers, not worth failing an export for).
+nlohmann::json read_generation_ids(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return nlohmann::json::object();
+  try {
+    nlohmann::json j = nlohmann::json::parse(
+        read_bounded_file(path.string(), kMaxConfigBytes, "the checkpoint's generation config"));
+    if (j.is_object()) return j;
+    std::fprintf(stderr, "ft export: warning: %s: not a JSON object; its token ids are ignored\n",
+                 path.c_str());
+  } catch (const nlohmann::json::exception& e) {
+    std::fprintf(stderr, "ft export: warning: %s: not valid JSON (%s); its token ids are ignored\n",
+                 path.c_str(), json_error_words(e).c_str());
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "ft export: warning: %s; its token ids are ignored\n", e.what());
+  }
+  return nlohmann::json::object();
+}
+
 // Beside a copied tokenizer.json (in `tmp`): tokenizer_config.json naming PreTrainedTokenizerFast
 // (which runs tokenizer.json as it is, post-processor included, so AutoTokenizer gives ft
 // tokenize's ids) and the BOS/EOS the file's template defines, and those ids for config.json.
@@ -148,29 +189,54 @@ void write_bpe_tokenizer_config(const fs::path& file, const fs::path& tmp, int64
   // tokenizer.json has no EOS of its own (Qwen2's <|im_end|>, the end of an assistant's turn) and
   // the token is one special token, as ft tokenize ends text documents with it.
   const fs::path dir = file.parent_path();
-  const jinja::Json special = load_special_tokens(file.string());
-  int32_t eos = tok->eos_id();
-  if (eos < 0 && special.contains("eos_token")) {
-    const std::vector<int32_t> ids = tok->encode(special["eos_token"].get<std::string>());
-    if (ids.size() == 1 && tok->is_special(ids[0])) eos = ids[0];
-  }
   std::error_code ec;
+  if (fs::exists(fs::symlink_status(dir / "tokenizer_config.json", ec)))
+    check_checkpoint_file(dir / "tokenizer_config.json", kMaxConfigBytes,
+                          "the checkpoint's tokenizer config");
+  const jinja::Json special = load_special_tokens(file.string());
+  // A special token of tokenizer_config.json that is one special token of the tokenizer: its id.
+  auto special_id = [&](const char* key) -> int32_t {
+    if (!special.contains(key)) return -1;
+    const std::vector<int32_t> ids = tok->encode(special[key].get<std::string>());
+    return ids.size() == 1 && tok->is_special(ids[0]) ? ids[0] : -1;
+  };
+  int32_t eos = tok->eos_id();
+  if (eos < 0) eos = special_id("eos_token");
+  // The model folder's generation_config.json, which the checkpoint keeps beside its tokenizer
+  // too (checkpoint.h): its bos_token_id and pad_token_id where the tokenizer files name none,
+  // so that config.json says what the original's did (Qwen2's bos_token_id is <|endoftext|>
+  // although its tokenizer adds no BOS; its pad token is in tokenizer_config.json).
+  const nlohmann::json generation = read_generation_ids(dir / "generation_config.json");
+  auto generation_id = [&](const char* key) -> int32_t {
+    if (!generation.contains(key) || !generation[key].is_number_integer()) return -1;
+    const int64_t id = generation[key].get<int64_t>();
+    return id >= 0 && id < tok->vocab_size() ? int32_t(id) : -1;
+  };
+  int32_t bos = tok->bos_id();
+  if (bos < 0) bos = generation_id("bos_token_id");
+  int32_t pad = special_id("pad_token");
+  if (pad < 0) pad = generation_id("pad_token_id");
   nlohmann::ordered_json chat_template;  // null: none to write
-  if (fs::is_regular_file(dir / "chat_template.jinja", ec)) {
-    fs::copy_file(dir / "chat_template.jinja", tmp / "chat_template.jinja",
-                  fs::copy_options::overwrite_existing, ec);
-    if (ec)
-      throw Error((dir / "chat_template.jinja").string() +
-                  ": cannot copy to the output: " + ec.message());
-  } else if (fs::is_regular_file(dir / "tokenizer_config.json", ec)) {
-    const nlohmann::ordered_json config =
-        nlohmann::ordered_json::parse(ckpt::read_text((dir / "tokenizer_config.json").string()),
-                                      nullptr, /*allow_exceptions=*/false);
+  const fs::path jinja_file = dir / "chat_template.jinja";
+  if (fs::exists(fs::symlink_status(jinja_file, ec))) {
+    check_checkpoint_file(jinja_file, kMaxTemplateBytes, "the checkpoint's chat template");
+    fs::copy_file(jinja_file, tmp / "chat_template.jinja", fs::copy_options::overwrite_existing,
+                  ec);
+    if (ec) throw Error(jinja_file.string() + ": cannot copy to the output: " + ec.message());
+  } else if (fs::exists(fs::symlink_status(dir / "tokenizer_config.json", ec))) {
+    // load_special_tokens above has parsed it.
+    const nlohmann::ordered_json config = nlohmann::ordered_json::parse(
+        read_checkpoint_file(dir / "tokenizer_config.json", kMaxConfigBytes,
+                             "the checkpoint's tokenizer config"),
+        nullptr, /*allow_exceptions=*/false);
     if (config.is_object() && config.contains("chat_template"))
       chat_template = config["chat_template"];
   }
+  // bos_token stays the tokenizer's own (null when its template adds none, as the original's
+  // tokenizer_config.json says for Qwen2): PreTrainedTokenizerFast would otherwise add it.
   j["bos_token"] = token(tok->bos_id());
   j["eos_token"] = token(eos);
+  if (pad >= 0) j["pad_token"] = token(pad);
   // What the template does (and ft tokenize with it); stated so that a reader that rebuilds
   // the post-processor from these flags rebuilds the same one.
   j["add_bos_token"] = tok->bos_id() >= 0;
@@ -180,7 +246,7 @@ void write_bpe_tokenizer_config(const fs::path& file, const fs::path& tmp, int64
   j["model_input_names"] = {"input_ids", "attention_mask"};
   if (!chat_template.is_null()) j["chat_template"] = chat_template;
   write_text_file(tmp / "tokenizer_config.json", j.dump(2) + "\n");
-  res->ids = {tok->bos_id(), eos, -1};
+  res->ids = {bos, eos, pad};
   res->hf_tokenizer = true;
 }
 
@@ -199,12 +265,8 @@ void write_tokenizer_files(const fs::path& model, const fs::path& tmp, int64_t m
                           e.what() + "); wrote no tokenizer files and no special token ids";
     return;
   }
-  std::string bytes;
-  {
-    std::ifstream in(model, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    if (!in.good() && !in.eof()) throw Error(model.string() + ": cannot read it back");
-  }
+  const std::string bytes =
+      read_checkpoint_file(model, kMaxTokenizerBytes, "the checkpoint's tokenizer");
   const SpModelInfo sp = parse_sp_model(bytes, model.string());
   // ft tokenize frames documents with the library's ids (tokenize.cpp); the ids written here
   // come from the same file by another reader, so they must agree.
@@ -313,21 +375,23 @@ void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string&
 }
 
 uint64_t parse_byte_size(const std::string& text, const std::string& what) {
-  auto bad = [&]() -> UsageError {
-    return UsageError(what + " '" + text +
-                      "': expected a byte count or a size such as 500MB, 5GB or 2GiB");
-  };
+  const std::string form =
+      "give a byte count, or a number with KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB "
+      "(powers of 1024), from 1 byte to 1000TB, e.g. 5GB";
   size_t i = 0;
   while (i < text.size() && (std::isdigit((unsigned char)text[i]) || text[i] == '.')) ++i;
-  if (i == 0) throw bad();
-  double value;
-  try {
-    size_t used = 0;
-    value = std::stod(text.substr(0, i), &used);
-    if (used != i) throw bad();
-  } catch (const std::logic_error&) {
-    throw bad();
+  double value = 0;
+  bool number = i > 0;
+  if (number) {
+    try {
+      size_t used = 0;
+      value = std::stod(text.substr(0, i), &used);
+      number = used == i;
+    } catch (const std::logic_error&) {
+      number = false;
+    }
   }
+  if (!number) throw UsageError(what + " " + excerpt(text, 30) + ": not a size; " + form);
   std::string unit;
   for (size_t k = i; k < text.size(); ++k) unit += char(std::toupper((unsigned char)text[k]));
   static const std::map<std::string, double> kUnits = {{"", 1},
@@ -341,18 +405,38 @@ uint64_t parse_byte_size(const std::string& text, const std::string& what) {
                                                        {"GIB", 1073741824.0},
                                                        {"TIB", 1099511627776.0}};
   auto it = kUnits.find(unit);
-  if (it == kUnits.end()) throw bad();
+  if (it == kUnits.end())
+    throw UsageError(what + " " + excerpt(text, 30) + ": unknown unit " +
+                     excerpt(text.substr(i), 12) + "; " + form);
   const double bytes = std::floor(value * it->second);
-  if (!(bytes >= 1) || bytes > 1.8e19) throw bad();
+  if (!(bytes >= 1) || bytes > double(kMaxExportShardBytes))
+    throw UsageError(what + " " + excerpt(text, 30) + ": " +
+                     (bytes >= 1 ? "more than 1000TB" : "less than 1 byte") + "; " + form);
   return uint64_t(bytes);
 }
 
 void check_export_target(const std::string& dir, bool overwrite) {
+  if (dir.empty()) throw UsageError("--output is empty; give the Hugging Face folder to write");
   const fs::path p = clean_dir(dir);
   std::error_code ec;
-  if (!fs::exists(p, ec)) return;
+  // The folder is written beside itself (DIR.tmp-<pid>, then renamed), so the folder that holds
+  // it must be a folder ft may write in: found now, with why, rather than as "cannot create"
+  // after the checkpoint is read.
+  fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  while (!fs::exists(fs::symlink_status(parent, ec)) && parent.has_parent_path() &&
+         parent.parent_path() != parent)
+    parent = parent.parent_path();
+  if (!fs::is_directory(parent, ec))
+    throw UsageError(dir + ": cannot be created: " + parent.string() + " is " +
+                     file_kind(parent.string()) + ", not a folder; choose another --output");
+  if (::access(parent.c_str(), W_OK | X_OK) != 0)
+    throw UsageError(dir + ": cannot be created in " + parent.string() + " (" +
+                     std::strerror(errno) + "); choose an --output in a folder you can write");
+  if (!fs::exists(fs::symlink_status(p, ec))) return;
   if (!fs::is_directory(p, ec))
-    throw UsageError(dir + ": exists and is not a folder; choose another --output");
+    throw UsageError(dir + ": exists and is " + file_kind(p.string()) +
+                     ", not a folder; choose another --output (a folder to create, or an empty "
+                     "one)");
   if (fs::is_empty(p, ec)) return;
   if (is_checkpoint_folder(p))
     throw UsageError(dir +
@@ -429,8 +513,9 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
   fs::remove_all(tmp, ec);
   if (!out.parent_path().empty()) fs::create_directories(out.parent_path(), ec);
   if (!fs::create_directory(tmp, ec) || ec)
-    throw Error(tmp.string() +
-                ": cannot create the output folder: " + (ec ? ec.message() : "it exists"));
+    throw Error("cannot create the output folder " + out.string() + " (written as " +
+                tmp.filename().string() +
+                " first, then renamed): " + (ec ? ec.message() : "it exists"));
   try {
     // 2. Tensors, group by group; a shard is written once its last tensor is converted.
     struct Pending {
@@ -484,10 +569,12 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
     const json tok = m.json.value("tokenizer", json());
     if (tok.is_object() && tok.contains("file")) {
       const fs::path src = fs::path(m.dir) / tok["file"].get<std::string>();
-      if (!fs::exists(src, ec))
+      if (!fs::exists(fs::symlink_status(src, ec)))
         throw Error(src.string() +
                     ": missing; the manifest names this tokenizer copy but the checkpoint "
                     "lacks it");
+      // Before copying: a FIFO or device in its place would block the copy or never end.
+      check_checkpoint_file(src, kMaxTokenizerBytes, "the checkpoint's tokenizer");
       const bool bpe_json = src.extension() == ".json";
       fs::copy_file(src, tmp / (bpe_json ? "tokenizer.json" : "tokenizer.model"),
                     fs::copy_options::overwrite_existing, ec);

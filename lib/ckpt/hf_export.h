@@ -36,7 +36,9 @@ std::string torch_dtype_name(DType t);
 
 // Parses a shard size as transformers' save_pretrained(max_shard_size=...) does: a plain byte
 // count, or a number with KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024),
-// case-insensitive ("5GB", "500MB", "1.5GiB"). Throws UsageError naming `what`.
+// case-insensitive ("5GB", "500MB", "1.5GiB"), from 1 byte to kMaxExportShardBytes (1000TB; no
+// exponents: "1e300" is not a size). Throws UsageError naming `what` and quoting an excerpt.
+constexpr uint64_t kMaxExportShardBytes = 1'000'000'000'000'000;
 uint64_t parse_byte_size(const std::string& text, const std::string& what);
 
 struct HfExportOptions {

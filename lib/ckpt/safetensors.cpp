@@ -26,6 +26,8 @@
 
 #include "ckpt/io.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "core/json_describe.h"
 
 namespace ft {
 namespace {
@@ -45,8 +47,22 @@ constexpr size_t kChunkBytes = 4u << 20;
 
 std::string errno_text(int err) { return std::system_category().message(err); }
 
+// A file that is not what it claims to be: bad input (UsageError, exit code 2), as a missing one.
 [[noreturn]] void fail(const std::string& path, const std::string& problem) {
+  throw UsageError("safetensors file '" + path + "': " + problem);
+}
+
+// A failure of the system or of the caller, not of the file's contents: an I/O error, a file
+// shortened while it is read, a file that cannot be written, a read the header does not allow
+// (Error, exit code 1).
+[[noreturn]] void fail_io(const std::string& path, const std::string& problem) {
   throw Error("safetensors file '" + path + "': " + problem);
+}
+
+// A tensor name of a header in a message: whole when of a plausible length, else an excerpt (a
+// hostile header may hold a megabyte-long name).
+std::string tensor_name(const std::string& name) {
+  return name.size() <= 200 ? "'" + name + "'" : excerpt(name, 100);
 }
 
 // Reads exactly n bytes at offset, retrying on EINTR and short reads; a premature end of file
@@ -57,11 +73,11 @@ void pread_all(int fd, const std::string& path, void* dst, size_t n, uint64_t of
     ssize_t got = ::pread(fd, p, n, off_t(offset));
     if (got < 0) {
       if (errno == EINTR) continue;
-      fail(path, "read failed at byte " + std::to_string(offset) + ": " + errno_text(errno));
+      fail_io(path, "read failed at byte " + std::to_string(offset) + ": " + errno_text(errno));
     }
     if (got == 0)
-      fail(path, "unexpected end of file at byte " + std::to_string(offset) +
-                     " (was the file truncated while it was being read?)");
+      fail_io(path, "unexpected end of file at byte " + std::to_string(offset) +
+                        " (was the file truncated while it was being read?)");
     p += got;
     n -= size_t(got);
     offset += uint64_t(got);
@@ -90,15 +106,15 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 // Validates one header entry; `where` prefixes every problem ("tensor 'x': ...").
 SafetensorsEntry parse_entry(const std::string& path, const std::string& name,
                              const nlohmann::json& v, uint64_t data_size) {
-  const std::string where = "tensor '" + name + "': ";
+  const std::string where = "tensor " + tensor_name(name) + ": ";
   if (!v.is_object()) fail(path, where + "entry is not a JSON object");
 
   SafetensorsEntry e;
   auto dt = v.find("dtype");
   if (dt == v.end() || !dt->is_string()) fail(path, where + "missing or non-string \"dtype\"");
   if (!dtype_from_name(dt->get<std::string>(), &e.dtype))
-    fail(path, where + "unknown dtype \"" + dt->get<std::string>() +
-                   "\" (supported: F32, BF16, F16, U8, U16, U32, I32, I64, U64)");
+    fail(path, where + "unknown dtype " + excerpt(dt->get<std::string>(), 20) +
+                   " (supported: F32, BF16, F16, U8, U16, U32, I32, I64, U64)");
 
   auto sh = v.find("shape");
   if (sh == v.end() || !sh->is_array()) fail(path, where + "missing or non-array \"shape\"");
@@ -137,12 +153,20 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name,
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) fail(path, "cannot open: " + errno_text(errno));
+  // O_NONBLOCK: a FIFO in the file's place is refused below instead of waiting for a writer
+  // (regular files ignore the flag).
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd_ < 0) {
+    const int err = errno;
+    if (err == ENOENT) fail(path, "is " + file_kind(path) + "; is the download complete?");
+    fail_io(path, "cannot open: " + errno_text(err));
+  }
   try {
     struct stat st;
-    if (::fstat(fd_, &st) != 0) fail(path, "cannot stat: " + errno_text(errno));
-    if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+    if (::fstat(fd_, &st) != 0) fail_io(path, "cannot stat: " + errno_text(errno));
+    if (!S_ISREG(st.st_mode))
+      fail(path, "is " + file_kind(path) +
+                     ", not a regular file; a model folder holds its weights as regular files");
     file_size_ = uint64_t(st.st_size);
     if (file_size_ < 8)
       fail(path, "file is " + std::to_string(file_size_) +
@@ -171,16 +195,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       if ((ev == E::object_start || ev == E::array_start) && depth > kMaxJsonDepth)
         fail(path, "header is nested more than " + std::to_string(kMaxJsonDepth) + " levels deep");
       if (ev == E::key && depth == 1 && !seen.insert(parsed.get<std::string>()).second)
-        fail(path, "duplicate tensor name '" + parsed.get<std::string>() + "' in the header");
+        fail(path,
+             "duplicate tensor name " + tensor_name(parsed.get<std::string>()) + " in the header");
       return true;
     };
     nlohmann::json header;
     try {
       header = nlohmann::json::parse(text, on_event);
     } catch (const nlohmann::json::exception& e) {
-      std::string what = e.what();
-      if (what.size() > 300) what = what.substr(0, 300) + "...";
-      fail(path, "header is not valid JSON: " + what);
+      fail(path, "header is not valid JSON (" + json_error_words(e) +
+                     "); the file is damaged: download it again");
     }
     if (!header.is_object()) fail(path, "header is not a JSON object");
 
@@ -188,7 +212,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       if (name == "__metadata__") {
         if (!v.is_object()) fail(path, "__metadata__ is not a JSON object");
         for (const auto& [k, mv] : v.items()) {
-          if (!mv.is_string()) fail(path, "__metadata__ value of '" + k + "' is not a string");
+          if (!mv.is_string())
+            fail(path, "__metadata__ value of " + tensor_name(k) + " is not a string");
           metadata_[k] = mv.get<std::string>();
         }
         continue;
@@ -205,8 +230,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
               [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
     for (size_t i = 1; i < ranges.size(); ++i)
       if (ranges[i].second->begin < ranges[i - 1].second->end)
-        fail(path, "tensors '" + *ranges[i - 1].first + "' and '" + *ranges[i].first +
-                       "' overlap in the data section");
+        fail(path, "tensors " + tensor_name(*ranges[i - 1].first) + " and " +
+                       tensor_name(*ranges[i].first) + " overlap in the data section");
   } catch (...) {
     ::close(fd_);
     fd_ = -1;
@@ -220,29 +245,29 @@ SafetensorsFile::~SafetensorsFile() {
 
 void SafetensorsFile::read_f32(const std::string& name, float* dst, size_t numel) const {
   auto it = entries_.find(name);
-  if (it == entries_.end()) fail(path_, "no tensor named '" + name + "'");
+  if (it == entries_.end()) fail_io(path_, "no tensor named '" + name + "'");
   const SafetensorsEntry& e = it->second;
   const uint64_t have = (e.end - e.begin) / dtype_size(e.dtype);
   if (have != numel)
-    fail(path_, "tensor '" + name + "' has " + std::to_string(have) + " elements " +
-                    shape_str(e.shape) + ", the caller expects " + std::to_string(numel));
+    fail_io(path_, "tensor '" + name + "' has " + std::to_string(have) + " elements " +
+                       shape_str(e.shape) + ", the caller expects " + std::to_string(numel));
   read_f32_range(name, dst, 0, numel);
 }
 
 void SafetensorsFile::read_f32_range(const std::string& name, float* dst, size_t first,
                                      size_t count) const {
   auto it = entries_.find(name);
-  if (it == entries_.end()) fail(path_, "no tensor named '" + name + "'");
+  if (it == entries_.end()) fail_io(path_, "no tensor named '" + name + "'");
   const SafetensorsEntry& e = it->second;
   const size_t esize = dtype_size(e.dtype);
   const uint64_t have = (e.end - e.begin) / esize;
   if (first > have || count > have - first)
-    fail(path_, "tensor '" + name + "' has " + std::to_string(have) + " elements " +
-                    shape_str(e.shape) + ", the caller reads [" + std::to_string(first) + ", " +
-                    std::to_string(first + count) + ")");
+    fail_io(path_, "tensor '" + name + "' has " + std::to_string(have) + " elements " +
+                       shape_str(e.shape) + ", the caller reads [" + std::to_string(first) + ", " +
+                       std::to_string(first + count) + ")");
   if (e.dtype != DType::kF32 && e.dtype != DType::kBF16 && e.dtype != DType::kF16)
-    fail(path_, "tensor '" + name + "' has dtype " + dtype_name(e.dtype) +
-                    "; only F32, BF16 and F16 convert to f32");
+    fail_io(path_, "tensor '" + name + "' has dtype " + dtype_name(e.dtype) +
+                       "; only F32, BF16 and F16 convert to f32");
   if (count == 0) return;
   const uint64_t start = data_start_ + e.begin + uint64_t(first) * esize;
   if (e.dtype == DType::kF32) {
@@ -294,19 +319,19 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   std::set<std::string> names;
   for (const auto& t : tensors) {
     if (t.name.empty() || t.name == "__metadata__")
-      fail(path, "cannot write a tensor named '" + t.name + "'");
-    if (!names.insert(t.name).second) fail(path, "tensor '" + t.name + "' is given twice");
+      fail_io(path, "cannot write a tensor named '" + t.name + "'");
+    if (!names.insert(t.name).second) fail_io(path, "tensor '" + t.name + "' is given twice");
     uint64_t numel = 1;
     for (int64_t d : t.shape) {
       if (d < 0)
-        fail(path, "tensor '" + t.name + "' has a negative dimension " + shape_str(t.shape));
+        fail_io(path, "tensor '" + t.name + "' has a negative dimension " + shape_str(t.shape));
       if (__builtin_mul_overflow(numel, uint64_t(d), &numel))
-        fail(path, "tensor '" + t.name + "' has too many elements");
+        fail_io(path, "tensor '" + t.name + "' has too many elements");
     }
     uint64_t nbytes;
     if (__builtin_mul_overflow(numel, uint64_t(dtype_size(t.dtype)), &nbytes))
-      fail(path, "tensor '" + t.name + "' has too many bytes");
-    if (nbytes > 0 && t.data == nullptr) fail(path, "tensor '" + t.name + "' has no data");
+      fail_io(path, "tensor '" + t.name + "' has too many bytes");
+    if (nbytes > 0 && t.data == nullptr) fail_io(path, "tensor '" + t.name + "' has no data");
     header[t.name] = {{"dtype", dtype_name(t.dtype)},
                       {"shape", t.shape},
                       {"data_offsets", {offset, offset + nbytes}}};
@@ -318,7 +343,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   try {
     text = header.dump();
   } catch (const nlohmann::json::exception& e) {  // e.g. a name that is not valid UTF-8
-    fail(path, std::string("cannot encode the header: ") + e.what());
+    fail_io(path, "cannot encode the header (" + json_error_words(e) + ")");
   }
   // The format allows trailing spaces in the header; padding to a multiple of 8 puts the data
   // section on an 8-byte boundary so that a reader's mmap can be used in place.
@@ -328,18 +353,18 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
 
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail(tmp, "cannot create: " + errno_text(errno));
+  if (fd < 0) fail_io(tmp, "cannot create: " + errno_text(errno));
   try {
     ckpt::write_all(fd, len_bytes, 8, tmp);
     ckpt::write_all(fd, text.data(), text.size(), tmp);
     for (size_t i = 0; i < tensors.size(); ++i)
       if (sizes[i] > 0) ckpt::write_all(fd, tensors[i].data, sizes[i], tmp);
-    if (::fsync(fd) != 0) fail(tmp, "fsync failed: " + errno_text(errno));
+    if (::fsync(fd) != 0) fail_io(tmp, "fsync failed: " + errno_text(errno));
     int rc = ::close(fd);
     fd = -1;
-    if (rc != 0) fail(tmp, "close failed: " + errno_text(errno));
+    if (rc != 0) fail_io(tmp, "close failed: " + errno_text(errno));
     if (::rename(tmp.c_str(), path.c_str()) != 0)
-      fail(tmp, "cannot rename to '" + path + "': " + errno_text(errno));
+      fail_io(tmp, "cannot rename to '" + path + "': " + errno_text(errno));
   } catch (...) {
     if (fd >= 0) ::close(fd);
     ::unlink(tmp.c_str());

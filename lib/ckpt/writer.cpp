@@ -461,11 +461,13 @@ void CheckpointWriter::run_job(Job& job) {
       const std::string data = read_text(o_.tokenizer);
       write_file_atomic((folder / name).string(), data);
       m["tokenizer"]["file"] = name;
-      // Beside a tokenizer.json, its folder's chat template and special tokens, so that
-      // `ft export` and `ft generate --chat` find them here as in the model's folder (§8).
+      // Beside a tokenizer.json, its folder's chat template and special tokens (and the special
+      // token ids of its generation_config.json), so that `ft export` and `ft generate --chat`
+      // find them here as in the model's folder (§8).
       if (name == "tokenizer.json") {
         const fs::path from = fs::path(o_.tokenizer).parent_path();
-        for (const char* beside : {"tokenizer_config.json", "chat_template.jinja"}) {
+        for (const char* beside :
+             {"tokenizer_config.json", "chat_template.jinja", "generation_config.json"}) {
           std::error_code ec;
           if (fs::is_regular_file(from / beside, ec))
             write_file_atomic((folder / beside).string(), read_text((from / beside).string()));

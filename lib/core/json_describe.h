@@ -42,7 +42,21 @@ inline std::string json_error_words(const nlohmann::json::exception& e) {
     const size_t keep = read.size() > 40 ? read.size() - 40 : 0;
     w = w.substr(0, q) + "; last read: " + (keep ? "…" : "") + excerpt(read.substr(keep), 40);
   }
+  // A number nlohmann cannot hold is quoted whole ("number overflow parsing '1e999'"), however
+  // many digits it has.
+  if (const size_t n = w.find(" parsing '"); n != std::string::npos && w.size() - n > 60)
+    w = w.substr(0, n + 10) + excerpt(w.substr(n + 10), 30);
   return w;
+}
+
+// v.dump(), cut to about `max_bytes` (at a UTF-8 boundary, "..." appended), for messages that
+// show a value of an untrusted file.
+inline std::string short_dump(const nlohmann::json& v, size_t max_bytes = 60) {
+  std::string d = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (d.size() <= max_bytes) return d;
+  size_t cut = max_bytes;
+  while (cut > 0 && (static_cast<unsigned char>(d[cut]) & 0xC0) == 0x80) --cut;
+  return d.substr(0, cut) + "...";
 }
 
 }  // namespace ft

@@ -141,7 +141,15 @@ const std::vector<float>& KvDecoder::forward(const int32_t* ids, int n) {
 }
 
 Sampler::Sampler(double temperature, double top_p, uint64_t seed)
-    : temperature_(temperature), top_p_(top_p), state_(seed) {}
+    : temperature_(temperature), top_p_(top_p), state_(seed) {
+  // NaN compares false with everything: unchecked, a NaN temperature turned every probability
+  // into NaN and every choice into token 0.
+  if (!(std::isfinite(temperature) && temperature >= 0))
+    throw UsageError(detail::concat("temperature ", temperature,
+                                    ": must be a finite number, 0 (greedy) or more"));
+  if (!(top_p > 0 && top_p <= 1))
+    throw UsageError(detail::concat("top_p ", top_p, ": must be in (0, 1]"));
+}
 
 double Sampler::uniform() {
   // splitmix64 (Steele, Lea and Flood 2014), top 53 bits as a double in [0, 1).
@@ -155,6 +163,20 @@ double Sampler::uniform() {
 int32_t Sampler::next(const std::vector<float>& logits) {
   const int V = int(logits.size());
   FT_CHECK(V > 0, "Sampler: no logits");
+  // A NaN or infinite logit (weights that hold one, or a 16-bit overflow) would make every
+  // choice the same meaningless token: refused, naming the first.
+  bool finite = true;
+  for (int i = 0; i < V; ++i)
+    finite &= std::fabs(logits[size_t(i)]) <= std::numeric_limits<float>::max();
+  if (!finite) {
+    int i = 0;
+    while (std::isfinite(logits[size_t(i)])) ++i;
+    throw Error(detail::concat(
+        "the model computed ", std::isnan(logits[size_t(i)]) ? "NaN" : "an infinite value",
+        " as the logit of token id ", i,
+        ": its weights hold a non-finite value or the computation overflowed (with a 16-bit "
+        "dtype, try f32)"));
+  }
   int32_t best = 0;
   for (int i = 1; i < V; ++i)
     if (logits[size_t(i)] > logits[size_t(best)]) best = i;

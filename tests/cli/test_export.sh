@@ -248,4 +248,68 @@ run_rc 1 "$ft" export "$tmp/nolatest" --output "$tmp/out_x"
 has_err "none is complete"
 echo "ok: d. refusals"
 
+# ---- e. bounds and words (issue 27) ----------------------------------------------------------
+# --max-shard-size: from 1 byte to 1000TB, a byte count or a number with a unit; the value quoted
+# briefly.
+for bad in '0:"0": less than 1 byte' '0.5:"0.5": less than 1 byte' \
+           '1e300:"1e300": unknown unit "e300"' '5XB:"5XB": unknown unit "XB"' \
+           '2000TB:"2000TB": more than 1000TB' 'lots:"lots": not a size'; do
+  run_rc 2 "$ft" export "$ckdir" --output "$tmp/out_x" --max-shard-size "${bad%%:*}"
+  has_err "--max-shard-size: ${bad#*:}; give a byte count, or a number with KB, MB, GB, TB"
+done
+run_rc 2 "$ft" export "$ckdir" --output "$tmp/out_x" --max-shard-size "$(printf '9%.0s' {1..3000})"
+(( $(wc -c < "$tmp/err.txt") < 400 )) || fail "a 3000-digit size quoted whole"
+run_rc 2 "$ft" export "$ckdir" --output "$tmp/out_x" --dtype "$(printf 'z%.0s' {1..3000})"
+(( $(wc -c < "$tmp/err.txt") < 200 )) || fail "a 3000-character dtype quoted whole"
+# --output: why it cannot be created, before the checkpoint is read.
+touch "$tmp/a_file"
+run_rc 2 "$ft" export "$ckdir" --output "$tmp/a_file"
+has_err "$tmp/a_file: exists and is a regular file, not a folder; choose another --output"
+run_rc 2 "$ft" export "$ckdir" --output "$tmp/a_file/sub/out"
+has_err "$tmp/a_file/sub/out: cannot be created: $tmp/a_file is a regular file, not a folder"
+lacks_out "ft export: checkpoint"
+run_rc 2 "$ft" export "$ckdir" --output ""
+has_err "--output is empty"
+if [[ $(id -u) != 0 ]]; then  # root writes anywhere
+  mkdir "$tmp/read_only" && chmod 555 "$tmp/read_only"
+  run_rc 2 "$ft" export "$ckdir" --output "$tmp/read_only/out"
+  has_err "cannot be created in $tmp/read_only (Permission denied)"
+fi
+# `latest` naming a step folder that is gone; a manifest that is a FIFO (refused at once).
+cp -r "$ckdir" "$tmp/stale"
+echo step_00000077 > "$tmp/stale/latest"
+run_rc 2 "$ft" export "$tmp/stale" --output "$tmp/out_x"
+has_err "$tmp/stale/latest names step_00000077, which is not there"
+has_err "give a step folder instead: $tmp/stale/step_00000003 is the newest complete one"
+rm "$tmp/stale/step_00000003/manifest.json"
+mkfifo "$tmp/stale/step_00000003/manifest.json"
+run_rc 1 timeout 20 "$ft" export "$tmp/stale/step_00000003" --output "$tmp/out_x"
+has_err "manifest.json: is a FIFO (named pipe), not a regular file"
+run_rc 1 timeout 20 "$ft" inspect "$tmp/stale/step_00000003"
+has_err "is a FIFO (named pipe)"
+# The help says what export writes (it said tokenizer.model and LlamaForCausalLM only).
+run_rc 0 "$ft" help export
+has_out "Qwen2ForCausalLM"
+has_out "tokenizer.json"
+lacks_out "loads as LlamaForCausalLM and ft takes"
+# model.from with an infinity: refused as it is read, naming tensor and file, before step 1
+# (exit 2), not left to show as a NaN loss blamed on the learning rate.
+cp -r "$tmp/hf_f32" "$tmp/hf_nan"
+"$PY" - "$tmp/hf_nan/model.safetensors" "$src/tests/ref" <<'EOF'
+import sys
+sys.path.insert(0, sys.argv[2])
+import llama_ref as ref
+t = ref.read_safetensors(sys.argv[1])
+t["model.layers.0.self_attn.q_proj.weight"][2, 5] = float("inf")
+ref.write_safetensors(sys.argv[1], t)
+EOF
+sed "s#$tmp/hf_f32#$tmp/hf_nan#; s#$tmp/run_f32#$tmp/run_nan#; s#steps: 0#steps: 2#" \
+  "$tmp/f32.yaml" > "$tmp/nan.yaml"
+run_rc 2 "$ft" train "$tmp/nan.yaml"
+has_err "tensor 'model.layers.0.self_attn.q_proj.weight' in '$tmp/hf_nan/model.safetensors' holds infinity at [2, 5]"
+if grep -q '"loss"' "$tmp/run_nan/metrics.jsonl" 2>/dev/null; then
+  fail "a step ran on non-finite weights"
+fi
+echo "ok: e. --max-shard-size, --output, latest, a FIFO manifest, the help, non-finite weights"
+
 echo "test_export: all checks passed"

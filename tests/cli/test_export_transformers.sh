@@ -11,6 +11,9 @@
 #      every document's ids equal the shards'; greedy generate from two prompts ends with EOS.
 #   c. The check can fail: without eos_token_id generate runs to max_new_tokens, and with
 #      transformers' own LlamaTokenizer conversion the awkward documents differ.
+#   d. A tokenizer.json (Qwen2.5-like) model folder: ft inspect says chat data works with it, and
+#      its export keeps the original's bos_token_id (config.json) and pad_token
+#      (tokenizer_config.json), which AutoTokenizer reads.
 # The two virtual environments are made under BUILD_DIR once (pip from PyPI; --system-site-packages
 # for Debian's torch, numpy, h5py and sentencepiece) and reused; without PyPI this test fails.
 #   bash tests/cli/test_export_transformers.sh BUILD_DIR SOURCE_DIR
@@ -142,5 +145,81 @@ run_rc 1 env PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python \
 grep -qF "FAIL: document" "$tmp/err.txt" "$tmp/out.txt" ||
   fail "LlamaTokenizer conversion not caught"
 echo "ok: c. missing eos_token_id and transformers' own conversion are caught"
+
+# ---- d. a tokenizer.json model keeps the original's special tokens -------------------------
+# A Qwen2.5-like folder: a byte-level BPE tokenizer.json that adds no BOS, tokenizer_config.json
+# with the Qwen2.5 chat template, eos_token <|im_end|> and pad_token <|endoftext|>, config.json
+# with bos_token_id <|endoftext|> (as Qwen2.5's 151643) and generation_config.json. ft inspect
+# says chat data works with it; model.from it, export, and the export's config.json has the
+# original's bos_token_id and its tokenizer_config.json the original's pad_token (both were lost).
+"$tf5" - "$src" "$tmp/qwen" <<'EOF'
+import json, os, sys
+src, out = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(src, "tests", "ref"))
+from tiny_bpe import train_tiny_bpe
+import llama_ref as ref
+tok = train_tiny_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+os.makedirs(out)
+tok.save(os.path.join(out, "tokenizer.json"))
+template = open(os.path.join(src, "tests/data/chat_templates/qwen2_5_instruct.jinja")).read()
+json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
+           "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": template},
+          open(os.path.join(out, "tokenizer_config.json"), "w"))
+m = ref.Llama(ref.Config(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48,
+                         vocab_size=tok.get_vocab_size(), max_seq_len=128, arch="qwen2"))
+ref.save_hf_folder(m, out)
+c = json.load(open(os.path.join(out, "config.json")))
+c.update(bos_token_id=tok.token_to_id("<|endoftext|>"), eos_token_id=tok.token_to_id("<|im_end|>"))
+json.dump(c, open(os.path.join(out, "config.json"), "w"), indent=1)
+json.dump({"bos_token_id": c["bos_token_id"], "pad_token_id": c["bos_token_id"],
+           "eos_token_id": [c["eos_token_id"], c["bos_token_id"]]},
+          open(os.path.join(out, "generation_config.json"), "w"))
+with open(os.path.join(os.path.dirname(out), "chat.jsonl"), "w") as f:
+    for i in range(16):
+        f.write(json.dumps({"messages": [{"role": "user", "content": "the fox said hello"},
+                                         {"role": "assistant", "content": "hello world"}]}) + "\n")
+EOF
+run_rc 0 "$ft" inspect "$tmp/qwen"
+has_out "tokenizer:     tokenizer.json (byte-level BPE), 300 ids, BOS none, EOS none"
+has_out "chat template: tokenizer_config.json's chat_template: ft's Jinja subset renders it; end of turn \"<|im_end|>\" (id 2)"
+has_out "chat data:     yes: ft tokenize --format chat --tokenizer $tmp/qwen"
+run_rc 0 "$ft" tokenize --tokenizer "$tmp/qwen" --format chat --input "$tmp/chat.jsonl" \
+  --output "$tmp/qwen_shards"
+cat > "$tmp/q.yaml" <<YAML
+run: {name: q, output_dir: $tmp/run_q, seed: 0}
+model: {from: $tmp/qwen}
+tokenizer: {path: $tmp/qwen}
+data: {train: $tmp/qwen_shards, seq_len: 32}
+training: {steps: 0, micro_batch_size: 2, global_batch_size: 2}
+checkpoint: {every_steps: 1}
+runtime: {threads: 2}
+YAML
+run_rc 0 "$ft" train "$tmp/q.yaml"
+run_rc 0 "$ft" export "$tmp/run_q/checkpoints" --output "$tmp/qwen_out"
+has_out "wrote config.json (torch_dtype float32, bos_token_id 0, eos_token_id 2, pad_token_id 0)"
+run_rc 0 "$tf5" - "$tmp/qwen" "$tmp/qwen_out" <<'EOF'
+import json, sys
+from transformers import AutoTokenizer
+orig, out = sys.argv[1], sys.argv[2]
+co, ce = (json.load(open(f"{d}/config.json")) for d in (orig, out))
+to, te = (json.load(open(f"{d}/tokenizer_config.json")) for d in (orig, out))
+assert ce["bos_token_id"] == co["bos_token_id"], (ce.get("bos_token_id"), co["bos_token_id"])
+assert ce["eos_token_id"] == co["eos_token_id"], (ce.get("eos_token_id"), co["eos_token_id"])
+assert te.get("pad_token") == to["pad_token"], (te.get("pad_token"), to["pad_token"])
+assert te["bos_token"] is None and te["eos_token"] == to["eos_token"], te
+tok = AutoTokenizer.from_pretrained(out)
+assert tok.pad_token == "<|endoftext|>" and tok.pad_token_id == co["bos_token_id"], tok
+assert tok.bos_token is None and tok.eos_token == "<|im_end|>", tok
+print("ok: the export keeps the original's bos_token_id", ce["bos_token_id"], "and pad_token",
+      te["pad_token"], "(AutoTokenizer agrees)")
+EOF
+cat "$tmp/out.txt"
+# A checkpoint whose tokenizer_config.json is a FIFO: damaged (exit 1), refused at once.
+cp -r "$tmp/run_q/checkpoints" "$tmp/q_fifo"
+rm "$tmp/q_fifo/step_00000000/tokenizer_config.json"
+mkfifo "$tmp/q_fifo/step_00000000/tokenizer_config.json"
+run_rc 1 timeout 20 "$ft" export "$tmp/q_fifo" --output "$tmp/q_fifo_out"
+has_err "tokenizer_config.json: is a FIFO (named pipe), not a regular file; the checkpoint is damaged"
+echo "ok: d. a tokenizer.json model keeps the original's bos_token_id and pad_token"
 
 echo "test_export_transformers: all checks passed"

@@ -276,4 +276,112 @@ inspect 1 "$tmp/no_weights"
 has_err "no model.safetensors or model.safetensors.index.json in '$tmp/no_weights'"
 echo "ok: config.json without weights"
 
+# ---- what ft can do with the folder: tokenizer and chat template -----------------------------
+# Weights alone: usable as model.from, not for chat data; the summary says what is missing and
+# what works without it (it used to say "compatible with ft: yes" and nothing more).
+inspect 0 "$tmp/bf16"
+has_out "tokenizer:     none (no tokenizer.json or tokenizer.model)"
+has_out "chat template: none (no chat_template.jinja, and no chat_template in tokenizer_config.json)"
+has_out "compatible with ft: yes, as model.from (config.json, and the tensors' names, shapes and dtypes"
+has_out "chat data:     no (no tokenizer, no chat template). Without a tokenizer ft still trains the model (model.from) on token shards of at most 256 ids"
+# A SentencePiece tokenizer (made here with spm_train, 200 pieces), no chat template.
+"$PY" "$src/scripts/make_corpus.py" --out "$tmp/corpus.txt" --size-mb 0.05 \
+  --tokenizer "$tmp/sp.model" --vocab-size 200 >/dev/null
+cp -r "$tmp/bf16" "$tmp/sp"
+cp "$tmp/sp.model" "$tmp/sp/tokenizer.model"
+inspect 0 "$tmp/sp"
+has_out "tokenizer:     tokenizer.model (SentencePiece), 200 ids, BOS id 1, EOS id 2"
+has_out "chat data:     no (no chat template). This folder's tokenizer serves ft tokenize of text and JSONL"
+# With a chat template ft's Jinja subset renders, but a SentencePiece tokenizer, whose tokens do
+# not spell the rendered text: the loss mask cannot find the assistant's tokens, so no chat data
+# (a byte-level BPE folder with a template says "chat data: yes": test_export_transformers.sh).
+cp -r "$tmp/sp" "$tmp/sp_chat"
+cp "$src/tests/data/chat_templates/qwen2_5_instruct.jinja" "$tmp/sp_chat/chat_template.jinja"
+inspect 0 "$tmp/sp_chat"
+has_out "chat template: chat_template.jinja: ft's Jinja subset renders it"
+has_out "chat tokens:   ft cannot mark the assistant's tokens: "
+has_out "chat data:     no (the tokenizer cannot mark the assistant's tokens). This folder's tokenizer serves ft tokenize of text and JSONL and ft generate without --chat; chat data (ft tokenize --format chat or alpaca, ft generate --chat) needs a tokenizer whose tokens spell the rendered text"
+# A template without a tokenizer; a template outside ft's subset; a tokenizer of more ids than
+# the model has; a tokenizer.json ft cannot read.
+cp -r "$tmp/bf16" "$tmp/tmpl_only"
+cp "$tmp/sp_chat/chat_template.jinja" "$tmp/tmpl_only/"
+inspect 0 "$tmp/tmpl_only"
+has_out "chat template: chat_template.jinja: ft's Jinja subset renders it"
+has_out "chat data:     no (no tokenizer)."
+cp -r "$tmp/sp" "$tmp/bad_tmpl"
+echo '{% for m in messages %}{{ m.content | nosuchfilter }}{% endfor %}' \
+  > "$tmp/bad_tmpl/chat_template.jinja"
+inspect 0 "$tmp/bad_tmpl"
+has_out "chat template: ft cannot use it: "
+has_out "chat data:     no (no chat template ft renders)"
+cp -r "$tmp/tied" "$tmp/big_tok"
+cp "$tmp/sp.model" "$tmp/big_tok/tokenizer.model"
+inspect 0 "$tmp/big_tok"
+has_out "200 ids, BOS id 1, EOS id 2: more ids than the model's vocab_size 11, so ft refuses the pair"
+has_out "chat data:     no (a tokenizer of more ids than the model has, no chat template)"
+cp -r "$tmp/bf16" "$tmp/bad_tok"
+echo '{"model": {"type": "WordPiece"}}' > "$tmp/bad_tok/tokenizer.json"
+inspect 0 "$tmp/bad_tok"
+has_out "tokenizer:     ft cannot read it: "
+has_out "chat data:     no (no tokenizer ft reads"
+cp -r "$tmp/bf16" "$tmp/zero_tok"
+ln -s /dev/zero "$tmp/zero_tok/tokenizer.model"
+run_rc 0 timeout 20 "$ft" inspect "$tmp/zero_tok"
+has_out "tokenizer:     ft cannot read it: tokenizer $tmp/zero_tok/tokenizer.model: is a character device, not a regular file"
+cp -r "$tmp/sp" "$tmp/fifo_config"
+mkfifo "$tmp/fifo_config/tokenizer_config.json"
+run_rc 0 timeout 20 "$ft" inspect "$tmp/fifo_config"
+has_out "chat template: ft cannot use it: the tokenizer's config $tmp/fifo_config/tokenizer_config.json: is a FIFO (named pipe), not a regular file"
+echo "ok: tokenizer and chat template: what is there, what is missing, what works without it"
+
+# ---- flags: a range each, the value quoted briefly --------------------------------------------
+run_rc 2 "$ft" inspect "$tmp/bf16" --seq-len 0
+has_err "--seq-len: \"0\" is out of range: must be in [1, 1073741824]"
+run_rc 2 "$ft" inspect "$tmp/bf16" --seq-len 1e3
+has_err "--seq-len: \"1e3\" is not a whole number"
+run_rc 2 "$ft" inspect "$tmp/bf16" --pack-overflow "$(printf 'q%.0s' {1..3000})"
+has_err "is not one of split, drop"
+(( $(wc -c < "$tmp/err.txt") < 200 )) || fail "a 3000-character value quoted whole"
+echo "ok: --seq-len and --pack-overflow"
+
+# ---- files checked before reading: a FIFO or /dev/zero refused at once, in words -------------
+for f in config.json model.safetensors; do
+  for kind in fifo zero; do
+    rm -rf "$tmp/special"; cp -r "$tmp/tied" "$tmp/special"; rm -f "$tmp/special/$f"
+    if [[ $kind == fifo ]]; then mkfifo "$tmp/special/$f"; else ln -s /dev/zero "$tmp/special/$f"; fi
+    run_rc 1 timeout 20 "$ft" inspect "$tmp/special"
+    has_err "$tmp/special/$f"
+    has_err "$([[ $kind == fifo ]] && echo "is a FIFO (named pipe)" || echo "is a character device"), not a regular file"
+  done
+done
+inspect 1 "$tmp/bad_config"
+grep -qF "json.exception" "$tmp/err.txt" && fail "a library's error code in the message"
+grep -qF "[" "$tmp/err.txt" && fail "a check expression or code in the message: $(cat "$tmp/err.txt")"
+echo "ok: FIFO and /dev/zero in a folder refused at once; JSON errors in words"
+
+# ---- hints in the folder's family; a config of 10^8 layers -----------------------------------
+"$PY" - "$tmp" "$src/tests/ref" <<'EOF2'
+import json, sys
+sys.path.insert(0, sys.argv[2])
+import llama_ref as ref
+t = sys.argv[1]
+m = ref.Llama(ref.Config(dim=16, n_layers=2, n_heads=2, n_kv_heads=1, ffn_dim=24, vocab_size=11,
+                         arch="qwen2"))
+ref.save_hf_folder(m, f"{t}/qwen_as_llama")
+p = f"{t}/qwen_as_llama/config.json"
+c = json.load(open(p)); c["model_type"] = "llama"; c["architectures"] = ["LlamaForCausalLM"]
+json.dump(c, open(p, "w"))
+EOF2
+inspect 1 "$tmp/qwen_as_llama"
+has_out "unexpected: model.layers.0.self_attn.q_proj.bias"
+has_out "hint: the weights have q/k/v biases, as Qwen2's have, but config.json says llama (LlamaForCausalLM); a Qwen2 checkpoint needs model_type \"qwen2\""
+cp -r "$tmp/tied" "$tmp/many_layers"
+"$PY" -c "
+import json, sys
+p = sys.argv[1] + '/config.json'
+c = json.load(open(p)); c['num_hidden_layers'] = 100000000; json.dump(c, open(p, 'w'))" "$tmp/many_layers"
+run_rc 1 timeout 60 "$ft" inspect "$tmp/many_layers"
+has_out "config.json: num_hidden_layers is 100000000, but the weights hold layers 0 to 1 only"
+echo "ok: hints in the folder's family; 10^8 layers refused from the tensor names"
+
 echo "PASS test_inspect_hf"

@@ -280,7 +280,11 @@ TEST_CASE("hf import: malformed index and missing folder contents") {
                        has(index + "' has no \"weight_map\""), ft::Error);
   std::ofstream(index) << "{\"weight_map\": {\"model.norm.weight\": 3}}";
   CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, buf.ptrs),
-                       has("weight_map entry 'model.norm.weight' is not a file name"), ft::Error);
+                       has("weight_map entry \"model.norm.weight\" is not a file name"), ft::Error);
+  std::ofstream(index) << "{\"weight_map\": {\"model.norm.weight\": \"../elsewhere.safetensors\"}}";
+  CHECK_THROWS_WITH_AS(ft::load_hf_weights(dir.path, layout, buf.ptrs),
+                       has("is not a file name of the folder (got \"../elsewhere.safetensors\")"),
+                       ft::UsageError);
 
   // A corrupt model.safetensors: the safetensors reader's error, naming the file, comes through.
   fs::remove(index);
@@ -591,7 +595,11 @@ TEST_CASE("hf summary: mismatches are listed, not thrown, with load_hf_weights' 
   CHECK(doctest::String(s.check.bad_tensors[1].c_str()) ==
         has("'model.layers.1.input_layernorm.weight'"));
   CHECK(doctest::String(s.check.bad_tensors[1].c_str()) == has("has dtype I32"));
-  CHECK(doctest::String(s.check.hints.front().c_str()) == has("LlamaForCausalLM checkpoint"));
+  // The hints speak of the folder's family; the unexpected q_proj.bias is Qwen2's.
+  CHECK(doctest::String(s.check.hints.back().c_str()) ==
+        has("is this a LlamaForCausalLM checkpoint (config.json: model_type \"llama\")"));
+  CHECK(doctest::String(s.check.hints.front().c_str()) ==
+        has("the weights have q/k/v biases, as Qwen2's have, but config.json says llama"));
   // The extra layer-0 tensor sits after layer 0's expected ones; the unplaceable one at the end.
   const auto names = names_of(s);
   const auto at = [&](const std::string& n) {
@@ -732,4 +740,109 @@ TEST_CASE("hf import: qwen2 biases and qwen3 q/k norms in the layout, tensor-par
   mistral.arch = "mistral";
   CHECK(ft::ParamLayout(mistral).total_numel() ==
         ft::ParamLayout(tiny_config(false)).total_numel());
+}
+
+TEST_CASE("hf import: a NaN or infinity is refused as it is read, naming tensor, file and index") {
+  ft::ModelConfig c = tiny_config(false);
+  c.n_kv_heads = 2;  // q, k, v split over 2 tensor ranks
+  c.vocab_size = 12;
+  const ft::ParamLayout whole(c), tp(c, 2);
+  int g = 0;
+  const ft::ParamEntry* e = nullptr;
+  const std::string q = "model.layers.1.self_attn.q_proj.weight";  // (8, 8), rows split
+  const std::string o = "model.layers.1.self_attn.o_proj.weight";  // (8, 8), columns split
+  REQUIRE(tp.find(q, &g, &e));
+  REQUIRE(e->split == ft::TensorSplit::kRows);
+  REQUIRE(tp.find(o, &g, &e));
+  REQUIRE(e->split == ft::TensorSplit::kCols);
+  auto set = [](std::vector<TensorSpec>& t, const std::string& name, size_t at, float v) {
+    for (auto& s : t)
+      if (s.name == name) s.values[at] = v;
+  };
+  auto refusal = [](const std::string& dir, const ft::ParamLayout& layout, int rank) {
+    Buffers buf(layout);
+    try {
+      ft::load_hf_weights(dir, layout, buf.ptrs, rank);
+    } catch (const ft::Error& err) {
+      CHECK(err.code() == ft::ExitCode::kUsage);  // bad input, before step 1
+      return std::string(err.what());
+    }
+    return std::string();
+  };
+  TempDir dir;
+  const std::string file = dir.file("model.safetensors");
+
+  SUBCASE("NaN in a BF16 row-split tensor: the rank that reads its row refuses") {
+    auto tensors = layout_tensors(whole, ft::DType::kBF16);
+    set(tensors, q, 5 * 8 + 3, std::numeric_limits<float>::quiet_NaN());  // [5, 3]
+    write_file(file, tensors);
+    const std::string want = "tensor '" + q + "' in '" + file + "' holds NaN at [5, 3]";
+    CHECK(doctest::String(refusal(dir.path, whole, 0).c_str()) == has(want));
+    CHECK(doctest::String(refusal(dir.path, whole, 0).c_str()) ==
+          has("(1 non-finite value among the 64 read there)"));
+    // Tensor rank 1 holds rows 4-7 and reads row 5; rank 0 (rows 0-3) never reads it.
+    CHECK(doctest::String(refusal(dir.path, tp, 1).c_str()) == has(want));
+    CHECK(refusal(dir.path, tp, 0).empty());
+  }
+  SUBCASE("infinities in an F16 column-split tensor, read a row at a time") {
+    auto tensors = layout_tensors(whole, ft::DType::kF16);
+    set(tensors, o, 2 * 8 + 6, std::numeric_limits<float>::infinity());   // [2, 6]
+    set(tensors, o, 7 * 8 + 0, -std::numeric_limits<float>::infinity());  // [7, 0]
+    write_file(file, tensors);
+    const std::string want = "tensor '" + o + "' in '" + file + "' holds infinity at [2, 6]";
+    CHECK(doctest::String(refusal(dir.path, whole, 0).c_str()) == has(want));
+    CHECK(doctest::String(refusal(dir.path, whole, 0).c_str()) ==
+          has("(2 non-finite values among"));
+    CHECK(doctest::String(refusal(dir.path, tp, 1).c_str()) == has("holds infinity at [2, 6]"));
+  }
+  SUBCASE("a 1-D tensor and the last element; a finite folder still loads") {
+    auto tensors = layout_tensors(whole, ft::DType::kF32);
+    write_file(file, tensors);
+    CHECK(refusal(dir.path, whole, 0).empty());
+    set(tensors, "model.norm.weight", 7, std::numeric_limits<float>::quiet_NaN());
+    write_file(file, tensors);
+    CHECK(doctest::String(refusal(dir.path, whole, 0).c_str()) ==
+          has("tensor 'model.norm.weight' in '" + file + "' holds NaN at [7]"));
+  }
+  SUBCASE("a tied folder's stored lm_head.weight is read, and checked, too") {
+    ft::ModelConfig t = c;
+    t.tie_embeddings = true;
+    const ft::ParamLayout tied(t);
+    auto tensors = layout_tensors(tied, ft::DType::kF32);
+    auto head = tensors.front();  // the embedding, again
+    head.name = "lm_head.weight";
+    head.values[3] = std::numeric_limits<float>::quiet_NaN();
+    tensors.push_back(head);
+    write_file(file, tensors);
+    CHECK(doctest::String(refusal(dir.path, tied, 0).c_str()) ==
+          has("tensor 'lm_head.weight' in '" + file + "' holds NaN at [0, 3]"));
+  }
+}
+
+TEST_CASE("hf check: a config.json of more layers than the weights is refused before any layout") {
+  TempDir dir;
+  const ft::ModelConfig cfg = tiny_config(false);
+  write_file(dir.file("model.safetensors"), layout_tensors(ft::ParamLayout(cfg), ft::DType::kBF16));
+  write_config(dir.path, cfg);
+  CHECK(ft::check_hf_folder(dir.path).compatible());
+  // 10^8 layers: a layout of 10^9 entries, were one built; refused from the tensor names.
+  ft::ModelConfig huge = cfg;
+  huge.n_layers = 100000000;
+  write_config(dir.path, huge);
+  const ft::HfFolderSummary s = ft::summarize_hf_folder(dir.path);
+  REQUIRE(s.config_problems.size() == 1);
+  CHECK(s.config_problems[0] ==
+        "num_hidden_layers is 100000000, but the weights hold layers 0 to 1 only (a config.json "
+        "of another model?)");
+  CHECK(s.check.missing.empty());  // no layout was built to compare with
+  try {
+    ft::check_hf_folder(dir.path);
+    FAIL("no error");
+  } catch (const ft::Error& e) {
+    CHECK(e.code() == ft::ExitCode::kUsage);  // ft generate: bad input
+    CHECK(doctest::String(e.what()) == has("config.json: num_hidden_layers is 100000000"));
+  }
+  // A malformed file: exit code 2 here, 1 from summarize_hf_folder (ft inspect's verdict).
+  std::ofstream(dir.file("config.json")) << "{";
+  CHECK_THROWS_AS(ft::check_hf_folder(dir.path), ft::UsageError);
 }

@@ -3,6 +3,7 @@
 // succeed or throw ft::Error.
 #include <doctest/doctest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -228,9 +229,26 @@ TEST_CASE("safetensors: malformed length prefix") {
                        ft::Error);
 
   CHECK_THROWS_WITH_AS(ft::SafetensorsFile{dir.file("absent.safetensors")},
-                       doctest::Contains("absent.safetensors': cannot open"), ft::Error);
-  CHECK_THROWS_WITH_AS(ft::SafetensorsFile{dir.path}, doctest::Contains("': not a regular file"),
-                       ft::Error);
+                       doctest::Contains("absent.safetensors': is missing"), ft::UsageError);
+  CHECK_THROWS_WITH_AS(ft::SafetensorsFile{dir.path},
+                       doctest::Contains("': is a folder, not a regular file"), ft::UsageError);
+  // Refused at once for what they are: a FIFO is not waited on, a device not read for ever.
+  const std::string fifo = dir.file("fifo.safetensors");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(ft::SafetensorsFile{fifo},
+                       doctest::Contains("fifo.safetensors': is a FIFO (named pipe), not a regular "
+                                         "file"),
+                       ft::UsageError);
+  CHECK_THROWS_WITH_AS(ft::SafetensorsFile{"/dev/zero"},
+                       doctest::Contains("'/dev/zero': is a character device, not a regular file"),
+                       ft::UsageError);
+  // A malformed file is bad input (exit code 2), as a missing one.
+  try {
+    ft::SafetensorsFile{huge};
+    FAIL("no error");
+  } catch (const ft::Error& e) {
+    CHECK(e.code() == ft::ExitCode::kUsage);
+  }
 }
 
 TEST_CASE("safetensors: malformed JSON headers") {
@@ -254,6 +272,21 @@ TEST_CASE("safetensors: malformed JSON headers") {
   expect_bad_header(dir, "meta2.st", "{\"__metadata__\": {\"k\": 3}}", 0,
                     "__metadata__ value of 'k' is not a string");
   expect_bad_header(dir, "entry.st", "{\"a\": 3}", 0, "tensor 'a': entry is not a JSON object");
+  // The message says what failed in words: no nlohmann code, no quote of a megabyte of input.
+  const std::string long_literal = dir.file("long.st");
+  write_raw(long_literal, "{\"a\": " + std::string(1 << 20, 'x') + "}", 0);
+  try {
+    ft::SafetensorsFile{long_literal};
+    FAIL("no error");
+  } catch (const ft::Error& e) {
+    const std::string what = e.what();
+    CHECK(what.size() < 400);
+    CHECK(what.find("json.exception") == std::string::npos);
+    CHECK(what.find("xxxxxxxxxx") == std::string::npos);
+    CHECK(doctest::String(what.c_str()) == doctest::Contains("parse error at line 1, column"));
+  }
+  // A hostile tensor name is quoted as an excerpt.
+  expect_bad_header(dir, "name.st", "{\"" + std::string(5000, 'n') + "\": 3}", 0, "tensor \"nnnnn");
 }
 
 TEST_CASE("safetensors: malformed entries") {
