@@ -89,6 +89,15 @@ resume_not_ckpt|2|--resume;not a checkpoint|train r.yaml --resume not_ckpt
 resume_latest_gone|2|ckdir/latest names "step_00000007", which is not in|train r.yaml --resume ckdir
 plan_world_zero|2|--world|plan r.yaml --world 0
 plan_latency_negative|2|--latency-us|plan r.yaml --latency-us -1
+generate_temperature_nan|2|--temperature|generate saved --prompt hi --temperature nan
+generate_temperature_negative|2|--temperature|generate saved --prompt hi --temperature -1
+generate_top_p|2|--top-p|generate saved --prompt hi --top-p 2
+generate_source_missing|2|no_such_model|generate no_such_model --prompt hi
+generate_latest_gone|2|ckdir/latest names|generate ckdir --prompt hi
+export_missing|2|no_such_ckpt|export no_such_ckpt --output out_hf
+export_shard_size|2|--max-shard-size|export ckdir --output out_hf --max-shard-size 5XB
+inspect_device|2|/dev/zero|inspect /dev/zero
+inspect_missing|2|no_such_thing|inspect no_such_thing
 help_unknown|2|no command 'NOPE'|help NOPE
 CASES
 
