@@ -18,13 +18,18 @@
 //     operands carry (lift): at the top level for operations that read only the structure
 //     (an item, a slice, a length, a type test), and in the leaves too for those that read the
 //     contents (==, in, ~, print, tojson, join);
-//   - every decision (if, a ternary, and/or, a loop over a value or its filter, select, default)
-//     is made in the real world and compared in each world its value carries: a world deciding
-//     otherwise is killed, as is one in which an operation fails or a value would carry more
-//     than kMaxShadowWorlds worlds. A killed world's rendering is made in full afterwards;
-//   - so a live world took every decision the real rendering took, and its rendering is the
-//     real one with each printed value replaced by that value in the world: an edit wherever
-//     they differ.
+//   - every decision is made in the real world and compared in each world its value carries.
+//     A world that decides otherwise at an {% if %}, a ternary or and/or takes its own branch
+//     (operand) in a fork: run after the real branch, in that world alone (values read as they
+//     are in it), its text inserted into that world's rendering and its assignments made to
+//     that world's values only; meanwhile the real branch runs with the world suspended (its
+//     text deleted from the world's rendering, its assignments leaving the world's values as
+//     they were). select/reject and default filter the world's own way. A world whose loop
+//     would run another number of times (a loop over a varied value, or its filter), whose
+//     computation fails, or that a value would carry beside more than kMaxShadowWorlds others,
+//     is killed: its rendering is made in full afterwards;
+//   - so a live world's rendering is the real one with each printed value replaced by that
+//     value in the world and each branch it did not share replaced by its own: edits.
 #include "data/jinja.h"
 
 #include <algorithm>
@@ -1509,12 +1514,82 @@ class Renderer {
 
   // ---- worlds ----
 
-  bool live(int32_t w) const { return !dead_[size_t(w)]; }
+  // Not killed.
+  bool alive(int32_t w) const { return !dead_[size_t(w)]; }
+  // Alive and executing what runs now: not suspended (in a branch it does not take).
+  bool live(int32_t w) const {
+    return !dead_[size_t(w)] &&
+           (suspended_.empty() || !std::binary_search(suspended_.begin(), suspended_.end(), w));
+  }
   void kill(int32_t w) {
     if (!dead_[size_t(w)]) {
       dead_[size_t(w)] = 1;
       --live_;
     }
+  }
+
+  // While it lives, the worlds of ws are suspended too (a branch they do not take runs).
+  struct Suspend {
+    Renderer* r;
+    std::vector<int32_t> saved;
+    Suspend(Renderer* renderer, const WorldSet& ws) : r(renderer), saved(renderer->suspended_) {
+      if (ws.empty()) return;
+      std::vector<int32_t> u;
+      std::set_union(saved.begin(), saved.end(), ws.begin(), ws.end(), std::back_inserter(u));
+      r->suspended_ = std::move(u);
+    }
+    ~Suspend() { r->suspended_ = std::move(saved); }
+  };
+
+  // Runs body() as a fork of world w: in w alone (every value read as it is in w), its output
+  // inserted in w's rendering at the current position, its assignments made to w's values
+  // only. An error kills w (its full rendering gives the error). Returns whether it completed.
+  template <class F>
+  bool run_fork(int32_t w, F&& body) {
+    if (!alive(w)) return false;
+    const int saved_view = view_;
+    const size_t saved_base = fork_frames_, depth = frames_.size();
+    std::vector<int32_t> saved_suspended;
+    saved_suspended.swap(suspended_);
+    view_ = w;
+    fork_frames_ = depth;
+    bool ok = true;
+    try {
+      InWorld in(this, w);
+      body();
+    } catch (const TemplateError&) {
+      kill(w);
+      ok = false;
+    }
+    frames_.resize(depth);
+    view_ = saved_view;
+    fork_frames_ = saved_base;
+    suspended_.swap(saved_suspended);
+    return ok;
+  }
+
+  // Appends an edit of world w's rendering (merged into the previous one where they touch).
+  void add_edit(int32_t w, size_t pos, size_t len, std::string with) {
+    std::vector<Edit>& e = edits_[size_t(w)];
+    if (!e.empty() && e.back().pos + e.back().len == pos) {
+      e.back().len += len;
+      e.back().with += with;
+      return;
+    }
+    e.push_back({pos, len, std::move(with)});
+  }
+
+  // Text the real world writes: the suspended worlds do not write it (their own branch's text
+  // is inserted by their fork); in a fork, the text is its world's alone.
+  void write(const std::string& s) {
+    if (s.empty()) return;
+    if (view_ >= 0) {
+      add_edit(view_, out.size(), 0, s);
+      return;
+    }
+    for (int32_t w : suspended_)
+      if (alive(w)) add_edit(w, out.size(), s.size(), "");
+    out += s;
   }
 
   // While computing a value in one world: its steps count apart (shadow_steps_).
@@ -1530,6 +1605,10 @@ class Renderer {
     if (v.shadows)
       for (const Shadow& s : *v.shadows)
         if (live(s.world)) insert_world(ws, s.world);
+    if (v.is_namespace()) {  // no taint kept (it changes): its entries, walked
+      for (const auto& kv : v.m->items) walk_worlds(kv.second, ws);
+      return;
+    }
     const Taint* t = v.is_list() ? &v.l->taint : v.is_dict() ? &v.m->taint : nullptr;
     if (!t || t->empty()) return;
     if (!t->many) {
@@ -1546,11 +1625,11 @@ class Renderer {
   // The live worlds v carries: its shadows', and when `deep` (the operation reads the contents
   // of lists and dicts, not only their structure) those of its items.
   void add_worlds(const Value& v, bool deep, WorldSet* ws) {
-    if (live_ == 0) return;
+    if (live_ == 0 || view_ >= 0) return;
     if (v.shadows)
       for (const Shadow& s : *v.shadows)
         if (live(s.world)) insert_world(ws, s.world);
-    if (deep && (v.is_list() || v.is_dict())) walk_worlds(v, ws);
+    if (deep && (v.is_list() || v.is_dict() || v.is_namespace())) walk_worlds(v, ws);
   }
 
   // `real` with, for each world of ws, the value g(w) gives in that world (replacing a shadow
@@ -1566,7 +1645,7 @@ class Renderer {
     std::vector<Shadow> sh;
     if (real.shadows)
       for (const Shadow& s : *real.shadows)
-        if (live(s.world) && !std::binary_search(ws.begin(), ws.end(), s.world)) sh.push_back(s);
+        if (alive(s.world) && !std::binary_search(ws.begin(), ws.end(), s.world)) sh.push_back(s);
     for (int32_t w : ws) {
       try {
         InWorld in(this, w);
@@ -1595,8 +1674,8 @@ class Renderer {
   // they carry (deep: see add_worlds).
   template <class F>
   Value lift(const std::vector<Value>& args, bool deep, F&& fn) {
-    Value real = fn(args, -1);
-    if (live_ == 0) return real;
+    Value real = fn(args, view_);  // in a fork, the arguments are its world's already
+    if (live_ == 0 || view_ >= 0) return real;
     WorldSet ws;
     for (const Value& a : args) add_worlds(a, deep, &ws);
     if (ws.empty()) return real;
@@ -1612,7 +1691,7 @@ class Renderer {
     std::vector<Shadow> sh;
     if (v.shadows)
       for (const Shadow& s : *v.shadows)
-        if (s.world != w && live(s.world)) sh.push_back(s);
+        if (s.world != w && alive(s.world)) sh.push_back(s);
     if (!(is_scalar(sv) && is_scalar(v) && same_scalar(sv, v))) {
       sh.push_back({w, std::move(sv)});
       std::sort(sh.begin(), sh.end(),
@@ -1629,21 +1708,43 @@ class Renderer {
     return v;
   }
 
-  // A decision on v's truthiness: the real one, and a world that would decide otherwise is
-  // killed.
-  bool decide(const Value& v) {
+  // A decision on v's truthiness: the real one; a world that decides otherwise goes into
+  // *away (for the caller to fork), or is killed.
+  bool decide(const Value& v, WorldSet* away = nullptr) {
     const bool r = truthy(v);
-    if (v.shadows && live_ > 0)
-      for (const Shadow& s : *v.shadows)
-        if (live(s.world) && truthy(s.v) != r) kill(s.world);
+    if (view_ >= 0 || !v.shadows || live_ == 0) return r;
+    for (const Shadow& s : *v.shadows)
+      if (live(s.world) && truthy(s.v) != r) {
+        if (away)
+          insert_world(away, s.world);
+        else
+          kill(s.world);
+      }
+    return r;
+  }
+
+  // The value `value()` gives, with, for each world of `away`, the value `other()` gives in a
+  // fork of that world (the operand or branch it took where the real world took value's).
+  template <class V, class O>
+  Value diverge(const WorldSet& away, V&& value, O&& other) {
+    Value r;
+    {
+      Suspend s(this, away);
+      r = value();
+    }
+    for (int32_t w : away) {
+      Value rw;
+      if (run_fork(w, [&] { rw = project(other(), w); }))
+        r = with_shadow(std::move(r), w, std::move(rw));
+    }
     return r;
   }
 
   // {{ v }}: its text, and an edit for each world where the text differs.
   void emit(const Value& v, int line) {
-    std::string s = str_of(v, -1);
+    std::string s = str_of(v, view_);
     step(line, int64_t(s.size() / 256));
-    if (live_ > 0) {
+    if (live_ > 0 && view_ < 0) {
       WorldSet ws;
       add_worlds(v, true, &ws);
       if (ws.size() > kMaxShadowWorlds) {
@@ -1654,14 +1755,14 @@ class Renderer {
             InWorld in(this, w);
             std::string sw = str_of(at(v, w), w);
             step(line, 1 + int64_t(sw.size() / 256));
-            if (sw != s) edits_[size_t(w)].push_back({out.size(), s.size(), std::move(sw)});
+            if (sw != s) add_edit(w, out.size(), s.size(), std::move(sw));
           } catch (const TemplateError&) {
             kill(w);
           }
         }
       }
     }
-    out += s;
+    write(s);
   }
 
   // ---- variables ----
@@ -1681,7 +1782,9 @@ class Renderer {
       error(line, "cannot unpack a " + std::string(type_name(v)) + " into " + std::to_string(n) +
                       " names");
     std::vector<Value> parts = v.l->items;
-    if (v.shadows && live_ > 0)
+    if (view_ >= 0)
+      for (Value& x : parts) x = project(x, view_);
+    if (v.shadows && live_ > 0 && view_ < 0)
       for (const Shadow& s : *v.shadows) {
         if (!live(s.world)) continue;
         if (!s.v.is_list() || s.v.l->items.size() != n) {
@@ -1694,13 +1797,33 @@ class Renderer {
     return parts;
   }
 
+  // v as what `old` becomes: in a fork, only its world's value changes; in a branch some worlds
+  // are suspended from (they took another), theirs stay what they were.
+  Value assigned(const Value* old, Value v) {
+    if (view_ >= 0) return with_shadow(old ? *old : Value(), view_, std::move(v));
+    for (int32_t w : suspended_)
+      if (alive(w)) v = with_shadow(std::move(v), w, old ? project(*old, w) : Value());
+    return v;
+  }
+
+  // Sets a variable in the innermost frame (a frame a fork pushed is its world's alone).
+  void set_var(const std::string& var, Value v) {
+    if ((view_ >= 0 && frames_.size() > fork_frames_) || (view_ < 0 && suspended_.empty())) {
+      frames_.back()[var] = std::move(v);
+      return;
+    }
+    Value* old = find(var);
+    Value nv = assigned(old, std::move(v));
+    frames_.back()[var] = std::move(nv);
+  }
+
   void assign(const std::vector<std::string>& targets, const Value& v, int line) {
     if (targets.size() == 1) {
-      frames_.back()[targets[0]] = v;
+      set_var(targets[0], v);
       return;
     }
     std::vector<Value> parts = unpack(v, targets.size(), line);
-    for (size_t k = 0; k < targets.size(); ++k) frames_.back()[targets[k]] = std::move(parts[k]);
+    for (size_t k = 0; k < targets.size(); ++k) set_var(targets[k], std::move(parts[k]));
   }
 
   // Counts work: one per statement, expression and loop iteration, and n for an operation on n
@@ -1735,7 +1858,7 @@ class Renderer {
     if (v.shadows) {
       std::vector<Shadow> sh;
       for (const Shadow& s : *v.shadows) {
-        if (!live(s.world)) continue;
+        if (!alive(s.world)) continue;
         if (!fix(s.v)) {
           kill(s.world);
           continue;
@@ -1753,17 +1876,13 @@ class Renderer {
     step(n.line);
     switch (n.kind) {
       case Node::Kind::kText:
-        out += n.text;
+        write(n.text);
         return;
       case Node::Kind::kOutput:
         emit(eval(*n.expr), n.line);
         return;
       case Node::Kind::kIf:
-        for (const auto& [cond, body] : n.branches)
-          if (!cond || decide(eval(*cond))) {
-            run(body);
-            return;
-          }
+        exec_if(n);
         return;
       case Node::Kind::kSet: {
         Value v = eval(*n.expr);
@@ -1771,10 +1890,14 @@ class Renderer {
           assign(n.targets, v, n.line);
           return;
         }
-        Value* ns = find(n.targets[0]);
-        if (!ns || !ns->is_namespace())
+        Value* found = find(n.targets[0]);
+        const Value ns = found && view_ >= 0 ? project(*found, view_) : found ? *found : Value();
+        if (!ns.is_namespace())
           error(n.line, "{% set " + n.targets[0] + "." + n.attr + " %} needs " + n.targets[0] +
                             " to be a namespace()");
+        if (ns.shadows)  // another namespace in some world: that world is rendered in full
+          for (const Shadow& s : *ns.shadows)
+            if (s.v.m != ns.m) kill(s.world);
         auto bad = [&](const Value& x, bool real) {
           if (x.is_undefined() || x.is_namespace()) {
             if (real)
@@ -1788,7 +1911,9 @@ class Renderer {
         if (v.shadows)
           for (const Shadow& s : *v.shadows)
             if (live(s.world) && bad(s.v, false)) kill(s.world);
-        ns->m->set(n.attr, std::move(v));
+        const Value* old = ns.m->find(n.attr);
+        if (view_ >= 0 || !suspended_.empty()) v = assigned(old, std::move(v));
+        ns.m->set(n.attr, std::move(v));
         return;
       }
       case Node::Kind::kFor:
@@ -1797,12 +1922,70 @@ class Renderer {
     }
   }
 
+  // {% if %}: the real world's branch runs; a world that decides otherwise at a condition
+  // runs in a fork after it: the branch of that condition (real false, the world true), or
+  // the conditions after it (real true, the world false). The real branch runs with those
+  // worlds suspended, so its text is deleted from their renderings.
+  void exec_if(const Node& n) {
+    if (view_ >= 0) {  // a fork: its world's branch
+      for (const auto& [cond, body] : n.branches)
+        if (!cond || truthy(eval(*cond))) {
+          run(body);
+          return;
+        }
+      return;
+    }
+    struct Fork {
+      int32_t w;
+      size_t branch;
+      bool take;  // run branch's body; else test the conditions from branch on
+    };
+    std::vector<Fork> forks;
+    WorldSet away;
+    size_t k = 0;
+    for (; k < n.branches.size(); ++k) {
+      const ExprP& cond = n.branches[k].first;
+      if (!cond) break;
+      WorldSet other;
+      bool take;
+      {
+        Suspend s(this, away);
+        take = decide(eval(*cond), &other);
+      }
+      for (int32_t w : other) {
+        forks.push_back({w, take ? k + 1 : k, !take});
+        insert_world(&away, w);
+      }
+      if (take) break;
+    }
+    {
+      Suspend s(this, away);
+      if (k < n.branches.size()) run(n.branches[k].second);
+    }
+    for (const Fork& f : forks)
+      run_fork(f.w, [&] {
+        if (f.take) {
+          run(n.branches[f.branch].second);
+          return;
+        }
+        for (size_t j = f.branch; j < n.branches.size(); ++j)
+          if (!n.branches[j].first || truthy(eval(*n.branches[j].first))) {
+            run(n.branches[j].second);
+            return;
+          }
+      });
+  }
+
   // The items a for loop or filter goes through: a list's items, a dict's keys, a string's
-  // code points, nothing for undefined.
+  // code points, nothing for undefined (in a fork, each as it is in its world).
   std::vector<Value> items_of(const Value& v, int line) {
     if (v.is_list()) {
       step(line, int64_t(v.l->items.size()));
-      return v.l->items;
+      if (view_ < 0) return v.l->items;
+      std::vector<Value> items;
+      items.reserve(v.l->items.size());
+      for (const Value& x : v.l->items) items.push_back(project(x, view_));
+      return items;
     }
     std::vector<Value> items;
     if (v.is_dict()) {
@@ -1821,7 +2004,7 @@ class Renderer {
   // of items is killed: the loop would run another number of times).
   std::vector<Value> items_with_worlds(const Value& v, int line) {
     std::vector<Value> items = items_of(v, line);
-    if (!v.shadows || live_ == 0) return items;
+    if (!v.shadows || live_ == 0 || view_ >= 0) return items;
     for (const Shadow& s : *v.shadows) {
       if (!live(s.world)) continue;
       std::vector<Value> its;
@@ -1881,7 +2064,13 @@ class Renderer {
     return std::clamp<int64_t>(v.i, -1, 64);
   }
 
+  // An expression's value (in a fork: as it is in the fork's world, without shadows).
   Value eval(const Expr& e) {
+    if (view_ >= 0) return project(eval_here(e), view_);
+    return eval_here(e);
+  }
+
+  Value eval_here(const Expr& e) {
     step(e.line);
     switch (e.kind) {
       case Expr::Kind::kLiteral:
@@ -1943,9 +2132,13 @@ class Renderer {
       }
       case Expr::Kind::kBinary:
         return binary(e);
-      case Expr::Kind::kCond:
-        if (decide(eval(*e.b))) return eval(*e.a);
-        return e.c ? eval(*e.c) : Value();
+      case Expr::Kind::kCond: {
+        auto branch = [&](bool which) { return which ? eval(*e.a) : e.c ? eval(*e.c) : Value(); };
+        WorldSet away;
+        const bool t = decide(eval(*e.b), &away);
+        return diverge(
+            away, [&] { return branch(t); }, [&] { return branch(!t); });
+      }
     }
     return Value();
   }
@@ -2248,10 +2441,11 @@ class Renderer {
   template <class P>
   Value filter_items(const Value& seq, int line, bool keep, P&& pred) {
     std::vector<Value> kept;
+    WorldSet ws;  // worlds whose list differs: filtered in their world below
     for (const Value& x : items_of(seq, line))
-      if (decide(pred(x, -1)) == keep) kept.push_back(x);
+      if (view_ >= 0 ? truthy(pred(x, view_)) == keep : decide(pred(x, -1), &ws) == keep)
+        kept.push_back(x);
     Value real = Value::list(std::move(kept));
-    WorldSet ws;
     add_worlds(seq, false, &ws);
     return with_worlds(std::move(real), ws, [&](int w) {
       std::vector<Value> in_world;
@@ -2282,7 +2476,11 @@ class Renderer {
       const Value use_default = lift({v, boolean}, false, [](const std::vector<Value>& a, int) {
         return Value::boolean(a[0].is_undefined() || (truthy(a[1]) && !truthy(a[0])));
       });
-      return decide(use_default) ? dflt : v;
+      WorldSet away;
+      const bool t = decide(use_default, &away);
+      Value r = t ? dflt : v;
+      for (int32_t w : away) r = with_shadow(std::move(r), w, project(t ? v : dflt, w));
+      return r;
     }
     if (f == "select" || f == "reject") {
       std::vector<Value> args;
@@ -2478,13 +2676,14 @@ class Renderer {
 
   Value binary(const Expr& e) {
     const std::string& op = e.name;
-    if (op == "and") {
-      Value a = eval(*e.a);
-      return decide(a) ? eval(*e.b) : a;
-    }
-    if (op == "or") {
-      Value a = eval(*e.a);
-      return decide(a) ? a : eval(*e.b);
+    if (op == "and" || op == "or") {
+      // a and b: b where a is truthy, else a; a or b: a where a is truthy, else b.
+      const Value a = eval(*e.a);
+      WorldSet away;
+      const bool takes_b = decide(a, &away) == (op == "and");
+      auto operand = [&](bool b) { return b ? eval(*e.b) : view_ >= 0 ? project(a, view_) : a; };
+      return diverge(
+          away, [&] { return operand(takes_b); }, [&] { return operand(!takes_b); });
     }
     std::vector<Value> args{eval(*e.a), eval(*e.b)};
     const bool deep = op == "==" || op == "!=" || op == "~" || op == "in" || op == "not in";
@@ -2511,7 +2710,9 @@ class Renderer {
             break;
           }
       } else if (b.is_dict() || b.is_namespace()) {
-        r = a.is_string() && b.m->find(a.str()) != nullptr;
+        // (a namespace entry a fork made holds undefined in the real world: not there)
+        const Value* f = a.is_string() ? b.m->find(a.str()) : nullptr;
+        r = f && !at(*f, w).is_undefined();
       } else {
         error(line, std::string("'in' a ") + type_name(b));
       }
@@ -2597,7 +2798,10 @@ class Renderer {
   std::string name_;
   std::vector<std::unordered_map<std::string, Value>> frames_;
   int64_t steps_ = 0, shadow_steps_ = 0, max_steps_;
-  int world_ = -1;                        // the world being computed (-1: the real one)
+  int world_ = -1;  // the world being computed (-1: the real one): its steps count apart
+  int view_ = -1;   // the world of the fork being run (-1: none, the real world's execution)
+  size_t fork_frames_ = 0;                // frames_.size() when the fork began
+  std::vector<int32_t> suspended_;        // (sorted) worlds in another branch than the real one
   std::vector<uint8_t> dead_;             // (worlds) killed: rendered in full afterwards
   int64_t live_ = 0;                      // worlds not killed
   std::vector<std::vector<Edit>> edits_;  // (worlds) the edits of each world's rendering

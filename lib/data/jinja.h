@@ -99,9 +99,10 @@ class Template {
   // How (shadow execution): values derived from a varied string carry what they would be in
   // each alternative ("world"), computed by applying the same operation to the worlds' operands;
   // a printed value that differs in a world is an edit of that world. Every decision that such
-  // a value takes part in (if, and/or, a loop over it or its filter, select, a test, a key or
-  // index, an error) is checked in each world; a world that would decide otherwise, fail, or
-  // carry more than a few varied strings' worlds in one value, is rendered in full instead.
+  // a value takes part in is checked in each world: a world that decides otherwise at an if,
+  // a ternary or and/or runs its own branch in a fork (its text replacing the real branch's in
+  // its rendering); one whose loop would run another number of times, that fails, or that one
+  // value would carry beside more than a few other varied strings' worlds, is rendered in full.
   // A variation's `where` must name a string of `context` (else TemplateError).
   VariedRendering render_varied(const Json& context, const std::vector<Variation>& variations,
                                 int64_t max_steps = kMaxSteps) const;

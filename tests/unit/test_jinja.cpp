@@ -328,10 +328,22 @@ TEST_CASE("jinja: render_varied gives each alternative's rendering as edits") {
   vr = check_varied(Template("{% if a is string and a | length > 0 %}{{ a }}{% endif %}", "t"), ctx,
                     va);
   CHECK(vr.full_renderings == 0);
-  // ... decisions that do are rendered in full, that alternative only (A is one character,
-  // like x, so a length test on it agrees; BB's does not).
-  vr = check_varied(Template("{% if a | length == 1 %}one:{{ a }}{% else %}more{% endif %}", "t"),
-                    ctx, va);
+  // ... and an alternative that decides otherwise takes its branch in a fork (A is one
+  // character, like x, so a length test on it agrees; BB's does not): its edit deletes the real
+  // branch's text and inserts its own.
+  vr = check_varied(
+      Template("<{% if a | length == 1 %}one:{{ a }}{% elif a == 'BB' %}two{% else %}more"
+               "{% endif %}>{{ 'short' if a | length < 2 else 'long' }}",
+               "t"),
+      ctx, va);
+  CHECK(vr.full_renderings == 0);
+  CHECK(vr.text == "<one:x>short");
+  REQUIRE(vr.edits[0][1].size() == 2);
+  CHECK(vr.edits[0][1][0].pos == 1);
+  CHECK(vr.edits[0][1][0].len == 5);
+  CHECK(vr.edits[0][1][0].with == "two");
+  // A loop that runs another number of times in an alternative: that alternative in full.
+  vr = check_varied(Template("{% for c in a %}{{ c }};{% endfor %}", "t"), ctx, va);
   CHECK(vr.full_renderings == 1);
   CHECK(vr.edits[0][1].size() == 1);
   CHECK(vr.edits[0][1][0].len == vr.text.size());
@@ -352,7 +364,18 @@ TEST_CASE("jinja: render_varied gives each alternative's rendering as edits") {
         "{% set m = {'content': b} %}{% if '<think>' in m.content %}think{% endif %}{{ m }}",
         "{% for k, v in {'a': a, 'b': b}.items() %}{{ k }}={{ v | trim }},{% endfor %}",
         "{{ [{'r': a}, {'r': 'x'}] | selectattr('r', 'equalto', 'x') | list | length }}",
-        "{% if a %}{{ raise_exception('no ' ~ a) if b == 'B' }}{% endif %}ok"}) {
+        "{% if a %}{{ raise_exception('no ' ~ a) if b == 'B' }}{% endif %}ok",
+        // Forks: branches that set variables and namespaces, nested ifs, loops inside a branch,
+        // and/or taking the other operand, a branch that raises in one alternative.
+        "{% set ns = namespace(n=0, t='') %}{% set v = 'init' %}{% if '<think>' in b %}"
+        "{% set v = b.split('<think>')[-1] %}{% set ns.t = 'T' %}{% for c in [1, 2] %}"
+        "{% set ns.n = ns.n + c %}{% endfor %}{% elif a %}{% set v = a ~ '!' %}{% if b == 'yz' %}"
+        "yz{% else %}not{% endif %}{% else %}{% set ns.fresh = 1 %}none{% endif %}"
+        "[{{ v }}|{{ ns.n }}|{{ ns.t }}|{{ ns.fresh is defined }}|{{ 'fresh' in ns }}]",
+        "{{ (a and b) ~ (a or 'dflt') ~ (b and a and 'all') ~ (not a or b) }}"
+        "{% if a == '' %}{{ raise_exception('empty a') if b == 'B' }}{% endif %}",
+        "{% for x in [a, b] %}{% if x | length > 2 %}{{ x | upper }}{% else %}{{ x }}"
+        "{% set y = x %}{% endif %}{% endfor %}{{ y is defined }}"}) {
     CAPTURE(std::string(text));
     check_varied(Template(text, "t"), ctx, both);
   }
@@ -384,7 +407,10 @@ TEST_CASE("jinja: render_varied's work on a 10000-turn conversation is a few ren
   // The deterministic stand-in for "linear time" (scripts/bench_chat_mask.sh measures seconds):
   // the masks of 10,000 assistant turns cost a small multiple of one rendering's steps, where
   // rendering each alternative in full costs 20,000 renderings.
-  const std::vector<std::string> answers = {"An answer of some words.", " spaced ", "\nline\n"};
+  // Think blocks too: Qwen3's template decides on them (it drops earlier turns' reasoning), so
+  // those alternatives take other branches, in forks.
+  const std::vector<std::string> answers = {"An answer of some words.", " spaced ", "\nline\n",
+                                            "<think>\nreasons\n</think>\n\nthe answer"};
   for (const char* file : kTemplateFiles) {
     CAPTURE(std::string(file));
     const Template t(read_template(file), file);
