@@ -57,8 +57,8 @@ int cmd_tokenize(const TokenizeArgs& a) {
     s = tokenize_to_shards(opt);
   }
   std::printf(
-      "tokenized %d file%s: %llu documents, %llu tokens -> %d shard%s in %s (loading %.1f s, "
-      "tokenizing %.1f s: %.0f tokens/s)\n",
+      "tokenized %d file%s: %llu documents, %llu tokens -> %d shard%s in %s (loading %.2f s, "
+      "tokenizing %.2f s: %.0f tokens/s)\n",
       s.files, s.files == 1 ? "" : "s", (unsigned long long)s.documents,
       (unsigned long long)s.tokens, s.shards, s.shards == 1 ? "" : "s", a.output.c_str(),
       s.load_seconds, s.seconds, s.seconds > 0 ? double(s.tokens) / s.seconds : 0.0);
