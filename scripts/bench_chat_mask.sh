@@ -69,10 +69,12 @@ for n in sizes:
 PY
 
 # Seconds: ft's own "tokenizing" time (reading, rendering, masks, encoding, writing; not the
-# process start or the loading of the tokenizer and template).
+# process start or the loading of the tokenizer and template; a build from before this summary
+# prints one time, loading included, which is taken instead).
 seconds() {
   "$ft" tokenize --tokenizer "$tmp/$1" --input "$2" --format chat --threads "$threads" "${@:3}" \
-    --output "$tmp/out" 2>/dev/null | sed -n 's/.*tokenizing \([0-9.]*\) s.*/\1/p'
+    --output "$tmp/out" 2>/dev/null |
+    sed -n -e 's/.*tokenizing \([0-9.]*\) s.*/\1/p' -e 's/.* (\([0-9.]*\) s, [0-9]* tokens\/s)$/\1/p'
   rm -rf "$tmp/out"
 }
 printf '%-24s %7s %8s %10s %18s\n' template turns KB masks_s train_on_prompt_s
