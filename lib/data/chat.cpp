@@ -392,15 +392,15 @@ Json conversation_from_record(const Json& record, bool alpaca, const std::string
       else if (from == "tool" || from == "function" || from == "observation")
         role = "tool";
       else
-        throw UsageError(where + ": \"" + at + ".from\" is \"" + from +
-                         "\"; ShareGPT roles are system, human, gpt (or user, assistant, tool, "
+        throw UsageError(where + ": \"" + at + ".from\" is " + excerpt(from, 40) +
+                         "; ShareGPT roles are system, human, gpt (or user, assistant, tool, "
                          "function, observation)");
       content = need_string(m, "value", at + ".value", false);
     } else {
       role = need_string(m, "role", at + ".role", false);
       if (role != "system" && role != "user" && role != "assistant" && role != "tool")
-        throw UsageError(where + ": \"" + at + ".role\" is \"" + role +
-                         "\"; roles are system, user, assistant, tool");
+        throw UsageError(where + ": \"" + at + ".role\" is " + excerpt(role, 40) +
+                         "; roles are system, user, assistant, tool");
       content = need_string(m, "content", at + ".content", false);
     }
     messages.push_back({{"role", role}, {"content", content}});

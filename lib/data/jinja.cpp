@@ -2234,9 +2234,16 @@ class Renderer {
   Value call(const Expr& e) {
     if (e.a->kind == Expr::Kind::kName) {
       const std::string& f = e.a->name;
-      if (f == "raise_exception")
-        error(e.line, "the template raised an exception: " +
-                          (e.args.empty() ? std::string() : str_of(eval(*e.args[0]), -1)));
+      if (f == "raise_exception") {
+        // The template's message may quote a message's content: at most ~200 bytes of it.
+        std::string msg = e.args.empty() ? std::string() : str_of(eval(*e.args[0]), view_);
+        if (msg.size() > 200) {
+          size_t cut = 200;
+          while (cut > 0 && (uint8_t(msg[cut]) & 0xC0) == 0x80) --cut;  // a whole character
+          msg = msg.substr(0, cut) + "…";
+        }
+        error(e.line, "the template raised an exception: " + msg);
+      }
       if (f == "namespace") {
         Value v = make_namespace();
         for (const auto& [k, x] : e.kwargs) v.m->set(k, element(eval(*x), e.line));

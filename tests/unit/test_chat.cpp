@@ -153,4 +153,15 @@ TEST_CASE("chat: a JSONL line: invalid UTF-8 becomes U+FFFD; bad JSON is said in
   CHECK(bad.find("f.jsonl:3: not valid JSON (column 2: syntax error while parsing value - "
                  "invalid literal; last read: \"no\"); JSONL needs one JSON object per "
                  "line") != std::string::npos);
+  // A value quoted back (an unknown role) is quoted short.
+  const Json record = {
+      {"messages", Json::array({Json{{"role", std::string(1 << 20, 'r')}, {"content", "x"}}})}};
+  try {
+    ft::conversation_from_record(record, false, "f.jsonl:4");
+    FAIL("accepted");
+  } catch (const ft::UsageError& e) {
+    const std::string m = e.what();
+    CHECK(m.rfind("f.jsonl:4: \"messages[0].role\" is \"rrrr", 0) == 0);
+    CHECK(m.size() < 200);
+  }
 }

@@ -134,6 +134,11 @@ TEST_CASE("jinja: loops, scopes and namespace") {
   CHECK(render("{% set a, b = 1, 2 %}{{ b }}{{ a }}") == "21");
   CHECK(contains(error_of("{{ raise_exception('roles must alternate') }}"),
                  "raised an exception: roles must alternate"));
+  // A message built from a (long) content is cut, at a character.
+  const std::string long_message =
+      error_of("{{ raise_exception('bad: ' ~ c) }}", {{"c", std::string(100000, 'x') + "é"}});
+  CHECK(contains(long_message, "raised an exception: bad: xxx"));
+  CHECK(long_message.size() < 300);
 }
 
 TEST_CASE("jinja: constructs outside the subset are refused by name and line") {
