@@ -2886,10 +2886,17 @@ VariedRendering Template::render_varied(const Json& context,
     Json alt = context;
     alt[variations[v].where] = variations[v].alternatives[k];
     int64_t steps = 0;
-    std::string full = render(alt, max_steps, &steps);
+    const std::string full = render(alt, max_steps, &steps);
     out.steps += steps;
     ++out.full_renderings;
-    out.edits[v][k] = {Edit{0, out.text.size(), std::move(full)}};
+    // Kept as one edit of what differs (so that many such worlds do not hold many renderings).
+    const std::string& t = out.text;
+    size_t p = 0, q = 0;
+    while (p < t.size() && p < full.size() && t[p] == full[p]) ++p;
+    while (q < t.size() - p && q < full.size() - p &&
+           t[t.size() - 1 - q] == full[full.size() - 1 - q])
+      ++q;
+    out.edits[v][k] = {Edit{p, t.size() - p - q, full.substr(p, full.size() - p - q)}};
   }
   return out;
 }
