@@ -32,6 +32,7 @@ struct TokenizeArgs {
   std::string format = "auto";  // auto | text | jsonl | chat | alpaca (auto: by extension)
   std::string field = "text";
   bool train_on_prompt = false;
+  bool allow_no_trainable = false;  // chat/alpaca: a file with no token to train on: a warning
   int64_t shard_tokens = 16 * 1024 * 1024;
   int threads = 0;  // 0: all cores
 };

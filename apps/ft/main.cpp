@@ -186,6 +186,10 @@ int main(int argc, char** argv) {
   k->add_flag("--train-on-prompt", tok.train_on_prompt,
               "chat/alpaca: train on every token of the conversation, not only the "
               "assistant's (writes no loss_mask)");
+  k->add_flag("--allow-no-trainable", tok.allow_no_trainable,
+              "chat/alpaca: keep an input file none of whose conversations has assistant content "
+              "to train on (by default such a file is an error, exit 2: it would add only "
+              "padding)");
   k->add_option("--shard-tokens", tok.shard_tokens, "Tokens per shard file (default 16Mi)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   k->add_option("--threads", tok.threads, "Tokenizer threads (default: all cores)");

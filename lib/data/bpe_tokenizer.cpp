@@ -25,12 +25,13 @@
 
 #include <algorithm>
 #include <array>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/files.h"
+#include "core/json_describe.h"
 #include "core/utf8.h"
 #include "data/sha256.h"
 #include "data/tokenizer.h"
@@ -66,48 +67,60 @@ uint32_t next_code_point(std::string_view s, size_t* i) {
   return cp;
 }
 
-// `s` with every maximal invalid subpart replaced by U+FFFD (Unicode §3.9, "U+FFFD
-// Substitution of Maximal Subparts"): a lead byte followed by the continuation bytes that could
-// still have completed it is one replacement; any other bad byte is one replacement.
-std::string replace_invalid_utf8(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 8);
-  size_t i = 0;
-  while (i < s.size()) {
-    const uint8_t c = uint8_t(s[i]);
-    int len = 0;
-    uint8_t lo = 0x80, hi = 0xBF;  // the valid range of the second byte
-    if (c < 0x80) {
-      out.push_back(char(c));
-      ++i;
-      continue;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    }
-    int ok = 1;  // bytes of a valid prefix so far
-    while (len > 0 && ok < len && i + ok < s.size()) {
-      const uint8_t cc = uint8_t(s[i + ok]);
-      const bool valid = ok == 1 ? (cc >= lo && cc <= hi) : (cc >= 0x80 && cc <= 0xBF);
-      if (!valid) break;
-      ++ok;
-    }
-    if (len > 0 && ok == len) {
-      out.append(s.substr(i, len));
-    } else {
-      out += "\xEF\xBF\xBD";
-    }
-    i += ok;
+// How positions in a buffer the encoder works on map back to the caller's text
+// (encode_with_offsets). A buffer is the text itself (or a copy with invalid UTF-8 replaced),
+// a piece after NFC, or a piece with ByteLevel's leading space; views into a buffer share its
+// Align. Runs map stretches of the buffer to the parent's: byte for byte where unchanged, as a
+// whole where a normalization changed them.
+struct Align {
+  struct Run {
+    size_t begin, end;  // in this buffer
+    size_t from, to;    // in the parent
+    bool whole;         // changed: any byte of it stands for all of [from, to)
+  };
+  const char* base = nullptr;
+  const Align* parent = nullptr;  // null: positions are the caller's text
+  std::vector<Run> runs;          // empty: byte i is the parent's byte shift + i
+  size_t shift = 0;
+  bool prefix = false;  // base is " " + the parent's bytes from shift: byte 0 stands for nothing
+
+  // The parent position where a range of this buffer starting at a begins, and where one
+  // ending at b ends.
+  size_t start_of(size_t a) const {
+    if (runs.empty()) return prefix ? (a == 0 ? shift : shift + a - 1) : shift + a;
+    auto it = std::upper_bound(runs.begin(), runs.end(), a,
+                               [](size_t x, const Run& r) { return x < r.begin; });
+    const Run& r = *(it == runs.begin() ? it : it - 1);
+    if (a >= r.end) return r.to;
+    return r.whole ? r.from : r.from + (a - r.begin);
   }
-  return out;
-}
+  size_t end_of(size_t b) const {
+    if (runs.empty()) return prefix ? (b == 0 ? shift : shift + b - 1) : shift + b;
+    if (b == 0) return runs.front().from;
+    auto it = std::upper_bound(runs.begin(), runs.end(), b - 1,
+                               [](size_t x, const Run& r) { return x < r.begin; });
+    const Run& r = *(it == runs.begin() ? it : it - 1);
+    return r.whole ? r.to : r.from + (b - r.begin);
+  }
+  std::pair<size_t, size_t> to_text(size_t a, size_t b) const {
+    size_t pa = start_of(a), pb = a == b ? pa : std::max(pa, end_of(b));
+    return parent ? parent->to_text(pa, pb) : std::make_pair(pa, pb);
+  }
+};
+
+// Where encode puts its ids (and, for encode_with_offsets, their offsets).
+struct Sink {
+  std::vector<int32_t>* ids;
+  std::vector<std::pair<size_t, size_t>>* offsets;  // null: not wanted
+  // Token id made from the n bytes at p, in al's buffer.
+  void add(int32_t id, const Align& al, const char* p, size_t n) const {
+    ids->push_back(id);
+    if (offsets) {
+      const size_t a = size_t(p - al.base);
+      offsets->push_back(al.to_text(a, a + n));
+    }
+  }
+};
 
 // NFC of valid UTF-8 (ICU); the input itself when it is already in NFC.
 std::string nfc(std::string_view s) {
@@ -122,6 +135,39 @@ std::string nfc(std::string_view s) {
   std::string text;
   out.toUTF8String(text);
   return text;
+}
+
+// NFC of valid UTF-8 `s`, normalized segment by segment (a segment starts at each code point
+// with a normalization boundary before it, so each normalizes alone and together they give
+// nfc(s)), with the runs that map the result back to s (s's byte i is the parent's at + i).
+std::string nfc_with_runs(std::string_view s, size_t at, std::vector<Align::Run>* runs) {
+  UErrorCode err = U_ZERO_ERROR;
+  const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(err);
+  if (U_FAILURE(err)) FT_FAIL("NFC normalization failed (", u_errorName(err), ")");
+  std::string out;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = i;
+    bool ascii = uint8_t(s[i]) < 0x80;
+    next_code_point(s, &j);
+    while (j < s.size()) {
+      size_t k = j;
+      const uint32_t c = next_code_point(s, &k);
+      if (n->hasBoundaryBefore(UChar32(c))) break;
+      ascii = false;
+      j = k;
+    }
+    const std::string_view seg = s.substr(i, j - i);
+    const std::string norm = ascii ? std::string(seg) : nfc(seg);  // ASCII alone is NFC
+    const bool changed = norm != seg;
+    if (!changed && !runs->empty() && !runs->back().whole && runs->back().end == out.size())
+      runs->back().end += norm.size(), runs->back().to += norm.size();
+    else
+      runs->push_back({out.size(), out.size() + norm.size(), at + i, at + j, changed});
+    out += norm;
+    i = j;
+  }
+  return out;
 }
 
 // Unicode White_Space (what Rust's \s matches; added_vocabulary.rs strips it for lstrip/rstrip).
@@ -301,6 +347,8 @@ class BpeTokenizer final : public Tokenizer {
   explicit BpeTokenizer(const std::string& file);
 
   std::vector<int32_t> encode(std::string_view text) const override;
+  std::vector<int32_t> encode_with_offsets(
+      std::string_view text, std::vector<std::pair<size_t, size_t>>* offsets) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocab_size() const override { return vocab_size_; }
   int32_t bos_id() const override { return bos_; }
@@ -317,18 +365,22 @@ class BpeTokenizer final : public Tokenizer {
   void load_post_processor(const json& p, const std::string& key);
   void load_decoder(const json& d, const std::string& key);
 
+  std::vector<int32_t> encode_impl(std::string_view text,
+                                   std::vector<std::pair<size_t, size_t>>* offsets) const;
   // Cuts the added tokens of `set` out of `s`: calls gap(piece) for the text between them and
-  // token(id) for each, in order.
+  // token(id, begin, end) for each (the bytes of s it took), in order.
   template <class Gap, class Token>
   void split_added(std::string_view s, const AddedTokenSet& set, Gap&& gap, Token&& token) const;
   bool word_char_before(std::string_view s, size_t pos) const;
   bool word_char_at(std::string_view s, size_t pos) const;
   // Steps 2-4 on a piece between added tokens of the first pass.
-  void encode_gap(std::string_view piece, std::vector<int32_t>* out) const;
+  void encode_gap(std::string_view piece, const Align& al, const Sink& out) const;
   // Step 3 from regex `stage` on, then step 4.
-  void pre_tokenize(std::string_view piece, size_t stage, std::vector<int32_t>* out) const;
-  void pre_tokenize_spaced(std::string_view piece, size_t stage, std::vector<int32_t>* out) const;
-  void bpe(std::string_view word, std::vector<int32_t>* out) const;
+  // (pieces are views into al's buffer)
+  void pre_tokenize(std::string_view piece, size_t stage, const Align& al, const Sink& out) const;
+  void pre_tokenize_spaced(std::string_view piece, size_t stage, const Align& al,
+                           const Sink& out) const;
+  void bpe(std::string_view word, const Align& al, const Sink& out) const;
 
   // The model. Tokens are keyed by their raw bytes (the byte-level text translated back).
   std::unordered_map<std::string, int32_t> vocab_;
@@ -359,13 +411,15 @@ class BpeTokenizer final : public Tokenizer {
 
 BpeTokenizer::BpeTokenizer(const std::string& file) : file_(file) {
   path_ = file;
-  sha256_ = sha256_file_hex(file);  // also the error for a missing or unreadable file
-  std::ifstream in(file, std::ios::binary);
+  const std::string text = read_bounded_file(
+      file, kMaxTokenizerBytes, "tokenizer",
+      "give a Hugging Face tokenizer.json, a SentencePiece .model or a Hugging Face folder");
+  sha256_ = sha256_hex(text.data(), text.size());
   json j;
   try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    FT_FAIL(file, ": not valid JSON (", e.what(), ")");
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw UsageError(file + ": not valid JSON (" + json_error_words(e) + ")");
   }
   if (!j.is_object()) FT_FAIL(file, ": expected a JSON object (a Hugging Face tokenizer.json)");
   if (!j.contains("model")) {
@@ -703,40 +757,51 @@ void BpeTokenizer::split_added(std::string_view s, const AddedTokenSet& set, Gap
       pos = stop;
     }
     if (done < start) gap(s.substr(done, start - done));
-    token(hit->id);
+    token(hit->id, start, stop);
     done = stop;
   }
   if (done < s.size()) gap(s.substr(done));
 }
 
-void BpeTokenizer::encode_gap(std::string_view piece, std::vector<int32_t>* out) const {
-  auto model = [&](std::string_view p) { pre_tokenize(p, 0, out); };
-  auto token = [&](int32_t id) { out->push_back(id); };
+void BpeTokenizer::encode_gap(std::string_view piece, const Align& al, const Sink& out) const {
   if (nfc_) {
-    const std::string normalized = nfc(piece);
-    split_added(normalized, normalized_set_, model, token);
+    Align nal;
+    nal.parent = &al;
+    const std::string normalized =
+        out.offsets ? nfc_with_runs(piece, size_t(piece.data() - al.base), &nal.runs) : nfc(piece);
+    nal.base = normalized.data();
+    split_added(
+        normalized, normalized_set_, [&](std::string_view p) { pre_tokenize(p, 0, nal, out); },
+        [&](int32_t id, size_t b, size_t e) { out.add(id, nal, normalized.data() + b, e - b); });
     return;
   }
-  split_added(piece, normalized_set_, model, token);
+  split_added(
+      piece, normalized_set_, [&](std::string_view p) { pre_tokenize(p, 0, al, out); },
+      [&](int32_t id, size_t b, size_t e) { out.add(id, al, piece.data() + b, e - b); });
 }
 
-void BpeTokenizer::pre_tokenize(std::string_view piece, size_t stage,
-                                std::vector<int32_t>* out) const {
+void BpeTokenizer::pre_tokenize(std::string_view piece, size_t stage, const Align& al,
+                                const Sink& out) const {
   // ByteLevel's leading space goes on each piece the Split stages made, before ByteLevel's own
   // regex (byte_level.rs prepends it per piece).
   if (stage == byte_level_stage_ && prefix_space_ && (piece.empty() || piece[0] != ' ')) {
     std::string spaced = " ";
     spaced += piece;
-    pre_tokenize_spaced(spaced, stage, out);
+    Align sal;
+    sal.base = spaced.data();
+    sal.parent = &al;
+    sal.shift = size_t(piece.data() - al.base);
+    sal.prefix = true;
+    pre_tokenize_spaced(spaced, stage, sal, out);
     return;
   }
-  pre_tokenize_spaced(piece, stage, out);
+  pre_tokenize_spaced(piece, stage, al, out);
 }
 
-void BpeTokenizer::pre_tokenize_spaced(std::string_view piece, size_t stage,
-                                       std::vector<int32_t>* out) const {
+void BpeTokenizer::pre_tokenize_spaced(std::string_view piece, size_t stage, const Align& al,
+                                       const Sink& out) const {
   if (stage == splits_.size()) {
-    bpe(piece, out);
+    bpe(piece, al, out);
     return;
   }
   const Regex& re = *splits_[stage];
@@ -748,27 +813,29 @@ void BpeTokenizer::pre_tokenize_spaced(std::string_view piece, size_t stage,
       next_code_point(piece, &from);
       continue;
     }
-    if (s > last) pre_tokenize(piece.substr(last, s - last), stage + 1, out);
-    pre_tokenize(piece.substr(s, e - s), stage + 1, out);
+    if (s > last) pre_tokenize(piece.substr(last, s - last), stage + 1, al, out);
+    pre_tokenize(piece.substr(s, e - s), stage + 1, al, out);
     last = from = e;
   }
-  if (last < piece.size()) pre_tokenize(piece.substr(last), stage + 1, out);
+  if (last < piece.size()) pre_tokenize(piece.substr(last), stage + 1, al, out);
 }
 
-void BpeTokenizer::bpe(std::string_view word, std::vector<int32_t>* out) const {
+void BpeTokenizer::bpe(std::string_view word, const Align& al, const Sink& out) const {
   if (word.empty()) return;
   if (ignore_merges_) {
     auto it = vocab_.find(std::string(word));
     if (it != vocab_.end()) {
-      out->push_back(it->second);
+      out.add(it->second, al, word.data(), word.size());
       return;
     }
   }
-  // Symbols in a linked list over the bytes; a heap of candidate merges ordered by rank, then
-  // position; a popped merge whose pair has changed since it was pushed is skipped.
+  // Symbols in a linked list over the bytes (each with the bytes [begin, end) of the word it
+  // holds); a heap of candidate merges ordered by rank, then position; a popped merge whose
+  // pair has changed since it was pushed is skipped.
   struct Symbol {
     int32_t id;
     int32_t prev, next;
+    uint32_t begin, end;
   };
   std::vector<Symbol> sym;
   sym.reserve(word.size());
@@ -780,11 +847,14 @@ void BpeTokenizer::bpe(std::string_view word, std::vector<int32_t>* out) const {
       if (unk_ < 0) continue;  // no unk token: the byte is dropped, as bpe/model.rs does
       id = unk_;
       // fuse_unk: a run of unknown bytes is one unk (bpe/model.rs merge_word).
-      if (fuse_unk_ && last_unknown) continue;
+      if (fuse_unk_ && last_unknown) {
+        sym.back().end = uint32_t(i + 1);
+        continue;
+      }
     }
     last_unknown = unknown;
     const int32_t n = int32_t(sym.size());
-    sym.push_back({id, n - 1, -1});
+    sym.push_back({id, n - 1, -1, uint32_t(i), uint32_t(i + 1)});
     if (n > 0) sym[n - 1].next = n;
   }
   struct Candidate {
@@ -809,27 +879,55 @@ void BpeTokenizer::bpe(std::string_view word, std::vector<int32_t>* out) const {
     if (it == merges_.end() || it->second.id != c.id) continue;
     Symbol& right = sym[left.next];
     left.id = c.id;
+    left.end = right.end;
     left.next = right.next;
     if (right.next >= 0) sym[right.next].prev = c.pos;
     right.id = -1;  // dead
     consider(left.prev);
     consider(c.pos);
   }
-  for (int32_t i = sym.empty() ? -1 : 0; i >= 0; i = sym[i].next) out->push_back(sym[i].id);
+  for (int32_t i = sym.empty() ? -1 : 0; i >= 0; i = sym[i].next)
+    out.add(sym[i].id, al, word.data() + sym[i].begin, sym[i].end - sym[i].begin);
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
+  return encode_impl(text, nullptr);
+}
+
+std::vector<int32_t> BpeTokenizer::encode_with_offsets(
+    std::string_view text, std::vector<std::pair<size_t, size_t>>* offsets) const {
+  offsets->clear();
+  return encode_impl(text, offsets);
+}
+
+std::vector<int32_t> BpeTokenizer::encode_impl(
+    std::string_view text, std::vector<std::pair<size_t, size_t>>* offsets) const {
+  Align root;  // the text, or a copy with its invalid UTF-8 replaced (each subpart a run)
   std::string fixed;
   if (!is_valid_utf8(text)) {
-    fixed = replace_invalid_utf8(text);
+    std::vector<std::pair<size_t, size_t>> replaced;
+    fixed = replace_invalid_utf8(text, &replaced);
+    size_t in = 0, at = 0;  // next byte of text, of fixed
+    auto same = [&](size_t n) {
+      if (n) root.runs.push_back({at, at + n, in, in + n, false});
+      at += n, in += n;
+    };
+    for (const auto& [b, e] : replaced) {
+      same(b - in);
+      root.runs.push_back({at, at + 3, b, e, true});  // U+FFFD: 3 bytes
+      at += 3, in = e;
+    }
+    same(text.size() - in);
     text = fixed;
   }
-  std::vector<int32_t> out;
-  out.reserve(text.size() / 3 + 4);
+  root.base = text.data();
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  const Sink out{&ids, offsets};
   split_added(
-      text, raw_set_, [&](std::string_view gap) { encode_gap(gap, &out); },
-      [&](int32_t id) { out.push_back(id); });
-  return out;
+      text, raw_set_, [&](std::string_view gap) { encode_gap(gap, root, out); },
+      [&](int32_t id, size_t b, size_t e) { out.add(id, root, text.data() + b, e - b); });
+  return ids;
 }
 
 std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {

@@ -3,25 +3,18 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/files.h"
+#include "core/json_describe.h"
+#include "core/utf8.h"
 
 namespace ft {
 namespace {
 
 namespace fs = std::filesystem;
 using jinja::Json;
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) FT_FAIL("cannot open ", p.string(), " for reading");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // A special token of tokenizer_config.json: a string or an AddedToken object {"content": ...}.
 bool token_string(const Json& j, std::string* out) {
@@ -49,6 +42,62 @@ size_t common_suffix(const std::string& a, const std::string& b, size_t limit) {
   return i;
 }
 
+// The common prefix of r and r' = r with `edits` applied (sorted, not overlapping), without
+// building r': a stretch of r' copied from r at the position it is compared at is equal as a
+// whole; only the edits' text and stretches of r that the edits shifted are compared byte by
+// byte (up to the first difference).
+size_t common_prefix(const std::string& r, const std::vector<jinja::Edit>& edits) {
+  size_t q = 0;  // bytes matched: r'[0, q) == r[0, q)
+  auto compare = [&](const char* p, size_t n) {
+    for (size_t j = 0; j < n; ++j, ++q)
+      if (q >= r.size() || r[q] != p[j]) return false;
+    return true;
+  };
+  auto copy = [&](size_t from, size_t n) {
+    if (from == q) {
+      q += n;
+      return true;
+    }
+    return compare(r.data() + from, n);
+  };
+  size_t src = 0;  // the next byte of r that r' copies
+  for (const jinja::Edit& e : edits) {
+    if (!copy(src, e.pos - src) || !compare(e.with.data(), e.with.size())) return q;
+    src = e.pos + e.len;
+  }
+  copy(src, r.size() - src);
+  return q;
+}
+
+// Their common suffix, at most `limit` bytes (as common_prefix, from the end).
+size_t common_suffix(const std::string& r, const std::vector<jinja::Edit>& edits, size_t limit) {
+  size_t q = 0;  // bytes matched at the end
+  auto compare = [&](const char* p, size_t n) {
+    for (size_t j = n; j > 0; --j, ++q)
+      if (q >= limit || r[r.size() - 1 - q] != p[j - 1]) return false;
+    return true;
+  };
+  auto copy = [&](size_t from, size_t n) {
+    if (from + n == r.size() - q) {  // r[from, from + n) right where it is compared
+      if (q + n > limit) {
+        q = limit;
+        return false;
+      }
+      q += n;
+      return true;
+    }
+    return compare(r.data() + from, n);
+  };
+  size_t end = r.size();  // r' copies r[.., end) after the edit before
+  for (auto it = edits.rbegin(); it != edits.rend(); ++it) {
+    const size_t after = it->pos + it->len;
+    if (!copy(after, end - after) || !compare(it->with.data(), it->with.size())) return q;
+    end = it->pos;
+  }
+  copy(0, end);
+  return q;
+}
+
 fs::path folder_of(const std::string& tokenizer_path) {
   std::error_code ec;
   return fs::is_directory(tokenizer_path, ec) ? fs::path(tokenizer_path)
@@ -60,11 +109,13 @@ Json read_tokenizer_config(const fs::path& dir) {
   std::error_code ec;
   const fs::path config_path = dir / "tokenizer_config.json";
   Json config = Json::object();
-  if (fs::is_regular_file(config_path, ec)) {
+  if (fs::exists(config_path, ec)) {
+    const std::string text =
+        read_bounded_file(config_path.string(), kMaxConfigBytes, "tokenizer config");
     try {
-      config = Json::parse(read_file(config_path));
+      config = Json::parse(text);
     } catch (const Json::parse_error& e) {
-      throw UsageError(config_path.string() + ": not valid JSON (" + e.what() + ")");
+      throw UsageError(config_path.string() + ": not valid JSON (" + json_error_words(e) + ")");
     }
     if (!config.is_object()) throw UsageError(config_path.string() + ": expected a JSON object");
   }
@@ -93,8 +144,8 @@ ChatTemplate load_chat_template(const std::string& tokenizer_path) {
   const Json config = read_tokenizer_config(dir);
   std::string text, source;
   const fs::path jinja_path = dir / "chat_template.jinja";
-  if (fs::is_regular_file(jinja_path, ec)) {
-    text = read_file(jinja_path);
+  if (fs::exists(jinja_path, ec)) {
+    text = read_bounded_file(jinja_path.string(), kMaxTemplateBytes, "chat template");
     source = jinja_path.string();
   } else if (config.contains("chat_template")) {
     const Json& ct = config["chat_template"];
@@ -129,71 +180,161 @@ ChatTemplate load_chat_template(const std::string& tokenizer_path) {
   return ChatTemplate{std::move(*parsed), source, special_tokens_of(config)};
 }
 
-std::string render_chat(const ChatTemplate& t, const Json& messages, bool add_generation_prompt) {
+namespace {
+
+Json chat_context(const ChatTemplate& t, const Json& messages, bool add_generation_prompt) {
   Json ctx = t.special_tokens;
   ctx["messages"] = messages;
   ctx["add_generation_prompt"] = add_generation_prompt;
   ctx["tools"] = nullptr;
   ctx["documents"] = nullptr;
+  return ctx;
+}
+
+std::string render_context(const ChatTemplate& t, const Json& ctx, int64_t* steps) {
   try {
-    return t.tmpl.render(ctx);
+    return t.tmpl.render(ctx, jinja::kMaxSteps, steps);
   } catch (const jinja::TemplateError& e) {
     throw UsageError(e.what());
   }
 }
 
-ChatTokens tokenize_chat(const ChatTemplate& t, const Tokenizer& tok, const Json& messages,
-                         bool with_mask) {
-  const std::string r = render_chat(t, messages, false);
-  ChatTokens out;
-  out.ids = tok.encode(r);
-  out.mask.assign(out.ids.size(), with_mask ? 0 : 1);
-  if (!with_mask) return out;
+// The alternatives of the mask rule (chat.h step 1).
+const char* const kAlternatives[] = {"A", "B"};
 
-  // Content spans (chat.h, step 1).
-  std::vector<std::pair<size_t, size_t>> spans;
+// Step 2: tokens of R with their bytes, and the mask of the spans.
+ChatTokens mask_tokens(const Tokenizer& tok, const ChatSpans& cs) {
+  ChatTokens out;
+  out.render_steps = cs.render_steps;
+  out.steps = cs.steps;
+  std::vector<std::pair<size_t, size_t>> off;
+  out.ids = tok.encode_with_offsets(cs.text, &off);
+  const size_t n = out.ids.size();
+  out.mask.assign(n, 0);
+  // Begins and ends never decrease (Tokenizer::encode_with_offsets), so both are searched.
+  auto begins_before = [&](size_t pos) {  // the first token that begins at or after pos
+    return size_t(
+        std::lower_bound(off.begin(), off.end(), pos,
+                         [](const std::pair<size_t, size_t>& o, size_t p) { return o.first < p; }) -
+        off.begin());
+  };
+  for (const auto& [s, e] : cs.spans) {
+    if (s < e) {
+      // From the first token ending after s, while tokens begin before e.
+      size_t k = size_t(std::upper_bound(off.begin(), off.end(), s,
+                                         [](size_t p, const std::pair<size_t, size_t>& o) {
+                                           return p < o.second;
+                                         }) -
+                        off.begin());
+      for (; k < n && off[k].first < e; ++k) {
+        out.content_tokens += !out.mask[k];
+        out.mask[k] = 1;
+      }
+    }
+    const size_t k = begins_before(e);
+    if (k < n && tok.is_special(out.ids[k])) out.mask[k] = 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string render_chat(const ChatTemplate& t, const Json& messages, bool add_generation_prompt) {
+  return render_context(t, chat_context(t, messages, add_generation_prompt), nullptr);
+}
+
+ChatSpans chat_content_spans_reference(const ChatTemplate& t, const Json& messages) {
+  ChatSpans cs;
+  const Json ctx = chat_context(t, messages, false);
+  cs.text = render_context(t, ctx, &cs.render_steps);
+  cs.steps = cs.render_steps;
+  const std::string& r = cs.text;
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i]["role"] != "assistant") continue;
     size_t start = r.size(), min_suffix = r.size();
-    for (const char* x : {"A", "B"}) {
-      Json alt = messages;
-      alt[i]["content"] = x;
-      const std::string rx = render_chat(t, alt, false);
+    for (const char* x : kAlternatives) {
+      Json alt = ctx;
+      alt["messages"][i]["content"] = x;
+      int64_t steps = 0;
+      const std::string rx = render_context(t, alt, &steps);
+      cs.steps += steps;
+      ++cs.full_renderings;
       const size_t p = common_prefix(r, rx);
       const size_t s = common_suffix(r, rx, std::min(r.size(), rx.size()) - p);
       start = std::min(start, p);
       min_suffix = std::min(min_suffix, s);
     }
-    spans.emplace_back(start, r.size() - min_suffix);
+    cs.spans.emplace_back(start, r.size() - min_suffix);
   }
+  return cs;
+}
 
-  // Token byte offsets: each token's bytes, in order, make up R.
-  std::vector<size_t> off(out.ids.size() + 1, 0);
-  for (size_t k = 0; k < out.ids.size(); ++k) {
-    const std::string piece = tok.decode({out.ids[k]});
-    if (r.compare(off[k], piece.size(), piece) != 0)
-      FT_FAIL(tok.path(), ": the tokens of a rendered conversation do not spell its text at byte ",
-              off[k],
-              ", so assistant tokens cannot be located; chat data needs a tokenizer "
-              "whose tokens decode to the exact text (byte-level BPE without normalizer "
-              "changes or stripped added tokens)");
-    off[k + 1] = off[k] + piece.size();
+ChatSpans chat_content_spans(const ChatTemplate& t, const Json& messages) {
+  const Json ctx = chat_context(t, messages, false);
+  std::vector<jinja::Variation> variations;
+  for (size_t i = 0; i < messages.size(); ++i)
+    if (messages[i]["role"] == "assistant")
+      variations.push_back({Json::json_pointer("/messages/" + std::to_string(i) + "/content"),
+                            {kAlternatives[0], kAlternatives[1]}});
+  jinja::VariedRendering vr;
+  try {
+    vr = t.tmpl.render_varied(ctx, variations);
+  } catch (const jinja::TemplateError& e) {
+    throw UsageError(e.what());
   }
-  if (off.back() != r.size())
-    FT_FAIL(tok.path(), ": the tokens of a rendered conversation do not spell its text");
-
-  // Step 2: overlap, then the end-of-turn token.
-  const size_t n = out.ids.size();
-  for (const auto& [s, e] : spans) {
-    if (s < e) {
-      // From the token holding byte s, while tokens start before e.
-      size_t k = size_t(std::upper_bound(off.begin(), off.end(), s) - off.begin()) - 1;
-      for (; k < n && off[k] < e; ++k) out.mask[k] = 1;
+  ChatSpans cs;
+  cs.text = std::move(vr.text);
+  cs.render_steps = vr.render_steps;
+  cs.steps = vr.steps;
+  cs.full_renderings = vr.full_renderings;
+  const std::string& r = cs.text;
+  for (const auto& alternatives : vr.edits) {
+    size_t start = r.size(), min_suffix = r.size();
+    for (const std::vector<jinja::Edit>& edits : alternatives) {
+      size_t rx_size = r.size();
+      for (const jinja::Edit& e : edits) rx_size = rx_size - e.len + e.with.size();
+      const size_t p = common_prefix(r, edits);
+      const size_t s = common_suffix(r, edits, std::min(r.size(), rx_size) - p);
+      start = std::min(start, p);
+      min_suffix = std::min(min_suffix, s);
     }
-    const size_t k = size_t(std::lower_bound(off.begin(), off.begin() + n, e) - off.begin());
-    if (k < n && tok.is_special(out.ids[k])) out.mask[k] = 1;
+    cs.spans.emplace_back(start, r.size() - min_suffix);
   }
+  return cs;
+}
+
+ChatTokens tokenize_chat(const ChatTemplate& t, const Tokenizer& tok, const Json& messages,
+                         bool with_mask) {
+  if (with_mask) return mask_tokens(tok, chat_content_spans(t, messages));
+  ChatTokens out;
+  const std::string r = render_context(t, chat_context(t, messages, false), &out.render_steps);
+  out.steps = out.render_steps;
+  out.ids = tok.encode(r);
+  out.mask.assign(out.ids.size(), 1);
   return out;
+}
+
+ChatTokens tokenize_chat_reference(const ChatTemplate& t, const Tokenizer& tok,
+                                   const Json& messages) {
+  return mask_tokens(tok, chat_content_spans_reference(t, messages));
+}
+
+Json parse_jsonl_line(std::string_view line, const std::string& where) {
+  std::string fixed;
+  if (!is_valid_utf8(line)) {
+    fixed = replace_invalid_utf8(line);
+    line = fixed;
+  }
+  try {
+    return Json::parse(line);
+  } catch (const Json::parse_error& e) {
+    // One line: its column is the place ("parse error at line 1, column 17: ..." says line 1).
+    std::string words = json_error_words(e);
+    const std::string line_one = "parse error at line 1, ";
+    if (words.rfind(line_one, 0) == 0) words = words.substr(line_one.size());
+    throw UsageError(where + ": not valid JSON (" + words +
+                     "); JSONL needs one JSON object per line");
+  }
 }
 
 Json conversation_from_record(const Json& record, bool alpaca, const std::string& where) {
@@ -251,15 +392,15 @@ Json conversation_from_record(const Json& record, bool alpaca, const std::string
       else if (from == "tool" || from == "function" || from == "observation")
         role = "tool";
       else
-        throw UsageError(where + ": \"" + at + ".from\" is \"" + from +
-                         "\"; ShareGPT roles are system, human, gpt (or user, assistant, tool, "
+        throw UsageError(where + ": \"" + at + ".from\" is " + excerpt(from, 40) +
+                         "; ShareGPT roles are system, human, gpt (or user, assistant, tool, "
                          "function, observation)");
       content = need_string(m, "value", at + ".value", false);
     } else {
       role = need_string(m, "role", at + ".role", false);
       if (role != "system" && role != "user" && role != "assistant" && role != "tool")
-        throw UsageError(where + ": \"" + at + ".role\" is \"" + role +
-                         "\"; roles are system, user, assistant, tool");
+        throw UsageError(where + ": \"" + at + ".role\" is " + excerpt(role, 40) +
+                         "; roles are system, user, assistant, tool");
       content = need_string(m, "content", at + ".content", false);
     }
     messages.push_back({{"role", role}, {"content", content}});

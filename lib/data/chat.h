@@ -9,15 +9,24 @@
 //      [min p_X, |R| - min s_X): the bytes of R that depend on that content, however the
 //      template places or transforms it (trim, a system prompt moved into the last user turn,
 //      Qwen3's think blocks).
-//   2. R is tokenized once (no BOS/EOS added: the template writes its own). A token is
-//      trained on when its bytes overlap a content span (so a token straddling a span's edge,
-//      e.g. Mistral's " " + content merged into one token, is trained on), or when it is the
-//      first token starting at or after a span's end and is a special token (the
-//      end-of-turn token: <|eot_id|>, <|im_end|>, </s>).
+//   2. R is tokenized once (no BOS/EOS added: the template writes its own), each token with
+//      the bytes of R it stands for (Tokenizer::encode_with_offsets: where NFC changed the
+//      text, the whole changed stretch). A token is trained on when its bytes overlap a content
+//      span (so a token straddling a span's edge, e.g. Mistral's " " + content merged into one
+//      token, is trained on), or when it is the first token starting at or after a span's end
+//      and is a special token (the end-of-turn token: <|eot_id|>, <|im_end|>, </s>).
+//
+// Step 1 as written renders the conversation twice more per assistant message, quadratic in the
+// conversation's length; chat_content_spans gets the same spans from one rendering with
+// variations (jinja::Template::render_varied: linear for the templates ft is tested with, the
+// renderings of a message in full only where the template decides something on its content,
+// such as Qwen3's think blocks). chat_content_spans_reference keeps the rule as written, the
+// oracle of the tests and of tests/fuzz/fuzz_chat.cpp.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "data/jinja.h"
@@ -49,15 +58,33 @@ jinja::Json load_special_tokens(const std::string& tokenizer_path);
 std::string render_chat(const ChatTemplate& t, const jinja::Json& messages,
                         bool add_generation_prompt);
 
+// The rendering R of a conversation and the content span of each assistant message in it
+// (step 1), with the renderer's work.
+struct ChatSpans {
+  std::string text;                              // R
+  std::vector<std::pair<size_t, size_t>> spans;  // [start, end) per assistant message
+  int64_t render_steps = 0;                      // jinja steps of rendering R once
+  int64_t steps = 0;            // jinja steps of all the work (render_varied's steps)
+  int64_t full_renderings = 0;  // renderings of a variation in full
+};
+ChatSpans chat_content_spans(const ChatTemplate& t, const jinja::Json& messages);
+ChatSpans chat_content_spans_reference(const ChatTemplate& t, const jinja::Json& messages);
+
 struct ChatTokens {
   std::vector<int32_t> ids;
-  std::vector<uint8_t> mask;  // (ids.size()) 1 = trained on (the rule above)
+  std::vector<uint8_t> mask;   // (ids.size()) 1 = trained on (the rule above)
+  int64_t content_tokens = 0;  // tokens overlapping a content span (not the end-of-turn ones)
+  int64_t render_steps = 0, steps = 0;  // as ChatSpans (with_mask false: one rendering)
 };
 
 // Renders and tokenizes one conversation with the mask rule above (with_mask false: mask all
-// ones, without the extra renderings the rule needs).
+// ones, without the work the rule needs). Throws UsageError for an input error (the template
+// raised, or took too long), naming no record (the caller does).
 ChatTokens tokenize_chat(const ChatTemplate& t, const Tokenizer& tok, const jinja::Json& messages,
                          bool with_mask = true);
+// The same from chat_content_spans_reference.
+ChatTokens tokenize_chat_reference(const ChatTemplate& t, const Tokenizer& tok,
+                                   const jinja::Json& messages);
 
 // One JSONL record as a conversation (a JSON list of {role, content} with string contents):
 //   chat    `messages` (role: system|user|assistant|tool, content), or ShareGPT's
@@ -70,5 +97,12 @@ ChatTokens tokenize_chat(const ChatTemplate& t, const Tokenizer& tok, const jinj
 // key, with a hint.
 jinja::Json conversation_from_record(const jinja::Json& record, bool alpaca,
                                      const std::string& where);
+
+// One line of a JSONL file as JSON (any type: the caller checks it is an object). Invalid
+// UTF-8 is first replaced, each maximal invalid subpart by U+FFFD (as Python's
+// bytes.decode("utf-8", errors="replace")). Not JSON: UsageError "<where>: not valid JSON at
+// column C: <what is wrong, in words> near <an excerpt of at most ~40 characters>; JSONL needs
+// one JSON object per line".
+jinja::Json parse_jsonl_line(std::string_view line, const std::string& where);
 
 }  // namespace ft

@@ -18,13 +18,33 @@
 // Shards: documents never span shards, so every shard is self-contained (doc_offsets[0] = 0
 // and each offset starts a whole document). A shard is closed when the next document would
 // take it past `shard_tokens`; a single document longer than that gets a shard of its own.
-// Files are named shard_00000.h5, shard_00001.h5, ... (sortable) and each is written under a
-// .tmp name and renamed when complete.
+// Files are named shard_00000.h5, shard_00001.h5, ... (sortable).
+//
+// The output appears whole or not at all: shards are written into a hidden staging folder
+// (`.NAME.tmp-PID` beside output_dir when it does not exist yet, renamed to it at the end;
+// `output_dir/.ft-tokenize.tmp-PID` when it does, its shards moved up at the end). On any error,
+// and when `stop` is set (SIGINT, SIGTERM), the staging folder is removed, and so is every
+// folder this run created; a folder that existed is left as it was. Only a run killed outright
+// (SIGKILL) leaves its staging folder behind, which no reader takes for shards.
+//
+// Inputs are bounded: a JSONL line (jsonl, chat, alpaca) longer than kMaxJsonlLineBytes is an
+// error naming file:line, read no further; invalid UTF-8 becomes U+FFFD (chat.h
+// parse_jsonl_line; text documents: the tokenizer does the same).
+//
+// Chat data: every input file must give some token to train on (a token of an assistant
+// message's content; the end-of-turn tokens alone do not count): a file whose conversations
+// have no assistant message, or only empty ones, would add nothing but padding to training,
+// which is usually a mistake (prompts meant for --train-on-prompt, roles named otherwise).
+// Judged per file, since a file is what the user can fix; all such files are named at the end
+// (UsageError), or warned about with allow_no_trainable.
 //
 // Parallelism: documents are read in batches on the calling thread, encoded by `threads`
-// workers, and written in input order, so the output is identical for any thread count.
+// workers, and written in input order, so the output is identical for any thread count. With
+// progress, the calling thread reports every few seconds while the workers encode, so that a
+// batch of long conversations does not go silent.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -40,8 +60,12 @@ struct TokenizeOptions {
   std::string field = "text";    // JSONL field
   bool train_on_prompt = false;  // chat/alpaca: no loss_mask (every token is trained on)
   int64_t shard_tokens = 16 * 1024 * 1024;
-  int threads = 0;       // 0: all cores
-  bool progress = true;  // progress lines on stderr every few seconds
+  int threads = 0;                  // 0: all cores
+  bool progress = true;             // progress lines on stderr every few seconds
+  bool allow_no_trainable = false;  // chat/alpaca: a file with no token to train on is a warning
+  // When it becomes non-zero (a signal's number, set by a handler), the run stops at the next
+  // document, removes what it wrote and throws Error with exit code 128 + that number.
+  const std::atomic<int>* stop = nullptr;
 };
 
 struct TokenizeSummary {
@@ -49,8 +73,10 @@ struct TokenizeSummary {
   uint64_t documents = 0;
   uint64_t tokens = 0;
   int shards = 0;
-  double seconds = 0;
-  std::vector<std::string> shard_paths;
+  uint64_t trained_tokens = 0;           // chat/alpaca with masks: tokens with loss_mask 1
+  double load_seconds = 0;               // loading the tokenizer and the chat template
+  double seconds = 0;                    // the rest: reading, encoding and writing
+  std::vector<std::string> shard_paths;  // in output_dir
 };
 
 TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt);

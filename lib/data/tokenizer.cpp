@@ -3,9 +3,9 @@
 #include <sentencepiece_processor.h>
 
 #include <filesystem>
-#include <fstream>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "data/sha256.h"
 
 namespace ft {
@@ -14,10 +14,9 @@ namespace {
 namespace fs = std::filesystem;
 
 // A tiktoken rank file (Llama 3's original/tokenizer.model): lines of "<base64> <rank>".
-bool looks_like_tiktoken(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  std::string line;
-  if (!std::getline(in, line)) return false;
+bool looks_like_tiktoken(const std::string& bytes) {
+  const std::string line = bytes.substr(0, bytes.find('\n'));
+  if (line.empty()) return false;
   const size_t sp = line.find(' ');
   if (sp == 0 || sp == std::string::npos || sp + 1 == line.size()) return false;
   for (size_t i = 0; i < sp; ++i) {
@@ -34,15 +33,25 @@ class SentencePieceTokenizer final : public Tokenizer {
  public:
   explicit SentencePieceTokenizer(const std::string& file) {
     path_ = file;
-    // Hash first: it also gives a clear error for a missing or unreadable file.
-    sha256_ = sha256_file_hex(file);
-    auto status = sp_.Load(file);
+    // Read here (a regular file of plausible size: not /dev/zero, not a FIFO), then handed to
+    // the library as bytes, which it never opens itself.
+    const std::string bytes =
+        read_bounded_file(file, kMaxTokenizerBytes, "tokenizer",
+                          "give a SentencePiece .model, a tokenizer.json or a Hugging Face folder");
+    sha256_ = sha256_hex(bytes.data(), bytes.size());
+    auto status = sp_.LoadFromSerializedProto(bytes);
     if (!status.ok()) {
-      if (looks_like_tiktoken(file))
-        FT_FAIL(file,
-                ": a tiktoken rank file (lines of base64 token and rank), which ft does not "
-                "read; give the model's Hugging Face tokenizer.json instead");
-      FT_FAIL(file, ": not a SentencePiece model (", status.ToString(), ")");
+      if (looks_like_tiktoken(bytes))
+        throw UsageError(file +
+                         ": a tiktoken rank file (lines of base64 token and rank), which ft does "
+                         "not read; give the model's Hugging Face tokenizer.json instead");
+      // The library's own message names its source file and line: not for a user.
+      throw UsageError(file + ": not a SentencePiece model (" +
+                       (status.code() == sentencepiece::util::StatusCode::kInternal
+                            ? "its bytes do not parse as one, or it is inconsistent"
+                            : "the SentencePiece library refused it") +
+                       "); give a SentencePiece .model, a tokenizer.json (a .json file) or a "
+                       "Hugging Face folder");
     }
   }
 
@@ -71,6 +80,23 @@ class SentencePieceTokenizer final : public Tokenizer {
 
 }  // namespace
 
+std::vector<int32_t> Tokenizer::encode_with_offsets(
+    std::string_view text, std::vector<std::pair<size_t, size_t>>* offsets) const {
+  std::vector<int32_t> ids = encode(text);
+  offsets->clear();
+  size_t at = 0;
+  for (int32_t id : ids) {
+    const std::string piece = decode({id});
+    if (text.substr(at, piece.size()) != piece)
+      FT_FAIL(path(), ": the tokens of the text do not spell it at byte ", at,
+              ", so they cannot be mapped back to it (give a byte-level BPE tokenizer.json)");
+    offsets->emplace_back(at, at + piece.size());
+    at += piece.size();
+  }
+  if (at != text.size()) FT_FAIL(path(), ": the tokens of the text do not spell all of it");
+  return ids;
+}
+
 std::string resolve_tokenizer_file(const std::string& path) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) return path;
@@ -89,8 +115,15 @@ std::string resolve_tokenizer_file(const std::string& path) {
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   const std::string file = resolve_tokenizer_file(path);
-  if (fs::path(file).extension() == ".json") return load_bpe_tokenizer(file);
-  return load_sentencepiece_tokenizer(file);
+  // A tokenizer file that cannot be read as one is bad input, as a missing one is: exit 2.
+  try {
+    if (fs::path(file).extension() == ".json") return load_bpe_tokenizer(file);
+    return load_sentencepiece_tokenizer(file);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
 }
 
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::string& file) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace ft {
@@ -18,6 +19,15 @@ class Tokenizer {
 
   // Token ids of `text`, without BOS/EOS. Safe to call from several threads at once.
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // encode(text), and in *offsets the bytes of `text` each token stands for, [begin, end), as
+  // the `tokenizers` library's offsets map a token back through its normalizer: text NFC
+  // changed (or invalid UTF-8 replaced) is followed as whole stretches, so a token made from
+  // such a stretch stands for the stretch of the original (the normalization segment, e.g.
+  // "e" + U+0301 for "é"); an added token stands for what it matched, with the whitespace its
+  // lstrip/rstrip took. Begins and ends never decrease. The default (SentencePiece) decodes
+  // each token and fails unless they spell `text` byte for byte.
+  virtual std::vector<int32_t> encode_with_offsets(
+      std::string_view text, std::vector<std::pair<size_t, size_t>>* offsets) const;
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
 
   virtual int64_t vocab_size() const = 0;  // 1 + the largest id the tokenizer can produce

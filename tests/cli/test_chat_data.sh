@@ -4,19 +4,25 @@
 # Instruct, Qwen3 and Mistral Instruct v0.3 committed in tests/data/chat_templates (no download).
 #   a. A byte-level BPE tokenizer trained here with `tokenizers` (the families' special tokens
 #      added as special tokens, <think> and </think> as plain added tokens), written into one HF
-#      folder per template: tokenizer.json + tokenizer_config.json (bos/eos as each family has
-#      them; Mistral's as {"content": ...} objects, Qwen3's template as chat_template.jinja).
+#      folder per template: tokenizer.json (with an NFC normalizer for the Qwen families, as
+#      Qwen2.5's own has) + tokenizer_config.json (bos/eos as each family has them; Mistral's as
+#      {"content": ...} objects, Qwen3's template as chat_template.jinja).
 #   b. Multi-turn conversations (system prompts, empty turns, whitespace at the edges, unicode,
-#      a think block, ShareGPT form, 30 random ones of awkward pieces; tool turns for the templates that take them) through
-#      ft tokenize --format chat, and instruction records through --format alpaca: every
-#      document's tokens equal apply_chat_template(tokenize=True) and its loss_mask equals the
-#      mask rule of DESIGN.md §6 computed from transformers' renderings (tokenize=False) and
-#      tokens; --train-on-prompt writes the same tokens and no loss_mask; plain text through
-#      the Qwen2.5 folder (no EOS in its tokenizer.json) ends each document with
-#      tokenizer_config.json's eos_token; 3 training steps on the chat shards.
+#      text NFC changes in system, user and assistant turns and at a content's edges, a think
+#      block, ShareGPT form, 30 random ones of awkward pieces; tool turns for the templates that
+#      take them) through ft tokenize --format chat, and instruction records through --format
+#      alpaca: every document's tokens equal apply_chat_template(tokenize=True) and its
+#      loss_mask equals the mask rule of DESIGN.md §6 computed from transformers' renderings
+#      (tokenize=False) and tokens with their offsets (return_offsets_mapping, characters to
+#      bytes); --train-on-prompt writes the same tokens and no loss_mask; invalid UTF-8 in a
+#      record is U+FFFD; plain text through the Qwen2.5 folder (no EOS in its tokenizer.json)
+#      ends each document with tokenizer_config.json's eos_token; 3 training steps on the chat
+#      shards.
 #   c. Input errors (exit 2): not JSON, no messages, an unknown role, a non-string content,
 #      tool_calls (file:line and the key), a template that raises, a template outside the
-#      subset (the construct), no chat template, a SentencePiece tokenizer.
+#      subset (the construct), an unclosed block (its line), no chat template, a template that
+#      is a FIFO, a SentencePiece tokenizer, files with no assistant content to train on (and
+#      --allow-no-trainable, which keeps them with a warning).
 #   bash tests/cli/test_chat_data.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 venv "$build/hf_venv_tf5" "${hf_tf5_spec[@]}"
@@ -27,7 +33,8 @@ families=(llama3 llama3_1 qwen2_5 qwen3 mistral)
 # ---- a: the tokenizer folders, and the data --------------------------------------------------
 "$PY" - "$tmp" "$templates" <<'EOF'
 import json, os, random, sys
-from tokenizers import Tokenizer, AddedToken, Regex, decoders, models, pre_tokenizers, trainers
+from tokenizers import (Tokenizer, AddedToken, Regex, decoders, models, normalizers,
+                        pre_tokenizers, trainers)
 t, templates = sys.argv[1], sys.argv[2]
 rng = random.Random(0)
 words = ["the", "fox", "said", "hello", "answer", "question", "brief", "assistant", "user",
@@ -59,6 +66,9 @@ configs = {
 for name, (file, bos, eos) in configs.items():
     d = f"{t}/{name}"
     os.makedirs(d)
+    # Qwen2.5's and Qwen3's own tokenizer.json normalize to NFC; Llama 3's and this Mistral's
+    # have no normalizer.
+    tok.normalizer = normalizers.NFC() if name.startswith("qwen") else None
     tok.save(f"{d}/tokenizer.json")
     template = open(f"{templates}/{file}", encoding="utf-8").read()
     obj = (lambda s: {"__type": "AddedToken", "content": s, "lstrip": False, "rstrip": False,
@@ -83,6 +93,10 @@ chats = [
     conv((U, "日本語のテキスト、😀👍🏽 and e\u0301 café"), (A, "Réponse: naïve 中文 🇫🇷 ok")),
     conv((U, "think first"), (A, "<think>\nsome reasoning\n</think>\n\nthe answer"),
          (U, "again"), (A, "<think>more</think>final")),
+    # Text NFC changes ("e" + U+0301 -> "é") in every role, and at the edges of the contents.
+    conv((S, "Cafe\u0301 system"), (U, "Cafe\u0301?"), (A, "Re\u0301ponse: e\u0301te\u0301 cafe\u0301")),
+    conv((U, "e\u0301"), (A, "\u0301 starts with a combining mark"), (U, "A\u030a"),
+         (A, "ends with e\u0301"), (U, "x"), (A, "e\u0301")),
     {"conversations": [{"from": "system", "value": "ShareGPT system"},
                        {"from": "human", "value": "a ShareGPT question"},
                        {"from": "gpt", "value": "a ShareGPT answer"},
@@ -131,6 +145,23 @@ for f in "${families[@]}"; do
 done
 "$ft" tokenize --tokenizer "$tmp/qwen3" --input "$tmp/chat.jsonl" --format chat \
   --train-on-prompt --output "$tmp/all_qwen3" > /dev/null || fail "--train-on-prompt"
+# Invalid UTF-8 in a record (its contents): each maximal invalid subpart is U+FFFD, the same
+# tokens and mask as the record with U+FFFD written out.
+printf '{"messages": [{"role": "user", "content": "caf\xc3 q"}, {"role": "assistant", "content": "a\xe2\x82 \xff\xfe b"}]}\n' \
+  > "$tmp/invalid.jsonl"
+printf '{"messages": [{"role": "user", "content": "caf\xef\xbf\xbd q"}, {"role": "assistant", "content": "a\xef\xbf\xbd \xef\xbf\xbd\xef\xbf\xbd b"}]}\n' \
+  > "$tmp/replaced.jsonl"
+for f in invalid replaced; do
+  "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/$f.jsonl" --format chat \
+    --output "$tmp/utf8_$f" > /dev/null || fail "ft tokenize --format chat, $f.jsonl"
+done
+"$PY" - "$tmp" <<'EOF' || fail "invalid UTF-8 in a chat record should tokenize as U+FFFD"
+import sys, h5py
+t = sys.argv[1]
+a, b = (h5py.File(f"{t}/utf8_{n}/shard_00000.h5") for n in ("invalid", "replaced"))
+assert a["tokens"][:].tolist() == b["tokens"][:].tolist()
+assert a["loss_mask"][:].tolist() == b["loss_mask"][:].tolist() and sum(a["loss_mask"][:]) > 0
+EOF
 # Plain text through a folder whose tokenizer.json has no EOS (Qwen2's) ends each document with
 # tokenizer_config.json's eos_token.
 printf '%s\n' '{"text": "plain text"}' > "$tmp/plain.jsonl"
@@ -142,16 +173,6 @@ import json, sys
 import h5py
 from transformers import AutoTokenizer
 t = sys.argv[1]
-
-def bytes_to_unicode():  # GPT-2's byte-level alphabet, to give each token its bytes
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-         list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b); cs.append(256 + n); n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-byte_of = bytes_to_unicode()
 
 def messages_of(rec, alpaca):
     if alpaca:
@@ -168,15 +189,16 @@ def ids_of(x):  # apply_chat_template(tokenize=True) gives a list or a BatchEnco
 def reference(tok, msgs):
     """Tokens and the mask rule of DESIGN.md §6, from transformers' renderings and tokens."""
     ids = ids_of(tok.apply_chat_template(msgs, tokenize=True))
-    r = tok.apply_chat_template(msgs, tokenize=False).encode("utf-8")
-    assert tok(r.decode("utf-8"), add_special_tokens=False)["input_ids"] == ids
+    text = tok.apply_chat_template(msgs, tokenize=False)
+    r = text.encode("utf-8")
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    assert enc["input_ids"] == ids
     added = {i: a for i, a in tok.backend_tokenizer.get_added_tokens_decoder().items()}
-    off = [0]
-    for i, p in zip(ids, tok.convert_ids_to_tokens(ids)):
-        piece = added[i].content.encode() if i in added else bytes(byte_of[c] for c in p)
-        assert r[off[-1]:off[-1] + len(piece)] == piece
-        off.append(off[-1] + len(piece))
-    assert off[-1] == len(r)
+    # Each token's bytes of R: its offsets (characters of the text, through the normalizer)
+    # in bytes.
+    byte_at = [0]
+    for c in text: byte_at.append(byte_at[-1] + len(c.encode("utf-8")))
+    spans = [(byte_at[b], byte_at[e]) for b, e in enc["offset_mapping"]]
     mask = [0] * len(ids)
     for i, m in enumerate(msgs):
         if m["role"] != "assistant": continue
@@ -192,8 +214,8 @@ def reference(tok, msgs):
             start, min_suffix = min(start, p), min(min_suffix, s)
         end = len(r) - min_suffix
         for k in range(len(ids)):
-            if start < end and off[k] < end and off[k + 1] > start: mask[k] = 1
-        k = next((k for k in range(len(ids)) if off[k] >= end), None)
+            if start < end and spans[k][0] < end and spans[k][1] > start: mask[k] = 1
+        k = next((k for k in range(len(ids)) if spans[k][0] >= end), None)
         if k is not None and k in range(len(ids)) and added.get(ids[k]) is not None \
                 and added[ids[k]].special:
             mask[k] = 1
@@ -294,7 +316,25 @@ run_rc 2 "$ft" tokenize --tokenizer "$tmp/mistral" --input "$tmp/bad6.jsonl" --f
   --output "$tmp/bad_out"
 has_err "bad6.jsonl:1:"
 has_err "conversation roles must alternate"
-[[ ! -e "$tmp/bad_out/shard_00000.h5" ]] || fail "a failed run left a shard"
+[[ ! -e "$tmp/bad_out" ]] || fail "a failed run left its output folder: $(ls -A "$tmp/bad_out")"
+# A file with nothing to train on (no assistant message, or only empty ones) is refused, naming
+# every such file, unless --allow-no-trainable; the others are fine beside it.
+printf '%s\n' '{"messages": [{"role": "user", "content": "a prompt only"}]}' > "$tmp/prompts.jsonl"
+printf '%s\n' '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]}' \
+  '{"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": ""}]}' \
+  > "$tmp/empty_answers.jsonl"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/chat.jsonl" "$tmp/prompts.jsonl" \
+  "$tmp/empty_answers.jsonl" --format chat --output "$tmp/bad_out"
+has_err "no token to train on in $tmp/prompts.jsonl (1 conversation), $tmp/empty_answers.jsonl (2 conversations)"
+has_err "--allow-no-trainable"
+grep -qF "$tmp/chat.jsonl" "$tmp/err.txt" && fail "a file with assistant content was named"
+[[ ! -e "$tmp/bad_out" ]] || fail "a refused run left its output folder"
+run_rc 0 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/prompts.jsonl" --format chat \
+  --output "$tmp/prompts_out" --allow-no-trainable
+has_err "warning: tokenize: no token to train on in $tmp/prompts.jsonl"
+[[ -f "$tmp/prompts_out/shard_00000.h5" ]] || fail "--allow-no-trainable wrote no shard"
+run_rc 0 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/prompts.jsonl" --format chat \
+  --output "$tmp/prompts_all" --train-on-prompt  # every token is trained on: nothing to say
 # A SentencePiece tokenizer (its folder has a chat template) is refused for chat data.
 mkdir "$tmp/spm"
 cp "$tmp/qwen2_5/tokenizer_config.json" "$tmp/spm/"
@@ -315,6 +355,18 @@ printf '%s' '{% macro turn(m) %}{{ m.content }}{% endmacro %}{% for m in message
 run_rc 2 "$ft" tokenize --tokenizer "$tmp/macro" --input "$tmp/chat.jsonl" --format chat \
   --output "$tmp/bad_out"
 has_err "chat_template.jinja:1: the statement {% macro %} is outside the Jinja subset"
+# An unclosed block: named with the line it opens at, not as a construct outside the subset.
+printf '%s\n' '{% for m in messages %}' '{% if m.role == "user" %}{{ m.content }}' '{% endfor %}' \
+  > "$tmp/macro/chat_template.jinja"
+run_rc 2 "$ft" tokenize --tokenizer "$tmp/macro" --input "$tmp/chat.jsonl" --format chat \
+  --output "$tmp/bad_out"
+has_err "chat_template.jinja:3: {% endfor %} where {% endif %} was expected: the {% if %} opened at line 2 is not closed yet"
+# A template that is a FIFO is refused by what it is, not waited on.
+rm "$tmp/macro/chat_template.jinja"
+mkfifo "$tmp/macro/chat_template.jinja"
+run_rc 2 timeout 20 "$ft" tokenize --tokenizer "$tmp/macro" --input "$tmp/chat.jsonl" \
+  --format chat --output "$tmp/bad_out"
+has_err "chat template $tmp/macro/chat_template.jinja: is a FIFO (named pipe), not a regular file"
 rm "$tmp/macro/chat_template.jinja"
 run_rc 2 "$ft" tokenize --tokenizer "$tmp/macro" --input "$tmp/chat.jsonl" --format chat \
   --output "$tmp/bad_out"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # ft tokenize + ft inspect end to end: a small corpus from scripts/make_corpus.py, tokenized
 # from text and JSONL; the shards checked independently with h5py + python sentencepiece
-# + hashlib (tokens, doc_offsets, attributes, sha256); then the error cases.
+# + hashlib (tokens, doc_offsets, attributes, sha256); then the error cases: each exits 2 (input)
+# with a bounded message and leaves no output folder (a folder that existed is left as it was);
+# invalid UTF-8 in JSONL is U+FFFD; tokenizer files that are not regular files are refused
+# without being read; SIGINT and SIGTERM mid-run remove everything the run wrote (130, 143).
 #   bash tests/cli/test_tokenize.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 PY=/usr/bin/python3  # Debian's, with h5py and sentencepiece (DESIGN.md §9)
@@ -136,12 +139,84 @@ done
 echo "ok: inspect"
 
 # ---- errors --------------------------------------------------------------------------------
+# no_leftovers NAME: a failed run left no output folder and no staging folder beside it.
+no_leftovers() {
+  [[ ! -e "$tmp/$1" ]] || fail "a failed tokenize left $tmp/$1: $(ls -A "$tmp/$1")"
+  if compgen -G "$tmp/.$1.tmp-*" > /dev/null; then fail "a failed tokenize left a staging folder"; fi
+}
+grep -q "(loading [0-9.]* s, tokenizing [0-9.]* s: [0-9]* tokens/s)" "$tmp/summary.txt" \
+  || fail "the summary should give the loading time apart from the rate: $(cat "$tmp/summary.txt")"
 expect_fail "missing input" "$tmp/nope.txt" \
   "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/nope.txt" --output "$tmp/e1"
+no_leftovers e1
 printf '{"text": "fine"}\n{"text": "also fine"}\nnot json\n' > "$tmp/bad.jsonl"
-expect_fail "bad JSONL line" "$tmp/bad.jsonl:3" \
+expect_fail "bad JSONL line" "$tmp/bad.jsonl:3: not valid JSON (column 2: syntax error while parsing value - invalid literal; last read: \"no\")" \
   "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/bad.jsonl" --output "$tmp/e2"
-[[ -z "$(ls "$tmp/e2" 2>/dev/null)" ]] || fail "a failed tokenize left files: $(ls "$tmp/e2")"
+grep -q "json.exception" "$tmp/err.txt" && fail "nlohmann's code reached the user: $(cat "$tmp/err.txt")"
+no_leftovers e2
+# A failure also removes the folders above --output that the run created, and leaves one that
+# existed as it was.
+expect_fail "bad JSONL line, nested output" "$tmp/bad.jsonl:3" \
+  "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/bad.jsonl" --output "$tmp/e5/a/b"
+no_leftovers e5
+mkdir "$tmp/e6" && echo keep > "$tmp/e6/notes.txt"
+expect_fail "bad JSONL line, existing output" "$tmp/bad.jsonl:3" \
+  "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/bad.jsonl" --output "$tmp/e6"
+[[ "$(ls -A "$tmp/e6")" == notes.txt ]] || fail "an existing --output changed: $(ls -A "$tmp/e6")"
+# ... and a successful run into it puts the shards beside what was there.
+"$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/edge.txt" --output "$tmp/e6" >/dev/null
+[[ "$(ls -A "$tmp/e6" | tr '\n' ' ')" == "notes.txt shard_00000.h5 " ]] \
+  || fail "shards into an existing folder: $(ls -A "$tmp/e6")"
+# A JSONL line past kMaxJsonlLineBytes (64 MiB) is refused by its length, in a short message.
+"$PY" -c "
+import sys
+with open('$tmp/long.jsonl', 'w') as f:
+    f.write('{\"text\": \"ok\"}\n{\"text\": \"' + 'x' * (65 << 20) + '\"}\n')
+"
+expect_fail "a 65 MiB line" "$tmp/long.jsonl:2: a line longer than 64 MiB" \
+  "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/long.jsonl" --output "$tmp/e7"
+(( $(wc -c < "$tmp/err.txt") < 400 )) || fail "the error quotes the line: $(head -c 400 "$tmp/err.txt")"
+no_leftovers e7
+rm "$tmp/long.jsonl"
+printf '{"text": "a%s"}\n' "$(printf 'x%.0s' {1..5000})" > "$tmp/long_bad.jsonl"
+printf '{"text": "unterminated %s\n' "$(printf 'y%.0s' {1..5000})" >> "$tmp/long_bad.jsonl"
+expect_fail "a long bad line" "$tmp/long_bad.jsonl:2: not valid JSON (column 5024: syntax error while parsing value - invalid string: missing closing quote" \
+  "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/long_bad.jsonl" --output "$tmp/e8"
+(( $(wc -c < "$tmp/err.txt") < 400 )) || fail "the error quotes the line: $(head -c 400 "$tmp/err.txt")"
+# Invalid UTF-8 in JSONL: each maximal invalid subpart is U+FFFD (as Python's
+# errors="replace"), the same tokens as the text with U+FFFD written out.
+printf '{"text": "caf\xc3 \xe2\x82x \xff\xfe ok"}\n' > "$tmp/invalid.jsonl"
+printf '{"text": "caf\xef\xbf\xbd \xef\xbf\xbdx \xef\xbf\xbd\xef\xbf\xbd ok"}\n' > "$tmp/replaced.jsonl"
+for f in invalid replaced; do
+  "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/$f.jsonl" --output "$tmp/$f" \
+    >/dev/null || fail "tokenize $f.jsonl"
+done
+"$PY" -c "
+import h5py, sys
+a, b = (h5py.File('$tmp/' + n + '/shard_00000.h5')['tokens'][:].tolist() for n in ('invalid', 'replaced'))
+sys.exit(0 if a == b else 'invalid UTF-8 tokens %s differ from U+FFFD ones %s' % (a, b))
+" || fail "invalid UTF-8 in JSONL"
+echo "ok: invalid UTF-8 in JSONL is U+FFFD"
+# Tokenizer files that are not regular files: refused by what they are, without reading
+# (/dev/zero would be read for ever, a FIFO would block); a broken one is bad input too (2).
+for bad in /dev/zero "$tmp/fifo.model"; do
+  [[ $bad == /dev/zero ]] || mkfifo "$bad"
+  rc=0
+  timeout 20 "$ft" tokenize --tokenizer "$bad" --input "$tmp/edge.txt" --output "$tmp/e9" \
+    >"$tmp/out.txt" 2>"$tmp/err.txt" || rc=$?
+  [[ $rc == 2 ]] || fail "tokenizer $bad: exit $rc, expected 2: $(cat "$tmp/err.txt")"
+  grep -Eq "tokenizer $bad: is a (character device|FIFO)" "$tmp/err.txt" \
+    || fail "tokenizer $bad: $(cat "$tmp/err.txt")"
+  no_leftovers e9
+done
+head -c 3000 "$tmp/tok.model" > "$tmp/broken.model"
+rc=0
+"$ft" tokenize --tokenizer "$tmp/broken.model" --input "$tmp/edge.txt" --output "$tmp/e9" \
+  >"$tmp/out.txt" 2>"$tmp/err.txt" || rc=$?
+[[ $rc == 2 ]] || fail "a broken tokenizer exited $rc, expected 2"
+grep -q "broken.model: not a SentencePiece model" "$tmp/err.txt" || fail "$(cat "$tmp/err.txt")"
+grep -q "\.cc(" "$tmp/err.txt" && fail "SentencePiece's source location reached the user"
+echo "ok: tokenizer files"
 printf '{"text": "fine"}\n{"other": "x"}\n' > "$tmp/nofield.jsonl"
 expect_fail "JSONL without the field" "$tmp/nofield.jsonl:2: no field \"text\"" \
   "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/nofield.jsonl" --output "$tmp/e3"
@@ -149,6 +224,31 @@ expect_fail "output already holds shards" "already holds shards" \
   "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/edge.txt" --output "$tmp/text"
 expect_fail "not a tokenizer" "$tmp/edge.txt" \
   "$ft" tokenize --tokenizer "$tmp/edge.txt" --input "$tmp/edge.txt" --output "$tmp/e4"
+
+# SIGINT or SIGTERM mid-run: exit 130 / 143, and nothing left: no output folder, no staging
+# folder, no .tmp file (the run is large enough to be still writing shards when signalled, and
+# the signal is sent once the first shard is complete).
+for i in $(seq 40); do cat "$tmp/corpus.txt"; done > "$tmp/big.txt"
+for sig in INT TERM; do
+  "$ft" tokenize --tokenizer "$tmp/tok.model" --input "$tmp/big.txt" --output "$tmp/sig/out" \
+    --shard-tokens 5000 --threads 1 >"$tmp/out.txt" 2>"$tmp/err.txt" &
+  pid=$!
+  for _ in $(seq 600); do
+    compgen -G "$tmp/sig/.out.tmp-$pid/shard_00000.h5" > /dev/null && break
+    sleep 0.05
+  done
+  compgen -G "$tmp/sig/.out.tmp-$pid/shard_00000.h5" > /dev/null \
+    || fail "SIG$sig: no shard written before the run ended"
+  kill -"$sig" "$pid"
+  rc=0
+  wait "$pid" || rc=$?
+  want=$([[ $sig == INT ]] && echo 130 || echo 143)
+  [[ $rc == "$want" ]] || fail "SIG$sig: exit $rc, expected $want: $(cat "$tmp/err.txt")"
+  grep -q "stopped by SIG$sig" "$tmp/err.txt" || fail "SIG$sig: $(cat "$tmp/err.txt")"
+  [[ ! -e "$tmp/sig" ]] || fail "SIG$sig left files: $(find "$tmp/sig")"
+done
+rm "$tmp/big.txt"
+echo "ok: SIGINT and SIGTERM remove what the run wrote"
 
 cp -r "$tmp/text" "$tmp/corrupt"
 head -c 3000 "$tmp/text/shard_00001.h5" > "$tmp/corrupt/shard_00001.h5"  # truncated

@@ -182,6 +182,41 @@ TEST_CASE("bpe_tokenizer: decode inverts encode (every ASCII byte); invalid UTF-
   CHECK_THROWS_AS(tok->decode({kXYZ + 1}), ft::Error);
 }
 
+TEST_CASE("bpe_tokenizer: offsets are each token's bytes of the text, through NFC") {
+  using Offsets = std::vector<std::pair<size_t, size_t>>;
+  TempDir dir;
+  json j = base_tokenizer(false);
+  j["added_tokens"] = json::array({added(kS, "<s>", true, false, false, false),
+                                   added(kMask, "<mask>", false, true, true, false)});
+  auto offsets_of = [&](const ft::Tokenizer& tok, const std::string& text) {
+    Offsets off;
+    CHECK(tok.encode_with_offsets(text, &off) == tok.encode(text));
+    REQUIRE(off.size() == tok.encode(text).size());
+    return off;
+  };
+  auto tok = load(dir, j);
+  // Plain text: consecutive bytes; an added token's lstrip/rstrip spaces go with it.
+  CHECK(offsets_of(*tok, "aab<s>abc") == Offsets{{0, 2}, {2, 3}, {3, 6}, {6, 7}, {7, 9}});
+  CHECK(offsets_of(*tok, "a  <mask>  b") == Offsets{{0, 1}, {1, 11}, {11, 12}});
+  // Invalid UTF-8: each byte of a U+FFFD stands for the whole subpart it replaced.
+  CHECK(offsets_of(*tok, "a\xFF\xE2\x82z") ==
+        Offsets{{0, 1}, {1, 2}, {1, 2}, {1, 2}, {2, 4}, {2, 4}, {2, 4}, {4, 5}});
+  // NFC: "e" + U+0301 becomes "é" (2 bytes, 2 tokens here), each standing for the 3 original
+  // bytes of the segment; unchanged text around it maps byte for byte.
+  j["normalizer"] = {{"type", "NFC"}};
+  tok = load(dir, j);
+  CHECK(tok->encode("Cafe\u0301!") == tok->encode("Caf\u00e9!"));
+  CHECK(offsets_of(*tok, "Cafe\u0301!") == Offsets{{0, 1}, {1, 2}, {2, 3}, {3, 6}, {3, 6}, {6, 7}});
+  CHECK(offsets_of(*tok, "x e\u0301\u0301 <s>") ==
+        Offsets{{0, 1}, {1, 2}, {2, 7}, {2, 7}, {2, 7}, {2, 7}, {7, 8}, {8, 11}});
+  // ByteLevel's added leading space stands for nothing: an empty range where the piece starts.
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"]["add_prefix_space"] = true;
+  tok = load(dir, j);
+  CHECK(tok->encode("ab") == Ids{' ', kAB});
+  CHECK(offsets_of(*tok, "ab") == Offsets{{0, 0}, {0, 2}});
+}
+
 TEST_CASE("bpe_tokenizer: what ft does not read is refused by key") {
   TempDir dir;
   auto refused = [&](const json& j, const std::string& text) {

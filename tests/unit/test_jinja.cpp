@@ -134,6 +134,11 @@ TEST_CASE("jinja: loops, scopes and namespace") {
   CHECK(render("{% set a, b = 1, 2 %}{{ b }}{{ a }}") == "21");
   CHECK(contains(error_of("{{ raise_exception('roles must alternate') }}"),
                  "raised an exception: roles must alternate"));
+  // A message built from a (long) content is cut, at a character.
+  const std::string long_message =
+      error_of("{{ raise_exception('bad: ' ~ c) }}", {{"c", std::string(100000, 'x') + "é"}});
+  CHECK(contains(long_message, "raised an exception: bad: xxx"));
+  CHECK(long_message.size() < 300);
 }
 
 TEST_CASE("jinja: constructs outside the subset are refused by name and line") {
@@ -154,7 +159,27 @@ TEST_CASE("jinja: constructs outside the subset are refused by name and line") {
   CHECK(contains(parse_error("{{ x.format(1) }}"), "the method .format()"));
   CHECK(contains(parse_error("{{ cycler(1) }}"), "the function cycler()"));
   CHECK(contains(parse_error("{% for x in y %}{% break %}{% endfor %}"), "{% break %}"));
-  CHECK(contains(parse_error("\n\n{% if x %}open"), "tmpl.jinja:3: {% if %} without {% endif %}"));
+  // An unclosed block is named with the line it opens at, and a closing tag where another is
+  // due says which block is still open.
+  CHECK(contains(parse_error("\n\n{% if x %}open"),
+                 "tmpl.jinja:3: {% if %} is never closed: no {% endif %} before the end"));
+  CHECK(contains(parse_error("{% for m in x %}\n{% if m %}a\n{% endfor %}"),
+                 "tmpl.jinja:3: {% endfor %} where {% endif %} was expected: the {% if %} opened "
+                 "at line 2 is not closed yet"));
+  CHECK(contains(parse_error("{% for m in x %}{% endfor %}{% endfor %}"),
+                 "{% endfor %} without an open {% for %}"));
+  CHECK(contains(parse_error("a\n{% endif %}"),
+                 "tmpl.jinja:2: {% endif %} without an open {% if %}"));
+  CHECK(contains(parse_error("{% else %}"), "{% else %} outside an {% if %}"));
+  CHECK(contains(parse_error("{% if a %}{% else %}{% else %}{% endif %}"),
+                 "{% else %} is not allowed here: it is inside the {% if %} opened at line 1, "
+                 "after its {% else %}"));
+  CHECK(
+      contains(parse_error("{% for a in b %}\n{% else %}{% elif c %}{% endfor %}"),
+               "tmpl.jinja:2: {% elif %} is not allowed here: it is inside the {% for %} opened at "
+               "line 1, after its {% else %}"));
+  CHECK(contains(parse_error("{% for a in b %}{% if a %}x"),
+                 "tmpl.jinja:1: {% if %} is never closed"));
   CHECK(contains(parse_error("{{ 'unterminated }}"), "unclosed"));
   CHECK(contains(parse_error("{{ 99999999999999999999 }}"), "out of range"));
   CHECK(contains(parse_error("{{ " + std::string(500, '(') + "1" + std::string(500, ')') + " }}"),
@@ -200,4 +225,214 @@ TEST_CASE("jinja: the committed chat templates render a conversation") {
         "<s>[INST] Be brief.\n\nHi[/INST]");
   ctx["messages"].push_back(Json{{"role", "assistant"}, {"content", "again"}});
   CHECK(contains(error_of(read("mistral_instruct_v0_3.jinja"), ctx), "must alternate"));
+}
+
+namespace {
+
+using ft::jinja::Edit;
+
+std::string error_of_render(const Template& t, const Json& ctx) {
+  try {
+    t.render(ctx);
+  } catch (const TemplateError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+using ft::jinja::Variation;
+using ft::jinja::VariedRendering;
+
+std::string apply_edits(const std::string& text, const std::vector<Edit>& edits) {
+  std::string out;
+  size_t at = 0;
+  for (const Edit& e : edits) {
+    REQUIRE(e.pos >= at);
+    REQUIRE(e.pos + e.len <= text.size());
+    out += text.substr(at, e.pos - at) + e.with;
+    at = e.pos + e.len;
+  }
+  return out + text.substr(at);
+}
+
+// render_varied against rendering every alternative in full: the same text for each, or, when
+// one of those renderings fails, the same error (the first, in variation order).
+VariedRendering check_varied(const Template& t, const Json& ctx,
+                             const std::vector<Variation>& variations) {
+  std::string first_error;
+  for (const Variation& v : variations)
+    for (const std::string& x : v.alternatives) {
+      Json alt = ctx;
+      alt[v.where] = x;
+      if (first_error.empty()) first_error = error_of_render(t, alt);
+    }
+  if (!first_error.empty()) {
+    CHECK_THROWS_WITH_AS(t.render_varied(ctx, variations), first_error.c_str(), TemplateError);
+    return {};
+  }
+  const VariedRendering vr = t.render_varied(ctx, variations);
+  CHECK(vr.text == t.render(ctx));
+  REQUIRE(vr.edits.size() == variations.size());
+  for (size_t v = 0; v < variations.size(); ++v) {
+    REQUIRE(vr.edits[v].size() == variations[v].alternatives.size());
+    for (size_t k = 0; k < variations[v].alternatives.size(); ++k) {
+      Json alt = ctx;
+      alt[variations[v].where] = variations[v].alternatives[k];
+      CAPTURE(variations[v].where.to_string());
+      CAPTURE(variations[v].alternatives[k]);
+      CHECK(apply_edits(vr.text, vr.edits[v][k]) == t.render(alt));
+    }
+  }
+  return vr;
+}
+
+std::string read_template(const std::string& name) {
+  std::ifstream in(std::string(FT_SOURCE_DIR) + "/tests/data/chat_templates/" + name);
+  REQUIRE(in);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+const char* const kTemplateFiles[] = {"llama3_instruct.jinja", "llama3_1_instruct.jinja",
+                                      "qwen2_5_instruct.jinja", "qwen3.jinja",
+                                      "mistral_instruct_v0_3.jinja"};
+
+// A conversation of `turns` user/assistant pairs after a system prompt, the chat context of
+// chat.h (tools and documents none), and a variation "A"/"B" of every assistant content.
+Json conversation(int turns, const std::vector<std::string>& answers,
+                  std::vector<Variation>* vars) {
+  Json messages = Json::array({Json{{"role", "system"}, {"content", "Be brief."}}});
+  for (int i = 0; i < turns; ++i) {
+    messages.push_back({{"role", "user"}, {"content", "question " + std::to_string(i)}});
+    messages.push_back({{"role", "assistant"}, {"content", answers[size_t(i) % answers.size()]}});
+    if (vars)
+      vars->push_back(
+          {Json::json_pointer("/messages/" + std::to_string(messages.size() - 1) + "/content"),
+           {"A", "B"}});
+  }
+  return {{"messages", messages}, {"add_generation_prompt", false},
+          {"tools", nullptr},     {"documents", nullptr},
+          {"bos_token", "<s>"},   {"eos_token", "</s>"}};
+}
+
+}  // namespace
+
+TEST_CASE("jinja: render_varied gives each alternative's rendering as edits") {
+  const Json ctx = {{"a", "x"}, {"b", "yz"}, {"n", 2}};
+  const std::vector<Variation> va = {{Json::json_pointer("/a"), {"A", "BB"}}};
+  // Printed values only: no decision depends on a, so edits, and no full rendering.
+  VariedRendering vr =
+      check_varied(Template("[{{ a }}|{{ a | upper }}|{{ b ~ a }}|{{ [a, b] }}]", "t"), ctx, va);
+  CHECK(vr.text == "[x|X|yzx|['x', 'yz']]");
+  CHECK(vr.full_renderings == 0);
+  REQUIRE(vr.edits[0][1].size() == 4);
+  CHECK(vr.edits[0][1][0].pos == 1);
+  CHECK(vr.edits[0][1][0].with == "BB");
+  // Decisions that do not change with a keep the edits ...
+  vr = check_varied(Template("{% if a is string and a | length > 0 %}{{ a }}{% endif %}", "t"), ctx,
+                    va);
+  CHECK(vr.full_renderings == 0);
+  // ... and an alternative that decides otherwise takes its branch in a fork (A is one
+  // character, like x, so a length test on it agrees; BB's does not): its edit deletes the real
+  // branch's text and inserts its own.
+  vr = check_varied(
+      Template("<{% if a | length == 1 %}one:{{ a }}{% elif a == 'BB' %}two{% else %}more"
+               "{% endif %}>{{ 'short' if a | length < 2 else 'long' }}",
+               "t"),
+      ctx, va);
+  CHECK(vr.full_renderings == 0);
+  CHECK(vr.text == "<one:x>short");
+  REQUIRE(vr.edits[0][1].size() == 2);
+  CHECK(vr.edits[0][1][0].pos == 1);
+  CHECK(vr.edits[0][1][0].len == 5);
+  CHECK(vr.edits[0][1][0].with == "two");
+  // A loop that runs another number of times in an alternative: that alternative in full,
+  // kept as the one edit of what differs.
+  vr = check_varied(Template("<{% for c in a %}{{ c }};{% endfor %}>", "t"), ctx, va);
+  CHECK(vr.full_renderings == 1);
+  REQUIRE(vr.edits[0][1].size() == 1);
+  CHECK(vr.edits[0][1][0].pos == 1);
+  CHECK(vr.edits[0][1][0].len == 1);
+  CHECK(vr.edits[0][1][0].with == "B;B");
+  // Values made of several varied strings, loops over a varied value, namespaces, and, or,
+  // ternaries, select, default, tests, slices and methods: all against the full renderings.
+  const std::vector<Variation> both = {{Json::json_pointer("/a"), {"A", "", "x y"}},
+                                       {Json::json_pointer("/b"), {"B", "yz", "<think>q"}}};
+  for (const char* text :
+       {"{{ a ~ b }}{{ (a + b) | length }}{{ a == b }}{{ a in b }}{{ b.split('<think>') }}",
+        "{% for c in a %}{{ loop.index }}{{ c }}{% endfor %}|{% for w in b.split() %}{{ w }};"
+        "{% endfor %}",
+        "{% set ns = namespace(s='') %}{% for x in [a, b, 'k'] %}{% set ns.s = ns.s ~ x %}"
+        "{% endfor %}{{ ns.s }}",
+        "{{ a or 'none' }}|{{ b and 'yes' }}|{{ 'T' if a else 'F' }}|{{ a | default('d', true) }}",
+        "{{ [a, b, ''] | select | list }}{{ [a, b] | reject('equalto', 'x') | join(',') }}",
+        "{{ a[0] }}{{ b[1:] }}{{ b[::-1] }}{{ (a ~ b).strip('x') }}{{ b.startswith('y') }}",
+        "{{ {'k': a, 'j': [b]} | tojson }}{{ {'k': a} == {'k': 'x'} }}{{ a * n }}",
+        "{% set m = {'content': b} %}{% if '<think>' in m.content %}think{% endif %}{{ m }}",
+        "{% for k, v in {'a': a, 'b': b}.items() %}{{ k }}={{ v | trim }},{% endfor %}",
+        "{{ [{'r': a}, {'r': 'x'}] | selectattr('r', 'equalto', 'x') | list | length }}",
+        "{% if a %}{{ raise_exception('no ' ~ a) if b == 'B' }}{% endif %}ok",
+        // Forks: branches that set variables and namespaces, nested ifs, loops inside a branch,
+        // and/or taking the other operand, a branch that raises in one alternative.
+        "{% set ns = namespace(n=0, t='') %}{% set v = 'init' %}{% if '<think>' in b %}"
+        "{% set v = b.split('<think>')[-1] %}{% set ns.t = 'T' %}{% for c in [1, 2] %}"
+        "{% set ns.n = ns.n + c %}{% endfor %}{% elif a %}{% set v = a ~ '!' %}{% if b == 'yz' %}"
+        "yz{% else %}not{% endif %}{% else %}{% set ns.fresh = 1 %}none{% endif %}"
+        "[{{ v }}|{{ ns.n }}|{{ ns.t }}|{{ ns.fresh is defined }}|{{ 'fresh' in ns }}]",
+        "{{ (a and b) ~ (a or 'dflt') ~ (b and a and 'all') ~ (not a or b) }}"
+        "{% if a == '' %}{{ raise_exception('empty a') if b == 'B' }}{% endif %}",
+        "{% for x in [a, b] %}{% if x | length > 2 %}{{ x | upper }}{% else %}{{ x }}"
+        "{% set y = x %}{% endif %}{% endfor %}{{ y is defined }}"}) {
+    CAPTURE(std::string(text));
+    check_varied(Template(text, "t"), ctx, both);
+  }
+  // A variation that makes the template raise: the error of that rendering.
+  CHECK_THROWS_WITH_AS(
+      Template("{% if a == 'A' %}{{ raise_exception('bad ' ~ a) }}{% endif %}", "t")
+          .render_varied(ctx, va),
+      "t:1: the template raised an exception: bad A", TemplateError);
+  CHECK_THROWS_AS(Template("{{ a }}", "t").render_varied(ctx, {{Json::json_pointer("/n"), {"A"}}}),
+                  TemplateError);
+}
+
+TEST_CASE("jinja: render_varied on the committed templates equals the full renderings") {
+  // Contents that every template prints as they are, trims, or splits (Qwen3's think blocks).
+  const std::vector<std::string> answers = {
+      "An answer.", " spaced ", "", "\nnewline\n", "<think>\nwhy\n</think>\n\nso", "日本語 😀"};
+  for (const char* file : kTemplateFiles) {
+    CAPTURE(std::string(file));
+    const Template t(read_template(file), file);
+    for (int turns : {1, 2, 7}) {
+      std::vector<Variation> vars;
+      const Json ctx = conversation(turns, answers, &vars);
+      check_varied(t, ctx, vars);
+    }
+  }
+}
+
+TEST_CASE("jinja: render_varied's work on a 10000-turn conversation is a few renderings'") {
+  // The deterministic stand-in for "linear time" (scripts/bench_chat_mask.sh measures seconds):
+  // the masks of 10,000 assistant turns cost a small multiple of one rendering's steps, where
+  // rendering each alternative in full costs 20,000 renderings.
+  // Think blocks too: Qwen3's template decides on them (it drops earlier turns' reasoning), so
+  // those alternatives take other branches, in forks.
+  const std::vector<std::string> answers = {"An answer of some words.", " spaced ", "\nline\n",
+                                            "<think>\nreasons\n</think>\n\nthe answer"};
+  for (const char* file : kTemplateFiles) {
+    CAPTURE(std::string(file));
+    const Template t(read_template(file), file);
+    {  // first a short one, so that a regression fails here rather than runs for hours
+      std::vector<Variation> vars;
+      const VariedRendering vr = t.render_varied(conversation(100, answers, &vars), vars);
+      REQUIRE(vr.full_renderings == 0);
+      REQUIRE(vr.steps <= 3 * vr.render_steps);
+    }
+    std::vector<Variation> vars;
+    const Json ctx = conversation(10000, answers, &vars);
+    const VariedRendering vr = t.render_varied(ctx, vars, int64_t(1) << 40);
+    CHECK(vr.full_renderings == 0);
+    CHECK(vr.render_steps > 100000);
+    CHECK(vr.steps <= 3 * vr.render_steps);
+  }
 }
