@@ -15,7 +15,6 @@
 
 #include "apps/ft/checkpoint_source.h"
 #include "apps/ft/commands.h"
-#include "apps/ft/tokenizer_path.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
 #include "core/error.h"
@@ -213,7 +212,6 @@ int cmd_generate(const GenerateArgs& a) {
   const Source src = resolve_source(a.source);
   std::unique_ptr<Device> dev = make_generate_device(a.device);
   const std::string tok_path = a.tokenizer.empty() ? src.dir : a.tokenizer;
-  check_tokenizer_path(tok_path);
   std::unique_ptr<Tokenizer> tok;
   try {
     tok = load_tokenizer(tok_path);
@@ -235,7 +233,6 @@ int cmd_generate(const GenerateArgs& a) {
       throw UsageError(
           "--chat: a checkpoint holds no chat template; give --tokenizer the Hugging Face "
           "folder whose tokenizer_config.json or chat_template.jinja has it");
-    check_chat_files(tok_path);
     const ChatTemplate t = load_chat_template(tok_path);
     Json messages = Json::array();
     if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});

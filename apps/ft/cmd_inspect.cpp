@@ -15,7 +15,6 @@
 
 #include "apps/ft/checkpoint_source.h"
 #include "apps/ft/commands.h"
-#include "apps/ft/tokenizer_path.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
 #include "core/error.h"
@@ -220,7 +219,6 @@ TextSupport print_text_support(const std::string& dir, const ModelConfig& m) {
     missing.push_back("no tokenizer");
   } else {
     try {
-      check_tokenizer_path(dir);
       tok = load_tokenizer(dir);
     } catch (const Error& e) {
       std::printf("  tokenizer:     ft cannot read it: %s\n", e.what());
@@ -248,16 +246,23 @@ TextSupport print_text_support(const std::string& dir, const ModelConfig& m) {
   // are checked before anything reads them (a FIFO would block the reader).
   bool has_template = is_there(fs::path(dir) / "chat_template.jinja");
   std::string unreadable;
-  try {
-    check_chat_files(dir);
-  } catch (const Error& e) {
-    unreadable = e.what();
+  for (const char* name : {"tokenizer_config.json", "chat_template.jinja"}) {
+    const fs::path p = fs::path(dir) / name;
+    if (!unreadable.empty() || !is_there(p)) continue;
+    try {
+      // As data/chat.cpp reads them, in its words.
+      const bool jinja = std::string(name) == "chat_template.jinja";
+      check_regular_file(p.string(), jinja ? kMaxTemplateBytes : kMaxConfigBytes,
+                         jinja ? "chat template" : "tokenizer config");
+    } catch (const Error& e) {
+      unreadable = e.what();
+    }
   }
   const fs::path config = fs::path(dir) / "tokenizer_config.json";
   if (unreadable.empty() && !has_template && is_there(config)) {
     try {
       const nlohmann::json j = nlohmann::json::parse(
-          read_bounded_file(config.string(), kMaxConfigBytes, "the tokenizer's config"));
+          read_bounded_file(config.string(), kMaxConfigBytes, "tokenizer config"));
       has_template = j.is_object() && j.contains("chat_template");
     } catch (const std::exception&) {
       has_template = true;  // load_chat_template below says what is wrong with the file

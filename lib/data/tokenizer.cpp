@@ -99,10 +99,20 @@ std::vector<int32_t> Tokenizer::encode_with_offsets(
 
 std::string resolve_tokenizer_file(const std::string& path) {
   std::error_code ec;
-  if (!fs::is_directory(path, ec)) return path;
+  const std::string hint =
+      "give a tokenizer.model or tokenizer.json file, or the Hugging Face folder holding one";
+  // The file is checked here, before anything reads or hashes it (a FIFO would block, a device
+  // never end).
+  if (!fs::is_directory(path, ec)) {
+    check_regular_file(path, kMaxTokenizerBytes, "tokenizer", hint);
+    return path;
+  }
   for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
     const fs::path p = fs::path(path) / name;
-    if (fs::is_regular_file(p, ec)) return p.string();
+    if (fs::exists(fs::symlink_status(p, ec))) {
+      check_regular_file(p.string(), kMaxTokenizerBytes, "tokenizer", hint);
+      return p.string();
+    }
   }
   if (fs::exists(fs::path(path) / "tekken.json", ec))
     throw UsageError(path +

@@ -331,7 +331,7 @@ has_out "tokenizer:     ft cannot read it: tokenizer $tmp/zero_tok/tokenizer.mod
 cp -r "$tmp/sp" "$tmp/fifo_config"
 mkfifo "$tmp/fifo_config/tokenizer_config.json"
 run_rc 0 timeout 20 "$ft" inspect "$tmp/fifo_config"
-has_out "chat template: ft cannot use it: the tokenizer's config $tmp/fifo_config/tokenizer_config.json: is a FIFO (named pipe), not a regular file"
+has_out "chat template: ft cannot use it: tokenizer config $tmp/fifo_config/tokenizer_config.json: is a FIFO (named pipe), not a regular file"
 echo "ok: tokenizer and chat template: what is there, what is missing, what works without it"
 
 # ---- flags: a range each, the value quoted briefly --------------------------------------------
