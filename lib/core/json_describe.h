@@ -11,6 +11,17 @@
 
 namespace ft {
 
+// "an array", "an object", "a string", "a number", "a boolean", "null", for messages.
+template <typename Json>
+std::string a_json_type(const Json& v) {
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  if (v.is_string()) return "a string";
+  if (v.is_number()) return "a number";
+  if (v.is_boolean()) return "a boolean";
+  return "null";
+}
+
 inline std::string describe_json_value(const nlohmann::json& v) {
   if (v.is_object()) return "an object";
   if (v.is_array()) return "an array";

@@ -346,7 +346,7 @@ Json conversation_from_record(const Json& record, bool alpaca, const std::string
       throw UsageError(where + ": no \"" + path + "\"");
     }
     if (!it->is_string())
-      throw UsageError(where + ": \"" + path + "\" is a " + it->type_name() +
+      throw UsageError(where + ": \"" + path + "\" is " + a_json_type(*it) +
                        ", expected a string (ft reads text-only messages)");
     return it->get<std::string>();
   };

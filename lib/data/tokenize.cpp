@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "core/json_describe.h"
 #include "core/log.h"
 #include "core/system.h"
 #include "data/chat.h"
@@ -170,7 +171,7 @@ class DocumentReader {
       throw UsageError(where + ": no field \"" + field_ +
                        "\" (choose the text field with --field NAME)");
     if (!it->is_string())
-      throw UsageError(where + ": field \"" + field_ + "\" is a " + it->type_name() +
+      throw UsageError(where + ": field \"" + field_ + "\" is " + a_json_type(*it) +
                        ", expected a string");
     return it->get<std::string>();
   }

@@ -299,7 +299,7 @@ has_err "bad3.jsonl:1: \"messages[0].role\" is \"narrator\""
 printf '%s\n' '{"messages": [{"role": "user", "content": [{"type": "text"}]}]}' > "$tmp/bad4.jsonl"
 run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad4.jsonl" --format chat \
   --output "$tmp/bad_out"
-has_err "bad4.jsonl:1: \"messages[0].content\" is a array, expected a string"
+has_err "bad4.jsonl:1: \"messages[0].content\" is an array, expected a string"
 printf '%s\n' '{"messages": [{"role": "assistant", "content": "", "tool_calls": []}]}' \
   > "$tmp/bad7.jsonl"
 run_rc 2 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/bad7.jsonl" --format chat \

@@ -31,7 +31,16 @@ mkfifo fifo
 printf 'not a checkpoint' > not_ckpt
 mkdir ckdir && printf 'step_00000007\n' > ckdir/latest
 printf '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n{"messages": [tru\n' > bad.jsonl
+printf '{"text": "w1x7 w2x1"}\n{"text": tru\n' > bad_text.jsonl
 head -c 300000 /dev/zero | tr '\0' 'x' | sed 's/^/{"text": /' > long.jsonl
+
+/usr/bin/python3 - << 'PY'
+import sentencepiece as spm
+words = [f"w{i}x{i * 7 % 13}" for i in range(600)]
+open("corpus.txt", "w").write("\n".join(" ".join(words[i:i + 12]) for i in range(0, 600, 12)))
+spm.SentencePieceTrainer.train(input="corpus.txt", model_prefix="tok", vocab_size=96,
+                               model_type="bpe", minloglevel=2)
+PY
 
 checked=0
 check_case() {
@@ -98,6 +107,13 @@ export_missing|2|no_such_ckpt|export no_such_ckpt --output out_hf
 export_shard_size|2|--max-shard-size|export ckdir --output out_hf --max-shard-size 5XB
 inspect_device|2|/dev/zero|inspect /dev/zero
 inspect_missing|2|no_such_thing|inspect no_such_thing
+tokenize_tokenizer_device|2|/dev/zero: is a character device|tokenize --tokenizer /dev/zero --input corpus.txt --output t1
+tokenize_input_device|2|/dev/zero|tokenize --tokenizer tok.model --input /dev/zero --output t2
+tokenize_input_fifo|2|fifo|tokenize --tokenizer tok.model --input fifo --output t3
+tokenize_bad_jsonl|2|bad_text.jsonl:2;not valid JSON|tokenize --tokenizer tok.model --input bad_text.jsonl --output t4
+tokenize_field_type|2|bad.jsonl:1: field "messages" is an array, expected a string|tokenize --tokenizer tok.model --input bad.jsonl --field messages --output t7
+tokenize_long_line|2|long.jsonl:1|tokenize --tokenizer tok.model --input long.jsonl --output t5
+tokenize_chat_spm|2|tok.model|tokenize --tokenizer tok.model --input bad.jsonl --format chat --output t6
 help_unknown|2|no command 'NOPE'|help NOPE
 CASES
 
