@@ -5,6 +5,7 @@
 #   scripts/fuzz.sh                 # every harness, 60 s each
 #   scripts/fuzz.sh 600 recipe      # one harness, 10 minutes
 #   FUZZ_JOBS=2 scripts/fuzz.sh     # harnesses in parallel
+#   scripts/fuzz.sh --build         # build only (scripts/test.sh times the build apart)
 # A finding (crash, sanitizer report, leak, timeout of one input, out of memory) fails the run;
 # the input that caused it is saved as build-fuzz/findings/<target>/crash-* (or timeout-*, oom-*)
 # and can be replayed with build-fuzz/tests/fuzz/fuzz_<target> FILE.
@@ -16,6 +17,8 @@
 # otherwise, every input "rejected").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+build_only=0
+[[ ${1:-} == --build ]] && build_only=1 && shift
 seconds="${1:-60}"
 shift || true
 
@@ -23,8 +26,12 @@ source scripts/install_missing.sh
 install_missing fuzz clang libclang-rt-14-dev libomp-14-dev
 
 build=build-fuzz
-CC=clang CXX=clang++ cmake -S . -B "$build" -DFT_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# FT_CMAKE_ARGS: extra cmake arguments, as for scripts/setup.sh (e.g. a compiler launcher).
+# shellcheck disable=SC2086
+CC=clang CXX=clang++ cmake -S . -B "$build" -DFT_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  ${FT_CMAKE_ARGS:-} >/dev/null
 cmake --build "$build" -j"$(nproc)" >/dev/null
+((build_only)) && exit 0
 
 targets=("$@")
 full_seconds="${FUZZ_SHARD_FULL_SECONDS:-$seconds}"

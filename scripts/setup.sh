@@ -4,12 +4,14 @@
 # a SentencePiece model trained on it, and token shards). Safe to run again: it skips what is done.
 #   scripts/setup.sh            # packages + build + quickstart data
 #   scripts/setup.sh --no-data  # packages + build only
+#   scripts/setup.sh --packages # packages only (scripts/test.sh times them apart from the build)
 # Environment: BUILD_DIR (default build), FT_CMAKE_ARGS (extra cmake arguments).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-with_data=1
+with_data=1 with_build=1
 [[ "${1:-}" == "--no-data" ]] && with_data=0
+[[ "${1:-}" == "--packages" ]] && with_data=0 with_build=0
 
 packages=(
   build-essential cmake pkg-config git procps time
@@ -25,6 +27,7 @@ packages=(
 )
 source scripts/install_missing.sh
 install_missing setup "${packages[@]}"
+((with_build)) || exit 0
 
 build_dir="${BUILD_DIR:-build}"
 echo "setup: building $build_dir (Release)"

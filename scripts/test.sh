@@ -1,43 +1,105 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: installs what is missing and builds (scripts/setup.sh --no-data),
-# runs every test with ctest on the Release build, then rebuilds with AddressSanitizer +
-# UndefinedBehaviorSanitizer (FT_SANITIZE=ON) and runs the suite again there (that build leaves
-# out the GPU-only binaries and the benchmark tools no test runs, and the emulated CUDA tests'
-# second schedule seed: tests/CMakeLists.txt, tests/cuda_emu/CMakeLists.txt, tests/cli/common.sh).
-#   scripts/test.sh              # both passes
-#   FT_TEST_SANITIZE=0 scripts/test.sh   # Release pass only
-# As root it also brings up a local one-node SLURM and runs tests/slurm/test_slurm.sh (srun and
-# sbatch against mpirun, and a batch job preempted with USR1, requeued and resumed; ~25 s);
-# FT_TEST_SLURM=0 skips that, FT_TEST_SLURM=1 asks for it.
-# Last, every libFuzzer harness of tests/fuzz runs for FT_TEST_FUZZ_SECONDS (default 30) from its
-# seed corpus (scripts/fuzz.sh; clang build in build-fuzz/); FT_TEST_FUZZ=0 skips that.
+# Runs the whole test suite, in stages, each timed (README "Building and testing"):
+#   setup          the Debian packages (scripts/setup.sh --packages)
+#   release-build  the Release build in build/ (scripts/setup.sh --no-data)
+#   release-suite  every ctest test on it
+#   slurm          as root: a local one-node SLURM and tests/slurm/test_slurm.sh (srun and sbatch
+#                  against mpirun, a batch job preempted with USR1, requeued and resumed; ~25 s);
+#                  FT_TEST_SLURM=0 skips it, FT_TEST_SLURM=1 asks for it
+#   asan-build     AddressSanitizer + UndefinedBehaviorSanitizer (FT_SANITIZE=ON) in build-asan/,
+#                  only what the tests labelled `sanitize` run (target ft_sanitize_targets)
+#   asan-suite     `ctest -L sanitize` there: what the sanitizers find (unit, ops, emulated kernels,
+#                  parsers, one multi-process case per subsystem; the list and why: tests/
+#                  CMakeLists.txt, tests/cuda_emu/CMakeLists.txt), not every end-to-end test again
+#   fuzz-build     the libFuzzer harnesses (clang, build-fuzz/: scripts/fuzz.sh --build)
+#   fuzz           every harness of tests/fuzz for FT_TEST_FUZZ_SECONDS (default 30) from its seed
+#                  corpus (scripts/fuzz.sh)
+# and at the end a table of the stages' times and the total, also when a stage failed (that
+# stage is marked FAILED, the rest are not run).
+#   scripts/test.sh                        # everything
+#   FT_TEST_SANITIZE=0 scripts/test.sh     # no asan-build, asan-suite
+#   FT_TEST_FUZZ=0 scripts/test.sh         # no fuzz-build, fuzz
+# FT_CMAKE_ARGS: extra cmake arguments for all three builds (a compiler launcher while working;
+# CI has none).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 jobs="$(nproc)"
 
+# stage NAME: ends the stage before (its time printed) and starts NAME. The EXIT trap ends the
+# last one and prints the table, so a run that stops at a failure still says what ran and for how
+# long.
+stage_names=()
+stage_secs=()
+stage=""
+stage_t0=0
+run_t0=$SECONDS
+end_stage() {
+  [[ -n $stage ]] || return 0
+  local took=$((SECONDS - stage_t0))
+  stage_names+=("$stage")
+  stage_secs+=("$took")
+  echo "test: stage $stage took $took s"
+  stage=""
+}
+start_stage() {
+  end_stage
+  stage=$1
+  stage_t0=$SECONDS
+  echo "test: stage $stage"
+}
+mmss() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
+summary() {
+  local rc=$? failed=$stage i result
+  end_stage
+  echo "test: stage          seconds   m:ss"
+  for i in "${!stage_names[@]}"; do
+    result=""
+    [[ $rc != 0 && ${stage_names[$i]} == "$failed" ]] && result="  FAILED (exit $rc)"
+    printf 'test: %-14s %7d %6s%s\n' "${stage_names[$i]}" "${stage_secs[$i]}" \
+      "$(mmss "${stage_secs[$i]}")" "$result"
+  done
+  local total=$((SECONDS - run_t0))
+  printf 'test: %-14s %7d %6s  %s\n' total "$total" "$(mmss "$total")" \
+    "$([[ $rc == 0 ]] && echo ok || echo FAILED)"
+}
+trap summary EXIT
+
+start_stage setup
+scripts/setup.sh --packages
+start_stage release-build
 scripts/setup.sh --no-data
-echo "test: Release suite"
+
+start_stage release-suite
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 900
+
 slurm_default=0
 [[ $(id -u) == 0 ]] && slurm_default=1  # the local cluster's daemons need root
 if [[ "${FT_TEST_SLURM:-$slurm_default}" == "1" ]]; then
-  echo "test: SLURM (tests/slurm, local one-node cluster)"
+  start_stage slurm
   bash tests/slurm/test_slurm.sh build .
 fi
 
 if [[ "${FT_TEST_SANITIZE:-1}" == "1" ]]; then
-  echo "test: AddressSanitizer + UndefinedBehaviorSanitizer suite"
+  start_stage asan-build
   # -g1: line tables only, which is what the sanitizers' stack traces print (file:line, inlined
   # frames too); full -g costs about a fifth more compile time here and nothing a report uses.
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFT_SANITIZE=ON \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" >/dev/null
-  cmake --build build-asan -j"$jobs"
-  # halt_on_error: any report fails the test. Leak checking stays on.
+  # FT_CUDA=OFF: nvcc's device code has no sanitizer, and the Release build has compiled it
+  # already (the spill check); the CUDA backend's host code is tested here on the emulation.
+  # shellcheck disable=SC2086
+  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFT_SANITIZE=ON -DFT_CUDA=OFF \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" ${FT_CMAKE_ARGS:-} >/dev/null
+  cmake --build build-asan -j"$jobs" --target ft_sanitize_targets
+  start_stage asan-suite
+  # halt_on_error: any report fails the test. Leak checking stays on. FT_TEST_VENVS: the Python
+  # venvs the Release pass made (tests/cli/common.sh), linked, not made again.
+  FT_TEST_VENVS="$PWD/build" \
   ASAN_OPTIONS="halt_on_error=1:abort_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
-    ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 1800
+    ctest --test-dir build-asan -L sanitize --output-on-failure -j"$jobs" --timeout 1800
 fi
 
 if [[ "${FT_TEST_FUZZ:-1}" == "1" ]]; then
-  echo "test: fuzzing (tests/fuzz, ${FT_TEST_FUZZ_SECONDS:-30} s per harness)"
+  start_stage fuzz-build
+  scripts/fuzz.sh --build
+  start_stage fuzz
   FUZZ_JOBS="$jobs" scripts/fuzz.sh "${FT_TEST_FUZZ_SECONDS:-30}"
 fi

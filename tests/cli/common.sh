@@ -74,9 +74,15 @@ fail_showing_output() {
 # apply_chat_template renders with), so they share one $build/hf_venv_tf5.
 hf_tf5_spec=("transformers==5.23.0" "protobuf==7.36.2" "jinja2==3.1.6")
 # Tests sharing a venv may run at once (ctest -j): a lock file beside it lets one make it while
-# the others wait.
+# the others wait. FT_TEST_VENVS=FOLDER: the venv is made there and DIR links to it, so that two
+# build folders share one download (scripts/test.sh: the sanitizer pass uses the Release pass's).
 venv() {
   local dir="$1" lock_fd; shift
+  if [[ -n ${FT_TEST_VENVS:-} ]]; then
+    mkdir -p "$FT_TEST_VENVS"
+    [[ -e $dir || -L $dir ]] || ln -s "$FT_TEST_VENVS/${dir##*/}" "$dir" 2>/dev/null || true
+    [[ -L $dir ]] && dir=$(readlink "$dir")
+  fi
   exec {lock_fd}> "$dir.lock"
   flock "$lock_fd"
   if [[ ! -x "$dir/bin/python" || "$(cat "$dir/ft_requirements" 2>/dev/null)" != "$*" ]]; then

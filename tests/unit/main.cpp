@@ -1,5 +1,5 @@
-// doctest's main for ft_unit_tests (and lt_gemm_cuda_emu_tests). The data tests check shards in
-// a child process, this program started again (data/shard.h): that comes first.
+// doctest's main for every doctest binary (tests/CMakeLists.txt: ft_doctest_main). The data tests
+// check shards in a child process, this program started again (data/shard.h): that comes first.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
