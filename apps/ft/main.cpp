@@ -192,7 +192,9 @@ int main(int argc, char** argv) {
               "padding)");
   k->add_option("--shard-tokens", tok.shard_tokens, "Tokens per shard file (default 16Mi)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  k->add_option("--threads", tok.threads, "Tokenizer threads (default: all cores)");
+  // The bound of the recipe's runtime.threads: more than any machine has cores.
+  k->add_option("--threads", tok.threads, "Tokenizer threads, 0 to 1024 (default 0: all cores)")
+      ->check(integer_in(0, 1024));
 
   InspectArgs insp;
   auto* i = app.add_subcommand("inspect", "Summarise a shard folder, checkpoint or HF folder");

@@ -73,6 +73,12 @@ fail_showing_output() {
 # test_tokenizer_json: the `tokenizers` it brings; test_chat_data: jinja2, which transformers'
 # apply_chat_template renders with), so they share one $build/hf_venv_tf5.
 hf_tf5_spec=("transformers==5.23.0" "protobuf==7.36.2" "jinja2==3.1.6")
+# hf_tf4_spec: transformers 4 on Debian's torch 1.13 (test_archs, test_generate,
+# test_export_transformers, test_sft_recipes); hf_torch2_spec: torch 2 from PyPI with the
+# transformers 5 list (test_qwen3_transformers: about 2.8 GB to download). tests/cli/
+# make_venvs.sh makes all three ahead of the suite (scripts/test.sh, during the Release build).
+hf_tf4_spec=("transformers==4.46.3")
+hf_torch2_spec=("torch==2.15.0" "${hf_tf5_spec[@]}")
 # Tests sharing a venv may run at once (ctest -j): a lock file beside it lets one make it while
 # the others wait. FT_TEST_VENVS=FOLDER: the venv is made there and DIR links to it, so that two
 # build folders share one download (scripts/test.sh: the sanitizer pass uses the Release pass's).

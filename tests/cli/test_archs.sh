@@ -13,7 +13,7 @@
 source "$2/tests/cli/common.sh" "$@"
 fail() { fail_showing_output "$@"; }
 
-venv "$build/hf_venv_tf4" "transformers==4.46.3"
+venv "$build/hf_venv_tf4" "${hf_tf4_spec[@]}"
 venv "$build/hf_venv_tf5" "${hf_tf5_spec[@]}"
 run_rc 0 "$build/hf_venv_tf4/bin/python" "$src/tests/ref/arch_parity.py" "$build" "$src" "$tmp" \
   "$build/hf_venv_tf5/bin/python"

@@ -25,7 +25,7 @@ fail() { fail_showing_output "$@"; }
 
 # protobuf: for part c, where transformers 5 converts tokenizer.model itself.
 venv "$build/hf_venv_tf5" "${hf_tf5_spec[@]}"
-venv "$build/hf_venv_tf4" "transformers==4.46.3"
+venv "$build/hf_venv_tf4" "${hf_tf4_spec[@]}"
 
 # ---- a. tokenizer, documents, shards, a short training, the export --------------------------
 "$PY" "$src/scripts/make_corpus.py" --out "$tmp/corpus.txt" --size-mb 0.3 \

@@ -9,7 +9,7 @@
 source "$2/tests/cli/common.sh" "$@"
 fail() { fail_showing_output "$@"; }
 
-venv "$build/hf_venv_tf4" "transformers==4.46.3"
+venv "$build/hf_venv_tf4" "${hf_tf4_spec[@]}"
 run_rc 0 "$build/hf_venv_tf4/bin/python" "$src/tests/ref/generate_parity.py" "$build" "$src" "$tmp"
 has_out "generate_parity: all checks passed"
 grep "^ok: " "$tmp/out.txt"

@@ -25,7 +25,7 @@ if [[ ${FT_TEST_TORCH2:-1} == 0 ]]; then
   echo "$test_name: skipped, FT_TEST_TORCH2=0 (qwen3 is not compared with Qwen3ForCausalLM)"
   exit 0
 fi
-venv "$build/hf_venv_torch2" "torch==2.15.0" "${hf_tf5_spec[@]}"
+venv "$build/hf_venv_torch2" "${hf_torch2_spec[@]}"
 py="$build/hf_venv_torch2/bin/python"
 "$py" -c 'import torch, transformers; print("torch", torch.__version__, "transformers",
 transformers.__version__, transformers.Qwen3ForCausalLM.__name__)' ||

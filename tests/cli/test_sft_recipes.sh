@@ -24,7 +24,7 @@
 source "$2/tests/cli/common.sh" "$@"
 fail() { fail_showing_output "$@"; }
 
-venv "$build/hf_venv_tf4" "transformers==4.46.3"
+venv "$build/hf_venv_tf4" "${hf_tf4_spec[@]}"
 PY="$build/hf_venv_tf4/bin/python"
 run_rc 0 "$PY" "$src/tests/ref/sft_tiny_models.py" "$src" "$tmp"
 cat "$tmp/out.txt"
