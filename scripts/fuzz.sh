@@ -34,7 +34,7 @@ CC=clang CXX=clang++ cmake -S . -B "$build" -DFT_FUZZ=ON -DCMAKE_BUILD_TYPE=RelW
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   ${FT_CMAKE_ARGS:-} >/dev/null
-cmake --build "$build" -j"$(nproc)" >/dev/null
+cmake --build "$build" -j"$(nproc)" --target ft_fuzz_targets >/dev/null
 ((build_only)) && exit 0
 
 targets=("$@")
