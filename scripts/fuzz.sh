@@ -27,9 +27,9 @@ install_missing fuzz clang libclang-rt-14-dev libomp-14-dev
 
 build=build-fuzz
 # FT_CMAKE_ARGS: extra cmake arguments, as for scripts/setup.sh (e.g. a compiler launcher).
-# shellcheck disable=SC2086
 # -O1 (and -g1, CMakeLists.txt): a third less compile time than -O2 under the sanitizers, which
 # is most of this build's time in CI; libFuzzer's documentation builds its examples at -O1 too.
+# shellcheck disable=SC2086
 CC=clang CXX=clang++ cmake -S . -B "$build" -DFT_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
