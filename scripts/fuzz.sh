@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer harnesses (tests/fuzz/fuzz_*.cpp, clang with ASan + UBSan, in build-fuzz/)
-# and runs each for SECONDS (default 60) from its seed corpus (tests/fuzz/corpus/<target>/),
-# which is copied, so new inputs the fuzzer keeps stay out of the repository.
+# Builds the libFuzzer harnesses (tests/fuzz/fuzz_*.cpp, in the sanitizer build build-asan/:
+# clang 19 with ASan + UBSan, scripts/sanitizers.sh) and runs each for SECONDS (default 60) from
+# its seed corpus (tests/fuzz/corpus/<target>/), which is copied, so new inputs the fuzzer keeps
+# stay out of the repository.
 #   scripts/fuzz.sh                 # every harness, 60 s each
 #   scripts/fuzz.sh 600 recipe      # one harness, 10 minutes
 #   FUZZ_JOBS=2 scripts/fuzz.sh     # harnesses in parallel
-#   scripts/fuzz.sh --build         # build only (scripts/test.sh times the build apart)
+#   scripts/fuzz.sh --build         # build only
 # A finding (crash, sanitizer report, leak, timeout of one input, out of memory) fails the run;
-# the input that caused it is saved as build-fuzz/findings/<target>/crash-* (or timeout-*, oom-*)
-# and can be replayed with build-fuzz/tests/fuzz/fuzz_<target> FILE.
+# the input that caused it is saved as build-asan/findings/<target>/crash-* (or timeout-*, oom-*)
+# and can be replayed with build-asan/tests/fuzz/fuzz_<target> FILE.
 # At the end it prints one line per harness: executions, execs/s, corpus size, result.
 # shard_full is fuzz_shard in its full mode (FT_FUZZ_SHARD_MODE=full: libhdf5 in a check child
 # per input, ~20 inputs/s) from tests/fuzz/corpus/shard/full, for FUZZ_SHARD_FULL_SECONDS
@@ -22,19 +23,10 @@ build_only=0
 seconds="${1:-60}"
 shift || true
 
-source scripts/install_missing.sh
-install_missing fuzz clang libclang-rt-14-dev libomp-14-dev
-
-build=build-fuzz
-# FT_CMAKE_ARGS: extra cmake arguments, as for scripts/setup.sh (e.g. a compiler launcher).
-# -O1 (and -g1, CMakeLists.txt): a third less compile time than -O2 under the sanitizers, which
-# is most of this build's time in CI; libFuzzer's documentation builds its examples at -O1 too.
-# shellcheck disable=SC2086
-CC=clang CXX=clang++ cmake -S . -B "$build" -DFT_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-  ${FT_CMAKE_ARGS:-} >/dev/null
-cmake --build "$build" -j"$(nproc)" --target ft_fuzz_targets >/dev/null
+source scripts/sanitizers.sh
+build=$sanitize_dir
+sanitize_build ft_fuzz_targets >/dev/null
+sanitize_env
 ((build_only)) && exit 0
 
 targets=("$@")

@@ -6,21 +6,21 @@
 #   slurm          as root: a local one-node SLURM and tests/slurm/test_slurm.sh (srun and sbatch
 #                  against mpirun, a batch job preempted with USR1, requeued and resumed; ~25 s);
 #                  FT_TEST_SLURM=0 skips it, FT_TEST_SLURM=1 asks for it
-#   asan-build     AddressSanitizer + UndefinedBehaviorSanitizer (FT_SANITIZE=ON) in build-asan/,
-#                  only what the tests labelled `sanitize` run (target ft_sanitize_targets)
+#   asan-build     the sanitizer build, build-asan/ (scripts/sanitizers.sh: clang 19,
+#                  AddressSanitizer + UndefinedBehaviorSanitizer, libFuzzer): what the tests
+#                  labelled `sanitize` run (target ft_sanitize_targets) and the fuzz harnesses
 #   asan-suite     `ctest -L sanitize` there: what the sanitizers find (unit, ops, emulated kernels,
 #                  parsers, one multi-process case per subsystem; the list and why: tests/
 #                  CMakeLists.txt, tests/cuda_emu/CMakeLists.txt), not every end-to-end test again
-#   fuzz-build     the libFuzzer harnesses (clang, build-fuzz/: scripts/fuzz.sh --build)
 #   fuzz           every harness of tests/fuzz for FT_TEST_FUZZ_SECONDS (default 30) from its seed
 #                  corpus (scripts/fuzz.sh)
 # and at the end a table of the stages' times and the total, also when a stage failed (that
 # stage is marked FAILED, the rest are not run).
 #   scripts/test.sh                        # everything
-#   FT_TEST_SANITIZE=0 scripts/test.sh     # no asan-build, asan-suite
-#   FT_TEST_FUZZ=0 scripts/test.sh         # no fuzz-build, fuzz
-# FT_CMAKE_ARGS: extra cmake arguments for all three builds (a compiler launcher while working;
-# CI has none).
+#   FT_TEST_SANITIZE=0 scripts/test.sh     # no asan-build, asan-suite, fuzz
+#   FT_TEST_FUZZ=0 scripts/test.sh         # no fuzz
+# FT_CMAKE_ARGS: extra cmake arguments for both builds (a compiler launcher while working; CI has
+# none).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 jobs="$(nproc)"
@@ -93,27 +93,19 @@ fi
 
 if [[ "${FT_TEST_SANITIZE:-1}" == "1" ]]; then
   start_stage asan-build
-  # -O1: what AddressSanitizer's documentation recommends, and a third less compile time than
-  # -O2 under the sanitizers here (the CPU kernels too: their -O3 is the Release build's only).
-  # -g1: line tables only, which is what the sanitizers' stack traces print (file:line, inlined
-  # frames too); full -g costs about a fifth more compile time here and nothing a report uses.
-  # FT_CUDA=OFF: nvcc's device code has no sanitizer, and the Release build has compiled it
-  # already (the spill check); the CUDA backend's host code is tested here on the emulation.
-  # shellcheck disable=SC2086
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFT_SANITIZE=ON -DFT_CUDA=OFF \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" ${FT_CMAKE_ARGS:-} >/dev/null
-  cmake --build build-asan -j"$jobs" --target ft_sanitize_targets
+  source scripts/sanitizers.sh
+  targets=(ft_sanitize_targets)
+  [[ "${FT_TEST_FUZZ:-1}" == "1" ]] && targets+=(ft_fuzz_targets)
+  sanitize_build "${targets[@]}"
   start_stage asan-suite
-  # halt_on_error: any report fails the test. Leak checking stays on. FT_TEST_VENVS: the Python
-  # venvs the Release pass made (tests/cli/common.sh), linked, not made again.
+  # halt_on_error: any report fails the test. FT_TEST_VENVS: the Python venvs the Release pass
+  # made (tests/cli/common.sh), linked, not made again.
+  sanitize_env
   FT_TEST_VENVS="$PWD/build" \
   ASAN_OPTIONS="halt_on_error=1:abort_on_error=1" UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
-    ctest --test-dir build-asan -L sanitize --output-on-failure -j"$jobs" --timeout 1800
-fi
-
-if [[ "${FT_TEST_FUZZ:-1}" == "1" ]]; then
-  start_stage fuzz-build
-  scripts/fuzz.sh --build
-  start_stage fuzz
-  FUZZ_JOBS="$jobs" scripts/fuzz.sh "${FT_TEST_FUZZ_SECONDS:-30}"
+    ctest --test-dir "$sanitize_dir" -L sanitize --output-on-failure -j"$jobs" --timeout 1800
+  if [[ "${FT_TEST_FUZZ:-1}" == "1" ]]; then
+    start_stage fuzz
+    FUZZ_JOBS="$jobs" scripts/fuzz.sh "${FT_TEST_FUZZ_SECONDS:-30}"
+  fi
 fi

@@ -1,4 +1,4 @@
-// One function per subcommand; main.cpp parses the command line (CLI11) and calls these.
+// One function per subcommand; cli.cpp parses the command line (CLI11) and calls these.
 // Each returns the process exit code (DESIGN.md §4).
 #pragma once
 
@@ -7,6 +7,13 @@
 #include <vector>
 
 namespace ft::app {
+
+// Before anything else in main: sets the thread pools' environment (OpenBLAS, OpenMP) where the
+// user has not, and re-executes ft once so that the libraries read it (cli.cpp says why).
+void prepare_thread_environment(char** argv);
+// Parses the command line, runs the command and returns the process exit code; an error is
+// printed as "ft: error: ..." (DESIGN.md §4).
+int run_command_line(int argc, char** argv);
 
 struct TrainArgs {
   std::string recipe;

@@ -52,6 +52,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "core/asan.h"
 #include "core/error.h"
 #include "data/shard.h"
 #include "data/shard_internal.h"
@@ -66,18 +67,7 @@ constexpr const char* kCheckArg = "__ft_shard_check__";
 // libhdf5 reports as an error. Not under AddressSanitizer, whose shadow memory is counted
 // (kLimitCheckMemory false).
 constexpr rlim_t kCheckMemoryBytes = rlim_t(2) << 30;
-#if defined(__SANITIZE_ADDRESS__)  // GCC
-#define FT_UNDER_ASAN 1
-#elif defined(__has_feature)  // clang
-#if __has_feature(address_sanitizer)
-#define FT_UNDER_ASAN 1
-#endif
-#endif
-#if defined(FT_UNDER_ASAN)
-constexpr bool kLimitCheckMemory = false;
-#else
-constexpr bool kLimitCheckMemory = true;
-#endif
+constexpr bool kLimitCheckMemory = !FT_ASAN;
 
 // The child's start, from posix_spawn to its first "begin" (or FT_SHARD_CHECK_TIMEOUT_S if
 // longer): exec and dynamic linking of this program, 0.14 s measured while the parent's pages

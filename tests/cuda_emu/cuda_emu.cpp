@@ -2,6 +2,7 @@
 // and block synchronisation with its checks, and the CUDA runtime API subset on host memory.
 #include "tests/cuda_emu/cuda_emu.h"
 
+#include "core/asan.h"
 #include "core/half.h"
 
 #include <sys/mman.h>
@@ -22,11 +23,8 @@
 #include <sstream>
 #include <vector>
 
-#if defined(__SANITIZE_ADDRESS__)
+#if FT_ASAN
 #include <sanitizer/common_interface_defs.h>
-#define FT_EMU_ASAN 1
-#else
-#define FT_EMU_ASAN 0
 #endif
 
 // The runtime's opaque handles (only declared by driver_types.h; cudart defines them).
@@ -260,7 +258,7 @@ enum class State { kReady, kRunning, kBarrier, kWarp, kDone };
 
 // Stack per fiber: mmap'd with a guard page below (an overflow faults instead of corrupting the
 // neighbour), kept for the next launch.
-#if FT_EMU_ASAN
+#if FT_ASAN
 constexpr size_t kStackBytes = 512 << 10;  // ASan's redzones make frames larger
 #else
 constexpr size_t kStackBytes = 256 << 10;
@@ -428,13 +426,13 @@ uint3 thread_of(int linear, dim3 b) {
 
 void start_switch([[maybe_unused]] void** fake, [[maybe_unused]] const void* bottom,
                   [[maybe_unused]] size_t size) {
-#if FT_EMU_ASAN
+#if FT_ASAN
   __sanitizer_start_switch_fiber(fake, bottom, size);
 #endif
 }
 void finish_switch([[maybe_unused]] void* fake, [[maybe_unused]] const void** bottom,
                    [[maybe_unused]] size_t* size) {
-#if FT_EMU_ASAN
+#if FT_ASAN
   __sanitizer_finish_switch_fiber(fake, bottom, size);
 #endif
 }

@@ -16,6 +16,7 @@
 // The emulation before common.cuh, as the emulated build force-includes it.
 #include "tests/cuda_emu/cuda_emu.h"
 
+#include "core/asan.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/warp_matrix.cuh"
 #include "tests/cuda_emu/emu_test_util.h"
@@ -679,7 +680,7 @@ TEST_CASE("cuda_emu: the runtime API checks where copies point and counts device
   cudaGetLastError();
 }
 
-#if defined(__SANITIZE_ADDRESS__)
+#if FT_ASAN
 __global__ void shared_overflow_kernel(float* out) {
   __shared__ float s[32];
   float* p = s;

@@ -52,7 +52,7 @@ class CudaDevice final : public Device {
     FT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     FT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     allocator_ = std::make_unique<cuda::CachingAllocator>(
-        [this](size_t bytes) -> void* {
+        [](size_t bytes) -> void* {
           void* p = nullptr;
           const cudaError_t e = cudaMalloc(&p, bytes);
           if (e == cudaErrorMemoryAllocation) {
