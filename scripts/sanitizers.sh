@@ -21,6 +21,13 @@ sanitize_build() {
   # (file:line, inlined frames too); full -g costs about a fifth more compile time and nothing a
   # report uses. FT_CUDA=OFF: nvcc's device code has no sanitizer, and the Release build has
   # compiled it (the spill check); the CUDA backend's host code is built on the emulation here.
+  # A folder keeps the compilers it was first configured with: a build-asan/ from before this
+  # build moved to clang (gcc's) starts afresh.
+  if [[ -f $sanitize_dir/CMakeCache.txt ]] &&
+     ! grep -Eq '^CMAKE_CXX_COMPILER:[A-Z]+=.*clang\+\+-19$' "$sanitize_dir/CMakeCache.txt"; then
+    echo "sanitizers: $sanitize_dir/ was configured with another compiler; configuring it afresh"
+    rm -rf "$sanitize_dir"
+  fi
   # shellcheck disable=SC2086
   CC=clang-19 CXX=clang++-19 cmake -S . -B "$sanitize_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DFT_SANITIZE=ON -DFT_FUZZ=ON -DFT_CUDA=OFF \
