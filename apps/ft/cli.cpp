@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "data/shard.h"
 #include "kernels/kernels.h"
+#include "model/arch.h"
 #include "runtime/device.h"
 
 namespace {
@@ -263,14 +264,15 @@ int run_command_line(int argc, char** argv) {
       ->check(byte_size());
   exp->add_flag("--overwrite", export_args.overwrite, "Replace a non-empty output folder");
   exp->footer(
-      "Writes a folder transformers loads as the checkpoint's class (LlamaForCausalLM,\n"
-      "Qwen2ForCausalLM, Qwen3ForCausalLM or MistralForCausalLM, by model.arch) and ft takes as\n"
-      "model.from: config.json, model.safetensors (or shards plus model.safetensors.index.json),\n"
-      "and the checkpoint's tokenizer when the recipe named one: its tokenizer.json with a\n"
-      "tokenizer_config.json (the model folder's chat template and special tokens carried over),\n"
-      "or its tokenizer.model with tokenizer.json, tokenizer_config.json and\n"
-      "special_tokens_map.json; generation_config.json with the special token ids. The folder\n"
-      "appears only when complete (written as DIR.tmp-<pid>, then renamed).");
+      "Writes a folder transformers loads as the checkpoint's class, by model.arch\n(" +
+      implemented_archs(&ArchSpec::hf_class) +
+      ")\nand ft takes as model.from: config.json, model.safetensors (or shards plus\n"
+      "model.safetensors.index.json), and the checkpoint's tokenizer when the recipe named\n"
+      "one: its tokenizer.json with a tokenizer_config.json (the model folder's chat template\n"
+      "and special tokens carried over), or its tokenizer.model with tokenizer.json,\n"
+      "tokenizer_config.json and special_tokens_map.json; generation_config.json with the\n"
+      "special token ids. The folder appears only when complete (written as DIR.tmp-<pid>,\n"
+      "then renamed).");
 
   GenerateArgs gen;
   auto* g =

@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/json_describe.h"
+#include "model/arch.h"
 
 namespace ft {
 namespace {
@@ -148,10 +149,16 @@ bool is_rope_buffer(const std::string& name) { return ends_with(name, "rotary_em
 
 // transformers' class of a family (model.arch), for hints.
 std::string class_of(const std::string& arch) {
-  if (arch == "qwen2") return "Qwen2ForCausalLM";
-  if (arch == "qwen3") return "Qwen3ForCausalLM";
-  if (arch == "mistral") return "MistralForCausalLM";
-  return "LlamaForCausalLM";
+  const ArchSpec* a = find_arch(arch);
+  return a != nullptr && a->implemented ? a->hf_class : "LlamaForCausalLM";
+}
+
+// The first implemented family with the extra tensor `has`.
+const ArchSpec& first_family_with(bool ArchSpec::*has) {
+  for (const ArchSpec& a : arch_table())
+    if (a.implemented && a.*has) return a;
+  FT_CHECK(false, "no family has this tensor");
+  return arch_table().front();
 }
 
 bool any_ends_with(const std::vector<std::string>& names, const std::string& suffix) {
@@ -222,28 +229,30 @@ HfLayoutCheck check_against_layout(const std::map<std::string, Source>& tensors,
     c.hints.push_back("the checkpoint names tensors without the 'model.' prefix (a " +
                       cls.substr(0, cls.size() - std::string("ForCausalLM").size()) +
                       "Model rather than a " + cls + " checkpoint?)");
-  // The attention block's extra tensors tell the families apart (DESIGN.md §5 model.arch):
-  // Qwen2's q/k/v biases, Qwen3's q/k norms.
-  const bool has_biases = any_ends_with(c.unexpected, "q_proj.bias");
-  const bool has_norms = any_ends_with(c.unexpected, "q_norm.weight");
-  if (has_biases && !has_norms)
-    c.hints.push_back("the weights have q/k/v biases, as Qwen2's have, but config.json says " +
-                      arch + " (" + cls +
-                      "); a Qwen2 checkpoint needs model_type \"qwen2\" and architectures "
-                      "[\"Qwen2ForCausalLM\"]");
-  if (has_norms)
-    c.hints.push_back("the weights have q/k norms, as Qwen3's have, but config.json says " + arch +
-                      " (" + cls +
-                      "); a Qwen3 checkpoint needs model_type \"qwen3\" and architectures "
-                      "[\"Qwen3ForCausalLM\"]");
-  if (any_ends_with(c.missing, "q_proj.bias") && !any_ends_with(c.unexpected, "q_proj.bias"))
-    c.hints.push_back(
-        "config.json says qwen2, whose attention has q/k/v biases, but the weights "
-        "have none: a Llama or Mistral checkpoint labelled qwen2?");
-  if (any_ends_with(c.missing, "q_norm.weight") && !any_ends_with(c.unexpected, "q_norm.weight"))
-    c.hints.push_back(
-        "config.json says qwen3, whose attention has q/k norms, but the weights "
-        "have none: a Qwen2 or Llama checkpoint labelled qwen3?");
+  // The attention block's extra tensors tell the families apart (model/arch.h): q/k/v biases
+  // (Qwen2), q/k norms (Qwen3).
+  struct Extra {
+    bool ArchSpec::*has;
+    const char* tensor;  // the name's end
+    const char* what;
+  };
+  const Extra extras[] = {{&ArchSpec::qk_norm, "q_norm.weight", "q/k norms"},
+                          {&ArchSpec::qkv_bias, "q_proj.bias", "q/k/v biases"}};
+  for (const Extra& x : extras) {  // the first family whose tensors the weights have
+    if (!any_ends_with(c.unexpected, x.tensor)) continue;
+    const ArchSpec& f = first_family_with(x.has);
+    c.hints.push_back("the weights have " + std::string(x.what) + ", as " + f.label +
+                      "'s have, but config.json says " + arch + " (" + cls + "); a " + f.label +
+                      " checkpoint needs model_type \"" + f.name + "\" and architectures [\"" +
+                      f.hf_class + "\"]");
+    break;
+  }
+  for (const Extra& x : extras)
+    if (any_ends_with(c.missing, x.tensor) && !any_ends_with(c.unexpected, x.tensor))
+      c.hints.push_back("config.json says " + arch + ", whose attention has " + x.what +
+                        ", but the weights have none: a " +
+                        implemented_archs(&ArchSpec::label, x.has, false) +
+                        " checkpoint labelled " + arch + "?");
   c.hints.push_back("is this a " + cls + " checkpoint (config.json: model_type \"" + arch +
                     "\") whose config.json matches its tensors (num_hidden_layers, hidden_size, "
                     "attention heads, vocab_size)?");
@@ -345,8 +354,10 @@ std::string folder_arch(const std::string& dir, const ParamLayout& layout) {
   }
   int g = 0;
   const ParamEntry* e = nullptr;
-  if (layout.find("model.layers.0.self_attn.q_norm.weight", &g, &e)) return "qwen3";
-  if (layout.find("model.layers.0.self_attn.q_proj.bias", &g, &e)) return "qwen2";
+  if (layout.find("model.layers.0.self_attn.q_norm.weight", &g, &e))
+    return first_family_with(&ArchSpec::qk_norm).name;
+  if (layout.find("model.layers.0.self_attn.q_proj.bias", &g, &e))
+    return first_family_with(&ArchSpec::qkv_bias).name;
   return "llama";
 }
 

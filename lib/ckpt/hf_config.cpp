@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/json_describe.h"
+#include "model/arch.h"
 #include "model/rope.h"
 
 namespace ft {
@@ -325,36 +326,27 @@ void read_rope(ConfigReader& c, const json& j, ModelConfig& m, HfConfigOrigins& 
   }
 }
 
-// The families ft implements: transformers' class name, its model_type, and model.arch.
-struct Family {
-  const char* cls;
-  const char* model_type;
-};
-constexpr Family kFamilies[] = {{"LlamaForCausalLM", "llama"},
-                                {"Qwen2ForCausalLM", "qwen2"},
-                                {"Qwen3ForCausalLM", "qwen3"},
-                                {"MistralForCausalLM", "mistral"}};
-constexpr const char* kFamilyList =
-    "LlamaForCausalLM (llama), Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM (qwen3), "
-    "MistralForCausalLM (mistral)";
-
 // model.arch from model_type and architectures (either may be absent: llama).
 std::string read_arch(ConfigReader& c, const json& j) {
   std::string from_type, from_class;
   if (j.contains("model_type") && !j["model_type"].is_null()) {
-    for (const Family& f : kFamilies)
-      if (j["model_type"] == f.model_type) from_type = f.model_type;
+    const json& t = j["model_type"];
+    const ArchSpec* a = t.is_string() ? find_arch(t.get<std::string>()) : nullptr;
+    if (a != nullptr && a->implemented) from_type = a->name;
     if (from_type.empty())
-      c.problem("model_type is " + short_dump(j["model_type"]) + "; implemented: " + kFamilyList);
+      c.problem("model_type is " + short_dump(t) + "; implemented: " + implemented_arch_classes());
   }
   if (j.contains("architectures") && !j["architectures"].is_null()) {
     const json& a = j["architectures"];
-    if (a.is_array() && !a.empty())
-      for (const Family& f : kFamilies)
-        if (a[0] == f.cls) from_class = f.model_type;
+    if (a.is_array() && !a.empty() && a[0].is_string()) {
+      const ArchSpec* f = find_arch_by_class(a[0].get<std::string>());
+      if (f != nullptr && f->implemented) from_class = f->name;
+    }
     bool same = !from_class.empty();
     for (size_t i = 1; same && i < a.size(); ++i) same = a[i] == a[0];
-    if (!same) c.problem("architectures is " + short_dump(a) + "; implemented: " + kFamilyList);
+    if (!same)
+      c.problem("architectures is " + short_dump(a) +
+                "; implemented: " + implemented_arch_classes());
   }
   if (!from_type.empty() && !from_class.empty() && from_type != from_class)
     c.problem("model_type \"" + from_type + "\" and architectures " +
@@ -368,12 +360,12 @@ std::string read_arch(ConfigReader& c, const json& j) {
 // as layer_types says); Mistral on every layer unless sliding_window is null (MistralConfig's
 // default when the key is absent is 4096). A window at least max_position_embeddings never
 // binds (a sequence is never longer, forward checks it), so it is accepted.
-void read_sliding_window(ConfigReader& c, const json& j, const std::string& arch,
+void read_sliding_window(ConfigReader& c, const json& j, const ArchSpec& arch,
                          const ModelConfig& m) {
   auto window_binds = [&](const json& w) {
     return !w.is_null() && !(w.is_number() && w.get<double>() >= m.max_seq_len);
   };
-  if (arch == "qwen2" || arch == "qwen3") {
+  if (arch.sliding_window == SlidingWindowKeys::kSwitch) {
     if (j.contains("use_sliding_window") && j["use_sliding_window"] == true) {
       const json w = j.contains("sliding_window") ? j["sliding_window"] : json(4096);
       if (window_binds(w))
@@ -387,7 +379,7 @@ void read_sliding_window(ConfigReader& c, const json& j, const std::string& arch
                         "; only \"full_attention\" is implemented");
           break;
         }
-  } else if (arch == "mistral") {
+  } else if (arch.sliding_window == SlidingWindowKeys::kWindow) {
     const json w = j.contains("sliding_window") ? j["sliding_window"] : json(4096);
     if (window_binds(w))
       c.unsupported("sliding_window is " + short_dump(w) +
@@ -434,10 +426,10 @@ HfConfigRead read_hf_config_located(const std::string& dir) {
   // Which architecture: either key may be missing in hand-written configs (then llama); when
   // present they must name one family ft implements, and the same one, since the weights of
   // another family would load into the wrong math.
-  const std::string arch = read_arch(c, j);
+  const ArchSpec& arch = *find_arch(read_arch(c, j));
 
   ModelConfig m;
-  m.arch = arch;
+  m.arch = arch.name;
   m.from = dir;
   m.dim = c.positive_int("hidden_size");
   m.n_layers = c.positive_int("num_hidden_layers");
@@ -457,30 +449,33 @@ HfConfigRead read_hf_config_located(const std::string& dir) {
     c.unsupported("partial_rotary_factor " + short_dump(j["partial_rotary_factor"]) +
                   " is not implemented (ft rotates every channel of a head)");
 
-  // Features of the configs the model code does not implement: refuse, never ignore. Qwen2's
-  // config has no attention_bias (its q, k, v biases are always there); Qwen3's covers o_proj
-  // too, which ft does not have.
+  // Features of the configs the model code does not implement: refuse, never ignore. A family
+  // with q, k, v biases (Qwen2) has no attention_bias key, they are always there; Qwen3's covers
+  // o_proj too, which ft does not have.
   for (const char* key : {"attention_bias", "mlp_bias"}) {
-    if (arch == "qwen2" && std::string(key) == "attention_bias") continue;
+    if (arch.qkv_bias && std::string(key) == "attention_bias") continue;
     if (j.contains(key) && j[key] == true) {
-      c.problem(std::string(key) + " is true; ft's " + arch + " has " +
-                (arch == "qwen2" ? "biases on q, k and v only" : "no biases"));
+      c.problem(std::string(key) + " is true; ft's " + arch.name + " has " +
+                (arch.qkv_bias ? "biases on q, k and v only" : "no biases"));
     }
   }
   if (j.contains("hidden_act") && j["hidden_act"] != "silu") {
     c.problem("hidden_act is " + short_dump(j["hidden_act"]) + ", only \"silu\" is implemented");
   }
-  // head_dim: absent means hidden_size / num_attention_heads, except in Qwen3Config, whose
-  // default is 128. Kept as 0 (that quotient) when it is the quotient, so that the manifests of
-  // such models stay as before.
+  // head_dim: absent means hidden_size / num_attention_heads, except where the family's config
+  // class has its own default (Qwen3Config: 128). Kept as 0 (that quotient) when it is the
+  // quotient, so that the manifests of such models stay as before.
   const bool head_dim_given = j.contains("head_dim") && !j["head_dim"].is_null();
-  const json head_dim = head_dim_given ? j["head_dim"] : arch == "qwen3" ? json(128) : json();
+  const json head_dim = head_dim_given              ? j["head_dim"]
+                        : arch.default_head_dim > 0 ? json(arch.default_head_dim)
+                                                    : json();
   out.origins["model.head_dim"] = head_dim_given ? "head_dim" : "";
   if (!head_dim.is_null()) {
     if (!head_dim.is_number_integer() || head_dim.get<int64_t>() < 2 ||
         head_dim.get<int64_t>() > (int64_t(1) << 20) || head_dim.get<int64_t>() % 2 != 0)
       c.problem("head_dim must be an even whole number from 2 to 2^20, got " +
-                short_dump(head_dim) + (head_dim_given ? "" : " (Qwen3Config's default)"));
+                short_dump(head_dim) +
+                (head_dim_given ? "" : std::string(" (") + arch.label + "Config's default)"));
     else if (m.n_heads <= 0 || m.dim % m.n_heads != 0 ||
              head_dim.get<int64_t>() != m.dim / m.n_heads)
       m.head_dim = int(head_dim.get<int64_t>());

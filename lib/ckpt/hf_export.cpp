@@ -40,6 +40,7 @@
 #include "data/chat.h"
 #include "data/sha256.h"
 #include "data/tokenizer.h"
+#include "model/arch.h"
 #include "model/layout.h"
 
 namespace ft {
@@ -324,14 +325,10 @@ void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string&
   // The keys LlamaConfig (Qwen2Config, Qwen3Config, MistralConfig) reads, in the order
   // save_pretrained writes the common ones. head_dim is written explicitly because transformers
   // ≥ 4.45 reads it (and Qwen3Config's default is 128).
-  const char* cls = m.arch == "qwen2"     ? "Qwen2ForCausalLM"
-                    : m.arch == "qwen3"   ? "Qwen3ForCausalLM"
-                    : m.arch == "mistral" ? "MistralForCausalLM"
-                                          : "LlamaForCausalLM";
-  FT_CHECK(is_implemented_arch(m.arch), "no Hugging Face class for model.arch ", m.arch);
+  const ArchSpec& arch = arch_of(m);
   ordered_json j;
-  j["architectures"] = {cls};
-  j["model_type"] = m.arch;
+  j["architectures"] = {arch.hf_class};
+  j["model_type"] = arch.name;
   j["hidden_size"] = m.dim;
   j["intermediate_size"] = m.ffn_dim;
   j["num_hidden_layers"] = m.n_layers;
@@ -356,11 +353,11 @@ void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string&
   j["rms_norm_eps"] = m.norm_eps;
   j["tie_word_embeddings"] = m.tie_embeddings;
   j["hidden_act"] = "silu";
-  if (m.arch == "llama" || m.arch == "qwen3") j["attention_bias"] = false;  // qwen2: always on
-  if (m.arch == "llama") j["mlp_bias"] = false;
+  if (arch.attention_bias_key) j["attention_bias"] = false;
+  if (arch.mlp_bias_key) j["mlp_bias"] = false;
   // No sliding window: Mistral's null turns it off (absent would mean 4096); Qwen's switch.
-  if (m.arch == "mistral") j["sliding_window"] = nullptr;
-  if (m.arch == "qwen2" || m.arch == "qwen3") {
+  if (arch.sliding_window == SlidingWindowKeys::kWindow) j["sliding_window"] = nullptr;
+  if (arch.sliding_window == SlidingWindowKeys::kSwitch) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
   }

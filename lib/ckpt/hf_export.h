@@ -1,6 +1,5 @@
-// Hugging Face export: a checkpoint's parameters → a folder `transformers` loads as
-// LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or MistralForCausalLM by model.arch
-// (DESIGN.md §5, §8): config.json, model.safetensors or shards
+// Hugging Face export: a checkpoint's parameters → a folder `transformers` loads as the class of
+// model.arch's row in model/arch.h (DESIGN.md §5, §8): config.json, model.safetensors or shards
 // model-0000K-of-0000N.safetensors with model.safetensors.index.json, and the checkpoint's
 // tokenizer.model with the files AutoTokenizer and generate need to treat it as ft does
 // (tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json).

@@ -18,6 +18,7 @@
 #include "ckpt/io.h"
 #include "core/error.h"
 #include "core/json_describe.h"
+#include "model/arch.h"
 #include "model/layout.h"
 #include "model/rope.h"
 
@@ -192,7 +193,7 @@ ModelConfig parse_model(const JsonReader& r, const json& mc) {
   const u128 D = u128(head_dim_of(c));
   const u128 HD = u128(c.n_heads) * D, KVD = u128(c.n_kv_heads) * D;
   const u128 block = 2 * C + 2 * HD * C + 2 * KVD * C + 3 * F * C +
-                     (has_qkv_bias(c) ? HD + 2 * KVD : 0) + (has_qk_norm(c) ? 2 * D : 0);
+                     (arch_of(c).qkv_bias ? HD + 2 * KVD : 0) + (arch_of(c).qk_norm ? 2 * D : 0);
   const u128 total = V * C + u128(c.n_layers) * block + C + (c.tie_embeddings ? 0 : V * C);
   if (total > kMaxElements)
     r.fail("model", detail::concat("a model of more than ", kMaxElements, " parameters (dim ",

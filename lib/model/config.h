@@ -9,10 +9,10 @@
 namespace ft {
 
 struct ModelConfig {
-  // llama | qwen2 | qwen3 | mistral | gpt2 (gpt2 not yet implemented: refused by validation).
-  // The families differ from Llama only in the attention block (DESIGN.md §5 model.arch):
-  // qwen2 adds biases to the q, k and v projections, qwen3 an RMSNorm over each head of q and
-  // k (before RoPE); mistral is Llama's math (a sliding window is refused at import).
+  // A row of model/arch.h's table: llama | qwen2 | qwen3 | mistral | gpt2 (gpt2 not yet
+  // implemented: refused by validation). The families differ from Llama only in the attention
+  // block: qwen2 adds biases to the q, k and v projections, qwen3 an RMSNorm over each head of q
+  // and k (before RoPE); mistral is Llama's math (a sliding window is refused at import).
   std::string arch = "llama";
   std::string from;  // optional Hugging Face folder
   int dim = 256;
@@ -57,14 +57,6 @@ inline std::string head_dim_keys(const ModelConfig& c) {
 // Whether the heads are whole: an explicit head_dim, or n_heads dividing dim.
 inline bool heads_whole(const ModelConfig& c) {
   return c.n_heads > 0 && (c.head_dim > 0 || c.dim % c.n_heads == 0);
-}
-
-// The attention block's extra tensors, by architecture (model/layout.h has where they sit).
-inline bool has_qkv_bias(const ModelConfig& c) { return c.arch == "qwen2"; }
-inline bool has_qk_norm(const ModelConfig& c) { return c.arch == "qwen3"; }
-// The architectures the model code implements (the recipe schema lists gpt2 too, refused).
-inline bool is_implemented_arch(const std::string& a) {
-  return a == "llama" || a == "qwen2" || a == "qwen3" || a == "mistral";
 }
 
 }  // namespace ft

@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "model/arch.h"
 #include "model/rope.h"
 
 namespace ft {
@@ -54,7 +55,7 @@ KvDecoder::KvDecoder(LlamaModel& model, int max_len) : model_(model), max_len_(m
   b.x = DBuffer(dev, ct, N * C);
   b.ln = DBuffer(dev, ct, N * C);
   b.q = DBuffer(dev, ct, N * HD);
-  if (has_qk_norm(c)) {
+  if (arch_of(c).qk_norm) {
     b.q_raw = DBuffer(dev, ct, N * HD);
     b.k_raw = DBuffer(dev, ct, N * KD);
   }
@@ -91,7 +92,7 @@ const std::vector<float>& KvDecoder::forward(const int32_t* ids, int n) {
             L = c.n_layers, D = model_.layout().head_dim(), p = pos_;
   const float eps = float(c.norm_eps);
   const BlockOffsets& o = model_.layout().block_offsets();
-  const bool qk_norm = has_qk_norm(c);
+  const bool qk_norm = arch_of(c).qk_norm;
 
   b.ids.upload(ids, size_t(n));
   ops.embedding_forward(s, b.x.data(), b.ids.data(), fp.acquire(0), n, C, 0, V);

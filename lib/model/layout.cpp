@@ -1,6 +1,7 @@
 #include "model/layout.h"
 
 #include "core/error.h"
+#include "model/arch.h"
 
 namespace ft {
 namespace {
@@ -23,7 +24,7 @@ void add(ParamGroup& g, const std::string& name, std::vector<int64_t> shape, int
 }  // namespace
 
 ParamLayout::ParamLayout(const ModelConfig& c, int tensor) : tensor_(tensor) {
-  FT_CHECK(is_implemented_arch(c.arch), "model.arch ", c.arch, " is not implemented");
+  const ArchSpec& arch = arch_of(c);
   FT_CHECK(heads_whole(c), "dim must be divisible by n_heads (or head_dim set)");
   FT_CHECK(tensor >= 1 && c.n_heads % tensor == 0 && c.n_kv_heads % tensor == 0 &&
                c.ffn_dim % tensor == 0 && c.vocab_size % tensor == 0,
@@ -38,7 +39,7 @@ ParamLayout::ParamLayout(const ModelConfig& c, int tensor) : tensor_(tensor) {
   add(embed, "model.embed_tokens.weight", {V, C}, T, kRows);
   groups_.push_back(std::move(embed));
 
-  const bool bias = has_qkv_bias(c), qk_norm = has_qk_norm(c);
+  const bool bias = arch.qkv_bias, qk_norm = arch.qk_norm;
   for (int i = 0; i < c.n_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     ParamGroup g{"layers." + std::to_string(i), {}, 0};

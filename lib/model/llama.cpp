@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/arch.h"
 #include "model/rope.h"
 
 namespace ft {
@@ -225,7 +226,7 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward, bool se
     la.rstd1 = Buffer<float>(dev_, N);
     la.q = DBuffer(dev_, ct, N * HD);
     la.kk = DBuffer(dev_, ct, N * KD);
-    if (has_qk_norm(cfg_)) {
+    if (arch_of(cfg_).qk_norm) {
       la.q_raw = DBuffer(dev_, ct, N * HD);
       la.k_raw = DBuffer(dev_, ct, N * KD);
       la.rstd_q = Buffer<float>(dev_, N * H_);
@@ -261,7 +262,7 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward, bool se
     a->dk = DBuffer(dev_, ct, N * KD);
     a->dv = DBuffer(dev_, ct, N * KD);
     a->datt = DBuffer(dev_, ct, N * HD);
-    if (has_qk_norm(cfg_)) {
+    if (arch_of(cfg_).qk_norm) {
       a->dq_raw = DBuffer(dev_, ct, N * HD);
       a->dk_raw = DBuffer(dev_, ct, N * KD);
       if (tp_.size() > 1) a->norm_dw = Buffer<float>(dev_, size_t(layout_.head_dim()));
@@ -288,7 +289,7 @@ void LlamaModel::layer_forward(int l, int B, int T) {
 
   ops().rmsnorm_forward(st_, la.ln1.data(), la.rstd1.data(), x, w + o.attn_norm, N, C,
                         float(cfg_.norm_eps));
-  const bool qk_norm = has_qk_norm(cfg_);
+  const bool qk_norm = arch_of(cfg_).qk_norm;
   const Ref q = qk_norm ? la.q_raw.data() : la.q.data();
   const Ref k = qk_norm ? la.k_raw.data() : la.kk.data();
   q_proj_.forward(*dev_, q, la.ln1.data(), w + o.wq, N);
@@ -363,7 +364,7 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   ops().rope_backward(st_, a.dq.data(), rope_inv_freq_.data(), B, T, H, D, pos);
   ops().rope_backward(st_, a.dk.data(), rope_inv_freq_.data(), B, T, K, D, pos);
   Ref dq = a.dq.data(), dk = a.dk.data();  // become dL/d(the projections' outputs)
-  if (has_qk_norm(cfg_)) {
+  if (arch_of(cfg_).qk_norm) {
     norm_backward(a.dq_raw.data(), dw + o.q_norm, dq, la.q_raw.data(), w + o.q_norm,
                   la.rstd_q.data(), N * H, D);
     norm_backward(a.dk_raw.data(), dw + o.k_norm, dk, la.k_raw.data(), w + o.k_norm,

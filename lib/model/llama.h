@@ -1,5 +1,5 @@
-// Llama-family decoder (HF LlamaForCausalLM math, and the Qwen2, Qwen3 and Mistral variants of
-// ModelConfig::arch) with hand-written forward and backward on
+// Llama-family decoder (HF LlamaForCausalLM math, and the variants model/arch.h's table names
+// for ModelConfig::arch) with hand-written forward and backward on
 // flat parameter buffers (see layout.h for the order). One micro-batch at a time; gradients
 // accumulate across micro-batches until the FlatParams' zero_grads().
 #pragma once

@@ -14,6 +14,7 @@
 #include <variant>
 #include <vector>
 
+#include "model/arch.h"
 #include "recipe/recipe.h"
 #include "recipe/schema.h"
 
@@ -88,6 +89,13 @@ KeySpec row(std::string path, Kind kind, Ref ref, std::string doc, Opts o = {}) 
   return k;
 }
 
+// model.arch's choices: every row of model/arch.h's table (validation refuses the unimplemented).
+std::vector<std::string> arch_names() {
+  std::vector<std::string> names;
+  for (const ArchSpec& a : arch_table()) names.emplace_back(a.name);
+  return names;
+}
+
 #define FT_KEY(section, key, kind, doc, ...)                                         \
   row(                                                                               \
       #section "." #key, Kind::kind, [](auto& r) -> auto& { return r.section.key; }, \
@@ -106,8 +114,7 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(run, seed, kUInt64, "seeds initialisation and data shuffling"),
 
         FT_KEY(model, arch, kChoice, "model family (with model.from: from config.json)",
-               {.choices = {"llama", "qwen2", "qwen3", "mistral", "gpt2"},
-                .hf_name = "architectures"}),
+               {.choices = arch_names(), .hf_name = "architectures"}),
         FT_KEY(model, from, kDir,
                "Hugging Face folder to start from; sizes then come from its config.json"),
         FT_KEY(

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "model/arch.h"
 #include "model/config.h"
 #include "model/rope.h"
 #include "recipe/loader.h"
@@ -22,9 +23,9 @@ namespace ft::recipe_internal {
 
 // Stage 5b: accepted values whose feature is not built yet: refused loudly, never ignored.
 void Loader::check_unimplemented() {
-  if (r_.model.arch == "gpt2" && usable("model.arch")) {
-    issue(locate("model.arch"), "model.arch", "gpt2 is not implemented yet",
-          "use llama, qwen2, qwen3 or mistral");
+  if (!is_implemented_arch(r_.model.arch) && usable("model.arch")) {
+    issue(locate("model.arch"), "model.arch", r_.model.arch + " is not implemented yet",
+          "use " + implemented_archs(&ArchSpec::name));
   }
 }
 

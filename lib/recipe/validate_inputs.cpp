@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
+#include "model/arch.h"
 #include "recipe/loader.h"
 #include "recipe/schema.h"
 
@@ -30,8 +31,8 @@ void Loader::take_model_from() {
     hf = read_hf_config_located(r_.model.from);
   } catch (const Error& e) {
     issue(locate("model.from"), "model.from", e.what(),
-          "point model.from at a Hugging Face model folder of a family ft trains (Llama, Qwen2, "
-          "Qwen3, Mistral: config.json and *.safetensors)");
+          "point model.from at a Hugging Face model folder of a family ft trains (" +
+              implemented_archs(&ArchSpec::label) + ": config.json and *.safetensors)");
     return;
   }
   const std::string config = (std::filesystem::path(r_.model.from) / "config.json").string();
