@@ -72,8 +72,8 @@ template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* x, const T* w, int N, int C, float eps);
 // T: dout, x, w, dx (N, C) = ... (accumulate_dx: dx += ..., the sum in fp32 and rounded once, so
 // dx can be the residual stream's gradient and the norm's branch needs no add of its own);
-// dw (C) fp32 += ... (accumulated). dx must not overlap dout or x (they are read again after
-// dx is written).
+// dw (C) fp32 += ... (accumulated; null: a frozen weight, dx only). dx must not overlap dout or
+// x (they are read again after dx is written).
 template <typename T>
 void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, const float* rstd,
                       int N, int C, bool accumulate_dx = false);

@@ -65,6 +65,7 @@ void rmsnorm_backward(T* dx, float* dw, const T* dout, const T* x, const T* w, c
       cpu::store_out(dx + size_t(n) * C, d, C);
     }
   }
+  if (dw == nullptr) return;  // a frozen weight: no gradient
   // dw by column blocks: each thread owns its columns and adds the rows in order.
   constexpr int kCols = 64;
 #pragma omp parallel for schedule(static)

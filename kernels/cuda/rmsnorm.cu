@@ -165,6 +165,7 @@ void launch_backward(D* dx, float* dw, const D* dout, const D* x, const D* w, co
   FT_LAUNCH((rmsnorm_backward_kernel<D, W>), unsigned(G), row_threads(C, W),
             shared_acc ? sizeof(float) * size_t(C) : 0, stream)
   (dx, partial, dout, x, w, rstd, N, C, accumulate_dx, shared_acc);
+  if (dw == nullptr) return;  // a frozen weight: the partial sums go unused
   FT_LAUNCH(column_sum_kernel, unsigned((C + 31) / 32), 32 * kSumWarps, 0, stream)
   (dw, partial, G, C);
 }

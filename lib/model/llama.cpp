@@ -336,26 +336,27 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   const int D = layout_.head_dim();
   const BlockOffsets& o = layout_.block_offsets();
   const CRef w = flat_.acquire(1 + l);
-  float* dw = flat_.grad(1 + l);
+  float* const dw = flat_.grad(1 + l);  // null: a frozen block, input gradients only
+  auto dW = [dw](size_t offset) { return dw ? dw + offset : nullptr; };
   const CRef x = a.resid[l].data();
   const Ref dy = a.dresid.data();
 
   // MLP: x' = mid + h·Wdᵀ
-  down_proj_.backward(*dev_, a.dh.data(), dw + o.w_down, dy, la.h.data(), w + o.w_down, N);
+  down_proj_.backward(*dev_, a.dh.data(), dW(o.w_down), dy, la.h.data(), w + o.w_down, N);
   ops().swiglu_backward(st_, a.dg.data(), a.du.data(), a.dh.data(), la.g.data(), la.u.data(),
                         size_t(N) * F);
   // d ln2 = dg·Wg + du·Wu  (into dtmp)
-  gate_proj_.backward(*dev_, a.dtmp.data(), dw + o.w_gate, a.dg.data(), la.ln2.data(), w + o.w_gate,
+  gate_proj_.backward(*dev_, a.dtmp.data(), dW(o.w_gate), a.dg.data(), la.ln2.data(), w + o.w_gate,
                       N, /*accumulate_dx=*/false);
-  up_proj_.backward(*dev_, a.dtmp.data(), dw + o.w_up, a.du.data(), la.ln2.data(), w + o.w_up, N,
+  up_proj_.backward(*dev_, a.dtmp.data(), dW(o.w_up), a.du.data(), la.ln2.data(), w + o.w_up, N,
                     /*accumulate_dx=*/true);
   reduce_input_grad(tp_, a.dtmp.data(), size_t(N) * C, a.tp_f32.data());  // f's backward
   // The norm's input gradient is added straight into dy (accumulate_dx): dy is now dL/d mid.
-  ops().rmsnorm_backward(st_, dy, dw + o.mlp_norm, a.dtmp.data(), la.mid.data(), w + o.mlp_norm,
+  ops().rmsnorm_backward(st_, dy, dW(o.mlp_norm), a.dtmp.data(), la.mid.data(), w + o.mlp_norm,
                          la.rstd2.data(), N, C, /*accumulate_dx=*/true);
 
   // Attention: mid = x + att·Woᵀ
-  o_proj_.backward(*dev_, a.datt.data(), dw + o.wo, dy, la.att.data(), w + o.wo, N);
+  o_proj_.backward(*dev_, a.datt.data(), dW(o.wo), dy, la.att.data(), w + o.wo, N);
   const int32_t* seg = a.seg.size() ? a.seg.data() : nullptr;
   const int32_t* pos = a.pos.size() ? a.pos.data() : nullptr;
   ops().attention_backward(st_, a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), la.att.data(),
@@ -365,26 +366,26 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   ops().rope_backward(st_, a.dk.data(), rope_inv_freq_.data(), B, T, K, D, pos);
   Ref dq = a.dq.data(), dk = a.dk.data();  // become dL/d(the projections' outputs)
   if (arch_of(cfg_).qk_norm) {
-    norm_backward(a.dq_raw.data(), dw + o.q_norm, dq, la.q_raw.data(), w + o.q_norm,
+    norm_backward(a.dq_raw.data(), dW(o.q_norm), dq, la.q_raw.data(), w + o.q_norm,
                   la.rstd_q.data(), N * H, D);
-    norm_backward(a.dk_raw.data(), dw + o.k_norm, dk, la.k_raw.data(), w + o.k_norm,
+    norm_backward(a.dk_raw.data(), dW(o.k_norm), dk, la.k_raw.data(), w + o.k_norm,
                   la.rstd_k.data(), N * K, D);
     dq = a.dq_raw.data();
     dk = a.dk_raw.data();
   }
-  if (o.bq != BlockOffsets::kAbsent) {
-    ops().bias_grad(st_, dw + o.bq, dq, N, H * D);
-    ops().bias_grad(st_, dw + o.bk, dk, N, K * D);
-    ops().bias_grad(st_, dw + o.bv, a.dv.data(), N, K * D);
+  if (o.bq != BlockOffsets::kAbsent && dw) {
+    ops().bias_grad(st_, dW(o.bq), dq, N, H * D);
+    ops().bias_grad(st_, dW(o.bk), dk, N, K * D);
+    ops().bias_grad(st_, dW(o.bv), a.dv.data(), N, K * D);
   }
-  q_proj_.backward(*dev_, a.dtmp.data(), dw + o.wq, dq, la.ln1.data(), w + o.wq, N,
+  q_proj_.backward(*dev_, a.dtmp.data(), dW(o.wq), dq, la.ln1.data(), w + o.wq, N,
                    /*accumulate_dx=*/false);
-  k_proj_.backward(*dev_, a.dtmp.data(), dw + o.wk, dk, la.ln1.data(), w + o.wk, N,
+  k_proj_.backward(*dev_, a.dtmp.data(), dW(o.wk), dk, la.ln1.data(), w + o.wk, N,
                    /*accumulate_dx=*/true);
-  v_proj_.backward(*dev_, a.dtmp.data(), dw + o.wv, a.dv.data(), la.ln1.data(), w + o.wv, N,
+  v_proj_.backward(*dev_, a.dtmp.data(), dW(o.wv), a.dv.data(), la.ln1.data(), w + o.wv, N,
                    /*accumulate_dx=*/true);
   reduce_input_grad(tp_, a.dtmp.data(), size_t(N) * C, a.tp_f32.data());  // f's backward
-  ops().rmsnorm_backward(st_, dy, dw + o.attn_norm, a.dtmp.data(), x, w + o.attn_norm,
+  ops().rmsnorm_backward(st_, dy, dW(o.attn_norm), a.dtmp.data(), x, w + o.attn_norm,
                          la.rstd1.data(), N, C, /*accumulate_dx=*/true);  // dy is now dL/d x
   flat_.release(1 + l);
   flat_.grads_ready(1 + l);
@@ -396,7 +397,7 @@ void LlamaModel::layer_backward(int l, int B, int T) {
 // so that gradients accumulated over earlier micro-batches are not summed again.
 void LlamaModel::norm_backward(Ref dx, float* dw, CRef dout, CRef x, CRef w, const float* rstd,
                                int R, int D) {
-  if (tp_.size() == 1) {
+  if (tp_.size() == 1 || dw == nullptr) {  // null dw: a frozen block, dx alone
     ops().rmsnorm_backward(st_, dx, dw, dout, x, w, rstd, R, D, /*accumulate_dx=*/false);
     return;
   }
@@ -485,8 +486,8 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
     // logits = f·Whᵀ; a.logits holds dlogits since forward_part.
     const CRef wf = flat_.acquire(hg);
     const CRef Wh = cfg_.tie_embeddings ? flat_.acquire(0) : wf + C;
-    float* dhead = flat_.grad(hg);
-    float* dWh = cfg_.tie_embeddings ? flat_.grad(0) : dhead + C;
+    float* dhead = flat_.grad(hg);  // null when frozen, as flat_.grad(0)
+    float* dWh = cfg_.tie_embeddings ? flat_.grad(0) : dhead ? dhead + C : nullptr;
     lm_head_.backward(*dev_, a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N,
                       /*accumulate_dx=*/false);
     // f's backward: each rank saw only its vocabulary columns.
@@ -505,7 +506,8 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
   }
   for (int l = stage_.last_layer - 1; l >= stage_.first_layer; --l) layer_backward(l, B, T);
   if (stage_.embed) {
-    embed_.backward(*dev_, flat_.grad(0), a.inputs.data(), a.dresid.data(), N);
+    if (float* dtable = flat_.grad(0))
+      embed_.backward(*dev_, dtable, a.inputs.data(), a.dresid.data(), N);
     flat_.grads_ready(0);
   }
 }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 namespace ft {
 
 AdamW::AdamW(const ParamLayout& layout, const OptimizerConfig& cfg, Device* dev,
@@ -10,8 +12,12 @@ AdamW::AdamW(const ParamLayout& layout, const OptimizerConfig& cfg, Device* dev,
   const auto& groups = layout.groups();
   if (ranges_.empty())
     for (const auto& g : groups) ranges_.push_back({0, g.numel});
+  FT_CHECK(ranges_.size() == groups.size(), "AdamW: ", ranges_.size(), " ranges for ",
+           groups.size(), " groups");
   const MemoryScope tag(MemoryCategory::kOptimizer);
-  for (const auto& r : ranges_) {
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (!groups[g].trains()) ranges_[g] = {ranges_[g].begin, ranges_[g].begin};  // frozen
+    const ShardRange& r = ranges_[g];
     m_.emplace_back(dev, r.size());
     v_.emplace_back(dev, r.size());
     m_.back().zero();
@@ -25,6 +31,7 @@ void AdamW::step(const std::vector<float*>& params, const std::vector<const floa
   const auto& groups = layout_.groups();
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const ShardRange& r = ranges_[gi];
+    if (r.size() == 0) continue;  // nothing held, or a frozen group
     // The range may cut through tensors: each tensor's overlap with it is updated with its own
     // weight decay, adjacent tensors with the same decay in one call (elementwise, so the bits
     // are those of one call per tensor).

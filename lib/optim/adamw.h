@@ -16,7 +16,8 @@ namespace ft {
 
 class AdamW {
  public:
-  // ranges: one per layout group; empty means every group whole.
+  // ranges: one per layout group; empty means every group whole. A frozen group's range is
+  // made empty: it has no moments and is never updated.
   AdamW(const ParamLayout& layout, const OptimizerConfig& cfg, Device* dev,
         std::vector<ShardRange> ranges = {});
   // One update of the owned range of every group at learning rate lr; increments the step

@@ -11,6 +11,10 @@ FlatParams::FlatParams(Device* dev, const std::vector<ParamGroup>& groups, std::
            groups_.size(), " groups");
   FT_CHECK(cdt_ == DType::kF32 || cdt_ == DType::kBF16 || cdt_ == DType::kF16,
            "compute dtype must be F32, BF16 or F16, not ", dtype_name(cdt_));
+  for (const ParamGroup& g : groups_)
+    for (const ParamEntry& e : g.entries)
+      FT_CHECK(e.trainable == g.trains(), "group ", g.name, " mixes trainable and frozen tensors (",
+               e.name, "); a group trains whole or not at all");
   const MemoryScope tag(MemoryCategory::kParameters);
   for (size_t g = 0; g < groups_.size(); ++g) {
     params_.emplace_back(dev_, owned_[g] ? groups_[g].numel : 0);
@@ -46,7 +50,7 @@ std::vector<Buffer<float>>& FlatParams::grads() {
   const MemoryScope tag(MemoryCategory::kGradients);
   if (grads_.empty())
     for (size_t g = 0; g < groups_.size(); ++g) {
-      grads_.emplace_back(dev_, owned_[g] ? groups_[g].numel : 0);
+      grads_.emplace_back(dev_, owned_[g] && groups_[g].trains() ? groups_[g].numel : 0);
       grads_.back().zero();
     }
   return grads_;

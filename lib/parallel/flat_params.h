@@ -29,6 +29,10 @@ struct ParamEntry {
   size_t offset = 0;  // in elements, within the group's flat buffer
   size_t numel = 0;
   bool weight_decay = false;  // true for tensors of two or more dimensions
+  // Whether training updates it. Frozen tensors (an adapter's base, set by a model converter,
+  // lib/adapt/) get no gradient, reduction, fp32 master or optimizer moments. A group trains as
+  // a whole or not at all (ParamGroup::trains; FlatParams refuses a mixed group).
+  bool trainable = true;
 };
 
 // Tensor rank t's slice of entry e (laid out for some number of tensor ranks) as runs of
@@ -55,6 +59,8 @@ struct ParamGroup {
   std::string name;  // "embed", "layers.3", "head"
   std::vector<ParamEntry> entries;
   size_t numel = 0;
+  // Whether its entries train (all of them: FlatParams checks that they agree).
+  bool trains() const { return entries.empty() || entries.front().trainable; }
 };
 
 // Where a group's parameters and gradients live while the model runs, when not in the
@@ -95,6 +101,7 @@ class FlatParams {
   // Frees the full parameter buffers once ZeRO-3 owns the parameters as shards.
   void drop_params();
   // Full gradient buffers, fp32, allocated (zeroed) on first use: ZeRO-2/3 runs never need them.
+  // A frozen group's is empty.
   std::vector<Buffer<float>>& grads();
   void zero_grads();  // the full gradient buffers, if any (hooks zero their own)
   // Bytes of the parameter buffers held (fp32 and compute copy).
@@ -111,9 +118,13 @@ class FlatParams {
   void release(int g) {
     if (hooks_) hooks_->release_params(g);
   }
-  float* grad(int g) { return hooks_ ? hooks_->grads(g) : grads()[size_t(g)].data(); }
+  // Null for a frozen group: the model computes no gradient for its weights.
+  float* grad(int g) {
+    if (!groups_[size_t(g)].trains()) return nullptr;
+    return hooks_ ? hooks_->grads(g) : grads()[size_t(g)].data();
+  }
   void grads_ready(int g) {
-    if (hooks_) hooks_->grads_ready(g);
+    if (hooks_ && groups_[size_t(g)].trains()) hooks_->grads_ready(g);
   }
 
  private:

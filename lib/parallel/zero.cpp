@@ -29,6 +29,7 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
     const size_t s = zero_shard_size(n, D_);
     numel_.push_back(n);
     shard_.push_back(s);
+    trains_.push_back(flat.groups()[gi].trains());
     max_shard = std::max(max_shard, s);
     ranges_.push_back(stage_ == 0 ? ShardRange{0, n} : zero_shard(n, D_, rank_));
   }
@@ -38,7 +39,7 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
   reduced_.assign(G, false);
   if (stage_ >= 2) {
     const MemoryScope tag(MemoryCategory::kGradients);
-    for (size_t g = 0; g < G; ++g) grad_shards_.emplace_back(dev_, shard_[g]);
+    for (size_t g = 0; g < G; ++g) grad_shards_.emplace_back(dev_, trains_[g] ? shard_[g] : 0);
     working_grads_.resize(G);
     flat_.set_hooks(this);
   } else {
@@ -48,11 +49,16 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
   }
   // fp32 master weights (DESIGN.md §5 precision policy): this rank's shard at stage 3 (padded to
   // s; the all-gathers send it whole), or with a 16-bit compute dtype the range AdamW updates.
-  // Otherwise (fp32 at stages 0-2) the model's own fp32 buffers are the master.
+  // Otherwise (fp32 at stages 0-2) the model's own fp32 buffers are the master. A frozen group
+  // has none: in fp32 at stage 3 its fp32 shard is what the all-gathers send (kept as master_,
+  // the same buffer a trained group's all-gathers read); with a 16-bit dtype only the compute
+  // copy, rounded here once.
   if (stage_ == 3 || cdt_ != DType::kF32) {
     const MemoryScope tag(MemoryCategory::kParameters);
     for (size_t g = 0; g < G; ++g) {
-      master_.emplace_back(dev_, stage_ == 3 ? shard_[g] : ranges_[g].size());
+      const bool held = trains_[g] || (stage_ == 3 && cdt_ == DType::kF32);
+      master_.emplace_back(dev_, !held ? 0 : stage_ == 3 ? shard_[g] : ranges_[g].size());
+      if (!held) continue;
       master_[g].zero();  // the padding of the last shard
       const float* full = flat_.params()[g].data();
       dev_->copy(dev_->stream(), master_[g].data(), full + ranges_[g].begin,
@@ -62,7 +68,15 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
   if (stage_ == 3) {
     const MemoryScope tag(MemoryCategory::kParameters);
     if (cdt_ != DType::kF32)
-      for (size_t g = 0; g < G; ++g) compute_shards_.emplace_back(dev_, cdt_, shard_[g]);
+      for (size_t g = 0; g < G; ++g) {
+        compute_shards_.emplace_back(dev_, cdt_, shard_[g]);
+        if (trains_[g]) continue;  // rounded from its master by sync_compute_params below
+        Buffer<float> shard(dev_, shard_[g]);
+        shard.zero();
+        dev_->copy(dev_->stream(), shard.data(), flat_.params()[g].data() + ranges_[g].begin,
+                   ranges_[g].size() * sizeof(float));
+        dev_->ops().convert(dev_->stream(), compute_shards_[g].data(), shard.data(), shard_[g]);
+      }
     flat_.drop_params();
     gathered_.resize(G);
     gathering_.resize(G);
@@ -100,7 +114,7 @@ void ZeroSharding::begin_step(int micro_batches) {
 
 void ZeroSharding::reduce_group(int group) {
   const size_t g = size_t(group);
-  if (reduced_[g] || numel_[g] == 0) return;
+  if (reduced_[g] || numel_[g] == 0 || !trains_[g]) return;
   reduced_[g] = true;
   float* grad = flat_.grads()[g].data();
   maybe_inject_nan(group, grad);
@@ -135,8 +149,8 @@ void ZeroSharding::retire_scatters(size_t keep) {
 void ZeroSharding::maybe_inject_nan(int group, float* grad) {
   if (!nan_pending_) return;
   for (size_t g = 0; g < numel_.size(); ++g) {
-    if (ranges_[g].begin >= ranges_[g].end) continue;
-    if (int(g) != group) return;  // the first group held is not this one
+    if (ranges_[g].begin >= ranges_[g].end || !trains_[g]) continue;
+    if (int(g) != group) return;  // the first trained group held is not this one
     const float nan = std::numeric_limits<float>::quiet_NaN();
     dev_->copy_from_host(grad + ranges_[g].begin, &nan, sizeof nan);
     nan_pending_ = false;
@@ -153,7 +167,7 @@ void ZeroSharding::finish_backward() {
     retire_scatters(0);
   } else if (D_ == 1) {
     for (size_t g = 0; g < numel_.size() && nan_pending_; ++g)
-      maybe_inject_nan(int(g), flat_.grads()[g].data());
+      if (trains_[g]) maybe_inject_nan(int(g), flat_.grads()[g].data());
   } else {
     for (size_t g = 0; g < numel_.size(); ++g) reduce_group(int(g));
     for (Reduction& r : reducing_) {
@@ -200,12 +214,14 @@ double ZeroSharding::grad_sum_squares() {
   const int G = int(numel_.size());
   if (stage_ >= 2) {
     for (int g = 0; g < G; ++g)
-      weighted_sum_squares(acc, g, grad_shards_[size_t(g)].data(), ranges_[size_t(g)].begin,
-                           ranges_[size_t(g)].begin, ranges_[size_t(g)].end);
+      if (trains_[size_t(g)])
+        weighted_sum_squares(acc, g, grad_shards_[size_t(g)].data(), ranges_[size_t(g)].begin,
+                             ranges_[size_t(g)].begin, ranges_[size_t(g)].end);
     comm_.all_reduce(st, acc, 1, ReduceOp::kSum).wait_on(st);
   } else {
     for (int g = 0; g < G; ++g)
-      weighted_sum_squares(acc, g, flat_.grads()[size_t(g)].data(), 0, 0, numel_[size_t(g)]);
+      if (trains_[size_t(g)])
+        weighted_sum_squares(acc, g, flat_.grads()[size_t(g)].data(), 0, 0, numel_[size_t(g)]);
   }
   if (tensor_comm_) tensor_comm_->all_reduce(st, acc, 1, ReduceOp::kSum).wait_on(st);
   if (pipeline_comm_) pipeline_comm_->all_reduce(st, acc, 1, ReduceOp::kSum).wait_on(st);
@@ -221,6 +237,7 @@ void ZeroSharding::share_group(int group, Communicator* holders) {
 void ZeroSharding::reduce_shared_groups() {
   const Stream st = dev_->stream();
   for (const auto& [g, holders] : shared_) {
+    if (!trains_[size_t(g)]) continue;
     Buffer<float>& grad = stage_ >= 2 ? grad_shards_[size_t(g)] : flat_.grads()[size_t(g)];
     holders->all_reduce(st, grad.data(), grad.size(), ReduceOp::kSum).wait_on(st);
   }
@@ -235,7 +252,7 @@ int64_t ZeroSharding::first_nonfinite_grad() const {
     const size_t begin = ranges_[g].begin, end = ranges_[g].end;
     // x holds elements [base, end) of the group's flat gradient.
     const float* x = nullptr;
-    if (numel_[g] != 0) {
+    if (numel_[g] != 0 && trains_[g]) {
       const Buffer<float>& b = stage_ >= 2 ? grad_shards_[g] : flat_.grads()[g];
       host.resize(b.size());
       b.download(host.data(), b.size());
@@ -257,14 +274,18 @@ void ZeroSharding::inject_nan_grad_for_test() { nan_pending_ = true; }
 std::vector<float*> ZeroSharding::param_bases() {
   std::vector<float*> p;
   for (size_t g = 0; g < numel_.size(); ++g)
-    p.push_back(!master_.empty() ? master_[g].data() : flat_.params()[g].data() + ranges_[g].begin);
+    p.push_back(!trains_[g]        ? nullptr
+                : !master_.empty() ? master_[g].data()
+                                   : flat_.params()[g].data() + ranges_[g].begin);
   return p;
 }
 
 std::vector<const float*> ZeroSharding::grad_bases() {
   std::vector<const float*> p;
   for (size_t g = 0; g < numel_.size(); ++g)
-    p.push_back(stage_ >= 2 ? grad_shards_[g].data() : flat_.grads()[g].data() + ranges_[g].begin);
+    p.push_back(!trains_[g]   ? nullptr
+                : stage_ >= 2 ? grad_shards_[g].data()
+                              : flat_.grads()[g].data() + ranges_[g].begin);
   return p;
 }
 
@@ -272,6 +293,7 @@ std::vector<Ref> ZeroSharding::compute_bases() {
   std::vector<Ref> c(numel_.size());
   if (cdt_ == DType::kF32) return c;
   for (size_t g = 0; g < numel_.size(); ++g) {
+    if (!trains_[g]) continue;
     if (stage_ == 3)
       c[g] = compute_shards_[g].data();
     else if (stage_ == 0 || D_ == 1)
@@ -289,6 +311,7 @@ void ZeroSharding::refresh_compute_params(bool after_adamw) {
   Ops& ops = dev_->ops();
   const bool fp32 = cdt_ == DType::kF32;
   for (size_t g = 0; g < numel_.size(); ++g) {
+    if (!trains_[g]) continue;  // never updated: its compute copy was made once
     const size_t own = ranges_[g].size();
     if (stage_ == 3) {  // the compute copy of the shard is what the all-gathers send
       if (!fp32 && !after_adamw)
@@ -326,7 +349,7 @@ size_t ZeroSharding::grads_bytes() const {
   if (stage_ >= 2)
     for (const auto& x : grad_shards_) b += x.bytes();
   else
-    for (size_t g = 0; g < numel_.size(); ++g) b += numel_[g] * sizeof(float);
+    for (size_t g = 0; g < numel_.size(); ++g) b += trains_[g] ? numel_[g] * sizeof(float) : 0;
   return b;
 }
 
@@ -398,6 +421,7 @@ void ZeroSharding::release_params(int group) {
 
 float* ZeroSharding::grads(int group) {
   const size_t g = size_t(group);
+  if (!trains_[g]) return nullptr;
   if (stage_ < 2) return flat_.grads()[g].data();
   if (!working_grads_[g].data()) {
     const MemoryScope tag(MemoryCategory::kCommunication);  // until reduce-scattered
@@ -409,6 +433,7 @@ float* ZeroSharding::grads(int group) {
 
 void ZeroSharding::grads_ready(int group) {
   const size_t g = size_t(group), s = shard_[g];
+  if (!trains_[g]) return;
   const bool last = ++ready_count_[g] == micro_batches_;  // the group's gradient is final
   if (stage_ < 2) {
     if (last && opt_.overlap) reduce_group(group);

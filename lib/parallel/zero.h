@@ -8,6 +8,9 @@
 //            backward is done (working buffer freed), accumulating into the owned shard.
 //   stage 3: also parameters: only the shard is resident; a group's parameters are all-gathered
 //            just before it runs and freed after.
+// A frozen group (ParamGroup::trains) takes part only as parameters: no gradient (shard or
+// working buffer), no reduction, no place in the gradient norm, no fp32 master: its compute copy
+// (stage 3: the compute copy of its shard) is all it holds, and it never changes.
 #pragma once
 
 #include <cstdint>
@@ -71,7 +74,8 @@ class ZeroSharding final : public GroupHooks {
   // this rank holds (first non-empty group and shard), where a real NaN from backward would
   // be, so the reductions carry it as they would carry that one.
   void inject_nan_grad_for_test();
-  std::vector<float*> param_bases();  // at ranges()[g].begin, for AdamW
+  // At ranges()[g].begin, for AdamW; null for a frozen group.
+  std::vector<float*> param_bases();
   std::vector<const float*> grad_bases();
   // Where AdamW writes the compute copy of what it updates, aligned with param_bases(): with a
   // 16-bit compute dtype at stage 0 (or one data rank) and stage 3; null elsewhere (fp32: the
@@ -143,6 +147,7 @@ class ZeroSharding final : public GroupHooks {
   std::vector<Scatter> scatters_;    // stage >= 2, oldest first
   bool nan_pending_ = false;         // test support
   std::vector<size_t> numel_, shard_;
+  std::vector<bool> trains_;  // per group: ParamGroup::trains
   std::vector<ShardRange> ranges_;
   // fp32 master weights: stage 3 (s) per group; 16-bit compute dtype at stages 0-2: the range.
   std::vector<Buffer<float>> master_;

@@ -83,7 +83,8 @@ FT_OP(rmsnorm_forward, kRmsnorm,
       (s, out, rstd, x, w, N, C, eps))
 // dx (N, C) = the norm's input gradient, or dx += it (accumulate_dx: the residual stream's
 // gradient takes the norm branch's share in the same pass, no add); dw (C) fp32 += its
-// gradient. dx must overlap neither dout nor x (checked: an ft::Error).
+// gradient, or null (a frozen weight: dx only). dx must overlap neither dout nor x (checked: an
+// ft::Error).
 FT_OP(rmsnorm_backward, kRmsnorm,
       (Stream s, Ref dx, float* dw, CRef dout, CRef x, CRef w, const float* rstd, int N, int C,
        bool accumulate_dx),

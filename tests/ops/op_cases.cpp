@@ -438,7 +438,7 @@ void add_rmsnorm_forward_cases(Cases& cs) {
 }
 
 template <typename T>
-void rmsnorm_backward_case(Cases& cs, const NormShape& shape, bool acc) {
+void rmsnorm_backward_case(Cases& cs, const NormShape& shape, bool acc, bool with_dw = true) {
   const auto [N, C, offset] = shape;
   const uint32_t s = uint32_t(N * 1000 + C + 7);
   const size_t nc = size_t(N) * C;
@@ -466,11 +466,12 @@ void rmsnorm_backward_case(Cases& cs, const NormShape& shape, bool acc) {
   const Tolerance dw_tol{0, row_sum_rel(N), 0, false};
   Case c{"rmsnorm_backward",
          elem_name(elem_of<T>()),
-         cat("N=", N, " C=", C, acc ? " dx+=" : "", offset ? " misaligned" : ""),
+         cat("N=", N, " C=", C, acc ? " dx+=" : "", with_dw ? "" : " no dw",
+             offset ? " misaligned" : ""),
          {},
          {}};
   c.tensors = {acc ? inout("dx", dx0, dx_tol, dx_scale) : out<T>("dx", nc, dx_tol, dx_scale),
-               inout("dw", dw0, dw_tol, dw_scale),
+               with_dw ? inout("dw", dw0, dw_tol, dw_scale) : null_out("dw", Elem::kF32),
                in("dout", dy),
                in("x", x),
                in("w", w),
@@ -488,6 +489,7 @@ void add_rmsnorm_backward_cases(Cases& cs) {
     using T = decltype(t);
     for (const NormShape& shape : kNormShapes)
       for (bool acc : {false, true}) rmsnorm_backward_case<T>(cs, shape, acc);
+    rmsnorm_backward_case<T>(cs, kNormShapes[1], true, /*with_dw=*/false);  // a frozen norm
   });
 }
 
