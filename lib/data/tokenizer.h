@@ -1,6 +1,6 @@
 // One tokenizer interface, two kinds behind it (DESIGN.md §6 "Tokenizers"):
 //   SentencePiece   a `.model` file (tokenizer.cpp; only it includes sentencepiece_processor.h)
-//   byte-level BPE  a Hugging Face `tokenizer.json` (bpe_tokenizer.cpp; PCRE2 for its regexes)
+//   byte-level BPE  a Hugging Face `tokenizer.json` (bpe_*.cpp; PCRE2 for its regexes)
 // load_tokenizer() picks by the path: a folder, a `.json` file, or anything else (SentencePiece).
 #pragma once
 
@@ -62,7 +62,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 // The SentencePiece kind (tokenizer.cpp). A file that is not one fails with a message that
 // names the format when it recognises it (a tiktoken rank file).
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::string& file);
-// The byte-level BPE kind (bpe_tokenizer.cpp).
+// The byte-level BPE kind (bpe_load.cpp reads it, bpe_tokenizer.cpp encodes).
 std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& file);
 
 }  // namespace ft

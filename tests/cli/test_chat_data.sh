@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ft tokenize --format chat / alpaca (lib/data/chat.cpp, lib/data/jinja.cpp) against
+# ft tokenize --format chat / alpaca (lib/data/chat.cpp, lib/data/jinja*.cpp) against
 # transformers' apply_chat_template, on the chat templates of Llama 3 and 3.1 Instruct, Qwen2.5
 # Instruct, Qwen3 and Mistral Instruct v0.3 committed in tests/data/chat_templates (no download).
 #   a. A byte-level BPE tokenizer trained here with `tokenizers` (the families' special tokens

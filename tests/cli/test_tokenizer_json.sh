@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ft's byte-level BPE (lib/data/bpe_tokenizer.cpp) against Hugging Face `tokenizers` itself.
+# ft's byte-level BPE (lib/data/bpe_*.cpp) against Hugging Face `tokenizers` itself.
 #   a. Three small byte-level BPE tokenizers trained here with `tokenizers` on text written here
 #      (no download), one per pre-tokenizer pattern as the families' tokenizer.json files have
 #      them: GPT-2 (ByteLevel's own regex, merges written as "a b" strings), Llama 3 (Split

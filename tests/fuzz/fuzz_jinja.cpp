@@ -8,7 +8,7 @@
 //
 // Build and run (clang, from the repository root):
 //   clang++-14 -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Ilib \
-//     tests/fuzz/fuzz_jinja.cpp lib/data/jinja.cpp -o /tmp/fuzz_jinja
+//     tests/fuzz/fuzz_jinja.cpp lib/data/jinja*.cpp -o /tmp/fuzz_jinja
 //   mkdir -p /tmp/jinja_corpus
 //   /tmp/fuzz_jinja -max_total_time=300 /tmp/jinja_corpus tests/fuzz/corpus/jinja
 #include <cstdint>
