@@ -4,7 +4,10 @@
 # a machine with no package manager and no network (issue 9: the GPU machine receives only
 # files carried from the repository, at most 64 MiB).
 #   scripts/bundle.sh [BUILD_DIR]     # default build/; builds it first (FT_BUNDLE_BUILD=0: as is)
-# Environment: FT_BUNDLE_OUT (default ft-bundle.tar.xz in the repository root).
+# Environment: FT_BUNDLE_OUT (default ft-bundle.tar.xz in the repository root); FT_BUNDLE_TUNING=1
+# makes a tuning bundle: also the fused attention's tuning lab (dev/attention/: its native kernel
+# tests and benchmark, ft_attention_variants_tests and ft_attention_variants_bench, and its
+# scripts), for dev/attention/gpu_tune_attention.py. The default bundle carries ft's kernels only.
 #
 # Layout of the archive (one folder, ft-bundle/), the build folder's layout over the source
 # tree's, so the CLI tests run from it as `bash tests/cli/test_X.sh . .`:
@@ -13,6 +16,7 @@
 #   (both followed by /usr/local/cuda/lib64, for the toolkit's libraries)
 #   lib/   the shared libraries, each with RPATH $ORIGIN (they find one another there)
 #   scripts/, tests/{cli,ref,data}/, recipes/   from the source tree
+#   dev/attention/   a tuning bundle only: the lab's binaries (RPATH $ORIGIN/../../lib) and files
 #   BUNDLE.txt   what it was built from
 # The build is portable: no -march anywhere, the CPU kernels' AVX2 and AVX-512 code chosen at
 # run time by cpuid (kernels.h's cpu_isa(); FT_CPU_ISA overrides it), so no x86-64-v3 or other
@@ -64,13 +68,23 @@ is_exe() { [[ -f "$1" && -x "$1" && $(head -c 4 "$1" | tr -d '\0') == $'\x7fELF'
 exes=()
 declare -A exe_src=()
 # Left out: host-only test binaries that CI runs on the CPU and the GPU check never does (they
-# took the archive past its limit once the fused kernel's tuning variants grew the GPU binaries).
+# took the archive past its limit once the fused kernel's tuning variants, since moved to
+# dev/attention/, grew the GPU binaries).
 host_only='ft_unit_tests|ft_ops_tests|lt_gemm_cuda_emu_tests|ft_gradcheck'
-for f in "$build"/* "$build"/tests/* "$build"/tests/cuda_emu/ft_cuda_kernel_tests; do
+lab=()
+if [[ "${FT_BUNDLE_TUNING:-0}" == "1" ]]; then
+  lab=("$build"/dev/attention/ft_attention_variants_tests
+       "$build"/dev/attention/ft_attention_variants_bench)
+  for f in "${lab[@]}"; do
+    [[ -x "$f" ]] || fail "FT_BUNDLE_TUNING=1: $f does not exist (a build with FT_CUDA has it)"
+  done
+fi
+for f in "$build"/* "$build"/tests/* "$build"/tests/cuda_emu/ft_cuda_kernel_tests "${lab[@]}"; do
   is_exe "$f" || continue
   [[ $(basename "$f") =~ ^($host_only)$ ]] && continue
   rel=${f#"$build"/}
   rel=${rel/#tests\/cuda_emu\//tests/}
+  mkdir -p "$stage/$(dirname "$rel")"
   cp "$f" "$stage/$rel"
   exes+=("$rel")
   exe_src[$rel]=$f
@@ -106,7 +120,8 @@ done
 # After lib/, the toolkit's usual folder: CUDA images normally list it for ld.so, and where one
 # does not, libcudart and libcublasLt are still found.
 for rel in "${exes[@]}"; do
-  if [[ "$rel" == */* ]]; then rpath='$ORIGIN/../lib'; else rpath='$ORIGIN/lib'; fi
+  up=${rel//[^\/]/}  # one ../ per folder above the executable
+  rpath='$ORIGIN/'${up//\//../}lib
   patchelf --force-rpath --set-rpath "$rpath:/usr/local/cuda/lib64" "$stage/$rel"
 done
 
@@ -132,8 +147,10 @@ ref.write_shard(f"{stage}/data/packed/shard_00000.h5", np.concatenate(docs), 512
 PY
 
 # The sources the checks run (shell and Python), and the recipes.
-for d in scripts tests/cli tests/ref tests/data recipes; do
-  [[ -d "$d" ]] && mkdir -p "$stage/$(dirname "$d")" && cp -r "$d" "$stage/$d"
+dirs=(scripts tests/cli tests/ref tests/data recipes)
+((${#lab[@]})) && dirs+=(dev/attention)
+for d in "${dirs[@]}"; do
+  [[ -d "$d" ]] && mkdir -p "$stage/$d" && cp -r "$d/." "$stage/$d"
 done
 {
   echo "ft bundle: $("$build/ft" --version)"

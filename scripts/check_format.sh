@@ -16,7 +16,7 @@ if [[ $version != 14 ]]; then
   echo "check_format: skipped, clang-format $version is not the 14 the tree is formatted with"
   exit 77
 fi
-mapfile -t files < <(git ls-files 'lib/**' 'kernels/**' 'apps/**' 'tests/**' |
+mapfile -t files < <(git ls-files 'lib/**' 'kernels/**' 'apps/**' 'tests/**' 'dev/**' |
                      grep -E '\.(h|hpp|cpp|cu|cuh)$')
 # One run over every file; each difference is reported as FILE:LINE:COL: error: ...
 mapfile -t bad < <(clang-format --style=file --dry-run --Werror "${files[@]}" 2>&1 |

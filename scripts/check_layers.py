@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Checks the layering of DESIGN.md §1: a file may include its own layer and the layers below it,
-never one above; nothing under lib/, kernels/ or apps/ includes tests/; and each layer's library
+never one above; nothing under lib/, kernels/ or apps/ includes tests/ or dev/ (the kernel labs,
+which build on the product, never the other way round); and each layer's library
 in CMakeLists.txt (`ft_layer(NAME DEPS...)`) links only libraries of layers below it.
 
     scripts/check_layers.py [SOURCE_DIR]        # exit 1, one line per violation: file:line: ...
@@ -33,16 +34,21 @@ def layer_of_source(rel):
     return None
 
 
+# Folders above every layer, which the product never includes: the tests and the kernel labs.
+OUTSIDE = {"tests": "test code", "dev": "the kernel labs' code"}
+
+
 def layer_of_include(path):
-    """(layer, is_test) of an include path as written; layer None for a system header."""
+    """(layer, outside) of an include path as written: outside names the OUTSIDE folder it is in,
+    else None; layer None for a system header or an OUTSIDE folder."""
     parts = path.split("/")
-    if parts[0] == "tests":
-        return None, True
+    if parts[0] in OUTSIDE:
+        return None, parts[0]
     if parts[0] == "lib" and len(parts) > 1:  # "lib/core/error.h"
         parts = parts[1:]
     if parts[0] in RANK and len(parts) > 1:
-        return parts[0], False
-    return None, False
+        return parts[0], None
+    return None, None
 
 
 LAYER_LIB = re.compile(r"^\s*ft_layer\((\w+)([^)]*)\)", re.M)
@@ -89,10 +95,11 @@ def check(src):
                         m = INCLUDE.match(line)
                         if not m:
                             continue
-                        target, is_test = layer_of_include(m.group(2))
-                        if is_test:
-                            problems.append(f"{rel}:{n}: includes test code {m.group(2)} "
-                                            f"(production code never names tests/)")
+                        target, outside = layer_of_include(m.group(2))
+                        if outside:
+                            problems.append(f"{rel}:{n}: includes {OUTSIDE[outside]} "
+                                            f"{m.group(2)} (production code never names "
+                                            f"{outside}/)")
                         elif target is not None and RANK[target] > RANK[mine]:
                             problems.append(
                                 f"{rel}:{n}: layer '{mine}' includes {m.group(2)} of layer "

@@ -3,8 +3,9 @@
 # fails on what it is there to catch, naming file and line:
 #  - the tree as it is: exit 0;
 #  - a copy of lib/ with an upward include (model including train/), a test include (runtime
-#    including tests/), an upward include through the "lib/" spelling (kernels including
-#    lib/runtime/) and a folder that is no layer: exit 1, one line each, with file:line;
+#    including tests/), a kernel lab's include (kernels including dev/), an upward include
+#    through the "lib/" spelling (kernels including lib/runtime/) and a folder that is no layer:
+#    exit 1, one line each, with file:line;
 #  - a CMakeLists.txt whose ft_layer() links a library that is not below it (optim → train);
 #  - an include of the same or a lower layer, or a link downward, is not reported.
 #   bash tests/cli/test_layers.sh BUILD_DIR SOURCE_DIR
@@ -15,7 +16,7 @@ run_rc 0 /usr/bin/python3 "$check" "$src"
 has_out "every include goes down"
 
 mkdir -p "$tmp/tree/lib/core" "$tmp/tree/lib/model" "$tmp/tree/lib/runtime" "$tmp/tree/lib/train" \
-  "$tmp/tree/lib/extras" "$tmp/tree/kernels/cpu" "$tmp/tree/apps/ft"
+  "$tmp/tree/lib/extras" "$tmp/tree/kernels/cpu" "$tmp/tree/kernels/cuda" "$tmp/tree/apps/ft"
 cat > "$tmp/tree/lib/model/llama.cpp" <<'CPP'
 #include "model/llama.h"
 #include "core/error.h"
@@ -31,6 +32,10 @@ cat > "$tmp/tree/kernels/cpu/gemm.cpp" <<'CPP'
 #include "core/half.h"
 #include "lib/runtime/device.h"
 CPP
+cat > "$tmp/tree/kernels/cuda/attention_fused.cu" <<'CPP'
+#include "kernels/cuda/attention_fused.cuh"
+#include "dev/attention/fused_variants.cu"
+CPP
 echo '#include "core/error.h"' > "$tmp/tree/lib/extras/thing.cpp"
 echo '#include "train/trainer.h"' > "$tmp/tree/apps/ft/main.cpp"
 printf 'ft_layer(core Threads::Threads)\nft_layer(model ft_parallel)\nft_layer(optim ft_train)\n' \
@@ -40,8 +45,9 @@ run_rc 1 /usr/bin/python3 "$check" "$tmp/tree"
 has_out "lib/model/llama.cpp:5: layer 'model' includes train/trainer.h of layer 'train'"
 has_out "lib/runtime/ops.cpp:2: includes test code tests/cuda_emu/cuda_emu.h"
 has_out "kernels/cpu/gemm.cpp:2: layer 'kernels' includes lib/runtime/device.h of layer 'runtime'"
+has_out "kernels/cuda/attention_fused.cu:2: includes the kernel labs' code dev/attention/fused_variants.cu"
 has_out "lib/extras/thing.cpp: folder lib/extras is not a layer"
 has_out "CMakeLists.txt:3: ft_optim links ft_train, which is not below it"
-[[ $(wc -l < "$tmp/out.txt") == 5 ]] || fail_showing_output "expected exactly 5 problems"
-has_err "5 problem(s) against the layering"
+[[ $(wc -l < "$tmp/out.txt") == 6 ]] || fail_showing_output "expected exactly 6 problems"
+has_err "6 problem(s) against the layering"
 echo "test_layers: all checks passed"

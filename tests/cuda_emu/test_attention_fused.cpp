@@ -12,7 +12,8 @@
 // are rounded to E once, so both sides read the same values. The backward reads the reference's out
 // and lse, so each pass is compared on the same inputs. Each case runs the fused kernels under two
 // schedule seeds and requires the same bits (deterministic: no float atomics). Built natively
-// (ft_cuda_kernel_tests) the same cases run on a GPU.
+// (ft_cuda_kernel_tests) the same cases run on a GPU. dev/attention/ builds this file again
+// against the tuning lab's launchers, which run the kernels' other forms (FT_CUDA_FUSED_TUNING).
 #include <doctest/doctest.h>
 
 #include <algorithm>

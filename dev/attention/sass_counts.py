@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-kernel SASS counts from `cuobjdump -sass` on stdin, for scripts/kernel_report.sh.
+"""Per-kernel SASS counts from `cuobjdump -sass` on stdin, for dev/attention/kernel_report.sh.
 
 Prints one tab-separated row a kernel and architecture: arch, HMMA, LDSM, LDGSTS, loop, common,
 mangled name. loop: the instructions of the kernel's longest loop (from a backward branch's

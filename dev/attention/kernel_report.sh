@@ -4,9 +4,10 @@
 # cuobjdump is at hand, how many tensor-core (HMMA), ldmatrix (LDSM) and cp.async (LDGSTS)
 # instructions each kernel's SASS holds: that the inline PTX of warp_matrix.cuh became those
 # instructions and not a fallback.
-#   scripts/kernel_report.sh [FILE.cu ...]
-# Default files: kernels/cuda/attention_fused.cu and tests/cuda_emu/warp_matrix_kernels.cu (the
-# warp_matrix test kernels). Compiled as the build compiles kernels/cuda/ (CMakeLists.txt:
+#   dev/attention/kernel_report.sh [FILE.cu ...]
+# Default files: kernels/cuda/attention_fused.cu (the forms ft runs) and
+# tests/cuda_emu/warp_matrix_kernels.cu (the warp_matrix test kernels); the tuning lab's forms:
+# dev/attention/fused_variants.cu. Compiled as the build compiles kernels/cuda/ (CMakeLists.txt:
 # -O3, C++20, the ptxas flags FT_CUDA_PTXAS_FLAGS, which fail on a spill) for sm_80 and sm_90a,
 # plus -Xptxas -v for the report.
 # Environment: NVCC (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc); CUOBJDUMP (default:
@@ -14,12 +15,12 @@
 # PyPI package nvidia-cuda-cuobjdump holds one; CUDA 13's needs nvdisasm, found on PATH or
 # through NVDISASM_PATH, e.g. from nvidia-cuda-nvdisasm); ARCHS (default "80 90a").
 # Shared memory: ptxas reports the static part only (a few hundred bytes to 1.7 KB for the
-# attention kernels); their tiles are dynamic shared memory, sized at launch (attention_fused.cu:
+# attention kernels); their tiles are dynamic shared memory, sized at launch (attention_fused.cuh:
 # fwd_smem_bytes, dq_smem_bytes, dkdv_smem_bytes), and not in this table.
 set -euo pipefail
 # A kernel's name as c++filt gives it, without the namespaces and the parameter list.
 short() { c++filt | sed -E 's/^void //; s/ft::kernels::cuda::(test::)?\(anonymous namespace\):://; s/\(.*$//'; }
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 [[ -x "$nvcc" ]] || { echo "kernel_report: no nvcc (set NVCC=path)" >&2; exit 1; }
 cuobjdump=${CUOBJDUMP:-$(command -v cuobjdump || echo "$(dirname "$nvcc")/cuobjdump")}
@@ -64,10 +65,11 @@ for f in "${files[@]}"; do
       "$(echo "$name" | short)"
   done < <(sort -t$'\t' -k6,6 -k1,1 "$work/table.txt")
   [[ -n "$cuobjdump" ]] || continue
-  echo "-- $f: SASS instruction counts (cuobjdump -sass; scripts/sass_counts.py: loop = the"
-  echo "   longest loop's instructions, common = those of its blocks without FSEL, the unmasked path)"
+  echo "-- $f: SASS instruction counts (cuobjdump -sass; dev/attention/sass_counts.py: loop ="
+  echo "   the longest loop's instructions, common = those of its blocks without FSEL, the"
+  echo "   unmasked path)"
   printf "%-7s %6s %6s %7s %6s %7s  %s\n" arch HMMA LDSM LDGSTS loop common kernel
-  "$cuobjdump" -sass "$obj" | python3 scripts/sass_counts.py | sort -t$'\t' -k7,7 -k1,1 |
+  "$cuobjdump" -sass "$obj" | python3 dev/attention/sass_counts.py | sort -t$'\t' -k7,7 -k1,1 |
     while IFS=$'\t' read -r arch h l g loop common fn; do
       printf "%-7s %6s %6s %7s %6s %7s  %s\n" "$arch" "$h" "$l" "$g" "$loop" "$common" \
         "$(echo "$fn" | short)"

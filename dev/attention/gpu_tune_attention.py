@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
-"""The fused attention kernel's variants on a GPU, in one command (issue 16's tuning).
+"""The fused attention kernel's forms on a GPU, in one command (issue 16's tuning).
 
-    python3 scripts/gpu_tune_attention.py --bundle DIR --out DIR [--tuning T ...] [--reps N]
+    python3 dev/attention/gpu_tune_attention.py --bundle DIR --out DIR [--tuning T ...] [--reps N]
 
-For each tuning T (a value of FT_CUDA_FUSED_TUNING, kernels/cuda/attention_fused.cu: which
-instantiated variant of the head-dim-64 kernels runs; "" is the default), it runs the native
-fused-attention kernel tests (tests/ft_cuda_kernel_tests -tc='*fused*') with it, then
-tests/ft_cuda_bench_attention --path fused at gpu_check.py's ATTENTION_SHAPES. It prints one row
-per tuning and shape, writes every result to OUT/tune.json, and writes to OUT/best_tuning.txt
-the tuning with the least forward+backward time summed over the shapes, among those whose
-tests passed, so a following command can run the step benchmarks with it:
-
-    FT_CUDA_FUSED_TUNING=$(cat OUT/best_tuning.txt) bash scripts/gpu_lease.sh ...
+DIR is a tuning bundle (`FT_BUNDLE_TUNING=1 bash scripts/bundle.sh`: the default bundle has no
+tuning lab). For each tuning T (a value of FT_CUDA_FUSED_TUNING, dev/attention/fused_variants.cu:
+which instantiated form of the kernels runs; "" is ft's own), it runs the lab's native
+fused-attention kernel tests (dev/attention/ft_attention_variants_tests) with it, then its
+attention benchmark (dev/attention/ft_attention_variants_bench --path fused, ft's
+ft_cuda_bench_attention on the lab's kernels) at gpu_check.py's ATTENTION_SHAPES. It prints one
+row per tuning and shape, writes every result to OUT/tune.json, and writes to OUT/best_tuning.txt
+the tuning with the least forward+backward time summed over the shapes, among those whose tests
+passed. ft itself never reads FT_CUDA_FUSED_TUNING: a form that wins becomes ft's by a change to
+ChosenForms (kernels/cuda/attention_fused.cuh), after which the bundle's step benchmarks
+(scripts/gpu_lease.sh) run it. The measurements so far: dev/attention/NOTES.md.
 
 Standard library only (the GPU image may lack numpy). Exit 0 when every tuning's tests passed.
 """
@@ -22,14 +24,16 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# scripts/gpu_check.py, two folders up (in the repository and in the bundle alike).
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
 from gpu_check import ATTENTION_SHAPES  # noqa: E402
 
 # The defaults (fwd_mt=2, grid_lpt=1, dkdv_ilv=1, dq_mt=2, dq_kvbuf=1, dq_ilv=1) and the
 # variants to compare them with. Measured on an H100 (2026-11-27), forward+backward ms summed over the
 # shapes: before dK/dV's third buffer and the two-m-tile dQ 7.012; with them 6.504; then dK/dV's
 # lse by cp.async 6.343, the forward's and dK/dV's exponentials between their products 6.445
-# and 6.447, all three 6.274 (the defaults now; attention_fused.cu's Tuning has each figure);
+# and 6.447, all three 6.274 (the defaults now; fused_variants.cu's Tuning has each figure);
 # dq_kvbuf=2 6.526 (kept off); fwd_mt=1 7.070 and dkdv_minb=3 7.258 (off; dkdv_minb removed).
 # Then (another machine of the same kind, 1-2% slower overall) 6.379 against dQ's exponentials
 # between its products 6.309 (the default now), dq_kvbuf=2 6.349, dkdv_ilv=0 6.369.
@@ -56,8 +60,13 @@ def main():
                     help="B,H,K,T,D each (default: gpu_check.py's ATTENTION_SHAPES)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    tests = os.path.join(a.bundle, "tests", "ft_cuda_kernel_tests")
-    bench = os.path.join(a.bundle, "tests", "ft_cuda_bench_attention")
+    lab = os.path.join(a.bundle, "dev", "attention")
+    tests = os.path.join(lab, "ft_attention_variants_tests")
+    bench = os.path.join(lab, "ft_attention_variants_bench")
+    for exe in (tests, bench):
+        if not os.access(exe, os.X_OK):
+            sys.exit(f"gpu_tune_attention: {exe} is missing: make the bundle with "
+                     "FT_BUNDLE_TUNING=1 bash scripts/bundle.sh")
     shapes = a.shapes
     results, ok_all = [], True
     log = open(os.path.join(a.out, "tune_log.txt"), "w")
@@ -65,7 +74,7 @@ def main():
     def measure(tu):
         """Runs tuning tu's tests and timings; returns whether its tests passed."""
         env = dict(os.environ, FT_CUDA_FUSED_TUNING=tu)
-        rc, text = run([tests, "-tc=*fused*"], env, 180)
+        rc, text = run([tests], env, 180)
         log.write(f"== tests, tuning '{tu}': exit {rc}\n{text[-3000:]}\n")
         passed = rc == 0
         summary = [l for l in text.splitlines() if "test cases:" in l or "assertions:" in l]
