@@ -50,6 +50,10 @@ if [[ "${FT_BUNDLE_BUILD:-1}" == "1" ]]; then
   [[ -f "$build/CMakeCache.txt" ]] || cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
   echo "bundle: building $build"
   cmake --build "$build" -j"$(nproc)" >/dev/null
+  if [[ "${FT_BUNDLE_TUNING:-0}" == "1" ]]; then  # the lab is not part of `all`
+    cmake --build "$build" -j"$(nproc)" --target ft_attention_variants_tests \
+      ft_attention_variants_bench >/dev/null
+  fi
 fi
 [[ -x "$build/ft" ]] ||
   fail "$build/ft does not exist; build it (cmake --build $build) or drop FT_BUNDLE_BUILD=0"
