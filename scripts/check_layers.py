@@ -17,8 +17,8 @@ import re
 import sys
 
 # Bottom first. Each name is a folder under lib/, except kernels/ and apps/ at the root.
-LAYERS = ["core", "kernels", "runtime", "comm", "data", "parallel", "model", "optim", "ckpt",
-          "recipe", "train", "apps"]
+LAYERS = ["core", "kernels", "runtime", "comm", "data", "parallel", "model", "adapt", "optim",
+          "ckpt", "recipe", "train", "apps"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 SOURCES = re.compile(r"\.(h|hpp|cpp|cc|cu|cuh)$")
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^">]+)[">]')

@@ -15,6 +15,11 @@
 #                                                # tensor 2, pipeline 2 and data 2 with ZeRO-3
 #                                                # (tests/cli/test_layouts_archs.sh)
 #   scripts/test_layouts.sh --set KEY=VALUE ...  # a recipe override for every run
+#   scripts/test_layouts.sh --freeze GROUPS ...  # those parameter groups frozen in every run
+#                                                # (FT_TEST_FREEZE, e.g. embed,layers.1), and
+#                                                # tensor 2, pipeline 2, data 2 with ZeRO-2 and
+#                                                # data 2 × tensor 2 with ZeRO-3 only
+#                                                # (tests/cli/test_freeze.sh)
 # Layouts (data × tensor × pipeline, ZeRO stage for data > 1): data 2, data 4, tensor 2,
 # pipeline 2, pipeline 3 (4 layers: 2+1+1), data 2 × tensor 2, data 2 × pipeline 2,
 # tensor 2 × pipeline 2, data 2 × tensor 2 × pipeline 2.
@@ -32,8 +37,10 @@ while [[ ${1:-} == --* ]]; do
     --precision) precision=$2; shift ;;
     --arch) arch=$2; subset=arch; shift ;;
     --set) sets+=("$2"); shift ;;
+    --freeze) export FT_TEST_FREEZE=$2; subset=freeze; shift ;;
     *) echo "usage: scripts/test_layouts.sh [--ci] [--tcp] [--precision fp32|bf16]" \
-            "[--arch llama|qwen2|qwen3|mistral] [--set KEY=VALUE] [BUILD_DIR]" >&2
+            "[--arch llama|qwen2|qwen3|mistral] [--set KEY=VALUE] [--freeze GROUPS]" \
+            "[BUILD_DIR]" >&2
        exit 2 ;;
   esac
   shift
@@ -44,6 +51,7 @@ tmp=$(mktemp -d); trap '[[ -n ${KEEP:-} ]] || rm -rf "$tmp"' EXIT
 mpirun_args=(--oversubscribe)
 [[ $(id -u) == 0 ]] && mpirun_args+=(--allow-run-as-root)
 ((tcp)) && mpirun_args+=(--mca btl tcp,self)
+[[ -n ${FT_TEST_FREEZE:-} ]] && mpirun_args+=(-x FT_TEST_FREEZE)
 # Sanitizer builds: Open MPI's plugins keep allocations until exit (see mpi_env in
 # tests/cli/common.sh).
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
@@ -81,6 +89,10 @@ layouts=()
 if [[ $subset == arch ]]; then
   layouts=("tensor2 2 parallel.tensor=2" "pipeline2 2 parallel.pipeline=2"
            "data2_z3 2 parallel.zero_stage=3")
+elif [[ $subset == freeze ]]; then
+  layouts=("tensor2 2 parallel.tensor=2" "pipeline2 2 parallel.pipeline=2"
+           "data2_z2 2 parallel.zero_stage=2"
+           "data2_tensor2_z3 4 parallel.tensor=2 parallel.zero_stage=3")
 elif [[ $subset == ci ]]; then
   layouts=("data2_z1 2 parallel.zero_stage=1"
            "tensor2 2 parallel.tensor=2"

@@ -109,6 +109,9 @@ struct Manifest {
   std::optional<LossScalerState> loss_scaler;
   std::vector<ShardRecord> shards;
   std::vector<PieceRecord> pieces;
+  // Groups a model converter froze (key frozen.groups, written only when there are some): the
+  // checkpoint holds no state of theirs; they are the run's starting weights (DESIGN.md §8).
+  std::vector<int> frozen_groups;
   nlohmann::json json;  // the whole document
 };
 

@@ -315,6 +315,20 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
       r.fail("tensors", detail::concat(ts.size(), " entries; the model has ", k, " tensors"));
   }
 
+  // Frozen groups: no piece of theirs may be there (checked with the tiling below).
+  std::vector<bool> frozen(whole.groups().size(), false);
+  if (j.contains("frozen")) {
+    const json& f = r.object(j["frozen"], "frozen");
+    const json& gs = r.array(r.at(f, "frozen", "groups"), "frozen.groups");
+    for (size_t i = 0; i < gs.size(); ++i) {
+      const std::string gp = detail::concat("frozen.groups[", i, "]");
+      const int g = int(r.integer(gs[i], gp, 0, int64_t(whole.groups().size()) - 1));
+      if (frozen[size_t(g)]) r.fail(gp, detail::concat("names group ", g, " again"));
+      frozen[size_t(g)] = true;
+      m.frozen_groups.push_back(g);
+    }
+  }
+
   // Shards: one per rank, in rank order, each a plain file name.
   const json& shards = r.array(r.at(j, "", "shards"), "shards");
   if (int64_t(shards.size()) != m.world)
@@ -391,7 +405,10 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
             at = q.end;
             ++k;
           }
-          if (at != groups[size_t(g)].numel)
+          if (frozen[size_t(g)] && at != 0)
+            r.fail("pieces", detail::concat(state_name(State(s)), " of group ", g,
+                                            " is there, but frozen.groups names it"));
+          if (!frozen[size_t(g)] && at != groups[size_t(g)].numel)
             r.fail("pieces", detail::concat(state_name(State(s)), " of group ", g, " (tensor rank ",
                                             t, ") is covered up to element ", at, " of ",
                                             groups[size_t(g)].numel));

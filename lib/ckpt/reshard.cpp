@@ -155,6 +155,13 @@ void convert_group(const ParamGroup& whole, const ParamGroup& part, int t, const
 void read_range(const Manifest& m, State state, int group, int tensor, int tensor_rank,
                 uint64_t begin, uint64_t end, float* out) {
   if (begin >= end) return;
+  for (int g : m.frozen_groups)
+    if (g == group)
+      throw UsageError(detail::concat(
+          m.dir, ": parameter group ", group,
+          " was frozen in this run, and a checkpoint holds no frozen parameters (they are the "
+          "run's starting weights: model.from or its seeded initialisation); reading them from "
+          "that source is not implemented yet"));
   if (tensor == m.tensor) {
     uint64_t covered = 0;
     std::vector<float> tmp;

@@ -109,4 +109,9 @@ bool ParamLayout::find(const std::string& name, int* group, const ParamEntry** e
   return false;
 }
 
+void ParamLayout::set_trainable(int group, bool trainable) {
+  FT_CHECK(group >= 0 && size_t(group) < groups_.size(), "no parameter group ", group);
+  for (ParamEntry& e : groups_[size_t(group)].entries) e.trainable = trainable;
+}
+
 }  // namespace ft

@@ -60,6 +60,9 @@ class ParamLayout {
   // Finds a tensor by HF name; returns false if absent.
   bool find(const std::string& name, int* group, const ParamEntry** entry) const;
   int head_dim() const { return head_dim_; }
+  // For model converters (model/converter.h): whether group g's tensors train (every tensor of
+  // a group alike, ParamGroup::trains).
+  void set_trainable(int group, bool trainable);
 
  private:
   std::vector<ParamGroup> groups_;

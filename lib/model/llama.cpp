@@ -65,6 +65,15 @@ struct LlamaModel::Acts {
 
 namespace {
 
+// The model's layout with every converter's layout half applied, in order.
+ParamLayout converted_layout(const ModelConfig& cfg, int tensor,
+                             const ModelConverters* converters) {
+  ParamLayout layout(cfg, tensor);
+  if (converters)
+    for (const auto& c : *converters) c->convert_layout(layout);
+  return layout;
+}
+
 // The stage with last_layer resolved, checked against the model.
 StageSpec resolve_stage(StageSpec stage, const ModelConfig& cfg) {
   if (stage.last_layer < 0) stage.last_layer = cfg.n_layers;
@@ -92,7 +101,8 @@ Buffer<double> loss_accumulator(Device* dev) {
 }  // namespace
 
 LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing,
-                       Communicator* tensor_comm, StageSpec stage, DType compute_dtype)
+                       Communicator* tensor_comm, StageSpec stage, DType compute_dtype,
+                       const ModelConverters* converters)
     : cfg_(cfg),
       dev_(dev),
       ckpt_(activation_checkpointing),
@@ -101,7 +111,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_chec
       K_(cfg.n_kv_heads / tp_.size()),
       F_(cfg.ffn_dim / tp_.size()),
       V_(cfg.vocab_size / tp_.size()),
-      layout_(cfg, tp_.size()),
+      layout_(converted_layout(cfg, tp_.size(), converters)),
       stage_(resolve_stage(stage, cfg)),
       rope_inv_freq_(rope_buffer(cfg, layout_.head_dim(), dev)),
       loss_acc_(loss_accumulator(dev)),

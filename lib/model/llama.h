@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "model/config.h"
+#include "model/converter.h"
 #include "model/layout.h"
 #include "parallel/flat_params.h"
 #include "parallel/partition.h"
@@ -31,9 +32,11 @@ class LlamaModel final : public PipelineStage {
   // stage: the layers (and ends) this rank holds; parameter groups it does not hold are empty.
   // compute_dtype: the precision policy's compute dtype (DESIGN.md §5 training.precision):
   // activations and the compute copy of the parameters; weight gradients stay fp32.
+  // converters: their layout halves run on the layout before the parameters are allocated
+  // (model/converter.h); their model halves are the caller's to run once the weights are in.
   LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing = false,
              Communicator* tensor_comm = nullptr, StageSpec stage = {},
-             DType compute_dtype = DType::kF32);
+             DType compute_dtype = DType::kF32, const ModelConverters* converters = nullptr);
   ~LlamaModel() override;
 
   const ModelConfig& config() const { return cfg_; }

@@ -1,8 +1,11 @@
 #include "train/setup.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <sstream>
 #include <vector>
 
+#include "adapt/freeze.h"
 #include "ckpt/hf.h"
 #include "core/log.h"
 #include "parallel/partition.h"
@@ -33,6 +36,24 @@ void init_weights(LlamaModel& model, const Recipe& r, const Mesh& mesh, WeightSo
 
 }  // namespace
 
+ModelConverters model_converters(const Recipe& /*r*/) {
+  ModelConverters out;
+  if (const char* freeze = std::getenv("FT_TEST_FREEZE"); freeze && *freeze) {
+    std::vector<std::string> names;
+    std::stringstream list(freeze);
+    for (std::string n; std::getline(list, n, ',');)
+      if (!n.empty()) names.push_back(n);
+    out.push_back(std::make_unique<FreezeGroups>(std::move(names)));
+  }
+  return out;
+}
+
+ParamLayout checkpoint_layout(const Recipe& r) {
+  ParamLayout layout(r.model, 1);
+  for (const auto& c : model_converters(r)) c->convert_layout(layout);
+  return layout;
+}
+
 DType compute_dtype_of(const Recipe& r) {
   return r.training.precision == "bf16"   ? DType::kBF16
          : r.training.precision == "fp16" ? DType::kF16
@@ -45,9 +66,15 @@ RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
   const StageSpec stage = pipeline_stage(r.model.n_layers, mesh.p, mesh.pipeline);
   // Precision policy (DESIGN.md §5): activations and the parameters' compute copy in the compute
   // dtype; fp32 master weights, moments and gradients.
+  s.converters = model_converters(r);
   s.model = std::make_unique<LlamaModel>(r.model, dev, r.training.activation_checkpointing,
-                                         groups.tensor, stage, compute_dtype_of(r));
+                                         groups.tensor, stage, compute_dtype_of(r), &s.converters);
+  bool frozen = false;
+  for (const ParamGroup& g : s.model->layout().groups()) frozen = frozen || !g.trains();
+  if (frozen && weights == WeightSource::kRandom && !r.model.from.empty())
+    weights = WeightSource::kHuggingFace;  // a resume: the checkpoint lacks the frozen groups
   init_weights(*s.model, r, mesh, weights, is_root);
+  for (const auto& c : s.converters) c->convert_model(*s.model, r.run.seed);
   // ZeRO over the data group (lib/parallel/zero.h) takes over the parameters (stage 3) and
   // gradients (stages 2, 3) from the model.
   ZeroOptions zero_options;

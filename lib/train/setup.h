@@ -34,6 +34,7 @@ struct DeviceGroups {
 enum class WeightSource { kRandom, kHuggingFace, kShapesOnly };
 
 struct RankSetup {
+  ModelConverters converters;  // model/converter.h: applied to the model in this order
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<ZeroSharding> zero;
   std::unique_ptr<PipelineSchedule> pipeline;
@@ -45,10 +46,20 @@ struct RankSetup {
 // The precision policy's compute dtype (DESIGN.md §5): fp32, bf16 or fp16.
 DType compute_dtype_of(const Recipe& r);
 
+// The recipe's model converters (model/converter.h), in the order they apply. None yet from the
+// recipe itself (adapters come with issue 28). Test support, not a user feature:
+// FT_TEST_FREEZE=embed,layers.0,... freezes those parameter groups (lib/adapt/freeze.h).
+ModelConverters model_converters(const Recipe& r);
+// The layout a checkpoint's tensors follow: the model's at tensor size 1, with the converters'
+// layout halves applied (which groups are frozen).
+ParamLayout checkpoint_layout(const Recipe& r);
+
 // Builds this rank's objects in the order their memory is allocated by a run: the model (its
 // parameters, then their weights: this rank's share only, drawn or read in place, never the
 // whole model), ZeRO (masters, shards, the compute copy), the schedule, AdamW's moments, the loss
 // scaler. is_root: rank 0 says what it loads.
+// weights: where the parameters come from. A checkpoint holds no frozen parameters, so when a
+// converter freezes some, a resumed run (kRandom with model.from) reads model.from again.
 RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
                            const DeviceGroups& groups, WeightSource weights, bool is_root);
 

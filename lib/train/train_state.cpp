@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "model/layout.h"
 #include "parallel/partition.h"
+#include "train/setup.h"
 
 namespace ft {
 namespace fs = std::filesystem;
@@ -102,7 +103,7 @@ std::vector<ckpt::PieceSource> state_pieces(LlamaModel& model, ZeroSharding& zer
   const std::vector<float*> params = zero.param_bases();
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const int g = int(gi);
-    if (!model.owns_group(g)) continue;
+    if (!model.owns_group(g) || !groups[gi].trains()) continue;  // frozen: never saved
     if (g == 0 && mesh.p != 0) continue;  // the tied embedding held by the last stage too
     // The ZeRO cut at every stage, so even at stage 0 each data rank writes 1/D of the state.
     const ShardRange w = zero_shard(groups[gi].numel, mesh.data, mesh.d);
@@ -131,9 +132,13 @@ void load_state(const ckpt::Manifest& m, LlamaModel& model, ZeroSharding& zero, 
     ckpt::read_range(m, state, g, mesh.tensor, mesh.t, begin, end, host.data());
     if (end > begin) dev->copy_from_host(device_dst, host.data(), (end - begin) * sizeof(float));
   };
+  std::vector<int> frozen;
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    if (!groups[gi].trains()) frozen.push_back(int(gi));
+  FT_CHECK(frozen == m.frozen_groups, m.dir, ": other frozen groups than the run's");
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const int g = int(gi);
-    if (!model.owns_group(g)) continue;
+    if (!model.owns_group(g) || !groups[gi].trains()) continue;  // frozen: as the run started
     const size_t n = groups[gi].numel;
     if (zero_stage == 3 || model.compute_dtype() != DType::kF32) {  // into the fp32 masters
       const ShardRange& r = zero.ranges()[gi];
@@ -179,7 +184,7 @@ json manifest_base(const Recipe& r, const Mesh& mesh, const std::string& tokeniz
                                   {"high_freq_factor", c.rope_high_freq_factor},
                                   {"original_max_seq_len", c.rope_original_max_seq_len}};
   json tensors = json::array();
-  const ParamLayout whole(c, 1);
+  const ParamLayout whole = checkpoint_layout(r);
   for (size_t g = 0; g < whole.groups().size(); ++g)
     for (const auto& e : whole.groups()[g].entries)
       tensors.push_back({{"name", e.name},
@@ -189,6 +194,15 @@ json manifest_base(const Recipe& r, const Mesh& mesh, const std::string& tokeniz
                          {"group_name", whole.groups()[g].name},
                          {"split", split_name(e.split)}});
   j["tensors"] = tensors;
+  // Frozen groups hold no state here; they are the run's starting weights, from model.from or
+  // the seeded initialisation, which a resume must find unchanged (check_same_model). Written only
+  // when there are some, so other manifests are as before.
+  json frozen = json::array();
+  for (size_t g = 0; g < whole.groups().size(); ++g)
+    if (!whole.groups()[g].trains()) frozen.push_back(g);
+  if (!frozen.empty())
+    j["frozen"] = {
+        {"groups", frozen}, {"from", c.from}, {"seed", r.run.seed}, {"init_std", c.init_std}};
   j["optimizer"] = {{"name", r.optimizer.name},
                     {"lr", r.optimizer.lr},
                     {"betas", {r.optimizer.beta1, r.optimizer.beta2}},
@@ -245,6 +259,34 @@ void check_same_model(const ckpt::Manifest& m, const Recipe& r) {
       cmp("rope_high_freq_factor", a.rope_high_freq_factor, b.rope_high_freq_factor);
       cmp("rope_original_max_seq_len", a.rope_original_max_seq_len, b.rope_original_max_seq_len);
     }
+  }
+  // Frozen parameters are not in the checkpoint: the same groups must be frozen, and come back
+  // from the same source.
+  const ParamLayout layout = checkpoint_layout(r);
+  std::vector<int> frozen;
+  for (size_t g = 0; g < layout.groups().size(); ++g)
+    if (!layout.groups()[g].trains()) frozen.push_back(int(g));
+  auto names = [&](const std::vector<int>& gs) {
+    std::string s;
+    for (int g : gs) s += (s.empty() ? "" : ",") + layout.groups()[size_t(g)].name;
+    return s.empty() ? std::string("none") : s;
+  };
+  if (frozen != m.frozen_groups)
+    diff +=
+        detail::concat(diff.empty() ? "" : ", ", "frozen parameter groups ", names(m.frozen_groups),
+                       " in the checkpoint, ", names(frozen), " in this run");
+  if (!m.frozen_groups.empty()) {
+    const json& f = m.json.at("frozen");
+    const std::string from = f.value("from", std::string());
+    if (from != b.from)
+      diff += detail::concat(diff.empty() ? "" : ", ", "model.from '", from,
+                             "' in the checkpoint (its frozen parameters), '", b.from,
+                             "' in the recipe");
+    if (from.empty() &&
+        (f.value("seed", uint64_t(0)) != r.run.seed || f.value("init_std", 0.0) != b.init_std))
+      diff += detail::concat(diff.empty() ? "" : ", ",
+                             "run.seed or model.init_std differ from the checkpoint's, whose "
+                             "frozen parameters are that seeded initialisation");
   }
   if (!diff.empty())
     throw UsageError(m.dir + " holds another model: " + diff +
