@@ -12,6 +12,8 @@
 // after which s + 1 steps are done and step_<s+1> is the checkpoint.
 // A run resumes from a checkpoint of any layout: parameters, AdamW moments and step count, the
 // schedule (a function of the step) and the loader position (the step) are all restored.
+// When a checkpoint is due and how it is saved: checkpoint_policy.cpp; where the run starts (the
+// checkpoint resumed from, the folders cleared): resume.cpp; what they share: trainer_internal.h.
 #include "train/trainer.h"
 
 #include <omp.h>
@@ -19,15 +21,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
-#include <thread>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
@@ -39,7 +37,6 @@
 #include "core/system.h"
 #include "data/loader.h"
 #include "data/sha256.h"
-#include "data/tokenizer.h"
 #include "kernels/kernels.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
@@ -55,11 +52,17 @@
 #include "train/setup.h"
 #include "train/step.h"
 #include "train/train_state.h"
+#include "train/trainer_internal.h"
 
 namespace ft {
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-using nlohmann::json;
+using train_detail::Checkpoints;
+using train_detail::delete_for_overwrite;
+using train_detail::print_checkpoint_plan;
+using train_detail::remove_steps_past;
+using train_detail::resume_state;
+using train_detail::ResumePoint;
+using train_detail::RunLog;
 
 int configure_threads(int threads) {
   int n = threads > 0 ? threads : available_cores();
@@ -81,10 +84,6 @@ size_t peak_rss_bytes() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return size_t(ru.ru_maxrss) * 1024;  // Linux reports KiB
-}
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 // Token-weighted mean loss over the validation batches; every evaluation sees the same tokens.
@@ -154,21 +153,6 @@ void start_collective_watch(const Recipe& r) {
   set_watch_step(0, "start-up");
 }
 
-// `--resume never` with checkpoint.overwrite: rank 0 deletes the checkpoints of checkpoint.dir
-// (its step folders and `latest`; ft.lock stays), once every rank has chosen where to start.
-void delete_for_overwrite(const Recipe& r, Communicator& comm, const std::string& resume) {
-  if (resume != "never" || !r.checkpoint.overwrite || !ckpt::has_checkpoints(r.checkpoint.dir))
-    return;
-  comm.barrier();  // every rank has looked before rank 0 deletes
-  if (comm.rank() != 0) return;
-  log_warn("checkpoint.overwrite: deleting the checkpoints in ", r.checkpoint.dir);
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(r.checkpoint.dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name == "latest" || name.rfind("step_", 0) == 0) fs::remove_all(e.path(), ec);
-  }
-}
-
 // run.output_dir with the resolved recipe in it (rank 0), and a checkpoint.dir that every rank
 // can write when the run saves.
 void prepare_outputs(const Recipe& r, int rank) {
@@ -199,110 +183,6 @@ std::unique_ptr<Communicator> tied_holders_group(const Recipe& r, Communicator& 
   return holders;
 }
 
-// Where the run starts: after `step` steps (0: afresh), from `folder`.
-struct ResumePoint {
-  int64_t step = 0;
-  int64_t tokens = 0;  // trained by then
-  std::string folder;  // empty: not resumed
-};
-
-// Resume: the newest usable candidate. A damaged one (a shard that fails its checksum, a
-// truncated file, a manifest that fails its checks) falls back to the previous complete
-// checkpoint under --resume auto; every rank must load the same one, so they agree after each
-// attempt. Damaged folders fallen back from are set aside (renamed, never deleted: the damage
-// may be temporary, as on a slow file system) once a fallback has loaded; when none loads,
-// nothing is renamed, so that a later attempt finds the folders as they were.
-// scaler (fp16 only, else null) continues from the checkpoint's loss scaler state when it has
-// one (older checkpoints, or one saved in another precision: the recipe's settings).
-ResumePoint resume_state(const Recipe& r, Communicator& comm, const std::string& resume,
-                         const std::vector<std::string>& candidates, LlamaModel& model,
-                         ZeroSharding& zero, AdamW& optim, LossScaler* scaler, const Mesh& mesh) {
-  const bool is_root = comm.rank() == 0;
-  ResumePoint at;
-  std::vector<std::pair<std::string, std::string>> damaged;  // folder, why
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    std::string err;
-    std::optional<ckpt::Manifest> m;
-    try {
-      m = ckpt::read_manifest(candidates[i]);
-    } catch (const Error& e) {
-      err = e.what();
-    }
-    if (m) {
-      check_same_model(*m, r);  // a usage error on every rank alike, no fallback
-      const auto t0 = Clock::now();
-      try {
-        load_state(*m, model, zero, optim, mesh, r.parallel.zero_stage);
-      } catch (const Error& e) {
-        err = e.what();
-      }
-      if (err.empty() && is_root)
-        log_info("resumed from ", candidates[i], " (step ", m->step, ", saved by ", m->data,
-                 " data x ", m->pipeline, " pipeline x ", m->tensor, " tensor ranks, ZeRO ",
-                 m->zero_stage, ") in ", Progress::human_seconds(seconds_since(t0)));
-    }
-    float bad = err.empty() ? 0.0f : 1.0f;
-    comm.all_reduce_max(&bad, 1);
-    if (bad == 0.0f) {
-      at.step = m->step;
-      at.tokens = m->tokens;
-      at.folder = candidates[i];
-      if (scaler && m->loss_scaler) scaler->restore(*m->loss_scaler);
-      const json d = m->json.value("data", json::object());  // typed by read_manifest
-      if (is_root &&
-          (d.value("global_batch_size", 0) != r.training.global_batch_size ||
-           d.value("seq_len", 0) != r.data.seq_len || d.value("seed", uint64_t(0)) != r.run.seed ||
-           d.value("shuffle", true) != r.data.shuffle || d.value("pack", false) != r.data.pack ||
-           (r.data.pack && d.value("pack_overflow", std::string("split")) != r.data.pack_overflow)))
-        log_warn(
-            "the data settings differ from the checkpoint's (global_batch_size, seq_len, "
-            "run.seed, data.shuffle, data.pack or data.pack_overflow): the run continues with "
-            "step ",
-            at.step + 1, " of the new order, not where the saved run would have gone");
-      break;
-    }
-    if (!err.empty()) log_warn("cannot resume from ", candidates[i], ": ", err);
-    damaged.emplace_back(candidates[i], err.empty() ? "another rank could not read it" : err);
-    if (resume != "auto")
-      throw Error("cannot resume from " + candidates[i] +
-                  (err.empty() ? std::string(" (another rank could not read it)") : ": " + err));
-    if (i + 1 < candidates.size()) {
-      if (is_root)
-        log_warn("falling back to the previous complete checkpoint, ", candidates[i + 1]);
-    } else {
-      throw Error("no usable checkpoint in " + r.checkpoint.dir +
-                  " (every complete one is damaged, see above); restore the files, or start "
-                  "afresh with --resume never checkpoint.overwrite=true");
-    }
-  }
-  if (is_root && !at.folder.empty())
-    for (const auto& [folder, why] : damaged) {
-      const std::string aside = ckpt::set_aside_damaged(folder);
-      log_warn("set the damaged checkpoint ", folder, " aside as ", aside, " (", why,
-               "); nothing in it was deleted: inspect it with `ft inspect`, then remove it");
-    }
-  return at;
-}
-
-// Checkpoint folders past the starting step belong to a timeline this run replaces (one newer
-// than the PATH resumed from, or an interrupted save): this run's saves must not meet them,
-// half-overwritten, under the same names. Only the folder's name decides (a damaged manifest
-// could say anything), and complete folders at or before the starting step always stay.
-void remove_steps_past(const Recipe& r, const ResumePoint& at) {
-  std::error_code ec;
-  if (!fs::is_directory(r.checkpoint.dir, ec)) return;
-  for (const auto& e : fs::directory_iterator(r.checkpoint.dir, ec)) {
-    const int64_t step = ckpt::parse_step_folder_name(e.path().filename().string());
-    if (step < 0) continue;  // not a step folder, or one set aside as damaged
-    if (step <= at.step && !(step == at.step && at.folder.empty())) continue;
-    const bool complete = fs::exists(e.path() / "COMPLETE");
-    if (complete)
-      log_warn("removing ", e.path().string(), ": it is past the step this run starts from (",
-               at.step, ") and would be overwritten by this run's saves");
-    fs::remove_all(e.path(), ec);
-  }
-}
-
 void print_run_header(const Recipe& r, const LlamaModel& model, const DataLoader& loader, int accum,
                       const Device& dev, int threads) {
   std::printf("ft: model %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, vocab %d)\n",
@@ -323,201 +203,66 @@ void print_run_header(const Recipe& r, const LlamaModel& model, const DataLoader
   std::fflush(stdout);
 }
 
+}  // namespace
+
 // ---- The loop's bookkeeping ----
 
-// Rank 0's reports, for machines (the metrics file, DESIGN.md §7) and for people (the progress
-// line); no-ops on the other ranks.
-class RunLog {
- public:
-  RunLog(const Recipe& r, bool is_root, const ResumePoint& at)
-      : r_(r), is_root_(is_root), progress_(is_root), start_(at), t_start_(Clock::now()) {
-    if (is_root) metrics_ = MetricsWriter(r.logging.metrics, /*append=*/!at.folder.empty());
-  }
-  double elapsed_s() const { return seconds_since(t_start_); }
+namespace train_detail {
 
-  // Steps k, 2k, … of logging.every_steps k, beside the eval lines and checkpoints of those
-  // steps; also the first step of this process (quick sign of life) and the last.
-  bool step_due(int64_t step) const {
-    return step % r_.logging.every_steps == 0 || step == start_.step + 1 ||
-           step == r_.training.steps;
-  }
-  // first_step_s >= 0 on the first step of the process: time_to_first_step_s on its line.
-  void step(const StepResult& res, const RunFigures& figures, double first_step_s) {
-    if (!is_root_) return;
-    nlohmann::json line = step_metrics_line(res, figures);
-    if (first_step_s >= 0) line["time_to_first_step_s"] = first_step_s;
-    metrics_.write(line);
-    StepReport rep;
-    rep.step = res.step;
-    rep.total_steps = r_.training.steps;
-    rep.first_step = start_.step;
-    rep.loss = res.loss;
-    rep.lr = res.lr;
-    rep.grad_norm = res.grad_norm;
-    rep.tokens_per_s = double(figures.tokens_seen - start_.tokens) / elapsed_s();
-    rep.elapsed_s = elapsed_s();
-    rep.mem_peak_bytes = figures.mem_peak_bytes;
-    progress_.step(rep);
-  }
-  void eval(int64_t step, double eval_loss) {
-    if (!is_root_) return;
-    metrics_.write({{"step", step}, {"eval_loss", eval_loss}});
-    progress_.eval(step, eval_loss);
-  }
-  // A checkpoint's commit, at `step`: the steps done when it was seen.
-  void commit(int64_t step, const ckpt::CheckpointWriter::Committed& c) {
-    if (!is_root_) return;
-    metrics_.write({{"step", step},
-                    {"ckpt_step", c.step},
-                    {"ckpt_bytes", c.bytes},
-                    {"ckpt_blocking_s", c.blocking_s},
-                    {"ckpt_write_s", c.total_s},
-                    {"ckpt_async", r_.checkpoint.async}});
-    progress_.note(detail::concat("checkpoint ", fs::path(c.folder).filename().string(), ": ",
-                                  Progress::human_bytes(double(c.bytes)), " in ",
-                                  Progress::human_seconds(c.total_s), ", training stalled ",
-                                  Progress::human_seconds(c.blocking_s)));
-  }
-  void note(const std::string& line) {
-    if (is_root_) progress_.note(line);
-  }
-  void finish() { progress_.finish(); }
-
- private:
-  const Recipe& r_;
-  bool is_root_;
-  MetricsWriter metrics_;
-  Progress progress_;
-  ResumePoint start_;
-  Clock::time_point t_start_;
-};
-
-// Checkpoints as the loop sees them: when one is due, the save (with the manifest's fields of
-// that step), and each commit reported once seen.
-class Checkpoints {
- public:
-  Checkpoints(const Recipe& r, Communicator& comm, const Mesh& mesh, LlamaModel& model,
-              ZeroSharding& zero, AdamW& optim, const LossScaler* scaler,
-              const std::string& tokenizer_sha, const ResumePoint& at, RunLog& log)
-      : r_(r),
-        comm_(comm),
-        optim_(optim),
-        scaler_(scaler),
-        log_(log),
-        on_(r.checkpoint.every_steps > 0 || r.checkpoint.every_minutes > 0),
-        writer_(writer_options(r, comm, mesh, model.device())),
-        pieces_(state_pieces(model, zero, optim, mesh)),
-        last_saved_(at.folder.empty() ? -1 : at.step),
-        t_last_save_(Clock::now()) {
-    if (on_ && r.checkpoint.async) {
-      uint64_t bytes = 0;
-      for (const auto& p : pieces_) bytes += (p.end - p.begin) * sizeof(float);
-      writer_.reserve(bytes);
-    }
-    if (comm.rank() == 0) manifest_ = manifest_base(r, mesh, tokenizer_sha);
-  }
-
-  bool on() const { return on_; }
-  int64_t last_saved() const { return last_saved_; }
-  // Rank 0's clock: checkpoint.every_minutes have passed since the last save (or the start).
-  bool clock_due() const {
-    return r_.checkpoint.every_minutes > 0 &&
-           seconds_since(t_last_save_) >= r_.checkpoint.every_minutes * 60.0;
-  }
-  // After `step`: every_steps, the world's agreement on the clock, or the last step.
-  bool due(int64_t step, bool by_clock, bool last) const {
-    return on_ && ((r_.checkpoint.every_steps > 0 && step % r_.checkpoint.every_steps == 0) ||
-                   by_clock || last);
-  }
-
-  // A save after `done` steps, `tokens` trained.
-  void save(int64_t done, int64_t tokens) {
-    if (comm_.rank() == 0) {
-      manifest_["step"] = done;
-      manifest_["optimizer"]["step"] = optim_.step_count();
-      // The schedule's position: applied steps (skipped fp16 steps do not advance it).
-      manifest_["scheduler"]["step"] = optim_.step_count();
-      if (scaler_) manifest_["loss_scaler"] = scaler_->to_json();
-      manifest_["data"]["next_step"] = done;
-      manifest_["data"]["tokens"] = tokens;
-    }
-    writer_.save(done, pieces_, manifest_);
-    last_saved_ = done;
-    t_last_save_ = Clock::now();
-    poll(done);
-  }
-  // The save after step `step` of the loop. A save can take one rank much longer than the
-  // others (a slow disk, rank 0's manifest): the ranks meet here, under the long allowance,
-  // rather than in the next step's first collective under the step timeout.
-  void save_after_step(int64_t step, int64_t tokens) {
-    set_watch_step(step, "checkpoint save", /*long_wait=*/true);
-    save(step, tokens);
-    // Test support: FT_TEST_SLOW_SAVE=r:seconds makes world rank r's saves that much longer,
-    // to test that a slow save does not trip the watchdog.
-    if (const char* slow = std::getenv("FT_TEST_SLOW_SAVE"); slow && std::strchr(slow, ':'))
-      if (std::atoi(slow) == comm_.rank()) {
-        const double delay_s = std::atof(std::strchr(slow, ':') + 1);
-        std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
-      }
-    comm_.barrier();
-  }
-  // Reports a commit seen since the last look, at `step` (the steps done by now).
-  void poll(int64_t step) {
-    if (auto c = writer_.poll()) log_.commit(step, *c);
-  }
-  // Before the optimizer writes the state an async save may still be copying (CUDA).
-  void fence_staging_copies() { writer_.fence_staging_copies(); }
-  // Waits for the save in flight: this rank's shard durable; on rank 0, the checkpoint committed.
-  void wait(int64_t step) {
-    writer_.wait();
-    poll(step);
-  }
-
- private:
-  static ckpt::CheckpointWriter::Options writer_options(const Recipe& r, Communicator& comm,
-                                                        const Mesh& mesh, Device* dev) {
-    ckpt::CheckpointWriter::Options wo;
-    wo.dir = r.checkpoint.dir;
-    wo.rank = comm.rank();
-    wo.world = comm.size();
-    wo.tensor_rank = mesh.t;
-    wo.async = r.checkpoint.async;
-    wo.keep_last = r.checkpoint.keep_last;
-    wo.tokenizer = r.tokenizer.path.empty() ? "" : resolve_tokenizer_file(r.tokenizer.path);
-    wo.staging_device = dev;
-    uint64_t attempt =
-        comm.rank() == 0 ? (uint64_t(std::chrono::system_clock::now().time_since_epoch().count()) ^
-                            (uint64_t(getpid()) << 48))
-                         : 0;
-    comm.broadcast_bytes(&attempt, sizeof attempt, 0);
-    wo.attempt = attempt;
-    return wo;
-  }
-
-  const Recipe& r_;
-  Communicator& comm_;
-  const AdamW& optim_;
-  const LossScaler* scaler_;  // fp16: saved with the manifest
-  RunLog& log_;
-  bool on_;
-  ckpt::CheckpointWriter writer_;
-  std::vector<ckpt::PieceSource> pieces_;
-  json manifest_;
-  int64_t last_saved_;
-  Clock::time_point t_last_save_;
-};
-
-void print_checkpoint_plan(const Recipe& r) {
-  std::printf("ft: checkpoints to %s: %s%s%s%s, keep %d\n", r.checkpoint.dir.c_str(),
-              r.checkpoint.every_steps > 0
-                  ? detail::concat("every ", r.checkpoint.every_steps, " steps").c_str()
-                  : "",
-              r.checkpoint.every_steps > 0 && r.checkpoint.every_minutes > 0 ? " and " : "",
-              r.checkpoint.every_minutes > 0
-                  ? detail::concat("every ", r.checkpoint.every_minutes, " minutes").c_str()
-                  : "",
-              r.checkpoint.async ? " (async)" : "", r.checkpoint.keep_last);
+RunLog::RunLog(const Recipe& r, bool is_root, const ResumePoint& at)
+    : r_(r), is_root_(is_root), progress_(is_root), start_(at), t_start_(Clock::now()) {
+  if (is_root) metrics_ = MetricsWriter(r.logging.metrics, /*append=*/!at.folder.empty());
 }
+
+bool RunLog::step_due(int64_t step) const {
+  return step % r_.logging.every_steps == 0 || step == start_.step + 1 || step == r_.training.steps;
+}
+
+void RunLog::step(const StepResult& res, const RunFigures& figures, double first_step_s) {
+  if (!is_root_) return;
+  nlohmann::json line = step_metrics_line(res, figures);
+  if (first_step_s >= 0) line["time_to_first_step_s"] = first_step_s;
+  metrics_.write(line);
+  StepReport rep;
+  rep.step = res.step;
+  rep.total_steps = r_.training.steps;
+  rep.first_step = start_.step;
+  rep.loss = res.loss;
+  rep.lr = res.lr;
+  rep.grad_norm = res.grad_norm;
+  rep.tokens_per_s = double(figures.tokens_seen - start_.tokens) / elapsed_s();
+  rep.elapsed_s = elapsed_s();
+  rep.mem_peak_bytes = figures.mem_peak_bytes;
+  progress_.step(rep);
+}
+
+void RunLog::eval(int64_t step, double eval_loss) {
+  if (!is_root_) return;
+  metrics_.write({{"step", step}, {"eval_loss", eval_loss}});
+  progress_.eval(step, eval_loss);
+}
+
+void RunLog::commit(int64_t step, const ckpt::CheckpointWriter::Committed& c) {
+  if (!is_root_) return;
+  metrics_.write({{"step", step},
+                  {"ckpt_step", c.step},
+                  {"ckpt_bytes", c.bytes},
+                  {"ckpt_blocking_s", c.blocking_s},
+                  {"ckpt_write_s", c.total_s},
+                  {"ckpt_async", r_.checkpoint.async}});
+  progress_.note(detail::concat("checkpoint ", fs::path(c.folder).filename().string(), ": ",
+                                Progress::human_bytes(double(c.bytes)), " in ",
+                                Progress::human_seconds(c.total_s), ", training stalled ",
+                                Progress::human_seconds(c.blocking_s)));
+}
+
+void RunLog::note(const std::string& line) {
+  if (is_root_) progress_.note(line);
+}
+
+}  // namespace train_detail
+
+namespace {
 
 // Test support: FT_TEST_FAIL_RANK=r fails world rank r at step 3, to test that the other ranks
 // are stopped rather than left waiting in a collective; FT_TEST_KILL_AT_STEP=N[:r] sends
