@@ -93,6 +93,15 @@ const std::vector<float>& KvDecoder::forward(const int32_t* ids, int n) {
   const float eps = float(c.norm_eps);
   const BlockOffsets& o = model_.layout().block_offsets();
   const bool qk_norm = arch_of(c).qk_norm;
+  // The model's linear layers, whole (model/linear.h), with its adapters' hooks.
+  const TensorGroup one(nullptr, dev);
+  LinearContext lc;
+  lc.dev = dev;
+  lc.tp = &one;
+  lc.hooks = model_.linear_hooks();
+  const Linear wq{Proj::kQ, C, H * D}, wk{Proj::kK, C, K * D}, wv{Proj::kV, C, K * D},
+      wo{Proj::kO, H * D, C}, wg{Proj::kGate, C, F}, wu{Proj::kUp, C, F}, wd{Proj::kDown, F, C},
+      head{Proj::kHead, C, V};
 
   b.ids.upload(ids, size_t(n));
   ops.embedding_forward(s, b.x.data(), b.ids.data(), fp.acquire(0), n, C, 0, V);
@@ -105,9 +114,9 @@ const std::vector<float>& KvDecoder::forward(const int32_t* ids, int n) {
     ops.rmsnorm_forward(s, b.ln.data(), b.rstd.data(), x, w + o.attn_norm, n, C, eps);
     const Ref q = qk_norm ? b.q_raw.data() : b.q.data();
     const Ref k = qk_norm ? b.k_raw.data() : kc;
-    ops.linear_forward(s, q, b.ln.data(), w + o.wq, n, C, H * D, false);
-    ops.linear_forward(s, k, b.ln.data(), w + o.wk, n, C, K * D, false);
-    ops.linear_forward(s, vc, b.ln.data(), w + o.wv, n, C, K * D, false);
+    linear_forward(lc, wq, l, q, b.ln.data(), w + o.wq, n);
+    linear_forward(lc, wk, l, k, b.ln.data(), w + o.wk, n);
+    linear_forward(lc, wv, l, vc, b.ln.data(), w + o.wv, n);
     if (o.bq != BlockOffsets::kAbsent) {
       ops.bias_add(s, q, w + o.bq, n, H * D);
       ops.bias_add(s, k, w + o.bk, n, K * D);
@@ -121,18 +130,18 @@ const std::vector<float>& KvDecoder::forward(const int32_t* ids, int n) {
     ops.rope_forward(s, kc, b.inv_freq.data(), 1, n, K, D, b.positions.data() + p);
     ops.attention_decode(s, b.att.data(), b.q.data(), b.k[size_t(l)].data(), b.v[size_t(l)].data(),
                          p, n, H, K, D);
-    ops.linear_forward(s, x, b.att.data(), w + o.wo, n, H * D, C, true);  // x += o·Woᵀ
+    linear_forward(lc, wo, l, x, b.att.data(), w + o.wo, n);  // x += o·Woᵀ
     ops.rmsnorm_forward(s, b.ln.data(), b.rstd.data(), x, w + o.mlp_norm, n, C, eps);
-    ops.linear_forward(s, b.g.data(), b.ln.data(), w + o.w_gate, n, C, F, false);
-    ops.linear_forward(s, b.u.data(), b.ln.data(), w + o.w_up, n, C, F, false);
+    linear_forward(lc, wg, l, b.g.data(), b.ln.data(), w + o.w_gate, n);
+    linear_forward(lc, wu, l, b.u.data(), b.ln.data(), w + o.w_up, n);
     ops.swiglu_forward(s, b.h.data(), b.g.data(), b.u.data(), size_t(n) * F);
-    ops.linear_forward(s, x, b.h.data(), w + o.w_down, n, F, C, true);  // x += h·Wdᵀ
+    linear_forward(lc, wd, l, x, b.h.data(), w + o.w_down, n);  // x += h·Wdᵀ
     fp.release(1 + l);
   }
   const CRef wf = fp.acquire(L + 1);
   const CRef Wh = c.tie_embeddings ? fp.acquire(0) : wf + size_t(C);
   ops.rmsnorm_forward(s, b.lnf.data(), b.rstd.data(), x + size_t(n - 1) * C, wf, 1, C, eps);
-  ops.linear_forward(s, b.logits.data(), b.lnf.data(), Wh, 1, C, V, false);
+  linear_forward(lc, head, -1, b.logits.data(), b.lnf.data(), Wh, 1);
   fp.release(L + 1);
   if (c.tie_embeddings) fp.release(0);
   ops.convert(s, Ref(b.logits32.data()), b.logits.data(), size_t(V));

@@ -118,17 +118,29 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_chec
       st_(dev->stream()),
       flat_(dev, layout_.groups(), owned_groups(), compute_dtype) {
   const int C = cfg.dim, HD = H_ * layout_.head_dim(), KD = K_ * layout_.head_dim();
-  q_proj_ = {C, HD};
-  k_proj_ = {C, KD};
-  v_proj_ = {C, KD};
-  o_proj_ = {HD, C};
-  gate_proj_ = {C, F_};
-  up_proj_ = {C, F_};
-  down_proj_ = {F_, C};
-  lm_head_ = {C, V_};
+  q_proj_ = {Proj::kQ, C, HD};
+  k_proj_ = {Proj::kK, C, KD};
+  v_proj_ = {Proj::kV, C, KD};
+  o_proj_ = {Proj::kO, HD, C};
+  gate_proj_ = {Proj::kGate, C, F_};
+  up_proj_ = {Proj::kUp, C, F_};
+  down_proj_ = {Proj::kDown, F_, C};
+  lm_head_ = {Proj::kHead, C, V_};
   embed_ = {C, tp_.rank() * V_, V_};
   loss_ = {tp_.rank() * V_, V_};
   loss_acc_.zero();
+}
+
+LinearContext LlamaModel::linear_context() const {
+  LinearContext c;
+  c.dev = dev_;
+  c.tp = &tp_;
+  c.hooks = hooks_;
+  if (acts_) {
+    c.tp_partial = acts_->tp_partial.data();
+    c.tp_f32 = acts_->tp_f32.data();
+  }
+  return c;
 }
 
 bool LlamaModel::owns_group(int g) const {
@@ -289,6 +301,7 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward, bool se
 
 void LlamaModel::layer_forward(int l, int B, int T) {
   Acts& a = *acts_;
+  const LinearContext lc = linear_context();
   LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : size_t(l - stage_.first_layer)];
   const int N = B * T, C = cfg_.dim, F = F_, H = H_, K = K_;
   const int D = layout_.head_dim();
@@ -302,9 +315,9 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   const bool qk_norm = arch_of(cfg_).qk_norm;
   const Ref q = qk_norm ? la.q_raw.data() : la.q.data();
   const Ref k = qk_norm ? la.k_raw.data() : la.kk.data();
-  q_proj_.forward(*dev_, q, la.ln1.data(), w + o.wq, N);
-  k_proj_.forward(*dev_, k, la.ln1.data(), w + o.wk, N);
-  v_proj_.forward(*dev_, la.v.data(), la.ln1.data(), w + o.wv, N);
+  linear_forward(lc, q_proj_, l, q, la.ln1.data(), w + o.wq, N);
+  linear_forward(lc, k_proj_, l, k, la.ln1.data(), w + o.wk, N);
+  linear_forward(lc, v_proj_, l, la.v.data(), la.ln1.data(), w + o.wv, N);
   if (o.bq != BlockOffsets::kAbsent) {  // column-parallel biases: this rank's slices
     ops().bias_add(st_, q, w + o.bq, N, H * D);
     ops().bias_add(st_, k, w + o.bk, N, K * D);
@@ -323,23 +336,22 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   ops().attention_forward(st_, la.att.data(), la.lse.data(), la.q.data(), la.kk.data(), la.v.data(),
                           seg, B, T, H, K, D);
   copy(la.mid.data(), x, size_t(N) * C);
-  o_proj_.forward_add(*dev_, tp_, la.mid.data(), la.att.data(), w + o.wo, N, a.tp_partial.data(),
-                      a.tp_f32.data());
+  linear_forward(lc, o_proj_, l, la.mid.data(), la.att.data(), w + o.wo, N);
 
   ops().rmsnorm_forward(st_, la.ln2.data(), la.rstd2.data(), la.mid.data(), w + o.mlp_norm, N, C,
                         float(cfg_.norm_eps));
-  gate_proj_.forward(*dev_, la.g.data(), la.ln2.data(), w + o.w_gate, N);
-  up_proj_.forward(*dev_, la.u.data(), la.ln2.data(), w + o.w_up, N);
+  linear_forward(lc, gate_proj_, l, la.g.data(), la.ln2.data(), w + o.w_gate, N);
+  linear_forward(lc, up_proj_, l, la.u.data(), la.ln2.data(), w + o.w_up, N);
   ops().swiglu_forward(st_, la.h.data(), la.g.data(), la.u.data(), size_t(N) * F);
   copy(y, la.mid.data(), size_t(N) * C);
-  down_proj_.forward_add(*dev_, tp_, y, la.h.data(), w + o.w_down, N, a.tp_partial.data(),
-                         a.tp_f32.data());
+  linear_forward(lc, down_proj_, l, y, la.h.data(), w + o.w_down, N);
   flat_.release(1 + l);
 }
 
 // On entry a.dresid holds dL/d(resid[l+1]); on exit dL/d(resid[l]).
 void LlamaModel::layer_backward(int l, int B, int T) {
   Acts& a = *acts_;
+  const LinearContext lc = linear_context();
   if (ckpt_) layer_forward(l, B, T);  // recompute this layer's activations
   LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : size_t(l - stage_.first_layer)];
   const int N = B * T, C = cfg_.dim, F = F_, H = H_, K = K_;
@@ -352,21 +364,24 @@ void LlamaModel::layer_backward(int l, int B, int T) {
   const Ref dy = a.dresid.data();
 
   // MLP: x' = mid + h·Wdᵀ
-  down_proj_.backward(*dev_, a.dh.data(), dW(o.w_down), dy, la.h.data(), w + o.w_down, N);
+  linear_backward(lc, down_proj_, l, a.dh.data(), dW(o.w_down), dy, la.h.data(), w + o.w_down, N,
+                  /*accumulate_dx=*/false);
   ops().swiglu_backward(st_, a.dg.data(), a.du.data(), a.dh.data(), la.g.data(), la.u.data(),
                         size_t(N) * F);
   // d ln2 = dg·Wg + du·Wu  (into dtmp)
-  gate_proj_.backward(*dev_, a.dtmp.data(), dW(o.w_gate), a.dg.data(), la.ln2.data(), w + o.w_gate,
-                      N, /*accumulate_dx=*/false);
-  up_proj_.backward(*dev_, a.dtmp.data(), dW(o.w_up), a.du.data(), la.ln2.data(), w + o.w_up, N,
-                    /*accumulate_dx=*/true);
+  linear_backward(lc, gate_proj_, l, a.dtmp.data(), dW(o.w_gate), a.dg.data(), la.ln2.data(),
+                  w + o.w_gate, N, /*accumulate_dx=*/false);
+  linear_backward(lc, up_proj_, l, a.dtmp.data(), dW(o.w_up), a.du.data(), la.ln2.data(),
+                  w + o.w_up, N,
+                  /*accumulate_dx=*/true);
   reduce_input_grad(tp_, a.dtmp.data(), size_t(N) * C, a.tp_f32.data());  // f's backward
   // The norm's input gradient is added straight into dy (accumulate_dx): dy is now dL/d mid.
   ops().rmsnorm_backward(st_, dy, dW(o.mlp_norm), a.dtmp.data(), la.mid.data(), w + o.mlp_norm,
                          la.rstd2.data(), N, C, /*accumulate_dx=*/true);
 
   // Attention: mid = x + att·Woᵀ
-  o_proj_.backward(*dev_, a.datt.data(), dW(o.wo), dy, la.att.data(), w + o.wo, N);
+  linear_backward(lc, o_proj_, l, a.datt.data(), dW(o.wo), dy, la.att.data(), w + o.wo, N,
+                  /*accumulate_dx=*/false);
   const int32_t* seg = a.seg.size() ? a.seg.data() : nullptr;
   const int32_t* pos = a.pos.size() ? a.pos.data() : nullptr;
   ops().attention_backward(st_, a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), la.att.data(),
@@ -388,12 +403,12 @@ void LlamaModel::layer_backward(int l, int B, int T) {
     ops().bias_grad(st_, dW(o.bk), dk, N, K * D);
     ops().bias_grad(st_, dW(o.bv), a.dv.data(), N, K * D);
   }
-  q_proj_.backward(*dev_, a.dtmp.data(), dW(o.wq), dq, la.ln1.data(), w + o.wq, N,
-                   /*accumulate_dx=*/false);
-  k_proj_.backward(*dev_, a.dtmp.data(), dW(o.wk), dk, la.ln1.data(), w + o.wk, N,
-                   /*accumulate_dx=*/true);
-  v_proj_.backward(*dev_, a.dtmp.data(), dW(o.wv), a.dv.data(), la.ln1.data(), w + o.wv, N,
-                   /*accumulate_dx=*/true);
+  linear_backward(lc, q_proj_, l, a.dtmp.data(), dW(o.wq), dq, la.ln1.data(), w + o.wq, N,
+                  /*accumulate_dx=*/false);
+  linear_backward(lc, k_proj_, l, a.dtmp.data(), dW(o.wk), dk, la.ln1.data(), w + o.wk, N,
+                  /*accumulate_dx=*/true);
+  linear_backward(lc, v_proj_, l, a.dtmp.data(), dW(o.wv), a.dv.data(), la.ln1.data(), w + o.wv, N,
+                  /*accumulate_dx=*/true);
   reduce_input_grad(tp_, a.dtmp.data(), size_t(N) * C, a.tp_f32.data());  // f's backward
   ops().rmsnorm_backward(st_, dy, dW(o.attn_norm), a.dtmp.data(), x, w + o.attn_norm,
                          la.rstd1.data(), N, C, /*accumulate_dx=*/true);  // dy is now dL/d x
@@ -466,11 +481,12 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
   a.mask.upload(mask, size_t(N));
   const int32_t* tgt = a.targets.data();
   const uint8_t* msk = a.mask.data();
+  const LinearContext lc = linear_context();
   const CRef wf = flat_.acquire(hg);
   const CRef Wh = cfg_.tie_embeddings ? flat_.acquire(0) : wf + C;
   ops().rmsnorm_forward(st_, a.lnf.data(), a.rstdf.data(), a.resid[L].data(), wf, N, C,
                         float(cfg_.norm_eps));
-  lm_head_.forward(*dev_, a.logits.data(), a.lnf.data(), Wh, N);  // (N, V / tensor)
+  linear_forward(lc, lm_head_, -1, a.logits.data(), a.lnf.data(), Wh, N);  // (N, V / tensor)
   const Ref dlogits = backward ? a.logits.data() : Ref(nullptr, flat_.compute_dtype());
   // Vocabulary-parallel: no rank ever holds full-vocabulary logits.
   loss_.forward_backward(*dev_, tp_, dlogits, a.logits.data(), tgt, msk, N, token_weight,
@@ -494,12 +510,13 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
   const int hg = L + 1;
   if (stage_.head) {
     // logits = f·Whᵀ; a.logits holds dlogits since forward_part.
+    const LinearContext lc = linear_context();
     const CRef wf = flat_.acquire(hg);
     const CRef Wh = cfg_.tie_embeddings ? flat_.acquire(0) : wf + C;
     float* dhead = flat_.grad(hg);  // null when frozen, as flat_.grad(0)
     float* dWh = cfg_.tie_embeddings ? flat_.grad(0) : dhead ? dhead + C : nullptr;
-    lm_head_.backward(*dev_, a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N,
-                      /*accumulate_dx=*/false);
+    linear_backward(lc, lm_head_, -1, a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N,
+                    /*accumulate_dx=*/false);
     // f's backward: each rank saw only its vocabulary columns.
     reduce_input_grad(tp_, a.dtmp.data(), size_t(N) * C, a.tp_f32.data());
     // The final norm is the residual stream's only consumer: its dx starts dL/d resid[L].

@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "model/converter.h"
 #include "model/layout.h"
+#include "model/linear.h"
 #include "parallel/flat_params.h"
 #include "parallel/partition.h"
 #include "parallel/pipeline.h"
@@ -47,6 +48,11 @@ class LlamaModel final : public PipelineStage {
   FlatParams& flat_params() { return flat_; }
   const FlatParams& flat_params() const { return flat_; }
   size_t num_params() const { return layout_.total_numel(); }
+
+  // The adapters' hooks on the linear layers (model/linear.h), set by a model converter's model
+  // half; null: none. Kept by pointer: they outlive the model's use of them.
+  void set_linear_hooks(const LinearHooks* hooks) { hooks_ = hooks; }
+  const LinearHooks* linear_hooks() const { return hooks_; }
 
   // Seeded initialisation: matrices ~ N(0, std²), norm weights = 1 (as HF's _init_weights),
   // drawn on the device (the random_normal op); the bits depend on (seed, tensor name, element
@@ -96,9 +102,11 @@ class LlamaModel final : public PipelineStage {
   int H_, K_, F_, V_;  // this tensor rank's query heads, kv heads, ffn columns, vocabulary rows
   ParamLayout layout_;
   StageSpec stage_;
-  // The block's layers, this tensor rank's parts (tensor_parallel.h).
-  ColumnParallelLinear q_proj_, k_proj_, v_proj_, gate_proj_, up_proj_, lm_head_;
-  RowParallelLinear o_proj_, down_proj_;
+  // The block's linear layers and the head, this tensor rank's parts (model/linear.h), and the
+  // adapters' hooks on them (null: none).
+  Linear q_proj_, k_proj_, v_proj_, o_proj_, gate_proj_, up_proj_, down_proj_, lm_head_;
+  const LinearHooks* hooks_ = nullptr;
+  LinearContext linear_context() const;
   VocabParallelEmbedding embed_;
   VocabParallelCrossEntropy loss_;
   // (D/2) RoPE inverse frequencies of cfg_'s rope type (model/rope.h), in device memory.
