@@ -80,6 +80,7 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
     o["head"] = r.head;
     o["holds"] = r.holds;
     o["param_elems"] = r.param_elems;
+    o["trained_elems"] = r.trained_elems;
     o["params_bytes"] = r.params.bytes;
     o["grads_bytes"] = r.grads.bytes;
     o["optim_bytes"] = r.optim.bytes;

@@ -188,6 +188,11 @@ void describe(RankPlan& rp, const Recipe& r, const PlanDevice& device, int D, in
                          : "fp32, every group whole";
   rp.optim.how = zs >= 1 && sharded ? "AdamW m and v (fp32) of the owned ranges"
                                     : "AdamW m and v (fp32) of every group";
+  if (rp.trained_elems < rp.param_elems) {  // a model converter froze groups
+    rp.grads.how += "; none for frozen groups";
+    rp.optim.how += "; none for frozen groups";
+    if (mixed) rp.params.how += "; frozen groups: the " + prec + " copy only";
+  }
   rp.activations.how =
       std::to_string(rp.slots) + (rp.slots == 1 ? " slot" : " slots") +
       (P > 1 ? " (micro-batches in flight)" : "") + ": the micro-batch's tokens, " +
@@ -221,16 +226,22 @@ int64_t state_lower_bound_bytes(const Recipe& r, int world, int rank) {
   FT_CHECK(world > 0 && T > 0 && P > 0 && world % (T * P) == 0, "world size ", world,
            " is not divisible by tensor × pipeline = ", T * P);
   const int64_t D = world / (T * P), p = (rank / T) % P;
-  // The real layout of one layer (model/layout.h), times this stage's layers.
-  ModelConfig one = r.model;
-  one.n_layers = 1;
-  const ParamLayout layout(one, T);
-  const int64_t layers = stage_layers(r.model.n_layers, int(p), P).size();
+  // The real layout (model/layout.h) with the model converters' (frozen groups), this stage's
+  // groups: 16 B an element that trains (f32 parameter, gradient, two moments), the compute
+  // dtype's size for a frozen one, each cut D ways at best.
+  ParamLayout layout(r.model, T);
+  for (const auto& c : model_converters(r)) c->convert_layout(layout);
+  const LayerRange layers = stage_layers(r.model.n_layers, int(p), P);
   const bool head = p == P - 1, embed = p == 0 || (head && r.model.tie_embeddings);
-  const int64_t held = (embed ? int64_t(layout.embed().numel) : 0) +
-                       layers * int64_t(layout.block(0).numel) +
-                       (head ? int64_t(layout.head().numel) : 0);
-  return 16 * ((held + D - 1) / D);
+  const int64_t frozen_size = int64_t(dtype_size(compute_dtype_of(r)));
+  int64_t bytes = 0;
+  auto add = [&](const ParamGroup& g) {
+    bytes += (g.trains() ? 16 : frozen_size) * ((int64_t(g.numel) + D - 1) / D);
+  };
+  if (embed) add(layout.embed());
+  for (int l = layers.first; l < layers.last; ++l) add(layout.block(l));
+  if (head) add(layout.head());
+  return bytes;
 }
 
 std::string format_rank_list(const std::vector<int>& ranks) {
@@ -354,8 +365,12 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   rp.num_layers = st.last_layer - st.first_layer;
   rp.embed = st.embed;
   rp.head = st.head;
-  for (int g = 0; g < int(m.layout().groups().size()); ++g)
-    if (m.flat_params().owns(g)) rp.param_elems += int64_t(m.layout().groups()[size_t(g)].numel);
+  for (int g = 0; g < int(m.layout().groups().size()); ++g) {
+    if (!m.flat_params().owns(g)) continue;
+    const ParamGroup& group = m.layout().groups()[size_t(g)];
+    rp.param_elems += int64_t(group.numel);
+    if (group.trains()) rp.trained_elems += int64_t(group.numel);
+  }
   rp.holds = describe_holds(m, r.model.tie_embeddings, st.embed, st.head);
 
   rp.sent_data = {data->counting.sent_bytes(), sent_how(data->counting, "one data rank")};
@@ -490,16 +505,20 @@ MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device) {
   {
     // Checkpoints: every rank writes 1/D of the groups it holds, 12 bytes per element (f32
     // parameters + two AdamW moments), at any ZeRO stage; async saves stage that in host memory.
+    // Frozen groups are not saved (DESIGN.md §8).
     int64_t largest = 0;
-    for (const RankPlan& rp : plan.ranks) largest = std::max(largest, rp.param_elems);
+    for (const RankPlan& rp : plan.ranks) largest = std::max(largest, rp.trained_elems);
     const int64_t share = 12 * ((largest + plan.data - 1) / plan.data);
-    const int64_t whole = 12 * plan.model_params;
+    int64_t trained = 0, frozen = 0;
+    for (const ParamGroup& g : checkpoint_layout(r).groups())
+      (g.trains() ? trained : frozen) += int64_t(g.numel);
+    const int64_t whole = 12 * trained;
     char sizes[96];
     std::snprintf(sizes, sizeof sizes, "%.1f MiB in all, up to %.1f MiB", double(whole) / 1048576.0,
                   double(share) / 1048576.0);
     plan.notes.push_back(detail::concat(
-        "A checkpoint holds 12 B per parameter (f32 weights + AdamW moments): ", sizes,
-        " written by one rank",
+        "A checkpoint holds 12 B per parameter (f32 weights + AdamW moments)",
+        frozen ? ", frozen ones not saved" : "", ": ", sizes, " written by one rank",
         r.checkpoint.async
             ? (device.cuda ? "; checkpoint.async keeps a page-locked host (not device) staging "
                              "buffer of that share per rank."

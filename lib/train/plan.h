@@ -80,6 +80,7 @@ struct RankPlan {
   bool embed = false, head = false;     // first stage (embeds) / last stage (norm, head, loss)
   std::string holds;                    // the parameter groups held, with element counts
   int64_t param_elems = 0;              // elements of the groups held (before ZeRO)
+  int64_t trained_elems = 0;            // of those, the ones that train (not frozen)
 
   // Device memory live at the peak of a training step, by what it is for (MemoryCategory).
   PlanFigure params, grads, optim, activations, comm_buffers;

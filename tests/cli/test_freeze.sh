@@ -65,6 +65,20 @@ FT_TEST_DUMP_PARAMS="$tmp/z3/params" mpirun "${mpi_args[@]}" -np 2 "$ft" train "
   fail "z3: $(tail -3 "$tmp/z3.log")"
 frozen_kept init_bf16 z3
 
+echo "--- ft plan counts what the run allocates: no gradient, moments or checkpoint share"
+FT_TEST_FREEZE= "$ft" plan "$tmp/r.yaml" --world 1 --json training.precision=bf16 > "$tmp/all.json"
+"$ft" plan "$tmp/r.yaml" --world 1 --json training.precision=bf16 > "$tmp/frozen.json"
+/usr/bin/python3 - "$tmp/all.json" "$tmp/frozen.json" <<'PY' || fail "ft plan: frozen groups counted wrongly"
+import json, sys
+a, f = (json.load(open(p))["roles"][0] for p in sys.argv[1:])
+assert a["trained_elems"] == a["param_elems"] > f["trained_elems"] > 0, (a, f)
+frozen = a["param_elems"] - f["trained_elems"]
+assert a["grads_bytes"] - f["grads_bytes"] == 4 * frozen, (a["grads_bytes"], f["grads_bytes"])
+assert a["optim_bytes"] - f["optim_bytes"] == 8 * frozen
+assert a["params_bytes"] - f["params_bytes"] == 4 * frozen  # no fp32 master, the bf16 copy kept
+print(f"  {frozen} frozen elements: 16 B each less than trained ones (grads, moments, master)")
+PY
+
 echo "--- 3. checkpoints without the frozen groups; kill and resume"
 m="$tmp/full_fp32/checkpoints/step_00000008/manifest.json"
 /usr/bin/python3 - "$m" <<'PY' || fail "$m: frozen groups recorded wrongly"
