@@ -510,7 +510,8 @@ MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device) {
     for (const RankPlan& rp : plan.ranks) largest = std::max(largest, rp.trained_elems);
     const int64_t share = 12 * ((largest + plan.data - 1) / plan.data);
     int64_t trained = 0, frozen = 0;
-    for (const ParamGroup& g : checkpoint_layout(r).groups())
+    const ParamLayout saved = checkpoint_layout(r);
+    for (const ParamGroup& g : saved.groups())
       (g.trains() ? trained : frozen) += int64_t(g.numel);
     const int64_t whole = 12 * trained;
     char sizes[96];
