@@ -226,13 +226,25 @@ int64_t state_lower_bound_bytes(const Recipe& r, int world, int rank) {
   FT_CHECK(world > 0 && T > 0 && P > 0 && world % (T * P) == 0, "world size ", world,
            " is not divisible by tensor × pipeline = ", T * P);
   const int64_t D = world / (T * P), p = (rank / T) % P;
-  // The real layout (model/layout.h) with the model converters' (frozen groups), this stage's
-  // groups: 16 B an element that trains (f32 parameter, gradient, two moments), the compute
-  // dtype's size for a frozen one, each cut D ways at best.
-  ParamLayout layout(r.model, T);
-  for (const auto& c : model_converters(r)) c->convert_layout(layout);
   const LayerRange layers = stage_layers(r.model.n_layers, int(p), P);
   const bool head = p == P - 1, embed = p == 0 || (head && r.model.tie_embeddings);
+  const ModelConverters converters = model_converters(r);
+  if (converters.empty()) {
+    // The real layout of one layer (model/layout.h), times this stage's layers: 16 B an element
+    // (f32 parameter, gradient, two moments), cut D ways at best. One layer, not all: this
+    // bound is what refuses a model of a million layers before anything is built for it.
+    ModelConfig one = r.model;
+    one.n_layers = 1;
+    const ParamLayout layout(one, T);
+    const int64_t held = (embed ? int64_t(layout.embed().numel) : 0) +
+                         int64_t(layers.size()) * int64_t(layout.block(0).numel) +
+                         (head ? int64_t(layout.head().numel) : 0);
+    return 16 * ((held + D - 1) / D);
+  }
+  // With model converters (frozen groups), the converted layout, group by group: the compute
+  // dtype's size for a frozen element.
+  ParamLayout layout(r.model, T);
+  for (const auto& c : converters) c->convert_layout(layout);
   const int64_t frozen_size = int64_t(dtype_size(compute_dtype_of(r)));
   int64_t bytes = 0;
   auto add = [&](const ParamGroup& g) {
@@ -509,10 +521,13 @@ MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device) {
     int64_t largest = 0;
     for (const RankPlan& rp : plan.ranks) largest = std::max(largest, rp.trained_elems);
     const int64_t share = 12 * ((largest + plan.data - 1) / plan.data);
-    int64_t trained = 0, frozen = 0;
-    const ParamLayout saved = checkpoint_layout(r);
-    for (const ParamGroup& g : saved.groups())
-      (g.trains() ? trained : frozen) += int64_t(g.numel);
+    int64_t trained = plan.model_params, frozen = 0;
+    if (!model_converters(r).empty()) {  // the whole layout only then: plans of 100,000 layers
+      const ParamLayout saved = checkpoint_layout(r);
+      trained = 0;
+      for (const ParamGroup& g : saved.groups())
+        (g.trains() ? trained : frozen) += int64_t(g.numel);
+    }
     const int64_t whole = 12 * trained;
     char sizes[96];
     std::snprintf(sizes, sizeof sizes, "%.1f MiB in all, up to %.1f MiB", double(whole) / 1048576.0,
