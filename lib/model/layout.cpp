@@ -114,4 +114,12 @@ void ParamLayout::set_trainable(int group, bool trainable) {
   for (ParamEntry& e : groups_[size_t(group)].entries) e.trainable = trainable;
 }
 
+ParamLayout converted_layout(const ModelConfig& cfg, int tensor,
+                             const ModelConverters* converters) {
+  ParamLayout layout(cfg, tensor);
+  if (converters)
+    for (const auto& c : *converters) c->convert_layout(layout);
+  return layout;
+}
+
 }  // namespace ft

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/converter.h"
 #include "parallel/flat_params.h"
 
 namespace ft {
@@ -70,5 +71,9 @@ class ParamLayout {
   int head_dim_ = 0;
   int tensor_ = 1;
 };
+
+// The model's layout at this tensor size with every converter's layout half applied, in order
+// (model/converter.h; null or empty: the plain layout).
+ParamLayout converted_layout(const ModelConfig& cfg, int tensor, const ModelConverters* converters);
 
 }  // namespace ft

@@ -65,15 +65,6 @@ struct LlamaModel::Acts {
 
 namespace {
 
-// The model's layout with every converter's layout half applied, in order.
-ParamLayout converted_layout(const ModelConfig& cfg, int tensor,
-                             const ModelConverters* converters) {
-  ParamLayout layout(cfg, tensor);
-  if (converters)
-    for (const auto& c : *converters) c->convert_layout(layout);
-  return layout;
-}
-
 // The stage with last_layer resolved, checked against the model.
 StageSpec resolve_stage(StageSpec stage, const ModelConfig& cfg) {
   if (stage.last_layer < 0) stage.last_layer = cfg.n_layers;

@@ -243,8 +243,7 @@ int64_t state_lower_bound_bytes(const Recipe& r, int world, int rank) {
   }
   // With model converters (frozen groups), the converted layout, group by group: the compute
   // dtype's size for a frozen element.
-  ParamLayout layout(r.model, T);
-  for (const auto& c : converters) c->convert_layout(layout);
+  const ParamLayout layout = converted_layout(r.model, T, &converters);
   const int64_t frozen_size = int64_t(dtype_size(compute_dtype_of(r)));
   int64_t bytes = 0;
   auto add = [&](const ParamGroup& g) {

@@ -49,9 +49,8 @@ ModelConverters model_converters(const Recipe& /*r*/) {
 }
 
 ParamLayout checkpoint_layout(const Recipe& r) {
-  ParamLayout layout(r.model, 1);
-  for (const auto& c : model_converters(r)) c->convert_layout(layout);
-  return layout;
+  const ModelConverters converters = model_converters(r);
+  return converted_layout(r.model, 1, &converters);
 }
 
 DType compute_dtype_of(const Recipe& r) {

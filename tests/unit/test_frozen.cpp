@@ -13,21 +13,10 @@
 #include "optim/adamw.h"
 #include "parallel/zero.h"
 #include "runtime/device.h"
+#include "tiny_model.h"
 
 namespace ft {
 namespace {
-
-ModelConfig frozen_config() {
-  ModelConfig c;
-  c.dim = 8;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.ffn_dim = 12;
-  c.vocab_size = 11;
-  c.max_seq_len = 4;
-  return c;
-}
 
 std::vector<char> compute_bytes(LlamaModel& m, ZeroSharding& zero, int g) {
   const CRef p = zero.acquire_params(g);
@@ -49,7 +38,7 @@ TEST_CASE("frozen groups: no gradient, master or moments, unchanged weights, at 
       ModelConverters convs;
       convs.push_back(
           std::make_unique<FreezeGroups>(std::vector<std::string>{"embed", "layers.0"}));
-      LlamaModel model(frozen_config(), dev.get(), false, nullptr, {}, dt, &convs);
+      LlamaModel model(tiny_model_config(), dev.get(), false, nullptr, {}, dt, &convs);
       model.init_random(3, 0.2);
       const auto& groups = model.layout().groups();
       REQUIRE(groups.size() == 4);  // embed, layers.0, layers.1, head

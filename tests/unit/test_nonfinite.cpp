@@ -11,23 +11,11 @@
 #include "model/llama.h"
 #include "parallel/zero.h"
 #include "runtime/device.h"
+#include "tiny_model.h"
 #include "train/metrics.h"
 
 namespace ft {
 namespace {
-
-// A tiny model whose layout has several groups (embed, two blocks, head) of several tensors.
-ModelConfig tiny_config() {
-  ModelConfig c;
-  c.dim = 8;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.ffn_dim = 12;
-  c.vocab_size = 11;
-  c.max_seq_len = 4;
-  return c;
-}
 
 // The layout-wide index (groups, then entries) of tensor `name`.
 int64_t entry_index(const ParamLayout& layout, const std::string& name) {
@@ -49,7 +37,7 @@ TEST_CASE("first_nonfinite_grad names the first tensor in layout order, at every
     CAPTURE(stage);
     auto dev = make_device("cpu");
     auto comm = make_single_process_communicator();
-    LlamaModel model(tiny_config(), dev.get());
+    LlamaModel model(tiny_model_config(), dev.get());
     ZeroSharding zero(stage, model.flat_params(), *comm, dev.get());
     const ParamLayout& layout = model.layout();
     zero.begin_step(1);
