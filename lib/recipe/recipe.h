@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "adapt/config.h"
 #include "model/config.h"
 #include "optim/config.h"
 #include "optim/loss_scaler.h"
@@ -97,6 +98,7 @@ struct Recipe {
   std::string source_path;  // the YAML file it came from
   RunConfig run;
   ModelConfig model;
+  AdapterConfig adapter;  // adapter: (none unless adapter.type is set)
   TokenizerConfig tokenizer;
   DataConfig data;
   TrainingConfig training;

@@ -1,0 +1,24 @@
+#include "adapt/config.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ft {
+
+double AdapterConfig::scaling() const {
+  return use_rslora ? alpha / std::sqrt(double(r)) : alpha / double(r);
+}
+
+std::vector<std::string> AdapterConfig::targets() const {
+  static const char* const kAll[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                     "gate_proj", "up_proj", "down_proj"};
+  std::vector<std::string> out;
+  const bool all = std::find(target_modules.begin(), target_modules.end(), "all-linear") !=
+                   target_modules.end();
+  for (const char* p : kAll)
+    if (all || std::find(target_modules.begin(), target_modules.end(), p) != target_modules.end())
+      out.push_back(p);
+  return out;
+}
+
+}  // namespace ft

@@ -1,0 +1,37 @@
+// What a recipe's `adapter:` section resolves into (DESIGN.md §5): the adapter trained on a
+// frozen base, as PEFT's LoraConfig names it. It lives here, with the adapters, so that the
+// checkpoint code (which records it in the manifest) and the recipe both depend on the adapters
+// alone.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ft {
+
+struct AdapterConfig {
+  // none: every parameter trains (no adapter); lora: LoRA (Hu et al. 2021) on a frozen base;
+  // qlora: LoRA on an NF4 base (Dettmers et al. 2023; not yet built: refused by validation).
+  std::string type = "none";
+  int r = 8;             // the rank
+  double alpha = 8;      // lora_alpha: the update is scaled by alpha / r (alpha / √r: rsLoRA)
+  double dropout = 0;    // lora_dropout: on the adapter's input only, in training
+  // Hugging Face module names of the linear layers adapted (q_proj, k_proj, v_proj, o_proj,
+  // gate_proj, up_proj, down_proj), in the order given; or the one name "all-linear" (every
+  // linear layer but lm_head, as PEFT's). PEFT's default for Llama and Qwen: q_proj, v_proj.
+  std::vector<std::string> target_modules = {"q_proj", "v_proj"};
+  bool use_rslora = false;
+  // kaiming: A Kaiming-uniform (bound 1/√in, PEFT's default), B zero; gaussian: A ~ N(0, 1/r),
+  // B zero (PEFT's init_lora_weights="gaussian").
+  std::string init = "kaiming";
+  std::string from;  // a PEFT adapter folder to start from (adapter_config.json and weights)
+  std::vector<std::string> modules_to_save;  // embed_tokens, lm_head: trained whole (point 4)
+
+  bool enabled() const { return type != "none"; }
+  // The factor of the update: alpha / r, or alpha / √r with use_rslora.
+  double scaling() const;
+  // The projections adapted, with "all-linear" expanded: q_proj ... down_proj in layer order.
+  std::vector<std::string> targets() const;
+};
+
+}  // namespace ft
