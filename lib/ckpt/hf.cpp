@@ -35,6 +35,7 @@ namespace fs = std::filesystem;
 
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
+constexpr const char* kAdapterFile = "adapter_model.safetensors";
 constexpr size_t kMaxListed = 10;  // names shown in an error; the rest are counted
 constexpr const char* kHeadName = "lm_head.weight";
 constexpr const char* kEmbedName = "model.embed_tokens.weight";
@@ -173,7 +174,8 @@ HfLayoutCheck check_against_layout(const std::map<std::string, Source>& tensors,
                                    const ParamLayout& layout, const std::string& arch) {
   HfLayoutCheck c;
   std::set<std::string> expected;
-  for (const auto& g : layout.groups())
+  for (const auto& g : layout.groups()) {
+    if (g.attached_to >= 0) continue;  // an adapter's (load_peft_adapter), not the base's
     for (const auto& pe : g.entries) {
       expected.insert(pe.name);
       auto it = tensors.find(pe.name);
@@ -193,6 +195,7 @@ HfLayoutCheck check_against_layout(const std::map<std::string, Source>& tensors,
                                                "' has dtype ", dtype_name(dt),
                                                "; only F32, BF16 and F16 weights can be imported"));
     }
+  }
   // A tied model may still store its output matrix (transformers saves one when the checkpoint
   // was converted or saved untied and then tied): it is the embedding again, loaded once. Whether
   // it really equals the embedding needs the data; tied_head_difference checks that.
@@ -430,7 +433,7 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
   };
   std::vector<Copy> plan;
   for (size_t g = 0; g < layout.groups().size(); ++g)
-    if (group_ptrs[g])
+    if (group_ptrs[g] && layout.groups()[g].attached_to < 0)
       for (const auto& pe : layout.groups()[g].entries)
         plan.push_back({&w.tensors.at(pe.name), group_ptrs[g] + pe.offset, &pe});
 
@@ -441,6 +444,57 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
     return a.src->entry->begin < b.src->entry->begin;
   });
   for (const Copy& c : plan) read_slice(*c.src->file, *c.param, tensor_rank, c.dst);
+}
+
+void load_peft_adapter(const std::string& dir, const ParamLayout& layout,
+                       const std::vector<float*>& group_ptrs, int tensor_rank) {
+  FT_CHECK(group_ptrs.size() == layout.groups().size(), "load_peft_adapter: ", group_ptrs.size(),
+           " buffers for ", layout.groups().size(), " parameter groups");
+  const std::string path = dir + "/" + kAdapterFile;
+  if (!is_there(path))
+    throw UsageError("no " + std::string(kAdapterFile) + " in '" + dir +
+                     "': a PEFT adapter folder holds its weights there (with adapter_config.json)");
+  const SafetensorsFile file(path);
+  // PEFT saves the names without the adapter's name ("default"); ft's entries carry them so.
+  std::vector<std::string> missing, unexpected;
+  std::set<std::string> expected;
+  for (const ParamGroup& g : layout.groups()) {
+    if (g.attached_to < 0) continue;
+    for (const ParamEntry& pe : g.entries) {
+      expected.insert(pe.name);
+      const auto it = file.entries().find(pe.name);
+      if (it == file.entries().end()) {
+        missing.push_back(pe.name);
+        continue;
+      }
+      if (it->second.shape != pe.global_shape)
+        throw UsageError(detail::concat(
+            "tensor '", pe.name, "' in '", path, "' has shape ", shape_str(it->second.shape),
+            ", expected ", shape_str(pe.global_shape),
+            " (does adapter.r match the adapter's r, and model.from its base model?)"));
+      const DType dt = it->second.dtype;
+      if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
+        throw UsageError(detail::concat("tensor '", pe.name, "' in '", path, "' has dtype ",
+                                        dtype_name(dt), "; only F32, BF16 and F16 can be read"));
+    }
+  }
+  for (const auto& [name, e] : file.entries())
+    if (!expected.count(name)) unexpected.push_back(name);
+  if (!missing.empty() || !unexpected.empty()) {
+    std::ostringstream msg;
+    msg << "the PEFT adapter in '" << dir << "' does not match adapter.target_modules and the "
+        << "model:";
+    if (!missing.empty())
+      msg << "\n  missing " << missing.size() << " tensor(s): " << join_names(missing);
+    if (!unexpected.empty())
+      msg << "\n  unexpected " << unexpected.size() << " tensor(s): " << join_names(unexpected);
+    msg << "\n  hint: adapter.target_modules must list the modules the adapter was trained on";
+    throw UsageError(msg.str());
+  }
+  for (size_t g = 0; g < layout.groups().size(); ++g)
+    if (group_ptrs[g] && layout.groups()[g].attached_to >= 0)
+      for (const ParamEntry& pe : layout.groups()[g].entries)
+        read_slice(file, pe, tensor_rank, group_ptrs[g] + pe.offset);
 }
 
 namespace {

@@ -60,6 +60,13 @@ HfConfigRead read_hf_config_located(const std::string& dir);
 void load_hf_weights(const std::string& dir, const ParamLayout& layout,
                      const std::vector<float*>& group_ptrs, int tensor_rank = 0);
 
+// Loads the adapter groups of `layout` (ParamGroup::attached_to) from a PEFT adapter folder's
+// adapter_model.safetensors, by PEFT's names (adapt/lora.h), this tensor rank's slices, into the
+// groups whose group_ptrs are set (others: not read). Every adapter tensor must be there with its
+// shape and no other tensor: errors name the file and list the names.
+void load_peft_adapter(const std::string& dir, const ParamLayout& layout,
+                       const std::vector<float*>& group_ptrs, int tensor_rank = 0);
+
 // How a folder's tensors compare with the ParamLayout of its config; load_hf_weights refuses a
 // folder unless compatible(), and ft inspect prints the lists.
 struct HfLayoutCheck {

@@ -109,6 +109,8 @@ const std::vector<float>& KvDecoder::forward(const int32_t* ids, int n) {
   const Ref x = b.x.data();
   for (int l = 0; l < L; ++l) {
     const CRef w = fp.acquire(1 + l);
+    const int ag = model_.layout().attached_group(1 + l);  // the block's adapters, or -1
+    lc.adapter = ag >= 0 ? fp.acquire(ag) : CRef();
     const Ref kc = b.k[size_t(l)].data() + size_t(p) * K * D;  // this call's rows of the cache
     const Ref vc = b.v[size_t(l)].data() + size_t(p) * K * D;
     ops.rmsnorm_forward(s, b.ln.data(), b.rstd.data(), x, w + o.attn_norm, n, C, eps);
@@ -137,6 +139,7 @@ const std::vector<float>& KvDecoder::forward(const int32_t* ids, int n) {
     ops.swiglu_forward(s, b.h.data(), b.g.data(), b.u.data(), size_t(n) * F);
     linear_forward(lc, wd, l, x, b.h.data(), w + o.w_down, n);  // x += h·Wdᵀ
     fp.release(1 + l);
+    if (ag >= 0) fp.release(ag);
   }
   const CRef wf = fp.acquire(L + 1);
   const CRef Wh = c.tie_embeddings ? fp.acquire(0) : wf + size_t(C);

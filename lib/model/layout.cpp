@@ -4,9 +4,8 @@
 #include "model/arch.h"
 
 namespace ft {
-namespace {
-void add(ParamGroup& g, const std::string& name, std::vector<int64_t> shape, int tensor = 1,
-         TensorSplit split = TensorSplit::kReplicated) {
+void add_param(ParamGroup& g, const std::string& name, std::vector<int64_t> shape, int tensor,
+               TensorSplit split) {
   ParamEntry e;
   e.name = name;
   e.global_shape = shape;
@@ -21,9 +20,8 @@ void add(ParamGroup& g, const std::string& name, std::vector<int64_t> shape, int
   g.numel += e.numel;
   g.entries.push_back(std::move(e));
 }
-}  // namespace
 
-ParamLayout::ParamLayout(const ModelConfig& c, int tensor) : tensor_(tensor) {
+ParamLayout::ParamLayout(const ModelConfig& c, int tensor) : tensor_(tensor), n_layers_(c.n_layers) {
   const ArchSpec& arch = arch_of(c);
   FT_CHECK(heads_whole(c), "dim must be divisible by n_heads (or head_dim set)");
   FT_CHECK(tensor >= 1 && c.n_heads % tensor == 0 && c.n_kv_heads % tensor == 0 &&
@@ -36,7 +34,7 @@ ParamLayout::ParamLayout(const ModelConfig& c, int tensor) : tensor_(tensor) {
   const int64_t HD = int64_t(c.n_heads) * head_dim_, KVD = int64_t(c.n_kv_heads) * head_dim_;
 
   ParamGroup embed{"embed", {}, 0};
-  add(embed, "model.embed_tokens.weight", {V, C}, T, kRows);
+  add_param(embed, "model.embed_tokens.weight", {V, C}, T, kRows);
   groups_.push_back(std::move(embed));
 
   const bool bias = arch.qkv_bias, qk_norm = arch.qk_norm;
@@ -46,50 +44,51 @@ ParamLayout::ParamLayout(const ModelConfig& c, int tensor) : tensor_(tensor) {
     auto at = [&g] { return g.numel; };
     BlockOffsets o;
     o.attn_norm = at();
-    add(g, p + "input_layernorm.weight", {C});
+    add_param(g, p + "input_layernorm.weight", {C});
     o.wq = at();
-    add(g, p + "self_attn.q_proj.weight", {HD, C}, T, kRows);
+    add_param(g, p + "self_attn.q_proj.weight", {HD, C}, T, kRows);
     if (bias) {
       o.bq = at();
-      add(g, p + "self_attn.q_proj.bias", {HD}, T, kRows);
+      add_param(g, p + "self_attn.q_proj.bias", {HD}, T, kRows);
     }
     o.wk = at();
-    add(g, p + "self_attn.k_proj.weight", {KVD, C}, T, kRows);
+    add_param(g, p + "self_attn.k_proj.weight", {KVD, C}, T, kRows);
     if (bias) {
       o.bk = at();
-      add(g, p + "self_attn.k_proj.bias", {KVD}, T, kRows);
+      add_param(g, p + "self_attn.k_proj.bias", {KVD}, T, kRows);
     }
     o.wv = at();
-    add(g, p + "self_attn.v_proj.weight", {KVD, C}, T, kRows);
+    add_param(g, p + "self_attn.v_proj.weight", {KVD, C}, T, kRows);
     if (bias) {
       o.bv = at();
-      add(g, p + "self_attn.v_proj.bias", {KVD}, T, kRows);
+      add_param(g, p + "self_attn.v_proj.bias", {KVD}, T, kRows);
     }
     o.wo = at();
-    add(g, p + "self_attn.o_proj.weight", {C, HD}, T, kCols);
+    add_param(g, p + "self_attn.o_proj.weight", {C, HD}, T, kCols);
     if (qk_norm) {
       o.q_norm = at();
-      add(g, p + "self_attn.q_norm.weight", {head_dim_});
+      add_param(g, p + "self_attn.q_norm.weight", {head_dim_});
       o.k_norm = at();
-      add(g, p + "self_attn.k_norm.weight", {head_dim_});
+      add_param(g, p + "self_attn.k_norm.weight", {head_dim_});
     }
     o.mlp_norm = at();
-    add(g, p + "post_attention_layernorm.weight", {C});
+    add_param(g, p + "post_attention_layernorm.weight", {C});
     o.w_gate = at();
-    add(g, p + "mlp.gate_proj.weight", {F, C}, T, kRows);
+    add_param(g, p + "mlp.gate_proj.weight", {F, C}, T, kRows);
     o.w_up = at();
-    add(g, p + "mlp.up_proj.weight", {F, C}, T, kRows);
+    add_param(g, p + "mlp.up_proj.weight", {F, C}, T, kRows);
     o.w_down = at();
-    add(g, p + "mlp.down_proj.weight", {C, F}, T, kCols);
+    add_param(g, p + "mlp.down_proj.weight", {C, F}, T, kCols);
     o.total = g.numel;
     if (i == 0) block_offsets_ = o;
     groups_.push_back(std::move(g));
   }
 
   ParamGroup head{"head", {}, 0};
-  add(head, "model.norm.weight", {C});
-  if (!c.tie_embeddings) add(head, "lm_head.weight", {V, C}, T, kRows);
+  add_param(head, "model.norm.weight", {C});
+  if (!c.tie_embeddings) add_param(head, "lm_head.weight", {V, C}, T, kRows);
   groups_.push_back(std::move(head));
+  attached_.assign(groups_.size(), -1);
 }
 
 size_t ParamLayout::total_numel() const {
@@ -113,6 +112,24 @@ void ParamLayout::set_trainable(int group, bool trainable) {
   FT_CHECK(group >= 0 && size_t(group) < groups_.size(), "no parameter group ", group);
   for (ParamEntry& e : groups_[size_t(group)].entries) e.trainable = trainable;
 }
+
+int ParamLayout::add_group(ParamGroup group) {
+  const int g = int(groups_.size());
+  const int to = group.attached_to;
+  if (to >= 0) {
+    FT_CHECK(to >= 1 && to <= n_layers_, "group ", group.name, " attached to group ", to,
+             ", which is not a block");
+    FT_CHECK(attached_[size_t(to)] < 0, "group ", group.name, " attached to ",
+             groups_[size_t(to)].name, ", which has one already (",
+             groups_[size_t(attached_[size_t(to)])].name, ")");
+    attached_[size_t(to)] = g;
+  }
+  groups_.push_back(std::move(group));
+  attached_.push_back(-1);
+  return g;
+}
+
+int ParamLayout::attached_group(int g) const { return attached_[size_t(g)]; }
 
 ParamLayout converted_layout(const ModelConfig& cfg, int tensor,
                              const ModelConverters* converters) {

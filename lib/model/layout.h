@@ -3,7 +3,8 @@
 // buffers, checkpoints slice them, and HF import/export maps names through it — so this order is
 // part of the checkpoint format.
 //
-// Groups (one flat f32 buffer each):
+// Groups (one flat f32 buffer each), the model's own first; adapters' groups follow the head
+// (model/converter.h):
 //   group 0        "embed"     model.embed_tokens.weight            (V, C)
 //   group 1 + i    "layers.i"  in order:
 //       model.layers.i.input_layernorm.weight            (C)
@@ -55,7 +56,8 @@ class ParamLayout {
   const std::vector<ParamGroup>& groups() const { return groups_; }
   const ParamGroup& embed() const { return groups_.front(); }
   const ParamGroup& block(int i) const { return groups_[1 + i]; }
-  const ParamGroup& head() const { return groups_.back(); }
+  const ParamGroup& head() const { return groups_[size_t(n_layers_) + 1]; }
+  int n_layers() const { return n_layers_; }
   const BlockOffsets& block_offsets() const { return block_offsets_; }
   size_t total_numel() const;
   // Finds a tensor by HF name; returns false if absent.
@@ -64,13 +66,26 @@ class ParamLayout {
   // For model converters (model/converter.h): whether group g's tensors train (every tensor of
   // a group alike, ParamGroup::trains).
   void set_trainable(int group, bool trainable);
+  // For adapters: appends a group after the model's own (their indices never move); its
+  // attached_to, if set, must name a block. Returns its index.
+  int add_group(ParamGroup group);
+  // The group attached to group g (ParamGroup::attached_to), or -1. One at most.
+  int attached_group(int g) const;
 
  private:
   std::vector<ParamGroup> groups_;
   BlockOffsets block_offsets_{};
   int head_dim_ = 0;
   int tensor_ = 1;
+  int n_layers_ = 0;
+  std::vector<int> attached_;  // attached_[g]: the group attached to g, or -1
 };
+
+// Appends a tensor to group g at its end: name, its whole shape, and how it is split over
+// `tensor` ranks (the entry's shape is then one rank's). Weight decay for two or more
+// dimensions; trainable.
+void add_param(ParamGroup& g, const std::string& name, std::vector<int64_t> shape, int tensor = 1,
+               TensorSplit split = TensorSplit::kReplicated);
 
 // The model's layout at this tensor size with every converter's layout half applied, in order
 // (model/converter.h; null or empty: the plain layout).

@@ -32,7 +32,7 @@ void linear_forward(const LinearContext& c, const Linear& l, int layer, Ref y, C
   const LinearHooks* hook = c.hooks && c.hooks->adapts(site) ? c.hooks : nullptr;
   if (!l.row_parallel()) {
     ColumnParallelLinear{l.in, l.out}.forward(*c.dev, y, x, W, N);
-    if (hook) hook->forward(site, y, x, N);
+    if (hook) hook->forward(c, l, layer, y, x, N);
     return;
   }
   const RowParallelLinear row{l.in, l.out};
@@ -45,11 +45,11 @@ void linear_forward(const LinearContext& c, const Linear& l, int layer, Ref y, C
   const Stream st = c.dev->stream();
   if (c.tp->size() == 1) {
     ops.linear_forward(st, y, x, W, N, l.in, l.out, /*accumulate=*/true);
-    hook->forward(site, y, x, N);
+    hook->forward(c, l, layer, y, x, N);
     return;
   }
   ops.linear_forward(st, c.tp_partial, x, W, N, l.in, l.out, /*accumulate=*/false);
-  hook->forward(site, c.tp_partial, x, N);
+  hook->forward(c, l, layer, c.tp_partial, x, N);
   c.tp->all_reduce(c.tp_partial, size_t(N) * l.out, c.tp_f32);
   ops.add(st, y, c.tp_partial, size_t(N) * l.out);
 }
@@ -63,7 +63,7 @@ void linear_backward(const LinearContext& c, const Linear& l, int layer, Ref dx,
   else
     ColumnParallelLinear{l.in, l.out}.backward(*c.dev, dx, dW, dy, x, W, N, accumulate_dx);
   const LinearSite site{layer, l.proj};
-  if (c.hooks && c.hooks->adapts(site)) c.hooks->backward(site, dx, dy, x, N);
+  if (c.hooks && c.hooks->adapts(site)) c.hooks->backward(c, l, layer, dx, dy, x, N);
 }
 
 }  // namespace ft

@@ -22,21 +22,6 @@ struct LinearSite {
   Proj proj = Proj::kQ;
 };
 
-// What an adapter adds to a linear layer y = x·Wᵀ: its own term of the output and of the input
-// gradient, on this tensor rank's part (the layer's shape: Linear below).
-class LinearHooks {
- public:
-  virtual ~LinearHooks() = default;
-  // Whether the site is adapted (the others are called with no hook at all).
-  virtual bool adapts(const LinearSite& site) const = 0;
-  // y (N, out) += the adapter's output for x (N, in). For a row-parallel layer y is this rank's
-  // partial sum, before the tensor all-reduce.
-  virtual void forward(const LinearSite& site, Ref y, CRef x, int N) const = 0;
-  // dx (N, in) += the adapter's input gradient for dy (N, out), before any tensor reduction of
-  // dx; the adapter's own weight gradients accumulate where it keeps them.
-  virtual void backward(const LinearSite& site, Ref dx, CRef dy, CRef x, int N) const = 0;
-};
-
 // One linear layer: its projection, this tensor rank's sizes, and its tensor-parallel kind.
 //   column-parallel (q, k, v, gate, up, the vocabulary-parallel head): the output rows are split;
 //     y = x·Wᵀ is this rank's columns of the output.
@@ -47,6 +32,8 @@ struct Linear {
   bool row_parallel() const { return proj == Proj::kO || proj == Proj::kDown; }
 };
 
+class LinearHooks;
+
 // Where the calls run: the device, the tensor group, the hooks (null: none) and a row layer's
 // scratch for its partial sum (N·out of the compute dtype, and N·out fp32 for a 16-bit sum;
 // unused with one tensor rank and no hook).
@@ -56,6 +43,32 @@ struct LinearContext {
   const LinearHooks* hooks = nullptr;
   Ref tp_partial;
   float* tp_f32 = nullptr;
+  // The adapters' tensors of the block being run (its attached group, ParamGroup::attached_to):
+  // the compute parameters, and the fp32 gradient (null: no gradient is taken).
+  CRef adapter;
+  float* adapter_grad = nullptr;
+  // A pass that will be differentiated (an adapter's dropout acts only then), and its number
+  // on this rank: the same in the micro-batch's forward, its recomputation and its backward.
+  bool training = false;
+  uint64_t pass = 0;
+};
+
+// What an adapter adds to a linear layer y = x·Wᵀ: its own term of the output and of the input
+// gradient, on this tensor rank's part (the layer's shape: Linear above), with its tensors from
+// the context (LinearContext::adapter).
+class LinearHooks {
+ public:
+  virtual ~LinearHooks() = default;
+  // Whether the site is adapted (the others are called with no hook at all).
+  virtual bool adapts(const LinearSite& site) const = 0;
+  // y (N, out) += the adapter's output for x (N, in). For a row-parallel layer y is this rank's
+  // partial sum, before the tensor all-reduce.
+  virtual void forward(const LinearContext& c, const Linear& l, int layer, Ref y, CRef x,
+                       int N) const = 0;
+  // dx (N, in) += the adapter's input gradient for dy (N, out), before any tensor reduction of
+  // dx; the adapter's own weight gradients accumulate into c.adapter_grad.
+  virtual void backward(const LinearContext& c, const Linear& l, int layer, Ref dx, CRef dy,
+                        CRef x, int N) const = 0;
 };
 
 // Column: y = x·Wᵀ (+ the adapter's term). Row: y += Σ_tensor (x·Wᵀ (+ the adapter's term)).

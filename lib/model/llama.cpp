@@ -38,6 +38,10 @@ struct LayerActs {
 struct LlamaModel::Acts {
   int B = 0, T = 0;
   bool backward = false;
+  // The micro-batch in this slot: whether it will be differentiated, and its number on this
+  // rank (LinearContext::training, pass).
+  bool training = false;
+  uint64_t pass = 0;
   // The micro-batch, copied to the device: token ids (first stage), targets and mask (last).
   Buffer<int32_t> inputs, targets;  // (N)
   Buffer<uint8_t> mask;             // (N)
@@ -130,12 +134,15 @@ LinearContext LlamaModel::linear_context() const {
   if (acts_) {
     c.tp_partial = acts_->tp_partial.data();
     c.tp_f32 = acts_->tp_f32.data();
+    c.training = acts_->training;
+    c.pass = acts_->pass;
   }
   return c;
 }
 
 bool LlamaModel::owns_group(int g) const {
   const int L = cfg_.n_layers;
+  if (const int to = layout_.groups()[size_t(g)].attached_to; to >= 0) return owns_group(to);
   if (g == 0) return stage_.embed || (stage_.head && cfg_.tie_embeddings);
   if (g == L + 1) return stage_.head;
   return g - 1 >= stage_.first_layer && g - 1 < stage_.last_layer;
@@ -292,7 +299,9 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward, bool se
 
 void LlamaModel::layer_forward(int l, int B, int T) {
   Acts& a = *acts_;
-  const LinearContext lc = linear_context();
+  LinearContext lc = linear_context();
+  const int ag = layout_.attached_group(1 + l);  // the block's adapters, or -1
+  if (ag >= 0) lc.adapter = flat_.acquire(ag);
   LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : size_t(l - stage_.first_layer)];
   const int N = B * T, C = cfg_.dim, F = F_, H = H_, K = K_;
   const int D = layout_.head_dim();
@@ -337,13 +346,19 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   copy(y, la.mid.data(), size_t(N) * C);
   linear_forward(lc, down_proj_, l, y, la.h.data(), w + o.w_down, N);
   flat_.release(1 + l);
+  if (ag >= 0) flat_.release(ag);
 }
 
 // On entry a.dresid holds dL/d(resid[l+1]); on exit dL/d(resid[l]).
 void LlamaModel::layer_backward(int l, int B, int T) {
   Acts& a = *acts_;
-  const LinearContext lc = linear_context();
   if (ckpt_) layer_forward(l, B, T);  // recompute this layer's activations
+  LinearContext lc = linear_context();
+  const int ag = layout_.attached_group(1 + l);  // the block's adapters, or -1
+  if (ag >= 0) {
+    lc.adapter = flat_.acquire(ag);
+    lc.adapter_grad = flat_.grad(ag);
+  }
   LayerActs& la = a.layers[a.layers.size() == 1 ? 0 : size_t(l - stage_.first_layer)];
   const int N = B * T, C = cfg_.dim, F = F_, H = H_, K = K_;
   const int D = layout_.head_dim();
@@ -405,6 +420,10 @@ void LlamaModel::layer_backward(int l, int B, int T) {
                          la.rstd1.data(), N, C, /*accumulate_dx=*/true);  // dy is now dL/d x
   flat_.release(1 + l);
   flat_.grads_ready(1 + l);
+  if (ag >= 0) {
+    flat_.release(ag);
+    flat_.grads_ready(ag);
+  }
 }
 
 // A q/k norm's backward over rows (R, D) of heads. Its weight is replicated over the tensor
@@ -431,6 +450,8 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
            cfg_.max_seq_len);
   ensure_acts(slot, B, T, backward, seg != nullptr);
   Acts& a = *acts_;
+  a.training = backward;
+  a.pass = passes_++;
   const int N = B * T, C = cfg_.dim, L = cfg_.n_layers;
   const int hg = L + 1;  // head group
   const int first = stage_.first_layer, last = stage_.last_layer;

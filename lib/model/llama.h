@@ -83,6 +83,7 @@ class LlamaModel final : public PipelineStage {
   double take_loss_sum() override;
 
   const StageSpec& stage() const { return stage_; }
+  int tensor_rank() const { return tp_.rank(); }
   bool owns_group(int g) const;
 
  private:
@@ -116,6 +117,7 @@ class LlamaModel final : public PipelineStage {
   FlatParams flat_;
   std::vector<std::unique_ptr<Acts>> slots_;
   Acts* acts_ = nullptr;  // the slot in use
+  uint64_t passes_ = 0;   // forward passes begun (Acts::pass)
 };
 
 }  // namespace ft

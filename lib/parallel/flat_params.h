@@ -59,6 +59,11 @@ struct ParamGroup {
   std::string name;  // "embed", "layers.3", "head"
   std::vector<ParamEntry> entries;
   size_t numel = 0;
+  // An adapter's group (lib/adapt/): it runs with group attached_to, the block whose linear
+  // layers it adapts: held by that group's pipeline stage, acquired and released with it, its
+  // gradient complete when that block's backward is. The base model's files (model.from) do not
+  // hold it. -1: a group of the model itself.
+  int attached_to = -1;
   // Whether its entries train (all of them: FlatParams checks that they agree).
   bool trains() const { return entries.empty() || entries.front().trainable; }
 };

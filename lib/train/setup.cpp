@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "adapt/freeze.h"
+#include "adapt/lora.h"
 #include "ckpt/hf.h"
 #include "core/log.h"
 #include "parallel/partition.h"
@@ -36,8 +37,9 @@ void init_weights(LlamaModel& model, const Recipe& r, const Mesh& mesh, WeightSo
 
 }  // namespace
 
-ModelConverters model_converters(const Recipe& /*r*/) {
+ModelConverters model_converters(const Recipe& r) {
   ModelConverters out;
+  if (r.adapter.type == "lora") out.push_back(std::make_unique<LoraConverter>(r.adapter));
   if (const char* freeze = std::getenv("FT_TEST_FREEZE"); freeze && *freeze) {
     std::vector<std::string> names;
     std::stringstream list(freeze);
@@ -74,6 +76,22 @@ RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
     weights = WeightSource::kHuggingFace;  // a resume: the checkpoint lacks the frozen groups
   init_weights(*s.model, r, mesh, weights, is_root);
   for (const auto& c : s.converters) c->convert_model(*s.model, r.run.seed);
+  if (!r.adapter.from.empty() && weights != WeightSource::kShapesOnly) {
+    // The adapter to start from (a resume reads the trained one from the checkpoint after).
+    if (is_root) log_info("loading the adapter from ", r.adapter.from);
+    // Only the adapter's groups travel through the host, not the base.
+    const auto& groups = s.model->layout().groups();
+    std::vector<std::vector<float>> host(groups.size());
+    std::vector<float*> ptrs(groups.size(), nullptr);
+    for (size_t g = 0; g < groups.size(); ++g)
+      if (groups[g].attached_to >= 0 && s.model->owns_group(int(g))) {
+        host[g].resize(groups[g].numel);
+        ptrs[g] = host[g].data();
+      }
+    load_peft_adapter(r.adapter.from, s.model->layout(), ptrs, mesh.t);
+    for (size_t g = 0; g < groups.size(); ++g)
+      if (ptrs[g]) s.model->flat_params().params()[g].upload(ptrs[g], host[g].size());
+  }
   // ZeRO over the data group (lib/parallel/zero.h) takes over the parameters (stage 3) and
   // gradients (stages 2, 3) from the model.
   ZeroOptions zero_options;

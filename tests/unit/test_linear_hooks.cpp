@@ -53,12 +53,14 @@ class AddMatrix final : public LinearHooks {
   }
   const Site& site(LinearSite at) const { return sites_.at(key(at)); }
   bool adapts(const LinearSite& at) const override { return sites_.count(key(at)) != 0; }
-  void forward(const LinearSite& at, Ref y, CRef x, int N) const override {
-    const Site& s = sites_.at(key(at));
+  void forward(const LinearContext&, const Linear& l, int layer, Ref y, CRef x,
+               int N) const override {
+    const Site& s = sites_.at(key({layer, l.proj}));
     dev_->ops().linear_forward(dev_->stream(), y, x, s.dev_p.data(), N, s.in, s.out, true);
   }
-  void backward(const LinearSite& at, Ref dx, CRef dy, CRef x, int N) const override {
-    const Site& s = sites_.at(key(at));
+  void backward(const LinearContext&, const Linear& l, int layer, Ref dx, CRef dy, CRef x,
+                int N) const override {
+    const Site& s = sites_.at(key({layer, l.proj}));
     dev_->ops().linear_backward(dev_->stream(), dx, const_cast<float*>(s.grad.data()), dy, x,
                                 s.dev_p.data(), N, s.in, s.out, /*accumulate_dx=*/true);
   }

@@ -1,0 +1,236 @@
+#include "adapt/lora.h"
+
+#include <array>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/philox.h"
+#include "model/layout.h"
+#include "model/llama.h"
+
+namespace ft {
+namespace {
+
+constexpr size_t kNone = SIZE_MAX;
+constexpr int kProjs = 7;  // q, k, v, o, gate, up, down: Proj's block projections
+
+// The projection of a Hugging Face module name, and its module under model.layers.N.
+Proj proj_of(const std::string& name) {
+  for (int p = 0; p < kProjs; ++p)
+    if (name == proj_name(Proj(p))) return Proj(p);
+  throw UsageError("adapter.target_modules: unknown module '" + name + "'");
+}
+std::string module_path(int layer, Proj p) {
+  const bool attn = p == Proj::kQ || p == Proj::kK || p == Proj::kV || p == Proj::kO;
+  return "model.layers." + std::to_string(layer) + (attn ? ".self_attn." : ".mlp.") + proj_name(p);
+}
+bool row_parallel(Proj p) { return p == Proj::kO || p == Proj::kDown; }
+
+// A key per tensor from the seed and its name (as LlamaModel::init_random draws its own).
+uint64_t name_key(uint64_t seed, const std::string& name) {
+  uint64_t key = seed * 0x100000001b3ull + 0xcbf29ce484222325ull;
+  for (char c : name) key = (key ^ uint8_t(c)) * 0x100000001b3ull;
+  return key;
+}
+
+// Element j of a tensor drawn uniform in (−bound, bound) under key: a function of (key, j) only,
+// so every layout draws the same values (Philox, kernels/philox.h; the fourth counter word set
+// apart from the normal draws').
+float uniform_at(uint64_t key, uint64_t j, double bound) {
+  const kernels::philox::Block b = kernels::philox::philox4x32_10(uint32_t(j), uint32_t(j >> 32), 0u, 1u,
+                                                uint32_t(key), uint32_t(key >> 32));
+  const double u = (double(b.w[0]) + 0.5) * (1.0 / 4294967296.0);  // in (0, 1)
+  return float(bound * (2.0 * u - 1.0));
+}
+
+}  // namespace
+
+// The LoRA term of every adapted projection. The forward keeps nothing: the backward recomputes
+// t = s·dropout(x)·Aᵀ (N × r, small), so activation checkpointing and the pipeline's slots need
+// nothing of it.
+//   forward:  t = s·xd·Aᵀ;  y += t·Bᵀ                      (xd = dropout(x), or x)
+//   backward: dB += dyᵀ·t;  dt = s·dy·B;  dA += dtᵀ·xd;  dx += dropout'(dt·A)
+// Tensor parallelism: a column layer's dy, B and dt are this rank's rows (dt a partial sum:
+// summed over the group before dA, after dx took this rank's share, which reduce_input_grad
+// sums with the base layer's); a row layer's x and A are this rank's columns (t a partial sum:
+// summed before dB; in the forward it joins the base layer's partial sum).
+class LoraHooks final : public LinearHooks {
+ public:
+  LoraHooks(const AdapterConfig& cfg, const ParamLayout& layout, Device* dev, uint64_t seed)
+      : r_(cfg.r), s_(float(cfg.scaling())), p_(float(cfg.dropout)), seed_(seed), dev_(dev) {
+    slot_.fill({kNone, kNone});
+    const int g = layout.attached_group(1);  // every block's adapter group is alike
+    FT_CHECK(g >= 0, "LoRA: block 0 has no adapter group");
+    const ParamGroup& group = layout.groups()[size_t(g)];
+    for (size_t i = 0; i + 1 < group.entries.size(); i += 2) {
+      const std::string& a = group.entries[i].name;
+      const size_t dot = a.rfind(".lora_A.weight");
+      FT_CHECK(dot != std::string::npos, "LoRA: unexpected tensor ", a);
+      const Proj p = proj_of(a.substr(a.rfind('.', dot - 1) + 1, dot - a.rfind('.', dot - 1) - 1));
+      slot_[size_t(p)] = {group.entries[i].offset, group.entries[i + 1].offset};
+    }
+  }
+
+  bool adapts(const LinearSite& site) const override {
+    return site.layer >= 0 && int(site.proj) < kProjs && slot_[size_t(site.proj)].a != kNone;
+  }
+
+  void forward(const LinearContext& c, const Linear& l, int layer, Ref y, CRef x,
+               int N) const override {
+    const Slot& at = slot_[size_t(l.proj)];
+    Ops& ops = c.dev->ops();
+    const Stream st = c.dev->stream();
+    ensure(N, l.in, x.dtype);
+    const CRef xd = dropped(c, l, layer, x, N);
+    ops.linear_forward(st, t_.data(), xd, c.adapter + at.a, N, l.in, r_, false);
+    scale(c, t_.data(), size_t(N) * r_, s_);
+    ops.linear_forward(st, y, t_.data(), c.adapter + at.b, N, r_, l.out, /*accumulate=*/true);
+  }
+
+  void backward(const LinearContext& c, const Linear& l, int layer, Ref dx, CRef dy, CRef x,
+                int N) const override {
+    FT_CHECK(c.adapter_grad != nullptr, "LoRA backward without the adapter's gradient");
+    const Slot& at = slot_[size_t(l.proj)];
+    Ops& ops = c.dev->ops();
+    const Stream st = c.dev->stream();
+    const size_t Nr = size_t(N) * r_;
+    ensure(N, l.in, x.dtype);
+    const CRef xd = dropped(c, l, layer, x, N);
+    const CRef A = c.adapter + at.a, B = c.adapter + at.b;
+    float* const dA = c.adapter_grad + at.a;
+    float* const dB = c.adapter_grad + at.b;
+    ops.linear_forward(st, t_.data(), xd, A, N, l.in, r_, false);  // the forward's t, again
+    scale(c, t_.data(), Nr, s_);
+    const bool split = c.tp->size() > 1;
+    if (split && l.row_parallel()) c.tp->all_reduce(t_.data(), Nr, t32_.data());
+    ops.linear_backward(st, dt_.data(), dB, dy, t_.data(), B, N, r_, l.out, false);
+    scale(c, dt_.data(), Nr, s_);
+    const bool partial_dt = split && !l.row_parallel();
+    const Ref dxd = p_ > 0 && c.training ? dxd_.data() : dx;
+    ops.linear_backward(st, dxd, partial_dt ? nullptr : dA, dt_.data(), xd, A, N, l.in, r_,
+                        /*accumulate_dx=*/dxd.ptr == dx.ptr);
+    if (partial_dt) {
+      c.tp->all_reduce(dt_.data(), Nr, t32_.data());
+      ops.linear_backward(st, Ref(nullptr, dx.dtype), dA, dt_.data(), xd, A, N, l.in, r_, false);
+    }
+    if (dxd.ptr != dx.ptr) {
+      FT_CHECK(false, "LoRA dropout is not built yet");  // the dropout op lands next
+    }
+  }
+
+ private:
+  struct Slot {
+    size_t a, b;  // offsets of A and B in the block's adapter group; kNone: not adapted
+  };
+
+  // Scratch for N rows: t and dt (N, r) in the compute dtype, t's fp32 copy for a 16-bit
+  // scaling or tensor all-reduce, and with dropout the dropped input and its gradient (N, in).
+  void ensure(int N, int in, DType dt) const {
+    const size_t Nr = size_t(N) * r_;
+    if (t_.size() < Nr || t_.dtype() != dt) {
+      const MemoryScope tag(MemoryCategory::kActivations);
+      t_ = DBuffer(dev_, dt, Nr);
+      dt_ = DBuffer(dev_, dt, Nr);
+      t32_ = Buffer<float>(dev_, dt == DType::kF32 ? 0 : Nr);
+    }
+    if (p_ > 0 && (xd_.size() < size_t(N) * in || xd_.dtype() != dt)) {
+      const MemoryScope tag(MemoryCategory::kActivations);
+      xd_ = DBuffer(dev_, dt, size_t(N) * in);
+      dxd_ = DBuffer(dev_, dt, size_t(N) * in);
+    }
+  }
+
+  // y (n) *= f in its own dtype (through t32_ for 16 bits).
+  void scale(const LinearContext& c, Ref y, size_t n, float f) const {
+    Ops& ops = c.dev->ops();
+    const Stream st = c.dev->stream();
+    if (y.dtype == DType::kF32) {
+      ops.scale(st, static_cast<float*>(y.ptr), f, n);
+      return;
+    }
+    ops.convert(st, t32_.data(), y, n);
+    ops.scale(st, t32_.data(), f, n);
+    ops.convert(st, y, t32_.data(), n);
+  }
+
+  // The adapter's input: x, or in training with dropout its dropped copy.
+  CRef dropped(const LinearContext& c, const Linear& l, int layer, CRef x, int N) const {
+    (void)l;
+    (void)layer;
+    (void)N;
+    if (!(p_ > 0 && c.training)) return x;
+    FT_CHECK(false, "LoRA dropout is not built yet");
+    return x;
+  }
+
+  int r_;
+  float s_, p_;
+  uint64_t seed_;
+  Device* dev_;
+  std::array<Slot, kProjs> slot_;
+  mutable DBuffer t_, dt_, xd_, dxd_;
+  mutable Buffer<float> t32_;
+};
+
+LoraConverter::LoraConverter(AdapterConfig config) : config_(std::move(config)) {}
+LoraConverter::~LoraConverter() = default;
+
+void LoraConverter::convert_layout(ParamLayout& layout) const {
+  const int model_groups = int(layout.groups().size());
+  for (int g = 0; g < model_groups; ++g) layout.set_trainable(g, false);
+  const int T = layout.tensor();
+  const int64_t r = config_.r;
+  for (int i = 0; i < layout.n_layers(); ++i) {
+    ParamGroup g;
+    g.name = "lora.layers." + std::to_string(i);
+    g.attached_to = 1 + i;
+    for (const std::string& target : config_.targets()) {
+      const Proj p = proj_of(target);
+      const std::string module = module_path(i, p);
+      int base_group = -1;
+      const ParamEntry* base = nullptr;
+      FT_CHECK(layout.find(module + ".weight", &base_group, &base), "LoRA: the model has no ",
+               module, ".weight");
+      const int64_t out = base->global_shape[0], in = base->global_shape[1];
+      const bool row = row_parallel(p);
+      add_param(g, "base_model.model." + module + ".lora_A.weight", {r, in}, T,
+                row ? TensorSplit::kCols : TensorSplit::kReplicated);
+      add_param(g, "base_model.model." + module + ".lora_B.weight", {out, r}, T,
+                row ? TensorSplit::kReplicated : TensorSplit::kRows);
+    }
+    layout.add_group(std::move(g));
+  }
+}
+
+void LoraConverter::convert_model(LlamaModel& model, uint64_t seed) const {
+  const ParamLayout& layout = model.layout();
+  const int t = model.tensor_rank();
+  if (config_.from.empty()) {
+    // A as PEFT's init_lora_weights: True (Kaiming-uniform with a = √5: bound 1/√in) or
+    // "gaussian" (N(0, 1/r)); B stays zero, so the adapted model starts as the base.
+    std::vector<float> host;
+    for (size_t g = 0; g < layout.groups().size(); ++g) {
+      const ParamGroup& group = layout.groups()[g];
+      if (group.attached_to < 0 || !model.owns_group(int(g))) continue;
+      host.assign(group.numel, 0.0f);
+      for (const ParamEntry& e : group.entries) {
+        if (e.name.find(".lora_A.") == std::string::npos) continue;
+        const uint64_t key = name_key(seed, e.name);
+        const double in = double(e.global_shape[1]);
+        for_each_slice_run(e, t, [&](size_t whole, size_t local, size_t n) {
+          float* dst = host.data() + e.offset + local;
+          if (config_.init == "gaussian")
+            kernels::philox::fill_normal(dst, 0, n, key, whole, 1.0 / config_.r);
+          else
+            for (size_t j = 0; j < n; ++j) dst[j] = uniform_at(key, whole + j, 1.0 / std::sqrt(in));
+        });
+      }
+      model.flat_params().params()[g].upload(host.data(), host.size());
+    }
+  }
+  hooks_ = std::make_unique<LoraHooks>(config_, layout, model.device(), seed);
+  model.set_linear_hooks(hooks_.get());
+}
+
+}  // namespace ft

@@ -1,0 +1,43 @@
+// LoRA (Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", 2021) as a model
+// converter (model/converter.h): the base model is frozen, and each adapted linear layer
+// y = x·Wᵀ gains a trained low-rank term
+//     y = x·Wᵀ + s · (dropout(x)·Aᵀ)·Bᵀ,   A (r, in), B (out, r), s = alpha / r (rsLoRA: / √r),
+// PEFT's LoraLayer forward. The converter's layout half freezes every group of the model and
+// adds one group per block, "lora.layers.N", attached to it (ParamGroup::attached_to), holding
+// for each adapted projection, in layer order, A then B under PEFT's names:
+//     base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight   (r, in)
+//     base_model.model.model.layers.N.self_attn.q_proj.lora_B.weight   (out, r)
+// Under tensor parallelism A and B split with their base layer: a column-parallel layer (q, k,
+// v, gate, up) keeps A whole and splits B's rows as W's; a row-parallel one (o, down) splits A's
+// columns as W's and keeps B whole. Its model half initialises them (A Kaiming-uniform or
+// Gaussian, B zero, as PEFT) and installs the hooks that compute the term.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "adapt/config.h"
+#include "model/converter.h"
+#include "model/linear.h"
+
+namespace ft {
+
+class LoraHooks;
+
+class LoraConverter final : public ModelConverter {
+ public:
+  explicit LoraConverter(AdapterConfig config);
+  ~LoraConverter() override;
+  std::string name() const override { return "lora"; }
+  void convert_layout(ParamLayout& layout) const override;
+  // Initialises A and B (unless config.from names an adapter to load: the caller reads it into
+  // the adapter groups, ckpt/hf.h load_peft_adapter) and installs the hooks on the model; they
+  // live as long as this converter.
+  void convert_model(LlamaModel& model, uint64_t seed) const override;
+
+ private:
+  AdapterConfig config_;
+  mutable std::unique_ptr<LoraHooks> hooks_;
+};
+
+}  // namespace ft

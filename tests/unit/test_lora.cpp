@@ -1,0 +1,219 @@
+// LoRA (adapt/lora.h) against its definition: a model with an adapter (A, B at every linear
+// layer of the blocks) computes the loss of the plain model whose weights are merged,
+// W + s·B·A, and the adapter's gradients are the chain rule through that merge,
+// dA = s·Bᵀ·dW and dB = s·dW·Aᵀ with dW the merged model's weight gradient; the base gets none.
+// On the CPU in fp32; the layouts (tensor, pipeline, ZeRO) are the CLI tests'.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "adapt/lora.h"
+#include "model/layout.h"
+#include "model/llama.h"
+#include "runtime/device.h"
+
+namespace ft {
+namespace {
+
+ModelConfig lora_model_config() {
+  ModelConfig c;
+  c.dim = 16;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 24;
+  c.vocab_size = 19;
+  c.max_seq_len = 8;
+  return c;
+}
+
+float max_abs(const std::vector<float>& v) {
+  float m = 0;
+  for (float x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+std::vector<float> group_of(Buffer<float>& b) {
+  std::vector<float> h(b.size());
+  b.download(h.data(), h.size());
+  return h;
+}
+
+// The largest difference relative to the largest magnitude of `want`.
+float rel_diff(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  const float scale = std::max(max_abs(want), 1e-20f);
+  float worst = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::fabs(got[i] - want[i]) / scale);
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("LoRA: the adapted model is the merged one, W + s·B·A; dA and dB by the chain rule") {
+  const ModelConfig cfg = lora_model_config();
+  auto dev = make_device("cpu");
+  AdapterConfig ac;
+  ac.type = "lora";
+  ac.r = 3;
+  ac.alpha = 5;
+  ac.target_modules = {"all-linear"};
+  for (bool rslora : {false, true}) {
+    CAPTURE(rslora);
+    ac.use_rslora = rslora;
+    ModelConverters convs;
+    convs.push_back(std::make_unique<LoraConverter>(ac));
+    LlamaModel lora(cfg, dev.get(), false, nullptr, {}, DType::kF32, &convs);
+    LlamaModel merged(cfg, dev.get());
+    lora.init_random(7, 0.1);
+    merged.init_random(7, 0.1);
+    for (const auto& c : convs) c->convert_model(lora, 11);
+    const ParamLayout& layout = lora.layout();
+    const int L = cfg.n_layers;
+    REQUIRE(layout.groups().size() == size_t(2 + 2 * L));
+    for (int g = 0; g < L + 2; ++g) CHECK_FALSE(layout.groups()[size_t(g)].trains());
+    const float s = float(ac.scaling());
+    CHECK(s == doctest::Approx(rslora ? 5 / std::sqrt(3.0) : 5 / 3.0));
+
+    // B starts at zero (the adapted model is the base); give it values of both signs, so that
+    // the term acts. A keeps its Kaiming-uniform draw: within ±1/√in, not all zero.
+    std::vector<std::vector<float>> w = merged.flat_params().to_host();
+    int adapted = 0;
+    for (int l = 0; l < L; ++l) {
+      const int ag = layout.attached_group(1 + l);
+      REQUIRE(ag == L + 2 + l);
+      const ParamGroup& group = layout.groups()[size_t(ag)];
+      CHECK(group.trains());
+      CHECK(group.name == "lora.layers." + std::to_string(l));
+      std::vector<float> p = group_of(lora.flat_params().params()[size_t(ag)]);
+      REQUIRE(group.entries.size() == 14);  // seven projections, A and B each
+      for (size_t i = 0; i < group.entries.size(); i += 2) {
+        const ParamEntry &ea = group.entries[i], &eb = group.entries[i + 1];
+        const std::string base = ea.name.substr(std::string("base_model.model.").size(),
+                                                ea.name.find(".lora_A.") -
+                                                    std::string("base_model.model.").size());
+        CAPTURE(base);
+        CHECK(eb.name == "base_model.model." + base + ".lora_B.weight");
+        const int r = int(ea.shape[0]), in = int(ea.shape[1]), out = int(eb.shape[0]);
+        REQUIRE(r == ac.r);
+        REQUIRE(eb.shape[1] == r);
+        float* A = p.data() + ea.offset;
+        float* B = p.data() + eb.offset;
+        const float bound = 1.0f / std::sqrt(float(in));
+        float amax = 0;
+        for (int k = 0; k < r * in; ++k) amax = std::max(amax, std::fabs(A[k]));
+        CHECK(amax <= bound);
+        CHECK(amax > 0.5f * bound);
+        for (int k = 0; k < out * r; ++k) {
+          CHECK(B[k] == 0.0f);
+          B[k] = 0.3f * std::sin(float(7 * k + 3 * i + l));
+        }
+        int bg = 0;
+        const ParamEntry* be = nullptr;
+        REQUIRE(layout.find(base + ".weight", &bg, &be));
+        REQUIRE(be->shape == std::vector<int64_t>{out, in});
+        for (int o = 0; o < out; ++o)
+          for (int c = 0; c < in; ++c) {
+            double d = 0;
+            for (int k = 0; k < r; ++k) d += double(B[o * r + k]) * A[k * in + c];
+            w[size_t(bg)][be->offset + size_t(o) * in + c] += float(s * d);
+          }
+        ++adapted;
+      }
+      lora.flat_params().params()[size_t(ag)].upload(p.data(), p.size());
+    }
+    CHECK(adapted == 7 * L);
+    merged.flat_params().from_host(w);
+
+    const int B = 2, T = 6, N = B * T, V = cfg.vocab_size;
+    std::vector<int32_t> in(N), tgt(N);
+    std::vector<uint8_t> mask(N, 1);
+    for (int n = 0; n < N; ++n) in[size_t(n)] = (5 * n + 3) % V, tgt[size_t(n)] = (7 * n + 1) % V;
+    for (LlamaModel* m : {&lora, &merged})
+      m->forward_backward(in.data(), tgt.data(), mask.data(), B, T, 1.0f / float(N));
+    const double loss_l = lora.take_loss_sum(), loss_m = merged.take_loss_sum();
+    CHECK(loss_l == doctest::Approx(loss_m).epsilon(1e-6));
+    // The adapter matters: the base alone has another loss.
+    LlamaModel plain(cfg, dev.get());
+    plain.init_random(7, 0.1);
+    plain.forward_backward(in.data(), tgt.data(), mask.data(), B, T, 1.0f / float(N));
+    CHECK(std::fabs(plain.take_loss_sum() - loss_m) > 1e-3 * std::fabs(loss_m));
+
+    // The base has no gradient; the adapter's is the chain rule through the merge.
+    for (int g = 0; g < L + 2; ++g) CHECK(lora.flat_params().grad(g) == nullptr);
+    auto& gm = merged.flat_params().grads();
+    for (int l = 0; l < L; ++l) {
+      const int ag = layout.attached_group(1 + l);
+      const ParamGroup& group = layout.groups()[size_t(ag)];
+      const std::vector<float> p = group_of(lora.flat_params().params()[size_t(ag)]);
+      const std::vector<float> dp = group_of(lora.flat_params().grads()[size_t(ag)]);
+      for (size_t i = 0; i < group.entries.size(); i += 2) {
+        const ParamEntry &ea = group.entries[i], &eb = group.entries[i + 1];
+        const std::string base = ea.name.substr(17, ea.name.find(".lora_A.") - 17);
+        CAPTURE(base);
+        int bg = 0;
+        const ParamEntry* be = nullptr;
+        REQUIRE(layout.find(base + ".weight", &bg, &be));
+        const std::vector<float> all = group_of(gm[size_t(bg)]);
+        const float* dW = all.data() + be->offset;
+        const int r = int(ea.shape[0]), in_ = int(ea.shape[1]), out = int(eb.shape[0]);
+        const float* A = p.data() + ea.offset;
+        const float* Bm = p.data() + eb.offset;
+        std::vector<float> want_dA(size_t(r) * in_), want_dB(size_t(out) * r);
+        for (int k = 0; k < r; ++k)
+          for (int c = 0; c < in_; ++c) {
+            double d = 0;
+            for (int o = 0; o < out; ++o) d += double(Bm[o * r + k]) * dW[o * in_ + c];
+            want_dA[size_t(k) * in_ + c] = float(s * d);
+          }
+        for (int o = 0; o < out; ++o)
+          for (int k = 0; k < r; ++k) {
+            double d = 0;
+            for (int c = 0; c < in_; ++c) d += double(dW[o * in_ + c]) * A[k * in_ + c];
+            want_dB[size_t(o) * r + k] = float(s * d);
+          }
+        const std::vector<float> dA(dp.begin() + int64_t(ea.offset),
+                                    dp.begin() + int64_t(ea.offset + ea.numel));
+        const std::vector<float> dB(dp.begin() + int64_t(eb.offset),
+                                    dp.begin() + int64_t(eb.offset + eb.numel));
+        CHECK(max_abs(want_dA) > 0);
+        CHECK(max_abs(want_dB) > 0);
+        CHECK(rel_diff(dA, want_dA) < 1e-5f);
+        CHECK(rel_diff(dB, want_dB) < 1e-5f);
+      }
+    }
+  }
+}
+
+TEST_CASE("LoRA: target modules choose the adapted projections, in layer order") {
+  ModelConfig cfg = lora_model_config();
+  cfg.vocab_size = 20;  // divisible by two tensor ranks
+  AdapterConfig ac;
+  ac.type = "lora";
+  ac.r = 2;
+  ac.target_modules = {"down_proj", "q_proj"};
+  ModelConverters convs;
+  convs.push_back(std::make_unique<LoraConverter>(ac));
+  for (int tensor : {1, 2}) {
+    CAPTURE(tensor);
+    const ParamLayout layout = converted_layout(cfg, tensor, &convs);
+    const ParamGroup& g = layout.groups()[size_t(layout.attached_group(2))];
+    REQUIRE(g.entries.size() == 4);
+    CHECK(g.entries[0].name == "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight");
+    CHECK(g.entries[3].name == "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight");
+    // q (column-parallel): A whole, B's rows split; down (row-parallel): A's columns split, B whole.
+    CHECK(g.entries[0].split == TensorSplit::kReplicated);
+    CHECK(g.entries[1].split == TensorSplit::kRows);
+    CHECK(g.entries[1].shape == std::vector<int64_t>{16 / tensor, 2});
+    CHECK(g.entries[2].split == TensorSplit::kCols);
+    CHECK(g.entries[2].shape == std::vector<int64_t>{2, 24 / tensor});
+    CHECK(g.entries[3].split == TensorSplit::kReplicated);
+    CHECK(layout.head().name == "head");
+  }
+}
+
+}  // namespace ft
