@@ -584,6 +584,16 @@ int inspect_checkpoint_step(const std::string& dir) {
   const ParamLayout layout(m.model, 1);
   const uint64_t params = layout.total_numel();
   std::printf("  parameters:   %s (%s)\n", short_count(params).c_str(), grouped(params).c_str());
+  if (m.adapter.enabled()) {
+    const uint64_t adapter = manifest_layout(m, 1).total_numel() - params;
+    std::string targets;
+    for (const std::string& t : m.adapter.target_modules)
+      targets += (targets.empty() ? "" : ", ") + t;
+    std::printf("  adapter:      %s r %d, alpha %g%s on %s: %s parameters (%s), the base frozen\n",
+                m.adapter.type.c_str(), m.adapter.r, m.adapter.alpha,
+                m.adapter.use_rslora ? " (rsLoRA)" : "", targets.c_str(),
+                short_count(adapter).c_str(), grouped(adapter).c_str());
+  }
   const nlohmann::json none;
   const nlohmann::json& opt = j.contains("optimizer") ? j["optimizer"] : none;
   std::printf("  optimizer:    %s (step %lld)\n", scalar_members(opt, {"step"}).c_str(),

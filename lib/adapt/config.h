@@ -9,13 +9,19 @@
 
 namespace ft {
 
+constexpr int kMaxAdapterRank = 4096;  // adapter.r's bound (recipe and checkpoint alike)
+
+// Whether a name may be listed in adapter.target_modules: a block's linear layer (q_proj ...
+// down_proj) or "all-linear".
+bool is_lora_target(const std::string& name);
+
 struct AdapterConfig {
   // none: every parameter trains (no adapter); lora: LoRA (Hu et al. 2021) on a frozen base;
   // qlora: LoRA on an NF4 base (Dettmers et al. 2023; not yet built: refused by validation).
   std::string type = "none";
-  int r = 8;             // the rank
-  double alpha = 8;      // lora_alpha: the update is scaled by alpha / r (alpha / √r: rsLoRA)
-  double dropout = 0;    // lora_dropout: on the adapter's input only, in training
+  int r = 8;           // the rank
+  double alpha = 8;    // lora_alpha: the update is scaled by alpha / r (alpha / √r: rsLoRA)
+  double dropout = 0;  // lora_dropout: on the adapter's input only, in training
   // Hugging Face module names of the linear layers adapted (q_proj, k_proj, v_proj, o_proj,
   // gate_proj, up_proj, down_proj), in the order given; or the one name "all-linear" (every
   // linear layer but lm_head, as PEFT's). PEFT's default for Llama and Qwen: q_proj, v_proj.

@@ -38,8 +38,8 @@ uint64_t name_key(uint64_t seed, const std::string& name) {
 // so every layout draws the same values (Philox, kernels/philox.h; the fourth counter word set
 // apart from the normal draws').
 float uniform_at(uint64_t key, uint64_t j, double bound) {
-  const kernels::philox::Block b = kernels::philox::philox4x32_10(uint32_t(j), uint32_t(j >> 32), 0u, 1u,
-                                                uint32_t(key), uint32_t(key >> 32));
+  const kernels::philox::Block b = kernels::philox::philox4x32_10(
+      uint32_t(j), uint32_t(j >> 32), 0u, 1u, uint32_t(key), uint32_t(key >> 32));
   const double u = (double(b.w[0]) + 0.5) * (1.0 / 4294967296.0);  // in (0, 1)
   return float(bound * (2.0 * u - 1.0));
 }

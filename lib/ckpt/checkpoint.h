@@ -44,7 +44,9 @@
 #include <thread>
 #include <vector>
 
+#include "adapt/config.h"
 #include "model/config.h"
+#include "model/layout.h"
 #include "optim/loss_scaler.h"
 #include "runtime/device.h"
 
@@ -112,8 +114,15 @@ struct Manifest {
   // Groups a model converter froze (key frozen.groups, written only when there are some): the
   // checkpoint holds no state of theirs; they are the run's starting weights (DESIGN.md §8).
   std::vector<int> frozen_groups;
+  // The adapter trained (key adapter, written by adapter runs only; type "none" without):
+  // its groups follow the model's in the checkpoint's layout (manifest_layout).
+  AdapterConfig adapter;
   nlohmann::json json;  // the whole document
 };
+
+// The parameter layout a checkpoint's groups and pieces refer to, at `tensor` ranks: the model's,
+// with the adapter's groups after it when the run trained one (adapt/lora.h).
+ParamLayout manifest_layout(const Manifest& m, int tensor);
 
 // Reads and checks step_dir/manifest.json (and that COMPLETE is there unless allow_incomplete).
 // Errors name the file and say what is wrong.

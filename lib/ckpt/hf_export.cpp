@@ -451,6 +451,10 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
   if (o.dtype != DType::kF32 && o.dtype != DType::kBF16 && o.dtype != DType::kF16)
     throw UsageError("export dtype must be f32, bf16 or f16, got " + dtype_name(o.dtype));
   FT_CHECK(o.max_shard_bytes > 0, "max_shard_bytes must be positive");
+  if (m.adapter.enabled())
+    throw UsageError(m.dir + ": a checkpoint of a " + m.adapter.type +
+                     " adapter run holds the adapter only (its base is model.from); exporting "
+                     "it as a PEFT folder or merged into its base is not built yet");
   check_export_target(dir, o.overwrite);
   const fs::path out = clean_dir(dir);
   {

@@ -13,6 +13,7 @@
 #include <map>
 #include <tuple>
 
+#include "adapt/lora.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/checkpoint_internal.h"
 #include "ckpt/io.h"
@@ -204,6 +205,12 @@ ModelConfig parse_model(const JsonReader& r, const json& mc) {
 
 }  // namespace
 
+ParamLayout manifest_layout(const Manifest& m, int tensor) {
+  ModelConverters converters;
+  if (m.adapter.type == "lora") converters.push_back(std::make_unique<LoraConverter>(m.adapter));
+  return converted_layout(m.model, tensor, &converters);
+}
+
 Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
   const std::string path = (fs::path(step_dir) / "manifest.json").string();
   const JsonReader r(path);
@@ -277,8 +284,47 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
     if (t.contains("sha256")) r.text(t["sha256"], "tokenizer.sha256");
   }
 
+  // The adapter (key adapter, written by adapter runs only): its groups follow the model's.
+  if (j.contains("adapter")) {
+    const json& a = r.object(j["adapter"], "adapter");
+    AdapterConfig& ad = m.adapter;
+    ad.type = r.text(r.at(a, "adapter", "type"), "adapter.type");
+    if (ad.type != "lora")
+      r.fail("adapter.type", "unknown adapter type " + JsonReader::describe(a["type"]) + " (lora)");
+    ad.r = int(r.int_at(a, "adapter", "r", 1, kMaxAdapterRank));
+    ad.alpha = r.real(r.at(a, "adapter", "alpha"), "adapter.alpha", 1e-30, 1e30);
+    ad.dropout = r.real(r.at(a, "adapter", "dropout"), "adapter.dropout", 0, 0.999999);
+    ad.use_rslora = r.flag(r.at(a, "adapter", "use_rslora"), "adapter.use_rslora");
+    ad.init = r.text(r.at(a, "adapter", "init"), "adapter.init");
+    ad.from = r.text(r.at(a, "adapter", "from"), "adapter.from");
+    const json& tm = r.array(r.at(a, "adapter", "target_modules"), "adapter.target_modules");
+    ad.target_modules.clear();
+    for (size_t i = 0; i < tm.size(); ++i) {
+      const std::string path = detail::concat("adapter.target_modules[", i, "]");
+      const std::string name = r.text(tm[i], path);
+      if (!is_lora_target(name) || name == "all-linear")
+        r.fail(path, "unknown module " + JsonReader::describe(tm[i]) +
+                         " (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+      ad.target_modules.push_back(name);
+    }
+    if (ad.target_modules.empty()) r.fail("adapter.target_modules", "empty");
+    // Its size within the checkpoint's bound too: r (in + out) per projection and block.
+    using u128 = unsigned __int128;
+    const u128 C = u128(c.dim), F = u128(c.ffn_dim), D = u128(head_dim_of(c));
+    const u128 HD = u128(c.n_heads) * D, KVD = u128(c.n_kv_heads) * D;
+    u128 per_block = 0;
+    for (const std::string& t : ad.targets())
+      per_block += t == "q_proj"                        ? C + HD
+                   : t == "k_proj" || t == "v_proj"     ? C + KVD
+                   : t == "o_proj"                      ? HD + C
+                   : t == "gate_proj" || t == "up_proj" ? C + F
+                                                        : F + C;
+    if (u128(ad.r) * per_block * u128(c.n_layers) > kMaxElements)
+      r.fail("adapter", detail::concat("an adapter of more than ", kMaxElements, " parameters"));
+  }
+
   // The tensor table (written by the trainer; optional for other writers) must be the model's.
-  const ParamLayout whole(c, 1);
+  const ParamLayout whole = manifest_layout(m, 1);
   if (j.contains("tensors")) {
     const json& ts = r.array(j["tensors"], "tensors");
     size_t k = 0;
@@ -347,7 +393,7 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
 
   // Pieces: each inside its group (at the saved tensor size) and inside its shard file, checked
   // before anything is allocated or read for it.
-  const ParamLayout saved(c, m.tensor);
+  const ParamLayout saved = manifest_layout(m, m.tensor);
   const auto& groups = saved.groups();
   const json& pieces = r.array(r.at(j, "", "pieces"), "pieces");
   m.pieces.reserve(pieces.size());

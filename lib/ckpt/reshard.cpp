@@ -185,8 +185,8 @@ void read_range(const Manifest& m, State state, int group, int tensor, int tenso
     return;
   }
   // Another tensor-parallel size: through the whole tensors.
-  const ParamLayout local(m.model, tensor);
-  const ParamLayout whole_layout(m.model, 1);
+  const ParamLayout local = manifest_layout(m, tensor);
+  const ParamLayout whole_layout = manifest_layout(m, 1);
   const std::vector<float> whole = read_global_group(m, state, group);
   const ParamGroup& lg = local.groups()[size_t(group)];
   std::vector<float> part(lg.numel);
@@ -222,7 +222,7 @@ void check_files_hold(const Manifest& m, State state, int group) {
 }  // namespace
 
 std::vector<float> read_global_group(const Manifest& m, State state, int group) {
-  const ParamLayout whole_layout(m.model, 1);
+  const ParamLayout whole_layout = manifest_layout(m, 1);
   FT_CHECK(group >= 0 && size_t(group) < whole_layout.groups().size(), "no group ", group);
   check_files_hold(m, state, group);
   const ParamGroup& wg = whole_layout.groups()[size_t(group)];
@@ -231,7 +231,7 @@ std::vector<float> read_global_group(const Manifest& m, State state, int group) 
     read_range(m, state, group, 1, 0, 0, wg.numel, whole.data());
     return whole;
   }
-  const ParamLayout saved(m.model, m.tensor);
+  const ParamLayout saved = manifest_layout(m, m.tensor);
   const ParamGroup& sg = saved.groups()[size_t(group)];
   std::vector<float> part(sg.numel);
   for (int t = 0; t < m.tensor; ++t) {

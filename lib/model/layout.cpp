@@ -21,7 +21,8 @@ void add_param(ParamGroup& g, const std::string& name, std::vector<int64_t> shap
   g.entries.push_back(std::move(e));
 }
 
-ParamLayout::ParamLayout(const ModelConfig& c, int tensor) : tensor_(tensor), n_layers_(c.n_layers) {
+ParamLayout::ParamLayout(const ModelConfig& c, int tensor)
+    : tensor_(tensor), n_layers_(c.n_layers) {
   const ArchSpec& arch = arch_of(c);
   FT_CHECK(heads_whole(c), "dim must be divisible by n_heads (or head_dim set)");
   FT_CHECK(tensor >= 1 && c.n_heads % tensor == 0 && c.n_kv_heads % tensor == 0 &&

@@ -67,8 +67,8 @@ class LinearHooks {
                        int N) const = 0;
   // dx (N, in) += the adapter's input gradient for dy (N, out), before any tensor reduction of
   // dx; the adapter's own weight gradients accumulate into c.adapter_grad.
-  virtual void backward(const LinearContext& c, const Linear& l, int layer, Ref dx, CRef dy,
-                        CRef x, int N) const = 0;
+  virtual void backward(const LinearContext& c, const Linear& l, int layer, Ref dx, CRef dy, CRef x,
+                        int N) const = 0;
 };
 
 // Column: y = x·Wᵀ (+ the adapter's term). Row: y += Σ_tensor (x·Wᵀ (+ the adapter's term)).

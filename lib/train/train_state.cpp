@@ -203,6 +203,17 @@ json manifest_base(const Recipe& r, const Mesh& mesh, const std::string& tokeniz
   if (!frozen.empty())
     j["frozen"] = {
         {"groups", frozen}, {"from", c.from}, {"seed", r.run.seed}, {"init_std", c.init_std}};
+  // The adapter (adapt/config.h): what rebuilds the checkpoint's layout (ckpt::manifest_layout)
+  // and what a resume must train again. Written only by adapter runs.
+  if (r.adapter.enabled())
+    j["adapter"] = {{"type", r.adapter.type},
+                    {"r", r.adapter.r},
+                    {"alpha", r.adapter.alpha},
+                    {"dropout", r.adapter.dropout},
+                    {"target_modules", r.adapter.targets()},
+                    {"use_rslora", r.adapter.use_rslora},
+                    {"init", r.adapter.init},
+                    {"from", r.adapter.from}};
   j["optimizer"] = {{"name", r.optimizer.name},
                     {"lr", r.optimizer.lr},
                     {"betas", {r.optimizer.beta1, r.optimizer.beta2}},
@@ -231,10 +242,13 @@ void check_same_model(const ckpt::Manifest& m, const Recipe& r) {
   const ModelConfig& a = m.model;
   const ModelConfig& b = r.model;
   std::string diff;
-  auto cmp = [&](const char* key, double x, double y) {
+  auto cmp_key = [&](const std::string& key, double x, double y) {
     if (x != y)
-      diff += detail::concat(diff.empty() ? "" : ", ", "model.", key, " ", x,
-                             " in the checkpoint, ", y, " in the recipe");
+      diff += detail::concat(diff.empty() ? "" : ", ", key, " ", x, " in the checkpoint, ", y,
+                             " in the recipe");
+  };
+  auto cmp = [&](const char* key, double x, double y) {
+    cmp_key(std::string("model.") + key, x, y);
   };
   if (a.arch != b.arch)
     diff += detail::concat("model.arch ", a.arch, " in the checkpoint, ", b.arch, " in the recipe");
@@ -259,6 +273,22 @@ void check_same_model(const ckpt::Manifest& m, const Recipe& r) {
       cmp("rope_high_freq_factor", a.rope_high_freq_factor, b.rope_high_freq_factor);
       cmp("rope_original_max_seq_len", a.rope_original_max_seq_len, b.rope_original_max_seq_len);
     }
+  }
+  // The adapter: the same one trains on (its shape is the checkpoint's layout; its scaling and
+  // dropout are what its weights were trained under). adapter.from is only where it started.
+  const AdapterConfig &ca = m.adapter, &ra = r.adapter;
+  if (ca.type != ra.type)
+    diff += detail::concat(diff.empty() ? "" : ", ", "adapter.type ", ca.type,
+                           " in the checkpoint, ", ra.type, " in the recipe");
+  if (ca.enabled() && ca.type == ra.type) {
+    cmp_key("adapter.r", ca.r, ra.r);
+    cmp_key("adapter.alpha", ca.alpha, ra.alpha);
+    cmp_key("adapter.dropout", ca.dropout, ra.dropout);
+    cmp_key("adapter.use_rslora", ca.use_rslora, ra.use_rslora);
+    if (ca.targets() != ra.targets())
+      diff += detail::concat(diff.empty() ? "" : ", ", "adapter.target_modules differ (",
+                             ca.targets().size(), " modules in the checkpoint, ",
+                             ra.targets().size(), " in the recipe)");
   }
   // Frozen parameters are not in the checkpoint: the same groups must be frozen, and come back
   // from the same source.

@@ -93,9 +93,9 @@ TEST_CASE("LoRA: the adapted model is the merged one, W + s·B·A; dA and dB by 
       REQUIRE(group.entries.size() == 14);  // seven projections, A and B each
       for (size_t i = 0; i < group.entries.size(); i += 2) {
         const ParamEntry &ea = group.entries[i], &eb = group.entries[i + 1];
-        const std::string base = ea.name.substr(std::string("base_model.model.").size(),
-                                                ea.name.find(".lora_A.") -
-                                                    std::string("base_model.model.").size());
+        const std::string base =
+            ea.name.substr(std::string("base_model.model.").size(),
+                           ea.name.find(".lora_A.") - std::string("base_model.model.").size());
         CAPTURE(base);
         CHECK(eb.name == "base_model.model." + base + ".lora_B.weight");
         const int r = int(ea.shape[0]), in = int(ea.shape[1]), out = int(eb.shape[0]);
@@ -205,7 +205,8 @@ TEST_CASE("LoRA: target modules choose the adapted projections, in layer order")
     REQUIRE(g.entries.size() == 4);
     CHECK(g.entries[0].name == "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight");
     CHECK(g.entries[3].name == "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight");
-    // q (column-parallel): A whole, B's rows split; down (row-parallel): A's columns split, B whole.
+    // q (column-parallel): A whole, B's rows split; down (row-parallel): A's columns split, B
+    // whole.
     CHECK(g.entries[0].split == TensorSplit::kReplicated);
     CHECK(g.entries[1].split == TensorSplit::kRows);
     CHECK(g.entries[1].shape == std::vector<int64_t>{16 / tensor, 2});
