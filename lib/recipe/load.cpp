@@ -315,6 +315,11 @@ std::string Loader::unknown_key_hint(const std::string& section, const std::stri
   return "keys of " + section + " are " + join(valid, ", ");
 }
 
+std::string Loader::suggest(const std::string& name, const std::vector<std::string>& cands) {
+  const std::vector<std::string> s = first_of({misspelt(name, cands), overlapping(name, cands)});
+  return s.empty() ? "" : did_you_mean(s);
+}
+
 // Stage 2: KEY=VALUE overrides replace or add settings; the value is parsed as YAML so
 // `optimizer.betas=[0.9,0.95]` is a list and `training.steps=20` an integer.
 void Loader::apply_overrides(const std::vector<std::string>& overrides) {
@@ -365,6 +370,11 @@ void Loader::convert_settings() {
 
 std::string Loader::example(const KeySpec& k) const {
   if (k.kind == Kind::kBetas) return "e.g. " + k.key() + ": [0.9, 0.999]";
+  if (k.kind == Kind::kNames) {
+    Names d = std::get<Names>(k.get(Recipe{}));
+    if (d.empty()) d = {k.choices.front()};
+    return "e.g. " + k.key() + ": " + format_value(d);
+  }
   const std::string d = format_value(k.get(Recipe{}));
   return d.empty() ? "" : "e.g. " + k.key() + ": " + d;
 }
@@ -449,12 +459,35 @@ std::optional<Value> Loader::convert(const KeySpec& k, const Setting& s) {
       }
       if (k.kind == Kind::kChoice &&
           std::find(k.choices.begin(), k.choices.end(), text) == k.choices.end()) {
-        auto s2 = first_of({misspelt(text, k.choices), overlapping(text, k.choices)});
+        const std::string close = suggest(text, k.choices);
         issue(s.at, k.path, excerpt(text) + " is not one of " + join(k.choices, ", "),
-              s2.empty() ? example(k) : did_you_mean(s2));
+              close.empty() ? example(k) : close);
         return std::nullopt;
       }
       return Value(text);
+    }
+    case Kind::kNames: {
+      // Nothing written is no names; one name alone is a list of one (PEFT's target_modules
+      // takes "all-linear" as a string). The names themselves are checked in validation.
+      Names names;
+      if (n.IsNull()) return Value(names);
+      if (!n.IsScalar() && !n.IsSequence()) return wrong("a list of names", example(k));
+      const bool one = n.IsScalar();
+      for (size_t i = 0; i < (one ? 1 : n.size()); ++i) {
+        const YAML::Node e = one ? n : n[i];
+        if (!e.IsScalar()) {
+          issue(locate_element(k.path, i), k.path,
+                "expected a list of names, got a list holding " + describe(e), example(k));
+          return std::nullopt;
+        }
+        if (!is_valid_utf8(e.Scalar())) {
+          issue(locate_element(k.path, i), k.path, "expected UTF-8 text, got " + describe(e),
+                "the value has bytes that are not UTF-8; re-save the file as UTF-8");
+          return std::nullopt;
+        }
+        names.push_back(e.Scalar());
+      }
+      return Value(names);
     }
     case Kind::kBetas: {
       Betas b{};

@@ -76,6 +76,16 @@ class Loader {
     return {path_, 0, 0};
   }
 
+  // Where the i-th name of a list key is in the file; as locate() for a single name, for an
+  // override (the command line has no positions) and for a key not written.
+  Origin locate_element(const std::string& path, size_t i) const {
+    auto it = settings_.find(path);
+    if (it == settings_.end()) return locate(path);
+    const Setting& s = it->second;
+    if (s.at.file != path_ || !s.value.IsSequence() || i >= s.value.size()) return s.at;
+    return origin(s.value[i].Mark());
+  }
+
   // load.cpp
   bool read_file();
   void read_section(const std::string& section, const YAML::Node& map);
@@ -83,6 +93,8 @@ class Loader {
   void unknown_in_section(const Origin& at, const std::string& section, const std::string& key);
   static std::vector<std::string> paths_like(const std::string& key);
   static std::string unknown_key_hint(const std::string& section, const std::string& key);
+  // "did you mean X?" for a value close to one of `cands`; empty when none is.
+  static std::string suggest(const std::string& name, const std::vector<std::string>& cands);
   void apply_overrides(const std::vector<std::string>& overrides);
   void convert_settings();
   std::string example(const KeySpec& k) const;
@@ -96,6 +108,7 @@ class Loader {
   static std::string hf_says(const KeySpec& k, const HfConfigRead& hf, const std::string& value);
   void check_paths();
   void check_vocabulary();
+  void check_adapter_from();
 
   // validate.cpp
   void check_unimplemented();
@@ -104,6 +117,8 @@ class Loader {
   void check_cross_rules();
   void check_loss_scaling();
   void check_rope();
+  void check_adapter();
+  void check_adapter_names(const std::string& path);
   void check_layout();
   static int nearest_divisor(int n, int near);
 

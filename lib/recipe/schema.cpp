@@ -59,6 +59,7 @@ Value to_value(uint64_t v) { return v; }
 Value to_value(double v) { return v; }
 Value to_value(bool v) { return v; }
 Value to_value(const std::string& v) { return v; }
+Value to_value(const Names& v) { return v; }
 Value to_value(const OptimizerConfig& o) { return Betas{o.beta1, o.beta2}; }
 
 void assign(int& f, const Value& v) { f = int(std::get<int64_t>(v)); }
@@ -67,6 +68,7 @@ void assign(uint64_t& f, const Value& v) { f = std::get<uint64_t>(v); }
 void assign(double& f, const Value& v) { f = std::get<double>(v); }
 void assign(bool& f, const Value& v) { f = std::get<bool>(v); }
 void assign(std::string& f, const Value& v) { f = std::get<std::string>(v); }
+void assign(Names& f, const Value& v) { f = std::get<Names>(v); }
 void assign(OptimizerConfig& o, const Value& v) {
   o.beta1 = std::get<Betas>(v)[0];
   o.beta2 = std::get<Betas>(v)[1];
@@ -162,6 +164,35 @@ const std::vector<KeySpec>& schema() {
                {.hf_name = "tie_word_embeddings"}),
         FT_KEY(model, init_std, kFloat, "std of the random initialisation (without model.from)",
                {.range = Range{0, 10, true, false}}),
+
+        // The adapter trained on a frozen base, with PEFT LoraConfig's meanings (adapt/config.h).
+        // recipe_to_yaml writes this section only when adapter.type is not none. alpha's bound
+        // is far above the 8 to 256 in use, as the other bounds are above real models.
+        FT_KEY(adapter, type, kChoice,
+               "none: every parameter trains; lora: a LoRA adapter on the frozen base; qlora: "
+               "LoRA on an NF4 base (not yet built)",
+               {.choices = {"none", "lora", "qlora"}}),
+        FT_KEY(adapter, r, kInt, "rank of the adapter's matrices", {.range = between(1, 4096)}),
+        FT_KEY(adapter, alpha, kFloat,
+               "lora_alpha: the update is scaled by alpha / r (alpha / sqrt(r) with use_rslora)",
+               {.range = Range{0, 1e6, true, false}}),
+        FT_KEY(adapter, dropout, kFloat,
+               "lora_dropout: dropout on the adapter's input, in training only",
+               {.range = from_until(0, 1)}),
+        FT_KEY(adapter, target_modules, kNames,
+               "linear layers adapted, by HF name (q_proj ... down_proj), or [all-linear]",
+               {.choices = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                            "down_proj", "all-linear"}}),
+        FT_KEY(adapter, use_rslora, kBool, "rsLoRA: scale by alpha / sqrt(r) instead of alpha / r"),
+        FT_KEY(adapter, init, kChoice,
+               "A's initialisation (B starts at zero): kaiming uniform (PEFT's default) or "
+               "gaussian N(0, 1/r)",
+               {.choices = {"kaiming", "gaussian"}}),
+        FT_KEY(adapter, from, kDir,
+               "PEFT adapter folder to continue (adapter_config.json, adapter_model.safetensors)"),
+        FT_KEY(adapter, modules_to_save, kNames,
+               "modules trained whole beside the adapter (not yet built)",
+               {.choices = {"embed_tokens", "lm_head"}}),
 
         FT_KEY(tokenizer, path, kTokenizer,
                "SentencePiece .model, tokenizer.json, or a Hugging Face folder (optional)"),
@@ -337,6 +368,11 @@ std::string format_value(const Value& v) {
     std::string operator()(const Betas& b) const {
       return "[" + format_double(b[0]) + ", " + format_double(b[1]) + "]";
     }
+    std::string operator()(const Names& n) const {
+      std::string out = "[";  // appended, not "[" + ...: GCC 12 warns (-Wrestrict) on the sum
+      out += join(n, ", ");
+      return out + "]";
+    }
   } visitor;
   return std::visit(visitor, v);
 }
@@ -358,6 +394,7 @@ using recipe_internal::Betas;
 using recipe_internal::format_double;
 using recipe_internal::format_value;
 using recipe_internal::KeySpec;
+using recipe_internal::Names;
 using recipe_internal::schema;
 using recipe_internal::Value;
 
@@ -366,6 +403,9 @@ std::string recipe_to_yaml(const Recipe& r) {
   out << YAML::BeginMap;
   std::string section;
   for (const KeySpec& k : schema()) {
+    // Without an adapter the section is left out, so that recipes and resolved recipes written
+    // before it existed read the same.
+    if (k.section() == "adapter" && !r.adapter.enabled()) continue;
     if (k.section() != section) {
       if (!section.empty()) out << YAML::EndMap;
       section = k.section();
@@ -380,6 +420,10 @@ std::string recipe_to_yaml(const Recipe& r) {
     } else if (const auto* betas = std::get_if<Betas>(&v)) {
       out << YAML::Flow << YAML::BeginSeq << format_double((*betas)[0])
           << format_double((*betas)[1]) << YAML::EndSeq;
+    } else if (const auto* names = std::get_if<Names>(&v)) {
+      out << YAML::Flow << YAML::BeginSeq;
+      for (const std::string& n : *names) out << n;
+      out << YAML::EndSeq;
     } else {
       out << format_value(v);  // numbers: shortest text that reads back as the same value
     }

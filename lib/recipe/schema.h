@@ -27,11 +27,14 @@ enum class Kind {
                // parsing)
   kChoice,     // string from a fixed list
   kBetas,      // list of two floats → optimizer.beta1, beta2
+  kNames,      // list of names (a single name is a list of one), each one of `choices`; the
+               // names are checked by validation, which knows each list's own refusals
 };
 
 // A parsed value, in the widest type of its kind.
 using Betas = std::array<double, 2>;
-using Value = std::variant<int64_t, uint64_t, double, bool, std::string, Betas>;
+using Names = std::vector<std::string>;
+using Value = std::variant<int64_t, uint64_t, double, bool, std::string, Betas, Names>;
 
 // Inclusive or exclusive bounds for numeric keys (for kBetas: each element).
 struct Range {
@@ -57,7 +60,7 @@ struct KeySpec {
   Kind kind;
   std::string doc;
   Range range;
-  std::vector<std::string> choices;  // kChoice
+  std::vector<std::string> choices;  // kChoice; kNames: what each name may be
   Need need = Need::kOptional;
   std::string hf_name;  // the config.json key that provides it under model.from, if any
   std::function<Value(const Recipe&)> get;

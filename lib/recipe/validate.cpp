@@ -1,16 +1,18 @@
 // Recipe validation across keys (stages 5b and 5c; recipe.cpp has the list): features the format
 // accepts but ft or this build cannot run yet, and the rules between keys (head and layout
-// divisibility, sequence length, schedule, RoPE scaling, fp16 loss scaling).
+// divisibility, sequence length, schedule, RoPE scaling, fp16 loss scaling, the adapter).
 //
 // Invariants: a rule runs only when every key it reads is usable (has no issue yet), so one
 // mistake is reported once; nothing accepted is silently ignored: it is refused, or a warning
 // says it does nothing in this run.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
 #include <vector>
 
+#include "core/files.h"
 #include "model/arch.h"
 #include "model/config.h"
 #include "model/rope.h"
@@ -45,6 +47,18 @@ void Loader::check_unbuilt() {
           "nccl moves GPU memory, and runtime.device is cpu", "use auto or mpi");
   }
   check_packing_device();
+  // The adapter section is part of the format (DESIGN.md §5); these parts of it are not built.
+  if (r_.adapter.type == "qlora" && usable("adapter.type")) {
+    issue(locate("adapter.type"), "adapter.type",
+          "qlora is not yet built in this ft (its base weights would be NF4)",
+          "use adapter.type: lora, LoRA on the base as it is");
+  }
+  if (r_.adapter.enabled() && !r_.adapter.modules_to_save.empty() &&
+      usable("adapter.modules_to_save")) {
+    issue(locate("adapter.modules_to_save"), "adapter.modules_to_save",
+          "modules trained whole beside the adapter are not yet built in this ft",
+          "remove adapter.modules_to_save; the adapter trains alone");
+  }
 }
 
 // data.pack masks attention at document boundaries, which on CUDA only the fused attention
@@ -134,6 +148,7 @@ void Loader::check_cross_rules() {
           "set data.valid to a shard folder, or training.eval_every_steps: 0");
   }
   check_rope();
+  check_adapter();
   check_vocabulary();
   check_layout();
   check_loss_scaling();
@@ -244,6 +259,67 @@ void Loader::check_rope() {
               " must be below model.rope_high_freq_factor " +
               format_double(m.rope_high_freq_factor),
           "llama3 blends the frequencies between the two; Llama 3.1 uses 1 and 4");
+  }
+}
+
+// The adapter section. Its keys act only with an adapter, so one set while adapter.type is none
+// is refused (the recipe asks for an adapter it would not get). Otherwise the lists of names are
+// checked, and adapter.from against the recipe (validate_inputs.cpp).
+void Loader::check_adapter() {
+  if (!usable("adapter.type")) return;
+  if (!r_.adapter.enabled()) {
+    for (const std::string& key : keys_of("adapter")) {
+      const std::string path = "adapter." + key;
+      if (key != "type" && is_set(path) && usable(path))
+        issue(locate(path), path, path + " is set but adapter.type is none",
+              "set adapter.type: lora");
+    }
+    return;
+  }
+  check_adapter_names("adapter.target_modules");
+  check_adapter_names("adapter.modules_to_save");
+  check_adapter_from();
+}
+
+// A list of module names (target_modules, modules_to_save): each one of its row's choices, each
+// once. target_modules names at least one module, and all-linear stands alone; a module that
+// only modules_to_save can train (lm_head, embed_tokens: ft has no LoRA on an embedding or on the
+// output layer, which PEFT has) is pointed there. One issue per list, at its first bad name.
+void Loader::check_adapter_names(const std::string& path) {
+  if (!usable(path)) return;
+  const KeySpec& k = *find_key(path);
+  const std::vector<std::string>& choices = k.choices;
+  const Names names = std::get<Names>(k.get(r_));
+  const bool targets = path == "adapter.target_modules";
+  if (targets && names.empty()) {
+    issue(locate(path), path, "names no module",
+          "e.g. target_modules: [q_proj, v_proj], or [all-linear] for every linear layer");
+    return;
+  }
+  const std::vector<std::string>& whole = find_key("adapter.modules_to_save")->choices;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& n = names[i];
+    const Origin at = locate_element(path, i);
+    if (targets && std::find(whole.begin(), whole.end(), n) != whole.end()) {
+      issue(at, path, "LoRA on " + n + " is not supported",
+            "use adapter.modules_to_save: [" + n + "] to train it whole");
+      return;
+    }
+    if (std::find(choices.begin(), choices.end(), n) == choices.end()) {
+      const std::string close = suggest(n, choices);
+      issue(at, path, excerpt(n) + " is not one of " + join(choices, ", "),
+            close.empty() ? example(k) : close);
+      return;
+    }
+    if (std::find(names.begin(), names.begin() + i, n) != names.begin() + i) {
+      issue(at, path, n + " is listed twice", "list each module once");
+      return;
+    }
+  }
+  if (targets && names.size() > 1 &&
+      std::find(names.begin(), names.end(), "all-linear") != names.end()) {
+    issue(locate(path), path, "all-linear names every linear layer and stands alone",
+          "write target_modules: [all-linear], or list the modules without it");
   }
 }
 

@@ -1,18 +1,24 @@
-// Recipe validation against the files it names (stages 4b and 5a, and the vocabulary check of
-// 5c; recipe.cpp has the list): model.from's config.json (sizes taken from it, recipe values
-// that disagree refused, weights in safetensors), paths that must exist, and the vocabulary of the
-// shards and the tokenizer against model.vocab_size.
+// Recipe validation against the files it names (stages 4b and 5a, and the vocabulary and adapter
+// checks of 5c; recipe.cpp has the list): model.from's config.json (sizes taken from it, recipe
+// values that disagree refused, weights in safetensors), paths that must exist, the vocabulary of
+// the shards and the tokenizer against model.vocab_size, and adapter.from's adapter_config.json
+// against the adapter section.
 //
 // Invariants: what `ft train` would refuse about these files, `ft validate` refuses too
 // (DESIGN.md §5); a file's own errors become issues at the key naming it, never exceptions; only
 // headers and attributes are read (config.json, the first shard's attributes, the tokenizer),
 // never weights or tokens.
+#include <algorithm>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ckpt/hf.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "core/json_describe.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "model/arch.h"
@@ -196,6 +202,141 @@ void Loader::check_vocabulary() {
                 std::to_string(pieces) + " pieces of tokenizer " + r_.tokenizer.path,
             "use the model's own tokenizer, or a model whose vocabulary covers it");
     }
+  }
+}
+
+// adapter.from: a folder PEFT's save_pretrained wrote (adapter_config.json and
+// adapter_model.safetensors), whose adapter training continues. The adapter's shape is the
+// file's, so the recipe must say the same (r, lora_alpha, target_modules, use_rslora: a
+// disagreement is an issue naming both values, as with model.from), and what the file asks for
+// beyond a plain LoRA on the recipe's modules is refused by name rather than dropped. Only the
+// config is read here; the weights when training starts.
+void Loader::check_adapter_from() {
+  namespace fs = std::filesystem;
+  const AdapterConfig& a = r_.adapter;
+  std::error_code ec;
+  if (a.from.empty() || !usable("adapter.from") || !fs::is_directory(a.from, ec)) return;
+  const Origin from_at = locate("adapter.from");
+  const std::string config = (fs::path(a.from) / "adapter_config.json").string();
+  const std::string weights = (fs::path(a.from) / "adapter_model.safetensors").string();
+  const std::string peft_hint = "point adapter.from at a folder PEFT's save_pretrained wrote";
+  std::vector<std::string> missing;
+  for (const std::string& f : {config, weights})
+    if (file_kind(f) == "missing") missing.push_back(fs::path(f).filename().string());
+  if (!missing.empty()) {
+    const bool bin = fs::exists(fs::path(a.from) / "adapter_model.bin", ec);
+    issue(from_at, "adapter.from", a.from + " has no " + join(missing, " or "),
+          bin && missing.back() == "adapter_model.safetensors"
+              ? "ft reads safetensors only; PEFT writes them by default (save_pretrained's "
+                "safe_serialization=True)"
+              : peft_hint);
+    return;
+  }
+  // The weights are read when training starts; here only that they are a file.
+  if (const std::string kind = file_kind(weights); kind != "a regular file") {
+    issue(from_at, "adapter.from", weights + " is " + kind + ", not a regular file", peft_hint);
+    return;
+  }
+  nlohmann::json j;
+  try {
+    const std::string text = read_bounded_file(config, kMaxConfigBytes, "adapter config");
+    j = nlohmann::json::parse(text);
+  } catch (const Error& e) {
+    issue(from_at, "adapter.from", e.what(), peft_hint);
+    return;
+  } catch (const nlohmann::json::exception& e) {
+    issue(from_at, "adapter.from", config + ": not valid JSON (" + json_error_words(e) + ")",
+          peft_hint);
+    return;
+  }
+  if (!j.is_object()) {
+    issue(from_at, "adapter.from",
+          config + ": expected a JSON object at the top level, found " + describe_json_value(j),
+          peft_hint);
+    return;
+  }
+  const nlohmann::json& file = j;
+  const nlohmann::json none;  // what a key the file does not have reads as
+  auto at = [&](const char* key) -> const nlohmann::json& {
+    return file.contains(key) ? file[key] : none;
+  };
+  if (at("peft_type") != "LORA")
+    issue(from_at, "adapter.from",
+          config + ": peft_type is " + short_dump(at("peft_type")) +
+              "; ft continues LORA adapters only",
+          peft_hint);
+  // What the file asks for beyond a plain LoRA: refused by name, as a key of PEFT's LoraConfig
+  // away from its default (null, false, empty, bias "none").
+  struct Beyond {
+    const char* key;
+    const char* why;
+  };
+  for (const Beyond& b : {
+           Beyond{"use_dora", "DoRA is not built in this ft"},
+           Beyond{"bias", "ft's LoRA trains no biases"},
+           Beyond{"lora_bias", "ft's LoRA has no bias on B"},
+           Beyond{"modules_to_save",
+                  "modules trained whole beside the adapter are not yet built in this ft"},
+           Beyond{"trainable_token_indices", "ft does not train single embedding rows"},
+           Beyond{"rank_pattern", "ft's LoRA has one r for every module"},
+           Beyond{"alpha_pattern", "ft's LoRA has one alpha for every module"},
+           Beyond{"layers_to_transform", "ft's LoRA adapts every layer"},
+           Beyond{"exclude_modules", "ft's LoRA adapts target_modules in every layer"},
+           Beyond{"layer_replication", "ft does not replicate layers"},
+       }) {
+    const nlohmann::json& v = at(b.key);
+    if (v.is_null() || v == false || (v.is_structured() && v.empty()) || v == "none") continue;
+    issue(from_at, "adapter.from", config + ": " + b.key + " is " + short_dump(v) + "; " + b.why,
+          std::string("continue an adapter saved without ") + b.key + " (PEFT's default)");
+  }
+
+  // The shape, each key under its PEFT name. target_modules is compared as the set of
+  // projections it expands to: PEFT saves a set (in any order), and all-linear as the list of
+  // what it stood for.
+  const nlohmann::json& targets = at("target_modules");
+  auto file_targets = [&]() -> std::optional<Names> {
+    const std::vector<std::string>& known = find_key("adapter.target_modules")->choices;
+    AdapterConfig c;
+    c.target_modules.clear();
+    for (const nlohmann::json& e :
+         targets.is_array() ? targets : nlohmann::json::array({targets})) {
+      if (!e.is_string() ||
+          std::find(known.begin(), known.end(), e.get<std::string>()) == known.end())
+        return std::nullopt;
+      c.target_modules.push_back(e.get<std::string>());
+    }
+    if (c.target_modules.empty()) return std::nullopt;
+    return c.targets();
+  };
+  const nlohmann::json& r = at("r");
+  const nlohmann::json& alpha = at("lora_alpha");
+  const nlohmann::json& rslora = at("use_rslora");
+  struct Same {
+    const char* path;
+    const char* peft_name;
+    bool same;
+    std::string ours, theirs;  // as written in the recipe and in the file
+  };
+  for (const Same& c : {
+           Same{"adapter.r", "r", r.is_number_integer() && r.get<int64_t>() == a.r,
+                std::to_string(a.r), short_dump(r)},
+           Same{"adapter.alpha", "lora_alpha", alpha.is_number() && alpha.get<double>() == a.alpha,
+                format_double(a.alpha), short_dump(alpha)},
+           Same{"adapter.target_modules", "target_modules", file_targets() == a.targets(),
+                format_value(a.target_modules), short_dump(targets)},
+           // Absent from the files of PEFT before rsLoRA, which read it as false.
+           Same{"adapter.use_rslora", "use_rslora",
+                rslora == a.use_rslora || (rslora.is_null() && !a.use_rslora),
+                a.use_rslora ? "true" : "false", short_dump(rslora)},
+       }) {
+    if (c.same || !usable(c.path)) continue;
+    const bool written = is_set(c.path);
+    issue(written ? locate(c.path) : from_at, c.path,
+          std::string(c.path) + " = " + c.ours + (written ? "" : " (its default)") + " but " +
+              config +
+              (c.theirs == "null" ? " has no " + std::string(c.peft_name)
+                                  : " has " + std::string(c.peft_name) + " " + c.theirs),
+          "make " + std::string(c.path) + " match the adapter it continues");
   }
 }
 

@@ -27,6 +27,9 @@ printf 'model: {dim: 32\n  n_layers: [\n' > syntax.yaml
 mkdir folder bad_hf
 printf '{"model_type": "llama", "hidden_size": 32,, }' > bad_hf/config.json
 touch bad_hf/model.safetensors
+mkdir bad_adapter
+printf '{"peft_type": "LORA", "r": 8,, }' > bad_adapter/adapter_config.json
+touch bad_adapter/adapter_model.safetensors
 mkfifo fifo
 printf 'not a checkpoint' > not_ckpt
 mkdir ckdir && printf 'step_00000007\n' > ckdir/latest
@@ -92,6 +95,8 @@ long_choice|2|runtime.device: "xxxxxxxxxx|validate r.yaml runtime.device=$(head 
 long_key|2|unknown key in override|validate r.yaml training.$(head -c 100000 /dev/zero | tr '\0' y)=1
 long_number|2|training.steps|validate r.yaml training.steps=1$(head -c 5000 /dev/zero | tr '\0' 0)
 model_from_bad_json|2|bad_hf/config.json;not valid JSON|validate r.yaml model.from=bad_hf
+adapter_from_bad_json|2|adapter.from;bad_adapter/adapter_config.json;not valid JSON|validate r.yaml adapter.type=lora adapter.from=bad_adapter
+long_target_module|2|adapter.target_modules: "xxxxxxxxxx|validate r.yaml adapter.type=lora adapter.target_modules=[$(head -c 100000 /dev/zero | tr '\0' x)]
 # the command line
 nproc_zero|2|--nproc|train r.yaml --nproc 0
 resume_not_ckpt|2|--resume;not a checkpoint|train r.yaml --resume not_ckpt

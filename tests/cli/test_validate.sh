@@ -204,4 +204,21 @@ has_err "shards/shard_00000.h5: tokenizer_sha256 0000000000000000000000000000000
 run_ft 0 validate good.yaml tokenizer.path=tok.model model.vocab_size=320 data.train=tok_shards
 echo "ok: model.from refusals"
 
+# 12. The adapter section: printed only with an adapter, lists in flow style, read back the same;
+# a refusal points at the name in the list.
+run_ft 0 validate good.yaml
+lacks_out "adapter:"
+cp good.yaml lora.yaml
+printf 'adapter:\n  type: lora\n  r: 16\n  target_modules: [q_proj, v_proj, lm_head]\n' >>lora.yaml
+run_ft 2 validate lora.yaml
+has_err "lora.yaml:21:36: adapter.target_modules: LoRA on lm_head is not supported (hint: use adapter.modules_to_save: [lm_head] to train it whole)"
+run_ft 0 validate lora.yaml adapter.target_modules=all-linear
+has_out "target_modules: [all-linear]"
+has_out "modules_to_save: []"
+grep -v '^# resolved from' out.txt >lora_resolved.yaml
+run_ft 0 validate lora_resolved.yaml
+diff lora_resolved.yaml <(grep -v '^# resolved from' out.txt) ||
+  fail "the resolved recipe with an adapter does not reproduce itself"
+echo "ok: adapter"
+
 echo "test_validate: OK"

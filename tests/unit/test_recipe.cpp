@@ -667,6 +667,15 @@ void check_same(const Recipe& a, const Recipe& b) {
   CHECK(a.model.norm_eps == b.model.norm_eps);
   CHECK(a.model.tie_embeddings == b.model.tie_embeddings);
   CHECK(a.model.init_std == b.model.init_std);
+  CHECK(a.adapter.type == b.adapter.type);
+  CHECK(a.adapter.r == b.adapter.r);
+  CHECK(a.adapter.alpha == b.adapter.alpha);
+  CHECK(a.adapter.dropout == b.adapter.dropout);
+  CHECK(a.adapter.target_modules == b.adapter.target_modules);
+  CHECK(a.adapter.use_rslora == b.adapter.use_rslora);
+  CHECK(a.adapter.init == b.adapter.init);
+  CHECK(a.adapter.from == b.adapter.from);
+  CHECK(a.adapter.modules_to_save == b.adapter.modules_to_save);
   CHECK(a.tokenizer.path == b.tokenizer.path);
   CHECK(a.data.train == b.data.train);
   CHECK(a.data.valid == b.data.valid);
@@ -714,6 +723,10 @@ TEST_CASE("recipe: recipe_to_yaml round-trips every key") {
   Scratch s;
   s.write("tok.model", "x");
   fs::create_directories(s.dir / "valid");
+  s.write("adapter/adapter_config.json",
+          R"({"peft_type": "LORA", "r": 12, "lora_alpha": 0.3, "use_rslora": true,
+              "target_modules": ["up_proj", "k_proj"]})");
+  s.write("adapter/adapter_model.safetensors", "");
   // Every key away from its default, with values that are awkward as text: a float that is not
   // exact in binary, a name that YAML would read as a number or null, a seed above 2^63.
   const std::vector<std::string> overrides = {"run.name=123",
@@ -730,6 +743,15 @@ TEST_CASE("recipe: recipe_to_yaml round-trips every key") {
                                               "model.norm_eps=3.3e-7",
                                               "model.tie_embeddings=true",
                                               "model.init_std=0.1",
+                                              "adapter.type=lora",
+                                              "adapter.r=12",
+                                              "adapter.alpha=0.3",
+                                              "adapter.dropout=0.05",
+                                              "adapter.target_modules=[k_proj, up_proj]",
+                                              "adapter.use_rslora=true",
+                                              "adapter.init=gaussian",
+                                              "adapter.from=" + (s.dir / "adapter").string(),
+                                              "adapter.modules_to_save=[lm_head, embed_tokens]",
                                               "tokenizer.path=" + (s.dir / "tok.model").string(),
                                               "data.valid=" + (s.dir / "valid").string(),
                                               "data.seq_len=17",
@@ -776,6 +798,8 @@ TEST_CASE("recipe: recipe_to_yaml round-trips every key") {
   INFO(yaml);
   CHECK(contains(yaml, "betas: [0.8, 0.9999]"));  // a flow list, as a person writes it
   CHECK(contains(yaml, "lr: 0.1"));               // shortest text, not 0.10000000000000001
+  CHECK(contains(yaml, "target_modules: [k_proj, up_proj]"));  // in the order given
+  CHECK(contains(yaml, "modules_to_save: [lm_head, embed_tokens]"));
   const RecipeResult second =
       load_recipe(s.write("resolved.yaml", yaml), {}, 1, /*refuse_unbuilt=*/false);
   INFO(all_issues(second));
@@ -783,17 +807,33 @@ TEST_CASE("recipe: recipe_to_yaml round-trips every key") {
   check_same(first.recipe, second.recipe);
   // Keys appear in schema order: sections as in DESIGN.md §5.
   CHECK(yaml.find("run:") < yaml.find("model:"));
+  CHECK(yaml.find("model:") < yaml.find("adapter:"));
+  CHECK(yaml.find("adapter:") < yaml.find("tokenizer:"));
   CHECK(yaml.find("checkpoint:") < yaml.find("logging:"));
   CHECK(yaml.find("logging:") < yaml.find("runtime:"));
 
   // The defaults round-trip as well (empty optional paths, derived directories).
   const RecipeResult plain = s.load(s.base());
   REQUIRE(plain.ok());
-  const RecipeResult again =
-      load_recipe(s.write("plain.yaml", ft::recipe_to_yaml(plain.recipe)), {}, 1);
+  const std::string plain_yaml = ft::recipe_to_yaml(plain.recipe);
+  // Without an adapter the section is left out: resolved recipes read as before it existed.
+  CHECK(!contains(plain_yaml, "adapter"));
+  const RecipeResult again = load_recipe(s.write("plain.yaml", plain_yaml), {}, 1);
   INFO(all_issues(again));
   REQUIRE(again.ok());
   check_same(plain.recipe, again.recipe);
+
+  // An adapter with its defaults: every key written, lists in flow style, and read back.
+  const RecipeResult lora = s.load(s.base(), {"adapter.type=lora"});
+  REQUIRE(lora.ok());
+  const std::string lora_yaml = ft::recipe_to_yaml(lora.recipe);
+  CHECK(contains(lora_yaml, "target_modules: [q_proj, v_proj]"));
+  CHECK(contains(lora_yaml, "modules_to_save: []"));
+  CHECK(contains(lora_yaml, "from: \"\""));
+  const RecipeResult lora_again = load_recipe(s.write("lora.yaml", lora_yaml), {}, 1);
+  INFO(all_issues(lora_again));
+  REQUIRE(lora_again.ok());
+  check_same(lora.recipe, lora_again.recipe);
 }
 
 TEST_CASE("recipe: model.from takes sizes from config.json") {
@@ -1070,4 +1110,261 @@ TEST_CASE("recipe: the vocabulary must split over the tensor ranks (no silent pa
   CHECK(res.issues[0].message ==
         "model.vocab_size 255 does not split evenly over parallel.tensor 2");
   CHECK(s.load(s.base(), {"parallel.tensor=2"}, 2).ok());  // vocab 256
+}
+
+TEST_CASE("recipe: adapter: none by default; names as a YAML list, one name, or an override") {
+  Scratch s;
+  const RecipeResult plain = s.load(s.base());
+  REQUIRE(plain.ok());
+  CHECK(plain.recipe.adapter.type == "none");
+  CHECK(!plain.recipe.adapter.enabled());
+  CHECK(plain.recipe.adapter.target_modules == std::vector<std::string>{"q_proj", "v_proj"});
+
+  const RecipeResult block = s.load(s.base() +
+                                    "adapter:\n"            // 10
+                                    "  type: lora\n"        // 11
+                                    "  r: 16\n"             // 12
+                                    "  alpha: 32\n"         // 13
+                                    "  dropout: 0.1\n"      // 14
+                                    "  target_modules:\n"   // 15
+                                    "    - o_proj\n"        // 16
+                                    "    - q_proj\n"        // 17
+                                    "  use_rslora: true\n"  // 18
+                                    "  init: gaussian\n");  // 19
+  INFO(all_issues(block));
+  REQUIRE(block.ok());
+  const ft::AdapterConfig& a = block.recipe.adapter;
+  CHECK(a.type == "lora");
+  CHECK(a.r == 16);
+  CHECK(a.alpha == 32);
+  CHECK(a.dropout == doctest::Approx(0.1));
+  CHECK(a.target_modules == std::vector<std::string>{"o_proj", "q_proj"});  // as given
+  CHECK(a.use_rslora);
+  CHECK(a.init == "gaussian");
+  CHECK(a.modules_to_save.empty());
+
+  const std::string lora = s.base() + "adapter: {type: lora, target_modules: [k_proj, v_proj]}\n";
+  CHECK(s.load(lora).recipe.adapter.target_modules == std::vector<std::string>{"k_proj", "v_proj"});
+  // PEFT's string form: one name alone is a list of one, in the file and on the command line.
+  const RecipeResult all = s.load(s.base() + "adapter: {type: lora, target_modules: all-linear}\n");
+  REQUIRE(all.ok());
+  CHECK(all.recipe.adapter.target_modules == std::vector<std::string>{"all-linear"});
+  CHECK(all.recipe.adapter.targets().size() == 7);
+  const RecipeResult cli =
+      s.load(lora, {"adapter.target_modules=all-linear", "adapter.modules_to_save=[lm_head]"});
+  REQUIRE(cli.ok());
+  CHECK(cli.recipe.adapter.target_modules == std::vector<std::string>{"all-linear"});
+  CHECK(cli.recipe.adapter.modules_to_save == std::vector<std::string>{"lm_head"});
+  CHECK(s.load(lora, {"adapter.target_modules=[gate_proj,up_proj,down_proj]"})
+            .recipe.adapter.target_modules ==
+        std::vector<std::string>{"gate_proj", "up_proj", "down_proj"});
+}
+
+TEST_CASE("recipe: adapter: wrong values, names and lists") {
+  Scratch s;
+  const RecipeResult r = s.load(s.base() +
+                                "adapter:\n"                                 // 10
+                                "  type: lora\n"                             // 11
+                                "  r: 0\n"                                   // 12
+                                "  alpha: 0\n"                               // 13
+                                "  dropout: 1\n"                             // 14
+                                "  target_modules: [q_proj, lm_head]\n"      // 15
+                                "  init: xavier\n"                           // 16
+                                "  modules_to_save: [lm_head, lm_head]\n");  // 17
+  INFO(all_issues(r));
+  CHECK(issue_for(r, "adapter.r").message == "0 is out of range: must be in [1, 4096]");
+  CHECK(issue_for(r, "adapter.alpha").message == "0 is out of range: must be in (0, 1000000]");
+  CHECK(issue_for(r, "adapter.dropout").message == "1 is out of range: must be in [0, 1)");
+  CHECK(issue_for(r, "adapter.init").message == "\"xavier\" is not one of kaiming, gaussian");
+  // The issue points at the name in the list.
+  const RecipeIssue head = issue_for(r, "adapter.target_modules");
+  CHECK(head.line == 15);
+  CHECK(head.column == 28);
+  CHECK(head.message == "LoRA on lm_head is not supported");
+  CHECK(head.hint == "use adapter.modules_to_save: [lm_head] to train it whole");
+  const RecipeIssue twice = issue_for(r, "adapter.modules_to_save");
+  CHECK(twice.line == 17);
+  CHECK(twice.column == 30);
+  CHECK(twice.message == "lm_head is listed twice");
+  CHECK(r.issues.size() == 6);
+
+  const std::string lora = s.base() + "adapter: {type: lora}\n";
+  auto only = [&](const std::vector<std::string>& overrides, const std::string& key) {
+    const RecipeResult res = s.load(lora, overrides);
+    INFO(all_issues(res));
+    CHECK(res.issues.size() == 1);
+    return issue_for(res, key);
+  };
+  const RecipeIssue typo = only({"adapter.target_modules=[q_prj]"}, "adapter.target_modules");
+  CHECK(typo.message ==
+        "\"q_prj\" is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, "
+        "all-linear");
+  CHECK(typo.hint == "did you mean q_proj?");
+  CHECK(only({"adapter.target_modules=[model.layers.0.mlp]"}, "adapter.target_modules").hint ==
+        "e.g. target_modules: [q_proj, v_proj]");
+  CHECK(only({"adapter.target_modules=[embed_tokens]"}, "adapter.target_modules").hint ==
+        "use adapter.modules_to_save: [embed_tokens] to train it whole");
+  CHECK(
+      only({"adapter.target_modules=[v_proj, q_proj, v_proj]"}, "adapter.target_modules").message ==
+      "v_proj is listed twice");
+  const RecipeIssue none = only({"adapter.target_modules=[]"}, "adapter.target_modules");
+  CHECK(none.message == "names no module");
+  CHECK(contains(none.hint, "[all-linear]"));
+  CHECK(only({"adapter.target_modules="}, "adapter.target_modules").message == "names no module");
+  const RecipeIssue mixed =
+      only({"adapter.target_modules=[all-linear, q_proj]"}, "adapter.target_modules");
+  CHECK(mixed.message == "all-linear names every linear layer and stands alone");
+  CHECK(only({"adapter.modules_to_save=[norm]"}, "adapter.modules_to_save").message ==
+        "\"norm\" is not one of embed_tokens, lm_head");
+  // Lists of names, not of other things.
+  CHECK(only({"adapter.target_modules={q_proj: 1}"}, "adapter.target_modules").message ==
+        "expected a list of names, got a mapping");
+  CHECK(only({"adapter.target_modules=[q_proj, [v_proj]]"}, "adapter.target_modules").message ==
+        "expected a list of names, got a list holding a list");
+  CHECK(only({"adapter.type=lora_plus"}, "adapter.type").message ==
+        "\"lora_plus\" is not one of none, lora, qlora");
+}
+
+TEST_CASE("recipe: adapter keys set while adapter.type is none") {
+  Scratch s;
+  const RecipeResult r = s.load(s.base() +
+                                    "adapter:\n"                      // 10
+                                    "  r: 16\n"                       // 11
+                                    "  target_modules: [lm_head]\n",  // 12
+                                {"adapter.use_rslora=true"});
+  INFO(all_issues(r));
+  const RecipeIssue rank = issue_for(r, "adapter.r");
+  CHECK(rank.line == 11);
+  CHECK(rank.message == "adapter.r is set but adapter.type is none");
+  CHECK(rank.hint == "set adapter.type: lora");
+  // Said once per key: the bad name is not reported as well.
+  CHECK(issue_for(r, "adapter.target_modules").message ==
+        "adapter.target_modules is set but adapter.type is none");
+  CHECK(issue_for(r, "adapter.use_rslora").file == "<command line>");
+  CHECK(r.issues.size() == 3);
+  // type: none written out, alone, is fine.
+  CHECK(s.load(s.base() + "adapter: {type: none}\n").ok());
+}
+
+TEST_CASE("recipe: adapter.from: a PEFT folder whose adapter the recipe describes") {
+  Scratch s;
+  const std::string dir = (s.dir / "peft").string();
+  const std::string config = dir + "/adapter_config.json";
+  // As PEFT's save_pretrained writes it (target_modules a set, in any order).
+  auto write_config = [&](const std::string& extra) {
+    s.write("peft/adapter_config.json",
+            "{\"peft_type\": \"LORA\", \"task_type\": \"CAUSAL_LM\", \"r\": 16, "
+            "\"lora_alpha\": 32, \"lora_dropout\": 0.05, \"bias\": \"none\", "
+            "\"use_dora\": false, \"modules_to_save\": null, \"rank_pattern\": {}, "
+            "\"alpha_pattern\": {}, \"layers_to_transform\": null, " +
+                extra + "}");
+  };
+  const std::string lora = s.base() +
+                           "adapter:\n"      // 10
+                           "  type: lora\n"  // 11
+                           "  r: 16\n"       // 12
+                           "  alpha: 32\n"   // 13
+                           "  from: " +
+                           dir + "\n";  // 14
+  fs::create_directories(dir);
+
+  SUBCASE("both files must be there") {
+    const RecipeIssue i = issue_for(s.load(lora), "adapter.from");
+    CHECK(i.line == 14);
+    CHECK(i.message == dir + " has no adapter_config.json or adapter_model.safetensors");
+    write_config("\"target_modules\": [\"v_proj\", \"q_proj\"]");
+    s.write("peft/adapter_model.bin", "");
+    const RecipeIssue bin = issue_for(s.load(lora), "adapter.from");
+    CHECK(bin.message == dir + " has no adapter_model.safetensors");
+    CHECK(contains(bin.hint, "ft reads safetensors only"));
+  }
+  s.write("peft/adapter_model.safetensors", "");  // only its presence is checked at validation
+
+  SUBCASE("agreeing: the same modules in any order; all-linear as the list it stood for") {
+    write_config("\"target_modules\": [\"v_proj\", \"q_proj\"]");
+    const RecipeResult r = s.load(lora);
+    INFO(all_issues(r));
+    CHECK(r.ok());
+    write_config(
+        "\"target_modules\": [\"down_proj\", \"up_proj\", \"gate_proj\", \"o_proj\", "
+        "\"v_proj\", \"k_proj\", \"q_proj\"], \"use_rslora\": false");
+    CHECK(s.load(lora, {"adapter.target_modules=all-linear"}).ok());
+    write_config("\"target_modules\": \"all-linear\"");
+    CHECK(s.load(lora, {"adapter.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
+                        "down_proj]"})
+              .ok());
+  }
+  SUBCASE("disagreeing: an issue naming both values and the file") {
+    write_config("\"target_modules\": [\"q_proj\", \"k_proj\", \"v_proj\"], \"use_rslora\": true");
+    const RecipeResult r = s.load(lora, {"adapter.r=8", "adapter.alpha=16"});
+    INFO(all_issues(r));
+    const RecipeIssue rank = issue_for(r, "adapter.r");
+    CHECK(rank.file == "<command line>");  // where it was written last
+    CHECK(rank.message == "adapter.r = 8 but " + config + " has r 16");
+    CHECK(rank.hint == "make adapter.r match the adapter it continues");
+    CHECK(issue_for(r, "adapter.alpha").message ==
+          "adapter.alpha = 16 but " + config + " has lora_alpha 32");
+    // Keys the recipe does not write are compared at their defaults, at adapter.from.
+    const RecipeIssue targets = issue_for(r, "adapter.target_modules");
+    CHECK(targets.line == 14);
+    CHECK(targets.message == "adapter.target_modules = [q_proj, v_proj] (its default) but " +
+                                 config + " has target_modules [\"q_proj\",\"k_proj\",\"v_proj\"]");
+    CHECK(issue_for(r, "adapter.use_rslora").message ==
+          "adapter.use_rslora = false (its default) but " + config + " has use_rslora true");
+    CHECK(r.issues.size() == 4);
+    // A file without use_rslora (PEFT before rsLoRA) reads as false.
+    write_config("\"target_modules\": [\"q_proj\", \"v_proj\"]");
+    CHECK(s.load(lora).ok());
+    CHECK(issue_for(s.load(lora, {"adapter.use_rslora=true"}), "adapter.use_rslora").message ==
+          "adapter.use_rslora = true but " + config + " has no use_rslora");
+  }
+  SUBCASE("what the file asks for beyond a plain LoRA is refused by name") {
+    write_config(
+        "\"target_modules\": [\"q_proj\", \"v_proj\"], \"use_dora\": true, \"bias\": \"all\", "
+        "\"modules_to_save\": [\"lm_head\"], \"rank_pattern\": {\"q_proj\": 4}");
+    const RecipeResult r = s.load(lora);
+    INFO(all_issues(r));
+    const std::vector<RecipeIssue> from = issues_for(r, "adapter.from");
+    REQUIRE(from.size() == 4);
+    CHECK(from[0].message == config + ": use_dora is true; DoRA is not built in this ft");
+    CHECK(from[0].hint == "continue an adapter saved without use_dora (PEFT's default)");
+    CHECK(from[1].message == config + ": bias is \"all\"; ft's LoRA trains no biases");
+    CHECK(from[2].message == config +
+                                 ": modules_to_save is [\"lm_head\"]; modules trained whole "
+                                 "beside the adapter are not yet built in this ft");
+    CHECK(from[3].message ==
+          config + ": rank_pattern is {\"q_proj\":4}; ft's LoRA has one r for every module");
+    CHECK(r.issues.size() == 4);
+    s.write("peft/adapter_config.json", "{\"peft_type\": \"PREFIX_TUNING\", \"r\": 16}");
+    CHECK(issue_for(s.load(lora), "adapter.from").message ==
+          config + ": peft_type is \"PREFIX_TUNING\"; ft continues LORA adapters only");
+  }
+  SUBCASE("a malformed adapter_config.json is one issue naming the file") {
+    s.write("peft/adapter_config.json", "{\"r\": 16,");
+    const RecipeResult r = s.load(lora);
+    CHECK(contains(issue_for(r, "adapter.from").message, config + ": not valid JSON"));
+    CHECK(r.issues.size() == 1);
+    s.write("peft/adapter_config.json", "[16]");
+    CHECK(contains(issue_for(s.load(lora), "adapter.from").message,
+                   "expected a JSON object at the top level"));
+  }
+}
+
+TEST_CASE("recipe: the parts of the adapter this ft cannot train yet are refused") {
+  Scratch s;
+  const std::string path = s.write("recipe.yaml", s.base() +
+                                                      "adapter:\n"                        // 10
+                                                      "  type: qlora\n"                   // 11
+                                                      "  modules_to_save: [lm_head]\n");  // 12
+  // The format allows both.
+  CHECK(load_recipe(path, {}, 1, /*refuse_unbuilt=*/false).ok());
+  const RecipeResult r = load_recipe(path, {}, 1);
+  INFO(all_issues(r));
+  const RecipeIssue q = issue_for(r, "adapter.type");
+  CHECK(q.line == 11);
+  CHECK(q.message == "qlora is not yet built in this ft (its base weights would be NF4)");
+  CHECK(issue_for(r, "adapter.modules_to_save").message ==
+        "modules trained whole beside the adapter are not yet built in this ft");
+  CHECK(r.issues.size() == 2);
+  CHECK(load_recipe(path, {"adapter.type=lora", "adapter.modules_to_save=[]"}, 1).ok());
 }
