@@ -402,7 +402,8 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   int64_t tail = 0;
   for (int g = 0; g < int(m.flat_params().groups().size()); ++g) {
     const int64_t n = int64_t(m.flat_params().groups()[size_t(g)].numel);
-    if (!m.flat_params().owns(g) || n == 0) continue;
+    if (!m.flat_params().owns(g) || n == 0 || !m.flat_params().groups()[size_t(g)].trains())
+      continue;
     const int64_t bucket =
         std::max<int64_t>(1, int64_t(r.parallel.reduce_bucket_mb * double(1 << 20)) / 4);
     tail = zs >= 2 ? 1 : (n + bucket - 1) / bucket;
