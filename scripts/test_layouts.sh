@@ -20,6 +20,9 @@
 #                                                # tensor 2, pipeline 2, data 2 with ZeRO-2 and
 #                                                # data 2 × tensor 2 with ZeRO-3 only
 #                                                # (tests/cli/test_freeze.sh)
+#   scripts/test_layouts.sh --lora ...           # a LoRA adapter (r 4, alpha 8, all-linear) on
+#                                                # the frozen base in every run, and the layouts
+#                                                # of --freeze (tests/cli/test_lora.sh)
 # Layouts (data × tensor × pipeline, ZeRO stage for data > 1): data 2, data 4, tensor 2,
 # pipeline 2, pipeline 3 (4 layers: 2+1+1), data 2 × tensor 2, data 2 × pipeline 2,
 # tensor 2 × pipeline 2, data 2 × tensor 2 × pipeline 2.
@@ -37,9 +40,11 @@ while [[ ${1:-} == --* ]]; do
     --precision) precision=$2; shift ;;
     --arch) arch=$2; subset=arch; shift ;;
     --set) sets+=("$2"); shift ;;
-    --freeze) export FT_TEST_FREEZE=$2; subset=freeze; shift ;;
+    --freeze) export FT_TEST_FREEZE=$2; subset=few; shift ;;
+    --lora) sets+=(adapter.type=lora adapter.r=4 adapter.alpha=8 adapter.target_modules=all-linear)
+            subset=few ;;
     *) echo "usage: scripts/test_layouts.sh [--ci] [--tcp] [--precision fp32|bf16]" \
-            "[--arch llama|qwen2|qwen3|mistral] [--set KEY=VALUE] [--freeze GROUPS]" \
+            "[--arch llama|qwen2|qwen3|mistral] [--set KEY=VALUE] [--freeze GROUPS] [--lora]" \
             "[BUILD_DIR]" >&2
        exit 2 ;;
   esac
@@ -89,7 +94,7 @@ layouts=()
 if [[ $subset == arch ]]; then
   layouts=("tensor2 2 parallel.tensor=2" "pipeline2 2 parallel.pipeline=2"
            "data2_z3 2 parallel.zero_stage=3")
-elif [[ $subset == freeze ]]; then
+elif [[ $subset == few ]]; then
   layouts=("tensor2 2 parallel.tensor=2" "pipeline2 2 parallel.pipeline=2"
            "data2_z2 2 parallel.zero_stage=2"
            "data2_tensor2_z3 4 parallel.tensor=2 parallel.zero_stage=3")

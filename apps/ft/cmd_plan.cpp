@@ -171,6 +171,12 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
       double(plan.model_params) / 1e6, m.n_layers, m.dim, m.n_heads, m.n_kv_heads, m.ffn_dim,
       m.vocab_size, m.tie_embeddings ? ", tied embeddings" : "", r.training.precision.c_str(),
       plan.device.cuda ? ("cuda (sm_" + std::to_string(plan.device.sm) + ")").c_str() : "cpu");
+  if (r.adapter.enabled()) {
+    std::string targets;
+    for (const std::string& t : r.adapter.targets()) targets += (targets.empty() ? "" : ", ") + t;
+    std::printf("adapter: %s r %d on %s; the base frozen (%s only)\n", r.adapter.type.c_str(),
+                r.adapter.r, targets.c_str(), r.training.precision.c_str());
+  }
   std::printf(
       "step: %d samples of %d tokens = %d data rank%s × %d micro-batch%s × %d sample%s; "
       "activation checkpointing %s\n",

@@ -27,8 +27,8 @@ struct AdapterConfig {
   // linear layer but lm_head, as PEFT's). PEFT's default for Llama and Qwen: q_proj, v_proj.
   std::vector<std::string> target_modules = {"q_proj", "v_proj"};
   bool use_rslora = false;
-  // kaiming: A Kaiming-uniform (bound 1/√in, PEFT's default), B zero; gaussian: A ~ N(0, 1/r),
-  // B zero (PEFT's init_lora_weights="gaussian").
+  // kaiming: A Kaiming-uniform (bound 1/√in, PEFT's default), B zero; gaussian: A normal with std
+  // 1/r, B zero (PEFT's init_lora_weights="gaussian").
   std::string init = "kaiming";
   std::string from;  // a PEFT adapter folder to start from (adapter_config.json and weights)
   std::vector<std::string> modules_to_save;  // embed_tokens, lm_head: trained whole (point 4)

@@ -41,10 +41,11 @@ std::string describe_holds(const LlamaModel& m, bool tied, bool embed, bool head
   const FlatParams& f = m.flat_params();
   const auto& groups = f.groups();
   const int L = m.config().n_layers;
-  int64_t sum = 0, first = -1, layers = 0, layer_numel = 0;
+  int64_t sum = 0, first = -1, layers = 0, layer_numel = 0, adapter = 0;
   for (int g = 0; g < int(groups.size()); ++g) {
     if (!f.owns(g)) continue;
     sum += int64_t(groups[size_t(g)].numel);
+    if (groups[size_t(g)].attached_to >= 0) adapter += int64_t(groups[size_t(g)].numel);
     if (g >= 1 && g <= L) {
       if (first < 0) first = g - 1;
       ++layers;
@@ -61,8 +62,9 @@ std::string describe_holds(const LlamaModel& m, bool tied, bool embed, bool head
        count(layer_numel) + ")";
   if (head)
     h += std::string(tied ? " + final norm " : " + norm and lm_head ") +
-         count(int64_t(groups.back().numel));
+         count(int64_t(groups[size_t(L) + 1].numel));
   if (tied && embed && head) h += " (lm_head tied to the embedding)";
+  if (adapter > 0) h += " + their adapters " + count(adapter);
   return h + " = " + count(sum) + " elements";
 }
 

@@ -185,9 +185,27 @@ std::unique_ptr<Communicator> tied_holders_group(const Recipe& r, Communicator& 
 
 void print_run_header(const Recipe& r, const LlamaModel& model, const DataLoader& loader, int accum,
                       const Device& dev, int threads) {
+  // Elements of the whole model: every rank's layout lists every tensor, with its whole shape.
+  size_t base = 0, adapter = 0;
+  for (const ParamGroup& g : model.layout().groups())
+    for (const ParamEntry& e : g.entries) {
+      size_t n = 1;
+      for (int64_t d : e.global_shape) n *= size_t(d);
+      (g.attached_to >= 0 ? adapter : base) += n;
+    }
   std::printf("ft: model %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, vocab %d)\n",
-              double(model.num_params()) / 1e6, r.model.n_layers, r.model.dim, r.model.n_heads,
+              double(base) / 1e6, r.model.n_layers, r.model.dim, r.model.n_heads,
               r.model.n_kv_heads, r.model.vocab_size);
+  if (r.adapter.enabled()) {
+    std::string targets;
+    for (const std::string& t : r.adapter.targets()) targets += (targets.empty() ? "" : ", ") + t;
+    std::printf(
+        "ft: adapter %s r %d, alpha %g (scale %g%s) on %s: %.4gM trained parameters, the "
+        "base frozen%s\n",
+        r.adapter.type.c_str(), r.adapter.r, r.adapter.alpha, r.adapter.scaling(),
+        r.adapter.use_rslora ? ", rsLoRA" : "", targets.c_str(), double(adapter) / 1e6,
+        r.adapter.from.empty() ? "" : (", starting from " + r.adapter.from).c_str());
+  }
   std::printf(
       "ft: data %s: %llu samples of %d tokens per epoch; %lld steps of %d samples "
       "(%d micro-batches of %d); %s, %d threads, CPU kernels %s, BLAS kernels %s, "

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# LoRA (adapter.type lora, lib/adapt/lora.h; DESIGN.md §5 adapter) on a small random Llama, ft
+# against itself (tests/cli/test_lora_peft.sh compares it with PEFT + transformers):
+#  1. tensor 2, pipeline 2, data 2 with ZeRO-2 and data 2 × tensor 2 with ZeRO-3 train as one
+#     process does (scripts/test_layouts.sh --lora, compare_layouts.py's bounds);
+#  2. the base keeps its bits exactly, in fp32, in bf16 (its compute copy only) and under ZeRO-3,
+#     while every adapter tensor trains;
+#  3. the checkpoint holds the adapter alone (the manifest's frozen groups are every model group,
+#     its adapter section the recipe's); a run killed after a checkpoint resumes to the same bits;
+#     resuming with another adapter.r is refused, and so is exporting the checkpoint (not built);
+#  4. adapter.from: an adapter folder in PEFT's names (made from a trained run's tensors) starts
+#     a run with exactly those values; one that lacks a tensor is refused with its name;
+#  5. ft plan counts the adapter as trained and the base as frozen.
+# About 40 s on 2 cores.
+#   bash tests/cli/test_lora.sh BUILD_DIR SOURCE_DIR
+source "$2/tests/cli/common.sh" "$@"
+echo "--- 1. layouts with a LoRA adapter"
+bash "$src/scripts/test_layouts.sh" --lora "$build"
+
+mpi_args=(--oversubscribe -x FT_TEST_DUMP_PARAMS)
+[[ $(id -u) == 0 ]] && mpi_args+=(--allow-run-as-root)
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --samples 33 --seq-len 12 \
+  --seed 3 > /dev/null
+cat > "$tmp/r.yaml" <<YAML
+model: {dim: 32, n_layers: 3, n_heads: 4, n_kv_heads: 2, ffn_dim: 40, vocab_size: 64, max_seq_len: 16}
+data: {train: $tmp/data, seq_len: 12}
+training: {steps: 8, micro_batch_size: 2, global_batch_size: 4, grad_clip: 0.5}
+optimizer: {lr: 0.01, weight_decay: 0.1}
+checkpoint: {every_steps: 3}
+runtime: {threads: 1}
+adapter: {type: lora, r: 4, alpha: 8, target_modules: [q_proj, v_proj, o_proj, down_proj]}
+YAML
+train() {  # name, ft train arguments...
+  local name=$1
+  shift
+  FT_TEST_DUMP_PARAMS="$tmp/$name/params" "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/$name" \
+    "$@" > "$tmp/$name.log" 2>&1 || fail "$name: $(tail -3 "$tmp/$name.log")"
+}
+# base_kept INIT TRAINED: the base tensors equal, bit for bit; every adapter tensor has moved.
+base_kept() {
+  /usr/bin/python3 - "$tmp/$1/params/rank_0.safetensors" "$tmp/$2/params/rank_0.safetensors" \
+    "$src/tests/ref" <<'PY' || fail "$2: base tensors changed, or adapter tensors did not train"
+import sys
+sys.path.insert(0, sys.argv[3])
+import llama_ref as ref
+a, b = ref.read_safetensors(sys.argv[1]), ref.read_safetensors(sys.argv[2])
+assert sorted(a) == sorted(b)
+adapter = [n for n in a if n.startswith("base_model.model.")]
+assert len(adapter) == 3 * 4 * 2, adapter  # 3 blocks, 4 projections, A and B
+for n in a:
+    same = bool((a[n] == b[n]).all())
+    assert same == (n not in adapter), (n, "unchanged" if same else "changed")
+print(f"  {len(a) - len(adapter)} base tensors unchanged, {len(adapter)} adapter tensors trained")
+PY
+}
+
+echo "--- 2. the base keeps its bits"
+for p in fp32 bf16; do
+  train "init_$p" training.steps=0 training.precision=$p
+  train "full_$p" training.precision=$p
+  base_kept "init_$p" "full_$p"
+done
+FT_TEST_DUMP_PARAMS="$tmp/z3/params" mpirun "${mpi_args[@]}" -np 2 "$ft" train "$tmp/r.yaml" \
+  run.output_dir="$tmp/z3" parallel.zero_stage=3 training.precision=bf16 > "$tmp/z3.log" 2>&1 ||
+  fail "z3: $(tail -3 "$tmp/z3.log")"
+base_kept init_bf16 z3
+grep -q "ft: adapter lora r 4, alpha 8 (scale 2) on q_proj, v_proj, o_proj, down_proj" \
+  "$tmp/full_fp32.log" || fail "ft train does not say which adapter it trains"
+
+echo "--- 3. checkpoints of the adapter alone; kill and resume"
+m="$tmp/full_fp32/checkpoints/step_00000008/manifest.json"
+/usr/bin/python3 - "$m" <<'PY' || fail "$m: the adapter recorded wrongly"
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["frozen"]["groups"] == [0, 1, 2, 3, 4], j["frozen"]
+a = j["adapter"]
+assert (a["type"], a["r"], a["alpha"], a["use_rslora"]) == ("lora", 4, 8, False), a
+assert a["target_modules"] == ["q_proj", "v_proj", "o_proj", "down_proj"], a
+held = sorted({p["group"] for p in j["pieces"]})
+assert held == [5, 6, 7], held  # lora.layers.0-2
+names = [t["name"] for t in j["tensors"] if t["group"] == 5]
+assert names[0] == "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", names
+PY
+(FT_TEST_KILL_AT_STEP=6 exec "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/killed" \
+  > "$tmp/killed.log" 2>&1) && fail "killed: not killed"
+train killed  # --resume auto: from step_3
+grep -q "resum.*step_00000003" "$tmp/killed.log" || fail "killed: did not resume from step 3"
+cmp "$tmp/killed/params/rank_0.safetensors" "$tmp/full_fp32/params/rank_0.safetensors" ||
+  fail "killed and resumed: other parameters than the run without a stop"
+run_rc 2 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/killed" training.steps=9 adapter.r=8
+has_err "adapter.r 4 in the checkpoint, 8 in the recipe"
+run_rc 2 "$ft" export "$tmp/full_fp32/checkpoints" -o "$tmp/hf"
+has_err "holds the adapter only"
+
+echo "--- 4. adapter.from: a PEFT adapter folder"
+/usr/bin/python3 - "$tmp/full_fp32/params/rank_0.safetensors" "$tmp/peft" "$src/tests/ref" <<'PY'
+import json, os, sys
+sys.path.insert(0, sys.argv[3])
+import llama_ref as ref
+t = {n: v for n, v in ref.read_safetensors(sys.argv[1]).items() if n.startswith("base_model.")}
+for name, sub in (("peft", t), ("peft_short", {n: v for n, v in t.items() if "layers.2.mlp" not in n})):
+    d = os.path.join(os.path.dirname(sys.argv[2]), name)
+    os.makedirs(d)
+    ref.write_safetensors(os.path.join(d, "adapter_model.safetensors"), sub)
+    json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 8,
+               "target_modules": ["q_proj", "v_proj", "o_proj", "down_proj"], "bias": "none",
+               "use_rslora": False, "use_dora": False, "lora_dropout": 0.0},
+              open(os.path.join(d, "adapter_config.json"), "w"))
+PY
+train from training.steps=0 adapter.from="$tmp/peft"
+/usr/bin/python3 - "$tmp/from/params/rank_0.safetensors" "$tmp/full_fp32/params/rank_0.safetensors" \
+  "$tmp/init_fp32/params/rank_0.safetensors" "$src/tests/ref" <<'PY' || fail "adapter.from: other values"
+import sys
+sys.path.insert(0, sys.argv[4])
+import llama_ref as ref
+got, trained, init = (ref.read_safetensors(p) for p in sys.argv[1:4])
+for n in got:
+    want = trained[n] if n.startswith("base_model.") else init[n]
+    assert (got[n] == want).all(), n
+print(f"  {len(got)} tensors: the adapter's from the folder, the base's as initialised")
+PY
+run_rc 2 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/short" adapter.from="$tmp/peft_short"
+has_err "missing 2 tensor(s): base_model.model.model.layers.2.mlp.down_proj.lora_A.weight"
+
+echo "--- 5. ft plan: the adapter trains, the base is frozen"
+grep -v "^adapter:" "$tmp/r.yaml" > "$tmp/plain.yaml"
+"$ft" plan "$tmp/plain.yaml" --world 1 --json > "$tmp/all.json"
+"$ft" plan "$tmp/r.yaml" --world 1 --json > "$tmp/lora.json"
+/usr/bin/python3 - "$tmp/all.json" "$tmp/lora.json" <<'PY' || fail "ft plan: the adapter counted wrongly"
+import json, sys
+a, l = (json.load(open(p))["roles"][0] for p in sys.argv[1:])
+adapter = 3 * 4 * ((32 + 32) + (32 + 16) + (32 + 32) + (40 + 32))  # r (in + out), per block
+assert l["trained_elems"] == adapter, (l["trained_elems"], adapter)
+assert l["param_elems"] == a["param_elems"] + adapter, (l["param_elems"], a["param_elems"])
+assert l["grads_bytes"] == 4 * adapter and l["optim_bytes"] == 8 * adapter, l
+print(f"  {adapter} adapter elements trained; the base's {a['param_elems']} frozen")
+PY
+echo "test_lora: all checks passed"
