@@ -67,18 +67,29 @@ fail_showing_output() {
 
 # venv DIR SPEC...: a cached virtual environment (Debian's python3, --system-site-packages for
 # its torch, numpy, h5py and sentencepiece) with the pip requirements SPEC from PyPI; a stamp
-# file records them, so that a changed list makes a new one. Pinned versions: a new transformers
-# release must not change what a test means without an edit here. hf_tf5_spec: the one
-# transformers 5 list, shared by the tests that use it (test_export_transformers,
+# file records them, so that a changed list makes a new one. The items of SPEC after a
+# "--no-deps" are installed after the others, without their dependencies. A list that names no
+# torch keeps Debian's: a venv into which pip brought one is refused. Pinned versions: a new
+# transformers release must not change what a test means without an edit here. hf_tf5_spec: the
+# one transformers 5 list, shared by the tests that use it (test_export_transformers,
 # test_tokenizer_json: the `tokenizers` it brings; test_chat_data: jinja2, which transformers'
 # apply_chat_template renders with), so they share one $build/hf_venv_tf5.
 hf_tf5_spec=("transformers==5.23.0" "protobuf==7.36.2" "jinja2==3.1.6")
 # hf_tf4_spec: transformers 4 on Debian's torch 1.13 (test_archs, test_generate,
-# test_export_transformers, test_sft_recipes); hf_torch2_spec: torch 2 from PyPI with the
-# transformers 5 list (test_qwen3_transformers: about 2.8 GB to download). tests/cli/
-# make_venvs.sh makes all three ahead of the suite (scripts/test.sh, during the Release build).
+# test_export_transformers, test_sft_recipes). hf_peft_spec: PEFT on that list (test_lora_peft),
+# in a venv of its own ($build/hf_venv_peft, about 170 MB) so that hf_tf4_spec's tests keep
+# their environment. peft 0.13.2 (October 2024, as transformers 4.46) states torch>=1.13.0,
+# which Debian's 1.13.0a0 does not meet, so pip would bring torch 2 (5.3 GB): it is installed
+# without its dependencies, and runs on 1.13; accelerate 0.34.2 (torch>=1.10) and jinja2 (PEFT's
+# save_pretrained writes a model card with it) come with theirs. hf_torch2_spec: torch 2 from
+# PyPI with the transformers 5 list (test_qwen3_transformers: about 2.8 GB to download), and
+# PEFT for test_lora_peft's qwen3 (Qwen3ForCausalLM needs transformers >= 4.51, so torch 2):
+# peft 0.21.2 and the accelerate it needs, which leave every other package as it was.
+# tests/cli/make_venvs.sh makes all four ahead of the suite (scripts/test.sh, during the Release
+# build).
 hf_tf4_spec=("transformers==4.46.3")
-hf_torch2_spec=("torch==2.15.0" "${hf_tf5_spec[@]}")
+hf_peft_spec=("${hf_tf4_spec[@]}" "accelerate==0.34.2" "jinja2==3.1.6" --no-deps "peft==0.13.2")
+hf_torch2_spec=("torch==2.15.0" "${hf_tf5_spec[@]}" "peft==0.21.2" "accelerate==1.15.0")
 # Tests sharing a venv may run at once (ctest -j): a lock file beside it lets one make it while
 # the others wait. FT_TEST_VENVS=FOLDER: the venv is made there and DIR links to it, so that two
 # build folders share one download (scripts/test.sh: the sanitizer pass uses the Release pass's).
@@ -95,8 +106,27 @@ venv() {
     rm -rf "$dir"
     echo "making $dir ($* from PyPI)"
     /usr/bin/python3 -m venv --system-site-packages "$dir"
-    "$dir/bin/pip" install -q --disable-pip-version-check "$@" ||
-      { echo "FAIL: pip install $* failed (is PyPI reachable?)" >&2; exit 1; }
+    local spec=("$@") nodeps=() i
+    for i in "${!spec[@]}"; do
+      if [[ ${spec[$i]} == --no-deps ]]; then
+        nodeps=("${spec[@]:$((i + 1))}")
+        spec=("${spec[@]:0:$i}")
+        break
+      fi
+    done
+    "$dir/bin/pip" install -q --disable-pip-version-check "${spec[@]}" ||
+      { echo "FAIL: pip install ${spec[*]} failed (is PyPI reachable?)" >&2; exit 1; }
+    if ((${#nodeps[@]})); then
+      "$dir/bin/pip" install -q --disable-pip-version-check --no-deps "${nodeps[@]}" ||
+        { echo "FAIL: pip install --no-deps ${nodeps[*]} failed (is PyPI reachable?)" >&2; exit 1; }
+    fi
+    # Debian's torch is in dist-packages; one that pip installed, in the venv's site-packages.
+    if [[ " $* " != *" torch=="* && $("$dir/bin/python" -c 'import importlib.util as u
+s = u.find_spec("torch"); print(s.origin if s else "")') == */site-packages/* ]]; then
+      echo "FAIL: pip install $* brought a torch into $dir, where Debian's was meant (a" \
+        "requirement above 1.13.0a0: install that package after --no-deps)" >&2
+      exit 1
+    fi
     echo "$*" > "$dir/ft_requirements"
   fi
   flock -u "$lock_fd"
