@@ -292,7 +292,10 @@ void Loader::check_adapter_from() {
 
   // The shape, each key under its PEFT name. target_modules is compared as the set of
   // projections it expands to: PEFT saves a set (in any order), and all-linear as the list of
-  // what it stood for.
+  // what it stood for — short names (peft 0.13) or the modules' whole paths
+  // ("model.layers.0.mlp.up_proj", peft 0.21), each matching a module whose name ends with it at
+  // a dot; the projection is the last part. (Paths naming only some layers pass here and are
+  // refused by the weights' check: their tensors lack the other layers'.)
   const nlohmann::json& targets = at("target_modules");
   auto file_targets = [&]() -> std::optional<Names> {
     const std::vector<std::string>& known = find_key("adapter.target_modules")->choices;
@@ -300,10 +303,12 @@ void Loader::check_adapter_from() {
     c.target_modules.clear();
     for (const nlohmann::json& e :
          targets.is_array() ? targets : nlohmann::json::array({targets})) {
-      if (!e.is_string() ||
-          std::find(known.begin(), known.end(), e.get<std::string>()) == known.end())
-        return std::nullopt;
-      c.target_modules.push_back(e.get<std::string>());
+      if (!e.is_string()) return std::nullopt;
+      const std::string& path = e.get_ref<const std::string&>();
+      const std::string name =
+          path.substr(path.rfind('.') == std::string::npos ? 0 : path.rfind('.') + 1);
+      if (std::find(known.begin(), known.end(), name) == known.end()) return std::nullopt;
+      c.target_modules.push_back(name);
     }
     if (c.target_modules.empty()) return std::nullopt;
     return c.targets();

@@ -1293,6 +1293,16 @@ TEST_CASE("recipe: adapter.from: a PEFT folder whose adapter the recipe describe
     CHECK(s.load(lora, {"adapter.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
                         "down_proj]"})
               .ok());
+    // peft 0.21 writes all-linear as the modules' whole paths, every layer's.
+    write_config(
+        "\"target_modules\": [\"model.layers.1.self_attn.v_proj\", "
+        "\"model.layers.0.self_attn.q_proj\", \"model.layers.1.self_attn.q_proj\", "
+        "\"model.layers.0.self_attn.v_proj\"]");
+    CHECK(s.load(lora).ok());
+    write_config("\"target_modules\": [\"model.layers.0.self_attn.q_proj\", \"k_proj\"]");
+    CHECK(issue_for(s.load(lora), "adapter.target_modules").message ==
+          "adapter.target_modules = [q_proj, v_proj] (its default) but " + config +
+              " has target_modules [\"model.layers.0.self_attn.q_proj\",\"k_proj\"]");
   }
   SUBCASE("disagreeing: an issue naming both values and the file") {
     write_config("\"target_modules\": [\"q_proj\", \"k_proj\", \"v_proj\"], \"use_rslora\": true");
