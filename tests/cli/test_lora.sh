@@ -10,7 +10,9 @@
 #     resuming with another adapter.r is refused, and so is exporting the checkpoint (not built);
 #  4. adapter.from: an adapter folder in PEFT's names (made from a trained run's tensors) starts
 #     a run with exactly those values; one that lacks a tensor is refused with its name;
-#  5. ft plan counts the adapter as trained and the base as frozen.
+#  5. ft plan counts the adapter as trained and the base as frozen;
+#  6. on the CUDA backend (ft_emu: the CUDA emulation, a test tool), fp32 and bf16 train as on the
+#     CPU, within test_cuda_emu_train.sh's bounds.
 # About 40 s on 2 cores.
 #   bash tests/cli/test_lora.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
@@ -135,4 +137,21 @@ assert l["param_elems"] == a["param_elems"] + adapter, (l["param_elems"], a["par
 assert l["grads_bytes"] == 4 * adapter and l["optim_bytes"] == 8 * adapter, l
 print(f"  {adapter} adapter elements trained; the base's {a['param_elems']} frozen")
 PY
+echo "--- 6. the CUDA backend (on the CUDA emulation, a test tool) against the CPU"
+if [[ -x $emu ]]; then
+  for p in fp32 bf16; do
+    "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/emu_$p" runtime.device=cuda \
+      training.precision=$p > "$tmp/emu_$p.log" 2>&1 || fail "emu_$p: $(tail -3 "$tmp/emu_$p.log")"
+  done
+  grep -q 'CUDA emulation (test tool)' "$tmp/emu_fp32.log" || fail "emu_fp32 did not run on CUDA"
+  # The bounds of test_cuda_emu_train.sh (fp32 and 16-bit).
+  /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$tmp/emu_fp32" "$tmp/full_fp32" \
+    --min-entries 16 --loss-rel 1e-4 --norm-rel 1e-3 --step1-loss-rel 1e-6 --step1-norm-rel 1e-5 ||
+    fail "fp32: LoRA on the CUDA backend and on the CPU differ"
+  /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$tmp/emu_bf16" "$tmp/full_bf16" \
+    --min-entries 16 --loss-rel 5e-3 --norm-rel 5e-2 --step1-loss-rel 1e-4 --step1-norm-rel 2e-3 ||
+    fail "bf16: LoRA on the CUDA backend and on the CPU differ"
+else
+  echo "  skipped: no ft_emu in this build"
+fi
 echo "test_lora: all checks passed"
