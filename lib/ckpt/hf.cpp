@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -26,6 +27,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/json_describe.h"
+#include "data/sha256.h"
 #include "model/arch.h"
 
 namespace ft {
@@ -444,6 +446,39 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
     return a.src->entry->begin < b.src->entry->begin;
   });
   for (const Copy& c : plan) read_slice(*c.src->file, *c.param, tensor_rank, c.dst);
+}
+
+std::string hf_weights_fingerprint(const std::string& dir) {
+  Sha256 h;
+  const std::string config =
+      read_bounded_file(dir + "/config.json", kMaxConfigBytes, "Hugging Face config");
+  h.update(config.data(), config.size());
+  const OpenedWeights w = open_weights(dir);
+  std::vector<std::string> paths;
+  for (const auto& f : w.files) paths.push_back(f->path());
+  std::sort(paths.begin(), paths.end());
+  constexpr uint64_t kHead = uint64_t(1) << 20, kSample = uint64_t(64) << 10;
+  constexpr int kPoints = 17;
+  std::vector<char> buf(kHead);
+  for (const std::string& path : paths) {
+    std::ifstream in(path, std::ios::binary);
+    std::error_code ec;
+    const uint64_t size = fs::file_size(path, ec);
+    if (!in || ec) throw Error("cannot read '" + path + "' to fingerprint the base model");
+    const std::string name = fs::path(path).filename().string() + ":" + std::to_string(size);
+    h.update(name.data(), name.size() + 1);
+    auto take = [&](uint64_t at, uint64_t n) {
+      n = std::min(n, size - std::min(size, at));
+      in.seekg(std::streamoff(at));
+      in.read(buf.data(), std::streamsize(n));
+      if (uint64_t(in.gcount()) != n) throw Error("cannot read '" + path + "' (truncated?)");
+      h.update(buf.data(), n);
+    };
+    take(0, kHead);  // the header, and the first tensors
+    for (int k = 1; k <= kPoints; ++k) take(size / (kPoints + 1) * uint64_t(k), kSample);
+    take(size - std::min(size, kSample), kSample);
+  }
+  return h.finish_hex();
 }
 
 void load_peft_adapter(const std::string& dir, const ParamLayout& layout,

@@ -60,6 +60,13 @@ HfConfigRead read_hf_config_located(const std::string& dir);
 void load_hf_weights(const std::string& dir, const ParamLayout& layout,
                      const std::vector<float*>& group_ptrs, int tensor_rank = 0);
 
+// A fingerprint of a Hugging Face folder's model: the SHA-256 (hex) of its config.json and, for
+// each weight file (by name), its name, size, first MiB (the header and the first tensors) and
+// 64 KiB at 18 points through it to its end. It reads a few MiB, not the whole model (which every
+// start of an adapter run would otherwise read twice): another model, or another fine-tune of the
+// same one, differs in it; the same files copied elsewhere do not. Errors name the file.
+std::string hf_weights_fingerprint(const std::string& dir);
+
 // Loads the adapter groups of `layout` (ParamGroup::attached_to) from a PEFT adapter folder's
 // adapter_model.safetensors, by PEFT's names (adapt/lora.h), this tensor rank's slices, into the
 // groups whose group_ptrs are set (others: not read). Every adapter tensor must be there with its

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "ckpt/hf.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/layout.h"
@@ -200,9 +201,13 @@ json manifest_base(const Recipe& r, const Mesh& mesh, const std::string& tokeniz
   json frozen = json::array();
   for (size_t g = 0; g < whole.groups().size(); ++g)
     if (!whole.groups()[g].trains()) frozen.push_back(g);
-  if (!frozen.empty())
+  if (!frozen.empty()) {
     j["frozen"] = {
         {"groups", frozen}, {"from", c.from}, {"seed", r.run.seed}, {"init_std", c.init_std}};
+    // The base by content, so that a resume can tell another model in the same folder (or this
+    // one moved elsewhere).
+    if (!c.from.empty()) j["frozen"]["from_fingerprint"] = hf_weights_fingerprint(c.from);
+  }
   // The adapter (adapt/config.h): what rebuilds the checkpoint's layout (ckpt::manifest_layout)
   // and what a resume must train again. Written only by adapter runs.
   if (r.adapter.enabled())
@@ -308,10 +313,20 @@ void check_same_model(const ckpt::Manifest& m, const Recipe& r) {
   if (!m.frozen_groups.empty()) {
     const json& f = m.json.at("frozen");
     const std::string from = f.value("from", std::string());
-    if (from != b.from)
+    const bool printed = f.contains("from_fingerprint") && f["from_fingerprint"].is_string();
+    if (printed && !from.empty() && !b.from.empty()) {
+      // By content: the base may have moved; it must not have changed.
+      if (hf_weights_fingerprint(b.from) != f["from_fingerprint"].get<std::string>())
+        diff += detail::concat(diff.empty() ? "" : ", ", "model.from '", b.from,
+                               "' holds other weights than the base the checkpoint's frozen "
+                               "parameters came from ('",
+                               from, "', fingerprint ",
+                               f["from_fingerprint"].get<std::string>().substr(0, 16), "...)");
+    } else if (from != b.from) {
       diff += detail::concat(diff.empty() ? "" : ", ", "model.from '", from,
                              "' in the checkpoint (its frozen parameters), '", b.from,
                              "' in the recipe");
+    }
     if (from.empty() &&
         (f.value("seed", uint64_t(0)) != r.run.seed || f.value("init_std", 0.0) != b.init_std))
       diff += detail::concat(diff.empty() ? "" : ", ",

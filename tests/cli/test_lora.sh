@@ -8,6 +8,7 @@
 #  3. the checkpoint holds the adapter alone (the manifest's frozen groups are every model group,
 #     its adapter section the recipe's); a run killed after a checkpoint resumes to the same bits;
 #     resuming with another adapter.r is refused, and so is exporting the checkpoint (not built);
+#     a base from model.from is named by content: moved, it resumes; changed, it is refused;
 #  4. adapter.from: an adapter folder in PEFT's names (made from a trained run's tensors) starts
 #     a run with exactly those values; one that lacks a tensor is refused with its name;
 #  5. ft plan counts the adapter as trained and the base as frozen;
@@ -32,6 +33,7 @@ checkpoint: {every_steps: 3}
 runtime: {threads: 1}
 adapter: {type: lora, r: 4, alpha: 8, target_modules: [q_proj, v_proj, o_proj, down_proj]}
 YAML
+grep -v "^adapter:" "$tmp/r.yaml" > "$tmp/plain.yaml"  # the same model without the adapter
 train() {  # name, ft train arguments...
   local name=$1
   shift
@@ -94,6 +96,29 @@ has_err "adapter.r 4 in the checkpoint, 8 in the recipe"
 run_rc 2 "$ft" export "$tmp/full_fp32/checkpoints" -o "$tmp/hf"
 has_err "holds the adapter only"
 
+# A base from model.from: the checkpoint names it by content (frozen.from_fingerprint): the same
+# weights in another folder resume; other weights in the same folder are refused.
+"$ft" train "$tmp/plain.yaml" run.output_dir="$tmp/base" training.steps=0 > /dev/null 2>&1 ||
+  fail "base: could not make a base model"
+"$ft" export "$tmp/base/checkpoints" -o "$tmp/hf" > /dev/null || fail "base: export failed"
+train on_hf training.steps=3 model.from="$tmp/hf"
+grep -q '"from_fingerprint"' "$tmp/on_hf/checkpoints/step_00000003/manifest.json" ||
+  fail "the manifest does not fingerprint model.from"
+cp -r "$tmp/hf" "$tmp/hf_moved"
+train on_hf training.steps=4 model.from="$tmp/hf_moved"
+grep -q "resum.*step_00000003" "$tmp/on_hf.log" || fail "a moved base did not resume"
+/usr/bin/python3 - "$tmp/hf_moved/model.safetensors" "$src/tests/ref" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+import llama_ref as ref
+t = ref.read_safetensors(sys.argv[1])
+t["model.norm.weight"] = t["model.norm.weight"] * 1.5
+ref.write_safetensors(sys.argv[1], t)
+PY
+run_rc 2 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/on_hf" training.steps=5 \
+  model.from="$tmp/hf_moved"
+has_err "holds other weights than the base the checkpoint's frozen parameters came from"
+
 echo "--- 4. adapter.from: a PEFT adapter folder"
 /usr/bin/python3 - "$tmp/full_fp32/params/rank_0.safetensors" "$tmp/peft" "$src/tests/ref" <<'PY'
 import json, os, sys
@@ -125,7 +150,6 @@ run_rc 2 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/short" adapter.from="$tm
 has_err "missing 2 tensor(s): base_model.model.model.layers.2.mlp.down_proj.lora_A.weight"
 
 echo "--- 5. ft plan: the adapter trains, the base is frozen"
-grep -v "^adapter:" "$tmp/r.yaml" > "$tmp/plain.yaml"
 "$ft" plan "$tmp/plain.yaml" --world 1 --json > "$tmp/all.json"
 "$ft" plan "$tmp/r.yaml" --world 1 --json > "$tmp/lora.json"
 /usr/bin/python3 - "$tmp/all.json" "$tmp/lora.json" <<'PY' || fail "ft plan: the adapter counted wrongly"
