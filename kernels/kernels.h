@@ -177,6 +177,17 @@ void scale_inplace(float* y, float s, size_t n);  // y *= s
 // gradient norm's all-reduce carries the overflow flag with no extra pass.
 double sum_squares(const float* x, size_t n);
 
+// ---- dropout.cpp: dropout and scaling (LoRA's input dropout and its α/r) ------------------------
+// y (rows, cols) = x ∘ m · s, T: x and y, y may be x (in place). Element (i, j) is kept when the
+// uniform of (key, row i, column col0 + j) is ≥ p (kernels/philox.h: the whole matrix's mask,
+// whatever column slice [col0, col0 + cols) a call holds); kept elements are float(x) · s rounded
+// to T once, s = philox::dropout_factor(p, f) (f / (1 − p) rounded to fp32), dropped ones +0.
+// p in [0, 1); p = 0: y = x · f, no Philox drawn. The same call on the output's gradient is the
+// backward. The bits depend on nothing but the arguments (kernels/cuda/dropout.cu: the same).
+template <typename T>
+void dropout_scale(T* y, const T* x, size_t rows, size_t cols, size_t col0, float p, float f,
+                   uint64_t key);
+
 // ---- convert.cpp: fp32 master copy ↔ 16-bit compute copy ----------------------------------------
 // dst (n) = src (n) rounded to nearest even / widened exactly: the bits of core/half.h's
 // to_bf16 / to_f16 / to_f32, NaN, inf and subnormals included. T: bf16 or f16; the float

@@ -1,6 +1,7 @@
-// Counter-based normal variates for parameter init, shared by the CPU kernel
-// (kernels/cpu/random.cpp) and the CUDA kernel (kernels/cuda/random.cu), so both give the same
-// bits for every element whatever the thread count, grid or device.
+// Counter-based random numbers shared by the CPU and CUDA kernels, so both give the same bits for
+// every element whatever the thread count, grid or device: normal variates for parameter init
+// (kernels/cpu/random.cpp, kernels/cuda/random.cu) and dropout's mask (kernels/cpu/dropout.cpp,
+// kernels/cuda/dropout.cu; at the end of this file).
 //
 // Bits: Philox-4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2,
 // 3", SC 2011, §4 and table 2): a keyed bijection of a 128-bit counter, ten rounds of two 32x32
@@ -163,6 +164,32 @@ FT_PHILOX_FN void fill_normal(float* out, size_t begin, size_t end, uint64_t key
     normals4((first + j) / 4, k0, k1, z);
     for (int lane = 0; j < end; ++lane, ++j) out[j] = float(std * z[lane]);
   }
+}
+
+// ---- Dropout's mask: element (i, c) of a matrix (row i, column c of the whole matrix, not of a
+// column slice) takes word c mod 4 of philox(counter = (c / 4 as two words, i as two words),
+// key) as its uniform u = w / 2^32 in [0, 1), and is kept when u ≥ p. Integers only, so the
+// bits depend on (key, i, c) alone: a tensor-parallel rank's column slice draws the whole
+// matrix's mask there. (Row 0 has random_normal's counters: a key of dropout's own keeps the
+// two streams apart.) ----
+
+// The Philox block of row i, columns 4·cb .. 4·cb + 3.
+FT_PHILOX_FN Block dropout_block(uint64_t i, uint64_t cb, uint64_t key) {
+  return philox4x32_10(uint32_t(cb), uint32_t(cb >> 32), uint32_t(i), uint32_t(i >> 32),
+                       uint32_t(key), uint32_t(key >> 32));
+}
+
+// u = w / 2^32 ≥ p exactly when w ≥ ceil(p · 2^32), p in [0, 1): the double product of a float
+// and a power of two is exact, so the comparison is an integer one. The largest float below 1
+// is 1 − 2^−24, so the threshold is at most 2^32 − 2^8: 32 bits hold it.
+FT_PHILOX_FN uint32_t dropout_threshold(float p) {
+  return uint32_t(ceil(double(p) * 4294967296.0));
+}
+
+// What a kept element is multiplied by: f / (1 − p) in double, rounded to fp32 once; f itself
+// when p = 0. Computed on the host by both backends' launchers, so both multiply by one float.
+FT_PHILOX_FN float dropout_factor(float p, float f) {
+  return p == 0.0f ? f : float(double(f) / (1.0 - double(p)));
 }
 
 }  // namespace ft::kernels::philox

@@ -65,6 +65,7 @@ namespace ft::kernels {
                                const double*, const double*, int, int, int, float);                \
   template void add_inplace(T*, const T*, size_t);                                                 \
   template void accumulate(float*, const T*, size_t);                                              \
+  template void dropout_scale(T*, const T*, size_t, size_t, size_t, float, float, uint64_t);       \
   template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float,    \
                              float, float, int64_t, T*, float);
 FT_INSTANTIATE(float)

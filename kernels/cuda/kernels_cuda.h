@@ -200,6 +200,12 @@ void ce_finish(T* dlogits, const T* logits, const int32_t* targets, const uint8_
 template <typename Dst, typename Src>
 void convert(Dst* dst, const Src* src, size_t n, void* stream);
 
+// ---- dropout.cu: kernels.h dropout_scale, the CPU's bits (kernels/philox.h's mask) ----
+// y (rows, cols) = x ∘ mask · f / (1 − p) over columns [col0, col0 + cols); y may be x.
+template <typename T>
+void dropout_scale(T* y, const T* x, size_t rows, size_t cols, size_t col0, float p, float f,
+                   uint64_t key, void* stream);
+
 // ---- random.cu: kernels.h random_normal, the CPU's bits (kernels/philox.h) ----
 // out (rows, cols) = the 2-D form: element first + r·ld + c of the tensor at [r·cols + c].
 void random_normal(float* out, size_t rows, size_t cols, size_t ld, uint64_t key, uint64_t first,

@@ -37,6 +37,7 @@ FT_OP_FAMILY(kAdamw, "adamw")
 FT_OP_FAMILY(kConvert, "convert")
 FT_OP_FAMILY(kAdd, "add")
 FT_OP_FAMILY(kScale, "scale")
+FT_OP_FAMILY(kDropout, "dropout")
 FT_OP_FAMILY(kSumSquares, "sum_squares")
 FT_OP_FAMILY(kBias, "bias")
 FT_OP_FAMILY(kGemmForward, "GEMM forward")
@@ -196,6 +197,24 @@ FT_OP(random_normal, kRandom,
       (Stream s, float* out, size_t rows, size_t cols, size_t ld, uint64_t key, uint64_t first,
        double std),
       (s, out, rows, cols, ld, key, first, std))
+
+// ---- Dropout and scaling (LoRA's dropout on an adapter's input and its α/r, issue 28; the mask
+// from kernels/philox.h) ----
+// y (rows, cols) = x ∘ m · f / (1 − p), m a Bernoulli(1 − p) mask: element (i, j) is kept when
+// u(key, i, col0 + j) ≥ p, u uniform in [0, 1) from Philox (kernels/philox.h) on the counter
+// (i, col0 + j) under key — so the mask of a column slice [col0, col0 + cols) of a wider matrix
+// is that matrix's mask there (tensor-parallel ranks holding column slices agree). p = 0: y = f·x,
+// no random numbers drawn. p in [0, 1). y may be x (in place; any other overlap is an
+// ft::Error). Any float dtype, x's and y's the same; the product is formed in fp32 and rounded
+// once: a kept element is float(x) · s rounded to y's dtype, s = f / (1 − p) rounded to fp32
+// (philox::dropout_factor), a dropped one +0. The same call (the same rows, cols, col0, p, f,
+// key) on the output's gradient is its backward: the mask is drawn again, never stored. The key
+// is the caller's (one per step, micro-batch and module, dropout's own); the same bits on every
+// device and thread count.
+FT_OP(dropout_scale, kDropout,
+      (Stream s, Ref y, CRef x, size_t rows, size_t cols, size_t col0, float p, float f,
+       uint64_t key),
+      (s, y, x, rows, cols, col0, p, f, key))
 
 // ---- AdamW (kernels.h; t is the step count after increment; g is read as g · grad_scale,
 // clipping folded into the update). p_compute (n), unless null: the updated p rounded to its

@@ -19,6 +19,7 @@
 
 #include "core/half.h"
 #include "kernels/kernels.h"
+#include "kernels/philox.h"
 #include "tests/ops/op_harness.h"
 
 namespace ft::op_test {
@@ -1058,6 +1059,106 @@ void add_random_normal_cases(Cases& cs) {
     };
     cs.push_back(std::move(c));
   }
+}
+
+// ---- Dropout and scaling: the same bits on every device (the mask is philox.h's integers, the
+// factor one host-rounded float, each element one fp32 product rounded once). Beside matching
+// the reference device, every output must equal a plain loop over the elements (no blocks, no
+// threads: philox.h's word for (row, column), then x · s rounded), and a column slice at col0
+// the columns of the CPU kernel's call on the whole matrix (what tensor-parallel ranks rely on).
+// Shapes: one element, at a column off a Philox block; odd rows and columns; a misaligned view;
+// rows longer than the CPU's OpenMP chunk of 4096 columns; many blocks on CUDA; a col0 past 2^34
+// (the counter's high column word). p = 0 is the scaling alone (y = f·x, rounded once). ----
+struct DropoutShape {
+  size_t rows, cols, col0, offset;
+};
+const DropoutShape kDropoutShapes[] = {
+    {1, 1, 0, 0}, {1, 1, 3, 0},        {19, 111, 0, 0},  {111, 19, 7, 1},
+    {5, 9, 2, 0}, {3, 17003, 4101, 0}, {7, 10001, 0, 0}, {4, 33, (size_t(1) << 34) + 5, 0}};
+constexpr uint64_t kDropoutKey = 0xd20b0e7a11c0ffeeull;
+
+// dropout_scale one element at a time from philox.h: the reference every device's output must
+// equal (x (rows, cols) is columns [col0, col0 + cols) of the matrix).
+template <typename T>
+std::vector<T> dropout_reference(const std::vector<T>& x, size_t rows, size_t cols, size_t col0,
+                                 float p, float f, uint64_t key) {
+  namespace px = k::philox;
+  std::vector<T> y(x.size());
+  const float s = px::dropout_factor(p, f);
+  for (size_t i = 0; i < rows; ++i)
+    for (size_t j = 0; j < cols; ++j) {
+      const uint64_t c = col0 + j;
+      const bool kept =
+          p == 0.0f || px::dropout_block(i, c / 4, key).w[c % 4] >= px::dropout_threshold(p);
+      y[i * cols + j] = from_f32<T>(kept ? to_f32(x[i * cols + j]) * s : 0.0f);
+    }
+  return y;
+}
+
+// Empty when out (bytes of T) has want's bits, else the first element that differs.
+template <typename T>
+std::string same_bits_as(const std::vector<uint8_t>& out, const std::vector<T>& want,
+                         const char* what) {
+  for (size_t e = 0; e < want.size(); ++e)
+    if (std::memcmp(&out[e * sizeof(T)], &want[e], sizeof(T)) != 0)
+      return cat("y[", e, "] = ", to_f32(reinterpret_cast<const T*>(out.data())[e]),
+                 " differs in bits from ", what, "'s ", to_f32(want[e]));
+  return "";
+}
+
+template <typename T>
+void dropout_case(Cases& cs, const DropoutShape& sh, float p, float f, bool in_place) {
+  const size_t rows = sh.rows, cols = sh.cols, col0 = sh.col0, n = rows * cols;
+  const auto x = uniform<T>(n, -3, 3, uint32_t(n * 13 + col0 % 1000 + size_t(p * 100)));
+  auto want =
+      std::make_shared<std::vector<T>>(dropout_reference(x, rows, cols, col0, p, f, kDropoutKey));
+  // A column slice of a small enough matrix: the CPU kernel's call on the whole of it, columns
+  // [0, col0 + cols + 5), holding x at [col0, col0 + cols) and other values around it.
+  std::shared_ptr<std::vector<T>> wide;
+  if (col0 > 0 && col0 < 10000) {
+    const size_t ld = col0 + cols + 5;
+    std::vector<T> wx = uniform<T>(rows * ld, -3, 3, uint32_t(ld)), wy(rows * ld);
+    for (size_t i = 0; i < rows; ++i)
+      std::memcpy(&wx[i * ld + col0], &x[i * cols], cols * sizeof(T));
+    k::dropout_scale(wy.data(), wx.data(), rows, ld, 0, p, f, kDropoutKey);
+    wide = std::make_shared<std::vector<T>>(n);
+    for (size_t i = 0; i < rows; ++i)
+      std::memcpy(&(*wide)[i * cols], &wy[i * ld + col0], cols * sizeof(T));
+  }
+  Case c{"dropout_scale",
+         elem_name(elem_of<T>()),
+         cat("rows=", rows, " cols=", cols, " col0=", col0, " p=", p, " f=", f,
+             sh.offset ? " misaligned" : "", in_place ? " in place" : ""),
+         {},
+         {}};
+  if (in_place) {
+    c.tensors = {in("x", x), alias("y", elem_of<T>(), n, 0, kExact)};
+  } else {
+    c.tensors = {in("x", x), out<T>("y", n, kExact)};
+    for (Tensor& t : c.tensors) t.offset = sh.offset;
+  }
+  c.run = [=](Device& d, const Args& a) {
+    d.ops().dropout_scale(d.stream(), a.ref(1), a.cref(0), rows, cols, col0, p, f, kDropoutKey);
+  };
+  c.relation = [=](const std::vector<std::vector<uint8_t>>& o) -> std::string {
+    std::string broken = same_bits_as(o[0], *want, "the plain loop");
+    if (broken.empty() && wide) broken = same_bits_as(o[0], *wide, "the whole matrix's call");
+    return broken;
+  };
+  cs.push_back(std::move(c));
+}
+
+void add_dropout_scale_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const DropoutShape& sh : kDropoutShapes) {
+      dropout_case<T>(cs, sh, 0.0f, 0.37f, false);  // the scaling alone
+      dropout_case<T>(cs, sh, 0.1f, 2.0f, false);   // LoRA's usual p, α/r = 2
+      dropout_case<T>(cs, sh, 0.5f, 0.37f, false);
+    }
+    for (const DropoutShape& sh : {kDropoutShapes[3], kDropoutShapes[6]})
+      for (float p : {0.0f, 0.25f}) dropout_case<T>(cs, sh, p, 0.5f, true);
+  });
 }
 
 void add_sum_squares_cases(Cases& cs) {

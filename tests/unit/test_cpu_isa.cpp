@@ -147,6 +147,13 @@ TEST_CASE_TEMPLATE("every instruction-set level's elementwise kernels agree", T,
       r.insert(r.end(), acc.begin(), acc.end());
       return r;
     });
+    // Integer mask and one product per element, nothing to contract: the same bits on every
+    // level, baseline included.
+    check_levels("dropout_scale" + at, 0.0f, [&](CpuIsa isa) {
+      std::vector<T> y(n);
+      ON_LEVEL(isa, dropout_scale<T>(y.data(), g.data(), 1, n, 3, 0.1f, 2.0f, 11));
+      return widen(y);
+    });
     if constexpr (!std::is_same_v<T, float>) {
       // The conversions are exact (to fp32) or one rounding (to T): the same bits on every level,
       // baseline included.

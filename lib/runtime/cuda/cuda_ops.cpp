@@ -306,6 +306,19 @@ class CudaOps final : public Ops {
                      uint64_t first, double std) override {
     kc::random_normal(out, rows, cols, ld, key, first, std, stream(s));
   }
+  void dropout_scale(Stream s, Ref y, CRef x, size_t rows, size_t cols, size_t col0, float p,
+                     float f, uint64_t key) override {
+    same_dtype("dropout_scale", y.dtype, x.dtype);
+    FT_CHECK(p >= 0.0f && p < 1.0f, "dropout_scale: p = ", p,
+             " is outside [0, 1) (the probability of dropping an element)");
+    FT_CHECK(y.ptr == x.ptr || !ranges_overlap(y, x, rows * cols),
+             "dropout_scale: y overlaps x without being x; in place is y = x, else give y its own "
+             "buffer");
+    dispatch(y.dtype, "dropout_scale", [&](auto t) {
+      using T = decltype(t);
+      kc::dropout_scale(as<T>(y), as<T>(x), rows, cols, col0, p, f, key, stream(s));
+    });
+  }
   void adamw_update(Stream s, float* p, const float* g, float* m, float* v, size_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int64_t t,
                     float grad_scale, Ref p_compute) override {
