@@ -46,6 +46,15 @@ float uniform_at(uint64_t key, uint64_t j, double bound) {
 
 }  // namespace
 
+uint64_t lora_dropout_key(uint64_t seed, uint64_t sample, int layer, Proj proj) {
+  auto mix = [](uint64_t z) {  // splitmix64's finaliser
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  return mix(mix(mix(seed ^ 0x6c6f7261ull) + sample) + uint64_t(layer) * 8 + uint64_t(proj));
+}
+
 // The LoRA term of every adapted projection. The forward keeps nothing: the backward recomputes
 // t = s·dropout(x)·Aᵀ (N × r, small), so activation checkpointing and the pipeline's slots need
 // nothing of it.
@@ -84,7 +93,7 @@ class LoraHooks final : public LinearHooks {
     ensure(N, l.in, x.dtype);
     const CRef xd = dropped(c, l, layer, x, N);
     ops.linear_forward(st, t_.data(), xd, c.adapter + at.a, N, l.in, r_, false);
-    scale(c, t_.data(), size_t(N) * r_, s_);
+    scale(c, t_.data(), size_t(N) * r_);
     ops.linear_forward(st, y, t_.data(), c.adapter + at.b, N, r_, l.out, /*accumulate=*/true);
   }
 
@@ -101,21 +110,24 @@ class LoraHooks final : public LinearHooks {
     float* const dA = c.adapter_grad + at.a;
     float* const dB = c.adapter_grad + at.b;
     ops.linear_forward(st, t_.data(), xd, A, N, l.in, r_, false);  // the forward's t, again
-    scale(c, t_.data(), Nr, s_);
+    scale(c, t_.data(), Nr);
     const bool split = c.tp->size() > 1;
     if (split && l.row_parallel()) c.tp->all_reduce(t_.data(), Nr, t32_.data());
     ops.linear_backward(st, dt_.data(), dB, dy, t_.data(), B, N, r_, l.out, false);
-    scale(c, dt_.data(), Nr, s_);
+    scale(c, dt_.data(), Nr);
     const bool partial_dt = split && !l.row_parallel();
-    const Ref dxd = p_ > 0 && c.training ? dxd_.data() : dx;
+    const bool dropout_on = dropping(c);
+    // dx += dropout'(dt·A): with dropout through dxd_, the mask applied again (the op's backward).
+    const Ref dxd = dropout_on ? dxd_.data() : dx;
     ops.linear_backward(st, dxd, partial_dt ? nullptr : dA, dt_.data(), xd, A, N, l.in, r_,
-                        /*accumulate_dx=*/dxd.ptr == dx.ptr);
+                        /*accumulate_dx=*/!dropout_on);
+    if (dropout_on) {
+      drop(c, l, layer, dxd, dxd, N);
+      ops.add(st, dx, dxd, size_t(N) * l.in);
+    }
     if (partial_dt) {
       c.tp->all_reduce(dt_.data(), Nr, t32_.data());
       ops.linear_backward(st, Ref(nullptr, dx.dtype), dA, dt_.data(), xd, A, N, l.in, r_, false);
-    }
-    if (dxd.ptr != dx.ptr) {
-      FT_CHECK(false, "LoRA dropout is not built yet");  // the dropout op lands next
     }
   }
 
@@ -124,8 +136,8 @@ class LoraHooks final : public LinearHooks {
     size_t a, b;  // offsets of A and B in the block's adapter group; kNone: not adapted
   };
 
-  // Scratch for N rows: t and dt (N, r) in the compute dtype, t's fp32 copy for a 16-bit
-  // scaling or tensor all-reduce, and with dropout the dropped input and its gradient (N, in).
+  // Scratch for N rows: t and dt (N, r) in the compute dtype, an fp32 copy of one for a 16-bit
+  // tensor all-reduce, and with dropout the dropped input and its gradient (N, in).
   void ensure(int N, int in, DType dt) const {
     const size_t Nr = size_t(N) * r_;
     if (t_.size() < Nr || t_.dtype() != dt) {
@@ -141,27 +153,32 @@ class LoraHooks final : public LinearHooks {
     }
   }
 
-  // y (n) *= f in its own dtype (through t32_ for 16 bits).
-  void scale(const LinearContext& c, Ref y, size_t n, float f) const {
-    Ops& ops = c.dev->ops();
-    const Stream st = c.dev->stream();
-    if (y.dtype == DType::kF32) {
-      ops.scale(st, static_cast<float*>(y.ptr), f, n);
-      return;
-    }
-    ops.convert(st, t32_.data(), y, n);
-    ops.scale(st, t32_.data(), f, n);
-    ops.convert(st, y, t32_.data(), n);
+  // y (n) *= s, in its own dtype.
+  void scale(const LinearContext& c, Ref y, size_t n) const {
+    c.dev->ops().dropout_scale(c.dev->stream(), y, y, n, 1, 0, 0.0f, s_, 0);
+  }
+
+  bool dropping(const LinearContext& c) const { return p_ > 0 && c.training; }
+  // The first column of x in the layer's whole input: a row layer's x is this rank's columns.
+  static size_t col0(const LinearContext& c, const Linear& l) {
+    return l.row_parallel() ? size_t(c.tp->rank()) * size_t(l.in) : 0;
+  }
+  // y = dropout(x) (or its backward), sample by sample: each sample's rows under its own key
+  // (lora_dropout_key), so that every layout draws the masks one process draws.
+  void drop(const LinearContext& c, const Linear& l, int layer, Ref y, CRef x, int N) const {
+    const size_t T = size_t(c.seq_len), row = T * size_t(l.in);
+    FT_CHECK(T > 0 && size_t(N) % T == 0, "LoRA dropout: ", N, " rows of sequences of ", T);
+    for (size_t b = 0; b < size_t(N) / T; ++b)
+      c.dev->ops().dropout_scale(c.dev->stream(), y + b * row, x + b * row, T, size_t(l.in),
+                                 col0(c, l), p_, 1.0f,
+                                 lora_dropout_key(seed_, c.first_sample + b, layer, l.proj));
   }
 
   // The adapter's input: x, or in training with dropout its dropped copy.
   CRef dropped(const LinearContext& c, const Linear& l, int layer, CRef x, int N) const {
-    (void)l;
-    (void)layer;
-    (void)N;
-    if (!(p_ > 0 && c.training)) return x;
-    FT_CHECK(false, "LoRA dropout is not built yet");
-    return x;
+    if (!dropping(c)) return x;
+    drop(c, l, layer, xd_.data(), x, N);
+    return xd_.data();
   }
 
   int r_;

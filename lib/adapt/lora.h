@@ -24,6 +24,12 @@ namespace ft {
 
 class LoraHooks;
 
+// The key of the dropout mask (the dropout_scale op's, runtime/op_list.h) on the rows of sample
+// `sample` (its run-wide index, StepSamples::first_sample) at layer `layer`'s projection `proj`
+// in a run seeded `seed`: the same in the forward, its recomputation and the backward, and in
+// every layout (data, tensor and pipeline ranks alike), so dropout keeps layouts equal.
+uint64_t lora_dropout_key(uint64_t seed, uint64_t sample, int layer, Proj proj);
+
 class LoraConverter final : public ModelConverter {
  public:
   explicit LoraConverter(AdapterConfig config);

@@ -160,6 +160,7 @@ struct DataLoader::Impl {
     const int T = opt.seq_len;
     StepSamples out;
     out.step = step;
+    out.first_sample = uint64_t(step) * uint64_t(opt.global_batch) + uint64_t(opt.rank_offset);
     out.count = int(opt.rank_count);
     out.seq_len = T;
     out.inputs.resize(size_t(opt.rank_count) * T);

@@ -22,6 +22,9 @@ class ShardSet;  // lib/data/shard.h
 
 struct StepSamples {
   int64_t step = 0;
+  // The run-wide index of row 0: step · global batch + this rank's offset in it. Row r is sample
+  // first_sample + r on every layout (per-sample randomness, LoRA's dropout, is keyed by it).
+  uint64_t first_sample = 0;
   int count = 0;                 // samples (rows)
   int seq_len = 0;               // T
   std::vector<int32_t> inputs;   // (count, T)

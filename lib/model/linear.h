@@ -47,10 +47,12 @@ struct LinearContext {
   // the compute parameters, and the fp32 gradient (null: no gradient is taken).
   CRef adapter;
   float* adapter_grad = nullptr;
-  // A pass that will be differentiated (an adapter's dropout acts only then), and its number
-  // on this rank: the same in the micro-batch's forward, its recomputation and its backward.
+  // A pass that will be differentiated (an adapter's dropout acts only then); the rows' samples
+  // (N = B · seq_len rows, sample first_sample + b in rows [b · seq_len, (b + 1) · seq_len): the
+  // run-wide index of StepSamples::first_sample, the same in every layout).
   bool training = false;
-  uint64_t pass = 0;
+  uint64_t first_sample = 0;
+  int seq_len = 1;
 };
 
 // What an adapter adds to a linear layer y = x·Wᵀ: its own term of the output and of the input

@@ -38,10 +38,10 @@ struct LayerActs {
 struct LlamaModel::Acts {
   int B = 0, T = 0;
   bool backward = false;
-  // The micro-batch in this slot: whether it will be differentiated, and its number on this
-  // rank (LinearContext::training, pass).
+  // The micro-batch in this slot: whether it will be differentiated, and the run-wide index of
+  // its first sample (LinearContext::training, first_sample).
   bool training = false;
-  uint64_t pass = 0;
+  uint64_t first_sample = 0;
   // The micro-batch, copied to the device: token ids (first stage), targets and mask (last).
   Buffer<int32_t> inputs, targets;  // (N)
   Buffer<uint8_t> mask;             // (N)
@@ -135,7 +135,8 @@ LinearContext LlamaModel::linear_context() const {
     c.tp_partial = acts_->tp_partial.data();
     c.tp_f32 = acts_->tp_f32.data();
     c.training = acts_->training;
-    c.pass = acts_->pass;
+    c.first_sample = acts_->first_sample;
+    c.seq_len = acts_->T;
   }
   return c;
 }
@@ -445,13 +446,13 @@ void LlamaModel::norm_backward(Ref dx, float* dw, CRef dout, CRef x, CRef w, con
 
 void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const int32_t* targets,
                               const uint8_t* mask, int B, int T, float token_weight, bool backward,
-                              const int32_t* seg) {
+                              const int32_t* seg, uint64_t first_sample) {
   FT_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len ",
            cfg_.max_seq_len);
   ensure_acts(slot, B, T, backward, seg != nullptr);
   Acts& a = *acts_;
   a.training = backward;
-  a.pass = passes_++;
+  a.first_sample = first_sample;
   const int N = B * T, C = cfg_.dim, L = cfg_.n_layers;
   const int hg = L + 1;  // head group
   const int first = stage_.first_layer, last = stage_.last_layer;

@@ -76,7 +76,7 @@ class LlamaModel final : public PipelineStage {
   int hidden_size() const override { return cfg_.dim; }
   void forward_part(int slot, const int32_t* inputs, CRef x_in, const int32_t* targets,
                     const uint8_t* mask, int B, int T, float token_weight, bool backward,
-                    const int32_t* seg) override;
+                    const int32_t* seg, uint64_t first_sample = 0) override;
   void backward_part(int slot, CRef dy_in) override;
   CRef stage_output(int slot) const override;  // (B·T, C) in the compute dtype
   CRef input_grad() const override;
@@ -117,7 +117,6 @@ class LlamaModel final : public PipelineStage {
   FlatParams flat_;
   std::vector<std::unique_ptr<Acts>> slots_;
   Acts* acts_ = nullptr;  // the slot in use
-  uint64_t passes_ = 0;   // forward passes begun (Acts::pass)
 };
 
 }  // namespace ft

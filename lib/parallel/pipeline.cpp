@@ -44,7 +44,7 @@ void PipelineSchedule::run_forward(const StepSamples& b, int i, int micro, float
   const size_t off = size_t(i) * micro * b.seq_len;
   model_.forward_part(slot(i), b.inputs.data() + off, recv_buf_.data(), b.targets.data() + off,
                       b.mask.data() + off, micro, b.seq_len, token_weight, backward,
-                      segments(b, off));
+                      segments(b, off), b.first_sample + uint64_t(i) * uint64_t(micro));
 }
 
 void PipelineSchedule::send_output(int i, size_t n) {
@@ -106,7 +106,7 @@ double PipelineSchedule::train_step(const StepSamples& b, int micro, float token
       const size_t off = size_t(i) * micro * T;
       model_.forward_part(0, b.inputs.data() + off, CRef(), b.targets.data() + off,
                           b.mask.data() + off, micro, T, token_weight, /*backward=*/true,
-                          segments(b, off));
+                          segments(b, off), b.first_sample + uint64_t(i) * uint64_t(micro));
       model_.backward_part(0, CRef());
     }
     return model_.take_loss_sum();
@@ -147,8 +147,8 @@ double PipelineSchedule::eval_batch(const StepSamples& b, int micro) {
     for (int i = 0; i < M; ++i) {
       const size_t off = size_t(i) * micro * T;
       model_.forward_part(0, b.inputs.data() + off, CRef(), b.targets.data() + off,
-                          b.mask.data() + off, micro, T, 0.0f, /*backward=*/false,
-                          segments(b, off));
+                          b.mask.data() + off, micro, T, 0.0f, /*backward=*/false, segments(b, off),
+                          b.first_sample + uint64_t(i) * uint64_t(micro));
     }
     return model_.take_loss_sum();
   }

@@ -34,10 +34,11 @@ class PipelineStage {
   // keeps what backward_part needs; the others leave their output at stage_output(slot).
   // token_weight scales each token's loss gradient. seg: (B, T) host segment ids of packed
   // samples (StepSamples::seg; every stage gets them: attention and RoPE need them in every
-  // layer), or null for one sample per row.
+  // layer), or null for one sample per row. first_sample: the run-wide index of row 0
+  // (StepSamples::first_sample), which keys per-sample randomness.
   virtual void forward_part(int slot, const int32_t* inputs, CRef x_in, const int32_t* targets,
                             const uint8_t* mask, int B, int T, float token_weight, bool backward,
-                            const int32_t* seg) = 0;
+                            const int32_t* seg, uint64_t first_sample = 0) = 0;
   // The last stage starts from its loss; the others from dy_in (B·T, C), the gradient of their
   // output. Leaves the gradient of the stage's input at input_grad() (not on the first stage).
   // Gradients accumulate.

@@ -2,7 +2,8 @@
 # LoRA (adapter.type lora, lib/adapt/lora.h; DESIGN.md §5 adapter) on a small random Llama, ft
 # against itself (tests/cli/test_lora_peft.sh compares it with PEFT + transformers):
 #  1. tensor 2, pipeline 2, data 2 with ZeRO-2 and data 2 × tensor 2 with ZeRO-3 train as one
-#     process does (scripts/test_layouts.sh --lora, compare_layouts.py's bounds);
+#     process does (scripts/test_layouts.sh --lora, compare_layouts.py's bounds), with dropout
+#     (its masks keyed by sample: lora_dropout_key) and activation checkpointing;
 #  2. the base keeps its bits exactly, in fp32, in bf16 (its compute copy only) and under ZeRO-3,
 #     while every adapter tensor trains;
 #  3. the checkpoint holds the adapter alone (the manifest's frozen groups are every model group,
@@ -17,8 +18,9 @@
 # About 40 s on 2 cores.
 #   bash tests/cli/test_lora.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
-echo "--- 1. layouts with a LoRA adapter"
-bash "$src/scripts/test_layouts.sh" --lora "$build"
+echo "--- 1. layouts with a LoRA adapter (dropout 0.1, activation checkpointing)"
+bash "$src/scripts/test_layouts.sh" --lora --set adapter.dropout=0.1 \
+  --set training.activation_checkpointing=true "$build"
 
 mpi_args=(--oversubscribe -x FT_TEST_DUMP_PARAMS)
 [[ $(id -u) == 0 ]] && mpi_args+=(--allow-run-as-root)

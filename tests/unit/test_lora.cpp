@@ -218,3 +218,129 @@ TEST_CASE("LoRA: target modules choose the adapted projections, in layer order")
 }
 
 }  // namespace ft
+
+namespace ft {
+
+TEST_CASE("LoRA dropout: a site's forward and backward are the definition's with the op's mask") {
+  const ModelConfig cfg = lora_model_config();
+  auto dev = make_device("cpu");
+  AdapterConfig ac;
+  ac.type = "lora";
+  ac.r = 3;
+  ac.alpha = 6;
+  ac.dropout = 0.25;
+  ac.target_modules = {"q_proj"};
+  ModelConverters convs;
+  convs.push_back(std::make_unique<LoraConverter>(ac));
+  LlamaModel model(cfg, dev.get(), false, nullptr, {}, DType::kF32, &convs);
+  model.init_random(7, 0.1);
+  convs.front()->convert_model(model, 11);
+  const ParamLayout& layout = model.layout();
+  const int ag = layout.attached_group(1);
+  const ParamGroup& group = layout.groups()[size_t(ag)];
+  const int C = cfg.dim, HD = cfg.n_heads * layout.head_dim(), r = ac.r, N = 10;
+  std::vector<float> p = group_of(model.flat_params().params()[size_t(ag)]);
+  const size_t a_at = group.entries[0].offset, b_at = group.entries[1].offset;
+  for (int k = 0; k < HD * r; ++k) p[b_at + size_t(k)] = 0.4f * std::cos(float(5 * k + 1));
+  model.flat_params().params()[size_t(ag)].upload(p.data(), p.size());
+  const float* A = p.data() + a_at;
+  const float* Bm = p.data() + b_at;
+
+  std::vector<float> x(size_t(N) * C), dy(size_t(N) * HD);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(3 * i + 2));
+  for (size_t i = 0; i < dy.size(); ++i) dy[i] = 0.5f * std::cos(float(7 * i + 4));
+  // The mask scaled by 1 / (1 − p), drawn by the op on ones under the site's key.
+  const uint64_t first = 7;  // the run-wide index of the first sample; N = 2 samples of 5 rows
+  std::vector<float> md(x.size(), 1.0f);
+  Buffer<float> ones(dev.get(), md.size());
+  ones.upload(md.data(), md.size());
+  for (int b = 0; b < 2; ++b)
+    dev->ops().dropout_scale(dev->stream(), ones.data() + size_t(b) * 5 * C,
+                             ones.data() + size_t(b) * 5 * C, 5, size_t(C), 0, float(ac.dropout),
+                             1.0f, lora_dropout_key(11, first + uint64_t(b), 0, Proj::kQ));
+  ones.download(md.data(), md.size());
+  int dropped = 0;
+  for (float v : md) dropped += v == 0.0f;
+  CHECK(dropped > 0);
+  CHECK(dropped < N * C / 2);
+
+  const float s = float(ac.scaling());
+  for (bool training : {true, false}) {
+    CAPTURE(training);
+    Buffer<float> xb(dev.get(), x.size()), dyb(dev.get(), dy.size());
+    Buffer<float> y(dev.get(), dy.size()), dx(dev.get(), x.size());
+    xb.upload(x.data(), x.size());
+    dyb.upload(dy.data(), dy.size());
+    y.zero();
+    dx.zero();
+    model.flat_params().zero_grads();
+    const TensorGroup one(nullptr, dev.get());
+    LinearContext c;
+    c.dev = dev.get();
+    c.tp = &one;
+    c.hooks = model.linear_hooks();
+    c.adapter = model.flat_params().compute_params(ag);
+    c.adapter_grad = model.flat_params().grads()[size_t(ag)].data();
+    c.training = training;
+    c.first_sample = first;
+    c.seq_len = 5;
+    const Linear q{Proj::kQ, C, HD};
+    REQUIRE(c.hooks->adapts({0, Proj::kQ}));
+    CHECK_FALSE(c.hooks->adapts({0, Proj::kK}));
+    c.hooks->forward(c, q, 0, y.data(), xb.data(), N);
+    if (training) c.hooks->backward(c, q, 0, dx.data(), dyb.data(), xb.data(), N);
+
+    // The definition, in double: xd = x ∘ md; t = s·xd·Aᵀ; y = t·Bᵀ; dB = dyᵀ·t; dt = s·dy·B;
+    // dA = dtᵀ·xd; dx = (dt·A) ∘ md.
+    std::vector<double> xd(x.size()), t(size_t(N) * r), dt(size_t(N) * r);
+    for (size_t i = 0; i < x.size(); ++i) xd[i] = double(x[i]) * (training ? md[i] : 1.0f);
+    std::vector<float> want_y(dy.size()), want_dA(size_t(r) * C), want_dB(size_t(HD) * r),
+        want_dx(x.size());
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < r; ++k) {
+        double a = 0, d = 0;
+        for (int i = 0; i < C; ++i) a += xd[size_t(n) * C + i] * A[k * C + i];
+        for (int o = 0; o < HD; ++o) d += double(dy[size_t(n) * HD + o]) * Bm[o * r + k];
+        t[size_t(n) * r + k] = s * a;
+        dt[size_t(n) * r + k] = s * d;
+      }
+    for (int n = 0; n < N; ++n)
+      for (int o = 0; o < HD; ++o) {
+        double v = 0;
+        for (int k = 0; k < r; ++k) v += t[size_t(n) * r + k] * Bm[o * r + k];
+        want_y[size_t(n) * HD + o] = float(v);
+      }
+    for (int o = 0; o < HD; ++o)
+      for (int k = 0; k < r; ++k) {
+        double v = 0;
+        for (int n = 0; n < N; ++n) v += double(dy[size_t(n) * HD + o]) * t[size_t(n) * r + k];
+        want_dB[size_t(o) * r + k] = float(v);
+      }
+    for (int k = 0; k < r; ++k)
+      for (int i = 0; i < C; ++i) {
+        double v = 0;
+        for (int n = 0; n < N; ++n) v += dt[size_t(n) * r + k] * xd[size_t(n) * C + i];
+        want_dA[size_t(k) * C + i] = float(v);
+      }
+    for (int n = 0; n < N; ++n)
+      for (int i = 0; i < C; ++i) {
+        double v = 0;
+        for (int k = 0; k < r; ++k) v += dt[size_t(n) * r + k] * A[k * C + i];
+        want_dx[size_t(n) * C + i] = float(v * md[size_t(n) * C + i]);
+      }
+    std::vector<float> got_y(dy.size());
+    y.download(got_y.data(), got_y.size());
+    CHECK(rel_diff(got_y, want_y) < 1e-5f);
+    if (!training) continue;  // evaluation: no dropout, and no backward
+    std::vector<float> got_dx(x.size());
+    dx.download(got_dx.data(), got_dx.size());
+    const std::vector<float> g = group_of(model.flat_params().grads()[size_t(ag)]);
+    const std::vector<float> got_dA(g.begin() + int64_t(a_at), g.begin() + int64_t(a_at) + r * C);
+    const std::vector<float> got_dB(g.begin() + int64_t(b_at), g.begin() + int64_t(b_at) + HD * r);
+    CHECK(rel_diff(got_dx, want_dx) < 1e-5f);
+    CHECK(rel_diff(got_dA, want_dA) < 1e-5f);
+    CHECK(rel_diff(got_dB, want_dB) < 1e-5f);
+  }
+}
+
+}  // namespace ft
