@@ -263,6 +263,9 @@ int run_command_line(int argc, char** argv) {
                   "an index: bytes, or 500MB, 5GB (default), 2GiB; from 1 byte to 1000TB")
       ->check(byte_size());
   exp->add_flag("--overwrite", export_args.overwrite, "Replace a non-empty output folder");
+  exp->add_flag("--merge", export_args.merge,
+                "A checkpoint of an adapter run: write the model with the adapter merged into "
+                "its base (W + scale·B·A), not the adapter folder");
   exp->footer(
       "Writes a folder transformers loads as the checkpoint's class, by model.arch\n(" +
       implemented_archs(&ArchSpec::hf_class) +
@@ -272,7 +275,13 @@ int run_command_line(int argc, char** argv) {
       "and special tokens carried over), or its tokenizer.model with tokenizer.json,\n"
       "tokenizer_config.json and special_tokens_map.json; generation_config.json with the\n"
       "special token ids. The folder appears only when complete (written as DIR.tmp-<pid>,\n"
-      "then renamed).");
+      "then renamed).\n"
+      "A checkpoint of an adapter run (adapter.type lora) holds the adapter alone. Exported as\n"
+      "is, it gives a PEFT adapter folder (adapter_config.json, adapter_model.safetensors in\n"
+      "--dtype, and the tokenizer files) that PeftModel.from_pretrained, vLLM (--enable-lora)\n"
+      "and llama.cpp's convert_lora_to_gguf.py apply to the base; with --merge, the model folder\n"
+      "above with the adapter merged in, the base read from the run's model.from (or, for a\n"
+      "seeded base, drawn again).");
 
   GenerateArgs gen;
   auto* g =

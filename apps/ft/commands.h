@@ -74,6 +74,8 @@ struct ExportArgs {
   std::string dtype = "f32";           // f32 | bf16 | f16
   std::string max_shard_size = "5GB";  // as transformers' save_pretrained(max_shard_size=...)
   bool overwrite = false;
+  // An adapter checkpoint: the model with the adapter merged in, not the PEFT folder.
+  bool merge = false;
 };
 int cmd_export(const ExportArgs& a);
 

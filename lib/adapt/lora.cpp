@@ -27,13 +27,6 @@ std::string module_path(int layer, Proj p) {
 }
 bool row_parallel(Proj p) { return p == Proj::kO || p == Proj::kDown; }
 
-// A key per tensor from the seed and its name (as LlamaModel::init_random draws its own).
-uint64_t name_key(uint64_t seed, const std::string& name) {
-  uint64_t key = seed * 0x100000001b3ull + 0xcbf29ce484222325ull;
-  for (char c : name) key = (key ^ uint8_t(c)) * 0x100000001b3ull;
-  return key;
-}
-
 // Element j of a tensor drawn uniform in (−bound, bound) under key: a function of (key, j) only,
 // so every layout draws the same values (Philox, kernels/philox.h; the fourth counter word set
 // apart from the normal draws').
@@ -233,7 +226,7 @@ void LoraConverter::convert_model(LlamaModel& model, uint64_t seed) const {
       host.assign(group.numel, 0.0f);
       for (const ParamEntry& e : group.entries) {
         if (e.name.find(".lora_A.") == std::string::npos) continue;
-        const uint64_t key = name_key(seed, e.name);
+        const uint64_t key = init_random_key(seed, e.name);
         const double in = double(e.global_shape[1]);
         for_each_slice_run(e, t, [&](size_t whole, size_t local, size_t n) {
           float* dst = host.data() + e.offset + local;

@@ -114,6 +114,12 @@ struct Manifest {
   // Groups a model converter froze (key frozen.groups, written only when there are some): the
   // checkpoint holds no state of theirs; they are the run's starting weights (DESIGN.md §8).
   std::vector<int> frozen_groups;
+  // Where the frozen groups' values come from (frozen.from, .seed, .init_std): the model.from
+  // folder, or when that is empty the seeded initialisation (LlamaModel::init_random).
+  std::string frozen_from;
+  std::string frozen_from_fingerprint;  // hf_weights_fingerprint of frozen.from; empty: none
+  uint64_t frozen_seed = 0;
+  double frozen_init_std = 0;
   // The adapter trained (key adapter, written by adapter runs only; type "none" without):
   // its groups follow the model's in the checkpoint's layout (manifest_layout).
   AdapterConfig adapter;

@@ -1,19 +1,24 @@
 // Hugging Face export (hf_export.h).
 //
 // Steps of export_hf_folder:
-//   0. check that every shard file has the size the manifest records;
-//   1. plan: every tensor of ParamLayout(model, 1) in layout order, with its bytes in the output
-//      dtype, assigned to shards as save_pretrained does (a new shard when the next tensor would
-//      take the current one over max_shard_bytes; a tensor larger than that gets its own shard);
+//   0. check that every shard file has the size the manifest records; merging, that the base
+//      folder is there (or the seed recorded);
+//   1. plan: the tensors written, in layout order: the model's (ParamLayout(model, 1)), or for a
+//      PEFT folder the adapter's groups of manifest_layout(m, 1); each with its bytes in the
+//      output dtype, assigned to shards as save_pretrained does (a new shard when the next tensor
+//      would take the current one over max_shard_bytes; a tensor larger than that gets its own
+//      shard); a PEFT folder has one file, as PEFT writes it;
 //   2. write into DIR.tmp-<pid>: each parameter group read whole (ckpt::read_global_group, which
-//      checks every piece's CRC-32), converted, appended to the shard being assembled; a shard
-//      is written (write_safetensors: temp name, fsync, rename) as soon as its last tensor is in;
+//      checks every piece's CRC-32; merging, a frozen group comes from the base and its block's
+//      adapter adds s·B·A to each adapted weight), converted, appended to the shard being
+//      assembled; a shard is written (write_safetensors: temp name, fsync, rename) as soon as its
+//      last tensor is in;
 //   3. tokenizer.model when the checkpoint has one (its sha256 checked against the manifest)
 //      with tokenizer.json, tokenizer_config.json, special_tokens_map.json (hf_tokenizer.h);
 //      or its tokenizer.json, copied, with a tokenizer_config.json (and the model folder's chat
 //      template and eos_token, which the checkpoint keeps beside it);
-//      config.json and generation_config.json with the tokenizer's special ids;
-//      model.safetensors.index.json when sharded;
+//      config.json and generation_config.json with the tokenizer's special ids, or for a PEFT
+//      folder adapter_config.json; model.safetensors.index.json when sharded;
 //   4. rename DIR.tmp-<pid> to DIR (after moving an old DIR aside with --overwrite).
 #include "ckpt/hf_export.h"
 
@@ -40,8 +45,10 @@
 #include "data/chat.h"
 #include "data/sha256.h"
 #include "data/tokenizer.h"
+#include "kernels/kernels.h"
 #include "model/arch.h"
 #include "model/layout.h"
+#include "model/llama.h"
 
 namespace ft {
 namespace {
@@ -295,6 +302,105 @@ void write_tokenizer_files(const fs::path& model, const fs::path& tmp, int64_t m
   res->hf_tokenizer = true;
 }
 
+// adapter_config.json of a PEFT folder: the LoraConfig of the checkpoint's adapter. Beside its
+// own values, the keys a loader checks for what ft has not built are stated at PEFT's defaults
+// (no bias, no DoRA, nothing trained whole, no per-layer patterns); the keys left out take
+// PEFT's defaults when it loads the file (PEFT 0.13 knows every key written here, and refuses
+// keys it does not know). nlohmann::json sorts the keys, as PEFT's save_pretrained does.
+void write_adapter_config(const ckpt::Manifest& m, const fs::path& path) {
+  const AdapterConfig& a = m.adapter;
+  json j;
+  j["peft_type"] = "LORA";
+  j["task_type"] = "CAUSAL_LM";
+  // The base as the run named it (model.from); null for a seeded initialisation, which no
+  // loader can find (export_hf_folder warns).
+  j["base_model_name_or_path"] = m.frozen_from.empty() ? json(nullptr) : json(m.frozen_from);
+  j["revision"] = nullptr;
+  j["r"] = a.r;
+  // An integral alpha as an integer, as PEFT users write it (8, not 8.0).
+  if (a.alpha == std::floor(a.alpha) && std::fabs(a.alpha) < 1e15)
+    j["lora_alpha"] = int64_t(a.alpha);
+  else
+    j["lora_alpha"] = a.alpha;
+  j["lora_dropout"] = a.dropout;
+  j["use_rslora"] = a.use_rslora;
+  j["target_modules"] = a.targets();
+  // How A was initialised: PEFT's name for ft's adapter.init (true: Kaiming-uniform).
+  j["init_lora_weights"] = a.init == "gaussian" ? json("gaussian") : json(true);
+  j["bias"] = "none";
+  j["use_dora"] = false;
+  j["fan_in_fan_out"] = false;
+  j["modules_to_save"] = nullptr;
+  j["layers_to_transform"] = nullptr;
+  j["layers_pattern"] = nullptr;
+  j["rank_pattern"] = json::object();
+  j["alpha_pattern"] = json::object();
+  j["inference_mode"] = true;
+  write_text_file(path, j.dump(2) + "\n");
+}
+
+// Merging: the base's values of model group g (whole tensors, `model`'s layout) as the adapter
+// run started from them. A frozen group comes from its source: the manifest's frozen.from folder
+// (read as model.from is, load_hf_weights: names, shapes and finiteness checked), or the seeded
+// initialisation drawn again (init_random_group: the same bits); any other from the checkpoint.
+std::vector<float> base_group(const ckpt::Manifest& m, const ParamLayout& model, int g) {
+  if (std::find(m.frozen_groups.begin(), m.frozen_groups.end(), g) == m.frozen_groups.end())
+    return ckpt::read_global_group(m, ckpt::State::kParam, g);
+  std::vector<float> w(model.groups()[size_t(g)].numel);
+  if (m.frozen_from.empty()) {
+    init_random_group(model, g, m.frozen_seed, m.frozen_init_std, w.data());
+    return w;
+  }
+  std::vector<float*> ptrs(model.groups().size(), nullptr);
+  ptrs[size_t(g)] = w.data();
+  try {
+    load_hf_weights(m.frozen_from, model, ptrs);
+  } catch (const UsageError& e) {
+    throw UsageError(std::string("the adapter's base, frozen.from in ") + m.dir +
+                     "/manifest.json: " + e.what());
+  }
+  return w;
+}
+
+// Merging: adds s·B·A to each weight W (out, in) of model group g (`w`, whole tensors) that the
+// adapter group attached to it adapts (PEFT's merge: W + s·(B·A), here one fp32 sgemm whose
+// beta is 1). Returns how many weights took a term.
+size_t add_adapter_terms(const ckpt::Manifest& m, const ParamLayout& model, const ParamLayout& full,
+                         int g, std::vector<float>& w) {
+  const int ag = full.attached_group(g);
+  if (ag < 0) return 0;
+  const std::vector<float> ad = ckpt::read_global_group(m, ckpt::State::kParam, ag);
+  const float s = float(m.adapter.scaling());
+  const std::string prefix = "base_model.model.", a_suffix = ".lora_A.weight";
+  const std::vector<ParamEntry>& entries = full.groups()[size_t(ag)].entries;
+  size_t merged = 0;
+  // The group holds A then B of each adapted projection (adapt/lora.h).
+  for (size_t i = 0; i + 1 < entries.size(); i += 2) {
+    const ParamEntry& A = entries[i];
+    const ParamEntry& B = entries[i + 1];
+    FT_CHECK(A.name.size() > prefix.size() + a_suffix.size() &&
+                 A.name.compare(0, prefix.size(), prefix) == 0 &&
+                 A.name.compare(A.name.size() - a_suffix.size(), a_suffix.size(), a_suffix) == 0,
+             "merge: unexpected adapter tensor ", A.name);
+    const std::string module =
+        A.name.substr(prefix.size(), A.name.size() - prefix.size() - a_suffix.size());
+    FT_CHECK(B.name == prefix + module + ".lora_B.weight", "merge: ", B.name, " after ", A.name);
+    int wg = -1;
+    const ParamEntry* W = nullptr;
+    FT_CHECK(model.find(module + ".weight", &wg, &W) && wg == g, "merge: ", module,
+             ".weight is not in group ", g);
+    const int64_t out = W->global_shape[0], in = W->global_shape[1], r = A.global_shape[0];
+    FT_CHECK(A.global_shape == std::vector<int64_t>({r, in}) &&
+                 B.global_shape == std::vector<int64_t>({out, r}),
+             "merge: the shapes of ", A.name, " and ", B.name, " do not fit ", W->name);
+    // W (out, in) += s · B (out, r) · A (r, in)
+    kernels::gemm_f32(false, false, int(out), int(in), int(r), s, ad.data() + B.offset, int(r),
+                      ad.data() + A.offset, int(in), 1.0f, w.data() + W->offset, int(in));
+    ++merged;
+  }
+  return merged;
+}
+
 // generate's defaults: it stops at eos_token_id and pads finished rows with pad_token_id (eos
 // when the tokenizer has no pad).
 void write_generation_config(const fs::path& path, const HfTokenIds& ids) {
@@ -318,6 +424,12 @@ std::string torch_dtype_name(DType t) {
     default:
       FT_FAIL("no torch_dtype for ", dtype_name(t));
   }
+}
+
+std::string adapter_base_description(const ckpt::Manifest& m) {
+  if (!m.frozen_from.empty()) return m.frozen_from;
+  return detail::concat("the seeded initialisation (run.seed ", m.frozen_seed, ", model.init_std ",
+                        m.frozen_init_std, ")");
 }
 
 void write_hf_config(const ModelConfig& m, DType torch_dtype, const std::string& path,
@@ -451,10 +563,11 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
   if (o.dtype != DType::kF32 && o.dtype != DType::kBF16 && o.dtype != DType::kF16)
     throw UsageError("export dtype must be f32, bf16 or f16, got " + dtype_name(o.dtype));
   FT_CHECK(o.max_shard_bytes > 0, "max_shard_bytes must be positive");
-  if (m.adapter.enabled())
-    throw UsageError(m.dir + ": a checkpoint of a " + m.adapter.type +
-                     " adapter run holds the adapter only (its base is model.from); exporting "
-                     "it as a PEFT folder or merged into its base is not built yet");
+  if (o.merge && !m.adapter.enabled())
+    throw UsageError(m.dir +
+                     ": --merge merges an adapter into its base, and this checkpoint is of a run "
+                     "that trained no adapter (it holds the whole model); export it without "
+                     "--merge");
   check_export_target(dir, o.overwrite);
   const fs::path out = clean_dir(dir);
   {
@@ -486,18 +599,51 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
                   std::to_string(s.bytes) +
                   "; the checkpoint is damaged (truncated?), export an older step folder");
   }
+  // Merging: the base must be where the run read it (or its seed recorded), found now rather
+  // than after part of the folder is written.
+  if (o.merge && !m.frozen_groups.empty()) {
+    if (!m.frozen_from.empty()) {
+      std::error_code from_ec;
+      if (!fs::is_directory(m.frozen_from, from_ec))
+        throw UsageError(m.dir + "/manifest.json: the adapter's base, frozen.from '" +
+                         m.frozen_from + "' (the run's model.from), is " +
+                         file_kind(m.frozen_from) +
+                         ", not a Hugging Face folder; --merge reads the base from there (a "
+                         "relative path is taken from the folder ft export runs in): run it where "
+                         "the training ran, or put the base model back at that path");
+      if (!m.frozen_from_fingerprint.empty() &&
+          hf_weights_fingerprint(m.frozen_from) != m.frozen_from_fingerprint)
+        throw UsageError(m.dir + "/manifest.json: the adapter's base, frozen.from '" +
+                         m.frozen_from +
+                         "', holds other weights than the run trained on (its fingerprint "
+                         "differs from frozen.from_fingerprint): --merge would add the adapter "
+                         "to another model; put the run's base model back at that path");
+    } else {
+      const json f = m.json.value("frozen", json::object());
+      if (!f.contains("seed") || !f.contains("init_std"))
+        throw Error(m.dir +
+                    "/manifest.json: frozen has no from, seed and init_std, so the adapter's "
+                    "base cannot be drawn again; the checkpoint is damaged");
+    }
+  }
 
-  // 1. Plan.
-  const ParamLayout layout(m.model, 1);
+  // 1. Plan. `full` has the adapter's groups after the model's (the model's indices are the
+  //    same in both); a PEFT folder holds those, a model folder the model's.
+  const bool peft = m.adapter.enabled() && !o.merge;
+  const ParamLayout model(m.model, 1);
+  const ParamLayout full = ckpt::manifest_layout(m, 1);
+  const ParamLayout& layout = peft ? full : model;
+  auto written = [&](size_t g) { return !peft || layout.groups()[g].attached_to >= 0; };
   std::vector<PlannedTensor> plan;
   for (size_t g = 0; g < layout.groups().size(); ++g)
-    for (const ParamEntry& e : layout.groups()[g].entries)
-      plan.push_back({int(g), &e, uint64_t(e.numel) * dtype_size(o.dtype), 0});
+    if (written(g))
+      for (const ParamEntry& e : layout.groups()[g].entries)
+        plan.push_back({int(g), &e, uint64_t(e.numel) * dtype_size(o.dtype), 0});
   int shards = 1;
   uint64_t in_shard = 0;
   bool shard_empty = true;
   for (PlannedTensor& t : plan) {
-    if (!shard_empty && in_shard + t.bytes > o.max_shard_bytes) {
+    if (!peft && !shard_empty && in_shard + t.bytes > o.max_shard_bytes) {
       ++shards;
       in_shard = 0;
     }
@@ -509,6 +655,23 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
   HfExportResult res;
   res.dir = dir;
   res.sharded = shards > 1;
+  res.adapter = peft;
+  if (peft && m.frozen_from.empty())
+    res.warnings.push_back(
+        "the adapter's base is " + adapter_base_description(m) +
+        ", not a Hugging Face folder: adapter_config.json's base_model_name_or_path is null, and "
+        "PEFT, vLLM and llama.cpp need the base to apply the adapter to; ft export --merge "
+        "writes the adapted model whole instead");
+  if (peft && m.adapter.use_rslora) {
+    const double root = std::sqrt(double(m.adapter.r));
+    res.warnings.push_back(detail::concat(
+        "the adapter is rsLoRA (use_rslora: scale lora_alpha / sqrt(r) = ", m.adapter.scaling(),
+        "); llama.cpp's convert_lora_to_gguf.py ignores use_rslora and scales it by ",
+        "lora_alpha / r, ", root,
+        " times too weakly: in llama.cpp load it with --lora-scaled FILE ", root,
+        ", or convert the ft export --merge folder instead (PEFT and vLLM read use_rslora)"));
+  }
+
   const fs::path tmp = out.string() + ".tmp-" + std::to_string(::getpid());
   std::error_code ec;
   fs::remove_all(tmp, ec);
@@ -528,7 +691,7 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
     json weight_map = json::object();
     auto flush = [&] {
       if (pending.empty()) return;
-      const std::string name = shard_file_name(current, shards);
+      const std::string name = peft ? kPeftWeightsFile : shard_file_name(current, shards);
       std::vector<SafetensorsTensorOut> tensors;
       uint64_t bytes = 0;
       for (const Pending& p : pending) {
@@ -546,8 +709,15 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
     };
     size_t next = 0;  // into plan
     for (size_t g = 0; g < layout.groups().size(); ++g) {
+      if (!written(g)) continue;
       const ParamGroup& group = layout.groups()[g];
-      const std::vector<float> values = ckpt::read_global_group(m, ckpt::State::kParam, int(g));
+      std::vector<float> values;
+      if (o.merge) {
+        values = base_group(m, model, int(g));
+        res.merged += add_adapter_terms(m, model, full, int(g), values);
+      } else {
+        values = ckpt::read_global_group(m, ckpt::State::kParam, int(g));
+      }
       if (values.size() != group.numel)
         FT_FAIL(m.dir, ": group ", group.name, " read back ", values.size(),
                 " values, the layout of the manifest's model has ", group.numel);
@@ -592,9 +762,13 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
       else
         write_tokenizer_files(src, tmp, m.model.max_seq_len, &res);
     }
-    write_hf_config(m.model, o.dtype, (tmp / "config.json").string(), res.ids);
-    if (res.ids.bos >= 0 || res.ids.eos >= 0)
-      write_generation_config(tmp / "generation_config.json", res.ids);
+    if (peft) {
+      write_adapter_config(m, tmp / kPeftConfigFile);
+    } else {
+      write_hf_config(m.model, o.dtype, (tmp / "config.json").string(), res.ids);
+      if (res.ids.bos >= 0 || res.ids.eos >= 0)
+        write_generation_config(tmp / "generation_config.json", res.ids);
+    }
     if (res.sharded) {
       json index = {{"metadata", {{"total_size", res.tensor_bytes}}}, {"weight_map", weight_map}};
       write_text_file(tmp / "model.safetensors.index.json", index.dump(2) + "\n");

@@ -3,6 +3,10 @@
 // model-0000K-of-0000N.safetensors with model.safetensors.index.json, and the checkpoint's
 // tokenizer.model with the files AutoTokenizer and generate need to treat it as ft does
 // (tokenizer.json, tokenizer_config.json, special_tokens_map.json, generation_config.json).
+// A checkpoint of an adapter run (it holds the adapter alone) gives a PEFT adapter folder instead:
+// adapter_config.json and adapter_model.safetensors, which PeftModel.from_pretrained applies to
+// the base; or, with merge, the model folder above with each adapted weight W + s·B·A, the base
+// read from the manifest's frozen.from (or drawn again from its seed).
 // The folder is written under a temporary name beside the output and renamed into place at the
 // end, so an interrupted export never leaves a half folder behind.
 #pragma once
@@ -44,7 +48,14 @@ struct HfExportOptions {
   DType dtype = DType::kF32;                 // F32, BF16 or F16 (round to nearest even)
   uint64_t max_shard_bytes = 5'000'000'000;  // save_pretrained's default, "5GB"
   bool overwrite = false;                    // replace an existing non-empty output folder
+  // An adapter checkpoint: the model with the adapter merged into its weights, not the adapter.
+  // Refused (UsageError) for a checkpoint without an adapter.
+  bool merge = false;
 };
+
+// The file names of a PEFT adapter folder, as PEFT's save_pretrained writes them.
+constexpr const char* kPeftConfigFile = "adapter_config.json";
+constexpr const char* kPeftWeightsFile = "adapter_model.safetensors";
 
 struct HfExportResult {
   std::string dir;
@@ -61,7 +72,20 @@ struct HfExportResult {
   bool hf_tokenizer = false;
   std::string tokenizer_note;
   HfTokenIds ids;  // in config.json and generation_config.json
+  // An adapter checkpoint without merge: wrote a PEFT folder (kPeftConfigFile and
+  // kPeftWeightsFile, `files`), no config.json or generation_config.json.
+  bool adapter = false;
+  size_t merged = 0;  // with merge: the weights W that took an adapter's s·B·A
+  // What the folder's users should know, one line each (the command prints them on stderr): an
+  // adapter whose base was a seeded initialisation (base_model_name_or_path null), an rsLoRA
+  // adapter that llama.cpp scales differently.
+  std::vector<std::string> warnings;
 };
+
+// The adapter's base as an adapter checkpoint's manifest records it (frozen.from, or the seeded
+// initialisation): "Qwen2.5-0.5B" or "the seeded initialisation (run.seed 7, model.init_std
+// 0.02)", for messages.
+std::string adapter_base_description(const ckpt::Manifest& m);
 
 // Checks that `dir` may be written (absent, an empty folder, or overwrite). Throws UsageError
 // with a hint otherwise. export_hf_folder calls it too; the command calls it first so that a
@@ -73,6 +97,12 @@ void check_export_target(const std::string& dir, bool overwrite);
 // ParamLayout's (so a tied model has no lm_head.weight). Errors reading the checkpoint
 // (missing, short or corrupt shards) are ft::Error naming the file; nothing is left at `dir`.
 // on_file(file, bytes) is called after each safetensors file is written.
+// An adapter checkpoint gives a PEFT folder (DESIGN.md §8): adapter_model.safetensors holds the
+// adapter's A (r, in) and B (out, r) under PEFT's names in o.dtype, one file whatever
+// max_shard_bytes; adapter_config.json is LoraConfig's for those; the tokenizer files as above.
+// With o.merge the model folder instead, each adapted W + s·B·A summed in fp32 (one sgemm) before
+// the conversion to o.dtype; the base group by group from frozen.from (load_hf_weights) or drawn
+// again from the seed (init_random_group), so the memory is a group's, as without an adapter.
 HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
                                 const HfExportOptions& o,
                                 void (*on_file)(const std::string&, uint64_t) = nullptr);

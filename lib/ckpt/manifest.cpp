@@ -373,6 +373,11 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
       frozen[size_t(g)] = true;
       m.frozen_groups.push_back(g);
     }
+    if (f.contains("from")) m.frozen_from = r.text(f["from"], "frozen.from");
+    if (f.contains("from_fingerprint"))
+      m.frozen_from_fingerprint = r.text(f["from_fingerprint"], "frozen.from_fingerprint");
+    if (f.contains("seed")) m.frozen_seed = r.uint_at(f, "frozen", "seed", 0, UINT64_MAX);
+    if (f.contains("init_std")) m.frozen_init_std = r.real(f["init_std"], "frozen.init_std", 0, 10);
   }
 
   // Shards: one per rank, in rank order, each a plain file name.

@@ -9,11 +9,13 @@
 // backward.
 #include "model/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/kernels.h"
 #include "model/arch.h"
 #include "model/rope.h"
 
@@ -169,6 +171,34 @@ void LlamaModel::copy(Ref dst, CRef src, size_t n) {
 
 LlamaModel::~LlamaModel() = default;
 
+namespace {
+
+// Norm weights start at one, biases at zero (torch's Linear bias under HF's _init_weights).
+float vector_init_value(const ParamEntry& e) {
+  const bool is_bias = e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0;
+  return is_bias ? 0.0f : 1.0f;
+}
+
+}  // namespace
+
+uint64_t init_random_key(uint64_t seed, const std::string& name) {
+  uint64_t key = seed * 0x100000001b3ull + 0xcbf29ce484222325ull;
+  for (char c : name) key = (key ^ uint8_t(c)) * 0x100000001b3ull;
+  return key;
+}
+
+void init_random_group(const ParamLayout& layout, int g, uint64_t seed, double std, float* out) {
+  FT_CHECK(layout.tensor() == 1, "init_random_group: a layout of whole tensors");
+  FT_CHECK(g >= 0 && size_t(g) < layout.groups().size(), "init_random_group: no group ", g);
+  for (const ParamEntry& e : layout.groups()[size_t(g)].entries) {
+    float* dst = out + e.offset;
+    if (e.shape.size() < 2)
+      std::fill(dst, dst + e.numel, vector_init_value(e));
+    else
+      kernels::random_normal(dst, e.numel, init_random_key(seed, e.name), 0, std);
+  }
+}
+
 void LlamaModel::init_random(uint64_t seed, double std) {
   // Matrices: N(0, std) drawn on the device by the random_normal op (kernels/philox.h), each
   // element's bits a function of (seed, the tensor's name, its index in the whole tensor) only:
@@ -183,16 +213,11 @@ void LlamaModel::init_random(uint64_t seed, double std) {
     Buffer<float>& params = flat_.params()[gi];
     for (const auto& e : groups[gi].entries) {
       if (e.shape.size() < 2) {
-        // Biases start at zero, as torch's Linear bias does under HF's _init_weights.
-        const bool is_bias =
-            e.name.size() > 5 && e.name.compare(e.name.size() - 5, 5, ".bias") == 0;
-        ones.assign(e.numel, is_bias ? 0.0f : 1.0f);
+        ones.assign(e.numel, vector_init_value(e));
         params.upload(ones.data(), e.numel, e.offset);
         continue;
       }
-      // One key per tensor, from its name, so adding a tensor never shifts the others.
-      uint64_t key = seed * 0x100000001b3ull + 0xcbf29ce484222325ull;
-      for (char c : e.name) key = (key ^ uint8_t(c)) * 0x100000001b3ull;
+      const uint64_t key = init_random_key(seed, e.name);
       float* dst = params.data() + e.offset;
       if (e.split == TensorSplit::kCols) {
         // Rank t's columns [t·cols, (t+1)·cols) of every row of the (rows, whole_cols) tensor:

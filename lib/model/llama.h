@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -26,6 +27,16 @@ namespace ft {
 // embedding and cross-entropy), which are the plain layers with one tensor rank. The parameters
 // live in a FlatParams (parallel/flat_params.h), which ZeRO shards; the pipeline schedule drives
 // the model as a PipelineStage.
+// The key init_random draws tensor `name`'s elements under: a function of (seed, name) only, so
+// adding a tensor never shifts the values of another. LoRA draws its A under it too.
+uint64_t init_random_key(uint64_t seed, const std::string& name);
+
+// Group g of `layout` as init_random(seed, std) draws it, whole tensors (tensor size 1), on the
+// host by the CPU kernels: the same bits as any device and layout draws. ft export --merge gets a
+// frozen base that was a seeded initialisation back this way (DESIGN.md §8).
+// out: the group's numel floats.
+void init_random_group(const ParamLayout& layout, int g, uint64_t seed, double std, float* out);
+
 class LlamaModel final : public PipelineStage {
  public:
   // tensor_comm: the tensor-parallel group (Megatron layers, DESIGN.md §3); null = no tensor

@@ -8,14 +8,21 @@
 #     while every adapter tensor trains;
 #  3. the checkpoint holds the adapter alone (the manifest's frozen groups are every model group,
 #     its adapter section the recipe's); a run killed after a checkpoint resumes to the same bits;
-#     resuming with another adapter.r is refused, and so is exporting the checkpoint (not built);
-#     a base from model.from is named by content: moved, it resumes; changed, it is refused;
-#  4. adapter.from: an adapter folder in PEFT's names (made from a trained run's tensors) starts
+#     resuming with another adapter.r is refused; a base from model.from is named by content:
+#     moved, it resumes; changed, it is refused;
+#  4. ft export of the checkpoint: a PEFT folder whose adapter_config.json and tensors are what
+#     PEFT, vLLM's loader (vllm/lora: peft_helper.py, lora_model.py) and llama.cpp's
+#     convert_lora_to_gguf.py require, holding the trained A and B exactly (f32; bf16 rounded
+#     once), which ft reads back as adapter.from; the warnings for a seeded base and for rsLoRA;
+#     --merge: the model folder whose adapted weights are W + s·B·A (numpy in float64, within
+#     fp32 rounding) and whose other tensors are the seeded base drawn again, bit for bit;
+#     refused: --merge of a checkpoint without an adapter, and of one whose base folder is gone;
+#  5. adapter.from: an adapter folder in PEFT's names (made from a trained run's tensors) starts
 #     a run with exactly those values; one that lacks a tensor is refused with its name;
-#  5. ft plan counts the adapter as trained and the base as frozen;
-#  6. on the CUDA backend (ft_emu: the CUDA emulation, a test tool), fp32 and bf16 train as on the
+#  6. ft plan counts the adapter as trained and the base as frozen;
+#  7. on the CUDA backend (ft_emu: the CUDA emulation, a test tool), fp32 and bf16 train as on the
 #     CPU, within test_cuda_emu_train.sh's bounds.
-# About 40 s on 2 cores.
+# About 45 s on 2 cores.
 #   bash tests/cli/test_lora.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 echo "--- 1. layouts with a LoRA adapter (dropout 0.1, activation checkpointing)"
@@ -95,21 +102,19 @@ cmp "$tmp/killed/params/rank_0.safetensors" "$tmp/full_fp32/params/rank_0.safete
   fail "killed and resumed: other parameters than the run without a stop"
 run_rc 2 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/killed" training.steps=9 adapter.r=8
 has_err "adapter.r 4 in the checkpoint, 8 in the recipe"
-run_rc 2 "$ft" export "$tmp/full_fp32/checkpoints" -o "$tmp/hf"
-has_err "holds the adapter only"
 
 # A base from model.from: the checkpoint names it by content (frozen.from_fingerprint): the same
 # weights in another folder resume; other weights in the same folder are refused.
-"$ft" train "$tmp/plain.yaml" run.output_dir="$tmp/base" training.steps=0 > /dev/null 2>&1 ||
+"$ft" train "$tmp/plain.yaml" run.output_dir="$tmp/fp_base" training.steps=0 > /dev/null 2>&1 ||
   fail "base: could not make a base model"
-"$ft" export "$tmp/base/checkpoints" -o "$tmp/hf" > /dev/null || fail "base: export failed"
-train on_hf training.steps=3 model.from="$tmp/hf"
-grep -q '"from_fingerprint"' "$tmp/on_hf/checkpoints/step_00000003/manifest.json" ||
+"$ft" export "$tmp/fp_base/checkpoints" -o "$tmp/fp_hf" > /dev/null || fail "base: export failed"
+train fp_run training.steps=3 model.from="$tmp/fp_hf"
+grep -q '"from_fingerprint"' "$tmp/fp_run/checkpoints/step_00000003/manifest.json" ||
   fail "the manifest does not fingerprint model.from"
-cp -r "$tmp/hf" "$tmp/hf_moved"
-train on_hf training.steps=4 model.from="$tmp/hf_moved"
-grep -q "resum.*step_00000003" "$tmp/on_hf.log" || fail "a moved base did not resume"
-/usr/bin/python3 - "$tmp/hf_moved/model.safetensors" "$src/tests/ref" <<'PY'
+cp -r "$tmp/fp_hf" "$tmp/fp_moved"
+train fp_run training.steps=4 model.from="$tmp/fp_moved"
+grep -q "resum.*step_00000003" "$tmp/fp_run.log" || fail "a moved base did not resume"
+/usr/bin/python3 - "$tmp/fp_moved/model.safetensors" "$src/tests/ref" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[2])
 import llama_ref as ref
@@ -117,11 +122,132 @@ t = ref.read_safetensors(sys.argv[1])
 t["model.norm.weight"] = t["model.norm.weight"] * 1.5
 ref.write_safetensors(sys.argv[1], t)
 PY
-run_rc 2 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/on_hf" training.steps=5 \
-  model.from="$tmp/hf_moved"
+run_rc 2 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/fp_run" training.steps=5 \
+  model.from="$tmp/fp_moved"
 has_err "holds other weights than the base the checkpoint's frozen parameters came from"
+run_rc 2 "$ft" export "$tmp/fp_run/checkpoints" -o "$tmp/fp_merged" --merge
+has_err "holds other weights than the run trained on"
 
-echo "--- 4. adapter.from: a PEFT adapter folder"
+echo "--- 4. ft export: the PEFT folder, --merge, refusals"
+run_rc 0 "$ft" export "$tmp/full_fp32/checkpoints" -o "$tmp/adapter"
+has_out "the adapter as a PEFT folder (lora r 4, alpha 8 (scale 2) on q_proj, v_proj, o_proj"
+has_out "wrote adapter_model.safetensors"
+has_out "wrote adapter_config.json (base_model_name_or_path null)"
+has_out "ft export: done: 24 adapter tensors"
+has_err "adapter_config.json's base_model_name_or_path is null"
+run_rc 0 "$ft" export "$tmp/full_fp32/checkpoints" -o "$tmp/adapter_bf16" --dtype bf16
+run_rc 0 "$ft" export "$tmp/full_fp32/checkpoints" -o "$tmp/merged" --merge
+has_out "merged into its base, the seeded initialisation (run.seed 0, model.init_std 0.02)"
+has_out "the adapter merged into 12 weights"
+/usr/bin/python3 - "$tmp" "$src/tests/ref" <<'PY' || fail "ft export of the adapter checkpoint"
+import json, os, struct, sys
+import numpy as np
+import torch
+sys.path.insert(0, sys.argv[2])
+import llama_ref as ref
+tmp = sys.argv[1]
+def header(path):
+    with open(path, "rb") as f:
+        return json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+trained = ref.read_safetensors(os.path.join(tmp, "full_fp32/params/rank_0.safetensors"))
+folder = os.path.join(tmp, "adapter")
+assert sorted(os.listdir(folder)) == ["adapter_config.json", "adapter_model.safetensors"], \
+    os.listdir(folder)
+c = json.load(open(os.path.join(folder, "adapter_config.json")))
+want = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 8,
+        "lora_dropout": 0.0, "use_rslora": False, "use_dora": False, "bias": "none",
+        "modules_to_save": None, "base_model_name_or_path": None, "init_lora_weights": True,
+        "fan_in_fan_out": False, "inference_mode": True,
+        "target_modules": ["q_proj", "v_proj", "o_proj", "down_proj"]}
+assert {k: c.get(k) for k in want} == want, c
+assert type(c["r"]) is int and type(c["lora_alpha"]) is int, c
+# vLLM (vllm/lora/peft_helper.py): r, lora_alpha and target_modules required; modules_to_save,
+# DoRA and a bias other than none refused.
+assert all(k in c for k in ("r", "lora_alpha", "target_modules")) and not c["modules_to_save"]
+h = header(os.path.join(folder, "adapter_model.safetensors"))
+assert h.pop("__metadata__") == {"format": "pt"}, "metadata"
+got = ref.read_safetensors(os.path.join(folder, "adapter_model.safetensors"))
+adapter = {n: v for n, v in trained.items() if n.startswith("base_model.model.")}
+assert sorted(got) == sorted(adapter) and all(e["dtype"] == "F32" for e in h.values())
+merged_names = header(os.path.join(tmp, "merged/model.safetensors"))
+# vLLM's lora_model.py: after an optional base_model.model., each name ends .lora_A.weight or
+# .lora_B.weight and its module is one the model supports (Llama's packed qkv_proj and
+# gate_up_proj stand for their parts). llama.cpp's convert_lora_to_gguf.py: every tensor is a
+# lora_A or lora_B (any other stops it); the name less base_model.model. and .lora_X is a tensor
+# of the base, whose (out, in) fits A (r, in) and B (out, r).
+vllm_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+for n, e in h.items():
+    assert n.startswith("base_model.model.") and n.endswith((".lora_A.weight", ".lora_B.weight")), n
+    module = n[len("base_model.model."):].rsplit(".", 2)[0]
+    assert module.rsplit(".", 1)[1] in vllm_modules, n
+    base = n.replace("base_model.model.", "").replace(".lora_A.weight", ".weight") \
+        .replace(".lora_B.weight", ".weight")
+    out, inp = merged_names[base]["shape"]
+    assert e["shape"] == ([4, inp] if ".lora_A." in n else [out, 4]), (n, e["shape"])
+    assert torch.equal(got[n], adapter[n]), n
+# --dtype bf16: each value rounded once, to nearest even.
+half = ref.read_safetensors(os.path.join(tmp, "adapter_bf16/adapter_model.safetensors"))
+assert all(e["dtype"] == "BF16" for n, e in header(os.path.join(
+    tmp, "adapter_bf16/adapter_model.safetensors")).items() if n != "__metadata__")
+assert all(torch.equal(half[n], adapter[n].to(torch.bfloat16).float()) for n in adapter)
+# --merge: W + s·B·A with s = alpha / r = 2, against float64 within fp32 rounding (a few ulp of
+# the largest term: one sgemm of 4 products, then the sum); the rest is the seeded base the run
+# trained on, bit for bit.
+merged = ref.read_safetensors(os.path.join(tmp, "merged/model.safetensors"))
+assert sorted(merged) == sorted(n for n in trained if not n.startswith("base_model.")), \
+    sorted(merged)
+adapted, worst = 0, 0.0
+for n, w in merged.items():
+    a = "base_model.model." + n[:-len(".weight")] + ".lora_A.weight"
+    if a not in adapter:
+        assert torch.equal(w, trained[n]), n
+        continue
+    A = adapter[a].double().numpy()
+    B = adapter[a.replace("lora_A", "lora_B")].double().numpy()
+    W = trained[n].double().numpy()
+    exact = W + 2.0 * (B @ A)
+    scale = np.abs(W).max() + 2.0 * np.abs(B).max() * np.abs(A).max() * 4
+    err = np.abs(w.double().numpy() - exact).max() / scale
+    worst = max(worst, err)
+    assert err < 4 * 2.0**-24, (n, err)
+    adapted += 1
+assert adapted == 12, adapted
+print(f"  the PEFT folder's 24 tensors are the trained A and B (bf16: rounded once); names, "
+      f"shapes and keys as vLLM and llama.cpp need; --merge: 12 weights W + s·B·A within "
+      f"{worst:.1e} of float64, {len(merged) - adapted} base tensors as drawn")
+PY
+train from_export training.steps=0 adapter.from="$tmp/adapter"
+p="params/rank_0.safetensors"
+/usr/bin/python3 - "$tmp/from_export/$p" "$tmp/full_fp32/$p" "$src/tests/ref" <<'PY' \
+  || fail "ft export's PEFT folder does not start a run with the trained adapter"
+import sys
+sys.path.insert(0, sys.argv[3])
+import llama_ref as ref
+got, trained = ref.read_safetensors(sys.argv[1]), ref.read_safetensors(sys.argv[2])
+assert all((got[n] == trained[n]).all() for n in got), "differ"
+print(f"  the export read back as adapter.from: {len(got)} tensors as trained")
+PY
+train rs training.steps=0 adapter.use_rslora=true
+run_rc 0 "$ft" export "$tmp/rs/checkpoints" -o "$tmp/rs_adapter"
+has_err "llama.cpp's convert_lora_to_gguf.py ignores use_rslora and scales it by lora_alpha / r, 2 times too weakly"
+grep -q '"use_rslora": true' "$tmp/rs_adapter/adapter_config.json" || fail "rsLoRA not recorded"
+# Refusals: --merge without an adapter; --merge of an adapter whose base folder (model.from) is
+# gone; a plain export of that checkpoint needs no base.
+grep -v "^adapter:" "$tmp/r.yaml" > "$tmp/plain.yaml"
+"$ft" train "$tmp/plain.yaml" run.output_dir="$tmp/plain" training.steps=0 > "$tmp/plain.log" 2>&1 ||
+  fail "plain: $(tail -3 "$tmp/plain.log")"
+run_rc 2 "$ft" export "$tmp/plain/checkpoints" -o "$tmp/plain_merged" --merge
+has_err "--merge merges an adapter into its base, and this checkpoint is of a run that trained no adapter"
+[[ ! -e $tmp/plain_merged ]] || fail "a refused --merge left $tmp/plain_merged"
+cp -r "$tmp/merged" "$tmp/base_hf"
+train on_hf training.steps=1 model.from="$tmp/base_hf"
+mv "$tmp/base_hf" "$tmp/base_moved"
+run_rc 2 "$ft" export "$tmp/on_hf/checkpoints" -o "$tmp/on_hf_merged" --merge
+has_err "the adapter's base, frozen.from '$tmp/base_hf' (the run's model.from), is missing"
+run_rc 0 "$ft" export "$tmp/on_hf/checkpoints" -o "$tmp/on_hf_adapter"
+has_out "wrote adapter_config.json (base_model_name_or_path $tmp/base_hf)"
+
+echo "--- 5. adapter.from: a PEFT adapter folder"
 /usr/bin/python3 - "$tmp/full_fp32/params/rank_0.safetensors" "$tmp/peft" "$src/tests/ref" <<'PY'
 import json, os, sys
 sys.path.insert(0, sys.argv[3])
@@ -151,7 +277,7 @@ PY
 run_rc 2 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/short" adapter.from="$tmp/peft_short"
 has_err "missing 2 tensor(s): base_model.model.model.layers.2.mlp.down_proj.lora_A.weight"
 
-echo "--- 5. ft plan: the adapter trains, the base is frozen"
+echo "--- 6. ft plan: the adapter trains, the base is frozen"
 "$ft" plan "$tmp/plain.yaml" --world 1 --json > "$tmp/all.json"
 "$ft" plan "$tmp/r.yaml" --world 1 --json > "$tmp/lora.json"
 /usr/bin/python3 - "$tmp/all.json" "$tmp/lora.json" <<'PY' || fail "ft plan: the adapter counted wrongly"
@@ -163,7 +289,7 @@ assert l["param_elems"] == a["param_elems"] + adapter, (l["param_elems"], a["par
 assert l["grads_bytes"] == 4 * adapter and l["optim_bytes"] == 8 * adapter, l
 print(f"  {adapter} adapter elements trained; the base's {a['param_elems']} frozen")
 PY
-echo "--- 6. the CUDA backend (on the CUDA emulation, a test tool) against the CPU"
+echo "--- 7. the CUDA backend (on the CUDA emulation, a test tool) against the CPU"
 if [[ -x $emu ]]; then
   for p in fp32 bf16; do
     "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/emu_$p" runtime.device=cuda \

@@ -33,13 +33,16 @@ heads, vocab 256; qwen3 with head_dim 32):
    Adam's normalisation amplifies rounding a little each step).
 3. The base stays frozen: in the reference, every base tensor keeps its bits through the 8 steps
    (the reference itself is sound); in ft, every base tensor of its parameters after the last
-   step (FT_TEST_DUMP_PARAMS) is the base folder's, bit for bit. ft's checkpoint and export of
-   an adapter run: check_ft_checkpoint_base below, a TODO until that format is settled.
+   step (FT_TEST_DUMP_PARAMS) is the base folder's, bit for bit.
+4. ft's checkpoint of the adapter run holds the adapter alone, and `ft export` of it is a PEFT
+   folder that PEFT applies to the base with the reference's trained A and B; `ft export --merge`
+   is the model that PEFT's merge_and_unload() makes of them (check_ft_checkpoint_base).
 """
 
 import json
 import math
 import os
+import subprocess
 import sys
 
 import torch
@@ -273,20 +276,86 @@ def check_ft_base_kept(label, case, hf):
           + (f" (missing {missing[:3]}, changed {changed[:3]})" if missing or changed else ""))
 
 
-def check_ft_checkpoint_base(label, case, hf):
-    """TODO(issue 28, LoRA's checkpoint and export): the format of an adapter run's checkpoint
-    is not final, so nothing here reads it yet. When it is, this checks that
-    - the manifest of <case>/ckpt/step_00000008 names the base as frozen with model.from = hf
-      (DESIGN.md §8 "Frozen parameter groups") and its shards hold no base tensor, only A and B
-      with their AdamW moments;
-    - ft's adapter export (a PEFT folder: adapter_config.json and adapter_model.safetensors
-      under PEFT's names without ".default") loads with PeftModel.from_pretrained onto the base
-      folder, and its A and B equal the reference's after STEPS steps within the bound of every
-      gradient (1e-4, max-norm relative), while the base folder's tensors are unchanged;
-    - `ft export` of the merged model (if it has one) gives W + s * B @ A.
-    Until then it says so in the output rather than passing."""
-    print(f"TODO {label}: ft's checkpoint and export of an adapter run are not read yet "
-          f"({case}/ckpt; lora_parity.check_ft_checkpoint_base)", flush=True)
+def check_ft_checkpoint_base(label, case, hf, model, shards):
+    """Section 4: ft's checkpoint of the adapter run, and its export.
+    - The manifest of the last step names every model group frozen with frozen.from = hf
+      (DESIGN.md §8), and its pieces are of the adapter's groups alone (A and B with their AdamW
+      moments): no base tensor is stored.
+    - `ft export` gives a PEFT folder that PeftModel.from_pretrained applies to the base folder,
+      whose A and B are the reference's after STEPS steps within section 2's multi-step bound
+      (1e-4 of each tensor's largest magnitude): the same names and shapes, and ft's q and k
+      rows in the HF order PEFT's are (a permutation would fail the bound).
+    - `ft export --merge` gives a model folder AutoModelForCausalLM loads, whose logits on step
+      1's batch are the PEFT model's within 1e-5 of the largest logit, and whose tensors are
+      PEFT's merge_and_unload() of that model (base + s * B @ A in torch) within fp32 rounding:
+      4 ulp of the largest term, the weight or s * |B| |A| summed over r (one sgemm against
+      torch's matmul, then a multiply and an add); the others bit for bit."""
+    import peft
+    import transformers
+    step = os.path.join(case, "ckpt", f"step_{STEPS:08d}")
+    manifest = json.load(open(os.path.join(step, "manifest.json")))
+    n_model = SIZES["n_layers"] + 2  # embed, the blocks, the head
+    held = sorted({p["group"] for p in manifest["pieces"]})
+    states = sorted({p["state"] for p in manifest["pieces"]})
+    frozen = manifest.get("frozen", {})
+    check(frozen.get("groups") == list(range(n_model)) and frozen.get("from") == hf
+          and held == list(range(n_model, n_model + SIZES["n_layers"]))
+          and states == ["exp_avg", "exp_avg_sq", "param"],
+          f"{label}: the checkpoint names the {n_model} model groups frozen from the base folder "
+          f"and holds the adapter's groups {held} alone ({', '.join(states)})")
+    adapter_dir, merged_dir = os.path.join(case, "export"), os.path.join(case, "merged")
+    for args in ([step, "-o", adapter_dir], [step, "-o", merged_dir, "--merge"]):
+        res = subprocess.run([num.FT, "export", *args], capture_output=True, text=True)
+        if res.returncode != 0:
+            check(False, f"{label}: ft export {' '.join(args[1:])} failed ({res.returncode}): "
+                         f"{res.stderr.strip()[-2000:]}")
+            return
+    loaded = peft.PeftModel.from_pretrained(load_base(hf), adapter_dir).eval()
+    trained = {n: p.detach() for n, p in model.p.items()}
+    got = {n: p.detach() for n, p in loaded.named_parameters() if "lora_" in n}
+    worst = max((float((got[n] - t).abs().max() / t.abs().max()) for n, t in trained.items()
+                 if n in got), default=float("inf"))
+    check(sorted(got) == sorted(trained) and worst <= 1e-4,
+          f"{label}: PEFT loads ft's export onto the base; its {len(got)} A and B are the "
+          f"reference's after {STEPS} steps within {worst:.1e} (bound 1e-4)"
+          + ("" if sorted(got) == sorted(trained) else
+             f" (names differ: {sorted(set(got) ^ set(trained))[:3]})"))
+    base = ref.read_safetensors(os.path.join(hf, "model.safetensors"))
+    ids, _, _ = num.batch_tensors(ref.samples_no_shuffle(shards, T)[:GLOB])
+    merged_model = transformers.AutoModelForCausalLM.from_pretrained(
+        merged_dir, attn_implementation="eager").float().eval()
+    with torch.no_grad():
+        want = loaded(input_ids=ids).logits
+        have = merged_model(input_ids=ids).logits
+    diff = float((have - want).abs().max() / want.abs().max())
+    check(diff <= 1e-5, f"{label}: the --merge folder's logits are the PEFT model's within "
+                        f"{diff:.1e} of the largest (bound 1e-5)")
+    scale = (ALPHA / math.sqrt(R)) if CASES[label][3] else ALPHA / R
+    terms = {}
+    for n, m in loaded.named_modules():
+        if hasattr(m, "lora_A") and "default" in m.lora_A:
+            a, b = m.lora_A["default"].weight.detach(), m.lora_B["default"].weight.detach()
+            terms[n.replace("base_model.model.", "", 1) + ".weight"] = float(
+                scale * b.abs().max() * a.abs().max() * R)
+    state = {n: t.detach() for n, t in loaded.merge_and_unload().state_dict().items()}
+    merged = ref.read_safetensors(os.path.join(merged_dir, "model.safetensors"))
+    tied = CASES[label][1]
+    names_ok = sorted(merged) == sorted(n for n in state if not (tied and n == "lm_head.weight"))
+    bad, worst = [], 0.0
+    for n, w in merged.items():
+        if n not in terms:
+            if not torch.equal(w, base[n]):
+                bad.append(n)
+            continue
+        err = float((w - state[n]).abs().max()) / (float(base[n].abs().max()) + terms[n])
+        worst = max(worst, err)
+        if err > 4 * 2.0**-24:
+            bad.append(n)
+    check(names_ok and not bad and len(terms) > 0,
+          f"{label}: the --merge folder's {len(terms)} adapted weights are PEFT's "
+          f"merge_and_unload() within {worst:.1e} of the largest term (bound {4 * 2.0**-24:.1e}), "
+          f"its {len(merged) - len(terms)} other tensors the base's bit for bit"
+          + (f" (differ: {bad[:3]})" if bad else "") + ("" if names_ok else " (other names)"))
 
 
 def main():
@@ -320,7 +389,7 @@ def main():
             continue
         compare(label, lines, losses, norms)
         check_ft_base_kept(label, case, hf)
-        check_ft_checkpoint_base(label, case, hf)
+        check_ft_checkpoint_base(label, case, hf, model, shards)
     if num.failures:
         print(f"{len(num.failures)} failed", file=sys.stderr)
         sys.exit(1)

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "adapt/freeze.h"
@@ -88,6 +89,34 @@ TEST_CASE("frozen groups: no gradient, master or moments, unchanged weights, at 
       zero.finish_backward();
       CHECK(zero.first_nonfinite_grad() == int64_t(1 + groups[1].entries.size()));
     }
+}
+
+// ft export --merge draws a seeded frozen base again on the host (init_random_group); it must be
+// the model the run trained on, bit for bit: every family's tensors (qwen2's biases start at
+// zero, qwen3's q/k norms at one), odd sizes, and a tied head.
+TEST_CASE("init_random_group: the host's draw of a group has init_random's bits") {
+  for (const char* arch : {"llama", "qwen2", "qwen3"}) {
+    CAPTURE(arch);
+    ModelConfig c = tiny_model_config();
+    c.arch = arch;
+    c.dim = 12;
+    c.n_heads = 3;
+    c.n_kv_heads = 1;
+    c.ffn_dim = 19;
+    c.vocab_size = 37;
+    c.tie_embeddings = std::string(arch) == "qwen2";
+    auto dev = make_device("cpu");
+    LlamaModel model(c, dev.get());
+    model.init_random(7, 0.05);
+    const ParamLayout whole(c, 1);
+    for (size_t g = 0; g < whole.groups().size(); ++g) {
+      CAPTURE(whole.groups()[g].name);
+      std::vector<float> drawn(whole.groups()[g].numel), held(drawn.size());
+      init_random_group(whole, int(g), 7, 0.05, drawn.data());
+      model.flat_params().params()[g].download(held.data(), held.size());
+      CHECK(std::memcmp(drawn.data(), held.data(), drawn.size() * sizeof(float)) == 0);
+    }
+  }
 }
 
 }  // namespace ft
