@@ -141,7 +141,8 @@ std::unique_ptr<LlamaModel> load_model(const Source& src, const std::string& ada
       check_adapter_base(m, "ft generate");
       converters.push_back(std::make_unique<LoraConverter>(m.adapter));
     }
-    model = std::make_unique<LlamaModel>(m.model, dev, false, nullptr, StageSpec{}, dtype, &converters);
+    model =
+        std::make_unique<LlamaModel>(m.model, dev, false, nullptr, StageSpec{}, dtype, &converters);
     const ParamLayout base(m.model, 1);
     const auto& groups = model->layout().groups();
     for (size_t g = 0; g < groups.size(); ++g)

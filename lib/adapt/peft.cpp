@@ -64,7 +64,9 @@ AdapterConfig read_peft_adapter_config(const std::string& dir, const std::string
     throw UsageError(config + ": expected a JSON object at the top level, found " +
                      describe_json_value(j) + "; " + hint);
   const nlohmann::json none;  // what a key the file does not have reads as
-  auto at = [&](const char* key) -> const nlohmann::json& { return j.contains(key) ? j[key] : none; };
+  auto at = [&](const char* key) -> const nlohmann::json& {
+    return j.contains(key) ? j[key] : none;
+  };
   if (at("peft_type") != "LORA")
     throw UsageError(config + ": peft_type is " + short_dump(at("peft_type")) +
                      "; ft applies LORA adapters only; " + hint);
@@ -93,8 +95,8 @@ AdapterConfig read_peft_adapter_config(const std::string& dir, const std::string
   a.target_modules = *targets;
   const nlohmann::json& rslora = at("use_rslora");
   if (!rslora.is_null() && !rslora.is_boolean())
-    throw UsageError(config + ": use_rslora is " + short_dump(rslora) + "; expected true or false; " +
-                     hint);
+    throw UsageError(config + ": use_rslora is " + short_dump(rslora) +
+                     "; expected true or false; " + hint);
   a.use_rslora = rslora == true;
   const nlohmann::json& dropout = at("lora_dropout");
   if (dropout.is_number() && dropout.get<double>() >= 0 && dropout.get<double>() < 1)

@@ -539,16 +539,15 @@ void check_adapter_base(const ckpt::Manifest& m, const std::string& use) {
   if (!m.frozen_from.empty()) {
     std::error_code from_ec;
     if (!fs::is_directory(m.frozen_from, from_ec))
-      throw UsageError(m.dir + "/manifest.json: the adapter's base, frozen.from '" +
-                       m.frozen_from + "' (the run's model.from), is " + file_kind(m.frozen_from) +
+      throw UsageError(m.dir + "/manifest.json: the adapter's base, frozen.from '" + m.frozen_from +
+                       "' (the run's model.from), is " + file_kind(m.frozen_from) +
                        ", not a Hugging Face folder; " + use +
                        " reads the base from there (a relative path is taken from the folder ft "
                        "runs in): run it where the training ran, or put the base model back at "
                        "that path");
     if (!m.frozen_from_fingerprint.empty() &&
         hf_weights_fingerprint(m.frozen_from) != m.frozen_from_fingerprint)
-      throw UsageError(m.dir + "/manifest.json: the adapter's base, frozen.from '" +
-                       m.frozen_from +
+      throw UsageError(m.dir + "/manifest.json: the adapter's base, frozen.from '" + m.frozen_from +
                        "', holds other weights than the run trained on (its fingerprint differs "
                        "from frozen.from_fingerprint): " +
                        use +

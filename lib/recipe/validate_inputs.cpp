@@ -268,7 +268,8 @@ void Loader::check_adapter_from() {
           peft_hint);
   // What the file asks for beyond a plain LoRA: refused by name (adapt/peft.h).
   for (const PeftBeyond& b : peft_config_beyond(file))
-    issue(from_at, "adapter.from", config + ": " + b.key + " is " + short_dump(b.value) + "; " + b.why,
+    issue(from_at, "adapter.from",
+          config + ": " + b.key + " is " + short_dump(b.value) + "; " + b.why,
           "continue an adapter saved without " + b.key + " (PEFT's default)");
 
   // The shape, each key under its PEFT name; target_modules compared as the set of projections it
@@ -288,8 +289,9 @@ void Loader::check_adapter_from() {
                 std::to_string(a.r), short_dump(r)},
            Same{"adapter.alpha", "lora_alpha", alpha.is_number() && alpha.get<double>() == a.alpha,
                 format_double(a.alpha), short_dump(alpha)},
-           Same{"adapter.target_modules", "target_modules", peft_target_modules(targets) == a.targets(),
-                format_value(a.target_modules), short_dump(targets)},
+           Same{"adapter.target_modules", "target_modules",
+                peft_target_modules(targets) == a.targets(), format_value(a.target_modules),
+                short_dump(targets)},
            // Absent from the files of PEFT before rsLoRA, which read it as false.
            Same{"adapter.use_rslora", "use_rslora",
                 rslora == a.use_rslora || (rslora.is_null() && !a.use_rslora),
