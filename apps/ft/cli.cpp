@@ -309,6 +309,10 @@ int run_command_line(int argc, char** argv) {
   g->add_option("--tokenizer", gen.tokenizer,
                 "Tokenizer file or folder (default: the source's; a checkpoint with --chat needs "
                 "the Hugging Face folder holding the chat template)");
+  g->add_option("--adapter", gen.adapter,
+                "A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors; "
+                "ft export of an adapter checkpoint writes one) applied to the Hugging Face "
+                "source, its base");
   g->add_option("--device", gen.device, "auto (default), cpu or cuda")
       ->check(one_of({"auto", "cpu", "cuda"}));
   g->add_option("--dtype", gen.dtype, "Compute dtype: f32 (default), bf16, f16")
@@ -323,7 +327,10 @@ int run_command_line(int argc, char** argv) {
       "--seed S samples. A KV cache keeps each token's keys and values, so every new token is one\n"
       "pass of one row. Stops at eos_token_id (generation_config.json, config.json, the\n"
       "tokenizer's), with --chat at the template's end-of-turn token, or at --max-new-tokens.\n"
-      "The text goes to stdout as it is made; model, speed and why it stopped to stderr.");
+      "The text goes to stdout as it is made; model, speed and why it stopped to stderr.\n"
+      "A checkpoint of an adapter run generates with its adapter on its base (the run's\n"
+      "model.from, checked to hold the same weights, or its seeded initialisation), as the\n"
+      "ft export --merge folder would; --adapter DIR applies a PEFT folder to an HF source.");
 
   std::vector<std::string> help_topic;
   auto* h = app.add_subcommand("help", "Show help for ft or one command");

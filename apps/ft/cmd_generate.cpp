@@ -3,7 +3,9 @@
 // tokenizer's chat template), then runs model/decode.h's KvDecoder: the prompt in one pass, then
 // one token at a time against the KV cache, greedy or sampled, until an end-of-sequence or
 // end-of-turn token or --max-new-tokens. The text goes to stdout as it is made (or one JSON
-// object with --json); what was loaded and the speed go to stderr.
+// object with --json); what was loaded and the speed go to stderr. An adapter run's checkpoint
+// generates with its LoRA adapter on its base, and --adapter applies a PEFT folder to an HF
+// source (DESIGN.md §5 Adapters): the adapter's hooks in the decoder, nothing merged.
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -13,10 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "adapt/lora.h"
+#include "adapt/peft.h"
 #include "apps/ft/checkpoint_source.h"
 #include "apps/ft/commands.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
+#include "ckpt/hf_export.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/json_describe.h"
@@ -104,8 +109,14 @@ void check_memory(const ModelConfig& cfg, const Device& dev, DType dtype) {
         " GiB are available here: use --device cuda, or a machine with more memory"));
 }
 
-// The model of `src` on `dev`, weights loaded, compute copy made.
-std::unique_ptr<LlamaModel> load_model(const Source& src, Device* dev, DType dtype) {
+// The model of `src` on `dev`, weights loaded, compute copy made. With an adapter (an adapter
+// run's checkpoint, or --adapter's PEFT folder on an HF source) the model is built with its
+// LoraConverter (`converters`, which must outlive the model: the hooks are its), the base's
+// groups from the base (the checkpoint's: frozen.from or the seeded initialisation, as ft export
+// --merge reads it), the adapter's from the checkpoint or the folder. convert_model installs the
+// hooks before the values are uploaded, so its initialisation of A never reaches them.
+std::unique_ptr<LlamaModel> load_model(const Source& src, const std::string& adapter_dir,
+                                       Device* dev, DType dtype, ModelConverters& converters) {
   std::unique_ptr<LlamaModel> model;
   std::vector<std::vector<float>> host;
   if (src.hf) {
@@ -114,18 +125,32 @@ std::unique_ptr<LlamaModel> load_model(const Source& src, Device* dev, DType dty
     const ModelConfig cfg = read_hf_config(src.dir);
     check_hf_folder(src.dir);
     check_memory(cfg, *dev, dtype);
-    model = std::make_unique<LlamaModel>(cfg, dev, false, nullptr, StageSpec{}, dtype);
+    if (!adapter_dir.empty())
+      converters.push_back(std::make_unique<LoraConverter>(read_peft_adapter_config(
+          adapter_dir, "give --adapter a folder PEFT's save_pretrained (or ft export) wrote")));
+    model = std::make_unique<LlamaModel>(cfg, dev, false, nullptr, StageSpec{}, dtype, &converters);
     host = model->flat_params().to_host();
     std::vector<float*> ptrs;
     for (auto& g : host) ptrs.push_back(g.data());
     load_hf_weights(src.dir, model->layout(), ptrs);
+    if (!adapter_dir.empty()) load_peft_adapter(adapter_dir, model->layout(), ptrs);
   } else {
     const ckpt::Manifest m = ckpt::read_manifest(src.dir);
     check_memory(m.model, *dev, dtype);
-    model = std::make_unique<LlamaModel>(m.model, dev, false, nullptr, StageSpec{}, dtype);
-    for (size_t g = 0; g < model->layout().groups().size(); ++g)
-      host.push_back(ckpt::read_global_group(m, ckpt::State::kParam, int(g)));
+    if (m.adapter.enabled()) {
+      check_adapter_base(m, "ft generate");
+      converters.push_back(std::make_unique<LoraConverter>(m.adapter));
+    }
+    model =
+        std::make_unique<LlamaModel>(m.model, dev, false, nullptr, StageSpec{}, dtype, &converters);
+    const ParamLayout base(m.model, 1);
+    const auto& groups = model->layout().groups();
+    for (size_t g = 0; g < groups.size(); ++g)
+      host.push_back(m.adapter.enabled() && groups[g].attached_to < 0
+                         ? adapter_base_group(m, base, int(g))
+                         : ckpt::read_global_group(m, ckpt::State::kParam, int(g)));
   }
+  for (const auto& c : converters) c->convert_model(*model, 0);
   model->flat_params().from_host(host);
   model->flat_params().make_compute_copy();
   return model;
@@ -210,6 +235,17 @@ int cmd_generate(const GenerateArgs& a) {
                      ": must be from 1 to " + std::to_string(kMaxNewTokens));
   Sampler sampler(a.temperature, a.top_p, a.seed);
   const Source src = resolve_source(a.source);
+  if (!a.adapter.empty()) {
+    if (!src.hf)
+      throw UsageError("--adapter " + a.adapter + ": " + a.source +
+                       " is an ft checkpoint, which brings its own adapter when its run trained "
+                       "one; give --adapter with a Hugging Face base model folder");
+    std::error_code ec;
+    if (!fs::is_directory(a.adapter, ec))
+      throw UsageError("--adapter " + a.adapter + ": " + file_kind(a.adapter) +
+                       ", not a folder; give a PEFT adapter folder (adapter_config.json, "
+                       "adapter_model.safetensors)");
+  }
   std::unique_ptr<Device> dev = make_generate_device(a.device);
   const std::string tok_path = a.tokenizer.empty() ? src.dir : a.tokenizer;
   std::unique_ptr<Tokenizer> tok;
@@ -256,7 +292,9 @@ int cmd_generate(const GenerateArgs& a) {
   }
 
   const auto t0 = std::chrono::steady_clock::now();
-  std::unique_ptr<LlamaModel> model = load_model(src, dev.get(), parse_dtype(a.dtype));
+  ModelConverters converters;  // outlives the model: the adapter's hooks are its
+  std::unique_ptr<LlamaModel> model =
+      load_model(src, a.adapter, dev.get(), parse_dtype(a.dtype), converters);
   const ModelConfig& cfg = model->config();
   if (int64_t(prompt.size()) >= cfg.max_seq_len)
     throw UsageError("--prompt: " + std::to_string(prompt.size()) +

@@ -90,6 +90,7 @@ struct GenerateArgs {
   std::string prompt;
   std::string system;     // --chat: a system message before the prompt
   std::string tokenizer;  // default: the source's own
+  std::string adapter;    // a PEFT adapter folder applied to an HF source
   bool chat = false;      // render the prompt with the tokenizer's chat template
   int max_new_tokens = 128;
   double temperature = 0;  // 0: greedy

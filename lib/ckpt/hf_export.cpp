@@ -339,29 +339,6 @@ void write_adapter_config(const ckpt::Manifest& m, const fs::path& path) {
   write_text_file(path, j.dump(2) + "\n");
 }
 
-// Merging: the base's values of model group g (whole tensors, `model`'s layout) as the adapter
-// run started from them. A frozen group comes from its source: the manifest's frozen.from folder
-// (read as model.from is, load_hf_weights: names, shapes and finiteness checked), or the seeded
-// initialisation drawn again (init_random_group: the same bits); any other from the checkpoint.
-std::vector<float> base_group(const ckpt::Manifest& m, const ParamLayout& model, int g) {
-  if (std::find(m.frozen_groups.begin(), m.frozen_groups.end(), g) == m.frozen_groups.end())
-    return ckpt::read_global_group(m, ckpt::State::kParam, g);
-  std::vector<float> w(model.groups()[size_t(g)].numel);
-  if (m.frozen_from.empty()) {
-    init_random_group(model, g, m.frozen_seed, m.frozen_init_std, w.data());
-    return w;
-  }
-  std::vector<float*> ptrs(model.groups().size(), nullptr);
-  ptrs[size_t(g)] = w.data();
-  try {
-    load_hf_weights(m.frozen_from, model, ptrs);
-  } catch (const UsageError& e) {
-    throw UsageError(std::string("the adapter's base, frozen.from in ") + m.dir +
-                     "/manifest.json: " + e.what());
-  }
-  return w;
-}
-
 // Merging: adds s·B·A to each weight W (out, in) of model group g (`w`, whole tensors) that the
 // adapter group attached to it adapts (PEFT's merge: W + s·(B·A), here one fp32 sgemm whose
 // beta is 1). Returns how many weights took a term.
@@ -557,6 +534,53 @@ void check_export_target(const std::string& dir, bool overwrite) {
                      "replace it");
 }
 
+void check_adapter_base(const ckpt::Manifest& m, const std::string& use) {
+  if (m.frozen_groups.empty()) return;
+  if (!m.frozen_from.empty()) {
+    std::error_code from_ec;
+    if (!fs::is_directory(m.frozen_from, from_ec))
+      throw UsageError(m.dir + "/manifest.json: the adapter's base, frozen.from '" + m.frozen_from +
+                       "' (the run's model.from), is " + file_kind(m.frozen_from) +
+                       ", not a Hugging Face folder; " + use +
+                       " reads the base from there (a relative path is taken from the folder ft "
+                       "runs in): run it where the training ran, or put the base model back at "
+                       "that path");
+    if (!m.frozen_from_fingerprint.empty() &&
+        hf_weights_fingerprint(m.frozen_from) != m.frozen_from_fingerprint)
+      throw UsageError(m.dir + "/manifest.json: the adapter's base, frozen.from '" + m.frozen_from +
+                       "', holds other weights than the run trained on (its fingerprint differs "
+                       "from frozen.from_fingerprint): " +
+                       use +
+                       " would add the adapter to another model; put the run's base model back "
+                       "at that path");
+  } else {
+    const json f = m.json.value("frozen", json::object());
+    if (!f.contains("seed") || !f.contains("init_std"))
+      throw Error(m.dir +
+                  "/manifest.json: frozen has no from, seed and init_std, so the adapter's base "
+                  "cannot be drawn again; the checkpoint is damaged");
+  }
+}
+
+std::vector<float> adapter_base_group(const ckpt::Manifest& m, const ParamLayout& model, int g) {
+  if (std::find(m.frozen_groups.begin(), m.frozen_groups.end(), g) == m.frozen_groups.end())
+    return ckpt::read_global_group(m, ckpt::State::kParam, g);
+  std::vector<float> w(model.groups()[size_t(g)].numel);
+  if (m.frozen_from.empty()) {
+    init_random_group(model, g, m.frozen_seed, m.frozen_init_std, w.data());
+    return w;
+  }
+  std::vector<float*> ptrs(model.groups().size(), nullptr);
+  ptrs[size_t(g)] = w.data();
+  try {
+    load_hf_weights(m.frozen_from, model, ptrs);
+  } catch (const UsageError& e) {
+    throw UsageError(std::string("the adapter's base, frozen.from in ") + m.dir +
+                     "/manifest.json: " + e.what());
+  }
+  return w;
+}
+
 HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
                                 const HfExportOptions& o,
                                 void (*on_file)(const std::string&, uint64_t)) {
@@ -601,31 +625,7 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
   }
   // Merging: the base must be where the run read it (or its seed recorded), found now rather
   // than after part of the folder is written.
-  if (o.merge && !m.frozen_groups.empty()) {
-    if (!m.frozen_from.empty()) {
-      std::error_code from_ec;
-      if (!fs::is_directory(m.frozen_from, from_ec))
-        throw UsageError(m.dir + "/manifest.json: the adapter's base, frozen.from '" +
-                         m.frozen_from + "' (the run's model.from), is " +
-                         file_kind(m.frozen_from) +
-                         ", not a Hugging Face folder; --merge reads the base from there (a "
-                         "relative path is taken from the folder ft export runs in): run it where "
-                         "the training ran, or put the base model back at that path");
-      if (!m.frozen_from_fingerprint.empty() &&
-          hf_weights_fingerprint(m.frozen_from) != m.frozen_from_fingerprint)
-        throw UsageError(m.dir + "/manifest.json: the adapter's base, frozen.from '" +
-                         m.frozen_from +
-                         "', holds other weights than the run trained on (its fingerprint "
-                         "differs from frozen.from_fingerprint): --merge would add the adapter "
-                         "to another model; put the run's base model back at that path");
-    } else {
-      const json f = m.json.value("frozen", json::object());
-      if (!f.contains("seed") || !f.contains("init_std"))
-        throw Error(m.dir +
-                    "/manifest.json: frozen has no from, seed and init_std, so the adapter's "
-                    "base cannot be drawn again; the checkpoint is damaged");
-    }
-  }
+  if (o.merge) check_adapter_base(m, "--merge");
 
   // 1. Plan. `full` has the adapter's groups after the model's (the model's indices are the
   //    same in both); a PEFT folder holds those, a model folder the model's.
@@ -713,7 +713,7 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
       const ParamGroup& group = layout.groups()[g];
       std::vector<float> values;
       if (o.merge) {
-        values = base_group(m, model, int(g));
+        values = adapter_base_group(m, model, int(g));
         res.merged += add_adapter_terms(m, model, full, int(g), values);
       } else {
         values = ckpt::read_global_group(m, ckpt::State::kParam, int(g));

@@ -87,6 +87,20 @@ struct HfExportResult {
 // 0.02)", for messages.
 std::string adapter_base_description(const ckpt::Manifest& m);
 
+// Checks, before anything is read, that an adapter checkpoint's base can be had as the run
+// trained on it: frozen.from is a folder holding the same weights (hf_weights_fingerprint
+// against frozen.from_fingerprint, when the manifest records one), or the seed is recorded.
+// `use` names what needs the base, for messages ("--merge", "ft generate"). Throws UsageError
+// (Error for a manifest without either).
+void check_adapter_base(const ckpt::Manifest& m, const std::string& use);
+
+// Model group g (whole tensors; `model` = ParamLayout(m.model, 1)) of an adapter checkpoint as
+// the run started from it. A frozen group comes from its source: the manifest's frozen.from
+// folder (read as model.from is, load_hf_weights: names, shapes and finiteness checked), or the
+// seeded initialisation drawn again (init_random_group: the same bits); any other from the
+// checkpoint. check_adapter_base first.
+std::vector<float> adapter_base_group(const ckpt::Manifest& m, const ParamLayout& model, int g);
+
 // Checks that `dir` may be written (absent, an empty folder, or overwrite). Throws UsageError
 // with a hint otherwise. export_hf_folder calls it too; the command calls it first so that a
 // wrong --output is refused before any checkpoint is read.

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "adapt/peft.h"
 #include "ckpt/hf.h"
 #include "core/error.h"
 #include "core/files.h"
@@ -265,54 +266,15 @@ void Loader::check_adapter_from() {
           config + ": peft_type is " + short_dump(at("peft_type")) +
               "; ft continues LORA adapters only",
           peft_hint);
-  // What the file asks for beyond a plain LoRA: refused by name, as a key of PEFT's LoraConfig
-  // away from its default (null, false, empty, bias "none").
-  struct Beyond {
-    const char* key;
-    const char* why;
-  };
-  for (const Beyond& b : {
-           Beyond{"use_dora", "DoRA is not built in this ft"},
-           Beyond{"bias", "ft's LoRA trains no biases"},
-           Beyond{"lora_bias", "ft's LoRA has no bias on B"},
-           Beyond{"modules_to_save",
-                  "modules trained whole beside the adapter are not yet built in this ft"},
-           Beyond{"trainable_token_indices", "ft does not train single embedding rows"},
-           Beyond{"rank_pattern", "ft's LoRA has one r for every module"},
-           Beyond{"alpha_pattern", "ft's LoRA has one alpha for every module"},
-           Beyond{"layers_to_transform", "ft's LoRA adapts every layer"},
-           Beyond{"exclude_modules", "ft's LoRA adapts target_modules in every layer"},
-           Beyond{"layer_replication", "ft does not replicate layers"},
-       }) {
-    const nlohmann::json& v = at(b.key);
-    if (v.is_null() || v == false || (v.is_structured() && v.empty()) || v == "none") continue;
-    issue(from_at, "adapter.from", config + ": " + b.key + " is " + short_dump(v) + "; " + b.why,
-          std::string("continue an adapter saved without ") + b.key + " (PEFT's default)");
-  }
+  // What the file asks for beyond a plain LoRA: refused by name (adapt/peft.h).
+  for (const PeftBeyond& b : peft_config_beyond(file))
+    issue(from_at, "adapter.from",
+          config + ": " + b.key + " is " + short_dump(b.value) + "; " + b.why,
+          "continue an adapter saved without " + b.key + " (PEFT's default)");
 
-  // The shape, each key under its PEFT name. target_modules is compared as the set of
-  // projections it expands to: PEFT saves a set (in any order), and all-linear as the list of
-  // what it stood for — short names (peft 0.13) or the modules' whole paths
-  // ("model.layers.0.mlp.up_proj", peft 0.21), each matching a module whose name ends with it at
-  // a dot; the projection is the last part. (Paths naming only some layers pass here and are
-  // refused by the weights' check: their tensors lack the other layers'.)
+  // The shape, each key under its PEFT name; target_modules compared as the set of projections it
+  // expands to (adapt/peft.h peft_target_modules).
   const nlohmann::json& targets = at("target_modules");
-  auto file_targets = [&]() -> std::optional<Names> {
-    const std::vector<std::string>& known = find_key("adapter.target_modules")->choices;
-    AdapterConfig c;
-    c.target_modules.clear();
-    for (const nlohmann::json& e :
-         targets.is_array() ? targets : nlohmann::json::array({targets})) {
-      if (!e.is_string()) return std::nullopt;
-      const std::string& path = e.get_ref<const std::string&>();
-      const std::string name =
-          path.substr(path.rfind('.') == std::string::npos ? 0 : path.rfind('.') + 1);
-      if (std::find(known.begin(), known.end(), name) == known.end()) return std::nullopt;
-      c.target_modules.push_back(name);
-    }
-    if (c.target_modules.empty()) return std::nullopt;
-    return c.targets();
-  };
   const nlohmann::json& r = at("r");
   const nlohmann::json& alpha = at("lora_alpha");
   const nlohmann::json& rslora = at("use_rslora");
@@ -327,8 +289,9 @@ void Loader::check_adapter_from() {
                 std::to_string(a.r), short_dump(r)},
            Same{"adapter.alpha", "lora_alpha", alpha.is_number() && alpha.get<double>() == a.alpha,
                 format_double(a.alpha), short_dump(alpha)},
-           Same{"adapter.target_modules", "target_modules", file_targets() == a.targets(),
-                format_value(a.target_modules), short_dump(targets)},
+           Same{"adapter.target_modules", "target_modules",
+                peft_target_modules(targets) == a.targets(), format_value(a.target_modules),
+                short_dump(targets)},
            // Absent from the files of PEFT before rsLoRA, which read it as false.
            Same{"adapter.use_rslora", "use_rslora",
                 rslora == a.use_rslora || (rslora.is_null() && !a.use_rslora),

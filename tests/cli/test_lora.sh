@@ -17,6 +17,8 @@
 #     --merge: the model folder whose adapted weights are W + s·B·A (numpy in float64, within
 #     fp32 rounding) and whose other tensors are the seeded base drawn again, bit for bit;
 #     refused: --merge of a checkpoint without an adapter, and of one whose base folder is gone;
+#     ft generate: greedy ids from the adapter checkpoint, the --merge folder and the base with
+#     --adapter and the PEFT folder alike, the base's alone other; a changed base refused;
 #  5. adapter.from: an adapter folder in PEFT's names (made from a trained run's tensors) starts
 #     a run with exactly those values; one that lacks a tensor is refused with its name;
 #  6. ft plan counts the adapter as trained and the base as frozen;
@@ -246,6 +248,58 @@ run_rc 2 "$ft" export "$tmp/on_hf/checkpoints" -o "$tmp/on_hf_merged" --merge
 has_err "the adapter's base, frozen.from '$tmp/base_hf' (the run's model.from), is missing"
 run_rc 0 "$ft" export "$tmp/on_hf/checkpoints" -o "$tmp/on_hf_adapter"
 has_out "wrote adapter_config.json (base_model_name_or_path $tmp/base_hf)"
+
+echo "--- 4b. ft generate with the adapter: the checkpoint, the merged folder, --adapter"
+# Greedy ids from the adapter checkpoint (its base drawn again), from the ft export --merge folder
+# and from the base's folder with --adapter and the PEFT export: all the same; the base alone
+# differs (the adapter acts). The tokenizer: a byte-level BPE of 27 ids (a-z, space), no merges.
+/usr/bin/python3 - "$tmp/tok.json" <<'PY'
+import json, sys
+vocab = {c: i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz")}
+vocab["\u0120"] = 26  # the byte map's space
+bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+json.dump({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+           "normalizer": None, "pre_tokenizer": bl, "post_processor": None, "decoder": bl,
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "fuse_unk": False,
+                     "byte_fallback": False, "vocab": vocab, "merges": []}},
+          open(sys.argv[1], "w"))
+PY
+gen() {  # name, source, ft generate arguments...: the greedy ids into $tmp/gen_NAME
+  local name=$1
+  shift
+  "$ft" generate "$@" -p "hi" --tokenizer "$tmp/tok.json" --json -n 12 --ignore-eos --device cpu \
+    > "$tmp/gen.out" 2> "$tmp/gen.err" || fail "ft generate $*: $(tail -3 "$tmp/gen.err")"
+  /usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ids"])' \
+    "$tmp/gen.out" > "$tmp/gen_$name"
+}
+gen ckpt "$tmp/full_fp32/checkpoints"
+gen merged "$tmp/merged"
+gen adapter "$tmp/fp_hf" --adapter "$tmp/adapter"
+gen base "$tmp/fp_hf"
+cmp -s "$tmp/gen_ckpt" "$tmp/gen_merged" || fail "generate: the checkpoint and --merge differ"
+cmp -s "$tmp/gen_ckpt" "$tmp/gen_adapter" ||
+  fail "generate: the checkpoint and the base with --adapter differ"
+! cmp -s "$tmp/gen_ckpt" "$tmp/gen_base" || fail "generate: the adapter changes nothing"
+echo "  greedy ids $(cat "$tmp/gen_ckpt"): the checkpoint, --merge and --adapter alike; the" \
+  "base's differ"
+# A base from model.from (frozen.from): step 3 of fp_run, whose base fp_hf is unchanged.
+"$ft" export "$tmp/fp_run/checkpoints/step_00000003" -o "$tmp/fp3_merged" --merge > /dev/null ||
+  fail "fp_run step 3: --merge failed"
+gen fp3 "$tmp/fp_run/checkpoints/step_00000003"
+gen fp3_merged "$tmp/fp3_merged"
+cmp -s "$tmp/gen_fp3" "$tmp/gen_fp3_merged" ||
+  fail "generate: a checkpoint on model.from and its --merge differ"
+# Refused: a base whose weights changed (fp_run's latest, on fp_moved); --adapter on a
+# checkpoint; an adapter folder asking for DoRA.
+run_rc 2 "$ft" generate "$tmp/fp_run/checkpoints" -p hi --tokenizer "$tmp/tok.json"
+has_err "holds other weights than the run trained on"
+run_rc 2 "$ft" generate "$tmp/full_fp32/checkpoints" --adapter "$tmp/adapter" -p hi \
+  --tokenizer "$tmp/tok.json"
+has_err "is an ft checkpoint, which brings its own adapter"
+cp -r "$tmp/adapter" "$tmp/dora"
+sed -i 's/"use_dora": false/"use_dora": true/' "$tmp/dora/adapter_config.json"
+run_rc 2 "$ft" generate "$tmp/fp_hf" --adapter "$tmp/dora" -p hi --tokenizer "$tmp/tok.json"
+has_err "use_dora is true; DoRA is not built in this ft"
 
 echo "--- 5. adapter.from: a PEFT adapter folder"
 /usr/bin/python3 - "$tmp/full_fp32/params/rank_0.safetensors" "$tmp/peft" "$src/tests/ref" <<'PY'

@@ -1,0 +1,107 @@
+#include "adapt/peft.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/files.h"
+#include "core/json_describe.h"
+
+namespace ft {
+
+std::vector<PeftBeyond> peft_config_beyond(const nlohmann::json& file) {
+  struct Beyond {
+    const char* key;
+    const char* why;
+  };
+  std::vector<PeftBeyond> out;
+  for (const Beyond& b : {
+           Beyond{"use_dora", "DoRA is not built in this ft"},
+           Beyond{"bias", "ft's LoRA trains no biases"},
+           Beyond{"lora_bias", "ft's LoRA has no bias on B"},
+           Beyond{"modules_to_save",
+                  "modules trained whole beside the adapter are not yet built in this ft"},
+           Beyond{"trainable_token_indices", "ft does not train single embedding rows"},
+           Beyond{"rank_pattern", "ft's LoRA has one r for every module"},
+           Beyond{"alpha_pattern", "ft's LoRA has one alpha for every module"},
+           Beyond{"layers_to_transform", "ft's LoRA adapts every layer"},
+           Beyond{"exclude_modules", "ft's LoRA adapts target_modules in every layer"},
+           Beyond{"layer_replication", "ft does not replicate layers"},
+       }) {
+    if (!file.is_object() || !file.contains(b.key)) continue;
+    const nlohmann::json& v = file[b.key];
+    if (v.is_null() || v == false || (v.is_structured() && v.empty()) || v == "none") continue;
+    out.push_back({b.key, v, b.why});
+  }
+  return out;
+}
+
+std::optional<std::vector<std::string>> peft_target_modules(const nlohmann::json& targets) {
+  AdapterConfig c;
+  c.target_modules.clear();
+  for (const nlohmann::json& e : targets.is_array() ? targets : nlohmann::json::array({targets})) {
+    if (!e.is_string()) return std::nullopt;
+    const std::string& path = e.get_ref<const std::string&>();
+    const size_t dot = path.rfind('.');
+    const std::string name = path.substr(dot == std::string::npos ? 0 : dot + 1);
+    if (!is_lora_target(name)) return std::nullopt;
+    c.target_modules.push_back(name);
+  }
+  if (c.target_modules.empty()) return std::nullopt;
+  return c.targets();
+}
+
+AdapterConfig read_peft_adapter_config(const std::string& dir, const std::string& hint) {
+  const std::string config = (std::filesystem::path(dir) / "adapter_config.json").string();
+  const std::string text = read_bounded_file(config, kMaxConfigBytes, "adapter config", hint);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(config + ": not valid JSON (" + json_error_words(e) + "); " + hint);
+  }
+  if (!j.is_object())
+    throw UsageError(config + ": expected a JSON object at the top level, found " +
+                     describe_json_value(j) + "; " + hint);
+  const nlohmann::json none;  // what a key the file does not have reads as
+  auto at = [&](const char* key) -> const nlohmann::json& {
+    return j.contains(key) ? j[key] : none;
+  };
+  if (at("peft_type") != "LORA")
+    throw UsageError(config + ": peft_type is " + short_dump(at("peft_type")) +
+                     "; ft applies LORA adapters only; " + hint);
+  for (const PeftBeyond& b : peft_config_beyond(j))
+    throw UsageError(config + ": " + b.key + " is " + short_dump(b.value) + "; " + b.why +
+                     "; use an adapter saved without " + b.key + " (PEFT's default)");
+  AdapterConfig a;
+  a.type = "lora";
+  a.from = dir;
+  const nlohmann::json& r = at("r");
+  if (!r.is_number_integer() || r.get<int64_t>() < 1 || r.get<int64_t>() > kMaxAdapterRank)
+    throw UsageError(config + ": r is " + short_dump(r) + "; expected an integer from 1 to " +
+                     std::to_string(kMaxAdapterRank) + "; " + hint);
+  a.r = int(r.get<int64_t>());
+  const nlohmann::json& alpha = at("lora_alpha");
+  if (!alpha.is_number() || !std::isfinite(alpha.get<double>()))
+    throw UsageError(config + ": lora_alpha is " + short_dump(alpha) + "; expected a number; " +
+                     hint);
+  a.alpha = alpha.get<double>();
+  const std::optional<std::vector<std::string>> targets = peft_target_modules(at("target_modules"));
+  if (!targets)
+    throw UsageError(config + ": target_modules is " + short_dump(at("target_modules")) +
+                     "; expected a list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                     "down_proj (or their module paths), or all-linear; " +
+                     hint);
+  a.target_modules = *targets;
+  const nlohmann::json& rslora = at("use_rslora");
+  if (!rslora.is_null() && !rslora.is_boolean())
+    throw UsageError(config + ": use_rslora is " + short_dump(rslora) +
+                     "; expected true or false; " + hint);
+  a.use_rslora = rslora == true;
+  const nlohmann::json& dropout = at("lora_dropout");
+  if (dropout.is_number() && dropout.get<double>() >= 0 && dropout.get<double>() < 1)
+    a.dropout = dropout.get<double>();  // in training only: generation does not drop
+  return a;
+}
+
+}  // namespace ft
