@@ -5,7 +5,9 @@
 //   convert_layout: on the layout, before any parameter buffer exists: marks tensors frozen
 //     (ParamLayout::set_trainable) and, for adapters, adds their own groups;
 //   convert_model: on the built model once its weights are initialised or loaded, before ZeRO
-//     and AdamW take them over: initialises what the converter added.
+//     and AdamW take them over: initialises what the converter added and installs its hooks
+//     (ft generate runs it before uploading an adapter's saved values, which replace that
+//     initialisation).
 // They run in the order given, in every rank's set-up (lib/train/setup.cpp) and in `ft plan`'s,
 // so that the plan counts what the run allocates.
 #pragma once
