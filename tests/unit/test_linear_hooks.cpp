@@ -14,21 +14,10 @@
 #include "model/linear.h"
 #include "model/llama.h"
 #include "runtime/device.h"
+#include "tiny_model.h"
 
 namespace ft {
 namespace {
-
-ModelConfig hook_config() {
-  ModelConfig c;
-  c.dim = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.ffn_dim = 24;
-  c.vocab_size = 19;
-  c.max_seq_len = 8;
-  return c;
-}
 
 // Adds x·Pᵀ at its sites; dP += dyᵀ·x, dx += dy·P.
 class AddMatrix final : public LinearHooks {
@@ -80,7 +69,7 @@ float max_abs(const std::vector<float>& v) {
 }  // namespace
 
 TEST_CASE("linear hooks: an added x·Pᵀ trains as the weight W + P, at column, row and head sites") {
-  const ModelConfig cfg = hook_config();
+  const ModelConfig cfg = linear_test_config();
   auto dev = make_device("cpu");
   LlamaModel hooked(cfg, dev.get()), merged(cfg, dev.get());
   hooked.init_random(7, 0.1);

@@ -14,21 +14,10 @@
 #include "model/layout.h"
 #include "model/llama.h"
 #include "runtime/device.h"
+#include "tiny_model.h"
 
 namespace ft {
 namespace {
-
-ModelConfig lora_model_config() {
-  ModelConfig c;
-  c.dim = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.ffn_dim = 24;
-  c.vocab_size = 19;
-  c.max_seq_len = 8;
-  return c;
-}
 
 float max_abs(const std::vector<float>& v) {
   float m = 0;
@@ -55,7 +44,7 @@ float rel_diff(const std::vector<float>& got, const std::vector<float>& want) {
 }  // namespace
 
 TEST_CASE("LoRA: the adapted model is the merged one, W + s·B·A; dA and dB by the chain rule") {
-  const ModelConfig cfg = lora_model_config();
+  const ModelConfig cfg = linear_test_config();
   auto dev = make_device("cpu");
   AdapterConfig ac;
   ac.type = "lora";
@@ -190,7 +179,7 @@ TEST_CASE("LoRA: the adapted model is the merged one, W + s·B·A; dA and dB by 
 }
 
 TEST_CASE("LoRA: target modules choose the adapted projections, in layer order") {
-  ModelConfig cfg = lora_model_config();
+  ModelConfig cfg = linear_test_config();
   cfg.vocab_size = 20;  // divisible by two tensor ranks
   AdapterConfig ac;
   ac.type = "lora";
@@ -222,7 +211,7 @@ TEST_CASE("LoRA: target modules choose the adapted projections, in layer order")
 namespace ft {
 
 TEST_CASE("LoRA dropout: a site's forward and backward are the definition's with the op's mask") {
-  const ModelConfig cfg = lora_model_config();
+  const ModelConfig cfg = linear_test_config();
   auto dev = make_device("cpu");
   AdapterConfig ac;
   ac.type = "lora";
