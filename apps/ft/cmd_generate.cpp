@@ -143,11 +143,12 @@ std::unique_ptr<LlamaModel> load_model(const Source& src, const std::string& ada
     }
     model =
         std::make_unique<LlamaModel>(m.model, dev, false, nullptr, StageSpec{}, dtype, &converters);
-    const ParamLayout base(m.model, 1);
+    const ParamLayout base_layout(m.model, 1);
+    AdapterBase base(m, base_layout);
     const auto& groups = model->layout().groups();
     for (size_t g = 0; g < groups.size(); ++g)
       host.push_back(m.adapter.enabled() && groups[g].attached_to < 0
-                         ? adapter_base_group(m, base, int(g))
+                         ? base.group(int(g))
                          : ckpt::read_global_group(m, ckpt::State::kParam, int(g)));
   }
   for (const auto& c : converters) c->convert_model(*model, 0);

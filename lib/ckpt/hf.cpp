@@ -396,15 +396,15 @@ void read_slice(const SafetensorsFile& file, const ParamEntry& pe, int t, float*
 
 }  // namespace
 
-void load_hf_weights(const std::string& dir, const ParamLayout& layout,
-                     const std::vector<float*>& group_ptrs, int tensor_rank) {
-  FT_CHECK(group_ptrs.size() == layout.groups().size(), "load_hf_weights: ", group_ptrs.size(),
-           " buffers for ", layout.groups().size(), " parameter groups");
-  FT_CHECK(tensor_rank >= 0 && tensor_rank < layout.tensor(), "load_hf_weights: tensor rank ",
-           tensor_rank, " of ", layout.tensor());
+struct HfWeightReader::Opened {
+  OpenedWeights w;
+};
 
+HfWeightReader::HfWeightReader(const std::string& dir, const ParamLayout& layout)
+    : layout_(layout), opened_(std::make_unique<Opened>()) {
   // 1. Open the checkpoint: one file, or the shards an index names.
-  const OpenedWeights w = open_weights(dir);
+  opened_->w = open_weights(dir);
+  const OpenedWeights& w = opened_->w;
 
   // 2. Names both ways, then shapes and dtypes: all before anything is copied. Name problems are
   //    reported together; of the shape and dtype problems only the first in layout order, which
@@ -425,19 +425,27 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
   }
   if (!check.bad_tensors.empty()) throw UsageError(check.bad_tensors.front());
   if (std::string diff = tied_head_difference(w, check); !diff.empty()) throw UsageError(diff);
+}
 
-  // 3. Plan the copies: the tensors of the groups held (a pipeline stage's), each this tensor
-  //    rank's slice of it (the whole tensor with one tensor rank).
+HfWeightReader::~HfWeightReader() = default;
+
+void HfWeightReader::read(const std::vector<float*>& group_ptrs, int tensor_rank) const {
+  FT_CHECK(group_ptrs.size() == layout_.groups().size(), "load_hf_weights: ", group_ptrs.size(),
+           " buffers for ", layout_.groups().size(), " parameter groups");
+  FT_CHECK(tensor_rank >= 0 && tensor_rank < layout_.tensor(), "load_hf_weights: tensor rank ",
+           tensor_rank, " of ", layout_.tensor());
+  // 3. Plan the copies: the tensors of the groups asked for (a pipeline stage's), each this
+  //    tensor rank's slice of it (the whole tensor with one tensor rank).
   struct Copy {
     const Source* src;
     float* dst;  // (numel) inside the group's flat buffer
     const ParamEntry* param;
   };
   std::vector<Copy> plan;
-  for (size_t g = 0; g < layout.groups().size(); ++g)
-    if (group_ptrs[g] && layout.groups()[g].attached_to < 0)
-      for (const auto& pe : layout.groups()[g].entries)
-        plan.push_back({&w.tensors.at(pe.name), group_ptrs[g] + pe.offset, &pe});
+  for (size_t g = 0; g < layout_.groups().size(); ++g)
+    if (group_ptrs[g] && layout_.groups()[g].attached_to < 0)
+      for (const auto& pe : layout_.groups()[g].entries)
+        plan.push_back({&opened_->w.tensors.at(pe.name), group_ptrs[g] + pe.offset, &pe});
 
   // 4. Copy, file by file in data order, so that reads on a spinning or network disk are
   //    sequential.
@@ -446,6 +454,18 @@ void load_hf_weights(const std::string& dir, const ParamLayout& layout,
     return a.src->entry->begin < b.src->entry->begin;
   });
   for (const Copy& c : plan) read_slice(*c.src->file, *c.param, tensor_rank, c.dst);
+}
+
+void HfWeightReader::read_group(int g, float* dst, int tensor_rank) const {
+  FT_CHECK(g >= 0 && size_t(g) < layout_.groups().size(), "HfWeightReader: no group ", g);
+  std::vector<float*> ptrs(layout_.groups().size(), nullptr);
+  ptrs[size_t(g)] = dst;
+  read(ptrs, tensor_rank);
+}
+
+void load_hf_weights(const std::string& dir, const ParamLayout& layout,
+                     const std::vector<float*>& group_ptrs, int tensor_rank) {
+  HfWeightReader(dir, layout).read(group_ptrs, tensor_rank);
 }
 
 std::string hf_weights_fingerprint(const std::string& dir) {

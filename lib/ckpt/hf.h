@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,25 @@ HfConfigRead read_hf_config_located(const std::string& dir);
 // difference). Errors name the file and the tensor.
 void load_hf_weights(const std::string& dir, const ParamLayout& layout,
                      const std::vector<float*>& group_ptrs, int tensor_rank = 0);
+
+// load_hf_weights in two steps, for a caller that reads one group at a time (the rank setup,
+// which holds one group on the host, not its whole stage; ft export --merge): the folder is
+// opened and checked once, as load_hf_weights checks it, then read group by group. `layout`
+// must outlive the reader.
+class HfWeightReader {
+ public:
+  HfWeightReader(const std::string& dir, const ParamLayout& layout);
+  ~HfWeightReader();
+  // As load_hf_weights: the groups whose pointers are set, this tensor rank's slices.
+  void read(const std::vector<float*>& group_ptrs, int tensor_rank = 0) const;
+  // Group g into dst (the group's numel), this tensor rank's slices.
+  void read_group(int g, float* dst, int tensor_rank = 0) const;
+
+ private:
+  struct Opened;
+  const ParamLayout& layout_;
+  std::unique_ptr<Opened> opened_;
+};
 
 // A fingerprint of a Hugging Face folder's model: the SHA-256 (hex) of its config.json and, for
 // each weight file (by name), its name, size, first MiB (the header and the first tensors) and

@@ -562,20 +562,25 @@ void check_adapter_base(const ckpt::Manifest& m, const std::string& use) {
   }
 }
 
-std::vector<float> adapter_base_group(const ckpt::Manifest& m, const ParamLayout& model, int g) {
-  if (std::find(m.frozen_groups.begin(), m.frozen_groups.end(), g) == m.frozen_groups.end())
-    return ckpt::read_global_group(m, ckpt::State::kParam, g);
-  std::vector<float> w(model.groups()[size_t(g)].numel);
-  if (m.frozen_from.empty()) {
-    init_random_group(model, g, m.frozen_seed, m.frozen_init_std, w.data());
+AdapterBase::AdapterBase(const ckpt::Manifest& m, const ParamLayout& model)
+    : m_(m), model_(model) {}
+
+AdapterBase::~AdapterBase() = default;
+
+std::vector<float> AdapterBase::group(int g) {
+  const auto& frozen = m_.frozen_groups;
+  if (std::find(frozen.begin(), frozen.end(), g) == frozen.end())
+    return ckpt::read_global_group(m_, ckpt::State::kParam, g);
+  std::vector<float> w(model_.groups()[size_t(g)].numel);
+  if (m_.frozen_from.empty()) {
+    init_random_group(model_, g, m_.frozen_seed, m_.frozen_init_std, w.data());
     return w;
   }
-  std::vector<float*> ptrs(model.groups().size(), nullptr);
-  ptrs[size_t(g)] = w.data();
   try {
-    load_hf_weights(m.frozen_from, model, ptrs);
+    if (!reader_) reader_ = std::make_unique<HfWeightReader>(m_.frozen_from, model_);
+    reader_->read_group(g, w.data());
   } catch (const UsageError& e) {
-    throw UsageError(std::string("the adapter's base, frozen.from in ") + m.dir +
+    throw UsageError(std::string("the adapter's base, frozen.from in ") + m_.dir +
                      "/manifest.json: " + e.what());
   }
   return w;
@@ -708,12 +713,13 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
       pending.clear();
     };
     size_t next = 0;  // into plan
+    AdapterBase base(m, model);
     for (size_t g = 0; g < layout.groups().size(); ++g) {
       if (!written(g)) continue;
       const ParamGroup& group = layout.groups()[g];
       std::vector<float> values;
       if (o.merge) {
-        values = adapter_base_group(m, model, int(g));
+        values = base.group(int(g));
         res.merged += add_adapter_terms(m, model, full, int(g), values);
       } else {
         values = ckpt::read_global_group(m, ckpt::State::kParam, int(g));

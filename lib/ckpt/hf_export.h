@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -94,12 +95,22 @@ std::string adapter_base_description(const ckpt::Manifest& m);
 // (Error for a manifest without either).
 void check_adapter_base(const ckpt::Manifest& m, const std::string& use);
 
-// Model group g (whole tensors; `model` = ParamLayout(m.model, 1)) of an adapter checkpoint as
-// the run started from it. A frozen group comes from its source: the manifest's frozen.from
-// folder (read as model.from is, load_hf_weights: names, shapes and finiteness checked), or the
-// seeded initialisation drawn again (init_random_group: the same bits); any other from the
-// checkpoint. check_adapter_base first.
-std::vector<float> adapter_base_group(const ckpt::Manifest& m, const ParamLayout& model, int g);
+// The model groups (whole tensors; `model` = ParamLayout(m.model, 1), which must outlive it) of
+// an adapter checkpoint as the run started from them, one group at a time. A frozen group comes
+// from its source: the manifest's frozen.from folder (opened and checked once, as model.from is:
+// names, shapes and finiteness, HfWeightReader), or the seeded initialisation drawn again
+// (init_random_group: the same bits); any other from the checkpoint. check_adapter_base first.
+class AdapterBase {
+ public:
+  AdapterBase(const ckpt::Manifest& m, const ParamLayout& model);
+  ~AdapterBase();
+  std::vector<float> group(int g);
+
+ private:
+  const ckpt::Manifest& m_;
+  const ParamLayout& model_;
+  std::unique_ptr<HfWeightReader> reader_;  // frozen.from, opened on first use
+};
 
 // Checks that `dir` may be written (absent, an empty folder, or overwrite). Throws UsageError
 // with a hint otherwise. export_hf_folder calls it too; the command calls it first so that a

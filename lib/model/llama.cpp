@@ -20,7 +20,6 @@
 #include "model/rope.h"
 
 namespace ft {
-// Activations of one layer, (N = B*T rows).
 // Activations of one layer, (N = B*T rows), in the compute dtype; statistics in fp32.
 struct LayerActs {
   DBuffer ln1;          // (N, C)
@@ -51,7 +50,10 @@ struct LlamaModel::Acts {
   std::vector<LayerActs> layers;    // L, or 1 with activation checkpointing
   DBuffer lnf;                      // (N, C)
   Buffer<float> rstdf;              // (N)
-  DBuffer logits;                   // (N, V / tensor); becomes dlogits in backward
+  // (head_rows(N), V / tensor): the logits, dlogits in place. All N rows when the head's weight
+  // trains (its backward reads dlogits); else a chunk of rows at a time, whose input gradient is
+  // taken in the forward (see forward_part).
+  DBuffer logits;
   // tensor parallelism: a row-parallel layer's partial output (N, C); cross-entropy statistics;
   // with a 16-bit compute dtype, the fp32 copy an all-reduce sums in
   DBuffer tp_partial;                   // (N, C)
@@ -143,6 +145,21 @@ LinearContext LlamaModel::linear_context() const {
   return c;
 }
 
+bool LlamaModel::head_dx_in_forward() const {
+  const int hg = cfg_.n_layers + 1;
+  const bool frozen = !layout_.groups()[size_t(cfg_.tie_embeddings ? 0 : hg)].trains();
+  return frozen && !(hooks_ && hooks_->adapts(LinearSite{-1, Proj::kHead}));
+}
+
+int LlamaModel::head_rows(int N, bool backward) const {
+  if (backward && !head_dx_in_forward()) return N;
+  // About head_chunk_elems_ logits at once: by the whole vocabulary, so that every tensor layout
+  // cuts the rows alike (the loss sums the same chunks).
+  return std::clamp(
+      int(std::min<size_t>(head_chunk_elems_ / size_t(cfg_.vocab_size), size_t(INT32_MAX))), 1,
+      std::max(N, 1));
+}
+
 bool LlamaModel::owns_group(int g) const {
   const int L = cfg_.n_layers;
   if (const int to = layout_.groups()[size_t(g)].attached_to; to >= 0) return owns_group(to);
@@ -206,29 +223,36 @@ void LlamaModel::init_random(uint64_t seed, double std) {
   // only its slices, at their indices in the whole tensor (a row split is one run, a column
   // split one 2-D draw of its block of columns), and a pipeline stage only its groups, so no
   // rank holds more than it keeps. Vectors (the norms' weights): ones.
+  // A frozen group held in the compute dtype only is drawn through FlatParams::write's staging
+  // buffer, piece by piece (a column slice cut between rows): the same bits, converted.
   const auto& groups = layout_.groups();
   std::vector<float> ones;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     if (!owns_group(int(gi))) continue;
-    Buffer<float>& params = flat_.params()[gi];
     for (const auto& e : groups[gi].entries) {
       if (e.shape.size() < 2) {
         ones.assign(e.numel, vector_init_value(e));
-        params.upload(ones.data(), e.numel, e.offset);
+        flat_.write(int(gi), e.offset, e.numel, 1, [&](float* dst, size_t b, size_t k) {
+          dev_->copy_from_host(dst, ones.data() + b, k * sizeof(float));
+        });
         continue;
       }
       const uint64_t key = init_random_key(seed, e.name);
-      float* dst = params.data() + e.offset;
       if (e.split == TensorSplit::kCols) {
         // Rank t's columns [t·cols, (t+1)·cols) of every row of the (rows, whole_cols) tensor:
         // one 2-D draw, the elements for_each_slice_run's runs name (not a launch per row).
-        const size_t rows = size_t(e.shape[0]), cols = size_t(e.shape[1]);
-        const size_t whole_cols = size_t(e.global_shape[1]);
-        ops().random_normal(st_, dst, rows, cols, whole_cols, key, size_t(tp_.rank()) * cols, std);
+        const size_t cols = size_t(e.shape[1]), whole_cols = size_t(e.global_shape[1]);
+        flat_.write(int(gi), e.offset, e.numel, cols, [&](float* dst, size_t b, size_t k) {
+          const size_t r0 = b / cols;
+          ops().random_normal(st_, dst, k / cols, cols, whole_cols, key,
+                              r0 * whole_cols + size_t(tp_.rank()) * cols, std);
+        });
         continue;
       }
       for_each_slice_run(e, tp_.rank(), [&](size_t whole, size_t local, size_t n) {
-        ops().random_normal(st_, dst + local, 1, n, n, key, whole, std);
+        flat_.write(int(gi), e.offset + local, n, 1, [&](float* dst, size_t b, size_t k) {
+          ops().random_normal(st_, dst, 1, k, k, key, whole + b, std);
+        });
       });
     }
   }
@@ -292,7 +316,7 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward, bool se
   if (stage_.head) {
     a->lnf = DBuffer(dev_, ct, N * C);
     a->rstdf = Buffer<float>(dev_, N);
-    a->logits = DBuffer(dev_, ct, N * V);
+    a->logits = DBuffer(dev_, ct, size_t(head_rows(int(N), need_backward)) * V);
   }
   if (tp_.size() > 1) {
     a->tp_partial = DBuffer(dev_, ct, N * C);
@@ -524,12 +548,29 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
   const CRef Wh = cfg_.tie_embeddings ? flat_.acquire(0) : wf + C;
   ops().rmsnorm_forward(st_, a.lnf.data(), a.rstdf.data(), a.resid[L].data(), wf, N, C,
                         float(cfg_.norm_eps));
-  linear_forward(lc, lm_head_, -1, a.logits.data(), a.lnf.data(), Wh, N);  // (N, V / tensor)
-  const Ref dlogits = backward ? a.logits.data() : Ref(nullptr, flat_.compute_dtype());
-  // Vocabulary-parallel: no rank ever holds full-vocabulary logits.
-  loss_.forward_backward(*dev_, tp_, dlogits, a.logits.data(), tgt, msk, N, token_weight,
-                         loss_acc_.data(),
-                         {a.row_max.data(), a.sumexp.data(), a.target_logit.data()});
+  // The logits (N, V / tensor) a chunk of rows at a time when nothing after the forward needs
+  // them: with a frozen head weight (an adapter's base) the head's input gradient is all its
+  // backward takes, and it is taken here, chunk by chunk, from dlogits into a.dtmp (which
+  // backward_part reads first); in an evaluation there is no backward at all. A trained head
+  // keeps all N rows for its weight gradient. Vocabulary-parallel: no rank ever holds
+  // full-vocabulary logits.
+  const int rows = head_rows(N, backward);
+  const bool dx_now = backward && head_dx_in_forward();
+  for (int n0 = 0; n0 < N; n0 += rows) {
+    const int k = std::min(rows, N - n0);
+    const Ref logits = a.logits.data();
+    const CRef f = a.lnf.data() + size_t(n0) * C;
+    linear_forward(lc, lm_head_, -1, logits, f, Wh, k);
+    const Ref dlogits = backward ? logits : Ref(nullptr, flat_.compute_dtype());
+    VocabParallelCrossEntropy::Scratch scratch;
+    if (tp_.size() > 1)
+      scratch = {a.row_max.data() + n0, a.sumexp.data() + n0, a.target_logit.data() + n0};
+    loss_.forward_backward(*dev_, tp_, dlogits, logits, tgt + n0, msk + n0, k, token_weight,
+                           loss_acc_.data(), scratch);
+    if (dx_now)
+      linear_backward(lc, lm_head_, -1, a.dtmp.data() + size_t(n0) * C, nullptr, dlogits, f, Wh, k,
+                      /*accumulate_dx=*/false);
+  }
   flat_.release(hg);
   if (cfg_.tie_embeddings) flat_.release(0);
 }
@@ -547,14 +588,16 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
   const int B = a.B, T = a.T, N = B * T, C = cfg_.dim, L = cfg_.n_layers;
   const int hg = L + 1;
   if (stage_.head) {
-    // logits = f·Whᵀ; a.logits holds dlogits since forward_part.
+    // logits = f·Whᵀ; a.logits holds dlogits since forward_part, or (a frozen head weight)
+    // forward_part took f's gradient into a.dtmp already.
     const LinearContext lc = linear_context();
     const CRef wf = flat_.acquire(hg);
     const CRef Wh = cfg_.tie_embeddings ? flat_.acquire(0) : wf + C;
     float* dhead = flat_.grad(hg);  // null when frozen, as flat_.grad(0)
     float* dWh = cfg_.tie_embeddings ? flat_.grad(0) : dhead ? dhead + C : nullptr;
-    linear_backward(lc, lm_head_, -1, a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N,
-                    /*accumulate_dx=*/false);
+    if (!head_dx_in_forward())
+      linear_backward(lc, lm_head_, -1, a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N,
+                      /*accumulate_dx=*/false);
     // f's backward: each rank saw only its vocabulary columns.
     reduce_input_grad(tp_, a.dtmp.data(), size_t(N) * C, a.tp_f32.data());
     // The final norm is the residual stream's only consumer: its dx starts dL/d resid[L].

@@ -4,6 +4,7 @@
 // accumulate across micro-batches until the FlatParams' zero_grads().
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -97,9 +98,23 @@ class LlamaModel final : public PipelineStage {
   int tensor_rank() const { return tp_.rank(); }
   bool owns_group(int g) const;
 
+  // The logits held at once when the head's weight is frozen (head_rows): about this many
+  // elements, by the whole vocabulary. Tests make it small, to cut a tiny model's in chunks.
+  static constexpr size_t kHeadChunkElems = size_t(64) << 20;
+  void set_head_chunk_elems(size_t n) { head_chunk_elems_ = std::max<size_t>(1, n); }
+
  private:
   struct Acts;
   void ensure_acts(int slot, int B, int T, bool need_backward, bool segments);
+  // Whether the head's input gradient is taken in the forward, from each chunk of dlogits as it
+  // is made: when the head's weight is frozen (and not adapted), nothing else of its backward
+  // needs the logits.
+  bool head_dx_in_forward() const;
+  // Rows of logits held at once for a micro-batch of N tokens: N when the backward needs them
+  // all, else a chunk of about head_chunk_elems_ (kHeadChunkElems) logits (Llama-3's 128,256-word
+  // vocabulary: 523 rows, 128 MiB in bf16 where all 4,096 of a 2×2048 micro-batch take 1 GiB).
+  int head_rows(int N, bool backward) const;
+
   void layer_forward(int l, int B, int T);
   void layer_backward(int l, int B, int T);
   void copy(Ref dst, CRef src, size_t n);  // n elements of dst's dtype
@@ -128,6 +143,7 @@ class LlamaModel final : public PipelineStage {
   FlatParams flat_;
   std::vector<std::unique_ptr<Acts>> slots_;
   Acts* acts_ = nullptr;  // the slot in use
+  size_t head_chunk_elems_ = kHeadChunkElems;
 };
 
 }  // namespace ft

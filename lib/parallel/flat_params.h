@@ -6,8 +6,10 @@
 // runs. Nothing here knows the architecture.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -86,20 +88,39 @@ class FlatParams {
   // groups: the model's layout (kept by reference: it outlives this). owned[g]: whether this
   // rank holds group g (its pipeline stage's); groups it does not hold are empty here.
   // compute_dtype: the precision policy's (DESIGN.md §5): the compute copy's element type.
-  // Allocates (and zeroes) the fp32 buffer of every group held.
+  // Allocates (and zeroes) the fp32 buffer of every group held, except a frozen group's with a
+  // 16-bit compute dtype: that one is held in the compute dtype only, from the start (an
+  // adapter's base: 2 bytes a parameter, never 4; see write()).
   FlatParams(Device* dev, const std::vector<ParamGroup>& groups, std::vector<bool> owned,
              DType compute_dtype);
 
   const std::vector<ParamGroup>& groups() const { return groups_; }
   bool owns(int g) const { return owned_[size_t(g)]; }
   DType compute_dtype() const { return cdt_; }
+  // Whether group g is held in the compute dtype only (frozen, 16-bit compute dtype): it has no
+  // fp32 buffer in params(), and is set through write() / upload_group().
+  bool compute_only(int g) const;
 
-  // The fp32 buffer of each group (numel of group g, 0 for groups not held): initialised by the
-  // model, and the parameters it computes with in fp32. With a 16-bit compute dtype they exist
-  // only until make_compute_copy(); ZeRO then keeps the fp32 master weights.
+  // The fp32 buffer of each group (numel of group g, 0 for groups not held or compute_only):
+  // initialised by the model, and the parameters it computes with in fp32. With a 16-bit compute
+  // dtype they exist only until make_compute_copy(); ZeRO then keeps the fp32 master weights.
   std::vector<Buffer<float>>& params() { return params_; }
+  // Sets elements [offset, offset + n) of group g from fp32 values made on the device by
+  // make(dst, begin, count), which writes the values of the group's elements
+  // [offset + begin, offset + begin + count) to dst. A group with an fp32 buffer: one call,
+  // straight into it. A compute_only group: calls of at most kStagingElems elements (whole
+  // multiples of `unit`, so that a 2-D draw is cut between rows; n a multiple of it) into an fp32
+  // staging buffer, each piece converted into the compute copy as make_compute_copy would.
+  static constexpr size_t kStagingElems = size_t(16) << 20;  // 64 MiB of fp32
+  // Tests cut the pieces small, to write a tiny model in several.
+  void set_staging_elems(size_t n) { staging_elems_ = std::max<size_t>(1, n); }
+  void write(int g, size_t offset, size_t n, size_t unit,
+             const std::function<void(float* dst, size_t begin, size_t count)>& make);
+  // Group g (its numel) from fp32 values on the host, through write().
+  void upload_group(int g, const float* host);
   // 16-bit compute dtype: converts the fp32 buffers into compute-dtype ones, group by group,
-  // freeing each fp32 buffer once converted. No-op in fp32.
+  // freeing each fp32 buffer once converted (compute_only groups have theirs already). No-op in
+  // fp32.
   void make_compute_copy();
   // The parameters group g is computed with: the compute copy, or the fp32 buffer in fp32.
   Ref compute_params(int g);
@@ -111,8 +132,9 @@ class FlatParams {
   void zero_grads();  // the full gradient buffers, if any (hooks zero their own)
   // Bytes of the parameter buffers held (fp32 and compute copy).
   size_t param_bytes() const;
-  // Host copies of the fp32 groups (empty for groups not held), and back: for loading and slicing
-  // weights at startup, which happens on the host.
+  // Host copies of the groups in fp32 (empty for groups not held; a compute_only group's values
+  // widened from the compute dtype, exactly), and back (through upload_group): for loading and
+  // slicing weights in tests and tools. The rank setup loads group by group instead.
   std::vector<std::vector<float>> to_host() const;
   void from_host(const std::vector<std::vector<float>>& host);
 
@@ -138,7 +160,11 @@ class FlatParams {
   std::vector<bool> owned_;
   DType cdt_;
   std::vector<Buffer<float>> params_, grads_;
-  std::vector<DBuffer> compute_params_;  // 16-bit compute dtype: the compute copy
+  // 16-bit compute dtype: the compute copy (a group each; compute_only groups' from the start,
+  // the others' from make_compute_copy, when made_ is set).
+  std::vector<DBuffer> compute_params_;
+  bool made_ = false;
+  size_t staging_elems_ = kStagingElems;
   GroupHooks* hooks_ = nullptr;
 };
 

@@ -71,11 +71,12 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
       for (size_t g = 0; g < G; ++g) {
         compute_shards_.emplace_back(dev_, cdt_, shard_[g]);
         if (trains_[g]) continue;  // rounded from its master by sync_compute_params below
-        Buffer<float> shard(dev_, shard_[g]);
-        shard.zero();
-        dev_->copy(dev_->stream(), shard.data(), flat_.params()[g].data() + ranges_[g].begin,
-                   ranges_[g].size() * sizeof(float));
-        dev_->ops().convert(dev_->stream(), compute_shards_[g].data(), shard.data(), shard_[g]);
+        // A frozen group is held in the compute dtype only (FlatParams::compute_only): its
+        // shard is a slice of that copy (zero padding past the group's end).
+        compute_shards_[g].zero();
+        dev_->copy(dev_->stream(), compute_shards_[g].data().ptr,
+                   (flat_.compute_params(int(g)) + ranges_[g].begin).ptr,
+                   ranges_[g].size() * dtype_size(cdt_));
       }
     flat_.drop_params();
     gathered_.resize(G);

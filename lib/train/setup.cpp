@@ -19,20 +19,27 @@ namespace {
 // (seed, tensor name, index in the whole tensor), and the import reads the slices out of the
 // whole tensors in the files, so every layout starts from the same weights without any rank
 // building the whole model (DESIGN.md §2, "Parameter init").
+// ft plan (kShapesOnly) runs the random init on its counting device, which draws nothing: that
+// counts the staging buffer a frozen group is written through (FlatParams::write), as loading
+// model.from allocates the same.
 void init_weights(LlamaModel& model, const Recipe& r, const Mesh& mesh, WeightSource source,
                   bool is_root) {
-  if (source == WeightSource::kShapesOnly) return;
-  if (source == WeightSource::kRandom) {
+  if (source == WeightSource::kRandom || source == WeightSource::kShapesOnly) {
     model.init_random(r.run.seed, r.model.init_std);
     return;
   }
-  // Weights are read on the host, this rank's share only, then copied to the device.
+  // Weights are read on the host, this rank's share only, a group at a time (the host holds one
+  // group in fp32, not the stage), then copied to the device.
   if (is_root) log_info("loading weights from ", r.model.from);
-  std::vector<std::vector<float>> host = model.flat_params().to_host();
-  std::vector<float*> ptrs;
-  for (auto& g : host) ptrs.push_back(g.empty() ? nullptr : g.data());  // empty: not held
-  load_hf_weights(r.model.from, model.layout(), ptrs, mesh.t);
-  model.flat_params().from_host(host);
+  const HfWeightReader reader(r.model.from, model.layout());
+  const auto& groups = model.layout().groups();
+  std::vector<float> host;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (!model.owns_group(int(g)) || groups[g].attached_to >= 0) continue;
+    host.assign(groups[g].numel, 0.0f);
+    reader.read_group(int(g), host.data(), mesh.t);
+    model.flat_params().upload_group(int(g), host.data());
+  }
 }
 
 }  // namespace

@@ -7,8 +7,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <string>
 #include <vector>
 
+#include "adapt/freeze.h"
 #include "ckpt/hf.h"
 #include "ckpt/safetensors.h"
 #include "comm/counting_communicator.h"
@@ -135,4 +138,66 @@ TEST_CASE("hf import: a tensor rank reads only its slices, a stage only its grou
   std::vector<std::vector<float>> bad;
   for (const auto& g : half.groups()) bad.emplace_back(g.numel);
   CHECK_THROWS_AS(ft::load_hf_weights(dir.path, half, ptrs(bad), 2), ft::Error);
+}
+
+// A frozen group with a 16-bit compute dtype is held in it alone (FlatParams::compute_only): the
+// random init and the HF import write it through a staging buffer, piece by piece (here pieces
+// of 7 elements, or of whole rows for a column slice: down_proj's 5 columns per rank), each
+// converted. The bits are the fp32 path's, rounded once: what make_compute_copy made of them.
+TEST_CASE("a frozen group in bf16 is held in bf16 only, written in pieces with fp32's bits") {
+  const ft::ModelConfig cfg = share_config();
+  auto dev = ft::make_device("cpu");
+  ft::LlamaModel whole(cfg, dev.get());
+  whole.init_random(7, 0.02);
+  const std::vector<std::vector<float>> w = whole.flat_params().to_host();
+  auto rounded = [](std::vector<std::vector<float>> v) {
+    for (auto& g : v)
+      for (float& x : g) x = ft::bf16_to_f32(ft::f32_to_bf16(x));
+    return v;
+  };
+  for (int T : {1, 2})
+    for (int t = 0; t < T; ++t) {
+      CAPTURE(T);
+      CAPTURE(t);
+      ft::ModelConverters convs;
+      convs.push_back(std::make_unique<ft::FreezeGroups>(
+          std::vector<std::string>{"embed", "layers.0", "layers.1", "layers.2", "head"}));
+      ft::CountingCommunicator comm(T, t, "tensor");
+      ft::StageSpec stage;
+      stage.first_layer = 1;
+      stage.embed = false;
+      ft::LlamaModel part(cfg, dev.get(), false, T > 1 ? &comm : nullptr, stage, ft::DType::kBF16,
+                          &convs);
+      ft::FlatParams& fp = part.flat_params();
+      fp.set_staging_elems(7);
+      const auto& groups = part.layout().groups();
+      for (size_t g = 0; g < groups.size(); ++g) {
+        CAPTURE(g);
+        CHECK(fp.compute_only(int(g)) == part.owns_group(int(g)));
+        CHECK(fp.params()[g].size() == 0);  // no fp32 buffer, ever
+      }
+      part.init_random(7, 0.02);
+      std::vector<std::vector<float>> got = fp.to_host();
+      std::vector<std::vector<float>> want =
+          rounded(sliced(whole.layout(), w, part.layout(), got, t));
+      for (size_t g = 0; g < got.size(); ++g) {
+        CAPTURE(g);
+        CHECK(got[g].empty() == !part.owns_group(int(g)));
+        CHECK(same_bits(got[g], want[g]));
+      }
+      // The import's path: a group from fp32 values on the host.
+      std::vector<std::vector<float>> host(groups.size());
+      for (size_t g = 0; g < groups.size(); ++g) {
+        if (!part.owns_group(int(g))) continue;
+        host[g].resize(groups[g].numel);
+        for (size_t i = 0; i < host[g].size(); ++i) host[g][i] = std::sin(float(37 * g + i));
+        fp.upload_group(int(g), host[g].data());
+      }
+      got = fp.to_host();
+      want = rounded(host);
+      for (size_t g = 0; g < got.size(); ++g) {
+        CAPTURE(g);
+        CHECK(same_bits(got[g], want[g]));
+      }
+    }
 }
