@@ -188,6 +188,23 @@ template <typename T>
 void dropout_scale(T* y, const T* x, size_t rows, size_t cols, size_t col0, float p, float f,
                    uint64_t key);
 
+// ---- nf4.cpp: QLoRA's 4-bit NormalFloat (kernels/nf4.h: the format, the table, the sizes) -------
+// Quantize x (n), T: codes (nf4_code_bytes(n)) two indices a byte, high nibble first (an odd
+// n's last low nibble 0), absmax (nf4_blocks(n)) fp32 = max |x| of each block of 64. An element's
+// index counts the fp32 midpoints kNf4Mids below x / absmax (an fp32 quotient; 0 when the
+// absmax is 0). No fma anywhere, so the same bits on every level and on CUDA. Non-finite x (the
+// caller checks first): a NaN is left out of the absmax and coded 0 (7 in a block whose absmax
+// is 0); an inf makes its block's absmax inf, every finite element of it then 7 (the level 0),
+// the inf itself 0 (inf / inf is NaN).
+template <typename T>
+void quantize_nf4(uint8_t* codes, float* absmax, const T* x, size_t n);
+// out (n), T = kNf4Codes[code_i] · a_b rounded to T once, a_b = float(qabsmax[b]) · scale[b / 256]
+// / 127 + mean in fp32, left to right, each operation rounded (b = i / 64; nf4_double_quantize
+// makes qabsmax (nf4_blocks(n)), scale (nf4_groups(nf4_blocks(n))) and mean).
+template <typename T>
+void dequantize_nf4(T* out, const uint8_t* codes, const int8_t* qabsmax, const float* scale,
+                    float mean, size_t n);
+
 // ---- convert.cpp: fp32 master copy ↔ 16-bit compute copy ----------------------------------------
 // dst (n) = src (n) rounded to nearest even / widened exactly: the bits of core/half.h's
 // to_bf16 / to_f16 / to_f32, NaN, inf and subnormals included. T: bf16 or f16; the float

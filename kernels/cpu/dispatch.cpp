@@ -66,6 +66,8 @@ namespace ft::kernels {
   template void add_inplace(T*, const T*, size_t);                                                 \
   template void accumulate(float*, const T*, size_t);                                              \
   template void dropout_scale(T*, const T*, size_t, size_t, size_t, float, float, uint64_t);       \
+  template void quantize_nf4(uint8_t*, float*, const T*, size_t);                                  \
+  template void dequantize_nf4(T*, const uint8_t*, const int8_t*, const float*, float, size_t);    \
   template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float,    \
                              float, float, int64_t, T*, float);
 FT_INSTANTIATE(float)

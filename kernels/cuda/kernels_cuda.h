@@ -206,6 +206,15 @@ template <typename T>
 void dropout_scale(T* y, const T* x, size_t rows, size_t cols, size_t col0, float p, float f,
                    uint64_t key, void* stream);
 
+// ---- nf4.cu: kernels.h quantize_nf4 / dequantize_nf4, the CPU's bits (kernels/nf4.h) ----
+// codes (nf4_code_bytes(n)), absmax (nf4_blocks(n)) from x (n).
+template <typename T>
+void quantize_nf4(uint8_t* codes, float* absmax, const T* x, size_t n, void* stream);
+// out (n) from codes, qabsmax (nf4_blocks(n)), scale (nf4_groups(nf4_blocks(n))), mean.
+template <typename T>
+void dequantize_nf4(T* out, const uint8_t* codes, const int8_t* qabsmax, const float* scale,
+                    float mean, size_t n, void* stream);
+
 // ---- random.cu: kernels.h random_normal, the CPU's bits (kernels/philox.h) ----
 // out (rows, cols) = the 2-D form: element first + r·ld + c of the tensor at [r·cols + c].
 void random_normal(float* out, size_t rows, size_t cols, size_t ld, uint64_t key, uint64_t first,

@@ -257,6 +257,19 @@ class CpuOps final : public Ops {
       k::dropout_scale(as<T>(y), as<T>(x), rows, cols, col0, p, f, key);
     });
   }
+  void quantize_nf4(Stream, uint8_t* codes, float* absmax, CRef x, size_t n) override {
+    dispatch(same_dtype("quantize_nf4", {x.dtype}), [&](auto t) {
+      using T = decltype(t);
+      k::quantize_nf4(codes, absmax, as<T>(x), n);
+    });
+  }
+  void dequantize_nf4(Stream, Ref out, const uint8_t* codes, const int8_t* qabsmax,
+                      const float* scale, float mean, size_t n) override {
+    dispatch(same_dtype("dequantize_nf4", {out.dtype}), [&](auto t) {
+      using T = decltype(t);
+      k::dequantize_nf4(as<T>(out), codes, qabsmax, scale, mean, n);
+    });
+  }
   void adamw_update(Stream, float* p, const float* g, float* m, float* v, size_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int64_t t,
                     float grad_scale, Ref p_compute) override {

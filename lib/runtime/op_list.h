@@ -38,6 +38,7 @@ FT_OP_FAMILY(kConvert, "convert")
 FT_OP_FAMILY(kAdd, "add")
 FT_OP_FAMILY(kScale, "scale")
 FT_OP_FAMILY(kDropout, "dropout")
+FT_OP_FAMILY(kNf4, "nf4")
 FT_OP_FAMILY(kSumSquares, "sum_squares")
 FT_OP_FAMILY(kBias, "bias")
 FT_OP_FAMILY(kGemmForward, "GEMM forward")
@@ -215,6 +216,26 @@ FT_OP(dropout_scale, kDropout,
       (Stream s, Ref y, CRef x, size_t rows, size_t cols, size_t col0, float p, float f,
        uint64_t key),
       (s, y, x, rows, cols, col0, p, f, key))
+
+// ---- NF4, QLoRA's 4-bit storage of frozen weights (issue 28; the format, the table and the host
+// double quantization of the absmaxes: kernels/nf4.h) ----
+// x (n) → codes (nf4_code_bytes(n) = ⌈n/2⌉ bytes), absmax (nf4_blocks(n) = ⌈n/64⌉ fp32): per
+// block of 64 elements (the last may be shorter) its absmax = max |x|, and each element the index
+// of the NF4 level nearest to x / absmax (fp32; ties to the lower; 0 / 0 reads as 0), two a byte,
+// element 2j in the high nibble of byte j (an odd n's last low nibble 0). x: any float dtype.
+// Finite x is the caller's to check: a NaN is left out of the absmax and coded 0, an inf makes
+// its block's absmax inf (kernels.h). The same bits on every device and thread count.
+FT_OP(quantize_nf4, kNf4,
+      (Stream s, uint8_t* codes, float* absmax, CRef x, size_t n),
+      (s, codes, absmax, x, n))
+// out (n) = level[code_i] · a_b rounded to out's dtype (any float dtype) once, a_b = float(
+// qabsmax[b]) · scale[b / 256] / 127 + mean in fp32, left to right, each operation rounded (no
+// fma), b = i / 64: qabsmax (⌈n/64⌉ int8), scale (⌈n/64/256⌉ fp32) and mean from
+// nf4_double_quantize of quantize_nf4's absmax. The same bits on every device and thread count.
+FT_OP(dequantize_nf4, kNf4,
+      (Stream s, Ref out, const uint8_t* codes, const int8_t* qabsmax, const float* scale,
+       float mean, size_t n),
+      (s, out, codes, qabsmax, scale, mean, n))
 
 // ---- AdamW (kernels.h; t is the step count after increment; g is read as g · grad_scale,
 // clipping folded into the update). p_compute (n), unless null: the updated p rounded to its

@@ -16,9 +16,11 @@
 #include <random>
 #include <sstream>
 #include <type_traits>
+#include <utility>
 
 #include "core/half.h"
 #include "kernels/kernels.h"
+#include "kernels/nf4.h"
 #include "kernels/philox.h"
 #include "tests/ops/op_harness.h"
 
@@ -1158,6 +1160,156 @@ void add_dropout_scale_cases(Cases& cs) {
     }
     for (const DropoutShape& sh : {kDropoutShapes[3], kDropoutShapes[6]})
       for (float p : {0.0f, 0.25f}) dropout_case<T>(cs, sh, p, 0.5f, true);
+  });
+}
+
+// ---- NF4 (kernels/nf4.h): the same bits on every device (per element one fp32 quotient and
+// fifteen comparisons, or one product; the absmax a max, in any order the same). Beside matching
+// the reference device, every output must equal a plain loop over the elements written here from
+// the contract (no blocks of work, no threads). Lengths: one element; odd ones below a block and
+// past one; whole blocks; nb = 301 blocks (two scale groups, the second short); 70001; a
+// misaligned view (the CUDA kernels' scalar path). Quantize's inputs are weight-like (sd 0.02);
+// its "awkward" input holds a block of zeros, one with a NaN and an inf, one of values on and
+// beside the midpoints (fp32: v exactly at the threshold), one of tiny values (subnormal absmax
+// in fp32 and bf16), one whose quotients by 0.7 are the midpoints, then a tail of 5. ----
+const Length kNf4Lengths[] = {{1, 0},   {19, 0},    {64, 0},    {111, 0},
+                              {128, 0}, {19217, 0}, {70001, 0}, {111, 1}};
+
+// The contract's quantization, element by element: absmax of each block, then the count of
+// midpoints below v.
+template <typename T>
+std::pair<std::vector<uint8_t>, std::vector<float>> nf4_quantize_reference(
+    const std::vector<T>& x) {
+  const size_t n = x.size(), nb = k::nf4_blocks(n);
+  std::vector<uint8_t> codes(k::nf4_code_bytes(n), 0);
+  std::vector<float> absmax(nb, 0.0f);
+  for (size_t i = 0; i < n; ++i) {
+    const float a = std::fabs(to_f32(x[i]));
+    if (a > absmax[i / 64]) absmax[i / 64] = a;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const float a = absmax[i / 64], v = a == 0.0f ? 0.0f : to_f32(x[i]) / a;
+    unsigned c = 0;
+    for (int m = 0; m < 15; ++m) c += v > (k::kNf4Codes[m] + k::kNf4Codes[m + 1]) * 0.5f;
+    codes[i / 2] |= uint8_t(i % 2 ? c : c << 4);
+  }
+  return {codes, absmax};
+}
+
+template <typename T>
+std::vector<T> nf4_awkward_input() {
+  std::vector<float> v(5 * 64 + 5, 0.0f);  // block 0: zeros
+  for (size_t j = 0; j < 64; ++j) v[64 + j] = 0.01f * float(int(j) - 30);
+  v[64 + 3] = NAN, v[64 + 9] = INFINITY;  // block 1
+  v[128] = -1.0f;                         // block 2: absmax 1, so v = x
+  for (int m = 0; m < 15; ++m) {
+    const float mid = k::kNf4Mids.v[m];
+    v[129 + 4 * m] = mid;
+    v[130 + 4 * m] = std::nextafter(mid, 2.0f);
+    v[131 + 4 * m] = std::nextafter(mid, -2.0f);
+  }
+  for (size_t j = 0; j < 64; ++j) v[192 + j] = 1e-39f * float(int(j % 7) - 3);  // block 3
+  // Block 4: absmax 0.7, and each x whose fp32 quotient x / 0.7 is a midpoint, with its
+  // neighbours: a kernel dividing otherwise (x · (1 / a), say) lands elsewhere for some.
+  const float a = 0.7f;
+  v[256] = -a;
+  for (int m = 0; m < 15; ++m) {
+    float x = float(double(k::kNf4Mids.v[m]) * a);
+    for (int step = 0; step < 8 && x / a != k::kNf4Mids.v[m]; ++step)
+      x = std::nextafter(x, x / a < k::kNf4Mids.v[m] ? 2.0f : -2.0f);
+    v[257 + 3 * size_t(m)] = x;
+    v[258 + 3 * size_t(m)] = std::nextafter(x, 2.0f);
+    v[259 + 3 * size_t(m)] = std::nextafter(x, -2.0f);
+  }
+  for (size_t j = 0; j < 5; ++j) v[320 + j] = 0.3f * float(j) - 0.5f;
+  std::vector<T> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = from_f32<T>(v[i]);
+  return r;
+}
+
+// Empty when out has want's bytes, else the first that differs.
+std::string same_bytes_as(const std::vector<uint8_t>& out, const std::vector<uint8_t>& want,
+                          const char* what) {
+  for (size_t e = 0; e < want.size(); ++e)
+    if (out[e] != want[e])
+      return cat("byte ", e, " = ", int(out[e]), " differs from ", what, "'s ", int(want[e]));
+  return "";
+}
+
+template <typename T>
+void quantize_nf4_case(Cases& cs, const std::vector<T>& x, size_t offset, const std::string& what) {
+  const size_t n = x.size();
+  auto want = std::make_shared<std::pair<std::vector<uint8_t>, std::vector<float>>>(
+      nf4_quantize_reference(x));
+  Case c{"quantize_nf4", elem_name(elem_of<T>()), what, {}, {}};
+  c.tensors = {in("x", x), out<uint8_t>("codes", k::nf4_code_bytes(n), kExact),
+               out<float>("absmax", k::nf4_blocks(n), kExact)};
+  for (Tensor& t : c.tensors) t.offset = offset;
+  c.run = [=](Device& d, const Args& a) {
+    d.ops().quantize_nf4(d.stream(), const_cast<uint8_t*>(a.u8(1)), a.f32(2), a.cref(0), n);
+  };
+  c.relation = [=](const std::vector<std::vector<uint8_t>>& o) -> std::string {
+    std::string broken = same_bytes_as(o[0], want->first, "the plain loop");
+    if (broken.empty()) broken = same_bits_as(o[1], want->second, "the plain loop");
+    return broken;
+  };
+  cs.push_back(std::move(c));
+}
+
+void add_quantize_nf4_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const Length& l : kNf4Lengths)
+      quantize_nf4_case(cs, normal<T>(l.n, 0.02f, uint32_t(l.n * 5 + l.offset)), l.offset,
+                        length_shape(l));
+    quantize_nf4_case(cs, nf4_awkward_input<T>(), 0,
+                      "n=325: zeros, NaN and inf, midpoints, tiny values, quotients on midpoints");
+  });
+}
+
+// The contract's dequantization, element by element.
+template <typename T>
+std::vector<T> nf4_dequantize_reference(const std::vector<uint8_t>& codes,
+                                        const std::vector<uint8_t>& q,
+                                        const std::vector<float>& scale, float mean, size_t n) {
+  std::vector<T> y(n);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t b = i / 64;
+    const float a = float(int8_t(q[b])) * scale[b / 256] / 127.0f + mean;
+    const unsigned code = i % 2 ? codes[i / 2] & 15u : codes[i / 2] >> 4;
+    y[i] = from_f32<T>(k::kNf4Codes[code] * a);
+  }
+  return y;
+}
+
+template <typename T>
+void dequantize_nf4_case(Cases& cs, const Length& l, float mean) {
+  const size_t n = l.n, nb = k::nf4_blocks(n);
+  std::mt19937 g(uint32_t(n * 3 + l.offset));
+  std::vector<uint8_t> codes(k::nf4_code_bytes(n)), q(nb);
+  for (uint8_t& c : codes) c = uint8_t(g());
+  for (uint8_t& c : q) c = uint8_t(int8_t(int(g() % 255) - 127));  // int8 in [−127, 127]
+  const auto scale = uniform<float>(k::nf4_groups(nb), 1e-3f, 0.05f, uint32_t(n + 7));
+  auto want =
+      std::make_shared<std::vector<T>>(nf4_dequantize_reference<T>(codes, q, scale, mean, n));
+  Case c{"dequantize_nf4", elem_name(elem_of<T>()), cat(length_shape(l), " mean=", mean), {}, {}};
+  c.tensors = {in("codes", codes), in("qabsmax", q), in("scale", scale), out<T>("out", n, kExact)};
+  for (Tensor& t : c.tensors) t.offset = l.offset;
+  c.run = [=](Device& d, const Args& a) {
+    d.ops().dequantize_nf4(d.stream(), a.ref(3), a.u8(0), reinterpret_cast<const int8_t*>(a.u8(1)),
+                           a.f32(2), mean, n);
+  };
+  c.relation = [=](const std::vector<std::vector<uint8_t>>& o) -> std::string {
+    return same_bits_as(o[0], *want, "the plain loop");
+  };
+  cs.push_back(std::move(c));
+}
+
+void add_dequantize_nf4_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const Length& l : kNf4Lengths) dequantize_nf4_case<T>(cs, l, 0.031f);
+    dequantize_nf4_case<T>(cs, {19217, 0}, 0.0f);
   });
 }
 

@@ -25,6 +25,7 @@
 #include "core/half.h"
 #include "kernels/cpu/isa_levels.h"  // the levels' copies, as kernels/cpu/dispatch.cpp sees them
 #include "kernels/kernels.h"
+#include "kernels/nf4.h"
 #include "random_values.h"
 
 namespace k = ft::kernels;
@@ -153,6 +154,24 @@ TEST_CASE_TEMPLATE("every instruction-set level's elementwise kernels agree", T,
       std::vector<T> y(n);
       ON_LEVEL(isa, dropout_scale<T>(y.data(), g.data(), 1, n, 3, 0.1f, 2.0f, 11));
       return widen(y);
+    });
+    // NF4: a quotient and comparisons, or one product, nothing to contract (kernels/cpu/nf4.cpp):
+    // the same bits on every level, baseline included.
+    check_levels("quantize_nf4, dequantize_nf4" + at, 0.0f, [&](CpuIsa isa) {
+      std::vector<uint8_t> codes(k::nf4_code_bytes(n));
+      std::vector<float> absmax(k::nf4_blocks(n));
+      ON_LEVEL(isa, quantize_nf4<T>(codes.data(), absmax.data(), g.data(), n));
+      std::vector<int8_t> q(absmax.size());
+      std::vector<float> scale(k::nf4_groups(absmax.size()));
+      float mean = 0;
+      k::nf4_double_quantize(absmax.data(), absmax.size(), q.data(), scale.data(), &mean);
+      std::vector<T> y(n);
+      ON_LEVEL(isa, dequantize_nf4<T>(y.data(), codes.data(), q.data(), scale.data(), mean, n));
+      std::vector<float> r(codes.begin(), codes.end());
+      r.insert(r.end(), absmax.begin(), absmax.end());
+      const auto yf = widen(y);
+      r.insert(r.end(), yf.begin(), yf.end());
+      return r;
     });
     if constexpr (!std::is_same_v<T, float>) {
       // The conversions are exact (to fp32) or one rounding (to T): the same bits on every level,

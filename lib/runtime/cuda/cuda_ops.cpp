@@ -319,6 +319,19 @@ class CudaOps final : public Ops {
       kc::dropout_scale(as<T>(y), as<T>(x), rows, cols, col0, p, f, key, stream(s));
     });
   }
+  void quantize_nf4(Stream s, uint8_t* codes, float* absmax, CRef x, size_t n) override {
+    dispatch(x.dtype, "quantize_nf4", [&](auto t) {
+      using T = decltype(t);
+      kc::quantize_nf4(codes, absmax, as<T>(x), n, stream(s));
+    });
+  }
+  void dequantize_nf4(Stream s, Ref out, const uint8_t* codes, const int8_t* qabsmax,
+                      const float* scale, float mean, size_t n) override {
+    dispatch(out.dtype, "dequantize_nf4", [&](auto t) {
+      using T = decltype(t);
+      kc::dequantize_nf4(as<T>(out), codes, qabsmax, scale, mean, n, stream(s));
+    });
+  }
   void adamw_update(Stream s, float* p, const float* g, float* m, float* v, size_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int64_t t,
                     float grad_scale, Ref p_compute) override {
