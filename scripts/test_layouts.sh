@@ -23,6 +23,9 @@
 #   scripts/test_layouts.sh --lora ...           # a LoRA adapter (r 4, alpha 8, all-linear) on
 #                                                # the frozen base in every run, and the layouts
 #                                                # of --freeze (tests/cli/test_lora.sh)
+#   scripts/test_layouts.sh --qlora ...          # a QLoRA adapter (the base's blocks in NF4)
+#                                                # in every run, and pipeline 2 and data 2 with
+#                                                # ZeRO-2 only (tests/cli/test_qlora.sh)
 # Layouts (data × tensor × pipeline, ZeRO stage for data > 1): data 2, data 4, tensor 2,
 # pipeline 2, pipeline 3 (4 layers: 2+1+1), data 2 × tensor 2, data 2 × pipeline 2,
 # tensor 2 × pipeline 2, data 2 × tensor 2 × pipeline 2.
@@ -43,8 +46,12 @@ while [[ ${1:-} == --* ]]; do
     --freeze) export FT_TEST_FREEZE=$2; subset=few; shift ;;
     --lora) sets+=(adapter.type=lora adapter.r=4 adapter.alpha=8 adapter.target_modules=all-linear)
             subset=few ;;
+    --qlora) sets+=(adapter.type=qlora adapter.r=4 adapter.alpha=8
+                    adapter.target_modules=all-linear)
+             subset=qlora ;;
     *) echo "usage: scripts/test_layouts.sh [--ci] [--tcp] [--precision fp32|bf16]" \
             "[--arch llama|qwen2|qwen3|mistral] [--set KEY=VALUE] [--freeze GROUPS] [--lora]" \
+            "[--qlora]" \
             "[BUILD_DIR]" >&2
        exit 2 ;;
   esac
@@ -98,6 +105,8 @@ elif [[ $subset == few ]]; then
   layouts=("tensor2 2 parallel.tensor=2" "pipeline2 2 parallel.pipeline=2"
            "data2_z2 2 parallel.zero_stage=2"
            "data2_tensor2_z3 4 parallel.tensor=2 parallel.zero_stage=3")
+elif [[ $subset == qlora ]]; then  # NF4 blocks are whole on a rank: no tensor 2, no ZeRO-3
+  layouts=("pipeline2 2 parallel.pipeline=2" "data2_z2 2 parallel.zero_stage=2")
 elif [[ $subset == ci ]]; then
   layouts=("data2_z1 2 parallel.zero_stage=1"
            "tensor2 2 parallel.tensor=2"

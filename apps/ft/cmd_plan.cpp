@@ -174,8 +174,11 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
   if (r.adapter.enabled()) {
     std::string targets;
     for (const std::string& t : r.adapter.targets()) targets += (targets.empty() ? "" : ", ") + t;
-    std::printf("adapter: %s r %d on %s; the base frozen (%s only)\n", r.adapter.type.c_str(),
-                r.adapter.r, targets.c_str(), r.training.precision.c_str());
+    const std::string held = r.adapter.type == "qlora"
+                                 ? "its blocks' matrices in NF4, the rest " + r.training.precision
+                                 : r.training.precision + " only";
+    std::printf("adapter: %s r %d on %s; the base frozen (%s)\n", r.adapter.type.c_str(),
+                r.adapter.r, targets.c_str(), held.c_str());
   }
   std::printf(
       "step: %d samples of %d tokens = %d data rank%s × %d micro-batch%s × %d sample%s; "

@@ -189,6 +189,11 @@ LoraConverter::~LoraConverter() = default;
 void LoraConverter::convert_layout(ParamLayout& layout) const {
   const int model_groups = int(layout.groups().size());
   for (int g = 0; g < model_groups; ++g) layout.set_trainable(g, false);
+  // QLoRA: the blocks' matrices in NF4 (every linear layer of a block, adapted or not, as
+  // QLoRA quantizes every nn.Linear but lm_head); the embedding, the head and the norms stay in
+  // the compute dtype.
+  if (config_.type == "qlora")
+    for (int l = 0; l < layout.n_layers(); ++l) layout.set_nf4(1 + l);
   const int T = layout.tensor();
   const int64_t r = config_.r;
   for (int i = 0; i < layout.n_layers(); ++i) {

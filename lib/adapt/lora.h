@@ -11,6 +11,9 @@
 // v, gate, up) keeps A whole and splits B's rows as W's; a row-parallel one (o, down) splits A's
 // columns as W's and keeps B whole. Its model half initialises them (A Kaiming-uniform or
 // Gaussian, B zero, as PEFT) and installs the hooks that compute the term.
+// QLoRA (Dettmers et al. 2023, type qlora) is the same adapter on a base whose blocks' matrices
+// are held in NF4 (ParamLayout::set_nf4; FlatParams quantizes them as they are loaded and
+// dequantizes a block's when it runs).
 #pragma once
 
 #include <cstdint>
@@ -34,7 +37,7 @@ class LoraConverter final : public ModelConverter {
  public:
   explicit LoraConverter(AdapterConfig config);
   ~LoraConverter() override;
-  std::string name() const override { return "lora"; }
+  std::string name() const override { return config_.type; }  // lora or qlora
   void convert_layout(ParamLayout& layout) const override;
   // Initialises A and B (unless config.from names an adapter to load: the caller reads it into
   // the adapter groups, ckpt/hf.h load_peft_adapter) and installs the hooks on the model; they

@@ -207,7 +207,8 @@ ModelConfig parse_model(const JsonReader& r, const json& mc) {
 
 ParamLayout manifest_layout(const Manifest& m, int tensor) {
   ModelConverters converters;
-  if (m.adapter.type == "lora") converters.push_back(std::make_unique<LoraConverter>(m.adapter));
+  if (m.adapter.type == "lora" || m.adapter.type == "qlora")
+    converters.push_back(std::make_unique<LoraConverter>(m.adapter));
   return converted_layout(m.model, tensor, &converters);
 }
 
@@ -289,8 +290,9 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
     const json& a = r.object(j["adapter"], "adapter");
     AdapterConfig& ad = m.adapter;
     ad.type = r.text(r.at(a, "adapter", "type"), "adapter.type");
-    if (ad.type != "lora")
-      r.fail("adapter.type", "unknown adapter type " + JsonReader::describe(a["type"]) + " (lora)");
+    if (ad.type != "lora" && ad.type != "qlora")
+      r.fail("adapter.type",
+             "unknown adapter type " + JsonReader::describe(a["type"]) + " (lora, qlora)");
     ad.r = int(r.int_at(a, "adapter", "r", 1, kMaxAdapterRank));
     ad.alpha = r.real(r.at(a, "adapter", "alpha"), "adapter.alpha", 1e-30, 1e30);
     ad.dropout = r.real(r.at(a, "adapter", "dropout"), "adapter.dropout", 0, 0.999999);

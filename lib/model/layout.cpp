@@ -114,6 +114,13 @@ void ParamLayout::set_trainable(int group, bool trainable) {
   for (ParamEntry& e : groups_[size_t(group)].entries) e.trainable = trainable;
 }
 
+void ParamLayout::set_nf4(int group) {
+  FT_CHECK(group >= 0 && size_t(group) < groups_.size(), "no parameter group ", group);
+  FT_CHECK(!groups_[size_t(group)].trains(), "group ", groups_[size_t(group)].name,
+           " trains: only a frozen group is held in NF4");
+  for (ParamEntry& e : groups_[size_t(group)].entries) e.nf4 = e.shape.size() >= 2;
+}
+
 int ParamLayout::add_group(ParamGroup group) {
   const int g = int(groups_.size());
   const int to = group.attached_to;

@@ -66,6 +66,9 @@ class ParamLayout {
   // For model converters (model/converter.h): whether group g's tensors train (every tensor of
   // a group alike, ParamGroup::trains).
   void set_trainable(int group, bool trainable);
+  // For QLoRA (adapt/lora.h): group g's matrices (its tensors of two or more dimensions) are
+  // held in NF4 (ParamEntry::nf4, FlatParams::quantized). The group must be frozen.
+  void set_nf4(int group);
   // For adapters: appends a group after the model's own (their indices never move); its
   // attached_to, if set, must name a block. Returns its index.
   int add_group(ParamGroup group);

@@ -255,6 +255,7 @@ void LlamaModel::init_random(uint64_t seed, double std) {
         });
       });
     }
+    flat_.group_written(int(gi));  // a QLoRA block: quantized now
   }
 }
 

@@ -4,8 +4,58 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "kernels/nf4.h"
 
 namespace ft {
+
+// A quantized group's storage: for each NF4 entry its codes, its blocks' 8-bit absmaxes and
+// their scales, at offsets into three buffers, and its tensor's mean absmax (host); the other
+// entries, packed in order, in the compute dtype.
+struct FlatParams::Nf4Group {
+  struct Part {
+    bool nf4 = false;
+    size_t at = 0;     // NF4: byte offset into codes; else: element offset into rest
+    size_t block = 0;  // NF4: the first block's index into qabsmax
+    size_t scale = 0;  // NF4: the first scale's index into scales
+    float mean = 0;    // NF4: the mean absmax the 8-bit ones are relative to
+  };
+  std::vector<Part> parts;  // an entry each
+  Buffer<uint8_t> codes;
+  Buffer<int8_t> qabsmax;
+  Buffer<float> scales;
+  DBuffer rest;
+  size_t max_blocks = 0;  // of one entry
+
+  Nf4Group(Device* dev, const ParamGroup& group, DType cdt) {
+    size_t bytes = 0, blocks = 0, nscales = 0, rest_elems = 0;
+    for (const ParamEntry& e : group.entries) {
+      Part p;
+      p.nf4 = e.nf4;
+      if (e.nf4) {
+        const size_t nb = kernels::nf4_blocks(e.numel);
+        p.at = bytes;
+        p.block = blocks;
+        p.scale = nscales;
+        bytes += kernels::nf4_code_bytes(e.numel);
+        blocks += nb;
+        nscales += kernels::nf4_groups(nb);
+        max_blocks = std::max(max_blocks, nb);
+      } else {
+        p.at = rest_elems;
+        rest_elems += e.numel;
+      }
+      parts.push_back(p);
+    }
+    codes = Buffer<uint8_t>(dev, bytes);
+    qabsmax = Buffer<int8_t>(dev, blocks);
+    scales = Buffer<float>(dev, nscales);
+    rest = DBuffer(dev, cdt, rest_elems);
+    codes.zero();
+    qabsmax.zero();
+    scales.zero();
+    rest.zero();
+  }
+};
 
 FlatParams::FlatParams(Device* dev, const std::vector<ParamGroup>& groups, std::vector<bool> owned,
                        DType compute_dtype)
@@ -19,18 +69,32 @@ FlatParams::FlatParams(Device* dev, const std::vector<ParamGroup>& groups, std::
       FT_CHECK(e.trainable == g.trains(), "group ", g.name, " mixes trainable and frozen tensors (",
                e.name, "); a group trains whole or not at all");
   const MemoryScope tag(MemoryCategory::kParameters);
+  nf4_.resize(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g) {
-    const bool only = compute_only(int(g));
-    params_.emplace_back(dev_, owned_[g] && !only ? groups_[g].numel : 0);
+    const bool only = compute_only(int(g)), quant = quantized(int(g));
+    FT_CHECK(!quant || !groups_[g].trains(), "group ", groups_[g].name,
+             " has NF4 tensors but trains: only a frozen group is quantized");
+    params_.emplace_back(dev_, owned_[g] && !only && !quant ? groups_[g].numel : 0);
     params_.back().zero();
-    if (cdt_ == DType::kF32) continue;
-    compute_params_.emplace_back(dev_, cdt_, only ? groups_[g].numel : 0);
-    compute_params_.back().zero();
+    if (cdt_ != DType::kF32) {
+      compute_params_.emplace_back(dev_, cdt_, only ? groups_[g].numel : 0);
+      compute_params_.back().zero();
+    }
+    if (quant) nf4_[g] = std::make_unique<Nf4Group>(dev_, groups_[g], cdt_);
   }
 }
 
+FlatParams::~FlatParams() = default;
+
 bool FlatParams::compute_only(int g) const {
-  return cdt_ != DType::kF32 && owned_[size_t(g)] && !groups_[size_t(g)].trains();
+  return cdt_ != DType::kF32 && owned_[size_t(g)] && !groups_[size_t(g)].trains() && !quantized(g);
+}
+
+bool FlatParams::quantized(int g) const {
+  if (!owned_[size_t(g)]) return false;
+  for (const ParamEntry& e : groups_[size_t(g)].entries)
+    if (e.nf4) return true;
+  return false;
 }
 
 void FlatParams::write(int g, size_t offset, size_t n, size_t unit,
@@ -38,17 +102,33 @@ void FlatParams::write(int g, size_t offset, size_t n, size_t unit,
   FT_CHECK(owned_[size_t(g)] && offset + n <= groups_[size_t(g)].numel, "FlatParams::write: ", n,
            " elements at ", offset, " of group ", groups_[size_t(g)].name);
   if (n == 0) return;
-  if (!compute_only(g)) {
+  const MemoryScope tag(MemoryCategory::kParameters);
+  Ref dst;  // where the values go, when not into an fp32 buffer of params()
+  if (quantized(g)) {
+    FT_CHECK(building_group_ < 0 || building_group_ == g, "FlatParams::write: group ",
+             groups_[size_t(g)].name, " while group ", groups_[size_t(building_group_)].name,
+             " is not yet written whole (group_written)");
+    if (building_group_ < 0) {
+      building_ = DBuffer(dev_, cdt_, groups_[size_t(g)].numel);
+      building_.zero();
+      building_group_ = g;
+    }
+    dst = building_.data() + offset;
+  } else if (compute_only(g)) {
+    dst = compute_params_[size_t(g)].data() + offset;
+  } else {
     FT_CHECK(size_t(g) < params_.size() && params_[size_t(g)].size() > 0,
              "FlatParams::write: group ", groups_[size_t(g)].name, " has no fp32 buffer");
     make(params_[size_t(g)].data() + offset, 0, n);
     return;
   }
+  if (cdt_ == DType::kF32) {  // a quantized group's buffer, in fp32
+    make(static_cast<float*>(dst.ptr), 0, n);
+    return;
+  }
   FT_CHECK(unit > 0 && n % unit == 0, "FlatParams::write: ", n, " elements in units of ", unit);
   const size_t piece = std::max<size_t>(1, staging_elems_ / unit) * unit;
-  const MemoryScope tag(MemoryCategory::kParameters);
   Buffer<float> staging(dev_, std::min(n, piece));
-  const Ref dst = compute_params_[size_t(g)].data() + offset;
   for (size_t b = 0; b < n; b += piece) {
     const size_t k = std::min(piece, n - b);
     make(staging.data(), b, k);
@@ -61,6 +141,71 @@ void FlatParams::upload_group(int g, const float* host) {
   write(g, 0, groups_[size_t(g)].numel, 1, [&](float* dst, size_t begin, size_t count) {
     dev_->copy_from_host(dst, host + begin, count * sizeof(float));
   });
+  group_written(g);
+}
+
+void FlatParams::group_written(int g) {
+  if (!quantized(g)) return;
+  FT_CHECK(building_group_ == g, "FlatParams::group_written: group ", groups_[size_t(g)].name,
+           " was not written");
+  Nf4Group& q = *nf4_[size_t(g)];
+  const ParamGroup& group = groups_[size_t(g)];
+  const Stream st = dev_->stream();
+  const size_t es = dtype_size(cdt_);
+  const MemoryScope tag(MemoryCategory::kParameters);
+  Buffer<float> absmax(dev_, q.max_blocks);
+  std::vector<float> host_absmax(q.max_blocks);
+  std::vector<int8_t> host_q(q.max_blocks);
+  std::vector<float> host_scales(kernels::nf4_groups(q.max_blocks));
+  for (size_t i = 0; i < group.entries.size(); ++i) {
+    const ParamEntry& e = group.entries[i];
+    Nf4Group::Part& p = q.parts[i];
+    const CRef src = building_.data() + e.offset;
+    if (!p.nf4) {
+      dev_->copy(st, (q.rest.data() + p.at).ptr, src.ptr, e.numel * es);
+      continue;
+    }
+    // The codes and fp32 absmaxes on the device; the absmaxes' own quantization on the host
+    // (a 64th of the elements).
+    const size_t nb = kernels::nf4_blocks(e.numel);
+    dev_->ops().quantize_nf4(st, q.codes.data() + p.at, absmax.data(), src, e.numel);
+    absmax.download(host_absmax.data(), nb);
+    kernels::nf4_double_quantize(host_absmax.data(), nb, host_q.data(), host_scales.data(),
+                                 &p.mean);
+    q.qabsmax.upload(host_q.data(), nb, p.block);
+    q.scales.upload(host_scales.data(), kernels::nf4_groups(nb), p.scale);
+  }
+  dev_->synchronize();
+  building_ = DBuffer();
+  building_group_ = -1;
+  if (dequantized_group_ == g) dequantized_group_ = -1;
+}
+
+Ref FlatParams::dequantize(int g) {
+  if (dequantized_group_ == g) return dequantized_.data();
+  if (!dequantized_.data().ptr) {
+    // One buffer for every quantized group: the largest one's size.
+    size_t most = 0;
+    for (size_t i = 0; i < groups_.size(); ++i)
+      if (quantized(int(i))) most = std::max(most, groups_[i].numel);
+    const MemoryScope tag(MemoryCategory::kParameters);
+    dequantized_ = DBuffer(dev_, cdt_, most);
+  }
+  const Nf4Group& q = *nf4_[size_t(g)];
+  const ParamGroup& group = groups_[size_t(g)];
+  const Stream st = dev_->stream();
+  for (size_t i = 0; i < group.entries.size(); ++i) {
+    const ParamEntry& e = group.entries[i];
+    const Nf4Group::Part& p = q.parts[i];
+    const Ref dst = dequantized_.data() + e.offset;
+    if (p.nf4)
+      dev_->ops().dequantize_nf4(st, dst, q.codes.data() + p.at, q.qabsmax.data() + p.block,
+                                 q.scales.data() + p.scale, p.mean, e.numel);
+    else
+      dev_->copy(st, dst.ptr, (q.rest.data() + p.at).ptr, e.numel * dtype_size(cdt_));
+  }
+  dequantized_group_ = g;
+  return dequantized_.data();
 }
 
 void FlatParams::make_compute_copy() {
@@ -68,7 +213,7 @@ void FlatParams::make_compute_copy() {
   FT_CHECK(params_.size() == groups_.size(), "make_compute_copy: no fp32 parameters");
   const MemoryScope tag(MemoryCategory::kParameters);
   for (size_t g = 0; g < params_.size(); ++g) {
-    if (compute_only(int(g))) continue;  // made when written
+    if (compute_only(int(g)) || quantized(int(g))) continue;  // made when written
     compute_params_[g] = DBuffer(dev_, cdt_, params_[g].size());
     dev_->ops().convert(dev_->stream(), compute_params_[g].data(), params_[g].data(),
                         params_[g].size());
@@ -79,6 +224,7 @@ void FlatParams::make_compute_copy() {
 }
 
 Ref FlatParams::compute_params(int g) {
+  if (quantized(g)) return dequantize(g);
   if (made_ || compute_only(g)) return compute_params_[size_t(g)].data();
   return params_[size_t(g)].data();
 }
@@ -103,25 +249,33 @@ void FlatParams::zero_grads() {
 }
 
 size_t FlatParams::param_bytes() const {
-  size_t b = 0;
+  size_t b = dequantized_.bytes();
   for (const auto& x : params_) b += x.bytes();
   for (const auto& x : compute_params_) b += x.bytes();
+  for (const auto& q : nf4_)
+    if (q) b += q->codes.bytes() + q->qabsmax.bytes() + q->scales.bytes() + q->rest.bytes();
   return b;
 }
 
-std::vector<std::vector<float>> FlatParams::to_host() const {
+std::vector<std::vector<float>> FlatParams::to_host() {
   FT_CHECK(!made_ && params_.size() == groups_.size(), "FlatParams::to_host: no fp32 parameters");
   std::vector<std::vector<float>> host(params_.size());
   for (size_t g = 0; g < params_.size(); ++g) {
-    if (!compute_only(int(g))) {
+    const bool quant = quantized(int(g));
+    if (!compute_only(int(g)) && !quant) {
       host[g].resize(params_[g].size());
       params_[g].download(host[g].data(), params_[g].size());
       continue;
     }
     const size_t n = groups_[g].numel;
-    std::vector<uint16_t> bits(n);
-    dev_->copy_to_host(bits.data(), compute_params_[g].data().ptr, n * sizeof(uint16_t));
+    const CRef held = quant ? CRef(dequantize(int(g))) : CRef(compute_params_[g].data());
     host[g].resize(n);
+    if (cdt_ == DType::kF32) {
+      dev_->copy_to_host(host[g].data(), held.ptr, n * sizeof(float));
+      continue;
+    }
+    std::vector<uint16_t> bits(n);
+    dev_->copy_to_host(bits.data(), held.ptr, n * sizeof(uint16_t));
     for (size_t i = 0; i < n; ++i)
       host[g][i] = cdt_ == DType::kBF16 ? to_f32(bf16{bits[i]}) : to_f32(f16{bits[i]});
   }

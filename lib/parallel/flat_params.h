@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,9 @@ struct ParamEntry {
   // lib/adapt/) get no gradient, reduction, fp32 master or optimizer moments. A group trains as
   // a whole or not at all (ParamGroup::trains; FlatParams refuses a mixed group).
   bool trainable = true;
+  // Held in NF4 (QLoRA's frozen base matrices, lib/adapt/lora.h): FlatParams keeps its 4-bit
+  // codes and double-quantized block scales, and dequantizes it when its group is used.
+  bool nf4 = false;
 };
 
 // Tensor rank t's slice of entry e (laid out for some number of tensor ranks) as runs of
@@ -93,13 +97,28 @@ class FlatParams {
   // adapter's base: 2 bytes a parameter, never 4; see write()).
   FlatParams(Device* dev, const std::vector<ParamGroup>& groups, std::vector<bool> owned,
              DType compute_dtype);
+  ~FlatParams();
+  FlatParams(const FlatParams&) = delete;
+  FlatParams& operator=(const FlatParams&) = delete;
 
   const std::vector<ParamGroup>& groups() const { return groups_; }
   bool owns(int g) const { return owned_[size_t(g)]; }
   DType compute_dtype() const { return cdt_; }
-  // Whether group g is held in the compute dtype only (frozen, 16-bit compute dtype): it has no
-  // fp32 buffer in params(), and is set through write() / upload_group().
+  // Whether group g is held in the compute dtype only (frozen, 16-bit compute dtype, not
+  // quantized): it has no fp32 buffer in params(), and is set through write() / upload_group().
   bool compute_only(int g) const;
+  // Whether group g (held) has NF4 entries (ParamEntry::nf4; QLoRA, lib/adapt/lora.h). Such a
+  // group is held as the NF4 codes of those entries (4 bits an element, in blocks of 64), their
+  // blocks' absmaxes double-quantized to 8 bits (in groups of 256, an fp32 scale each, and one
+  // mean per tensor: kernels/nf4.h), and its other entries (norms, biases) in the compute dtype.
+  // It is written whole into a compute-dtype buffer (write(), then group_written(), which
+  // quantizes it and frees the buffer: one group at a time, so start-up holds one group
+  // unquantized), and compute_params() / acquire() dequantize it into one buffer that all such
+  // groups share: the model uses one block's group at a time (asking for another overwrites it).
+  bool quantized(int g) const;
+  // The end of group g's writes: a quantized group is quantized now (no-op for the others).
+  // upload_group calls it; a caller of write() calls it once the group is whole.
+  void group_written(int g);
 
   // The fp32 buffer of each group (numel of group g, 0 for groups not held or compute_only):
   // initialised by the model, and the parameters it computes with in fp32. With a 16-bit compute
@@ -116,7 +135,7 @@ class FlatParams {
   void set_staging_elems(size_t n) { staging_elems_ = std::max<size_t>(1, n); }
   void write(int g, size_t offset, size_t n, size_t unit,
              const std::function<void(float* dst, size_t begin, size_t count)>& make);
-  // Group g (its numel) from fp32 values on the host, through write().
+  // Group g (its numel) from fp32 values on the host, through write(), then group_written().
   void upload_group(int g, const float* host);
   // 16-bit compute dtype: converts the fp32 buffers into compute-dtype ones, group by group,
   // freeing each fp32 buffer once converted (compute_only groups have theirs already). No-op in
@@ -133,9 +152,10 @@ class FlatParams {
   // Bytes of the parameter buffers held (fp32 and compute copy).
   size_t param_bytes() const;
   // Host copies of the groups in fp32 (empty for groups not held; a compute_only group's values
-  // widened from the compute dtype, exactly), and back (through upload_group): for loading and
-  // slicing weights in tests and tools. The rank setup loads group by group instead.
-  std::vector<std::vector<float>> to_host() const;
+  // widened from the compute dtype, exactly; a quantized group's dequantized), and back (through
+  // upload_group): for loading and slicing weights in tests and tools. The rank setup loads group
+  // by group instead.
+  std::vector<std::vector<float>> to_host();
   void from_host(const std::vector<std::vector<float>>& host);
 
   // What the model calls while it runs: through the hooks when set (ZeRO 2/3), else the full
@@ -161,9 +181,18 @@ class FlatParams {
   DType cdt_;
   std::vector<Buffer<float>> params_, grads_;
   // 16-bit compute dtype: the compute copy (a group each; compute_only groups' from the start,
-  // the others' from make_compute_copy, when made_ is set).
+  // the others' from make_compute_copy, when made_ is set; none for quantized groups).
   std::vector<DBuffer> compute_params_;
   bool made_ = false;
+  // Quantized groups (null for the others), the group being written before it is quantized,
+  // and the one dequantized buffer.
+  struct Nf4Group;
+  std::vector<std::unique_ptr<Nf4Group>> nf4_;
+  DBuffer building_;
+  int building_group_ = -1;
+  DBuffer dequantized_;
+  int dequantized_group_ = -1;
+  Ref dequantize(int g);
   size_t staging_elems_ = kStagingElems;
   GroupHooks* hooks_ = nullptr;
 };

@@ -30,6 +30,8 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
     numel_.push_back(n);
     shard_.push_back(s);
     trains_.push_back(flat.groups()[gi].trains());
+    FT_CHECK(stage_ < 3 || !flat.quantized(int(gi)), "ZeRO-3 cannot shard group ",
+             flat.groups()[gi].name, ": it is held in NF4 (QLoRA), whole on every data rank");
     max_shard = std::max(max_shard, s);
     ranges_.push_back(stage_ == 0 ? ShardRange{0, n} : zero_shard(n, D_, rank_));
   }

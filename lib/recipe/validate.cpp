@@ -48,10 +48,22 @@ void Loader::check_unbuilt() {
   }
   check_packing_device();
   // The adapter section is part of the format (DESIGN.md §5); these parts of it are not built.
-  if (r_.adapter.type == "qlora" && usable("adapter.type")) {
-    issue(locate("adapter.type"), "adapter.type",
-          "qlora is not yet built in this ft (its base weights would be NF4)",
-          "use adapter.type: lora, LoRA on the base as it is");
+  // QLoRA's NF4 blocks are quantized whole, on the rank that holds them: not in tensor slices,
+  // nor in ZeRO-3 shards.
+  if (r_.adapter.type == "qlora" && r_.parallel.tensor > 1 &&
+      all_usable({"adapter.type", "parallel.tensor"})) {
+    issue(locate("parallel.tensor"), "parallel.tensor",
+          "qlora holds each block's NF4 weights whole on its rank, and tensor parallelism splits "
+          "them",
+          "use parallel.tensor: 1 (parallel.pipeline splits the layers instead), or adapter.type: "
+          "lora");
+  }
+  if (r_.adapter.type == "qlora" && r_.parallel.zero_stage == 3 &&
+      all_usable({"adapter.type", "parallel.zero_stage"})) {
+    issue(locate("parallel.zero_stage"), "parallel.zero_stage",
+          "qlora holds each block's NF4 weights whole on every data rank; ZeRO-3 would shard them",
+          "use parallel.zero_stage: 2 or less (the adapter's optimizer state is small), or "
+          "adapter.type: lora");
   }
   if (r_.adapter.enabled() && !r_.adapter.modules_to_save.empty() &&
       usable("adapter.modules_to_save")) {

@@ -193,7 +193,10 @@ void describe(RankPlan& rp, const Recipe& r, const PlanDevice& device, int D, in
   if (rp.trained_elems < rp.param_elems) {  // a model converter froze groups
     rp.grads.how += "; none for frozen groups";
     rp.optim.how += "; none for frozen groups";
-    if (mixed) rp.params.how += "; frozen groups: the " + prec + " copy only";
+    if (r.adapter.type == "qlora")
+      rp.params.how += "; frozen blocks: NF4 matrices (0.52 B/element) + one block dequantized";
+    else if (mixed)
+      rp.params.how += "; frozen groups: the " + prec + " copy only";
   }
   rp.activations.how =
       std::to_string(rp.slots) + (rp.slots == 1 ? " slot" : " slots") +
@@ -244,12 +247,19 @@ int64_t state_lower_bound_bytes(const Recipe& r, int world, int rank) {
     return 16 * ((held + D - 1) / D);
   }
   // With model converters (frozen groups), the converted layout, group by group: the compute
-  // dtype's size for a frozen element.
+  // dtype's size for a frozen element, half a byte for an NF4 one (QLoRA).
   const ParamLayout layout = converted_layout(r.model, T, &converters);
   const int64_t frozen_size = int64_t(dtype_size(compute_dtype_of(r)));
   int64_t bytes = 0;
   auto add = [&](const ParamGroup& g) {
-    bytes += (g.trains() ? 16 : frozen_size) * ((int64_t(g.numel) + D - 1) / D);
+    if (g.trains()) {
+      bytes += 16 * ((int64_t(g.numel) + D - 1) / D);
+      return;
+    }
+    int64_t held = 0;
+    for (const ParamEntry& e : g.entries)
+      held += e.nf4 ? (int64_t(e.numel) + 1) / 2 : frozen_size * int64_t(e.numel);
+    bytes += (held + D - 1) / D;  // ZeRO-3 shards a frozen group too (not a QLoRA one)
   };
   if (embed) add(layout.embed());
   for (int l = layers.first; l < layers.last; ++l) add(layout.block(l));

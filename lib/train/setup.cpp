@@ -46,7 +46,8 @@ void init_weights(LlamaModel& model, const Recipe& r, const Mesh& mesh, WeightSo
 
 ModelConverters model_converters(const Recipe& r) {
   ModelConverters out;
-  if (r.adapter.type == "lora") out.push_back(std::make_unique<LoraConverter>(r.adapter));
+  if (r.adapter.type == "lora" || r.adapter.type == "qlora")
+    out.push_back(std::make_unique<LoraConverter>(r.adapter));
   if (const char* freeze = std::getenv("FT_TEST_FREEZE"); freeze && *freeze) {
     std::vector<std::string> names;
     std::stringstream list(freeze);

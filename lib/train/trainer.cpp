@@ -201,9 +201,10 @@ void print_run_header(const Recipe& r, const LlamaModel& model, const DataLoader
     for (const std::string& t : r.adapter.targets()) targets += (targets.empty() ? "" : ", ") + t;
     std::printf(
         "ft: adapter %s r %d, alpha %g (scale %g%s) on %s: %.4gM trained parameters, the "
-        "base frozen%s\n",
+        "base frozen%s%s\n",
         r.adapter.type.c_str(), r.adapter.r, r.adapter.alpha, r.adapter.scaling(),
         r.adapter.use_rslora ? ", rsLoRA" : "", targets.c_str(), double(adapter) / 1e6,
+        r.adapter.type == "qlora" ? " (its blocks' matrices in NF4)" : "",
         r.adapter.from.empty() ? "" : (", starting from " + r.adapter.from).c_str());
   }
   std::printf(

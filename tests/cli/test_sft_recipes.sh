@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # recipes/sft_qwen.yaml and recipes/sft_llama3.yaml run as README "Fine-tune on chat data" says
-# (and recipes/lora_qwen.yaml as README "Fine-tune with LoRA" does, at the end of step 3),
+# (and recipes/lora_qwen.yaml and recipes/qlora_llama3_70b.yaml as README "Fine-tune with LoRA" does, at the end of step 3),
 # each on its tiny twin: a Hugging Face folder made here by tests/ref/sft_tiny_models.py (random
 # Qwen2 / Llama 3.1-style models by transformers 4.46.3, byte-level BPE tokenizers trained here,
 # the Qwen2.5 and Llama 3.1 Instruct chat templates of tests/data/chat_templates) and JSONL
@@ -111,6 +111,32 @@ run_rc 0 "$ft" export "$tmp/run_lora/checkpoints" --output "$tmp/lora_adapter"
   fail "lora_qwen: the export is not a PEFT folder"
 run_rc 0 "$ft" export "$tmp/run_lora/checkpoints" --output "$tmp/lora_merged" --merge --dtype bf16
 [[ -f $tmp/lora_merged/config.json ]] || fail "lora_qwen: the merged export has no config.json"
+
+# recipes/qlora_llama3_70b.yaml on the tiny Llama folder and shards, as the LoRA twin: the recipe
+# runs as written (qlora: the blocks in NF4, bf16, packing, activation checkpointing,
+# evaluation), the loss falls, the adapter exports as a PEFT folder.
+args=("model.from=$tmp/llama" "tokenizer.path=$tmp/llama" "data.train=$tmp/llama_train"
+      "data.valid=$tmp/llama_valid" "run.output_dir=$tmp/run_qlora" data.seq_len=256
+      training.steps=12 training.micro_batch_size=4 training.global_batch_size=8
+      training.eval_every_steps=12 optimizer.lr=3.0e-2 scheduler.warmup_steps=3
+      scheduler.min_lr=3.0e-3)
+run_rc 0 "$ft" train "$src/recipes/qlora_llama3_70b.yaml" "${args[@]}"
+for kv in "type: qlora" "r: 16" "alpha: 32" "target_modules: \\[all-linear\\]" "pack: true" \
+          "precision: bf16" "activation_checkpointing: true"; do
+  grep -q "^ *$kv" "$tmp/out.txt" || fail "qlora_llama3_70b.yaml: the resolved recipe lacks $kv"
+done
+has_out "ft: adapter qlora r 16, alpha 32 (scale 2) on q_proj, k_proj, v_proj, o_proj, gate_proj"
+has_out "the base frozen (its blocks' matrices in NF4)"
+has_out "eval at step 12: loss"
+/usr/bin/python3 - "$tmp/run_qlora/metrics.jsonl" <<'EOF' || fail "qlora_llama3_70b: the loss"
+import json, sys
+losses = [l["loss"] for l in map(json.loads, open(sys.argv[1])) if "loss" in l]
+print(f"qlora_llama3_70b: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+assert len(losses) == 12 and losses[0] > 5.8 and losses[-1] < losses[0] - 0.3, losses
+EOF
+run_rc 0 "$ft" export "$tmp/run_qlora/checkpoints" --output "$tmp/qlora_adapter"
+[[ -f $tmp/qlora_adapter/adapter_model.safetensors ]] ||
+  fail "qlora_llama3_70b: the export is not a PEFT folder"
 
 # 4. The exports in transformers.
 run_rc 0 "$PY" - "$tmp" <<'EOF'

@@ -12,6 +12,7 @@
 
 #include "adapt/lora.h"
 #include "comm/counting_communicator.h"
+#include "core/dtype.h"
 #include "model/layout.h"
 #include "model/llama.h"
 #include "runtime/device.h"
@@ -396,6 +397,112 @@ TEST_CASE("a frozen head's logits in chunks: the loss and gradients of all rows 
         CHECK(rel_diff(grads[1][l], grads[0][l]) < 1e-6f);
       }
     }
+}
+
+}  // namespace ft
+
+namespace ft {
+
+// QLoRA (adapter.type qlora): the blocks' matrices are held in NF4 (FlatParams::quantized), and
+// the model computes with them dequantized: its loss and adapter gradients are LoRA's on a base
+// whose weights are the dequantized ones (to_host), within 1e-5 in fp32 — the same computation,
+// so in practice the same bits. In bf16 the dequantized values are bf16 (rounded once). The
+// quantized blocks hold no fp32 or compute-dtype copy: their bytes are NF4's.
+TEST_CASE("QLoRA: LoRA's loss and gradients on the dequantized base; NF4 bytes only") {
+  auto dev = make_device("cpu");
+  ModelConfig cfg = linear_test_config();
+  cfg.ffn_dim = 40;  // down_proj (16, 40): 640 elements, blocks of 64 in rows of 40
+  AdapterConfig ac;
+  ac.type = "qlora";
+  ac.r = 2;
+  ac.alpha = 4;
+  ac.target_modules = {"all-linear"};
+  AdapterConfig lc = ac;
+  lc.type = "lora";
+  const int L = cfg.n_layers, B = 2, T = 6, N = B * T, V = cfg.vocab_size;
+  std::vector<int32_t> in(N), tgt(N);
+  std::vector<uint8_t> mask(N, 1);
+  for (int n = 0; n < N; ++n) in[size_t(n)] = (5 * n + 3) % V, tgt[size_t(n)] = (7 * n + 1) % V;
+
+  ModelConverters qc, lcv;
+  qc.push_back(std::make_unique<LoraConverter>(ac));
+  lcv.push_back(std::make_unique<LoraConverter>(lc));
+  LlamaModel q(cfg, dev.get(), false, nullptr, {}, DType::kF32, &qc);
+  LlamaModel l(cfg, dev.get(), false, nullptr, {}, DType::kF32, &lcv);
+  q.init_random(7, 0.1);
+  qc.front()->convert_model(q, 11);
+  const ParamLayout& layout = q.layout();
+  for (int b = 0; b < L; ++b) {
+    CHECK(q.flat_params().quantized(1 + b));
+    CHECK(q.flat_params().params()[size_t(1 + b)].size() == 0);
+  }
+  CHECK_FALSE(q.flat_params().quantized(0));
+  CHECK_FALSE(q.flat_params().quantized(L + 1));
+  // The dequantized base is close to the drawn one, not equal (4 bits an element).
+  LlamaModel drawn(cfg, dev.get());
+  drawn.init_random(7, 0.1);
+  std::vector<std::vector<float>> w = q.flat_params().to_host();
+  const std::vector<std::vector<float>> w0 = drawn.flat_params().to_host();
+  for (int b = 0; b < L; ++b) {
+    const float d = rel_diff(w[size_t(1 + b)], w0[size_t(1 + b)]);
+    CHECK(d > 0);
+    CHECK(d < 0.2f);
+  }
+  CHECK(w[0] == w0[0]);  // the embedding is not quantized
+  // The same adapter, B ≠ 0, on LoRA with the dequantized base.
+  for (int b = 0; b < L; ++b) {
+    const int ag = layout.attached_group(1 + b);
+    std::vector<float> p = group_of(q.flat_params().params()[size_t(ag)]);
+    for (size_t i = 0; i < p.size(); ++i) p[i] += 0.2f * std::sin(float(3 * i + b));
+    w[size_t(ag)] = p;
+  }
+  // The blocks are quantized again from their dequantized values (the double quantization's
+  // mean moves, so not to the same bits): the LoRA model takes what q holds now.
+  q.flat_params().from_host(w);
+  const std::vector<std::vector<float>> wq = q.flat_params().to_host();
+  l.flat_params().from_host(wq);
+  lcv.front()->convert_model(l, 11);  // the hooks (A and B set again below)
+  for (int b = 0; b < L; ++b) {
+    const int ag = layout.attached_group(1 + b);
+    CHECK(wq[size_t(ag)] == w[size_t(ag)]);
+    l.flat_params().params()[size_t(ag)].upload(w[size_t(ag)].data(), w[size_t(ag)].size());
+  }
+  for (LlamaModel* m : {&q, &l})
+    m->forward_backward(in.data(), tgt.data(), mask.data(), B, T, 1.0f / float(N));
+  const double lq = q.take_loss_sum(), ll = l.take_loss_sum();
+  CHECK(lq == doctest::Approx(ll).epsilon(1e-5));
+  for (int b = 0; b < L; ++b) {
+    const int ag = layout.attached_group(1 + b);
+    const std::vector<float> gq = group_of(q.flat_params().grads()[size_t(ag)]);
+    const std::vector<float> gl = group_of(l.flat_params().grads()[size_t(ag)]);
+    CHECK(max_abs(gl) > 0);
+    CHECK(rel_diff(gq, gl) < 1e-5f);
+  }
+  // Bytes: a block's matrices at 4 bits, an 8-bit absmax per 64 elements and an fp32 scale per
+  // 256 of those, its norms in fp32, and one dequantized block for all, where LoRA holds every
+  // block in fp32.
+  size_t want = l.flat_params().param_bytes(), most = 0;
+  for (int b = 0; b < L; ++b) {
+    const ParamGroup& g = layout.groups()[size_t(1 + b)];
+    want -= 4 * g.numel;
+    most = std::max(most, g.numel);
+    for (const ParamEntry& e : g.entries) {
+      const size_t nb = (e.numel + 63) / 64;
+      want += e.nf4 ? (e.numel + 1) / 2 + nb + 4 * ((nb + 255) / 256) : 4 * e.numel;
+      CHECK(e.nf4 == (e.shape.size() == 2));
+    }
+  }
+  CHECK(q.flat_params().param_bytes() == want + 4 * most);
+
+  // bf16: the dequantized values are bf16; the base keeps them through training steps.
+  ModelConverters qb;
+  qb.push_back(std::make_unique<LoraConverter>(ac));
+  LlamaModel h(cfg, dev.get(), false, nullptr, {}, DType::kBF16, &qb);
+  h.init_random(7, 0.1);
+  qb.front()->convert_model(h, 11);
+  const std::vector<std::vector<float>> wh = h.flat_params().to_host();
+  for (int b = 0; b < L; ++b)
+    for (float x : wh[size_t(1 + b)]) REQUIRE(bf16_to_f32(f32_to_bf16(x)) == x);
 }
 
 }  // namespace ft

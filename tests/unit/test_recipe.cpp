@@ -1370,11 +1370,34 @@ TEST_CASE("recipe: the parts of the adapter this ft cannot train yet are refused
   CHECK(load_recipe(path, {}, 1, /*refuse_unbuilt=*/false).ok());
   const RecipeResult r = load_recipe(path, {}, 1);
   INFO(all_issues(r));
-  const RecipeIssue q = issue_for(r, "adapter.type");
-  CHECK(q.line == 11);
-  CHECK(q.message == "qlora is not yet built in this ft (its base weights would be NF4)");
-  CHECK(issue_for(r, "adapter.modules_to_save").message ==
-        "modules trained whole beside the adapter are not yet built in this ft");
-  CHECK(r.issues.size() == 2);
-  CHECK(load_recipe(path, {"adapter.type=lora", "adapter.modules_to_save=[]"}, 1).ok());
+  const RecipeIssue m = issue_for(r, "adapter.modules_to_save");
+  CHECK(m.line == 12);
+  CHECK(m.message == "modules trained whole beside the adapter are not yet built in this ft");
+  CHECK(r.issues.size() == 1);
+  CHECK(load_recipe(path, {"adapter.modules_to_save=[]"}, 1).ok());
+  // QLoRA quantizes each block whole on the rank holding it: no tensor slices, no ZeRO-3 shards.
+  const RecipeResult t = load_recipe(
+      path, {"adapter.modules_to_save=[]", "parallel.tensor=2", "training.global_batch_size=2"}, 2);
+  INFO(all_issues(t));
+  CHECK(issue_for(t, "parallel.tensor").message ==
+        "qlora holds each block's NF4 weights whole on its rank, and tensor parallelism splits "
+        "them");
+  CHECK(t.issues.size() == 1);
+  const RecipeResult z = load_recipe(
+      path, {"adapter.modules_to_save=[]", "parallel.zero_stage=3", "training.global_batch_size=2"},
+      2);
+  INFO(all_issues(z));
+  CHECK(issue_for(z, "parallel.zero_stage").hint.find("zero_stage: 2 or less") !=
+        std::string::npos);
+  CHECK(z.issues.size() == 1);
+  CHECK(load_recipe(
+            path,
+            {"adapter.modules_to_save=[]", "parallel.zero_stage=2", "training.global_batch_size=2"},
+            2)
+            .ok());
+  CHECK(load_recipe(path,
+                    {"adapter.modules_to_save=[]", "adapter.type=lora", "parallel.tensor=2",
+                     "training.global_batch_size=2"},
+                    2)
+            .ok());
 }
