@@ -23,6 +23,8 @@
 #   scripts/test_layouts.sh --lora ...           # a LoRA adapter (r 4, alpha 8, all-linear) on
 #                                                # the frozen base in every run, and the layouts
 #                                                # of --freeze (tests/cli/test_lora.sh)
+#   scripts/test_layouts.sh --only A,B ...       # only the layouts of the whole matrix so named
+#                                                # (e.g. tensor2_pipeline2)
 # Layouts (data × tensor × pipeline, ZeRO stage for data > 1): data 2, data 4, tensor 2,
 # pipeline 2, pipeline 3 (4 layers: 2+1+1), data 2 × tensor 2, data 2 × pipeline 2,
 # tensor 2 × pipeline 2, data 2 × tensor 2 × pipeline 2.
@@ -33,6 +35,7 @@ tcp=0
 precision=fp32
 arch=llama
 sets=()
+only=
 while [[ ${1:-} == --* ]]; do
   case $1 in
     --ci) subset=ci ;;
@@ -40,11 +43,13 @@ while [[ ${1:-} == --* ]]; do
     --precision) precision=$2; shift ;;
     --arch) arch=$2; subset=arch; shift ;;
     --set) sets+=("$2"); shift ;;
+    --only) only=$2; shift ;;
     --freeze) export FT_TEST_FREEZE=$2; subset=few; shift ;;
     --lora) sets+=(adapter.type=lora adapter.r=4 adapter.alpha=8 adapter.target_modules=all-linear)
             subset=few ;;
     *) echo "usage: scripts/test_layouts.sh [--ci] [--tcp] [--precision fp32|bf16]" \
             "[--arch llama|qwen2|qwen3|mistral] [--set KEY=VALUE] [--freeze GROUPS] [--lora]" \
+            "[--only LAYOUT,...]" \
             "[BUILD_DIR]" >&2
        exit 2 ;;
   esac
@@ -91,6 +96,7 @@ run() {  # name, ranks, overrides...
 
 run single 1
 layouts=()
+[[ -n $only ]] && subset=all
 if [[ $subset == arch ]]; then
   layouts=("tensor2 2 parallel.tensor=2" "pipeline2 2 parallel.pipeline=2"
            "data2_z3 2 parallel.zero_stage=3")
@@ -117,6 +123,7 @@ else
             "pipeline3 3 parallel.pipeline=3" "tensor2_pipeline2 4 parallel.tensor=2 parallel.pipeline=2")
 fi
 for l in "${layouts[@]}"; do
+  [[ -z $only || ,$only, == *,${l%% *},* ]] || continue
   # shellcheck disable=SC2086
   run $l
 done

@@ -53,12 +53,6 @@ void Loader::check_unbuilt() {
           "qlora is not yet built in this ft (its base weights would be NF4)",
           "use adapter.type: lora, LoRA on the base as it is");
   }
-  if (r_.adapter.enabled() && !r_.adapter.modules_to_save.empty() &&
-      usable("adapter.modules_to_save")) {
-    issue(locate("adapter.modules_to_save"), "adapter.modules_to_save",
-          "modules trained whole beside the adapter are not yet built in this ft",
-          "remove adapter.modules_to_save; the adapter trains alone");
-  }
 }
 
 // data.pack masks attention at document boundaries, which on CUDA only the fused attention
