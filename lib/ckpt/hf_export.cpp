@@ -311,8 +311,8 @@ void write_tokenizer_files(const fs::path& model, const fs::path& tmp, int64_t m
 // (no bias, no DoRA, no per-layer patterns); the keys left out take PEFT's defaults when it loads
 // the file (PEFT 0.13 knows every key written here, and refuses keys it does not know; so
 // ensure_weight_tying, which it lacks, is written only where it is needed: modules trained whole
-// on tied embeddings, which then take PEFT 0.17 or later). nlohmann::json sorts the keys, as
-// PEFT's save_pretrained does.
+// on tied embeddings, which then take a PEFT that has the key, as 0.21 has). nlohmann::json sorts
+// the keys, as PEFT's save_pretrained does.
 void write_adapter_config(const ckpt::Manifest& m, const fs::path& path) {
   const AdapterConfig& a = m.adapter;
   json j;

@@ -25,17 +25,18 @@
 #  7. on the CUDA backend (ft_emu: the CUDA emulation, a test tool), fp32 and bf16 train as on the
 #     CPU, within test_cuda_emu_train.sh's bounds;
 #  8. adapter.modules_to_save (issue 28 point 4; tests/cli/test_lora_peft.sh has PEFT's side):
-#     tensor 2 × pipeline 2 with [embed_tokens, lm_head] trains as one process (section 1);
+#     tensor 2 × pipeline 2 with [embed_tokens, lm_head] trains as one process (section 1b);
 #     [lm_head] trains lm_head and the adapter and keeps every other base tensor's bits, the
 #     final norm beside lm_head included (it moves to a frozen group of its own); the checkpoint
 #     holds lm_head with its moments; kill and resume give the same bits; another
 #     modules_to_save is refused at resume; ft export writes lm_head under PEFT's name with
 #     modules_to_save in adapter_config.json (and the warning for vLLM and llama.cpp), which
 #     adapter.from reads back; --merge writes the trained lm_head; ft generate of the checkpoint
-#     and of the --merge folder agree; ft plan counts lm_head as trained; tied embeddings: the
+#     and of the --merge folder agree; ft plan counts lm_head as trained; the CUDA backend
+#     (emulated) trains it as the CPU does; tied embeddings: the
 #     shared table trains, exported under both names with ensure_weight_tying, and a PEFT
 #     folder without ensure_weight_tying is refused as adapter.from.
-# About 55 s on 2 cores.
+# About 60 s on 2 cores (sections 1b and 8: about 17 s).
 #   bash tests/cli/test_lora.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 echo "--- 1. layouts with a LoRA adapter (dropout 0.1, activation checkpointing)"
@@ -435,6 +436,14 @@ gen mts "$tmp/mts/checkpoints"
 gen mts_merged "$tmp/mts_merged"
 cmp -s "$tmp/gen_mts" "$tmp/gen_mts_merged" ||
   fail "generate: a modules_to_save checkpoint and its --merge differ"
+if [[ -x $emu ]]; then  # the CUDA backend (emulated) trains lm_head as the CPU does (section 7)
+  "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/emu_mts" runtime.device=cuda \
+    adapter.modules_to_save=[lm_head] > "$tmp/emu_mts.log" 2>&1 ||
+    fail "emu_mts: $(tail -3 "$tmp/emu_mts.log")"
+  /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$tmp/emu_mts" "$tmp/mts" \
+    --min-entries 16 --loss-rel 1e-4 --norm-rel 1e-3 --step1-loss-rel 1e-6 --step1-norm-rel 1e-5 ||
+    fail "modules_to_save: the CUDA backend and the CPU differ"
+fi
 # Tied embeddings: either name trains the one table, exported under both names as PEFT's
 # ensure_weight_tying saves it; a PEFT folder that untied it is refused.
 train tied training.steps=2 model.tie_embeddings=true adapter.modules_to_save=[lm_head]
