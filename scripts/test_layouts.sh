@@ -26,6 +26,8 @@
 #   scripts/test_layouts.sh --qlora ...          # a QLoRA adapter (the base's blocks in NF4)
 #                                                # in every run, and pipeline 2 and data 2 with
 #                                                # ZeRO-2 only (tests/cli/test_qlora.sh)
+#   scripts/test_layouts.sh --only A,B ...       # only the layouts of the whole matrix so named
+#                                                # (e.g. tensor2_pipeline2)
 # Layouts (data × tensor × pipeline, ZeRO stage for data > 1): data 2, data 4, tensor 2,
 # pipeline 2, pipeline 3 (4 layers: 2+1+1), data 2 × tensor 2, data 2 × pipeline 2,
 # tensor 2 × pipeline 2, data 2 × tensor 2 × pipeline 2.
@@ -36,6 +38,7 @@ tcp=0
 precision=fp32
 arch=llama
 sets=()
+only=
 while [[ ${1:-} == --* ]]; do
   case $1 in
     --ci) subset=ci ;;
@@ -43,6 +46,7 @@ while [[ ${1:-} == --* ]]; do
     --precision) precision=$2; shift ;;
     --arch) arch=$2; subset=arch; shift ;;
     --set) sets+=("$2"); shift ;;
+    --only) only=$2; shift ;;
     --freeze) export FT_TEST_FREEZE=$2; subset=few; shift ;;
     --lora) sets+=(adapter.type=lora adapter.r=4 adapter.alpha=8 adapter.target_modules=all-linear)
             subset=few ;;
@@ -52,6 +56,7 @@ while [[ ${1:-} == --* ]]; do
     *) echo "usage: scripts/test_layouts.sh [--ci] [--tcp] [--precision fp32|bf16]" \
             "[--arch llama|qwen2|qwen3|mistral] [--set KEY=VALUE] [--freeze GROUPS] [--lora]" \
             "[--qlora]" \
+            "[--only LAYOUT,...]" \
             "[BUILD_DIR]" >&2
        exit 2 ;;
   esac
@@ -98,6 +103,7 @@ run() {  # name, ranks, overrides...
 
 run single 1
 layouts=()
+[[ -n $only ]] && subset=all
 if [[ $subset == arch ]]; then
   layouts=("tensor2 2 parallel.tensor=2" "pipeline2 2 parallel.pipeline=2"
            "data2_z3 2 parallel.zero_stage=3")
@@ -126,6 +132,7 @@ else
             "pipeline3 3 parallel.pipeline=3" "tensor2_pipeline2 4 parallel.tensor=2 parallel.pipeline=2")
 fi
 for l in "${layouts[@]}"; do
+  [[ -z $only || ,$only, == *,${l%% *},* ]] || continue
   # shellcheck disable=SC2086
   run $l
 done

@@ -40,13 +40,17 @@ DType parse_dtype(const std::string& s) {
   throw UsageError("--dtype '" + s + "': expected f32, bf16 or f16");
 }
 
-// "lora r 4, alpha 8 (scale 2) on q_proj, v_proj", as ft train's header names the adapter.
+// "lora r 4, alpha 8 (scale 2) on q_proj, v_proj" (", and lm_head trained whole"), as ft train's
+// header names the adapter.
 std::string adapter_words(const AdapterConfig& a) {
   std::ostringstream w;
   w << a.type << " r " << a.r << ", alpha " << a.alpha << " (scale " << a.scaling()
     << (a.use_rslora ? ", rsLoRA" : "") << ") on ";
   const std::vector<std::string> targets = a.targets();
   for (size_t i = 0; i < targets.size(); ++i) w << (i ? ", " : "") << targets[i];
+  for (size_t i = 0; i < a.modules_to_save.size(); ++i)
+    w << (i ? ", " : ", and ") << a.modules_to_save[i];
+  if (!a.modules_to_save.empty()) w << " trained whole";
   return w.str();
 }
 

@@ -127,7 +127,8 @@ std::unique_ptr<LlamaModel> load_model(const Source& src, const std::string& ada
     check_memory(cfg, *dev, dtype);
     if (!adapter_dir.empty())
       converters.push_back(std::make_unique<LoraConverter>(read_peft_adapter_config(
-          adapter_dir, "give --adapter a folder PEFT's save_pretrained (or ft export) wrote")));
+          adapter_dir, cfg.tie_embeddings,
+          "give --adapter a folder PEFT's save_pretrained (or ft export) wrote")));
     model = std::make_unique<LlamaModel>(cfg, dev, false, nullptr, StageSpec{}, dtype, &converters);
     host = model->flat_params().to_host();
     std::vector<float*> ptrs;
@@ -143,8 +144,8 @@ std::unique_ptr<LlamaModel> load_model(const Source& src, const std::string& ada
     }
     model =
         std::make_unique<LlamaModel>(m.model, dev, false, nullptr, StageSpec{}, dtype, &converters);
-    const ParamLayout base_layout(m.model, 1);
-    AdapterBase base(m, base_layout);
+    const ParamLayout full = ckpt::manifest_layout(m, 1);
+    AdapterBase base(m, full);
     const auto& groups = model->layout().groups();
     for (size_t g = 0; g < groups.size(); ++g)
       host.push_back(m.adapter.enabled() && groups[g].attached_to < 0
@@ -189,19 +190,6 @@ void read_eos_ids(const fs::path& file, std::set<int32_t>& out) {
     for (const Json& v : e) take(v);
   else if (!e.is_null())
     take(e);
-}
-
-// The token ids that end an assistant turn under the template: the special tokens the chat mask
-// rule trains on right after an assistant message's content (data/chat.h), e.g. <|im_end|>.
-std::set<int32_t> end_of_turn_ids(const ChatTemplate& t, const Tokenizer& tok) {
-  Json messages = Json::array();
-  messages.push_back({{"role", "user"}, {"content", "Hi"}});
-  messages.push_back({{"role", "assistant"}, {"content", "Hello"}});
-  const ChatTokens ct = tokenize_chat(t, tok, messages, true);
-  std::set<int32_t> ids;
-  for (size_t i = 0; i < ct.ids.size(); ++i)
-    if (ct.mask[i] && tok.is_special(ct.ids[i])) ids.insert(ct.ids[i]);
-  return ids;
 }
 
 std::string json_ids(const std::vector<int32_t>& ids) {

@@ -292,10 +292,8 @@ TextSupport print_text_support(const std::string& dir, const ModelConfig& m) {
       std::string turn, mask_problem;
       if (tok) {
         try {
-          const ChatTokens ct = tokenize_chat(t, *tok, messages, true);
-          for (size_t i = 0; i < ct.ids.size(); ++i)
-            if (ct.mask[i] && tok->is_special(ct.ids[i]))
-              turn += (turn.empty() ? "" : ", ") + token_text(*tok, ct.ids[i]);
+          for (int32_t id : end_of_turn_ids(t, *tok))
+            turn += (turn.empty() ? "" : ", ") + token_text(*tok, id);
         } catch (const Error& e) {
           mask_problem = e.what();
         }

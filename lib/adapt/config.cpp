@@ -30,4 +30,8 @@ std::vector<std::string> AdapterConfig::targets() const {
   return out;
 }
 
+bool AdapterConfig::saves(const std::string& module) const {
+  return std::find(modules_to_save.begin(), modules_to_save.end(), module) != modules_to_save.end();
+}
+
 }  // namespace ft

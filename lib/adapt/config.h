@@ -31,13 +31,18 @@ struct AdapterConfig {
   // 1/r, B zero (PEFT's init_lora_weights="gaussian").
   std::string init = "kaiming";
   std::string from;  // a PEFT adapter folder to start from (adapter_config.json and weights)
-  std::vector<std::string> modules_to_save;  // embed_tokens, lm_head: trained whole (point 4)
+  // PEFT's modules_to_save: embed_tokens, lm_head, trained whole beside the adapter (each tensor
+  // of the module; lm_head without the final norm). With tied embeddings both names are the one
+  // table, which trains when either is listed (PEFT's ensure_weight_tying: true).
+  std::vector<std::string> modules_to_save;
 
   bool enabled() const { return type != "none"; }
   // The factor of the update: alpha / r, or alpha / √r with use_rslora.
   double scaling() const;
   // The projections adapted, with "all-linear" expanded: q_proj ... down_proj in layer order.
   std::vector<std::string> targets() const;
+  // Whether modules_to_save lists `module` (embed_tokens or lm_head).
+  bool saves(const std::string& module) const;
 };
 
 }  // namespace ft

@@ -189,6 +189,18 @@ LoraConverter::~LoraConverter() = default;
 void LoraConverter::convert_layout(ParamLayout& layout) const {
   const int model_groups = int(layout.groups().size());
   for (int g = 0; g < model_groups; ++g) layout.set_trainable(g, false);
+  // modules_to_save: whole modules of the base trained beside the adapter (PEFT's
+  // ModulesToSaveWrapper). The embedding is group 0 alone. lm_head shares the head group with
+  // the final norm, which PEFT does not train: the norm moves to a frozen group of its own
+  // ("norm", after the model's), and the head group, lm_head.weight alone, trains. With tied
+  // embeddings lm_head is the embedding's table (group 0): PEFT's ensure_weight_tying.
+  const TensorAt out = layout.output_weight();
+  if (config_.saves("embed_tokens")) layout.set_trainable(0, true);
+  if (config_.saves("lm_head")) {
+    if (out.group != 0 && out.group == layout.final_norm().group)
+      layout.split_off("model.norm.weight", "norm");
+    layout.set_trainable(layout.output_weight().group, true);
+  }
   // QLoRA: the blocks' matrices in NF4 (every linear layer of a block, adapted or not, as
   // QLoRA quantizes every nn.Linear but lm_head); the embedding, the head and the norms stay in
   // the compute dtype.

@@ -2,8 +2,10 @@
 // converter (model/converter.h): the base model is frozen, and each adapted linear layer
 // y = x·Wᵀ gains a trained low-rank term
 //     y = x·Wᵀ + s · (dropout(x)·Aᵀ)·Bᵀ,   A (r, in), B (out, r), s = alpha / r (rsLoRA: / √r),
-// PEFT's LoraLayer forward. The converter's layout half freezes every group of the model and
-// adds one group per block, "lora.layers.N", attached to it (ParamGroup::attached_to), holding
+// PEFT's LoraLayer forward. The converter's layout half freezes every group of the model but
+// those of config.modules_to_save, trained whole (lm_head's after the final norm is split off
+// into a frozen group of its own; tied embeddings: the table, group 0), and adds one group per
+// block, "lora.layers.N", attached to it (ParamGroup::attached_to), holding
 // for each adapted projection, in layer order, A then B under PEFT's names:
 //     base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight   (r, in)
 //     base_model.model.model.layers.N.self_attn.q_proj.lora_B.weight   (out, r)

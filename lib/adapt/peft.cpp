@@ -1,5 +1,6 @@
 #include "adapt/peft.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -19,8 +20,6 @@ std::vector<PeftBeyond> peft_config_beyond(const nlohmann::json& file) {
            Beyond{"use_dora", "DoRA is not built in this ft"},
            Beyond{"bias", "ft's LoRA trains no biases"},
            Beyond{"lora_bias", "ft's LoRA has no bias on B"},
-           Beyond{"modules_to_save",
-                  "modules trained whole beside the adapter are not yet built in this ft"},
            Beyond{"trainable_token_indices", "ft does not train single embedding rows"},
            Beyond{"rank_pattern", "ft's LoRA has one r for every module"},
            Beyond{"alpha_pattern", "ft's LoRA has one alpha for every module"},
@@ -35,6 +34,44 @@ std::vector<PeftBeyond> peft_config_beyond(const nlohmann::json& file) {
   }
   return out;
 }
+
+std::optional<std::vector<std::string>> peft_modules_to_save(const nlohmann::json& modules) {
+  std::vector<std::string> out;
+  if (modules.is_null()) return out;
+  if (!modules.is_array()) return std::nullopt;
+  for (const nlohmann::json& e : modules) {
+    if (!e.is_string()) return std::nullopt;
+    const std::string& path = e.get_ref<const std::string&>();
+    const size_t dot = path.rfind('.');
+    const std::string name = path.substr(dot == std::string::npos ? 0 : dot + 1);
+    if (name != "embed_tokens" && name != "lm_head") return std::nullopt;
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+  }
+  return out;
+}
+
+bool same_modules_to_save(const std::vector<std::string>& a, const std::vector<std::string>& b,
+                          bool tied) {
+  if (tied) return a.empty() == b.empty();
+  auto has = [](const std::vector<std::string>& v, const char* m) {
+    return std::find(v.begin(), v.end(), m) != v.end();
+  };
+  return has(a, "embed_tokens") == has(b, "embed_tokens") && has(a, "lm_head") == has(b, "lm_head");
+}
+
+std::string peft_tying_problem(const nlohmann::json& file, bool tied) {
+  if (!tied || !file.is_object() || !file.contains("modules_to_save")) return "";
+  const std::optional<std::vector<std::string>> saved =
+      peft_modules_to_save(file["modules_to_save"]);
+  if (!saved || saved->empty()) return "";
+  if (file.contains("ensure_weight_tying") && file["ensure_weight_tying"] == true) return "";
+  return "modules_to_save is " + short_dump(file["modules_to_save"]) +
+         " on a model with tied embeddings, without ensure_weight_tying: true, so PEFT trained a "
+         "copy of the module apart from the table the model shares; ft trains the shared table "
+         "(PEFT's ensure_weight_tying: true), and cannot continue an adapter that untied it";
+}
+
+std::string peft_saved_name(const std::string& name) { return "base_model.model." + name; }
 
 std::optional<std::vector<std::string>> peft_target_modules(const nlohmann::json& targets) {
   AdapterConfig c;
@@ -51,7 +88,7 @@ std::optional<std::vector<std::string>> peft_target_modules(const nlohmann::json
   return c.targets();
 }
 
-AdapterConfig read_peft_adapter_config(const std::string& dir, const std::string& hint) {
+AdapterConfig read_peft_adapter_config(const std::string& dir, bool tied, const std::string& hint) {
   const std::string config = (std::filesystem::path(dir) / "adapter_config.json").string();
   const std::string text = read_bounded_file(config, kMaxConfigBytes, "adapter config", hint);
   nlohmann::json j;
@@ -93,6 +130,15 @@ AdapterConfig read_peft_adapter_config(const std::string& dir, const std::string
                      "down_proj (or their module paths), or all-linear; " +
                      hint);
   a.target_modules = *targets;
+  const std::optional<std::vector<std::string>> saved = peft_modules_to_save(at("modules_to_save"));
+  if (!saved)
+    throw UsageError(config + ": modules_to_save is " + short_dump(at("modules_to_save")) +
+                     "; ft trains embed_tokens and lm_head whole (their names or module paths), "
+                     "nothing else; " +
+                     hint);
+  a.modules_to_save = *saved;
+  if (const std::string why = peft_tying_problem(j, tied); !why.empty())
+    throw UsageError(config + ": " + why + "; " + hint);
   const nlohmann::json& rslora = at("use_rslora");
   if (!rslora.is_null() && !rslora.is_boolean())
     throw UsageError(config + ": use_rslora is " + short_dump(rslora) +

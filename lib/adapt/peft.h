@@ -32,11 +32,33 @@ std::vector<PeftBeyond> peft_config_beyond(const nlohmann::json& file);
 // empty. (Paths naming only some layers pass here; the weights' check refuses them.)
 std::optional<std::vector<std::string>> peft_target_modules(const nlohmann::json& targets);
 
+// modules_to_save as ft's names, each once, in the file's order: embed_tokens, lm_head. PEFT
+// saves names or module paths ("model.embed_tokens"; with ensure_weight_tying, the list PEFT
+// rewrote: the embedding's path added, lm_head removed), each matching the module whose name ends
+// with it; null: none. nullopt: not null or a list of strings naming those two.
+std::optional<std::vector<std::string>> peft_modules_to_save(const nlohmann::json& modules);
+
+// Whether two modules_to_save lists train the same tensors: with tied embeddings any non-empty
+// list trains the one shared table (AdapterConfig::modules_to_save).
+bool same_modules_to_save(const std::vector<std::string>& a, const std::vector<std::string>& b,
+                          bool tied);
+
+// Why ft cannot continue the file's modules_to_save on a model whose embeddings are tied (or
+// not: ""). PEFT trains a copy of each module listed apart from the shared table unless
+// ensure_weight_tying is true; ft trains the shared table, so it takes only that case.
+std::string peft_tying_problem(const nlohmann::json& file, bool tied);
+
+// A model tensor trained whole (modules_to_save) under its name in PEFT's
+// adapter_model.safetensors: "base_model.model." + its Hugging Face name
+// (base_model.model.lm_head.weight), as PEFT saves a ModulesToSaveWrapper's module.
+std::string peft_saved_name(const std::string& name);
+
 // The adapter of the PEFT folder `dir` from its adapter_config.json: type lora, r, lora_alpha,
-// target_modules, use_rslora (absent: false, as PEFT before rsLoRA), lora_dropout; `from` is dir.
-// Throws UsageError naming the file and the key (with `hint`) when the file is missing or not
-// JSON, its peft_type is not LORA, it asks for what peft_config_beyond lists, or its r (1 to
-// kMaxAdapterRank), lora_alpha or target_modules are not usable.
-AdapterConfig read_peft_adapter_config(const std::string& dir, const std::string& hint);
+// target_modules, use_rslora (absent: false, as PEFT before rsLoRA), lora_dropout,
+// modules_to_save; `from` is dir. `tied`: the base model's embeddings are tied. Throws UsageError
+// naming the file and the key (with `hint`) when the file is missing or not JSON, its peft_type
+// is not LORA, it asks for what peft_config_beyond lists, or its r (1 to kMaxAdapterRank),
+// lora_alpha, target_modules or modules_to_save are not usable (peft_tying_problem too).
+AdapterConfig read_peft_adapter_config(const std::string& dir, bool tied, const std::string& hint);
 
 }  // namespace ft

@@ -23,6 +23,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "adapt/peft.h"
 #include "ckpt/safetensors.h"
 #include "core/error.h"
 #include "core/files.h"
@@ -510,46 +511,84 @@ void load_peft_adapter(const std::string& dir, const ParamLayout& layout,
     throw UsageError("no " + std::string(kAdapterFile) + " in '" + dir +
                      "': a PEFT adapter folder holds its weights there (with adapter_config.json)");
   const SafetensorsFile file(path);
-  // PEFT saves the names without the adapter's name ("default"); ft's entries carry them so.
-  std::vector<std::string> missing, unexpected;
-  std::set<std::string> expected;
-  for (const ParamGroup& g : layout.groups()) {
-    if (g.attached_to < 0) continue;
-    for (const ParamEntry& pe : g.entries) {
-      expected.insert(pe.name);
-      const auto it = file.entries().find(pe.name);
-      if (it == file.entries().end()) {
-        missing.push_back(pe.name);
-        continue;
-      }
-      if (it->second.shape != pe.global_shape)
-        throw UsageError(detail::concat(
-            "tensor '", pe.name, "' in '", path, "' has shape ", shape_str(it->second.shape),
-            ", expected ", shape_str(pe.global_shape),
-            " (does adapter.r match the adapter's r, and model.from its base model?)"));
-      const DType dt = it->second.dtype;
-      if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
-        throw UsageError(detail::concat("tensor '", pe.name, "' in '", path, "' has dtype ",
-                                        dtype_name(dt), "; only F32, BF16 and F16 can be read"));
+  // What the folder holds for each tensor read: the adapter's under their own names (PEFT saves
+  // them without the adapter's name, "default", as ft's entries carry them); a model tensor
+  // trained whole (modules_to_save: a trained group of the model) under PEFT's name for it
+  // (base_model.model.lm_head.weight). With tied embeddings PEFT saves the shared table under
+  // both names (ensure_weight_tying): the embedding's is read, lm_head's allowed beside it.
+  struct Read {
+    const ParamEntry* entry;
+    std::string name;  // in the file
+    size_t group;
+  };
+  std::vector<Read> reads;
+  std::set<std::string> allowed;
+  for (size_t g = 0; g < layout.groups().size(); ++g) {
+    const ParamGroup& group = layout.groups()[g];
+    const bool whole = group.attached_to < 0 && group.trains();
+    if (group.attached_to < 0 && !whole) continue;
+    for (const ParamEntry& pe : group.entries) {
+      reads.push_back({&pe, whole ? peft_saved_name(pe.name) : pe.name, g});
+      allowed.insert(reads.back().name);
+      if (whole && layout.output_weight().group == int(g))  // tied: the table is lm_head's too
+        allowed.insert(peft_saved_name("lm_head.weight"));
     }
   }
+  std::vector<std::string> missing, unexpected;
+  for (const Read& r : reads) {
+    const auto it = file.entries().find(r.name);
+    if (it == file.entries().end()) {
+      missing.push_back(r.name);
+      continue;
+    }
+    if (it->second.shape != r.entry->global_shape)
+      throw UsageError(detail::concat(
+          "tensor '", r.name, "' in '", path, "' has shape ", shape_str(it->second.shape),
+          ", expected ", shape_str(r.entry->global_shape),
+          " (does adapter.r match the adapter's r, and model.from its base model?)"));
+    const DType dt = it->second.dtype;
+    if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
+      throw UsageError(detail::concat("tensor '", r.name, "' in '", path, "' has dtype ",
+                                      dtype_name(dt), "; only F32, BF16 and F16 can be read"));
+  }
   for (const auto& [name, e] : file.entries())
-    if (!expected.count(name)) unexpected.push_back(name);
+    if (!allowed.count(name)) unexpected.push_back(name);
   if (!missing.empty() || !unexpected.empty()) {
     std::ostringstream msg;
-    msg << "the PEFT adapter in '" << dir << "' does not match adapter.target_modules and the "
-        << "model:";
+    msg << "the PEFT adapter in '" << dir << "' does not match adapter.target_modules, "
+        << "adapter.modules_to_save and the model:";
     if (!missing.empty())
       msg << "\n  missing " << missing.size() << " tensor(s): " << join_names(missing);
     if (!unexpected.empty())
       msg << "\n  unexpected " << unexpected.size() << " tensor(s): " << join_names(unexpected);
-    msg << "\n  hint: adapter.target_modules must list the modules the adapter was trained on";
+    msg << "\n  hint: adapter.target_modules and adapter.modules_to_save must list the modules "
+        << "the adapter was trained on";
     throw UsageError(msg.str());
   }
-  for (size_t g = 0; g < layout.groups().size(); ++g)
-    if (group_ptrs[g] && layout.groups()[g].attached_to >= 0)
-      for (const ParamEntry& pe : layout.groups()[g].entries)
-        read_slice(file, pe, tensor_rank, group_ptrs[g] + pe.offset);
+  for (const Read& r : reads)
+    if (group_ptrs[r.group]) {
+      ParamEntry named = *r.entry;  // read_slice reads the tensor of the entry's name
+      named.name = r.name;
+      read_slice(file, named, tensor_rank, group_ptrs[r.group] + r.entry->offset);
+    }
+}
+
+std::vector<float> read_hf_rows(const std::string& dir, const std::string& name,
+                                const std::vector<int64_t>& rows, int64_t* cols) {
+  const OpenedWeights w = open_weights(dir);
+  const auto it = w.tensors.find(name);
+  if (it == w.tensors.end() || it->second.entry->shape.size() != 2)
+    throw UsageError("'" + dir + "' has no 2-D tensor " + name);
+  const std::vector<int64_t>& shape = it->second.entry->shape;
+  *cols = shape[1];
+  std::vector<float> out(rows.size() * size_t(shape[1]));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    FT_CHECK(rows[i] >= 0 && rows[i] < shape[0], "read_hf_rows: row ", rows[i], " of ", name, " (",
+             shape[0], " rows)");
+    it->second.file->read_f32_range(name, out.data() + i * size_t(shape[1]),
+                                    size_t(rows[i]) * size_t(shape[1]), size_t(shape[1]));
+  }
+  return out;
 }
 
 namespace {

@@ -88,11 +88,20 @@ class HfWeightReader {
 std::string hf_weights_fingerprint(const std::string& dir);
 
 // Loads the adapter groups of `layout` (ParamGroup::attached_to) from a PEFT adapter folder's
-// adapter_model.safetensors, by PEFT's names (adapt/lora.h), this tensor rank's slices, into the
-// groups whose group_ptrs are set (others: not read). Every adapter tensor must be there with its
-// shape and no other tensor: errors name the file and list the names.
+// adapter_model.safetensors, by PEFT's names (adapt/lora.h), and the model's trained groups
+// (modules_to_save: adapt/peft.h peft_saved_name), this tensor rank's slices, into the groups
+// whose group_ptrs are set (others: not read). Every such tensor must be there with its shape
+// and no other tensor (but lm_head's name beside a tied table's): errors name the file and list
+// the names.
 void load_peft_adapter(const std::string& dir, const ParamLayout& layout,
                        const std::vector<float*>& group_ptrs, int tensor_rank = 0);
+
+// Rows `rows` of the 2-D tensor `name` of the Hugging Face folder `dir` (model.safetensors or its
+// shards), in fp32, one after another: rows.size() × the tensor's columns, which *cols gets.
+// Reads those rows only (a few of a large embedding). Throws UsageError naming the folder when
+// it has no such 2-D tensor, ft::Error for a malformed file; a row out of range is a bug.
+std::vector<float> read_hf_rows(const std::string& dir, const std::string& name,
+                                const std::vector<int64_t>& rows, int64_t* cols);
 
 // How a folder's tensors compare with the ParamLayout of its config; load_hf_weights refuses a
 // folder unless compatible(), and ft inspect prints the lists.

@@ -4,13 +4,15 @@
 //   0. check that every shard file has the size the manifest records; merging, that the base
 //      folder is there (or the seed recorded);
 //   1. plan: the tensors written, in layout order: the model's (ParamLayout(model, 1)), or for a
-//      PEFT folder the adapter's groups of manifest_layout(m, 1); each with its bytes in the
+//      PEFT folder the adapter's groups of manifest_layout(m, 1) and the model's groups it
+//      trained whole (modules_to_save, under PEFT's names); each with its bytes in the
 //      output dtype, assigned to shards as save_pretrained does (a new shard when the next tensor
 //      would take the current one over max_shard_bytes; a tensor larger than that gets its own
 //      shard); a PEFT folder has one file, as PEFT writes it;
 //   2. write into DIR.tmp-<pid>: each parameter group read whole (ckpt::read_global_group, which
-//      checks every piece's CRC-32; merging, a frozen group comes from the base and its block's
-//      adapter adds s·B·A to each adapted weight), converted, appended to the shard being
+//      checks every piece's CRC-32; merging, a model group from the base's frozen groups and the
+//      checkpoint's trained ones (AdapterBase), and its block's adapter adds s·B·A to each
+//      adapted weight), converted, appended to the shard being
 //      assembled; a shard is written (write_safetensors: temp name, fsync, rename) as soon as its
 //      last tensor is in;
 //   3. tokenizer.model when the checkpoint has one (its sha256 checked against the manifest)
@@ -36,6 +38,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "adapt/peft.h"
 #include "ckpt/hf_tokenizer.h"
 #include "ckpt/io.h"
 #include "ckpt/safetensors.h"
@@ -143,6 +146,7 @@ std::string shard_file_name(int k, int n) {
 struct PlannedTensor {
   int group = 0;
   const ParamEntry* entry = nullptr;
+  std::string name;  // in the file: the entry's, or PEFT's for a module trained whole
   uint64_t bytes = 0;
   int shard = 0;
 };
@@ -304,9 +308,11 @@ void write_tokenizer_files(const fs::path& model, const fs::path& tmp, int64_t m
 
 // adapter_config.json of a PEFT folder: the LoraConfig of the checkpoint's adapter. Beside its
 // own values, the keys a loader checks for what ft has not built are stated at PEFT's defaults
-// (no bias, no DoRA, nothing trained whole, no per-layer patterns); the keys left out take
-// PEFT's defaults when it loads the file (PEFT 0.13 knows every key written here, and refuses
-// keys it does not know). nlohmann::json sorts the keys, as PEFT's save_pretrained does.
+// (no bias, no DoRA, no per-layer patterns); the keys left out take PEFT's defaults when it loads
+// the file (PEFT 0.13 knows every key written here, and refuses keys it does not know; so
+// ensure_weight_tying, which it lacks, is written only where it is needed: modules trained whole
+// on tied embeddings, which then take a PEFT that has the key, as 0.21 has). nlohmann::json sorts
+// the keys, as PEFT's save_pretrained does.
 void write_adapter_config(const ckpt::Manifest& m, const fs::path& path) {
   const AdapterConfig& a = m.adapter;
   json j;
@@ -330,7 +336,16 @@ void write_adapter_config(const ckpt::Manifest& m, const fs::path& path) {
   j["bias"] = "none";
   j["use_dora"] = false;
   j["fan_in_fan_out"] = false;
-  j["modules_to_save"] = nullptr;
+  // Modules trained whole: the recipe's list; with tied embeddings the shared table, which PEFT
+  // trains as both names only with ensure_weight_tying (else it unties a copy).
+  const bool tied = m.model.tie_embeddings && !a.modules_to_save.empty();
+  if (a.modules_to_save.empty())
+    j["modules_to_save"] = nullptr;
+  else if (tied)
+    j["modules_to_save"] = {"embed_tokens", "lm_head"};
+  else
+    j["modules_to_save"] = a.modules_to_save;
+  if (tied) j["ensure_weight_tying"] = true;
   j["layers_to_transform"] = nullptr;
   j["layers_pattern"] = nullptr;
   j["rank_pattern"] = json::object();
@@ -562,8 +577,7 @@ void check_adapter_base(const ckpt::Manifest& m, const std::string& use) {
   }
 }
 
-AdapterBase::AdapterBase(const ckpt::Manifest& m, const ParamLayout& model)
-    : m_(m), model_(model) {}
+AdapterBase::AdapterBase(const ckpt::Manifest& m, const ParamLayout& full) : m_(m), full_(full) {}
 
 AdapterBase::~AdapterBase() = default;
 
@@ -571,17 +585,36 @@ std::vector<float> AdapterBase::group(int g) {
   const auto& frozen = m_.frozen_groups;
   if (std::find(frozen.begin(), frozen.end(), g) == frozen.end())
     return ckpt::read_global_group(m_, ckpt::State::kParam, g);
-  std::vector<float> w(model_.groups()[size_t(g)].numel);
+  std::vector<float> w(full_.groups()[size_t(g)].numel);
   if (m_.frozen_from.empty()) {
-    init_random_group(model_, g, m_.frozen_seed, m_.frozen_init_std, w.data());
+    init_random_group(full_, g, m_.frozen_seed, m_.frozen_init_std, w.data());
     return w;
   }
   try {
-    if (!reader_) reader_ = std::make_unique<HfWeightReader>(m_.frozen_from, model_);
+    if (!reader_) reader_ = std::make_unique<HfWeightReader>(m_.frozen_from, full_);
     reader_->read_group(g, w.data());
   } catch (const UsageError& e) {
     throw UsageError(std::string("the adapter's base, frozen.from in ") + m_.dir +
                      "/manifest.json: " + e.what());
+  }
+  return w;
+}
+
+std::vector<float> AdapterBase::model_group(const ParamLayout& model, int g) {
+  const ParamGroup& group = model.groups()[size_t(g)];
+  std::vector<float> w(group.numel);
+  int have = -1;  // the checkpoint layout's group in `values`
+  std::vector<float> values;
+  for (const ParamEntry& e : group.entries) {
+    int fg = -1;
+    const ParamEntry* fe = nullptr;
+    FT_CHECK(full_.find(e.name, &fg, &fe) && fe->numel == e.numel,
+             "the checkpoint's layout has no ", e.name, " of ", e.numel, " elements");
+    if (fg != have) {
+      values = this->group(fg);
+      have = fg;
+    }
+    std::copy_n(values.data() + fe->offset, e.numel, w.data() + e.offset);
   }
   return w;
 }
@@ -638,12 +671,21 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
   const ParamLayout model(m.model, 1);
   const ParamLayout full = ckpt::manifest_layout(m, 1);
   const ParamLayout& layout = peft ? full : model;
-  auto written = [&](size_t g) { return !peft || layout.groups()[g].attached_to >= 0; };
+  // A PEFT folder: the adapter's groups, and the model's groups trained whole (modules_to_save)
+  // under PEFT's names; with tied embeddings the shared table under both, as PEFT saves it.
+  auto written = [&](size_t g) {
+    return !peft || layout.groups()[g].attached_to >= 0 || layout.groups()[g].trains();
+  };
   std::vector<PlannedTensor> plan;
   for (size_t g = 0; g < layout.groups().size(); ++g)
     if (written(g))
-      for (const ParamEntry& e : layout.groups()[g].entries)
-        plan.push_back({int(g), &e, uint64_t(e.numel) * dtype_size(o.dtype), 0});
+      for (const ParamEntry& e : layout.groups()[g].entries) {
+        const uint64_t bytes = uint64_t(e.numel) * dtype_size(o.dtype);
+        const bool whole = peft && layout.groups()[g].attached_to < 0;
+        plan.push_back({int(g), &e, whole ? peft_saved_name(e.name) : e.name, bytes, 0});
+        if (whole && m.model.tie_embeddings && g == 0)
+          plan.push_back({int(g), &e, peft_saved_name("lm_head.weight"), bytes, 0});
+      }
   int shards = 1;
   uint64_t in_shard = 0;
   bool shard_empty = true;
@@ -667,6 +709,17 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
         ", not a Hugging Face folder: adapter_config.json's base_model_name_or_path is null, and "
         "PEFT, vLLM and llama.cpp need the base to apply the adapter to; ft export --merge "
         "writes the adapted model whole instead");
+  if (peft && !m.adapter.modules_to_save.empty())
+    res.warnings.push_back(
+        "the adapter trains modules whole (modules_to_save: the PEFT folder holds them as "
+        "base_model.model.<module>.weight): PEFT applies it, but vLLM refuses modules_to_save "
+        "and llama.cpp's convert_lora_to_gguf.py any tensor but lora_A and lora_B; for those, "
+        "serve or convert the ft export --merge folder" +
+        std::string(m.model.tie_embeddings
+                        ? "; and with tied embeddings adapter_config.json says "
+                          "ensure_weight_tying: true, which PEFT before it had the key (0.13 "
+                          "among them) refuses"
+                        : ""));
   if (peft && m.adapter.use_rslora) {
     const double root = std::sqrt(double(m.adapter.r));
     res.warnings.push_back(detail::concat(
@@ -689,6 +742,7 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
     // 2. Tensors, group by group; a shard is written once its last tensor is converted.
     struct Pending {
       const ParamEntry* entry;
+      std::string name;
       std::vector<char> bytes;
     };
     std::vector<Pending> pending;
@@ -700,9 +754,9 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
       std::vector<SafetensorsTensorOut> tensors;
       uint64_t bytes = 0;
       for (const Pending& p : pending) {
-        tensors.push_back({p.entry->name, o.dtype, p.entry->global_shape, p.bytes.data()});
+        tensors.push_back({p.name, o.dtype, p.entry->global_shape, p.bytes.data()});
         bytes += p.bytes.size();
-        weight_map[p.entry->name] = name;
+        weight_map[p.name] = name;
       }
       // "format": "pt" is what transformers checks in the metadata before loading a file.
       write_safetensors((tmp / name).string(), tensors, {{"format", "pt"}});
@@ -713,13 +767,13 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
       pending.clear();
     };
     size_t next = 0;  // into plan
-    AdapterBase base(m, model);
+    AdapterBase base(m, full);
     for (size_t g = 0; g < layout.groups().size(); ++g) {
       if (!written(g)) continue;
       const ParamGroup& group = layout.groups()[g];
       std::vector<float> values;
       if (o.merge) {
-        values = base.group(int(g));
+        values = base.model_group(model, int(g));
         res.merged += add_adapter_terms(m, model, full, int(g), values);
       } else {
         values = ckpt::read_global_group(m, ckpt::State::kParam, int(g));
@@ -734,7 +788,7 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
           current = t.shard;
         }
         pending.push_back(
-            {t.entry, convert(values.data() + t.entry->offset, t.entry->numel, o.dtype)});
+            {t.entry, t.name, convert(values.data() + t.entry->offset, t.entry->numel, o.dtype)});
         res.tensors += 1;
         res.parameters += t.entry->numel;
         res.tensor_bytes += t.bytes;

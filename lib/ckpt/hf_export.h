@@ -95,20 +95,25 @@ std::string adapter_base_description(const ckpt::Manifest& m);
 // (Error for a manifest without either).
 void check_adapter_base(const ckpt::Manifest& m, const std::string& use);
 
-// The model groups (whole tensors; `model` = ParamLayout(m.model, 1), which must outlive it) of
-// an adapter checkpoint as the run started from them, one group at a time. A frozen group comes
-// from its source: the manifest's frozen.from folder (opened and checked once, as model.from is:
-// names, shapes and finiteness, HfWeightReader), or the seeded initialisation drawn again
-// (init_random_group: the same bits); any other from the checkpoint. check_adapter_base first.
+// The model groups of an adapter checkpoint (whole tensors) as the run has them, one group at a
+// time. A frozen group comes from its source: the manifest's frozen.from folder (opened and
+// checked once, as model.from is: names, shapes and finiteness, HfWeightReader), or the seeded
+// initialisation drawn again (init_random_group: the same bits); a trained one (modules_to_save)
+// from the checkpoint. check_adapter_base first.
 class AdapterBase {
  public:
-  AdapterBase(const ckpt::Manifest& m, const ParamLayout& model);
+  // full: the checkpoint's layout, ckpt::manifest_layout(m, 1), which must outlive it.
+  AdapterBase(const ckpt::Manifest& m, const ParamLayout& full);
   ~AdapterBase();
+  // Group g of `full` (a model group, not an adapter's).
   std::vector<float> group(int g);
+  // Group g of the model's own layout `model` (ParamLayout(m.model, 1)), tensor by tensor from
+  // full's groups: a converter may have split one (the final norm apart from a trained lm_head).
+  std::vector<float> model_group(const ParamLayout& model, int g);
 
  private:
   const ckpt::Manifest& m_;
-  const ParamLayout& model_;
+  const ParamLayout& full_;
   std::unique_ptr<HfWeightReader> reader_;  // frozen.from, opened on first use
 };
 

@@ -310,6 +310,18 @@ Manifest parse_manifest(const std::string& text, const std::string& step_dir) {
       ad.target_modules.push_back(name);
     }
     if (ad.target_modules.empty()) r.fail("adapter.target_modules", "empty");
+    // Modules trained whole (absent in manifests from before them: none).
+    if (a.contains("modules_to_save")) {
+      const json& ms = r.array(a["modules_to_save"], "adapter.modules_to_save");
+      for (size_t i = 0; i < ms.size(); ++i) {
+        const std::string path = detail::concat("adapter.modules_to_save[", i, "]");
+        const std::string name = r.text(ms[i], path);
+        if ((name != "embed_tokens" && name != "lm_head") || ad.saves(name))
+          r.fail(path, "unknown or repeated module " + JsonReader::describe(ms[i]) +
+                           " (embed_tokens, lm_head)");
+        ad.modules_to_save.push_back(name);
+      }
+    }
     // Its size within the checkpoint's bound too: r (in + out) per projection and block.
     using u128 = unsigned __int128;
     const u128 C = u128(c.dim), F = u128(c.ffn_dim), D = u128(head_dim_of(c));

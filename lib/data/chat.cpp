@@ -314,6 +314,17 @@ ChatTokens tokenize_chat(const ChatTemplate& t, const Tokenizer& tok, const Json
   return out;
 }
 
+std::set<int32_t> end_of_turn_ids(const ChatTemplate& t, const Tokenizer& tok) {
+  Json messages = Json::array();
+  messages.push_back({{"role", "user"}, {"content", "Hi"}});
+  messages.push_back({{"role", "assistant"}, {"content", "Hello"}});
+  const ChatTokens ct = tokenize_chat(t, tok, messages, true);
+  std::set<int32_t> ids;
+  for (size_t i = 0; i < ct.ids.size(); ++i)
+    if (ct.mask[i] && tok.is_special(ct.ids[i])) ids.insert(ct.ids[i]);
+  return ids;
+}
+
 ChatTokens tokenize_chat_reference(const ChatTemplate& t, const Tokenizer& tok,
                                    const Json& messages) {
   return mask_tokens(tok, chat_content_spans_reference(t, messages));

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -82,6 +83,12 @@ struct ChatTokens {
 // raised, or took too long), naming no record (the caller does).
 ChatTokens tokenize_chat(const ChatTemplate& t, const Tokenizer& tok, const jinja::Json& messages,
                          bool with_mask = true);
+// The token ids that end an assistant's turn under the template: the special tokens the mask rule
+// trains on after an assistant message's content (e.g. <|im_end|>, <|eot_id|>), as a user turn
+// "Hi" and an assistant's "Hello" render. Empty when the template ends a turn with no special
+// token. Throws as tokenize_chat does.
+std::set<int32_t> end_of_turn_ids(const ChatTemplate& t, const Tokenizer& tok);
+
 // The same from chat_content_spans_reference.
 ChatTokens tokenize_chat_reference(const ChatTemplate& t, const Tokenizer& tok,
                                    const jinja::Json& messages);

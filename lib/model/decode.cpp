@@ -141,12 +141,14 @@ const std::vector<float>& KvDecoder::forward(const int32_t* ids, int n) {
     fp.release(1 + l);
     if (ag >= 0) fp.release(ag);
   }
-  const CRef wf = fp.acquire(L + 1);
-  const CRef Wh = c.tie_embeddings ? fp.acquire(0) : wf + size_t(C);
+  // The final norm and the output weight where the layout has them (model/layout.h).
+  const TensorAt nat = model_.layout().final_norm(), wat = model_.layout().output_weight();
+  const CRef wf = fp.acquire(nat.group) + nat.offset;
+  const CRef Wh = fp.acquire(wat.group) + wat.offset;
   ops.rmsnorm_forward(s, b.lnf.data(), b.rstd.data(), x + size_t(n - 1) * C, wf, 1, C, eps);
   linear_forward(lc, head, -1, b.logits.data(), b.lnf.data(), Wh, 1);
-  fp.release(L + 1);
-  if (c.tie_embeddings) fp.release(0);
+  fp.release(nat.group);
+  fp.release(wat.group);
   ops.convert(s, Ref(b.logits32.data()), b.logits.data(), size_t(V));
   b.logits32.download(logits_.data(), size_t(V));
   pos_ += n;

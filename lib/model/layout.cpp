@@ -90,6 +90,19 @@ ParamLayout::ParamLayout(const ModelConfig& c, int tensor)
   if (!c.tie_embeddings) add_param(head, "lm_head.weight", {V, C}, T, kRows);
   groups_.push_back(std::move(head));
   attached_.assign(groups_.size(), -1);
+  tied_ = c.tie_embeddings;
+  locate_head();
+}
+
+void ParamLayout::locate_head() {
+  auto at = [this](const std::string& name) {
+    int g = -1;
+    const ParamEntry* e = nullptr;
+    FT_CHECK(find(name, &g, &e), "the layout has no ", name);
+    return TensorAt{g, e->offset};
+  };
+  final_norm_ = at("model.norm.weight");
+  output_weight_ = at(tied_ ? "model.embed_tokens.weight" : "lm_head.weight");
 }
 
 size_t ParamLayout::total_numel() const {
@@ -138,6 +151,31 @@ int ParamLayout::add_group(ParamGroup group) {
 }
 
 int ParamLayout::attached_group(int g) const { return attached_[size_t(g)]; }
+
+int ParamLayout::split_off(const std::string& name, const std::string& group_name) {
+  int from = -1;
+  const ParamEntry* found = nullptr;
+  FT_CHECK(find(name, &from, &found), "split_off: the layout has no tensor ", name);
+  FT_CHECK(groups_[size_t(from)].attached_to < 0 && groups_[size_t(from)].entries.size() > 1,
+           "split_off: ", name, " is alone in its group or an adapter's");
+  for (const ParamGroup& g : groups_)
+    FT_CHECK(g.attached_to < 0, "split_off after an adapter's group (", g.name, ")");
+  ParamGroup& old = groups_[size_t(from)];
+  ParamGroup moved{group_name, {}, 0};
+  std::vector<ParamEntry> kept;
+  old.numel = 0;
+  for (ParamEntry& e : old.entries) {
+    const bool out = e.name == name;
+    ParamGroup& to = out ? moved : old;
+    e.offset = to.numel;
+    to.numel += e.numel;
+    (out ? moved.entries : kept).push_back(std::move(e));
+  }
+  old.entries = std::move(kept);
+  const int g = add_group(std::move(moved));
+  locate_head();  // the head's tensors where they now are
+  return g;
+}
 
 ParamLayout converted_layout(const ModelConfig& cfg, int tensor,
                              const ModelConverters* converters) {

@@ -22,6 +22,9 @@
 //       model.layers.i.mlp.up_proj.weight                (F, C)
 //       model.layers.i.mlp.down_proj.weight              (C, F)
 //   group 1 + L    "head"      model.norm.weight (C), then lm_head.weight (V, C) unless tied
+// A converter may move a tensor of the model into a group of its own, appended after the model's
+// (split_off): LoRA training lm_head whole leaves the final norm, frozen, in group 2 + L "norm".
+// So the head's tensors are found by name (final_norm(), output_weight()), not by position.
 // Names are the Hugging Face LlamaForCausalLM names (Qwen2ForCausalLM, Qwen3ForCausalLM and
 // MistralForCausalLM use the same ones, plus the biases and q/k norms above); matrices are
 // (out, in) row-major, so a linear layer computes y = x · Wᵀ. A bias is split with its
@@ -42,6 +45,12 @@ namespace ft {
 
 // Offsets of the tensors inside one transformer block's flat buffer (elements).
 // The biases and q/k norms of architectures without them are at kAbsent.
+// Where a tensor sits: its group and its offset in the group's flat buffer (elements).
+struct TensorAt {
+  int group = -1;
+  size_t offset = 0;
+};
+
 struct BlockOffsets {
   static constexpr size_t kAbsent = SIZE_MAX;
   size_t attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down, total;
@@ -58,6 +67,10 @@ class ParamLayout {
   const ParamGroup& block(int i) const { return groups_[1 + i]; }
   const ParamGroup& head() const { return groups_[size_t(n_layers_) + 1]; }
   int n_layers() const { return n_layers_; }
+  // The head's tensors: model.norm.weight (C), and the output layer's weight (V, C):
+  // lm_head.weight, or with tied embeddings the embedding's table (group 0).
+  const TensorAt& final_norm() const { return final_norm_; }
+  const TensorAt& output_weight() const { return output_weight_; }
   const BlockOffsets& block_offsets() const { return block_offsets_; }
   size_t total_numel() const;
   // Finds a tensor by HF name; returns false if absent.
@@ -74,13 +87,22 @@ class ParamLayout {
   int add_group(ParamGroup group);
   // The group attached to group g (ParamGroup::attached_to), or -1. One at most.
   int attached_group(int g) const;
+  // For model converters, before adapters add their groups: moves the model's tensor `name` out
+  // of its group into a new group `group_name` of its own, appended (the other groups' indices
+  // never move; the tensors left behind keep their order at new offsets), so that the two can
+  // train apart (a group trains whole or not at all). It keeps its trainable flag. Returns the
+  // new group's index.
+  int split_off(const std::string& name, const std::string& group_name);
 
  private:
+  void locate_head();  // sets final_norm_ and output_weight_ from the groups
   std::vector<ParamGroup> groups_;
   BlockOffsets block_offsets_{};
   int head_dim_ = 0;
   int tensor_ = 1;
   int n_layers_ = 0;
+  bool tied_ = false;  // tie_embeddings: the output layer is the embedding's table
+  TensorAt final_norm_, output_weight_;
   std::vector<int> attached_;  // attached_[g]: the group attached to g, or -1
 };
 

@@ -146,8 +146,7 @@ LinearContext LlamaModel::linear_context() const {
 }
 
 bool LlamaModel::head_dx_in_forward() const {
-  const int hg = cfg_.n_layers + 1;
-  const bool frozen = !layout_.groups()[size_t(cfg_.tie_embeddings ? 0 : hg)].trains();
+  const bool frozen = !layout_.groups()[size_t(layout_.output_weight().group)].trains();
   return frozen && !(hooks_ && hooks_->adapts(LinearSite{-1, Proj::kHead}));
 }
 
@@ -164,7 +163,8 @@ bool LlamaModel::owns_group(int g) const {
   const int L = cfg_.n_layers;
   if (const int to = layout_.groups()[size_t(g)].attached_to; to >= 0) return owns_group(to);
   if (g == 0) return stage_.embed || (stage_.head && cfg_.tie_embeddings);
-  if (g == L + 1) return stage_.head;
+  // The head group, and the final norm's when a converter split it off (layout.h).
+  if (g == L + 1 || g == layout_.final_norm().group) return stage_.head;
   return g - 1 >= stage_.first_layer && g - 1 < stage_.last_layer;
 }
 
@@ -503,8 +503,7 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
   Acts& a = *acts_;
   a.training = backward;
   a.first_sample = first_sample;
-  const int N = B * T, C = cfg_.dim, L = cfg_.n_layers;
-  const int hg = L + 1;  // head group
+  const int N = B * T, C = cfg_.dim;
   const int first = stage_.first_layer, last = stage_.last_layer;
   if (seg) {
     // Each sample's positions restart at 0 where its segment starts (DESIGN.md §6 packing).
@@ -545,9 +544,9 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
   const int32_t* tgt = a.targets.data();
   const uint8_t* msk = a.mask.data();
   const LinearContext lc = linear_context();
-  const CRef wf = flat_.acquire(hg);
-  const CRef Wh = cfg_.tie_embeddings ? flat_.acquire(0) : wf + C;
-  ops().rmsnorm_forward(st_, a.lnf.data(), a.rstdf.data(), a.resid[L].data(), wf, N, C,
+  const HeadWeights hw = acquire_head();
+  const CRef wf = hw.norm, Wh = hw.out;
+  ops().rmsnorm_forward(st_, a.lnf.data(), a.rstdf.data(), a.resid[cfg_.n_layers].data(), wf, N, C,
                         float(cfg_.norm_eps));
   // The logits (N, V / tensor) a chunk of rows at a time when nothing after the forward needs
   // them: with a frozen head weight (an adapter's base) the head's input gradient is all its
@@ -572,8 +571,20 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
       linear_backward(lc, lm_head_, -1, a.dtmp.data() + size_t(n0) * C, nullptr, dlogits, f, Wh, k,
                       /*accumulate_dx=*/false);
   }
-  flat_.release(hg);
-  if (cfg_.tie_embeddings) flat_.release(0);
+  release_head();
+}
+
+LlamaModel::HeadWeights LlamaModel::acquire_head() {
+  const TensorAt n = layout_.final_norm(), w = layout_.output_weight();
+  const CRef norm = flat_.acquire(n.group);
+  const CRef base = w.group == n.group ? norm : flat_.acquire(w.group);
+  return {norm + n.offset, base + w.offset};
+}
+
+void LlamaModel::release_head() {
+  const TensorAt n = layout_.final_norm(), w = layout_.output_weight();
+  flat_.release(n.group);
+  if (w.group != n.group) flat_.release(w.group);
 }
 
 double LlamaModel::take_loss_sum() {
@@ -587,29 +598,30 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
   acts_ = slots_[size_t(slot)].get();
   Acts& a = *acts_;
   const int B = a.B, T = a.T, N = B * T, C = cfg_.dim, L = cfg_.n_layers;
-  const int hg = L + 1;
   if (stage_.head) {
     // logits = f·Whᵀ; a.logits holds dlogits since forward_part, or (a frozen head weight)
     // forward_part took f's gradient into a.dtmp already.
     const LinearContext lc = linear_context();
-    const CRef wf = flat_.acquire(hg);
-    const CRef Wh = cfg_.tie_embeddings ? flat_.acquire(0) : wf + C;
-    float* dhead = flat_.grad(hg);  // null when frozen, as flat_.grad(0)
-    float* dWh = cfg_.tie_embeddings ? flat_.grad(0) : dhead ? dhead + C : nullptr;
+    const HeadWeights hw = acquire_head();
+    const CRef wf = hw.norm, Wh = hw.out;
+    const TensorAt n = layout_.final_norm(), w = layout_.output_weight();
+    float* dnorm = flat_.grad(n.group);  // null when frozen
+    float* dWh = flat_.grad(w.group);
+    if (dnorm) dnorm += n.offset;
+    if (dWh) dWh += w.offset;
     if (!head_dx_in_forward())
       linear_backward(lc, lm_head_, -1, a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N,
                       /*accumulate_dx=*/false);
     // f's backward: each rank saw only its vocabulary columns.
     reduce_input_grad(tp_, a.dtmp.data(), size_t(N) * C, a.tp_f32.data());
     // The final norm is the residual stream's only consumer: its dx starts dL/d resid[L].
-    ops().rmsnorm_backward(st_, a.dresid.data(), dhead, a.dtmp.data(), a.resid[L].data(), wf,
+    ops().rmsnorm_backward(st_, a.dresid.data(), dnorm, a.dtmp.data(), a.resid[L].data(), wf,
                            a.rstdf.data(), N, C, /*accumulate_dx=*/false);
-    flat_.release(hg);
-    flat_.grads_ready(hg);
-    if (cfg_.tie_embeddings) {
-      flat_.release(0);
-      if (!stage_.embed) flat_.grads_ready(0);  // the embedding's other half is on the first stage
-    }
+    release_head();
+    flat_.grads_ready(L + 1);
+    if (n.group != L + 1) flat_.grads_ready(n.group);
+    // Tied: the embedding's other half is on the first stage, ready after its backward there.
+    if (w.group == 0 && !stage_.embed) flat_.grads_ready(0);
   } else {
     copy(a.dresid.data(), dy_in, size_t(N) * C);
   }

@@ -114,6 +114,14 @@ class LlamaModel final : public PipelineStage {
   // all, else a chunk of about head_chunk_elems_ (kHeadChunkElems) logits (Llama-3's 128,256-word
   // vocabulary: 523 rows, 128 MiB in bf16 where all 4,096 of a 2×2048 micro-batch take 1 GiB).
   int head_rows(int N, bool backward) const;
+  // The head's weights, acquired from their groups (layout.h final_norm, output_weight: the head
+  // group, the embedding's when tied, the norm's own when split off), and released.
+  struct HeadWeights {
+    CRef norm;  // (C)
+    CRef out;   // (V / tensor, C)
+  };
+  HeadWeights acquire_head();
+  void release_head();
 
   void layer_forward(int l, int B, int T);
   void layer_backward(int l, int B, int T);

@@ -191,7 +191,8 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(adapter, from, kDir,
                "PEFT adapter folder to continue (adapter_config.json, adapter_model.safetensors)"),
         FT_KEY(adapter, modules_to_save, kNames,
-               "modules trained whole beside the adapter (not yet built)",
+               "modules trained whole beside the adapter (PEFT's modules_to_save; tied "
+               "embeddings: either trains the shared table)",
                {.choices = {"embed_tokens", "lm_head"}}),
 
         FT_KEY(tokenizer, path, kTokenizer,

@@ -65,12 +65,6 @@ void Loader::check_unbuilt() {
           "use parallel.zero_stage: 2 or less (the adapter's optimizer state is small), or "
           "adapter.type: lora");
   }
-  if (r_.adapter.enabled() && !r_.adapter.modules_to_save.empty() &&
-      usable("adapter.modules_to_save")) {
-    issue(locate("adapter.modules_to_save"), "adapter.modules_to_save",
-          "modules trained whole beside the adapter are not yet built in this ft",
-          "remove adapter.modules_to_save; the adapter trains alone");
-  }
 }
 
 // data.pack masks attention at document boundaries, which on CUDA only the fused attention

@@ -271,6 +271,18 @@ void Loader::check_adapter_from() {
     issue(from_at, "adapter.from",
           config + ": " + b.key + " is " + short_dump(b.value) + "; " + b.why,
           "continue an adapter saved without " + b.key + " (PEFT's default)");
+  // Modules trained whole: embed_tokens and lm_head only, and on tied embeddings the shared table
+  // (PEFT's ensure_weight_tying), which is what ft trains.
+  const std::optional<std::vector<std::string>> saved = peft_modules_to_save(at("modules_to_save"));
+  const bool tied = r_.model.tie_embeddings && usable("model.tie_embeddings");
+  if (!saved)
+    issue(from_at, "adapter.from",
+          config + ": modules_to_save is " + short_dump(at("modules_to_save")) +
+              "; ft trains embed_tokens and lm_head whole, nothing else",
+          "continue an adapter whose modules_to_save names those (or none)");
+  else if (const std::string why = peft_tying_problem(file, tied); !why.empty())
+    issue(from_at, "adapter.from", config + ": " + why,
+          "continue an adapter saved with ensure_weight_tying: true, or none trained whole");
 
   // The shape, each key under its PEFT name; target_modules compared as the set of projections it
   // expands to (adapt/peft.h peft_target_modules).
@@ -296,6 +308,11 @@ void Loader::check_adapter_from() {
            Same{"adapter.use_rslora", "use_rslora",
                 rslora == a.use_rslora || (rslora.is_null() && !a.use_rslora),
                 a.use_rslora ? "true" : "false", short_dump(rslora)},
+           // Compared as what trains (adapt/peft.h same_modules_to_save): on tied embeddings
+           // every list names the one table.
+           Same{"adapter.modules_to_save", "modules_to_save",
+                !saved || same_modules_to_save(*saved, a.modules_to_save, tied),
+                format_value(a.modules_to_save), short_dump(at("modules_to_save"))},
        }) {
     if (c.same || !usable(c.path)) continue;
     const bool written = is_set(c.path);

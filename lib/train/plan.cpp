@@ -60,9 +60,13 @@ std::string describe_holds(const LlamaModel& m, bool tied, bool embed, bool head
   }
   h += layer_range(int(first), int(layers)) + " (" + std::to_string(layers) + " × " +
        count(layer_numel) + ")";
-  if (head)
-    h += std::string(tied ? " + final norm " : " + norm and lm_head ") +
-         count(int64_t(groups[size_t(L) + 1].numel));
+  if (head) {
+    // The head group, and the final norm's own when lm_head trains apart from it (layout.h).
+    int64_t n = int64_t(groups[size_t(L) + 1].numel);
+    if (const int ng = m.layout().final_norm().group; ng != L + 1)
+      n += int64_t(groups[size_t(ng)].numel);
+    h += std::string(tied ? " + final norm " : " + norm and lm_head ") + count(n);
+  }
   if (tied && embed && head) h += " (lm_head tied to the embedding)";
   if (adapter > 0) h += " + their adapters " + count(adapter);
   return h + " = " + count(sum) + " elements";

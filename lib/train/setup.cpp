@@ -87,12 +87,13 @@ RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
   if (!r.adapter.from.empty() && weights != WeightSource::kShapesOnly) {
     // The adapter to start from (a resume reads the trained one from the checkpoint after).
     if (is_root) log_info("loading the adapter from ", r.adapter.from);
-    // Only the adapter's groups travel through the host, not the base.
+    // Only the adapter's groups and the model's trained whole (modules_to_save) travel through
+    // the host, not the frozen base.
     const auto& groups = s.model->layout().groups();
     std::vector<std::vector<float>> host(groups.size());
     std::vector<float*> ptrs(groups.size(), nullptr);
     for (size_t g = 0; g < groups.size(); ++g)
-      if (groups[g].attached_to >= 0 && s.model->owns_group(int(g))) {
+      if ((groups[g].attached_to >= 0 || groups[g].trains()) && s.model->owns_group(int(g))) {
         host[g].resize(groups[g].numel);
         ptrs[g] = host[g].data();
       }

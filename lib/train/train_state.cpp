@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "adapt/peft.h"
 #include "ckpt/hf.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -218,7 +219,8 @@ json manifest_base(const Recipe& r, const Mesh& mesh, const std::string& tokeniz
                     {"target_modules", r.adapter.targets()},
                     {"use_rslora", r.adapter.use_rslora},
                     {"init", r.adapter.init},
-                    {"from", r.adapter.from}};
+                    {"from", r.adapter.from},
+                    {"modules_to_save", r.adapter.modules_to_save}};
   j["optimizer"] = {{"name", r.optimizer.name},
                     {"lr", r.optimizer.lr},
                     {"betas", {r.optimizer.beta1, r.optimizer.beta2}},
@@ -254,6 +256,11 @@ void check_same_model(const ckpt::Manifest& m, const Recipe& r) {
   };
   auto cmp = [&](const char* key, double x, double y) {
     cmp_key(std::string("model.") + key, x, y);
+  };
+  auto format_modules = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const std::string& n : v) out += (out.empty() ? "" : ", ") + n;
+    return "[" + out + "]";
   };
   if (a.arch != b.arch)
     diff += detail::concat("model.arch ", a.arch, " in the checkpoint, ", b.arch, " in the recipe");
@@ -294,6 +301,10 @@ void check_same_model(const ckpt::Manifest& m, const Recipe& r) {
       diff += detail::concat(diff.empty() ? "" : ", ", "adapter.target_modules differ (",
                              ca.targets().size(), " modules in the checkpoint, ",
                              ra.targets().size(), " in the recipe)");
+    if (!same_modules_to_save(ca.modules_to_save, ra.modules_to_save, a.tie_embeddings))
+      diff += detail::concat(diff.empty() ? "" : ", ", "adapter.modules_to_save ",
+                             format_modules(ca.modules_to_save), " in the checkpoint, ",
+                             format_modules(ra.modules_to_save), " in the recipe");
   }
   // Frozen parameters are not in the checkpoint: the same groups must be frozen, and come back
   // from the same source.

@@ -53,6 +53,7 @@
 #include "train/step.h"
 #include "train/train_state.h"
 #include "train/trainer_internal.h"
+#include "train/untrained_tokens.h"
 
 namespace ft {
 namespace fs = std::filesystem;
@@ -186,24 +187,30 @@ std::unique_ptr<Communicator> tied_holders_group(const Recipe& r, Communicator& 
 void print_run_header(const Recipe& r, const LlamaModel& model, const DataLoader& loader, int accum,
                       const Device& dev, int threads) {
   // Elements of the whole model: every rank's layout lists every tensor, with its whole shape.
-  size_t base = 0, adapter = 0;
+  size_t base = 0, trained = 0;  // the model's elements; those that train (an adapter's too)
   for (const ParamGroup& g : model.layout().groups())
     for (const ParamEntry& e : g.entries) {
       size_t n = 1;
       for (int64_t d : e.global_shape) n *= size_t(d);
-      (g.attached_to >= 0 ? adapter : base) += n;
+      if (g.attached_to < 0) base += n;
+      if (g.trains()) trained += n;
     }
   std::printf("ft: model %.2fM parameters (%d layers, dim %d, %d heads / %d kv heads, vocab %d)\n",
               double(base) / 1e6, r.model.n_layers, r.model.dim, r.model.n_heads,
               r.model.n_kv_heads, r.model.vocab_size);
   if (r.adapter.enabled()) {
-    std::string targets;
+    std::string targets, whole;
     for (const std::string& t : r.adapter.targets()) targets += (targets.empty() ? "" : ", ") + t;
+    for (const std::string& m : r.adapter.modules_to_save) whole += (whole.empty() ? "" : ", ") + m;
+    if (!whole.empty())
+      whole = ", and " + whole + " trained whole" +
+              (r.model.tie_embeddings ? " (tied: the one shared table)" : "");
     std::printf(
-        "ft: adapter %s r %d, alpha %g (scale %g%s) on %s: %.4gM trained parameters, the "
-        "base frozen%s%s\n",
+        "ft: adapter %s r %d, alpha %g (scale %g%s) on %s%s: %.4gM trained parameters, the "
+        "%sbase frozen%s%s\n",
         r.adapter.type.c_str(), r.adapter.r, r.adapter.alpha, r.adapter.scaling(),
-        r.adapter.use_rslora ? ", rsLoRA" : "", targets.c_str(), double(adapter) / 1e6,
+        r.adapter.use_rslora ? ", rsLoRA" : "", targets.c_str(), whole.c_str(),
+        double(trained) / 1e6, whole.empty() ? "" : "rest of the ",
         r.adapter.type == "qlora" ? " (its blocks' matrices in NF4)" : "",
         r.adapter.from.empty() ? "" : (", starting from " + r.adapter.from).c_str());
   }
@@ -464,6 +471,15 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   comm.barrier();
 
   if (is_root) print_run_header(r, model, loader, accum, *dev, threads);
+  // An adapter whose base never trained the end-of-turn token's rows (untrained_tokens.h). Only
+  // advice: a folder it cannot read (the run has read what it needs) is said at debug level.
+  if (is_root) {
+    try {
+      for (const std::string& w : untrained_token_warnings(r)) log_warn(w);
+    } catch (const Error& e) {
+      log_debug("the end-of-turn token's rows were not checked: ", e.what());
+    }
+  }
   if (is_root && comm.size() > 1) {
     std::string how = nccl_world ? nccl_world->describe() : comm.describe();
     if (!nccl_world && !dev->host_accessible()) how += ", staged through host memory";

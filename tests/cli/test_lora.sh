@@ -23,13 +23,28 @@
 #     a run with exactly those values; one that lacks a tensor is refused with its name;
 #  6. ft plan counts the adapter as trained and the base as frozen;
 #  7. on the CUDA backend (ft_emu: the CUDA emulation, a test tool), fp32 and bf16 train as on the
-#     CPU, within test_cuda_emu_train.sh's bounds.
-# About 45 s on 2 cores.
+#     CPU, within test_cuda_emu_train.sh's bounds;
+#  8. adapter.modules_to_save (issue 28 point 4; tests/cli/test_lora_peft.sh has PEFT's side):
+#     tensor 2 × pipeline 2 with [embed_tokens, lm_head] trains as one process (section 1b);
+#     [lm_head] trains lm_head and the adapter and keeps every other base tensor's bits, the
+#     final norm beside lm_head included (it moves to a frozen group of its own); the checkpoint
+#     holds lm_head with its moments; kill and resume give the same bits; another
+#     modules_to_save is refused at resume; ft export writes lm_head under PEFT's name with
+#     modules_to_save in adapter_config.json (and the warning for vLLM and llama.cpp), which
+#     adapter.from reads back; --merge writes the trained lm_head; ft generate of the checkpoint
+#     and of the --merge folder agree; ft plan counts lm_head as trained; the CUDA backend
+#     (emulated) trains it as the CPU does; tied embeddings: the
+#     shared table trains, exported under both names with ensure_weight_tying, and a PEFT
+#     folder without ensure_weight_tying is refused as adapter.from.
+# About 60 s on 2 cores (sections 1b and 8: about 17 s).
 #   bash tests/cli/test_lora.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 echo "--- 1. layouts with a LoRA adapter (dropout 0.1, activation checkpointing)"
 bash "$src/scripts/test_layouts.sh" --lora --set adapter.dropout=0.1 \
   --set training.activation_checkpointing=true "$build"
+echo "--- 1b. tensor 2 x pipeline 2 with modules_to_save [embed_tokens, lm_head]"
+bash "$src/scripts/test_layouts.sh" --lora --only tensor2_pipeline2 \
+  --set "adapter.modules_to_save=[embed_tokens,lm_head]" "$build"
 
 mpi_args=(--oversubscribe -x FT_TEST_DUMP_PARAMS)
 [[ $(id -u) == 0 ]] && mpi_args+=(--allow-run-as-root)
@@ -360,4 +375,100 @@ if [[ -x $emu ]]; then
 else
   echo "  skipped: no ft_emu in this build"
 fi
+echo "--- 8. modules_to_save: lm_head trained whole, the final norm kept"
+train mts adapter.modules_to_save=[lm_head]
+grep -q "on q_proj, v_proj, o_proj, down_proj, and lm_head trained whole: .* the rest of the base frozen" \
+  "$tmp/mts.log" || fail "ft train does not say that lm_head trains whole"
+(FT_TEST_KILL_AT_STEP=6 exec "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/mts_killed" \
+  adapter.modules_to_save=[lm_head] > "$tmp/mts_killed.log" 2>&1) && fail "mts_killed: not killed"
+train mts_killed adapter.modules_to_save=[lm_head]
+cmp "$tmp/mts_killed/params/rank_0.safetensors" "$tmp/mts/params/rank_0.safetensors" ||
+  fail "modules_to_save: killed and resumed, other parameters than the run without a stop"
+run_rc 2 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/mts" training.steps=9
+has_err "adapter.modules_to_save [lm_head] in the checkpoint, [] in the recipe"
+run_rc 0 "$ft" export "$tmp/mts/checkpoints" -o "$tmp/mts_adapter"
+has_out "on q_proj, v_proj, o_proj, down_proj, and lm_head trained whole"
+has_err "vLLM refuses modules_to_save"
+run_rc 0 "$ft" export "$tmp/mts/checkpoints" -o "$tmp/mts_merged" --merge
+train mts_from training.steps=0 adapter.modules_to_save=[lm_head] adapter.from="$tmp/mts_adapter"
+"$ft" plan "$tmp/r.yaml" --world 1 --json adapter.modules_to_save=[lm_head] > "$tmp/mts_plan.json"
+/usr/bin/python3 - "$tmp" "$src/tests/ref" <<'PY' || fail "modules_to_save [lm_head]"
+import json, os, sys
+sys.path.insert(0, sys.argv[2])
+import llama_ref as ref
+tmp = sys.argv[1]
+p = "params/rank_0.safetensors"
+init, trained, again = (ref.read_safetensors(os.path.join(tmp, d, p))
+                        for d in ("init_fp32", "mts", "mts_from"))
+moved = sorted(n for n in init if not (init[n] == trained[n]).all())
+adapter = [n for n in init if n.startswith("base_model.")]
+assert moved == sorted(adapter + ["lm_head.weight"]), moved  # model.norm.weight kept
+# The checkpoint: lm_head's group (the head, now lm_head alone) with its moments; the final norm
+# in a frozen group of its own after the model's, the adapter's after it.
+j = json.load(open(os.path.join(tmp, "mts/checkpoints/step_00000008/manifest.json")))
+assert j["frozen"]["groups"] == [0, 1, 2, 3, 5], j["frozen"]
+assert j["adapter"]["modules_to_save"] == ["lm_head"], j["adapter"]
+held = sorted({(q["group"], q["state"]) for q in j["pieces"]})
+assert held == [(g, s) for g in (4, 6, 7, 8) for s in ("exp_avg", "exp_avg_sq", "param")], held
+groups = {t["name"]: t["group"] for t in j["tensors"]}
+assert groups["lm_head.weight"] == 4 and groups["model.norm.weight"] == 5, groups
+# The PEFT folder: lm_head as PEFT saves a module trained whole; read back by adapter.from.
+d = os.path.join(tmp, "mts_adapter")
+c = json.load(open(os.path.join(d, "adapter_config.json")))
+assert c["modules_to_save"] == ["lm_head"] and "ensure_weight_tying" not in c, c
+got = ref.read_safetensors(os.path.join(d, "adapter_model.safetensors"))
+assert sorted(got) == sorted(adapter + ["base_model.model.lm_head.weight"]), sorted(got)
+assert (got["base_model.model.lm_head.weight"] == trained["lm_head.weight"]).all()
+assert all((again[n] == trained[n]).all() for n in adapter + ["lm_head.weight"])
+# --merge: the trained lm_head, the base's norm and embedding.
+merged = ref.read_safetensors(os.path.join(tmp, "mts_merged/model.safetensors"))
+for n in ("lm_head.weight", "model.norm.weight", "model.embed_tokens.weight"):
+    assert (merged[n] == trained[n]).all(), n
+# ft plan: lm_head (64 x 32) trains beside the adapter.
+plan = json.load(open(os.path.join(tmp, "mts_plan.json")))["roles"][0]
+lora = 3 * 4 * ((32 + 32) + (32 + 16) + (32 + 32) + (40 + 32))
+assert plan["trained_elems"] == lora + 64 * 32, plan["trained_elems"]
+print(f"  lm_head and {len(adapter)} adapter tensors trained, the other "
+      f"{len(init) - len(moved)} kept (model.norm.weight among them); the checkpoint, the "
+      "PEFT folder (read back), --merge and ft plan hold lm_head")
+PY
+gen mts "$tmp/mts/checkpoints"
+gen mts_merged "$tmp/mts_merged"
+cmp -s "$tmp/gen_mts" "$tmp/gen_mts_merged" ||
+  fail "generate: a modules_to_save checkpoint and its --merge differ"
+if [[ -x $emu ]]; then  # the CUDA backend (emulated) trains lm_head as the CPU does (section 7)
+  "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/emu_mts" runtime.device=cuda \
+    adapter.modules_to_save=[lm_head] > "$tmp/emu_mts.log" 2>&1 ||
+    fail "emu_mts: $(tail -3 "$tmp/emu_mts.log")"
+  /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$tmp/emu_mts" "$tmp/mts" \
+    --min-entries 16 --loss-rel 1e-4 --norm-rel 1e-3 --step1-loss-rel 1e-6 --step1-norm-rel 1e-5 ||
+    fail "modules_to_save: the CUDA backend and the CPU differ"
+fi
+# Tied embeddings: either name trains the one table, exported under both names as PEFT's
+# ensure_weight_tying saves it; a PEFT folder that untied it is refused.
+train tied training.steps=2 model.tie_embeddings=true adapter.modules_to_save=[lm_head]
+run_rc 0 "$ft" export "$tmp/tied/checkpoints" -o "$tmp/tied_adapter"
+has_err "ensure_weight_tying: true, which PEFT before it had the key (0.13 among them) refuses"
+/usr/bin/python3 - "$tmp/tied_adapter" "$tmp/tied/params/rank_0.safetensors" "$src/tests/ref" <<'PY' \
+  || fail "tied embeddings: the export of the shared table"
+import json, os, sys
+sys.path.insert(0, sys.argv[3])
+import llama_ref as ref
+c = json.load(open(os.path.join(sys.argv[1], "adapter_config.json")))
+assert c["modules_to_save"] == ["embed_tokens", "lm_head"] and c["ensure_weight_tying"] is True, c
+got = ref.read_safetensors(os.path.join(sys.argv[1], "adapter_model.safetensors"))
+table = ref.read_safetensors(sys.argv[2])["model.embed_tokens.weight"]
+for n in ("base_model.model.model.embed_tokens.weight", "base_model.model.lm_head.weight"):
+    assert (got[n] == table).all(), n
+print("  tied: the trained table under both names, ensure_weight_tying: true")
+PY
+/usr/bin/python3 - "$tmp/tied_adapter/adapter_config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+del c["ensure_weight_tying"]
+json.dump(c, open(sys.argv[1], "w"))
+PY
+run_rc 2 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/untied" model.tie_embeddings=true \
+  adapter.modules_to_save=[lm_head] adapter.from="$tmp/tied_adapter"
+has_err "without ensure_weight_tying: true, so PEFT trained a copy of the module apart from the table"
 echo "test_lora: all checks passed"

@@ -17,6 +17,10 @@
 #      Paris." (learnt from the assistant's tokens only: the users' turns never say it), and
 #      stops at the template's end of turn; ft export, and `ft generate EXPORT --chat` gives the
 #      same text;
+#   3b. lora_qwen.yaml's start-up check of the template's end of turn (issue 28 point 4): the
+#      twin's <|im_end|> row is drawn as every row is, and ft train says nothing of it; in a copy
+#      of the folder whose row is zero, ft train warns, naming the token, its id and
+#      adapter.modules_to_save, and with modules_to_save: [embed_tokens, lm_head] it does not;
 #   4. transformers 4.46.3 loads the export as its class, and its greedy generate from ft's
 #      prompt ids, stopping at the export's generation_config eos (the end of turn), gives ft's
 #      ids token for token (fp32), which its tokenizer decodes to ft's text; transformers 5's
@@ -94,6 +98,7 @@ args=("model.from=$tmp/qwen" "tokenizer.path=$tmp/qwen" "data.train=$tmp/qwen_tr
       training.eval_every_steps=20 optimizer.lr=3.0e-2 scheduler.warmup_steps=5
       scheduler.min_lr=3.0e-3)
 run_rc 0 "$ft" train "$src/recipes/lora_qwen.yaml" "${args[@]}"
+cp "$tmp/err.txt" "$tmp/lora_train.err"
 for kv in "type: lora" "r: 16" "alpha: 32" "target_modules: \\[all-linear\\]" "pack: true" \
           "precision: bf16" "activation_checkpointing: true"; do
   grep -q "^ *$kv" "$tmp/out.txt" || fail "lora_qwen.yaml: the resolved recipe lacks $kv"
@@ -111,6 +116,34 @@ run_rc 0 "$ft" export "$tmp/run_lora/checkpoints" --output "$tmp/lora_adapter"
   fail "lora_qwen: the export is not a PEFT folder"
 run_rc 0 "$ft" export "$tmp/run_lora/checkpoints" --output "$tmp/lora_merged" --merge --dtype bf16
 [[ -f $tmp/lora_merged/config.json ]] || fail "lora_qwen: the merged export has no config.json"
+
+# 3b. The end-of-turn token's row: trained-looking in the twin (its run above said nothing of it),
+# zero in a copy.
+grep -q "looks untrained" "$tmp/lora_train.err" && fail "lora_qwen: warned of a trained-looking row"
+cp -r "$tmp/qwen" "$tmp/qwen_zero"
+im_end=$(/usr/bin/python3 - "$tmp/qwen_zero" "$src/tests/ref" <<'EOF'
+import json, os, sys
+sys.path.insert(0, sys.argv[2])
+import llama_ref as ref
+d = sys.argv[1]
+tok = json.load(open(os.path.join(d, "tokenizer.json")))
+i = next(t["id"] for t in tok["added_tokens"] if t["content"] == "<|im_end|>")
+w = ref.read_safetensors(os.path.join(d, "model.safetensors"))
+w["model.embed_tokens.weight"][i] = 0  # as a base model ships a token it never trained
+ref.write_safetensors(os.path.join(d, "model.safetensors"), w)
+print(i)
+EOF
+)
+args=("model.from=$tmp/qwen_zero" "tokenizer.path=$tmp/qwen_zero" "data.train=$tmp/qwen_train"
+      "data.valid=$tmp/qwen_valid" data.seq_len=256 training.steps=0 scheduler.warmup_steps=0)
+run_rc 0 "$ft" train "$src/recipes/lora_qwen.yaml" "${args[@]}" "run.output_dir=$tmp/run_zero"
+has_err "warning: the chat template's end-of-turn token <|im_end|> (id $im_end) looks untrained in model.from (model.embed_tokens.weight: norm 0, 0 of the median row's"
+has_err "train its rows with adapter.modules_to_save: [embed_tokens, lm_head]"
+run_rc 0 "$ft" train "$src/recipes/lora_qwen.yaml" "${args[@]}" "run.output_dir=$tmp/run_saved" \
+  "adapter.modules_to_save=[embed_tokens, lm_head]"
+grep -q "looks untrained" "$tmp/err.txt" && fail "lora_qwen: warned with the rows trained whole"
+has_out "and embed_tokens, lm_head trained whole (tied: the one shared table)"
+echo "lora_qwen: <|im_end|> (id $im_end) zeroed: warned; trained whole: not"
 
 # recipes/qlora_llama3_70b.yaml on the tiny Llama folder and shards, as the LoRA twin: the recipe
 # runs as written (qlora: the blocks in NF4, bf16, packing, activation checkpointing,

@@ -2,8 +2,8 @@
 in a venv that has both (common.sh: hf_peft_spec, transformers 4.46.3 on Debian's torch 1.13;
 the qwen3 case needs hf_torch2_spec's transformers 5 on torch 2, which has Qwen3ForCausalLM):
     PYTHON tests/ref/lora_parity.py BUILD_DIR SOURCE_DIR TMP_DIR [--reference-only]
-FT_LORA_CASES=a,b runs only those cases (llama, qwen2_tied, qwen3); the default is llama and
-qwen2_tied. --reference-only runs the PyTorch side alone (no ft is needed): the 8 reference
+FT_LORA_CASES=a,b runs only those cases (llama, qwen2_tied, qwen3, llama_mts, qwen2_tied_mts);
+the default is llama and qwen2_tied. --reference-only runs the PyTorch side alone (no ft is needed): the 8 reference
 losses and gradient norms of each case and its discriminating checks.
 
 Per case, on a small random model (arch_parity.py's sizes: dim 64, 2 layers, 4 heads / 2 kv
@@ -14,14 +14,19 @@ heads, vocab 256; qwen3 with head_dim 32):
    lora_dropout 0; target_modules: llama all seven projections by name, qwen2_tied q_proj,
    v_proj and down_proj with use_rslora, qwen3 "all-linear"), get_peft_model, then A and B set
    to random values from a fixed seed (B != 0: with PEFT's default B = 0 the first step's
-   gradient of A is zero, and a wrong one would go unseen), save_pretrained. The reference is
+   gradient of A is zero, and a wrong one would go unseen), save_pretrained. The _mts cases
+   (issue 28 point 4; PEFT with ensure_weight_tying, so peft >= 0.17: the torch 2 venv) also
+   train modules_to_save [embed_tokens, lm_head] whole: llama's two matrices, and qwen2_tied's
+   one shared table (ensure_weight_tying=True); their copies are moved off the base's values
+   before saving, so an ft that read the base's instead fails. The reference is
    what ft reads: the base folder through AutoModelForCausalLM and the adapter folder through
    PeftModel.from_pretrained(is_trainable=True).
    Asserted of the reference: PEFT's scaling is alpha / r (alpha / sqrt(r) with rsLoRA), the
-   trainable parameters are exactly the A and B of the target modules, and the loss of step 1's
-   batch moves by far more than the bounds below when the adapter is disabled (so an ft that
-   ignored the adapter fails) and, with rsLoRA, when the scaling is alpha / r instead (so an ft
-   that ignored use_rslora fails).
+   trainable parameters are exactly the A and B of the target modules (and the modules' copies),
+   and the loss of step 1's batch moves by far more than the bounds below when the adapter is
+   disabled (so an ft that ignored the adapter fails), with rsLoRA when the scaling is alpha / r
+   instead (so an ft that ignored use_rslora fails), and with modules_to_save when the modules
+   hold the base's values (so an ft that did not load them fails).
 2. `ft train` with model.from the base and adapter.type=lora, adapter.r, adapter.alpha,
    adapter.dropout=0, adapter.target_modules, adapter.use_rslora and adapter.from the adapter
    folder as overrides, 8 steps (AdamW with weight decay on the adapter's matrices, warmup then
@@ -33,7 +38,8 @@ heads, vocab 256; qwen3 with head_dim 32):
    Adam's normalisation amplifies rounding a little each step).
 3. The base stays frozen: in the reference, every base tensor keeps its bits through the 8 steps
    (the reference itself is sound); in ft, every base tensor of its parameters after the last
-   step (FT_TEST_DUMP_PARAMS) is the base folder's, bit for bit.
+   step (FT_TEST_DUMP_PARAMS) is the base folder's, bit for bit, but the modules trained whole,
+   which moved (model.norm.weight, in the head's group, among the kept).
 4. ft's checkpoint of the adapter run holds the adapter alone, and `ft export` of it is a PEFT
    folder that PEFT applies to the base with the reference's trained A and B; `ft export --merge`
    is the model that PEFT's merge_and_unload() makes of them (check_ft_checkpoint_base).
@@ -59,18 +65,21 @@ SIZES = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # The LoRA of every case: PEFT's LoraConfig fields, and ft's recipe keys of the same meaning.
 R, ALPHA = 4, 8
-# label: (model class, tied embeddings, target_modules, use_rslora)
+# label: (model class, tied embeddings, target_modules, use_rslora, modules_to_save)
+MTS = ["embed_tokens", "lm_head"]
 CASES = {
-    "llama": ("LlamaForCausalLM", False, PROJECTIONS, False),
-    "qwen2_tied": ("Qwen2ForCausalLM", True, ["q_proj", "v_proj", "down_proj"], True),
-    "qwen3": ("Qwen3ForCausalLM", False, "all-linear", False),
+    "llama": ("LlamaForCausalLM", False, PROJECTIONS, False, []),
+    "qwen2_tied": ("Qwen2ForCausalLM", True, ["q_proj", "v_proj", "down_proj"], True, []),
+    "qwen3": ("Qwen3ForCausalLM", False, "all-linear", False, []),
+    "llama_mts": ("LlamaForCausalLM", False, ["q_proj", "v_proj"], False, MTS),
+    "qwen2_tied_mts": ("Qwen2ForCausalLM", True, ["q_proj", "v_proj", "down_proj"], True, MTS),
 }
 DEFAULT_CASES = ["llama", "qwen2_tied"]  # qwen3 needs transformers >= 4.51, so torch >= 2
 # Training: arch_parity.py's schedule and batches over 8 steps. clip: between the reference's
 # gradient norms, so that clipping acts on some steps and not on others (asserted).
 T, MICRO, GLOB, STEPS = 16, 2, 4, 8
 LR, WD, WARM, MIN_LR = 2e-3, 0.1, 3, 2e-4
-CLIP = {"llama": 2.2, "qwen2_tied": 2.1, "qwen3": 1.85}
+CLIP = {"llama": 2.2, "qwen2_tied": 2.1, "qwen3": 1.85, "llama_mts": 2.8, "qwen2_tied_mts": 4.2}
 
 
 class PeftRef:
@@ -94,11 +103,16 @@ class PeftRef:
         import peft
         return [m for m in self.model.modules() if isinstance(m, peft.tuners.lora.LoraLayer)]
 
+    def saved_modules(self):
+        """PEFT's ModulesToSaveWrapper of each module trained whole."""
+        import peft
+        return [m for m in self.model.modules() if isinstance(m, peft.utils.ModulesToSaveWrapper)]
+
 
 def build_base(label, case, seed):
     """Section 1's base folder; returns its path."""
     import transformers
-    cls_name, tie, _, _ = CASES[label]
+    cls_name, tie, _, _, _ = CASES[label]
     common = dict(vocab_size=SIZES["vocab_size"], hidden_size=SIZES["dim"],
                   intermediate_size=SIZES["ffn_dim"], num_hidden_layers=SIZES["n_layers"],
                   num_attention_heads=SIZES["n_heads"], num_key_value_heads=SIZES["n_kv_heads"],
@@ -132,9 +146,13 @@ def load_base(hf):
 def make_adapter(label, case, hf, seed):
     """Section 1's adapter folder, made by PEFT from the base folder; returns its path."""
     import peft
-    _, _, targets, rslora = CASES[label]
+    _, tie, targets, rslora, mts = CASES[label]
+    # Modules trained whole on tied embeddings: the shared table, as ft trains it.
+    extra = dict(modules_to_save=list(mts)) if mts else {}
+    if mts and tie:
+        extra["ensure_weight_tying"] = True
     config = peft.LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=targets,
-                             use_rslora=rslora, bias="none", task_type="CAUSAL_LM")
+                             use_rslora=rslora, bias="none", task_type="CAUSAL_LM", **extra)
     model = peft.get_peft_model(load_base(hf), config)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -143,6 +161,8 @@ def make_adapter(label, case, hf, seed):
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
             elif "lora_B" in name:
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            elif "modules_to_save" in name:  # off the base's values, by about their size
+                p.add_(p.std() * torch.randn(p.shape, generator=g))
     adapter = os.path.join(case, "adapter")
     model.save_pretrained(adapter)
     return adapter
@@ -152,7 +172,7 @@ def reference(label, case, seed):
     """Section 1: the folders, the reference model and its checks. Returns (base folder,
     adapter folder, data folder, reference model, shards)."""
     import peft
-    _, _, targets, rslora = CASES[label]
+    _, tie, targets, rslora, mts = CASES[label]
     hf = build_base(label, case, seed)
     adapter = make_adapter(label, case, hf, seed + 100)
     saved = json.load(open(os.path.join(adapter, "adapter_config.json")))
@@ -167,9 +187,14 @@ def reference(label, case, seed):
     want = {f"base_model.model.model.layers.{i}.{'self_attn' if s[0] in 'qkvo' else 'mlp'}.{s}."
             f"lora_{ab}.default.weight"
             for i in range(SIZES["n_layers"]) for s in sites for ab in "AB"}
+    # The modules' copies (tied: one, the embedding's, which lm_head's shares).
+    wrapped = {"embed_tokens": "base_model.model.model.embed_tokens.modules_to_save.default.weight",
+               "lm_head": "base_model.model.lm_head.modules_to_save.default.weight"}
+    want |= {wrapped[m] for m in (mts[:1] if tie else mts)}
     check(set(model.p) == want and all(p.dim() == 2 for p in model.p.values()),
           f"{label}: the trainable parameters are the {len(want)} A and B matrices of "
           f"{'all-linear = ' if targets == 'all-linear' else ''}{sorted(sites)}"
+          + (f" and the copies of {mts}" + (" (tied: one table)" if tie else "") if mts else "")
           + ("" if set(model.p) == want else f" (differ: {sorted(set(model.p) ^ want)[:3]})"))
     data, shards = num.make_data(case, "data", SIZES["vocab_size"], 12 * T + 1, 2, seed + 10,
                                  with_mask=True)
@@ -193,6 +218,19 @@ def reference(label, case, seed):
         gap = abs(plain - loss) / abs(loss)
         check(gap > 1e-3, f"{label}: with alpha/r instead of rsLoRA's alpha/sqrt(r) the loss "
                           f"is {plain:.6f}, {gap:.1e} away, far beyond the bounds")
+    if mts:
+        wrappers = model.saved_modules()
+        with torch.no_grad():
+            kept = [m.modules_to_save["default"].weight.clone() for m in wrappers]
+            for m in wrappers:
+                m.modules_to_save["default"].weight.copy_(m.original_module.weight)
+            as_base = (model.loss_sum(ids, tgt, msk) / count).item()
+            for m, w in zip(wrappers, kept):
+                m.modules_to_save["default"].weight.copy_(w)
+        gap = abs(as_base - loss) / abs(loss)
+        check(gap > 1e-3 and len(wrappers) == len(mts),
+              f"{label}: with the base's values in the {len(wrappers)} modules trained whole the "
+              f"loss is {as_base:.6f}, {gap:.1e} away, far beyond the bounds")
     return hf, adapter, data, model, shards
 
 
@@ -226,7 +264,7 @@ def reference_steps(label, model, shards):
 
 def ft_run(label, case, hf, adapter, data):
     """Section 2's `ft train`; returns the metrics lines, or None."""
-    _, _, targets, rslora = CASES[label]
+    _, _, targets, rslora, mts = CASES[label]
     metrics = os.path.join(case, "metrics.jsonl")
     optimizer = f"optimizer: {{lr: {LR}, betas: [0.9, 0.95], eps: 1.0e-8, weight_decay: {WD}}}"
     extra = (f"scheduler: {{name: cosine, warmup_steps: {WARM}, min_lr: {MIN_LR}}}\n"
@@ -241,7 +279,7 @@ def ft_run(label, case, hf, adapter, data):
                          f"adapter.r={R}", f"adapter.alpha={ALPHA}", "adapter.dropout=0",
                          f"adapter.target_modules={modules}",
                          f"adapter.use_rslora={str(rslora).lower()}", f"adapter.from={adapter}",
-                         f"model.from={hf}")
+                         f"adapter.modules_to_save=[{','.join(mts)}]", f"model.from={hf}")
     del os.environ["FT_TEST_DUMP_PARAMS"]
     return lines
 
@@ -267,13 +305,18 @@ def compare(label, lines, losses, norms):
 def check_ft_base_kept(label, case, hf):
     """Section 3: ft's parameters after the last step (FT_TEST_DUMP_PARAMS, one process: whole
     tensors under their HF names) hold every base tensor with the base folder's bits."""
+    _, tie, _, _, mts = CASES[label]
     base = ref.read_safetensors(os.path.join(hf, "model.safetensors"))
     dumped = ref.read_safetensors(os.path.join(case, "params", "rank_0.safetensors"))
     missing = sorted(set(base) - set(dumped))
     changed = sorted(n for n in base if n in dumped and not torch.equal(base[n], dumped[n]))
-    check(not missing and not changed,
-          f"{label}: ft kept all {len(base)} base tensors bit for bit"
-          + (f" (missing {missing[:3]}, changed {changed[:3]})" if missing or changed else ""))
+    whole = sorted({"embed_tokens": "model.embed_tokens.weight", "lm_head": "lm_head.weight"}[m]
+                   for m in (mts[:1] if tie else mts))
+    check(not missing and changed == whole,
+          f"{label}: ft kept all {len(base) - len(whole)} base tensors bit for bit"
+          + (f", trained {whole} whole" if whole else "")
+          + (f" (missing {missing[:3]}, changed {changed[:3]})"
+             if missing or changed != whole else ""))
 
 
 def check_ft_checkpoint_base(label, case, hf, model, shards):
@@ -292,17 +335,23 @@ def check_ft_checkpoint_base(label, case, hf, model, shards):
       torch's matmul, then a multiply and an add); the others bit for bit."""
     import peft
     import transformers
+    _, tie, _, _, mts = CASES[label]
     step = os.path.join(case, "ckpt", f"step_{STEPS:08d}")
     manifest = json.load(open(os.path.join(step, "manifest.json")))
-    n_model = SIZES["n_layers"] + 2  # embed, the blocks, the head
+    # embed, the blocks, the head; lm_head trained whole (untied) leaves the final norm in a
+    # group of its own after them. Trained: the modules' groups (tied: the embedding's).
+    L = SIZES["n_layers"]
+    n_model = L + 2 + (1 if "lm_head" in mts and not tie else 0)
+    whole = ([0] if mts else []) + ([L + 1] if "lm_head" in mts and not tie else [])
     held = sorted({p["group"] for p in manifest["pieces"]})
     states = sorted({p["state"] for p in manifest["pieces"]})
     frozen = manifest.get("frozen", {})
-    check(frozen.get("groups") == list(range(n_model)) and frozen.get("from") == hf
-          and held == list(range(n_model, n_model + SIZES["n_layers"]))
+    check(frozen.get("groups") == [g for g in range(n_model) if g not in whole]
+          and frozen.get("from") == hf
+          and held == whole + list(range(n_model, n_model + L))
           and states == ["exp_avg", "exp_avg_sq", "param"],
-          f"{label}: the checkpoint names the {n_model} model groups frozen from the base folder "
-          f"and holds the adapter's groups {held} alone ({', '.join(states)})")
+          f"{label}: the checkpoint names the model groups but {whole} frozen from the base "
+          f"folder and holds the adapter's groups and those, {held} ({', '.join(states)})")
     adapter_dir, merged_dir = os.path.join(case, "export"), os.path.join(case, "merged")
     for args in ([step, "-o", adapter_dir], [step, "-o", merged_dir, "--merge"]):
         res = subprocess.run([num.FT, "export", *args], capture_output=True, text=True)
@@ -312,11 +361,13 @@ def check_ft_checkpoint_base(label, case, hf, model, shards):
             return
     loaded = peft.PeftModel.from_pretrained(load_base(hf), adapter_dir).eval()
     trained = {n: p.detach() for n, p in model.p.items()}
-    got = {n: p.detach() for n, p in loaded.named_parameters() if "lora_" in n}
+    got = {n: p.detach() for n, p in loaded.named_parameters()
+           if "lora_" in n or "modules_to_save" in n}
     worst = max((float((got[n] - t).abs().max() / t.abs().max()) for n, t in trained.items()
                  if n in got), default=float("inf"))
     check(sorted(got) == sorted(trained) and worst <= 1e-4,
-          f"{label}: PEFT loads ft's export onto the base; its {len(got)} A and B are the "
+          f"{label}: PEFT loads ft's export onto the base; its {len(got)} A and B"
+          f"{' and modules' if mts else ''} are the "
           f"reference's after {STEPS} steps within {worst:.1e} (bound 1e-4)"
           + ("" if sorted(got) == sorted(trained) else
              f" (names differ: {sorted(set(got) ^ set(trained))[:3]})"))
@@ -331,6 +382,8 @@ def check_ft_checkpoint_base(label, case, hf, model, shards):
     check(diff <= 1e-5, f"{label}: the --merge folder's logits are the PEFT model's within "
                         f"{diff:.1e} of the largest (bound 1e-5)")
     scale = (ALPHA / math.sqrt(R)) if CASES[label][3] else ALPHA / R
+    saved = {n.replace("base_model.model.", "", 1).replace(".modules_to_save.default", "")
+             for n in trained if "modules_to_save" in n}  # the modules trained whole
     terms = {}
     for n, m in loaded.named_modules():
         if hasattr(m, "lora_A") and "default" in m.lora_A:
@@ -343,6 +396,10 @@ def check_ft_checkpoint_base(label, case, hf, model, shards):
     names_ok = sorted(merged) == sorted(n for n in state if not (tied and n == "lm_head.weight"))
     bad, worst = [], 0.0
     for n, w in merged.items():
+        if n in saved:  # trained whole: ft's values, as PEFT's unload takes them from the export
+            if not torch.equal(w, state[n]) or torch.equal(w, base[n]):
+                bad.append(n)
+            continue
         if n not in terms:
             if not torch.equal(w, base[n]):
                 bad.append(n)
@@ -354,7 +411,8 @@ def check_ft_checkpoint_base(label, case, hf, model, shards):
     check(names_ok and not bad and len(terms) > 0,
           f"{label}: the --merge folder's {len(terms)} adapted weights are PEFT's "
           f"merge_and_unload() within {worst:.1e} of the largest term (bound {4 * 2.0**-24:.1e}), "
-          f"its {len(merged) - len(terms)} other tensors the base's bit for bit"
+          + (f"{sorted(saved)} trained whole as exported, " if saved else "")
+          + f"its {len(merged) - len(terms) - len(saved)} other tensors the base's bit for bit"
           + (f" (differ: {bad[:3]})" if bad else "") + ("" if names_ok else " (other names)"))
 
 

@@ -11,12 +11,14 @@
 #include <vector>
 
 #include "adapt/lora.h"
+#include "adapt/peft.h"
 #include "comm/counting_communicator.h"
 #include "core/dtype.h"
 #include "model/layout.h"
 #include "model/llama.h"
 #include "runtime/device.h"
 #include "tiny_model.h"
+#include "train/untrained_tokens.h"
 
 namespace ft {
 namespace {
@@ -503,6 +505,133 @@ TEST_CASE("QLoRA: LoRA's loss and gradients on the dequantized base; NF4 bytes o
   const std::vector<std::vector<float>> wh = h.flat_params().to_host();
   for (int b = 0; b < L; ++b)
     for (float x : wh[size_t(1 + b)]) REQUIRE(bf16_to_f32(f32_to_bf16(x)) == x);
+}
+
+}  // namespace ft
+
+namespace ft {
+
+// modules_to_save (issue 28 point 4): what trains, where the head's tensors go, and that a model
+// training lm_head apart from its norm computes what the plain model computes (B = 0: the
+// adapted model is the base) with lm_head's gradient the plain model's.
+TEST_CASE("LoRA modules_to_save: the groups that train; lm_head apart from the final norm") {
+  AdapterConfig ac;
+  ac.type = "lora";
+  ac.r = 2;
+  auto layout_with = [&](std::vector<std::string> modules, bool tied, int tensor) {
+    ModelConfig cfg = linear_test_config();
+    cfg.vocab_size = 20;  // divisible by two tensor ranks
+    cfg.tie_embeddings = tied;
+    AdapterConfig a = ac;
+    a.modules_to_save = std::move(modules);
+    ModelConverters convs;
+    convs.push_back(std::make_unique<LoraConverter>(a));
+    return converted_layout(cfg, tensor, &convs);
+  };
+  const int L = linear_test_config().n_layers, C = linear_test_config().dim;
+  auto trains = [](const ParamLayout& l) {
+    std::vector<int> g;
+    for (size_t i = 0; i < l.groups().size(); ++i)
+      if (l.groups()[i].trains() && l.groups()[i].attached_to < 0) g.push_back(int(i));
+    return g;
+  };
+  for (int tensor : {1, 2}) {
+    CAPTURE(tensor);
+    // lm_head alone: the final norm leaves the head group for a frozen group of its own, after
+    // the model's and before the adapter's.
+    const ParamLayout head = layout_with({"lm_head"}, false, tensor);
+    CHECK(trains(head) == std::vector<int>{L + 1});
+    REQUIRE(head.groups()[size_t(L + 1)].entries.size() == 1);
+    CHECK(head.groups()[size_t(L + 1)].entries[0].name == "lm_head.weight");
+    CHECK(head.groups()[size_t(L + 1)].entries[0].offset == 0);
+    CHECK(head.groups()[size_t(L + 2)].name == "norm");
+    CHECK(head.groups()[size_t(L + 2)].entries[0].name == "model.norm.weight");
+    CHECK(!head.groups()[size_t(L + 2)].trains());
+    CHECK(head.groups()[size_t(L + 2)].attached_to == -1);
+    CHECK(head.attached_group(1) == L + 3);
+    CHECK(head.final_norm().group == L + 2);
+    CHECK(head.final_norm().offset == 0);
+    CHECK(head.output_weight().group == L + 1);
+    CHECK(head.output_weight().offset == 0);
+    // The embedding alone: group 0; the head as it was, frozen.
+    const ParamLayout embed = layout_with({"embed_tokens"}, false, tensor);
+    CHECK(trains(embed) == std::vector<int>{0});
+    CHECK(embed.groups().size() == size_t(L + 2 + L));
+    CHECK(embed.output_weight().group == L + 1);
+    CHECK(embed.output_weight().offset == size_t(C));
+    // Tied: either name is the one table (group 0); the head group keeps the norm, frozen.
+    for (const char* m : {"lm_head", "embed_tokens"}) {
+      const ParamLayout tied = layout_with({m}, true, tensor);
+      CHECK(trains(tied) == std::vector<int>{0});
+      CHECK(tied.groups().size() == size_t(L + 2 + L));
+      CHECK(tied.output_weight().group == 0);
+      CHECK(tied.final_norm().group == L + 1);
+    }
+    CHECK(trains(layout_with({}, false, tensor)).empty());
+  }
+
+  auto dev = make_device("cpu");
+  ModelConfig cfg = linear_test_config();
+  const int B = 2, T = 5, N = B * T, V = cfg.vocab_size;
+  std::vector<int32_t> in(N), tgt(N);
+  std::vector<uint8_t> mask(N, 1);
+  for (int n = 0; n < N; ++n) in[size_t(n)] = (5 * n + 3) % V, tgt[size_t(n)] = (7 * n + 1) % V;
+  LlamaModel plain(cfg, dev.get(), false, nullptr, {}, DType::kF32);
+  plain.init_random(7, 0.1);
+  plain.forward_backward(in.data(), tgt.data(), mask.data(), B, T, 1.0f / float(N));
+  const double plain_loss = plain.take_loss_sum();
+  const std::vector<float> plain_head = group_of(plain.flat_params().grads()[size_t(L + 1)]);
+  AdapterConfig a = ac;
+  a.modules_to_save = {"lm_head"};
+  ModelConverters convs;
+  convs.push_back(std::make_unique<LoraConverter>(a));
+  LlamaModel m(cfg, dev.get(), false, nullptr, {}, DType::kF32, &convs);
+  m.init_random(7, 0.1);  // the same base: drawn by tensor name
+  convs.front()->convert_model(m, 11);
+  m.forward_backward(in.data(), tgt.data(), mask.data(), B, T, 1.0f / float(N));
+  CHECK(m.take_loss_sum() == doctest::Approx(plain_loss).epsilon(1e-6));
+  const std::vector<float> head_grad = group_of(m.flat_params().grads()[size_t(L + 1)]);
+  const std::vector<float> want(plain_head.begin() + C, plain_head.end());  // past the norm's
+  CHECK(max_abs(head_grad) > 0);
+  CHECK(rel_diff(head_grad, want) < 1e-6f);
+  CHECK(m.flat_params().grads()[size_t(L + 2)].size() == 0);  // the norm: frozen, no gradient
+  CHECK(m.flat_params().grads()[0].size() == 0);
+}
+
+}  // namespace ft
+
+namespace ft {
+
+TEST_CASE("PEFT's modules_to_save as ft reads it; an untrained-looking row") {
+  using nlohmann::json;
+  // Names or module paths, each once; what else PEFT lists is not ft's to train.
+  CHECK(peft_modules_to_save(json()) == std::vector<std::string>{});
+  CHECK(peft_modules_to_save(json::parse(R"(["lm_head", "model.embed_tokens", "embed_tokens"])")) ==
+        std::vector<std::string>{"lm_head", "embed_tokens"});
+  CHECK(!peft_modules_to_save(json::parse(R"(["score"])")));
+  CHECK(!peft_modules_to_save(json::parse(R"("lm_head")")));
+  // Tied, every list names the one table.
+  CHECK(same_modules_to_save({"lm_head"}, {"embed_tokens"}, true));
+  CHECK(!same_modules_to_save({"lm_head"}, {"embed_tokens"}, false));
+  CHECK(same_modules_to_save({"lm_head", "embed_tokens"}, {"embed_tokens", "lm_head"}, false));
+  CHECK(!same_modules_to_save({}, {"lm_head"}, true));
+  const json untied = json::parse(R"({"modules_to_save": ["lm_head"]})");
+  CHECK(peft_tying_problem(untied, false).empty());
+  CHECK(!peft_tying_problem(untied, true).empty());
+  CHECK(peft_tying_problem(json::parse(R"({"modules_to_save": ["lm_head"],
+                                            "ensure_weight_tying": true})"),
+                           true)
+            .empty());
+  CHECK(peft_saved_name("lm_head.weight") == "base_model.model.lm_head.weight");
+
+  // The median of row norms: rows (3, 4) = 5, (0, 0) = 0, (6, 8) = 10, (1, 0) = 1.
+  const std::vector<float> rows = {3, 4, 0, 0, 6, 8, 1, 0};
+  CHECK(median_row_norm(rows.data(), 4, 2) == doctest::Approx(3.0));  // (1 + 5) / 2
+  CHECK(median_row_norm(rows.data(), 3, 2) == doctest::Approx(5.0));
+  CHECK(median_row_norm(rows.data(), 0, 2) == 0.0);
+  // The zero row is far below a tenth of the median; the unit one is not below 0.1 · 3.
+  CHECK(median_row_norm(rows.data() + 2, 1, 2) < kUntrainedNormRatio * 3.0);
+  CHECK(!(median_row_norm(rows.data() + 6, 1, 2) < kUntrainedNormRatio * 3.0));
 }
 
 }  // namespace ft

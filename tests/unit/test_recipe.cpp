@@ -725,7 +725,8 @@ TEST_CASE("recipe: recipe_to_yaml round-trips every key") {
   fs::create_directories(s.dir / "valid");
   s.write("adapter/adapter_config.json",
           R"({"peft_type": "LORA", "r": 12, "lora_alpha": 0.3, "use_rslora": true,
-              "target_modules": ["up_proj", "k_proj"]})");
+              "target_modules": ["up_proj", "k_proj"], "ensure_weight_tying": true,
+              "modules_to_save": ["lm_head", "embed_tokens"]})");
   s.write("adapter/adapter_model.safetensors", "");
   // Every key away from its default, with values that are awkward as text: a float that is not
   // exact in binary, a name that YAML would read as a number or null, a seed above 2^63.
@@ -1331,7 +1332,7 @@ TEST_CASE("recipe: adapter.from: a PEFT folder whose adapter the recipe describe
   SUBCASE("what the file asks for beyond a plain LoRA is refused by name") {
     write_config(
         "\"target_modules\": [\"q_proj\", \"v_proj\"], \"use_dora\": true, \"bias\": \"all\", "
-        "\"modules_to_save\": [\"lm_head\"], \"rank_pattern\": {\"q_proj\": 4}");
+        "\"trainable_token_indices\": [7], \"rank_pattern\": {\"q_proj\": 4}");
     const RecipeResult r = s.load(lora);
     INFO(all_issues(r));
     const std::vector<RecipeIssue> from = issues_for(r, "adapter.from");
@@ -1339,15 +1340,49 @@ TEST_CASE("recipe: adapter.from: a PEFT folder whose adapter the recipe describe
     CHECK(from[0].message == config + ": use_dora is true; DoRA is not built in this ft");
     CHECK(from[0].hint == "continue an adapter saved without use_dora (PEFT's default)");
     CHECK(from[1].message == config + ": bias is \"all\"; ft's LoRA trains no biases");
-    CHECK(from[2].message == config +
-                                 ": modules_to_save is [\"lm_head\"]; modules trained whole "
-                                 "beside the adapter are not yet built in this ft");
+    CHECK(from[2].message ==
+          config + ": trainable_token_indices is [7]; ft does not train single embedding rows");
     CHECK(from[3].message ==
           config + ": rank_pattern is {\"q_proj\":4}; ft's LoRA has one r for every module");
     CHECK(r.issues.size() == 4);
     s.write("peft/adapter_config.json", "{\"peft_type\": \"PREFIX_TUNING\", \"r\": 16}");
     CHECK(issue_for(s.load(lora), "adapter.from").message ==
           config + ": peft_type is \"PREFIX_TUNING\"; ft continues LORA adapters only");
+  }
+  SUBCASE("modules_to_save: embed_tokens and lm_head, as the recipe's; tied, only tied") {
+    // PEFT's names or module paths, compared with the recipe's as sets.
+    write_config(
+        "\"target_modules\": [\"q_proj\", \"v_proj\"], "
+        "\"modules_to_save\": [\"lm_head\", \"model.embed_tokens\"]");
+    CHECK(s.load(lora, {"adapter.modules_to_save=[embed_tokens, lm_head]"}).ok());
+    const RecipeResult none = s.load(lora);
+    const RecipeIssue differ = issue_for(none, "adapter.modules_to_save");
+    CHECK(differ.line == 14);  // not written: at adapter.from
+    CHECK(differ.message == "adapter.modules_to_save = [] (its default) but " + config +
+                                " has modules_to_save [\"lm_head\",\"model.embed_tokens\"]");
+    CHECK(differ.hint == "make adapter.modules_to_save match the adapter it continues");
+    CHECK(none.issues.size() == 1);
+    write_config("\"target_modules\": [\"q_proj\", \"v_proj\"], \"modules_to_save\": [\"norm\"]");
+    const RecipeIssue other = issue_for(s.load(lora), "adapter.from");
+    CHECK(other.message == config +
+                               ": modules_to_save is [\"norm\"]; ft trains embed_tokens and "
+                               "lm_head whole, nothing else");
+    // Tied embeddings: PEFT trains the shared table only with ensure_weight_tying (it then saves
+    // the list it rewrote, the embedding's path for lm_head); any list of the recipe names it.
+    write_config(
+        "\"target_modules\": [\"q_proj\", \"v_proj\"], \"modules_to_save\": [\"lm_head\"]");
+    const RecipeResult untied =
+        s.load(lora, {"model.tie_embeddings=true", "adapter.modules_to_save=[lm_head]"});
+    INFO(all_issues(untied));
+    CHECK(contains(issue_for(untied, "adapter.from").message,
+                   config + ": modules_to_save is [\"lm_head\"] on a model with tied embeddings, "
+                            "without ensure_weight_tying: true"));
+    CHECK(untied.issues.size() == 1);
+    write_config(
+        "\"target_modules\": [\"q_proj\", \"v_proj\"], \"ensure_weight_tying\": true, "
+        "\"modules_to_save\": [\"model.embed_tokens\"]");
+    CHECK(s.load(lora, {"model.tie_embeddings=true", "adapter.modules_to_save=[lm_head]"}).ok());
+    CHECK(!s.load(lora, {"adapter.modules_to_save=[lm_head]"}).ok());  // untied: not the same
   }
   SUBCASE("a malformed adapter_config.json is one issue naming the file") {
     s.write("peft/adapter_config.json", "{\"r\": 16,");
@@ -1360,44 +1395,34 @@ TEST_CASE("recipe: adapter.from: a PEFT folder whose adapter the recipe describe
   }
 }
 
-TEST_CASE("recipe: the parts of the adapter this ft cannot train yet are refused") {
+TEST_CASE(
+    "recipe: qlora with modules_to_save; the layouts that would split NF4 blocks are refused") {
   Scratch s;
   const std::string path = s.write("recipe.yaml", s.base() +
                                                       "adapter:\n"                        // 10
                                                       "  type: qlora\n"                   // 11
                                                       "  modules_to_save: [lm_head]\n");  // 12
-  // The format allows both.
+  // The format allows it.
   CHECK(load_recipe(path, {}, 1, /*refuse_unbuilt=*/false).ok());
   const RecipeResult r = load_recipe(path, {}, 1);
   INFO(all_issues(r));
-  const RecipeIssue m = issue_for(r, "adapter.modules_to_save");
-  CHECK(m.line == 12);
-  CHECK(m.message == "modules trained whole beside the adapter are not yet built in this ft");
-  CHECK(r.issues.size() == 1);
-  CHECK(load_recipe(path, {"adapter.modules_to_save=[]"}, 1).ok());
+  CHECK(r.ok());  // both are built
   // QLoRA quantizes each block whole on the rank holding it: no tensor slices, no ZeRO-3 shards.
-  const RecipeResult t = load_recipe(
-      path, {"adapter.modules_to_save=[]", "parallel.tensor=2", "training.global_batch_size=2"}, 2);
+  const RecipeResult t =
+      load_recipe(path, {"parallel.tensor=2", "training.global_batch_size=2"}, 2);
   INFO(all_issues(t));
   CHECK(issue_for(t, "parallel.tensor").message ==
         "qlora holds each block's NF4 weights whole on its rank, and tensor parallelism splits "
         "them");
   CHECK(t.issues.size() == 1);
-  const RecipeResult z = load_recipe(
-      path, {"adapter.modules_to_save=[]", "parallel.zero_stage=3", "training.global_batch_size=2"},
-      2);
+  const RecipeResult z =
+      load_recipe(path, {"parallel.zero_stage=3", "training.global_batch_size=2"}, 2);
   INFO(all_issues(z));
   CHECK(issue_for(z, "parallel.zero_stage").hint.find("zero_stage: 2 or less") !=
         std::string::npos);
   CHECK(z.issues.size() == 1);
-  CHECK(load_recipe(
-            path,
-            {"adapter.modules_to_save=[]", "parallel.zero_stage=2", "training.global_batch_size=2"},
-            2)
-            .ok());
+  CHECK(load_recipe(path, {"parallel.zero_stage=2", "training.global_batch_size=2"}, 2).ok());
   CHECK(load_recipe(path,
-                    {"adapter.modules_to_save=[]", "adapter.type=lora", "parallel.tensor=2",
-                     "training.global_batch_size=2"},
-                    2)
+                    {"adapter.type=lora", "parallel.tensor=2", "training.global_batch_size=2"}, 2)
             .ok());
 }
