@@ -17,7 +17,7 @@ bool is_lora_target(const std::string& name);
 
 struct AdapterConfig {
   // none: every parameter trains (no adapter); lora: LoRA (Hu et al. 2021) on a frozen base;
-  // qlora: LoRA on an NF4 base (Dettmers et al. 2023; not yet built: refused by validation).
+  // qlora: LoRA on a base whose blocks' matrices are held in NF4 (Dettmers et al. 2023).
   std::string type = "none";
   int r = 8;           // the rank
   double alpha = 8;    // lora_alpha: the update is scaled by alpha / r (alpha / √r: rsLoRA)

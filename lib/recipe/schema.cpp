@@ -170,7 +170,7 @@ const std::vector<KeySpec>& schema() {
         // is far above the 8 to 256 in use, as the other bounds are above real models.
         FT_KEY(adapter, type, kChoice,
                "none: every parameter trains; lora: a LoRA adapter on the frozen base; qlora: "
-               "LoRA on an NF4 base (not yet built)",
+               "LoRA on a base whose blocks are held in NF4 (QLoRA)",
                {.choices = {"none", "lora", "qlora"}}),
         FT_KEY(adapter, r, kInt, "rank of the adapter's matrices", {.range = between(1, 4096)}),
         FT_KEY(adapter, alpha, kFloat,
