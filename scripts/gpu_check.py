@@ -60,6 +60,17 @@ Checks, in order (each PASS, FAIL or SKIP with a reason; a failure does not stop
                bench_long_torch with the ratio ft/PyTorch)
   bench_8b     8B-class layers (dim 4096, 8 layers, 32/8 heads, head dim 128, ffn 14336), seq
                2048, micro-batch 2, ft and PyTorch eager (bench_8b_torch)
+  lora_8b      issue 28 point 6: ft trains a LoRA adapter (r 16, alpha 32, the seven
+               projections) on bench_8b's layers, bf16, seq 2048, micro-batch 2, activation
+               checkpointing: tokens/s, and the run's mem_peak_bytes against `ft plan --json`'s
+               peak_bytes on its resolved recipe for the GPU's sm (PASS: equal to the byte, see
+               adapter_stage); then PEFT + transformers at the same shape (gpu_bench_torch.py
+               --lora 16 --ac: sdpa, bf16 base, fp32 adapter, autocast bf16, gradient
+               checkpointing; row lora_8b_peft): PASS when ft's tokens/s is at least 1.5x
+               PEFT's; SKIP when no PEFT imports (the image has none: --wheels, filled by
+               scripts/peft_wheels.sh). Random weights, random tokens (data/big)
+  qlora_8b     the same with adapter.type qlora (the blocks' matrices in NF4): tokens/s and peak
+               = plan (no bitsandbytes on the image, so no PyTorch comparison)
 MFU = (6·N_matmul + 12·L·T·C) FLOPs per token (scripts/bench.py) against the GPU's dense bf16
 peak (PEAKS below).
 
@@ -79,6 +90,8 @@ torch.compile — not measured as a whole):
                                                             limits 570 s, about 3 min
   --only env,packing,generate                               limits 240 s, about 1 min
     (issue 18: data.pack on the GPU against the CPU; ft generate against transformers)
+  --only env,lora_8b,qlora_8b                               limits 330 s, about 2.5 min
+    (issue 28 point 6; estimated from bench_8b's 62 s, not measured)
 The three together, about 9 minutes, are the whole check but the sanitizers; the first two
 (about 6 minutes) are issue 16's measurements. Measured on an H200 (2026-11-26, through
 scripts/gpu_lease.sh): env,kernels,ops,bf16_vs_cpu,determinism,attention 49 s;
@@ -89,6 +102,20 @@ session with the device time runs them one command each (--only memcheck, then -
 racecheck; limit 570 s each).
 (Where --out is the same folder across commands, a later torch or torch_compile also finds
 ft's tokens/s in OUT/bench.json.)
+Issue 28 point 6 in one device call (15 minutes of device time in all, the machine's start of a
+few minutes included): first, on this side, `bash scripts/peft_wheels.sh` (PEFT, accelerate and
+psutil into build/wheels, 1.7 MB, from PyPI) and `scripts/bundle.sh` (a CUDA build; under
+40 MiB); then the device tool's run with
+    command: FT_LEASE_NCU=0 bash scripts/gpu_lease.sh 420 env,lora_8b,qlora_8b
+    carry:   ["ft-bundle.tar.xz", "build/wheels"]        timeout_s: 480
+Its rows come back in $OUT/summary.txt, the logs in $OUT/gpu_logs.tgz. --bench-steps stays at
+20 (the first 5 untimed): bench_8b's 20 full-training steps at this shape took about 2 s in ft
+(37,957 tokens/s) and 3 s in PyTorch of the stage's 62 s, so start-up and imports, not steps,
+fill these stages. A stage that reaches its limit fails alone and its log says where it stood;
+FT_LEASE_LIMIT_SCALE=2 (gpu_lease.sh's --limit-scale) doubles the limits of a rerun.
+Without a GPU, --only lora_8b,qlora_8b --device cpu --bench-steps 7 tries the two stages out
+at ADAPTER_TRY_OUT (about 40 s on two cores; the bundle needs ft and data/big only; the ratio's
+row is then a SKIP, the peak = plan rows are checked as on the GPU, against the CPU's plan).
 """
 
 import argparse
@@ -112,6 +139,15 @@ TINY = dict(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=704, vocab_siz
 BIG = dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=5632, vocab_size=32000)
 # 8B-class layers (Llama 3 8B's dim, heads and ffn; 8 of its 32 layers; the bundle's vocabulary).
 EIGHT_B = dict(dim=4096, n_layers=8, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=32000)
+# The adapter stages' shape under --device cpu, a try-out of their plumbing (seq 128): the
+# bundle's vocabulary (data/big), everything else tiny.
+ADAPTER_TRY_OUT = dict(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=256,
+                       vocab_size=32000)
+# The adapter stages' LoRA: PEFT's usual r 16, alpha 2r, on the seven projections of every block
+# (gpu_bench_torch.py --lora gives PEFT the same).
+ADAPTER = ["adapter.r=16", "adapter.alpha=32", "adapter.target_modules=all-linear"]
+# lora_8b's bound on ft's tokens/s over PEFT + transformers' (issue 28 point 6).
+LORA_SPEEDUP = 1.5
 # The attention stage's shapes (B, H, K, T, D), causal bf16: the ~1B model's layer at seq 2048,
 # the same tokens at head dim 128, and seq 8192.
 ATTENTION_SHAPES = [(4, 32, 8, 2048, 64), (2, 32, 8, 2048, 128), (1, 32, 8, 8192, 64)]
@@ -124,7 +160,8 @@ ATTENTION_SHAPES = [(4, 32, 8, 2048, 64), (2, 32, 8, 2048, 128), (1, 32, 8, 8192
 LIMITS = dict(env=30, kernels=150, ops=120, lt_gemm=60, device=30, nccl=120, memcheck=570,
               racecheck=570, fp32_vs_cpu=60, bf16_vs_cpu=60, packing=60, generate=150,
               determinism=60, attention=90,
-              bench=150, torch=90, torch_compile=210, profile=120, bench_long=150, bench_8b=180)
+              bench=150, torch=90, torch_compile=210, profile=120, bench_long=150, bench_8b=180,
+              lora_8b=180, qlora_8b=120)
 
 
 class Check:
@@ -439,6 +476,118 @@ def gpu_name():
         return ""
 
 
+def gpu_sm():
+    """The first GPU's compute capability as ft plan's --cuda-sm takes it (9.0: 90), else None."""
+    try:
+        cap = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=60).stdout.split()
+        major, minor = cap[0].split(".")
+        return int(major) * 10 + int(minor)
+    except (OSError, subprocess.TimeoutExpired, IndexError, ValueError):
+        return None
+
+
+def plan_json(text):
+    """ft plan --json's object out of the run's output (stderr's lines are mixed in), or None."""
+    at = text.find("{")
+    while at >= 0:
+        try:
+            return json.JSONDecoder().raw_decode(text, at)[0]
+        except ValueError:
+            at = text.find("{", at + 1)
+    return None
+
+
+def adapter_stage(chk, ft, data, work, a, here, kind, lora_tps=None):
+    """Issue 28 point 6: ft trains an adapter (`kind`: lora or qlora, r 16 alpha 32 on the seven
+    projections: ADAPTER) on the 8B-class layers (EIGHT_B), bf16, seq 2048, micro-batch 2,
+    activation checkpointing, --bench-steps steps; then `ft plan --json` on the run's resolved
+    recipe, for the GPU's sm. Row `kind`_8b: tokens/s (median step after the first 5) and the
+    measured peak against the plan's. The bound is equality to the byte: mem_peak_bytes is the
+    allocator's high-water mark of bytes asked for (not the segments it holds: DESIGN.md §2
+    "Memory"), the plan's peak_bytes the most bytes asked for at once over the same setup and
+    step on its counting device (max of the step's total and start-up's), and DESIGN.md §2
+    ("ft plan") says the two are equal; cli_test_cuda_emu_plan holds them equal on the emulated
+    CUDA device, so a difference here is a real allocation the plan does not know. For lora,
+    also PEFT + transformers at the same shape (scripts/gpu_bench_torch.py --lora 16 --ac, the
+    wheels of --wheels): row lora_8b_peft, PASS when ft's tokens/s is at least LORA_SPEEDUP
+    times PEFT's, SKIP when PEFT cannot be imported. Returns ft's tokens/s (None on failure).
+    --device cpu runs the same plumbing at ADAPTER_TRY_OUT, seq 128 (figures meaningless)."""
+    name = f"{kind}_8b"
+    cpu = a.device == "cpu"
+    shape, seq, micro = (ADAPTER_TRY_OUT, 128, 2) if cpu else (EIGHT_B, 2048, 2)
+    overrides = [f"adapter.type={kind}"] + ADAPTER
+    rc, m, _ = train(chk, name, ft, shape, data, work, a.bench_steps, seq, micro, "bf16",
+                     a.device, ac=True, timeout=3000, overrides=overrides)
+    timed = m[5:]
+    tps = None
+    if rc or not timed:
+        chk.record(name, "FAIL", f"ft train exit {rc}, {len(m)} metric lines: see "
+                   f"{chk.log(name)}")
+    else:
+        t = sorted(x["step_time_s"] for x in timed)[len(timed) // 2]
+        tps = micro * seq / t
+        mem = max(x["mem_peak_bytes"] for x in m)
+        sm = None if cpu else gpu_sm()
+        # The resolved recipe ft train wrote (run.output_dir is the run's folder): what ran.
+        recipe = os.path.join(work, name, "recipe.yaml")
+        prc, text = chk.run(name + "_plan", [ft, "plan", recipe, *overrides, "--json"]
+                            + (["--cuda-sm", str(sm)] if sm else []), 300)
+        plan = plan_json(text) if prc == 0 else None
+        role = (plan or {}).get("roles", [{}])[0]
+        start = m[0].get("time_to_first_step_s")
+        figures = (f"{kind} r 16 alpha 32 all-linear, {role.get('trained_elems', 0) / 1e6:.1f}M "
+                   f"trained: {tps:,.0f} tokens/s, median step {t:.3f} s"
+                   + (f", step 1 began {start:.1f} s after start" if start is not None else ""))
+        if lora_tps and kind != "lora":
+            figures += f" ({tps / lora_tps:.2f}x lora_8b's)"
+        if "peak_bytes" not in role:
+            chk.record(name, "FAIL", f"{figures}; mem_peak {mem:,} B; ft plan exit {prc}, no "
+                       f"peak_bytes in its JSON: see {chk.log(name + '_plan')}")
+        else:
+            want = role["peak_bytes"]
+            when = "the step's" if role["total_bytes"] >= role["startup_bytes"] else "start-up's"
+            where = f"{plan.get('device')}" + (f" sm_{plan['cuda_sm']}" if plan.get("cuda_sm")
+                                               else "")
+            diff = mem - want
+            chk.record(name, "PASS" if diff == 0 else "FAIL",
+                       f"{figures}; mem_peak {mem:,} B ({mem / 2**30:.2f} GiB) against ft plan's "
+                       f"peak {want:,} B ({when}, planned for {where}): "
+                       + ("equal (bound: equal to the byte)" if diff == 0 else
+                          f"{diff:+,} B ({diff / want:+.3%}; bound: equal to the byte)"))
+    if kind != "lora":
+        return tps
+    cmd = [sys.executable, os.path.join(here, "gpu_bench_torch.py"), "--lora", "16", "--ac",
+           "--micro-batch", str(micro), "--seq", str(seq), "--steps", str(a.bench_steps),
+           "--shape", json.dumps(shape), "--wheels", a.wheels] + (["--device", "cpu"] if cpu
+                                                                   else [])
+    rc, text = chk.run(name + "_peft", cmd, 3000)
+    try:
+        r = json.loads(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        r = {}
+    if "skip" in r:
+        chk.record(name + "_peft", "SKIP", f"PEFT's run: {r['skip']}")
+    elif "tokens_per_s" not in r:
+        chk.record(name + "_peft", "FAIL", f"PEFT's run: exit {rc}: see {chk.log(name + '_peft')}")
+    else:
+        ptps = r["tokens_per_s"]
+        peak = f", peak {r['peak_bytes'] / 2**30:.2f} GiB" if r.get("peak_bytes") else ""
+        figures = (f"{r['peft']}, torch {r['torch']}, {r['trainable_params'] / 1e6:.1f}M trained "
+                   f"({'/'.join(r['adapter_dtypes'])} over a {'/'.join(r['base_dtypes'])} base)"
+                   f": {ptps:,.0f} tokens/s{peak}")
+        if tps is None:
+            chk.record(name + "_peft", "FAIL", f"{figures}; no ratio: ft's run failed")
+        else:
+            ratio = tps / ptps
+            status = "PASS" if ratio >= LORA_SPEEDUP else "FAIL"
+            if cpu:  # the bound is the GPU's; a CPU try-out only shows the plumbing works
+                status = "SKIP"
+            chk.record(name + "_peft", status, f"{figures}; ft/PEFT {ratio:.2f}x (bound >= "
+                       f"{LORA_SPEEDUP}x" + ("; --device cpu: not checked)" if cpu else ")"))
+    return tps
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", required=True, help="unpacked bundle folder")
@@ -452,6 +601,10 @@ def main():
                          "without a GPU (every comparison is then CPU against CPU)")
     ap.add_argument("--limit-scale", type=float, default=1.0,
                     help="multiplies every stage's time limit (LIMITS), for a slower GPU")
+    ap.add_argument("--wheels", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                     "..", "build", "wheels"),
+                    help="wheels for the PEFT run of lora_8b, for an image without PEFT "
+                         "(scripts/peft_wheels.sh; default build/wheels beside this script)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     B = os.path.abspath(a.bundle)
@@ -692,6 +845,12 @@ def main():
         chk.stage(limit("bench_8b"))
         tps = ft_bench("bench_8b", EIGHT_B, 2048, 2)
         torch_bench("bench_8b_torch", EIGHT_B, 2048, 2, tps)
+    lora_tps = None
+    for kind in ("lora", "qlora"):
+        if want(f"{kind}_8b"):
+            chk.stage(limit(f"{kind}_8b"))
+            tps = adapter_stage(chk, ft, data_big, work, a, here, kind, lora_tps)
+            lora_tps = tps if kind == "lora" else lora_tps
 
     with open(os.path.join(a.out, "summary.txt"), "w") as f:
         f.write(f"GPU: {gpu}\n")

@@ -8,7 +8,12 @@
 #        bench,torch,profile,bench_long
 # SECONDS bounds the whole command: each part gets what is left (the GPU check's own per-stage
 # limits still apply inside it), and the packing of the logs always runs. Needs the bundle
-# (scripts/bundle.sh) at ft-bundle.tar.xz, carried with the command. FT_LEASE_NCU=0 skips ncu.
+# (scripts/bundle.sh) at ft-bundle.tar.xz, carried with the command. FT_LEASE_NCU=0 skips ncu;
+# FT_LEASE_LIMIT_SCALE=X passes --limit-scale X (every stage's time limit times X).
+# Issue 28 point 6 (LoRA and QLoRA at the 8B-class shape: peak = plan, ft >= 1.5x PEFT), one
+# call after `bash scripts/peft_wheels.sh` and scripts/bundle.sh here (gpu_check.py's header):
+#   FT_LEASE_NCU=0 bash scripts/gpu_lease.sh 420 env,lora_8b,qlora_8b
+#   with carry ["ft-bundle.tar.xz", "build/wheels"] and timeout_s 480
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [[ $# -ge 2 ]] || { echo "usage: gpu_lease.sh SECONDS FIRST_STAGES [LATER_STAGES]" >&2; exit 2; }
@@ -28,7 +33,7 @@ check() {  # check STAGES: the GPU check's stages with what is left of the budge
   local l; l=$(left)
   ((l > 20)) || { echo "gpu_lease: no time left for $1"; return; }
   timeout -k 5 "$l" python3 scripts/gpu_check.py --bundle "$bundle" --out "$logs/check" \
-    --only "$1" 2>&1 | tee -a "$logs/rows.txt"
+    --only "$1" --limit-scale "${FT_LEASE_LIMIT_SCALE:-1}" 2>&1 | tee -a "$logs/rows.txt"
   echo "gpu_lease: stages $1 ended (exit ${PIPESTATUS[0]}) at $(($(date +%s) - t0)) s"
 }
 
