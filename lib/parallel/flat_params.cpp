@@ -181,7 +181,17 @@ void FlatParams::group_written(int g) {
   if (dequantized_group_ == g) dequantized_group_ = -1;
 }
 
+void FlatParams::hold_quantized(int g) {
+  FT_CHECK(held_group_ < 0 || held_group_ == g, "FlatParams: group ", groups_[size_t(g)].name,
+           " acquired while group ", groups_[size_t(std::max(held_group_, 0))].name,
+           " is held; quantized groups share one dequantized buffer, one group at a time");
+  held_group_ = g;
+  ++held_refs_;
+}
+
 Ref FlatParams::dequantize(int g) {
+  FT_CHECK(held_group_ < 0 || held_group_ == g, "FlatParams: group ", groups_[size_t(g)].name,
+           " dequantized while group ", groups_[size_t(std::max(held_group_, 0))].name, " is held");
   if (dequantized_group_ == g) return dequantized_.data();
   if (!dequantized_.data().ptr) {
     // One buffer for every quantized group: the largest one's size.

@@ -161,9 +161,15 @@ class FlatParams {
   // What the model calls while it runs: through the hooks when set (ZeRO 2/3), else the full
   // buffers above. acquire/release bracket a group's use of its parameters.
   void set_hooks(GroupHooks* hooks) { hooks_ = hooks; }
-  CRef acquire(int g) { return hooks_ ? hooks_->acquire_params(g) : CRef(compute_params(g)); }
+  // A quantized group's dequantized values live in the one shared buffer: acquiring another
+  // quantized group while one is held is refused (it would overwrite what is in use).
+  CRef acquire(int g) {
+    if (quantized(g)) hold_quantized(g);
+    return hooks_ ? hooks_->acquire_params(g) : CRef(compute_params(g));
+  }
   void release(int g) {
     if (hooks_) hooks_->release_params(g);
+    if (quantized(g) && --held_refs_ == 0) held_group_ = -1;
   }
   // Null for a frozen group: the model computes no gradient for its weights.
   float* grad(int g) {
@@ -192,7 +198,9 @@ class FlatParams {
   int building_group_ = -1;
   DBuffer dequantized_;
   int dequantized_group_ = -1;
+  int held_group_ = -1, held_refs_ = 0;  // the quantized group acquired, and how many times
   Ref dequantize(int g);
+  void hold_quantized(int g);
   size_t staging_elems_ = kStagingElems;
   GroupHooks* hooks_ = nullptr;
 };

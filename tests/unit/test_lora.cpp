@@ -495,6 +495,17 @@ TEST_CASE("QLoRA: LoRA's loss and gradients on the dequantized base; NF4 bytes o
     }
   }
   CHECK(q.flat_params().param_bytes() == want + 4 * most);
+  // The blocks share one dequantized buffer: a second block acquired while one is held is
+  // refused; the same block again (a recomputation inside its backward) is not.
+  FlatParams& fq = q.flat_params();
+  const CRef b0 = fq.acquire(1);
+  CHECK(fq.acquire(1).ptr == b0.ptr);
+  CHECK_THROWS(fq.acquire(2));
+  fq.release(1);
+  CHECK_THROWS(fq.acquire(2));  // still held once
+  fq.release(1);
+  fq.acquire(2);
+  fq.release(2);
 
   // bf16: the dequantized values are bf16; the base keeps them through training steps.
   ModelConverters qb;
