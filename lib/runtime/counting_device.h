@@ -56,6 +56,7 @@ class CountingDevice final : public Device {
   bool host_accessible() const override { return false; }
   AllocatorStats stats() const override;
   Ops& ops() override { return *ops_; }
+  Ops& host_ops() override { return *ops_; }
 
   const MemoryTally& tally() const { return tally_; }
   // Starts a new peak from what is live now (ft plan: the step's peak apart from start-up's).

@@ -102,6 +102,11 @@ MemoryScope::~MemoryScope() { g_memory_category = prev_; }
 
 void* Device::alloc_host(size_t bytes) { return alloc_host_plain(bytes); }
 
+Ops& Device::host_ops() {
+  static const std::unique_ptr<Ops> cpu = make_cpu_ops();
+  return *cpu;
+}
+
 // ---- events: the CPU's (and the guard device's) defaults ------------------------------------
 // The work before a record has finished when record is called, so the event is the host time.
 namespace {

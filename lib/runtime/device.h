@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "runtime/ops.h"
 
@@ -114,6 +115,11 @@ class Device {
   virtual bool host_accessible() const { return true; }
   // Every op the model, ZeRO and optimizer run on this device (runtime/ops.h).
   virtual Ops& ops() = 0;
+  // The ops that run on the host's memory from alloc_host (HostBuffer below): the offloaded
+  // optimizer's update and its gradient sums (parallel.offload_optimizer). The CPU's kernels
+  // (kernels/cpu/) on every device that runs, whatever its ops() are; the counting device's
+  // run nothing, as its ops() do, for its host addresses are not memory either.
+  virtual Ops& host_ops();
   // The stream work is issued on by default.
   virtual Stream stream() { return Stream{}; }
   // The per-op timings when FT_PROFILE is set (runtime/profile.h), else null.
@@ -229,6 +235,50 @@ class Buffer {
  private:
   void release() {
     if (ptr_) dev_->free(ptr_, bytes());
+    ptr_ = nullptr;
+    count_ = 0;
+  }
+  Device* dev_ = nullptr;
+  T* ptr_ = nullptr;
+  size_t count_ = 0;
+};
+
+// A typed, owning allocation of host memory from Device::alloc_host: page-locked on CUDA, so
+// that copies between it and the device run at full bandwidth and asynchronously (what the
+// offloaded optimizer state lives in). Move-only. The host reads and writes it: directly, or
+// through the device's host_ops() where `ft plan`'s counting device must be able to stand in
+// (its host addresses are not memory).
+template <typename T>
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(Device* dev, size_t count) : dev_(dev), count_(count) {
+    if (count_) ptr_ = static_cast<T*>(dev_->alloc_host(count_ * sizeof(T)));
+  }
+  ~HostBuffer() { release(); }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  HostBuffer(HostBuffer&& o) noexcept { *this = std::move(o); }
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      dev_ = o.dev_;
+      ptr_ = o.ptr_;
+      count_ = o.count_;
+      o.ptr_ = nullptr;
+      o.count_ = 0;
+    }
+    return *this;
+  }
+  T* data() { return ptr_; }
+  const T* data() const { return ptr_; }
+  size_t size() const { return count_; }
+  size_t bytes() const { return count_ * sizeof(T); }
+  Device* device() const { return dev_; }
+
+ private:
+  void release() {
+    if (ptr_) dev_->free_host(ptr_, bytes());
     ptr_ = nullptr;
     count_ = 0;
   }
