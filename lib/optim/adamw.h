@@ -18,8 +18,11 @@ class AdamW {
  public:
   // ranges: one per layout group; empty means every group whole. A frozen group's range is
   // made empty: it has no moments and is never updated.
+  // on_host (parallel.offload_optimizer): the moments live in the host memory of
+  // dev->alloc_host (page-locked on CUDA) and every update runs on dev->host_ops(), the CPU's
+  // kernels: params, grads and compute are then host pointers too (ZeroSharding's offload).
   AdamW(const ParamLayout& layout, const OptimizerConfig& cfg, Device* dev,
-        std::vector<ShardRange> ranges = {});
+        std::vector<ShardRange> ranges = {}, bool on_host = false);
   // One update of the owned range of every group at learning rate lr; increments the step
   // count first (t ≥ 1). params[g] and grads[g] point at element ranges()[g].begin of group g:
   // into the full buffers, or at the start of this rank's shards. The gradients are read as
@@ -28,11 +31,20 @@ class AdamW {
   // (ZeroSharding::compute_bases: the compute copy, refreshed in the same pass).
   void step(const std::vector<float*>& params, const std::vector<const float*>& grads, double lr,
             float grad_scale = 1.0f, const std::vector<Ref>& compute = {});
+  // step() in parts, for a caller that moves each group's result on as soon as it is updated
+  // (the offloaded update uploads group g while group g+1 is updated): begin_step increments
+  // the step count, then update_group(g, ...) once per group, as step() would with the same
+  // arguments. compute may be null.
+  void begin_step() { ++t_; }
+  void update_group(int g, float* params, const float* grads, double lr, float grad_scale,
+                    Ref compute);
+  bool on_host() const { return on_host_; }
   const std::vector<ShardRange>& ranges() const { return ranges_; }
-  size_t state_bytes() const;
+  size_t state_bytes() const;  // on the device (0 on_host)
   // For checkpoints: the moments of group g (ranges()[g].size() floats) and the step count.
-  float* exp_avg(int g) { return m_[size_t(g)].data(); }
-  float* exp_avg_sq(int g) { return v_[size_t(g)].data(); }
+  // Host pointers when on_host().
+  float* exp_avg(int g) { return on_host_ ? host_m_[size_t(g)].data() : m_[size_t(g)].data(); }
+  float* exp_avg_sq(int g) { return on_host_ ? host_v_[size_t(g)].data() : v_[size_t(g)].data(); }
   int64_t step_count() const { return t_; }
   void set_step_count(int64_t t) { t_ = t; }
 
@@ -41,7 +53,11 @@ class AdamW {
   OptimizerConfig cfg_;
   Device* dev_;
   std::vector<ShardRange> ranges_;
-  std::vector<Buffer<float>> m_, v_;  // (range size) per group
+  bool on_host_;
+  Ops& ops_;  // dev->ops(), or dev->host_ops() on_host
+  // (range size) per group: device memory, or on_host host memory
+  std::vector<Buffer<float>> m_, v_;
+  std::vector<HostBuffer<float>> host_m_, host_v_;
   int64_t t_ = 0;
 };
 

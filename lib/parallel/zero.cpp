@@ -20,8 +20,14 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
       pipeline_comm_(pipeline_comm),
       opt_(options),
       D_(comm.size()),
-      rank_(comm.rank()) {
+      rank_(comm.rank()),
+      offload_(options.offload_optimizer) {
   FT_CHECK(stage >= 0 && stage <= 3, "ZeRO stage must be 0..3");
+  if (offload_ && dev_->kind() == DeviceKind::kCpu)
+    throw Error(
+        "parallel.offload_optimizer: cpu moves the optimizer state from the GPU to host memory, "
+        "but this run's device is the CPU, where it is already: set parallel.offload_optimizer: "
+        "none (or run on a GPU, runtime.device: cuda)");
   size_t max_shard = 0;
   for (size_t gi = 0; gi < flat.groups().size(); ++gi) {
     // Groups of other pipeline stages are empty here.
@@ -39,15 +45,41 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
   const size_t G = numel_.size();
   ready_count_.assign(G, 0);
   reduced_.assign(G, false);
+  landed_.assign(G, false);
   if (stage_ >= 2) {
     const MemoryScope tag(MemoryCategory::kGradients);
-    for (size_t g = 0; g < G; ++g) grad_shards_.emplace_back(dev_, trains_[g] ? shard_[g] : 0);
+    // With offload the shards are on the host (below).
+    for (size_t g = 0; g < G; ++g)
+      grad_shards_.emplace_back(dev_, trains_[g] && !offload_ ? shard_[g] : 0);
     working_grads_.resize(G);
     flat_.set_hooks(this);
   } else {
     flat_.grads();  // full gradient buffers
-    // Told when each group's gradient is final, to reduce it while the backward goes on.
-    if (D_ > 1) flat_.set_hooks(this);
+    // Told when each group's gradient is final, to reduce it (or, offloaded, send it to the
+    // host) while the backward goes on.
+    if (D_ > 1 || offload_) flat_.set_hooks(this);
+  }
+  if (offload_) {
+    // The host state: this rank's ranges of the fp32 masters (from the model's fp32 buffers,
+    // before the compute copy replaces them) and of the gradients.
+    for (size_t g = 0; g < G; ++g) {
+      const size_t own = trains_[g] ? ranges_[g].size() : 0;
+      max_range_ = std::max(max_range_, own);
+      {
+        const MemoryScope tag(MemoryCategory::kParameters);
+        host_master_.emplace_back(dev_, own);
+      }
+      const MemoryScope tag(MemoryCategory::kGradients);
+      host_grads_.emplace_back(dev_, own);
+      if (own)
+        dev_->copy_to_host(host_master_[g].data(), flat_.params()[g].data() + ranges_[g].begin,
+                           own * sizeof(float));
+    }
+    if (cdt_ != DType::kF32) {
+      const MemoryScope tag(MemoryCategory::kCommunication);
+      for (auto& b : up_staging_) b = HostBuffer<std::byte>(dev_, max_range_ * dtype_size(cdt_));
+    }
+    for (auto& e : up_done_) e = dev_->make_event();
   }
   // fp32 master weights (DESIGN.md §5 precision policy): this rank's shard at stage 3 (padded to
   // s; the all-gathers send it whole), or with a 16-bit compute dtype the range AdamW updates.
@@ -55,10 +87,12 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
   // has none: in fp32 at stage 3 its fp32 shard is what the all-gathers send (kept as master_,
   // the same buffer a trained group's all-gathers read); with a 16-bit dtype only the compute
   // copy, rounded here once.
+  // Offloaded, a trained group's master is on the host (above).
   if (stage_ == 3 || cdt_ != DType::kF32) {
     const MemoryScope tag(MemoryCategory::kParameters);
     for (size_t g = 0; g < G; ++g) {
-      const bool held = trains_[g] || (stage_ == 3 && cdt_ == DType::kF32);
+      const bool held =
+          (trains_[g] && !offload_) || (stage_ == 3 && cdt_ == DType::kF32 && !trains_[g]);
       master_.emplace_back(dev_, !held ? 0 : stage_ == 3 ? shard_[g] : ranges_[g].size());
       if (!held) continue;
       master_[g].zero();  // the padding of the last shard
@@ -69,10 +103,17 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
   }
   if (stage_ == 3) {
     const MemoryScope tag(MemoryCategory::kParameters);
-    if (cdt_ != DType::kF32)
+    // The compute copy of the shards: with a 16-bit dtype; offloaded in fp32 too, for a trained
+    // group (its master is on the host; a frozen fp32 group's all-gathers read master_).
+    if (cdt_ != DType::kF32 || offload_)
       for (size_t g = 0; g < G; ++g) {
-        compute_shards_.emplace_back(dev_, cdt_, shard_[g]);
-        if (trains_[g]) continue;  // rounded from its master by sync_compute_params below
+        const bool fp32_frozen = cdt_ == DType::kF32 && !trains_[g];
+        compute_shards_.emplace_back(dev_, cdt_, fp32_frozen ? 0 : shard_[g]);
+        if (trains_[g]) {
+          if (offload_) compute_shards_[g].zero();  // the padding past the group's end
+          continue;  // rounded from its master by sync_compute_params below
+        }
+        if (fp32_frozen) continue;
         // A frozen group is held in the compute dtype only (FlatParams::compute_only): its
         // shard is a slice of that copy (zero padding past the group's end).
         compute_shards_[g].zero();
@@ -91,13 +132,17 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
     const MemoryScope tag(MemoryCategory::kCommunication);  // the all-gather buffer
     scratch_ = DBuffer(dev_, cdt_, max_shard * size_t(D_));
   }
-  if (cdt_ != DType::kF32) sync_compute_params();       // fp32: the parameters are the masters
+  // fp32: the parameters are the masters, except an offloaded stage 3's shards.
+  if (cdt_ != DType::kF32 || (offload_ && stage_ == 3)) sync_compute_params();
   const MemoryScope tag(MemoryCategory::kActivations);  // a scalar of the step, as the loss's
   sumsq_ = Buffer<double>(dev_, 1);
 }
 
 ZeroSharding::~ZeroSharding() {
-  if (stage_ >= 2 || D_ > 1) flat_.set_hooks(nullptr);
+  if (stage_ >= 2 || D_ > 1 || offload_) flat_.set_hooks(nullptr);
+  // Copies still in flight read or write buffers freed with this.
+  if (!landings_.empty()) dev_->synchronize();
+  for (Landing& l : landings_) l.done.synchronize();
 }
 
 void ZeroSharding::begin_step(int micro_batches) {
@@ -109,6 +154,7 @@ void ZeroSharding::begin_step(int micro_batches) {
   pos_ = 0;
   std::fill(ready_count_.begin(), ready_count_.end(), 0);
   std::fill(reduced_.begin(), reduced_.end(), false);
+  std::fill(landed_.begin(), landed_.end(), false);
   if (stage_ >= 2)
     for (auto& b : grad_shards_) b.zero();
   else
@@ -144,7 +190,14 @@ void ZeroSharding::retire_scatters(size_t keep) {
     Scatter& x = scatters_.front();
     x.work.wait_on(st);
     if (x.low_out.size()) dev_->ops().convert(st, x.mine.data(), x.low_out.data(), x.mine.size());
-    dev_->ops().add(st, grad_shards_[size_t(x.group)].data(), x.mine.data(), x.mine.size());
+    const size_t g = size_t(x.group);
+    if (offload_) {
+      const float* mine = x.mine.data();  // before x.mine is moved into the call
+      land(host_grads_[g].data(), mine, ranges_[g].size(), landed_[g], std::move(x.mine));
+      landed_[g] = true;
+    } else {
+      dev_->ops().add(st, grad_shards_[g].data(), x.mine.data(), x.mine.size());
+    }
     scatters_.erase(scatters_.begin());  // frees its buffers, the compute stream past the call
   }
 }
@@ -179,10 +232,76 @@ void ZeroSharding::finish_backward() {
     }
     reducing_.clear();
   }
+  // Offloaded stages 0-1: the reduced gradients not sent yet (a group held by two pipeline
+  // stages goes once summed between them, in reduce_shared_groups).
+  if (offload_ && stage_ < 2)
+    for (size_t g = 0; g < numel_.size(); ++g)
+      if (trains_[g] && !landed_[g] && !shared(int(g))) land_group(int(g));
 }
 
-void ZeroSharding::weighted_sum_squares(double* acc, int g, const float* x, size_t base,
-                                        size_t begin, size_t end) const {
+bool ZeroSharding::shared(int g) const {
+  for (const auto& sh : shared_)
+    if (sh.first == g) return true;
+  return false;
+}
+
+void ZeroSharding::land(float* dst, const float* src, size_t n, bool add, Buffer<float> keep) {
+  if (n == 0) return;
+  const Stream cs = dev_->copy_stream();
+  Landing l;
+  l.dst = dst;
+  l.n = n;
+  l.keep = std::move(keep);
+  float* to = dst;
+  if (add) {
+    // At most two staged copies in flight: their pinned buffers are reused, not multiplied.
+    size_t staged = 0;
+    for (const Landing& x : landings_) staged += x.staging.size() ? 1 : 0;
+    while (staged >= 2) {
+      staged -= landings_.front().staging.size() ? 1 : 0;
+      retire_front();
+    }
+    if (staging_pool_.empty()) {
+      const MemoryScope tag(MemoryCategory::kCommunication);
+      staging_pool_.emplace_back(dev_, max_range_);
+    }
+    l.staging = std::move(staging_pool_.back());
+    staging_pool_.pop_back();
+    to = l.staging.data();
+  }
+  // After what the compute stream has queued so far: the work that made src.
+  Event ready = dev_->make_event();
+  ready.record(dev_->stream());
+  dev_->wait(cs, ready);
+  dev_->copy_to_host_async(cs, to, src, n * sizeof(float));
+  l.done = dev_->make_event();
+  l.done.record(cs);
+  landings_.push_back(std::move(l));
+}
+
+void ZeroSharding::land_group(int group) {
+  const size_t g = size_t(group);
+  land(host_grads_[g].data(), flat_.grads()[g].data() + ranges_[g].begin, ranges_[g].size(),
+       /*add=*/false);
+  landed_[g] = true;
+}
+
+void ZeroSharding::retire_front() {
+  Landing& l = landings_.front();
+  l.done.synchronize();
+  if (l.staging.size()) {
+    dev_->host_ops().add(Stream{}, Ref(l.dst), CRef(l.staging.data()), l.n);
+    staging_pool_.push_back(std::move(l.staging));
+  }
+  landings_.erase(landings_.begin());  // frees the device buffer it read
+}
+
+void ZeroSharding::retire_landings(bool all) {
+  while (!landings_.empty() && (all || landings_.front().done.query())) retire_front();
+}
+
+void ZeroSharding::weighted_sum_squares(Ops& ops, Stream st, double* acc, int g, const float* x,
+                                        size_t base, size_t begin, size_t end) const {
   const int T = tensor_comm_ ? tensor_comm_->size() : 1;
   double holders_count = 1;
   for (const auto& [shared, holders] : shared_)
@@ -194,8 +313,7 @@ void ZeroSharding::weighted_sum_squares(double* acc, int g, const float* x, size
   double run_divisor = 0;
   auto flush = [&] {
     if (run_lo < run_hi)
-      dev_->ops().sum_squares(dev_->stream(), acc, x + (run_lo - base), run_hi - run_lo,
-                              run_divisor);
+      ops.sum_squares(st, acc, x + (run_lo - base), run_hi - run_lo, run_divisor);
     run_lo = run_hi = 0;
   };
   for (const auto& e : entries) {
@@ -215,16 +333,33 @@ double ZeroSharding::grad_sum_squares() {
   double* acc = sumsq_.data();
   const Stream st = dev_->stream();
   const int G = int(numel_.size());
-  if (stage_ >= 2) {
+  Ops& ops = dev_->ops();
+  if (stage_ >= 2 && offload_) {
+    // The shards are on the host: summed there, then on the device as the others' sums.
+    retire_landings(/*all=*/true);
+    double host = 0;
+    for (int g = 0; g < G; ++g) {
+      const size_t gi = size_t(g);
+      if (!trains_[gi] || ranges_[gi].size() == 0) continue;
+      FT_CHECK(landed_[gi], "ZeRO offload: no gradient of group ", flat_.groups()[gi].name,
+               " reached the host this step");
+      weighted_sum_squares(dev_->host_ops(), Stream{}, &host, g, host_grads_[gi].data(),
+                           ranges_[gi].begin, ranges_[gi].begin, ranges_[gi].end);
+    }
+    dev_->copy_from_host(acc, &host, sizeof host);
+    comm_.all_reduce(st, acc, 1, ReduceOp::kSum).wait_on(st);
+  } else if (stage_ >= 2) {
     for (int g = 0; g < G; ++g)
       if (trains_[size_t(g)])
-        weighted_sum_squares(acc, g, grad_shards_[size_t(g)].data(), ranges_[size_t(g)].begin,
-                             ranges_[size_t(g)].begin, ranges_[size_t(g)].end);
+        weighted_sum_squares(ops, st, acc, g, grad_shards_[size_t(g)].data(),
+                             ranges_[size_t(g)].begin, ranges_[size_t(g)].begin,
+                             ranges_[size_t(g)].end);
     comm_.all_reduce(st, acc, 1, ReduceOp::kSum).wait_on(st);
   } else {
     for (int g = 0; g < G; ++g)
       if (trains_[size_t(g)])
-        weighted_sum_squares(acc, g, flat_.grads()[size_t(g)].data(), 0, 0, numel_[size_t(g)]);
+        weighted_sum_squares(ops, st, acc, g, flat_.grads()[size_t(g)].data(), 0, 0,
+                             numel_[size_t(g)]);
   }
   if (tensor_comm_) tensor_comm_->all_reduce(st, acc, 1, ReduceOp::kSum).wait_on(st);
   if (pipeline_comm_) pipeline_comm_->all_reduce(st, acc, 1, ReduceOp::kSum).wait_on(st);
@@ -240,9 +375,23 @@ void ZeroSharding::share_group(int group, Communicator* holders) {
 void ZeroSharding::reduce_shared_groups() {
   const Stream st = dev_->stream();
   for (const auto& [g, holders] : shared_) {
-    if (!trains_[size_t(g)]) continue;
-    Buffer<float>& grad = stage_ >= 2 ? grad_shards_[size_t(g)] : flat_.grads()[size_t(g)];
+    const size_t gi = size_t(g);
+    if (!trains_[gi]) continue;
+    if (offload_ && stage_ >= 2) {
+      // The shard is on the host: summed on the device, through a buffer of its own.
+      retire_landings(/*all=*/true);
+      const size_t own = ranges_[gi].size();
+      const MemoryScope tag(MemoryCategory::kCommunication);
+      Buffer<float> sum(dev_, own);
+      sum.upload(host_grads_[gi].data(), own);
+      holders->all_reduce(st, sum.data(), own, ReduceOp::kSum).wait_on(st);
+      const float* p = sum.data();  // before sum is moved into the call
+      land(host_grads_[gi].data(), p, own, /*add=*/false, std::move(sum));
+      continue;
+    }
+    Buffer<float>& grad = stage_ >= 2 ? grad_shards_[gi] : flat_.grads()[gi];
     holders->all_reduce(st, grad.data(), grad.size(), ReduceOp::kSum).wait_on(st);
+    if (offload_) land_group(g);  // stages 0-1: now summed, its range goes to the host
   }
 }
 
@@ -255,7 +404,9 @@ int64_t ZeroSharding::first_nonfinite_grad() const {
     const size_t begin = ranges_[g].begin, end = ranges_[g].end;
     // x holds elements [base, end) of the group's flat gradient.
     const float* x = nullptr;
-    if (numel_[g] != 0 && trains_[g]) {
+    if (numel_[g] != 0 && trains_[g] && offload_ && stage_ >= 2) {
+      x = host_grads_[g].data();  // already on the host (retired by grad_sum_squares)
+    } else if (numel_[g] != 0 && trains_[g]) {
       const Buffer<float>& b = stage_ >= 2 ? grad_shards_[g] : flat_.grads()[g];
       host.resize(b.size());
       b.download(host.data(), b.size());
@@ -278,6 +429,7 @@ std::vector<float*> ZeroSharding::param_bases() {
   std::vector<float*> p;
   for (size_t g = 0; g < numel_.size(); ++g)
     p.push_back(!trains_[g]        ? nullptr
+                : offload_         ? host_master_[g].data()
                 : !master_.empty() ? master_[g].data()
                                    : flat_.params()[g].data() + ranges_[g].begin);
   return p;
@@ -287,6 +439,7 @@ std::vector<const float*> ZeroSharding::grad_bases() {
   std::vector<const float*> p;
   for (size_t g = 0; g < numel_.size(); ++g)
     p.push_back(!trains_[g]   ? nullptr
+                : offload_    ? host_grads_[g].data()
                 : stage_ >= 2 ? grad_shards_[g].data()
                               : flat_.grads()[g].data() + ranges_[g].begin);
   return p;
@@ -294,7 +447,7 @@ std::vector<const float*> ZeroSharding::grad_bases() {
 
 std::vector<Ref> ZeroSharding::compute_bases() {
   std::vector<Ref> c(numel_.size());
-  if (cdt_ == DType::kF32) return c;
+  if (cdt_ == DType::kF32 || offload_) return c;
   for (size_t g = 0; g < numel_.size(); ++g) {
     if (!trains_[g]) continue;
     if (stage_ == 3)
@@ -307,7 +460,61 @@ std::vector<Ref> ZeroSharding::compute_bases() {
 
 void ZeroSharding::finish_update() { refresh_compute_params(/*after_adamw=*/true); }
 
-void ZeroSharding::sync_compute_params() { refresh_compute_params(/*after_adamw=*/false); }
+void ZeroSharding::sync_compute_params() {
+  if (offload_)
+    offload_update(nullptr);
+  else
+    refresh_compute_params(/*after_adamw=*/false);
+}
+
+void ZeroSharding::offload_update(const GroupUpdate& update) {
+  FT_CHECK(offload_, "ZeroSharding::offload_update without offload");
+  retire_landings(/*all=*/true);
+  const bool fp32 = cdt_ == DType::kF32;
+  int slot = 0;
+  for (size_t g = 0; g < numel_.size(); ++g) {
+    if (!trains_[g] || numel_[g] == 0) continue;
+    const size_t own = ranges_[g].size();
+    float* master = host_master_[g].data();
+    Ref compute;
+    if (!fp32) {
+      up_done_[slot].synchronize();  // its last upload has left the staging buffer
+      compute = Ref(up_staging_[slot].data(), cdt_);
+    }
+    if (update)
+      update(int(g), master, host_grads_[g].data(), compute);
+    else if (!fp32)
+      dev_->host_ops().convert(Stream{}, compute, CRef(master), own);
+    upload_range(int(g), fp32 ? static_cast<const void*>(master) : compute.ptr);
+    if (!fp32) {
+      up_done_[slot].record(dev_->stream());
+      slot ^= 1;
+    }
+  }
+}
+
+void ZeroSharding::upload_range(int group, const void* src) {
+  const size_t g = size_t(group);
+  const Stream st = dev_->stream();
+  const size_t own = ranges_[g].size(), bytes = own * dtype_size(cdt_);
+  // On the compute stream, so that the step's work before it (the backward reading the compute
+  // copy) and after it (stages 1-2's all-gather, the next forward) are ordered with it.
+  if (stage_ == 3) {
+    dev_->copy_from_host_async(st, compute_shards_[g].data().ptr, src, bytes);
+    return;
+  }
+  if (stage_ == 0 || D_ == 1) {
+    dev_->copy_from_host_async(st, (flat_.compute_params(group) + ranges_[g].begin).ptr, src,
+                               bytes);
+    return;
+  }
+  const size_t s = shard_[g];
+  const Ref mine = scratch_.data() + size_t(rank_) * s;
+  dev_->copy_from_host_async(st, mine.ptr, src, bytes);
+  comm_.all_gather(st, mine, scratch_.data(), s).wait_on(st);
+  dev_->copy(st, flat_.compute_params(group).ptr, scratch_.data().ptr,
+             numel_[g] * dtype_size(cdt_));
+}
 
 void ZeroSharding::refresh_compute_params(bool after_adamw) {
   const Stream st = dev_->stream();
@@ -363,7 +570,11 @@ void ZeroSharding::start_gather(size_t g) {
   const MemoryScope tag(MemoryCategory::kCommunication);  // gathered for the group's use
   gathered_[g] = DBuffer(dev_, cdt_, s * size_t(D_));
   const Ref own = gathered_[g].data() + size_t(rank_) * s;
-  const CRef src = cdt_ == DType::kF32 ? CRef(master_[g].data()) : compute_shards_[g].data();
+  // The compute copy of the shard; a frozen fp32 group's (and without offload any fp32 group's)
+  // master is that copy.
+  const CRef src = compute_shards_.empty() || compute_shards_[g].size() == 0
+                       ? CRef(master_[g].data())
+                       : compute_shards_[g].data();
   const Stream st = dev_->stream();
   dev_->copy(st, own.ptr, src.ptr, s * dtype_size(cdt_));
   gathering_[g] = comm_.all_gather(st, own, gathered_[g].data(), s);
@@ -439,12 +650,21 @@ void ZeroSharding::grads_ready(int group) {
   if (!trains_[g]) return;
   const bool last = ++ready_count_[g] == micro_batches_;  // the group's gradient is final
   if (stage_ < 2) {
-    if (last && opt_.overlap) reduce_group(group);
+    if (last && D_ == 1 && offload_ && !shared(group)) land_group(group);
+    if (last && D_ > 1 && opt_.overlap) reduce_group(group);
+    retire_landings(/*all=*/false);
     return;
   }
   if (last) maybe_inject_nan(group, working_grads_[g].data());
   const Stream st = dev_->stream();
   if (D_ == 1) {  // the working gradient is the whole shard: no collective to go through
+    if (offload_) {
+      const float* w = working_grads_[g].data();  // before the buffer is moved into the call
+      land(host_grads_[g].data(), w, s, landed_[g], std::move(working_grads_[g]));
+      landed_[g] = true;
+      retire_landings(/*all=*/false);
+      return;
+    }
     dev_->ops().add(st, grad_shards_[g].data(), working_grads_[g].data(), s);
     working_grads_[g] = Buffer<float>();
     return;

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -36,13 +37,34 @@ namespace ft {
 //   reduce_dtype: the element type the gradient reductions move and sum in (FSDP's
 //     reduce_dtype): fp32, or bf16 (half the bytes; each rank's fp32 gradient rounded to bf16
 //     before, the sum widened back after). Needs a communicator that sums bf16 (NCCL).
+//   offload_optimizer (parallel.offload_optimizer: cpu; ZeRO-Offload, Ren et al. 2021): this
+//     rank's fp32 masters of its ranges, their gradients and (AdamW on_host) the moments live in
+//     host memory (alloc_host: page-locked on CUDA); see "Offload" below.
 struct ZeroOptions {
   bool overlap = true;
+  bool offload_optimizer = false;
   DType reduce_dtype = DType::kF32;
   int prefetch_blocks = 1;
   size_t bucket_elems = size_t(25) << 20 >> 2;  // 25 MiB of fp32, as PyTorch DDP's bucket_cap_mb
 };
 
+// Offload (DESIGN.md §3 "Offload"). The device keeps the compute copy (stage 3: its shard) and
+// what the backward writes; the host keeps the fp32 state of this rank's ranges: masters,
+// gradients, moments. A step then goes:
+//   backward: each group's gradient leaves the device as soon as it is final on this rank,
+//     copied on the device's copy stream while the backward goes on: stages 0-1 the group's
+//     range once reduced (with one data rank, at its last micro-batch's grads_ready; with more,
+//     after the reductions in finish_backward); stages 2-3 each micro-batch's reduce-scattered
+//     shard, the first straight into the host gradient, the later ones into a staging buffer
+//     added into it on the host once landed (the device holds no gradient shard at all);
+//   grad_sum_squares: stages 2-3 sum the host gradients on the host (stages 0-1 on the device,
+//     whose full gradients are there);
+//   update (instead of AdamW::step + finish_update): AdamW on the host, group by group, each
+//     group's result rounded to the compute dtype in the same pass and copied to the device at
+//     once (asynchronously, from one of two staging buffers, so the host updates the next group
+//     while it travels), then stages 1-2 all-gather it as without offload.
+// The arithmetic of the update is the CPU kernel's (kernels/cpu/adamw.cpp), the same formula as
+// the GPU's; no step is delayed: the next step's forward runs on this step's update.
 class ZeroSharding final : public GroupHooks {
  public:
   // tensor_comm, pipeline_comm (may be null): the other groups that hold parts of the model,
@@ -85,11 +107,21 @@ class ZeroSharding final : public GroupHooks {
   // After AdamW updated the fp32 masters, through compute_bases(): refresh the rest of the
   // compute copy (stages 1/2 round and all-gather the updated shards).
   void finish_update();
+  // Whether param_bases() and grad_bases() are host memory (offload; AdamW is then on_host).
+  bool offloaded() const { return offload_; }
+  // Offload's phase 6, instead of AdamW::step and finish_update (after AdamW::begin_step): for
+  // each trained group in order, update(g, master, grad, compute): AdamW::update_group on these
+  // host pointers (param_bases()[g], grad_bases()[g]), writing the updated range rounded to the
+  // compute dtype into `compute` (host memory; null in fp32, where the master itself goes up);
+  // then that range goes to the device while the next group is updated.
+  using GroupUpdate = std::function<void(int g, float* master, const float* grad, Ref compute)>;
+  void offload_update(const GroupUpdate& update);
   // Makes the compute copy of the parameters equal the fp32 masters (after a resume has loaded
   // them): what finish_update does.
   void sync_compute_params();
 
-  // Resident bytes on this rank (for the metrics): parameters, gradients.
+  // Resident device bytes on this rank (for the metrics): parameters, gradients (offloaded
+  // state is host memory, not counted here).
   size_t params_bytes() const;
   size_t grads_bytes() const;
 
@@ -123,6 +155,7 @@ class ZeroSharding final : public GroupHooks {
   void retire_scatters(size_t keep);  // all but the newest `keep`
   void start_gather(size_t g);        // stage 3
   void prefetch_after(int group);
+  bool shared(int g) const;  // held by two pipeline stages (share_group)
   void drop_prefetches();
   void maybe_inject_nan(int g, float* grad);  // test support, see inject_nan_grad_for_test
   int stage_;
@@ -136,8 +169,20 @@ class ZeroSharding final : public GroupHooks {
   // *acc += Σ x² over [begin, end) of group g's buffer `x` (which starts at element `base`),
   // with tensor-replicated tensors weighted 1/T so the tensor all-reduce counts them once (and
   // groups held by two pipeline stages 1/2).
-  void weighted_sum_squares(double* acc, int g, const float* x, size_t base, size_t begin,
-                            size_t end) const;
+  void weighted_sum_squares(Ops& ops, Stream st, double* acc, int g, const float* x, size_t base,
+                            size_t begin, size_t end) const;
+  // Offload: copies `n` floats of device memory `src` to the host on the copy stream, after the
+  // work queued on the compute stream so far: into dst, or (add) into a staging buffer that
+  // retire_landings adds into dst once it has landed. keep: the device buffer src lies in, held
+  // until then (null: src outlives the step).
+  void land(float* dst, const float* src, size_t n, bool add, Buffer<float> keep = {});
+  void land_group(int g);          // stages 0-1: group g's range of the full gradient
+  void retire_front();             // waits for the oldest landing, adds it where staged
+  void retire_landings(bool all);  // all: wait for every one; else those already landed
+  // Offload: group g's range (stage 3: its shard) of the compute copy from host memory `src`
+  // (compute dtype), on the compute stream; stages 1-2 all-gather it.
+  void upload_range(int g, const void* src);
+
   ZeroOptions opt_;
   int D_, rank_;
   int micro_batches_ = 1;
@@ -162,7 +207,25 @@ class ZeroSharding final : public GroupHooks {
   std::vector<int> refs_;                     // stage 3: acquire count per group
   std::vector<Buffer<float>> working_grads_;  // stage ≥ 2: (D·s) per group while in backward
   DBuffer scratch_;                           // stage 1/2: all-gather buffer (D·max s)
-  Buffer<double> sumsq_;                      // (1) the squared gradient norm being summed
+  // Offload (see above). host_master_/host_grads_: (range size) per trained group, host memory.
+  bool offload_ = false;
+  std::vector<HostBuffer<float>> host_master_, host_grads_;
+  std::vector<bool> landed_;  // stage ≥ 2: the group's first micro-batch has gone to the host
+  struct Landing {
+    Event done;  // recorded on the copy stream after the copy
+    Buffer<float> keep;
+    HostBuffer<float> staging;  // add: what landed, to add into dst
+    float* dst = nullptr;
+    size_t n = 0;
+  };
+  std::vector<Landing> landings_;  // oldest first
+  std::vector<HostBuffer<float>> staging_pool_;
+  size_t max_range_ = 0;
+  // The update's way back: two host staging buffers of the compute dtype (max_range_ each),
+  // each with the compute stream's event after its last upload.
+  HostBuffer<std::byte> up_staging_[2];
+  Event up_done_[2];
+  Buffer<double> sumsq_;  // (1) the squared gradient norm being summed
 };
 
 }  // namespace ft

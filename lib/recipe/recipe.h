@@ -66,6 +66,9 @@ struct ParallelConfig {
   double reduce_bucket_mb = 25;
   int prefetch_blocks = 1;            // ZeRO-3: groups gathered ahead of use
   std::string reduce_dtype = "fp32";  // fp32 | bf16: what gradient reductions sum in
+  // none | cpu: this rank's fp32 masters, gradients and AdamW moments in host memory, the
+  // update on the host (ZeRO-Offload; parallel/zero.h "Offload").
+  std::string offload_optimizer = "none";
 };
 
 struct CheckpointConfig {

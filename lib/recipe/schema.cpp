@@ -278,6 +278,10 @@ const std::vector<KeySpec>& schema() {
                "what the data group's gradient reductions move and sum in (bf16: half the bytes; "
                "NCCL only)",
                {.choices = {"fp32", "bf16"}}),
+        FT_KEY(parallel, offload_optimizer, kChoice,
+               "cpu: this rank's fp32 master weights, gradients and AdamW moments in host memory "
+               "(page-locked), the update on the host's cores (a GPU run; ZeRO-Offload)",
+               {.choices = {"none", "cpu"}}),
 
         FT_KEY(checkpoint, dir, kString,
                "checkpoint folder (default <run.output_dir>/checkpoints)"),

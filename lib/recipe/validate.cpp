@@ -46,6 +46,16 @@ void Loader::check_unbuilt() {
     issue(locate("runtime.communicator"), "runtime.communicator",
           "nccl moves GPU memory, and runtime.device is cpu", "use auto or mpi");
   }
+  // Offload moves the optimizer state from device memory to the host's; the CPU device's
+  // memory is the host's already. (auto that finds no GPU: refused when the run starts,
+  // parallel/zero.cpp.)
+  if (r_.parallel.offload_optimizer == "cpu" && r_.runtime.device == "cpu" &&
+      all_usable({"parallel.offload_optimizer", "runtime.device"})) {
+    issue(locate("parallel.offload_optimizer"), "parallel.offload_optimizer",
+          "cpu moves the optimizer state from GPU memory to host memory, and runtime.device is "
+          "cpu: it is in host memory already",
+          "use parallel.offload_optimizer: none, or runtime.device: cuda");
+  }
   check_packing_device();
   // The adapter section is part of the format (DESIGN.md §5); these parts of it are not built.
   // QLoRA's NF4 blocks are quantized whole, on the rank that holds them: not in tensor slices,

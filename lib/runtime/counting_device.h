@@ -52,6 +52,8 @@ class CountingDevice final : public Device {
   void copy_from_host(void*, const void*, size_t) override {}
   void copy(Stream, void*, const void*, size_t) override {}
   void copy_to_host_async(Stream s, void* dst, const void* src, size_t bytes) override;
+  void copy_from_host_async(Stream, void*, const void*, size_t) override {}
+  void zero_host(void*, size_t) override {}
   void synchronize() override {}
   bool host_accessible() const override { return false; }
   AllocatorStats stats() const override;

@@ -142,6 +142,12 @@ void Device::stream_wait_event(Stream, void*) {}
 void Device::copy_to_host_async(Stream, void* dst, const void* src, size_t bytes) {
   copy_to_host(dst, src, bytes);
 }
+void Device::copy_from_host_async(Stream, void* dst, const void* src, size_t bytes) {
+  copy_from_host(dst, src, bytes);
+}
+void Device::zero_host(void* ptr, size_t bytes) {
+  if (bytes) std::memset(ptr, 0, bytes);
+}
 
 void Device::wait(Stream s, const Event& e) {
   FT_CHECK(e.handle_ && e.dev_ == this, "Device::wait: an empty event or one of another device");

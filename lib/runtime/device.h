@@ -105,6 +105,8 @@ class Device {
   // memory on the CPU. The host reads and writes it directly.
   virtual void* alloc_host(size_t bytes);
   virtual void free_host(void* ptr, size_t bytes);
+  // Zeroes alloc_host memory (a memset; the counting device's host addresses are not memory).
+  virtual void zero_host(void* ptr, size_t bytes);
   // The CPU's staging memory (what alloc_host gives by default), for callers without a Device.
   static void* alloc_host_plain(size_t bytes);
   static void free_host_plain(void* ptr, size_t bytes);
@@ -138,6 +140,9 @@ class Device {
   // Device → host into alloc_host memory, queued on `s`: the host may read `dst` once an event
   // recorded on `s` after it has completed. The CPU copies at once.
   virtual void copy_to_host_async(Stream s, void* dst, const void* src, size_t bytes);
+  // Host (alloc_host memory) → device, queued on `s`: the host may change `src` again once an
+  // event recorded on `s` after it has completed. The CPU copies at once.
+  virtual void copy_from_host_async(Stream s, void* dst, const void* src, size_t bytes);
   // The device's free and total memory as its driver reports them (CUDA: cudaMemGetInfo);
   // {0, 0} where the device is host memory (the CPU: see available_memory_bytes).
   struct MemoryInfo {
@@ -275,6 +280,9 @@ class HostBuffer {
   size_t size() const { return count_; }
   size_t bytes() const { return count_ * sizeof(T); }
   Device* device() const { return dev_; }
+  void zero() {
+    if (ptr_) dev_->zero_host(ptr_, bytes());
+  }
 
  private:
   void release() {

@@ -107,6 +107,7 @@ RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
   zero_options.overlap = r.parallel.overlap_comm;
   zero_options.prefetch_blocks = r.parallel.prefetch_blocks;
   zero_options.reduce_dtype = r.parallel.reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  zero_options.offload_optimizer = r.parallel.offload_optimizer == "cpu";
   zero_options.bucket_elems =
       std::max<size_t>(1, size_t(r.parallel.reduce_bucket_mb * double(1 << 20)) / sizeof(float));
   s.zero =
@@ -116,7 +117,8 @@ RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
   // matrix held twice; their gradients are summed between the two (DESIGN.md §3).
   if (groups.tied_holders) s.zero->share_group(0, groups.tied_holders);
   s.pipeline = std::make_unique<PipelineSchedule>(*s.model, groups.pipeline, dev);
-  s.optim = std::make_unique<AdamW>(s.model->layout(), r.optimizer, dev, s.zero->ranges());
+  s.optim = std::make_unique<AdamW>(s.model->layout(), r.optimizer, dev, s.zero->ranges(),
+                                    s.zero->offloaded());
   // fp16 only: the loss scale and its counters (optim/loss_scaler.h, DESIGN.md §5).
   if (r.training.precision == "fp16") s.scaler.emplace(loss_scaler_config(r.training));
   return s;

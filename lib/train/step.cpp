@@ -151,8 +151,16 @@ StepResult TrainStep::run_batch(int64_t s, const StepSamples& batch,
       r_.training.grad_clip > 0 ? r_.training.grad_clip / (res.grad_norm + 1e-6) : 1.0;
   const float factor = float(std::min(clip, 1.0) / loss_scale);
   if (before_update) before_update();
-  optim_.step(zero_.param_bases(), zero_.grad_bases(), res.lr, factor, zero_.compute_bases());
-  zero_.finish_update();  // (precision policy: refresh the compute copy from the master)
+  if (zero_.offloaded()) {
+    // On the host, group by group, each sent back to the device as soon as it is done.
+    optim_.begin_step();
+    zero_.offload_update([&](int g, float* master, const float* grad, Ref compute) {
+      optim_.update_group(g, master, grad, res.lr, factor, compute);
+    });
+  } else {
+    optim_.step(zero_.param_bases(), zero_.grad_bases(), res.lr, factor, zero_.compute_bases());
+    zero_.finish_update();  // (precision policy: refresh the compute copy from the master)
+  }
   res.time_s = seconds_since(t_step);
   return res;
 }

@@ -114,10 +114,12 @@ std::vector<ckpt::PieceSource> state_pieces(LlamaModel& model, ZeroSharding& zer
     // this data rank's shard (= w) from stage 1 on.
     const size_t pskip = w.begin - zero.ranges()[gi].begin;
     const size_t oskip = w.begin - optim.ranges()[gi].begin;
-    Device* dev = model.device();
+    // Offloaded, the state is host memory: no device to copy it from.
+    Device* dev = zero.offloaded() ? nullptr : model.device();
+    Device* odev = optim.on_host() ? nullptr : model.device();
     out.push_back({ckpt::State::kParam, g, w.begin, w.end, params[gi] + pskip, dev});
-    out.push_back({ckpt::State::kExpAvg, g, w.begin, w.end, optim.exp_avg(g) + oskip, dev});
-    out.push_back({ckpt::State::kExpAvgSq, g, w.begin, w.end, optim.exp_avg_sq(g) + oskip, dev});
+    out.push_back({ckpt::State::kExpAvg, g, w.begin, w.end, optim.exp_avg(g) + oskip, odev});
+    out.push_back({ckpt::State::kExpAvgSq, g, w.begin, w.end, optim.exp_avg_sq(g) + oskip, odev});
   }
   return out;
 }
@@ -129,10 +131,15 @@ void load_state(const ckpt::Manifest& m, LlamaModel& model, ZeroSharding& zero, 
   // Each range is read on the host, then copied to the device.
   Device* dev = model.device();
   std::vector<float> host;
-  auto read = [&](ckpt::State state, int g, size_t begin, size_t end, float* device_dst) {
+  // on_host: dst is host memory (the offloaded state), read into directly.
+  auto read = [&](ckpt::State state, int g, size_t begin, size_t end, float* dst, bool on_host) {
+    if (on_host) {
+      ckpt::read_range(m, state, g, mesh.tensor, mesh.t, begin, end, dst);
+      return;
+    }
     host.resize(end - begin);
     ckpt::read_range(m, state, g, mesh.tensor, mesh.t, begin, end, host.data());
-    if (end > begin) dev->copy_from_host(device_dst, host.data(), (end - begin) * sizeof(float));
+    if (end > begin) dev->copy_from_host(dst, host.data(), (end - begin) * sizeof(float));
   };
   std::vector<int> frozen;
   for (size_t gi = 0; gi < groups.size(); ++gi)
@@ -142,18 +149,19 @@ void load_state(const ckpt::Manifest& m, LlamaModel& model, ZeroSharding& zero, 
     const int g = int(gi);
     if (!model.owns_group(g) || !groups[gi].trains()) continue;  // frozen: as the run started
     const size_t n = groups[gi].numel;
-    if (zero_stage == 3 || model.compute_dtype() != DType::kF32) {  // into the fp32 masters
+    const bool masters = zero_stage == 3 || model.compute_dtype() != DType::kF32;
+    if (masters || zero.offloaded()) {  // into the fp32 masters
       const ShardRange& r = zero.ranges()[gi];
-      read(ckpt::State::kParam, g, r.begin, r.end, params[gi]);
+      read(ckpt::State::kParam, g, r.begin, r.end, params[gi], zero.offloaded());
     } else {
-      read(ckpt::State::kParam, g, 0, n, model.flat_params().params()[gi].data());
+      read(ckpt::State::kParam, g, 0, n, model.flat_params().params()[gi].data(), false);
     }
     const ShardRange& o = optim.ranges()[gi];
-    read(ckpt::State::kExpAvg, g, o.begin, o.end, optim.exp_avg(g));
-    read(ckpt::State::kExpAvgSq, g, o.begin, o.end, optim.exp_avg_sq(g));
+    read(ckpt::State::kExpAvg, g, o.begin, o.end, optim.exp_avg(g), optim.on_host());
+    read(ckpt::State::kExpAvgSq, g, o.begin, o.end, optim.exp_avg_sq(g), optim.on_host());
   }
-  // 16-bit compute dtype: the compute copy is rounded from the loaded masters.
-  if (model.compute_dtype() != DType::kF32) zero.sync_compute_params();
+  // 16-bit compute dtype, or offloaded: the compute copy is made from the loaded masters.
+  if (model.compute_dtype() != DType::kF32 || zero.offloaded()) zero.sync_compute_params();
   optim.set_step_count(m.optimizer_step);
 }
 

@@ -122,6 +122,10 @@ class CudaDevice final : public Device {
     if (!bytes) return;
     FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(s)));
   }
+  void copy_from_host_async(Stream s, void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(s)));
+  }
   MemoryInfo memory_info() override {
     MemoryInfo m;
     FT_CUDA_CHECK(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));

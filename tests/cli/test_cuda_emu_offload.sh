@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# parallel.offload_optimizer: cpu (DESIGN.md §3 "Offload"): the fp32 masters, gradients and AdamW
+# moments of a rank's ranges in (page-locked) host memory, the update on the host. It needs a
+# device apart from the host, so it runs on ft_emu (the CUDA backend on the CUDA emulation, a test
+# tool: its streams, events and async copies are the runtime API's, run on the CPU; nothing here
+# says anything of GPU speed). A tiny GQA Llama, 2 micro-batches a step (so ZeRO 2-3's second
+# micro-batch goes through the host staging and is added there), gradient clipping:
+#  1. fp32: offload against none at ZeRO 0 and ZeRO 3: losses and grad norms within 1e-6
+#     relative (the host AdamW is the CPU kernel, the device's the CUDA one: the same expression,
+#     summed and contracted differently; seen 4e-7 on a norm);
+#  2. bf16: offload at ZeRO 3 gives ZeRO 2's bits (the same host arithmetic whatever the cut);
+#     2 against 0 within 1e-12 (0-1 sum the norm on the device, 2-3 on the host, in another
+#     order: seen 2e-16); against no offload the emulated backend's 16-bit bounds;
+#  3. fp16 with a NaN gradient at step 3: the step is skipped with offload as without (the host
+#     state is not touched: the runs stay within 1e-3 of each other after it, and the skipped
+#     line is there);
+#  4. frozen groups (FT_TEST_FREEZE, as an adapter's base) hold no host state and train alike;
+#  5. a run with offload and async checkpoints, killed after its step-4 save, resumes bit for bit
+#     equal to the uninterrupted run (the state is read from and into host memory);
+#  6. data 2 x tensor 2 (4 ranks, ZeRO 3) and pipeline 2 with tied embeddings (the
+#     embedding's gradient summed between its holders on the host path) with offload, against
+#     the one-process CPU run without: losses within 1e-5, grad norms within 1e-4 (the bounds of
+#     test_cuda_emu_ranks);
+#  7. refusals: ft validate refuses offload with runtime.device cpu naming the key (exit 2), and
+#     a run whose auto device is the CPU stops before training, saying why.
+# ft plan's device peak with offload equals the measured one: test_cuda_emu_plan.sh.
+#   bash tests/cli/test_cuda_emu_offload.sh BUILD_DIR SOURCE_DIR
+source "$2/tests/cli/common.sh" "$@"
+need_emu
+mpi_env
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/train:2" --vocab 96 --samples 40 \
+  --seq-len 16 --seed 5
+
+cat > "$tmp/r.yaml" <<YAML
+run: {name: o, output_dir: $tmp/out, seed: 3}
+model: {dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 80, vocab_size: 96, max_seq_len: 16}
+data: {train: $tmp/train, seq_len: 16, shuffle: true}
+training: {steps: 6, micro_batch_size: 2, global_batch_size: 4, grad_clip: 0.5}
+optimizer: {lr: 0.003}
+checkpoint: {every_steps: 4, async: true}
+logging: {every_steps: 1}
+runtime: {threads: 2, device: cuda}
+YAML
+
+# compare DIR_A DIR_B LOSS_REL NORM_REL: per-step losses and grad norms (0: the same bits).
+compare() {
+  /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$1" "$2" --min-entries 12 \
+    --loss-rel "$3" --norm-rel "$4"
+}
+train() {  # NAME [OVERRIDES...]: one process on the emulated GPU
+  local name=$1
+  shift
+  "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/$name" "$@" > "$tmp/$name.log" 2>&1 \
+    || fail "$name: $(tail -3 "$tmp/$name.log")"
+}
+
+# 1. fp32 at ZeRO 0 and 3.
+for z in 0 3; do
+  train f32_z${z} parallel.zero_stage=$z
+  train f32_z${z}_off parallel.zero_stage=$z parallel.offload_optimizer=cpu
+  grep -q 'cuda:0 (CUDA emulation' "$tmp/f32_z${z}_off.log" || fail "f32_z${z}_off: not on the emulated GPU"
+  echo "fp32 ZeRO $z, offload against none:"
+  compare "$tmp/f32_z${z}_off" "$tmp/f32_z${z}" 1e-6 1e-6 || fail "fp32 ZeRO $z: offload differs"
+done
+
+# 2. bf16: every stage with offload, the same bits.
+train bf16 training.precision=bf16
+for z in 0 2 3; do
+  train bf16_z${z}_off training.precision=bf16 parallel.zero_stage=$z parallel.offload_optimizer=cpu
+done
+compare "$tmp/bf16_z3_off" "$tmp/bf16_z2_off" 0 0 > /dev/null \
+  || fail "bf16: offload at ZeRO 3 is not bit-identical to ZeRO 2"
+echo "bf16 with offload: ZeRO 3 gives ZeRO 2's bits; 2 against 0:"
+compare "$tmp/bf16_z2_off" "$tmp/bf16_z0_off" 1e-12 1e-12 || fail "bf16: offload at ZeRO 2 differs"
+echo "bf16 with offload against none:"
+compare "$tmp/bf16_z0_off" "$tmp/bf16" 5e-3 5e-2 || fail "bf16: offload differs from none"
+
+# 3. fp16, a NaN gradient at step 3: skipped with offload too.
+for o in none cpu; do
+  FT_TEST_NAN_GRAD_AT_STEP=3 train fp16_$o training.precision=fp16 parallel.zero_stage=2 \
+    parallel.offload_optimizer=$o
+  grep '"step":3,' "$tmp/fp16_$o/metrics.jsonl" | grep -q '"skipped":true' \
+    || fail "fp16 $o: step 3 was not skipped: $(grep '"step":3,' "$tmp/fp16_$o/metrics.jsonl")"
+done
+echo "fp16 with a NaN gradient at step 3, offload against none (both skipped it):"
+/usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$tmp/fp16_cpu" "$tmp/fp16_none" \
+  --min-entries 11 --loss-rel 1e-3 --norm-rel 1e-2 || fail "fp16: offload differs after the skip"
+
+# 4. Frozen groups: no host state of theirs, the rest trains as without offload.
+FT_TEST_FREEZE=embed,layers.0 train frozen parallel.zero_stage=2
+FT_TEST_FREEZE=embed,layers.0 train frozen_off parallel.zero_stage=2 parallel.offload_optimizer=cpu
+echo "fp32 with embed and layers.0 frozen, offload against none:"
+compare "$tmp/frozen_off" "$tmp/frozen" 1e-6 1e-6 || fail "frozen groups: offload differs"
+
+# 5. Killed as step 6 begins (step_4 saved, asynchronously), resumed: the same bits.
+off=(training.precision=bf16 parallel.zero_stage=2 parallel.offload_optimizer=cpu)
+rc=0
+(FT_TEST_KILL_AT_STEP=6 exec "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/resumed" "${off[@]}") \
+  > "$tmp/resumed.1.log" 2>&1 || rc=$?
+[[ $rc == 137 ]] || fail "resume part 1: exit $rc, expected 137: $(tail -3 "$tmp/resumed.1.log")"
+train resumed "${off[@]}"
+grep -q 'resumed from .*step_00000004' "$tmp/resumed.log" \
+  || fail "did not resume from step 4: $(grep -m1 resum "$tmp/resumed.log")"
+echo "bf16 ZeRO 2 with offload, killed and resumed from step 4:"
+compare "$tmp/resumed" "$tmp/bf16_z2_off" 0 0 || fail "the resumed run differs"
+
+# 6. Several ranks on emulated GPUs (MPI, host-staged), against the one-process CPU run.
+"$ft" train "$tmp/r.yaml" run.output_dir="$tmp/cpu" runtime.device=cpu > "$tmp/cpu.log" 2>&1 \
+  || fail "cpu: $(tail -3 "$tmp/cpu.log")"
+ranks() {  # NAME N REFERENCE OVERRIDES...
+  local name=$1 n=$2 ref=$3
+  shift 3
+  FT_CUDA_EMU_DEVICES=$n mpirun "${mpirun_args[@]}" -np "$n" -x FT_CUDA_EMU_DEVICES "$emu" train \
+    "$tmp/r.yaml" run.output_dir="$tmp/$name" runtime.communicator=mpi \
+    parallel.offload_optimizer=cpu "$@" > "$tmp/$name.log" 2>&1 \
+    || fail "$name: $(tail -5 "$tmp/$name.log")"
+  echo "$name with offload against the one-process CPU run:"
+  compare "$tmp/$name" "$tmp/$ref" 1e-5 1e-4 || fail "$name differs from the CPU run"
+}
+ranks dp2_tp2_z3 4 cpu parallel.tensor=2 parallel.zero_stage=3
+"$ft" train "$tmp/r.yaml" run.output_dir="$tmp/cpu_tied" runtime.device=cpu \
+  model.tie_embeddings=true > "$tmp/cpu_tied.log" 2>&1 || fail "cpu_tied: $(tail -3 "$tmp/cpu_tied.log")"
+ranks pp2_tied_z2 2 cpu_tied parallel.pipeline=2 parallel.zero_stage=2 model.tie_embeddings=true
+
+# 7. Refusals.
+run_rc 2 "$ft" validate "$tmp/r.yaml" runtime.device=cpu parallel.offload_optimizer=cpu
+has_err "parallel.offload_optimizer"
+has_err "runtime.device is cpu"
+run_rc 1 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/auto" runtime.device=auto \
+  parallel.offload_optimizer=cpu
+has_err "this run's device is the CPU"
+echo "test_cuda_emu_offload: OK"
