@@ -101,7 +101,7 @@ Buffer<double> loss_accumulator(Device* dev) {
 
 LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing,
                        Communicator* tensor_comm, StageSpec stage, DType compute_dtype,
-                       const ModelConverters* converters)
+                       const ModelConverters* converters, GroupSink* sink)
     : cfg_(cfg),
       dev_(dev),
       ckpt_(activation_checkpointing),
@@ -115,7 +115,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_chec
       rope_inv_freq_(rope_buffer(cfg, layout_.head_dim(), dev)),
       loss_acc_(loss_accumulator(dev)),
       st_(dev->stream()),
-      flat_(dev, layout_.groups(), owned_groups(), compute_dtype) {
+      flat_(dev, layout_.groups(), owned_groups(), compute_dtype, sink) {
   const int C = cfg.dim, HD = H_ * layout_.head_dim(), KD = K_ * layout_.head_dim();
   q_proj_ = {Proj::kQ, C, HD};
   k_proj_ = {Proj::kK, C, KD};

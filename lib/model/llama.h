@@ -47,9 +47,11 @@ class LlamaModel final : public PipelineStage {
   // activations and the compute copy of the parameters; weight gradients stay fp32.
   // converters: their layout halves run on the layout before the parameters are allocated
   // (model/converter.h); their model halves are the caller's to run once the weights are in.
+  // sink: FlatParams' (parallel.offload_params: the groups stream into ZeRO-3's host shards).
   LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_checkpointing = false,
              Communicator* tensor_comm = nullptr, StageSpec stage = {},
-             DType compute_dtype = DType::kF32, const ModelConverters* converters = nullptr);
+             DType compute_dtype = DType::kF32, const ModelConverters* converters = nullptr,
+             GroupSink* sink = nullptr);
   ~LlamaModel() override;
 
   const ModelConfig& config() const { return cfg_; }

@@ -58,8 +58,8 @@ struct FlatParams::Nf4Group {
 };
 
 FlatParams::FlatParams(Device* dev, const std::vector<ParamGroup>& groups, std::vector<bool> owned,
-                       DType compute_dtype)
-    : dev_(dev), groups_(groups), owned_(std::move(owned)), cdt_(compute_dtype) {
+                       DType compute_dtype, GroupSink* sink)
+    : dev_(dev), groups_(groups), owned_(std::move(owned)), cdt_(compute_dtype), sink_(sink) {
   FT_CHECK(owned_.size() == groups_.size(), "FlatParams: ", owned_.size(), " ownership flags for ",
            groups_.size(), " groups");
   FT_CHECK(cdt_ == DType::kF32 || cdt_ == DType::kBF16 || cdt_ == DType::kF16,
@@ -74,7 +74,10 @@ FlatParams::FlatParams(Device* dev, const std::vector<ParamGroup>& groups, std::
     const bool only = compute_only(int(g)), quant = quantized(int(g));
     FT_CHECK(!quant || !groups_[g].trains(), "group ", groups_[g].name,
              " has NF4 tensors but trains: only a frozen group is quantized");
-    params_.emplace_back(dev_, owned_[g] && !only && !quant ? groups_[g].numel : 0);
+    FT_CHECK(!quant || !sink_, "group ", groups_[g].name,
+             " is held in NF4, which a FlatParams streaming its groups does not do");
+    const bool held = owned_[g] && !only && !quant && !streamed(int(g));
+    params_.emplace_back(dev_, held ? groups_[g].numel : 0);
     params_.back().zero();
     if (cdt_ != DType::kF32) {
       compute_params_.emplace_back(dev_, cdt_, only ? groups_[g].numel : 0);
@@ -87,7 +90,12 @@ FlatParams::FlatParams(Device* dev, const std::vector<ParamGroup>& groups, std::
 FlatParams::~FlatParams() = default;
 
 bool FlatParams::compute_only(int g) const {
-  return cdt_ != DType::kF32 && owned_[size_t(g)] && !groups_[size_t(g)].trains() && !quantized(g);
+  return cdt_ != DType::kF32 && owned_[size_t(g)] && !groups_[size_t(g)].trains() &&
+         !quantized(g) && !streamed(g);
+}
+
+bool FlatParams::streamed(int g) const {
+  return sink_ && owned_[size_t(g)] && groups_[size_t(g)].attached_to < 0;
 }
 
 bool FlatParams::quantized(int g) const {
@@ -104,6 +112,18 @@ void FlatParams::write(int g, size_t offset, size_t n, size_t unit,
   if (n == 0) return;
   const MemoryScope tag(MemoryCategory::kParameters);
   Ref dst;  // where the values go, when not into an fp32 buffer of params()
+  if (streamed(g)) {
+    FT_CHECK(building32_group_ < 0 || building32_group_ == g, "FlatParams::write: group ",
+             groups_[size_t(g)].name, " while group ", groups_[size_t(building32_group_)].name,
+             " is not yet written whole (group_written)");
+    if (building32_group_ < 0) {
+      building32_ = Buffer<float>(dev_, groups_[size_t(g)].numel);
+      building32_.zero();
+      building32_group_ = g;
+    }
+    make(building32_.data() + offset, 0, n);
+    return;
+  }
   if (quantized(g)) {
     FT_CHECK(building_group_ < 0 || building_group_ == g, "FlatParams::write: group ",
              groups_[size_t(g)].name, " while group ", groups_[size_t(building_group_)].name,
@@ -145,6 +165,14 @@ void FlatParams::upload_group(int g, const float* host) {
 }
 
 void FlatParams::group_written(int g) {
+  if (streamed(g)) {
+    FT_CHECK(building32_group_ == g, "FlatParams::group_written: group ", groups_[size_t(g)].name,
+             " was not written");
+    sink_->take(g, groups_[size_t(g)], building32_.data());
+    building32_ = Buffer<float>();
+    building32_group_ = -1;
+    return;
+  }
   if (!quantized(g)) return;
   FT_CHECK(building_group_ == g, "FlatParams::group_written: group ", groups_[size_t(g)].name,
            " was not written");
@@ -268,7 +296,8 @@ size_t FlatParams::param_bytes() const {
 }
 
 std::vector<std::vector<float>> FlatParams::to_host() {
-  FT_CHECK(!made_ && params_.size() == groups_.size(), "FlatParams::to_host: no fp32 parameters");
+  FT_CHECK(!made_ && !sink_ && params_.size() == groups_.size(),
+           "FlatParams::to_host: no fp32 parameters");
   std::vector<std::vector<float>> host(params_.size());
   for (size_t g = 0; g < params_.size(); ++g) {
     const bool quant = quantized(int(g));

@@ -87,6 +87,16 @@ class GroupHooks {
   virtual void grads_ready(int group) = 0;  // this micro-batch's gradient is complete
 };
 
+// Where a model group goes once its weights are written, when the FlatParams does not keep it
+// (FlatParams::streamed): ZeRO-3's host shards under parallel.offload_params (zero.h HostShards).
+// take(g, group, values): values is the whole group in fp32 on the device, valid during the call;
+// the sink copies what it keeps. A group may be taken again (a later write replaces it).
+class GroupSink {
+ public:
+  virtual ~GroupSink() = default;
+  virtual void take(int g, const ParamGroup& group, const float* values) = 0;
+};
+
 class FlatParams {
  public:
   // groups: the model's layout (kept by reference: it outlives this). owned[g]: whether this
@@ -95,8 +105,12 @@ class FlatParams {
   // Allocates (and zeroes) the fp32 buffer of every group held, except a frozen group's with a
   // 16-bit compute dtype: that one is held in the compute dtype only, from the start (an
   // adapter's base: 2 bytes a parameter, never 4; see write()).
+  // sink (parallel.offload_params): every held group of the model itself (not an adapter's,
+  // nor a quantized one) is streamed: no buffer of its own here; each is written whole into one
+  // transient fp32 buffer and handed to the sink at group_written, then freed, so start-up holds
+  // one group on the device, never the model. After that its parameters are ZeRO-3's (hooks).
   FlatParams(Device* dev, const std::vector<ParamGroup>& groups, std::vector<bool> owned,
-             DType compute_dtype);
+             DType compute_dtype, GroupSink* sink = nullptr);
   ~FlatParams();
   FlatParams(const FlatParams&) = delete;
   FlatParams& operator=(const FlatParams&) = delete;
@@ -116,6 +130,8 @@ class FlatParams {
   // unquantized), and compute_params() / acquire() dequantize it into one buffer that all such
   // groups share: the model uses one block's group at a time (asking for another overwrites it).
   bool quantized(int g) const;
+  // Whether group g is streamed to the sink (see the constructor).
+  bool streamed(int g) const;
   // The end of group g's writes: a quantized group is quantized now (no-op for the others).
   // upload_group calls it; a caller of write() calls it once the group is whole.
   void group_written(int g);
@@ -198,6 +214,10 @@ class FlatParams {
   int building_group_ = -1;
   DBuffer dequantized_;
   int dequantized_group_ = -1;
+  // Streamed groups: the sink, and the one group being written (fp32, whole).
+  GroupSink* sink_ = nullptr;
+  Buffer<float> building32_;
+  int building32_group_ = -1;
   int held_group_ = -1, held_refs_ = 0;  // the quantized group acquired, and how many times
   Ref dequantize(int g);
   void hold_quantized(int g);

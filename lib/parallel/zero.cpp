@@ -21,13 +21,16 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
       opt_(options),
       D_(comm.size()),
       rank_(comm.rank()),
-      offload_(options.offload_optimizer) {
+      offload_(options.offload_optimizer),
+      offload_params_(options.host_shards != nullptr) {
   FT_CHECK(stage >= 0 && stage <= 3, "ZeRO stage must be 0..3");
   if (offload_ && dev_->kind() == DeviceKind::kCpu)
     throw Error(
         "parallel.offload_optimizer: cpu moves the optimizer state from the GPU to host memory, "
         "but this run's device is the CPU, where it is already: set parallel.offload_optimizer: "
         "none (or run on a GPU, runtime.device: cuda)");
+  FT_CHECK(!offload_params_ || (stage_ == 3 && offload_),
+           "parallel.offload_params needs ZeRO stage 3 and parallel.offload_optimizer: cpu");
   size_t max_shard = 0;
   for (size_t gi = 0; gi < flat.groups().size(); ++gi) {
     // Groups of other pipeline stages are empty here.
@@ -61,21 +64,46 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
   }
   if (offload_) {
     // The host state: this rank's ranges of the fp32 masters (from the model's fp32 buffers,
-    // before the compute copy replaces them) and of the gradients.
+    // before the compute copy replaces them, or streamed there already: HostShards) and of the
+    // gradients; with offload_params the compute copy's shards too.
+    std::vector<HostShards::Shard>* streamed =
+        offload_params_ ? &options.host_shards->shards() : nullptr;
     for (size_t g = 0; g < G; ++g) {
       const size_t own = trains_[g] ? ranges_[g].size() : 0;
       max_range_ = std::max(max_range_, own);
+      HostShards::Shard* taken =
+          streamed && g < streamed->size() && (*streamed)[g].taken ? &(*streamed)[g] : nullptr;
       {
         const MemoryScope tag(MemoryCategory::kParameters);
-        host_master_.emplace_back(dev_, own);
+        if (taken) {
+          host_master_.push_back(std::move(taken->master));
+          host_compute_.push_back(std::move(taken->compute));
+        } else {
+          host_master_.emplace_back(dev_, own);
+          if (own)
+            dev_->copy_to_host(host_master_[g].data(), flat_.params()[g].data() + ranges_[g].begin,
+                               own * sizeof(float));
+          if (offload_params_) {
+            // A group the model's FlatParams kept (an adapter's: it trains): rounded from its
+            // master by sync_compute_params below.
+            FT_CHECK(numel_[g] == 0 || trains_[g], "ZeRO offload_params: frozen group ",
+                     flat_.groups()[g].name, " never reached the host shards");
+            host_compute_.emplace_back(dev_, shard_[g] * dtype_size(cdt_));
+            host_compute_.back().zero();
+          }
+        }
+        FT_CHECK(host_master_[g].size() == own, "ZeRO offload: group ", flat_.groups()[g].name,
+                 "'s host master holds ", host_master_[g].size(), " elements, not ", own);
       }
       const MemoryScope tag(MemoryCategory::kGradients);
       host_grads_.emplace_back(dev_, own);
-      if (own)
-        dev_->copy_to_host(host_master_[g].data(), flat_.params()[g].data() + ranges_[g].begin,
-                           own * sizeof(float));
     }
-    if (cdt_ != DType::kF32) {
+    if (offload_params_) {
+      h2d_done_.resize(G);
+      for (auto& e : h2d_done_) e = dev_->make_event();
+      compute_mark_ = dev_->make_event();
+    }
+    if (cdt_ != DType::kF32 && !offload_params_) {
       const MemoryScope tag(MemoryCategory::kCommunication);
       for (auto& b : up_staging_) b = HostBuffer<std::byte>(dev_, max_range_ * dtype_size(cdt_));
     }
@@ -91,8 +119,8 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
   if (stage_ == 3 || cdt_ != DType::kF32) {
     const MemoryScope tag(MemoryCategory::kParameters);
     for (size_t g = 0; g < G; ++g) {
-      const bool held =
-          (trains_[g] && !offload_) || (stage_ == 3 && cdt_ == DType::kF32 && !trains_[g]);
+      const bool held = (trains_[g] && !offload_) ||
+                        (stage_ == 3 && cdt_ == DType::kF32 && !trains_[g] && !offload_params_);
       master_.emplace_back(dev_, !held ? 0 : stage_ == 3 ? shard_[g] : ranges_[g].size());
       if (!held) continue;
       master_[g].zero();  // the padding of the last shard
@@ -105,7 +133,8 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
     const MemoryScope tag(MemoryCategory::kParameters);
     // The compute copy of the shards: with a 16-bit dtype; offloaded in fp32 too, for a trained
     // group (its master is on the host; a frozen fp32 group's all-gathers read master_).
-    if (cdt_ != DType::kF32 || offload_)
+    // With offload_params they are on the host (above).
+    if ((cdt_ != DType::kF32 || offload_) && !offload_params_)
       for (size_t g = 0; g < G; ++g) {
         const bool fp32_frozen = cdt_ == DType::kF32 && !trains_[g];
         compute_shards_.emplace_back(dev_, cdt_, fp32_frozen ? 0 : shard_[g]);
@@ -138,11 +167,40 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
   sumsq_ = Buffer<double>(dev_, 1);
 }
 
+HostShards::HostShards(Device* dev, int data_size, int data_rank, DType compute_dtype)
+    : dev_(dev), D_(data_size), rank_(data_rank), cdt_(compute_dtype) {}
+
+void HostShards::take(int group, const ParamGroup& p, const float* values) {
+  const size_t g = size_t(group), es = dtype_size(cdt_);
+  if (shards_.size() <= g) shards_.resize(g + 1);
+  Shard& x = shards_[g];
+  const size_t s = zero_shard_size(p.numel, D_);
+  const ShardRange r = zero_shard(p.numel, D_, rank_);
+  const MemoryScope tag(MemoryCategory::kParameters);
+  if (!x.taken) {
+    x.compute = HostBuffer<std::byte>(dev_, s * es);
+    x.compute.zero();  // the padding past the group's end
+    x.master = HostBuffer<float>(dev_, p.trains() ? r.size() : 0);
+    x.taken = true;
+  }
+  if (r.size() == 0) return;
+  if (p.trains()) dev_->copy_to_host(x.master.data(), values + r.begin, r.size() * sizeof(float));
+  if (cdt_ == DType::kF32) {
+    dev_->copy_to_host(x.compute.data(), values + r.begin, r.size() * sizeof(float));
+    return;
+  }
+  // Rounded on the device, as the compute copy is without offload.
+  DBuffer low(dev_, cdt_, r.size());
+  dev_->ops().convert(dev_->stream(), low.data(), values + r.begin, r.size());
+  dev_->copy_to_host(x.compute.data(), low.data().ptr, r.size() * es);
+}
+
 ZeroSharding::~ZeroSharding() {
   if (stage_ >= 2 || D_ > 1 || offload_) flat_.set_hooks(nullptr);
   // Copies still in flight read or write buffers freed with this.
   if (!landings_.empty()) dev_->synchronize();
   for (Landing& l : landings_) l.done.synchronize();
+  for (Event& e : h2d_done_) e.synchronize();
 }
 
 void ZeroSharding::begin_step(int micro_batches) {
@@ -476,6 +534,16 @@ void ZeroSharding::offload_update(const GroupUpdate& update) {
     if (!trains_[g] || numel_[g] == 0) continue;
     const size_t own = ranges_[g].size();
     float* master = host_master_[g].data();
+    if (offload_params_) {
+      // The compute copy's shard is host memory itself: written in the update's pass, nothing to
+      // upload (the next gathers copy it).
+      const Ref compute(host_compute_[g].data(), cdt_);
+      if (update)
+        update(int(g), master, host_grads_[g].data(), compute);
+      else
+        dev_->host_ops().convert(Stream{}, compute, CRef(master), own);
+      continue;
+    }
     Ref compute;
     if (!fp32) {
       up_done_[slot].synchronize();  // its last upload has left the staging buffer
@@ -570,6 +638,18 @@ void ZeroSharding::start_gather(size_t g) {
   const MemoryScope tag(MemoryCategory::kCommunication);  // gathered for the group's use
   gathered_[g] = DBuffer(dev_, cdt_, s * size_t(D_));
   const Ref own = gathered_[g].data() + size_t(rank_) * s;
+  if (offload_params_) {
+    // From the host shard, on the copy stream, so that it runs while the compute stream works
+    // on the groups before (after the work queued so far: the memory's last use); the all-gather
+    // follows the copy; acquire waits for both.
+    const Stream cs = dev_->copy_stream();
+    compute_mark_.record(dev_->stream());
+    dev_->wait(cs, compute_mark_);
+    dev_->copy_from_host_async(cs, own.ptr, host_compute_[g].data(), s * dtype_size(cdt_));
+    gathering_[g] = comm_.all_gather(cs, own, gathered_[g].data(), s);
+    h2d_done_[g].record(cs);
+    return;
+  }
   // The compute copy of the shard; a frozen fp32 group's (and without offload any fp32 group's)
   // master is that copy.
   const CRef src = compute_shards_.empty() || compute_shards_[g].size() == 0
@@ -610,6 +690,7 @@ void ZeroSharding::drop_prefetches() {
   const Stream st = dev_->stream();
   for (size_t g = 0; g < gathered_.size(); ++g) {
     if (refs_[g] != 0 || !gathered_[g].data().ptr) continue;
+    if (offload_params_) dev_->wait(st, h2d_done_[g]);
     gathering_[g].wait_on(st);
     gathered_[g] = DBuffer();
   }
@@ -620,6 +701,7 @@ CRef ZeroSharding::acquire_params(int group) {
   if (stage_ < 3) return flat_.compute_params(group);
   if (refs_[g]++ == 0) {
     if (!gathered_[g].data().ptr) start_gather(g);  // not prefetched
+    if (offload_params_) dev_->wait(dev_->stream(), h2d_done_[g]);
     gathering_[g].wait_on(dev_->stream());
     prefetch_after(group);
   }

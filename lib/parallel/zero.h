@@ -40,12 +40,41 @@ namespace ft {
 //   offload_optimizer (parallel.offload_optimizer: cpu; ZeRO-Offload, Ren et al. 2021): this
 //     rank's fp32 masters of its ranges, their gradients and (AdamW on_host) the moments live in
 //     host memory (alloc_host: page-locked on CUDA); see "Offload" below.
+class HostShards;
 struct ZeroOptions {
   bool overlap = true;
   bool offload_optimizer = false;
+  // parallel.offload_params (stage 3, with offload_optimizer): this rank's shards of the compute
+  // copy in host memory too, written there as the weights were (host_shards, below, the model's
+  // FlatParams sink); each group's all-gather starts with a copy from them.
+  HostShards* host_shards = nullptr;
   DType reduce_dtype = DType::kF32;
   int prefetch_blocks = 1;
   size_t bucket_elems = size_t(25) << 20 >> 2;  // 25 MiB of fp32, as PyTorch DDP's bucket_cap_mb
+};
+
+// parallel.offload_params: this data rank's ZeRO-3 shard of each group in host memory (page-locked,
+// alloc_host), filled as the model's weights are written, group by group (the FlatParams' sink),
+// so that start-up never holds more than one group on the device. Per group: the compute copy's
+// shard (s elements of the compute dtype, zero past the group's end) and, for a group that
+// trains, the fp32 master of its range. ZeroSharding takes the buffers over (host_shards).
+class HostShards final : public GroupSink {
+ public:
+  HostShards(Device* dev, int data_size, int data_rank, DType compute_dtype);
+  void take(int g, const ParamGroup& group, const float* values) override;
+  struct Shard {
+    bool taken = false;
+    HostBuffer<std::byte> compute;
+    HostBuffer<float> master;
+  };
+  // Indexed by group; a group never taken (not held, or not streamed) has taken false.
+  std::vector<Shard>& shards() { return shards_; }
+
+ private:
+  Device* dev_;
+  int D_, rank_;
+  DType cdt_;
+  std::vector<Shard> shards_;
 };
 
 // Offload (DESIGN.md §3 "Offload"). The device keeps the compute copy (stage 3: its shard) and
@@ -109,6 +138,7 @@ class ZeroSharding final : public GroupHooks {
   void finish_update();
   // Whether param_bases() and grad_bases() are host memory (offload; AdamW is then on_host).
   bool offloaded() const { return offload_; }
+  bool params_offloaded() const { return offload_params_; }
   // Offload's phase 6, instead of AdamW::step and finish_update (after AdamW::begin_step): for
   // each trained group in order, update(g, master, grad, compute): AdamW::update_group on these
   // host pointers (param_bases()[g], grad_bases()[g]), writing the updated range rounded to the
@@ -225,6 +255,12 @@ class ZeroSharding final : public GroupHooks {
   // each with the compute stream's event after its last upload.
   HostBuffer<std::byte> up_staging_[2];
   Event up_done_[2];
+  // parallel.offload_params: the compute copy's shards in host memory (s per group; adopted
+  // from HostShards), and per group the copy stream's event after its host-to-device copy.
+  bool offload_params_ = false;
+  std::vector<HostBuffer<std::byte>> host_compute_;
+  std::vector<Event> h2d_done_;
+  Event compute_mark_;    // the compute stream's point a gather's copy waits for
   Buffer<double> sumsq_;  // (1) the squared gradient norm being summed
 };
 

@@ -69,6 +69,9 @@ struct ParallelConfig {
   // none | cpu: this rank's fp32 masters, gradients and AdamW moments in host memory, the
   // update on the host (ZeRO-Offload; parallel/zero.h "Offload").
   std::string offload_optimizer = "none";
+  // none | cpu (ZeRO-3 with offload_optimizer): this rank's parameter shards in host memory too,
+  // each group's all-gather starting with a copy from there (parallel/zero.h HostShards).
+  std::string offload_params = "none";
 };
 
 struct CheckpointConfig {

@@ -282,6 +282,11 @@ const std::vector<KeySpec>& schema() {
                "cpu: this rank's fp32 master weights, gradients and AdamW moments in host memory "
                "(page-locked), the update on the host's cores (a GPU run; ZeRO-Offload)",
                {.choices = {"none", "cpu"}}),
+        FT_KEY(parallel, offload_params, kChoice,
+               "cpu (zero_stage 3, with offload_optimizer: cpu): this rank's parameter shards in "
+               "host memory too; each layer copied to the GPU when gathered, "
+               "parallel.prefetch_blocks ahead",
+               {.choices = {"none", "cpu"}}),
 
         FT_KEY(checkpoint, dir, kString,
                "checkpoint folder (default <run.output_dir>/checkpoints)"),

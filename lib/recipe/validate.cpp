@@ -56,6 +56,21 @@ void Loader::check_unbuilt() {
           "cpu: it is in host memory already",
           "use parallel.offload_optimizer: none, or runtime.device: cuda");
   }
+  if (r_.parallel.offload_params == "cpu" && r_.parallel.zero_stage != 3 &&
+      all_usable({"parallel.offload_params", "parallel.zero_stage"})) {
+    issue(locate("parallel.offload_params"), "parallel.offload_params",
+          "cpu keeps ZeRO-3's parameter shards in host memory; below stage 3 every rank holds "
+          "whole parameters on its device, so there is no shard to offload",
+          "use parallel.zero_stage: 3, or parallel.offload_params: none");
+  }
+  if (r_.parallel.offload_params == "cpu" && r_.parallel.offload_optimizer != "cpu" &&
+      all_usable({"parallel.offload_params", "parallel.offload_optimizer"})) {
+    issue(locate("parallel.offload_params"), "parallel.offload_params",
+          "cpu moves the 2-byte compute copy to host memory while parallel.offload_optimizer: "
+          "none keeps the 12 bytes of fp32 masters and moments a parameter on the device: "
+          "offload the optimizer first",
+          "add parallel.offload_optimizer: cpu");
+  }
   check_packing_device();
   // The adapter section is part of the format (DESIGN.md §5); these parts of it are not built.
   // QLoRA's NF4 blocks are quantized whole, on the rank that holds them: not in tensor slices,

@@ -76,8 +76,12 @@ RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
   // Precision policy (DESIGN.md §5): activations and the parameters' compute copy in the compute
   // dtype; fp32 master weights, moments and gradients.
   s.converters = model_converters(r);
-  s.model = std::make_unique<LlamaModel>(r.model, dev, r.training.activation_checkpointing,
-                                         groups.tensor, stage, compute_dtype_of(r), &s.converters);
+  if (r.parallel.offload_params == "cpu")
+    s.host_shards = std::make_unique<HostShards>(dev, groups.data->size(), groups.data->rank(),
+                                                 compute_dtype_of(r));
+  s.model =
+      std::make_unique<LlamaModel>(r.model, dev, r.training.activation_checkpointing, groups.tensor,
+                                   stage, compute_dtype_of(r), &s.converters, s.host_shards.get());
   bool frozen = false;
   for (const ParamGroup& g : s.model->layout().groups()) frozen = frozen || !g.trains();
   if (frozen && weights == WeightSource::kRandom && !r.model.from.empty())
@@ -99,7 +103,7 @@ RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
       }
     load_peft_adapter(r.adapter.from, s.model->layout(), ptrs, mesh.t);
     for (size_t g = 0; g < groups.size(); ++g)
-      if (ptrs[g]) s.model->flat_params().params()[g].upload(ptrs[g], host[g].size());
+      if (ptrs[g]) s.model->flat_params().upload_group(int(g), ptrs[g]);
   }
   // ZeRO over the data group (lib/parallel/zero.h) takes over the parameters (stage 3) and
   // gradients (stages 2, 3) from the model.
@@ -108,6 +112,7 @@ RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
   zero_options.prefetch_blocks = r.parallel.prefetch_blocks;
   zero_options.reduce_dtype = r.parallel.reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   zero_options.offload_optimizer = r.parallel.offload_optimizer == "cpu";
+  zero_options.host_shards = s.host_shards.get();
   zero_options.bucket_elems =
       std::max<size_t>(1, size_t(r.parallel.reduce_bucket_mb * double(1 << 20)) / sizeof(float));
   s.zero =

@@ -35,6 +35,9 @@ enum class WeightSource { kRandom, kHuggingFace, kShapesOnly };
 
 struct RankSetup {
   ModelConverters converters;  // model/converter.h: applied to the model in this order
+  // parallel.offload_params: where the model's groups stream as their weights are written
+  // (parallel/zero.h), before ZeRO takes them over; null otherwise.
+  std::unique_ptr<HostShards> host_shards;
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<ZeroSharding> zero;
   std::unique_ptr<PipelineSchedule> pipeline;

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # parallel.offload_optimizer: cpu (DESIGN.md §3 "Offload"): the fp32 masters, gradients and AdamW
-# moments of a rank's ranges in (page-locked) host memory, the update on the host. It needs a
+# moments of a rank's ranges in (page-locked) host memory, the update on the host; with
+# parallel.offload_params: cpu (ZeRO 3) the compute copy's shards too, streamed there from the
+# start, each group's gather beginning with a host-to-device copy. It needs a
 # device apart from the host, so it runs on ft_emu (the CUDA backend on the CUDA emulation, a test
 # tool: its streams, events and async copies are the runtime API's, run on the CPU; nothing here
 # says anything of GPU speed). A tiny GQA Llama, 2 micro-batches a step (so ZeRO 2-3's second
@@ -15,14 +17,18 @@
 #     state is not touched: the runs stay within 1e-3 of each other after it, and the skipped
 #     line is there);
 #  4. frozen groups (FT_TEST_FREEZE, as an adapter's base) hold no host state and train alike;
-#  5. a run with offload and async checkpoints, killed after its step-4 save, resumes bit for bit
-#     equal to the uninterrupted run (the state is read from and into host memory);
-#  6. data 2 x tensor 2 (4 ranks, ZeRO 3) and pipeline 2 with tied embeddings (the
-#     embedding's gradient summed between its holders on the host path) with offload, against
-#     the one-process CPU run without: losses within 1e-5, grad norms within 1e-4 (the bounds of
+#  5. offload_params at ZeRO 3, fp32 and bf16: the same bits as offload_optimizer alone (the same
+#     values gathered, from host instead of device memory); LoRA (an adapter's groups are not
+#     streamed: ZeRO takes them from the model) with both offloads against none within 1e-6;
+#  6. a run with both offloads and async checkpoints, killed after its step-4 save, resumes bit
+#     for bit equal to the uninterrupted run (the state is read from and into host memory);
+#  7. data 2 x tensor 2 (4 ranks) and pipeline 2 with tied embeddings (the embedding's gradient
+#     summed between its holders on the host path), ZeRO 3 with both offloads, against the
+#     one-process CPU run without: losses within 1e-5, grad norms within 1e-4 (the bounds of
 #     test_cuda_emu_ranks);
-#  7. refusals: ft validate refuses offload with runtime.device cpu naming the key (exit 2), and
-#     a run whose auto device is the CPU stops before training, saying why.
+#  8. refusals: ft validate refuses offload with runtime.device cpu, offload_params below ZeRO 3
+#     and offload_params without offload_optimizer, each naming the key (exit 2); a run whose
+#     auto device is the CPU stops before training, saying why.
 # ft plan's device peak with offload equals the measured one: test_cuda_emu_plan.sh.
 #   bash tests/cli/test_cuda_emu_offload.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
@@ -92,8 +98,22 @@ FT_TEST_FREEZE=embed,layers.0 train frozen_off parallel.zero_stage=2 parallel.of
 echo "fp32 with embed and layers.0 frozen, offload against none:"
 compare "$tmp/frozen_off" "$tmp/frozen" 1e-6 1e-6 || fail "frozen groups: offload differs"
 
-# 5. Killed as step 6 begins (step_4 saved, asynchronously), resumed: the same bits.
-off=(training.precision=bf16 parallel.zero_stage=2 parallel.offload_optimizer=cpu)
+# 5. offload_params: the same bits as the optimizer's offload alone; LoRA.
+both=(parallel.zero_stage=3 parallel.offload_optimizer=cpu parallel.offload_params=cpu)
+train f32_z3_both "${both[@]}"
+compare "$tmp/f32_z3_both" "$tmp/f32_z3_off" 0 0 > /dev/null \
+  || fail "fp32: offload_params differs from offload_optimizer alone"
+train bf16_z3_both training.precision=bf16 "${both[@]}"
+compare "$tmp/bf16_z3_both" "$tmp/bf16_z3_off" 0 0 > /dev/null \
+  || fail "bf16: offload_params differs from offload_optimizer alone"
+echo "offload_params at ZeRO 3, fp32 and bf16: the bits of offload_optimizer alone"
+train lora adapter.type=lora adapter.r=4
+train lora_both adapter.type=lora adapter.r=4 "${both[@]}"
+echo "LoRA r 4 with both offloads against none:"
+compare "$tmp/lora_both" "$tmp/lora" 1e-6 1e-6 || fail "LoRA: offload differs"
+
+# 6. Killed as step 6 begins (step_4 saved, asynchronously), resumed: the same bits.
+off=(training.precision=bf16 "${both[@]}")
 rc=0
 (FT_TEST_KILL_AT_STEP=6 exec "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/resumed" "${off[@]}") \
   > "$tmp/resumed.1.log" 2>&1 || rc=$?
@@ -101,31 +121,37 @@ rc=0
 train resumed "${off[@]}"
 grep -q 'resumed from .*step_00000004' "$tmp/resumed.log" \
   || fail "did not resume from step 4: $(grep -m1 resum "$tmp/resumed.log")"
-echo "bf16 ZeRO 2 with offload, killed and resumed from step 4:"
-compare "$tmp/resumed" "$tmp/bf16_z2_off" 0 0 || fail "the resumed run differs"
+echo "bf16 ZeRO 3 with both offloads, killed and resumed from step 4:"
+compare "$tmp/resumed" "$tmp/bf16_z3_both" 0 0 || fail "the resumed run differs"
 
-# 6. Several ranks on emulated GPUs (MPI, host-staged), against the one-process CPU run.
+# 7. Several ranks on emulated GPUs (MPI, host-staged), against the one-process CPU run.
 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/cpu" runtime.device=cpu > "$tmp/cpu.log" 2>&1 \
   || fail "cpu: $(tail -3 "$tmp/cpu.log")"
 ranks() {  # NAME N REFERENCE OVERRIDES...
   local name=$1 n=$2 ref=$3
   shift 3
   FT_CUDA_EMU_DEVICES=$n mpirun "${mpirun_args[@]}" -np "$n" -x FT_CUDA_EMU_DEVICES "$emu" train \
-    "$tmp/r.yaml" run.output_dir="$tmp/$name" runtime.communicator=mpi \
-    parallel.offload_optimizer=cpu "$@" > "$tmp/$name.log" 2>&1 \
+    "$tmp/r.yaml" run.output_dir="$tmp/$name" runtime.communicator=mpi "${both[@]}" "$@" \
+    > "$tmp/$name.log" 2>&1 \
     || fail "$name: $(tail -5 "$tmp/$name.log")"
-  echo "$name with offload against the one-process CPU run:"
+  echo "$name with both offloads against the one-process CPU run:"
   compare "$tmp/$name" "$tmp/$ref" 1e-5 1e-4 || fail "$name differs from the CPU run"
 }
-ranks dp2_tp2_z3 4 cpu parallel.tensor=2 parallel.zero_stage=3
+ranks dp2_tp2 4 cpu parallel.tensor=2
 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/cpu_tied" runtime.device=cpu \
   model.tie_embeddings=true > "$tmp/cpu_tied.log" 2>&1 || fail "cpu_tied: $(tail -3 "$tmp/cpu_tied.log")"
-ranks pp2_tied_z2 2 cpu_tied parallel.pipeline=2 parallel.zero_stage=2 model.tie_embeddings=true
+ranks pp2_tied 2 cpu_tied parallel.pipeline=2 model.tie_embeddings=true
 
-# 7. Refusals.
+# 8. Refusals.
 run_rc 2 "$ft" validate "$tmp/r.yaml" runtime.device=cpu parallel.offload_optimizer=cpu
 has_err "parallel.offload_optimizer"
 has_err "runtime.device is cpu"
+run_rc 2 "$ft" validate "$tmp/r.yaml" parallel.zero_stage=2 parallel.offload_optimizer=cpu \
+  parallel.offload_params=cpu
+has_err "parallel.offload_params"
+has_err "below stage 3"
+run_rc 2 "$ft" validate "$tmp/r.yaml" parallel.zero_stage=3 parallel.offload_params=cpu
+has_err "offload the optimizer first"
 run_rc 1 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/auto" runtime.device=auto \
   parallel.offload_optimizer=cpu
 has_err "this run's device is the CPU"

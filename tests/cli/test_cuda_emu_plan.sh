@@ -8,7 +8,9 @@
 #    compute capability 9.0; the plan's counting device makes the CUDA ops' requests, lib/
 #    runtime/cuda/ops_memory.h) against ft_emu's mem_peak_bytes on 2 ranks, ZeRO 0 and 3, fp32
 #    and bf16, ZeRO 2 with parallel.offload_optimizer (the state in host memory: the device holds
-#    no masters, moments nor gradient shards), and 2 pipeline stages evaluating after every step (the plan's evaluation pass
+#    no masters, moments nor gradient shards) and ZeRO 3 with parallel.offload_params too (no
+#    parameter shards either; start-up streams one group at a time), and 2 pipeline stages
+#    evaluating after every step (the plan's evaluation pass
 #    with the CUDA ops' scratch): equal to the byte, as on the CPU (tests/cli/test_plan.sh),
 #    and so the total less the 32 MiB cuBLASLt workspace too (the ops' scratch, ~1% here, and
 #    the CPU-only fp32 dQ buffer that CUDA does without, 1.3% of bf16 ZeRO 3, would each break
@@ -47,6 +49,7 @@ runs=("f32_z0:parallel.zero_stage=0" "f32_z3:parallel.zero_stage=3"
       "bf16_z0:parallel.zero_stage=0 training.precision=bf16"
       "bf16_z3:parallel.zero_stage=3 training.precision=bf16"
       "bf16_z2_offload:parallel.zero_stage=2 training.precision=bf16 parallel.offload_optimizer=cpu"
+      "bf16_z3_offload_both:parallel.zero_stage=3 training.precision=bf16 parallel.offload_optimizer=cpu parallel.offload_params=cpu"
       "bf16_pipe2_eval:parallel.pipeline=2 model.n_layers=3 training.precision=bf16 data.valid=$tmp/data training.eval_every_steps=1")
 names=()
 for run in "${runs[@]}"; do
