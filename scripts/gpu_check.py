@@ -71,6 +71,14 @@ Checks, in order (each PASS, FAIL or SKIP with a reason; a failure does not stop
                scripts/peft_wheels.sh). Random weights, random tokens (data/big)
   qlora_8b     the same with adapter.type qlora (the blocks' matrices in NF4): tokens/s and peak
                = plan (no bitsandbytes on the image, so no PyTorch comparison)
+  offload_3b   issue 29 point 7: a ~3B Qwen2-shaped full fine-tune (QWEN_3B: dim 2048, 36
+               layers, 16/2 heads, ffn 11008, the bundle's vocabulary), bf16, seq 2048, micro-
+               batch 4, 8 micro-batches a step, activation checkpointing, 8 steps (the median of
+               the last 5): without offload (ZeRO 0, row offload_3b_none), with
+               parallel.offload_optimizer: cpu (ZeRO 2, row offload_3b: PASS when its tokens/s
+               is at least 0.8x the run without and its mem_peak_bytes equals ft plan's to the
+               byte) and with offload_params too (ZeRO 3, row offload_3b_params: peak = plan,
+               tokens/s reported). --device cpu: SKIP (offload needs a GPU)
 MFU = (6·N_matmul + 12·L·T·C) FLOPs per token (scripts/bench.py) against the GPU's dense bf16
 peak (PEAKS below).
 
@@ -92,6 +100,9 @@ torch.compile — not measured as a whole):
     (issue 18: data.pack on the GPU against the CPU; ft generate against transformers)
   --only env,lora_8b,qlora_8b                               limits 330 s, about 2.5 min
     (issue 28 point 6; estimated from bench_8b's 62 s, not measured)
+  --only env,offload_3b                                     limits 450 s, about 4 min
+    (issue 29 point 7; estimated: 3 runs of ~45 s of steps at ~500 TFLOP/s plus start-up and
+    some 45 GB of page-locked host memory to allocate; not measured)
 The three together, about 9 minutes, are the whole check but the sanitizers; the first two
 (about 6 minutes) are issue 16's measurements. Measured on an H200 (2026-11-26, through
 scripts/gpu_lease.sh): env,kernels,ops,bf16_vs_cpu,determinism,attention 49 s;
@@ -148,6 +159,10 @@ ADAPTER_TRY_OUT = dict(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=256
 ADAPTER = ["adapter.r=16", "adapter.alpha=32", "adapter.target_modules=all-linear"]
 # lora_8b's bound on ft's tokens/s over PEFT + transformers' (issue 28 point 6).
 LORA_SPEEDUP = 1.5
+# offload_3b's shape: Qwen2.5-3B's blocks (2.8B parameters in them) with the bundle's vocabulary,
+# and its bound on tokens/s with offload_optimizer over without (issue 29 point 7).
+QWEN_3B = dict(dim=2048, n_layers=36, n_heads=16, n_kv_heads=2, ffn_dim=11008, vocab_size=32000)
+OFFLOAD_MIN_RATIO = 0.8
 # The attention stage's shapes (B, H, K, T, D), causal bf16: the ~1B model's layer at seq 2048,
 # the same tokens at head dim 128, and seq 8192.
 ATTENTION_SHAPES = [(4, 32, 8, 2048, 64), (2, 32, 8, 2048, 128), (1, 32, 8, 8192, 64)]
@@ -161,7 +176,7 @@ LIMITS = dict(env=30, kernels=150, ops=120, lt_gemm=60, device=30, nccl=120, mem
               racecheck=570, fp32_vs_cpu=60, bf16_vs_cpu=60, packing=60, generate=150,
               determinism=60, attention=90,
               bench=150, torch=90, torch_compile=210, profile=120, bench_long=150, bench_8b=180,
-              lora_8b=180, qlora_8b=120)
+              lora_8b=180, qlora_8b=120, offload_3b=420)
 
 
 class Check:
@@ -588,6 +603,54 @@ def adapter_stage(chk, ft, data, work, a, here, kind, lora_tps=None):
     return tps
 
 
+def offload_stage(chk, ft, data, work, a):
+    """Issue 29 point 7 (see the docstring's offload_3b): three runs of QWEN_3B, without
+    offload, with offload_optimizer (ZeRO 2) and with offload_params too (ZeRO 3); the offload
+    runs' peaks against `ft plan --json` on their resolved recipes for the GPU's sm."""
+    if a.device == "cpu":
+        chk.record("offload_3b", "SKIP", "--device cpu: offload needs a GPU (ft refuses it on "
+                   "the CPU, whose memory is the host's already)")
+        return
+    seq, micro, accum, steps = 2048, 4, 8, 8
+    common = ["model.arch=qwen2", f"training.global_batch_size={micro * accum}"]
+    runs = [("offload_3b_none", ["parallel.zero_stage=0"]),
+            ("offload_3b", ["parallel.zero_stage=2", "parallel.offload_optimizer=cpu"]),
+            ("offload_3b_params", ["parallel.zero_stage=3", "parallel.offload_optimizer=cpu",
+                                   "parallel.offload_params=cpu"])]
+    sm = gpu_sm()
+    tps = {}
+    for name, over in runs:
+        rc, m, _ = train(chk, name, ft, QWEN_3B, data, work, steps, seq, micro, "bf16", a.device,
+                         ac=True, timeout=3000, overrides=common + over)
+        timed = m[3:]
+        if rc or not timed:
+            chk.record(name, "FAIL", f"ft train exit {rc}, {len(m)} metric lines: see "
+                       f"{chk.log(name)}")
+            continue
+        t = sorted(x["step_time_s"] for x in timed)[len(timed) // 2]
+        tps[name] = micro * accum * seq / t
+        mem = max(x["mem_peak_bytes"] for x in m)
+        figures = (f"{' '.join(over)}: {tps[name]:,.0f} tokens/s, median step {t:.2f} s, "
+                   f"mem_peak {mem / 2**30:.2f} GiB")
+        if name == "offload_3b_none":
+            chk.record(name, "PASS", figures)
+            continue
+        recipe = os.path.join(work, name, "recipe.yaml")
+        prc, text = chk.run(name + "_plan", [ft, "plan", recipe, "--json"]
+                            + (["--cuda-sm", str(sm)] if sm else []), 300)
+        plan = plan_json(text) if prc == 0 else None
+        role = (plan or {}).get("roles", [{}])[0]
+        ok = role.get("peak_bytes") == mem
+        figures += (f"; ft plan's peak {role['peak_bytes'] / 2**30:.2f} GiB: "
+                    + ("equal to the byte" if ok else f"{mem - role['peak_bytes']:+,} B")
+                    if "peak_bytes" in role else f"; ft plan exit {prc}, no peak_bytes")
+        if name == "offload_3b" and "offload_3b_none" in tps:
+            ratio = tps[name] / tps["offload_3b_none"]
+            ok = ok and ratio >= OFFLOAD_MIN_RATIO
+            figures += f"; {ratio:.2f}x the run without offload (bound >= {OFFLOAD_MIN_RATIO}x)"
+        chk.record(name, "PASS" if ok else "FAIL", figures)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", required=True, help="unpacked bundle folder")
@@ -851,6 +914,9 @@ def main():
             chk.stage(limit(f"{kind}_8b"))
             tps = adapter_stage(chk, ft, data_big, work, a, here, kind, lora_tps)
             lora_tps = tps if kind == "lora" else lora_tps
+    if want("offload_3b"):
+        chk.stage(limit("offload_3b"))
+        offload_stage(chk, ft, data_big, work, a)
 
     with open(os.path.join(a.out, "summary.txt"), "w") as f:
         f.write(f"GPU: {gpu}\n")
