@@ -18,8 +18,12 @@
 #     line is there);
 #  4. frozen groups (FT_TEST_FREEZE, as an adapter's base) hold no host state and train alike;
 #  5. offload_params at ZeRO 3, fp32 and bf16: the same bits as offload_optimizer alone (the same
-#     values gathered, from host instead of device memory); LoRA (an adapter's groups are not
-#     streamed: ZeRO takes them from the model) with both offloads against none within 1e-6;
+#     values gathered, from host instead of device memory), also from model.from (an HF folder
+#     exported from a checkpoint here: its groups streamed to the host as they are read); its
+#     start-up holds one group on the device: ft plan's startup_params_bytes is the largest
+#     group's fp32 bytes (a layer: 27776 elements), not the model's; LoRA (an adapter's groups
+#     are not streamed: ZeRO takes them from the model) with both offloads against none within
+#     1e-6;
 #  6. a run with both offloads and async checkpoints, killed after its step-4 save, resumes bit
 #     for bit equal to the uninterrupted run (the state is read from and into host memory);
 #  7. data 2 x tensor 2 (4 ranks) and pipeline 2 with tied embeddings (the embedding's gradient
@@ -106,7 +110,24 @@ compare "$tmp/f32_z3_both" "$tmp/f32_z3_off" 0 0 > /dev/null \
 train bf16_z3_both training.precision=bf16 "${both[@]}"
 compare "$tmp/bf16_z3_both" "$tmp/bf16_z3_off" 0 0 > /dev/null \
   || fail "bf16: offload_params differs from offload_optimizer alone"
-echo "offload_params at ZeRO 3, fp32 and bf16: the bits of offload_optimizer alone"
+"$ft" export "$tmp/f32_z3/checkpoints" --output "$tmp/hf" > "$tmp/export.log" 2>&1 \
+  || fail "export: $(tail -3 "$tmp/export.log")"
+train hf_off training.precision=bf16 model.from="$tmp/hf" parallel.zero_stage=3 \
+  parallel.offload_optimizer=cpu
+train hf_both training.precision=bf16 model.from="$tmp/hf" "${both[@]}"
+compare "$tmp/hf_both" "$tmp/hf_off" 0 0 > /dev/null \
+  || fail "model.from: offload_params differs from offload_optimizer alone"
+echo "offload_params at ZeRO 3, fp32 and bf16, and from model.from: the bits of offload_optimizer alone"
+"$ft" plan "$tmp/r.yaml" "${both[@]}" --json > "$tmp/plan.json" || fail "plan with both offloads"
+/usr/bin/python3 - "$tmp/plan.json" <<'PY' || fail "offload_params: start-up holds more than a group"
+import json, sys
+role = json.load(open(sys.argv[1]))["roles"][0]
+layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 80 + 2 * 64  # q, o; k, v; gate, up, down; 2 norms
+assert role["startup_params_bytes"] == 4 * layer, (role["startup_params_bytes"], 4 * layer)
+assert role["params_bytes"] == 0, role["params_bytes"]
+print(f"offload_params: start-up's parameter peak {role['startup_params_bytes']} B, one layer in "
+      f"fp32, of a {4 * role['param_elems']}-byte model")
+PY
 train lora adapter.type=lora adapter.r=4
 train lora_both adapter.type=lora adapter.r=4 "${both[@]}"
 echo "LoRA r 4 with both offloads against none:"
