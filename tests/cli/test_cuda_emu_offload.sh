@@ -29,8 +29,10 @@
 #     one-process CPU run without: losses within 1e-5, grad norms within 1e-4 (the bounds of
 #     test_cuda_emu_ranks);
 #  7. refusals: ft validate refuses offload with runtime.device cpu, offload_params below ZeRO 3
-#     and offload_params without offload_optimizer, each naming the key (exit 2); a run whose
-#     auto device is the CPU stops before training, saying why.
+#     and offload_params without offload_optimizer, each naming the key (exit 2); a host that
+#     cannot page-lock the memory (the emulation's limit) stops the run saying how much it
+#     asked and how to ask for less; a run whose auto device is the CPU stops before training,
+#     saying why.
 # ft plan's device peak with offload equals the measured one: test_cuda_emu_plan.sh.
 #   bash tests/cli/test_cuda_emu_offload.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
@@ -163,6 +165,14 @@ has_err "parallel.offload_params"
 has_err "below stage 3"
 run_rc 2 "$ft" validate "$tmp/r.yaml" parallel.zero_stage=3 parallel.offload_params=cpu
 has_err "offload the optimizer first"
+# A host that cannot page-lock the state (the emulation's FT_CUDA_EMU_PINNED_MIB, as ulimit -l):
+# the error says how much was asked and how to ask for less.
+FT_CUDA_EMU_PINNED_MIB=0 run_rc 1 "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/pinned" \
+  parallel.zero_stage=2 parallel.offload_optimizer=cpu
+has_err "cannot allocate"
+has_err "of page-locked host memory"
+has_err "parallel.offload_params: none"
+has_err "ulimit -l"
 run_rc 1 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/auto" runtime.device=auto \
   parallel.offload_optimizer=cpu
 has_err "this run's device is the CPU"

@@ -65,6 +65,12 @@ size_t total_memory() {
   static const size_t total = env_size("FT_CUDA_EMU_MEMORY_MIB", 16384) << 20;
   return total;
 }
+// A limit on page-locked host memory, as a host's locked-memory limit (ulimit -l) sets one:
+// FT_CUDA_EMU_PINNED_MIB, unlimited when unset, so the failure's path can be tested.
+size_t pinned_limit() {
+  static const size_t limit = env_size("FT_CUDA_EMU_PINNED_MIB", SIZE_MAX >> 20) << 20;
+  return limit;
+}
 int device_count() {
   static const int n = int(std::max<size_t>(1, env_size("FT_CUDA_EMU_DEVICES", 1)));
   return n;
@@ -79,6 +85,7 @@ struct Runtime {
   std::map<const char*, size_t> pinned;      // cudaMallocHost'd ranges
   std::map<const char*, size_t> registered;  // cudaHostRegister'd ranges (the caller's memory)
   size_t device_bytes = 0;
+  size_t pinned_bytes = 0;  // cudaMallocHost'd bytes live, against FT_CUDA_EMU_PINNED_MIB
   std::set<const CUstream_st*> streams;
   std::set<const CUevent_st*> events;
   std::map<const void*, size_t> max_shared;  // per kernel, set by cudaFuncSetAttribute
@@ -1148,10 +1155,15 @@ cudaError_t host_alloc(void** ptr, size_t size) {
   if (!ptr) return fail(cudaErrorInvalidValue);
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(rt().mutex);
+    if (rt().pinned_bytes + size > ft::emu::pinned_limit()) return fail(cudaErrorMemoryAllocation);
+  }
   char* p = static_cast<char*>(::operator new(size, std::align_val_t(256), std::nothrow));
   if (!p) return fail(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> lock(rt().mutex);
   rt().pinned[p] = size;
+  rt().pinned_bytes += size;
   *ptr = p;
   return cudaSuccess;
 }
@@ -1220,6 +1232,7 @@ cudaError_t cudaFreeHost(void* ptr) {
   std::lock_guard<std::mutex> lock(rt().mutex);
   auto it = rt().pinned.find(static_cast<char*>(ptr));
   if (it == rt().pinned.end()) return fail(cudaErrorInvalidValue);
+  rt().pinned_bytes -= it->second;
   rt().pinned.erase(it);
   ::operator delete(ptr, std::align_val_t(256));
   return cudaSuccess;

@@ -64,8 +64,9 @@
 // a call returns. Copies and memsets check that their kind matches where the pointers live
 // (cudaErrorInvalidValue otherwise); cudaMalloc'd bytes count against a fake device of
 // FT_CUDA_EMU_MEMORY_MIB (default 16384) for cudaMemGetInfo and out-of-memory errors;
-// FT_CUDA_EMU_DEVICES (default 1) sets the device count. The device calls itself
-// "CUDA emulation (test tool)".
+// FT_CUDA_EMU_PINNED_MIB (unlimited by default) limits cudaMallocHost's bytes, as a host's
+// locked-memory limit does; FT_CUDA_EMU_DEVICES (default 1) sets the device count. The device calls
+// itself "CUDA emulation (test tool)".
 #pragma once
 // kernels/cuda/common.cuh checks that the emulated build force-included this header.
 #define FT_CUDA_EMU_HEADER_INCLUDED 1

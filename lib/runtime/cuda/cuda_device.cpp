@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -142,16 +143,31 @@ class CudaDevice final : public Device {
     const cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      throw Error(detail::concat("cannot allocate ", bytes,
-                                 " bytes of page-locked host memory "
-                                 "for staging (checkpoints, communication) on ",
-                                 name_, ": ", cudaGetErrorString(e),
-                                 "; try checkpoint.async: false or "
-                                 "raise the locked-memory limit (ulimit -l)"));
+      auto gib = [](size_t b) {
+        char text[32];
+        if (b < (size_t(1) << 30))
+          std::snprintf(text, sizeof text, "%.1f MiB", double(b) / double(1 << 20));
+        else
+          std::snprintf(text, sizeof text, "%.2f GiB", double(b) / double(1 << 30));
+        return std::string(text);
+      };
+      throw Error(detail::concat(
+          "cannot allocate ", bytes, " bytes (", gib(bytes), ") of page-locked host memory for ",
+          name_, ", with ", gib(pinned_bytes_), " held already: ", cudaGetErrorString(e),
+          ". Page-locked memory holds checkpoint.async's staging, communication staging and "
+          "the state parallel.offload_optimizer and parallel.offload_params move to the host "
+          "(`ft plan` counts it per rank: host pinned); to ask for less, spread the state "
+          "over more data ranks (ZeRO shards it), set parallel.offload_params: none (then "
+          "parallel.offload_optimizer: none) or checkpoint.async: false, or raise the "
+          "locked-memory limit (ulimit -l; under SLURM, the job's memory)"));
     }
+    pinned_bytes_ += bytes;
     return p;
   }
-  void free_host(void* ptr, size_t) override { cudaFreeHost(ptr); }
+  void free_host(void* ptr, size_t bytes) override {
+    cudaFreeHost(ptr);
+    pinned_bytes_ -= bytes;
+  }
   Ops& ops() override { return profiling_ops_ ? *profiling_ops_ : *ops_; }
   OpProfile* profile() override { return profile_.get(); }
   Stream stream() override { return Stream{stream_}; }
@@ -194,6 +210,7 @@ class CudaDevice final : public Device {
   }
   int ordinal_;
   std::string name_;
+  size_t pinned_bytes_ = 0;  // alloc_host's live bytes (for the out-of-memory message)
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;  // device → host staging (checkpoint saves)
   std::unique_ptr<OpProfile> profile_;  // FT_PROFILE only
