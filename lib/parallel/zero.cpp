@@ -108,6 +108,10 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
       for (auto& b : up_staging_) b = HostBuffer<std::byte>(dev_, max_range_ * dtype_size(cdt_));
     }
     for (auto& e : up_done_) e = dev_->make_event();
+    updated_mark_ = dev_->make_event();
+    up_event_.resize(G);
+    for (auto& e : up_event_) e = dev_->make_event();
+    stale_.assign(G, false);
   }
   // fp32 master weights (DESIGN.md §5 precision policy): this rank's shard at stage 3 (padded to
   // s; the all-gathers send it whole), or with a 16-bit compute dtype the range AdamW updates.
@@ -386,6 +390,7 @@ void ZeroSharding::weighted_sum_squares(Ops& ops, Stream st, double* acc, int g,
 }
 
 double ZeroSharding::grad_sum_squares() {
+  flush_update();  // (every group was used, so updated, in this step's forward)
   // Accumulated on the device, all-reduced there, read back once.
   sumsq_.zero();
   double* acc = sumsq_.data();
@@ -527,61 +532,81 @@ void ZeroSharding::sync_compute_params() {
 
 void ZeroSharding::offload_update(const GroupUpdate& update) {
   FT_CHECK(offload_, "ZeroSharding::offload_update without offload");
+  flush_update();  // a group the last step left pending (none: every one is acquired)
   retire_landings(/*all=*/true);
+  // The point the uploads come after: this step's work on the compute stream, the backward
+  // that read the compute copy last. Not the next forward's, which they run under.
+  updated_mark_.record(dev_->stream());
+  pending_ = update;
+  for (size_t g = 0; g < numel_.size(); ++g) stale_[g] = trains_[g] && numel_[g] > 0;
+  if (!update) flush_update();  // sync_compute_params: every group now
+}
+
+void ZeroSharding::flush_update() {
+  for (size_t g = 0; g < stale_.size(); ++g) ensure_updated(int(g));
+}
+
+void ZeroSharding::ensure_updated(int group) {
+  const size_t g = size_t(group);
+  if (group < 0 || g >= stale_.size() || !stale_[g]) return;
+  stale_[g] = false;
   const bool fp32 = cdt_ == DType::kF32;
-  int slot = 0;
-  for (size_t g = 0; g < numel_.size(); ++g) {
-    if (!trains_[g] || numel_[g] == 0) continue;
-    const size_t own = ranges_[g].size();
-    float* master = host_master_[g].data();
-    if (offload_params_) {
-      // The compute copy's shard is host memory itself: written in the update's pass, nothing to
-      // upload (the next gathers copy it).
-      const Ref compute(host_compute_[g].data(), cdt_);
-      if (update)
-        update(int(g), master, host_grads_[g].data(), compute);
-      else
-        dev_->host_ops().convert(Stream{}, compute, CRef(master), own);
-      continue;
-    }
-    Ref compute;
-    if (!fp32) {
-      up_done_[slot].synchronize();  // its last upload has left the staging buffer
-      compute = Ref(up_staging_[slot].data(), cdt_);
-    }
-    if (update)
-      update(int(g), master, host_grads_[g].data(), compute);
-    else if (!fp32)
+  const size_t own = ranges_[g].size();
+  float* master = host_master_[g].data();
+  if (offload_params_) {
+    // The compute copy's shard is host memory itself: written in the update's pass, nothing to
+    // upload (the group's gathers copy it).
+    const Ref compute(host_compute_[g].data(), cdt_);
+    if (pending_)
+      pending_(group, master, host_grads_[g].data(), compute);
+    else
       dev_->host_ops().convert(Stream{}, compute, CRef(master), own);
-    upload_range(int(g), fp32 ? static_cast<const void*>(master) : compute.ptr);
-    if (!fp32) {
-      up_done_[slot].record(dev_->stream());
-      slot ^= 1;
-    }
+    return;
+  }
+  Ref compute;
+  if (!fp32) {
+    up_done_[slot_].synchronize();  // its last upload has left the staging buffer
+    compute = Ref(up_staging_[slot_].data(), cdt_);
+  }
+  if (pending_)
+    pending_(group, master, host_grads_[g].data(), compute);
+  else if (!fp32)
+    dev_->host_ops().convert(Stream{}, compute, CRef(master), own);
+  const Stream used = upload_range(group, fp32 ? static_cast<const void*>(master) : compute.ptr);
+  if (!fp32) {
+    up_done_[slot_].record(used);
+    slot_ ^= 1;
   }
 }
 
-void ZeroSharding::upload_range(int group, const void* src) {
+Stream ZeroSharding::upload_range(int group, const void* src) {
   const size_t g = size_t(group);
   const Stream st = dev_->stream();
   const size_t own = ranges_[g].size(), bytes = own * dtype_size(cdt_);
-  // On the compute stream, so that the step's work before it (the backward reading the compute
-  // copy) and after it (stages 1-2's all-gather, the next forward) are ordered with it.
-  if (stage_ == 3) {
-    dev_->copy_from_host_async(st, compute_shards_[g].data().ptr, src, bytes);
-    return;
+  void* dst = nullptr;
+  if (stage_ == 3)
+    dst = compute_shards_[g].data().ptr;
+  else if (stage_ == 0 || D_ == 1)
+    dst = (flat_.compute_params(group) + ranges_[g].begin).ptr;
+  if (dst) {
+    // On the copy stream after the step's work (updated_mark_), so that it runs under the
+    // forward of the groups before; the group's use waits for up_event_ (acquire_params,
+    // start_gather).
+    const Stream cs = dev_->copy_stream();
+    dev_->wait(cs, updated_mark_);
+    dev_->copy_from_host_async(cs, dst, src, bytes);
+    up_event_[g].record(cs);
+    return cs;
   }
-  if (stage_ == 0 || D_ == 1) {
-    dev_->copy_from_host_async(st, (flat_.compute_params(group) + ranges_[g].begin).ptr, src,
-                               bytes);
-    return;
-  }
+  // Stages 1-2 of several ranks: the all-gather that follows is ordered on the compute stream,
+  // and so is the copy.
   const size_t s = shard_[g];
   const Ref mine = scratch_.data() + size_t(rank_) * s;
   dev_->copy_from_host_async(st, mine.ptr, src, bytes);
   comm_.all_gather(st, mine, scratch_.data(), s).wait_on(st);
   dev_->copy(st, flat_.compute_params(group).ptr, scratch_.data().ptr,
              numel_[g] * dtype_size(cdt_));
+  return st;
 }
 
 void ZeroSharding::refresh_compute_params(bool after_adamw) {
@@ -635,6 +660,10 @@ size_t ZeroSharding::grads_bytes() const {
 // gathering_[g]), from the shard this rank holds.
 void ZeroSharding::start_gather(size_t g) {
   const size_t s = shard_[g];
+  if (offload_) {  // the last update of the shard first (offload "update")
+    ensure_updated(int(g));
+    if (!offload_params_) dev_->wait(dev_->stream(), up_event_[g]);
+  }
   const MemoryScope tag(MemoryCategory::kCommunication);  // gathered for the group's use
   gathered_[g] = DBuffer(dev_, cdt_, s * size_t(D_));
   const Ref own = gathered_[g].data() + size_t(rank_) * s;
@@ -698,6 +727,17 @@ void ZeroSharding::drop_prefetches() {
 
 CRef ZeroSharding::acquire_params(int group) {
   const size_t g = size_t(group);
+  if (offload_ && stage_ < 3) {
+    // The last update, applied as the groups are first used (offload "update"); the next
+    // group's too, so that its upload runs while this one computes.
+    ensure_updated(group);
+    for (size_t k = g + 1; k < stale_.size(); ++k)
+      if (stale_[k]) {
+        ensure_updated(int(k));
+        break;
+      }
+    dev_->wait(dev_->stream(), up_event_[g]);
+  }
   if (stage_ < 3) return flat_.compute_params(group);
   if (refs_[g]++ == 0) {
     if (!gathered_[g].data().ptr) start_gather(g);  // not prefetched

@@ -88,12 +88,15 @@ class HostShards final : public GroupSink {
 //     added into it on the host once landed (the device holds no gradient shard at all);
 //   grad_sum_squares: stages 2-3 sum the host gradients on the host (stages 0-1 on the device,
 //     whose full gradients are there);
-//   update (instead of AdamW::step + finish_update): AdamW on the host, group by group, each
-//     group's result rounded to the compute dtype in the same pass and copied to the device at
-//     once (asynchronously, from one of two staging buffers, so the host updates the next group
-//     while it travels), then stages 1-2 all-gather it as without offload.
+//   update (offload_update, instead of AdamW::step + finish_update): registered, then applied
+//     group by group as the next forward (or an evaluation) first uses each group: AdamW on the
+//     host, the result rounded to the compute dtype in the same pass and copied to the device on
+//     the copy stream (from one of two staging buffers; stages 1-2 then all-gather it on the
+//     compute stream), and the next group's too, so that its update and copy run while this one
+//     computes. The host works while the device runs the forward of the groups before; a
+//     checkpoint's save (flush_update) applies what is left first.
 // The arithmetic of the update is the CPU kernel's (kernels/cpu/adamw.cpp), the same formula as
-// the GPU's; no step is delayed: the next step's forward runs on this step's update.
+// the GPU's; no step is delayed: every group is updated before the next step uses it.
 class ZeroSharding final : public GroupHooks {
  public:
   // tensor_comm, pipeline_comm (may be null): the other groups that hold parts of the model,
@@ -140,12 +143,18 @@ class ZeroSharding final : public GroupHooks {
   bool offloaded() const { return offload_; }
   bool params_offloaded() const { return offload_params_; }
   // Offload's phase 6, instead of AdamW::step and finish_update (after AdamW::begin_step): for
-  // each trained group in order, update(g, master, grad, compute): AdamW::update_group on these
-  // host pointers (param_bases()[g], grad_bases()[g]), writing the updated range rounded to the
+  // each trained group, update(g, master, grad, compute): AdamW::update_group on these host
+  // pointers (param_bases()[g], grad_bases()[g]), writing the updated range rounded to the
   // compute dtype into `compute` (host memory; null in fp32, where the master itself goes up);
-  // then that range goes to the device while the next group is updated.
+  // then that range goes to the device. Applied lazily, each group when it is next acquired
+  // (see "update" above): `update` is kept until then, so it must hold what it needs by value.
+  // Null: every group's compute copy from its master, now (sync_compute_params).
   using GroupUpdate = std::function<void(int g, float* master, const float* grad, Ref compute)>;
   void offload_update(const GroupUpdate& update);
+  // Applies what offload_update left pending to every group now: before anything reads the
+  // host state or the compute copy other than through acquire_params (a checkpoint's save,
+  // the end of a run). No-op without offload or with nothing pending.
+  void flush_update();
   // Makes the compute copy of the parameters equal the fp32 masters (after a resume has loaded
   // them): what finish_update does.
   void sync_compute_params();
@@ -210,8 +219,11 @@ class ZeroSharding final : public GroupHooks {
   void retire_front();             // waits for the oldest landing, adds it where staged
   void retire_landings(bool all);  // all: wait for every one; else those already landed
   // Offload: group g's range (stage 3: its shard) of the compute copy from host memory `src`
-  // (compute dtype), on the compute stream; stages 1-2 all-gather it.
-  void upload_range(int g, const void* src);
+  // (compute dtype): on the copy stream, or the compute stream where stages 1-2 all-gather it
+  // after; returns the stream used.
+  Stream upload_range(int g, const void* src);
+  // Offload: applies the pending update to group g now, if it has not been (and uploads it).
+  void ensure_updated(int g);
 
   ZeroOptions opt_;
   int D_, rank_;
@@ -255,6 +267,14 @@ class ZeroSharding final : public GroupHooks {
   // each with the compute stream's event after its last upload.
   HostBuffer<std::byte> up_staging_[2];
   Event up_done_[2];
+  int slot_ = 0;  // the staging buffer the next upload uses
+  // The update pending since offload_update, applied group by group as each is first used
+  // (stale_: not yet); updated_mark_: the compute stream's point the uploads wait for; up_event_:
+  // per group, the copy stream's event after its upload (acquire waits for it).
+  GroupUpdate pending_;
+  std::vector<bool> stale_;
+  Event updated_mark_;
+  std::vector<Event> up_event_;
   // parallel.offload_params: the compute copy's shards in host memory (s per group; adopted
   // from HostShards), and per group the copy stream's event after its host-to-device copy.
   bool offload_params_ = false;

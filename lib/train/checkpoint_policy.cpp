@@ -24,6 +24,7 @@ Checkpoints::Checkpoints(const Recipe& r, Communicator& comm, const Mesh& mesh, 
                          const std::string& tokenizer_sha, const ResumePoint& at, RunLog& log)
     : r_(r),
       comm_(comm),
+      zero_(zero),
       optim_(optim),
       scaler_(scaler),
       log_(log),
@@ -51,6 +52,7 @@ bool Checkpoints::due(int64_t step, bool by_clock, bool last) const {
 }
 
 void Checkpoints::save(int64_t done, int64_t tokens) {
+  zero_.flush_update();  // offload: the last step's update, where the next forward has not yet
   if (comm_.rank() == 0) {
     manifest_["step"] = done;
     manifest_["optimizer"]["step"] = optim_.step_count();

@@ -152,11 +152,14 @@ StepResult TrainStep::run_batch(int64_t s, const StepSamples& batch,
   const float factor = float(std::min(clip, 1.0) / loss_scale);
   if (before_update) before_update();
   if (zero_.offloaded()) {
-    // On the host, group by group, each sent back to the device as soon as it is done.
+    // On the host, group by group as the next forward first uses each (ZeRO's offload
+    // "update"): the lambda outlives this call, so it holds the step's figures by value.
     optim_.begin_step();
-    zero_.offload_update([&](int g, float* master, const float* grad, Ref compute) {
-      optim_.update_group(g, master, grad, res.lr, factor, compute);
-    });
+    AdamW* optim = &optim_;
+    zero_.offload_update(
+        [optim, lr = res.lr, factor](int g, float* master, const float* grad, Ref compute) {
+          optim->update_group(g, master, grad, lr, factor, compute);
+        });
   } else {
     optim_.step(zero_.param_bases(), zero_.grad_bases(), res.lr, factor, zero_.compute_bases());
     zero_.finish_update();  // (precision policy: refresh the compute copy from the master)

@@ -127,6 +127,7 @@ class Checkpoints {
 
   const Recipe& r_;
   Communicator& comm_;
+  ZeroSharding& zero_;  // offload: its pending update applied before a save reads the state
   const AdamW& optim_;
   const LossScaler* scaler_;  // fp16: saved with the manifest
   RunLog& log_;

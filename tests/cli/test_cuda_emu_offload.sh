@@ -6,7 +6,9 @@
 # device apart from the host, so it runs on ft_emu (the CUDA backend on the CUDA emulation, a test
 # tool: its streams, events and async copies are the runtime API's, run on the CPU; nothing here
 # says anything of GPU speed). A tiny GQA Llama, 2 micro-batches a step (so ZeRO 2-3's second
-# micro-batch goes through the host staging and is added there), gradient clipping:
+# micro-batch goes through the host staging and is added there), gradient clipping, an
+# evaluation after steps 3 and 6 (which meets the update pending from the step before it: the
+# update is applied as each group is next used), compared with the losses and norms:
 #  1. fp32: offload against none at ZeRO 0 and ZeRO 3: losses and grad norms within 1e-6
 #     relative (the host AdamW is the CPU kernel, the device's the CUDA one: the same expression,
 #     summed and contracted differently; seen 4e-7 on a norm);
@@ -44,8 +46,9 @@ mpi_env
 cat > "$tmp/r.yaml" <<YAML
 run: {name: o, output_dir: $tmp/out, seed: 3}
 model: {dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 80, vocab_size: 96, max_seq_len: 16}
-data: {train: $tmp/train, seq_len: 16, shuffle: true}
-training: {steps: 6, micro_batch_size: 2, global_batch_size: 4, grad_clip: 0.5}
+data: {train: $tmp/train, valid: $tmp/train, seq_len: 16, shuffle: true}
+training: {steps: 6, micro_batch_size: 2, global_batch_size: 4, grad_clip: 0.5,
+           eval_every_steps: 3, eval_batches: 1}
 optimizer: {lr: 0.003}
 checkpoint: {every_steps: 4, async: true}
 logging: {every_steps: 1}
