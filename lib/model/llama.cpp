@@ -50,9 +50,9 @@ struct LlamaModel::Acts {
   std::vector<LayerActs> layers;    // L, or 1 with activation checkpointing
   DBuffer lnf;                      // (N, C)
   Buffer<float> rstdf;              // (N)
-  // (head_rows(N), V / tensor): the logits, dlogits in place. All N rows when the head's weight
-  // trains (its backward reads dlogits); else a chunk of rows at a time, whose input gradient is
-  // taken in the forward (see forward_part).
+  // (head_rows, V / tensor): one chunk of the micro-batch's logits, dlogits in place; the head's
+  // backward for the chunk is taken in the forward (see forward_part), so no more rows are kept.
+  int head_rows = 0;
   DBuffer logits;
   // tensor parallelism: a row-parallel layer's partial output (N, C); cross-entropy statistics;
   // with a 16-bit compute dtype, the fp32 copy an all-reduce sums in
@@ -145,18 +145,26 @@ LinearContext LlamaModel::linear_context() const {
   return c;
 }
 
-bool LlamaModel::head_dx_in_forward() const {
-  const bool frozen = !layout_.groups()[size_t(layout_.output_weight().group)].trains();
-  return frozen && !(hooks_ && hooks_->adapts(LinearSite{-1, Proj::kHead}));
+void LlamaModel::set_linear_hooks(const LinearHooks* hooks) {
+  hooks_ = hooks;
+  slots_.clear();  // an adapted head cuts its chunks otherwise (head_rows)
+  acts_ = nullptr;
 }
 
-int LlamaModel::head_rows(int N, bool backward) const {
-  if (backward && !head_dx_in_forward()) return N;
-  // About head_chunk_elems_ logits at once: by the whole vocabulary, so that every tensor layout
-  // cuts the rows alike (the loss sums the same chunks).
-  return std::clamp(
-      int(std::min<size_t>(head_chunk_elems_ / size_t(cfg_.vocab_size), size_t(INT32_MAX))), 1,
-      std::max(N, 1));
+void LlamaModel::set_loss_chunk_tokens(int tokens) {
+  FT_CHECK(tokens >= 0, "training.loss_chunk_tokens ", tokens, " is negative");
+  loss_chunk_tokens_ = tokens;
+  slots_.clear();  // their logits were sized for the chunks before
+  acts_ = nullptr;
+}
+
+// Tokens, not logits: every tensor layout cuts the rows alike, so the loss sums the same chunks.
+int LlamaModel::head_rows(int B, int T) const {
+  const int N = B * T;
+  if (loss_chunk_tokens_ == 0 || loss_chunk_tokens_ >= N) return N;
+  if (hooks_ && hooks_->adapts(LinearSite{-1, Proj::kHead}))
+    return std::min(N, (loss_chunk_tokens_ + T - 1) / T * T);
+  return loss_chunk_tokens_;
 }
 
 bool LlamaModel::owns_group(int g) const {
@@ -317,7 +325,8 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward, bool se
   if (stage_.head) {
     a->lnf = DBuffer(dev_, ct, N * C);
     a->rstdf = Buffer<float>(dev_, N);
-    a->logits = DBuffer(dev_, ct, size_t(head_rows(int(N), need_backward)) * V);
+    a->head_rows = head_rows(B, T);
+    a->logits = DBuffer(dev_, ct, size_t(a->head_rows) * V);
   }
   if (tp_.size() > 1) {
     a->tp_partial = DBuffer(dev_, ct, N * C);
@@ -543,23 +552,32 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
   a.mask.upload(mask, size_t(N));
   const int32_t* tgt = a.targets.data();
   const uint8_t* msk = a.mask.data();
-  const LinearContext lc = linear_context();
+  LinearContext lc = linear_context();
   const HeadWeights hw = acquire_head();
   const CRef wf = hw.norm, Wh = hw.out;
   ops().rmsnorm_forward(st_, a.lnf.data(), a.rstdf.data(), a.resid[cfg_.n_layers].data(), wf, N, C,
                         float(cfg_.norm_eps));
-  // The logits (N, V / tensor) a chunk of rows at a time when nothing after the forward needs
-  // them: with a frozen head weight (an adapter's base) the head's input gradient is all its
-  // backward takes, and it is taken here, chunk by chunk, from dlogits into a.dtmp (which
-  // backward_part reads first); in an evaluation there is no backward at all. A trained head
-  // keeps all N rows for its weight gradient. Vocabulary-parallel: no rank ever holds
-  // full-vocabulary logits.
-  const int rows = head_rows(N, backward);
-  const bool dx_now = backward && head_dx_in_forward();
+  // The head a chunk of rows at a time (head_rows: training.loss_chunk_tokens, DESIGN.md §3 "The
+  // head in chunks"): the chunk's logits (k, V / tensor), its loss and dlogits in their place,
+  // then in training the head's whole backward for those rows: f's gradient into a.dtmp (which
+  // backward_part reads first) and, for a trained head, dWh += dlogitsᵀ·f into its gradient
+  // (held from here to backward_part's grads_ready, as any group's gradient within a
+  // micro-batch). So the micro-batch's (N, V) logits and their gradient never exist at once, and
+  // nothing of the head outlives the forward but f's gradient. Vocabulary-parallel: no rank ever
+  // holds full-vocabulary logits; the softmax's statistics are reduced over the tensor group
+  // chunk by chunk.
+  const int rows = a.head_rows;
+  float* dWh = nullptr;  // null: an evaluation, or a frozen head weight
+  if (backward) {
+    const TensorAt w = layout_.output_weight();
+    dWh = flat_.grad(w.group);
+    if (dWh) dWh += w.offset;
+  }
   for (int n0 = 0; n0 < N; n0 += rows) {
     const int k = std::min(rows, N - n0);
     const Ref logits = a.logits.data();
     const CRef f = a.lnf.data() + size_t(n0) * C;
+    lc.first_sample = a.first_sample + uint64_t(n0 / T);  // an adapted head's chunks: whole samples
     linear_forward(lc, lm_head_, -1, logits, f, Wh, k);
     const Ref dlogits = backward ? logits : Ref(nullptr, flat_.compute_dtype());
     VocabParallelCrossEntropy::Scratch scratch;
@@ -567,8 +585,8 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
       scratch = {a.row_max.data() + n0, a.sumexp.data() + n0, a.target_logit.data() + n0};
     loss_.forward_backward(*dev_, tp_, dlogits, logits, tgt + n0, msk + n0, k, token_weight,
                            loss_acc_.data(), scratch);
-    if (dx_now)
-      linear_backward(lc, lm_head_, -1, a.dtmp.data() + size_t(n0) * C, nullptr, dlogits, f, Wh, k,
+    if (backward)
+      linear_backward(lc, lm_head_, -1, a.dtmp.data() + size_t(n0) * C, dWh, dlogits, f, Wh, k,
                       /*accumulate_dx=*/false);
   }
   release_head();
@@ -599,25 +617,19 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
   Acts& a = *acts_;
   const int B = a.B, T = a.T, N = B * T, C = cfg_.dim, L = cfg_.n_layers;
   if (stage_.head) {
-    // logits = f·Whᵀ; a.logits holds dlogits since forward_part, or (a frozen head weight)
-    // forward_part took f's gradient into a.dtmp already.
-    const LinearContext lc = linear_context();
-    const HeadWeights hw = acquire_head();
-    const CRef wf = hw.norm, Wh = hw.out;
+    // forward_part ran the head's backward (logits = f·Whᵀ) chunk by chunk: a.dtmp holds f's
+    // gradient and the head's weight gradient is in. Only the final norm's backward is left, so
+    // only the norm's weight is acquired.
     const TensorAt n = layout_.final_norm(), w = layout_.output_weight();
+    const CRef wf = flat_.acquire(n.group) + n.offset;
     float* dnorm = flat_.grad(n.group);  // null when frozen
-    float* dWh = flat_.grad(w.group);
     if (dnorm) dnorm += n.offset;
-    if (dWh) dWh += w.offset;
-    if (!head_dx_in_forward())
-      linear_backward(lc, lm_head_, -1, a.dtmp.data(), dWh, a.logits.data(), a.lnf.data(), Wh, N,
-                      /*accumulate_dx=*/false);
     // f's backward: each rank saw only its vocabulary columns.
     reduce_input_grad(tp_, a.dtmp.data(), size_t(N) * C, a.tp_f32.data());
     // The final norm is the residual stream's only consumer: its dx starts dL/d resid[L].
     ops().rmsnorm_backward(st_, a.dresid.data(), dnorm, a.dtmp.data(), a.resid[L].data(), wf,
                            a.rstdf.data(), N, C, /*accumulate_dx=*/false);
-    release_head();
+    flat_.release(n.group);
     flat_.grads_ready(L + 1);
     if (n.group != L + 1) flat_.grads_ready(n.group);
     // Tied: the embedding's other half is on the first stage, ready after its backward there.

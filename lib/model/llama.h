@@ -4,7 +4,6 @@
 // accumulate across micro-batches until the FlatParams' zero_grads().
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -65,7 +64,7 @@ class LlamaModel final : public PipelineStage {
 
   // The adapters' hooks on the linear layers (model/linear.h), set by a model converter's model
   // half; null: none. Kept by pointer: they outlive the model's use of them.
-  void set_linear_hooks(const LinearHooks* hooks) { hooks_ = hooks; }
+  void set_linear_hooks(const LinearHooks* hooks);
   const LinearHooks* linear_hooks() const { return hooks_; }
 
   // Seeded initialisation: matrices ~ N(0, std²), norm weights = 1 (as HF's _init_weights),
@@ -100,22 +99,20 @@ class LlamaModel final : public PipelineStage {
   int tensor_rank() const { return tp_.rank(); }
   bool owns_group(int g) const;
 
-  // The logits held at once when the head's weight is frozen (head_rows): about this many
-  // elements, by the whole vocabulary. Tests make it small, to cut a tiny model's in chunks.
-  static constexpr size_t kHeadChunkElems = size_t(64) << 20;
-  void set_head_chunk_elems(size_t n) { head_chunk_elems_ = std::max<size_t>(1, n); }
+  // The head (the final norm's output → lm_head → cross-entropy → dlogits → the head's backward)
+  // runs over chunks of this many tokens of a micro-batch (training.loss_chunk_tokens, DESIGN.md
+  // §3 "The head in chunks"); 0, or a micro-batch no larger: one chunk. Before the first forward
+  // or after (the activation slots are made again). A model made here runs one chunk; the
+  // trainer's setup sets the recipe's value.
+  void set_loss_chunk_tokens(int tokens);
 
  private:
   struct Acts;
   void ensure_acts(int slot, int B, int T, bool need_backward, bool segments);
-  // Whether the head's input gradient is taken in the forward, from each chunk of dlogits as it
-  // is made: when the head's weight is frozen (and not adapted), nothing else of its backward
-  // needs the logits.
-  bool head_dx_in_forward() const;
-  // Rows of logits held at once for a micro-batch of N tokens: N when the backward needs them
-  // all, else a chunk of about head_chunk_elems_ (kHeadChunkElems) logits (Llama-3's 128,256-word
-  // vocabulary: 523 rows, 128 MiB in bf16 where all 4,096 of a 2×2048 micro-batch take 1 GiB).
-  int head_rows(int N, bool backward) const;
+  // Rows of logits held at once for a micro-batch of B samples of T tokens: a chunk of
+  // loss_chunk_tokens_, or all N = B·T. An adapted head's chunks are whole samples (an adapter's
+  // hooks see whole samples: LinearContext::first_sample, seq_len).
+  int head_rows(int B, int T) const;
   // The head's weights, acquired from their groups (layout.h final_norm, output_weight: the head
   // group, the embedding's when tied, the norm's own when split off), and released.
   struct HeadWeights {
@@ -153,7 +150,7 @@ class LlamaModel final : public PipelineStage {
   FlatParams flat_;
   std::vector<std::unique_ptr<Acts>> slots_;
   Acts* acts_ = nullptr;  // the slot in use
-  size_t head_chunk_elems_ = kHeadChunkElems;
+  int loss_chunk_tokens_ = 0;
 };
 
 }  // namespace ft

@@ -41,6 +41,12 @@ struct TrainingConfig {
   std::string precision = "fp32";  // fp32 | bf16 | fp16
   double grad_clip = 1.0;          // 0 disables clipping
   bool activation_checkpointing = false;
+  // The output projection and cross-entropy run over chunks of this many tokens of a micro-batch
+  // (model/llama.h set_loss_chunk_tokens); 0: the micro-batch in one chunk. 1024: from about 1k
+  // tokens a chunk's GEMMs hide the re-read of the head's fp32 weight gradient that each chunk
+  // adds, and the chunk's logits stay small (297 MiB in bf16 at a 152,064-word vocabulary);
+  // DESIGN.md §3 "The head in chunks" has the arithmetic.
+  int loss_chunk_tokens = 1024;
   int64_t eval_every_steps = 0;  // 0: no evaluation (needs data.valid)
   int64_t eval_batches = 8;
   // fp16 loss scaling (optim/loss_scaler.h, DESIGN.md §5); read only with precision fp16.

@@ -221,6 +221,10 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(training, grad_clip, kFloat, "max global gradient norm; 0 disables clipping",
                {.range = between(0, 1e9)}),
         FT_KEY(training, activation_checkpointing, kBool, "recompute activations in backward"),
+        FT_KEY(training, loss_chunk_tokens, kInt,
+               "the output projection and cross-entropy run over chunks of this many tokens, so "
+               "the (tokens x vocabulary) logits never exist whole; 0: one chunk",
+               {.range = between(0, kMaxTokens)}),
         FT_KEY(training, eval_every_steps, kInt64, "evaluate on data.valid every N steps; 0: never",
                steps),
         FT_KEY(training, eval_batches, kInt64, "global batches per evaluation",

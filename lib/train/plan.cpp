@@ -178,6 +178,15 @@ std::string sent_how(const CountingCommunicator& c, const char* none) {
   return h.empty() ? none : h + " (group of " + std::to_string(c.size()) + ")";
 }
 
+// How many of a micro-batch's tokens the head's logits hold at once (training.loss_chunk_tokens).
+std::string head_chunk_words(const Recipe& r) {
+  const int64_t n = int64_t(r.training.micro_batch_size) * r.data.seq_len;
+  const int64_t k = r.training.loss_chunk_tokens;
+  if (k == 0 || k >= n) return "of the whole micro-batch (" + std::to_string(n) + " tokens)";
+  return "for " + std::to_string(k) + " of the micro-batch's " + std::to_string(n) +
+         " tokens at a time";
+}
+
 // What each category holds, in this recipe's terms (the bytes are counted, this only says what).
 void describe(RankPlan& rp, const Recipe& r, const PlanDevice& device, int D, int P) {
   const int zs = r.parallel.zero_stage;
@@ -207,7 +216,8 @@ void describe(RankPlan& rp, const Recipe& r, const PlanDevice& device, int D, in
       (P > 1 ? " (micro-batches in flight)" : "") + ": the micro-batch's tokens, " +
       (r.training.activation_checkpointing ? "the layer inputs and one recomputed layer"
                                            : "every layer's activations") +
-      ", the backward's buffers" + (mixed ? " (" + prec + "; statistics fp32)" : "");
+      (rp.head ? ", the head's logits " + head_chunk_words(r) : "") + ", the backward's buffers" +
+      (mixed ? " (" + prec + "; statistics fp32)" : "");
   std::string comm;
   if ((zs == 1 || zs == 2) && sharded) comm = "ZeRO's all-gather buffer";
   if (zs >= 2 && sharded)

@@ -82,6 +82,7 @@ RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
   s.model =
       std::make_unique<LlamaModel>(r.model, dev, r.training.activation_checkpointing, groups.tensor,
                                    stage, compute_dtype_of(r), &s.converters, s.host_shards.get());
+  s.model->set_loss_chunk_tokens(r.training.loss_chunk_tokens);
   bool frozen = false;
   for (const ParamGroup& g : s.model->layout().groups()) frozen = frozen || !g.trains();
   if (frozen && weights == WeightSource::kRandom && !r.model.from.empty())

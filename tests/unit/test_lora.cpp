@@ -12,7 +12,6 @@
 
 #include "adapt/lora.h"
 #include "adapt/peft.h"
-#include "comm/counting_communicator.h"
 #include "core/dtype.h"
 #include "model/layout.h"
 #include "model/llama.h"
@@ -334,71 +333,6 @@ TEST_CASE("LoRA dropout: a site's forward and backward are the definition's with
     CHECK(rel_diff(got_dA, want_dA) < 1e-5f);
     CHECK(rel_diff(got_dB, want_dB) < 1e-5f);
   }
-}
-
-}  // namespace ft
-
-namespace ft {
-
-// With the head's weight frozen, the model takes the head's input gradient in the forward, a
-// chunk of logits at a time (LlamaModel::head_rows): cut in chunks of 5 rows (the last short),
-// the loss, the evaluation's loss and the adapter's gradients are those of all rows at once (to
-// fp32's rounding: the GEMM's kernels for a short block of rows round otherwise).
-// Tied too (the frozen embedding is the head), and on tensor rank 0 of 2, whose counting
-// communicator reduces nothing but which takes the vocabulary-parallel path's statistics chunk
-// by chunk.
-TEST_CASE("a frozen head's logits in chunks: the loss and gradients of all rows at once") {
-  auto dev = make_device("cpu");
-  AdapterConfig ac;
-  ac.type = "lora";
-  ac.r = 2;
-  ac.alpha = 4;
-  ac.target_modules = {"all-linear"};
-  for (bool tied : {false, true})
-    for (int T : {1, 2}) {
-      CAPTURE(tied);
-      CAPTURE(T);
-      ModelConfig cfg = linear_test_config();
-      cfg.vocab_size = 20;  // divisible by two tensor ranks
-      cfg.tie_embeddings = tied;
-      const int B = 2, T_seq = 6, N = B * T_seq, V = cfg.vocab_size;
-      std::vector<int32_t> in(N), tgt(N);
-      std::vector<uint8_t> mask(N, 1);
-      mask[3] = 0;
-      for (int n = 0; n < N; ++n) in[size_t(n)] = (5 * n + 3) % V, tgt[size_t(n)] = (7 * n + 1) % V;
-      double loss[2], eval[2];
-      std::vector<std::vector<float>> grads[2];
-      for (int chunked : {0, 1}) {
-        ModelConverters convs;
-        convs.push_back(std::make_unique<LoraConverter>(ac));
-        CountingCommunicator comm(T, 0, "tensor");
-        LlamaModel m(cfg, dev.get(), false, T > 1 ? &comm : nullptr, {}, DType::kF32, &convs);
-        if (chunked) m.set_head_chunk_elems(size_t(5 * V));
-        m.init_random(7, 0.1);
-        convs.front()->convert_model(m, 11);
-        const ParamLayout& layout = m.layout();
-        for (int l = 0; l < cfg.n_layers; ++l) {  // B ≠ 0, so that every term acts
-          const int ag = layout.attached_group(1 + l);
-          std::vector<float> p = group_of(m.flat_params().params()[size_t(ag)]);
-          for (size_t i = 0; i < p.size(); ++i) p[i] += 0.2f * std::sin(float(3 * i + l));
-          m.flat_params().params()[size_t(ag)].upload(p.data(), p.size());
-        }
-        m.forward_backward(in.data(), tgt.data(), mask.data(), B, T_seq, 1.0f / float(N));
-        loss[chunked] = m.take_loss_sum();
-        for (int l = 0; l < cfg.n_layers; ++l)
-          grads[chunked].push_back(
-              group_of(m.flat_params().grads()[size_t(layout.attached_group(1 + l))]));
-        m.forward_loss(in.data(), tgt.data(), mask.data(), B, T_seq);
-        eval[chunked] = m.take_loss_sum();
-      }
-      CHECK(loss[1] == doctest::Approx(loss[0]).epsilon(1e-6));
-      CHECK(eval[1] == doctest::Approx(eval[0]).epsilon(1e-6));
-      CHECK(eval[0] == doctest::Approx(loss[0]).epsilon(1e-6));
-      for (size_t l = 0; l < grads[0].size(); ++l) {
-        CHECK(max_abs(grads[0][l]) > 0);
-        CHECK(rel_diff(grads[1][l], grads[0][l]) < 1e-6f);
-      }
-    }
 }
 
 }  // namespace ft

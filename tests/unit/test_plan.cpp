@@ -96,17 +96,22 @@ TEST_CASE("plan: activation checkpointing keeps layer inputs and one recomputed 
 TEST_CASE("plan: activations are linear in seq_len (attention keeps no (S, S) buffer)") {
   // Every activation term is a multiple of N = B·S or of B·S (the attention logsumexp), so
   // doubling S doubles them exactly; an S² term (the probabilities FlashAttention dropped)
-  // would not.
+  // would not. The head's logits, (N, V) in one chunk (training.loss_chunk_tokens 0), are one
+  // of them; in chunks of the default 1024 tokens they stop growing there: at S = 4096 the
+  // plan holds 3072·V logits fewer.
   for (bool ckpt : {false, true}) {
     Recipe r = small();
     r.model.max_seq_len = 4096;
     r.training.activation_checkpointing = ckpt;
+    r.training.loss_chunk_tokens = 0;
     auto acts = [&] { return plan_memory(r, 1).ranks[0].activations.bytes - kScalars; };
     const int64_t a4 = acts();
     r.data.seq_len = 8;
     CHECK(acts() == 2 * a4);
     r.data.seq_len = 4096;
     CHECK(acts() == 1024 * a4);
+    r.training.loss_chunk_tokens = 1024;
+    CHECK(acts() == 1024 * a4 - 4 * (4096 - 1024) * 10);
   }
 }
 
@@ -163,9 +168,9 @@ TEST_CASE("plan: ZeRO stages on 2 data ranks (even shards: 40, 248, 248, 44)") {
   CHECK(t3.params.bytes == 4 * 540);
   // a gathered layer + its working gradient 992 + the tied embedding's working gradient 80
   CHECK(t3.comm_buffers.bytes == 4 * (992 + 80));
-  // The embedding is gathered three times: its own forward, and for the tied lm_head in the
-  // head's forward and backward halves.
-  CHECK(t3.sent_data.bytes == 4 * 540 + 4 * (3 * 40 + 2 * 2 * 248 + 2 * 4) + kDataScalarsZ2);
+  // The embedding is gathered twice: its own forward, and for the tied lm_head in the head's
+  // forward, which runs the head's backward too (the backward's half gathers the norm alone).
+  CHECK(t3.sent_data.bytes == 4 * 540 + 4 * (2 * 40 + 2 * 2 * 248 + 2 * 4) + kDataScalarsZ2);
 }
 
 TEST_CASE("plan: bf16 and fp16: fp32 masters + a 2-byte copy, parameters move at 2 bytes") {
@@ -384,19 +389,20 @@ TEST_CASE("plan: ZeRO over 2 data ranks × 2 pipeline stages, tied embeddings") 
   // buffers (M+1)·N·C = 64.
   CHECK(a2.comm_buffers.bytes == 4 * (800 + 1200 + 64));
   // Stage 1: the head's backward holds its working gradient 8 + result 4 + the embedding's
-  // working gradient 800 (opened by the tied lm_head) = 812 < the embedding's own 800 + 400.
+  // working gradient 800 (opened by the tied lm_head in the head's forward) = 812 < the
+  // embedding's own 800 + 400.
   CHECK(b2.comm_buffers.bytes == 4 * (800 + 1200 + 64));
   // ZeRO-3, stage 0: the embedding's backward 800 + 400 beats a gathered layer and its working
   // gradient 2·496.
   CHECK(a3.comm_buffers.bytes == 4 * (1200 + 64));
-  // Stage 1: the head's backward gathers the head 8 and the embedding 800, with both working
-  // gradients: 2·8 + 2·800.
-  CHECK(b3.comm_buffers.bytes == 4 * (1616 + 64));
+  // Stage 1: the head's forward, which runs its backward chunk by chunk, gathers the head 8 and
+  // the embedding 800 and opens the embedding's working gradient 800: 8 + 2·800.
+  CHECK(b3.comm_buffers.bytes == 4 * (1608 + 64));
   // Sent over the data group (ZeRO-3): reduce-scatter Σs, and all-gathers, the embedding once on
-  // stage 0, twice on stage 1 (the head's forward and backward halves), layers and head twice.
+  // each stage (on stage 1 for the head's forward, which takes its weight gradient too), layers
+  // and head twice.
   CHECK(a3.sent_data.bytes == 4 * (400 + 248) + 4 * (400 + 2 * 248) + kDataScalarsZ2);
-  CHECK(b3.sent_data.bytes ==
-        4 * (400 + 248 + 4) + 4 * (2 * 400 + 2 * 248 + 2 * 4) + kDataScalarsZ2);
+  CHECK(b3.sent_data.bytes == 4 * (400 + 248 + 4) + 4 * (400 + 2 * 248 + 2 * 4) + kDataScalarsZ2);
   // The tied embedding's gradient shard (400) all-reduced between the stages.
   CHECK(a3.sent_pipeline.bytes == 128 + 4 * 400 + 16);
   CHECK(b3.sent_pipeline.bytes == 128 + 4 * 400 + 16);

@@ -311,6 +311,23 @@ TEST_CASE("recipe: every number has an upper bound too") {
   }
 }
 
+TEST_CASE("recipe: training.loss_chunk_tokens: 1024 by default, 0 one chunk, never negative") {
+  Scratch s;
+  const RecipeResult plain = s.load(s.base());
+  REQUIRE(plain.ok());
+  CHECK(plain.recipe.training.loss_chunk_tokens == 1024);
+  const RecipeResult one = s.load(s.base(), {"training.loss_chunk_tokens=0"});
+  REQUIRE(one.ok());
+  CHECK(one.recipe.training.loss_chunk_tokens == 0);
+  const RecipeResult negative = s.load(s.base(), {"training.loss_chunk_tokens=-1"});
+  CHECK(issue_for(negative, "training.loss_chunk_tokens").message ==
+        "-1 is out of range: must be in [0, 67108864]");
+  CHECK(issue_for(negative, "training.loss_chunk_tokens").hint == "e.g. loss_chunk_tokens: 1024");
+  const RecipeResult fraction = s.load(s.base(), {"training.loss_chunk_tokens=2.5"});
+  CHECK(issue_for(fraction, "training.loss_chunk_tokens").message ==
+        "expected an integer, got the number 2.5");
+}
+
 TEST_CASE("recipe: integers too large for their field") {
   Scratch s;
   const RecipeResult r = s.load(s.base() + "training: {steps: 99999999999999999999}\n",
@@ -763,6 +780,7 @@ TEST_CASE("recipe: recipe_to_yaml round-trips every key") {
                                               "training.global_batch_size=9",
                                               "training.grad_clip=0.3",
                                               "training.activation_checkpointing=on",
+                                              "training.loss_chunk_tokens=0",
                                               "training.eval_every_steps=7",
                                               "training.eval_batches=5",
                                               "training.loss_scale=256",
