@@ -241,12 +241,19 @@ int run_command_line(int argc, char** argv) {
                    "Achieved compute throughput per GPU, TFLOP/s (default 400: bf16 on an H100 "
                    "at ~40% of its 989 peak)")
       ->check(finite_in(0, 1e9, true));
+  plan->add_option("--host-mem-gb", plan_args.host_mem_gb,
+                   "Host memory of a node, GiB: flags a role whose node (its --gpus-per-node "
+                   "ranks' host memory summed) needs more")
+      ->check(finite_in(0, 1e9, true));
   plan->footer(
       "Prints, per distinct rank role, the device memory for parameters, gradients, optimizer\n"
-      "state, activations and communication buffers, and the bytes each rank sends per step, with\n"
-      "the formulas used (DESIGN.md §3 describes the layouts), and an estimate of the step's\n"
-      "time: compute, and communication per link, hidden under the backward or exposed\n"
-      "(DESIGN.md §4).");
+      "state, activations and communication buffers, the host memory (pinned and pageable) next\n"
+      "to it, and the bytes each rank sends per step, with what each holds (DESIGN.md §3\n"
+      "describes the layouts), and an estimate of the step's time: compute, and communication\n"
+      "per link, hidden under the backward or exposed (DESIGN.md §4). Memory and bytes are\n"
+      "counted by running the rank's setup and one step on a counting device. With model.from,\n"
+      "the folder's config.json is all a plan reads: it answers before the weights are\n"
+      "downloaded.");
 
   ExportArgs export_args;
   auto* exp = app.add_subcommand("export", "Write a Hugging Face folder from a checkpoint");

@@ -44,8 +44,39 @@ std::string coordinate(const std::vector<int>& values, const char* what) {
   return std::string(what) + (v.size() == 1 ? " rank " : " ranks ") + format_rank_list(v);
 }
 
+// The node a role's ranks need the most host memory on (plan_host), and its ranks.
+struct NodeNeed {
+  int node = 0;
+  int64_t bytes = 0;
+  std::vector<int> ranks;
+};
+NodeNeed fullest_node(const MemoryPlan& plan, const std::vector<int>& role) {
+  NodeNeed n;
+  n.node = role.front() / plan.gpus_per_node;
+  for (int k : role)
+    if (plan.ranks[size_t(k)].host_node_bytes > n.bytes) {
+      n.bytes = plan.ranks[size_t(k)].host_node_bytes;
+      n.node = k / plan.gpus_per_node;
+    }
+  for (int k = n.node * plan.gpus_per_node;
+       k < std::min(plan.world, (n.node + 1) * plan.gpus_per_node); ++k)
+    n.ranks.push_back(k);
+  return n;
+}
+
+bool host_fits(const NodeNeed& n, double host_mem_gb) {
+  return host_mem_gb <= 0 || double(n.bytes) <= host_mem_gb * 1073741824.0;
+}
+
+nlohmann::ordered_json by_category(const RankPlan::ByCategory& by) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (int c = 0; c < int(MemoryCategory::kCount); ++c)
+    if (by[size_t(c)] != 0) j[memory_category_name(MemoryCategory(c))] = by[size_t(c)];
+  return j;
+}
+
 void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& roles,
-                const std::string& recipe, const PlanLinks& links) {
+                const std::string& recipe, const PlanLinks& links, double host_mem_gb) {
   using nlohmann::ordered_json;
   ordered_json j;
   j["recipe"] = recipe;
@@ -69,6 +100,8 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
                 {"ib_gbps", links.ib_gbps},
                 {"latency_us", links.latency_us},
                 {"tflops", links.tflops}};
+  if (host_mem_gb > 0) j["host_mem_gb"] = host_mem_gb;
+  bool all_fit = true;
   j["roles"] = ordered_json::array();
   for (const auto& ranks : roles) {
     const RankPlan& r = plan.ranks[size_t(ranks.front())];
@@ -97,6 +130,18 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
     o["eval_micro_batches"] = r.eval_micro_batches;
     o["peak_bytes"] = r.peak_bytes;
     o["allocations"] = r.allocations;
+    o["host_bytes"] = {{"pinned", r.host_pinned.bytes},
+                       {"pageable", r.host_pageable.bytes},
+                       {"peak", r.host_peak_bytes},
+                       {"need", r.host_need_bytes},
+                       {"pinned_by_category", by_category(r.host_pinned_by)},
+                       {"pageable_by_category", by_category(r.host_pageable_by)}};
+    const NodeNeed node = fullest_node(plan, ranks);
+    o["host_node_bytes"] = node.bytes;
+    if (host_mem_gb > 0) {
+      o["host_fits"] = host_fits(node, host_mem_gb);
+      all_fit = all_fit && host_fits(node, host_mem_gb);
+    }
     o["sent_bytes_per_step"] = r.sent_bytes;
     o["sent_data_bytes"] = r.sent_data.bytes;
     o["sent_tensor_bytes"] = r.sent_tensor.bytes;
@@ -129,12 +174,15 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
                 {"activations", r.activations.how},
                 {"comm_buffers", r.comm_buffers.how},
                 {"backend", r.backend.how},
+                {"host_pinned", r.host_pinned.how},
+                {"host_pageable", r.host_pageable.how},
                 {"sent_data", r.sent_data.how},
                 {"sent_tensor", r.sent_tensor.how},
                 {"sent_pipeline", r.sent_pipeline.how},
                 {"sent_world", r.sent_world.how}};
     j["roles"].push_back(std::move(o));
   }
+  if (host_mem_gb > 0) j["host_fits"] = all_fit;
   j["notes"] = plan.notes;
   std::printf("%s\n", j.dump(2).c_str());
 }
@@ -160,7 +208,7 @@ void print_time(const RankTime& t) {
 }
 
 void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& roles,
-                  const Recipe& r, const std::string& recipe) {
+                  const Recipe& r, const std::string& recipe, double host_mem_gb) {
   const ModelConfig& m = r.model;
   std::printf("ft plan: %s on %d rank%s = %d data × %d pipeline × %d tensor; ZeRO stage %d\n",
               recipe.c_str(), plan.world, plan.world == 1 ? "" : "s", plan.data, plan.pipeline,
@@ -225,6 +273,23 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
               (p.eval_bytes > std::max(p.total_bytes, p.startup_bytes)
                    ? ": this is the peak"
                    : " (not above the step or start-up)"));
+    row("host pinned", p.host_pinned.bytes, p.host_pinned.how);
+    row("host pageable", p.host_pageable.bytes, p.host_pageable.how);
+    {
+      const NodeNeed node = fullest_node(plan, ranks);
+      std::string how = "pinned and pageable live at once";
+      if (!plan.device.cuda)
+        how += "; with the device's (host memory on the CPU) " + human_bytes(p.host_need_bytes);
+      how += "; node " + std::to_string(node.node) + " (" + ranks_word(node.ranks) + ") needs " +
+             human_bytes(node.bytes);
+      if (host_mem_gb > 0) {
+        char g[48];
+        std::snprintf(g, sizeof g, "%g GiB", host_mem_gb);
+        how += host_fits(node, host_mem_gb) ? std::string(", within --host-mem-gb ") + g
+                                            : std::string(": DOES NOT FIT --host-mem-gb ") + g;
+      }
+      row("host peak", p.host_peak_bytes, how);
+    }
     row("sent per step", p.sent_bytes, "data + tensor + pipeline + world:");
     row("  data", p.sent_data.bytes, p.sent_data.how);
     row("  tensor", p.sent_tensor.bytes, p.sent_tensor.how);
@@ -267,12 +332,13 @@ PlanDevice plan_device(const Recipe& r, int sm) {
 int cmd_plan(const PlanArgs& a) {
   // Settings this build cannot run yet (a CUDA device) do not change the
   // plan: they are not refused here (refuse_unbuilt = false). The data and tokenizer paths play
-  // no part in a plan: problems with them are not reported.
+  // no part in a plan, nor do model.from's weights (its config.json alone gives the sizes, so a
+  // plan answers before the download): problems with them are not reported.
   RecipeResult res = load_recipe(a.recipe, a.overrides, a.world, /*refuse_unbuilt=*/false);
   const std::set<std::string> irrelevant = {"data.train", "data.valid", "tokenizer.path"};
   std::vector<RecipeIssue> issues;
   for (const RecipeIssue& i : res.issues)
-    if (!irrelevant.count(i.key_path)) issues.push_back(i);
+    if (!irrelevant.count(i.key_path) && !i.weight_files) issues.push_back(i);
   if (!issues.empty()) {
     for (const RecipeIssue& i : issues) std::fprintf(stderr, "%s\n", i.format().c_str());
     std::fprintf(stderr, "ft plan: %zu %s in %s (with --world %d)\n", issues.size(),
@@ -289,11 +355,22 @@ int cmd_plan(const PlanArgs& a) {
   links.latency_us = a.latency_us;
   links.tflops = a.tflops;
   plan_times(plan, res.recipe, links);
+  plan_host(plan, a.gpus_per_node);
   const auto roles = plan_roles(plan);
   if (a.json)
-    print_json(plan, roles, a.recipe, links);
+    print_json(plan, roles, a.recipe, links, a.host_mem_gb);
   else
-    print_tables(plan, roles, res.recipe, a.recipe);
+    print_tables(plan, roles, res.recipe, a.recipe, a.host_mem_gb);
+  // A node that would not hold its ranks' host memory is said on stderr too (the plan is still
+  // printed, exit 0): under --json it is not lost in the object.
+  for (const auto& ranks : roles)
+    if (const NodeNeed node = fullest_node(plan, ranks); !host_fits(node, a.host_mem_gb)) {
+      std::fprintf(stderr,
+                   "ft plan: node %d (%s) needs %s of host memory, more than --host-mem-gb %g\n",
+                   node.node, ranks_word(node.ranks).c_str(), human_bytes(node.bytes).c_str(),
+                   a.host_mem_gb);
+      break;
+    }
   return 0;
 }
 

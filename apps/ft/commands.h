@@ -65,6 +65,8 @@ struct PlanArgs {
   int gpus_per_node = 8;
   std::string intra_node = "nvlink";  // nvlink | pcie
   double nvlink_gbps = 450, pcie_gbps = 50, ib_gbps = 40, latency_us = 20, tflops = 400;
+  // The host memory of a node, GiB: a role whose node needs more is flagged (0: not checked).
+  double host_mem_gb = 0;
 };
 int cmd_plan(const PlanArgs& a);
 

@@ -229,9 +229,15 @@ class CheckpointWriter {
   // Blocks until the save in flight is written (and committed, on rank 0); throws its error.
   void wait();
   bool busy() const;
-  // Async: allocates and touches the staging buffer for pieces of this many bytes now, so that
-  // the first save's stall is the copy alone.
+  // Async: allocates and touches the staging buffer for pieces of this many bytes now (or for
+  // these pieces), so that the first save's stall is the copy alone. Page-locked on a staging
+  // device's alloc_host, counted as MemoryCategory::kCheckpoint (ft plan's pinned host memory).
   void reserve(uint64_t bytes);
+  void reserve(const std::vector<PieceSource>& pieces);
+  // Synchronous saves: the host copy a save of `pieces` writes each piece on a device through,
+  // sized for the largest, in that device's pageable host memory (kCheckpoint), held while the
+  // save writes; empty when no piece is on a device. ft plan holds one to count it.
+  static HostBuffer<float> piece_copy(const std::vector<PieceSource>& pieces);
   // Async, pieces on a device with its own copy stream (CUDA): save() queues their device →
   // staging copies on that stream behind an event of the compute stream and returns before
   // they finish, so the copies overlap what the compute stream does next. The pieces must not

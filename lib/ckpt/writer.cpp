@@ -217,14 +217,38 @@ void CheckpointWriter::reserve(uint64_t bytes) {
   if (!o_.async || bytes <= staging_bytes_) return;
   wait();  // the staging buffer may be in use
   release_staging();
-  staging_ = static_cast<char*>(o_.staging_device ? o_.staging_device->alloc_host(bytes)
-                                                  : Device::alloc_host_plain(bytes));
+  {
+    const MemoryScope tag(MemoryCategory::kCheckpoint);
+    staging_ = static_cast<char*>(o_.staging_device ? o_.staging_device->alloc_host(bytes)
+                                                    : Device::alloc_host_plain(bytes));
+  }
+  staging_bytes_ = bytes;
+  // ft plan's counting device hands out addresses that are not memory.
+  if (o_.staging_device && !o_.staging_device->host_memory_backed()) return;
   // Touch every page now (in parallel, as the copies will be), not during the first save.
   const int64_t pages = int64_t((bytes + 4095) / 4096);
   char* p = staging_;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < pages; ++i) p[uint64_t(i) * 4096] = 0;
-  staging_bytes_ = bytes;
+}
+
+void CheckpointWriter::reserve(const std::vector<PieceSource>& pieces) {
+  uint64_t bytes = 0;
+  for (const auto& p : pieces) bytes += (p.end - p.begin) * sizeof(float);
+  reserve(bytes);
+}
+
+HostBuffer<float> CheckpointWriter::piece_copy(const std::vector<PieceSource>& pieces) {
+  Device* dev = nullptr;
+  uint64_t most = 0;
+  for (const auto& p : pieces)
+    if (p.device) {
+      dev = p.device;
+      most = std::max<uint64_t>(most, p.end - p.begin);
+    }
+  if (!dev) return {};
+  const MemoryScope tag(MemoryCategory::kCheckpoint);
+  return HostBuffer<float>(dev, most, HostMemory::kPageable);
 }
 
 void CheckpointWriter::fence_staging_copies() {
@@ -341,11 +365,10 @@ void CheckpointWriter::run_job(Job& job) {
     const int fd = ::open(bin.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) throw Error("creating " + bin + ": " + errno_text());
     try {
-      std::vector<float> host;  // a device piece, copied to the host to be written
+      HostBuffer<float> host = piece_copy(job.pieces);  // a device piece, to be written
       for (PieceSource p : job.pieces) {
         const uint64_t bytes = (p.end - p.begin) * sizeof(float);
         if (p.device) {
-          host.resize(p.end - p.begin);
           p.device->copy_to_host(host.data(), p.data, bytes);
           p.data = host.data();
         }

@@ -37,6 +37,7 @@ std::byte* HostStagedCommunicator::reserve(HostBlock& block, size_t bytes) {
     if (block.ptr) dev_.free_host(block.ptr, block.bytes);
     block.ptr = nullptr;
     block.bytes = 0;
+    const MemoryScope tag(MemoryCategory::kCommunication);  // what a failed pin names
     block.ptr = static_cast<std::byte*>(dev_.alloc_host(bytes));
     block.bytes = bytes;
   }

@@ -124,12 +124,15 @@ struct Recipe {
 
 // One problem found in a recipe, with enough context to fix it.
 struct RecipeIssue {
-  std::string file;            // recipe path, or "<command line>" for an override
-  int line = 0;                // 1-based; 0 when unknown
-  int column = 0;              // 1-based; 0 when unknown
-  std::string key_path;        // e.g. "model.n_heads"
-  std::string message;         // what is wrong
-  std::string hint;            // what would fix it (may be empty)
+  std::string file;      // recipe path, or "<command line>" for an override
+  int line = 0;          // 1-based; 0 when unknown
+  int column = 0;        // 1-based; 0 when unknown
+  std::string key_path;  // e.g. "model.n_heads"
+  std::string message;   // what is wrong
+  std::string hint;      // what would fix it (may be empty)
+  // About model.from's weight files only (none that ft reads): ft plan, which reads config.json
+  // alone, ignores it; ft train and ft validate refuse it.
+  bool weight_files = false;
   std::string format() const;  // "file:line:col: key: message (hint: ...)"
 };
 

@@ -70,7 +70,8 @@ void Loader::take_model_from() {
 }
 
 // ft reads safetensors only (ckpt/hf.cpp). Only their presence is checked here, so that
-// validate refuses what train would: the headers are read when the weights load.
+// validate refuses what train would: the headers are read when the weights load. The issue is
+// marked (RecipeIssue::weight_files): ft plan answers from config.json alone.
 void Loader::check_weight_files() {
   namespace fs = std::filesystem;
   const fs::path dir = r_.model.from;
@@ -91,6 +92,7 @@ void Loader::check_weight_files() {
         others.empty() ? "point model.from at the folder that holds the weights"
                        : "ft reads safetensors only: convert the weights, e.g. in Python "
                          "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(OUT)");
+  issues_.back().weight_files = true;
 }
 
 // What config.json says about key k, quoting the place it was read from: "has hidden_size

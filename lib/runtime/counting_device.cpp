@@ -101,37 +101,80 @@ std::string CountingDevice::name() const {
              : "counting device (CPU)";
 }
 
-void* CountingDevice::alloc(size_t bytes) {
+void MemoryTally::add(MemoryCategory c, int64_t bytes) {
+  current[size_t(c)] += bytes;
+  total += bytes;
+  allocs++;
+  high[size_t(c)] = std::max(high[size_t(c)], current[size_t(c)]);
+  if (total > peak) {
+    peak = total;
+    at_peak = current;
+  }
+}
+
+void MemoryTally::remove(MemoryCategory c, int64_t bytes) {
+  current[size_t(c)] -= bytes;
+  total -= bytes;
+}
+
+void* CountingDevice::hand_out(size_t bytes, Place place) {
   const uintptr_t at = next_;
   next_ += (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
   const MemoryCategory c = current_memory_category();
-  live_[at] = {bytes, c};
-  tally_.current[size_t(c)] += int64_t(bytes);
-  tally_.total += int64_t(bytes);
-  tally_.allocs++;
-  tally_.high[size_t(c)] = std::max(tally_.high[size_t(c)], tally_.current[size_t(c)]);
-  if (tally_.total > tally_.peak) {
-    tally_.peak = tally_.total;
-    tally_.at_peak = tally_.current;
+  live_[at] = {bytes, c, place};
+  if (place == Place::kDevice) {
+    tally_.add(c, int64_t(bytes));
+  } else {
+    (place == Place::kPinned ? pinned_ : pageable_).add(c, int64_t(bytes));
+    host_.add(c, int64_t(bytes));
+    count_host(place == Place::kPinned ? HostMemory::kPinned : HostMemory::kPageable, bytes, true);
   }
+  combined_peak_ = std::max(combined_peak_, tally_.total + host_.total);
   return reinterpret_cast<void*>(at);
 }
 
-void CountingDevice::free(void* ptr, size_t bytes) {
+void CountingDevice::take_back(void* ptr, size_t bytes, Place place) {
   const auto it = live_.find(reinterpret_cast<uintptr_t>(ptr));
-  FT_CHECK(it != live_.end() && it->second.first == bytes,
-           "counting device: free of an address it did not hand out (or of another size)");
-  tally_.current[size_t(it->second.second)] -= int64_t(bytes);
-  tally_.total -= int64_t(bytes);
+  FT_CHECK(it != live_.end() && it->second.bytes == bytes && it->second.place == place,
+           "counting device: free of an address it did not hand out (or of another size or "
+           "kind of memory)");
+  const MemoryCategory c = it->second.category;
+  if (place == Place::kDevice) {
+    tally_.remove(c, int64_t(bytes));
+  } else {
+    (place == Place::kPinned ? pinned_ : pageable_).remove(c, int64_t(bytes));
+    host_.remove(c, int64_t(bytes));
+    count_host(place == Place::kPinned ? HostMemory::kPinned : HostMemory::kPageable, bytes, false);
+  }
   live_.erase(it);
 }
 
+void* CountingDevice::alloc(size_t bytes) { return hand_out(bytes, Place::kDevice); }
+void CountingDevice::free(void* ptr, size_t bytes) { take_back(ptr, bytes, Place::kDevice); }
+void* CountingDevice::alloc_host(size_t bytes) { return hand_out(bytes, Place::kPinned); }
+void CountingDevice::free_host(void* ptr, size_t bytes) { take_back(ptr, bytes, Place::kPinned); }
+void* CountingDevice::alloc_pageable(size_t bytes) { return hand_out(bytes, Place::kPageable); }
+void CountingDevice::free_pageable(void* ptr, size_t bytes) {
+  take_back(ptr, bytes, Place::kPageable);
+}
+
+bool CountingDevice::counted_host(const void* p) const {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = live_.upper_bound(a);
+  if (it == live_.begin()) return false;
+  --it;
+  return it->second.place != Place::kDevice &&
+         a < it->first + std::max<size_t>(it->second.bytes, 1);
+}
+
+// A copy into host memory of this device's own writes nothing (it is not memory); into real
+// host memory (a loss, a norm the step reads back), zeros.
 void CountingDevice::copy_to_host(void* dst, const void*, size_t bytes) {
-  if (bytes) std::memset(dst, 0, bytes);
+  if (bytes && !counted_host(dst)) std::memset(dst, 0, bytes);
 }
 
 void CountingDevice::copy_to_host_async(Stream, void* dst, const void*, size_t bytes) {
-  if (bytes) std::memset(dst, 0, bytes);
+  if (bytes && !counted_host(dst)) std::memset(dst, 0, bytes);
 }
 
 AllocatorStats CountingDevice::stats() const {

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -91,8 +92,34 @@ const char* memory_category_name(MemoryCategory c) {
       return "comm buffers";
     case MemoryCategory::kScratch:
       return "scratch";
+    case MemoryCategory::kCheckpoint:
+      return "checkpoint";
     default:
       return "other";
+  }
+}
+
+std::string host_memory_hint(MemoryCategory c, HostMemory kind) {
+  const bool pinned = kind == HostMemory::kPinned;
+  switch (c) {
+    case MemoryCategory::kCheckpoint:
+      return pinned ? "checkpoint.async: false stages no copy of the state (a save then holds "
+                      "training while it writes)"
+                    : "a synchronous save copies its largest piece: more data ranks cut it";
+    case MemoryCategory::kOptimizer:
+    case MemoryCategory::kGradients:
+      return "the offloaded optimizer state shrinks with more data ranks under "
+             "parallel.zero_stage 1-3, or stays on the GPU with parallel.offload_optimizer: none";
+    case MemoryCategory::kParameters:
+      return pinned ? "parameters held on the host shrink with more data ranks under "
+                      "parallel.zero_stage 3, or stay on the GPU with parallel.offload_params: "
+                      "none"
+                    : "model.from is read a group at a time into one buffer of the largest "
+                      "group: parallel.tensor splits it";
+    case MemoryCategory::kCommunication:
+      return "MPI stages GPU memory through the host: runtime.communicator: nccl does not";
+    default:
+      return "`ft plan` shows what each rank holds on the host";
   }
 }
 
@@ -100,7 +127,40 @@ MemoryCategory current_memory_category() { return g_memory_category; }
 MemoryScope::MemoryScope(MemoryCategory c) : prev_(g_memory_category) { g_memory_category = c; }
 MemoryScope::~MemoryScope() { g_memory_category = prev_; }
 
-void* Device::alloc_host(size_t bytes) { return alloc_host_plain(bytes); }
+void* Device::alloc_host(size_t bytes) {
+  void* p = alloc_host_plain(bytes);
+  count_host(HostMemory::kPinned, bytes, true);
+  return p;
+}
+
+void* Device::alloc_pageable(size_t bytes) {
+  void* p = std::aligned_alloc(64, bytes ? (bytes + 63) / 64 * 64 : 64);
+  if (!p)
+    throw Error(detail::concat("out of host memory allocating ", bytes, " bytes for ",
+                               memory_category_name(current_memory_category()),
+                               " on the host; `ft plan` shows each rank's host memory"));
+  count_host(HostMemory::kPageable, bytes, true);
+  return p;
+}
+
+void Device::free_pageable(void* ptr, size_t bytes) {
+  std::free(ptr);
+  count_host(HostMemory::kPageable, bytes, false);
+}
+
+void Device::count_host(HostMemory kind, size_t bytes, bool added) {
+  const std::lock_guard<std::mutex> lock(host_mu_);
+  size_t& now = kind == HostMemory::kPinned ? host_.pinned_bytes : host_.pageable_bytes;
+  size_t& peak = kind == HostMemory::kPinned ? host_.pinned_peak_bytes : host_.pageable_peak_bytes;
+  now = added ? now + bytes : now - std::min(now, bytes);
+  peak = std::max(peak, now);
+  host_.peak_bytes = std::max(host_.peak_bytes, host_.pinned_bytes + host_.pageable_bytes);
+}
+
+HostMemoryStats Device::host_stats() const {
+  const std::lock_guard<std::mutex> lock(host_mu_);
+  return host_;
+}
 
 Ops& Device::host_ops() {
   static const std::unique_ptr<Ops> cpu = make_cpu_ops();
@@ -182,7 +242,10 @@ float elapsed_ms(const Event& start, const Event& end) {
            "elapsed_ms: an empty event, or events of two devices");
   return start.dev_->event_elapsed_ms(start.handle_, end.handle_);
 }
-void Device::free_host(void* ptr, size_t bytes) { free_host_plain(ptr, bytes); }
+void Device::free_host(void* ptr, size_t bytes) {
+  free_host_plain(ptr, bytes);
+  count_host(HostMemory::kPinned, bytes, false);
+}
 
 void* Device::alloc_host_plain(size_t bytes) {
   void* p = std::aligned_alloc(64, bytes ? (bytes + 63) / 64 * 64 : 64);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -27,8 +28,26 @@ enum class MemoryCategory : uint8_t {
   kActivations,    // a micro-batch's activations, its backward's buffers, the step's scalars
   kCommunication,  // ZeRO's gathered parameters and working gradients, pipeline send/receive
   kScratch,        // a backend's own buffers (cuBLASLt workspace, the ops' shared scratch)
+  kCheckpoint,     // host only: checkpoint.async's staging buffer, a synchronous save's copy
   kCount
 };
+// Host memory comes in two kinds, which ft plan reports apart (DESIGN.md §4): page-locked
+// (Device::alloc_host; cudaMallocHost on CUDA: the OS never pages it out, and copies between it
+// and the GPU run asynchronously at full bandwidth) and pageable (Device::alloc_pageable: the
+// heap's).
+enum class HostMemory : uint8_t { kPinned, kPageable };
+// The host memory a device handed out through alloc_host and alloc_pageable (not the process's
+// other host memory): live now and the most live at once, each kind and both together. The run's
+// metrics report the peaks (mem_host_pinned_bytes, mem_host_pageable_bytes), which ft plan
+// counts.
+struct HostMemoryStats {
+  size_t pinned_bytes = 0, pinned_peak_bytes = 0;
+  size_t pageable_bytes = 0, pageable_peak_bytes = 0;
+  size_t peak_bytes = 0;  // of pinned + pageable
+};
+// What lowers a rank's host memory of category c and this kind, in the recipe's words, for a
+// message that refuses it (a failed cudaMallocHost, ft train's host memory check).
+std::string host_memory_hint(MemoryCategory c, HostMemory kind);
 const char* memory_category_name(MemoryCategory c);
 // This thread's category now: the innermost live MemoryScope's, kOther outside any.
 MemoryCategory current_memory_category();
@@ -102,11 +121,23 @@ class Device {
   virtual AllocatorStats stats() const = 0;
   // Host memory for staging device ↔ host copies (checkpoint saves copy device → host
   // staging, then write): page-locked on CUDA, so copies run at full bandwidth; plain aligned
-  // memory on the CPU. The host reads and writes it directly.
+  // memory on the CPU. The host reads and writes it directly (but see host_memory_backed).
+  // Every override reports what it hands out and takes back through count_host.
   virtual void* alloc_host(size_t bytes);
   virtual void free_host(void* ptr, size_t bytes);
   // Zeroes alloc_host memory (a memset; the counting device's host addresses are not memory).
   virtual void zero_host(void* ptr, size_t bytes);
+  // Plain (pageable) host memory, 64-byte aligned, for a rank's host buffers whose size follows
+  // the model (model.from's weights read at start-up, a synchronous save's copy of a piece):
+  // taken through the Device so that the run's metrics and ft plan count them (HostMemory).
+  // Small buffers of a fixed size (the data loader's batches, a reader's chunk) stay std::vector.
+  virtual void* alloc_pageable(size_t bytes);
+  virtual void free_pageable(void* ptr, size_t bytes);
+  // Whether the host may touch what alloc_host and alloc_pageable give: false only for ft plan's
+  // counting device, whose host addresses, like its device addresses, are not memory (code that
+  // writes host memory itself, not through host_ops() or the copies, asks first).
+  virtual bool host_memory_backed() const { return true; }
+  HostMemoryStats host_stats() const;
   // The CPU's staging memory (what alloc_host gives by default), for callers without a Device.
   static void* alloc_host_plain(size_t bytes);
   static void free_host_plain(void* ptr, size_t bytes);
@@ -162,6 +193,13 @@ class Device {
   virtual bool event_query(void* e);
   virtual float event_elapsed_ms(void* start, void* end);
   virtual void stream_wait_event(Stream s, void* e);
+  // Notes `bytes` of host memory of `kind` handed out (added) or taken back (removed) by an
+  // override of alloc_host/free_host or alloc_pageable/free_pageable, for host_stats().
+  void count_host(HostMemory kind, size_t bytes, bool added);
+
+ private:
+  mutable std::mutex host_mu_;  // the checkpoint writer's thread frees staging too
+  HostMemoryStats host_;
 };
 
 // The CPU device; threads for kernels come from OpenMP (runtime.threads).
@@ -250,15 +288,20 @@ class Buffer {
 
 // A typed, owning allocation of host memory from Device::alloc_host: page-locked on CUDA, so
 // that copies between it and the device run at full bandwidth and asynchronously (what the
-// offloaded optimizer state lives in). Move-only. The host reads and writes it: directly, or
-// through the device's host_ops() where `ft plan`'s counting device must be able to stand in
-// (its host addresses are not memory).
+// offloaded optimizer state lives in); or, with HostMemory::kPageable, from
+// Device::alloc_pageable (a host buffer ft plan must count that needs no page-locking). Move-only.
+// The host reads and writes it: directly, or through the device's host_ops() where `ft plan`'s
+// counting device must be able to stand in (its host addresses are not memory).
 template <typename T>
 class HostBuffer {
  public:
   HostBuffer() = default;
-  HostBuffer(Device* dev, size_t count) : dev_(dev), count_(count) {
-    if (count_) ptr_ = static_cast<T*>(dev_->alloc_host(count_ * sizeof(T)));
+  HostBuffer(Device* dev, size_t count, HostMemory kind = HostMemory::kPinned)
+      : dev_(dev), count_(count), kind_(kind) {
+    if (count_)
+      ptr_ =
+          static_cast<T*>(kind_ == HostMemory::kPinned ? dev_->alloc_host(count_ * sizeof(T))
+                                                       : dev_->alloc_pageable(count_ * sizeof(T)));
   }
   ~HostBuffer() { release(); }
   HostBuffer(const HostBuffer&) = delete;
@@ -270,6 +313,7 @@ class HostBuffer {
       dev_ = o.dev_;
       ptr_ = o.ptr_;
       count_ = o.count_;
+      kind_ = o.kind_;
       o.ptr_ = nullptr;
       o.count_ = 0;
     }
@@ -283,16 +327,19 @@ class HostBuffer {
   void zero() {
     if (ptr_) dev_->zero_host(ptr_, bytes());
   }
+  HostMemory kind() const { return kind_; }
 
  private:
   void release() {
-    if (ptr_) dev_->free_host(ptr_, bytes());
+    if (ptr_ && kind_ == HostMemory::kPinned) dev_->free_host(ptr_, bytes());
+    if (ptr_ && kind_ == HostMemory::kPageable) dev_->free_pageable(ptr_, bytes());
     ptr_ = nullptr;
     count_ = 0;
   }
   Device* dev_ = nullptr;
   T* ptr_ = nullptr;
   size_t count_ = 0;
+  HostMemory kind_ = HostMemory::kPinned;
 };
 
 // An owning allocation whose element type is chosen at run time (the compute dtype of the

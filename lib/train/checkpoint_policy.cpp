@@ -33,11 +33,7 @@ Checkpoints::Checkpoints(const Recipe& r, Communicator& comm, const Mesh& mesh, 
       pieces_(state_pieces(model, zero, optim, mesh)),
       last_saved_(at.folder.empty() ? -1 : at.step),
       t_last_save_(Clock::now()) {
-  if (on_ && r.checkpoint.async) {
-    uint64_t bytes = 0;
-    for (const auto& p : pieces_) bytes += (p.end - p.begin) * sizeof(float);
-    writer_.reserve(bytes);
-  }
+  if (on_ && r.checkpoint.async) writer_.reserve(pieces_);  // ft plan reserves it the same way
   if (comm.rank() == 0) manifest_ = manifest_base(r, mesh, tokenizer_sha);
 }
 

@@ -7,16 +7,20 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 
+#include "ckpt/checkpoint.h"
 #include "comm/counting_communicator.h"
 #include "comm/device_comm.h"
 #include "core/error.h"
 #include "model/layout.h"
 #include "parallel/partition.h"
 #include "runtime/counting_device.h"
+#include "train/metrics.h"
 #include "train/setup.h"
 #include "train/step.h"
+#include "train/train_state.h"
 
 namespace ft {
 namespace {
@@ -228,9 +232,35 @@ void describe(RankPlan& rp, const Recipe& r, const PlanDevice& device, int D, in
   rp.backend.how = device.cuda ? "cuBLASLt workspace (sm_" + std::to_string(device.sm) +
                                      ") + the ops' shared scratch"
                                : "none: the CPU backend allocates nothing of its own";
+  // Host memory, by what asked for it.
+  auto host_how = [&](const RankPlan::ByCategory& by, HostMemory kind) {
+    std::string h = describe_host_memory(by, kind);
+    if (h != "none" && kind == HostMemory::kPinned)
+      h += device.cuda ? "; page-locked (cudaMallocHost)" : "; plain memory on the CPU device";
+    return h;
+  };
+  rp.host_pinned.how = host_how(rp.host_pinned_by, HostMemory::kPinned);
+  rp.host_pageable.how = host_how(rp.host_pageable_by, HostMemory::kPageable);
 }
 
 }  // namespace
+
+std::string describe_host_memory(const RankPlan::ByCategory& by, HostMemory kind) {
+  std::string h;
+  for (int c = 0; c < int(MemoryCategory::kCount); ++c) {
+    if (by[size_t(c)] == 0) continue;
+    const auto cat = MemoryCategory(c);
+    std::string what = memory_category_name(cat);
+    if (cat == MemoryCategory::kCheckpoint)
+      what = kind == HostMemory::kPinned
+                 ? "checkpoint.async's staging of the rank's weights and moments"
+                 : "a synchronous save's copy of its largest piece";
+    else if (cat == MemoryCategory::kParameters && kind == HostMemory::kPageable)
+      what = "model.from's weights, read a group at a time at start-up";
+    h += (h.empty() ? "" : " + ") + what + " " + Progress::human_bytes(double(by[size_t(c)]));
+  }
+  return h.empty() ? "none" : h;
+}
 
 int64_t model_param_count(const ModelConfig& m) {
   ModelConfig one = m;
@@ -354,6 +384,22 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   const int64_t startup_params = dev.tally().get(MemoryCategory::kParameters);
   rp.startup_params_bytes = dev.tally().high[size_t(MemoryCategory::kParameters)];
 
+  // The checkpoints' host memory, through the writer's own code (ckpt/checkpoint.h) as ft train
+  // takes it (train/checkpoint_policy.cpp): checkpoint.async's staging buffer is reserved once
+  // the setup is built and held from then on; a synchronous save holds a copy of its largest
+  // piece while it writes (after the step, below). Nothing is written.
+  const bool saves = r.checkpoint.every_steps > 0 || r.checkpoint.every_minutes > 0;
+  std::vector<ckpt::PieceSource> pieces;
+  if (saves) pieces = state_pieces(*s.model, *s.zero, *s.optim, mesh);
+  std::optional<ckpt::CheckpointWriter> writer;
+  if (saves && r.checkpoint.async) {
+    ckpt::CheckpointWriter::Options wo;
+    wo.async = true;
+    wo.staging_device = &dev;
+    writer.emplace(wo);
+    writer->reserve(pieces);
+  }
+
   // One step of placeholder tokens (id 0, every target trained) on this data rank's share of
   // the global batch; the figures are the step's. ZeRO-3 with prefetch records the order of the
   // groups in the first step and prefetches from the second on (parallel/zero.h): a first step
@@ -458,6 +504,17 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
     rp.eval_micro_batches = eval.count / micro;
     rp.peak_bytes = std::max(rp.peak_bytes, rp.eval_bytes);
   }
+  if (saves && !r.checkpoint.async) ckpt::CheckpointWriter::piece_copy(pieces);  // held, freed
+
+  // Host memory: the counting device's host tallies span the whole run (reset_peak leaves them).
+  const MemoryTally& pinned = dev.host_tally(HostMemory::kPinned);
+  const MemoryTally& pageable = dev.host_tally(HostMemory::kPageable);
+  rp.host_pinned.bytes = pinned.peak;
+  rp.host_pinned_by = pinned.at_peak;
+  rp.host_pageable.bytes = pageable.peak;
+  rp.host_pageable_by = pageable.at_peak;
+  rp.host_peak_bytes = dev.host_tally().peak;
+  rp.host_need_bytes = device.cuda ? rp.host_peak_bytes : dev.combined_peak();
   describe(rp, r, device, D, P);
   return rp;
 }
@@ -568,6 +625,22 @@ MemoryPlan plan_memory(const Recipe& r, int world, const PlanDevice& device) {
                              "share per rank.")
             : "."));
   }
+  plan.notes.push_back(
+      std::string("Host memory is counted as device memory is: what each rank's code takes "
+                  "through Device::alloc_host (pinned: page-locked on CUDA; plain memory on the "
+                  "CPU device) and Device::alloc_pageable (model.from's weights, read a group at "
+                  "a time at start-up; a synchronous checkpoint save's copy of a piece), the most "
+                  "live at once over the setup, a step, evaluation and a save. Left out, being "
+                  "small or not the model's: the data loader's batches (data.prefetch + 1 steps "
+                  "of tokens, targets and masks), the safetensors reader's 16 MiB chunks, a "
+                  "resume's read of one piece at a time, MPI's and NCCL's own buffers") +
+      (device.cuda ? ", MPI's host staging of GPU memory (runtime.communicator mpi: one "
+                     "page-locked buffer as large as the largest collective), the CUDA context"
+                   : "") +
+      " and the process itself (code, libraries: some hundreds of MiB)." +
+      (device.cuda ? ""
+                   : " On the CPU device the device memory above is host memory too: a rank's "
+                     "host need is the most of both live at once."));
   if (!r.data.valid.empty() && r.training.eval_every_steps > 0)
     plan.notes.push_back(
         "Evaluation: the peak while one validation batch runs after the step (data.valid, every "
@@ -678,6 +751,16 @@ void plan_times(MemoryPlan& plan, const Recipe& r, const PlanLinks& links) {
         "(M + P - 1) of it idle), which the predicted time leaves out.");
 }
 
+void plan_host(MemoryPlan& plan, int gpus_per_node) {
+  FT_CHECK(gpus_per_node >= 1, "ft plan: GPUs per node must be positive");
+  plan.gpus_per_node = gpus_per_node;
+  plan.node_host_bytes.assign(size_t((plan.world + gpus_per_node - 1) / gpus_per_node), 0);
+  for (const RankPlan& rp : plan.ranks)
+    plan.node_host_bytes[size_t(rp.rank / gpus_per_node)] += rp.host_need_bytes;
+  for (RankPlan& rp : plan.ranks)
+    rp.host_node_bytes = plan.node_host_bytes[size_t(rp.rank / gpus_per_node)];
+}
+
 std::vector<std::vector<int>> plan_roles(const MemoryPlan& plan) {
   // Ranks whose groups use different links are different roles (the bytes are the same).
   auto links_key = [](const RankPlan& r) {
@@ -690,6 +773,7 @@ std::vector<std::vector<int>> plan_roles(const MemoryPlan& plan) {
         r.stage, r.first_layer, r.num_layers, r.embed, r.head, r.holds, r.params.bytes,
         r.grads.bytes, r.optim.bytes, r.activations.bytes, r.comm_buffers.bytes, r.backend.bytes,
         r.other_bytes, r.total_bytes, r.startup_bytes, r.startup_params_bytes, r.eval_bytes,
+        r.host_pinned_by, r.host_pageable_by, r.host_peak_bytes, r.host_need_bytes,
         r.sent_data.bytes, r.sent_data.how, r.sent_tensor.bytes, r.sent_tensor.how,
         r.sent_pipeline.bytes, r.sent_pipeline.how, r.sent_world.bytes, links_key(r));
   };

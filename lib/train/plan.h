@@ -6,15 +6,20 @@
 // allocated, no kernel run) with counting communicators (comm/counting_communicator.h: the bytes
 // each collective sends, nothing sent). So the figures are what the code that allocates asks for
 // and they cannot drift from it; `ft train`'s memory check uses the same function for its rank.
-// Nothing is read from disk (no weights, no shards) and nothing is written.
+// Host memory is counted the same way (Device::alloc_host, alloc_pageable: RankPlan's host_*).
+// Nothing is read from disk (no weights, no shards: with model.from, the recipe's sizes came
+// from its config.json, and the setup takes the reading path's buffers without reading) and
+// nothing is written.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "recipe/recipe.h"
+#include "runtime/device.h"
 
 namespace ft {
 
@@ -101,6 +106,21 @@ struct RankPlan {
   int64_t peak_bytes = 0;   // max(total, startup, eval)
   int64_t allocations = 0;  // alloc() calls counted, setup and step
 
+  // Host memory (DESIGN.md §4 "Host memory"): what the rank's code takes through
+  // Device::alloc_host (pinned: page-locked on CUDA) and Device::alloc_pageable, the most live
+  // at once over the whole counted run (setup, steps, evaluation, a checkpoint save), each kind
+  // by category at its own peak.
+  using ByCategory = std::array<int64_t, size_t(MemoryCategory::kCount)>;
+  PlanFigure host_pinned, host_pageable;
+  ByCategory host_pinned_by{}, host_pageable_by{};
+  int64_t host_peak_bytes = 0;  // pinned and pageable live at once
+  // What the rank takes of its node's memory at most: host_peak_bytes; on the CPU device, whose
+  // memory is host memory too, the most device and host memory live at once.
+  int64_t host_need_bytes = 0;
+  // The most host memory a node holding this rank needs: the host_need_bytes of its ranks
+  // summed (plan_host; rank r on node r / gpus_per_node).
+  int64_t host_node_bytes = 0;
+
   // Bytes this rank sends per optimizer step, by group.
   PlanFigure sent_data, sent_tensor, sent_pipeline, sent_world;
   int64_t sent_bytes = 0;  // the sum
@@ -119,6 +139,9 @@ struct MemoryPlan {
   PlanDevice device;               // the device planned for
   std::vector<RankPlan> ranks;     // one per rank, in rank order
   std::vector<std::string> notes;  // what the figures leave out or assume
+  // plan_host: ranks per node, and each node's host memory (its ranks' host_need_bytes summed).
+  int gpus_per_node = 1;
+  std::vector<int64_t> node_host_bytes;
 };
 
 // The plan for recipe r on `world` ranks (data = world / (tensor · pipeline)) of `device`.
@@ -137,6 +160,14 @@ int64_t model_param_count(const ModelConfig& m);
 // The most layers a model may have for the counting run (ft plan refuses more; the largest
 // published models have some hundred).
 inline constexpr int64_t kMaxCountedLayers = 100'000;
+
+// What holds a rank's host memory of one kind, by category at its peak, for messages:
+// "checkpoint.async's staging of the rank's weights and moments 46.1 GiB", or "none".
+std::string describe_host_memory(const RankPlan::ByCategory& by, HostMemory kind);
+
+// Sums each node's host memory (rank r on node r / gpus_per_node, as plan_times places them):
+// fills plan.node_host_bytes and every rank's host_node_bytes.
+void plan_host(MemoryPlan& plan, int gpus_per_node);
 
 // Estimates each rank's step time from its counted calls (plan.ranks[*].traffic), the links
 // and the compute throughput: fills plan.ranks[*].time and adds the model's notes.

@@ -1,13 +1,16 @@
 // ft train's start-up checks, shared with ft validate (preflight.h).
 #include "train/preflight.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "ckpt/checkpoint.h"
 #include "comm/device_comm.h"
@@ -64,14 +67,86 @@ void check_packing_device(const Recipe& r, Device& dev) {
       "FT_CUDA_ATTENTION unset or fused; or runtime.device: cpu; or data.pack: false)"));
 }
 
+namespace {
+
+// What lowers this rank's host memory, from its largest counted uses (pinned and pageable).
+std::string host_hints(const RankPlan& p) {
+  std::vector<std::pair<int64_t, std::string>> uses;
+  for (int c = 0; c < int(MemoryCategory::kCount); ++c) {
+    const auto cat = MemoryCategory(c);
+    if (p.host_pinned_by[size_t(c)] > 0)
+      uses.push_back({p.host_pinned_by[size_t(c)], host_memory_hint(cat, HostMemory::kPinned)});
+    if (p.host_pageable_by[size_t(c)] > 0)
+      uses.push_back({p.host_pageable_by[size_t(c)], host_memory_hint(cat, HostMemory::kPageable)});
+  }
+  std::sort(uses.begin(), uses.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string h;
+  for (const auto& [bytes, hint] : uses)
+    if (h.find(hint) == std::string::npos) h += (h.empty() ? "" : "; ") + hint;
+  return h;
+}
+
+// The host memory of a GPU run's rank (pinned and pageable, ft plan's host figures): the ranks
+// of the node share the host, so this rank's need × local_ranks against the memory available.
+// Page-locked memory cannot be paged out: the pinned part must fit whole. Refused only on what
+// is certain (MemAvailable, the cgroup's limit); the locked-memory limit, which the CUDA driver
+// may or may not apply to cudaMallocHost, is a warning.
+void check_host_memory_fits(const Recipe& r, int rank, int local_ranks, const RankPlan& p) {
+  const double avail = double(available_memory_bytes());
+  const double need = double(p.host_peak_bytes) * local_ranks;
+  if (avail > 0 && need > avail) {
+    // Each kind the rank uses, and what holds it.
+    std::string held;
+    if (p.host_pinned.bytes > 0)
+      held = "page-locked " + Progress::human_bytes(double(p.host_pinned.bytes)) + ": " +
+             describe_host_memory(p.host_pinned_by, HostMemory::kPinned);
+    if (p.host_pageable.bytes > 0)
+      held += (held.empty() ? "" : "; ") + std::string("pageable ") +
+              Progress::human_bytes(double(p.host_pageable.bytes)) + ": " +
+              describe_host_memory(p.host_pageable_by, HostMemory::kPageable);
+    throw Error(detail::concat(
+        "this run needs about ", Progress::human_bytes(double(p.host_peak_bytes)),
+        " of host memory on rank ", rank, " (", held, ")",
+        local_ranks > 1 ? detail::concat(" x ", local_ranks,
+                                         " ranks on this node = ", Progress::human_bytes(need))
+                        : std::string(),
+        " by `ft plan`, but only ", Progress::human_bytes(avail),
+        " of memory is available here; nothing was allocated. Lower it: ", host_hints(p),
+        " (`ft plan ", r.source_path,
+        " runtime.device=cuda` shows host_bytes per rank; FT_SKIP_MEMORY_CHECK=1 starts anyway)"));
+  }
+  static bool warned = false;  // once per process (ft validate checks every rank's)
+  rlimit lock{};
+  if (!warned && p.host_pinned.bytes > 0 && ::getrlimit(RLIMIT_MEMLOCK, &lock) == 0 &&
+      lock.rlim_cur != RLIM_INFINITY &&
+      double(p.host_pinned.bytes) * local_ranks > double(lock.rlim_cur)) {
+    warned = true;
+    log_warn("this run page-locks about ", Progress::human_bytes(double(p.host_pinned.bytes)),
+             " of host memory on rank ", rank,
+             local_ranks > 1 ? detail::concat(" (x ", local_ranks, " ranks on this node)")
+                             : std::string(),
+             " (", describe_host_memory(p.host_pinned_by, HostMemory::kPinned),
+             "), above this process's locked-memory limit (ulimit -l: ",
+             Progress::human_bytes(double(lock.rlim_cur)),
+             "); if pinning fails, raise it (ulimit -l unlimited, or memlock in "
+             "/etc/security/limits.conf or the container's settings) or lower it: ",
+             host_hints(p));
+  }
+}
+
+}  // namespace
+
 // Refuses a run whose `ft plan` peak does not fit the memory this rank has, before anything is
 // allocated: growing into the OS's out-of-memory killer (or a GPU's out-of-memory error) loses the
 // run without a word, and a run with n_layers: 1e5 would try. On the CPU the ranks on one node
-// share its memory; on a GPU (one per rank, gpu_choice.h) the comparison is with what the
-// driver says is free on it now, plus what the device's allocator already holds (the cuBLASLt
-// workspace, which the plan counts too); ranks sharing one GPU are not summed. A bound that
-// needs no counting comes first (plan.h state_lower_bound_bytes), so that a model far too large
-// is refused at once.
+// share its memory, and the plan's host memory (a checkpoint's staging, model.from's read
+// buffer) comes out of it too: the most of both live at once is compared. On a GPU (one per
+// rank, gpu_choice.h) the comparison is with what the driver says is free on it now, plus what
+// the device's allocator already holds (the cuBLASLt workspace, which the plan counts too);
+// ranks sharing one GPU are not summed; then the host memory the plan counts, against the
+// host's (check_host_memory_fits). A bound that needs no counting comes first (plan.h
+// state_lower_bound_bytes), so that a model far too large is refused at once.
 void check_memory_fits(const Recipe& r, int world, int rank, int local_ranks, Device& dev) {
   if (const char* skip = std::getenv("FT_SKIP_MEMORY_CHECK"); skip && std::string(skip) == "1")
     return;
@@ -91,12 +166,17 @@ void check_memory_fits(const Recipe& r, int world, int rank, int local_ranks, De
   const bool bound = double(need) * local > avail;
   // The plan counts for an sm_90 GPU (the larger cuBLASLt workspace): at most 28 MiB above what
   // an older GPU needs.
-  if (!bound)
-    need = plan_rank(r, world, rank,
-                     gpu ? PlanDevice{.cuda = true, .sm = 90, .why = "the GPU memory check"}
-                         : PlanDevice{})
-               .peak_bytes;
-  if (double(need) * local <= avail) return;
+  std::optional<RankPlan> plan;
+  if (!bound) {
+    plan = plan_rank(
+        r, world, rank,
+        gpu ? PlanDevice{.cuda = true, .sm = 90, .why = "the GPU memory check"} : PlanDevice{});
+    need = gpu ? plan->peak_bytes : plan->host_need_bytes;
+  }
+  if (double(need) * local <= avail) {
+    if (gpu) check_host_memory_fits(r, rank, local_ranks, *plan);
+    return;
+  }
   const std::string where =
       gpu ? detail::concat(Progress::human_bytes(avail), " of ", Progress::human_bytes(total),
                            " is free on ", dev.name())
@@ -112,8 +192,13 @@ void check_memory_fits(const Recipe& r, int world, int rank, int local_ranks, De
       "; nothing was allocated. Run `ft plan ", r.source_path, gpu ? " runtime.device=cuda" : "",
       "` to see where it goes, then use more ", gpu ? "GPUs" : "ranks",
       " with parallel.zero_stage 3 or parallel.tensor/pipeline, "
-      "training.activation_checkpointing, a smaller training.micro_batch_size or data.seq_len "
-      "(FT_SKIP_MEMORY_CHECK=1 starts anyway)"));
+      "training.activation_checkpointing, a smaller training.micro_batch_size or data.seq_len",
+      !gpu && plan && plan->host_peak_bytes > 0
+          ? detail::concat("; of it, host buffers beside the device's memory: ",
+                           Progress::human_bytes(double(plan->host_peak_bytes)), " (",
+                           host_hints(*plan), ")")
+          : std::string(),
+      " (FT_SKIP_MEMORY_CHECK=1 starts anyway)"));
 }
 
 void check_device_world(const Recipe& r, Device& dev, int world) {

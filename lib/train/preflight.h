@@ -52,7 +52,9 @@ void refuse_together(Communicator& comm, const Refusal& mine);
 // 64 or 128, or FT_CUDA_ATTENTION not fused).
 void check_packing_device(const Recipe& r, Device& dev);
 // The run's `ft plan` peak against the memory this rank has (the CPU's shared by `local_ranks`
-// ranks of the node; a GPU's free memory). FT_SKIP_MEMORY_CHECK=1 skips it.
+// ranks of the node, device and host memory at once; a GPU's free memory, then the plan's host
+// memory against the host's, shared by the node's ranks). A page-locked figure above the
+// locked-memory limit is a warning. FT_SKIP_MEMORY_CHECK=1 skips it.
 void check_memory_fits(const Recipe& r, int world, int rank, int local_ranks, Device& dev);
 // runtime.communicator and parallel.reduce_dtype against the device and the layout of `world`
 // ranks: nccl where NCCL cannot serve the device; bf16 reductions over MPI.

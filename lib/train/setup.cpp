@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -21,23 +22,38 @@ namespace {
 // building the whole model (DESIGN.md §2, "Parameter init").
 // ft plan (kShapesOnly) runs the random init on its counting device, which draws nothing: that
 // counts the staging buffer a frozen group is written through (FlatParams::write), as loading
-// model.from allocates the same.
+// model.from allocates the same. With model.from it takes the reading path's buffers instead,
+// reading nothing (a folder with config.json alone plans).
 void init_weights(LlamaModel& model, const Recipe& r, const Mesh& mesh, WeightSource source,
                   bool is_root) {
-  if (source == WeightSource::kRandom || source == WeightSource::kShapesOnly) {
+  const bool from_folder = source == WeightSource::kHuggingFace ||
+                           (source == WeightSource::kShapesOnly && !r.model.from.empty());
+  if (!from_folder) {
     model.init_random(r.run.seed, r.model.init_std);
     return;
   }
   // Weights are read on the host, this rank's share only, a group at a time (the host holds one
-  // group in fp32, not the stage), then copied to the device.
-  if (is_root) log_info("loading weights from ", r.model.from);
-  const HfWeightReader reader(r.model.from, model.layout());
+  // group in fp32, not the stage), then copied to the device. The buffer fits the largest group
+  // and is the Device's pageable host memory, so that the run's metrics (mem_host_pageable_bytes)
+  // and ft plan count it: for a large vocabulary the embedding's share is gigabytes.
+  std::optional<HfWeightReader> reader;
+  if (source == WeightSource::kHuggingFace) {
+    if (is_root) log_info("loading weights from ", r.model.from);
+    reader.emplace(r.model.from, model.layout());
+  }
   const auto& groups = model.layout().groups();
-  std::vector<float> host;
+  auto read_here = [&](size_t g) { return model.owns_group(int(g)) && groups[g].attached_to < 0; };
+  size_t most = 0;
+  for (size_t g = 0; g < groups.size(); ++g)
+    if (read_here(g)) most = std::max(most, groups[g].numel);
+  const MemoryScope tag(MemoryCategory::kParameters);
+  HostBuffer<float> host(model.device(), most, HostMemory::kPageable);
   for (size_t g = 0; g < groups.size(); ++g) {
-    if (!model.owns_group(int(g)) || groups[g].attached_to >= 0) continue;
-    host.assign(groups[g].numel, 0.0f);
-    reader.read_group(int(g), host.data(), mesh.t);
+    if (!read_here(g)) continue;
+    if (reader) {
+      std::fill(host.data(), host.data() + groups[g].numel, 0.0f);
+      reader->read_group(int(g), host.data(), mesh.t);
+    }
     model.flat_params().upload_group(int(g), host.data());
   }
 }

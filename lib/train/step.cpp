@@ -208,7 +208,9 @@ nlohmann::json step_metrics_line(const StepResult& res, const RunFigures& run) {
                          {"mem_peak_bytes", run.mem_peak_bytes},
                          {"mem_params_bytes", run.mem_params_bytes},
                          {"mem_grads_bytes", run.mem_grads_bytes},
-                         {"mem_optim_bytes", run.mem_optim_bytes}};
+                         {"mem_optim_bytes", run.mem_optim_bytes},
+                         {"mem_host_pinned_bytes", run.mem_host_pinned_bytes},
+                         {"mem_host_pageable_bytes", run.mem_host_pageable_bytes}};
   if (res.loss_scale > 0) {  // fp16 (DESIGN.md §7); a skipped step's non-finite norm is null
     line["loss_scale"] = res.loss_scale;
     line["skipped"] = res.skipped;

@@ -112,6 +112,8 @@ struct RunFigures {
   int64_t tokens_seen = 0;    // trained so far, this step included
   size_t mem_peak_bytes = 0;  // this rank's device allocator peak
   size_t mem_params_bytes = 0, mem_grads_bytes = 0, mem_optim_bytes = 0;
+  // The most host memory of each kind this rank's device handed out so far (Device::host_stats).
+  size_t mem_host_pinned_bytes = 0, mem_host_pageable_bytes = 0;
 };
 
 // The step's line of the metrics file (DESIGN.md §7).

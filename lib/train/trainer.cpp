@@ -560,6 +560,8 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       RunFigures figures = resident;
       figures.tokens_seen = tokens_seen;
       figures.mem_peak_bytes = dev->stats().peak_bytes;
+      figures.mem_host_pinned_bytes = dev->host_stats().pinned_peak_bytes;
+      figures.mem_host_pageable_bytes = dev->host_stats().pageable_peak_bytes;
       log.step(res, figures, s == at.step ? sum.time_to_first_step_s : -1);
     }
     if (do_eval && (step % r.training.eval_every_steps == 0 || last)) {

@@ -9,7 +9,8 @@
 #    runtime/cuda/ops_memory.h) against ft_emu's mem_peak_bytes on 2 ranks, ZeRO 0 and 3, fp32
 #    and bf16, ZeRO 2 with parallel.offload_optimizer (the state in host memory: the device holds
 #    no masters, moments nor gradient shards) and ZeRO 3 with parallel.offload_params too (no
-#    parameter shards either; start-up streams one group at a time), and 2 pipeline stages
+#    parameter shards either; start-up streams one group at a time; the host memory each holds,
+#    page-locked, equal to the measured mem_host_pinned_bytes), and 2 pipeline stages
 #    evaluating after every step (the plan's evaluation pass
 #    with the CUDA ops' scratch): equal to the byte, as on the CPU (tests/cli/test_plan.sh),
 #    and so the total less the 32 MiB cuBLASLt workspace too (the ops' scratch, ~1% here, and
@@ -99,6 +100,14 @@ for name in names:
     for k in ("params", "grads", "optim"):
         planned_k, measured_k = role[f"{k}_bytes"], m[f"mem_{k}_bytes"]
         assert planned_k == measured_k, (name, k, planned_k, measured_k)
+    # Host memory (page-locked from cudaMallocHost, pageable), counted by the plan as device
+    # memory is: the offloaded state is page-locked, and nothing else here is on the host.
+    host = role["host_bytes"]
+    for k in ("pinned", "pageable"):
+        planned_k, measured_k = host[k], m[f"mem_host_{k}_bytes"]
+        assert planned_k == measured_k, (name, f"host {k}", planned_k, measured_k)
+    assert (host["pinned"] > 0) == ("offload" in name), (name, host)
+    line.append(f"host pinned {host['pinned']} {host['pinned_by_category']}")
     print(f"{name}: planned = measured bytes: " + ", ".join(line))
 # The paths' scratch differs: only the chunked GEMMs hold score chunks (the rest of the backend's
 # memory is the same), so the plan sees which path runs.

@@ -5,7 +5,9 @@
 #  - the memory check: a recipe whose `ft plan` peak exceeds the emulated GPU's free memory
 #    (FT_CUDA_EMU_MEMORY_MIB) exits 1 before the model is allocated, naming the GPU, its free
 #    memory and ft plan; FT_SKIP_MEMORY_CHECK=1 starts anyway and then meets the allocator's
-#    out-of-memory error instead; the small recipe passes the check;
+#    out-of-memory error instead; the small recipe passes the check; a checkpoint.async staging
+#    larger than the host's available memory exits 1 the same way, naming the host memory and
+#    what lowers it; a locked-memory limit (ulimit -l) below it is a warning;
 #  - FT_PROFILE on the CUDA device: the op table (times from events around each op on the
 #    stream) with the same families and call counts as the CPU's table for the same run, and
 #    the same losses as the unprofiled run (the wrapper only forwards).
@@ -61,6 +63,31 @@ grep -q "out of memory on cuda:0" "$tmp/big_skip.log" \
   || fail "FT_SKIP_MEMORY_CHECK: no allocator error: $(tail -3 "$tmp/big_skip.log")"
 ! grep -q "is free on cuda:0" "$tmp/big_skip.log" || fail "FT_SKIP_MEMORY_CHECK did not skip"
 echo "FT_SKIP_MEMORY_CHECK=1: the allocator's out-of-memory error instead"
+
+# The host memory check (DESIGN.md §2 "Memory check"): checkpoint.async's page-locked staging,
+# 12 B per parameter, of a model sized to twice this machine's available memory is refused
+# before anything is allocated (exit 1), saying how much, what holds it and what lowers it; the
+# emulated GPU (100 TB) has room for the rest. dim 1024, 8 heads and kv heads, ffn 4096: a
+# layer is 4·1024² + 3·1024·4096 + 2·1024 = 16,779,264 elements.
+avail_kib=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
+layers=$(( avail_kib * 1024 * 2 / 12 / 16779264 + 1 ))
+host="model.dim=1024 model.n_heads=8 model.n_kv_heads=8 model.ffn_dim=4096 model.n_layers=$layers
+      checkpoint.every_steps=1 checkpoint.async=true run.output_dir=$tmp/host"
+rc=0
+FT_CUDA_EMU_MEMORY_MIB=100000000 "$emu" train "$tmp/r.yaml" $host > "$tmp/host.log" 2>&1 || rc=$?
+[[ $rc == 1 ]] || fail "too big for the host: exit $rc, expected 1: $(tail -3 "$tmp/host.log")"
+for want in "of host memory on rank 0 (page-locked" "checkpoint.async's staging" \
+            "of memory is available here; nothing was allocated" "checkpoint.async: false"; do
+  grep -qF "$want" "$tmp/host.log" || fail "host refusal lacks '$want': $(cat "$tmp/host.log")"
+done
+echo "too big for the host: $(grep -o 'this run needs.*of host memory on rank 0' "$tmp/host.log")"
+# A locked-memory limit (ulimit -l) below the staging is a warning: whether the CUDA driver
+# applies it to cudaMallocHost is not certain, and the run goes on.
+(ulimit -S -l 64 && FT_CUDA_EMU_MEMORY_MIB=64 "$emu" train "$tmp/r.yaml" checkpoint.every_steps=1 \
+  checkpoint.async=true run.output_dir="$tmp/memlock" > "$tmp/memlock.log" 2>&1) \
+  || fail "under ulimit -l 64: $(tail -3 "$tmp/memlock.log")"
+grep -q "above this process's locked-memory limit (ulimit -l: 64.0 KiB)" "$tmp/memlock.log" \
+  || fail "no locked-memory warning: $(cat "$tmp/memlock.log")"
 
 # FT_PROFILE on the emulated CUDA device against the CPU's table.
 FT_CUDA_EMU_MEMORY_MIB=64 "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/plain" \

@@ -18,6 +18,14 @@
 #    rank 0 writes with FT_TEST_DUMP_PARAMS, and their figures in tests/unit/test_plan.cpp
 #    against hand-worked ones.
 #    Two of the layouts run on the guard device too (the same figures).
+#  - Host memory (Device::alloc_host, alloc_pageable): every run's planned pinned and pageable
+#    peaks equal the metrics' mem_host_pinned_bytes and mem_host_pageable_bytes, and, by hand,
+#    checkpoint.async's page-locked staging (12 B per element of the rank's ZeRO cut), a
+#    synchronous save's pageable copy of its largest piece, model.from's pageable read buffer
+#    (the largest group's tensor slice, from a folder ft export wrote).
+#  - Before the download: a Qwen2.5-7B folder holding config.json alone plans (its read buffer
+#    the head group, 3584 + 152064 × 3584 fp32), and ft train and ft validate refuse it (exit 2);
+#    --host-mem-gb flags a node that needs more, and a node's need is its ranks' summed.
 #  - The tables: one per rank role; a world that does not fit the layout is a usage error
 #    (exit 2).
 #   bash tests/cli/test_plan.sh BUILD_DIR SOURCE_DIR
@@ -59,14 +67,19 @@ for p in bf16 fp16; do
 done
 runs+=("bf16_z1:2:parallel.zero_stage=1 training.precision=bf16"
        "bf16_tensor2_pipe2:4:parallel.tensor=2 parallel.pipeline=2 model.n_layers=3 training.precision=bf16")
+# Host memory: checkpoint.async's page-locked staging; a synchronous save's pageable copy of a
+# piece; model.from's pageable read buffer (from_hf_tensor2, below, reads a folder exported from
+# ckpt_sync_z0's checkpoint).
+runs+=("ckpt_async_z1:2:parallel.zero_stage=1 checkpoint.every_steps=1 checkpoint.async=true checkpoint.dir=$tmp/ckpt_async_z1/ck"
+       "ckpt_sync_z0:2:parallel.zero_stage=0 checkpoint.every_steps=1 checkpoint.dir=$tmp/ckpt_sync_z0/ck")
 names=()
 # The guard device (FT_TEST_GUARD_DEVICE, device memory closed to the host, host-staged MPI)
 # allocates what the CPU does: ZeRO-3 and tensor × pipeline under it.
 runs+=("guard_z3:2:parallel.zero_stage=3 training.precision=bf16"
        "guard_tensor2_pipe2:4:parallel.tensor=2 parallel.pipeline=2 model.n_layers=3")
-for run in "${runs[@]}"; do
-  IFS=: read -r name n overrides <<< "$run"; read -r -a ov <<< "$overrides"
-  guard=0
+train_and_plan() {  # name:ranks:overrides
+  local name n overrides ov guard=0
+  IFS=: read -r name n overrides <<< "$1"; read -r -a ov <<< "$overrides"
   [[ $name == guard_* ]] && guard=1
   FT_TEST_GUARD_DEVICE=$guard FT_TEST_DUMP_PARAMS="$tmp/$name.params" \
     "$ft" train "$tmp/r.yaml" "${ov[@]}" run.output_dir="$tmp/$name" --nproc "$n" > "$tmp/$name.log" 2>&1 \
@@ -74,7 +87,11 @@ for run in "${runs[@]}"; do
   "$ft" plan "$tmp/r.yaml" "${ov[@]}" --world "$n" --json > "$tmp/$name.plan.json" \
     || fail "plan $name"
   names+=("$name")
-done
+}
+for run in "${runs[@]}"; do train_and_plan "$run"; done
+"$ft" export "$tmp/ckpt_sync_z0/ck" --output "$tmp/hf" > "$tmp/export.log" 2>&1 \
+  || fail "export: $(cat "$tmp/export.log")"
+train_and_plan "from_hf_tensor2:2:parallel.tensor=2 model.from=$tmp/hf"
 
 /usr/bin/python3 - "$tmp" "${names[@]}" <<'PY' || fail "plan disagrees with the measured metrics"
 import glob, json, math, os, struct, sys
@@ -93,9 +110,24 @@ for name in names:
     pairs = [(k, role[f"{k}_bytes"], m[f"mem_{k}_bytes"]) for k in ("params", "grads", "optim")]
     pairs.append(("peak", role["peak_bytes"], m["mem_peak_bytes"]))
     line = []
+    # Host memory (Device::alloc_host, alloc_pageable): the guard device's runs also stage
+    # their MPI calls through page-locked host memory, which a plan does not count (its
+    # communicators stage nothing; DESIGN.md §4 "Host memory").
+    if not name.startswith("guard_"):
+        pairs += [(f"host {k}", role["host_bytes"][k], m[f"mem_host_{k}_bytes"])
+                  for k in ("pinned", "pageable")]
     for what, planned, measured in pairs:
         assert planned == measured, (name, what, planned, measured)
         line.append(f"{what} {planned}")
+    # Which host memory, by hand: dim 40, ffn 44, 2 kv heads of 10: a layer holds 2·40 + 40·40 +
+    # 2·20·40 + 40·40 + 3·44·40 = 10160 elements, the largest group; the embedding 2560, the
+    # head 40 + 2560.
+    hb, layer = role["host_bytes"], 10160
+    want = {"ckpt_async_z1": ({"checkpoint": 12 * role["trained_elems"] // 2}, {}),  # ZeRO cut of 2
+            "ckpt_sync_z0": ({}, {"checkpoint": 4 * layer // 2}),  # the largest piece
+            # tensor 2: a layer's slice 80 + (1600 + 800 + 800 + 1600 + 5280) / 2
+            "from_hf_tensor2": ({}, {"parameters": 4 * (80 + 10080 // 2)})}.get(name, ({}, {}))
+    assert (hb["pinned_by_category"], hb["pageable_by_category"]) == want, (name, hb, want)
     assert role["peak_bytes"] == max(role["total_bytes"], role["startup_bytes"],
                                      role["eval_bytes"]), (name, role)
     evals = [l for l in open(f"{tmp}/{name}/metrics.jsonl") if '"eval_loss"' in l]
@@ -129,7 +161,8 @@ PY
 # The tables: one role for two identical ranks, every figure and the notes printed.
 "$ft" plan "$tmp/r.yaml" parallel.zero_stage=2 --world 2 > "$tmp/table.txt" || fail "plan table"
 for want in 'ranks 0-1 ' parameters gradients 'optimizer state' activations 'comm buffers' total \
-            'allocations counted' 'sent per step' 'reduce-scatter' Notes 'counting device'; do
+            'allocations counted' 'sent per step' 'reduce-scatter' Notes 'counting device' \
+            'host pinned' 'host pageable' 'host peak' 'Host memory is counted'; do
   grep -q "$want" "$tmp/table.txt" || fail "table lacks '$want': $(cat "$tmp/table.txt")"
 done
 
@@ -164,6 +197,72 @@ for r in roles:
     assert 20e9 < r["total_bytes"] < 80e9, r["total_bytes"]  # tens of GB: what a GPU holds
 print("70B at world 64: " + ", ".join(f"stage {r['pipeline_stage']} {r['total_bytes'] / 2**30:.1f} GiB"
                                        for r in roles))
+PY
+
+# Before the download: a Qwen2.5-7B folder that holds config.json alone plans (bf16, seq 4096,
+# activation checkpointing, one GPU); ft train and ft validate refuse it as before (exit 2). The
+# plan's pageable host memory is model.from's read buffer: the largest group, the head (the final
+# norm, 3584, and the untied lm_head, 152064 × 3584), in fp32.
+mkdir -p "$tmp/qwen7b"
+cat > "$tmp/qwen7b/config.json" <<'JSON'
+{"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+ "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+ "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28,
+ "model_type": "qwen2", "num_attention_heads": 28, "num_hidden_layers": 28,
+ "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+ "sliding_window": 131072, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+ "use_cache": true, "use_sliding_window": false, "vocab_size": 152064}
+JSON
+cat > "$tmp/q.yaml" <<YAML
+run: {name: qwen7b, output_dir: $tmp/q_out}
+model: {from: $tmp/qwen7b}
+data: {train: $tmp/data, seq_len: 4096}
+training: {steps: 10, micro_batch_size: 1, global_batch_size: 1, precision: bf16,
+           activation_checkpointing: true}
+runtime: {device: cuda}
+YAML
+"$ft" plan "$tmp/q.yaml" --json > "$tmp/q.json" 2> "$tmp/q.err" || fail "config-only plan: $(cat "$tmp/q.err")"
+"$ft" plan "$tmp/q.yaml" --host-mem-gb 1 --gpus-per-node 1 --json > "$tmp/q_small.json" \
+  2> "$tmp/q_small.err" || fail "plan --host-mem-gb 1: $(cat "$tmp/q_small.err")"
+"$ft" plan "$tmp/q.yaml" --host-mem-gb 64 > "$tmp/q_table.txt" 2> "$tmp/q_big.err" \
+  || fail "plan --host-mem-gb 64"
+grep -q 'more than --host-mem-gb 1$' "$tmp/q_small.err" || fail "--host-mem-gb 1 not flagged: $(cat "$tmp/q_small.err")"
+[[ ! -s "$tmp/q_big.err" ]] || fail "--host-mem-gb 64 flagged: $(cat "$tmp/q_big.err")"
+grep -q 'host peak .*within --host-mem-gb 64 GiB' "$tmp/q_table.txt" || fail "table: $(grep host "$tmp/q_table.txt")"
+/usr/bin/python3 - "$tmp" <<'PY' || fail "config-only plan figures"
+import json, sys
+tmp = sys.argv[1]
+p = json.load(open(f"{tmp}/q.json"))
+r = p["roles"][0]
+assert p["model_params"] == 7615616512, p["model_params"]  # Qwen2.5-7B's count
+assert p["device"] == "cuda" and r["other_bytes"] == 0, r
+hb = r["host_bytes"]
+assert hb["pageable_by_category"] == {"parameters": 4 * (3584 + 152064 * 3584)}, hb
+assert hb["pinned"] == 0 and hb["peak"] == hb["need"] == hb["pageable"], hb
+assert r["host_node_bytes"] == hb["need"] and "host_fits" not in r, r
+small = json.load(open(f"{tmp}/q_small.json"))
+assert small["host_mem_gb"] == 1 and small["host_fits"] is False, small.get("host_fits")
+assert small["roles"][0]["host_fits"] is False
+print(f"Qwen2.5-7B from config.json alone: peak {r['peak_bytes'] / 2**30:.1f} GiB on the GPU, "
+      f"host {hb['peak'] / 2**30:.2f} GiB pageable (model.from's read buffer)")
+PY
+for cmd in train validate; do
+  rc=0
+  "$ft" $cmd "$tmp/q.yaml" runtime.device=cpu > "$tmp/q_$cmd.txt" 2>&1 || rc=$?
+  [[ $rc == 2 ]] || fail "ft $cmd of a config-only folder: exit $rc, want 2: $(cat "$tmp/q_$cmd.txt")"
+  grep -q "has no model.safetensors or model.safetensors.index.json" "$tmp/q_$cmd.txt" \
+    || fail "ft $cmd of a config-only folder: $(cat "$tmp/q_$cmd.txt")"
+done
+# A node's host memory is its ranks' summed (--gpus-per-node 2: two ranks of 4 on each); on the
+# CPU device a rank's need is its device and host memory at once.
+"$ft" plan "$tmp/r.yaml" parallel.zero_stage=1 checkpoint.every_steps=1 checkpoint.async=true \
+  --world 4 --gpus-per-node 2 --json > "$tmp/nodes.json" || fail "plan nodes"
+/usr/bin/python3 - "$tmp/nodes.json" <<'PY' || fail "node host memory"
+import json, sys
+for r in json.load(open(sys.argv[1]))["roles"]:
+    hb = r["host_bytes"]
+    assert hb["pinned"] > 0 and hb["need"] >= r["total_bytes"] + hb["pinned"], r
+    assert r["host_node_bytes"] == 2 * hb["need"], r
 PY
 
 # The data paths play no part in a plan; a world that does not fit the layout does (exit 2).

@@ -57,6 +57,74 @@ TEST_CASE("counting device: live bytes by category, the peak and the categories 
   CHECK_THROWS_AS(dev.free(reinterpret_cast<void*>(16), 4), ft::Error);
 }
 
+TEST_CASE("counting device: host memory, pinned and pageable, apart from the device's") {
+  using ft::HostBuffer;
+  using ft::HostMemory;
+  CountingDevice dev;
+  CHECK_FALSE(dev.host_memory_backed());
+  Buffer<float> params;
+  HostBuffer<float> staging, copy;
+  {
+    const MemoryScope tag(MemoryCategory::kParameters);
+    params = Buffer<float>(&dev, 100);  // 400 B on the device
+  }
+  {
+    const MemoryScope tag(MemoryCategory::kCheckpoint);
+    staging = HostBuffer<float>(&dev, 50);                      // 200 B pinned
+    copy = HostBuffer<float>(&dev, 25, HostMemory::kPageable);  // 100 B pageable
+  }
+  CHECK(dev.tally().total == 400);  // the device's tally sees none of it
+  const auto& pinned = dev.host_tally(HostMemory::kPinned);
+  const auto& pageable = dev.host_tally(HostMemory::kPageable);
+  CHECK(pinned.total == 200);
+  CHECK(pinned.get(MemoryCategory::kCheckpoint) == 200);
+  CHECK(pageable.total == 100);
+  CHECK(dev.host_tally().peak == 300);
+  CHECK(dev.combined_peak() == 700);
+  CHECK(dev.host_stats().pinned_bytes == 200);
+  CHECK(dev.host_stats().pageable_peak_bytes == 100);
+  // Addresses distinct from every other, never memory: a copy into them writes nothing (it
+  // would fault), a copy into real host memory writes zeros.
+  CHECK(static_cast<void*>(staging.data()) != static_cast<void*>(params.data()));
+  CHECK(static_cast<void*>(staging.data()) != static_cast<void*>(copy.data()));
+  dev.copy_to_host(staging.data() + 10, params.data(), 40 * sizeof(float));
+  dev.copy_to_host_async(ft::Stream{}, copy.data(), params.data(), 25 * sizeof(float));
+  float real[2] = {1, 1};
+  dev.copy_to_host(real, params.data(), sizeof real);
+  CHECK(real[1] == 0.0f);
+
+  // The host tallies keep their peak through reset_peak (a plan's host figures span it all).
+  copy = HostBuffer<float>();
+  dev.reset_peak();
+  CHECK(pageable.total == 0);
+  CHECK(pageable.peak == 100);
+  CHECK(dev.host_tally().peak == 300);
+  CHECK(dev.host_stats().pageable_bytes == 0);
+  // A host address freed as device memory, or as the other kind, is refused.
+  CHECK_THROWS_AS(dev.free(staging.data(), 200), ft::Error);
+  CHECK_THROWS_AS(dev.free_pageable(staging.data(), 200), ft::Error);
+}
+
+TEST_CASE("a device's host memory: alloc_host and alloc_pageable, now and at most") {
+  const auto cpu = ft::make_cpu_device();
+  CHECK(cpu->host_memory_backed());
+  {
+    ft::HostBuffer<char> a(cpu.get(), 1000);
+    ft::HostBuffer<char> b(cpu.get(), 300, ft::HostMemory::kPageable);
+    a.data()[999] = 1;  // real memory
+    b.data()[299] = 1;
+    CHECK(cpu->host_stats().pinned_bytes == 1000);
+    CHECK(cpu->host_stats().pageable_bytes == 300);
+  }
+  ft::HostBuffer<char> c(cpu.get(), 200, ft::HostMemory::kPageable);
+  const ft::HostMemoryStats s = cpu->host_stats();
+  CHECK(s.pinned_bytes == 0);
+  CHECK(s.pinned_peak_bytes == 1000);
+  CHECK(s.pageable_bytes == 200);
+  CHECK(s.pageable_peak_bytes == 300);
+  CHECK(s.peak_bytes == 1300);
+}
+
 TEST_CASE("counting device for CUDA: the cuBLASLt workspace and the ops' scratch requests") {
   ft::CountingDevice dev(ft::CountingTarget{ft::DeviceKind::kCuda, 80});
   CHECK(dev.kind() == ft::DeviceKind::kCuda);

@@ -474,3 +474,87 @@ TEST_CASE("plan: the CUDA device adds the cuBLASLt workspace and the ops' scratc
   const RankPlan gpu16 = plan_memory(r, 1, h100).ranks[0];
   CHECK(cpu16.activations.bytes - gpu16.activations.bytes == 4 * 32);
 }
+
+TEST_CASE("plan: host memory: a checkpoint's staging or copy, model.from's read buffer") {
+  using ft::MemoryCategory;
+  auto cat = [](const RankPlan::ByCategory& by, MemoryCategory c) { return by[size_t(c)]; };
+  // Nothing on the host without checkpoints or model.from: the CPU device's host need is the
+  // device's own peak.
+  {
+    const RankPlan k = plan_memory(small(0), 1).ranks[0];
+    CHECK(k.host_pinned.bytes == 0);
+    CHECK(k.host_pageable.bytes == 0);
+    CHECK(k.host_peak_bytes == 0);
+    CHECK(k.host_need_bytes == k.peak_bytes);
+    CHECK(k.host_pinned.how == "none");
+  }
+  // checkpoint.async: the staging buffer, 12 B (weights, m, v in fp32) per element of the rank's
+  // ZeRO cut (even at stage 0), page-locked, held from before the first step. One rank: 1160
+  // elements; 2 data ranks: 580 each. On the CPU it comes on top of the step's device peak.
+  for (int world : {1, 2}) {
+    Recipe r = small(world == 1 ? 0 : 1);
+    r.training.global_batch_size = world;
+    r.checkpoint.every_steps = 10;
+    r.checkpoint.async = true;
+    const RankPlan k = plan_memory(r, world).ranks[size_t(world - 1)];
+    const int64_t staging = 12 * 1160 / world;
+    CHECK(k.host_pinned.bytes == staging);
+    CHECK(cat(k.host_pinned_by, MemoryCategory::kCheckpoint) == staging);
+    CHECK(k.host_pageable.bytes == 0);
+    CHECK(k.host_peak_bytes == staging);
+    CHECK(k.host_need_bytes == std::max(k.startup_bytes, k.total_bytes + staging));
+    // The CUDA device's host need is the host memory alone.
+    const RankPlan g = plan_memory(r, world, {.cuda = true, .sm = 90, .why = "test"}).ranks[0];
+    CHECK(g.host_pinned.bytes == staging);
+    CHECK(g.host_need_bytes == staging);
+  }
+  // A synchronous save copies each piece on the device to the host, through one pageable buffer
+  // of the largest: a layer group (496 elements; 248 on each of 2 data ranks).
+  for (int world : {1, 2}) {
+    Recipe r = small(0);
+    r.training.global_batch_size = world;
+    r.checkpoint.every_steps = 10;
+    const RankPlan k = plan_memory(r, world).ranks[0];
+    CHECK(k.host_pinned.bytes == 0);
+    CHECK(k.host_pageable.bytes == 4 * 496 / world);
+    CHECK(cat(k.host_pageable_by, MemoryCategory::kCheckpoint) == 4 * 496 / world);
+  }
+  // model.from: the weights are read a group at a time into one fp32 buffer of the largest group
+  // the rank holds (a layer, 496 elements), and nothing of the folder is read (it need not
+  // exist: the recipe's sizes came from its config.json).
+  {
+    Recipe r = small(0);
+    r.model.from = "/nonexistent/config-only-folder";
+    const RankPlan k = plan_memory(r, 1).ranks[0];
+    CHECK(k.host_pageable.bytes == 4 * 496);
+    CHECK(cat(k.host_pageable_by, MemoryCategory::kParameters) == 4 * 496);
+    CHECK(k.host_pinned.bytes == 0);
+    // The device's figures are the read's uploads, as a run that loads the folder counts them.
+    const RankPlan seeded = plan_memory(small(0), 1).ranks[0];
+    CHECK(k.total_bytes == seeded.total_bytes);
+    // Tensor 2 (2 kv heads, so that they split): a layer's slice is its norms 2·8 and half of
+    // q, k, v, o (8·8 each) and gate, up, down (12·8 each): 16 + 544 / 2 = 288 elements, more
+    // than the embedding's 40 or the head's 8 + 40.
+    r.parallel.tensor = 2;
+    r.model.n_kv_heads = 2;
+    const RankPlan t = plan_memory(r, 2).ranks[0];
+    CHECK(t.host_pageable.bytes == 4 * (16 + (64 + 64 + 64 + 64 + 3 * 96) / 2));
+  }
+}
+
+TEST_CASE("plan: a node's host memory is its ranks' host needs summed") {
+  Recipe r = small(1);
+  r.training.global_batch_size = 4;
+  r.checkpoint.every_steps = 10;
+  r.checkpoint.async = true;
+  const ft::PlanDevice gpu{.cuda = true, .sm = 90, .why = "test"};
+  MemoryPlan p = plan_memory(r, 4, gpu);
+  ft::plan_host(p, 3);  // nodes of 3: ranks 0-2 and 3
+  REQUIRE(p.node_host_bytes.size() == 2);
+  const int64_t each = p.ranks[0].host_need_bytes;
+  CHECK(each == 12 * 290);  // 1160 elements over 4 data ranks, 12 B each
+  CHECK(p.node_host_bytes[0] == 3 * each);
+  CHECK(p.node_host_bytes[1] == each);
+  CHECK(p.ranks[2].host_node_bytes == 3 * each);
+  CHECK(p.ranks[3].host_node_bytes == each);
+}

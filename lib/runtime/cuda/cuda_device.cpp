@@ -153,7 +153,8 @@ class CudaDevice final : public Device {
       };
       throw Error(detail::concat(
           "cannot allocate ", bytes, " bytes (", gib(bytes), ") of page-locked host memory for ",
-          name_, ", with ", gib(pinned_bytes_), " held already: ", cudaGetErrorString(e),
+          name_, ", with ", gib(host_stats().pinned_bytes),
+          " held already: ", cudaGetErrorString(e),
           ". Page-locked memory holds checkpoint.async's staging, communication staging and "
           "the state parallel.offload_optimizer and parallel.offload_params move to the host "
           "(`ft plan` counts it per rank: host pinned); to ask for less, spread the state "
@@ -161,12 +162,12 @@ class CudaDevice final : public Device {
           "parallel.offload_optimizer: none) or checkpoint.async: false, or raise the "
           "locked-memory limit (ulimit -l; under SLURM, the job's memory)"));
     }
-    pinned_bytes_ += bytes;
+    count_host(HostMemory::kPinned, bytes, true);
     return p;
   }
   void free_host(void* ptr, size_t bytes) override {
     cudaFreeHost(ptr);
-    pinned_bytes_ -= bytes;
+    count_host(HostMemory::kPinned, bytes, false);
   }
   Ops& ops() override { return profiling_ops_ ? *profiling_ops_ : *ops_; }
   OpProfile* profile() override { return profile_.get(); }
@@ -210,7 +211,6 @@ class CudaDevice final : public Device {
   }
   int ordinal_;
   std::string name_;
-  size_t pinned_bytes_ = 0;  // alloc_host's live bytes (for the out-of-memory message)
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;  // device → host staging (checkpoint saves)
   std::unique_ptr<OpProfile> profile_;  // FT_PROFILE only
