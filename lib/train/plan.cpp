@@ -207,6 +207,20 @@ void describe(RankPlan& rp, const Recipe& r, const PlanDevice& device, int D, in
                          : "fp32, every group whole";
   rp.optim.how = zs >= 1 && sharded ? "AdamW m and v (fp32) of the owned ranges"
                                     : "AdamW m and v (fp32) of every group";
+  // Offload (DESIGN.md §3 "Offload"): the state the host holds (its host pinned figure).
+  if (r.parallel.offload_optimizer == "cpu") {
+    rp.params.how = r.parallel.offload_params == "cpu"
+                        ? "none held: each group gathered for its use only (fp32 masters and the " +
+                              prec + " shards in host memory)"
+                        : "the " + prec + " copy" +
+                              std::string(zs >= 3 && sharded ? " shards" : "") +
+                              " (fp32 masters in host memory)";
+    if (!mixed && r.parallel.offload_params != "cpu")
+      rp.params.how = "the fp32 copy computed with (fp32 masters in host memory)";
+    rp.grads.how = zs >= 2 ? "none: each micro-batch's group gradient goes to host memory"
+                           : "fp32, every group whole (its owned range copied to host memory)";
+    rp.optim.how = "none: AdamW m and v in host memory";
+  }
   if (rp.trained_elems < rp.param_elems) {  // a model converter froze groups
     rp.grads.how += "; none for frozen groups";
     rp.optim.how += "; none for frozen groups";
@@ -224,7 +238,7 @@ void describe(RankPlan& rp, const Recipe& r, const PlanDevice& device, int D, in
       (mixed ? " (" + prec + "; statistics fp32)" : "");
   std::string comm;
   if ((zs == 1 || zs == 2) && sharded) comm = "ZeRO's all-gather buffer";
-  if (zs >= 2 && sharded)
+  if (zs >= 2)  // one data rank too: the group's gradient before it is added in (or offloaded)
     comm += std::string(comm.empty() ? "" : ", ") + (zs == 3 ? "gathered parameters and " : "") +
             "working gradients live at the peak";
   if (P > 1) comm += std::string(comm.empty() ? "" : ", ") + "pipeline send/receive buffers";
