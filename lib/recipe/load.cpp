@@ -402,7 +402,8 @@ std::optional<Value> Loader::convert(const KeySpec& k, const Setting& s) {
                            text.find_first_not_of("0123456789", digits_from) == std::string::npos;
       if (!integer) {
         std::string hint = example(k);
-        if (auto d = parse_double(text); d && std::isfinite(*d)) {
+        // A rounding suggestion only where llround is defined (|d| < 2^63); else the example.
+        if (auto d = parse_double(text); d && std::isfinite(*d) && std::fabs(*d) < 9.2e18) {
           hint = "this key counts whole units; write an integer such as " +
                  std::to_string(int64_t(std::llround(*d)));
         }
