@@ -33,7 +33,8 @@ check() {  # check STAGES: the GPU check's stages with what is left of the budge
   local l; l=$(left)
   ((l > 20)) || { echo "gpu_lease: no time left for $1"; return; }
   timeout -k 5 "$l" python3 scripts/gpu_check.py --bundle "$bundle" --out "$logs/check" \
-    --only "$1" --limit-scale "${FT_LEASE_LIMIT_SCALE:-1}" 2>&1 | tee -a "$logs/rows.txt"
+    --only "$1" --limit-scale "${FT_LEASE_LIMIT_SCALE:-1}" 2>&1 |
+    tee -a "$logs/rows.txt" "$final/rows_so_far.txt"  # rows_so_far: if the call is cut short
   echo "gpu_lease: stages $1 ended (exit ${PIPESTATUS[0]}) at $(($(date +%s) - t0)) s"
 }
 
@@ -97,4 +98,5 @@ fi
 (cd "$logs" && find . -path ./bundle -prune -o -type f -size -4M -print |
   tar czf "$final/gpu_logs.tgz" -T -)
 { head -1 "$logs/check/summary.txt" 2>/dev/null; cat "$logs/rows.txt"; } > "$final/summary.txt"
+rm -f "$final/rows_so_far.txt"
 echo "gpu_lease: done at $(($(date +%s) - t0)) s"

@@ -1,12 +1,101 @@
 #include "parallel/zero.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <limits>
+#include <mutex>
+#include <thread>
+#include <utility>
 
 #include "core/error.h"
 
 namespace ft {
+
+// Offload at stages 2-3: the staged gradient adds (dst += what landed in a staging buffer,
+// ZeroSharding::land), on a host thread of their own so that the thread queuing the backward
+// never stops for them. One thread, in the order queued: the sums are the bits that adding them
+// one by one where they were queued gives. Each staging buffer comes back once its add is done.
+class HostAdder {
+ public:
+  explicit HostAdder(Ops& ops)
+      : ops_(ops), threads_(omp_get_max_threads()), thread_([this] { run(); }) {}
+  ~HostAdder() {
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();  // after the adds still queued
+  }
+  void add(float* dst, HostBuffer<float> staging, size_t n) {
+    {
+      const std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(Task{dst, std::move(staging), n});
+    }
+    cv_.notify_all();
+  }
+  // A staging buffer whose add is done (empty when none is back; with `wait`, waits for one
+  // while adds are queued or running).
+  HostBuffer<float> take_back(bool wait) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (wait) cv_.wait(lock, [&] { return !back_.empty() || (queue_.empty() && !busy_); });
+    if (back_.empty()) return {};
+    HostBuffer<float> b = std::move(back_.back());
+    back_.pop_back();
+    return b;
+  }
+  void drain() {  // waits for every add queued; rethrows the first one's error
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  struct Task {
+    float* dst;
+    HostBuffer<float> staging;
+    size_t n;
+  };
+  void run() {
+    omp_set_num_threads(threads_);  // the rank's runtime.threads, as its other host work
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      Task t = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      const bool failed = error_ != nullptr;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        if (!failed) ops_.add(Stream{}, Ref(t.dst), CRef(t.staging.data()), t.n);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      if (error && !error_) error_ = error;
+      busy_ = false;
+      back_.push_back(std::move(t.staging));
+      cv_.notify_all();
+    }
+  }
+
+  Ops& ops_;
+  int threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  std::vector<HostBuffer<float>> back_;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: started once the rest is made
+};
 
 ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Device* dev,
                            Communicator* tensor_comm, Communicator* pipeline_comm,
@@ -309,6 +398,14 @@ bool ZeroSharding::shared(int g) const {
 
 void ZeroSharding::land(float* dst, const float* src, size_t n, bool add, Buffer<float> keep) {
   if (n == 0) return;
+  if (keep.size()) {
+    int kept = 0;
+    for (const Landing& x : landings_) kept += x.keep.size() ? 1 : 0;
+    while (kept >= kKeptLandings) {
+      kept -= landings_.front().keep.size() ? 1 : 0;
+      retire_front();
+    }
+  }
   const Stream cs = dev_->copy_stream();
   Landing l;
   l.dst = dst;
@@ -316,19 +413,7 @@ void ZeroSharding::land(float* dst, const float* src, size_t n, bool add, Buffer
   l.keep = std::move(keep);
   float* to = dst;
   if (add) {
-    // At most two staged copies in flight: their pinned buffers are reused, not multiplied.
-    size_t staged = 0;
-    for (const Landing& x : landings_) staged += x.staging.size() ? 1 : 0;
-    while (staged >= 2) {
-      staged -= landings_.front().staging.size() ? 1 : 0;
-      retire_front();
-    }
-    if (staging_pool_.empty()) {
-      const MemoryScope tag(MemoryCategory::kCommunication);
-      staging_pool_.emplace_back(dev_, max_range_);
-    }
-    l.staging = std::move(staging_pool_.back());
-    staging_pool_.pop_back();
+    l.staging = take_staging();
     to = l.staging.data();
   }
   // After what the compute stream has queued so far: the work that made src.
@@ -341,6 +426,33 @@ void ZeroSharding::land(float* dst, const float* src, size_t n, bool add, Buffer
   landings_.push_back(std::move(l));
 }
 
+HostBuffer<float> ZeroSharding::take_staging() {
+  for (;;) {
+    if (!staging_pool_.empty()) {
+      HostBuffer<float> b = std::move(staging_pool_.back());
+      staging_pool_.pop_back();
+      return b;
+    }
+    if (adder_)
+      if (HostBuffer<float> b = adder_->take_back(/*wait=*/false); b.size()) return b;
+    if (staging_made_ < 2) {  // two: one landing while the other is added
+      ++staging_made_;
+      const MemoryScope tag(MemoryCategory::kCommunication);
+      return HostBuffer<float>(dev_, max_range_);
+    }
+    // Both are in landings still in flight, or being added: the oldest staged landing goes to
+    // the adder, then one comes back.
+    bool staged = false;
+    for (const Landing& x : landings_) staged = staged || x.staging.size();
+    if (staged) {
+      while (!landings_.front().staging.size()) retire_front();
+      retire_front();
+    }
+    FT_CHECK(adder_, "ZeRO offload: no staging buffer in flight, none free");
+    if (HostBuffer<float> b = adder_->take_back(/*wait=*/true); b.size()) return b;
+  }
+}
+
 void ZeroSharding::land_group(int group) {
   const size_t g = size_t(group);
   land(host_grads_[g].data(), flat_.grads()[g].data() + ranges_[g].begin, ranges_[g].size(),
@@ -349,17 +461,26 @@ void ZeroSharding::land_group(int group) {
 }
 
 void ZeroSharding::retire_front() {
-  Landing& l = landings_.front();
+  Landing l = std::move(landings_.front());
+  landings_.erase(landings_.begin());
   l.done.synchronize();
-  if (l.staging.size()) {
+  l.keep = Buffer<float>();  // the device buffer the copy read
+  if (!l.staging.size()) return;
+  if (!dev_->host_memory_backed()) {  // ft plan's counting device: nothing to add, no thread
     dev_->host_ops().add(Stream{}, Ref(l.dst), CRef(l.staging.data()), l.n);
     staging_pool_.push_back(std::move(l.staging));
+    return;
   }
-  landings_.erase(landings_.begin());  // frees the device buffer it read
+  if (!adder_) adder_ = std::make_unique<HostAdder>(dev_->host_ops());
+  adder_->add(l.dst, std::move(l.staging), l.n);
 }
 
-void ZeroSharding::retire_landings(bool all) {
-  while (!landings_.empty() && (all || landings_.front().done.query())) retire_front();
+void ZeroSharding::retire_landings() {
+  while (!landings_.empty()) retire_front();
+  if (!adder_) return;
+  adder_->drain();
+  for (HostBuffer<float> b; (b = adder_->take_back(/*wait=*/false)).size();)
+    staging_pool_.push_back(std::move(b));
 }
 
 void ZeroSharding::weighted_sum_squares(Ops& ops, Stream st, double* acc, int g, const float* x,
@@ -399,7 +520,7 @@ double ZeroSharding::grad_sum_squares() {
   Ops& ops = dev_->ops();
   if (stage_ >= 2 && offload_) {
     // The shards are on the host: summed there, then on the device as the others' sums.
-    retire_landings(/*all=*/true);
+    retire_landings();
     double host = 0;
     for (int g = 0; g < G; ++g) {
       const size_t gi = size_t(g);
@@ -442,7 +563,7 @@ void ZeroSharding::reduce_shared_groups() {
     if (!trains_[gi]) continue;
     if (offload_ && stage_ >= 2) {
       // The shard is on the host: summed on the device, through a buffer of its own.
-      retire_landings(/*all=*/true);
+      retire_landings();
       const size_t own = ranges_[gi].size();
       const MemoryScope tag(MemoryCategory::kCommunication);
       Buffer<float> sum(dev_, own);
@@ -533,7 +654,7 @@ void ZeroSharding::sync_compute_params() {
 void ZeroSharding::offload_update(const GroupUpdate& update) {
   FT_CHECK(offload_, "ZeroSharding::offload_update without offload");
   flush_update();  // a group the last step left pending (none: every one is acquired)
-  retire_landings(/*all=*/true);
+  retire_landings();
   // The point the uploads come after: this step's work on the compute stream, the backward
   // that read the compute copy last. Not the next forward's, which they run under.
   updated_mark_.record(dev_->stream());
@@ -774,7 +895,6 @@ void ZeroSharding::grads_ready(int group) {
   if (stage_ < 2) {
     if (last && D_ == 1 && offload_ && !shared(group)) land_group(group);
     if (last && D_ > 1 && opt_.overlap) reduce_group(group);
-    retire_landings(/*all=*/false);
     return;
   }
   if (last) maybe_inject_nan(group, working_grads_[g].data());
@@ -784,7 +904,6 @@ void ZeroSharding::grads_ready(int group) {
       const float* w = working_grads_[g].data();  // before the buffer is moved into the call
       land(host_grads_[g].data(), w, s, landed_[g], std::move(working_grads_[g]));
       landed_[g] = true;
-      retire_landings(/*all=*/false);
       return;
     }
     dev_->ops().add(st, grad_shards_[g].data(), working_grads_[g].data(), s);

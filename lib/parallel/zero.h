@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -23,6 +24,8 @@
 #include "runtime/device.h"
 
 namespace ft {
+
+class HostAdder;  // zero.cpp
 
 // How the data group's gradient reductions meet the backward (DESIGN.md §3, "Overlap").
 //   overlap: each group's gradient is reduced as soon as it is final (stages 0-1: after the
@@ -84,8 +87,9 @@ class HostShards final : public GroupSink {
 //     copied on the device's copy stream while the backward goes on: stages 0-1 the group's
 //     range once reduced (with one data rank, at its last micro-batch's grads_ready; with more,
 //     after the reductions in finish_backward); stages 2-3 each micro-batch's reduce-scattered
-//     shard, the first straight into the host gradient, the later ones into a staging buffer
-//     added into it on the host once landed (the device holds no gradient shard at all);
+//     shard, the first straight into the host gradient, the later ones into one of two staging
+//     buffers, added into it on a host thread of its own once landed (the device holds no
+//     gradient shard at all, and at most two micro-batch gradients waiting for their copies);
 //   grad_sum_squares: stages 2-3 sum the host gradients on the host (stages 0-1 on the device,
 //     whose full gradients are there);
 //   update (offload_update, instead of AdamW::step + finish_update): registered, then applied
@@ -214,10 +218,19 @@ class ZeroSharding final : public GroupHooks {
   // work queued on the compute stream so far: into dst, or (add) into a staging buffer that
   // retire_landings adds into dst once it has landed. keep: the device buffer src lies in, held
   // until then (null: src outlives the step).
+  // At most kKeptLandings landings hold a device buffer at once: before another is queued, the
+  // oldest are waited for. A fixed count, not "until the copy is seen done", so that the
+  // device's peak does not depend on how far the host runs ahead of the GPU (ft plan counts
+  // the same). The staged adds run on a host thread of their own (HostAdder, zero.cpp), so
+  // that the thread that queues the backward never stops to add.
   void land(float* dst, const float* src, size_t n, bool add, Buffer<float> keep = {});
-  void land_group(int g);          // stages 0-1: group g's range of the full gradient
-  void retire_front();             // waits for the oldest landing, adds it where staged
-  void retire_landings(bool all);  // all: wait for every one; else those already landed
+  void land_group(int g);  // stages 0-1: group g's range of the full gradient
+  // Waits for the oldest landing's copy, frees its device buffer, hands its add (if staged) to
+  // the adder.
+  void retire_front();
+  // Every landing retired and every add done: the host gradients are whole.
+  void retire_landings();
+  HostBuffer<float> take_staging();  // a free staging buffer (at most two exist)
   // Offload: group g's range (stage 3: its shard) of the compute copy from host memory `src`
   // (compute dtype): on the copy stream, or the compute stream where stages 1-2 all-gather it
   // after; returns the stream used.
@@ -260,8 +273,11 @@ class ZeroSharding final : public GroupHooks {
     float* dst = nullptr;
     size_t n = 0;
   };
+  static constexpr int kKeptLandings = 2;
   std::vector<Landing> landings_;  // oldest first
   std::vector<HostBuffer<float>> staging_pool_;
+  int staging_made_ = 0;
+  std::unique_ptr<HostAdder> adder_;  // made at the first staged landing
   size_t max_range_ = 0;
   // The update's way back: two host staging buffers of the compute dtype (max_range_ each),
   // each with the compute stream's event after its last upload.
