@@ -331,8 +331,23 @@ void ZeroSharding::reduce_group(int group) {
       dev_->ops().convert(st, r.low.data(), grad + off, n);
       r.work = comm_.all_reduce(st, r.low.data(), n, ReduceOp::kSum);
     }
+    if (offload_ && !shared(group)) {
+      // The bucket's part of this rank's range goes to the host as soon as its reduction is
+      // done, ordered on the copy stream after it (and, reduced in a 16-bit dtype, after its
+      // conversion back, run there too); the compute stream waits for the copy instead of the
+      // reduction (finish_backward).
+      const size_t lo = std::max(off, ranges_[g].begin), hi = std::min(off + n, ranges_[g].end);
+      const Stream cs = dev_->copy_stream();
+      r.work.wait_on(cs);
+      if (r.low.size()) dev_->ops().convert(cs, r.dst, r.low.data(), n);
+      if (lo < hi)
+        land(host_grads_[g].data() + (lo - ranges_[g].begin), grad + lo, hi - lo, /*add=*/false);
+      r.landed = dev_->make_event();
+      r.landed.record(cs);
+    }
     reducing_.push_back(std::move(r));
   }
+  if (offload_ && !shared(group)) landed_[g] = true;
 }
 
 void ZeroSharding::retire_scatters(size_t keep) {
@@ -378,13 +393,18 @@ void ZeroSharding::finish_backward() {
   } else {
     for (size_t g = 0; g < numel_.size(); ++g) reduce_group(int(g));
     for (Reduction& r : reducing_) {
+      if (r.landed.valid()) {  // offload: reduced, converted and copied on the copy stream
+        dev_->wait(st, r.landed);
+        continue;
+      }
       r.work.wait_on(st);
       if (r.low.size()) dev_->ops().convert(st, r.dst, r.low.data(), r.low.size());
     }
     reducing_.clear();
   }
-  // Offloaded stages 0-1: the reduced gradients not sent yet (a group held by two pipeline
-  // stages goes once summed between them, in reduce_shared_groups).
+  // Offloaded stages 0-1 of one data rank: the groups not sent yet (none: each went at its last
+  // grads_ready). A group held by two pipeline stages goes once summed between them, in
+  // reduce_shared_groups.
   if (offload_ && stage_ < 2)
     for (size_t g = 0; g < numel_.size(); ++g)
       if (trains_[g] && !landed_[g] && !shared(int(g))) land_group(int(g));

@@ -86,7 +86,7 @@ class HostShards final : public GroupSink {
 //   backward: each group's gradient leaves the device as soon as it is final on this rank,
 //     copied on the device's copy stream while the backward goes on: stages 0-1 the group's
 //     range once reduced (with one data rank, at its last micro-batch's grads_ready; with more,
-//     after the reductions in finish_backward); stages 2-3 each micro-batch's reduce-scattered
+//     bucket by bucket, each after its all-reduce); stages 2-3 each micro-batch's reduce-scattered
 //     shard, the first straight into the host gradient, the later ones into one of two staging
 //     buffers, added into it on a host thread of its own once landed (the device holds no
 //     gradient shard at all, and at most two micro-batch gradients waiting for their copies);
@@ -194,6 +194,7 @@ class ZeroSharding final : public GroupHooks {
     CommWork work;
     DBuffer low;
     float* dst = nullptr;
+    Event landed;  // offload: recorded on the copy stream after the bucket went to the host
   };
   void retire_scatters(size_t keep);  // all but the newest `keep`
   void start_gather(size_t g);        // stage 3

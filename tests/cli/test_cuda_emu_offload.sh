@@ -29,7 +29,9 @@
 #  6. data 2 x tensor 2 (4 ranks) and pipeline 2 with tied embeddings (the embedding's gradient
 #     summed between its holders on the host path), ZeRO 3 with both offloads, against the
 #     one-process CPU run without: losses within 1e-5, grad norms within 1e-4 (the bounds of
-#     test_cuda_emu_ranks);
+#     test_cuda_emu_ranks); ZeRO 1 of two ranks over the emulated NCCL, the gradients landed
+#     bucket by bucket as each all-reduce ends (fp32, and reduced in bf16), against none within
+#     1e-6 (bf16: 1e-5), step 2 the same bits;
 #  7. refusals: ft validate refuses offload with runtime.device cpu, offload_params below ZeRO 3
 #     and offload_params without offload_optimizer, each naming the key (exit 2); a host that
 #     cannot page-lock the memory (the emulation's limit) stops the run saying how much it
@@ -157,6 +159,28 @@ ranks dp2_tp2 4 cpu parallel.tensor=2
 "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/cpu_tied" runtime.device=cpu \
   model.tie_embeddings=true > "$tmp/cpu_tied.log" 2>&1 || fail "cpu_tied: $(tail -3 "$tmp/cpu_tied.log")"
 ranks pp2_tied 2 cpu_tied parallel.pipeline=2 model.tie_embeddings=true
+# ZeRO 1 of two ranks over the emulated NCCL, whose reductions run on a stream of their own: each
+# bucket's part of the rank's range goes to the host after its all-reduce, on the copy stream
+# (buckets of 4 KiB, so that they cross the ranks' ranges), in fp32 and reduced in bf16
+# (converted back on the copy stream too): against the same layout without offload.
+for rd in fp32 bf16; do
+  for o in none cpu; do
+    FT_CUDA_EMU_DEVICES=2 mpirun "${mpirun_args[@]}" -np 2 -x FT_CUDA_EMU_DEVICES "$emu" train \
+      "$tmp/r.yaml" run.output_dir="$tmp/z1_${rd}_$o" runtime.communicator=nccl \
+      parallel.zero_stage=1 parallel.reduce_dtype=$rd parallel.reduce_bucket_mb=0.004 \
+      parallel.offload_optimizer=$o > "$tmp/z1_${rd}_$o.log" 2>&1 \
+      || fail "z1_${rd}_$o: $(tail -5 "$tmp/z1_${rd}_$o.log")"
+  done
+  echo "ZeRO 1, data 2 over NCCL, reduced in $rd, bucket by bucket to the host, against none:"
+  # Reduced in bf16, the two backends' AdamW roundings (~1e-9 of a weight) move a gradient
+  # element across a bf16 rounding now and then, and the runs drift apart a little faster.
+  compare "$tmp/z1_${rd}_cpu" "$tmp/z1_${rd}_none" $([[ $rd == fp32 ]] && echo 1e-6 1e-6 || echo 1e-5 1e-5) \
+    || fail "ZeRO 1 $rd offload differs"
+  # The first update's gradients are the same bits: step 2's loss and norm are.
+  step2() { grep '"step":2,' "$1/metrics.jsonl" | grep -o '"grad_norm":[^,]*,"loss":[^,]*'; }
+  [[ $(step2 "$tmp/z1_${rd}_cpu") == "$(step2 "$tmp/z1_${rd}_none")" && -n $(step2 "$tmp/z1_${rd}_cpu") ]] \
+    || fail "ZeRO 1 $rd offload: step 2 differs: $(step2 "$tmp/z1_${rd}_cpu") vs $(step2 "$tmp/z1_${rd}_none")"
+done
 
 # 7. Refusals.
 run_rc 2 "$ft" validate "$tmp/r.yaml" runtime.device=cpu parallel.offload_optimizer=cpu
