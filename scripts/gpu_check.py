@@ -103,10 +103,10 @@ torch.compile — not measured as a whole):
   --only env,packing,generate                               limits 240 s, about 1 min
     (issue 18: data.pack on the GPU against the CPU; ft generate against transformers)
   --only env,lora_8b,qlora_8b                               limits 330 s, about 2.5 min
-    (issue 28 point 6; estimated from bench_8b's 62 s, not measured)
+    (issue 28 point 6; measured with the offload stage: see the next line)
   --only env,offload_3b                                     limits 450 s, about 4 min
-    (issue 29 point 7; estimated: 5 runs of ~30 s of steps at ~500 TFLOP/s plus start-up and
-    some 45 GB of page-locked host memory to allocate; not measured)
+    (issue 29 point 7; measured on an H200, 2026-11-30: env,offload_3b 250 s; and
+    env,lora_8b,qlora_8b with the older 3-run offload_3b 234 s)
 The three together, about 9 minutes, are the whole check but the sanitizers; the first two
 (about 6 minutes) are issue 16's measurements. Measured on an H200 (2026-11-26, through
 scripts/gpu_lease.sh): env,kernels,ops,bf16_vs_cpu,determinism,attention 49 s;
