@@ -180,9 +180,17 @@ int cmd_train(const TrainArgs& a) {
   std::vector<std::string> warnings;
   try {
     recipe = load_recipe_or_throw(a.recipe, a.overrides, comm->size(), true, &warnings);
-  } catch (const UsageError&) {
-    if (is_root) throw;
-    return int(ExitCode::kUsage);
+  } catch (const UsageError& e) {
+    // Every rank found the same problems. Rank 0 prints them before any rank exits, since a
+    // launcher may kill the others (and lose rank 0's message) as soon as one exits non-zero;
+    // then every rank ends with the same exit code, as an AgreedError below.
+    if (is_root) {
+      std::fprintf(stderr, "ft: error: %s\n", e.what());
+      std::fflush(stderr);
+      note_job_cause(e.what());
+    }
+    comm->barrier();
+    return int(e.code());
   }
   if (is_root)
     for (const std::string& w : warnings) log_warn(w);
