@@ -28,9 +28,14 @@
 namespace ft {
 
 inline constexpr const char* kShardFormat = "ft-tokens";
+// Preference pairs (DESIGN.md §6 "Preference data"): the same datasets, a loss_mask always, an
+// even number of documents; documents 2k and 2k + 1 are pair k's chosen and rejected sequences
+// (prompt + completion), and loss_mask marks their completions' tokens.
+inline constexpr const char* kPreferenceShardFormat = "ft-preference";
 inline constexpr int64_t kShardVersion = 1;
 
 struct ShardAttributes {
+  bool preference = false;  // format "ft-preference" (else "ft-tokens")
   int64_t vocab_size = 0;
   int64_t bos_id = -1;           // -1: the tokenizer has no BOS and documents start without one
   int64_t eos_id = -1;           // -1: likewise for EOS

@@ -209,8 +209,10 @@ ShardInfo read_shard_metadata(const std::string& path, uint64_t file_bytes) {
   info.file_bytes = file_bytes;
   hid_t root = file.get();
   std::string format = read_string_attr(root, "format", path);
-  if (format != kShardFormat)
-    FT_FAIL(path, ": format is '", format, "', expected '", kShardFormat, "'");
+  if (format != kShardFormat && format != kPreferenceShardFormat)
+    FT_FAIL(path, ": format is '", format, "', expected '", kShardFormat, "' or '",
+            kPreferenceShardFormat, "'");
+  info.attrs.preference = format == kPreferenceShardFormat;
   int64_t version = read_int_attr(root, "version", path);
   if (version != kShardVersion)
     FT_FAIL(path, ": shard version ", version, " is not supported (this ft reads version ",
@@ -237,6 +239,12 @@ ShardInfo read_shard_metadata(const std::string& path, uint64_t file_bytes) {
       FT_FAIL(path, ": loss_mask has ", n, " values but tokens has ", info.num_tokens);
     info.has_loss_mask = true;
   }
+  if (info.attrs.preference && !info.has_loss_mask)
+    FT_FAIL(path, ": a preference shard (format '", kPreferenceShardFormat,
+            "') has no loss_mask dataset; it marks the completions that count");
+  if (info.attrs.preference && info.num_documents % 2 != 0)
+    FT_FAIL(path, ": a preference shard holds pairs (chosen, rejected), but it has ",
+            info.num_documents, " documents, an odd number");
   check_doc_offsets(docs.get(), info.num_documents, info.num_tokens, path);
   info.tokens =
       dataset_layout(tokens.get(), "tokens", info.num_tokens, info.token_bytes, file_bytes, path);

@@ -163,6 +163,11 @@ ShardSet::ShardSet(const std::string& dir, std::vector<ShardInfo> checked, int m
       FT_FAIL(s.path, ": ", what, " ", mine, " differs from ", theirs, " in ", first.path,
               "; every shard of a folder must come from the same tokenizer (re-run `ft tokenize`)");
     };
+    if (s.attrs.preference != first.attrs.preference)
+      FT_FAIL(s.path, ": holds ", s.attrs.preference ? "preference pairs" : "token documents",
+              " but ", first.path, " holds ",
+              first.attrs.preference ? "preference pairs" : "token documents",
+              "; a folder holds one kind of shard");
     if (s.attrs.vocab_size != first.attrs.vocab_size)
       differs("vocab_size", s.attrs.vocab_size, first.attrs.vocab_size);
     if (s.attrs.tokenizer_sha256 != first.attrs.tokenizer_sha256)

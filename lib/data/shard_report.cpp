@@ -60,7 +60,7 @@ std::string report_shard(size_t i, const ShardInfo& s) {
   std::string r =
       concat("shard ", i, " ", s.num_tokens, " ", s.num_documents, " ", s.attrs.vocab_size, " ",
              s.attrs.bos_id, " ", s.attrs.eos_id, " ", hex_encode(s.attrs.tokenizer_sha256), " ",
-             s.token_bytes, " ", int(s.has_loss_mask), "\n");
+             s.token_bytes, " ", int(s.has_loss_mask), " ", int(s.attrs.preference), "\n");
   r += data_record(i, "tokens", s.tokens);
   if (s.has_loss_mask) r += data_record(i, "loss_mask", s.loss_mask);
   r += concat("end ", i, "\n");
@@ -192,7 +192,7 @@ std::vector<ShardInfo> parse_shard_report(const std::string& report,
       const std::string msg = hex(2);
       throw Error(msg.empty() ? paths[i] + ": rejected by the shard check" : msg);
     }
-    if (f.size() != 10 || f[0] != "shard" || u64(1) != i) bad("expected 'shard'");
+    if (f.size() != 11 || f[0] != "shard" || u64(1) != i) bad("expected 'shard'");
     ShardInfo s;
     s.path = paths[i];
     s.file_bytes = file_bytes[i];
@@ -203,7 +203,10 @@ std::vector<ShardInfo> parse_shard_report(const std::string& report,
     s.attrs.eos_id = i64(6);
     s.attrs.tokenizer_sha256 = hex(7);
     s.token_bytes = int(u64(8));
-    const uint64_t mask = u64(9);
+    const uint64_t mask = u64(9), preference = u64(10);
+    if (preference > 1) bad("preference flag");
+    s.attrs.preference = preference == 1;
+    if (s.attrs.preference && (mask != 1 || s.num_documents % 2 != 0)) bad("preference shard");
     if (s.token_bytes != 2 && s.token_bytes != 4) bad("token size");
     if (mask > 1) bad("loss_mask flag");
     if (s.attrs.vocab_size < 1 || s.attrs.vocab_size > (int64_t(1) << 31)) bad("vocab_size");

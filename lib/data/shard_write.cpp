@@ -117,13 +117,15 @@ ShardWriter::ShardWriter(const std::string& path, const ShardAttributes& attrs,
   m.options = options;
   FT_CHECK(attrs.vocab_size >= 1, "shard vocab_size must be positive");
   FT_CHECK(options.chunk_tokens >= 1, "chunk_tokens must be positive");
+  FT_CHECK(!attrs.preference || options.loss_mask, "a preference shard needs a loss_mask");
   m.token_bytes = token_bytes_for_vocab(attrs.vocab_size);
   m.file =
       H5Handle(H5Fcreate(m.tmp_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   if (!m.file.valid())
     FT_FAIL("cannot create ", m.tmp_path, " (does the folder exist and is it writable?)");
   hid_t f = m.file.get();
-  write_string_attr(f, "format", kShardFormat, m.tmp_path);
+  write_string_attr(f, "format", attrs.preference ? kPreferenceShardFormat : kShardFormat,
+                    m.tmp_path);
   write_int_attr(f, "version", kShardVersion, m.tmp_path);
   write_int_attr(f, "vocab_size", attrs.vocab_size, m.tmp_path);
   write_int_attr(f, "bos_id", attrs.bos_id, m.tmp_path);

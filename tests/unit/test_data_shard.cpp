@@ -476,7 +476,7 @@ TEST_CASE("data/shard: inputs that crash libhdf5 or make it spin are errors nami
 TEST_CASE("data/shard: the parent checks every reported offset against the file size") {
   const std::vector<std::string> paths = {"/x/a.h5"};
   auto report = [](const std::string& data_line) {
-    return "begin 0\nshard 0 100 1 300 1 2 6162 2 0\n" + data_line + "\nend 0\n";
+    return "begin 0\nshard 0 100 1 300 1 2 6162 2 0 0\n" + data_line + "\nend 0\n";
   };
   // 100 uint16 tokens = 200 bytes.
   auto ok =
@@ -528,5 +528,46 @@ TEST_CASE("data/shard: a loss_mask value other than 0 or 1 is refused where it i
   } catch (const ft::UsageError& e) {
     CHECK(std::string(e.what()).find("shard_00000.h5: loss_mask value 2 at index 3") !=
           std::string::npos);
+  }
+}
+
+TEST_CASE("data/shard: preference shards hold pairs with a loss_mask, and never mix with others") {
+  TempDir dir;
+  ShardAttributes a = test_attrs();
+  a.preference = true;
+  ShardWriter::Options opt;
+  opt.loss_mask = true;
+  const std::vector<int32_t> chosen = {1, 5, 6, 7, 2}, rejected = {1, 5, 8, 2};
+  const std::vector<uint8_t> mc = {0, 0, 1, 1, 1}, mr = {0, 0, 1, 1};
+  {
+    ShardWriter w(dir.file("p_0.h5"), a, opt);
+    w.add_document(chosen, &mc);
+    w.add_document(rejected, &mr);
+    w.close();
+  }
+  ShardSet set(dir.path);
+  CHECK(set.attrs().preference);
+  CHECK(set.total_documents() == 2);
+  std::vector<int32_t> t(9);
+  std::vector<uint8_t> m(9);
+  set.read(0, 0, 9, t.data(), m.data());
+  CHECK(m == std::vector<uint8_t>{0, 0, 1, 1, 1, 0, 0, 1, 1});
+
+  SUBCASE("an odd number of documents") {
+    ShardWriter w(dir.file("p_1.h5"), a, opt);
+    w.add_document(chosen, &mc);
+    w.close();
+    CHECK_THROWS_WITH_AS(ShardSet(dir.path), has("1 documents, an odd number"), Error);
+  }
+  SUBCASE("no loss_mask") {
+    CHECK_THROWS_WITH_AS(ShardWriter(dir.file("p_1.h5"), a), has("needs a loss_mask"), Error);
+    write_simple_shard(dir.file("p_1.h5"), test_attrs(), 10);
+    h5_edit(dir.file("p_1.h5"),
+            [](hid_t f) { set_fixed_string_attr(f, "format", "ft-preference"); });
+    CHECK_THROWS_WITH_AS(ShardSet(dir.path), has("has no loss_mask dataset"), Error);
+  }
+  SUBCASE("a token shard beside it") {
+    write_simple_shard(dir.file("p_1.h5"), test_attrs(), 10);
+    CHECK_THROWS_WITH_AS(ShardSet(dir.path), has("a folder holds one kind of shard"), Error);
   }
 }
