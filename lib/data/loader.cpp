@@ -11,6 +11,8 @@
 //     produced before it have been handed out; the loader then stays failed until seek().
 //   - Packed: N = the number of windows; window i holds pieces[first_piece[i] ..
 //     first_piece[i+1]), whose lengths minus one sum to at most T (loader.h: packing).
+//   - Preference: N = the pairs kept; pair i is pairs[i], whose two sequences are at most
+//     T + 1 tokens each (loader.h: preference pairs); a step's rows are twice its samples.
 #include "data/loader.h"
 
 #include <algorithm>
@@ -108,6 +110,53 @@ PackingStats pack_documents(ShardSet& set, int seq_len, bool split, std::vector<
 
 }  // namespace
 
+// A kept preference pair: both sequences already cut to at most T + 1 tokens.
+struct Pair {
+  uint64_t chosen = 0, rejected = 0;  // token index in the shard
+  uint32_t shard = 0;
+  uint32_t chosen_len = 0, rejected_len = 0;
+};
+
+// The pairs of loader.h's "Preference pairs" (null `pairs`: only the figures). Only a sequence
+// longer than a window has its mask read (its first T targets), so opening costs the
+// doc_offsets and one small read per over-long sequence, not a pass over the data.
+PreferenceStats list_pairs(ShardSet& set, int seq_len, std::vector<Pair>* pairs) {
+  const uint64_t T = uint64_t(seq_len);
+  PreferenceStats st;
+  std::vector<int32_t> tokens(T + 1);
+  std::vector<uint8_t> mask(T + 1);
+  for (size_t s = 0; s < set.shards().size(); ++s) {
+    const std::vector<uint64_t> offsets = set.read_doc_offsets(s);
+    const uint64_t end = set.shards()[s].num_tokens;
+    // Sequence d's start and length, and whether it fits: cut to T + 1 tokens, with a target
+    // the loss counts among them.
+    auto sequence = [&](size_t d, uint64_t* start, uint32_t* len, bool* cut) {
+      *start = offsets[d];
+      const uint64_t n = (d + 1 < offsets.size() ? offsets[d + 1] : end) - *start;
+      if (n < 2) return false;
+      *cut = n - 1 > T;
+      *len = uint32_t(std::min(n, T + 1));
+      if (!*cut) return true;
+      set.read(s, *start, T + 1, tokens.data(), mask.data());
+      return std::find(mask.begin() + 1, mask.end(), uint8_t(1)) != mask.end();
+    };
+    for (size_t d = 0; d + 1 < offsets.size(); d += 2) {
+      ++st.pairs;
+      Pair p;
+      p.shard = uint32_t(s);
+      bool cut_c = false, cut_r = false;
+      if (!sequence(d, &p.chosen, &p.chosen_len, &cut_c) ||
+          !sequence(d + 1, &p.rejected, &p.rejected_len, &cut_r)) {
+        ++st.dropped;
+        continue;
+      }
+      if (cut_c || cut_r) ++st.cut;
+      if (pairs) pairs->push_back(p);
+    }
+  }
+  return st;
+}
+
 PackingStats packing_stats(ShardSet& set, int seq_len, bool split) {
   FT_CHECK(seq_len >= 1, "packing_stats: seq_len ", seq_len);
   return pack_documents(set, seq_len, split, nullptr, nullptr);
@@ -146,6 +195,9 @@ struct DataLoader::Impl {
   PackingStats packing;
   std::vector<Piece> pieces;
   std::vector<uint64_t> first_piece;
+  // Preference (loader.h): the kept pairs, in shard and document order.
+  PreferenceStats preference;
+  std::vector<Pair> pairs;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -162,6 +214,7 @@ struct DataLoader::Impl {
     out.step = step;
     out.first_sample = uint64_t(step) * uint64_t(opt.global_batch) + uint64_t(opt.rank_offset);
     out.count = int(opt.rank_count);
+    if (opt.preference) return produce_pairs(std::move(out));
     out.seq_len = T;
     out.inputs.resize(size_t(opt.rank_count) * T);
     out.targets.resize(size_t(opt.rank_count) * T);
@@ -186,6 +239,40 @@ struct DataLoader::Impl {
       std::copy(window.begin() + 1, window.end(), out.targets.begin() + row);
       // Target i is token start+1+i; its mask is loss_mask at that position.
       std::copy(window_mask.begin() + 1, window_mask.end(), out.mask.begin() + row);
+    }
+    return out;
+  }
+
+  // A step's pairs: each sample two rows, chosen then rejected, as the packed path fills a row
+  // (targets shifted by one, padding after the sequence).
+  StepSamples produce_pairs(StepSamples out) {
+    const int T = opt.seq_len;
+    const uint64_t first_pair = out.first_sample;
+    out.first_sample = 2 * first_pair;  // rows: every row keys its own randomness
+    out.count = 2 * int(opt.rank_count);
+    out.seq_len = T;
+    const size_t cells = size_t(out.count) * size_t(T);
+    out.inputs.resize(cells);
+    out.targets.resize(cells);
+    out.mask.resize(cells);
+    out.pair_index.resize(size_t(opt.rank_count));
+    auto fill = [&](uint32_t shard, uint64_t start, uint32_t len, size_t row) {
+      set->read(shard, start, len, window.data(), window_mask.data());
+      const size_t m = len - 1, at = row * size_t(T), end = at + size_t(T);
+      std::copy(window.begin(), window.begin() + m, out.inputs.begin() + at);
+      std::copy(window.begin() + 1, window.begin() + m + 1, out.targets.begin() + at);
+      std::copy(window_mask.begin() + 1, window_mask.begin() + m + 1, out.mask.begin() + at);
+      std::fill(out.inputs.begin() + at + m, out.inputs.begin() + end, 0);
+      std::fill(out.targets.begin() + at + m, out.targets.begin() + end, 0);
+      std::fill(out.mask.begin() + at + m, out.mask.begin() + end, uint8_t(0));
+    };
+    for (int64_t r = 0; r < opt.rank_count; ++r) {
+      const uint64_t j = first_pair + uint64_t(r);
+      const uint64_t i = sample_order(j % n, n, opt.shuffle, opt.seed, j / n);
+      const Pair& p = pairs[i];
+      out.pair_index[size_t(r)] = i;
+      fill(p.shard, p.chosen, p.chosen_len, size_t(2 * r));
+      fill(p.shard, p.rejected, p.rejected_len, size_t(2 * r + 1));
     }
     return out;
   }
@@ -267,6 +354,22 @@ DataLoader::DataLoader(const LoaderOptions& opt) : impl_(std::make_unique<Impl>(
   m.set = std::make_unique<ShardSet>(opt.dir);
   const ShardAttributes& a = m.set->attrs();
   const std::string& first = m.set->shards().front().path;
+  if (a.preference && !opt.preference)
+    throw UsageError(detail::concat(
+        first,
+        ": the shards hold preference pairs (chosen, rejected), which only "
+        "training.objective: dpo trains on; for supervised fine-tuning tokenize the data "
+        "with --format text or chat"));
+  if (!a.preference && opt.preference)
+    throw UsageError(
+        detail::concat(first,
+                       ": training.objective dpo trains on preference pairs, but these shards hold "
+                       "token documents; tokenize prompt/chosen/rejected records with `ft tokenize "
+                       "--format preference`"));
+  if (opt.preference && opt.pack)
+    throw UsageError(
+        "data.pack does not apply to preference pairs (each sequence is a row of "
+        "its own); set data.pack: false");
   if (opt.expected_vocab > 0 && a.vocab_size > opt.expected_vocab)
     FT_FAIL(first, ": shards have vocab_size ", a.vocab_size, " but the model's vocab_size is ",
             opt.expected_vocab, "; tokenize with the model's tokenizer or raise model.vocab_size");
@@ -278,6 +381,15 @@ DataLoader::DataLoader(const LoaderOptions& opt) : impl_(std::make_unique<Impl>(
   const uint64_t T = uint64_t(opt.seq_len);
   m.window.resize(T + 1);
   m.window_mask.resize(T + 1);
+  if (opt.preference) {
+    m.preference = list_pairs(*m.set, opt.seq_len, &m.pairs);
+    m.n = m.pairs.size();
+    if (m.n == 0)
+      FT_FAIL(opt.dir, ": no preference pairs fit data.seq_len = ", T, " (", m.preference.pairs,
+              " pairs, every one with a prompt of ", T,
+              " tokens or more); raise data.seq_len or shorten the prompts");
+    return;
+  }
   if (opt.pack) {
     m.packing = pack_documents(*m.set, opt.seq_len, opt.pack_split, &m.pieces, &m.first_piece);
     m.n = m.packing.windows;
@@ -336,6 +448,15 @@ StepSamples DataLoader::next() {
 
 const PackingStats* DataLoader::packing() const {
   return impl_->opt.pack ? &impl_->packing : nullptr;
+}
+
+const PreferenceStats* DataLoader::preference() const {
+  return impl_->opt.preference ? &impl_->preference : nullptr;
+}
+
+PreferenceStats preference_stats(ShardSet& set, int seq_len) {
+  FT_CHECK(seq_len >= 1, "preference_stats: seq_len ", seq_len);
+  return list_pairs(set, seq_len, nullptr);
 }
 
 int64_t DataLoader::position() const {

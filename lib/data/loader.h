@@ -33,6 +33,9 @@ struct StepSamples {
   // (count, T) with data.pack: the segment id of each position (non-decreasing along a row;
   // one id per packed sample, another for the padding after them); empty otherwise.
   std::vector<int32_t> seg;
+  // With LoaderOptions::preference: the data set's index of each pair of this rank (count / 2
+  // values); its rows are 2p (chosen) and 2p + 1 (rejected). Empty otherwise.
+  std::vector<uint64_t> pair_index;
 };
 
 struct LoaderOptions {
@@ -48,7 +51,26 @@ struct LoaderOptions {
   std::string expected_tokenizer_sha256;  // empty: not checked
   bool pack = false;                      // data.pack: whole documents per window, with seg
   bool pack_split = true;                 // data.pack_overflow: split (true) or drop (false)
+  // training.objective dpo: the shards hold preference pairs (format ft-preference) and a sample
+  // is a pair, two rows (see "Preference pairs" below). global_batch, rank_offset and rank_count
+  // then count pairs.
+  bool preference = false;
 };
+
+// Preference pairs (DESIGN.md §6). Pair k of a shard is its documents 2k (chosen) and 2k + 1
+// (rejected); each becomes one row of T (input, target) pairs: a sequence of n tokens fills n - 1
+// positions, padding (input 0, target 0, mask 0) the rest. A sequence with n - 1 > T is cut to
+// its first T + 1 tokens (its completion loses its end); a pair where either sequence has no
+// trained target among its first T (the prompt alone fills the window), or fewer than 2 tokens,
+// is dropped. Pairs keep shard order, then document order; the host keeps 32 bytes per pair.
+struct PreferenceStats {
+  uint64_t pairs = 0;    // in the shards
+  uint64_t cut = 0;      // kept, with at least one sequence cut to T + 1 tokens
+  uint64_t dropped = 0;  // left out: a prompt that does not fit, or an empty sequence
+  uint64_t kept() const { return pairs - dropped; }
+};
+// What a preference loader at window length seq_len makes of a folder (ft inspect).
+PreferenceStats preference_stats(ShardSet& set, int seq_len);
 
 // Packing. A document of n tokens gives n - 1 (input, target) pairs, so it fills n - 1 positions
 // of a window of T. Documents are taken in shard order, then document order; one with n < 2
@@ -86,6 +108,8 @@ class DataLoader {
   int64_t position() const;  // the next step index next() will return
   // With LoaderOptions::pack: how the documents were packed; null otherwise.
   const PackingStats* packing() const;
+  // With LoaderOptions::preference: the pairs kept, cut and dropped; null otherwise.
+  const PreferenceStats* preference() const;
 
  private:
   struct Impl;

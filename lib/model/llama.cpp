@@ -59,6 +59,9 @@ struct LlamaModel::Acts {
   DBuffer tp_partial;                   // (N, C)
   Buffer<float> row_max, tp_f32;        // (N), (N, C)
   Buffer<double> sumexp, target_logit;  // (N), (N)
+  // With a RowObjective: each row's summed loss (B), and a last element that takes the sums of
+  // the backward pass, which nobody reads.
+  Buffer<double> row_loss;
   // backward scratch
   DBuffer dresid, dtmp;        // (N, C)
   DBuffer dq, dk, dv, datt;    // (N, H*D), (N, K*D), (N, K*D), (N, H*D)
@@ -134,7 +137,7 @@ LinearContext LlamaModel::linear_context() const {
   LinearContext c;
   c.dev = dev_;
   c.tp = &tp_;
-  c.hooks = hooks_;
+  c.hooks = hooks_enabled_ ? hooks_ : nullptr;
   if (acts_) {
     c.tp_partial = acts_->tp_partial.data();
     c.tp_f32 = acts_->tp_f32.data();
@@ -158,11 +161,17 @@ void LlamaModel::set_loss_chunk_tokens(int tokens) {
   acts_ = nullptr;
 }
 
+void LlamaModel::set_row_objective(RowObjective* objective) {
+  objective_ = objective;
+  slots_.clear();  // its chunks are whole rows (head_rows), and it keeps a sum per row
+  acts_ = nullptr;
+}
+
 // Tokens, not logits: every tensor layout cuts the rows alike, so the loss sums the same chunks.
 int LlamaModel::head_rows(int B, int T) const {
   const int N = B * T;
   if (loss_chunk_tokens_ == 0 || loss_chunk_tokens_ >= N) return N;
-  if (hooks_ && hooks_->adapts(LinearSite{-1, Proj::kHead}))
+  if (objective_ || (hooks_ && hooks_->adapts(LinearSite{-1, Proj::kHead})))
     return std::min(N, (loss_chunk_tokens_ + T - 1) / T * T);
   return loss_chunk_tokens_;
 }
@@ -327,6 +336,7 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward, bool se
     a->rstdf = Buffer<float>(dev_, N);
     a->head_rows = head_rows(B, T);
     a->logits = DBuffer(dev_, ct, size_t(a->head_rows) * V);
+    if (objective_) a->row_loss = Buffer<double>(dev_, size_t(B) + 1);
   }
   if (tp_.size() > 1) {
     a->tp_partial = DBuffer(dev_, ct, N * C);
@@ -573,6 +583,11 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
     dWh = flat_.grad(w.group);
     if (dWh) dWh += w.offset;
   }
+  if (objective_) {
+    objective_head(Wh, dWh, backward, token_weight, mask);
+    release_head();
+    return;
+  }
   for (int n0 = 0; n0 < N; n0 += rows) {
     const int k = std::min(rows, N - n0);
     const Ref logits = a.logits.data();
@@ -592,6 +607,62 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
   release_head();
 }
 
+// The head under a RowObjective, in whole rows. Pass 1 takes each row's loss sum (−log p of its
+// trained targets) with the cross-entropy op run row by row into row_loss; the host reads them
+// (one wait for the device per micro-batch: the objective needs every row before any gradient)
+// and asks the objective for d loss / d log p(row). Pass 2 forms each row's dlogits with that
+// factor, negated (log p = −loss, so dlogits = −dlogp · (softmax − onehot)), and runs the head's
+// backward as the token loss does. With more than one chunk the logits are computed again in
+// pass 2 (one more head GEMM); with one, pass 1's are still in place.
+void LlamaModel::objective_head(CRef Wh, float* dWh, bool backward, float weight,
+                                const uint8_t* host_mask) {
+  Acts& a = *acts_;
+  const int B = a.B, T = a.T, N = B * T, C = cfg_.dim, rows = a.head_rows;
+  FT_CHECK(T > 0 && rows > 0 && rows % T == 0, "a row objective's head chunks must be whole rows (",
+           rows, " rows of ", T, ")");
+  const int32_t* tgt = a.targets.data();
+  const uint8_t* msk = a.mask.data();
+  LinearContext lc = linear_context();
+  const DType ct = flat_.compute_dtype();
+  auto chunk_logits = [&](int n0, int k) {
+    lc.first_sample = a.first_sample + uint64_t(n0 / T);
+    linear_forward(lc, lm_head_, -1, a.logits.data(), a.lnf.data() + size_t(n0) * C, Wh, k);
+  };
+  // Row b's cross-entropy in the chunk starting at token n0; dlogits null: the loss only.
+  auto row_ce = [&](bool grad, int b, int n0, float scale, double* acc) {
+    const size_t n = size_t(b) * T;
+    VocabParallelCrossEntropy::Scratch scratch;
+    if (tp_.size() > 1)
+      scratch = {a.row_max.data() + n, a.sumexp.data() + n, a.target_logit.data() + n};
+    const Ref logits = a.logits.data() + (n - size_t(n0)) * size_t(V_);
+    loss_.forward_backward(*dev_, tp_, grad ? logits : Ref(nullptr, ct), logits, tgt + n, msk + n,
+                           T, scale, acc, scratch);
+  };
+  a.row_loss.zero();
+  for (int n0 = 0; n0 < N; n0 += rows) {
+    const int k = std::min(rows, N - n0);
+    chunk_logits(n0, k);
+    for (int b = n0 / T; b < (n0 + k) / T; ++b) row_ce(false, b, n0, 0.0f, a.row_loss.data() + b);
+  }
+  std::vector<double> logp(size_t(B) + 1), targets(size_t(B), 0.0), dlogp(size_t(B), 0.0);
+  a.row_loss.download(logp.data(), size_t(B) + 1);
+  for (int b = 0; b < B; ++b) {
+    logp[size_t(b)] = -logp[size_t(b)];
+    for (int t = 0; t < T; ++t) targets[size_t(b)] += host_mask[size_t(b) * T + t] ? 1 : 0;
+  }
+  objective_loss_ += objective_->rows(logp.data(), targets.data(), B, a.first_sample, weight,
+                                      backward ? dlogp.data() : nullptr);
+  if (!backward) return;
+  double* sink = a.row_loss.data() + B;
+  for (int n0 = 0; n0 < N; n0 += rows) {
+    const int k = std::min(rows, N - n0);
+    if (rows < N) chunk_logits(n0, k);
+    for (int b = n0 / T; b < (n0 + k) / T; ++b) row_ce(true, b, n0, float(-dlogp[size_t(b)]), sink);
+    linear_backward(lc, lm_head_, -1, a.dtmp.data() + size_t(n0) * C, dWh, a.logits.data(),
+                    a.lnf.data() + size_t(n0) * C, Wh, k, /*accumulate_dx=*/false);
+  }
+}
+
 LlamaModel::HeadWeights LlamaModel::acquire_head() {
   const TensorAt n = layout_.final_norm(), w = layout_.output_weight();
   const CRef norm = flat_.acquire(n.group);
@@ -609,6 +680,8 @@ double LlamaModel::take_loss_sum() {
   double sum = 0;
   loss_acc_.download(&sum, 1);
   loss_acc_.zero();
+  sum += objective_loss_;
+  objective_loss_ = 0;
   return sum;
 }
 

@@ -37,6 +37,21 @@ uint64_t init_random_key(uint64_t seed, const std::string& name);
 // out: the group's numel floats.
 void init_random_group(const ParamLayout& layout, int g, uint64_t seed, double std, float* out);
 
+// A loss over whole rows instead of tokens (DPO: train/dpo.h). With one set, the head gives it
+// the log-probability of each row's trained targets, log p(row) = Σ log softmax(logits)[target]
+// over the row's masked positions, and takes back the gradient of its loss with respect to each;
+// the loss is then its, not the tokens' cross-entropy. Rows stay whole in the head's chunks.
+class RowObjective {
+ public:
+  virtual ~RowObjective() = default;
+  // A micro-batch's B rows, row b the run-wide row first_row + b (StepSamples::first_sample),
+  // with logp (B) and the count of trained targets of each (B). weight: forward_part's
+  // token_weight. Fills dlogp (B) = weight · d loss / d logp(row), or leaves it alone when null
+  // (a pass without backward). Returns the loss summed over its units (pairs), unweighted.
+  virtual double rows(const double* logp, const double* targets, int B, uint64_t first_row,
+                      float weight, double* dlogp) = 0;
+};
+
 class LlamaModel final : public PipelineStage {
  public:
   // tensor_comm: the tensor-parallel group (Megatron layers, DESIGN.md §3); null = no tensor
@@ -106,6 +121,12 @@ class LlamaModel final : public PipelineStage {
   // trainer's setup sets the recipe's value.
   void set_loss_chunk_tokens(int tokens);
 
+  // The loss over rows (RowObjective above), or null for the token cross-entropy. Kept by
+  // pointer; set before the first forward or after (the activation slots are made again).
+  void set_row_objective(RowObjective* objective);
+  // Runs the adapters' hooks, or not (false: the frozen base alone, DPO's reference: base).
+  void set_hooks_enabled(bool on) { hooks_enabled_ = on; }
+
  private:
   struct Acts;
   void ensure_acts(int slot, int B, int T, bool need_backward, bool segments);
@@ -122,6 +143,9 @@ class LlamaModel final : public PipelineStage {
   HeadWeights acquire_head();
   void release_head();
 
+  // The head with a RowObjective: each row's log-probability, the objective's gradient, then
+  // the head's backward with each row's dlogits scaled by it (forward_part).
+  void objective_head(CRef Wh, float* dWh, bool backward, float weight, const uint8_t* host_mask);
   void layer_forward(int l, int B, int T);
   void layer_backward(int l, int B, int T);
   void copy(Ref dst, CRef src, size_t n);  // n elements of dst's dtype
@@ -151,6 +175,9 @@ class LlamaModel final : public PipelineStage {
   std::vector<std::unique_ptr<Acts>> slots_;
   Acts* acts_ = nullptr;  // the slot in use
   int loss_chunk_tokens_ = 0;
+  RowObjective* objective_ = nullptr;
+  double objective_loss_ = 0;  // the objective's loss since take_loss_sum
+  bool hooks_enabled_ = true;
 };
 
 }  // namespace ft

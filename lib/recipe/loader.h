@@ -118,6 +118,7 @@ class Loader {
   void check_loss_scaling();
   void check_rope();
   void check_adapter();
+  void check_dpo();
   void check_adapter_names(const std::string& path);
   void check_layout();
   static int nearest_divisor(int n, int near);

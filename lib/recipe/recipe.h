@@ -35,6 +35,9 @@ struct DataConfig {
 };
 
 struct TrainingConfig {
+  // sft: next-token cross-entropy on the trained targets; dpo: Direct Preference Optimization on
+  // preference pairs (the dpo: section, train/dpo.h).
+  std::string objective = "sft";
   int64_t steps = 100;
   int micro_batch_size = 1;
   int global_batch_size = 1;
@@ -60,6 +63,16 @@ struct TrainingConfig {
   // there by itself (hysteresis 2), so it never cuts that descent short; it bounds the steps
   // wasted when no scale helps (a static scale, or a NaN that no scale removes).
   int64_t max_skipped_steps = 100;
+};
+
+// training.objective dpo (Rafailov et al. 2023; train/dpo.h has the losses).
+struct DpoConfig {
+  double beta = 0.1;  // the KL penalty's weight: rewards are beta · (log π − log π_ref)
+  std::string loss = "sigmoid";  // sigmoid (DPO) | ipo (Azar et al. 2023) | hinge (SLiC)
+  double label_smoothing = 0;    // sigmoid: the chance a pair's labels are flipped (cDPO)
+  // initial: π_ref is the model at step 0, its log-probabilities computed once before step 1
+  // and kept in the run folder; base: the frozen base with the adapter off (adapter runs only).
+  std::string reference = "initial";
 };
 
 struct ParallelConfig {
@@ -114,6 +127,7 @@ struct Recipe {
   TokenizerConfig tokenizer;
   DataConfig data;
   TrainingConfig training;
+  DpoConfig dpo;  // dpo: (read with training.objective dpo)
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   ParallelConfig parallel;

@@ -210,6 +210,9 @@ const std::vector<KeySpec>& schema() {
                "with data.pack, a document longer than a window: split into pieces, or drop",
                {.choices = {"split", "drop"}}),
 
+        FT_KEY(training, objective, kChoice,
+               "sft: next-token loss on the trained targets; dpo: preference pairs (dpo:)",
+               {.choices = {"sft", "dpo"}}),
         FT_KEY(training, steps, kInt64,
                "optimizer steps (0: only load/initialise and save a checkpoint)", steps),
         FT_KEY(training, micro_batch_size, kInt, "samples per data rank per micro-step",
@@ -249,6 +252,24 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(training, max_skipped_steps, kInt64,
                "fp16: consecutive steps skipped for overflow that stop the run (exit 1)",
                {.range = between(1, kMaxSteps)}),
+
+        // Direct Preference Optimization (train/dpo.h). recipe_to_yaml writes this section only
+        // with training.objective dpo.
+        FT_KEY(dpo, beta, kFloat,
+               "the weight of the KL penalty to the reference: rewards are beta * (log p - log "
+               "p_ref)",
+               {.range = Range{0, 1e3, true, false}}),
+        FT_KEY(dpo, loss, kChoice,
+               "sigmoid: DPO's -log sigmoid(beta * margin); ipo: (margin - 1 / (2 beta))^2; "
+               "hinge: relu(1 - beta * margin)",
+               {.choices = {"sigmoid", "ipo", "hinge"}}),
+        FT_KEY(dpo, label_smoothing, kFloat,
+               "sigmoid: the chance a pair's preference is flipped (conservative DPO)",
+               {.range = from_until(0, 0.5)}),
+        FT_KEY(dpo, reference, kChoice,
+               "initial: the model at step 0, its log-probabilities computed once before step 1; "
+               "base: the frozen base with the adapter off (with an adapter)",
+               {.choices = {"initial", "base"}}),
 
         FT_KEY(optimizer, name, kChoice, "optimizer", {.choices = {"adamw"}}),
         FT_KEY(optimizer, lr, kFloat, "peak learning rate", {.range = Range{0, 1e10, true, false}}),
@@ -420,6 +441,7 @@ std::string recipe_to_yaml(const Recipe& r) {
     // Without an adapter the section is left out, so that recipes and resolved recipes written
     // before it existed read the same.
     if (k.section() == "adapter" && !r.adapter.enabled()) continue;
+    if (k.section() == "dpo" && r.training.objective != "dpo") continue;
     if (k.section() != section) {
       if (!section.empty()) out << YAML::EndMap;
       section = k.section();

@@ -180,6 +180,7 @@ void Loader::check_cross_rules() {
   }
   check_rope();
   check_adapter();
+  check_dpo();
   check_vocabulary();
   check_layout();
   check_loss_scaling();
@@ -310,6 +311,39 @@ void Loader::check_adapter() {
   check_adapter_names("adapter.target_modules");
   check_adapter_names("adapter.modules_to_save");
   check_adapter_from();
+}
+
+// The dpo section acts only with training.objective dpo: a key of it set otherwise is refused, as
+// adapter keys without an adapter are. reference: base needs an adapter to switch off; label
+// smoothing is a property of the sigmoid loss only; pairs are never packed.
+void Loader::check_dpo() {
+  if (!usable("training.objective")) return;
+  if (r_.training.objective != "dpo") {
+    for (const std::string& key : keys_of("dpo")) {
+      const std::string path = "dpo." + key;
+      if (is_set(path) && usable(path))
+        issue(locate(path), path, path + " is set but training.objective is sft",
+              "set training.objective: dpo");
+    }
+    return;
+  }
+  if (r_.dpo.reference == "base" && !r_.adapter.enabled() &&
+      all_usable({"dpo.reference", "adapter.type"}))
+    issue(locate("dpo.reference"), "dpo.reference",
+          "base is the frozen base model with the adapter switched off, and this recipe trains "
+          "every parameter (adapter.type: none)",
+          "use dpo.reference: initial (the model at step 0), or add an adapter (adapter.type: "
+          "lora)");
+  if (r_.dpo.label_smoothing > 0 && r_.dpo.loss != "sigmoid" &&
+      all_usable({"dpo.label_smoothing", "dpo.loss"}))
+    issue(locate("dpo.label_smoothing"), "dpo.label_smoothing",
+          "label smoothing is defined for the sigmoid loss only, and dpo.loss is " + r_.dpo.loss,
+          "use dpo.loss: sigmoid, or dpo.label_smoothing: 0");
+  if (r_.data.pack && all_usable({"data.pack"}))
+    issue(locate("data.pack"), "data.pack",
+          "true packs documents into windows, but a preference pair's two sequences are rows of "
+          "their own",
+          "use data.pack: false with training.objective: dpo");
 }
 
 // A list of module names (target_modules, modules_to_save): each one of its row's choices, each

@@ -98,6 +98,16 @@ std::string Progress::human_seconds(double s) {
   return buf;
 }
 
+namespace {
+// DPO's figures beside the loss: " margin 0.1234 acc 0.75", or nothing.
+std::string dpo_part(const StepReport& r) {
+  if (!r.dpo) return "";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, " margin %.4f acc %.2f", r.reward_margin, r.reward_accuracy);
+  return buf;
+}
+}  // namespace
+
 void Progress::step(const StepReport& r) {
   if (!enabled_) return;
   const int64_t done = r.step;
@@ -109,14 +119,14 @@ void Progress::step(const StepReport& r) {
     std::string bar(size_t(filled), '=');
     if (filled < width) bar += '>';
     bar.resize(width, ' ');
-    std::printf("\r\033[Kstep %lld/%lld [%s] loss %.4f | %.0f tok/s | ETA %s", (long long)done,
-                (long long)r.total_steps, bar.c_str(), r.loss, r.tokens_per_s,
+    std::printf("\r\033[Kstep %lld/%lld [%s] loss %.4f%s | %.0f tok/s | ETA %s", (long long)done,
+                (long long)r.total_steps, bar.c_str(), r.loss, dpo_part(r).c_str(), r.tokens_per_s,
                 human_duration(eta).c_str());
     bar_open_ = true;
   } else {
-    std::printf("step %lld/%lld loss %.4f lr %.3e grad_norm %.4f tok/s %.0f mem %s eta %s\n",
-                (long long)done, (long long)r.total_steps, r.loss, r.lr, r.grad_norm,
-                r.tokens_per_s, human_bytes(double(r.mem_peak_bytes)).c_str(),
+    std::printf("step %lld/%lld loss %.4f%s lr %.3e grad_norm %.4f tok/s %.0f mem %s eta %s\n",
+                (long long)done, (long long)r.total_steps, r.loss, dpo_part(r).c_str(), r.lr,
+                r.grad_norm, r.tokens_per_s, human_bytes(double(r.mem_peak_bytes)).c_str(),
                 human_duration(eta).c_str());
   }
   std::fflush(stdout);

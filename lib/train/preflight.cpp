@@ -312,6 +312,7 @@ LoaderOptions train_loader_options(const Recipe& r, int data_rank, int accum,
   lo.prefetch = r.data.prefetch;
   lo.pack = r.data.pack;
   lo.pack_split = r.data.pack_overflow == "split";
+  lo.preference = r.training.objective == "dpo";
   lo.expected_vocab = r.model.vocab_size;
   lo.expected_tokenizer_sha256 = tokenizer_sha;
   return lo;
@@ -330,6 +331,7 @@ LoaderOptions eval_loader_options(const Recipe& r, const std::string& tokenizer_
   o.prefetch = 0;  // evaluation is rare: read on demand, no background thread
   o.pack = r.data.pack;
   o.pack_split = r.data.pack_overflow == "split";
+  o.preference = r.training.objective == "dpo";
   o.expected_vocab = r.model.vocab_size;
   o.expected_tokenizer_sha256 = tokenizer_sha;
   return o;

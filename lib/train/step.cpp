@@ -61,11 +61,16 @@ StepResult TrainStep::run_batch(int64_t s, const StepSamples& batch,
   const int rank = world_.rank();
   res.tokens = int64_t(r_.training.global_batch_size) * r_.data.seq_len;
 
-  // 1. Token weight: 1 / the trained targets of the whole global batch.
+  // 1. Token weight: 1 / the trained targets of the whole global batch. DPO: 1 / its pairs, whose
+  // losses the step averages (train/dpo.h), so no count need be agreed.
   double count = 0;
-  for (uint8_t m : batch.mask) count += m;
-  set_watch_step(step, "counting target tokens");
-  data_comm_.all_reduce_sum(&count, 1);  // tensor ranks hold the same samples
+  if (dpo) {
+    count = double(r_.training.global_batch_size);
+  } else {
+    for (uint8_t m : batch.mask) count += m;
+    set_watch_step(step, "counting target tokens");
+    data_comm_.all_reduce_sum(&count, 1);  // tensor ranks hold the same samples
+  }
   // fp16: the loss, so every gradient, is multiplied by the loss scale S (a power of two, so
   // exactly); the gradients are divided by S again in phase 6, in the same pass as clipping.
   const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
@@ -79,20 +84,27 @@ StepResult TrainStep::run_batch(int64_t s, const StepSamples& batch,
              "the parameters (its momentum from earlier steps, and weight decay); check the "
              "data's loss_mask (`ft inspect` on the shard folder)");
 
-  // 2. Forward/backward of every micro-batch; gradients accumulate.
+  // 2. Forward/backward of every micro-batch; gradients accumulate. DPO: each batch's reference
+  // first (a pass without backward, with reference: base).
+  const int micro = dpo ? dpo->micro_rows() : r_.training.micro_batch_size;
+  if (dpo) {
+    set_watch_step(step, "the reference's log-probabilities");
+    dpo->prepare(batch, /*valid=*/false);
+  }
   set_watch_step(step, "forward/backward");
-  zero_.begin_step(batch.count / r_.training.micro_batch_size);
+  zero_.begin_step(batch.count / micro);
   // Test support: FT_TEST_NAN_LOSS_AT_STEP=N[:r] makes rank r's share of the loss of step N
   // NaN; FT_TEST_NAN_GRAD_AT_STEP=N[:r] writes NaN into the first gradient element rank r
   // holds, before the gradient reductions (during the backward, with overlap), as a NaN from
   // its backward would be.
   if (test_hook_fires("FT_TEST_NAN_GRAD_AT_STEP", step, rank)) zero_.inject_nan_grad_for_test();
-  double loss_sum = pipeline_.train_step(batch, r_.training.micro_batch_size, token_weight);
+  double loss_sum = pipeline_.train_step(batch, micro, token_weight);
   if (test_hook_fires("FT_TEST_NAN_LOSS_AT_STEP", step, rank))
     loss_sum = std::numeric_limits<double>::quiet_NaN();
   if (pipe_comm_) pipe_comm_->all_reduce_sum(&loss_sum, 1);  // the loss is on the last stage
   data_comm_.all_reduce_sum(&loss_sum, 1);                   // the same on every tensor rank
   res.loss = count > 0 ? loss_sum / count : 0.0;
+  if (dpo) res.dpo = dpo->take_stats(pipe_comm_, data_comm_);
 
   // 3. Gradient sync.
   set_watch_step(step, "gradient reduction");
@@ -211,6 +223,7 @@ nlohmann::json step_metrics_line(const StepResult& res, const RunFigures& run) {
                          {"mem_optim_bytes", run.mem_optim_bytes},
                          {"mem_host_pinned_bytes", run.mem_host_pinned_bytes},
                          {"mem_host_pageable_bytes", run.mem_host_pageable_bytes}};
+  if (res.dpo.pairs > 0) res.dpo.add_metrics(line, "");
   if (res.loss_scale > 0) {  // fp16 (DESIGN.md §7); a skipped step's non-finite norm is null
     line["loss_scale"] = res.loss_scale;
     line["skipped"] = res.skipped;

@@ -40,6 +40,7 @@
 #include "parallel/pipeline.h"
 #include "parallel/zero.h"
 #include "recipe/recipe.h"
+#include "train/dpo.h"
 
 namespace ft {
 
@@ -66,6 +67,8 @@ struct StepResult {
   std::string scaler_stop;
   // The loop's requests, agreed over the world: true when any rank asked.
   bool stop_requested = false, save_by_clock = false;
+  // training.objective dpo: the global batch's sums over its pairs (train/dpo.h); pairs 0 else.
+  DpoStats dpo;
 };
 
 class TrainStep {
@@ -94,6 +97,10 @@ class TrainStep {
   // the parameters and moments: the trainer makes the compute stream wait there for an async
   // checkpoint's staging copies of them (CheckpointWriter::fence_staging_copies).
   std::function<void()> before_update;
+
+  // training.objective dpo: the run's DPO state, whose reference each batch gets before its
+  // forward (train/dpo.h); null for sft.
+  DpoRun* dpo = nullptr;
 
  private:
   const Recipe& r_;

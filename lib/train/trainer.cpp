@@ -88,9 +88,10 @@ size_t peak_rss_bytes() {
 }
 
 // Token-weighted mean loss over the validation batches; every evaluation sees the same tokens.
+// DPO: the mean over the pairs, and the DPO figures in *stats.
 double evaluate(PipelineSchedule& pipeline, Communicator* pipe_comm, DataLoader& loader,
-                const Recipe& r) {
-  const int micro = r.training.micro_batch_size;
+                const Recipe& r, DpoRun* dpo, DpoStats* stats) {
+  const int micro = dpo ? dpo->micro_rows() : r.training.micro_batch_size;
   const int64_t G = r.training.global_batch_size;
   // Never more than one epoch of the validation set, and at least one batch.
   int64_t batches =
@@ -100,10 +101,18 @@ double evaluate(PipelineSchedule& pipeline, Communicator* pipe_comm, DataLoader&
   double loss_sum = 0, tokens = 0;
   for (int64_t i = 0; i < batches; ++i) {
     StepSamples b = loader.next();
+    if (dpo) dpo->prepare(b, /*valid=*/true);
     loss_sum += pipeline.eval_batch(b, micro);
     for (uint8_t m : b.mask) tokens += m;
   }
   if (pipe_comm) pipe_comm->all_reduce_sum(&loss_sum, 1);  // the loss is on the last stage
+  if (dpo) {
+    // Every data rank evaluates the same batches (eval_loader_options): rank 0's figures are
+    // everyone's, so only the pipeline's sum is taken.
+    *stats = dpo->objective().take_stats();
+    if (pipe_comm) pipe_comm->all_reduce_sum(stats->data(), DpoStats::kFields);
+    return stats->pairs > 0 ? stats->loss / stats->pairs : 0.0;
+  }
   return tokens > 0 ? loss_sum / tokens : 0.0;
 }
 
@@ -222,6 +231,11 @@ void print_run_header(const Recipe& r, const LlamaModel& model, const DataLoader
       (long long)r.training.steps, r.training.global_batch_size, accum, r.training.micro_batch_size,
       dev.name().c_str(), threads, kernels::cpu_isa_name(kernels::cpu_isa()),
       kernels::blas_kernel_name(), kernels::gemm_isa());
+  if (const PreferenceStats* p = loader.preference())
+    std::printf(
+        "ft: dpo: %llu preference pairs (a sample is a pair, two rows), %llu with a "
+        "completion cut to data.seq_len, %llu left out (the prompt fills it)\n",
+        (unsigned long long)p->kept(), (unsigned long long)p->cut, (unsigned long long)p->dropped);
   if (const PackingStats* p = loader.packing())
     std::printf(
         "ft: data.pack: %llu documents in %llu pieces, %.2f%% of the window positions filled\n",
@@ -259,12 +273,19 @@ void RunLog::step(const StepResult& res, const RunFigures& figures, double first
   rep.tokens_per_s = double(figures.tokens_seen - start_.tokens) / elapsed_s();
   rep.elapsed_s = elapsed_s();
   rep.mem_peak_bytes = figures.mem_peak_bytes;
+  if (res.dpo.pairs > 0) {
+    rep.dpo = true;
+    rep.reward_margin = (res.dpo.rewards_chosen - res.dpo.rewards_rejected) / res.dpo.pairs;
+    rep.reward_accuracy = res.dpo.correct / res.dpo.pairs;
+  }
   progress_.step(rep);
 }
 
-void RunLog::eval(int64_t step, double eval_loss) {
+void RunLog::eval(int64_t step, double eval_loss, const DpoStats* dpo) {
   if (!is_root_) return;
-  metrics_.write({{"step", step}, {"eval_loss", eval_loss}});
+  nlohmann::json line = {{"step", step}, {"eval_loss", eval_loss}};
+  if (dpo) dpo->add_metrics(line, "eval_");
+  metrics_.write(line);
   progress_.eval(step, eval_loss);
 }
 
@@ -508,7 +529,24 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
         "train (raise training.steps to continue)\n",
         (long long)at.step, (long long)r.training.steps);
 
+  // DPO (train/dpo.h): the objective in the head; with reference: initial, the reference's
+  // log-probabilities of every pair, from the run folder or computed now by the model at step 0.
+  std::unique_ptr<DpoRun> dpo;
+  if (r.training.objective == "dpo") {
+    dpo = std::make_unique<DpoRun>(r, model, pipeline);
+    if (r.dpo.reference == "initial" && at.step < r.training.steps) {
+      const LoaderOptions train_opt = train_loader_options(r, mesh.d, accum, tokenizer_sha);
+      const LoaderOptions valid_opt = eval_loader_options(r, tokenizer_sha);
+      set_watch_step(at.step + 1, "the DPO reference's log-probabilities");
+      refuse_together(comm, refusal_of([&] {
+                        dpo_initial_reference(*dpo, r, comm, at.step > 0, train_opt,
+                                              do_eval ? &valid_opt : nullptr);
+                      }));
+    }
+  }
+
   TrainStep train_step(r, comm, data_comm, pipe_comm, model, zero, pipeline, optim, scaler_ptr);
+  train_step.dpo = dpo.get();
   train_step.before_update = [&ckpts] { ckpts.fence_staging_copies(); };
   const RunFigures resident{0, 0, zero.params_bytes(), zero.grads_bytes(), optim.state_bytes()};
   OpProfile* const profile = dev->profile();
@@ -566,7 +604,9 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     }
     if (do_eval && (step % r.training.eval_every_steps == 0 || last)) {
       set_watch_step(step, "evaluation");
-      log.eval(step, evaluate(pipeline, pipe_comm, *eval_loader, r));
+      DpoStats eval_dpo;
+      const double eval_loss = evaluate(pipeline, pipe_comm, *eval_loader, r, dpo.get(), &eval_dpo);
+      log.eval(step, eval_loss, dpo ? &eval_dpo : nullptr);
     }
     // Checkpoints and stop signals, as the step's agreement decided.
     const bool stop = res.stop_requested && !last;

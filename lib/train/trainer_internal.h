@@ -76,7 +76,8 @@ class RunLog {
   bool step_due(int64_t step) const;
   // first_step_s >= 0 on the first step of the process: time_to_first_step_s on its line.
   void step(const StepResult& res, const RunFigures& figures, double first_step_s);
-  void eval(int64_t step, double eval_loss);
+  // dpo: the evaluation's DPO figures (keys eval_rewards_chosen, ...), or null.
+  void eval(int64_t step, double eval_loss, const DpoStats* dpo = nullptr);
   // A checkpoint's commit, at `step`: the steps done when it was seen.
   void commit(int64_t step, const ckpt::CheckpointWriter::Committed& c);
   void note(const std::string& line);

@@ -1,0 +1,302 @@
+"""ft's DPO (training.objective dpo, lib/train/dpo.h) against a float64 PyTorch DPO written here,
+run by ctest:
+    /usr/bin/python3 tests/ref/test_dpo.py BUILD_DIR SOURCE_DIR
+
+The data are preference shards (format ft-preference, DESIGN.md §6) written with h5py: pairs of
+random prompts and completions of varied lengths in two shards, one pair whose chosen completion
+is cut to data.seq_len and one whose prompt fills it (dropped), so N = 7 pairs kept; the
+reference applies the same rules (a row is the sequence's first T + 1 tokens).
+1. sigmoid DPO with dpo.reference: initial, 4 steps of 4 pairs (2 micro-batches of 2 pairs, so
+   steps straddle epochs), AdamW, an evaluation after steps 2 and 4 on a validation set:
+   - step 1's loss is ln 2 to 1e-12 and its rewards and margin 0 (the policy is the reference,
+     computed by the same forward);
+   - every step's loss and gradient norm within 1e-5 and 1e-4 relative of the float64 reference
+     (fp32 on ft's side), rewards_chosen, rewards_rejected, reward_margin, logps_chosen,
+     logps_rejected within 1e-4 (relative to their scale), reward_accuracy equal where no
+     pair's margin is within rounding of 0; eval lines alike (eval_loss, eval_reward_margin...);
+   - the reference was computed once and kept in the run folder (dpo_reference.json/.bin), and a
+     second run with the same recipe reuses it (says so, same metrics bit for bit).
+2. ipo (per-token mean log-probabilities), hinge and sigmoid with label_smoothing 0.1: two
+   steps each, loss and gradient norm against the reference.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llama_ref as ref  # noqa: E402
+
+BUILD, SOURCE = sys.argv[1], sys.argv[2]
+FT = os.path.join(BUILD, "ft")
+torch.set_num_threads(2)
+failures = []
+
+
+def check(cond, msg):
+    print(("ok   " if cond else "FAIL ") + msg, flush=True)
+    if not cond:
+        failures.append(msg)
+
+
+def write_pairs(path, pairs, vocab):
+    """pairs: (prompt, chosen, rejected) token lists; the shard's documents are prompt + chosen,
+    prompt + rejected, with loss_mask 1 on the completions."""
+    import h5py
+    tokens, offsets, mask = [], [], []
+    for prompt, chosen, rejected in pairs:
+        for completion in (chosen, rejected):
+            offsets.append(len(tokens))
+            tokens += prompt + completion
+            mask += [0] * len(prompt) + [1] * len(completion)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("tokens", data=np.asarray(tokens, dtype="uint16"))
+        f.create_dataset("doc_offsets", data=np.asarray(offsets, dtype="uint64"))
+        f.create_dataset("loss_mask", data=np.asarray(mask, dtype="uint8"))
+        f.attrs["format"] = "ft-preference"
+        f.attrs["version"] = 1
+        f.attrs["vocab_size"] = vocab
+        f.attrs["bos_id"] = 1
+        f.attrs["eos_id"] = 2
+        f.attrs["tokenizer_sha256"] = "0" * 64
+
+
+def random_pairs(rng, vocab, n, T):
+    out = []
+    for _ in range(n):
+        p = [1] + list(rng.integers(3, vocab, rng.integers(1, 5)))
+        c = list(rng.integers(3, vocab, rng.integers(1, 6))) + [2]
+        r = list(rng.integers(3, vocab, rng.integers(1, 6))) + [2]
+        out.append(([int(x) for x in p], [int(x) for x in c], [int(x) for x in r]))
+    return out
+
+
+def rows_of(pair, T):
+    """The two rows (ids, targets, mask) of a pair as ft's loader makes them, or None when the
+    pair is dropped (a sequence with no trained target among its first T)."""
+    prompt, chosen, rejected = pair
+    rows = []
+    for completion in (chosen, rejected):
+        seq = (prompt + completion)[:T + 1]
+        m = ([0] * len(prompt) + [1] * len(completion))[:T + 1]
+        if sum(m[1:]) == 0:
+            return None
+        n = len(seq) - 1
+        ids = seq[:-1] + [0] * (T - n)
+        tgt = seq[1:] + [0] * (T - n)
+        msk = m[1:] + [0] * (T - n)
+        rows.append((ids, tgt, msk))
+    return rows
+
+
+def logps(model, rows):
+    """Sum of log p(target) over each row's masked targets: (len(rows),) float64."""
+    ids = torch.tensor([r[0] for r in rows])
+    tgt = torch.tensor([r[1] for r in rows])
+    msk = torch.tensor([r[2] for r in rows], dtype=torch.float64)
+    lp = torch.log_softmax(model.forward(ids), dim=-1)
+    tok = lp.gather(-1, tgt[..., None])[..., 0]
+    return (tok * msk).sum(-1), msk.sum(-1)
+
+
+def dpo_losses(kind, beta, eps, pc, pr, rc, rr):
+    z = (pc - rc) - (pr - rr)
+    if kind == "sigmoid":
+        return (-(1 - eps) * torch.nn.functional.logsigmoid(beta * z)
+                - eps * torch.nn.functional.logsigmoid(-beta * z))
+    if kind == "hinge":
+        return torch.relu(1 - beta * z)
+    return (z - 1 / (2 * beta)) ** 2
+
+
+def figures(kind, beta, eps, lp, n, ref_lp):
+    """The loss per pair and the metrics' per-pair values of rows (chosen, rejected, ...)."""
+    if kind == "ipo":
+        lp, ref_lp = lp / n, ref_lp / n
+    pc, pr, rc, rr = lp[0::2], lp[1::2], ref_lp[0::2], ref_lp[1::2]
+    losses = dpo_losses(kind, beta, eps, pc, pr, rc, rr)
+    rw_c, rw_r = beta * (pc - rc).detach(), beta * (pr - rr).detach()
+    return losses, {"rewards_chosen": rw_c, "rewards_rejected": rw_r,
+                    "reward_margin": rw_c - rw_r, "reward_accuracy": (rw_c > rw_r).double(),
+                    "logps_chosen": pc.detach(), "logps_rejected": pr.detach()}
+
+
+def setup(case, T):
+    cfg = ref.Config(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48, vocab_size=61)
+    model = ref.Llama(cfg, seed=5, std=0.08)
+    hf = os.path.join(case, "hf")
+    ref.save_hf_folder(model, hf)
+    rng = np.random.default_rng(7)
+    pairs = random_pairs(rng, cfg.vocab_size, 6, T)
+    # One chosen completion longer than the window (cut), one prompt that fills it (dropped).
+    pairs.insert(2, ([1, 5, 6, 7], list(range(10, 22)) + [2], [30, 31, 2]))
+    pairs.insert(5, ([1] + list(range(40, 51)), [8, 2], [9, 2]))
+    data = os.path.join(case, "data")
+    os.makedirs(data)
+    write_pairs(os.path.join(data, "a.h5"), pairs[:4], cfg.vocab_size)
+    write_pairs(os.path.join(data, "b.h5"), pairs[4:], cfg.vocab_size)
+    kept = [rows_of(p, T) for p in pairs]
+    check(sum(k is None for k in kept) == 1 and len(rows_of(pairs[2], T)[0][0]) == T,
+          f"{case}: one pair dropped, one cut ({len(pairs)} written)")
+    kept = [k for k in kept if k is not None]
+    valid = os.path.join(case, "valid")
+    os.makedirs(valid)
+    vpairs = random_pairs(np.random.default_rng(8), cfg.vocab_size, 4, T)
+    write_pairs(os.path.join(valid, "v.h5"), vpairs, cfg.vocab_size)
+    return cfg, model, hf, data, valid, kept, [rows_of(p, T) for p in vpairs]
+
+
+def run_ft(case, hf, data, valid, T, steps, dpo, extra_args=()):
+    metrics = os.path.join(case, "metrics.jsonl")
+    r = os.path.join(case, "r.yaml")
+    with open(r, "w") as f:
+        f.write(f"""run: {{output_dir: {case}/run, seed: 1}}
+model: {{from: {hf}}}
+data: {{train: {data}, valid: {valid}, seq_len: {T}, shuffle: false}}
+training: {{objective: dpo, steps: {steps}, micro_batch_size: 2, global_batch_size: 4, grad_clip: 0,
+  eval_every_steps: 2, eval_batches: 1}}
+dpo: {dpo}
+optimizer: {{lr: 0.01, betas: [0.9, 0.95], eps: 1.0e-8, weight_decay: 0.1}}
+scheduler: {{name: constant}}
+logging: {{every_steps: 1, metrics: {metrics}}}
+runtime: {{threads: 2}}
+""")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    res = subprocess.run([FT, "train", r, *extra_args], capture_output=True, text=True)
+    if res.returncode != 0:
+        check(False, f"{case}: ft train failed ({res.returncode}): {res.stderr.strip()[-2000:]}")
+        return None, res
+    return [json.loads(l) for l in open(metrics)], res
+
+
+def reference_run(model, kept, vkept, steps, kind, beta, eps):
+    """The float64 DPO of steps x 4 pairs, no shuffle; returns per step (loss, norm, metrics)
+    and per evaluation step the eval figures."""
+    params = {k: torch.nn.Parameter(v.detach().double()) for k, v in model.named().items()}
+    model.p = params
+    with torch.no_grad():
+        ref_train = [logps(model, rows)[0] for rows in kept]
+        ref_valid = [logps(model, rows)[0] for rows in vkept]
+    decay = [p for p in params.values() if p.dim() >= 2]
+    no_decay = [p for p in params.values() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=0.01, betas=(0.9, 0.95), eps=1e-8)
+    N, G = len(kept), 4
+    out, evals = [], {}
+    for s in range(steps):
+        idx = [(s * G + j) % N for j in range(G)]
+        rows = [r for i in idx for r in kept[i]]
+        ref_lp = torch.cat([ref_train[i] for i in idx])
+        opt.zero_grad()
+        lp, n = logps(model, rows)
+        losses, m = figures(kind, beta, eps, lp, n, ref_lp)
+        loss = losses.mean()
+        loss.backward()
+        norm = torch.sqrt(sum((p.grad ** 2).sum() for p in params.values())).item()
+        opt.step()
+        out.append((loss.item(), norm, {k: v.mean().item() for k, v in m.items()}, m))
+        if (s + 1) % 2 == 0:
+            with torch.no_grad():
+                vrows = [r for rr in vkept for r in rr]
+                lp, n = logps(model, vrows)
+                losses, m = figures(kind, beta, eps, lp, n, torch.cat(ref_valid))
+            evals[s + 1] = (losses.mean().item(), {k: v.mean().item() for k, v in m.items()})
+    return out, evals
+
+
+def close(a, b, tol, scale=None):
+    return abs(a - b) <= tol * max(abs(b) if scale is None else scale, 1e-3)
+
+
+def sigmoid_case(tmp):
+    case = os.path.join(tmp, "sigmoid")
+    os.makedirs(case)
+    T, steps = 10, 4
+    cfg, model, hf, data, valid, kept, vkept = setup(case, T)
+    lines, res = run_ft(case, hf, data, valid, T, steps, "{beta: 0.5, loss: sigmoid}")
+    if lines is None:
+        return
+    check("dpo: 7 preference pairs" in res.stdout and "1 with a completion cut" in res.stdout
+          and "1 left out" in res.stdout, f"sigmoid: the header counts the pairs: {res.stdout[:600]}")
+    check("the reference's log-probabilities of 7 pairs" in res.stdout,
+          "sigmoid: the reference pass is announced with its pairs")
+    want, evals = reference_run(model, kept, vkept, steps, "sigmoid", 0.5, 0.0)
+    step_lines = {l["step"]: l for l in lines if "loss" in l}
+    eval_lines = {l["step"]: l for l in lines if "eval_loss" in l}
+    first = step_lines.get(1, {})
+    check(abs(first.get("loss", 0) - math.log(2)) <= 1e-12 and first.get("reward_margin") == 0
+          and first.get("rewards_chosen") == 0 and first.get("reward_accuracy") == 0,
+          f"sigmoid: step 1's loss is ln 2 and its rewards 0: {first}")
+    keys = ["rewards_chosen", "rewards_rejected", "reward_margin", "logps_chosen", "logps_rejected"]
+    for s, (loss, norm, m, per_pair) in enumerate(want, start=1):
+        got = step_lines.get(s)
+        if got is None:
+            check(False, f"sigmoid: no metrics line for step {s}")
+            continue
+        check(close(got["loss"], loss, 1e-5) and close(got["grad_norm"], norm, 1e-4),
+              f"sigmoid: step {s} loss ft {got['loss']:.8f} torch {loss:.8f}, grad_norm ft "
+              f"{got['grad_norm']:.6f} torch {norm:.6f}")
+        bad = [k for k in keys if not close(got[k], m[k], 1e-4, scale=abs(m["logps_chosen"]) * 0.5
+                                            if k.startswith("logps") else 0.05)]
+        check(not bad, f"sigmoid: step {s} metrics {[(k, got[k], m[k]) for k in bad]}")
+        if s > 1 and bool((per_pair["reward_margin"].abs() > 1e-5).all()):
+            check(got["reward_accuracy"] == m["reward_accuracy"],
+                  f"sigmoid: step {s} reward_accuracy ft {got['reward_accuracy']} torch "
+                  f"{m['reward_accuracy']}")
+    check(sorted(eval_lines) == sorted(evals), f"sigmoid: evaluations after {sorted(eval_lines)}")
+    for s, (loss, m) in evals.items():
+        got = eval_lines.get(s, {})
+        check(close(got.get("eval_loss", 1e9), loss, 1e-5) and
+              close(got.get("eval_reward_margin", 1e9), m["reward_margin"], 1e-4, scale=0.05),
+              f"sigmoid: eval after step {s}: loss ft {got.get('eval_loss')} torch {loss}, margin "
+              f"ft {got.get('eval_reward_margin')} torch {m['reward_margin']}")
+    kept_json = os.path.join(case, "run", "dpo_reference.json")
+    check(os.path.exists(kept_json) and json.load(open(kept_json))["train_pairs"] == 7,
+          "sigmoid: the reference is kept in the run folder")
+    again, res2 = run_ft(case, hf, data, valid, T, steps, "{beta: 0.5, loss: sigmoid}",
+                         ["--overwrite"] if False else [])
+    if again is not None:
+        check("reference's log-probabilities from" in res2.stdout and
+              [l.get("loss") for l in again] == [l.get("loss") for l in lines],
+              "sigmoid: a second run reuses the kept reference, with the same losses")
+
+
+def loss_kind_case(tmp, kind, beta, eps):
+    case = os.path.join(tmp, f"{kind}_{eps}")
+    os.makedirs(case)
+    T, steps = 10, 2
+    cfg, model, hf, data, valid, kept, vkept = setup(case, T)
+    lines, _ = run_ft(case, hf, data, valid, T, steps,
+                      f"{{beta: {beta}, loss: {kind}, label_smoothing: {eps}}}")
+    if lines is None:
+        return
+    want, _ = reference_run(model, kept, vkept, steps, kind, beta, eps)
+    step_lines = {l["step"]: l for l in lines if "loss" in l}
+    for s, (loss, norm, m, _) in enumerate(want, start=1):
+        got = step_lines.get(s, {"loss": 1e9, "grad_norm": 1e9})
+        check(close(got["loss"], loss, 1e-5) and close(got["grad_norm"], norm, 1e-4),
+              f"{kind} (label_smoothing {eps}): step {s} loss ft {got['loss']:.8f} torch "
+              f"{loss:.8f}, grad_norm ft {got['grad_norm']:.6f} torch {norm:.6f}")
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="ft_dpo_") as tmp:
+        sigmoid_case(tmp)
+        loss_kind_case(tmp, "ipo", 0.5, 0.0)
+        loss_kind_case(tmp, "hinge", 2.0, 0.0)
+        loss_kind_case(tmp, "sigmoid", 0.5, 0.1)
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        sys.exit(1)
+    print("all checks passed")
+
+
+main()
