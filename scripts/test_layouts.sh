@@ -26,6 +26,11 @@
 #   scripts/test_layouts.sh --qlora ...          # a QLoRA adapter (the base's blocks in NF4)
 #                                                # in every run, and pipeline 2 and data 2 with
 #                                                # ZeRO-2 only (tests/cli/test_qlora.sh)
+#   scripts/test_layouts.sh --dpo ...            # DPO (training.objective dpo, beta 0.5) on
+#                                                # preference pairs, and only tensor 2,
+#                                                # pipeline 2 and data 2 with ZeRO-3 (with
+#                                                # --lora: the layouts of --lora)
+#                                                # (tests/cli/test_dpo.sh)
 #   scripts/test_layouts.sh --only A,B ...       # only the layouts of the whole matrix so named
 #                                                # (e.g. tensor2_pipeline2)
 # Layouts (data × tensor × pipeline, ZeRO stage for data > 1): data 2, data 4, tensor 2,
@@ -39,6 +44,7 @@ precision=fp32
 arch=llama
 sets=()
 only=
+dpo=0
 while [[ ${1:-} == --* ]]; do
   case $1 in
     --ci) subset=ci ;;
@@ -47,6 +53,8 @@ while [[ ${1:-} == --* ]]; do
     --arch) arch=$2; subset=arch; shift ;;
     --set) sets+=("$2"); shift ;;
     --only) only=$2; shift ;;
+    --dpo) dpo=1; sets+=(training.objective=dpo dpo.beta=0.5)
+           [[ $subset == few ]] || subset=arch ;;
     --freeze) export FT_TEST_FREEZE=$2; subset=few; shift ;;
     --lora) sets+=(adapter.type=lora adapter.r=4 adapter.alpha=8 adapter.target_modules=all-linear)
             subset=few ;;
@@ -55,7 +63,7 @@ while [[ ${1:-} == --* ]]; do
              subset=qlora ;;
     *) echo "usage: scripts/test_layouts.sh [--ci] [--tcp] [--precision fp32|bf16]" \
             "[--arch llama|qwen2|qwen3|mistral] [--set KEY=VALUE] [--freeze GROUPS] [--lora]" \
-            "[--qlora]" \
+            "[--qlora] [--dpo]" \
             "[--only LAYOUT,...]" \
             "[BUILD_DIR]" >&2
        exit 2 ;;
@@ -73,7 +81,11 @@ mpirun_args=(--oversubscribe)
 # tests/cli/common.sh).
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
 
-/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --samples 41 --seq-len 12 --seed 11 --mask 0.8
+if ((dpo)); then  # 2 shards of 11 pairs: 22 per epoch, so batches of 8 straddle epochs
+  /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --pairs 11 --seed 11
+else
+  /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --samples 41 --seq-len 12 --seed 11 --mask 0.8
+fi
 cat > "$tmp/r.yaml" <<YAML
 run: {name: layouts, output_dir: $tmp/out, seed: 5}
 model: {arch: $arch, dim: 32, n_layers: 4, n_heads: 4, n_kv_heads: 2, ffn_dim: 40, vocab_size: 64, max_seq_len: 16}

@@ -111,10 +111,10 @@ int run_command_line(int argc, char** argv) {
                 "parallel.*")
       ->check(CLI::Range(1, 1 << 20));
   t->footer(
-      "Recipe sections: run, model, tokenizer, data, training, optimizer, scheduler, parallel,\n"
-      "checkpoint, logging, runtime. `ft validate RECIPE` prints every key with its resolved "
-      "value\n"
-      "and meaning. Overrides use dotted paths: ft train r.yaml training.steps=50 "
+      "Recipe sections: run, model, adapter, tokenizer, data, training, dpo, optimizer,\n"
+      "scheduler, parallel, checkpoint, logging, runtime. `ft validate RECIPE` prints every key\n"
+      "with its resolved value and meaning. training.objective: dpo trains on preference pairs\n"
+      "(ft tokenize --format preference). Overrides use dotted paths: ft train r.yaml training.steps=50 "
       "optimizer.lr=1e-3\n"
       "Outputs: <run.output_dir>/recipe.yaml (resolved recipe) and logging.metrics (JSON Lines,\n"
       "default <run.output_dir>/metrics.jsonl).\n"

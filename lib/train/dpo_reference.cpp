@@ -89,7 +89,10 @@ struct Kept {
 
 Kept read_kept(const fs::path& json_path, const fs::path& bin_path, const nlohmann::json& inputs) {
   Kept k;
-  if (!fs::exists(json_path) && !fs::exists(bin_path)) return k;
+  if (!fs::exists(json_path)) {
+    k.problem = "missing";
+    return k;
+  }
   try {
     std::ifstream jf(json_path);
     const nlohmann::json head = nlohmann::json::parse(jf);
@@ -176,8 +179,7 @@ void dpo_initial_reference(DpoRun& dpo, const Recipe& r, Communicator& world, bo
                                "run no longer has, so it cannot be computed again. Resume with "
                                "the recipe and data the run started with, or start a new run "
                                "(another run.output_dir)")
-              : detail::concat(json_path.string(), ": ",
-                               kept.problem.empty() ? "missing" : kept.problem,
+              : detail::concat(json_path.string(), ": ", kept.problem,
                                "; a resumed DPO run (dpo.reference: initial) needs the "
                                "reference log-probabilities computed when it started, from the "
                                "model at step 0. Start a new run (another run.output_dir), or "

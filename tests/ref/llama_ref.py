@@ -284,6 +284,30 @@ def write_shard(path, tokens, vocab_size, doc_offsets=None, loss_mask=None):
         f.attrs["tokenizer_sha256"] = "0" * 64
 
 
+def write_preference_shard(path, pairs, vocab_size):
+    """A preference shard (format ft-preference, DESIGN.md §6). pairs: (prompt, chosen,
+    rejected) token lists; its documents are prompt + chosen and prompt + rejected in turn, with
+    loss_mask 1 on the completions."""
+    import h5py
+    tokens, offsets, mask = [], [], []
+    for prompt, chosen, rejected in pairs:
+        for completion in (chosen, rejected):
+            offsets.append(len(tokens))
+            tokens += list(prompt) + list(completion)
+            mask += [0] * len(prompt) + [1] * len(completion)
+    with h5py.File(path, "w") as f:
+        dt = "uint16" if vocab_size <= 65535 else "uint32"
+        f.create_dataset("tokens", data=np.asarray(tokens, dtype=dt))
+        f.create_dataset("doc_offsets", data=np.asarray(offsets, dtype="uint64"))
+        f.create_dataset("loss_mask", data=np.asarray(mask, dtype="uint8"))
+        f.attrs["format"] = "ft-preference"
+        f.attrs["version"] = 1
+        f.attrs["vocab_size"] = vocab_size
+        f.attrs["bos_id"] = 1
+        f.attrs["eos_id"] = 2
+        f.attrs["tokenizer_sha256"] = "0" * 64
+
+
 # ---- sample order (DESIGN.md §6; lib/data/loader.cpp documents the exact algorithm) -------
 
 _M64 = (1 << 64) - 1

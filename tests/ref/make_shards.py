@@ -4,7 +4,9 @@
         (--samples 37 --seq-len 12 | --tokens 2000) [--shards 2] [--seed 5] [--mask 0.8]
 
 Each shard holds samples·seq_len + 1 (or --tokens) random tokens below --vocab and, with --mask,
-a loss_mask that keeps each target with that probability. Each OUT_DIR gets N shards (default
+a loss_mask that keeps each target with that probability. With --pairs P instead, each shard
+holds P preference pairs (format ft-preference): a prompt of 1-5 random tokens after BOS (1),
+two completions of 1-6 random tokens and EOS (2). Each OUT_DIR gets N shards (default
 --shards), drawn in the order given from one generator, so that `train:2 valid:1` gives a
 validation set that does not repeat the training data. Deterministic for a given seed.
 """
@@ -29,7 +31,19 @@ def main():
     ap.add_argument("--shards", type=int, default=2, help="shards per folder without :N")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mask", type=float, default=None, help="fraction of targets trained on")
+    ap.add_argument("--pairs", type=int, help="preference pairs per shard (no --samples/--tokens)")
     a = ap.parse_args()
+    if a.pairs is not None:
+        rng = np.random.default_rng(a.seed)
+        for spec in a.out:
+            out, _, n = spec.rpartition(":") if ":" in spec else (spec, "", "")
+            os.makedirs(out)
+            for i in range(int(n) if n else a.shards):
+                def seq(lo, hi):
+                    return [int(x) for x in rng.integers(3, a.vocab, rng.integers(lo, hi + 1))]
+                pairs = [([1] + seq(1, 5), seq(1, 6) + [2], seq(1, 6) + [2]) for _ in range(a.pairs)]
+                ref.write_preference_shard(os.path.join(out, f"shard_{i:05d}.h5"), pairs, a.vocab)
+        return
     if (a.tokens is None) == (a.samples is None or a.seq_len is None):
         ap.error("give either --samples and --seq-len, or --tokens")
     n_tokens = a.tokens if a.tokens is not None else a.samples * a.seq_len + 1

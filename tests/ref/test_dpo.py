@@ -18,6 +18,11 @@ reference applies the same rules (a row is the sequence's first T + 1 tokens).
      second run with the same recipe reuses it (says so, same metrics bit for bit).
 2. ipo (per-token mean log-probabilities), hinge and sigmoid with label_smoothing 0.1: two
    steps each, loss and gradient norm against the reference.
+3. A toy preference set: sentences of a small grammar (determiner, adjective, noun, verb,
+   determiner, noun, each from its own words) after a prompt token; the chosen completion is the
+   sentence, the rejected one the same words shuffled. A randomly initialised model trained with
+   DPO alone reaches reward_accuracy >= 0.9 on held-out pairs (the validation set) and on the
+   last training steps.
 """
 
 import json
@@ -43,28 +48,6 @@ def check(cond, msg):
     print(("ok   " if cond else "FAIL ") + msg, flush=True)
     if not cond:
         failures.append(msg)
-
-
-def write_pairs(path, pairs, vocab):
-    """pairs: (prompt, chosen, rejected) token lists; the shard's documents are prompt + chosen,
-    prompt + rejected, with loss_mask 1 on the completions."""
-    import h5py
-    tokens, offsets, mask = [], [], []
-    for prompt, chosen, rejected in pairs:
-        for completion in (chosen, rejected):
-            offsets.append(len(tokens))
-            tokens += prompt + completion
-            mask += [0] * len(prompt) + [1] * len(completion)
-    with h5py.File(path, "w") as f:
-        f.create_dataset("tokens", data=np.asarray(tokens, dtype="uint16"))
-        f.create_dataset("doc_offsets", data=np.asarray(offsets, dtype="uint64"))
-        f.create_dataset("loss_mask", data=np.asarray(mask, dtype="uint8"))
-        f.attrs["format"] = "ft-preference"
-        f.attrs["version"] = 1
-        f.attrs["vocab_size"] = vocab
-        f.attrs["bos_id"] = 1
-        f.attrs["eos_id"] = 2
-        f.attrs["tokenizer_sha256"] = "0" * 64
 
 
 def random_pairs(rng, vocab, n, T):
@@ -139,8 +122,8 @@ def setup(case, T):
     pairs.insert(5, ([1] + list(range(40, 51)), [8, 2], [9, 2]))
     data = os.path.join(case, "data")
     os.makedirs(data)
-    write_pairs(os.path.join(data, "a.h5"), pairs[:4], cfg.vocab_size)
-    write_pairs(os.path.join(data, "b.h5"), pairs[4:], cfg.vocab_size)
+    ref.write_preference_shard(os.path.join(data, "a.h5"), pairs[:4], cfg.vocab_size)
+    ref.write_preference_shard(os.path.join(data, "b.h5"), pairs[4:], cfg.vocab_size)
     kept = [rows_of(p, T) for p in pairs]
     check(sum(k is None for k in kept) == 1 and len(rows_of(pairs[2], T)[0][0]) == T,
           f"{case}: one pair dropped, one cut ({len(pairs)} written)")
@@ -148,7 +131,7 @@ def setup(case, T):
     valid = os.path.join(case, "valid")
     os.makedirs(valid)
     vpairs = random_pairs(np.random.default_rng(8), cfg.vocab_size, 4, T)
-    write_pairs(os.path.join(valid, "v.h5"), vpairs, cfg.vocab_size)
+    ref.write_preference_shard(os.path.join(valid, "v.h5"), vpairs, cfg.vocab_size)
     return cfg, model, hf, data, valid, kept, [rows_of(p, T) for p in vpairs]
 
 
@@ -287,12 +270,61 @@ def loss_kind_case(tmp, kind, beta, eps):
               f"{loss:.8f}, grad_norm ft {got['grad_norm']:.6f} torch {norm:.6f}")
 
 
+def toy_case(tmp):
+    case = os.path.join(tmp, "toy")
+    os.makedirs(case)
+    rng = np.random.default_rng(13)
+    classes = [list(range(3 + 6 * k, 9 + 6 * k)) for k in range(4)]  # det, adj, noun, verb
+    order = [0, 1, 2, 3, 0, 2]
+
+    def pairs(n):
+        out = []
+        for _ in range(n):
+            sent = [int(rng.choice(classes[c])) for c in order]
+            shuffled = list(sent)
+            while shuffled == sent:
+                shuffled = [int(x) for x in rng.permutation(sent)]
+            out.append(([1, 40], sent + [2], shuffled + [2]))
+        return out
+
+    for name, n in (("data", 256), ("valid", 64)):
+        os.makedirs(os.path.join(case, name))
+        ref.write_preference_shard(os.path.join(case, name, "s.h5"), pairs(n), 48)
+    metrics = os.path.join(case, "metrics.jsonl")
+    r = os.path.join(case, "r.yaml")
+    with open(r, "w") as f:
+        f.write(f"""run: {{output_dir: {case}/run, seed: 2}}
+model: {{dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 64, vocab_size: 48, max_seq_len: 16}}
+data: {{train: {case}/data, valid: {case}/valid, seq_len: 10}}
+training: {{objective: dpo, steps: 60, micro_batch_size: 8, global_batch_size: 16,
+  eval_every_steps: 60, eval_batches: 4}}
+dpo: {{beta: 0.1}}
+optimizer: {{lr: 0.003}}
+scheduler: {{name: cosine, warmup_steps: 5}}
+logging: {{every_steps: 1, metrics: {metrics}}}
+runtime: {{threads: 2}}
+""")
+    res = subprocess.run([FT, "train", r], capture_output=True, text=True)
+    if res.returncode != 0:
+        check(False, f"toy: ft train failed: {res.stderr[-1500:]}")
+        return
+    lines = [json.loads(l) for l in open(metrics)]
+    steps = [l for l in lines if "reward_accuracy" in l]
+    evals = [l for l in lines if "eval_reward_accuracy" in l]
+    last = sum(l["reward_accuracy"] for l in steps[-5:]) / 5
+    check(len(evals) == 1 and evals[0]["eval_reward_accuracy"] >= 0.9 and last >= 0.9,
+          f"toy: reward_accuracy of the last 5 steps {last:.3f}, held out "
+          f"{evals[0]['eval_reward_accuracy'] if evals else None} (first step "
+          f"{steps[0]['reward_accuracy']}, margin {steps[-1]['reward_margin']:.3f})")
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="ft_dpo_") as tmp:
         sigmoid_case(tmp)
         loss_kind_case(tmp, "ipo", 0.5, 0.0)
         loss_kind_case(tmp, "hinge", 2.0, 0.0)
         loss_kind_case(tmp, "sigmoid", 0.5, 0.1)
+        toy_case(tmp)
     if failures:
         print(f"{len(failures)} check(s) failed")
         sys.exit(1)
