@@ -10,7 +10,9 @@ namespace ft {
 namespace {
 
 // log σ(x) without overflow: −log(1 + e^−x) for x ≥ 0, x − log(1 + e^x) below.
-double log_sigmoid(double x) { return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
+double log_sigmoid(double x) {
+  return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
+}
 double sigmoid(double x) {
   return x >= 0 ? 1.0 / (1.0 + std::exp(-x)) : std::exp(x) / (1.0 + std::exp(x));
 }
@@ -55,9 +57,8 @@ void DpoObjective::collect(uint64_t first_row, size_t rows) {
 
 double DpoObjective::rows(const double* logp, const double* targets, int B, uint64_t first_row,
                           float weight, double* dlogp) {
-  FT_CHECK(first_row >= first_row_ && first_row % 2 == 0 && B % 2 == 0,
-           "DPO: rows ", first_row, " + ", B, " are not whole pairs of the batch set up at row ",
-           first_row_);
+  FT_CHECK(first_row >= first_row_ && first_row % 2 == 0 && B % 2 == 0, "DPO: rows ", first_row,
+           " + ", B, " are not whole pairs of the batch set up at row ", first_row_);
   const size_t at = size_t(first_row - first_row_);
   if (collecting_) {
     FT_CHECK(at + size_t(B) <= collected_.size(), "DPO: row ", first_row + uint64_t(B),

@@ -81,9 +81,9 @@ std::string differing_keys(const nlohmann::json& a, const nlohmann::json& b) {
 }
 
 struct Kept {
-  bool found = false;     // both files there, readable and consistent
-  std::string mismatch;   // found, but computed from other inputs: which
-  std::string problem;    // there but unreadable or inconsistent
+  bool found = false;    // both files there, readable and consistent
+  std::string mismatch;  // found, but computed from other inputs: which
+  std::string problem;   // there but unreadable or inconsistent
   std::vector<double> train, valid;
 };
 
@@ -103,8 +103,8 @@ Kept read_kept(const fs::path& json_path, const fs::path& bin_path, const nlohma
     const uint64_t nt = head.at("train_pairs"), nv = head.at("valid_pairs");
     if (bytes.size() != (nt + nv) * 2 * sizeof(double) ||
         sha256_hex(bytes.data(), bytes.size()) != head.at("bin_sha256").get<std::string>())
-      throw Error(bin_path.string() + " does not match the SHA-256 and size " +
-                  json_path.string() + " records");
+      throw Error(bin_path.string() + " does not match the SHA-256 and size " + json_path.string() +
+                  " records");
     k.found = true;
     if (head.at("inputs") != inputs) {
       k.mismatch = differing_keys(inputs, head.at("inputs"));
@@ -185,8 +185,8 @@ void dpo_initial_reference(DpoRun& dpo, const Recipe& r, Communicator& world, bo
                                "model at step 0. Start a new run (another run.output_dir), or "
                                "restore the file");
     } else if (!kept.mismatch.empty()) {
-      log_info("ft: dpo: ", json_path.string(), " was computed from other inputs (",
-               kept.mismatch, " differ): computing the reference again");
+      log_info("ft: dpo: ", json_path.string(), " was computed from other inputs (", kept.mismatch,
+               " differ): computing the reference again");
     }
   }
   world.broadcast_bytes(&decision, sizeof decision, 0);
