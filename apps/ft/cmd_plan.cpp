@@ -128,6 +128,7 @@ void print_json(const MemoryPlan& plan, const std::vector<std::vector<int>>& rol
     o["startup_params_bytes"] = r.startup_params_bytes;
     o["eval_bytes"] = r.eval_bytes;
     o["eval_micro_batches"] = r.eval_micro_batches;
+    o["reference_bytes"] = r.reference_bytes;
     o["peak_bytes"] = r.peak_bytes;
     o["allocations"] = r.allocations;
     o["host_bytes"] = {{"pinned", r.host_pinned.bytes},
@@ -228,12 +229,20 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
     std::printf("adapter: %s r %d on %s; the base frozen (%s)\n", r.adapter.type.c_str(),
                 r.adapter.r, targets.c_str(), held.c_str());
   }
+  // DPO: a sample is a preference pair, two rows of seq_len tokens.
+  const bool dpo = r.training.objective == "dpo";
+  const char* sample = dpo ? "pair" : "sample";
   std::printf(
-      "step: %d samples of %d tokens = %d data rank%s × %d micro-batch%s × %d sample%s; "
+      "step: %d %ss%s of %d tokens = %d data rank%s × %d micro-batch%s × %d %s%s; "
       "activation checkpointing %s\n",
-      r.training.global_batch_size, plan.seq_len, plan.data, plan.data == 1 ? "" : "s", plan.accum,
-      plan.accum == 1 ? "" : "es", plan.micro_batch, plan.micro_batch == 1 ? "" : "s",
-      plan.activation_checkpointing ? "on" : "off");
+      r.training.global_batch_size, sample, dpo ? " (2 rows each)" : "", plan.seq_len, plan.data,
+      plan.data == 1 ? "" : "s", plan.accum, plan.accum == 1 ? "" : "es", plan.micro_batch, sample,
+      plan.micro_batch == 1 ? "" : "s", plan.activation_checkpointing ? "on" : "off");
+  if (dpo)
+    std::printf("dpo: %s loss, beta %g, reference %s\n", r.dpo.loss.c_str(), r.dpo.beta,
+                r.dpo.reference == "base"
+                    ? "base (a forward pass with the adapter off in every step)"
+                    : "initial (computed once before step 1, kept in run.output_dir)");
 
   for (const auto& ranks : roles) {
     const RankPlan& p = plan.ranks[size_t(ranks.front())];
@@ -273,6 +282,13 @@ void print_tables(const MemoryPlan& plan, const std::vector<std::vector<int>>& r
               (p.eval_bytes > std::max(p.total_bytes, p.startup_bytes)
                    ? ": this is the peak"
                    : " (not above the step or start-up)"));
+    if (p.reference_bytes > 0)
+      row("dpo reference", p.reference_bytes,
+          std::string("while the reference's log-probabilities are computed before step 1 (") +
+              "forward only)" +
+              (p.reference_bytes > std::max({p.total_bytes, p.startup_bytes, p.eval_bytes})
+                   ? ": this is the peak"
+                   : " (not above the step)"));
     row("host pinned", p.host_pinned.bytes, p.host_pinned.how);
     row("host pageable", p.host_pageable.bytes, p.host_pageable.how);
     {

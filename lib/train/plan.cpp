@@ -184,7 +184,8 @@ std::string sent_how(const CountingCommunicator& c, const char* none) {
 
 // How many of a micro-batch's tokens the head's logits hold at once (training.loss_chunk_tokens).
 std::string head_chunk_words(const Recipe& r) {
-  const int64_t n = int64_t(r.training.micro_batch_size) * r.data.seq_len;
+  const int64_t n = int64_t(r.training.micro_batch_size) * r.data.seq_len *
+                    (r.training.objective == "dpo" ? 2 : 1);
   const int64_t k = r.training.loss_chunk_tokens;
   if (k == 0 || k >= n) return "of the whole micro-batch (" + std::to_string(n) + " tokens)";
   return "for " + std::to_string(k) + " of the micro-batch's " + std::to_string(n) +
@@ -421,15 +422,35 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   const bool warm_up = r.parallel.zero_stage == 3 && r.parallel.prefetch_blocks > 0;
   const int micro = r.training.micro_batch_size, S = r.data.seq_len;
   const int accum = grad_accum_steps(r, world);
+  // DPO: a sample is a pair, two rows (train/dpo.h); the objective in the head as ft train
+  // installs it, and a table of placeholder reference values for reference: initial.
+  const bool dpo = r.training.objective == "dpo";
+  const int rows = dpo ? 2 : 1;
+  std::optional<DpoRun> dpo_run;
+  if (dpo) dpo_run.emplace(r, *s.model, *s.pipeline);
   StepSamples batch;
-  batch.count = micro * accum;
+  batch.count = rows * micro * accum;
   batch.seq_len = S;
   batch.inputs.assign(size_t(batch.count) * S, 0);
   batch.targets.assign(size_t(batch.count) * S, 0);
   batch.mask.assign(size_t(batch.count) * S, 1);
   if (r.data.pack) batch.seg.assign(size_t(batch.count) * S, 0);  // the model's seg/pos buffers
+  if (dpo) {
+    for (int p = 0; p < micro * accum; ++p) batch.pair_index.push_back(uint64_t(p));
+    dpo_run->train_table.assign(size_t(batch.count), 0.0);
+    dpo_run->valid_table.assign(size_t(2 * r.training.global_batch_size), 0.0);
+  }
   TrainStep step(r, world_comm, *data, P > 1 ? pipe : nullptr, *s.model, *s.zero, *s.pipeline,
                  *s.optim, s.scaler_ptr());
+  if (dpo) step.dpo = &*dpo_run;
+  // reference: initial, before step 1: this rank's batch forward only, as
+  // DpoRun::reference_table runs it, its peak on its own.
+  if (dpo && r.dpo.reference == "initial") {
+    dev.reset_peak();
+    dpo_run->objective().collect(0, size_t(batch.count));
+    s.pipeline->eval_batch(batch, rows * micro);
+    rp.reference_bytes = dev.tally().peak;
+  }
   if (warm_up)
     step.run_batch(
         0, batch, [] { return LoopRequests{}; }, std::chrono::steady_clock::now());
@@ -506,18 +527,23 @@ RankPlan plan_rank(const Recipe& r, int world, int rank, const PlanDevice& devic
   // above stay the step's); what it sends is not part of the step's traffic.
   if (!r.data.valid.empty() && r.training.eval_every_steps > 0) {
     StepSamples eval;
-    eval.count = r.training.global_batch_size;
+    eval.count = rows * r.training.global_batch_size;
     eval.seq_len = S;
     eval.inputs.assign(size_t(eval.count) * S, 0);
     eval.targets.assign(size_t(eval.count) * S, 0);
     eval.mask.assign(size_t(eval.count) * S, 1);
     if (r.data.pack) eval.seg.assign(size_t(eval.count) * S, 0);
+    if (dpo) {
+      for (int p = 0; p < r.training.global_batch_size; ++p) eval.pair_index.push_back(uint64_t(p));
+      dpo_run->prepare(eval, /*valid=*/true);
+    }
     dev.reset_peak();
-    s.pipeline->eval_batch(eval, micro);
+    s.pipeline->eval_batch(eval, rows * micro);
     rp.eval_bytes = dev.tally().peak;
-    rp.eval_micro_batches = eval.count / micro;
+    rp.eval_micro_batches = eval.count / (rows * micro);
     rp.peak_bytes = std::max(rp.peak_bytes, rp.eval_bytes);
   }
+  rp.peak_bytes = std::max(rp.peak_bytes, rp.reference_bytes);
   if (saves && !r.checkpoint.async) ckpt::CheckpointWriter::piece_copy(pieces);  // held, freed
 
   // Host memory: the counting device's host tallies span the whole run (reset_peak leaves them).
@@ -683,7 +709,10 @@ void plan_times(MemoryPlan& plan, const Recipe& r, const PlanLinks& links) {
                KD = m.n_kv_heads * hd, F = m.ffn_dim, V = m.vocab_size, S = plan.seq_len;
   const double layer = (C * HD + 2 * C * KD + HD * C + 3 * C * F) / T, head = V * C / T;
   const double attention = 2 * S * HD / T;  // QKᵀ and PV, per token and layer (not halved: causal)
-  const double tokens = double(plan.micro_batch) * plan.accum * plan.seq_len;
+  // DPO: two rows (chosen, rejected) per pair; with reference: base a forward pass more a step
+  // (the reference's, the adapter off).
+  const bool dpo = r.training.objective == "dpo";
+  const double tokens = double(plan.micro_batch) * plan.accum * plan.seq_len * (dpo ? 2 : 1);
   auto node = [&](int rank) { return rank / links.gpus_per_node; };
   for (RankPlan& rp : plan.ranks) {
     RankTime& t = rp.time;
@@ -693,7 +722,7 @@ void plan_times(MemoryPlan& plan, const Recipe& r, const PlanLinks& links) {
     const double layers_fwd = 2 * rp.num_layers * (layer + attention) * tokens;
     const double fwd = layers_fwd + (rp.head ? 2 * head * tokens : 0);
     const double bwd = 2 * fwd + (plan.activation_checkpointing ? layers_fwd : 0);
-    t.flops = fwd + bwd;
+    t.flops = fwd + bwd + (dpo && r.dpo.reference == "base" ? fwd : 0);
     t.compute_ms = t.flops / (links.tflops * 1e12) * 1e3;
     // The reductions left in flight during the backward: ZeRO 0-1 issue them in the last
     // micro-batch's, 2-3 in every micro-batch's.
@@ -787,6 +816,7 @@ std::vector<std::vector<int>> plan_roles(const MemoryPlan& plan) {
         r.stage, r.first_layer, r.num_layers, r.embed, r.head, r.holds, r.params.bytes,
         r.grads.bytes, r.optim.bytes, r.activations.bytes, r.comm_buffers.bytes, r.backend.bytes,
         r.other_bytes, r.total_bytes, r.startup_bytes, r.startup_params_bytes, r.eval_bytes,
+        r.reference_bytes,
         r.host_pinned_by, r.host_pageable_by, r.host_peak_bytes, r.host_need_bytes,
         r.sent_data.bytes, r.sent_data.how, r.sent_tensor.bytes, r.sent_tensor.how,
         r.sent_pipeline.bytes, r.sent_pipeline.how, r.sent_world.bytes, links_key(r));

@@ -11,7 +11,9 @@
 #    batch, twice the step's micro-batches per rank, through the stages: the steps after it
 #    measure its peak too, and every stage's plan counts it); bf16 and fp16:
 #    rank 0's planned params/grads/optimizer bytes equal the metrics' mem_params/grads/optim_bytes,
-#    and the planned peak (max of the step's, start-up's and evaluation's) equals mem_peak_bytes,
+#    and the planned peak (max of the step's, start-up's, evaluation's and DPO's reference pass
+#    before step 1; DPO with reference initial under 2 data × 2 pipeline ZeRO-3 evaluating, and
+#    with reference base and LoRA under tensor 2) equals mem_peak_bytes,
 #    the device allocator's peak over the run; every allocation says what it is for
 #    (other_bytes 0). Only rank 0 writes metrics and it is always on the first pipeline stage:
 #    the other stages' parameter counts are checked against the tensors every rank of data
@@ -34,6 +36,7 @@ mpi_env
 
 /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data:1" --vocab 61 --samples 40 \
   --seq-len 16 --seed 3
+/usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/pairs:1" --vocab 61 --pairs 20 --seed 4
 
 cat > "$tmp/r.yaml" <<YAML
 run: {name: plan, output_dir: $tmp/out, seed: 1}
@@ -72,6 +75,11 @@ runs+=("bf16_z1:2:parallel.zero_stage=1 training.precision=bf16"
 # ckpt_sync_z0's checkpoint).
 runs+=("ckpt_async_z1:2:parallel.zero_stage=1 checkpoint.every_steps=1 checkpoint.async=true checkpoint.dir=$tmp/ckpt_async_z1/ck"
        "ckpt_sync_z0:2:parallel.zero_stage=0 checkpoint.every_steps=1 checkpoint.dir=$tmp/ckpt_sync_z0/ck")
+# DPO (two rows a pair): reference initial, its pass before step 1 counted (2 data × 2 pipeline
+# under ZeRO-3, evaluating); reference base, its pass in every step (LoRA, tensor 2).
+dpo="training.objective=dpo data.train=$tmp/pairs"
+runs+=("dpo_data2_pipe2_z3_eval:4:parallel.pipeline=2 parallel.zero_stage=3 model.n_layers=3 $dpo data.valid=$tmp/pairs training.eval_every_steps=1"
+       "dpo_lora_base_tensor2:2:parallel.tensor=2 $dpo dpo.reference=base adapter.type=lora adapter.r=4 adapter.alpha=8 adapter.target_modules=all-linear")
 names=()
 # The guard device (FT_TEST_GUARD_DEVICE, device memory closed to the host, host-staged MPI)
 # allocates what the CPU does: ZeRO-3 and tensor × pipeline under it.
@@ -129,7 +137,8 @@ for name in names:
             "from_hf_tensor2": ({}, {"parameters": 4 * (80 + 10080 // 2)})}.get(name, ({}, {}))
     assert (hb["pinned_by_category"], hb["pageable_by_category"]) == want, (name, hb, want)
     assert role["peak_bytes"] == max(role["total_bytes"], role["startup_bytes"],
-                                     role["eval_bytes"]), (name, role)
+                                     role["eval_bytes"], role["reference_bytes"]), (name, role)
+    assert (role["reference_bytes"] > 0) == name.startswith("dpo_data2"), (name, role)
     evals = [l for l in open(f"{tmp}/{name}/metrics.jsonl") if '"eval_loss"' in l]
     for r in plan["roles"]:
         assert r["other_bytes"] == 0, (name, "allocations without a category", r)
