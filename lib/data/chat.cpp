@@ -269,10 +269,13 @@ ChatSpans chat_content_spans_reference(const ChatTemplate& t, const Json& messag
   return cs;
 }
 
-ChatSpans chat_content_spans(const ChatTemplate& t, const Json& messages) {
+namespace {
+
+// chat_content_spans for the assistant messages from index `first` on (the others get none).
+ChatSpans content_spans_from(const ChatTemplate& t, const Json& messages, size_t first) {
   const Json ctx = chat_context(t, messages, false);
   std::vector<jinja::Variation> variations;
-  for (size_t i = 0; i < messages.size(); ++i)
+  for (size_t i = first; i < messages.size(); ++i)
     if (messages[i]["role"] == "assistant")
       variations.push_back({Json::json_pointer("/messages/" + std::to_string(i) + "/content"),
                             {kAlternatives[0], kAlternatives[1]}});
@@ -303,6 +306,12 @@ ChatSpans chat_content_spans(const ChatTemplate& t, const Json& messages) {
   return cs;
 }
 
+}  // namespace
+
+ChatSpans chat_content_spans(const ChatTemplate& t, const Json& messages) {
+  return content_spans_from(t, messages, 0);
+}
+
 ChatTokens tokenize_chat(const ChatTemplate& t, const Tokenizer& tok, const Json& messages,
                          bool with_mask) {
   if (with_mask) return mask_tokens(tok, chat_content_spans(t, messages));
@@ -312,6 +321,15 @@ ChatTokens tokenize_chat(const ChatTemplate& t, const Tokenizer& tok, const Json
   out.ids = tok.encode(r);
   out.mask.assign(out.ids.size(), 1);
   return out;
+}
+
+ChatTokens tokenize_chat_last_turn(const ChatTemplate& t, const Tokenizer& tok,
+                                   const Json& messages) {
+  FT_CHECK(!messages.empty() && messages.back()["role"] == "assistant",
+           "tokenize_chat_last_turn takes a conversation ending with an assistant message");
+  // Varying only the last message gives the same span as varying all (each alternative is
+  // rendered with the other messages as they are), for a fraction of the work.
+  return mask_tokens(tok, content_spans_from(t, messages, messages.size() - 1));
 }
 
 std::set<int32_t> end_of_turn_ids(const ChatTemplate& t, const Tokenizer& tok) {
@@ -348,24 +366,71 @@ Json parse_jsonl_line(std::string_view line, const std::string& where) {
   }
 }
 
-Json conversation_from_record(const Json& record, bool alpaca, const std::string& where) {
-  auto need_string = [&](const Json& obj, const std::string& key, const std::string& path,
-                         bool optional) -> std::string {
-    auto it = obj.find(key);
-    if (it == obj.end() || it->is_null()) {
-      if (optional) return "";
-      throw UsageError(where + ": no \"" + path + "\"");
+namespace {
+
+// The string at `key` of `obj` ("" when optional and absent or null); `path` names it in errors.
+std::string need_string(const Json& obj, const std::string& key, const std::string& path,
+                        bool optional, const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) {
+    if (optional) return "";
+    throw UsageError(where + ": no \"" + path + "\"");
+  }
+  if (!it->is_string())
+    throw UsageError(where + ": \"" + path + "\" is " + a_json_type(*it) +
+                     ", expected a string (ft reads text-only messages)");
+  return it->get<std::string>();
+}
+
+}  // namespace
+
+Json parse_messages(const Json& list, const std::string& key, bool sharegpt,
+                    const std::string& where) {
+  Json messages = Json::array();
+  for (size_t i = 0; i < list.size(); ++i) {
+    const Json& m = list[i];
+    const std::string at = key + "[" + std::to_string(i) + "]";
+    if (!m.is_object()) throw UsageError(where + ": \"" + at + "\" is not an object");
+    // Keys that change what a template renders for the message, which ft does not carry.
+    for (const char* k : {"tool_calls", "reasoning_content"})
+      if (m.contains(k))
+        throw UsageError(where + ": \"" + at + "." + k +
+                         "\" is not supported (ft renders text-only messages: role and content; "
+                         "fold it into the content, or drop it)");
+    std::string role, content;
+    if (sharegpt) {
+      const std::string from = need_string(m, "from", at + ".from", false, where);
+      if (from == "system")
+        role = "system";
+      else if (from == "human" || from == "user")
+        role = "user";
+      else if (from == "gpt" || from == "assistant")
+        role = "assistant";
+      else if (from == "tool" || from == "function" || from == "observation")
+        role = "tool";
+      else
+        throw UsageError(where + ": \"" + at + ".from\" is " + excerpt(from, 40) +
+                         "; ShareGPT roles are system, human, gpt (or user, assistant, tool, "
+                         "function, observation)");
+      content = need_string(m, "value", at + ".value", false, where);
+    } else {
+      role = need_string(m, "role", at + ".role", false, where);
+      if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+        throw UsageError(where + ": \"" + at + ".role\" is " + excerpt(role, 40) +
+                         "; roles are system, user, assistant, tool");
+      content = need_string(m, "content", at + ".content", false, where);
     }
-    if (!it->is_string())
-      throw UsageError(where + ": \"" + path + "\" is " + a_json_type(*it) +
-                       ", expected a string (ft reads text-only messages)");
-    return it->get<std::string>();
-  };
+    messages.push_back({{"role", role}, {"content", content}});
+  }
+  return messages;
+}
+
+Json conversation_from_record(const Json& record, bool alpaca, const std::string& where) {
   Json messages = Json::array();
   if (alpaca) {
-    const std::string instruction = need_string(record, "instruction", "instruction", false);
-    const std::string input = need_string(record, "input", "input", true);
-    const std::string output = need_string(record, "output", "output", false);
+    const std::string instruction = need_string(record, "instruction", "instruction", false, where);
+    const std::string input = need_string(record, "input", "input", true, where);
+    const std::string output = need_string(record, "output", "output", false, where);
     messages.push_back({{"role", "user"},
                         {"content", input.empty() ? instruction : instruction + "\n\n" + input}});
     messages.push_back({{"role", "assistant"}, {"content", output}});
@@ -381,42 +446,7 @@ Json conversation_from_record(const Json& record, bool alpaca, const std::string
                      "use --format alpaca");
   if (!it->is_array() || it->empty())
     throw UsageError(where + ": \"" + list_key + "\" must be a non-empty list");
-  for (size_t i = 0; i < it->size(); ++i) {
-    const Json& m = (*it)[i];
-    const std::string at = std::string(list_key) + "[" + std::to_string(i) + "]";
-    if (!m.is_object()) throw UsageError(where + ": \"" + at + "\" is not an object");
-    // Keys that change what a template renders for the message, which ft does not carry.
-    for (const char* key : {"tool_calls", "reasoning_content"})
-      if (m.contains(key))
-        throw UsageError(where + ": \"" + at + "." + key +
-                         "\" is not supported (ft renders text-only messages: role and content; "
-                         "fold it into the content, or drop it)");
-    std::string role, content;
-    if (sharegpt) {
-      const std::string from = need_string(m, "from", at + ".from", false);
-      if (from == "system")
-        role = "system";
-      else if (from == "human" || from == "user")
-        role = "user";
-      else if (from == "gpt" || from == "assistant")
-        role = "assistant";
-      else if (from == "tool" || from == "function" || from == "observation")
-        role = "tool";
-      else
-        throw UsageError(where + ": \"" + at + ".from\" is " + excerpt(from, 40) +
-                         "; ShareGPT roles are system, human, gpt (or user, assistant, tool, "
-                         "function, observation)");
-      content = need_string(m, "value", at + ".value", false);
-    } else {
-      role = need_string(m, "role", at + ".role", false);
-      if (role != "system" && role != "user" && role != "assistant" && role != "tool")
-        throw UsageError(where + ": \"" + at + ".role\" is " + excerpt(role, 40) +
-                         "; roles are system, user, assistant, tool");
-      content = need_string(m, "content", at + ".content", false);
-    }
-    messages.push_back({{"role", role}, {"content", content}});
-  }
-  return messages;
+  return parse_messages(*it, list_key, sharegpt, where);
 }
 
 }  // namespace ft

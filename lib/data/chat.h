@@ -83,6 +83,12 @@ struct ChatTokens {
 // raised, or took too long), naming no record (the caller does).
 ChatTokens tokenize_chat(const ChatTemplate& t, const Tokenizer& tok, const jinja::Json& messages,
                          bool with_mask = true);
+// As tokenize_chat, with the mask of the conversation's last message alone (an assistant
+// message: a preference pair's completion, DESIGN.md §6 "Preference data"); the assistant
+// messages before it are not trained on (mask 0), like the rest of the prompt.
+ChatTokens tokenize_chat_last_turn(const ChatTemplate& t, const Tokenizer& tok,
+                                   const jinja::Json& messages);
+
 // The token ids that end an assistant's turn under the template: the special tokens the mask rule
 // trains on after an assistant message's content (e.g. <|im_end|>, <|eot_id|>), as a user turn
 // "Hi" and an assistant's "Hello" render. Empty when the template ends a turn with no special
@@ -104,6 +110,12 @@ ChatTokens tokenize_chat_reference(const ChatTemplate& t, const Tokenizer& tok,
 // key, with a hint.
 jinja::Json conversation_from_record(const jinja::Json& record, bool alpaca,
                                      const std::string& where);
+
+// A JSON list of messages as conversation_from_record reads `messages` ({role, content}) or,
+// with `sharegpt`, `conversations` ({from, value}); `key` names the list in errors
+// ("prompt[2].role"). May be empty (the caller says whether that is allowed).
+jinja::Json parse_messages(const jinja::Json& list, const std::string& key, bool sharegpt,
+                           const std::string& where);
 
 // One line of a JSONL file as JSON (any type: the caller checks it is an object). Invalid
 // UTF-8 is first replaced, each maximal invalid subpart by U+FFFD (as Python's
