@@ -164,18 +164,21 @@ int run_command_line(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   k->add_option("--output", tok.output, "Output shard folder")->required();
   k->add_option("--format", tok.format,
-                "text | jsonl | chat | alpaca | auto (by extension: .jsonl/.json → jsonl). "
-                "text: documents are separated by blank lines; jsonl: one document per line, "
-                "in --field; chat: one conversation per line, {\"messages\": [{\"role\", "
-                "\"content\"}]} or ShareGPT {\"conversations\": [{\"from\", \"value\"}]}; "
-                "alpaca: {\"instruction\", \"input\", \"output\"} per line. chat and alpaca "
-                "render with the tokenizer folder's chat template and write a loss_mask that "
-                "trains on the assistant's tokens only")
-      ->check(CLI::IsMember({"auto", "text", "jsonl", "chat", "alpaca"}));
+                "text | jsonl | chat | alpaca | preference | auto (by extension: .jsonl/.json "
+                "→ jsonl). text: documents are separated by blank lines; jsonl: one document "
+                "per line, in --field; chat: one conversation per line, {\"messages\": "
+                "[{\"role\", \"content\"}]} or ShareGPT {\"conversations\": [{\"from\", "
+                "\"value\"}]}; alpaca: {\"instruction\", \"input\", \"output\"} per line. "
+                "chat and alpaca render with the tokenizer folder's chat template and write a "
+                "loss_mask that trains on the assistant's tokens only. preference: "
+                "{\"prompt\", \"chosen\", \"rejected\"} per line, as strings or message "
+                "lists (or no prompt: chosen and rejected whole conversations that start with "
+                "it), into pairs for DPO (ft-preference shards)")
+      ->check(CLI::IsMember({"auto", "text", "jsonl", "chat", "alpaca", "preference"}));
   k->add_option("--field", tok.field, "JSONL field holding the text (default: text)");
   k->add_flag("--train-on-prompt", tok.train_on_prompt,
               "chat/alpaca: train on every token of the conversation, not only the "
-              "assistant's (writes no loss_mask)");
+              "assistant's (writes no loss_mask); not with preference");
   k->add_flag("--allow-no-trainable", tok.allow_no_trainable,
               "chat/alpaca: keep an input file none of whose conversations has assistant content "
               "to train on (by default such a file is an error, exit 2: it would add only "

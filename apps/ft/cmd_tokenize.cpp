@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <string>
 
 #include "apps/ft/commands.h"
 #include "data/tokenize.h"
@@ -56,12 +57,17 @@ int cmd_tokenize(const TokenizeArgs& a) {
     StopOnSignals stop_on_signals;
     s = tokenize_to_shards(opt);
   }
+  // A preference run counts pairs (each two documents, chosen and rejected).
+  const std::string what = a.format == "preference"
+                               ? std::to_string(s.pairs) + (s.pairs == 1 ? " pair" : " pairs") +
+                                     " (" + std::to_string(s.documents) + " documents)"
+                               : std::to_string(s.documents) + " documents";
   std::printf(
-      "tokenized %d file%s: %llu documents, %llu tokens -> %d shard%s in %s (loading %.2f s, "
-      "tokenizing %.2f s: %.0f tokens/s)\n",
-      s.files, s.files == 1 ? "" : "s", (unsigned long long)s.documents,
-      (unsigned long long)s.tokens, s.shards, s.shards == 1 ? "" : "s", a.output.c_str(),
-      s.load_seconds, s.seconds, s.seconds > 0 ? double(s.tokens) / s.seconds : 0.0);
+      "tokenized %d file%s: %s, %llu tokens -> %d shard%s in %s (loading %.2f s, tokenizing "
+      "%.2f s: %.0f tokens/s)\n",
+      s.files, s.files == 1 ? "" : "s", what.c_str(), (unsigned long long)s.tokens, s.shards,
+      s.shards == 1 ? "" : "s", a.output.c_str(), s.load_seconds, s.seconds,
+      s.seconds > 0 ? double(s.tokens) / s.seconds : 0.0);
   return 0;
 }
 

@@ -36,7 +36,8 @@ struct TokenizeArgs {
   std::string tokenizer;
   std::vector<std::string> inputs;
   std::string output;
-  std::string format = "auto";  // auto | text | jsonl | chat | alpaca (auto: by extension)
+  std::string format = "auto";  // auto | text | jsonl | chat | alpaca | preference (auto: by
+                                // extension)
   std::string field = "text";
   bool train_on_prompt = false;
   bool allow_no_trainable = false;  // chat/alpaca: a file with no token to train on: a warning

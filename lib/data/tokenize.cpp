@@ -22,6 +22,7 @@
 #include "core/log.h"
 #include "core/system.h"
 #include "data/chat.h"
+#include "data/preference.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 
@@ -122,21 +123,38 @@ class DocumentReader {
   DocumentReader(const std::string& path, bool jsonl, const std::string& field)
       : in_(path), path_(path), jsonl_(jsonl), field_(field) {}
 
-  // The next conversation of a chat or alpaca JSONL file (chat.h), or false at its end.
-  bool next_conversation(bool alpaca, jinja::Json* conv) {
+  // The next record of a JSONL file, a JSON object, or false at its end.
+  bool next_record(jinja::Json* record) {
     std::string line;
     while (in_.next(&line, kMaxJsonlLineBytes)) {
       if (is_blank(line)) continue;
-      const std::string where = path_ + ":" + std::to_string(in_.line_no());
-      const jinja::Json j = parse_jsonl_line(line, where);
-      if (!j.is_object())
-        throw UsageError(where + ": expected a JSON object, got " + j.type_name());
-      *conv = conversation_from_record(j, alpaca, where);
+      *record = parse_jsonl_line(line, where());
+      if (!record->is_object())
+        throw UsageError(where() + ": expected a JSON object, got " + record->type_name());
       return true;
     }
     return false;
   }
+
+  // The next conversation of a chat or alpaca JSONL file (chat.h), or false at its end.
+  bool next_conversation(bool alpaca, jinja::Json* conv) {
+    jinja::Json record;
+    if (!next_record(&record)) return false;
+    *conv = conversation_from_record(record, alpaca, where());
+    return true;
+  }
+
+  // The next record of a preference JSONL file (preference.h), or false at its end.
+  bool next_preference(PreferenceRecord* pref) {
+    jinja::Json record;
+    if (!next_record(&record)) return false;
+    *pref = preference_from_record(record, where());
+    return true;
+  }
+
   uint64_t line_no() const { return in_.line_no(); }
+  // file:line of the last line read, for messages.
+  std::string where() const { return path_ + ":" + std::to_string(in_.line_no()); }
 
   // The next document, or false at the end of the file.
   bool next(std::string* doc) {
@@ -185,10 +203,11 @@ class DocumentReader {
 bool is_chat_format(const std::string& format) { return format == "chat" || format == "alpaca"; }
 
 bool is_jsonl(const std::string& path, const std::string& format) {
-  if (format == "jsonl" || is_chat_format(format)) return true;
+  if (format == "jsonl" || format == "preference" || is_chat_format(format)) return true;
   if (format == "text") return false;
   if (format != "auto")
-    throw UsageError("--format must be auto, text, jsonl, chat or alpaca, got " + format);
+    throw UsageError("--format must be auto, text, jsonl, chat, alpaca or preference, got " +
+                     format);
   std::string ext = fs::path(path).extension().string();
   return ext == ".jsonl" || ext == ".json";
 }
@@ -366,6 +385,11 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
   if (opt.shard_tokens < 1) throw UsageError("--shard-tokens must be positive");
   const int threads = opt.threads > 0 ? opt.threads : available_cores();
   const bool chat = is_chat_format(opt.format);
+  const bool preference = opt.format == "preference";
+  if (preference && opt.train_on_prompt)
+    throw UsageError(
+        "--train-on-prompt does not apply to --format preference: a pair's prompt is never "
+        "trained on (DPO compares the completions' probabilities)");
 
   // Check everything cheap before the long part: inputs are files, the output holds no shards.
   uint64_t total_bytes = 0;
@@ -385,14 +409,31 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
   ShardWriter::Options wopt;
   wopt.chunk_tokens = uint64_t(std::min<int64_t>(opt.shard_tokens, int64_t(1) << 16));
   std::unique_ptr<ChatTemplate> chat_template;
+  const std::string no_spm =
+      tok.path() + ": --format " + opt.format +
+      " needs a Hugging Face tokenizer.json with a byte-level BPE model for message lists (a "
+      "SentencePiece model does not match the special tokens a chat template writes, so "
+      "Mistral's and Llama 2's tokenizers cannot make chat data yet)";
   if (chat) {
-    if (fs::path(tok.path()).extension() != ".json")
-      throw UsageError(tok.path() + ": --format " + opt.format +
-                       " needs a Hugging Face tokenizer.json with a byte-level BPE model (a "
-                       "SentencePiece model does not match the special tokens a chat template "
-                       "writes, so Mistral's and Llama 2's tokenizers cannot make chat data yet)");
+    if (fs::path(tok.path()).extension() != ".json") throw UsageError(no_spm);
     chat_template = std::make_unique<ChatTemplate>(load_chat_template(opt.tokenizer));
     wopt.loss_mask = !opt.train_on_prompt;
+  }
+  // Preference records of strings need no template, and those of message lists no EOS: what a
+  // form lacks is an error at its first record (naming it), not before.
+  std::string no_template;  // why message lists cannot be rendered, when they cannot
+  if (preference) {
+    attrs.preference = true;
+    wopt.loss_mask = true;
+    if (fs::path(tok.path()).extension() != ".json") {
+      no_template = no_spm;
+    } else {
+      try {
+        chat_template = std::make_unique<ChatTemplate>(load_chat_template(opt.tokenizer));
+      } catch (const UsageError& e) {
+        no_template = std::string("message lists are rendered with the chat template: ") + e.what();
+      }
+    }
   }
   const auto t_loaded = Clock::now();
 
@@ -405,18 +446,33 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
     writer->close();
     writer.reset();
   };
-  auto write_doc = [&](const std::vector<int32_t>& ids, const std::vector<uint8_t>* mask) {
+  // `ids` go into the current shard unless they would take it past shard_tokens (tokenize.h).
+  auto open_shard_for = [&](uint64_t ids) {
     if (writer && writer->num_tokens() > 0 &&
-        writer->num_tokens() + ids.size() > uint64_t(opt.shard_tokens))
+        writer->num_tokens() + ids > uint64_t(opt.shard_tokens))
       close_shard();
     if (!writer) {
       shard_names.push_back(shard_file_name(sum.shards));
       writer = std::make_unique<ShardWriter>(output.staging_path(shard_names.back()), attrs, wopt);
       ++sum.shards;
     }
+  };
+  auto write_doc = [&](const std::vector<int32_t>& ids, const std::vector<uint8_t>* mask) {
+    open_shard_for(ids.size());
     writer->add_document(ids, wopt.loss_mask ? mask : nullptr);
     ++sum.documents;
     sum.tokens += ids.size();
+  };
+  // A pair's two documents stay in one shard (documents 2k and 2k + 1 of a shard are a pair).
+  auto write_pair = [&](const PreferenceTokens& p) {
+    open_shard_for(p.chosen.ids.size() + p.rejected.ids.size());
+    for (const ChatTokens* seq : {&p.chosen, &p.rejected}) {
+      writer->add_document(seq->ids, &seq->mask);
+      ++sum.documents;
+      sum.tokens += seq->ids.size();
+      for (uint8_t m : seq->mask) sum.trained_tokens += m;
+    }
+    ++sum.pairs;
   };
 
   // Progress: documents and tokens done so far, counted by the workers as they finish each.
@@ -449,6 +505,8 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
     std::vector<std::vector<int32_t>> encoded;
     std::vector<jinja::Json> convs;
     std::vector<ChatTokens> chat_encoded;
+    std::vector<PreferenceRecord> prefs;
+    std::vector<PreferenceTokens> pref_encoded;
     for (const std::string& in : opt.inputs) {
       DocumentReader reader(in, is_jsonl(in, opt.format), opt.field);
       reading = &reader;
@@ -465,7 +523,47 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
         jinja::Json conv;
         batch_docs = 0;
         batch_tokens = 0;
-        if (chat) {
+        if (preference) {
+          const uint64_t batch_start = reader.bytes_read();
+          PreferenceRecord pref;
+          prefs.clear();
+          while (prefs.size() < kBatchDocs && reader.bytes_read() - batch_start < kBatchBytes &&
+                 (more = reader.next_preference(&pref))) {
+            // What the record's form needs (a template, an EOS), refused at its first record.
+            if (pref.messages && !chat_template)
+              throw UsageError(reader.where() + ": " + no_template);
+            if (!pref.messages && attrs.eos_id < 0)
+              throw UsageError(
+                  reader.where() + ": string completions end with the tokenizer's EOS, and " +
+                  tok.path() +
+                  " has none (no EOS after $A in its post-processor, no eos_token in "
+                  "tokenizer_config.json); use a tokenizer with an EOS, or message lists "
+                  "(rendered with the chat template, which ends each turn)");
+            prefs.push_back(std::move(pref));
+            where.push_back(reader.where());
+          }
+          pref_encoded.assign(prefs.size(), {});
+          parallel_for(
+              prefs.size(), threads,
+              [&](size_t i) {
+                check_stop(opt.stop);
+                try {
+                  pref_encoded[i] =
+                      tokenize_preference(prefs[i], tok, chat_template.get(), int32_t(attrs.bos_id),
+                                          int32_t(attrs.eos_id));
+                } catch (const UsageError& e) {
+                  throw UsageError(where[i] + ": " + e.what());
+                } catch (const Error& e) {
+                  if (int(e.code()) > 128) throw;  // stopped
+                  FT_FAIL(where[i], ": ", e.what());
+                }
+                batch_tokens +=
+                    pref_encoded[i].chosen.ids.size() + pref_encoded[i].rejected.ids.size();
+                batch_docs += 2;
+              },
+              tick);
+          for (const PreferenceTokens& p : pref_encoded) write_pair(p);
+        } else if (chat) {
           const uint64_t batch_start = reader.bytes_read();
           while (convs.size() < kBatchDocs && reader.bytes_read() - batch_start < kBatchBytes &&
                  (more = reader.next_conversation(opt.format == "alpaca", &conv))) {

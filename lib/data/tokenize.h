@@ -9,15 +9,19 @@
 //          naming file:line.
 //   chat   every non-blank line is one conversation: `messages` or ShareGPT `conversations`
 //   alpaca every non-blank line is instruction/input/output (both: chat.h)
+//   preference  every non-blank line is a pair: prompt, chosen, rejected (preference.h)
 // Each text/jsonl document becomes BOS + encode(text) + EOS; a tokenizer without BOS (or EOS)
 // id, i.e. -1, gets none, and the shard records -1 in bos_id (eos_id). A chat or alpaca
 // document is the conversation rendered with the tokenizer folder's chat template and
 // tokenized as is (the template writes its own special tokens), with a loss_mask marking the
-// assistant's tokens (chat.h) unless train_on_prompt.
+// assistant's tokens (chat.h) unless train_on_prompt. A preference record is two documents,
+// chosen then rejected (each prompt + completion), with the loss_mask of preference.h, in
+// ft-preference shards.
 //
 // Shards: documents never span shards, so every shard is self-contained (doc_offsets[0] = 0
 // and each offset starts a whole document). A shard is closed when the next document would
-// take it past `shard_tokens`; a single document longer than that gets a shard of its own.
+// take it past `shard_tokens`; a single document longer than that gets a shard of its own. A
+// preference pair is placed as one document would be (its two documents stay together).
 // Files are named shard_00000.h5, shard_00001.h5, ... (sortable).
 //
 // The output appears whole or not at all: shards are written into a hidden staging folder
@@ -55,10 +59,11 @@ struct TokenizeOptions {
   std::string tokenizer;            // .model, tokenizer.json or HF folder (load_tokenizer)
   std::vector<std::string> inputs;  // files, in order
   std::string output_dir;           // created if missing; must not already hold *.h5
-  // auto (by extension: .jsonl/.json -> jsonl) | text | jsonl | chat | alpaca
+  // auto (by extension: .jsonl/.json -> jsonl) | text | jsonl | chat | alpaca | preference
   std::string format = "auto";
   std::string field = "text";    // JSONL field
-  bool train_on_prompt = false;  // chat/alpaca: no loss_mask (every token is trained on)
+  bool train_on_prompt = false;  // chat/alpaca: no loss_mask (every token is trained on);
+                                 // refused with preference
   int64_t shard_tokens = 16 * 1024 * 1024;
   int threads = 0;                  // 0: all cores
   bool progress = true;             // progress lines on stderr every few seconds
@@ -73,7 +78,8 @@ struct TokenizeSummary {
   uint64_t documents = 0;
   uint64_t tokens = 0;
   int shards = 0;
-  uint64_t trained_tokens = 0;           // chat/alpaca with masks: tokens with loss_mask 1
+  uint64_t pairs = 0;                    // preference: pairs (documents / 2)
+  uint64_t trained_tokens = 0;           // with masks: tokens with loss_mask 1
   double load_seconds = 0;               // loading the tokenizer and the chat template
   double seconds = 0;                    // the rest: reading, encoding and writing
   std::vector<std::string> shard_paths;  // in output_dir
