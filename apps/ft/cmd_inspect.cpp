@@ -21,6 +21,7 @@
 #include "core/files.h"
 #include "data/chat.h"
 #include "data/loader.h"
+#include "data/preference.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "model/layout.h"
@@ -84,13 +85,39 @@ void print_packing(ShardSet& set, int seq_len, const std::string& overflow) {
                     : detail::concat("dropped (", st.dropped_tokens, " tokens)").c_str());
 }
 
+// A preference folder's pairs (DESIGN.md §6 "Preference data") and their lengths.
+void print_preference(ShardSet& set) {
+  const PreferenceLengths st = preference_lengths(set);
+  std::printf("  pairs:            %llu (documents 2k and 2k+1: chosen, rejected)\n",
+              (unsigned long long)st.pairs);
+  std::printf("  lengths (tokens):        min      mean       max\n");
+  using Row = std::pair<const char*, const LengthStats*>;
+  for (const auto& [name, l] : {Row{"prompt", &st.prompt}, Row{"chosen completion", &st.chosen},
+                                Row{"rejected completion", &st.rejected}})
+    std::printf("    %-20s %8llu %9.1f %9llu\n", name, (unsigned long long)l->min, l->mean(),
+                (unsigned long long)l->max);
+  std::printf(
+      "    (a prompt: the tokens before a sequence's first trained one; a completion: the rest)\n");
+  if (st.prompts_differ > 0)
+    std::printf(
+        "  note: %llu pair%s whose chosen and rejected sequences start with different prompts "
+        "(the template renders the prompt otherwise before each completion); a pair's prompt "
+        "above is its chosen sequence's\n",
+        (unsigned long long)st.prompts_differ, st.prompts_differ == 1 ? "" : "s");
+}
+
 int inspect_shards(const std::string& dir, int seq_len, const std::string& overflow) {
   ShardSet set(dir);  // validates every shard; errors name the file
   const auto& shards = set.shards();
   const ShardAttributes& a = set.attrs();
+  if (a.preference && seq_len > 0)
+    throw UsageError(dir +
+                     ": --seq-len shows data.pack's windows, and a folder of preference pairs "
+                     "is not packed");
   int with_mask = 0;
   for (const ShardInfo& s : shards) with_mask += s.has_loss_mask;
-  std::printf("shard folder %s\n", dir.c_str());
+  std::printf("shard folder %s%s\n", dir.c_str(),
+              a.preference ? " (preference pairs, format ft-preference)" : "");
   std::printf("  files:            %zu\n", shards.size());
   std::printf("  tokens:           %llu\n", (unsigned long long)set.total_tokens());
   std::printf("  documents:        %llu\n", (unsigned long long)set.total_documents());
@@ -110,6 +137,7 @@ int inspect_shards(const std::string& dir, int seq_len, const std::string& overf
     std::printf("  %-24s %14llu %12llu %s\n", fs::path(s.path).filename().c_str(),
                 (unsigned long long)s.num_tokens, (unsigned long long)s.num_documents,
                 s.has_loss_mask ? "yes" : "no");
+  if (a.preference) print_preference(set);
   if (seq_len > 0) print_packing(set, seq_len, overflow);
   // Leftovers of an interrupted `ft tokenize` are ignored by readers, but worth knowing about.
   int partial = 0;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/json_describe.h"
+#include "data/shard.h"
 
 namespace ft {
 namespace {
@@ -188,6 +189,58 @@ PreferenceTokens tokenize_preference(const PreferenceRecord& record, const Token
       throw UsageError(std::string("\"") + key +
                        "\": no token of the completion to train on (the chat template renders "
                        "no content and no end-of-turn token for it)");
+  }
+  return out;
+}
+
+void LengthStats::add(uint64_t n) {
+  min = count ? std::min(min, n) : n;
+  max = count ? std::max(max, n) : n;
+  sum += n;
+  ++count;
+}
+
+PreferenceLengths preference_lengths(ShardSet& set) {
+  // Pairs are read a stretch of whole pairs at a time (one read for many small pairs), at least
+  // one pair whatever its length.
+  constexpr uint64_t kReadTokens = uint64_t(1) << 20;
+  PreferenceLengths out;
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  for (size_t s = 0; s < set.shards().size(); ++s) {
+    const ShardInfo& info = set.shards()[s];
+    FT_CHECK(info.attrs.preference, "preference_lengths on a folder of token documents");
+    const std::vector<uint64_t> offsets = set.read_doc_offsets(s);
+    auto doc_end = [&](size_t d) {
+      return d + 1 < offsets.size() ? offsets[d + 1] : info.num_tokens;
+    };
+    uint64_t have_from = 0, have_to = 0;  // tokens[have_from, have_to) are in the buffers
+    for (size_t d = 0; d + 1 < offsets.size(); d += 2) {
+      const uint64_t from = offsets[d], to = doc_end(d + 1);
+      if (to > have_to) {
+        have_from = from;
+        have_to = std::max(to, std::min(from + kReadTokens, info.num_tokens));
+        tokens.resize(have_to - have_from);
+        mask.resize(have_to - have_from);
+        set.read(s, have_from, have_to - have_from, tokens.data(), mask.data());
+      }
+      // Each sequence's mask-0 prefix (its prompt) and the rest (its completion).
+      uint64_t prompt[2], length[2];
+      for (int k = 0; k < 2; ++k) {
+        const uint64_t b = offsets[d + k] - have_from, e = doc_end(d + k) - have_from;
+        const auto first_trained = std::find(mask.begin() + b, mask.begin() + e, 1);
+        prompt[k] = uint64_t(first_trained - (mask.begin() + b));
+        length[k] = e - b;
+      }
+      out.prompt.add(prompt[0]);
+      out.chosen.add(length[0] - prompt[0]);
+      out.rejected.add(length[1] - prompt[1]);
+      const auto chosen_begin = tokens.begin() + (offsets[d] - have_from);
+      const auto rejected_begin = tokens.begin() + (offsets[d + 1] - have_from);
+      out.prompts_differ += prompt[0] != prompt[1] ||
+                            !std::equal(chosen_begin, chosen_begin + prompt[0], rejected_begin);
+      ++out.pairs;
+    }
   }
   return out;
 }

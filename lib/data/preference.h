@@ -35,6 +35,8 @@
 
 namespace ft {
 
+class ShardSet;  // data/shard.h
+
 struct PreferenceRecord {
   bool messages = false;  // a message-list form (explicit or implicit prompt), else text
   // text: the three strings
@@ -58,5 +60,24 @@ struct PreferenceTokens {
 // a completion to train on.
 PreferenceTokens tokenize_preference(const PreferenceRecord& record, const Tokenizer& tok,
                                      const ChatTemplate* chat, int32_t bos_id, int32_t eos_id);
+
+// Lengths in tokens over a shard folder's pairs, for `ft inspect`.
+struct LengthStats {
+  uint64_t count = 0, min = 0, max = 0, sum = 0;
+  void add(uint64_t n);
+  double mean() const { return count ? double(sum) / double(count) : 0.0; }
+};
+struct PreferenceLengths {
+  uint64_t pairs = 0;
+  // A sequence's prompt is its mask-0 prefix, its completion the tokens from its first trained
+  // one to its end. A pair's prompt is its chosen sequence's.
+  LengthStats prompt, chosen, rejected;
+  // Pairs whose two sequences start with different prompts (message lists whose template
+  // renders the prompt differently before each completion); 0 for what ft tokenize writes from
+  // text records.
+  uint64_t prompts_differ = 0;
+};
+// Reads every pair's tokens and mask (a preference folder: ShardAttributes::preference).
+PreferenceLengths preference_lengths(ShardSet& set);
 
 }  // namespace ft

@@ -1,7 +1,7 @@
 // data/preference: records of the three forms (lib/data/preference.h) and their errors, text
 // pairs' tokens and masks, message pairs' masks (the chat rule for the last message alone, from
-// varying that message only) against the rule's full renderings. Agreement with transformers:
-// tests/cli/test_preference_data.sh.
+// varying that message only) against the rule's full renderings, and the lengths ft inspect
+// reports. Agreement with transformers: tests/cli/test_preference_data.sh.
 #include <doctest/doctest.h>
 
 #include <fstream>
@@ -13,6 +13,7 @@
 #include "chat_tokenizer.h"
 #include "core/error.h"
 #include "data/preference.h"
+#include "data/shard.h"
 #include "temp_dir.h"
 
 namespace {
@@ -259,4 +260,43 @@ TEST_CASE("data/preference: a completion with no token to train on is refused, n
   r.rejected_conversation = messages({{"user", "q"}, {"assistant", ""}});
   CHECK_THROWS_WITH_AS(ft::tokenize_preference(r, *tok, &t, -1, -1),
                        has("\"rejected\": no token of the completion to train on"), ft::UsageError);
+}
+
+TEST_CASE("data/preference: lengths of prompts and completions over a shard folder") {
+  TempDir dir;
+  ft::ShardAttributes a;
+  a.preference = true;
+  a.vocab_size = 100;
+  a.tokenizer_sha256 = std::string(64, 'a');
+  ft::ShardWriter::Options opt;
+  opt.loss_mask = true;
+  opt.chunk_tokens = 3;  // pairs across chunks
+  // Pairs of (tokens, mask): prompt lengths 2, 0, 3; chosen completions 3, 1, 2; rejected 1, 4,
+  // 2 (the third's rejected prompt differs from its chosen one's).
+  const std::vector<std::pair<std::vector<int32_t>, std::vector<uint8_t>>> docs = {
+      {{1, 5, 6, 7, 2}, {0, 0, 1, 1, 1}},
+      {{1, 5, 2}, {0, 0, 1}},
+      {{9}, {1}},
+      {{8, 8, 8, 2}, {1, 1, 1, 1}},
+      {{1, 4, 4, 7, 2}, {0, 0, 0, 1, 1}},
+      {{1, 4, 3, 7, 2}, {0, 0, 0, 1, 1}}};
+  for (int shard = 0; shard < 2; ++shard) {
+    ft::ShardWriter w(dir.file("shard_0000" + std::to_string(shard) + ".h5"), a, opt);
+    for (size_t d = shard == 0 ? 0 : 4; d < (shard == 0 ? 4u : 6u); ++d)
+      w.add_document(docs[d].first, &docs[d].second);
+    w.close();
+  }
+  ft::ShardSet set(dir.path);
+  const ft::PreferenceLengths st = ft::preference_lengths(set);
+  CHECK(st.pairs == 3);
+  CHECK(st.prompt.min == 0);
+  CHECK(st.prompt.max == 3);
+  CHECK(st.prompt.mean() == doctest::Approx(5.0 / 3));
+  CHECK(st.chosen.min == 1);
+  CHECK(st.chosen.max == 3);
+  CHECK(st.chosen.sum == 6);
+  CHECK(st.rejected.min == 1);
+  CHECK(st.rejected.max == 4);
+  CHECK(st.rejected.sum == 7);
+  CHECK(st.prompts_differ == 1);
 }
