@@ -168,11 +168,13 @@ printf '%s\n' '{"text": "plain text"}' > "$tmp/plain.jsonl"
 "$ft" tokenize --tokenizer "$tmp/qwen2_5" --input "$tmp/plain.jsonl" --output "$tmp/plain_qwen" \
   > /dev/null || fail "ft tokenize of text with the qwen2_5 folder"
 
-"$PY" - "$tmp" <<'EOF' || fail "ft's chat tokens or masks differ from transformers' (above)"
+"$PY" - "$tmp" "$src/tests/cli" <<'EOF' || fail "ft's chat tokens or masks differ from transformers' (above)"
 import json, sys
 import h5py
 from transformers import AutoTokenizer
 t = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+from chat_reference import reference  # the mask rule of DESIGN.md §6 from transformers
 
 def messages_of(rec, alpaca):
     if alpaca:
@@ -182,44 +184,6 @@ def messages_of(rec, alpaca):
     if "messages" in rec: return rec["messages"]
     roles = {"system": "system", "human": "user", "gpt": "assistant"}
     return [{"role": roles[m["from"]], "content": m["value"]} for m in rec["conversations"]]
-
-def ids_of(x):  # apply_chat_template(tokenize=True) gives a list or a BatchEncoding
-    return list(x["input_ids"]) if hasattr(x, "keys") else list(x)
-
-def reference(tok, msgs):
-    """Tokens and the mask rule of DESIGN.md §6, from transformers' renderings and tokens."""
-    ids = ids_of(tok.apply_chat_template(msgs, tokenize=True))
-    text = tok.apply_chat_template(msgs, tokenize=False)
-    r = text.encode("utf-8")
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    assert enc["input_ids"] == ids
-    added = {i: a for i, a in tok.backend_tokenizer.get_added_tokens_decoder().items()}
-    # Each token's bytes of R: its offsets (characters of the text, through the normalizer)
-    # in bytes.
-    byte_at = [0]
-    for c in text: byte_at.append(byte_at[-1] + len(c.encode("utf-8")))
-    spans = [(byte_at[b], byte_at[e]) for b, e in enc["offset_mapping"]]
-    mask = [0] * len(ids)
-    for i, m in enumerate(msgs):
-        if m["role"] != "assistant": continue
-        start, min_suffix = len(r), len(r)
-        for x in ("A", "B"):
-            alt = [dict(mm) for mm in msgs]
-            alt[i]["content"] = x
-            rx = tok.apply_chat_template(alt, tokenize=False).encode("utf-8")
-            p = 0
-            while p < min(len(r), len(rx)) and r[p] == rx[p]: p += 1
-            s = 0
-            while s < min(len(r), len(rx)) - p and r[-1 - s] == rx[-1 - s]: s += 1
-            start, min_suffix = min(start, p), min(min_suffix, s)
-        end = len(r) - min_suffix
-        for k in range(len(ids)):
-            if start < end and spans[k][0] < end and spans[k][1] > start: mask[k] = 1
-        k = next((k for k in range(len(ids)) if spans[k][0] >= end), None)
-        if k is not None and k in range(len(ids)) and added.get(ids[k]) is not None \
-                and added[ids[k]].special:
-            mask[k] = 1
-    return ids, mask
 
 chats = [json.loads(l) for l in open(f"{t}/chat.jsonl") if l.strip()]
 alpacas = [json.loads(l) for l in open(f"{t}/alpaca.jsonl") if l.strip()]
