@@ -193,7 +193,9 @@ int run_command_line(int argc, char** argv) {
   auto* i = app.add_subcommand("inspect", "Summarise a shard folder, checkpoint or HF folder");
   i->add_option("path", insp.path, "Folder to inspect")->required();
   i->add_option("--seq-len", insp.seq_len,
-                "Shard folders: how data.pack would pack them into windows of this many tokens")
+                "Shard folders: how data.pack would pack them into windows of this many tokens "
+                "(a preference folder: the pairs DPO training would cut and drop at this "
+                "data.seq_len)")
       ->check(integer_in(1, kMaxInspectSeqLen));
   i->add_option("--pack-overflow", insp.pack_overflow,
                 "With --seq-len: documents longer than a window are split (default) or dropped")

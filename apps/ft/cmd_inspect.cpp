@@ -106,14 +106,27 @@ void print_preference(ShardSet& set) {
         (unsigned long long)st.prompts_differ, st.prompts_differ == 1 ? "" : "s");
 }
 
+// What the DPO loader makes of the pairs at data.seq_len (loader.h "Preference pairs"): each
+// sequence is a row of its own, never packed, so the length only cuts and drops.
+void print_preference_windows(ShardSet& set, int seq_len) {
+  const PreferenceStats st = preference_stats(set, seq_len);
+  std::printf("  pairs at seq_len %d (training.objective: dpo):\n", seq_len);
+  std::printf("    kept:           %llu of %llu\n", (unsigned long long)st.kept(),
+              (unsigned long long)st.pairs);
+  std::printf(
+      "    cut:            %llu (kept, a sequence cut to its first %lld tokens: its completion "
+      "loses its end)\n",
+      (unsigned long long)st.cut, (long long)seq_len + 1);
+  std::printf(
+      "    dropped:        %llu (a sequence with no trained target in its first %d positions: "
+      "the prompt fills them; or one of fewer than 2 tokens)\n",
+      (unsigned long long)st.dropped, seq_len);
+}
+
 int inspect_shards(const std::string& dir, int seq_len, const std::string& overflow) {
   ShardSet set(dir);  // validates every shard; errors name the file
   const auto& shards = set.shards();
   const ShardAttributes& a = set.attrs();
-  if (a.preference && seq_len > 0)
-    throw UsageError(dir +
-                     ": --seq-len shows data.pack's windows, and a folder of preference pairs "
-                     "is not packed");
   int with_mask = 0;
   for (const ShardInfo& s : shards) with_mask += s.has_loss_mask;
   std::printf("shard folder %s%s\n", dir.c_str(),
@@ -137,8 +150,12 @@ int inspect_shards(const std::string& dir, int seq_len, const std::string& overf
     std::printf("  %-24s %14llu %12llu %s\n", fs::path(s.path).filename().c_str(),
                 (unsigned long long)s.num_tokens, (unsigned long long)s.num_documents,
                 s.has_loss_mask ? "yes" : "no");
-  if (a.preference) print_preference(set);
-  if (seq_len > 0) print_packing(set, seq_len, overflow);
+  if (a.preference) {
+    print_preference(set);
+    if (seq_len > 0) print_preference_windows(set, seq_len);
+  } else if (seq_len > 0) {
+    print_packing(set, seq_len, overflow);
+  }
   // Leftovers of an interrupted `ft tokenize` are ignored by readers, but worth knowing about.
   int partial = 0;
   std::error_code ec;

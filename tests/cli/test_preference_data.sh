@@ -14,7 +14,8 @@
 #      ids, then each completion's ids + EOS, mask 1 on the completion; message lists as
 #      apply_chat_template(prompt + [completion], tokenize=True) with the chat mask rule for the
 #      last message alone; implicit prompts as their longest common prefix of messages. ft
-#      inspect reports the pairs and the prompts' and completions' lengths.
+#      inspect reports the pairs and the prompts' and completions' lengths, and with --seq-len
+#      the pairs the DPO loader would cut and drop (the rule of lib/data/loader.h).
 #   c. Input errors (exit 2, file:line and the key, no output left behind): a missing key, mixed
 #      forms, a non-string content, an empty or two-message completion, a non-assistant
 #      completion, implicit prompts that leave no single assistant message or none at all,
@@ -117,6 +118,9 @@ for f in "${families[@]}"; do
   has_out "12 pairs (24 documents)"
   run_rc 0 "$ft" inspect "$tmp/pref_$f"
   cp "$tmp/out.txt" "$tmp/inspect_$f.txt"
+  # What DPO training's loader keeps, cuts and drops at a data.seq_len that cuts and drops some.
+  run_rc 0 "$ft" inspect "$tmp/pref_$f" --seq-len 20
+  cp "$tmp/out.txt" "$tmp/inspect_20_$f.txt"
 done
 "$PY" - "$tmp" "$src/tests/cli" <<'EOF' || fail "ft's preference pairs differ from the reference (above)"
 import glob, json, re, sys
@@ -185,6 +189,23 @@ for fam in ["llama3", "qwen2_5"]:
         if row not in " ".join(text.split()):
             bad += 1
             print(f"{fam}: ft inspect lacks the row '{row}':\n{text}")
+    # --seq-len T: a sequence of n tokens is cut when n - 1 > T; a pair is dropped when a
+    # sequence has fewer than 2 tokens, or is cut with no trained target among its first T.
+    T, cut, dropped = 20, 0, 0
+    for k in range(len(recs)):
+        seqs = [docs[2 * k + j] for j in range(2)]
+        if any(len(ids) < 2 or (len(ids) - 1 > T and 1 not in mask[1:T + 1])
+               for ids, mask in seqs):
+            dropped += 1
+        elif any(len(ids) - 1 > T for ids, _ in seqs):
+            cut += 1
+    assert 0 < cut and 0 < dropped, (fam, cut, dropped)  # T is chosen to show both
+    text = " ".join(open(f"{t}/inspect_20_{fam}.txt").read().split())
+    for want in (f"kept: {len(recs) - dropped} of {len(recs)}", f"cut: {cut} (",
+                 f"dropped: {dropped} ("):
+        if want not in text:
+            bad += 1
+            print(f"{fam}: ft inspect --seq-len {T} lacks '{want}':\n{text}")
     print(f"{fam}: {len(recs)} pairs checked")
 sys.exit(1 if bad else 0)
 EOF
