@@ -812,14 +812,14 @@ std::vector<std::vector<int>> plan_roles(const MemoryPlan& plan) {
     return k;
   };
   auto key = [&links_key](const RankPlan& r) {
-    return std::make_tuple(
-        r.stage, r.first_layer, r.num_layers, r.embed, r.head, r.holds, r.params.bytes,
-        r.grads.bytes, r.optim.bytes, r.activations.bytes, r.comm_buffers.bytes, r.backend.bytes,
-        r.other_bytes, r.total_bytes, r.startup_bytes, r.startup_params_bytes, r.eval_bytes,
-        r.reference_bytes,
-        r.host_pinned_by, r.host_pageable_by, r.host_peak_bytes, r.host_need_bytes,
-        r.sent_data.bytes, r.sent_data.how, r.sent_tensor.bytes, r.sent_tensor.how,
-        r.sent_pipeline.bytes, r.sent_pipeline.how, r.sent_world.bytes, links_key(r));
+    return std::make_tuple(r.stage, r.first_layer, r.num_layers, r.embed, r.head, r.holds,
+                           r.params.bytes, r.grads.bytes, r.optim.bytes, r.activations.bytes,
+                           r.comm_buffers.bytes, r.backend.bytes, r.other_bytes, r.total_bytes,
+                           r.startup_bytes, r.startup_params_bytes, r.eval_bytes, r.reference_bytes,
+                           r.host_pinned_by, r.host_pageable_by, r.host_peak_bytes,
+                           r.host_need_bytes, r.sent_data.bytes, r.sent_data.how,
+                           r.sent_tensor.bytes, r.sent_tensor.how, r.sent_pipeline.bytes,
+                           r.sent_pipeline.how, r.sent_world.bytes, links_key(r));
   };
   std::vector<std::vector<int>> roles;
   std::map<decltype(key(plan.ranks.front())), size_t> index;

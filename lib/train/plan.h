@@ -107,7 +107,7 @@ struct RankPlan {
   // log-probabilities are computed before step 1 (this rank's batch, forward only); 0 otherwise.
   // (With reference base that pass runs inside every step, and the step's figures hold it.)
   int64_t reference_bytes = 0;
-  int64_t peak_bytes = 0;  // max(total, startup, eval, reference)
+  int64_t peak_bytes = 0;   // max(total, startup, eval, reference)
   int64_t allocations = 0;  // alloc() calls counted, setup and step
 
   // Host memory (DESIGN.md §4 "Host memory"): what the rank's code takes through
