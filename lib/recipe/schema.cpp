@@ -401,7 +401,11 @@ std::string format_value(const Value& v) {
     std::string operator()(bool x) const { return x ? "true" : "false"; }
     std::string operator()(const std::string& x) const { return x; }
     std::string operator()(const Betas& b) const {
-      return "[" + format_double(b[0]) + ", " + format_double(b[1]) + "]";
+      std::string out = "[";  // appended, as below: GCC 12 warns (-Wrestrict) on "[" + ...
+      out += format_double(b[0]);
+      out += ", ";
+      out += format_double(b[1]);
+      return out + "]";
     }
     std::string operator()(const Names& n) const {
       std::string out = "[";  // appended, not "[" + ...: GCC 12 warns (-Wrestrict) on the sum
