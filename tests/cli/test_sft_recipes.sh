@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # recipes/sft_qwen.yaml and recipes/sft_llama3.yaml run as README "Fine-tune on chat data" says
-# (and recipes/lora_qwen.yaml and recipes/qlora_llama3_70b.yaml as README "Fine-tune with LoRA" does, at the end of step 3),
+# (and recipes/lora_qwen.yaml and recipes/qlora_llama3_70b.yaml as README "Fine-tune with LoRA" does, at the end of step 3,
+# and recipes/dpo_qwen.yaml after lora_qwen.yaml, as README "Align with preferences (DPO)"),
 # each on its tiny twin: a Hugging Face folder made here by tests/ref/sft_tiny_models.py (random
 # Qwen2 / Llama 3.1-style models by transformers 4.46.3, byte-level BPE tokenizers trained here,
 # the Qwen2.5 and Llama 3.1 Instruct chat templates of tests/data/chat_templates) and JSONL
@@ -116,6 +117,61 @@ run_rc 0 "$ft" export "$tmp/run_lora/checkpoints" --output "$tmp/lora_adapter"
   fail "lora_qwen: the export is not a PEFT folder"
 run_rc 0 "$ft" export "$tmp/run_lora/checkpoints" --output "$tmp/lora_merged" --merge --dtype bf16
 [[ -f $tmp/lora_merged/config.json ]] || fail "lora_qwen: the merged export has no config.json"
+
+# recipes/dpo_qwen.yaml after lora_qwen.yaml, as its comments say: preference pairs (message
+# lists: the question, the right capital chosen, a wrong one rejected) tokenized with the merged
+# export of the LoRA run, then DPO with a new adapter on that model, the reference the model with
+# the adapter off. The recipe runs as written (adapter, reference base, bf16, activation
+# checkpointing, evaluation): step 1's loss is ln 2 (the policy is the reference), every step and
+# the evaluation carry the DPO figures, and the adapter exports as a PEFT folder. What it learns
+# is not asserted here: this twin's random base barely ties a capital to its country (seen: the
+# held-out margin stays near 1e-5 whatever the rate); tests/ref/test_dpo.py's toy set shows DPO
+# learning, with full fine-tuning and with LoRA.
+/usr/bin/python3 - "$tmp" <<'EOF'
+import json, os, sys
+countries = [("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Spain", "Madrid"),
+             ("Egypt", "Cairo"), ("Peru", "Lima"), ("Chile", "Santiago"), ("Kenya", "Nairobi")]
+for split, lo, hi in (("train", 0, 48), ("valid", 48, 64)):
+    with open(os.path.join(sys.argv[1], f"pairs_{split}.jsonl"), "w") as f:
+        for i in range(lo, hi):
+            country, capital = countries[i % 8]
+            wrong = countries[(i + 1 + (i // 8) % 7) % 8][1]  # never the right one
+            f.write(json.dumps({
+                "prompt": [{"role": "user", "content": f"What is the capital of {country}?"}],
+                "chosen": [{"role": "assistant", "content": f"The capital of {country} is {capital}."}],
+                "rejected": [{"role": "assistant", "content": f"The capital of {country} is {wrong}."}]}) + "\n")
+EOF
+for split in train valid; do
+  run_rc 0 "$ft" tokenize --tokenizer "$tmp/lora_merged" --format preference \
+    --input "$tmp/pairs_$split.jsonl" --output "$tmp/dpo_$split"
+done
+args=("model.from=$tmp/lora_merged" "tokenizer.path=$tmp/lora_merged" "data.train=$tmp/dpo_train"
+      "data.valid=$tmp/dpo_valid" "run.output_dir=$tmp/run_dpo" data.seq_len=64
+      training.steps=20 training.micro_batch_size=4 training.global_batch_size=8
+      training.eval_every_steps=20 optimizer.lr=3.0e-3 scheduler.warmup_steps=3
+      scheduler.min_lr=3.0e-4)
+run_rc 0 "$ft" train "$src/recipes/dpo_qwen.yaml" "${args[@]}"
+for kv in "objective: dpo" "reference: base" "type: lora" "precision: bf16" \
+          "activation_checkpointing: true"; do
+  grep -q "^ *$kv" "$tmp/out.txt" || fail "dpo_qwen.yaml: the resolved recipe lacks $kv"
+done
+has_out "ft: dpo: 48 preference pairs"
+/usr/bin/python3 - "$tmp/run_dpo/metrics.jsonl" <<'EOF' || fail "dpo_qwen: the loss"
+import json, math, sys
+lines = list(map(json.loads, open(sys.argv[1])))
+losses = [l["loss"] for l in lines if "loss" in l]
+ev = [l for l in lines if "eval_reward_accuracy" in l]
+print(f"dpo_qwen: loss {losses[0]:.3f} -> {losses[-1]:.3f}, held-out reward accuracy "
+      f"{ev[-1]['eval_reward_accuracy']:.2f}, margin {ev[-1]['eval_reward_margin']:.3f}")
+assert len(losses) == 20 and abs(losses[0] - math.log(2)) < 1e-9, losses
+assert all(math.isfinite(x) for x in losses) and len(ev) == 1, (losses, ev)
+keys = ["rewards_chosen", "rewards_rejected", "reward_margin", "reward_accuracy", "logps_chosen",
+        "logps_rejected"]
+assert all(k in l for l in lines if "loss" in l for k in keys), lines[0]
+assert all("eval_" + k in ev[0] for k in keys), ev
+EOF
+run_rc 0 "$ft" export "$tmp/run_dpo/checkpoints" --output "$tmp/dpo_adapter"
+[[ -f $tmp/dpo_adapter/adapter_model.safetensors ]] || fail "dpo_qwen: the export is not a PEFT folder"
 
 # 3b. The end-of-turn token's row: trained-looking in the twin (its run above said nothing of it),
 # zero in a copy.

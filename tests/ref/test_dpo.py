@@ -22,7 +22,8 @@ reference applies the same rules (a row is the sequence's first T + 1 tokens).
    determiner, noun, each from its own words) after a prompt token; the chosen completion is the
    sentence, the rejected one the same words shuffled. A randomly initialised model trained with
    DPO alone reaches reward_accuracy >= 0.9 on held-out pairs (the validation set) and on the
-   last training steps.
+   last training steps; so does a LoRA adapter on that random model's frozen base with
+   dpo.reference: base.
 """
 
 import json
@@ -270,8 +271,8 @@ def loss_kind_case(tmp, kind, beta, eps):
               f"{loss:.8f}, grad_norm ft {got['grad_norm']:.6f} torch {norm:.6f}")
 
 
-def toy_case(tmp):
-    case = os.path.join(tmp, "toy")
+def toy_case(tmp, label="toy", lora=False):
+    case = os.path.join(tmp, label)
     os.makedirs(case)
     rng = np.random.default_rng(13)
     classes = [list(range(3 + 6 * k, 9 + 6 * k)) for k in range(4)]  # det, adj, noun, verb
@@ -298,22 +299,23 @@ model: {{dim: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, ffn_dim: 64, vocab_siz
 data: {{train: {case}/data, valid: {case}/valid, seq_len: 10}}
 training: {{objective: dpo, steps: 60, micro_batch_size: 8, global_batch_size: 16,
   eval_every_steps: 60, eval_batches: 4}}
-dpo: {{beta: 0.1}}
-optimizer: {{lr: 0.003}}
+dpo: {{beta: 0.1{", reference: base" if lora else ""}}}
+optimizer: {{lr: {0.01 if lora else 0.003}}}
+{"adapter: {type: lora, r: 8, alpha: 16, target_modules: [all-linear]}" if lora else ""}
 scheduler: {{name: cosine, warmup_steps: 5}}
 logging: {{every_steps: 1, metrics: {metrics}}}
 runtime: {{threads: 2}}
 """)
     res = subprocess.run([FT, "train", r], capture_output=True, text=True)
     if res.returncode != 0:
-        check(False, f"toy: ft train failed: {res.stderr[-1500:]}")
+        check(False, f"{label}: ft train failed: {res.stderr[-1500:]}")
         return
     lines = [json.loads(l) for l in open(metrics)]
     steps = [l for l in lines if "reward_accuracy" in l]
     evals = [l for l in lines if "eval_reward_accuracy" in l]
     last = sum(l["reward_accuracy"] for l in steps[-5:]) / 5
     check(len(evals) == 1 and evals[0]["eval_reward_accuracy"] >= 0.9 and last >= 0.9,
-          f"toy: reward_accuracy of the last 5 steps {last:.3f}, held out "
+          f"{label}: reward_accuracy of the last 5 steps {last:.3f}, held out "
           f"{evals[0]['eval_reward_accuracy'] if evals else None} (first step "
           f"{steps[0]['reward_accuracy']}, margin {steps[-1]['reward_margin']:.3f})")
 
@@ -325,6 +327,8 @@ def main():
         loss_kind_case(tmp, "hinge", 2.0, 0.0)
         loss_kind_case(tmp, "sigmoid", 0.5, 0.1)
         toy_case(tmp)
+        # LoRA on the random model's frozen base, the reference that base (the adapter off).
+        toy_case(tmp, "toy_lora", lora=True)
     if failures:
         print(f"{len(failures)} check(s) failed")
         sys.exit(1)
