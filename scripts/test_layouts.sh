@@ -54,7 +54,7 @@ while [[ ${1:-} == --* ]]; do
     --set) sets+=("$2"); shift ;;
     --only) only=$2; shift ;;
     --dpo) dpo=1; sets+=(training.objective=dpo dpo.beta=0.5)
-           [[ $subset == few ]] || subset=arch ;;
+           [[ $subset != all ]] || subset=arch ;;
     --freeze) export FT_TEST_FREEZE=$2; subset=few; shift ;;
     --lora) sets+=(adapter.type=lora adapter.r=4 adapter.alpha=8 adapter.target_modules=all-linear)
             subset=few ;;

@@ -3,8 +3,8 @@
 # of tests/ref/test_dpo.py:
 #  1. tensor 2, pipeline 2 and data 2 with ZeRO-3 train as one process does
 #     (scripts/test_layouts.sh --dpo, compare_layouts.py's bounds);
-#  2. LoRA with dpo.reference: base (the adapter's hooks off) in the layouts of --lora, with
-#     dropout; and base gives the same run as initial (bit for bit: the base is frozen and B
+#  2. LoRA with dpo.reference: base (the adapter's hooks off) in two layouts of --lora, with
+#     dropout, and QLoRA in data 2 with ZeRO-2; and base gives the same run as initial (bit for bit: the base is frozen and B
 #     starts at 0, so the model at step 0 IS the base), while a reference that were the policy
 #     itself would keep the loss at ln 2;
 #  3. the head in chunks of one row trains as in one chunk; a run killed after a checkpoint resumes to the same bits, reading the reference kept in the
@@ -18,8 +18,10 @@
 #     the backward pass), step 1 exactly ln 2 and its norm within 1e-2, later losses within 0.1
 #     relative: DPO's loss is a function of the difference between sums of log-probabilities,
 #     each token's rounded to bf16's 8 bits at other points on the two backends (seen 6.3e-2
-#     at a step whose loss is 0.34, the fp32 run's 0.35 between the two), norms within 0.2.
-# About 40 s on 2 cores.
+#     at a step whose loss is 0.34, the fp32 run's 0.35 between the two), norms within 0.2;
+#     ZeRO-3 with both offloads (optimizer and parameters in host memory) as the emulated run
+#     without, within 1e-6.
+# About 45 s on 2 cores.
 #   bash tests/cli/test_dpo.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 echo "--- 1. layouts"
@@ -27,6 +29,7 @@ bash "$src/scripts/test_layouts.sh" --dpo "$build"
 echo "--- 2. LoRA with reference: base"
 bash "$src/scripts/test_layouts.sh" --dpo --lora --set dpo.reference=base --set adapter.dropout=0.1 \
   --only pipeline2,data2_tensor2_z3 "$build"
+bash "$src/scripts/test_layouts.sh" --dpo --qlora --set dpo.reference=base --only data2_z2 "$build"
 
 mpi_env
 /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" "$tmp/other" --vocab 64 --pairs 9 \
@@ -128,6 +131,14 @@ if [[ -x $emu ]]; then
   /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$tmp/cpu_bf16" "$tmp/emu_bf16" \
     "${cmp_args[@]}" --loss-rel 0.1 --norm-rel 0.2 --step1-loss-rel 0 --step1-norm-rel 1e-2 ||
     fail "emu bf16: not the CPU's run"
+  # Offload (ZeRO 3, the optimizer and the parameters' shards in host memory): the emulated run
+  # without it, within test_cuda_emu_offload.sh's fp32 bounds.
+  "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/emu_offload" runtime.device=cuda \
+    parallel.zero_stage=3 parallel.offload_optimizer=cpu parallel.offload_params=cpu \
+    checkpoint.every_steps=0 > "$tmp/emu_offload.log" 2>&1 ||
+    fail "emu offload: $(tail -3 "$tmp/emu_offload.log")"
+  /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$tmp/emu_offload" "$tmp/emu_fp32" \
+    "${cmp_args[@]}" --loss-rel 1e-6 --norm-rel 1e-6 || fail "emu offload: not the run without"
 else
   echo "skipped: this build has no ft_emu"
 fi
