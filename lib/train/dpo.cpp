@@ -84,14 +84,17 @@ double DpoObjective::rows(const double* logp, const double* targets, int B, uint
       dlogp[b] = double(weight) * l.dchosen / nc;
       dlogp[b + 1] = double(weight) * l.drejected / nr;
     }
-    const double reward_c = c_.beta * (pc - rc), reward_r = c_.beta * (pr - rr);
+    // The metrics of the sums, whatever the loss (TRL's): IPO's means are the loss's only.
+    const double sc = logp[b], sr = logp[b + 1];
+    const double reward_c = c_.beta * (sc - ref_[at + size_t(b)]),
+                 reward_r = c_.beta * (sr - ref_[at + size_t(b) + 1]);
     stats_.pairs += 1;
     stats_.loss += l.loss;
     stats_.rewards_chosen += reward_c;
     stats_.rewards_rejected += reward_r;
     stats_.correct += reward_c > reward_r ? 1 : 0;
-    stats_.logps_chosen += pc;
-    stats_.logps_rejected += pr;
+    stats_.logps_chosen += sc;
+    stats_.logps_rejected += sr;
   }
   return loss;
 }

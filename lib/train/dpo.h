@@ -10,8 +10,10 @@
 //   ipo       (z − 1/(2β))²                               (IPO, Azar et al. 2023), with each
 //             log-probability the MEAN over the completion's tokens, not the sum, as TRL does
 // and the step's loss is the mean over the global batch's pairs. The metrics (DESIGN.md §7), as
-// TRL defines them: rewards β·(log π − log π_ref) of each completion, their margin, the share of
-// pairs whose chosen reward is the larger, and the log-probabilities themselves.
+// TRL (1.x) defines them: rewards β·(log π − log π_ref) of each completion, their margin, the
+// share of pairs whose chosen reward is the larger, and the log-probabilities themselves, all of
+// the sums whatever the loss. (ε is the label smoothing of conservative DPO as TRL's sigmoid loss
+// had it before 1.0; TRL 1.x keeps it for its "robust" loss only.)
 //
 // The reference's log-probabilities come from a pass without backward through the same model:
 // `initial` runs it once over the data before step 1 (ReferenceTable, kept in the run folder);

@@ -38,6 +38,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_ref as ref  # noqa: E402
+from dpo_ref import reference_run, rows_of  # noqa: E402
 
 BUILD, SOURCE = sys.argv[1], sys.argv[2]
 FT = os.path.join(BUILD, "ft")
@@ -59,56 +60,6 @@ def random_pairs(rng, vocab, n, T):
         r = list(rng.integers(3, vocab, rng.integers(1, 6))) + [2]
         out.append(([int(x) for x in p], [int(x) for x in c], [int(x) for x in r]))
     return out
-
-
-def rows_of(pair, T):
-    """The two rows (ids, targets, mask) of a pair as ft's loader makes them, or None when the
-    pair is dropped (a sequence with no trained target among its first T)."""
-    prompt, chosen, rejected = pair
-    rows = []
-    for completion in (chosen, rejected):
-        seq = (prompt + completion)[:T + 1]
-        m = ([0] * len(prompt) + [1] * len(completion))[:T + 1]
-        if sum(m[1:]) == 0:
-            return None
-        n = len(seq) - 1
-        ids = seq[:-1] + [0] * (T - n)
-        tgt = seq[1:] + [0] * (T - n)
-        msk = m[1:] + [0] * (T - n)
-        rows.append((ids, tgt, msk))
-    return rows
-
-
-def logps(model, rows):
-    """Sum of log p(target) over each row's masked targets: (len(rows),) float64."""
-    ids = torch.tensor([r[0] for r in rows])
-    tgt = torch.tensor([r[1] for r in rows])
-    msk = torch.tensor([r[2] for r in rows], dtype=torch.float64)
-    lp = torch.log_softmax(model.forward(ids), dim=-1)
-    tok = lp.gather(-1, tgt[..., None])[..., 0]
-    return (tok * msk).sum(-1), msk.sum(-1)
-
-
-def dpo_losses(kind, beta, eps, pc, pr, rc, rr):
-    z = (pc - rc) - (pr - rr)
-    if kind == "sigmoid":
-        return (-(1 - eps) * torch.nn.functional.logsigmoid(beta * z)
-                - eps * torch.nn.functional.logsigmoid(-beta * z))
-    if kind == "hinge":
-        return torch.relu(1 - beta * z)
-    return (z - 1 / (2 * beta)) ** 2
-
-
-def figures(kind, beta, eps, lp, n, ref_lp):
-    """The loss per pair and the metrics' per-pair values of rows (chosen, rejected, ...)."""
-    if kind == "ipo":
-        lp, ref_lp = lp / n, ref_lp / n
-    pc, pr, rc, rr = lp[0::2], lp[1::2], ref_lp[0::2], ref_lp[1::2]
-    losses = dpo_losses(kind, beta, eps, pc, pr, rc, rr)
-    rw_c, rw_r = beta * (pc - rc).detach(), beta * (pr - rr).detach()
-    return losses, {"rewards_chosen": rw_c, "rewards_rejected": rw_r,
-                    "reward_margin": rw_c - rw_r, "reward_accuracy": (rw_c > rw_r).double(),
-                    "logps_chosen": pc.detach(), "logps_rejected": pr.detach()}
 
 
 def setup(case, T):
@@ -158,42 +109,6 @@ runtime: {{threads: 2}}
         check(False, f"{case}: ft train failed ({res.returncode}): {res.stderr.strip()[-2000:]}")
         return None, res
     return [json.loads(l) for l in open(metrics)], res
-
-
-def reference_run(model, kept, vkept, steps, kind, beta, eps):
-    """The float64 DPO of steps x 4 pairs, no shuffle; returns per step (loss, norm, metrics)
-    and per evaluation step the eval figures."""
-    params = {k: torch.nn.Parameter(v.detach().double()) for k, v in model.named().items()}
-    model.p = params
-    with torch.no_grad():
-        ref_train = [logps(model, rows)[0] for rows in kept]
-        ref_valid = [logps(model, rows)[0] for rows in vkept]
-    decay = [p for p in params.values() if p.dim() >= 2]
-    no_decay = [p for p in params.values() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=0.01, betas=(0.9, 0.95), eps=1e-8)
-    N, G = len(kept), 4
-    out, evals = [], {}
-    for s in range(steps):
-        idx = [(s * G + j) % N for j in range(G)]
-        rows = [r for i in idx for r in kept[i]]
-        ref_lp = torch.cat([ref_train[i] for i in idx])
-        opt.zero_grad()
-        lp, n = logps(model, rows)
-        losses, m = figures(kind, beta, eps, lp, n, ref_lp)
-        loss = losses.mean()
-        loss.backward()
-        norm = torch.sqrt(sum((p.grad ** 2).sum() for p in params.values())).item()
-        opt.step()
-        out.append((loss.item(), norm, {k: v.mean().item() for k, v in m.items()}, m))
-        if (s + 1) % 2 == 0:
-            with torch.no_grad():
-                vrows = [r for rr in vkept for r in rr]
-                lp, n = logps(model, vrows)
-                losses, m = figures(kind, beta, eps, lp, n, torch.cat(ref_valid))
-            evals[s + 1] = (losses.mean().item(), {k: v.mean().item() for k, v in m.items()})
-    return out, evals
 
 
 def close(a, b, tol, scale=None):
