@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "train/train_state.h"
 
 namespace ft {
 namespace {
@@ -139,6 +140,17 @@ std::vector<double> DpoRun::reference_table(LoaderOptions opt, Communicator& wor
     std::printf("ft: dpo: the reference's log-probabilities of %llu pairs (%s), %lld batches\n",
                 (unsigned long long)n, what.c_str(), (long long)steps);
   for (int64_t s = 0; s < steps; ++s) {
+    // A stop signal (Ctrl-C, SLURM's warning) ends the pass at once, every rank agreeing: the
+    // pass can take long over a large set, and nothing of it is worth saving half done.
+    float asked = stop_signal() != 0 ? 1.0f : 0.0f;
+    world.all_reduce_max(&asked, 1);
+    if (asked > 0) {
+      stopped_ = true;
+      if (is_root)
+        std::printf("ft: dpo: stopped by a signal after %lld of %lld reference batches\n",
+                    (long long)s, (long long)steps);
+      return {};
+    }
     const StepSamples b = loader.next();
     objective_.collect(b.first_sample, size_t(b.count));
     pipeline_.eval_batch(b, micro_rows());

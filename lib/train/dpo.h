@@ -107,6 +107,8 @@ class DpoRun {
   std::vector<double> reference_table(LoaderOptions opt, Communicator& world, bool is_root,
                                       const std::string& what);
   std::vector<double> train_table, valid_table;  // initial: set before the first step
+  // A stop signal ended reference_table early (its table is then empty).
+  bool stopped() const { return stopped_; }
 
   // Before batch b's forward: its rows' reference in the objective (initial: looked up in the
   // table of its data set; base: a pass without backward with the adapter off).
@@ -121,6 +123,7 @@ class DpoRun {
   LlamaModel& model_;
   PipelineSchedule& pipeline_;
   DpoObjective objective_;
+  bool stopped_ = false;
 };
 
 // dpo.reference: initial, before the first step of a process (dpo_reference.cpp): the tables

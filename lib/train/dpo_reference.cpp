@@ -213,6 +213,7 @@ void dpo_initial_reference(DpoRun& dpo, const Recipe& r, Communicator& world, bo
     return;
   }
   dpo.train_table = dpo.reference_table(train_opt, world, is_root, "data.train");
+  if (dpo.stopped()) return;  // the trainer stops before step 1 (exit 75); nothing is written
   if (valid_opt) {
     // The validation set sliced over the data ranks as the training set is.
     LoaderOptions v = *valid_opt;
@@ -220,6 +221,7 @@ void dpo_initial_reference(DpoRun& dpo, const Recipe& r, Communicator& world, bo
     v.rank_offset = train_opt.rank_offset;
     v.rank_count = train_opt.rank_count;
     dpo.valid_table = dpo.reference_table(v, world, is_root, "data.valid");
+    if (dpo.stopped()) return;
   }
   if (is_root) write_kept(json_path, bin_path, inputs, dpo.train_table, dpo.valid_table);
 }

@@ -9,7 +9,8 @@
 #     itself would keep the loss at ln 2;
 #  3. the head in chunks of one row trains as in one chunk; a run killed after a checkpoint resumes to the same bits, reading the reference kept in the
 #     run folder (not computing it again); resuming with changed data, or without the kept file,
-#     is refused (exit 2) saying why; a fresh run with a changed model computes it again;
+#     is refused (exit 2) saying why; a fresh run with a changed model computes it again; a stop
+#     signal during the reference pass ends the run before step 1 (exit 75) with nothing written;
 #  4. the recipe checks: dpo keys with objective sft, reference base without an adapter, label
 #     smoothing with hinge, data.pack, and token shards for dpo / preference shards for sft;
 #  5. the CUDA backend (ft_emu: the CUDA emulation, a test tool) trains DPO as the CPU does:
@@ -96,6 +97,14 @@ has_err "dpo_reference.json: missing; a resumed DPO run (dpo.reference: initial)
 run_rc 0 "$ft" train --resume never "$tmp/r.yaml" run.output_dir="$tmp/full" training.steps=1 \
   model.init_std=0.05 checkpoint.overwrite=true
 has_err "was computed from other inputs (model differ): computing the reference again"
+
+# A stop signal during the reference pass ends the run before step 1 (exit 75), nothing written.
+(FT_TEST_SIGNAL_AT_STARTUP=TERM exec "$ft" train "$tmp/r.yaml" run.output_dir="$tmp/stopped" \
+  > "$tmp/stopped.log" 2>&1) && fail "stopped: exit 0" || rc=$?
+[[ $rc == 75 ]] || fail "stopped during the reference pass: exit $rc, not 75"
+grep -q "stopped by a signal after 0 of 5 reference batches" "$tmp/stopped.log" ||
+  fail "stopped: $(tail -3 "$tmp/stopped.log")"
+[[ ! -e $tmp/stopped/dpo_reference.json ]] || fail "stopped: a reference was written"
 
 echo "--- 4. recipe checks"
 run_rc 2 "$ft" validate "$tmp/r.yaml" training.objective=sft
