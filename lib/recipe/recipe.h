@@ -105,6 +105,9 @@ struct CheckpointConfig {
 struct LoggingConfig {
   int64_t every_steps = 1;
   std::string metrics;  // default: <run.output_dir>/metrics.jsonl
+  // A device's dense peak TFLOP/s for the metrics' mfu (train/throughput.h); 0: NVIDIA GPUs'
+  // from ft's table, none elsewhere.
+  double peak_tflops = 0;
 };
 
 struct RuntimeConfig {

@@ -328,6 +328,10 @@ const std::vector<KeySpec>& schema() {
                {.range = between(1, kMaxSteps)}),
         FT_KEY(logging, metrics, kString,
                "JSON Lines metrics file (default <run.output_dir>/metrics.jsonl)"),
+        FT_KEY(logging, peak_tflops, kFloat,
+               "one device's dense peak TFLOP/s, for the metrics' mfu (0: NVIDIA GPUs' from "
+               "ft's table; the CPU has none)",
+               {.range = between(0, 1e6)}),
 
         FT_KEY(runtime, device, kChoice, "auto: CUDA when present, else CPU",
                {.choices = {"auto", "cpu", "cuda"}}),

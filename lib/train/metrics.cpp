@@ -106,6 +106,15 @@ std::string dpo_part(const StepReport& r) {
   std::snprintf(buf, sizeof buf, " margin %.4f acc %.2f", r.reward_margin, r.reward_accuracy);
   return buf;
 }
+// "TFLOP/s 123.4 (MFU 45.6%)", or without the MFU where the peak is unknown.
+std::string flops_part(const StepReport& r) {
+  char buf[64];
+  if (r.mfu >= 0)
+    std::snprintf(buf, sizeof buf, "TFLOP/s %.3g (MFU %.1f%%)", r.tflops, 100 * r.mfu);
+  else
+    std::snprintf(buf, sizeof buf, "TFLOP/s %.3g", r.tflops);
+  return buf;
+}
 }  // namespace
 
 void Progress::step(const StepReport& r) {
@@ -119,15 +128,15 @@ void Progress::step(const StepReport& r) {
     std::string bar(size_t(filled), '=');
     if (filled < width) bar += '>';
     bar.resize(width, ' ');
-    std::printf("\r\033[Kstep %lld/%lld [%s] loss %.4f%s | %.0f tok/s | ETA %s", (long long)done,
-                (long long)r.total_steps, bar.c_str(), r.loss, dpo_part(r).c_str(), r.tokens_per_s,
-                human_duration(eta).c_str());
+    std::printf("\r\033[Kstep %lld/%lld [%s] loss %.4f%s | %.0f tok/s | %s | ETA %s",
+                (long long)done, (long long)r.total_steps, bar.c_str(), r.loss, dpo_part(r).c_str(),
+                r.tokens_per_s, flops_part(r).c_str(), human_duration(eta).c_str());
     bar_open_ = true;
   } else {
-    std::printf("step %lld/%lld loss %.4f%s lr %.3e grad_norm %.4f tok/s %.0f mem %s eta %s\n",
+    std::printf("step %lld/%lld loss %.4f%s lr %.3e grad_norm %.4f tok/s %.0f %s mem %s eta %s\n",
                 (long long)done, (long long)r.total_steps, r.loss, dpo_part(r).c_str(), r.lr,
-                r.grad_norm, r.tokens_per_s, human_bytes(double(r.mem_peak_bytes)).c_str(),
-                human_duration(eta).c_str());
+                r.grad_norm, r.tokens_per_s, flops_part(r).c_str(),
+                human_bytes(double(r.mem_peak_bytes)).c_str(), human_duration(eta).c_str());
   }
   std::fflush(stdout);
 }

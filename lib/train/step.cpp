@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "optim/schedule.h"
+#include "train/throughput.h"
 
 namespace ft {
 namespace {
@@ -59,7 +60,9 @@ StepResult TrainStep::run_batch(int64_t s, const StepSamples& batch,
   res.step = s + 1;
   const int64_t step = res.step;
   const int rank = world_.rank();
-  res.tokens = int64_t(r_.training.global_batch_size) * r_.data.seq_len;
+  // Every position of every row: DPO's pairs are two rows each.
+  res.tokens = int64_t(r_.training.global_batch_size) * r_.data.seq_len * (dpo ? 2 : 1);
+  res.model_flops = step_model_flops(r_);
 
   // 1. Token weight: 1 / the trained targets of the whole global batch. DPO: 1 / its pairs, whose
   // losses the step averages (train/dpo.h), so no count need be agreed.
@@ -223,6 +226,10 @@ nlohmann::json step_metrics_line(const StepResult& res, const RunFigures& run) {
                          {"mem_optim_bytes", run.mem_optim_bytes},
                          {"mem_host_pinned_bytes", run.mem_host_pinned_bytes},
                          {"mem_host_pageable_bytes", run.mem_host_pageable_bytes}};
+  // Achieved model TFLOP/s of one device, and its share of the peak (DESIGN.md §7).
+  const double tflops = res.model_flops / std::max(1, run.devices) / res.time_s / 1e12;
+  line["tflops"] = tflops;
+  if (run.peak_flops > 0) line["mfu"] = tflops * 1e12 / run.peak_flops;
   if (res.dpo.pairs > 0) res.dpo.add_metrics(line, "");
   if (res.loss_scale > 0) {  // fp16 (DESIGN.md §7); a skipped step's non-finite norm is null
     line["loss_scale"] = res.loss_scale;

@@ -69,6 +69,8 @@ struct StepResult {
   bool stop_requested = false, save_by_clock = false;
   // training.objective dpo: the global batch's sums over its pairs (train/dpo.h); pairs 0 else.
   DpoStats dpo;
+  // The model FLOPs of the global batch (train/throughput.h).
+  double model_flops = 0;
 };
 
 class TrainStep {
@@ -121,6 +123,10 @@ struct RunFigures {
   size_t mem_params_bytes = 0, mem_grads_bytes = 0, mem_optim_bytes = 0;
   // The most host memory of each kind this rank's device handed out so far (Device::host_stats).
   size_t mem_host_pinned_bytes = 0, mem_host_pageable_bytes = 0;
+  // Throughput: the devices sharing the step, and one device's dense peak FLOP/s (0: unknown,
+  // no mfu).
+  int devices = 1;
+  double peak_flops = 0;
 };
 
 // The step's line of the metrics file (DESIGN.md §7).

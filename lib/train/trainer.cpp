@@ -51,6 +51,7 @@
 #include "train/run_lock.h"
 #include "train/setup.h"
 #include "train/step.h"
+#include "train/throughput.h"
 #include "train/train_state.h"
 #include "train/trainer_internal.h"
 #include "train/untrained_tokens.h"
@@ -276,6 +277,8 @@ void RunLog::step(const StepResult& res, const RunFigures& figures, double first
   rep.tokens_per_s = double(figures.tokens_seen - start_.tokens) / elapsed_s();
   rep.elapsed_s = elapsed_s();
   rep.mem_peak_bytes = figures.mem_peak_bytes;
+  rep.tflops = res.model_flops / std::max(1, figures.devices) / res.time_s / 1e12;
+  if (figures.peak_flops > 0) rep.mfu = rep.tflops * 1e12 / figures.peak_flops;
   if (res.dpo.pairs > 0) {
     rep.dpo = true;
     rep.reward_margin = (res.dpo.rewards_chosen - res.dpo.rewards_rejected) / res.dpo.pairs;
@@ -551,7 +554,9 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   TrainStep train_step(r, comm, data_comm, pipe_comm, model, zero, pipeline, optim, scaler_ptr);
   train_step.dpo = dpo.get();
   train_step.before_update = [&ckpts] { ckpts.fence_staging_copies(); };
-  const RunFigures resident{0, 0, zero.params_bytes(), zero.grads_bytes(), optim.state_bytes()};
+  RunFigures resident{0, 0, zero.params_bytes(), zero.grads_bytes(), optim.state_bytes()};
+  resident.devices = comm.size();
+  resident.peak_flops = device_peak_flops(r, dev->name(), dev->kind() == DeviceKind::kCuda);
   OpProfile* const profile = dev->profile();
   // A stop asked for during the start-up (loading the model, checking the shards: minutes for a
   // large model) ends the run before its first step, every rank agreeing, with nothing new to

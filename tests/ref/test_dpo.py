@@ -157,6 +157,12 @@ def sigmoid_case(tmp):
               close(got.get("eval_reward_margin", 1e9), m["reward_margin"], 1e-4, scale=0.05),
               f"sigmoid: eval after step {s}: loss ft {got.get('eval_loss')} torch {loss}, margin "
               f"ft {got.get('eval_reward_margin')} torch {m['reward_margin']}")
+    # Throughput: two rows a pair, 6·N + 12·L·T·C a token (DESIGN.md §7).
+    C, L = cfg.dim, cfg.n_layers
+    n = L * (2 * C * C + 2 * C * cfg.n_kv_heads * cfg.head_dim + 3 * C * cfg.ffn_dim)
+    want = (6 * (n + cfg.vocab_size * C) + 12 * L * T * C) * 2 * 4 * T
+    check(all(abs(l["tflops"] * l["step_time_s"] * 1e12 - want) <= 1e-9 * want
+              for l in step_lines.values()), f"sigmoid: tflops counts both rows ({want:.6g})")
     kept_json = os.path.join(case, "run", "dpo_reference.json")
     check(os.path.exists(kept_json) and json.load(open(kept_json))["train_pairs"] == 7,
           "sigmoid: the reference is kept in the run folder")

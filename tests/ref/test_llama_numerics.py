@@ -334,6 +334,18 @@ def training_case(tmp, label, shuffle, seed):
           f"{label}: ft evaluated after steps {sorted(ft_eval)}, expected {evals}")
     check(0 < clipped < steps, f"{label}: clipping was active on {clipped} of {steps} steps (both branches)")
     check(worst <= 1e-4, f"{label}: {steps} per-step losses match, worst rel {worst:.2e}")
+    # Throughput (DESIGN.md §7): tflops · step_time_s is the formula's FLOPs, 6·N + 12·L·T·C a
+    # token (N the matmul weights, lm_head included) over the global batch's tokens; no mfu on
+    # the CPU without logging.peak_tflops.
+    C, L, hd = cfg.dim, cfg.n_layers, cfg.head_dim
+    n = L * (C * cfg.n_heads * hd * 2 + 2 * C * cfg.n_kv_heads * hd + 3 * C * cfg.ffn_dim)
+    n += cfg.vocab_size * C
+    want = (6 * n + 12 * L * T * C) * glob * T
+    steps_lines = [l for l in lines if "loss" in l]
+    bad = [l["step"] for l in steps_lines
+           if abs(l["tflops"] * l["step_time_s"] * 1e12 - want) > 1e-9 * want or "mfu" in l]
+    check(not bad, f"{label}: tflops is the formula's {want:.6g} FLOPs a step over the step's "
+                   f"time, no mfu (steps {bad} differ)")
 
 
 def main():
