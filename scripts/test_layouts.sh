@@ -82,7 +82,10 @@ mpirun_args=(--oversubscribe)
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
 
 if ((dpo)); then  # 2 shards of 11 pairs: 22 per epoch, so batches of 8 straddle epochs
-  /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --pairs 11 --seed 11
+  # and a validation set of its own (evaluation reads another reference table).
+  /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" "$tmp/dpo_valid:1" --vocab 64 \
+    --pairs 11 --seed 11
+  sets+=(data.valid="$tmp/dpo_valid")
 else
   /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --samples 41 --seq-len 12 --seed 11 --mask 0.8
 fi

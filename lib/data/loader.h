@@ -60,9 +60,11 @@ struct LoaderOptions {
 // Preference pairs (DESIGN.md §6). Pair k of a shard is its documents 2k (chosen) and 2k + 1
 // (rejected); each becomes one row of T (input, target) pairs: a sequence of n tokens fills n - 1
 // positions, padding (input 0, target 0, mask 0) the rest. A sequence with n - 1 > T is cut to
-// its first T + 1 tokens (its completion loses its end); a pair where either sequence has no
-// trained target among its first T (the prompt alone fills the window), or fewer than 2 tokens,
-// is dropped. Pairs keep shard order, then document order; the host keeps 32 bytes per pair.
+// its first T + 1 tokens (its completion loses its end); a pair where either sequence is cut with
+// no trained target among its first T (the prompt alone fills the window), or has fewer than 2
+// tokens, is dropped. (An uncut sequence's mask is not read here: one with no trained target,
+// which ft tokenize never writes, keeps its row.) Pairs keep shard order, then document order; the
+// host keeps 32 bytes per pair.
 struct PreferenceStats {
   uint64_t pairs = 0;    // in the shards
   uint64_t cut = 0;      // kept, with at least one sequence cut to T + 1 tokens

@@ -334,6 +334,12 @@ void Loader::check_dpo() {
           "every parameter (adapter.type: none)",
           "use dpo.reference: initial (the model at step 0), or add an adapter (adapter.type: "
           "lora)");
+  if (r_.dpo.reference == "base" && !r_.adapter.modules_to_save.empty() &&
+      all_usable({"dpo.reference", "adapter.modules_to_save"}))
+    issue(locate("dpo.reference"), "dpo.reference",
+          "base switches the adapter off, but adapter.modules_to_save trains whole modules of the "
+          "model, which the reference would then share as they train",
+          "use dpo.reference: initial (the model at step 0), or no modules_to_save");
   if (r_.dpo.label_smoothing > 0 && r_.dpo.loss != "sigmoid" &&
       all_usable({"dpo.label_smoothing", "dpo.loss"}))
     issue(locate("dpo.label_smoothing"), "dpo.label_smoothing",

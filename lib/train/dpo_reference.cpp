@@ -4,9 +4,10 @@
 //                       doubles, pair i's chosen at 2i and rejected at 2i + 1 (train/dpo.h)
 //   dpo_reference.json  {"format": "ft-dpo-reference", "version": 1, "train_pairs",
 //                        "valid_pairs", "bin_sha256", "inputs": {...}}
-// "inputs" says what the tables were computed from: the model's recipe sections (model:, adapter:)
-// with run.seed and training.precision, the sizes of model.from's and adapter.from's files, and
-// data.seq_len with the SHA-256 of every training and validation shard. A fresh run reuses tables
+// "inputs" says what the tables were computed from: the model's recipe sections (model:, adapter:,
+// without their `from` paths) with run.seed and training.precision, model.from's weights by
+// content (hf_weights_fingerprint) and adapter.from's files' SHA-256, and data.seq_len with the
+// SHA-256 of every training and validation shard. A fresh run reuses tables
 // whose inputs equal its own (a run that crashed before its first checkpoint does not compute
 // them again) and computes them otherwise; a resumed run must find them, with equal inputs: its
 // model at step 0 no longer exists, so a change of model or data is an error, not a recompute.
@@ -17,6 +18,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "ckpt/hf.h"
+#include "ckpt/io.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/sha256.h"
@@ -30,20 +33,16 @@ namespace {
 constexpr const char* kFormat = "ft-dpo-reference";
 constexpr int kVersion = 1;
 
-// Name and size of each regular file of a folder (or of the file itself), in name order.
-nlohmann::json file_sizes(const std::string& path) {
-  nlohmann::json out = nlohmann::json::array();
-  if (path.empty()) return out;
-  std::vector<fs::path> files;
-  if (fs::is_directory(path)) {
-    for (const auto& e : fs::directory_iterator(path))
-      if (e.is_regular_file()) files.push_back(e.path());
-  } else if (fs::is_regular_file(path)) {
-    files.push_back(path);
-  }
-  std::sort(files.begin(), files.end());
-  for (const fs::path& f : files) out.push_back({f.filename().string(), fs::file_size(f)});
-  return out;
+// model.from by content, not by path (ckpt/hf.h hf_weights_fingerprint, as a resume names its
+// base): the same weights moved still match, another fine-tune exported to the same folder does
+// not. adapter.from (a PEFT folder of a few MiB) by the SHA-256 of its two files.
+std::string model_fingerprint(const std::string& dir) {
+  return dir.empty() ? "" : hf_weights_fingerprint(dir);
+}
+std::string adapter_fingerprint(const std::string& dir) {
+  if (dir.empty()) return "";
+  return sha256_file_hex((fs::path(dir) / "adapter_config.json").string()) + " " +
+         sha256_file_hex((fs::path(dir) / "adapter_model.safetensors").string());
 }
 
 nlohmann::json shard_hashes(const std::string& dir) {
@@ -56,17 +55,22 @@ nlohmann::json shard_hashes(const std::string& dir) {
 
 // What the tables depend on (the header's comment).
 nlohmann::json reference_inputs(const Recipe& r, bool valid) {
-  const YAML::Node all = YAML::Load(recipe_to_yaml(r));
+  // The sections without their paths: the folders are compared by content below.
+  YAML::Node all = YAML::Load(recipe_to_yaml(r));
+  all["model"].remove("from");
   YAML::Emitter model;
   model << all["model"];
   YAML::Emitter adapter;
-  if (all["adapter"]) adapter << all["adapter"];
+  if (all["adapter"]) {
+    all["adapter"].remove("from");
+    adapter << all["adapter"];
+  }
   return {{"model", model.c_str()},
           {"adapter", adapter.c_str()},
           {"seed", r.run.seed},
           {"precision", r.training.precision},
-          {"model_files", file_sizes(r.model.from)},
-          {"adapter_files", file_sizes(r.adapter.from)},
+          {"model_weights", model_fingerprint(r.model.from)},
+          {"adapter_weights", adapter_fingerprint(r.adapter.from)},
           {"seq_len", r.data.seq_len},
           {"train", shard_hashes(r.data.train)},
           {"valid", valid ? shard_hashes(r.data.valid) : nlohmann::json::array()}};
@@ -134,20 +138,11 @@ void write_kept(const fs::path& json_path, const fs::path& bin_path, const nlohm
                                {"valid_pairs", valid.size() / 2},
                                {"bin_sha256", sha256_hex(bytes.data(), bytes.size())},
                                {"inputs", inputs}};
-  // Each file whole or not at all under its name; the JSON last, so a crash between the two
-  // leaves a pair that does not match (the SHA-256) and is computed again.
-  auto put = [](const fs::path& p, const std::string& data) {
-    const fs::path tmp = p.string() + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      f.write(data.data(), std::streamsize(data.size()));
-      f.flush();
-      if (!f) FT_FAIL("cannot write ", tmp.string(), " (disk full, or no permission?)");
-    }
-    fs::rename(tmp, p);
-  };
-  put(bin_path, bytes);
-  put(json_path, head.dump(1) + "\n");
+  // Each file whole or not at all under its name, and durable before step 1 (a resume cannot
+  // do without them: the model they came from is gone); the JSON last, so a crash between the
+  // two leaves a pair that does not match (the SHA-256) and is computed again.
+  ckpt::write_file_atomic(bin_path.string(), bytes);
+  ckpt::write_file_atomic(json_path.string(), head.dump(1) + "\n");
 }
 
 }  // namespace
@@ -164,9 +159,21 @@ void dpo_initial_reference(DpoRun& dpo, const Recipe& r, Communicator& world, bo
   std::string message;
   nlohmann::json inputs;
   Kept kept;
+  // Rank 0's reading may fail (an unreadable shard or model file): the others are waiting for
+  // its decision, so a failure is that decision, not an exception of its own.
+  std::string failure;
   if (is_root) {
-    inputs = reference_inputs(r, valid_opt != nullptr);
-    kept = read_kept(json_path, bin_path, inputs);
+    try {
+      inputs = reference_inputs(r, valid_opt != nullptr);
+      kept = read_kept(json_path, bin_path, inputs);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  if (!failure.empty()) {
+    decision = kRefuse;
+    message = failure;
+  } else if (is_root) {
     if (kept.found && kept.mismatch.empty()) {
       decision = kLoaded;
     } else if (resumed) {
@@ -223,7 +230,13 @@ void dpo_initial_reference(DpoRun& dpo, const Recipe& r, Communicator& world, bo
     dpo.valid_table = dpo.reference_table(v, world, is_root, "data.valid");
     if (dpo.stopped()) return;
   }
-  if (is_root) write_kept(json_path, bin_path, inputs, dpo.train_table, dpo.valid_table);
+  if (is_root) {
+    try {
+      write_kept(json_path, bin_path, inputs, dpo.train_table, dpo.valid_table);
+    } catch (const std::exception& e) {  // a file system error too: refused with the others
+      throw Error(detail::concat("writing the DPO reference: ", e.what()));
+    }
+  }
 }
 
 }  // namespace ft

@@ -244,7 +244,8 @@ json manifest_base(const Recipe& r, const Mesh& mesh, const std::string& tokeniz
                {"pack", r.data.pack},
                {"pack_overflow", r.data.pack_overflow},
                {"seed", r.run.seed},
-               {"global_batch_size", r.training.global_batch_size}};
+               {"global_batch_size", r.training.global_batch_size},
+               {"objective", r.training.objective}};
   // ft draws no random numbers after initialisation (no dropout); the data order is a function
   // of (seed, position). So the seed and the positions above are the whole random state.
   j["rng"] = {{"seed", r.run.seed}, {"draws_after_init", 0}};
@@ -294,6 +295,17 @@ void check_same_model(const ckpt::Manifest& m, const Recipe& r) {
       cmp("rope_original_max_seq_len", a.rope_original_max_seq_len, b.rope_original_max_seq_len);
     }
   }
+  // The objective: an SFT checkpoint's moments and schedule are not a DPO run's start, nor the
+  // other way round (a checkpoint from before the key is an SFT one). Start the other objective
+  // from an export of the checkpoint (model.from) instead.
+  const json data = m.json.is_object() ? m.json.value("data", json::object()) : json::object();
+  const std::string objective =
+      data.is_object() ? data.value("objective", std::string("sft")) : std::string("sft");
+  if (objective != r.training.objective)
+    diff += detail::concat(diff.empty() ? "" : ", ", "training.objective ", objective,
+                           " in the checkpoint, ", r.training.objective,
+                           " in the recipe (to change the objective, start a new run from an "
+                           "export of the checkpoint: ft export, then model.from)");
   // The adapter: the same one trains on (its shape is the checkpoint's layout; its scaling and
   // dropout are what its weights were trained under). adapter.from is only where it started.
   const AdapterConfig &ca = m.adapter, &ra = r.adapter;

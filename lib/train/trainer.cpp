@@ -543,7 +543,9 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
     if (r.dpo.reference == "initial" && at.step < r.training.steps) {
       const LoaderOptions train_opt = train_loader_options(r, mesh.d, accum, tokenizer_sha);
       const LoaderOptions valid_opt = eval_loader_options(r, tokenizer_sha);
-      set_watch_step(at.step + 1, "the DPO reference's log-probabilities");
+      // Long: rank 0 hashes every shard, then a forward pass over the data (a stop signal ends
+      // it at once, dpo.h).
+      set_watch_step(at.step + 1, "the DPO reference's log-probabilities", /*long_wait=*/true);
       refuse_together(comm, refusal_of([&] {
                         dpo_initial_reference(*dpo, r, comm, at.step > 0, train_opt,
                                               do_eval ? &valid_opt : nullptr);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # DPO (training.objective dpo, lib/train/dpo.h; DESIGN.md §5 dpo:) beyond the float64 reference
 # of tests/ref/test_dpo.py:
-#  1. tensor 2, pipeline 2 and data 2 with ZeRO-3 train as one process does
-#     (scripts/test_layouts.sh --dpo, compare_layouts.py's bounds);
+#  1. tensor 2, pipeline 2 and data 2 with ZeRO-3 train as one process does, with the head in
+#     chunks of one row (scripts/test_layouts.sh --dpo, compare_layouts.py's bounds, the rewards
+#     and log-probabilities too; a validation set of its own);
 #  2. LoRA with dpo.reference: base (the adapter's hooks off) in two layouts of --lora, with
 #     dropout, and QLoRA in data 2 with ZeRO-2; and base gives the same run as initial (bit for bit: the base is frozen and B
 #     starts at 0, so the model at step 0 IS the base), while a reference that were the policy
@@ -11,8 +12,9 @@
 #     run folder (not computing it again); resuming with changed data, or without the kept file,
 #     is refused (exit 2) saying why; a fresh run with a changed model computes it again; a stop
 #     signal during the reference pass ends the run before step 1 (exit 75) with nothing written;
-#  4. the recipe checks: dpo keys with objective sft, reference base without an adapter, label
-#     smoothing with hinge, data.pack, and token shards for dpo / preference shards for sft;
+#  4. the recipe checks: dpo keys with objective sft, reference base without an adapter or with
+#     modules_to_save, label smoothing with hinge, data.pack, token shards for dpo / preference
+#     shards for sft, and a DPO checkpoint resumed as SFT;
 #  5. the CUDA backend (ft_emu: the CUDA emulation, a test tool) trains DPO as the CPU does:
 #     fp32 within test_cuda_emu_train.sh's bounds (step 1 exactly ln 2 on both); bf16 with
 #     activation checkpointing and the head in chunks of one row (the logits computed again in
@@ -26,7 +28,9 @@
 #   bash tests/cli/test_dpo.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 echo "--- 1. layouts"
-bash "$src/scripts/test_layouts.sh" --dpo "$build"
+# The head in chunks of one row (12 tokens): under tensor parallelism each row's cross-entropy
+# statistics are reduced at that row's offset in the chunk.
+bash "$src/scripts/test_layouts.sh" --dpo --set training.loss_chunk_tokens=12 "$build"
 echo "--- 2. LoRA with reference: base"
 bash "$src/scripts/test_layouts.sh" --dpo --lora --set dpo.reference=base --set adapter.dropout=0.1 \
   --only pipeline2,data2_tensor2_z3 "$build"
@@ -122,6 +126,13 @@ has_err "training.objective dpo trains on preference pairs, but these shards hol
 grep -v "^dpo:" "$tmp/r.yaml" | sed 's/objective: dpo, //' > "$tmp/sft.yaml"
 run_rc 2 "$ft" train "$tmp/sft.yaml" run.output_dir="$tmp/y"
 has_err "the shards hold preference pairs (chosen, rejected), which only training.objective: dpo"
+# A DPO checkpoint does not resume as SFT (nor the other way round).
+run_rc 2 "$ft" train "$tmp/sft.yaml" run.output_dir="$tmp/full" data.train="$tmp/tokens" \
+  training.steps=12
+has_err "training.objective dpo in the checkpoint, sft in the recipe"
+run_rc 2 "$ft" validate "$tmp/r.yaml" dpo.reference=base "${lora[@]}" \
+  "adapter.modules_to_save=[lm_head]"
+has_err "base switches the adapter off, but adapter.modules_to_save trains whole modules"
 
 echo "--- 5. the CUDA backend, emulated"
 if [[ -x $emu ]]; then

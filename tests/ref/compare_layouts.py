@@ -126,14 +126,25 @@ for name in names:
             err = (params[k] - v).abs().max().item()
             if err > worst:
                 worst, worst_name = err, k
+    # DPO (test_layouts.sh --dpo): the rewards and log-probabilities, summed over the pipeline
+    # and data groups (DpoRun::take_stats), within the loss's bound relative to their size (or
+    # 1, as step 1's rewards are 0); reward_accuracy is left out, a count that flips with a
+    # margin near 0.
+    dpo_keys = [k for k in ("rewards_chosen", "rewards_rejected", "logps_chosen",
+                            "logps_rejected") if k in ref_metrics[0]]
+    dpo_err = max([abs(a[k] - b[k]) / max(abs(b[k]), 1.0)
+                   for a, b in zip(got, ref_metrics) for k in dpo_keys] or [0.0])
+    if dpo_keys and not all(k in a for a in got for k in dpo_keys):
+        failures.append(f"{name}: DPO metrics missing")
     loss1 = abs(got[0]["loss"] - ref_metrics[0]["loss"]) / abs(ref_metrics[0]["loss"])
     norm1 = abs(got[0]["grad_norm"] - ref_metrics[0]["grad_norm"]) / ref_metrics[0]["grad_norm"]
     ok = (len(got) == 10 and loss <= bound["loss"] and norm <= bound["grad_norm"]
           and worst <= bound["params"] and ev_err <= bound["loss"] and loss1 <= bound["loss1"]
-          and norm1 <= bound["grad_norm1"])
+          and norm1 <= bound["grad_norm1"] and dpo_err <= bound["loss"])
     print(f"{'ok  ' if ok else 'FAIL'} {name:28s} step 1: loss {loss1:.1e} grad_norm {norm1:.1e}; "
           f"loss {loss:.1e}  eval {ev_err:.1e}  grad_norm {norm:.1e}  "
-          f"params max |diff| {worst:.1e} ({worst_name})")
+          f"params max |diff| {worst:.1e} ({worst_name})" +
+          (f"  dpo {dpo_err:.1e}" if dpo_keys else ""))
     if not ok:
         failures.append(name)
 print(f"layouts: {len(names) - len(failures)} of {len(names)} match the one-process run")

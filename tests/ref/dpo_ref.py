@@ -8,11 +8,12 @@ import torch
 def rows_of_sequences(seqs, T):
     """The two rows (ids, targets, mask) of a pair given as its two (tokens, loss_mask) sequences,
     as ft's loader makes them, or None when the pair is dropped (a sequence with fewer than 2
-    tokens, or no trained target among its first T)."""
+    tokens, or cut to T + 1 with no trained target among its first T)."""
     rows = []
     for tokens, mask in seqs:
+        cut = len(tokens) > T + 1
         seq, m = list(tokens)[:T + 1], list(mask)[:T + 1]
-        if len(seq) < 2 or sum(m[1:]) == 0:
+        if len(seq) < 2 or (cut and sum(m[1:]) == 0):
             return None
         n = len(seq) - 1
         rows.append((seq[:-1] + [0] * (T - n), seq[1:] + [0] * (T - n), m[1:] + [0] * (T - n)))

@@ -16,8 +16,9 @@ reference applies the same rules (a row is the sequence's first T + 1 tokens).
      pair's margin is within rounding of 0; eval lines alike (eval_loss, eval_reward_margin...);
    - the reference was computed once and kept in the run folder (dpo_reference.json/.bin), and a
      second run with the same recipe reuses it (says so, same metrics bit for bit).
-2. ipo (per-token mean log-probabilities), hinge and sigmoid with label_smoothing 0.1: two
-   steps each, loss and gradient norm against the reference.
+2. ipo (per-token mean log-probabilities) and sigmoid with label_smoothing 0.1, two steps each,
+   and hinge, four steps (some pair passes the hinge, so both of its branches run): loss and
+   gradient norm against the reference.
 3. A toy preference set: sentences of a small grammar (determiner, adjective, noun, verb,
    determiner, noun, each from its own words) after a prompt token; the chosen completion is the
    sentence, the rejected one the same words shuffled. A randomly initialised model trained with
@@ -166,24 +167,26 @@ def sigmoid_case(tmp):
     kept_json = os.path.join(case, "run", "dpo_reference.json")
     check(os.path.exists(kept_json) and json.load(open(kept_json))["train_pairs"] == 7,
           "sigmoid: the reference is kept in the run folder")
-    again, res2 = run_ft(case, hf, data, valid, T, steps, "{beta: 0.5, loss: sigmoid}",
-                         ["--overwrite"] if False else [])
+    again, res2 = run_ft(case, hf, data, valid, T, steps, "{beta: 0.5, loss: sigmoid}")
     if again is not None:
         check("reference's log-probabilities from" in res2.stdout and
               [l.get("loss") for l in again] == [l.get("loss") for l in lines],
               "sigmoid: a second run reuses the kept reference, with the same losses")
 
 
-def loss_kind_case(tmp, kind, beta, eps):
+def loss_kind_case(tmp, kind, beta, eps, steps=2):
     case = os.path.join(tmp, f"{kind}_{eps}")
     os.makedirs(case)
-    T, steps = 10, 2
+    T = 10
     cfg, model, hf, data, valid, kept, vkept = setup(case, T)
     lines, _ = run_ft(case, hf, data, valid, T, steps,
                       f"{{beta: {beta}, loss: {kind}, label_smoothing: {eps}}}")
     if lines is None:
         return
     want, _ = reference_run(model, kept, vkept, steps, kind, beta, eps)
+    if kind == "hinge":  # both branches: some pair past the hinge (beta·z > 1) at some step
+        check(any(bool((per_pair["reward_margin"] > 1).any()) for *_, per_pair in want),
+              "hinge: some pair's beta*z passes 1 (the loss's flat branch runs)")
     step_lines = {l["step"]: l for l in lines if "loss" in l}
     for s, (loss, norm, m, _) in enumerate(want, start=1):
         got = step_lines.get(s, {"loss": 1e9, "grad_norm": 1e9})
@@ -245,7 +248,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="ft_dpo_") as tmp:
         sigmoid_case(tmp)
         loss_kind_case(tmp, "ipo", 0.5, 0.0)
-        loss_kind_case(tmp, "hinge", 2.0, 0.0)
+        loss_kind_case(tmp, "hinge", 2.0, 0.0, steps=4)
         loss_kind_case(tmp, "sigmoid", 0.5, 0.1)
         toy_case(tmp)
         # LoRA on the random model's frozen base, the reference that base (the adapter off).

@@ -40,8 +40,7 @@ TEST_CASE("throughput: 6N + 12LTC per token, over the global batch's tokens") {
     const double base = 4 * (2 * kLayer + kHead), adapters = 6 * 2 * 1152.0;
     CHECK(step_model_flops(r) == doctest::Approx((base + adapters + kAttn) * tokens));
     r.adapter.modules_to_save = {"lm_head"};  // lm_head trains: 6 per weight
-    CHECK(step_model_flops(r) ==
-          doctest::Approx((base + 2 * kHead + adapters + kAttn) * tokens));
+    CHECK(step_model_flops(r) == doctest::Approx((base + 2 * kHead + adapters + kAttn) * tokens));
   }
   SUBCASE("DPO: two rows a pair; reference base adds a forward") {
     r.training.objective = "dpo";
