@@ -85,14 +85,16 @@ hf_tf5_spec=("transformers==5.23.0" "protobuf==7.36.2" "jinja2==3.1.6")
 # PyPI with the transformers 5 list (test_qwen3_transformers: about 2.8 GB to download), and
 # PEFT for test_lora_peft's qwen3 (Qwen3ForCausalLM needs transformers >= 4.51, so torch 2):
 # peft 0.21.2 and the accelerate it needs, which leave every other package as it was; and TRL
-# 1.16.0 for test_dpo_trl (DPOTrainer's loss as the reference; it brings datasets, pandas and
-# pyarrow, about 90 MB).
+# 1.16.0 for test_dpo_trl (DPOTrainer's loss as the reference), without its dependencies: it
+# states numpy>=1.26, and a numpy 2 in the venv breaks Debian's h5py (built for its numpy 1.24,
+# which the torch 2 tests import), as the newest pandas and pyarrow would too; datasets, pandas
+# and pyarrow pinned to releases that run on numpy 1.24 (about 70 MB), and TRL runs on it.
 # tests/cli/make_venvs.sh makes all four ahead of the suite (scripts/test.sh, during the Release
 # build).
 hf_tf4_spec=("transformers==4.46.3")
 hf_peft_spec=("${hf_tf4_spec[@]}" "accelerate==0.34.2" "jinja2==3.1.6" --no-deps "peft==0.13.2")
 hf_torch2_spec=("torch==2.15.0" "${hf_tf5_spec[@]}" "peft==0.21.2" "accelerate==1.15.0"
-                "trl==1.16.0")
+                "datasets==4.7.0" "pandas==2.2.3" "pyarrow==21.0.0" --no-deps "trl==1.16.0")
 # Tests sharing a venv may run at once (ctest -j): a lock file beside it lets one make it while
 # the others wait. FT_TEST_VENVS=FOLDER: the venv is made there and DIR links to it, so that two
 # build folders share one download (scripts/test.sh: the sanitizer pass uses the Release pass's).
