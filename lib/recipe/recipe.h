@@ -104,7 +104,8 @@ struct CheckpointConfig {
 
 struct LoggingConfig {
   int64_t every_steps = 1;
-  std::string metrics;  // default: <run.output_dir>/metrics.jsonl
+  std::string metrics;      // default: <run.output_dir>/metrics.jsonl
+  std::string tensorboard;  // TensorBoard event files' folder (DESIGN.md §7); empty: none
   // A device's dense peak TFLOP/s for the metrics' mfu (train/throughput.h); 0: NVIDIA GPUs'
   // from ft's table, none elsewhere.
   double peak_tflops = 0;

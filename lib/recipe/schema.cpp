@@ -332,6 +332,9 @@ const std::vector<KeySpec>& schema() {
                "one device's dense peak TFLOP/s, for the metrics' mfu (0: NVIDIA GPUs' from "
                "ft's table; the CPU has none)",
                {.range = between(0, 1e6)}),
+        FT_KEY(logging, tensorboard, kString,
+               "folder of TensorBoard event files, the metrics as scalar series (tensorboard "
+               "--logdir DIR); empty: none"),
 
         FT_KEY(runtime, device, kChoice, "auto: CUDA when present, else CPU",
                {.choices = {"auto", "cpu", "cuda"}}),

@@ -275,6 +275,8 @@ void check_run_folders_writable(const Recipe& r, int rank, bool create) {
   };
   if (rank == 0) check("run.output_dir", r.run.output_dir);
   if (saves) check("checkpoint.dir", r.checkpoint.dir);
+  if (rank == 0 && !r.logging.tensorboard.empty())
+    check("logging.tensorboard", r.logging.tensorboard);
 }
 
 std::vector<std::string> checked_resume_candidates(const Recipe& r, const std::string& resume,

@@ -59,9 +59,9 @@ void check_memory_fits(const Recipe& r, int world, int rank, int local_ranks, De
 // runtime.communicator and parallel.reduce_dtype against the device and the layout of `world`
 // ranks: nccl where NCCL cannot serve the device; bf16 reductions over MPI.
 void check_device_world(const Recipe& r, Device& dev, int world);
-// run.output_dir and (when the run saves) checkpoint.dir: creatable and writable. create: make
-// them and write a probe file (ft train); false: predict that from the folders that exist
-// (ft validate, which creates nothing).
+// run.output_dir and logging.tensorboard (rank 0's) and, when the run saves, checkpoint.dir:
+// creatable and writable. create: make them and write a probe file (ft train); false: predict
+// that from the folders that exist (ft validate, which creates nothing).
 void check_run_folders_writable(const Recipe& r, int rank, bool create);
 // The checkpoint `--resume` would start from (newest first, as ft train tries them), refusing
 // `--resume never` on a folder with checkpoints (unless checkpoint.overwrite) and a PATH that

@@ -256,6 +256,13 @@ namespace train_detail {
 RunLog::RunLog(const Recipe& r, bool is_root, const ResumePoint& at)
     : r_(r), is_root_(is_root), progress_(is_root), start_(at), t_start_(Clock::now()) {
   if (is_root) metrics_ = MetricsWriter(r.logging.metrics, /*append=*/!at.folder.empty());
+  if (is_root && !r.logging.tensorboard.empty())
+    tensorboard_ = TensorBoardWriter(r.logging.tensorboard, at.step + 1);
+}
+
+void RunLog::write(const nlohmann::json& line) {
+  metrics_.write(line);
+  tensorboard_.write(line);
 }
 
 bool RunLog::step_due(int64_t step) const {
@@ -266,7 +273,7 @@ void RunLog::step(const StepResult& res, const RunFigures& figures, double first
   if (!is_root_) return;
   nlohmann::json line = step_metrics_line(res, figures);
   if (first_step_s >= 0) line["time_to_first_step_s"] = first_step_s;
-  metrics_.write(line);
+  write(line);
   StepReport rep;
   rep.step = res.step;
   rep.total_steps = r_.training.steps;
@@ -291,18 +298,18 @@ void RunLog::eval(int64_t step, double eval_loss, const DpoStats* dpo) {
   if (!is_root_) return;
   nlohmann::json line = {{"step", step}, {"eval_loss", eval_loss}};
   if (dpo) dpo->add_metrics(line, "eval_");
-  metrics_.write(line);
+  write(line);
   progress_.eval(step, eval_loss);
 }
 
 void RunLog::commit(int64_t step, const ckpt::CheckpointWriter::Committed& c) {
   if (!is_root_) return;
-  metrics_.write({{"step", step},
-                  {"ckpt_step", c.step},
-                  {"ckpt_bytes", c.bytes},
-                  {"ckpt_blocking_s", c.blocking_s},
-                  {"ckpt_write_s", c.total_s},
-                  {"ckpt_async", r_.checkpoint.async}});
+  write({{"step", step},
+         {"ckpt_step", c.step},
+         {"ckpt_bytes", c.bytes},
+         {"ckpt_blocking_s", c.blocking_s},
+         {"ckpt_write_s", c.total_s},
+         {"ckpt_async", r_.checkpoint.async}});
   progress_.note(detail::concat("checkpoint ", fs::path(c.folder).filename().string(), ": ",
                                 Progress::human_bytes(double(c.bytes)), " in ",
                                 Progress::human_seconds(c.total_s), ", training stalled ",

@@ -22,6 +22,7 @@
 #include "recipe/recipe.h"
 #include "train/metrics.h"
 #include "train/step.h"
+#include "train/tensorboard.h"
 
 namespace ft::train_detail {
 
@@ -64,8 +65,8 @@ void remove_steps_past(const Recipe& r, const ResumePoint& at);
 
 // ---- The loop's bookkeeping (trainer.cpp) ----
 
-// Rank 0's reports, for machines (the metrics file, DESIGN.md §7) and for people (the progress
-// line); no-ops on the other ranks.
+// Rank 0's reports, for machines (the metrics file and logging.tensorboard's event file, DESIGN.md
+// §7) and for people (the progress line); no-ops on the other ranks.
 class RunLog {
  public:
   RunLog(const Recipe& r, bool is_root, const ResumePoint& at);
@@ -84,9 +85,12 @@ class RunLog {
   void finish() { progress_.finish(); }
 
  private:
+  void write(const nlohmann::json& line);  // to the metrics file and the event file
+
   const Recipe& r_;
   bool is_root_;
   MetricsWriter metrics_;
+  TensorBoardWriter tensorboard_;
   Progress progress_;
   ResumePoint start_;
   Clock::time_point t_start_;
