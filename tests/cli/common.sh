@@ -89,12 +89,17 @@ hf_tf5_spec=("transformers==5.23.0" "protobuf==7.36.2" "jinja2==3.1.6")
 # states numpy>=1.26, and a numpy 2 in the venv breaks Debian's h5py (built for its numpy 1.24,
 # which the torch 2 tests import), as the newest pandas and pyarrow would too; datasets, pandas
 # and pyarrow pinned to releases that run on numpy 1.24 (about 70 MB), and TRL runs on it.
-# tests/cli/make_venvs.sh makes all four ahead of the suite (scripts/test.sh, during the Release
+# tensorboard_spec: TensorBoard's own reader of event files (test_tensorboard), in a venv of its
+# own ($build/tensorboard_venv, about 40 MB): tensorboard without its server's dependencies
+# (grpcio, werkzeug, the data server: only its Python reader runs), with the protobuf it parses
+# Events with and absl-py, which its TensorFlow stand-in imports.
+# tests/cli/make_venvs.sh makes all five ahead of the suite (scripts/test.sh, during the Release
 # build).
 hf_tf4_spec=("transformers==4.46.3")
 hf_peft_spec=("${hf_tf4_spec[@]}" "accelerate==0.34.2" "jinja2==3.1.6" --no-deps "peft==0.13.2")
 hf_torch2_spec=("torch==2.15.0" "${hf_tf5_spec[@]}" "peft==0.21.2" "accelerate==1.15.0"
                 "datasets==4.7.0" "pandas==2.2.3" "pyarrow==21.0.0" --no-deps "trl==1.16.0")
+tensorboard_spec=("protobuf==7.36.2" "absl-py==2.5.1" --no-deps "tensorboard==2.21.0")
 # Tests sharing a venv may run at once (ctest -j): a lock file beside it lets one make it while
 # the others wait. FT_TEST_VENVS=FOLDER: the venv is made there and DIR links to it, so that two
 # build folders share one download (scripts/test.sh: the sanitizer pass uses the Release pass's).
