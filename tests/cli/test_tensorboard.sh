@@ -32,7 +32,7 @@ training: {steps: 10, micro_batch_size: 2, global_batch_size: 4, eval_every_step
            eval_batches: 1, precision: fp16, initial_loss_scale: 1048576}
 optimizer: {lr: 0.01}
 checkpoint: {every_steps: 4}
-logging: {tensorboard: $tmp/out/tb}
+logging: {tensorboard: $tmp/out/tb, peak_tflops: 1}  # a peak: step lines have mfu too
 runtime: {threads: 2}
 YAML
 
@@ -65,9 +65,9 @@ for j in map(json.loads, open(metrics)):
             want.setdefault(series(k), {})[j["step"]] = f32(v)
 # What the run was meant to show: booleans and nulls (left out), each kind of line.
 assert {"bool", "NoneType"} <= kinds, kinds
-for s in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s",
-          "train/mem_peak_bytes", "train/loss_scale", "eval/loss", "checkpoint/bytes",
-          "checkpoint/write_s"):
+for s in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/tflops",
+          "train/mfu", "train/mem_peak_bytes", "train/loss_scale", "eval/loss",
+          "checkpoint/bytes", "checkpoint/write_s"):
     assert s in want, (s, sorted(want))
 assert "train/skipped" not in want and "checkpoint/async" not in want
 
