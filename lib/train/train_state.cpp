@@ -30,6 +30,7 @@ volatile std::sig_atomic_t g_stop_signal = 0;   // the first stop request: SIGIN
 volatile std::sig_atomic_t g_hard_signal = 0;   // the first SIGINT or SIGTERM
 volatile std::sig_atomic_t g_usr1_quiet = 0;    // under `ft train --nproc`, which says it itself
 volatile std::sig_atomic_t g_launcher_pid = 0;  // the launcher a rank dies with (0: none)
+volatile std::sig_atomic_t g_nproc_parent = 0;  // `ft train --nproc`'s process (0: none)
 volatile std::sig_atomic_t g_open_mpi = 0;      // started by Open MPI's mpirun or orted
 
 char g_prefix[32] = "ft: ";  // "ft: [rank 3] " on other ranks, set before the handlers
@@ -73,8 +74,9 @@ void on_stop_signal(int sig, siginfo_t* info, void*) {
     g_stop_signal = sig;
     // "if every rank is still running": a rank that dies meanwhile ends the job without one.
     // Rank 0 reports the save once it is made.
-    const bool relayed = sig == SIGUSR1 && g_usr1_quiet && g_launcher_pid != 0 && info &&
-                         info->si_pid == pid_t(g_launcher_pid);
+    const bool relayed = sig == SIGUSR1 && g_usr1_quiet && info &&
+                         ((g_launcher_pid != 0 && info->si_pid == pid_t(g_launcher_pid)) ||
+                          (g_nproc_parent != 0 && info->si_pid == pid_t(g_nproc_parent)));
     if (!relayed) {
       say(g_prefix);
       say(name_of(sig));
@@ -415,7 +417,10 @@ std::vector<std::string> resume_candidates(const Recipe& r, const std::string& r
 void install_stop_handlers(int rank) {
   // Under `ft train --nproc`, a SIGUSR1 that mpirun relays is that process's stop, which it has
   // announced once for every rank.
-  g_usr1_quiet = std::getenv("FT_NPROC_PARENT") ? 1 : 0;
+  // It also sends SIGUSR1 to the ranks itself (mpirun relays late), as quietly.
+  const char* nproc_parent = std::getenv("FT_NPROC_PARENT");
+  g_usr1_quiet = nproc_parent ? 1 : 0;
+  g_nproc_parent = nproc_parent ? std::atoi(nproc_parent) : 0;
   g_open_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") ? 1 : 0;
   if (rank > 0) std::snprintf(g_prefix, sizeof g_prefix, "ft: [rank %d] ", rank);
   struct sigaction sa {};

@@ -21,11 +21,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
@@ -327,8 +329,12 @@ namespace {
 // Test support: FT_TEST_FAIL_RANK=r fails world rank r at step 3, to test that the other ranks
 // are stopped rather than left waiting in a collective; FT_TEST_KILL_AT_STEP=N[:r] sends
 // SIGKILL to world rank r (default: every rank) when it begins step N, to test resuming after
-// a crash.
+// a crash. FT_TEST_STEP_SLEEP_MS=M sleeps M ms before each step, so that a run the tests keep
+// training in the background (a folder's lock holder, a signal's target) leaves the CPU to the
+// processes they check on a 2-core host.
 void crash_test_hooks(int64_t step, int rank) {
+  if (const char* ms = std::getenv("FT_TEST_STEP_SLEEP_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
   if (const char* fail_rank = std::getenv("FT_TEST_FAIL_RANK"))
     if (std::atoi(fail_rank) == rank && step == 3)
       throw Error("injected failure (FT_TEST_FAIL_RANK) at step 3");

@@ -19,6 +19,10 @@ source "$2/tests/cli/common.sh" "$@"
 mpi_env
 source "$src/tests/cli/mpi_ranks.sh"  # rank_pid PATTERN RANK
 t_all=$SECONDS
+# The runs sleep 20 ms before each step (a test hook): the background runs this test keeps
+# training would otherwise take both cores of a 2-core host from the processes it checks (ft
+# validate beside two --nproc ranks took 20 s to start under ctest -j2).
+export FT_TEST_STEP_SLEEP_MS=20
 cleanup() {
   pkill -KILL -f -- "$tmp/r.yaml" 2> /dev/null || true
   remove_tmp
