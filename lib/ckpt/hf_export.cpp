@@ -45,6 +45,8 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/json_describe.h"
+#include "core/log.h"
+#include "core/progress.h"
 #include "data/chat.h"
 #include "data/sha256.h"
 #include "data/tokenizer.h"
@@ -763,11 +765,18 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
       std::error_code size_ec;
       const uint64_t file_bytes = fs::file_size(tmp / name, size_ec);
       res.files.push_back({name, size_ec ? bytes : file_bytes, tensors.size()});
-      if (on_file) on_file(name, res.files.back().bytes);
+      if (on_file) {
+        clear_live_line();  // on_file prints on stdout
+        on_file(name, res.files.back().bytes);
+      }
       pending.clear();
     };
     size_t next = 0;  // into plan
     AdapterBase base(m, full);
+    // Progress (core/progress.h): the tensor bytes written, a group at a time.
+    double total = 0, done = 0;
+    for (const PlannedTensor& t : plan) total += double(t.bytes);
+    WorkProgress progress("export", total, WorkProgress::Unit::kBytes, "", o.progress);
     for (size_t g = 0; g < layout.groups().size(); ++g) {
       if (!written(g)) continue;
       const ParamGroup& group = layout.groups()[g];
@@ -792,9 +801,12 @@ HfExportResult export_hf_folder(const ckpt::Manifest& m, const std::string& dir,
         res.tensors += 1;
         res.parameters += t.entry->numel;
         res.tensor_bytes += t.bytes;
+        done += double(t.bytes);
       }
+      progress.update(done, group.name);
     }
     flush();
+    progress.close();  // the caller reports the files and the totals
 
     // 3. The tokenizer, config.json, generation_config.json, the index.
     const json tok = m.json.value("tokenizer", json());

@@ -52,6 +52,8 @@ struct HfExportOptions {
   // An adapter checkpoint: the model with the adapter merged into its weights, not the adapter.
   // Refused (UsageError) for a checkpoint without an adapter.
   bool merge = false;
+  // A progress line on stderr while the tensors are written (core/progress.h).
+  bool progress = true;
 };
 
 // The file names of a PEFT adapter folder, as PEFT's save_pretrained writes them.

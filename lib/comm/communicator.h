@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "core/system.h"  // launched_by_mpi
 #include "runtime/ops.h"
 
 namespace ft {
@@ -157,9 +158,6 @@ struct Mesh {
 Mesh make_mesh(Communicator& world, int tensor, int pipeline);
 
 std::unique_ptr<Communicator> make_single_process_communicator();
-
-// True when this process was started by an MPI launcher (mpirun, srun with PMIx/PMI).
-bool launched_by_mpi();
 
 // The world: MPI when launched by an MPI launcher (and built with FT_MPI), else one process.
 // Call once, early; the MPI communicator finalizes MPI when destroyed.

@@ -107,13 +107,6 @@ Mesh make_mesh(Communicator& world, int tensor, int pipeline) {
   return m;
 }
 
-bool launched_by_mpi() {
-  // Open MPI's mpirun, PMIx (srun --mpi=pmix, mpirun), and PMI-1/2 (srun --mpi=pmi2).
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
-    if (std::getenv(v)) return true;
-  return false;
-}
-
 #ifndef FT_HAVE_MPI
 std::unique_ptr<Communicator> init_world_communicator(int*, char***) {
   if (launched_by_mpi())

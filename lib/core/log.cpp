@@ -20,7 +20,18 @@ LogLevel g_level = [] {
   return LogLevel::kInfo;
 }();
 std::mutex g_mu;
+bool g_live_line = false;
 }  // namespace
+
+void note_live_line(bool open) { g_live_line = open; }
+
+void clear_live_line() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_live_line) return;
+  std::fputs("\r\033[K", stderr);
+  std::fflush(stderr);
+  g_live_line = false;
+}
 
 void set_log_prefix(const std::string& prefix) { g_prefix = prefix; }
 void set_log_level(LogLevel level) { g_level = level; }
@@ -31,6 +42,11 @@ void log_message(LogLevel level, const std::string& msg) {
                     : level == LogLevel::kError ? "error: "
                                                 : "";
   std::lock_guard<std::mutex> lock(g_mu);
+  if (g_live_line) {
+    // The live progress line is redrawn by its next update, after this message.
+    std::fputs("\r\033[K", stderr);
+    g_live_line = false;
+  }
   std::fprintf(stderr, "%s%s%s\n", g_prefix.c_str(), tag, msg.c_str());
   std::fflush(stderr);
 }

@@ -18,6 +18,12 @@ void log_message(LogLevel level, const std::string& msg);
 // it), with this rank's log prefix. The supervising ft restates the first such line as its last
 // line once mpirun has ended, after mpirun's own banner and the other ranks' lines.
 void note_job_cause(const std::string& line);
+// A live progress line (core/progress.h) is open on stderr, without its newline: the next
+// message first clears it, so that it does not run on after the line's text.
+void note_live_line(bool open);
+// Clears that line now (the next update draws it again): before printing on stdout, which the
+// terminal would otherwise append to it.
+void clear_live_line();
 
 template <typename... Args>
 void log_info(Args&&... args) {

@@ -102,4 +102,11 @@ double seconds_since_process_start() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - g_static_init).count();
 }
 
+bool launched_by_mpi() {
+  // Open MPI's mpirun, PMIx (srun --mpi=pmix, mpirun), and PMI-1/2 (srun --mpi=pmi2).
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
 }  // namespace ft

@@ -25,4 +25,7 @@ int local_rank_count();
 // Where /proc cannot be read: since this library's static initialisation.
 double seconds_since_process_start();
 
+// True when this process was started by an MPI launcher (mpirun, srun with PMIx/PMI).
+bool launched_by_mpi();
+
 }  // namespace ft

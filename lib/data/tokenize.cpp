@@ -20,6 +20,7 @@
 #include "core/files.h"
 #include "core/json_describe.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "core/system.h"
 #include "data/chat.h"
 #include "data/preference.h"
@@ -36,7 +37,6 @@ using Clock = std::chrono::steady_clock;
 // the ids of one batch) while giving every thread plenty of documents.
 constexpr size_t kBatchDocs = 8192;
 constexpr size_t kBatchBytes = 16u << 20;
-constexpr double kProgressEverySeconds = 2.0;
 
 bool is_blank(const std::string& line) {
   return std::all_of(line.begin(), line.end(), [](char c) {
@@ -259,19 +259,6 @@ void parallel_for(size_t count, int threads, F&& encode_one,
   if (error) std::rethrow_exception(error);
 }
 
-std::string human_count(double v) {
-  char buf[32];
-  if (v >= 1e9)
-    std::snprintf(buf, sizeof(buf), "%.2fG", v / 1e9);
-  else if (v >= 1e6)
-    std::snprintf(buf, sizeof(buf), "%.2fM", v / 1e6);
-  else if (v >= 1e4)
-    std::snprintf(buf, sizeof(buf), "%.1fk", v / 1e3);
-  else
-    std::snprintf(buf, sizeof(buf), "%.0f", v);
-  return buf;
-}
-
 // The EOS that ends each text document: the tokenizer's (tokenizer.json's post-processor),
 // else tokenizer_config.json's eos_token when it is one special token (Qwen2's files keep
 // <|endoftext|> only there), else -1.
@@ -475,29 +462,39 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
     ++sum.pairs;
   };
 
-  // Progress: documents and tokens done so far, counted by the workers as they finish each.
+  // Progress (core/progress.h): bytes read of all inputs; documents and tokens done so far,
+  // counted by the workers as they finish each.
   std::atomic<uint64_t> batch_docs{0}, batch_tokens{0};
-  auto last_report = Clock::now();
-  uint64_t bytes_done = 0;
+  WorkProgress progress("tokenize", double(total_bytes), WorkProgress::Unit::kBytes, "",
+                        opt.progress);
+  uint64_t bytes_done = 0;  // of the files before this one
   const DocumentReader* reading = nullptr;
   std::string reading_path;
-  auto report = [&](bool forced) {
-    if (!opt.progress) return;
-    const auto now = Clock::now();
-    if (!forced && std::chrono::duration<double>(now - last_report).count() < kProgressEverySeconds)
-      return;
-    last_report = now;
-    const double secs = std::chrono::duration<double>(now - t_loaded).count();
-    const uint64_t done = bytes_done + (reading ? reading->bytes_read() : 0);
+  // The batch being encoded: read from byte batch_from of the file up to bytes_read(), which
+  // counts as read in proportion to the documents encoded, so the ETA moves as they are.
+  uint64_t batch_from = 0, batch_items = 0;
+  auto report = [&] {
+    const double secs = progress.seconds();
     const uint64_t docs = sum.documents + batch_docs.load(),
                    toks = sum.tokens + batch_tokens.load();
-    log_info("tokenize: ", int(100.0 * double(done) / double(std::max<uint64_t>(total_bytes, 1))),
-             "% read (", done >> 20, "/", total_bytes >> 20, " MiB) ", reading_path, ": ",
-             human_count(double(docs)), " documents, ", human_count(double(toks)), " tokens, ",
-             human_count(double(toks) / std::max(secs, 1e-9)), " tokens/s");
+    double file_done = 0;
+    if (reading) {
+      const double batch = double(reading->bytes_read() - batch_from);
+      file_done =
+          double(batch_from) +
+          (batch_items > 0 ? batch * std::min(1.0, double(batch_docs.load()) / double(batch_items))
+                           : batch);
+    }
+    progress.update(
+        double(bytes_done) + file_done,
+        detail::concat("file ", sum.files + 1, " of ", opt.inputs.size(), " ", reading_path, ", ",
+                       preference ? human_count(double(docs / 2)) + " pairs, "
+                                  : human_count(double(docs)) + " documents, ",
+                       human_count(double(toks)), " tokens, ",
+                       human_count(double(toks) / std::max(secs, 1e-9)), " tokens/s"));
   };
   const std::function<void()> tick =
-      opt.progress ? std::function<void()>([&] { report(false); }) : std::function<void()>();
+      opt.progress ? std::function<void()>([&] { report(); }) : std::function<void()>();
 
   std::vector<std::string> no_trainable;  // chat input files without a token to train on
   try {
@@ -523,6 +520,7 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
         jinja::Json conv;
         batch_docs = 0;
         batch_tokens = 0;
+        batch_from = reader.bytes_read();
         if (preference) {
           const uint64_t batch_start = reader.bytes_read();
           PreferenceRecord pref;
@@ -543,6 +541,7 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
             where.push_back(reader.where());
           }
           pref_encoded.assign(prefs.size(), {});
+          batch_items = 2 * prefs.size();  // batch_docs counts both documents of a pair
           parallel_for(
               prefs.size(), threads,
               [&](size_t i) {
@@ -571,6 +570,7 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
             where.push_back(in + ":" + std::to_string(reader.line_no()));
           }
           chat_encoded.assign(convs.size(), {});
+          batch_items = convs.size();
           parallel_for(
               convs.size(), threads,
               [&](size_t i) {
@@ -601,6 +601,7 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
             docs.push_back(std::move(doc));
           }
           encoded.assign(docs.size(), {});
+          batch_items = docs.size();
           try {
             parallel_for(
                 docs.size(), threads,
@@ -624,7 +625,8 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
         }
         batch_docs = 0;
         batch_tokens = 0;
-        report(false);
+        batch_items = 0;
+        report();
       }
       bytes_done += reader.bytes_read();
       reading = nullptr;
@@ -651,6 +653,7 @@ TokenizeSummary tokenize_to_shards(const TokenizeOptions& opt) {
       log_warn("tokenize: ", what, " (kept: --allow-no-trainable)");
     }
     sum.shard_paths = output.commit(shard_names);
+    progress.close();  // the caller prints the summary
   } catch (...) {
     writer.reset();  // deletes its .tmp file
     output.abort();  // and the staging folder, with any folder this run created

@@ -1,10 +1,10 @@
 #include "train/dpo.h"
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 
 #include "core/error.h"
+#include "core/progress.h"
 #include "train/train_state.h"
 
 namespace ft {
@@ -134,11 +134,12 @@ std::vector<double> DpoRun::reference_table(LoaderOptions opt, Communicator& wor
   // tensor rank of the last stage writes, every other rank adds zeros.
   const bool writes = model_.stage().head && model_.tensor_rank() == 0;
   std::vector<double> table(2 * n, 0.0);
-  const auto t0 = std::chrono::steady_clock::now();
-  const int64_t every = std::max<int64_t>(1, steps / 10);
   if (is_root)
     std::printf("ft: dpo: the reference's log-probabilities of %llu pairs (%s), %lld batches\n",
                 (unsigned long long)n, what.c_str(), (long long)steps);
+  std::fflush(stdout);
+  WorkProgress progress("dpo reference", double(steps), WorkProgress::Unit::kItems, "batches",
+                        is_root);
   for (int64_t s = 0; s < steps; ++s) {
     // A stop signal (Ctrl-C, SLURM's warning) ends the pass at once, every rank agreeing: the
     // pass can take long over a large set, and nothing of it is worth saving half done.
@@ -146,6 +147,7 @@ std::vector<double> DpoRun::reference_table(LoaderOptions opt, Communicator& wor
     world.all_reduce_max(&asked, 1);
     if (asked > 0) {
       stopped_ = true;
+      progress.close();
       if (is_root)
         std::printf("ft: dpo: stopped by a signal after %lld of %lld reference batches\n",
                     (long long)s, (long long)steps);
@@ -164,14 +166,9 @@ std::vector<double> DpoRun::reference_table(LoaderOptions opt, Communicator& wor
         table[2 * i] = objective_.collected()[2 * p];
         table[2 * i + 1] = objective_.collected()[2 * p + 1];
       }
-    if (is_root && ((s + 1) % every == 0 || s + 1 == steps)) {
-      const double el =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("ft: dpo: reference %lld/%lld batches, %.1f s\n", (long long)(s + 1),
-                  (long long)steps, el);
-      std::fflush(stdout);
-    }
+    progress.update(double(s + 1));
   }
+  progress.finish();
   world.all_reduce_sum(table.data(), table.size());
   return table;
 }

@@ -22,6 +22,7 @@
 #include "ckpt/io.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "data/sha256.h"
 #include "data/shard.h"
 #include "train/dpo.h"
@@ -45,11 +46,20 @@ std::string adapter_fingerprint(const std::string& dir) {
          sha256_file_hex((fs::path(dir) / "adapter_model.safetensors").string());
 }
 
-nlohmann::json shard_hashes(const std::string& dir) {
+// Rank 0 only (dpo_initial_reference): a pass over every byte of the data, so with progress.
+nlohmann::json shard_hashes(const std::string& key, const std::string& dir) {
   nlohmann::json out = nlohmann::json::array();
   if (dir.empty()) return out;
-  for (const std::string& f : list_shard_files(dir))
+  const std::vector<std::string> files = list_shard_files(dir);
+  double total = 0, done = 0;
+  for (const std::string& f : files) total += double(fs::file_size(f));
+  WorkProgress progress("dpo: hashing " + key + "'s shards", total, WorkProgress::Unit::kBytes);
+  for (const std::string& f : files) {
     out.push_back({fs::path(f).filename().string(), sha256_file_hex(f)});
+    done += double(fs::file_size(f));
+    progress.update(done, fs::path(f).filename().string());
+  }
+  progress.finish();
   return out;
 }
 
@@ -72,8 +82,8 @@ nlohmann::json reference_inputs(const Recipe& r, bool valid) {
           {"model_weights", model_fingerprint(r.model.from)},
           {"adapter_weights", adapter_fingerprint(r.adapter.from)},
           {"seq_len", r.data.seq_len},
-          {"train", shard_hashes(r.data.train)},
-          {"valid", valid ? shard_hashes(r.data.valid) : nlohmann::json::array()}};
+          {"train", shard_hashes("data.train", r.data.train)},
+          {"valid", valid ? shard_hashes("data.valid", r.data.valid) : nlohmann::json::array()}};
 }
 
 // The differences between two inputs objects, for an error message: "model, train".

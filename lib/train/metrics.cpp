@@ -9,6 +9,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/progress.h"
 
 namespace ft {
 
@@ -45,58 +46,14 @@ namespace {
 // A live bar only on a real terminal. Under an MPI launcher stdout is often a pseudo-terminal of
 // the launcher's even when the job's output goes to a file, so ranks started by a launcher print
 // plain lines unless FT_PROGRESS says otherwise (`--nproc` sets it from its own stdout).
-bool use_live_bar() {
-  if (const char* p = std::getenv("FT_PROGRESS")) return std::string(p) == "bar";
-  if (launched_by_mpi()) return false;
-  return isatty(STDOUT_FILENO);
-}
+bool use_live_bar() { return progress_is_live(STDOUT_FILENO); }
 }  // namespace
 
 Progress::Progress(bool enabled) : enabled_(enabled), tty_(use_live_bar()) {}
 
-std::string Progress::human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024.0 && u < 4) {
-    b /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
-  return buf;
-}
-
-std::string Progress::human_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  long t = long(s + 0.5);
-  char buf[32];
-  if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
-  return buf;
-}
-
-std::string Progress::human_seconds(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  char buf[48];
-  // Each format's range ends where rounding would carry into the next one's (9.996 s is
-  // "10.0 s", not "10.00 s"; 59.96 s is "1 min 00 s").
-  if (s < 0.9995)
-    std::snprintf(buf, sizeof buf, "%.3f s", s);
-  else if (s < 9.995)
-    std::snprintf(buf, sizeof buf, "%.2f s", s);
-  else if (s < 59.95)
-    std::snprintf(buf, sizeof buf, "%.1f s", s);
-  else if (s < 3599.5) {
-    const long t = long(s + 0.5);
-    std::snprintf(buf, sizeof buf, "%ld min %02ld s", t / 60, t % 60);
-  } else {
-    const long m = long(s / 60 + 0.5);
-    std::snprintf(buf, sizeof buf, "%ld h %02ld min", m / 60, m % 60);
-  }
-  return buf;
-}
+std::string Progress::human_bytes(double b) { return ft::human_bytes(b); }
+std::string Progress::human_duration(double s) { return ft::human_duration(s); }
+std::string Progress::human_seconds(double s) { return ft::human_seconds(s); }
 
 namespace {
 // DPO's figures beside the loss: " margin 0.1234 acc 0.75", or nothing.

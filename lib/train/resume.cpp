@@ -52,7 +52,7 @@ ResumePoint resume_state(const Recipe& r, Communicator& comm, const std::string&
       check_same_model(*m, r);  // a usage error on every rank alike, no fallback
       const auto t0 = Clock::now();
       try {
-        load_state(*m, model, zero, optim, mesh, r.parallel.zero_stage);
+        load_state(*m, model, zero, optim, mesh, r.parallel.zero_stage, is_root);
       } catch (const Error& e) {
         err = e.what();
       }

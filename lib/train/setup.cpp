@@ -10,6 +10,7 @@
 #include "adapt/lora.h"
 #include "ckpt/hf.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "parallel/partition.h"
 
 namespace ft {
@@ -44,10 +45,18 @@ void init_weights(LlamaModel& model, const Recipe& r, const Mesh& mesh, WeightSo
   const auto& groups = model.layout().groups();
   auto read_here = [&](size_t g) { return model.owns_group(int(g)) && groups[g].attached_to < 0; };
   size_t most = 0;
+  double total = 0;  // this rank's parameters
   for (size_t g = 0; g < groups.size(); ++g)
-    if (read_here(g)) most = std::max(most, groups[g].numel);
+    if (read_here(g)) {
+      most = std::max(most, groups[g].numel);
+      total += double(groups[g].numel);
+    }
   const MemoryScope tag(MemoryCategory::kParameters);
   HostBuffer<float> host(model.device(), most, HostMemory::kPageable);
+  // Rank 0 shows its share's progress (core/progress.h): minutes for a large model on a slow disk.
+  WorkProgress progress("loading weights", total, WorkProgress::Unit::kItems, "parameters",
+                        is_root && reader.has_value());
+  double done = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     if (!read_here(g)) continue;
     if (reader) {
@@ -55,7 +64,10 @@ void init_weights(LlamaModel& model, const Recipe& r, const Mesh& mesh, WeightSo
       reader->read_group(int(g), host.data(), mesh.t);
     }
     model.flat_params().upload_group(int(g), host.data());
+    done += double(groups[g].numel);
+    progress.update(done, groups[g].name);
   }
+  progress.finish();
 }
 
 }  // namespace

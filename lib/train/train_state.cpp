@@ -12,6 +12,7 @@
 #include "ckpt/hf.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "model/layout.h"
 #include "parallel/partition.h"
 #include "train/setup.h"
@@ -127,8 +128,21 @@ std::vector<ckpt::PieceSource> state_pieces(LlamaModel& model, ZeroSharding& zer
 }
 
 void load_state(const ckpt::Manifest& m, LlamaModel& model, ZeroSharding& zero, AdamW& optim,
-                const Mesh& mesh, int zero_stage) {
+                const Mesh& mesh, int zero_stage, bool show_progress) {
   const auto& groups = model.layout().groups();
+  const bool masters = zero_stage == 3 || model.compute_dtype() != DType::kF32;
+  auto param_range = [&](size_t gi) {
+    return masters || zero.offloaded() ? zero.ranges()[gi] : ShardRange{0, groups[gi].numel};
+  };
+  // Progress: the bytes this rank reads, its parameters' range and both moments' of each group.
+  double total = 0, done = 0;
+  for (size_t gi = 0; gi < groups.size(); ++gi)
+    if (model.owns_group(int(gi)) && groups[gi].trains())
+      total +=
+          double(sizeof(float)) * double(param_range(gi).end - param_range(gi).begin +
+                                         2 * (optim.ranges()[gi].end - optim.ranges()[gi].begin));
+  WorkProgress progress("reading " + std::filesystem::path(m.dir).filename().string(), total,
+                        WorkProgress::Unit::kBytes, "", show_progress);
   const std::vector<float*> params = zero.param_bases();
   // Each range is read on the host, then copied to the device.
   Device* dev = model.device();
@@ -150,18 +164,18 @@ void load_state(const ckpt::Manifest& m, LlamaModel& model, ZeroSharding& zero, 
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const int g = int(gi);
     if (!model.owns_group(g) || !groups[gi].trains()) continue;  // frozen: as the run started
-    const size_t n = groups[gi].numel;
-    const bool masters = zero_stage == 3 || model.compute_dtype() != DType::kF32;
-    if (masters || zero.offloaded()) {  // into the fp32 masters
-      const ShardRange& r = zero.ranges()[gi];
-      read(ckpt::State::kParam, g, r.begin, r.end, params[gi], zero.offloaded());
-    } else {
-      read(ckpt::State::kParam, g, 0, n, model.flat_params().params()[gi].data(), false);
-    }
+    const ShardRange p = param_range(gi);
+    if (masters || zero.offloaded())  // into the fp32 masters
+      read(ckpt::State::kParam, g, p.begin, p.end, params[gi], zero.offloaded());
+    else
+      read(ckpt::State::kParam, g, 0, p.end, model.flat_params().params()[gi].data(), false);
     const ShardRange& o = optim.ranges()[gi];
     read(ckpt::State::kExpAvg, g, o.begin, o.end, optim.exp_avg(g), optim.on_host());
     read(ckpt::State::kExpAvgSq, g, o.begin, o.end, optim.exp_avg_sq(g), optim.on_host());
+    done += double(sizeof(float)) * double(p.end - p.begin + 2 * (o.end - o.begin));
+    progress.update(done, groups[gi].name);
   }
+  progress.finish();
   // 16-bit compute dtype, or offloaded: the compute copy is made from the loaded masters.
   if (model.compute_dtype() != DType::kF32 || zero.offloaded()) zero.sync_compute_params();
   optim.set_step_count(m.optimizer_step);

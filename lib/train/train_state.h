@@ -24,9 +24,10 @@ std::vector<ckpt::PieceSource> state_pieces(LlamaModel& model, ZeroSharding& zer
                                             const Mesh& mesh);
 
 // Loads parameters, AdamW moments and step count from a checkpoint of any layout into what
-// this rank holds. Throws Error (naming the file) on a damaged checkpoint.
+// this rank holds. Throws Error (naming the file) on a damaged checkpoint. show_progress: rank 0
+// (core/progress.h), its bytes read.
 void load_state(const ckpt::Manifest& m, LlamaModel& model, ZeroSharding& zero, AdamW& optim,
-                const Mesh& mesh, int zero_stage);
+                const Mesh& mesh, int zero_stage, bool show_progress = false);
 
 // Everything of the manifest that does not change between saves (rank 0 adds the rest).
 nlohmann::json manifest_base(const Recipe& r, const Mesh& mesh, const std::string& tokenizer_sha);
