@@ -24,6 +24,8 @@ packages=(
   python3 python3-torch python3-numpy python3-h5py python3-sentencepiece
   python3-venv  # tests/cli/test_export_transformers.sh: transformers from PyPI in a venv
   patchelf xz-utils  # scripts/bundle.sh: RPATH $ORIGIN/lib and the .tar.xz
+  libcairo2     # ft plot --output X.png (opened at run time; ft does not link it)
+  librsvg2-bin  # tests/cli/test_plot.sh: rsvg-convert renders ft plot's SVG
 )
 source scripts/install_missing.sh
 install_missing setup "${packages[@]}"

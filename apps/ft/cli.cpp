@@ -345,6 +345,43 @@ int run_command_line(int argc, char** argv) {
       "model.from, checked to hold the same weights, or its seeded initialisation), as the\n"
       "ft export --merge folder would; --adapter DIR applies a PEFT folder to an HF source.");
 
+  PlotArgs plot_args;
+  auto* pl =
+      app.add_subcommand("plot", "Draw runs' metrics (loss, lr, throughput, ...) as SVG or PNG");
+  pl->add_option("runs", plot_args.runs,
+                 "Run folders (run.output_dir, holding metrics.jsonl) or metrics .jsonl files; "
+                 "several are overlaid, one colour each")
+      ->required()
+      ->expected(1, -1);
+  pl->add_option("--output,-o", plot_args.output,
+                 "The picture to write: FILE.svg (written by ft) or FILE.png (drawn with cairo, "
+                 "libcairo.so.2)")
+      ->required();
+  pl->add_option("--smooth", plot_args.smooth,
+                 "Smoothing of the bold loss curve, as TensorBoard's: the weight of a debiased "
+                 "exponential moving average, 0 (none) to 0.999 (default 0.6)")
+      ->check(finite_in(0, 0.999));
+  pl->add_option("--width", plot_args.width, "Picture width in pixels (default 1200)")
+      ->check(integer_in(kMinPlotPixels, kMaxPlotPixels));
+  pl->add_option("--height", plot_args.height,
+                 "Picture height in pixels (default: 300 a row of panels, and the legend)")
+      ->check(integer_in(kMinPlotPixels, kMaxPlotPixels));
+  pl->add_option("--labels", plot_args.labels,
+                 "The runs' names in the legend, comma-separated or the flag repeated, in the "
+                 "order given (default: "
+                 "each run's folder name)")
+      ->delimiter(',');
+  pl->footer(
+      "Panels, two to a row, each drawn only when some run has its metric: loss (raw, faint;\n"
+      "smoothed, bold; evaluation loss dashed with dots), learning rate, throughput (tokens/s),\n"
+      "model TFLOP/s per device, gradient norm (before clipping) and peak device memory (GiB),\n"
+      "against the step. A y axis whose values span three decades or more is logarithmic.\n"
+      "metrics.jsonl as DESIGN.md §7 writes it: a resumed run's repeated steps count once (the\n"
+      "last line), an fp16 step's null is no point; a line that is not JSON is an error naming\n"
+      "file:line (exit 2), but a cut-short last line (a killed run) is left out with a warning.\n"
+      "The SVG's panels and curves carry data- attributes (the value range and pixel box; the\n"
+      "run, metric and kind) so that a program can read the drawn points back.");
+
   std::vector<std::string> help_topic;
   auto* h = app.add_subcommand("help", "Show help for ft or one command");
   h->add_option("command", help_topic, "Command name");
@@ -367,6 +404,7 @@ int run_command_line(int argc, char** argv) {
     if (h->parsed()) return print_help(app, help_topic);
     if (exp->parsed()) return cmd_export(export_args);
     if (g->parsed()) return cmd_generate(gen);
+    if (pl->parsed()) return cmd_plot(plot_args);
     std::printf("%s", app.help().c_str());
     return 0;
   } catch (const ft::Error& e) {

@@ -107,4 +107,19 @@ struct GenerateArgs {
 };
 int cmd_generate(const GenerateArgs& a);
 
+// ft plot RUN_DIR... --output FILE: the runs' metrics as a picture (train/plot.h; DESIGN.md §4).
+// Bounds of the picture's size, pixels: enough for one panel, and short of an image (40000² ×
+// 4 bytes) that would need gigabytes.
+constexpr int kMinPlotPixels = 200, kMaxPlotPixels = 20000;
+
+struct PlotArgs {
+  std::vector<std::string> runs;    // run.output_dir folders or metrics .jsonl files
+  std::string output;               // .svg or .png
+  std::vector<std::string> labels;  // the legend's names (default: each run's folder)
+  double smooth = 0.6;              // TensorBoard's smoothing weight, [0, 1)
+  int width = 1200;
+  int height = 0;  // 0: room for the panels (train/plot.h default_height)
+};
+int cmd_plot(const PlotArgs& a);
+
 }  // namespace ft::app

@@ -120,6 +120,13 @@ tokenize_field_type|2|bad.jsonl:1: field "messages" is an array, expected a stri
 tokenize_long_line|2|long.jsonl:1|tokenize --tokenizer tok.model --input long.jsonl --output t5
 tokenize_threads|2|--threads;100000|tokenize --tokenizer tok.model --input corpus.txt --output t8 --threads 100000
 tokenize_chat_spm|2|tok.model|tokenize --tokenizer tok.model --input bad.jsonl --format chat --output t6
+plot_missing|2|no_such_run;does not exist|plot no_such_run --output p.svg
+plot_device|2|/dev/zero: is a character device|plot /dev/zero --output p.svg
+plot_fifo|2|fifo|plot fifo --output p.svg
+plot_no_step|2|bad_text.jsonl:1: "step" is missing|plot bad_text.jsonl --output p.svg
+plot_extension|2|--output "p.gif";.svg or .png|plot bad_text.jsonl --output p.gif
+plot_smooth_nan|2|--smooth|plot bad_text.jsonl --output p.svg --smooth nan
+plot_width|2|--width;100000|plot bad_text.jsonl --output p.svg --width 100000
 help_unknown|2|no command 'NOPE'|help NOPE
 CASES
 
