@@ -17,7 +17,9 @@
 #     names one that is not there) is refused, exit 2, naming it and the way out.
 #  4. Bad input: a missing folder, a folder without metrics.jsonl, an unknown extension, a line
 #     that is not JSON (file:line), --labels of the wrong count, --smooth out of range: exit 2;
-#     an output folder that does not exist: exit 1. The README's picture is made by this build.
+#     an output folder that does not exist: exit 1.
+#  5. The README's picture (docs/plot_example.svg, made by ft plot) renders with rsvg-convert,
+#     not blank, both runs' colours in its loss panel.
 #   bash tests/cli/test_plot.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 fail() { fail_showing_output "$@"; }
@@ -113,4 +115,11 @@ has_err "--smooth"
 run_rc 1 "$ft" plot "$tmp/a" --output "$tmp/no_dir/z.svg"
 has_err "cannot write $tmp/no_dir/z.svg"
 [[ ! -e $tmp/z.svg ]] || fail "a refused plot wrote its output"
+
+# 5. The README's picture.
+readme_svg="$src/docs/plot_example.svg"
+rsvg-convert -o "$tmp/readme.png" "$readme_svg" || fail "rsvg-convert could not render $readme_svg"
+size=($(sed -n 's/^<svg .* width="\([0-9]*\)" height="\([0-9]*\)".*/\1 \2/p' "$readme_svg"))
+"${check[@]}" png "$tmp/readme.png" "${size[@]}" --svg "$readme_svg" > "$tmp/out.txt" ||
+  fail "the README's picture"
 echo "test_plot: ok ($((SECONDS - t0)) s)"
