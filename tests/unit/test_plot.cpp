@@ -4,6 +4,7 @@
 // drawn SVG back against real runs' metrics and renders it with librsvg.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -245,4 +246,35 @@ TEST_CASE("draw: panels with data only; a single point and a constant series dra
   plot::SvgCanvas small(200, 200);
   CHECK(usage_error([&] { plot::draw(small, {r}, tiny); }).find("is too small for") !=
         std::string::npos);
+}
+
+TEST_CASE("draw: a long series keeps a few points a pixel column, its spike among them") {
+  plot::RunMetrics r;
+  r.label = "long";
+  plot::Series s;
+  for (int i = 1; i <= 20000; ++i) s.push_back({i, i == 12345 ? 100.0 : double(i % 7)});
+  r.series["grad_norm"] = s;
+  plot::PlotOptions o;
+  o.width = 400;
+  o.height = 400;
+  plot::SvgCanvas c(o.width, o.height);
+  plot::draw(c, {r}, o);
+  const std::string svg = c.finish();
+  const size_t at = svg.find("data-metric=\"grad_norm\"");
+  REQUIRE(at != std::string::npos);
+  const size_t begin = svg.find("points=\"", at) + 8, end = svg.find('"', begin);
+  std::vector<double> ys;
+  for (size_t p = begin; p < end;) {
+    const size_t comma = svg.find(',', p), space = std::min(svg.find(' ', p), end);
+    ys.push_back(std::stod(svg.substr(comma + 1, space - comma - 1)));
+    p = space + 1;
+  }
+  // The box is 400 - 24 - 68 - 18 = 290 pixels wide: at most 4 points a column.
+  CHECK(ys.size() <= 4 * 291);
+  CHECK(ys.size() > 290);
+  // The spike (100, the highest value: the smallest y) is drawn; the padded range puts it 5% of
+  // the box below its top, never at the height of the other values (at most 6).
+  const double top = std::stod(svg.substr(svg.find("data-py1=\"") + 10));
+  const double bottom = std::stod(svg.substr(svg.find("data-py0=\"") + 10));
+  CHECK(*std::min_element(ys.begin(), ys.end()) < top + 0.1 * (bottom - top));
 }
