@@ -180,6 +180,17 @@ class Device {
     size_t free_bytes = 0, total_bytes = 0;
   };
   virtual MemoryInfo memory_info() { return {}; }
+  // How busy the device is, as its driver reports it (CUDA: NVML, runtime/cuda/gpu_usage.h),
+  // read when a metrics line is due (DESIGN.md §7). `known` false: no reading; then `why_not`
+  // says why, once per device (the first time), and is empty after that and where the device
+  // has no such figures (the CPU).
+  struct Usage {
+    bool known = false;
+    double util_percent = 0;      // share of the driver's last sample period a kernel ran, 0-100
+    uint64_t mem_used_bytes = 0;  // every process's memory on the GPU, as nvidia-smi counts it
+    std::string why_not;
+  };
+  virtual Usage usage() { return {}; }
 
  protected:
   friend class Event;

@@ -15,6 +15,7 @@
 #include "runtime/cuda/caching_allocator.h"
 #include "runtime/cuda/cuda_ops.h"
 #include "runtime/cuda/gpu_choice.h"
+#include "runtime/cuda/gpu_usage.h"
 #include "runtime/profile.h"
 
 namespace ft {
@@ -132,6 +133,10 @@ class CudaDevice final : public Device {
     FT_CUDA_CHECK(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
     return m;
   }
+  Usage usage() override {
+    if (!usage_reader_) usage_reader_ = make_usage_reader();
+    return usage_reader_->read();
+  }
   void synchronize() override { FT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   AllocatorStats stats() const override {
     const cuda::CachingAllocatorStats s = allocator_->stats();
@@ -209,6 +214,27 @@ class CudaDevice final : public Device {
   cudaStream_t as_stream(Stream s) const {
     return s.handle ? static_cast<cudaStream_t>(s.handle) : stream_;
   }
+  // NVML on this GPU, opened at the first metrics line (gpu_usage.h). The emulated build (a test
+  // tool) reads the emulated NVML it links (tests/cuda_emu/nvml_emu.cpp) through the same reader.
+  std::unique_ptr<cuda::GpuUsageReader> make_usage_reader() const {
+#if FT_CUDA_EMU
+    cuda::NvmlApi api;
+#define FT_NVML_SET(f) api.f = &::f;
+    FT_NVML_FUNCTIONS(FT_NVML_SET)
+#undef FT_NVML_SET
+#else
+    cuda::NvmlApi api = cuda::load_nvml();
+#endif
+    char bus_id[32] = {};
+    const cudaError_t e = cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, ordinal_);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // reported as the readings' failure, not the next call's
+      return std::make_unique<cuda::GpuUsageReader>(
+          std::move(api), "",
+          detail::concat("cudaDeviceGetPCIBusId(", ordinal_, "): ", cudaGetErrorString(e)));
+    }
+    return std::make_unique<cuda::GpuUsageReader>(std::move(api), bus_id);
+  }
   int ordinal_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
@@ -217,6 +243,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<Ops> profiling_ops_;
   std::unique_ptr<cuda::CachingAllocator> allocator_;
   std::unique_ptr<Ops> ops_;
+  std::unique_ptr<cuda::GpuUsageReader> usage_reader_;  // made by the first usage()
 };
 
 }  // namespace
