@@ -1407,6 +1407,14 @@ cudaError_t cudaGetDevice(int* device) {
   *device = ft::emu::t_device;
   return cudaSuccess;
 }
+// "0000:01:00.0" for GPU 0, "0000:02:00.0" for GPU 1 (hex): the ids the emulated NVML
+// (nvml_emu.cpp) finds its GPUs by.
+cudaError_t cudaDeviceGetPCIBusId(char* pciBusId, int len, int device) {
+  if (!pciBusId || len < 13) return fail(cudaErrorInvalidValue);
+  if (device < 0 || device >= ft::emu::device_count()) return fail(cudaErrorInvalidDevice);
+  std::snprintf(pciBusId, size_t(len), "0000:%02x:00.0", device + 1);
+  return cudaSuccess;
+}
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
   if (!prop) return fail(cudaErrorInvalidValue);
   if (device < 0 || device >= ft::emu::device_count()) return fail(cudaErrorInvalidDevice);
