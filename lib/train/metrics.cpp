@@ -63,13 +63,17 @@ std::string dpo_part(const StepReport& r) {
   std::snprintf(buf, sizeof buf, " margin %.4f acc %.2f", r.reward_margin, r.reward_accuracy);
   return buf;
 }
-// "TFLOP/s 123.4 (MFU 45.6%)", or without the MFU where the peak is unknown.
+// "TFLOP/s 123.4 (MFU 45.6%)", or without the MFU where the peak is unknown; then " GPU 87%"
+// where the GPU's utilisation is known.
 std::string flops_part(const StepReport& r) {
-  char buf[64];
+  char buf[96];
+  int n = 0;
   if (r.mfu >= 0)
-    std::snprintf(buf, sizeof buf, "TFLOP/s %.3g (MFU %.1f%%)", r.tflops, 100 * r.mfu);
+    n = std::snprintf(buf, sizeof buf, "TFLOP/s %.3g (MFU %.1f%%)", r.tflops, 100 * r.mfu);
   else
-    std::snprintf(buf, sizeof buf, "TFLOP/s %.3g", r.tflops);
+    n = std::snprintf(buf, sizeof buf, "TFLOP/s %.3g", r.tflops);
+  if (r.gpu_util >= 0 && n > 0 && size_t(n) < sizeof buf)
+    std::snprintf(buf + n, sizeof buf - size_t(n), " GPU %.0f%%", r.gpu_util);
   return buf;
 }
 }  // namespace

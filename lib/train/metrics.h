@@ -39,6 +39,8 @@ struct StepReport {
   size_t mem_peak_bytes = 0;
   // Achieved model TFLOP/s of one device, and its share of the device's peak (mfu < 0: none).
   double tflops = 0, mfu = -1;
+  // This rank's GPU utilisation, percent (gpu_util < 0: no reading).
+  double gpu_util = -1;
   // training.objective dpo: the step's reward margin and accuracy (train/dpo.h).
   bool dpo = false;
   double reward_margin = 0, reward_accuracy = 0;

@@ -230,6 +230,16 @@ nlohmann::json step_metrics_line(const StepResult& res, const RunFigures& run) {
   const double tflops = res.model_flops / std::max(1, run.devices) / res.time_s / 1e12;
   line["tflops"] = tflops;
   if (run.peak_flops > 0) line["mfu"] = tflops * 1e12 / run.peak_flops;
+  // The GPUs' load (DESIGN.md §7): rank 0's, and the slowest rank's where any has a reading.
+  if (run.gpu.own_known) {
+    line["gpu_util"] = run.gpu.util_percent;
+    line["gpu_mem_used_bytes"] = run.gpu.mem_used_bytes;
+  }
+  if (run.gpu.slowest_rank >= 0) {
+    line["gpu_util_slowest"] = run.gpu.slowest_util_percent;
+    line["gpu_mem_used_bytes_slowest"] = run.gpu.slowest_mem_used_bytes;
+    line["slowest_rank"] = run.gpu.slowest_rank;
+  }
   if (res.dpo.pairs > 0) res.dpo.add_metrics(line, "");
   if (res.loss_scale > 0) {  // fp16 (DESIGN.md §7); a skipped step's non-finite norm is null
     line["loss_scale"] = res.loss_scale;

@@ -41,6 +41,7 @@
 #include "parallel/zero.h"
 #include "recipe/recipe.h"
 #include "train/dpo.h"
+#include "train/throughput.h"
 
 namespace ft {
 
@@ -127,6 +128,8 @@ struct RunFigures {
   // no mfu).
   int devices = 1;
   double peak_flops = 0;
+  // The GPUs' load at this step (train/throughput.h), gathered on logged steps.
+  GpuLoad gpu;
 };
 
 // The step's line of the metrics file (DESIGN.md §7).

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/log.h"
 #include "model/config.h"
 
 namespace ft {
@@ -81,6 +82,41 @@ double device_peak_flops(const Recipe& r, const std::string& device_name, bool c
     return t * 1e12;
   }
   return 0;
+}
+
+int slowest_rank(const std::vector<RankUsage>& ranks) {
+  int slowest = -1;
+  for (int r = 0; r < int(ranks.size()); ++r)
+    if (ranks[size_t(r)].known &&
+        (slowest < 0 || ranks[size_t(r)].util_percent < ranks[size_t(slowest)].util_percent))
+      slowest = r;
+  return slowest;
+}
+
+GpuLoad gather_gpu_load(Communicator& world, Device& dev) {
+  const Device::Usage own = dev.usage();
+  // Doubles hold the bytes exactly up to 2^53 (8 PiB).
+  const double mine[3] = {own.known ? 1.0 : 0.0, own.util_percent, double(own.mem_used_bytes)};
+  std::vector<double> all(3 * size_t(world.size()));
+  world.all_gather(Stream{}, CRef(mine, DType::kF64), Ref(all.data(), DType::kF64), 3).wait();
+  std::vector<RankUsage> ranks(size_t(world.size()));
+  for (size_t r = 0; r < ranks.size(); ++r)
+    ranks[r] = RankUsage{all[3 * r] > 0, all[3 * r + 1], uint64_t(all[3 * r + 2])};
+
+  if (!own.why_not.empty() && (world.rank() == 0 || ranks[0].known))
+    log_warn("gpu_util: ", own.why_not,
+             world.rank() == 0 ? "; the metrics lines go without gpu_util and gpu_mem_used_bytes"
+                               : "; rank 0's gpu_util_slowest is over the ranks with a reading");
+  GpuLoad load;
+  load.own_known = own.known;
+  load.util_percent = own.util_percent;
+  load.mem_used_bytes = own.mem_used_bytes;
+  load.slowest_rank = slowest_rank(ranks);
+  if (load.slowest_rank >= 0) {
+    load.slowest_util_percent = ranks[size_t(load.slowest_rank)].util_percent;
+    load.slowest_mem_used_bytes = ranks[size_t(load.slowest_rank)].mem_used_bytes;
+  }
+  return load;
 }
 
 }  // namespace ft

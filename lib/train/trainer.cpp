@@ -288,6 +288,7 @@ void RunLog::step(const StepResult& res, const RunFigures& figures, double first
   rep.mem_peak_bytes = figures.mem_peak_bytes;
   rep.tflops = res.model_flops / std::max(1, figures.devices) / res.time_s / 1e12;
   if (figures.peak_flops > 0) rep.mfu = rep.tflops * 1e12 / figures.peak_flops;
+  if (figures.gpu.own_known) rep.gpu_util = figures.gpu.util_percent;
   if (res.dpo.pairs > 0) {
     rep.dpo = true;
     rep.reward_margin = (res.dpo.rewards_chosen - res.dpo.rewards_rejected) / res.dpo.pairs;
@@ -623,6 +624,8 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       figures.mem_peak_bytes = dev->stats().peak_bytes;
       figures.mem_host_pinned_bytes = dev->host_stats().pinned_peak_bytes;
       figures.mem_host_pageable_bytes = dev->host_stats().pageable_peak_bytes;
+      set_watch_step(step, "the GPU load's gather");
+      figures.gpu = gather_gpu_load(comm, *dev);  // every rank: a collective
       log.step(res, figures, s == at.step ? sum.time_to_first_step_s : -1);
     }
     if (do_eval && (step % r.training.eval_every_steps == 0 || last)) {

@@ -68,3 +68,15 @@ TEST_CASE("throughput: device peaks by name and precision, or logging.peak_tflop
   r.logging.peak_tflops = 2.5;
   CHECK(device_peak_flops(r, "cpu (x86-64)", false) == doctest::Approx(2.5e12));
 }
+
+TEST_CASE("throughput: the slowest rank is the least busy GPU with a reading") {
+  using V = std::vector<RankUsage>;
+  CHECK(slowest_rank(V{}) == -1);
+  CHECK(slowest_rank(V{{false, 0, 0}, {false, 0, 0}}) == -1);  // no readings (the CPU)
+  CHECK(slowest_rank(V{{true, 90, 5}}) == 0);                  // one rank: itself
+  CHECK(slowest_rank(V{{true, 90, 5}, {true, 40, 7}, {true, 60, 9}}) == 1);
+  CHECK(slowest_rank(V{{true, 40, 5}, {true, 40, 7}, {true, 60, 9}}) == 0);  // tie: lowest rank
+  CHECK(slowest_rank(V{{true, 0, 5}, {true, 40, 7}}) == 0);                  // 0 % counts
+  // A rank without a reading is never the slowest, even where its 0 would be the lowest.
+  CHECK(slowest_rank(V{{false, 0, 0}, {true, 70, 7}, {true, 50, 9}}) == 2);
+}
