@@ -855,8 +855,12 @@ def main():
         # Startup: process start to step 1 (setup and parameter init; target under 5 s).
         start = m[0].get("time_to_first_step_s")
         start = f", step 1 began {start:.1f} s after start" if start is not None else ""
+        # The GPU's utilisation through NVML (DESIGN.md §7 "GPU load"), the timed steps' median.
+        util = sorted(x["gpu_util"] for x in timed if "gpu_util" in x)
+        gpu = (f", GPU {util[len(util) // 2]:.0f}% (NVML)" if util
+               else ", no gpu_util (NVML: see the log)")
         chk.record(name, "PASS", f"{tps:,.0f} tokens/s, MFU {mfu(tps, shape, seq)}, mem_peak "
-                   f"{mem / 2**30:.1f} GiB, median step {t:.3f} s{start}")
+                   f"{mem / 2**30:.1f} GiB, median step {t:.3f} s{start}{gpu}")
         return tps
 
     def torch_bench(name, shape, seq, micro, ft_tps=None, compile=False):
