@@ -129,7 +129,7 @@ struct RunFigures {
   int devices = 1;
   double peak_flops = 0;
   // The GPUs' load at this step (train/throughput.h), gathered on logged steps.
-  GpuLoad gpu;
+  GpuLoad gpu = {};
 };
 
 // The step's line of the metrics file (DESIGN.md §7).

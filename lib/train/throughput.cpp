@@ -105,8 +105,9 @@ GpuLoad gather_gpu_load(Communicator& world, Device& dev) {
 
   if (!own.why_not.empty() && (world.rank() == 0 || ranks[0].known))
     log_warn("gpu_util: ", own.why_not,
-             world.rank() == 0 ? "; the metrics lines go without gpu_util and gpu_mem_used_bytes"
-                               : "; rank 0's gpu_util_slowest is over the ranks with a reading");
+             world.rank() == 0
+                 ? "; the metrics lines go without gpu_util and gpu_mem_used_bytes from here on"
+                 : "; rank 0's gpu_util_slowest is over the ranks with a reading");
   GpuLoad load;
   load.own_known = own.known;
   load.util_percent = own.util_percent;

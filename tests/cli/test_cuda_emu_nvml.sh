@@ -80,7 +80,7 @@ echo "two ranks at 90 % and 40 %: rank 0's figures, rank 1 the slowest"
 on_emu no_driver 2 FT_NVML_EMU_FAIL=init
 check no_driver 'assert all(not gpu_keys & l.keys() for l in lines), lines'
 said_once no_driver "gpu_util: NVML unavailable (nvmlInit_v2: Driver Not Loaded (NVML status 9)); \
-the metrics lines go without gpu_util and gpu_mem_used_bytes"
+the metrics lines go without gpu_util and gpu_mem_used_bytes from here on"
 echo "NVML failing to start on both ranks: no gpu_* keys, the reason said once"
 
 on_emu lost 1 FT_NVML_EMU_UTIL=70 FT_NVML_EMU_FAIL=lost:2
