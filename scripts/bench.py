@@ -5,9 +5,13 @@ runs in its own process, alternately (ft, torch, ft, torch, ... for --pairs pair
 slow minute on a shared machine hits both; a run's figure is the median step time over its
 timed steps (the first --warmup steps are not counted), and the table gives the median of the
 runs' figures and their spread (min-max).
-Precision: fp32 on both sides, or bf16: ft's training.precision: bf16 against PyTorch's
-torch.autocast("cpu", dtype=torch.bfloat16) with fp32 parameters and AdamW, what an AMP user
-runs. PyTorch 2.x uses F.scaled_dot_product_attention; 1.13 (Debian's) the explicit softmax.
+Precision: fp32 on both sides, or bf16 (fp16): ft's training.precision against PyTorch's
+torch.autocast("cpu", dtype=torch.bfloat16 (float16)) with fp32 parameters and AdamW, what an AMP
+user runs. --precision fp32,bf16,fp16 runs each in every pair and gives each 16-bit one's speed
+against the fp32 one's of the same program (issue: a 16-bit step never slower than fp32).
+--isa caps the instruction set of both programs' kernels, to measure a lower CPU's paths on a
+better one: ft's FT_CPU_ISA, oneDNN's ONEDNN_MAX_CPU_ISA, OpenBLAS's OPENBLAS_CORETYPE and
+PyTorch's ATEN_CPU_CAPABILITY. PyTorch 2.x uses F.scaled_dot_product_attention; 1.13 (Debian's) the explicit softmax.
 Memory: peak RSS of each process (the kernel's ru_maxrss, so the same measure for both), and
 ft's own mem_peak_bytes (its device allocator: buffers only, no code, no heap of libraries).
 FLOPs per token, the usual estimate (Kaplan et al.; PaLM appendix B): 6·N for the matmul
@@ -28,6 +32,16 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ref"))
 
 SHAPE = dict(dim=512, n_layers=8, n_heads=8, n_kv_heads=8, ffn_dim=1408, vocab_size=32000)
+
+# --isa LEVEL: the environment that caps each library at it (ft's levels, kernels/cpu/isa.h).
+ISA_CAPS = {
+    "baseline": {"FT_CPU_ISA": "baseline", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                 "OPENBLAS_CORETYPE": "Nehalem", "ATEN_CPU_CAPABILITY": "default"},
+    "avx2": {"FT_CPU_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2"},
+    "avx512_bf16": {"FT_CPU_ISA": "avx512_bf16", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
+                    "ATEN_CPU_CAPABILITY": "avx512"},
+}
 
 
 def flops_per_token(c, T):
@@ -59,14 +73,14 @@ def torch_steps(a):
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
     ids = torch.randint(0, cfg.vocab_size, (B, T + 1))
     mask = torch.ones(B, T)
-    bf16 = a.precision == "bf16"
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
     times = []
     for _ in range(a.steps):
         t0 = time.perf_counter()
         opt.zero_grad()
         # autocast: the matmuls and attention in bf16 on bf16 copies of the fp32 parameters;
         # the backward runs outside the context, as the AMP recipe says.
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast("cpu", dtype=half or torch.bfloat16, enabled=half is not None):
             loss = model.loss_sum(ids[:, :-1], ids[:, 1:], mask) / (B * T)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -114,8 +128,12 @@ def spread(xs):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ft", default="build/ft")
-    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                    help="ft's training.precision; PyTorch: fp32, or autocast bf16")
+    ap.add_argument("--precision", default="fp32",
+                    help="ft's training.precision, fp32, bf16 or fp16, or several with commas "
+                         "(each run in every pair); PyTorch: fp32, or autocast to bf16 / fp16")
+    ap.add_argument("--isa", choices=sorted(ISA_CAPS), default=None,
+                    help="cap both programs' CPU kernels at this instruction set (default: the "
+                         "CPU's best)")
     ap.add_argument("--seq", type=int, default=256, help="sequence length (default 256)")
     ap.add_argument("--micro-batch", type=int, default=4, help="sequences per step (default 4)")
     ap.add_argument("--steps", type=int, default=8)
@@ -141,6 +159,12 @@ def main():
         sys.exit(f"bench.py: --warmup {a.warmup} leaves no timed step of --steps {a.steps}")
     if a.torch_only:
         return torch_steps(a)
+    precisions = a.precision.split(",")
+    for p in precisions:
+        if p not in ("fp32", "bf16", "fp16"):
+            sys.exit(f"bench.py: --precision {p}: expected fp32, bf16 or fp16")
+    if a.isa:
+        os.environ.update(ISA_CAPS[a.isa])
 
     import numpy as np
     import llama_ref as ref
@@ -150,9 +174,11 @@ def main():
     print("command: " + shlex.join([sys.argv[0]] + sys.argv[1:]))
     print(f"shape: dim 512, 8 layers, 8 heads, ffn 1408, vocab 32000, seq {T}, micro-batch {B}, "
           f"{a.precision}, {a.threads} threads, one process; {fpt / 1e9:.3f} GFLOP per token; "
+          + (f"instruction sets capped at {a.isa}; " if a.isa else "") +
           f"{a.steps} steps, median of the last {a.steps - a.warmup}")
     print(f"cpu: {cpu_name()}, {os.cpu_count()} cores visible")
-    results = {"ft": [], "torch": []}  # (s/step, peak RSS, mem_peak_bytes or None)
+    # (program, precision) -> [(s/step, peak RSS, mem_peak_bytes or None)], in run order.
+    results = {}
     with tempfile.TemporaryDirectory(prefix="ft_bench_") as tmp:
         rng = np.random.default_rng(0)
         data = os.path.join(tmp, "data")
@@ -169,7 +195,7 @@ model: {{dim: 512, n_layers: 8, n_heads: 8, n_kv_heads: 8, ffn_dim: 1408, vocab_
         max_seq_len: {T}}}
 data: {{train: {data}, seq_len: {T}, shuffle: false}}
 training: {{steps: {a.steps}, micro_batch_size: {B}, global_batch_size: {B}, grad_clip: 1.0,
-           precision: {a.precision}}}
+           precision: {precisions[0]}}}
 optimizer: {{lr: 1.0e-4, weight_decay: 0.1}}
 logging: {{every_steps: 1, metrics: {metrics}}}
 runtime: {{threads: {a.threads}}}
@@ -187,35 +213,39 @@ runtime: {{threads: {a.threads}}}
         kernels = isa = cpu_isa = None
         torch_info = None
         for i in range(a.pairs):
-            out, t, rss, mem = ft_run()
-            results["ft"].append((t, rss, mem))
-            # ft corrects OpenBLAS's kernel choice on CPUs that OpenBLAS 0.3.21 does not know
-            # (kernels::blas_better_coretype); a PyTorch on the same OpenBLAS (Debian's) gets the
-            # same kernels, or the comparison would measure the BLAS choice instead.
-            if "BLAS kernels " in out:
-                kernels = out.split("BLAS kernels ")[1].split(",")[0].split()[0]
-            if "oneDNN ISA " in out:
-                isa = out.split("oneDNN ISA ")[1].split()[0]
-            if "CPU kernels " in out:
-                cpu_isa = out.split("CPU kernels ")[1].split(",")[0].split()[0]
-            print(f"  pair {i + 1}: ft {t:.3f} s/step", end="", flush=True)
-            if a.skip_torch:
-                print()
-                continue
-            env = dict(os.environ)
-            if kernels and "OPENBLAS_CORETYPE" not in env:
-                env["OPENBLAS_CORETYPE"] = kernels
-            out, rss = run_measured(
-                [a.torch_python, os.path.abspath(__file__), "--torch-only",
-                 "--steps", str(a.steps), "--warmup", str(a.warmup), "--threads", str(a.threads),
-                 "--precision", a.precision, "--seq", str(T), "--micro-batch", str(B)], env)
-            torch_info = json.loads(out.strip().splitlines()[-1])
-            results["torch"].append((torch_info["step_s"], rss, None))
-            print(f", {torch_info['name']} {torch_info['step_s']:.3f} s/step", flush=True)
+            print(f"  pair {i + 1}:", end="", flush=True)
+            for prec in precisions:
+                out, t, rss, mem = ft_run(args=[f"training.precision={prec}"])
+                results.setdefault(("ft", prec), []).append((t, rss, mem))
+                # ft corrects OpenBLAS's kernel choice on CPUs that OpenBLAS 0.3.21 does not
+                # know (kernels::blas_better_coretype); a PyTorch on the same OpenBLAS (Debian's)
+                # gets the same kernels, or the comparison would measure the BLAS choice instead.
+                if "BLAS kernels " in out:
+                    kernels = out.split("BLAS kernels ")[1].split(",")[0].split()[0]
+                if "oneDNN ISA " in out:
+                    isa = out.split("oneDNN ISA ")[1].split()[0]
+                if "CPU kernels " in out:
+                    cpu_isa = out.split("CPU kernels ")[1].split(",")[0].split()[0]
+                print(f" ft {prec} {t:.3f} s/step", end="", flush=True)
+                if a.skip_torch:
+                    continue
+                env = dict(os.environ)
+                if kernels and "OPENBLAS_CORETYPE" not in env:
+                    env["OPENBLAS_CORETYPE"] = kernels
+                out, rss = run_measured(
+                    [a.torch_python, os.path.abspath(__file__), "--torch-only",
+                     "--steps", str(a.steps), "--warmup", str(a.warmup), "--threads",
+                     str(a.threads), "--precision", prec, "--seq", str(T), "--micro-batch",
+                     str(B)], env)
+                torch_info = json.loads(out.strip().splitlines()[-1])
+                results.setdefault(("torch", prec), []).append((torch_info["step_s"], rss, None))
+                print(f", torch {prec} {torch_info['step_s']:.3f} s/step", end="", flush=True)
+            print(flush=True)
 
-        rows = [("ft", results["ft"])]
+        rows = [(f"ft {p}", results[("ft", p)]) for p in precisions]
         if torch_info:
-            rows.append((torch_info["name"], results["torch"]))
+            rows += [(f"{torch_info['name']} {p if p == 'fp32' else p + ' autocast'}",
+                      results[("torch", p)]) for p in precisions]
         if a.data_parallel > 1:
             n = a.data_parallel
             _, t, rss, mem = ft_run(
@@ -231,8 +261,12 @@ runtime: {{threads: {a.threads}}}
             rows.append((f"ft tensor {n}", [(t, None, mem)]))
         profile = None
         if a.profile:
-            out, _, _, _ = ft_run(extra_env={"FT_PROFILE": "1"})
-            profile = out[out.index("ft: FT_PROFILE"):] if "ft: FT_PROFILE" in out else out
+            profile = ""
+            for prec in precisions:
+                out, _, _, _ = ft_run(extra_env={"FT_PROFILE": "1"},
+                                      args=[f"training.precision={prec}"])
+                table = out[out.index("ft: FT_PROFILE"):] if "ft: FT_PROFILE" in out else out
+                profile += f"\n{prec}:\n" + table.rstrip() + "\n"
 
     print(f"ft: CPU kernels {cpu_isa or '?'}, BLAS kernels {kernels or '?'} (OpenBLAS core type), "
           f"oneDNN ISA {isa or '?'}")
@@ -243,7 +277,7 @@ runtime: {{threads: {a.threads}}}
               f"RSS after import {torch_info['rss_import'] / 2**20:.0f} MiB"
               + (f" (OPENBLAS_CORETYPE={coretype})" if torch_info["blas"] != "mkl" and coretype
                  else ""))
-    print(f"\n{'':24s} {'s/step':>8s} {'spread':>13s} {'tokens/s':>9s} {'GFLOP/s':>8s} "
+    print(f"\n{'':32s} {'s/step':>8s} {'spread':>13s} {'tokens/s':>9s} {'GFLOP/s':>8s} "
           f"{'peak RSS':>9s} {'ft mem_peak':>11s}")
     medians = []
     for name, runs in rows:
@@ -254,11 +288,18 @@ runtime: {{threads: {a.threads}}}
         mem = [r[2] for r in runs if r[2]]
         rss_s = f"{max(rss) / 2**20:6.0f} MiB" if rss else ""
         mem_s = f"{max(mem) / 2**20:7.0f} MiB" if mem else ""
-        print(f"{name:24s} {t:8.3f} {spread([r[0] for r in runs]):>13s} {tps:9.0f} "
+        print(f"{name:32s} {t:8.3f} {spread([r[0] for r in runs]):>13s} {tps:9.0f} "
               f"{tps * fpt / 1e9:8.1f} {rss_s:>9s} {mem_s:>11s}")
-    if torch_info:
-        print(f"ft speed / pytorch speed ({a.precision}, median of {a.pairs} interleaved pairs): "
-              f"{medians[1] / medians[0]:.2f}x")
+    n = len(precisions)
+    for k, p in enumerate(precisions):
+        if p != "fp32" and "fp32" in precisions:
+            f = precisions.index("fp32")
+            print(f"ft {p} speed / ft fp32 speed: {medians[f] / medians[k]:.2f}x"
+                  + (f"; pytorch {p} autocast / pytorch fp32: {medians[n + f] / medians[n + k]:.2f}x"
+                     if torch_info else ""))
+        if torch_info:
+            print(f"ft speed / pytorch speed ({p}, median of {a.pairs} interleaved pairs): "
+                  f"{medians[n + k] / medians[k]:.2f}x")
     if profile:
         print("\n" + profile.rstrip())
 

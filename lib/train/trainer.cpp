@@ -624,8 +624,11 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
       figures.mem_peak_bytes = dev->stats().peak_bytes;
       figures.mem_host_pinned_bytes = dev->host_stats().pinned_peak_bytes;
       figures.mem_host_pageable_bytes = dev->host_stats().pageable_peak_bytes;
-      set_watch_step(step, "the GPU load's gather");
-      figures.gpu = gather_gpu_load(comm, *dev);  // every rank: a collective
+      // Every rank alike (one device kind per run): a collective, on GPUs only.
+      if (dev->kind() == DeviceKind::kCuda) {
+        set_watch_step(step, "the GPU load's gather");
+        figures.gpu = gather_gpu_load(comm, *dev);
+      }
       log.step(res, figures, s == at.step ? sum.time_to_first_step_s : -1);
     }
     if (do_eval && (step % r.training.eval_every_steps == 0 || last)) {
