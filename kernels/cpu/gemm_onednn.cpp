@@ -24,6 +24,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -223,6 +224,17 @@ void gemm_via_f32(const GemmKey& k, const T* A, const T* B, Tc* C) {
   }
 }
 
+// FT_GEMM16=widen: every 16-bit GEMM through gemm_via_f32, even where oneDNN has a kernel (to
+// measure and test that path on any CPU; oneDNN's bf16 kernels on AVX512-BF16 without AMX were
+// slower than OpenBLAS's fp32 ones on a Sapphire Rapids VM: ~150 against ~250 GFLOP/s, 2 cores).
+bool widen_always() {
+  static const bool on = [] {
+    const char* e = std::getenv("FT_GEMM16");
+    return e && std::strcmp(e, "widen") == 0;
+  }();
+  return on;
+}
+
 // C (M, N) (+)= op(A) · op(B) with A, B in T (bf16 or f16) and C in Tc (T or float).
 template <typename T, typename Tc>
 void gemm16(bool ta, bool tb, int M, int N, int K, const T* A, const T* B, Tc* C, bool accumulate) {
@@ -232,6 +244,7 @@ void gemm16(bool ta, bool tb, int M, int N, int K, const T* A, const T* B, Tc* C
     return;
   }
   const GemmKey key{M, N, K, ta, tb, dtype_of<T>(), dtype_of<Tc>(), accumulate};
+  if (widen_always()) return gemm_via_f32(key, A, B, C);
   const GemmPrimitive& p = cached_primitive(key);
   if (!p.usable) return gemm_via_f32(key, A, B, C);
   dnnl::engine& eng = cpu_engine();
