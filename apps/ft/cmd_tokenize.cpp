@@ -8,6 +8,7 @@
 #include <string>
 
 #include "apps/ft/commands.h"
+#include "core/error.h"
 #include "data/tokenize.h"
 
 namespace ft::app {
@@ -46,7 +47,15 @@ int cmd_tokenize(const TokenizeArgs& a) {
   opt.inputs = a.inputs;
   opt.output_dir = a.output;
   opt.format = a.format;
-  opt.field = a.field;
+  // --field names the text of a JSONL document; the other formats' records have fixed keys, and
+  // a field given with them would be ignored without a word.
+  if (!a.field.empty() && a.format != "auto" && a.format != "jsonl")
+    throw UsageError("--field " + a.field + " applies to JSONL documents (--format jsonl, or "
+                     "auto with .jsonl/.json inputs); --format " + a.format + " reads " +
+                     (a.format == "text" ? std::string("plain text")
+                                         : "records with fixed keys (ft tokenize --help)") +
+                     ": drop --field");
+  opt.field = a.field.empty() ? "text" : a.field;
   opt.train_on_prompt = a.train_on_prompt;
   opt.allow_no_trainable = a.allow_no_trainable;
   opt.shard_tokens = a.shard_tokens;

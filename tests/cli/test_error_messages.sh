@@ -117,6 +117,7 @@ tokenize_input_device|2|/dev/zero|tokenize --tokenizer tok.model --input /dev/ze
 tokenize_input_fifo|2|fifo|tokenize --tokenizer tok.model --input fifo --output t3
 tokenize_bad_jsonl|2|bad_text.jsonl:2;not valid JSON|tokenize --tokenizer tok.model --input bad_text.jsonl --output t4
 tokenize_field_type|2|bad.jsonl:1: field "messages" is an array, expected a string|tokenize --tokenizer tok.model --input bad.jsonl --field messages --output t7
+tokenize_field_chat|2|--field body applies to JSONL documents;--format chat reads records with fixed keys|tokenize --tokenizer tok.model --input bad.jsonl --format chat --field body --output t8
 tokenize_long_line|2|long.jsonl:1|tokenize --tokenizer tok.model --input long.jsonl --output t5
 tokenize_threads|2|--threads;100000|tokenize --tokenizer tok.model --input corpus.txt --output t8 --threads 100000
 tokenize_chat_spm|2|tok.model|tokenize --tokenizer tok.model --input bad.jsonl --format chat --output t6
