@@ -50,8 +50,10 @@ int cmd_tokenize(const TokenizeArgs& a) {
   // --field names the text of a JSONL document; the other formats' records have fixed keys, and
   // a field given with them would be ignored without a word.
   if (!a.field.empty() && a.format != "auto" && a.format != "jsonl")
-    throw UsageError("--field " + a.field + " applies to JSONL documents (--format jsonl, or "
-                     "auto with .jsonl/.json inputs); --format " + a.format + " reads " +
+    throw UsageError("--field " + a.field +
+                     " applies to JSONL documents (--format jsonl, or "
+                     "auto with .jsonl/.json inputs); --format " +
+                     a.format + " reads " +
                      (a.format == "text" ? std::string("plain text")
                                          : "records with fixed keys (ft tokenize --help)") +
                      ": drop --field");

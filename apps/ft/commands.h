@@ -38,7 +38,7 @@ struct TokenizeArgs {
   std::string output;
   std::string format = "auto";  // auto | text | jsonl | chat | alpaca | preference (auto: by
                                 // extension)
-  std::string field;  // empty: not given (text); only for JSONL documents
+  std::string field;            // empty: not given (text); only for JSONL documents
   bool train_on_prompt = false;
   bool allow_no_trainable = false;  // chat/alpaca: a file with no token to train on: a warning
   int64_t shard_tokens = 16 * 1024 * 1024;
