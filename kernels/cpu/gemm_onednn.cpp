@@ -153,12 +153,49 @@ __attribute__((target("avx,f16c"))) size_t narrow_f16c(f16* dst, const float* sr
   return i;
 }
 
+// bf16 through AVX2's integer ops, as the f16 ones above (the baseline build's SSE2 loops were
+// the widened GEMM's serial part): bf16 is fp32's upper half, so widening is a shift, and
+// narrowing adds 0x7fff plus the kept part's lowest bit before dropping the lower half (round
+// to nearest even), a NaN quieted as to_bf16 does.
+__attribute__((target("avx2"))) size_t widen_bf16_avx2(float* dst, const bf16* src, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_slli_epi32(w, 16));
+  }
+  return i;
+}
+
+__attribute__((target("avx2"))) size_t narrow_bf16_avx2(bf16* dst, const float* src, size_t n) {
+  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff),
+                abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000),
+                quiet = _mm256_set1_epi32(0x40);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i hi = _mm256_srli_epi32(u, 16);
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(bias, _mm256_and_si256(hi, one))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+    const __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, quiet), nan);
+    // 32 -> 16 bits: packus works within each 128-bit half; qwords 0 and 2 hold the 8 results.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(packed));
+  }
+  return i;
+}
+
 // dst[i] = float(src[i]), exact.
 template <typename T>
 void widen(float* dst, const T* src, size_t n) {
   size_t i = 0;
-  if constexpr (std::is_same_v<T, f16>)
-    if (cpu_isa() != CpuIsa::baseline) i = widen_f16c(dst, src, n);
+  if (cpu_isa() != CpuIsa::baseline) {
+    if constexpr (std::is_same_v<T, f16>)
+      i = widen_f16c(dst, src, n);
+    else
+      i = widen_bf16_avx2(dst, src, n);
+  }
   for (; i < n; ++i) dst[i] = to_f32(src[i]);
 }
 
@@ -166,60 +203,80 @@ void widen(float* dst, const T* src, size_t n) {
 template <typename T>
 void narrow(T* dst, const float* src, size_t n) {
   size_t i = 0;
-  if constexpr (std::is_same_v<T, f16>)
-    if (cpu_isa() != CpuIsa::baseline) i = narrow_f16c(dst, src, n);
+  if (cpu_isa() != CpuIsa::baseline) {
+    if constexpr (std::is_same_v<T, f16>)
+      i = narrow_f16c(dst, src, n);
+    else
+      i = narrow_bf16_avx2(dst, src, n);
+  }
   for (; i < n; ++i) dst[i] = from_f32<T>(src[i]);
 }
 
 // The fallback: C (+)= op(A) · op(B) as fp32 GEMMs of widened tiles, then one rounding of each
-// C tile to the output type. Tiles of kTile³ bound the scratch to 12 MB per thread whatever the
-// shape (widening whole operands would hold ~200 MB of fp32 copies for the bench model's
-// vocabulary projection); re-widening A and B once per tile costs ~2/kTile conversions per
-// multiply-add. K is tiled too, so a C tile stays in fp32 across all of K and is rounded once.
-// The widening runs on one thread: it is cheap, and an OpenMP team here would compete with
-// OpenBLAS's pool, still spinning from the last tile. Measured (ft_bench_gemm, 2 threads, f16
-// against fp32 on the bench shapes): 1024-tiles reach ~90% of the fp32 GEMM's speed with
-// OpenBLAS's AVX-512 kernels, 512-tiles ~65% (per-call overhead of smaller sgemms).
+// C tile to the output type. Tiles of 1024 rows, 2048 columns and 1024 of K bound the scratch to
+// 24 MB per thread whatever the shape (widening whole operands would hold ~200 MB of fp32 copies
+// for the bench model's vocabulary projection); rows outermost, so that with K in one tile (a
+// linear layer's input width up to 1024) A's tile is widened once for all its columns, not once
+// per column tile. K is tiled too, so a C tile stays in fp32 across all of K and is rounded once.
+// The widening runs on one thread: an OpenMP team here competes with OpenBLAS's pool, still
+// spinning from the last tile (tried: 2-3x slower). Measured (ft_bench_gemm, 2 threads, against
+// fp32 on the bench shapes, OpenBLAS's AVX-512 kernels): bf16 ~85% of the fp32 GEMM's speed with
+// these tiles and AVX2 conversions, ~70% with 1024-column tiles, column tiles outermost and the
+// baseline build's SSE2 bf16 conversions; the bench step's bf16/fp32 at FT_CPU_ISA=avx2 (oneDNN
+// capped at AVX2, so this path) went from 0.81x to 0.92x.
 template <typename T, typename Tc>
 void gemm_via_f32(const GemmKey& k, const T* A, const T* B, Tc* C) {
-  constexpr int kTile = 1024;
-  thread_local std::vector<float> a32(size_t(kTile) * kTile), b32(size_t(kTile) * kTile),
-      c32(size_t(kTile) * kTile);
-  for (int j0 = 0; j0 < k.N; j0 += kTile) {
-    const int nb = std::min(kTile, k.N - j0);
-    for (int i0 = 0; i0 < k.M; i0 += kTile) {
-      const int mb = std::min(kTile, k.M - i0);
+  constexpr int kTileM = 1024, kTileN = 2048, kTileK = 1024;
+  thread_local std::vector<float> a32_buf(size_t(kTileM) * kTileK),
+      b32_buf(size_t(kTileK) * kTileN), c32_buf(size_t(kTileM) * kTileN);
+  // The calling thread's buffers, by pointer: in the OpenMP workers below the thread_local names
+  // would be the workers' own.
+  float* const a32 = a32_buf.data();
+  float* const b32 = b32_buf.data();
+  float* const c32 = c32_buf.data();
+  auto rows = [](int n, size_t, auto&& convert_row) {
+    for (int r = 0; r < n; ++r) convert_row(r);
+  };
+  for (int i0 = 0; i0 < k.M; i0 += kTileM) {
+    const int mb = std::min(kTileM, k.M - i0);
+    for (int j0 = 0; j0 < k.N; j0 += kTileN) {
+      const int nb = std::min(kTileN, k.N - j0);
       // C tile (mb, nb): in place when C is fp32, else widened (accumulate) into c32.
-      float* c = c32.data();
+      float* c = c32;
       int ldc = nb;
       if constexpr (std::is_same_v<Tc, float>) {
         c = C + size_t(i0) * k.N + j0;
         ldc = k.N;
       } else if (k.accumulate) {
-        for (int i = 0; i < mb; ++i) widen(c + size_t(i) * nb, C + size_t(i0 + i) * k.N + j0, nb);
+        rows(mb, size_t(nb),
+             [&](int i) { widen(c + size_t(i) * nb, C + size_t(i0 + i) * k.N + j0, nb); });
       }
-      for (int p0 = 0; p0 < k.K; p0 += kTile) {
-        const int kb = std::min(kTile, k.K - p0);
-        // op(A) tile (mb, kb): rows of A (M, K), or columns of A stored (K, M) when ta.
-        if (!k.ta)
-          for (int i = 0; i < mb; ++i)
-            widen(a32.data() + size_t(i) * kb, A + size_t(i0 + i) * k.K + p0, kb);
-        else
-          for (int p = 0; p < kb; ++p)
-            widen(a32.data() + size_t(p) * mb, A + size_t(p0 + p) * k.M + i0, mb);
+      for (int p0 = 0; p0 < k.K; p0 += kTileK) {
+        const int kb = std::min(kTileK, k.K - p0);
+        // op(A) tile (mb, kb): rows of A (M, K), or columns of A stored (K, M) when ta. With K
+        // in one tile it is the same for every j0: widened once.
+        if (j0 == 0 || k.K > kTileK) {
+          if (!k.ta)
+            rows(mb, size_t(kb),
+                 [&](int i) { widen(a32 + size_t(i) * kb, A + size_t(i0 + i) * k.K + p0, kb); });
+          else
+            rows(kb, size_t(mb),
+                 [&](int p) { widen(a32 + size_t(p) * mb, A + size_t(p0 + p) * k.M + i0, mb); });
+        }
         // op(B) tile (kb, nb): B (K, N), or B stored (N, K) when tb.
         if (!k.tb)
-          for (int p = 0; p < kb; ++p)
-            widen(b32.data() + size_t(p) * nb, B + size_t(p0 + p) * k.N + j0, nb);
+          rows(kb, size_t(nb),
+               [&](int p) { widen(b32 + size_t(p) * nb, B + size_t(p0 + p) * k.N + j0, nb); });
         else
-          for (int j = 0; j < nb; ++j)
-            widen(b32.data() + size_t(j) * kb, B + size_t(j0 + j) * k.K + p0, kb);
+          rows(nb, size_t(kb),
+               [&](int j) { widen(b32 + size_t(j) * kb, B + size_t(j0 + j) * k.K + p0, kb); });
         const float beta = (p0 > 0 || k.accumulate) ? 1.0f : 0.0f;
-        gemm_f32(k.ta, k.tb, mb, nb, kb, 1.0f, a32.data(), k.ta ? mb : kb, b32.data(),
-                 k.tb ? kb : nb, beta, c, ldc);
+        gemm_f32(k.ta, k.tb, mb, nb, kb, 1.0f, a32, k.ta ? mb : kb, b32, k.tb ? kb : nb, beta, c,
+                 ldc);
       }
       if constexpr (!std::is_same_v<Tc, float>)
-        for (int i = 0; i < mb; ++i) narrow(C + size_t(i0 + i) * k.N + j0, c + size_t(i) * nb, nb);
+        rows(mb, size_t(nb),
+             [&](int i) { narrow(C + size_t(i0 + i) * k.N + j0, c + size_t(i) * nb, nb); });
     }
   }
 }

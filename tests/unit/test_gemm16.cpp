@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -216,6 +217,30 @@ TEST_CASE("linear bf16 propagates NaN and inf into every output they touch") {
     CHECK(std::isnan(ft::to_f32(y[1 * out + o])));
     CHECK(!std::isfinite(ft::to_f32(y[2 * out + o])));
   }
+}
+
+TEST_CASE_TEMPLATE("linear bf16/f16: one product rounds once, to nearest even, bit for bit", T,
+                   ft::bf16, ft::f16) {
+  // in = 1: each output is one product of two 16-bit values, exact in fp32, so the only rounding
+  // is the output's and it must give to_bf16's / to_f16's bits (ties to even, on every path:
+  // oneDNN's, and the widened one's vector conversions). Values near 1 make many ties: a product
+  // of (1 + a·2^-7)(1 + b·2^-7) needs up to 16 bits.
+  const int N = 3, out = 4099;  // long rows (the conversions' vector loops), an odd tail
+  std::vector<T> x(N), W(out);
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> steps(0, 255);
+  for (int n = 0; n < N; ++n) x[size_t(n)] = ft::from_f32<T>(1.0f + float(2 * n + 1) / 128.0f);
+  for (int o = 0; o < out; ++o)
+    W[size_t(o)] = ft::from_f32<T>((o % 2 ? -1.0f : 1.0f) * (1.0f + float(steps(rng)) / 128.0f));
+  std::vector<T> y(size_t(N) * out);
+  k::linear_forward(y.data(), x.data(), W.data(), N, 1, out);
+  int mismatches = 0;
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < out; ++o) {
+      const T want = ft::from_f32<T>(ft::to_f32(x[size_t(n)]) * ft::to_f32(W[size_t(o)]));
+      mismatches += std::memcmp(&want, &y[size_t(n) * out + o], sizeof(T)) != 0;
+    }
+  CHECK(mismatches == 0);
 }
 
 TEST_CASE("gemm_isa names the instruction set oneDNN dispatches to") {
