@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "apps/ft/commands.h"
+#include "core/progress.h"
 #include "recipe/recipe.h"
 #include "runtime/device.h"
 #include "train/plan.h"
@@ -19,18 +20,7 @@
 namespace ft::app {
 namespace {
 
-std::string human_bytes(int64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double b = double(bytes);
-  int u = 0;
-  while (b >= 1024.0 && u < 5) {
-    b /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
-  return buf;
-}
+std::string human_bytes(int64_t bytes) { return ft::human_bytes(double(bytes)); }
 
 std::string ranks_word(const std::vector<int>& r) {
   return (r.size() == 1 ? "rank " : "ranks ") + format_rank_list(r);

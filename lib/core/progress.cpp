@@ -14,9 +14,9 @@
 namespace ft {
 
 std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int u = 0;
-  while (b >= 1024.0 && u < 4) {
+  while (b >= 1024.0 && u < 5) {
     b /= 1024.0;
     ++u;
   }
