@@ -246,16 +246,25 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float 
 
 namespace ft::kernels {
 // ---- instruction set (DESIGN §2, "Instruction sets") --------------------------------------------
-// The kernels above but the GEMMs exist once per level below (kernels/cpu/isa.h); the rest of ft
-// is built for the compiler's default x86-64, so one binary runs on any x86-64 CPU. Each call
-// runs the level chosen once per process: FT_CPU_ISA=baseline|avx2|avx512_bf16 if set (an
-// unknown value, or a level this CPU lacks, is an ft::Error naming the choices), else the highest
-// level the CPU (and OS) supports. Levels: baseline = x86-64 (SSE2); avx2 = x86-64-v3 (AVX2, FMA,
-// F16C, BMI1/2, LZCNT, MOVBE: Haswell, Zen 1 and later); avx512_bf16 = x86-64-v4 plus AVX512-BF16
-// (Cooper Lake, Sapphire Rapids, Zen 4 and later). The levels with FMA (avx2, avx512_bf16) give
-// the same bits; baseline rounds the product of each a·b + c separately, within every tolerance.
-// OpenBLAS and oneDNN (the GEMMs; AMX included) choose their own kernels from the CPU.
-enum class CpuIsa { baseline, avx2, avx512_bf16 };
+// The kernels above but the GEMMs exist once per instruction set (kernels/cpu/isa.h); the rest of
+// ft is built for the compiler's default x86-64, so one binary runs on any x86-64 CPU. The level,
+// chosen once per process, is FT_CPU_ISA=baseline|avx2|avx512|avx512_bf16|amx if set (an unknown
+// value, or a level this CPU lacks, is an ft::Error naming the choices), else the highest level
+// the CPU (and OS) supports. Each level is a class of CPU, and runs what such a CPU runs:
+//   baseline    x86-64 (SSE2): the baseline kernels; oneDNN capped at SSE4.1.
+//   avx2        x86-64-v3 (AVX2, FMA, F16C, BMI1/2, LZCNT, MOVBE: Haswell, Zen 1-3): the avx2
+//               kernels; oneDNN capped at AVX2 (so bf16 GEMMs are widened to fp32).
+//   avx512      x86-64-v4 (AVX-512 F/BW/CD/DQ/VL: Skylake-X, Cascade Lake, Ice Lake): the avx512
+//               kernels; oneDNN capped at AVX512_CORE.
+//   avx512_bf16 avx512 plus AVX512-BF16 (Cooper Lake, Zen 4 and 5, Sapphire Rapids without AMX):
+//               the avx512 kernels; oneDNN capped at AVX512_CORE_BF16.
+//   amx         avx512_bf16 plus AMX-BF16 tiles the OS lets ft use (Sapphire Rapids and later):
+//               oneDNN uncapped, so its AMX kernels.
+// A cap set by ONEDNN_MAX_CPU_ISA itself wins over the one FT_CPU_ISA implies. The levels with FMA
+// give the same bits; baseline rounds the product of each a·b + c separately, within every
+// tolerance. OpenBLAS chooses its kernels from the CPU model (OPENBLAS_CORETYPE caps it when the
+// process starts). Which library runs the 16-bit GEMMs at each level: gemm16_path.
+enum class CpuIsa { baseline, avx2, avx512, avx512_bf16, amx };
 CpuIsa cpu_isa();
 const char* cpu_isa_name(CpuIsa isa);
 // The highest level this CPU supports, whatever FT_CPU_ISA says.
@@ -274,6 +283,9 @@ const char* blas_kernel_name();
 // variable only when it loads, so the caller sets it and re-executes the process.
 const char* blas_better_coretype();
 void set_blas_threads(int n);
+// Where the linear layers' bf16 (bf16_operands) or f16 GEMMs run: "oneDNN" or "widened to fp32
+// for OpenBLAS" (gemm_onednn.cpp: the choice by CPU, and FT_GEMM16=onednn|widen to force one).
+const char* gemm16_path(bool bf16_operands);
 // The instruction set oneDNN dispatches its bf16/f16 GEMMs to on this CPU (e.g.
 // "avx512_core_amx", "avx512_core_bf16", "avx2"; ONEDNN_MAX_CPU_ISA caps it).
 const char* gemm_isa();

@@ -39,8 +39,11 @@ ISA_CAPS = {
                  "OPENBLAS_CORETYPE": "Nehalem", "ATEN_CPU_CAPABILITY": "default"},
     "avx2": {"FT_CPU_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
              "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2"},
+    "avx512": {"FT_CPU_ISA": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+               "ATEN_CPU_CAPABILITY": "avx512"},
     "avx512_bf16": {"FT_CPU_ISA": "avx512_bf16", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
                     "ATEN_CPU_CAPABILITY": "avx512"},
+    "amx": {"FT_CPU_ISA": "amx", "ATEN_CPU_CAPABILITY": "avx512"},
 }
 
 
@@ -211,6 +214,7 @@ runtime: {{threads: {a.threads}}}
             return out, t, rss, max(l["mem_peak_bytes"] for l in lines)
 
         kernels = isa = cpu_isa = None
+        gemm16 = {}
         torch_info = None
         for i in range(a.pairs):
             print(f"  pair {i + 1}:", end="", flush=True)
@@ -223,7 +227,9 @@ runtime: {{threads: {a.threads}}}
                 if "BLAS kernels " in out:
                     kernels = out.split("BLAS kernels ")[1].split(",")[0].split()[0]
                 if "oneDNN ISA " in out:
-                    isa = out.split("oneDNN ISA ")[1].split()[0]
+                    isa = out.split("oneDNN ISA ")[1].split()[0].rstrip(",")
+                if "16-bit GEMMs " in out:
+                    gemm16[prec] = out.split("16-bit GEMMs ")[1].splitlines()[0].strip()
                 if "CPU kernels " in out:
                     cpu_isa = out.split("CPU kernels ")[1].split(",")[0].split()[0]
                 print(f" ft {prec} {t:.3f} s/step", end="", flush=True)
@@ -269,7 +275,8 @@ runtime: {{threads: {a.threads}}}
                 profile += f"\n{prec}:\n" + table.rstrip() + "\n"
 
     print(f"ft: CPU kernels {cpu_isa or '?'}, BLAS kernels {kernels or '?'} (OpenBLAS core type), "
-          f"oneDNN ISA {isa or '?'}")
+          f"oneDNN ISA {isa or '?'}"
+          + "".join(f"; {p} GEMMs {path}" for p, path in gemm16.items()))
     if torch_info:
         coretype = os.environ.get("OPENBLAS_CORETYPE", kernels)
         print(f"{torch_info['name']} ({a.torch_python}): attention {torch_info['attention']}, "

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "kernels/cpu/half_vec.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/kernels.h"
@@ -56,8 +57,7 @@ const float* tile_f32(const E* src, int rows, int D, int ld, float* buf, int& ld
     ld_out = ld;
     return src;
   } else {
-    for (int r = 0; r < rows; ++r)
-      for (int e = 0; e < D; ++e) buf[size_t(r) * D + e] = to_f32(src[size_t(r) * ld + e]);
+    for (int r = 0; r < rows; ++r) cpu::load_f32(buf + size_t(r) * D, src + size_t(r) * ld, D);
     ld_out = D;
     return buf;
   }
@@ -143,8 +143,13 @@ void attention_forward(E* out, float* lse, const E* q, const E* k, const E* v, i
           for (int r = 0; r < rows; ++r) {
             const float inv = 1.0f / l[r];
             E* o = out + (size_t(b) * T + i0 + r) * ldq + size_t(h) * D;
-            const float* a = acc + size_t(r) * D;
-            for (int e = 0; e < D; ++e) o[e] = from_f32<E>(a[e] * inv);
+            float* a = acc + size_t(r) * D;
+            if constexpr (std::is_same_v<E, float>) {
+              for (int e = 0; e < D; ++e) o[e] = a[e] * inv;
+            } else {
+              for (int e = 0; e < D; ++e) a[e] *= inv;
+              cpu::store_f32(o, a, size_t(D));
+            }
             lse[(size_t(b) * H + h) * T + i0 + r] = m[r] + std::log(l[r]);
           }
         }
@@ -182,6 +187,7 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
     float *qbuf = buf.data(), *dobuf = qbuf + tD, *kbuf = dobuf + tD, *vbuf = kbuf + tD;
     float *dKa = vbuf + tD, *dVa = dKa + tD, *P = dVa + tD, *dS = P + tt;
     std::vector<int> first(seg ? T : 0);  // with segments: each position's document start
+    std::vector<float> rowbuf(2 * cpu::staging<E>(size_t(D)));  // a row of dO and O in fp32
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b)
       for (int kh = 0; kh < K; ++kh) {
@@ -193,8 +199,10 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
           const int h = kh * group + g;
           for (int t = 0; t < T; ++t) {
             const size_t off = (size_t(b) * T + t) * ldq + size_t(h) * D;
+            const float* dO = cpu::in_f32(dout + off, size_t(D), rowbuf.data());
+            const float* O = cpu::in_f32(out + off, size_t(D), rowbuf.data() + D);
             float s = 0.0f;
-            for (int e = 0; e < D; ++e) s += to_f32(dout[off + e]) * to_f32(out[off + e]);
+            for (int e = 0; e < D; ++e) s += dO[e] * O[e];
             delta[(size_t(b) * H + h) * T + t] = s;
             std::fill(dqa + off, dqa + off + D, 0.0f);
           }
@@ -259,17 +267,21 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
                        ldq);
             }
           }
-          for (int c = 0; c < cols; ++c)
-            for (int e = 0; e < D; ++e) {
-              dk[koff + size_t(c) * ldk + e] = from_f32<E>(dKa[size_t(c) * D + e]);
-              dv[koff + size_t(c) * ldk + e] = from_f32<E>(dVa[size_t(c) * D + e]);
+          for (int c = 0; c < cols; ++c) {
+            if constexpr (std::is_same_v<E, float>) {
+              std::copy_n(dKa + size_t(c) * D, D, dk + koff + size_t(c) * ldk);
+              std::copy_n(dVa + size_t(c) * D, D, dv + koff + size_t(c) * ldk);
+            } else {
+              cpu::store_f32(dk + koff + size_t(c) * ldk, dKa + size_t(c) * D, size_t(D));
+              cpu::store_f32(dv + koff + size_t(c) * ldk, dVa + size_t(c) * D, size_t(D));
             }
+          }
         }
         if constexpr (!std::is_same_v<E, float>)
           for (int g = 0; g < group; ++g)
             for (int t = 0; t < T; ++t) {
               const size_t off = (size_t(b) * T + t) * ldq + size_t(kh * group + g) * D;
-              for (int e = 0; e < D; ++e) dq[off + e] = from_f32<E>(dqa[off + e]);
+              cpu::store_f32(dq + off, dqa + off, size_t(D));
             }
       }
   }

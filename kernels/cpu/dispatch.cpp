@@ -11,15 +11,18 @@
 namespace ft::kernels {
 
 // Returns CALL (a kernel call, arguments named as in the caller) from the chosen level's copy.
-#define FT_DISPATCH(CALL)           \
-  switch (cpu_isa()) {              \
-    case CpuIsa::avx512_bf16:       \
-      return isa_avx512_bf16::CALL; \
-    case CpuIsa::avx2:              \
-      return isa_avx2::CALL;        \
-    case CpuIsa::baseline:          \
-      break;                        \
-  }                                 \
+// avx512, avx512_bf16 and amx share level 2's copy (isa.h).
+#define FT_DISPATCH(CALL)      \
+  switch (cpu_isa()) {         \
+    case CpuIsa::amx:          \
+    case CpuIsa::avx512_bf16:  \
+    case CpuIsa::avx512:       \
+      return isa_avx512::CALL; \
+    case CpuIsa::avx2:         \
+      return isa_avx2::CALL;   \
+    case CpuIsa::baseline:     \
+      break;                   \
+  }                            \
   return isa_baseline::CALL
 
 // kernels.h's entry point for each entry of isa_kernels.inc, forwarding to the chosen level.

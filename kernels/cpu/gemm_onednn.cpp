@@ -1,16 +1,14 @@
-// bf16 and f16 linear layers through oneDNN's matmul; the fp32 ones stay OpenBLAS (gemm.cpp),
-// the reference these are tested against.
+// bf16 and f16 linear layers, through oneDNN's matmul or widened to fp32 for OpenBLAS (path16
+// below chooses by CPU); the fp32 ones are OpenBLAS's (gemm.cpp), the reference these are tested
+// against. Either way products of the 16-bit values are summed in fp32 and the output is rounded
+// once; oneDNN's `+=` is its sum post-op, which adds the old output (read as T) to the fp32
+// accumulator before that one rounding.
 //
-// oneDNN picks its kernels at run time from the CPU: AMX tiles on Sapphire Rapids, AVX512-BF16
-// dot products on Zen 4 / Cooper Lake, bf16 emulated on plain AVX-512. Products are summed in
-// fp32 and the output is rounded once; `+=` is oneDNN's sum post-op, which adds the old output
-// (read as T) to the fp32 accumulator before that one rounding.
-//
-// Where oneDNN has no usable kernel, the operands are widened to fp32 and OpenBLAS runs the
-// GEMM (see gemm_via_f32). Measured with Debian's oneDNN 2.6.3 on an AVX512-BF16 CPU without
-// AVX512-FP16: f16 matmul has no implementation at all (primitive creation fails with
-// "unimplemented", for every layout and for f32 outputs too), so f16 always takes that path
-// here; bf16 has none below AVX-512 (ONEDNN_MAX_CPU_ISA=AVX2), so such CPUs take it for bf16.
+// oneDNN picks its kernels at run time from the CPU (within the cap of cap_onednn): AMX tiles on
+// Sapphire Rapids, AVX512-BF16 dot products on Zen 4 / Cooper Lake, bf16 emulated on plain
+// AVX-512. Measured with Debian's oneDNN 2.6.3 on an AVX512-BF16 CPU without AVX512-FP16: f16
+// matmul has no implementation at all (primitive creation fails with "unimplemented", for every
+// layout and for f32 outputs too), and bf16 has none below AVX-512; those GEMMs are widened.
 // Widening is exact, so the result is the fp32 GEMM of the same rounded inputs followed by one
 // rounding: the reference's numbers up to summation order. Narrowing f16 to bf16 instead would
 // lose three mantissa bits of every operand, which f16 training does not expect.
@@ -20,7 +18,17 @@
 // thousands of times, so primitives are cached by shape, layout, types and accumulate flag.
 // oneDNN's OpenMP threads are ft's (it reads omp_get_max_threads() at each call, which the trainer
 // sets from runtime.threads).
+// GCC 12 warns inside its own AVX-512 intrinsics (their _mm512_undefined_* self-initialise on
+// purpose), as half_vec.h notes; clang has no such warning group.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -35,6 +43,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/kernels.h"
 
 namespace ft::kernels {
@@ -55,7 +64,37 @@ constexpr dt dtype_of() {
 // The engine and the primitive cache below are never destroyed: cached primitives must not
 // outlive their engine, and the order in which function statics die at exit is not ours to
 // pick. Both stay reachable, so LeakSanitizer does not count them.
+// oneDNN capped at the instruction set of ft's level (kernels.h), so that FT_CPU_ISA runs what a
+// CPU of that class runs; ONEDNN_MAX_CPU_ISA, when set, is oneDNN's own and wins. Called before
+// anything else asks oneDNN about its instruction set (it takes the cap only then).
+void cap_onednn() {
+  static const bool once = [] {
+    if (std::getenv("ONEDNN_MAX_CPU_ISA")) return true;
+    dnnl::cpu_isa cap = dnnl::cpu_isa::all;
+    switch (cpu_isa()) {
+      case CpuIsa::baseline:
+        cap = dnnl::cpu_isa::sse41;
+        break;
+      case CpuIsa::avx2:
+        cap = dnnl::cpu_isa::avx2;
+        break;
+      case CpuIsa::avx512:
+        cap = dnnl::cpu_isa::avx512_core;
+        break;
+      case CpuIsa::avx512_bf16:
+        cap = dnnl::cpu_isa::avx512_core_bf16;
+        break;
+      case CpuIsa::amx:
+        break;
+    }
+    if (cap != dnnl::cpu_isa::all) dnnl::set_max_cpu_isa(cap);
+    return true;
+  }();
+  (void)once;
+}
+
 dnnl::engine& cpu_engine() {
+  cap_onednn();
   static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
   return *engine;
 }
@@ -186,11 +225,64 @@ __attribute__((target("avx2"))) size_t narrow_bf16_avx2(bf16* dst, const float* 
   return i;
 }
 
+// The same four at 16 lanes, from the avx512 level up (the same bits as the 8-lane ones).
+__attribute__((target("avx512f"))) size_t widen_f16_avx512(float* dst, const f16* src, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(
+        dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  return i;
+}
+
+__attribute__((target("avx512f"))) size_t narrow_f16_avx512(f16* dst, const float* src, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(dst + i),
+        _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  return i;
+}
+
+__attribute__((target("avx512f,avx512bw"))) size_t widen_bf16_avx512(float* dst, const bf16* src,
+                                                                     size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i w =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    _mm512_storeu_si512(dst + i, _mm512_slli_epi32(w, 16));
+  }
+  return i;
+}
+
+__attribute__((target("avx512f,avx512bw"))) size_t narrow_bf16_avx512(bf16* dst, const float* src,
+                                                                      size_t n) {
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff),
+                abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
+                quiet = _mm512_set1_epi32(0x40);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i u = _mm512_loadu_si512(src + i);
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(hi, one))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+    r = _mm512_mask_or_epi32(r, nan, hi, quiet);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(r));
+  }
+  return i;
+}
+
 // dst[i] = float(src[i]), exact.
 template <typename T>
 void widen(float* dst, const T* src, size_t n) {
   size_t i = 0;
-  if (cpu_isa() != CpuIsa::baseline) {
+  const CpuIsa isa = cpu_isa();
+  if (isa >= CpuIsa::avx512) {
+    if constexpr (std::is_same_v<T, f16>)
+      i = widen_f16_avx512(dst, src, n);
+    else
+      i = widen_bf16_avx512(dst, src, n);
+  } else if (isa == CpuIsa::avx2) {
     if constexpr (std::is_same_v<T, f16>)
       i = widen_f16c(dst, src, n);
     else
@@ -203,7 +295,13 @@ void widen(float* dst, const T* src, size_t n) {
 template <typename T>
 void narrow(T* dst, const float* src, size_t n) {
   size_t i = 0;
-  if (cpu_isa() != CpuIsa::baseline) {
+  const CpuIsa isa = cpu_isa();
+  if (isa >= CpuIsa::avx512) {
+    if constexpr (std::is_same_v<T, f16>)
+      i = narrow_f16_avx512(dst, src, n);
+    else
+      i = narrow_bf16_avx512(dst, src, n);
+  } else if (isa == CpuIsa::avx2) {
     if constexpr (std::is_same_v<T, f16>)
       i = narrow_f16c(dst, src, n);
     else
@@ -218,29 +316,24 @@ void narrow(T* dst, const float* src, size_t n) {
 // for the bench model's vocabulary projection); rows outermost, so that with K in one tile (a
 // linear layer's input width up to 1024) A's tile is widened once for all its columns, not once
 // per column tile. K is tiled too, so a C tile stays in fp32 across all of K and is rounded once.
-// The widening runs on one thread: an OpenMP team here competes with OpenBLAS's pool, still
-// spinning from the last tile (tried: 2-3x slower). Measured (ft_bench_gemm, 2 threads, against
-// fp32 on the bench shapes, OpenBLAS's AVX-512 kernels): bf16 ~85% of the fp32 GEMM's speed with
-// these tiles and AVX2 conversions, ~70% with 1024-column tiles, column tiles outermost and the
-// baseline build's SSE2 bf16 conversions; the bench step's bf16/fp32 at FT_CPU_ISA=avx2 (oneDNN
-// capped at AVX2, so this path) went from 0.81x to 0.92x.
+// This is one thread's share: C's rows [r0, r1) x columns [c0, c1), with `blas_threads` threads
+// in OpenBLAS.
 template <typename T, typename Tc>
-void gemm_via_f32(const GemmKey& k, const T* A, const T* B, Tc* C) {
+void gemm_via_f32_region(const GemmKey& k, const T* A, const T* B, Tc* C, int r0, int r1, int c0,
+                         int c1) {
+  if (r0 >= r1 || c0 >= c1) return;
   constexpr int kTileM = 1024, kTileN = 2048, kTileK = 1024;
-  thread_local std::vector<float> a32_buf(size_t(kTileM) * kTileK),
-      b32_buf(size_t(kTileK) * kTileN), c32_buf(size_t(kTileM) * kTileN);
-  // The calling thread's buffers, by pointer: in the OpenMP workers below the thread_local names
-  // would be the workers' own.
+  thread_local std::vector<float> a32_buf, b32_buf, c32_buf;
+  a32_buf.resize(size_t(std::min(kTileM, r1 - r0)) * std::min(kTileK, k.K));
+  b32_buf.resize(size_t(std::min(kTileK, k.K)) * std::min(kTileN, c1 - c0));
+  c32_buf.resize(size_t(std::min(kTileM, r1 - r0)) * std::min(kTileN, c1 - c0));
   float* const a32 = a32_buf.data();
   float* const b32 = b32_buf.data();
   float* const c32 = c32_buf.data();
-  auto rows = [](int n, size_t, auto&& convert_row) {
-    for (int r = 0; r < n; ++r) convert_row(r);
-  };
-  for (int i0 = 0; i0 < k.M; i0 += kTileM) {
-    const int mb = std::min(kTileM, k.M - i0);
-    for (int j0 = 0; j0 < k.N; j0 += kTileN) {
-      const int nb = std::min(kTileN, k.N - j0);
+  for (int i0 = r0; i0 < r1; i0 += kTileM) {
+    const int mb = std::min(kTileM, r1 - i0);
+    for (int j0 = c0; j0 < c1; j0 += kTileN) {
+      const int nb = std::min(kTileN, c1 - j0);
       // C tile (mb, nb): in place when C is fp32, else widened (accumulate) into c32.
       float* c = c32;
       int ldc = nb;
@@ -248,48 +341,99 @@ void gemm_via_f32(const GemmKey& k, const T* A, const T* B, Tc* C) {
         c = C + size_t(i0) * k.N + j0;
         ldc = k.N;
       } else if (k.accumulate) {
-        rows(mb, size_t(nb),
-             [&](int i) { widen(c + size_t(i) * nb, C + size_t(i0 + i) * k.N + j0, nb); });
+        for (int i = 0; i < mb; ++i) widen(c + size_t(i) * nb, C + size_t(i0 + i) * k.N + j0, nb);
       }
       for (int p0 = 0; p0 < k.K; p0 += kTileK) {
         const int kb = std::min(kTileK, k.K - p0);
         // op(A) tile (mb, kb): rows of A (M, K), or columns of A stored (K, M) when ta. With K
         // in one tile it is the same for every j0: widened once.
-        if (j0 == 0 || k.K > kTileK) {
+        if (j0 == c0 || k.K > kTileK) {
           if (!k.ta)
-            rows(mb, size_t(kb),
-                 [&](int i) { widen(a32 + size_t(i) * kb, A + size_t(i0 + i) * k.K + p0, kb); });
+            for (int i = 0; i < mb; ++i)
+              widen(a32 + size_t(i) * kb, A + size_t(i0 + i) * k.K + p0, kb);
           else
-            rows(kb, size_t(mb),
-                 [&](int p) { widen(a32 + size_t(p) * mb, A + size_t(p0 + p) * k.M + i0, mb); });
+            for (int p = 0; p < kb; ++p)
+              widen(a32 + size_t(p) * mb, A + size_t(p0 + p) * k.M + i0, mb);
         }
         // op(B) tile (kb, nb): B (K, N), or B stored (N, K) when tb.
         if (!k.tb)
-          rows(kb, size_t(nb),
-               [&](int p) { widen(b32 + size_t(p) * nb, B + size_t(p0 + p) * k.N + j0, nb); });
+          for (int p = 0; p < kb; ++p)
+            widen(b32 + size_t(p) * nb, B + size_t(p0 + p) * k.N + j0, nb);
         else
-          rows(nb, size_t(kb),
-               [&](int j) { widen(b32 + size_t(j) * kb, B + size_t(j0 + j) * k.K + p0, kb); });
+          for (int j = 0; j < nb; ++j)
+            widen(b32 + size_t(j) * kb, B + size_t(j0 + j) * k.K + p0, kb);
         const float beta = (p0 > 0 || k.accumulate) ? 1.0f : 0.0f;
         gemm_f32(k.ta, k.tb, mb, nb, kb, 1.0f, a32, k.ta ? mb : kb, b32, k.tb ? kb : nb, beta, c,
                  ldc);
       }
       if constexpr (!std::is_same_v<Tc, float>)
-        rows(mb, size_t(nb),
-             [&](int i) { narrow(C + size_t(i0 + i) * k.N + j0, c + size_t(i) * nb, nb); });
+        for (int i = 0; i < mb; ++i) narrow(C + size_t(i0 + i) * k.N + j0, c + size_t(i) * nb, nb);
     }
   }
 }
 
-// FT_GEMM16=widen: every 16-bit GEMM through gemm_via_f32, even where oneDNN has a kernel (to
-// measure and test that path on any CPU; oneDNN's bf16 kernels on AVX512-BF16 without AMX were
-// slower than OpenBLAS's fp32 ones on a Sapphire Rapids VM: ~150 against ~250 GFLOP/s, 2 cores).
-bool widen_always() {
-  static const bool on = [] {
+// The whole product. With one thread converting while OpenBLAS's threads wait, the conversions
+// cost ~15% of the fp32 GEMM's time; so with several threads each OpenMP thread takes a share of
+// C (columns, or rows when C is narrow), widens its own operand tiles (the operand all shares
+// read is widened by each: the copies stay in each core's cache) and runs its GEMMs in OpenBLAS
+// on one thread. Measured (ft_bench_gemm, 2 threads, the bench shapes): bf16 and f16 at ~90% of
+// the fp32 GEMM's GFLOP/s, from ~85% with the serial conversions. Tried and slower: an OpenMP
+// team converting between multi-threaded OpenBLAS calls (2-3x: it competes with OpenBLAS's pool,
+// still spinning from the last call), and the team widening shared tiles together with a
+// barrier before each thread's slice of the product (~5%).
+template <typename T, typename Tc>
+void gemm_via_f32(const GemmKey& k, const T* A, const T* B, Tc* C) {
+  const int threads = std::min(omp_get_max_threads(), std::max(k.M, k.N) / 64);
+  if (threads <= 1 || double(k.M) * k.N * k.K < double(1 << 22))
+    return gemm_via_f32_region(k, A, B, C, 0, k.M, 0, k.N);
+  const int saved = blas_threads();
+  set_blas_threads(1);
+  const bool by_columns = k.N >= k.M || k.N >= 256 * threads;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), n = omp_get_num_threads();
+    // Shares in multiples of 16 columns or rows (whole vectors for the conversions).
+    const int units = by_columns ? (k.N + 15) / 16 : (k.M + 15) / 16;
+    const int u0 = int(int64_t(units) * t / n) * 16, u1 = int(int64_t(units) * (t + 1) / n) * 16;
+    if (by_columns)
+      gemm_via_f32_region(k, A, B, C, 0, k.M, u0, std::min(u1, k.N));
+    else
+      gemm_via_f32_region(k, A, B, C, u0, std::min(u1, k.M), 0, k.N);
+  }
+  set_blas_threads(saved);
+}
+
+// Where a 16-bit GEMM runs (DESIGN §2 has the measurements behind the defaults). bf16: oneDNN at
+// the amx level (its AMX kernels) and on AMD's AVX512-BF16 CPUs (Zen 4 and 5, as before: not
+// measured here); widened to fp32 for OpenBLAS everywhere else, where oneDNN's bf16 kernels ran
+// slower than that on the CPUs measured: bf16 emulated on plain AVX-512 at ~60 GFLOP/s, and
+// VDPBF16PS on a Sapphire Rapids without AMX at ~165, that instruction's own peak there (half
+// the FLOP rate of its FMAs), against ~250-280 widened (2 cores, ft_bench_gemm). f16: oneDNN
+// where it has a kernel (none in oneDNN 2.6 without AVX512-FP16), else widened. FT_GEMM16=onednn
+// or widen forces one (onednn: still widened where oneDNN has no kernel for the shape), to
+// measure and test each on any CPU.
+enum class Path16 { automatic, onednn, widen };
+
+Path16 forced_path() {
+  static const Path16 path = [] {
     const char* e = std::getenv("FT_GEMM16");
-    return e && std::strcmp(e, "widen") == 0;
+    if (!e || !*e) return Path16::automatic;
+    if (std::strcmp(e, "onednn") == 0) return Path16::onednn;
+    if (std::strcmp(e, "widen") == 0) return Path16::widen;
+    FT_FAIL("FT_GEMM16=", e,
+            " is not a 16-bit GEMM path: choose onednn or widen, or unset it for the default");
   }();
-  return on;
+  return path;
+}
+
+// The path of the GEMMs with bf16 (else f16) operands.
+Path16 path16(bool bf16_operands) {
+  const Path16 forced = forced_path();
+  if (forced != Path16::automatic) return forced;
+  if (!bf16_operands) return Path16::onednn;
+  static const bool onednn_bf16 =
+      cpu_isa() == CpuIsa::amx || (cpu_isa() == CpuIsa::avx512_bf16 && __builtin_cpu_is("amd"));
+  return onednn_bf16 ? Path16::onednn : Path16::widen;
 }
 
 // C (M, N) (+)= op(A) · op(B) with A, B in T (bf16 or f16) and C in Tc (T or float).
@@ -300,8 +444,9 @@ void gemm16(bool ta, bool tb, int M, int N, int K, const T* A, const T* B, Tc* C
     if (!accumulate) std::memset(static_cast<void*>(C), 0, size_t(M) * N * sizeof(Tc));
     return;
   }
+  const Path16 path = path16(std::is_same_v<T, bf16>);
   const GemmKey key{M, N, K, ta, tb, dtype_of<T>(), dtype_of<Tc>(), accumulate};
-  if (widen_always()) return gemm_via_f32(key, A, B, C);
+  if (path == Path16::widen) return gemm_via_f32(key, A, B, C);
   const GemmPrimitive& p = cached_primitive(key);
   if (!p.usable) return gemm_via_f32(key, A, B, C);
   dnnl::engine& eng = cpu_engine();
@@ -335,7 +480,17 @@ template void linear_backward<bf16>(bf16*, float*, const bf16*, const bf16*, con
 template void linear_backward<f16>(f16*, float*, const f16*, const f16*, const f16*, int, int, int,
                                    bool);
 
+const char* gemm16_path(bool bf16_operands) {
+  if (path16(bf16_operands) == Path16::widen) return "widened to fp32 for OpenBLAS";
+  // oneDNN where it has a kernel for the type (asked on a small shape; gemm16 asks per shape).
+  const dt type = bf16_operands ? dt::bf16 : dt::f16;
+  if (!cached_primitive(GemmKey{64, 64, 64, false, true, type, type, false}).usable)
+    return "widened to fp32 for OpenBLAS";
+  return "oneDNN";
+}
+
 const char* gemm_isa() {
+  cap_onednn();
   switch (dnnl::get_effective_cpu_isa()) {
     case dnnl::cpu_isa::sse41:
       return "sse41";

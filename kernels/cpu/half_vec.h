@@ -3,9 +3,8 @@
 //
 // Every routine here gives exactly the bits of core/half.h's scalar conversions (the unit
 // test checks every 16-bit pattern and sampled fp32 patterns, NaN, inf, subnormals and ties
-// included). The hardware instructions differ from those in two corners, fixed up per lane:
-//   - VCVTNEPS2BF16 flushes fp32 subnormal inputs to ±0; torch (and half.h) round them.
-//   - VCVTPH2PS quiets a signalling f16 NaN; half.h keeps the payload as it is.
+// included). The hardware instructions differ from those in one corner, fixed up per lane:
+//   VCVTPH2PS quiets a signalling f16 NaN; half.h keeps the payload as it is.
 // Which instructions a level uses is chosen by FT_CPU_ISA_LEVEL (isa.h). The functions are serial:
 // kernels call them per row or per block inside their own OpenMP loops.
 #pragma once
@@ -68,17 +67,20 @@ inline void load_f32(float* dst, const f16* src, size_t n) {
 inline void store_f32(bf16* dst, const float* src, size_t n) {
   size_t i = 0;
 #if FT_CPU_ISA_LEVEL >= 2
-  for (; i + 32 <= n; i += 32) {
-    const __m512 lo = _mm512_loadu_ps(src + i), hi = _mm512_loadu_ps(src + i + 16);
-    __m512i r = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-    // Subnormal lanes (exponent zero, mantissa non-zero) came out as ±0: round them as half.h.
-    const __m512i e = _mm512_set1_epi32(0x7f800000), m = _mm512_set1_epi32(0x7fffff);
-    const __m512i ulo = _mm512_castps_si512(lo), uhi = _mm512_castps_si512(hi);
-    const __mmask16 sub_lo = _mm512_testn_epi32_mask(ulo, e) & _mm512_test_epi32_mask(ulo, m);
-    const __mmask16 sub_hi = _mm512_testn_epi32_mask(uhi, e) & _mm512_test_epi32_mask(uhi, m);
-    _mm512_storeu_si512(dst + i, r);
-    if (sub_lo | sub_hi)
-      for (size_t j = i; j < i + 32; ++j) dst[j] = to_bf16(src[j]);
+  // half.h's integer rounding, 16 lanes at a time (AVX-512 F/BW only: AVX512-BF16's
+  // VCVTNE2PS2BF16 would also flush subnormals to zero): add 0x7fff plus the kept part's lowest
+  // bit, keep the upper half; a NaN keeps its upper half, quieted.
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff),
+                abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
+                quiet = _mm512_set1_epi32(0x40);
+  for (; i + 16 <= n; i += 16) {
+    const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + i));
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(hi, one))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+    r = _mm512_mask_or_epi32(r, nan, hi, quiet);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(r));
   }
 #endif
   for (; i < n; ++i) dst[i] = to_bf16(src[i]);

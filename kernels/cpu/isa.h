@@ -14,7 +14,8 @@
 //
 // Inside a region GCC (in C++) does not define __AVX2__, __AVX512F__ …, so code chooses its
 // intrinsics by FT_CPU_ISA_LEVEL: 0 baseline, 1 avx2 (the x86-64-v3 set: AVX2, FMA, F16C, BMI1/2,
-// LZCNT, MOVBE), 2 avx512_bf16 (x86-64-v4: AVX-512 F/BW/CD/DQ/VL, plus AVX512-BF16).
+// LZCNT, MOVBE), 2 avx512 (x86-64-v4: AVX-512 F/BW/CD/DQ/VL). The avx512_bf16 and amx levels of
+// CpuIsa (kernels.h) run level 2's copy: what they add is the GEMM libraries'.
 #pragma once
 
 #if !defined(FT_CPU_ISA_LEVEL)
@@ -38,12 +39,12 @@
 #define FT_CPU_ISA_END _Pragma("GCC pop_options")
 #endif
 #elif FT_CPU_ISA_LEVEL == 2
-#define FT_CPU_ISA_NS isa_avx512_bf16
+#define FT_CPU_ISA_NS isa_avx512
 #if defined(__clang__)
-#define FT_CPU_ISA_BEGIN _Pragma("clang attribute push(__attribute__((target(\"sse3,ssse3,sse4.1,sse4.2,popcnt,avx,avx2,bmi,bmi2,f16c,fma,lzcnt,movbe,avx512f,avx512bw,avx512cd,avx512dq,avx512vl,avx512bf16\"))), apply_to = function)")
+#define FT_CPU_ISA_BEGIN _Pragma("clang attribute push(__attribute__((target(\"sse3,ssse3,sse4.1,sse4.2,popcnt,avx,avx2,bmi,bmi2,f16c,fma,lzcnt,movbe,avx512f,avx512bw,avx512cd,avx512dq,avx512vl\"))), apply_to = function)")
 #define FT_CPU_ISA_END _Pragma("clang attribute pop")
 #else
-#define FT_CPU_ISA_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"sse3,ssse3,sse4.1,sse4.2,popcnt,avx,avx2,bmi,bmi2,f16c,fma,lzcnt,movbe,avx512f,avx512bw,avx512cd,avx512dq,avx512vl,avx512bf16\")")
+#define FT_CPU_ISA_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"sse3,ssse3,sse4.1,sse4.2,popcnt,avx,avx2,bmi,bmi2,f16c,fma,lzcnt,movbe,avx512f,avx512bw,avx512cd,avx512dq,avx512vl\")")
 #define FT_CPU_ISA_END _Pragma("GCC pop_options")
 #endif
 #else

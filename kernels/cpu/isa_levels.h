@@ -23,9 +23,9 @@ namespace isa_baseline {
 namespace isa_avx2 {
 #include "kernels/cpu/isa_kernels.inc"
 }  // namespace isa_avx2
-namespace isa_avx512_bf16 {
+namespace isa_avx512 {
 #include "kernels/cpu/isa_kernels.inc"
-}  // namespace isa_avx512_bf16
+}  // namespace isa_avx512
 }  // namespace ft::kernels
 
 #undef FT_CPU_ISA_TEMPLATE

@@ -226,17 +226,21 @@ void print_run_header(const Recipe& r, const LlamaModel& model, const DataLoader
         r.adapter.type == "qlora" ? " (its blocks' matrices in NF4)" : "",
         r.adapter.from.empty() ? "" : (", starting from " + r.adapter.from).c_str());
   }
+  // Where the CPU's linear layers run in a 16-bit precision (kernels.h gemm16_path).
+  std::string gemm16;
+  if (dev.kind() == DeviceKind::kCpu && r.training.precision != "fp32")
+    gemm16 = kernels::gemm16_path(r.training.precision == "bf16");
   // DPO: a sample is a preference pair, two rows of seq_len tokens.
   const char* sample = loader.preference() ? "pairs" : "samples";
   std::printf(
       "ft: data %s: %llu %s%s of %d tokens per epoch; %lld steps of %d %s "
       "(%d micro-batches of %d); %s, %d threads, CPU kernels %s, BLAS kernels %s, "
-      "oneDNN ISA %s\n",
+      "oneDNN ISA %s%s%s\n",
       r.data.train.c_str(), (unsigned long long)loader.samples_per_epoch(), sample,
       loader.preference() ? " (two rows each)" : "", r.data.seq_len, (long long)r.training.steps,
       r.training.global_batch_size, sample, accum, r.training.micro_batch_size, dev.name().c_str(),
       threads, kernels::cpu_isa_name(kernels::cpu_isa()), kernels::blas_kernel_name(),
-      kernels::gemm_isa());
+      kernels::gemm_isa(), gemm16.empty() ? "" : ", 16-bit GEMMs ", gemm16.c_str());
   if (const PreferenceStats* p = loader.preference())
     std::printf(
         "ft: dpo: %llu preference pairs (a sample is a pair, two rows), %llu with a "

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The CPU kernels' instruction-set levels (kernels.h's CpuIsa, kernels/cpu/isa.h, DESIGN.md §2):
 #   1. ft is portable: disassembled, no function of the binary uses an instruction beyond x86-64
-#      (SSE2) except the kernels of the avx2 and avx512_bf16 levels (namespaces
-#      ft::kernels::isa_avx2 and isa_avx512_bf16) and gemm_onednn.cpp's F16C and AVX2 bf16
+#      (SSE2) except the kernels of the avx2 and avx512 copies (namespaces
+#      ft::kernels::isa_avx2 and isa_avx512; the avx512_bf16 and amx levels run the avx512 copy) and gemm_onednn.cpp's F16C and AVX2 bf16
 #      conversions, which run only once cpu_isa() chose such a level, and GCC's target_clones copies (an AVX2
-#      clone of ckpt/writer.cpp's first_non_finite, chosen by GCC's own resolver at load time). The avx512_bf16 kernels do hold AVX-512
+#      clone of ckpt/writer.cpp's first_non_finite, chosen by GCC's own resolver at load time). The avx512 kernels do hold AVX-512
 #      code and the baseline ones none (so the check can tell them apart).
 #   2. The kernel unit tests (their tolerances against the references, unchanged) pass under
 #      FT_CPU_ISA=baseline and every other level this CPU runs.
-#   3. ft train under each level: the run header names it; avx2 and avx512_bf16 give the same
-#      losses and gradient norms bit for bit, baseline (no FMA) the same within 1e-5.
+#   3. ft train under each level: the run header names it; the FMA levels (avx2, avx512,
+#      avx512_bf16, amx) give the same losses and gradient norms bit for bit (bf16 included: their
+#      16-bit GEMMs take the same widened path, but amx's oneDNN), baseline (no FMA) the same
+#      within 1e-5.
 #   4. FT_CPU_ISA=<unknown> fails naming the choices.
 #   bash tests/cli/test_cpu_isa.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
@@ -23,13 +25,13 @@ objdump -d --no-show-raw-insn -C "$build/ft" | awk -v re="$beyond" '
   /^[0-9a-f]+ <.*>:$/ { fn = substr($0, index($0, "<") + 1); sub(/>:$/, "", fn); next }
   NF >= 2 && $1 ~ /:$/ {
     m = $2; if (m ~ /^(rep|repz|repnz|lock|notrack|bnd|data16)$/) m = $3
-    dispatched = fn ~ /(^| )ft::kernels::isa_(avx2|avx512_bf16)::/ || fn ~ /(widen|narrow)_(f16c|bf16_avx2)\(/ ||
+    dispatched = fn ~ /(^| )ft::kernels::isa_(avx2|avx512)::/ || fn ~ /(widen|narrow)_(f16c|bf16_avx2|f16_avx512|bf16_avx512)\(/ ||
                  fn ~ /\[clone \.(avx|fma|arch_)[a-z0-9_]*\]$/
     if (m ~ re) { if (dispatched) n_disp++; else { bad++; if (!(fn in seen)) { seen[fn] = 1; print "  " fn ": " m > "/dev/stderr" } } }
-    if (fn ~ /(^| )ft::kernels::isa_avx512_bf16::/ && $0 ~ /zmm/) zmm++
+    if (fn ~ /(^| )ft::kernels::isa_avx512::/ && $0 ~ /zmm/) zmm++
     if (fn ~ /(^| )ft::kernels::isa_baseline::/) base++
   }
-  END { printf "%d instructions beyond x86-64 outside the dispatched kernels; %d inside; %d zmm in avx512_bf16; %d in baseline kernels\n", bad, n_disp, zmm, base
+  END { printf "%d instructions beyond x86-64 outside the dispatched kernels; %d inside; %d zmm in avx512; %d in baseline kernels\n", bad, n_disp, zmm, base
         exit (bad > 0 || zmm == 0 || base == 0) }' > "$tmp/objdump.txt" 2> "$tmp/beyond.txt" ||
   fail "ft is not portable: $(cat "$tmp/objdump.txt"); first functions: $(head -20 "$tmp/beyond.txt")"
 cat "$tmp/objdump.txt"
@@ -39,7 +41,9 @@ top=$("$build/tests/ft_unit_tests" -tc='FT_CPU_ISA names*' -s 2>&1 | sed -n 's/.
 case "$top" in
   baseline) levels="baseline" ;;
   avx2) levels="baseline avx2" ;;
-  avx512_bf16) levels="baseline avx2 avx512_bf16" ;;
+  avx512) levels="baseline avx2 avx512" ;;
+  avx512_bf16) levels="baseline avx2 avx512 avx512_bf16" ;;
+  amx) levels="baseline avx2 avx512 avx512_bf16 amx" ;;
   *) fail "could not read the CPU's level from ft_unit_tests: '$top'" ;;
 esac
 
@@ -78,11 +82,12 @@ YAML
   grep -q "CPU kernels $top, " "$tmp/out_${prec}_auto.txt" ||
     fail "without FT_CPU_ISA the run header should name $top: $(grep '^ft: data' "$tmp/out_${prec}_auto.txt")"
   cmp_args=(--keys loss,grad_norm --min-entries 16)
-  if [[ "$levels" == *avx512_bf16* ]]; then
+  for isa in $levels; do
+    [[ $isa == baseline || $isa == avx2 || ($isa == amx && $prec != fp32) ]] && continue
     /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$tmp/run_${prec}_avx2" \
-      "$tmp/run_${prec}_avx512_bf16" --loss-rel 0 --norm-rel 0 "${cmp_args[@]}" ||
-      fail "$prec: avx2 and avx512_bf16 differ"
-  fi
+      "$tmp/run_${prec}_$isa" --loss-rel 0 --norm-rel 0 "${cmp_args[@]}" ||
+      fail "$prec: avx2 and $isa differ"
+  done
   if [[ "$levels" != baseline ]]; then
     # fp32: a few ulp per op without FMA, amplified over 8 steps; bf16: the same differences
     # sometimes flip a bf16 rounding of an activation (one unit, 2^-8), so its bound is looser.
@@ -94,9 +99,9 @@ YAML
 done
 
 # 4. An unknown level.
-if FT_CPU_ISA=avx512 "$ft" train "$tmp/r_fp32.yaml" "run.output_dir=$tmp/run_bad" > "$tmp/bad.txt" 2>&1; then
-  fail "FT_CPU_ISA=avx512 (unknown) was accepted"
+if FT_CPU_ISA=avx1024 "$ft" train "$tmp/r_fp32.yaml" "run.output_dir=$tmp/run_bad" > "$tmp/bad.txt" 2>&1; then
+  fail "FT_CPU_ISA=avx1024 (unknown) was accepted"
 fi
-grep -q 'FT_CPU_ISA=avx512 is not an instruction set .*baseline, avx2, avx512_bf16' "$tmp/bad.txt" ||
-  fail "FT_CPU_ISA=avx512: the error does not name the choices: $(tail -3 "$tmp/bad.txt")"
+grep -q 'FT_CPU_ISA=avx1024 is not an instruction set .*baseline, avx2, avx512, avx512_bf16, amx' "$tmp/bad.txt" ||
+  fail "FT_CPU_ISA=avx1024: the error does not name the choices: $(tail -3 "$tmp/bad.txt")"
 echo "ok"

@@ -26,7 +26,7 @@ YAML
 grep -q '^step 12/12 loss ' "$tmp/out.txt" || fail "no plain progress line for the last step"
 # The startup line names the instruction set of ft's CPU kernels (kernels.h's cpu_isa()), the
 # BLAS kernels and the ISA oneDNN dispatches bf16/f16 GEMMs to.
-grep -Eq 'CPU kernels (baseline|avx2|avx512_bf16), BLAS kernels [A-Za-z0-9]+, oneDNN ISA (avx|sse)[a-z0-9_]*$' "$tmp/out.txt" \
+grep -Eq 'CPU kernels (baseline|avx2|avx512|avx512_bf16|amx), BLAS kernels [A-Za-z0-9]+, oneDNN ISA (avx|sse)[a-z0-9_]*$' "$tmp/out.txt" \
   || fail "startup line without the CPU kernels' and the GEMM ISA: $(grep '^ft: data' "$tmp/out.txt")"
 if grep -q $'\r' "$tmp/out.txt"; then fail "carriage returns in non-terminal output"; fi
 grep -q '^ft: done: 12 steps, 768 tokens' "$tmp/out.txt" || fail "summary line missing: $(tail -3 "$tmp/out.txt")"

@@ -4,7 +4,7 @@
 // tests/cli/test_cpu_isa.sh runs whole test binaries and trainings under each).
 //
 // What must agree, and why:
-//   - avx2 and avx512_bf16 give the same bits: the kernels never reassociate a sum (16 fixed
+//   - avx2 and avx512 give the same bits: the kernels never reassociate a sum (16 fixed
 //     lanes, vec_math.h), GCC contracts the same a·b + c into FMAs whatever the vector width,
 //     and the vector 16-bit conversions give half.h's bits (test_kernels16.cpp);
 //   - baseline has no FMA, so each product is rounded before its sum: fp32 outputs agree to a few
@@ -36,10 +36,11 @@ using k::CpuIsa;
 namespace {
 
 // CALL (a kernel call) on level ISA's copy.
-#define ON_LEVEL(ISA, CALL)                                \
-  ((ISA) == CpuIsa::avx512_bf16 ? k::isa_avx512_bf16::CALL \
-   : (ISA) == CpuIsa::avx2      ? k::isa_avx2::CALL        \
-                                : k::isa_baseline::CALL)
+// (avx512_bf16 and amx run avx512's copy.)
+#define ON_LEVEL(ISA, CALL)                      \
+  ((ISA) >= CpuIsa::avx512 ? k::isa_avx512::CALL \
+   : (ISA) == CpuIsa::avx2 ? k::isa_avx2::CALL   \
+                           : k::isa_baseline::CALL)
 
 // fp32 without FMA against fp32 with it: a few ulp of each intermediate (the exp polynomial,
 // a·b + c chains), relative to the output's scale.
@@ -68,14 +69,14 @@ void check_levels(const std::string& what, float rel, Run run) {
   const CpuIsa top = k::cpu_isa_supported();
   const std::vector<float> base = run(CpuIsa::baseline);
   std::vector<float> fma_ref;
-  for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512_bf16}) {
+  for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512}) {
     if (isa > top) continue;
     const std::vector<float> out = run(isa);
     REQUIRE(out.size() == base.size());
     if (fma_ref.empty()) {
       fma_ref = out;
     } else {
-      INFO(what, ": avx512_bf16 against avx2");
+      INFO(what, ": avx512 against avx2");
       CHECK(std::memcmp(out.data(), fma_ref.data(), out.size() * sizeof(float)) == 0);
     }
   }
@@ -94,15 +95,18 @@ TEST_CASE("FT_CPU_ISA names a level, or fails naming the choices") {
   CHECK(k::parse_cpu_isa("", CpuIsa::avx512_bf16) == CpuIsa::avx512_bf16);
   CHECK(k::parse_cpu_isa("baseline", CpuIsa::avx512_bf16) == CpuIsa::baseline);
   CHECK(k::parse_cpu_isa("avx2", CpuIsa::avx2) == CpuIsa::avx2);
+  CHECK(k::parse_cpu_isa("avx512", CpuIsa::avx512_bf16) == CpuIsa::avx512);
   CHECK(k::parse_cpu_isa("avx512_bf16", CpuIsa::avx512_bf16) == CpuIsa::avx512_bf16);
-  for (const char* bad : {"avx512", "AVX2", "native", "x86-64-v3"}) {
+  CHECK(k::parse_cpu_isa("amx", CpuIsa::amx) == CpuIsa::amx);
+  CHECK(k::parse_cpu_isa("avx512_bf16", CpuIsa::amx) == CpuIsa::avx512_bf16);
+  for (const char* bad : {"avx1024", "AVX2", "native", "x86-64-v3", "avx512bf16"}) {
     try {
       k::parse_cpu_isa(bad, CpuIsa::avx512_bf16);
       FAIL("no error for FT_CPU_ISA=", bad);
     } catch (const ft::Error& e) {
       const std::string msg = e.what();
       CHECK(msg.find(std::string("FT_CPU_ISA=") + bad) != std::string::npos);
-      CHECK(msg.find("baseline, avx2, avx512_bf16") != std::string::npos);
+      CHECK(msg.find("baseline, avx2, avx512, avx512_bf16, amx") != std::string::npos);
     }
   }
   // A level the CPU lacks is refused (it would die of SIGILL), naming what the CPU runs.
@@ -111,6 +115,12 @@ TEST_CASE("FT_CPU_ISA names a level, or fails naming the choices") {
     FAIL("no error for a level above the CPU's");
   } catch (const ft::Error& e) {
     CHECK(std::string(e.what()).find("at most avx2") != std::string::npos);
+  }
+  try {
+    k::parse_cpu_isa("amx", CpuIsa::avx512_bf16);
+    FAIL("no error for amx on a CPU without it");
+  } catch (const ft::Error& e) {
+    CHECK(std::string(e.what()).find("at most avx512_bf16") != std::string::npos);
   }
   // The process's choice is one of the levels, within what the CPU runs.
   CHECK(k::cpu_isa() <= k::cpu_isa_supported());
