@@ -2,6 +2,8 @@
 // and block synchronisation with its checks, and the CUDA runtime API subset on host memory.
 #include "tests/cuda_emu/cuda_emu.h"
 
+#include "tests/cuda_emu/emu_internal.h"
+
 #include "core/asan.h"
 #include "core/half.h"
 
@@ -261,7 +263,8 @@ const char* op_name(WarpOp op) {
 // nothing in a kernel catches it by accident.
 struct FiberAbort {};
 
-enum class State { kReady, kRunning, kBarrier, kWarp, kDone };
+// kHopper: suspended at an mbarrier wait or a warpgroup instruction (hopper_emu.cpp).
+enum class State { kReady, kRunning, kBarrier, kWarp, kHopper, kDone };
 
 // Stack per fiber: mmap'd with a guard page below (an overflow faults instead of corrupting the
 // neighbour), kept for the next launch.
@@ -529,6 +532,7 @@ void on_exit(Runner& r, Fiber& f) {
                (f.copies.empty() ? "" : ", not even committed") +
                "): cp.async.wait_group / wait_all must complete a copy before its data is used");
   }
+  if (const std::string left = hopper_thread_exit(f.linear); !left.empty()) record(r, f, left);
   for (const WarpGroup& g : r.warps[warp]) {
     if (g.mask & (1u << lane)) {
       const Fiber& w = (*r.fibers)[warp * 32 + g.first_lane];
@@ -554,6 +558,7 @@ std::string waiting_list(Runner& r) {
          << hex(g.mask & ~g.arrived);
     }
   }
+  if (const std::string h = hopper_waiting(); !h.empty()) os << (os.tellp() > 0 ? "; " : "") << h;
   return os.str();
 }
 
@@ -579,6 +584,7 @@ void run_block(Runner& r) {
   for (auto& groups : r.warps) groups.clear();
   r.exited_lanes.assign(size_t(nwarps), 0u);
   if (r.dynamic_shared) std::memset(r.dynamic_shared, 0xff, r.config->shared_bytes);
+  hopper_block_start(r.nthreads);
   for (int i = 0; i < r.nthreads; ++i) {
     Fiber& f = fibers[i];
     f.linear = i;
@@ -592,6 +598,7 @@ void run_block(Runner& r) {
   int done = 0;
   while (done < r.nthreads) {
     if (r.error) break;
+    if (r.ready.empty() && hopper_stalled()) continue;  // copies in flight completed
     if (r.ready.empty()) {
       const Fiber* first = nullptr;
       for (int i = 0; i < r.nthreads && !first; ++i)
@@ -964,7 +971,13 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
   r.nthreads = int(threads);
   r.fibers = &g_fibers;
   r.random_order = g_seed != 0;
-  std::unique_ptr<unsigned char[]> shared(new unsigned char[config.shared_bytes]);
+  // 1024-byte aligned: the swizzle patterns of TMA and wgmma repeat every 1024 bytes of the
+  // shared address (hopper_emu.cpp), which a GPU's dynamic shared memory starts aligned to.
+  struct AlignedFree {
+    void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t(1024)); }
+  };
+  std::unique_ptr<unsigned char[], AlignedFree> shared(static_cast<unsigned char*>(
+      ::operator new[](std::max<size_t>(config.shared_bytes, 1), std::align_val_t(1024))));
   r.dynamic_shared = shared.get();
   g_runner = &r;
   struct Reset {  // no dangling runner if anything below throws
@@ -993,6 +1006,33 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
 void* dynamic_shared() {
   return detail::current_runner("dynamic shared memory (FT_DYNAMIC_SHARED)").dynamic_shared;
 }
+
+// ---- the primitives hopper_emu.cpp builds on (emu_internal.h) -------------------------------
+namespace detail {
+
+int current_thread(const char* what) { return current_runner(what).current->linear; }
+int block_threads() { return current_runner("block_threads").nthreads; }
+void fail(const std::string& what) {
+  Runner& r = current_runner("fail");
+  report(r, *r.current, what);
+}
+void note(int linear, const std::string& what) {
+  record(*g_runner, (*g_runner->fibers)[linear], what);
+}
+void suspend() {
+  Runner& r = current_runner("suspend");
+  r.current->state = State::kHopper;
+  yield(r);
+}
+void wake(int linear) {
+  Fiber& f = (*g_runner->fibers)[linear];
+  if (f.state == State::kHopper) make_ready(*g_runner, f);
+}
+unsigned char* shared_base() { return current_runner("shared memory").dynamic_shared; }
+size_t shared_bytes() { return current_runner("shared memory").config->shared_bytes; }
+std::string site(const std::source_location& where) { return loc_str(where); }
+
+}  // namespace detail
 
 // ---- kernels/cuda/warp_matrix.cuh's twins ----------------------------------------------------
 void mma_m16n8k16(MmaType type, float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],

@@ -51,8 +51,9 @@
 // Device code may use: __global__/__device__/__host__/__forceinline__, threadIdx/blockIdx/
 // blockDim/gridDim, warpSize, __syncthreads, __syncwarp, __shfl_sync/_up/_down/_xor, __ballot_sync,
 // __all_sync, __any_sync, __activemask, integer atomics, kernels/cuda/warp_matrix.cuh (mma.sync
-// m16n8k16 bf16/f16 -> f32, ldmatrix x1/x2/x4 and .trans, cp.async with commit/wait), the math and
-// bit-cast intrinsics declared below, and what cuda_bf16.h / cuda_fp16.h compile to for a host
+// m16n8k16 bf16/f16 -> f32, ldmatrix x1/x2/x4 and .trans, cp.async with commit/wait),
+// kernels/cuda/hopper.cuh (mbarrier, TMA; hopper_emu.h, modelled as hopper_emu.cpp says), the math
+// and bit-cast intrinsics declared below, and what cuda_bf16.h / cuda_fp16.h compile to for a host
 // compiler: their host implementations of __float2bfloat16_rn, __bfloat162float, __float2half_rn,
 // __half2float, the 2-wide forms (__floats2bfloat162_rn, __bfloat1622float2, __half22float2, ...),
 // the bit casts (__bfloat16_as_ushort, __ushort_as_half, ...) and the __h* arithmetic, compiled
@@ -424,3 +425,6 @@ inline float min(float a, float b) { return std::fmin(a, b); }  // CUDA's: fminf
 inline float max(float a, float b) { return std::fmax(a, b); }
 inline double min(double a, double b) { return std::fmin(a, b); }
 inline double max(double a, double b) { return std::fmax(a, b); }
+
+// The Hopper instructions (mbarrier, TMA, wgmma) for kernels/cuda/hopper.cuh.
+#include "tests/cuda_emu/hopper_emu.h"

@@ -1,0 +1,443 @@
+// The CUDA emulation's Hopper instructions (a test tool; declarations in hopper_emu.h, the
+// wrappers device code calls in kernels/cuda/hopper.cuh). Sources: NVIDIA PTX ISA 8.x,
+// §9.7.13.15 mbarrier (contents, phases, expect-tx / complete-tx, arrive, try_wait), §9.7.9.25
+// asynchronous copies and cp.async.bulk.tensor, §9.7.15 wgmma (register fragments, shared memory
+// layouts, matrix descriptors, fence / commit_group / wait_group); the CUDA driver API's
+// cuTensorMapEncodeTiled (its documented argument rules).
+//
+// mbarrier: the object's state lives beside the emulator (per block, keyed by its shared
+// offset): phase, pending and expected arrival counts, tx-count (PTX ISA §9.7.13.15.2). init
+// writes a cookie into the object's 8 bytes; any later operation finding other bytes there
+// reports a non-mbarrier access to an initialised object. A phase completes when the pending
+// count and the tx-count are both zero (§9.7.13.15.6); the pending count is then reloaded.
+// Reported: an object outside dynamic shared memory or not 8-byte aligned, use before init (or
+// after inval), init of an initialised object, counts outside the ISA's ranges (expected
+// 1..2^20-1, tx-count ±(2^20-1)), an arrival when none is pending (arrival count underflow), a
+// tx-count below zero once every arrival is in (more bytes completed than expected: the phase
+// can never complete), and, through the scheduler, waiting for a phase that cannot complete
+// (deadlock, with each barrier's counts). The ISA lets the tx-count go negative while arrivals
+// are pending (a copy may complete before its expect-tx), and so does the emulator.
+#include "tests/cuda_emu/cuda_emu.h"
+
+#include "core/error.h"
+#include "tests/cuda_emu/emu_internal.h"
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace ft::emu {
+namespace {
+
+using detail::fail;
+using detail::note;
+using detail::site;
+
+constexpr int64_t kCountMax = (1 << 20) - 1;  // PTX ISA §9.7.13.15.2: every count's bound
+
+std::string ptr_str(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+// ---- mbarrier ---------------------------------------------------------------------------------
+struct Waiter {
+  int thread;
+  unsigned parity;
+  std::source_location where;
+};
+
+struct PendingCopy;  // a cp.async.bulk.tensor in flight (TMA, below)
+
+struct Barrier {
+  uint64_t phase = 0;  // the current phase's number; its parity is phase & 1
+  int64_t expected = 0, pending = 0, tx = 0;
+  uint64_t cookie = 0;
+  std::source_location init_where;
+  std::vector<Waiter> waiters;
+  std::vector<PendingCopy> copies;  // completing on this barrier
+};
+
+struct BlockState {
+  std::map<uint32_t, Barrier> barriers;  // by shared offset
+  uint64_t next_cookie = 0;
+  int running = 0;  // threads of the block not finished
+};
+BlockState g_block;  // launches are serialised (cuda_emu.cpp), so one block at a time
+
+std::string bar_name(uint32_t offset) {
+  return "mbarrier at shared offset " + std::to_string(offset);
+}
+
+std::string counts(const Barrier& b) {
+  return "phase " + std::to_string(b.phase) + ": " + std::to_string(b.pending) + " of " +
+         std::to_string(b.expected) + " arrivals pending, tx-count " + std::to_string(b.tx);
+}
+
+// The shared offset of an mbarrier operand, checked to be in dynamic shared memory and aligned.
+uint32_t bar_offset(const uint64_t* bar, const char* op, const std::source_location& where) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bar);
+  const unsigned char* base = detail::shared_base();
+  if (p < base || p + 8 > base + detail::shared_bytes())
+    fail(std::string(op) + " (" + site(where) + "): the mbarrier " + ptr_str(bar) +
+         " is not in the block's shared memory (" + std::to_string(detail::shared_bytes()) +
+         " dynamic bytes; the emulator knows FT_DYNAMIC_SHARED only, not static __shared__)");
+  if (reinterpret_cast<uintptr_t>(bar) % 8 != 0)
+    fail(std::string(op) + " (" + site(where) + "): the mbarrier " + ptr_str(bar) +
+         " is not 8-byte aligned");
+  return uint32_t(p - base);
+}
+
+// The initialised barrier at bar, its cookie intact.
+Barrier& live_barrier(const uint64_t* bar, const char* op, const std::source_location& where) {
+  const uint32_t off = bar_offset(bar, op, where);
+  auto it = g_block.barriers.find(off);
+  if (it == g_block.barriers.end())
+    fail(std::string(op) + " (" + site(where) + ") on the " + bar_name(off) +
+         ", which is not initialised (mbarrier.init first, and a __syncthreads between it and "
+         "the other threads' use; or it was invalidated)");
+  Barrier& b = it->second;
+  uint64_t now;
+  std::memcpy(&now, bar, 8);
+  if (now != b.cookie)
+    fail(std::string(op) + " (" + site(where) + ") on the " + bar_name(off) +
+         ": its 8 bytes were written by something other than an mbarrier instruction since "
+         "mbarrier.init (" +
+         site(b.init_where) + "), which the PTX ISA leaves undefined");
+  return b;
+}
+
+// After any change of the counts: the phase completes when nothing is pending (§9.7.13.15.6).
+// Returns "" or a report (the scheduler's stall hook cannot throw, so the caller reports).
+std::string settle(Barrier& b, uint32_t off, const char* op, const std::source_location& where) {
+  if (b.tx < -kCountMax || b.tx > kCountMax)
+    return std::string(op) + " (" + site(where) + ") on the " + bar_name(off) + ": tx-count " +
+           std::to_string(b.tx) + " is outside the PTX ISA's range ±(2^20 - 1)";
+  if (b.pending == 0 && b.tx < 0)
+    return std::string(op) + " (" + site(where) + ") on the " + bar_name(off) +
+           ": tx-count went negative with every arrival in (" + counts(b) +
+           "): more bytes completed than expect-tx announced, so the phase can never complete";
+  if (b.pending != 0 || b.tx != 0) return "";
+  ++b.phase;
+  b.pending = b.expected;
+  std::vector<Waiter> waiters;
+  waiters.swap(b.waiters);
+  for (const Waiter& w : waiters) detail::wake(w.thread);
+  return "";
+}
+
+void settle_or_fail(Barrier& b, uint32_t off, const char* op, const std::source_location& where) {
+  if (const std::string e = settle(b, off, op, where); !e.empty()) fail(e);
+}
+
+}  // namespace
+
+uint32_t shared_offset(const void* p, const char* what, const std::source_location& where) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  const unsigned char* base = detail::shared_base();
+  if (c < base || c > base + detail::shared_bytes())
+    fail(std::string(what) + " (" + site(where) + "): " + ptr_str(p) +
+         " is not in the block's shared memory (" + std::to_string(detail::shared_bytes()) +
+         " dynamic bytes; the emulator knows FT_DYNAMIC_SHARED only, not static __shared__)");
+  return uint32_t(c - base);
+}
+
+void mbarrier_init(uint64_t* bar, unsigned count, const std::source_location& where) {
+  detail::current_thread("mbarrier.init");
+  const uint32_t off = bar_offset(bar, "mbarrier.init", where);
+  if (count < 1 || count > kCountMax)
+    fail("mbarrier.init (" + site(where) + ") of the " + bar_name(off) + ": count " +
+         std::to_string(count) + " is outside the PTX ISA's 1 .. 2^20 - 1");
+  if (auto it = g_block.barriers.find(off); it != g_block.barriers.end())
+    fail("mbarrier.init (" + site(where) + ") of the " + bar_name(off) +
+         ", which is already initialised (at " + site(it->second.init_where) +
+         "): mbarrier.inval it first (the PTX ISA leaves this undefined)");
+  Barrier& b = g_block.barriers[off];
+  b.expected = b.pending = count;
+  b.init_where = where;
+  b.cookie = 0x4d4241520000000ull ^ (++g_block.next_cookie << 20) ^ off;
+  std::memcpy(bar, &b.cookie, 8);
+}
+
+void mbarrier_inval(uint64_t* bar, const std::source_location& where) {
+  Barrier& b = live_barrier(bar, "mbarrier.inval", where);
+  const uint32_t off = bar_offset(bar, "mbarrier.inval", where);
+  if (!b.waiters.empty() || !b.copies.empty())
+    fail("mbarrier.inval (" + site(where) + ") of the " + bar_name(off) + " while " +
+         std::to_string(b.waiters.size()) + " thread(s) wait on it and " +
+         std::to_string(b.copies.size()) + " copy(ies) complete on it");
+  g_block.barriers.erase(off);
+}
+
+uint64_t mbarrier_arrive(uint64_t* bar, unsigned count, bool expect_tx, unsigned tx_bytes,
+                         const std::source_location& where) {
+  const char* op = expect_tx ? "mbarrier.arrive.expect_tx" : "mbarrier.arrive";
+  Barrier& b = live_barrier(bar, op, where);
+  const uint32_t off = bar_offset(bar, op, where);
+  const uint64_t state = b.phase;
+  if (expect_tx) b.tx += int64_t(tx_bytes);
+  if (count < 1 || int64_t(count) > b.pending)
+    fail(std::string(op) + " (" + site(where) + ") on the " + bar_name(off) + ": arrival count " +
+         "underflow, " + std::to_string(count) + " arrival(s) where " + counts(b) +
+         " (more arrivals than mbarrier.init's count in one phase)");
+  b.pending -= count;
+  settle_or_fail(b, off, op, where);
+  return state;
+}
+
+void mbarrier_expect_tx(uint64_t* bar, unsigned tx_bytes, const std::source_location& where) {
+  Barrier& b = live_barrier(bar, "mbarrier.expect_tx", where);
+  b.tx += int64_t(tx_bytes);
+  settle_or_fail(b, bar_offset(bar, "mbarrier.expect_tx", where), "mbarrier.expect_tx", where);
+}
+
+void mbarrier_complete_tx(uint64_t* bar, unsigned tx_bytes, const std::source_location& where) {
+  Barrier& b = live_barrier(bar, "mbarrier.complete_tx", where);
+  b.tx -= int64_t(tx_bytes);
+  settle_or_fail(b, bar_offset(bar, "mbarrier.complete_tx", where), "mbarrier.complete_tx", where);
+}
+
+namespace {
+std::string complete_copies(Barrier& b, uint32_t off);  // TMA, below
+}  // namespace
+
+bool mbarrier_try_wait_parity(uint64_t* bar, unsigned parity, const std::source_location& where) {
+  const int me = detail::current_thread("mbarrier.try_wait.parity");
+  const uint32_t off = bar_offset(bar, "mbarrier.try_wait.parity", where);
+  if (parity > 1)
+    fail("mbarrier.try_wait.parity (" + site(where) + "): parity " + std::to_string(parity) +
+         " is not 0 or 1");
+  Barrier* b = &live_barrier(bar, "mbarrier.try_wait.parity", where);
+  // The copies a GPU would finish while the thread waits.
+  if (const std::string e = complete_copies(*b, off); !e.empty()) fail(e);
+  // The phase of that parity is complete when the current phase has the other parity
+  // (§9.7.13.15.16: phaseParity names the current or the immediately preceding phase).
+  while ((b->phase & 1u) == parity) {
+    b->waiters.push_back(Waiter{me, parity, where});
+    detail::suspend();
+    b = &live_barrier(bar, "mbarrier.try_wait.parity", where);
+  }
+  return true;
+}
+
+// ---- TMA ----------------------------------------------------------------------------------------
+// cp.async.bulk.tensor (PTX ISA §9.7.9.25.5), tile mode, global -> shared::cta, completing on an
+// mbarrier with complete_tx of the box's bytes (out-of-bounds elements included). The box lands
+// in shared memory row-major (dimension 0 fastest) from the destination, each 16-byte chunk's
+// address swizzled: Swizzle<B,4,3> of the shared address, bits [4, 4 + B) ^= bits [7, 7 + B), B
+// = 3, 2, 1 for 128, 64, 32 bytes (the pattern repeats every 1024, 512, 256 bytes: the PTX
+// ISA's table of the wgmma descriptor's base offset; the driver API: "swizzle 16B chunks within
+// a 128B span"). Elements outside the tensor are zeros (OOB_FILL_NONE). The emulator reads the
+// source at issue and again at completion (a change between is reported: the ISA leaves it
+// undefined), fills the destination with 0xff bytes at issue (a NaN in every float type), and
+// writes the box at completion, which comes when a thread waits on the barrier or no thread can
+// run: a read before the phase completes sees the fill.
+namespace {
+
+constexpr int kElemBytes[] = {2, 2, 4};            // TmaType: bf16, f16, f32
+constexpr int kSwizzleBytes[] = {0, 32, 64, 128};  // TmaSwizzle
+
+// Swizzle<B,4,3> of a shared address (see above); bytes 0: none.
+uint32_t swizzle_address(uint32_t a, int bytes) {
+  const uint32_t mask = bytes == 128 ? 7u : bytes == 64 ? 3u : bytes == 32 ? 1u : 0u;
+  return a ^ (((a >> 7) & mask) << 4);
+}
+
+uint64_t box_bytes(const TensorMap& m) {
+  uint64_t n = uint64_t(kElemBytes[int(m.type)]);
+  for (int d = 0; d < m.rank; ++d) n *= m.box[d];
+  return n;
+}
+
+// The bytes the box at coords lands as, in shared memory order from dst (a shared address).
+std::vector<unsigned char> box_image(const TensorMap& m, const int* coords, uint32_t dst) {
+  const int es = kElemBytes[int(m.type)];
+  const uint64_t n = box_bytes(m);
+  std::vector<unsigned char> out(n);
+  uint32_t idx[5] = {0, 0, 0, 0, 0};
+  for (uint64_t e = 0; e * es < n; ++e) {
+    bool inside = true;
+    uint64_t src = 0;
+    for (int d = 0; d < m.rank; ++d) {
+      const int64_t g = int64_t(coords[d]) + idx[d];
+      inside = inside && g >= 0 && uint64_t(g) < m.dims[d];
+      src += uint64_t(g) * m.strides[d];
+    }
+    const uint32_t at =
+        swizzle_address(dst + uint32_t(e * es), kSwizzleBytes[int(m.swizzle)]) - dst;
+    if (inside)
+      std::memcpy(out.data() + at, m.base + src, size_t(es));
+    else
+      std::memset(out.data() + at, 0, size_t(es));
+    for (int d = 0; d < m.rank && ++idx[d] == m.box[d]; ++d) idx[d] = 0;
+  }
+  return out;
+}
+
+}  // namespace
+
+TensorMap encode_tensor_map(TmaType type, int rank, const void* base, const uint64_t* dims,
+                            const uint64_t* strides, const uint32_t* box, TmaSwizzle swizzle) {
+  const auto bad = [](const std::string& what) {
+    throw ::ft::Error("cuTensorMapEncodeTiled (CUDA emulation): " + what);
+  };
+  if (rank < 1 || rank > 5) bad("rank " + std::to_string(rank) + " is not 1 to 5");
+  if (!base || reinterpret_cast<uintptr_t>(base) % 16 != 0)
+    bad("the global address " + ptr_str(base) + " is not 16-byte aligned");
+  TensorMap m;
+  m.base = static_cast<const unsigned char*>(base);
+  m.rank = rank;
+  m.type = type;
+  m.swizzle = swizzle;
+  const int es = kElemBytes[int(type)];
+  m.strides[0] = uint64_t(es);
+  for (int d = 0; d < rank; ++d) {
+    if (dims[d] < 1 || dims[d] > (1ull << 32))
+      bad("globalDim[" + std::to_string(d) + "] " + std::to_string(dims[d]) + " is not 1 to 2^32");
+    if (box[d] < 1 || box[d] > 256)
+      bad("boxDim[" + std::to_string(d) + "] " + std::to_string(box[d]) + " is not 1 to 256");
+    m.dims[d] = dims[d];
+    m.box[d] = box[d];
+    if (d > 0) {
+      const uint64_t s = strides[d - 1];
+      if (s % 16 != 0 || s >= (1ull << 40))
+        bad("globalStrides[" + std::to_string(d - 1) + "] " + std::to_string(s) +
+            " is not a multiple of 16 below 2^40");
+      if (s < m.dims[d - 1] * m.strides[d - 1])
+        bad("globalStrides[" + std::to_string(d - 1) + "] " + std::to_string(s) +
+            " is less than the dimension below it spans (" +
+            std::to_string(m.dims[d - 1] * m.strides[d - 1]) + " bytes)");
+      m.strides[d] = s;
+    }
+  }
+  const uint64_t inner = uint64_t(box[0]) * uint64_t(es);
+  if (inner % 16 != 0)
+    bad("boxDim[0] * element size = " + std::to_string(inner) + " bytes is not a multiple of 16");
+  const int span = kSwizzleBytes[int(swizzle)];
+  if (span > 0 && inner > uint64_t(span))
+    bad("boxDim[0] * element size = " + std::to_string(inner) + " bytes exceeds the swizzle's " +
+        std::to_string(span) + " bytes");
+  // What the emulator models: a swizzled box's rows exactly one swizzle span long (the layout the
+  // wgmma descriptors' canonical forms use). The driver also takes shorter rows.
+  if (span > 0 && inner != uint64_t(span))
+    bad("boxDim[0] * element size = " + std::to_string(inner) + " bytes: the emulator models " +
+        "swizzled boxes whose rows are exactly the swizzle's " + std::to_string(span) + " bytes");
+  m.magic = kTensorMapMagic;
+  return m;
+}
+
+namespace {
+struct PendingCopy {
+  uint32_t dst;
+  TensorMap map;
+  int coords[5];
+  std::vector<unsigned char> image;  // as read at issue
+  int thread;
+  std::source_location where;
+};
+
+std::string copy_name(int rank) {
+  return "cp.async.bulk.tensor." + std::to_string(rank) +
+         "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes";
+}
+
+// Performs the barrier's copies in flight: the box to shared memory, then complete_tx.
+std::string complete_copies(Barrier& b, uint32_t off) {
+  std::vector<PendingCopy> copies;
+  copies.swap(b.copies);
+  unsigned char* shared = detail::shared_base();
+  for (const PendingCopy& c : copies) {
+    if (box_image(c.map, c.coords, c.dst) != c.image)
+      return copy_name(c.map.rank) + " (" + site(c.where) + "): its global source changed " +
+             "before the copy completed, which the PTX ISA leaves undefined";
+    std::memcpy(shared + c.dst, c.image.data(), c.image.size());
+    b.tx -= int64_t(c.image.size());
+    if (std::string e = settle(b, off, "the completion of a TMA copy", c.where); !e.empty())
+      return e;
+  }
+  return "";
+}
+}  // namespace
+
+void tma_load(void* smem, const TensorMap& map, int rank, const int* coords, uint64_t* bar,
+              const std::source_location& where) {
+  const int me = detail::current_thread("cp.async.bulk.tensor");
+  const std::string name = copy_name(rank) + " (" + site(where) + ")";
+  if (map.magic != kTensorMapMagic)
+    fail(name + ": the tensor map was not made by encode_tensor_map (cuTensorMapEncodeTiled)");
+  if (map.rank != rank)
+    fail(name + ": the tensor map has " + std::to_string(map.rank) + " dimensions");
+  const auto* p = static_cast<unsigned char*>(smem);
+  unsigned char* base = detail::shared_base();
+  const uint64_t bytes = box_bytes(map);
+  if (p < base || p + bytes > base + detail::shared_bytes())
+    fail(name + ": the destination " + ptr_str(smem) + " + " + std::to_string(bytes) +
+         " bytes is not in the block's shared memory (" + std::to_string(detail::shared_bytes()) +
+         " dynamic bytes)");
+  const auto dst = uint32_t(p - base);
+  if (dst % 128 != 0)
+    fail(name + ": the shared destination (offset " + std::to_string(dst) +
+         ") is not 128-byte aligned");
+  uint64_t last = uint64_t(kElemBytes[int(map.type)]);
+  for (int d = 0; d < map.rank; ++d) last += (map.dims[d] - 1) * map.strides[d];
+  if (!gpu_memory(map.base, last))
+    fail(name + ": the tensor map's global memory [" + ptr_str(map.base) + ", +" +
+         std::to_string(last) + ") is not inside a cudaMalloc or cudaMallocHost allocation");
+  Barrier& b = live_barrier(bar, name.c_str(), where);
+  PendingCopy c{dst, map, {}, {}, me, where};
+  std::memcpy(c.coords, coords, sizeof(int) * size_t(map.rank));
+  c.image = box_image(map, c.coords, dst);
+  std::memset(base + dst, 0xff, bytes);
+  b.copies.push_back(std::move(c));
+}
+
+// ---- the scheduler's hooks (emu_internal.h) ----------------------------------------------------
+namespace detail {
+
+void hopper_block_start(int nthreads) {
+  g_block = BlockState{};
+  g_block.running = nthreads;
+}
+
+std::string hopper_thread_exit(int) {
+  if (--g_block.running > 0) return "";
+  for (const auto& [off, b] : g_block.barriers)  // the block's last thread
+    if (!b.copies.empty())
+      return "the block finished with " + std::to_string(b.copies.size()) +
+             " TMA copy(ies) into shared memory never waited for (the first issued at " +
+             site(b.copies.front().where) + ", completing on the " + bar_name(off) + ")";
+  return "";
+}
+
+bool hopper_stalled() {
+  bool progressed = false;
+  for (auto& [off, b] : g_block.barriers) {
+    if (b.copies.empty()) continue;
+    const int thread = b.copies.front().thread;
+    if (const std::string e = complete_copies(b, off); !e.empty()) {
+      note(thread, e);
+      return true;  // the scheduler stops at the report
+    }
+    progressed = true;
+  }
+  return progressed;
+}
+
+std::string hopper_waiting() {
+  std::ostringstream os;
+  for (const auto& [off, b] : g_block.barriers) {
+    if (b.waiters.empty()) continue;
+    const Waiter& w = b.waiters.front();
+    os << (os.tellp() > 0 ? "; " : "") << b.waiters.size() << " thread(s) (the first: " << w.thread
+       << ") at mbarrier.try_wait.parity " << w.parity << " (" << site(w.where) << ") on the "
+       << bar_name(off) << " (" << counts(b) << ")";
+  }
+  return os.str();
+}
+
+}  // namespace detail
+}  // namespace ft::emu

@@ -1,0 +1,203 @@
+// Self-tests of the CUDA emulation's Hopper instructions (tests/cuda_emu/hopper_emu.cpp): each
+// misuse it promises to report is planted in a kernel and must be reported, naming the
+// instruction; the same kernel without the planted error runs clean. Kernels here are CUDA code
+// compiled by g++ with FT_CUDA_EMU (emulation only, as test_emu.cpp).
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+// The emulation before common.cuh, as the emulated build force-includes it.
+#include "tests/cuda_emu/cuda_emu.h"
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/hopper.cuh"
+#include "tests/cuda_emu/emu_test_util.h"
+
+namespace ft::kernels::cuda {
+namespace {
+
+using ft::emu::test::DeviceBuffer;
+using ft::emu::test::SeedScope;
+
+template <typename F>
+std::string report_of(F&& launch) {
+  try {
+    launch();
+  } catch (const ft::emu::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// One mbarrier misuse per mode; mode 0 is the correct use the others break. 64 threads: thread 0
+// inits (count 2) and arrives with expect_tx 16, complete_tx 16 follows (a copy's bytes), thread
+// 32 arrives; every thread then waits on phase 0. Each misuse is reported under every schedule.
+__global__ void mbarrier_misuse_kernel(int* out, uint64_t* global_word, int mode) {
+  FT_DYNAMIC_SHARED(unsigned char, smem);
+  auto* bar = reinterpret_cast<uint64_t*>(smem + 64);
+  const int t = threadIdx.x;
+  if (mode == 5) bar = global_word;                             // not shared memory
+  if (mode == 6) bar = reinterpret_cast<uint64_t*>(smem + 68);  // not 8-byte aligned
+  if (t == 0 && mode != 7) mbarrier_init(bar, 2);               // 7: never initialised
+  if (t == 0 && mode == 8) mbarrier_init(bar, 2);               // initialised twice
+  if (t == 0 && mode == 11) mbarrier_init(bar, 1u << 20);       // count out of range
+  if (t == 0 && mode == 3) mbarrier_expect_tx(bar, 16);         // 3: bytes that hold the phase open
+  if (mode != 9) __syncthreads();      // 9: init not ordered before the other threads' use
+  if (t == 0 && mode == 10) *bar = 0;  // a plain store on the object
+  if (t == 0) {
+    mbarrier_arrive_expect_tx(bar, mode == 4 ? 8 : 16);         // 4: fewer bytes announced
+    if (mode != 2 && mode != 3) mbarrier_complete_tx(bar, 16);  // 2: the bytes never complete
+  }
+  if (t == 32 && mode != 1) mbarrier_arrive(bar);  // 1: an arrival missing
+  if (t == 33 && mode == 3) mbarrier_arrive(bar);  // 3: one arrival too many (phase held by tx)
+  mbarrier_wait(bar, 0);
+  out[t] = 1;
+}
+
+TEST_CASE("cuda_emu hopper: mbarrier misuse is reported, naming the instruction and the counts") {
+  DeviceBuffer<int> out(64);
+  DeviceBuffer<uint64_t> global_word(1);
+  const auto run = [&](int mode) {
+    FT_LAUNCH(mbarrier_misuse_kernel, 1, 64, 128, nullptr)(out.get(), global_word.get(), mode);
+  };
+  struct Case {
+    int mode;
+    std::vector<std::string> says;
+  };
+  const Case cases[] = {
+      {1, {"deadlock", "mbarrier.try_wait.parity 0", "1 of 2 arrivals pending, tx-count 0"}},
+      {2, {"deadlock", "mbarrier.try_wait.parity 0", "0 of 2 arrivals pending, tx-count 16"}},
+      {3, {"mbarrier.arrive", "arrival count underflow", "0 of 2 arrivals pending"}},
+      {4, {"tx-count went negative", "can never complete"}},
+      {5, {"mbarrier.init", "is not in the block's shared memory"}},
+      {6, {"mbarrier.init", "is not 8-byte aligned"}},
+      {7, {"mbarrier.", "not initialised"}},
+      {8, {"mbarrier.init", "already initialised"}},
+      {10, {"mbarrier.arrive", "written by something other than an mbarrier"}},
+      {11, {"mbarrier.init", "count 1048576 is outside"}},
+  };
+  for (uint64_t seed : {0ull, 3ull, 17ull}) {
+    SeedScope scope(seed);
+    CAPTURE(seed);
+    CHECK(report_of([&] { run(0); }) == "");  // the control
+    for (const Case& k : cases) {
+      CAPTURE(k.mode);
+      const std::string r = report_of([&] { run(k.mode); });
+      CHECK(r.find("mbarrier_misuse_kernel") != std::string::npos);
+      for (const std::string& s : k.says) {
+        CAPTURE(s);
+        CHECK_MESSAGE(r.find(s) != std::string::npos, r);
+      }
+    }
+  }
+  // Without the __syncthreads after init, some schedule lets thread 32 arrive first.
+  int reports = 0;
+  for (uint64_t seed = 1; seed <= 16; ++seed) {
+    SeedScope scope(seed);
+    const std::string r = report_of([&] { run(9); });
+    if (!r.empty()) {
+      CHECK_MESSAGE(r.find("not initialised") != std::string::npos, r);
+      ++reports;
+    }
+  }
+  CHECK(reports > 0);
+}
+
+// A TMA copy of a 16 x 64 bf16 box (2048 bytes) into shared memory that held 0x11 bytes: out[0]
+// gets a byte read before the wait, out[1] the same byte after it. Modes plant one misuse each;
+// mode 0 is correct.
+__global__ void tma_misuse_kernel(unsigned char* out, const __grid_constant__ TensorMap map,
+                                  uint16_t* src, int mode) {
+  FT_DYNAMIC_SHARED(unsigned char, smem);
+  auto* bar = reinterpret_cast<uint64_t*>(smem);
+  unsigned char* box = smem + 1024 + (mode == 1 ? 64 : 0);  // 1: not 128-byte aligned
+  if (mode == 2) box = smem + 3072;                         // 2: runs past shared memory
+  const int t = threadIdx.x;
+  for (int i = t; i < 2048; i += blockDim.x) smem[1024 + i] = 0x11;
+  if (t == 0) mbarrier_init(bar, 1);
+  __syncthreads();
+  if (t == 0) {
+    const unsigned bytes = mode == 3 ? 1024 : mode == 4 ? 4096 : 2048;  // 3, 4: wrong bytes
+    mbarrier_arrive_expect_tx(bar, bytes);
+    if (mode == 7)
+      tma_load_3d(box, map, 0, 0, 0, bar);  // a 3-D copy with a 2-D map
+    else
+      tma_load_2d(box, map, 0, 0, bar);
+    if (mode == 5) src[3] = 7;  // 5: the source changes while the copy is in flight
+  }
+  if (t == 0) out[0] = box[5];
+  if (mode == 6) return;  // 6: the copy is never waited for
+  mbarrier_wait(bar, 0);
+  if (t == 0) out[1] = box[5];
+}
+
+TEST_CASE("cuda_emu hopper: TMA data is the 0xff fill until the phase completes; misuse reported") {
+  std::vector<uint16_t> host(16 * 64);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = uint16_t(0x0100 + i);
+  DeviceBuffer<uint16_t> src(host);
+  DeviceBuffer<unsigned char> out(2);
+  const uint64_t dims[2] = {64, 16}, strides[1] = {128};
+  const uint32_t box[2] = {64, 16};
+  const TensorMap map =
+      encode_tensor_map(TmaType::kBf16, 2, src.get(), dims, strides, box, TmaSwizzle::k128B);
+  const auto run = [&](int mode) {
+    FT_LAUNCH(tma_misuse_kernel, 1, 64, 4096, nullptr)(out.get(), map, src.get(), mode);
+  };
+  struct Case {
+    int mode;
+    std::vector<std::string> says;
+  };
+  const Case cases[] = {
+      {1, {"cp.async.bulk.tensor.2d", "is not 128-byte aligned"}},
+      {2, {"cp.async.bulk.tensor.2d", "is not in the block's shared memory"}},
+      {3, {"tx-count went negative", "can never complete"}},
+      {4, {"deadlock", "mbarrier.try_wait.parity 0", "tx-count 2048"}},
+      {5, {"cp.async.bulk.tensor.2d", "global source changed before the copy completed"}},
+      {6, {"TMA copy(ies) into shared memory never waited for"}},
+      {7, {"cp.async.bulk.tensor.3d", "the tensor map has 2 dimensions"}},
+  };
+  for (uint64_t seed : {0ull, 5ull, 21ull}) {
+    SeedScope scope(seed);
+    CAPTURE(seed);
+    REQUIRE(report_of([&] { run(0); }) == "");
+    const auto o = out.to_host();
+    CHECK(o[0] == 0xff);  // before the wait: the fill, not the 0x11 that was there
+    // After: byte 5 of the box, swizzled: row 0 keeps its chunks in place.
+    CHECK(o[1] == reinterpret_cast<const unsigned char*>(host.data())[5]);
+    for (const Case& k : cases) {
+      CAPTURE(k.mode);
+      const std::string r = report_of([&] { run(k.mode); });
+      CHECK(r.find("tma_misuse_kernel") != std::string::npos);
+      for (const std::string& s : k.says) {
+        CAPTURE(s);
+        CHECK_MESSAGE(r.find(s) != std::string::npos, r);
+      }
+      src.get()[3] = host[3];  // mode 5 changed it (device memory is host memory here)
+    }
+  }
+}
+
+TEST_CASE("cuda_emu hopper: the emulated cuTensorMapEncodeTiled checks the driver's rules") {
+  DeviceBuffer<uint16_t> src(64 * 64);
+  const uint64_t dims[2] = {64, 64}, strides[1] = {128}, odd_stride[1] = {120};
+  const uint32_t box[2] = {64, 8}, big_box[2] = {64, 257}, short_box[2] = {32, 8};
+  const auto encode = [&](const void* base, const uint64_t* s, const uint32_t* b, TmaSwizzle z) {
+    return encode_tensor_map(TmaType::kBf16, 2, base, dims, s, b, z);
+  };
+  CHECK_NOTHROW(encode(src.get(), strides, box, TmaSwizzle::k128B));
+  CHECK_THROWS_WITH(encode(src.get() + 1, strides, box, TmaSwizzle::kNone),
+                    doctest::Contains("is not 16-byte aligned"));
+  CHECK_THROWS_WITH(encode(src.get(), odd_stride, box, TmaSwizzle::kNone),
+                    doctest::Contains("is not a multiple of 16"));
+  CHECK_THROWS_WITH(encode(src.get(), strides, big_box, TmaSwizzle::kNone),
+                    doctest::Contains("boxDim[1] 257 is not 1 to 256"));
+  CHECK_THROWS_WITH(encode(src.get(), strides, box, TmaSwizzle::k64B),
+                    doctest::Contains("exceeds the swizzle's 64 bytes"));
+  CHECK_THROWS_WITH(encode(src.get(), strides, short_box, TmaSwizzle::k128B),
+                    doctest::Contains("the emulator models"));
+}
+
+}  // namespace
+}  // namespace ft::kernels::cuda
