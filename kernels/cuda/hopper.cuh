@@ -21,6 +21,7 @@
 #include <string>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/warp_matrix.cuh"  // MmaElement
 #if !defined(FT_CUDA_EMU)
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -61,6 +62,27 @@ __host__ __device__ __forceinline__ uint32_t tma_swizzle(uint32_t address, int s
   const uint32_t mask = span == 128 ? 7u : span == 64 ? 3u : span == 32 ? 1u : 0u;
   return address ^ (((address >> 7) & mask) << 4);
 }
+
+// wgmma (warpgroup MMA, §9.7.15): the 128 threads of a warpgroup (4 consecutive warps, the first
+// a multiple of 4) execute every instruction together. wgmma_m64k16<E, N, TransA, TransB>(d,
+// desc_a, desc_b, accumulate): D (64 x N f32) = A (64 x 16) · B (16 x N) (+ D), A and B in shared
+// memory through matrix descriptors (wgmma_descriptor: start, leading and stride byte offsets,
+// swizzle), K-major unless Trans (M- / N-major); wgmma_m64k16_rs takes A from 4 registers (the
+// mma.m16n8k16 A layout, warp w holding rows 16 w ..). Thread t of the warpgroup (w = t / 32, lane
+// l, g = l >> 2, q = l & 3) holds in d[i], i < N / 2: row 16 w + g + 8 ((i >> 1) & 1), column
+// 8 (i >> 2) + 2 q + (i & 1). Asynchronous: wgmma_fence() before the first wgmma and after
+// touching its registers, wgmma_commit_group() closes the issued ones into a group,
+// wgmma_wait_group<n>() waits until at most n groups are pending; only then may d be read or
+// written. Shared memory the threads wrote themselves needs fence_proxy_async_shared() (and a
+// __syncthreads) before a wgmma reads it; TMA's writes do not.
+// Descriptor layouts for 16-bit elements (byte offsets of element (r, k), r the M or N index;
+// W the swizzle's bytes): K-major: none: (r % 8) 16 + (r / 8) SBO + (k % 8) 2 + (k / 8) LBO;
+// swizzled: (r % 8) W + (r / 8) SBO + 2 k (LBO unused). MN-major: none: (r % 8) 2 + (r / 8) SBO +
+// (k % 8) 16 + (k / 8) LBO; swizzled: (r % (W / 2)) 2 + (r / (W / 2)) LBO + (k % 8) W +
+// (k / 8) SBO. The start is added and tma_swizzle applied to the shared address: a
+// 128-byte-swizzled TMA box of 64 x 64 bf16 (1024-byte aligned) is K-major with SBO = 1024, its
+// k-steps of 16 at start + 32 bytes each.
+enum class WgmmaSwizzle { kNone = 0, k128B = 1, k64B = 2, k32B = 3 };  // the descriptor's codes
 
 #if defined(FT_CUDA_EMU)
 
@@ -113,6 +135,40 @@ inline void tma_load_3d(void* smem, const TensorMap& map, int c0, int c1, int c2
                         FT_HOPPER_WHERE) {
   const int coords[3] = {c0, c1, c2};
   ::ft::emu::tma_load(smem, map, 3, coords, bar, where);
+}
+
+inline uint64_t wgmma_descriptor(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes,
+                                 WgmmaSwizzle swizzle, FT_HOPPER_WHERE) {
+  const uint32_t a = ::ft::emu::shared_offset(smem, "wgmma_descriptor", where);
+  if (a % 16 != 0 || lbo_bytes % 16 != 0 || sbo_bytes % 16 != 0 || lbo_bytes >= (1u << 18) ||
+      sbo_bytes >= (1u << 18))
+    ::ft::emu::wgmma_descriptor_error(a, lbo_bytes, sbo_bytes, where);
+  return uint64_t((a & 0x3ffffu) >> 4) | uint64_t(lbo_bytes >> 4) << 16 |
+         uint64_t(sbo_bytes >> 4) << 32 | uint64_t(swizzle) << 62;
+}
+inline void fence_proxy_async_shared() {}  // the proxies are not modelled
+inline void wgmma_fence(FT_HOPPER_WHERE) { ::ft::emu::wgmma_fence(where); }
+inline void wgmma_commit_group(FT_HOPPER_WHERE) { ::ft::emu::wgmma_commit_group(where); }
+template <int N>
+inline void wgmma_wait_group(FT_HOPPER_WHERE) {
+  static_assert(N >= 0 && N <= 7, "wgmma.wait_group takes 0 .. 7");
+  ::ft::emu::wgmma_wait_group(N, where);
+}
+template <class E, int N, bool TransA = false, bool TransB = false>
+inline void wgmma_m64k16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate,
+                         FT_HOPPER_WHERE) {
+  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N a multiple of 8 to 256");
+  ::ft::emu::wgmma_mma(
+      MmaElement<E>::kBf16 ? ::ft::emu::WgmmaType::kBf16 : ::ft::emu::WgmmaType::kF16, N, d, desc_a,
+      nullptr, desc_b, TransA, TransB, accumulate, where);
+}
+template <class E, int N, bool TransB = false>
+inline void wgmma_m64k16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                            bool accumulate, FT_HOPPER_WHERE) {
+  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N a multiple of 8 to 256");
+  ::ft::emu::wgmma_mma(
+      MmaElement<E>::kBf16 ? ::ft::emu::WgmmaType::kBf16 : ::ft::emu::WgmmaType::kF16, N, d, 0, a,
+      desc_b, false, TransB, accumulate, where);
 }
 
 #else  // nvcc
@@ -230,6 +286,116 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const TensorMap& map, in
       "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
       : "memory");
 }
+
+// Matrix descriptor (§9.7.15.5.1.2.2): (address & 0x3ffff) >> 4, LBO >> 4, SBO >> 4, swizzle.
+__device__ __forceinline__ uint64_t wgmma_descriptor(const void* smem, uint32_t lbo_bytes,
+                                                     uint32_t sbo_bytes, WgmmaSwizzle swizzle) {
+  return uint64_t((smem_u32(smem) & 0x3ffffu) >> 4) | uint64_t((lbo_bytes & 0x3ffffu) >> 4) << 16 |
+         uint64_t((sbo_bytes & 0x3ffffu) >> 4) << 32 | uint64_t(swizzle) << 62;
+}
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit_group() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait_group() {
+  static_assert(N >= 0 && N <= 7, "wgmma.wait_group takes 0 .. 7");
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// The operand lists of the accumulators: "+f"(d[0]) .. and "%0, %1, ..".
+#define FT_WG_D8(b)                                                                               \
+  "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), \
+      "+f"(d[b + 6]), "+f"(d[b + 7])
+#define FT_WG_D32(b) FT_WG_D8(b), FT_WG_D8(b + 8), FT_WG_D8(b + 16), FT_WG_D8(b + 24)
+#define FT_WG_R10(t)                                                                               \
+  "%" #t "0, %" #t "1, %" #t "2, %" #t "3, %" #t "4, %" #t "5, %" #t "6, %" #t "7, %" #t "8, %" #t \
+  "9"
+#define FT_WG_R0 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9"
+#define FT_WG_REGS64 "{" FT_WG_R0 ", " FT_WG_R10(1) ", " FT_WG_R10(2) ", %30, %31}"
+#define FT_WG_REGS128                                                                \
+  "{" FT_WG_R0 ", " FT_WG_R10(1) ", " FT_WG_R10(2) ", " FT_WG_R10(3) ", " FT_WG_R10( \
+      4) ", " FT_WG_R10(5) ", %60, %61, %62, %63}"
+#define FT_WG_REGS256 \
+  "{" FT_WG_R0 ", " FT_WG_R10(1) ", " FT_WG_R10(2) ", " FT_WG_R10(3) ", " FT_WG_R10(4) ", "     \
+  FT_WG_R10(5) ", " FT_WG_R10(6) ", " FT_WG_R10(7) ", " FT_WG_R10(8) ", " FT_WG_R10(9) ", "     \
+  FT_WG_R10(10) ", " FT_WG_R10(11) ", %120, %121, %122, %123, %124, %125, %126, %127}"
+// One wgmma.mma_async with A and B from descriptors (SS) or A from registers (RS); scale-d is a
+// predicate made from `accumulate`, the scales of A and B 1.
+#define FT_WGMMA_SS(shape, type, regs, da, db, sd, ta, tb, ...)                            \
+  asm volatile(                                                                            \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %" sd ", 0;\nwgmma.mma_async.sync.aligned." shape  \
+      ".f32." type "." type " " regs ", %" da ", %" db ", p, 1, 1, %" ta ", %" tb ";\n}\n" \
+      : __VA_ARGS__                                                                        \
+      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(int(TransA)), "n"(int(TransB)))
+#define FT_WGMMA_RS(shape, type, regs, a0, db, sd, tb, ...)                                        \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" sd ", 0;\nwgmma.mma_async.sync.aligned." shape \
+               ".f32." type "." type " " regs ", {%" a0 "}, %" db ", p, 1, 1, %" tb ";\n}\n"       \
+               : __VA_ARGS__                                                                       \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(int(accumulate)),    \
+                 "n"(int(TransB)))
+
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16}.{bf16,f16} (§9.7.15.5.2), N 64, 128, 256.
+template <class E, int N, bool TransA = false, bool TransB = false>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
+                                             bool accumulate) {
+  static_assert(N == 64 || N == 128 || N == 256, "wgmma m64nNk16 wrapped for N 64, 128, 256");
+  constexpr bool kBf16 = MmaElement<E>::kBf16;
+  if constexpr (N == 64 && kBf16)
+    FT_WGMMA_SS("m64n64k16", "bf16", FT_WG_REGS64, "32", "33", "34", "35", "36", FT_WG_D32(0));
+  else if constexpr (N == 64)
+    FT_WGMMA_SS("m64n64k16", "f16", FT_WG_REGS64, "32", "33", "34", "35", "36", FT_WG_D32(0));
+  else if constexpr (N == 128 && kBf16)
+    FT_WGMMA_SS("m64n128k16", "bf16", FT_WG_REGS128, "64", "65", "66", "67", "68", FT_WG_D32(0),
+                FT_WG_D32(32));
+  else if constexpr (N == 128)
+    FT_WGMMA_SS("m64n128k16", "f16", FT_WG_REGS128, "64", "65", "66", "67", "68", FT_WG_D32(0),
+                FT_WG_D32(32));
+  else if constexpr (kBf16)
+    FT_WGMMA_SS("m64n256k16", "bf16", FT_WG_REGS256, "128", "129", "130", "131", "132",
+                FT_WG_D32(0), FT_WG_D32(32), FT_WG_D32(64), FT_WG_D32(96));
+  else
+    FT_WGMMA_SS("m64n256k16", "f16", FT_WG_REGS256, "128", "129", "130", "131", "132", FT_WG_D32(0),
+                FT_WG_D32(32), FT_WG_D32(64), FT_WG_D32(96));
+}
+template <class E, int N, bool TransB = false>
+__device__ __forceinline__ void wgmma_m64k16_rs(float (&d)[N / 2], const uint32_t (&a)[4],
+                                                uint64_t desc_b, bool accumulate) {
+  static_assert(N == 64 || N == 128 || N == 256, "wgmma m64nNk16 wrapped for N 64, 128, 256");
+  constexpr bool kBf16 = MmaElement<E>::kBf16;
+  if constexpr (N == 64 && kBf16)
+    FT_WGMMA_RS("m64n64k16", "bf16", FT_WG_REGS64, "32, %33, %34, %35", "36", "37", "38",
+                FT_WG_D32(0));
+  else if constexpr (N == 64)
+    FT_WGMMA_RS("m64n64k16", "f16", FT_WG_REGS64, "32, %33, %34, %35", "36", "37", "38",
+                FT_WG_D32(0));
+  else if constexpr (N == 128 && kBf16)
+    FT_WGMMA_RS("m64n128k16", "bf16", FT_WG_REGS128, "64, %65, %66, %67", "68", "69", "70",
+                FT_WG_D32(0), FT_WG_D32(32));
+  else if constexpr (N == 128)
+    FT_WGMMA_RS("m64n128k16", "f16", FT_WG_REGS128, "64, %65, %66, %67", "68", "69", "70",
+                FT_WG_D32(0), FT_WG_D32(32));
+  else if constexpr (kBf16)
+    FT_WGMMA_RS("m64n256k16", "bf16", FT_WG_REGS256, "128, %129, %130, %131", "132", "133", "134",
+                FT_WG_D32(0), FT_WG_D32(32), FT_WG_D32(64), FT_WG_D32(96));
+  else
+    FT_WGMMA_RS("m64n256k16", "f16", FT_WG_REGS256, "128, %129, %130, %131", "132", "133", "134",
+                FT_WG_D32(0), FT_WG_D32(32), FT_WG_D32(64), FT_WG_D32(96));
+}
+#undef FT_WGMMA_SS
+#undef FT_WGMMA_RS
+#undef FT_WG_REGS64
+#undef FT_WG_REGS128
+#undef FT_WG_REGS256
+#undef FT_WG_R0
+#undef FT_WG_R10
+#undef FT_WG_D32
+#undef FT_WG_D8
 
 #endif
 

@@ -20,11 +20,14 @@
 #include "tests/cuda_emu/cuda_emu.h"
 
 #include "core/error.h"
+#include "core/half.h"
 #include "tests/cuda_emu/emu_internal.h"
 
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -242,7 +245,7 @@ constexpr int kElemBytes[] = {2, 2, 4};            // TmaType: bf16, f16, f32
 constexpr int kSwizzleBytes[] = {0, 32, 64, 128};  // TmaSwizzle
 
 // Swizzle<B,4,3> of a shared address (see above); bytes 0: none.
-uint32_t swizzle_address(uint32_t a, int bytes) {
+uint32_t tma_swizzle_address(uint32_t a, int bytes) {
   const uint32_t mask = bytes == 128 ? 7u : bytes == 64 ? 3u : bytes == 32 ? 1u : 0u;
   return a ^ (((a >> 7) & mask) << 4);
 }
@@ -268,7 +271,7 @@ std::vector<unsigned char> box_image(const TensorMap& m, const int* coords, uint
       src += uint64_t(g) * m.strides[d];
     }
     const uint32_t at =
-        swizzle_address(dst + uint32_t(e * es), kSwizzleBytes[int(m.swizzle)]) - dst;
+        tma_swizzle_address(dst + uint32_t(e * es), kSwizzleBytes[int(m.swizzle)]) - dst;
     if (inside)
       std::memcpy(out.data() + at, m.base + src, size_t(es));
     else
@@ -395,15 +398,314 @@ void tma_load(void* smem, const TensorMap& map, int rank, const int* coords, uin
   b.copies.push_back(std::move(c));
 }
 
+// ---- wgmma ------------------------------------------------------------------------------------
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.{bf16,f16} (PTX ISA §9.7.15.5): a collective of the
+// warpgroup's 128 threads (threads 128 g .. 128 g + 127 of the block), every one at the same call
+// site with the same shape, type, descriptors and immediates (reported otherwise, and a thread of
+// the warpgroup exiting while others wait is reported). The last thread to arrive computes D for
+// all: D = A·B (+ D when accumulate), products exact in fp32 summed in k order 0..15 after D, as
+// the emulated mma.sync (the ISA fixes no order: tests use tolerances). D's fragment
+// (§9.7.15.5.1.1.1, Figure 149): thread t of the warpgroup, w = t / 32, lane l, g = l >> 2,
+// q = l & 3, register i < N / 2 holds row 16 w + g + 8 ((i >> 1) & 1), column
+// 8 (i >> 2) + 2 q + (i & 1); A from registers (Figure 148): register j holds row
+// 16 w + g + 8 (j & 1), columns k = 2 q + 8 (j >> 1) (low half) and k + 1 (high half).
+// Shared operands through matrix descriptors (§9.7.15.5.1.2.2: start, leading and stride byte
+// offsets >> 4 in 14 bits each, base offset bits 49-51, swizzle bits 62-63: 0 none, 1 128B, 2 64B,
+// 3 32B), 16-bit elements at byte offsets (the canonical layouts of §9.7.15.5.1.2.1.3, T = 8):
+//   K-major, no swizzle:  (r % 8) 16 + (r / 8) SBO + (k % 8) 2 + (k / 8) LBO;
+//   K-major, W-byte swizzle: (r % 8) W + (r / 8) SBO + 2 k;
+//   MN-major, no swizzle: (r % 8) 2 + (r / 8) SBO + (k % 8) 16 + (k / 8) LBO;
+//   MN-major, W-byte swizzle: (r % (W / 2)) 2 + (r / (W / 2)) LBO + (k % 8) W + (k / 8) SBO;
+// r the M (A) or N (B) index, then the start address added and the swizzle (tma_swizzle) applied
+// to the shared address. Asynchrony (§9.7.15.6-.9): the result is written to the threads'
+// registers at the wgmma.wait_group that covers its commit_group; until then they hold a NaN
+// (0x7fc0dead), so reading them early shows, and a register changed meanwhile is reported. A's
+// registers (the .rs form) are read at issue: in C++ an array reused for the next fragment is a
+// new value, which nvcc keeps apart (ptxas injects the fences). The shared operands are read at
+// issue and again at completion (a change between is reported). A
+// thread's first mma_async needs a wgmma.fence before it, and so does one whose accumulators the
+// thread wrote after the emulator last wrote them (both reported). Not modelled: the
+// fence.proxy.async rule for generic-proxy writes to shared memory, base offsets other than 0,
+// sparse and other-typed variants.
+namespace {
+
+constexpr uint32_t kPendingBits = 0x7fc0deadu;  // the NaN in a pending wgmma's registers
+
+struct WgmmaOp {  // one warpgroup instruction, shared by its 128 threads' pending entries
+  std::vector<unsigned char> operands;  // the shared bytes it read, in read order
+  std::vector<uint32_t> addresses;      // and their shared offsets
+  std::source_location where;
+};
+
+struct PendingMma {
+  float* d;
+  int regs;
+  std::vector<float> result;
+  std::shared_ptr<WgmmaOp> op;
+};
+
+struct WgThread {
+  bool fenced = false;  // a wgmma.fence since the last write of the emulator's into registers
+  bool ever_fenced = false;
+  std::vector<PendingMma> uncommitted;
+  std::deque<std::vector<PendingMma>> groups;
+  std::map<float*, std::vector<float>> written;  // what the last wait wrote, per accumulator
+};
+
+struct WgArrival {
+  WgmmaType type;
+  int n;
+  float* d;
+  uint64_t desc_a, desc_b;
+  const uint32_t* a_regs;
+  uint32_t a[4];
+  bool trans_a, trans_b, accumulate;
+  std::source_location where;
+};
+
+struct Warpgroup {
+  std::vector<WgArrival> arrived;  // in arrival order
+  std::vector<int> threads;
+};
+
+std::vector<WgThread> g_wg_threads;
+std::map<int, Warpgroup> g_warpgroups;  // by warpgroup index, while threads wait there
+
+std::string mma_name(WgmmaType type, int n) {
+  const char* t = type == WgmmaType::kBf16 ? "bf16" : "f16";
+  return std::string("wgmma.mma_async.sync.aligned.m64n") + std::to_string(n) + "k16.f32." + t +
+         "." + t;
+}
+
+uint32_t bits(uint64_t v, int lo, int count) { return uint32_t(v >> lo) & ((1u << count) - 1u); }
+
+// Element (r, k) of a descriptor's matrix (r the M or N index): its shared offset.
+uint32_t element_offset(uint64_t desc, bool mn_major, int r, int k) {
+  const uint32_t start = bits(desc, 0, 14) << 4, lbo = bits(desc, 16, 14) << 4,
+                 sbo = bits(desc, 32, 14) << 4;
+  const int swizzle = int(bits(desc, 62, 2));
+  const uint32_t w = swizzle == 1 ? 128 : swizzle == 2 ? 64 : swizzle == 3 ? 32 : 0;
+  uint32_t off;
+  if (!mn_major && w == 0)
+    off =
+        uint32_t(r % 8) * 16 + uint32_t(r / 8) * sbo + uint32_t(k % 8) * 2 + uint32_t(k / 8) * lbo;
+  else if (!mn_major)
+    off = uint32_t(r % 8) * w + uint32_t(r / 8) * sbo + uint32_t(k) * 2;
+  else if (w == 0)
+    off =
+        uint32_t(r % 8) * 2 + uint32_t(r / 8) * sbo + uint32_t(k % 8) * 16 + uint32_t(k / 8) * lbo;
+  else
+    off = uint32_t(r % int(w / 2)) * 2 + uint32_t(r / int(w / 2)) * lbo + uint32_t(k % 8) * w +
+          uint32_t(k / 8) * sbo;
+  return tma_swizzle_address(start + off, int(w));
+}
+
+float element(WgmmaType type, uint16_t bits16) {
+  return type == WgmmaType::kBf16 ? to_f32(bf16{bits16}) : to_f32(f16{bits16});
+}
+
+}  // namespace
+
+void wgmma_descriptor_error(uint32_t start, uint32_t lbo, uint32_t sbo,
+                            const std::source_location& where) {
+  fail("wgmma_descriptor (" + site(where) + "): start (shared offset " + std::to_string(start) +
+       ") must be 16-byte aligned and the byte offsets (" + std::to_string(lbo) + ", " +
+       std::to_string(sbo) + ") multiples of 16 below 2^18 (the descriptor keeps bits 4..17)");
+}
+
+void wgmma_fence(const std::source_location&) {
+  WgThread& t = g_wg_threads[size_t(detail::current_thread("wgmma.fence"))];
+  t.fenced = t.ever_fenced = true;
+  t.written.clear();
+}
+
+void wgmma_commit_group(const std::source_location&) {
+  WgThread& t = g_wg_threads[size_t(detail::current_thread("wgmma.commit_group"))];
+  t.groups.push_back(std::move(t.uncommitted));
+  t.uncommitted.clear();
+}
+
+void wgmma_wait_group(int n, const std::source_location& where) {
+  WgThread& t = g_wg_threads[size_t(detail::current_thread("wgmma.wait_group"))];
+  const unsigned char* shared = detail::shared_base();
+  // Another pending wgmma on the same registers after entry `i` of the oldest group: then they
+  // stay pending (the later one's result, chained on this one's, is what they will hold).
+  const auto later_on = [&t](const float* d, size_t i) {
+    for (size_t g = 0; g < t.groups.size(); ++g)
+      for (size_t j = g == 0 ? i + 1 : 0; j < t.groups[g].size(); ++j)
+        if (t.groups[g][j].d == d) return true;
+    for (const PendingMma& p : t.uncommitted)
+      if (p.d == d) return true;
+    return false;
+  };
+  while (t.groups.size() > size_t(n)) {
+    for (size_t e = 0; e < t.groups.front().size(); ++e) {
+      PendingMma& p = t.groups.front()[e];
+      for (size_t i = 0; i < p.op->addresses.size(); ++i)
+        if (shared[p.op->addresses[i]] != p.op->operands[i])
+          fail("wgmma.mma_async (" + site(p.op->where) + "): its shared memory operand (offset " +
+               std::to_string(p.op->addresses[i]) + ") changed before wgmma.wait_group (" +
+               site(where) + ") completed it, which the PTX ISA leaves undefined");
+      for (int i = 0; i < p.regs; ++i) {
+        uint32_t now;
+        std::memcpy(&now, p.d + i, 4);
+        if (now != kPendingBits)
+          fail("wgmma.mma_async (" + site(p.op->where) + "): accumulator register " +
+               std::to_string(i) + " was written before wgmma.wait_group (" + site(where) +
+               ") completed the instruction");
+      }
+      if (later_on(p.d, e)) continue;
+      std::memcpy(p.d, p.result.data(), sizeof(float) * size_t(p.regs));
+      t.written[p.d] = p.result;
+      t.fenced = false;
+    }
+    t.groups.pop_front();
+  }
+}
+
+void wgmma_mma(WgmmaType type, int n, float* d, uint64_t desc_a, const uint32_t* a_regs,
+               uint64_t desc_b, bool trans_a, bool trans_b, bool accumulate,
+               const std::source_location& where) {
+  const int me = detail::current_thread("wgmma.mma_async");
+  const std::string name = mma_name(type, n) + " (" + site(where) + ")";
+  const int threads = detail::block_threads(), group = me / 128;
+  if (n < 8 || n > 256 || n % 8 != 0) fail(name + ": N must be a multiple of 8 in 8 .. 256");
+  if (threads < 128 * (group + 1))
+    fail(name + ": the block's threads " + std::to_string(128 * group) + ".." +
+         std::to_string(threads - 1) + " do not make a warpgroup (128 threads, 4 warps)");
+  WgThread& self = g_wg_threads[size_t(me)];
+  if (!self.ever_fenced)
+    fail(name +
+         ": no wgmma.fence before the thread's first wgmma.mma_async (the PTX ISA "
+         "requires one)");
+  if (auto it = self.written.find(d); !self.fenced && it != self.written.end() &&
+                                      std::memcmp(it->second.data(), d, 4 * size_t(n / 2)) != 0)
+    fail(name +
+         ": the thread wrote accumulator registers after wgmma.wait_group wrote them, "
+         "without a wgmma.fence before this wgmma.mma_async");
+  WgArrival a{type, n, d, desc_a, desc_b, a_regs, {}, trans_a, trans_b, accumulate, where};
+  if (a_regs) std::memcpy(a.a, a_regs, sizeof a.a);
+  Warpgroup& wg = g_warpgroups[group];
+  if (!wg.arrived.empty()) {
+    const WgArrival& f = wg.arrived.front();
+    const bool same_site = f.where.line() == where.line() && f.where.column() == where.column() &&
+                           std::strcmp(f.where.file_name(), where.file_name()) == 0;
+    if (!same_site || f.type != type || f.n != n || (f.a_regs == nullptr) != (a_regs == nullptr) ||
+        f.trans_a != trans_a || f.trans_b != trans_b || f.accumulate != accumulate)
+      fail(name + ": thread " + std::to_string(wg.threads.front()) + " of the warpgroup is at " +
+           mma_name(f.type, f.n) + " (" + site(f.where) +
+           ") with other operands or qualifiers: every thread of the warpgroup must execute the "
+           "same wgmma (.sync.aligned)");
+    if (f.desc_a != desc_a || f.desc_b != desc_b)
+      fail(name + ": its matrix descriptors differ from thread " +
+           std::to_string(wg.threads.front()) + "'s: the warpgroup must give the same ones");
+  }
+  wg.arrived.push_back(a);
+  wg.threads.push_back(me);
+  if (wg.arrived.size() < 128) {
+    detail::suspend();
+    return;
+  }
+  // The last of the 128: compute and queue for everyone.
+  const int regs = n / 2;
+  auto op = std::make_shared<WgmmaOp>();
+  op->where = where;
+  const unsigned char* shared = detail::shared_base();
+  const size_t shared_bytes = detail::shared_bytes();
+  const int swz_a = int(bits(desc_a, 62, 2)), swz_b = int(bits(desc_b, 62, 2));
+  if ((!a_regs && swz_a != 0 && bits(desc_a, 49, 3) != 0) ||
+      (swz_b != 0 && bits(desc_b, 49, 3) != 0))
+    fail(name +
+         ": a descriptor's base offset is not 0 (the emulator models matrices whose "
+         "swizzle pattern starts at its boundary only)");
+  const auto read = [&](uint64_t desc, bool mn_major, int r, int k, const char* which) {
+    const uint32_t at = element_offset(desc, mn_major, r, k);
+    if (size_t(at) + 2 > shared_bytes)
+      fail(name + ": matrix " + which + "'s element (" + std::to_string(r) + ", " +
+           std::to_string(k) + ") lies at shared offset " + std::to_string(at) +
+           ", outside the block's " + std::to_string(shared_bytes) +
+           " bytes of dynamic shared memory (descriptor " + std::to_string(desc) + ")");
+    uint16_t v;
+    std::memcpy(&v, shared + at, 2);
+    op->addresses.push_back(at);
+    op->addresses.push_back(at + 1);
+    op->operands.push_back(shared[at]);
+    op->operands.push_back(shared[at + 1]);
+    return element(type, v);
+  };
+  std::vector<float> A(64 * 16), B(16 * size_t(n));
+  if (a_regs) {
+    for (size_t i = 0; i < 128; ++i) {
+      const WgArrival& x = wg.arrived[i];
+      const int tw = wg.threads[i] % 128, w = tw / 32, l = tw % 32, g = l >> 2, q = l & 3;
+      for (int j = 0; j < 4; ++j)
+        for (int h = 0; h < 2; ++h)
+          A[size_t(16 * w + g + 8 * (j & 1)) * 16 + size_t(2 * q + 8 * (j >> 1) + h)] =
+              element(type, uint16_t(x.a[j] >> (16 * h)));
+    }
+  } else {
+    for (int m = 0; m < 64; ++m)
+      for (int k = 0; k < 16; ++k) A[size_t(m) * 16 + size_t(k)] = read(desc_a, trans_a, m, k, "A");
+  }
+  for (int k = 0; k < 16; ++k)
+    for (int c = 0; c < n; ++c)
+      B[size_t(k) * size_t(n) + size_t(c)] = read(desc_b, trans_b, c, k, "B");
+  for (size_t i = 0; i < 128; ++i) {
+    const WgArrival& x = wg.arrived[i];
+    WgThread& t = g_wg_threads[size_t(wg.threads[i])];
+    const int tw = wg.threads[i] % 128, w = tw / 32, l = tw % 32, g = l >> 2, q = l & 3;
+    // The accumulator's value at issue: a pending result on the same registers (the implicit
+    // ordering of same-shape wgmmas on one accumulator), else the registers.
+    const std::vector<float>* chained = nullptr;
+    for (const auto& grp : t.groups)
+      for (const PendingMma& p : grp)
+        if (p.d == x.d) chained = &p.result;
+    for (const PendingMma& p : t.uncommitted)
+      if (p.d == x.d) chained = &p.result;
+    PendingMma p{x.d, regs, std::vector<float>(size_t(regs)), op};
+    for (int r = 0; r < regs; ++r) {
+      const int row = 16 * w + g + 8 * ((r >> 1) & 1), col = 8 * (r >> 2) + 2 * q + (r & 1);
+      float acc = accumulate ? (chained ? (*chained)[size_t(r)] : x.d[r]) : 0.0f;
+      for (int k = 0; k < 16; ++k)
+        acc += A[size_t(row) * 16 + size_t(k)] * B[size_t(k) * size_t(n) + size_t(col)];
+      p.result[size_t(r)] = acc;
+    }
+    for (int r = 0; r < regs; ++r) std::memcpy(x.d + r, &kPendingBits, 4);
+    t.uncommitted.push_back(std::move(p));
+  }
+  const std::vector<int> waiting = wg.threads;
+  g_warpgroups.erase(group);
+  for (int th : waiting)
+    if (th != me) detail::wake(th);
+}
+
 // ---- the scheduler's hooks (emu_internal.h) ----------------------------------------------------
 namespace detail {
 
 void hopper_block_start(int nthreads) {
   g_block = BlockState{};
   g_block.running = nthreads;
+  g_wg_threads.assign(size_t(nthreads), WgThread{});
+  g_warpgroups.clear();
 }
 
-std::string hopper_thread_exit(int) {
+std::string hopper_thread_exit(int linear) {
+  const WgThread& t = g_wg_threads[size_t(linear)];
+  size_t pending = t.uncommitted.size();
+  for (const auto& g : t.groups) pending += g.size();
+  if (pending > 0) {
+    const PendingMma& p = t.uncommitted.empty() ? t.groups.front().front() : t.uncommitted.front();
+    return "thread exited with " + std::to_string(pending) +
+           " wgmma.mma_async never waited for (the first at " + site(p.op->where) +
+           (t.uncommitted.empty() ? "" : ", not even committed") +
+           "): wgmma.commit_group and wgmma.wait_group must complete it";
+  }
+  if (auto it = g_warpgroups.find(linear / 128); it != g_warpgroups.end())
+    return "thread exited while " + std::to_string(it->second.arrived.size()) +
+           " thread(s) of its warpgroup wait for it at " +
+           mma_name(it->second.arrived.front().type, it->second.arrived.front().n) + " (" +
+           site(it->second.arrived.front().where) +
+           "): all 128 threads of a warpgroup execute every wgmma";
   if (--g_block.running > 0) return "";
   for (const auto& [off, b] : g_block.barriers)  // the block's last thread
     if (!b.copies.empty())
@@ -436,6 +738,10 @@ std::string hopper_waiting() {
        << ") at mbarrier.try_wait.parity " << w.parity << " (" << site(w.where) << ") on the "
        << bar_name(off) << " (" << counts(b) << ")";
   }
+  for (const auto& [group, wg] : g_warpgroups)
+    os << (os.tellp() > 0 ? "; " : "") << wg.arrived.size() << " thread(s) of warpgroup " << group
+       << " at " << mma_name(wg.arrived.front().type, wg.arrived.front().n) << " ("
+       << site(wg.arrived.front().where) << ") waiting for the rest of its 128";
   return os.str();
 }
 

@@ -54,6 +54,9 @@ enum class WgmmaType { kBf16, kF16 };
 // The shared address of p (its offset in the launch's dynamic shared memory, as the descriptor
 // encodes it); reports a p outside it.
 uint32_t shared_offset(const void* p, const char* what, const std::source_location& where);
+// Reports a descriptor whose start is not 16-byte aligned or whose offsets do not encode.
+[[noreturn]] void wgmma_descriptor_error(uint32_t start, uint32_t lbo, uint32_t sbo,
+                                         const std::source_location& where);
 void wgmma_fence(const std::source_location& where);
 void wgmma_commit_group(const std::source_location& where);
 void wgmma_wait_group(int n, const std::source_location& where);

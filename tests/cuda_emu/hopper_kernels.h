@@ -27,4 +27,22 @@ void tma_box(unsigned char* out, const void* src, int type, int rank, const uint
              const uint64_t* strides, const uint32_t* box, int swizzle, const int* coords,
              int mode);
 
+// One warpgroup, one wgmma m64nNk16 (n 64, 128 or 256) on one-hot operands: A (64 x 16) has a 1
+// at (m, k), B (16 x n) a 1 at (k, col), both K-major without swizzle in shared memory (core
+// matrices of 8 rows x 16 bytes, LBO 128, SBO 256). out[t * n / 2 + i] = register i of thread t.
+void wgmma_onehot(bool bf16, float* out, int n, int m, int k, int col);
+
+// How wgmma_gemm feeds the wgmma.
+enum class WgmmaFeed {
+  kShared = 0,        // A and B by TMA, 128-byte swizzle, K-major descriptors
+  kWrongSwizzle = 1,  // the same tiles read through descriptors that say "no swizzle"
+  kRegisterA = 2,     // A from registers (the .rs form), B as kShared
+  kNMajorB = 3,       // B given k x n (n contiguous), N-major descriptors (trans-b)
+};
+// One warpgroup: c (64 x n f32, row-major) = a (64 x k, row-major) · B, where b is B transposed
+// (n x k, row-major), or B itself (k x n) for kNMajorB. n 64, 128 or 256, k 64 or 128: each
+// 64-wide k block a TMA box completing on its own mbarrier, four wgmmas of k 16 each.
+void wgmma_gemm(bool bf16, float* c, const uint16_t* a, const uint16_t* b, int n, int k,
+                WgmmaFeed feed);
+
 }  // namespace ft::kernels::cuda::test

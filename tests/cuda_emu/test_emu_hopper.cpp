@@ -4,6 +4,7 @@
 // compiled by g++ with FT_CUDA_EMU (emulation only, as test_emu.cpp).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -197,6 +198,82 @@ TEST_CASE("cuda_emu hopper: the emulated cuTensorMapEncodeTiled checks the drive
                     doctest::Contains("exceeds the swizzle's 64 bytes"));
   CHECK_THROWS_WITH(encode(src.get(), strides, short_box, TmaSwizzle::k128B),
                     doctest::Contains("the emulator models"));
+}
+
+// One wgmma misuse per mode (mode 0 and 5 run to the end). A warpgroup multiplies zero tiles
+// (64 x 16 and 64 x 16, K-major, no swizzle: 2048 bytes each from shared offset 0 and 2048).
+__global__ void wgmma_misuse_kernel(float* out, int mode) {
+  FT_DYNAMIC_SHARED(unsigned char, smem);
+  const int t = threadIdx.x;
+  for (int i = t; i < 4096; i += blockDim.x) smem[i] = 0;
+  __syncthreads();
+  if (mode == 3 && t >= 96) return;  // 3: a warp of the warpgroup skips the wgmma
+  const unsigned char* a = smem + (mode == 4 && t == 5 ? 16 : 0);  // 4: one thread's A differs
+  const uint32_t sbo = mode == 8 ? 4096 : 256;                     // 8: B's rows run past smem
+  const uint64_t da = wgmma_descriptor(a, 128, 256, WgmmaSwizzle::kNone);
+  const uint64_t db =
+      wgmma_descriptor(smem + 2048 + (mode == 11 ? 8 : 0), 128, sbo, WgmmaSwizzle::kNone);
+  float d[32];
+  for (float& x : d) x = 1.0f;
+  if (mode != 1) wgmma_fence();  // 1: no fence before the first wgmma
+  if (mode == 12 && t < 64)
+    wgmma_m64k16<::ft::bf16, 64>(d, da, db, true);  // 12: two call sites
+  else
+    wgmma_m64k16<::ft::bf16, 64>(d, da, db, true);
+  wgmma_commit_group();
+  if (mode == 5) out[t] = d[0];  // 5: read before the wait (no report: the NaN shows)
+  if (mode == 6) d[3] = 2.0f;    // 6: written before the wait
+  if (mode == 7) return;         // 7: never waited for
+  if (mode == 9 && t == 0) smem[2048 + 40] = 1;  // 9: B changes under the pending wgmma
+  wgmma_wait_group<0>();
+  if (mode == 10) {  // 10: the accumulator written, then a wgmma on it without a fence
+    d[0] = 0.0f;
+    wgmma_m64k16<::ft::bf16, 64>(d, da, db, true);
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+  }
+  if (mode == 0) out[t] = d[0];
+}
+
+TEST_CASE("cuda_emu hopper: wgmma misuse is reported; a read before wait_group sees the NaN") {
+  DeviceBuffer<float> out(128);
+  const auto run = [&](int mode, int threads) {
+    FT_LAUNCH(wgmma_misuse_kernel, 1, threads, 4096, nullptr)(out.get(), mode);
+  };
+  struct Case {
+    int mode, threads;
+    std::vector<std::string> says;
+  };
+  const Case cases[] = {
+      {1, 128, {"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16", "no wgmma.fence"}},
+      {0, 96, {"do not make a warpgroup"}},
+      {3, 128, {"m64n64k16", "warpgroup"}},
+      {4, 128, {"descriptors differ"}},
+      {6, 128, {"accumulator register 3 was written before wgmma.wait_group"}},
+      {7, 128, {"wgmma.mma_async never waited for"}},
+      {8, 128, {"matrix B", "outside the block's 4096 bytes"}},
+      {9, 128, {"shared memory operand (offset 2088) changed before wgmma.wait_group"}},
+      {10, 128, {"without a wgmma.fence"}},
+      {11, 128, {"wgmma_descriptor", "must be 16-byte aligned"}},
+      {12, 128, {"every thread of the warpgroup must execute the same wgmma"}},
+  };
+  for (uint64_t seed : {0ull, 7ull, 19ull}) {
+    SeedScope scope(seed);
+    CAPTURE(seed);
+    REQUIRE(report_of([&] { run(0, 128); }) == "");
+    for (float x : out.to_host()) CHECK(x == 1.0f);  // 1 + 0·0: the accumulator after the wait
+    REQUIRE(report_of([&] { run(5, 128); }) == "");
+    for (float x : out.to_host()) CHECK(std::isnan(x));  // before the wait: the pending NaN
+    for (const Case& k : cases) {
+      CAPTURE(k.mode);
+      const std::string r = report_of([&] { run(k.mode, k.threads); });
+      CHECK(r.find("wgmma_misuse_kernel") != std::string::npos);
+      for (const std::string& s : k.says) {
+        CAPTURE(s);
+        CHECK_MESSAGE(r.find(s) != std::string::npos, r);
+      }
+    }
+  }
 }
 
 }  // namespace

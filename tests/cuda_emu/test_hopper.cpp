@@ -4,10 +4,14 @@
 // older ones). The emulator's reports of misuse are in test_emu_hopper.cpp.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <vector>
 
+#include "core/half.h"
 #include "tests/cuda_emu/emu_test_util.h"
 #include "tests/cuda_emu/hopper_kernels.h"
 
@@ -148,6 +152,105 @@ TEST_CASE("hopper: a TMA 3-D fp32 box with padded strides, out of bounds in ever
         bad += got != want;
       }
   CHECK(bad == 0);
+}
+
+TEST_CASE("hopper: wgmma's accumulator fragment puts D(m, n) where the PTX ISA's figure says") {
+  if (!hopper_available()) return;
+  // (n, m, k, col) and, by hand from Figure 149 (warp m / 16, lane 4 (m % 8) + (col % 8) / 2,
+  // register 4 (col / 8) + 2 ((m % 16) / 8) + col % 2), the thread and register with the 1.
+  struct Case {
+    int n, m, k, col, thread, reg;
+  };
+  const Case cases[] = {
+      {64, 0, 0, 0, 0, 0},        {64, 9, 3, 3, 5, 3},        {64, 37, 15, 62, 87, 28},
+      {128, 37, 8, 70, 87, 32},   {128, 63, 7, 127, 127, 63}, {256, 16, 11, 255, 35, 125},
+      {256, 50, 1, 129, 104, 65},
+  };
+  for (bool bf16 : {true, false}) {
+    for (const Case& c : cases) {
+      CAPTURE(bf16);
+      CAPTURE(c.n);
+      CAPTURE(c.m);
+      CAPTURE(c.col);
+      DeviceBuffer<float> out(size_t(128) * c.n / 2);
+      wgmma_onehot(bf16, out.get(), c.n, c.m, c.k, c.col);
+      const auto o = out.to_host();
+      int ones = 0, others = 0;
+      for (size_t i = 0; i < o.size(); ++i) {
+        if (o[i] == 1.0f && int(i) == c.thread * c.n / 2 + c.reg)
+          ++ones;
+        else if (o[i] != 0.0f)
+          ++others;
+      }
+      CHECK(ones == 1);
+      CHECK(others == 0);
+    }
+  }
+}
+
+// Largest |got - want| / (sum |a_k b_k| + 1e-3) over c = a · bt^T (a m x k, bt n x k).
+double gemm_error(bool bf16, const std::vector<float>& got, const std::vector<uint16_t>& a,
+                  const std::vector<uint16_t>& bt, int m, int n, int k) {
+  const auto f = [bf16](uint16_t b) { return bf16 ? to_f32(ft::bf16{b}) : to_f32(ft::f16{b}); };
+  double worst = 0.0;
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double want = 0.0, scale = 1e-3;
+      for (int p = 0; p < k; ++p) {
+        const double prod = double(f(a[size_t(i) * k + p])) * double(f(bt[size_t(j) * k + p]));
+        want += prod;
+        scale += std::fabs(prod);
+      }
+      const double err = std::fabs(double(got[size_t(i) * n + j]) - want) / scale;
+      worst = std::isnan(err) ? 1e30 : std::max(worst, err);
+    }
+  return worst;
+}
+
+TEST_CASE("hopper: a TMA -> shared -> wgmma GEMM tile matches the CPU, every feed and N") {
+  if (!hopper_available()) return;
+    // As test_warp_matrix.cpp: the emulator sums exact products in fp32 (1e-5); a GPU's tensor
+    // cores may truncate inside the instruction (1e-4). A misplaced element gives about 1.
+#if defined(FT_CUDA_EMU)
+  const double tol = 1e-5;
+#else
+  const double tol = 1e-4;
+#endif
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (bool bf16 : {true, false}) {
+    for (int n : {64, 128, 256}) {
+      for (int k : {64, 128}) {
+        CAPTURE(bf16);
+        CAPTURE(n);
+        CAPTURE(k);
+        std::vector<uint16_t> a(size_t(64) * k), bt(size_t(n) * k), b(size_t(k) * n);
+        const auto bits = [&](float x) { return bf16 ? to_bf16(x).bits : to_f16(x).bits; };
+        for (auto& x : a) x = bits(dist(gen));
+        for (auto& x : bt) x = bits(dist(gen));
+        for (int j = 0; j < n; ++j)
+          for (int p = 0; p < k; ++p) b[size_t(p) * n + j] = bt[size_t(j) * k + p];
+        DeviceBuffer<uint16_t> da(a), dbt(bt), db(b);
+        DeviceBuffer<float> dc(size_t(64) * n);
+        std::vector<float> first;
+        for (uint64_t seed : test_seeds()) {
+          SeedScope scope(seed);
+          for (WgmmaFeed feed : {WgmmaFeed::kShared, WgmmaFeed::kRegisterA, WgmmaFeed::kNMajorB}) {
+            CAPTURE(int(feed));
+            const uint16_t* b_arg = feed == WgmmaFeed::kNMajorB ? db.get() : dbt.get();
+            wgmma_gemm(bf16, dc.get(), da.get(), b_arg, n, k, feed);
+            const auto c = dc.to_host();
+            CHECK(gemm_error(bf16, c, a, bt, 64, n, k) < tol);
+            if (first.empty()) first = c;
+            CHECK(c == first);  // the same bits for every feed and schedule
+          }
+        }
+        // Planted error: the swizzled tiles read through no-swizzle descriptors.
+        wgmma_gemm(bf16, dc.get(), da.get(), dbt.get(), n, k, WgmmaFeed::kWrongSwizzle);
+        CHECK(gemm_error(bf16, dc.to_host(), a, bt, 64, n, k) > 0.1);
+      }
+    }
+  }
 }
 
 }  // namespace
