@@ -972,7 +972,8 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
   r.fibers = &g_fibers;
   r.random_order = g_seed != 0;
   // 1024-byte aligned: the swizzle patterns of TMA and wgmma repeat every 1024 bytes of the
-  // shared address (hopper_emu.cpp), which a GPU's dynamic shared memory starts aligned to.
+  // shared address (hopper_emu.cpp), which the emulation takes as the offset in this buffer, so
+  // a tile the kernel aligns to 1024 in one is aligned in the other.
   struct AlignedFree {
     void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t(1024)); }
   };
