@@ -4,9 +4,11 @@
 // OpenMP suffice.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/half.h"
+#include "kernels/cpu/half_vec.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/kernels.h"
 
@@ -20,19 +22,20 @@ void attention_decode(E* out, const E* q, const E* k, const E* v, int pos, int T
   const float scale = 1.0f / std::sqrt(float(D));
 #pragma omp parallel
   {
+    // Rows of a 16-bit cache are converted through half_vec.h (to_f32's bits, vectorised).
     std::vector<float> p(static_cast<size_t>(pos + Tq)), acc(static_cast<size_t>(D)),
-        qf(static_cast<size_t>(D));
+        qf(static_cast<size_t>(D)), row(cpu::staging<E>(size_t(D)));
 #pragma omp for collapse(2) schedule(static)
     for (int t = 0; t < Tq; ++t)
       for (int h = 0; h < H; ++h) {
         const int g = h / group, last = pos + t;  // keys 0 .. last
         const E* qh = q + (size_t(t) * H + h) * D;
-        for (int d = 0; d < D; ++d) qf[size_t(d)] = to_f32(qh[d]);
+        const float* qv = cpu::in_f32(qh, size_t(D), qf.data());
         float m = -INFINITY;
         for (int j = 0; j <= last; ++j) {
-          const E* kj = k + (size_t(j) * K + g) * D;
+          const float* kj = cpu::in_f32(k + (size_t(j) * K + g) * D, size_t(D), row.data());
           float sdot = 0;
-          for (int d = 0; d < D; ++d) sdot += qf[size_t(d)] * to_f32(kj[d]);
+          for (int d = 0; d < D; ++d) sdot += qv[d] * kj[d];
           p[size_t(j)] = sdot * scale;
           m = std::max(m, p[size_t(j)]);
         }
@@ -40,11 +43,15 @@ void attention_decode(E* out, const E* q, const E* k, const E* v, int pos, int T
         for (int j = 0; j <= last; ++j) sum += (p[size_t(j)] = std::exp(p[size_t(j)] - m));
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int j = 0; j <= last; ++j) {
-          const E* vj = v + (size_t(j) * K + g) * D;
-          for (int d = 0; d < D; ++d) acc[size_t(d)] += p[size_t(j)] * to_f32(vj[d]);
+          const float* vj = cpu::in_f32(v + (size_t(j) * K + g) * D, size_t(D), row.data());
+          for (int d = 0; d < D; ++d) acc[size_t(d)] += p[size_t(j)] * vj[d];
         }
         E* oh = out + (size_t(t) * H + h) * D;
-        for (int d = 0; d < D; ++d) oh[d] = from_f32<E>(acc[size_t(d)] / sum);
+        for (int d = 0; d < D; ++d) acc[size_t(d)] /= sum;
+        if constexpr (std::is_same_v<E, float>)
+          std::copy(acc.begin(), acc.end(), oh);
+        else
+          cpu::store_f32(oh, acc.data(), size_t(D));
       }
   }
 }

@@ -75,6 +75,14 @@ YAML
       > "$tmp/out_${prec}_$isa.txt" 2>&1 || fail "FT_CPU_ISA=$isa ft train ($prec): $(tail -5 "$tmp/out_${prec}_$isa.txt")"
     grep -q "CPU kernels $isa, " "$tmp/out_${prec}_$isa.txt" ||
       fail "the run header does not name FT_CPU_ISA=$isa: $(grep '^ft: data' "$tmp/out_${prec}_$isa.txt")"
+    # bf16 below avx512_bf16: no oneDNN kernel worth running (DESIGN §2), the GEMMs are widened,
+    # and the header says so; fp32 runs name no 16-bit path.
+    if [[ $prec == bf16 && ($isa == baseline || $isa == avx2 || $isa == avx512) ]]; then
+      grep -q "16-bit GEMMs widened to fp32 for OpenBLAS$" "$tmp/out_${prec}_$isa.txt" ||
+        fail "FT_CPU_ISA=$isa bf16: the header does not name the widened GEMMs: $(grep '^ft: data' "$tmp/out_${prec}_$isa.txt")"
+    elif [[ $prec == fp32 ]] && grep -q "16-bit GEMMs" "$tmp/out_${prec}_$isa.txt"; then
+      fail "an fp32 run names a 16-bit GEMM path: $(grep '^ft: data' "$tmp/out_${prec}_$isa.txt")"
+    fi
   done
   # Unset, the run takes the CPU's highest level.
   "$ft" train "$tmp/r_$prec.yaml" "run.output_dir=$tmp/run_${prec}_auto" > "$tmp/out_${prec}_auto.txt" 2>&1 ||

@@ -1,12 +1,25 @@
-// GEMM benchmark: the linear layers of the bench model in fp32 (OpenBLAS), bf16 and f16
-// (oneDNN, or widened fp32 where oneDNN has no f16 kernel). Not a test; run by hand.
+// GEMM benchmark: the linear layers of the bench model in fp32 (OpenBLAS), bf16 and f16 (on the
+// path kernels.h's gemm16_path names for this CPU; FT_GEMM16=onednn|widen and FT_CPU_ISA choose
+// another). Not a test; run by hand.
 //
 //   ft_bench_gemm [THREADS=2] [REPEATS=5] [N=1024]
 //
+// First one core's peak of 512-bit FMAs and of VDPBF16PS on registers (AVX-512 CPUs), the
+// ceiling of fp32 and of bf16 dot-product GEMMs on this CPU.
 // Per shape (in → out) and op (forward y = x·Wᵀ, dx = dy·W, dW += dyᵀ·x) it prints the
 // best GFLOP/s of REPEATS timings (each ≥ 0.1 s of calls): the best, because other processes on
 // a shared machine only ever slow a run down. Then the cost of a first call (which creates the
 // oneDNN primitive) against a cached one, on a tiny shape where creation dominates.
+// GCC 12 warns inside its own AVX-512 intrinsics (kernels/cpu/half_vec.h says why).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #include <omp.h>
 
 #include <algorithm>
@@ -149,6 +162,46 @@ int bf16_threads_used(int N, int in, int out) {
   return n;
 }
 
+// One core's peak GFLOP/s of register-only loops of 512-bit FMAs (32 FLOP each) and of
+// VDPBF16PS (64 FLOP each: 16 lanes, two products and two adds): whether a CPU's bf16 dot
+// products can beat fp32 at all. oneDNN's bf16 GEMM kernels on AVX512-BF16 CPUs are built on the
+// second (DESIGN.md §2). 24 independent accumulators hide either instruction's latency.
+__attribute__((target("avx512f"))) double fma_peak_gflops() {
+  __m512 c[24];
+  for (auto& v : c) v = _mm512_setzero_ps();
+  __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(0x1p-20f);
+  const long iters = 2000000;
+  const auto t0 = Clock::now();
+  for (long i = 0; i < iters; ++i) {
+#pragma GCC unroll 24
+    for (auto& v : c) v = _mm512_fmadd_ps(a, b, v);
+    __asm__ volatile("" : "+v"(a));
+  }
+  const double s = seconds_since(t0);
+  float sum = 0;
+  for (const auto& v : c) sum += _mm512_reduce_add_ps(v);
+  __asm__ volatile("" : : "x"(sum));
+  return double(iters) * 24 * 32 / s / 1e9;
+}
+
+__attribute__((target("avx512f,avx512bf16"))) double dpbf16_peak_gflops() {
+  __m512 c[24];
+  for (auto& v : c) v = _mm512_setzero_ps();
+  __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x35803580);
+  const long iters = 2000000;
+  const auto t0 = Clock::now();
+  for (long i = 0; i < iters; ++i) {
+#pragma GCC unroll 24
+    for (auto& v : c) v = _mm512_dpbf16_ps(v, a, b);
+    __asm__ volatile("" : "+v"(a));
+  }
+  const double s = seconds_since(t0);
+  float sum = 0;
+  for (const auto& v : c) sum += _mm512_reduce_add_ps(v);
+  __asm__ volatile("" : : "x"(sum));
+  return double(iters) * 24 * 64 / s / 1e9;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -163,6 +216,20 @@ int main(int argc, char** argv) {
   k::set_blas_threads(threads);
   std::printf("ft_bench_gemm: N %d rows, %d threads, best of %d; BLAS kernels %s, oneDNN ISA %s\n",
               N, threads, repeats, k::blas_kernel_name(), k::gemm_isa());
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) {
+    double fma = 0, dp = 0;
+    const bool bf16 = __builtin_cpu_supports("avx512bf16");
+    for (int r = 0; r < 3; ++r) {  // the best of three: other work only slows a loop down
+      fma = std::max(fma, fma_peak_gflops());
+      if (bf16) dp = std::max(dp, dpbf16_peak_gflops());
+    }
+    if (bf16)
+      std::printf("one core's peak: 512-bit FMA %.1f GFLOP/s, VDPBF16PS %.1f GFLOP/s (%.2fx)\n",
+                  fma, dp, dp / fma);
+    else
+      std::printf("one core's peak: 512-bit FMA %.1f GFLOP/s (no AVX512-BF16)\n", fma);
+  }
   // First, before any fp32 call, so that no OpenBLAS thread is spinning meanwhile.
   std::printf("bf16 forward %dx512x1408: %d threads did the work\n", N,
               bf16_threads_used(N, 512, 1408));
