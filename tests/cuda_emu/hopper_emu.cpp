@@ -54,7 +54,15 @@ struct Waiter {
   std::source_location where;
 };
 
-struct PendingCopy;  // a cp.async.bulk.tensor in flight (TMA, below)
+// A cp.async.bulk.tensor in flight (TMA, below).
+struct PendingCopy {
+  uint32_t dst;
+  TensorMap map;
+  int coords[5];
+  std::vector<unsigned char> image;  // as read at issue
+  int thread;
+  std::source_location where;
+};
 
 struct Barrier {
   uint64_t phase = 0;  // the current phase's number; its parity is phase & 1
@@ -334,15 +342,6 @@ TensorMap encode_tensor_map(TmaType type, int rank, const void* base, const uint
 }
 
 namespace {
-struct PendingCopy {
-  uint32_t dst;
-  TensorMap map;
-  int coords[5];
-  std::vector<unsigned char> image;  // as read at issue
-  int thread;
-  std::source_location where;
-};
-
 std::string copy_name(int rank) {
   return "cp.async.bulk.tensor." + std::to_string(rank) +
          "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes";
