@@ -187,7 +187,9 @@ void attention_backward(E* dq, E* dk, E* dv, const E* dout, const E* out, const 
     float *qbuf = buf.data(), *dobuf = qbuf + tD, *kbuf = dobuf + tD, *vbuf = kbuf + tD;
     float *dKa = vbuf + tD, *dVa = dKa + tD, *P = dVa + tD, *dS = P + tt;
     std::vector<int> first(seg ? T : 0);  // with segments: each position's document start
-    std::vector<float> rowbuf(2 * cpu::staging<E>(size_t(D)));  // a row of dO and O in fp32
+    // A row of dO and of O in fp32 (unused for float, but never empty: rowbuf.data() + D must
+    // not offset a null pointer).
+    std::vector<float> rowbuf(2 * size_t(D));
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b)
       for (int kh = 0; kh < K; ++kh) {

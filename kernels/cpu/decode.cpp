@@ -24,7 +24,7 @@ void attention_decode(E* out, const E* q, const E* k, const E* v, int pos, int T
   {
     // Rows of a 16-bit cache are converted through half_vec.h (to_f32's bits, vectorised).
     std::vector<float> p(static_cast<size_t>(pos + Tq)), acc(static_cast<size_t>(D)),
-        qf(static_cast<size_t>(D)), row(cpu::staging<E>(size_t(D)));
+        qf(static_cast<size_t>(D)), row(static_cast<size_t>(D));
 #pragma omp for collapse(2) schedule(static)
     for (int t = 0; t < Tq; ++t)
       for (int h = 0; h < H; ++h) {
