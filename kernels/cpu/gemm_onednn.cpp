@@ -18,16 +18,6 @@
 // thousands of times, so primitives are cached by shape, layout, types and accumulate flag.
 // oneDNN's OpenMP threads are ft's (it reads omp_get_max_threads() at each call, which the trainer
 // sets from runtime.threads).
-// GCC 12 warns inside its own AVX-512 intrinsics (their _mm512_undefined_* self-initialise on
-// purpose), as half_vec.h notes; clang has no such warning group.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -44,6 +34,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/intrinsics.h"
 #include "kernels/kernels.h"
 
 namespace ft::kernels {

@@ -15,17 +15,7 @@
 #include <cstdint>
 #include <type_traits>
 
-// The intrinsics are usable in any function whose target has their instructions (isa.h's regions).
-// GCC 12 warns inside its own intrinsics (their _mm512_undefined_* self-initialise on purpose);
-// clang has no such warning group (and says so), hence GCC only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+#include "kernels/cpu/intrinsics.h"
 
 #include "core/half.h"
 

@@ -10,16 +10,6 @@
 // best GFLOP/s of REPEATS timings (each ≥ 0.1 s of calls): the best, because other processes on
 // a shared machine only ever slow a run down. Then the cost of a first call (which creates the
 // oneDNN primitive) against a cached one, on a tiny shape where creation dominates.
-// GCC 12 warns inside its own AVX-512 intrinsics (kernels/cpu/half_vec.h says why).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#include <immintrin.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 #include <omp.h>
 
 #include <algorithm>
@@ -37,6 +27,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "kernels/cpu/intrinsics.h"
 #include "kernels/kernels.h"
 
 namespace k = ft::kernels;
