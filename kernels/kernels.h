@@ -43,6 +43,15 @@ void linear_forward<float>(float* y, const float* x, const float* W, int N, int 
 template <>
 void linear_backward<float>(float* dx, float* dW, const float* dy, const float* x, const float* W,
                             int N, int in, int out, bool accumulate_dx);
+// The packed 16-bit GEMM (gemm_packed.cpp), one of the paths of the bf16/f16 linear layers
+// (gemm16_path): C (M, N) (+)= op(A) · op(B), A (M, K) or (K, M) stored when ta, B (K, N) or (N, K)
+// stored when tb, all row-major; the output is C (T, rounded once) or, when C32 is not null, C32
+// (fp32). Each output element is one chain of fp32 FMAs in k order from 0 (or from the old output
+// when accumulating): the same bits for any blocking or thread count. Returns false, and does
+// nothing, at levels without it (baseline, avx2) or for an empty shape.
+template <typename T>
+bool gemm16_packed(bool ta, bool tb, int M, int N, int K, const T* A, const T* B, T* C, float* C32,
+                   bool accumulate);
 
 // ---- bias.cpp: the bias of a linear layer -------------------------------------------------------
 // y (N, C) += b (C) on every row; T: y and b, the sum in fp32, rounded once.
@@ -283,8 +292,9 @@ const char* blas_kernel_name();
 // variable only when it loads, so the caller sets it and re-executes the process.
 const char* blas_better_coretype();
 void set_blas_threads(int n);
-// Where the linear layers' bf16 (bf16_operands) or f16 GEMMs run: "oneDNN" or "widened to fp32
-// for OpenBLAS" (gemm_onednn.cpp: the choice by CPU, and FT_GEMM16=onednn|widen to force one).
+// Where the linear layers' bf16 (bf16_operands) or f16 GEMMs run: "oneDNN", "packed for fp32
+// FMAs" (gemm16_packed) or "widened to fp32 for OpenBLAS" (gemm_onednn.cpp: the choice by CPU,
+// and FT_GEMM16=onednn|packed|widen to force one).
 const char* gemm16_path(bool bf16_operands);
 // The instruction set oneDNN dispatches its bf16/f16 GEMMs to on this CPU (e.g.
 // "avx512_core_amx", "avx512_core_bf16", "avx2"; ONEDNN_MAX_CPU_ISA caps it).

@@ -396,35 +396,58 @@ void gemm_via_f32(const GemmKey& k, const T* A, const T* B, Tc* C) {
 
 // Where a 16-bit GEMM runs (DESIGN §2 has the measurements behind the defaults). bf16: oneDNN at
 // the amx level (its AMX kernels) and on AMD's AVX512-BF16 CPUs (Zen 4 and 5, as before: not
-// measured here); widened to fp32 for OpenBLAS everywhere else, where oneDNN's bf16 kernels ran
-// slower than that on the CPUs measured: bf16 emulated on plain AVX-512 at ~60 GFLOP/s, and
-// VDPBF16PS on a Sapphire Rapids without AMX at ~165, that instruction's own peak there (half
-// the FLOP rate of its FMAs), against ~250-280 widened (2 cores, ft_bench_gemm). f16: oneDNN
-// where it has a kernel (none in oneDNN 2.6 without AVX512-FP16), else widened. FT_GEMM16=onednn
-// or widen forces one (onednn: still widened where oneDNN has no kernel for the shape), to
-// measure and test each on any CPU.
-enum class Path16 { automatic, onednn, widen };
+// measured here); elsewhere ft's packed kernel (gemm_packed.cpp) from the avx512 level up, and
+// widened to fp32 for OpenBLAS below it. oneDNN's bf16 kernels ran slower than both on the CPUs
+// measured: bf16 emulated on plain AVX-512 at ~60 GFLOP/s, and VDPBF16PS on a Sapphire Rapids
+// without AMX at ~165, that instruction's own peak there (half the FLOP rate of its FMAs),
+// against ~250-280 widened (2 cores, ft_bench_gemm). f16: oneDNN where it has a kernel (none in
+// oneDNN 2.6 without AVX512-FP16), else packed or widened as bf16. FT_GEMM16=onednn, packed or
+// widen forces one, to measure and test each on any CPU (onednn falls back where oneDNN has no
+// kernel for the shape, packed where the level has no packed kernel).
+enum class Path16 { automatic, onednn, packed, widen };
 
 Path16 forced_path() {
   static const Path16 path = [] {
     const char* e = std::getenv("FT_GEMM16");
     if (!e || !*e) return Path16::automatic;
     if (std::strcmp(e, "onednn") == 0) return Path16::onednn;
+    if (std::strcmp(e, "packed") == 0) return Path16::packed;
     if (std::strcmp(e, "widen") == 0) return Path16::widen;
     FT_FAIL("FT_GEMM16=", e,
-            " is not a 16-bit GEMM path: choose onednn or widen, or unset it for the default");
+            " is not a 16-bit GEMM path: choose onednn, packed or widen, or unset it for the "
+            "default");
   }();
   return path;
 }
 
-// The path of the GEMMs with bf16 (else f16) operands.
+// Whether this level has the packed kernel (gemm_packed.cpp: AVX-512).
+bool packed_available() { return cpu_isa() >= CpuIsa::avx512; }
+
+// The path of the GEMMs with bf16 (else f16) operands, before oneDNN is asked about the shape.
 Path16 path16(bool bf16_operands) {
-  const Path16 forced = forced_path();
-  if (forced != Path16::automatic) return forced;
-  if (!bf16_operands) return Path16::onednn;
-  static const bool onednn_bf16 =
-      cpu_isa() == CpuIsa::amx || (cpu_isa() == CpuIsa::avx512_bf16 && __builtin_cpu_is("amd"));
-  return onednn_bf16 ? Path16::onednn : Path16::widen;
+  Path16 path = forced_path();
+  if (path == Path16::automatic) {
+    static const bool onednn_bf16 =
+        cpu_isa() == CpuIsa::amx || (cpu_isa() == CpuIsa::avx512_bf16 && __builtin_cpu_is("amd"));
+    path = !bf16_operands || onednn_bf16 ? Path16::onednn : Path16::packed;
+  }
+  if (path == Path16::packed && !packed_available()) path = Path16::widen;
+  return path;
+}
+
+// C (M, N) (+)= op(A) · op(B) with A, B in T (bf16 or f16) and C in Tc (T or float), on the
+// packed kernel where the level has it, else widened.
+template <typename T, typename Tc>
+void gemm_without_onednn(const GemmKey& k, const T* A, const T* B, Tc* C) {
+  if (packed_available()) {
+    bool done;
+    if constexpr (std::is_same_v<Tc, float>)
+      done = gemm16_packed<T>(k.ta, k.tb, k.M, k.N, k.K, A, B, nullptr, C, k.accumulate);
+    else
+      done = gemm16_packed<T>(k.ta, k.tb, k.M, k.N, k.K, A, B, C, nullptr, k.accumulate);
+    if (done) return;
+  }
+  gemm_via_f32(k, A, B, C);
 }
 
 // C (M, N) (+)= op(A) · op(B) with A, B in T (bf16 or f16) and C in Tc (T or float).
@@ -438,8 +461,9 @@ void gemm16(bool ta, bool tb, int M, int N, int K, const T* A, const T* B, Tc* C
   const Path16 path = path16(std::is_same_v<T, bf16>);
   const GemmKey key{M, N, K, ta, tb, dtype_of<T>(), dtype_of<Tc>(), accumulate};
   if (path == Path16::widen) return gemm_via_f32(key, A, B, C);
+  if (path == Path16::packed) return gemm_without_onednn(key, A, B, C);
   const GemmPrimitive& p = cached_primitive(key);
-  if (!p.usable) return gemm_via_f32(key, A, B, C);
+  if (!p.usable) return gemm_without_onednn(key, A, B, C);
   dnnl::engine& eng = cpu_engine();
   dnnl::memory a(p.a, eng, const_cast<T*>(A)), b(p.b, eng, const_cast<T*>(B)), c(p.c, eng, C);
   dnnl::stream& s = cpu_stream();
@@ -472,11 +496,15 @@ template void linear_backward<f16>(f16*, float*, const f16*, const f16*, const f
                                    bool);
 
 const char* gemm16_path(bool bf16_operands) {
-  if (path16(bf16_operands) == Path16::widen) return "widened to fp32 for OpenBLAS";
+  constexpr const char* kPacked = "packed for fp32 FMAs";
+  constexpr const char* kWidened = "widened to fp32 for OpenBLAS";
+  const Path16 path = path16(bf16_operands);
+  if (path == Path16::widen) return kWidened;
+  if (path == Path16::packed) return kPacked;
   // oneDNN where it has a kernel for the type (asked on a small shape; gemm16 asks per shape).
   const dt type = bf16_operands ? dt::bf16 : dt::f16;
   if (!cached_primitive(GemmKey{64, 64, 64, false, true, type, type, false}).usable)
-    return "widened to fp32 for OpenBLAS";
+    return packed_available() ? kPacked : kWidened;
   return "oneDNN";
 }
 

@@ -133,7 +133,7 @@ CASES
 
 # An environment variable case (the table runs `ft ARGS` only).
 FT_CPU_ISA=bogus check_case cpu_isa 1 "FT_CPU_ISA=bogus is not an instruction set" train r.yaml
-FT_GEMM16=bogus check_case gemm16 1 "FT_GEMM16=bogus is not a 16-bit GEMM path;onednn or widen" \
+FT_GEMM16=bogus check_case gemm16 1 "FT_GEMM16=bogus is not a 16-bit GEMM path;onednn, packed or widen" \
   train r.yaml training.precision=bf16
 
 echo "test_error_messages: $checked cases, each with its exit code, its words, no developer text"

@@ -1,6 +1,6 @@
 // GEMM benchmark: the linear layers of the bench model in fp32 (OpenBLAS), bf16 and f16 (on the
-// path kernels.h's gemm16_path names for this CPU; FT_GEMM16=onednn|widen and FT_CPU_ISA choose
-// another). Not a test; run by hand.
+// path kernels.h's gemm16_path names for this CPU; FT_GEMM16=onednn|packed|widen and FT_CPU_ISA
+// choose another). Not a test; run by hand.
 //
 //   ft_bench_gemm [THREADS=2] [REPEATS=5] [N=1024]
 //

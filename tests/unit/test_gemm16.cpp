@@ -1,5 +1,7 @@
-// bf16 and f16 linear layers (oneDNN, or the widened-fp32 fallback) against the fp32 reference
-// (OpenBLAS) on the same rounded inputs, at awkward sizes, with and without accumulation.
+// bf16 and f16 linear layers (oneDNN, ft's packed kernel or the widened-fp32 fallback, whichever
+// this CPU and FT_GEMM16 choose) against the fp32 reference (OpenBLAS) on the same rounded
+// inputs, at awkward sizes, with and without accumulation; and the packed kernel against the
+// scalar FMA chain it promises, bit for bit.
 //
 // Tolerance, per output element, with r the fp32 reference and A = Σ|terms| (the same sum over
 // absolute values, including the accumulated old output):
@@ -252,5 +254,80 @@ TEST_CASE("gemm_isa names the instruction set oneDNN dispatches to") {
     CAPTURE(cap);
     if (std::string(cap) == "AVX2") CHECK((isa == "avx2" || isa == "avx" || isa == "sse41"));
     if (std::string(cap) == "AVX512_CORE") CHECK(isa.find("bf16") == std::string::npos);
+  }
+}
+
+namespace {
+
+// One case of the packed kernel against the scalar chain it promises (kernels.h): every output
+// c = fma(a_k, b_k, c) for k in order from 0 (or from the old output), rounded once to T.
+template <typename T>
+void check_packed_chain(bool ta, bool tb, int M, int N, int K, bool c32, bool accumulate,
+                        uint32_t seed) {
+  CAPTURE(ta);
+  CAPTURE(tb);
+  CAPTURE(M);
+  CAPTURE(N);
+  CAPTURE(K);
+  CAPTURE(c32);
+  CAPTURE(accumulate);
+  const auto A = round_to<T>(uniform(size_t(M) * K, seed));      // (M, K), or (K, M) when ta
+  const auto B = round_to<T>(uniform(size_t(K) * N, seed + 1));  // (K, N), or (N, K) when tb
+  const auto C0 = uniform(size_t(M) * N, seed + 2);
+  std::vector<T> C = round_to<T>(C0);
+  std::vector<float> C32 = C0;
+  const bool done =
+      k::gemm16_packed<T>(ta, tb, M, N, K, A.data(), B.data(), c32 ? nullptr : C.data(),
+                          c32 ? C32.data() : nullptr, accumulate);
+  // The levels below avx512 have no packed kernel: nothing is done, and the caller widens.
+  REQUIRE(done == (k::cpu_isa() >= k::CpuIsa::avx512));
+  if (!done) {
+    CHECK(widen(C) == widen(round_to<T>(C0)));
+    CHECK(C32 == C0);
+    return;
+  }
+  const auto A32 = widen(A), B32 = widen(B);
+  int mismatches = 0, first_bad = -1;
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      const size_t o = size_t(i) * N + j;
+      float c = !accumulate ? 0.0f : c32 ? C0[o] : ft::to_f32(ft::from_f32<T>(C0[o]));
+      for (int p = 0; p < K; ++p)
+        c = std::fma(ta ? A32[size_t(p) * M + i] : A32[size_t(i) * K + p],
+                     tb ? B32[size_t(j) * K + p] : B32[size_t(p) * N + j], c);
+      bool same;
+      if (c32) {
+        same = std::memcmp(&c, &C32[o], sizeof c) == 0;
+      } else {
+        const T want = ft::from_f32<T>(c);
+        same = std::memcmp(&want, &C[o], sizeof(T)) == 0;
+      }
+      if (!same && first_bad < 0) first_bad = int(o);
+      mismatches += !same;
+    }
+  CAPTURE(first_bad);
+  CHECK(mismatches == 0);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("kernels16: the packed GEMM is the fp32 FMA chain in k order, bit for bit", T,
+                   ft::bf16, ft::f16) {
+  // Shapes around the kernel's tiles (14 rows x 32 columns, up to 1024 of k a block; 16 k a
+  // transpose): edges of every kind, whole tiles (read and written in place), K over one block
+  // (a 16-bit C's chains continue in fp32 scratch), M over the 1024 rows of that scratch, and
+  // sizes large enough to be split between threads.
+  const int shapes[][3] = {{1, 1, 1},      {14, 32, 16}, {15, 33, 17}, {13, 31, 1025},
+                           {28, 64, 2100}, {100, 7, 40}, {7, 100, 40}};
+  uint32_t seed = 500;
+  for (const auto& s : shapes)
+    for (int layout = 0; layout < 4; ++layout)
+      for (bool c32 : {false, true})
+        for (bool acc : {false, true})
+          check_packed_chain<T>(layout & 1, layout & 2, s[0], s[1], s[2], c32, acc, seed += 3);
+  // The large ones once per layout (a few seconds in the sanitizer build otherwise).
+  for (int layout = 0; layout < 4; ++layout) {
+    check_packed_chain<T>(layout & 1, layout & 2, 1100, 64, 1100, false, layout % 2, seed += 3);
+    check_packed_chain<T>(layout & 1, layout & 2, 60, 300, 1000, layout / 2, true, seed += 3);
   }
 }
