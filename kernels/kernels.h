@@ -48,7 +48,7 @@ void linear_backward<float>(float* dx, float* dW, const float* dy, const float* 
 // stored when tb, all row-major; the output is C (T, rounded once) or, when C32 is not null, C32
 // (fp32). Each output element is one chain of fp32 FMAs in k order from 0 (or from the old output
 // when accumulating): the same bits for any blocking or thread count. Returns false, and does
-// nothing, at levels without it (baseline, avx2) or for an empty shape.
+// nothing, at the level without it (baseline: no FMA) or for an empty shape.
 template <typename T>
 bool gemm16_packed(bool ta, bool tb, int M, int N, int K, const T* A, const T* B, T* C, float* C32,
                    bool accumulate);
@@ -262,7 +262,7 @@ namespace ft::kernels {
 // the CPU (and OS) supports. Each level is a class of CPU, and runs what such a CPU runs:
 //   baseline    x86-64 (SSE2): the baseline kernels; oneDNN capped at SSE4.1.
 //   avx2        x86-64-v3 (AVX2, FMA, F16C, BMI1/2, LZCNT, MOVBE: Haswell, Zen 1-3): the avx2
-//               kernels; oneDNN capped at AVX2 (so bf16 GEMMs are widened to fp32).
+//               kernels; oneDNN capped at AVX2 (so bf16 GEMMs run in the packed kernel).
 //   avx512      x86-64-v4 (AVX-512 F/BW/CD/DQ/VL: Skylake-X, Cascade Lake, Ice Lake): the avx512
 //               kernels; oneDNN capped at AVX512_CORE.
 //   avx512_bf16 avx512 plus AVX512-BF16 (Cooper Lake, Zen 4 and 5, Sapphire Rapids without AMX):

@@ -1,14 +1,15 @@
-// bf16 and f16 linear layers, through oneDNN's matmul or widened to fp32 for OpenBLAS (path16
-// below chooses by CPU); the fp32 ones are OpenBLAS's (gemm.cpp), the reference these are tested
-// against. Either way products of the 16-bit values are summed in fp32 and the output is rounded
-// once; oneDNN's `+=` is its sum post-op, which adds the old output (read as T) to the fp32
-// accumulator before that one rounding.
+// bf16 and f16 linear layers, through oneDNN's matmul, ft's packed kernel (gemm_packed.cpp) or
+// widened to fp32 for OpenBLAS (path16 below chooses by CPU); the fp32 ones are OpenBLAS's
+// (gemm.cpp), the reference these are tested against. Either way products of the 16-bit values are
+// summed in fp32 and the output is rounded once; oneDNN's `+=` is its sum post-op, which adds the
+// old output (read as T) to the fp32 accumulator before that one rounding.
 //
 // oneDNN picks its kernels at run time from the CPU (within the cap of cap_onednn): AMX tiles on
 // Sapphire Rapids, AVX512-BF16 dot products on Zen 4 / Cooper Lake, bf16 emulated on plain
 // AVX-512. Measured with Debian's oneDNN 2.6.3 on an AVX512-BF16 CPU without AVX512-FP16: f16
 // matmul has no implementation at all (primitive creation fails with "unimplemented", for every
-// layout and for f32 outputs too), and bf16 has none below AVX-512; those GEMMs are widened.
+// layout and for f32 outputs too), and bf16 has none below AVX-512; those GEMMs are packed or
+// widened.
 // Widening is exact, so the result is the fp32 GEMM of the same rounded inputs followed by one
 // rounding: the reference's numbers up to summation order. Narrowing f16 to bf16 instead would
 // lose three mantissa bits of every operand, which f16 training does not expect.
@@ -396,10 +397,10 @@ void gemm_via_f32(const GemmKey& k, const T* A, const T* B, Tc* C) {
 
 // Where a 16-bit GEMM runs (DESIGN §2 has the measurements behind the defaults). bf16: oneDNN at
 // the amx level (its AMX kernels) and on AMD's AVX512-BF16 CPUs (Zen 4 and 5, as before: not
-// measured here); elsewhere ft's packed kernel (gemm_packed.cpp) from the avx512 level up, and
-// widened to fp32 for OpenBLAS below it. oneDNN's bf16 kernels ran slower than both on the CPUs
-// measured: bf16 emulated on plain AVX-512 at ~60 GFLOP/s, and VDPBF16PS on a Sapphire Rapids
-// without AMX at ~165, that instruction's own peak there (half the FLOP rate of its FMAs),
+// measured here); elsewhere ft's packed kernel (gemm_packed.cpp) from the avx2 level up, and
+// widened to fp32 for OpenBLAS at baseline (no FMA). oneDNN's bf16 kernels ran slower than both on
+// the CPUs measured: bf16 emulated on plain AVX-512 at ~60 GFLOP/s, and VDPBF16PS on a Sapphire
+// Rapids without AMX at ~165, that instruction's own peak there (half the FLOP rate of its FMAs),
 // against ~250-280 widened (2 cores, ft_bench_gemm). f16: oneDNN where it has a kernel (none in
 // oneDNN 2.6 without AVX512-FP16), else packed or widened as bf16. FT_GEMM16=onednn, packed or
 // widen forces one, to measure and test each on any CPU (onednn falls back where oneDNN has no
@@ -420,8 +421,8 @@ Path16 forced_path() {
   return path;
 }
 
-// Whether this level has the packed kernel (gemm_packed.cpp: AVX-512).
-bool packed_available() { return cpu_isa() >= CpuIsa::avx512; }
+// Whether this level has the packed kernel (gemm_packed.cpp: every level with FMAs).
+bool packed_available() { return cpu_isa() >= CpuIsa::avx2; }
 
 // The path of the GEMMs with bf16 (else f16) operands, before oneDNN is asked about the shape.
 Path16 path16(bool bf16_operands) {

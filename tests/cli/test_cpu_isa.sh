@@ -10,8 +10,8 @@
 #      FT_CPU_ISA=baseline and every other level this CPU runs.
 #   3. ft train under each level: the run header names it and, in bf16, the 16-bit GEMM path;
 #      the FMA levels (avx2, avx512, avx512_bf16, amx) give the same losses and gradient norms bit
-#      for bit where their GEMMs take the same path (all of them in fp32; in bf16 avx2's widened
-#      one, avx512's packed one and so on), baseline (no FMA) the same within 1e-5 (fp32) or
+#      for bit where their GEMMs take the same path (all of them in fp32; in bf16 the packed
+#      kernel at avx2 and avx512, oneDNN's at amx), baseline (no FMA) the same within 1e-5 (fp32) or
 #      1e-2 (bf16: see below).
 #   4. FT_CPU_ISA=<unknown> fails naming the choices.
 #   bash tests/cli/test_cpu_isa.sh BUILD_DIR SOURCE_DIR
@@ -76,11 +76,12 @@ YAML
       > "$tmp/out_${prec}_$isa.txt" 2>&1 || fail "FT_CPU_ISA=$isa ft train ($prec): $(tail -5 "$tmp/out_${prec}_$isa.txt")"
     grep -q "CPU kernels $isa, " "$tmp/out_${prec}_$isa.txt" ||
       fail "the run header does not name FT_CPU_ISA=$isa: $(grep '^ft: data' "$tmp/out_${prec}_$isa.txt")"
-    # bf16 GEMMs (DESIGN §2): widened below avx512, ft's packed kernel at avx512 (no oneDNN
-    # kernel worth running there), and the header says so; fp32 runs name no 16-bit path.
+    # bf16 GEMMs (DESIGN §2): widened at baseline (no FMA), ft's packed kernel at avx2 and
+    # avx512 (no oneDNN kernel worth running there), and the header says so; fp32 runs name no
+    # 16-bit path.
     want=
-    [[ $prec == bf16 && ($isa == baseline || $isa == avx2) ]] && want="widened to fp32 for OpenBLAS"
-    [[ $prec == bf16 && $isa == avx512 ]] && want="packed for fp32 FMAs"
+    [[ $prec == bf16 && $isa == baseline ]] && want="widened to fp32 for OpenBLAS"
+    [[ $prec == bf16 && ($isa == avx2 || $isa == avx512) ]] && want="packed for fp32 FMAs"
     if [[ -n $want ]]; then
       grep -q "16-bit GEMMs $want$" "$tmp/out_${prec}_$isa.txt" ||
         fail "FT_CPU_ISA=$isa bf16: the header does not name the GEMMs $want: $(grep '^ft: data' "$tmp/out_${prec}_$isa.txt")"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The bf16/f16 GEMM tests (tests/unit/test_gemm16.cpp) again with oneDNN capped below its bf16
-# kernels, so that the widened-fp32 fallback runs for bf16 too (on CPUs without AVX-512 it is
-# the path users get), and at plain AVX-512 (bf16 emulated by oneDNN). The uncapped run is in
+# kernels, so that the fallback (packed, or widened to fp32) runs for bf16 too (on CPUs without
+# AVX-512 it is the path users get), and at plain AVX-512 (bf16 emulated by oneDNN). The uncapped run is in
 # `unit`. gemm_isa() must name the capped ISA (checked inside the test case). Then uncapped with
 # FT_GEMM16=widen, =packed and =onednn, which send every 16-bit GEMM through one path (measuring knobs,
 # scripts/bench.sh), so that each is known to work on any CPU; and a bad FT_GEMM16 is refused.
