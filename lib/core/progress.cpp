@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/error.h"
 #include "core/log.h"
 #include "core/system.h"
 
@@ -77,8 +78,14 @@ bool progress_is_live(int fd) {
 }
 
 double WorkProgress::live_every_seconds() {
-  if (const char* e = std::getenv("FT_PROGRESS_EVERY_S")) return std::max(0.0, std::atof(e));
-  return 0.5;
+  const char* e = std::getenv("FT_PROGRESS_EVERY_S");
+  if (!e || !*e) return 0.5;
+  char* end = nullptr;
+  const double seconds = std::strtod(e, &end);
+  if (end == e || *end != '\0' || !std::isfinite(seconds) || seconds < 0)
+    FT_FAIL("FT_PROGRESS_EVERY_S=", e,
+            " is not a number of seconds >= 0 (how often a progress line is redrawn; unset: 0.5)");
+  return seconds;
 }
 
 WorkProgress::WorkProgress(std::string stage, double total, Unit unit, std::string items,

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/error.h"
 #include "core/log.h"
 #include "core/progress.h"
 #include "temp_dir.h"
@@ -107,6 +108,27 @@ TEST_CASE("progress: a terminal gets a line rewritten in place, with percent, ra
   CHECK(count(out, "\n") == 1);
   CHECK(out.find("\rft: export: 2.0 MiB of 4.0 MiB in ") != std::string::npos);
   CHECK(out.back() == '\n');
+}
+
+TEST_CASE("progress: FT_PROGRESS_EVERY_S must be a number of seconds >= 0") {
+  ScopedEnv bar("FT_PROGRESS", "bar");
+  for (const char* bad : {"fast", "-1", "0.5s", "nan"}) {
+    CAPTURE(bad);
+    ScopedEnv every("FT_PROGRESS_EVERY_S", bad);
+    CaptureStderr err;
+    WorkProgress p("export", 10, WorkProgress::Unit::kItems);
+    const std::string want =
+        std::string("FT_PROGRESS_EVERY_S=") + bad + " is not a number of seconds >= 0";
+    CHECK_THROWS_WITH_AS(p.update(1), doctest::Contains(want.c_str()), ft::Error);
+    p.close();
+  }
+  for (const char* good : {"0", "0.25", "2"}) {
+    ScopedEnv every("FT_PROGRESS_EVERY_S", good);
+    CaptureStderr err;
+    WorkProgress p("export", 10, WorkProgress::Unit::kItems);
+    CHECK_NOTHROW(p.update(1));
+    p.close();
+  }
 }
 
 TEST_CASE("progress: close() removes the live line; a message clears it first") {
