@@ -255,8 +255,9 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float 
 
 namespace ft::kernels {
 // ---- instruction set (DESIGN §2, "Instruction sets") --------------------------------------------
-// The kernels above but the GEMMs exist once per instruction set (kernels/cpu/isa.h); the rest of
-// ft is built for the compiler's default x86-64, so one binary runs on any x86-64 CPU. The level,
+// The kernels above but the library GEMMs (gemm.cpp, gemm_onednn.cpp) exist once per instruction
+// set (kernels/cpu/isa.h; gemm16_packed included); the rest of ft is built for the compiler's
+// default x86-64, so one binary runs on any x86-64 CPU. The level,
 // chosen once per process, is FT_CPU_ISA=baseline|avx2|avx512|avx512_bf16|amx if set (an unknown
 // value, or a level this CPU lacks, is an ft::Error naming the choices), else the highest level
 // the CPU (and OS) supports. Each level is a class of CPU, and runs what such a CPU runs:

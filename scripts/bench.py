@@ -10,8 +10,8 @@ torch.autocast("cpu", dtype=torch.bfloat16 (float16)) with fp32 parameters and A
 user runs. --precision fp32,bf16,fp16 runs each in every pair and gives each 16-bit one's speed
 against the fp32 one's of the same program (issue: a 16-bit step never slower than fp32).
 --isa caps the instruction set of both programs' kernels, to measure a lower CPU's paths on a
-better one: ft's FT_CPU_ISA, oneDNN's ONEDNN_MAX_CPU_ISA, OpenBLAS's OPENBLAS_CORETYPE and
-PyTorch's ATEN_CPU_CAPABILITY. PyTorch 2.x uses F.scaled_dot_product_attention; 1.13 (Debian's) the explicit softmax.
+better one: ft's FT_CPU_ISA, oneDNN's ONEDNN_MAX_CPU_ISA, OpenBLAS's OPENBLAS_CORETYPE,
+PyTorch's ATEN_CPU_CAPABILITY and MKL's MKL_ENABLE_INSTRUCTIONS. PyTorch 2.x uses F.scaled_dot_product_attention; 1.13 (Debian's) the explicit softmax.
 Memory: peak RSS of each process (the kernel's ru_maxrss, so the same measure for both), and
 ft's own mem_peak_bytes (its device allocator: buffers only, no code, no heap of libraries).
 FLOPs per token, the usual estimate (Kaplan et al.; PaLM appendix B): 6·N for the matmul
@@ -33,14 +33,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 SHAPE = dict(dim=512, n_layers=8, n_heads=8, n_kv_heads=8, ffn_dim=1408, vocab_size=32000)
 
-# --isa LEVEL: the environment that caps each library at it (ft's levels, kernels/cpu/isa.h).
+# --isa LEVEL: the environment that caps each library at it (ft's levels, kernels/cpu/isa.h;
+# PyTorch's own kernels by ATEN_CPU_CAPABILITY, the MKL of its PyPI wheels by
+# MKL_ENABLE_INSTRUCTIONS, its oneDNN by ONEDNN_MAX_CPU_ISA).
 ISA_CAPS = {
     "baseline": {"FT_CPU_ISA": "baseline", "ONEDNN_MAX_CPU_ISA": "SSE41",
-                 "OPENBLAS_CORETYPE": "Nehalem", "ATEN_CPU_CAPABILITY": "default"},
+                 "OPENBLAS_CORETYPE": "Nehalem", "ATEN_CPU_CAPABILITY": "default",
+                 "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
     "avx2": {"FT_CPU_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-             "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2"},
+             "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2",
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
     "avx512": {"FT_CPU_ISA": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
-               "ATEN_CPU_CAPABILITY": "avx512"},
+               "ATEN_CPU_CAPABILITY": "avx512", "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
     "avx512_bf16": {"FT_CPU_ISA": "avx512_bf16", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
                     "ATEN_CPU_CAPABILITY": "avx512"},
     "amx": {"FT_CPU_ISA": "amx", "ATEN_CPU_CAPABILITY": "avx512"},

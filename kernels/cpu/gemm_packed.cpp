@@ -74,7 +74,7 @@ constexpr int kKC = 512;
 constexpr int kMC = 6 * 24;
 #endif
 constexpr int kNR = 2 * kW;     // columns of a C tile
-constexpr int kNC = 2048;       // columns of B packed at a time: 8 MiB at kc 1024, in L3
+constexpr int kNC = 2048;       // columns of B packed at a time: 8 (avx2: 4) MiB, in L3
 constexpr int kBigRows = 1024;  // rows of the fp32 scratch of a 16-bit C between K blocks
 // Below this many multiply-adds one thread does the whole product (a team costs more).
 constexpr double kSerialMacs = 1 << 20;
@@ -379,11 +379,10 @@ void gemm_part(const Operands<T>& op, Tc* C, bool accumulate, int r0, int r1, in
   const int nc_max = std::min(kNC, (c1 - c0 + kNR - 1) / kNR * kNR);
   float* const b_packed = b_buf.at_least(size_t(nc_max) * kc_max);
   // The chains between K blocks, for a 16-bit C only (an fp32 C holds them itself).
-  const bool k_blocked = op.K > kKC;
-  const int big_rows = (std::is_same_v<Tc, float> || !k_blocked) ? r1 - r0 : kBigRows;
-  float* const scratch = std::is_same_v<Tc, float> || !k_blocked
-                             ? nullptr
-                             : s_buf.at_least(size_t(std::min(big_rows, r1 - r0)) * nc_max);
+  const bool use_scratch = !std::is_same_v<Tc, float> && op.K > kKC;
+  const int big_rows = use_scratch ? kBigRows : r1 - r0;
+  float* const scratch =
+      use_scratch ? s_buf.at_least(size_t(std::min(big_rows, r1 - r0)) * nc_max) : nullptr;
   alignas(64) float tile[kMR * kNR], init[kMR * kNR];
   for (int j0 = c0; j0 < c1; j0 += kNC) {
     const int nc = std::min(kNC, c1 - j0);
@@ -446,12 +445,10 @@ void gemm_part(const Operands<T>& op, Tc* C, bool accumulate, int r0, int r1, in
               } else if (!first || accumulate) {
                 // Lanes outside C stay 0 (never garbage: a subnormal there would slow the FMAs).
                 if (rows < kMR || cols < kNR) std::memset(init, 0, sizeof init);
-                if (first)
-                  load_tile(init, c, size_t(op.N), rows, cols);
-                else if constexpr (std::is_same_v<Tc, float>)
-                  load_tile(init, c, size_t(op.N), rows, cols);
-                else
+                if (s && !first)
                   load_tile(init, s, size_t(nc), rows, cols);
+                else
+                  load_tile(init, c, size_t(op.N), rows, cols);
                 from = init;
               }
               micro_kernel(tile, kNR, from, ld_from, ap, bp, kc);

@@ -1,16 +1,16 @@
 // Per-instruction-set compilation of the CPU kernels. Internal to kernels/cpu/.
 //
-// The kernel sources (all of kernels/cpu/*.cpp but gemm*.cpp, dispatch.cpp and cpu_isa.cpp) are
-// compiled once per level of CpuIsa (kernels.h), CMakeLists.txt defining FT_CPU_ISA_LEVEL; each
-// copy lives in its own namespace, ft::kernels::FT_CPU_ISA_NS, and dispatch.cpp calls the copy of
-// the level chosen at run time. Every file is compiled with the build's baseline flags (no -march:
-// the compiler's x86-64 default, as the rest of ft); a level's code gets its instructions from a
-// `#pragma GCC target` region (FT_CPU_ISA_BEGIN … FT_CPU_ISA_END) around the functions that the
-// file and the headers below define, rather than from -m flags on the whole file. So the
-// functions a kernel file instantiates from the C++ library (std::vector's, say: weak symbols the
-// linker keeps one copy of, from whichever object comes first) stay baseline code, and no
-// baseline caller can land in an AVX-512 copy of them. Inline helpers defined inside a region
-// (half_vec.h, vec_math.h, thread_sums.h) are in the level's namespace for the same reason.
+// The kernel sources (all of kernels/cpu/*.cpp but gemm.cpp, gemm_onednn.cpp, dispatch.cpp and
+// cpu_isa.cpp) are compiled once per level of CpuIsa (kernels.h), CMakeLists.txt defining
+// FT_CPU_ISA_LEVEL; each copy lives in its own namespace, ft::kernels::FT_CPU_ISA_NS, and
+// dispatch.cpp calls the copy of the level chosen at run time. Every file is compiled with the
+// build's baseline flags (no -march: the compiler's x86-64 default, as the rest of ft); a level's
+// code gets its instructions from a `#pragma GCC target` region (FT_CPU_ISA_BEGIN … FT_CPU_ISA_END)
+// around the functions that the file and the headers below define, rather than from -m flags on the
+// whole file. So the functions a kernel file instantiates from the C++ library (std::vector's, say:
+// weak symbols the linker keeps one copy of, from whichever object comes first) stay baseline code,
+// and no baseline caller can land in an AVX-512 copy of them. Inline helpers defined inside a
+// region (half_vec.h, vec_math.h, thread_sums.h) are in the level's namespace for the same reason.
 //
 // Inside a region GCC (in C++) does not define __AVX2__, __AVX512F__ …, so code chooses its
 // intrinsics by FT_CPU_ISA_LEVEL: 0 baseline, 1 avx2 (the x86-64-v3 set: AVX2, FMA, F16C, BMI1/2,

@@ -11,7 +11,7 @@
 #   3. ft train under each level: the run header names it and, in bf16, the 16-bit GEMM path;
 #      the FMA levels (avx2, avx512, avx512_bf16, amx) give the same losses and gradient norms bit
 #      for bit where their GEMMs take the same path (all of them in fp32; in bf16 the packed
-#      kernel at avx2 and avx512, oneDNN's at amx), baseline (no FMA) the same within 1e-5 (fp32) or
+#      kernel at avx2, avx512 and avx512_bf16 on Intel, oneDNN's at amx), baseline (no FMA) the same within 1e-5 (fp32) or
 #      1e-2 (bf16: see below).
 #   4. FT_CPU_ISA=<unknown> fails naming the choices.
 #   bash tests/cli/test_cpu_isa.sh BUILD_DIR SOURCE_DIR

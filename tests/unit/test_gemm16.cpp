@@ -314,9 +314,9 @@ void check_packed_chain(bool ta, bool tb, int M, int N, int K, bool c32, bool ac
 TEST_CASE_TEMPLATE("kernels16: the packed GEMM is the fp32 FMA chain in k order, bit for bit", T,
                    ft::bf16, ft::f16) {
   // Shapes around the kernel's tiles (avx512: 14 rows x 32 columns, 16 k a transpose; avx2:
-  // 6 x 16, 8 k a transpose; up to 1024 of k a block): edges of every kind, whole tiles (read and
-  // written in place), K over one block (a 16-bit C's chains continue in fp32 scratch), M over
-  // the 1024 rows of that scratch, and sizes large enough to be split between threads.
+  // 6 x 16, 8 k a transpose; up to 1024 (avx2: 512) of k a block): edges of every kind, whole tiles
+  // (read and written in place), K over one block (a 16-bit C's chains continue in fp32 scratch), M
+  // over the 1024 rows of that scratch, and sizes large enough to be split between threads.
   const int shapes[][3] = {{1, 1, 1},      {14, 32, 16},   {15, 33, 17}, {12, 48, 24},
                            {13, 31, 1025}, {28, 64, 2100}, {100, 7, 40}, {7, 100, 40}};
   uint32_t seed = 500;
