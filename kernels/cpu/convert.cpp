@@ -19,15 +19,19 @@ constexpr size_t kSerial = 65536;
 
 void convert(float* dst, const float* src, size_t n) { std::memcpy(dst, src, sizeof(float) * n); }
 
+// A short conversion never enters a parallel region (even a team of one costs a call into the
+// OpenMP runtime: the widened GEMM converts row by row, inside its own team).
 template <typename T>
 void convert(T* dst, const float* src, size_t n) {
-#pragma omp parallel for schedule(static) if (n > kSerial)
+  if (n <= kSerial) return cpu::store_f32(dst, src, n);
+#pragma omp parallel for schedule(static)
   for (size_t b = 0; b < n; b += kChunk) cpu::store_f32(dst + b, src + b, std::min(kChunk, n - b));
 }
 
 template <typename T>
 void convert(float* dst, const T* src, size_t n) {
-#pragma omp parallel for schedule(static) if (n > kSerial)
+  if (n <= kSerial) return cpu::load_f32(dst, src, n);
+#pragma omp parallel for schedule(static)
   for (size_t b = 0; b < n; b += kChunk) cpu::load_f32(dst + b, src + b, std::min(kChunk, n - b));
 }
 

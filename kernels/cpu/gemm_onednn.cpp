@@ -35,7 +35,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/cpu/intrinsics.h"
 #include "kernels/kernels.h"
 
 namespace ft::kernels {
@@ -160,146 +159,17 @@ const GemmPrimitive& cached_primitive(const GemmKey& k) {
   return it->second;
 }
 
-// The f16 conversions below through F16C where the chosen instruction set has it (avx2 and up,
-// kernels.h's cpu_isa()). This file is compiled for the baseline, so those two functions get the
-// instructions from a target attribute and run only after that check. Each returns how many
-// elements it converted (a multiple of 8); the caller converts the rest.
-__attribute__((target("avx,f16c"))) size_t widen_f16c(float* dst, const f16* src, size_t n) {
-  // vcvtph2ps gives the bits of to_f32 (it is exact), except that a signalling NaN comes back
-  // quiet; NaN stays NaN either way.
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i,
-                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-  return i;
-}
-
-__attribute__((target("avx,f16c"))) size_t narrow_f16c(f16* dst, const float* src, size_t n) {
-  // vcvtps2ph with round-to-nearest-even: the same bits as to_f16, NaN and overflow included.
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(
-        reinterpret_cast<__m128i*>(dst + i),
-        _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  return i;
-}
-
-// bf16 through AVX2's integer ops, as the f16 ones above (the baseline build's SSE2 loops were
-// the widened GEMM's serial part): bf16 is fp32's upper half, so widening is a shift, and
-// narrowing adds 0x7fff plus the kept part's lowest bit before dropping the lower half (round
-// to nearest even), a NaN quieted as to_bf16 does.
-__attribute__((target("avx2"))) size_t widen_bf16_avx2(float* dst, const bf16* src, size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i w =
-        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_slli_epi32(w, 16));
-  }
-  return i;
-}
-
-__attribute__((target("avx2"))) size_t narrow_bf16_avx2(bf16* dst, const float* src, size_t n) {
-  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff),
-                abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000),
-                quiet = _mm256_set1_epi32(0x40);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-    const __m256i hi = _mm256_srli_epi32(u, 16);
-    const __m256i rounded = _mm256_srli_epi32(
-        _mm256_add_epi32(u, _mm256_add_epi32(bias, _mm256_and_si256(hi, one))), 16);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
-    const __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, quiet), nan);
-    // 32 -> 16 bits: packus works within each 128-bit half; qwords 0 and 2 hold the 8 results.
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(packed));
-  }
-  return i;
-}
-
-// The same four at 16 lanes, from the avx512 level up (the same bits as the 8-lane ones).
-__attribute__((target("avx512f"))) size_t widen_f16_avx512(float* dst, const f16* src, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(
-        dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
-  return i;
-}
-
-__attribute__((target("avx512f"))) size_t narrow_f16_avx512(f16* dst, const float* src, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(
-        reinterpret_cast<__m256i*>(dst + i),
-        _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  return i;
-}
-
-__attribute__((target("avx512f,avx512bw"))) size_t widen_bf16_avx512(float* dst, const bf16* src,
-                                                                     size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512i w =
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
-    _mm512_storeu_si512(dst + i, _mm512_slli_epi32(w, 16));
-  }
-  return i;
-}
-
-__attribute__((target("avx512f,avx512bw"))) size_t narrow_bf16_avx512(bf16* dst, const float* src,
-                                                                      size_t n) {
-  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff),
-                abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000),
-                quiet = _mm512_set1_epi32(0x40);
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512i u = _mm512_loadu_si512(src + i);
-    const __m512i hi = _mm512_srli_epi32(u, 16);
-    __m512i r = _mm512_srli_epi32(
-        _mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(hi, one))), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-    r = _mm512_mask_or_epi32(r, nan, hi, quiet);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(r));
-  }
-  return i;
-}
-
-// dst[i] = float(src[i]), exact.
+// dst[i] = float(src[i]), exact, and dst[i] = T(src[i]), rounded to nearest even: kernels.h's
+// convert, the copy of the chosen instruction set (kernels/cpu/half_vec.h's vector forms), serial
+// at a tile row's length (its threads start above 64 Ki elements).
 template <typename T>
 void widen(float* dst, const T* src, size_t n) {
-  size_t i = 0;
-  const CpuIsa isa = cpu_isa();
-  if (isa >= CpuIsa::avx512) {
-    if constexpr (std::is_same_v<T, f16>)
-      i = widen_f16_avx512(dst, src, n);
-    else
-      i = widen_bf16_avx512(dst, src, n);
-  } else if (isa == CpuIsa::avx2) {
-    if constexpr (std::is_same_v<T, f16>)
-      i = widen_f16c(dst, src, n);
-    else
-      i = widen_bf16_avx2(dst, src, n);
-  }
-  for (; i < n; ++i) dst[i] = to_f32(src[i]);
+  convert(dst, src, n);
 }
 
-// dst[i] = T(src[i]), round to nearest even.
 template <typename T>
 void narrow(T* dst, const float* src, size_t n) {
-  size_t i = 0;
-  const CpuIsa isa = cpu_isa();
-  if (isa >= CpuIsa::avx512) {
-    if constexpr (std::is_same_v<T, f16>)
-      i = narrow_f16_avx512(dst, src, n);
-    else
-      i = narrow_bf16_avx512(dst, src, n);
-  } else if (isa == CpuIsa::avx2) {
-    if constexpr (std::is_same_v<T, f16>)
-      i = narrow_f16c(dst, src, n);
-    else
-      i = narrow_bf16_avx2(dst, src, n);
-  }
-  for (; i < n; ++i) dst[i] = from_f32<T>(src[i]);
+  convert(dst, src, n);
 }
 
 // The fallback: C (+)= op(A) · op(B) as fp32 GEMMs of widened tiles, then one rounding of each

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The CPU kernels' instruction-set levels (kernels.h's CpuIsa, kernels/cpu/isa.h, DESIGN.md §2):
 #   1. ft is portable: disassembled, no function of the binary uses an instruction beyond x86-64
-#      (SSE2) except the kernels of the avx2 and avx512 copies (namespaces
-#      ft::kernels::isa_avx2 and isa_avx512; the avx512_bf16 and amx levels run the avx512 copy) and gemm_onednn.cpp's F16C and AVX2 bf16
-#      conversions, which run only once cpu_isa() chose such a level, and GCC's target_clones copies (an AVX2
-#      clone of ckpt/writer.cpp's first_non_finite, chosen by GCC's own resolver at load time). The avx512 kernels do hold AVX-512
-#      code and the baseline ones none (so the check can tell them apart).
+#      (SSE2) except the kernels of the avx2 and avx512 copies (namespaces ft::kernels::isa_avx2
+#      and isa_avx512, which run only once cpu_isa() chose such a level; the avx512_bf16 and amx
+#      levels run the avx512 copy) and GCC's target_clones copies (an AVX2 clone of
+#      ckpt/writer.cpp's first_non_finite, chosen by GCC's own resolver at load time). The avx512
+#      kernels do hold AVX-512 code and the baseline ones none (so the check can tell them apart).
 #   2. The kernel unit tests (their tolerances against the references, unchanged) pass under
 #      FT_CPU_ISA=baseline and every other level this CPU runs.
 #   3. ft train under each level: the run header names it and, in bf16, the 16-bit GEMM path;
@@ -26,7 +26,7 @@ objdump -d --no-show-raw-insn -C "$build/ft" | awk -v re="$beyond" '
   /^[0-9a-f]+ <.*>:$/ { fn = substr($0, index($0, "<") + 1); sub(/>:$/, "", fn); next }
   NF >= 2 && $1 ~ /:$/ {
     m = $2; if (m ~ /^(rep|repz|repnz|lock|notrack|bnd|data16)$/) m = $3
-    dispatched = fn ~ /(^| )ft::kernels::isa_(avx2|avx512)::/ || fn ~ /(widen|narrow)_(f16c|bf16_avx2|f16_avx512|bf16_avx512)\(/ ||
+    dispatched = fn ~ /(^| )ft::kernels::isa_(avx2|avx512)::/ ||
                  fn ~ /\[clone \.(avx|fma|arch_)[a-z0-9_]*\]$/
     if (m ~ re) { if (dispatched) n_disp++; else { bad++; if (!(fn in seen)) { seen[fn] = 1; print "  " fn ": " m > "/dev/stderr" } } }
     if (fn ~ /(^| )ft::kernels::isa_avx512::/ && $0 ~ /zmm/) zmm++
