@@ -32,6 +32,12 @@ void gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
 // float: OpenBLAS sgemm (gemm.cpp), the reference. bf16, f16: oneDNN matmul (gemm_onednn.cpp).
 template <typename T>
 void linear_forward(T* y, const T* x, const T* W, int N, int in, int out, bool accumulate = false);
+// y (N, out) = r (N, out) + x · Wᵀ: r copied into y (unless r is y), then linear_forward with
+// accumulate, so the same bits (gemm.cpp). Every CPU path adds the old output in place (OpenBLAS's
+// beta, oneDNN's sum post-op, the packed kernel's first load), so the copy stays. r is y or
+// disjoint from it.
+template <typename T>
+void linear_forward_residual(T* y, const T* r, const T* x, const T* W, int N, int in, int out);
 // dx (N, in) (+)= dy · W, in T; dW (out, in) += dyᵀ · x, always fp32 (gradients are fp32 in
 // every precision). Either output may be null to skip it.
 template <typename T>

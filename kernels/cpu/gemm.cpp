@@ -1,5 +1,5 @@
 // fp32 GEMMs go through OpenBLAS; never a hand-written GEMM in the training path. The bf16/f16
-// linear layers are in gemm_onednn.cpp.
+// linear layers are in gemm_onednn.cpp; the residual form of every type is here.
 #include <cblas.h>
 
 #include <cstring>
@@ -20,6 +20,18 @@ void linear_forward<float>(float* y, const float* x, const float* W, int N, int 
   // y (N, out) = x (N, in) · Wᵀ (in, out)
   gemm_f32(false, true, N, out, in, 1.0f, x, in, W, in, accumulate ? 1.0f : 0.0f, y, out);
 }
+
+template <typename T>
+void linear_forward_residual(T* y, const T* r, const T* x, const T* W, int N, int in, int out) {
+  if (y != r && N > 0 && out > 0) std::memcpy(y, r, size_t(N) * size_t(out) * sizeof(T));
+  linear_forward<T>(y, x, W, N, in, out, /*accumulate=*/true);
+}
+
+template void linear_forward_residual<float>(float*, const float*, const float*, const float*, int,
+                                             int, int);
+template void linear_forward_residual<bf16>(bf16*, const bf16*, const bf16*, const bf16*, int, int,
+                                            int);
+template void linear_forward_residual<f16>(f16*, const f16*, const f16*, const f16*, int, int, int);
 
 template <>
 void linear_backward<float>(float* dx, float* dW, const float* dy, const float* x, const float* W,

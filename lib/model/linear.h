@@ -25,7 +25,8 @@ struct LinearSite {
 // One linear layer: its projection, this tensor rank's sizes, and its tensor-parallel kind.
 //   column-parallel (q, k, v, gate, up, the vocabulary-parallel head): the output rows are split;
 //     y = x·Wᵀ is this rank's columns of the output.
-//   row-parallel (o, down): the input columns are split; y += Σ over the tensor group of x·Wᵀ.
+//   row-parallel (o, down): the input columns are split; y = r + Σ over the tensor group of x·Wᵀ,
+//     r the residual stream (y itself: y +=).
 struct Linear {
   Proj proj = Proj::kQ;
   int in = 0, out = 0;
@@ -73,9 +74,12 @@ class LinearHooks {
                         int N) const = 0;
 };
 
-// Column: y = x·Wᵀ (+ the adapter's term). Row: y += Σ_tensor (x·Wᵀ (+ the adapter's term)).
+// Column: y = x·Wᵀ (+ the adapter's term). Row: y = r + Σ_tensor (x·Wᵀ (+ the adapter's term)),
+// r (N, out) the `residual` (disjoint from y), or y itself when it is null (y +=); with one tensor
+// rank the GEMM adds r (linear_forward_residual), so no copy of it precedes the call. A column
+// layer takes no residual.
 void linear_forward(const LinearContext& c, const Linear& l, int layer, Ref y, CRef x, CRef W,
-                    int N);
+                    int N, CRef residual = CRef());
 // dx = dy·W (+= with accumulate_dx) plus the adapter's term; dW += dyᵀ·x in fp32 unless null (a
 // frozen weight). dx is this rank's partial sum for a column layer (the caller reduces it over
 // the tensor group: reduce_input_grad) and this rank's columns for a row layer.

@@ -405,16 +405,14 @@ void LlamaModel::layer_forward(int l, int B, int T) {
   ops().rope_forward(st_, la.kk.data(), rope_inv_freq_.data(), B, T, K, D, pos);
   ops().attention_forward(st_, la.att.data(), la.lse.data(), la.q.data(), la.kk.data(), la.v.data(),
                           seg, B, T, H, K, D);
-  copy(la.mid.data(), x, size_t(N) * C);
-  linear_forward(lc, o_proj_, l, la.mid.data(), la.att.data(), w + o.wo, N);
+  linear_forward(lc, o_proj_, l, la.mid.data(), la.att.data(), w + o.wo, N, /*residual=*/x);
 
   ops().rmsnorm_forward(st_, la.ln2.data(), la.rstd2.data(), la.mid.data(), w + o.mlp_norm, N, C,
                         float(cfg_.norm_eps));
   linear_forward(lc, gate_proj_, l, la.g.data(), la.ln2.data(), w + o.w_gate, N);
   linear_forward(lc, up_proj_, l, la.u.data(), la.ln2.data(), w + o.w_up, N);
   ops().swiglu_forward(st_, la.h.data(), la.g.data(), la.u.data(), size_t(N) * F);
-  copy(y, la.mid.data(), size_t(N) * C);
-  linear_forward(lc, down_proj_, l, y, la.h.data(), w + o.w_down, N);
+  linear_forward(lc, down_proj_, l, y, la.h.data(), w + o.w_down, N, /*residual=*/la.mid.data());
   flat_.release(1 + l);
   if (ag >= 0) flat_.release(ag);
 }

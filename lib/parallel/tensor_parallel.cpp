@@ -36,15 +36,23 @@ void reduce_input_grad(const TensorGroup& tp, Ref dx, size_t n, float* f32) {
   tp.all_reduce(dx, n, f32);
 }
 
-void RowParallelLinear::forward_add(Device& dev, const TensorGroup& tp, Ref y, CRef x, CRef W,
-                                    int N, Ref partial, float* f32) const {
+void RowParallelLinear::forward_add(Device& dev, const TensorGroup& tp, Ref y, CRef r, CRef x,
+                                    CRef W, int N, Ref partial, float* f32) const {
   if (tp.size() == 1) {
-    dev.ops().linear_forward(dev.stream(), y, x, W, N, in, out, /*accumulate=*/true);
+    dev.ops().linear_forward_residual(dev.stream(), y, r, x, W, N, in, out);
     return;
   }
   dev.ops().linear_forward(dev.stream(), partial, x, W, N, in, out, /*accumulate=*/false);
   tp.all_reduce(partial, size_t(N) * out, f32);
-  dev.ops().add(dev.stream(), y, partial, size_t(N) * out);
+  add_reduced(dev, y, r, partial, N);
+}
+
+void RowParallelLinear::add_reduced(Device& dev, Ref y, CRef r, CRef partial, int N) const {
+  FT_CHECK(r.dtype == y.dtype, "row-parallel residual of ", dtype_name(r.dtype), " for a ",
+           dtype_name(y.dtype), " output");
+  const size_t n = size_t(N) * out;
+  if (r.ptr != y.ptr) dev.copy(dev.stream(), y.ptr, r.ptr, n * dtype_size(y.dtype));
+  dev.ops().add(dev.stream(), y, partial, n);
 }
 
 void RowParallelLinear::backward(Device& dev, Ref dx, float* dW, CRef dy, CRef x, CRef W,

@@ -61,14 +61,17 @@ struct ColumnParallelLinear {
 // f's backward: dx (n elements) summed over the tensor group.
 void reduce_input_grad(const TensorGroup& tp, Ref dx, size_t n, float* f32);
 
-// Row-parallel linear: W (out, in/T), this rank's input columns. Forward: y += g(x·Wᵀ), the
-// partial products summed over the group (through `partial`, (N, out), when T > 1; added straight
-// into y with one rank). Backward (g is the identity): dx = dy·W (this rank's input columns),
-// dW += dyᵀ·x.
+// Row-parallel linear: W (out, in/T), this rank's input columns. Forward: y = r + g(x·Wᵀ), r the
+// residual (N, out), y itself or disjoint from it; the partial products summed over the group
+// (through `partial`, (N, out), when T > 1, then added to r copied into y; with one rank the GEMM
+// adds r itself: linear_forward_residual). Backward (g is the identity): dx = dy·W (this rank's
+// input columns), dW += dyᵀ·x.
 struct RowParallelLinear {
   int in = 0, out = 0;  // in: this rank's columns (the whole layer's in / T)
-  void forward_add(Device& dev, const TensorGroup& tp, Ref y, CRef x, CRef W, int N, Ref partial,
-                   float* f32) const;
+  void forward_add(Device& dev, const TensorGroup& tp, Ref y, CRef r, CRef x, CRef W, int N,
+                   Ref partial, float* f32) const;
+  // y = r + partial (N, out), the reduced partial sum: r copied into y unless it is y, then added.
+  void add_reduced(Device& dev, Ref y, CRef r, CRef partial, int N) const;
   void backward(Device& dev, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N) const;
 };
 

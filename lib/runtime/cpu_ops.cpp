@@ -82,6 +82,17 @@ class CpuOps final : public Ops {
       k::linear_forward<T>(as<T>(y), as<T>(x), as<T>(W), N, in, out, accumulate);
     });
   }
+  void linear_forward_residual(Stream, Ref y, CRef r, CRef x, CRef W, int N, int in,
+                               int out) override {
+    FT_CHECK(r.ptr == y.ptr || !ranges_overlap(y, r, size_t(N) * size_t(out)),
+             "linear_forward_residual: the residual r overlaps y without being y; give y its own "
+             "buffer, or pass y as r to add in place");
+    dispatch(same_dtype("linear_forward_residual", {y.dtype, r.dtype, x.dtype, W.dtype}),
+             [&](auto t) {
+               using T = decltype(t);
+               k::linear_forward_residual<T>(as<T>(y), as<T>(r), as<T>(x), as<T>(W), N, in, out);
+             });
+  }
   void linear_backward(Stream, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N, int in, int out,
                        bool accumulate_dx) override {
     dispatch(

@@ -49,6 +49,13 @@ FT_OP_FAMILY(kRandom, "random init")
 FT_OP(linear_forward, kGemmForward,
       (Stream s, Ref y, CRef x, CRef W, int N, int in, int out, bool accumulate),
       (s, y, x, W, N, in, out, accumulate))
+// y (N, out) = r (N, out) + x (N, in) · Wᵀ: a residual added by the GEMM, which reads r and writes
+// y (cuBLASLt's C and D), instead of a copy of r into y before an accumulating linear_forward.
+// The bits of that copy then linear_forward with accumulate, on each backend. r is y (in place:
+// linear_forward's +=) or a buffer disjoint from it.
+FT_OP(linear_forward_residual, kGemmForward,
+      (Stream s, Ref y, CRef r, CRef x, CRef W, int N, int in, int out),
+      (s, y, r, x, W, N, in, out))
 // dx (N, in) (+)= dy · W; dW (out, in) += dyᵀ · x in fp32. Either output may be null. (The
 // profile times dx and dW as two calls: kGemmDx, then kGemmDw.)
 FT_OP(linear_backward, kGemmDx,

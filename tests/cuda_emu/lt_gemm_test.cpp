@@ -360,6 +360,36 @@ TEST_CASE("lt_gemm_cuda_emu: the heuristic runs once per problem; null outputs a
   CHECK(lt.cached_problems() == 5);
 }
 
+TEST_CASE("lt_gemm_cuda_emu: a residual read apart from y is the in-place product's problem") {
+  std::vector<unsigned char> workspace(ft::cuda_emu::kCublasLtEmuWorkspaceBytes);
+  LtGemm lt(workspace.data(), workspace.size(), false);
+  const int N = 19, in = 111, out = 37;
+  alignas(256) static ft::bf16 x[N * in], W[out * in], r[N * out], y[N * out], y_acc[N * out];
+  std::mt19937 g(7);
+  std::uniform_real_distribution<float> d(-1, 1);
+  auto fill = [&](ft::bf16* a, size_t n) {
+    for (size_t i = 0; i < n; ++i) a[i] = ft::to_bf16(d(g));
+  };
+  fill(x, size_t(N) * in);
+  fill(W, size_t(out) * in);
+  fill(r, size_t(N) * out);
+  // r copied into y_acc then accumulated, as the model did; then y = r + x·Wᵀ out of place.
+  std::memcpy(y_acc, r, sizeof r);
+  lt.linear_forward(y_acc, x, W, DType::kBF16, N, in, out, true, nullptr);
+  CHECK(lt.cached_problems() == 1);
+  lt.linear_forward_residual(y, r, x, W, DType::kBF16, N, in, out, nullptr);
+  CHECK(lt.cached_problems() == 1);  // r aligned as y_acc: the same algorithm
+  CHECK(std::memcmp(y, y_acc, sizeof y) == 0);
+  // In place (r is y) is linear_forward's +=.
+  std::memcpy(y, r, sizeof r);
+  lt.linear_forward_residual(y, y, x, W, DType::kBF16, N, in, out, nullptr);
+  CHECK(std::memcmp(y, y_acc, sizeof y) == 0);
+  CHECK(lt.cached_problems() == 1);
+  // An empty sum would be a copy of r into y, which the GEMM does not do.
+  CHECK_THROWS_WITH_AS(lt.linear_forward_residual(y, r, x, W, DType::kBF16, N, 0, out, nullptr),
+                       doctest::Contains("residual apart from the output"), ft::Error);
+}
+
 TEST_CASE("lt_gemm_cuda_emu: the emulator refuses what the library leaves undefined") {
   // Why the alignment is part of lt_gemm's cache key: the library's default assumes 256 bytes.
   cublasLtHandle_t h;

@@ -233,6 +233,57 @@ void add_linear_forward_cases(Cases& cs) {
   });
 }
 
+// y = r + x·Wᵀ: against the reference as linear_forward's +=, and on each device the bits of its
+// twin there, r copied into y then linear_forward with accumulate (what the model ran before the
+// op: a run's bits must not change). r apart from y or y itself (in place); a misaligned view of
+// every tensor (the twin's y is as misaligned as r, so cuBLASLt sees the same alignments).
+template <typename T>
+void linear_forward_residual_case(Cases& cs, int N, int in_, int out_, bool in_place,
+                                  size_t offset) {
+  const uint32_t s = uint32_t(N * 7919 + in_ * 31 + out_ + 5);
+  const auto x = uniform<T>(size_t(N) * in_, -1, 1, s);
+  const auto W = uniform<T>(size_t(out_) * in_, -1, 1, s + 1);
+  const auto r = uniform<T>(size_t(N) * out_, -1, 1, s + 2);
+  const auto xf = f32_of(x), Wf = f32_of(W);
+  auto A = abs_sums(
+      N, out_, in_, [&](int n, int l) { return xf[size_t(n) * in_ + l]; },
+      [&](int l, int o) { return Wf[size_t(o) * in_ + l]; }, f32_of(r));
+  const size_t n = size_t(N) * out_;
+  Case c{"linear_forward_residual",
+         elem_name(elem_of<T>()),
+         cat("N=", N, " in=", in_, " out=", out_, in_place ? " in place" : "",
+             offset ? " misaligned" : ""),
+         {},
+         {}};
+  c.tensors = {in_place ? alias("y", elem_of<T>(), n, /*of=*/1, gemm_tol<T>(in_))
+                        : out<T>("y", n, gemm_tol<T>(in_)),
+               in("r", r), in("x", x), in("W", W)};
+  c.tensors[0].scale = std::move(A);
+  for (Tensor& t : c.tensors) t.offset = offset;
+  c.run = [=](Device& d, const Args& a) {
+    d.ops().linear_forward_residual(d.stream(), a.ref(0), a.cref(1), a.cref(2), a.cref(3), N, in_,
+                                    out_);
+  };
+  c.twin_what = "r copied into y, then linear_forward with accumulate";
+  c.twin = [=](Device& d, const Args& a) {
+    const Ref y = a.ref(0);
+    const CRef rr = a.cref(1);
+    if (y.ptr != rr.ptr) d.copy(d.stream(), y.ptr, rr.ptr, n * sizeof(T));
+    d.ops().linear_forward(d.stream(), y, a.cref(2), a.cref(3), N, in_, out_, /*accumulate=*/true);
+  };
+  cs.push_back(std::move(c));
+}
+
+void add_linear_forward_residual_cases(Cases& cs) {
+  for_each_dtype([&](auto t) {
+    using T = decltype(t);
+    for (const auto [N, in_, out_] : kGemmShapes)
+      for (bool in_place : {false, true})
+        linear_forward_residual_case<T>(cs, N, in_, out_, in_place, 0);
+    linear_forward_residual_case<T>(cs, 19, 111, 37, false, 1);
+  });
+}
+
 // Outputs: dx (null unless with_dx), dW (null unless with_dw).
 template <typename T>
 void linear_backward_case(Cases& cs, int N, int in_, int out_, bool with_dx, bool with_dw,

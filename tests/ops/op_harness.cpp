@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "runtime/profile.h"
 
 namespace ft::op_test {
 
@@ -132,10 +133,12 @@ class Placed {
 
 bool compared(const Tensor& t) { return t.role != Role::kIn && !t.null; }
 
-// Runs the case on dev; the outputs' bytes, in the order of the tensors that are outputs.
-std::vector<std::vector<uint8_t>> run_on(const Case& c, Device& dev) {
+// Runs the case (`call`: its run or its twin) on dev; the outputs' bytes, in the order of the
+// tensors that are outputs.
+std::vector<std::vector<uint8_t>> run_on(const Case& c, Device& dev,
+                                         const std::function<void(Device&, const Args&)>& call) {
   const Placed placed(dev, c.tensors);
-  c.run(dev, Args(c.tensors, placed.ptrs()));
+  call(dev, Args(c.tensors, placed.ptrs()));
   dev.synchronize();
   std::vector<std::vector<uint8_t>> outs;
   for (size_t i = 0; i < c.tensors.size(); ++i) {
@@ -291,6 +294,48 @@ std::string compare_runs(const Tensor& t, const std::vector<uint8_t>& a,
   return m.str();
 }
 
+// Empty when the case's twin gives `outs`' bits on dev (its calls left out of dev's profile),
+// else where an output first differs, or what the twin threw.
+std::string check_twin(const Case& c, Device& dev, const std::vector<std::vector<uint8_t>>& outs) {
+  struct Unrecorded {  // the profile not recording for its scope, then as it was
+    OpProfile* p;
+    bool was;
+    explicit Unrecorded(OpProfile* prof) : p(prof), was(prof && prof->recording) {
+      if (p) p->recording = false;
+    }
+    ~Unrecorded() {
+      if (p) p->recording = was;
+    }
+  };
+  std::vector<std::vector<uint8_t>> twin;
+  try {
+    const Unrecorded off(dev.profile());
+    twin = run_on(c, dev, c.twin);
+  } catch (const std::exception& e) {
+    return "its twin (" + c.twin_what + ") threw: " + e.what();
+  }
+  for (size_t i = 0, k = 0; i < c.tensors.size(); ++i) {
+    const Tensor& t = c.tensors[i];
+    if (!compared(t)) continue;
+    const size_t n = t.count(), es = elem_size(t.elem);
+    size_t bad = 0, first = 0;
+    for (size_t e = 0; e < n; ++e)
+      if (std::memcmp(&outs[k][e * es], &twin[k][e * es], es) != 0 && bad++ == 0) first = e;
+    if (bad) {
+      std::ostringstream m;
+      m << t.name << ": " << bad << " of " << n << " elements differ in bits from its twin ("
+        << c.twin_what << ") on the same device; first at [" << first
+        << "]: " << num(value_at(t.elem, &outs[k][first * es])) << " ("
+        << hex_bits(&outs[k][first * es], es) << "), the twin "
+        << num(value_at(t.elem, &twin[k][first * es])) << " (" << hex_bits(&twin[k][first * es], es)
+        << ")";
+      return m.str();
+    }
+    ++k;
+  }
+  return "";
+}
+
 }  // namespace
 
 Report run_cases(const std::vector<Case>& cases, Device& dev, Device& ref, const Options& o) {
@@ -303,7 +348,7 @@ Report run_cases(const std::vector<Case>& cases, Device& dev, Device& ref, const
     double worst = 0;
     std::vector<std::vector<uint8_t>> want, got, again;
     try {
-      want = run_on(c, ref);
+      want = run_on(c, ref, c.run);
     } catch (const std::exception& e) {
       failure = "the reference (" + ref.name() + ") threw: " + e.what();
     }
@@ -311,19 +356,24 @@ Report run_cases(const std::vector<Case>& cases, Device& dev, Device& ref, const
       const std::string broken = c.relation(want);
       if (!broken.empty()) failure = "on the reference (" + ref.name() + "): " + broken;
     }
+    if (failure.empty() && c.twin) {
+      const std::string broken = check_twin(c, ref, want);
+      if (!broken.empty()) failure = "on the reference (" + ref.name() + "): " + broken;
+    }
     if (failure.empty()) {
       try {
         if (o.before_run) o.before_run(0);
-        got = run_on(c, dev);
+        got = run_on(c, dev, c.run);
         if (o.twice) {
           if (o.before_run) o.before_run(1);
-          again = run_on(c, dev);
+          again = run_on(c, dev, c.run);
         }
       } catch (const std::exception& e) {
         failure = std::string("threw: ") + e.what();
       }
       if (failure.empty() && c.relation) failure = c.relation(got);
       if (failure.empty() && c.relation && o.twice) failure = c.relation(again);
+      if (failure.empty() && c.twin) failure = check_twin(c, dev, got);
     }
     for (size_t i = 0, k = 0; failure.empty() && i < c.tensors.size(); ++i) {
       if (!compared(c.tensors[i])) continue;

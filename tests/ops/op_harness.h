@@ -86,6 +86,12 @@ struct Case {
   // tensors' bytes, in order), checked on the reference's run and on the device's: empty when
   // they do, else what fails. A case whose op must agree with another op uses it.
   std::function<std::string(const std::vector<std::vector<uint8_t>>& outs)> relation = nullptr;
+  // Optional: the same outputs by other calls, for an op that stands in for them (a fused op:
+  // the sequence it replaces), `twin_what` saying which. Run on each device after `run`, from the
+  // same inputs, its outputs must have run's bits on that device. Its calls are not the op under
+  // test: a profiled device does not count them.
+  std::function<void(Device& dev, const Args& a)> twin = nullptr;
+  std::string twin_what;
 };
 
 // Every case of every op of the list (op_cases.cpp).

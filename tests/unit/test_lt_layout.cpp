@@ -106,6 +106,37 @@ TEST_CASE("lt_layout: forward maps y = x·Wᵀ to yᵀ = op_T(W)·x, column-majo
         1.0f);
 }
 
+TEST_CASE("lt_layout: a forward residual is C read apart from D, with D's layout") {
+  const int N = 19, in = 111, out = 7;
+  const std::vector<float> x = small_ints(size_t(N) * in, 1), W = small_ints(size_t(out) * in, 2),
+                           r = small_ints(size_t(N) * out, 3);
+  std::vector<float> y(size_t(N) * out, -99.0f);
+  LinearCall c =
+      call_of(LinearGemm::kForward, DType::kF32, y.data(), x.data(), W.data(), N, in, out, true);
+  c.residual = r.data();
+  const LtProblem p = map_linear(c);
+  CHECK(p.D.ptr == y.data());
+  CHECK(p.C.ptr == r.data());
+  CHECK(p.C.rows == p.D.rows);
+  CHECK(p.C.cols == p.D.cols);
+  CHECK(p.C.ld == p.D.ld);
+  CHECK(p.C.type == p.D.type);
+  CHECK(p.beta == 1.0f);
+  interpret(p);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < out; ++o) {
+      float want = r[size_t(n) * out + o];
+      for (int i = 0; i < in; ++i) want += x[size_t(n) * in + i] * W[size_t(o) * in + i];
+      CHECK(y[size_t(n) * out + o] == want);  // small integers: exact
+    }
+  // Only an accumulating forward product reads a residual.
+  c.accumulate = false;
+  CHECK_THROWS_AS(map_linear(c), ft::Error);
+  c.accumulate = true;
+  c.gemm = LinearGemm::kBackwardData;
+  CHECK_THROWS_AS(map_linear(c), ft::Error);
+}
+
 TEST_CASE("lt_layout: dx = dy·W is W·dy column-major; dW is fp32 and always accumulates") {
   float dy[1], x[1], W[1], dx[1], dW[1];
   const LtProblem d =

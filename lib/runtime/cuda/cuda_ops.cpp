@@ -58,6 +58,16 @@ class CudaOps final : public Ops {
     same_dtype("linear_forward", y.dtype, W.dtype);
     lt_->linear_forward(y.ptr, x.ptr, W.ptr, y.dtype, N, in, out, accumulate, stream(s));
   }
+  void linear_forward_residual(Stream s, Ref y, CRef r, CRef x, CRef W, int N, int in,
+                               int out) override {
+    same_dtype("linear_forward_residual", y.dtype, r.dtype);
+    same_dtype("linear_forward_residual", y.dtype, x.dtype);
+    same_dtype("linear_forward_residual", y.dtype, W.dtype);
+    FT_CHECK(r.ptr == y.ptr || !ranges_overlap(y, r, size_t(N) * size_t(out)),
+             "linear_forward_residual: the residual r overlaps y without being y; give y its own "
+             "buffer, or pass y as r to add in place");
+    lt_->linear_forward_residual(y.ptr, r.ptr, x.ptr, W.ptr, y.dtype, N, in, out, stream(s));
+  }
   void linear_backward(Stream s, Ref dx, float* dW, CRef dy, CRef x, CRef W, int N, int in, int out,
                        bool accumulate_dx) override {
     same_dtype("linear_backward", dy.dtype, x.dtype);

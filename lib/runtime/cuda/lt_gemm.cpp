@@ -286,9 +286,12 @@ struct LtGemm::Impl {
     if (p.m == 0 || p.n == 0) return;  // an empty output: nothing to write
     if (p.k == 0) {
       // D = beta · C: in place with beta = 1 that leaves D as it is (a dW of zero tokens).
-      // Zero-filling D for beta = 0 would need a memset on the stream; no layer has in = 0.
+      // Zero-filling D for beta = 0, or copying a C apart from D into it, would need work on the
+      // stream; no layer has in = 0.
       FT_CHECK(p.beta == 1.0f, "cuBLASLt ", describe(call),
                ": an inner dimension of 0 with a non-accumulating output is not supported");
+      FT_CHECK(p.C.ptr == p.D.ptr, "cuBLASLt ", describe(call),
+               ": an inner dimension of 0 with a residual apart from the output is not supported");
       return;
     }
     const Plan& plan = plan_for(call, p);
@@ -338,6 +341,22 @@ void LtGemm::linear_forward(void* y, const void* x, const void* W, DType t, int 
   call.in = in;
   call.out = out;
   call.accumulate = accumulate;
+  linear(call, stream);
+}
+
+void LtGemm::linear_forward_residual(void* y, const void* r, const void* x, const void* W, DType t,
+                                     int N, int in, int out, void* stream) {
+  LinearCall call;
+  call.gemm = LinearGemm::kForward;
+  call.dtype = t;
+  call.out_ptr = y;
+  call.a = x;
+  call.b = W;
+  call.N = N;
+  call.in = in;
+  call.out = out;
+  call.accumulate = true;
+  call.residual = r;
   linear(call, stream);
 }
 

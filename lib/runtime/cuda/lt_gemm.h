@@ -53,6 +53,11 @@ class LtGemm {
   // y (N, out) (+)= x (N, in) · Wᵀ, W (out, in); x, W, y of element type `t`.
   void linear_forward(void* y, const void* x, const void* W, DType t, int N, int in, int out,
                       bool accumulate, void* stream);
+  // y (N, out) = r (N, out) + x (N, in) · Wᵀ, r cuBLASLt's C and y its D (beta = 1): the bits of
+  // linear_forward accumulating into a copy of r (the cached algorithm sees r only through its
+  // alignment: the same one when r is aligned as y is). r is y (in place) or disjoint from it.
+  void linear_forward_residual(void* y, const void* r, const void* x, const void* W, DType t, int N,
+                               int in, int out, void* stream);
   // dx (N, in) (+)= dy · W; dW (out, in) += dyᵀ · x in fp32. Either output may be null.
   void linear_backward(void* dx, float* dW, const void* dy, const void* x, const void* W, DType t,
                        int N, int in, int out, bool accumulate_dx, void* stream);

@@ -81,7 +81,9 @@ LtProblem map_gemm(const GemmCall& g) {
   p.B = g.trans_a ? stored(g.a, in, g.K, g.M, g.lda, g.batch, g.stride_a)
                   : stored(g.a, in, g.M, g.K, g.lda, g.batch, g.stride_a);
   p.D = stored(g.c, out, g.M, g.N, g.ldc, g.batch, g.stride_c);
-  p.C = p.D;  // in place: C is read only when beta != 0
+  // In place C is D (read only when beta != 0); out of place, D's layout read from c_source.
+  p.C = p.D;
+  if (g.c_source) p.C.ptr = g.c_source;
   return p;
 }
 
@@ -95,6 +97,9 @@ GemmCall linear_gemm(const LinearCall& call) {
   g.a = call.a;
   g.b = call.b;
   g.beta = call.accumulate ? 1.0f : 0.0f;
+  FT_CHECK(!call.residual || (call.gemm == LinearGemm::kForward && call.accumulate), "cuBLASLt ",
+           g.what, ": a residual is read only by an accumulating forward product");
+  g.c_source = call.residual;
   switch (call.gemm) {
     case LinearGemm::kForward:  // y (N, out) = x (N, in) · Wᵀ, W stored (out, in)
       g.M = call.N, g.N = call.out, g.K = call.in;
@@ -133,7 +138,8 @@ std::string describe(const GemmCall& g) {
       g.what, ' ', dtype_name(g.in), " -> ", dtype_name(g.out), " M=", g.M, " N=", g.N, " K=", g.K,
       g.batch > 1 ? detail::concat(" batch=", g.batch) : std::string(), " (A", g.trans_a ? "ᵀ" : "",
       " ld ", g.lda, ", B", g.trans_b ? "ᵀ" : "", " ld ", g.ldb, ", C ld ", g.ldc,
-      ", beta=", g.beta, g.allow_tf32 && g.in == DType::kF32 ? ", tf32" : "", ")");
+      ", beta=", g.beta, g.c_source && g.c_source != g.c ? ", C apart from D" : "",
+      g.allow_tf32 && g.in == DType::kF32 ? ", tf32" : "", ")");
 }
 
 std::string describe(const LinearCall& call, const LtProblem& p) {

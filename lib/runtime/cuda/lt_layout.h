@@ -35,8 +35,9 @@ struct LtMatrix {
   int64_t batch_stride = 0;
 };
 
-// Everything one cublasLtMatmul call needs; D = alpha · op(A) · op(B) + beta · C, C and D the
-// same buffer here (in-place accumulation; when beta == 0, cuBLASLt does not read C).
+// Everything one cublasLtMatmul call needs; D = alpha · op(A) · op(B) + beta · C. C has D's layout
+// and is D's buffer (in-place accumulation) unless the call names another to read (a residual,
+// out of place); when beta == 0, cuBLASLt does not read C.
 struct LtProblem {
   LtOp transa = LtOp::kN, transb = LtOp::kN;
   int64_t m = 0, n = 0, k = 0;  // op(A) (m, k), op(B) (k, n), D (m, n)
@@ -65,6 +66,9 @@ struct GemmCall {
   bool trans_b = false;
   void* c = nullptr;
   int64_t ldc = 0, stride_c = 0;
+  // Where beta's C is read when it is not `c` itself (out of place: C_i (M, N) = alpha · op(A_i) ·
+  // op(B_i) + beta · c_source_i, with c's layout): null reads c (in place). Disjoint from c.
+  const void* c_source = nullptr;
   float alpha = 1.0f, beta = 0.0f;
   bool allow_tf32 = false;
   const char* what = "gemm";
@@ -87,6 +91,8 @@ enum class LinearGemm { kForward, kBackwardData, kBackwardWeight };
 //   kForward:        out_ptr = y  (N, out), a = x (N, in),    b = W (out, in)
 //   kBackwardData:   out_ptr = dx (N, in),  a = dy (N, out),  b = W (out, in)
 //   kBackwardWeight: out_ptr = dW (out, in) fp32, a = dy (N, out), b = x (N, in); always +=
+// A forward product that accumulates may read its old output from `residual` instead of y
+// (y = residual + x · Wᵀ, cuBLASLt's C != D): kernels.h linear_forward_residual.
 // `dtype` is the element type of x, W, dy and of y / dx (fp32, bf16 or fp16); products sum in
 // fp32. `allow_tf32` (runtime.tf32) lets fp32 GEMMs round their inputs to TF32; it does
 // nothing for 16-bit inputs.
@@ -97,7 +103,8 @@ struct LinearCall {
   const void* a = nullptr;
   const void* b = nullptr;
   int N = 0, in = 0, out = 0;
-  bool accumulate = false;  // y / dx (+)=; ignored for kBackwardWeight (always +=)
+  bool accumulate = false;         // y / dx (+)=; ignored for kBackwardWeight (always +=)
+  const void* residual = nullptr;  // kForward with accumulate: the (N, out) added (null: y itself)
   bool allow_tf32 = false;
 };
 
