@@ -56,6 +56,10 @@ Checks, in order (each PASS, FAIL or SKIP with a reason; a failure does not stop
                which are not timed), ratio to ft's bench_ac_off
   profile      FT_PROFILE=1 at the ~1B shape, 8 steps: the whole table in OUT/profile.log, the
                attention and GEMM rows in the summary
+  gemm_algos   issue 33 point 3: the ~1B bench with runtime.gemm_algos: measure (each GEMM
+               shape's cuBLASLt algorithm timed among the heuristic's candidates), tokens/s and
+               the ratio to bench_ac_off's (the heuristic's first, the default), from
+               OUT/bench.json; a run with the gemm_algos stage decides the default
   bench_long   the ~1B model at seq 8192, micro-batch 1, ft and PyTorch eager (row
                bench_long_torch with the ratio ft/PyTorch)
   bench_8b     8B-class layers (dim 4096, 8 layers, 32/8 heads, head dim 128, ffn 14336), seq
@@ -179,7 +183,8 @@ ATTENTION_SHAPES = [(4, 32, 8, 2048, 64), (2, 32, 8, 2048, 128), (1, 32, 8, 8192
 LIMITS = dict(env=30, kernels=150, ops=120, lt_gemm=60, device=30, nccl=120, memcheck=570,
               racecheck=570, fp32_vs_cpu=60, bf16_vs_cpu=60, packing=60, generate=150,
               determinism=60, attention=90,
-              bench=150, torch=90, torch_compile=210, profile=120, bench_long=150, bench_8b=180,
+              bench=150, torch=90, torch_compile=210, profile=120, gemm_algos=90,
+              bench_long=150, bench_8b=180,
               lora_8b=180, qlora_8b=120, offload_3b=420)
 
 
@@ -839,11 +844,11 @@ def main():
     def mfu(tps, shape, seq):
         return f"{tps * flops_per_token(shape, seq) / peak:.1%}" if peak else "? (unknown GPU peak)"
 
-    def ft_bench(name, shape, seq, micro, ac=False, env=None):
+    def ft_bench(name, shape, seq, micro, ac=False, env=None, overrides=()):
         """ft trains `shape` for --bench-steps steps; the median step after the first 5 gives
         tokens/s (recorded as row `name`, returned; None on failure)."""
         rc, m, _ = train(chk, name, ft, shape, data_big, work, a.bench_steps, seq, micro, "bf16",
-                         a.device, ac=ac, timeout=3000, env=env)
+                         a.device, ac=ac, timeout=3000, env=env, overrides=overrides)
         timed = m[5:]
         if rc or not timed:
             chk.record(name, "FAIL", f"ft train exit {rc}, {len(m)} metric lines: see "
@@ -912,6 +917,14 @@ def main():
     if want("profile"):
         chk.stage(limit("profile"))
         profile_stage(chk, ft, data_big, work, a)
+    if want("gemm_algos"):
+        chk.stage(limit("gemm_algos"))
+        tps = ft_bench("gemm_algos", BIG, 2048, a.bench_micro_batch,
+                       overrides=("runtime.gemm_algos=measure",))
+        base = bench.get("bench_ac_off")
+        if tps and base:
+            chk.record("gemm_algos_ratio", "PASS",
+                       f"measure / heuristic {tps / base:.3f}x ({tps:,.0f} / {base:,.0f} tokens/s)")
     if want("bench_long"):
         # Seq 8192, micro-batch 1: attention's share of the step grows with T.
         chk.stage(limit("bench_long"))

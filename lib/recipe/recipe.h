@@ -121,6 +121,10 @@ struct RuntimeConfig {
   bool tf32 = false;
   // How ranks exchange device memory: auto | nccl | mpi (DESIGN §3, comm/device_comm.h).
   std::string communicator = "auto";
+  // How CUDA picks each GEMM's cuBLASLt algorithm: heuristic (cuBLASLt's first) | measure (the
+  // fastest of its candidates, timed once per shape, kept in run.output_dir/gemm_algos/ so a
+  // resume reuses them; runtime/cuda/lt_gemm.h LtChoice). No effect on the CPU.
+  std::string gemm_algos = "heuristic";
 };
 
 struct Recipe {

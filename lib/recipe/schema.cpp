@@ -350,6 +350,11 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(runtime, tf32, kBool,
                "CUDA fp32 GEMMs may round inputs to TF32 (faster, ~1e-3 relative); off: exact "
                "fp32"),
+        FT_KEY(runtime, gemm_algos, kChoice,
+               "CUDA GEMM algorithms: heuristic (cuBLASLt's first) | measure (the fastest of its "
+               "candidates, timed on a shape's first call and kept in output_dir/gemm_algos/ "
+               "for a resume)",
+               {.choices = {"heuristic", "measure"}}),
     };
     return t;
   }();

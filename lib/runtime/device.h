@@ -221,6 +221,12 @@ struct DeviceOptions {
   // runtime.tf32: fp32 GEMMs may round their inputs to TF32 (CUDA, cuBLASLt's
   // CUBLAS_COMPUTE_32F_FAST_TF32). The CPU has no TF32 and ignores it.
   bool allow_tf32 = false;
+  // runtime.gemm_algos: measure: each cuBLASLt problem's algorithm is the fastest of the
+  // heuristic's candidates, timed on its first call, and the choices are kept in
+  // `gemm_algos_record` (when not empty) for a resumed run to reuse (runtime/cuda/lt_gemm.h
+  // LtChoice). The CPU has one GEMM path per type and ignores both.
+  bool measure_gemm_algos = false;
+  std::string gemm_algos_record = {};
   // "auto" without a usable GPU: say nothing of it (ft validate), instead of one line on stderr.
   bool quiet = false;
 };

@@ -431,8 +431,15 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   // before any stops: one message, the refusal's exit code, no abort.
   std::unique_ptr<Device> dev;
   refuse_together(comm, refusal_of([&] {
-                    dev =
-                        make_device(r.runtime.device, DeviceOptions{.allow_tf32 = r.runtime.tf32});
+                    DeviceOptions o{.allow_tf32 = r.runtime.tf32};
+                    if (r.runtime.gemm_algos == "measure") {
+                      // Each rank times its own GEMMs and keeps its choices (DESIGN §8).
+                      char file[32];
+                      std::snprintf(file, sizeof file, "/gemm_algos/rank_%05d.txt", comm.rank());
+                      o.measure_gemm_algos = true;
+                      o.gemm_algos_record = r.run.output_dir + file;
+                    }
+                    dev = make_device(r.runtime.device, o);
                   }));
   refuse_together(comm, refusal_of([&] {
                     check_packing_device(r, *dev);

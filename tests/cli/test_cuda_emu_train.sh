@@ -23,7 +23,9 @@
 #    another schedule seed (Release build), and not the bits of FT_CUDA_ATTENTION=gemm (so it
 #    did run);
 #  - a run killed at step 9 resumes from its step-8 checkpoint on the other backend (CUDA to CPU
-#    and CPU to CUDA) and on its own (CUDA to CUDA: bit-identical to the uninterrupted run).
+#    and CPU to CUDA) and on its own (CUDA to CUDA: bit-identical to the uninterrupted run);
+#  - runtime.gemm_algos: measure: within fp32's bounds of the CPU, and resumed bit-identically
+#    with the choices its record kept.
 #   bash tests/cli/test_cuda_emu_train.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 need_emu
@@ -126,4 +128,34 @@ resume() {  # NAME BINARY_1 DEVICE_1 BINARY_2 DEVICE_2 REFERENCE LOSS_REL NORM_R
 resume cuda_to_cuda "$emu" cuda "$emu" cuda f32 0 0
 resume cuda_to_cpu "$emu" cuda "$ft" cpu f32 1e-5 1e-4
 resume cpu_to_cuda "$ft" cpu "$emu" cuda f32_cpu 1e-5 1e-4
+
+# runtime.gemm_algos: measure times each GEMM's algorithm among the emulated cuBLASLt's
+# candidates (which round differently: tests/cuda_emu/cublaslt_emu.h) and records the choices in
+# output_dir/gemm_algos/. A measured run killed at step 9; a second run in a folder holding a
+# copy of its record makes the same choices without measuring (the record unchanged), within
+# fp32's bounds of the CPU; the first, resumed, takes every choice from its record too (two
+# fresh measured runs would differ in bits) and gives that second run's bits.
+record=gemm_algos/rank_00000.txt
+rc=0
+(FT_TEST_KILL_AT_STEP=9 exec "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/measure_resume" \
+  runtime.device=cuda runtime.gemm_algos=measure) > "$tmp/measure_resume.1.log" 2>&1 || rc=$?
+[[ $rc == 137 ]] || fail "measure part 1: exit $rc: $(tail -3 "$tmp/measure_resume.1.log")"
+n=$(wc -l < "$tmp/measure_resume/$record") || fail "measure: no record $record"
+(( n > 10 )) || fail "measure: $n lines in $record"
+before=$(md5sum < "$tmp/measure_resume/$record")
+mkdir -p "$tmp/measure_again/gemm_algos"
+cp "$tmp/measure_resume/$record" "$tmp/measure_again/$record"
+train "$emu" measure_again runtime.device=cuda runtime.gemm_algos=measure
+[[ $(md5sum < "$tmp/measure_again/$record") == "$before" ]] \
+  || fail "measure: a run given the record measured again instead of taking it"
+echo "fp32 with measured GEMM algorithms ($((n - 2)) recorded), against the CPU:"
+compare "$tmp/measure_again" "$tmp/f32_cpu" 1e-4 1e-3 1e-6 1e-5 || fail "measure: differs from the CPU"
+"$emu" train "$tmp/r.yaml" run.output_dir="$tmp/measure_resume" runtime.device=cuda \
+  runtime.gemm_algos=measure > "$tmp/measure_resume.2.log" 2>&1 \
+  || fail "measure part 2: $(tail -3 "$tmp/measure_resume.2.log")"
+grep -q 'resumed from' "$tmp/measure_resume.2.log" || fail "measure: part 2 did not resume"
+[[ $(md5sum < "$tmp/measure_resume/$record") == "$before" ]] \
+  || fail "measure: the resumed part measured again instead of taking its record"
+echo "measure, killed at step 9 and resumed with the recorded choices:"
+compare "$tmp/measure_resume" "$tmp/measure_again" 0 0 || fail "measure: the resumed run's bits differ"
 echo "test_cuda_emu_train: OK"

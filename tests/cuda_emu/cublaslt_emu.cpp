@@ -508,19 +508,52 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     if (a == 0 || (a & (a - 1)) != 0)
       return fail(CUBLAS_STATUS_INVALID_VALUE,
                   "AlgoGetHeuristic: alignment " + std::to_string(a) + " is not a power of 2");
-  // One algorithm, whatever the shape: the naive loop of cublasLtMatmul below.
-  cublasLtMatmulHeuristicResult_t& r = results[0];
-  r = cublasLtMatmulHeuristicResult_t{};
-  r.algo.data[0] = kAlgoMagic;
-  r.algo.data[1] = fingerprint(p);
-  for (int i = 0; i < 4; ++i) r.algo.data[2 + i] = ps.align[i];
-  r.workspaceSize = std::min<uint64_t>(ps.max_workspace, ft::cuda_emu::kCublasLtEmuWorkspaceBytes);
-  r.algo.data[6] = r.workspaceSize;
-  r.state = CUBLAS_STATUS_SUCCESS;
-  r.wavesCount = 1.0f;
-  *returned = 1;
+  // The naive loop of cublasLtMatmul below, its k split into 1, 2, 4, ... parts (data[7]).
+  const int n = std::min(requested, ft::cuda_emu::kCublasLtEmuAlgos);
+  for (int v = 0; v < n; ++v) {
+    cublasLtMatmulHeuristicResult_t& r = results[v];
+    r = cublasLtMatmulHeuristicResult_t{};
+    r.algo.data[0] = kAlgoMagic;
+    r.algo.data[1] = fingerprint(p);
+    for (int i = 0; i < 4; ++i) r.algo.data[2 + i] = ps.align[i];
+    r.workspaceSize =
+        std::min<uint64_t>(ps.max_workspace, ft::cuda_emu::kCublasLtEmuWorkspaceBytes);
+    r.algo.data[6] = r.workspaceSize;
+    r.algo.data[7] = uint64_t(v);
+    r.state = CUBLAS_STATUS_SUCCESS;
+    r.wavesCount = 1.0f;
+  }
+  *returned = n;
   return ok();
 }
+
+// As the library: the algorithm must be one of this emulator's and chosen for these descriptors
+// (alignment needs the pointers, so only cublasLtMatmul can check it).
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                       cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B,
+                                       cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
+                                       const cublasLtMatmulAlgo_t* algo,
+                                       cublasLtMatmulHeuristicResult_t* result) {
+  if (!handle || handle->magic != kHandleMagic)
+    return fail(CUBLAS_STATUS_NOT_INITIALIZED, "AlgoCheck: not a live handle");
+  if (!algo || !result) return fail(CUBLAS_STATUS_INVALID_VALUE, "AlgoCheck: a null pointer");
+  Problem p;
+  if (const cublasStatus_t s = resolve(desc, A, B, C, D, &p); s != CUBLAS_STATUS_SUCCESS) return s;
+  if (algo->data[0] != kAlgoMagic || algo->data[7] >= uint64_t(ft::cuda_emu::kCublasLtEmuAlgos))
+    return fail(CUBLAS_STATUS_INVALID_VALUE, "AlgoCheck: not an algorithm of this emulator");
+  if (algo->data[1] != fingerprint(p))
+    return fail(CUBLAS_STATUS_INVALID_VALUE,
+                "AlgoCheck: the algorithm was chosen for other descriptors");
+  const cublasLtMatmulAlgo_t copy = *algo;  // algo may point into *result
+  *result = cublasLtMatmulHeuristicResult_t{};
+  result->algo = copy;
+  result->workspaceSize = copy.data[6];
+  result->state = CUBLAS_STATUS_SUCCESS;
+  result->wavesCount = 1.0f;
+  return ok();
+}
+
+size_t cublasLtGetVersion(void) { return ft::cuda_emu::kCublasLtEmuVersion; }
 
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
                               const void* alpha_p, const void* A_p, cublasLtMatrixLayout_t A,
@@ -540,6 +573,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     return fail(CUBLAS_STATUS_INVALID_VALUE,
                 "Matmul: the algorithm was chosen for other descriptors (types, transposes, "
                 "shapes or lds differ)");
+  if (algo->data[7] >= uint64_t(ft::cuda_emu::kCublasLtEmuAlgos))
+    return fail(CUBLAS_STATUS_INVALID_VALUE, "Matmul: not an algorithm of this emulator");
+  const uint64_t parts = uint64_t(1) << algo->data[7];
   const void* ptrs[4] = {A_p, B_p, C_p, D_p};
   const char* names = "ABCD";
   const LayoutState* layouts[4] = {&p.a, &p.b, &p.c, &p.d};
@@ -596,8 +632,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     // All of D is computed before any is stored, so C may alias D (in place), as in the library.
     for (uint64_t j = 0; j < p.n; ++j)
       for (uint64_t i = 0; i < p.m; ++i) {
-        float acc = 0.0f;  // fp32 accumulation, as CUBLAS_COMPUTE_32F
-        for (uint64_t l = 0; l < p.k; ++l) acc += in_a(i, l) * in_b(l, j);
+        // fp32 accumulation, as CUBLAS_COMPUTE_32F: per part of k, then the parts in order.
+        const uint64_t span = (p.k + parts - 1) / parts;
+        float acc = 0.0f;
+        for (uint64_t l0 = 0; l0 < p.k; l0 += span) {
+          float part = 0.0f;
+          for (uint64_t l = l0; l < std::min(p.k, l0 + span); ++l) part += in_a(i, l) * in_b(l, j);
+          acc = l0 == 0 ? part : acc + part;
+        }
         float v = alpha * acc;
         if (beta != 0.0f) v += beta * load_elem(c_p, p.c.type, i + j * p.c.ld);  // unread at 0
         out[i + j * p.m] = v;

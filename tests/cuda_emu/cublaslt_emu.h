@@ -22,8 +22,16 @@
 // EPILOGUE default), MatrixLayoutCreate/Destroy/SetAttribute (TYPE, ORDER col, ROWS, COLS, LD,
 // BATCH_COUNT, STRIDED_BATCH_OFFSET: strided batches of one count on A, B, C and D, strides
 // positive), MatmulPreferenceCreate/Destroy/SetAttribute (SEARCH_MODE best fit,
-// MAX_WORKSPACE_BYTES, MIN_ALIGNMENT_A/B/C/D_BYTES), MatmulAlgoGetHeuristic, Matmul. Anything
-// else returns CUBLAS_STATUS_NOT_SUPPORTED with the reason in cublaslt_emu_last_error().
+// MAX_WORKSPACE_BYTES, MIN_ALIGNMENT_A/B/C/D_BYTES), MatmulAlgoGetHeuristic, MatmulAlgoCheck,
+// Matmul, GetVersion. Anything else returns CUBLAS_STATUS_NOT_SUPPORTED with the reason in
+// cublaslt_emu_last_error().
+//
+// Algorithms: the heuristic offers kCublasLtEmuAlgos, in order, as the library offers several
+// that round differently: algorithm v splits k into 2^v consecutive parts, each summed in fp32
+// from zero, the parts then added in order (as a split-k kernel reduces). Algorithm 0 (one
+// part) is the plain k-order sum, what the heuristic's first always was. So a caller that
+// keeps one algorithm per problem gets the same bits every call, and one that mixes them up
+// (a measured choice not restored on resume) is seen in the bits.
 #pragma once
 
 #ifdef FT_CUBLASLT_EMU_OWN_DECLS
@@ -49,5 +57,8 @@ std::string cublaslt_emu_last_error();
 // The workspace the emulated algorithms ask for, capped by MAX_WORKSPACE_BYTES: non-zero, so
 // the workspace plumbing is exercised.
 constexpr size_t kCublasLtEmuWorkspaceBytes = 4096;
+constexpr int kCublasLtEmuAlgos = 3;
+// What cublasLtGetVersion answers (no library's: a record of choices names it).
+constexpr size_t kCublasLtEmuVersion = 999999;
 
 }  // namespace ft::cuda_emu

@@ -22,10 +22,18 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <random>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -215,8 +223,56 @@ void compare_with_cpu(LtGemm& lt, int N, int in, int out, bool acc, size_t offse
               N, 0.0, 0.0);  // dW is fp32: no output rounding
 }
 
+// runtime.gemm_algos: measure's LtChoice, timed as the CUDA ops time it (events around the work,
+// device scratch) on the GPU, with the host's clock and memory under the emulation (whose calls
+// complete at once). `record`: the file of choices, "" none.
+ft::cuda::LtChoice measuring(std::string record = "") {
+  ft::cuda::LtChoice c;
+  c.measure = true;
+  c.record = std::move(record);
+  c.device = "the test's GPU";
+#ifdef FT_LT_GEMM_GPU
+  c.time_ms = [](void* s, const std::function<void()>& work) {
+    cudaEvent_t a, b;
+    REQUIRE(cudaEventCreate(&a) == cudaSuccess);
+    REQUIRE(cudaEventCreate(&b) == cudaSuccess);
+    REQUIRE(cudaEventRecord(a, static_cast<cudaStream_t>(s)) == cudaSuccess);
+    work();
+    REQUIRE(cudaEventRecord(b, static_cast<cudaStream_t>(s)) == cudaSuccess);
+    REQUIRE(cudaEventSynchronize(b) == cudaSuccess);
+    float ms = 0;
+    REQUIRE(cudaEventElapsedTime(&ms, a, b) == cudaSuccess);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms;
+  };
+  c.alloc = [](size_t n) -> void* {
+    void* p = nullptr;
+    return cudaMalloc(&p, n) == cudaSuccess ? p : nullptr;
+  };
+  c.free = [](void* p, size_t) { cudaFree(p); };
+  c.copy = [](void* d, const void* src, size_t n, void* s) {
+    REQUIRE(cudaMemcpyAsync(d, src, n, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(s)) ==
+            cudaSuccess);
+  };
+#else
+  c.time_ms = [](void*, const std::function<void()>& work) {
+    const auto t0 = std::chrono::steady_clock::now();
+    work();
+    return std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  c.alloc = [](size_t n) { return ::operator new(n); };
+  c.free = [](void* p, size_t) { ::operator delete(p); };
+  c.copy = [](void* d, const void* src, size_t n, void*) { std::memcpy(d, src, n); };
+#endif
+  return c;
+}
+
+// Every product of the sweep below against the CPU; with `measure`, through algorithms timed
+// among the heuristic's candidates (an accumulating output put back between the tries: one not
+// restored fails the += cases by the size of the old output).
 template <typename T>
-void sweep() {
+void sweep(bool measure = false) {
 #ifdef FT_LT_GEMM_GPU
   int dev = 0, major = 0;
   REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
@@ -229,7 +285,8 @@ void sweep() {
       std::vector<unsigned char>(ft::cuda_emu::kCublasLtEmuWorkspaceBytes), 0);
   const size_t workspace_bytes = ft::cuda_emu::kCublasLtEmuWorkspaceBytes;
 #endif
-  LtGemm lt(workspace.get(), workspace_bytes, /*allow_tf32=*/false);
+  LtGemm lt(workspace.get(), workspace_bytes, /*allow_tf32=*/false,
+            measure ? measuring() : ft::cuda::LtChoice{});
   const int sizes[] = {1, 19, 111};
   uint32_t seed = 7;
   for (size_t offset : {0, 1})
@@ -326,6 +383,10 @@ TEST_CASE("lt_gemm_cuda_emu: the cuBLASLt workspace follows NVIDIA's recommendat
 TEST_CASE("lt_gemm_cuda_emu: fp32 linear layers equal the CPU reference") { sweep<float>(); }
 TEST_CASE("lt_gemm_cuda_emu: bf16 linear layers equal the CPU reference") { sweep<ft::bf16>(); }
 TEST_CASE("lt_gemm_cuda_emu: f16 linear layers equal the CPU reference") { sweep<ft::f16>(); }
+TEST_CASE("lt_gemm_cuda_emu: measured algorithms give the CPU reference too") {
+  sweep<float>(/*measure=*/true);
+  sweep<ft::bf16>(/*measure=*/true);
+}
 
 #ifndef FT_LT_GEMM_GPU  // the rest reads the emulator's counters or runs host buffers
 
@@ -388,6 +449,222 @@ TEST_CASE("lt_gemm_cuda_emu: a residual read apart from y is the in-place produc
   // An empty sum would be a copy of r into y, which the GEMM does not do.
   CHECK_THROWS_WITH_AS(lt.linear_forward_residual(y, r, x, W, DType::kBF16, N, 0, out, nullptr),
                        doctest::Contains("residual apart from the output"), ft::Error);
+}
+
+// The record of measured choices (lt_gemm.h LtChoice), in a fresh folder per case.
+struct RecordDir {
+  std::filesystem::path dir;
+  RecordDir() {
+    dir = std::filesystem::temp_directory_path() /
+          ("ft_lt_record_" + std::to_string(::getpid()) + "_" + std::to_string(next++));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);  // the run's folder; gemm_algos/ is lt_gemm's
+  }
+  ~RecordDir() { std::filesystem::remove_all(dir); }
+  std::string file() const { return (dir / "gemm_algos" / "rank_00000.txt").string(); }
+  static inline int next = 0;
+};
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+void write_lines(const std::string& path, const std::vector<std::string>& lines,
+                 bool torn = false) {
+  std::ofstream out(path, std::ios::trunc);
+  for (size_t i = 0; i < lines.size(); ++i)
+    out << lines[i] << (torn && i + 1 == lines.size() ? "" : "\n");
+}
+
+// Word `w` of a record line's algorithm set to `v` (hex words after the ':').
+std::string with_algo_word(const std::string& line, int w, const char* v) {
+  std::istringstream in(line.substr(line.find(':') + 1));
+  std::vector<std::string> words;
+  for (std::string x; in >> x;) words.push_back(x);
+  words[size_t(w)] = v;
+  std::string out = line.substr(0, line.find(':') + 1);
+  for (const std::string& x : words) out += " " + x;
+  return out;
+}
+
+// Three problems of one layer (forward, dx, dW) and their outputs' bytes.
+struct Layer {
+  static constexpr int N = 19, in = 111, out = 37;
+  alignas(256) ft::bf16 x[N * in], W[out * in], dy[N * out];
+  Layer() {
+    std::mt19937 g(11);
+    std::uniform_real_distribution<float> d(-1, 1);
+    auto fill = [&](ft::bf16* a, size_t n) {
+      for (size_t i = 0; i < n; ++i) a[i] = ft::to_bf16(d(g));
+    };
+    fill(x, size_t(N) * in);
+    fill(W, size_t(out) * in);
+    fill(dy, size_t(N) * out);
+  }
+  std::vector<unsigned char> run(LtGemm& lt) {
+    alignas(256) static ft::bf16 y[N * out], dx[N * in];
+    alignas(256) static float dW[out * in];
+    std::fill(std::begin(dW), std::end(dW), 0.5f);  // += onto something
+    lt.linear_forward(y, x, W, DType::kBF16, N, in, out, false, nullptr);
+    lt.linear_backward(dx, dW, dy, x, W, DType::kBF16, N, in, out, false, nullptr);
+    std::vector<unsigned char> bytes(sizeof y + sizeof dx + sizeof dW);
+    std::memcpy(bytes.data(), y, sizeof y);
+    std::memcpy(bytes.data() + sizeof y, dx, sizeof dx);
+    std::memcpy(bytes.data() + sizeof y + sizeof dx, dW, sizeof dW);
+    return bytes;
+  }
+};
+
+TEST_CASE("lt_gemm_cuda_emu: the emulator's algorithms round differently; AlgoCheck knows them") {
+  cublasLtHandle_t h;
+  REQUIRE(cublasLtCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulDesc_t desc;
+  REQUIRE(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
+  // A (1 x 64) · B (64 x 1): one sum, 1 then 2^-24 at every odd index. In k order each 2^-24
+  // is a tie that rounds back to 1; a part of k summed from zero keeps them.
+  const int K = 64;
+  cublasLtMatrixLayout_t a, b, d, other;
+  REQUIRE(cublasLtMatrixLayoutCreate(&a, CUDA_R_32F, 1, K, 1) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&b, CUDA_R_32F, K, 1, K) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&d, CUDA_R_32F, 1, 1, 1) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cublasLtMatrixLayoutCreate(&other, CUDA_R_32F, 2, 1, 2) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulPreference_t pref;
+  REQUIRE(cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulHeuristicResult_t r[8];
+  int found = 0;
+  REQUIRE(cublasLtMatmulAlgoGetHeuristic(h, desc, a, b, d, d, pref, 8, r, &found) ==
+          CUBLAS_STATUS_SUCCESS);
+  REQUIRE(found == ft::cuda_emu::kCublasLtEmuAlgos);
+  alignas(256) static float A[K], B[K], y[1];  // 256 bytes: the heuristic's default alignment
+  for (int i = 0; i < K; ++i) {
+    A[i] = i == 0 ? 1.0f : std::ldexp(1.0f, -24) * float(i % 2);
+    B[i] = 1.0f;
+  }
+  std::vector<float> sums;
+  for (int v = 0; v < found; ++v) {
+    const float one = 1, zero = 0;
+    REQUIRE(cublasLtMatmul(h, desc, &one, A, a, B, b, &zero, y, d, y, d, &r[v].algo, nullptr, 0,
+                           nullptr) == CUBLAS_STATUS_SUCCESS);
+    const float sum = y[0];
+    sums.push_back(sum);
+    cublasLtMatmulHeuristicResult_t checked;
+    CHECK(cublasLtMatmulAlgoCheck(h, desc, a, b, d, d, &r[v].algo, &checked) ==
+          CUBLAS_STATUS_SUCCESS);
+    CHECK(cublasLtMatmulAlgoCheck(h, desc, a, b, other, other, &r[v].algo, &checked) ==
+          CUBLAS_STATUS_INVALID_VALUE);
+  }
+  CHECK(sums[0] == 1.0f);
+  CHECK(sums[1] > 1.0f);
+  CHECK(sums[2] > 1.0f);
+  cublasLtMatmulPreferenceDestroy(pref);
+  for (auto l : {a, b, d, other}) cublasLtMatrixLayoutDestroy(l);
+  cublasLtMatmulDescDestroy(desc);
+  cublasLtDestroy(h);
+}
+
+TEST_CASE("lt_gemm_cuda_emu: measured choices are recorded, and a second run takes them") {
+  std::vector<unsigned char> workspace(ft::cuda_emu::kCublasLtEmuWorkspaceBytes);
+  RecordDir rd;
+  Layer layer;
+  std::vector<unsigned char> first;
+  {
+    LtGemm lt(workspace.data(), workspace.size(), false, measuring(rd.file()));
+    first = layer.run(lt);
+    CHECK(lt.measured_problems() == 3);
+    CHECK(lt.recorded_problems() == 0);
+  }
+  std::vector<std::string> lines = lines_of(rd.file());
+  REQUIRE(lines.size() == 5);  // two header lines, three choices
+  CHECK(lines[0] == "ft-gemm-algos 1");
+  CHECK(lines[1].find("device the test's GPU, cuBLASLt 999999") == 0);
+  {
+    const auto before = ft::cuda_emu::cublaslt_emu_stats();
+    LtGemm lt(workspace.data(), workspace.size(), false, measuring(rd.file()));
+    CHECK(layer.run(lt) == first);
+    CHECK(lt.recorded_problems() == 3);
+    CHECK(lt.measured_problems() == 0);
+    CHECK(ft::cuda_emu::cublaslt_emu_stats().heuristic_queries == before.heuristic_queries);
+  }
+  CHECK(lines_of(rd.file()) == lines);  // nothing new to append
+
+  // The record is what decides: every choice set to algorithm 2 (k in four parts) gives other
+  // bits than the heuristic's first, and the same as a second reading of that record.
+  std::vector<unsigned char> heuristic;
+  {
+    LtGemm lt(workspace.data(), workspace.size(), false);
+    heuristic = layer.run(lt);
+  }
+  for (size_t i = 2; i < lines.size(); ++i) lines[i] = with_algo_word(lines[i], 7, "2");
+  write_lines(rd.file(), lines);
+  std::vector<unsigned char> forced;
+  {
+    LtGemm lt(workspace.data(), workspace.size(), false, measuring(rd.file()));
+    forced = layer.run(lt);
+    CHECK(lt.recorded_problems() == 3);
+  }
+  CHECK(forced != heuristic);
+  {
+    LtGemm lt(workspace.data(), workspace.size(), false, measuring(rd.file()));
+    CHECK(layer.run(lt) == forced);
+  }
+}
+
+TEST_CASE("lt_gemm_cuda_emu: a damaged, torn or foreign record is measured again") {
+  std::vector<unsigned char> workspace(ft::cuda_emu::kCublasLtEmuWorkspaceBytes);
+  RecordDir rd;
+  Layer layer;
+  {
+    LtGemm lt(workspace.data(), workspace.size(), false, measuring(rd.file()));
+    layer.run(lt);
+  }
+  const std::vector<std::string> lines = lines_of(rd.file());
+  REQUIRE(lines.size() == 5);
+
+  // The last line cut short (a crash while appending): that choice is measured and appended on
+  // a line of its own; the two others are taken.
+  std::vector<std::string> torn = lines;
+  torn[4] = torn[4].substr(0, torn[4].size() / 2);
+  write_lines(rd.file(), torn, /*torn=*/true);
+  {
+    LtGemm lt(workspace.data(), workspace.size(), false, measuring(rd.file()));
+    layer.run(lt);
+    CHECK(lt.recorded_problems() == 2);
+    CHECK(lt.measured_problems() == 1);
+  }
+  {
+    LtGemm lt(workspace.data(), workspace.size(), false, measuring(rd.file()));
+    layer.run(lt);
+    CHECK(lt.recorded_problems() == 3);  // the appended line parses
+    CHECK(lt.measured_problems() == 0);
+  }
+
+  // An algorithm cuBLASLt refuses for its problem (another problem's fingerprint): measured.
+  std::vector<std::string> wrong = lines;
+  wrong[2] = with_algo_word(wrong[2], 1, "1234");
+  write_lines(rd.file(), wrong);
+  {
+    LtGemm lt(workspace.data(), workspace.size(), false, measuring(rd.file()));
+    layer.run(lt);
+    CHECK(lt.recorded_problems() == 2);
+    CHECK(lt.measured_problems() == 1);
+  }
+
+  // Another GPU's record is replaced by this one's.
+  std::vector<std::string> foreign = lines;
+  foreign[1] = "device another GPU, cuBLASLt 1, workspace 4096";
+  write_lines(rd.file(), foreign);
+  {
+    LtGemm lt(workspace.data(), workspace.size(), false, measuring(rd.file()));
+    layer.run(lt);
+    CHECK(lt.recorded_problems() == 0);
+    CHECK(lt.measured_problems() == 3);
+  }
+  const std::vector<std::string> now = lines_of(rd.file());
+  REQUIRE(now.size() == 5);
+  CHECK(now[1] == lines[1]);
 }
 
 TEST_CASE("lt_gemm_cuda_emu: the emulator refuses what the library leaves undefined") {

@@ -91,7 +91,7 @@ struct Case {
   // same inputs, its outputs must have run's bits on that device. Its calls are not the op under
   // test: a profiled device does not count them.
   std::function<void(Device& dev, const Args& a)> twin = nullptr;
-  std::string twin_what;
+  std::string twin_what = {};
 };
 
 // Every case of every op of the list (op_cases.cpp).

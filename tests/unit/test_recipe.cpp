@@ -198,7 +198,9 @@ TEST_CASE("recipe: nothing close to an unknown key lists the valid ones") {
   const RecipeIssue i = issue_for(r, "runtime.xyzzy");
   CHECK(i.line == 10);
   CHECK(i.column == 11);
-  CHECK(i.hint == "keys of runtime are device, threads, collective_timeout_s, communicator, tf32");
+  CHECK(
+      i.hint ==
+      "keys of runtime are device, threads, collective_timeout_s, communicator, tf32, gemm_algos");
 }
 
 TEST_CASE("recipe: wrong types name what was expected and what was found") {

@@ -65,7 +65,9 @@ class CudaDevice final : public Device {
           return p;
         },
         [](void* p, size_t) { cudaFree(p); }, name_);
-    ops_ = make_cuda_ops(*this, stream_, prop.major, options.allow_tf32);
+    ops_ = make_cuda_ops(*this, stream_, prop.major, options,
+                         detail::concat(prop.name, " (sm_", prop.major, prop.minor, ", ",
+                                        prop.multiProcessorCount, " SMs)"));
     // FT_PROFILE: each op between two events on its stream, so the table shows GPU time, not
     // the time to queue the launch (runtime/profile.h).
     if (profile_requested()) {

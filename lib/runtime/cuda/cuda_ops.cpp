@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <type_traits>
 
@@ -42,15 +43,58 @@ void same_dtype(const char* op, DType a, DType b) {
 
 class CudaOps final : public Ops {
  public:
-  CudaOps(Device& dev, void* default_stream, int sm_major, bool allow_tf32)
+  CudaOps(Device& dev, void* default_stream, int sm_major, const DeviceOptions& options,
+          const std::string& gpu)
       : dev_(dev),
         default_stream_(default_stream),
         sm_major_(sm_major),
         attention_requested_(cuda::requested_attention_path()),
         mem_(dev, sm_major) {
-    lt_ = std::make_unique<cuda::LtGemm>(mem_.workspace(), mem_.workspace_bytes(), allow_tf32);
+    cuda::LtChoice choice;
+    choice.measure = options.measure_gemm_algos;
+    choice.record = options.gemm_algos_record;
+    choice.device = gpu;
+    if (choice.measure) {
+      // Timing on the GPU: two events around the work; scratch from the device's allocator.
+      choice.time_ms = [this](void* s, const std::function<void()>& work) {
+        auto check = [](cudaError_t e, const char* what) {
+          FT_CHECK(e == cudaSuccess, what,
+                   " failed while timing cuBLASLt algorithms: ", cudaGetErrorString(e));
+        };
+        for (cudaEvent_t* e : {&time_start_, &time_end_})
+          if (!*e) check(cudaEventCreate(e), "cudaEventCreate");
+        const auto st = static_cast<cudaStream_t>(s);
+        check(cudaEventRecord(time_start_, st), "cudaEventRecord");
+        work();
+        check(cudaEventRecord(time_end_, st), "cudaEventRecord");
+        check(cudaEventSynchronize(time_end_), "cudaEventSynchronize");
+        float ms = 0;
+        check(cudaEventElapsedTime(&ms, time_start_, time_end_), "cudaEventElapsedTime");
+        return ms;
+      };
+      choice.alloc = [this](size_t bytes) -> void* {
+        try {
+          return dev_.alloc(bytes);
+        } catch (const Error&) {
+          return nullptr;  // out of memory: that problem keeps the heuristic's first
+        }
+      };
+      choice.free = [this](void* p, size_t bytes) { dev_.free(p, bytes); };
+      choice.copy = [](void* dst, const void* src, size_t bytes, void* s) {
+        const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                              static_cast<cudaStream_t>(s));
+        FT_CHECK(e == cudaSuccess, "cudaMemcpyAsync failed while timing cuBLASLt algorithms: ",
+                 cudaGetErrorString(e));
+      };
+    }
+    lt_ = std::make_unique<cuda::LtGemm>(mem_.workspace(), mem_.workspace_bytes(),
+                                         options.allow_tf32, std::move(choice));
   }
-  ~CudaOps() override { lt_.reset(); }
+  ~CudaOps() override {
+    lt_.reset();
+    for (cudaEvent_t e : {time_start_, time_end_})
+      if (e) cudaEventDestroy(e);
+  }
 
   void linear_forward(Stream s, Ref y, CRef x, CRef W, int N, int in, int out,
                       bool accumulate) override {
@@ -364,13 +408,14 @@ class CudaOps final : public Ops {
   cuda::AttentionPath attention_requested_;
   cuda::OpsMemory mem_;  // the cuBLASLt workspace and the ops' shared scratch
   std::unique_ptr<cuda::LtGemm> lt_;
+  cudaEvent_t time_start_ = nullptr, time_end_ = nullptr;  // timing cuBLASLt's candidates
 };
 
 }  // namespace
 
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, void* default_stream, int sm_major,
-                                   bool allow_tf32) {
-  return std::make_unique<CudaOps>(dev, default_stream, sm_major, allow_tf32);
+                                   const DeviceOptions& options, const std::string& gpu) {
+  return std::make_unique<CudaOps>(dev, default_stream, sm_major, options, gpu);
 }
 
 }  // namespace ft

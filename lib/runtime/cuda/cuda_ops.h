@@ -5,16 +5,19 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "runtime/ops.h"
 
 namespace ft {
 
 class Device;
+struct DeviceOptions;
 
 // `dev` provides the ops' scratch and the cuBLASLt workspace (lt_gemm.h: sized for compute
-// capability `sm_major`); `allow_tf32`: fp32 GEMMs may use TF32 (runtime.tf32).
+// capability `sm_major`); `options`: runtime.tf32 (fp32 GEMMs may use TF32) and
+// runtime.gemm_algos (lt_gemm.h LtChoice: measured choices recorded under `gpu`'s name).
 std::unique_ptr<Ops> make_cuda_ops(Device& dev, void* default_stream, int sm_major,
-                                   bool allow_tf32);
+                                   const DeviceOptions& options, const std::string& gpu);
 
 }  // namespace ft

@@ -1,5 +1,6 @@
 // cuBLASLt calls for lt_gemm.h. Per call: find the problem's cached descriptors and algorithm
-// (created and chosen by the heuristic the first time the problem is seen), then one
+// (created and chosen the first time the problem is seen: the heuristic's first, timed among
+// its candidates, or taken from the record of an earlier run: LtChoice), then one
 // cublasLtMatmul on the caller's stream with the caller's workspace.
 #include "runtime/cuda/lt_gemm.h"
 
@@ -11,13 +12,27 @@
 #include <dlfcn.h>
 #endif
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cinttypes>
 #include <compare>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace ft::cuda {
 
@@ -32,8 +47,10 @@ namespace {
   X(cublasLtCreate)                       \
   X(cublasLtDestroy)                      \
   X(cublasLtGetStatusName)                \
+  X(cublasLtGetVersion)                   \
   X(cublasLtGetStatusString)              \
   X(cublasLtMatmul)                       \
+  X(cublasLtMatmulAlgoCheck)              \
   X(cublasLtMatmulAlgoGetHeuristic)       \
   X(cublasLtMatmulDescCreate)             \
   X(cublasLtMatmulDescDestroy)            \
@@ -163,6 +180,57 @@ Key key_of(const LtProblem& p) {
              alignment(p.D)};
 }
 
+// The record (LtChoice): a header of two lines, then one line per choice: the key's fields in
+// Key's order, ':', the algorithm's 8 words in hex, the time it took in ms (-1: not measured).
+constexpr const char* kRecordMagic = "ft-gemm-algos 1";
+constexpr size_t kKeyFields = 23;
+
+std::array<int64_t, kKeyFields> fields_of(const Key& k) {
+  return {k.transa,       k.transb,  k.compute, k.m,        k.n,        k.k,
+          k.ta,           k.tb,      k.tc,      k.td,       k.lda,      k.ldb,
+          k.ldc,          k.ldd,     k.batch,   k.stride_a, k.stride_b, k.stride_c,
+          k.beta_nonzero, k.align_a, k.align_b, k.align_c,  k.align_d};
+}
+
+Key key_from(const std::array<int64_t, kKeyFields>& f) {
+  auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
+  auto u32 = [](int64_t v) { return static_cast<uint32_t>(v); };
+  return Key{i32(f[0]),  i32(f[1]),  i32(f[2]),  f[3],       f[4],      f[5],
+             i32(f[6]),  i32(f[7]),  i32(f[8]),  i32(f[9]),  f[10],     f[11],
+             f[12],      f[13],      i32(f[14]), f[15],      f[16],     f[17],
+             f[18] != 0, u32(f[19]), u32(f[20]), u32(f[21]), u32(f[22])};
+}
+
+// One entry line (with its newline).
+std::string record_line(const Key& k, const cublasLtMatmulAlgo_t& algo, float ms) {
+  std::ostringstream o;
+  for (int64_t v : fields_of(k)) o << v << ' ';
+  o << ':';
+  char word[24];
+  for (uint64_t w : algo.data) {
+    std::snprintf(word, sizeof word, " %" PRIx64, w);
+    o << word;
+  }
+  o << ' ' << ms << '\n';
+  return o.str();
+}
+
+// Parses an entry line; false when it is not one (a torn last line after a crash, an edit).
+bool parse_record_line(const std::string& line, Key* k, cublasLtMatmulAlgo_t* algo) {
+  std::istringstream in(line);
+  std::array<int64_t, kKeyFields> f{};
+  for (int64_t& v : f)
+    if (!(in >> v)) return false;
+  char colon = 0;
+  if (!(in >> colon) || colon != ':') return false;
+  for (uint64_t& w : algo->data)
+    if (!(in >> std::hex >> w)) return false;
+  float ms = 0;
+  if (!(in >> std::dec >> ms)) return false;
+  *k = key_from(f);
+  return fields_of(*k) == f;  // every field in its type's range
+}
+
 // The descriptors and algorithm of one problem, created once and reused for every call.
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -189,12 +257,91 @@ struct LtGemm::Impl {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   bool allow_tf32 = false;
-  std::mutex mu;  // guards plans (one LtGemm may serve more than one host thread)
+  LtChoice choice;
+  std::string record_header;  // the record's second line: this GPU and cuBLASLt
+  std::mutex mu;  // guards what follows (one LtGemm may serve more than one host thread)
   std::map<Key, std::unique_ptr<Plan>> plans;
+  std::map<Key, cublasLtMatmulAlgo_t> recorded;  // read from the record, not yet used
+  std::FILE* record_out = nullptr;               // the record, open for appending once written
+  size_t measured = 0, from_record = 0;
 
   ~Impl() {
     plans.clear();
+    if (record_out) std::fclose(record_out);
     if (handle) lt().cublasLtDestroy(handle);
+  }
+
+  // Reads the record's choices when it is this GPU's and library's; else leaves it to be
+  // replaced (with a warning: the bits of a resumed run may then differ from its original).
+  void read_record() {
+    std::ifstream in(choice.record);
+    if (!in) return;  // none yet
+    std::string magic, header, line;
+    std::getline(in, magic);
+    std::getline(in, header);
+    if (magic != kRecordMagic || header != record_header) {
+      log_warn("cuBLASLt algorithms: ", choice.record, " was written ",
+               magic != kRecordMagic ? std::string("by something else")
+                                     : "for " + header.substr(header.find(' ') + 1),
+               "; measuring afresh for ", record_header.substr(record_header.find(' ') + 1),
+               " (a resumed run's GEMMs may then round differently from the run it continues)");
+      return;
+    }
+    int number = 2;
+    while (std::getline(in, line)) {
+      ++number;
+      Key k;
+      cublasLtMatmulAlgo_t algo;
+      if (parse_record_line(line, &k, &algo)) {
+        recorded[k] = algo;
+        continue;
+      }
+      // An append cut short by a crash is the last line, without its newline: that choice is
+      // measured again. Anything else is damage worth a word.
+      if (!in.eof())
+        log_warn("cuBLASLt algorithms: ", choice.record, ":", number,
+                 " is not a record line; that problem is measured again");
+    }
+    in.close();
+    // The file is this GPU's: later choices are appended to it, after the last whole line (a
+    // torn one is cut off).
+    std::string text;
+    {
+      std::ifstream all(choice.record, std::ios::binary);
+      text.assign(std::istreambuf_iterator<char>(all), std::istreambuf_iterator<char>());
+    }
+    if (!text.empty() && text.back() != '\n' &&
+        ::truncate(choice.record.c_str(), off_t(text.rfind('\n') + 1)) != 0)
+      FT_FAIL("cannot cut the torn last line off ", choice.record, ": ", std::strerror(errno));
+    record_out = std::fopen(choice.record.c_str(), "a");
+    if (!record_out)
+      FT_FAIL("cannot append to ", choice.record, ": ", std::strerror(errno),
+              " (runtime.gemm_algos: measure keeps its choices there)");
+  }
+
+  // Appends one choice durably (a crash right after it keeps it).
+  void append_record(const Key& k, const cublasLtMatmulAlgo_t& algo, float ms) {
+    if (choice.record.empty()) return;
+    if (!record_out) {
+      // A new record: header first. The folder is made when missing (the run's output_dir
+      // exists; the record sits in a folder of its own below it).
+      const size_t slash = choice.record.rfind('/');
+      if (slash != std::string::npos && slash > 0) {
+        const std::string dir = choice.record.substr(0, slash);
+        if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
+          FT_FAIL("cannot create ", dir, ": ", std::strerror(errno),
+                  " (runtime.gemm_algos: measure keeps its choices there)");
+      }
+      record_out = std::fopen(choice.record.c_str(), "w");
+      if (!record_out)
+        FT_FAIL("cannot write ", choice.record, ": ", std::strerror(errno),
+                " (runtime.gemm_algos: measure keeps its choices there)");
+      std::fprintf(record_out, "%s\n%s\n", kRecordMagic, record_header.c_str());
+    }
+    const std::string line = record_line(k, algo, ms);
+    std::fputs(line.c_str(), record_out);
+    if (std::fflush(record_out) != 0 || ::fsync(::fileno(record_out)) != 0)
+      FT_FAIL("cannot write ", choice.record, ": ", std::strerror(errno));
   }
 
   // Fails with the product and the status; `hint` says what to try.
@@ -206,7 +353,57 @@ struct LtGemm::Impl {
             " transb=", p.transb == LtOp::kT ? 'T' : 'N', "]: ", status_text(s), ". ", hint);
   }
 
-  const Plan& plan_for(const GemmCall& call, const LtProblem& p) {
+  // The index of the fastest of the n candidates on this call's operands (each run once to warm
+  // up, then kTimedRuns times, the least time kept in *best_ms), 0 and -1 ms when none could be
+  // timed. An accumulating in-place output is saved to scratch first and put back at the end
+  // (the tries add to it meanwhile, which changes no timing), and no scratch means no
+  // measuring. Other outputs are written whole by every run (D = alpha·AB, or + beta·C from a C
+  // apart from D). Either way the real call that follows leaves the chosen algorithm's bits.
+  int fastest(const Plan& plan, const LtProblem& p, const cublasLtMatmulHeuristicResult_t* cand,
+              int n, void* stream, float* best_ms) {
+    constexpr int kTimedRuns = 3;
+    FT_CHECK(
+        choice.time_ms && choice.alloc && choice.free && choice.copy,
+        "runtime.gemm_algos: measure without the GPU's timers (a bug: an incomplete LtChoice)");
+    *best_ms = -1.0f;
+    const bool in_place = p.beta != 0.0f && p.C.ptr == p.D.ptr;
+    const LtMatrix& d = p.D;
+    const size_t bytes =
+        in_place ? size_t((d.batch - 1) * d.batch_stride + d.ld * (d.cols - 1) + d.rows) *
+                       type_bytes(d.type)
+                 : 0;
+    void* saved = in_place ? choice.alloc(bytes) : nullptr;
+    if (in_place && !saved) return 0;  // no room to keep the output: the heuristic's first
+    void* out = const_cast<void*>(d.ptr);
+    if (in_place) choice.copy(saved, out, bytes, stream);
+    int best = 0;
+    float best_t = std::numeric_limits<float>::infinity();
+    for (int i = 0; i < n; ++i) {
+      if (cand[i].state != CUBLAS_STATUS_SUCCESS || cand[i].workspaceSize > workspace_bytes)
+        continue;
+      float t = std::numeric_limits<float>::infinity();
+      bool ok = true;
+      for (int rep = 0; rep <= kTimedRuns && ok; ++rep) {
+        cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+        const float ms = choice.time_ms(stream, [&] {
+          st = lt().cublasLtMatmul(handle, plan.desc, &p.alpha, p.A.ptr, plan.a, p.B.ptr, plan.b,
+                                   &p.beta, p.C.ptr, plan.c, out, plan.d, &cand[i].algo, workspace,
+                                   workspace_bytes, static_cast<cudaStream_t>(stream));
+        });
+        ok = st == CUBLAS_STATUS_SUCCESS;
+        if (rep > 0) t = std::min(t, ms);
+      }
+      if (ok && t < best_t) best = i, best_t = t;
+    }
+    if (in_place) {
+      choice.time_ms(stream, [&] { choice.copy(out, saved, bytes, stream); });  // done before free
+      choice.free(saved, bytes);
+    }
+    if (best_t != std::numeric_limits<float>::infinity()) *best_ms = best_t;
+    return best;
+  }
+
+  const Plan& plan_for(const GemmCall& call, const LtProblem& p, void* stream) {
     const Key key = key_of(p);
     std::lock_guard<std::mutex> lk(mu);
     auto it = plans.find(key);
@@ -266,18 +463,45 @@ struct LtGemm::Impl {
                                                       sizeof align[i]),
             "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT)", call, p, bad_desc);
 
-    cublasLtMatmulHeuristicResult_t result{};
+    // An earlier run's choice (the record), when cuBLASLt still accepts it for this problem.
+    if (auto r = recorded.find(key); r != recorded.end()) {
+      cublasLtMatmulHeuristicResult_t checked{};
+      const cublasStatus_t st = lt().cublasLtMatmulAlgoCheck(
+          handle, plan->desc, plan->a, plan->b, plan->c, plan->d, &r->second, &checked);
+      const cublasLtMatmulAlgo_t algo = r->second;
+      recorded.erase(r);
+      if (st == CUBLAS_STATUS_SUCCESS && checked.workspaceSize <= workspace_bytes) {
+        plan->algo = algo;
+        ++from_record;
+        return *plans.emplace(key, std::move(plan)).first->second;
+      }
+      log_warn("cuBLASLt algorithms: the recorded choice for the ", describe(call), " in ",
+               choice.record, " is refused (", status_text(st), "); measuring it again");
+    }
+
+    cublasLtMatmulHeuristicResult_t results[LtChoice::kLtCandidates]{};
     int found = 0;
-    check(lt().cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c,
-                                              plan->d, pref, 1, &result, &found),
+    check(lt().cublasLtMatmulAlgoGetHeuristic(
+              handle, plan->desc, plan->a, plan->b, plan->c, plan->d, pref,
+              choice.measure ? LtChoice::kLtCandidates : 1, results, &found),
           "cublasLtMatmulAlgoGetHeuristic", call, p,
           "cuBLASLt has no algorithm for these types on this GPU (bf16 needs sm_80 or newer).");
+    const cublasLtMatmulHeuristicResult_t& result = results[0];
     if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)
       FT_FAIL("cublasLtMatmulAlgoGetHeuristic found no algorithm for the ", describe(call),
               " with a ", workspace_bytes, "-byte workspace and alignments ", key.align_a, '/',
               key.align_b, '/', key.align_c, '/', key.align_d,
               " bytes (A/B/C/D). A larger cuBLASLt workspace or 16-byte aligned buffers may help.");
-    plan->algo = result.algo;  // its workspaceSize is at most ours (MAX_WORKSPACE_BYTES)
+    // Each workspaceSize is at most ours (MAX_WORKSPACE_BYTES).
+    if (!choice.measure) {
+      plan->algo = result.algo;
+    } else {
+      float ms = -1.0f;
+      const int pick = fastest(*plan, p, results, found, stream, &ms);
+      plan->algo = results[pick].algo;
+      ++measured;
+      append_record(key, plan->algo, ms);
+    }
     return *plans.emplace(key, std::move(plan)).first->second;
   }
 
@@ -294,7 +518,7 @@ struct LtGemm::Impl {
                ": an inner dimension of 0 with a residual apart from the output is not supported");
       return;
     }
-    const Plan& plan = plan_for(call, p);
+    const Plan& plan = plan_for(call, p, stream);
     check(
         lt().cublasLtMatmul(handle, plan.desc, &p.alpha, p.A.ptr, plan.a, p.B.ptr, plan.b, &p.beta,
                             p.C.ptr, plan.c, const_cast<void*>(p.D.ptr), plan.d, &plan.algo,
@@ -304,15 +528,20 @@ struct LtGemm::Impl {
   }
 };
 
-LtGemm::LtGemm(void* workspace, size_t workspace_bytes, bool allow_tf32)
+LtGemm::LtGemm(void* workspace, size_t workspace_bytes, bool allow_tf32, LtChoice choice)
     : impl_(std::make_unique<Impl>()) {
   impl_->workspace = workspace;
   impl_->workspace_bytes = workspace ? workspace_bytes : 0;
   impl_->allow_tf32 = allow_tf32;
+  impl_->choice = std::move(choice);
   const cublasStatus_t s = lt().cublasLtCreate(&impl_->handle);
   if (s != CUBLAS_STATUS_SUCCESS)
     FT_FAIL("cublasLtCreate failed: ", status_text(s),
             ". Is a CUDA device visible (nvidia-smi) and its driver as new as the CUDA runtime?");
+  impl_->record_header =
+      detail::concat("device ", impl_->choice.device, ", cuBLASLt ", lt().cublasLtGetVersion(),
+                     ", workspace ", impl_->workspace_bytes);
+  if (!impl_->choice.record.empty()) impl_->read_record();
 }
 
 LtGemm::~LtGemm() = default;
@@ -387,6 +616,16 @@ void LtGemm::linear_backward(void* dx, float* dW, const void* dy, const void* x,
 size_t LtGemm::cached_problems() const {
   std::lock_guard<std::mutex> lk(impl_->mu);
   return impl_->plans.size();
+}
+
+size_t LtGemm::measured_problems() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->measured;
+}
+
+size_t LtGemm::recorded_problems() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->from_record;
 }
 
 size_t LtGemm::workspace_bytes() const { return impl_->workspace_bytes; }

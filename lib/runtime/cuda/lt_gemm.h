@@ -22,12 +22,15 @@
 // command line, --no-undefined makes every cuBLASLt symbol resolve):
 //   g++ -std=c++20 -shared -fPIC -Wl,--no-undefined -I. -Ilib -I/usr/local/cuda/include
 //     lib/runtime/cuda/lt_gemm.cpp lib/runtime/cuda/lt_layout.cpp lib/core/dtype.cpp
+//     lib/core/log.cpp
 //     -L/usr/local/cuda/lib64 -lcublasLt -o /tmp/lt_gemm_link_check.so
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "core/dtype.h"
 #include "runtime/cuda/lt_layout.h"
@@ -40,12 +43,38 @@ namespace ft::cuda {
 // this in plain C++ so that `ft plan` counts it).
 size_t lt_workspace_bytes(int sm_major);
 
+// How each problem's algorithm is chosen (runtime.gemm_algos). Without `measure`: the
+// heuristic's first, as cuBLASLt ranks them (the same on every run). With it: the first call of
+// a problem times up to kLtCandidates of the heuristic's algorithms on that call's own operands
+// (an accumulating in-place output is saved first and put back after each try) and keeps the
+// fastest; timings differ between runs, so the choices are appended to `record` as they are
+// made, and an LtGemm that finds the file takes them from it instead of measuring again: a run
+// resumed in the same folder makes the same choices, hence the same bits, as the run it
+// continues. A record written on another GPU or cuBLASLt (`device`, and the library's version)
+// is set aside with a warning and measured afresh. cuBLASLt documents its algorithm structure
+// as serialisable for reuse with the same library version; each taken from the record is still
+// checked (cublasLtMatmulAlgoCheck) and measured again when the check fails.
+struct LtChoice {
+  static constexpr int kLtCandidates = 8;
+  bool measure = false;
+  std::string record;  // the file of choices ("" keeps them in memory only)
+  std::string device;  // the GPU, as a record names it (e.g. "NVIDIA H200 (sm_90, 132 SMs)")
+  // What timing needs of the GPU runtime, from the caller (the CUDA ops; a test its own), so
+  // this file needs none of it: milliseconds `work` takes on `stream` (after it completes);
+  // device scratch (null when none is free) and its release; a copy ordered on the stream.
+  std::function<float(void* stream, const std::function<void()>& work)> time_ms;
+  std::function<void*(size_t bytes)> alloc;
+  std::function<void(void* p, size_t bytes)> free;
+  std::function<void(void* dst, const void* src, size_t bytes, void* stream)> copy;
+};
+
 class LtGemm {
  public:
   // `workspace`: device memory of `workspace_bytes`, owned by the caller and alive as long as
   // this LtGemm; used by one stream at a time (calls on two streams at once would share it).
-  // `allow_tf32`: fp32 GEMMs may round their inputs to TF32 (runtime.tf32).
-  LtGemm(void* workspace, size_t workspace_bytes, bool allow_tf32);
+  // `allow_tf32`: fp32 GEMMs may round their inputs to TF32 (runtime.tf32). `choice`: how
+  // algorithms are chosen (above); its record, when named, is read here.
+  LtGemm(void* workspace, size_t workspace_bytes, bool allow_tf32, LtChoice choice = {});
   ~LtGemm();
   LtGemm(const LtGemm&) = delete;
   LtGemm& operator=(const LtGemm&) = delete;
@@ -69,6 +98,9 @@ class LtGemm {
 
   // Distinct problems seen (each asked cuBLASLt's heuristic once): for tests and the profile.
   size_t cached_problems() const;
+  // Of those: chosen by timing, and taken from the record.
+  size_t measured_problems() const;
+  size_t recorded_problems() const;
   size_t workspace_bytes() const;
 
  private:
