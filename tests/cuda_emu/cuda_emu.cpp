@@ -1029,8 +1029,16 @@ void wake(int linear) {
   Fiber& f = (*g_runner->fibers)[linear];
   if (f.state == State::kHopper) make_ready(*g_runner, f);
 }
-unsigned char* shared_base() { return current_runner("shared memory").dynamic_shared; }
-size_t shared_bytes() { return current_runner("shared memory").config->shared_bytes; }
+// The block's, not a thread's: hopper_stalled completes TMA copies from the scheduler, where no
+// thread is current (current_runner would throw there).
+Runner& block_runner(const char* what) {
+  if (!g_runner)
+    throw Error("(none)", dim3(0, 0, 0), dim3(0, 0, 0),
+                std::string(what) + " called outside a kernel launch");
+  return *g_runner;
+}
+unsigned char* shared_base() { return block_runner("shared memory").dynamic_shared; }
+size_t shared_bytes() { return block_runner("shared memory").config->shared_bytes; }
 std::string site(const std::source_location& where) { return loc_str(where); }
 
 }  // namespace detail

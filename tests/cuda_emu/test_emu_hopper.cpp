@@ -180,6 +180,45 @@ TEST_CASE("cuda_emu hopper: TMA data is the 0xff fill until the phase completes;
   }
 }
 
+// Correct use in which a copy completes from the scheduler rather than in a wait: thread 0 issues
+// it and exits without waiting; thread 32 alone waits, and where it went to sleep before the
+// issue no thread is left to run while the copy is in flight (as a TMA producer warp's lane
+// does). out[0]: byte 5 of the box once the phase completed.
+__global__ void tma_issuer_exits_kernel(unsigned char* out, const __grid_constant__ TensorMap map) {
+  FT_DYNAMIC_SHARED(unsigned char, smem);
+  auto* bar = reinterpret_cast<uint64_t*>(smem);
+  const int t = threadIdx.x;
+  if (t == 0) mbarrier_init(bar, 1);
+  __syncthreads();
+  if (t == 0) {
+    mbarrier_arrive_expect_tx(bar, 2048);
+    tma_load_2d(smem + 1024, map, 0, 0, bar);
+  } else if (t == 32) {
+    mbarrier_wait(bar, 0);
+    out[0] = smem[1024 + 5];
+  }
+}
+
+TEST_CASE("cuda_emu hopper: a copy whose issuer exited completes when no thread can run") {
+  std::vector<uint16_t> host(16 * 64);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = uint16_t(0x0100 + i);
+  DeviceBuffer<uint16_t> src(host);
+  DeviceBuffer<unsigned char> out(1);
+  const uint64_t dims[2] = {64, 16}, strides[1] = {128};
+  const uint32_t box[2] = {64, 16};
+  const TensorMap map =
+      encode_tensor_map(TmaType::kBf16, 2, src.get(), dims, strides, box, TmaSwizzle::k128B);
+  // Several schedules: in some thread 32 waits before thread 0 issues.
+  for (uint64_t seed = 0; seed < 8; ++seed) {
+    SeedScope scope(seed);
+    CAPTURE(seed);
+    REQUIRE(report_of([&] {
+              FT_LAUNCH(tma_issuer_exits_kernel, 1, 64, 4096, nullptr)(out.get(), map);
+            }) == "");
+    CHECK(out.to_host()[0] == reinterpret_cast<const unsigned char*>(host.data())[5]);
+  }
+}
+
 TEST_CASE("cuda_emu hopper: the emulated cuTensorMapEncodeTiled checks the driver's rules") {
   DeviceBuffer<uint16_t> src(64 * 64);
   const uint64_t dims[2] = {64, 64}, strides[1] = {128}, odd_stride[1] = {120};
