@@ -149,6 +149,15 @@ void attention_fused_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, 
                               const T* q, const T* k, const T* v, const int32_t* seg, void* scratch,
                               int B, int T_, int H, int K, int D, void* stream);
 
+// ---- attention_sm90.cu: the fused forward for Hopper (TMA, mbarrier, wgmma; sm_90a) ----
+// attention_fused_forward's contract and results (within the same tolerances: the same
+// formulas, other summation orders). Launch it only where attention_sm90_available() (a device
+// of compute capability 9.x: the build's 90a code); elsewhere its kernel has no body.
+bool attention_sm90_available();
+template <typename T>
+void attention_sm90_forward(T* out, float* lse, const T* q, const T* k, const T* v,
+                            const int32_t* seg, int B, int T_, int H, int K, int D, void* stream);
+
 // ---- attention_gemm.cu: the elementwise half of attention on tensor cores ----
 // lib/runtime/cuda/attention_gemm.cpp runs attention as cuBLASLt GEMMs on head-major copies:
 // q as (B·K slabs, T, G, D) — a slab is one kv head of one batch row with its G query heads,

@@ -1,8 +1,9 @@
 // What the attention tests of the CUDA kernels share (test_attention.cpp: the SIMT and cuBLASLt
-// paths; test_attention_fused.cpp: the fused kernel), on top of kernel_check.h: the shape, inputs
-// rounded to the element type, the closeness check scaled to a tensor's largest value, and a CUDA
-// path's forward and backward run under the two schedule seeds, compared against the reference
-// and against each other.
+// paths; test_attention_fused.cpp, test_attention_sm90.cpp: the fused kernels), on top of
+// kernel_check.h: the shape, inputs rounded to the element type, the closeness check scaled to a
+// tensor's largest value, and a CUDA path's forward and backward run under the two schedule seeds,
+// compared against the reference and against each other; for the fused kernels, their
+// tolerances, segment ids and the CPU reference that runs each document on its own.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -12,10 +13,12 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "core/half.h"
+#include "kernels/kernels.h"
 #include "tests/cuda_emu/emu_test_util.h"
 #include "tests/cuda_emu/kernel_check.h"
 
@@ -99,6 +102,76 @@ void expect_matches(const std::string& where, const Result<E>& a, const Result<E
   CHECK_MESSAGE(same_bits(a.dq, b.dq), where << "dq differs between schedule seeds");
   CHECK_MESSAGE(same_bits(a.dk, b.dk), where << "dk differs between schedule seeds");
   CHECK_MESSAGE(same_bits(a.dv, b.dv), where << "dv differs between schedule seeds");
+}
+
+// ---- The fused kernels' tests (test_attention_fused.cpp, test_attention_sm90.cpp) ----
+//
+// Tolerances (rtol, atol as a fraction of the tensor's max |ref|), those of the tensor-core
+// path of test_attention.cpp: the CPU computes in fp32 and rounds each output once, so one
+// rounding of E (2^-8 bf16, 2^-11 f16 relative) can land either side: rtol two units of it.
+// The fused kernels (attention_fused.cu; attention_sm90.cu's forward) also round P (before P·V and
+// Pᵀ·dO) and dS (before dS·K and dSᵀ·Q) to E, as every tensor-core attention does; each product
+// term then carries up to one more rounding of E, and a gradient that cancels (dQ, dK: terms of
+// both signs) keeps that error at the scale of its largest terms: atol two units of E's rounding of
+// the tensor's largest value. Measured on the emulator (attention_fused.cu): the worst element of
+// every case is within 0.33 of its bound (out, dq, dk, dv, bf16 and f16 alike); lse within 0.22
+// (f16) and 0.02 (bf16) of its bound.
+template <typename E>
+constexpr double kFusedRtol = std::is_same_v<E, ft::bf16> ? 2.0 / 128 : 2.0 / 1024;
+template <typename E>
+constexpr double kFusedAtolFrac = std::is_same_v<E, ft::bf16> ? 2.0 / 256 : 2.0 / 2048;
+// lse is fp32 on both sides from the same scores (exact products, fp32 sums in another order;
+// exp2 of a fused multiply-add here, exp on the CPU): a few fp32 ulp of values of a few units.
+constexpr double kFusedLseRtol = 1e-5, kFusedLseAtolFrac = 1e-6;
+
+// Segment ids (B, T), non-decreasing: documents of a few lengths, including one of a single
+// token, shifted per batch row. Empty with_segments = false.
+inline std::vector<int32_t> make_segments(int B, int T) {
+  std::vector<int32_t> seg(size_t(B) * T);
+  for (int b = 0; b < B; ++b) {
+    // Boundaries (first tokens of documents after the first): a third in, the token after it
+    // (a one-token document), two thirds in, and one 7 tokens from the end.
+    const int cuts[] = {T / 3 + b, T / 3 + b + 1, 2 * T / 3, T - 7};
+    int id = 0;
+    for (int t = 0; t < T; ++t) {
+      for (int c : cuts)
+        if (c > 0 && t == c) ++id;
+      seg[size_t(b) * T + t] = id;
+    }
+  }
+  return seg;
+}
+
+// The CPU reference: the CPU kernel on each document span [s, e) of each batch row (rows of
+// (B, T, ·, D) tensors are contiguous, so a span is a (1, e − s, ·, D) tensor; lse is gathered
+// and scattered per head).
+template <typename E>
+Result<E> document_reference(const Shape& s, const std::vector<int32_t>& seg,
+                             const std::vector<E>& q, const std::vector<E>& kk,
+                             const std::vector<E>& v, const std::vector<E>& dout) {
+  const auto [B, T, H, K, D] = s;
+  const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * K * D;
+  Result<E> r{std::vector<E>(nq), std::vector<E>(nq), std::vector<E>(nk), std::vector<E>(nk),
+              std::vector<float>(size_t(B) * H * T)};
+  for (int b = 0; b < B; ++b)
+    for (int t0 = 0; t0 < T;) {
+      int t1 = t0 + 1;
+      while (!seg.empty() && t1 < T && seg[size_t(b) * T + t1] == seg[size_t(b) * T + t0]) ++t1;
+      if (seg.empty()) t1 = T;
+      const int n = t1 - t0;
+      const size_t oq = (size_t(b) * T + t0) * H * D, ok = (size_t(b) * T + t0) * K * D;
+      std::vector<float> lse(size_t(H) * n),
+          scratch(ft::kernels::attention_backward_scratch_elems<E>(1, n, H, D));
+      ft::kernels::attention_forward<E>(r.out.data() + oq, lse.data(), q.data() + oq,
+                                        kk.data() + ok, v.data() + ok, 1, n, H, K, D);
+      ft::kernels::attention_backward<E>(
+          r.dq.data() + oq, r.dk.data() + ok, r.dv.data() + ok, dout.data() + oq, r.out.data() + oq,
+          lse.data(), q.data() + oq, kk.data() + ok, v.data() + ok, scratch.data(), 1, n, H, K, D);
+      for (int h = 0; h < H; ++h)
+        std::copy_n(lse.data() + size_t(h) * n, n, r.lse.data() + (size_t(b) * H + h) * T + t0);
+      t0 = t1;
+    }
+  return r;
 }
 
 }  // namespace ft::cuda_test::attention

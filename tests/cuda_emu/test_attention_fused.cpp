@@ -34,76 +34,16 @@ namespace cu = ft::kernels::cuda;
 
 namespace {
 
+using ft::cuda_test::attention::document_reference;
+using ft::cuda_test::attention::kFusedAtolFrac;
+using ft::cuda_test::attention::kFusedLseAtolFrac;
+using ft::cuda_test::attention::kFusedLseRtol;
+using ft::cuda_test::attention::kFusedRtol;
+using ft::cuda_test::attention::make_segments;
 using ft::cuda_test::attention::random_tensor;
 using ft::cuda_test::attention::Result;
 using ft::cuda_test::attention::Shape;
 using ft::emu::test::DeviceBuffer;
-
-// Tolerances (rtol, atol as a fraction of the tensor's max |ref|), those of the tensor-core
-// path of test_attention.cpp: the CPU computes in fp32 and rounds each output once, so one
-// rounding of E (2^-8 bf16, 2^-11 f16 relative) can land either side: rtol two units of it.
-// The fused kernel also rounds P (before P·V and Pᵀ·dO) and dS (before dS·K and dSᵀ·Q) to E,
-// as every tensor-core attention does; each product term then carries up to one more rounding
-// of E, and a gradient that cancels (dQ, dK: terms of both signs) keeps that error at the
-// scale of its largest terms: atol two units of E's rounding of the tensor's largest value.
-// Measured on the emulator: the worst element of every case is within 0.33 of its bound (out,
-// dq, dk, dv, bf16 and f16 alike); lse within 0.22 (f16) and 0.02 (bf16) of its bound.
-template <typename E>
-constexpr double kRtol = std::is_same_v<E, ft::bf16> ? 2.0 / 128 : 2.0 / 1024;
-template <typename E>
-constexpr double kAtolFrac = std::is_same_v<E, ft::bf16> ? 2.0 / 256 : 2.0 / 2048;
-// lse is fp32 on both sides from the same scores (exact products, fp32 sums in another order;
-// exp2 of a fused multiply-add here, exp on the CPU): a few fp32 ulp of values of a few units.
-constexpr double kLseRtol = 1e-5, kLseAtolFrac = 1e-6;
-
-// Segment ids (B, T), non-decreasing: documents of a few lengths, including one of a single
-// token, shifted per batch row. Empty with_segments = false.
-std::vector<int32_t> make_segments(int B, int T) {
-  std::vector<int32_t> seg(size_t(B) * T);
-  for (int b = 0; b < B; ++b) {
-    // Boundaries (first tokens of documents after the first): a third in, the token after it
-    // (a one-token document), two thirds in, and one 7 tokens from the end.
-    const int cuts[] = {T / 3 + b, T / 3 + b + 1, 2 * T / 3, T - 7};
-    int id = 0;
-    for (int t = 0; t < T; ++t) {
-      for (int c : cuts)
-        if (c > 0 && t == c) ++id;
-      seg[size_t(b) * T + t] = id;
-    }
-  }
-  return seg;
-}
-
-// The CPU reference: the CPU kernel on each document span [s, e) of each batch row (rows of
-// (B, T, ·, D) tensors are contiguous, so a span is a (1, e − s, ·, D) tensor; lse is gathered
-// and scattered per head).
-template <typename E>
-Result<E> reference(const Shape& s, const std::vector<int32_t>& seg, const std::vector<E>& q,
-                    const std::vector<E>& kk, const std::vector<E>& v, const std::vector<E>& dout) {
-  const auto [B, T, H, K, D] = s;
-  const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * K * D;
-  Result<E> r{std::vector<E>(nq), std::vector<E>(nq), std::vector<E>(nk), std::vector<E>(nk),
-              std::vector<float>(size_t(B) * H * T)};
-  for (int b = 0; b < B; ++b)
-    for (int t0 = 0; t0 < T;) {
-      int t1 = t0 + 1;
-      while (!seg.empty() && t1 < T && seg[size_t(b) * T + t1] == seg[size_t(b) * T + t0]) ++t1;
-      if (seg.empty()) t1 = T;
-      const int n = t1 - t0;
-      const size_t oq = (size_t(b) * T + t0) * H * D, ok = (size_t(b) * T + t0) * K * D;
-      std::vector<float> lse(size_t(H) * n),
-          scratch(k::attention_backward_scratch_elems<E>(1, n, H, D));
-      k::attention_forward<E>(r.out.data() + oq, lse.data(), q.data() + oq, kk.data() + ok,
-                              v.data() + ok, 1, n, H, K, D);
-      k::attention_backward<E>(r.dq.data() + oq, r.dk.data() + ok, r.dv.data() + ok,
-                               dout.data() + oq, r.out.data() + oq, lse.data(), q.data() + oq,
-                               kk.data() + ok, v.data() + ok, scratch.data(), 1, n, H, K, D);
-      for (int h = 0; h < H; ++h)
-        std::copy_n(lse.data() + size_t(h) * n, n, r.lse.data() + (size_t(b) * H + h) * T + t0);
-      t0 = t1;
-    }
-  return r;
-}
 
 template <typename E>
 void check_case(const Shape& s, bool with_segments) {
@@ -113,7 +53,7 @@ void check_case(const Shape& s, bool with_segments) {
   const auto q = random_tensor<E>(nq, 1, 1.5f), kk = random_tensor<E>(nk, 2, 1.5f);
   const auto v = random_tensor<E>(nk, 3, 1.0f), dout = random_tensor<E>(nq, 4, 1.0f);
   const std::vector<int32_t> seg = with_segments ? make_segments(B, T) : std::vector<int32_t>{};
-  const Result<E> ref = reference(s, seg, q, kk, v, dout);
+  const Result<E> ref = document_reference(s, seg, q, kk, v, dout);
 
   const DeviceBuffer<E> q_d(q), k_d(kk), v_d(v), dout_d(dout), out_ref_d(ref.out);
   const DeviceBuffer<float> lse_ref_d(ref.lse);
@@ -132,8 +72,8 @@ void check_case(const Shape& s, bool with_segments) {
   const std::string where = std::string("fused ") + ft::cuda_test::type_name<E>() + " " +
                             ft::cuda_test::attention::shape_text(s) +
                             (with_segments ? " segments " : " ");
-  ft::cuda_test::attention::expect_matches<E>(where, a, b, ref, kRtol<E>, kAtolFrac<E>, kLseRtol,
-                                              kLseAtolFrac);
+  ft::cuda_test::attention::expect_matches<E>(where, a, b, ref, kFusedRtol<E>, kFusedAtolFrac<E>,
+                                              kFusedLseRtol, kFusedLseAtolFrac);
 }
 
 // Small B and H: the emulator switches fibers at every mma, ldmatrix and barrier.

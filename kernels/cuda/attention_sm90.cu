@@ -1,0 +1,276 @@
+// Causal grouped-query attention forward for Hopper (sm_90a), in the manner of FlashAttention-3
+// (Shah et al. 2024, arXiv 2407.08608): TMA loads into a ring of shared-memory stages guarded by
+// mbarriers, wgmma on tensor cores (kernels/cuda/hopper.cuh). The contract is
+// attention_fused_forward's (kernels_cuda.h, attention_fused.cuh): q, out (B, T, H, D); k, v
+// (B, T, K, D); lse (B, H, T) fp32, the natural-log logsumexp of the scores scaled by 1/sqrt(D);
+// bf16 or f16; head dims 64 and 128; query head h reads kv head h / (H/K); optional segment ids
+// (B, T), non-decreasing along T, attention only within a document.
+//
+// A block owns 64·NC query rows of one (head, batch row) and has NC consumer warpgroups (64 rows
+// each) and one producer warp after them. The producer's lane 0 loads Q once, then each 64-key
+// tile's K and V into stage n % Stages of a ring: it waits for the stage's `empty` barrier (every
+// consumer thread arrives on it once done with the stage), announces the bytes on the stage's
+// `full_k` / `full_v` barrier (arrive.expect_tx) and issues the TMA copies, which complete their
+// bytes there. K and V complete on barriers of their own, so S = Q Kᵀ starts before V lands.
+// Every consumer thread waits on the barriers itself (TMA's writes become visible to the threads
+// that observe the phase complete).
+//
+// Shared tiles are 64 rows x 64 elements (128 bytes a row) with the 128-byte swizzle, as TMA
+// writes them; a head dim of 128 is two such boxes side by side (8 KiB apart). Q (A) and K (B)
+// are K-major for S = Q Kᵀ (SBO 1024: eight 128-byte rows; a k-step of 16 is 32 bytes along the
+// row, the next box after k 64); V is the B of O += P V read MN-major (trans-b: its rows are the
+// k dimension; LBO 8 KiB between boxes of 64 head-dim columns, SBO 1024 between groups of 8
+// keys, a k-step of 16 keys 2 KiB). P goes from S's accumulators to the A registers of the .rs
+// wgmma without shared memory: thread t holds S's row 16w + g (+8) at columns 8j + 2q (+1),
+// exactly the rows and columns of its A fragment (register j of k-step s from accumulators
+// 8s + 2j, 8s + 2j + 1), rounded once to E.
+//
+// Softmax per row as the FA2 kernel's (same formulas, same order of l's sums): m' = max(m, rowmax
+// S) over the quad of lanes sharing a row, P = exp2(scale·log2e·S − m'), l = l·α + rowsum P,
+// O = O·α + P V with α = exp2(scale·log2e·(m − m')); at the end O/l and lse = scale·m + log l.
+//
+// This first form waits for each wgmma group before the softmax or the next tile (no overlap of
+// the softmax with the next Q Kᵀ, no ping-pong between the warpgroups, O stored from registers
+// rather than through shared memory and a TMA store): the next steps of issue 33.
+#include "kernels/cuda/attention_fused.cuh"  // check_fused, first_key_tile, block_tile, quad sums
+#include "kernels/cuda/hopper.cuh"
+
+namespace ft::kernels::cuda {
+namespace {
+
+constexpr int kSm90Rows = 64;  // query rows of a consumer warpgroup, keys of a tile
+
+template <int D>
+constexpr int kSm90TileBytes = kSm90Rows* D * 2;  // 64 rows of a head, 16-bit
+// Barriers (1 KiB), Q of every consumer, then K and V of every stage; 1 KiB more so that the
+// tiles can start on a 1024-byte boundary (the 128-byte swizzle's period) wherever the dynamic
+// shared memory starts.
+template <int D, int NC, int Stages>
+constexpr size_t sm90_smem_bytes() {
+  return 2048 + size_t(NC + 2 * Stages) * kSm90TileBytes<D>;
+}
+
+template <typename E, int D, int NC, int Stages>
+__global__ void __launch_bounds__(128 * NC + 32)
+    attention_sm90_forward_kernel(const __grid_constant__ TensorMap map_q,
+                                  const __grid_constant__ TensorMap map_k,
+                                  const __grid_constant__ TensorMap map_v, device_t<E>* out,
+                                  float* lse, const int32_t* seg, int T_, int H, int K,
+                                  float scale) {
+#if FT_HOPPER_DEVICE
+  using Dev = device_t<E>;
+  constexpr int kTq = NC * kSm90Rows, kTile = kSm90TileBytes<D>, kChunks = D / 64;
+  constexpr int kBoxBytes = 64 * 64 * 2;  // one 64 x 64 16-bit box, 128-byte swizzled
+  FT_DYNAMIC_SHARED(unsigned char, smem_raw);
+  unsigned char* smem = smem_raw + ((1024u - smem_offset(smem_raw) % 1024u) % 1024u);
+  auto* bars = reinterpret_cast<uint64_t*>(smem);
+  uint64_t* q_full = bars;
+  uint64_t* full_k = bars + 1;
+  uint64_t* full_v = full_k + Stages;
+  uint64_t* empty = full_v + Stages;
+  unsigned char* q_s = smem + 1024;       // [NC][kChunks][64 rows][128 bytes]
+  unsigned char* k_s = q_s + NC * kTile;  // [Stages][kChunks][64 keys][128 bytes]
+  unsigned char* v_s = k_s + Stages * kTile;
+
+  const BlockTile bt = block_tile(true);
+  const int i0 = (bt.n_tiles - 1 - bt.tile) * kTq;
+  const int h = bt.head, b = bt.b, kh = h / (H / K);
+  const int32_t* seg_b = seg ? seg + size_t(b) * T_ : nullptr;
+  const int j_first = first_key_tile(seg_b, i0, T_);
+  const int last = min(i0 + kTq, T_) - 1;
+  const int n_tiles = (last - j_first) / kSm90Rows + 1;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(q_full, 1);
+    for (int s = 0; s < Stages; ++s) {
+      mbarrier_init(&full_k[s], 1);
+      mbarrier_init(&full_v[s], 1);
+      mbarrier_init(&empty[s], 128 * NC);
+    }
+  }
+  __syncthreads();
+
+  // The warpgroup (NC: the producer warp) through a shuffle, so that ptxas knows it is uniform
+  // over the warp: a wgmma under a branch it cannot prove uniform is serialized (C7520).
+  const int cg = __shfl_sync(kFullMask, int(threadIdx.x) / 128, 0);
+  if (cg == NC) {  // the producer warp
+    if (threadIdx.x != 128 * NC) return;
+    mbarrier_arrive_expect_tx(q_full, NC * kTile);
+    for (int c = 0; c < NC; ++c)
+      for (int ch = 0; ch < kChunks; ++ch)
+        tma_load_3d(q_s + c * kTile + ch * kBoxBytes, map_q, h * D + 64 * ch, i0 + kSm90Rows * c, b,
+                    q_full);
+    for (int n = 0; n < n_tiles; ++n) {
+      const int st = n % Stages, j0 = j_first + n * kSm90Rows;
+      mbarrier_wait(&empty[st], ((n / Stages) & 1) ^ 1);  // round 0: the phase before init
+      mbarrier_arrive_expect_tx(&full_k[st], kTile);
+      for (int ch = 0; ch < kChunks; ++ch)
+        tma_load_3d(k_s + st * kTile + ch * kBoxBytes, map_k, kh * D + 64 * ch, j0, b, &full_k[st]);
+      mbarrier_arrive_expect_tx(&full_v[st], kTile);
+      for (int ch = 0; ch < kChunks; ++ch)
+        tma_load_3d(v_s + st * kTile + ch * kBoxBytes, map_v, kh * D + 64 * ch, j0, b, &full_v[st]);
+    }
+    return;
+  }
+
+  // Consumer warpgroup cg: rows r0 .. r0 + 63; this thread's two rows (x = 0, 1) of every
+  // accumulator: 16 w + g + 8 x.
+  const int w = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, qd = lane & 3;
+  const int r0 = i0 + kSm90Rows * cg;
+  const float scale_log2 = scale * kLog2e;
+  int row[2], rseg[2];
+  for (int x = 0; x < 2; ++x) {
+    row[x] = r0 + 16 * w + g + 8 * x;
+    rseg[x] = seg_b && row[x] < T_ ? seg_b[row[x]] : 0;
+  }
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row
+  const unsigned char* q_tile = q_s + cg * kTile;
+  mbarrier_wait(q_full, 0);
+
+  for (int n = 0; n < n_tiles; ++n) {
+    const int st = n % Stages, j0 = j_first + n * kSm90Rows;
+    const unsigned phase = (n / Stages) & 1;
+    const unsigned char* k_tile = k_s + st * kTile;
+    const unsigned char* v_tile = v_s + st * kTile;
+    // The warpgroup has rows in the sequence at or below this tile's first key (uniform over
+    // the warpgroup, as every wgmma must be).
+    const bool active = r0 < T_ && j0 <= r0 + kSm90Rows - 1;
+    float s[kSm90Rows / 2];
+    mbarrier_wait(&full_k[st], phase);
+    if (active) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const int at = (kk / 4) * kBoxBytes + (kk % 4) * 32;
+        wgmma_m64k16<E, kSm90Rows>(s, wgmma_descriptor(q_tile + at, 16, 1024, WgmmaSwizzle::k128B),
+                                   wgmma_descriptor(k_tile + at, 16, 1024, WgmmaSwizzle::k128B),
+                                   kk > 0);
+      }
+      wgmma_commit_group();
+      wgmma_wait_group<0>();
+      // Mask where the tile crosses the warp's diagonal, the end of the sequence, or documents.
+      if (seg_b || j0 + kSm90Rows - 1 > r0 + 16 * w || j0 + kSm90Rows > T_) {
+#pragma unroll
+        for (int i = 0; i < kSm90Rows / 2; ++i) {
+          const int c = j0 + 8 * (i >> 2) + 2 * qd + (i & 1), x = (i >> 1) & 1;
+          if (c > row[x] || c >= T_ || (seg_b && seg_b[c] != rseg[x])) s[i] = -INFINITY;
+        }
+      }
+      float mx[2] = {m[0], m[1]};
+#pragma unroll
+      for (int i = 0; i < kSm90Rows / 2; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+      float sub[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        mx[x] = quad_max(mx[x]);
+        // A row with nothing visible yet keeps m = −inf: subtract 0 instead (no −inf − −inf).
+        sub[x] = mx[x] == -INFINITY ? 0.0f : mx[x] * scale_log2;
+        const float alpha = exp2_approx(fmaf(m[x], scale_log2, -sub[x]));  // 0 while m = −inf
+        m[x] = mx[x];
+        l[x] *= alpha;
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i)
+          if (((i >> 1) & 1) == x) o[i] *= alpha;
+      }
+#pragma unroll
+      for (int i = 0; i < kSm90Rows / 2; ++i) {
+        s[i] = exp2_approx(fmaf(s[i], scale_log2, -sub[(i >> 1) & 1]));
+        l[(i >> 1) & 1] += s[i];
+      }
+    }
+    mbarrier_wait(&full_v[st], phase);
+    if (active) {
+      // Every A fragment before the fence (o was rescaled above too): registers the wgmmas read
+      // are then all written before it, so ptxas injects no warpgroup.arrive of its own (C7519).
+      uint32_t a[kSm90Rows / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < kSm90Rows / 16; ++ks)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          a[ks][j] = pack2_rn<E>(s[8 * ks + 2 * j], s[8 * ks + 2 * j + 1]);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kSm90Rows / 16; ++ks)
+        wgmma_m64k16_rs<E, D, true>(
+            o, a[ks], wgmma_descriptor(v_tile + ks * 2048, kBoxBytes, 1024, WgmmaSwizzle::k128B),
+            true);
+      wgmma_commit_group();
+      wgmma_wait_group<0>();
+    }
+    mbarrier_arrive(&empty[st]);  // this thread is done with the stage's K and V
+  }
+
+  const size_t ldq = size_t(H) * D;
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    const float sum = quad_sum(l[x]);
+    if (row[x] >= T_) continue;
+    const float inv = 1.0f / sum;
+    Dev* orow = out + (size_t(b) * T_ + row[x]) * ldq + size_t(h) * D + 2 * qd;
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t)
+      *reinterpret_cast<uint32_t*>(orow + 8 * t) =
+          pack2<E>(o[4 * t + 2 * x] * inv, o[4 * t + 2 * x + 1] * inv);
+    if (qd == 0) lse[(size_t(b) * H + h) * T_ + row[x]] = m[x] * scale + logf(sum);
+  }
+#endif
+}
+
+// A (B, T, heads · D) tensor as TMA sees it: dims (heads · D, T, B), 64 x 64 boxes of one batch
+// row (rows past T read as zeros), 128-byte swizzle.
+template <typename T>
+TensorMap heads_map(const T* p, int B, int T_, int heads, int D) {
+  const uint64_t dims[3] = {uint64_t(heads) * D, uint64_t(T_), uint64_t(B)};
+  const uint64_t strides[2] = {uint64_t(heads) * D * 2, uint64_t(T_) * heads * D * 2};
+  const uint32_t box[3] = {64, kSm90Rows, 1};
+  const TmaType type = MmaElement<T>::kBf16 ? TmaType::kBf16 : TmaType::kF16;
+  return encode_tensor_map(type, 3, p, dims, strides, box, TmaSwizzle::k128B);
+}
+
+template <typename T, int D, int NC, int Stages>
+void sm90_forward_launch(T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* seg,
+                         int B, int T_, int H, int K, void* stream) {
+  auto kernel = attention_sm90_forward_kernel<T, D, NC, Stages>;
+  constexpr size_t smem = sm90_smem_bytes<D, NC, Stages>();
+  constexpr int kTq = NC * kSm90Rows;
+  allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_forward");
+  const TensorMap map_q = heads_map(q, B, T_, H, D), map_k = heads_map(k, B, T_, K, D),
+                  map_v = heads_map(v, B, T_, K, D);
+  FT_LAUNCH(kernel, tile_grid(true, (T_ + kTq - 1) / kTq, H, B), 128 * NC + 32, smem, stream)
+  (map_q, map_k, map_v, dev(out), lse, seg, T_, H, K, softmax_scale(D));
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool attention_sm90_available() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major == 9;  // sm_90a instructions: Hopper only (the build's 90a target)
+}
+
+template <typename T>
+void attention_sm90_forward(T* out, float* lse, const T* q, const T* k, const T* v,
+                            const int32_t* seg, int B, int T_, int H, int K, int D, void* stream) {
+  check_fused("attention_sm90_forward", B, T_, H, K, D, {out, q, k, v});
+  if (B == 0 || T_ == 0) return;
+  if (D == 64)
+    sm90_forward_launch<T, 64, 2, 2>(out, lse, q, k, v, seg, B, T_, H, K, stream);
+  else
+    sm90_forward_launch<T, 128, 2, 2>(out, lse, q, k, v, seg, B, T_, H, K, stream);
+}
+
+template void attention_sm90_forward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*,
+                                           const int32_t*, int, int, int, int, int, void*);
+template void attention_sm90_forward<f16>(f16*, float*, const f16*, const f16*, const f16*,
+                                          const int32_t*, int, int, int, int, int, void*);
+
+}  // namespace ft::kernels::cuda

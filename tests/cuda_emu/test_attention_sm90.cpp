@@ -1,0 +1,109 @@
+// The Hopper attention forward (kernels/cuda/attention_sm90.cu: TMA, mbarrier ring, wgmma) run
+// by the CUDA emulator (every thread a fiber; it checks the mbarrier, TMA and wgmma ordering
+// rules as it goes: tests/cuda_emu/hopper_emu.cpp) against the CPU kernels, with the fused
+// kernel's reference and tolerances (attention_test_util.h: the same rounding of P to E). Built
+// natively (ft_cuda_kernel_tests) the same cases run on an sm_90 GPU and skip on older ones.
+//
+// Shapes are small (a block is 288 fibers; each case takes seconds): tails (T not a multiple of
+// 64 or of a block's 128 rows, so that a block has a consumer warpgroup with no rows), more key
+// tiles than ring stages (T 192: three), GQA ratios 1, 2 and 4, head dims 64 and 128, two batch
+// rows, one token; each with and without segment ids. Each case runs under two schedule seeds
+// and requires the same bits.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/half.h"
+#include "kernels/cuda/kernels_cuda.h"
+#include "lib/core/error.h"
+#include "tests/cuda_emu/attention_test_util.h"
+#include "tests/cuda_emu/emu_test_util.h"
+#include "tests/cuda_emu/kernel_check.h"
+
+namespace cu = ft::kernels::cuda;
+
+namespace {
+
+using ft::cuda_test::attention::document_reference;
+using ft::cuda_test::attention::expect_close;
+using ft::cuda_test::attention::kFusedAtolFrac;
+using ft::cuda_test::attention::kFusedLseAtolFrac;
+using ft::cuda_test::attention::kFusedLseRtol;
+using ft::cuda_test::attention::kFusedRtol;
+using ft::cuda_test::attention::make_segments;
+using ft::cuda_test::attention::random_tensor;
+using ft::cuda_test::attention::Result;
+using ft::cuda_test::attention::Shape;
+using ft::emu::test::DeviceBuffer;
+
+bool sm90_here() {
+  if (!cu::attention_sm90_available()) {
+    MESSAGE("skipped: the sm_90 attention needs a GPU of compute capability 9.x");
+    return false;
+  }
+  return true;
+}
+
+template <typename E>
+void check_case(const Shape& s, bool with_segments) {
+  const auto [B, T, H, K, D] = s;
+  const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * K * D;
+  // Scores of a few units: softmax rows neither uniform nor one-hot (as the fused test).
+  const auto q = random_tensor<E>(nq, 1, 1.5f), kk = random_tensor<E>(nk, 2, 1.5f);
+  const auto v = random_tensor<E>(nk, 3, 1.0f), dout = random_tensor<E>(nq, 4, 1.0f);
+  const std::vector<int32_t> seg = with_segments ? make_segments(B, T) : std::vector<int32_t>{};
+  const Result<E> ref = document_reference(s, seg, q, kk, v, dout);
+
+  const DeviceBuffer<E> q_d(q), k_d(kk), v_d(v);
+  const DeviceBuffer<int32_t> seg_d(seg.empty() ? std::vector<int32_t>(1) : seg);
+  const int32_t* seg_p = with_segments ? seg_d.get() : nullptr;
+  auto launch = [&](E* o, float* l, E*, E*, E*) {
+    cu::attention_sm90_forward<E>(o, l, q_d.get(), k_d.get(), v_d.get(), seg_p, B, T, H, K, D,
+                                  nullptr);
+  };
+  const auto [a, b] = ft::cuda_test::attention::run_under_two_seeds<E>(s, launch);
+
+  const std::string where = std::string("sm90 ") + ft::cuda_test::type_name<E>() + " " +
+                            ft::cuda_test::attention::shape_text(s) +
+                            (with_segments ? " segments " : " ");
+  expect_close<E>(where + "out", a.out, ref.out, kFusedRtol<E>, kFusedAtolFrac<E>);
+  expect_close<float>(where + "lse", a.lse, ref.lse, kFusedLseRtol, kFusedLseAtolFrac);
+  CHECK_MESSAGE(ft::cuda_test::same_bits(a.out, b.out), where << "out differs between seeds");
+  CHECK_MESSAGE(ft::cuda_test::same_bits(a.lse, b.lse), where << "lse differs between seeds");
+}
+
+template <typename E>
+void check_shapes(std::initializer_list<Shape> shapes) {
+  for (const Shape& s : shapes)
+    for (bool segments : {false, true})
+      if (!segments || s.T > 1) check_case<E>(s, segments);
+}
+
+}  // namespace
+
+TEST_CASE("cuda_emu sm90 attention forward bf16 head dim 64 against the CPU kernels") {
+  if (!sm90_here()) return;
+  check_shapes<ft::bf16>({
+      {1, 1, 1, 1, 64},    // one token
+      {1, 100, 2, 1, 64},  // GQA 2, a tail inside the block's second warpgroup
+      {1, 192, 4, 1, 64},  // GQA 4, three key tiles through two stages, an idle warpgroup
+      {2, 70, 1, 1, 64},   // two batch rows: rows past T read as zeros, never another row's
+  });
+}
+
+TEST_CASE("cuda_emu sm90 attention forward bf16 head dim 128 against the CPU kernels") {
+  if (!sm90_here()) return;
+  check_shapes<ft::bf16>({
+      {1, 150, 2, 2, 128},  // GQA 1, three key tiles, a tail
+      {1, 192, 2, 1, 128},  // GQA 2
+  });
+}
+
+TEST_CASE("cuda_emu sm90 attention forward f16 against the CPU kernels") {
+  if (!sm90_here()) return;
+  check_shapes<ft::f16>({
+      {1, 111, 2, 1, 64},
+      {1, 130, 2, 1, 128},
+  });
+}
