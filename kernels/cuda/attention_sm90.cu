@@ -29,9 +29,12 @@
 // S) over the quad of lanes sharing a row, P = exp2(scale·log2e·S − m'), l = l·α + rowsum P,
 // O = O·α + P V with α = exp2(scale·log2e·(m − m')); at the end O/l and lse = scale·m + log l.
 //
-// This first form waits for each wgmma group before the softmax or the next tile (no overlap of
-// the softmax with the next Q Kᵀ, no ping-pong between the warpgroups, O stored from registers
-// rather than through shared memory and a TMA store): the next steps of issue 33.
+// Within a warpgroup the softmax of tile n overlaps P_{n−1} V_{n−1} on the tensor cores (FA3's
+// intra-warpgroup pipelining, below). Not yet (the next steps of issue 33): ping-pong between
+// the two warpgroups (named barriers ordering their GEMMs so that one's softmax runs under the
+// other's GEMMs), setmaxnreg (registers moved from the producer to the consumers), O stored
+// through shared memory by a TMA store rather than from registers, the key segment ids staged
+// in shared memory (read from global memory per masked element here).
 #include "kernels/cuda/attention_fused.cuh"  // check_fused, first_key_tile, block_tile, quad sums
 #include "kernels/cuda/hopper.cuh"
 
@@ -131,77 +134,112 @@ __global__ void __launch_bounds__(128 * NC + 32)
   const unsigned char* q_tile = q_s + cg * kTile;
   mbarrier_wait(q_full, 0);
 
-  for (int n = 0; n < n_tiles; ++n) {
-    const int st = n % Stages, j0 = j_first + n * kSm90Rows;
-    const unsigned phase = (n / Stages) & 1;
-    const unsigned char* k_tile = k_s + st * kTile;
-    const unsigned char* v_tile = v_s + st * kTile;
-    // The warpgroup has rows in the sequence at or below this tile's first key (uniform over
-    // the warpgroup, as every wgmma must be).
-    const bool active = r0 < T_ && j0 <= r0 + kSm90Rows - 1;
-    float s[kSm90Rows / 2];
-    mbarrier_wait(&full_k[st], phase);
-    if (active) {
-      wgmma_fence();
+  // The tiles this warpgroup computes: those from j_first whose first key is at or before its
+  // last row (none when its rows all lie past T). They come first; the block's others (the
+  // diagonal tile of the next warpgroup) it only waits for and releases, so that it arrives on
+  // each stage's empty barrier once a phase.
+  const int n_mine = r0 >= T_ ? 0 : min(n_tiles, (r0 + kSm90Rows - 1 - j_first) / kSm90Rows + 1);
+  const auto stage = [&](int n) { return n % Stages; };
+  const auto phase = [&](int n) { return unsigned(n / Stages) & 1u; };
+
+  float s[kSm90Rows / 2];         // S of the newest tile, then its P (fp32)
+  uint32_t p[kSm90Rows / 16][4];  // P of the tile whose P V is next, the A fragments
+  float alpha[2];                 // the rescale of O and l that the newest tile's softmax asks for
+  // S = Q K_nᵀ, issued and committed (the caller waits).
+  const auto issue_scores = [&](int n) {
+    const unsigned char* k_tile = k_s + stage(n) * kTile;
+    wgmma_fence();  // s (and o) were written since the last wgmma
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const int at = (kk / 4) * kBoxBytes + (kk % 4) * 32;
-        wgmma_m64k16<E, kSm90Rows>(s, wgmma_descriptor(q_tile + at, 16, 1024, WgmmaSwizzle::k128B),
-                                   wgmma_descriptor(k_tile + at, 16, 1024, WgmmaSwizzle::k128B),
-                                   kk > 0);
-      }
-      wgmma_commit_group();
-      wgmma_wait_group<0>();
-      // Mask where the tile crosses the warp's diagonal, the end of the sequence, or documents.
-      if (seg_b || j0 + kSm90Rows - 1 > r0 + 16 * w || j0 + kSm90Rows > T_) {
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int at = (kk / 4) * kBoxBytes + (kk % 4) * 32;
+      wgmma_m64k16<E, kSm90Rows>(s, wgmma_descriptor(q_tile + at, 16, 1024, WgmmaSwizzle::k128B),
+                                 wgmma_descriptor(k_tile + at, 16, 1024, WgmmaSwizzle::k128B),
+                                 kk > 0);
+    }
+    wgmma_commit_group();
+  };
+  // O += P V_n, issued and committed. p is written before the fence, so that ptxas needs to
+  // inject no warpgroup.arrive for the registers the wgmmas read (C7519).
+  const auto issue_pv = [&](int n) {
+    const unsigned char* v_tile = v_s + stage(n) * kTile;
+    wgmma_fence();
 #pragma unroll
-        for (int i = 0; i < kSm90Rows / 2; ++i) {
-          const int c = j0 + 8 * (i >> 2) + 2 * qd + (i & 1), x = (i >> 1) & 1;
-          if (c > row[x] || c >= T_ || (seg_b && seg_b[c] != rseg[x])) s[i] = -INFINITY;
-        }
-      }
-      float mx[2] = {m[0], m[1]};
-#pragma unroll
-      for (int i = 0; i < kSm90Rows / 2; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
-      float sub[2];
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        mx[x] = quad_max(mx[x]);
-        // A row with nothing visible yet keeps m = −inf: subtract 0 instead (no −inf − −inf).
-        sub[x] = mx[x] == -INFINITY ? 0.0f : mx[x] * scale_log2;
-        const float alpha = exp2_approx(fmaf(m[x], scale_log2, -sub[x]));  // 0 while m = −inf
-        m[x] = mx[x];
-        l[x] *= alpha;
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i)
-          if (((i >> 1) & 1) == x) o[i] *= alpha;
-      }
+    for (int ks = 0; ks < kSm90Rows / 16; ++ks)
+      wgmma_m64k16_rs<E, D, true>(
+          o, p[ks], wgmma_descriptor(v_tile + ks * 2048, kBoxBytes, 1024, WgmmaSwizzle::k128B),
+          true);
+    wgmma_commit_group();
+  };
+  // The online softmax of tile n's scores in s: masks, updates m and l, sets alpha and leaves
+  // P = exp2(scale·log2e·S − m') in s; O is left to the caller (its P V may be in flight).
+  const auto softmax = [&](int n) {
+    const int j0 = j_first + n * kSm90Rows;
+    // Mask where the tile crosses the warp's diagonal, the end of the sequence, or documents.
+    if (seg_b || j0 + kSm90Rows - 1 > r0 + 16 * w || j0 + kSm90Rows > T_) {
 #pragma unroll
       for (int i = 0; i < kSm90Rows / 2; ++i) {
-        s[i] = exp2_approx(fmaf(s[i], scale_log2, -sub[(i >> 1) & 1]));
-        l[(i >> 1) & 1] += s[i];
+        const int c = j0 + 8 * (i >> 2) + 2 * qd + (i & 1), x = (i >> 1) & 1;
+        if (c > row[x] || c >= T_ || (seg_b && seg_b[c] != rseg[x])) s[i] = -INFINITY;
       }
     }
-    mbarrier_wait(&full_v[st], phase);
-    if (active) {
-      // Every A fragment before the fence (o was rescaled above too): registers the wgmmas read
-      // are then all written before it, so ptxas injects no warpgroup.arrive of its own (C7519).
-      uint32_t a[kSm90Rows / 16][4];
+    float mx[2] = {m[0], m[1]}, sub[2];
 #pragma unroll
-      for (int ks = 0; ks < kSm90Rows / 16; ++ks)
+    for (int i = 0; i < kSm90Rows / 2; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          a[ks][j] = pack2_rn<E>(s[8 * ks + 2 * j], s[8 * ks + 2 * j + 1]);
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < kSm90Rows / 16; ++ks)
-        wgmma_m64k16_rs<E, D, true>(
-            o, a[ks], wgmma_descriptor(v_tile + ks * 2048, kBoxBytes, 1024, WgmmaSwizzle::k128B),
-            true);
-      wgmma_commit_group();
-      wgmma_wait_group<0>();
+    for (int x = 0; x < 2; ++x) {
+      mx[x] = quad_max(mx[x]);
+      // A row with nothing visible yet keeps m = −inf: subtract 0 instead (no −inf − −inf).
+      sub[x] = mx[x] == -INFINITY ? 0.0f : mx[x] * scale_log2;
+      alpha[x] = exp2_approx(fmaf(m[x], scale_log2, -sub[x]));  // 0 while m = −inf
+      m[x] = mx[x];
+      l[x] *= alpha[x];
     }
-    mbarrier_arrive(&empty[st]);  // this thread is done with the stage's K and V
+#pragma unroll
+    for (int i = 0; i < kSm90Rows / 2; ++i) {
+      s[i] = exp2_approx(fmaf(s[i], scale_log2, -sub[(i >> 1) & 1]));
+      l[(i >> 1) & 1] += s[i];
+    }
+  };
+  // O ·= alpha (O complete: no P V in flight), then P from s (rounded once to E).
+  const auto rescale_and_pack = [&]() {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+#pragma unroll
+    for (int ks = 0; ks < kSm90Rows / 16; ++ks)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) p[ks][j] = pack2_rn<E>(s[8 * ks + 2 * j], s[8 * ks + 2 * j + 1]);
+  };
+
+  // FA3's overlap within the warpgroup: while P_{n−1} V_{n−1} runs on the tensor cores, the
+  // softmax of S_n = Q K_nᵀ runs on the other units. Tile n's S is issued before P_{n−1} V_{n−1}
+  // (wgmma groups complete in order), waited for alone (wait_group 1), and O is rescaled once
+  // P_{n−1} V_{n−1} has completed too.
+  if (n_mine > 0) {
+    mbarrier_wait(&full_k[stage(0)], phase(0));
+    issue_scores(0);
+    wgmma_wait_group<0>();
+    softmax(0);
+    rescale_and_pack();
+    for (int n = 1; n < n_mine; ++n) {
+      mbarrier_wait(&full_k[stage(n)], phase(n));
+      issue_scores(n);
+      mbarrier_wait(&full_v[stage(n - 1)], phase(n - 1));
+      issue_pv(n - 1);
+      wgmma_wait_group<1>();  // S_n
+      softmax(n);
+      wgmma_wait_group<0>();                  // P_{n−1} V_{n−1}
+      mbarrier_arrive(&empty[stage(n - 1)]);  // this thread is done with K_{n−1} and V_{n−1}
+      rescale_and_pack();
+    }
+    mbarrier_wait(&full_v[stage(n_mine - 1)], phase(n_mine - 1));
+    issue_pv(n_mine - 1);
+    wgmma_wait_group<0>();
+    mbarrier_arrive(&empty[stage(n_mine - 1)]);
+  }
+  for (int n = n_mine; n < n_tiles; ++n) {  // wait before arriving: one arrival a phase
+    mbarrier_wait(&full_k[stage(n)], phase(n));
+    mbarrier_wait(&full_v[stage(n)], phase(n));
+    mbarrier_arrive(&empty[stage(n)]);
   }
 
   const size_t ldq = size_t(H) * D;
