@@ -218,6 +218,7 @@ __global__ void __launch_bounds__(128 * NC + 32)
     mbarrier_wait(&full_k[stage(0)], phase(0));
     issue_scores(0);
     wgmma_wait_group<0>();
+    wgmma_fence_operand(s);
     softmax(0);
     rescale_and_pack();
     for (int n = 1; n < n_mine; ++n) {
@@ -226,14 +227,17 @@ __global__ void __launch_bounds__(128 * NC + 32)
       mbarrier_wait(&full_v[stage(n - 1)], phase(n - 1));
       issue_pv(n - 1);
       wgmma_wait_group<1>();  // S_n
+      wgmma_fence_operand(s);
       softmax(n);
-      wgmma_wait_group<0>();                  // P_{n−1} V_{n−1}
+      wgmma_wait_group<0>();  // P_{n−1} V_{n−1}
+      wgmma_fence_operand(o);
       mbarrier_arrive(&empty[stage(n - 1)]);  // this thread is done with K_{n−1} and V_{n−1}
       rescale_and_pack();
     }
     mbarrier_wait(&full_v[stage(n_mine - 1)], phase(n_mine - 1));
     issue_pv(n_mine - 1);
     wgmma_wait_group<0>();
+    wgmma_fence_operand(o);
     mbarrier_arrive(&empty[stage(n_mine - 1)]);
   }
   for (int n = n_mine; n < n_tiles; ++n) {  // wait before arriving: one arrival a phase

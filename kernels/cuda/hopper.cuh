@@ -74,7 +74,11 @@ __host__ __device__ __forceinline__ uint32_t tma_swizzle(uint32_t address, int s
 // touching its registers, wgmma_commit_group() closes the issued ones into a group,
 // wgmma_wait_group<n>() waits until at most n groups are pending; only then may d be read or
 // written. Shared memory the threads wrote themselves needs fence_proxy_async_shared() (and a
-// __syncthreads) before a wgmma reads it; TMA's writes do not.
+// __syncthreads) before a wgmma reads it; TMA's writes do not. To nvcc a wgmma's asm writes d
+// when issued, so it could move code that reads or writes d above the wgmma_wait_group that
+// completes it (the wait names no register): wgmma_fence_operand(d) after that wait (an empty
+// asm reading and writing each register, ordered with the other volatile asms) pins those
+// accesses after it, as CUTLASS's warpgroup_fence_operand does.
 // Descriptor layouts for 16-bit elements (byte offsets of element (r, k), r the M or N index;
 // W the swizzle's bytes): K-major: none: (r % 8) 16 + (r / 8) SBO + (k % 8) 2 + (k / 8) LBO;
 // swizzled: (r % 8) W + (r / 8) SBO + 2 k (LBO unused). MN-major: none: (r % 8) 2 + (r / 8) SBO +
@@ -147,6 +151,8 @@ inline uint64_t wgmma_descriptor(const void* smem, uint32_t lbo_bytes, uint32_t 
          uint64_t(sbo_bytes >> 4) << 32 | uint64_t(swizzle) << 62;
 }
 inline void fence_proxy_async_shared() {}  // the proxies are not modelled
+template <int N>
+inline void wgmma_fence_operand(float (&)[N]) {}  // a compiler barrier only
 inline void wgmma_fence(FT_HOPPER_WHERE) { ::ft::emu::wgmma_fence(where); }
 inline void wgmma_commit_group(FT_HOPPER_WHERE) { ::ft::emu::wgmma_commit_group(where); }
 template <int N>
@@ -298,6 +304,11 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 }
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operand(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 __device__ __forceinline__ void wgmma_commit_group() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
