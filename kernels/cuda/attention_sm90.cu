@@ -282,7 +282,8 @@ void sm90_forward_launch(T* out, float* lse, const T* q, const T* k, const T* v,
   allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_forward");
   const TensorMap map_q = heads_map(q, B, T_, H, D), map_k = heads_map(k, B, T_, K, D),
                   map_v = heads_map(v, B, T_, K, D);
-  FT_LAUNCH(kernel, tile_grid(true, (T_ + kTq - 1) / kTq, H, B), 128 * NC + 32, smem, stream)
+  FT_LAUNCH((attention_sm90_forward_kernel<T, D, NC, Stages>),
+            tile_grid(true, (T_ + kTq - 1) / kTq, H, B), 128 * NC + 32, smem, stream)
   (map_q, map_k, map_v, dev(out), lse, seg, T_, H, K, softmax_scale(D));
   FT_CUDA_CHECK_LAUNCH();
 }

@@ -167,7 +167,8 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
 // Returns the number of threads of the block that passed a non-zero `predicate`.
 int syncthreads(int predicate, const std::source_location& where);
 unsigned active_mask();
-// Atomics may be preempted here (seeded), as other threads may run first on a GPU.
+// Atomics, mbarrier arrivals and wgmma waits may be preempted here (seeded), as other threads may
+// run first on a GPU.
 void atomic_point();
 
 // Values travel as their bytes (CUDA's __nv_bfloat162 / __half2 are not trivially copyable

@@ -197,6 +197,9 @@ uint64_t mbarrier_arrive(uint64_t* bar, unsigned count, bool expect_tx, unsigned
          " (more arrivals than mbarrier.init's count in one phase)");
   b.pending -= count;
   settle_or_fail(b, off, op, where);
+  // A thread this arrival released (an mbarrier's waiter: a TMA producer refilling a stage) may
+  // run before the arriving thread's next instruction, as on a GPU: a seeded preemption point.
+  detail::atomic_point();
   return state;
 }
 
@@ -525,6 +528,9 @@ void wgmma_commit_group(const std::source_location&) {
 }
 
 void wgmma_wait_group(int n, const std::source_location& where) {
+  // Other threads may run while the wgmmas finish (a seeded preemption point): what they write
+  // meanwhile (a stage released too early and refilled) is seen by the operand check below.
+  detail::atomic_point();
   WgThread& t = g_wg_threads[size_t(detail::current_thread("wgmma.wait_group"))];
   const unsigned char* shared = detail::shared_base();
   // Another pending wgmma on the same registers after entry `i` of the oldest group: then they

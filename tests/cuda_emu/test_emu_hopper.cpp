@@ -12,6 +12,7 @@
 // The emulation before common.cuh, as the emulated build force-includes it.
 #include "tests/cuda_emu/cuda_emu.h"
 
+#include "core/half.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/hopper.cuh"
 #include "tests/cuda_emu/emu_test_util.h"
@@ -313,6 +314,76 @@ TEST_CASE("cuda_emu hopper: wgmma misuse is reported; a read before wait_group s
       }
     }
   }
+}
+
+// A one-stage TMA ring feeding a warpgroup's wgmma, three rounds: thread 128 (the producer) waits
+// for the stage to be empty, then loads A and B (64 x 64 bf16 boxes, 128-byte swizzle) on the
+// full barrier; the warpgroup waits for it, multiplies, and releases the stage (arrives on the
+// empty barrier, count 128). Mode 1 releases it before wgmma.wait_group, so that the next
+// round's copy may overwrite operands the wgmma still reads: on a GPU a race, here reported
+// where the scheduler lets the producer run in between (the seeded preemption points of
+// mbarrier.arrive and wgmma.wait_group).
+__global__ void stage_release_kernel(float* out, const __grid_constant__ TensorMap map, int mode) {
+  FT_DYNAMIC_SHARED(unsigned char, smem);
+  auto* full = reinterpret_cast<uint64_t*>(smem);
+  auto* empty = full + 1;
+  unsigned char* a = smem + 1024;
+  unsigned char* b = smem + 1024 + 8192;
+  const int t = threadIdx.x;
+  constexpr int kRounds = 3;
+  if (t == 0) {
+    mbarrier_init(full, 1);
+    mbarrier_init(empty, 128);
+  }
+  __syncthreads();
+  if (t == 128) {
+    for (int r = 0; r < kRounds; ++r) {
+      mbarrier_wait(empty, (r & 1) ^ 1);
+      mbarrier_arrive_expect_tx(full, 2 * 8192);
+      tma_load_2d(a, map, 0, 0, full);
+      tma_load_2d(b, map, 0, 0, full);
+    }
+  }
+  if (t >= 128) return;
+  float d[32], sum = 0.0f;
+  for (int r = 0; r < kRounds; ++r) {
+    mbarrier_wait(full, r & 1);
+    wgmma_fence();
+    wgmma_m64k16<::ft::bf16, 64>(d, wgmma_descriptor(a, 16, 1024, WgmmaSwizzle::k128B),
+                                 wgmma_descriptor(b, 16, 1024, WgmmaSwizzle::k128B), false);
+    wgmma_commit_group();
+    if (mode == 1) mbarrier_arrive(empty);  // 1: released while the wgmma may still read it
+    wgmma_wait_group<0>();
+    if (mode == 0) mbarrier_arrive(empty);
+    sum += d[0];
+  }
+  out[t] = sum;
+}
+
+TEST_CASE("cuda_emu hopper: a stage released before wgmma.wait_group and refilled is reported") {
+  std::vector<uint16_t> host(64 * 64);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = ft::to_bf16(float(i % 7) - 3.0f).bits;
+  DeviceBuffer<uint16_t> src(host);
+  DeviceBuffer<float> out(128);
+  const uint64_t dims[2] = {64, 64}, strides[1] = {128};
+  const uint32_t box[2] = {64, 64};
+  const TensorMap map =
+      encode_tensor_map(TmaType::kBf16, 2, src.get(), dims, strides, box, TmaSwizzle::k128B);
+  const auto run = [&](int mode) {
+    FT_LAUNCH(stage_release_kernel, 1, 160, 1024 + 2 * 8192, nullptr)(out.get(), map, mode);
+  };
+  int reports = 0;
+  for (uint64_t seed = 0; seed <= 16; ++seed) {
+    SeedScope scope(seed);
+    CAPTURE(seed);
+    CHECK(report_of([&] { run(0); }) == "");  // the control
+    const std::string r = report_of([&] { run(1); });
+    if (!r.empty()) {
+      CHECK_MESSAGE(r.find("changed before wgmma.wait_group") != std::string::npos, r);
+      ++reports;
+    }
+  }
+  CHECK(reports > 0);
 }
 
 }  // namespace
