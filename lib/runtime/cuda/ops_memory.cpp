@@ -34,6 +34,16 @@ AttentionPath requested_attention_path() {
           "products through cuBLASLt) or simt (the SIMT kernels)");
 }
 
+bool fused_forward_sm90(int sm_major) {
+  const char* v = std::getenv("FT_CUDA_ATTENTION_SM90");
+  const std::string mode = v ? v : "1";
+  if (mode != "0" && mode != "1")
+    FT_FAIL("FT_CUDA_ATTENTION_SM90='", mode,
+            "': use 1 (the default: on a Hopper GPU the fused attention's forward runs the sm_90 "
+            "kernel, TMA and wgmma) or 0 (FlashAttention-2's forward there too)");
+  return mode == "1" && sm_major == 9;  // sm_90a code: Hopper only
+}
+
 AttentionPath attention_path(AttentionPath requested, DType dtype, int D, int sm_major) {
   if (requested != AttentionPath::kFused) return requested;
   // mma.sync m16n8k16 with bf16/f16 operands needs sm_80; the kernel is written for head dims
