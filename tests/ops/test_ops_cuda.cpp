@@ -5,8 +5,9 @@
 // ops_conformance_cuda_emu, label cuda-emu) and against the real backend (ft_ops_gpu_tests,
 // for the GPU machine: scripts/gpu_check.py's `ops` check; exit 77 without a usable GPU).
 // Attention has three CUDA paths, chosen per device by FT_CUDA_ATTENTION (ops_memory.h): the
-// default (fused: FlashAttention-2 on tensor cores where it applies, the chunked GEMMs for fp32
-// and other head dims) runs every case but the fp32 ones with document segments (which no CUDA
+// default (fused: FlashAttention-2 on tensor cores where it applies, its forward on sm_90 the
+// Hopper kernel unless FT_CUDA_ATTENTION_SM90=0; the chunked GEMMs for fp32 and other head dims)
+// runs every case but the fp32 ones with document segments (which no CUDA
 // path takes: a clear error, checked below); the chunked GEMMs (gemm) and the SIMT kernels
 // (simt) run the attention cases without segments. Each case runs twice on the device and must
 // give the same bits (no float atomics, fixed sum orders); on the emulation, under two thread
@@ -31,18 +32,33 @@
 namespace ft::op_test {
 namespace {
 
-// The CUDA device with attention `mode` ("fused", "gemm" or "simt"): FT_CUDA_ATTENTION is read
-// when the device's ops are made, and restored after.
-std::unique_ptr<Device> cuda_device(const char* mode) {
-  std::optional<std::string> old;
-  if (const char* v = std::getenv("FT_CUDA_ATTENTION")) old = v;
-  setenv("FT_CUDA_ATTENTION", mode, 1);
-  std::unique_ptr<Device> dev = make_cuda_device();
-  if (old)
-    setenv("FT_CUDA_ATTENTION", old->c_str(), 1);
-  else
-    unsetenv("FT_CUDA_ATTENTION");
-  return dev;
+// Sets an environment variable for the scope (nullptr: unset), restoring it after.
+class EnvScope {
+ public:
+  EnvScope(const char* name, const char* value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v;
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+  }
+  ~EnvScope() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// The CUDA device with attention `mode` ("fused", "gemm" or "simt") and FT_CUDA_ATTENTION_SM90
+// `sm90` (nullptr: unset, the default): both are read when the device's ops are made.
+std::unique_ptr<Device> cuda_device(const char* mode, const char* sm90 = nullptr) {
+  const EnvScope path("FT_CUDA_ATTENTION", mode), forward("FT_CUDA_ATTENTION_SM90", sm90);
+  return make_cuda_device();
 }
 
 // Each case twice, the same bits; the emulation's two runs under emu_test_util.h's two seeds
@@ -99,6 +115,24 @@ TEST_CASE("ops: the CUDA device with attention through cuBLASLt against the CPU 
 
 TEST_CASE("ops: the CUDA device with SIMT attention against the CPU device on attention") {
   attention_cases_on("simt", "SIMT attention");
+}
+
+// On an sm_90 device (the emulation's) the default's forward is attention_sm90's: the attention
+// cases, segments included, once more with FlashAttention-2's forward there. Elsewhere the
+// knob changes nothing and this repeats the default's cases.
+TEST_CASE(
+    "ops: the CUDA device with FT_CUDA_ATTENTION_SM90=0 against the CPU device on attention") {
+  const std::unique_ptr<Device> ref = make_cpu_device(), dev = cuda_device("fused", "0");
+  std::vector<Case> cases;
+  for (Case& c : all_cases())
+    if (is_attention(c) && !(has_segments(c) && c.dtype == "f32")) cases.push_back(std::move(c));
+  REQUIRE(!cases.empty());
+#if defined(FT_CUDA_EMU)
+  const ft::emu::test::SeedScope keep_seed(ft::emu::seed());
+#endif
+  expect_conforms(*dev, *ref, cases, twice(), "fused attention, FlashAttention-2's forward");
+  CHECK_THROWS_WITH_AS(cuda_device("fused", "yes"),
+                       doctest::Contains("FT_CUDA_ATTENTION_SM90='yes'"), Error);
 }
 
 // Document segments on a path without them (gemm, simt, and fp32 under the default) are an
