@@ -30,11 +30,12 @@
 // O = O·α + P V with α = exp2(scale·log2e·(m − m')); at the end O/l and lse = scale·m + log l.
 //
 // Within a warpgroup the softmax of tile n overlaps P_{n−1} V_{n−1} on the tensor cores (FA3's
-// intra-warpgroup pipelining, below). Not yet (the next steps of issue 33): ping-pong between
-// the two warpgroups (named barriers ordering their GEMMs so that one's softmax runs under the
-// other's GEMMs), setmaxnreg (registers moved from the producer to the consumers), O stored
-// through shared memory by a TMA store rather than from registers, the key segment ids staged
-// in shared memory (read from global memory per masked element here).
+// intra-warpgroup pipelining), and the warpgroups issue their GEMMs in turn (FA3's ping-pong,
+// here through mbarriers: the emulation has no named barriers), so that one's softmax runs
+// under the other's GEMMs. Not yet (the next steps of issue 33): setmaxnreg (registers moved
+// from the producer to the consumers), O stored through shared memory by a TMA store rather than
+// from registers, the key segment ids staged in shared memory (read from global memory per
+// masked element here), a measurement on a GPU.
 #include "kernels/cuda/attention_fused.cuh"  // check_fused, first_key_tile, block_tile, quad sums
 #include "kernels/cuda/hopper.cuh"
 
@@ -71,6 +72,7 @@ __global__ void __launch_bounds__(128 * NC + 32)
   uint64_t* full_k = bars + 1;
   uint64_t* full_v = full_k + Stages;
   uint64_t* empty = full_v + Stages;
+  uint64_t* turn = empty + Stages;        // [NC]: the ping-pong between consumer warpgroups
   unsigned char* q_s = smem + 1024;       // [NC][kChunks][64 rows][128 bytes]
   unsigned char* k_s = q_s + NC * kTile;  // [Stages][kChunks][64 keys][128 bytes]
   unsigned char* v_s = k_s + Stages * kTile;
@@ -90,6 +92,7 @@ __global__ void __launch_bounds__(128 * NC + 32)
       mbarrier_init(&full_v[s], 1);
       mbarrier_init(&empty[s], 128 * NC);
     }
+    for (int c = 0; c < NC; ++c) mbarrier_init(&turn[c], 128);
   }
   __syncthreads();
 
@@ -210,22 +213,40 @@ __global__ void __launch_bounds__(128 * NC + 32)
       for (int j = 0; j < 4; ++j) p[ks][j] = pack2_rn<E>(s[8 * ks + 2 * j], s[8 * ks + 2 * j + 1]);
   };
 
+  // FA3's ping-pong between the warpgroups: step n of each (issuing tile n's GEMMs) goes in turn,
+  // warpgroup 0, 1, .., NC − 1, then 0 again, so that one's softmax runs while the next one's
+  // GEMMs occupy the tensor cores. Warpgroup c waits on turn[c] (but warpgroup 0 at step 0),
+  // whose phases the warpgroup before it completes (its 128 threads arrive once a step, after
+  // issuing), and then passes the turn on. Every warpgroup takes n_tiles steps, those without
+  // GEMMs too, so that the turns stay in order (a step's arrivals come only after the phase
+  // before completed: no double arrival).
+  const auto take_turn = [&](int n) {
+    if (NC > 1 && (cg > 0 || n > 0)) mbarrier_wait(&turn[cg], unsigned(cg > 0 ? n : n - 1) & 1u);
+  };
+  const auto pass_turn = [&]() {
+    if (NC > 1) mbarrier_arrive(&turn[(cg + 1) % NC]);
+  };
+
   // FA3's overlap within the warpgroup: while P_{n−1} V_{n−1} runs on the tensor cores, the
   // softmax of S_n = Q K_nᵀ runs on the other units. Tile n's S is issued before P_{n−1} V_{n−1}
   // (wgmma groups complete in order), waited for alone (wait_group 1), and O is rescaled once
   // P_{n−1} V_{n−1} has completed too.
   if (n_mine > 0) {
+    take_turn(0);
     mbarrier_wait(&full_k[stage(0)], phase(0));
     issue_scores(0);
+    pass_turn();
     wgmma_wait_group<0>();
     wgmma_fence_operand(s);
     softmax(0);
     rescale_and_pack();
     for (int n = 1; n < n_mine; ++n) {
+      take_turn(n);
       mbarrier_wait(&full_k[stage(n)], phase(n));
       issue_scores(n);
       mbarrier_wait(&full_v[stage(n - 1)], phase(n - 1));
       issue_pv(n - 1);
+      pass_turn();
       wgmma_wait_group<1>();  // S_n
       wgmma_fence_operand(s);
       softmax(n);
@@ -241,6 +262,8 @@ __global__ void __launch_bounds__(128 * NC + 32)
     mbarrier_arrive(&empty[stage(n_mine - 1)]);
   }
   for (int n = n_mine; n < n_tiles; ++n) {  // wait before arriving: one arrival a phase
+    take_turn(n);
+    pass_turn();
     mbarrier_wait(&full_k[stage(n)], phase(n));
     mbarrier_wait(&full_v[stage(n)], phase(n));
     mbarrier_arrive(&empty[stage(n)]);

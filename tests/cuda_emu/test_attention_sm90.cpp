@@ -6,8 +6,9 @@
 //
 // Shapes are small (a block is 288 fibers; each case takes seconds): tails (T not a multiple of
 // 64 or of a block's 128 rows, so that a block has a consumer warpgroup with no rows), more key
-// tiles than ring stages (T 192: three), GQA ratios 1, 2 and 4, head dims 64 and 128, two batch
-// rows, one token; each with and without segment ids. Each case runs under two schedule seeds
+// tiles than ring stages (T 192: three), both warpgroups over several tiles (T 260, 300: the
+// ping-pong), GQA ratios 1, 2 and 4, head dims 64 and 128, two batch rows, one token; each with
+// and without segment ids. Each case runs under two schedule seeds
 // and requires the same bits.
 #include <doctest/doctest.h>
 
@@ -89,6 +90,7 @@ TEST_CASE("cuda_emu sm90 attention forward bf16 head dim 64 against the CPU kern
       {1, 100, 2, 1, 64},  // GQA 2, a tail inside the block's second warpgroup
       {1, 192, 4, 1, 64},  // GQA 4, three key tiles through two stages, an idle warpgroup
       {2, 70, 1, 1, 64},   // two batch rows: rows past T read as zeros, never another row's
+      {1, 300, 2, 1, 64},  // both warpgroups over several tiles: the ping-pong's turns
   });
 }
 
@@ -97,6 +99,7 @@ TEST_CASE("cuda_emu sm90 attention forward bf16 head dim 128 against the CPU ker
   check_shapes<ft::bf16>({
       {1, 150, 2, 2, 128},  // GQA 1, three key tiles, a tail
       {1, 192, 2, 1, 128},  // GQA 2
+      {1, 260, 1, 1, 128},  // both warpgroups over several tiles, a 4-row tail
   });
 }
 
