@@ -34,8 +34,7 @@
 // here through mbarriers: the emulation has no named barriers), so that one's softmax runs
 // under the other's GEMMs. Not yet (the next steps of issue 33): setmaxnreg (registers moved
 // from the producer to the consumers), O stored through shared memory by a TMA store rather than
-// from registers, the key segment ids staged in shared memory (read from global memory per
-// masked element here), a measurement on a GPU.
+// from registers, a measurement on a GPU.
 #include "kernels/cuda/attention_fused.cuh"  // check_fused, first_key_tile, block_tile, quad sums
 #include "kernels/cuda/hopper.cuh"
 
@@ -58,7 +57,8 @@ template <typename E, int D, int NC, int Stages>
 __global__ void __launch_bounds__(128 * NC + 32)
     attention_sm90_forward_kernel(const __grid_constant__ TensorMap map_q,
                                   const __grid_constant__ TensorMap map_k,
-                                  const __grid_constant__ TensorMap map_v, device_t<E>* out,
+                                  const __grid_constant__ TensorMap map_v,
+                                  const __grid_constant__ TensorMap map_seg, device_t<E>* out,
                                   float* lse, const int32_t* seg, int T_, int H, int K,
                                   float scale) {
 #if FT_HOPPER_DEVICE
@@ -72,7 +72,10 @@ __global__ void __launch_bounds__(128 * NC + 32)
   uint64_t* full_k = bars + 1;
   uint64_t* full_v = full_k + Stages;
   uint64_t* empty = full_v + Stages;
-  uint64_t* turn = empty + Stages;        // [NC]: the ping-pong between consumer warpgroups
+  uint64_t* turn = empty + Stages;  // [NC]: the ping-pong between consumer warpgroups
+  // [Stages][64]: each key tile's segment ids (with segments), loaded with its K
+  auto* kseg_s = reinterpret_cast<int32_t*>(smem + 512);
+  static_assert(Stages * kSm90Rows * 4 <= 512 && 8 * (1 + 3 * Stages + NC) <= 512, "1 KiB");
   unsigned char* q_s = smem + 1024;       // [NC][kChunks][64 rows][128 bytes]
   unsigned char* k_s = q_s + NC * kTile;  // [Stages][kChunks][64 keys][128 bytes]
   unsigned char* v_s = k_s + Stages * kTile;
@@ -109,9 +112,11 @@ __global__ void __launch_bounds__(128 * NC + 32)
     for (int n = 0; n < n_tiles; ++n) {
       const int st = n % Stages, j0 = j_first + n * kSm90Rows;
       mbarrier_wait(&empty[st], ((n / Stages) & 1) ^ 1);  // round 0: the phase before init
-      mbarrier_arrive_expect_tx(&full_k[st], kTile);
+      mbarrier_arrive_expect_tx(&full_k[st], kTile + (seg ? kSm90Rows * 4 : 0));
       for (int ch = 0; ch < kChunks; ++ch)
         tma_load_3d(k_s + st * kTile + ch * kBoxBytes, map_k, kh * D + 64 * ch, j0, b, &full_k[st]);
+      if (seg)  // keys past T read the next row's ids (or zeros): masked by c >= T anyway
+        tma_load_2d(kseg_s + st * kSm90Rows, map_seg, b * T_ + j0, 0, &full_k[st]);
       mbarrier_arrive_expect_tx(&full_v[st], kTile);
       for (int ch = 0; ch < kChunks; ++ch)
         tma_load_3d(v_s + st * kTile + ch * kBoxBytes, map_v, kh * D + 64 * ch, j0, b, &full_v[st]);
@@ -177,12 +182,13 @@ __global__ void __launch_bounds__(128 * NC + 32)
   // P = exp2(scale·log2e·S − m') in s; O is left to the caller (its P V may be in flight).
   const auto softmax = [&](int n) {
     const int j0 = j_first + n * kSm90Rows;
+    const int32_t* kseg = kseg_s + stage(n) * kSm90Rows;  // complete with K_n (full_k)
     // Mask where the tile crosses the warp's diagonal, the end of the sequence, or documents.
     if (seg_b || j0 + kSm90Rows - 1 > r0 + 16 * w || j0 + kSm90Rows > T_) {
 #pragma unroll
       for (int i = 0; i < kSm90Rows / 2; ++i) {
         const int c = j0 + 8 * (i >> 2) + 2 * qd + (i & 1), x = (i >> 1) & 1;
-        if (c > row[x] || c >= T_ || (seg_b && seg_b[c] != rseg[x])) s[i] = -INFINITY;
+        if (c > row[x] || c >= T_ || (seg_b && kseg[c - j0] != rseg[x])) s[i] = -INFINITY;
       }
     }
     float mx[2] = {m[0], m[1]}, sub[2];
@@ -305,9 +311,19 @@ void sm90_forward_launch(T* out, float* lse, const T* q, const T* k, const T* v,
   allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_forward");
   const TensorMap map_q = heads_map(q, B, T_, H, D), map_k = heads_map(k, B, T_, K, D),
                   map_v = heads_map(v, B, T_, K, D);
+  // The segment ids (B·T int32, copied as fp32 bits: TMA has no int32 type of its own) as one
+  // row, in boxes of 64 (a tile's keys); a second dimension of 1 because only the 2-D and 3-D
+  // copies are wrapped. Without segments an unused stand-in.
+  TensorMap map_seg = map_q;
+  if (seg) {
+    const uint64_t n = uint64_t(B) * T_;
+    const uint64_t dims[2] = {n, 1}, strides[1] = {(n * 4 + 15) / 16 * 16};
+    const uint32_t box[2] = {kSm90Rows, 1};
+    map_seg = encode_tensor_map(TmaType::kF32, 2, seg, dims, strides, box, TmaSwizzle::kNone);
+  }
   FT_LAUNCH((attention_sm90_forward_kernel<T, D, NC, Stages>),
             tile_grid(true, (T_ + kTq - 1) / kTq, H, B), 128 * NC + 32, smem, stream)
-  (map_q, map_k, map_v, dev(out), lse, seg, T_, H, K, softmax_scale(D));
+  (map_q, map_k, map_v, map_seg, dev(out), lse, seg, T_, H, K, softmax_scale(D));
   FT_CUDA_CHECK_LAUNCH();
 }
 
@@ -326,7 +342,7 @@ bool attention_sm90_available() {
 template <typename T>
 void attention_sm90_forward(T* out, float* lse, const T* q, const T* k, const T* v,
                             const int32_t* seg, int B, int T_, int H, int K, int D, void* stream) {
-  check_fused("attention_sm90_forward", B, T_, H, K, D, {out, q, k, v});
+  check_fused("attention_sm90_forward", B, T_, H, K, D, {out, q, k, v, seg});  // TMA: 16 bytes
   if (B == 0 || T_ == 0) return;
   if (D == 64)
     sm90_forward_launch<T, 64, 2, 2>(out, lse, q, k, v, seg, B, T_, H, K, stream);
