@@ -44,10 +44,10 @@ namespace {
 constexpr int kSm90Rows = 64;  // query rows of a consumer warpgroup, keys of a tile
 
 template <int D>
-constexpr int kSm90TileBytes = kSm90Rows* D * 2;  // 64 rows of a head, 16-bit
-// Barriers (1 KiB), Q of every consumer, then K and V of every stage; 1 KiB more so that the
-// tiles can start on a 1024-byte boundary (the 128-byte swizzle's period) wherever the dynamic
-// shared memory starts.
+constexpr int kSm90TileBytes = D * 2 * kSm90Rows;  // 64 rows of a head, 16-bit
+// Barriers and key segment ids (1 KiB), Q of every consumer, then K and V of every stage; 1 KiB
+// more so that the tiles can start on a 1024-byte boundary (the 128-byte swizzle's period) wherever
+// the dynamic shared memory starts.
 template <int D, int NC, int Stages>
 constexpr size_t sm90_smem_bytes() {
   return 2048 + size_t(NC + 2 * Stages) * kSm90TileBytes<D>;
