@@ -3,8 +3,8 @@
 // rules as it goes: tests/cuda_emu/hopper_emu.cpp) against the CPU kernels, with the fused
 // kernel's reference and tolerances (attention_test_util.h: the same rounding of P to E; measured
 // on the emulator, the worst element of every case is within 0.28 (bf16) and 0.22 (f16) of the
-// bound for out, 0.02 and 0.04 for lse). Built
-// natively (ft_cuda_kernel_tests) the same cases run on an sm_90 GPU and skip on older ones.
+// bound for out, 0.02 and 0.04 for lse). Built natively (ft_cuda_kernel_tests) the same cases
+// run on an sm_90 GPU and skip on older ones.
 //
 // Shapes are small (a block is 288 fibers; each case takes seconds): tails (T not a multiple of
 // 64 or of a block's 128 rows, so that a block has a consumer warpgroup with no rows), more key
