@@ -42,6 +42,7 @@ namespace ft::kernels::cuda {
 namespace {
 
 constexpr int kSm90Rows = 64;  // query rows of a consumer warpgroup, keys of a tile
+static_assert(kSm90Rows == kTileK, "first_key_tile steps by the fused kernel's key tile");
 
 template <int D>
 constexpr int kSm90TileBytes = D * 2 * kSm90Rows;  // 64 rows of a head, 16-bit
