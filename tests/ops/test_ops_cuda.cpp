@@ -6,7 +6,7 @@
 // for the GPU machine: scripts/gpu_check.py's `ops` check; exit 77 without a usable GPU).
 // Attention has three CUDA paths, chosen per device by FT_CUDA_ATTENTION (ops_memory.h): the
 // default (fused: FlashAttention-2 on tensor cores where it applies, its forward on sm_90 the
-// Hopper kernel unless FT_CUDA_ATTENTION_SM90=0; the chunked GEMMs for fp32 and other head dims)
+// Hopper kernel with FT_CUDA_ATTENTION_SM90=1; the chunked GEMMs for fp32 and other head dims)
 // runs every case but the fp32 ones with document segments (which no CUDA
 // path takes: a clear error, checked below); the chunked GEMMs (gemm) and the SIMT kernels
 // (simt) run the attention cases without segments. Each case runs twice on the device and must
@@ -117,12 +117,12 @@ TEST_CASE("ops: the CUDA device with SIMT attention against the CPU device on at
   attention_cases_on("simt", "SIMT attention");
 }
 
-// On an sm_90 device (the emulation's) the default's forward is attention_sm90's: the attention
-// cases, segments included, once more with FlashAttention-2's forward there. Elsewhere the
+// On an sm_90 device (the emulation's) FT_CUDA_ATTENTION_SM90=1 makes the fused path's forward
+// attention_sm90's: the attention cases, segments included, once more that way. Elsewhere the
 // knob changes nothing and this repeats the default's cases.
 TEST_CASE(
-    "ops: the CUDA device with FT_CUDA_ATTENTION_SM90=0 against the CPU device on attention") {
-  const std::unique_ptr<Device> ref = make_cpu_device(), dev = cuda_device("fused", "0");
+    "ops: the CUDA device with FT_CUDA_ATTENTION_SM90=1 against the CPU device on attention") {
+  const std::unique_ptr<Device> ref = make_cpu_device(), dev = cuda_device("fused", "1");
   std::vector<Case> cases;
   for (Case& c : all_cases())
     if (is_attention(c) && !(has_segments(c) && c.dtype == "f32")) cases.push_back(std::move(c));
@@ -130,7 +130,7 @@ TEST_CASE(
 #if defined(FT_CUDA_EMU)
   const ft::emu::test::SeedScope keep_seed(ft::emu::seed());
 #endif
-  expect_conforms(*dev, *ref, cases, twice(), "fused attention, FlashAttention-2's forward");
+  expect_conforms(*dev, *ref, cases, twice(), "fused attention, the Hopper forward");
   CHECK_THROWS_WITH_AS(cuda_device("fused", "yes"),
                        doctest::Contains("FT_CUDA_ATTENTION_SM90='yes'"), Error);
 }

@@ -1,7 +1,7 @@
 // Attention benchmark on the GPU (not a test): ft's causal GQA attention through the CUDA
 // device's ops (runtime/op_list.h attention_forward / attention_backward), the path picked by
 // FT_CUDA_ATTENTION as in training (fused: the FlashAttention-2 kernel, its forward on sm_90
-// the Hopper kernel unless FT_CUDA_ATTENTION_SM90=0, which "fwd_kernel" names; gemm: the chunked
+// the Hopper kernel with FT_CUDA_ATTENTION_SM90=1, which "fwd_kernel" names; gemm: the chunked
 // cuBLASLt GEMMs; simt), timed with CUDA events after a warmup. For scripts/gpu_check.py's
 // `attention` stage, which sets PyTorch's sdpa backends beside it on the same GPU.
 //
