@@ -23,6 +23,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #if FT_ASAN
@@ -932,8 +933,31 @@ uint64_t warp_op(WarpOp op, unsigned mask, uint64_t value, int arg, int width,
   return warp_collective(op, mask, value, arg, width, where, nullptr, nullptr);
 }
 
+namespace {
+
+// FT_CUDA_EMU_LAUNCHES=1: each kernel's launches counted by name and printed to stderr at exit
+// ("ft_emu launches: NAME COUNT" a line), so a system test can tell which kernels a run took.
+// Guarded by g_launch_mutex.
+std::map<std::string, uint64_t>* launch_counts() {
+  static std::map<std::string, uint64_t>* counts = [] {
+    const char* v = std::getenv("FT_CUDA_EMU_LAUNCHES");
+    if (!v || std::string(v) != "1") return static_cast<std::map<std::string, uint64_t>*>(nullptr);
+    static std::map<std::string, uint64_t> m;
+    std::atexit([] {
+      for (const auto& [name, n] : m)
+        std::fprintf(stderr, "ft_emu launches: %s %llu\n", name.c_str(),
+                     static_cast<unsigned long long>(n));
+    });
+    return &m;
+  }();
+  return counts;
+}
+
+}  // namespace
+
 void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
   std::lock_guard<std::mutex> lock(g_launch_mutex);
+  if (std::map<std::string, uint64_t>* counts = launch_counts()) ++(*counts)[config.name];
   const dim3 g = config.grid, b = config.block;
   const unsigned long long threads = 1ull * b.x * b.y * b.z;
   if (g.x == 0 || g.y == 0 || g.z == 0 || g.y > 65535 || g.z > 65535 || threads == 0 ||

@@ -67,7 +67,9 @@
 // FT_CUDA_EMU_MEMORY_MIB (default 16384) for cudaMemGetInfo and out-of-memory errors;
 // FT_CUDA_EMU_PINNED_MIB (unlimited by default) limits cudaMallocHost's bytes, as a host's
 // locked-memory limit does; FT_CUDA_EMU_DEVICES (default 1) sets the device count. The device calls
-// itself "CUDA emulation (test tool)".
+// itself "CUDA emulation (test tool)". FT_CUDA_EMU_LAUNCHES=1 prints each kernel's launch count
+// to stderr at exit ("ft_emu launches: NAME COUNT"), for system tests that must know which
+// kernels ran.
 #pragma once
 // kernels/cuda/common.cuh checks that the emulated build force-included this header.
 #define FT_CUDA_EMU_HEADER_INCLUDED 1
