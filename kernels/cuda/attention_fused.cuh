@@ -936,7 +936,8 @@ void forward_launch(T* out, float* lse, const T* q, const T* k, const T* v, cons
   const size_t smem = fwd_smem_bytes<D, MT>();
   constexpr int kTq = MT * kTileQ;
   allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_fused_forward");
-  FT_LAUNCH(kernel, tile_grid(lpt, (T_ + kTq - 1) / kTq, H, B), kThreads, smem, stream)
+  FT_LAUNCH((attention_fused_forward_kernel<T, D, MT>), tile_grid(lpt, (T_ + kTq - 1) / kTq, H, B),
+            kThreads, smem, stream)
   (dev(out), lse, dev(q), dev(k), dev(v), seg, T_, H, K, softmax_scale(D), lpt);
   FT_CUDA_CHECK_LAUNCH();
 }
@@ -948,7 +949,8 @@ void dkdv_launch(T* dk, T* dv, const T* dout, const float* lse, const float* del
   auto dkdv = attention_fused_dkdv_kernel<T, D, TQ, MinB, Interleave>;
   constexpr size_t smem = dkdv_smem_bytes<D, TQ>();
   allow_smem(reinterpret_cast<const void*>(dkdv), smem, "attention_fused_backward");
-  FT_LAUNCH(dkdv, tile_grid(lpt, (T_ + kTileK - 1) / kTileK, K, B), kThreads, smem, stream)
+  FT_LAUNCH((attention_fused_dkdv_kernel<T, D, TQ, MinB, Interleave>),
+            tile_grid(lpt, (T_ + kTileK - 1) / kTileK, K, B), kThreads, smem, stream)
   (dev(dk), dev(dv), dev(dout), lse, delta, dev(q), dev(k), dev(v), seg, T_, H, K, scale, lpt);
   FT_CUDA_CHECK_LAUNCH();
 }
@@ -961,7 +963,8 @@ void dq_launch(T* dq, const T* dout, const float* lse, const float* delta, const
   constexpr size_t smem = dq_smem_bytes<D, MT, KvBuf>();
   constexpr int kTq = MT * kTileQ;
   allow_smem(reinterpret_cast<const void*>(dqk), smem, "attention_fused_backward");
-  FT_LAUNCH(dqk, tile_grid(lpt, (T_ + kTq - 1) / kTq, H, B), kThreads, smem, stream)
+  FT_LAUNCH((attention_fused_dq_kernel<T, D, MT, KvBuf, Ilv>),
+            tile_grid(lpt, (T_ + kTq - 1) / kTq, H, B), kThreads, smem, stream)
   (dev(dq), dev(dout), lse, delta, dev(q), dev(k), dev(v), seg, T_, H, K, scale, lpt);
   FT_CUDA_CHECK_LAUNCH();
 }
