@@ -24,6 +24,7 @@
 #include "runtime/profile.h"
 #include "tests/ops/expect_conforms.h"
 #include "tests/ops/op_harness.h"
+#include "tests/unit/env_scope.h"
 
 namespace ft::op_test {
 namespace {
@@ -48,30 +49,11 @@ TEST_CASE("ops: the guard device gives the CPU device's bits on every op, run af
   expect_conforms(*dev, *ref, all_cases(), o, "same kernels: same bits, twice");
 }
 
-// Sets an environment variable for a scope, restores it after.
-class EnvScope {
- public:
-  EnvScope(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~EnvScope() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 TEST_CASE("ops: the profiled CPU device gives the CPU's bits and counts every op in its family") {
   const std::unique_ptr<Device> ref = make_cpu_device();
   std::unique_ptr<Device> dev;
   {
-    const EnvScope profile("FT_PROFILE", "1");
+    const ft::test::EnvScope profile("FT_PROFILE", "1");
     dev = make_cpu_device();
   }
   REQUIRE(dev->profile() != nullptr);

@@ -25,6 +25,7 @@
 #include "runtime/device.h"
 #include "tests/ops/expect_conforms.h"
 #include "tests/ops/op_harness.h"
+#include "tests/unit/env_scope.h"
 #if defined(FT_CUDA_EMU)
 #include "tests/cuda_emu/emu_test_util.h"
 #endif
@@ -32,32 +33,10 @@
 namespace ft::op_test {
 namespace {
 
-// Sets an environment variable for the scope (nullptr: unset), restoring it after.
-class EnvScope {
- public:
-  EnvScope(const char* name, const char* value) : name_(name) {
-    if (const char* v = std::getenv(name)) old_ = v;
-    if (value)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~EnvScope() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 // The CUDA device with attention `mode` ("fused", "gemm" or "simt") and FT_CUDA_ATTENTION_SM90
 // `sm90` (nullptr: unset, the default): both are read when the device's ops are made.
 std::unique_ptr<Device> cuda_device(const char* mode, const char* sm90 = nullptr) {
-  const EnvScope path("FT_CUDA_ATTENTION", mode), forward("FT_CUDA_ATTENTION_SM90", sm90);
+  const ft::test::EnvScope path("FT_CUDA_ATTENTION", mode), forward("FT_CUDA_ATTENTION_SM90", sm90);
   return make_cuda_device();
 }
 

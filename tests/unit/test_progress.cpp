@@ -14,29 +14,14 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "temp_dir.h"
+#include "tests/unit/env_scope.h"
 
 using namespace ft;
+using ft::test::EnvScope;
 
 namespace {
 
 // Sets an environment variable for one scope, restoring what was there.
-struct ScopedEnv {
-  std::string name, old;
-  bool had;
-  ScopedEnv(const char* n, const char* v) : name(n) {
-    const char* o = std::getenv(n);
-    had = o != nullptr;
-    if (had) old = o;
-    setenv(n, v, 1);
-  }
-  ~ScopedEnv() {
-    if (had)
-      setenv(name.c_str(), old.c_str(), 1);
-    else
-      unsetenv(name.c_str());
-  }
-};
-
 // stderr goes into a file for one scope; text() is what was written.
 struct CaptureStderr {
   TempDir dir;
@@ -72,7 +57,7 @@ size_t count(const std::string& s, const std::string& what) {
 }  // namespace
 
 TEST_CASE("progress: a log gets one plain line per stage, when it ends") {
-  ScopedEnv plain("FT_PROGRESS", "plain");
+  EnvScope plain("FT_PROGRESS", "plain");
   CaptureStderr err;
   {
     WorkProgress p("loading weights", 3e6, WorkProgress::Unit::kItems, "parameters");
@@ -88,8 +73,8 @@ TEST_CASE("progress: a log gets one plain line per stage, when it ends") {
 }
 
 TEST_CASE("progress: a terminal gets a line rewritten in place, with percent, rate and ETA") {
-  ScopedEnv bar("FT_PROGRESS", "bar");
-  ScopedEnv every("FT_PROGRESS_EVERY_S", "0");  // every update is drawn
+  EnvScope bar("FT_PROGRESS", "bar");
+  EnvScope every("FT_PROGRESS_EVERY_S", "0");  // every update is drawn
   CaptureStderr err;
   {
     WorkProgress p("export", 4096.0 * 1024, WorkProgress::Unit::kBytes);
@@ -111,10 +96,10 @@ TEST_CASE("progress: a terminal gets a line rewritten in place, with percent, ra
 }
 
 TEST_CASE("progress: FT_PROGRESS_EVERY_S must be a number of seconds >= 0") {
-  ScopedEnv bar("FT_PROGRESS", "bar");
+  EnvScope bar("FT_PROGRESS", "bar");
   for (const char* bad : {"fast", "-1", "0.5s", "nan"}) {
     CAPTURE(bad);
-    ScopedEnv every("FT_PROGRESS_EVERY_S", bad);
+    EnvScope every("FT_PROGRESS_EVERY_S", bad);
     CaptureStderr err;
     WorkProgress p("export", 10, WorkProgress::Unit::kItems);
     const std::string want =
@@ -123,7 +108,7 @@ TEST_CASE("progress: FT_PROGRESS_EVERY_S must be a number of seconds >= 0") {
     p.close();
   }
   for (const char* good : {"0", "0.25", "2"}) {
-    ScopedEnv every("FT_PROGRESS_EVERY_S", good);
+    EnvScope every("FT_PROGRESS_EVERY_S", good);
     CaptureStderr err;
     WorkProgress p("export", 10, WorkProgress::Unit::kItems);
     CHECK_NOTHROW(p.update(1));
@@ -132,8 +117,8 @@ TEST_CASE("progress: FT_PROGRESS_EVERY_S must be a number of seconds >= 0") {
 }
 
 TEST_CASE("progress: close() removes the live line; a message clears it first") {
-  ScopedEnv bar("FT_PROGRESS", "bar");
-  ScopedEnv every("FT_PROGRESS_EVERY_S", "0");
+  EnvScope bar("FT_PROGRESS", "bar");
+  EnvScope every("FT_PROGRESS_EVERY_S", "0");
   CaptureStderr err;
   {
     WorkProgress p("tokenize", 100, WorkProgress::Unit::kItems, "files");
@@ -150,8 +135,8 @@ TEST_CASE("progress: close() removes the live line; a message clears it first") 
 }
 
 TEST_CASE("progress: a stage cut short keeps its last state on a line of its own") {
-  ScopedEnv bar("FT_PROGRESS", "bar");
-  ScopedEnv every("FT_PROGRESS_EVERY_S", "0");
+  EnvScope bar("FT_PROGRESS", "bar");
+  EnvScope every("FT_PROGRESS_EVERY_S", "0");
   CaptureStderr err;
   try {
     WorkProgress p("reading step_00000004", 10, WorkProgress::Unit::kItems, "groups");
@@ -165,7 +150,7 @@ TEST_CASE("progress: a stage cut short keeps its last state on a line of its own
 }
 
 TEST_CASE("progress: a disabled stage (not rank 0) prints nothing") {
-  ScopedEnv bar("FT_PROGRESS", "bar");
+  EnvScope bar("FT_PROGRESS", "bar");
   CaptureStderr err;
   {
     WorkProgress p("loading weights", 10, WorkProgress::Unit::kItems, "parameters", false);

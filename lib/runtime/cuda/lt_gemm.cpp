@@ -558,8 +558,10 @@ void LtGemm::gemm(GemmCall call, void* stream) {
   impl_->run(call, stream);
 }
 
-void LtGemm::linear_forward(void* y, const void* x, const void* W, DType t, int N, int in, int out,
-                            bool accumulate, void* stream) {
+namespace {
+
+// y (N, out) = x (N, in) · Wᵀ, not yet accumulating.
+LinearCall forward_call(void* y, const void* x, const void* W, DType t, int N, int in, int out) {
   LinearCall call;
   call.gemm = LinearGemm::kForward;
   call.dtype = t;
@@ -569,21 +571,21 @@ void LtGemm::linear_forward(void* y, const void* x, const void* W, DType t, int 
   call.N = N;
   call.in = in;
   call.out = out;
+  return call;
+}
+
+}  // namespace
+
+void LtGemm::linear_forward(void* y, const void* x, const void* W, DType t, int N, int in, int out,
+                            bool accumulate, void* stream) {
+  LinearCall call = forward_call(y, x, W, t, N, in, out);
   call.accumulate = accumulate;
   linear(call, stream);
 }
 
 void LtGemm::linear_forward_residual(void* y, const void* r, const void* x, const void* W, DType t,
                                      int N, int in, int out, void* stream) {
-  LinearCall call;
-  call.gemm = LinearGemm::kForward;
-  call.dtype = t;
-  call.out_ptr = y;
-  call.a = x;
-  call.b = W;
-  call.N = N;
-  call.in = in;
-  call.out = out;
+  LinearCall call = forward_call(y, x, W, t, N, in, out);
   call.accumulate = true;
   call.residual = r;
   linear(call, stream);
