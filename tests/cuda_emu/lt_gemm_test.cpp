@@ -665,6 +665,12 @@ TEST_CASE("lt_gemm_cuda_emu: a damaged, torn or foreign record is measured again
   const std::vector<std::string> now = lines_of(rd.file());
   REQUIRE(now.size() == 5);
   CHECK(now[1] == lines[1]);
+
+  // A record's folder that cannot be one is refused when the LtGemm is made, before any GEMM.
+  std::filesystem::remove_all(rd.dir / "gemm_algos");
+  std::ofstream(rd.dir / "gemm_algos") << "a file";
+  CHECK_THROWS_WITH_AS(LtGemm(workspace.data(), workspace.size(), false, measuring(rd.file())),
+                       doctest::Contains("gemm_algos is not a folder"), ft::Error);
 }
 
 TEST_CASE("lt_gemm_cuda_emu: the emulator refuses what the library leaves undefined") {

@@ -271,6 +271,24 @@ struct LtGemm::Impl {
     if (handle) lt().cublasLtDestroy(handle);
   }
 
+  // The record's folder, made when missing (the run's output_dir exists; the record sits in a
+  // folder of its own below it), at start: an output_dir that cannot take it is refused before
+  // any work, not at the first GEMM.
+  void make_record_dir() const {
+    const size_t slash = choice.record.rfind('/');
+    if (slash == std::string::npos || slash == 0) return;
+    const std::string dir = choice.record.substr(0, slash);
+    if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
+      FT_FAIL("cannot create ", dir, ": ", std::strerror(errno),
+              " (runtime.gemm_algos: measure keeps its choices there)");
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      FT_FAIL(dir, " is not a folder (runtime.gemm_algos: measure keeps its choices there)");
+    if (::access(dir.c_str(), W_OK) != 0)
+      FT_FAIL("cannot write in ", dir, ": ", std::strerror(errno),
+              " (runtime.gemm_algos: measure keeps its choices there)");
+  }
+
   // Reads the record's choices when it is this GPU's and library's; else leaves it to be
   // replaced (with a warning: the bits of a resumed run may then differ from its original).
   void read_record() {
@@ -322,16 +340,7 @@ struct LtGemm::Impl {
   // Appends one choice durably (a crash right after it keeps it).
   void append_record(const Key& k, const cublasLtMatmulAlgo_t& algo, float ms) {
     if (choice.record.empty()) return;
-    if (!record_out) {
-      // A new record: header first. The folder is made when missing (the run's output_dir
-      // exists; the record sits in a folder of its own below it).
-      const size_t slash = choice.record.rfind('/');
-      if (slash != std::string::npos && slash > 0) {
-        const std::string dir = choice.record.substr(0, slash);
-        if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
-          FT_FAIL("cannot create ", dir, ": ", std::strerror(errno),
-                  " (runtime.gemm_algos: measure keeps its choices there)");
-      }
+    if (!record_out) {  // a new record (its folder made at start): header first
       record_out = std::fopen(choice.record.c_str(), "w");
       if (!record_out)
         FT_FAIL("cannot write ", choice.record, ": ", std::strerror(errno),
@@ -541,7 +550,10 @@ LtGemm::LtGemm(void* workspace, size_t workspace_bytes, bool allow_tf32, LtChoic
   impl_->record_header =
       detail::concat("device ", impl_->choice.device, ", cuBLASLt ", lt().cublasLtGetVersion(),
                      ", workspace ", impl_->workspace_bytes);
-  if (!impl_->choice.record.empty()) impl_->read_record();
+  if (!impl_->choice.record.empty()) {
+    impl_->make_record_dir();
+    impl_->read_record();
+  }
 }
 
 LtGemm::~LtGemm() = default;
