@@ -150,7 +150,7 @@ inline uint64_t wgmma_descriptor(const void* smem, uint32_t lbo_bytes, uint32_t 
   return uint64_t((a & 0x3ffffu) >> 4) | uint64_t(lbo_bytes >> 4) << 16 |
          uint64_t(sbo_bytes >> 4) << 32 | uint64_t(swizzle) << 62;
 }
-inline void fence_proxy_async_shared() {}  // the proxies are not modelled
+inline void fence_proxy_async_shared(FT_HOPPER_WHERE) { ::ft::emu::fence_proxy_async(where); }
 template <int N>
 inline void wgmma_fence_operand(float (&)[N]) {}  // a compiler barrier only
 inline void wgmma_fence(FT_HOPPER_WHERE) { ::ft::emu::wgmma_fence(where); }

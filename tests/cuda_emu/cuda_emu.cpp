@@ -676,6 +676,7 @@ int syncthreads(int predicate, const std::source_location& where) {
     r.barrier_waiting = 0;
     int count = 0;
     for (int i = 0; i < r.nthreads; ++i) count += int((*r.fibers)[i].value);
+    hopper_barrier_sync();
     for (int i = 0; i < r.nthreads; ++i) {
       Fiber& w = (*r.fibers)[i];
       w.result = uint64_t(count);
@@ -773,6 +774,17 @@ void complete_ldmatrix(Runner& r, int base, int qual) {
                  " dynamic bytes; the emulator knows FT_DYNAMIC_SHARED only, not static "
                  "__shared__ arrays)");
     rows[l] = static_cast<const unsigned char*>(p);
+  }
+  // Each lane reads the rows it receives elements of: TMA data there must be visible to it.
+  for (int l = 0; l < 32; ++l) {
+    const int first = trans ? 2 * (l & 3) : l >> 2, count = trans ? 2 : 1;
+    for (int i = 0; i < num; ++i)
+      for (int row = first; row < first + count; ++row)
+        if (const std::string e =
+                hopper_generic_read(base + l, uint32_t(rows[8 * i + row] - r.dynamic_shared), 16);
+            !e.empty())
+          report(r, (*r.fibers)[base + l],
+                 ldmatrix_name(qual) + " (" + loc_str((*r.fibers)[base + l].where) + "): " + e);
   }
   const auto elem = [&](int i, int row, int col) {
     uint16_t v;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <source_location>
 #include <string>
 
@@ -37,6 +38,12 @@ std::string hopper_thread_exit(int linear);
 // No thread can run: completes the asynchronous copies still in flight (a GPU finishes them
 // eventually); true if that made a thread ready.
 bool hopper_stalled();
+// A generic-proxy read (ldmatrix) by `thread` of shared [offset, offset + bytes): "" or a report
+// when a TMA copy wrote a byte there on an mbarrier phase the thread has not observed complete.
+std::string hopper_generic_read(int thread, uint32_t offset, uint32_t bytes);
+// Every thread of the block passed one __syncthreads: what one of them observed (an mbarrier
+// phase's completion) is now ordered before all of them.
+void hopper_barrier_sync();
 // Who waits at an mbarrier or a warpgroup instruction, for the deadlock report ("" if none).
 std::string hopper_waiting();
 

@@ -23,6 +23,7 @@
 #include "core/half.h"
 #include "tests/cuda_emu/emu_internal.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -40,6 +41,7 @@ using detail::note;
 using detail::site;
 
 constexpr int64_t kCountMax = (1 << 20) - 1;  // PTX ISA §9.7.13.15.2: every count's bound
+constexpr uint32_t kNoBarrier = ~0u;
 
 std::string ptr_str(const void* p) {
   char buf[32];
@@ -73,10 +75,24 @@ struct Barrier {
   std::vector<PendingCopy> copies;  // completing on this barrier
 };
 
+// A shared byte a TMA copy wrote: the mbarrier (shared offset) and phase its copy completes on.
+struct TmaMark {
+  uint32_t bar = kNoBarrier;
+  uint32_t phase = 0;
+};
+
 struct BlockState {
   std::map<uint32_t, Barrier> barriers;  // by shared offset
   uint64_t next_cookie = 0;
   int running = 0;  // threads of the block not finished
+  // The proxies (top comment): shared memory as the async proxy sees it (the emulator's own
+  // writes for TMA, and the generic proxy's up to the last fence.proxy.async), the TMA marks per
+  // shared byte, and per thread the phases it has observed complete (by barrier offset: phases
+  // 0 .. n - 1).
+  std::vector<unsigned char> async_view;
+  std::vector<TmaMark> tma;
+  bool any_tma = false;  // tma holds a mark
+  std::vector<std::map<uint32_t, uint64_t>> observed;
 };
 BlockState g_block;  // launches are serialised (cuda_emu.cpp), so one block at a time
 
@@ -168,6 +184,7 @@ void mbarrier_init(uint64_t* bar, unsigned count, const std::source_location& wh
          ", which is already initialised (at " + site(it->second.init_where) +
          "): mbarrier.inval it first (the PTX ISA leaves this undefined)");
   Barrier& b = g_block.barriers[off];
+  for (auto& seen : g_block.observed) seen.erase(off);  // a barrier here before an inval
   b.expected = b.pending = count;
   b.init_where = where;
   b.cookie = 0x4d4241520000000ull ^ (++g_block.next_cookie << 20) ^ off;
@@ -235,6 +252,9 @@ bool mbarrier_try_wait_parity(uint64_t* bar, unsigned parity, const std::source_
     detail::suspend();
     b = &live_barrier(bar, "mbarrier.try_wait.parity", where);
   }
+  // This thread has now observed phases 0 .. phase - 1 complete (try_wait's acquire).
+  uint64_t& seen = g_block.observed[size_t(me)][off];
+  seen = std::max(seen, b->phase);
   return true;
 }
 
@@ -360,6 +380,8 @@ std::string complete_copies(Barrier& b, uint32_t off) {
       return copy_name(c.map.rank) + " (" + site(c.where) + "): its global source changed " +
              "before the copy completed, which the PTX ISA leaves undefined";
     std::memcpy(shared + c.dst, c.image.data(), c.image.size());
+    std::memcpy(g_block.async_view.data() + c.dst, c.image.data(), c.image.size());
+    std::fill_n(g_block.tma.begin() + c.dst, c.image.size(), TmaMark{off, uint32_t(b.phase)});
     b.tx -= int64_t(c.image.size());
     if (std::string e = settle(b, off, "the completion of a TMA copy", c.where); !e.empty())
       return e;
@@ -397,6 +419,10 @@ void tma_load(void* smem, const TensorMap& map, int rank, const int* coords, uin
   std::memcpy(c.coords, coords, sizeof(int) * size_t(map.rank));
   c.image = box_image(map, c.coords, dst);
   std::memset(base + dst, 0xff, bytes);
+  std::memset(g_block.async_view.data() + dst, 0xff, bytes);
+  g_block.any_tma = true;
+  std::fill_n(g_block.tma.begin() + dst, bytes,
+              TmaMark{bar_offset(bar, name.c_str(), where), uint32_t(b.phase)});
   b.copies.push_back(std::move(c));
 }
 
@@ -678,10 +704,43 @@ void wgmma_mma(WgmmaType type, int n, float* d, uint64_t desc_a, const uint32_t*
     for (int r = 0; r < regs; ++r) std::memcpy(x.d + r, &kPendingBits, 4);
     t.uncommitted.push_back(std::move(p));
   }
+  // The proxies: each byte read as the async proxy sees it (no generic store since the last
+  // fence.proxy.async), and each TMA-written byte's phase observed by all 128 threads.
+  std::map<std::pair<uint32_t, uint32_t>, uint32_t> phases;  // (barrier, phase) -> an offset
+  for (const uint32_t at : op->addresses) {
+    if (shared[at] != g_block.async_view[at])
+      fail(name + ": its shared operand at offset " + std::to_string(at) +
+           " was written by a thread's store (the generic proxy) with no "
+           "fence.proxy.async.shared::cta since: the async proxy may not see the write "
+           "(fence_proxy_async_shared() after the stores, then a barrier, before the wgmma)");
+    if (const TmaMark m = g_block.tma[at]; m.bar != kNoBarrier)
+      phases.emplace(std::pair{m.bar, m.phase}, at);
+  }
+  for (const auto& [bp, at] : phases)
+    for (const int th : wg.threads) {
+      const auto& seen = g_block.observed[size_t(th)];
+      if (auto it = seen.find(bp.first); it == seen.end() || it->second <= bp.second)
+        fail(name + ": thread " + std::to_string(th) + " has not observed the completion of " +
+             "phase " + std::to_string(bp.second) + " of the " + bar_name(bp.first) +
+             ", on which the TMA copy writing its shared operand at offset " + std::to_string(at) +
+             " completes: each thread of the warpgroup waits on that phase (or passes a "
+             "__syncthreads after a thread that did) before the wgmma");
+    }
   const std::vector<int> waiting = wg.threads;
   g_warpgroups.erase(group);
   for (int th : waiting)
     if (th != me) detail::wake(th);
+}
+
+void fence_proxy_async(const std::source_location& where) {
+  detail::current_thread("fence.proxy.async.shared::cta");
+  // Every generic write so far, not only this thread's (a limit: see the top comment).
+  const unsigned char* shared = detail::shared_base();
+  for (size_t i = 0; i < g_block.async_view.size(); ++i)
+    if (shared[i] != g_block.async_view[i]) {
+      g_block.async_view[i] = shared[i];
+      g_block.tma[i] = TmaMark{};
+    }
 }
 
 // ---- the scheduler's hooks (emu_internal.h) ----------------------------------------------------
@@ -690,6 +749,9 @@ namespace detail {
 void hopper_block_start(int nthreads) {
   g_block = BlockState{};
   g_block.running = nthreads;
+  g_block.async_view.assign(shared_base(), shared_base() + shared_bytes());
+  g_block.tma.assign(shared_bytes(), TmaMark{});
+  g_block.observed.assign(size_t(nthreads), {});
   g_wg_threads.assign(size_t(nthreads), WgThread{});
   g_warpgroups.clear();
 }
@@ -718,6 +780,29 @@ std::string hopper_thread_exit(int linear) {
              " TMA copy(ies) into shared memory never waited for (the first issued at " +
              site(b.copies.front().where) + ", completing on the " + bar_name(off) + ")";
   return "";
+}
+
+std::string hopper_generic_read(int thread, uint32_t offset, uint32_t bytes) {
+  if (!g_block.any_tma) return "";
+  const auto& seen = g_block.observed[size_t(thread)];
+  for (uint32_t i = offset; i < offset + bytes && i < g_block.tma.size(); ++i) {
+    const TmaMark m = g_block.tma[i];
+    if (m.bar == kNoBarrier) continue;
+    if (auto it = seen.find(m.bar); it != seen.end() && it->second > m.phase) continue;
+    return "thread " + std::to_string(thread) + " has not observed the completion of phase " +
+           std::to_string(m.phase) + " of the " + bar_name(m.bar) +
+           ", on which the TMA copy writing shared offset " + std::to_string(i) +
+           " completes: a thread reads TMA data after it waited on that phase (or passed a "
+           "__syncthreads after a thread that did)";
+  }
+  return "";
+}
+
+void hopper_barrier_sync() {
+  std::map<uint32_t, uint64_t> all;
+  for (const auto& seen : g_block.observed)
+    for (const auto& [off, n] : seen) all[off] = std::max(all[off], n);
+  for (auto& seen : g_block.observed) seen = all;
 }
 
 bool hopper_stalled() {

@@ -57,6 +57,9 @@ uint32_t shared_offset(const void* p, const char* what, const std::source_locati
 // Reports a descriptor whose start is not 16-byte aligned or whose offsets do not encode.
 [[noreturn]] void wgmma_descriptor_error(uint32_t start, uint32_t lbo, uint32_t sbo,
                                          const std::source_location& where);
+// fence.proxy.async.shared::cta: the generic proxy's writes to shared memory so far become
+// visible to the async proxy (wgmma's shared operands).
+void fence_proxy_async(const std::source_location& where);
 void wgmma_fence(const std::source_location& where);
 void wgmma_commit_group(const std::source_location& where);
 void wgmma_wait_group(int n, const std::source_location& where);

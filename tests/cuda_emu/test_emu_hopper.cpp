@@ -15,6 +15,7 @@
 #include "core/half.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/hopper.cuh"
+#include "kernels/cuda/warp_matrix.cuh"
 #include "tests/cuda_emu/emu_test_util.h"
 
 namespace ft::kernels::cuda {
@@ -241,11 +242,13 @@ TEST_CASE("cuda_emu hopper: the emulated cuTensorMapEncodeTiled checks the drive
 }
 
 // One wgmma misuse per mode (mode 0 and 5 run to the end). A warpgroup multiplies zero tiles
-// (64 x 16 and 64 x 16, K-major, no swizzle: 2048 bytes each from shared offset 0 and 2048).
+// (64 x 16 and 64 x 16, K-major, no swizzle: 2048 bytes each from shared offset 0 and 2048),
+// written by the threads' stores and fenced for the async proxy.
 __global__ void wgmma_misuse_kernel(float* out, int mode) {
   FT_DYNAMIC_SHARED(unsigned char, smem);
   const int t = threadIdx.x;
   for (int i = t; i < 4096; i += blockDim.x) smem[i] = 0;
+  if (mode != 13) fence_proxy_async_shared();  // 13: the generic writes not fenced
   __syncthreads();
   if (mode == 3 && t >= 96) return;  // 3: a warp of the warpgroup skips the wgmma
   const unsigned char* a = smem + (mode == 4 && t == 5 ? 16 : 0);  // 4: one thread's A differs
@@ -296,6 +299,7 @@ TEST_CASE("cuda_emu hopper: wgmma misuse is reported; a read before wait_group s
       {10, 128, {"without a wgmma.fence"}},
       {11, 128, {"wgmma_descriptor", "must be 16-byte aligned"}},
       {12, 128, {"every thread of the warpgroup must execute the same wgmma"}},
+      {13, 128, {"operand at offset 0 was written by a thread's store", "fence.proxy.async"}},
   };
   for (uint64_t seed : {0ull, 7ull, 19ull}) {
     SeedScope scope(seed);
@@ -384,6 +388,109 @@ TEST_CASE("cuda_emu hopper: a stage released before wgmma.wait_group and refille
     }
   }
   CHECK(reports > 0);
+}
+
+// A TMA copy of A and B (64 x 64 bf16 boxes, 128-byte swizzle) on one mbarrier, then a wgmma on
+// them. The PTX ISA makes the copy's writes visible to the threads that observe the phase's
+// completion (mbarrier.try_wait), and through them to threads a barrier orders after: mode 0,
+// every thread waits; mode 1 (the misuse), warp 0 only; mode 2, thread 0 waits, then a
+// __syncthreads (correct).
+__global__ void tma_visibility_kernel(float* out, const __grid_constant__ TensorMap map, int mode) {
+  FT_DYNAMIC_SHARED(unsigned char, smem);
+  auto* full = reinterpret_cast<uint64_t*>(smem);
+  unsigned char* a = smem + 1024;
+  unsigned char* b = smem + 1024 + 8192;
+  const int t = threadIdx.x;
+  if (t == 0) mbarrier_init(full, 1);
+  __syncthreads();
+  if (t == 0) {
+    mbarrier_arrive_expect_tx(full, 2 * 8192);
+    tma_load_2d(a, map, 0, 0, full);
+    tma_load_2d(b, map, 0, 0, full);
+  }
+  if (mode == 0 || (mode == 1 && t < 32) || (mode == 2 && t == 0)) mbarrier_wait(full, 0);
+  if (mode == 2) __syncthreads();
+  float d[32];
+  wgmma_fence();
+  wgmma_m64k16<::ft::bf16, 64>(d, wgmma_descriptor(a, 16, 1024, WgmmaSwizzle::k128B),
+                               wgmma_descriptor(b, 16, 1024, WgmmaSwizzle::k128B), false);
+  wgmma_commit_group();
+  wgmma_wait_group<0>();
+  out[t] = d[0];
+}
+
+TEST_CASE("cuda_emu hopper: a thread's wgmma on TMA data it has not waited for is reported") {
+  std::vector<uint16_t> host(64 * 64);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = ft::to_bf16(float(i % 5) - 2.0f).bits;
+  DeviceBuffer<uint16_t> src(host);
+  DeviceBuffer<float> out(128);
+  const uint64_t dims[2] = {64, 64}, strides[1] = {128};
+  const uint32_t box[2] = {64, 64};
+  const TensorMap map =
+      encode_tensor_map(TmaType::kBf16, 2, src.get(), dims, strides, box, TmaSwizzle::k128B);
+  const auto run = [&](int mode) {
+    FT_LAUNCH(tma_visibility_kernel, 1, 128, 1024 + 2 * 8192, nullptr)(out.get(), map, mode);
+  };
+  for (uint64_t seed : {0ull, 5ull, 23ull}) {
+    SeedScope scope(seed);
+    CAPTURE(seed);
+    CHECK(report_of([&] { run(0); }) == "");  // the controls
+    CHECK(report_of([&] { run(2); }) == "");
+    const std::string r = report_of([&] { run(1); });
+    CHECK(r.find("tma_visibility_kernel") != std::string::npos);
+    CHECK_MESSAGE(r.find("has not observed the completion of phase 0 of the mbarrier at shared "
+                         "offset 0") != std::string::npos,
+                  r);
+  }
+}
+
+// The same rule for a generic read the emulator sees, ldmatrix: an 8 x 8 bf16 box by TMA, then
+// one warp's ldmatrix.x1 of it. Mode 0, every lane waits; mode 1 (the misuse), lane 0 only;
+// mode 2, lane 0 waits, then a __syncthreads.
+__global__ void tma_ldmatrix_kernel(uint32_t* out, const __grid_constant__ TensorMap map,
+                                    int mode) {
+  FT_DYNAMIC_SHARED(unsigned char, smem);
+  auto* full = reinterpret_cast<uint64_t*>(smem);
+  unsigned char* box = smem + 128;
+  const int t = threadIdx.x;
+  if (t == 0) mbarrier_init(full, 1);
+  __syncthreads();
+  if (t == 0) {
+    mbarrier_arrive_expect_tx(full, 128);
+    tma_load_2d(box, map, 0, 0, full);
+  }
+  if (mode == 0 || t == 0) mbarrier_wait(full, 0);
+  if (mode == 2) __syncthreads();
+  uint32_t r[1];
+  ldmatrix_x1(r, box + 16 * (t % 8));
+  out[t] = r[0];
+}
+
+TEST_CASE("cuda_emu hopper: an ldmatrix of TMA data the lane has not waited for is reported") {
+  std::vector<uint16_t> host(64);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = uint16_t(i);
+  DeviceBuffer<uint16_t> src(host);
+  DeviceBuffer<uint32_t> out(32);
+  const uint64_t dims[2] = {8, 8}, strides[1] = {16};
+  const uint32_t box[2] = {8, 8};
+  const TensorMap map =
+      encode_tensor_map(TmaType::kBf16, 2, src.get(), dims, strides, box, TmaSwizzle::kNone);
+  const auto run = [&](int mode) {
+    FT_LAUNCH(tma_ldmatrix_kernel, 1, 32, 256, nullptr)(out.get(), map, mode);
+  };
+  for (uint64_t seed : {0ull, 5ull, 23ull}) {
+    SeedScope scope(seed);
+    CAPTURE(seed);
+    CHECK(report_of([&] { run(0); }) == "");  // the controls
+    CHECK(out.to_host()[5] ==
+          (uint32_t(8 + 3) << 16 | uint32_t(8 + 2)));  // lane 5: row 1, cols 2, 3
+    CHECK(report_of([&] { run(2); }) == "");
+    const std::string r = report_of([&] { run(1); });
+    CHECK(r.find("ldmatrix.sync.aligned.m8n8.x1") != std::string::npos);
+    CHECK_MESSAGE(r.find("has not observed the completion of phase 0 of the mbarrier at shared "
+                         "offset 0") != std::string::npos,
+                  r);
+  }
 }
 
 }  // namespace
