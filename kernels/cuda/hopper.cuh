@@ -74,7 +74,9 @@ __host__ __device__ __forceinline__ uint32_t tma_swizzle(uint32_t address, int s
 // touching its registers, wgmma_commit_group() closes the issued ones into a group,
 // wgmma_wait_group<n>() waits until at most n groups are pending; only then may d be read or
 // written. Shared memory the threads wrote themselves needs fence_proxy_async_shared() (and a
-// __syncthreads) before a wgmma reads it; TMA's writes do not. To nvcc a wgmma's asm writes d
+// __syncthreads) before a wgmma reads it; TMA's writes do not, but every thread of the warpgroup
+// must have waited on the copy's mbarrier phase (or passed a __syncthreads after one that did:
+// the emulation checks both rules). To nvcc a wgmma's asm writes d
 // when issued, so it could move code that reads or writes d above the wgmma_wait_group that
 // completes it (the wait names no register): wgmma_fence_operand(d) after that wait (an empty
 // asm reading and writing each register, ordered with the other volatile asms) pins those

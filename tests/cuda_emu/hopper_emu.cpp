@@ -17,6 +17,25 @@
 // can never complete), and, through the scheduler, waiting for a phase that cannot complete
 // (deadlock, with each barrier's counts). The ISA lets the tx-count go negative while arrivals
 // are pending (a copy may complete before its expect-tx), and so does the emulator.
+//
+// The proxies (PTX ISA §8 memory consistency model: proxies; §9.7.13.15.16 try_wait, acquire at
+// CTA scope, which makes the writes of the copies completing the phase visible to the waiting
+// thread; §9.7.12.4 fence.proxy; §9.7.15.5 wgmma.mma_async reads shared memory through the async
+// proxy). TMA copies and wgmma's shared operands are the async proxy, a thread's loads and stores
+// the generic proxy. (1) Each shared byte a TMA copy writes is marked with the mbarrier phase its
+// copy completes on; each thread records the phases it observed complete (try_wait returning),
+// and a __syncthreads gives every thread what any of them observed (bar.sync orders them). A
+// wgmma reading a marked byte before every thread of its warpgroup observed the phase is
+// reported (thread, shared offset, barrier): conservative, as each of the 128 threads issues
+// the instruction; so is an ldmatrix lane reading a row it has not. (2) The emulator keeps
+// shared memory as the async proxy sees it: its own TMA writes, and the generic proxy's as of
+// the last fence.proxy.async.shared::cta; a wgmma reading a byte that differs (a thread's store
+// with no fence since) is reported. Limits: plain C++ loads and stores of shared memory are not
+// intercepted, so a plain load of TMA data without a wait goes unseen; a store is seen only if
+// it changed the byte; a fence by any thread covers every store before it (the ISA: the fencing
+// thread's own). mbarrier.arrive releases what the arriving thread observed, to the threads that
+// observe that phase complete (the ISA's default .release / .acquire at CTA scope); other
+// barriers (named bar.sync, __syncwarp) pass nothing on, which can only report more.
 #include "tests/cuda_emu/cuda_emu.h"
 
 #include "core/error.h"
@@ -73,7 +92,14 @@ struct Barrier {
   std::source_location init_where;
   std::vector<Waiter> waiters;
   std::vector<PendingCopy> copies;  // completing on this barrier
+  // Phases observed complete (barrier offset -> count, as BlockState::observed) that the current
+  // phase's arrivals release, and that every completed phase released (a waiter acquires them).
+  std::map<uint32_t, uint64_t> releasing, released;
 };
+
+void merge_observed(std::map<uint32_t, uint64_t>& into, const std::map<uint32_t, uint64_t>& from) {
+  for (const auto& [off, n] : from) into[off] = std::max(into[off], n);
+}
 
 // A shared byte a TMA copy wrote: the mbarrier (shared offset) and phase its copy completes on.
 struct TmaMark {
@@ -149,6 +175,8 @@ std::string settle(Barrier& b, uint32_t off, const char* op, const std::source_l
            ": tx-count went negative with every arrival in (" + counts(b) +
            "): more bytes completed than expect-tx announced, so the phase can never complete";
   if (b.pending != 0 || b.tx != 0) return "";
+  merge_observed(b.released, b.releasing);
+  b.releasing.clear();
   ++b.phase;
   b.pending = b.expected;
   std::vector<Waiter> waiters;
@@ -204,6 +232,7 @@ void mbarrier_inval(uint64_t* bar, const std::source_location& where) {
 uint64_t mbarrier_arrive(uint64_t* bar, unsigned count, bool expect_tx, unsigned tx_bytes,
                          const std::source_location& where) {
   const char* op = expect_tx ? "mbarrier.arrive.expect_tx" : "mbarrier.arrive";
+  const int me = detail::current_thread(op);
   Barrier& b = live_barrier(bar, op, where);
   const uint32_t off = bar_offset(bar, op, where);
   const uint64_t state = b.phase;
@@ -213,6 +242,7 @@ uint64_t mbarrier_arrive(uint64_t* bar, unsigned count, bool expect_tx, unsigned
          "underflow, " + std::to_string(count) + " arrival(s) where " + counts(b) +
          " (more arrivals than mbarrier.init's count in one phase)");
   b.pending -= count;
+  merge_observed(b.releasing, g_block.observed[size_t(me)]);  // arrive is a release (CTA scope)
   settle_or_fail(b, off, op, where);
   // A thread this arrival released (an mbarrier's waiter: a TMA producer refilling a stage) may
   // run before the arriving thread's next instruction, as on a GPU: a seeded preemption point.
@@ -252,9 +282,11 @@ bool mbarrier_try_wait_parity(uint64_t* bar, unsigned parity, const std::source_
     detail::suspend();
     b = &live_barrier(bar, "mbarrier.try_wait.parity", where);
   }
-  // This thread has now observed phases 0 .. phase - 1 complete (try_wait's acquire).
-  uint64_t& seen = g_block.observed[size_t(me)][off];
-  seen = std::max(seen, b->phase);
+  // This thread has now observed phases 0 .. phase - 1 complete (try_wait's acquire), and what
+  // the arrivals of those phases released.
+  auto& observed = g_block.observed[size_t(me)];
+  merge_observed(observed, b->released);
+  observed[off] = std::max(observed[off], b->phase);
   return true;
 }
 
@@ -452,9 +484,8 @@ void tma_load(void* smem, const TensorMap& map, int rank, const int* coords, uin
 // new value, which nvcc keeps apart (ptxas injects the fences). The shared operands are read at
 // issue and again at completion (a change between is reported). A
 // thread's first mma_async needs a wgmma.fence before it, and so does one whose accumulators the
-// thread wrote after the emulator last wrote them (both reported). Not modelled: the
-// fence.proxy.async rule for generic-proxy writes to shared memory, base offsets other than 0,
-// sparse and other-typed variants.
+// thread wrote after the emulator last wrote them (both reported). The proxy rules: the top
+// comment. Not modelled: base offsets other than 0, sparse and other-typed variants.
 namespace {
 
 constexpr uint32_t kPendingBits = 0x7fc0deadu;  // the NaN in a pending wgmma's registers
@@ -800,8 +831,7 @@ std::string hopper_generic_read(int thread, uint32_t offset, uint32_t bytes) {
 
 void hopper_barrier_sync() {
   std::map<uint32_t, uint64_t> all;
-  for (const auto& seen : g_block.observed)
-    for (const auto& [off, n] : seen) all[off] = std::max(all[off], n);
+  for (const auto& seen : g_block.observed) merge_observed(all, seen);
   for (auto& seen : g_block.observed) seen = all;
 }
 

@@ -394,22 +394,29 @@ TEST_CASE("cuda_emu hopper: a stage released before wgmma.wait_group and refille
 // them. The PTX ISA makes the copy's writes visible to the threads that observe the phase's
 // completion (mbarrier.try_wait), and through them to threads a barrier orders after: mode 0,
 // every thread waits; mode 1 (the misuse), warp 0 only; mode 2, thread 0 waits, then a
-// __syncthreads (correct).
+// __syncthreads; mode 3, thread 0 waits, then arrives on a second mbarrier the others wait on
+// (arrive releases, try_wait acquires). Modes 0, 2 and 3 are correct.
 __global__ void tma_visibility_kernel(float* out, const __grid_constant__ TensorMap map, int mode) {
   FT_DYNAMIC_SHARED(unsigned char, smem);
   auto* full = reinterpret_cast<uint64_t*>(smem);
+  auto* go = full + 1;
   unsigned char* a = smem + 1024;
   unsigned char* b = smem + 1024 + 8192;
   const int t = threadIdx.x;
-  if (t == 0) mbarrier_init(full, 1);
+  if (t == 0) {
+    mbarrier_init(full, 1);
+    mbarrier_init(go, 1);
+  }
   __syncthreads();
   if (t == 0) {
     mbarrier_arrive_expect_tx(full, 2 * 8192);
     tma_load_2d(a, map, 0, 0, full);
     tma_load_2d(b, map, 0, 0, full);
   }
-  if (mode == 0 || (mode == 1 && t < 32) || (mode == 2 && t == 0)) mbarrier_wait(full, 0);
+  if (mode == 0 || (mode == 1 && t < 32) || (mode >= 2 && t == 0)) mbarrier_wait(full, 0);
   if (mode == 2) __syncthreads();
+  if (mode == 3 && t == 0) mbarrier_arrive(go);
+  if (mode == 3) mbarrier_wait(go, 0);
   float d[32];
   wgmma_fence();
   wgmma_m64k16<::ft::bf16, 64>(d, wgmma_descriptor(a, 16, 1024, WgmmaSwizzle::k128B),
@@ -436,6 +443,7 @@ TEST_CASE("cuda_emu hopper: a thread's wgmma on TMA data it has not waited for i
     CAPTURE(seed);
     CHECK(report_of([&] { run(0); }) == "");  // the controls
     CHECK(report_of([&] { run(2); }) == "");
+    CHECK(report_of([&] { run(3); }) == "");
     const std::string r = report_of([&] { run(1); });
     CHECK(r.find("tma_visibility_kernel") != std::string::npos);
     CHECK_MESSAGE(r.find("has not observed the completion of phase 0 of the mbarrier at shared "
