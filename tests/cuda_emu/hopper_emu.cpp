@@ -830,6 +830,7 @@ std::string hopper_generic_read(int thread, uint32_t offset, uint32_t bytes) {
 }
 
 void hopper_barrier_sync() {
+  if (g_block.barriers.empty()) return;  // no mbarrier, nothing observed (most kernels)
   std::map<uint32_t, uint64_t> all;
   for (const auto& seen : g_block.observed) merge_observed(all, seen);
   for (auto& seen : g_block.observed) seen = all;
