@@ -32,6 +32,13 @@ need_emu() {
 # already run only to compare bits (another schedule seed: races are the Release pass's to find).
 sanitizer_build() { grep -q '^FT_SANITIZE:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; }
 
+# Every mpirun a test starts, itself or through ft train --nproc or scripts/test_layouts.sh:
+# PMIx's munge plugin, where munge is installed (the slurm stage installs it) but munged is not
+# running, retries munged's socket with growing sleeps for 2.25 s before it falls back to native
+# authentication (`mpirun -np 2 true`: 2.5 s against 0.2 s once tests/slurm has run and stopped
+# munged). One node needs no munge.
+export PMIX_MCA_psec="${PMIX_MCA_psec:-native}"
+
 # mpi_env [MPIRUN_ARGS...]: for tests that run mpirun. Leak reports off in the sanitizer pass:
 # Open MPI's dlopen'ed plugins keep allocations until exit, and once unloaded their stacks cannot
 # be told apart for suppression; address and undefined-behaviour errors still fail the test.

@@ -46,8 +46,7 @@ echo "--- 1b. tensor 2 x pipeline 2 with modules_to_save [embed_tokens, lm_head]
 bash "$src/scripts/test_layouts.sh" --lora --only tensor2_pipeline2 \
   --set "adapter.modules_to_save=[embed_tokens,lm_head]" "$build"
 
-mpi_args=(--oversubscribe -x FT_TEST_DUMP_PARAMS)
-[[ $(id -u) == 0 ]] && mpi_args+=(--allow-run-as-root)
+mpi_env -x FT_TEST_DUMP_PARAMS
 /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/data" --vocab 64 --samples 33 --seq-len 12 \
   --seed 3 > /dev/null
 cat > "$tmp/r.yaml" <<YAML
@@ -90,7 +89,7 @@ for p in fp32 bf16; do
   train "full_$p" training.precision=$p
   base_kept "init_$p" "full_$p"
 done
-FT_TEST_DUMP_PARAMS="$tmp/z3/params" mpirun "${mpi_args[@]}" -np 2 "$ft" train "$tmp/r.yaml" \
+FT_TEST_DUMP_PARAMS="$tmp/z3/params" mpirun "${mpirun_args[@]}" -np 2 "$ft" train "$tmp/r.yaml" \
   run.output_dir="$tmp/z3" parallel.zero_stage=3 training.precision=bf16 > "$tmp/z3.log" 2>&1 ||
   fail "z3: $(tail -3 "$tmp/z3.log")"
 base_kept init_bf16 z3
