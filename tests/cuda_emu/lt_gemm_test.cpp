@@ -671,6 +671,11 @@ TEST_CASE("lt_gemm_cuda_emu: a damaged, torn or foreign record is measured again
   std::ofstream(rd.dir / "gemm_algos") << "a file";
   CHECK_THROWS_WITH_AS(LtGemm(workspace.data(), workspace.size(), false, measuring(rd.file())),
                        doctest::Contains("gemm_algos is not a folder"), ft::Error);
+  // So is a record that is not a file (it would otherwise fail at the first measured GEMM).
+  std::filesystem::remove(rd.dir / "gemm_algos");
+  std::filesystem::create_directories(rd.file());
+  CHECK_THROWS_WITH_AS(LtGemm(workspace.data(), workspace.size(), false, measuring(rd.file())),
+                       doctest::Contains("is not a regular file"), ft::Error);
 }
 
 TEST_CASE("lt_gemm_cuda_emu: the emulator refuses what the library leaves undefined") {

@@ -287,6 +287,10 @@ struct LtGemm::Impl {
     if (::access(dir.c_str(), W_OK) != 0)
       FT_FAIL("cannot write in ", dir, ": ", std::strerror(errno),
               " (runtime.gemm_algos: measure keeps its choices there)");
+    // The record itself, where one exists, must be a file this run can read and extend.
+    if (::stat(choice.record.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+      FT_FAIL(choice.record, " is not a regular file (runtime.gemm_algos: measure keeps its",
+              " choices there; remove it)");
   }
 
   // Reads the record's choices when it is this GPU's and library's; else leaves it to be
