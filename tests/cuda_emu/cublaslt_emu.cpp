@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -15,6 +16,13 @@
 struct cublasLtContext {
   uint32_t magic;
 };
+
+// The CUDA emulation's stream order (cuda_emu.h), where the program links it (ft_emu and the
+// kernel tests do; lt_gemm_cuda_emu_tests, on host memory, does not: its calls run at once).
+namespace ft::emu {
+[[gnu::weak]] bool valid_stream_handle(const void* s);
+[[gnu::weak]] void stream_submit(const void* s, std::function<void()> op);
+}  // namespace ft::emu
 
 namespace {
 
@@ -249,6 +257,10 @@ uint32_t alignment_of(const void* ptr) {
   const uintptr_t low = a & (~a + 1);
   return low >= 256 ? 256u : static_cast<uint32_t>(low);
 }
+
+// The product itself, run in stream order (defined after the API).
+void run_matmul(const Problem& p, uint64_t parts, float alpha, float beta, const void* A_p,
+                const void* B_p, const void* C_p, void* D_p);
 
 }  // namespace
 
@@ -607,11 +619,31 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     if (lo < d_hi && d_lo < hi)
       return fail(CUBLAS_STATUS_INVALID_VALUE, std::string("Matmul: D overlaps ") + name);
   }
-  if (ws_needed) std::memset(workspace, 0xA5, ws_needed);  // touch it: ASan checks the size
-
+  // Host scalars are read when the call is made, the matrices when the stream runs it.
   const float alpha = *static_cast<const float*>(alpha_p);
   const float beta = *static_cast<const float*>(beta_p);
   if (beta != 0.0f && !C_p) return fail(CUBLAS_STATUS_INVALID_VALUE, "Matmul: C null, beta != 0");
+  if (ft::emu::valid_stream_handle && !ft::emu::valid_stream_handle(stream))
+    return fail(CUBLAS_STATUS_INVALID_VALUE, "Matmul: not a live stream");
+  ++g_matmuls;
+  auto op = [=] {
+    if (ws_needed) std::memset(workspace, 0xA5, ws_needed);  // touch it: ASan checks the size
+    run_matmul(p, parts, alpha, beta, A_p, B_p, C_p, D_p);
+  };
+  if (ft::emu::stream_submit)
+    ft::emu::stream_submit(stream, op);
+  else
+    op();
+  return ok();
+}
+
+}  // extern "C"
+
+namespace {
+
+// D = alpha op(A) op(B) + beta C, as the checked call described it.
+void run_matmul(const Problem& p, uint64_t parts, float alpha, float beta, const void* A_p,
+                const void* B_p, const void* C_p, void* D_p) {
   const bool ta = p.desc.transa == CUBLAS_OP_T, tb = p.desc.transb == CUBLAS_OP_T;
   const bool tf32 = p.desc.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
   std::vector<float> out(p.m * p.n);
@@ -648,9 +680,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       for (uint64_t i = 0; i < p.m; ++i)
         store_elem(d_p, p.d.type, i + j * p.d.ld, out[i + j * p.m]);
   }
-  ++g_matmuls;
-  (void)stream;  // every emulated call completes before it returns
-  return ok();
 }
 
-}  // extern "C"
+}  // namespace

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,14 +31,34 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
+namespace ft::emu {
+// A stream's work in order (the stream order of cudaStreamWaitEvent, events and the legacy
+// stream's implicit synchronisation: "Stream order" below). `started` counts the operations
+// taken from the front; an operation is at most `enqueued` (its number from 1).
+struct Queue {
+  std::deque<std::function<void()>> ops;
+  uint64_t enqueued = 0, started = 0;
+  bool legacy = false;   // the null / cudaStreamLegacy stream
+  bool blocking = true;  // synchronises with the legacy stream (not cudaStreamNonBlocking)
+  bool eager = false;    // runs each operation as it is queued (FT_CUDA_EMU_STREAMS=eager, NCCL)
+};
+// One cudaEventRecord: done when its stream's work up to `seq` has run.
+struct EventRecord {
+  std::shared_ptr<Queue> queue;
+  uint64_t seq = 0;
+  bool done = false;
+  std::chrono::steady_clock::time_point time;
+};
+}  // namespace ft::emu
+
 // The runtime's opaque handles (only declared by driver_types.h; cudart defines them).
 struct CUstream_st {
   unsigned flags = 0;
+  std::shared_ptr<ft::emu::Queue> queue;
 };
 struct CUevent_st {
   unsigned flags = 0;
-  bool recorded = false;
-  std::chrono::steady_clock::time_point time;
+  std::shared_ptr<ft::emu::EventRecord> last;  // the latest record; null: never recorded
 };
 
 namespace ft::emu {
@@ -148,10 +169,116 @@ bool stream_is_valid(const void* s) {
   return rt().streams.count(static_cast<const CUstream_st*>(s)) > 0;
 }
 
+// ---- stream order ---------------------------------------------------------------------------
+// FT_CUDA_EMU_STREAMS=deferred (the default): work queued on a stream runs only when something
+// needs it done: a synchronisation of its stream, or of an event recorded after it; another
+// stream's cudaStreamWaitEvent on such an event, when that stream's work runs; an implicit
+// device synchronisation (cudaDeviceSynchronize, cudaFree, cudaFreeHost, cudaHostUnregister,
+// cudaStreamDestroy); work on the legacy stream (the null stream), which runs at once after the
+// blocking streams' work (streams not made with cudaStreamNonBlocking); a copy to pageable host
+// memory, which returns done. Each stream thus runs as late as what is waited on allows, so a
+// missing cudaStreamWaitEvent shows as other bits: a consumer forced to run before its
+// producer reads the old bytes, and a stream that runs after another overwrote what it was
+// meant to read first reads the new ones. Streams that carry NCCL calls run eagerly
+// (nccl_emu.cpp: ranks meet in them, and a call deferred on one rank would hang the others),
+// so a read of NCCL's output without a wait goes unseen; FT_CUDA_EMU_STREAMS=eager runs every
+// operation when it is queued, as the emulation did before. Kernel errors of deferred work are
+// thrown by the call that ran it (as a GPU reports them at a synchronisation).
+std::recursive_mutex& stream_mutex() {
+  static auto* m = new std::recursive_mutex;
+  return *m;
+}
+bool deferred_mode() {
+  static const bool deferred = [] {
+    const char* v = std::getenv("FT_CUDA_EMU_STREAMS");
+    if (!v || !*v || std::string(v) == "deferred") return true;
+    if (std::string(v) == "eager") return false;
+    std::fprintf(stderr, "FT_CUDA_EMU_STREAMS=%s: expected deferred or eager\n", v);
+    std::abort();
+  }();
+  return deferred;
+}
+std::vector<std::weak_ptr<Queue>>& all_queues() {
+  static auto* v = new std::vector<std::weak_ptr<Queue>>;
+  return *v;
+}
+std::shared_ptr<Queue> new_queue(bool blocking) {
+  auto q = std::make_shared<Queue>();
+  q->blocking = blocking;
+  q->eager = !deferred_mode();
+  all_queues().push_back(q);
+  return q;
+}
+// The legacy stream runs its work at once (after the blocking streams'), so that a kernel
+// launched on it reports at its launch, as the emulator's own tests expect.
+const std::shared_ptr<Queue>& legacy_queue() {
+  static auto* q = new std::shared_ptr<Queue>([] {
+    auto l = new_queue(true);
+    l->legacy = l->eager = true;
+    return l;
+  }());
+  return *q;
+}
+const std::shared_ptr<Queue>& per_thread_queue() {
+  static auto* q = new std::shared_ptr<Queue>(new_queue(true));
+  return *q;
+}
+// The queue of a valid handle.
+std::shared_ptr<Queue> queue_of(const void* s) {
+  const uintptr_t h = reinterpret_cast<uintptr_t>(s);
+  if (h <= 1) return legacy_queue();
+  if (h == 2) return per_thread_queue();
+  return static_cast<const CUstream_st*>(s)->queue;
+}
+// Runs q's work up to operation n (stream_mutex() held).
+void run_until(Queue& q, uint64_t n) {
+  while (q.started < n) {
+    std::function<void()> op = std::move(q.ops.front());
+    q.ops.pop_front();
+    ++q.started;
+    op();
+  }
+}
+void run_queue(Queue& q) { run_until(q, q.enqueued); }
+// Every stream's work: an implicit device synchronisation.
+void run_all() {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  auto& all = all_queues();
+  for (bool again = true; again;) {
+    again = false;
+    for (size_t i = 0; i < all.size(); ++i)
+      if (std::shared_ptr<Queue> q = all[i].lock(); q && q->started < q->enqueued) {
+        run_queue(*q);
+        again = true;
+      }
+  }
+  std::erase_if(all, [](const std::weak_ptr<Queue>& w) { return w.expired(); });
+}
+// Queues `op` on stream s (a valid handle) and returns its number; runs it now where the stream
+// is eager.
+uint64_t submit(const void* s, std::function<void()> op) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  const std::shared_ptr<Queue> q = queue_of(s);
+  if (q->legacy)
+    for (const auto& w : all_queues())
+      if (std::shared_ptr<Queue> b = w.lock(); b && b->blocking && !b->legacy) run_queue(*b);
+  q->ops.push_back(std::move(op));
+  const uint64_t n = ++q->enqueued;
+  if (q->eager) run_queue(*q);
+  return n;
+}
+
 }  // namespace
 
 bool gpu_memory(const void* p, size_t n) { return n == 0 || in_gpu_memory(p, n); }
 bool valid_stream_handle(const void* s) { return stream_is_valid(s); }
+void stream_submit(const void* s, std::function<void()> op) { submit(s, std::move(op)); }
+void stream_make_eager(const void* s) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  const std::shared_ptr<Queue> q = queue_of(s);
+  q->eager = true;
+  run_queue(*q);
+}
 
 namespace {
 
@@ -967,9 +1094,16 @@ std::map<std::string, uint64_t>* launch_counts() {
 
 }  // namespace
 
-void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
-  std::lock_guard<std::mutex> lock(g_launch_mutex);
-  if (std::map<std::string, uint64_t>* counts = launch_counts()) ++(*counts)[config.name];
+namespace {
+void execute_launch(const LaunchConfig& config, void (*body)(void*), void* ctx);
+}  // namespace
+
+// Checks the launch now and queues its execution on its stream (stream order above).
+void run_launch(const LaunchConfig& config, void (*body)(void*), std::shared_ptr<void> ctx) {
+  {
+    std::lock_guard<std::mutex> lock(g_launch_mutex);
+    if (std::map<std::string, uint64_t>* counts = launch_counts()) ++(*counts)[config.name];
+  }
   const dim3 g = config.grid, b = config.block;
   const unsigned long long threads = 1ull * b.x * b.y * b.z;
   if (g.x == 0 || g.y == 0 || g.z == 0 || g.y > 65535 || g.z > 65535 || threads == 0 ||
@@ -996,6 +1130,18 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
                       "allocation (a host pointer passed to a kernel?)");
     }
   }
+  LaunchConfig queued = config;
+  queued.pointers = nullptr;  // the caller's, checked above
+  queued.pointer_count = 0;
+  submit(config.stream,
+         [queued, body, ctx = std::move(ctx)] { execute_launch(queued, body, ctx.get()); });
+}
+
+namespace {
+void execute_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  const dim3 g = config.grid, b = config.block;
+  const unsigned long long threads = 1ull * b.x * b.y * b.z;
   while (g_fibers.size() < threads) {
     g_fibers.emplace_back();
     g_fibers.back().stack = new_stack();
@@ -1037,6 +1183,7 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
   }
   if (r.error) throw *r.error;
 }
+}  // namespace
 
 }  // namespace detail
 
@@ -1193,10 +1340,10 @@ void cp_async_wait(int n, const std::source_location& where) {
 
 }  // namespace ft::emu
 
-// ---- the CUDA runtime API subset, on host memory, synchronous --------------------------------
-// Every stream is complete when the call returns, so synchronisation only validates handles.
-// Memory copies check their kind against where the pointers live (a host pointer passed as a
-// device one is the bug this catches), as the runtime does for device memory.
+// ---- the CUDA runtime API subset, on host memory ------------------------------------------
+// Work on streams runs in stream order (above: deferred by default). Memory copies check their
+// kind against where the pointers live (a host pointer passed as a device one is the bug this
+// catches), as the runtime does for device memory.
 namespace {
 using ft::emu::rt;
 using ft::emu::set_last_error;
@@ -1253,7 +1400,10 @@ cudaError_t host_alloc(void** ptr, size_t size) {
   return cudaSuccess;
 }
 
-cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+// A copy on `stream` in its order. Pageable host memory as the runtime treats it: the source
+// bytes are taken when the call is made, and a copy into pageable memory has completed when the
+// call returns.
+cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (!dst || !src) return fail(cudaErrorInvalidValue);
   {
@@ -1282,31 +1432,49 @@ cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
     }
     if (!ok) return fail(cudaErrorInvalidValue);
   }
-  std::memmove(dst, src, n);
+  // Neither device memory nor page-locked (cudaMallocHost, cudaHostRegister): pageable.
+  const bool src_pageable = !ft::emu::in_gpu_memory(src, n);
+  const bool dst_pageable = !ft::emu::in_gpu_memory(dst, n);
+  if (src_pageable) {
+    auto bytes = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                     static_cast<const char*>(src) + n);
+    ft::emu::submit(stream, [dst, bytes] { std::memmove(dst, bytes->data(), bytes->size()); });
+  } else {
+    ft::emu::submit(stream, [dst, src, n] { std::memmove(dst, src, n); });
+  }
+  if (dst_pageable) {
+    std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+    ft::emu::run_queue(*ft::emu::queue_of(stream));
+  }
   return cudaSuccess;
 }
 
-cudaError_t fill(void* dst, int value, size_t n) {
+cudaError_t fill(void* dst, int value, size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   {
     std::lock_guard<std::mutex> lock(rt().mutex);
     if (!ft::emu::in_device(dst, n)) return fail(cudaErrorInvalidValue);
   }
-  std::memset(dst, value, n);
+  ft::emu::submit(stream, [dst, value, n] { std::memset(dst, value, n); });
   return cudaSuccess;
 }
 
 }  // namespace
 
 cudaError_t cudaMalloc(void** devPtr, size_t size) { return device_alloc(devPtr, size); }
-cudaError_t cudaFree(void* devPtr) { return device_free(devPtr); }
+// cudaFree, cudaFreeHost and cudaHostUnregister synchronise the device first, as the runtime.
+cudaError_t cudaFree(void* devPtr) {
+  ft::emu::run_all();
+  return device_free(devPtr);
+}
 cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
   return device_alloc(devPtr, size);
 }
 cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-  return device_free(devPtr);
+  ft::emu::submit(stream, [devPtr] { device_free(devPtr); });
+  return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** ptr, size_t size) { return host_alloc(ptr, size); }
 cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) {
@@ -1314,6 +1482,7 @@ cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) {
 }
 cudaError_t cudaFreeHost(void* ptr) {
   if (!ptr) return cudaSuccess;
+  ft::emu::run_all();
   std::lock_guard<std::mutex> lock(rt().mutex);
   auto it = rt().pinned.find(static_cast<char*>(ptr));
   if (it == rt().pinned.end()) return fail(cudaErrorInvalidValue);
@@ -1323,18 +1492,22 @@ cudaError_t cudaFreeHost(void* ptr) {
   return cudaSuccess;
 }
 
+// The synchronous forms are the legacy stream's: after the blocking streams' work, done when
+// they return (the non-blocking streams' work is not waited for, as on a GPU).
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
-  return copy(dst, src, count, kind);
+  return copy(dst, src, count, kind, nullptr);
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-  return copy(dst, src, count, kind);
+  return copy(dst, src, count, kind, stream);
 }
-cudaError_t cudaMemset(void* devPtr, int value, size_t count) { return fill(devPtr, value, count); }
+cudaError_t cudaMemset(void* devPtr, int value, size_t count) {
+  return fill(devPtr, value, count, nullptr);
+}
 cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-  return fill(devPtr, value, count);
+  return fill(devPtr, value, count, stream);
 }
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   if (!free || !total) return fail(cudaErrorInvalidValue);
@@ -1349,24 +1522,44 @@ cudaError_t cudaStreamCreate(cudaStream_t* pStream) {
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
   if (!pStream) return fail(cudaErrorInvalidValue);
-  auto* s = new CUstream_st{flags};
+  auto* s = new CUstream_st{flags, nullptr};
+  {
+    std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+    s->queue = ft::emu::new_queue(!(flags & cudaStreamNonBlocking));
+  }
   std::lock_guard<std::mutex> lock(rt().mutex);
   rt().streams.insert(s);
   *pStream = s;
   return cudaSuccess;
 }
+// The runtime lets a destroyed stream's work finish; here it runs now.
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (!valid_stream(stream) || reinterpret_cast<uintptr_t>(stream) <= 2)
+    return fail(cudaErrorInvalidResourceHandle);
+  {
+    std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+    ft::emu::run_queue(*stream->queue);
+  }
   std::lock_guard<std::mutex> lock(rt().mutex);
   if (!rt().streams.erase(stream)) return fail(cudaErrorInvalidResourceHandle);
   delete stream;
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  return valid_stream(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+  ft::emu::run_queue(*ft::emu::queue_of(stream));
+  return cudaSuccess;
 }
+// Runs the work rather than answer cudaErrorNotReady: a caller that polls would otherwise wait
+// for ever on work nothing else forces.
 cudaError_t cudaStreamQuery(cudaStream_t stream) { return cudaStreamSynchronize(stream); }
+// Waits for the event's latest record as of this call (a record never made: nothing to wait for).
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
   if (!valid_stream(stream) || !valid_event(event)) return fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+  if (std::shared_ptr<ft::emu::EventRecord> r = event->last)
+    ft::emu::submit(stream, [r] { ft::emu::run_until(*r->queue, r->seq); });
   return cudaSuccess;
 }
 
@@ -1384,23 +1577,36 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!valid_stream(stream) || !valid_event(event)) return fail(cudaErrorInvalidResourceHandle);
-  event->recorded = true;
-  event->time = std::chrono::steady_clock::now();
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+  auto r = std::make_shared<ft::emu::EventRecord>();
+  r->queue = ft::emu::queue_of(stream);
+  r->seq = r->queue->enqueued + 1;  // the marker below
+  event->last = r;
+  ft::emu::submit(stream, [r] {
+    r->done = true;
+    r->time = std::chrono::steady_clock::now();
+  });
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  return valid_event(event) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+  if (!valid_event(event)) return fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+  if (std::shared_ptr<ft::emu::EventRecord> r = event->last) ft::emu::run_until(*r->queue, r->seq);
+  return cudaSuccess;
 }
+// As cudaStreamQuery: runs the work rather than answer cudaErrorNotReady.
 cudaError_t cudaEventQuery(cudaEvent_t event) { return cudaEventSynchronize(event); }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (!ms) return fail(cudaErrorInvalidValue);
   if (!valid_event(start) || !valid_event(end)) return fail(cudaErrorInvalidResourceHandle);
   if ((start->flags | end->flags) & cudaEventDisableTiming)
     return fail(cudaErrorInvalidResourceHandle);
-  // As the runtime documents it: an event never recorded is an invalid handle here (NotReady
-  // is for recorded work not yet done, which the synchronous emulation never has).
-  if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidResourceHandle);
-  *ms = std::chrono::duration<float, std::milli>(end->time - start->time).count();
+  // As the runtime documents it: an event never recorded is an invalid handle here, one whose
+  // recorded work has not run yet is not ready.
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+  if (!start->last || !end->last) return fail(cudaErrorInvalidResourceHandle);
+  if (!start->last->done || !end->last->done) return fail(cudaErrorNotReady);
+  *ms = std::chrono::duration<float, std::milli>(end->last->time - start->last->time).count();
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
@@ -1410,7 +1616,10 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+  ft::emu::run_all();
+  return cudaSuccess;
+}
 cudaError_t cudaGetLastError(void) {
   const cudaError_t e = ft::emu::t_last_error;
   ft::emu::t_last_error = cudaSuccess;
@@ -1585,11 +1794,11 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int* leastPriority, int* greatestPr
 cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int) {
   return cudaEventRecord(event, stream);
 }
-// The stream is always drained, so the host function runs now, on the calling thread.
+// The host function runs in stream order, on the thread that runs the stream's work.
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
   if (!fn) return fail(cudaErrorInvalidValue);
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-  fn(userData);
+  ft::emu::submit(stream, [fn, userData] { fn(userData); });
   return cudaSuccess;
 }
 cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int) {
@@ -1600,6 +1809,7 @@ cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int) {
   return cudaSuccess;
 }
 cudaError_t cudaHostUnregister(void* ptr) {
+  ft::emu::run_all();
   std::lock_guard<std::mutex> lock(rt().mutex);
   if (!rt().registered.erase(static_cast<char*>(ptr)))
     return fail(cudaErrorHostMemoryNotRegistered);

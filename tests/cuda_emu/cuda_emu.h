@@ -60,16 +60,18 @@
 // by g++ without __CUDACC__ (tests/cuda_emu/test_convert.cpp checks the conversions' bits
 // against core/half.h). No float atomics (determinism).
 //
-// The CUDA runtime API subset the backend uses is emulated synchronously on host memory
-// (cuda_emu.cpp), against the real declarations of <cuda_runtime.h>: every stream is idle when
-// a call returns. Copies and memsets check that their kind matches where the pointers live
-// (cudaErrorInvalidValue otherwise); cudaMalloc'd bytes count against a fake device of
-// FT_CUDA_EMU_MEMORY_MIB (default 16384) for cudaMemGetInfo and out-of-memory errors;
-// FT_CUDA_EMU_PINNED_MIB (unlimited by default) limits cudaMallocHost's bytes, as a host's
-// locked-memory limit does; FT_CUDA_EMU_DEVICES (default 1) sets the device count. The device calls
-// itself "CUDA emulation (test tool)". FT_CUDA_EMU_LAUNCHES=1 prints each kernel's launch count
-// to stderr at exit ("ft_emu launches: NAME COUNT"), for system tests that must know which
-// kernels ran.
+// The CUDA runtime API subset the backend uses is emulated on host memory (cuda_emu.cpp), against
+// the real declarations of <cuda_runtime.h>. Work on a stream runs in stream order, deferred
+// until something waits for it (FT_CUDA_EMU_STREAMS=deferred, the default; `eager` runs it
+// when it is queued; cuda_emu.cpp, "stream order", says what each call waits for), so that a
+// missing cudaStreamWaitEvent changes the bits a test compares. Copies and memsets check that their
+// kind matches where the pointers live (cudaErrorInvalidValue otherwise); cudaMalloc'd bytes count
+// against a fake device of FT_CUDA_EMU_MEMORY_MIB (default 16384) for cudaMemGetInfo and
+// out-of-memory errors; FT_CUDA_EMU_PINNED_MIB (unlimited by default) limits cudaMallocHost's
+// bytes, as a host's locked-memory limit does; FT_CUDA_EMU_DEVICES (default 1) sets the device
+// count. The device calls itself "CUDA emulation (test tool)". FT_CUDA_EMU_LAUNCHES=1 prints each
+// kernel's launch count to stderr at exit ("ft_emu launches: NAME COUNT"), for system tests that
+// must know which kernels ran.
 #pragma once
 // kernels/cuda/common.cuh checks that the emulated build force-included this header.
 #define FT_CUDA_EMU_HEADER_INCLUDED 1
@@ -84,6 +86,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <source_location>
 #include <stdexcept>
 #include <string>
@@ -130,6 +134,10 @@ void* dynamic_shared();
 // s the null, legacy or per-thread stream or a live one?
 bool gpu_memory(const void* p, size_t n);
 bool valid_stream_handle(const void* s);
+// Queues `op` on stream s (a valid handle) in stream order (cuda_emu.cpp, "stream order").
+void stream_submit(const void* s, std::function<void()> op);
+// Runs s's queued work and every later operation on s as it is queued (NCCL's streams).
+void stream_make_eager(const void* s);
 
 namespace detail {
 struct LaunchConfig {
@@ -143,8 +151,10 @@ struct LaunchConfig {
   const std::pair<int, const void*>* pointers = nullptr;
   int pointer_count = 0;
 };
-// Runs `body(ctx)` as every thread of the grid; throws Error on a report.
-void run_launch(const LaunchConfig& config, void (*body)(void*), void* ctx);
+// Checks the launch (its configuration and pointers: cudaGetLastError or Error now) and queues
+// `body(ctx)` as every thread of the grid on the launch's stream; the run throws Error on a
+// report, from the call that runs it (the launch itself where the stream is eager).
+void run_launch(const LaunchConfig& config, void (*body)(void*), std::shared_ptr<void> ctx);
 
 const uint3& thread_idx();
 const uint3& block_idx();
@@ -227,7 +237,11 @@ class Launch {
     struct Ctx {
       void (*kernel)(P...);
       std::tuple<std::decay_t<P>...> params;
-    } ctx{kernel_, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+    };
+    // On the heap: the launch may run after this call returns (deferred streams).
+    auto held = std::make_shared<Ctx>(
+        Ctx{kernel_, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)});
+    Ctx& ctx = *held;
     std::pair<int, const void*> pointers[sizeof...(P) + 1];
     int count = 0;
     std::apply(
@@ -250,7 +264,7 @@ class Launch {
           Ctx& k = *static_cast<Ctx*>(c);
           std::apply(k.kernel, k.params);  // a copy of the parameters per thread, as on a GPU
         },
-        &ctx);
+        std::move(held));
   }
 
  private:

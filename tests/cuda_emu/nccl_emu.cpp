@@ -3,9 +3,11 @@
 // emulated device memory (cuda_emu.cpp: host memory the emulator tracks). Declarations are the
 // real nccl.h's. The semantics NCCL's documentation states, as far as ft relies on them:
 //  - Stream order. A call reads its buffers after the work queued on its stream before it and
-//    has written them before the work queued after it. The emulated streams complete every
-//    call when it returns, so a call here runs when it is made (in a group: at the outermost
-//    ncclGroupEnd) and is complete when it returns. The stream must be valid.
+//    has written them before the work queued after it. A call here first runs its stream's
+//    queued work (and what that waits for) and makes the stream eager (cuda_emu.cpp, "stream
+//    order": a call deferred on one rank would leave the others waiting in theirs), then runs
+//    when it is made (in a group: at the outermost ncclGroupEnd) and is complete when it
+//    returns. The stream must be valid.
 //  - Buffers are device memory: a host pointer is an error (ncclInvalidArgument), as on a GPU,
 //    where it would be a crash.
 //  - Groups: calls between ncclGroupStart and ncclGroupEnd are queued; at the outermost
@@ -74,6 +76,7 @@
 namespace ft::emu {
 bool gpu_memory(const void* p, size_t n);
 bool valid_stream_handle(const void* s);
+void stream_make_eager(const void* s);
 }  // namespace ft::emu
 
 struct ncclComm {
@@ -187,6 +190,7 @@ ncclResult_t check_call(const char* what, ncclComm* comm, ncclDataType_t type, c
   if (!type_size(type)) return fail(ncclInvalidArgument, std::string(what) + ": bad data type");
   if (!ft::emu::valid_stream_handle(s))
     return fail(ncclInvalidArgument, std::string(what) + ": invalid stream");
+  ft::emu::stream_make_eager(s);
   for (const auto& [p, bytes] : buffers)
     if (bytes && !ft::emu::gpu_memory(p, bytes))
       return fail(ncclInvalidArgument,

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <set>
 #include <string>
@@ -274,6 +275,15 @@ __global__ void warp_matrix_misuse_kernel(float* out, const uint16_t* g, int mod
       break;
   }
   out[threadIdx.x] = c[0] + float(r[0] + r1[0]);
+}
+
+// ---- stream order ---------------------------------------------------------------------------
+
+__global__ void set_kernel(int* p, int v) {
+  if (threadIdx.x == 0) *p = v;
+}
+__global__ void copy_int_kernel(int* dst, const int* src) {
+  if (threadIdx.x == 0) *dst = *src;
 }
 
 // ---- helpers --------------------------------------------------------------------------------
@@ -803,6 +813,100 @@ TEST_CASE("cuda_emu: misuse of mma, ldmatrix and cp.async is reported, naming th
       }
     }
   }
+}
+
+// Deferred streams (cuda_emu.cpp "stream order", the default): a stream's work runs when something
+// waits for it. The test peeks at device memory from the host (the emulation's device memory is
+// host memory) to see what has run.
+TEST_CASE("cuda_emu: deferred streams run work only when something waits for it") {
+  if (const char* v = std::getenv("FT_CUDA_EMU_STREAMS"); v && std::string(v) == "eager") return;
+  cudaStream_t a, b, blocking;
+  REQUIRE(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreate(&blocking) == cudaSuccess);
+  cudaEvent_t e, t0, t1;
+  REQUIRE(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&t0) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&t1) == cudaSuccess);
+  DeviceBuffer<int> x(1), y(1);
+  int* const px = x.get();
+  int* const py = y.get();
+
+  // Queued, not run.
+  FT_LAUNCH(set_kernel, 1, 32, 0, a)(px, 7);
+  CHECK(*px == 0);
+  // b reads x without waiting for a: run first, it reads the old bytes (the missing wait shows).
+  FT_LAUNCH(copy_int_kernel, 1, 32, 0, b)(py, px);
+  REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
+  CHECK(*py == 0);
+  CHECK(*px == 0);
+  // With the wait, b's copy runs after a's write.
+  REQUIRE(cudaEventRecord(e, a) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(b, e, 0) == cudaSuccess);
+  FT_LAUNCH(copy_int_kernel, 1, 32, 0, b)(py, px);
+  REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
+  CHECK(*py == 7);
+  // A wait is for the event's record as of the wait, not for a's later work.
+  FT_LAUNCH(set_kernel, 1, 32, 0, a)(px, 9);
+  REQUIRE(cudaStreamWaitEvent(b, e, 0) == cudaSuccess);
+  FT_LAUNCH(copy_int_kernel, 1, 32, 0, b)(py, px);
+  REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
+  CHECK(*py == 7);
+  CHECK(*px == 7);
+  REQUIRE(cudaStreamSynchronize(a) == cudaSuccess);
+  CHECK(*px == 9);
+
+  // Timing events whose work has not run are not ready; synchronised, they are.
+  REQUIRE(cudaEventRecord(t0, a) == cudaSuccess);
+  FT_LAUNCH(set_kernel, 1, 32, 0, a)(px, 10);
+  REQUIRE(cudaEventRecord(t1, a) == cudaSuccess);
+  float ms = -1;
+  CHECK(cudaEventElapsedTime(&ms, t0, t1) == cudaErrorNotReady);
+  cudaGetLastError();
+  REQUIRE(cudaEventSynchronize(t1) == cudaSuccess);
+  CHECK(*px == 10);
+  CHECK(cudaEventElapsedTime(&ms, t0, t1) == cudaSuccess);
+  CHECK(ms >= 0);
+
+  // A copy into pageable memory has completed when the call returns; into page-locked memory
+  // when the stream runs it; from pageable memory it takes the bytes as they were at the call.
+  FT_LAUNCH(set_kernel, 1, 32, 0, a)(px, 11);
+  int pageable = 0;
+  REQUIRE(cudaMemcpyAsync(&pageable, px, sizeof(int), cudaMemcpyDeviceToHost, a) == cudaSuccess);
+  CHECK(pageable == 11);
+  int* pinned = nullptr;
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&pinned), sizeof(int)) == cudaSuccess);
+  *pinned = 0;
+  FT_LAUNCH(set_kernel, 1, 32, 0, a)(px, 12);
+  REQUIRE(cudaMemcpyAsync(pinned, px, sizeof(int), cudaMemcpyDeviceToHost, a) == cudaSuccess);
+  CHECK(*pinned == 0);
+  REQUIRE(cudaStreamSynchronize(a) == cudaSuccess);
+  CHECK(*pinned == 12);
+  int source = 5;
+  REQUIRE(cudaMemcpyAsync(py, &source, sizeof(int), cudaMemcpyHostToDevice, a) == cudaSuccess);
+  source = 6;
+  REQUIRE(cudaStreamSynchronize(a) == cudaSuccess);
+  CHECK(*py == 5);
+
+  // The legacy stream (a synchronous cudaMemcpy) runs after the blocking streams' work, not
+  // after the non-blocking ones'; an implicit device synchronisation runs everything.
+  FT_LAUNCH(set_kernel, 1, 32, 0, blocking)(px, 20);
+  FT_LAUNCH(set_kernel, 1, 32, 0, a)(py, 21);
+  int h = 0;
+  REQUIRE(cudaMemcpy(&h, px, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(h == 20);
+  CHECK(*py == 5);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(*py == 21);
+
+  // A deferred kernel's report comes from the call that runs it.
+  FT_LAUNCH(partial_barrier_kernel, 1, 32, 0, a)(px);
+  const std::string r = report_of([&] { cudaStreamSynchronize(a); });
+  CHECK(r.find("partial_barrier_kernel") != std::string::npos);
+
+  REQUIRE(cudaFreeHost(pinned) == cudaSuccess);
+  for (cudaEvent_t ev : {e, t0, t1}) REQUIRE(cudaEventDestroy(ev) == cudaSuccess);
+  for (cudaStream_t st : {a, b, blocking}) REQUIRE(cudaStreamDestroy(st) == cudaSuccess);
 }
 
 }  // namespace
