@@ -60,6 +60,9 @@ Checks, in order (each PASS, FAIL or SKIP with a reason; a failure does not stop
                shape's cuBLASLt algorithm timed among the heuristic's candidates), tokens/s and
                the ratio to bench_ac_off's (the heuristic's first, the default), from
                OUT/bench.json; a run with the gemm_algos stage decides the default
+  overlap_update  issue 33 point 4: the ~1B bench with parallel.overlap_update (AdamW on its
+               own stream under the next forward), tokens/s and the ratio to bench_ac_off's;
+               a run with this stage decides the default
   bench_long   the ~1B model at seq 8192, micro-batch 1, ft and PyTorch eager (row
                bench_long_torch with the ratio ft/PyTorch)
   bench_8b     8B-class layers (dim 4096, 8 layers, 32/8 heads, head dim 128, ffn 14336), seq
@@ -184,6 +187,7 @@ LIMITS = dict(env=30, kernels=150, ops=120, lt_gemm=60, device=30, nccl=120, mem
               racecheck=570, fp32_vs_cpu=60, bf16_vs_cpu=60, packing=60, generate=150,
               determinism=60, attention=90,
               bench=150, torch=90, torch_compile=210, profile=120, gemm_algos=90,
+              overlap_update=90,
               bench_long=150, bench_8b=180,
               lora_8b=180, qlora_8b=120, offload_3b=420)
 
@@ -932,6 +936,15 @@ def main():
         if tps and base:
             chk.record("gemm_algos_ratio", "PASS",
                        f"measure / heuristic {tps / base:.3f}x ({tps:,.0f} / {base:,.0f} tokens/s)")
+    if want("overlap_update"):
+        chk.stage(limit("overlap_update"))
+        tps = ft_bench("overlap_update", BIG, 2048, a.bench_micro_batch,
+                       overrides=("parallel.overlap_update=true",))
+        base = bench.get("bench_ac_off")
+        if tps and base:
+            chk.record("overlap_update_ratio", "PASS",
+                       f"overlapped / in-stream update {tps / base:.3f}x "
+                       f"({tps:,.0f} / {base:,.0f} tokens/s)")
     if want("bench_long"):
         # Seq 8192, micro-batch 1: attention's share of the step grows with T.
         chk.stage(limit("bench_long"))

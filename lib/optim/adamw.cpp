@@ -46,13 +46,13 @@ void AdamW::step(const std::vector<float*>& params, const std::vector<const floa
 }
 
 void AdamW::update_group(int group, float* params, const float* grads, double lr, float grad_scale,
-                         Ref compute) {
+                         Ref compute, Stream on) {
   const size_t gi = size_t(group);
   const ShardRange& r = ranges_[gi];
   if (r.size() == 0) return;  // nothing held, or a frozen group
   float* m = on_host_ ? host_m_[gi].data() : m_[gi].data();
   float* v = on_host_ ? host_v_[gi].data() : v_[gi].data();
-  const Stream st = on_host_ ? Stream{} : dev_->stream();
+  const Stream st = on_host_ ? Stream{} : on.handle ? on : dev_->stream();
   // The range may cut through tensors: each tensor's overlap with it is updated with its own
   // weight decay, adjacent tensors with the same decay in one call (elementwise, so the bits
   // are those of one call per tensor).

@@ -34,10 +34,11 @@ class AdamW {
   // step() in parts, for a caller that moves each group's result on as soon as it is updated
   // (the offloaded update uploads group g while group g+1 is updated): begin_step increments
   // the step count, then update_group(g, ...) once per group, as step() would with the same
-  // arguments. compute may be null.
+  // arguments. compute may be null. on: the device stream the update is queued on (the
+  // overlapped update's; a null handle: the device's stream()).
   void begin_step() { ++t_; }
   void update_group(int g, float* params, const float* grads, double lr, float grad_scale,
-                    Ref compute);
+                    Ref compute, Stream on = Stream{});
   bool on_host() const { return on_host_; }
   const std::vector<ShardRange>& ranges() const { return ranges_; }
   size_t state_bytes() const;  // on the device (0 on_host)

@@ -202,6 +202,17 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
     for (auto& e : up_event_) e = dev_->make_event();
     stale_.assign(G, false);
   }
+  if (opt_.overlap_update) {
+    // The recipe's validation refuses the rest: stages 1-2 would all-gather the updated shards
+    // and stage 3 gather them for the forward, offload updates on the host.
+    FT_CHECK(stage_ == 0 && !offload_,
+             "parallel.overlap_update: ZeRO stage 0 without offload only (stage ", stage_, ")");
+    update_mark_ = dev_->make_event();
+    update_done_.resize(G);
+    for (auto& e : update_done_) e = dev_->make_event();
+    update_pending_.assign(G, false);
+    flat_.set_hooks(this);  // the forward's first use of each group waits for its update
+  }
   // fp32 master weights (DESIGN.md §5 precision policy): this rank's shard at stage 3 (padded to
   // s; the all-gathers send it whole), or with a 16-bit compute dtype the range AdamW updates.
   // Otherwise (fp32 at stages 0-2) the model's own fp32 buffers are the master. A frozen group
@@ -289,7 +300,9 @@ void HostShards::take(int group, const ParamGroup& p, const float* values) {
 }
 
 ZeroSharding::~ZeroSharding() {
-  if (stage_ >= 2 || D_ > 1 || offload_) flat_.set_hooks(nullptr);
+  if (stage_ >= 2 || D_ > 1 || offload_ || opt_.overlap_update) flat_.set_hooks(nullptr);
+  // An update still queued writes what the model and the optimizer free next.
+  for (Event& e : update_done_) e.synchronize();
   // Copies still in flight read or write buffers freed with this.
   if (!landings_.empty()) dev_->synchronize();
   for (Landing& l : landings_) l.done.synchronize();
@@ -308,8 +321,9 @@ void ZeroSharding::begin_step(int micro_batches) {
   std::fill(landed_.begin(), landed_.end(), false);
   if (stage_ >= 2)
     for (auto& b : grad_shards_) b.zero();
-  else
+  else if (!grads_zeroed_)  // the overlapped update zeroed each gradient after reading it
     flat_.zero_grads();
+  grads_zeroed_ = false;
 }
 
 void ZeroSharding::reduce_group(int group) {
@@ -686,6 +700,39 @@ void ZeroSharding::offload_update(const GroupUpdate& update) {
 
 void ZeroSharding::flush_update() {
   for (size_t g = 0; g < stale_.size(); ++g) ensure_updated(int(g));
+  // The overlapped update: its groups' events are recorded in order on one stream, so the last
+  // one covers every group.
+  if (std::find(update_pending_.begin(), update_pending_.end(), true) != update_pending_.end()) {
+    dev_->wait(dev_->stream(), update_done_.back());
+    std::fill(update_pending_.begin(), update_pending_.end(), false);
+  }
+}
+
+void ZeroSharding::overlapped_update(const std::function<void(int g, Stream s)>& update) {
+  FT_CHECK(opt_.overlap_update, "ZeroSharding::overlapped_update without parallel.overlap_update");
+  flush_update();  // a group the last step's update left unwaited (one no forward uses)
+  const Stream us = dev_->update_stream();
+  // After this step's work on the compute stream: the forward and backward that read the
+  // parameters, the reductions and the norm that read the gradients.
+  update_mark_.record(dev_->stream());
+  dev_->wait(us, update_mark_);
+  auto& grads = flat_.grads();
+  for (size_t g = 0; g < numel_.size(); ++g) {
+    if (trains_[g] && numel_[g] > 0) update(int(g), us);
+    // Read; the next step's backward accumulates into zeros (begin_step leaves them).
+    if (grads[g].data()) dev_->memset_zero_async(us, grads[g].data(), grads[g].bytes());
+    update_done_[g].record(us);
+    update_pending_[g] = true;
+  }
+  grads_zeroed_ = true;
+}
+
+void ZeroSharding::wait_update(int group) {
+  const size_t g = size_t(group);
+  if (g < update_pending_.size() && update_pending_[g]) {
+    dev_->wait(dev_->stream(), update_done_[g]);
+    update_pending_[g] = false;
+  }
 }
 
 void ZeroSharding::ensure_updated(int group) {
@@ -869,6 +916,7 @@ void ZeroSharding::drop_prefetches() {
 
 CRef ZeroSharding::acquire_params(int group) {
   const size_t g = size_t(group);
+  wait_update(group);
   if (offload_ && stage_ < 3) {
     // The last update, applied as the groups are first used (offload "update"); the next
     // group's too, so that its upload runs while this one computes.
@@ -899,6 +947,7 @@ void ZeroSharding::release_params(int group) {
 
 float* ZeroSharding::grads(int group) {
   const size_t g = size_t(group);
+  wait_update(group);
   if (!trains_[g]) return nullptr;
   if (stage_ < 2) return flat_.grads()[g].data();
   if (!working_grads_[g].data()) {

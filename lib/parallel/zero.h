@@ -46,6 +46,9 @@ class HostAdder;  // zero.cpp
 class HostShards;
 struct ZeroOptions {
   bool overlap = true;
+  // parallel.overlap_update (stage 0, no offload): the update on the device's update stream,
+  // under the next forward ("Overlapped update" below).
+  bool overlap_update = false;
   bool offload_optimizer = false;
   // parallel.offload_params (stage 3, with offload_optimizer): this rank's shards of the compute
   // copy in host memory too, written there as the weights were (host_shards, below, the model's
@@ -101,6 +104,14 @@ class HostShards final : public GroupSink {
 //     checkpoint's save (flush_update) applies what is left first.
 // The arithmetic of the update is the CPU kernel's (kernels/cpu/adamw.cpp), the same formula as
 // the GPU's; no step is delayed: every group is updated before the next step uses it.
+//
+// Overlapped update (parallel.overlap_update, stage 0 without offload): AdamW runs on the device's
+// update stream, group by group in layout order (the forward's), each group's gradient zeroed
+// there after its update, once the step's work on the compute stream is done; the compute stream
+// waits for a group's update only where the next step first uses the group (acquire_params,
+// grads), or for all of them before anything else reads the state (flush_update: a checkpoint's
+// save, the end of the run). The memory-bound update of later groups thus runs under the
+// compute-bound forward of the earlier ones. The same kernels on the same values: the same bits.
 class ZeroSharding final : public GroupHooks {
  public:
   // tensor_comm, pipeline_comm (may be null): the other groups that hold parts of the model,
@@ -155,9 +166,14 @@ class ZeroSharding final : public GroupHooks {
   // Null: every group's compute copy from its master, now (sync_compute_params).
   using GroupUpdate = std::function<void(int g, float* master, const float* grad, Ref compute)>;
   void offload_update(const GroupUpdate& update);
-  // Applies what offload_update left pending to every group now: before anything reads the
-  // host state or the compute copy other than through acquire_params (a checkpoint's save,
-  // the end of a run). No-op without offload or with nothing pending.
+  // Overlapped update, instead of AdamW::step and finish_update (after AdamW::begin_step):
+  // update(g, s) queues group g's AdamW on stream s (AdamW::update_group with that stream).
+  bool overlaps_update() const { return opt_.overlap_update; }
+  void overlapped_update(const std::function<void(int g, Stream s)>& update);
+  // Applies what offload_update left pending to every group now (the overlapped update: orders
+  // all of it before the compute stream's next work): before anything reads the state or the
+  // compute copy other than through acquire_params (a checkpoint's save, the end of a run).
+  // No-op with nothing pending.
   void flush_update();
   // Makes the compute copy of the parameters equal the fp32 masters (after a resume has loaded
   // them): what finish_update does.
@@ -168,7 +184,8 @@ class ZeroSharding final : public GroupHooks {
   size_t params_bytes() const;
   size_t grads_bytes() const;
 
-  // GroupHooks (stages 2 and 3)
+  // GroupHooks (stages 2 and 3; stages 0-1 with more than one data rank, offload or the
+  // overlapped update)
   CRef acquire_params(int group) override;
   void release_params(int group) override;
   float* grads(int group) override;
@@ -197,6 +214,7 @@ class ZeroSharding final : public GroupHooks {
     Event landed;  // offload: recorded on the copy stream after the bucket went to the host
   };
   void retire_scatters(size_t keep);  // all but the newest `keep`
+  void wait_update(int group);        // the compute stream after group's overlapped update
   void start_gather(size_t g);        // stage 3
   void prefetch_after(int group);
   bool shared(int g) const;  // held by two pipeline stages (share_group)
@@ -297,7 +315,14 @@ class ZeroSharding final : public GroupHooks {
   bool offload_params_ = false;
   std::vector<HostBuffer<std::byte>> host_compute_;
   std::vector<Event> h2d_done_;
-  Event compute_mark_;    // the compute stream's point a gather's copy waits for
+  Event compute_mark_;  // the compute stream's point a gather's copy waits for
+  // The overlapped update: the compute stream's point it starts after; per group, the update
+  // stream's event after its update and zeroed gradient, and whether the compute stream has yet
+  // to wait for it; grads_zeroed_: the next begin_step leaves the gradients be.
+  Event update_mark_;
+  std::vector<Event> update_done_;
+  std::vector<bool> update_pending_;
+  bool grads_zeroed_ = false;
   Buffer<double> sumsq_;  // (1) the squared gradient norm being summed
 };
 

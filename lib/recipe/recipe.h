@@ -82,6 +82,9 @@ struct ParallelConfig {
   // Gradient reductions overlap the backward (DeepSpeed's overlap_comm), in calls of at most
   // reduce_bucket_mb MiB of fp32 (parallel/zero.h ZeroOptions).
   bool overlap_comm = true;
+  // AdamW on the device's update stream, under the next forward (parallel/zero.h "Overlapped
+  // update"); ZeRO stage 0 without offload.
+  bool overlap_update = false;
   double reduce_bucket_mb = 25;
   int prefetch_blocks = 1;            // ZeRO-3: groups gathered ahead of use
   std::string reduce_dtype = "fp32";  // fp32 | bf16: what gradient reductions sum in

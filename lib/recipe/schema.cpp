@@ -292,6 +292,10 @@ const std::vector<KeySpec>& schema() {
         FT_KEY(parallel, overlap_comm, kBool,
                "reduce each group's gradient as soon as it is final, while the backward goes "
                "on (the same bits as off)"),
+        FT_KEY(parallel, overlap_update, kBool,
+               "run AdamW on a stream of its own, each group's update under the next step's "
+               "forward of the groups before it (GPU; ZeRO stage 0 without offload; the same "
+               "bits as off)"),
         FT_KEY(parallel, reduce_bucket_mb, kFloat,
                "largest gradient reduction call, MiB of fp32 (a larger group: several calls); "
                "1 KiB (0.0009765625) to 1 TiB",

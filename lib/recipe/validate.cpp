@@ -71,6 +71,25 @@ void Loader::check_unbuilt() {
           "offload the optimizer first",
           "add parallel.offload_optimizer: cpu");
   }
+  // The overlapped update (parallel/zero.h) waits for each group where the forward first uses
+  // it; above stage 0 the updated shards are gathered first (stages 1-2 after the update, stage
+  // 3 for the forward), and offload updates on the host group by group already.
+  if (r_.parallel.overlap_update && r_.parallel.zero_stage != 0 &&
+      all_usable({"parallel.overlap_update", "parallel.zero_stage"})) {
+    issue(locate("parallel.overlap_update"), "parallel.overlap_update",
+          "true runs the update under the next forward at ZeRO stage 0 only; stage " +
+              std::to_string(r_.parallel.zero_stage) +
+              " gathers the updated shards, which that forward would wait for",
+          "use parallel.overlap_update: false, or parallel.zero_stage: 0");
+  }
+  if (r_.parallel.overlap_update && r_.parallel.offload_optimizer == "cpu" &&
+      all_usable({"parallel.overlap_update", "parallel.offload_optimizer"})) {
+    issue(locate("parallel.overlap_update"), "parallel.overlap_update",
+          "true overlaps the GPU's update with the next forward; with "
+          "parallel.offload_optimizer: cpu the update is on the host, group by group as that "
+          "forward uses each, already",
+          "use parallel.overlap_update: false");
+  }
   check_packing_device();
   // The adapter section is part of the format (DESIGN.md §5); these parts of it are not built.
   // QLoRA's NF4 blocks are quantized whole, on the rank that holds them: not in tensor slices,

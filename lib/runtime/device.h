@@ -168,6 +168,14 @@ class Device {
   // that a copy can overlap the next step's compute; the CPU has one stream (what stream()
   // gives). Order it against stream() with events.
   virtual Stream copy_stream() { return stream(); }
+  // The stream the optimizer's update runs on with parallel.overlap_update, apart from stream()
+  // so that it overlaps the next forward (parallel/zero.h "Overlapped update"); the CPU has one.
+  virtual Stream update_stream() { return stream(); }
+  // memset_zero queued on `s` (the CPU: at once).
+  virtual void memset_zero_async(Stream s, void* ptr, size_t bytes) {
+    (void)s;
+    memset_zero(ptr, bytes);
+  }
   // Device → host into alloc_host memory, queued on `s`: the host may read `dst` once an event
   // recorded on `s` after it has completed. The CPU copies at once.
   virtual void copy_to_host_async(Stream s, void* dst, const void* src, size_t bytes);

@@ -138,6 +138,7 @@ RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
   // gradients (stages 2, 3) from the model.
   ZeroOptions zero_options;
   zero_options.overlap = r.parallel.overlap_comm;
+  zero_options.overlap_update = r.parallel.overlap_update;
   zero_options.prefetch_blocks = r.parallel.prefetch_blocks;
   zero_options.reduce_dtype = r.parallel.reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   zero_options.offload_optimizer = r.parallel.offload_optimizer == "cpu";

@@ -175,6 +175,18 @@ StepResult TrainStep::run_batch(int64_t s, const StepSamples& batch,
         [optim, lr = res.lr, factor](int g, float* master, const float* grad, Ref compute) {
           optim->update_group(g, master, grad, lr, factor, compute);
         });
+  } else if (zero_.overlaps_update()) {
+    // On the update stream, under the next forward (parallel.overlap_update): the same calls.
+    optim_.begin_step();
+    const std::vector<float*> params = zero_.param_bases();
+    const std::vector<const float*> grads = zero_.grad_bases();
+    const std::vector<Ref> compute = zero_.compute_bases();
+    AdamW* optim = &optim_;
+    zero_.overlapped_update([&, optim, lr = res.lr, factor](int g, Stream s) {
+      const size_t i = size_t(g);
+      optim->update_group(g, params[i], grads[i], lr, factor,
+                          i < compute.size() ? compute[i] : Ref(), s);
+    });
   } else {
     optim_.step(zero_.param_bases(), zero_.grad_bases(), res.lr, factor, zero_.compute_bases());
     zero_.finish_update();  // (precision policy: refresh the compute copy from the master)

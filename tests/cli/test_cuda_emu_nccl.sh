@@ -11,6 +11,7 @@
 #    gives per-step losses within 1e-6 (fp32; they sum in different orders);
 #  - parallel.overlap_comm on and off give the same bits at ZeRO 0-3 (small buckets, two
 #    micro-batches per rank); ZeRO-3's parallel.prefetch_blocks 0, 1 and 2 too;
+#    parallel.overlap_update (AdamW under the next forward) at data 2, tensor 2 and pipeline 2;
 #  - parallel.reduce_dtype bf16 at ZeRO 0 and 2 within bf16 bounds of the CPU, refused over MPI;
 #  - ft plan's bytes per rank equal what the emulated NCCL counted over a step (4 layouts);
 #  - runtime.communicator=nccl on the CPU device is refused, naming why; auto on the CPU uses MPI.
@@ -108,6 +109,18 @@ for z in 0 1 2 3; do
       <(grep -o '"loss":[^,]*,"lr":[^,]*,"grad_norm":[^,]*' "$tmp/ov_z${z}_false/metrics.jsonl") \
     || fail "ZeRO $z: overlap on and off differ"
   echo "ZeRO $z: overlap on and off give the same losses and grad norms, bit for bit"
+done
+
+# The overlapped update (AdamW on the update stream, each group waited for where the next forward
+# first uses it; the emulation defers every stream's work until waited for): the same bits.
+for l in "dp2_z0 2 fp32 parallel.zero_stage=0" "tp2 2 bf16 parallel.tensor=2" \
+         "pp2 2 bf16 parallel.pipeline=2"; do
+  read -r layout np p override <<< "$l"
+  ranks ou_$layout "$np" nccl training.precision=$p "$override" parallel.overlap_update=true \
+    || fail "overlap_update $layout: $(tail -5 "$tmp/ou_$layout.log")"
+  compare "$tmp/ou_$layout" "$tmp/nccl_${layout}_$p" 0 0 \
+    || fail "$layout: parallel.overlap_update changed the bits"
+  echo "$layout $p: parallel.overlap_update gives the same bits"
 done
 
 # ZeRO-3's prefetch (parallel.prefetch_blocks: 0 gathers each group when acquired, 1 and 2 that

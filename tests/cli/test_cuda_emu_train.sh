@@ -27,6 +27,10 @@
 #    and CPU to CUDA) and on its own (CUDA to CUDA: bit-identical to the uninterrupted run);
 #  - runtime.gemm_algos: measure: within fp32's bounds of the CPU, and resumed bit-identically
 #    with the choices its record kept;
+#  - parallel.overlap_update (AdamW on the update stream under the next forward): the same bits
+#    and checkpoint bytes as the update on the compute stream, fp32 and bf16 (seen: without the
+#    forward's wait for a group's update, the deferred streams make the bits differ); refused
+#    above ZeRO stage 0 and with offload;
 #  - checkpoint.async: the checkpoints' bytes those of the synchronous saves. The emulation defers
 #    each stream's work until something waits for it (FT_CUDA_EMU_STREAMS, cuda_emu.cpp), so a
 #    copy stream that read the parameters without waiting for the update would save older ones
@@ -98,6 +102,24 @@ train "$emu" bf16_z3_ac runtime.device=cuda training.precision=bf16 parallel.zer
   training.activation_checkpointing=true
 compare "$tmp/bf16_z3_ac" "$tmp/bf16" 0 0 || fail "bf16: ZeRO 3 + activation checkpointing differ"
 echo "bf16 ZeRO 3 with activation checkpointing: the same bits as ZeRO 0 without"
+
+# The overlapped update: the same kernels on the same values, in another order.
+for p in f32 bf16; do
+  precision=(); [[ $p == bf16 ]] && precision=(training.precision=bf16)
+  train "$emu" ${p}_ou runtime.device=cuda "${precision[@]}" parallel.overlap_update=true
+  compare "$tmp/${p}_ou" "$tmp/$p" 0 0 || fail "$p: parallel.overlap_update changed the bits"
+  for f in "$tmp/$p"/checkpoints/step_*/rank_*.bin; do
+    cmp -s "$f" "$tmp/${p}_ou/checkpoints/${f#"$tmp/$p"/checkpoints/}" \
+      || fail "$p: parallel.overlap_update saved other bytes: ${f#"$tmp"/}"
+  done
+  echo "$p with parallel.overlap_update: the same bits and checkpoint bytes"
+done
+for bad in parallel.zero_stage=1 parallel.offload_optimizer=cpu; do
+  "$emu" validate "$tmp/r.yaml" runtime.device=cuda parallel.overlap_update=true $bad \
+    > "$tmp/ou_bad.log" 2>&1 && fail "parallel.overlap_update with $bad was accepted"
+  grep -q "parallel.overlap_update" "$tmp/ou_bad.log" \
+    || fail "the refusal of overlap_update with $bad does not name it: $(cat "$tmp/ou_bad.log")"
+done
 
 # Another schedule seed (the Release pass only: it repeats code run above, to compare bits).
 if ! sanitizer_build; then

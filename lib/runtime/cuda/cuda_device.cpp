@@ -53,6 +53,7 @@ class CudaDevice final : public Device {
                            prop.minor, ")");
     FT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     FT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    FT_CUDA_CHECK(cudaStreamCreateWithFlags(&update_stream_, cudaStreamNonBlocking));
     allocator_ = std::make_unique<cuda::CachingAllocator>(
         [](size_t bytes) -> void* {
           void* p = nullptr;
@@ -78,12 +79,14 @@ class CudaDevice final : public Device {
   }
   ~CudaDevice() override {
     // Nothing may still run on memory about to be freed; errors here cannot be thrown.
+    cudaStreamSynchronize(update_stream_);
     cudaStreamSynchronize(copy_stream_);
     cudaStreamSynchronize(stream_);
     profiling_ops_.reset();
     profile_.reset();  // its events, before the streams go
     ops_.reset();
     allocator_.reset();
+    cudaStreamDestroy(update_stream_);
     cudaStreamDestroy(copy_stream_);
     cudaStreamDestroy(stream_);
   }
@@ -122,6 +125,12 @@ class CudaDevice final : public Device {
     FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
   }
   Stream copy_stream() override { return Stream{copy_stream_}; }
+  Stream update_stream() override { return Stream{update_stream_}; }
+  void memset_zero_async(Stream s, void* ptr, size_t bytes) override {
+    if (!bytes) return;
+    ProfileScope t(profile_.get(), OpFamily::kMemset, Stream{as_stream(s)});
+    FT_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, as_stream(s)));
+  }
   void copy_to_host_async(Stream s, void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
     FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(s)));
@@ -240,8 +249,9 @@ class CudaDevice final : public Device {
   int ordinal_;
   std::string name_;
   cudaStream_t stream_ = nullptr;
-  cudaStream_t copy_stream_ = nullptr;  // device → host staging (checkpoint saves)
-  std::unique_ptr<OpProfile> profile_;  // FT_PROFILE only
+  cudaStream_t copy_stream_ = nullptr;    // device → host staging (checkpoint saves)
+  cudaStream_t update_stream_ = nullptr;  // parallel.overlap_update's AdamW
+  std::unique_ptr<OpProfile> profile_;    // FT_PROFILE only
   std::unique_ptr<Ops> profiling_ops_;
   std::unique_ptr<cuda::CachingAllocator> allocator_;
   std::unique_ptr<Ops> ops_;
