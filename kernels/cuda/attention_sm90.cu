@@ -1,19 +1,22 @@
-// Causal grouped-query attention forward for Hopper (sm_90a), in the manner of FlashAttention-3
-// (Shah et al. 2024, arXiv 2407.08608): TMA loads into a ring of shared-memory stages guarded by
-// mbarriers, wgmma on tensor cores (kernels/cuda/hopper.cuh). The contract is
-// attention_fused_forward's (kernels_cuda.h, attention_fused.cuh): q, out (B, T, H, D); k, v
-// (B, T, K, D); lse (B, H, T) fp32, the natural-log logsumexp of the scores scaled by 1/sqrt(D);
-// bf16 or f16; head dims 64 and 128; query head h reads kv head h / (H/K); optional segment ids
-// (B, T), non-decreasing along T, attention only within a document.
+// Causal grouped-query attention, forward and backward, for Hopper (sm_90a), in the manner of
+// FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608): TMA loads into a ring of shared-memory
+// stages guarded by mbarriers, wgmma on tensor cores (kernels/cuda/hopper.cuh). The contracts are
+// attention_fused_forward's and attention_fused_backward's (kernels_cuda.h, attention_fused.cuh):
+// q, out, dout, dq (B, T, H, D); k, v, dk, dv (B, T, K, D); lse (B, H, T) fp32, the natural-log
+// logsumexp of the scores scaled by 1/sqrt(D); bf16 or f16; head dims 64 and 128; query head h
+// reads kv head h / (H/K); optional segment ids (B, T), non-decreasing along T, attention only
+// within a document. The backward (after the forward's kernel, below) is FlashAttention-2's
+// algorithm, deterministic without atomics, on the forward's machinery: Δ = rowsum(dO ∘ O)
+// first, a dK/dV kernel per key tile and a dQ kernel per query tile (their comments).
 //
-// A block owns 64·NC query rows of one (head, batch row) and has NC consumer warpgroups (64 rows
-// each) and one producer warp after them. The producer's lane 0 loads Q once, then each 64-key
-// tile's K and V into stage n % Stages of a ring: it waits for the stage's `empty` barrier (every
-// consumer thread arrives on it once done with the stage), announces the bytes on the stage's
-// `full_k` / `full_v` barrier (arrive.expect_tx) and issues the TMA copies, which complete their
-// bytes there. K and V complete on barriers of their own, so S = Q Kᵀ starts before V lands.
-// Every consumer thread waits on the barriers itself (TMA's writes become visible to the threads
-// that observe the phase complete).
+// The forward. A block owns 64·NC query rows of one (head, batch row) and has NC consumer
+// warpgroups (64 rows each) and one producer warp after them. The producer's lane 0 loads Q once,
+// then each 64-key tile's K and V into stage n % Stages of a ring: it waits for the stage's `empty`
+// barrier (every consumer thread arrives on it once done with the stage), announces the bytes on
+// the stage's `full_k` / `full_v` barrier (arrive.expect_tx) and issues the TMA copies, which
+// complete their bytes there. K and V complete on barriers of their own, so S = Q Kᵀ starts before
+// V lands. Every consumer thread waits on the barriers itself (TMA's writes become visible to the
+// threads that observe the phase complete).
 //
 // Shared tiles are 64 rows x 64 elements (128 bytes a row) with the 128-byte swizzle, as TMA
 // writes them; a head dim of 128 is two such boxes side by side (8 KiB apart). Q (A) and K (B)
@@ -303,6 +306,15 @@ TensorMap heads_map(const T* p, int B, int T_, int heads, int D) {
   return encode_tensor_map(type, 3, p, dims, strides, box, TmaSwizzle::k128B);
 }
 
+// n 32-bit values (B·T segment ids, B·H·T lse or Δ) as one row, copied as fp32 bits (TMA has no
+// int32 type of its own), in boxes of `box` elements; elements past n read as zeros. A second
+// dimension of 1 because only the 2-D and 3-D copies are wrapped.
+inline TensorMap row_map(const void* p, uint64_t n, uint32_t box) {
+  const uint64_t dims[2] = {n, 1}, strides[1] = {(n * 4 + 15) / 16 * 16};
+  const uint32_t boxes[2] = {box, 1};
+  return encode_tensor_map(TmaType::kF32, 2, p, dims, strides, boxes, TmaSwizzle::kNone);
+}
+
 template <typename T, int D, int NC, int Stages>
 void sm90_forward_launch(T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* seg,
                          int B, int T_, int H, int K, void* stream) {
@@ -312,20 +324,546 @@ void sm90_forward_launch(T* out, float* lse, const T* q, const T* k, const T* v,
   allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_forward");
   const TensorMap map_q = heads_map(q, B, T_, H, D), map_k = heads_map(k, B, T_, K, D),
                   map_v = heads_map(v, B, T_, K, D);
-  // The segment ids (B·T int32, copied as fp32 bits: TMA has no int32 type of its own) as one
-  // row, in boxes of 64 (a tile's keys); a second dimension of 1 because only the 2-D and 3-D
-  // copies are wrapped. Without segments an unused stand-in.
-  TensorMap map_seg = map_q;
-  if (seg) {
-    const uint64_t n = uint64_t(B) * T_;
-    const uint64_t dims[2] = {n, 1}, strides[1] = {(n * 4 + 15) / 16 * 16};
-    const uint32_t box[2] = {kSm90Rows, 1};
-    map_seg = encode_tensor_map(TmaType::kF32, 2, seg, dims, strides, box, TmaSwizzle::kNone);
-  }
+  // The segment ids in boxes of 64 (a tile's keys); without segments an unused stand-in.
+  const TensorMap map_seg = seg ? row_map(seg, uint64_t(B) * T_, kSm90Rows) : map_q;
   FT_LAUNCH((attention_sm90_forward_kernel<T, D, NC, Stages>),
             tile_grid(true, (T_ + kTq - 1) / kTq, H, B), 128 * NC + 32, smem, stream)
   (map_q, map_k, map_v, map_seg, dev(out), lse, seg, T_, H, K, softmax_scale(D));
   FT_CUDA_CHECK_LAUNCH();
+}
+
+// ---- The backward (attention_fused_backward's contract; Δ by attention_delta first) ----------
+
+// dQ: a block owns 64·NC query rows of one (head, batch row), NC consumer warpgroups of 64 rows
+// and a producer warp, as the forward. The producer loads Q and dO once, then each key tile's K,
+// V (and key segment ids) into stage n % Stages of a ring, all on the stage's `full` barrier
+// (dS needs both S and dP). Per key tile, in the warpgroup: S = Q Kᵀ and dP = dO Vᵀ (wgmma SS,
+// all four operands K-major, one commit group), P = exp2(scale·log2e·S − lse·log2e) masked to 0,
+// dS = P ∘ (dP − Δ) in fp32 (0 on rows that see one key), rounded once to E into the A
+// registers of dQ += dS K (wgmma RS, K read MN-major as the forward's V). dS of tile n is
+// computed while dS_{n−1} K_{n−1} runs (issued after S_n and dP_n, so wait_group 1 completes
+// those alone). dQ is scaled once at the end. lse, Δ, the row's segment id and its one-key flag
+// are per row: read once from global memory.
+template <int D, int NC, int Stages>
+constexpr size_t sm90_dq_smem_bytes() {
+  return 2048 + size_t(2 * NC + 2 * Stages) * kSm90TileBytes<D>;  // barriers, Q, dO, K, V
+}
+
+template <typename E, int D, int NC, int Stages>
+__global__ void __launch_bounds__(128 * NC + 32)
+    attention_sm90_dq_kernel(const __grid_constant__ TensorMap map_q,
+                             const __grid_constant__ TensorMap map_do,
+                             const __grid_constant__ TensorMap map_k,
+                             const __grid_constant__ TensorMap map_v,
+                             const __grid_constant__ TensorMap map_seg, device_t<E>* dq,
+                             const float* lse, const float* delta, const int32_t* seg, int T_,
+                             int H, int K, float scale) {
+#if FT_HOPPER_DEVICE
+  using Dev = device_t<E>;
+  constexpr int kTq = NC * kSm90Rows, kTile = kSm90TileBytes<D>, kChunks = D / 64;
+  constexpr int kBoxBytes = 64 * 64 * 2;
+  FT_DYNAMIC_SHARED(unsigned char, smem_raw);
+  unsigned char* smem = smem_raw + ((1024u - smem_offset(smem_raw) % 1024u) % 1024u);
+  auto* bars = reinterpret_cast<uint64_t*>(smem);
+  uint64_t* q_full = bars;  // Q and dO
+  uint64_t* full = bars + 1;
+  uint64_t* empty = full + Stages;
+  auto* kseg_s = reinterpret_cast<int32_t*>(smem + 512);  // [Stages][64]
+  static_assert(Stages * kSm90Rows * 4 <= 512 && 8 * (1 + 2 * Stages) <= 512, "1 KiB");
+  unsigned char* q_s = smem + 1024;        // [NC][kChunks][64 rows][128 bytes]
+  unsigned char* do_s = q_s + NC * kTile;  // the same
+  unsigned char* k_s = do_s + NC * kTile;  // [Stages][kChunks][64 keys][128 bytes]
+  unsigned char* v_s = k_s + Stages * kTile;
+
+  const BlockTile bt = block_tile(true);
+  const int i0 = (bt.n_tiles - 1 - bt.tile) * kTq;
+  const int h = bt.head, b = bt.b, kh = h / (H / K);
+  const int32_t* seg_b = seg ? seg + size_t(b) * T_ : nullptr;
+  const int j_first = first_key_tile(seg_b, i0, T_);
+  const int last = min(i0 + kTq, T_) - 1;
+  const int n_tiles = (last - j_first) / kSm90Rows + 1;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(q_full, 1);
+    for (int s = 0; s < Stages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], 128 * NC);
+    }
+  }
+  __syncthreads();
+
+  const int cg = __shfl_sync(kFullMask, int(threadIdx.x) / 128, 0);  // uniform: see the forward
+  if (cg == NC) {                                                    // the producer warp
+    if (threadIdx.x != 128 * NC) return;
+    mbarrier_arrive_expect_tx(q_full, 2 * NC * kTile);
+    for (int c = 0; c < NC; ++c)
+      for (int ch = 0; ch < kChunks; ++ch) {
+        const int at = c * kTile + ch * kBoxBytes, r = i0 + kSm90Rows * c;
+        tma_load_3d(q_s + at, map_q, h * D + 64 * ch, r, b, q_full);
+        tma_load_3d(do_s + at, map_do, h * D + 64 * ch, r, b, q_full);
+      }
+    for (int n = 0; n < n_tiles; ++n) {
+      const int st = n % Stages, j0 = j_first + n * kSm90Rows;
+      mbarrier_wait(&empty[st], ((n / Stages) & 1) ^ 1);  // round 0: the phase before init
+      mbarrier_arrive_expect_tx(&full[st], 2 * kTile + (seg ? kSm90Rows * 4 : 0));
+      for (int ch = 0; ch < kChunks; ++ch) {
+        const int at = st * kTile + ch * kBoxBytes;
+        tma_load_3d(k_s + at, map_k, kh * D + 64 * ch, j0, b, &full[st]);
+        tma_load_3d(v_s + at, map_v, kh * D + 64 * ch, j0, b, &full[st]);
+      }
+      if (seg) tma_load_2d(kseg_s + st * kSm90Rows, map_seg, b * T_ + j0, 0, &full[st]);
+    }
+    return;
+  }
+
+  const int w = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, qd = lane & 3;
+  const int r0 = i0 + kSm90Rows * cg;
+  const float scale_log2 = scale * kLog2e;
+  int row[2], rseg[2];
+  float lse2[2], dlt[2];
+  bool one[2];
+  for (int x = 0; x < 2; ++x) {
+    row[x] = r0 + 16 * w + g + 8 * x;
+    const bool in = row[x] < T_;
+    rseg[x] = seg_b && in ? seg_b[row[x]] : 0;
+    const size_t st = (size_t(b) * H + h) * T_ + row[x];
+    lse2[x] = in ? lse[st] * kLog2e : 0.0f;
+    dlt[x] = in ? delta[st] : 0.0f;
+    one[x] = in && sees_one_key(seg_b, row[x]);
+  }
+  float acc[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) acc[i] = 0.0f;
+  const unsigned char* q_tile = q_s + cg * kTile;
+  const unsigned char* do_tile = do_s + cg * kTile;
+  mbarrier_wait(q_full, 0);
+
+  // The tiles this warpgroup computes come first (as the forward); the rest it waits for and
+  // releases.
+  const int n_mine = r0 >= T_ ? 0 : min(n_tiles, (r0 + kSm90Rows - 1 - j_first) / kSm90Rows + 1);
+  const auto stage = [&](int n) { return n % Stages; };
+  const auto phase = [&](int n) { return unsigned(n / Stages) & 1u; };
+
+  float s[kSm90Rows / 2], dp[kSm90Rows / 2];  // S and dP of the newest tile, then P and dS
+  uint32_t ds[kSm90Rows / 16][4];             // dS of the tile whose dS K is next, A fragments
+  // S = Q K_nᵀ and dP = dO V_nᵀ, one commit group.
+  const auto issue_scores = [&](int n) {
+    const unsigned char* k_tile = k_s + stage(n) * kTile;
+    const unsigned char* v_tile = v_s + stage(n) * kTile;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int at = (kk / 4) * kBoxBytes + (kk % 4) * 32;
+      wgmma_m64k16<E, kSm90Rows>(s, wgmma_descriptor(q_tile + at, 16, 1024, WgmmaSwizzle::k128B),
+                                 wgmma_descriptor(k_tile + at, 16, 1024, WgmmaSwizzle::k128B),
+                                 kk > 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int at = (kk / 4) * kBoxBytes + (kk % 4) * 32;
+      wgmma_m64k16<E, kSm90Rows>(dp, wgmma_descriptor(do_tile + at, 16, 1024, WgmmaSwizzle::k128B),
+                                 wgmma_descriptor(v_tile + at, 16, 1024, WgmmaSwizzle::k128B),
+                                 kk > 0);
+    }
+    wgmma_commit_group();
+  };
+  // dQ += dS K_n (K's rows are the k dimension: MN-major, as V in the forward's P V).
+  const auto issue_dq = [&](int n) {
+    const unsigned char* k_tile = k_s + stage(n) * kTile;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kSm90Rows / 16; ++ks)
+      wgmma_m64k16_rs<E, D, true>(
+          acc, ds[ks], wgmma_descriptor(k_tile + ks * 2048, kBoxBytes, 1024, WgmmaSwizzle::k128B),
+          true);
+    wgmma_commit_group();
+  };
+  // P and dS of tile n in place of S (dS kept in s); the masks only where the tile needs them
+  // (warp-uniform: the diagonal, the end of the sequence, documents).
+  const auto dscores = [&](int n) {
+    const int j0 = j_first + n * kSm90Rows;
+    const int32_t* kseg = kseg_s + stage(n) * kSm90Rows;
+    const auto body = [&](auto general) {
+#pragma unroll
+      for (int i = 0; i < kSm90Rows / 2; ++i) {
+        const int x = (i >> 1) & 1;
+        float p = exp2_approx(fmaf(s[i], scale_log2, -lse2[x]));
+        if constexpr (decltype(general)::value) {
+          const int c = j0 + 8 * (i >> 2) + 2 * qd + (i & 1);
+          if (c > row[x] || c >= T_ || (seg_b && kseg[c - j0] != rseg[x])) p = 0.0f;
+          s[i] = one[x] ? 0.0f : p * (dp[i] - dlt[x]);
+        } else {
+          s[i] = p * (dp[i] - dlt[x]);
+        }
+      }
+    };
+    if (seg_b || j0 + kSm90Rows - 1 > r0 + 16 * w || j0 + kSm90Rows > T_)
+      body(std::true_type{});
+    else
+      body(std::false_type{});
+  };
+  const auto pack = [&]() {
+#pragma unroll
+    for (int ks = 0; ks < kSm90Rows / 16; ++ks)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) ds[ks][j] = pack2_rn<E>(s[8 * ks + 2 * j], s[8 * ks + 2 * j + 1]);
+  };
+
+  if (n_mine > 0) {
+    mbarrier_wait(&full[stage(0)], phase(0));
+    issue_scores(0);
+    wgmma_wait_group<0>();
+    wgmma_fence_operand(s);
+    wgmma_fence_operand(dp);
+    dscores(0);
+    pack();
+    for (int n = 1; n < n_mine; ++n) {
+      mbarrier_wait(&full[stage(n)], phase(n));
+      issue_scores(n);
+      issue_dq(n - 1);
+      wgmma_wait_group<1>();  // S_n, dP_n
+      wgmma_fence_operand(s);
+      wgmma_fence_operand(dp);
+      dscores(n);
+      wgmma_wait_group<0>();  // dS_{n−1} K_{n−1}
+      wgmma_fence_operand(acc);
+      mbarrier_arrive(&empty[stage(n - 1)]);
+      pack();
+    }
+    issue_dq(n_mine - 1);
+    wgmma_wait_group<0>();
+    wgmma_fence_operand(acc);
+    mbarrier_arrive(&empty[stage(n_mine - 1)]);
+  }
+  for (int n = n_mine; n < n_tiles; ++n) {  // wait before arriving: one arrival a phase
+    mbarrier_wait(&full[stage(n)], phase(n));
+    mbarrier_arrive(&empty[stage(n)]);
+  }
+
+  const size_t ldq = size_t(H) * D;
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    if (row[x] >= T_) continue;
+    Dev* grow = dq + (size_t(b) * T_ + row[x]) * ldq + size_t(h) * D + 2 * qd;
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t)
+      *reinterpret_cast<uint32_t*>(grow + 8 * t) =
+          pack2<E>(acc[4 * t + 2 * x] * scale, acc[4 * t + 2 * x + 1] * scale);
+  }
+#endif
+}
+
+// dK/dV: a block owns 64·NC keys of one (kv head, batch row), NC consumer warpgroups of 64 keys
+// and a producer warp. The producer loads every warpgroup's K and V once, then streams the query
+// tiles (each query head of the group in order, each from the block's first key to the end or to
+// a later document than its last key, as the FA2 kernel) into a ring: Q, dO, their lse and Δ
+// (64 fp32 each) and, with segments, the ids of queries i0 − 8 .. i0 + 63 (one 72-id box: a
+// query's predecessor's id gives its one-key flag), all on the stage's `full` barrier. Per query
+// tile, in the warpgroup, transposed (M = keys) so that the results' rows are keys: Sᵀ = K Qᵀ
+// and dPᵀ = V dOᵀ (SS, K-major), Pᵀ = exp2(scale·log2e·Sᵀ − lse·log2e) (lse per column, the
+// query), dSᵀ = Pᵀ ∘ (dPᵀ − Δ) in fp32, then Pᵀ and dSᵀ rounded once to E into the A registers
+// of dV += Pᵀ dO and dK += dSᵀ Q (RS; dO and Q read MN-major: their rows are the k dimension).
+// A warpgroup skips the query tiles wholly above its keys (the first of each head for the second
+// warpgroup: those queries see none of its keys; exact, their P is 0). Overlap: the products of
+// tile n − 1 run while the softmax of tile n is computed (needs Sᵀ and dPᵀ of tile n and the A
+// fragments of tile n − 1 in registers at once: head dim 64 only); else each tile in turn.
+// Each gradient element is summed by one thread in query order: deterministic, no atomics.
+constexpr int kIdsPad = 8, kIdsBox = kSm90Rows + kIdsPad;  // 72 ids: 288 bytes, a 16 multiple
+constexpr int kSmallSlot = 512;  // bytes of a stage's lse, Δ or ids (128-byte aligned for TMA)
+template <int Stages>  // barriers (1 KiB), then lse, Δ, ids; the tiles from a 1024-byte boundary
+constexpr int kSm90DkdvHeader = 1024 + (3 * Stages * kSmallSlot + 1023) / 1024 * 1024;
+template <int D, int NC, int Stages>
+constexpr size_t sm90_dkdv_smem_bytes() {
+  return 1024 + size_t(kSm90DkdvHeader<Stages>) +
+         size_t(2 * NC + 2 * Stages) * kSm90TileBytes<D>;  // K, V; Q, dO
+}
+
+template <typename E, int D, int NC, int Stages, bool Overlap>
+__global__ void __launch_bounds__(128 * NC + 32) attention_sm90_dkdv_kernel(
+    const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_do,
+    const __grid_constant__ TensorMap map_k, const __grid_constant__ TensorMap map_v,
+    const __grid_constant__ TensorMap map_lse, const __grid_constant__ TensorMap map_dlt,
+    const __grid_constant__ TensorMap map_ids, device_t<E>* dk, device_t<E>* dv, const int32_t* seg,
+    int T_, int H, int K, float scale) {
+#if FT_HOPPER_DEVICE
+  constexpr int kTk = NC * kSm90Rows, kTile = kSm90TileBytes<D>, kChunks = D / 64;
+  constexpr int kBoxBytes = 64 * 64 * 2;
+  // A warpgroup holds tile n − 1 while it waits for tile n, with up to NC − 1 skipped tiles
+  // between: the ring must not need tile n − 1's stage for tile n.
+  static_assert(!Overlap || Stages > NC, "the overlap holds two stages NC - 1 tiles apart");
+  FT_DYNAMIC_SHARED(unsigned char, smem_raw);
+  unsigned char* smem = smem_raw + ((1024u - smem_offset(smem_raw) % 1024u) % 1024u);
+  auto* bars = reinterpret_cast<uint64_t*>(smem);
+  uint64_t* kv_full = bars;
+  uint64_t* full = bars + 1;
+  uint64_t* empty = full + Stages;
+  static_assert(8 * (1 + 2 * Stages) <= 1024, "1 KiB of barriers");
+  auto* lse_s = reinterpret_cast<float*>(smem + 1024);  // [Stages][kSmallSlot / 4]
+  auto* dlt_s = reinterpret_cast<float*>(smem + 1024 + Stages * kSmallSlot);
+  auto* ids_s = reinterpret_cast<int32_t*>(smem + 1024 + 2 * Stages * kSmallSlot);
+  unsigned char* k_s = smem + kSm90DkdvHeader<Stages>;  // [NC][kChunks][64 keys][128 bytes]
+  unsigned char* v_s = k_s + NC * kTile;
+  unsigned char* q_s = v_s + NC * kTile;  // [Stages][kChunks][64 queries][128 bytes]
+  unsigned char* do_s = q_s + Stages * kTile;
+
+  // The first key tiles are seen by the most queries: they go first (lpt).
+  const BlockTile bt = block_tile(true);
+  const int j0 = bt.tile * kTk;
+  const int kh = bt.head, b = bt.b, group = H / K;
+  const int32_t* seg_b = seg ? seg + size_t(b) * T_ : nullptr;
+  // Query tiles from j0 (earlier queries see none of these keys) to the end, or to the first
+  // tile of a later document than the block's last key; n = head · n_q + tile.
+  const int last_seg = seg_b ? seg_b[min(j0 + kTk, T_) - 1] : 0;
+  int i_end = j0 + kSm90Rows;
+  while (i_end < T_ && !(seg_b && seg_b[i_end] > last_seg)) i_end += kSm90Rows;
+  const int n_q = (i_end - j0) / kSm90Rows, n_all = group * n_q;
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(kv_full, 1);
+    for (int s = 0; s < Stages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], 128 * NC);
+    }
+  }
+  __syncthreads();
+
+  const int cg = __shfl_sync(kFullMask, int(threadIdx.x) / 128, 0);  // uniform: see the forward
+  if (cg == NC) {                                                    // the producer warp
+    if (threadIdx.x != 128 * NC) return;
+    mbarrier_arrive_expect_tx(kv_full, 2 * NC * kTile);
+    for (int c = 0; c < NC; ++c)
+      for (int ch = 0; ch < kChunks; ++ch) {
+        const int at = c * kTile + ch * kBoxBytes, key = j0 + kSm90Rows * c;
+        tma_load_3d(k_s + at, map_k, kh * D + 64 * ch, key, b, kv_full);
+        tma_load_3d(v_s + at, map_v, kh * D + 64 * ch, key, b, kv_full);
+      }
+    for (int n = 0, h = kh * group, i0 = j0; n < n_all; ++n) {
+      const int st = n % Stages;
+      mbarrier_wait(&empty[st], ((n / Stages) & 1) ^ 1);  // round 0: the phase before init
+      mbarrier_arrive_expect_tx(&full[st], 2 * kTile + 2 * kSm90Rows * 4 + (seg ? kIdsBox * 4 : 0));
+      for (int ch = 0; ch < kChunks; ++ch) {
+        const int at = st * kTile + ch * kBoxBytes;
+        tma_load_3d(q_s + at, map_q, h * D + 64 * ch, i0, b, &full[st]);
+        tma_load_3d(do_s + at, map_do, h * D + 64 * ch, i0, b, &full[st]);
+      }
+      // Queries past T read the next head's values (or zeros): masked by r >= T anyway.
+      const int stat = (b * H + h) * T_ + i0;  // < 2^31: checked by the launcher
+      tma_load_2d(lse_s + st * (kSmallSlot / 4), map_lse, stat, 0, &full[st]);
+      tma_load_2d(dlt_s + st * (kSmallSlot / 4), map_dlt, stat, 0, &full[st]);
+      if (seg)  // from i0 − 8: before the first row, zeros (its one-key flag is r == 0's)
+        tma_load_2d(ids_s + st * (kSmallSlot / 4), map_ids, b * T_ + i0 - kIdsPad, 0, &full[st]);
+      i0 += kSm90Rows;
+      if (i0 == i_end) {
+        i0 = j0;
+        ++h;
+      }
+    }
+    return;
+  }
+
+  // Consumer warpgroup cg: keys kw0 .. kw0 + 63; this thread's two keys (x = 0, 1) of every
+  // accumulator row: 16 w + g + 8 x.
+  const int w = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, qd = lane & 3;
+  const int kw0 = j0 + kSm90Rows * cg;
+  const float scale_log2 = scale * kLog2e;
+  int key[2], kseg[2];
+  for (int x = 0; x < 2; ++x) {
+    key[x] = kw0 + 16 * w + g + 8 * x;
+    kseg[x] = seg_b && key[x] < T_ ? seg_b[key[x]] : 0;
+  }
+  float dk_acc[D / 2], dv_acc[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk_acc[i] = dv_acc[i] = 0.0f;
+  const unsigned char* k_tile = k_s + cg * kTile;
+  const unsigned char* v_tile = v_s + cg * kTile;
+  mbarrier_wait(kv_full, 0);
+  const auto stage = [&](int n) { return n % Stages; };
+  const auto phase = [&](int n) { return unsigned(n / Stages) & 1u; };
+
+  float st[kSm90Rows / 2], dpt[kSm90Rows / 2];  // Sᵀ and dPᵀ of the newest tile, then Pᵀ, dSᵀ
+  uint32_t pa[kSm90Rows / 16][4], dsa[kSm90Rows / 16][4];  // Pᵀ, dSᵀ as A fragments
+  // Sᵀ = K Q_nᵀ and dPᵀ = V dO_nᵀ, one commit group.
+  const auto issue_scores = [&](int n) {
+    const unsigned char* q_tile = q_s + stage(n) * kTile;
+    const unsigned char* do_tile = do_s + stage(n) * kTile;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int at = (kk / 4) * kBoxBytes + (kk % 4) * 32;
+      wgmma_m64k16<E, kSm90Rows>(st, wgmma_descriptor(k_tile + at, 16, 1024, WgmmaSwizzle::k128B),
+                                 wgmma_descriptor(q_tile + at, 16, 1024, WgmmaSwizzle::k128B),
+                                 kk > 0);
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int at = (kk / 4) * kBoxBytes + (kk % 4) * 32;
+      wgmma_m64k16<E, kSm90Rows>(dpt, wgmma_descriptor(v_tile + at, 16, 1024, WgmmaSwizzle::k128B),
+                                 wgmma_descriptor(do_tile + at, 16, 1024, WgmmaSwizzle::k128B),
+                                 kk > 0);
+    }
+    wgmma_commit_group();
+  };
+  // dV += Pᵀ dO_n and dK += dSᵀ Q_n, one commit group.
+  const auto issue_grads = [&](int n) {
+    const unsigned char* q_tile = q_s + stage(n) * kTile;
+    const unsigned char* do_tile = do_s + stage(n) * kTile;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kSm90Rows / 16; ++ks)
+      wgmma_m64k16_rs<E, D, true>(
+          dv_acc, pa[ks],
+          wgmma_descriptor(do_tile + ks * 2048, kBoxBytes, 1024, WgmmaSwizzle::k128B), true);
+#pragma unroll
+    for (int ks = 0; ks < kSm90Rows / 16; ++ks)
+      wgmma_m64k16_rs<E, D, true>(
+          dk_acc, dsa[ks],
+          wgmma_descriptor(q_tile + ks * 2048, kBoxBytes, 1024, WgmmaSwizzle::k128B), true);
+    wgmma_commit_group();
+  };
+  // Pᵀ and dSᵀ of tile n (first query i0) in place of Sᵀ and dPᵀ. lse and Δ belong to the
+  // column (the query). Masks only where the tile needs them (uniform over the warpgroup: its
+  // keys reach past the tile's first query, the tile crosses the end of the sequence, or
+  // documents; queries that see one key exist only in the first tile without segments).
+  const auto probs = [&](int n, int i0) {
+    const float* ls = lse_s + stage(n) * (kSmallSlot / 4);
+    const float* dl = dlt_s + stage(n) * (kSmallSlot / 4);
+    const int32_t* ids = ids_s + stage(n) * (kSmallSlot / 4) + kIdsPad;  // ids[-1]: i0 − 1's
+    const auto body = [&](auto general) {
+#pragma unroll
+      for (int i = 0; i < kSm90Rows / 2; ++i) {
+        const int c = 8 * (i >> 2) + 2 * qd + (i & 1), x = (i >> 1) & 1;
+        float p = exp2_approx(fmaf(st[i], scale_log2, -(ls[c] * kLog2e)));
+        if constexpr (decltype(general)::value) {
+          const int r = i0 + c;
+          if (key[x] > r || r >= T_ || key[x] >= T_ || (seg_b && ids[c] != kseg[x])) p = 0.0f;
+          const bool one = r == 0 || (seg_b && ids[c - 1] != ids[c]);
+          dpt[i] = one ? 0.0f : p * (dpt[i] - dl[c]);
+        } else {
+          dpt[i] = p * (dpt[i] - dl[c]);
+        }
+        st[i] = p;
+      }
+    };
+    if (seg_b || kw0 + kSm90Rows - 1 > i0 || i0 + kSm90Rows > T_ || kw0 + kSm90Rows > T_)
+      body(std::true_type{});
+    else
+      body(std::false_type{});
+  };
+  const auto pack = [&]() {
+#pragma unroll
+    for (int ks = 0; ks < kSm90Rows / 16; ++ks)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        pa[ks][j] = pack2_rn<E>(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1]);
+        dsa[ks][j] = pack2_rn<E>(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1]);
+      }
+  };
+
+  int prev = -1;  // Overlap: the tile whose products are next (its A fragments in pa, dsa)
+  for (int n = 0, il = 0; n < n_all; ++n, il = il + 1 == n_q ? 0 : il + 1) {
+    mbarrier_wait(&full[stage(n)], phase(n));  // also before a skipped tile's release
+    if (kw0 >= T_ || il < cg) {
+      mbarrier_arrive(&empty[stage(n)]);
+      continue;
+    }
+    issue_scores(n);
+    if (Overlap && prev >= 0) {
+      issue_grads(prev);
+      wgmma_wait_group<1>();  // Sᵀ_n, dPᵀ_n
+    } else {
+      wgmma_wait_group<0>();
+    }
+    wgmma_fence_operand(st);
+    wgmma_fence_operand(dpt);
+    probs(n, j0 + kSm90Rows * il);
+    if (Overlap && prev >= 0) {
+      wgmma_wait_group<0>();  // the products of tile prev
+      wgmma_fence_operand(dv_acc);
+      wgmma_fence_operand(dk_acc);
+      mbarrier_arrive(&empty[stage(prev)]);
+    }
+    pack();
+    if constexpr (Overlap) {
+      prev = n;
+    } else {
+      issue_grads(n);
+      wgmma_wait_group<0>();
+      wgmma_fence_operand(dv_acc);
+      wgmma_fence_operand(dk_acc);
+      mbarrier_arrive(&empty[stage(n)]);
+    }
+  }
+  if (Overlap && prev >= 0) {
+    issue_grads(prev);
+    wgmma_wait_group<0>();
+    wgmma_fence_operand(dv_acc);
+    wgmma_fence_operand(dk_acc);
+    mbarrier_arrive(&empty[stage(prev)]);
+  }
+
+  const size_t ldk = size_t(K) * D;
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    if (key[x] >= T_) continue;
+    const size_t off = (size_t(b) * T_ + key[x]) * ldk + size_t(kh) * D + 2 * qd;
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) {
+      *reinterpret_cast<uint32_t*>(dk + off + 8 * t) =
+          pack2<E>(dk_acc[4 * t + 2 * x] * scale, dk_acc[4 * t + 2 * x + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dv + off + 8 * t) =
+          pack2<E>(dv_acc[4 * t + 2 * x], dv_acc[4 * t + 2 * x + 1]);
+    }
+  }
+#endif
+}
+
+// The backward's forms per head dim: consumer warpgroups and stages of each kernel, and whether
+// dK/dV overlaps a tile's softmax with the previous tile's products (registers: at head dim 128
+// dK and dV alone are 128 floats a thread).
+template <int D>
+struct Sm90BackwardForm {
+  static constexpr int kDqNc = D == 64 ? 2 : 1, kDqStages = 2;
+  static constexpr int kDkdvNc = D == 64 ? 2 : 1, kDkdvStages = 2;
+  static constexpr bool kDkdvOverlap = false;
+};
+
+template <typename T, int D>
+void sm90_backward_launch(T* dq, T* dk, T* dv, const T* dout, const float* lse, const float* delta,
+                          const T* q, const T* k, const T* v, const int32_t* seg, int B, int T_,
+                          int H, int K, void* stream) {
+  using F = Sm90BackwardForm<D>;
+  const float scale = softmax_scale(D);
+  const TensorMap map_q = heads_map(q, B, T_, H, D), map_do = heads_map(dout, B, T_, H, D),
+                  map_k = heads_map(k, B, T_, K, D), map_v = heads_map(v, B, T_, K, D);
+  const uint64_t n_stat = uint64_t(B) * H * T_;
+  const TensorMap map_lse = row_map(lse, n_stat, kSm90Rows),
+                  map_dlt = row_map(delta, n_stat, kSm90Rows);
+  const TensorMap map_seg = seg ? row_map(seg, uint64_t(B) * T_, kSm90Rows) : map_q;
+  const TensorMap map_ids = seg ? row_map(seg, uint64_t(B) * T_, kIdsBox) : map_q;
+  {
+    constexpr int NC = F::kDkdvNc, S = F::kDkdvStages;
+    constexpr bool O = F::kDkdvOverlap;
+    auto kernel = attention_sm90_dkdv_kernel<T, D, NC, S, O>;
+    constexpr size_t smem = sm90_dkdv_smem_bytes<D, NC, S>();
+    allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_backward");
+    FT_LAUNCH((attention_sm90_dkdv_kernel<T, D, NC, S, O>),
+              tile_grid(true, (T_ + 64 * NC - 1) / (64 * NC), K, B), 128 * NC + 32, smem, stream)
+    (map_q, map_do, map_k, map_v, map_lse, map_dlt, map_ids, dev(dk), dev(dv), seg, T_, H, K,
+     scale);
+    FT_CUDA_CHECK_LAUNCH();
+  }
+  {
+    constexpr int NC = F::kDqNc, S = F::kDqStages;
+    auto kernel = attention_sm90_dq_kernel<T, D, NC, S>;
+    constexpr size_t smem = sm90_dq_smem_bytes<D, NC, S>();
+    allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_backward");
+    FT_LAUNCH((attention_sm90_dq_kernel<T, D, NC, S>),
+              tile_grid(true, (T_ + 64 * NC - 1) / (64 * NC), H, B), 128 * NC + 32, smem, stream)
+    (map_q, map_do, map_k, map_v, map_seg, dev(dq), lse, delta, seg, T_, H, K, scale);
+    FT_CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace
@@ -351,9 +889,35 @@ void attention_sm90_forward(T* out, float* lse, const T* q, const T* k, const T*
     sm90_forward_launch<T, 128, 2, 2>(out, lse, q, k, v, seg, B, T_, H, K, stream);
 }
 
+template <typename T>
+void attention_sm90_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse,
+                             const T* q, const T* k, const T* v, const int32_t* seg, void* scratch,
+                             int B, int T_, int H, int K, int D, void* stream) {
+  // TMA: 16-byte aligned tensors; lse and Δ are read as rows of B·H·T values at int32 coordinates.
+  check_fused("attention_sm90_backward", B, T_, H, K, D,
+              {dq, dk, dv, dout, q, k, v, seg, lse, scratch});
+  if (uint64_t(B) * H * T_ >= (uint64_t(1) << 31))
+    throw ::ft::Error("attention_sm90_backward: B·H·T = " + std::to_string(uint64_t(B) * H * T_) +
+                      " exceeds TMA's int32 coordinates (split the batch)");
+  if (B == 0 || T_ == 0) return;
+  auto* delta = static_cast<float*>(scratch);  // (B, H, T)
+  attention_delta(delta, dout, out, B, T_, H, D, stream);
+  if (D == 64)
+    sm90_backward_launch<T, 64>(dq, dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, stream);
+  else
+    sm90_backward_launch<T, 128>(dq, dk, dv, dout, lse, delta, q, k, v, seg, B, T_, H, K, stream);
+}
+
 template void attention_sm90_forward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*,
                                            const int32_t*, int, int, int, int, int, void*);
 template void attention_sm90_forward<f16>(f16*, float*, const f16*, const f16*, const f16*,
                                           const int32_t*, int, int, int, int, int, void*);
+
+template void attention_sm90_backward<bf16>(bf16*, bf16*, bf16*, const bf16*, const bf16*,
+                                            const float*, const bf16*, const bf16*, const bf16*,
+                                            const int32_t*, void*, int, int, int, int, int, void*);
+template void attention_sm90_backward<f16>(f16*, f16*, f16*, const f16*, const f16*, const float*,
+                                           const f16*, const f16*, const f16*, const int32_t*,
+                                           void*, int, int, int, int, int, void*);
 
 }  // namespace ft::kernels::cuda

@@ -157,6 +157,13 @@ bool attention_sm90_available();
 template <typename T>
 void attention_sm90_forward(T* out, float* lse, const T* q, const T* k, const T* v,
                             const int32_t* seg, int B, int T_, int H, int K, int D, void* stream);
+// attention_fused_backward's contract (the same scratch: Δ, attention_fused_backward_scratch_bytes;
+// deterministic, no float atomics) and results within the same tolerances. Also requires
+// B·H·T < 2^31.
+template <typename T>
+void attention_sm90_backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse,
+                             const T* q, const T* k, const T* v, const int32_t* seg, void* scratch,
+                             int B, int T_, int H, int K, int D, void* stream);
 
 // ---- attention_gemm.cu: the elementwise half of attention on tensor cores ----
 // lib/runtime/cuda/attention_gemm.cpp runs attention as cuBLASLt GEMMs on head-major copies:

@@ -1,6 +1,6 @@
-// The Hopper attention forward (kernels/cuda/attention_sm90.cu: TMA, mbarrier ring, wgmma) run
-// by the CUDA emulator (every thread a fiber; it checks the mbarrier, TMA and wgmma ordering
-// rules as it goes: tests/cuda_emu/hopper_emu.cpp) against the CPU kernels, with the fused
+// The Hopper attention forward and backward (kernels/cuda/attention_sm90.cu: TMA, mbarrier ring,
+// wgmma) run by the CUDA emulator (every thread a fiber; it checks the mbarrier, TMA and wgmma
+// ordering rules as it goes: tests/cuda_emu/hopper_emu.cpp) against the CPU kernels, with the fused
 // kernel's reference and tolerances (attention_test_util.h: the same rounding of P to E; measured
 // on the emulator, the worst element of every case is within 0.28 (bf16) and 0.22 (f16) of the
 // bound for out, 0.02 and 0.04 for lse). Built natively (ft_cuda_kernel_tests) the same cases
@@ -11,7 +11,9 @@
 // tiles than ring stages (T 192: three), both warpgroups over several tiles (T 260, 300: the
 // ping-pong), GQA ratios 1, 2 and 4, head dims 64 and 128, two batch rows, one token; each with
 // and without segment ids. Each case runs under two schedule seeds
-// and requires the same bits.
+// and requires the same bits. The backward's cases (on the reference's out and lse, as the fused
+// kernel's test) take the fused kernel's tolerances too: one token, GQA 2 at both head dims,
+// tails, segments (a one-token document: a query whose dS is forced to 0), both dtypes.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -76,6 +78,37 @@ void check_case(const Shape& s, bool with_segments) {
   CHECK_MESSAGE(ft::cuda_test::same_bits(a.lse, b.lse), where << "lse differs between seeds");
 }
 
+// The backward (attention_sm90_backward) on the reference's out and lse, so that it is compared
+// on the same inputs as the CPU's; the forward is run too (the Result carries both).
+template <typename E>
+void check_backward_case(const Shape& s, bool with_segments) {
+  const auto [B, T, H, K, D] = s;
+  const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * K * D;
+  const auto q = random_tensor<E>(nq, 1, 1.5f), kk = random_tensor<E>(nk, 2, 1.5f);
+  const auto v = random_tensor<E>(nk, 3, 1.0f), dout = random_tensor<E>(nq, 4, 1.0f);
+  const std::vector<int32_t> seg = with_segments ? make_segments(B, T) : std::vector<int32_t>{};
+  const Result<E> ref = document_reference(s, seg, q, kk, v, dout);
+
+  const DeviceBuffer<E> q_d(q), k_d(kk), v_d(v), dout_d(dout), out_ref_d(ref.out);
+  const DeviceBuffer<float> lse_ref_d(ref.lse);
+  const DeviceBuffer<int32_t> seg_d(seg.empty() ? std::vector<int32_t>(1) : seg);
+  const int32_t* seg_p = with_segments ? seg_d.get() : nullptr;
+  auto launch = [&](E* o, float* l, E* gq, E* gk, E* gv) {
+    cu::attention_sm90_forward<E>(o, l, q_d.get(), k_d.get(), v_d.get(), seg_p, B, T, H, K, D,
+                                  nullptr);
+    DeviceBuffer<unsigned char> scratch(cu::attention_fused_backward_scratch_bytes(B, T, H));
+    cu::attention_sm90_backward<E>(gq, gk, gv, dout_d.get(), out_ref_d.get(), lse_ref_d.get(),
+                                   q_d.get(), k_d.get(), v_d.get(), seg_p, scratch.get(), B, T, H,
+                                   K, D, nullptr);
+  };
+  const auto [a, b] = ft::cuda_test::attention::run_under_two_seeds<E>(s, launch);
+  const std::string where = std::string("sm90 backward ") + ft::cuda_test::type_name<E>() + " " +
+                            ft::cuda_test::attention::shape_text(s) +
+                            (with_segments ? " segments " : " ");
+  ft::cuda_test::attention::expect_matches<E>(where, a, b, ref, kFusedRtol<E>, kFusedAtolFrac<E>,
+                                              kFusedLseRtol, kFusedLseAtolFrac);
+}
+
 template <typename E>
 void check_shapes(std::initializer_list<Shape> shapes) {
   for (const Shape& s : shapes)
@@ -111,4 +144,21 @@ TEST_CASE("cuda_emu sm90 attention forward f16 against the CPU kernels") {
       {1, 111, 2, 1, 64},
       {1, 130, 2, 1, 128},
   });
+}
+
+// The backward: its dK/dV kernel's blocks own 128 keys at head dim 64 (two warpgroups, the
+// second skipping each head's first query tile) and 64 at 128; its dQ kernel's 128 query rows.
+TEST_CASE("cuda_emu sm90 attention backward bf16 against the CPU kernels") {
+  if (!sm90_here()) return;
+  for (const Shape& s : {Shape{1, 1, 1, 1, 64},      // one token: a gradient of exactly 0 (dS = 0)
+                         Shape{1, 200, 2, 1, 64},    // GQA 2, a tail, a key tile past T's block
+                         Shape{1, 130, 2, 1, 128}})  // GQA 2, a 2-row tail, two dK/dV blocks
+    for (bool segments : {false, true})
+      if (!segments || s.T > 1) check_backward_case<ft::bf16>(s, segments);
+}
+
+TEST_CASE("cuda_emu sm90 attention backward f16 against the CPU kernels") {
+  if (!sm90_here()) return;
+  check_backward_case<ft::f16>({1, 100, 2, 1, 64}, true);
+  check_backward_case<ft::f16>({1, 70, 1, 1, 128}, false);
 }
