@@ -21,8 +21,8 @@
 #    the model above has head dim 16 and takes the chunked GEMMs) on the model widened to head
 #    dim 64 (GQA 2), bf16: against the CPU within the 16-bit bounds above, the same bits under
 #    another schedule seed (Release build), and not the bits of FT_CUDA_ATTENTION=gemm (so it
-#    did run); its forward by the Hopper kernel (FT_CUDA_ATTENTION_SM90=1) likewise against the
-#    CPU, that kernel seen launched;
+#    did run); its forward and backward by the Hopper kernels (FT_CUDA_ATTENTION_SM90=1) likewise
+#    against the CPU, those kernels seen launched;
 #  - a run killed at step 9 resumes from its step-8 checkpoint on the other backend (CUDA to CPU
 #    and CPU to CUDA) and on its own (CUDA to CUDA: bit-identical to the uninterrupted run);
 #  - runtime.gemm_algos: measure: within fp32's bounds of the CPU, and resumed bit-identically
@@ -146,14 +146,17 @@ if compare "$tmp/bf16_gemm" "$tmp/bf16_fused" 0 0 > /dev/null 2>&1; then
   fail "bf16 at head dim 64: FT_CUDA_ATTENTION=gemm gave the default's bits: the fused kernel did not run"
 fi
 echo "bf16 at head dim 64: the default differs from FT_CUDA_ATTENTION=gemm (the fused kernel ran)"
-# The Hopper forward (FT_CUDA_ATTENTION_SM90=1; the emulated device is sm_90), the backward
-# FlashAttention-2's: against the CPU within the same bounds, its kernel launched (the
-# emulator's launch counts). On the emulation it gives FlashAttention-2's bits (the same
-# 64-key tiles, each sum in k order), so the bits cannot tell.
+# The Hopper forward and backward (FT_CUDA_ATTENTION_SM90=1; the emulated device is sm_90):
+# against the CPU within the same bounds, their kernels launched (the emulator's launch
+# counts). On the emulation they give FlashAttention-2's bits (the same 64-row and 64-key
+# tiles, each sum in k order, dK and dV over the query tiles in the same order), so the bits
+# cannot tell.
 FT_CUDA_EMU_LAUNCHES=1 FT_CUDA_ATTENTION_SM90=1 train "$emu" bf16_sm90 runtime.device=cuda "${hd64[@]}"
-grep -q "ft_emu launches: (attention_sm90_forward_kernel" "$tmp/bf16_sm90.log" \
-  || fail "bf16 sm90: no attention_sm90_forward_kernel launch: $(grep 'ft_emu launches' "$tmp/bf16_sm90.log" | head -3)"
-echo "bf16 at head dim 64 with the Hopper forward, emulated CUDA backend against the CPU:"
+for kernel in forward dkdv dq; do
+  grep -q "ft_emu launches: (attention_sm90_${kernel}_kernel" "$tmp/bf16_sm90.log" \
+    || fail "bf16 sm90: no attention_sm90_${kernel}_kernel launch: $(grep 'ft_emu launches' "$tmp/bf16_sm90.log" | head -3)"
+done
+echo "bf16 at head dim 64 with the Hopper forward and backward, emulated CUDA backend against the CPU:"
 compare "$tmp/bf16_sm90" "$tmp/bf16_fused_cpu" 5e-3 5e-2 1e-4 2e-3 \
   || fail "bf16 sm90: the CUDA backend and the CPU differ"
 

@@ -109,7 +109,7 @@ void expect_matches(const std::string& where, const Result<E>& a, const Result<E
 // Tolerances (rtol, atol as a fraction of the tensor's max |ref|), those of the tensor-core
 // path of test_attention.cpp: the CPU computes in fp32 and rounds each output once, so one
 // rounding of E (2^-8 bf16, 2^-11 f16 relative) can land either side: rtol two units of it.
-// The fused kernels (attention_fused.cu; attention_sm90.cu's forward) also round P (before P·V and
+// The fused kernels (attention_fused.cu, attention_sm90.cu) also round P (before P·V and
 // Pᵀ·dO) and dS (before dS·K and dSᵀ·Q) to E, as every tensor-core attention does; each product
 // term then carries up to one more rounding of E, and a gradient that cancels (dQ, dK: terms of
 // both signs) keeps that error at the scale of its largest terms: atol two units of E's rounding of

@@ -162,3 +162,18 @@ TEST_CASE("cuda_emu sm90 attention backward f16 against the CPU kernels") {
   check_backward_case<ft::f16>({1, 100, 2, 1, 64}, true);
   check_backward_case<ft::f16>({1, 70, 1, 1, 128}, false);
 }
+
+TEST_CASE("cuda_emu sm90 attention backward rejects what it cannot run") {
+  DeviceBuffer<ft::bf16> x(4096);
+  DeviceBuffer<float> lse(64);
+  // Head dim 96: only 64 and 128 are instantiated.
+  CHECK_THROWS_AS(cu::attention_sm90_backward<ft::bf16>(
+                      x.get(), x.get(), x.get(), x.get(), x.get(), lse.get(), x.get(), x.get(),
+                      x.get(), nullptr, lse.get(), 1, 2, 1, 1, 96, nullptr),
+                  ft::Error);
+  // The Δ scratch one float in: TMA reads rows of lse and Δ from 16-byte aligned addresses.
+  CHECK_THROWS_AS(cu::attention_sm90_backward<ft::bf16>(
+                      x.get(), x.get(), x.get(), x.get(), x.get(), lse.get(), x.get(), x.get(),
+                      x.get(), nullptr, lse.get() + 1, 1, 2, 1, 1, 64, nullptr),
+                  ft::Error);
+}

@@ -5,8 +5,8 @@
 // ops_conformance_cuda_emu, label cuda-emu) and against the real backend (ft_ops_gpu_tests,
 // for the GPU machine: scripts/gpu_check.py's `ops` check; exit 77 without a usable GPU).
 // Attention has three CUDA paths, chosen per device by FT_CUDA_ATTENTION (ops_memory.h): the
-// default (fused: FlashAttention-2 on tensor cores where it applies, its forward on sm_90 the
-// Hopper kernel with FT_CUDA_ATTENTION_SM90=1; the chunked GEMMs for fp32 and other head dims)
+// default (fused: FlashAttention-2 on tensor cores where it applies, on sm_90 the Hopper kernels
+// with FT_CUDA_ATTENTION_SM90=1; the chunked GEMMs for fp32 and other head dims)
 // runs every case but the fp32 ones with document segments (which no CUDA
 // path takes: a clear error, checked below); the chunked GEMMs (gemm) and the SIMT kernels
 // (simt) run the attention cases without segments. Each case runs twice on the device and must
@@ -96,9 +96,9 @@ TEST_CASE("ops: the CUDA device with SIMT attention against the CPU device on at
   attention_cases_on("simt", "SIMT attention");
 }
 
-// On an sm_90 device (the emulation's) FT_CUDA_ATTENTION_SM90=1 makes the fused path's forward
-// attention_sm90's: the attention cases, segments included, once more that way. Elsewhere the
-// knob changes nothing and this repeats the default's cases.
+// On an sm_90 device (the emulation's) FT_CUDA_ATTENTION_SM90=1 makes the fused path's forward and
+// backward attention_sm90's: the attention cases, segments included, once more that way.
+// Elsewhere the knob changes nothing and this repeats the default's cases.
 TEST_CASE(
     "ops: the CUDA device with FT_CUDA_ATTENTION_SM90=1 against the CPU device on attention") {
   const std::unique_ptr<Device> ref = make_cpu_device(), dev = cuda_device("fused", "1");
@@ -109,7 +109,7 @@ TEST_CASE(
 #if defined(FT_CUDA_EMU)
   const ft::emu::test::SeedScope keep_seed(ft::emu::seed());
 #endif
-  expect_conforms(*dev, *ref, cases, twice(), "fused attention, the Hopper forward");
+  expect_conforms(*dev, *ref, cases, twice(), "fused attention, the Hopper kernels");
   CHECK_THROWS_WITH_AS(cuda_device("fused", "yes"),
                        doctest::Contains("FT_CUDA_ATTENTION_SM90='yes'"), Error);
 }

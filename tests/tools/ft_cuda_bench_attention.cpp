@@ -108,9 +108,9 @@ int main(int argc, char** argv) {
       // not apply: ops_memory.h), so that a number is never labelled with a path it did not use.
       const char* taken = cuda::attention_path_name(
           cuda::attention_path(cuda::requested_attention_path(), dt, s.D, sm_major));
-      const std::string fwd_kernel = std::string(taken) != "fused"        ? taken
-                                     : cuda::fused_forward_sm90(sm_major) ? "sm90"
-                                                                          : "fa2";
+      const std::string fwd_kernel = std::string(taken) != "fused" ? taken
+                                     : cuda::fused_sm90(sm_major)  ? "sm90"
+                                                                   : "fa2";
       if (path != taken)
         std::printf("note: FT_CUDA_ATTENTION=%s falls back to %s at %d,%d,%d,%d,%d\n", path.c_str(),
                     taken, s.B, s.H, s.K, s.T, s.D);

@@ -49,7 +49,7 @@ class CudaOps final : public Ops {
         default_stream_(default_stream),
         sm_major_(sm_major),
         attention_requested_(cuda::requested_attention_path()),
-        forward_sm90_(cuda::fused_forward_sm90(sm_major)),
+        sm90_(cuda::fused_sm90(sm_major)),
         mem_(dev, sm_major) {
     cuda::LtChoice choice;
     choice.measure = options.measure_gemm_algos;
@@ -223,7 +223,7 @@ class CudaOps final : public Ops {
       dispatch(out.dtype, "attention_forward", [&](auto t) {
         using T = decltype(t);
         if constexpr (!std::is_same_v<T, float>) {
-          if (forward_sm90_)
+          if (sm90_)
             kc::attention_sm90_forward(as<T>(out), lse, as<T>(q), as<T>(k), as<T>(v), seg, B, T_, H,
                                        K, D, stream(s));
           else
@@ -259,10 +259,16 @@ class CudaOps final : public Ops {
       // `scratch` holds Δ (B, H, T), attention_fused_backward_scratch_bytes.
       dispatch(dq.dtype, "attention_backward", [&](auto t) {
         using T = decltype(t);
-        if constexpr (!std::is_same_v<T, float>)
-          kc::attention_fused_backward(as<T>(dq), as<T>(dk), as<T>(dv), as<T>(dout), as<T>(out),
-                                       lse, as<T>(q), as<T>(k), as<T>(v), seg, scratch, B, T_, H, K,
-                                       D, stream(s));
+        if constexpr (!std::is_same_v<T, float>) {
+          if (sm90_)
+            kc::attention_sm90_backward(as<T>(dq), as<T>(dk), as<T>(dv), as<T>(dout), as<T>(out),
+                                        lse, as<T>(q), as<T>(k), as<T>(v), seg, scratch, B, T_, H,
+                                        K, D, stream(s));
+          else
+            kc::attention_fused_backward(as<T>(dq), as<T>(dk), as<T>(dv), as<T>(dout), as<T>(out),
+                                         lse, as<T>(q), as<T>(k), as<T>(v), seg, scratch, B, T_, H,
+                                         K, D, stream(s));
+        }
       });
       return;
     }
@@ -412,7 +418,7 @@ class CudaOps final : public Ops {
   void* default_stream_;
   int sm_major_;
   cuda::AttentionPath attention_requested_;
-  bool forward_sm90_;    // the fused path's forward by attention_sm90 (FT_CUDA_ATTENTION_SM90)
+  bool sm90_;            // the fused path by attention_sm90's kernels (FT_CUDA_ATTENTION_SM90)
   cuda::OpsMemory mem_;  // the cuBLASLt workspace and the ops' shared scratch
   std::unique_ptr<cuda::LtGemm> lt_;
   cudaEvent_t time_start_ = nullptr, time_end_ = nullptr;  // timing cuBLASLt's candidates

@@ -31,13 +31,13 @@ const char* attention_path_name(AttentionPath path);
 // ft::Error naming the three. Read when a device's ops are made (CudaOps, ft plan's counting
 // ops), which keep the answer: one path per device, and a test can make one device per path.
 AttentionPath requested_attention_path();
-// FT_CUDA_ATTENTION_SM90: 1 runs the fused path's forward with the Hopper kernel
+// FT_CUDA_ATTENTION_SM90: 1 runs the fused path's forward and backward with the Hopper kernels
 // (kernels/cuda/attention_sm90.cu: TMA, mbarrier, wgmma) on a GPU of compute capability 9.x; 0
-// (the default when unset, until a GPU has checked the kernel) keeps FlashAttention-2's there. The
-// backward is FlashAttention-2's either way (it reads the forward's out and lse, the same
-// contract). Any other value is an ft::Error. Read when a device's ops are made, as
+// (the default when unset, until a GPU has checked the kernels) keeps FlashAttention-2's there.
+// Both contracts are FlashAttention-2's (the backward reads the forward's out and lse and the same
+// Δ scratch). Any other value is an ft::Error. Read when a device's ops are made, as
 // FT_CUDA_ATTENTION.
-bool fused_forward_sm90(int sm_major);
+bool fused_sm90(int sm_major);
 // The path an attention op of this dtype and head dim takes on a GPU of compute capability
 // sm_major.x when `requested` was asked for: the fused kernel where it applies (bf16/f16, head
 // dim 64 or 128, sm >= 8); otherwise, fp32 models and other head dims fall back to kGemm (the
