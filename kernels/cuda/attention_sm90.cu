@@ -565,9 +565,10 @@ __global__ void __launch_bounds__(128 * NC + 32)
 // query), dSᵀ = Pᵀ ∘ (dPᵀ − Δ) in fp32, then Pᵀ and dSᵀ rounded once to E into the A registers
 // of dV += Pᵀ dO and dK += dSᵀ Q (RS; dO and Q read MN-major: their rows are the k dimension).
 // A warpgroup skips the query tiles wholly above its keys (the first of each head for the second
-// warpgroup: those queries see none of its keys; exact, their P is 0). Overlap: the products of
-// tile n − 1 run while the softmax of tile n is computed (needs Sᵀ and dPᵀ of tile n and the A
-// fragments of tile n − 1 in registers at once: head dim 64 only); else each tile in turn.
+// warpgroup: those queries see none of its keys; exact, their P is 0). Each tile in turn: the
+// overlap of tile n's softmax with tile n − 1's products (as dQ does) needs Sᵀ and dPᵀ of one
+// tile and Pᵀ, dSᵀ of the other in registers beside dK and dV, more than the 168 a thread that
+// ptxas allows a 288-thread block (measured: spills at head dim 64); it waits for setmaxnreg.
 // Each gradient element is summed by one thread in query order: deterministic, no atomics.
 constexpr int kIdsPad = 8, kIdsBox = kSm90Rows + kIdsPad;  // 72 ids: 288 bytes, a 16 multiple
 constexpr int kSmallSlot = 512;  // bytes of a stage's lse, Δ or ids (128-byte aligned for TMA)
@@ -579,7 +580,7 @@ constexpr size_t sm90_dkdv_smem_bytes() {
          size_t(2 * NC + 2 * Stages) * kSm90TileBytes<D>;  // K, V; Q, dO
 }
 
-template <typename E, int D, int NC, int Stages, bool Overlap>
+template <typename E, int D, int NC, int Stages>
 __global__ void __launch_bounds__(128 * NC + 32) attention_sm90_dkdv_kernel(
     const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_do,
     const __grid_constant__ TensorMap map_k, const __grid_constant__ TensorMap map_v,
@@ -589,9 +590,6 @@ __global__ void __launch_bounds__(128 * NC + 32) attention_sm90_dkdv_kernel(
 #if FT_HOPPER_DEVICE
   constexpr int kTk = NC * kSm90Rows, kTile = kSm90TileBytes<D>, kChunks = D / 64;
   constexpr int kBoxBytes = 64 * 64 * 2;
-  // A warpgroup holds tile n − 1 while it waits for tile n, with up to NC − 1 skipped tiles
-  // between: the ring must not need tile n − 1's stage for tile n.
-  static_assert(!Overlap || Stages > NC, "the overlap holds two stages NC - 1 tiles apart");
   FT_DYNAMIC_SHARED(unsigned char, smem_raw);
   unsigned char* smem = smem_raw + ((1024u - smem_offset(smem_raw) % 1024u) % 1024u);
   auto* bars = reinterpret_cast<uint64_t*>(smem);
@@ -761,7 +759,6 @@ __global__ void __launch_bounds__(128 * NC + 32) attention_sm90_dkdv_kernel(
       }
   };
 
-  int prev = -1;  // Overlap: the tile whose products are next (its A fragments in pa, dsa)
   for (int n = 0, il = 0; n < n_all; ++n, il = il + 1 == n_q ? 0 : il + 1) {
     mbarrier_wait(&full[stage(n)], phase(n));  // also before a skipped tile's release
     if (kw0 >= T_ || il < cg) {
@@ -769,38 +766,16 @@ __global__ void __launch_bounds__(128 * NC + 32) attention_sm90_dkdv_kernel(
       continue;
     }
     issue_scores(n);
-    if (Overlap && prev >= 0) {
-      issue_grads(prev);
-      wgmma_wait_group<1>();  // Sᵀ_n, dPᵀ_n
-    } else {
-      wgmma_wait_group<0>();
-    }
+    wgmma_wait_group<0>();
     wgmma_fence_operand(st);
     wgmma_fence_operand(dpt);
     probs(n, j0 + kSm90Rows * il);
-    if (Overlap && prev >= 0) {
-      wgmma_wait_group<0>();  // the products of tile prev
-      wgmma_fence_operand(dv_acc);
-      wgmma_fence_operand(dk_acc);
-      mbarrier_arrive(&empty[stage(prev)]);
-    }
     pack();
-    if constexpr (Overlap) {
-      prev = n;
-    } else {
-      issue_grads(n);
-      wgmma_wait_group<0>();
-      wgmma_fence_operand(dv_acc);
-      wgmma_fence_operand(dk_acc);
-      mbarrier_arrive(&empty[stage(n)]);
-    }
-  }
-  if (Overlap && prev >= 0) {
-    issue_grads(prev);
+    issue_grads(n);
     wgmma_wait_group<0>();
     wgmma_fence_operand(dv_acc);
     wgmma_fence_operand(dk_acc);
-    mbarrier_arrive(&empty[stage(prev)]);
+    mbarrier_arrive(&empty[stage(n)]);
   }
 
   const size_t ldk = size_t(K) * D;
@@ -819,14 +794,14 @@ __global__ void __launch_bounds__(128 * NC + 32) attention_sm90_dkdv_kernel(
 #endif
 }
 
-// The backward's forms per head dim: consumer warpgroups and stages of each kernel, and whether
-// dK/dV overlaps a tile's softmax with the previous tile's products (registers: at head dim 128
-// dK and dV alone are 128 floats a thread).
+// The backward's forms per head dim: consumer warpgroups and ring stages of each kernel. Two
+// warpgroups (a 288-thread block: ptxas allows 168 registers a thread) where that compiles
+// without spills, one (255) at head dim 128, where dK and dV alone are 128 floats a thread and
+// dQ's two warpgroups spilled 48 bytes.
 template <int D>
 struct Sm90BackwardForm {
   static constexpr int kDqNc = D == 64 ? 2 : 1, kDqStages = 2;
   static constexpr int kDkdvNc = D == 64 ? 2 : 1, kDkdvStages = 2;
-  static constexpr bool kDkdvOverlap = false;
 };
 
 template <typename T, int D>
@@ -844,11 +819,10 @@ void sm90_backward_launch(T* dq, T* dk, T* dv, const T* dout, const float* lse, 
   const TensorMap map_ids = seg ? row_map(seg, uint64_t(B) * T_, kIdsBox) : map_q;
   {
     constexpr int NC = F::kDkdvNc, S = F::kDkdvStages;
-    constexpr bool O = F::kDkdvOverlap;
-    auto kernel = attention_sm90_dkdv_kernel<T, D, NC, S, O>;
+    auto kernel = attention_sm90_dkdv_kernel<T, D, NC, S>;
     constexpr size_t smem = sm90_dkdv_smem_bytes<D, NC, S>();
     allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_backward");
-    FT_LAUNCH((attention_sm90_dkdv_kernel<T, D, NC, S, O>),
+    FT_LAUNCH((attention_sm90_dkdv_kernel<T, D, NC, S>),
               tile_grid(true, (T_ + 64 * NC - 1) / (64 * NC), K, B), 128 * NC + 32, smem, stream)
     (map_q, map_do, map_k, map_v, map_lse, map_dlt, map_ids, dev(dk), dev(dv), seg, T_, H, K,
      scale);

@@ -159,8 +159,10 @@ TEST_CASE("cuda_emu sm90 attention backward bf16 against the CPU kernels") {
 
 TEST_CASE("cuda_emu sm90 attention backward f16 against the CPU kernels") {
   if (!sm90_here()) return;
-  check_backward_case<ft::f16>({1, 100, 2, 1, 64}, true);
-  check_backward_case<ft::f16>({1, 70, 1, 1, 128}, false);
+  // Two batch rows: the second row's first query tile reads the first row's last ids (its
+  // one-key flag must come from r == 0) and lse, Δ rows of another (batch, head).
+  check_backward_case<ft::f16>({2, 100, 2, 1, 64}, true);
+  check_backward_case<ft::f16>({1, 70, 2, 2, 128}, false);  // GQA 1, two kv heads
 }
 
 TEST_CASE("cuda_emu sm90 attention backward rejects what it cannot run") {
