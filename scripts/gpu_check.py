@@ -305,15 +305,15 @@ def attention_stage(chk, bundle, here, device):
     if not os.path.exists(binary):
         notes.append("the bundle has no tests/ft_cuda_bench_attention")
     else:
-        # The fused path twice: FlashAttention-2 (the default) and, on sm_90, its forward by the
-        # Hopper kernel (FT_CUDA_ATTENTION_SM90=1; rows "ft fused sm90-fwd").
+        # The fused path twice: FlashAttention-2 (the default) and, on sm_90, its forward and
+        # backward by the Hopper kernels (FT_CUDA_ATTENTION_SM90=1; rows "ft fused sm90").
         sm90 = dict(os.environ, FT_CUDA_ATTENTION_SM90="1")
         for path, env in (("fused", None), ("gemm", None), ("fused", sm90)):
             rc, text = chk.run("attention", [binary, "--path", path] + shapes, 120, env=env)
             got = json_lines(text)
             if env is not None:
-                got = [dict(r, impl=r["impl"] + " sm90-fwd") for r in got
-                       if r.get("fwd_kernel") == "sm90"]
+                got = [dict(r, impl=r["impl"] + " sm90") for r in got
+                       if r.get("kernels") == "sm90"]
             rows += got
             if rc == 77:
                 notes.append(next((l for l in text.splitlines() if l.startswith("no GPU:")),

@@ -1,7 +1,7 @@
 // Attention benchmark on the GPU (not a test): ft's causal GQA attention through the CUDA
 // device's ops (runtime/op_list.h attention_forward / attention_backward), the path picked by
-// FT_CUDA_ATTENTION as in training (fused: the FlashAttention-2 kernel, its forward on sm_90
-// the Hopper kernel with FT_CUDA_ATTENTION_SM90=1, which "fwd_kernel" names; gemm: the chunked
+// FT_CUDA_ATTENTION as in training (fused: the FlashAttention-2 kernels, on sm_90 the Hopper
+// kernels with FT_CUDA_ATTENTION_SM90=1, which "kernels" names; gemm: the chunked
 // cuBLASLt GEMMs; simt), timed with CUDA events after a warmup. For scripts/gpu_check.py's
 // `attention` stage, which sets PyTorch's sdpa backends beside it on the same GPU.
 //
@@ -108,9 +108,9 @@ int main(int argc, char** argv) {
       // not apply: ops_memory.h), so that a number is never labelled with a path it did not use.
       const char* taken = cuda::attention_path_name(
           cuda::attention_path(cuda::requested_attention_path(), dt, s.D, sm_major));
-      const std::string fwd_kernel = std::string(taken) != "fused" ? taken
-                                     : cuda::fused_sm90(sm_major)  ? "sm90"
-                                                                   : "fa2";
+      const std::string kernels = std::string(taken) != "fused" ? taken
+                                  : cuda::fused_sm90(sm_major)  ? "sm90"
+                                                                : "fa2";
       if (path != taken)
         std::printf("note: FT_CUDA_ATTENTION=%s falls back to %s at %d,%d,%d,%d,%d\n", path.c_str(),
                     taken, s.B, s.H, s.K, s.T, s.D);
@@ -186,13 +186,13 @@ int main(int argc, char** argv) {
       const double fwd_flop = 2.0 * s.B * s.H * double(s.T) * s.T * s.D;
       const double fwd_bwd_flop = 3.5 * fwd_flop;
       std::printf(
-          "{\"impl\": \"ft %s\", \"path\": \"%s\", \"requested\": \"%s\", \"fwd_kernel\": \"%s\", "
+          "{\"impl\": \"ft %s\", \"path\": \"%s\", \"requested\": \"%s\", \"kernels\": \"%s\", "
           "\"device\": \"%s\", \"dtype\": \"%s\", "
           "\"B\": %d, \"H\": %d, \"K\": %d, \"T\": %d, \"D\": %d, \"warmup\": %d, \"reps\": %d, "
           "\"fwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, \"fwd_tflops\": %.2f, "
           "\"fwd_bwd_tflops\": %.2f, \"finite\": %s}\n",
-          taken, taken, path.c_str(), fwd_kernel.c_str(), dev->name().c_str(), dtype.c_str(), s.B,
-          s.H, s.K, s.T, s.D, warmup, reps, fwd_ms, fwd_bwd_ms, fwd_flop / (fwd_ms * 1e9),
+          taken, taken, path.c_str(), kernels.c_str(), dev->name().c_str(), dtype.c_str(), s.B, s.H,
+          s.K, s.T, s.D, warmup, reps, fwd_ms, fwd_bwd_ms, fwd_flop / (fwd_ms * 1e9),
           fwd_bwd_flop / (fwd_bwd_ms * 1e9), ok ? "true" : "false");
       std::fflush(stdout);
       if (!ok) {
