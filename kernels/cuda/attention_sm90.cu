@@ -338,11 +338,12 @@ void sm90_forward_launch(T* out, float* lse, const T* q, const T* k, const T* v,
 // and a producer warp, as the forward. The producer loads Q and dO once, then each key tile's K,
 // V (and key segment ids) into stage n % Stages of a ring, all on the stage's `full` barrier
 // (dS needs both S and dP). Per key tile, in the warpgroup: S = Q Kᵀ and dP = dO Vᵀ (wgmma SS,
-// all four operands K-major, one commit group), P = exp2(scale·log2e·S − lse·log2e) masked to 0,
-// dS = P ∘ (dP − Δ) in fp32 (0 on rows that see one key), rounded once to E into the A
-// registers of dQ += dS K (wgmma RS, K read MN-major as the forward's V). dS of tile n is
-// computed while dS_{n−1} K_{n−1} runs (issued after S_n and dP_n, so wait_group 1 completes
-// those alone). dQ is scaled once at the end. lse, Δ, the row's segment id and its one-key flag
+// all four operands K-major, a commit group each), P = exp2(scale·log2e·S − lse·log2e) masked
+// to 0, dS = P ∘ (dP − Δ) in fp32 (0 on rows that see one key), rounded once to E into the A
+// registers of dQ += dS K (wgmma RS, K read MN-major as the forward's V). The groups S_n, dP_n,
+// dS_{n−1} K_{n−1} are issued in that order and complete in it: P_n is computed while dP_n and
+// dS_{n−1} K_{n−1} run (wait_group 2), dS_n while the latter does (wait_group 1). dQ is scaled
+// once at the end. lse, Δ, the row's segment id and its one-key flag
 // are per row: read once from global memory.
 template <int D, int NC, int Stages>
 constexpr size_t sm90_dq_smem_bytes() {
@@ -447,7 +448,7 @@ __global__ void __launch_bounds__(128 * NC + 32)
 
   float s[kSm90Rows / 2], dp[kSm90Rows / 2];  // S and dP of the newest tile, then P and dS
   uint32_t ds[kSm90Rows / 16][4];             // dS of the tile whose dS K is next, A fragments
-  // S = Q K_nᵀ and dP = dO V_nᵀ, one commit group.
+  // S = Q K_nᵀ and dP = dO V_nᵀ, a commit group each (P's exponentials run while dP does).
   const auto issue_scores = [&](int n) {
     const unsigned char* k_tile = k_s + stage(n) * kTile;
     const unsigned char* v_tile = v_s + stage(n) * kTile;
@@ -459,6 +460,7 @@ __global__ void __launch_bounds__(128 * NC + 32)
                                  wgmma_descriptor(k_tile + at, 16, 1024, WgmmaSwizzle::k128B),
                                  kk > 0);
     }
+    wgmma_commit_group();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const int at = (kk / 4) * kBoxBytes + (kk % 4) * 32;
@@ -479,29 +481,44 @@ __global__ void __launch_bounds__(128 * NC + 32)
           true);
     wgmma_commit_group();
   };
-  // P and dS of tile n in place of S (dS kept in s); the masks only where the tile needs them
-  // (warp-uniform: the diagonal, the end of the sequence, documents).
-  const auto dscores = [&](int n) {
+  // The masks only where tile n needs them (warp-uniform: the diagonal, the end of the
+  // sequence, documents; rows that see one key exist only in such tiles).
+  const auto masked = [&](int n) {
+    const int j0 = j_first + n * kSm90Rows;
+    return seg_b || j0 + kSm90Rows - 1 > r0 + 16 * w || j0 + kSm90Rows > T_;
+  };
+  // P of tile n in place of S (dP may still be in flight).
+  const auto probs = [&](int n) {
     const int j0 = j_first + n * kSm90Rows;
     const int32_t* kseg = kseg_s + stage(n) * kSm90Rows;
     const auto body = [&](auto general) {
 #pragma unroll
       for (int i = 0; i < kSm90Rows / 2; ++i) {
         const int x = (i >> 1) & 1;
-        float p = exp2_approx(fmaf(s[i], scale_log2, -lse2[x]));
+        s[i] = exp2_approx(fmaf(s[i], scale_log2, -lse2[x]));
         if constexpr (decltype(general)::value) {
           const int c = j0 + 8 * (i >> 2) + 2 * qd + (i & 1);
-          if (c > row[x] || c >= T_ || (seg_b && kseg[c - j0] != rseg[x])) p = 0.0f;
-          s[i] = one[x] ? 0.0f : p * (dp[i] - dlt[x]);
-        } else {
-          s[i] = p * (dp[i] - dlt[x]);
+          if (c > row[x] || c >= T_ || (seg_b && kseg[c - j0] != rseg[x])) s[i] = 0.0f;
         }
       }
     };
-    if (seg_b || j0 + kSm90Rows - 1 > r0 + 16 * w || j0 + kSm90Rows > T_)
+    if (masked(n))
       body(std::true_type{});
     else
       body(std::false_type{});
+  };
+  // dS = P ∘ (dP − Δ) of tile n in place of P.
+  const auto dscores = [&](int n) {
+    if (masked(n)) {
+#pragma unroll
+      for (int i = 0; i < kSm90Rows / 2; ++i) {
+        const int x = (i >> 1) & 1;
+        s[i] = one[x] ? 0.0f : s[i] * (dp[i] - dlt[x]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kSm90Rows / 2; ++i) s[i] *= dp[i] - dlt[(i >> 1) & 1];
+    }
   };
   const auto pack = [&]() {
 #pragma unroll
@@ -513,8 +530,10 @@ __global__ void __launch_bounds__(128 * NC + 32)
   if (n_mine > 0) {
     mbarrier_wait(&full[stage(0)], phase(0));
     issue_scores(0);
-    wgmma_wait_group<0>();
+    wgmma_wait_group<1>();  // S_0
     wgmma_fence_operand(s);
+    probs(0);
+    wgmma_wait_group<0>();  // dP_0
     wgmma_fence_operand(dp);
     dscores(0);
     pack();
@@ -522,8 +541,10 @@ __global__ void __launch_bounds__(128 * NC + 32)
       mbarrier_wait(&full[stage(n)], phase(n));
       issue_scores(n);
       issue_dq(n - 1);
-      wgmma_wait_group<1>();  // S_n, dP_n
+      wgmma_wait_group<2>();  // S_n
       wgmma_fence_operand(s);
+      probs(n);
+      wgmma_wait_group<1>();  // dP_n
       wgmma_fence_operand(dp);
       dscores(n);
       wgmma_wait_group<0>();  // dS_{n−1} K_{n−1}
@@ -682,7 +703,8 @@ __global__ void __launch_bounds__(128 * NC + 32) attention_sm90_dkdv_kernel(
 
   float st[kSm90Rows / 2], dpt[kSm90Rows / 2];  // Sᵀ and dPᵀ of the newest tile, then Pᵀ, dSᵀ
   uint32_t pa[kSm90Rows / 16][4], dsa[kSm90Rows / 16][4];  // Pᵀ, dSᵀ as A fragments
-  // Sᵀ = K Q_nᵀ and dPᵀ = V dO_nᵀ, one commit group.
+  // Sᵀ = K Q_nᵀ and dPᵀ = V dOᵀ, one commit group. (Pᵀ's exponentials while dPᵀ runs, as dQ
+  // does, made ptxas serialize the wgmmas at head dim 128 and spill at 64.)
   const auto issue_scores = [&](int n) {
     const unsigned char* q_tile = q_s + stage(n) * kTile;
     const unsigned char* do_tile = do_s + stage(n) * kTile;
@@ -703,7 +725,10 @@ __global__ void __launch_bounds__(128 * NC + 32) attention_sm90_dkdv_kernel(
     }
     wgmma_commit_group();
   };
-  // dV += Pᵀ dO_n and dK += dSᵀ Q_n, one commit group.
+  // dV += Pᵀ dO_n and dK += dSᵀ Q_n (dO and Q read MN-major), one commit group. The A
+  // fragments are written before the fence, so that ptxas needs to inject no warpgroup.arrive.
+  // (dV's products issued before dSᵀ is computed, to overlap the two, also made ptxas
+  // serialize the wgmmas at head dim 128 and spill at 64.)
   const auto issue_grads = [&](int n) {
     const unsigned char* q_tile = q_s + stage(n) * kTile;
     const unsigned char* do_tile = do_s + stage(n) * kTile;
@@ -720,43 +745,57 @@ __global__ void __launch_bounds__(128 * NC + 32) attention_sm90_dkdv_kernel(
           wgmma_descriptor(q_tile + ks * 2048, kBoxBytes, 1024, WgmmaSwizzle::k128B), true);
     wgmma_commit_group();
   };
-  // Pᵀ and dSᵀ of tile n (first query i0) in place of Sᵀ and dPᵀ. lse and Δ belong to the
-  // column (the query). Masks only where the tile needs them (uniform over the warpgroup: its
-  // keys reach past the tile's first query, the tile crosses the end of the sequence, or
-  // documents; queries that see one key exist only in the first tile without segments).
+  // Masks only where the tile (first query i0) needs them (uniform over the warpgroup: its keys
+  // reach past the tile's first query, the tile crosses the end of the sequence, or documents;
+  // queries that see one key exist only in such tiles).
+  const auto masked = [&](int i0) {
+    return seg_b || kw0 + kSm90Rows - 1 > i0 || i0 + kSm90Rows > T_ || kw0 + kSm90Rows > T_;
+  };
+  // Pᵀ of tile n in place of Sᵀ; lse belongs to the column (the query).
   const auto probs = [&](int n, int i0) {
     const float* ls = lse_s + stage(n) * (kSmallSlot / 4);
-    const float* dl = dlt_s + stage(n) * (kSmallSlot / 4);
-    const int32_t* ids = ids_s + stage(n) * (kSmallSlot / 4) + kIdsPad;  // ids[-1]: i0 − 1's
+    const int32_t* ids = ids_s + stage(n) * (kSmallSlot / 4) + kIdsPad;
     const auto body = [&](auto general) {
 #pragma unroll
       for (int i = 0; i < kSm90Rows / 2; ++i) {
         const int c = 8 * (i >> 2) + 2 * qd + (i & 1), x = (i >> 1) & 1;
-        float p = exp2_approx(fmaf(st[i], scale_log2, -(ls[c] * kLog2e)));
+        st[i] = exp2_approx(fmaf(st[i], scale_log2, -(ls[c] * kLog2e)));
         if constexpr (decltype(general)::value) {
           const int r = i0 + c;
-          if (key[x] > r || r >= T_ || key[x] >= T_ || (seg_b && ids[c] != kseg[x])) p = 0.0f;
-          const bool one = r == 0 || (seg_b && ids[c - 1] != ids[c]);
-          dpt[i] = one ? 0.0f : p * (dpt[i] - dl[c]);
-        } else {
-          dpt[i] = p * (dpt[i] - dl[c]);
+          if (key[x] > r || r >= T_ || key[x] >= T_ || (seg_b && ids[c] != kseg[x])) st[i] = 0.0f;
         }
-        st[i] = p;
       }
     };
-    if (seg_b || kw0 + kSm90Rows - 1 > i0 || i0 + kSm90Rows > T_ || kw0 + kSm90Rows > T_)
+    if (masked(i0))
       body(std::true_type{});
     else
       body(std::false_type{});
   };
-  const auto pack = [&]() {
+  // dSᵀ = Pᵀ ∘ (dPᵀ − Δ) of tile n in place of dPᵀ; Δ per column.
+  const auto dscores = [&](int n, int i0) {
+    const float* dl = dlt_s + stage(n) * (kSmallSlot / 4);
+    const int32_t* ids = ids_s + stage(n) * (kSmallSlot / 4) + kIdsPad;  // ids[-1]: i0 − 1's
+    if (masked(i0)) {
+#pragma unroll
+      for (int i = 0; i < kSm90Rows / 2; ++i) {
+        const int c = 8 * (i >> 2) + 2 * qd + (i & 1), r = i0 + c;
+        const bool one = r == 0 || (seg_b && ids[c - 1] != ids[c]);
+        dpt[i] = one ? 0.0f : st[i] * (dpt[i] - dl[c]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kSm90Rows / 2; ++i) {
+        const int c = 8 * (i >> 2) + 2 * qd + (i & 1);
+        dpt[i] = st[i] * (dpt[i] - dl[c]);
+      }
+    }
+  };
+  // v (fp32, the tile's 64 queries) rounded once to E into A fragments.
+  const auto pack = [&](uint32_t(&a)[kSm90Rows / 16][4], const float(&v)[kSm90Rows / 2]) {
 #pragma unroll
     for (int ks = 0; ks < kSm90Rows / 16; ++ks)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        pa[ks][j] = pack2_rn<E>(st[8 * ks + 2 * j], st[8 * ks + 2 * j + 1]);
-        dsa[ks][j] = pack2_rn<E>(dpt[8 * ks + 2 * j], dpt[8 * ks + 2 * j + 1]);
-      }
+      for (int j = 0; j < 4; ++j) a[ks][j] = pack2_rn<E>(v[8 * ks + 2 * j], v[8 * ks + 2 * j + 1]);
   };
 
   for (int n = 0, il = 0; n < n_all; ++n, il = il + 1 == n_q ? 0 : il + 1) {
@@ -765,12 +804,15 @@ __global__ void __launch_bounds__(128 * NC + 32) attention_sm90_dkdv_kernel(
       mbarrier_arrive(&empty[stage(n)]);
       continue;
     }
+    const int i0 = j0 + kSm90Rows * il;
     issue_scores(n);
     wgmma_wait_group<0>();
     wgmma_fence_operand(st);
     wgmma_fence_operand(dpt);
-    probs(n, j0 + kSm90Rows * il);
-    pack();
+    probs(n, i0);
+    dscores(n, i0);
+    pack(pa, st);
+    pack(dsa, dpt);
     issue_grads(n);
     wgmma_wait_group<0>();
     wgmma_fence_operand(dv_acc);
