@@ -12,8 +12,10 @@
 // ping-pong), GQA ratios 1, 2 and 4, head dims 64 and 128, two batch rows, one token; each with
 // and without segment ids. Each case runs under two schedule seeds
 // and requires the same bits. The backward's cases (on the reference's out and lse, as the fused
-// kernel's test) take the fused kernel's tolerances too: one token, GQA 2 at both head dims,
-// tails, segments (a one-token document: a query whose dS is forced to 0), both dtypes.
+// kernel's test) take the fused kernel's tolerances too (measured on the emulator: the worst
+// element of dq, dk and dv within 0.30 of the bound in bf16, 0.32 in f16): one token, GQA 1 and
+// 2 at both head dims, tails, two batch rows, segments (a one-token document: a query whose dS
+// is forced to 0), both dtypes.
 #include <doctest/doctest.h>
 
 #include <string>
