@@ -301,7 +301,8 @@ void HostShards::take(int group, const ParamGroup& p, const float* values) {
 
 ZeroSharding::~ZeroSharding() {
   if (stage_ >= 2 || D_ > 1 || offload_ || opt_.overlap_update) flat_.set_hooks(nullptr);
-  // An update still queued writes what the model and the optimizer free next.
+  // An update still queued: done before the events go (the memory it writes stays the device
+  // allocator's until the device, which synchronises its streams first, is destroyed).
   for (Event& e : update_done_) e.synchronize();
   // Copies still in flight read or write buffers freed with this.
   if (!landings_.empty()) dev_->synchronize();
@@ -395,6 +396,9 @@ void ZeroSharding::maybe_inject_nan(int group, float* grad) {
 }
 
 void ZeroSharding::finish_backward() {
+  // The overlapped update's zeroing of a gradient the backward did not ask for (grads() waits
+  // for the others), before the reductions read it.
+  for (size_t g = 0; g < update_pending_.size(); ++g) wait_update(int(g));
   const Stream st = dev_->stream();
   drop_prefetches();
   if (in_step_ && !order_.empty()) order_recorded_ = true;

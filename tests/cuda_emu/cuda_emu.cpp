@@ -173,17 +173,19 @@ bool stream_is_valid(const void* s) {
 // FT_CUDA_EMU_STREAMS=deferred (the default): work queued on a stream runs only when something
 // needs it done: a synchronisation of its stream, or of an event recorded after it; another
 // stream's cudaStreamWaitEvent on such an event, when that stream's work runs; an implicit
-// device synchronisation (cudaDeviceSynchronize, cudaFree, cudaFreeHost, cudaHostUnregister,
-// cudaStreamDestroy); work on the legacy stream (the null stream), which runs at once after the
-// blocking streams' work (streams not made with cudaStreamNonBlocking); a copy to pageable host
-// memory, which returns done. Each stream thus runs as late as what is waited on allows, so a
-// missing cudaStreamWaitEvent shows as other bits: a consumer forced to run before its
+// device synchronisation (cudaDeviceSynchronize, cudaFree, cudaFreeHost, cudaHostUnregister);
+// cudaStreamDestroy (that stream's work); work on the legacy stream (the null stream), which runs
+// at once after the blocking streams' work (streams not made with cudaStreamNonBlocking); a copy to
+// pageable host memory, which returns done. Each stream thus runs as late as what is waited on
+// allows, so a missing cudaStreamWaitEvent shows as other bits: a consumer forced to run before its
 // producer reads the old bytes, and a stream that runs after another overwrote what it was
 // meant to read first reads the new ones. Streams that carry NCCL calls run eagerly
 // (nccl_emu.cpp: ranks meet in them, and a call deferred on one rank would hang the others),
-// so a read of NCCL's output without a wait goes unseen; FT_CUDA_EMU_STREAMS=eager runs every
-// operation when it is queued, as the emulation did before. Kernel errors of deferred work are
-// thrown by the call that ran it (as a GPU reports them at a synchronisation).
+// so a read of NCCL's output without a wait goes unseen, and so does work that overwrites an NCCL
+// call's input without waiting for the call; FT_CUDA_EMU_STREAMS=eager runs every operation when
+// it is queued, as the emulation did before. Kernel errors of deferred work are thrown by the
+// call that ran it (as a GPU reports them at a synchronisation), whichever thread made it: in a
+// destructor that ends the process (std::terminate prints the report).
 std::recursive_mutex& stream_mutex() {
   static auto* m = new std::recursive_mutex;
   return *m;
@@ -1100,10 +1102,6 @@ void execute_launch(const LaunchConfig& config, void (*body)(void*), void* ctx);
 
 // Checks the launch now and queues its execution on its stream (stream order above).
 void run_launch(const LaunchConfig& config, void (*body)(void*), std::shared_ptr<void> ctx) {
-  {
-    std::lock_guard<std::mutex> lock(g_launch_mutex);
-    if (std::map<std::string, uint64_t>* counts = launch_counts()) ++(*counts)[config.name];
-  }
   const dim3 g = config.grid, b = config.block;
   const unsigned long long threads = 1ull * b.x * b.y * b.z;
   if (g.x == 0 || g.y == 0 || g.z == 0 || g.y > 65535 || g.z > 65535 || threads == 0 ||
@@ -1140,6 +1138,8 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), std::shared_ptr
 namespace {
 void execute_launch(const LaunchConfig& config, void (*body)(void*), void* ctx) {
   std::lock_guard<std::mutex> lock(g_launch_mutex);
+  // Counted when it runs (FT_CUDA_EMU_LAUNCHES: the kernels that ran).
+  if (std::map<std::string, uint64_t>* counts = launch_counts()) ++(*counts)[config.name];
   const dim3 g = config.grid, b = config.block;
   const unsigned long long threads = 1ull * b.x * b.y * b.z;
   while (g_fibers.size() < threads) {

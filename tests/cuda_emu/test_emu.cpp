@@ -900,7 +900,8 @@ TEST_CASE("cuda_emu: deferred streams run work only when something waits for it"
   CHECK(*py == 21);
 
   // A deferred kernel's report comes from the call that runs it.
-  FT_LAUNCH(partial_barrier_kernel, 1, 32, 0, a)(px);
+  DeviceBuffer<int> wide(32);  // one int a thread
+  FT_LAUNCH(partial_barrier_kernel, 1, 32, 0, a)(wide.get());
   const std::string r = report_of([&] { cudaStreamSynchronize(a); });
   CHECK(r.find("partial_barrier_kernel") != std::string::npos);
 
