@@ -149,20 +149,22 @@ TEST_CASE("cuda_emu sm90 attention forward f16 against the CPU kernels") {
 }
 
 // The backward: its dK/dV kernel's blocks own 128 keys at head dim 64 (two warpgroups, the
-// second skipping each head's first query tile) and 64 at 128; its dQ kernel's 128 query rows.
+// second skipping each head's first query tile) and 64 at 128; its dQ kernel's 128 query rows
+// at head dim 64, 64 at 128.
 TEST_CASE("cuda_emu sm90 attention backward bf16 against the CPU kernels") {
   if (!sm90_here()) return;
   for (const Shape& s : {Shape{1, 1, 1, 1, 64},      // one token: a gradient of exactly 0 (dS = 0)
                          Shape{1, 200, 2, 1, 64},    // GQA 2, a tail, a key tile past T's block
-                         Shape{1, 130, 2, 1, 128}})  // GQA 2, a 2-row tail, two dK/dV blocks
+                         Shape{1, 130, 2, 1, 128}})  // GQA 2, a 2-row tail, three dK/dV blocks
     for (bool segments : {false, true})
       if (!segments || s.T > 1) check_backward_case<ft::bf16>(s, segments);
 }
 
 TEST_CASE("cuda_emu sm90 attention backward f16 against the CPU kernels") {
   if (!sm90_here()) return;
-  // Two batch rows: the second row's first query tile reads the first row's last ids (its
-  // one-key flag must come from r == 0) and lse, Δ rows of another (batch, head).
+  // Two batch rows: the second row's first query tile reads the first row's last ids and lse, Δ
+  // rows of another (batch, head). (Its one-key flag comes from r == 0; make_segments restarts
+  // the ids in each row, so the previous row's last id differs anyway and this case cannot tell.)
   check_backward_case<ft::f16>({2, 100, 2, 1, 64}, true);
   check_backward_case<ft::f16>({1, 70, 2, 2, 128}, false);  // GQA 1, two kv heads
 }
