@@ -34,10 +34,9 @@
 //
 // Within a warpgroup the softmax of tile n overlaps P_{n−1} V_{n−1} on the tensor cores (FA3's
 // intra-warpgroup pipelining), and the warpgroups issue their GEMMs in turn (FA3's ping-pong,
-// here through mbarriers: the emulation has no named barriers), so that one's softmax runs
-// under the other's GEMMs. Not yet (the next steps of issue 33): setmaxnreg (registers moved
-// from the producer to the consumers), O stored through shared memory by a TMA store rather than
-// from registers, a measurement on a GPU.
+// here through mbarriers), so that one's softmax runs under the other's GEMMs. At the end each
+// warpgroup writes O / l into its Q tile and stores it by TMA. Not yet (the next steps of issue
+// 33): setmaxnreg (registers moved from the producer to the consumers), a measurement on a GPU.
 #include "kernels/cuda/attention_fused.cuh"  // check_fused, first_key_tile, block_tile, quad sums
 #include "kernels/cuda/hopper.cuh"
 
@@ -62,11 +61,10 @@ __global__ void __launch_bounds__(128 * NC + 32)
     attention_sm90_forward_kernel(const __grid_constant__ TensorMap map_q,
                                   const __grid_constant__ TensorMap map_k,
                                   const __grid_constant__ TensorMap map_v,
-                                  const __grid_constant__ TensorMap map_seg, device_t<E>* out,
-                                  float* lse, const int32_t* seg, int T_, int H, int K,
-                                  float scale) {
+                                  const __grid_constant__ TensorMap map_seg,
+                                  const __grid_constant__ TensorMap map_o, float* lse,
+                                  const int32_t* seg, int T_, int H, int K, float scale) {
 #if FT_HOPPER_DEVICE
-  using Dev = device_t<E>;
   constexpr int kTq = NC * kSm90Rows, kTile = kSm90TileBytes<D>, kChunks = D / 64;
   constexpr int kBoxBytes = 64 * 64 * 2;  // one 64 x 64 16-bit box, 128-byte swizzled
   FT_DYNAMIC_SHARED(unsigned char, smem_raw);
@@ -279,18 +277,34 @@ __global__ void __launch_bounds__(128 * NC + 32)
     mbarrier_arrive(&empty[stage(n)]);
   }
 
-  const size_t ldq = size_t(H) * D;
+  if (n_mine == 0) return;  // rows all past T (the whole warpgroup alike)
+  // O / l into this warpgroup's Q tile (its last reader, the last S = Q Kᵀ, has completed), laid
+  // out as a TMA load of those rows lands them (64-column boxes, 128-byte swizzle: element (r, c)
+  // of a box at byte tma_swizzle(128 r + 2 c)), then one TMA store a box by the warpgroup's first
+  // thread once every thread's stores are fenced for the async proxy and met at the warpgroup's
+  // named barrier; rows past T lie outside the tensor map and are not written.
+  unsigned char* o_tile = q_s + cg * kTile;
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     const float sum = quad_sum(l[x]);
-    if (row[x] >= T_) continue;
-    const float inv = 1.0f / sum;
-    Dev* orow = out + (size_t(b) * T_ + row[x]) * ldq + size_t(h) * D + 2 * qd;
+    const float inv = 1.0f / sum;  // inf past T (l = 0): those rows are never stored
+    const uint32_t r = 16 * w + g + 8 * x;
 #pragma unroll
-    for (int t = 0; t < D / 8; ++t)
-      *reinterpret_cast<uint32_t*>(orow + 8 * t) =
+    for (int t = 0; t < D / 8; ++t) {
+      const int c = 8 * t + 2 * qd;
+      *reinterpret_cast<uint32_t*>(o_tile + (c / 64) * kBoxBytes +
+                                   tma_swizzle(128 * r + 2 * (c % 64), 128)) =
           pack2<E>(o[4 * t + 2 * x] * inv, o[4 * t + 2 * x + 1] * inv);
-    if (qd == 0) lse[(size_t(b) * H + h) * T_ + row[x]] = m[x] * scale + logf(sum);
+    }
+    if (qd == 0 && row[x] < T_) lse[(size_t(b) * H + h) * T_ + row[x]] = m[x] * scale + logf(sum);
+  }
+  fence_proxy_async_shared();
+  named_barrier_sync(1 + cg, 128);
+  if (threadIdx.x % 128 == 0) {
+    for (int ch = 0; ch < kChunks; ++ch)
+      tma_store_3d(map_o, h * D + 64 * ch, r0, b, o_tile + ch * kBoxBytes);
+    bulk_commit_group();
+    bulk_wait_group_read<0>();  // the tile's shared memory stays until the copy has read it
   }
 #endif
 }
@@ -326,9 +340,10 @@ void sm90_forward_launch(T* out, float* lse, const T* q, const T* k, const T* v,
                   map_v = heads_map(v, B, T_, K, D);
   // The segment ids in boxes of 64 (a tile's keys); without segments an unused stand-in.
   const TensorMap map_seg = seg ? row_map(seg, uint64_t(B) * T_, kSm90Rows) : map_q;
+  const TensorMap map_o = heads_map(out, B, T_, H, D);
   FT_LAUNCH((attention_sm90_forward_kernel<T, D, NC, Stages>),
             tile_grid(true, (T_ + kTq - 1) / kTq, H, B), 128 * NC + 32, smem, stream)
-  (map_q, map_k, map_v, map_seg, dev(out), lse, seg, T_, H, K, softmax_scale(D));
+  (map_q, map_k, map_v, map_seg, map_o, lse, seg, T_, H, K, softmax_scale(D));
   FT_CUDA_CHECK_LAUNCH();
 }
 

@@ -51,6 +51,14 @@ namespace ft::kernels::cuda {
 // with dimension 0 fastest, each 16-byte chunk at the swizzled shared address (tma_swizzle), and
 // completes its bytes (the whole box) on bar: the issuing thread announces them first with
 // mbarrier_arrive_expect_tx, and the data may be read once the phase is complete.
+// tma_store_{2,3}d(map, coords.., smem) is the reverse: the box laid out in smem as a load lands
+// it, to the tensor (elements outside it are not written). The threads that wrote smem call
+// fence_proxy_async_shared() and meet the issuing thread at a barrier first; the store belongs to
+// the issuing thread's bulk groups: bulk_commit_group(), then bulk_wait_group_read<n>() before
+// smem is written again (or the block ends), bulk_wait_group<n>() before the global data is read.
+// Named barriers: named_barrier_sync / _arrive(id, count), ids 1 .. 15, count a multiple of 32.
+// setmaxnreg_inc / _dec<n>(): a warpgroup's register limit per thread (warp specialisation: the
+// producer gives registers back, the consumers take them), under __launch_bounds__(threads, 1).
 enum class TmaType { kBf16 = 0, kF16 = 1, kF32 = 2 };
 enum class TmaSwizzle { kNone = 0, k32B = 1, k64B = 2, k128B = 3 };
 
@@ -141,6 +149,41 @@ inline void tma_load_3d(void* smem, const TensorMap& map, int c0, int c1, int c2
                         FT_HOPPER_WHERE) {
   const int coords[3] = {c0, c1, c2};
   ::ft::emu::tma_load(smem, map, 3, coords, bar, where);
+}
+
+inline void tma_store_2d(const TensorMap& map, int c0, int c1, const void* smem, FT_HOPPER_WHERE) {
+  const int coords[2] = {c0, c1};
+  ::ft::emu::tma_store(map, 2, coords, smem, where);
+}
+inline void tma_store_3d(const TensorMap& map, int c0, int c1, int c2, const void* smem,
+                         FT_HOPPER_WHERE) {
+  const int coords[3] = {c0, c1, c2};
+  ::ft::emu::tma_store(map, 3, coords, smem, where);
+}
+inline void bulk_commit_group(FT_HOPPER_WHERE) { ::ft::emu::bulk_commit_group(where); }
+template <int N>
+inline void bulk_wait_group_read(FT_HOPPER_WHERE) {
+  static_assert(N >= 0 && N <= 7, "cp.async.bulk.wait_group takes 0 .. 7 here");
+  ::ft::emu::bulk_wait_group(N, true, where);
+}
+template <int N>
+inline void bulk_wait_group(FT_HOPPER_WHERE) {
+  static_assert(N >= 0 && N <= 7, "cp.async.bulk.wait_group takes 0 .. 7 here");
+  ::ft::emu::bulk_wait_group(N, false, where);
+}
+inline void named_barrier_sync(unsigned id, unsigned count, FT_HOPPER_WHERE) {
+  ::ft::emu::named_barrier(id, count, true, where);
+}
+inline void named_barrier_arrive(unsigned id, unsigned count, FT_HOPPER_WHERE) {
+  ::ft::emu::named_barrier(id, count, false, where);
+}
+template <int N>
+inline void setmaxnreg_inc(FT_HOPPER_WHERE) {
+  ::ft::emu::setmaxnreg(true, N, where);
+}
+template <int N>
+inline void setmaxnreg_dec(FT_HOPPER_WHERE) {
+  ::ft::emu::setmaxnreg(false, N, where);
 }
 
 inline uint64_t wgmma_descriptor(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes,
@@ -293,6 +336,59 @@ __device__ __forceinline__ void tma_load_3d(void* smem, const TensorMap& map, in
       "[%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(smem_u32(smem)),
       "l"(reinterpret_cast<uint64_t>(&map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
       : "memory");
+}
+
+// cp.async.bulk.tensor.{2,3}d.global.shared::cta.tile.bulk_group (§9.7.9.25.5.2), a TMA store,
+// and its bulk groups (§9.7.9.25.6): commit_group, wait_group.read N (the sources of all but the
+// N newest groups read), wait_group N (their global writes done too).
+__device__ __forceinline__ void tma_store_2d(const TensorMap& map, int c0, int c1,
+                                             const void* smem) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+          reinterpret_cast<uint64_t>(&map)),
+      "r"(c0), "r"(c1), "r"(smem_u32(smem))
+      : "memory");
+}
+__device__ __forceinline__ void tma_store_3d(const TensorMap& map, int c0, int c1, int c2,
+                                             const void* smem) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::
+          "l"(reinterpret_cast<uint64_t>(&map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(smem))
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  static_assert(N >= 0 && N <= 7, "cp.async.bulk.wait_group takes 0 .. 7 here");
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() {
+  static_assert(N >= 0 && N <= 7, "cp.async.bulk.wait_group takes 0 .. 7 here");
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// bar.sync / bar.arrive id, count (§9.7.13.1): named barrier `id` (1 .. 15; 0 is __syncthreads's)
+// over `count` threads, a multiple of 32; arrive does not wait.
+__device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(unsigned id, unsigned count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+// setmaxnreg.{inc,dec}.sync.aligned.u32 N: the warpgroup's register limit per thread (24 .. 256,
+// a multiple of 8), to or from the block's pool; the kernel needs __launch_bounds__(threads, 1).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(N >= 24 && N <= 256 && N % 8 == 0, "setmaxnreg: 24 .. 256, a multiple of 8");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(N >= 24 && N <= 256 && N % 8 == 0, "setmaxnreg: 24 .. 256, a multiple of 8");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 // Matrix descriptor (§9.7.15.5.1.2.2): (address & 0x3ffff) >> 4, LBO >> 4, SBO >> 4, swizzle.

@@ -1,7 +1,8 @@
 // The CUDA emulation's Hopper instructions (a test tool; declarations in hopper_emu.h, the
 // wrappers device code calls in kernels/cuda/hopper.cuh). Sources: NVIDIA PTX ISA 8.x,
 // §9.7.13.15 mbarrier (contents, phases, expect-tx / complete-tx, arrive, try_wait), §9.7.9.25
-// asynchronous copies and cp.async.bulk.tensor, §9.7.15 wgmma (register fragments, shared memory
+// asynchronous copies and cp.async.bulk.tensor (loads and stores, bulk groups), §9.7.13.1 bar
+// (named barriers), setmaxnreg, §9.7.15 wgmma (register fragments, shared memory
 // layouts, matrix descriptors, fence / commit_group / wait_group); the CUDA driver API's
 // cuTensorMapEncodeTiled (its documented argument rules).
 //
@@ -34,8 +35,9 @@
 // intercepted, so a plain load of TMA data without a wait goes unseen; a store is seen only if
 // it changed the byte; a fence by any thread covers every store before it (the ISA: the fencing
 // thread's own). mbarrier.arrive releases what the arriving thread observed, to the threads that
-// observe that phase complete (the ISA's default .release / .acquire at CTA scope); other
-// barriers (named bar.sync, __syncwarp) pass nothing on, which can only report more.
+// observe that phase complete (the ISA's default .release / .acquire at CTA scope); a named
+// barrier passes what its arrivals observed on to its bar.sync threads; __syncwarp passes nothing
+// on, which can only report more.
 #include "tests/cuda_emu/cuda_emu.h"
 
 #include "core/error.h"
@@ -774,6 +776,319 @@ void fence_proxy_async(const std::source_location& where) {
     }
 }
 
+// ---- TMA stores
+// -----------------------------------------------------------------------------------
+// cp.async.bulk.tensor (PTX ISA §9.7.9.25.5), tile mode, shared::cta -> global, completed through
+// bulk async-groups (cp.async.bulk.commit_group, cp.async.bulk.wait_group{.read}, §9.7.9.25.6):
+// the box is read from shared memory as tma_load lays it down (row-major from the source, each
+// 16-byte chunk at its swizzled address) and written to the tensor's elements inside its bounds
+// (elements outside are not written). The copy reads shared memory through the async proxy, so
+// a thread's stores there need a fence.proxy.async.shared::cta before the copy is issued (and a
+// barrier between the storing threads and the issuing one): a source byte that differs from the
+// async proxy's view (top comment) is reported at issue, and so is a byte a TMA load wrote on a
+// phase the issuing thread has not observed. The source is read at issue and checked again when
+// a wait_group.read (or wait_group) covering its group returns: a change between is reported
+// (the ISA leaves it undefined). Global memory is written when a wait_group without .read covers
+// the group, or when the thread exits (the kernel's completion makes the writes visible to later
+// work), so a read of the destination in the kernel before that sees the old bytes. A thread
+// exiting with a store whose source reads it has not waited for is reported: the block's shared
+// memory goes with its last thread, and every later use of the source must wait anyway.
+namespace {
+
+struct PendingStore {
+  TensorMap map;
+  int coords[5];
+  uint32_t src;                      // shared offset
+  std::vector<unsigned char> image;  // the source's bytes at issue, in shared order
+  std::source_location where;
+};
+struct BulkGroup {
+  std::vector<PendingStore> stores;
+  bool read = false;  // a wait_group.read covered it: its source was read
+};
+struct BulkThread {
+  std::vector<PendingStore> uncommitted;
+  std::deque<BulkGroup> groups;  // oldest first
+};
+std::vector<BulkThread> g_bulk;  // per thread of the block
+
+std::string store_name(int rank) {
+  return "cp.async.bulk.tensor." + std::to_string(rank) + "d.global.shared::cta.tile.bulk_group";
+}
+
+// The store's bytes into the tensor, those of elements inside it.
+void write_box(const PendingStore& c) {
+  const TensorMap& m = c.map;
+  const int es = kElemBytes[int(m.type)];
+  const uint64_t n = box_bytes(m);
+  auto* base = const_cast<unsigned char*>(m.base);
+  uint32_t idx[5] = {0, 0, 0, 0, 0};
+  for (uint64_t e = 0; e * es < n; ++e) {
+    bool inside = true;
+    uint64_t dst = 0;
+    for (int d = 0; d < m.rank; ++d) {
+      const int64_t g = int64_t(c.coords[d]) + idx[d];
+      inside = inside && g >= 0 && uint64_t(g) < m.dims[d];
+      dst += uint64_t(g) * m.strides[d];
+    }
+    const uint32_t at =
+        tma_swizzle_address(c.src + uint32_t(e * es), kSwizzleBytes[int(m.swizzle)]) - c.src;
+    if (inside) std::memcpy(base + dst, c.image.data() + at, size_t(es));
+    for (int d = 0; d < m.rank && ++idx[d] == m.box[d]; ++d) idx[d] = 0;
+  }
+}
+
+// The source of a store whose reads a wait covers: unchanged since issue, or the report.
+void check_source(const PendingStore& c, const char* wait, const std::source_location& where) {
+  const unsigned char* shared = detail::shared_base();
+  for (size_t i = 0; i < c.image.size(); ++i)
+    if (shared[c.src + i] != c.image[i])
+      fail(store_name(c.map.rank) + " (" + site(c.where) + "): its shared source (offset " +
+           std::to_string(c.src + i) + ") changed before " + wait + " (" + site(where) +
+           ") covered the copy's reads, which the PTX ISA leaves undefined");
+}
+
+}  // namespace
+
+void tma_store(const TensorMap& map, int rank, const int* coords, const void* smem,
+               const std::source_location& where) {
+  const int me = detail::current_thread("cp.async.bulk.tensor (store)");
+  const std::string name = store_name(rank) + " (" + site(where) + ")";
+  if (map.magic != kTensorMapMagic)
+    fail(name + ": the tensor map was not made by encode_tensor_map (cuTensorMapEncodeTiled)");
+  if (map.rank != rank)
+    fail(name + ": the tensor map has " + std::to_string(map.rank) + " dimensions");
+  const auto* p = static_cast<const unsigned char*>(smem);
+  const unsigned char* base = detail::shared_base();
+  const uint64_t bytes = box_bytes(map);
+  if (p < base || p + bytes > base + detail::shared_bytes())
+    fail(name + ": the source " + ptr_str(smem) + " + " + std::to_string(bytes) +
+         " bytes is not in the block's shared memory (" + std::to_string(detail::shared_bytes()) +
+         " dynamic bytes)");
+  const auto src = uint32_t(p - base);
+  if (src % 128 != 0)
+    fail(name + ": the shared source (offset " + std::to_string(src) + ") is not 128-byte aligned");
+  uint64_t last = uint64_t(kElemBytes[int(map.type)]);
+  for (int d = 0; d < map.rank; ++d) last += (map.dims[d] - 1) * map.strides[d];
+  if (!gpu_memory(map.base, last))
+    fail(name + ": the tensor map's global memory [" + ptr_str(map.base) + ", +" +
+         std::to_string(last) + ") is not inside a cudaMalloc or cudaMallocHost allocation");
+  for (uint32_t i = src; i < src + bytes; ++i)
+    if (base[i] != g_block.async_view[i])
+      fail(name + ": its shared source at offset " + std::to_string(i) +
+           " was written by a thread's store (the generic proxy) with no "
+           "fence.proxy.async.shared::cta since: the copy (the async proxy) may not see the "
+           "write (fence_proxy_async_shared() after the stores, then a barrier with the issuing "
+           "thread)");
+  if (const std::string e = detail::hopper_generic_read(me, src, uint32_t(bytes)); !e.empty())
+    fail(name + ": " + e);
+  PendingStore c{map, {}, src, std::vector<unsigned char>(p, p + bytes), where};
+  std::memcpy(c.coords, coords, sizeof(int) * size_t(rank));
+  g_bulk[size_t(me)].uncommitted.push_back(std::move(c));
+}
+
+void bulk_commit_group(const std::source_location&) {
+  BulkThread& t = g_bulk[size_t(detail::current_thread("cp.async.bulk.commit_group"))];
+  t.groups.push_back(BulkGroup{std::move(t.uncommitted), false});
+  t.uncommitted.clear();
+}
+
+void bulk_wait_group(int n, bool read, const std::source_location& where) {
+  const char* op = read ? "cp.async.bulk.wait_group.read" : "cp.async.bulk.wait_group";
+  BulkThread& t = g_bulk[size_t(detail::current_thread(op))];
+  if (n < 0 || n > 7) fail(std::string(op) + " (" + site(where) + "): " + std::to_string(n));
+  // Other threads may run while the copies are in flight (a seeded preemption point): a write
+  // of the source meanwhile is what check_source reports.
+  detail::atomic_point();
+  const size_t covered = t.groups.size() > size_t(n) ? t.groups.size() - size_t(n) : 0;
+  for (size_t g = 0; g < covered; ++g) {
+    BulkGroup& grp = t.groups[g];
+    if (!grp.read)
+      for (const PendingStore& c : grp.stores) check_source(c, op, where);
+    grp.read = true;
+  }
+  if (read) return;
+  for (size_t g = 0; g < covered; ++g) {
+    for (const PendingStore& c : t.groups.front().stores) write_box(c);
+    t.groups.pop_front();
+  }
+}
+
+// ---- named barriers ---------------------------------------------------------------------------
+// bar.sync / bar.arrive a, b (PTX ISA §9.7.13.1; bar.sync is barrier.sync.aligned): barrier a of
+// the block's 16 completes when b threads (a multiple of the warp size) have arrived; bar.sync
+// waits for the completion, bar.arrive does not. Reported: an index outside 1..15 (0 is the one
+// __syncthreads uses with every thread; the emulator keeps them apart), a count not a positive
+// multiple of 32 or above the block's threads (rounded up to warps), arrivals of one use giving
+// different counts, and through the scheduler a barrier that never completes (deadlock, with its
+// count and arrivals). Memory: the arrivals release what their threads observed (mbarrier phases,
+// the top comment) to the bar.sync threads of that use, as barrier's release/acquire semantics
+// among the participating threads order their accesses.
+namespace {
+
+struct NamedBarrier {
+  unsigned count = 0;  // of the use in progress (arrived > 0)
+  unsigned arrived = 0;
+  std::vector<int> waiters;
+  int first = -1;
+  std::source_location where;  // the first arrival's
+  std::map<uint32_t, uint64_t> releasing;
+};
+NamedBarrier g_named[16];
+
+}  // namespace
+
+void named_barrier(unsigned id, unsigned count, bool wait, const std::source_location& where) {
+  const char* op = wait ? "bar.sync" : "bar.arrive";
+  const int me = detail::current_thread(op);
+  const std::string name = std::string(op) + " " + std::to_string(id) + ", " +
+                           std::to_string(count) + " (" + site(where) + ")";
+  if (id == 0 || id > 15)
+    fail(name + ": barrier " + std::to_string(id) +
+         " is not one of 1 .. 15 (0 is __syncthreads's, with every thread of the block; the "
+         "emulator keeps named barriers apart from it)");
+  const unsigned warps = unsigned(detail::block_threads() + 31) / 32;
+  if (count == 0 || count % 32 != 0 || count > 32 * warps)
+    fail(name +
+         ": the thread count must be a multiple of the warp size (32), at most the "
+         "block's " +
+         std::to_string(32 * warps) + " threads in whole warps");
+  NamedBarrier& b = g_named[id];
+  if (b.arrived > 0 && b.count != count)
+    fail(name + ": thread " + std::to_string(b.first) + " arrived at barrier " +
+         std::to_string(id) + " for this use with a count of " + std::to_string(b.count) + " (" +
+         site(b.where) + "): every arrival of one use must give the same count");
+  if (b.arrived++ == 0) {
+    b.count = count;
+    b.first = me;
+    b.where = where;
+  }
+  merge_observed(b.releasing, g_block.observed[size_t(me)]);
+  if (wait) b.waiters.push_back(me);
+  if (b.arrived == b.count) {
+    std::vector<int> waiters;
+    waiters.swap(b.waiters);
+    const std::map<uint32_t, uint64_t> released = std::move(b.releasing);
+    b = NamedBarrier{};
+    for (const int w : waiters) {
+      merge_observed(g_block.observed[size_t(w)], released);
+      if (w != me) detail::wake(w);
+    }
+    detail::atomic_point();
+    return;
+  }
+  if (wait)
+    detail::suspend();
+  else
+    detail::atomic_point();
+}
+
+// ---- setmaxnreg -------------------------------------------------------------------------------
+// setmaxnreg.{inc,dec}.sync.aligned.u32 n (PTX ISA, setmaxnreg): every warp of a warpgroup
+// executes the same instruction; the warpgroup's per-thread register limit becomes n (24 .. 256,
+// a multiple of 8): .dec gives the difference back to the block's pool, .inc takes it from the
+// pool and waits until the pool has it. The pool is what a launch under
+// __launch_bounds__(threads, 1) holds, which the kernel must be compiled with: every thread
+// starts at the 65536 registers of an SM shared over the block's threads, rounded down to a
+// multiple of 8, at most 256 (the emulation's assumption of the entry count; ptxas must reach
+// the same, or .inc may wait for registers that are not there). Reported: a block that is not
+// whole warpgroups, n out of range, warps of the warpgroup at different setmaxnreg instructions,
+// .inc below or .dec above the current limit, and through the scheduler an .inc that can never
+// be satisfied (deadlock, with the pool's count).
+namespace {
+
+struct RegArrival {
+  bool inc;
+  unsigned count;
+  std::source_location where;
+};
+struct RegGroup {
+  unsigned limit = 0;  // per thread
+  std::vector<int> threads;
+  std::vector<RegArrival> arrived;
+  bool waiting = false;  // an .inc waiting for the pool
+};
+std::map<int, RegGroup> g_reg_groups;  // by warpgroup
+int64_t g_reg_pool = 0;                // registers free in the block's pool
+
+unsigned entry_registers(int threads) {
+  const unsigned per = unsigned(65536 / std::max(threads, 1)) / 8 * 8;
+  return std::min(per, 256u);
+}
+
+std::string reg_name(const RegArrival& a) {
+  return std::string("setmaxnreg.") + (a.inc ? "inc" : "dec") + ".sync.aligned.u32 " +
+         std::to_string(a.count);
+}
+
+// Satisfies the waiting .inc of each warpgroup the pool can now serve, in warpgroup order, and
+// wakes its threads (but `self`, the running one).
+void serve_reg_waiters(int self) {
+  for (auto& [group, g] : g_reg_groups) {
+    if (!g.waiting) continue;
+    const int64_t need = (int64_t(g.arrived.front().count) - int64_t(g.limit)) * 128;
+    if (need > g_reg_pool) continue;
+    g_reg_pool -= need;
+    g.limit = g.arrived.front().count;
+    g.waiting = false;
+    for (const int t : g.threads)
+      if (t != self) detail::wake(t);
+    g.threads.clear();
+    g.arrived.clear();
+  }
+}
+
+}  // namespace
+
+void setmaxnreg(bool inc, unsigned count, const std::source_location& where) {
+  const int me = detail::current_thread("setmaxnreg");
+  const RegArrival a{inc, count, where};
+  const std::string name = reg_name(a) + " (" + site(where) + ")";
+  const int threads = detail::block_threads();
+  if (threads % 128 != 0)
+    fail(name + ": the block's " + std::to_string(threads) +
+         " threads are not whole warpgroups (128 threads each)");
+  if (count < 24 || count > 256 || count % 8 != 0)
+    fail(name + ": the register count must be a multiple of 8 in 24 .. 256");
+  const int group = me / 128;
+  RegGroup& g = g_reg_groups[group];
+  if (g.limit == 0) g.limit = entry_registers(threads);
+  if (!g.arrived.empty()) {
+    const RegArrival& f = g.arrived.front();
+    if (f.inc != inc || f.count != count || f.where.line() != where.line() ||
+        f.where.column() != where.column() ||
+        std::strcmp(f.where.file_name(), where.file_name()) != 0)
+      fail(name + ": thread " + std::to_string(g.threads.front()) + " of warpgroup " +
+           std::to_string(group) + " is at " + reg_name(f) + " (" + site(f.where) +
+           "): every warp of the warpgroup executes the same setmaxnreg (.sync.aligned)");
+  }
+  g.arrived.push_back(a);
+  g.threads.push_back(me);
+  if (g.arrived.size() < 128) {
+    detail::suspend();
+    return;
+  }
+  if (inc && count < g.limit)
+    fail(name + ": .inc to fewer registers than the warpgroup's current " +
+         std::to_string(g.limit) + " per thread");
+  if (!inc && count > g.limit)
+    fail(name + ": .dec to more registers than the warpgroup's current " + std::to_string(g.limit) +
+         " per thread");
+  if (!inc) {
+    g_reg_pool += (int64_t(g.limit) - int64_t(count)) * 128;
+    g.limit = count;
+    for (const int t : g.threads)
+      if (t != me) detail::wake(t);
+    g.threads.clear();
+    g.arrived.clear();
+    serve_reg_waiters(me);
+    return;
+  }
+  g.waiting = true;
+  serve_reg_waiters(me);
+  if (g.waiting) detail::suspend();  // the last of the 128 waits with the others
+}
+
 // ---- the scheduler's hooks (emu_internal.h) ----------------------------------------------------
 namespace detail {
 
@@ -785,6 +1100,10 @@ void hopper_block_start(int nthreads) {
   g_block.observed.assign(size_t(nthreads), {});
   g_wg_threads.assign(size_t(nthreads), WgThread{});
   g_warpgroups.clear();
+  g_bulk.assign(size_t(nthreads), BulkThread{});
+  for (NamedBarrier& b : g_named) b = NamedBarrier{};
+  g_reg_groups.clear();
+  g_reg_pool = 0;
 }
 
 std::string hopper_thread_exit(int linear) {
@@ -804,6 +1123,27 @@ std::string hopper_thread_exit(int linear) {
            mma_name(it->second.arrived.front().type, it->second.arrived.front().n) + " (" +
            site(it->second.arrived.front().where) +
            "): all 128 threads of a warpgroup execute every wgmma";
+  if (auto it = g_reg_groups.find(linear / 128);
+      it != g_reg_groups.end() && !it->second.arrived.empty() && !it->second.waiting)
+    return "thread exited while " + std::to_string(it->second.arrived.size()) +
+           " thread(s) of its warpgroup wait for it at " + reg_name(it->second.arrived.front()) +
+           " (" + site(it->second.arrived.front().where) +
+           "): every warp of a warpgroup executes every setmaxnreg";
+  BulkThread& bulk = g_bulk[size_t(linear)];
+  if (!bulk.uncommitted.empty())
+    return "thread exited with " + std::to_string(bulk.uncommitted.size()) +
+           " TMA store(s) never committed (the first at " + site(bulk.uncommitted.front().where) +
+           "): cp.async.bulk.commit_group and cp.async.bulk.wait_group.read must complete them";
+  for (const BulkGroup& g : bulk.groups)
+    if (!g.read)
+      return "thread exited with TMA store(s) whose reads of shared memory it never waited for "
+             "(the first at " +
+             site(g.stores.front().where) +
+             "): cp.async.bulk.wait_group.read (the block's shared memory goes with its last "
+             "thread)";
+  for (const BulkGroup& g : bulk.groups)  // done reading: written by the kernel's completion
+    for (const PendingStore& c : g.stores) write_box(c);
+  bulk.groups.clear();
   if (--g_block.running > 0) return "";
   for (const auto& [off, b] : g_block.barriers)  // the block's last thread
     if (!b.copies.empty())
@@ -863,6 +1203,25 @@ std::string hopper_waiting() {
     os << (os.tellp() > 0 ? "; " : "") << wg.arrived.size() << " thread(s) of warpgroup " << group
        << " at " << mma_name(wg.arrived.front().type, wg.arrived.front().n) << " ("
        << site(wg.arrived.front().where) << ") waiting for the rest of its 128";
+  for (unsigned id = 1; id < 16; ++id) {
+    const NamedBarrier& b = g_named[id];
+    if (b.waiters.empty()) continue;
+    os << (os.tellp() > 0 ? "; " : "") << b.waiters.size()
+       << " thread(s) (the first: " << b.waiters.front() << ") at bar.sync " << id << ", "
+       << b.count << " (" << site(b.where) << "): " << b.arrived << " of " << b.count
+       << " threads arrived";
+  }
+  for (const auto& [group, g] : g_reg_groups) {
+    if (g.arrived.empty()) continue;
+    os << (os.tellp() > 0 ? "; " : "") << "warpgroup " << group << " at "
+       << reg_name(g.arrived.front()) << " (" << site(g.arrived.front().where) << "): ";
+    if (g.waiting)
+      os << "needs " << (int64_t(g.arrived.front().count) - int64_t(g.limit)) * 128
+         << " registers, the block's pool has " << g_reg_pool << " (each thread started with "
+         << entry_registers(int(g_bulk.size())) << ")";
+    else
+      os << g.arrived.size() << " of its 128 threads arrived";
+  }
   return os.str();
 }
 

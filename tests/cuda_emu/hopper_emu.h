@@ -49,6 +49,26 @@ TensorMap encode_tensor_map(TmaType type, int rank, const void* base, const uint
 void tma_load(void* smem, const TensorMap& map, int rank, const int* coords, uint64_t* bar,
               const std::source_location& where);
 
+// cp.async.bulk.tensor.{rank}d.global.shared::cta.tile.bulk_group (a TMA store): the box at
+// coords from smem (laid out as tma_load lands it) to the tensor, elements outside the tensor not
+// written; it belongs to the issuing thread's bulk groups (below).
+void tma_store(const TensorMap& map, int rank, const int* coords, const void* smem,
+               const std::source_location& where);
+// cp.async.bulk.commit_group: the thread's uncommitted bulk copies become one bulk group.
+void bulk_commit_group(const std::source_location& where);
+// cp.async.bulk.wait_group{.read} n: until at most n of the thread's newest bulk groups are
+// pending: with read, their reads of shared memory are done (the source may be reused); without,
+// their writes to global memory are done too.
+void bulk_wait_group(int n, bool read, const std::source_location& where);
+
+// ---- named barriers: bar.sync (wait) / bar.arrive (no wait) with a barrier index and a thread
+// count (PTX ISA §9.7.13.1 bar / barrier)
+void named_barrier(unsigned id, unsigned count, bool wait, const std::source_location& where);
+
+// ---- setmaxnreg.{inc,dec}.sync.aligned.u32 count (PTX ISA: setmaxnreg): the warpgroup's
+// per-thread register limit, moved to or from the block's pool
+void setmaxnreg(bool inc, unsigned count, const std::source_location& where);
+
 // ---- wgmma (warpgroup: 4 consecutive warps, the first a multiple of 4)
 enum class WgmmaType { kBf16, kF16 };
 // The shared address of p (its offset in the launch's dynamic shared memory, as the descriptor

@@ -67,6 +67,30 @@ __global__ void tma_box_kernel(unsigned char* out, const __grid_constant__ Tenso
 #endif
 }
 
+// The reverse of tma_box_kernel: every thread writes bytes of `in` (the box row-major) to
+// shared memory at their swizzled addresses, fences for the async proxy, a barrier, then thread 0
+// stores the box by TMA and waits for the writes.
+__global__ void tma_store_box_kernel(const __grid_constant__ TensorMap map, const unsigned char* in,
+                                     int rank, int c0, int c1, int c2, int bytes, int span) {
+#if FT_HOPPER_DEVICE
+  FT_DYNAMIC_SHARED(unsigned char, smem);
+  unsigned char* box = smem + 1024;
+  const uint32_t base = smem_offset(box);
+  for (int i = threadIdx.x; i < bytes; i += blockDim.x)
+    box[tma_swizzle(base + uint32_t(i), span) - base] = in[i];
+  fence_proxy_async_shared();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if (rank == 2)
+      tma_store_2d(map, c0, c1, box);
+    else
+      tma_store_3d(map, c0, c1, c2, box);
+    bulk_commit_group();
+    bulk_wait_group<0>();
+  }
+#endif
+}
+
 template <class E, int N>
 __global__ void wgmma_onehot_kernel(float* out, int m, int k, int col) {
 #if FT_HOPPER_DEVICE
@@ -232,6 +256,18 @@ void tma_box(unsigned char* out, const void* src, int type, int rank, const uint
   const int span = swizzle == 0 ? 0 : 16 << swizzle;
   FT_LAUNCH(tma_box_kernel, 1, 128, 1024 + bytes, nullptr)
   (out, map, rank, coords[0], coords[1], rank > 2 ? coords[2] : 0, bytes, span, mode);
+  FT_CUDA_CHECK_LAUNCH();
+}
+
+void tma_store_box(void* dst, const unsigned char* in, int type, int rank, const uint64_t* dims,
+                   const uint64_t* strides, const uint32_t* box, int swizzle, const int* coords) {
+  const TensorMap map =
+      encode_tensor_map(TmaType(type), rank, dst, dims, strides, box, TmaSwizzle(swizzle));
+  int bytes = type == 2 ? 4 : 2;
+  for (int d = 0; d < rank; ++d) bytes *= int(box[d]);
+  const int span = swizzle == 0 ? 0 : 16 << swizzle;
+  FT_LAUNCH(tma_store_box_kernel, 1, 128, 1024 + bytes, nullptr)
+  (map, in, rank, coords[0], coords[1], rank > 2 ? coords[2] : 0, bytes, span);
   FT_CUDA_CHECK_LAUNCH();
 }
 

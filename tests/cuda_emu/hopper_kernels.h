@@ -27,6 +27,13 @@ void tma_box(unsigned char* out, const void* src, int type, int rank, const uint
              const uint64_t* strides, const uint32_t* box, int swizzle, const int* coords,
              int mode);
 
+// One TMA store (tma_store_{2,3}d) through a tensor map over dst made here, arguments as
+// tma_box's: `in` (device memory) holds the box row-major; the kernel lays it out in shared
+// memory swizzled as a load would land it, then stores it to the tensor at coords (elements
+// outside the tensor are not written) and waits for the writes.
+void tma_store_box(void* dst, const unsigned char* in, int type, int rank, const uint64_t* dims,
+                   const uint64_t* strides, const uint32_t* box, int swizzle, const int* coords);
+
 // One warpgroup, one wgmma m64nNk16 (n 64, 128 or 256) on one-hot operands: A (64 x 16) has a 1
 // at (m, k), B (16 x n) a 1 at (k, col), both K-major without swizzle in shared memory (core
 // matrices of 8 rows x 16 bytes, LBO 128, SBO 256). out[t * n / 2 + i] = register i of thread t.

@@ -4,8 +4,10 @@
 // compiled by g++ with FT_CUDA_EMU (emulation only, as test_emu.cpp).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -498,6 +500,277 @@ TEST_CASE("cuda_emu hopper: an ldmatrix of TMA data the lane has not waited for 
     CHECK_MESSAGE(r.find("has not observed the completion of phase 0 of the mbarrier at shared "
                          "offset 0") != std::string::npos,
                   r);
+  }
+}
+
+// A TMA store of a 16 x 64 bf16 box (2048 bytes) that the block's 64 threads write into shared
+// memory (byte i = i % 251): out[0] gets the destination's byte 5 read after the reads are waited
+// for (still the old 0x22: the writes are not), out[1] the same after wait_group 0. Modes plant
+// one misuse each; mode 0 is correct.
+__global__ void tma_store_misuse_kernel(unsigned char* out, const __grid_constant__ TensorMap map,
+                                        const unsigned char* dst, int mode) {
+  FT_DYNAMIC_SHARED(unsigned char, smem);
+  unsigned char* box = smem + 1024 + (mode == 6 ? 64 : 0);  // 6: not 128-byte aligned
+  const int t = threadIdx.x;
+  for (int i = t; i < 2048; i += blockDim.x) box[i] = static_cast<unsigned char>(i % 251);
+  if (mode != 1) fence_proxy_async_shared();  // 1: the async proxy may not see the stores
+  __syncthreads();
+  if (t != 0) return;
+  if (mode == 7)
+    tma_store_3d(map, 0, 0, 0, box);  // a 3-D store with a 2-D map
+  else
+    tma_store_2d(map, 0, 0, box);
+  if (mode == 4) return;  // 4: never committed
+  bulk_commit_group();
+  if (mode == 2) box[7] = 0;  // 2: the source rewritten while the copy may still read it
+  if (mode == 3) return;      // 3: exits without waiting for the reads
+  bulk_wait_group_read<0>();
+  out[0] = dst[5];
+  if (mode == 5) return;  // 5 (correct): the writes complete with the kernel
+  bulk_wait_group<0>();
+  out[1] = dst[5];
+}
+
+TEST_CASE("cuda_emu hopper: a TMA store writes at wait_group; its misuse is reported") {
+  DeviceBuffer<unsigned char> dst(2048), out(2);
+  const uint64_t dims[2] = {64, 16}, strides[1] = {128};
+  const uint32_t box[2] = {64, 16};
+  const TensorMap map =
+      encode_tensor_map(TmaType::kBf16, 2, dst.get(), dims, strides, box, TmaSwizzle::k128B);
+  const auto run = [&](int mode) {
+    std::memset(dst.get(), 0x22, 2048);  // device memory is host memory here
+    FT_LAUNCH(tma_store_misuse_kernel, 1, 64, 4096, nullptr)(out.get(), map, dst.get(), mode);
+  };
+  struct Case {
+    int mode;
+    std::vector<std::string> says;
+  };
+  const Case cases[] = {
+      {1, {"cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group", "no fence.proxy.async"}},
+      {2, {"shared source (offset 1031) changed before cp.async.bulk.wait_group.read"}},
+      {3, {"TMA store(s) whose reads of shared memory it never waited for"}},
+      {4, {"TMA store(s) never committed"}},
+      {6, {"cp.async.bulk.tensor.2d.global", "is not 128-byte aligned"}},
+      {7, {"cp.async.bulk.tensor.3d.global", "the tensor map has 2 dimensions"}},
+  };
+  for (uint64_t seed : {0ull, 5ull, 21ull}) {
+    SeedScope scope(seed);
+    CAPTURE(seed);
+    REQUIRE(report_of([&] { run(0); }) == "");
+    auto o = out.to_host();
+    CHECK(o[0] == 0x22);  // after wait_group.read: the reads are done, not the writes
+    CHECK(o[1] == 5);     // byte 5 of row 0 (the swizzle keeps row 0 in place): 5 % 251
+    // Row 1's first element lands where the swizzle put it: shared chunk 0 ^ 1 of row 1.
+    CHECK(dst.get()[128] == (128 + 16) % 251);
+    REQUIRE(report_of([&] { run(5); }) == "");
+    CHECK(dst.get()[5] == 5);  // written by the kernel's end
+    for (const Case& k : cases) {
+      CAPTURE(k.mode);
+      const std::string r = report_of([&] { run(k.mode); });
+      CHECK(r.find("tma_store_misuse_kernel") != std::string::npos);
+      for (const std::string& s : k.says) {
+        CAPTURE(s);
+        CHECK_MESSAGE(r.find(s) != std::string::npos, r);
+      }
+    }
+  }
+}
+
+// Named barriers between two warps, three rounds: warp 0 writes a round's values to shared memory
+// and arrives on barrier 1 (bar.arrive), warp 1 waits there (bar.sync), adds them up and arrives
+// on barrier 2, which warp 0 waits on before the next round. Mode 1 leaves out barrier 1 (one
+// round only: a schedule shows the old values); the other modes are misuse the emulator reports.
+__global__ void named_barrier_kernel(int* out, int mode) {
+  FT_DYNAMIC_SHARED(int, data);
+  const int t = threadIdx.x, lane = t % 32;
+  if (t < 32) data[lane] = -1;
+  __syncthreads();
+  int sum = 0;
+  for (int round = 0; round < (mode == 1 ? 1 : 3); ++round) {
+    if (t < 32) {
+      data[lane] = round * 100 + lane;
+      if (mode == 2)
+        named_barrier_arrive(0, 64);  // 2: barrier 0 is __syncthreads's
+      else if (mode == 3)
+        named_barrier_arrive(1, 48);  // 3: not whole warps
+      else if (mode == 4)
+        named_barrier_arrive(1, 96);  // 4: more threads than the block has
+      else if (mode == 5)
+        named_barrier_arrive(1, lane < 16 ? 64 : 32);  // 5: counts differ within one use
+      else if (mode != 1 && mode != 6)                 // 6: never arrives: warp 1 waits forever
+        named_barrier_arrive(1, 64);
+      named_barrier_sync(2, 64);
+    } else {
+      if (mode != 1) named_barrier_sync(1, 64);
+      sum += data[lane];
+      named_barrier_arrive(2, 64);
+    }
+  }
+  if (t >= 32) out[lane] = sum;
+}
+
+TEST_CASE("cuda_emu hopper: named barriers order warps; their misuse is reported") {
+  DeviceBuffer<int> out(32);
+  const auto run = [&](int mode) {
+    FT_LAUNCH(named_barrier_kernel, 1, 64, 256, nullptr)(out.get(), mode);
+  };
+  struct Case {
+    int mode;
+    std::vector<std::string> says;
+  };
+  const Case cases[] = {
+      {2, {"bar.arrive 0, 64", "is not one of 1 .. 15"}},
+      {3, {"bar.arrive 1, 48", "multiple of the warp size"}},
+      {4, {"bar.arrive 1, 96", "at most the block's 64 threads"}},
+      {5, {"arrived at barrier 1 for this use with a count of", "the same count"}},
+      {6, {"deadlock", "at bar.sync 1, 64", "32 of 64 threads arrived"}},
+  };
+  for (uint64_t seed : {0ull, 5ull, 21ull}) {
+    SeedScope scope(seed);
+    CAPTURE(seed);
+    REQUIRE(report_of([&] { run(0); }) == "");
+    const auto o = out.to_host();
+    for (int lane = 0; lane < 32; ++lane) CHECK(o[size_t(lane)] == 300 + 3 * lane);
+    for (const Case& k : cases) {
+      CAPTURE(k.mode);
+      const std::string r = report_of([&] { run(k.mode); });
+      CHECK(r.find("named_barrier_kernel") != std::string::npos);
+      for (const std::string& s : k.says) {
+        CAPTURE(s);
+        CHECK_MESSAGE(r.find(s) != std::string::npos, r);
+      }
+    }
+  }
+  // Without barrier 1, some schedule lets warp 1 read before warp 0 wrote (-1, not 7).
+  int wrong = 0;
+  for (uint64_t seed = 1; seed <= 16; ++seed) {
+    SeedScope scope(seed);
+    REQUIRE(report_of([&] { run(1); }) == "");
+    wrong += out.to_host()[7] != 7;
+  }
+  CHECK(wrong > 0);
+}
+
+// A named barrier passes on what its arrivals observed: warp 1 waits for a TMA load's phase, then
+// arrives on barrier 1; thread 0 (warp 0, which never waited on the mbarrier) passes bar.sync 1
+// and stores the loaded box by TMA (an async-proxy read of TMA data). Mode 1 arrives before the
+// wait: the barrier still orders the store after the load's issue, but thread 0 has not observed
+// the phase (reported).
+__global__ void named_barrier_observed_kernel(const __grid_constant__ TensorMap load,
+                                              const __grid_constant__ TensorMap store, int mode) {
+  FT_DYNAMIC_SHARED(unsigned char, smem);
+  auto* full = reinterpret_cast<uint64_t*>(smem);
+  unsigned char* box = smem + 1024;
+  const int t = threadIdx.x;
+  if (t == 0) mbarrier_init(full, 1);
+  __syncthreads();
+  if (t == 32) {
+    mbarrier_arrive_expect_tx(full, 2048);
+    tma_load_2d(box, load, 0, 0, full);
+  }
+  if (t >= 32) {
+    if (mode == 1) named_barrier_arrive(1, 64);
+    mbarrier_wait(full, 0);
+    if (mode != 1) named_barrier_arrive(1, 64);
+    return;
+  }
+  named_barrier_sync(1, 64);
+  if (t == 0) {
+    tma_store_2d(store, 0, 0, box);
+    bulk_commit_group();
+    bulk_wait_group<0>();
+  }
+}
+
+TEST_CASE("cuda_emu hopper: a named barrier passes an observed mbarrier phase on") {
+  std::vector<uint16_t> host(16 * 64);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = uint16_t(0x0100 + i);
+  DeviceBuffer<uint16_t> src(host), dst(16 * 64);
+  const uint64_t dims[2] = {64, 16}, strides[1] = {128};
+  const uint32_t box[2] = {64, 16};
+  const TensorMap load =
+      encode_tensor_map(TmaType::kBf16, 2, src.get(), dims, strides, box, TmaSwizzle::k128B);
+  const TensorMap store =
+      encode_tensor_map(TmaType::kBf16, 2, dst.get(), dims, strides, box, TmaSwizzle::k128B);
+  for (uint64_t seed : {0ull, 5ull, 21ull}) {
+    SeedScope scope(seed);
+    CAPTURE(seed);
+    REQUIRE(report_of([&] {
+              FT_LAUNCH(named_barrier_observed_kernel, 1, 64, 4096, nullptr)(load, store, 0);
+            }) == "");
+    CHECK(dst.to_host() == host);  // a swizzled load then store: the same tensor
+    const std::string r = report_of([&] {
+      FT_LAUNCH(named_barrier_observed_kernel, 1, 64, 4096, nullptr)(load, store, 1);
+    });
+    CHECK_MESSAGE(r.find("has not observed the completion of phase 0 of the mbarrier at shared "
+                         "offset 0") != std::string::npos,
+                  r);
+  }
+}
+
+// setmaxnreg in a warp-specialised block of three warpgroups (384 threads: 168 registers each at
+// entry): warpgroup 2 (the producer) gives registers back with .dec 24, warpgroups 0 and 1 take
+// them with .inc 240 (2 x 128 x 72 = 128 x 144 registers: exactly what .dec freed). Each thread
+// then writes out[t] = 1. Modes plant one misuse each.
+__global__ void setmaxnreg_kernel(int* out, int mode) {
+  const int t = threadIdx.x, group = t / 128;
+  if (group == 2) {
+    if (mode == 3 && t % 128 >= 32)
+      setmaxnreg_dec<32>();  // 3: the warpgroup's warps at different instructions
+    else if (mode == 5)
+      setmaxnreg_dec<200>();  // 5: .dec above the current 168
+    else if (mode == 7 && t % 128 >= 96)
+      return;  // 7: a warp of the producer leaves before the others' setmaxnreg
+    else
+      setmaxnreg_dec<24>();
+  } else {
+    if (mode == 2)
+      setmaxnreg_inc<20>();  // 2: below 24 (the emulated wrapper takes it)
+    else if (mode == 4)
+      setmaxnreg_inc<160>();  // 4: .inc below the current 168
+    else if (mode == 6)
+      setmaxnreg_inc<248>();  // 6: 2 x 128 x 80 registers; the pool gets 128 x 144
+    else
+      setmaxnreg_inc<240>();
+  }
+  out[t] = 1;
+}
+
+TEST_CASE("cuda_emu hopper: setmaxnreg moves registers through the block's pool; misuse reported") {
+  DeviceBuffer<int> out(384);
+  const auto run = [&](int mode, int threads) {
+    FT_LAUNCH(setmaxnreg_kernel, 1, threads, 0, nullptr)(out.get(), mode);
+  };
+  struct Case {
+    int mode, threads;
+    std::vector<std::string> says;
+  };
+  const Case cases[] = {
+      {0, 352, {"setmaxnreg", "352 threads are not whole warpgroups"}},
+      {2, 384, {"setmaxnreg.inc.sync.aligned.u32 20", "multiple of 8 in 24 .. 256"}},
+      {3, 384, {"setmaxnreg.dec.sync.aligned.u32", "every warp of the warpgroup"}},
+      {4, 384, {"setmaxnreg.inc.sync.aligned.u32 160", "current 168"}},
+      {5, 384, {"setmaxnreg.dec.sync.aligned.u32 200", "current 168"}},
+      {6, 384, {"deadlock", "setmaxnreg.inc.sync.aligned.u32 248", "needs 10240 registers"}},
+      // Reported at the warp's exit or, where it left first, as the others' deadlock.
+      {7, 384, {"setmaxnreg.dec.sync.aligned.u32 24"}},
+  };
+  for (uint64_t seed : {0ull, 5ull, 21ull}) {
+    SeedScope scope(seed);
+    CAPTURE(seed);
+    std::memset(out.get(), 0, 384 * sizeof(int));  // device memory is host memory here
+    REQUIRE(report_of([&] { run(0, 384); }) == "");
+    const auto o = out.to_host();
+    CHECK(std::count(o.begin(), o.end(), 1) == 384);
+    for (const Case& k : cases) {
+      CAPTURE(k.mode);
+      const std::string r = report_of([&] { run(k.mode, k.threads); });
+      CHECK(r.find("setmaxnreg_kernel") != std::string::npos);
+      for (const std::string& s : k.says) {
+        CAPTURE(s);
+        CHECK_MESSAGE(r.find(s) != std::string::npos, r);
+      }
+    }
   }
 }
 

@@ -154,6 +154,46 @@ TEST_CASE("hopper: a TMA 3-D fp32 box with padded strides, out of bounds in ever
   CHECK(bad == 0);
 }
 
+TEST_CASE("hopper: a TMA store writes the box's elements inside the tensor and no others") {
+  if (!hopper_available()) return;
+  const int rows = 100, cols = 96;
+  const uint16_t kUntouched = 0xabcd;
+  const uint64_t dims[2] = {uint64_t(cols), uint64_t(rows)}, strides[1] = {cols * 2};
+  // Past the end in both dimensions, and before the start in both.
+  for (const auto& coords : {std::vector<int>{40, 90}, std::vector<int>{-8, -3}}) {
+    for (int swizzle : {0, 1, 2, 3}) {
+      CAPTURE(swizzle);
+      CAPTURE(coords[0]);
+      const int box_cols = swizzle == 0 ? 64 : (16 << swizzle) / 2;
+      const uint32_t box[2] = {uint32_t(box_cols), 16};
+      std::vector<uint16_t> in(size_t(box_cols) * 16);  // element (r, c) = 0x4000 + 256 r + c
+      for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < box_cols; ++c)
+          in[size_t(r) * box_cols + c] = uint16_t(0x4000 + 256 * r + c);
+      std::vector<unsigned char> in_bytes(in.size() * 2);
+      std::memcpy(in_bytes.data(), in.data(), in_bytes.size());
+      DeviceBuffer<unsigned char> din(in_bytes);
+      for (uint64_t seed : test_seeds()) {
+        SeedScope scope(seed);
+        DeviceBuffer<uint16_t> dst(std::vector<uint16_t>(size_t(rows) * cols, kUntouched));
+        tma_store_box(dst.get(), din.get(), 0, 2, dims, strides, box, swizzle, coords.data());
+        const auto o = dst.to_host();
+        int bad = 0;
+        for (int gr = 0; gr < rows; ++gr)
+          for (int gc = 0; gc < cols; ++gc) {
+            const int r = gr - coords[1], c = gc - coords[0];
+            const bool in_box = r >= 0 && r < 16 && c >= 0 && c < box_cols;
+            const uint16_t want = in_box ? in[size_t(r) * box_cols + c] : kUntouched;
+            bad += o[size_t(gr) * cols + gc] != want;
+          }
+        CHECK(bad == 0);
+        if (coords[0] == 40)  // by hand: box element (1, 0) at row 91, column 40
+          CHECK(o[size_t(91) * cols + 40] == 0x4100);
+      }
+    }
+  }
+}
+
 TEST_CASE("hopper: wgmma's accumulator fragment puts D(m, n) where the PTX ISA's figure says") {
   if (!hopper_available()) return;
   // (n, m, k, col) and, by hand from Figure 149 (warp m / 16, lane 4 (m % 8) + (col % 8) / 2,
