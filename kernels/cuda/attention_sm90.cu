@@ -591,21 +591,22 @@ __global__ void __launch_bounds__(128 * NC + 32)
 }
 
 // dK/dV: a block owns 64·NC keys of one (kv head, batch row), NC consumer warpgroups of 64 keys
-// and a producer warp. The producer loads every warpgroup's K and V once, then streams the query
-// tiles (each query head of the group in order, each from the block's first key to the end or to
-// a later document than its last key, as the FA2 kernel) into a ring: Q, dO, their lse and Δ
-// (64 fp32 each) and, with segments, the ids of queries i0 − 8 .. i0 + 63 (one 72-id box: a
-// query's predecessor's id gives its one-key flag), all on the stage's `full` barrier. Per query
-// tile, in the warpgroup, transposed (M = keys) so that the results' rows are keys: Sᵀ = K Qᵀ
-// and dPᵀ = V dOᵀ (SS, K-major), Pᵀ = exp2(scale·log2e·Sᵀ − lse·log2e) (lse per column, the
-// query), dSᵀ = Pᵀ ∘ (dPᵀ − Δ) in fp32, then Pᵀ and dSᵀ rounded once to E into the A registers
-// of dV += Pᵀ dO and dK += dSᵀ Q (RS; dO and Q read MN-major: their rows are the k dimension).
-// A warpgroup skips the query tiles wholly above its keys (the first of each head for the second
-// warpgroup: those queries see none of its keys; exact, their P is 0). Each tile in turn: the
-// overlap of tile n's softmax with tile n − 1's products (as dQ does) needs Sᵀ and dPᵀ of one
-// tile and Pᵀ, dSᵀ of the other in registers beside dK and dV, more than the 168 a thread that
-// ptxas allows a 288-thread block (measured: spills at head dim 64); it waits for setmaxnreg.
-// Each gradient element is summed by one thread in query order: deterministic, no atomics.
+// and a producer warp (a producer warpgroup under the register split, below). The producer loads
+// every warpgroup's K and V once, then streams the query tiles (each query head of the group in
+// order, each from the block's first key to the end or to a later document than its last key, as
+// the FA2 kernel) into a ring: Q, dO, their lse and Δ (64 fp32 each) and, with segments, the ids of
+// queries i0 − 8 .. i0 + 63 (one 72-id box: a query's predecessor's id gives its one-key flag), all
+// on the stage's `full` barrier. Per query tile, in the warpgroup, transposed (M = keys) so that
+// the results' rows are keys: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (SS, K-major), Pᵀ = exp2(scale·log2e·Sᵀ −
+// lse·log2e) (lse per column, the query), dSᵀ = Pᵀ ∘ (dPᵀ − Δ) in fp32, then Pᵀ and dSᵀ rounded
+// once to E into the A registers of dV += Pᵀ dO and dK += dSᵀ Q (RS; dO and Q read MN-major: their
+// rows are the k dimension). A warpgroup skips the query tiles wholly above its keys (the first of
+// each head for the second warpgroup: those queries see none of its keys; exact, their P is 0).
+// Each tile in turn: the overlap of tile n's softmax with tile n − 1's products (as dQ does) needs
+// Sᵀ and dPᵀ of one tile and Pᵀ, dSᵀ of the other in registers beside dK and dV, more than the 168
+// a thread that ptxas allowed a 288-thread block (measured: spills at head dim 64); not yet tried
+// under the register split. Each gradient element is summed by one thread in query order:
+// deterministic, no atomics.
 constexpr int kIdsPad = 8, kIdsBox = kSm90Rows + kIdsPad;  // 72 ids: 288 bytes, a 16 multiple
 constexpr int kSmallSlot = 512;  // bytes of a stage's lse, Δ or ids (128-byte aligned for TMA)
 template <int Stages>  // barriers (1 KiB), then lse, Δ, ids; the tiles from a 1024-byte boundary
@@ -616,8 +617,18 @@ constexpr size_t sm90_dkdv_smem_bytes() {
          size_t(2 * NC + 2 * Stages) * kSm90TileBytes<D>;  // K, V; Q, dO
 }
 
+// FA3's register split: where a consumer warpgroup needs more registers than a block of NC
+// consumer warpgroups and a producer warp leaves it (head dim 128: dK and dV alone are 128 a
+// thread), the producer is a whole warpgroup that gives registers back (setmaxnreg.dec to 24) and
+// the consumers take them (.inc to 240): 384 threads start at 168 each, 128 · 144 freed = 2 · 128
+// · 72 taken.
+template <int D, int NC>
+constexpr bool kSm90DkdvSplit = D == 128 && NC == 2;
+template <int D, int NC>
+constexpr int kSm90DkdvThreads = kSm90DkdvSplit<D, NC> ? 128 * (NC + 1) : 128 * NC + 32;
+
 template <typename E, int D, int NC, int Stages>
-__global__ void __launch_bounds__(128 * NC + 32) attention_sm90_dkdv_kernel(
+__global__ void __launch_bounds__(kSm90DkdvThreads<D, NC>, 1) attention_sm90_dkdv_kernel(
     const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_do,
     const __grid_constant__ TensorMap map_k, const __grid_constant__ TensorMap map_v,
     const __grid_constant__ TensorMap map_lse, const __grid_constant__ TensorMap map_dlt,
@@ -663,7 +674,8 @@ __global__ void __launch_bounds__(128 * NC + 32) attention_sm90_dkdv_kernel(
   __syncthreads();
 
   const int cg = __shfl_sync(kFullMask, int(threadIdx.x) / 128, 0);  // uniform: see the forward
-  if (cg == NC) {                                                    // the producer warp
+  if (cg == NC) {  // the producer warp (warpgroup, with the register split)
+    if constexpr (kSm90DkdvSplit<D, NC>) setmaxnreg_dec<24>();
     if (threadIdx.x != 128 * NC) return;
     mbarrier_arrive_expect_tx(kv_full, 2 * NC * kTile);
     for (int c = 0; c < NC; ++c)
@@ -698,6 +710,7 @@ __global__ void __launch_bounds__(128 * NC + 32) attention_sm90_dkdv_kernel(
 
   // Consumer warpgroup cg: keys kw0 .. kw0 + 63; this thread's two keys (x = 0, 1) of every
   // accumulator row: 16 w + g + 8 x.
+  if constexpr (kSm90DkdvSplit<D, NC>) setmaxnreg_inc<240>();
   const int w = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, qd = lane & 3;
   const int kw0 = j0 + kSm90Rows * cg;
@@ -858,7 +871,7 @@ __global__ void __launch_bounds__(128 * NC + 32) attention_sm90_dkdv_kernel(
 template <int D>
 struct Sm90BackwardForm {
   static constexpr int kDqNc = D == 64 ? 2 : 1, kDqStages = 2;
-  static constexpr int kDkdvNc = D == 64 ? 2 : 1, kDkdvStages = 2;
+  static constexpr int kDkdvNc = 2, kDkdvStages = 2;
 };
 
 template <typename T, int D>
@@ -878,9 +891,10 @@ void sm90_backward_launch(T* dq, T* dk, T* dv, const T* dout, const float* lse, 
     constexpr int NC = F::kDkdvNc, S = F::kDkdvStages;
     auto kernel = attention_sm90_dkdv_kernel<T, D, NC, S>;
     constexpr size_t smem = sm90_dkdv_smem_bytes<D, NC, S>();
+    constexpr int threads = kSm90DkdvThreads<D, NC>;
     allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_backward");
     FT_LAUNCH((attention_sm90_dkdv_kernel<T, D, NC, S>),
-              tile_grid(true, (T_ + 64 * NC - 1) / (64 * NC), K, B), 128 * NC + 32, smem, stream)
+              tile_grid(true, (T_ + 64 * NC - 1) / (64 * NC), K, B), threads, smem, stream)
     (map_q, map_do, map_k, map_v, map_lse, map_dlt, map_ids, dev(dk), dev(dv), seg, T_, H, K,
      scale);
     FT_CUDA_CHECK_LAUNCH();
