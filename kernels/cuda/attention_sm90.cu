@@ -350,23 +350,33 @@ void sm90_forward_launch(T* out, float* lse, const T* q, const T* k, const T* v,
 // ---- The backward (attention_fused_backward's contract; Δ by attention_delta first) ----------
 
 // dQ: a block owns 64·NC query rows of one (head, batch row), NC consumer warpgroups of 64 rows
-// and a producer warp, as the forward. The producer loads Q and dO once, then each key tile's K,
-// V (and key segment ids) into stage n % Stages of a ring, all on the stage's `full` barrier
-// (dS needs both S and dP). Per key tile, in the warpgroup: S = Q Kᵀ and dP = dO Vᵀ (wgmma SS,
-// all four operands K-major, a commit group each), P = exp2(scale·log2e·S − lse·log2e) masked
-// to 0, dS = P ∘ (dP − Δ) in fp32 (0 on rows that see one key), rounded once to E into the A
-// registers of dQ += dS K (wgmma RS, K read MN-major as the forward's V). The groups S_n, dP_n,
-// dS_{n−1} K_{n−1} are issued in that order and complete in it: P_n is computed while dP_n and
-// dS_{n−1} K_{n−1} run (wait_group 2), dS_n while the latter does (wait_group 1). dQ is scaled
-// once at the end. lse, Δ, the row's segment id and its one-key flag
-// are per row: read once from global memory.
+// and a producer warp, as the forward (a producer warpgroup under the register split, below). The
+// producer loads Q and dO once, then each key tile's K, V (and key segment ids) into stage n %
+// Stages of a ring, all on the stage's `full` barrier (dS needs both S and dP). Per key tile, in
+// the warpgroup: S = Q Kᵀ and dP = dO Vᵀ (wgmma SS, all four operands K-major, a commit group
+// each), P = exp2(scale·log2e·S − lse·log2e) masked to 0, dS = P ∘ (dP − Δ) in fp32 (0 on rows that
+// see one key), rounded once to E into the A registers of dQ += dS K (wgmma RS, K read MN-major as
+// the forward's V). The groups S_n, dP_n, dS_{n−1} K_{n−1} are issued in that order and complete in
+// it: P_n is computed while dP_n and dS_{n−1} K_{n−1} run (wait_group 2), dS_n while the latter
+// does (wait_group 1). dQ is scaled once at the end. lse, Δ, the row's segment id and its one-key
+// flag are per row: read once from global memory. FA3's register split (both backward kernels):
+// where a consumer warpgroup needs more registers than a block of NC consumer warpgroups and a
+// producer warp leaves it (head dim 128: dK and dV alone are 128 a thread, dQ's kernel needed 174),
+// the producer is a whole warpgroup that gives registers back (setmaxnreg.dec to 24) and the
+// consumers take them (.inc to 240): 384 threads start at 168 each; 128 · 144 freed = 2 · 128 · 72
+// taken.
+template <int D, int NC>
+constexpr bool kSm90RegSplit = D == 128 && NC == 2;
+template <int D, int NC>
+constexpr int kSm90BackwardThreads = kSm90RegSplit<D, NC> ? 128 * (NC + 1) : 128 * NC + 32;
+
 template <int D, int NC, int Stages>
 constexpr size_t sm90_dq_smem_bytes() {
   return 2048 + size_t(2 * NC + 2 * Stages) * kSm90TileBytes<D>;  // barriers, Q, dO, K, V
 }
 
 template <typename E, int D, int NC, int Stages>
-__global__ void __launch_bounds__(128 * NC + 32)
+__global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1)
     attention_sm90_dq_kernel(const __grid_constant__ TensorMap map_q,
                              const __grid_constant__ TensorMap map_do,
                              const __grid_constant__ TensorMap map_k,
@@ -409,7 +419,8 @@ __global__ void __launch_bounds__(128 * NC + 32)
   __syncthreads();
 
   const int cg = __shfl_sync(kFullMask, int(threadIdx.x) / 128, 0);  // uniform: see the forward
-  if (cg == NC) {                                                    // the producer warp
+  if (cg == NC) {  // the producer warp (warpgroup, with the register split)
+    if constexpr (kSm90RegSplit<D, NC>) setmaxnreg_dec<24>();
     if (threadIdx.x != 128 * NC) return;
     mbarrier_arrive_expect_tx(q_full, 2 * NC * kTile);
     for (int c = 0; c < NC; ++c)
@@ -432,6 +443,7 @@ __global__ void __launch_bounds__(128 * NC + 32)
     return;
   }
 
+  if constexpr (kSm90RegSplit<D, NC>) setmaxnreg_inc<240>();
   const int w = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, qd = lane & 3;
   const int r0 = i0 + kSm90Rows * cg;
@@ -617,18 +629,8 @@ constexpr size_t sm90_dkdv_smem_bytes() {
          size_t(2 * NC + 2 * Stages) * kSm90TileBytes<D>;  // K, V; Q, dO
 }
 
-// FA3's register split: where a consumer warpgroup needs more registers than a block of NC
-// consumer warpgroups and a producer warp leaves it (head dim 128: dK and dV alone are 128 a
-// thread), the producer is a whole warpgroup that gives registers back (setmaxnreg.dec to 24) and
-// the consumers take them (.inc to 240): 384 threads start at 168 each, 128 · 144 freed = 2 · 128
-// · 72 taken.
-template <int D, int NC>
-constexpr bool kSm90DkdvSplit = D == 128 && NC == 2;
-template <int D, int NC>
-constexpr int kSm90DkdvThreads = kSm90DkdvSplit<D, NC> ? 128 * (NC + 1) : 128 * NC + 32;
-
 template <typename E, int D, int NC, int Stages>
-__global__ void __launch_bounds__(kSm90DkdvThreads<D, NC>, 1) attention_sm90_dkdv_kernel(
+__global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1) attention_sm90_dkdv_kernel(
     const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_do,
     const __grid_constant__ TensorMap map_k, const __grid_constant__ TensorMap map_v,
     const __grid_constant__ TensorMap map_lse, const __grid_constant__ TensorMap map_dlt,
@@ -675,7 +677,7 @@ __global__ void __launch_bounds__(kSm90DkdvThreads<D, NC>, 1) attention_sm90_dkd
 
   const int cg = __shfl_sync(kFullMask, int(threadIdx.x) / 128, 0);  // uniform: see the forward
   if (cg == NC) {  // the producer warp (warpgroup, with the register split)
-    if constexpr (kSm90DkdvSplit<D, NC>) setmaxnreg_dec<24>();
+    if constexpr (kSm90RegSplit<D, NC>) setmaxnreg_dec<24>();
     if (threadIdx.x != 128 * NC) return;
     mbarrier_arrive_expect_tx(kv_full, 2 * NC * kTile);
     for (int c = 0; c < NC; ++c)
@@ -710,7 +712,7 @@ __global__ void __launch_bounds__(kSm90DkdvThreads<D, NC>, 1) attention_sm90_dkd
 
   // Consumer warpgroup cg: keys kw0 .. kw0 + 63; this thread's two keys (x = 0, 1) of every
   // accumulator row: 16 w + g + 8 x.
-  if constexpr (kSm90DkdvSplit<D, NC>) setmaxnreg_inc<240>();
+  if constexpr (kSm90RegSplit<D, NC>) setmaxnreg_inc<240>();
   const int w = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, qd = lane & 3;
   const int kw0 = j0 + kSm90Rows * cg;
@@ -865,12 +867,13 @@ __global__ void __launch_bounds__(kSm90DkdvThreads<D, NC>, 1) attention_sm90_dkd
 }
 
 // The backward's forms per head dim: consumer warpgroups and ring stages of each kernel. Two
-// warpgroups (a 288-thread block: ptxas allows 168 registers a thread) where that compiles
-// without spills, one (255) at head dim 128, where dK and dV alone are 128 floats a thread and
-// dQ's two warpgroups spilled 48 bytes.
+// warpgroups everywhere: at head dim 64 with a producer warp (a 288-thread block: ptxas allows
+// 168 registers a thread), at 128 under the register split (kSm90RegSplit: consumers at 240),
+// where with a producer warp only one fitted (dK and dV alone are 128 floats a thread; dQ's two
+// warpgroups spilled 48 bytes).
 template <int D>
 struct Sm90BackwardForm {
-  static constexpr int kDqNc = D == 64 ? 2 : 1, kDqStages = 2;
+  static constexpr int kDqNc = 2, kDqStages = 2;
   static constexpr int kDkdvNc = 2, kDkdvStages = 2;
 };
 
@@ -891,7 +894,7 @@ void sm90_backward_launch(T* dq, T* dk, T* dv, const T* dout, const float* lse, 
     constexpr int NC = F::kDkdvNc, S = F::kDkdvStages;
     auto kernel = attention_sm90_dkdv_kernel<T, D, NC, S>;
     constexpr size_t smem = sm90_dkdv_smem_bytes<D, NC, S>();
-    constexpr int threads = kSm90DkdvThreads<D, NC>;
+    constexpr int threads = kSm90BackwardThreads<D, NC>;
     allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_backward");
     FT_LAUNCH((attention_sm90_dkdv_kernel<T, D, NC, S>),
               tile_grid(true, (T_ + 64 * NC - 1) / (64 * NC), K, B), threads, smem, stream)
@@ -903,9 +906,10 @@ void sm90_backward_launch(T* dq, T* dk, T* dv, const T* dout, const float* lse, 
     constexpr int NC = F::kDqNc, S = F::kDqStages;
     auto kernel = attention_sm90_dq_kernel<T, D, NC, S>;
     constexpr size_t smem = sm90_dq_smem_bytes<D, NC, S>();
+    constexpr int threads = kSm90BackwardThreads<D, NC>;
     allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_backward");
     FT_LAUNCH((attention_sm90_dq_kernel<T, D, NC, S>),
-              tile_grid(true, (T_ + 64 * NC - 1) / (64 * NC), H, B), 128 * NC + 32, smem, stream)
+              tile_grid(true, (T_ + 64 * NC - 1) / (64 * NC), H, B), threads, smem, stream)
     (map_q, map_do, map_k, map_v, map_seg, dev(dq), lse, delta, seg, T_, H, K, scale);
     FT_CUDA_CHECK_LAUNCH();
   }
