@@ -25,6 +25,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #if FT_ASAN
@@ -32,6 +33,7 @@
 #endif
 
 namespace ft::emu {
+struct Capture;
 // A stream's work in order (the stream order of cudaStreamWaitEvent, events and the legacy
 // stream's implicit synchronisation: "Stream order" below). `started` counts the operations
 // taken from the front; an operation is at most `enqueued` (its number from 1).
@@ -41,6 +43,22 @@ struct Queue {
   bool legacy = false;   // the null / cudaStreamLegacy stream
   bool blocking = true;  // synchronises with the legacy stream (not cudaStreamNonBlocking)
   bool eager = false;    // runs each operation as it is queued (FT_CUDA_EMU_STREAMS=eager, NCCL)
+  // Stream capture ("stream capture" below): the capture this stream records into, and the
+  // nodes its next operation follows.
+  std::shared_ptr<Capture> capture;
+  std::vector<size_t> tail;
+};
+// A stream capture in progress, cudaStreamBeginCapture .. cudaStreamEndCapture: its streams'
+// operations recorded as nodes (each with the nodes it follows) instead of queued.
+struct Capture {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id owner;  // the thread that began it (cudaStreamCaptureModeThreadLocal)
+  std::weak_ptr<Queue> origin;
+  std::vector<std::weak_ptr<Queue>> members;  // the origin and the streams that joined
+  std::vector<std::function<void()>> nodes;
+  std::vector<std::vector<size_t>> deps;
+  cudaError_t invalid = cudaSuccess;  // the error that invalidated it
+  bool ended = false;
 };
 // One cudaEventRecord: done when its stream's work up to `seq` has run.
 struct EventRecord {
@@ -48,6 +66,9 @@ struct EventRecord {
   uint64_t seq = 0;
   bool done = false;
   std::chrono::steady_clock::time_point time;
+  // Recorded in a capture: the nodes a wait on it follows (no queue, no seq).
+  std::shared_ptr<Capture> capture;
+  std::vector<size_t> nodes;
 };
 }  // namespace ft::emu
 
@@ -55,6 +76,14 @@ struct EventRecord {
 struct CUstream_st {
   unsigned flags = 0;
   std::shared_ptr<ft::emu::Queue> queue;
+};
+// A graph (cudaStreamEndCapture) and its executable (cudaGraphInstantiate): the captured nodes
+// in recording order.
+struct CUgraph_st {
+  std::shared_ptr<const std::vector<std::function<void()>>> nodes;
+};
+struct CUgraphExec_st {
+  std::shared_ptr<const std::vector<std::function<void()>>> nodes;
 };
 struct CUevent_st {
   unsigned flags = 0;
@@ -261,6 +290,13 @@ void run_all() {
 uint64_t submit(const void* s, std::function<void()> op) {
   std::lock_guard<std::recursive_mutex> lock(stream_mutex());
   const std::shared_ptr<Queue> q = queue_of(s);
+  if (q->capture) {  // recorded, not queued (the callers checked capture_gate)
+    Capture& c = *q->capture;
+    c.nodes.push_back(std::move(op));
+    c.deps.push_back(q->tail);
+    q->tail = {c.nodes.size() - 1};
+    return 0;
+  }
   if (q->legacy)
     for (const auto& w : all_queues())
       if (std::shared_ptr<Queue> b = w.lock(); b && b->blocking && !b->legacy) run_queue(*b);
@@ -270,16 +306,102 @@ uint64_t submit(const void* s, std::function<void()> op) {
   return n;
 }
 
+// ---- stream capture ---------------------------------------------------------------------------
+// cudaStreamBeginCapture .. cudaStreamEndCapture (the CUDA programming guide's stream capture):
+// the operations queued on a capturing stream are recorded as graph nodes instead of queued;
+// another stream joins the capture by waiting on an event recorded in it (a fork), and its work
+// must be joined back into the origin stream (an event recorded on it that the origin waits on)
+// before the capture ends. A graph launch runs its nodes in the order they were recorded (a
+// topological order: a node follows only earlier ones), on the launching stream, re-running
+// each kernel with the arguments it was captured with: a value that changes from step to step
+// passed by value is replayed stale, as on a GPU, and must live in device memory instead.
+// Reported as the runtime reports them (the call's error; the capture invalidated where the
+// runtime invalidates it, after which its streams' calls answer
+// cudaErrorStreamCaptureInvalidated and cudaStreamEndCapture gives no graph): a synchronisation
+// of a capturing stream or of the device, a query or synchronisation of an event recorded in a
+// capture (cudaErrorCapturedEvent), work on the legacy stream while a blocking stream captures
+// (cudaErrorStreamCaptureImplicit), and in global mode (thread-local: on the capturing thread)
+// cudaMalloc, cudaMallocHost, cudaFree, cudaFreeHost, cudaHostRegister / Unregister
+// (cudaErrorStreamCaptureUnsupported), a fork not joined at the end
+// (cudaErrorStreamCaptureUnjoined), cudaStreamEndCapture on another stream than the origin
+// (cudaErrorStreamCaptureUnmatched). The emulation's own stricter choices: a copy to or from
+// pageable host memory in a capture (the bytes would be those of the capture, not of the replay)
+// and a capturing stream's wait on an event recorded outside the capture are refused with
+// cudaErrorStreamCaptureUnsupported / cudaErrorStreamCaptureIsolation (the capture
+// invalidated), graph launches into a capturing stream are refused, and NCCL calls on a
+// capturing stream fail (nccl_emu.cpp).
+
+// Every capture still recording, found from its streams (stream_mutex() held).
+std::vector<std::shared_ptr<Capture>> active_captures() {
+  std::vector<std::shared_ptr<Capture>> out;
+  for (const auto& w : all_queues())
+    if (std::shared_ptr<Queue> q = w.lock();
+        q && q->capture && std::find(out.begin(), out.end(), q->capture) == out.end())
+      out.push_back(q->capture);
+  return out;
+}
+void invalidate(Capture& c, cudaError_t why) {
+  if (c.invalid == cudaSuccess) c.invalid = why;
+}
+// A potentially unsafe call (the runtime's term: cudaMalloc, synchronous frees, ...) under the
+// captures that prohibit it: cudaSuccess where none does, else `e`, each such capture invalidated.
+cudaError_t unsafe_call(cudaError_t e) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  bool prohibited = false;
+  for (const std::shared_ptr<Capture>& c : active_captures())
+    if (c->mode == cudaStreamCaptureModeGlobal ||
+        (c->mode == cudaStreamCaptureModeThreadLocal && c->owner == std::this_thread::get_id())) {
+      invalidate(*c, e);
+      prohibited = true;
+    }
+  return prohibited ? e : cudaSuccess;
+}
+// Before an operation is queued on stream s: cudaSuccess, or the call's error.
+cudaError_t capture_gate(const void* s) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  const std::shared_ptr<Queue> q = queue_of(s);
+  if (q->legacy) {  // its implicit synchronisation with the blocking streams
+    bool implicit = false;
+    for (const std::shared_ptr<Capture>& c : active_captures())
+      for (const auto& w : c->members)
+        if (std::shared_ptr<Queue> m = w.lock(); m && m->blocking && !implicit) {
+          invalidate(*c, cudaErrorStreamCaptureImplicit);
+          implicit = true;
+        }
+    return implicit ? cudaErrorStreamCaptureImplicit : cudaSuccess;
+  }
+  if (q->capture && q->capture->invalid != cudaSuccess) return cudaErrorStreamCaptureInvalidated;
+  return cudaSuccess;
+}
+// Is stream s recording into a capture?
+bool capturing(const void* s) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  return queue_of(s)->capture != nullptr;
+}
+// A call refused because s captures: e, s's capture invalidated (s null: every blocking capture,
+// for the legacy stream).
+cudaError_t refuse_in_capture(const void* s, cudaError_t e) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  if (s) {
+    if (const std::shared_ptr<Queue> q = queue_of(s); q->capture) invalidate(*q->capture, e);
+  } else {
+    capture_gate(nullptr);
+  }
+  return e;
+}
+
 }  // namespace
 
 bool gpu_memory(const void* p, size_t n) { return n == 0 || in_gpu_memory(p, n); }
 bool valid_stream_handle(const void* s) { return stream_is_valid(s); }
 void stream_submit(const void* s, std::function<void()> op) { submit(s, std::move(op)); }
-void stream_make_eager(const void* s) {
+bool stream_make_eager(const void* s) {
   std::lock_guard<std::recursive_mutex> lock(stream_mutex());
   const std::shared_ptr<Queue> q = queue_of(s);
+  if (q->capture) return false;
   q->eager = true;
   run_queue(*q);
+  return true;
 }
 
 namespace {
@@ -1117,6 +1239,10 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), std::shared_ptr
     set_last_error(cudaErrorInvalidResourceHandle);
     return;
   }
+  if (const cudaError_t e = capture_gate(config.stream); e != cudaSuccess) {
+    set_last_error(e);
+    return;
+  }
   for (int i = 0; i < config.pointer_count; ++i) {
     const auto [index, pointer] = config.pointers[i];
     if (!kernel_reachable(pointer)) {
@@ -1435,6 +1561,9 @@ cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cuda
   // Neither device memory nor page-locked (cudaMallocHost, cudaHostRegister): pageable.
   const bool src_pageable = !ft::emu::in_gpu_memory(src, n);
   const bool dst_pageable = !ft::emu::in_gpu_memory(dst, n);
+  if (const cudaError_t e = ft::emu::capture_gate(stream); e != cudaSuccess) return fail(e);
+  if ((src_pageable || dst_pageable) && ft::emu::capturing(stream))  // stream capture above
+    return fail(ft::emu::refuse_in_capture(stream, cudaErrorStreamCaptureUnsupported));
   if (src_pageable) {
     auto bytes = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                      static_cast<const char*>(src) + n);
@@ -1455,33 +1584,49 @@ cudaError_t fill(void* dst, int value, size_t n, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(rt().mutex);
     if (!ft::emu::in_device(dst, n)) return fail(cudaErrorInvalidValue);
   }
+  if (const cudaError_t e = ft::emu::capture_gate(stream); e != cudaSuccess) return fail(e);
   ft::emu::submit(stream, [dst, value, n] { std::memset(dst, value, n); });
   return cudaSuccess;
 }
 
 }  // namespace
 
-cudaError_t cudaMalloc(void** devPtr, size_t size) { return device_alloc(devPtr, size); }
+// Allocation and the synchronous frees are potentially unsafe calls under a stream capture.
+cudaError_t cudaMalloc(void** devPtr, size_t size) {
+  if (const cudaError_t e = ft::emu::unsafe_call(cudaErrorStreamCaptureUnsupported)) return fail(e);
+  return device_alloc(devPtr, size);
+}
 // cudaFree, cudaFreeHost and cudaHostUnregister synchronise the device first, as the runtime.
 cudaError_t cudaFree(void* devPtr) {
+  if (const cudaError_t e = ft::emu::unsafe_call(cudaErrorStreamCaptureUnsupported)) return fail(e);
   ft::emu::run_all();
   return device_free(devPtr);
 }
+// In a capture these would be graph memory nodes, which the emulation does not record.
 cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (ft::emu::capturing(stream))
+    return fail(ft::emu::refuse_in_capture(stream, cudaErrorStreamCaptureUnsupported));
   return device_alloc(devPtr, size);
 }
 cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (ft::emu::capturing(stream))
+    return fail(ft::emu::refuse_in_capture(stream, cudaErrorStreamCaptureUnsupported));
+  if (const cudaError_t e = ft::emu::capture_gate(stream); e != cudaSuccess) return fail(e);
   ft::emu::submit(stream, [devPtr] { device_free(devPtr); });
   return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void** ptr, size_t size) { return host_alloc(ptr, size); }
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  if (const cudaError_t e = ft::emu::unsafe_call(cudaErrorStreamCaptureUnsupported)) return fail(e);
+  return host_alloc(ptr, size);
+}
 cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int) {
-  return host_alloc(pHost, size);
+  return cudaMallocHost(pHost, size);
 }
 cudaError_t cudaFreeHost(void* ptr) {
   if (!ptr) return cudaSuccess;
+  if (const cudaError_t e = ft::emu::unsafe_call(cudaErrorStreamCaptureUnsupported)) return fail(e);
   ft::emu::run_all();
   std::lock_guard<std::mutex> lock(rt().mutex);
   auto it = rt().pinned.find(static_cast<char*>(ptr));
@@ -1536,6 +1681,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags)
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (!valid_stream(stream) || reinterpret_cast<uintptr_t>(stream) <= 2)
     return fail(cudaErrorInvalidResourceHandle);
+  if (ft::emu::capturing(stream))
+    return fail(ft::emu::refuse_in_capture(stream, cudaErrorStreamCaptureUnsupported));
   {
     std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
     ft::emu::run_queue(*stream->queue);
@@ -1547,6 +1694,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (ft::emu::capturing(stream))
+    return fail(ft::emu::refuse_in_capture(stream, cudaErrorStreamCaptureUnsupported));
   std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
   ft::emu::run_queue(*ft::emu::queue_of(stream));
   return cudaSuccess;
@@ -1555,11 +1704,33 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 // for ever on work nothing else forces.
 cudaError_t cudaStreamQuery(cudaStream_t stream) { return cudaStreamSynchronize(stream); }
 // Waits for the event's latest record as of this call (a record never made: nothing to wait for).
+// In a capture: a wait on an event recorded in it joins the stream to the capture (a fork) or
+// adds the event's nodes to what the stream's next node follows (a join).
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
   if (!valid_stream(stream) || !valid_event(event)) return fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
-  if (std::shared_ptr<ft::emu::EventRecord> r = event->last)
-    ft::emu::submit(stream, [r] { ft::emu::run_until(*r->queue, r->seq); });
+  if (const cudaError_t e = ft::emu::capture_gate(stream); e != cudaSuccess) return fail(e);
+  const std::shared_ptr<ft::emu::EventRecord> r = event->last;
+  const std::shared_ptr<ft::emu::Queue> q = ft::emu::queue_of(stream);
+  if (r && r->capture) {
+    if (r->capture->ended) return fail(cudaErrorCapturedEvent);
+    if (r->capture->invalid != cudaSuccess) return fail(cudaErrorStreamCaptureInvalidated);
+    if (q->legacy) return fail(ft::emu::refuse_in_capture(nullptr, cudaErrorStreamCaptureImplicit));
+    if (!q->capture) {  // a fork: the stream records into the event's capture from here
+      q->capture = r->capture;
+      q->tail = r->nodes;
+      r->capture->members.push_back(q);
+    } else if (q->capture != r->capture) {
+      return fail(ft::emu::refuse_in_capture(stream, cudaErrorStreamCaptureMerge));
+    } else {
+      for (const size_t n : r->nodes)
+        if (std::find(q->tail.begin(), q->tail.end(), n) == q->tail.end()) q->tail.push_back(n);
+    }
+    return cudaSuccess;
+  }
+  if (q->capture && r)  // on work outside the capture: refused (stream capture above)
+    return fail(ft::emu::refuse_in_capture(stream, cudaErrorStreamCaptureIsolation));
+  if (r) ft::emu::submit(stream, [r] { ft::emu::run_until(*r->queue, r->seq); });
   return cudaSuccess;
 }
 
@@ -1578,6 +1749,14 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!valid_stream(stream) || !valid_event(event)) return fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+  if (const cudaError_t e = ft::emu::capture_gate(stream); e != cudaSuccess) return fail(e);
+  if (const std::shared_ptr<ft::emu::Queue> q = ft::emu::queue_of(stream); q->capture) {
+    auto r = std::make_shared<ft::emu::EventRecord>();
+    r->capture = q->capture;
+    r->nodes = q->tail;
+    event->last = r;
+    return cudaSuccess;
+  }
   auto r = std::make_shared<ft::emu::EventRecord>();
   r->queue = ft::emu::queue_of(stream);
   r->seq = r->queue->enqueued + 1;  // the marker below
@@ -1591,6 +1770,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!valid_event(event)) return fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+  if (event->last && event->last->capture) return fail(cudaErrorCapturedEvent);
   if (std::shared_ptr<ft::emu::EventRecord> r = event->last) ft::emu::run_until(*r->queue, r->seq);
   return cudaSuccess;
 }
@@ -1605,6 +1785,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   // recorded work has not run yet is not ready.
   std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
   if (!start->last || !end->last) return fail(cudaErrorInvalidResourceHandle);
+  if (start->last->capture || end->last->capture) return fail(cudaErrorCapturedEvent);
   if (!start->last->done || !end->last->done) return fail(cudaErrorNotReady);
   *ms = std::chrono::duration<float, std::milli>(end->last->time - start->last->time).count();
   return cudaSuccess;
@@ -1617,9 +1798,135 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  {
+    std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+    const auto captures = ft::emu::active_captures();
+    for (const auto& c : captures) ft::emu::invalidate(*c, cudaErrorStreamCaptureUnsupported);
+    if (!captures.empty()) return fail(cudaErrorStreamCaptureUnsupported);
+  }
   ft::emu::run_all();
   return cudaSuccess;
 }
+// ---- stream capture and graphs (ft::emu "stream capture" above) -------------------------------
+namespace {
+std::set<cudaGraph_t>& graphs() {
+  static auto* g = new std::set<cudaGraph_t>;
+  return *g;
+}
+std::set<cudaGraphExec_t>& graph_execs() {
+  static auto* g = new std::set<cudaGraphExec_t>;
+  return *g;
+}
+}  // namespace
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed)
+    return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+  const std::shared_ptr<ft::emu::Queue> q = ft::emu::queue_of(stream);
+  if (q->legacy) return fail(cudaErrorStreamCaptureUnsupported);
+  if (q->capture) return fail(cudaErrorIllegalState);
+  auto c = std::make_shared<ft::emu::Capture>();
+  c->mode = mode;
+  c->owner = std::this_thread::get_id();
+  c->origin = q;
+  c->members.push_back(q);
+  q->capture = c;
+  q->tail.clear();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
+  if (!pGraph) return fail(cudaErrorInvalidValue);
+  *pGraph = nullptr;
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+  const std::shared_ptr<ft::emu::Queue> q = ft::emu::queue_of(stream);
+  if (!q->capture) return fail(cudaErrorIllegalState);
+  const std::shared_ptr<ft::emu::Capture> c = q->capture;
+  if (c->origin.lock() != q) {
+    ft::emu::invalidate(*c, cudaErrorStreamCaptureUnmatched);
+    return fail(cudaErrorStreamCaptureUnmatched);
+  }
+  // Every node must come before the origin's last ones (the forks joined back).
+  std::vector<bool> joined(c->nodes.size(), false);
+  std::vector<size_t> todo = q->tail;
+  while (!todo.empty()) {
+    const size_t n = todo.back();
+    todo.pop_back();
+    if (joined[n]) continue;
+    joined[n] = true;
+    todo.insert(todo.end(), c->deps[n].begin(), c->deps[n].end());
+  }
+  if (c->invalid == cudaSuccess && std::find(joined.begin(), joined.end(), false) != joined.end())
+    ft::emu::invalidate(*c, cudaErrorStreamCaptureUnjoined);
+  for (const auto& w : c->members)
+    if (std::shared_ptr<ft::emu::Queue> m = w.lock()) {
+      m->capture = nullptr;
+      m->tail.clear();
+    }
+  c->ended = true;
+  if (c->invalid == cudaErrorStreamCaptureUnjoined) return fail(cudaErrorStreamCaptureUnjoined);
+  if (c->invalid != cudaSuccess) return fail(cudaErrorStreamCaptureInvalidated);
+  auto* g = new CUgraph_st{
+      std::make_shared<const std::vector<std::function<void()>>>(std::move(c->nodes))};
+  graphs().insert(g);
+  *pGraph = g;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* status) {
+  if (!status) return fail(cudaErrorInvalidValue);
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+  const std::shared_ptr<ft::emu::Queue> q = ft::emu::queue_of(stream);
+  *status = !q->capture                          ? cudaStreamCaptureStatusNone
+            : q->capture->invalid == cudaSuccess ? cudaStreamCaptureStatusActive
+                                                 : cudaStreamCaptureStatusInvalidated;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
+                                 unsigned long long) {
+  if (!pGraphExec) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+  if (!graphs().count(graph)) return fail(cudaErrorInvalidValue);
+  auto* e = new CUgraphExec_st{graph->nodes};
+  graph_execs().insert(e);
+  *pGraphExec = e;
+  return cudaSuccess;
+}
+
+// The graph's nodes run in their recorded order as one operation of the stream.
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
+  if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+  if (!graph_execs().count(graphExec)) return fail(cudaErrorInvalidValue);
+  if (const cudaError_t e = ft::emu::capture_gate(stream); e != cudaSuccess) return fail(e);
+  if (ft::emu::capturing(stream))  // a child graph: not recorded by the emulation
+    return fail(ft::emu::refuse_in_capture(stream, cudaErrorStreamCaptureUnsupported));
+  ft::emu::submit(stream, [nodes = graphExec->nodes] {
+    for (const std::function<void()>& node : *nodes) node();
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) {
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+  if (!graph_execs().erase(graphExec)) return fail(cudaErrorInvalidValue);
+  delete graphExec;  // a launch still queued holds the nodes
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+  if (!graphs().erase(graph)) return fail(cudaErrorInvalidValue);
+  delete graph;
+  return cudaSuccess;
+}
+
 cudaError_t cudaGetLastError(void) {
   const cudaError_t e = ft::emu::t_last_error;
   ft::emu::t_last_error = cudaSuccess;
@@ -1798,17 +2105,20 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, uns
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
   if (!fn) return fail(cudaErrorInvalidValue);
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (const cudaError_t e = ft::emu::capture_gate(stream); e != cudaSuccess) return fail(e);
   ft::emu::submit(stream, [fn, userData] { fn(userData); });
   return cudaSuccess;
 }
 cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int) {
   if (!ptr || size == 0) return fail(cudaErrorInvalidValue);
+  if (const cudaError_t e = ft::emu::unsafe_call(cudaErrorStreamCaptureUnsupported)) return fail(e);
   std::lock_guard<std::mutex> lock(rt().mutex);
   if (!rt().registered.emplace(static_cast<char*>(ptr), size).second)
     return fail(cudaErrorHostMemoryAlreadyRegistered);
   return cudaSuccess;
 }
 cudaError_t cudaHostUnregister(void* ptr) {
+  if (const cudaError_t e = ft::emu::unsafe_call(cudaErrorStreamCaptureUnsupported)) return fail(e);
   ft::emu::run_all();
   std::lock_guard<std::mutex> lock(rt().mutex);
   if (!rt().registered.erase(static_cast<char*>(ptr)))

@@ -136,8 +136,9 @@ bool gpu_memory(const void* p, size_t n);
 bool valid_stream_handle(const void* s);
 // Queues `op` on stream s (a valid handle) in stream order (cuda_emu.cpp, "stream order").
 void stream_submit(const void* s, std::function<void()> op);
-// Runs s's queued work and every later operation on s as it is queued (NCCL's streams).
-void stream_make_eager(const void* s);
+// Runs s's queued work and every later operation on s as it is queued (NCCL's streams); false
+// (nothing done) while s is capturing, which the emulated NCCL does not support.
+bool stream_make_eager(const void* s);
 
 namespace detail {
 struct LaunchConfig {

@@ -76,7 +76,7 @@
 namespace ft::emu {
 bool gpu_memory(const void* p, size_t n);
 bool valid_stream_handle(const void* s);
-void stream_make_eager(const void* s);
+bool stream_make_eager(const void* s);
 }  // namespace ft::emu
 
 struct ncclComm {
@@ -190,7 +190,10 @@ ncclResult_t check_call(const char* what, ncclComm* comm, ncclDataType_t type, c
   if (!type_size(type)) return fail(ncclInvalidArgument, std::string(what) + ": bad data type");
   if (!ft::emu::valid_stream_handle(s))
     return fail(ncclInvalidArgument, std::string(what) + ": invalid stream");
-  ft::emu::stream_make_eager(s);
+  if (!ft::emu::stream_make_eager(s))
+    return fail(ncclInvalidUsage, std::string(what) +
+                                      ": the stream is capturing (cudaStreamBeginCapture), which "
+                                      "the emulated NCCL does not support");
   for (const auto& [p, bytes] : buffers)
     if (bytes && !ft::emu::gpu_memory(p, bytes))
       return fail(ncclInvalidArgument,

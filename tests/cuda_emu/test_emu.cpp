@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <numeric>
 #include <set>
 #include <string>
@@ -284,6 +285,10 @@ __global__ void set_kernel(int* p, int v) {
 }
 __global__ void copy_int_kernel(int* dst, const int* src) {
   if (threadIdx.x == 0) *dst = *src;
+}
+// *dst = *src * 10 + v: a pointer read at run time and a value fixed at the launch.
+__global__ void scale_add_kernel(int* dst, const int* src, int v) {
+  if (threadIdx.x == 0) *dst = *src * 10 + v;
 }
 
 // ---- helpers --------------------------------------------------------------------------------
@@ -908,6 +913,132 @@ TEST_CASE("cuda_emu: deferred streams run work only when something waits for it"
   REQUIRE(cudaFreeHost(pinned) == cudaSuccess);
   for (cudaEvent_t ev : {e, t0, t1}) REQUIRE(cudaEventDestroy(ev) == cudaSuccess);
   for (cudaStream_t st : {a, b, blocking}) REQUIRE(cudaStreamDestroy(st) == cudaSuccess);
+}
+
+TEST_CASE("cuda_emu: stream capture records a graph; replays keep captured arguments; rules") {
+  // Work on the streams must not mix with the other cases': fresh streams and buffers.
+  const char* streams = std::getenv("FT_CUDA_EMU_STREAMS");
+  const bool deferred = !streams || std::string(streams) != "eager";
+  cudaStream_t s, side;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t fork, join;
+  REQUIRE(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&join, cudaEventDisableTiming) == cudaSuccess);
+  DeviceBuffer<int> x(1), y(1), z(1);
+  int* const px = x.get();
+  int* const py = y.get();
+  int* const pz = z.get();
+  int* host = nullptr;  // pinned staging, as a step's inputs would be
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&host), sizeof(int)) == cudaSuccess);
+
+  // The graph: x = *host (a pinned copy), fork to `side`: y = x * 10 + v, join; z = y * 10 + 1.
+  int v = 3;
+  cudaStreamCaptureStatus status;
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  REQUIRE(cudaStreamIsCapturing(s, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusActive);
+  REQUIRE(cudaMemcpyAsync(px, host, sizeof(int), cudaMemcpyHostToDevice, s) == cudaSuccess);
+  REQUIRE(cudaEventRecord(fork, s) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(side, fork, 0) == cudaSuccess);
+  REQUIRE(cudaStreamIsCapturing(side, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusActive);  // joined the capture by the wait
+  FT_LAUNCH(scale_add_kernel, 1, 32, 0, side)(py, px, v);
+  REQUIRE(cudaEventRecord(join, side) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(s, join, 0) == cudaSuccess);
+  FT_LAUNCH(scale_add_kernel, 1, 32, 0, s)(pz, py, 1);
+  CHECK(cudaEventSynchronize(join) == cudaErrorCapturedEvent);  // recorded in the capture
+  cudaGetLastError();
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  REQUIRE(graph != nullptr);
+  REQUIRE(cudaStreamIsCapturing(side, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusNone);
+  CHECK(*pz == 0);  // recorded, nothing ran
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);  // the executable keeps its nodes
+
+  // Each replay reads *host as it is then; v stays the 3 it was captured with.
+  for (int step : {1, 2}) {
+    *host = step;
+    v = 100;
+    const int before = *pz;
+    REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+    if (deferred) CHECK(*pz == before);  // queued on s
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+    CHECK(*py == step * 10 + 3);
+    CHECK(*pz == (step * 10 + 3) * 10 + 1);
+  }
+  REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
+
+  // A fork never joined: cudaStreamEndCapture answers cudaErrorStreamCaptureUnjoined.
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  REQUIRE(cudaEventRecord(fork, s) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(side, fork, 0) == cudaSuccess);
+  FT_LAUNCH(set_kernel, 1, 32, 0, side)(py, 5);
+  CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureUnjoined);
+  CHECK(graph == nullptr);
+  cudaGetLastError();
+
+  // Calls a capture forbids: each answers its error and invalidates the capture, whose later
+  // work then answers cudaErrorStreamCaptureInvalidated and whose end gives no graph.
+  cudaStream_t blocking;  // synchronises with the legacy stream
+  REQUIRE(cudaStreamCreate(&blocking) == cudaSuccess);
+  struct Forbidden {
+    const char* what;
+    cudaStream_t on;
+    cudaError_t want;
+    std::function<cudaError_t()> call;
+  };
+  int pageable = 0;
+  void* scratch = nullptr;
+  const Forbidden forbidden[] = {
+      {"a synchronisation of the capturing stream", s, cudaErrorStreamCaptureUnsupported,
+       [&] { return cudaStreamSynchronize(s); }},
+      {"a device synchronisation", s, cudaErrorStreamCaptureUnsupported,
+       [] { return cudaDeviceSynchronize(); }},
+      {"cudaMalloc in global mode", s, cudaErrorStreamCaptureUnsupported,
+       [&] { return cudaMalloc(&scratch, 64); }},
+      {"a copy from pageable memory", s, cudaErrorStreamCaptureUnsupported,
+       [&] { return cudaMemcpyAsync(px, &pageable, sizeof(int), cudaMemcpyHostToDevice, s); }},
+      {"work on the legacy stream", blocking, cudaErrorStreamCaptureImplicit,
+       [&] { return cudaMemsetAsync(py, 0, sizeof(int), nullptr); }},
+  };
+  for (const Forbidden& f : forbidden) {
+    CAPTURE(f.what);
+    REQUIRE(cudaStreamBeginCapture(f.on, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    FT_LAUNCH(set_kernel, 1, 32, 0, f.on)(px, 11);
+    CHECK(f.call() == f.want);
+    cudaGetLastError();
+    REQUIRE(cudaStreamIsCapturing(f.on, &status) == cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusInvalidated);
+    CHECK(cudaMemsetAsync(px, 0, sizeof(int), f.on) == cudaErrorStreamCaptureInvalidated);
+    cudaGetLastError();
+    CHECK(cudaStreamEndCapture(f.on, &graph) == cudaErrorStreamCaptureInvalidated);
+    CHECK(graph == nullptr);
+    cudaGetLastError();
+  }
+  CHECK(scratch == nullptr);
+  // The legacy stream beside a non-blocking capture is no implicit synchronisation.
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  CHECK(cudaMemsetAsync(py, 0, sizeof(int), nullptr) == cudaSuccess);
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+  // Relaxed mode allows cudaMalloc meanwhile.
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  CHECK(cudaMalloc(&scratch, 64) == cudaSuccess);
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+  REQUIRE(cudaFree(scratch) == cudaSuccess);
+  CHECK(*px == 2);  // no node of an invalidated capture ran
+
+  REQUIRE(cudaFreeHost(host) == cudaSuccess);
+  REQUIRE(cudaEventDestroy(fork) == cudaSuccess);
+  REQUIRE(cudaEventDestroy(join) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(side) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(blocking) == cudaSuccess);
 }
 
 }  // namespace
