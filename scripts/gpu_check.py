@@ -928,23 +928,22 @@ def main():
     if want("profile"):
         chk.stage(limit("profile"))
         profile_stage(chk, ft, data_big, work, a)
+
+    def override_stage(name, override, label):
+        """Stage `name`: the ~1B bench with one recipe override; row `name` with its tokens/s and,
+        where bench_ac_off's is known, row `name`_ratio: `label` and the ratio to it."""
+        chk.stage(limit(name))
+        tps = ft_bench(name, BIG, 2048, a.bench_micro_batch, overrides=(override,))
+        base = bench.get("bench_ac_off")
+        if tps and base:
+            chk.record(f"{name}_ratio", "PASS",
+                       f"{label} {tps / base:.3f}x ({tps:,.0f} / {base:,.0f} tokens/s)")
+
     if want("gemm_algos"):
-        chk.stage(limit("gemm_algos"))
-        tps = ft_bench("gemm_algos", BIG, 2048, a.bench_micro_batch,
-                       overrides=("runtime.gemm_algos=measure",))
-        base = bench.get("bench_ac_off")
-        if tps and base:
-            chk.record("gemm_algos_ratio", "PASS",
-                       f"measure / heuristic {tps / base:.3f}x ({tps:,.0f} / {base:,.0f} tokens/s)")
+        override_stage("gemm_algos", "runtime.gemm_algos=measure", "measure / heuristic")
     if want("overlap_update"):
-        chk.stage(limit("overlap_update"))
-        tps = ft_bench("overlap_update", BIG, 2048, a.bench_micro_batch,
-                       overrides=("parallel.overlap_update=true",))
-        base = bench.get("bench_ac_off")
-        if tps and base:
-            chk.record("overlap_update_ratio", "PASS",
-                       f"overlapped / in-stream update {tps / base:.3f}x "
-                       f"({tps:,.0f} / {base:,.0f} tokens/s)")
+        override_stage("overlap_update", "parallel.overlap_update=true",
+                       "overlapped / in-stream update")
     if want("bench_long"):
         # Seq 8192, micro-batch 1: attention's share of the step grows with T.
         chk.stage(limit("bench_long"))
