@@ -3,7 +3,8 @@
 // kernel_check.h: the shape, inputs rounded to the element type, the closeness check scaled to a
 // tensor's largest value, and a CUDA path's forward and backward run under the two schedule seeds,
 // compared against the reference and against each other; for the fused kernels, their
-// tolerances, segment ids and the CPU reference that runs each document on its own.
+// tolerances, segment ids, the CPU reference that runs each document on its own, and a case's
+// inputs and checks (FusedCase, check_forward_backward).
 #pragma once
 
 #include <doctest/doctest.h>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "kernels/cuda/kernels_cuda.h"
 #include "kernels/kernels.h"
 #include "tests/cuda_emu/emu_test_util.h"
 #include "tests/cuda_emu/kernel_check.h"
@@ -172,6 +174,64 @@ Result<E> document_reference(const Shape& s, const std::vector<int32_t>& seg,
       t0 = t1;
     }
   return r;
+}
+
+// A fused kernel's case: inputs rounded to E (scores of a few units: softmax rows neither
+// uniform nor one-hot), segment ids (B, T) or none (empty), the CPU reference, and the device
+// copies the kernels read. The backward reads the reference's out and lse, so that each pass is
+// compared on the same inputs as the CPU's.
+template <typename E>
+struct FusedCase {
+  FusedCase(const Shape& shape, std::vector<int32_t> segments)
+      : s(shape),
+        seg(std::move(segments)),
+        q(random_tensor<E>(size_t(s.B) * s.T * s.H * s.D, 1, 1.5f)),
+        k(random_tensor<E>(size_t(s.B) * s.T * s.K * s.D, 2, 1.5f)),
+        v(random_tensor<E>(size_t(s.B) * s.T * s.K * s.D, 3, 1.0f)),
+        dout(random_tensor<E>(size_t(s.B) * s.T * s.H * s.D, 4, 1.0f)),
+        ref(document_reference(s, seg, q, k, v, dout)),
+        q_d(q),
+        k_d(k),
+        v_d(v),
+        dout_d(dout),
+        out_ref_d(ref.out),
+        lse_ref_d(ref.lse),
+        seg_d(seg.empty() ? std::vector<int32_t>(1) : seg) {}
+
+  // The kernels' seg argument: nullptr without segments.
+  const int32_t* seg_ptr() const { return seg.empty() ? nullptr : seg_d.get(); }
+  // "<kernel> <dtype> B=… T=… H=… K=… D=… [segments ]", to start each message.
+  std::string where(const std::string& kernel) const {
+    return kernel + " " + type_name<E>() + " " + shape_text(s) + (seg.empty() ? " " : " segments ");
+  }
+
+  Shape s;
+  std::vector<int32_t> seg;
+  std::vector<E> q, k, v, dout;  // q, dout (B, T, H, D); k, v (B, T, K, D)
+  Result<E> ref;
+  ft::emu::test::DeviceBuffer<E> q_d, k_d, v_d, dout_d, out_ref_d;
+  ft::emu::test::DeviceBuffer<float> lse_ref_d;
+  ft::emu::test::DeviceBuffer<int32_t> seg_d;  // one unused id without segments
+};
+
+// A fused kernel's forward and backward (functions of attention_fused_forward's and
+// attention_fused_backward's signatures) on c's inputs, under the two schedule seeds: every
+// result within the fused tolerances of the reference, and the same bits under both seeds.
+// where starts each message.
+template <typename E, typename Forward, typename Backward>
+void check_forward_backward(const std::string& where, const FusedCase<E>& c, Forward forward,
+                            Backward backward) {
+  const auto [B, T, H, K, D] = c.s;
+  auto launch = [&](E* o, float* l, E* gq, E* gk, E* gv) {
+    forward(o, l, c.q_d.get(), c.k_d.get(), c.v_d.get(), c.seg_ptr(), B, T, H, K, D, nullptr);
+    ft::emu::test::DeviceBuffer<unsigned char> scratch(
+        ft::kernels::cuda::attention_fused_backward_scratch_bytes(B, T, H));
+    backward(gq, gk, gv, c.dout_d.get(), c.out_ref_d.get(), c.lse_ref_d.get(), c.q_d.get(),
+             c.k_d.get(), c.v_d.get(), c.seg_ptr(), scratch.get(), B, T, H, K, D, nullptr);
+  };
+  const auto [a, b] = run_under_two_seeds<E>(c.s, launch);
+  expect_matches<E>(where, a, b, c.ref, kFusedRtol<E>, kFusedAtolFrac<E>, kFusedLseRtol,
+                    kFusedLseAtolFrac);
 }
 
 }  // namespace ft::cuda_test::attention

@@ -16,64 +16,31 @@
 // against the tuning lab's launchers, which run the kernels' other forms (FT_CUDA_FUSED_TUNING).
 #include <doctest/doctest.h>
 
-#include <algorithm>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "core/half.h"
 #include "kernels/cuda/kernels_cuda.h"
-#include "kernels/kernels.h"
 #include "lib/core/error.h"
 #include "tests/cuda_emu/attention_test_util.h"
 #include "tests/cuda_emu/emu_test_util.h"
 #include "tests/cuda_emu/kernel_check.h"
 
-namespace k = ft::kernels;
 namespace cu = ft::kernels::cuda;
 
 namespace {
 
-using ft::cuda_test::attention::document_reference;
-using ft::cuda_test::attention::kFusedAtolFrac;
-using ft::cuda_test::attention::kFusedLseAtolFrac;
-using ft::cuda_test::attention::kFusedLseRtol;
-using ft::cuda_test::attention::kFusedRtol;
+using ft::cuda_test::attention::check_forward_backward;
+using ft::cuda_test::attention::FusedCase;
 using ft::cuda_test::attention::make_segments;
-using ft::cuda_test::attention::random_tensor;
-using ft::cuda_test::attention::Result;
 using ft::cuda_test::attention::Shape;
 using ft::emu::test::DeviceBuffer;
 
 template <typename E>
 void check_case(const Shape& s, bool with_segments) {
-  const auto [B, T, H, K, D] = s;
-  const size_t nq = size_t(B) * T * H * D, nk = size_t(B) * T * K * D;
-  // Scores of a few units: softmax rows neither uniform nor one-hot.
-  const auto q = random_tensor<E>(nq, 1, 1.5f), kk = random_tensor<E>(nk, 2, 1.5f);
-  const auto v = random_tensor<E>(nk, 3, 1.0f), dout = random_tensor<E>(nq, 4, 1.0f);
-  const std::vector<int32_t> seg = with_segments ? make_segments(B, T) : std::vector<int32_t>{};
-  const Result<E> ref = document_reference(s, seg, q, kk, v, dout);
-
-  const DeviceBuffer<E> q_d(q), k_d(kk), v_d(v), dout_d(dout), out_ref_d(ref.out);
-  const DeviceBuffer<float> lse_ref_d(ref.lse);
-  const DeviceBuffer<int32_t> seg_d(seg.empty() ? std::vector<int32_t>(1) : seg);
-  const int32_t* seg_p = with_segments ? seg_d.get() : nullptr;
-  auto launch = [&](E* o, float* l, E* gq, E* gk, E* gv) {
-    cu::attention_fused_forward<E>(o, l, q_d.get(), k_d.get(), v_d.get(), seg_p, B, T, H, K, D,
-                                   nullptr);
-    DeviceBuffer<unsigned char> scratch(cu::attention_fused_backward_scratch_bytes(B, T, H));
-    cu::attention_fused_backward<E>(gq, gk, gv, dout_d.get(), out_ref_d.get(), lse_ref_d.get(),
-                                    q_d.get(), k_d.get(), v_d.get(), seg_p, scratch.get(), B, T, H,
-                                    K, D, nullptr);
-  };
-  const auto [a, b] = ft::cuda_test::attention::run_under_two_seeds<E>(s, launch);
-
-  const std::string where = std::string("fused ") + ft::cuda_test::type_name<E>() + " " +
-                            ft::cuda_test::attention::shape_text(s) +
-                            (with_segments ? " segments " : " ");
-  ft::cuda_test::attention::expect_matches<E>(where, a, b, ref, kFusedRtol<E>, kFusedAtolFrac<E>,
-                                              kFusedLseRtol, kFusedLseAtolFrac);
+  const FusedCase<E> c(s, with_segments ? make_segments(s.B, s.T) : std::vector<int32_t>{});
+  check_forward_backward<E>(c.where("fused"), c, cu::attention_fused_forward<E>,
+                            cu::attention_fused_backward<E>);
 }
 
 // Small B and H: the emulator switches fibers at every mma, ldmatrix and barrier.
