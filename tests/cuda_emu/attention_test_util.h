@@ -127,14 +127,19 @@ constexpr double kFusedAtolFrac = std::is_same_v<E, ft::bf16> ? 2.0 / 256 : 2.0 
 constexpr double kFusedLseRtol = 1e-5, kFusedLseAtolFrac = 1e-6;
 
 // Segment ids (B, T), non-decreasing: documents of a few lengths, including one of a single
-// token, shifted per batch row. Empty with_segments = false.
-inline std::vector<int32_t> make_segments(int B, int T) {
+// token, shifted per batch row. Each row's ids start at 0; continued: at the previous row's last
+// id, each row starting with a one-token document too. A kernel that took a row's first query's
+// "sees one key" flag from the id before it (the previous row's last) would then take that query
+// for a later token of the same document and leave rounding noise in its gradients, which the
+// contract makes exactly 0 (expect_first_tokens_zero).
+inline std::vector<int32_t> make_segments(int B, int T, bool continued = false) {
   std::vector<int32_t> seg(size_t(B) * T);
   for (int b = 0; b < B; ++b) {
     // Boundaries (first tokens of documents after the first): a third in, the token after it
-    // (a one-token document), two thirds in, and one 7 tokens from the end.
-    const int cuts[] = {T / 3 + b, T / 3 + b + 1, 2 * T / 3, T - 7};
-    int id = 0;
+    // (a one-token document), two thirds in, and one 7 tokens from the end; continued: also the
+    // second token (the first is a one-token document).
+    const int cuts[] = {continued ? 1 : 0, T / 3 + b, T / 3 + b + 1, 2 * T / 3, T - 7};
+    int id = continued && b > 0 ? seg[size_t(b) * T - 1] : 0;
     for (int t = 0; t < T; ++t) {
       for (int c : cuts)
         if (c > 0 && t == c) ++id;
@@ -217,10 +222,10 @@ struct FusedCase {
 // A fused kernel's forward and backward (functions of attention_fused_forward's and
 // attention_fused_backward's signatures) on c's inputs, under the two schedule seeds: every
 // result within the fused tolerances of the reference, and the same bits under both seeds.
-// where starts each message.
+// where starts each message. Returns the first seed's results.
 template <typename E, typename Forward, typename Backward>
-void check_forward_backward(const std::string& where, const FusedCase<E>& c, Forward forward,
-                            Backward backward) {
+Result<E> check_forward_backward(const std::string& where, const FusedCase<E>& c, Forward forward,
+                                 Backward backward) {
   const auto [B, T, H, K, D] = c.s;
   auto launch = [&](E* o, float* l, E* gq, E* gk, E* gv) {
     forward(o, l, c.q_d.get(), c.k_d.get(), c.v_d.get(), c.seg_ptr(), B, T, H, K, D, nullptr);
@@ -232,6 +237,39 @@ void check_forward_backward(const std::string& where, const FusedCase<E>& c, For
   const auto [a, b] = run_under_two_seeds<E>(c.s, launch);
   expect_matches<E>(where, a, b, c.ref, kFusedRtol<E>, kFusedAtolFrac<E>, kFusedLseRtol,
                     kFusedLseAtolFrac);
+  return a;
+}
+
+// The contract's exact zeros (kernels_cuda.h: the first token of each document gets a zero
+// gradient): dq of each document's first query (it sees one key, itself: dS = P (dP − Δ) is 0
+// with P = 1 and dP = Δ) and dk of a one-token document's key (no other query sees it), all
+// bits, as in the reference. The fused kernels force that dS to 0 by a "sees one key" flag;
+// without it (or with a wrong one) these hold rounding noise, far inside expect_close's bounds,
+// so only this check tells.
+template <typename E>
+void expect_first_tokens_zero(const std::string& where, const FusedCase<E>& c,
+                              const Result<E>& got) {
+  const auto [B, T, H, K, D] = c.s;
+  const auto id = [&](int b, int t) { return c.seg.empty() ? 0 : c.seg[size_t(b) * T + t]; };
+  const auto zeros = [](const std::vector<E>& x, size_t at, size_t n) {
+    return std::all_of(x.begin() + at, x.begin() + at + n,
+                       [](const E& e) { return ft::to_f32(e) == 0.0f; });
+  };
+  int rows = 0, bad_dq = 0, bad_dk = 0;
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      if (t > 0 && id(b, t - 1) == id(b, t)) continue;  // not a document's first token
+      ++rows;
+      const size_t oq = (size_t(b) * T + t) * H * D, ok = (size_t(b) * T + t) * K * D;
+      REQUIRE(zeros(c.ref.dq, oq, size_t(H) * D));
+      bad_dq += !zeros(got.dq, oq, size_t(H) * D);
+      if (t + 1 < T && id(b, t + 1) == id(b, t)) continue;  // not a one-token document
+      REQUIRE(zeros(c.ref.dk, ok, size_t(K) * D));
+      bad_dk += !zeros(got.dk, ok, size_t(K) * D);
+    }
+  CHECK_MESSAGE(bad_dq == 0, where << "dq: " << bad_dq << " of " << rows
+                                   << " documents' first tokens not exactly 0");
+  CHECK_MESSAGE(bad_dk == 0, where << "dk: " << bad_dk << " one-token documents not exactly 0");
 }
 
 }  // namespace ft::cuda_test::attention

@@ -14,11 +14,13 @@
 // and requires the same bits. The backward's cases (on the reference's out and lse, as the fused
 // kernel's test) take the fused kernel's tolerances too (measured on the emulator: the worst
 // element of dq, dk and dv within 0.30 of the bound in bf16, 0.32 in f16): one token, GQA 1 and
-// 2 at both head dims, tails, two batch rows, segments (a one-token document: a query whose dS
-// is forced to 0), both dtypes.
+// 2 at both head dims, GQA 4 at 64, tails, two batch rows with and without segments, segments (a
+// one-token document: a query whose dS is forced to 0), ids continuing across rows, both dtypes;
+// and the contract's exact zeros (each document's first query's dq, a one-token document's dk).
 #include <doctest/doctest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/half.h"
@@ -34,12 +36,14 @@ namespace {
 
 using ft::cuda_test::attention::check_forward_backward;
 using ft::cuda_test::attention::expect_close;
+using ft::cuda_test::attention::expect_first_tokens_zero;
 using ft::cuda_test::attention::FusedCase;
 using ft::cuda_test::attention::kFusedAtolFrac;
 using ft::cuda_test::attention::kFusedLseAtolFrac;
 using ft::cuda_test::attention::kFusedLseRtol;
 using ft::cuda_test::attention::kFusedRtol;
 using ft::cuda_test::attention::make_segments;
+using ft::cuda_test::attention::Result;
 using ft::cuda_test::attention::Shape;
 using ft::emu::test::DeviceBuffer;
 
@@ -68,12 +72,20 @@ void check_case(const Shape& s, bool with_segments) {
 }
 
 // The backward (attention_sm90_backward) on the reference's out and lse, so that it is compared
-// on the same inputs as the CPU's; the forward is run too (the Result carries both).
+// on the same inputs as the CPU's; the forward is run too (the Result carries both). seg: (B, T)
+// ids or empty.
+template <typename E>
+void check_backward_case(const Shape& s, std::vector<int32_t> seg) {
+  const FusedCase<E> c(s, std::move(seg));
+  const std::string where = c.where("sm90 backward");
+  const Result<E> a = check_forward_backward<E>(where, c, cu::attention_sm90_forward<E>,
+                                                cu::attention_sm90_backward<E>);
+  expect_first_tokens_zero<E>(where, c, a);
+}
+
 template <typename E>
 void check_backward_case(const Shape& s, bool with_segments) {
-  const FusedCase<E> c(s, with_segments ? make_segments(s.B, s.T) : std::vector<int32_t>{});
-  check_forward_backward<E>(c.where("sm90 backward"), c, cu::attention_sm90_forward<E>,
-                            cu::attention_sm90_backward<E>);
+  check_backward_case<E>(s, with_segments ? make_segments(s.B, s.T) : std::vector<int32_t>{});
 }
 
 template <typename E>
@@ -129,9 +141,23 @@ TEST_CASE("cuda_emu sm90 attention backward f16 against the CPU kernels") {
   if (!sm90_here()) return;
   // Two batch rows: the second row's first query tile reads the first row's last ids and lse, Δ
   // rows of another (batch, head). (Its one-key flag comes from r == 0; make_segments restarts
-  // the ids in each row, so the previous row's last id differs anyway and this case cannot tell.)
+  // the ids in each row, so the previous row's last id differs anyway and this case cannot tell:
+  // the continued ids of the next test case do.)
   check_backward_case<ft::f16>({2, 100, 2, 1, 64}, true);
   check_backward_case<ft::f16>({1, 70, 2, 2, 128}, false);  // GQA 1, two kv heads
+}
+
+TEST_CASE("cuda_emu sm90 attention backward bf16 batch rows and GQA 4 against the CPU kernels") {
+  if (!sm90_here()) return;
+  // Two batch rows without segments: the second row's Q, K, V, lse and Δ at its own offsets.
+  check_backward_case<ft::bf16>({2, 70, 2, 1, 64}, false);
+  // GQA 4: each dK/dV block sums four query heads per kv head (GQA 2 above sums two).
+  check_backward_case<ft::bf16>({1, 130, 4, 1, 64}, false);
+  // Ids continuing across rows (the second row starts with the first row's last id, in a
+  // one-token document): the second row's first query's one-key flag must come from r == 0, not
+  // from the id before it (the first row's last, which the dK/dV kernel's ids box, from i0 − 8,
+  // holds there): that query's dq and that key's dk exactly 0.
+  check_backward_case<ft::bf16>({2, 70, 2, 1, 64}, make_segments(2, 70, true));
 }
 
 TEST_CASE("cuda_emu sm90 attention backward rejects what it cannot run") {
