@@ -176,15 +176,15 @@ StepResult TrainStep::run_batch(int64_t s, const StepSamples& batch,
           optim->update_group(g, master, grad, lr, factor, compute);
         });
   } else if (zero_.overlaps_update()) {
-    // On the update stream, under the next forward (parallel.overlap_update): the same calls.
+    // On the update stream, under the next forward (parallel.overlap_update): the same calls,
+    // queued before overlapped_update returns (so the lambda may hold everything by reference).
     optim_.begin_step();
     const std::vector<float*> params = zero_.param_bases();
     const std::vector<const float*> grads = zero_.grad_bases();
     const std::vector<Ref> compute = zero_.compute_bases();
-    AdamW* optim = &optim_;
-    zero_.overlapped_update([&, optim, lr = res.lr, factor](int g, Stream s) {
+    zero_.overlapped_update([&](int g, Stream s) {
       const size_t i = size_t(g);
-      optim->update_group(g, params[i], grads[i], lr, factor,
+      optim_.update_group(g, params[i], grads[i], res.lr, factor,
                           i < compute.size() ? compute[i] : Ref(), s);
     });
   } else {
