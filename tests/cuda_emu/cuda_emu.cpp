@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -26,6 +27,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if FT_ASAN
@@ -37,7 +39,7 @@ struct Capture;
 // A stream's work in order (the stream order of cudaStreamWaitEvent, events and the legacy
 // stream's implicit synchronisation: "Stream order" below). `started` counts the operations
 // taken from the front; an operation is at most `enqueued` (its number from 1).
-struct Queue {
+struct Queue : std::enable_shared_from_this<Queue> {
   std::deque<std::function<void()>> ops;
   uint64_t enqueued = 0, started = 0;
   bool legacy = false;   // the null / cudaStreamLegacy stream
@@ -47,6 +49,9 @@ struct Queue {
   // nodes its next operation follows.
   std::shared_ptr<Capture> capture;
   std::vector<size_t> tail;
+  // The first failure of its work (what an operation threw: a kernel's report) not yet raised;
+  // sticky until the main thread's next synchronising call raises it ("stream order" below).
+  std::exception_ptr error;
 };
 // A stream capture in progress, cudaStreamBeginCapture .. cudaStreamEndCapture: its streams'
 // operations recorded as nodes (each with the nodes it follows) instead of queued.
@@ -213,8 +218,15 @@ bool stream_is_valid(const void* s) {
 // so a read of NCCL's output without a wait goes unseen, and so does work that overwrites an NCCL
 // call's input without waiting for the call; FT_CUDA_EMU_STREAMS=eager runs every operation when
 // it is queued, as the emulation did before. Kernel errors of deferred work are thrown by the
-// call that ran it (as a GPU reports them at a synchronisation), whichever thread made it: in a
-// destructor that ends the process (std::terminate prints the report).
+// next synchronising call of the main thread (the thread that ran the static initialisers), as a
+// GPU reports them at a synchronisation: when an operation fails its queue keeps the failure
+// (the first one; the queue's later work still runs), and cudaStreamSynchronize, cudaStreamQuery,
+// cudaEventSynchronize, cudaEventQuery, cudaDeviceSynchronize, a copy into pageable memory and
+// any call that runs work at once (the legacy stream, eager streams) raise the oldest failure
+// not yet raised, the original exception, from any queue, when made on the main thread outside
+// stack unwinding. Work run by another thread (a checkpoint writer's synchronisation) or by
+// cudaFree, cudaFreeHost, cudaHostUnregister and cudaStreamDestroy (which destructors call)
+// raises nothing there. A failure never raised is printed at exit, which then fails.
 std::recursive_mutex& stream_mutex() {
   static auto* m = new std::recursive_mutex;
   return *m;
@@ -261,14 +273,56 @@ std::shared_ptr<Queue> queue_of(const void* s) {
   if (h == 2) return per_thread_queue();
   return static_cast<const CUstream_st*>(s)->queue;
 }
-// Runs q's work up to operation n (stream_mutex() held).
+// Queues whose work failed and whose failure is not raised yet, oldest failure first.
+std::deque<std::shared_ptr<Queue>>& failed_queues() {
+  static auto* v = new std::deque<std::shared_ptr<Queue>>;
+  return *v;
+}
+const std::thread::id g_main_thread = std::this_thread::get_id();
+// At exit: a failure nothing raised (no synchronisation on the main thread after it) would
+// otherwise go unseen.
+void report_unraised_failures() {
+  if (failed_queues().empty()) return;
+  for (const std::shared_ptr<Queue>& q : failed_queues()) {
+    try {
+      std::rethrow_exception(q->error);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "CUDA emulation: a failure of deferred work never raised: %s\n",
+                   e.what());
+    } catch (...) {
+      std::fprintf(stderr, "CUDA emulation: a failure of deferred work never raised\n");
+    }
+  }
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+// Runs q's work up to operation n (stream_mutex() held). A failure is kept on the queue.
 void run_until(Queue& q, uint64_t n) {
   while (q.started < n) {
     std::function<void()> op = std::move(q.ops.front());
     q.ops.pop_front();
     ++q.started;
-    op();
+    try {
+      op();
+    } catch (...) {
+      if (!q.error) {
+        static const bool at_exit = std::atexit(report_unraised_failures) == 0;
+        (void)at_exit;
+        q.error = std::current_exception();
+        failed_queues().push_back(q.shared_from_this());
+      }
+    }
   }
+}
+// After a synchronising call (stream_mutex() held): raises the oldest failure not yet raised,
+// on the main thread outside stack unwinding; elsewhere the failure waits for such a call.
+void raise_failure() {
+  if (std::this_thread::get_id() != g_main_thread || std::uncaught_exceptions() > 0) return;
+  auto& failed = failed_queues();
+  if (failed.empty()) return;
+  const std::shared_ptr<Queue> q = std::move(failed.front());
+  failed.pop_front();
+  std::rethrow_exception(std::exchange(q->error, nullptr));
 }
 void run_queue(Queue& q) { run_until(q, q.enqueued); }
 // Every stream's work: an implicit device synchronisation.
@@ -302,7 +356,10 @@ uint64_t submit(const void* s, std::function<void()> op) {
       if (std::shared_ptr<Queue> b = w.lock(); b && b->blocking && !b->legacy) run_queue(*b);
   q->ops.push_back(std::move(op));
   const uint64_t n = ++q->enqueued;
-  if (q->eager) run_queue(*q);
+  if (q->eager) {
+    run_queue(*q);
+    raise_failure();
+  }
   return n;
 }
 
@@ -401,6 +458,7 @@ bool stream_make_eager(const void* s) {
   if (q->capture) return false;
   q->eager = true;
   run_queue(*q);
+  raise_failure();
   return true;
 }
 
@@ -1574,6 +1632,7 @@ cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cuda
   if (dst_pageable) {
     std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
     ft::emu::run_queue(*ft::emu::queue_of(stream));
+    ft::emu::raise_failure();
   }
   return cudaSuccess;
 }
@@ -1698,6 +1757,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     return fail(ft::emu::refuse_in_capture(stream, cudaErrorStreamCaptureUnsupported));
   std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
   ft::emu::run_queue(*ft::emu::queue_of(stream));
+  ft::emu::raise_failure();
   return cudaSuccess;
 }
 // Runs the work rather than answer cudaErrorNotReady: a caller that polls would otherwise wait
@@ -1772,6 +1832,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
   if (event->last && event->last->capture) return fail(cudaErrorCapturedEvent);
   if (std::shared_ptr<ft::emu::EventRecord> r = event->last) ft::emu::run_until(*r->queue, r->seq);
+  ft::emu::raise_failure();
   return cudaSuccess;
 }
 // As cudaStreamQuery: runs the work rather than answer cudaErrorNotReady.
@@ -1805,6 +1866,8 @@ cudaError_t cudaDeviceSynchronize(void) {
     if (!captures.empty()) return fail(cudaErrorStreamCaptureUnsupported);
   }
   ft::emu::run_all();
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+  ft::emu::raise_failure();
   return cudaSuccess;
 }
 // ---- stream capture and graphs (ft::emu "stream capture" above) -------------------------------

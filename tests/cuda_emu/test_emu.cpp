@@ -1041,5 +1041,55 @@ TEST_CASE("cuda_emu: stream capture records a graph; replays keep captured argum
   REQUIRE(cudaStreamDestroy(blocking) == cudaSuccess);
 }
 
+// A deferred kernel's failure is sticky (cuda_emu.cpp "stream order"): whichever thread or call
+// runs the work, the main thread's next synchronising call raises it, with the kernel's own
+// report, once; another thread's synchronisation and a destructor's cudaFree raise nothing.
+TEST_CASE("cuda_emu: a deferred kernel's failure is raised by the main thread's next sync") {
+  if (const char* v = std::getenv("FT_CUDA_EMU_STREAMS"); v && std::string(v) == "eager") return;
+  cudaStream_t a, b;
+  REQUIRE(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking) == cudaSuccess);
+  DeviceBuffer<int> wide(32), x(1);  // one int a thread
+  // The report names the threads that met the fault, which depend on the schedule: seed 0 runs
+  // them in index order, so every run of the kernel gives the same report.
+  SeedScope scope(0);
+
+  // The report when the main thread's synchronisation runs the kernel.
+  FT_LAUNCH(partial_barrier_kernel, 1, 32, 0, a)(wide.get());
+  const std::string direct = report_of([&] { cudaStreamSynchronize(a); });
+  CHECK(direct.find("partial_barrier_kernel") != std::string::npos);
+
+  // Run by another thread's synchronisation (as a checkpoint writer's): it returns cudaSuccess.
+  FT_LAUNCH(partial_barrier_kernel, 1, 32, 0, a)(wide.get());
+  cudaError_t worker_rc = cudaErrorUnknown;
+  std::string worker_threw;
+  std::thread worker([&] {
+    try {
+      worker_rc = cudaStreamSynchronize(a);
+    } catch (const std::exception& e) {
+      worker_threw = e.what();
+    }
+  });
+  worker.join();
+  CHECK_MESSAGE(worker_threw.empty(), worker_threw);
+  CHECK(worker_rc == cudaSuccess);
+  // A call that does not synchronise leaves it (a launch on a deferred stream); the next
+  // synchronisation, of another stream, raises it with the same report; then nothing is left.
+  FT_LAUNCH(set_kernel, 1, 32, 0, b)(x.get(), 3);
+  CHECK(report_of([&] { cudaStreamSynchronize(b); }) == direct);
+  CHECK(x.to_host() == std::vector<int>{3});  // b's work ran before the raise
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+
+  // Run by a destructor's cudaFree: no throw there; the next synchronisation raises it.
+  {
+    DeviceBuffer<int> scratch(32);
+    FT_LAUNCH(partial_barrier_kernel, 1, 32, 0, a)(scratch.get());
+  }
+  CHECK(report_of([&] { cudaDeviceSynchronize(); }) == direct);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+
+  for (cudaStream_t st : {a, b}) REQUIRE(cudaStreamDestroy(st) == cudaSuccess);
+}
+
 }  // namespace
 }  // namespace ft::kernels::cuda
