@@ -422,32 +422,43 @@ std::string complete_copies(Barrier& b, uint32_t off) {
   }
   return "";
 }
-}  // namespace
-
-void tma_load(void* smem, const TensorMap& map, int rank, const int* coords, uint64_t* bar,
-              const std::source_location& where) {
-  const int me = detail::current_thread("cp.async.bulk.tensor");
-  const std::string name = copy_name(rank) + " (" + site(where) + ")";
+// The checks a TMA copy's operands share (`name` the instruction and call site, `what` the
+// shared operand: "destination" or "source"): a tensor map of this rank made by
+// encode_tensor_map, the box inside the block's shared memory at a 128-byte aligned offset
+// (returned), the tensor inside GPU memory.
+uint32_t tma_operands(const std::string& name, const TensorMap& map, int rank, const void* smem,
+                      const char* what) {
   if (map.magic != kTensorMapMagic)
     fail(name + ": the tensor map was not made by encode_tensor_map (cuTensorMapEncodeTiled)");
   if (map.rank != rank)
     fail(name + ": the tensor map has " + std::to_string(map.rank) + " dimensions");
-  const auto* p = static_cast<unsigned char*>(smem);
-  unsigned char* base = detail::shared_base();
+  const auto* p = static_cast<const unsigned char*>(smem);
+  const unsigned char* base = detail::shared_base();
   const uint64_t bytes = box_bytes(map);
   if (p < base || p + bytes > base + detail::shared_bytes())
-    fail(name + ": the destination " + ptr_str(smem) + " + " + std::to_string(bytes) +
+    fail(name + ": the " + what + " " + ptr_str(smem) + " + " + std::to_string(bytes) +
          " bytes is not in the block's shared memory (" + std::to_string(detail::shared_bytes()) +
          " dynamic bytes)");
-  const auto dst = uint32_t(p - base);
-  if (dst % 128 != 0)
-    fail(name + ": the shared destination (offset " + std::to_string(dst) +
+  const auto at = uint32_t(p - base);
+  if (at % 128 != 0)
+    fail(name + ": the shared " + what + " (offset " + std::to_string(at) +
          ") is not 128-byte aligned");
   uint64_t last = uint64_t(kElemBytes[int(map.type)]);
   for (int d = 0; d < map.rank; ++d) last += (map.dims[d] - 1) * map.strides[d];
   if (!gpu_memory(map.base, last))
     fail(name + ": the tensor map's global memory [" + ptr_str(map.base) + ", +" +
          std::to_string(last) + ") is not inside a cudaMalloc or cudaMallocHost allocation");
+  return at;
+}
+}  // namespace
+
+void tma_load(void* smem, const TensorMap& map, int rank, const int* coords, uint64_t* bar,
+              const std::source_location& where) {
+  const int me = detail::current_thread("cp.async.bulk.tensor");
+  const std::string name = copy_name(rank) + " (" + site(where) + ")";
+  const uint32_t dst = tma_operands(name, map, rank, smem, "destination");
+  unsigned char* base = detail::shared_base();
+  const uint64_t bytes = box_bytes(map);
   Barrier& b = live_barrier(bar, name.c_str(), where);
   PendingCopy c{dst, map, {}, {}, me, where};
   std::memcpy(c.coords, coords, sizeof(int) * size_t(map.rank));
@@ -854,25 +865,10 @@ void tma_store(const TensorMap& map, int rank, const int* coords, const void* sm
                const std::source_location& where) {
   const int me = detail::current_thread("cp.async.bulk.tensor (store)");
   const std::string name = store_name(rank) + " (" + site(where) + ")";
-  if (map.magic != kTensorMapMagic)
-    fail(name + ": the tensor map was not made by encode_tensor_map (cuTensorMapEncodeTiled)");
-  if (map.rank != rank)
-    fail(name + ": the tensor map has " + std::to_string(map.rank) + " dimensions");
-  const auto* p = static_cast<const unsigned char*>(smem);
+  const uint32_t src = tma_operands(name, map, rank, smem, "source");
   const unsigned char* base = detail::shared_base();
   const uint64_t bytes = box_bytes(map);
-  if (p < base || p + bytes > base + detail::shared_bytes())
-    fail(name + ": the source " + ptr_str(smem) + " + " + std::to_string(bytes) +
-         " bytes is not in the block's shared memory (" + std::to_string(detail::shared_bytes()) +
-         " dynamic bytes)");
-  const auto src = uint32_t(p - base);
-  if (src % 128 != 0)
-    fail(name + ": the shared source (offset " + std::to_string(src) + ") is not 128-byte aligned");
-  uint64_t last = uint64_t(kElemBytes[int(map.type)]);
-  for (int d = 0; d < map.rank; ++d) last += (map.dims[d] - 1) * map.strides[d];
-  if (!gpu_memory(map.base, last))
-    fail(name + ": the tensor map's global memory [" + ptr_str(map.base) + ", +" +
-         std::to_string(last) + ") is not inside a cudaMalloc or cudaMallocHost allocation");
+  const unsigned char* p = base + src;
   for (uint32_t i = src; i < src + bytes; ++i)
     if (base[i] != g_block.async_view[i])
       fail(name + ": its shared source at offset " + std::to_string(i) +
