@@ -266,16 +266,16 @@ void gemm_via_f32(const GemmKey& k, const T* A, const T* B, Tc* C) {
 }
 
 // Where a 16-bit GEMM runs (DESIGN §2 has the measurements behind the defaults). bf16: oneDNN at
-// the amx level (its AMX kernels) and on AMD's AVX512-BF16 CPUs (Zen 4 and 5: on a Zen 4,
-// VDPBF16PS at twice the FMAs' FLOP rate, oneDNN's bf16 ~2x OpenBLAS's fp32); elsewhere ft's packed
-// kernel (gemm_packed.cpp) from the avx2 level up, and widened to fp32 for OpenBLAS at baseline (no
-// FMA). oneDNN's bf16 kernels ran slower than both on the Intel CPUs measured: bf16 emulated on
-// plain AVX-512 at ~60 GFLOP/s, and VDPBF16PS on a Sapphire Rapids without AMX at ~165, that
-// instruction's own peak there (half the FLOP rate of its FMAs), against ~250-280 widened (2 cores,
-// ft_bench_gemm). f16: oneDNN where it has a kernel (none in oneDNN 2.6 without AVX512-FP16), else
-// packed or widened as bf16. FT_GEMM16=onednn, packed or widen forces one, to measure and test each
-// on any CPU (onednn falls back where oneDNN has no kernel for the shape, packed where the level
-// has no packed kernel).
+// the amx level (its AMX kernels) and on AMD's AVX512-BF16 CPUs (Zen 4 and 5; measured on a Zen 4:
+// VDPBF16PS at twice the FMAs' FLOP rate, oneDNN's bf16 ~2x OpenBLAS's fp32; Zen 5 not); elsewhere
+// ft's packed kernel (gemm_packed.cpp) from the avx2 level up, and widened to fp32 for OpenBLAS at
+// baseline (no FMA). oneDNN's bf16 kernels ran slower than both on the Intel CPUs measured: bf16
+// emulated on plain AVX-512 at ~60 GFLOP/s, and VDPBF16PS on a Sapphire Rapids without AMX at ~165,
+// that instruction's own peak there (half the FLOP rate of its FMAs), against ~250-280 widened (2
+// cores, ft_bench_gemm). f16: oneDNN where it has a kernel (none in oneDNN 2.6 without
+// AVX512-FP16), else packed or widened as bf16. FT_GEMM16=onednn, packed or widen forces one, to
+// measure and test each on any CPU (onednn falls back where oneDNN has no kernel for the shape,
+// packed where the level has no packed kernel).
 enum class Path16 { automatic, onednn, packed, widen };
 
 Path16 forced_path() {

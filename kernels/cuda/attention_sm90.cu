@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(128 * NC + 32)
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     const float sum = quad_sum(l[x]);
-    const float inv = 1.0f / sum;  // inf past T (l = 0): those rows are never stored
+    const float inv = 1.0f / sum;  // rows past T: computed, never stored
     const uint32_t r = 16 * w + g + 8 * x;
 #pragma unroll
     for (int t = 0; t < D / 8; ++t) {
@@ -365,6 +365,9 @@ void sm90_forward_launch(T* out, float* lse, const T* q, const T* k, const T* v,
 // the producer is a whole warpgroup that gives registers back (setmaxnreg.dec to 24) and the
 // consumers take them (.inc to 240): 384 threads start at 168 each; 128 · 144 freed = 2 · 128 · 72
 // taken.
+// The .inc can be served only if the kernel starts at 168 registers a thread (3 · 168 − 24 ≥
+// 2 · 240): ptxas gives a kernel with setmaxnreg its launch bounds' cap (168 reported for both
+// kernels, nvcc 13.0), and the launcher checks the count (sm90_check_split).
 template <int D, int NC>
 constexpr bool kSm90RegSplit = D == 128 && NC == 2;
 template <int D, int NC>
@@ -877,6 +880,25 @@ struct Sm90BackwardForm {
   static constexpr int kDkdvNc = 2, kDkdvStages = 2;
 };
 
+// A kernel under the register split must start at 168 registers a thread, or its consumers'
+// setmaxnreg.inc waits for registers the block never holds (kSm90RegSplit): checked on a GPU
+// (the emulation models the entry count from the block size instead, hopper_emu.cpp).
+inline void sm90_check_split([[maybe_unused]] const void* kernel,
+                             [[maybe_unused]] const char* name) {
+#if !defined(FT_CUDA_EMU)
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    const cudaError_t e = cudaGetLastError();
+    throw ::ft::Error(std::string(name) +
+                      ": cudaFuncGetAttributes failed: " + cudaGetErrorString(e));
+  }
+  if (attr.numRegs != 168)
+    throw ::ft::Error(std::string(name) + ": compiled with " + std::to_string(attr.numRegs) +
+                      " registers a thread, but its register split (setmaxnreg) needs 168 at "
+                      "entry; run with FT_CUDA_ATTENTION_SM90=0 and report the nvcc version");
+#endif
+}
+
 template <typename T, int D>
 void sm90_backward_launch(T* dq, T* dk, T* dv, const T* dout, const float* lse, const float* delta,
                           const T* q, const T* k, const T* v, const int32_t* seg, int B, int T_,
@@ -896,6 +918,11 @@ void sm90_backward_launch(T* dq, T* dk, T* dv, const T* dout, const float* lse, 
     constexpr size_t smem = sm90_dkdv_smem_bytes<D, NC, S>();
     constexpr int threads = kSm90BackwardThreads<D, NC>;
     allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_backward");
+    if constexpr (kSm90RegSplit<D, NC>) {
+      static const bool checked =
+          (sm90_check_split(reinterpret_cast<const void*>(kernel), "attention_sm90_dkdv"), true);
+      (void)checked;
+    }
     FT_LAUNCH((attention_sm90_dkdv_kernel<T, D, NC, S>),
               tile_grid(true, (T_ + 64 * NC - 1) / (64 * NC), K, B), threads, smem, stream)
     (map_q, map_do, map_k, map_v, map_lse, map_dlt, map_ids, dev(dk), dev(dv), seg, T_, H, K,
@@ -908,6 +935,11 @@ void sm90_backward_launch(T* dq, T* dk, T* dv, const T* dout, const float* lse, 
     constexpr size_t smem = sm90_dq_smem_bytes<D, NC, S>();
     constexpr int threads = kSm90BackwardThreads<D, NC>;
     allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_backward");
+    if constexpr (kSm90RegSplit<D, NC>) {
+      static const bool checked =
+          (sm90_check_split(reinterpret_cast<const void*>(kernel), "attention_sm90_dq"), true);
+      (void)checked;
+    }
     FT_LAUNCH((attention_sm90_dq_kernel<T, D, NC, S>),
               tile_grid(true, (T_ + 64 * NC - 1) / (64 * NC), H, B), threads, smem, stream)
     (map_q, map_do, map_k, map_v, map_seg, dev(dq), lse, delta, seg, T_, H, K, scale);

@@ -21,7 +21,7 @@ struct cublasLtContext {
 // kernel tests do; lt_gemm_cuda_emu_tests, on host memory, does not: its calls run at once).
 namespace ft::emu {
 [[gnu::weak]] bool valid_stream_handle(const void* s);
-[[gnu::weak]] void stream_submit(const void* s, std::function<void()> op);
+[[gnu::weak]] bool stream_submit(const void* s, std::function<void()> op);
 }  // namespace ft::emu
 
 namespace {
@@ -630,10 +630,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     if (ws_needed) std::memset(workspace, 0xA5, ws_needed);  // touch it: ASan checks the size
     run_matmul(p, parts, alpha, beta, A_p, B_p, C_p, D_p);
   };
-  if (ft::emu::stream_submit)
-    ft::emu::stream_submit(stream, op);
-  else
+  if (!ft::emu::stream_submit)
     op();
+  else if (!ft::emu::stream_submit(stream, op))
+    return fail(CUBLAS_STATUS_EXECUTION_FAILED,
+                "Matmul: the stream's capture refuses it (legacy stream beside a blocking "
+                "capture, or an invalidated capture)");
   return ok();
 }
 

@@ -226,7 +226,10 @@ bool stream_is_valid(const void* s) {
 // not yet raised, the original exception, from any queue, when made on the main thread outside
 // stack unwinding. Work run by another thread (a checkpoint writer's synchronisation) or by
 // cudaFree, cudaFreeHost, cudaHostUnregister and cudaStreamDestroy (which destructors call)
-// raises nothing there. A failure never raised is printed at exit, which then fails.
+// raises nothing there; a destructor that synchronises a stream on the main thread
+// (~CudaDevice) raises it, which ends the process with the report (std::terminate), as before.
+// A failure never raised is printed at exit, which then fails. In a graph launch (one operation)
+// a node that fails ends the launch: its later nodes do not run.
 std::recursive_mutex& stream_mutex() {
   static auto* m = new std::recursive_mutex;
   return *m;
@@ -293,7 +296,7 @@ void report_unraised_failures() {
       std::fprintf(stderr, "CUDA emulation: a failure of deferred work never raised\n");
     }
   }
-  std::fflush(stderr);
+  std::fflush(nullptr);
   std::_Exit(1);
 }
 // Runs q's work up to operation n (stream_mutex() held). A failure is kept on the queue.
@@ -381,12 +384,20 @@ uint64_t submit(const void* s, std::function<void()> op) {
 // cudaMalloc, cudaMallocHost, cudaFree, cudaFreeHost, cudaHostRegister / Unregister
 // (cudaErrorStreamCaptureUnsupported), a fork not joined at the end
 // (cudaErrorStreamCaptureUnjoined), cudaStreamEndCapture on another stream than the origin
-// (cudaErrorStreamCaptureUnmatched). The emulation's own stricter choices: a copy to or from
-// pageable host memory in a capture (the bytes would be those of the capture, not of the replay)
-// and a capturing stream's wait on an event recorded outside the capture are refused with
-// cudaErrorStreamCaptureUnsupported / cudaErrorStreamCaptureIsolation (the capture
-// invalidated), graph launches into a capturing stream are refused, and NCCL calls on a
-// capturing stream fail (nccl_emu.cpp).
+// (cudaErrorStreamCaptureUnmatched), cudaStreamEndCapture of a global or thread-local capture
+// on another thread than the one that began it (cudaErrorStreamCaptureWrongThread), and
+// cudaStreamIsCapturing of the legacy stream beside a blocking capture
+// (cudaErrorStreamCaptureImplicit, not invalidating). The emulation's own stricter choices: a
+// copy to or from pageable host memory in a capture (the bytes would be those of the capture,
+// not of the replay) and a capturing stream's wait on an event recorded outside the capture
+// (whatever cudaStreamWaitEvent's flags) are refused with cudaErrorStreamCaptureUnsupported /
+// cudaErrorStreamCaptureIsolation (the capture invalidated); cudaMallocAsync / cudaFreeAsync on
+// a capturing stream (the runtime's memory nodes), cudaStreamDestroy of a capturing stream and
+// graph launches into a capture are refused with cudaErrorStreamCaptureUnsupported; NCCL calls on
+// a capturing stream fail (nccl_emu.cpp), and so do cuBLASLt matmuls the capture's state
+// refuses (cublaslt_emu.cpp). A check and the recording that follows it take the lock apart, so
+// another thread's cudaStreamBeginCapture between them goes unchecked (ft captures from one
+// thread).
 
 // Every capture still recording, found from its streams (stream_mutex() held).
 std::vector<std::shared_ptr<Capture>> active_captures() {
@@ -451,7 +462,11 @@ cudaError_t refuse_in_capture(const void* s, cudaError_t e) {
 
 bool gpu_memory(const void* p, size_t n) { return n == 0 || in_gpu_memory(p, n); }
 bool valid_stream_handle(const void* s) { return stream_is_valid(s); }
-void stream_submit(const void* s, std::function<void()> op) { submit(s, std::move(op)); }
+bool stream_submit(const void* s, std::function<void()> op) {
+  if (capture_gate(s) != cudaSuccess) return false;
+  submit(s, std::move(op));
+  return true;
+}
 bool stream_make_eager(const void* s) {
   std::lock_guard<std::recursive_mutex> lock(stream_mutex());
   const std::shared_ptr<Queue> q = queue_of(s);
@@ -1909,6 +1924,8 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
   const std::shared_ptr<ft::emu::Queue> q = ft::emu::queue_of(stream);
   if (!q->capture) return fail(cudaErrorIllegalState);
   const std::shared_ptr<ft::emu::Capture> c = q->capture;
+  if (c->mode != cudaStreamCaptureModeRelaxed && c->owner != std::this_thread::get_id())
+    return fail(cudaErrorStreamCaptureWrongThread);
   if (c->origin.lock() != q) {
     ft::emu::invalidate(*c, cudaErrorStreamCaptureUnmatched);
     return fail(cudaErrorStreamCaptureUnmatched);
@@ -1945,6 +1962,11 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureSta
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
   const std::shared_ptr<ft::emu::Queue> q = ft::emu::queue_of(stream);
+  if (q->legacy)  // an implicit synchronisation with a blocking capture: refused, not invalidating
+    for (const auto& c : ft::emu::active_captures())
+      for (const auto& w : c->members)
+        if (std::shared_ptr<ft::emu::Queue> m = w.lock(); m && m->blocking)
+          return fail(cudaErrorStreamCaptureImplicit);
   *status = !q->capture                          ? cudaStreamCaptureStatusNone
             : q->capture->invalid == cudaSuccess ? cudaStreamCaptureStatusActive
                                                  : cudaStreamCaptureStatusInvalidated;

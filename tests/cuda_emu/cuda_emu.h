@@ -134,8 +134,10 @@ void* dynamic_shared();
 // s the null, legacy or per-thread stream or a live one?
 bool gpu_memory(const void* p, size_t n);
 bool valid_stream_handle(const void* s);
-// Queues `op` on stream s (a valid handle) in stream order (cuda_emu.cpp, "stream order").
-void stream_submit(const void* s, std::function<void()> op);
+// Queues `op` on stream s (a valid handle) in stream order (cuda_emu.cpp, "stream order"), or
+// records it where s captures; false (nothing done) where the capture rules refuse it (the
+// legacy stream beside a blocking capture, an invalidated capture).
+bool stream_submit(const void* s, std::function<void()> op);
 // Runs s's queued work and every later operation on s as it is queued (NCCL's streams); false
 // (nothing done) while s is capturing, which the emulated NCCL does not support.
 bool stream_make_eager(const void* s);

@@ -919,7 +919,9 @@ void bulk_wait_group(int n, bool read, const std::source_location& where) {
 // different counts, and through the scheduler a barrier that never completes (deadlock, with its
 // count and arrivals). Memory: the arrivals release what their threads observed (mbarrier phases,
 // the top comment) to the bar.sync threads of that use, as barrier's release/acquire semantics
-// among the participating threads order their accesses.
+// among the participating threads order their accesses. A limit: arrivals are counted per thread,
+// where the hardware counts whole warps (.aligned: every lane of a warp executes it), so a warp
+// arriving with some of its lanes only is not reported.
 namespace {
 
 struct NamedBarrier {

@@ -1020,6 +1020,21 @@ TEST_CASE("cuda_emu: stream capture records a graph; replays keep captured argum
     cudaGetLastError();
   }
   CHECK(scratch == nullptr);
+  // Asking about the legacy stream beside a blocking capture: refused, the capture still valid;
+  // ending a global capture from another thread: refused too.
+  REQUIRE(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  CHECK(cudaStreamIsCapturing(nullptr, &status) == cudaErrorStreamCaptureImplicit);
+  cudaGetLastError();
+  cudaError_t other_thread = cudaSuccess;
+  std::thread([&] {
+    other_thread = cudaStreamEndCapture(blocking, &graph);
+    cudaGetLastError();
+  }).join();
+  CHECK(other_thread == cudaErrorStreamCaptureWrongThread);
+  REQUIRE(cudaStreamIsCapturing(blocking, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusActive);
+  REQUIRE(cudaStreamEndCapture(blocking, &graph) == cudaSuccess);
+  REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
   // The legacy stream beside a non-blocking capture is no implicit synchronisation.
   REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
   CHECK(cudaMemsetAsync(py, 0, sizeof(int), nullptr) == cudaSuccess);
