@@ -919,9 +919,10 @@ void bulk_wait_group(int n, bool read, const std::source_location& where) {
 // different counts, and through the scheduler a barrier that never completes (deadlock, with its
 // count and arrivals). Memory: the arrivals release what their threads observed (mbarrier phases,
 // the top comment) to the bar.sync threads of that use, as barrier's release/acquire semantics
-// among the participating threads order their accesses. A limit: arrivals are counted per thread,
-// where the hardware counts whole warps (.aligned: every lane of a warp executes it), so a warp
-// arriving with some of its lanes only is not reported.
+// among the participating threads order their accesses. Arrivals are counted per thread, where the
+// hardware counts whole warps (.aligned: every lane of a warp executes it): a use that completes
+// with a warp some of whose live lanes did not arrive is reported (one that never completes is
+// a deadlock).
 namespace {
 
 struct NamedBarrier {
@@ -931,6 +932,9 @@ struct NamedBarrier {
   int first = -1;
   std::source_location where;  // the first arrival's
   std::map<uint32_t, uint64_t> releasing;
+  // Per warp: the lanes that arrived in this use, and the warp's live lanes as its first arrival
+  // saw them (__activemask).
+  std::map<int, std::pair<unsigned, unsigned>> lanes;
 };
 NamedBarrier g_named[16];
 
@@ -963,7 +967,19 @@ void named_barrier(unsigned id, unsigned count, bool wait, const std::source_loc
   }
   merge_observed(b.releasing, g_block.observed[size_t(me)]);
   if (wait) b.waiters.push_back(me);
+  // The warp's live lanes as its first arrival of this use sees them: threads run one at a time
+  // here, so by a later arrival lanes that arrived may have exited.
+  b.lanes.try_emplace(me / 32, 0u, detail::active_mask()).first->second.first |= 1u << (me % 32);
   if (b.arrived == b.count) {
+    for (const auto& [warp, m] : b.lanes)
+      if (m.first != m.second) {
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "lanes 0x%08x of warp %d (live: 0x%08x)", m.first, warp,
+                      m.second);
+        fail(name + ": the use completed with " + buf +
+             " only: every live lane of a warp executes bar.sync / bar.arrive (barrier.aligned; "
+             "the hardware counts whole warps)");
+      }
     std::vector<int> waiters;
     waiters.swap(b.waiters);
     const std::map<uint32_t, uint64_t> released = std::move(b.releasing);

@@ -651,6 +651,34 @@ TEST_CASE("cuda_emu hopper: named barriers order warps; their misuse is reported
   CHECK(wrong > 0);
 }
 
+// Named barriers count whole warps on a GPU: warp 1 waits on barrier 1 (64 threads); mode 0: warp 0
+// arrives with all its lanes; mode 1: warps 0 and 2 with lanes 0 .. 15 each (64 threads, but two
+// half warps: reported).
+__global__ void named_barrier_partial_kernel(int* out, int mode) {
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  if (warp == 1)
+    named_barrier_sync(1, 64);
+  else if ((mode == 0 && warp == 0) || (mode == 1 && lane < 16))
+    named_barrier_arrive(1, 64);
+  out[t] = 1;
+}
+
+TEST_CASE("cuda_emu hopper: a named barrier completed by part of a warp is reported") {
+  DeviceBuffer<int> out(96);
+  const auto run = [&](int mode) {
+    FT_LAUNCH(named_barrier_partial_kernel, 1, 96, 0, nullptr)(out.get(), mode);
+  };
+  for (uint64_t seed : {0ull, 5ull, 21ull}) {
+    SeedScope scope(seed);
+    CAPTURE(seed);
+    REQUIRE(report_of([&] { run(0); }) == "");
+    const std::string r = report_of([&] { run(1); });
+    CHECK_MESSAGE(r.find("bar.") != std::string::npos, r);
+    CHECK_MESSAGE(r.find("lanes 0x0000ffff of warp 0") != std::string::npos, r);
+    CHECK_MESSAGE(r.find("every live lane of a warp") != std::string::npos, r);
+  }
+}
+
 // A named barrier passes on what its arrivals observed: warp 1 waits for a TMA load's phase, then
 // arrives on barrier 1; thread 0 (warp 0, which never waited on the mbarrier) passes bar.sync 1
 // and stores the loaded box by TMA (an async-proxy read of TMA data). Mode 1 arrives before the
