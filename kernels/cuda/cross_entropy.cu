@@ -10,7 +10,8 @@
 // pairs combine as m = max(m1, m2), s = s1·exp(m1 − m) + s2·exp(m2 − m).
 // Losses: each row's loss (double) goes into the caller's scratch (N doubles), then one block
 // sums them in a fixed order into *loss_acc: no float atomics anywhere.
-// dlogits = scale·(softmax − onehot) on masked rows, 0 elsewhere, rounded once to T; it may alias
+// dlogits = scale·(softmax − onehot) on masked rows, 0 elsewhere, rounded once to T (scale read
+// from device memory by the kernel, so that a captured graph uses each replay's); it may alias
 // logits (each thread reads an element before it writes that same element, and the target
 // logit is read before the first barrier, hence before any write).
 #include <cmath>
@@ -72,7 +73,8 @@ __device__ __forceinline__ void zero_row(T* drow, int V) {
 // One block per row n: row_loss[n] (0 on unmasked rows) and, if dlogits, the row's gradient.
 template <typename T>
 __global__ void cross_entropy_kernel(T* dlogits, const T* logits, const int32_t* targets,
-                                     const uint8_t* mask, int V, float scale, double* row_loss) {
+                                     const uint8_t* mask, int V, const float* scale_p,
+                                     double* row_loss) {
   const int n = blockIdx.x;
   const T* row = logits + size_t(n) * V;
   T* drow = dlogits ? dlogits + size_t(n) * V : nullptr;
@@ -96,6 +98,7 @@ __global__ void cross_entropy_kernel(T* dlogits, const T* logits, const int32_t*
   block_softmax_stats(m, s);
   if (threadIdx.x == 0) row_loss[n] = double(m) + log(double(s)) - double(lt);
   if (drow) {
+    const float scale = *scale_p;
     const float k = float(double(scale) / double(s));
     for (int j = threadIdx.x; j < V; j += kThreads) {
       const float d = expf(to_float(row[j]) - m) * k;
@@ -147,8 +150,8 @@ __global__ void ce_partial_kernel(double* sumexp, double* target_logit, const T*
 template <typename T>
 __global__ void ce_finish_kernel(T* dlogits, const T* logits, const int32_t* targets,
                                  const uint8_t* mask, const float* rmax, const double* sumexp,
-                                 const double* target_logit, int V, int v_begin, float scale,
-                                 double* row_loss) {
+                                 const double* target_logit, int V, int v_begin,
+                                 const float* scale_p, double* row_loss) {
   const int n = blockIdx.x;
   T* drow = dlogits ? dlogits + size_t(n) * V : nullptr;
   if (!mask[n]) {
@@ -159,6 +162,7 @@ __global__ void ce_finish_kernel(T* dlogits, const T* logits, const int32_t* tar
   if (threadIdx.x == 0) row_loss[n] = double(rmax[n]) + log(sumexp[n]) - target_logit[n];
   if (drow) {
     const T* row = logits + size_t(n) * V;
+    const float scale = *scale_p;
     const float mx = rmax[n], k = float(double(scale) / sumexp[n]);
     const int t = targets[n] - v_begin;  // off this shard: matches no column
     for (int j = threadIdx.x; j < V; j += kThreads) {
@@ -168,10 +172,12 @@ __global__ void ce_finish_kernel(T* dlogits, const T* logits, const int32_t* tar
   }
 }
 
-void check_rows(const char* what, int N, int V) {
+void check_rows(const char* what, int N, int V, const void* dlogits, const float* scale) {
   if (N < 0 || V <= 0)
     throw ::ft::Error(std::string(what) + ": bad shape N=" + std::to_string(N) +
                       " V=" + std::to_string(V) + " (rows must be >= 0, vocabulary >= 1)");
+  if (dlogits && !scale)
+    throw ::ft::Error(std::string(what) + ": dlogits asked for without a scale (a null pointer)");
 }
 
 void sum_losses(double* loss_acc, const double* row_loss, int N, void* stream) {
@@ -183,8 +189,8 @@ void sum_losses(double* loss_acc, const double* row_loss, int N, void* stream) {
 
 template <typename T>
 void cross_entropy(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask, int N,
-                   int V, float scale, double* loss_acc, void* scratch, void* stream) {
-  check_rows("cross_entropy", N, V);
+                   int V, const float* scale, double* loss_acc, void* scratch, void* stream) {
+  check_rows("cross_entropy", N, V, dlogits, scale);
   if (N == 0) return;
   auto* row_loss = static_cast<double*>(scratch);
   FT_LAUNCH((cross_entropy_kernel<device_t<T>>), N, kThreads, 0, stream)
@@ -195,7 +201,7 @@ void cross_entropy(T* dlogits, const T* logits, const int32_t* targets, const ui
 
 template <typename T>
 void row_max(float* out, const T* x, int N, int V, void* stream) {
-  check_rows("row_max", N, V);
+  check_rows("row_max", N, V, nullptr, nullptr);
   if (N == 0) return;
   FT_LAUNCH((row_max_kernel<device_t<T>>), N, kThreads, 0, stream)(out, dev(x), V);
   FT_CUDA_CHECK_LAUNCH();
@@ -204,7 +210,7 @@ void row_max(float* out, const T* x, int N, int V, void* stream) {
 template <typename T>
 void ce_partial(double* sumexp, double* target_logit, const T* logits, const int32_t* targets,
                 const uint8_t* mask, const float* rmax, int N, int V, int v_begin, void* stream) {
-  check_rows("ce_partial", N, V);
+  check_rows("ce_partial", N, V, nullptr, nullptr);
   if (N == 0) return;
   FT_LAUNCH((ce_partial_kernel<device_t<T>>), N, kThreads, 0, stream)
   (sumexp, target_logit, dev(logits), targets, mask, rmax, V, v_begin);
@@ -214,8 +220,8 @@ void ce_partial(double* sumexp, double* target_logit, const T* logits, const int
 template <typename T>
 void ce_finish(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask,
                const float* rmax, const double* sumexp, const double* target_logit, int N, int V,
-               int v_begin, float scale, double* loss_acc, void* scratch, void* stream) {
-  check_rows("ce_finish", N, V);
+               int v_begin, const float* scale, double* loss_acc, void* scratch, void* stream) {
+  check_rows("ce_finish", N, V, dlogits, scale);
   if (N == 0) return;
   auto* row_loss = static_cast<double*>(scratch);
   FT_LAUNCH((ce_finish_kernel<device_t<T>>), N, kThreads, 0, stream)
@@ -226,14 +232,14 @@ void ce_finish(T* dlogits, const T* logits, const int32_t* targets, const uint8_
 }
 
 #define FT_CROSS_ENTROPY_INSTANTIATE(T)                                                          \
-  template void cross_entropy<T>(T*, const T*, const int32_t*, const uint8_t*, int, int, float,  \
-                                 double*, void*, void*);                                         \
+  template void cross_entropy<T>(T*, const T*, const int32_t*, const uint8_t*, int, int,         \
+                                 const float*, double*, void*, void*);                           \
   template void row_max<T>(float*, const T*, int, int, void*);                                   \
   template void ce_partial<T>(double*, double*, const T*, const int32_t*, const uint8_t*,        \
                               const float*, int, int, int, void*);                               \
   template void ce_finish<T>(T*, const T*, const int32_t*, const uint8_t*, const float*,         \
-                             const double*, const double*, int, int, int, float, double*, void*, \
-                             void*);
+                             const double*, const double*, int, int, int, const float*, double*, \
+                             void*, void*);
 FT_CROSS_ENTROPY_INSTANTIATE(float)
 FT_CROSS_ENTROPY_INSTANTIATE(bf16)
 FT_CROSS_ENTROPY_INSTANTIATE(f16)

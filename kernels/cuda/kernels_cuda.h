@@ -196,10 +196,11 @@ template <typename T>
 void swiglu_backward(T* dg, T* du, const T* dh, const T* g, const T* u, size_t n, void* stream);
 
 // ---- cross_entropy.cu: *loss_acc += Σ loss over masked rows (fixed-order sum; scratch:
-// cross_entropy_scratch_bytes) ----
+// cross_entropy_scratch_bytes). scale: one fp32 in device memory, read by the kernel (a graph
+// replay reads the value then current); null only without dlogits ----
 template <typename T>
 void cross_entropy(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask, int N,
-                   int V, float scale, double* loss_acc, void* scratch, void* stream);
+                   int V, const float* scale, double* loss_acc, void* scratch, void* stream);
 // Vocabulary-parallel pieces (kernels.h row_max, ce_partial, ce_finish); ce_finish's scratch is
 // cross_entropy_scratch_bytes(N, V) too.
 template <typename T>
@@ -210,7 +211,7 @@ void ce_partial(double* sumexp, double* target_logit, const T* logits, const int
 template <typename T>
 void ce_finish(T* dlogits, const T* logits, const int32_t* targets, const uint8_t* mask,
                const float* row_max, const double* sumexp, const double* target_logit, int N, int V,
-               int v_begin, float scale, double* loss_acc, void* scratch, void* stream);
+               int v_begin, const float* scale, double* loss_acc, void* scratch, void* stream);
 
 // ---- convert.cu: the bits of core/half.h's conversions (NaN, inf, subnormals) ----
 template <typename Dst, typename Src>

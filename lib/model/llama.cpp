@@ -60,8 +60,9 @@ struct LlamaModel::Acts {
   Buffer<float> row_max, tp_f32;        // (N), (N, C)
   Buffer<double> sumexp, target_logit;  // (N), (N)
   // With a RowObjective: each row's summed loss (B), and a last element that takes the sums of
-  // the backward pass, which nobody reads.
+  // the backward pass, which nobody reads; each row's gradient scale (B), for the ops to read.
   Buffer<double> row_loss;
+  Buffer<float> row_scale;
   // backward scratch
   DBuffer dresid, dtmp;        // (N, C)
   DBuffer dq, dk, dv, datt;    // (N, H*D), (N, K*D), (N, K*D), (N, H*D)
@@ -95,9 +96,10 @@ Buffer<float> rope_buffer(const ModelConfig& cfg, int head_dim, Device* dev) {
   return b;
 }
 
-Buffer<double> loss_accumulator(Device* dev) {
+template <typename T>
+Buffer<T> model_scalars(Device* dev, size_t n) {
   const MemoryScope tag(MemoryCategory::kActivations);
-  return Buffer<double>(dev, 1);
+  return Buffer<T>(dev, n);
 }
 
 }  // namespace
@@ -116,7 +118,8 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_chec
       layout_(converted_layout(cfg, tp_.size(), converters)),
       stage_(resolve_stage(stage, cfg)),
       rope_inv_freq_(rope_buffer(cfg, layout_.head_dim(), dev)),
-      loss_acc_(loss_accumulator(dev)),
+      loss_acc_(model_scalars<double>(dev, 1)),
+      token_weight_(model_scalars<float>(dev, 1)),
       st_(dev->stream()),
       flat_(dev, layout_.groups(), owned_groups(), compute_dtype, sink) {
   const int C = cfg.dim, HD = H_ * layout_.head_dim(), KD = K_ * layout_.head_dim();
@@ -131,6 +134,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_chec
   embed_ = {C, tp_.rank() * V_, V_};
   loss_ = {tp_.rank() * V_, V_};
   loss_acc_.zero();
+  token_weight_.zero();  // 0.0f, token_weight_host_'s value
 }
 
 LinearContext LlamaModel::linear_context() const {
@@ -336,7 +340,10 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward, bool se
     a->rstdf = Buffer<float>(dev_, N);
     a->head_rows = head_rows(B, T);
     a->logits = DBuffer(dev_, ct, size_t(a->head_rows) * V);
-    if (objective_) a->row_loss = Buffer<double>(dev_, size_t(B) + 1);
+    if (objective_) {
+      a->row_loss = Buffer<double>(dev_, size_t(B) + 1);
+      if (need_backward) a->row_scale = Buffer<float>(dev_, size_t(B));
+    }
   }
   if (tp_.size() > 1) {
     a->tp_partial = DBuffer(dev_, ct, N * C);
@@ -581,6 +588,10 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
     dWh = flat_.grad(w.group);
     if (dWh) dWh += w.offset;
   }
+  if (backward && !objective_ && token_weight != token_weight_host_) {
+    token_weight_.upload(&token_weight, 1);
+    token_weight_host_ = token_weight;
+  }
   if (objective_) {
     objective_head(Wh, dWh, backward, token_weight, mask);
     release_head();
@@ -596,7 +607,7 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
     VocabParallelCrossEntropy::Scratch scratch;
     if (tp_.size() > 1)
       scratch = {a.row_max.data() + n0, a.sumexp.data() + n0, a.target_logit.data() + n0};
-    loss_.forward_backward(*dev_, tp_, dlogits, logits, tgt + n0, msk + n0, k, token_weight,
+    loss_.forward_backward(*dev_, tp_, dlogits, logits, tgt + n0, msk + n0, k, token_weight_.data(),
                            loss_acc_.data(), scratch);
     if (backward)
       linear_backward(lc, lm_head_, -1, a.dtmp.data() + size_t(n0) * C, dWh, dlogits, f, Wh, k,
@@ -627,20 +638,20 @@ void LlamaModel::objective_head(CRef Wh, float* dWh, bool backward, float weight
     linear_forward(lc, lm_head_, -1, a.logits.data(), a.lnf.data() + size_t(n0) * C, Wh, k);
   };
   // Row b's cross-entropy in the chunk starting at token n0; dlogits null: the loss only.
-  auto row_ce = [&](bool grad, int b, int n0, float scale, double* acc) {
+  auto row_ce = [&](bool grad, int b, int n0, double* acc) {
     const size_t n = size_t(b) * T;
     VocabParallelCrossEntropy::Scratch scratch;
     if (tp_.size() > 1)
       scratch = {a.row_max.data() + n, a.sumexp.data() + n, a.target_logit.data() + n};
     const Ref logits = a.logits.data() + (n - size_t(n0)) * size_t(V_);
     loss_.forward_backward(*dev_, tp_, grad ? logits : Ref(nullptr, ct), logits, tgt + n, msk + n,
-                           T, scale, acc, scratch);
+                           T, grad ? a.row_scale.data() + b : nullptr, acc, scratch);
   };
   a.row_loss.zero();
   for (int n0 = 0; n0 < N; n0 += rows) {
     const int k = std::min(rows, N - n0);
     chunk_logits(n0, k);
-    for (int b = n0 / T; b < (n0 + k) / T; ++b) row_ce(false, b, n0, 0.0f, a.row_loss.data() + b);
+    for (int b = n0 / T; b < (n0 + k) / T; ++b) row_ce(false, b, n0, a.row_loss.data() + b);
   }
   std::vector<double> logp(size_t(B) + 1), targets(size_t(B), 0.0), dlogp(size_t(B), 0.0);
   a.row_loss.download(logp.data(), size_t(B) + 1);
@@ -651,11 +662,14 @@ void LlamaModel::objective_head(CRef Wh, float* dWh, bool backward, float weight
   objective_loss_ += objective_->rows(logp.data(), targets.data(), B, a.first_sample, weight,
                                       backward ? dlogp.data() : nullptr);
   if (!backward) return;
+  std::vector<float> row_scale(static_cast<size_t>(B));
+  for (int b = 0; b < B; ++b) row_scale[size_t(b)] = float(-dlogp[size_t(b)]);
+  a.row_scale.upload(row_scale.data(), size_t(B));
   double* sink = a.row_loss.data() + B;
   for (int n0 = 0; n0 < N; n0 += rows) {
     const int k = std::min(rows, N - n0);
     if (rows < N) chunk_logits(n0, k);
-    for (int b = n0 / T; b < (n0 + k) / T; ++b) row_ce(true, b, n0, float(-dlogp[size_t(b)]), sink);
+    for (int b = n0 / T; b < (n0 + k) / T; ++b) row_ce(true, b, n0, sink);
     linear_backward(lc, lm_head_, -1, a.dtmp.data() + size_t(n0) * C, dWh, a.logits.data(),
                     a.lnf.data() + size_t(n0) * C, Wh, k, /*accumulate_dx=*/false);
   }

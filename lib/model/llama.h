@@ -170,6 +170,10 @@ class LlamaModel final : public PipelineStage {
   // (D/2) RoPE inverse frequencies of cfg_'s rope type (model/rope.h), in device memory.
   Buffer<float> rope_inv_freq_;
   Buffer<double> loss_acc_;  // (1) the loss summed since take_loss_sum
+  // (1) the token weight the cross-entropy ops read from device memory (so a captured graph would
+  // take each step's), and the value last uploaded: uploaded again only when it changes.
+  Buffer<float> token_weight_;
+  float token_weight_host_ = 0.0f;
   Stream st_;
   FlatParams flat_;
   std::vector<std::unique_ptr<Acts>> slots_;

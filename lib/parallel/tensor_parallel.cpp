@@ -73,7 +73,7 @@ void VocabParallelEmbedding::backward(Device& dev, float* dtable, const int32_t*
 
 void VocabParallelCrossEntropy::forward_backward(Device& dev, const TensorGroup& tp, Ref dlogits,
                                                  CRef logits, const int32_t* targets,
-                                                 const uint8_t* mask, int N, float scale,
+                                                 const uint8_t* mask, int N, const float* scale,
                                                  double* loss_acc, Scratch s) const {
   Ops& ops = dev.ops();
   const Stream st = dev.stream();

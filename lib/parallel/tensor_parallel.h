@@ -98,9 +98,10 @@ struct VocabParallelCrossEntropy {
     double* sumexp = nullptr;
     double* target_logit = nullptr;
   };
-  // *loss_acc += Σ loss over masked rows; dlogits (may alias logits, may be null: no backward).
+  // *loss_acc += Σ loss over masked rows; dlogits (may alias logits, may be null: no backward);
+  // scale: one fp32 in device memory, null only without dlogits (runtime/op_list.h).
   void forward_backward(Device& dev, const TensorGroup& tp, Ref dlogits, CRef logits,
-                        const int32_t* targets, const uint8_t* mask, int N, float scale,
+                        const int32_t* targets, const uint8_t* mask, int N, const float* scale,
                         double* loss_acc, Scratch scratch) const;
 };
 

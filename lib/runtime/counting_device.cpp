@@ -55,12 +55,12 @@ class CountingCudaOps final : public NullOps {
                           const int32_t*, float*, int B, int T, int H, int K, int D) override {
     mem_.scratch(Req::attention_backward(path(dq.dtype, D), B, T, H, K, D, dq.dtype));
   }
-  void cross_entropy(Stream, Ref, CRef, const int32_t*, const uint8_t*, int N, int V, float,
+  void cross_entropy(Stream, Ref, CRef, const int32_t*, const uint8_t*, int N, int V, const float*,
                      double*) override {
     mem_.scratch(Req::cross_entropy(N, V));
   }
   void ce_finish(Stream, Ref, CRef, const int32_t*, const uint8_t*, const float*, const double*,
-                 const double*, int N, int V, int, float, double*) override {
+                 const double*, int N, int V, int, const float*, double*) override {
     mem_.scratch(Req::cross_entropy(N, V));
   }
   void sum_squares(Stream, double*, const float*, size_t n, double) override {

@@ -25,6 +25,14 @@ DType same_dtype(const char* op, std::initializer_list<DType> types) {
   return t;
 }
 
+// The cross-entropy ops' gradient scale, read from its device pointer (host memory here, and
+// every earlier op has finished): 0 when no gradient is asked for.
+float token_scale(const char* op, Ref dlogits, const float* scale) {
+  if (!dlogits.ptr) return 0.0f;
+  FT_CHECK(scale != nullptr, op, ": dlogits asked for without a scale (a null pointer)");
+  return *scale;
+}
+
 void convert_any(Ref dst, CRef src, size_t n) {
   if (dst.dtype == src.dtype) {
     if (n && dst.ptr != src.ptr) std::memmove(dst.ptr, src.ptr, n * dtype_size(dst.dtype));
@@ -202,13 +210,14 @@ class CpuOps final : public Ops {
              });
   }
   void cross_entropy(Stream, Ref dlogits, CRef logits, const int32_t* targets, const uint8_t* mask,
-                     int N, int V, float scale, double* loss_acc) override {
+                     int N, int V, const float* scale, double* loss_acc) override {
+    const float sc = token_scale("cross_entropy", dlogits, scale);
     dispatch(
         same_dtype("cross_entropy", {dlogits.ptr ? dlogits.dtype : logits.dtype, logits.dtype}),
         [&](auto t) {
           using T = decltype(t);
           *loss_acc += k::cross_entropy_forward_backward<T>(as<T>(dlogits), as<T>(logits), targets,
-                                                            mask, N, V, scale);
+                                                            mask, N, V, sc);
         });
   }
   void row_max(Stream, float* out, CRef x, int N, int V) override {
@@ -224,12 +233,13 @@ class CpuOps final : public Ops {
   }
   void ce_finish(Stream, Ref dlogits, CRef logits, const int32_t* targets, const uint8_t* mask,
                  const float* row_max, const double* sumexp, const double* target_logit, int N,
-                 int V, int v_begin, float scale, double* loss_acc) override {
+                 int V, int v_begin, const float* scale, double* loss_acc) override {
+    const float sc = token_scale("ce_finish", dlogits, scale);
     dispatch(same_dtype("ce_finish", {dlogits.ptr ? dlogits.dtype : logits.dtype, logits.dtype}),
              [&](auto t) {
                using T = decltype(t);
                *loss_acc += k::ce_finish<T>(as<T>(dlogits), as<T>(logits), targets, mask, row_max,
-                                            sumexp, target_logit, N, V, v_begin, scale);
+                                            sumexp, target_logit, N, V, v_begin, sc);
              });
   }
   void convert(Stream, Ref dst, CRef src, size_t n) override {

@@ -150,10 +150,11 @@ FT_OP(swiglu_backward, kSwiglu,
 
 // ---- Cross-entropy over logits (N, V): *loss_acc += Σ loss over masked rows ----
 // dlogits (may be null: the loss only; may alias logits) = scale · (softmax − onehot) on masked
-// rows, 0 elsewhere.
+// rows, 0 elsewhere. scale points to one fp32 in device memory, read when the op runs in stream
+// order (so a captured graph takes each replay's value); it may be null when dlogits is.
 FT_OP(cross_entropy, kCrossEntropy,
       (Stream s, Ref dlogits, CRef logits, const int32_t* targets, const uint8_t* mask, int N,
-       int V, float scale, double* loss_acc),
+       int V, const float* scale, double* loss_acc),
       (s, dlogits, logits, targets, mask, N, V, scale, loss_acc))
 // Vocabulary-parallel pieces (kernels.h: row_max, ce_partial, ce_finish); this shard holds
 // columns [v_begin, v_begin + V). out (N) fp32 = each row's max.
@@ -166,12 +167,12 @@ FT_OP(ce_partial, kCrossEntropy,
       (Stream s, double* sumexp, double* target_logit, CRef logits, const int32_t* targets,
        const uint8_t* mask, const float* row_max, int N, int V, int v_begin),
       (s, sumexp, target_logit, logits, targets, mask, row_max, N, V, v_begin))
-// The all-reduced statistics in: this shard's dlogits (as cross_entropy's), *loss_acc += the
-// loss sum (the same on every shard).
+// The all-reduced statistics in: this shard's dlogits (as cross_entropy's, scale too), *loss_acc
+// += the loss sum (the same on every shard).
 FT_OP(ce_finish, kCrossEntropy,
       (Stream s, Ref dlogits, CRef logits, const int32_t* targets, const uint8_t* mask,
        const float* row_max, const double* sumexp, const double* target_logit, int N, int V,
-       int v_begin, float scale, double* loss_acc),
+       int v_begin, const float* scale, double* loss_acc),
       (s, dlogits, logits, targets, mask, row_max, sumexp, target_logit, N, V, v_begin, scale,
        loss_acc))
 

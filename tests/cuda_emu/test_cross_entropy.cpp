@@ -93,6 +93,7 @@ void check_whole_row(int N, int V) {
   const DeviceBuffer<E> logits_d(logits);
   const DeviceBuffer<int32_t> targets_d(rows.targets);
   const DeviceBuffer<uint8_t> mask_d(rows.mask);
+  const DeviceBuffer<float> scale_d(std::vector<float>{scale});  // read by the kernels
   DeviceBuffer<unsigned char> scratch_d(cu::cross_entropy_scratch_bytes(N, V));
   const std::vector<uint64_t> seeds = ft::emu::test::test_seeds();
   std::vector<E> dl[2];
@@ -102,8 +103,8 @@ void check_whole_row(int N, int V) {
     DeviceBuffer<E> d(logits.size());
     REQUIRE(cudaMemset(d.get(), 0xff, sizeof(E) * d.size()) == cudaSuccess);
     const double loss = device_loss(0.5, [&](double* acc) {
-      cu::cross_entropy<E>(d.get(), logits_d.get(), targets_d.get(), mask_d.get(), N, V, scale, acc,
-                           scratch_d.get(), nullptr);
+      cu::cross_entropy<E>(d.get(), logits_d.get(), targets_d.get(), mask_d.get(), N, V,
+                           scale_d.get(), acc, scratch_d.get(), nullptr);
     });
     expect_loss(where + "loss", loss - 0.5, loss_ref);
     dl[s] = d.to_host();
@@ -111,17 +112,17 @@ void check_whole_row(int N, int V) {
     // dlogits aliasing the logits (how the model calls it): the same result.
     DeviceBuffer<E> inplace(logits);
     const double loss2 = device_loss(0.0, [&](double* acc) {
-      cu::cross_entropy<E>(inplace.get(), inplace.get(), targets_d.get(), mask_d.get(), N, V, scale,
-                           acc, scratch_d.get(), nullptr);
+      cu::cross_entropy<E>(inplace.get(), inplace.get(), targets_d.get(), mask_d.get(), N, V,
+                           scale_d.get(), acc, scratch_d.get(), nullptr);
     });
     CHECK_MESSAGE(loss2 + 0.5 == loss, where << "in place: loss " << loss2);
     CHECK_MESSAGE(same_bits(inplace.to_host(), dl[s]), where << "in place: other dlogits");
   }
   CHECK_MESSAGE(same_bits(dl[0], dl[1]), where << "dlogits differ between schedule seeds");
 
-  // Loss only (dlogits null), as eval calls it.
+  // Loss only (dlogits null, no scale), as eval calls it.
   const double loss = device_loss(0.0, [&](double* acc) {
-    cu::cross_entropy<E>(nullptr, logits_d.get(), targets_d.get(), mask_d.get(), N, V, scale, acc,
+    cu::cross_entropy<E>(nullptr, logits_d.get(), targets_d.get(), mask_d.get(), N, V, nullptr, acc,
                          scratch_d.get(), nullptr);
   });
   expect_loss(where + "loss without dlogits", loss, loss_ref);
@@ -148,6 +149,7 @@ void check_vocab_parallel(int N, int V) {
 
   const DeviceBuffer<int32_t> targets_d(rows.targets);
   const DeviceBuffer<uint8_t> mask_d(rows.mask);
+  const DeviceBuffer<float> scale_d(std::vector<float>{scale});  // read by the kernels
   DeviceBuffer<unsigned char> scratch_d(cu::cross_entropy_scratch_bytes(N, V));
   const std::vector<uint64_t> seeds = ft::emu::test::test_seeds();
   std::vector<E> d_shard0[2];
@@ -192,7 +194,7 @@ void check_vocab_parallel(int N, int V) {
       REQUIRE(cudaMemset(d.get(), 0xff, sizeof(E) * d.size()) == cudaSuccess);
       const double loss = device_loss(0.0, [&](double* acc) {
         cu::ce_finish<E>(d.get(), x.get(), targets_d.get(), mask_d.get(), rmax_d.get(),
-                         sumexp_d.get(), target_d.get(), N, Vs[i], begin[i], scale, acc,
+                         sumexp_d.get(), target_d.get(), N, Vs[i], begin[i], scale_d.get(), acc,
                          scratch_d.get(), nullptr);
       });
       std::vector<E> dref(shard[i].size());
@@ -225,3 +227,57 @@ void check_all() {
 TEST_CASE("cuda_emu cross_entropy fp32 against the CPU kernels") { check_all<float>(); }
 TEST_CASE("cuda_emu cross_entropy bf16 against the CPU kernels") { check_all<ft::bf16>(); }
 TEST_CASE("cuda_emu cross_entropy f16 against the CPU kernels") { check_all<ft::f16>(); }
+
+// The gradient scale is read from device memory when the kernel runs, so a captured graph
+// replayed after the scale changes uses the new one (what lets a training step be captured once
+// while its token weight changes every step). Both ops, fp32, the scale written by a copy
+// outside the graph between replays.
+TEST_CASE("cuda_emu cross_entropy: a captured graph reads each replay's scale") {
+  const int N = 19, V = 111;
+  const auto logits = random_logits<float>(size_t(N) * V, 5);
+  const Rows rows = make_rows(N, V, 6);
+  const DeviceBuffer<float> logits_d(logits);
+  const DeviceBuffer<int32_t> targets_d(rows.targets);
+  const DeviceBuffer<uint8_t> mask_d(rows.mask);
+  std::vector<float> rmax(N), zero(N, 0.0f);
+  std::vector<double> sumexp(N), target(N);
+  k::row_max(rmax.data(), logits.data(), N, V);
+  k::ce_partial(sumexp.data(), target.data(), logits.data(), rows.targets.data(), rows.mask.data(),
+                rmax.data(), N, V, 0);
+  const DeviceBuffer<float> rmax_d(rmax);
+  const DeviceBuffer<double> sumexp_d(sumexp), target_d(target);
+  DeviceBuffer<float> scale_d(std::vector<float>{1.0f});
+  DeviceBuffer<float> d_whole(logits.size()), d_shard(logits.size());
+  DeviceBuffer<double> acc(std::vector<double>{0.0});
+  DeviceBuffer<unsigned char> scratch_a(cu::cross_entropy_scratch_bytes(N, V)),
+      scratch_b(cu::cross_entropy_scratch_bytes(N, V));
+  cudaStream_t s;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  cu::cross_entropy<float>(d_whole.get(), logits_d.get(), targets_d.get(), mask_d.get(), N, V,
+                           scale_d.get(), acc.get(), scratch_a.get(), s);
+  cu::ce_finish<float>(d_shard.get(), logits_d.get(), targets_d.get(), mask_d.get(), rmax_d.get(),
+                       sumexp_d.get(), target_d.get(), N, V, 0, scale_d.get(), acc.get(),
+                       scratch_b.get(), s);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+  for (const float scale : {0.25f, -3.0f}) {
+    REQUIRE(cudaMemcpyAsync(scale_d.get(), &scale, sizeof(float), cudaMemcpyHostToDevice, s) ==
+            cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+    std::vector<float> want(logits.size()), want_shard(logits.size());
+    k::cross_entropy_forward_backward<float>(want.data(), logits.data(), rows.targets.data(),
+                                             rows.mask.data(), N, V, scale);
+    k::ce_finish<float>(want_shard.data(), logits.data(), rows.targets.data(), rows.mask.data(),
+                        rmax.data(), sumexp.data(), target.data(), N, V, 0, scale);
+    const std::string where = "scale " + std::to_string(scale) + " ";
+    check_close(d_whole.to_host(), want, kRtol<float>, kAtol, {}, where + "cross_entropy");
+    check_close(d_shard.to_host(), want_shard, kRtol<float>, kAtol, {}, where + "ce_finish");
+  }
+  REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+}

@@ -868,12 +868,16 @@ void add_cross_entropy_cases(Cases& cs) {
         Case c{
             "cross_entropy", elem_name(elem_of<T>()), cat("N=", N, " V=", V, grad_name(g)), {}, {}};
         // Logits with sd 3: a peaked softmax, as a trained model's.
-        c.tensors = {dlogits_tensor<T>(g, n), in("logits", normal<T>(n, 3, s)),
-                     in("targets", ids(size_t(N), 0, V, s + 1)), in("mask", mask_of(N)),
-                     inout("loss_acc", kLoss0, kLossTol)};
+        c.tensors = {dlogits_tensor<T>(g, n),
+                     in("logits", normal<T>(n, 3, s)),
+                     in("targets", ids(size_t(N), 0, V, s + 1)),
+                     in("mask", mask_of(N)),
+                     inout("loss_acc", kLoss0, kLossTol),
+                     in("scale", std::vector<float>{kScale})};
+        // The scale is read from device memory; without a gradient, none is passed.
         c.run = [=](Device& d, const Args& a) {
-          d.ops().cross_entropy(d.stream(), a.ref(0), a.cref(1), a.i32(2), a.u8(3), N, V, kScale,
-                                a.f64(4));
+          d.ops().cross_entropy(d.stream(), a.ref(0), a.cref(1), a.i32(2), a.u8(3), N, V,
+                                g == Grad::kNone ? nullptr : a.f32(5), a.f64(4));
         };
         cs.push_back(std::move(c));
       }
@@ -969,10 +973,12 @@ void add_ce_finish_cases(Cases& cs) {
                      in("row_max", x.row_max),
                      in("sumexp", x.sumexp),
                      in("target_logit", x.target_logit),
-                     inout("loss_acc", kLoss0, kLossTol)};
+                     inout("loss_acc", kLoss0, kLossTol),
+                     in("scale", std::vector<float>{kScale})};
         c.run = [=](Device& d, const Args& a) {
           d.ops().ce_finish(d.stream(), a.ref(0), a.cref(1), a.i32(2), a.u8(3), a.f32(4), a.f64(5),
-                            a.f64(6), N, V, v_begin, kScale, a.f64(7));
+                            a.f64(6), N, V, v_begin, g == Grad::kNone ? nullptr : a.f32(8),
+                            a.f64(7));
         };
         cs.push_back(std::move(c));
       }

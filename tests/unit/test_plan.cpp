@@ -52,9 +52,9 @@ constexpr int64_t kActs = 800 + 76 + 312;
 // targets (4·N) and mask (N) on the last.
 constexpr int64_t kIdsFirst = 16, kIdsLast = 20, kIds = kIdsFirst + kIdsLast;
 // The step's small buffers, once per rank, counted with the activations: the model's RoPE
-// inverse frequencies (head dim 4: 2 floats) and loss accumulator (a double), and ZeRO's
-// gradient-norm accumulator (a double).
-constexpr int64_t kScalars = 8 + 8 + 8;
+// inverse frequencies (head dim 4: 2 floats), loss accumulator (a double) and token weight (a
+// float), and ZeRO's gradient-norm accumulator (a double).
+constexpr int64_t kScalars = 8 + 8 + 4 + 8;
 // Scalars all-reduced over the data group each step, by a ring of 2 (2·(2−1)/2 of 8 B each):
 // the target-token count and the loss; with ZeRO ≥ 2 also the gradient norm's sum of squares
 // (each rank holds a shard of the gradients).

@@ -77,10 +77,10 @@ void call_step_ops(Ops& ops, float* a, float* b) {
   ops.swiglu_forward(s, a, b, b, 111);
   ops.swiglu_backward(s, a, a, b, b, b, 111);
   double acc = 0;
-  ops.cross_entropy(s, a, b, nullptr, nullptr, 19, 7, 1.0f, &acc);
+  ops.cross_entropy(s, a, b, nullptr, nullptr, 19, 7, b, &acc);
   ops.row_max(s, a, b, 19, 7);
   ops.ce_partial(s, &acc, &acc, b, nullptr, nullptr, a, 19, 7, 0);
-  ops.ce_finish(s, a, b, nullptr, nullptr, a, &acc, &acc, 19, 7, 0, 1.0f, &acc);
+  ops.ce_finish(s, a, b, nullptr, nullptr, a, &acc, &acc, 19, 7, 0, b, &acc);
   ops.convert(s, a, b, 111);
   ops.add(s, a, b, 19);
   ops.scale(s, b, 0.5f, 1);

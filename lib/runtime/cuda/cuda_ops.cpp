@@ -306,7 +306,8 @@ class CudaOps final : public Ops {
   }
 
   void cross_entropy(Stream s, Ref dlogits, CRef logits, const int32_t* targets,
-                     const uint8_t* mask, int N, int V, float scale, double* loss_acc) override {
+                     const uint8_t* mask, int N, int V, const float* scale,
+                     double* loss_acc) override {
     if (dlogits.ptr) same_dtype("cross_entropy", dlogits.dtype, logits.dtype);
     void* scratch = mem_.scratch(Req::cross_entropy(N, V));
     dispatch(logits.dtype, "cross_entropy", [&](auto t) {
@@ -329,7 +330,7 @@ class CudaOps final : public Ops {
   }
   void ce_finish(Stream s, Ref dlogits, CRef logits, const int32_t* targets, const uint8_t* mask,
                  const float* row_max, const double* sumexp, const double* target_logit, int N,
-                 int V, int v_begin, float scale, double* loss_acc) override {
+                 int V, int v_begin, const float* scale, double* loss_acc) override {
     if (dlogits.ptr) same_dtype("ce_finish", dlogits.dtype, logits.dtype);
     void* scratch = mem_.scratch(Req::cross_entropy(N, V));
     dispatch(logits.dtype, "ce_finish", [&](auto t) {
