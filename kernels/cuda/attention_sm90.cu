@@ -869,12 +869,11 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1) attention_sm90
 #endif
 }
 
-// The backward's forms per head dim: consumer warpgroups and ring stages of each kernel. Two
-// warpgroups everywhere: at head dim 64 with a producer warp (a 288-thread block: ptxas allows
+// The backward's form: consumer warpgroups and ring stages of each kernel, the same at both head
+// dims. Two warpgroups: at head dim 64 with a producer warp (a 288-thread block: ptxas allows
 // 168 registers a thread), at 128 under the register split (kSm90RegSplit: consumers at 240),
 // where with a producer warp only one fitted (dK and dV alone are 128 floats a thread; dQ's two
 // warpgroups spilled 48 bytes).
-template <int D>
 struct Sm90BackwardForm {
   static constexpr int kDqNc = 2, kDqStages = 2;
   static constexpr int kDkdvNc = 2, kDkdvStages = 2;
@@ -903,7 +902,7 @@ template <typename T, int D>
 void sm90_backward_launch(T* dq, T* dk, T* dv, const T* dout, const float* lse, const float* delta,
                           const T* q, const T* k, const T* v, const int32_t* seg, int B, int T_,
                           int H, int K, void* stream) {
-  using F = Sm90BackwardForm<D>;
+  using F = Sm90BackwardForm;
   const float scale = softmax_scale(D);
   const TensorMap map_q = heads_map(q, B, T_, H, D), map_do = heads_map(dout, B, T_, H, D),
                   map_k = heads_map(k, B, T_, K, D), map_v = heads_map(v, B, T_, K, D);

@@ -245,15 +245,26 @@ void wgmma_gemm(bool bf16, float* c, const uint16_t* a, const uint16_t* b, int n
 }  // namespace ft::kernels::cuda::test
 
 namespace ft::kernels::cuda::test {
+namespace {
+
+// A box's bytes (fp32 for type 2, else 16-bit elements) and its swizzle span (0: none).
+struct BoxSize {
+  int bytes, span;
+};
+BoxSize box_size(int type, int rank, const uint32_t* box, int swizzle) {
+  int bytes = type == 2 ? 4 : 2;
+  for (int d = 0; d < rank; ++d) bytes *= int(box[d]);
+  return {bytes, swizzle == 0 ? 0 : 16 << swizzle};
+}
+
+}  // namespace
 
 void tma_box(unsigned char* out, const void* src, int type, int rank, const uint64_t* dims,
              const uint64_t* strides, const uint32_t* box, int swizzle, const int* coords,
              int mode) {
   const TensorMap map =
       encode_tensor_map(TmaType(type), rank, src, dims, strides, box, TmaSwizzle(swizzle));
-  int bytes = type == 2 ? 4 : 2;
-  for (int d = 0; d < rank; ++d) bytes *= int(box[d]);
-  const int span = swizzle == 0 ? 0 : 16 << swizzle;
+  const auto [bytes, span] = box_size(type, rank, box, swizzle);
   FT_LAUNCH(tma_box_kernel, 1, 128, 1024 + bytes, nullptr)
   (out, map, rank, coords[0], coords[1], rank > 2 ? coords[2] : 0, bytes, span, mode);
   FT_CUDA_CHECK_LAUNCH();
@@ -263,9 +274,7 @@ void tma_store_box(void* dst, const unsigned char* in, int type, int rank, const
                    const uint64_t* strides, const uint32_t* box, int swizzle, const int* coords) {
   const TensorMap map =
       encode_tensor_map(TmaType(type), rank, dst, dims, strides, box, TmaSwizzle(swizzle));
-  int bytes = type == 2 ? 4 : 2;
-  for (int d = 0; d < rank; ++d) bytes *= int(box[d]);
-  const int span = swizzle == 0 ? 0 : 16 << swizzle;
+  const auto [bytes, span] = box_size(type, rank, box, swizzle);
   FT_LAUNCH(tma_store_box_kernel, 1, 128, 1024 + bytes, nullptr)
   (map, in, rank, coords[0], coords[1], rank > 2 ? coords[2] : 0, bytes, span);
   FT_CUDA_CHECK_LAUNCH();
