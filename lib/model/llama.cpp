@@ -96,6 +96,14 @@ Buffer<float> rope_buffer(const ModelConfig& cfg, int head_dim, Device* dev) {
   return b;
 }
 
+// A micro-batch's host array into its device buffer, in stream order and without waiting for
+// the device (Device::upload_async): the host may queue the micro-batch's kernels while the
+// device still runs the previous one.
+template <typename T>
+void upload_async(Device* dev, Stream st, Buffer<T>& b, const T* host, size_t n) {
+  if (n) dev->upload_async(st, b.data(), host, n * sizeof(T));
+}
+
 template <typename T>
 Buffer<T> model_scalars(Device* dev, size_t n) {
   const MemoryScope tag(MemoryCategory::kActivations);
@@ -539,8 +547,8 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
                  " at position ", t, " (", seg[n - 1], " then ", seg[n], ")");
         pos[n] = t == 0 || seg[n] != seg[n - 1] ? 0 : pos[n - 1] + 1;
       }
-    a.seg.upload(seg, size_t(N));
-    a.pos.upload(pos.data(), size_t(N));
+    upload_async(dev_, st_, a.seg, seg, size_t(N));
+    upload_async(dev_, st_, a.pos, pos.data(), size_t(N));
   }
 
   if (stage_.embed) {
@@ -548,7 +556,7 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
     for (int n = 0; n < N; ++n)
       FT_CHECK(inputs[n] >= 0 && inputs[n] < cfg_.vocab_size, "input token id ", inputs[n],
                " out of range for vocab_size ", cfg_.vocab_size);
-    a.inputs.upload(inputs, size_t(N));
+    upload_async(dev_, st_, a.inputs, inputs, size_t(N));
     // Vocabulary-parallel embedding: each tensor rank looks up the ids in its rows, zeros
     // elsewhere, and the all-reduce assembles the rows.
     embed_.forward(*dev_, tp_, a.resid[0].data(), a.inputs.data(), flat_.acquire(0), N,
@@ -563,8 +571,8 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
   for (int n = 0; n < N; ++n)
     FT_CHECK(!mask[n] || (targets[n] >= 0 && targets[n] < cfg_.vocab_size), "target token id ",
              targets[n], " out of range for vocab_size ", cfg_.vocab_size);
-  a.targets.upload(targets, size_t(N));
-  a.mask.upload(mask, size_t(N));
+  upload_async(dev_, st_, a.targets, targets, size_t(N));
+  upload_async(dev_, st_, a.mask, mask, size_t(N));
   const int32_t* tgt = a.targets.data();
   const uint8_t* msk = a.mask.data();
   LinearContext lc = linear_context();
@@ -589,7 +597,7 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
     if (dWh) dWh += w.offset;
   }
   if (backward && !objective_ && token_weight != token_weight_host_) {
-    token_weight_.upload(&token_weight, 1);
+    upload_async(dev_, st_, token_weight_, &token_weight, 1);
     token_weight_host_ = token_weight;
   }
   if (objective_) {
@@ -664,7 +672,7 @@ void LlamaModel::objective_head(CRef Wh, float* dWh, bool backward, float weight
   if (!backward) return;
   std::vector<float> row_scale(static_cast<size_t>(B));
   for (int b = 0; b < B; ++b) row_scale[size_t(b)] = float(-dlogp[size_t(b)]);
-  a.row_scale.upload(row_scale.data(), size_t(B));
+  upload_async(dev_, st_, a.row_scale, row_scale.data(), size_t(B));
   double* sink = a.row_loss.data() + B;
   for (int n0 = 0; n0 < N; n0 += rows) {
     const int k = std::min(rows, N - n0);

@@ -182,6 +182,13 @@ class Device {
   // Host (alloc_host memory) → device, queued on `s`: the host may change `src` again once an
   // event recorded on `s` after it has completed. The CPU copies at once.
   virtual void copy_from_host_async(Stream s, void* dst, const void* src, size_t bytes);
+  // Any host memory → device in `s`'s order, without waiting for the device: the bytes are taken
+  // before it returns (CUDA copies them into a pinned staging slot, whose earlier copy it waits
+  // for, and queues the copy from there), so `src` may change at once. What a micro-batch's
+  // inputs go through. Default: copy_from_host (finished on return).
+  virtual void upload_async(Stream, void* dst, const void* src, size_t bytes) {
+    copy_from_host(dst, src, bytes);
+  }
   // The device's free and total memory as its driver reports them (CUDA: cudaMemGetInfo);
   // {0, 0} where the device is host memory (the CPU: see available_memory_bytes).
   struct MemoryInfo {

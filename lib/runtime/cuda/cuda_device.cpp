@@ -1,13 +1,17 @@
 // The CUDA device (cuda_device.h). Every op, memset and device-to-device copy is queued on one
 // non-blocking stream; host copies wait for it (the Device contract: a host copy sees the work
-// before it and is finished on return). A second stream carries the checkpoint's device → host
-// staging copies (copy_to_host_async), ordered against the first by events only.
+// before it and is finished on return), except upload_async's, staged through pinned slots. A
+// second stream carries the checkpoint's device → host staging copies (copy_to_host_async), ordered
+// against the first by events only.
 #include "runtime/cuda/cuda_device.h"
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
@@ -82,6 +86,10 @@ class CudaDevice final : public Device {
     cudaStreamSynchronize(update_stream_);
     cudaStreamSynchronize(copy_stream_);
     cudaStreamSynchronize(stream_);
+    for (UploadSlot& u : uploads_) {
+      if (u.host) cudaFreeHost(u.host);
+      if (u.done) cudaEventDestroy(u.done);
+    }
     profiling_ops_.reset();
     profile_.reset();  // its events, before the streams go
     ops_.reset();
@@ -138,6 +146,36 @@ class CudaDevice final : public Device {
   void copy_from_host_async(Stream s, void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
     FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(s)));
+  }
+  // Through the staging ring: the slot's previous copy is waited for (issued uploads_.size()
+  // uploads ago, normally long finished), the bytes copied in, the copy queued and marked.
+  void upload_async(Stream s, void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    UploadSlot& u = uploads_[next_upload_];
+    next_upload_ = (next_upload_ + 1) % uploads_.size();
+    if (u.done)
+      FT_CUDA_CHECK(cudaEventSynchronize(u.done));
+    else
+      FT_CUDA_CHECK(cudaEventCreateWithFlags(&u.done, cudaEventDisableTiming));
+    if (u.bytes < bytes) {
+      if (u.host) FT_CUDA_CHECK(cudaFreeHost(u.host));
+      u.host = nullptr;
+      u.bytes = 0;
+      const size_t want = std::max(bytes, kUploadMinBytes);
+      const cudaError_t e = cudaMallocHost(&u.host, want);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        throw Error(detail::concat("cudaMallocHost of a ", want,
+                                   "-byte staging slot for the micro-batch's inputs failed: ",
+                                   cudaGetErrorString(e), " (host memory is short)"));
+      }
+      u.bytes = want;
+    }
+    std::memcpy(u.host, src, bytes);
+    const cudaStream_t st = as_stream(s);
+    ProfileScope t(profile_.get(), OpFamily::kCopyHost, Stream{st});
+    FT_CUDA_CHECK(cudaMemcpyAsync(dst, u.host, bytes, cudaMemcpyHostToDevice, st));
+    FT_CUDA_CHECK(cudaEventRecord(u.done, st));
   }
   MemoryInfo memory_info() override {
     MemoryInfo m;
@@ -251,7 +289,17 @@ class CudaDevice final : public Device {
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;    // device → host staging (checkpoint saves)
   cudaStream_t update_stream_ = nullptr;  // parallel.overlap_update's AdamW
-  std::unique_ptr<OpProfile> profile_;    // FT_PROFILE only
+  // upload_async's staging ring: pinned slots, each with the event after its last copy. Not in
+  // ft plan's host figures (a few KiB to MiB: a micro-batch's token ids, targets and mask).
+  struct UploadSlot {
+    void* host = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+  };
+  static constexpr size_t kUploadMinBytes = size_t(64) << 10;
+  std::array<UploadSlot, 16> uploads_{};
+  size_t next_upload_ = 0;
+  std::unique_ptr<OpProfile> profile_;  // FT_PROFILE only
   std::unique_ptr<Ops> profiling_ops_;
   std::unique_ptr<cuda::CachingAllocator> allocator_;
   std::unique_ptr<Ops> ops_;
