@@ -137,16 +137,18 @@ int main() {
     }
 
     // upload_async: the host array may change as soon as the call returns, with nothing waited
-    // for in between. More uploads than the staging ring has slots, so slots are reused while
-    // their earlier copies may still be queued; one larger upload makes a slot grow. Under the
-    // emulation's deferred streams a slot refilled before its copy ran gives other values.
+    // for in between. More uploads than the staging ring has slots (16), so slots are reused
+    // while their earlier copies may still be queued; uploads 20 and 36 (one slot, 16 apart) are
+    // larger than a slot's first 64 KiB, so that slot grows, then is refilled at its new size.
+    // Under the emulation's deferred streams a slot refilled before its copy ran gives other
+    // values.
     {
       const int uploads = 40;
       std::vector<Buffer<int> > dst;
-      std::vector<int> src(1000);
+      std::vector<int> src(40000);  // 160 KB
       Buffer<int> scratch(dev.get(), src.size());
       for (int i = 0; i < uploads; ++i) {
-        const size_t n = i == 20 ? src.size() : size_t(7 + i);
+        const size_t n = i == 20 || i == 36 ? src.size() - size_t(i) : size_t(7 + i);
         for (size_t j = 0; j < n; ++j) src[j] = i * 100000 + int(j);
         dst.emplace_back(dev.get(), n);
         dev->upload_async(dev->stream(), dst.back().data(), src.data(), n * sizeof(int));
@@ -159,7 +161,9 @@ int main() {
         dst[size_t(i)].download(back.data(), back.size());
         for (size_t j = 0; j < back.size(); ++j) same = same && back[j] == i * 100000 + int(j);
       }
-      check(same, "upload_async: 40 uploads through the staging ring, the host array reused");
+      check(same,
+            "upload_async: 40 uploads through the staging ring (a slot grown), the host array "
+            "reused");
     }
 
     // Out of memory: a clear ft::Error, and the device still works afterwards.

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -90,6 +91,7 @@ class CudaDevice final : public Device {
       if (u.host) cudaFreeHost(u.host);
       if (u.done) cudaEventDestroy(u.done);
     }
+    for (void* p : retired_uploads_) cudaFreeHost(p);
     profiling_ops_.reset();
     profile_.reset();  // its events, before the streams go
     ops_.reset();
@@ -158,10 +160,12 @@ class CudaDevice final : public Device {
     else
       FT_CUDA_CHECK(cudaEventCreateWithFlags(&u.done, cudaEventDisableTiming));
     if (u.bytes < bytes) {
-      if (u.host) FT_CUDA_CHECK(cudaFreeHost(u.host));
+      // The old buffer is kept to the end: cudaFreeHost may wait for the whole device. Sizes at
+      // least double, so a slot holds a few buffers at most.
+      if (u.host) retired_uploads_.push_back(u.host);
       u.host = nullptr;
+      const size_t want = std::max({bytes, 2 * u.bytes, kUploadMinBytes});
       u.bytes = 0;
-      const size_t want = std::max(bytes, kUploadMinBytes);
       const cudaError_t e = cudaMallocHost(&u.host, want);
       if (e != cudaSuccess) {
         cudaGetLastError();
@@ -289,8 +293,9 @@ class CudaDevice final : public Device {
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_stream_ = nullptr;    // device → host staging (checkpoint saves)
   cudaStream_t update_stream_ = nullptr;  // parallel.overlap_update's AdamW
-  // upload_async's staging ring: pinned slots, each with the event after its last copy. Not in
-  // ft plan's host figures (a few KiB to MiB: a micro-batch's token ids, targets and mask).
+  // upload_async's staging ring: pinned slots, each with the event after its last copy, and the
+  // buffers slots outgrew. Not in ft plan's host figures: 16 slots of at least 64 KiB (1 MiB),
+  // more where a micro-batch's token ids (4 bytes a token) need it.
   struct UploadSlot {
     void* host = nullptr;
     size_t bytes = 0;
@@ -299,6 +304,7 @@ class CudaDevice final : public Device {
   static constexpr size_t kUploadMinBytes = size_t(64) << 10;
   std::array<UploadSlot, 16> uploads_{};
   size_t next_upload_ = 0;
+  std::vector<void*> retired_uploads_;
   std::unique_ptr<OpProfile> profile_;  // FT_PROFILE only
   std::unique_ptr<Ops> profiling_ops_;
   std::unique_ptr<cuda::CachingAllocator> allocator_;
