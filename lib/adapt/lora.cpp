@@ -74,6 +74,8 @@ class LoraHooks final : public LinearHooks {
     }
   }
 
+  bool per_micro_batch_values() const override { return p_ > 0.0f; }  // dropout's keys
+
   bool adapts(const LinearSite& site) const override {
     return site.layer >= 0 && int(site.proj) < kProjs && slot_[size_t(site.proj)].a != kNone;
   }

@@ -64,6 +64,9 @@ class LinearHooks {
   virtual ~LinearHooks() = default;
   // Whether the site is adapted (the others are called with no hook at all).
   virtual bool adapts(const LinearSite& site) const = 0;
+  // Whether the hooks pass a value that changes per micro-batch (LinearContext::first_sample's
+  // dropout keys) to an op by value, which a recorded graph would replay stale.
+  virtual bool per_micro_batch_values() const { return false; }
   // y (N, out) += the adapter's output for x (N, in). For a row-parallel layer y is this rank's
   // partial sum, before the tensor all-reduce.
   virtual void forward(const LinearContext& c, const Linear& l, int layer, Ref y, CRef x,

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "kernels/kernels.h"
 #include "model/arch.h"
 #include "model/rope.h"
@@ -215,7 +216,7 @@ void LlamaModel::copy(Ref dst, CRef src, size_t n) {
   dev_->copy(st_, dst.ptr, src.ptr, n * dtype_size(dst.dtype));
 }
 
-LlamaModel::~LlamaModel() = default;
+LlamaModel::~LlamaModel() { drop_graph(); }
 
 namespace {
 
@@ -529,14 +530,20 @@ void LlamaModel::norm_backward(Ref dx, float* dw, CRef dout, CRef x, CRef w, con
 void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const int32_t* targets,
                               const uint8_t* mask, int B, int T, float token_weight, bool backward,
                               const int32_t* seg, uint64_t first_sample) {
+  stage_inputs(slot, inputs, targets, mask, B, T, token_weight, backward, seg, first_sample);
+  forward_compute(x_in, backward, token_weight, mask);
+}
+
+void LlamaModel::stage_inputs(int slot, const int32_t* inputs, const int32_t* targets,
+                              const uint8_t* mask, int B, int T, float token_weight, bool backward,
+                              const int32_t* seg, uint64_t first_sample) {
   FT_CHECK(T <= cfg_.max_seq_len, "sequence length ", T, " exceeds model.max_seq_len ",
            cfg_.max_seq_len);
   ensure_acts(slot, B, T, backward, seg != nullptr);
   Acts& a = *acts_;
   a.training = backward;
   a.first_sample = first_sample;
-  const int N = B * T, C = cfg_.dim;
-  const int first = stage_.first_layer, last = stage_.last_layer;
+  const int N = B * T;
   if (seg) {
     // Each sample's positions restart at 0 where its segment starts (DESIGN.md §6 packing).
     std::vector<int32_t> pos(static_cast<size_t>(N));
@@ -557,6 +564,25 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
       FT_CHECK(inputs[n] >= 0 && inputs[n] < cfg_.vocab_size, "input token id ", inputs[n],
                " out of range for vocab_size ", cfg_.vocab_size);
     upload_async(dev_, st_, a.inputs, inputs, size_t(N));
+  }
+  if (!stage_.head) return;
+  for (int n = 0; n < N; ++n)
+    FT_CHECK(!mask[n] || (targets[n] >= 0 && targets[n] < cfg_.vocab_size), "target token id ",
+             targets[n], " out of range for vocab_size ", cfg_.vocab_size);
+  upload_async(dev_, st_, a.targets, targets, size_t(N));
+  upload_async(dev_, st_, a.mask, mask, size_t(N));
+  if (backward && !objective_ && token_weight != token_weight_host_) {
+    upload_async(dev_, st_, token_weight_, &token_weight, 1);
+    token_weight_host_ = token_weight;
+  }
+}
+
+void LlamaModel::forward_compute(CRef x_in, bool backward, float token_weight,
+                                 const uint8_t* host_mask) {
+  Acts& a = *acts_;
+  const int B = a.B, T = a.T, N = B * T, C = cfg_.dim;
+  const int first = stage_.first_layer, last = stage_.last_layer;
+  if (stage_.embed) {
     // Vocabulary-parallel embedding: each tensor rank looks up the ids in its rows, zeros
     // elsewhere, and the all-reduce assembles the rows.
     embed_.forward(*dev_, tp_, a.resid[0].data(), a.inputs.data(), flat_.acquire(0), N,
@@ -568,11 +594,6 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
   for (int l = first; l < last; ++l) layer_forward(l, B, T);
   if (!stage_.head) return;
 
-  for (int n = 0; n < N; ++n)
-    FT_CHECK(!mask[n] || (targets[n] >= 0 && targets[n] < cfg_.vocab_size), "target token id ",
-             targets[n], " out of range for vocab_size ", cfg_.vocab_size);
-  upload_async(dev_, st_, a.targets, targets, size_t(N));
-  upload_async(dev_, st_, a.mask, mask, size_t(N));
   const int32_t* tgt = a.targets.data();
   const uint8_t* msk = a.mask.data();
   LinearContext lc = linear_context();
@@ -596,12 +617,8 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
     dWh = flat_.grad(w.group);
     if (dWh) dWh += w.offset;
   }
-  if (backward && !objective_ && token_weight != token_weight_host_) {
-    upload_async(dev_, st_, token_weight_, &token_weight, 1);
-    token_weight_host_ = token_weight;
-  }
   if (objective_) {
-    objective_head(Wh, dWh, backward, token_weight, mask);
+    objective_head(Wh, dWh, backward, token_weight, host_mask);
     release_head();
     return;
   }
@@ -736,6 +753,76 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
       embed_.backward(*dev_, dtable, a.inputs.data(), a.dresid.data(), N);
     flat_.grads_ready(0);
   }
+}
+
+bool LlamaModel::graph_eligible() const {
+  return dev_->graphs_enabled() && !graph_.failed && tp_.size() == 1 && stage_.embed &&
+         stage_.head && !objective_ && !flat_.has_hooks() && dev_->profile() == nullptr &&
+         !(hooks_enabled_ && hooks_ && hooks_->per_micro_batch_values());
+}
+
+void LlamaModel::drop_graph() {
+  dev_->graph_destroy(graph_.exec);
+  graph_.exec = nullptr;
+}
+
+// The first micro-batch of a shape runs op by op: it makes every buffer the work uses (the
+// activation slot, the ops' scratch, the adapters' buffers) and measures the GEMM algorithms. The
+// second is recorded and launched; later ones only launch, after the host's checks and uploads,
+// until the shape changes or the device's graph epoch moves (a buffer the graph may use was
+// freed), when the next micro-batch records again. Host-side state that decides what work is
+// queued must be at the recording's values around each launch: QLoRA's dequantized group is.
+// Replaying the recorded work in the same order gives the same bits as launching it op by op.
+void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets,
+                                   const uint8_t* mask, int B, int T, float token_weight,
+                                   const int32_t* seg, uint64_t first_sample) {
+  stage_inputs(0, inputs, targets, mask, B, T, token_weight, /*backward=*/true, seg, first_sample);
+  auto eager = [&] {
+    forward_compute(CRef(), /*backward=*/true, token_weight, mask);
+    backward_part(0, CRef());
+  };
+  if (!graph_eligible()) return eager();
+  MicroBatchGraph& g = graph_;
+  const bool segments = seg != nullptr;
+  if (g.exec && (g.B != B || g.T != T || g.seg != segments || g.epoch != dev_->graph_epoch()))
+    drop_graph();
+  if (g.exec) {
+    dev_->graph_launch(g.exec);
+    flat_.set_dequantized_group(g.dequantized_after);
+    return;
+  }
+  if (g.warm_B != B || g.warm_T != T || g.warm_seg != segments) {
+    eager();
+    g.warm_B = B;
+    g.warm_T = T;
+    g.warm_seg = segments;
+    return;
+  }
+  flat_.set_dequantized_group(-1);  // the graph dequantizes whatever it uses (QLoRA)
+  dev_->graph_begin();
+  try {
+    forward_compute(CRef(), /*backward=*/true, token_weight, mask);
+    backward_part(0, CRef());
+    g.exec = dev_->graph_end();
+  } catch (const Error& e) {
+    // Nothing recorded ran: the micro-batch runs op by op, and so does the rest of the run.
+    dev_->graph_cancel();
+    g.failed = true;
+    log_warn(
+        "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on "
+        "without graphs: ",
+        e.what());
+    return eager();
+  }
+  g.B = B;
+  g.T = T;
+  g.seg = segments;
+  g.epoch = dev_->graph_epoch();
+  g.dequantized_after = flat_.dequantized_group();
+  ++g.recorded;
+  log_info("FT_CUDA_GRAPHS: micro-batch ", B, "x", T, segments ? " (packed)" : "",
+           " recorded as a graph (recording ", g.recorded, "), replayed from here on");
+  dev_->graph_launch(g.exec);
 }
 
 void LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets,

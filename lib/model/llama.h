@@ -106,6 +106,11 @@ class LlamaModel final : public PipelineStage {
                     const uint8_t* mask, int B, int T, float token_weight, bool backward,
                     const int32_t* seg, uint64_t first_sample = 0) override;
   void backward_part(int slot, CRef dy_in) override;
+  // forward_part and backward_part in slot 0; with FT_CUDA_GRAPHS=1 where graph_eligible, the
+  // device part is recorded as a graph at the second micro-batch of a shape and replayed after.
+  void train_micro_batch(const int32_t* inputs, const int32_t* targets, const uint8_t* mask, int B,
+                         int T, float token_weight, const int32_t* seg,
+                         uint64_t first_sample) override;
   CRef stage_output(int slot) const override;  // (B·T, C) in the compute dtype
   CRef input_grad() const override;
   double take_loss_sum() override;
@@ -146,6 +151,15 @@ class LlamaModel final : public PipelineStage {
   // The head with a RowObjective: each row's log-probability, the objective's gradient, then
   // the head's backward with each row's dlogits scaled by it (forward_part).
   void objective_head(CRef Wh, float* dWh, bool backward, float weight, const uint8_t* host_mask);
+  // forward_part in two halves: the host's checks and the micro-batch's uploads, then the work
+  // queued on the device alone (what train_micro_batch records as a graph).
+  void stage_inputs(int slot, const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
+                    int B, int T, float token_weight, bool backward, const int32_t* seg,
+                    uint64_t first_sample);
+  void forward_compute(CRef x_in, bool backward, float token_weight, const uint8_t* host_mask);
+  // Whether a training micro-batch may run as a recorded graph: a device with graphs, one stage
+  // and one tensor rank, no ZeRO hooks, row objective, profile or per-micro-batch hook values.
+  bool graph_eligible() const;
   void layer_forward(int l, int B, int T);
   void layer_backward(int l, int B, int T);
   void copy(Ref dst, CRef src, size_t n);  // n elements of dst's dtype
@@ -182,6 +196,21 @@ class LlamaModel final : public PipelineStage {
   RowObjective* objective_ = nullptr;
   double objective_loss_ = 0;  // the objective's loss since take_loss_sum
   bool hooks_enabled_ = true;
+  // The micro-batch graph (train_micro_batch): its shape, the device's graph epoch it was
+  // recorded in, and the shape last run eagerly (the warm-up that makes every buffer first).
+  struct MicroBatchGraph {
+    void* exec = nullptr;
+    int B = 0, T = 0;
+    bool seg = false;
+    uint64_t epoch = 0;
+    int warm_B = 0, warm_T = 0;
+    bool warm_seg = false;
+    bool failed = false;         // a recording failed: the run goes on without graphs
+    int dequantized_after = -1;  // FlatParams::dequantized_group when the recording ended
+    int recorded = 0;
+  };
+  MicroBatchGraph graph_;
+  void drop_graph();
 };
 
 }  // namespace ft

@@ -177,6 +177,13 @@ class FlatParams {
   // What the model calls while it runs: through the hooks when set (ZeRO 2/3), else the full
   // buffers above. acquire/release bracket a group's use of its parameters.
   void set_hooks(GroupHooks* hooks) { hooks_ = hooks; }
+  bool has_hooks() const { return hooks_ != nullptr; }
+  // The quantized group whose values the shared dequantized buffer holds (-1: none, or unknown);
+  // acquiring it again queues no dequantization. A recorded graph replays the dequantizations it
+  // recorded, whatever this says: so the model records from -1 and, after each launch, sets the
+  // value the recording ended with (LlamaModel::train_micro_batch).
+  int dequantized_group() const { return dequantized_group_; }
+  void set_dequantized_group(int g) { dequantized_group_ = g; }
   // A quantized group's dequantized values live in the one shared buffer: acquiring another
   // quantized group while one is held is refused (it would overwrite what is in use).
   CRef acquire(int g) {

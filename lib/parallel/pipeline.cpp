@@ -104,10 +104,9 @@ double PipelineSchedule::train_step(const StepSamples& b, int micro, float token
     slots_ = 1;
     for (int i = 0; i < M; ++i) {
       const size_t off = size_t(i) * micro * T;
-      model_.forward_part(0, b.inputs.data() + off, CRef(), b.targets.data() + off,
-                          b.mask.data() + off, micro, T, token_weight, /*backward=*/true,
-                          segments(b, off), b.first_sample + uint64_t(i) * uint64_t(micro));
-      model_.backward_part(0, CRef());
+      model_.train_micro_batch(b.inputs.data() + off, b.targets.data() + off, b.mask.data() + off,
+                               micro, T, token_weight, segments(b, off),
+                               b.first_sample + uint64_t(i) * uint64_t(micro));
     }
     return model_.take_loss_sum();
   }

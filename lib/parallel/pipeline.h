@@ -43,6 +43,15 @@ class PipelineStage {
   // output. Leaves the gradient of the stage's input at input_grad() (not on the first stage).
   // Gradients accumulate.
   virtual void backward_part(int slot, CRef dy_in) = 0;
+  // A whole training micro-batch on the only stage (no pipeline): forward_part then
+  // backward_part in slot 0, which a stage may run another way with the same bits (LlamaModel:
+  // recorded once as a graph and replayed, FT_CUDA_GRAPHS).
+  virtual void train_micro_batch(const int32_t* inputs, const int32_t* targets, const uint8_t* mask,
+                                 int B, int T, float token_weight, const int32_t* seg,
+                                 uint64_t first_sample) {
+    forward_part(0, inputs, CRef(), targets, mask, B, T, token_weight, true, seg, first_sample);
+    backward_part(0, CRef());
+  }
   virtual CRef stage_output(int slot) const = 0;  // (B·T, C)
   virtual CRef input_grad() const = 0;            // (B·T, C)
   // The loss summed since the last call (over masked targets, on the last stage; 0 elsewhere),

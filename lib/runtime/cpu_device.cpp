@@ -205,6 +205,18 @@ void Device::copy_to_host_async(Stream, void* dst, const void* src, size_t bytes
 void Device::copy_from_host_async(Stream, void* dst, const void* src, size_t bytes) {
   copy_from_host(dst, src, bytes);
 }
+namespace {
+[[noreturn]] void no_graphs(const std::string& device) {
+  throw Error(detail::concat(device,
+                             ": graphs need the CUDA backend with FT_CUDA_GRAPHS=1 "
+                             "(Device::graphs_enabled)"));
+}
+}  // namespace
+void Device::graph_begin() { no_graphs(name()); }
+void* Device::graph_end() { no_graphs(name()); }
+void Device::graph_cancel() {}
+void Device::graph_launch(void*) { no_graphs(name()); }
+void Device::graph_destroy(void*) {}
 void Device::zero_host(void* ptr, size_t bytes) {
   if (bytes) std::memset(ptr, 0, bytes);
 }

@@ -190,6 +190,22 @@ class Device {
   virtual void upload_async(Stream, void* dst, const void* src, size_t bytes) {
     copy_from_host(dst, src, bytes);
   }
+  // Graphs (CUDA graphs; issue 33 point 3). Between graph_begin and graph_end the work queued on
+  // stream() is recorded, not run; graph_launch queues the recording on stream() with the
+  // pointers and by-value arguments it was recorded with (so a per-step value must be read from
+  // device memory). graphs_enabled(): this device records graphs (CUDA with FT_CUDA_GRAPHS=1);
+  // elsewhere the calls are ft::Errors. While recording, an allocation is an ft::Error (a block
+  // handed out then would be baked into the graph and handed out again later) and so is a host
+  // copy (it waits for the stream). graph_epoch() changes whenever a block that existed when a
+  // graph was last recorded is freed: a graph recorded in an older epoch may point at freed
+  // memory and must not be launched. graph_cancel ends a recording that failed, keeping nothing.
+  virtual bool graphs_enabled() const { return false; }
+  virtual void graph_begin();
+  virtual void* graph_end();  // the executable graph, for graph_launch and graph_destroy
+  virtual void graph_cancel();
+  virtual void graph_launch(void* graph);
+  virtual void graph_destroy(void* graph);
+  virtual uint64_t graph_epoch() const { return 0; }
   // The device's free and total memory as its driver reports them (CUDA: cudaMemGetInfo);
   // {0, 0} where the device is host memory (the CPU: see available_memory_bytes).
   struct MemoryInfo {

@@ -6,6 +6,7 @@
 //                               (or a build without the CUDA backend), with the reason
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -164,6 +165,65 @@ int main() {
       check(same,
             "upload_async: 40 uploads through the staging ring (a slot grown), the host array "
             "reused");
+    }
+
+    // Graphs: off unless FT_CUDA_GRAPHS=1 when the device is made; then work queued between
+    // graph_begin and graph_end is recorded, not run, and each launch replays it, reading device
+    // memory as it is then. An allocation while recording is an error, and the device goes on
+    // after graph_cancel. Freeing a block that existed at the recording moves the graph epoch;
+    // freeing a later one does not.
+    {
+      std::string err;
+      try {
+        dev->graph_begin();
+      } catch (const Error& e) {
+        err = e.what();
+      }
+      check(!dev->graphs_enabled() && err.find("FT_CUDA_GRAPHS=1") != std::string::npos,
+            "graphs are off without FT_CUDA_GRAPHS=1, and graph_begin says so");
+      setenv("FT_CUDA_GRAPHS", "1", 1);
+      std::unique_ptr<Device> g = make_device("cuda");
+      unsetenv("FT_CUDA_GRAPHS");
+      check(g->graphs_enabled(), "FT_CUDA_GRAPHS=1: the device records graphs");
+      const size_t m = 1000;
+      std::vector<float> x(m), y(m, 0.5f), got(m);
+      for (size_t i = 0; i < m; ++i) x[i] = float(i);
+      Buffer<float> xd(g.get(), m), yd(g.get(), m), old(g.get(), 7);
+      xd.upload(x.data(), m);
+      yd.upload(y.data(), m);
+      g->graph_begin();
+      g->ops().add(g->stream(), yd.data(), xd.data(), m);  // y += x
+      void* graph = g->graph_end();
+      yd.download(got.data(), m);
+      check(got[10] == 0.5f, "recorded work does not run");
+      g->graph_launch(graph);
+      for (float& v : x) v *= 2.0f;  // the second replay reads the new x
+      xd.upload(x.data(), m);
+      g->graph_launch(graph);
+      yd.download(got.data(), m);
+      check(got[10] == 0.5f + 10.0f + 20.0f && got[999] == 0.5f + 999.0f + 1998.0f,
+            "each launch replays the recording on the memory as it is then");
+      const uint64_t epoch = g->graph_epoch();
+      {
+        Buffer<float> later(g.get(), 5);  // made after the recording: freeing it changes nothing
+      }
+      check(g->graph_epoch() == epoch, "freeing a block made after the recording keeps the epoch");
+      old = Buffer<float>();  // existed at the recording: the graph may have used it
+      check(g->graph_epoch() != epoch, "freeing a block older than the recording moves the epoch");
+      g->graph_destroy(graph);
+      err.clear();
+      g->graph_begin();
+      try {
+        Buffer<float> during(g.get(), 3);
+      } catch (const Error& e) {
+        err = e.what();
+      }
+      g->graph_cancel();
+      check(err.find("while a graph is recorded") != std::string::npos,
+            "an allocation while recording is an error");
+      g->ops().add(g->stream(), yd.data(), xd.data(), m);
+      yd.download(got.data(), m);
+      check(got[10] == 0.5f + 10.0f + 20.0f + 20.0f, "the device runs work after graph_cancel");
     }
 
     // Out of memory: a clear ft::Error, and the device still works afterwards.

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
@@ -42,6 +43,19 @@ std::string cuda_version(int v) {
   return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
 }
 
+// FT_CUDA_GRAPHS: 1 lets the model record a micro-batch's forward and backward as a graph and
+// replay it (Device::graphs_enabled; not yet measured on a GPU), 0 (the default) never.
+bool graphs_requested() {
+  const char* v = std::getenv("FT_CUDA_GRAPHS");
+  const std::string mode = v ? v : "0";
+  if (mode != "0" && mode != "1")
+    throw Error(detail::concat("FT_CUDA_GRAPHS='", mode,
+                               "': use 1 (a micro-batch's forward and backward recorded once as a "
+                               "CUDA graph and replayed, where the run allows it) or 0 (the "
+                               "default: every kernel launched one by one)"));
+  return mode == "1";
+}
+
 std::string visible_devices() {
   const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
   return v ? detail::concat(" (CUDA_VISIBLE_DEVICES='", v, "')") : std::string();
@@ -56,6 +70,7 @@ class CudaDevice final : public Device {
     name_ = detail::concat("cuda:", ordinal_, " (", prop.name, ", ",
                            (prop.totalGlobalMem + (size_t(1) << 29)) >> 30, " GiB, sm_", prop.major,
                            prop.minor, ")");
+    graphs_enabled_ = graphs_requested();
     FT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     FT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     FT_CUDA_CHECK(cudaStreamCreateWithFlags(&update_stream_, cudaStreamNonBlocking));
@@ -104,8 +119,28 @@ class CudaDevice final : public Device {
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return name_; }
 
-  void* alloc(size_t bytes) override { return allocator_->allocate(bytes, stream_); }
-  void free(void* ptr, size_t) override { allocator_->deallocate(ptr); }
+  void* alloc(size_t bytes) override {
+    if (recording_)
+      throw Error(detail::concat("an allocation of ", bytes,
+                                 " bytes while a graph is recorded (FT_CUDA_GRAPHS): every buffer "
+                                 "the recorded work uses must exist before graph_begin"));
+    void* p = allocator_->allocate(bytes, stream_);
+    if (graphs_enabled_) serial_[p] = next_serial_++;
+    return p;
+  }
+  void free(void* ptr, size_t) override {
+    if (graphs_enabled_) {
+      const auto it = serial_.find(ptr);
+      if (it != serial_.end()) {
+        if (it->second < recorded_below_) {  // a recorded graph may use it: all are stale now
+          ++graph_epoch_;
+          recorded_below_ = 0;
+        }
+        serial_.erase(it);
+      }
+    }
+    allocator_->deallocate(ptr);
+  }
   void memset_zero(void* ptr, size_t bytes) override {
     if (!bytes) return;
     ProfileScope t(profile_.get(), OpFamily::kMemset, Stream{stream_});
@@ -231,6 +266,43 @@ class CudaDevice final : public Device {
   OpProfile* profile() override { return profile_.get(); }
   Stream stream() override { return Stream{stream_}; }
 
+  bool graphs_enabled() const override { return graphs_enabled_; }
+  void graph_begin() override {
+    if (!graphs_enabled_) Device::graph_begin();
+    FT_CHECK(!recording_, "graph_begin while a graph is already recorded");
+    // Global mode: a call that is unsafe during any capture (cudaMalloc, a synchronisation) fails
+    // and invalidates the recording instead of running.
+    FT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+    recording_ = true;
+  }
+  void* graph_end() override {
+    FT_CHECK(recording_, "graph_end without graph_begin");
+    recording_ = false;
+    cudaGraph_t graph = nullptr;
+    FT_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    FT_CUDA_CHECK(e);
+    recorded_below_ = next_serial_;
+    return exec;
+  }
+  void graph_cancel() override {
+    if (!recording_) return;
+    recording_ = false;
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(stream_, &graph);  // an invalidated capture answers an error: ignored
+    cudaGetLastError();
+    if (graph) cudaGraphDestroy(graph);
+  }
+  void graph_launch(void* graph) override {
+    FT_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), stream_));
+  }
+  void graph_destroy(void* graph) override {
+    if (graph) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+  }
+  uint64_t graph_epoch() const override { return graph_epoch_; }
+
  protected:
   void* event_create(bool timing) override {
     cudaEvent_t e = nullptr;
@@ -305,6 +377,12 @@ class CudaDevice final : public Device {
   std::array<UploadSlot, 16> uploads_{};
   size_t next_upload_ = 0;
   std::vector<void*> retired_uploads_;
+  // Graphs (FT_CUDA_GRAPHS=1): each live block's allocation serial, the serials below which a
+  // block may be used by a recorded graph, and the epoch that freeing such a block advances.
+  bool graphs_enabled_ = false;
+  bool recording_ = false;
+  std::unordered_map<void*, uint64_t> serial_;
+  uint64_t next_serial_ = 1, recorded_below_ = 0, graph_epoch_ = 0;
   std::unique_ptr<OpProfile> profile_;  // FT_PROFILE only
   std::unique_ptr<Ops> profiling_ops_;
   std::unique_ptr<cuda::CachingAllocator> allocator_;
