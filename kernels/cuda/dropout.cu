@@ -25,7 +25,8 @@ constexpr unsigned kThreads = 256;
 // written, by one thread).
 template <typename D>
 __global__ void dropout_kernel(D* y, const D* x, size_t cols, size_t col0, uint32_t threshold,
-                               float s, uint64_t key, size_t bpr, size_t items) {
+                               float s, const uint64_t* key_p, size_t bpr, size_t items) {
+  const uint64_t key = *key_p;  // read here, so a recorded graph takes each replay's key
   for (size_t t = grid_thread_index(); t < items; t += grid_thread_count()) {
     const size_t r = t / bpr;
     const uint64_t cb = col0 / 4 + (t - r * bpr);
@@ -58,9 +59,10 @@ __global__ void dropout_scale_only_kernel(D* y, const D* x, float f, size_t n) {
 
 template <typename T>
 void dropout_scale(T* y, const T* x, size_t rows, size_t cols, size_t col0, float p, float f,
-                   uint64_t key, void* stream) {
+                   const uint64_t* key, void* stream) {
   const size_t n = rows * cols;
   if (n == 0) return;
+  if (p != 0.0f && !key) throw ::ft::Error("dropout_scale: p > 0 without a key (a null pointer)");
   using D = device_t<T>;
   if (p == 0.0f) {
     constexpr int W = kPack16<T>;
@@ -79,8 +81,9 @@ void dropout_scale(T* y, const T* x, size_t rows, size_t cols, size_t col0, floa
   FT_CUDA_CHECK_LAUNCH();
 }
 
-#define FT_INSTANTIATE(T) \
-  template void dropout_scale(T*, const T*, size_t, size_t, size_t, float, float, uint64_t, void*);
+#define FT_INSTANTIATE(T)                                                                          \
+  template void dropout_scale(T*, const T*, size_t, size_t, size_t, float, float, const uint64_t*, \
+                              void*);
 FT_INSTANTIATE(float)
 FT_INSTANTIATE(bf16)
 FT_INSTANTIATE(f16)

@@ -218,10 +218,11 @@ template <typename Dst, typename Src>
 void convert(Dst* dst, const Src* src, size_t n, void* stream);
 
 // ---- dropout.cu: kernels.h dropout_scale, the CPU's bits (kernels/philox.h's mask) ----
-// y (rows, cols) = x ∘ mask · f / (1 − p) over columns [col0, col0 + cols); y may be x.
+// y (rows, cols) = x ∘ mask · f / (1 − p) over columns [col0, col0 + cols); y may be x. key:
+// one uint64 in device memory, read by the kernel; null when p = 0.
 template <typename T>
 void dropout_scale(T* y, const T* x, size_t rows, size_t cols, size_t col0, float p, float f,
-                   uint64_t key, void* stream);
+                   const uint64_t* key, void* stream);
 
 // ---- nf4.cu: kernels.h quantize_nf4 / dequantize_nf4, the CPU's bits (kernels/nf4.h) ----
 // codes (nf4_code_bytes(n)), absmax (nf4_blocks(n)) from x (n).

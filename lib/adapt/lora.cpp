@@ -74,7 +74,18 @@ class LoraHooks final : public LinearHooks {
     }
   }
 
-  bool per_micro_batch_values() const override { return p_ > 0.0f; }  // dropout's keys
+  // Key (layer, proj, b) at ((layer · kProjs + proj) · B + b): drop() reads its own.
+  void dropout_keys(uint64_t first_sample, int B, int n_layers,
+                    std::vector<uint64_t>& keys) const override {
+    keys.clear();
+    if (p_ == 0.0f) return;
+    keys.resize(size_t(n_layers) * kProjs * size_t(B));
+    for (int l = 0; l < n_layers; ++l)
+      for (int p = 0; p < kProjs; ++p)
+        for (int b = 0; b < B; ++b)
+          keys[(size_t(l) * kProjs + size_t(p)) * size_t(B) + size_t(b)] =
+              lora_dropout_key(seed_, first_sample + uint64_t(b), l, Proj(p));
+  }
 
   bool adapts(const LinearSite& site) const override {
     return site.layer >= 0 && int(site.proj) < kProjs && slot_[size_t(site.proj)].a != kNone;
@@ -150,7 +161,7 @@ class LoraHooks final : public LinearHooks {
 
   // y (n) *= s, in its own dtype.
   void scale(const LinearContext& c, Ref y, size_t n) const {
-    c.dev->ops().dropout_scale(c.dev->stream(), y, y, n, 1, 0, 0.0f, s_, 0);
+    c.dev->ops().dropout_scale(c.dev->stream(), y, y, n, 1, 0, 0.0f, s_, nullptr);
   }
 
   bool dropping(const LinearContext& c) const { return p_ > 0 && c.training; }
@@ -162,11 +173,14 @@ class LoraHooks final : public LinearHooks {
   // (lora_dropout_key), so that every layout draws the masks one process draws.
   void drop(const LinearContext& c, const Linear& l, int layer, Ref y, CRef x, int N) const {
     const size_t T = size_t(c.seq_len), row = T * size_t(l.in);
+    const size_t B = size_t(N) / T;
     FT_CHECK(T > 0 && size_t(N) % T == 0, "LoRA dropout: ", N, " rows of sequences of ", T);
-    for (size_t b = 0; b < size_t(N) / T; ++b)
+    FT_CHECK(c.dropout_keys && size_t(c.dropout_samples) == B, "LoRA dropout: keys for ",
+             c.dropout_samples, " samples staged, ", B, " asked for");
+    const uint64_t* keys = c.dropout_keys + (size_t(layer) * kProjs + size_t(l.proj)) * B;
+    for (size_t b = 0; b < B; ++b)
       c.dev->ops().dropout_scale(c.dev->stream(), y + b * row, x + b * row, T, size_t(l.in),
-                                 col0(c, l), p_, 1.0f,
-                                 lora_dropout_key(seed_, c.first_sample + b, layer, l.proj));
+                                 col0(c, l), p_, 1.0f, keys + b);
   }
 
   // The adapter's input: x, or in training with dropout its dropped copy.

@@ -54,6 +54,10 @@ struct LinearContext {
   bool training = false;
   uint64_t first_sample = 0;
   int seq_len = 1;
+  // The micro-batch's dropout keys in device memory, laid out by the hooks (LinearHooks::
+  // dropout_keys), for dropout_samples samples from first_sample; null: none staged.
+  const uint64_t* dropout_keys = nullptr;
+  int dropout_samples = 0;
 };
 
 // What an adapter adds to a linear layer y = x·Wᵀ: its own term of the output and of the input
@@ -64,9 +68,15 @@ class LinearHooks {
   virtual ~LinearHooks() = default;
   // Whether the site is adapted (the others are called with no hook at all).
   virtual bool adapts(const LinearSite& site) const = 0;
-  // Whether the hooks pass a value that changes per micro-batch (LinearContext::first_sample's
-  // dropout keys) to an op by value, which a recorded graph would replay stale.
-  virtual bool per_micro_batch_values() const { return false; }
+  // The keys of a training micro-batch's dropout masks, which the hooks' ops read from device
+  // memory (so a recorded graph takes each micro-batch's): for samples first_sample ..
+  // first_sample + B − 1 of a model of n_layers blocks, in the hooks' own layout. The model
+  // uploads them before the micro-batch's work and passes them as LinearContext::dropout_keys.
+  // Empty: the hooks draw nothing.
+  virtual void dropout_keys(uint64_t /*first_sample*/, int /*B*/, int /*n_layers*/,
+                            std::vector<uint64_t>& keys) const {
+    keys.clear();
+  }
   // y (N, out) += the adapter's output for x (N, in). For a row-parallel layer y is this rank's
   // partial sum, before the tensor all-reduce.
   virtual void forward(const LinearContext& c, const Linear& l, int layer, Ref y, CRef x,

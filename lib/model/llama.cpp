@@ -64,6 +64,10 @@ struct LlamaModel::Acts {
   // the backward pass, which nobody reads; each row's gradient scale (B), for the ops to read.
   Buffer<double> row_loss;
   Buffer<float> row_scale;
+  // The adapters' dropout keys of the micro-batch in this slot (LinearHooks::dropout_keys), for
+  // dropout_samples samples; empty without dropout.
+  Buffer<uint64_t> dropout_keys;
+  int dropout_samples = 0;
   // backward scratch
   DBuffer dresid, dtmp;        // (N, C)
   DBuffer dq, dk, dv, datt;    // (N, H*D), (N, K*D), (N, K*D), (N, H*D)
@@ -157,6 +161,8 @@ LinearContext LlamaModel::linear_context() const {
     c.training = acts_->training;
     c.first_sample = acts_->first_sample;
     c.seq_len = acts_->T;
+    c.dropout_keys = acts_->dropout_keys.data();
+    c.dropout_samples = acts_->dropout_samples;
   }
   return c;
 }
@@ -304,6 +310,11 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward, bool se
   a->backward = need_backward;
   const size_t N = size_t(B) * T, C = cfg_.dim, F = F_, V = V_;
   if (stage_.embed) a->inputs = Buffer<int32_t>(dev_, N);
+  if (need_backward && hooks_) {
+    std::vector<uint64_t> keys;
+    hooks_->dropout_keys(0, B, cfg_.n_layers, keys);
+    if (!keys.empty()) a->dropout_keys = Buffer<uint64_t>(dev_, keys.size());
+  }
   if (segments) {
     a->seg = Buffer<int32_t>(dev_, N);
     a->pos = Buffer<int32_t>(dev_, N);
@@ -565,6 +576,14 @@ void LlamaModel::stage_inputs(int slot, const int32_t* inputs, const int32_t* ta
                " out of range for vocab_size ", cfg_.vocab_size);
     upload_async(dev_, st_, a.inputs, inputs, size_t(N));
   }
+  if (backward && a.dropout_keys.size()) {
+    std::vector<uint64_t> keys;
+    hooks_->dropout_keys(first_sample, B, cfg_.n_layers, keys);
+    FT_CHECK(keys.size() == a.dropout_keys.size(), "dropout keys: ", keys.size(), " made, ",
+             a.dropout_keys.size(), " held");
+    upload_async(dev_, st_, a.dropout_keys, keys.data(), keys.size());
+    a.dropout_samples = B;
+  }
   if (!stage_.head) return;
   for (int n = 0; n < N; ++n)
     FT_CHECK(!mask[n] || (targets[n] >= 0 && targets[n] < cfg_.vocab_size), "target token id ",
@@ -757,8 +776,7 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
 
 bool LlamaModel::graph_eligible() const {
   return dev_->graphs_enabled() && !graph_.failed && tp_.size() == 1 && stage_.embed &&
-         stage_.head && !objective_ && !flat_.has_hooks() && dev_->profile() == nullptr &&
-         !(hooks_enabled_ && hooks_ && hooks_->per_micro_batch_values());
+         stage_.head && !objective_ && !flat_.has_hooks() && dev_->profile() == nullptr;
 }
 
 void LlamaModel::drop_graph() {
@@ -805,8 +823,10 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
     backward_part(0, CRef());
     g.exec = dev_->graph_end();
   } catch (const Error& e) {
-    // Nothing recorded ran: the micro-batch runs op by op, and so does the rest of the run.
+    // Nothing recorded ran: the micro-batch runs op by op, and so does the rest of the run. The
+    // pass may have stopped between a quantized group's acquire and release.
     dev_->graph_cancel();
+    flat_.reset_quantized_holds();
     g.failed = true;
     log_warn(
         "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on "

@@ -184,6 +184,13 @@ class FlatParams {
   // value the recording ended with (LlamaModel::train_micro_batch).
   int dequantized_group() const { return dequantized_group_; }
   void set_dequantized_group(int g) { dequantized_group_ = g; }
+  // After a pass that stopped midway (a graph recording that failed): no quantized group held,
+  // none known to be dequantized.
+  void reset_quantized_holds() {
+    held_refs_ = 0;
+    held_group_ = -1;
+    dequantized_group_ = -1;
+  }
   // A quantized group's dequantized values live in the one shared buffer: acquiring another
   // quantized group while one is held is refused (it would overwrite what is in use).
   CRef acquire(int g) {

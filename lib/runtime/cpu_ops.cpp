@@ -267,15 +267,16 @@ class CpuOps final : public Ops {
     k::random_normal(out, rows, cols, ld, key, first, std);
   }
   void dropout_scale(Stream, Ref y, CRef x, size_t rows, size_t cols, size_t col0, float p, float f,
-                     uint64_t key) override {
+                     const uint64_t* key) override {
     FT_CHECK(p >= 0.0f && p < 1.0f, "dropout_scale: p = ", p,
              " is outside [0, 1) (the probability of dropping an element)");
+    FT_CHECK(p == 0.0f || key != nullptr, "dropout_scale: p > 0 without a key (a null pointer)");
     FT_CHECK(y.ptr == x.ptr || !ranges_overlap(y, x, rows * cols),
              "dropout_scale: y overlaps x without being x; in place is y = x, else give y its own "
              "buffer");
     dispatch(same_dtype("dropout_scale", {y.dtype, x.dtype}), [&](auto t) {
       using T = decltype(t);
-      k::dropout_scale(as<T>(y), as<T>(x), rows, cols, col0, p, f, key);
+      k::dropout_scale(as<T>(y), as<T>(x), rows, cols, col0, p, f, p == 0.0f ? 0 : *key);
     });
   }
   void quantize_nf4(Stream, uint8_t* codes, float* absmax, CRef x, size_t n) override {

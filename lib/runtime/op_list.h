@@ -218,11 +218,12 @@ FT_OP(random_normal, kRandom,
 // once: a kept element is float(x) · s rounded to y's dtype, s = f / (1 − p) rounded to fp32
 // (philox::dropout_factor), a dropped one +0. The same call (the same rows, cols, col0, p, f,
 // key) on the output's gradient is its backward: the mask is drawn again, never stored. The key
-// is the caller's (one per step, micro-batch and module, dropout's own); the same bits on every
-// device and thread count.
+// is the caller's (one per step, micro-batch and module, dropout's own), one uint64 in device
+// memory read when the op runs (so a recorded graph takes each replay's); null when p = 0. The
+// same bits on every device and thread count.
 FT_OP(dropout_scale, kDropout,
       (Stream s, Ref y, CRef x, size_t rows, size_t cols, size_t col0, float p, float f,
-       uint64_t key),
+       const uint64_t* key),
       (s, y, x, rows, cols, col0, p, f, key))
 
 // ---- NF4, QLoRA's 4-bit storage of frozen weights (issue 28; the format, the table and the host

@@ -9,15 +9,18 @@
 #    token weight changes every step and is read from device memory; seen: a graph launch
 #    dropped every other time makes the checkpoints differ);
 #  - bf16 with activation checkpointing; fp16 (loss scaling: the scale is in the token weight);
-#  - LoRA (r 4): recorded; with dropout 0.1 (its keys change per micro-batch and are passed by
-#    value) not recorded, op by op (seen: recorded anyway, the bytes differ);
+#  - LoRA (r 4), and with dropout 0.1: its keys change every micro-batch and the dropout op reads
+#    them from device memory, staged with the micro-batch's inputs (seen: with the keys passed by
+#    value, as before, the replays reuse the recording's masks and the bytes differ);
 #  - QLoRA in bf16 with activation checkpointing: the host skips a dequantization when the shared
 #    buffer already holds the group, so the recording starts from an unknown state and each launch
 #    leaves the host believing what the recording left (seen: recorded from the host's cached
 #    state instead, the first replay after an evaluation used another layer's weights);
 #  - packed documents in bf16 at head dim 64 (the fused attention with segment ids) through the
 #    Hopper kernels (FT_CUDA_ATTENTION_SM90=1: their TMA descriptors are kernel arguments);
-#  - ZeRO stage 3 (its hooks gather and reduce around the layers): not recorded.
+#  - ZeRO stage 3 (its hooks gather and reduce around the layers): not recorded;
+#  - a recording that fails (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail: the emulation refuses every
+#    instantiation) is cancelled with a warning, and QLoRA's run goes on op by op with the same bits.
 #   bash tests/cli/test_cuda_emu_graphs.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 need_emu
@@ -65,7 +68,7 @@ pair f32 1
 pair bf16_ac 1 training.precision=bf16 training.activation_checkpointing=true
 pair fp16 1 training.precision=fp16
 pair lora 1 adapter.type=lora adapter.r=4
-pair lora_dropout 0 adapter.type=lora adapter.r=4 adapter.dropout=0.1
+pair lora_dropout 1 adapter.type=lora adapter.r=4 adapter.dropout=0.1
 pair qlora_bf16_ac 1 adapter.type=qlora adapter.r=4 training.precision=bf16 \
   training.activation_checkpointing=true
 FT_CUDA_EMU_LAUNCHES=1 FT_CUDA_ATTENTION_SM90=1 pair packed_sm90 1 data.pack=true \
@@ -75,4 +78,7 @@ for kernel in forward dkdv dq; do
     || fail "packed_sm90: no attention_sm90_${kernel}_kernel launch"
 done
 pair zero3 0 parallel.zero_stage=3
+FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused 0 adapter.type=qlora adapter.r=4
+grep -q "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on without graphs: .*cudaGraphInstantiate" \
+  "$tmp/refused.1.log" || fail "refused: no warning naming the failed instantiation: $(grep -m2 FT_CUDA_GRAPHS "$tmp/refused.1.log")"
 echo "ok: graphs replay the bits of launching op by op"

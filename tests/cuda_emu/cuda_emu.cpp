@@ -1978,6 +1978,10 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
   if (!pGraphExec) return fail(cudaErrorInvalidValue);
   std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
   if (!graphs().count(graph)) return fail(cudaErrorInvalidValue);
+  // FT_CUDA_EMU_GRAPH_INSTANTIATE=fail: every instantiation fails, as a graph the driver cannot
+  // instantiate would, so that a caller's way back to launching op by op runs in tests.
+  if (const char* v = std::getenv("FT_CUDA_EMU_GRAPH_INSTANTIATE"); v && std::string(v) == "fail")
+    return fail(cudaErrorNotSupported);
   auto* e = new CUgraphExec_st{graph->nodes};
   graph_execs().insert(e);
   *pGraphExec = e;

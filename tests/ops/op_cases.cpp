@@ -10,6 +10,7 @@
 // the same fp32 math in another order (block trees, tiles), with the device's expf and fused
 // multiply-adds. A 16-bit output is that fp32 value rounded once on each side, so two values a
 // few fp32 ulp apart can round one 16-bit value apart: `ulps = 1` in the 16-bit tolerances.
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -1196,8 +1197,13 @@ void dropout_case(Cases& cs, const DropoutShape& sh, float p, float f, bool in_p
     c.tensors = {in("x", x), out<T>("y", n, kExact)};
     for (Tensor& t : c.tensors) t.offset = sh.offset;
   }
+  // The key in device memory: its 8 bytes carried by an f64 input (the harness has no u64);
+  // none when p = 0.
+  c.tensors.push_back(in("key", std::vector<double>{std::bit_cast<double>(kDropoutKey)}));
   c.run = [=](Device& d, const Args& a) {
-    d.ops().dropout_scale(d.stream(), a.ref(1), a.cref(0), rows, cols, col0, p, f, kDropoutKey);
+    const auto* key = reinterpret_cast<const uint64_t*>(a.f64(2));
+    d.ops().dropout_scale(d.stream(), a.ref(1), a.cref(0), rows, cols, col0, p, f,
+                          p == 0.0f ? nullptr : key);
   };
   c.relation = [=](const std::vector<std::vector<uint8_t>>& o) -> std::string {
     std::string broken = same_bits_as(o[0], *want, "the plain loop");

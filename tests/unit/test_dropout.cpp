@@ -191,14 +191,18 @@ TEST_CASE("dropout_scale through the ops: p outside [0, 1) and a partial overlap
   auto ops = ft::make_cpu_ops();
   std::vector<float> buf(40, 1.0f);
   float* x = buf.data();
+  const uint64_t one = 1, *key = &one;  // the key in device memory: host memory on the CPU
   for (float p : {1.0f, -0.1f, 1.5f, std::nanf("")})
-    CHECK_THROWS_WITH(ops->dropout_scale({}, x + 20, x, 4, 5, 0, p, 1.0f, 1),
+    CHECK_THROWS_WITH(ops->dropout_scale({}, x + 20, x, 4, 5, 0, p, 1.0f, key),
                       doctest::Contains("is outside [0, 1)"));
-  CHECK_THROWS_WITH(ops->dropout_scale({}, x + 1, x, 4, 5, 0, 0.1f, 1.0f, 1),
+  CHECK_THROWS_WITH(ops->dropout_scale({}, x + 1, x, 4, 5, 0, 0.1f, 1.0f, key),
                     doctest::Contains("y overlaps x without being x"));
-  CHECK_NOTHROW(ops->dropout_scale({}, x, x, 4, 5, 0, 0.1f, 1.0f, 1));       // in place
-  CHECK_NOTHROW(ops->dropout_scale({}, x + 20, x, 4, 5, 0, 0.1f, 1.0f, 1));  // adjacent
+  CHECK_NOTHROW(ops->dropout_scale({}, x, x, 4, 5, 0, 0.1f, 1.0f, key));       // in place
+  CHECK_NOTHROW(ops->dropout_scale({}, x + 20, x, 4, 5, 0, 0.1f, 1.0f, key));  // adjacent
+  CHECK_THROWS_WITH(ops->dropout_scale({}, x + 20, x, 4, 5, 0, 0.1f, 1.0f, nullptr),
+                    doctest::Contains("without a key"));
+  CHECK_NOTHROW(ops->dropout_scale({}, x + 20, x, 4, 5, 0, 0.0f, 1.0f, nullptr));  // p = 0
   CHECK_THROWS_WITH(
-      ops->dropout_scale({}, ft::Ref(x + 20, ft::DType::kBF16), x, 4, 5, 0, 0.1f, 1.0f, 1),
+      ops->dropout_scale({}, ft::Ref(x + 20, ft::DType::kBF16), x, 4, 5, 0, 0.1f, 1.0f, key),
       doctest::Contains("different element types"));
 }

@@ -246,10 +246,19 @@ TEST_CASE("LoRA dropout: a site's forward and backward are the definition's with
   std::vector<float> md(x.size(), 1.0f);
   Buffer<float> ones(dev.get(), md.size());
   ones.upload(md.data(), md.size());
-  for (int b = 0; b < 2; ++b)
+  // The keys the model stages for the micro-batch (LinearHooks::dropout_keys); the site's are
+  // lora_dropout_key's for its samples.
+  std::vector<uint64_t> keys;
+  model.linear_hooks()->dropout_keys(first, 2, cfg.n_layers, keys);
+  Buffer<uint64_t> keys_d(dev.get(), keys.size());
+  keys_d.upload(keys.data(), keys.size());
+  for (int b = 0; b < 2; ++b) {
+    const uint64_t key = lora_dropout_key(11, first + uint64_t(b), 0, Proj::kQ);
+    REQUIRE(std::find(keys.begin(), keys.end(), key) != keys.end());
     dev->ops().dropout_scale(dev->stream(), ones.data() + size_t(b) * 5 * C,
                              ones.data() + size_t(b) * 5 * C, 5, size_t(C), 0, float(ac.dropout),
-                             1.0f, lora_dropout_key(11, first + uint64_t(b), 0, Proj::kQ));
+                             1.0f, &key);
+  }
   ones.download(md.data(), md.size());
   int dropped = 0;
   for (float v : md) dropped += v == 0.0f;
@@ -276,6 +285,8 @@ TEST_CASE("LoRA dropout: a site's forward and backward are the definition's with
     c.training = training;
     c.first_sample = first;
     c.seq_len = 5;
+    c.dropout_keys = keys_d.data();
+    c.dropout_samples = 2;
     const Linear q{Proj::kQ, C, HD};
     REQUIRE(c.hooks->adapts({0, Proj::kQ}));
     CHECK_FALSE(c.hooks->adapts({0, Proj::kK}));

@@ -283,7 +283,11 @@ class CudaDevice final : public Device {
     cudaGraphExec_t exec = nullptr;
     const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
-    FT_CUDA_CHECK(e);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw Error(detail::concat("cudaGraphInstantiate failed: ", cudaGetErrorName(e), ": ",
+                                 cudaGetErrorString(e)));
+    }
     recorded_below_ = next_serial_;
     return exec;
   }

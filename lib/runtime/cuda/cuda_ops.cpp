@@ -374,7 +374,7 @@ class CudaOps final : public Ops {
     kc::random_normal(out, rows, cols, ld, key, first, std, stream(s));
   }
   void dropout_scale(Stream s, Ref y, CRef x, size_t rows, size_t cols, size_t col0, float p,
-                     float f, uint64_t key) override {
+                     float f, const uint64_t* key) override {
     same_dtype("dropout_scale", y.dtype, x.dtype);
     FT_CHECK(p >= 0.0f && p < 1.0f, "dropout_scale: p = ", p,
              " is outside [0, 1) (the probability of dropping an element)");
