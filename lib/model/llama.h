@@ -158,7 +158,7 @@ class LlamaModel final : public PipelineStage {
                     uint64_t first_sample);
   void forward_compute(CRef x_in, bool backward, float token_weight, const uint8_t* host_mask);
   // Whether a training micro-batch may run as a recorded graph: a device with graphs, one stage
-  // and one tensor rank, no ZeRO hooks, row objective, profile or per-micro-batch hook values.
+  // and one tensor rank, no ZeRO hooks, no row objective, no profile.
   bool graph_eligible() const;
   void layer_forward(int l, int B, int T);
   void layer_backward(int l, int B, int T);
