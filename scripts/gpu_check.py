@@ -63,6 +63,14 @@ Checks, in order (each PASS, FAIL or SKIP with a reason; a failure does not stop
   overlap_update  issue 33 point 4: the ~1B bench with parallel.overlap_update (AdamW on its
                own stream under the next forward), tokens/s and the ratio to bench_ac_off's;
                a run with this stage decides the default
+  sm90_step    issue 33 point 4: the ~1B bench with FT_CUDA_ATTENTION_SM90=1 (the Hopper
+               attention kernels in the step), tokens/s and the ratio to bench_ac_off's; a run
+               with this stage (and attention's sm90 rows) decides that default
+  graphs       issue 33 point 3: FT_CUDA_GRAPHS=1 (each micro-batch's forward and backward
+               replayed as a CUDA graph) against op by op, on SMALL (a ~125M Llama, seq 512,
+               micro-batch 8, where launches weigh most: rows graphs_small_off, graphs_small
+               with the ratio) and on the ~1B bench (row graphs with the ratio to
+               bench_ac_off's); a run with this stage decides that default
   bench_long   the ~1B model at seq 8192, micro-batch 1, ft and PyTorch eager (row
                bench_long_torch with the ratio ft/PyTorch)
   bench_8b     8B-class layers (dim 4096, 8 layers, 32/8 heads, head dim 128, ffn 14336), seq
@@ -159,6 +167,9 @@ PEAKS = [("H200", 989.4e12), ("H100 PCIe", 756e12), ("H100", 989.4e12), ("A100",
 
 TINY = dict(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=704, vocab_size=512)
 BIG = dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=5632, vocab_size=32000)
+# The graphs stage's small model (~125M parameters with the bundle's vocabulary), where a step's
+# kernel launches weigh most.
+SMALL = dict(dim=768, n_layers=12, n_heads=12, n_kv_heads=4, ffn_dim=2048, vocab_size=32000)
 # 8B-class layers (Llama 3 8B's dim, heads and ffn; 8 of its 32 layers; the bundle's vocabulary).
 EIGHT_B = dict(dim=4096, n_layers=8, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=32000)
 # The adapter stages' shape under --device cpu, a try-out of their plumbing (seq 128): the
@@ -187,7 +198,7 @@ LIMITS = dict(env=30, kernels=150, ops=120, lt_gemm=60, device=30, nccl=120, mem
               racecheck=570, fp32_vs_cpu=60, bf16_vs_cpu=60, packing=60, generate=150,
               determinism=60, attention=90,
               bench=150, torch=90, torch_compile=210, profile=120, gemm_algos=90,
-              overlap_update=90,
+              overlap_update=90, sm90_step=90, graphs=150,
               bench_long=150, bench_8b=180,
               lora_8b=180, qlora_8b=120, offload_3b=420)
 
@@ -944,6 +955,28 @@ def main():
     if want("overlap_update"):
         override_stage("overlap_update", "parallel.overlap_update=true",
                        "overlapped / in-stream update")
+    if want("sm90_step"):
+        chk.stage(limit("sm90_step"))
+        tps = ft_bench("sm90_step", BIG, 2048, a.bench_micro_batch,
+                       env=dict(os.environ, FT_CUDA_ATTENTION_SM90="1"))
+        base = bench.get("bench_ac_off")
+        if tps and base:
+            chk.record("sm90_step_ratio", "PASS",
+                       f"Hopper / FA2-class attention {tps / base:.3f}x ({tps:,.0f} / "
+                       f"{base:,.0f} tokens/s)")
+    if want("graphs"):
+        chk.stage(limit("graphs"))
+        graphs = dict(os.environ, FT_CUDA_GRAPHS="1")
+        off = ft_bench("graphs_small_off", SMALL, 512, 8)
+        on = ft_bench("graphs_small", SMALL, 512, 8, env=graphs)
+        if off and on:
+            chk.record("graphs_small_ratio", "PASS",
+                       f"graphs / op by op {on / off:.3f}x ({on:,.0f} / {off:,.0f} tokens/s)")
+        tps = ft_bench("graphs", BIG, 2048, a.bench_micro_batch, env=graphs)
+        base = bench.get("bench_ac_off")
+        if tps and base:
+            chk.record("graphs_ratio", "PASS",
+                       f"graphs / op by op {tps / base:.3f}x ({tps:,.0f} / {base:,.0f} tokens/s)")
     if want("bench_long"):
         # Seq 8192, micro-batch 1: attention's share of the step grows with T.
         chk.stage(limit("bench_long"))

@@ -1,5 +1,6 @@
 #include "adapt/lora.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <vector>
@@ -74,17 +75,20 @@ class LoraHooks final : public LinearHooks {
     }
   }
 
-  // Key (layer, proj, b) at ((layer · kProjs + proj) · B + b): drop() reads its own.
-  void dropout_keys(uint64_t first_sample, int B, int n_layers,
-                    std::vector<uint64_t>& keys) const override {
-    keys.clear();
+  // Key (layer, proj, b) at ((layer · kProjs + proj) · B + b): drop() reads its own. A
+  // projection without an adapter keeps its place, with keys of 0 that nothing reads.
+  size_t dropout_key_count(int B, int n_layers) const override {
+    return p_ == 0.0f ? 0 : size_t(n_layers) * kProjs * size_t(B);
+  }
+  void dropout_keys(uint64_t first_sample, int B, int n_layers, uint64_t* keys) const override {
     if (p_ == 0.0f) return;
-    keys.resize(size_t(n_layers) * kProjs * size_t(B));
+    std::fill_n(keys, dropout_key_count(B, n_layers), uint64_t{0});
     for (int l = 0; l < n_layers; ++l)
       for (int p = 0; p < kProjs; ++p)
-        for (int b = 0; b < B; ++b)
-          keys[(size_t(l) * kProjs + size_t(p)) * size_t(B) + size_t(b)] =
-              lora_dropout_key(seed_, first_sample + uint64_t(b), l, Proj(p));
+        if (slot_[size_t(p)].a != kNone)
+          for (int b = 0; b < B; ++b)
+            keys[(size_t(l) * kProjs + size_t(p)) * size_t(B) + size_t(b)] =
+                lora_dropout_key(seed_, first_sample + uint64_t(b), l, Proj(p));
   }
 
   bool adapts(const LinearSite& site) const override {

@@ -72,11 +72,10 @@ class LinearHooks {
   // memory (so a recorded graph takes each micro-batch's): for samples first_sample ..
   // first_sample + B − 1 of a model of n_layers blocks, in the hooks' own layout. The model
   // uploads them before the micro-batch's work and passes them as LinearContext::dropout_keys.
-  // Empty: the hooks draw nothing.
+  // dropout_keys writes dropout_key_count(B, n_layers) of them (0: the hooks draw nothing).
+  virtual size_t dropout_key_count(int /*B*/, int /*n_layers*/) const { return 0; }
   virtual void dropout_keys(uint64_t /*first_sample*/, int /*B*/, int /*n_layers*/,
-                            std::vector<uint64_t>& keys) const {
-    keys.clear();
-  }
+                            uint64_t* /*keys*/) const {}
   // y (N, out) += the adapter's output for x (N, in). For a row-parallel layer y is this rank's
   // partial sum, before the tensor all-reduce.
   virtual void forward(const LinearContext& c, const Linear& l, int layer, Ref y, CRef x,

@@ -310,11 +310,9 @@ void LlamaModel::ensure_acts(int slot, int B, int T, bool need_backward, bool se
   a->backward = need_backward;
   const size_t N = size_t(B) * T, C = cfg_.dim, F = F_, V = V_;
   if (stage_.embed) a->inputs = Buffer<int32_t>(dev_, N);
-  if (need_backward && hooks_) {
-    std::vector<uint64_t> keys;
-    hooks_->dropout_keys(0, B, cfg_.n_layers, keys);
-    if (!keys.empty()) a->dropout_keys = Buffer<uint64_t>(dev_, keys.size());
-  }
+  if (need_backward && hooks_)
+    if (const size_t keys = hooks_->dropout_key_count(B, cfg_.n_layers))
+      a->dropout_keys = Buffer<uint64_t>(dev_, keys);
   if (segments) {
     a->seg = Buffer<int32_t>(dev_, N);
     a->pos = Buffer<int32_t>(dev_, N);
@@ -577,10 +575,8 @@ void LlamaModel::stage_inputs(int slot, const int32_t* inputs, const int32_t* ta
     upload_async(dev_, st_, a.inputs, inputs, size_t(N));
   }
   if (backward && a.dropout_keys.size()) {
-    std::vector<uint64_t> keys;
-    hooks_->dropout_keys(first_sample, B, cfg_.n_layers, keys);
-    FT_CHECK(keys.size() == a.dropout_keys.size(), "dropout keys: ", keys.size(), " made, ",
-             a.dropout_keys.size(), " held");
+    std::vector<uint64_t> keys(a.dropout_keys.size());  // hooks_->dropout_key_count's
+    hooks_->dropout_keys(first_sample, B, cfg_.n_layers, keys.data());
     upload_async(dev_, st_, a.dropout_keys, keys.data(), keys.size());
     a.dropout_samples = B;
   }
@@ -801,24 +797,21 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
   };
   if (!graph_eligible()) return eager();
   MicroBatchGraph& g = graph_;
-  const bool segments = seg != nullptr;
-  if (g.exec && (g.B != B || g.T != T || g.seg != segments || g.epoch != dev_->graph_epoch()))
-    drop_graph();
+  const MicroBatchGraph::Shape shape{B, T, seg != nullptr};
+  if (g.exec && (g.shape != shape || g.epoch != dev_->graph_epoch())) drop_graph();
   if (g.exec) {
     dev_->graph_launch(g.exec);
     flat_.set_dequantized_group(g.dequantized_after);
     return;
   }
-  if (g.warm_B != B || g.warm_T != T || g.warm_seg != segments) {
+  if (g.warm != shape) {
     eager();
-    g.warm_B = B;
-    g.warm_T = T;
-    g.warm_seg = segments;
+    g.warm = shape;
     return;
   }
   flat_.set_dequantized_group(-1);  // the graph dequantizes whatever it uses (QLoRA)
-  dev_->graph_begin();
   try {
+    dev_->graph_begin();
     forward_compute(CRef(), /*backward=*/true, token_weight, mask);
     backward_part(0, CRef());
     g.exec = dev_->graph_end();
@@ -833,14 +826,16 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
         "without graphs: ",
         e.what());
     return eager();
+  } catch (...) {
+    dev_->graph_cancel();  // the device stream must not stay in a recording
+    flat_.reset_quantized_holds();
+    throw;
   }
-  g.B = B;
-  g.T = T;
-  g.seg = segments;
+  g.shape = shape;
   g.epoch = dev_->graph_epoch();
   g.dequantized_after = flat_.dequantized_group();
   ++g.recorded;
-  log_info("FT_CUDA_GRAPHS: micro-batch ", B, "x", T, segments ? " (packed)" : "",
+  log_info("FT_CUDA_GRAPHS: micro-batch ", B, "x", T, shape.seg ? " (packed)" : "",
            " recorded as a graph (recording ", g.recorded, "), replayed from here on");
   dev_->graph_launch(g.exec);
 }

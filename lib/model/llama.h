@@ -184,8 +184,8 @@ class LlamaModel final : public PipelineStage {
   // (D/2) RoPE inverse frequencies of cfg_'s rope type (model/rope.h), in device memory.
   Buffer<float> rope_inv_freq_;
   Buffer<double> loss_acc_;  // (1) the loss summed since take_loss_sum
-  // (1) the token weight the cross-entropy ops read from device memory (so a captured graph would
-  // take each step's), and the value last uploaded: uploaded again only when it changes.
+  // (1) the token weight the cross-entropy ops read from device memory (so that a recorded graph
+  // takes each micro-batch's), and the value last uploaded: uploaded again only when it changes.
   Buffer<float> token_weight_;
   float token_weight_host_ = 0.0f;
   Stream st_;
@@ -199,12 +199,14 @@ class LlamaModel final : public PipelineStage {
   // The micro-batch graph (train_micro_batch): its shape, the device's graph epoch it was
   // recorded in, and the shape last run eagerly (the warm-up that makes every buffer first).
   struct MicroBatchGraph {
+    struct Shape {
+      int B = 0, T = 0;
+      bool seg = false;  // packed documents
+      bool operator==(const Shape&) const = default;
+    };
     void* exec = nullptr;
-    int B = 0, T = 0;
-    bool seg = false;
+    Shape shape, warm;
     uint64_t epoch = 0;
-    int warm_B = 0, warm_T = 0;
-    bool warm_seg = false;
     bool failed = false;         // a recording failed: the run goes on without graphs
     int dequantized_after = -1;  // FlatParams::dequantized_group when the recording ended
     int recorded = 0;

@@ -194,12 +194,18 @@ class Device {
   // stream() is recorded, not run; graph_launch queues the recording on stream() with the
   // pointers and by-value arguments it was recorded with (so a per-step value must be read from
   // device memory). graphs_enabled(): this device records graphs (CUDA with FT_CUDA_GRAPHS=1);
-  // elsewhere the calls are ft::Errors. While recording, an allocation is an ft::Error (a block
-  // handed out then would be baked into the graph and handed out again later) and so is a host
-  // copy (it waits for the stream). graph_epoch() changes whenever a block that existed when a
-  // graph was last recorded is freed: a graph recorded in an older epoch may point at freed
-  // memory and must not be launched. graph_cancel ends a recording that failed, keeping nothing.
+  // elsewhere the calls are ft::Errors. The recording is the calling thread's: other threads may
+  // wait on events meanwhile (a checkpoint writer), while this thread's own waits break it. While
+  // recording, an allocation (device or page-locked) or a free of page-locked memory is an
+  // ft::Error (a block handed out then would be baked into the graph and handed out again later)
+  // and so is every copy between host and device, on any stream (a recorded one would replay the
+  // recording's bytes; a synchronous one waits). graph_end throws when a call broke the
+  // recording, which is then over (no graph_cancel needed). graph_epoch() changes whenever a
+  // block that existed when a graph was last recorded is freed: a graph recorded in an older
+  // epoch may point at freed memory and must not be launched. graph_cancel ends a recording that
+  // failed, keeping nothing; graph_recording() says whether one is under way.
   virtual bool graphs_enabled() const { return false; }
+  virtual bool graph_recording() const { return false; }
   virtual void graph_begin();
   virtual void* graph_end();  // the executable graph, for graph_launch and graph_destroy
   virtual void graph_cancel();

@@ -381,8 +381,10 @@ uint64_t submit(const void* s, std::function<void()> op) {
 // of a capturing stream or of the device, a query or synchronisation of an event recorded in a
 // capture (cudaErrorCapturedEvent), work on the legacy stream while a blocking stream captures
 // (cudaErrorStreamCaptureImplicit), and in global mode (thread-local: on the capturing thread)
-// cudaMalloc, cudaMallocHost, cudaFree, cudaFreeHost, cudaHostRegister / Unregister
-// (cudaErrorStreamCaptureUnsupported), a fork not joined at the end
+// cudaMalloc, cudaMallocHost, cudaFree, cudaFreeHost, cudaHostRegister / Unregister and a
+// synchronisation or query of any other event (cudaErrorStreamCaptureUnsupported: under a global
+// capture, another thread's cudaEventQuery fails and invalidates it, as PyTorch's NCCL watchdog
+// found), a fork not joined at the end
 // (cudaErrorStreamCaptureUnjoined), cudaStreamEndCapture on another stream than the origin
 // (cudaErrorStreamCaptureUnmatched), cudaStreamEndCapture of a global or thread-local capture
 // on another thread than the one that began it (cudaErrorStreamCaptureWrongThread), and
@@ -1846,6 +1848,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!valid_event(event)) return fail(cudaErrorInvalidResourceHandle);
   std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
   if (event->last && event->last->capture) return fail(cudaErrorCapturedEvent);
+  if (const cudaError_t e = ft::emu::unsafe_call(cudaErrorStreamCaptureUnsupported)) return fail(e);
   if (std::shared_ptr<ft::emu::EventRecord> r = event->last) ft::emu::run_until(*r->queue, r->seq);
   ft::emu::raise_failure();
   return cudaSuccess;
@@ -2023,60 +2026,52 @@ cudaError_t cudaGetLastError(void) {
 }
 cudaError_t cudaPeekAtLastError(void) { return ft::emu::t_last_error; }
 
+// The errors the emulation answers, each with its name and a description (the runtime's where
+// the emulation had them before, else its own words).
+#define FT_EMU_ERRORS(X)                                                                           \
+  X(cudaSuccess, "no error")                                                                       \
+  X(cudaErrorInvalidValue, "invalid argument")                                                     \
+  X(cudaErrorMemoryAllocation, "out of memory")                                                    \
+  X(cudaErrorInvalidConfiguration, "invalid configuration argument")                               \
+  X(cudaErrorInvalidDevice, "invalid device ordinal")                                              \
+  X(cudaErrorInvalidResourceHandle, "invalid resource handle")                                     \
+  X(cudaErrorNotReady, "device not ready")                                                         \
+  X(cudaErrorNoDevice, "no CUDA-capable device is detected")                                       \
+  X(cudaErrorInvalidDeviceFunction, "invalid device function")                                     \
+  X(cudaErrorHostMemoryAlreadyRegistered,                                                          \
+    "part or all of the requested memory range is already mapped")                                 \
+  X(cudaErrorHostMemoryNotRegistered, "pointer does not correspond to a registered memory region") \
+  X(cudaErrorInsufficientDriver, "the driver is older than the runtime")                           \
+  X(cudaErrorNotSupported, "operation not supported")                                              \
+  X(cudaErrorIllegalState, "the resource is in a state that does not allow the call")              \
+  X(cudaErrorStreamCaptureUnsupported, "the call is not allowed while a stream is captured")       \
+  X(cudaErrorStreamCaptureInvalidated, "the stream capture was invalidated by an earlier error")   \
+  X(cudaErrorStreamCaptureMerge, "the call would merge two separate stream captures")              \
+  X(cudaErrorStreamCaptureUnmatched, "the capture was not begun on this stream")                   \
+  X(cudaErrorStreamCaptureUnjoined, "a stream forked from the capture was not joined back")        \
+  X(cudaErrorStreamCaptureIsolation, "the call would depend on work outside the capture")          \
+  X(cudaErrorStreamCaptureImplicit, "the call would synchronise implicitly with a capture")        \
+  X(cudaErrorCapturedEvent, "the event was recorded in a stream capture")                          \
+  X(cudaErrorStreamCaptureWrongThread, "the capture was begun on another thread")
+
 const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-      return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration:
-      return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevice:
-      return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle:
-      return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady:
-      return "cudaErrorNotReady";
-    case cudaErrorNoDevice:
-      return "cudaErrorNoDevice";
-    case cudaErrorInvalidDeviceFunction:
-      return "cudaErrorInvalidDeviceFunction";
-    case cudaErrorHostMemoryAlreadyRegistered:
-      return "cudaErrorHostMemoryAlreadyRegistered";
-    case cudaErrorHostMemoryNotRegistered:
-      return "cudaErrorHostMemoryNotRegistered";
+#define FT_EMU_NAME(code, text) \
+  case code:                    \
+    return #code;
+    FT_EMU_ERRORS(FT_EMU_NAME)
+#undef FT_EMU_NAME
     default:
       return "cudaErrorUnknown";
   }
 }
 const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument";
-    case cudaErrorMemoryAllocation:
-      return "out of memory";
-    case cudaErrorInvalidConfiguration:
-      return "invalid configuration argument";
-    case cudaErrorInvalidDevice:
-      return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle:
-      return "invalid resource handle";
-    case cudaErrorNotReady:
-      return "device not ready";
-    case cudaErrorNoDevice:
-      return "no CUDA-capable device is detected";
-    case cudaErrorInvalidDeviceFunction:
-      return "invalid device function";
-    case cudaErrorHostMemoryAlreadyRegistered:
-      return "part or all of the requested memory range "
-             "is already mapped";
-    case cudaErrorHostMemoryNotRegistered:
-      return "pointer does not correspond to a registered "
-             "memory region";
+#define FT_EMU_TEXT(code, text) \
+  case code:                    \
+    return text;
+    FT_EMU_ERRORS(FT_EMU_TEXT)
+#undef FT_EMU_TEXT
     default:
       return "unrecognized error code (CUDA emulation)";
   }

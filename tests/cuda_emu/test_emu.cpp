@@ -993,7 +993,22 @@ TEST_CASE("cuda_emu: stream capture records a graph; replays keep captured argum
   };
   int pageable = 0;
   void* scratch = nullptr;
+  cudaEvent_t before;  // recorded outside every capture
+  REQUIRE(cudaEventCreate(&before) == cudaSuccess);
+  REQUIRE(cudaEventRecord(before, side) == cudaSuccess);
+  auto on_another_thread = [](const std::function<cudaError_t()>& call) {
+    cudaError_t r = cudaSuccess;
+    std::thread([&] {
+      r = call();
+      cudaGetLastError();
+    }).join();
+    return r;
+  };
   const Forbidden forbidden[] = {
+      {"another thread's event query in global mode", s, cudaErrorStreamCaptureUnsupported,
+       [&] { return on_another_thread([&] { return cudaEventQuery(before); }); }},
+      {"an event synchronisation in global mode", s, cudaErrorStreamCaptureUnsupported,
+       [&] { return cudaEventSynchronize(before); }},
       {"a synchronisation of the capturing stream", s, cudaErrorStreamCaptureUnsupported,
        [&] { return cudaStreamSynchronize(s); }},
       {"a device synchronisation", s, cudaErrorStreamCaptureUnsupported,
@@ -1046,6 +1061,20 @@ TEST_CASE("cuda_emu: stream capture records a graph; replays keep captured argum
   REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
   REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
   REQUIRE(cudaFree(scratch) == cudaSuccess);
+  // Thread-local mode: another thread may query and wait on events meanwhile; the capturing
+  // thread may not.
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  CHECK(on_another_thread([&] { return cudaEventQuery(before); }) == cudaSuccess);
+  CHECK(on_another_thread([&] { return cudaEventSynchronize(before); }) == cudaSuccess);
+  REQUIRE(cudaStreamIsCapturing(s, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusActive);
+  CHECK(cudaEventQuery(before) == cudaErrorStreamCaptureUnsupported);
+  cudaGetLastError();
+  REQUIRE(cudaStreamIsCapturing(s, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusInvalidated);
+  CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
+  cudaGetLastError();
+  REQUIRE(cudaEventDestroy(before) == cudaSuccess);
   CHECK(*px == 2);  // no node of an invalidated capture ran
 
   REQUIRE(cudaFreeHost(host) == cudaSuccess);

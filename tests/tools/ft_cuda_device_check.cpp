@@ -9,12 +9,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
 #include "runtime/device.h"
 #if FT_HAVE_CUDA
 #include "runtime/cuda/cuda_device.h"
+#include "runtime/cuda/ops_memory.h"
 #endif
 
 #if FT_HAVE_CUDA
@@ -224,6 +226,101 @@ int main() {
       g->ops().add(g->stream(), yd.data(), xd.data(), m);
       yd.download(got.data(), m);
       check(got[10] == 0.5f + 10.0f + 20.0f + 20.0f, "the device runs work after graph_cancel");
+
+      // Another thread's event query and wait (the NCCL watchdog's, a checkpoint writer's) leave
+      // a recording whole: it is thread-local.
+      Event before = g->make_event();
+      before.record(g->stream());
+      g->graph_begin();
+      g->ops().add(g->stream(), yd.data(), xd.data(), m);
+      err.clear();
+      std::thread([&] {
+        try {
+          before.query();
+          before.synchronize();
+        } catch (const Error& e) {
+          err = e.what();
+        }
+      }).join();
+      check(err.empty(), "another thread waits on an event while a graph is recorded: " + err);
+      void* graph2 = nullptr;
+      try {
+        graph2 = g->graph_end();
+      } catch (const Error& e) {
+        std::printf("     graph_end: %s\n", e.what());
+      }
+      check(graph2 != nullptr, "that recording ends whole");
+      if (graph2) {
+        g->graph_launch(graph2);
+        g->graph_destroy(graph2);
+      }
+      yd.download(got.data(), m);
+      check(got[10] == 0.5f + 10.0f + 3 * 20.0f, "and replays");
+      // This thread's own wait breaks the recording: graph_end says so, and leaves no error
+      // behind for the next launch's check to report.
+      g->graph_begin();
+      g->ops().add(g->stream(), yd.data(), xd.data(), m);
+      err.clear();
+      try {
+        before.synchronize();
+      } catch (const Error& e) {
+        err = e.what();
+      }
+      check(!err.empty(), "waiting on an event while recording is an error");
+      err.clear();
+      try {
+        g->graph_destroy(g->graph_end());
+      } catch (const Error& e) {
+        err = e.what();
+      }
+      check(err.find("cudaStreamEndCapture failed") != std::string::npos,
+            "graph_end reports the broken recording");
+      err.clear();
+      try {
+        g->ops().add(g->stream(), yd.data(), xd.data(), m);
+        yd.download(got.data(), m);
+      } catch (const Error& e) {
+        err = e.what();
+      }
+      check(err.empty() && got[10] == 0.5f + 10.0f + 4 * 20.0f,
+            "the device runs work after a broken recording, which ran nothing" +
+                (err.empty() ? std::string() : ": " + err));
+      // Copies from the host would replay the recording's bytes: refused while recording.
+      g->graph_begin();
+      err.clear();
+      try {
+        g->upload_async(g->stream(), xd.data(), x.data(), sizeof(float));
+      } catch (const Error& e) {
+        err = e.what();
+      }
+      std::string pinned;
+      try {
+        g->free_host(g->alloc_host(64), 64);
+      } catch (const Error& e) {
+        pinned = e.what();
+      }
+      g->graph_cancel();
+      check(err.find("upload_async while a graph is recorded") != std::string::npos,
+            "an upload while recording is an error");
+      check(pinned.find("alloc_host while a graph is recorded") != std::string::npos,
+            "so is page-locked memory's allocation");
+      // The ops' scratch, asked to grow while recording: the allocation is refused, and the
+      // scratch still grows afterwards (a size without a block would answer null).
+      {
+        cuda::OpsMemory mem(*g, 9);
+        check(mem.scratch(100) != nullptr, "ops scratch of 100 bytes");
+        g->graph_begin();
+        err.clear();
+        try {
+          mem.scratch(1 << 20);
+        } catch (const Error& e) {
+          err = e.what();
+        }
+        g->graph_cancel();
+        check(err.find("while a graph is recorded") != std::string::npos,
+              "the ops' scratch cannot grow while recording");
+        check(mem.scratch(1 << 20) != nullptr, "and grows afterwards");
+      }
     }
 
     // Out of memory: a clear ft::Error, and the device still works afterwards.

@@ -248,8 +248,9 @@ TEST_CASE("LoRA dropout: a site's forward and backward are the definition's with
   ones.upload(md.data(), md.size());
   // The keys the model stages for the micro-batch (LinearHooks::dropout_keys); the site's are
   // lora_dropout_key's for its samples.
-  std::vector<uint64_t> keys;
-  model.linear_hooks()->dropout_keys(first, 2, cfg.n_layers, keys);
+  std::vector<uint64_t> keys(model.linear_hooks()->dropout_key_count(2, cfg.n_layers));
+  REQUIRE(!keys.empty());
+  model.linear_hooks()->dropout_keys(first, 2, cfg.n_layers, keys.data());
   Buffer<uint64_t> keys_d(dev.get(), keys.size());
   keys_d.upload(keys.data(), keys.size());
   for (int b = 0; b < 2; ++b) {

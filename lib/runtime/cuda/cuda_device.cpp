@@ -148,6 +148,7 @@ class CudaDevice final : public Device {
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
+    refuse_while_recording("copy_to_host");
     {
       ProfileScope t(profile_.get(), OpFamily::kCopyHost, Stream{stream_});
       FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
@@ -156,6 +157,7 @@ class CudaDevice final : public Device {
   }
   void copy_from_host(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
+    refuse_while_recording("copy_from_host");
     // Waited for: the host buffer may be reused or freed as soon as this returns.
     {
       ProfileScope t(profile_.get(), OpFamily::kCopyHost, Stream{stream_});
@@ -178,16 +180,19 @@ class CudaDevice final : public Device {
   }
   void copy_to_host_async(Stream s, void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
+    refuse_while_recording("copy_to_host_async");
     FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(s)));
   }
   void copy_from_host_async(Stream s, void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
+    refuse_while_recording("copy_from_host_async");
     FT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(s)));
   }
   // Through the staging ring: the slot's previous copy is waited for (issued uploads_.size()
   // uploads ago, normally long finished), the bytes copied in, the copy queued and marked.
   void upload_async(Stream s, void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
+    refuse_while_recording("upload_async");
     UploadSlot& u = uploads_[next_upload_];
     next_upload_ = (next_upload_ + 1) % uploads_.size();
     if (u.done)
@@ -232,6 +237,7 @@ class CudaDevice final : public Device {
   }
   bool host_accessible() const override { return false; }
   void* alloc_host(size_t bytes) override {
+    refuse_while_recording("alloc_host");
     void* p = nullptr;
     const cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
@@ -259,6 +265,7 @@ class CudaDevice final : public Device {
     return p;
   }
   void free_host(void* ptr, size_t bytes) override {
+    refuse_while_recording("free_host");
     cudaFreeHost(ptr);
     count_host(HostMemory::kPinned, bytes, false);
   }
@@ -267,19 +274,30 @@ class CudaDevice final : public Device {
   Stream stream() override { return Stream{stream_}; }
 
   bool graphs_enabled() const override { return graphs_enabled_; }
+  bool graph_recording() const override { return recording_; }
   void graph_begin() override {
     if (!graphs_enabled_) Device::graph_begin();
     FT_CHECK(!recording_, "graph_begin while a graph is already recorded");
-    // Global mode: a call that is unsafe during any capture (cudaMalloc, a synchronisation) fails
-    // and invalidates the recording instead of running.
-    FT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+    // Thread-local mode: a potentially unsafe call of this thread (cudaMalloc, a synchronisation)
+    // fails and invalidates the recording instead of running, while the other threads' calls
+    // (the NCCL watchdog's event queries, a checkpoint writer's wait for its copies) run as usual;
+    // under global mode they would fail and break the recording.
+    FT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     recording_ = true;
   }
   void* graph_end() override {
     FT_CHECK(recording_, "graph_end without graph_begin");
     recording_ = false;
     cudaGraph_t graph = nullptr;
-    FT_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    if (const cudaError_t e = cudaStreamEndCapture(stream_, &graph); e != cudaSuccess) {
+      cudaGetLastError();  // not left for the next call's check to report
+      if (graph) cudaGraphDestroy(graph);
+      throw Error(detail::concat("cudaStreamEndCapture failed: ", cudaGetErrorName(e), ": ",
+                                 cudaGetErrorString(e),
+                                 " (a call of this thread during the recording broke it; that "
+                                 "call answered an error of its own, which may have been "
+                                 "ignored)"));
+    }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -340,6 +358,17 @@ class CudaDevice final : public Device {
   }
 
  private:
+  // Host memory's calls while recording (Device's graph contract): a copy recorded in a graph
+  // would copy the recording's bytes at every replay, a synchronous one waits, and page-locked
+  // memory's allocations and frees break the recording. Refused on every stream, though only
+  // stream() records: conservative, since no caller needs them there while recording.
+  void refuse_while_recording(const char* what) const {
+    if (recording_)
+      throw Error(detail::concat(what,
+                                 " while a graph is recorded (FT_CUDA_GRAPHS): copies between "
+                                 "host and device and page-locked memory belong before "
+                                 "graph_begin or after graph_end"));
+  }
   cudaStream_t as_stream(Stream s) const {
     return s.handle ? static_cast<cudaStream_t>(s.handle) : stream_;
   }

@@ -77,7 +77,10 @@ class CudaOps final : public Ops {
         try {
           return dev_.alloc(bytes);
         } catch (const Error&) {
-          return nullptr;  // out of memory: that problem keeps the heuristic's first
+          // A recording (FT_CUDA_GRAPHS) cannot measure: the recording fails. Else out of
+          // memory: that problem keeps the heuristic's first.
+          if (dev_.graph_recording()) throw;
+          return nullptr;
         }
       };
       choice.free = [this](void* p, size_t bytes) { dev_.free(p, bytes); };

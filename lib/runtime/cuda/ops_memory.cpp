@@ -87,11 +87,15 @@ OpsMemory::~OpsMemory() {
 
 void* OpsMemory::scratch(size_t bytes) {
   if (bytes > scratch_bytes_) {
+    // Freed first, so that the caching allocator may reuse the block; the state stays whole if
+    // the allocation throws (memory is short, or a graph is being recorded).
+    const size_t grown = std::max(bytes, scratch_bytes_ * 2);
     if (scratch_) dev_.free(scratch_, scratch_bytes_);
     scratch_ = nullptr;
-    scratch_bytes_ = std::max(bytes, scratch_bytes_ * 2);
+    scratch_bytes_ = 0;
     const MemoryScope tag(MemoryCategory::kScratch);
-    scratch_ = dev_.alloc(scratch_bytes_);
+    scratch_ = dev_.alloc(grown);
+    scratch_bytes_ = grown;
   }
   return scratch_;
 }
