@@ -14,6 +14,13 @@ struct AdamwStep {
   float step_size, bc2_sqrt, decay;
 };
 
+// What an update reads from memory when it runs (the Ops op and the GPU kernel; so a recorded
+// CUDA graph takes each step's): the step's constants and the factor on the gradients.
+struct AdamwArgs {
+  AdamwStep step;
+  float grad_scale;
+};
+
 // t: the step count after increment (1 for the first update).
 inline AdamwStep adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay,
                             int64_t t) {

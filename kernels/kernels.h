@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "core/half.h"
+#include "kernels/adamw_step.h"
 
 namespace ft::kernels {
 
@@ -248,14 +249,27 @@ void random_normal(float* out, size_t rows, size_t cols, size_t ld, uint64_t key
 // p ← p − lr · (m / bc1) / (sqrt(v / bc2) + eps), bc1 = 1 − β1^t, bc2 = 1 − β2^t.
 // g is read as float(g · grad_scale): clipping (and fp16's unscaling) folded into the update,
 // bit for bit what scale_inplace(g, grad_scale) before it gives, without a pass over g.
-void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t t, float grad_scale = 1.0f);
+// k: the step's constants (adamw_step.h: computed once on the host, in double where torch does).
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamwStep& k,
+                  float grad_scale);
 // The same update (p, m, v bit for bit as above), and p_compute (n) = p converted to T (as
 // convert), in the same pass: the compute copy of the updated shard without a separate cast.
 template <typename T>
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamwStep& k,
+                  T* p_compute, float grad_scale);
+// Both from the hyperparameters and the step count t (1 for the first update).
+inline void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                         float grad_scale = 1.0f) {
+  adamw_update(p, g, m, v, n, adamw_step(lr, beta1, beta2, eps, weight_decay, t), grad_scale);
+}
+template <typename T>
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t t, T* p_compute,
-                  float grad_scale = 1.0f);
+                  float grad_scale = 1.0f) {
+  adamw_update(p, g, m, v, n, adamw_step(lr, beta1, beta2, eps, weight_decay, t), p_compute,
+               grad_scale);
+}
 
 }  // namespace ft::kernels
 

@@ -33,19 +33,16 @@ inline void adamw_range(float* p, const float* g, float* m, float* v, size_t lo,
 constexpr size_t kBlock = 2048;
 }  // namespace
 
-void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t t, float grad_scale) {
-  const AdamwStep k = adamw_step(lr, beta1, beta2, eps, weight_decay, t);
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamwStep& k,
+                  float grad_scale) {
 #pragma omp parallel for schedule(static)
   for (size_t b = 0; b < n; b += kBlock)
     adamw_range(p, g, m, v, b, std::min(b + kBlock, n), k, grad_scale);
 }
 
 template <typename T>
-void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t t, T* p_compute,
-                  float grad_scale) {
-  const AdamwStep k = adamw_step(lr, beta1, beta2, eps, weight_decay, t);
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamwStep& k,
+                  T* p_compute, float grad_scale) {
 #pragma omp parallel for schedule(static)
   for (size_t b = 0; b < n; b += kBlock) {
     const size_t e = std::min(b + kBlock, n);
@@ -57,12 +54,12 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float 
   }
 }
 
-template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, float,
-                           float, int64_t, float*, float);
-template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, float,
-                           float, int64_t, bf16*, float);
-template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, float,
-                           float, int64_t, f16*, float);
+template void adamw_update(float*, const float*, float*, float*, size_t, const AdamwStep&, float*,
+                           float);
+template void adamw_update(float*, const float*, float*, float*, size_t, const AdamwStep&, bf16*,
+                           float);
+template void adamw_update(float*, const float*, float*, float*, size_t, const AdamwStep&, f16*,
+                           float);
 
 }  // namespace ft::kernels::FT_CPU_ISA_NS
 FT_CPU_ISA_END

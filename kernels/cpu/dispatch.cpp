@@ -71,8 +71,8 @@ namespace ft::kernels {
   template void dropout_scale(T*, const T*, size_t, size_t, size_t, float, float, uint64_t);       \
   template void quantize_nf4(uint8_t*, float*, const T*, size_t);                                  \
   template void dequantize_nf4(T*, const uint8_t*, const int8_t*, const float*, float, size_t);    \
-  template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float,    \
-                             float, float, int64_t, T*, float);                                    \
+  template void adamw_update(float*, const float*, float*, float*, size_t, const AdamwStep&, T*,   \
+                             float);                                                               \
   template bool gemm16_packed(bool, bool, int, int, int, const T*, const T*, T*, float*, bool);
 FT_INSTANTIATE(float)
 FT_INSTANTIATE(bf16)

@@ -5,8 +5,9 @@
 // is given, the updated p rounded to the compute dtype, so an optimizer step moves each byte
 // once. grad_scale (clipping, fp16 unscaling) is folded into the read of g. The step constants
 // (bias corrections, step size) are computed once on the host in double, as the CPU and torch
-// do; the element math is the CPU's expression, operation for operation (nvcc may contract a
-// multiply-add into an FMA, hence "to rounding" in kernels_cuda.h).
+// do, and read from device memory with grad_scale when the kernel runs (so a recorded graph
+// takes each step's); the element math is the CPU's expression, operation for operation (nvcc may
+// contract a multiply-add into an FMA, hence "to rounding" in kernels_cuda.h).
 //
 // Memory-bound: 16-byte packs of 4 floats when every pointer allows it (p_compute: 4 elements,
 // 8 or 16 bytes), a grid-stride loop, the n mod 4 tail one element per thread.
@@ -39,8 +40,10 @@ __device__ __forceinline__ float adamw_element(float& p, float g, float& m, floa
 
 // W = 4: float4 packs of p, g, m, v; W = 1: scalars. D: the compute copy's element type.
 template <typename D, int W>
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, size_t n, AdamwStep k,
-                             float grad_scale, D* p_compute) {
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, size_t n,
+                             const AdamwArgs* args, D* p_compute) {
+  const AdamwStep k = args->step;
+  const float grad_scale = args->grad_scale;
   const size_t tid = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t packs = n / W;
@@ -66,24 +69,22 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, size_
 }  // namespace
 
 template <typename T>
-void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t t, float grad_scale,
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamwArgs* args,
                   T* p_compute, void* stream) {
   if (n == 0) return;
-  const AdamwStep k = adamw_step(lr, beta1, beta2, eps, weight_decay, t);
   using D = device_t<T>;
   constexpr int W = 4;
   if (all_aligned({p, g, m, v}, 16) && all_aligned({p_compute}, W * sizeof(T)))
     FT_LAUNCH((adamw_kernel<D, W>), grid_blocks(n / W + 1, kThreads, 1), kThreads, 0, stream)
-  (p, g, m, v, n, k, grad_scale, dev(p_compute));
+  (p, g, m, v, n, args, dev(p_compute));
   else FT_LAUNCH((adamw_kernel<D, 1>), grid_blocks(n, kThreads, 1), kThreads, 0, stream)(
-      p, g, m, v, n, k, grad_scale, dev(p_compute));
+      p, g, m, v, n, args, dev(p_compute));
   FT_CUDA_CHECK_LAUNCH();
 }
 
-#define FT_INSTANTIATE(T)                                                                       \
-  template void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, \
-                             float, float, int64_t, float, T*, void*);
+#define FT_INSTANTIATE(T)                                                                        \
+  template void adamw_update(float*, const float*, float*, float*, size_t, const AdamwArgs*, T*, \
+                             void*);
 FT_INSTANTIATE(float)
 FT_INSTANTIATE(bf16)
 FT_INSTANTIATE(f16)

@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "core/half.h"
+#include "kernels/adamw_step.h"
 
 namespace ft::kernels::cuda {
 
@@ -247,10 +248,10 @@ void sum_squares(double* acc, const float* x, size_t n, double divisor, void* sc
                  void* stream);
 
 // ---- adamw.cu: kernels.h adamw_update (to rounding: where nvcc contracts into FMAs the bits
-// may differ from the CPU's); p_compute (T) may be null ----
+// may differ from the CPU's); args (the step's constants and grad_scale) in device memory, read
+// when the kernel runs; p_compute (T) may be null ----
 template <typename T>
-void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t t, float grad_scale,
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamwArgs* args,
                   T* p_compute, void* stream);
 
 }  // namespace ft::kernels::cuda

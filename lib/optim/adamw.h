@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/adamw_step.h"
 #include "model/layout.h"
 #include "optim/config.h"
 #include "parallel/partition.h"
@@ -23,12 +24,16 @@ class AdamW {
   // kernels: params, grads and compute are then host pointers too (ZeroSharding's offload).
   AdamW(const ParamLayout& layout, const OptimizerConfig& cfg, Device* dev,
         std::vector<ShardRange> ranges = {}, bool on_host = false);
+  ~AdamW();
+  AdamW(const AdamW&) = delete;
+  AdamW& operator=(const AdamW&) = delete;
   // One update of the owned range of every group at learning rate lr; increments the step
   // count first (t ≥ 1). params[g] and grads[g] point at element ranges()[g].begin of group g:
   // into the full buffers, or at the start of this rank's shards. The gradients are read as
   // g · grad_scale (clipping, fp16's unscaling) and left as they are. compute[g], where given
   // and not null, is where the updated range of group g is also written rounded to its dtype
-  // (ZeroSharding::compute_bases: the compute copy, refreshed in the same pass).
+  // (ZeroSharding::compute_bases: the compute copy, refreshed in the same pass). Where the device
+  // records graphs (FT_CUDA_GRAPHS=1) the updates are recorded once and replayed (adamw.cpp).
   void step(const std::vector<float*>& params, const std::vector<const float*>& grads, double lr,
             float grad_scale = 1.0f, const std::vector<Ref>& compute = {});
   // step() in parts, for a caller that moves each group's result on as soon as it is updated
@@ -60,6 +65,28 @@ class AdamW {
   std::vector<Buffer<float>> m_, v_;
   std::vector<HostBuffer<float>> host_m_, host_v_;
   int64_t t_ = 0;
+  // The step's kernels::AdamwArgs with and without weight decay, where the ops read them (so a
+  // recorded graph takes each step's): in device memory, uploaded on the stream of the updates
+  // when they change (args_last_: what args_ holds or is queued to hold; args_stream_: the
+  // stream of the last upload). on_host: a pair on update_group's stack instead (the host ops
+  // run before it returns).
+  Buffer<kernels::AdamwArgs> args_;  // (2), not on_host
+  kernels::AdamwArgs args_last_[2] = {};
+  bool args_uploaded_ = false;
+  Stream args_stream_;
+  const kernels::AdamwArgs* device_args(const kernels::AdamwArgs (&args)[2], Stream st);
+  // The pair for this step (t_), with and without weight decay.
+  void step_args(double lr, float grad_scale, kernels::AdamwArgs (&pair)[2]) const;
+  // step() as a graph: the buffers it was recorded with and the device's graph epoch then, the
+  // buffers of the last step run op by op (the warm-up), whether a recording failed.
+  struct StepGraph {
+    void* exec = nullptr;
+    std::vector<const void*> buffers, warm;
+    uint64_t epoch = 0;
+    bool failed = false;
+    int recorded = 0;
+  };
+  StepGraph graph_;
 };
 
 }  // namespace ft

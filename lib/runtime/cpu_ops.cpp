@@ -292,16 +292,14 @@ class CpuOps final : public Ops {
       k::dequantize_nf4(as<T>(out), codes, qabsmax, scale, mean, n);
     });
   }
-  void adamw_update(Stream, float* p, const float* g, float* m, float* v, size_t n, float lr,
-                    float beta1, float beta2, float eps, float weight_decay, int64_t t,
-                    float grad_scale, Ref p_compute) override {
+  void adamw_update(Stream, float* p, const float* g, float* m, float* v, size_t n,
+                    const k::AdamwArgs* args, Ref p_compute) override {
     if (!p_compute.ptr) {
-      k::adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
+      k::adamw_update(p, g, m, v, n, args->step, args->grad_scale);
       return;
     }
     dispatch(p_compute.dtype, [&](auto e) {
-      k::adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
-                      as<decltype(e)>(p_compute), grad_scale);
+      k::adamw_update(p, g, m, v, n, args->step, as<decltype(e)>(p_compute), args->grad_scale);
     });
   }
 };

@@ -246,13 +246,16 @@ FT_OP(dequantize_nf4, kNf4,
        float mean, size_t n),
       (s, out, codes, qabsmax, scale, mean, n))
 
-// ---- AdamW (kernels.h; t is the step count after increment; g is read as g · grad_scale,
-// clipping folded into the update). p_compute (n), unless null: the updated p rounded to its
-// dtype in the same pass (the compute copy of the precision policy, without a convert). ----
+// ---- AdamW (kernels.h; g is read as g · grad_scale, clipping folded into the update). args:
+// the step's constants (kernels::adamw_step of lr, the betas, eps, the weight decay and the step
+// count after increment) and grad_scale, in the memory of the Ops' device (host memory for
+// host_ops), read when the op runs (so a recorded graph takes each step's). p_compute (n),
+// unless null: the updated p rounded to its dtype in the same pass (the compute copy of the
+// precision policy, without a convert). ----
 FT_OP(adamw_update, kAdamw,
-      (Stream s, float* p, const float* g, float* m, float* v, size_t n, float lr, float beta1,
-       float beta2, float eps, float weight_decay, int64_t t, float grad_scale, Ref p_compute),
-      (s, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale, p_compute))
+      (Stream s, float* p, const float* g, float* m, float* v, size_t n,
+       const kernels::AdamwArgs* args, Ref p_compute),
+      (s, p, g, m, v, n, args, p_compute))
 
 // clang-format on
 #undef FT_OP

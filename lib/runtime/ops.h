@@ -18,6 +18,10 @@
 #include "core/dtype.h"
 #include "core/half.h"
 
+namespace ft::kernels {
+struct AdamwArgs;  // kernels/adamw_step.h: adamw_update's step constants and gradient factor
+}  // namespace ft::kernels
+
 namespace ft {
 
 // A stream of work on a device (CUDA: a cudaStream_t). Ops on one stream run in order; the CPU

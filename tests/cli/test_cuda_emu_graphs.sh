@@ -2,9 +2,11 @@
 # FT_CUDA_GRAPHS=1 on the CUDA backend, executed without a GPU (ft_emu: the backend on the CUDA
 # emulation, a test tool; nothing here says anything about GPU speed). A training micro-batch's
 # forward and backward are recorded as a graph at the second micro-batch of a shape and replayed
-# after (LlamaModel::train_micro_batch); replaying the recorded work gives the bits of launching
-# it op by op. Each configuration trains twice, FT_CUDA_GRAPHS=0 and 1, and must give the same
-# losses, grad norms, eval losses and checkpoint bytes, with the number of recordings it should:
+# after (LlamaModel::train_micro_batch), and so is the optimizer step's AdamW (AdamW::step: its
+# constants, the learning rate, the step count and the clipping factor, read from device memory);
+# replaying the recorded work gives the bits of launching it op by op. Each configuration trains
+# twice, FT_CUDA_GRAPHS=0 and 1, and must give the same losses, grad norms, eval losses and
+# checkpoint bytes, with the number of recordings it should (micro-batch, optimizer step):
 #  - fp32 with accumulation, evaluation, clipping and checkpoints: one recording for the run (the
 #    token weight changes every step and is read from device memory; seen: a graph launch
 #    dropped every other time makes the checkpoints differ);
@@ -18,9 +20,11 @@
 #    state instead, the first replay after an evaluation used another layer's weights);
 #  - packed documents in bf16 at head dim 64 (the fused attention with segment ids) through the
 #    Hopper kernels (FT_CUDA_ATTENTION_SM90=1: their TMA descriptors are kernel arguments);
-#  - ZeRO stage 3 (its hooks gather and reduce around the layers): not recorded;
-#  - a recording that fails (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail: the emulation refuses every
-#    instantiation) is cancelled with a warning, and QLoRA's run goes on op by op with the same bits.
+#  - ZeRO stage 3 (its hooks gather and reduce around the layers): the micro-batch not recorded,
+#    the optimizer step recorded;
+#  - recordings that fail (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail: the emulation refuses every
+#    instantiation) are cancelled with a warning each, and QLoRA's run goes on op by op with the
+#    same bits.
 #   bash tests/cli/test_cuda_emu_graphs.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 need_emu
@@ -39,19 +43,22 @@ logging: {every_steps: 1}
 runtime: {threads: 2, device: cuda}
 YAML
 
-# pair NAME RECORDINGS [OVERRIDES...]: both runs, then the same bits and RECORDINGS recordings.
+# pair NAME MICRO OPTIM [OVERRIDES...]: both runs, then the same bits, MICRO recordings of a
+# micro-batch and OPTIM of the optimizer step.
 pair() {
-  local name=$1 want=$2
-  shift 2
+  local name=$1 want=$2 want_optim=$3
+  shift 3
   for g in 0 1; do
     FT_CUDA_GRAPHS=$g "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/$name.$g" "$@" \
       > "$tmp/$name.$g.log" 2>&1 || fail "$name (FT_CUDA_GRAPHS=$g): $(tail -3 "$tmp/$name.$g.log")"
   done
   local got
-  got=$(grep -c 'recorded as a graph' "$tmp/$name.1.log" || true)
+  got=$(grep -c 'micro-batch .* recorded as a graph' "$tmp/$name.1.log" || true)
   [ "$got" = "$want" ] || fail "$name: $got recordings, expected $want: $(grep -m2 FT_CUDA_GRAPHS "$tmp/$name.1.log")"
+  got=$(grep -c 'optimizer step recorded as a graph' "$tmp/$name.1.log" || true)
+  [ "$got" = "$want_optim" ] || fail "$name: $got optimizer recordings, expected $want_optim"
   ! grep -q 'recorded as a graph' "$tmp/$name.0.log" || fail "$name: recorded with FT_CUDA_GRAPHS=0"
-  echo "$name ($want recording(s)):"
+  echo "$name ($want + $want_optim recording(s)):"
   /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$tmp/$name.0" "$tmp/$name.1" \
     --min-entries 16 --loss-rel 0 --norm-rel 0 --step1-loss-rel 0 --step1-norm-rel 0 \
     || fail "$name: graphs changed the metrics"
@@ -64,21 +71,23 @@ pair() {
   [ "$n" -ge 2 ] || fail "$name: only $n checkpoint files compared"
 }
 
-pair f32 1
-pair bf16_ac 1 training.precision=bf16 training.activation_checkpointing=true
-pair fp16 1 training.precision=fp16
-pair lora 1 adapter.type=lora adapter.r=4
-pair lora_dropout 1 adapter.type=lora adapter.r=4 adapter.dropout=0.1
-pair qlora_bf16_ac 1 adapter.type=qlora adapter.r=4 training.precision=bf16 \
+pair f32 1 1
+pair bf16_ac 1 1 training.precision=bf16 training.activation_checkpointing=true
+pair fp16 1 1 training.precision=fp16
+pair lora 1 1 adapter.type=lora adapter.r=4
+pair lora_dropout 1 1 adapter.type=lora adapter.r=4 adapter.dropout=0.1
+pair qlora_bf16_ac 1 1 adapter.type=qlora adapter.r=4 training.precision=bf16 \
   training.activation_checkpointing=true
-FT_CUDA_EMU_LAUNCHES=1 FT_CUDA_ATTENTION_SM90=1 pair packed_sm90 1 data.pack=true \
+FT_CUDA_EMU_LAUNCHES=1 FT_CUDA_ATTENTION_SM90=1 pair packed_sm90 1 1 data.pack=true \
   training.precision=bf16 model.dim=128 model.n_heads=2 model.n_kv_heads=1
 for kernel in forward dkdv dq; do
   grep -q "ft_emu launches: (attention_sm90_${kernel}_kernel" "$tmp/packed_sm90.1.log" \
     || fail "packed_sm90: no attention_sm90_${kernel}_kernel launch"
 done
-pair zero3 0 parallel.zero_stage=3
-FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused 0 adapter.type=qlora adapter.r=4
+pair zero3 0 1 parallel.zero_stage=3
+FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused 0 0 adapter.type=qlora adapter.r=4
 grep -q "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on without graphs: .*cudaGraphInstantiate" \
   "$tmp/refused.1.log" || fail "refused: no warning naming the failed instantiation: $(grep -m2 FT_CUDA_GRAPHS "$tmp/refused.1.log")"
+grep -q "FT_CUDA_GRAPHS: recording the optimizer step as a graph failed, so it runs op by op: .*cudaGraphInstantiate" \
+  "$tmp/refused.1.log" || fail "refused: no warning naming the optimizer step's failed instantiation"
 echo "ok: graphs replay the bits of launching op by op"

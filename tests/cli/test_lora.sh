@@ -354,7 +354,8 @@ a, l = (json.load(open(p))["roles"][0] for p in sys.argv[1:])
 adapter = 3 * 4 * ((32 + 32) + (32 + 16) + (32 + 32) + (40 + 32))  # r (in + out), per block
 assert l["trained_elems"] == adapter, (l["trained_elems"], adapter)
 assert l["param_elems"] == a["param_elems"] + adapter, (l["param_elems"], a["param_elems"])
-assert l["grads_bytes"] == 4 * adapter and l["optim_bytes"] == 8 * adapter, l
+# AdamW's m and v of the adapter, and its step constants (two kernels::AdamwArgs of 28 bytes).
+assert l["grads_bytes"] == 4 * adapter and l["optim_bytes"] == 8 * adapter + 56, l
 print(f"  {adapter} adapter elements trained; the base's {a['param_elems']} frozen")
 PY
 echo "--- 7. the CUDA backend (on the CUDA emulation, a test tool) against the CPU"

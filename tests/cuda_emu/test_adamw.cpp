@@ -36,8 +36,10 @@ void check_adamw(size_t n, size_t offset, int64_t t, float grad_scale, bool with
   const auto out = run_all_seeds([&] {
     DeviceBuf<float> dp(p0, offset), dg(g, offset), dm(m0, offset), dv(v0, offset);
     DeviceBuf<T> dpc(std::vector<T>(n, ft::from_f32<T>(7.f)), offset);
-    k::cuda::adamw_update(dp.get(), dg.get(), dm.get(), dv.get(), n, lr, beta1, beta2, eps, wd, t,
-                          grad_scale, with_copy ? dpc.get() : static_cast<T*>(nullptr), nullptr);
+    DeviceBuf<k::AdamwArgs> args(
+        std::vector<k::AdamwArgs>{{k::adamw_step(lr, beta1, beta2, eps, wd, t), grad_scale}});
+    k::cuda::adamw_update(dp.get(), dg.get(), dm.get(), dv.get(), n, args.get(),
+                          with_copy ? dpc.get() : static_cast<T*>(nullptr), nullptr);
     return std::vector<std::vector<uint8_t>>{to_bytes(dp.download()), to_bytes(dm.download()),
                                              to_bytes(dv.download()), to_bytes(dpc.download())};
   });
@@ -90,7 +92,7 @@ TEST_CASE("cuda_emu adamw: fused update against the CPU, every seed bit-identica
 
 TEST_CASE("cuda_emu adamw: n = 0 launches nothing") {
   // An empty grid is a launch error; the launcher must return before it.
-  CHECK_NOTHROW(k::cuda::adamw_update<bf16>(nullptr, nullptr, nullptr, nullptr, 0, 1e-3f, 0.9f,
-                                            0.95f, 1e-8f, 0.1f, 1, 1.0f, nullptr, nullptr));
+  CHECK_NOTHROW(k::cuda::adamw_update<bf16>(nullptr, nullptr, nullptr, nullptr, 0, nullptr, nullptr,
+                                            nullptr));
   CHECK(cudaGetLastError() == cudaSuccess);
 }

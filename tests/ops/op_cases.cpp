@@ -1429,9 +1429,16 @@ void adamw_case(Cases& cs, const Length& l, int64_t step, float grad_scale, bool
                copy ? out<T>("p_compute", n, Tolerance{1e-6, 1e-6 * kLr, is16<T> ? 1.0 : 0.0})
                     : null_out("p_compute", elem_of<T>())};
   for (Tensor& t : c.tensors) t.offset = l.offset;
+  // The step's constants and grad_scale, read from device memory: seven floats.
+  static_assert(sizeof(kernels::AdamwArgs) == 7 * sizeof(float));
+  const kernels::AdamwArgs args{kernels::adamw_step(kLr, kBeta1, kBeta2, kAdamEps, kWd, step),
+                                grad_scale};
+  std::vector<float> args_f(7);
+  std::memcpy(args_f.data(), &args, sizeof args);
+  c.tensors.push_back(in("args", args_f));
   c.run = [=](Device& d, const Args& a) {
-    d.ops().adamw_update(d.stream(), a.f32(0), a.f32(1), a.f32(2), a.f32(3), n, kLr, kBeta1, kBeta2,
-                         kAdamEps, kWd, step, grad_scale, a.ref(4));
+    d.ops().adamw_update(d.stream(), a.f32(0), a.f32(1), a.f32(2), a.f32(3), n,
+                         reinterpret_cast<const kernels::AdamwArgs*>(a.f32(5)), a.ref(4));
   };
   cs.push_back(std::move(c));
 }

@@ -200,8 +200,9 @@ TEST_CASE_TEMPLATE("every instruction-set level's elementwise kernels agree", T,
                          v(n, 0.01f);
       const auto grad = ft::unit_test::randn(n, 8);
       std::vector<T> pc(n);
-      ON_LEVEL(isa, adamw_update<T>(p.data(), grad.data(), m.data(), v.data(), n, 1e-3f, 0.9f,
-                                    0.95f, 1e-8f, 0.1f, 3, pc.data(), 0.5f));
+      const ft::kernels::AdamwStep k = ft::kernels::adamw_step(1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3);
+      ON_LEVEL(isa,
+               adamw_update<T>(p.data(), grad.data(), m.data(), v.data(), n, k, pc.data(), 0.5f));
       p.insert(p.end(), m.begin(), m.end());
       p.insert(p.end(), v.begin(), v.end());
       return p;

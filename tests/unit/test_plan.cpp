@@ -55,6 +55,9 @@ constexpr int64_t kIdsFirst = 16, kIdsLast = 20, kIds = kIdsFirst + kIdsLast;
 // inverse frequencies (head dim 4: 2 floats), loss accumulator (a double) and token weight (a
 // float), and ZeRO's gradient-norm accumulator (a double).
 constexpr int64_t kScalars = 8 + 8 + 4 + 8;
+// AdamW's step constants in device memory: a kernels::AdamwArgs (7 floats) with weight decay and
+// one without, counted with the optimizer's state.
+constexpr int64_t kAdamwArgs = 2 * 7 * 4;
 // Scalars all-reduced over the data group each step, by a ring of 2 (2·(2−1)/2 of 8 B each):
 // the target-token count and the loss; with ZeRO ≥ 2 also the gradient norm's sum of squares
 // (each rank holds a shard of the gradients).
@@ -74,10 +77,10 @@ TEST_CASE("plan: one rank, no ZeRO: everything full, matching the parameter layo
     CHECK(k.param_elems == n);
     CHECK(k.params.bytes == 4 * n);
     CHECK(k.grads.bytes == 4 * n);
-    CHECK(k.optim.bytes == 8 * n);
+    CHECK(k.optim.bytes == 8 * n + kAdamwArgs);
     CHECK(k.activations.bytes == 4 * kActs + kIds + kScalars);
     CHECK(k.comm_buffers.bytes == 0);
-    CHECK(k.total_bytes == 4 * n + 4 * n + 8 * n + 4 * kActs + kIds + kScalars);
+    CHECK(k.total_bytes == 4 * n + 4 * n + 8 * n + kAdamwArgs + 4 * kActs + kIds + kScalars);
     CHECK(k.peak_bytes == k.total_bytes);
     CHECK(k.sent_bytes == 0);
     CHECK(k.embed);
@@ -129,19 +132,19 @@ TEST_CASE("plan: ZeRO stages on 2 data ranks (even shards: 40, 248, 248, 44)") {
   const RankPlan z0 = plan(0), z1 = plan(1), z2 = plan(2), z3 = plan(3);
   CHECK(z0.params.bytes == 4640);
   CHECK(z0.grads.bytes == 4640);
-  CHECK(z0.optim.bytes == 9280);
+  CHECK(z0.optim.bytes == 9280 + kAdamwArgs);
   CHECK(z0.comm_buffers.bytes == 0);
   CHECK(z0.sent_data.bytes == 4640 + kDataScalars);  // ring all-reduce: 2·(2−1)/2 × 4640 B
 
   CHECK(z1.params.bytes == 4640);
   CHECK(z1.grads.bytes == 4640);
-  CHECK(z1.optim.bytes == 8 * 580);
+  CHECK(z1.optim.bytes == 8 * 580 + kAdamwArgs);
   CHECK(z1.comm_buffers.bytes == 4 * 2 * 248);                 // all-gather buffer D·max s
   CHECK(z1.sent_data.bytes == 4640 + 4 * 580 + kDataScalars);  // + all-gather (D−1)·Σs
 
   CHECK(z2.params.bytes == 4640);
   CHECK(z2.grads.bytes == 4 * 580);
-  CHECK(z2.optim.bytes == 8 * 580);
+  CHECK(z2.optim.bytes == 8 * 580 + kAdamwArgs);
   // all-gather buffer 496 + a layer's working gradient 496 and its reduce-scatter result 248
   CHECK(z2.comm_buffers.bytes == 4 * (496 + 496 + 248));
   // reduce-scatter per micro-batch + all-gather
@@ -149,11 +152,11 @@ TEST_CASE("plan: ZeRO stages on 2 data ranks (even shards: 40, 248, 248, 44)") {
 
   CHECK(z3.params.bytes == 4 * 580);
   CHECK(z3.grads.bytes == 4 * 580);
-  CHECK(z3.optim.bytes == 8 * 580);
+  CHECK(z3.optim.bytes == 8 * 580 + kAdamwArgs);
   CHECK(z3.comm_buffers.bytes == 4 * 2 * 496);  // a gathered layer + its working gradient
   // Before the first step: the full parameters and both shard sets while ZeRO-3 shards them, or
   // the state it then keeps (shards, gradient shards, m and v: also 4·(4·580)), and the scalars.
-  CHECK(z3.startup_bytes == 4 * (1160 + 2 * 580) + kScalars);
+  CHECK(z3.startup_bytes == 4 * (1160 + 2 * 580) + kAdamwArgs + kScalars);
   CHECK(z3.peak_bytes == std::max(z3.total_bytes, z3.startup_bytes));
   // reduce-scatter Σs + all-gathers: embedding 40 once, layers twice, the head 44 twice (its
   // forward and backward halves)
@@ -186,7 +189,7 @@ TEST_CASE("plan: bf16 and fp16: fp32 masters + a 2-byte copy, parameters move at
     const RankPlan z0 = plan(0), z1 = plan(1), z2 = plan(2), z3 = plan(3);
     CHECK(z0.params.bytes == (4 + 2) * 1160);  // masters of everything + the copy
     CHECK(z0.grads.bytes == 4 * 1160);         // gradients stay fp32
-    CHECK(z0.optim.bytes == 8 * 1160);
+    CHECK(z0.optim.bytes == 8 * 1160 + kAdamwArgs);
     CHECK(z0.sent_data.bytes == 4640 + kDataScalars);  // the fp32 gradient all-reduce
     CHECK(z1.params.bytes == 4 * 580 + 2 * 1160);      // owned masters + the whole copy
     CHECK(z1.comm_buffers.bytes == 2 * 2 * 248);       // the all-gather buffer, in bf16/fp16
@@ -215,9 +218,9 @@ TEST_CASE("plan: uneven ZeRO shards on 3 data ranks: the last rank owns less") {
   r.training.global_batch_size = 3;
   const MemoryPlan p = plan_memory(r, 3);
   // s = ⌈80/3⌉ 27, ⌈496/3⌉ 166, ⌈88/3⌉ 30; rank 2 owns 80−54 = 26, 496−332 = 164, 88−60 = 28.
-  CHECK(p.ranks[0].optim.bytes == 8 * (27 + 166 + 166 + 30));
-  CHECK(p.ranks[1].optim.bytes == 8 * (27 + 166 + 166 + 30));
-  CHECK(p.ranks[2].optim.bytes == 8 * (26 + 164 + 164 + 28));
+  CHECK(p.ranks[0].optim.bytes == 8 * (27 + 166 + 166 + 30) + kAdamwArgs);
+  CHECK(p.ranks[1].optim.bytes == 8 * (27 + 166 + 166 + 30) + kAdamwArgs);
+  CHECK(p.ranks[2].optim.bytes == 8 * (26 + 164 + 164 + 28) + kAdamwArgs);
   const auto roles = ft::plan_roles(p);
   REQUIRE(roles.size() == 2);
   CHECK(roles[0] == std::vector<int>{0, 1});
@@ -275,7 +278,7 @@ TEST_CASE("plan: tensor split (Megatron): heads, KV heads, MLP and vocabulary ov
   // start-up's peak is the state at the end of the setup (parameters, gradients, m and v).
   CHECK(p.model_params == 1288);
   CHECK(k.startup_params_bytes == 4 * 664);
-  CHECK(k.startup_bytes == 16 * 664 + kScalars);
+  CHECK(k.startup_bytes == 16 * 664 + kAdamwArgs + kScalars);
 
   // Activation checkpointing: the recompute repeats the forward's two all-reduces per layer.
   r.training.activation_checkpointing = true;
@@ -305,7 +308,7 @@ TEST_CASE("plan: uneven pipeline split, 1F1B activation slots, the tied embeddin
   CHECK(s1.param_elems == 80 + 2 * 496 + 8);
   CHECK(s1.holds.find("embedding 80") != std::string::npos);
   CHECK(s1.params.bytes == 4 * (80 + 2 * 496 + 8));
-  CHECK(s1.optim.bytes == 8 * (80 + 2 * 496 + 8));
+  CHECK(s1.optim.bytes == 8 * (80 + 2 * 496 + 8) + kAdamwArgs);
   // Stage 0: min(P − 0, M) = 2 slots, each (3+1)·32 residual + 3·352 layers + 312 backward
   // scratch = 1496; no head.
   CHECK(s0.slots == 2);
@@ -316,15 +319,15 @@ TEST_CASE("plan: uneven pipeline split, 1F1B activation slots, the tied embeddin
   // Receive buffer + M send buffers of N·C on both stages; nothing for ZeRO 0.
   CHECK(s0.comm_buffers.bytes == 4 * 5 * 32);
   CHECK(s1.comm_buffers.bytes == 4 * 5 * 32);
-  CHECK(s0.total_bytes ==
-        4 * (1568 + 1568 + 2 * 1568) + 2 * (4 * 1496 + kIdsFirst) + kScalars + 4 * 160);
+  CHECK(s0.total_bytes == 4 * (1568 + 1568 + 2 * 1568) + kAdamwArgs + 2 * (4 * 1496 + kIdsFirst) +
+                              kScalars + 4 * 160);
   // Each stage builds only its groups of the model (80 + 5·496 + 8 = 2568 in all): the start-up
   // peaks at the state each stage keeps (16 B per element held + the scalars).
   CHECK(p.model_params == 2568);
   CHECK(s0.startup_params_bytes == 4 * 1568);
   CHECK(s1.startup_params_bytes == 4 * 1080);
-  CHECK(s0.startup_bytes == 16 * 1568 + kScalars);
-  CHECK(s1.startup_bytes == 16 * 1080 + kScalars);
+  CHECK(s0.startup_bytes == 16 * 1568 + kAdamwArgs + kScalars);
+  CHECK(s1.startup_bytes == 16 * 1080 + kAdamwArgs + kScalars);
   // M × 4·N·C = 4 × 128 B one way, the tied-embedding gradient all-reduce 4·80 B, and the loss
   // and gradient norm (8 B each, a ring of 2 sends each once).
   CHECK(s0.sent_pipeline.bytes == 4 * 128 + 320 + 16);
@@ -383,7 +386,7 @@ TEST_CASE("plan: ZeRO over 2 data ranks × 2 pipeline stages, tied embeddings") 
   CHECK(b2.grads.bytes == 4 * (400 + 248 + 4));
   CHECK(b2.params.bytes == 4 * (800 + 496 + 8));
   CHECK(b3.params.bytes == 4 * (400 + 248 + 4));
-  CHECK(b3.optim.bytes == 8 * (400 + 248 + 4));
+  CHECK(b3.optim.bytes == 8 * (400 + 248 + 4) + kAdamwArgs);
   // ZeRO-2, stage 0: all-gather buffer 2·400 + the embedding's working gradient and result
   // 800 + 400 (no embedding gradient held open: the head is on the other stage); pipeline
   // buffers (M+1)·N·C = 64.
@@ -411,7 +414,7 @@ TEST_CASE("plan: ZeRO over 2 data ranks × 2 pipeline stages, tied embeddings") 
   // and both shard sets, 2·652) and the state kept (16·652) tie, with the scalars. Parameter
   // memory peaks while ZeRO-3 takes them over: the full 1304 and their shard, 652.
   CHECK(b3.startup_params_bytes == 4 * (1304 + 652));
-  CHECK(b3.startup_bytes == 4 * (1304 + 2 * 652) + kScalars);
+  CHECK(b3.startup_bytes == 4 * (1304 + 2 * 652) + kAdamwArgs + kScalars);
 }
 
 TEST_CASE("plan: rank layout rank = (d·P + p)·T + t") {

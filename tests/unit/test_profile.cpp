@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/adamw_step.h"
 #include "runtime/profile.h"
 
 namespace ft {
@@ -85,7 +86,8 @@ void call_step_ops(Ops& ops, float* a, float* b) {
   ops.add(s, a, b, 19);
   ops.scale(s, b, 0.5f, 1);
   ops.sum_squares(s, &acc, a, 111, 1.0);
-  ops.adamw_update(s, a, b, a, b, 19, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.5f, Ref());
+  const kernels::AdamwArgs args{kernels::adamw_step(1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1), 0.5f};
+  ops.adamw_update(s, a, b, a, b, 19, &args, Ref());
 }
 
 TEST_CASE("profile: the wrapper forwards every op unchanged and counts it by family") {
@@ -150,7 +152,8 @@ TEST_CASE("profile: nothing is counted while not recording; the table names what
   CHECK(inner.calls.size() == 25);  // still forwarded
 
   prof.recording = true;
-  wrapped->adamw_update(Stream{}, a, b, a, b, 19, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f, Ref());
+  const kernels::AdamwArgs args{kernels::adamw_step(1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1), 1.0f};
+  wrapped->adamw_update(Stream{}, a, b, a, b, 19, &args, Ref());
   { ProfileScope copy(&prof, OpFamily::kCopyHost); }
   { ProfileScope none(nullptr, OpFamily::kCopyHost); }  // no profile: a no-op
   prof.step_seconds = 2.0;

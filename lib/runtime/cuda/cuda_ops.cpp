@@ -402,17 +402,14 @@ class CudaOps final : public Ops {
       kc::dequantize_nf4(as<T>(out), codes, qabsmax, scale, mean, n, stream(s));
     });
   }
-  void adamw_update(Stream s, float* p, const float* g, float* m, float* v, size_t n, float lr,
-                    float beta1, float beta2, float eps, float weight_decay, int64_t t,
-                    float grad_scale, Ref p_compute) override {
+  void adamw_update(Stream s, float* p, const float* g, float* m, float* v, size_t n,
+                    const kernels::AdamwArgs* args, Ref p_compute) override {
     if (!p_compute.ptr) {
-      kc::adamw_update<float>(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale,
-                              nullptr, stream(s));
+      kc::adamw_update<float>(p, g, m, v, n, args, nullptr, stream(s));
       return;
     }
     dispatch(p_compute.dtype, "adamw_update", [&](auto tag) {
-      kc::adamw_update(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale,
-                       as<decltype(tag)>(p_compute), stream(s));
+      kc::adamw_update(p, g, m, v, n, args, as<decltype(tag)>(p_compute), stream(s));
     });
   }
 
