@@ -66,8 +66,8 @@ Checks, in order (each PASS, FAIL or SKIP with a reason; a failure does not stop
   sm90_step    issue 33 point 4: the ~1B bench with FT_CUDA_ATTENTION_SM90=1 (the Hopper
                attention kernels in the step), tokens/s and the ratio to bench_ac_off's; a run
                with this stage (and attention's sm90 rows) decides that default
-  graphs       issue 33 point 3: FT_CUDA_GRAPHS=1 (each micro-batch's forward and backward
-               replayed as a CUDA graph) against op by op, on SMALL (a ~125M Llama, seq 512,
+  graphs       issue 33 point 3: FT_CUDA_GRAPHS=1 (each micro-batch's forward and backward, and
+               the optimizer step's AdamW, replayed as CUDA graphs) against op by op, on SMALL (a ~125M Llama, seq 512,
                micro-batch 8, where launches weigh most: rows graphs_small_off, graphs_small
                with the ratio) and on the ~1B bench (row graphs with the ratio to
                bench_ac_off's); a run with this stage decides that default

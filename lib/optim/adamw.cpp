@@ -148,13 +148,10 @@ void AdamW::update_group(int group, float* params, const float* grads, double lr
 }
 
 const kernels::AdamwArgs* AdamW::device_args(const kernels::AdamwArgs (&args)[2], Stream st) {
-  if (args_uploaded_ && st.handle != args_stream_.handle) {
-    // The last upload and the updates that read it, queued on another stream, come first.
-    Event before = dev_->make_event();
-    before.record(args_stream_);
-    dev_->wait(st, before);
-    args_stream_ = st;
-  }
+  // One stream a run (the compute stream, or overlap_update's): an upload on another could
+  // overtake the updates still reading the pair.
+  FT_CHECK(!args_uploaded_ || st.handle == args_stream_.handle,
+           "AdamW: updates queued on two streams in one run");
   if (!args_uploaded_ || std::memcmp(args_last_, args, sizeof args) != 0) {
     dev_->upload_async(st, args_.data(), args, sizeof args);
     std::memcpy(args_last_, args, sizeof args);

@@ -67,9 +67,8 @@ class AdamW {
   int64_t t_ = 0;
   // The step's kernels::AdamwArgs with and without weight decay, where the ops read them (so a
   // recorded graph takes each step's): in device memory, uploaded on the stream of the updates
-  // when they change (args_last_: what args_ holds or is queued to hold; args_stream_: the
-  // stream of the last upload). on_host: a pair on update_group's stack instead (the host ops
-  // run before it returns).
+  // (one stream a run) when they change (args_last_: what args_ holds or is queued to hold).
+  // on_host: a pair on update_group's stack instead (the host ops run before it returns).
   Buffer<kernels::AdamwArgs> args_;  // (2), not on_host
   kernels::AdamwArgs args_last_[2] = {};
   bool args_uploaded_ = false;

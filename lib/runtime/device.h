@@ -185,8 +185,9 @@ class Device {
   // Any host memory → device in `s`'s order, without waiting for the device: the bytes are taken
   // before it returns (CUDA copies them into a pinned staging slot, whose earlier copy it waits
   // for, and queues the copy from there), so `src` may change at once. What a micro-batch's
-  // inputs go through; from one thread, never while a graph is recorded (graph_begin). Default:
-  // copy_from_host, finished on return (in the order of stream(), the only `s` callers pass).
+  // inputs and AdamW's step constants go through; from one thread, never while a graph is
+  // recorded (graph_begin). Default: copy_from_host, finished on return (the devices without a
+  // second stream).
   virtual void upload_async(Stream, void* dst, const void* src, size_t bytes) {
     copy_from_host(dst, src, bytes);
   }

@@ -206,8 +206,8 @@ void describe(RankPlan& rp, const Recipe& r, const PlanDevice& device, int D, in
     rp.params.how = mixed ? "fp32 masters + their " + prec + " copy" : "fp32, every group whole";
   rp.grads.how = zs >= 2 ? "fp32 shards (each micro-batch's group gradient reduce-scattered in)"
                          : "fp32, every group whole";
-  rp.optim.how = zs >= 1 && sharded ? "AdamW m and v (fp32) of the owned ranges"
-                                    : "AdamW m and v (fp32) of every group";
+  rp.optim.how = zs >= 1 && sharded ? "AdamW m and v (fp32) of the owned ranges, its constants"
+                                    : "AdamW m and v (fp32) of every group, its constants";
   // Offload (DESIGN.md §3 "Offload"): the state the host holds (its host pinned figure).
   if (r.parallel.offload_optimizer == "cpu") {
     rp.params.how = r.parallel.offload_params == "cpu"

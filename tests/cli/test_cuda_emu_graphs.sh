@@ -21,13 +21,15 @@
 #  - packed documents in bf16 at head dim 64 (the fused attention with segment ids) through the
 #    Hopper kernels (FT_CUDA_ATTENTION_SM90=1: their TMA descriptors are kernel arguments);
 #  - ZeRO stage 3 (its hooks gather and reduce around the layers): the micro-batch not recorded,
-#    the optimizer step recorded;
+#    the optimizer step recorded; the same with two data ranks (`--nproc 2`, the emulated NCCL)
+#    at ZeRO stage 2: each rank records its own shard's update;
 #  - recordings that fail (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail: the emulation refuses every
 #    instantiation) are cancelled with a warning each, and QLoRA's run goes on op by op with the
 #    same bits.
 #   bash tests/cli/test_cuda_emu_graphs.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 need_emu
+mpi_env
 /usr/bin/python3 "$src/tests/ref/make_shards.py" "$tmp/train:2" "$tmp/valid:1" --vocab 97 \
   --samples 40 --seq-len 16 --seed 5
 
@@ -85,6 +87,7 @@ for kernel in forward dkdv dq; do
     || fail "packed_sm90: no attention_sm90_${kernel}_kernel launch"
 done
 pair zero3 0 1 parallel.zero_stage=3
+pair zero2_ranks2 0 2 parallel.zero_stage=2 --nproc 2
 FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused 0 0 adapter.type=qlora adapter.r=4
 grep -q "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on without graphs: .*cudaGraphInstantiate" \
   "$tmp/refused.1.log" || fail "refused: no warning naming the failed instantiation: $(grep -m2 FT_CUDA_GRAPHS "$tmp/refused.1.log")"

@@ -209,9 +209,10 @@ class CudaDevice final : public Device {
       const cudaError_t e = cudaMallocHost(&u.host, want);
       if (e != cudaSuccess) {
         cudaGetLastError();
-        throw Error(detail::concat("cudaMallocHost of a ", want,
-                                   "-byte staging slot for the micro-batch's inputs failed: ",
-                                   cudaGetErrorString(e), " (host memory is short)"));
+        throw Error(detail::concat(
+            "cudaMallocHost of a ", want,
+            "-byte staging slot for an upload (a micro-batch's inputs, AdamW's constants) failed: ",
+            cudaGetErrorString(e), " (host memory is short)"));
       }
       u.bytes = want;
     }
