@@ -811,14 +811,14 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
   }
   flat_.set_dequantized_group(-1);  // the graph dequantizes whatever it uses (QLoRA)
   try {
-    dev_->graph_begin();
-    forward_compute(CRef(), /*backward=*/true, token_weight, mask);
-    backward_part(0, CRef());
-    g.exec = dev_->graph_end();
+    g.exec = dev_->graph_record([&] {
+      forward_compute(CRef(), /*backward=*/true, token_weight, mask);
+      backward_part(0, CRef());
+    });
   } catch (const Error& e) {
     // Nothing recorded ran: the micro-batch runs op by op, and so does the rest of the run. The
-    // pass may have stopped between a quantized group's acquire and release.
-    dev_->graph_cancel();
+    // pass may have stopped between a quantized group's acquire and release. (Any other
+    // exception ends the run; graph_record has cancelled the recording.)
     flat_.reset_quantized_holds();
     g.failed = true;
     log_warn(
@@ -826,10 +826,6 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
         "without graphs: ",
         e.what());
     return eager();
-  } catch (...) {
-    dev_->graph_cancel();  // the device stream must not stay in a recording
-    flat_.reset_quantized_holds();
-    throw;
   }
   g.shape = shape;
   g.epoch = dev_->graph_epoch();

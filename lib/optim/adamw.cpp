@@ -82,20 +82,14 @@ void AdamW::step(const std::vector<float*>& params, const std::vector<const floa
     return;
   }
   try {
-    dev_->graph_begin();
-    eager();
-    sg.exec = dev_->graph_end();
-  } catch (const Error& e) {
-    dev_->graph_cancel();  // nothing recorded ran: this step and the later ones op by op
+    sg.exec = dev_->graph_record(eager);
+  } catch (const Error& e) {  // nothing recorded ran: this step and the later ones op by op
     sg.failed = true;
     log_warn(
         "FT_CUDA_GRAPHS: recording the optimizer step as a graph failed, so it runs op by "
         "op: ",
         e.what());
     return eager();
-  } catch (...) {
-    dev_->graph_cancel();
-    throw;
   }
   sg.buffers = std::move(buffers);
   sg.epoch = dev_->graph_epoch();

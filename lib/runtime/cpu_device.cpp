@@ -215,6 +215,16 @@ namespace {
 void Device::graph_begin() { no_graphs(name()); }
 void* Device::graph_end() { no_graphs(name()); }
 void Device::graph_cancel() {}
+void* Device::graph_record(const std::function<void()>& work) {
+  graph_begin();
+  try {
+    work();
+    return graph_end();
+  } catch (...) {
+    graph_cancel();  // after a graph_end that threw: nothing left to cancel
+    throw;
+  }
+}
 void Device::graph_launch(void*) { no_graphs(name()); }
 void Device::graph_destroy(void*) {}
 void Device::zero_host(void* ptr, size_t bytes) {

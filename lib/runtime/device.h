@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -210,6 +211,9 @@ class Device {
   virtual void graph_begin();
   virtual void* graph_end();  // the executable graph, for graph_launch and graph_destroy
   virtual void graph_cancel();
+  // graph_begin, `work`, graph_end: the recorded graph. On any exception the recording is
+  // cancelled (nothing recorded ran) and the exception passes on.
+  void* graph_record(const std::function<void()>& work);
   virtual void graph_launch(void* graph);
   virtual void graph_destroy(void* graph);
   virtual uint64_t graph_epoch() const { return 0; }
