@@ -48,6 +48,27 @@ static_assert(kSm90Rows == kTileK, "first_key_tile steps by the fused kernel's k
 
 template <int D>
 constexpr int kSm90TileBytes = D * 2 * kSm90Rows;  // 64 rows of a head, 16-bit
+
+// FA3's ping-pong between a block's NC consumer warpgroups: turn t of each (issuing its GEMMs)
+// goes in order, warpgroup 0, 1, .., NC − 1, then 0 again, so that one's softmax runs while the
+// next one's GEMMs occupy the tensor cores. Warpgroup c waits on turn[c] (but warpgroup 0 at turn
+// 0), whose phases the warpgroup before it completes (its 128 threads arrive once a turn, after
+// issuing: each turn[c] is initialized for 128 arrivals), and then passes the turn on. Every
+// warpgroup takes the same turns, those in which it issues nothing too, so that the turns stay in
+// order; a turn's arrivals come only after the phase before completed (the one passing the turn
+// had to wait for that phase to take it), so no barrier sees a second arrival in a phase.
+template <int NC>
+struct Turns {
+  uint64_t* turn;  // [NC], in shared memory
+  int cg;          // this warpgroup
+  __device__ __forceinline__ void take(int t) const {
+    if (NC > 1 && (cg > 0 || t > 0)) mbarrier_wait(&turn[cg], unsigned(cg > 0 ? t : t - 1) & 1u);
+  }
+  __device__ __forceinline__ void pass() const {
+    if (NC > 1) mbarrier_arrive(&turn[(cg + 1) % NC]);
+  }
+};
+
 // Barriers and key segment ids (1 KiB), Q of every consumer, then K and V of every stage; 1 KiB
 // more so that the tiles can start on a 1024-byte boundary (the 128-byte swizzle's period) wherever
 // the dynamic shared memory starts.
@@ -221,40 +242,30 @@ __global__ void __launch_bounds__(128 * NC + 32)
       for (int j = 0; j < 4; ++j) p[ks][j] = pack2_rn<E>(s[8 * ks + 2 * j], s[8 * ks + 2 * j + 1]);
   };
 
-  // FA3's ping-pong between the warpgroups: step n of each (issuing tile n's GEMMs) goes in turn,
-  // warpgroup 0, 1, .., NC − 1, then 0 again, so that one's softmax runs while the next one's
-  // GEMMs occupy the tensor cores. Warpgroup c waits on turn[c] (but warpgroup 0 at step 0),
-  // whose phases the warpgroup before it completes (its 128 threads arrive once a step, after
-  // issuing), and then passes the turn on. Every warpgroup takes n_tiles steps, those without
-  // GEMMs too, so that the turns stay in order (a step's arrivals come only after the phase
-  // before completed: no double arrival).
-  const auto take_turn = [&](int n) {
-    if (NC > 1 && (cg > 0 || n > 0)) mbarrier_wait(&turn[cg], unsigned(cg > 0 ? n : n - 1) & 1u);
-  };
-  const auto pass_turn = [&]() {
-    if (NC > 1) mbarrier_arrive(&turn[(cg + 1) % NC]);
-  };
+  // The ping-pong (Turns): turn n of each warpgroup issues tile n's GEMMs; every warpgroup takes
+  // n_tiles turns.
+  const Turns<NC> turns{turn, cg};
 
   // FA3's overlap within the warpgroup: while P_{n−1} V_{n−1} runs on the tensor cores, the
   // softmax of S_n = Q K_nᵀ runs on the other units. Tile n's S is issued before P_{n−1} V_{n−1}
   // (wgmma groups complete in order), waited for alone (wait_group 1), and O is rescaled once
   // P_{n−1} V_{n−1} has completed too.
   if (n_mine > 0) {
-    take_turn(0);
+    turns.take(0);
     mbarrier_wait(&full_k[stage(0)], phase(0));
     issue_scores(0);
-    pass_turn();
+    turns.pass();
     wgmma_wait_group<0>();
     wgmma_fence_operand(s);
     softmax(0);
     rescale_and_pack();
     for (int n = 1; n < n_mine; ++n) {
-      take_turn(n);
+      turns.take(n);
       mbarrier_wait(&full_k[stage(n)], phase(n));
       issue_scores(n);
       mbarrier_wait(&full_v[stage(n - 1)], phase(n - 1));
       issue_pv(n - 1);
-      pass_turn();
+      turns.pass();
       wgmma_wait_group<1>();  // S_n
       wgmma_fence_operand(s);
       softmax(n);
@@ -270,8 +281,8 @@ __global__ void __launch_bounds__(128 * NC + 32)
     mbarrier_arrive(&empty[stage(n_mine - 1)]);
   }
   for (int n = n_mine; n < n_tiles; ++n) {  // wait before arriving: one arrival a phase
-    take_turn(n);
-    pass_turn();
+    turns.take(n);
+    turns.pass();
     mbarrier_wait(&full_k[stage(n)], phase(n));
     mbarrier_wait(&full_v[stage(n)], phase(n));
     mbarrier_arrive(&empty[stage(n)]);
@@ -358,16 +369,17 @@ void sm90_forward_launch(T* out, float* lse, const T* q, const T* k, const T* v,
 // see one key), rounded once to E into the A registers of dQ += dS K (wgmma RS, K read MN-major as
 // the forward's V). The groups S_n, dP_n, dS_{n−1} K_{n−1} are issued in that order and complete in
 // it: P_n is computed while dP_n and dS_{n−1} K_{n−1} run (wait_group 2), dS_n while the latter
-// does (wait_group 1). dQ is scaled once at the end. lse, Δ, the row's segment id and its one-key
-// flag are per row: read once from global memory. FA3's register split (both backward kernels):
-// where a consumer warpgroup needs more registers than a block of NC consumer warpgroups and a
-// producer warp leaves it (head dim 128: dK and dV alone are 128 a thread, dQ's kernel needed 174),
-// the producer is a whole warpgroup that gives registers back (setmaxnreg.dec to 24) and the
-// consumers take them (.inc to 240): 384 threads start at 168 each; 128 · 144 freed = 2 · 128 · 72
-// taken.
-// The .inc can be served only if the kernel starts at 168 registers a thread (3 · 168 − 24 ≥
-// 2 · 240): ptxas gives a kernel with setmaxnreg its launch bounds' cap (168 reported for both
-// kernels, nvcc 13.0), and the launcher checks the count (sm90_check_split).
+// does (wait_group 1). The warpgroups issue each tile's three groups in turn (the ping-pong,
+// Turns), so that one's P and dS run under the other's products. dQ is scaled once at the end. lse,
+// Δ, the row's segment id and its one-key flag are per row: read once from global memory. FA3's
+// register split (both backward kernels): where a consumer warpgroup needs more registers than a
+// block of NC consumer warpgroups and a producer warp leaves it (head dim 128: dK and dV alone are
+// 128 a thread, dQ's kernel needed 174), the producer is a whole warpgroup that gives registers
+// back (setmaxnreg.dec to 24) and the consumers take them (.inc to 240): 384 threads start at 168
+// each; 128 · 144 freed = 2 · 128 · 72 taken. The .inc can be served only if the kernel starts at
+// 168 registers a thread (3 · 168 − 24 ≥ 2 · 240): ptxas gives a kernel with setmaxnreg its launch
+// bounds' cap (168 reported for both kernels, nvcc 13.0), and the launcher checks the count
+// (sm90_check_split).
 template <int D, int NC>
 constexpr bool kSm90RegSplit = D == 128 && NC == 2;
 template <int D, int NC>
@@ -397,8 +409,9 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1)
   uint64_t* q_full = bars;  // Q and dO
   uint64_t* full = bars + 1;
   uint64_t* empty = full + Stages;
+  uint64_t* turn = empty + Stages;                        // [NC]: the ping-pong
   auto* kseg_s = reinterpret_cast<int32_t*>(smem + 512);  // [Stages][64]
-  static_assert(Stages * kSm90Rows * 4 <= 512 && 8 * (1 + 2 * Stages) <= 512, "1 KiB");
+  static_assert(Stages * kSm90Rows * 4 <= 512 && 8 * (1 + 2 * Stages + NC) <= 512, "1 KiB");
   unsigned char* q_s = smem + 1024;        // [NC][kChunks][64 rows][128 bytes]
   unsigned char* do_s = q_s + NC * kTile;  // the same
   unsigned char* k_s = do_s + NC * kTile;  // [Stages][kChunks][64 keys][128 bytes]
@@ -418,6 +431,7 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1)
       mbarrier_init(&full[s], 1);
       mbarrier_init(&empty[s], 128 * NC);
     }
+    for (int c = 0; c < NC; ++c) mbarrier_init(&turn[c], 128);
   }
   __syncthreads();
 
@@ -557,9 +571,14 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1)
       for (int j = 0; j < 4; ++j) ds[ks][j] = pack2_rn<E>(s[8 * ks + 2 * j], s[8 * ks + 2 * j + 1]);
   };
 
+  // The ping-pong (as the forward's): step n of each warpgroup, issuing S_n, dP_n and
+  // dS_{n−1} K_{n−1}, goes in turn, so that one's P and dS run under the other's products.
+  const Turns<NC> turns{turn, cg};
   if (n_mine > 0) {
+    turns.take(0);
     mbarrier_wait(&full[stage(0)], phase(0));
     issue_scores(0);
+    turns.pass();
     wgmma_wait_group<1>();  // S_0
     wgmma_fence_operand(s);
     probs(0);
@@ -568,9 +587,11 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1)
     dscores(0);
     pack();
     for (int n = 1; n < n_mine; ++n) {
+      turns.take(n);
       mbarrier_wait(&full[stage(n)], phase(n));
       issue_scores(n);
       issue_dq(n - 1);
+      turns.pass();
       wgmma_wait_group<2>();  // S_n
       wgmma_fence_operand(s);
       probs(n);
@@ -588,6 +609,8 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1)
     mbarrier_arrive(&empty[stage(n_mine - 1)]);
   }
   for (int n = n_mine; n < n_tiles; ++n) {  // wait before arriving: one arrival a phase
+    turns.take(n);
+    turns.pass();
     mbarrier_wait(&full[stage(n)], phase(n));
     mbarrier_arrive(&empty[stage(n)]);
   }
@@ -617,11 +640,12 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1)
 // once to E into the A registers of dV += Pᵀ dO and dK += dSᵀ Q (RS; dO and Q read MN-major: their
 // rows are the k dimension). A warpgroup skips the query tiles wholly above its keys (the first of
 // each head for the second warpgroup: those queries see none of its keys; exact, their P is 0).
-// Each tile in turn: the overlap of tile n's softmax with tile n − 1's products (as dQ does) needs
-// Sᵀ and dPᵀ of one tile and Pᵀ, dSᵀ of the other in registers beside dK and dV, more than the 168
-// a thread that ptxas allowed a 288-thread block (measured: spills at head dim 64); not yet tried
-// under the register split. Each gradient element is summed by one thread in query order:
-// deterministic, no atomics.
+// Within a warpgroup each tile in turn: the overlap of tile n's softmax with tile n − 1's products
+// (as dQ does) needs Sᵀ and dPᵀ of one tile and Pᵀ, dSᵀ of the other in registers beside dK and
+// dV, more than the 168 a thread that ptxas allowed a 288-thread block (measured: spills at head
+// dim 64); not yet tried under the register split. Between the warpgroups the ping-pong (Turns,
+// two turns a tile): one's Pᵀ and dSᵀ run under the other's products. Each gradient element is
+// summed by one thread in query order: deterministic, no atomics.
 constexpr int kIdsPad = 8, kIdsBox = kSm90Rows + kIdsPad;  // 72 ids: 288 bytes, a 16 multiple
 constexpr int kSmallSlot = 512;  // bytes of a stage's lse, Δ or ids (128-byte aligned for TMA)
 template <int Stages>  // barriers (1 KiB), then lse, Δ, ids; the tiles from a 1024-byte boundary
@@ -648,7 +672,8 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1) attention_sm90
   uint64_t* kv_full = bars;
   uint64_t* full = bars + 1;
   uint64_t* empty = full + Stages;
-  static_assert(8 * (1 + 2 * Stages) <= 1024, "1 KiB of barriers");
+  uint64_t* turn = empty + Stages;  // [NC]: the ping-pong
+  static_assert(8 * (1 + 2 * Stages + NC) <= 1024, "1 KiB of barriers");
   auto* lse_s = reinterpret_cast<float*>(smem + 1024);  // [Stages][kSmallSlot / 4]
   auto* dlt_s = reinterpret_cast<float*>(smem + 1024 + Stages * kSmallSlot);
   auto* ids_s = reinterpret_cast<int32_t*>(smem + 1024 + 2 * Stages * kSmallSlot);
@@ -675,6 +700,7 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1) attention_sm90
       mbarrier_init(&full[s], 1);
       mbarrier_init(&empty[s], 128 * NC);
     }
+    for (int c = 0; c < NC; ++c) mbarrier_init(&turn[c], 128);
   }
   __syncthreads();
 
@@ -831,14 +857,24 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1) attention_sm90
       for (int j = 0; j < 4; ++j) a[ks][j] = pack2_rn<E>(v[8 * ks + 2 * j], v[8 * ks + 2 * j + 1]);
   };
 
+  // The ping-pong: two turns a query tile, 2n issuing Sᵀ and dPᵀ, 2n + 1 issuing dV's and dK's
+  // products, so that one warpgroup's Pᵀ and dSᵀ run under the other's products. A warpgroup that
+  // skips the tile takes both turns too.
+  const Turns<NC> turns{turn, cg};
   for (int n = 0, il = 0; n < n_all; ++n, il = il + 1 == n_q ? 0 : il + 1) {
     mbarrier_wait(&full[stage(n)], phase(n));  // also before a skipped tile's release
     if (kw0 >= T_ || il < cg) {
+      turns.take(2 * n);
+      turns.pass();
+      turns.take(2 * n + 1);
+      turns.pass();
       mbarrier_arrive(&empty[stage(n)]);
       continue;
     }
     const int i0 = j0 + kSm90Rows * il;
+    turns.take(2 * n);
     issue_scores(n);
+    turns.pass();
     wgmma_wait_group<0>();
     wgmma_fence_operand(st);
     wgmma_fence_operand(dpt);
@@ -846,7 +882,9 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1) attention_sm90
     dscores(n, i0);
     pack(pa, st);
     pack(dsa, dpt);
+    turns.take(2 * n + 1);
     issue_grads(n);
+    turns.pass();
     wgmma_wait_group<0>();
     wgmma_fence_operand(dv_acc);
     wgmma_fence_operand(dk_acc);

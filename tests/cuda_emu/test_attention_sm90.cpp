@@ -17,6 +17,11 @@
 // 2 at both head dims, GQA 4 at 64, tails, two batch rows with and without segments, segments (a
 // one-token document: a query whose dS is forced to 0), ids continuing across rows, both dtypes;
 // and the contract's exact zeros (each document's first query's dq, a one-token document's dk).
+// Every case with more than one tile a block (T 200, 130, 100, 70) runs both kernels' ping-pong
+// over several turns, with a warpgroup that skips tiles (dK/dV's second, each head's first query
+// tile; dQ's first, the second's diagonal tile): a turn missed or taken twice is a deadlock,
+// which the emulator reports (tried: dK/dV's skipped tile taking one turn of two, dQ's waited
+// tiles taking none).
 #include <doctest/doctest.h>
 
 #include <string>
