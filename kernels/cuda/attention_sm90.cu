@@ -379,11 +379,14 @@ void sm90_forward_launch(T* out, float* lse, const T* q, const T* k, const T* v,
 // each; 128 · 144 freed = 2 · 128 · 72 taken. The .inc can be served only if the kernel starts at
 // 168 registers a thread (3 · 168 − 24 ≥ 2 · 240): ptxas gives a kernel with setmaxnreg its launch
 // bounds' cap (168 reported for both kernels, nvcc 13.0), and the launcher checks the count
-// (sm90_check_split).
+// (sm90_check_split). dQ takes the split at head dim 128; dK/dV at both, at 64 for the overlap
+// of a tile's softmax with the previous tile's products (kSm90DkdvOverlap, at its kernel).
 template <int D, int NC>
-constexpr bool kSm90RegSplit = D == 128 && NC == 2;
+constexpr bool kSm90DqSplit = D == 128 && NC == 2;
 template <int D, int NC>
-constexpr int kSm90BackwardThreads = kSm90RegSplit<D, NC> ? 128 * (NC + 1) : 128 * NC + 32;
+constexpr bool kSm90DkdvSplit = NC == 2;
+template <bool Split, int NC>
+constexpr int kSm90BackwardThreads = Split ? 128 * (NC + 1) : 128 * NC + 32;
 
 template <int D, int NC, int Stages>
 constexpr size_t sm90_dq_smem_bytes() {
@@ -391,7 +394,7 @@ constexpr size_t sm90_dq_smem_bytes() {
 }
 
 template <typename E, int D, int NC, int Stages>
-__global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1)
+__global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>, 1)
     attention_sm90_dq_kernel(const __grid_constant__ TensorMap map_q,
                              const __grid_constant__ TensorMap map_do,
                              const __grid_constant__ TensorMap map_k,
@@ -437,7 +440,7 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1)
 
   const int cg = __shfl_sync(kFullMask, int(threadIdx.x) / 128, 0);  // uniform: see the forward
   if (cg == NC) {  // the producer warp (warpgroup, with the register split)
-    if constexpr (kSm90RegSplit<D, NC>) setmaxnreg_dec<24>();
+    if constexpr (kSm90DqSplit<D, NC>) setmaxnreg_dec<24>();
     if (threadIdx.x != 128 * NC) return;
     mbarrier_arrive_expect_tx(q_full, 2 * NC * kTile);
     for (int c = 0; c < NC; ++c)
@@ -460,7 +463,7 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1)
     return;
   }
 
-  if constexpr (kSm90RegSplit<D, NC>) setmaxnreg_inc<240>();
+  if constexpr (kSm90DqSplit<D, NC>) setmaxnreg_inc<240>();
   const int w = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, qd = lane & 3;
   const int r0 = i0 + kSm90Rows * cg;
@@ -640,12 +643,18 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1)
 // once to E into the A registers of dV += Pᵀ dO and dK += dSᵀ Q (RS; dO and Q read MN-major: their
 // rows are the k dimension). A warpgroup skips the query tiles wholly above its keys (the first of
 // each head for the second warpgroup: those queries see none of its keys; exact, their P is 0).
-// Within a warpgroup each tile in turn: the overlap of tile n's softmax with tile n − 1's products
-// (as dQ does) needs Sᵀ and dPᵀ of one tile and Pᵀ, dSᵀ of the other in registers beside dK and
-// dV, more than the 168 a thread that ptxas allowed a 288-thread block (measured: spills at head
-// dim 64); not yet tried under the register split. Between the warpgroups the ping-pong (Turns,
-// two turns a tile): one's Pᵀ and dSᵀ run under the other's products. Each gradient element is
-// summed by one thread in query order: deterministic, no atomics.
+// Within a warpgroup at head dim 64 (kSm90DkdvOverlap), tile n's Sᵀ and dPᵀ are issued before
+// tile n − 1's products, and its Pᵀ and dSᵀ computed while those run (as dQ does; the A
+// fragments are packed once they completed), head by head; between the warpgroups the ping-pong
+// (Turns, a turn a tile). That needs Sᵀ and dPᵀ of one tile and Pᵀ, dSᵀ of the other in
+// registers beside dK and dV: more than the 168 a thread that ptxas allowed a 288-thread block
+// (spills), so dK/dV takes the register split at 64 too (nvcc 13.0: no spill, no serialized
+// wgmma). At 128 it spilled 200 bytes even under the split: there each tile goes in turn, with
+// two turns a tile (Sᵀ and dPᵀ, then dV's and dK's products), one warpgroup's Pᵀ and dSᵀ under
+// the other's products. Each gradient element is summed by one thread in query order (the same
+// bits in both forms): deterministic, no atomics.
+template <int D, int NC>
+constexpr bool kSm90DkdvOverlap = D == 64 && kSm90DkdvSplit<D, NC>;
 constexpr int kIdsPad = 8, kIdsBox = kSm90Rows + kIdsPad;  // 72 ids: 288 bytes, a 16 multiple
 constexpr int kSmallSlot = 512;  // bytes of a stage's lse, Δ or ids (128-byte aligned for TMA)
 template <int Stages>  // barriers (1 KiB), then lse, Δ, ids; the tiles from a 1024-byte boundary
@@ -657,12 +666,13 @@ constexpr size_t sm90_dkdv_smem_bytes() {
 }
 
 template <typename E, int D, int NC, int Stages>
-__global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1) attention_sm90_dkdv_kernel(
-    const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_do,
-    const __grid_constant__ TensorMap map_k, const __grid_constant__ TensorMap map_v,
-    const __grid_constant__ TensorMap map_lse, const __grid_constant__ TensorMap map_dlt,
-    const __grid_constant__ TensorMap map_ids, device_t<E>* dk, device_t<E>* dv, const int32_t* seg,
-    int T_, int H, int K, float scale) {
+__global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC>, 1)
+    attention_sm90_dkdv_kernel(
+        const __grid_constant__ TensorMap map_q, const __grid_constant__ TensorMap map_do,
+        const __grid_constant__ TensorMap map_k, const __grid_constant__ TensorMap map_v,
+        const __grid_constant__ TensorMap map_lse, const __grid_constant__ TensorMap map_dlt,
+        const __grid_constant__ TensorMap map_ids, device_t<E>* dk, device_t<E>* dv,
+        const int32_t* seg, int T_, int H, int K, float scale) {
 #if FT_HOPPER_DEVICE
   constexpr int kTk = NC * kSm90Rows, kTile = kSm90TileBytes<D>, kChunks = D / 64;
   constexpr int kBoxBytes = 64 * 64 * 2;
@@ -706,7 +716,7 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1) attention_sm90
 
   const int cg = __shfl_sync(kFullMask, int(threadIdx.x) / 128, 0);  // uniform: see the forward
   if (cg == NC) {  // the producer warp (warpgroup, with the register split)
-    if constexpr (kSm90RegSplit<D, NC>) setmaxnreg_dec<24>();
+    if constexpr (kSm90DkdvSplit<D, NC>) setmaxnreg_dec<24>();
     if (threadIdx.x != 128 * NC) return;
     mbarrier_arrive_expect_tx(kv_full, 2 * NC * kTile);
     for (int c = 0; c < NC; ++c)
@@ -741,7 +751,7 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1) attention_sm90
 
   // Consumer warpgroup cg: keys kw0 .. kw0 + 63; this thread's two keys (x = 0, 1) of every
   // accumulator row: 16 w + g + 8 x.
-  if constexpr (kSm90RegSplit<D, NC>) setmaxnreg_inc<240>();
+  if constexpr (kSm90DkdvSplit<D, NC>) setmaxnreg_inc<240>();
   const int w = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, qd = lane & 3;
   const int kw0 = j0 + kSm90Rows * cg;
@@ -857,38 +867,91 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1) attention_sm90
       for (int j = 0; j < 4; ++j) a[ks][j] = pack2_rn<E>(v[8 * ks + 2 * j], v[8 * ks + 2 * j + 1]);
   };
 
-  // The ping-pong: two turns a query tile, 2n issuing Sᵀ and dPᵀ, 2n + 1 issuing dV's and dK's
-  // products, so that one warpgroup's Pᵀ and dSᵀ run under the other's products. A warpgroup that
-  // skips the tile takes both turns too.
-  const Turns<NC> turns{turn, cg};
-  for (int n = 0, il = 0; n < n_all; ++n, il = il + 1 == n_q ? 0 : il + 1) {
-    mbarrier_wait(&full[stage(n)], phase(n));  // also before a skipped tile's release
-    if (kw0 >= T_ || il < cg) {
-      turns.take(2 * n);
+  if constexpr (kSm90DkdvOverlap<D, NC>) {
+    // The ping-pong: a turn a query tile (issuing its Sᵀ and dPᵀ, then the previous tile's dV's
+    // and dK's products); a warpgroup takes the turns of the tiles it skips too. Within the
+    // warpgroup, tile n's Pᵀ and dSᵀ run while tile n − 1's products do, head by head.
+    const Turns<NC> turns{turn, cg};
+    for (int hd = 0; hd < group; ++hd) {
+      const int base = hd * n_q, first = kw0 >= T_ ? n_q : min(cg, n_q);
+      for (int il = 0; il < first; ++il) {  // skipped: wait before arriving, one arrival a phase
+        turns.take(base + il);
+        turns.pass();
+        mbarrier_wait(&full[stage(base + il)], phase(base + il));
+        mbarrier_arrive(&empty[stage(base + il)]);
+      }
+      if (first == n_q) continue;
+      int n = base + first;
+      turns.take(n);
+      mbarrier_wait(&full[stage(n)], phase(n));
+      issue_scores(n);
       turns.pass();
-      turns.take(2 * n + 1);
-      turns.pass();
+      wgmma_wait_group<0>();
+      wgmma_fence_operand(st);
+      wgmma_fence_operand(dpt);
+      probs(n, j0 + kSm90Rows * first);
+      dscores(n, j0 + kSm90Rows * first);
+      pack(pa, st);
+      pack(dsa, dpt);
+      for (int il = first + 1; il < n_q; ++il) {
+        n = base + il;
+        turns.take(n);
+        mbarrier_wait(&full[stage(n)], phase(n));
+        issue_scores(n);
+        issue_grads(n - 1);
+        turns.pass();
+        wgmma_wait_group<1>();  // Sᵀ_n, dPᵀ_n
+        wgmma_fence_operand(st);
+        wgmma_fence_operand(dpt);
+        probs(n, j0 + kSm90Rows * il);
+        dscores(n, j0 + kSm90Rows * il);
+        wgmma_wait_group<0>();  // tile n − 1's products
+        wgmma_fence_operand(dv_acc);
+        wgmma_fence_operand(dk_acc);
+        mbarrier_arrive(&empty[stage(n - 1)]);
+        pack(pa, st);
+        pack(dsa, dpt);
+      }
+      issue_grads(n);
+      wgmma_wait_group<0>();
+      wgmma_fence_operand(dv_acc);
+      wgmma_fence_operand(dk_acc);
       mbarrier_arrive(&empty[stage(n)]);
-      continue;
     }
-    const int i0 = j0 + kSm90Rows * il;
-    turns.take(2 * n);
-    issue_scores(n);
-    turns.pass();
-    wgmma_wait_group<0>();
-    wgmma_fence_operand(st);
-    wgmma_fence_operand(dpt);
-    probs(n, i0);
-    dscores(n, i0);
-    pack(pa, st);
-    pack(dsa, dpt);
-    turns.take(2 * n + 1);
-    issue_grads(n);
-    turns.pass();
-    wgmma_wait_group<0>();
-    wgmma_fence_operand(dv_acc);
-    wgmma_fence_operand(dk_acc);
-    mbarrier_arrive(&empty[stage(n)]);
+  } else {
+    // The ping-pong: two turns a query tile, 2n issuing Sᵀ and dPᵀ, 2n + 1 issuing dV's and dK's
+    // products, so that one warpgroup's Pᵀ and dSᵀ run under the other's products. A warpgroup that
+    // skips the tile takes both turns too.
+    const Turns<NC> turns{turn, cg};
+    for (int n = 0, il = 0; n < n_all; ++n, il = il + 1 == n_q ? 0 : il + 1) {
+      mbarrier_wait(&full[stage(n)], phase(n));  // also before a skipped tile's release
+      if (kw0 >= T_ || il < cg) {
+        turns.take(2 * n);
+        turns.pass();
+        turns.take(2 * n + 1);
+        turns.pass();
+        mbarrier_arrive(&empty[stage(n)]);
+        continue;
+      }
+      const int i0 = j0 + kSm90Rows * il;
+      turns.take(2 * n);
+      issue_scores(n);
+      turns.pass();
+      wgmma_wait_group<0>();
+      wgmma_fence_operand(st);
+      wgmma_fence_operand(dpt);
+      probs(n, i0);
+      dscores(n, i0);
+      pack(pa, st);
+      pack(dsa, dpt);
+      turns.take(2 * n + 1);
+      issue_grads(n);
+      turns.pass();
+      wgmma_wait_group<0>();
+      wgmma_fence_operand(dv_acc);
+      wgmma_fence_operand(dk_acc);
+      mbarrier_arrive(&empty[stage(n)]);
+    }
   }
 
   const size_t ldk = size_t(K) * D;
@@ -908,18 +971,20 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<D, NC>, 1) attention_sm90
 }
 
 // The backward's form: consumer warpgroups and ring stages of each kernel, the same at both head
-// dims. Two warpgroups: at head dim 64 with a producer warp (a 288-thread block: ptxas allows
-// 168 registers a thread), at 128 under the register split (kSm90RegSplit: consumers at 240),
-// where with a producer warp only one fitted (dK and dV alone are 128 floats a thread; dQ's two
-// warpgroups spilled 48 bytes).
+// dims. Two warpgroups: dQ at head dim 64 with a producer warp (a 288-thread block: ptxas allows
+// 168 registers a thread), dQ at 128 and dK/dV at both under the register split (kSm90DqSplit,
+// kSm90DkdvSplit: consumers at 240), where with a producer warp only one fitted at 128 (dK and dV
+// alone are 128 floats a thread; dQ's two warpgroups spilled 48 bytes) and dK/dV's overlap
+// spilled at 64.
 struct Sm90BackwardForm {
   static constexpr int kDqNc = 2, kDqStages = 2;
   static constexpr int kDkdvNc = 2, kDkdvStages = 2;
 };
 
 // A kernel under the register split must start at 168 registers a thread, or its consumers'
-// setmaxnreg.inc waits for registers the block never holds (kSm90RegSplit): checked on a GPU
-// (the emulation models the entry count from the block size instead, hopper_emu.cpp).
+// setmaxnreg.inc waits for registers the block never holds (kSm90DqSplit, kSm90DkdvSplit):
+// checked on a GPU (the emulation models the entry count from the block size instead,
+// hopper_emu.cpp).
 inline void sm90_check_split([[maybe_unused]] const void* kernel,
                              [[maybe_unused]] const char* name) {
 #if !defined(FT_CUDA_EMU)
@@ -953,9 +1018,9 @@ void sm90_backward_launch(T* dq, T* dk, T* dv, const T* dout, const float* lse, 
     constexpr int NC = F::kDkdvNc, S = F::kDkdvStages;
     auto kernel = attention_sm90_dkdv_kernel<T, D, NC, S>;
     constexpr size_t smem = sm90_dkdv_smem_bytes<D, NC, S>();
-    constexpr int threads = kSm90BackwardThreads<D, NC>;
+    constexpr int threads = kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC>;
     allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_backward");
-    if constexpr (kSm90RegSplit<D, NC>) {
+    if constexpr (kSm90DkdvSplit<D, NC>) {
       static const bool checked =
           (sm90_check_split(reinterpret_cast<const void*>(kernel), "attention_sm90_dkdv"), true);
       (void)checked;
@@ -970,9 +1035,9 @@ void sm90_backward_launch(T* dq, T* dk, T* dv, const T* dout, const float* lse, 
     constexpr int NC = F::kDqNc, S = F::kDqStages;
     auto kernel = attention_sm90_dq_kernel<T, D, NC, S>;
     constexpr size_t smem = sm90_dq_smem_bytes<D, NC, S>();
-    constexpr int threads = kSm90BackwardThreads<D, NC>;
+    constexpr int threads = kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>;
     allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_backward");
-    if constexpr (kSm90RegSplit<D, NC>) {
+    if constexpr (kSm90DqSplit<D, NC>) {
       static const bool checked =
           (sm90_check_split(reinterpret_cast<const void*>(kernel), "attention_sm90_dq"), true);
       (void)checked;

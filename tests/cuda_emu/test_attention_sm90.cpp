@@ -6,8 +6,8 @@
 // bound for out, 0.02 and 0.04 for lse). Built natively (ft_cuda_kernel_tests) the same cases
 // run on an sm_90 GPU and skip on older ones.
 //
-// Shapes are small (a block is 288 fibers; each case takes seconds): tails (T not a multiple of
-// 64 or of a block's 128 rows, so that a block has a consumer warpgroup with no rows), more key
+// Shapes are small (a block is 288 or 384 fibers; each case takes seconds): tails (T not a multiple
+// of 64 or of a block's 128 rows, so that a block has a consumer warpgroup with no rows), more key
 // tiles than ring stages (T 192: three), both warpgroups over several tiles (T 260, 300: the
 // ping-pong), GQA ratios 1, 2 and 4, head dims 64 and 128, two batch rows, one token; each with
 // and without segment ids. Each case runs under two schedule seeds
@@ -19,9 +19,12 @@
 // and the contract's exact zeros (each document's first query's dq, a one-token document's dk).
 // Every case with more than one tile a block (T 200, 130, 100, 70) runs both kernels' ping-pong
 // over several turns, with a warpgroup that skips tiles (dK/dV's second, each head's first query
-// tile; dQ's first, the second's diagonal tile): a turn missed or taken twice is a deadlock,
-// which the emulator reports (tried: dK/dV's skipped tile taking one turn of two, dQ's waited
-// tiles taking none).
+// tile; dQ's first, the second's diagonal tile), and at head dim 64 dK/dV's overlap of a tile's
+// softmax with the previous tile's products, across heads with GQA: a turn missed or taken twice
+// is a deadlock, which the emulator reports (tried: dK/dV's skipped tile taking one turn of two
+// or none in either form, dQ's waited tiles taking none); it also reports a stage released
+// before the products reading it completed (tried: dK/dV's overlap arriving on `empty` before
+// its wait_group 0: its Q tile changed under the wgmma).
 #include <doctest/doctest.h>
 
 #include <string>
@@ -131,8 +134,9 @@ TEST_CASE("cuda_emu sm90 attention forward f16 against the CPU kernels") {
 }
 
 // The backward: its dK/dV kernel's blocks own 128 keys (two warpgroups, the second skipping
-// each head's first query tile; at head dim 128 under the register split, a producer warpgroup
-// and setmaxnreg), its dQ kernel's 128 query rows, at both head dims.
+// each head's first query tile; under the register split at both head dims, a producer
+// warpgroup and setmaxnreg), its dQ kernel's 128 query rows (the split at head dim 128), at both
+// head dims.
 TEST_CASE("cuda_emu sm90 attention backward bf16 against the CPU kernels") {
   if (!sm90_here()) return;
   for (const Shape& s : {Shape{1, 1, 1, 1, 64},      // one token: a gradient of exactly 0 (dS = 0)
