@@ -362,8 +362,9 @@ void sm90_forward_launch(T* out, float* lse, const T* q, const T* k, const T* v,
 
 // dQ: a block owns 64·NC query rows of one (head, batch row), NC consumer warpgroups of 64 rows
 // and a producer warp, as the forward (a producer warpgroup under the register split, below). The
-// producer loads Q and dO once, then each key tile's K, V (and key segment ids) into stage n %
-// Stages of a ring, all on the stage's `full` barrier (dS needs both S and dP). Per key tile, in
+// producer loads Q and dO once, then each key tile's K (with the key segment ids) and V into stage
+// n % Stages of a ring, on the stage's `full_k` and `full_v` barriers (as the forward: S = Q Kᵀ
+// starts before V lands). Per key tile, in
 // the warpgroup: S = Q Kᵀ and dP = dO Vᵀ (wgmma SS, all four operands K-major, a commit group
 // each), P = exp2(scale·log2e·S − lse·log2e) masked to 0, dS = P ∘ (dP − Δ) in fp32 (0 on rows that
 // see one key), rounded once to E into the A registers of dQ += dS K (wgmma RS, K read MN-major as
@@ -410,11 +411,12 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>,
   unsigned char* smem = smem_raw + ((1024u - smem_offset(smem_raw) % 1024u) % 1024u);
   auto* bars = reinterpret_cast<uint64_t*>(smem);
   uint64_t* q_full = bars;  // Q and dO
-  uint64_t* full = bars + 1;
-  uint64_t* empty = full + Stages;
+  uint64_t* full_k = bars + 1;
+  uint64_t* full_v = full_k + Stages;
+  uint64_t* empty = full_v + Stages;
   uint64_t* turn = empty + Stages;                        // [NC]: the ping-pong
   auto* kseg_s = reinterpret_cast<int32_t*>(smem + 512);  // [Stages][64]
-  static_assert(Stages * kSm90Rows * 4 <= 512 && 8 * (1 + 2 * Stages + NC) <= 512, "1 KiB");
+  static_assert(Stages * kSm90Rows * 4 <= 512 && 8 * (1 + 3 * Stages + NC) <= 512, "1 KiB");
   unsigned char* q_s = smem + 1024;        // [NC][kChunks][64 rows][128 bytes]
   unsigned char* do_s = q_s + NC * kTile;  // the same
   unsigned char* k_s = do_s + NC * kTile;  // [Stages][kChunks][64 keys][128 bytes]
@@ -431,7 +433,8 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>,
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
     for (int s = 0; s < Stages; ++s) {
-      mbarrier_init(&full[s], 1);
+      mbarrier_init(&full_k[s], 1);
+      mbarrier_init(&full_v[s], 1);
       mbarrier_init(&empty[s], 128 * NC);
     }
     for (int c = 0; c < NC; ++c) mbarrier_init(&turn[c], 128);
@@ -452,13 +455,13 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>,
     for (int n = 0; n < n_tiles; ++n) {
       const int st = n % Stages, j0 = j_first + n * kSm90Rows;
       mbarrier_wait(&empty[st], ((n / Stages) & 1) ^ 1);  // round 0: the phase before init
-      mbarrier_arrive_expect_tx(&full[st], 2 * kTile + (seg ? kSm90Rows * 4 : 0));
-      for (int ch = 0; ch < kChunks; ++ch) {
-        const int at = st * kTile + ch * kBoxBytes;
-        tma_load_3d(k_s + at, map_k, kh * D + 64 * ch, j0, b, &full[st]);
-        tma_load_3d(v_s + at, map_v, kh * D + 64 * ch, j0, b, &full[st]);
-      }
-      if (seg) tma_load_2d(kseg_s + st * kSm90Rows, map_seg, b * T_ + j0, 0, &full[st]);
+      mbarrier_arrive_expect_tx(&full_k[st], kTile + (seg ? kSm90Rows * 4 : 0));
+      for (int ch = 0; ch < kChunks; ++ch)
+        tma_load_3d(k_s + st * kTile + ch * kBoxBytes, map_k, kh * D + 64 * ch, j0, b, &full_k[st]);
+      if (seg) tma_load_2d(kseg_s + st * kSm90Rows, map_seg, b * T_ + j0, 0, &full_k[st]);
+      mbarrier_arrive_expect_tx(&full_v[st], kTile);
+      for (int ch = 0; ch < kChunks; ++ch)
+        tma_load_3d(v_s + st * kTile + ch * kBoxBytes, map_v, kh * D + 64 * ch, j0, b, &full_v[st]);
     }
     return;
   }
@@ -495,10 +498,12 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>,
 
   float s[kSm90Rows / 2], dp[kSm90Rows / 2];  // S and dP of the newest tile, then P and dS
   uint32_t ds[kSm90Rows / 16][4];             // dS of the tile whose dS K is next, A fragments
-  // S = Q K_nᵀ and dP = dO V_nᵀ, a commit group each (P's exponentials run while dP does).
+  // S = Q K_nᵀ and dP = dO V_nᵀ, a commit group each (P's exponentials run while dP does), each
+  // once its tile has landed (S needs no V).
   const auto issue_scores = [&](int n) {
     const unsigned char* k_tile = k_s + stage(n) * kTile;
     const unsigned char* v_tile = v_s + stage(n) * kTile;
+    mbarrier_wait(&full_k[stage(n)], phase(n));
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -508,6 +513,8 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>,
                                  kk > 0);
     }
     wgmma_commit_group();
+    mbarrier_wait(&full_v[stage(n)], phase(n));
+    wgmma_fence();  // after the wait: else ptxas injects one (C7519)
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const int at = (kk / 4) * kBoxBytes + (kk % 4) * 32;
@@ -579,7 +586,6 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>,
   const Turns<NC> turns{turn, cg};
   if (n_mine > 0) {
     turns.take(0);
-    mbarrier_wait(&full[stage(0)], phase(0));
     issue_scores(0);
     turns.pass();
     wgmma_wait_group<1>();  // S_0
@@ -591,7 +597,6 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>,
     pack();
     for (int n = 1; n < n_mine; ++n) {
       turns.take(n);
-      mbarrier_wait(&full[stage(n)], phase(n));
       issue_scores(n);
       issue_dq(n - 1);
       turns.pass();
@@ -614,7 +619,8 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>,
   for (int n = n_mine; n < n_tiles; ++n) {  // wait before arriving: one arrival a phase
     turns.take(n);
     turns.pass();
-    mbarrier_wait(&full[stage(n)], phase(n));
+    mbarrier_wait(&full_k[stage(n)], phase(n));
+    mbarrier_wait(&full_v[stage(n)], phase(n));
     mbarrier_arrive(&empty[stage(n)]);
   }
 

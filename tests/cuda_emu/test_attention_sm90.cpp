@@ -24,7 +24,8 @@
 // is a deadlock, which the emulator reports (tried: dK/dV's skipped tile taking one turn of two
 // or none in either form, dQ's waited tiles taking none); it also reports a stage released
 // before the products reading it completed (tried: dK/dV's overlap arriving on `empty` before
-// its wait_group 0: its Q tile changed under the wgmma).
+// its wait_group 0: its Q tile changed under the wgmma) and a wgmma reading a tile before its
+// barrier's phase was observed (tried: dQ's S = Q Kᵀ without the wait on `full_k`).
 #include <doctest/doctest.h>
 
 #include <string>
