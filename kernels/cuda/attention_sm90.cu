@@ -655,9 +655,10 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>,
 // (Turns, a turn a tile). That needs Sᵀ and dPᵀ of one tile and Pᵀ, dSᵀ of the other in
 // registers beside dK and dV: more than the 168 a thread that ptxas allowed a 288-thread block
 // (spills), so dK/dV takes the register split at 64 too (nvcc 13.0: no spill, no serialized
-// wgmma). At 128 it spilled 200 bytes even under the split: there each tile goes in turn, with
-// two turns a tile (Sᵀ and dPᵀ, then dV's and dK's products), one warpgroup's Pᵀ and dSᵀ under
-// the other's products. Each gradient element is summed by one thread in query order (the same
+// wgmma). At 128 it spilled 200 bytes even under the split (64 with Pᵀ and dSᵀ through shared
+// memory as the A of SS products: dK, dV, Sᵀ and dPᵀ alone are 192 a thread): there each tile
+// goes in turn, with two turns a tile (Sᵀ and dPᵀ, then dV's and dK's products), one
+// warpgroup's Pᵀ and dSᵀ under the other's products. Each gradient element is summed by one thread in query order (the same
 // bits in both forms): deterministic, no atomics.
 template <int D, int NC>
 constexpr bool kSm90DkdvOverlap = D == 64 && kSm90DkdvSplit<D, NC>;
