@@ -658,8 +658,8 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>,
 // wgmma). At 128 it spilled 200 bytes even under the split (64 with Pᵀ and dSᵀ through shared
 // memory as the A of SS products: dK, dV, Sᵀ and dPᵀ alone are 192 a thread): there each tile
 // goes in turn, with two turns a tile (Sᵀ and dPᵀ, then dV's and dK's products), one
-// warpgroup's Pᵀ and dSᵀ under the other's products. Each gradient element is summed by one thread in query order (the same
-// bits in both forms): deterministic, no atomics.
+// warpgroup's Pᵀ and dSᵀ under the other's products. Each gradient element is summed by one thread
+// in query order (the same bits in both forms): deterministic, no atomics.
 template <int D, int NC>
 constexpr bool kSm90DkdvOverlap = D == 64 && kSm90DkdvSplit<D, NC>;
 constexpr int kIdsPad = 8, kIdsBox = kSm90Rows + kIdsPad;  // 72 ids: 288 bytes, a 16 multiple
