@@ -55,8 +55,10 @@ constexpr int kSm90TileBytes = D * 2 * kSm90Rows;  // 64 rows of a head, 16-bit
 // 0), whose phases the warpgroup before it completes (its 128 threads arrive once a turn, after
 // issuing: each turn[c] is initialized for 128 arrivals), and then passes the turn on. Every
 // warpgroup takes the same turns, those in which it issues nothing too, so that the turns stay in
-// order; a turn's arrivals come only after the phase before completed (the one passing the turn
-// had to wait for that phase to take it), so no barrier sees a second arrival in a phase.
+// order; a turn's arrivals on turn[c] come only after warpgroup c waited for the phase before
+// (warpgroup c − 1 can take its next turn only once the turns of every other warpgroup, c's
+// included, have gone round), so no barrier sees a second arrival in a phase and no waiter falls
+// two phases behind.
 template <int NC>
 struct Turns {
   uint64_t* turn;  // [NC], in shared memory
@@ -69,12 +71,16 @@ struct Turns {
   }
 };
 
-// Barriers and key segment ids (1 KiB), Q of every consumer, then K and V of every stage; 1 KiB
-// more so that the tiles can start on a 1024-byte boundary (the 128-byte swizzle's period) wherever
-// the dynamic shared memory starts.
+// The forward's and dQ's header: barriers (512 bytes), then each stage's key segment ids (256
+// bytes a stage), in whole KiB so that the tiles after it start on a 1024-byte boundary (the
+// 128-byte swizzle's period).
+template <int Stages>
+constexpr int kSm90Header = (512 + Stages * kSm90Rows * 4 + 1023) / 1024 * 1024;
+// The header, Q of every consumer, then K and V of every stage; 1 KiB more so that the tiles can
+// start on a 1024-byte boundary wherever the dynamic shared memory starts.
 template <int D, int NC, int Stages>
 constexpr size_t sm90_smem_bytes() {
-  return 2048 + size_t(NC + 2 * Stages) * kSm90TileBytes<D>;
+  return 1024 + size_t(kSm90Header<Stages>) + size_t(NC + 2 * Stages) * kSm90TileBytes<D>;
 }
 
 template <typename E, int D, int NC, int Stages>
@@ -98,9 +104,9 @@ __global__ void __launch_bounds__(128 * NC + 32)
   uint64_t* turn = empty + Stages;  // [NC]: the ping-pong between consumer warpgroups
   // [Stages][64]: each key tile's segment ids (with segments), loaded with its K
   auto* kseg_s = reinterpret_cast<int32_t*>(smem + 512);
-  static_assert(Stages * kSm90Rows * 4 <= 512 && 8 * (1 + 3 * Stages + NC) <= 512, "1 KiB");
-  unsigned char* q_s = smem + 1024;       // [NC][kChunks][64 rows][128 bytes]
-  unsigned char* k_s = q_s + NC * kTile;  // [Stages][kChunks][64 keys][128 bytes]
+  static_assert(8 * (1 + 3 * Stages + NC) <= 512, "512 bytes of barriers");
+  unsigned char* q_s = smem + kSm90Header<Stages>;  // [NC][kChunks][64 rows][128 bytes]
+  unsigned char* k_s = q_s + NC * kTile;            // [Stages][kChunks][64 keys][128 bytes]
   unsigned char* v_s = k_s + Stages * kTile;
 
   const BlockTile bt = block_tile(true);
@@ -271,6 +277,7 @@ __global__ void __launch_bounds__(128 * NC + 32)
       softmax(n);
       wgmma_wait_group<0>();  // P_{n−1} V_{n−1}
       wgmma_fence_operand(o);
+      wgmma_fence_operand(p);
       mbarrier_arrive(&empty[stage(n - 1)]);  // this thread is done with K_{n−1} and V_{n−1}
       rescale_and_pack();
     }
@@ -370,8 +377,9 @@ void sm90_forward_launch(T* out, float* lse, const T* q, const T* k, const T* v,
 // see one key), rounded once to E into the A registers of dQ += dS K (wgmma RS, K read MN-major as
 // the forward's V). The groups S_n, dP_n, dS_{n−1} K_{n−1} are issued in that order and complete in
 // it: P_n is computed while dP_n and dS_{n−1} K_{n−1} run (wait_group 2), dS_n while the latter
-// does (wait_group 1). The warpgroups issue each tile's three groups in turn (the ping-pong,
-// Turns), so that one's P and dS run under the other's products. dQ is scaled once at the end. lse,
+// does (wait_group 1). The warpgroups issue in turn (the ping-pong, Turns: turn n issues S_n,
+// dP_n and dS_{n−1} K_{n−1}; the last dS K after the turns), so that one's P and dS run under the
+// other's products. dQ is scaled once at the end. lse,
 // Δ, the row's segment id and its one-key flag are per row: read once from global memory. FA3's
 // register split (both backward kernels): where a consumer warpgroup needs more registers than a
 // block of NC consumer warpgroups and a producer warp leaves it (head dim 128: dK and dV alone are
@@ -390,8 +398,8 @@ template <bool Split, int NC>
 constexpr int kSm90BackwardThreads = Split ? 128 * (NC + 1) : 128 * NC + 32;
 
 template <int D, int NC, int Stages>
-constexpr size_t sm90_dq_smem_bytes() {
-  return 2048 + size_t(2 * NC + 2 * Stages) * kSm90TileBytes<D>;  // barriers, Q, dO, K, V
+constexpr size_t sm90_dq_smem_bytes() {  // the header (kSm90Header), Q, dO, K, V
+  return 1024 + size_t(kSm90Header<Stages>) + size_t(2 * NC + 2 * Stages) * kSm90TileBytes<D>;
 }
 
 template <typename E, int D, int NC, int Stages>
@@ -416,10 +424,10 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>,
   uint64_t* empty = full_v + Stages;
   uint64_t* turn = empty + Stages;                        // [NC]: the ping-pong
   auto* kseg_s = reinterpret_cast<int32_t*>(smem + 512);  // [Stages][64]
-  static_assert(Stages * kSm90Rows * 4 <= 512 && 8 * (1 + 3 * Stages + NC) <= 512, "1 KiB");
-  unsigned char* q_s = smem + 1024;        // [NC][kChunks][64 rows][128 bytes]
-  unsigned char* do_s = q_s + NC * kTile;  // the same
-  unsigned char* k_s = do_s + NC * kTile;  // [Stages][kChunks][64 keys][128 bytes]
+  static_assert(8 * (1 + 3 * Stages + NC) <= 512, "512 bytes of barriers");
+  unsigned char* q_s = smem + kSm90Header<Stages>;  // [NC][kChunks][64 rows][128 bytes]
+  unsigned char* do_s = q_s + NC * kTile;           // the same
+  unsigned char* k_s = do_s + NC * kTile;           // [Stages][kChunks][64 keys][128 bytes]
   unsigned char* v_s = k_s + Stages * kTile;
 
   const BlockTile bt = block_tile(true);
@@ -608,6 +616,7 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>,
       dscores(n);
       wgmma_wait_group<0>();  // dS_{n−1} K_{n−1}
       wgmma_fence_operand(acc);
+      wgmma_fence_operand(ds);
       mbarrier_arrive(&empty[stage(n - 1)]);
       pack();
     }
@@ -780,7 +789,8 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC
   float st[kSm90Rows / 2], dpt[kSm90Rows / 2];  // Sᵀ and dPᵀ of the newest tile, then Pᵀ, dSᵀ
   uint32_t pa[kSm90Rows / 16][4], dsa[kSm90Rows / 16][4];  // Pᵀ, dSᵀ as A fragments
   // Sᵀ = K Q_nᵀ and dPᵀ = V dOᵀ, one commit group. (Pᵀ's exponentials while dPᵀ runs, as dQ
-  // does, made ptxas serialize the wgmmas at head dim 128 and spill at 64.)
+  // does, made ptxas serialize the wgmmas at head dim 128 and spill at 64: tried at 168
+  // registers, before dK/dV took the register split at 64.)
   const auto issue_scores = [&](int n) {
     const unsigned char* q_tile = q_s + stage(n) * kTile;
     const unsigned char* do_tile = do_s + stage(n) * kTile;
@@ -804,7 +814,7 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC
   // dV += Pᵀ dO_n and dK += dSᵀ Q_n (dO and Q read MN-major), one commit group. The A
   // fragments are written before the fence, so that ptxas needs to inject no warpgroup.arrive.
   // (dV's products issued before dSᵀ is computed, to overlap the two, also made ptxas
-  // serialize the wgmmas at head dim 128 and spill at 64.)
+  // serialize the wgmmas at head dim 128 and spill at 64, at 168 registers.)
   const auto issue_grads = [&](int n) {
     const unsigned char* q_tile = q_s + stage(n) * kTile;
     const unsigned char* do_tile = do_s + stage(n) * kTile;
@@ -915,6 +925,8 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC
         wgmma_wait_group<0>();  // tile n − 1's products
         wgmma_fence_operand(dv_acc);
         wgmma_fence_operand(dk_acc);
+        wgmma_fence_operand(pa);
+        wgmma_fence_operand(dsa);
         mbarrier_arrive(&empty[stage(n - 1)]);
         pack(pa, st);
         pack(dsa, dpt);
@@ -923,6 +935,8 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC
       wgmma_wait_group<0>();
       wgmma_fence_operand(dv_acc);
       wgmma_fence_operand(dk_acc);
+      wgmma_fence_operand(pa);
+      wgmma_fence_operand(dsa);
       mbarrier_arrive(&empty[stage(n)]);
     }
   } else {
@@ -957,6 +971,8 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC
       wgmma_wait_group<0>();
       wgmma_fence_operand(dv_acc);
       wgmma_fence_operand(dk_acc);
+      wgmma_fence_operand(pa);
+      wgmma_fence_operand(dsa);
       mbarrier_arrive(&empty[stage(n)]);
     }
   }
@@ -983,9 +999,15 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC
 // kSm90DkdvSplit: consumers at 240), where with a producer warp only one fitted at 128 (dK and dV
 // alone are 128 floats a thread; dQ's two warpgroups spilled 48 bytes) and dK/dV's overlap
 // spilled at 64.
+// Three ring stages (the forward's too): a consumer warpgroup holds two at a time (the tile
+// whose products run and the next one's scores, or the forward's V_{n−1} and K_n), and the
+// producer refills a stage only once every consumer has released it, so that with two the
+// next tile's loads would start only as it is needed. Shared memory (at most 167 KiB, dK/dV at
+// head dim 128) does not limit these blocks, registers do: one block an SM, two of the forward's
+// at head dim 64 (106 registers; 67 KiB a block with three stages).
 struct Sm90BackwardForm {
-  static constexpr int kDqNc = 2, kDqStages = 2;
-  static constexpr int kDkdvNc = 2, kDkdvStages = 2;
+  static constexpr int kDqNc = 2, kDqStages = 3;
+  static constexpr int kDkdvNc = 2, kDkdvStages = 3;
 };
 
 // A kernel under the register split must start at 168 registers a thread, or its consumers'
@@ -1073,10 +1095,11 @@ void attention_sm90_forward(T* out, float* lse, const T* q, const T* k, const T*
                             const int32_t* seg, int B, int T_, int H, int K, int D, void* stream) {
   check_fused("attention_sm90_forward", B, T_, H, K, D, {out, q, k, v, seg});  // TMA: 16 bytes
   if (B == 0 || T_ == 0) return;
+  // Two consumer warpgroups, three ring stages (Sm90BackwardForm's comment) at both head dims.
   if (D == 64)
-    sm90_forward_launch<T, 64, 2, 2>(out, lse, q, k, v, seg, B, T_, H, K, stream);
+    sm90_forward_launch<T, 64, 2, 3>(out, lse, q, k, v, seg, B, T_, H, K, stream);
   else
-    sm90_forward_launch<T, 128, 2, 2>(out, lse, q, k, v, seg, B, T_, H, K, stream);
+    sm90_forward_launch<T, 128, 2, 3>(out, lse, q, k, v, seg, B, T_, H, K, stream);
 }
 
 template <typename T>

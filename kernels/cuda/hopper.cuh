@@ -88,7 +88,9 @@ __host__ __device__ __forceinline__ uint32_t tma_swizzle(uint32_t address, int s
 // when issued, so it could move code that reads or writes d above the wgmma_wait_group that
 // completes it (the wait names no register): wgmma_fence_operand(d) after that wait (an empty
 // asm reading and writing each register, ordered with the other volatile asms) pins those
-// accesses after it, as CUTLASS's warpgroup_fence_operand does.
+// accesses after it, as CUTLASS's warpgroup_fence_operand does; likewise for the A registers of
+// wgmma_m64k16_rs, which the next tile's fragments may overwrite only once the wgmmas that read
+// them have completed.
 // Descriptor layouts for 16-bit elements (byte offsets of element (r, k), r the M or N index;
 // W the swizzle's bytes): K-major: none: (r % 8) 16 + (r / 8) SBO + (k % 8) 2 + (k / 8) LBO;
 // swizzled: (r % 8) W + (r / 8) SBO + 2 k (LBO unused). MN-major: none: (r % 8) 2 + (r / 8) SBO +
@@ -198,6 +200,8 @@ inline uint64_t wgmma_descriptor(const void* smem, uint32_t lbo_bytes, uint32_t 
 inline void fence_proxy_async_shared(FT_HOPPER_WHERE) { ::ft::emu::fence_proxy_async(where); }
 template <int N>
 inline void wgmma_fence_operand(float (&)[N]) {}  // a compiler barrier only
+template <int K>
+inline void wgmma_fence_operand(uint32_t (&)[K][4]) {}
 inline void wgmma_fence(FT_HOPPER_WHERE) { ::ft::emu::wgmma_fence(where); }
 inline void wgmma_commit_group(FT_HOPPER_WHERE) { ::ft::emu::wgmma_commit_group(where); }
 template <int N>
@@ -407,6 +411,13 @@ template <int N>
 __device__ __forceinline__ void wgmma_fence_operand(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int K>  // the A fragments of K k-steps of wgmma_m64k16_rs
+__device__ __forceinline__ void wgmma_fence_operand(uint32_t (&a)[K][4]) {
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[k][j])::"memory");
 }
 __device__ __forceinline__ void wgmma_commit_group() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");

@@ -8,7 +8,7 @@
 //
 // Shapes are small (a block is 288 or 384 fibers; each case takes seconds): tails (T not a multiple
 // of 64 or of a block's 128 rows, so that a block has a consumer warpgroup with no rows), more key
-// tiles than ring stages (T 192: three), both warpgroups over several tiles (T 260, 300: the
+// tiles than ring stages (three: T 260, 300), both warpgroups over several tiles (T 260, 300: the
 // ping-pong), GQA ratios 1, 2 and 4, head dims 64 and 128, two batch rows, one token; each with
 // and without segment ids. Each case runs under two schedule seeds
 // and requires the same bits. The backward's cases (on the reference's out and lse, as the fused
@@ -21,8 +21,8 @@
 // over several turns, with a warpgroup that skips tiles (dK/dV's second, each head's first query
 // tile; dQ's first, the second's diagonal tile), and at head dim 64 dK/dV's overlap of a tile's
 // softmax with the previous tile's products, across heads with GQA: a turn missed or taken twice
-// is a deadlock, which the emulator reports (tried: dK/dV's skipped tile taking one turn of two
-// or none in either form, dQ's waited tiles taking none); it also reports a stage released
+// is a deadlock, which the emulator reports (tried: dK/dV's skipped tile taking one turn of its
+// two at head dim 128, none at 64, dQ's waited tiles taking none); it also reports a stage released
 // before the products reading it completed (tried: dK/dV's overlap arriving on `empty` before
 // its wait_group 0: its Q tile changed under the wgmma) and a wgmma reading a tile before its
 // barrier's phase was observed (tried: dQ's S = Q Kᵀ without the wait on `full_k`).
@@ -111,7 +111,7 @@ TEST_CASE("cuda_emu sm90 attention forward bf16 head dim 64 against the CPU kern
   check_shapes<ft::bf16>({
       {1, 1, 1, 1, 64},    // one token
       {1, 100, 2, 1, 64},  // GQA 2, a tail inside the block's second warpgroup
-      {1, 192, 4, 1, 64},  // GQA 4, three key tiles through two stages, an idle warpgroup
+      {1, 192, 4, 1, 64},  // GQA 4, three key tiles, an idle warpgroup
       {2, 70, 1, 1, 64},   // two batch rows: rows past T read as zeros, never another row's
       {1, 300, 2, 1, 64},  // both warpgroups over several tiles: the ping-pong's turns
   });
@@ -145,6 +145,8 @@ TEST_CASE("cuda_emu sm90 attention backward bf16 against the CPU kernels") {
                          Shape{1, 130, 2, 1, 128}})  // GQA 2, a 2-row tail, two dK/dV blocks
     for (bool segments : {false, true})
       if (!segments || s.T > 1) check_backward_case<ft::bf16>(s, segments);
+  // Head dim 128 through more key tiles than ring stages (dQ's last block: five through three).
+  check_backward_case<ft::bf16>({1, 300, 1, 1, 128}, false);
 }
 
 TEST_CASE("cuda_emu sm90 attention backward f16 against the CPU kernels") {
