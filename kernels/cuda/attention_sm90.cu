@@ -884,6 +884,16 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC
       for (int j = 0; j < 4; ++j) a[ks][j] = pack2_rn<E>(v[8 * ks + 2 * j], v[8 * ks + 2 * j + 1]);
   };
 
+  // Once tile n's products have completed: dK and dV readable, Pᵀ and dSᵀ rewritable, its stage
+  // released.
+  const auto grads_done = [&](int n) {
+    wgmma_wait_group<0>();
+    wgmma_fence_operand(dv_acc);
+    wgmma_fence_operand(dk_acc);
+    wgmma_fence_operand(pa);
+    wgmma_fence_operand(dsa);
+    mbarrier_arrive(&empty[stage(n)]);
+  };
   if constexpr (kSm90DkdvOverlap<D, NC>) {
     // The ping-pong: a turn a query tile (issuing its Sᵀ and dPᵀ, then the previous tile's dV's
     // and dK's products); a warpgroup takes the turns of the tiles it skips too. Within the
@@ -922,22 +932,12 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC
         wgmma_fence_operand(dpt);
         probs(n, j0 + kSm90Rows * il);
         dscores(n, j0 + kSm90Rows * il);
-        wgmma_wait_group<0>();  // tile n − 1's products
-        wgmma_fence_operand(dv_acc);
-        wgmma_fence_operand(dk_acc);
-        wgmma_fence_operand(pa);
-        wgmma_fence_operand(dsa);
-        mbarrier_arrive(&empty[stage(n - 1)]);
+        grads_done(n - 1);
         pack(pa, st);
         pack(dsa, dpt);
       }
       issue_grads(n);
-      wgmma_wait_group<0>();
-      wgmma_fence_operand(dv_acc);
-      wgmma_fence_operand(dk_acc);
-      wgmma_fence_operand(pa);
-      wgmma_fence_operand(dsa);
-      mbarrier_arrive(&empty[stage(n)]);
+      grads_done(n);
     }
   } else {
     // The ping-pong: two turns a query tile, 2n issuing Sᵀ and dPᵀ, 2n + 1 issuing dV's and dK's
@@ -968,12 +968,7 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC
       turns.take(2 * n + 1);
       issue_grads(n);
       turns.pass();
-      wgmma_wait_group<0>();
-      wgmma_fence_operand(dv_acc);
-      wgmma_fence_operand(dk_acc);
-      wgmma_fence_operand(pa);
-      wgmma_fence_operand(dsa);
-      mbarrier_arrive(&empty[stage(n)]);
+      grads_done(n);
     }
   }
 
