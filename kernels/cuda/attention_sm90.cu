@@ -48,6 +48,7 @@ static_assert(kSm90Rows == kTileK, "first_key_tile steps by the fused kernel's k
 
 template <int D>
 constexpr int kSm90TileBytes = D * 2 * kSm90Rows;  // 64 rows of a head, 16-bit
+constexpr size_t kSm90MaxSmem = 227 * 1024;        // a block's dynamic shared memory on sm_90
 
 // FA3's ping-pong between a block's NC consumer warpgroups: turn t of each (issuing its GEMMs)
 // goes in order, warpgroup 0, 1, .., NC − 1, then 0 again, so that one's softmax runs while the
@@ -352,6 +353,7 @@ void sm90_forward_launch(T* out, float* lse, const T* q, const T* k, const T* v,
                          int B, int T_, int H, int K, void* stream) {
   auto kernel = attention_sm90_forward_kernel<T, D, NC, Stages>;
   constexpr size_t smem = sm90_smem_bytes<D, NC, Stages>();
+  static_assert(smem <= kSm90MaxSmem, "the forward's shared memory exceeds a block's");
   constexpr int kTq = NC * kSm90Rows;
   allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_forward");
   const TensorMap map_q = heads_map(q, B, T_, H, D), map_k = heads_map(k, B, T_, K, D),
@@ -789,8 +791,8 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC
   float st[kSm90Rows / 2], dpt[kSm90Rows / 2];  // Sᵀ and dPᵀ of the newest tile, then Pᵀ, dSᵀ
   uint32_t pa[kSm90Rows / 16][4], dsa[kSm90Rows / 16][4];  // Pᵀ, dSᵀ as A fragments
   // Sᵀ = K Q_nᵀ and dPᵀ = V dOᵀ, one commit group. (Pᵀ's exponentials while dPᵀ runs, as dQ
-  // does, made ptxas serialize the wgmmas at head dim 128 and spill at 64: tried at 168
-  // registers, before dK/dV took the register split at 64.)
+  // does, made ptxas serialize the wgmmas at head dim 128 and spill at 64: tried before dK/dV
+  // took the register split, with one consumer warpgroup at 128 and 168 registers at 64.)
   const auto issue_scores = [&](int n) {
     const unsigned char* q_tile = q_s + stage(n) * kTile;
     const unsigned char* do_tile = do_s + stage(n) * kTile;
@@ -814,7 +816,7 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC
   // dV += Pᵀ dO_n and dK += dSᵀ Q_n (dO and Q read MN-major), one commit group. The A
   // fragments are written before the fence, so that ptxas needs to inject no warpgroup.arrive.
   // (dV's products issued before dSᵀ is computed, to overlap the two, also made ptxas
-  // serialize the wgmmas at head dim 128 and spill at 64, at 168 registers.)
+  // serialize the wgmmas at head dim 128 and spill at 64, tried before the split likewise.)
   const auto issue_grads = [&](int n) {
     const unsigned char* q_tile = q_s + stage(n) * kTile;
     const unsigned char* do_tile = do_s + stage(n) * kTile;
@@ -994,12 +996,15 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC
 // kSm90DkdvSplit: consumers at 240), where with a producer warp only one fitted at 128 (dK and dV
 // alone are 128 floats a thread; dQ's two warpgroups spilled 48 bytes) and dK/dV's overlap
 // spilled at 64.
-// Three ring stages (the forward's too): a consumer warpgroup holds two at a time (the tile
-// whose products run and the next one's scores, or the forward's V_{n−1} and K_n), and the
-// producer refills a stage only once every consumer has released it, so that with two the
-// next tile's loads would start only as it is needed. Shared memory (at most 167 KiB, dK/dV at
-// head dim 128) does not limit these blocks, registers do: one block an SM, two of the forward's
-// at head dim 64 (106 registers; 67 KiB a block with three stages).
+// Three ring stages (the forward's too): where a consumer warpgroup holds two at a time (the
+// forward's V_{n−1} and K_n; dQ's and dK/dV's at head dim 64, the tile whose products run and the
+// next one's scores) and the producer refills a stage only once every consumer has released
+// it, with two the next tile's loads would start only as it is needed (dK/dV at 128 holds one
+// a warpgroup: three there for the warpgroups that run out of step). Occupancy is unchanged:
+// registers allow one block an SM (two of the forward's at head dim 64: 106 registers, 67 KiB a
+// block with three stages); at 128 shared memory allows one too (131, 163 and 167 KiB a block;
+// the forward's 98 KiB with two stages would have allowed two by shared memory, not by
+// registers).
 struct Sm90BackwardForm {
   static constexpr int kDqNc = 2, kDqStages = 3;
   static constexpr int kDkdvNc = 2, kDkdvStages = 3;
@@ -1042,6 +1047,7 @@ void sm90_backward_launch(T* dq, T* dk, T* dv, const T* dout, const float* lse, 
     constexpr int NC = F::kDkdvNc, S = F::kDkdvStages;
     auto kernel = attention_sm90_dkdv_kernel<T, D, NC, S>;
     constexpr size_t smem = sm90_dkdv_smem_bytes<D, NC, S>();
+    static_assert(smem <= kSm90MaxSmem, "dK/dV's shared memory exceeds a block's");
     constexpr int threads = kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC>;
     allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_backward");
     if constexpr (kSm90DkdvSplit<D, NC>) {
@@ -1059,6 +1065,7 @@ void sm90_backward_launch(T* dq, T* dk, T* dv, const T* dout, const float* lse, 
     constexpr int NC = F::kDqNc, S = F::kDqStages;
     auto kernel = attention_sm90_dq_kernel<T, D, NC, S>;
     constexpr size_t smem = sm90_dq_smem_bytes<D, NC, S>();
+    static_assert(smem <= kSm90MaxSmem, "dQ's shared memory exceeds a block's");
     constexpr int threads = kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>;
     allow_smem(reinterpret_cast<const void*>(kernel), smem, "attention_sm90_backward");
     if constexpr (kSm90DqSplit<D, NC>) {

@@ -7,25 +7,26 @@
 // run on an sm_90 GPU and skip on older ones.
 //
 // Shapes are small (a block is 288 or 384 fibers; each case takes seconds): tails (T not a multiple
-// of 64 or of a block's 128 rows, so that a block has a consumer warpgroup with no rows), more key
-// tiles than ring stages (three: T 260, 300), both warpgroups over several tiles (T 260, 300: the
-// ping-pong), GQA ratios 1, 2 and 4, head dims 64 and 128, two batch rows, one token; each with
-// and without segment ids. Each case runs under two schedule seeds
-// and requires the same bits. The backward's cases (on the reference's out and lse, as the fused
-// kernel's test) take the fused kernel's tolerances too (measured on the emulator: the worst
-// element of dq, dk and dv within 0.30 of the bound in bf16, 0.32 in f16): one token, GQA 1 and
-// 2 at both head dims, GQA 4 at 64, tails, two batch rows with and without segments, segments (a
-// one-token document: a query whose dS is forced to 0), ids continuing across rows, both dtypes;
-// and the contract's exact zeros (each document's first query's dq, a one-token document's dk).
-// Every case with more than one tile a block (T 200, 130, 100, 70) runs both kernels' ping-pong
-// over several turns, with a warpgroup that skips tiles (dK/dV's second, each head's first query
-// tile; dQ's first, the second's diagonal tile), and at head dim 64 dK/dV's overlap of a tile's
-// softmax with the previous tile's products, across heads with GQA: a turn missed or taken twice
-// is a deadlock, which the emulator reports (tried: dK/dV's skipped tile taking one turn of its
-// two at head dim 128, none at 64, dQ's waited tiles taking none); it also reports a stage released
-// before the products reading it completed (tried: dK/dV's overlap arriving on `empty` before
-// its wait_group 0: its Q tile changed under the wgmma) and a wgmma reading a tile before its
-// barrier's phase was observed (tried: dQ's S = Q Kᵀ without the wait on `full_k`).
+// of 64 or of a block's 128 rows, so that a block has a consumer warpgroup with no rows), each of
+// the three ring stages used thrice (T 400: seven key tiles, where a barrier's parity repeats),
+// both warpgroups over several tiles (T 260, 300: the ping-pong), GQA ratios 1, 2 and 4, head dims
+// 64 and 128, two batch rows, one token; each with and without segment ids. Each case runs under
+// two schedule seeds and requires the same bits. The backward's cases (on the reference's out and
+// lse, as the fused kernel's test) take the fused kernel's tolerances too (measured on the
+// emulator: the worst element of dq, dk and dv within 0.30 of the bound in bf16, 0.32 in f16): one
+// token, GQA 1 and 2 at both head dims, GQA 4 at 64, tails, two batch rows with and without
+// segments, segments (a one-token document: a query whose dS is forced to 0), ids continuing across
+// rows, both dtypes; and the contract's exact zeros (each document's first query's dq, a one-token
+// document's dk). Every case with more than one tile a block (T 200, 130, 100, 70) runs both
+// kernels' ping-pong over several turns, with a warpgroup that skips tiles (dK/dV's second, each
+// head's first query tile; dQ's first, the second's diagonal tile), and at head dim 64 dK/dV's
+// overlap of a tile's softmax with the previous tile's products, across heads with GQA: a turn
+// missed or taken twice is a deadlock, which the emulator reports (tried: dK/dV's skipped tile
+// taking one turn of its two at head dim 128, none at 64, dQ's waited tiles taking none); it also
+// reports a stage released before the products reading it completed (tried: dK/dV's overlap
+// arriving on `empty` before its wait_group 0: its Q tile changed under the wgmma) and a wgmma
+// reading a tile before its barrier's phase was observed (tried: dQ's S = Q Kᵀ without the wait on
+// `full_k`).
 #include <doctest/doctest.h>
 
 #include <string>
@@ -115,6 +116,9 @@ TEST_CASE("cuda_emu sm90 attention forward bf16 head dim 64 against the CPU kern
       {2, 70, 1, 1, 64},   // two batch rows: rows past T read as zeros, never another row's
       {1, 300, 2, 1, 64},  // both warpgroups over several tiles: the ping-pong's turns
   });
+  // The last block's seven key tiles use each of the three ring stages thrice (no segments:
+  // they would cut the keys a block reads).
+  check_case<ft::bf16>({1, 400, 1, 1, 64}, false);
 }
 
 TEST_CASE("cuda_emu sm90 attention forward bf16 head dim 128 against the CPU kernels") {
@@ -124,6 +128,7 @@ TEST_CASE("cuda_emu sm90 attention forward bf16 head dim 128 against the CPU ker
       {1, 192, 2, 1, 128},  // GQA 2
       {1, 260, 1, 1, 128},  // both warpgroups over several tiles, a 4-row tail
   });
+  check_case<ft::bf16>({1, 400, 1, 1, 128}, false);  // seven key tiles, as above
 }
 
 TEST_CASE("cuda_emu sm90 attention forward f16 against the CPU kernels") {
@@ -145,8 +150,8 @@ TEST_CASE("cuda_emu sm90 attention backward bf16 against the CPU kernels") {
                          Shape{1, 130, 2, 1, 128}})  // GQA 2, a 2-row tail, two dK/dV blocks
     for (bool segments : {false, true})
       if (!segments || s.T > 1) check_backward_case<ft::bf16>(s, segments);
-  // Head dim 128 through more key tiles than ring stages (dQ's last block: five through three).
-  check_backward_case<ft::bf16>({1, 300, 1, 1, 128}, false);
+  // Head dim 128 with each ring stage used thrice (seven tiles: dQ's last block, dK/dV's first).
+  check_backward_case<ft::bf16>({1, 400, 1, 1, 128}, false);
 }
 
 TEST_CASE("cuda_emu sm90 attention backward f16 against the CPU kernels") {
