@@ -64,11 +64,42 @@ template <int NC>
 struct Turns {
   uint64_t* turn;  // [NC], in shared memory
   int cg;          // this warpgroup
+  // By one thread before the block's barrier: each warpgroup's 128 threads arrive once a phase.
+  __device__ __forceinline__ static void init(uint64_t* turn) {
+    for (int c = 0; c < NC; ++c) mbarrier_init(&turn[c], 128);
+  }
   __device__ __forceinline__ void take(int t) const {
     if (NC > 1 && (cg > 0 || t > 0)) mbarrier_wait(&turn[cg], unsigned(cg > 0 ? t : t - 1) & 1u);
   }
   __device__ __forceinline__ void pass() const {
     if (NC > 1) mbarrier_arrive(&turn[(cg + 1) % NC]);
+  }
+};
+
+// The forward's and dQ's producer after Q: each key tile n's K (with its keys' segment ids, with
+// segments) and V into ring stage n % Stages, on barriers of their own, once every consumer has
+// released what the stage held before.
+template <int D, int Stages>
+struct KvRing {
+  unsigned char *k_s, *v_s;  // [Stages][D / 64][64 keys][128 bytes]
+  int32_t* kseg_s;           // [Stages][64]
+  uint64_t *full_k, *full_v, *empty;
+  __device__ __forceinline__ void load(const TensorMap& map_k, const TensorMap& map_v,
+                                       const TensorMap& map_seg, bool seg, int kh, int b, int T_,
+                                       int j_first, int n_tiles) const {
+    constexpr int kTile = kSm90TileBytes<D>, kBoxBytes = 64 * 64 * 2;
+    for (int n = 0; n < n_tiles; ++n) {
+      const int st = n % Stages, j0 = j_first + n * kSm90Rows;
+      mbarrier_wait(&empty[st], ((n / Stages) & 1) ^ 1);  // round 0: the phase before init
+      mbarrier_arrive_expect_tx(&full_k[st], kTile + (seg ? kSm90Rows * 4 : 0));
+      for (int ch = 0; ch < D / 64; ++ch)
+        tma_load_3d(k_s + st * kTile + ch * kBoxBytes, map_k, kh * D + 64 * ch, j0, b, &full_k[st]);
+      if (seg)  // keys past T read the next row's ids (or zeros): masked by c >= T anyway
+        tma_load_2d(kseg_s + st * kSm90Rows, map_seg, b * T_ + j0, 0, &full_k[st]);
+      mbarrier_arrive_expect_tx(&full_v[st], kTile);
+      for (int ch = 0; ch < D / 64; ++ch)
+        tma_load_3d(v_s + st * kTile + ch * kBoxBytes, map_v, kh * D + 64 * ch, j0, b, &full_v[st]);
+    }
   }
 };
 
@@ -125,7 +156,7 @@ __global__ void __launch_bounds__(128 * NC + 32)
       mbarrier_init(&full_v[s], 1);
       mbarrier_init(&empty[s], 128 * NC);
     }
-    for (int c = 0; c < NC; ++c) mbarrier_init(&turn[c], 128);
+    Turns<NC>::init(turn);
   }
   __syncthreads();
 
@@ -139,18 +170,8 @@ __global__ void __launch_bounds__(128 * NC + 32)
       for (int ch = 0; ch < kChunks; ++ch)
         tma_load_3d(q_s + c * kTile + ch * kBoxBytes, map_q, h * D + 64 * ch, i0 + kSm90Rows * c, b,
                     q_full);
-    for (int n = 0; n < n_tiles; ++n) {
-      const int st = n % Stages, j0 = j_first + n * kSm90Rows;
-      mbarrier_wait(&empty[st], ((n / Stages) & 1) ^ 1);  // round 0: the phase before init
-      mbarrier_arrive_expect_tx(&full_k[st], kTile + (seg ? kSm90Rows * 4 : 0));
-      for (int ch = 0; ch < kChunks; ++ch)
-        tma_load_3d(k_s + st * kTile + ch * kBoxBytes, map_k, kh * D + 64 * ch, j0, b, &full_k[st]);
-      if (seg)  // keys past T read the next row's ids (or zeros): masked by c >= T anyway
-        tma_load_2d(kseg_s + st * kSm90Rows, map_seg, b * T_ + j0, 0, &full_k[st]);
-      mbarrier_arrive_expect_tx(&full_v[st], kTile);
-      for (int ch = 0; ch < kChunks; ++ch)
-        tma_load_3d(v_s + st * kTile + ch * kBoxBytes, map_v, kh * D + 64 * ch, j0, b, &full_v[st]);
-    }
+    const KvRing<D, Stages> ring{k_s, v_s, kseg_s, full_k, full_v, empty};
+    ring.load(map_k, map_v, map_seg, seg != nullptr, kh, b, T_, j_first, n_tiles);
     return;
   }
 
@@ -447,7 +468,7 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>,
       mbarrier_init(&full_v[s], 1);
       mbarrier_init(&empty[s], 128 * NC);
     }
-    for (int c = 0; c < NC; ++c) mbarrier_init(&turn[c], 128);
+    Turns<NC>::init(turn);
   }
   __syncthreads();
 
@@ -462,17 +483,8 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DqSplit<D, NC>, NC>,
         tma_load_3d(q_s + at, map_q, h * D + 64 * ch, r, b, q_full);
         tma_load_3d(do_s + at, map_do, h * D + 64 * ch, r, b, q_full);
       }
-    for (int n = 0; n < n_tiles; ++n) {
-      const int st = n % Stages, j0 = j_first + n * kSm90Rows;
-      mbarrier_wait(&empty[st], ((n / Stages) & 1) ^ 1);  // round 0: the phase before init
-      mbarrier_arrive_expect_tx(&full_k[st], kTile + (seg ? kSm90Rows * 4 : 0));
-      for (int ch = 0; ch < kChunks; ++ch)
-        tma_load_3d(k_s + st * kTile + ch * kBoxBytes, map_k, kh * D + 64 * ch, j0, b, &full_k[st]);
-      if (seg) tma_load_2d(kseg_s + st * kSm90Rows, map_seg, b * T_ + j0, 0, &full_k[st]);
-      mbarrier_arrive_expect_tx(&full_v[st], kTile);
-      for (int ch = 0; ch < kChunks; ++ch)
-        tma_load_3d(v_s + st * kTile + ch * kBoxBytes, map_v, kh * D + 64 * ch, j0, b, &full_v[st]);
-    }
+    const KvRing<D, Stages> ring{k_s, v_s, kseg_s, full_k, full_v, empty};
+    ring.load(map_k, map_v, map_seg, seg != nullptr, kh, b, T_, j_first, n_tiles);
     return;
   }
 
@@ -728,7 +740,7 @@ __global__ void __launch_bounds__(kSm90BackwardThreads<kSm90DkdvSplit<D, NC>, NC
       mbarrier_init(&full[s], 1);
       mbarrier_init(&empty[s], 128 * NC);
     }
-    for (int c = 0; c < NC; ++c) mbarrier_init(&turn[c], 128);
+    Turns<NC>::init(turn);
   }
   __syncthreads();
 
