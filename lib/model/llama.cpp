@@ -772,7 +772,7 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
 
 bool LlamaModel::graph_eligible() const {
   return dev_->graphs_enabled() && !graph_.failed && tp_.size() == 1 && stage_.embed &&
-         stage_.head && !objective_ && !flat_.has_hooks() && dev_->profile() == nullptr;
+         stage_.head && !objective_ && flat_.hooks_host_only() && dev_->profile() == nullptr;
 }
 
 void LlamaModel::drop_graph() {
@@ -786,6 +786,9 @@ void LlamaModel::drop_graph() {
 // until the shape changes or the device's graph epoch moves (a buffer the graph may use was
 // freed), when the next micro-batch records again. Host-side state that decides what work is
 // queued must be at the recording's values around each launch: QLoRA's dequantized group is.
+// Hooks whose part is host bookkeeping only (ZeRO's stages 0-1 with data ranks, but for the
+// micro-batch that reduces: GroupHooks::host_only_micro_batch) return the same buffers every
+// micro-batch; their grads_ready calls are logged while recording and made after each launch.
 // Replaying the recorded work in the same order gives the same bits as launching it op by op.
 void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets,
                                    const uint8_t* mask, int B, int T, float token_weight,
@@ -802,6 +805,7 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
   if (g.exec) {
     dev_->graph_launch(g.exec);
     flat_.set_dequantized_group(g.dequantized_after);
+    flat_.make_ready_calls(g.ready_calls);
     return;
   }
   if (g.warm != shape) {
@@ -810,7 +814,13 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
     return;
   }
   flat_.set_dequantized_group(-1);  // the graph dequantizes whatever it uses (QLoRA)
+  std::vector<int> ready_calls;
   try {
+    struct Deferred {  // the hooks' grads_ready calls logged while recording, however it ends
+      FlatParams& flat;
+      ~Deferred() { flat.defer_grads_ready(nullptr); }
+    } deferred{flat_};
+    flat_.defer_grads_ready(&ready_calls);
     g.exec = dev_->graph_record([&] {
       forward_compute(CRef(), /*backward=*/true, token_weight, mask);
       backward_part(0, CRef());
@@ -830,10 +840,12 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
   g.shape = shape;
   g.epoch = dev_->graph_epoch();
   g.dequantized_after = flat_.dequantized_group();
+  g.ready_calls = std::move(ready_calls);
   ++g.recorded;
   log_info("FT_CUDA_GRAPHS: micro-batch ", B, "x", T, shape.seg ? " (packed)" : "",
            " recorded as a graph (recording ", g.recorded, "), replayed from here on");
   dev_->graph_launch(g.exec);
+  flat_.make_ready_calls(g.ready_calls);
 }
 
 void LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets,

@@ -158,7 +158,8 @@ class LlamaModel final : public PipelineStage {
                     uint64_t first_sample);
   void forward_compute(CRef x_in, bool backward, float token_weight, const uint8_t* host_mask);
   // Whether a training micro-batch may run as a recorded graph: a device with graphs, one stage
-  // and one tensor rank, no ZeRO hooks, no row objective, no profile.
+  // and one tensor rank, no ZeRO hooks but host-only ones (FlatParams::hooks_host_only), no row
+  // objective, no profile.
   bool graph_eligible() const;
   void layer_forward(int l, int B, int T);
   void layer_backward(int l, int B, int T);
@@ -207,8 +208,9 @@ class LlamaModel final : public PipelineStage {
     void* exec = nullptr;
     Shape shape, warm;
     uint64_t epoch = 0;
-    bool failed = false;         // a recording failed: the run goes on without graphs
-    int dequantized_after = -1;  // FlatParams::dequantized_group when the recording ended
+    bool failed = false;           // a recording failed: the run goes on without graphs
+    int dequantized_after = -1;    // FlatParams::dequantized_group when the recording ended
+    std::vector<int> ready_calls;  // the hooks' grads_ready calls it made (defer_grads_ready)
     int recorded = 0;
   };
   MicroBatchGraph graph_;

@@ -85,6 +85,12 @@ class GroupHooks {
   virtual void release_params(int group) = 0;
   virtual float* grads(int group) = 0;      // full-size, accumulate into it
   virtual void grads_ready(int group) = 0;  // this micro-batch's gradient is complete
+  // Whether, for the next training micro-batch, acquire_params, release_params and grads only
+  // return the buffers they returned for the previous one, and grads_ready only counts on the
+  // host: no device work, nothing else changed. Such a micro-batch may be replayed from a
+  // recorded graph, its grads_ready calls made on the host after the launch
+  // (FlatParams::defer_grads_ready; LlamaModel::train_micro_batch).
+  virtual bool host_only_micro_batch() const { return false; }
 };
 
 // Where a model group goes once its weights are written, when the FlatParams does not keep it
@@ -207,7 +213,23 @@ class FlatParams {
     return hooks_ ? hooks_->grads(g) : grads()[size_t(g)].data();
   }
   void grads_ready(int g) {
-    if (hooks_ && groups_[size_t(g)].trains()) hooks_->grads_ready(g);
+    if (!hooks_ || !groups_[size_t(g)].trains()) return;
+    if (ready_log_)
+      ready_log_->push_back(g);
+    else
+      hooks_->grads_ready(g);
+  }
+  // Whether there are no hooks, or hooks whose part in the next training micro-batch is
+  // bookkeeping on the host (GroupHooks::host_only_micro_batch): its device work may be replayed
+  // from a graph.
+  bool hooks_host_only() const { return !hooks_ || hooks_->host_only_micro_batch(); }
+  // While `log` is set (a micro-batch being recorded as a graph, with host-only hooks), the
+  // hooks' grads_ready calls are appended to it instead of made; make_ready_calls then makes
+  // them, after each launch of the graph (the first included). A recording that fails thus
+  // leaves the hooks as they were, and the micro-batch runs op by op. Null: made at once.
+  void defer_grads_ready(std::vector<int>* log) { ready_log_ = log; }
+  void make_ready_calls(const std::vector<int>& groups) {
+    for (const int g : groups) hooks_->grads_ready(g);
   }
 
  private:
@@ -237,6 +259,7 @@ class FlatParams {
   void hold_quantized(int g);
   size_t staging_elems_ = kStagingElems;
   GroupHooks* hooks_ = nullptr;
+  std::vector<int>* ready_log_ = nullptr;  // defer_grads_ready
 };
 
 }  // namespace ft

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace ft {
 
@@ -409,6 +410,18 @@ void ZeroSharding::finish_backward() {
     for (size_t g = 0; g < numel_.size() && nan_pending_; ++g)
       if (trains_[g]) maybe_inject_nan(int(g), flat_.grads()[g].data());
   } else {
+    // With overlap_comm each group's gradient is reduced by the grads_ready call that made it
+    // final. One the backward reported fewer times than the step's micro-batches is reduced
+    // here instead: the same sums, its overlap lost (a defect in the model's reporting, or a
+    // replayed micro-batch whose calls were not made: LlamaModel::train_micro_batch).
+    for (size_t g = 0; g < numel_.size() && opt_.overlap && !warned_unreported_; ++g)
+      if (trains_[g] && numel_[g] && ready_count_[g] < micro_batches_) {
+        log_warn("ZeRO: group ", g, "'s gradient was reported complete ", ready_count_[g],
+                 " times in a step of ", micro_batches_,
+                 " micro-batches, so it is reduced after the backward instead of during it "
+                 "(parallel.overlap_comm): an internal error, please report it");
+        warned_unreported_ = true;
+      }
     for (size_t g = 0; g < numel_.size(); ++g) reduce_group(int(g));
     for (Reduction& r : reducing_) {
       if (r.landed.valid()) {  // offload: reduced, converted and copied on the copy stream
@@ -960,6 +973,14 @@ float* ZeroSharding::grads(int group) {
     working_grads_[g].zero();
   }
   return working_grads_[g].data();
+}
+
+bool ZeroSharding::host_only_micro_batch() const {
+  if (stage_ >= 2 || offload_ || opt_.overlap_update || nan_pending_) return false;
+  if (D_ > 1 && opt_.overlap)
+    for (size_t g = 0; g < ready_count_.size(); ++g)
+      if (trains_[g] && numel_[g] && ready_count_[g] + 1 >= micro_batches_) return false;
+  return true;
 }
 
 void ZeroSharding::grads_ready(int group) {

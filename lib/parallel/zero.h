@@ -190,6 +190,10 @@ class ZeroSharding final : public GroupHooks {
   void release_params(int group) override;
   float* grads(int group) override;
   void grads_ready(int group) override;
+  // Stages 0-1 without offload or the overlapped update, no test NaN pending, and no group's
+  // gradient made final by the micro-batch while overlap_comm reduces it there (grads_ready):
+  // the micro-batches of a step but its last, or every one without overlap_comm.
+  bool host_only_micro_batch() const override;
 
  private:
   size_t shard(int g) const { return shard_[size_t(g)]; }
@@ -265,6 +269,7 @@ class ZeroSharding final : public GroupHooks {
   std::vector<bool> reduced_;        // stage 0/1: group issued this step
   std::vector<Scatter> scatters_;    // stage >= 2, oldest first
   bool nan_pending_ = false;         // test support
+  bool warned_unreported_ = false;   // finish_backward's warning, once a run
   std::vector<size_t> numel_, shard_;
   std::vector<bool> trains_;  // per group: ParamGroup::trains
   std::vector<ShardRange> ranges_;

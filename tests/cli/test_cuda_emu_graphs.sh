@@ -23,6 +23,14 @@
 #  - ZeRO stage 3 (its hooks gather and reduce around the layers): the micro-batch not recorded,
 #    the optimizer step recorded; the same with two data ranks (`--nproc 2`, the emulated NCCL)
 #    at ZeRO stage 2: each rank records its own shard's update;
+#  - two data ranks at ZeRO stage 0 with two micro-batches a step: the first of each step is
+#    recorded and replayed (the hooks only count it on the host: GroupHooks::
+#    host_only_micro_batch), the second, whose gradients overlap_comm reduces during its backward,
+#    runs op by op; without overlap_comm both are replayed. Planted: the launches not making the
+#    hooks' grads_ready calls keeps the bits (the reductions then run after the backward) but
+#    ZeroSharding's warning of an unreported gradient fires, which fails `pair`; the calls made
+#    while recording as well as after the launch counts the recorded micro-batch twice, reduces
+#    its partial gradient early, and the grad norms differ;
 #  - recordings that fail (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail: the emulation refuses every
 #    instantiation) are cancelled with a warning each, and QLoRA's run goes on op by op with the
 #    same bits.
@@ -60,6 +68,8 @@ pair() {
   got=$(grep -c 'optimizer step recorded as a graph' "$tmp/$name.1.log" || true)
   [ "$got" = "$want_optim" ] || fail "$name: $got optimizer recordings, expected $want_optim"
   ! grep -q 'recorded as a graph' "$tmp/$name.0.log" || fail "$name: recorded with FT_CUDA_GRAPHS=0"
+  ! grep -q 'reduced after the backward instead of during it' "$tmp/$name.1.log" \
+    || fail "$name: $(grep -m1 'reduced after the backward' "$tmp/$name.1.log")"
   echo "$name ($want + $want_optim recording(s)):"
   /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$tmp/$name.0" "$tmp/$name.1" \
     --min-entries 16 --loss-rel 0 --norm-rel 0 --step1-loss-rel 0 --step1-norm-rel 0 \
@@ -88,6 +98,9 @@ for kernel in forward dkdv dq; do
 done
 pair zero3 0 1 parallel.zero_stage=3
 pair zero2_ranks2 0 2 parallel.zero_stage=2 --nproc 2
+pair zero0_ranks2_accum 2 2 training.global_batch_size=8 --nproc 2
+pair zero1_ranks2_no_overlap 2 2 training.global_batch_size=8 parallel.zero_stage=1 \
+  parallel.overlap_comm=false --nproc 2
 FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused 0 0 adapter.type=qlora adapter.r=4
 grep -q "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on without graphs: .*cudaGraphInstantiate" \
   "$tmp/refused.1.log" || fail "refused: no warning naming the failed instantiation: $(grep -m2 FT_CUDA_GRAPHS "$tmp/refused.1.log")"
