@@ -222,7 +222,15 @@ void LlamaModel::copy(Ref dst, CRef src, size_t n) {
   dev_->copy(st_, dst.ptr, src.ptr, n * dtype_size(dst.dtype));
 }
 
-LlamaModel::~LlamaModel() { drop_graph(); }
+LlamaModel::~LlamaModel() {
+  try {
+    if (graph_.recorded)
+      log_info("FT_CUDA_GRAPHS: ", graph_.launches, " training micro-batches launched from ",
+               graph_.recorded, " recording(s)");
+  } catch (...) {  // in a destructor: the count is not worth an exception
+  }
+  drop_graph();
+}
 
 namespace {
 
@@ -804,6 +812,7 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
   if (g.exec && (g.shape != shape || g.epoch != dev_->graph_epoch())) drop_graph();
   if (g.exec) {
     dev_->graph_launch(g.exec);
+    ++g.launches;
     flat_.set_dequantized_group(g.dequantized_after);
     flat_.make_ready_calls(g.ready_calls);
     return;
@@ -845,6 +854,7 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
   log_info("FT_CUDA_GRAPHS: micro-batch ", B, "x", T, shape.seg ? " (packed)" : "",
            " recorded as a graph (recording ", g.recorded, "), replayed from here on");
   dev_->graph_launch(g.exec);
+  ++g.launches;
   flat_.make_ready_calls(g.ready_calls);
 }
 

@@ -212,6 +212,7 @@ class LlamaModel final : public PipelineStage {
     int dequantized_after = -1;    // FlatParams::dequantized_group when the recording ended
     std::vector<int> ready_calls;  // the hooks' grads_ready calls it made (defer_grads_ready)
     int recorded = 0;
+    int64_t launches = 0;  // logged when the model goes
   };
   MicroBatchGraph graph_;
   void drop_graph();

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "runtime/device.h"
 
 namespace ft {
@@ -229,6 +230,8 @@ class FlatParams {
   // leaves the hooks as they were, and the micro-batch runs op by op. Null: made at once.
   void defer_grads_ready(std::vector<int>* log) { ready_log_ = log; }
   void make_ready_calls(const std::vector<int>& groups) {
+    if (groups.empty()) return;
+    FT_CHECK(hooks_, "grads_ready calls to make, but no hooks are set");
     for (const int g : groups) hooks_->grads_ready(g);
   }
 

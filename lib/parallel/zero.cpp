@@ -406,6 +406,12 @@ void ZeroSharding::finish_backward() {
   in_step_ = false;
   if (stage_ >= 2) {
     retire_scatters(0);
+    // A working gradient still here was computed but never reported complete: it would never
+    // reach the shard, and the step would go on without it.
+    for (size_t g = 0; g < working_grads_.size(); ++g)
+      FT_CHECK(!working_grads_[g].data(), "ZeRO stage ", stage_, ": group ", g,
+               "'s gradient was computed but never reported complete (grads_ready), so it would "
+               "be lost");
   } else if (D_ == 1) {
     for (size_t g = 0; g < numel_.size() && nan_pending_; ++g)
       if (trains_[g]) maybe_inject_nan(int(g), flat_.grads()[g].data());
@@ -976,7 +982,7 @@ float* ZeroSharding::grads(int group) {
 }
 
 bool ZeroSharding::host_only_micro_batch() const {
-  if (stage_ >= 2 || offload_ || opt_.overlap_update || nan_pending_) return false;
+  if (stage_ >= 2 || offload_ || opt_.overlap_update) return false;
   if (D_ > 1 && opt_.overlap)
     for (size_t g = 0; g < ready_count_.size(); ++g)
       if (trains_[g] && numel_[g] && ready_count_[g] + 1 >= micro_batches_) return false;
@@ -987,6 +993,11 @@ void ZeroSharding::grads_ready(int group) {
   const size_t g = size_t(group), s = shard_[g];
   if (!trains_[g]) return;
   const bool last = ++ready_count_[g] == micro_batches_;  // the group's gradient is final
+  // One report more than the micro-batches would have made an earlier micro-batch's partial
+  // gradient final (reduced, and the rest added after it): never go on with that.
+  FT_CHECK(ready_count_[g] <= micro_batches_, "ZeRO: group ", group,
+           "'s gradient reported complete ", ready_count_[g], " times in a step of ",
+           micro_batches_, " micro-batches");
   if (stage_ < 2) {
     if (last && D_ == 1 && offload_ && !shared(group)) land_group(group);
     if (last && D_ > 1 && opt_.overlap) reduce_group(group);

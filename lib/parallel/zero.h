@@ -190,9 +190,10 @@ class ZeroSharding final : public GroupHooks {
   void release_params(int group) override;
   float* grads(int group) override;
   void grads_ready(int group) override;
-  // Stages 0-1 without offload or the overlapped update, no test NaN pending, and no group's
-  // gradient made final by the micro-batch while overlap_comm reduces it there (grads_ready):
-  // the micro-batches of a step but its last, or every one without overlap_comm.
+  // Stages 0-1 without offload or the overlapped update, and no group's gradient made final by
+  // the micro-batch while overlap_comm reduces it there (grads_ready): the micro-batches of a
+  // step but its last, or every one without overlap_comm. (The test NaN goes in with the
+  // reductions, never during such a micro-batch.)
   bool host_only_micro_batch() const override;
 
  private:

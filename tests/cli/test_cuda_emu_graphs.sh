@@ -26,7 +26,8 @@
 #  - two data ranks at ZeRO stage 0 with two micro-batches a step: the first of each step is
 #    recorded and replayed (the hooks only count it on the host: GroupHooks::
 #    host_only_micro_batch), the second, whose gradients overlap_comm reduces during its backward,
-#    runs op by op; without overlap_comm both are replayed. Planted: the launches not making the
+#    runs op by op; at ZeRO 1 in bf16 without overlap_comm both are replayed (each rank's
+#    recordings and launches counted from the run's closing count). Planted: the launches not making the
 #    hooks' grads_ready calls keeps the bits (the reductions then run after the backward) but
 #    ZeroSharding's warning of an unreported gradient fires, which fails `pair`; the calls made
 #    while recording as well as after the launch counts the recorded micro-batch twice, reduces
@@ -98,9 +99,30 @@ for kernel in forward dkdv dq; do
 done
 pair zero3 0 1 parallel.zero_stage=3
 pair zero2_ranks2 0 2 parallel.zero_stage=2 --nproc 2
+# ranks2 NAME LAUNCHES: on each of the two ranks (rank 0's lines have no prefix), one recording of
+# the micro-batch and LAUNCHES launches of it over the run.
+ranks2() {
+  local name=$1 launches=$2 r lines
+  for r in 0 1; do
+    if [ "$r" = 0 ]; then
+      lines=$(grep -v '^\[rank ' "$tmp/$name.1.log" || true)
+    else
+      lines=$(grep "^\[rank $r " "$tmp/$name.1.log" || true)
+    fi
+    [ "$(grep -c 'micro-batch .* recorded as a graph' <<< "$lines")" = 1 ] \
+      || fail "$name: rank $r did not record the micro-batch once"
+    grep -q "FT_CUDA_GRAPHS: $launches training micro-batches launched from 1 recording" \
+      <<< "$lines" || fail "$name: rank $r: $(grep 'micro-batches launched' <<< "$lines")," \
+      "expected $launches launches"
+  done
+}
+# Eight steps of two micro-batches: with overlap_comm the first of steps 2-8 (7), without it
+# every one from step 1's second (15).
 pair zero0_ranks2_accum 2 2 training.global_batch_size=8 --nproc 2
-pair zero1_ranks2_no_overlap 2 2 training.global_batch_size=8 parallel.zero_stage=1 \
-  parallel.overlap_comm=false --nproc 2
+ranks2 zero0_ranks2_accum 7
+pair zero1_ranks2_no_overlap_bf16 2 2 training.global_batch_size=8 parallel.zero_stage=1 \
+  parallel.overlap_comm=false training.precision=bf16 --nproc 2
+ranks2 zero1_ranks2_no_overlap_bf16 15
 FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused 0 0 adapter.type=qlora adapter.r=4
 grep -q "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on without graphs: .*cudaGraphInstantiate" \
   "$tmp/refused.1.log" || fail "refused: no warning naming the failed instantiation: $(grep -m2 FT_CUDA_GRAPHS "$tmp/refused.1.log")"

@@ -397,9 +397,9 @@ uint64_t submit(const void* s, std::function<void()> op) {
 // a capturing stream (the runtime's memory nodes), cudaStreamDestroy of a capturing stream and
 // graph launches into a capture are refused with cudaErrorStreamCaptureUnsupported; NCCL calls on
 // a capturing stream fail (nccl_emu.cpp), and so do cuBLASLt matmuls the capture's state
-// refuses (cublaslt_emu.cpp). A check and the recording that follows it take the lock apart, so
-// another thread's cudaStreamBeginCapture between them goes unchecked (ft captures from one
-// thread).
+// refuses (cublaslt_emu.cpp). Each call checks a stream's capture state and records or queues its
+// operation under one hold of the streams' lock, so another thread's cudaStreamBeginCapture or
+// cudaStreamEndCapture cannot come between the two.
 
 // Every capture still recording, found from its streams (stream_mutex() held).
 std::vector<std::shared_ptr<Capture>> active_captures() {
@@ -465,6 +465,7 @@ cudaError_t refuse_in_capture(const void* s, cudaError_t e) {
 bool gpu_memory(const void* p, size_t n) { return n == 0 || in_gpu_memory(p, n); }
 bool valid_stream_handle(const void* s) { return stream_is_valid(s); }
 bool stream_submit(const void* s, std::function<void()> op) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());  // the check and the recording
   if (capture_gate(s) != cudaSuccess) return false;
   submit(s, std::move(op));
   return true;
@@ -1314,10 +1315,6 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), std::shared_ptr
     set_last_error(cudaErrorInvalidResourceHandle);
     return;
   }
-  if (const cudaError_t e = capture_gate(config.stream); e != cudaSuccess) {
-    set_last_error(e);
-    return;
-  }
   for (int i = 0; i < config.pointer_count; ++i) {
     const auto [index, pointer] = config.pointers[i];
     if (!kernel_reachable(pointer)) {
@@ -1332,6 +1329,11 @@ void run_launch(const LaunchConfig& config, void (*body)(void*), std::shared_ptr
   LaunchConfig queued = config;
   queued.pointers = nullptr;  // the caller's, checked above
   queued.pointer_count = 0;
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());  // the check and the recording
+  if (const cudaError_t e = capture_gate(config.stream); e != cudaSuccess) {
+    set_last_error(e);
+    return;
+  }
   submit(config.stream,
          [queued, body, ctx = std::move(ctx)] { execute_launch(queued, body, ctx.get()); });
 }
@@ -1636,6 +1638,7 @@ cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cuda
   // Neither device memory nor page-locked (cudaMallocHost, cudaHostRegister): pageable.
   const bool src_pageable = !ft::emu::in_gpu_memory(src, n);
   const bool dst_pageable = !ft::emu::in_gpu_memory(dst, n);
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());  // check and record
   if (const cudaError_t e = ft::emu::capture_gate(stream); e != cudaSuccess) return fail(e);
   if ((src_pageable || dst_pageable) && ft::emu::capturing(stream))  // stream capture above
     return fail(ft::emu::refuse_in_capture(stream, cudaErrorStreamCaptureUnsupported));
@@ -1647,7 +1650,6 @@ cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cuda
     ft::emu::submit(stream, [dst, src, n] { std::memmove(dst, src, n); });
   }
   if (dst_pageable) {
-    std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
     ft::emu::run_queue(*ft::emu::queue_of(stream));
     ft::emu::raise_failure();
   }
@@ -1660,6 +1662,7 @@ cudaError_t fill(void* dst, int value, size_t n, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(rt().mutex);
     if (!ft::emu::in_device(dst, n)) return fail(cudaErrorInvalidValue);
   }
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());  // check and record
   if (const cudaError_t e = ft::emu::capture_gate(stream); e != cudaSuccess) return fail(e);
   ft::emu::submit(stream, [dst, value, n] { std::memset(dst, value, n); });
   return cudaSuccess;
@@ -1687,6 +1690,7 @@ cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t stream) {
 }
 cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());  // check and record
   if (ft::emu::capturing(stream))
     return fail(ft::emu::refuse_in_capture(stream, cudaErrorStreamCaptureUnsupported));
   if (const cudaError_t e = ft::emu::capture_gate(stream); e != cudaSuccess) return fail(e);
@@ -2189,6 +2193,7 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, uns
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* userData) {
   if (!fn) return fail(cudaErrorInvalidValue);
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
+  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());  // check and record
   if (const cudaError_t e = ft::emu::capture_gate(stream); e != cudaSuccess) return fail(e);
   ft::emu::submit(stream, [fn, userData] { fn(userData); });
   return cudaSuccess;

@@ -1,6 +1,6 @@
 // Finding the first non-finite gradient (ZeroSharding::first_nonfinite_grad, which names the
-// tensor in the error of a step with a NaN gradient norm) and the rounded times people read
-// (Progress::human_seconds).
+// tensor in the error of a step with a NaN gradient norm), a ZeRO gradient reported complete too
+// often or (stages 2-3) never, and the rounded times people read (Progress::human_seconds).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -74,6 +74,44 @@ TEST_CASE("first_nonfinite_grad names the first tensor in layout order, at every
     zero.finish_backward();
     CHECK(zero.first_nonfinite_grad() == 0);  // the embedding, the layout's first tensor
     CHECK(std::isnan(zero.grad_sum_squares()));
+  }
+}
+
+// ZeRO 2/3 reduce-scatter a group's gradient when the backward reports it complete; one computed
+// and never reported would be lost, so the step refuses to go on.
+TEST_CASE("finish_backward refuses a ZeRO 2/3 gradient never reported complete") {
+  for (int stage : {2, 3}) {
+    CAPTURE(stage);
+    auto dev = make_device("cpu");
+    auto comm = make_single_process_communicator();
+    LlamaModel model(tiny_model_config(), dev.get());
+    ZeroSharding zero(stage, model.flat_params(), *comm, dev.get());
+    zero.begin_step(1);
+    zero.grads(0);
+    zero.grads_ready(0);
+    zero.grads(1);  // computed, never reported
+    CHECK_THROWS_WITH(zero.finish_backward(),
+                      doctest::Contains("group 1's gradient was computed but never reported"));
+  }
+}
+
+// A report more than the step's micro-batches would have reduced a partial gradient early (at
+// stages 0-1 with data ranks and overlap_comm), at any stage: refused.
+TEST_CASE("grads_ready refuses a gradient reported complete more often than the micro-batches") {
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    auto dev = make_device("cpu");
+    auto comm = make_single_process_communicator();
+    LlamaModel model(tiny_model_config(), dev.get());
+    ZeroSharding zero(stage, model.flat_params(), *comm, dev.get());
+    zero.begin_step(2);
+    for (int mb = 0; mb < 2; ++mb) {
+      zero.grads(0);
+      zero.grads_ready(0);
+    }
+    zero.grads(0);
+    CHECK_THROWS_WITH(zero.grads_ready(0),
+                      doctest::Contains("reported complete 3 times in a step of 2 micro-batches"));
   }
 }
 
