@@ -397,9 +397,10 @@ uint64_t submit(const void* s, std::function<void()> op) {
 // a capturing stream (the runtime's memory nodes), cudaStreamDestroy of a capturing stream and
 // graph launches into a capture are refused with cudaErrorStreamCaptureUnsupported; NCCL calls on
 // a capturing stream fail (nccl_emu.cpp), and so do cuBLASLt matmuls the capture's state
-// refuses (cublaslt_emu.cpp). Each call checks a stream's capture state and records or queues its
-// operation under one hold of the streams' lock, so another thread's cudaStreamBeginCapture or
-// cudaStreamEndCapture cannot come between the two.
+// refuses (cublaslt_emu.cpp). Each call that records or queues work on a stream checks the
+// stream's capture state and records or queues it under one hold of the streams' lock, so another
+// thread's cudaStreamBeginCapture or cudaStreamEndCapture cannot come between the two (calls that
+// queue nothing, cudaMallocAsync, cudaStreamSynchronize and cudaStreamDestroy, check apart).
 
 // Every capture still recording, found from its streams (stream_mutex() held).
 std::vector<std::shared_ptr<Capture>> active_captures() {
@@ -1638,13 +1639,16 @@ cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cuda
   // Neither device memory nor page-locked (cudaMallocHost, cudaHostRegister): pageable.
   const bool src_pageable = !ft::emu::in_gpu_memory(src, n);
   const bool dst_pageable = !ft::emu::in_gpu_memory(dst, n);
+  // A pageable source is read now (before the lock: a checkpoint's load may be large).
+  std::shared_ptr<std::vector<char>> bytes;
+  if (src_pageable)
+    bytes = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                static_cast<const char*>(src) + n);
   std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());  // check and record
   if (const cudaError_t e = ft::emu::capture_gate(stream); e != cudaSuccess) return fail(e);
   if ((src_pageable || dst_pageable) && ft::emu::capturing(stream))  // stream capture above
     return fail(ft::emu::refuse_in_capture(stream, cudaErrorStreamCaptureUnsupported));
   if (src_pageable) {
-    auto bytes = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
-                                                     static_cast<const char*>(src) + n);
     ft::emu::submit(stream, [dst, bytes] { std::memmove(dst, bytes->data(), bytes->size()); });
   } else {
     ft::emu::submit(stream, [dst, src, n] { std::memmove(dst, src, n); });
