@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -89,6 +90,19 @@ class Communicator {
   // for the receiver before they return).
   virtual CommWork send_recv(Stream s, CRef send_data, size_t send_n, int send_peer, Ref recv_data,
                              size_t recv_n, int recv_peer, int send_tag, int recv_tag);
+  // CUDA graphs (issue 33 point 3). Whether a call on a stream that is capturing a graph is
+  // recorded into it (NCCL 2.9+), made at each launch of the graph instead of now; its handle may
+  // then be waited on only by wait_on of a stream in the same capture. Elsewhere such a call is
+  // the caller's error. watched_launch: `launch` launches (on stream `s`) a graph that recorded
+  // this communicator's calls; the collective watchdog watches them as one call named `what`
+  // (an identifier, as "all_reduce_sum"), from before the launch until the work queued on `s`
+  // by then is done.
+  virtual bool records_in_graphs() const { return false; }
+  virtual void watched_launch(Stream s, const char* what, const std::function<void()>& launch) {
+    (void)s;
+    (void)what;
+    launch();
+  }
   virtual void barrier() = 0;
   // Ends every rank of the job (after a fatal error on this one), with this exit code.
   virtual void abort(int code) = 0;

@@ -178,6 +178,20 @@ double seconds_since(Clock::time_point t0) {
 // How long the watchdog thread waits, after aborting, for the main thread to report.
 constexpr double kTakeoverS = 15.0;
 
+// ncclCommAbort of each of `comms`, from a thread of its own, waited for at most `wait_s`:
+// since NCCL 2.26 the call returns only once every CUDA graph that recorded the communicator's
+// calls is destroyed (FT_CUDA_GRAPHS), which a process ending on an error may never do.
+void abort_comms(std::vector<ncclComm_t> comms, double wait_s) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread([comms = std::move(comms), done] {
+    for (ncclComm_t c : comms) nccl().ncclCommAbort(c);
+    *done = true;
+  }).detach();
+  const auto t0 = Clock::now();
+  while (!*done && seconds_since(t0) < wait_s)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
 // The watchdog of the header comment: one per process, its thread runs while communicators exist.
 class DeviceWatchdog {
  public:
@@ -333,8 +347,9 @@ class DeviceWatchdog {
         to_abort = comms_;
         aborted_ = comms_;
       }
-      // Whatever waits on the device returns once its communicators are aborted.
-      for (ncclComm_t c : to_abort) nccl().ncclCommAbort(c);
+      // Whatever waits on the device returns once its communicators are aborted (not waited
+      // for here: the takeover below must come whatever the aborts do).
+      abort_comms(std::move(to_abort), 0);
       const auto t0 = Clock::now();
       while (!taken_ && seconds_since(t0) < kTakeoverS)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -383,9 +398,12 @@ uint64_t g_call_seq = 0;  // this rank's NCCL calls, numbered for the watchdog's
 // it, answering the other ranks' status requests, until it completes or the watchdog fires.
 class NcclWork final : public CommWork::Pending {
  public:
-  NcclWork(Device& dev, Event done, std::string label)
-      : dev_(dev), done_(std::move(done)), label_(std::move(label)) {}
+  NcclWork(Device& dev, Event done, std::string label, bool recorded)
+      : dev_(dev), done_(std::move(done)), label_(std::move(label)), recorded_(recorded) {}
   void wait() override {
+    // Its event marks a point of the graph being recorded: only that capture's streams may wait
+    // for it (wait_on), and only until it ends.
+    FT_CHECK(!recorded_, label_, " was recorded into a graph, and the host cannot wait for it");
     if (done_.query()) return;
     device_wait_begin(label_);
     const auto t0 = Clock::now();
@@ -408,6 +426,7 @@ class NcclWork final : public CommWork::Pending {
   Device& dev_;
   Event done_;
   std::string label_;
+  bool recorded_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -484,9 +503,21 @@ class NcclCommunicator final : public Communicator {
       return r != ncclSuccess ? r : end;
     });
   }
+  bool records_in_graphs() const override { return true; }
+  void watched_launch(Stream s, const char* what, const std::function<void()>& launch) override {
+    DeviceWatchdog& dog = DeviceWatchdog::get();
+    dog.check_fired();
+    std::string label = call_label(what, ++g_call_seq, -1);
+    const uint64_t id = dog.begin(label);
+    device_wait_begin(label);  // the emulated NCCL makes the calls inside the launch
+    launch();
+    dog.check_fired();  // aborted during the launch (the emulated NCCL's): that is the cause
+    device_wait_end();
+    dog.returned(id, static_cast<cudaStream_t>(s.handle));
+  }
   void barrier() override { host_->barrier(); }
   void abort(int code) override {
-    if (comm_ && !DeviceWatchdog::get().remove_comm(comm_)) nccl().ncclCommAbort(comm_);
+    if (comm_ && !DeviceWatchdog::get().remove_comm(comm_)) abort_comms({comm_}, 5.0);
     comm_ = nullptr;
     host_->abort(code);
   }
@@ -507,14 +538,20 @@ class NcclCommunicator final : public Communicator {
 
  private:
   // One call (or group of calls): ordered after the work queued on `s`, watched from before it
-  // is made (the emulated NCCL runs it inside the call) until its event completes.
+  // is made (the emulated NCCL runs it inside the call) until its event completes. Where `s` is
+  // capturing a graph, the communication stream joins the capture (after), and the call is
+  // recorded into the graph, made at each launch: watched then, with the launch
+  // (watched_launch), not now.
   template <typename F>
   CommWork call(Stream s, const char* op, int peer, const char* what, F&& make) {
     DeviceWatchdog& dog = DeviceWatchdog::get();
     dog.check_fired();
     after(s);
     std::string label = call_label(op, ++g_call_seq, peer);
-    const uint64_t id = dog.begin(label);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check_cuda(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing");
+    const bool recorded = capture != cudaStreamCaptureStatusNone;
+    const uint64_t id = recorded ? 0 : dog.begin(label);
     device_wait_begin(label);
     const ncclResult_t r = make();
     if (r != ncclSuccess) dog.check_fired();  // aborted by the watchdog: that is the cause
@@ -523,7 +560,7 @@ class NcclCommunicator final : public Communicator {
     check(r, what, comm_);
     Event e = dev_.make_event();
     e.record(Stream{stream_});
-    return CommWork(std::make_unique<NcclWork>(dev_, std::move(e), std::move(label)));
+    return CommWork(std::make_unique<NcclWork>(dev_, std::move(e), std::move(label), recorded));
   }
   // The communication stream waits for the work queued on `s` so far.
   void after(Stream s) {

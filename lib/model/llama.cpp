@@ -224,12 +224,13 @@ void LlamaModel::copy(Ref dst, CRef src, size_t n) {
 
 LlamaModel::~LlamaModel() {
   try {
-    if (graph_.recorded)
-      log_info("FT_CUDA_GRAPHS: ", graph_.launches, " training micro-batches launched from ",
-               graph_.recorded, " recording(s)");
+    const int recorded = graphs_[0].recorded + graphs_[1].recorded;
+    if (recorded)
+      log_info("FT_CUDA_GRAPHS: ", graphs_[0].launches + graphs_[1].launches,
+               " training micro-batches launched from ", recorded, " recording(s)");
   } catch (...) {  // in a destructor: the count is not worth an exception
   }
-  drop_graph();
+  for (MicroBatchGraph& g : graphs_) drop_graph(g);
 }
 
 namespace {
@@ -779,13 +780,14 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
 }
 
 bool LlamaModel::graph_eligible() const {
-  return dev_->graphs_enabled() && !graph_.failed && tp_.size() == 1 && stage_.embed &&
-         stage_.head && !objective_ && flat_.hooks_host_only() && dev_->profile() == nullptr;
+  return dev_->graphs_enabled() && !graph_failed_ && tp_.size() == 1 && stage_.embed &&
+         stage_.head && !objective_ && flat_.micro_batch_replay() != GroupHooks::Replay::kNone &&
+         dev_->profile() == nullptr;
 }
 
-void LlamaModel::drop_graph() {
-  dev_->graph_destroy(graph_.exec);
-  graph_.exec = nullptr;
+void LlamaModel::drop_graph(MicroBatchGraph& g) {
+  dev_->graph_destroy(g.exec);
+  g.exec = nullptr;
 }
 
 // The first micro-batch of a shape runs op by op: it makes every buffer the work uses (the
@@ -794,10 +796,13 @@ void LlamaModel::drop_graph() {
 // until the shape changes or the device's graph epoch moves (a buffer the graph may use was
 // freed), when the next micro-batch records again. Host-side state that decides what work is
 // queued must be at the recording's values around each launch: QLoRA's dequantized group is.
-// Hooks whose part is host bookkeeping only (ZeRO's stages 0-1 with data ranks, but for the
-// micro-batch that reduces: GroupHooks::host_only_micro_batch) return the same buffers every
-// micro-batch; their grads_ready calls are logged while recording and made after each launch.
-// Replaying the recorded work in the same order gives the same bits as launching it op by op.
+// Hooks (ZeRO's stages 0-1 with data ranks) return the same buffers every micro-batch; their
+// grads_ready calls are logged while recording, and are either bookkeeping only (kHostOnly:
+// made after each launch) or also issue the step's all-reduces (kCollectives, a step's last
+// micro-batch under overlap_comm: made while recording, the communicator recording the
+// collectives into the graph; the host's part made again after each later launch). Each kind
+// has a graph of its own. Replaying the recorded work in the same order gives the same bits as
+// launching it op by op.
 void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets,
                                    const uint8_t* mask, int B, int T, float token_weight,
                                    const int32_t* seg, uint64_t first_sample) {
@@ -807,16 +812,22 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
     backward_part(0, CRef());
   };
   if (!graph_eligible()) return eager();
-  MicroBatchGraph& g = graph_;
-  const MicroBatchGraph::Shape shape{B, T, seg != nullptr};
-  if (g.exec && (g.shape != shape || g.epoch != dev_->graph_epoch())) drop_graph();
-  if (g.exec) {
-    dev_->graph_launch(g.exec);
+  const bool collectives = flat_.micro_batch_replay() == GroupHooks::Replay::kCollectives;
+  GroupHooks* hooks = flat_.hooks();
+  MicroBatchGraph& g = graphs_[collectives ? 1 : 0];
+  const auto launch = [&](bool recorded_now) {
     ++g.launches;
+    if (collectives) {
+      hooks->launch_collectives([&] { dev_->graph_launch(g.exec); }, g.ready_calls, recorded_now);
+    } else {
+      dev_->graph_launch(g.exec);
+      flat_.make_ready_calls(g.ready_calls);
+    }
     flat_.set_dequantized_group(g.dequantized_after);
-    flat_.make_ready_calls(g.ready_calls);
-    return;
-  }
+  };
+  const MicroBatchGraph::Shape shape{B, T, seg != nullptr};
+  if (g.exec && (g.shape != shape || g.epoch != dev_->graph_epoch())) drop_graph(g);
+  if (g.exec) return launch(/*recorded_now=*/false);
   if (g.warm != shape) {
     eager();
     g.warm = shape;
@@ -825,21 +836,25 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
   flat_.set_dequantized_group(-1);  // the graph dequantizes whatever it uses (QLoRA)
   std::vector<int> ready_calls;
   try {
-    struct Deferred {  // the hooks' grads_ready calls logged while recording, however it ends
+    struct Logged {  // the hooks' grads_ready calls logged while recording, however it ends
       FlatParams& flat;
-      ~Deferred() { flat.defer_grads_ready(nullptr); }
-    } deferred{flat_};
-    flat_.defer_grads_ready(&ready_calls);
+      ~Logged() { flat.log_grads_ready(nullptr, false); }
+    } logged{flat_};
+    flat_.log_grads_ready(&ready_calls, /*make=*/collectives);
+    if (collectives) hooks->begin_recording();
     g.exec = dev_->graph_record([&] {
       forward_compute(CRef(), /*backward=*/true, token_weight, mask);
       backward_part(0, CRef());
+      if (collectives) hooks->join_recorded();
     });
   } catch (const Error& e) {
     // Nothing recorded ran: the micro-batch runs op by op, and so does the rest of the run. The
-    // pass may have stopped between a quantized group's acquire and release. (Any other
-    // exception ends the run; graph_record has cancelled the recording.)
+    // pass may have stopped between a quantized group's acquire and release; the hooks' calls
+    // made while recording are undone. (Any other exception ends the run; graph_record has
+    // cancelled the recording.)
     flat_.reset_quantized_holds();
-    g.failed = true;
+    if (collectives) hooks->recording_failed();
+    graph_failed_ = true;
     log_warn(
         "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on "
         "without graphs: ",
@@ -852,10 +867,10 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
   g.ready_calls = std::move(ready_calls);
   ++g.recorded;
   log_info("FT_CUDA_GRAPHS: micro-batch ", B, "x", T, shape.seg ? " (packed)" : "",
-           " recorded as a graph (recording ", g.recorded, "), replayed from here on");
-  dev_->graph_launch(g.exec);
-  ++g.launches;
-  flat_.make_ready_calls(g.ready_calls);
+           collectives ? " with its all-reduces" : "", " recorded as a graph (recording ",
+           g.recorded, "), replayed from here on");
+  // The kHostOnly calls were only logged: made after this launch as after every other.
+  launch(/*recorded_now=*/collectives);
 }
 
 void LlamaModel::forward_backward(const int32_t* inputs, const int32_t* targets,

@@ -158,8 +158,8 @@ class LlamaModel final : public PipelineStage {
                     uint64_t first_sample);
   void forward_compute(CRef x_in, bool backward, float token_weight, const uint8_t* host_mask);
   // Whether a training micro-batch may run as a recorded graph: a device with graphs, one stage
-  // and one tensor rank, no ZeRO hooks but host-only ones (FlatParams::hooks_host_only), no row
-  // objective, no profile.
+  // and one tensor rank, hooks that allow it (FlatParams::micro_batch_replay), no row objective,
+  // no profile.
   bool graph_eligible() const;
   void layer_forward(int l, int B, int T);
   void layer_backward(int l, int B, int T);
@@ -197,8 +197,10 @@ class LlamaModel final : public PipelineStage {
   RowObjective* objective_ = nullptr;
   double objective_loss_ = 0;  // the objective's loss since take_loss_sum
   bool hooks_enabled_ = true;
-  // The micro-batch graph (train_micro_batch): its shape, the device's graph epoch it was
-  // recorded in, and the shape last run eagerly (the warm-up that makes every buffer first).
+  // The micro-batch graphs (train_micro_batch), one for each kind of hooks' part
+  // (GroupHooks::Replay kHostOnly, kCollectives: a step's last micro-batch under overlap_comm):
+  // its shape, the device's graph epoch it was recorded in, and the shape last run eagerly (the
+  // warm-up that makes every buffer first).
   struct MicroBatchGraph {
     struct Shape {
       int B = 0, T = 0;
@@ -208,14 +210,14 @@ class LlamaModel final : public PipelineStage {
     void* exec = nullptr;
     Shape shape, warm;
     uint64_t epoch = 0;
-    bool failed = false;           // a recording failed: the run goes on without graphs
     int dequantized_after = -1;    // FlatParams::dequantized_group when the recording ended
-    std::vector<int> ready_calls;  // the hooks' grads_ready calls it made (defer_grads_ready)
+    std::vector<int> ready_calls;  // the hooks' grads_ready calls it made (log_grads_ready)
     int recorded = 0;
     int64_t launches = 0;  // logged when the model goes
   };
-  MicroBatchGraph graph_;
-  void drop_graph();
+  MicroBatchGraph graphs_[2];  // [0]: kHostOnly, [1]: kCollectives
+  bool graph_failed_ = false;  // a recording failed: the run goes on without graphs
+  void drop_graph(MicroBatchGraph& g);
 };
 
 }  // namespace ft

@@ -86,12 +86,31 @@ class GroupHooks {
   virtual void release_params(int group) = 0;
   virtual float* grads(int group) = 0;      // full-size, accumulate into it
   virtual void grads_ready(int group) = 0;  // this micro-batch's gradient is complete
-  // Whether, for the next training micro-batch, acquire_params, release_params and grads only
-  // return the buffers they returned for the previous one, and grads_ready only counts on the
-  // host: no device work, nothing else changed. Such a micro-batch may be replayed from a
-  // recorded graph, its grads_ready calls made on the host after the launch
-  // (FlatParams::defer_grads_ready; LlamaModel::train_micro_batch).
-  virtual bool host_only_micro_batch() const { return false; }
+  // How the next training micro-batch may be recorded as a graph and replayed
+  // (LlamaModel::train_micro_batch). In both kinds that may, acquire_params, release_params and
+  // grads only return the buffers they returned for the previous micro-batch.
+  //   kNone: it may not (the hooks' device work changes from call to call).
+  //   kHostOnly: grads_ready only counts on the host, no device work. Its calls are logged
+  //     while recording (FlatParams::log_grads_ready) and made on the host after each launch.
+  //   kCollectives: grads_ready also issues collectives on the communicator's stream (ZeRO 0-1's
+  //     all-reduces under overlap_comm), which the communicator records into the graph
+  //     (Communicator::records_in_graphs). The calls are made while recording, between
+  //     begin_recording and, inside the recording, join_recorded, which orders the compute
+  //     stream after the recorded collectives; a recording that fails is undone by
+  //     recording_failed. Each launch goes through launch_collectives(launch, groups,
+  //     recorded_now), which has the collective watchdog watch it, then makes the host's part of
+  //     the calls logged (but after the launch that follows the recording, which made them).
+  enum class Replay { kNone, kHostOnly, kCollectives };
+  virtual Replay micro_batch_replay() const { return Replay::kNone; }
+  virtual void begin_recording() {}
+  virtual void join_recorded() {}
+  virtual void recording_failed() {}
+  virtual void launch_collectives(const std::function<void()>& launch,
+                                  const std::vector<int>& groups, bool recorded_now) {
+    (void)groups;
+    (void)recorded_now;
+    launch();
+  }
 };
 
 // Where a model group goes once its weights are written, when the FlatParams does not keep it
@@ -215,20 +234,24 @@ class FlatParams {
   }
   void grads_ready(int g) {
     if (!hooks_ || !groups_[size_t(g)].trains()) return;
-    if (ready_log_)
-      ready_log_->push_back(g);
-    else
-      hooks_->grads_ready(g);
+    if (ready_log_) ready_log_->push_back(g);
+    if (!ready_log_ || make_logged_) hooks_->grads_ready(g);
   }
-  // Whether there are no hooks, or hooks whose part in the next training micro-batch is
-  // bookkeeping on the host (GroupHooks::host_only_micro_batch): its device work may be replayed
-  // from a graph.
-  bool hooks_host_only() const { return !hooks_ || hooks_->host_only_micro_batch(); }
-  // While `log` is set (a micro-batch being recorded as a graph, with host-only hooks), the
-  // hooks' grads_ready calls are appended to it instead of made; make_ready_calls then makes
-  // them, after each launch of the graph (the first included). A recording that fails thus
-  // leaves the hooks as they were, and the micro-batch runs op by op. Null: made at once.
-  void defer_grads_ready(std::vector<int>* log) { ready_log_ = log; }
+  GroupHooks* hooks() const { return hooks_; }
+  // How the next training micro-batch may be replayed from a graph (GroupHooks::Replay); without
+  // hooks as kHostOnly, with no calls at all.
+  GroupHooks::Replay micro_batch_replay() const {
+    return hooks_ ? hooks_->micro_batch_replay() : GroupHooks::Replay::kHostOnly;
+  }
+  // While `log` is set (a micro-batch being recorded as a graph), the hooks' grads_ready calls
+  // are appended to it, and made too where `make` (kCollectives: their collectives go into the
+  // recording). kHostOnly logs them only: make_ready_calls then makes them after each launch of
+  // the graph (the first included), so a recording that fails leaves the hooks as they were,
+  // and the micro-batch runs op by op. Null: made at once, not logged.
+  void log_grads_ready(std::vector<int>* log, bool make) {
+    ready_log_ = log;
+    make_logged_ = make;
+  }
   void make_ready_calls(const std::vector<int>& groups) {
     if (groups.empty()) return;
     FT_CHECK(hooks_, "grads_ready calls to make, but no hooks are set");
@@ -262,7 +285,8 @@ class FlatParams {
   void hold_quantized(int g);
   size_t staging_elems_ = kStagingElems;
   GroupHooks* hooks_ = nullptr;
-  std::vector<int>* ready_log_ = nullptr;  // defer_grads_ready
+  std::vector<int>* ready_log_ = nullptr;  // log_grads_ready
+  bool make_logged_ = false;
 };
 
 }  // namespace ft

@@ -981,12 +981,59 @@ float* ZeroSharding::grads(int group) {
   return working_grads_[g].data();
 }
 
-bool ZeroSharding::host_only_micro_batch() const {
-  if (stage_ >= 2 || offload_ || opt_.overlap_update) return false;
+GroupHooks::Replay ZeroSharding::micro_batch_replay() const {
+  if (stage_ >= 2 || offload_ || opt_.overlap_update) return Replay::kNone;
   if (D_ > 1 && opt_.overlap)
     for (size_t g = 0; g < ready_count_.size(); ++g)
-      if (trains_[g] && numel_[g] && ready_count_[g] + 1 >= micro_batches_) return false;
-  return true;
+      if (trains_[g] && numel_[g] && ready_count_[g] + 1 >= micro_batches_)
+        return opt_.reduce_dtype == DType::kF32 && !nan_pending_ && comm_.records_in_graphs()
+                   ? Replay::kCollectives
+                   : Replay::kNone;
+  return Replay::kHostOnly;
+}
+
+void ZeroSharding::begin_recording() { recording_ = {ready_count_, reduced_, reducing_.size()}; }
+
+void ZeroSharding::join_recorded() {
+  // The compute stream after the recorded all-reduces, inside the graph: finish_backward finds
+  // them done. (fp32 only: nothing to widen back.)
+  graph_reduces_.assign(reduced_.size(), false);
+  for (size_t g = 0; g < reduced_.size(); ++g)
+    graph_reduces_[g] = reduced_[g] && !recording_.reduced[g];
+  const Stream st = dev_->stream();
+  for (size_t i = recording_.reducing; i < reducing_.size(); ++i) {
+    FT_CHECK(!reducing_[i].low.size() && !reducing_[i].landed.valid(),
+             "a recorded reduction with a conversion or an offload copy");
+    reducing_[i].work.wait_on(st);
+  }
+  reducing_.resize(recording_.reducing);
+}
+
+void ZeroSharding::recording_failed() {
+  // The recorded calls' handles are dropped unwaited: nothing ran.
+  reducing_.resize(recording_.reducing);
+  ready_count_ = recording_.ready_count;
+  reduced_ = recording_.reduced;
+}
+
+void ZeroSharding::launch_collectives(const std::function<void()>& launch,
+                                      const std::vector<int>& groups, bool recorded_now) {
+  comm_.watched_launch(dev_->stream(), "micro_batch_graph", launch);
+  if (!recorded_now)
+    for (const int group : groups) {
+      const size_t g = size_t(group);
+      if (!trains_[g]) continue;
+      const bool last = ++ready_count_[g] == micro_batches_;
+      FT_CHECK(ready_count_[g] <= micro_batches_, "ZeRO: group ", group,
+               "'s gradient reported complete ", ready_count_[g], " times in a step of ",
+               micro_batches_, " micro-batches");
+      // The graph reduces what its recording reduced: the same groups must be final now.
+      const bool reduces = last && D_ > 1 && opt_.overlap && numel_[g];
+      FT_CHECK(reduces == bool(graph_reduces_[g]) && !reduced_[g], "ZeRO: group ", group,
+               "'s reduction in the replayed micro-batch graph does not match the step (",
+               ready_count_[g], " of ", micro_batches_, " micro-batches)");
+      if (reduces) reduced_[g] = true;
+    }
 }
 
 void ZeroSharding::grads_ready(int group) {

@@ -190,11 +190,19 @@ class ZeroSharding final : public GroupHooks {
   void release_params(int group) override;
   float* grads(int group) override;
   void grads_ready(int group) override;
-  // Stages 0-1 without offload or the overlapped update, and no group's gradient made final by
-  // the micro-batch while overlap_comm reduces it there (grads_ready): the micro-batches of a
-  // step but its last, or every one without overlap_comm. (The test NaN goes in with the
-  // reductions, never during such a micro-batch.)
-  bool host_only_micro_batch() const override;
+  // Graphs (GroupHooks::Replay), at stages 0-1 without offload or the overlapped update:
+  // kHostOnly where no group's gradient is made final by the micro-batch while overlap_comm
+  // reduces it there (grads_ready): the micro-batches of a step but its last, or every one
+  // without overlap_comm (the test NaN goes in with the reductions, never during these);
+  // kCollectives for the one that reduces, where the data group's communicator records its
+  // all-reduces (NCCL), in fp32 (reduce_dtype bf16 converts through buffers made per call) and
+  // with no test NaN pending.
+  Replay micro_batch_replay() const override;
+  void begin_recording() override;
+  void join_recorded() override;
+  void recording_failed() override;
+  void launch_collectives(const std::function<void()>& launch, const std::vector<int>& groups,
+                          bool recorded_now) override;
 
  private:
   size_t shard(int g) const { return shard_[size_t(g)]; }
@@ -268,9 +276,17 @@ class ZeroSharding final : public GroupHooks {
   std::vector<int> ready_count_;     // grads_ready calls of each group this step
   std::vector<Reduction> reducing_;  // stage 0/1: each group's all-reduce calls in flight
   std::vector<bool> reduced_;        // stage 0/1: group issued this step
-  std::vector<Scatter> scatters_;    // stage >= 2, oldest first
-  bool nan_pending_ = false;         // test support
-  bool warned_unreported_ = false;   // finish_backward's warning, once a run
+  // begin_recording's state, for recording_failed; the groups the recording reduced, which each
+  // launch of its graph reduces.
+  struct Recording {
+    std::vector<int> ready_count;
+    std::vector<bool> reduced;
+    size_t reducing = 0;
+  } recording_;
+  std::vector<bool> graph_reduces_;
+  std::vector<Scatter> scatters_;   // stage >= 2, oldest first
+  bool nan_pending_ = false;        // test support
+  bool warned_unreported_ = false;  // finish_backward's warning, once a run
   std::vector<size_t> numel_, shard_;
   std::vector<bool> trains_;  // per group: ParamGroup::trains
   std::vector<ShardRange> ranges_;

@@ -24,17 +24,22 @@
 #    the optimizer step recorded; the same with two data ranks (`--nproc 2`, the emulated NCCL)
 #    at ZeRO stage 2: each rank records its own shard's update;
 #  - two data ranks at ZeRO stage 0 with two micro-batches a step: the first of each step is
-#    recorded and replayed (the hooks only count it on the host: GroupHooks::
-#    host_only_micro_batch), the second, whose gradients overlap_comm reduces during its backward,
-#    runs op by op; at ZeRO 1 in bf16 without overlap_comm both are replayed (each rank's
-#    recordings and launches counted from the run's closing count). Planted: the launches not making the
-#    hooks' grads_ready calls keeps the bits (the reductions then run after the backward) but
-#    ZeroSharding's warning of an unreported gradient fires, which fails `pair`; the calls made
-#    while recording as well as after the launch counts the recorded micro-batch twice, reduces
-#    its partial gradient early, and the grad norms differ;
+#    recorded and replayed (the hooks only count it on the host: GroupHooks::Replay::kHostOnly),
+#    and so is the second, whose gradients overlap_comm all-reduces during its backward, in a
+#    graph of its own with the emulated NCCL's all-reduces inside (kCollectives); at ZeRO 1 in
+#    bf16 without overlap_comm one graph serves both; at ZeRO 1 with one micro-batch a step each
+#    is a step's last (each rank's recordings and launches counted from the run's closing
+#    count). Planted: the launches not making the hooks' grads_ready calls keeps the bits (the
+#    reductions then run after the backward) but ZeroSharding's warning of an unreported
+#    gradient fires, which fails `pair`; the calls made while recording as well as after the
+#    launch counts the recorded micro-batch twice, reduces its partial gradient early, and the
+#    grad norms differ; so do the all-reduces not made at a launch; the reducing micro-batch's
+#    host part skipped after a launch makes the warning fire; its recording not joined fails
+#    (cudaErrorStreamCaptureUnjoined) and the counts go wrong;
 #  - recordings that fail (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail: the emulation refuses every
 #    instantiation) are cancelled with a warning each, and QLoRA's run goes on op by op with the
-#    same bits.
+#    same bits; so does a two-rank run whose failed recording held its all-reduces (the counts
+#    restored: planted, not restoring them is an internal error).
 #   bash tests/cli/test_cuda_emu_graphs.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 need_emu
@@ -99,33 +104,43 @@ for kernel in forward dkdv dq; do
 done
 pair zero3 0 1 parallel.zero_stage=3
 pair zero2_ranks2 0 2 parallel.zero_stage=2 --nproc 2
-# ranks2 NAME LAUNCHES: on each of the two ranks (rank 0's lines have no prefix), one recording of
-# the micro-batch and LAUNCHES launches of it over the run.
+# ranks2 NAME RECORDINGS LAUNCHES: on each of the two ranks (rank 0's lines have no prefix),
+# RECORDINGS recordings of a micro-batch and LAUNCHES launches over the run.
 ranks2() {
-  local name=$1 launches=$2 r lines
+  local name=$1 recordings=$2 launches=$3 r lines
   for r in 0 1; do
     if [ "$r" = 0 ]; then
       lines=$(grep -v '^\[rank ' "$tmp/$name.1.log" || true)
     else
       lines=$(grep "^\[rank $r " "$tmp/$name.1.log" || true)
     fi
-    [ "$(grep -c 'micro-batch .* recorded as a graph' <<< "$lines")" = 1 ] \
-      || fail "$name: rank $r did not record the micro-batch once"
-    grep -q "FT_CUDA_GRAPHS: $launches training micro-batches launched from 1 recording" \
+    [ "$(grep -c 'micro-batch .* recorded as a graph' <<< "$lines")" = "$recordings" ] \
+      || fail "$name: rank $r did not record a micro-batch $recordings time(s)"
+    grep -q "FT_CUDA_GRAPHS: $launches training micro-batches launched from $recordings recording" \
       <<< "$lines" || fail "$name: rank $r: $(grep 'micro-batches launched' <<< "$lines")," \
       "expected $launches launches"
   done
 }
-# Eight steps of two micro-batches: with overlap_comm the first of steps 2-8 (7), without it
-# every one from step 1's second (15).
-pair zero0_ranks2_accum 2 2 training.global_batch_size=8 --nproc 2
-ranks2 zero0_ranks2_accum 7
+# Eight steps of two micro-batches: with overlap_comm each rank records the first and the second
+# of step 2 (the second with its all-reduces) and launches both in steps 2-8 (14); without it the
+# one graph serves every micro-batch from step 1's second (15). One micro-batch a step: each is
+# a step's last, recorded with its all-reduces at step 2 and launched in steps 2-8 (7).
+pair zero0_ranks2_accum 4 2 training.global_batch_size=8 --nproc 2
+ranks2 zero0_ranks2_accum 2 14
+[ "$(grep -c 'micro-batch .* with its all-reduces recorded as a graph' "$tmp/zero0_ranks2_accum.1.log")" = 2 ] \
+  || fail "zero0_ranks2_accum: the reducing micro-batch was not recorded with its all-reduces on both ranks"
 pair zero1_ranks2_no_overlap_bf16 2 2 training.global_batch_size=8 parallel.zero_stage=1 \
   parallel.overlap_comm=false training.precision=bf16 --nproc 2
-ranks2 zero1_ranks2_no_overlap_bf16 15
+ranks2 zero1_ranks2_no_overlap_bf16 1 15
+pair zero1_ranks2 2 2 parallel.zero_stage=1 --nproc 2
+ranks2 zero1_ranks2 1 7
 FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused 0 0 adapter.type=qlora adapter.r=4
 grep -q "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on without graphs: .*cudaGraphInstantiate" \
   "$tmp/refused.1.log" || fail "refused: no warning naming the failed instantiation: $(grep -m2 FT_CUDA_GRAPHS "$tmp/refused.1.log")"
 grep -q "FT_CUDA_GRAPHS: recording the optimizer step as a graph failed, so it runs op by op: .*cudaGraphInstantiate" \
   "$tmp/refused.1.log" || fail "refused: no warning naming the optimizer step's failed instantiation"
+# A failed recording of the micro-batch with its all-reduces: its calls undone, it runs op by op.
+FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused_ranks2 0 0 parallel.zero_stage=1 --nproc 2
+[ "$(grep -c 'recording the micro-batch as a graph failed' "$tmp/refused_ranks2.1.log")" = 2 ] \
+  || fail "refused_ranks2: not one failed recording on each rank"
 echo "ok: graphs replay the bits of launching op by op"

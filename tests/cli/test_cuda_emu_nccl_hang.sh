@@ -12,7 +12,8 @@
 # under a plain `mpirun -np 2` (rank 1 stopped), and under `ft_emu train --nproc 4` (data 2 x
 # tensor 2, rank 2 stopped), where the message also lists where the ranks that answered wait,
 # and the supervising ft's last line restates the cause: "ft: error: the job ended (exit 3):
-# ... made no progress for 3.0 s ...".
+# ... made no progress for 3.0 s ..."; and with FT_CUDA_GRAPHS=1 over two data ranks, where the
+# step's all-reduces are inside the micro-batch's graph and the message names its launch.
 #   bash tests/cli/test_cuda_emu_nccl_hang.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 need_emu
@@ -96,6 +97,13 @@ hang() {
 
 hang mpirun 1 mpirun "${mpirun_args[@]}" -np 2 -x FT_NCCL_EMU_STOP "$emu" train "$tmp/r.yaml" \
   training.global_batch_size=1
+# FT_CUDA_GRAPHS=1 with two data ranks, a micro-batch a step: its all-reduces are recorded into
+# its graph at step 2, so rank 1 stops inside its step-3 launch and rank 0 waits in its own,
+# which the watchdog watches as one call (Communicator::watched_launch).
+FT_CUDA_GRAPHS=1 hang graphs 1 mpirun "${mpirun_args[@]}" -np 2 -x FT_NCCL_EMU_STOP \
+  -x FT_CUDA_GRAPHS "$emu" train "$tmp/r.yaml" parallel.tensor=1
+[[ $last_msg == *"micro_batch_graph #"*" on the data group (ranks 0,1) through NCCL"* ]] ||
+  fail "graphs: the message does not name the micro-batch graph's launch: $last_msg"
 hang nproc4 2 "$emu" train "$tmp/r.yaml" --nproc 4
 # The ranks that answered are listed, where they wait.
 grep -Eq 'ranks? [0-9,]+ (is|are) at step 3 \([a-z /]+\) in [a-z_]+ #[0-9]+ on the [a-z]+ group' \

@@ -64,6 +64,7 @@ struct Capture {
   std::vector<std::vector<size_t>> deps;
   cudaError_t invalid = cudaSuccess;  // the error that invalidated it
   bool ended = false;
+  bool collectives = false;  // an emulated NCCL call recorded (stream_record_collective)
 };
 // One cudaEventRecord: done when its stream's work up to `seq` has run.
 struct EventRecord {
@@ -86,9 +87,11 @@ struct CUstream_st {
 // in recording order.
 struct CUgraph_st {
   std::shared_ptr<const std::vector<std::function<void()>>> nodes;
+  bool collectives = false;  // holds emulated NCCL calls: launched eagerly (cudaGraphLaunch)
 };
 struct CUgraphExec_st {
   std::shared_ptr<const std::vector<std::function<void()>>> nodes;
+  bool collectives = false;
 };
 struct CUevent_st {
   unsigned flags = 0;
@@ -395,12 +398,14 @@ uint64_t submit(const void* s, std::function<void()> op) {
 // (whatever cudaStreamWaitEvent's flags) are refused with cudaErrorStreamCaptureUnsupported /
 // cudaErrorStreamCaptureIsolation (the capture invalidated); cudaMallocAsync / cudaFreeAsync on
 // a capturing stream (the runtime's memory nodes), cudaStreamDestroy of a capturing stream and
-// graph launches into a capture are refused with cudaErrorStreamCaptureUnsupported; NCCL calls on
-// a capturing stream fail (nccl_emu.cpp), and so do cuBLASLt matmuls the capture's state
-// refuses (cublaslt_emu.cpp). Each call that records or queues work on a stream checks the
-// stream's capture state and records or queues it under one hold of the streams' lock, so another
-// thread's cudaStreamBeginCapture or cudaStreamEndCapture cannot come between the two (calls that
-// queue nothing, cudaMallocAsync, cudaStreamSynchronize and cudaStreamDestroy, check apart).
+// graph launches into a capture are refused with cudaErrorStreamCaptureUnsupported; NCCL
+// collectives on a capturing stream are recorded as nodes that make the call at each launch
+// (nccl_emu.cpp; stream_record_collective: such a graph runs at its launch, cudaGraphLaunch),
+// and cuBLASLt matmuls the capture's state refuses fail (cublaslt_emu.cpp). Each call that records
+// or queues work on a stream checks the stream's capture state and records or queues it under one
+// hold of the streams' lock, so another thread's cudaStreamBeginCapture or cudaStreamEndCapture
+// cannot come between the two (calls that queue nothing, cudaMallocAsync, cudaStreamSynchronize and
+// cudaStreamDestroy, check apart).
 
 // Every capture still recording, found from its streams (stream_mutex() held).
 std::vector<std::shared_ptr<Capture>> active_captures() {
@@ -468,6 +473,14 @@ bool valid_stream_handle(const void* s) { return stream_is_valid(s); }
 bool stream_submit(const void* s, std::function<void()> op) {
   std::lock_guard<std::recursive_mutex> lock(stream_mutex());  // the check and the recording
   if (capture_gate(s) != cudaSuccess) return false;
+  submit(s, std::move(op));
+  return true;
+}
+bool stream_record_collective(const void* s, std::function<void()> op) {
+  std::lock_guard<std::recursive_mutex> lock(stream_mutex());
+  const std::shared_ptr<Queue> q = queue_of(s);
+  if (!q->capture || capture_gate(s) != cudaSuccess) return false;
+  q->capture->collectives = true;
   submit(s, std::move(op));
   return true;
 }
@@ -1962,7 +1975,8 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
   if (c->invalid == cudaErrorStreamCaptureUnjoined) return fail(cudaErrorStreamCaptureUnjoined);
   if (c->invalid != cudaSuccess) return fail(cudaErrorStreamCaptureInvalidated);
   auto* g = new CUgraph_st{
-      std::make_shared<const std::vector<std::function<void()>>>(std::move(c->nodes))};
+      std::make_shared<const std::vector<std::function<void()>>>(std::move(c->nodes)),
+      c->collectives};
   graphs().insert(g);
   *pGraph = g;
   return cudaSuccess;
@@ -1993,23 +2007,38 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
   // instantiate would, so that a caller's way back to launching op by op runs in tests.
   if (const char* v = std::getenv("FT_CUDA_EMU_GRAPH_INSTANTIATE"); v && std::string(v) == "fail")
     return fail(cudaErrorNotSupported);
-  auto* e = new CUgraphExec_st{graph->nodes};
+  auto* e = new CUgraphExec_st{graph->nodes, graph->collectives};
   graph_execs().insert(e);
   *pGraphExec = e;
   return cudaSuccess;
 }
 
-// The graph's nodes run in their recorded order as one operation of the stream.
+// The graph's nodes run in their recorded order as one operation of the stream. A graph that
+// holds emulated NCCL calls runs at its launch, after the stream's work queued before it (as an
+// NCCL call does, nccl_emu.cpp: deferred, its collectives would meet the peers' in another
+// order than the program's), on the launching thread and outside the streams' lock, as an NCCL
+// call runs: while its collectives wait for the peers, other threads (the collective watchdog's
+// event queries) go on using the runtime. A node's failure is raised by the launch.
 cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle);
-  std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
-  if (!graph_execs().count(graphExec)) return fail(cudaErrorInvalidValue);
-  if (const cudaError_t e = ft::emu::capture_gate(stream); e != cudaSuccess) return fail(e);
-  if (ft::emu::capturing(stream))  // a child graph: not recorded by the emulation
-    return fail(ft::emu::refuse_in_capture(stream, cudaErrorStreamCaptureUnsupported));
-  ft::emu::submit(stream, [nodes = graphExec->nodes] {
-    for (const std::function<void()>& node : *nodes) node();
-  });
+  std::shared_ptr<const std::vector<std::function<void()>>> nodes;
+  {
+    std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
+    if (!graph_execs().count(graphExec)) return fail(cudaErrorInvalidValue);
+    if (const cudaError_t e = ft::emu::capture_gate(stream); e != cudaSuccess) return fail(e);
+    if (ft::emu::capturing(stream))  // a child graph: not recorded by the emulation
+      return fail(ft::emu::refuse_in_capture(stream, cudaErrorStreamCaptureUnsupported));
+    if (!graphExec->collectives) {
+      ft::emu::submit(stream, [nodes = graphExec->nodes] {
+        for (const std::function<void()>& node : *nodes) node();
+      });
+      return cudaSuccess;
+    }
+    ft::emu::run_queue(*ft::emu::queue_of(stream));
+    ft::emu::raise_failure();
+    nodes = graphExec->nodes;
+  }
+  for (const std::function<void()>& node : *nodes) node();
   return cudaSuccess;
 }
 

@@ -139,8 +139,12 @@ bool valid_stream_handle(const void* s);
 // legacy stream beside a blocking capture, an invalidated capture).
 bool stream_submit(const void* s, std::function<void()> op);
 // Runs s's queued work and every later operation on s as it is queued (NCCL's streams); false
-// (nothing done) while s is capturing, which the emulated NCCL does not support.
+// (nothing done) while s is capturing.
 bool stream_make_eager(const void* s);
+// While s captures: records `op` (an NCCL call made again at each launch) as s's next node, and
+// marks the graph as one that runs at its launch (cudaGraphLaunch); false (nothing done) where s
+// does not capture or its capture refuses work.
+bool stream_record_collective(const void* s, std::function<void()> op);
 
 namespace detail {
 struct LaunchConfig {

@@ -8,6 +8,11 @@
 //    order": a call deferred on one rank would leave the others waiting in theirs), then runs
 //    when it is made (in a group: at the outermost ncclGroupEnd) and is complete when it
 //    returns. The stream must be valid.
+//  - Graphs (CUDA graphs; NCCL 2.9+). A collective on a capturing stream is recorded, not made:
+//    a node of the graph makes it at each launch, the test hooks below striking that call, and
+//    such a graph runs at its launch with the work queued before it on the launching stream
+//    (cuda_emu.cpp, cudaGraphLaunch), so that its collectives meet the peers' in program order.
+//    Sends, receives and groups on a capturing stream are not emulated (ncclInvalidUsage).
 //  - Buffers are device memory: a host pointer is an error (ncclInvalidArgument), as on a GPU,
 //    where it would be a crash.
 //  - Groups: calls between ncclGroupStart and ncclGroupEnd are queued; at the outermost
@@ -49,6 +54,7 @@
 // FT_NCCL_EMU_TALLY names a file (one line per kind), so ft plan can be checked against them.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
+#include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
 
@@ -66,6 +72,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,6 +84,7 @@ namespace ft::emu {
 bool gpu_memory(const void* p, size_t n);
 bool valid_stream_handle(const void* s);
 bool stream_make_eager(const void* s);
+bool stream_record_collective(const void* s, std::function<void()> op);
 }  // namespace ft::emu
 
 struct ncclComm {
@@ -100,6 +108,8 @@ struct P2p {
   ncclComm* comm;
 };
 std::vector<P2p> g_p2p;  // sends and receives of the open group
+// The capturing stream the current call is recorded on (check_call), null when it runs.
+cudaStream_t g_recording = nullptr;
 
 // Bytes this process would have sent, by kind: all-reduce, reduce-scatter, all-gather,
 // broadcast, send.
@@ -190,14 +200,24 @@ ncclResult_t check_call(const char* what, ncclComm* comm, ncclDataType_t type, c
   if (!type_size(type)) return fail(ncclInvalidArgument, std::string(what) + ": bad data type");
   if (!ft::emu::valid_stream_handle(s))
     return fail(ncclInvalidArgument, std::string(what) + ": invalid stream");
-  if (!ft::emu::stream_make_eager(s))
-    return fail(ncclInvalidUsage, std::string(what) +
-                                      ": the stream is capturing (cudaStreamBeginCapture), which "
-                                      "the emulated NCCL does not support");
+  g_recording = nullptr;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &capture) != cudaSuccess ||
+      capture == cudaStreamCaptureStatusInvalidated)
+    return fail(ncclInvalidUsage, std::string(what) + ": the stream's capture is invalidated");
+  if (capture == cudaStreamCaptureStatusActive) {
+    if (g_group_depth > 0)
+      return fail(ncclInvalidUsage,
+                  std::string(what) + ": a group on a capturing stream (not emulated)");
+    g_recording = s;
+  } else if (!ft::emu::stream_make_eager(s)) {
+    return fail(ncclInvalidUsage, std::string(what) + ": the stream began capturing meanwhile");
+  }
   for (const auto& [p, bytes] : buffers)
     if (bytes && !ft::emu::gpu_memory(p, bytes))
       return fail(ncclInvalidArgument,
                   std::string(what) + ": a buffer is not device memory (a host pointer?)");
+  if (g_recording) return ncclSuccess;  // the hooks strike the launch's call (run_or_queue)
   maybe_stop(g_world_rank);
   return maybe_async_error(g_world_rank, comm, what);
 }
@@ -280,8 +300,26 @@ void combine(void* dst, const void* src, size_t n, ncclDataType_t type, ncclRedO
   }
 }
 
-// Runs now, or at the end of the open group.
-ncclResult_t run_or_queue(std::function<ncclResult_t()> f) {
+// The collective `f` of a call check_call passed, tallying `bytes` sent of kind `kind`: runs
+// now, or at the end of the open group, or (g_recording) at each launch of the graph being
+// captured. A launch's call is the call a GPU's graph makes: the test hooks strike it, an abort
+// ends it quietly (the watchdog reports; the graph goes on, as its kernels would end), and any
+// other failure is the launch's (raised at the stream's next synchronisation).
+ncclResult_t run_or_queue(int kind, int64_t bytes, ncclComm* comm, const char* what,
+                          std::function<ncclResult_t()> f) {
+  if (g_recording) {
+    const auto node = [=] {
+      g_sent[size_t(kind)] += bytes;
+      maybe_stop(g_world_rank);
+      if (maybe_async_error(g_world_rank, comm, what) != ncclSuccess || comm->aborted) return;
+      if (f() != ncclSuccess && !comm->aborted)
+        throw std::runtime_error(std::string("emulated NCCL, in a graph launch: ") + g_last_error);
+    };
+    if (!ft::emu::stream_record_collective(g_recording, node))
+      return fail(ncclInvalidUsage, std::string(what) + ": the capture refused the call");
+    return ncclSuccess;
+  }
+  g_sent[size_t(kind)] += bytes;
   if (g_group_depth > 0) {
     g_queued.push_back(std::move(f));
     return ncclSuccess;
@@ -312,6 +350,8 @@ ncclResult_t post_p2p(bool send, void* buf, size_t count, ncclDataType_t type, i
   const size_t bytes = count * type_size(type);
   const char* what = send ? "ncclSend" : "ncclRecv";
   if (auto r = check_call(what, comm, type, stream, {{buf, bytes}})) return r;
+  if (g_recording)
+    return fail(ncclInvalidUsage, std::string(what) + ": on a capturing stream (not emulated)");
   if (peer < 0 || peer >= comm->size || peer == comm->rank)
     return fail(ncclInvalidArgument, std::string(what) + ": bad peer");
   if (bytes > size_t(INT32_MAX)) return fail(ncclInvalidArgument, "emulated NCCL: too large");
@@ -467,16 +507,16 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
     return r;
   if (op != ncclSum && op != ncclMax)
     return fail(ncclInvalidArgument, "ncclAllReduce: emulated for ncclSum and ncclMax only");
-  g_sent[0] += 2 * int64_t(comm->size - 1) * int64_t(bytes) / comm->size;
-  return run_or_queue([=]() -> ncclResult_t {
-    std::vector<char> all;
-    if (auto r = gather_all(comm, send, bytes, all)) return r;
-    std::vector<char> acc(all.begin(), all.begin() + long(bytes));
-    for (int k = 1; k < comm->size; ++k)
-      combine(acc.data(), all.data() + size_t(k) * bytes, count, type, op);
-    std::memcpy(recv, acc.data(), bytes);
-    return ncclSuccess;
-  });
+  return run_or_queue(0, 2 * int64_t(comm->size - 1) * int64_t(bytes) / comm->size, comm,
+                      "ncclAllReduce", [=]() -> ncclResult_t {
+                        std::vector<char> all;
+                        if (auto r = gather_all(comm, send, bytes, all)) return r;
+                        std::vector<char> acc(all.begin(), all.begin() + long(bytes));
+                        for (int k = 1; k < comm->size; ++k)
+                          combine(acc.data(), all.data() + size_t(k) * bytes, count, type, op);
+                        std::memcpy(recv, acc.data(), bytes);
+                        return ncclSuccess;
+                      });
 }
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, ncclDataType_t type,
@@ -487,26 +527,29 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, n
     return r;
   if (op != ncclSum && op != ncclMax)
     return fail(ncclInvalidArgument, "ncclReduceScatter: emulated for ncclSum and ncclMax only");
-  g_sent[1] += int64_t(comm->size - 1) * int64_t(chunk);
-  return run_or_queue([=]() -> ncclResult_t {
-    // Rank k's chunk r goes to rank r; each rank sums what it got in rank order.
-    const size_t n = size_t(comm->size);
-    std::vector<char> got(chunk * n);
-    if (n == 1) {
-      std::memcpy(got.data(), send, chunk);
-    } else {
-      if (chunk > size_t(INT32_MAX)) return fail(ncclInvalidArgument, "emulated NCCL: too large");
-      std::vector<MPI_Request> req(1);
-      if (auto r = mpi_result(MPI_Ialltoall(send, int(chunk), MPI_BYTE, got.data(), int(chunk),
-                                            MPI_BYTE, comm->mpi, req.data()),
-                              "alltoall"))
-        return r;
-      if (auto r = wait_all(req, {comm}, "alltoall", {&got})) return r;
-    }
-    for (size_t k = 1; k < n; ++k) combine(got.data(), got.data() + k * chunk, recvcount, type, op);
-    std::memcpy(recv, got.data(), chunk);
-    return ncclSuccess;
-  });
+  return run_or_queue(
+      1, int64_t(comm->size - 1) * int64_t(chunk), comm, "ncclReduceScatter",
+      [=]() -> ncclResult_t {
+        // Rank k's chunk r goes to rank r; each rank sums what it got in rank order.
+        const size_t n = size_t(comm->size);
+        std::vector<char> got(chunk * n);
+        if (n == 1) {
+          std::memcpy(got.data(), send, chunk);
+        } else {
+          if (chunk > size_t(INT32_MAX))
+            return fail(ncclInvalidArgument, "emulated NCCL: too large");
+          std::vector<MPI_Request> req(1);
+          if (auto r = mpi_result(MPI_Ialltoall(send, int(chunk), MPI_BYTE, got.data(), int(chunk),
+                                                MPI_BYTE, comm->mpi, req.data()),
+                                  "alltoall"))
+            return r;
+          if (auto r = wait_all(req, {comm}, "alltoall", {&got})) return r;
+        }
+        for (size_t k = 1; k < n; ++k)
+          combine(got.data(), got.data() + k * chunk, recvcount, type, op);
+        std::memcpy(recv, got.data(), chunk);
+        return ncclSuccess;
+      });
 }
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclDataType_t type,
@@ -515,18 +558,20 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclD
   if (auto r = check_call("ncclAllGather", comm, type, stream,
                           {{send, chunk}, {recv, chunk * size_t(comm ? comm->size : 1)}}))
     return r;
-  g_sent[2] += int64_t(comm->size - 1) * int64_t(chunk);
-  return run_or_queue([=]() -> ncclResult_t {
-    // In place (send at this rank's place in recv) as well: gather from a copy.
-    std::vector<char> mine(static_cast<const char*>(send), static_cast<const char*>(send) + chunk);
-    std::vector<char> all;
-    if (auto r = gather_all(comm, mine.data(), chunk, all)) {
-      if (comm->aborted) g_orphans.push_back(std::move(mine));  // MPI may still read it
-      return r;
-    }
-    std::memcpy(recv, all.data(), all.size());
-    return ncclSuccess;
-  });
+  return run_or_queue(2, int64_t(comm->size - 1) * int64_t(chunk), comm, "ncclAllGather",
+                      [=]() -> ncclResult_t {
+                        // In place (send at this rank's place in recv) as well: gather from a copy.
+                        std::vector<char> mine(static_cast<const char*>(send),
+                                               static_cast<const char*>(send) + chunk);
+                        std::vector<char> all;
+                        if (auto r = gather_all(comm, mine.data(), chunk, all)) {
+                          if (comm->aborted)
+                            g_orphans.push_back(std::move(mine));  // MPI may still read it
+                          return r;
+                        }
+                        std::memcpy(recv, all.data(), all.size());
+                        return ncclSuccess;
+                      });
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
@@ -537,17 +582,17 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
                           {{is_root ? send : nullptr, is_root ? bytes : 0}, {recv, bytes}}))
     return r;
   if (root < 0 || root >= comm->size) return fail(ncclInvalidArgument, "ncclBroadcast: root");
-  if (comm->size > 1) g_sent[3] += int64_t(bytes);
-  return run_or_queue([=]() -> ncclResult_t {
-    if (is_root && send != recv) std::memmove(recv, send, bytes);
-    if (comm->size == 1) return ncclSuccess;
-    if (bytes > size_t(INT32_MAX)) return fail(ncclInvalidArgument, "emulated NCCL: too large");
-    std::vector<MPI_Request> req(1);
-    if (auto r = mpi_result(MPI_Ibcast(recv, int(bytes), MPI_BYTE, root, comm->mpi, req.data()),
-                            "bcast"))
-      return r;
-    return wait_all(req, {comm}, "bcast");
-  });
+  return run_or_queue(
+      3, comm->size > 1 ? int64_t(bytes) : 0, comm, "ncclBroadcast", [=]() -> ncclResult_t {
+        if (is_root && send != recv) std::memmove(recv, send, bytes);
+        if (comm->size == 1) return ncclSuccess;
+        if (bytes > size_t(INT32_MAX)) return fail(ncclInvalidArgument, "emulated NCCL: too large");
+        std::vector<MPI_Request> req(1);
+        if (auto r = mpi_result(MPI_Ibcast(recv, int(bytes), MPI_BYTE, root, comm->mpi, req.data()),
+                                "bcast"))
+          return r;
+        return wait_all(req, {comm}, "bcast");
+      });
 }
 
 ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer,

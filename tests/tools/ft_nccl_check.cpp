@@ -7,7 +7,8 @@
 // contract), random data, the results bit for bit (and equal to what one rank must give: its
 // own data). Then the stream order of a call's handle: a call reads its input after the work
 // queued before it on the caller's stream, and both wait() and wait_on(stream) order what
-// follows after the call. Last, that the collective watchdog reuses its CUDA events across calls.
+// follows after the call. Then that the collective watchdog reuses its CUDA events across calls,
+// and last a call recorded into a CUDA graph and launched three times.
 // send/recv need two ranks and are not checked here (the two-rank runs
 // of gpu_check.py's nccl stage use them only with a pipeline; they run none).
 //
@@ -17,6 +18,7 @@
 // reach it) and, as ft_nccl_check_emu (ctest cuda_emu_nccl_check), against the emulated NCCL.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -230,6 +232,47 @@ void stream_order(Device& dev, Communicator& nccl) {
   }
 }
 
+// A call on a stream that is recording a graph (FT_CUDA_GRAPHS; NCCL 2.9+, what ZeRO's
+// reducing micro-batch does): recorded, not made (its output untouched by the recording), then
+// made at each launch with the data its input holds then; the compute stream's wait for it
+// (wait_on) and a copy of its output after are in the graph too. After each launch the collective
+// watchdog watches it (watched_launch), and sees it complete.
+void recorded_in_graph(Device& dev, Communicator& nccl) {
+  const size_t n = 4096, bytes = n * 4;
+  DeviceBlock in(dev, bytes), out(dev, bytes), after(dev, bytes);
+  for (const DeviceBlock* b : {&in, &out, &after}) dev.memset_zero(b->ptr(), bytes);
+  dev.synchronize();
+  const std::vector<std::byte> zeros(bytes);
+  check(nccl.records_in_graphs(), "the NCCL communicator says it records calls into graphs");
+  void* graph = dev.graph_record([&] {
+    CommWork w =
+        nccl.all_gather(dev.stream(), CRef(in.ptr(), DType::kF32), Ref(out.ptr(), DType::kF32), n);
+    w.wait_on(dev.stream());
+    dev.copy(dev.stream(), after.ptr(), out.ptr(), bytes);
+  });
+  const bool untouched = out.download(bytes) == zeros && after.download(bytes) == zeros;
+  const NcclBackend& nb = *nccl_backend();
+  bool each = true, drained = true;
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<std::byte> x = random_values(DType::kF32, n);
+    in.upload(x);
+    nccl.watched_launch(dev.stream(), "graph_launch", [&] { dev.graph_launch(graph); });
+    each = each && after.download(bytes) == x;
+    drained = false;  // the watchdog polls every 10 ms; up to 10 s to see the launch complete
+    for (int t = 0; t < 10000 && !drained; ++t) {
+      drained = nb.watchdog_events().watched == 0;
+      if (!drained) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  dev.graph_destroy(graph);
+  check(
+      untouched && each && drained,
+      std::string("all_gather recorded into a graph: ") +
+          (untouched ? "not made while recording" : "MADE while recording") + ", " +
+          (each ? "made at each of 3 launches with that launch's input" : "NOT the launch's data") +
+          (drained ? "" : "; the watchdog never saw a launch complete"));
+}
+
 // The watchdog's events are reused (lib/comm/nccl_communicator.cpp): calls made one after
 // another, each seen complete by the watchdog before the next, create at most one event in all
 // (none once an earlier call's is free), where an event per call would create `calls`.
@@ -279,6 +322,7 @@ int main() {
     return 77;
   }
   try {
+    setenv("FT_CUDA_GRAPHS", "1", 1);  // recorded_in_graph records one
     std::unique_ptr<Device> dev = make_device("cuda");
     std::printf("     device: %s\n", dev->name().c_str());
     const NcclBackend* nb = nccl_backend();
@@ -304,6 +348,7 @@ int main() {
     stream_order(*dev, *world);
     stream_order(*dev, *part2);
     watchdog_reuses_events(*dev, *world);
+    recorded_in_graph(*dev, *world);
   } catch (const std::exception& e) {
     check(false, std::string("error: ") + e.what());
   }
