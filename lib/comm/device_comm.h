@@ -33,6 +33,11 @@ struct NcclBackend {
   NcclWatchdogEvents (*watchdog_events)();
 };
 void register_nccl_backend(const NcclBackend* backend);
+// Whether `ok` holds on every rank of `comm`, a device communicator (a collective: every rank
+// calls it at the same point): a max all-reduce of a failure flag through `flag`, one float of
+// `dev`'s memory made on first use, waited for by the host. For decisions every rank of a
+// device communicator must take alike (LlamaModel::train_micro_batch's graph recordings).
+bool all_ranks_ok(Device& dev, Communicator& comm, Buffer<float>& flag, bool ok);
 const NcclBackend* nccl_backend();  // null when the executable links none
 // Defined by ft_nccl (or ft_nccl_emu), for main to register.
 const NcclBackend& this_nccl_backend();

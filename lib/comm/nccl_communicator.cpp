@@ -510,7 +510,13 @@ class NcclCommunicator final : public Communicator {
     std::string label = call_label(what, ++g_call_seq, -1);
     const uint64_t id = dog.begin(label);
     device_wait_begin(label);  // the emulated NCCL makes the calls inside the launch
-    launch();
+    try {
+      launch();
+    } catch (...) {  // not launched: no longer watched
+      device_wait_end();
+      dog.returned(id, nullptr);
+      throw;
+    }
     dog.check_fired();  // aborted during the launch (the emulated NCCL's): that is the cause
     device_wait_end();
     dog.returned(id, static_cast<cudaStream_t>(s.handle));

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <vector>
 
+#include "comm/device_comm.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/kernels.h"
@@ -780,8 +781,9 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
 }
 
 bool LlamaModel::graph_eligible() const {
-  return dev_->graphs_enabled() && !graph_failed_ && tp_.size() == 1 && stage_.embed &&
-         stage_.head && !objective_ && flat_.micro_batch_replay() != GroupHooks::Replay::kNone &&
+  return dev_->graphs_enabled() && !graph_failed_ &&
+         (tp_.size() == 1 || tp_.comm()->records_in_graphs()) && stage_.embed && stage_.head &&
+         !objective_ && flat_.micro_batch_replay() != GroupHooks::Replay::kNone &&
          dev_->profile() == nullptr;
 }
 
@@ -817,10 +819,16 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
   MicroBatchGraph& g = graphs_[collectives ? 1 : 0];
   const auto launch = [&](bool recorded_now) {
     ++g.launches;
+    // With tensor ranks the graph holds their all-reduces: the watchdog watches the launch.
+    const auto run = [&] {
+      if (tp_.size() == 1) return dev_->graph_launch(g.exec);
+      tp_.comm()->watched_launch(dev_->stream(), "micro_batch_graph",
+                                 [&] { dev_->graph_launch(g.exec); });
+    };
     if (collectives) {
-      hooks->launch_collectives([&] { dev_->graph_launch(g.exec); }, g.ready_calls, recorded_now);
+      hooks->launch_collectives(run, g.ready_calls, recorded_now);
     } else {
-      dev_->graph_launch(g.exec);
+      run();
       flat_.make_ready_calls(g.ready_calls);
     }
     flat_.set_dequantized_group(g.dequantized_after);
@@ -835,6 +843,7 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
   }
   flat_.set_dequantized_group(-1);  // the graph dequantizes whatever it uses (QLoRA)
   std::vector<int> ready_calls;
+  std::string failure;
   try {
     struct Logged {  // the hooks' grads_ready calls logged while recording, however it ends
       FlatParams& flat;
@@ -848,17 +857,32 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
       if (collectives) hooks->join_recorded();
     });
   } catch (const Error& e) {
-    // Nothing recorded ran: the micro-batch runs op by op, and so does the rest of the run. The
-    // pass may have stopped between a quantized group's acquire and release; the hooks' calls
-    // made while recording are undone. (Any other exception ends the run; graph_record has
-    // cancelled the recording.)
+    // The pass may have stopped between a quantized group's acquire and release. (Any other
+    // exception ends the run; graph_record has cancelled the recording.)
     flat_.reset_quantized_holds();
+    failure = e.what();
+  }
+  // Ranks whose collectives the graphs hold all launch them or none does (agree_recorded):
+  // the data group's through the hooks, then the tensor group's, each called on every rank.
+  bool ok = failure.empty();
+  if (hooks) ok = hooks->agree_recorded(ok);
+  if (tp_.size() > 1 && tp_.comm()->records_in_graphs())
+    ok = all_ranks_ok(*dev_, *tp_.comm(), agree_flag_, ok);
+  if (!ok) {
+    // Nothing recorded ran: the micro-batch runs op by op, and so does the rest of the run; the
+    // hooks' calls made while recording are undone.
+    drop_graph(g);
     if (collectives) hooks->recording_failed();
     graph_failed_ = true;
-    log_warn(
-        "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on "
-        "without graphs: ",
-        e.what());
+    if (!failure.empty())
+      log_warn(
+          "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on "
+          "without graphs: ",
+          failure);
+    else
+      log_warn(
+          "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed on another rank, so the "
+          "run goes on without graphs");
     return eager();
   }
   g.shape = shape;

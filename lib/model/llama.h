@@ -157,9 +157,9 @@ class LlamaModel final : public PipelineStage {
                     int B, int T, float token_weight, bool backward, const int32_t* seg,
                     uint64_t first_sample);
   void forward_compute(CRef x_in, bool backward, float token_weight, const uint8_t* host_mask);
-  // Whether a training micro-batch may run as a recorded graph: a device with graphs, one stage
-  // and one tensor rank, hooks that allow it (FlatParams::micro_batch_replay), no row objective,
-  // no profile.
+  // Whether a training micro-batch may run as a recorded graph: a device with graphs, one stage,
+  // one tensor rank or a tensor group whose communicator records its all-reduces into graphs
+  // (NCCL), hooks that allow it (FlatParams::micro_batch_replay), no row objective, no profile.
   bool graph_eligible() const;
   void layer_forward(int l, int B, int T);
   void layer_backward(int l, int B, int T);
@@ -217,6 +217,7 @@ class LlamaModel final : public PipelineStage {
   };
   MicroBatchGraph graphs_[2];  // [0]: kHostOnly, [1]: kCollectives
   bool graph_failed_ = false;  // a recording failed: the run goes on without graphs
+  Buffer<float> agree_flag_;   // all_ranks_ok's, over the tensor group
   void drop_graph(MicroBatchGraph& g);
 };
 

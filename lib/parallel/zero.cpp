@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "comm/device_comm.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -1016,24 +1017,33 @@ void ZeroSharding::recording_failed() {
   reduced_ = recording_.reduced;
 }
 
+bool ZeroSharding::agree_recorded(bool ok) {
+  if (D_ == 1 || !comm_.records_in_graphs()) return ok;
+  return all_ranks_ok(*dev_, comm_, agree_, ok);
+}
+
 void ZeroSharding::launch_collectives(const std::function<void()>& launch,
                                       const std::vector<int>& groups, bool recorded_now) {
-  comm_.watched_launch(dev_->stream(), "micro_batch_graph", launch);
+  // The host's part, checked before the launch: the graph reduces what its recording reduced,
+  // so the same groups must be final now (else the graph would reduce a partial gradient).
+  std::vector<int> count = ready_count_;
+  std::vector<bool> reduced = reduced_;
   if (!recorded_now)
     for (const int group : groups) {
       const size_t g = size_t(group);
       if (!trains_[g]) continue;
-      const bool last = ++ready_count_[g] == micro_batches_;
-      FT_CHECK(ready_count_[g] <= micro_batches_, "ZeRO: group ", group,
-               "'s gradient reported complete ", ready_count_[g], " times in a step of ",
-               micro_batches_, " micro-batches");
-      // The graph reduces what its recording reduced: the same groups must be final now.
+      const bool last = ++count[g] == micro_batches_;
+      FT_CHECK(count[g] <= micro_batches_, "ZeRO: group ", group, "'s gradient reported complete ",
+               count[g], " times in a step of ", micro_batches_, " micro-batches");
       const bool reduces = last && D_ > 1 && opt_.overlap && numel_[g];
-      FT_CHECK(reduces == bool(graph_reduces_[g]) && !reduced_[g], "ZeRO: group ", group,
-               "'s reduction in the replayed micro-batch graph does not match the step (",
-               ready_count_[g], " of ", micro_batches_, " micro-batches)");
-      if (reduces) reduced_[g] = true;
+      FT_CHECK(reduces == bool(graph_reduces_[g]) && !reduced[g], "ZeRO: group ", group,
+               "'s reduction in the micro-batch graph does not match the step (", count[g], " of ",
+               micro_batches_, " micro-batches)");
+      if (reduces) reduced[g] = true;
     }
+  comm_.watched_launch(dev_->stream(), "micro_batch_graph", launch);
+  ready_count_ = std::move(count);
+  reduced_ = std::move(reduced);
 }
 
 void ZeroSharding::grads_ready(int group) {

@@ -201,6 +201,7 @@ class ZeroSharding final : public GroupHooks {
   void begin_recording() override;
   void join_recorded() override;
   void recording_failed() override;
+  bool agree_recorded(bool ok) override;
   void launch_collectives(const std::function<void()>& launch, const std::vector<int>& groups,
                           bool recorded_now) override;
 
@@ -346,6 +347,7 @@ class ZeroSharding final : public GroupHooks {
   std::vector<bool> update_pending_;
   bool grads_zeroed_ = false;
   Buffer<double> sumsq_;  // (1) the squared gradient norm being summed
+  Buffer<float> agree_;   // (1) agree_recorded's flag
 };
 
 }  // namespace ft

@@ -27,19 +27,21 @@
 #    recorded and replayed (the hooks only count it on the host: GroupHooks::Replay::kHostOnly),
 #    and so is the second, whose gradients overlap_comm all-reduces during its backward, in a
 #    graph of its own with the emulated NCCL's all-reduces inside (kCollectives); at ZeRO 1 in
-#    bf16 without overlap_comm one graph serves both; at ZeRO 1 with one micro-batch a step each
-#    is a step's last (each rank's recordings and launches counted from the run's closing
-#    count). Planted: the launches not making the hooks' grads_ready calls keeps the bits (the
+#    bf16 without overlap_comm one graph serves both; at ZeRO 1 with LoRA and one micro-batch a
+#    step each is a step's last (each rank's recordings and launches counted from the run's
+#    closing count). Planted: the launches not making the hooks' grads_ready calls keeps the bits (the
 #    reductions then run after the backward) but ZeroSharding's warning of an unreported
 #    gradient fires, which fails `pair`; the calls made while recording as well as after the
 #    launch counts the recorded micro-batch twice, reduces its partial gradient early, and the
 #    grad norms differ; so do the all-reduces not made at a launch; the reducing micro-batch's
 #    host part skipped after a launch makes the warning fire; its recording not joined fails
 #    (cudaErrorStreamCaptureUnjoined) and the counts go wrong;
+#  - two tensor ranks: their all-reduces (every layer's, the loss's) recorded into the graph;
 #  - recordings that fail (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail: the emulation refuses every
 #    instantiation) are cancelled with a warning each, and QLoRA's run goes on op by op with the
-#    same bits; so does a two-rank run whose failed recording held its all-reduces (the counts
-#    restored: planted, not restoring them is an internal error).
+#    same bits; so does a two-rank run whose recording with its all-reduces fails on one rank
+#    only (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail@1): the ranks agree, both undo the recorded calls
+#    and go on op by op (planted: the counts not restored is an internal error).
 #   bash tests/cli/test_cuda_emu_graphs.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 need_emu
@@ -124,23 +126,34 @@ ranks2() {
 # Eight steps of two micro-batches: with overlap_comm each rank records the first and the second
 # of step 2 (the second with its all-reduces) and launches both in steps 2-8 (14); without it the
 # one graph serves every micro-batch from step 1's second (15). One micro-batch a step: each is
-# a step's last, recorded with its all-reduces at step 2 and launched in steps 2-8 (7).
-pair zero0_ranks2_accum 4 2 training.global_batch_size=8 --nproc 2
+# a step's last, recorded with its all-reduces at step 2 and launched in steps 2-8 (7), here
+# with LoRA (the frozen base groups report nothing). Buckets of 1 KiB: a group's all-reduce in
+# several calls.
+pair zero0_ranks2_accum 4 2 training.global_batch_size=8 parallel.reduce_bucket_mb=0.0009765625 \
+  --nproc 2
 ranks2 zero0_ranks2_accum 2 14
 [ "$(grep -c 'micro-batch .* with its all-reduces recorded as a graph' "$tmp/zero0_ranks2_accum.1.log")" = 2 ] \
   || fail "zero0_ranks2_accum: the reducing micro-batch was not recorded with its all-reduces on both ranks"
 pair zero1_ranks2_no_overlap_bf16 2 2 training.global_batch_size=8 parallel.zero_stage=1 \
   parallel.overlap_comm=false training.precision=bf16 --nproc 2
 ranks2 zero1_ranks2_no_overlap_bf16 1 15
-pair zero1_ranks2 2 2 parallel.zero_stage=1 --nproc 2
+pair zero1_ranks2 2 2 parallel.zero_stage=1 adapter.type=lora adapter.r=4 --nproc 2
 ranks2 zero1_ranks2 1 7
+# Two tensor ranks (their all-reduces in every layer recorded into the graph), two micro-batches a
+# step: one graph a rank from step 1's second micro-batch (15 launches).
+pair tp2 2 2 parallel.tensor=2 model.vocab_size=98 --nproc 2
+ranks2 tp2 1 15
 FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused 0 0 adapter.type=qlora adapter.r=4
 grep -q "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on without graphs: .*cudaGraphInstantiate" \
   "$tmp/refused.1.log" || fail "refused: no warning naming the failed instantiation: $(grep -m2 FT_CUDA_GRAPHS "$tmp/refused.1.log")"
 grep -q "FT_CUDA_GRAPHS: recording the optimizer step as a graph failed, so it runs op by op: .*cudaGraphInstantiate" \
   "$tmp/refused.1.log" || fail "refused: no warning naming the optimizer step's failed instantiation"
-# A failed recording of the micro-batch with its all-reduces: its calls undone, it runs op by op.
-FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused_ranks2 0 0 parallel.zero_stage=1 --nproc 2
-[ "$(grep -c 'recording the micro-batch as a graph failed' "$tmp/refused_ranks2.1.log")" = 2 ] \
-  || fail "refused_ranks2: not one failed recording on each rank"
+# A recording of the micro-batch with its all-reduces that fails on rank 1 only: both ranks undo
+# its calls and go on op by op (rank 0's graph dropped: the ranks agree), with the same bits;
+# rank 1's optimizer step runs op by op, rank 0's from its graph.
+FT_CUDA_EMU_GRAPH_INSTANTIATE=fail@1 pair refused_rank1 0 1 parallel.zero_stage=1 --nproc 2
+grep -q '^\[rank 1 .*recording the micro-batch as a graph failed, so the run goes on without graphs: .*cudaGraphInstantiate' \
+  "$tmp/refused_rank1.1.log" || fail "refused_rank1: rank 1 does not say why its recording failed"
+grep -q '^[^[].*recording the micro-batch as a graph failed on another rank' \
+  "$tmp/refused_rank1.1.log" || fail "refused_rank1: rank 0 does not drop its graph for rank 1's failure"
 echo "ok: graphs replay the bits of launching op by op"

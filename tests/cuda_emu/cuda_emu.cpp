@@ -2004,9 +2004,15 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
   std::lock_guard<std::recursive_mutex> lock(ft::emu::stream_mutex());
   if (!graphs().count(graph)) return fail(cudaErrorInvalidValue);
   // FT_CUDA_EMU_GRAPH_INSTANTIATE=fail: every instantiation fails, as a graph the driver cannot
-  // instantiate would, so that a caller's way back to launching op by op runs in tests.
-  if (const char* v = std::getenv("FT_CUDA_EMU_GRAPH_INSTANTIATE"); v && std::string(v) == "fail")
-    return fail(cudaErrorNotSupported);
+  // instantiate would, so that a caller's way back to launching op by op runs in tests;
+  // fail@R: only in the process of MPI world rank R (OMPI_COMM_WORLD_RANK or PMI_RANK).
+  if (const char* v = std::getenv("FT_CUDA_EMU_GRAPH_INSTANTIATE")) {
+    const std::string mode = v;
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (!rank) rank = std::getenv("PMI_RANK");
+    if (mode == "fail" || (rank && mode == "fail@" + std::string(rank)))
+      return fail(cudaErrorNotSupported);
+  }
   auto* e = new CUgraphExec_st{graph->nodes, graph->collectives};
   graph_execs().insert(e);
   *pGraphExec = e;

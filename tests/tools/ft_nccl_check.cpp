@@ -240,7 +240,8 @@ void stream_order(Device& dev, Communicator& nccl) {
 void recorded_in_graph(Device& dev, Communicator& nccl) {
   const size_t n = 4096, bytes = n * 4;
   DeviceBlock in(dev, bytes), out(dev, bytes), after(dev, bytes);
-  for (const DeviceBlock* b : {&in, &out, &after}) dev.memset_zero(b->ptr(), bytes);
+  in.upload(random_values(DType::kF32, n));  // a call made while recording would copy it
+  for (const DeviceBlock* b : {&out, &after}) dev.memset_zero(b->ptr(), bytes);
   dev.synchronize();
   const std::vector<std::byte> zeros(bytes);
   check(nccl.records_in_graphs(), "the NCCL communicator says it records calls into graphs");
@@ -252,11 +253,14 @@ void recorded_in_graph(Device& dev, Communicator& nccl) {
   });
   const bool untouched = out.download(bytes) == zeros && after.download(bytes) == zeros;
   const NcclBackend& nb = *nccl_backend();
-  bool each = true, drained = true;
+  bool each = true, drained = true, watched = true;
   for (int i = 0; i < 3; ++i) {
     const std::vector<std::byte> x = random_values(DType::kF32, n);
     in.upload(x);
-    nccl.watched_launch(dev.stream(), "graph_launch", [&] { dev.graph_launch(graph); });
+    nccl.watched_launch(dev.stream(), "graph_launch", [&] {
+      watched = watched && nb.watchdog_events().watched > 0;  // registered before the launch
+      dev.graph_launch(graph);
+    });
     each = each && after.download(bytes) == x;
     drained = false;  // the watchdog polls every 10 ms; up to 10 s to see the launch complete
     for (int t = 0; t < 10000 && !drained; ++t) {
@@ -266,10 +270,11 @@ void recorded_in_graph(Device& dev, Communicator& nccl) {
   }
   dev.graph_destroy(graph);
   check(
-      untouched && each && drained,
+      untouched && each && drained && watched,
       std::string("all_gather recorded into a graph: ") +
           (untouched ? "not made while recording" : "MADE while recording") + ", " +
           (each ? "made at each of 3 launches with that launch's input" : "NOT the launch's data") +
+          (watched ? "" : "; a launch was not watched") +
           (drained ? "" : "; the watchdog never saw a launch complete"));
 }
 
