@@ -194,7 +194,7 @@ ATTENTION_SHAPES = [(4, 32, 8, 2048, 64), (2, 32, 8, 2048, 128), (1, 32, 8, 8192
 # Sized at about twice the stage's expected time on an H100 or more (the docstring's estimates),
 # and so that each suggested split's limits add up to at most 570 s: a 10-minute command ends
 # even when every stage of it hangs.
-LIMITS = dict(env=30, kernels=150, ops=120, lt_gemm=60, device=30, nccl=120, memcheck=570,
+LIMITS = dict(env=30, kernels=150, ops=120, lt_gemm=60, device=30, nccl=180, memcheck=570,
               racecheck=570, fp32_vs_cpu=60, bf16_vs_cpu=60, packing=60, generate=150,
               determinism=60, attention=90,
               bench=150, torch=90, torch_compile=210, profile=120, gemm_algos=90,
@@ -425,7 +425,8 @@ def nccl_version(text):
 def nccl_stage(chk, B, ft, data, work, device):
     """One rank through NCCL (tests/ft_nccl_check); with NCCL 2.30 or newer and an mpirun, data
     2 and tensor 2 as two ranks on the one GPU against one rank (rows nccl, nccl_dp2,
-    nccl_tp2)."""
+    nccl_tp2), and each again with FT_CUDA_GRAPHS=1 against itself without (nccl_dp2_graphs,
+    nccl_tp2_graphs: the same bits)."""
     tool = os.path.join(B, "tests", "ft_nccl_check")
     folder, how = find_nccl()
     env = dict(os.environ)
@@ -484,15 +485,23 @@ def nccl_stage(chk, B, ft, data, work, device):
     args = [mpirun, "-np", "2", "--oversubscribe"]
     if os.getuid() == 0:
         args.append("--allow-run-as-root")
-    env2 = dict(env, NCCL_MULTI_RANK_GPU_ENABLE="1")
-    for v in ("NCCL_MULTI_RANK_GPU_ENABLE", "LD_LIBRARY_PATH"):
+    env2 = dict(env, NCCL_MULTI_RANK_GPU_ENABLE="1", FT_CUDA_GRAPHS="0")
+    for v in ("NCCL_MULTI_RANK_GPU_ENABLE", "LD_LIBRARY_PATH", "FT_CUDA_GRAPHS"):
         args += ["-x", v]
     compare_py = os.path.join(B, "tests", "cli", "compare_metrics.py")
-    for name, override in (("nccl_dp2", "parallel.tensor=1"), ("nccl_tp2", "parallel.tensor=2")):
+    # Then each again with FT_CUDA_GRAPHS=1: data 2's micro-batch (a step's last) recorded with
+    # its NCCL all-reduces, tensor 2's with the tensor all-reduces; the same bits as without.
+    for name, override in (("nccl_dp2", "parallel.tensor=1"), ("nccl_tp2", "parallel.tensor=2"),
+                           ("nccl_dp2_graphs", "parallel.tensor=1"),
+                           ("nccl_tp2_graphs", "parallel.tensor=2")):
         out = os.path.join(run_dir, name)
+        graphs = name.endswith("_graphs")
+        if graphs and dry:
+            continue
         rc, text = chk.run(name, args + [ft] + common + [
             f"run.output_dir={out}", f"logging.metrics={os.path.join(out, 'metrics.jsonl')}",
-            f"runtime.communicator={comm}", override], 300, env=env2)
+            f"runtime.communicator={comm}", override], 300,
+            env=dict(env2, FT_CUDA_GRAPHS="1") if graphs else env2)
         if rc:
             chk.record(name, "FAIL", f"two ranks ({mpi_version}): exit {rc}: see "
                        f"{chk.log(name)}")
@@ -501,6 +510,23 @@ def nccl_stage(chk, B, ft, data, work, device):
                                                                "ranks:")]
         if not dry and not any(": nccl 2." in l for l in header):
             chk.record(name, "FAIL", f"the run did not use NCCL: {header or 'no header line'}")
+            continue
+        if graphs:
+            recorded = [l for l in text.splitlines() if "recorded as a graph" in l
+                        and "micro-batch" in l]
+            want = "with its all-reduces" if name == "nccl_dp2_graphs" else ""
+            if len(recorded) != 2 or any(want not in l for l in recorded):
+                chk.record(name, "FAIL", "expected one micro-batch recording a rank"
+                           + (" with its all-reduces" if want else "") + f": {recorded}")
+                continue
+            rc, cmp = chk.run(name + "_compare", [
+                sys.executable, compare_py, out, os.path.join(run_dir, name[:-len("_graphs")]),
+                "--loss-rel", "0", "--norm-rel", "0", "--step1-loss-rel", "0",
+                "--step1-norm-rel", "0", "--min-entries", "20"], 60)
+            worst = "; ".join(l.strip() for l in cmp.splitlines() if l.strip())[-300:]
+            chk.record(name, "PASS" if rc == 0 else "FAIL",
+                       f"{'data' if 'dp2' in name else 'tensor'} 2 with FT_CUDA_GRAPHS=1 "
+                       f"(NCCL's calls inside the graph) against the same run without: {worst}")
             continue
         rc, cmp = chk.run(name + "_compare", [sys.executable, compare_py, out,
                                               os.path.join(run_dir, "one"), "--loss-rel", "1e-4",
