@@ -25,8 +25,10 @@ Checks, in order (each PASS, FAIL or SKIP with a reason; a failure does not stop
                ft train of the tiny model on runtime.communicator=nccl as data 2 and as tensor 2,
                two ranks on the one GPU, against one rank (tests/cli/compare_metrics.py, fp32
                without TF32, losses 1e-4 and gradient norms 1e-3 relative); else the row says
-               which of the two was missing and that the two-rank runs were skipped. Limit 120 s
-               (estimate: 40 s, not measured)
+               which of the two was missing and that the two-rank runs were skipped; then each
+               of the two again with FT_CUDA_GRAPHS=1 against itself without (data 2's micro-
+               batch recorded with its NCCL all-reduces, tensor 2's with the tensor ones; the
+               same bits). Limit 180 s (estimate: 60 s, not measured)
   memcheck     compute-sanitizer --tool memcheck over the kernel tests
   racecheck    compute-sanitizer --tool racecheck over the kernel tests
   fp32_vs_cpu  50 steps on the GPU and on the CPU, fp32: losses within 1e-4 relative
@@ -110,9 +112,9 @@ startup per ft run and 20-30 s of import and model building per PyTorch run, 1-2
 torch.compile — not measured as a whole):
   --only env,attention,bench,torch,torch_compile            limits 570 s, about 4 min
   --only profile,bench_long,bench_8b                        limits 450 s, about 2 min
-  --only env,device,nccl                                    limits 180 s, about 1 min
-    (issue 17's point 6 alone: FT_LEASE_NCU=0 bash scripts/gpu_lease.sh 240 env,device,nccl;
-    nccl also fits beside the second line, 570 s)
+  --only env,device,nccl                                    limits 240 s, about 1.5 min
+    (issue 17's point 6 alone: FT_LEASE_NCU=0 bash scripts/gpu_lease.sh 300 env,device,nccl;
+    nccl no longer fits beside the second line: 630 s)
   --only env,kernels,ops,lt_gemm,device,fp32_vs_cpu,bf16_vs_cpu,determinism
                                                             limits 570 s, about 3 min
   --only env,packing,generate                               limits 240 s, about 1 min

@@ -819,9 +819,10 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
   MicroBatchGraph& g = graphs_[collectives ? 1 : 0];
   const auto launch = [&](bool recorded_now) {
     ++g.launches;
-    // With tensor ranks the graph holds their all-reduces: the watchdog watches the launch.
+    // With tensor ranks the graph holds their all-reduces: the watchdog watches the launch
+    // (through the data group where that does already: one watch a launch).
     const auto run = [&] {
-      if (tp_.size() == 1) return dev_->graph_launch(g.exec);
+      if (tp_.size() == 1 || collectives) return dev_->graph_launch(g.exec);
       tp_.comm()->watched_launch(dev_->stream(), "micro_batch_graph",
                                  [&] { dev_->graph_launch(g.exec); });
     };
@@ -834,7 +835,13 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
     flat_.set_dequantized_group(g.dequantized_after);
   };
   const MicroBatchGraph::Shape shape{B, T, seg != nullptr};
-  if (g.exec && (g.shape != shape || g.epoch != dev_->graph_epoch())) drop_graph(g);
+  // A recording after a warm-up comes at the same micro-batch on every rank (the same shapes and
+  // counts); one because the epoch moved comes on this rank alone (its own allocator's frees).
+  bool again = false;
+  if (g.exec && (g.shape != shape || g.epoch != dev_->graph_epoch())) {
+    again = g.shape == shape;
+    drop_graph(g);
+  }
   if (g.exec) return launch(/*recorded_now=*/false);
   if (g.warm != shape) {
     eager();
@@ -863,15 +870,32 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
     failure = e.what();
   }
   // Ranks whose collectives the graphs hold all launch them or none does (agree_recorded):
-  // the data group's through the hooks, then the tensor group's, each called on every rank.
+  // the data group's through the hooks, then the tensor group's, each called on every rank. A
+  // recording made again on this rank alone cannot be agreed on (the others make no such call):
+  // where it fails, this rank cannot go on op by op alone, and the run ends.
+  const bool tp_records = tp_.size() > 1 && tp_.comm()->records_in_graphs();
   bool ok = failure.empty();
-  if (hooks) ok = hooks->agree_recorded(ok);
-  if (tp_.size() > 1 && tp_.comm()->records_in_graphs())
-    ok = all_ranks_ok(*dev_, *tp_.comm(), agree_flag_, ok);
+  if (again) {
+    if (!ok && (tp_records || (hooks && hooks->peers_record()))) {
+      if (collectives) hooks->recording_failed();
+      throw Error(detail::concat(
+          "FT_CUDA_GRAPHS: recording the micro-batch again (a buffer its graph used was freed) "
+          "failed on this rank: ",
+          failure,
+          "; the other ranks launch the collectives it meets from their graphs, which this rank "
+          "cannot join op by op, so the run ends (resume it with FT_CUDA_GRAPHS=0)"));
+    }
+  } else {
+    if (hooks) ok = hooks->agree_recorded(ok);
+    if (tp_records) ok = all_ranks_ok(*dev_, *tp_.comm(), agree_flag_, ok);
+  }
   if (!ok) {
     // Nothing recorded ran: the micro-batch runs op by op, and so does the rest of the run; the
-    // hooks' calls made while recording are undone.
+    // hooks' calls made while recording are undone, and so is the host's belief about the
+    // dequantized group (a recording that succeeded here left its end value; the buffer holds
+    // what ran last).
     drop_graph(g);
+    flat_.set_dequantized_group(-1);
     if (collectives) hooks->recording_failed();
     graph_failed_ = true;
     if (!failure.empty())

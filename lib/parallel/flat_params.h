@@ -105,11 +105,14 @@ class GroupHooks {
   virtual void begin_recording() {}
   virtual void join_recorded() {}
   virtual void recording_failed() {}
-  // After each recording attempt (any kind), on every rank at the same micro-batch: whether
-  // `ok` holds on every rank whose collectives such graphs hold (a collective where the
-  // communicator records into graphs), so that all of them launch graphs or none does: ranks
-  // that made the same all-reduces, some from graphs and some op by op, would pass NCCL buffers
-  // registered by graph capture on some ranks only, which NCCL leaves undefined.
+  // Whether other ranks' graphs may hold collectives this rank's calls meet (a data group over
+  // a communicator that records into graphs): then a rank may not fall back to op by op alone,
+  // since ranks that made the same all-reduces, some from graphs and some op by op, would pass
+  // NCCL buffers registered by graph capture on some ranks only, which NCCL leaves undefined.
+  // agree_recorded: after a recording attempt made on every rank at the same micro-batch,
+  // whether `ok` holds on all of them (a collective where peers_record), so that all launch
+  // graphs or none does.
+  virtual bool peers_record() const { return false; }
   virtual bool agree_recorded(bool ok) { return ok; }
   virtual void launch_collectives(const std::function<void()>& launch,
                                   const std::vector<int>& groups, bool recorded_now) {

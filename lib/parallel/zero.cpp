@@ -987,13 +987,24 @@ GroupHooks::Replay ZeroSharding::micro_batch_replay() const {
   if (D_ > 1 && opt_.overlap)
     for (size_t g = 0; g < ready_count_.size(); ++g)
       if (trains_[g] && numel_[g] && ready_count_[g] + 1 >= micro_batches_)
-        return opt_.reduce_dtype == DType::kF32 && !nan_pending_ && comm_.records_in_graphs()
-                   ? Replay::kCollectives
-                   : Replay::kNone;
+        return opt_.reduce_dtype == DType::kF32 && comm_.records_in_graphs() ? Replay::kCollectives
+                                                                             : Replay::kNone;
   return Replay::kHostOnly;
 }
 
-void ZeroSharding::begin_recording() { recording_ = {ready_count_, reduced_, reducing_.size()}; }
+void ZeroSharding::inject_nan_before_graph() {
+  // Into the gradient the micro-batch adds to, before it: the NaN stays, as if written just
+  // before the reductions (the graph cannot copy from the host while it records or runs).
+  for (size_t g = 0; g < numel_.size() && nan_pending_; ++g)
+    if (trains_[g]) maybe_inject_nan(int(g), flat_.grads()[g].data());
+}
+
+void ZeroSharding::begin_recording() {
+  inject_nan_before_graph();
+  recording_ = {ready_count_, reduced_, reducing_.size()};
+}
+
+bool ZeroSharding::peers_record() const { return D_ > 1 && comm_.records_in_graphs(); }
 
 void ZeroSharding::join_recorded() {
   // The compute stream after the recorded all-reduces, inside the graph: finish_backward finds
@@ -1018,8 +1029,7 @@ void ZeroSharding::recording_failed() {
 }
 
 bool ZeroSharding::agree_recorded(bool ok) {
-  if (D_ == 1 || !comm_.records_in_graphs()) return ok;
-  return all_ranks_ok(*dev_, comm_, agree_, ok);
+  return peers_record() ? all_ranks_ok(*dev_, comm_, agree_, ok) : ok;
 }
 
 void ZeroSharding::launch_collectives(const std::function<void()>& launch,
@@ -1041,6 +1051,7 @@ void ZeroSharding::launch_collectives(const std::function<void()>& launch,
                micro_batches_, " micro-batches)");
       if (reduces) reduced[g] = true;
     }
+  inject_nan_before_graph();
   comm_.watched_launch(dev_->stream(), "micro_batch_graph", launch);
   ready_count_ = std::move(count);
   reduced_ = std::move(reduced);

@@ -195,12 +195,13 @@ class ZeroSharding final : public GroupHooks {
   // reduces it there (grads_ready): the micro-batches of a step but its last, or every one
   // without overlap_comm (the test NaN goes in with the reductions, never during these);
   // kCollectives for the one that reduces, where the data group's communicator records its
-  // all-reduces (NCCL), in fp32 (reduce_dtype bf16 converts through buffers made per call) and
-  // with no test NaN pending.
+  // all-reduces (NCCL), in fp32 (reduce_dtype bf16 converts through buffers made per call); a
+  // test NaN pending then goes into the gradient before the micro-batch, not while it reduces.
   Replay micro_batch_replay() const override;
   void begin_recording() override;
   void join_recorded() override;
   void recording_failed() override;
+  bool peers_record() const override;
   bool agree_recorded(bool ok) override;
   void launch_collectives(const std::function<void()>& launch, const std::vector<int>& groups,
                           bool recorded_now) override;
@@ -234,6 +235,7 @@ class ZeroSharding final : public GroupHooks {
   bool shared(int g) const;  // held by two pipeline stages (share_group)
   void drop_prefetches();
   void maybe_inject_nan(int g, float* grad);  // test support, see inject_nan_grad_for_test
+  void inject_nan_before_graph();             // the same, before a kCollectives micro-batch
   int stage_;
   FlatParams& flat_;  // the model's parameters
   Communicator& comm_;

@@ -334,16 +334,19 @@ namespace {
 // Test support: FT_TEST_FAIL_RANK=r fails world rank r at step 3, to test that the other ranks
 // are stopped rather than left waiting in a collective; FT_TEST_KILL_AT_STEP=N[:r] sends
 // SIGKILL to world rank r (default: every rank) when it begins step N, to test resuming after
-// a crash. FT_TEST_STEP_SLEEP_MS=M sleeps M ms before each step, so that a run the tests keep
-// training in the background (a folder's lock holder, a signal's target) leaves the CPU to the
-// processes they check on a 2-core host.
-void crash_test_hooks(int64_t step, int rank) {
+// a crash, once its save in flight is durable (an asynchronous save of an earlier step may
+// otherwise still be writing on a loaded host, and which checkpoint the resume finds would
+// depend on the timing). FT_TEST_STEP_SLEEP_MS=M sleeps M ms before each step, so that a run the
+// tests keep training in the background (a folder's lock holder, a signal's target) leaves the CPU
+// to the processes they check on a 2-core host.
+void crash_test_hooks(int64_t step, int rank, Checkpoints& ckpts) {
   if (const char* ms = std::getenv("FT_TEST_STEP_SLEEP_MS"))
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
   if (const char* fail_rank = std::getenv("FT_TEST_FAIL_RANK"))
     if (std::atoi(fail_rank) == rank && step == 3)
       throw Error("injected failure (FT_TEST_FAIL_RANK) at step 3");
   if (test_hook_fires("FT_TEST_KILL_AT_STEP", step, rank)) {
+    ckpts.wait(step - 1);
     std::fflush(stdout);
     std::raise(SIGKILL);
   }
@@ -605,7 +608,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
   for (int64_t s = at.step; !sum.preempted && s < r.training.steps; ++s) {
     const int64_t step = s + 1;  // as people read it: progress, metrics, messages, checkpoints
     const bool last = step == r.training.steps;
-    crash_test_hooks(step, comm.rank());
+    crash_test_hooks(step, comm.rank(), ckpts);
     if (s == at.step) sum.time_to_first_step_s = seconds_since_process_start();
     // FT_PROFILE: only the steps' ops count (not evaluation, saving or initialisation), and
     // not the process's first step when more follow: its one-off costs (kernel modules loaded

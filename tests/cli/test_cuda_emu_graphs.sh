@@ -127,8 +127,10 @@ ranks2() {
 # of step 2 (the second with its all-reduces) and launches both in steps 2-8 (14); without it the
 # one graph serves every micro-batch from step 1's second (15). One micro-batch a step: each is
 # a step's last, recorded with its all-reduces at step 2 and launched in steps 2-8 (7), here
-# with LoRA (the frozen base groups report nothing). Buckets of 1 KiB: a group's all-reduce in
-# several calls.
+# with LoRA (the frozen base groups report nothing) in fp16, with a NaN in rank 1's gradient at
+# step 3 (FT_TEST_NAN_GRAD_AT_STEP=3:1: the step skipped on both ranks, rank 1's micro-batch
+# still launched: the kind of micro-batch is the same on every rank). Buckets of 1 KiB: a
+# group's all-reduce in several calls.
 pair zero0_ranks2_accum 4 2 training.global_batch_size=8 parallel.reduce_bucket_mb=0.0009765625 \
   --nproc 2
 ranks2 zero0_ranks2_accum 2 14
@@ -137,8 +139,11 @@ ranks2 zero0_ranks2_accum 2 14
 pair zero1_ranks2_no_overlap_bf16 2 2 training.global_batch_size=8 parallel.zero_stage=1 \
   parallel.overlap_comm=false training.precision=bf16 --nproc 2
 ranks2 zero1_ranks2_no_overlap_bf16 1 15
-pair zero1_ranks2 2 2 parallel.zero_stage=1 adapter.type=lora adapter.r=4 --nproc 2
+FT_TEST_NAN_GRAD_AT_STEP=3:1 pair zero1_ranks2 2 2 parallel.zero_stage=1 adapter.type=lora \
+  adapter.r=4 training.precision=fp16 --nproc 2
 ranks2 zero1_ranks2 1 7
+grep -q '^warning: step 3: gradient overflow at loss scale .*step skipped' "$tmp/zero1_ranks2.1.log" \
+  || fail "zero1_ranks2: step 3 was not skipped for rank 1's NaN"
 # Two tensor ranks (their all-reduces in every layer recorded into the graph), two micro-batches a
 # step: one graph a rank from step 1's second micro-batch (15 launches).
 pair tp2 2 2 parallel.tensor=2 model.vocab_size=98 --nproc 2
@@ -150,10 +155,18 @@ grep -q "FT_CUDA_GRAPHS: recording the optimizer step as a graph failed, so it r
   "$tmp/refused.1.log" || fail "refused: no warning naming the optimizer step's failed instantiation"
 # A recording of the micro-batch with its all-reduces that fails on rank 1 only: both ranks undo
 # its calls and go on op by op (rank 0's graph dropped: the ranks agree), with the same bits;
-# rank 1's optimizer step runs op by op, rank 0's from its graph.
-FT_CUDA_EMU_GRAPH_INSTANTIATE=fail@1 pair refused_rank1 0 1 parallel.zero_stage=1 --nproc 2
+# rank 1's optimizer step runs op by op, rank 0's from its graph. QLoRA with an evaluation
+# every step: the buffer holds the evaluation's last layer when rank 0's unused recording ends
+# (seen: its belief about the dequantized group kept, layer 0 ran with another's weights).
+FT_CUDA_EMU_GRAPH_INSTANTIATE=fail@1 pair refused_rank1 0 1 parallel.zero_stage=1 \
+  adapter.type=qlora adapter.r=4 training.eval_every_steps=1 --nproc 2
 grep -q '^\[rank 1 .*recording the micro-batch as a graph failed, so the run goes on without graphs: .*cudaGraphInstantiate' \
   "$tmp/refused_rank1.1.log" || fail "refused_rank1: rank 1 does not say why its recording failed"
 grep -q '^[^[].*recording the micro-batch as a graph failed on another rank' \
   "$tmp/refused_rank1.1.log" || fail "refused_rank1: rank 0 does not drop its graph for rank 1's failure"
+# The same over two tensor ranks (their all-reduces in the graph; the tensor group agrees).
+FT_CUDA_EMU_GRAPH_INSTANTIATE=fail@1 pair refused_tp_rank1 0 1 parallel.tensor=2 \
+  model.vocab_size=98 --nproc 2
+grep -q '^[^[].*recording the micro-batch as a graph failed on another rank' \
+  "$tmp/refused_tp_rank1.1.log" || fail "refused_tp_rank1: rank 0 does not drop its graph"
 echo "ok: graphs replay the bits of launching op by op"
