@@ -201,6 +201,25 @@ void check_memory_fits(const Recipe& r, int world, int rank, int local_ranks, De
       " (FT_SKIP_MEMORY_CHECK=1 starts anyway)"));
 }
 
+void check_same_device_settings(Communicator& comm, Device& dev) {
+  if (comm.size() == 1 || dev.kind() != DeviceKind::kCuda) return;  // graphs: CUDA only
+  const int mine = (dev.graphs_enabled() ? 1 : 0) | (dev.profile() ? 2 : 0);
+  float hi = float(mine), lo = -float(mine);  // the largest and the smallest, by one max each
+  comm.all_reduce_max(&hi, 1);
+  comm.all_reduce_max(&lo, 1);
+  if (hi == -lo) return;
+  const int differ = int(hi) ^ int(-lo);
+  throw AgreedError(
+      detail::concat((differ & 1) ? "FT_CUDA_GRAPHS" : "", (differ & 3) == 3 ? " and " : "",
+                     (differ & 2) ? "FT_PROFILE" : "", (differ & 3) == 3 ? " are" : " is",
+                     " set differently on the ranks (rank ", comm.rank(), ": graphs ",
+                     dev.graphs_enabled() ? "on" : "off", ", profile ",
+                     dev.profile() ? "on" : "off",
+                     "); start every rank with the same environment (mpirun -x VAR; srun passes "
+                     "the caller's), since the ranks agree on their graph recordings together"),
+      ExitCode::kUsage);
+}
+
 void check_device_world(const Recipe& r, Device& dev, int world) {
   if (const std::string why = device_world_refusal(r.runtime.communicator, dev); !why.empty())
     throw UsageError(why);

@@ -59,6 +59,11 @@ void check_memory_fits(const Recipe& r, int world, int rank, int local_ranks, De
 // runtime.communicator and parallel.reduce_dtype against the device and the layout of `world`
 // ranks: nccl where NCCL cannot serve the device; bf16 reductions over MPI.
 void check_device_world(const Recipe& r, Device& dev, int world);
+// Collective over `comm`: the settings each process reads from its environment that decide
+// collectives ranks must make alike (FT_CUDA_GRAPHS: the micro-batch graphs' recordings are
+// agreed on by all-reduces; FT_PROFILE turns graphs off) are the same on every rank of a CUDA
+// world; else every rank throws AgreedError (exit 2) naming them.
+void check_same_device_settings(Communicator& comm, Device& dev);
 // run.output_dir and logging.tensorboard (rank 0's) and, when the run saves, checkpoint.dir:
 // creatable and writable. create: make them and write a probe file (ft train); false: predict
 // that from the folders that exist (ft validate, which creates nothing).

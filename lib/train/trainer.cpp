@@ -448,6 +448,7 @@ TrainSummary train(const Recipe& r, Communicator& comm, const std::string& resum
                     check_packing_device(r, *dev);
                     check_device_world(r, *dev, comm.size());
                   }));
+  check_same_device_settings(comm, *dev);
 
   // The mesh (DESIGN.md §3): data-parallel ranks split the batch, tensor-parallel ranks split
   // each layer and see the same samples.

@@ -37,6 +37,7 @@
 #    host part skipped after a launch makes the warning fire; its recording not joined fails
 #    (cudaErrorStreamCaptureUnjoined) and the counts go wrong;
 #  - two tensor ranks: their all-reduces (every layer's, the loss's) recorded into the graph;
+#  - FT_CUDA_GRAPHS set on one rank only is refused at the start (exit 2);
 #  - recordings that fail (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail: the emulation refuses every
 #    instantiation) are cancelled with a warning each, and QLoRA's run goes on op by op with the
 #    same bits; so does a two-rank run whose recording with its all-reduces fails on one rank
@@ -169,4 +170,13 @@ FT_CUDA_EMU_GRAPH_INSTANTIATE=fail@1 pair refused_tp_rank1 0 1 parallel.tensor=2
   model.vocab_size=98 --nproc 2
 grep -q '^[^[].*recording the micro-batch as a graph failed on another rank' \
   "$tmp/refused_tp_rank1.1.log" || fail "refused_tp_rank1: rank 0 does not drop its graph"
+# FT_CUDA_GRAPHS on one rank only: refused at the start (exit 2), before a recording could be
+# agreed on by some ranks only (which would hang).
+rc=0
+mpirun "${mpirun_args[@]}" -np 1 -x FT_CUDA_GRAPHS=1 "$emu" train "$tmp/r.yaml" \
+  run.output_dir="$tmp/mixed" : -np 1 "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/mixed" \
+  > "$tmp/mixed.log" 2>&1 || rc=$?
+[[ $rc == 2 ]] || fail "FT_CUDA_GRAPHS on rank 0 only: exit $rc, expected 2: $(tail -3 "$tmp/mixed.log")"
+grep -q '^ft: error: FT_CUDA_GRAPHS is set differently on the ranks (rank 0: graphs on' \
+  "$tmp/mixed.log" || fail "FT_CUDA_GRAPHS on rank 0 only: $(grep -m1 error "$tmp/mixed.log")"
 echo "ok: graphs replay the bits of launching op by op"
