@@ -122,7 +122,7 @@ BpeTokenizer::BpeTokenizer(const std::string& file) : file_(file) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw UsageError(file + ": not valid JSON (" + json_error_words(e) + ")");
   }
   if (!j.is_object()) FT_FAIL(file, ": expected a JSON object (a Hugging Face tokenizer.json)");

@@ -114,7 +114,7 @@ Json read_tokenizer_config(const fs::path& dir) {
         read_bounded_file(config_path.string(), kMaxConfigBytes, "tokenizer config");
     try {
       config = Json::parse(text);
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {
       throw UsageError(config_path.string() + ": not valid JSON (" + json_error_words(e) + ")");
     }
     if (!config.is_object()) throw UsageError(config_path.string() + ": expected a JSON object");
@@ -356,7 +356,7 @@ Json parse_jsonl_line(std::string_view line, const std::string& where) {
   }
   try {
     return Json::parse(line);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {
     // One line: its column is the place ("parse error at line 1, column 17: ..." says line 1).
     std::string words = json_error_words(e);
     const std::string line_one = "parse error at line 1, ";

@@ -147,7 +147,7 @@ RunMetrics read_metrics(const std::string& path, std::vector<std::string>* warni
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
       if (!ended) {  // the file's last line, without its newline: a run killed mid-write
         if (warnings)
           warnings->push_back(where +
