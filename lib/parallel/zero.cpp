@@ -340,13 +340,21 @@ void ZeroSharding::reduce_group(int group) {
     const size_t n = std::min(opt_.bucket_elems, numel_[g] - off);
     Reduction r;
     r.dst = grad + off;
+    r.n = n;
     if (opt_.reduce_dtype == DType::kF32) {
       r.work = comm_.all_reduce(st, grad + off, n, ReduceOp::kSum);
     } else {
       const MemoryScope tag(MemoryCategory::kCommunication);
-      r.low = DBuffer(dev_, opt_.reduce_dtype, n);
-      dev_->ops().convert(st, r.low.data(), grad + off, n);
-      r.work = comm_.all_reduce(st, r.low.data(), n, ReduceOp::kSum);
+      if (keeps_low_grads()) {
+        if (low_grads_.empty()) low_grads_.resize(numel_.size());
+        if (!low_grads_[g].size()) low_grads_[g] = DBuffer(dev_, opt_.reduce_dtype, numel_[g]);
+        r.low = low_grads_[g].data() + off;
+      } else {
+        r.low_owned = DBuffer(dev_, opt_.reduce_dtype, n);
+        r.low = r.low_owned.data();
+      }
+      dev_->ops().convert(st, r.low, grad + off, n);
+      r.work = comm_.all_reduce(st, r.low, n, ReduceOp::kSum);
     }
     if (offload_ && !shared(group)) {
       // The bucket's part of this rank's range goes to the host as soon as its reduction is
@@ -356,7 +364,7 @@ void ZeroSharding::reduce_group(int group) {
       const size_t lo = std::max(off, ranges_[g].begin), hi = std::min(off + n, ranges_[g].end);
       const Stream cs = dev_->copy_stream();
       r.work.wait_on(cs);
-      if (r.low.size()) dev_->ops().convert(cs, r.dst, r.low.data(), n);
+      if (r.low.ptr) dev_->ops().convert(cs, r.dst, r.low, n);
       if (lo < hi)
         land(host_grads_[g].data() + (lo - ranges_[g].begin), grad + lo, hi - lo, /*add=*/false);
       r.landed = dev_->make_event();
@@ -436,7 +444,7 @@ void ZeroSharding::finish_backward() {
         continue;
       }
       r.work.wait_on(st);
-      if (r.low.size()) dev_->ops().convert(st, r.dst, r.low.data(), r.low.size());
+      if (r.low.ptr) dev_->ops().convert(st, r.dst, r.low, r.n);
     }
     reducing_.clear();
   }
@@ -987,9 +995,25 @@ GroupHooks::Replay ZeroSharding::micro_batch_replay() const {
   if (D_ > 1 && opt_.overlap)
     for (size_t g = 0; g < ready_count_.size(); ++g)
       if (trains_[g] && numel_[g] && ready_count_[g] + 1 >= micro_batches_)
-        return opt_.reduce_dtype == DType::kF32 && comm_.records_in_graphs() ? Replay::kCollectives
-                                                                             : Replay::kNone;
+        return (opt_.reduce_dtype == DType::kF32 || keeps_low_grads()) && comm_.records_in_graphs()
+                   ? Replay::kCollectives
+                   : Replay::kNone;
   return Replay::kHostOnly;
+}
+
+bool ZeroSharding::keeps_low_grads() const {
+  return dev_->graphs_enabled() && opt_.reduce_dtype != DType::kF32 && opt_.overlap && D_ > 1 &&
+         stage_ < 2 && !offload_;
+}
+
+bool ZeroSharding::count_ready(std::vector<int>& count, int group) const {
+  const size_t g = size_t(group);
+  // One report more than the micro-batches would have made an earlier micro-batch's partial
+  // gradient final (reduced, and the rest added after it): never go on with that.
+  const int n = ++count[g];
+  FT_CHECK(n <= micro_batches_, "ZeRO: group ", group, "'s gradient reported complete ", n,
+           " times in a step of ", micro_batches_, " micro-batches");
+  return n == micro_batches_;
 }
 
 void ZeroSharding::inject_nan_before_graph() {
@@ -1007,16 +1031,18 @@ void ZeroSharding::begin_recording() {
 bool ZeroSharding::peers_record() const { return D_ > 1 && comm_.records_in_graphs(); }
 
 void ZeroSharding::join_recorded() {
-  // The compute stream after the recorded all-reduces, inside the graph: finish_backward finds
-  // them done. (fp32 only: nothing to widen back.)
+  // The compute stream after the recorded all-reduces, inside the graph, each widened back from
+  // its kept 16-bit buffer where it went through one: finish_backward finds them done.
   graph_reduces_.assign(reduced_.size(), false);
   for (size_t g = 0; g < reduced_.size(); ++g)
     graph_reduces_[g] = reduced_[g] && !recording_.reduced[g];
   const Stream st = dev_->stream();
   for (size_t i = recording_.reducing; i < reducing_.size(); ++i) {
-    FT_CHECK(!reducing_[i].low.size() && !reducing_[i].landed.valid(),
-             "a recorded reduction with a conversion or an offload copy");
-    reducing_[i].work.wait_on(st);
+    Reduction& r = reducing_[i];
+    FT_CHECK(!r.low_owned.size() && !r.landed.valid(),
+             "a recorded reduction with a buffer made for the call or an offload copy");
+    r.work.wait_on(st);
+    if (r.low.ptr) dev_->ops().convert(st, r.dst, r.low, r.n);
   }
   reducing_.resize(recording_.reducing);
 }
@@ -1042,9 +1068,7 @@ void ZeroSharding::launch_collectives(const std::function<void()>& launch,
     for (const int group : groups) {
       const size_t g = size_t(group);
       if (!trains_[g]) continue;
-      const bool last = ++count[g] == micro_batches_;
-      FT_CHECK(count[g] <= micro_batches_, "ZeRO: group ", group, "'s gradient reported complete ",
-               count[g], " times in a step of ", micro_batches_, " micro-batches");
+      const bool last = count_ready(count, group);
       const bool reduces = last && D_ > 1 && opt_.overlap && numel_[g];
       FT_CHECK(reduces == bool(graph_reduces_[g]) && !reduced[g], "ZeRO: group ", group,
                "'s reduction in the micro-batch graph does not match the step (", count[g], " of ",
@@ -1060,12 +1084,7 @@ void ZeroSharding::launch_collectives(const std::function<void()>& launch,
 void ZeroSharding::grads_ready(int group) {
   const size_t g = size_t(group), s = shard_[g];
   if (!trains_[g]) return;
-  const bool last = ++ready_count_[g] == micro_batches_;  // the group's gradient is final
-  // One report more than the micro-batches would have made an earlier micro-batch's partial
-  // gradient final (reduced, and the rest added after it): never go on with that.
-  FT_CHECK(ready_count_[g] <= micro_batches_, "ZeRO: group ", group,
-           "'s gradient reported complete ", ready_count_[g], " times in a step of ",
-           micro_batches_, " micro-batches");
+  const bool last = count_ready(ready_count_, group);  // the group's gradient is final
   if (stage_ < 2) {
     if (last && D_ == 1 && offload_ && !shared(group)) land_group(group);
     if (last && D_ > 1 && opt_.overlap) reduce_group(group);

@@ -195,8 +195,9 @@ class ZeroSharding final : public GroupHooks {
   // reduces it there (grads_ready): the micro-batches of a step but its last, or every one
   // without overlap_comm (the test NaN goes in with the reductions, never during these);
   // kCollectives for the one that reduces, where the data group's communicator records its
-  // all-reduces (NCCL), in fp32 (reduce_dtype bf16 converts through buffers made per call); a
-  // test NaN pending then goes into the gradient before the micro-batch, not while it reduces.
+  // all-reduces (NCCL; with reduce_dtype bf16 through each group's kept conversion buffer, and
+  // widened back inside the graph); a test NaN pending then goes into the gradient before the
+  // micro-batch, not while it reduces.
   Replay micro_batch_replay() const override;
   void begin_recording() override;
   void join_recorded() override;
@@ -220,14 +221,25 @@ class ZeroSharding final : public GroupHooks {
     Buffer<float> working, mine;
     DBuffer low_in, low_out;  // reduce_dtype bf16: what the call reads and writes
   };
-  // Stage 0/1: an all-reduce call in flight; with reduce_dtype bf16 it sums `low`, widened back
-  // into dst once the call is ordered on the compute stream.
+  // Stage 0/1: an all-reduce call in flight; with reduce_dtype bf16 it sums the n elements at
+  // `low` (in `low_owned`, made for the call, or in the group's kept buffer low_grads_),
+  // widened back into dst once the call is ordered on the compute stream.
   struct Reduction {
     CommWork work;
-    DBuffer low;
+    DBuffer low_owned;
+    Ref low;
+    size_t n = 0;
     float* dst = nullptr;
     Event landed;  // offload: recorded on the copy stream after the bucket went to the host
   };
+  // Whether reduce_group converts through low_grads_ rather than a buffer made per call: with
+  // graphs (FT_CUDA_GRAPHS=1), a 16-bit reduce_dtype and overlap_comm, where a step's last
+  // micro-batch records its all-reduces (a recording makes no allocation, and a graph keeps
+  // the addresses it was recorded with).
+  bool keeps_low_grads() const;
+  // The step's count of grads_ready calls for group g, one more; true when that makes its
+  // gradient final. More calls than micro-batches is an internal error.
+  bool count_ready(std::vector<int>& count, int group) const;
   void retire_scatters(size_t keep);  // all but the newest `keep`
   void wait_update(int group);        // the compute stream after group's overlapped update
   void start_gather(size_t g);        // stage 3
@@ -287,6 +299,7 @@ class ZeroSharding final : public GroupHooks {
     size_t reducing = 0;
   } recording_;
   std::vector<bool> graph_reduces_;
+  std::vector<DBuffer> low_grads_;  // per group, where keeps_low_grads(): made at first use
   std::vector<Scatter> scatters_;   // stage >= 2, oldest first
   bool nan_pending_ = false;        // test support
   bool warned_unreported_ = false;  // finish_backward's warning, once a run

@@ -26,7 +26,8 @@
 #  - two data ranks at ZeRO stage 0 with two micro-batches a step: the first of each step is
 #    recorded and replayed (the hooks only count it on the host: GroupHooks::Replay::kHostOnly),
 #    and so is the second, whose gradients overlap_comm all-reduces during its backward, in a
-#    graph of its own with the emulated NCCL's all-reduces inside (kCollectives); at ZeRO 1 in
+#    graph of its own with the emulated NCCL's bf16 all-reduces inside (kCollectives, with
+#    reduce_dtype bf16: the conversions each way recorded too); at ZeRO 1 in
 #    bf16 without overlap_comm one graph serves both; at ZeRO 1 with LoRA and one micro-batch a
 #    step each is a step's last (each rank's recordings and launches counted from the run's
 #    closing count). Planted: the launches not making the hooks' grads_ready calls keeps the bits (the
@@ -131,9 +132,10 @@ ranks2() {
 # with LoRA (the frozen base groups report nothing) in fp16, with a NaN in rank 1's gradient at
 # step 3 (FT_TEST_NAN_GRAD_AT_STEP=3:1: the step skipped on both ranks, rank 1's micro-batch
 # still launched: the kind of micro-batch is the same on every rank). Buckets of 1 KiB: a
-# group's all-reduce in several calls.
+# group's all-reduce in several calls, here in bf16 (reduce_dtype: each call converts into its
+# part of the group's kept 16-bit buffer, and the graph widens the sums back after the calls).
 pair zero0_ranks2_accum 4 2 training.global_batch_size=8 parallel.reduce_bucket_mb=0.0009765625 \
-  --nproc 2
+  parallel.reduce_dtype=bf16 --nproc 2
 ranks2 zero0_ranks2_accum 2 14
 [ "$(grep -c 'micro-batch .* with its all-reduces recorded as a graph' "$tmp/zero0_ranks2_accum.1.log")" = 2 ] \
   || fail "zero0_ranks2_accum: the reducing micro-batch was not recorded with its all-reduces on both ranks"
