@@ -2,7 +2,8 @@
 """Checks the layering of DESIGN.md §1: a file may include its own layer and the layers below it,
 never one above; nothing under lib/, kernels/ or apps/ includes tests/ or dev/ (the kernel labs,
 which build on the product, never the other way round); and each layer's library
-in CMakeLists.txt (`ft_layer(NAME DEPS...)`) links only libraries of layers below it.
+in CMakeLists.txt (`ft_layer(NAME DEPS...)`) links only libraries of layers below it; and no
+library file (under lib/) is over MAX_LINES lines: one that grows past it is split by job.
 
     scripts/check_layers.py [SOURCE_DIR]        # exit 1, one line per violation: file:line: ...
 
@@ -20,6 +21,7 @@ import sys
 LAYERS = ["core", "kernels", "runtime", "comm", "data", "parallel", "model", "adapt", "optim",
           "ckpt", "recipe", "train", "apps"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
+MAX_LINES = 900
 SOURCES = re.compile(r"\.(h|hpp|cpp|cc|cu|cuh)$")
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^">]+)[">]')
 
@@ -91,20 +93,24 @@ def check(src):
                                     f"scripts/check_layers.py (add it to LAYERS and DESIGN.md §1)")
                     continue
                 with open(full, encoding="utf-8", errors="replace") as f:
-                    for n, line in enumerate(f, 1):
-                        m = INCLUDE.match(line)
-                        if not m:
-                            continue
-                        target, outside = layer_of_include(m.group(2))
-                        if outside:
-                            problems.append(f"{rel}:{n}: includes {OUTSIDE[outside]} "
-                                            f"{m.group(2)} (production code never names "
-                                            f"{outside}/)")
-                        elif target is not None and RANK[target] > RANK[mine]:
-                            problems.append(
-                                f"{rel}:{n}: layer '{mine}' includes {m.group(2)} of layer "
-                                f"'{target}', which is above it (order, bottom first: "
-                                f"{' → '.join(LAYERS)}; DESIGN.md §1)")
+                    text = f.read().splitlines()
+                if top == "lib" and len(text) > MAX_LINES:
+                    problems.append(f"{rel}: {len(text)} lines, over the {MAX_LINES} a library "
+                                    f"file may have (split it by job: DESIGN.md §1)")
+                for n, line in enumerate(text, 1):
+                    m = INCLUDE.match(line)
+                    if not m:
+                        continue
+                    target, outside = layer_of_include(m.group(2))
+                    if outside:
+                        problems.append(f"{rel}:{n}: includes {OUTSIDE[outside]} "
+                                        f"{m.group(2)} (production code never names "
+                                        f"{outside}/)")
+                    elif target is not None and RANK[target] > RANK[mine]:
+                        problems.append(
+                            f"{rel}:{n}: layer '{mine}' includes {m.group(2)} of layer "
+                            f"'{target}', which is above it (order, bottom first: "
+                            f"{' → '.join(LAYERS)}; DESIGN.md §1)")
     return problems
 
 
@@ -116,7 +122,8 @@ def main():
     if problems:
         print(f"check_layers: {len(problems)} problem(s) against the layering", file=sys.stderr)
         return 1
-    print(f"check_layers: every include goes down ({' → '.join(LAYERS)})")
+    print(f"check_layers: every include goes down ({' → '.join(LAYERS)}); no library file over "
+          f"{MAX_LINES} lines")
     return 0
 
 

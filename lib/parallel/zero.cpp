@@ -1,103 +1,16 @@
 #include "parallel/zero.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
-#include <deque>
-#include <exception>
 #include <limits>
-#include <mutex>
-#include <thread>
 #include <utility>
 
 #include "comm/device_comm.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "parallel/host_adder.h"
 
 namespace ft {
-
-// Offload at stages 2-3: the staged gradient adds (dst += what landed in a staging buffer,
-// ZeroSharding::land), on a host thread of their own so that the thread queuing the backward
-// never stops for them. One thread, in the order queued: the sums are the bits that adding them
-// one by one where they were queued gives. Each staging buffer comes back once its add is done.
-class HostAdder {
- public:
-  explicit HostAdder(Ops& ops)
-      : ops_(ops), threads_(omp_get_max_threads()), thread_([this] { run(); }) {}
-  ~HostAdder() {
-    {
-      const std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();  // after the adds still queued
-  }
-  void add(float* dst, HostBuffer<float> staging, size_t n) {
-    {
-      const std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(Task{dst, std::move(staging), n});
-    }
-    cv_.notify_all();
-  }
-  // A staging buffer whose add is done (empty when none is back; with `wait`, waits for one
-  // while adds are queued or running).
-  HostBuffer<float> take_back(bool wait) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (wait) cv_.wait(lock, [&] { return !back_.empty() || (queue_.empty() && !busy_); });
-    if (back_.empty()) return {};
-    HostBuffer<float> b = std::move(back_.back());
-    back_.pop_back();
-    return b;
-  }
-  void drain() {  // waits for every add queued; rethrows the first one's error
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  }
-
- private:
-  struct Task {
-    float* dst;
-    HostBuffer<float> staging;
-    size_t n;
-  };
-  void run() {
-    omp_set_num_threads(threads_);  // the rank's runtime.threads, as its other host work
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      Task t = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-      const bool failed = error_ != nullptr;
-      lock.unlock();
-      std::exception_ptr error;
-      try {
-        if (!failed) ops_.add(Stream{}, Ref(t.dst), CRef(t.staging.data()), t.n);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      lock.lock();
-      if (error && !error_) error_ = error;
-      busy_ = false;
-      back_.push_back(std::move(t.staging));
-      cv_.notify_all();
-    }
-  }
-
-  Ops& ops_;
-  int threads_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;
-  std::vector<HostBuffer<float>> back_;
-  bool busy_ = false, stop_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;  // last: started once the rest is made
-};
 
 ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Device* dev,
                            Communicator* tensor_comm, Communicator* pipeline_comm,
@@ -273,34 +186,6 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
   sumsq_ = Buffer<double>(dev_, 1);
 }
 
-HostShards::HostShards(Device* dev, int data_size, int data_rank, DType compute_dtype)
-    : dev_(dev), D_(data_size), rank_(data_rank), cdt_(compute_dtype) {}
-
-void HostShards::take(int group, const ParamGroup& p, const float* values) {
-  const size_t g = size_t(group), es = dtype_size(cdt_);
-  if (shards_.size() <= g) shards_.resize(g + 1);
-  Shard& x = shards_[g];
-  const size_t s = zero_shard_size(p.numel, D_);
-  const ShardRange r = zero_shard(p.numel, D_, rank_);
-  const MemoryScope tag(MemoryCategory::kParameters);
-  if (!x.taken) {
-    x.compute = HostBuffer<std::byte>(dev_, s * es);
-    x.compute.zero();  // the padding past the group's end
-    x.master = HostBuffer<float>(dev_, p.trains() ? r.size() : 0);
-    x.taken = true;
-  }
-  if (r.size() == 0) return;
-  if (p.trains()) dev_->copy_to_host(x.master.data(), values + r.begin, r.size() * sizeof(float));
-  if (cdt_ == DType::kF32) {
-    dev_->copy_to_host(x.compute.data(), values + r.begin, r.size() * sizeof(float));
-    return;
-  }
-  // Rounded on the device, as the compute copy is without offload.
-  DBuffer low(dev_, cdt_, r.size());
-  dev_->ops().convert(dev_->stream(), low.data(), values + r.begin, r.size());
-  dev_->copy_to_host(x.compute.data(), low.data().ptr, r.size() * es);
-}
-
 ZeroSharding::~ZeroSharding() {
   if (stage_ >= 2 || D_ > 1 || offload_ || opt_.overlap_update) flat_.set_hooks(nullptr);
   // An update still queued: done before the events go (the memory it writes stays the device
@@ -460,94 +345,6 @@ bool ZeroSharding::shared(int g) const {
   for (const auto& sh : shared_)
     if (sh.first == g) return true;
   return false;
-}
-
-void ZeroSharding::land(float* dst, const float* src, size_t n, bool add, Buffer<float> keep) {
-  if (n == 0) return;
-  if (keep.size()) {
-    int kept = 0;
-    for (const Landing& x : landings_) kept += x.keep.size() ? 1 : 0;
-    while (kept >= kKeptLandings) {
-      kept -= landings_.front().keep.size() ? 1 : 0;
-      retire_front();
-    }
-  }
-  const Stream cs = dev_->copy_stream();
-  Landing l;
-  l.dst = dst;
-  l.n = n;
-  l.keep = std::move(keep);
-  float* to = dst;
-  if (add) {
-    l.staging = take_staging();
-    to = l.staging.data();
-  }
-  // After what the compute stream has queued so far: the work that made src.
-  Event ready = dev_->make_event();
-  ready.record(dev_->stream());
-  dev_->wait(cs, ready);
-  dev_->copy_to_host_async(cs, to, src, n * sizeof(float));
-  l.done = dev_->make_event();
-  l.done.record(cs);
-  landings_.push_back(std::move(l));
-}
-
-HostBuffer<float> ZeroSharding::take_staging() {
-  for (;;) {
-    if (!staging_pool_.empty()) {
-      HostBuffer<float> b = std::move(staging_pool_.back());
-      staging_pool_.pop_back();
-      return b;
-    }
-    if (adder_)
-      if (HostBuffer<float> b = adder_->take_back(/*wait=*/false); b.size()) return b;
-    if (staging_made_ < 2) {  // two: one landing while the other is added
-      ++staging_made_;
-      const MemoryScope tag(MemoryCategory::kCommunication);
-      return HostBuffer<float>(dev_, max_range_);
-    }
-    // Both are in landings still in flight, or being added: the oldest staged landing goes to
-    // the adder, then one comes back.
-    bool staged = false;
-    for (const Landing& x : landings_) staged = staged || x.staging.size();
-    if (staged) {
-      while (!landings_.front().staging.size()) retire_front();
-      retire_front();
-      if (!staging_pool_.empty()) continue;  // ft plan's counting device adds at once
-    }
-    FT_CHECK(adder_, "ZeRO offload: no staging buffer in flight, none free");
-    if (HostBuffer<float> b = adder_->take_back(/*wait=*/true); b.size()) return b;
-  }
-}
-
-void ZeroSharding::land_group(int group) {
-  const size_t g = size_t(group);
-  land(host_grads_[g].data(), flat_.grads()[g].data() + ranges_[g].begin, ranges_[g].size(),
-       /*add=*/false);
-  landed_[g] = true;
-}
-
-void ZeroSharding::retire_front() {
-  Landing l = std::move(landings_.front());
-  landings_.erase(landings_.begin());
-  l.done.synchronize();
-  l.keep = Buffer<float>();  // the device buffer the copy read
-  if (!l.staging.size()) return;
-  if (!dev_->host_memory_backed()) {  // ft plan's counting device: nothing to add, no thread
-    dev_->host_ops().add(Stream{}, Ref(l.dst), CRef(l.staging.data()), l.n);
-    staging_pool_.push_back(std::move(l.staging));
-    return;
-  }
-  if (!adder_) adder_ = std::make_unique<HostAdder>(dev_->host_ops());
-  adder_->add(l.dst, std::move(l.staging), l.n);
-}
-
-void ZeroSharding::retire_landings() {
-  while (!landings_.empty()) retire_front();
-  if (!adder_) return;
-  adder_->drain();
-  for (HostBuffer<float> b; (b = adder_->take_back(/*wait=*/false)).size();)
-    staging_pool_.push_back(std::move(b));
 }
 
 void ZeroSharding::weighted_sum_squares(Ops& ops, Stream st, double* acc, int g, const float* x,
@@ -718,18 +515,6 @@ void ZeroSharding::sync_compute_params() {
     refresh_compute_params(/*after_adamw=*/false);
 }
 
-void ZeroSharding::offload_update(const GroupUpdate& update) {
-  FT_CHECK(offload_, "ZeroSharding::offload_update without offload");
-  flush_update();  // a group the last step left pending (none: every one is acquired)
-  retire_landings();
-  // The point the uploads come after: this step's work on the compute stream, the backward
-  // that read the compute copy last. Not the next forward's, which they run under.
-  updated_mark_.record(dev_->stream());
-  pending_ = update;
-  for (size_t g = 0; g < numel_.size(); ++g) stale_[g] = trains_[g] && numel_[g] > 0;
-  if (!update) flush_update();  // sync_compute_params: every group now
-}
-
 void ZeroSharding::flush_update() {
   for (size_t g = 0; g < stale_.size(); ++g) ensure_updated(int(g));
   // The overlapped update: its groups' events are recorded in order on one stream, so the last
@@ -765,69 +550,6 @@ void ZeroSharding::wait_update(int group) {
     dev_->wait(dev_->stream(), update_done_[g]);
     update_pending_[g] = false;
   }
-}
-
-void ZeroSharding::ensure_updated(int group) {
-  const size_t g = size_t(group);
-  if (group < 0 || g >= stale_.size() || !stale_[g]) return;
-  stale_[g] = false;
-  const bool fp32 = cdt_ == DType::kF32;
-  const size_t own = ranges_[g].size();
-  float* master = host_master_[g].data();
-  if (offload_params_) {
-    // The compute copy's shard is host memory itself: written in the update's pass, nothing to
-    // upload (the group's gathers copy it).
-    const Ref compute(host_compute_[g].data(), cdt_);
-    if (pending_)
-      pending_(group, master, host_grads_[g].data(), compute);
-    else
-      dev_->host_ops().convert(Stream{}, compute, CRef(master), own);
-    return;
-  }
-  Ref compute;
-  if (!fp32) {
-    up_done_[slot_].synchronize();  // its last upload has left the staging buffer
-    compute = Ref(up_staging_[slot_].data(), cdt_);
-  }
-  if (pending_)
-    pending_(group, master, host_grads_[g].data(), compute);
-  else if (!fp32)
-    dev_->host_ops().convert(Stream{}, compute, CRef(master), own);
-  const Stream used = upload_range(group, fp32 ? static_cast<const void*>(master) : compute.ptr);
-  if (!fp32) {
-    up_done_[slot_].record(used);
-    slot_ ^= 1;
-  }
-}
-
-Stream ZeroSharding::upload_range(int group, const void* src) {
-  const size_t g = size_t(group);
-  const Stream st = dev_->stream();
-  const size_t own = ranges_[g].size(), bytes = own * dtype_size(cdt_);
-  void* dst = nullptr;
-  if (stage_ == 3)
-    dst = compute_shards_[g].data().ptr;
-  else if (stage_ == 0 || D_ == 1)
-    dst = (flat_.compute_params(group) + ranges_[g].begin).ptr;
-  if (dst) {
-    // On the copy stream after the step's work (updated_mark_), so that it runs under the
-    // forward of the groups before; the group's use waits for up_event_ (acquire_params,
-    // start_gather).
-    const Stream cs = dev_->copy_stream();
-    dev_->wait(cs, updated_mark_);
-    dev_->copy_from_host_async(cs, dst, src, bytes);
-    up_event_[g].record(cs);
-    return cs;
-  }
-  // Stages 1-2 of several ranks: the all-gather that follows is ordered on the compute stream,
-  // and so is the copy.
-  const size_t s = shard_[g];
-  const Ref mine = scratch_.data() + size_t(rank_) * s;
-  dev_->copy_from_host_async(st, mine.ptr, src, bytes);
-  comm_.all_gather(st, mine, scratch_.data(), s).wait_on(st);
-  dev_->copy(st, flat_.compute_params(group).ptr, scratch_.data().ptr,
-             numel_[g] * dtype_size(cdt_));
-  return st;
 }
 
 void ZeroSharding::refresh_compute_params(bool after_adamw) {
@@ -990,22 +712,6 @@ float* ZeroSharding::grads(int group) {
   return working_grads_[g].data();
 }
 
-GroupHooks::Replay ZeroSharding::micro_batch_replay() const {
-  if (stage_ >= 2 || offload_ || opt_.overlap_update) return Replay::kNone;
-  if (D_ > 1 && opt_.overlap)
-    for (size_t g = 0; g < ready_count_.size(); ++g)
-      if (trains_[g] && numel_[g] && ready_count_[g] + 1 >= micro_batches_)
-        return (opt_.reduce_dtype == DType::kF32 || keeps_low_grads()) && comm_.records_in_graphs()
-                   ? Replay::kCollectives
-                   : Replay::kNone;
-  return Replay::kHostOnly;
-}
-
-bool ZeroSharding::keeps_low_grads() const {
-  return dev_->graphs_enabled() && opt_.reduce_dtype != DType::kF32 && opt_.overlap && D_ > 1 &&
-         stage_ < 2 && !offload_;
-}
-
 bool ZeroSharding::count_ready(std::vector<int>& count, int group) const {
   const size_t g = size_t(group);
   // One report more than the micro-batches would have made an earlier micro-batch's partial
@@ -1014,71 +720,6 @@ bool ZeroSharding::count_ready(std::vector<int>& count, int group) const {
   FT_CHECK(n <= micro_batches_, "ZeRO: group ", group, "'s gradient reported complete ", n,
            " times in a step of ", micro_batches_, " micro-batches");
   return n == micro_batches_;
-}
-
-void ZeroSharding::inject_nan_before_graph() {
-  // Into the gradient the micro-batch adds to, before it: the NaN stays, as if written just
-  // before the reductions (the graph cannot copy from the host while it records or runs).
-  for (size_t g = 0; g < numel_.size() && nan_pending_; ++g)
-    if (trains_[g]) maybe_inject_nan(int(g), flat_.grads()[g].data());
-}
-
-void ZeroSharding::begin_recording() {
-  inject_nan_before_graph();
-  recording_ = {ready_count_, reduced_, reducing_.size()};
-}
-
-bool ZeroSharding::peers_record() const { return D_ > 1 && comm_.records_in_graphs(); }
-
-void ZeroSharding::join_recorded() {
-  // The compute stream after the recorded all-reduces, inside the graph, each widened back from
-  // its kept 16-bit buffer where it went through one: finish_backward finds them done.
-  graph_reduces_.assign(reduced_.size(), false);
-  for (size_t g = 0; g < reduced_.size(); ++g)
-    graph_reduces_[g] = reduced_[g] && !recording_.reduced[g];
-  const Stream st = dev_->stream();
-  for (size_t i = recording_.reducing; i < reducing_.size(); ++i) {
-    Reduction& r = reducing_[i];
-    FT_CHECK(!r.low_owned.size() && !r.landed.valid(),
-             "a recorded reduction with a buffer made for the call or an offload copy");
-    r.work.wait_on(st);
-    if (r.low.ptr) dev_->ops().convert(st, r.dst, r.low, r.n);
-  }
-  reducing_.resize(recording_.reducing);
-}
-
-void ZeroSharding::recording_failed() {
-  // The recorded calls' handles are dropped unwaited: nothing ran.
-  reducing_.resize(recording_.reducing);
-  ready_count_ = recording_.ready_count;
-  reduced_ = recording_.reduced;
-}
-
-bool ZeroSharding::agree_recorded(bool ok) {
-  return peers_record() ? all_ranks_ok(*dev_, comm_, agree_, ok) : ok;
-}
-
-void ZeroSharding::launch_collectives(const std::function<void()>& launch,
-                                      const std::vector<int>& groups, bool recorded_now) {
-  // The host's part, checked before the launch: the graph reduces what its recording reduced,
-  // so the same groups must be final now (else the graph would reduce a partial gradient).
-  std::vector<int> count = ready_count_;
-  std::vector<bool> reduced = reduced_;
-  if (!recorded_now)
-    for (const int group : groups) {
-      const size_t g = size_t(group);
-      if (!trains_[g]) continue;
-      const bool last = count_ready(count, group);
-      const bool reduces = last && D_ > 1 && opt_.overlap && numel_[g];
-      FT_CHECK(reduces == bool(graph_reduces_[g]) && !reduced[g], "ZeRO: group ", group,
-               "'s reduction in the micro-batch graph does not match the step (", count[g], " of ",
-               micro_batches_, " micro-batches)");
-      if (reduces) reduced[g] = true;
-    }
-  inject_nan_before_graph();
-  comm_.watched_launch(dev_->stream(), "micro_batch_graph", launch);
-  ready_count_ = std::move(count);
-  reduced_ = std::move(reduced);
 }
 
 void ZeroSharding::grads_ready(int group) {

@@ -25,7 +25,7 @@
 
 namespace ft {
 
-class HostAdder;  // zero.cpp
+class HostAdder;  // host_adder.h
 
 // How the data group's gradient reductions meet the backward (DESIGN.md §3, "Overlap").
 //   overlap: each group's gradient is reduced as soon as it is final (stages 0-1: after the
@@ -268,7 +268,7 @@ class ZeroSharding final : public GroupHooks {
   // At most kKeptLandings landings hold a device buffer at once: before another is queued, the
   // oldest are waited for. A fixed count, not "until the copy is seen done", so that the
   // device's peak does not depend on how far the host runs ahead of the GPU (ft plan counts
-  // the same). The staged adds run on a host thread of their own (HostAdder, zero.cpp), so
+  // the same). The staged adds run on a host thread of their own (HostAdder, host_adder.h), so
   // that the thread that queues the backward never stops to add.
   void land(float* dst, const float* src, size_t n, bool add, Buffer<float> keep = {});
   void land_group(int g);  // stages 0-1: group g's range of the full gradient

@@ -1,0 +1,156 @@
+// LlamaModel's training micro-batch and its graphs (FT_CUDA_GRAPHS=1; DESIGN.md §2 "Graphs"):
+// when a micro-batch may be recorded, the warm-up, the recording and its agreement between
+// ranks, and the launches. The forward and backward they run are in llama.cpp.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/device_comm.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "model/llama.h"
+
+namespace ft {
+
+bool LlamaModel::graph_eligible() const {
+  return dev_->graphs_enabled() && !graph_failed_ &&
+         (tp_.size() == 1 || tp_.comm()->records_in_graphs()) && stage_.embed && stage_.head &&
+         !objective_ && flat_.micro_batch_replay() != GroupHooks::Replay::kNone &&
+         dev_->profile() == nullptr;
+}
+
+void LlamaModel::drop_graph(MicroBatchGraph& g) {
+  dev_->graph_destroy(g.exec);
+  g.exec = nullptr;
+}
+
+// The first micro-batch of a shape runs op by op: it makes every buffer the work uses (the
+// activation slot, the ops' scratch, the adapters' buffers) and measures the GEMM algorithms. The
+// second is recorded and launched; later ones only launch, after the host's checks and uploads,
+// until the shape changes or the device's graph epoch moves (a buffer the graph may use was
+// freed), when the next micro-batch records again. Host-side state that decides what work is
+// queued must be at the recording's values around each launch: QLoRA's dequantized group is.
+// Hooks (ZeRO's stages 0-1 with data ranks) return the same buffers every micro-batch; their
+// grads_ready calls are logged while recording, and are either bookkeeping only (kHostOnly:
+// made after each launch) or also issue the step's all-reduces (kCollectives, a step's last
+// micro-batch under overlap_comm: made while recording, the communicator recording the
+// collectives into the graph; the host's part made again after each later launch). Each kind
+// has a graph of its own. Replaying the recorded work in the same order gives the same bits as
+// launching it op by op.
+void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets,
+                                   const uint8_t* mask, int B, int T, float token_weight,
+                                   const int32_t* seg, uint64_t first_sample) {
+  stage_inputs(0, inputs, targets, mask, B, T, token_weight, /*backward=*/true, seg, first_sample);
+  auto eager = [&] {
+    forward_compute(CRef(), /*backward=*/true, token_weight, mask);
+    backward_part(0, CRef());
+  };
+  if (!graph_eligible()) return eager();
+  const bool collectives = flat_.micro_batch_replay() == GroupHooks::Replay::kCollectives;
+  GroupHooks* hooks = flat_.hooks();
+  MicroBatchGraph& g = graphs_[collectives ? 1 : 0];
+  const auto launch = [&](bool recorded_now) {
+    ++g.launches;
+    // With tensor ranks the graph holds their all-reduces: the watchdog watches the launch
+    // (through the data group where that does already: one watch a launch).
+    const auto run = [&] {
+      if (tp_.size() == 1 || collectives) return dev_->graph_launch(g.exec);
+      tp_.comm()->watched_launch(dev_->stream(), "micro_batch_graph",
+                                 [&] { dev_->graph_launch(g.exec); });
+    };
+    if (collectives) {
+      hooks->launch_collectives(run, g.ready_calls, recorded_now);
+    } else {
+      run();
+      flat_.make_ready_calls(g.ready_calls);
+    }
+    flat_.set_dequantized_group(g.dequantized_after);
+  };
+  const MicroBatchGraph::Shape shape{B, T, seg != nullptr};
+  // A recording after a warm-up comes at the same micro-batch on every rank (the same shapes and
+  // counts); one because the epoch moved comes on this rank alone (its own allocator's frees).
+  bool again = false;
+  if (g.exec && (g.shape != shape || g.epoch != dev_->graph_epoch())) {
+    again = g.shape == shape;
+    drop_graph(g);
+  }
+  if (g.exec) return launch(/*recorded_now=*/false);
+  if (g.warm != shape) {
+    eager();
+    g.warm = shape;
+    return;
+  }
+  flat_.set_dequantized_group(-1);  // the graph dequantizes whatever it uses (QLoRA)
+  std::vector<int> ready_calls;
+  std::string failure;
+  try {
+    struct Logged {  // the hooks' grads_ready calls logged while recording, however it ends
+      FlatParams& flat;
+      ~Logged() { flat.log_grads_ready(nullptr, false); }
+    } logged{flat_};
+    flat_.log_grads_ready(&ready_calls, /*make=*/collectives);
+    if (collectives) hooks->begin_recording();
+    g.exec = dev_->graph_record([&] {
+      forward_compute(CRef(), /*backward=*/true, token_weight, mask);
+      backward_part(0, CRef());
+      if (collectives) hooks->join_recorded();
+    });
+  } catch (const Error& e) {
+    // The pass may have stopped between a quantized group's acquire and release. (Any other
+    // exception ends the run; graph_record has cancelled the recording.)
+    flat_.reset_quantized_holds();
+    failure = e.what();
+  }
+  // Ranks whose collectives the graphs hold all launch them or none does (agree_recorded):
+  // the data group's through the hooks, then the tensor group's, each called on every rank. A
+  // recording made again on this rank alone cannot be agreed on (the others make no such call):
+  // where it fails, this rank cannot go on op by op alone, and the run ends.
+  const bool tp_records = tp_.size() > 1 && tp_.comm()->records_in_graphs();
+  bool ok = failure.empty();
+  if (again) {
+    if (!ok && (tp_records || (hooks && hooks->peers_record()))) {
+      if (collectives) hooks->recording_failed();
+      throw Error(detail::concat(
+          "FT_CUDA_GRAPHS: recording the micro-batch again (a buffer its graph used was freed) "
+          "failed on this rank: ",
+          failure,
+          "; the other ranks launch the collectives it meets from their graphs, which this rank "
+          "cannot join op by op, so the run ends (resume it with FT_CUDA_GRAPHS=0)"));
+    }
+  } else {
+    if (hooks) ok = hooks->agree_recorded(ok);
+    if (tp_records) ok = all_ranks_ok(*dev_, *tp_.comm(), agree_flag_, ok);
+  }
+  if (!ok) {
+    // Nothing recorded ran: the micro-batch runs op by op, and so does the rest of the run; the
+    // hooks' calls made while recording are undone, and so is the host's belief about the
+    // dequantized group (a recording that succeeded here left its end value; the buffer holds
+    // what ran last).
+    drop_graph(g);
+    flat_.set_dequantized_group(-1);
+    if (collectives) hooks->recording_failed();
+    graph_failed_ = true;
+    if (!failure.empty())
+      log_warn(
+          "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on "
+          "without graphs: ",
+          failure);
+    else
+      log_warn(
+          "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed on another rank, so the "
+          "run goes on without graphs");
+    return eager();
+  }
+  g.shape = shape;
+  g.epoch = dev_->graph_epoch();
+  g.dequantized_after = flat_.dequantized_group();
+  g.ready_calls = std::move(ready_calls);
+  ++g.recorded;
+  log_info("FT_CUDA_GRAPHS: micro-batch ", B, "x", T, shape.seg ? " (packed)" : "",
+           collectives ? " with its all-reduces" : "", " recorded as a graph (recording ",
+           g.recorded, "), replayed from here on");
+  // The kHostOnly calls were only logged: made after this launch as after every other.
+  launch(/*recorded_now=*/collectives);
+}
+
+}  // namespace ft

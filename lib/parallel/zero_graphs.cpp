@@ -1,0 +1,93 @@
+// ZeroSharding's part in graphs (GroupHooks::Replay, FT_CUDA_GRAPHS=1; DESIGN.md §2 "Graphs"):
+// which kind of micro-batch it is, the recording's state and its undoing, the agreement between
+// ranks, and the host's part of each launch. The rest of the sharding is in zero.cpp.
+#include <utility>
+
+#include "comm/device_comm.h"
+#include "core/error.h"
+#include "parallel/zero.h"
+
+namespace ft {
+
+GroupHooks::Replay ZeroSharding::micro_batch_replay() const {
+  if (stage_ >= 2 || offload_ || opt_.overlap_update) return Replay::kNone;
+  if (D_ > 1 && opt_.overlap)
+    for (size_t g = 0; g < ready_count_.size(); ++g)
+      if (trains_[g] && numel_[g] && ready_count_[g] + 1 >= micro_batches_)
+        return (opt_.reduce_dtype == DType::kF32 || keeps_low_grads()) && comm_.records_in_graphs()
+                   ? Replay::kCollectives
+                   : Replay::kNone;
+  return Replay::kHostOnly;
+}
+
+bool ZeroSharding::keeps_low_grads() const {
+  return dev_->graphs_enabled() && opt_.reduce_dtype != DType::kF32 && opt_.overlap && D_ > 1 &&
+         stage_ < 2 && !offload_;
+}
+
+void ZeroSharding::inject_nan_before_graph() {
+  // Into the gradient the micro-batch adds to, before it: the NaN stays, as if written just
+  // before the reductions (the graph cannot copy from the host while it records or runs).
+  for (size_t g = 0; g < numel_.size() && nan_pending_; ++g)
+    if (trains_[g]) maybe_inject_nan(int(g), flat_.grads()[g].data());
+}
+
+void ZeroSharding::begin_recording() {
+  inject_nan_before_graph();
+  recording_ = {ready_count_, reduced_, reducing_.size()};
+}
+
+bool ZeroSharding::peers_record() const { return D_ > 1 && comm_.records_in_graphs(); }
+
+void ZeroSharding::join_recorded() {
+  // The compute stream after the recorded all-reduces, inside the graph, each widened back from
+  // its kept 16-bit buffer where it went through one: finish_backward finds them done.
+  graph_reduces_.assign(reduced_.size(), false);
+  for (size_t g = 0; g < reduced_.size(); ++g)
+    graph_reduces_[g] = reduced_[g] && !recording_.reduced[g];
+  const Stream st = dev_->stream();
+  for (size_t i = recording_.reducing; i < reducing_.size(); ++i) {
+    Reduction& r = reducing_[i];
+    FT_CHECK(!r.low_owned.size() && !r.landed.valid(),
+             "a recorded reduction with a buffer made for the call or an offload copy");
+    r.work.wait_on(st);
+    if (r.low.ptr) dev_->ops().convert(st, r.dst, r.low, r.n);
+  }
+  reducing_.resize(recording_.reducing);
+}
+
+void ZeroSharding::recording_failed() {
+  // The recorded calls' handles are dropped unwaited: nothing ran.
+  reducing_.resize(recording_.reducing);
+  ready_count_ = recording_.ready_count;
+  reduced_ = recording_.reduced;
+}
+
+bool ZeroSharding::agree_recorded(bool ok) {
+  return peers_record() ? all_ranks_ok(*dev_, comm_, agree_, ok) : ok;
+}
+
+void ZeroSharding::launch_collectives(const std::function<void()>& launch,
+                                      const std::vector<int>& groups, bool recorded_now) {
+  // The host's part, checked before the launch: the graph reduces what its recording reduced,
+  // so the same groups must be final now (else the graph would reduce a partial gradient).
+  std::vector<int> count = ready_count_;
+  std::vector<bool> reduced = reduced_;
+  if (!recorded_now)
+    for (const int group : groups) {
+      const size_t g = size_t(group);
+      if (!trains_[g]) continue;
+      const bool last = count_ready(count, group);
+      const bool reduces = last && D_ > 1 && opt_.overlap && numel_[g];
+      FT_CHECK(reduces == bool(graph_reduces_[g]) && !reduced[g], "ZeRO: group ", group,
+               "'s reduction in the micro-batch graph does not match the step (", count[g], " of ",
+               micro_batches_, " micro-batches)");
+      if (reduces) reduced[g] = true;
+    }
+  inject_nan_before_graph();
+  comm_.watched_launch(dev_->stream(), "micro_batch_graph", launch);
+  ready_count_ = std::move(count);
+  reduced_ = std::move(reduced);
+}
+
+}  // namespace ft
