@@ -93,9 +93,9 @@ class GroupHooks {
   //   kHostOnly: grads_ready only counts on the host, no device work. Its calls are logged
   //     while recording (FlatParams::log_grads_ready) and made on the host after each launch.
   //   kCollectives: grads_ready also issues collectives on the communicator's stream (ZeRO 0-1's
-  //     all-reduces under overlap_comm), which the communicator records into the graph
-  //     (Communicator::records_in_graphs). The calls are made while recording, between
-  //     begin_recording and, inside the recording, join_recorded, which orders the compute
+  //     all-reduces under overlap_comm, ZeRO 2's reduce-scatters), which the communicator records
+  //     into the graph (Communicator::records_in_graphs). The calls are made while recording,
+  //     between begin_recording and, inside the recording, join_recorded, which orders the compute
   //     stream after the recorded collectives; a recording that fails is undone by
   //     recording_failed. Each launch goes through launch_collectives(launch, groups,
   //     recorded_now), which has the collective watchdog watch it, then makes the host's part of

@@ -59,6 +59,7 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
     for (size_t g = 0; g < G; ++g)
       grad_shards_.emplace_back(dev_, trains_[g] && !offload_ ? shard_[g] : 0);
     working_grads_.resize(G);
+    working_slot_.assign(G, -1);
     flat_.set_hooks(this);
   } else {
     flat_.grads();  // full gradient buffers
@@ -262,11 +263,21 @@ void ZeroSharding::reduce_group(int group) {
 
 void ZeroSharding::retire_scatters(size_t keep) {
   const Stream st = dev_->stream();
-  while (!scatters_.empty() && (scatters_.size() > keep || scatters_.front().work.complete())) {
+  const bool by_count = keeps_working();
+  while (!scatters_.empty() &&
+         (scatters_.size() > keep || (!by_count && scatters_.front().work.complete()))) {
     Scatter& x = scatters_.front();
     x.work.wait_on(st);
+    const size_t g = size_t(x.group), s = shard_[g];
+    if (x.slot >= 0) {  // keeps_working (never with offload): the slot is free again after
+      Slot& sl = slots_[size_t(x.slot)];
+      if (sl.low_out.size()) dev_->ops().convert(st, sl.mine.data(), sl.low_out.data(), s);
+      dev_->ops().add(st, grad_shards_[g].data(), sl.mine.data(), s);
+      sl.busy = false;
+      scatters_.erase(scatters_.begin());
+      continue;
+    }
     if (x.low_out.size()) dev_->ops().convert(st, x.mine.data(), x.low_out.data(), x.mine.size());
-    const size_t g = size_t(x.group);
     if (offload_) {
       const float* mine = x.mine.data();  // before x.mine is moved into the call
       land(host_grads_[g].data(), mine, ranges_[g].size(), landed_[g], std::move(x.mine));
@@ -278,13 +289,13 @@ void ZeroSharding::retire_scatters(size_t keep) {
   }
 }
 
-void ZeroSharding::maybe_inject_nan(int group, float* grad) {
+void ZeroSharding::maybe_inject_nan(int group, float* grad, bool shard) {
   if (!nan_pending_) return;
   for (size_t g = 0; g < numel_.size(); ++g) {
     if (ranges_[g].begin >= ranges_[g].end || !trains_[g]) continue;
     if (int(g) != group) return;  // the first trained group held is not this one
     const float nan = std::numeric_limits<float>::quiet_NaN();
-    dev_->copy_from_host(grad + ranges_[g].begin, &nan, sizeof nan);
+    dev_->copy_from_host(grad + (shard ? 0 : ranges_[g].begin), &nan, sizeof nan);
     nan_pending_ = false;
     return;
   }
@@ -303,7 +314,8 @@ void ZeroSharding::finish_backward() {
     // A working gradient still here was computed but never reported complete: it would never
     // reach the shard, and the step would go on without it.
     for (size_t g = 0; g < working_grads_.size(); ++g)
-      FT_CHECK(!working_grads_[g].data(), "ZeRO stage ", stage_, ": group ", g,
+      FT_CHECK(!working_grads_[g].data() && working_slot_[g] < 0, "ZeRO stage ", stage_, ": group ",
+               g,
                "'s gradient was computed but never reported complete (grads_ready), so it would "
                "be lost");
   } else if (D_ == 1) {
@@ -704,12 +716,51 @@ float* ZeroSharding::grads(int group) {
   wait_update(group);
   if (!trains_[g]) return nullptr;
   if (stage_ < 2) return flat_.grads()[g].data();
+  if (keeps_working()) {
+    if (working_slot_[g] < 0) {
+      const size_t n = shard_[g] * size_t(D_);
+      working_slot_[g] = take_slot(n);
+      dev_->memset_zero(slots_[size_t(working_slot_[g])].working.data(), n * sizeof(float));
+    }
+    return slots_[size_t(working_slot_[g])].working.data();
+  }
   if (!working_grads_[g].data()) {
     const MemoryScope tag(MemoryCategory::kCommunication);  // until reduce-scattered
     working_grads_[g] = Buffer<float>(dev_, shard_[g] * size_t(D_));
     working_grads_[g].zero();
   }
   return working_grads_[g].data();
+}
+
+float* ZeroSharding::working(size_t g) {
+  const int slot = working_slot_[g];
+  return slot >= 0 ? slots_[size_t(slot)].working.data() : working_grads_[g].data();
+}
+
+int ZeroSharding::take_slot(size_t n) {
+  int best = -1;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& sl = slots_[i];
+    if (!sl.busy && sl.working.size() >= n &&
+        (best < 0 || sl.working.size() < slots_[size_t(best)].working.size()))
+      best = int(i);
+  }
+  if (best < 0) {
+    const MemoryScope tag(MemoryCategory::kCommunication);
+    Slot sl;
+    sl.working = Buffer<float>(dev_, n);
+    if (D_ > 1) {
+      sl.mine = Buffer<float>(dev_, n / size_t(D_));
+      if (opt_.reduce_dtype != DType::kF32) {
+        sl.low_in = DBuffer(dev_, opt_.reduce_dtype, n);
+        sl.low_out = DBuffer(dev_, opt_.reduce_dtype, n / size_t(D_));
+      }
+    }
+    slots_.push_back(std::move(sl));
+    best = int(slots_.size()) - 1;
+  }
+  slots_[size_t(best)].busy = true;
+  return best;
 }
 
 bool ZeroSharding::count_ready(std::vector<int>& count, int group) const {
@@ -731,8 +782,27 @@ void ZeroSharding::grads_ready(int group) {
     if (last && D_ > 1 && opt_.overlap) reduce_group(group);
     return;
   }
-  if (last) maybe_inject_nan(group, working_grads_[g].data());
+  if (last) maybe_inject_nan(group, working(g));
   const Stream st = dev_->stream();
+  if (const int slot = working_slot_[g]; slot >= 0) {  // keeps_working
+    working_slot_[g] = -1;
+    Slot& sl = slots_[size_t(slot)];
+    if (D_ == 1) {
+      dev_->ops().add(st, grad_shards_[g].data(), sl.working.data(), s);
+      sl.busy = false;
+      return;
+    }
+    Scatter x{group, CommWork(), {}, {}, {}, {}, slot};
+    if (opt_.reduce_dtype == DType::kF32) {
+      x.work = comm_.reduce_scatter(st, sl.working.data(), sl.mine.data(), s);
+    } else {
+      dev_->ops().convert(st, sl.low_in.data(), sl.working.data(), s * size_t(D_));
+      x.work = comm_.reduce_scatter(st, sl.low_in.data(), sl.low_out.data(), s);
+    }
+    scatters_.push_back(std::move(x));
+    retire_scatters(opt_.overlap ? 2 : 0);
+    return;
+  }
   if (D_ == 1) {  // the working gradient is the whole shard: no collective to go through
     if (offload_) {
       const float* w = working_grads_[g].data();  // before the buffer is moved into the call

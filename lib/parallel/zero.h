@@ -220,7 +220,22 @@ class ZeroSharding final : public GroupHooks {
     CommWork work;
     Buffer<float> working, mine;
     DBuffer low_in, low_out;  // reduce_dtype bf16: what the call reads and writes
+    int slot = -1;            // keeps_working(): the buffers are that slot's, not these
   };
+  // Stage 2 with graphs (FT_CUDA_GRAPHS=1; no offload or overlap_update): a working gradient
+  // and its reduce-scatter's buffers are a slot's, kept for the run, so that every micro-batch
+  // uses the same addresses (a recording makes no allocation, and a graph keeps what it
+  // recorded): the free slot that fits best, or a new one (the warm-up makes them all). The
+  // scatters then retire by count only (a recording cannot ask whether a call is done), and a
+  // recorded micro-batch ends with all of them retired, every slot free again.
+  struct Slot {
+    Buffer<float> working, mine;
+    DBuffer low_in, low_out;
+    bool busy = false;
+  };
+  bool keeps_working() const;
+  int take_slot(size_t n);   // a slot whose working buffer holds n, marked busy
+  float* working(size_t g);  // group g's working gradient (stage >= 2)
   // Stage 0/1: an all-reduce call in flight; with reduce_dtype bf16 it sums the n elements at
   // `low` (in `low_owned`, made for the call, or in the group's kept buffer low_grads_),
   // widened back into dst once the call is ordered on the compute stream.
@@ -246,8 +261,10 @@ class ZeroSharding final : public GroupHooks {
   void prefetch_after(int group);
   bool shared(int g) const;  // held by two pipeline stages (share_group)
   void drop_prefetches();
-  void maybe_inject_nan(int g, float* grad);  // test support, see inject_nan_grad_for_test
-  void inject_nan_before_graph();             // the same, before a kCollectives micro-batch
+  // Test support (inject_nan_grad_for_test): a NaN into the first trained group's range of
+  // `grad`, a full-size gradient, or its shard where `shard`.
+  void maybe_inject_nan(int g, float* grad, bool shard = false);
+  void inject_nan_before_graph();  // the same, before a kCollectives micro-batch
   int stage_;
   FlatParams& flat_;  // the model's parameters
   Communicator& comm_;
@@ -300,6 +317,8 @@ class ZeroSharding final : public GroupHooks {
   } recording_;
   std::vector<bool> graph_reduces_;
   std::vector<DBuffer> low_grads_;  // per group, where keeps_low_grads(): made at first use
+  std::vector<Slot> slots_;         // keeps_working()
+  std::vector<int> working_slot_;   // per group: the slot of its working gradient, or -1
   std::vector<Scatter> scatters_;   // stage >= 2, oldest first
   bool nan_pending_ = false;        // test support
   bool warned_unreported_ = false;  // finish_backward's warning, once a run

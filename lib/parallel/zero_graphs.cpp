@@ -1,6 +1,7 @@
 // ZeroSharding's part in graphs (GroupHooks::Replay, FT_CUDA_GRAPHS=1; DESIGN.md §2 "Graphs"):
 // which kind of micro-batch it is, the recording's state and its undoing, the agreement between
 // ranks, and the host's part of each launch. The rest of the sharding is in zero.cpp.
+#include <algorithm>
 #include <utility>
 
 #include "comm/device_comm.h"
@@ -10,6 +11,9 @@
 namespace ft {
 
 GroupHooks::Replay ZeroSharding::micro_batch_replay() const {
+  // Stage 2: every micro-batch reduce-scatters each group's working gradient (in the kept
+  // slots), so every one is of the kind that records its collectives.
+  if (keeps_working()) return Replay::kCollectives;
   if (stage_ >= 2 || offload_ || opt_.overlap_update) return Replay::kNone;
   if (D_ > 1 && opt_.overlap)
     for (size_t g = 0; g < ready_count_.size(); ++g)
@@ -25,21 +29,42 @@ bool ZeroSharding::keeps_low_grads() const {
          stage_ < 2 && !offload_;
 }
 
+bool ZeroSharding::keeps_working() const {
+  return dev_->graphs_enabled() && stage_ == 2 && !offload_ && !opt_.overlap_update &&
+         (D_ == 1 || comm_.records_in_graphs());
+}
+
 void ZeroSharding::inject_nan_before_graph() {
-  // Into the gradient the micro-batch adds to, before it: the NaN stays, as if written just
-  // before the reductions (the graph cannot copy from the host while it records or runs).
+  // Into the gradient the micro-batch adds to (at stage 2 the shard), before it: the NaN stays,
+  // as if written just before the reductions (the graph cannot copy from the host while it
+  // records or runs).
   for (size_t g = 0; g < numel_.size() && nan_pending_; ++g)
-    if (trains_[g]) maybe_inject_nan(int(g), flat_.grads()[g].data());
+    if (trains_[g])
+      maybe_inject_nan(int(g), stage_ >= 2 ? grad_shards_[g].data() : flat_.grads()[g].data(),
+                       /*shard=*/stage_ >= 2);
 }
 
 void ZeroSharding::begin_recording() {
   inject_nan_before_graph();
+  // Stage 2: an op-by-op micro-batch's reduce-scatters still in flight retire first, so that
+  // the recording starts with every slot free, as each launch does (launch_collectives).
+  if (stage_ >= 2) retire_scatters(0);
   recording_ = {ready_count_, reduced_, reducing_.size()};
 }
 
 bool ZeroSharding::peers_record() const { return D_ > 1 && comm_.records_in_graphs(); }
 
 void ZeroSharding::join_recorded() {
+  if (stage_ >= 2) {
+    // Stage 2: the recorded reduce-scatters retired inside the graph (each shard summed, every
+    // slot free), so that the graph is the whole micro-batch and the next starts as it did.
+    retire_scatters(0);
+    for (size_t g = 0; g < working_slot_.size(); ++g)
+      FT_CHECK(working_slot_[g] < 0, "ZeRO stage 2: group ", g,
+               "'s working gradient was taken in the recorded micro-batch but never reported "
+               "complete (grads_ready)");
+    return;
+  }
   // The compute stream after the recorded all-reduces, inside the graph, each widened back from
   // its kept 16-bit buffer where it went through one: finish_backward finds them done.
   graph_reduces_.assign(reduced_.size(), false);
@@ -57,8 +82,14 @@ void ZeroSharding::join_recorded() {
 }
 
 void ZeroSharding::recording_failed() {
-  // The recorded calls' handles are dropped unwaited: nothing ran.
+  // The recorded calls' handles are dropped unwaited: nothing ran. (Stage 2: every slot was free
+  // when the recording began.)
   reducing_.resize(recording_.reducing);
+  if (stage_ >= 2) {
+    scatters_.clear();
+    for (Slot& sl : slots_) sl.busy = false;
+    std::fill(working_slot_.begin(), working_slot_.end(), -1);
+  }
   ready_count_ = recording_.ready_count;
   reduced_ = recording_.reduced;
 }
@@ -69,6 +100,19 @@ bool ZeroSharding::agree_recorded(bool ok) {
 
 void ZeroSharding::launch_collectives(const std::function<void()>& launch,
                                       const std::vector<int>& groups, bool recorded_now) {
+  if (stage_ >= 2) {
+    // Stage 2: the graph reduce-scatters and sums every group it reports, whichever micro-batch
+    // of the step it is; the host's part is the counts. It starts with every slot free.
+    retire_scatters(0);
+    std::vector<int> count = ready_count_;
+    if (!recorded_now)
+      for (const int group : groups)
+        if (trains_[size_t(group)]) count_ready(count, group);
+    inject_nan_before_graph();
+    comm_.watched_launch(dev_->stream(), "micro_batch_graph", launch);
+    ready_count_ = std::move(count);
+    return;
+  }
   // The host's part, checked before the launch: the graph reduces what its recording reduced,
   // so the same groups must be final now (else the graph would reduce a partial gradient).
   std::vector<int> count = ready_count_;

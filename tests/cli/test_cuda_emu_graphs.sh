@@ -21,8 +21,11 @@
 #  - packed documents in bf16 at head dim 64 (the fused attention with segment ids) through the
 #    Hopper kernels (FT_CUDA_ATTENTION_SM90=1: their TMA descriptors are kernel arguments);
 #  - ZeRO stage 3 (its hooks gather and reduce around the layers): the micro-batch not recorded,
-#    the optimizer step recorded; the same with two data ranks (`--nproc 2`, the emulated NCCL)
-#    at ZeRO stage 2: each rank records its own shard's update;
+#    the optimizer step recorded; ZeRO stage 2 on one rank: the micro-batch recorded with its
+#    working gradients' sums into the shards (slots kept for the run); and over two data ranks
+#    (`--nproc 2`, the emulated NCCL) with its reduce-scatters (planted: slots not reused fail
+#    the recording, an allocation; so do the scatters not retired inside the graph, the capture
+#    left unjoined); each rank records its own shard's update;
 #  - two data ranks at ZeRO stage 0 with two micro-batches a step: the first of each step is
 #    recorded and replayed (the hooks only count it on the host: GroupHooks::Replay::kHostOnly),
 #    and so is the second, whose gradients overlap_comm all-reduces during its backward, in a
@@ -107,7 +110,7 @@ for kernel in forward dkdv dq; do
     || fail "packed_sm90: no attention_sm90_${kernel}_kernel launch"
 done
 pair zero3 0 1 parallel.zero_stage=3
-pair zero2_ranks2 0 2 parallel.zero_stage=2 --nproc 2
+pair zero2 1 1 parallel.zero_stage=2
 # ranks2 NAME RECORDINGS LAUNCHES: on each of the two ranks (rank 0's lines have no prefix),
 # RECORDINGS recordings of a micro-batch and LAUNCHES launches over the run.
 ranks2() {
@@ -147,6 +150,15 @@ FT_TEST_NAN_GRAD_AT_STEP=3:1 pair zero1_ranks2 2 2 parallel.zero_stage=1 adapter
 ranks2 zero1_ranks2 1 7
 grep -q '^warning: step 3: gradient overflow at loss scale .*step skipped' "$tmp/zero1_ranks2.1.log" \
   || fail "zero1_ranks2: step 3 was not skipped for rank 1's NaN"
+# ZeRO 2 over two data ranks: every micro-batch reduce-scatters each group's working gradient, in
+# slots kept for the run, and is recorded with its calls (here bf16 conversions each way, two
+# micro-batches a step, fp16 with a NaN in rank 1's gradient at step 3, which goes into its
+# gradient shard before the launch): one graph a rank from step 1's second (15 launches).
+FT_TEST_NAN_GRAD_AT_STEP=3:1 pair zero2_ranks2 2 2 parallel.zero_stage=2 \
+  training.global_batch_size=8 parallel.reduce_dtype=bf16 training.precision=fp16 --nproc 2
+ranks2 zero2_ranks2 1 15
+grep -q '^warning: step 3: gradient overflow at loss scale .*step skipped' "$tmp/zero2_ranks2.1.log" \
+  || fail "zero2_ranks2: step 3 was not skipped for rank 1's NaN"
 # Two tensor ranks (their all-reduces in every layer recorded into the graph), two micro-batches a
 # step: one graph a rank from step 1's second micro-batch (15 launches).
 pair tp2 2 2 parallel.tensor=2 model.vocab_size=98 --nproc 2
