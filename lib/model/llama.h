@@ -117,6 +117,10 @@ class LlamaModel final : public PipelineStage {
 
   const StageSpec& stage() const { return stage_; }
   int tensor_rank() const { return tp_.rank(); }
+  // Whether this model may record its training micro-batches as graphs at all (FT_CUDA_GRAPHS=1,
+  // one pipeline stage, tensor ranks over NCCL, no FT_PROFILE): what does not change during a
+  // run of graph_eligible (the hooks keep the buffers graphs need only then: ZeroOptions::graphs).
+  bool may_record_graphs() const;
   bool owns_group(int g) const;
 
   // The head (the final norm's output → lm_head → cross-entropy → dlogits → the head's backward)

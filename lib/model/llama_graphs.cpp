@@ -12,11 +12,14 @@
 
 namespace ft {
 
+bool LlamaModel::may_record_graphs() const {
+  return dev_->graphs_enabled() && (tp_.size() == 1 || tp_.comm()->records_in_graphs()) &&
+         stage_.embed && stage_.head && dev_->profile() == nullptr;
+}
+
 bool LlamaModel::graph_eligible() const {
-  return dev_->graphs_enabled() && !graph_failed_ &&
-         (tp_.size() == 1 || tp_.comm()->records_in_graphs()) && stage_.embed && stage_.head &&
-         !objective_ && flat_.micro_batch_replay() != GroupHooks::Replay::kNone &&
-         dev_->profile() == nullptr;
+  return may_record_graphs() && !graph_failed_ && !objective_ &&
+         flat_.micro_batch_replay() != GroupHooks::Replay::kNone;
 }
 
 void LlamaModel::drop_graph(MicroBatchGraph& g) {

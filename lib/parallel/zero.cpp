@@ -59,7 +59,7 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
     for (size_t g = 0; g < G; ++g)
       grad_shards_.emplace_back(dev_, trains_[g] && !offload_ ? shard_[g] : 0);
     working_grads_.resize(G);
-    working_slot_.assign(G, -1);
+    working_kept_.assign(G, -1);
     flat_.set_hooks(this);
   } else {
     flat_.grads();  // full gradient buffers
@@ -172,6 +172,7 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
       }
     flat_.drop_params();
     gathered_.resize(G);
+    gathered_kept_.assign(G, -1);
     gathering_.resize(G);
     refs_.assign(G, 0);
   } else {
@@ -269,11 +270,14 @@ void ZeroSharding::retire_scatters(size_t keep) {
     Scatter& x = scatters_.front();
     x.work.wait_on(st);
     const size_t g = size_t(x.group), s = shard_[g];
-    if (x.slot >= 0) {  // keeps_working (never with offload): the slot is free again after
-      Slot& sl = slots_[size_t(x.slot)];
-      if (sl.low_out.size()) dev_->ops().convert(st, sl.mine.data(), sl.low_out.data(), s);
-      dev_->ops().add(st, grad_shards_[g].data(), sl.mine.data(), s);
-      sl.busy = false;
+    if (x.kept_mine >= 0) {  // keeps_working (never with offload): given back after
+      float* mine = kept_f32_[x.kept_mine].data();
+      if (x.kept_low_out >= 0) dev_->ops().convert(st, mine, kept_low_[x.kept_low_out].data(), s);
+      dev_->ops().add(st, grad_shards_[g].data(), mine, s);
+      kept_f32_.give(x.kept_mine);
+      kept_f32_.give(x.kept_working);
+      kept_low_.give(x.kept_low_in);
+      kept_low_.give(x.kept_low_out);
       scatters_.erase(scatters_.begin());
       continue;
     }
@@ -307,14 +311,23 @@ void ZeroSharding::finish_backward() {
   for (size_t g = 0; g < update_pending_.size(); ++g) wait_update(int(g));
   const Stream st = dev_->stream();
   drop_prefetches();
-  if (in_step_ && !order_.empty()) order_recorded_ = true;
+  if (in_step_ && !order_.empty() && !order_recorded_) {
+    order_recorded_ = true;
+    // With graphs (keeps_working) each micro-batch follows one micro-batch's order from its
+    // start (prefetch_after), where the step's micro-batches acquired alike.
+    const size_t m = order_.size() / size_t(micro_batches_);
+    bool alike =
+        keeps_working() && micro_batches_ > 1 && m * size_t(micro_batches_) == order_.size();
+    for (size_t i = m; alike && i < order_.size(); ++i) alike = order_[i] == order_[i % m];
+    if (alike) order_.resize(m);
+  }
   in_step_ = false;
   if (stage_ >= 2) {
     retire_scatters(0);
     // A working gradient still here was computed but never reported complete: it would never
     // reach the shard, and the step would go on without it.
     for (size_t g = 0; g < working_grads_.size(); ++g)
-      FT_CHECK(!working_grads_[g].data() && working_slot_[g] < 0, "ZeRO stage ", stage_, ": group ",
+      FT_CHECK(!working_grads_[g].data() && working_kept_[g] < 0, "ZeRO stage ", stage_, ": group ",
                g,
                "'s gradient was computed but never reported complete (grads_ready), so it would "
                "be lost");
@@ -620,8 +633,13 @@ void ZeroSharding::start_gather(size_t g) {
     if (!offload_params_) dev_->wait(dev_->stream(), up_event_[g]);
   }
   const MemoryScope tag(MemoryCategory::kCommunication);  // gathered for the group's use
-  gathered_[g] = DBuffer(dev_, cdt_, s * size_t(D_));
-  const Ref own = gathered_[g].data() + size_t(rank_) * s;
+  if (keeps_working()) {
+    gathered_kept_[g] =
+        kept_params_.take(s * size_t(D_), [&](size_t n) { return DBuffer(dev_, cdt_, n); });
+  } else {
+    gathered_[g] = DBuffer(dev_, cdt_, s * size_t(D_));
+  }
+  const Ref all = gathered(g), own = all + size_t(rank_) * s;
   if (offload_params_) {
     // From the host shard, on the copy stream, so that it runs while the compute stream works
     // on the groups before (after the work queued so far: the memory's last use); the all-gather
@@ -630,7 +648,7 @@ void ZeroSharding::start_gather(size_t g) {
     compute_mark_.record(dev_->stream());
     dev_->wait(cs, compute_mark_);
     dev_->copy_from_host_async(cs, own.ptr, host_compute_[g].data(), s * dtype_size(cdt_));
-    gathering_[g] = comm_.all_gather(cs, own, gathered_[g].data(), s);
+    gathering_[g] = comm_.all_gather(cs, own, all, s);
     h2d_done_[g].record(cs);
     return;
   }
@@ -641,7 +659,7 @@ void ZeroSharding::start_gather(size_t g) {
                        : compute_shards_[g].data();
   const Stream st = dev_->stream();
   dev_->copy(st, own.ptr, src.ptr, s * dtype_size(cdt_));
-  gathering_[g] = comm_.all_gather(st, own, gathered_[g].data(), s);
+  gathering_[g] = comm_.all_gather(st, own, all, s);
 }
 
 // Prefetch (parallel.prefetch_blocks), as FSDP does it: the order in which a training step
@@ -656,6 +674,9 @@ void ZeroSharding::prefetch_after(int group) {
     order_.push_back(group);
     return;
   }
+  // With graphs the order is one micro-batch's (begin_recording), which each micro-batch
+  // follows from its start.
+  if (keeps_working() && pos_ == order_.size()) pos_ = 0;
   if (!order_ok_ || pos_ >= order_.size() || order_[pos_] != group) {
     order_ok_ = false;
     return;
@@ -663,7 +684,7 @@ void ZeroSharding::prefetch_after(int group) {
   ++pos_;
   for (size_t k = pos_; k < std::min(order_.size(), pos_ + size_t(opt_.prefetch_blocks)); ++k) {
     const size_t g = size_t(order_[k]);
-    if (refs_[g] == 0 && !gathered_[g].data().ptr) start_gather(g);
+    if (refs_[g] == 0 && !gathered(g).ptr) start_gather(g);
   }
 }
 
@@ -673,10 +694,10 @@ void ZeroSharding::drop_prefetches() {
   if (stage_ < 3) return;
   const Stream st = dev_->stream();
   for (size_t g = 0; g < gathered_.size(); ++g) {
-    if (refs_[g] != 0 || !gathered_[g].data().ptr) continue;
+    if (refs_[g] != 0 || !gathered(g).ptr) continue;
     if (offload_params_) dev_->wait(st, h2d_done_[g]);
     gathering_[g].wait_on(st);
-    gathered_[g] = DBuffer();
+    free_gathered(g);
   }
 }
 
@@ -696,19 +717,32 @@ CRef ZeroSharding::acquire_params(int group) {
   }
   if (stage_ < 3) return flat_.compute_params(group);
   if (refs_[g]++ == 0) {
-    if (!gathered_[g].data().ptr) start_gather(g);  // not prefetched
+    if (!gathered(g).ptr) start_gather(g);  // not prefetched
     if (offload_params_) dev_->wait(dev_->stream(), h2d_done_[g]);
     gathering_[g].wait_on(dev_->stream());
     prefetch_after(group);
   }
-  return gathered_[g].data();
+  return gathered(g);
+}
+
+Ref ZeroSharding::gathered(size_t g) {
+  const int k = gathered_kept_[g];
+  return k >= 0 ? kept_params_[k].data() : gathered_[g].data();
+}
+
+void ZeroSharding::free_gathered(size_t g) {
+  // A kept buffer is reused by a later gather, on the compute stream or by the all-gather,
+  // which the communicator orders after the work queued there so far: after this group's last
+  // use.
+  kept_params_.give(gathered_kept_[g]);
+  gathered_[g] = DBuffer();
 }
 
 void ZeroSharding::release_params(int group) {
   const size_t g = size_t(group);
   if (stage_ < 3) return;
   FT_CHECK(refs_[g] > 0, "ZeRO-3: group ", group, " released more often than acquired");
-  if (--refs_[g] == 0) gathered_[g] = DBuffer();
+  if (--refs_[g] == 0) free_gathered(g);
 }
 
 float* ZeroSharding::grads(int group) {
@@ -717,12 +751,12 @@ float* ZeroSharding::grads(int group) {
   if (!trains_[g]) return nullptr;
   if (stage_ < 2) return flat_.grads()[g].data();
   if (keeps_working()) {
-    if (working_slot_[g] < 0) {
+    if (working_kept_[g] < 0) {
       const size_t n = shard_[g] * size_t(D_);
-      working_slot_[g] = take_slot(n);
-      dev_->memset_zero(slots_[size_t(working_slot_[g])].working.data(), n * sizeof(float));
+      working_kept_[g] = take_f32(n);
+      dev_->memset_zero(kept_f32_[working_kept_[g]].data(), n * sizeof(float));
     }
-    return slots_[size_t(working_slot_[g])].working.data();
+    return kept_f32_[working_kept_[g]].data();
   }
   if (!working_grads_[g].data()) {
     const MemoryScope tag(MemoryCategory::kCommunication);  // until reduce-scattered
@@ -733,34 +767,22 @@ float* ZeroSharding::grads(int group) {
 }
 
 float* ZeroSharding::working(size_t g) {
-  const int slot = working_slot_[g];
-  return slot >= 0 ? slots_[size_t(slot)].working.data() : working_grads_[g].data();
+  const int k = working_kept_[g];
+  return k >= 0 ? kept_f32_[k].data() : working_grads_[g].data();
 }
 
-int ZeroSharding::take_slot(size_t n) {
-  int best = -1;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& sl = slots_[i];
-    if (!sl.busy && sl.working.size() >= n &&
-        (best < 0 || sl.working.size() < slots_[size_t(best)].working.size()))
-      best = int(i);
-  }
-  if (best < 0) {
+int ZeroSharding::take_f32(size_t n) {
+  return kept_f32_.take(n, [&](size_t m) {
     const MemoryScope tag(MemoryCategory::kCommunication);
-    Slot sl;
-    sl.working = Buffer<float>(dev_, n);
-    if (D_ > 1) {
-      sl.mine = Buffer<float>(dev_, n / size_t(D_));
-      if (opt_.reduce_dtype != DType::kF32) {
-        sl.low_in = DBuffer(dev_, opt_.reduce_dtype, n);
-        sl.low_out = DBuffer(dev_, opt_.reduce_dtype, n / size_t(D_));
-      }
-    }
-    slots_.push_back(std::move(sl));
-    best = int(slots_.size()) - 1;
-  }
-  slots_[size_t(best)].busy = true;
-  return best;
+    return Buffer<float>(dev_, m);
+  });
+}
+
+int ZeroSharding::take_low(size_t n) {
+  return kept_low_.take(n, [&](size_t m) {
+    const MemoryScope tag(MemoryCategory::kCommunication);
+    return DBuffer(dev_, opt_.reduce_dtype, m);
+  });
 }
 
 bool ZeroSharding::count_ready(std::vector<int>& count, int group) const {
@@ -784,20 +806,25 @@ void ZeroSharding::grads_ready(int group) {
   }
   if (last) maybe_inject_nan(group, working(g));
   const Stream st = dev_->stream();
-  if (const int slot = working_slot_[g]; slot >= 0) {  // keeps_working
-    working_slot_[g] = -1;
-    Slot& sl = slots_[size_t(slot)];
+  if (working_kept_[g] >= 0) {  // keeps_working: the kept buffers, given back as op by op
+    int w = std::exchange(working_kept_[g], -1);
     if (D_ == 1) {
-      dev_->ops().add(st, grad_shards_[g].data(), sl.working.data(), s);
-      sl.busy = false;
+      dev_->ops().add(st, grad_shards_[g].data(), kept_f32_[w].data(), s);
+      kept_f32_.give(w);
       return;
     }
-    Scatter x{group, CommWork(), {}, {}, {}, {}, slot};
+    Scatter x{group, CommWork(), {}, {}, {}, {}};
+    x.kept_mine = take_f32(s);
     if (opt_.reduce_dtype == DType::kF32) {
-      x.work = comm_.reduce_scatter(st, sl.working.data(), sl.mine.data(), s);
+      x.work = comm_.reduce_scatter(st, kept_f32_[w].data(), kept_f32_[x.kept_mine].data(), s);
+      x.kept_working = w;  // read by the call
     } else {
-      dev_->ops().convert(st, sl.low_in.data(), sl.working.data(), s * size_t(D_));
-      x.work = comm_.reduce_scatter(st, sl.low_in.data(), sl.low_out.data(), s);
+      x.kept_low_in = take_low(s * size_t(D_));
+      x.kept_low_out = take_low(s);
+      dev_->ops().convert(st, kept_low_[x.kept_low_in].data(), kept_f32_[w].data(), s * size_t(D_));
+      kept_f32_.give(w);  // the call reads low_in
+      x.work = comm_.reduce_scatter(st, kept_low_[x.kept_low_in].data(),
+                                    kept_low_[x.kept_low_out].data(), s);
     }
     scatters_.push_back(std::move(x));
     retire_scatters(opt_.overlap ? 2 : 0);

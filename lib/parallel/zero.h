@@ -57,6 +57,10 @@ struct ZeroOptions {
   DType reduce_dtype = DType::kF32;
   int prefetch_blocks = 1;
   size_t bucket_elems = size_t(25) << 20 >> 2;  // 25 MiB of fp32, as PyTorch DDP's bucket_cap_mb
+  // The model may record its micro-batches as graphs (LlamaModel::may_record_graphs, and no row
+  // objective): the buffers a recorded micro-batch uses are kept for the run where the hooks
+  // take part in it (keeps_low_grads, keeps_working); elsewhere they are made per call.
+  bool graphs = false;
 };
 
 // parallel.offload_params: this data rank's ZeRO-3 shard of each group in host memory (page-locked,
@@ -197,7 +201,10 @@ class ZeroSharding final : public GroupHooks {
   // kCollectives for the one that reduces, where the data group's communicator records its
   // all-reduces (NCCL; with reduce_dtype bf16 through each group's kept conversion buffer, and
   // widened back inside the graph); a test NaN pending then goes into the gradient before the
-  // micro-batch, not while it reduces.
+  // micro-batch, not while it reduces. At stages 2-3 (keeps_working: NCCL or one data rank)
+  // every micro-batch is kCollectives, the whole micro-batch in its graph (its gathers, its
+  // reduce-scatters and their sums into the shards), the NaN into the shard before it; stage 3
+  // not before a step has recorded its prefetch order.
   Replay micro_batch_replay() const override;
   void begin_recording() override;
   void join_recorded() override;
@@ -220,22 +227,55 @@ class ZeroSharding final : public GroupHooks {
     CommWork work;
     Buffer<float> working, mine;
     DBuffer low_in, low_out;  // reduce_dtype bf16: what the call reads and writes
-    int slot = -1;            // keeps_working(): the buffers are that slot's, not these
+    // keeps_working(): the kept buffers it uses instead (indices, -1 for none).
+    int kept_mine = -1, kept_working = -1, kept_low_in = -1, kept_low_out = -1;
   };
-  // Stage 2 with graphs (FT_CUDA_GRAPHS=1; no offload or overlap_update): a working gradient
-  // and its reduce-scatter's buffers are a slot's, kept for the run, so that every micro-batch
-  // uses the same addresses (a recording makes no allocation, and a graph keeps what it
-  // recorded): the free slot that fits best, or a new one (the warm-up makes them all). The
-  // scatters then retire by count only (a recording cannot ask whether a call is done), and a
-  // recorded micro-batch ends with all of them retired, every slot free again.
-  struct Slot {
-    Buffer<float> working, mine;
-    DBuffer low_in, low_out;
-    bool busy = false;
+  // Stages 2-3 with graphs (keeps_working(): FT_CUDA_GRAPHS=1, no offload or overlap_update):
+  // the working gradients, the reduce-scatters' buffers and (stage 3) the gathered parameters
+  // are buffers kept for the run, so that every micro-batch uses the same addresses (a
+  // recording makes no allocation, and a graph keeps what it recorded). Each is taken where op
+  // by op it would be made (a free one of the same size, else a new one: the warm-up makes them
+  // all) and given back where it would be freed (a later use is ordered after, on the compute
+  // stream or, for a collective, by the communicator). Exact sizes, so that a group's buffer is
+  // never held by a group of another size. The scatters retire by count only (a recording
+  // cannot ask whether a call is done), and a recorded micro-batch ends with all of them
+  // retired and every gather used or dropped, every buffer free again.
+  template <typename B>
+  class Kept {
+   public:
+    template <typename Make>
+    int take(size_t n, Make make) {
+      for (size_t i = 0; i < entries_.size(); ++i)
+        if (!entries_[i].busy && entries_[i].buf.size() == n) {
+          entries_[i].busy = true;
+          return int(i);
+        }
+      entries_.push_back(Entry{make(n), true});
+      return int(entries_.size()) - 1;
+    }
+    B& operator[](int i) { return entries_[size_t(i)].buf; }
+    void give(int& i) {  // and sets i to -1
+      if (i >= 0) entries_[size_t(i)].busy = false;
+      i = -1;
+    }
+    void give_all() {
+      for (Entry& e : entries_) e.busy = false;
+    }
+
+   private:
+    struct Entry {
+      B buf;
+      bool busy = false;
+    };
+    std::vector<Entry> entries_;
   };
   bool keeps_working() const;
-  int take_slot(size_t n);   // a slot whose working buffer holds n, marked busy
   float* working(size_t g);  // group g's working gradient (stage >= 2)
+  int take_f32(size_t n);    // from kept_f32_
+  int take_low(size_t n);    // from kept_low_
+  Ref gathered(size_t g);    // group g's gathered parameters (stage 3), null when none
+  void free_gathered(size_t g);
+  void start_whole_micro_batch();  // before a recorded micro-batch, and before each launch
   // Stage 0/1: an all-reduce call in flight; with reduce_dtype bf16 it sums the n elements at
   // `low` (in `low_owned`, made for the call, or in the group's kept buffer low_grads_),
   // widened back into dst once the call is ordered on the compute stream.
@@ -317,8 +357,11 @@ class ZeroSharding final : public GroupHooks {
   } recording_;
   std::vector<bool> graph_reduces_;
   std::vector<DBuffer> low_grads_;  // per group, where keeps_low_grads(): made at first use
-  std::vector<Slot> slots_;         // keeps_working()
-  std::vector<int> working_slot_;   // per group: the slot of its working gradient, or -1
+  Kept<Buffer<float>> kept_f32_;    // keeps_working(): working gradients, the scatters' outputs
+  Kept<DBuffer> kept_low_;          // keeps_working() with reduce_dtype bf16: the conversions
+  Kept<DBuffer> kept_params_;       // keeps_working() at stage 3: gathered parameters
+  std::vector<int> working_kept_;   // per group: its working gradient in kept_f32_, or -1
+  std::vector<int> gathered_kept_;  // per group: its gathered parameters in kept_params_, or -1
   std::vector<Scatter> scatters_;   // stage >= 2, oldest first
   bool nan_pending_ = false;        // test support
   bool warned_unreported_ = false;  // finish_backward's warning, once a run

@@ -11,9 +11,14 @@
 namespace ft {
 
 GroupHooks::Replay ZeroSharding::micro_batch_replay() const {
-  // Stage 2: every micro-batch reduce-scatters each group's working gradient (in the kept
-  // slots), so every one is of the kind that records its collectives.
-  if (keeps_working()) return Replay::kCollectives;
+  // Stages 2-3: every micro-batch reduce-scatters each group's working gradient (stage 3 also
+  // all-gathers the parameters), in the kept slots, so every one is of the kind that records
+  // its collectives.
+  // Stage 3 with prefetch: not before a step has recorded the order, so that the op-by-op
+  // warm-up prefetches as the recording will (and makes the slots it will use).
+  if (keeps_working())
+    return stage_ == 3 && opt_.prefetch_blocks > 0 && !order_recorded_ ? Replay::kNone
+                                                                       : Replay::kCollectives;
   if (stage_ >= 2 || offload_ || opt_.overlap_update) return Replay::kNone;
   if (D_ > 1 && opt_.overlap)
     for (size_t g = 0; g < ready_count_.size(); ++g)
@@ -25,12 +30,12 @@ GroupHooks::Replay ZeroSharding::micro_batch_replay() const {
 }
 
 bool ZeroSharding::keeps_low_grads() const {
-  return dev_->graphs_enabled() && opt_.reduce_dtype != DType::kF32 && opt_.overlap && D_ > 1 &&
-         stage_ < 2 && !offload_;
+  return opt_.graphs && opt_.reduce_dtype != DType::kF32 && opt_.overlap && D_ > 1 && stage_ < 2 &&
+         !offload_ && !opt_.overlap_update;
 }
 
 bool ZeroSharding::keeps_working() const {
-  return dev_->graphs_enabled() && stage_ == 2 && !offload_ && !opt_.overlap_update &&
+  return opt_.graphs && stage_ >= 2 && !offload_ && !opt_.overlap_update &&
          (D_ == 1 || comm_.records_in_graphs());
 }
 
@@ -46,23 +51,38 @@ void ZeroSharding::inject_nan_before_graph() {
 
 void ZeroSharding::begin_recording() {
   inject_nan_before_graph();
-  // Stage 2: an op-by-op micro-batch's reduce-scatters still in flight retire first, so that
-  // the recording starts with every slot free, as each launch does (launch_collectives).
-  if (stage_ >= 2) retire_scatters(0);
+  if (stage_ >= 2) {
+    start_whole_micro_batch();
+  }
   recording_ = {ready_count_, reduced_, reducing_.size()};
+}
+
+void ZeroSharding::start_whole_micro_batch() {
+  // An op-by-op micro-batch's reduce-scatters still in flight retire, and its unused
+  // prefetches are dropped, so that the micro-batch starts with every slot free, as the
+  // recording did; the prefetch order from its start.
+  retire_scatters(0);
+  drop_prefetches();
+  pos_ = 0;
+  order_ok_ = true;
 }
 
 bool ZeroSharding::peers_record() const { return D_ > 1 && comm_.records_in_graphs(); }
 
 void ZeroSharding::join_recorded() {
   if (stage_ >= 2) {
-    // Stage 2: the recorded reduce-scatters retired inside the graph (each shard summed, every
-    // slot free), so that the graph is the whole micro-batch and the next starts as it did.
+    // Stages 2-3: the recorded reduce-scatters retired inside the graph (each shard summed, every
+    // slot free) and the gathers not used dropped, so that the graph is the whole micro-batch
+    // and the next starts as it did.
     retire_scatters(0);
-    for (size_t g = 0; g < working_slot_.size(); ++g)
-      FT_CHECK(working_slot_[g] < 0, "ZeRO stage 2: group ", g,
+    drop_prefetches();
+    for (size_t g = 0; g < working_kept_.size(); ++g) {
+      FT_CHECK(working_kept_[g] < 0, "ZeRO stage ", stage_, ": group ", g,
                "'s working gradient was taken in the recorded micro-batch but never reported "
                "complete (grads_ready)");
+      FT_CHECK(stage_ < 3 || (refs_[g] == 0 && gathered_kept_[g] < 0), "ZeRO stage 3: group ", g,
+               "'s parameters are still held at the end of the recorded micro-batch");
+    }
     return;
   }
   // The compute stream after the recorded all-reduces, inside the graph, each widened back from
@@ -87,8 +107,16 @@ void ZeroSharding::recording_failed() {
   reducing_.resize(recording_.reducing);
   if (stage_ >= 2) {
     scatters_.clear();
-    for (Slot& sl : slots_) sl.busy = false;
-    std::fill(working_slot_.begin(), working_slot_.end(), -1);
+    kept_f32_.give_all();
+    kept_low_.give_all();
+    std::fill(working_kept_.begin(), working_kept_.end(), -1);
+    if (stage_ == 3) {  // (the recording may have stopped between an acquire and its release)
+      kept_params_.give_all();
+      std::fill(gathered_kept_.begin(), gathered_kept_.end(), -1);
+      for (CommWork& w : gathering_) w = CommWork();
+      std::fill(refs_.begin(), refs_.end(), 0);
+      pos_ = 0;
+    }
   }
   ready_count_ = recording_.ready_count;
   reduced_ = recording_.reduced;
@@ -101,9 +129,10 @@ bool ZeroSharding::agree_recorded(bool ok) {
 void ZeroSharding::launch_collectives(const std::function<void()>& launch,
                                       const std::vector<int>& groups, bool recorded_now) {
   if (stage_ >= 2) {
-    // Stage 2: the graph reduce-scatters and sums every group it reports, whichever micro-batch
-    // of the step it is; the host's part is the counts. It starts with every slot free.
-    retire_scatters(0);
+    // Stages 2-3: the graph reduce-scatters and sums every group it reports, whichever
+    // micro-batch of the step it is; the host's part is the counts. It starts with every slot
+    // free.
+    start_whole_micro_batch();
     std::vector<int> count = ready_count_;
     if (!recorded_now)
       for (const int group : groups)

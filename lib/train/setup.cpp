@@ -143,6 +143,7 @@ RankSetup build_rank_setup(const Recipe& r, Device* dev, const Mesh& mesh,
   zero_options.reduce_dtype = r.parallel.reduce_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   zero_options.offload_optimizer = r.parallel.offload_optimizer == "cpu";
   zero_options.host_shards = s.host_shards.get();
+  zero_options.graphs = s.model->may_record_graphs() && r.training.objective != "dpo";
   zero_options.bucket_elems =
       std::max<size_t>(1, size_t(r.parallel.reduce_bucket_mb * double(1 << 20)) / sizeof(float));
   s.zero =

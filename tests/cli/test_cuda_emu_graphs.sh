@@ -20,10 +20,15 @@
 #    state instead, the first replay after an evaluation used another layer's weights);
 #  - packed documents in bf16 at head dim 64 (the fused attention with segment ids) through the
 #    Hopper kernels (FT_CUDA_ATTENTION_SM90=1: their TMA descriptors are kernel arguments);
-#  - ZeRO stage 3 (its hooks gather and reduce around the layers): the micro-batch not recorded,
-#    the optimizer step recorded; ZeRO stage 2 on one rank: the micro-batch recorded with its
-#    working gradients' sums into the shards (slots kept for the run); and over two data ranks
-#    (`--nproc 2`, the emulated NCCL) with its reduce-scatters (planted: slots not reused fail
+#  - ZeRO stage 3 (its hooks gather and reduce around the layers, and prefetch): the micro-batch
+#    recorded once a step has recorded the acquisition order, so that the graph prefetches
+#    (planted: recorded in the first step, before the order, the launches are 15, not 13), its
+#    gathers and working gradients in buffers kept for the run, and over two data ranks with
+#    activation checkpointing;
+#    ZeRO stage 2 on one rank with tied embeddings (the shared matrix's working gradient taken
+#    at the head, reported at the embedding): the micro-batch recorded with its
+#    working gradients' sums into the shards (buffers kept for the run); and over two data ranks
+#    (`--nproc 2`, the emulated NCCL) with its reduce-scatters (planted: kept buffers not reused fail
 #    the recording, an allocation; so do the scatters not retired inside the graph, the capture
 #    left unjoined); each rank records its own shard's update;
 #  - two data ranks at ZeRO stage 0 with two micro-batches a step: the first of each step is
@@ -43,8 +48,8 @@
 #  - two tensor ranks: their all-reduces (every layer's, the loss's) recorded into the graph;
 #  - FT_CUDA_GRAPHS set on one rank only is refused at the start (exit 2);
 #  - recordings that fail (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail: the emulation refuses every
-#    instantiation) are cancelled with a warning each, and QLoRA's run goes on op by op with the
-#    same bits; so does a two-rank run whose recording with its all-reduces fails on one rank
+#    instantiation) are cancelled with a warning each, and QLoRA's run at ZeRO 2 goes on op by
+#    op with the same bits (the kept buffers given back, the counts restored); so does a two-rank run whose recording with its all-reduces fails on one rank
 #    only (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail@1): the ranks agree, both undo the recorded calls
 #    and go on op by op (planted: the counts not restored is an internal error).
 #   bash tests/cli/test_cuda_emu_graphs.sh BUILD_DIR SOURCE_DIR
@@ -109,8 +114,8 @@ for kernel in forward dkdv dq; do
   grep -q "ft_emu launches: (attention_sm90_${kernel}_kernel" "$tmp/packed_sm90.1.log" \
     || fail "packed_sm90: no attention_sm90_${kernel}_kernel launch"
 done
-pair zero3 0 1 parallel.zero_stage=3
-pair zero2 1 1 parallel.zero_stage=2
+pair zero3 1 1 parallel.zero_stage=3
+pair zero2_tied 1 1 parallel.zero_stage=2 model.tie_embeddings=true
 # ranks2 NAME RECORDINGS LAUNCHES: on each of the two ranks (rank 0's lines have no prefix),
 # RECORDINGS recordings of a micro-batch and LAUNCHES launches over the run.
 ranks2() {
@@ -151,7 +156,7 @@ ranks2 zero1_ranks2 1 7
 grep -q '^warning: step 3: gradient overflow at loss scale .*step skipped' "$tmp/zero1_ranks2.1.log" \
   || fail "zero1_ranks2: step 3 was not skipped for rank 1's NaN"
 # ZeRO 2 over two data ranks: every micro-batch reduce-scatters each group's working gradient, in
-# slots kept for the run, and is recorded with its calls (here bf16 conversions each way, two
+# buffers kept for the run, and is recorded with its calls (here bf16 conversions each way, two
 # micro-batches a step, fp16 with a NaN in rank 1's gradient at step 3, which goes into its
 # gradient shard before the launch): one graph a rank from step 1's second (15 launches).
 FT_TEST_NAN_GRAD_AT_STEP=3:1 pair zero2_ranks2 2 2 parallel.zero_stage=2 \
@@ -159,11 +164,18 @@ FT_TEST_NAN_GRAD_AT_STEP=3:1 pair zero2_ranks2 2 2 parallel.zero_stage=2 \
 ranks2 zero2_ranks2 1 15
 grep -q '^warning: step 3: gradient overflow at loss scale .*step skipped' "$tmp/zero2_ranks2.1.log" \
   || fail "zero2_ranks2: step 3 was not skipped for rank 1's NaN"
+# ZeRO 3 over two data ranks with activation checkpointing (each layer gathered three times a
+# micro-batch, the next one prefetched): step 1 records the order op by op, step 2's first is the
+# warm-up, its second is recorded with its all-gathers and reduce-scatters (13 launches).
+pair zero3_ranks2 2 2 parallel.zero_stage=3 training.global_batch_size=8 \
+  training.activation_checkpointing=true --nproc 2
+ranks2 zero3_ranks2 1 13
 # Two tensor ranks (their all-reduces in every layer recorded into the graph), two micro-batches a
 # step: one graph a rank from step 1's second micro-batch (15 launches).
 pair tp2 2 2 parallel.tensor=2 model.vocab_size=98 --nproc 2
 ranks2 tp2 1 15
-FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused 0 0 adapter.type=qlora adapter.r=4
+FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused 0 0 adapter.type=qlora adapter.r=4 \
+  parallel.zero_stage=2
 grep -q "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on without graphs: .*cudaGraphInstantiate" \
   "$tmp/refused.1.log" || fail "refused: no warning naming the failed instantiation: $(grep -m2 FT_CUDA_GRAPHS "$tmp/refused.1.log")"
 grep -q "FT_CUDA_GRAPHS: recording the optimizer step as a graph failed, so it runs op by op: .*cudaGraphInstantiate" \
