@@ -132,6 +132,7 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
     drop_graph(g);
     flat_.set_dequantized_group(-1);
     if (collectives) hooks->recording_failed();
+    if (hooks) hooks->graphs_off();
     graph_failed_ = true;
     if (!failure.empty())
       log_warn(

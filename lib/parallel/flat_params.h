@@ -120,6 +120,9 @@ class GroupHooks {
     (void)recorded_now;
     launch();
   }
+  // No more micro-batches will be recorded in this run (a recording failed): what the hooks kept
+  // for graphs may go (called after recording_failed, before the micro-batch runs op by op).
+  virtual void graphs_off() {}
 };
 
 // Where a model group goes once its weights are written, when the FlatParams does not keep it

@@ -320,6 +320,7 @@ void ZeroSharding::finish_backward() {
         keeps_working() && micro_batches_ > 1 && m * size_t(micro_batches_) == order_.size();
     for (size_t i = m; alike && i < order_.size(); ++i) alike = order_[i] == order_[i % m];
     if (alike) order_.resize(m);
+    order_per_micro_batch_ = keeps_working();
   }
   in_step_ = false;
   if (stage_ >= 2) {
@@ -674,9 +675,9 @@ void ZeroSharding::prefetch_after(int group) {
     order_.push_back(group);
     return;
   }
-  // With graphs the order is one micro-batch's (begin_recording), which each micro-batch
-  // follows from its start.
-  if (keeps_working() && pos_ == order_.size()) pos_ = 0;
+  // An order cut to one micro-batch's (finish_backward, with graphs) is followed by each
+  // micro-batch from its start.
+  if (order_per_micro_batch_ && pos_ == order_.size()) pos_ = 0;
   if (!order_ok_ || pos_ >= order_.size() || order_[pos_] != group) {
     order_ok_ = false;
     return;

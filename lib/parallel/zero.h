@@ -213,6 +213,9 @@ class ZeroSharding final : public GroupHooks {
   bool agree_recorded(bool ok) override;
   void launch_collectives(const std::function<void()>& launch, const std::vector<int>& groups,
                           bool recorded_now) override;
+  // The model records no more graphs (a recording failed): the buffers kept for them are freed
+  // and made per call again (after recording_failed, when none is in use).
+  void graphs_off() override;
 
  private:
   size_t shard(int g) const { return shard_[size_t(g)]; }
@@ -261,6 +264,12 @@ class ZeroSharding final : public GroupHooks {
     void give_all() {
       for (Entry& e : entries_) e.busy = false;
     }
+    bool in_use() const {
+      for (const Entry& e : entries_)
+        if (e.busy) return true;
+      return false;
+    }
+    void clear() { entries_.clear(); }
 
    private:
     struct Entry {
@@ -377,6 +386,7 @@ class ZeroSharding final : public GroupHooks {
   // Stage 3 prefetch: the first step's order of acquisitions, where this step is in it.
   std::vector<int> order_;
   bool order_recorded_ = false, order_ok_ = false, in_step_ = false;
+  bool order_per_micro_batch_ = false;  // the order is one micro-batch's (keeps_working)
   size_t pos_ = 0;
   std::vector<int> refs_;                     // stage 3: acquire count per group
   std::vector<Buffer<float>> working_grads_;  // stage ≥ 2: (D·s) per group while in backward

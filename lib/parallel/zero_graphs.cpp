@@ -12,10 +12,10 @@ namespace ft {
 
 GroupHooks::Replay ZeroSharding::micro_batch_replay() const {
   // Stages 2-3: every micro-batch reduce-scatters each group's working gradient (stage 3 also
-  // all-gathers the parameters), in the kept slots, so every one is of the kind that records
+  // all-gathers the parameters), in kept buffers, so every one is of the kind that records
   // its collectives.
   // Stage 3 with prefetch: not before a step has recorded the order, so that the op-by-op
-  // warm-up prefetches as the recording will (and makes the slots it will use).
+  // warm-up prefetches as the recording will (and makes the buffers it will use).
   if (keeps_working())
     return stage_ == 3 && opt_.prefetch_blocks > 0 && !order_recorded_ ? Replay::kNone
                                                                        : Replay::kCollectives;
@@ -59,7 +59,7 @@ void ZeroSharding::begin_recording() {
 
 void ZeroSharding::start_whole_micro_batch() {
   // An op-by-op micro-batch's reduce-scatters still in flight retire, and its unused
-  // prefetches are dropped, so that the micro-batch starts with every slot free, as the
+  // prefetches are dropped, so that the micro-batch starts with every kept buffer free, as the
   // recording did; the prefetch order from its start.
   retire_scatters(0);
   drop_prefetches();
@@ -72,7 +72,7 @@ bool ZeroSharding::peers_record() const { return D_ > 1 && comm_.records_in_grap
 void ZeroSharding::join_recorded() {
   if (stage_ >= 2) {
     // Stages 2-3: the recorded reduce-scatters retired inside the graph (each shard summed, every
-    // slot free) and the gathers not used dropped, so that the graph is the whole micro-batch
+    // buffer free) and the gathers not used dropped, so that the graph is the whole micro-batch
     // and the next starts as it did.
     retire_scatters(0);
     drop_prefetches();
@@ -102,8 +102,8 @@ void ZeroSharding::join_recorded() {
 }
 
 void ZeroSharding::recording_failed() {
-  // The recorded calls' handles are dropped unwaited: nothing ran. (Stage 2: every slot was free
-  // when the recording began.)
+  // The recorded calls' handles are dropped unwaited: nothing ran. (Stages 2-3: every kept buffer
+  // was free when the recording began.)
   reducing_.resize(recording_.reducing);
   if (stage_ >= 2) {
     scatters_.clear();
@@ -122,6 +122,21 @@ void ZeroSharding::recording_failed() {
   reduced_ = recording_.reduced;
 }
 
+void ZeroSharding::graphs_off() {
+  if (!opt_.graphs) return;
+  opt_.graphs = false;
+  // Nothing in flight uses them: recording_failed gave back what the recording took, and the
+  // recording began with every scatter retired (stage 0-1: no reduction of the step is issued
+  // before its last micro-batch, the one recorded).
+  if (reducing_.empty()) low_grads_.clear();
+  FT_CHECK(
+      scatters_.empty() && !kept_f32_.in_use() && !kept_low_.in_use() && !kept_params_.in_use(),
+      "ZeRO: a buffer kept for graphs is still in use after the recording failed");
+  kept_f32_.clear();
+  kept_low_.clear();
+  kept_params_.clear();
+}
+
 bool ZeroSharding::agree_recorded(bool ok) {
   return peers_record() ? all_ranks_ok(*dev_, comm_, agree_, ok) : ok;
 }
@@ -130,8 +145,8 @@ void ZeroSharding::launch_collectives(const std::function<void()>& launch,
                                       const std::vector<int>& groups, bool recorded_now) {
   if (stage_ >= 2) {
     // Stages 2-3: the graph reduce-scatters and sums every group it reports, whichever
-    // micro-batch of the step it is; the host's part is the counts. It starts with every slot
-    // free.
+    // micro-batch of the step it is; the host's part is the counts. It starts with every kept
+    // buffer free.
     start_whole_micro_batch();
     std::vector<int> count = ready_count_;
     if (!recorded_now)

@@ -49,9 +49,11 @@
 #  - FT_CUDA_GRAPHS set on one rank only is refused at the start (exit 2);
 #  - recordings that fail (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail: the emulation refuses every
 #    instantiation) are cancelled with a warning each, and QLoRA's run at ZeRO 2 goes on op by
-#    op with the same bits (the kept buffers given back, the counts restored); so does a two-rank run whose recording with its all-reduces fails on one rank
-#    only (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail@1): the ranks agree, both undo the recorded calls
-#    and go on op by op (planted: the counts not restored is an internal error).
+#    op with the same bits (the counts restored, the kept buffers freed); so does a two-rank run
+#    whose recording with its all-reduces fails on one rank only
+#    (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail@1): the ranks agree, both undo the recorded calls
+#    and go on op by op (planted: the counts not restored is an internal error); so does one
+#    that fails midway, at ZeRO 3 (FT_CUDA_EMU_GRAPH_CAPTURE=fail@60).
 #   bash tests/cli/test_cuda_emu_graphs.sh BUILD_DIR SOURCE_DIR
 source "$2/tests/cli/common.sh" "$@"
 need_emu
@@ -196,6 +198,16 @@ FT_CUDA_EMU_GRAPH_INSTANTIATE=fail@1 pair refused_tp_rank1 0 1 parallel.tensor=2
   model.vocab_size=98 --nproc 2
 grep -q '^[^[].*recording the micro-batch as a graph failed on another rank' \
   "$tmp/refused_tp_rank1.1.log" || fail "refused_tp_rank1: rank 0 does not drop its graph"
+# A recording that fails midway (FT_CUDA_EMU_GRAPH_CAPTURE=fail@60: the emulation refuses the 60th
+# operation recorded, a kernel of the backward) at ZeRO 3 over two data ranks, with parameters
+# gathered and working gradients taken from the kept buffers when it stops: both ranks give them
+# back (recording_failed), free them (graphs_off) and go on op by op with the same bits.
+# Planted: the held counts not reset (an acquire skips its gather, and the bits differ), a kept
+# buffer not given back (an internal error).
+FT_CUDA_EMU_GRAPH_CAPTURE=fail@60 pair refused_midway 0 2 parallel.zero_stage=3 \
+  training.global_batch_size=8 --nproc 2
+[ "$(grep -c 'recording the micro-batch as a graph failed, so the run goes on without graphs: CUDA kernel launch failed' "$tmp/refused_midway.1.log")" = 2 ] \
+  || fail "refused_midway: the recording did not fail midway on both ranks: $(grep -m2 FT_CUDA_GRAPHS "$tmp/refused_midway.1.log")"
 # FT_CUDA_GRAPHS on one rank only: refused at the start (exit 2), before a recording could be
 # agreed on by some ranks only (which would hang).
 rc=0

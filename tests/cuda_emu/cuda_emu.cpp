@@ -447,6 +447,23 @@ cudaError_t capture_gate(const void* s) {
     return implicit ? cudaErrorStreamCaptureImplicit : cudaSuccess;
   }
   if (q->capture && q->capture->invalid != cudaSuccess) return cudaErrorStreamCaptureInvalidated;
+  // FT_CUDA_EMU_GRAPH_CAPTURE=fail@N: the N-th operation recorded into each capture is refused
+  // (cudaErrorStreamCaptureUnsupported, the capture invalidated), as one the driver cannot
+  // capture would be, so that a caller's way back from a recording that fails midway runs in
+  // tests.
+  static const size_t fail_at = [] {
+    const char* v = std::getenv("FT_CUDA_EMU_GRAPH_CAPTURE");
+    if (!v) return size_t(0);
+    const std::string mode = v;
+    if (mode.rfind("fail@", 0) != 0 || mode.size() == 5 ||
+        mode.find_first_not_of("0123456789", 5) != std::string::npos)
+      throw std::runtime_error("FT_CUDA_EMU_GRAPH_CAPTURE='" + mode + "': expected fail@N");
+    return size_t(std::stoull(mode.substr(5)));
+  }();
+  if (q->capture && fail_at && q->capture->nodes.size() + 1 == fail_at) {
+    invalidate(*q->capture, cudaErrorStreamCaptureUnsupported);
+    return cudaErrorStreamCaptureUnsupported;
+  }
   return cudaSuccess;
 }
 // Is stream s recording into a capture?
