@@ -46,6 +46,8 @@ class CountingCommunicator final : public Communicator {
   // Calls left in flight until waited on, as NCCL's are (the default: complete when made, as
   // MPI's), so that the callers hold their buffers as long as they would with NCCL.
   void set_in_flight(bool on) { in_flight_ = on; }
+  // Calls in flight stand for NCCL's, which graphs record (ft plan: what a run keeps for them).
+  bool records_in_graphs() const override { return in_flight_; }
 
  private:
   void all_reduce_bytes(size_t bytes);

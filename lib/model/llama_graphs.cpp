@@ -13,12 +13,12 @@
 namespace ft {
 
 bool LlamaModel::may_record_graphs() const {
-  return dev_->graphs_enabled() && (tp_.size() == 1 || tp_.comm()->records_in_graphs()) &&
+  return dev_->plans_graphs() && (tp_.size() == 1 || tp_.comm()->records_in_graphs()) &&
          stage_.embed && stage_.head && dev_->profile() == nullptr;
 }
 
 bool LlamaModel::graph_eligible() const {
-  return may_record_graphs() && !graph_failed_ && !objective_ &&
+  return dev_->graphs_enabled() && may_record_graphs() && !graph_failed_ && !objective_ &&
          flat_.micro_batch_replay() != GroupHooks::Replay::kNone;
 }
 

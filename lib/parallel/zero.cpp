@@ -186,6 +186,9 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
   if (cdt_ != DType::kF32 || (offload_ && stage_ == 3)) sync_compute_params();
   const MemoryScope tag(MemoryCategory::kActivations);  // a scalar of the step, as the loss's
   sumsq_ = Buffer<double>(dev_, 1);
+  // The data group's agreement on a recording (agree_recorded), made now so that ft plan counts
+  // it where a run would record.
+  if (opt_.graphs && peers_record()) agree_ = Buffer<float>(dev_, 1);
 }
 
 ZeroSharding::~ZeroSharding() {

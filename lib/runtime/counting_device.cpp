@@ -86,10 +86,12 @@ constexpr uintptr_t kAlign = 512;
 
 CountingDevice::CountingDevice(CountingTarget target) : target_(target), next_(kFirstAddress) {
   // As a CUDA device makes its ops when it is created (with the cuBLASLt workspace).
-  if (target_.kind == DeviceKind::kCuda)
+  if (target_.kind == DeviceKind::kCuda) {
     ops_ = std::make_unique<CountingCudaOps>(*this, target_.cuda_sm / 10);
-  else
+    graphs_ = cuda_graphs_requested();
+  } else {
     ops_ = std::make_unique<NullOps>();
+  }
 }
 
 // The ops first: the CUDA ones give their memory back to this device.

@@ -50,6 +50,7 @@ class CountingDevice final : public Device {
   ~CountingDevice() override;
 
   DeviceKind kind() const override { return target_.kind; }
+  bool plans_graphs() const override { return graphs_; }
   std::string name() const override;
   void* alloc(size_t bytes) override;
   void free(void* ptr, size_t bytes) override;
@@ -99,6 +100,7 @@ class CountingDevice final : public Device {
   bool counted_host(const void* p) const;
 
   CountingTarget target_;
+  bool graphs_ = false;  // a CUDA target under FT_CUDA_GRAPHS=1 (plans_graphs)
   MemoryTally tally_, pinned_, pageable_, host_;
   int64_t combined_peak_ = 0;
   uintptr_t next_ = 0;  // the next address handed out

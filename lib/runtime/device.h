@@ -207,6 +207,10 @@ class Device {
   // epoch may point at freed memory and must not be launched. graph_cancel ends a recording that
   // failed, keeping nothing; graph_recording() says whether one is under way.
   virtual bool graphs_enabled() const { return false; }
+  // Whether the run this device stands for would record graphs: graphs_enabled(), and for a
+  // counting device (ft plan) whether the CUDA run it plans would (FT_CUDA_GRAPHS=1), so that
+  // what a run keeps for its graphs is planned too.
+  virtual bool plans_graphs() const { return graphs_enabled(); }
   virtual bool graph_recording() const { return false; }
   virtual void graph_begin();
   virtual void* graph_end();  // the executable graph, for graph_launch and graph_destroy
@@ -422,5 +426,10 @@ class DBuffer {
   DType dtype_ = DType::kF32;
   size_t count_ = 0;
 };
+
+// FT_CUDA_GRAPHS: 1 lets the CUDA backend record a micro-batch's forward and backward as a graph
+// and replay it (Device::graphs_enabled; not yet measured on a GPU), 0 (the default) never; any
+// other value is an ft::Error.
+bool cuda_graphs_requested();
 
 }  // namespace ft

@@ -93,6 +93,7 @@ class RecordingCommunicator final : public Communicator {
       : counting(size, rank, name), name_(std::move(name)), reduction_(reduction) {}
   int rank() const override { return counting.rank(); }
   int size() const override { return counting.size(); }
+  bool records_in_graphs() const override { return counting.records_in_graphs(); }
   CommWork all_reduce(Stream s, Ref data, size_t n, ReduceOp op) override {
     const int64_t before = counting.sent_bytes();
     CommWork w = counting.all_reduce(s, data, n, op);

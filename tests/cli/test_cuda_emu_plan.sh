@@ -10,10 +10,11 @@
 #    and bf16, ZeRO 2 with parallel.offload_optimizer (the state in host memory: the device holds
 #    no masters, moments nor gradient shards) and ZeRO 3 with parallel.offload_params too (no
 #    parameter shards either; start-up streams one group at a time; the host memory each holds,
-#    page-locked, equal to the measured mem_host_pinned_bytes), and 2 pipeline stages
-#    evaluating after every step (the plan's evaluation pass
-#    with the CUDA ops' scratch): equal to the byte, as on the CPU (tests/cli/test_plan.sh),
-#    and so the total less the 32 MiB cuBLASLt workspace too (the ops' scratch, ~1% here, and
+#    page-locked, equal to the measured mem_host_pinned_bytes), 2 pipeline stages
+#    evaluating after every step (the plan's evaluation pass with the CUDA ops' scratch), and
+#    with FT_CUDA_GRAPHS=1 ZeRO 3 and bf16 ZeRO 2 with a bf16 reduce_dtype (the buffers kept
+#    for graphs, planned: without, the plan was 86,724 bytes short at ZeRO 3): equal to the
+#    byte, as on the CPU (tests/cli/test_plan.sh), and so the total less the 32 MiB cuBLASLt workspace too (the ops' scratch, ~1% here, and
 #    the CPU-only fp32 dQ buffer that CUDA does without, 1.3% of bf16 ZeRO 3, would each break
 #    it); and per attention path (FT_CUDA_ATTENTION=fused|gemm|simt, lib/runtime/cuda/
 #    ops_memory.h) on a bf16 model with head dim 64, where the fused kernel applies: the same
@@ -51,14 +52,22 @@ runs=("f32_z0:parallel.zero_stage=0" "f32_z3:parallel.zero_stage=3"
       "bf16_z3:parallel.zero_stage=3 training.precision=bf16"
       "bf16_z2_offload:parallel.zero_stage=2 training.precision=bf16 parallel.offload_optimizer=cpu"
       "bf16_z3_offload_both:parallel.zero_stage=3 training.precision=bf16 parallel.offload_optimizer=cpu parallel.offload_params=cpu"
-      "bf16_pipe2_eval:parallel.pipeline=2 model.n_layers=3 training.precision=bf16 data.valid=$tmp/data training.eval_every_steps=1")
+      "bf16_pipe2_eval:parallel.pipeline=2 model.n_layers=3 training.precision=bf16 data.valid=$tmp/data training.eval_every_steps=1"
+      "f32_z3_graphs:parallel.zero_stage=3"
+      "bf16_z2_graphs:parallel.zero_stage=2 training.precision=bf16 parallel.reduce_dtype=bf16")
 names=()
 for run in "${runs[@]}"; do
   IFS=: read -r name overrides <<< "$run"; read -r -a ov <<< "$overrides"
-  "$emu" train "$tmp/r.yaml" "${ov[@]}" runtime.device=cuda run.output_dir="$tmp/$name" \
-    --nproc 2 > "$tmp/$name.log" 2>&1 || fail "train $name: $(tail -5 "$tmp/$name.log")"
-  "$ft" plan "$tmp/r.yaml" "${ov[@]}" runtime.device=cuda --world 2 --json \
-    > "$tmp/$name.plan.json" || fail "plan $name"
+  # *_graphs: trained and planned with FT_CUDA_GRAPHS=1 (the buffers kept for graphs planned).
+  graphs=0
+  [[ $name == *_graphs ]] && graphs=1
+  FT_CUDA_GRAPHS=$graphs "$emu" train "$tmp/r.yaml" "${ov[@]}" runtime.device=cuda \
+    run.output_dir="$tmp/$name" --nproc 2 > "$tmp/$name.log" 2>&1 \
+    || fail "train $name: $(tail -5 "$tmp/$name.log")"
+  [[ $graphs == 0 ]] || grep -q 'micro-batch .* recorded as a graph' "$tmp/$name.log" \
+    || fail "$name: no micro-batch recorded"
+  FT_CUDA_GRAPHS=$graphs "$ft" plan "$tmp/r.yaml" "${ov[@]}" runtime.device=cuda --world 2 \
+    --json > "$tmp/$name.plan.json" || fail "plan $name"
   names+=("$name")
 done
 # Each attention path at head dim 64 (dim 128, 2 query heads, 1 kv head), bf16, one rank; the

@@ -43,19 +43,6 @@ std::string cuda_version(int v) {
   return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
 }
 
-// FT_CUDA_GRAPHS: 1 lets the model record a micro-batch's forward and backward as a graph and
-// replay it (Device::graphs_enabled; not yet measured on a GPU), 0 (the default) never.
-bool graphs_requested() {
-  const char* v = std::getenv("FT_CUDA_GRAPHS");
-  const std::string mode = v ? v : "0";
-  if (mode != "0" && mode != "1")
-    throw Error(detail::concat("FT_CUDA_GRAPHS='", mode,
-                               "': use 1 (a micro-batch's forward and backward recorded once as a "
-                               "CUDA graph and replayed, where the run allows it) or 0 (the "
-                               "default: every kernel launched one by one)"));
-  return mode == "1";
-}
-
 std::string visible_devices() {
   const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
   return v ? detail::concat(" (CUDA_VISIBLE_DEVICES='", v, "')") : std::string();
@@ -70,7 +57,7 @@ class CudaDevice final : public Device {
     name_ = detail::concat("cuda:", ordinal_, " (", prop.name, ", ",
                            (prop.totalGlobalMem + (size_t(1) << 29)) >> 30, " GiB, sm_", prop.major,
                            prop.minor, ")");
-    graphs_enabled_ = graphs_requested();
+    graphs_enabled_ = cuda_graphs_requested();
     FT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     FT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     FT_CUDA_CHECK(cudaStreamCreateWithFlags(&update_stream_, cudaStreamNonBlocking));
