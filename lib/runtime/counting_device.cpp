@@ -7,6 +7,7 @@
 #include "kernels/kernels.h"
 #include "runtime/cuda/ops_memory.h"
 #include "runtime/dtype_dispatch.h"
+#include "runtime/profile.h"
 
 namespace ft {
 namespace {
@@ -88,7 +89,7 @@ CountingDevice::CountingDevice(CountingTarget target) : target_(target), next_(k
   // As a CUDA device makes its ops when it is created (with the cuBLASLt workspace).
   if (target_.kind == DeviceKind::kCuda) {
     ops_ = std::make_unique<CountingCudaOps>(*this, target_.cuda_sm / 10);
-    graphs_ = cuda_graphs_requested();
+    graphs_ = cuda_graphs_requested() && !profile_requested();  // as LlamaModel records
   } else {
     ops_ = std::make_unique<NullOps>();
   }

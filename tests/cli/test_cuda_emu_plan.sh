@@ -13,7 +13,8 @@
 #    page-locked, equal to the measured mem_host_pinned_bytes), 2 pipeline stages
 #    evaluating after every step (the plan's evaluation pass with the CUDA ops' scratch), and
 #    with FT_CUDA_GRAPHS=1 ZeRO 3 and bf16 ZeRO 2 with a bf16 reduce_dtype (the buffers kept
-#    for graphs, planned: without, the plan was 86,724 bytes short at ZeRO 3): equal to the
+#    for graphs, planned: without, the plan was 86,724 bytes short at ZeRO 3; under FT_PROFILE,
+#    where a run records nothing, not planned: the plan equals ZeRO 3's without graphs): equal to the
 #    byte, as on the CPU (tests/cli/test_plan.sh), and so the total less the 32 MiB cuBLASLt workspace too (the ops' scratch, ~1% here, and
 #    the CPU-only fp32 dQ buffer that CUDA does without, 1.3% of bf16 ZeRO 3, would each break
 #    it); and per attention path (FT_CUDA_ATTENTION=fused|gemm|simt, lib/runtime/cuda/
@@ -70,6 +71,10 @@ for run in "${runs[@]}"; do
     --json > "$tmp/$name.plan.json" || fail "plan $name"
   names+=("$name")
 done
+# FT_PROFILE=1 runs op by op (a run profiled records no graph), so its plan keeps nothing for
+# graphs under FT_CUDA_GRAPHS=1 either.
+FT_PROFILE=1 FT_CUDA_GRAPHS=1 "$ft" plan "$tmp/r.yaml" parallel.zero_stage=3 runtime.device=cuda \
+  --world 2 --json > "$tmp/f32_z3_profiled.plan.json" || fail "plan f32_z3 under FT_PROFILE"
 # Each attention path at head dim 64 (dim 128, 2 query heads, 1 kv head), bf16, one rank; the
 # plan is made under the same FT_CUDA_ATTENTION.
 hd64="model.dim=128 model.n_heads=2 model.n_kv_heads=1 training.precision=bf16 training.steps=2"
@@ -118,6 +123,13 @@ for name in names:
     assert (host["pinned"] > 0) == ("offload" in name), (name, host)
     line.append(f"host pinned {host['pinned']} {host['pinned_by_category']}")
     print(f"{name}: planned = measured bytes: " + ", ".join(line))
+# The buffers kept for graphs are more memory than op by op (the same configuration), and not
+# planned under FT_PROFILE, where a run records nothing.
+peaks = {n: next(r for r in json.load(open(f"{tmp}/{n}.plan.json"))["roles"]
+                 if 0 in r["ranks"])["peak_bytes"]
+         for n in ("f32_z3", "f32_z3_graphs", "f32_z3_profiled")}
+assert peaks["f32_z3_graphs"] > peaks["f32_z3"] == peaks["f32_z3_profiled"], peaks
+print(f"kept for graphs at ZeRO 3: {peaks['f32_z3_graphs'] - peaks['f32_z3']} bytes more")
 # The paths' scratch differs: only the chunked GEMMs hold score chunks (the rest of the backend's
 # memory is the same), so the plan sees which path runs.
 backend = {p: next(r for r in json.load(open(f"{tmp}/attn_{p}.plan.json"))["roles"]
