@@ -59,7 +59,6 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
     for (size_t g = 0; g < G; ++g)
       grad_shards_.emplace_back(dev_, trains_[g] && !offload_ ? shard_[g] : 0);
     working_grads_.resize(G);
-    working_kept_.assign(G, -1);
     flat_.set_hooks(this);
   } else {
     flat_.grads();  // full gradient buffers
@@ -172,7 +171,6 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
       }
     flat_.drop_params();
     gathered_.resize(G);
-    gathered_kept_.assign(G, -1);
     gathering_.resize(G);
     refs_.assign(G, 0);
   } else {
@@ -234,17 +232,9 @@ void ZeroSharding::reduce_group(int group) {
     if (opt_.reduce_dtype == DType::kF32) {
       r.work = comm_.all_reduce(st, grad + off, n, ReduceOp::kSum);
     } else {
-      const MemoryScope tag(MemoryCategory::kCommunication);
-      if (keeps_low_grads()) {
-        if (low_grads_.empty()) low_grads_.resize(numel_.size());
-        if (!low_grads_[g].size()) low_grads_[g] = DBuffer(dev_, opt_.reduce_dtype, numel_[g]);
-        r.low = low_grads_[g].data() + off;
-      } else {
-        r.low_owned = DBuffer(dev_, opt_.reduce_dtype, n);
-        r.low = r.low_owned.data();
-      }
-      dev_->ops().convert(st, r.low, grad + off, n);
-      r.work = comm_.all_reduce(st, r.low, n, ReduceOp::kSum);
+      r.low = hold_low(n);
+      dev_->ops().convert(st, r.low.data(), grad + off, n);
+      r.work = comm_.all_reduce(st, r.low.data(), n, ReduceOp::kSum);
     }
     if (offload_ && !shared(group)) {
       // The bucket's part of this rank's range goes to the host as soon as its reduction is
@@ -254,7 +244,7 @@ void ZeroSharding::reduce_group(int group) {
       const size_t lo = std::max(off, ranges_[g].begin), hi = std::min(off + n, ranges_[g].end);
       const Stream cs = dev_->copy_stream();
       r.work.wait_on(cs);
-      if (r.low.ptr) dev_->ops().convert(cs, r.dst, r.low, n);
+      if (r.low) dev_->ops().convert(cs, r.dst, r.low.data(), n);
       if (lo < hi)
         land(host_grads_[g].data() + (lo - ranges_[g].begin), grad + lo, hi - lo, /*add=*/false);
       r.landed = dev_->make_event();
@@ -273,26 +263,16 @@ void ZeroSharding::retire_scatters(size_t keep) {
     Scatter& x = scatters_.front();
     x.work.wait_on(st);
     const size_t g = size_t(x.group), s = shard_[g];
-    if (x.kept_mine >= 0) {  // keeps_working (never with offload): given back after
-      float* mine = kept_f32_[x.kept_mine].data();
-      if (x.kept_low_out >= 0) dev_->ops().convert(st, mine, kept_low_[x.kept_low_out].data(), s);
-      dev_->ops().add(st, grad_shards_[g].data(), mine, s);
-      kept_f32_.give(x.kept_mine);
-      kept_f32_.give(x.kept_working);
-      kept_low_.give(x.kept_low_in);
-      kept_low_.give(x.kept_low_out);
-      scatters_.erase(scatters_.begin());
-      continue;
-    }
-    if (x.low_out.size()) dev_->ops().convert(st, x.mine.data(), x.low_out.data(), x.mine.size());
-    if (offload_) {
+    if (x.low_out) dev_->ops().convert(st, x.mine.data(), x.low_out.data(), s);
+    if (offload_) {                       // (never kept buffers)
       const float* mine = x.mine.data();  // before x.mine is moved into the call
-      land(host_grads_[g].data(), mine, ranges_[g].size(), landed_[g], std::move(x.mine));
+      land(host_grads_[g].data(), mine, ranges_[g].size(), landed_[g], x.mine.take_owned());
       landed_[g] = true;
     } else {
-      dev_->ops().add(st, grad_shards_[g].data(), x.mine.data(), x.mine.size());
+      dev_->ops().add(st, grad_shards_[g].data(), x.mine.data(), s);
     }
-    scatters_.erase(scatters_.begin());  // frees its buffers, the compute stream past the call
+    // Frees its buffers (or gives them back), the compute stream past the call.
+    scatters_.erase(scatters_.begin());
   }
 }
 
@@ -331,8 +311,7 @@ void ZeroSharding::finish_backward() {
     // A working gradient still here was computed but never reported complete: it would never
     // reach the shard, and the step would go on without it.
     for (size_t g = 0; g < working_grads_.size(); ++g)
-      FT_CHECK(!working_grads_[g].data() && working_kept_[g] < 0, "ZeRO stage ", stage_, ": group ",
-               g,
+      FT_CHECK(!working_grads_[g], "ZeRO stage ", stage_, ": group ", g,
                "'s gradient was computed but never reported complete (grads_ready), so it would "
                "be lost");
   } else if (D_ == 1) {
@@ -358,7 +337,7 @@ void ZeroSharding::finish_backward() {
         continue;
       }
       r.work.wait_on(st);
-      if (r.low.ptr) dev_->ops().convert(st, r.dst, r.low, r.n);
+      if (r.low) dev_->ops().convert(st, r.dst, r.low.data(), r.n);
     }
     reducing_.clear();
   }
@@ -637,12 +616,7 @@ void ZeroSharding::start_gather(size_t g) {
     if (!offload_params_) dev_->wait(dev_->stream(), up_event_[g]);
   }
   const MemoryScope tag(MemoryCategory::kCommunication);  // gathered for the group's use
-  if (keeps_working()) {
-    gathered_kept_[g] =
-        kept_params_.take(s * size_t(D_), [&](size_t n) { return DBuffer(dev_, cdt_, n); });
-  } else {
-    gathered_[g] = DBuffer(dev_, cdt_, s * size_t(D_));
-  }
+  gathered_[g] = hold_params(s * size_t(D_));
   const Ref all = gathered(g), own = all + size_t(rank_) * s;
   if (offload_params_) {
     // From the host shard, on the copy stream, so that it runs while the compute stream works
@@ -701,7 +675,7 @@ void ZeroSharding::drop_prefetches() {
     if (refs_[g] != 0 || !gathered(g).ptr) continue;
     if (offload_params_) dev_->wait(st, h2d_done_[g]);
     gathering_[g].wait_on(st);
-    free_gathered(g);
+    gathered_[g].reset();
   }
 }
 
@@ -729,24 +703,13 @@ CRef ZeroSharding::acquire_params(int group) {
   return gathered(g);
 }
 
-Ref ZeroSharding::gathered(size_t g) {
-  const int k = gathered_kept_[g];
-  return k >= 0 ? kept_params_[k].data() : gathered_[g].data();
-}
-
-void ZeroSharding::free_gathered(size_t g) {
-  // A kept buffer is reused by a later gather, on the compute stream or by the all-gather,
-  // which the communicator orders after the work queued there so far: after this group's last
-  // use.
-  kept_params_.give(gathered_kept_[g]);
-  gathered_[g] = DBuffer();
-}
-
 void ZeroSharding::release_params(int group) {
   const size_t g = size_t(group);
   if (stage_ < 3) return;
   FT_CHECK(refs_[g] > 0, "ZeRO-3: group ", group, " released more often than acquired");
-  if (--refs_[g] == 0) free_gathered(g);
+  // A kept buffer is reused by a later gather, on the compute stream or by the all-gather, which
+  // the communicator orders after the work queued there so far: after this group's last use.
+  if (--refs_[g] == 0) gathered_[g].reset();
 }
 
 float* ZeroSharding::grads(int group) {
@@ -754,39 +717,31 @@ float* ZeroSharding::grads(int group) {
   wait_update(group);
   if (!trains_[g]) return nullptr;
   if (stage_ < 2) return flat_.grads()[g].data();
-  if (keeps_working()) {
-    if (working_kept_[g] < 0) {
-      const size_t n = shard_[g] * size_t(D_);
-      working_kept_[g] = take_f32(n);
-      dev_->memset_zero(kept_f32_[working_kept_[g]].data(), n * sizeof(float));
-    }
-    return kept_f32_[working_kept_[g]].data();
-  }
-  if (!working_grads_[g].data()) {
-    const MemoryScope tag(MemoryCategory::kCommunication);  // until reduce-scattered
-    working_grads_[g] = Buffer<float>(dev_, shard_[g] * size_t(D_));
-    working_grads_[g].zero();
+  if (!working_grads_[g]) {  // until reduce-scattered
+    const size_t n = shard_[g] * size_t(D_);
+    working_grads_[g] = hold_f32(n);
+    dev_->memset_zero(working_grads_[g].data(), n * sizeof(float));
   }
   return working_grads_[g].data();
 }
 
-float* ZeroSharding::working(size_t g) {
-  const int k = working_kept_[g];
-  return k >= 0 ? kept_f32_[k].data() : working_grads_[g].data();
+Held<Buffer<float>> ZeroSharding::hold_f32(size_t n) {
+  const MemoryScope tag(MemoryCategory::kCommunication);
+  if (!keeps_working()) return Held(Buffer<float>(dev_, n));
+  return Held(kept_f32_, kept_f32_.take(n, [&](size_t m) { return Buffer<float>(dev_, m); }));
 }
 
-int ZeroSharding::take_f32(size_t n) {
-  return kept_f32_.take(n, [&](size_t m) {
-    const MemoryScope tag(MemoryCategory::kCommunication);
-    return Buffer<float>(dev_, m);
-  });
+Held<DBuffer> ZeroSharding::hold_low(size_t n) {
+  const MemoryScope tag(MemoryCategory::kCommunication);
+  if (!keeps_working() && !keeps_low_grads()) return Held(DBuffer(dev_, opt_.reduce_dtype, n));
+  return Held(kept_low_,
+              kept_low_.take(n, [&](size_t m) { return DBuffer(dev_, opt_.reduce_dtype, m); }));
 }
 
-int ZeroSharding::take_low(size_t n) {
-  return kept_low_.take(n, [&](size_t m) {
-    const MemoryScope tag(MemoryCategory::kCommunication);
-    return DBuffer(dev_, opt_.reduce_dtype, m);
-  });
+Held<DBuffer> ZeroSharding::hold_params(size_t n) {
+  // (in start_gather's MemoryScope)
+  if (!keeps_working()) return Held(DBuffer(dev_, cdt_, n));
+  return Held(kept_params_, kept_params_.take(n, [&](size_t m) { return DBuffer(dev_, cdt_, m); }));
 }
 
 bool ZeroSharding::count_ready(std::vector<int>& count, int group) const {
@@ -810,56 +765,30 @@ void ZeroSharding::grads_ready(int group) {
   }
   if (last) maybe_inject_nan(group, working(g));
   const Stream st = dev_->stream();
-  if (working_kept_[g] >= 0) {  // keeps_working: the kept buffers, given back as op by op
-    int w = std::exchange(working_kept_[g], -1);
-    if (D_ == 1) {
-      dev_->ops().add(st, grad_shards_[g].data(), kept_f32_[w].data(), s);
-      kept_f32_.give(w);
-      return;
-    }
-    Scatter x{group, CommWork(), {}, {}, {}, {}};
-    x.kept_mine = take_f32(s);
-    if (opt_.reduce_dtype == DType::kF32) {
-      x.work = comm_.reduce_scatter(st, kept_f32_[w].data(), kept_f32_[x.kept_mine].data(), s);
-      x.kept_working = w;  // read by the call
-    } else {
-      x.kept_low_in = take_low(s * size_t(D_));
-      x.kept_low_out = take_low(s);
-      dev_->ops().convert(st, kept_low_[x.kept_low_in].data(), kept_f32_[w].data(), s * size_t(D_));
-      kept_f32_.give(w);  // the call reads low_in
-      x.work = comm_.reduce_scatter(st, kept_low_[x.kept_low_in].data(),
-                                    kept_low_[x.kept_low_out].data(), s);
-    }
-    scatters_.push_back(std::move(x));
-    retire_scatters(opt_.overlap ? 2 : 0);
-    return;
-  }
-  if (D_ == 1) {  // the working gradient is the whole shard: no collective to go through
-    if (offload_) {
-      const float* w = working_grads_[g].data();  // before the buffer is moved into the call
-      land(host_grads_[g].data(), w, s, landed_[g], std::move(working_grads_[g]));
+  Held<Buffer<float>>& w = working_grads_[g];
+  if (D_ == 1) {     // the working gradient is the whole shard: no collective to go through
+    if (offload_) {  // (never kept buffers)
+      const float* src = w.data();  // before the buffer is moved into the call
+      land(host_grads_[g].data(), src, s, landed_[g], w.take_owned());
       landed_[g] = true;
       return;
     }
-    dev_->ops().add(st, grad_shards_[g].data(), working_grads_[g].data(), s);
-    working_grads_[g] = Buffer<float>();
+    dev_->ops().add(st, grad_shards_[g].data(), w.data(), s);
+    w.reset();
     return;
   }
-  const MemoryScope tag(MemoryCategory::kCommunication);
-  Buffer<float> mine(dev_, s);
-  DBuffer low_in, low_out;
-  CommWork work;
+  Scatter x{group, CommWork(), {}, hold_f32(s), {}, {}};
   if (opt_.reduce_dtype == DType::kF32) {
-    work = comm_.reduce_scatter(st, working_grads_[g].data(), mine.data(), s);
+    x.work = comm_.reduce_scatter(st, w.data(), x.mine.data(), s);
+    x.working = std::move(w);  // read by the call
   } else {
-    low_in = DBuffer(dev_, opt_.reduce_dtype, s * size_t(D_));
-    low_out = DBuffer(dev_, opt_.reduce_dtype, s);
-    dev_->ops().convert(st, low_in.data(), working_grads_[g].data(), s * size_t(D_));
-    working_grads_[g] = Buffer<float>();  // the call reads low_in
-    work = comm_.reduce_scatter(st, low_in.data(), low_out.data(), s);
+    x.low_in = hold_low(s * size_t(D_));
+    x.low_out = hold_low(s);
+    dev_->ops().convert(st, x.low_in.data(), w.data(), s * size_t(D_));
+    w.reset();  // the call reads low_in
+    x.work = comm_.reduce_scatter(st, x.low_in.data(), x.low_out.data(), s);
   }
-  scatters_.push_back(Scatter{group, std::move(work), std::move(working_grads_[g]), std::move(mine),
-                              std::move(low_in), std::move(low_out)});
+  scatters_.push_back(std::move(x));
   // Without overlap each reduce-scatter is waited for at once; with it, at most two stay in
   // flight (their working gradients with them) while the backward goes on.
   retire_scatters(opt_.overlap ? 2 : 0);

@@ -20,6 +20,7 @@
 
 #include "comm/communicator.h"
 #include "parallel/flat_params.h"
+#include "parallel/kept.h"
 #include "parallel/partition.h"
 #include "runtime/device.h"
 
@@ -228,78 +229,36 @@ class ZeroSharding final : public GroupHooks {
   struct Scatter {
     int group;
     CommWork work;
-    Buffer<float> working, mine;
-    DBuffer low_in, low_out;  // reduce_dtype bf16: what the call reads and writes
-    // keeps_working(): the kept buffers it uses instead (indices, -1 for none).
-    int kept_mine = -1, kept_working = -1, kept_low_in = -1, kept_low_out = -1;
+    Held<Buffer<float>> working, mine;  // working: what the call reads (fp32)
+    Held<DBuffer> low_in, low_out;      // reduce_dtype bf16: what the call reads and writes
   };
   // Stages 2-3 with graphs (keeps_working(): FT_CUDA_GRAPHS=1, no offload or overlap_update):
   // the working gradients, the reduce-scatters' buffers and (stage 3) the gathered parameters
-  // are buffers kept for the run, so that every micro-batch uses the same addresses (a
-  // recording makes no allocation, and a graph keeps what it recorded). Each is taken where op
-  // by op it would be made (a free one of the same size, else a new one: the warm-up makes them
-  // all) and given back where it would be freed (a later use is ordered after, on the compute
-  // stream or, for a collective, by the communicator). Exact sizes, so that a group's buffer is
-  // never held by a group of another size. The scatters retire by count only (a recording
-  // cannot ask whether a call is done), and a recorded micro-batch ends with all of them
-  // retired and every gather used or dropped, every buffer free again.
-  template <typename B>
-  class Kept {
-   public:
-    template <typename Make>
-    int take(size_t n, Make make) {
-      for (size_t i = 0; i < entries_.size(); ++i)
-        if (!entries_[i].busy && entries_[i].buf.size() == n) {
-          entries_[i].busy = true;
-          return int(i);
-        }
-      entries_.push_back(Entry{make(n), true});
-      return int(entries_.size()) - 1;
-    }
-    B& operator[](int i) { return entries_[size_t(i)].buf; }
-    void give(int& i) {  // and sets i to -1
-      if (i >= 0) entries_[size_t(i)].busy = false;
-      i = -1;
-    }
-    void give_all() {
-      for (Entry& e : entries_) e.busy = false;
-    }
-    bool in_use() const {
-      for (const Entry& e : entries_)
-        if (e.busy) return true;
-      return false;
-    }
-    void clear() { entries_.clear(); }
-
-   private:
-    struct Entry {
-      B buf;
-      bool busy = false;
-    };
-    std::vector<Entry> entries_;
-  };
+  // are buffers kept for the run (Kept, kept.h), and so are stages 0-1's bf16 conversions
+  // (keeps_low_grads). Each is taken where op by op it would be made and given back where it
+  // would be freed: hold_* hands out either kind (Held). The scatters retire by count only (a
+  // recording cannot ask whether a call is done), and a recorded micro-batch ends with all of
+  // them retired and every gather used or dropped, every buffer free again.
   bool keeps_working() const;
-  float* working(size_t g);  // group g's working gradient (stage >= 2)
-  int take_f32(size_t n);    // from kept_f32_
-  int take_low(size_t n);    // from kept_low_
-  Ref gathered(size_t g);    // group g's gathered parameters (stage 3), null when none
-  void free_gathered(size_t g);
+  Held<Buffer<float>> hold_f32(size_t n);  // working gradients, the scatters' outputs
+  Held<DBuffer> hold_low(size_t n);        // reduce_dtype bf16: the conversions
+  Held<DBuffer> hold_params(size_t n);     // stage 3: gathered parameters
+  float* working(size_t g) { return working_grads_[g].data(); }  // stage >= 2
+  Ref gathered(size_t g) { return gathered_[g].data(); }         // stage 3, null when none
   void start_whole_micro_batch();  // before a recorded micro-batch, and before each launch
-  // Stage 0/1: an all-reduce call in flight; with reduce_dtype bf16 it sums the n elements at
-  // `low` (in `low_owned`, made for the call, or in the group's kept buffer low_grads_),
-  // widened back into dst once the call is ordered on the compute stream.
+  // Stage 0/1: an all-reduce call in flight; with reduce_dtype bf16 it sums the n elements in
+  // `low` (hold_low), widened back into dst once the call is ordered on the compute stream.
   struct Reduction {
     CommWork work;
-    DBuffer low_owned;
-    Ref low;
+    Held<DBuffer> low;
     size_t n = 0;
     float* dst = nullptr;
     Event landed;  // offload: recorded on the copy stream after the bucket went to the host
   };
-  // Whether reduce_group converts through low_grads_ rather than a buffer made per call: with
-  // graphs (FT_CUDA_GRAPHS=1), a 16-bit reduce_dtype and overlap_comm, where a step's last
-  // micro-batch records its all-reduces (a recording makes no allocation, and a graph keeps
-  // the addresses it was recorded with).
+  // Whether reduce_group's conversions are kept buffers rather than made per call: with graphs
+  // (FT_CUDA_GRAPHS=1), a 16-bit reduce_dtype and overlap_comm, where a step's last micro-batch
+  // records its all-reduces (a recording makes no allocation, and a graph keeps the addresses
+  // it was recorded with).
   bool keeps_low_grads() const;
   // The step's count of grads_ready calls for group g, one more; true when that makes its
   // gradient final. More calls than micro-batches is an internal error.
@@ -353,6 +312,11 @@ class ZeroSharding final : public GroupHooks {
 
   ZeroOptions opt_;
   int D_, rank_;
+  // The buffers kept for graphs (keeps_working, keeps_low_grads), before every Held that may
+  // point into them (so destroyed after).
+  Kept<Buffer<float>> kept_f32_;  // working gradients, the scatters' outputs
+  Kept<DBuffer> kept_low_;        // reduce_dtype bf16: the conversions
+  Kept<DBuffer> kept_params_;     // stage 3: gathered parameters
   int micro_batches_ = 1;
   std::vector<int> ready_count_;     // grads_ready calls of each group this step
   std::vector<Reduction> reducing_;  // stage 0/1: each group's all-reduce calls in flight
@@ -365,12 +329,6 @@ class ZeroSharding final : public GroupHooks {
     size_t reducing = 0;
   } recording_;
   std::vector<bool> graph_reduces_;
-  std::vector<DBuffer> low_grads_;  // per group, where keeps_low_grads(): made at first use
-  Kept<Buffer<float>> kept_f32_;    // keeps_working(): working gradients, the scatters' outputs
-  Kept<DBuffer> kept_low_;          // keeps_working() with reduce_dtype bf16: the conversions
-  Kept<DBuffer> kept_params_;       // keeps_working() at stage 3: gathered parameters
-  std::vector<int> working_kept_;   // per group: its working gradient in kept_f32_, or -1
-  std::vector<int> gathered_kept_;  // per group: its gathered parameters in kept_params_, or -1
   std::vector<Scatter> scatters_;   // stage >= 2, oldest first
   bool nan_pending_ = false;        // test support
   bool warned_unreported_ = false;  // finish_backward's warning, once a run
@@ -381,16 +339,16 @@ class ZeroSharding final : public GroupHooks {
   std::vector<Buffer<float>> master_;
   std::vector<DBuffer> compute_shards_;     // stage 3, 16-bit: (s) per group, the compute copy
   std::vector<Buffer<float>> grad_shards_;  // stage ≥ 2: (s) per group
-  std::vector<DBuffer> gathered_;           // stage 3: full params of groups in use (D·s)
+  std::vector<Held<DBuffer>> gathered_;     // stage 3: full params of groups in use (D·s)
   std::vector<CommWork> gathering_;         // stage 3: their all-gathers, until acquired
   // Stage 3 prefetch: the first step's order of acquisitions, where this step is in it.
   std::vector<int> order_;
   bool order_recorded_ = false, order_ok_ = false, in_step_ = false;
   bool order_per_micro_batch_ = false;  // the order is one micro-batch's (keeps_working)
   size_t pos_ = 0;
-  std::vector<int> refs_;                     // stage 3: acquire count per group
-  std::vector<Buffer<float>> working_grads_;  // stage ≥ 2: (D·s) per group while in backward
-  DBuffer scratch_;                           // stage 1/2: all-gather buffer (D·max s)
+  std::vector<int> refs_;                           // stage 3: acquire count per group
+  std::vector<Held<Buffer<float>>> working_grads_;  // stage ≥ 2: (D·s) per group in backward
+  DBuffer scratch_;                                 // stage 1/2: all-gather buffer (D·max s)
   // Offload (see above). host_master_/host_grads_: (range size) per trained group, host memory.
   bool offload_ = false;
   std::vector<HostBuffer<float>> host_master_, host_grads_;

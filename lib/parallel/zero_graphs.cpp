@@ -76,11 +76,11 @@ void ZeroSharding::join_recorded() {
     // and the next starts as it did.
     retire_scatters(0);
     drop_prefetches();
-    for (size_t g = 0; g < working_kept_.size(); ++g) {
-      FT_CHECK(working_kept_[g] < 0, "ZeRO stage ", stage_, ": group ", g,
+    for (size_t g = 0; g < working_grads_.size(); ++g) {
+      FT_CHECK(!working_grads_[g], "ZeRO stage ", stage_, ": group ", g,
                "'s working gradient was taken in the recorded micro-batch but never reported "
                "complete (grads_ready)");
-      FT_CHECK(stage_ < 3 || (refs_[g] == 0 && gathered_kept_[g] < 0), "ZeRO stage 3: group ", g,
+      FT_CHECK(stage_ < 3 || (refs_[g] == 0 && !gathered_[g]), "ZeRO stage 3: group ", g,
                "'s parameters are still held at the end of the recorded micro-batch");
     }
     return;
@@ -93,26 +93,23 @@ void ZeroSharding::join_recorded() {
   const Stream st = dev_->stream();
   for (size_t i = recording_.reducing; i < reducing_.size(); ++i) {
     Reduction& r = reducing_[i];
-    FT_CHECK(!r.low_owned.size() && !r.landed.valid(),
+    FT_CHECK((!r.low || r.low.kept()) && !r.landed.valid(),
              "a recorded reduction with a buffer made for the call or an offload copy");
     r.work.wait_on(st);
-    if (r.low.ptr) dev_->ops().convert(st, r.dst, r.low, r.n);
+    if (r.low) dev_->ops().convert(st, r.dst, r.low.data(), r.n);
   }
-  reducing_.resize(recording_.reducing);
+  reducing_.resize(recording_.reducing);  // (their kept buffers given back, used in stream order)
 }
 
 void ZeroSharding::recording_failed() {
-  // The recorded calls' handles are dropped unwaited: nothing ran. (Stages 2-3: every kept buffer
-  // was free when the recording began.)
+  // The recorded calls' handles are dropped unwaited: nothing ran; their buffers are given back.
+  // (Stages 2-3: every kept buffer was free when the recording began.)
   reducing_.resize(recording_.reducing);
   if (stage_ >= 2) {
     scatters_.clear();
-    kept_f32_.give_all();
-    kept_low_.give_all();
-    std::fill(working_kept_.begin(), working_kept_.end(), -1);
+    for (auto& w : working_grads_) w.reset();
     if (stage_ == 3) {  // (the recording may have stopped between an acquire and its release)
-      kept_params_.give_all();
-      std::fill(gathered_kept_.begin(), gathered_kept_.end(), -1);
+      for (auto& p : gathered_) p.reset();
       for (CommWork& w : gathering_) w = CommWork();
       std::fill(refs_.begin(), refs_.end(), 0);
       pos_ = 0;
@@ -128,10 +125,9 @@ void ZeroSharding::graphs_off() {
   // Nothing in flight uses them: recording_failed gave back what the recording took, and the
   // recording began with every scatter retired (stage 0-1: no reduction of the step is issued
   // before its last micro-batch, the one recorded).
-  if (reducing_.empty()) low_grads_.clear();
-  FT_CHECK(
-      scatters_.empty() && !kept_f32_.in_use() && !kept_low_.in_use() && !kept_params_.in_use(),
-      "ZeRO: a buffer kept for graphs is still in use after the recording failed");
+  FT_CHECK(scatters_.empty() && reducing_.empty() && !kept_f32_.in_use() && !kept_low_.in_use() &&
+               !kept_params_.in_use(),
+           "ZeRO: a buffer kept for graphs is still in use after the recording failed");
   kept_f32_.clear();
   kept_low_.clear();
   kept_params_.clear();
