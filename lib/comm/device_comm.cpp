@@ -11,13 +11,13 @@ const NcclBackend* g_nccl = nullptr;
 void register_nccl_backend(const NcclBackend* backend) { g_nccl = backend; }
 const NcclBackend* nccl_backend() { return g_nccl; }
 
-bool all_ranks_ok(Device& dev, Communicator& comm, Buffer<float>& flag, bool ok) {
-  if (!flag.size()) flag = Buffer<float>(&dev, 1);
+bool RankAgreement::all_ok(bool ok) {
+  if (!comm_) return ok;
   const float failed = ok ? 0.0f : 1.0f;
-  flag.upload(&failed, 1);
-  comm.all_reduce(dev.stream(), Ref(flag.data()), 1, ReduceOp::kMax).wait();
+  flag_.upload(&failed, 1);
+  comm_->all_reduce(flag_.device()->stream(), Ref(flag_.data()), 1, ReduceOp::kMax).wait();
   float any = 0.0f;
-  flag.download(&any, 1);
+  flag_.download(&any, 1);
   return any == 0.0f;
 }
 

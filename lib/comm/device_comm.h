@@ -33,11 +33,22 @@ struct NcclBackend {
   NcclWatchdogEvents (*watchdog_events)();
 };
 void register_nccl_backend(const NcclBackend* backend);
-// Whether `ok` holds on every rank of `comm`, a device communicator (a collective: every rank
-// calls it at the same point): a max all-reduce of a failure flag through `flag`, one float of
-// `dev`'s memory made on first use, waited for by the host. For decisions every rank of a
-// device communicator must take alike (LlamaModel::train_micro_batch's graph recordings).
-bool all_ranks_ok(Device& dev, Communicator& comm, Buffer<float>& flag, bool ok);
+// The ranks of a device communicator agreeing on a decision they must take alike
+// (LlamaModel::train_micro_batch's graph recordings): all_ok(ok) says whether `ok` holds on every
+// rank (a collective: every rank calls it at the same point), a max all-reduce of a failure flag,
+// waited for by the host. The flag (one float of device memory) is made with the agreement, where
+// the caller decides that its ranks will agree, so that ft plan counts it where a run makes it.
+// Without a communicator (nothing to agree with) all_ok(ok) is ok.
+class RankAgreement {
+ public:
+  RankAgreement() = default;
+  RankAgreement(Device& dev, Communicator& comm) : comm_(&comm), flag_(&dev, 1) {}
+  bool all_ok(bool ok);
+
+ private:
+  Communicator* comm_ = nullptr;
+  Buffer<float> flag_;
+};
 const NcclBackend* nccl_backend();  // null when the executable links none
 // Defined by ft_nccl (or ft_nccl_emu), for main to register.
 const NcclBackend& this_nccl_backend();

@@ -148,11 +148,11 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_chec
   loss_ = {tp_.rank() * V_, V_};
   loss_acc_.zero();
   token_weight_.zero();  // 0.0f, token_weight_host_'s value
-  // The tensor group's agreement on a recording (all_ranks_ok), made now so that ft plan counts
-  // it where a run would record.
+  // The tensor group's agreement on a recording, made now so that ft plan counts it where a run
+  // would record.
   if (tp_.size() > 1 && may_record_graphs()) {
     const MemoryScope tag(MemoryCategory::kActivations);
-    agree_flag_ = Buffer<float>(dev_, 1);
+    tp_agree_ = RankAgreement(*dev_, *tp_.comm());
   }
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/device_comm.h"
 #include "model/config.h"
 #include "model/converter.h"
 #include "model/layout.h"
@@ -221,7 +222,7 @@ class LlamaModel final : public PipelineStage {
   };
   MicroBatchGraph graphs_[2];  // [0]: kHostOnly, [1]: kCollectives
   bool graph_failed_ = false;  // a recording failed: the run goes on without graphs
-  Buffer<float> agree_flag_;   // all_ranks_ok's, over the tensor group
+  RankAgreement tp_agree_;     // a recording's, over the tensor group (where it records)
   void drop_graph(MicroBatchGraph& g);
 };
 

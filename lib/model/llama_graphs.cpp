@@ -122,7 +122,7 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
     }
   } else {
     if (hooks) ok = hooks->agree_recorded(ok);
-    if (tp_records) ok = all_ranks_ok(*dev_, *tp_.comm(), agree_flag_, ok);
+    ok = tp_agree_.all_ok(ok);  // (none without tensor ranks that record)
   }
   if (!ok) {
     // Nothing recorded ran: the micro-batch runs op by op, and so does the rest of the run; the

@@ -186,7 +186,7 @@ ZeroSharding::ZeroSharding(int stage, FlatParams& flat, Communicator& comm, Devi
   sumsq_ = Buffer<double>(dev_, 1);
   // The data group's agreement on a recording (agree_recorded), made now so that ft plan counts
   // it where a run would record.
-  if (opt_.graphs && peers_record()) agree_ = Buffer<float>(dev_, 1);
+  if (opt_.graphs && peers_record()) agree_ = RankAgreement(*dev_, comm_);
 }
 
 ZeroSharding::~ZeroSharding() {

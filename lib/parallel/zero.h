@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/device_comm.h"
 #include "parallel/flat_params.h"
 #include "parallel/kept.h"
 #include "parallel/partition.h"
@@ -392,7 +393,7 @@ class ZeroSharding final : public GroupHooks {
   std::vector<bool> update_pending_;
   bool grads_zeroed_ = false;
   Buffer<double> sumsq_;  // (1) the squared gradient norm being summed
-  Buffer<float> agree_;   // (1) agree_recorded's flag
+  RankAgreement agree_;   // agree_recorded's, over the data group (where its ranks record)
 };
 
 }  // namespace ft

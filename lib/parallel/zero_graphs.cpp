@@ -133,9 +133,7 @@ void ZeroSharding::graphs_off() {
   kept_params_.clear();
 }
 
-bool ZeroSharding::agree_recorded(bool ok) {
-  return peers_record() ? all_ranks_ok(*dev_, comm_, agree_, ok) : ok;
-}
+bool ZeroSharding::agree_recorded(bool ok) { return agree_.all_ok(ok); }
 
 void ZeroSharding::launch_collectives(const std::function<void()>& launch,
                                       const std::vector<int>& groups, bool recorded_now) {
