@@ -24,7 +24,7 @@
 #    recorded once a step has recorded the acquisition order, so that the graph prefetches
 #    (planted: recorded in the first step, before the order, the launches are 15, not 13), its
 #    gathers and working gradients in buffers kept for the run, and over two data ranks with
-#    activation checkpointing;
+#    activation checkpointing, and with LoRA in bf16 with a bf16 reduce_dtype and no prefetch;
 #    ZeRO stage 2 on one rank with tied embeddings (the shared matrix's working gradient taken
 #    at the head, reported at the embedding): the micro-batch recorded with its
 #    working gradients' sums into the shards (buffers kept for the run); and over two data ranks
@@ -45,7 +45,8 @@
 #    grad norms differ; so do the all-reduces not made at a launch; the reducing micro-batch's
 #    host part skipped after a launch makes the warning fire; its recording not joined fails
 #    (cudaErrorStreamCaptureUnjoined) and the counts go wrong;
-#  - two tensor ranks: their all-reduces (every layer's, the loss's) recorded into the graph;
+#  - two tensor ranks: their all-reduces (every layer's, the loss's) recorded into the graph; and
+#    tensor 2 × data 2 at ZeRO 2 (four ranks: both groups' collectives in one graph);
 #  - FT_CUDA_GRAPHS set on one rank only is refused at the start (exit 2);
 #  - recordings that fail (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail: the emulation refuses every
 #    instantiation) are cancelled with a warning each, and QLoRA's run at ZeRO 2 goes on op by
@@ -118,11 +119,11 @@ for kernel in forward dkdv dq; do
 done
 pair zero3 1 1 parallel.zero_stage=3
 pair zero2_tied 1 1 parallel.zero_stage=2 model.tie_embeddings=true
-# ranks2 NAME RECORDINGS LAUNCHES: on each of the two ranks (rank 0's lines have no prefix),
-# RECORDINGS recordings of a micro-batch and LAUNCHES launches over the run.
+# ranks2 NAME RECORDINGS LAUNCHES [RANKS]: on each of the two ranks (or RANKS; rank 0's lines have
+# no prefix), RECORDINGS recordings of a micro-batch and LAUNCHES launches over the run.
 ranks2() {
   local name=$1 recordings=$2 launches=$3 r lines
-  for r in 0 1; do
+  for ((r = 0; r < ${4:-2}; r++)); do
     if [ "$r" = 0 ]; then
       lines=$(grep -v '^\[rank ' "$tmp/$name.1.log" || true)
     else
@@ -172,10 +173,22 @@ grep -q '^warning: step 3: gradient overflow at loss scale .*step skipped' "$tmp
 pair zero3_ranks2 2 2 parallel.zero_stage=3 training.global_batch_size=8 \
   training.activation_checkpointing=true --nproc 2
 ranks2 zero3_ranks2 1 13
+# ZeRO 3 with LoRA (the frozen base gathered, only the adapters reduce-scattered), bf16 with a
+# bf16 reduce_dtype and no prefetch (each gather at its acquire: recorded from step 1's second
+# micro-batch, as no order is needed; 15 launches).
+pair zero3_ranks2_lora_bf16 2 2 parallel.zero_stage=3 adapter.type=lora adapter.r=4 \
+  training.global_batch_size=8 parallel.reduce_dtype=bf16 training.precision=bf16 \
+  parallel.prefetch_blocks=0 --nproc 2
+ranks2 zero3_ranks2_lora_bf16 1 15
 # Two tensor ranks (their all-reduces in every layer recorded into the graph), two micro-batches a
 # step: one graph a rank from step 1's second micro-batch (15 launches).
 pair tp2 2 2 parallel.tensor=2 model.vocab_size=98 --nproc 2
 ranks2 tp2 1 15
+# Tensor 2 × data 2 at ZeRO 2 (four ranks): the tensor all-reduces and the data group's
+# reduce-scatters in one graph a rank, agreed on over both groups; 15 launches on every rank.
+pair tp2_dp2_zero2 4 4 parallel.tensor=2 model.vocab_size=98 parallel.zero_stage=2 \
+  training.global_batch_size=8 --nproc 4
+ranks2 tp2_dp2_zero2 1 15 4
 FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused 0 0 adapter.type=qlora adapter.r=4 \
   parallel.zero_stage=2
 grep -q "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on without graphs: .*cudaGraphInstantiate" \
