@@ -216,10 +216,11 @@ bool cuda_graphs_requested() {
   const char* v = std::getenv("FT_CUDA_GRAPHS");
   const std::string mode = v ? v : "0";
   if (mode != "0" && mode != "1")
-    throw Error(detail::concat("FT_CUDA_GRAPHS='", mode,
-                               "': use 1 (a micro-batch's forward and backward recorded once as a "
-                               "CUDA graph and replayed, where the run allows it) or 0 (the "
-                               "default: every kernel launched one by one)"));
+    throw UsageError(
+        detail::concat("FT_CUDA_GRAPHS='", mode,
+                       "': use 1 (a micro-batch's forward and backward recorded once as a "
+                       "CUDA graph and replayed, where the run allows it) or 0 (the "
+                       "default: every kernel launched one by one)"));
   return mode == "1";
 }
 void Device::graph_begin() { no_graphs(name()); }

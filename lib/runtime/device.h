@@ -429,7 +429,7 @@ class DBuffer {
 
 // FT_CUDA_GRAPHS: 1 lets the CUDA backend record a micro-batch's forward and backward as a graph
 // and replay it (Device::graphs_enabled; not yet measured on a GPU), 0 (the default) never; any
-// other value is an ft::Error.
+// other value is a UsageError (exit 2).
 bool cuda_graphs_requested();
 
 }  // namespace ft

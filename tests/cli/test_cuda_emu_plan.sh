@@ -20,7 +20,8 @@
 #    it); and per attention path (FT_CUDA_ATTENTION=fused|gemm|simt, lib/runtime/cuda/
 #    ops_memory.h) on a bf16 model with head dim 64, where the fused kernel applies: the same
 #    equality, the chunked GEMMs' score chunks planned and the fused and SIMT kernels' absence
-#    of scratch too; an unknown value is an error naming the three;
+#    of scratch too; an unknown value is a usage error (exit 2) naming the three, and so is an
+#    FT_CUDA_GRAPHS other than 0 or 1;
 #  - the device planned for: runtime.device auto is CUDA under ft_emu (a usable emulated GPU)
 #    and the CPU under ft here (no GPU); --cuda-sm 80 plans a 4 MiB workspace;
 #  - runtime.tf32 reaches cuBLASLt: an fp32 run with tf32 true differs from one with tf32 false
@@ -87,12 +88,18 @@ for path in fused gemm simt; do
     --json > "$tmp/$name.plan.json" || fail "plan $name"
   names+=("$name")
 done
-# An unknown path is an error naming the three, before any work.
-if FT_CUDA_ATTENTION=flash "$ft" plan "$tmp/r.yaml" runtime.device=cuda > "$tmp/bad.log" 2>&1; then
-  fail "FT_CUDA_ATTENTION=flash was accepted"
-fi
+# An unknown path is a usage error (exit 2) naming the three, before any work; so is a value of
+# FT_CUDA_GRAPHS other than 0 and 1, which the plan reads for a CUDA target.
+rc=0
+FT_CUDA_ATTENTION=flash "$ft" plan "$tmp/r.yaml" runtime.device=cuda > "$tmp/bad.log" 2>&1 || rc=$?
+[[ $rc == 2 ]] || fail "FT_CUDA_ATTENTION=flash: exit $rc, not 2"
 grep -q "FT_CUDA_ATTENTION='flash'.*fused.*gemm.*simt" "$tmp/bad.log" \
   || fail "FT_CUDA_ATTENTION=flash: $(cat "$tmp/bad.log")"
+rc=0
+FT_CUDA_GRAPHS=yes "$ft" plan "$tmp/r.yaml" runtime.device=cuda > "$tmp/bad.log" 2>&1 || rc=$?
+[[ $rc == 2 ]] || fail "FT_CUDA_GRAPHS=yes: exit $rc, not 2"
+grep -q "FT_CUDA_GRAPHS='yes': use 1 .* or 0" "$tmp/bad.log" \
+  || fail "FT_CUDA_GRAPHS=yes: $(cat "$tmp/bad.log")"
 /usr/bin/python3 - "$tmp" "${names[@]}" <<'PY' || fail "plan disagrees with the emulated device"
 import json, sys
 tmp, names = sys.argv[1], sys.argv[2:]

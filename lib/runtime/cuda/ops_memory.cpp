@@ -29,19 +29,21 @@ AttentionPath requested_attention_path() {
   const std::string mode = v ? v : "fused";
   for (AttentionPath p : {AttentionPath::kFused, AttentionPath::kGemm, AttentionPath::kSimt})
     if (mode == attention_path_name(p)) return p;
-  FT_FAIL("FT_CUDA_ATTENTION='", mode,
-          "': use fused (FlashAttention-2 on tensor cores, the default), gemm (the score "
-          "products through cuBLASLt) or simt (the SIMT kernels)");
+  throw UsageError(detail::concat(
+      "FT_CUDA_ATTENTION='", mode,
+      "': use fused (FlashAttention-2 on tensor cores, the default), gemm (the score "
+      "products through cuBLASLt) or simt (the SIMT kernels)"));
 }
 
 bool fused_sm90(int sm_major) {
   const char* v = std::getenv("FT_CUDA_ATTENTION_SM90");
   const std::string mode = v ? v : "0";
   if (mode != "0" && mode != "1")
-    FT_FAIL("FT_CUDA_ATTENTION_SM90='", mode,
-            "': use 1 (on a Hopper GPU the fused attention's forward and backward run the sm_90 "
-            "kernels, TMA and wgmma; not yet checked on a GPU) or 0 (the default: "
-            "FlashAttention-2's)");
+    throw UsageError(detail::concat(
+        "FT_CUDA_ATTENTION_SM90='", mode,
+        "': use 1 (on a Hopper GPU the fused attention's forward and backward run the sm_90 "
+        "kernels, TMA and wgmma; not yet checked on a GPU) or 0 (the default: "
+        "FlashAttention-2's)"));
   return mode == "1" && sm_major == 9;  // sm_90a code: Hopper only
 }
 
