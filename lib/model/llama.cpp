@@ -148,6 +148,8 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_chec
   loss_ = {tp_.rank() * V_, V_};
   loss_acc_.zero();
   token_weight_.zero();  // 0.0f, token_weight_host_'s value
+  if (dev_->graphs_enabled() && !graphs_refusal().empty())
+    log_warn("FT_CUDA_GRAPHS=1: no micro-batch of this run is recorded: ", graphs_refusal());
   // The tensor group's agreement on a recording, made now so that ft plan counts it where a run
   // would record.
   if (tp_.size() > 1 && may_record_graphs()) {

@@ -165,7 +165,11 @@ class LlamaModel final : public PipelineStage {
   // Whether a training micro-batch may run as a recorded graph: a device with graphs, one stage,
   // one tensor rank or a tensor group whose communicator records its all-reduces into graphs
   // (NCCL), hooks that allow it (FlatParams::micro_batch_replay), no row objective, no profile.
-  bool graph_eligible() const;
+  // Otherwise, where the reason holds for the run, it says so once (a warning).
+  bool graph_eligible();
+  // Why this model's micro-batches may never be recorded, in words for the user (profile,
+  // pipeline stages, tensor ranks over MPI); empty when they may (may_record_graphs).
+  std::string graphs_refusal() const;
   void layer_forward(int l, int B, int T);
   void layer_backward(int l, int B, int T);
   void copy(Ref dst, CRef src, size_t n);  // n elements of dst's dtype
@@ -222,6 +226,7 @@ class LlamaModel final : public PipelineStage {
   };
   MicroBatchGraph graphs_[2];  // [0]: kHostOnly, [1]: kCollectives
   bool graph_failed_ = false;  // a recording failed: the run goes on without graphs
+  bool refusal_told_ = false;  // graph_eligible's warning, once a run
   RankAgreement tp_agree_;     // a recording's, over the tensor group (where it records)
   void drop_graph(MicroBatchGraph& g);
 };

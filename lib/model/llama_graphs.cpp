@@ -12,14 +12,31 @@
 
 namespace ft {
 
-bool LlamaModel::may_record_graphs() const {
-  return dev_->plans_graphs() && (tp_.size() == 1 || tp_.comm()->records_in_graphs()) &&
-         stage_.embed && stage_.head && dev_->profile() == nullptr;
+std::string LlamaModel::graphs_refusal() const {
+  if (dev_->profile()) return "FT_PROFILE times each op, so nothing is recorded";
+  if (!stage_.embed || !stage_.head) return "pipeline stages are not recorded yet";
+  if (tp_.size() > 1 && !tp_.comm()->records_in_graphs())
+    return "the tensor ranks' all-reduces over MPI are not recorded (over NCCL they are)";
+  return "";
 }
 
-bool LlamaModel::graph_eligible() const {
-  return dev_->graphs_enabled() && may_record_graphs() && !graph_failed_ && !objective_ &&
-         flat_.micro_batch_replay() != GroupHooks::Replay::kNone;
+bool LlamaModel::may_record_graphs() const {
+  return dev_->plans_graphs() && graphs_refusal().empty();
+}
+
+bool LlamaModel::graph_eligible() {
+  // (What graphs_refusal finds was told at start-up.)
+  if (!dev_->graphs_enabled() || graph_failed_ || !may_record_graphs()) return false;
+  GroupHooks::NoReplay why;
+  if (objective_)
+    why.reason = "training.objective dpo's micro-batches are not recorded yet";
+  else if (flat_.micro_batch_replay(&why) != GroupHooks::Replay::kNone)
+    return true;
+  if (why.lasting && !refusal_told_) {
+    refusal_told_ = true;
+    log_warn("FT_CUDA_GRAPHS=1: not every micro-batch of this run is recorded: ", why.reason);
+  }
+  return false;
 }
 
 void LlamaModel::drop_graph(MicroBatchGraph& g) {

@@ -100,8 +100,17 @@ class GroupHooks {
   //     recording_failed. Each launch goes through launch_collectives(launch, groups,
   //     recorded_now), which has the collective watchdog watch it, then makes the host's part of
   //     the calls logged (but after the launch that follows the recording, which made them).
+  // With kNone, *why (where given) says why in words for the user, and whether it holds for the
+  // rest of the run (lasting) or only until the hooks have seen a step (ZeRO 3's order).
   enum class Replay { kNone, kHostOnly, kCollectives };
-  virtual Replay micro_batch_replay() const { return Replay::kNone; }
+  struct NoReplay {
+    std::string reason;
+    bool lasting = true;
+  };
+  virtual Replay micro_batch_replay(NoReplay* why = nullptr) const {
+    if (why) *why = {"these ZeRO hooks are not recorded", true};
+    return Replay::kNone;
+  }
   virtual void begin_recording() {}
   virtual void join_recorded() {}
   virtual void recording_failed() {}
@@ -252,8 +261,8 @@ class FlatParams {
   GroupHooks* hooks() const { return hooks_; }
   // How the next training micro-batch may be replayed from a graph (GroupHooks::Replay); without
   // hooks as kHostOnly, with no calls at all.
-  GroupHooks::Replay micro_batch_replay() const {
-    return hooks_ ? hooks_->micro_batch_replay() : GroupHooks::Replay::kHostOnly;
+  GroupHooks::Replay micro_batch_replay(GroupHooks::NoReplay* why = nullptr) const {
+    return hooks_ ? hooks_->micro_batch_replay(why) : GroupHooks::Replay::kHostOnly;
   }
   // While `log` is set (a micro-batch being recorded as a graph), the hooks' grads_ready calls
   // are appended to it, and made too where `make` (kCollectives: their collectives go into the

@@ -207,7 +207,7 @@ class ZeroSharding final : public GroupHooks {
   // every micro-batch is kCollectives, the whole micro-batch in its graph (its gathers, its
   // reduce-scatters and their sums into the shards), the NaN into the shard before it; stage 3
   // not before a step has recorded its prefetch order.
-  Replay micro_batch_replay() const override;
+  Replay micro_batch_replay(NoReplay* why = nullptr) const override;
   void begin_recording() override;
   void join_recorded() override;
   void recording_failed() override;

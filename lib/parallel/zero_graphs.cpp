@@ -10,22 +10,38 @@
 
 namespace ft {
 
-GroupHooks::Replay ZeroSharding::micro_batch_replay() const {
+GroupHooks::Replay ZeroSharding::micro_batch_replay(NoReplay* why) const {
+  const auto none = [&](std::string reason, bool lasting) {
+    if (why) *why = {std::move(reason), lasting};
+    return Replay::kNone;
+  };
   // Stages 2-3: every micro-batch reduce-scatters each group's working gradient (stage 3 also
   // all-gathers the parameters), in kept buffers, so every one is of the kind that records
   // its collectives.
   // Stage 3 with prefetch: not before a step has recorded the order, so that the op-by-op
   // warm-up prefetches as the recording will (and makes the buffers it will use).
   if (keeps_working())
-    return stage_ == 3 && opt_.prefetch_blocks > 0 && !order_recorded_ ? Replay::kNone
-                                                                       : Replay::kCollectives;
-  if (stage_ >= 2 || offload_ || opt_.overlap_update) return Replay::kNone;
+    return stage_ == 3 && opt_.prefetch_blocks > 0 && !order_recorded_
+               ? none("ZeRO stage 3 records from its second step", false)
+               : Replay::kCollectives;
+  if (offload_)
+    return none("parallel.offload_optimizer's copies to and from the host are not recorded", true);
+  if (opt_.overlap_update) return none("parallel.overlap_update is not recorded yet", true);
+  if (stage_ >= 2 && !opt_.graphs)
+    return none("the model records no graphs (ZeroOptions::graphs)", true);
+  if (stage_ >= 2)  // (not keeps_working: over MPI)
+    return none(detail::concat("ZeRO stage ", stage_,
+                               "'s reduce-scatters over MPI are not recorded (over NCCL they are)"),
+                true);
   if (D_ > 1 && opt_.overlap)
     for (size_t g = 0; g < ready_count_.size(); ++g)
       if (trains_[g] && numel_[g] && ready_count_[g] + 1 >= micro_batches_)
         return (opt_.reduce_dtype == DType::kF32 || keeps_low_grads()) && comm_.records_in_graphs()
                    ? Replay::kCollectives
-                   : Replay::kNone;
+                   : none(
+                         "a step's last micro-batch, whose all-reduces overlap_comm issues, "
+                         "runs op by op: over MPI they are not recorded (over NCCL they are)",
+                         true);
   return Replay::kHostOnly;
 }
 

@@ -48,6 +48,9 @@
 #  - two tensor ranks: their all-reduces (every layer's, the loss's) recorded into the graph; and
 #    tensor 2 × data 2 at ZeRO 2 (four ranks: both groups' collectives in one graph);
 #  - FT_CUDA_GRAPHS set on one rank only is refused at the start (exit 2);
+#  - a run that cannot record (pipeline stages, overlap_update, ZeRO 2 over MPI) warns once a
+#    rank with the reason, and the runs above that record warn nothing of the kind (planted: the
+#    warning not kept to once warns at every micro-batch);
 #  - recordings that fail (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail: the emulation refuses every
 #    instantiation) are cancelled with a warning each, and QLoRA's run at ZeRO 2 goes on op by
 #    op with the same bits (the counts restored, the kept buffers freed); so does a two-rank run
@@ -91,6 +94,8 @@ pair() {
   ! grep -q 'recorded as a graph' "$tmp/$name.0.log" || fail "$name: recorded with FT_CUDA_GRAPHS=0"
   ! grep -q 'reduced after the backward instead of during it' "$tmp/$name.1.log" \
     || fail "$name: $(grep -m1 'reduced after the backward' "$tmp/$name.1.log")"
+  ! grep -q 'FT_CUDA_GRAPHS=1: .* of this run is recorded: ' "$tmp/$name.1.log" \
+    || fail "$name: $(grep -m1 'FT_CUDA_GRAPHS=1: ' "$tmp/$name.1.log")"
   echo "$name ($want + $want_optim recording(s)):"
   /usr/bin/python3 "$src/tests/cli/compare_metrics.py" "$tmp/$name.0" "$tmp/$name.1" \
     --min-entries 16 --loss-rel 0 --norm-rel 0 --step1-loss-rel 0 --step1-norm-rel 0 \
@@ -189,6 +194,24 @@ ranks2 tp2 1 15
 pair tp2_dp2_zero2 4 4 parallel.tensor=2 model.vocab_size=98 parallel.zero_stage=2 \
   training.global_batch_size=8 --nproc 4
 ranks2 tp2_dp2_zero2 1 15 4
+# What is not recorded says so, once a run and rank, with the reason: a lasting one (pipeline
+# stages, the overlapped update, reduce-scatters over MPI), not ZeRO 3's first step (zero3 above:
+# no such warning).
+# refusal NAME RANKS REASON [OVERRIDES...]: one warning a rank, with REASON.
+refusal() {
+  local name=$1 ranks=$2 want=$3
+  shift 3
+  FT_CUDA_GRAPHS=1 "$emu" train "$tmp/r.yaml" run.output_dir="$tmp/$name" training.steps=2 \
+    training.eval_every_steps=0 checkpoint.every_steps=0 "$@" > "$tmp/$name.log" 2>&1 \
+    || fail "$name: $(tail -3 "$tmp/$name.log")"
+  [ "$(grep -c "warning: FT_CUDA_GRAPHS=1: .* of this run is recorded: " "$tmp/$name.log")" = "$ranks" ] \
+    && [ "$(grep -c "warning: FT_CUDA_GRAPHS=1: .* of this run is recorded: $want" "$tmp/$name.log")" = "$ranks" ] \
+    || fail "$name: expected one warning a rank, '$want': $(grep FT_CUDA_GRAPHS "$tmp/$name.log")"
+}
+refusal pipe2 2 "pipeline stages are not recorded yet" parallel.pipeline=2 --nproc 2
+refusal overlap_update 1 "parallel.overlap_update is not recorded yet" parallel.overlap_update=true
+refusal zero2_mpi 2 "ZeRO stage 2's reduce-scatters over MPI are not recorded" \
+  parallel.zero_stage=2 runtime.communicator=mpi --nproc 2
 FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused 0 0 adapter.type=qlora adapter.r=4 \
   parallel.zero_stage=2
 grep -q "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on without graphs: .*cudaGraphInstantiate" \
