@@ -92,6 +92,9 @@ void ZeroSharding::join_recorded() {
     // and the next starts as it did.
     retire_scatters(0);
     drop_prefetches();
+    // The recorded gathers' handles, every one waited on inside the graph: the host may not
+    // wait on a recorded call, so none is kept.
+    for (CommWork& w : gathering_) w = CommWork();
     for (size_t g = 0; g < working_grads_.size(); ++g) {
       FT_CHECK(!working_grads_[g], "ZeRO stage ", stage_, ": group ", g,
                "'s working gradient was taken in the recorded micro-batch but never reported "
