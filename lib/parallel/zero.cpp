@@ -720,7 +720,7 @@ float* ZeroSharding::grads(int group) {
   if (!working_grads_[g]) {  // until reduce-scattered
     const size_t n = shard_[g] * size_t(D_);
     working_grads_[g] = hold_f32(n);
-    dev_->memset_zero(working_grads_[g].data(), n * sizeof(float));
+    if (n) dev_->memset_zero(working_grads_[g].data(), n * sizeof(float));
   }
   return working_grads_[g].data();
 }

@@ -196,7 +196,8 @@ class ZeroSharding final : public GroupHooks {
   void release_params(int group) override;
   float* grads(int group) override;
   void grads_ready(int group) override;
-  // Graphs (GroupHooks::Replay), at stages 0-1 without offload or the overlapped update:
+  // Graphs (GroupHooks::Replay), at stages 0-1 without offload (with the overlapped update, the
+  // micro-batches with no update pending):
   // kHostOnly where no group's gradient is made final by the micro-batch while overlap_comm
   // reduces it there (grads_ready): the micro-batches of a step but its last, or every one
   // without overlap_comm (the test NaN goes in with the reductions, never during these);

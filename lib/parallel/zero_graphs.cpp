@@ -26,7 +26,14 @@ GroupHooks::Replay ZeroSharding::micro_batch_replay(NoReplay* why) const {
                : Replay::kCollectives;
   if (offload_)
     return none("parallel.offload_optimizer's copies to and from the host are not recorded", true);
-  if (opt_.overlap_update) return none("parallel.overlap_update is not recorded yet", true);
+  // The overlapped update runs under the forward of the micro-batch after it, whose waits for it
+  // (wait_update: on events the update stream records outside any graph) keep it op by op;
+  // micro-batches with no update pending may record.
+  if (std::find(update_pending_.begin(), update_pending_.end(), true) != update_pending_.end())
+    return none(
+        "with parallel.overlap_update the micro-batch after each update (a step's first) runs op "
+        "by op, the update under its forward",
+        true);
   if (stage_ >= 2 && !opt_.graphs)
     return none("the model records no graphs (ZeroOptions::graphs)", true);
   if (stage_ >= 2)  // (not keeps_working: over MPI)
@@ -47,7 +54,7 @@ GroupHooks::Replay ZeroSharding::micro_batch_replay(NoReplay* why) const {
 
 bool ZeroSharding::keeps_low_grads() const {
   return opt_.graphs && opt_.reduce_dtype != DType::kF32 && opt_.overlap && D_ > 1 && stage_ < 2 &&
-         !offload_ && !opt_.overlap_update;
+         !offload_;
 }
 
 bool ZeroSharding::keeps_working() const {
