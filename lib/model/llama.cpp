@@ -152,7 +152,7 @@ LlamaModel::LlamaModel(const ModelConfig& cfg, Device* dev, bool activation_chec
     log_warn("FT_CUDA_GRAPHS=1: no micro-batch of this run is recorded: ", graphs_refusal());
   // The tensor group's agreement on a recording, made now so that ft plan counts it where a run
   // would record.
-  if (tp_.size() > 1 && may_record_graphs()) {
+  if (tp_.size() > 1 && dev_->plans_graphs() && graphs_refusal().empty()) {
     const MemoryScope tag(MemoryCategory::kActivations);
     tp_agree_ = RankAgreement(*dev_, *tp_.comm());
   }
@@ -232,13 +232,19 @@ void LlamaModel::copy(Ref dst, CRef src, size_t n) {
 
 LlamaModel::~LlamaModel() {
   try {
-    const int recorded = graphs_[0].recorded + graphs_[1].recorded;
+    int recorded = 0;
+    int64_t launches = 0;
+    for (const MicroBatchGraph& g : graphs_) recorded += g.recorded, launches += g.launches;
+    for (const MicroBatchGraph& g : part_graphs_) recorded += g.recorded, launches += g.launches;
     if (recorded)
-      log_info("FT_CUDA_GRAPHS: ", graphs_[0].launches + graphs_[1].launches,
-               " training micro-batches launched from ", recorded, " recording(s)");
+      log_info("FT_CUDA_GRAPHS: ", launches,
+               pipelined() ? " halves of training micro-batches (this pipeline stage's)"
+                           : " training micro-batches",
+               " launched from ", recorded, " recording(s)");
   } catch (...) {  // in a destructor: the count is not worth an exception
   }
   for (MicroBatchGraph& g : graphs_) drop_graph(g);
+  for (MicroBatchGraph& g : part_graphs_) drop_graph(g);
 }
 
 namespace {
@@ -553,13 +559,6 @@ void LlamaModel::norm_backward(Ref dx, float* dw, CRef dout, CRef x, CRef w, con
   ops().add(st_, Ref(dw), CRef(part), size_t(D));
 }
 
-void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const int32_t* targets,
-                              const uint8_t* mask, int B, int T, float token_weight, bool backward,
-                              const int32_t* seg, uint64_t first_sample) {
-  stage_inputs(slot, inputs, targets, mask, B, T, token_weight, backward, seg, first_sample);
-  forward_compute(x_in, backward, token_weight, mask);
-}
-
 void LlamaModel::stage_inputs(int slot, const int32_t* inputs, const int32_t* targets,
                               const uint8_t* mask, int B, int T, float token_weight, bool backward,
                               const int32_t* seg, uint64_t first_sample) {
@@ -754,7 +753,7 @@ double LlamaModel::take_loss_sum() {
   return sum;
 }
 
-void LlamaModel::backward_part(int slot, CRef dy_in) {
+void LlamaModel::backward_compute(int slot, CRef dy_in) {
   acts_ = slots_[size_t(slot)].get();
   Acts& a = *acts_;
   const int B = a.B, T = a.T, N = B * T, C = cfg_.dim, L = cfg_.n_layers;

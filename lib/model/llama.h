@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -108,7 +109,9 @@ class LlamaModel final : public PipelineStage {
                     const int32_t* seg, uint64_t first_sample = 0) override;
   void backward_part(int slot, CRef dy_in) override;
   // forward_part and backward_part in slot 0; with FT_CUDA_GRAPHS=1 where graph_eligible, the
-  // device part is recorded as a graph at the second micro-batch of a shape and replayed after.
+  // device part is recorded as a graph at the second micro-batch of a shape and replayed after
+  // (and on a pipeline stage without ZeRO's hooks, each half of a training micro-batch: a graph
+  // per activation slot and half).
   void train_micro_batch(const int32_t* inputs, const int32_t* targets, const uint8_t* mask, int B,
                          int T, float token_weight, const int32_t* seg,
                          uint64_t first_sample) override;
@@ -118,9 +121,10 @@ class LlamaModel final : public PipelineStage {
 
   const StageSpec& stage() const { return stage_; }
   int tensor_rank() const { return tp_.rank(); }
-  // Whether this model may record its training micro-batches as graphs at all (FT_CUDA_GRAPHS=1,
-  // one pipeline stage, tensor ranks over NCCL, no FT_PROFILE): what does not change during a
-  // run of graph_eligible (the hooks keep the buffers graphs need only then: ZeroOptions::graphs).
+  // Whether this model may record its whole training micro-batches, with ZeRO's hooks, as graphs
+  // (FT_CUDA_GRAPHS=1, one pipeline stage, tensor ranks over NCCL, no FT_PROFILE): what does not
+  // change during a run of graph_eligible (the hooks keep the buffers graphs need only then:
+  // ZeroOptions::graphs).
   bool may_record_graphs() const;
   bool owns_group(int g) const;
 
@@ -162,13 +166,16 @@ class LlamaModel final : public PipelineStage {
                     int B, int T, float token_weight, bool backward, const int32_t* seg,
                     uint64_t first_sample);
   void forward_compute(CRef x_in, bool backward, float token_weight, const uint8_t* host_mask);
-  // Whether a training micro-batch may run as a recorded graph: a device with graphs, one stage,
-  // one tensor rank or a tensor group whose communicator records its all-reduces into graphs
-  // (NCCL), hooks that allow it (FlatParams::micro_batch_replay), no row objective, no profile.
+  void backward_compute(int slot, CRef dy_in);  // backward_part's device work (and hooks' calls)
+  bool pipelined() const { return !stage_.embed || !stage_.head; }  // one of several stages
+  // Whether a training micro-batch (or a pipeline stage's half of one) may run as a recorded
+  // graph: a device with graphs, one tensor rank or a tensor group whose communicator records its
+  // all-reduces into graphs (NCCL), no row objective, no profile; on one stage hooks that allow
+  // it (FlatParams::micro_batch_replay), on a pipeline stage no ZeRO hooks.
   // Otherwise, where the reason holds for the run, it says so once (a warning).
   bool graph_eligible();
   // Why this model's micro-batches may never be recorded, in words for the user (profile,
-  // pipeline stages, tensor ranks over MPI); empty when they may (may_record_graphs).
+  // tensor ranks over MPI); empty when they may.
   std::string graphs_refusal() const;
   void layer_forward(int l, int B, int T);
   void layer_backward(int l, int B, int T);
@@ -229,6 +236,16 @@ class LlamaModel final : public PipelineStage {
   bool refusal_told_ = false;  // graph_eligible's warning, once a run
   RankAgreement tp_agree_;     // a recording's, over the tensor group (where it records)
   void drop_graph(MicroBatchGraph& g);
+  // A pipeline stage's halves (forward_part, backward_part): a graph per activation slot and
+  // half (2·slot + half), and each slot's shape from its forward.
+  std::vector<MicroBatchGraph> part_graphs_;
+  std::vector<MicroBatchGraph::Shape> part_shapes_;
+  MicroBatchGraph& part_graph(int slot, int half);
+  // `work` (the device's part only) as g's graph: op by op the first time a shape comes, recorded
+  // the second, launched after (train_micro_batch); collectives: the hooks' kCollectives kind.
+  // what: the words after "micro-batch BxT" in the recording's log line.
+  void run_graphed(MicroBatchGraph& g, const MicroBatchGraph::Shape& shape, bool collectives,
+                   const char* what, const std::function<void()>& work);
 };
 
 }  // namespace ft

@@ -14,24 +14,29 @@ namespace ft {
 
 std::string LlamaModel::graphs_refusal() const {
   if (dev_->profile()) return "FT_PROFILE times each op, so nothing is recorded";
-  if (!stage_.embed || !stage_.head) return "pipeline stages are not recorded yet";
   if (tp_.size() > 1 && !tp_.comm()->records_in_graphs())
     return "the tensor ranks' all-reduces over MPI are not recorded (over NCCL they are)";
   return "";
 }
 
 bool LlamaModel::may_record_graphs() const {
-  return dev_->plans_graphs() && graphs_refusal().empty();
+  return dev_->plans_graphs() && graphs_refusal().empty() && !pipelined();
 }
 
 bool LlamaModel::graph_eligible() {
   // (What graphs_refusal finds was told at start-up.)
-  if (!dev_->graphs_enabled() || graph_failed_ || !may_record_graphs()) return false;
+  if (!dev_->graphs_enabled() || graph_failed_ || !graphs_refusal().empty()) return false;
   GroupHooks::NoReplay why;
-  if (objective_)
+  if (objective_) {
     why.reason = "training.objective dpo's micro-batches are not recorded yet";
-  else if (flat_.micro_batch_replay(&why) != GroupHooks::Replay::kNone)
+  } else if (pipelined()) {
+    if (!flat_.hooks()) return true;
+    why.reason =
+        "a pipeline stage's halves are not recorded with ZeRO's hooks yet (several data ranks, "
+        "ZeRO stage 2-3, offload or overlap_update)";
+  } else if (flat_.micro_batch_replay(&why) != GroupHooks::Replay::kNone) {
     return true;
+  }
   if (why.lasting && !refusal_told_) {
     refusal_told_ = true;
     log_warn("FT_CUDA_GRAPHS=1: not every micro-batch of this run is recorded: ", why.reason);
@@ -61,14 +66,51 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
                                    const uint8_t* mask, int B, int T, float token_weight,
                                    const int32_t* seg, uint64_t first_sample) {
   stage_inputs(0, inputs, targets, mask, B, T, token_weight, /*backward=*/true, seg, first_sample);
-  auto eager = [&] {
+  const auto work = [&] {
     forward_compute(CRef(), /*backward=*/true, token_weight, mask);
-    backward_part(0, CRef());
+    backward_compute(0, CRef());
   };
-  if (!graph_eligible()) return eager();
+  if (!graph_eligible()) return work();
   const bool collectives = flat_.micro_batch_replay() == GroupHooks::Replay::kCollectives;
+  run_graphed(graphs_[collectives ? 1 : 0], {B, T, seg != nullptr}, collectives, "", work);
+}
+
+// A pipeline stage's halves of a training micro-batch (PipelineSchedule), each recorded as a
+// graph of its own per activation slot, as train_micro_batch's whole micro-batch is: the
+// transfers between stages stay outside (their buffers are the schedule's, the same each time),
+// and so do the host's checks and uploads (stage_inputs). Without ZeRO's hooks (graph_eligible).
+void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const int32_t* targets,
+                              const uint8_t* mask, int B, int T, float token_weight, bool backward,
+                              const int32_t* seg, uint64_t first_sample) {
+  stage_inputs(slot, inputs, targets, mask, B, T, token_weight, backward, seg, first_sample);
+  const auto work = [&] { forward_compute(x_in, backward, token_weight, mask); };
+  if (!backward || !pipelined() || !graph_eligible()) return work();
+  const MicroBatchGraph::Shape shape{B, T, seg != nullptr};
+  if (part_shapes_.size() <= size_t(slot)) part_shapes_.resize(size_t(slot) + 1);
+  part_shapes_[size_t(slot)] = shape;
+  run_graphed(part_graph(slot, 0), shape, false,
+              detail::concat(" (this stage's forward, slot ", slot, ")").c_str(), work);
+}
+
+void LlamaModel::backward_part(int slot, CRef dy_in) {
+  const auto work = [&] { backward_compute(slot, dy_in); };
+  if (!pipelined() || size_t(slot) >= part_shapes_.size() || !graph_eligible()) return work();
+  run_graphed(part_graph(slot, 1), part_shapes_[size_t(slot)], false,
+              detail::concat(" (this stage's backward, slot ", slot, ")").c_str(), work);
+}
+
+LlamaModel::MicroBatchGraph& LlamaModel::part_graph(int slot, int half) {
+  const size_t k = 2 * size_t(slot) + size_t(half);
+  if (part_graphs_.size() <= k) part_graphs_.resize(k + 1);
+  return part_graphs_[k];
+}
+
+// Runs `work` (device work only: the host's part is done) as g's graph where it is recorded,
+// else op by op; see train_micro_batch above.
+void LlamaModel::run_graphed(MicroBatchGraph& g, const MicroBatchGraph::Shape& shape,
+                             bool collectives, const char* what,
+                             const std::function<void()>& work) {
   GroupHooks* hooks = flat_.hooks();
-  MicroBatchGraph& g = graphs_[collectives ? 1 : 0];
   const auto launch = [&](bool recorded_now) {
     ++g.launches;
     // With tensor ranks the graph holds their all-reduces: the watchdog watches the launch
@@ -86,7 +128,6 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
     }
     flat_.set_dequantized_group(g.dequantized_after);
   };
-  const MicroBatchGraph::Shape shape{B, T, seg != nullptr};
   // A recording after a warm-up comes at the same micro-batch on every rank (the same shapes and
   // counts); one because the epoch moved comes on this rank alone (its own allocator's frees).
   bool again = false;
@@ -96,7 +137,7 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
   }
   if (g.exec) return launch(/*recorded_now=*/false);
   if (g.warm != shape) {
-    eager();
+    work();
     g.warm = shape;
     return;
   }
@@ -111,8 +152,7 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
     flat_.log_grads_ready(&ready_calls, /*make=*/collectives);
     if (collectives) hooks->begin_recording();
     g.exec = dev_->graph_record([&] {
-      forward_compute(CRef(), /*backward=*/true, token_weight, mask);
-      backward_part(0, CRef());
+      work();
       if (collectives) hooks->join_recorded();
     });
   } catch (const Error& e) {
@@ -160,15 +200,15 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
       log_warn(
           "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed on another rank, so the "
           "run goes on without graphs");
-    return eager();
+    return work();
   }
   g.shape = shape;
   g.epoch = dev_->graph_epoch();
   g.dequantized_after = flat_.dequantized_group();
   g.ready_calls = std::move(ready_calls);
   ++g.recorded;
-  log_info("FT_CUDA_GRAPHS: micro-batch ", B, "x", T, shape.seg ? " (packed)" : "",
-           collectives ? " with its all-reduces" : "", " recorded as a graph (recording ",
+  log_info("FT_CUDA_GRAPHS: micro-batch ", shape.B, "x", shape.T, shape.seg ? " (packed)" : "",
+           what, collectives ? " with its all-reduces" : "", " recorded as a graph (recording ",
            g.recorded, "), replayed from here on");
   // The kHostOnly calls were only logged: made after this launch as after every other.
   launch(/*recorded_now=*/collectives);

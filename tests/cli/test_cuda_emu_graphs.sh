@@ -45,12 +45,15 @@
 #    grad norms differ; so do the all-reduces not made at a launch; the reducing micro-batch's
 #    host part skipped after a launch makes the warning fire; its recording not joined fails
 #    (cudaErrorStreamCaptureUnjoined) and the counts go wrong;
+#  - two pipeline stages: each half of a training micro-batch recorded per activation slot (QLoRA
+#    in bf16 with activation checkpointing; two tensor ranks a stage with tied embeddings), the
+#    transfers outside; planted: one graph for every slot records too few;
 #  - two tensor ranks: their all-reduces (every layer's, the loss's) recorded into the graph; and
 #    tensor 2 × data 2 at ZeRO 2 (four ranks: both groups' collectives in one graph);
 #  - FT_CUDA_GRAPHS set on one rank only is refused at the start (exit 2);
 #  - the overlapped update over two data ranks: the micro-batches with no update pending recorded,
 #    the others op by op (a warning says so);
-#  - a run that cannot record (pipeline stages, ZeRO 2 over MPI) warns once a
+#  - a run that cannot record (pipeline stages with data ranks, ZeRO 2 over MPI) warns once a
 #    rank with the reason, and the runs above that record warn nothing of the kind (planted: the
 #    warning not kept to once warns at every micro-batch);
 #  - recordings that fail (FT_CUDA_EMU_GRAPH_INSTANTIATE=fail: the emulation refuses every
@@ -208,7 +211,8 @@ pair tp2_dp2_zero2 4 4 parallel.tensor=2 model.vocab_size=98 parallel.zero_stage
   training.global_batch_size=8 --nproc 4
 ranks2 tp2_dp2_zero2 1 15 4
 # What is not recorded says so, once a run and rank, with the reason: a lasting one (pipeline
-# stages, reduce-scatters over MPI), not ZeRO 3's first step (zero3 above: no such warning).
+# stages with ZeRO's hooks, here two data ranks; reduce-scatters over MPI), not ZeRO 3's first
+# step (zero3 above: no such warning).
 # refusal NAME RANKS REASON [OVERRIDES...]: one warning a rank, with REASON.
 refusal() {
   local name=$1 ranks=$2 want=$3
@@ -220,9 +224,39 @@ refusal() {
     && [ "$(grep -c "warning: FT_CUDA_GRAPHS=1: .* of this run is recorded: $want" "$tmp/$name.log")" = "$ranks" ] \
     || fail "$name: expected one warning a rank, '$want': $(grep FT_CUDA_GRAPHS "$tmp/$name.log")"
 }
-refusal pipe2 2 "pipeline stages are not recorded yet" parallel.pipeline=2 --nproc 2
+refusal pipe2_dp2 4 "a pipeline stage's halves are not recorded with ZeRO's hooks yet" \
+  parallel.pipeline=2 training.global_batch_size=8 --nproc 4
 refusal zero2_mpi 2 "ZeRO stage 2's reduce-scatters over MPI are not recorded" \
   parallel.zero_stage=2 runtime.communicator=mpi --nproc 2
+# Two pipeline stages: each half of a training micro-batch recorded per activation slot, the
+# transfers between stages outside the graphs. Stage 0 keeps two micro-batches in flight (two
+# slots: four graphs, recorded in step 2 and launched in steps 2-8, 28 launches), stage 1 one
+# (two graphs recorded at step 1's second micro-batch, 30 launches); the op-by-op bits, here
+# with QLoRA in bf16 with activation checkpointing (a half's dequantized group left for the
+# next), and with two tensor ranks a stage and tied embeddings (four ranks; the shared matrix
+# summed between the stages after the backward).
+# pipe2_launches NAME RANKS: the first half of the ranks are stage 0's (28 launches), the rest
+# stage 1's (30).
+pipe2_launches() {
+  local name=$1 ranks=$2 r want lines
+  for ((r = 0; r < ranks; r++)); do
+    want=28
+    ((r >= ranks / 2)) && want=30
+    if [ "$r" = 0 ]; then
+      lines=$(grep -v '^\[rank ' "$tmp/$name.1.log" || true)
+    else
+      lines=$(grep "^\[rank $r " "$tmp/$name.1.log" || true)
+    fi
+    grep -q "FT_CUDA_GRAPHS: $want halves of training micro-batches (this pipeline stage's) launched" \
+      <<< "$lines" || fail "$name: rank $r: $(grep 'launched from' <<< "$lines"), expected $want"
+  done
+}
+pair pipe2_qlora_ac 6 2 parallel.pipeline=2 adapter.type=qlora adapter.r=4 \
+  training.precision=bf16 training.activation_checkpointing=true --nproc 2
+pipe2_launches pipe2_qlora_ac 2
+pair pipe2_tp2_tied 12 4 parallel.pipeline=2 parallel.tensor=2 model.vocab_size=98 \
+  model.tie_embeddings=true --nproc 4
+pipe2_launches pipe2_tp2_tied 4
 FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused 0 0 adapter.type=qlora adapter.r=4 \
   parallel.zero_stage=2
 grep -q "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on without graphs: .*cudaGraphInstantiate" \
