@@ -93,6 +93,8 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
 }
 
 void LlamaModel::backward_part(int slot, CRef dy_in) {
+  // The slot input_grad() reads after a launch too (backward_compute sets it when it runs).
+  acts_ = slots_[size_t(slot)].get();
   const auto work = [&] { backward_compute(slot, dy_in); };
   if (!pipelined() || size_t(slot) >= part_shapes_.size() || !graph_eligible()) return work();
   run_graphed(part_graph(slot, 1), part_shapes_[size_t(slot)], false,

@@ -45,9 +45,11 @@
 #    grad norms differ; so do the all-reduces not made at a launch; the reducing micro-batch's
 #    host part skipped after a launch makes the warning fire; its recording not joined fails
 #    (cudaErrorStreamCaptureUnjoined) and the counts go wrong;
-#  - two pipeline stages: each half of a training micro-batch recorded per activation slot (QLoRA
-#    in bf16 with activation checkpointing; two tensor ranks a stage with tied embeddings), the
-#    transfers outside; planted: one graph for every slot records too few;
+#  - pipeline stages: each half of a training micro-batch recorded per activation slot (three
+#    stages, QLoRA in bf16 with activation checkpointing; two stages of two tensor ranks with
+#    tied embeddings), the transfers outside; planted: one graph for every slot records too few;
+#    the middle stage's input gradient read from the last forward's slot after a launch changes
+#    the bits;
 #  - two tensor ranks: their all-reduces (every layer's, the loss's) recorded into the graph; and
 #    tensor 2 × data 2 at ZeRO 2 (four ranks: both groups' collectives in one graph);
 #  - FT_CUDA_GRAPHS set on one rank only is refused at the start (exit 2);
@@ -228,20 +230,15 @@ refusal pipe2_dp2 4 "a pipeline stage's halves are not recorded with ZeRO's hook
   parallel.pipeline=2 training.global_batch_size=8 --nproc 4
 refusal zero2_mpi 2 "ZeRO stage 2's reduce-scatters over MPI are not recorded" \
   parallel.zero_stage=2 runtime.communicator=mpi --nproc 2
-# Two pipeline stages: each half of a training micro-batch recorded per activation slot, the
-# transfers between stages outside the graphs. Stage 0 keeps two micro-batches in flight (two
-# slots: four graphs, recorded in step 2 and launched in steps 2-8, 28 launches), stage 1 one
-# (two graphs recorded at step 1's second micro-batch, 30 launches); the op-by-op bits, here
-# with QLoRA in bf16 with activation checkpointing (a half's dequantized group left for the
-# next), and with two tensor ranks a stage and tied embeddings (four ranks; the shared matrix
-# summed between the stages after the backward).
-# pipe2_launches NAME RANKS: the first half of the ranks are stage 0's (28 launches), the rest
-# stage 1's (30).
-pipe2_launches() {
-  local name=$1 ranks=$2 r want lines
-  for ((r = 0; r < ranks; r++)); do
-    want=28
-    ((r >= ranks / 2)) && want=30
+# Pipeline stages: each half of a training micro-batch recorded per activation slot, the
+# transfers between stages outside the graphs; the op-by-op bits.
+# pipe_launches NAME LAUNCHES...: rank r launched the r-th count of halves.
+pipe_launches() {
+  local name=$1 r want lines
+  shift
+  local counts=("$@")
+  for ((r = 0; r < ${#counts[@]}; r++)); do
+    want=${counts[$r]}
     if [ "$r" = 0 ]; then
       lines=$(grep -v '^\[rank ' "$tmp/$name.1.log" || true)
     else
@@ -251,12 +248,21 @@ pipe2_launches() {
       <<< "$lines" || fail "$name: rank $r: $(grep 'launched from' <<< "$lines"), expected $want"
   done
 }
-pair pipe2_qlora_ac 6 2 parallel.pipeline=2 adapter.type=qlora adapter.r=4 \
-  training.precision=bf16 training.activation_checkpointing=true --nproc 2
-pipe2_launches pipe2_qlora_ac 2
+# Three stages, three micro-batches a step (QLoRA in bf16 with activation checkpointing: a half's
+# dequantized group left for the next). Stage 0 keeps three in flight (three slots: six graphs,
+# recorded in step 2, 42 launches), stage 1 two (slot 0 twice a step: recorded at step 1's third
+# micro-batch; slot 1 at step 2: 44), stage 2 one (recorded at step 1's second: 46). The middle
+# stage sends the input gradient of the slot it launched (seen: after a launch input_grad() read
+# the slot of the last forward, and the bits differed from step 2 on).
+pair pipe3_qlora_ac 12 3 parallel.pipeline=3 model.n_layers=3 training.global_batch_size=6 \
+  adapter.type=qlora adapter.r=4 training.precision=bf16 training.activation_checkpointing=true \
+  --nproc 3
+pipe_launches pipe3_qlora_ac 42 44 46
+# Tensor 2 × pipeline 2 with tied embeddings (four ranks; the shared matrix summed between the
+# stages after the backward): stage 0 with two slots (28 launches), stage 1 one (30).
 pair pipe2_tp2_tied 12 4 parallel.pipeline=2 parallel.tensor=2 model.vocab_size=98 \
   model.tie_embeddings=true --nproc 4
-pipe2_launches pipe2_tp2_tied 4
+pipe_launches pipe2_tp2_tied 28 28 30 30
 FT_CUDA_EMU_GRAPH_INSTANTIATE=fail pair refused 0 0 adapter.type=qlora adapter.r=4 \
   parallel.zero_stage=2
 grep -q "FT_CUDA_GRAPHS: recording the micro-batch as a graph failed, so the run goes on without graphs: .*cudaGraphInstantiate" \
