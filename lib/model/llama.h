@@ -243,9 +243,10 @@ class LlamaModel final : public PipelineStage {
   MicroBatchGraph& part_graph(int slot, int half);
   // `work` (the device's part only) as g's graph: op by op the first time a shape comes, recorded
   // the second, launched after (train_micro_batch); collectives: the hooks' kCollectives kind.
-  // what: the words after "micro-batch BxT" in the recording's log line.
+  // half: a pipeline stage's forward (0) or backward (1) of `slot`, named in the recording's log
+  // line; -1: a whole micro-batch.
   void run_graphed(MicroBatchGraph& g, const MicroBatchGraph::Shape& shape, bool collectives,
-                   const char* what, const std::function<void()>& work);
+                   const std::function<void()>& work, int half = -1, int slot = 0);
 };
 
 }  // namespace ft

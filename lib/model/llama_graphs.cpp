@@ -72,7 +72,7 @@ void LlamaModel::train_micro_batch(const int32_t* inputs, const int32_t* targets
   };
   if (!graph_eligible()) return work();
   const bool collectives = flat_.micro_batch_replay() == GroupHooks::Replay::kCollectives;
-  run_graphed(graphs_[collectives ? 1 : 0], {B, T, seg != nullptr}, collectives, "", work);
+  run_graphed(graphs_[collectives ? 1 : 0], {B, T, seg != nullptr}, collectives, work);
 }
 
 // A pipeline stage's halves of a training micro-batch (PipelineSchedule), each recorded as a
@@ -88,8 +88,7 @@ void LlamaModel::forward_part(int slot, const int32_t* inputs, CRef x_in, const 
   const MicroBatchGraph::Shape shape{B, T, seg != nullptr};
   if (part_shapes_.size() <= size_t(slot)) part_shapes_.resize(size_t(slot) + 1);
   part_shapes_[size_t(slot)] = shape;
-  run_graphed(part_graph(slot, 0), shape, false,
-              detail::concat(" (this stage's forward, slot ", slot, ")").c_str(), work);
+  run_graphed(part_graph(slot, 0), shape, false, work, /*half=*/0, slot);
 }
 
 void LlamaModel::backward_part(int slot, CRef dy_in) {
@@ -97,8 +96,7 @@ void LlamaModel::backward_part(int slot, CRef dy_in) {
   acts_ = slots_[size_t(slot)].get();
   const auto work = [&] { backward_compute(slot, dy_in); };
   if (!pipelined() || size_t(slot) >= part_shapes_.size() || !graph_eligible()) return work();
-  run_graphed(part_graph(slot, 1), part_shapes_[size_t(slot)], false,
-              detail::concat(" (this stage's backward, slot ", slot, ")").c_str(), work);
+  run_graphed(part_graph(slot, 1), part_shapes_[size_t(slot)], false, work, /*half=*/1, slot);
 }
 
 LlamaModel::MicroBatchGraph& LlamaModel::part_graph(int slot, int half) {
@@ -110,8 +108,8 @@ LlamaModel::MicroBatchGraph& LlamaModel::part_graph(int slot, int half) {
 // Runs `work` (device work only: the host's part is done) as g's graph where it is recorded,
 // else op by op; see train_micro_batch above.
 void LlamaModel::run_graphed(MicroBatchGraph& g, const MicroBatchGraph::Shape& shape,
-                             bool collectives, const char* what,
-                             const std::function<void()>& work) {
+                             bool collectives, const std::function<void()>& work, int half,
+                             int slot) {
   GroupHooks* hooks = flat_.hooks();
   const auto launch = [&](bool recorded_now) {
     ++g.launches;
@@ -210,7 +208,10 @@ void LlamaModel::run_graphed(MicroBatchGraph& g, const MicroBatchGraph::Shape& s
   g.ready_calls = std::move(ready_calls);
   ++g.recorded;
   log_info("FT_CUDA_GRAPHS: micro-batch ", shape.B, "x", shape.T, shape.seg ? " (packed)" : "",
-           what, collectives ? " with its all-reduces" : "", " recorded as a graph (recording ",
+           half < 0 ? ""
+                    : detail::concat(" (this stage's ", half ? "backward" : "forward", ", slot ",
+                                     slot, ")"),
+           collectives ? " with its all-reduces" : "", " recorded as a graph (recording ",
            g.recorded, "), replayed from here on");
   // The kHostOnly calls were only logged: made after this launch as after every other.
   launch(/*recorded_now=*/collectives);

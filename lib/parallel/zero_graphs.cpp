@@ -11,8 +11,8 @@
 namespace ft {
 
 GroupHooks::Replay ZeroSharding::micro_batch_replay(NoReplay* why) const {
-  const auto none = [&](std::string reason, bool lasting) {
-    if (why) *why = {std::move(reason), lasting};
+  const auto none = [&](const char* reason, bool lasting) {  // (no string made without `why`)
+    if (why) *why = {reason, lasting};
     return Replay::kNone;
   };
   // Stages 2-3: every micro-batch reduce-scatters each group's working gradient (stage 3 also
@@ -37,9 +37,11 @@ GroupHooks::Replay ZeroSharding::micro_batch_replay(NoReplay* why) const {
   if (stage_ >= 2 && !opt_.graphs)
     return none("the model records no graphs (ZeroOptions::graphs)", true);
   if (stage_ >= 2)  // (not keeps_working: over MPI)
-    return none(detail::concat("ZeRO stage ", stage_,
-                               "'s reduce-scatters over MPI are not recorded (over NCCL they are)"),
-                true);
+    return none(
+        stage_ == 2
+            ? "ZeRO stage 2's reduce-scatters over MPI are not recorded (over NCCL they are)"
+            : "ZeRO stage 3's reduce-scatters over MPI are not recorded (over NCCL they are)",
+        true);
   if (D_ > 1 && opt_.overlap)
     for (size_t g = 0; g < ready_count_.size(); ++g)
       if (trains_[g] && numel_[g] && ready_count_[g] + 1 >= micro_batches_)
